@@ -1,0 +1,3 @@
+"""Elastic GPU: Kubernetes-native GPU sharing, scheduling, isolation and accounting."""
+
+__version__ = "0.1.0"

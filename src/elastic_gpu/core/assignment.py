@@ -1,0 +1,113 @@
+"""The assignment: which cards, and what share of each, every container of a pod gets.
+
+The scheduler writes it to the pod's `elasticgpu.io/assignment` annotation *before* it creates
+the Binding; the agent reads it back in Allocate; a restarted scheduler rebuilds its state by
+listing pods and decoding it. It is therefore the one source of truth for allocations, and its
+JSON form is versioned and validated strictly: a malformed annotation is an error, never a
+guess.
+
+JSON form (v1):
+    {"v": 1, "node": "n1",
+     "containers": {"main": [{"index": 0, "uuid": "GPU-…", "milli": 300, "memoryMiB": 4096}]}}
+A MIG share adds `"mig": "<profile>"` and `"migUuid": "MIG-…"`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_gpu.core.resources import MILLI_PER_CARD
+
+VERSION = 1
+
+
+class AssignmentError(ValueError):
+    """An assignment annotation that cannot be trusted."""
+
+
+@dataclass(frozen=True)
+class CardShare:
+    """A share of one card given to one container."""
+
+    index: int
+    uuid: str
+    milli: int
+    memory_mib: int
+    mig_profile: str | None = None
+    mig_uuid: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "uuid": self.uuid, "milli": self.milli,
+                               "memoryMiB": self.memory_mib}
+        if self.mig_profile is not None:
+            out["mig"] = self.mig_profile
+            out["migUuid"] = self.mig_uuid
+        return out
+
+    @staticmethod
+    def from_dict(data: Any) -> CardShare:
+        if not isinstance(data, Mapping):
+            raise AssignmentError(f"a card share must be an object, got {data!r}")
+        try:
+            index, uuid, milli, memory = data["index"], data["uuid"], data["milli"], data["memoryMiB"]
+        except KeyError as err:
+            raise AssignmentError(f"card share {dict(data)!r} lacks {err.args[0]!r}") from None
+        for key, value in (("index", index), ("milli", milli), ("memoryMiB", memory)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise AssignmentError(f"card share {key}={value!r} is not a non-negative integer")
+        if not isinstance(uuid, str):
+            raise AssignmentError(f"card share uuid={uuid!r} is not a string")
+        if milli > MILLI_PER_CARD:
+            raise AssignmentError(f"card share milli={milli} exceeds one card ({MILLI_PER_CARD})")
+        mig = data.get("mig")
+        mig_uuid = data.get("migUuid")
+        if mig is not None and not isinstance(mig, str):
+            raise AssignmentError(f"card share mig={mig!r} is not a string")
+        return CardShare(index, uuid, milli, memory, mig, mig_uuid if isinstance(mig_uuid, str) else None)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """All of a pod's card shares on one node, per container name."""
+
+    node: str
+    containers: Mapping[str, tuple[CardShare, ...]]
+
+    def shares(self) -> Iterator[CardShare]:
+        for shares in self.containers.values():
+            yield from shares
+
+    def to_json(self) -> str:
+        body = {"v": VERSION, "node": self.node,
+                "containers": {name: [s.to_dict() for s in shares]
+                               for name, shares in sorted(self.containers.items())}}
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Assignment:
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as err:
+            raise AssignmentError(f"assignment is not JSON: {err}") from None
+        if not isinstance(data, Mapping):
+            raise AssignmentError("assignment must be a JSON object")
+        if data.get("v") != VERSION:
+            raise AssignmentError(f"assignment version {data.get('v')!r} is not {VERSION}")
+        node = data.get("node")
+        containers = data.get("containers")
+        if not isinstance(node, str) or not node:
+            raise AssignmentError(f"assignment node {node!r} is not a node name")
+        if not isinstance(containers, Mapping):
+            raise AssignmentError("assignment containers must be an object")
+        parsed: dict[str, tuple[CardShare, ...]] = {}
+        for name, shares in containers.items():
+            if not isinstance(shares, list):
+                raise AssignmentError(f"container {name!r}: shares must be a list")
+            parsed[str(name)] = tuple(CardShare.from_dict(s) for s in shares)
+            indexes = [s.index for s in parsed[str(name)]]
+            if len(set(indexes)) != len(indexes) and not any(s.mig_uuid for s in parsed[str(name)]):
+                raise AssignmentError(f"container {name!r} lists card {indexes} twice")
+        return Assignment(node, parsed)

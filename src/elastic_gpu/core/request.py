@@ -1,0 +1,227 @@
+"""What a pod asks for, in internal units, whichever resource names it was written with.
+
+`pod_request_from_manifest` reads a Kubernetes pod (a plain dict, as the API returns it) and
+returns a `PodRequest` or raises `ResourceError` with a message a person can act on. It is the
+only place that interprets container resources, so the webhook, the scheduler, the agent and
+the simulator cannot disagree about what a pod wants.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.resources import (
+    MILLI_PER_CARD,
+    Amount,
+    Measure,
+    MigProfile,
+    ResourceError,
+    lookup,
+    to_amount,
+)
+
+
+class RequestKind(enum.Enum):
+    NONE = "none"  # no GPU
+    SHARE = "share"  # a fraction of one card (compute and/or memory)
+    WHOLE = "whole"  # N whole cards, exclusively
+    MIG = "mig"  # N MIG instances of one profile
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container's GPU request. Compute and memory are per card."""
+
+    name: str
+    kind: RequestKind = RequestKind.NONE
+    cards: int = 0
+    compute_milli: int = 0
+    memory_mib: int = 0
+    mig_profile: MigProfile | None = None
+    #: The resource names the user wrote, for messages and for the agent's Allocate.
+    resources: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind is RequestKind.SHARE:
+            if self.cards != 1 or not 0 <= self.compute_milli < MILLI_PER_CARD:
+                raise ValueError(f"container {self.name}: a share is one card below 1000 milli")
+            if self.compute_milli == 0 and self.memory_mib == 0:
+                raise ValueError(f"container {self.name}: a share needs compute or memory")
+        elif self.kind is RequestKind.WHOLE:
+            if self.cards < 1 or self.compute_milli != MILLI_PER_CARD:
+                raise ValueError(f"container {self.name}: whole cards need cards >= 1 at 1000 milli")
+        elif self.kind is RequestKind.MIG and (self.mig_profile is None or self.cards < 1):
+            raise ValueError(f"container {self.name}: a MIG request needs a profile and count")
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.kind is not RequestKind.NONE
+
+    @property
+    def total_milli(self) -> int:
+        """Compute in milli-cards over all of this container's cards."""
+        if self.kind is RequestKind.MIG:
+            return 0
+        return self.cards * self.compute_milli
+
+    @staticmethod
+    def share(name: str, compute_milli: int, memory_mib: int = 0) -> ContainerRequest:
+        return ContainerRequest(name, RequestKind.SHARE, 1, compute_milli, memory_mib)
+
+    @staticmethod
+    def whole(name: str, cards: int, memory_mib: int = 0) -> ContainerRequest:
+        return ContainerRequest(name, RequestKind.WHOLE, cards, MILLI_PER_CARD, memory_mib)
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """Everything placement needs to know about one pod."""
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    containers: tuple[ContainerRequest, ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    #: None: any model; otherwise the card's model must be one of these.
+    allowed_models: frozenset[str] | None = None
+    denied_models: frozenset[str] = field(default_factory=frozenset)
+    node_policy: str | None = None
+    card_policy: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def gpu_containers(self) -> tuple[ContainerRequest, ...]:
+        return tuple(c for c in self.containers if c.wants_gpu)
+
+    @property
+    def wants_gpu(self) -> bool:
+        return any(c.wants_gpu for c in self.containers)
+
+    @property
+    def total_milli(self) -> int:
+        return sum(c.total_milli for c in self.containers)
+
+    def accepts_model(self, model: str) -> bool:
+        if model in self.denied_models:
+            return False
+        return self.allowed_models is None or model in self.allowed_models
+
+
+def parse_model_list(text: str | None) -> frozenset[str] | None:
+    """`"A100|H100"` (the trace's gpu_spec form; commas work too) -> {"A100", "H100"}."""
+    if text is None or not text.strip():
+        return None
+    parts = (p.strip() for chunk in text.split(",") for p in chunk.split("|"))
+    return frozenset(p for p in parts if p)
+
+
+def container_request(name: str, resources: Mapping[str, Any]) -> ContainerRequest:
+    """One container's GPU request from its `resources` (limits win over requests)."""
+    merged: dict[str, Any] = dict(resources.get("requests") or {})
+    merged.update(resources.get("limits") or {})
+    amounts: list[Amount] = [to_amount(key, value) for key, value in merged.items() if lookup(key)]
+    if not amounts:
+        return ContainerRequest(name)
+    written = tuple(sorted(a.spec.name for a in amounts))
+    by_measure: dict[Measure, list[Amount]] = {}
+    for amount in amounts:
+        by_measure.setdefault(amount.spec.measure, []).append(amount)
+    for measure, group in by_measure.items():
+        if len(group) > 1:
+            names = ", ".join(sorted(a.spec.name for a in group))
+            raise ResourceError(names, "", f"container {name} asks for {measure.value} twice; use one name")
+    mig = by_measure.get(Measure.MIG)
+    cards = by_measure.get(Measure.CARDS)
+    compute = by_measure.get(Measure.COMPUTE)
+    memory_amount = by_measure.get(Measure.MEMORY)
+    memory = memory_amount[0].value if memory_amount else 0
+    if mig:
+        if cards or compute or memory_amount:
+            raise ResourceError(", ".join(written), "", f"container {name}: a MIG profile cannot be "
+                                "combined with other GPU resources")
+        profile = MigProfile.parse(mig[0].spec.name)
+        return ContainerRequest(name, RequestKind.MIG, mig[0].value, 0, 0, profile, written)
+    if cards and compute:
+        raise ResourceError(", ".join(written), "", f"container {name}: ask for whole cards or "
+                            "a compute share, not both")
+    if cards:
+        return ContainerRequest(name, RequestKind.WHOLE, cards[0].value, MILLI_PER_CARD, memory, None,
+                                written)
+    if compute:
+        whole = compute[0].whole_cards
+        if whole:
+            return ContainerRequest(name, RequestKind.WHOLE, whole, MILLI_PER_CARD, memory, None,
+                                    written)
+        return ContainerRequest(name, RequestKind.SHARE, 1, compute[0].value, memory, None, written)
+    # Memory alone: a memory-only share of one card (gpushare style).
+    if memory == 0:
+        return ContainerRequest(name)
+    return ContainerRequest(name, RequestKind.SHARE, 1, 0, memory, None, written)
+
+
+def _cpu_milli(resources: Mapping[str, Any]) -> int:
+    value = (resources.get("requests") or {}).get("cpu", (resources.get("limits") or {}).get("cpu"))
+    if value is None:
+        return 0
+    try:
+        return int(parse_quantity(value) * 1000)
+    except QuantityError as err:
+        raise ResourceError("cpu", value, str(err)) from None
+
+
+def _memory_mib(resources: Mapping[str, Any]) -> int:
+    value = (resources.get("requests") or {}).get(
+        "memory", (resources.get("limits") or {}).get("memory"))
+    if value is None:
+        return 0
+    try:
+        return -(-int(parse_quantity(value)) // 2**20)  # round up: never under-reserve
+    except QuantityError as err:
+        raise ResourceError("memory", value, str(err)) from None
+
+
+def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
+    """Read a pod dict (as the API serves it) into a `PodRequest`."""
+    meta: Mapping[str, Any] = pod.get("metadata") or {}
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
+    init_containers: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
+    for init in init_containers:
+        request = container_request(init.get("name", "?"), init.get("resources") or {})
+        if request.wants_gpu:
+            raise ResourceError(", ".join(request.resources), "",
+                                f"init container {init.get('name')} asks for a GPU; GPUs are "
+                                "given to regular containers only")
+    requests = tuple(container_request(c.get("name", "?"), c.get("resources") or {})
+                     for c in containers)
+    cpu = sum(_cpu_milli(c.get("resources") or {}) for c in containers)
+    mem = sum(_memory_mib(c.get("resources") or {}) for c in containers)
+    # Kubernetes reserves max(sum of regular, largest init container) for the pod.
+    cpu = max([cpu, *(_cpu_milli(c.get("resources") or {}) for c in init_containers)])
+    mem = max([mem, *(_memory_mib(c.get("resources") or {}) for c in init_containers)])
+    return PodRequest(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "default")),
+        uid=str(meta.get("uid", "")),
+        containers=requests,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        allowed_models=parse_model_list(annotations.get(ann.GPU_MODEL_ALLOW)),
+        denied_models=parse_model_list(annotations.get(ann.GPU_MODEL_DENY)) or frozenset(),
+        node_policy=annotations.get(ann.NODE_POLICY),
+        card_policy=annotations.get(ann.CARD_POLICY),
+    )
+
+
+def gpu_resource_names(pods: Iterable[PodRequest]) -> frozenset[str]:
+    return frozenset(r for p in pods for c in p.containers for r in c.resources)

@@ -1,0 +1,187 @@
+"""The one table of GPU resource names and units.
+
+Every GPU resource name that a user may write, ours and the earlier systems', is a row in
+`RESOURCE_TABLE` saying what it measures and in what unit. Everything else in the product
+(admission, scheduler, agent, simulator) converts through `to_amount`, so a new alias is one
+new row here and nowhere else.
+
+Internal units:
+- compute in *milli-cards* (1000 = one whole card; 1% = 10 milli), the unit of the Alibaba
+  trace's `gpu_milli`, fine enough for both 1% shares and the trace's values;
+- memory in MiB;
+- whole cards and MIG instances as counts.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+
+MILLI_PER_CARD = 1000
+MILLI_PER_PERCENT = 10
+
+#: The project's own resource names, also advertised as node capacity by the agent.
+GPU_CORE = "elasticgpu.io/gpu-core"  # percent of one card; >100 only as a multiple of 100
+GPU_MEMORY = "elasticgpu.io/gpu-memory"  # MiB of card memory
+GPU_WHOLE = "elasticgpu.io/gpu"  # whole cards
+
+MIG_RESOURCE_PATTERN = re.compile(r"^nvidia\.com/mig-(?P<g>[1-8])g\.(?P<mem>\d+)gb(?P<extra>(\+[a-z]+)*)$")
+
+
+class Measure(enum.Enum):
+    """What a resource measures."""
+
+    COMPUTE = "compute"  # a share of a card's compute, possibly several whole cards
+    MEMORY = "memory"  # card memory
+    CARDS = "cards"  # whole cards, exclusively
+    MIG = "mig"  # MIG instances of one profile
+
+
+class Rule(enum.Enum):
+    """How a value must look to be valid; the text is what the user is told."""
+
+    PERCENT_SHARE_OR_WHOLE = "an integer 1-99 (a share of one card) or a multiple of 100 (whole cards)"
+    NON_NEGATIVE_INT = "a non-negative whole number"
+    POSITIVE_INT = "a positive whole number"
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """One row of the table."""
+
+    name: str
+    measure: Measure
+    #: How many internal units (milli-cards, MiB, cards, instances) one user unit is.
+    scale: int
+    rule: Rule
+    #: The earlier system whose users write this name.
+    origin: str
+    doc: str
+
+
+RESOURCE_TABLE: tuple[ResourceSpec, ...] = (
+    ResourceSpec(GPU_CORE, Measure.COMPUTE, MILLI_PER_PERCENT, Rule.PERCENT_SHARE_OR_WHOLE,
+                 "elastic-gpu", "percent of one card's compute"),
+    ResourceSpec(GPU_MEMORY, Measure.MEMORY, 1, Rule.NON_NEGATIVE_INT,
+                 "elastic-gpu", "MiB of card memory (per card)"),
+    ResourceSpec(GPU_WHOLE, Measure.CARDS, 1, Rule.POSITIVE_INT,
+                 "elastic-gpu", "whole cards"),
+    ResourceSpec("gpushare.provisioner.elasticgpu.io/gpu-core", Measure.COMPUTE, MILLI_PER_PERCENT,
+                 Rule.PERCENT_SHARE_OR_WHOLE, "elastic-gpu claims", "percent of one card's compute"),
+    ResourceSpec("gpushare.provisioner.elasticgpu.io/gpu-memory", Measure.MEMORY, 1,
+                 Rule.NON_NEGATIVE_INT, "elastic-gpu claims", "MiB of card memory (per card)"),
+    ResourceSpec("tencent.com/vcuda-core", Measure.COMPUTE, MILLI_PER_PERCENT,
+                 Rule.PERCENT_SHARE_OR_WHOLE, "gpu-manager", "percent of one card's compute"),
+    ResourceSpec("tencent.com/vcuda-memory", Measure.MEMORY, 256, Rule.NON_NEGATIVE_INT,
+                 "gpu-manager", "units of 256 MiB of card memory (per card)"),
+    ResourceSpec("nano-gpu/gpu-percent", Measure.COMPUTE, MILLI_PER_PERCENT,
+                 Rule.PERCENT_SHARE_OR_WHOLE, "nano-gpu", "percent of one card's compute"),
+    ResourceSpec("nvidia.com/gpu", Measure.CARDS, 1, Rule.POSITIVE_INT,
+                 "nvidia device plugin", "whole cards"),
+    ResourceSpec("iluvatar.com/gpu", Measure.CARDS, 1, Rule.POSITIVE_INT,
+                 "ix device plugin", "whole cards (or chips of a split board)"),
+)
+
+_BY_NAME: dict[str, ResourceSpec] = {spec.name: spec for spec in RESOURCE_TABLE}
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A MIG profile such as `3g.40gb`: `slices` compute slices and `memory_gb` of memory."""
+
+    slices: int
+    memory_gb: int
+    extra: str = ""  # e.g. "+me" (media extensions): a distinct profile, kept verbatim
+
+    @property
+    def name(self) -> str:
+        return f"{self.slices}g.{self.memory_gb}gb{self.extra}"
+
+    @property
+    def resource_name(self) -> str:
+        return f"nvidia.com/mig-{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> MigProfile:
+        """Parse `3g.40gb` or `nvidia.com/mig-3g.40gb`."""
+        name = text if text.startswith("nvidia.com/mig-") else f"nvidia.com/mig-{text}"
+        match = MIG_RESOURCE_PATTERN.match(name)
+        if match is None:
+            raise ResourceError(text, "", "a MIG profile is written <slices>g.<memory>gb, e.g. 3g.40gb")
+        return cls(int(match["g"]), int(match["mem"]), match["extra"] or "")
+
+
+class ResourceError(ValueError):
+    """A GPU resource value that breaks its rule; the message names resource, value and rule."""
+
+    def __init__(self, resource: str, value: object, rule: str) -> None:
+        self.resource = resource
+        self.value = value
+        self.rule = rule
+        shown = f"={value!r}" if value != "" else ""
+        super().__init__(f"{resource}{shown}: {rule}")
+
+
+def lookup(name: str) -> ResourceSpec | None:
+    """The table row for a resource name, or a synthesized MIG row, or None if not a GPU name."""
+    spec = _BY_NAME.get(name)
+    if spec is not None:
+        return spec
+    if MIG_RESOURCE_PATTERN.match(name):
+        return ResourceSpec(name, Measure.MIG, 1, Rule.POSITIVE_INT, "nvidia mig", "MIG instances")
+    return None
+
+
+def is_gpu_resource(name: str) -> bool:
+    return lookup(name) is not None
+
+
+@dataclass(frozen=True)
+class Amount:
+    """One resource value converted to internal units."""
+
+    spec: ResourceSpec
+    #: compute: total milli (e.g. 2000 for two whole cards); memory: MiB; cards/MIG: count.
+    value: int
+
+    @property
+    def whole_cards(self) -> int:
+        """For compute amounts of 100% or more: how many whole cards (0 for a share)."""
+        if self.spec.measure is Measure.COMPUTE and self.value >= MILLI_PER_CARD:
+            return self.value // MILLI_PER_CARD
+        return 0
+
+
+def to_amount(name: str, raw: str | int | float) -> Amount:
+    """Convert one `name: value` from a pod spec into internal units, enforcing its rule."""
+    spec = lookup(name)
+    if spec is None:
+        raise ResourceError(name, raw, "not a GPU resource known to Elastic GPU")
+    try:
+        quantity = parse_quantity(raw)
+    except QuantityError as err:
+        raise ResourceError(name, raw, f"{spec.rule.value} ({err})") from None
+    if quantity.denominator != 1:
+        raise ResourceError(name, raw, spec.rule.value)
+    number = quantity.numerator
+    _check_rule(spec, raw, number)
+    return Amount(spec, number * spec.scale)
+
+
+def _check_rule(spec: ResourceSpec, raw: object, number: int) -> None:
+    if spec.rule is Rule.PERCENT_SHARE_OR_WHOLE:
+        if number <= 0 or (number >= 100 and number % 100 != 0):
+            raise ResourceError(spec.name, raw, spec.rule.value)
+    elif spec.rule is Rule.POSITIVE_INT:
+        if number <= 0:
+            raise ResourceError(spec.name, raw, spec.rule.value)
+    elif number < 0:
+        raise ResourceError(spec.name, raw, spec.rule.value)
+
+
+def percent_to_milli(percent: Fraction | int) -> int:
+    return int(Fraction(percent) * MILLI_PER_PERCENT)

@@ -1,0 +1,51 @@
+"""Where the control plane binaries are: built by hack/ensure-k8s.sh, cached by version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from elastic_gpu.devcluster.errors import MissingBinariesError
+
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok")
+ENV_BIN_DIR = "EGPU_K8S_BIN_DIR"
+
+
+def ensure_script() -> Path | None:
+    """hack/ensure-k8s.sh of the source checkout this package runs from, if any."""
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "hack" / "ensure-k8s.sh"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _check(bin_dir: Path, where: str) -> Path:
+    missing = [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+    if missing:
+        raise MissingBinariesError(where, missing)
+    return bin_dir
+
+
+def find_bin_dir(explicit: Path | str | None = None) -> Path:
+    """The directory holding all of `BINARIES`; never builds (that takes minutes).
+
+    Order: `explicit`, then $EGPU_K8S_BIN_DIR, then the cache directory that
+    `hack/ensure-k8s.sh --check` reports for the pinned versions of this checkout.
+    """
+    if explicit is not None:
+        return _check(Path(explicit), str(explicit))
+    env = os.environ.get(ENV_BIN_DIR)
+    if env:
+        return _check(Path(env), f"{env} (from ${ENV_BIN_DIR})")
+    script = ensure_script()
+    if script is None:
+        raise MissingBinariesError(f"${ENV_BIN_DIR} (not set; no hack/ensure-k8s.sh found)",
+                                   list(BINARIES))
+    result = subprocess.run([str(script), "--check"], capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:
+        detail = result.stderr.strip().splitlines()
+        raise MissingBinariesError(detail[-1] if detail else str(script), list(BINARIES))
+    return _check(Path(result.stdout.strip().splitlines()[-1]), str(script))

@@ -1,0 +1,1 @@
+pytest_plugins = ["elastic_gpu.devcluster.pytest_plugin"]
