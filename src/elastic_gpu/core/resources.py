@@ -161,6 +161,11 @@ def to_amount(name: str, raw: str | int | float) -> Amount:
     spec = lookup(name)
     if spec is None:
         raise ResourceError(name, raw, "not a GPU resource known to Elastic GPU")
+    if isinstance(raw, str) and not raw.strip().lstrip("+").isdigit():
+        # Extended resources are plain counts in their unit: "4Gi" of a MiB resource would be
+        # read by kube-scheduler as 4294967296 MiB, so a suffix is refused, never converted.
+        raise ResourceError(name, raw, f"{spec.rule.value}, written as a plain number "
+                            f"(unit: {spec.doc})")
     try:
         quantity = parse_quantity(raw)
     except QuantityError as err:
