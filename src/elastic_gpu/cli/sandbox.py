@@ -2,6 +2,110 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes.", no_args_is_help=True)
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="Where pids, certificates and logs are kept "
+                 "[default: ~/.local/state/elastic-gpu/sandbox]"),
+]
+
+
+def _state_dir(value: Path | None) -> Path:
+    from elastic_gpu.devcluster.sandbox import default_state_dir
+
+    return value if value is not None else default_state_dir()
+
+
+@app.command()
+def up(
+    kubeconfig: Annotated[Path, typer.Option("--kubeconfig", help="Write the admin kubeconfig "
+                                             "here")],
+    gpu_nodes: Annotated[int | None, typer.Option(
+        "--gpu-nodes", min=0, help="Number of fake GPU nodes (with --nodes-csv: the first N "
+        "GPU nodes of the file)")] = None,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1)] = 8,
+    gpu_model: Annotated[str, typer.Option("--gpu-model")] = "A100-SXM4-80GB",
+    gpu_memory: Annotated[int, typer.Option("--gpu-memory", min=1,
+                                            help="MiB of memory per card")] = 81920,
+    nodes_csv: Annotated[Path | None, typer.Option(
+        "--nodes-csv", exists=True, dir_okay=False,
+        help="Alibaba trace node list (sn,cpu_milli,memory_mib,gpu,model); GPU rows only")
+    ] = None,
+    state_dir: StateDir = None,
+    bin_dir: Annotated[Path | None, typer.Option(
+        "--bin-dir", help="Control plane binaries [default: from hack/ensure-k8s.sh]")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each "
+                                           "step")] = 120.0,
+) -> None:
+    """Start etcd, kube-apiserver, kube-scheduler and kwok, and register fake GPU nodes."""
+    from elastic_gpu.devcluster import nodes, sandbox
+    from elastic_gpu.devcluster.errors import DevClusterError
+
+    if nodes_csv is not None:
+        try:
+            inventories = nodes.read_nodes_csv(nodes_csv, limit=gpu_nodes)
+        except (OSError, nodes.NodesCsvError) as err:
+            raise typer.BadParameter(str(err), param_hint="--nodes-csv") from None
+    elif gpu_nodes is None:
+        raise typer.BadParameter("give --gpu-nodes N or --nodes-csv PATH",
+                                 param_hint="--gpu-nodes")
+    else:
+        inventories = nodes.uniform_inventories(gpu_nodes, gpus=gpus_per_node,
+                                                gpu_model=gpu_model,
+                                                gpu_memory_mib=gpu_memory)
+    start = time.monotonic()
+    try:
+        box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,
+                         timeout_s=timeout)
+    except DevClusterError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
+               f"node(s) Ready, API server {box.plane.server}")
+    typer.echo(f"  kubectl --kubeconfig {box.kubeconfig} get nodes")
+
+
+@app.command()
+def status(
+    state_dir: StateDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON")] = False,
+) -> None:
+    """Show the sandbox's components and nodes; exit 1 if it is not fully running."""
+    from elastic_gpu.devcluster import sandbox
+
+    info = sandbox.status(_state_dir(state_dir))
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+    elif "components" not in info:
+        typer.echo(f"no sandbox (state dir {info['state_dir']})")
+    else:
+        typer.echo(f"API server {info['server']}  kubeconfig {info['kubeconfig']}")
+        for name, comp in info["components"].items():
+            state = "running" if comp["alive"] else "DEAD"
+            typer.echo(f"  {name:<16} pid {comp['pid']:<8} {state:<8} log {comp['log']}")
+        if "nodes_ready" in info:
+            typer.echo(f"  nodes Ready: {info['nodes_ready']}/{info['nodes_expected']}")
+    if not info["running"]:
+        raise typer.Exit(1)
+
+
+@app.command()
+def down(state_dir: StateDir = None) -> None:
+    """Stop every sandbox process and remove its state (certificates, etcd data, logs)."""
+    from elastic_gpu.devcluster import sandbox
+    from elastic_gpu.devcluster.errors import DevClusterError
+
+    try:
+        stopped = sandbox.down(_state_dir(state_dir))
+    except DevClusterError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"stopped: {', '.join(stopped)}" if stopped else "no sandbox was running")

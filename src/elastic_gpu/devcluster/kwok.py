@@ -79,7 +79,8 @@ hostIP: {{ . | Quote }}
 hostIPs:
 - ip: {{ . | Quote }}
 {{ end }}
-{{ with PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+{{ with PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) \
+( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
 podIP: {{ . | Quote }}
 podIPs:
 - ip: {{ . | Quote }}

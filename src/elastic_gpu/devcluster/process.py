@@ -9,6 +9,8 @@ recorded start time tells our process apart from an unrelated one that reused it
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -120,14 +122,35 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """A preexec hook making the child get SIGKILL when the process that started it dies
+    (Linux): a test run killed with SIGKILL must not leave a control plane behind."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return hook
+
+
 def spawn(name: str, argv: Sequence[str], log_path: Path,
-          env: Mapping[str, str] | None = None) -> ProcessHandle:
-    """Start `argv` in a new session with stdout and stderr appended to `log_path`."""
+          env: Mapping[str, str] | None = None, *, die_with_parent: bool = False
+          ) -> ProcessHandle:
+    """Start `argv` in a new session with stdout and stderr appended to `log_path`.
+
+    `die_with_parent` must only be used from a thread that outlives the child (the kernel
+    ties the signal to the spawning thread), e.g. the main thread of a test run.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=dict(env) if env is not None else None, close_fds=True)
+            start_new_session=True, env=dict(env) if env is not None else None, close_fds=True,
+            preexec_fn=_die_with_parent() if die_with_parent else None)
     return ProcessHandle(name=name, pid=popen.pid, argv=list(argv), log_path=log_path,
                          start_ticks=_proc_start_ticks(popen.pid), _popen=popen)
 

@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools pins the Kubernetes commands built by hack/ensure-k8s.sh.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)

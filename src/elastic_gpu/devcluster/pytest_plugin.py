@@ -1,0 +1,131 @@
+"""pytest fixtures: one real control plane shared by the whole test run.
+
+- `k8s_cluster` (session): etcd + kube-apiserver + kube-scheduler + kwok; a `ControlPlane`
+  with `.kubeconfig`, `.bin_dir`, `.server`, `.kubectl(*args)`, `.client()`.
+- `start_kube_scheduler` (test): `start_kube_scheduler(config_dict) -> SchedulerHandle` runs
+  another kube-scheduler with a KubeSchedulerConfiguration against the shared apiserver;
+  stopped after the test.
+- `k8s_namespace` (test): a fresh namespace; its pods are removed after the test.
+- `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ...) -> [names]` registers Ready
+  fake GPU nodes; removed (with their pods) after the test.
+
+Nothing is skipped: without binaries the fixture errors with how to build them. Processes
+die with the test run even when it is killed (SIGKILL to the group, parent-death signal).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from elastic_gpu.devcluster.controlplane import ControlPlane, SchedulerHandle
+from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(work_dir=tmp_path_factory.mktemp("k8s"), die_with_parent=True)
+    # SIGTERM (CI cancelling a job) becomes an interrupt, so fixture teardown still runs.
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        plane.start(scheduler=True, kwok_enabled=True)
+        yield plane
+    finally:
+        plane.stop()
+        if previous is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def start_kube_scheduler(
+    k8s_cluster: ControlPlane,
+) -> Iterator[Callable[..., SchedulerHandle]]:
+    started: list[SchedulerHandle] = []
+
+    def start(config: Mapping[str, Any], name: str | None = None) -> SchedulerHandle:
+        handle = k8s_cluster.start_scheduler(config, name=name)
+        started.append(handle)
+        return handle
+
+    yield start
+    for handle in started:
+        handle.stop()
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def k8s_namespace(k8s_cluster: ControlPlane) -> Iterator[str]:
+    name = unique_name("t")
+    k8s_cluster.kubectl("create", "namespace", name)
+    yield name
+    # No kube-controller-manager: a deleted namespace would stay Terminating forever, so
+    # only its pods are removed (kwok finishes their deletion) and the namespace is left.
+    k8s_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0",
+                        "--force", "--wait=false", check=False)
+
+
+@pytest.fixture
+def fake_gpu_nodes(k8s_cluster: ControlPlane) -> Iterator[Callable[..., list[str]]]:
+    created: list[str] = []
+    client = k8s_cluster.client()
+
+    def add(count: int = 1, *, gpus: int = 8, labels: Mapping[str, str] | None = None,
+            **kwargs: Any) -> list[str]:
+        prefix = unique_name("gpu")
+        inventories = [fake_inventory(f"{prefix}-{i}", gpus=gpus, **kwargs)
+                       for i in range(count)]
+        if labels:
+            inventories = [_with_labels(inv, labels) for inv in inventories]
+        created.extend(inv.name for inv in inventories)
+        register_fake_nodes(client, inventories)
+        _wait_ready(client, [inv.name for inv in inventories])
+        return [inv.name for inv in inventories]
+
+    yield add
+    for name in created:
+        k8s_cluster.kubectl("delete", "pods", "-A", f"--field-selector=spec.nodeName={name}",
+                            "--grace-period=0", "--force", "--wait=false", check=False)
+    if created:
+        k8s_cluster.kubectl("delete", "nodes", *created, "--wait=false", check=False)
+
+
+def _with_labels(inventory: Any, labels: Mapping[str, str]) -> Any:
+    from dataclasses import replace
+
+    return replace(inventory, labels={**inventory.labels, **labels})
+
+
+def _wait_ready(client: Any, names: list[str], timeout_s: float = 60.0) -> None:
+    from lightkube.resources.core_v1 import Node
+
+    deadline = time.monotonic() + timeout_s
+    pending = set(names)
+    while pending and time.monotonic() < deadline:
+        for name in list(pending):
+            node = client.get(Node, name)
+            conditions = node.status.conditions or []
+            if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                pending.discard(name)
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise TimeoutError(f"fake nodes not Ready after {timeout_s:.0f} s: {sorted(pending)}")
+
+
+__all__ = ["fake_gpu_nodes", "k8s_cluster", "k8s_namespace", "start_kube_scheduler",
+           "unique_name"]

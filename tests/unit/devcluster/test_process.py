@@ -1,0 +1,100 @@
+import os
+import socket
+import sys
+import time
+
+import pytest
+
+from elastic_gpu.devcluster.errors import ComponentStartError, PortInUseError
+from elastic_gpu.devcluster.ports import free_ports, is_listening, port_is_free, require_free
+from elastic_gpu.devcluster.process import ProcessHandle, spawn, wait_ready
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_stop_kills_the_whole_process_group(tmp_path):
+    # The component forks a grandchild; stopping must take both down.
+    script = ("import subprocess, sys, time;"
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+              "print(p.pid, flush=True); time.sleep(600)")
+    handle = spawn("forker", [sys.executable, "-c", script], tmp_path / "forker.log")
+    wait_ready(handle, lambda: bool(handle.log_path.read_text().strip()), 10)
+    grandchild = int(handle.log_path.read_text().split()[0])
+    assert _pid_alive(grandchild)
+    handle.stop()
+    assert not handle.alive()
+    deadline = time.monotonic() + 5
+    while _pid_alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(grandchild)
+
+
+def test_sigterm_ignoring_process_is_killed(tmp_path):
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    handle = spawn("stubborn", [sys.executable, "-c", script], tmp_path / "s.log")
+    time.sleep(0.3)
+    start = time.monotonic()
+    handle.stop(grace_s=0.5)
+    assert not handle.alive()
+    assert time.monotonic() - start < 5
+
+
+def test_component_dying_on_start_raises_with_log_tail(tmp_path):
+    script = "import sys; print('bind: address already in use'); sys.exit(3)"
+    handle = spawn("broken", [sys.executable, "-c", script], tmp_path / "b.log")
+    with pytest.raises(ComponentStartError) as info:
+        wait_ready(handle, lambda: False, 10)
+    assert "exit code 3" in str(info.value)
+    assert "address already in use" in str(info.value)
+
+
+def test_not_ready_in_time_raises(tmp_path):
+    handle = spawn("slow", [sys.executable, "-c", "import time; time.sleep(60)"],
+                   tmp_path / "slow.log")
+    try:
+        with pytest.raises(ComponentStartError, match="not ready after"):
+            wait_ready(handle, lambda: False, 0.3)
+    finally:
+        handle.stop()
+
+
+def test_reloaded_handle_stops_a_detached_process(tmp_path):
+    handle = spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"],
+                   tmp_path / "x.log")
+    again = ProcessHandle.from_dict(handle.to_dict())  # as `egpu sandbox down` sees it
+    assert again.alive()
+    again.stop()
+    handle._popen.wait(5)  # reap (the parent here is still this test process)
+    assert not _pid_alive(handle.pid)
+
+
+def test_reloaded_handle_does_not_touch_a_reused_pid(tmp_path):
+    data = {"name": "old", "pid": os.getpid(), "argv": ["x"], "log_path": str(tmp_path / "l"),
+            "start_ticks": 1}  # our own pid, but a different start time: not that process
+    handle = ProcessHandle.from_dict(data)
+    assert not handle.alive()
+    handle.stop()  # must not signal this test process
+    assert _pid_alive(os.getpid())
+
+
+def test_free_ports_are_distinct_and_bindable():
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    assert all(port_is_free(p) for p in ports)
+
+
+def test_port_in_use_is_reported():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert is_listening(port)
+        with pytest.raises(PortInUseError, match=str(port)):
+            require_free(port, "kube-apiserver")
+    assert not is_listening(port)
