@@ -1,0 +1,59 @@
+"""The one small interface every GPU vendor backend implements (HAMi-style vendor device).
+
+A backend knows the physical devices of one node and nothing about Kubernetes: it discovers
+them as core `Card`s (a chip of a multi-chip board is a Card whose `board` is set), reports
+health changes, and says which host device files a container needs for a card. Everything
+else (boards, replicas, MIG strategies, kubelet, the API) is built on top, identically for
+every backend, so the fake backend exercises the same code as NVML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from elastic_gpu.core.model import Card, Health
+
+
+class BackendError(RuntimeError):
+    """The backend cannot serve: no driver, a lost GPU during discovery, a bad inventory."""
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """A physical card (by UUID) changed health; `reason` says why, for people."""
+
+    uuid: str
+    health: Health
+    reason: str
+
+
+class Backend(Protocol):
+    @property
+    def name(self) -> str:
+        """Short name for logs and the inventory ("nvml", "fake")."""
+        ...
+
+    @property
+    def visible_devices_env(self) -> str:
+        """The environment variable the container runtime hook reads visible devices from."""
+        ...
+
+    def discover(self) -> tuple[Card, ...]:
+        """All physical cards/chips, indexes as the driver numbers them; raises BackendError."""
+        ...
+
+    def wait_health(self, timeout_s: float) -> list[HealthEvent]:
+        """Block up to `timeout_s` for health changes; [] when nothing happened."""
+        ...
+
+    def device_nodes(self, card: Card) -> tuple[str, ...]:
+        """Host device files that give a container `card` (e.g. /dev/nvidia3)."""
+        ...
+
+    def control_nodes(self) -> tuple[str, ...]:
+        """Host device files every GPU container needs (e.g. /dev/nvidiactl)."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,206 @@
+"""The agent's configuration file: one YAML document, ConfigMap-friendly, validated strictly.
+
+In the spirit of NVIDIA's device plugin config (`sharing.timeSlicing`, `migStrategy`) and the
+IX (Iluvatar) plugin's (`splitBoard`): every key is camelCase, unknown keys are errors (a typo
+must not silently fall back to a default), and a broken file is reported with the path of
+the offending field, e.g. ``timeSlicing.replicas: Input should be greater than or equal to 1``.
+The full reference is docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from elastic_gpu.core.resources import (
+    GPU_CORE,
+    GPU_MEMORY,
+    MIG_RESOURCE_PATTERN,
+    Measure,
+    lookup,
+)
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file and the field."""
+
+
+class BackendKind(enum.Enum):
+    NVML = "nvml"
+    FAKE = "fake"
+
+
+class MigStrategy(enum.Enum):
+    #: MIG instances are not advertised; cards are advertised whole.
+    NONE = "none"
+    #: Every card is carved the same way; each instance is advertised as the plain GPU resource.
+    SINGLE = "single"
+    #: Each instance is advertised as nvidia.com/mig-<g>g.<m>gb; non-MIG cards stay whole.
+    MIXED = "mixed"
+
+
+class SharingMode(enum.Enum):
+    #: Shares are only counted by the scheduler; nothing stops a container from using more.
+    ACCOUNTING = "accounting"
+    #: Shares are enforced by the CUDA MPS server's per-client limits.
+    MPS = "mps"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class ResourcesConfig(_Strict):
+    """Which extended resources the agent advertises."""
+
+    #: Whole cards (or chips of a split board, or time-sliced replicas of cards).
+    gpu: str = "nvidia.com/gpu"
+    #: Compute shares: 100 devices per card (one per percent). Aliases such as
+    #: tencent.com/vcuda-core or nano-gpu/gpu-percent may be listed too.
+    share: list[str] = Field(default_factory=lambda: [GPU_CORE])
+    #: Memory: one device per unit of the resource (MiB for elasticgpu.io/gpu-memory) when
+    #: that is at most `maxDevicesPerCard`; larger counts are advertised in node status only.
+    memory: list[str] = Field(default_factory=lambda: [GPU_MEMORY])
+    maxDevicesPerCard: int = Field(1024, ge=1, le=65536)
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, value: str) -> str:
+        spec = lookup(value)
+        if spec is None or spec.measure is not Measure.CARDS:
+            raise ValueError(f"{value!r} is not a whole-card resource of the resource table "
+                             "(e.g. nvidia.com/gpu, iluvatar.com/gpu, elasticgpu.io/gpu)")
+        return value
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, values: list[str]) -> list[str]:
+        return _check_measure(values, Measure.COMPUTE, "a compute-share resource")
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, values: list[str]) -> list[str]:
+        return _check_measure(values, Measure.MEMORY, "a card-memory resource")
+
+
+def _check_measure(values: list[str], measure: Measure, what: str) -> list[str]:
+    for value in values:
+        spec = lookup(value)
+        if spec is None or spec.measure is not measure:
+            raise ValueError(f"{value!r} is not {what} of the resource table")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{values} lists a resource twice")
+    return values
+
+
+class TimeSlicingConfig(_Strict):
+    """Advertise each whole card `replicas` times (oversubscription, no isolation)."""
+
+    replicas: int = Field(1, ge=1, le=64)
+    #: True: replicas are advertised as `<gpu>.shared` so that pods must opt in (NVIDIA's
+    #: renameByDefault); False: under the plain GPU resource name.
+    renameByDefault: bool = False
+    #: A pod may not take two replicas of one card (NVIDIA's failRequestsGreaterThanOne).
+    failRequestsGreaterThanOne: bool = False
+
+
+class MpsConfig(_Strict):
+    #: Host directory of the MPS control daemon's pipes, mounted into containers.
+    pipeDirectory: str = "/tmp/nvidia-mps"
+
+
+class SharingConfig(_Strict):
+    mode: SharingMode = SharingMode.ACCOUNTING
+    mps: MpsConfig = Field(default_factory=MpsConfig)
+
+
+class HealthConfig(_Strict):
+    enabled: bool = True
+    #: How long one wait for driver events lasts; also the fake backend's poll period.
+    pollSeconds: float = Field(1.0, gt=0, le=60)
+    #: XIDs that are the application's fault and never mark a card unhealthy.
+    ignoredXids: list[int] = Field(default_factory=lambda: [13, 31, 43, 45, 68, 109])
+    #: An unhealthy card is probed again this long after its last critical event and is
+    #: healthy again if the driver answers; 0 disables recovery.
+    recoverAfterSeconds: float = Field(60.0, ge=0)
+
+
+class FakeConfig(_Strict):
+    #: YAML inventory of the fake backend (see docs/agent.md); re-read when it changes, so
+    #: editing its `health:` list injects health changes.
+    inventory: Path
+
+
+class AgentConfig(_Strict):
+    backend: BackendKind = BackendKind.NVML
+    fake: FakeConfig | None = None
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    #: Multi-chip boards: False advertises a board as one device, True each chip.
+    splitBoard: bool = False
+    timeSlicing: TimeSlicingConfig = Field(default_factory=TimeSlicingConfig)
+    migStrategy: MigStrategy = MigStrategy.NONE
+    sharing: SharingConfig = Field(default_factory=SharingConfig)
+    deviceSpecs: bool = True
+    devicePluginDir: Path = Path(DEFAULT_PLUGIN_DIR)
+    healthCheck: HealthConfig = Field(default_factory=HealthConfig)
+    #: How often pods' assignments are summed into the inventory's allocation columns.
+    syncSeconds: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _fake_needs_inventory(self) -> AgentConfig:
+        if self.backend is BackendKind.FAKE and self.fake is None:
+            raise ValueError("backend 'fake' needs fake.inventory (the fake inventory file)")
+        for name in self.resources.share:
+            if MIG_RESOURCE_PATTERN.match(name):
+                raise ValueError(f"{name} is a MIG resource; MIG resources come from migStrategy")
+        return self
+
+    @property
+    def time_sliced_resource(self) -> str:
+        """The name whole cards are advertised under (renamed when time-sliced by default)."""
+        if self.timeSlicing.replicas > 1 and self.timeSlicing.renameByDefault:
+            return f"{self.resources.gpu}.shared"
+        return self.resources.gpu
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        lines.append(f"  {where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> AgentConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the agent config must be a YAML mapping, got "
+                          f"{type(data).__name__}")
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: invalid agent config:\n{_format(err)}") from None
+
+
+def load_config(path: Path) -> AgentConfig:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the agent config: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    config = parse_config(data, str(path))
+    if config.fake is not None and not config.fake.inventory.is_absolute():
+        # Relative inventory paths are relative to the config file (a mounted ConfigMap).
+        fake = config.fake.model_copy(update={"inventory": path.parent / config.fake.inventory})
+        config = config.model_copy(update={"fake": fake})
+    return config

@@ -1,0 +1,254 @@
+"""The fake backend: a node's GPUs described in YAML, for tests, the sandbox and kwok nodes.
+
+It goes through exactly the code a real node does (boards, replicas, MIG, device plugins,
+inventory publishing); only discovery and health come from the file. Health changes are
+injected either by editing the file's `health:` list (it is re-read when it changes, as a
+mounted ConfigMap would be) or programmatically with `FakeBackend.set_health`.
+
+Schema (docs/agent.md has the reference):
+
+    cards:                      # plain cards
+      - model: A100-SXM4-80GB   # required
+        memoryMiB: 81920        # required
+        uuid: GPU-...           # default GPU-fake-<node>-<index>
+        numaNode: 0
+        links: [{peer: 1, kind: nvlink, count: 12}]
+        mig: [{profile: 3g.40gb, uuid: MIG-..., start: 0}]
+        devices: [/dev/nvidia0] # host device files; default none (fake nodes run nothing)
+    boards:                     # multi-chip boards, chips numbered after the cards
+      - id: board0
+        model: BI-V150
+        chips: 2
+        memoryMiB: 32768        # per chip
+    health:                     # injected health: cards not listed are healthy
+      - {index: 1, health: Unhealthy, reason: "XID 79"}
+    visibleDevicesEnv: NVIDIA_VISIBLE_DEVICES
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from elastic_gpu.agent.backend import BackendError, HealthEvent
+from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
+from elastic_gpu.core.resources import MigProfile, ResourceError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FakeLink(_Strict):
+    peer: int = Field(ge=0)
+    kind: LinkKind
+    count: int = Field(1, ge=1)
+
+
+class FakeMig(_Strict):
+    profile: str
+    uuid: str
+    start: int = Field(0, ge=0, le=7)
+
+    @model_validator(mode="after")
+    def _profile(self) -> FakeMig:
+        try:
+            MigProfile.parse(self.profile)
+        except ResourceError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+
+class FakeCard(_Strict):
+    model: str
+    memoryMiB: int = Field(gt=0)
+    uuid: str | None = None
+    numaNode: int | None = Field(None, ge=0)
+    links: list[FakeLink] = Field(default_factory=list)
+    mig: list[FakeMig] = Field(default_factory=list)
+    devices: list[str] = Field(default_factory=list)
+
+
+class FakeBoard(_Strict):
+    id: str
+    model: str
+    chips: int = Field(2, ge=1, le=8)
+    memoryMiB: int = Field(gt=0)
+    numaNode: int | None = Field(None, ge=0)
+
+
+class FakeHealth(_Strict):
+    index: int | None = Field(None, ge=0)
+    uuid: str | None = None
+    health: Health = Health.UNHEALTHY
+    reason: str = "injected"
+
+    @model_validator(mode="after")
+    def _one_key(self) -> FakeHealth:
+        if (self.index is None) == (self.uuid is None):
+            raise ValueError("a health entry names a card by exactly one of index or uuid")
+        return self
+
+
+class FakeInventory(_Strict):
+    cards: list[FakeCard] = Field(default_factory=list)
+    boards: list[FakeBoard] = Field(default_factory=list)
+    health: list[FakeHealth] = Field(default_factory=list)
+    visibleDevicesEnv: str = "NVIDIA_VISIBLE_DEVICES"
+    controlDevices: list[str] = Field(default_factory=list)
+
+
+def parse_inventory(data: Any, source: str) -> FakeInventory:
+    try:
+        return FakeInventory.model_validate(data or {})
+    except ValidationError as err:
+        lines = [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+        raise BackendError(f"{source}: invalid fake inventory:\n" + "\n".join(lines)) from None
+
+
+def build_cards(inventory: FakeInventory, node: str) -> tuple[tuple[Card, ...], dict[int, tuple[str, ...]]]:
+    """Cards (board chips after plain cards) and each card's host device files."""
+    cards: list[Card] = []
+    devices: dict[int, tuple[str, ...]] = {}
+    for index, fc in enumerate(inventory.cards):
+        mig = tuple(MigInstance(MigProfile.parse(m.profile), m.uuid, m.start) for m in fc.mig)
+        links = tuple(Link(link.peer, link.kind, link.count) for link in fc.links)
+        cards.append(Card(index=index, uuid=fc.uuid or f"GPU-fake-{node}-{index}", model=fc.model,
+                          memory_mib=fc.memoryMiB, links=links, mig=mig, numa_node=fc.numaNode))
+        devices[index] = tuple(fc.devices)
+    for board in inventory.boards:
+        first = len(cards)
+        chip_indexes = range(first, first + board.chips)
+        for chip, index in enumerate(chip_indexes):
+            links = tuple(Link(peer, LinkKind.SAME_BOARD) for peer in chip_indexes if peer != index)
+            cards.append(Card(index=index, uuid=f"{board.id}-chip{chip}", model=board.model,
+                              memory_mib=board.memoryMiB, links=links, numa_node=board.numaNode,
+                              board=board.id))
+            devices[index] = ()
+    known = {card.index for card in cards}
+    for card in cards:
+        for link in card.links:
+            if link.peer not in known or link.peer == card.index:
+                raise BackendError(f"fake inventory: card {card.index} links to card {link.peer}, "
+                                   "which is not another card of this node")
+    return tuple(cards), devices
+
+
+class FakeBackend:
+    """A backend whose devices and health come from a `FakeInventory`."""
+
+    def __init__(self, inventory: FakeInventory, node: str = "node", path: Path | None = None) -> None:
+        self._node = node
+        self._path = path
+        self._mtime = path.stat().st_mtime_ns if path is not None else 0
+        self._inventory = inventory
+        self._cards, self._devices = build_cards(inventory, node)
+        self._by_uuid = {card.uuid: card for card in self._cards}
+        self._lock = threading.Condition()
+        self._health: dict[str, tuple[Health, str]] = {}
+        self._pending: list[HealthEvent] = []
+        self._apply_file_health(inventory)
+
+    @classmethod
+    def from_file(cls, path: Path, node: str = "node") -> FakeBackend:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as err:
+            raise BackendError(f"{path}: cannot read the fake inventory: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise BackendError(f"{path}: not valid YAML: {err}") from None
+        return cls(parse_inventory(data, str(path)), node, path)
+
+    @classmethod
+    def from_dict(cls, data: Any, node: str = "node") -> FakeBackend:
+        return cls(parse_inventory(data, "fake inventory"), node)
+
+    @property
+    def name(self) -> str:
+        return "fake"
+
+    @property
+    def visible_devices_env(self) -> str:
+        return self._inventory.visibleDevicesEnv
+
+    def _resolve(self, entry: FakeHealth) -> str:
+        if entry.uuid is not None:
+            if entry.uuid not in self._by_uuid:
+                raise BackendError(f"fake inventory health: no card with uuid {entry.uuid}")
+            return entry.uuid
+        for card in self._cards:
+            if card.index == entry.index:
+                return card.uuid
+        raise BackendError(f"fake inventory health: no card with index {entry.index}")
+
+    def _apply_file_health(self, inventory: FakeInventory) -> None:
+        wanted = {self._resolve(e): (e.health, e.reason) for e in inventory.health}
+        with self._lock:
+            for uuid in self._by_uuid:
+                old = self._health.get(uuid, (Health.HEALTHY, ""))
+                new = wanted.get(uuid, (Health.HEALTHY, "healthy again" if old[0] is
+                                        Health.UNHEALTHY else ""))
+                if new[0] is not old[0]:
+                    self._pending.append(HealthEvent(uuid, new[0], new[1]))
+                self._health[uuid] = new
+            self._lock.notify_all()
+
+    def set_health(self, uuid: str, health: Health, reason: str = "injected") -> None:
+        """Inject a health change (tests and the sandbox)."""
+        if uuid not in self._by_uuid:
+            raise BackendError(f"fake backend: no card with uuid {uuid}")
+        with self._lock:
+            if self._health.get(uuid, (Health.HEALTHY, ""))[0] is not health:
+                self._pending.append(HealthEvent(uuid, health, reason))
+            self._health[uuid] = (health, reason)
+            self._lock.notify_all()
+
+    def _reload_if_changed(self) -> None:
+        if self._path is None:
+            return
+        try:
+            mtime = self._path.stat().st_mtime_ns
+        except OSError:
+            return  # a ConfigMap update swaps a symlink; the next poll sees the new file
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        try:
+            inventory = parse_inventory(yaml.safe_load(self._path.read_text()), str(self._path))
+        except (BackendError, OSError, yaml.YAMLError):
+            return  # keep the last good health; a half-written file must not flip cards
+        self._apply_file_health(inventory)
+
+    def discover(self) -> tuple[Card, ...]:
+        with self._lock:
+            return tuple(replace(card, health=self._health.get(card.uuid, (Health.HEALTHY, ""))[0])
+                         for card in self._cards)
+
+    def wait_health(self, timeout_s: float) -> list[HealthEvent]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._reload_if_changed()
+            with self._lock:
+                if self._pending:
+                    events, self._pending = self._pending, []
+                    return events
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return []
+                # Wake early for programmatic injections; poll the file at least every 0.2 s.
+                self._lock.wait(min(left, 0.2))
+
+    def device_nodes(self, card: Card) -> tuple[str, ...]:
+        return self._devices.get(card.index, ())
+
+    def control_nodes(self) -> tuple[str, ...]:
+        return tuple(self._inventory.controlDevices)
+
+    def close(self) -> None:
+        return None

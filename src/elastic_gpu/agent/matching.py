@@ -1,0 +1,140 @@
+"""Which container an Allocate call is for: pending pods, their assignments, no guessing.
+
+kubelet's Allocate says only "N devices of resource R"; it does not name the pod. The
+scheduler wrote the chosen cards into the pod's `elasticgpu.io/assignment` annotation before
+the Binding, so by the time kubelet admits the pod the annotation is in the API. A candidate
+is a container of a pod that
+- is bound to this node, not terminating, not finished, and its assignment is for this node;
+- asks for exactly N of R (the count kubelet passes is the container's quantity of R);
+- has cards in the assignment and no `elasticgpu.io/allocated` mark for R yet.
+One candidate: it is the one. Several candidates that would all get the very same cards and
+shares: any of them (the earliest) is right, because the answer does not depend on the
+choice. Several candidates that would get different cards: REFUSE with an error naming them;
+kubelet then fails that pod's admission (the pod can be recreated) instead of a container
+silently getting another pod's card. After a match the agent records the mark on the pod
+before answering, so a restarted agent never hands the same assignment out twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class AllocateError(RuntimeError):
+    """Allocate cannot be answered safely; the message is returned to kubelet."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    created: str
+    shares: tuple[CardShare, ...]
+    allocated: Mapping[str, tuple[str, ...]]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.uid, self.container)
+
+    def describe(self) -> str:
+        cards = ",".join(str(s.index) for s in self.shares)
+        return f"{self.namespace}/{self.pod}[{self.container}] (cards {cards})"
+
+
+def allocated_marks(annotations: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
+    """The `elasticgpu.io/allocated` annotation: {container: [resources handed out]}."""
+    raw = annotations.get(ann.ALLOCATED)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): tuple(str(r) for r in v) for k, v in data.items() if isinstance(v, list)}
+
+
+def with_mark(marks: Mapping[str, Sequence[str]], container: str, resource: str) -> str:
+    merged = {k: sorted(set(v)) for k, v in marks.items()}
+    merged[container] = sorted({*merged.get(container, []), resource})
+    return json.dumps(merged, separators=(",", ":"), sort_keys=True)
+
+
+def container_quantity(container: Mapping[str, Any], resource: str) -> int | None:
+    resources: Mapping[str, Any] = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(resource,
+                                                (resources.get("requests") or {}).get(resource))
+    if value is None:
+        return None
+    try:
+        quantity = parse_quantity(value)
+    except QuantityError:
+        return None
+    return int(quantity) if quantity.denominator == 1 else None
+
+
+def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, count: int,
+               done: set[tuple[str, str, str]]) -> tuple[list[Candidate], list[str]]:
+    """Containers that may be the one Allocate serves, and problems seen on the way."""
+    found: list[Candidate] = []
+    problems: list[str] = []
+    for pod in pods:
+        meta: Mapping[str, Any] = pod.get("metadata") or {}
+        spec: Mapping[str, Any] = pod.get("spec") or {}
+        status: Mapping[str, Any] = pod.get("status") or {}
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        if spec.get("nodeName") != node or meta.get("deletionTimestamp"):
+            continue
+        if status.get("phase") in TERMINAL_PHASES or ann.ASSIGNMENT not in annotations:
+            continue
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        try:
+            assignment = Assignment.from_json(annotations[ann.ASSIGNMENT])
+        except AssignmentError as err:
+            problems.append(f"{name}: {err}")
+            continue
+        if assignment.node != node:
+            problems.append(f"{name}: assignment is for node {assignment.node}, not {node}")
+            continue
+        marks = allocated_marks(annotations)
+        uid = str(meta.get("uid", ""))
+        for container in spec.get("containers") or []:
+            cname = str(container.get("name", ""))
+            if container_quantity(container, resource) != count:
+                continue
+            if resource in marks.get(cname, ()) or (uid, cname, resource) in done:
+                continue
+            shares = assignment.containers.get(cname)
+            if not shares:
+                problems.append(f"{name}[{cname}] asks for {resource} but has no cards assigned")
+                continue
+            found.append(Candidate(str(meta.get("namespace", "")), str(meta.get("name", "")), uid,
+                                   cname, str(meta.get("creationTimestamp", "")), shares, marks))
+    return found, problems
+
+
+def choose(found: Sequence[Candidate], problems: Sequence[str], node: str, resource: str,
+           count: int) -> Candidate:
+    """The one safe candidate, or AllocateError."""
+    if not found:
+        hint = f"; seen: {'; '.join(problems)}" if problems else ""
+        raise AllocateError(f"no pod bound to {node} waits for {count} {resource} with an "
+                            f"Elastic GPU assignment{hint}")
+    outcomes = {c.shares for c in found}
+    if len(outcomes) > 1:
+        names = ", ".join(c.describe() for c in found)
+        raise AllocateError(f"ambiguous Allocate of {count} {resource}: {names} all wait for it "
+                            "with different cards; refusing rather than guessing")
+    return min(found, key=lambda c: (c.created, c.namespace, c.pod, c.container))

@@ -1,0 +1,243 @@
+"""The GPUDevice custom resource: one cluster-scoped object per card, <-> core `Card`/`Node`.
+
+Pure functions (no I/O): the agent writes these objects, the scheduler reads them back, and
+both convert through here so they cannot disagree. The CRD itself is `crd_manifest()`;
+deploy/crds/gpudevices.yaml is its YAML form (a unit test keeps the two identical).
+
+    apiVersion: elasticgpu.io/v1alpha1
+    kind: GPUDevice
+    metadata: {name: <node>-gpu<index>, labels: {elasticgpu.io/node: <node>}}
+    spec: {node, index, uuid, model, memoryMiB, computeMilli, numaNode, board,
+           links: [{peer, kind, count}], mig: [{profile, uuid, start}]}
+    status: {health: Healthy|Unhealthy, reason, allocatedMilli, allocatedMemoryMiB,
+             allocatedPercent, lastHeartbeat}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, Node
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
+
+GROUP = "elasticgpu.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GPUDevice"
+PLURAL = "gpudevices"
+SINGULAR = "gpudevice"
+SHORT_NAMES = ("gpud",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+NODE_LABEL = f"{GROUP}/node"
+
+
+class GPUDeviceError(ValueError):
+    """A GPUDevice object that does not describe a card; the message names object and field."""
+
+
+def object_name(node: str, index: int) -> str:
+    return f"{node}-gpu{index}"
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def card_spec(node: str, card: Card) -> dict[str, Any]:
+    return {
+        "node": node,
+        "index": card.index,
+        "uuid": card.uuid,
+        "model": card.model,
+        "memoryMiB": card.memory_mib,
+        "computeMilli": card.compute_milli,
+        "numaNode": card.numa_node,
+        "board": card.board,
+        "links": [{"peer": link.peer, "kind": link.kind.value, "count": link.count}
+                  for link in card.links],
+        "mig": [{"profile": inst.profile.name, "uuid": inst.uuid, "start": inst.start}
+                for inst in card.mig],
+    }
+
+
+def card_status(card: Card, reason: str = "", allocated_milli: int = 0,
+                allocated_memory_mib: int = 0, heartbeat: str | None = None) -> dict[str, Any]:
+    return {
+        "health": card.health.value,
+        "reason": reason,
+        "allocatedMilli": allocated_milli,
+        "allocatedMemoryMiB": allocated_memory_mib,
+        "allocatedPercent": allocated_milli * 100 // max(card.compute_milli, 1),
+        "lastHeartbeat": heartbeat or now_rfc3339(),
+    }
+
+
+def card_to_object(node: str, card: Card, reason: str = "") -> dict[str, Any]:
+    """The full object for one card (status included, for a first create)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": object_name(node, card.index), "labels": {NODE_LABEL: node}},
+        "spec": card_spec(node, card),
+        "status": card_status(card, reason),
+    }
+
+
+def _field(obj: Mapping[str, Any], where: str, key: str, kind: type | tuple[type, ...]) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise GPUDeviceError(f"{where}.{key}={value!r} is not a {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
+    """(node name, Card) from a GPUDevice object as the API serves it."""
+    name = (obj.get("metadata") or {}).get("name", "?")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise GPUDeviceError(f"GPUDevice {name}: no spec")
+    where = f"GPUDevice {name}: spec"
+    node = _field(spec, where, "node", str)
+    status = obj.get("status") or {}
+    try:
+        health = Health(status.get("health", Health.HEALTHY.value))
+    except ValueError:
+        raise GPUDeviceError(f"GPUDevice {name}: status.health={status.get('health')!r} is not "
+                             "Healthy or Unhealthy") from None
+    links = []
+    for i, link in enumerate(spec.get("links") or []):
+        try:
+            links.append(Link(int(link["peer"]), LinkKind(link["kind"]), int(link.get("count", 1))))
+        except (KeyError, TypeError, ValueError) as err:
+            raise GPUDeviceError(f"{where}.links[{i}]={link!r}: {err}") from None
+    mig = []
+    for i, inst in enumerate(spec.get("mig") or []):
+        try:
+            mig.append(MigInstance(MigProfile.parse(str(inst["profile"])), str(inst["uuid"]),
+                                   int(inst.get("start", 0)), health))
+        except (KeyError, TypeError, ValueError, ResourceError) as err:
+            raise GPUDeviceError(f"{where}.mig[{i}]={inst!r}: {err}") from None
+    numa = spec.get("numaNode")
+    board = spec.get("board")
+    try:
+        card = Card(
+            index=_field(spec, where, "index", int),
+            uuid=_field(spec, where, "uuid", str),
+            model=_field(spec, where, "model", str),
+            memory_mib=_field(spec, where, "memoryMiB", int),
+            compute_milli=int(spec.get("computeMilli", MILLI_PER_CARD)),
+            health=health,
+            links=tuple(links),
+            mig=tuple(mig),
+            numa_node=numa if isinstance(numa, int) else None,
+            board=board if isinstance(board, str) else None,
+        )
+    except (TypeError, ValueError) as err:
+        if isinstance(err, GPUDeviceError):
+            raise
+        raise GPUDeviceError(f"GPUDevice {name}: {err}") from None
+    return node, card
+
+
+#: The name the scheduler helper reads with (same function).
+card_from_gpudevice = card_from_object
+
+
+def _allocatable(node_obj: Mapping[str, Any], key: str, scale: int) -> int:
+    raw = ((node_obj.get("status") or {}).get("allocatable") or {}).get(key)
+    if raw is None:
+        return 0
+    try:
+        return int(parse_quantity(raw) * scale)
+    except QuantityError:
+        return 0
+
+
+def nodes_from_objects(devices: Iterable[Mapping[str, Any]],
+                       k8s_nodes: Iterable[Mapping[str, Any]] = ()) -> list[Node]:
+    """Group GPUDevices by node into core Nodes; CPU and memory come from the Node objects
+    (allocatable), labels too; a GPUDevice whose Node is missing still yields a Node (0 CPU)."""
+    cards: dict[str, list[Card]] = {}
+    for obj in devices:
+        node, card = card_from_object(obj)
+        cards.setdefault(node, []).append(card)
+    by_name = {str((n.get("metadata") or {}).get("name")): n for n in k8s_nodes}
+    result = []
+    for name in sorted(cards):
+        node_obj = by_name.get(name, {})
+        labels = dict((node_obj.get("metadata") or {}).get("labels") or {})
+        result.append(Node(name=name,
+                           cpu_milli=_allocatable(node_obj, "cpu", 1000),
+                           memory_mib=_allocatable(node_obj, "memory", 1) // (1 << 20),
+                           cards=tuple(sorted(cards[name], key=lambda c: c.index)),
+                           labels=labels))
+    return result
+
+
+def _column(name: str, kind: str, path: str, description: str) -> dict[str, Any]:
+    return {"name": name, "type": kind, "jsonPath": path, "description": description}
+
+
+def crd_manifest() -> dict[str, Any]:
+    """The CustomResourceDefinition of GPUDevice (apiextensions.k8s.io/v1)."""
+    int_ = {"type": "integer"}
+    str_ = {"type": "string"}
+    spec_schema = {
+        "type": "object",
+        "required": ["node", "index", "uuid", "model", "memoryMiB"],
+        "properties": {
+            "node": str_, "index": {"type": "integer", "minimum": 0}, "uuid": str_, "model": str_,
+            "memoryMiB": {"type": "integer", "minimum": 1},
+            "computeMilli": {"type": "integer", "minimum": 1, "maximum": MILLI_PER_CARD},
+            "numaNode": {"type": "integer", "nullable": True},
+            "board": {"type": "string", "nullable": True},
+            "links": {"type": "array", "items": {
+                "type": "object", "required": ["peer", "kind"],
+                "properties": {"peer": int_, "count": int_, "kind": {
+                    "type": "string", "enum": [k.value for k in LinkKind]}}}},
+            "mig": {"type": "array", "items": {
+                "type": "object", "required": ["profile", "uuid"],
+                "properties": {"profile": str_, "uuid": str_, "start": int_}}},
+        },
+    }
+    status_schema = {
+        "type": "object",
+        "properties": {
+            "health": {"type": "string", "enum": [h.value for h in Health]},
+            "reason": str_, "allocatedMilli": int_, "allocatedMemoryMiB": int_,
+            "allocatedPercent": int_, "lastHeartbeat": {"type": "string", "format": "date-time"},
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "scope": "Cluster",
+            "names": {"kind": KIND, "plural": PLURAL, "singular": SINGULAR,
+                      "shortNames": list(SHORT_NAMES), "listKind": f"{KIND}List"},
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "One GPU (or board chip) of a node, published by the "
+                                   "Elastic GPU agent.",
+                    "properties": {"spec": spec_schema, "status": status_schema}}},
+                "additionalPrinterColumns": [
+                    _column("Node", "string", ".spec.node", "Node the card is in"),
+                    _column("Index", "integer", ".spec.index", "Card index on its node"),
+                    _column("Model", "string", ".spec.model", "Card model"),
+                    _column("Memory", "integer", ".spec.memoryMiB", "Card memory in MiB"),
+                    _column("Health", "string", ".status.health", "Healthy or Unhealthy"),
+                    _column("Allocated%", "integer", ".status.allocatedPercent",
+                            "Compute assigned to pods, percent of the card"),
+                    _column("Age", "date", ".metadata.creationTimestamp", "Age"),
+                ],
+            }],
+        },
+    }
