@@ -1,0 +1,38 @@
+"""An async lightkube client from a kubeconfig file or the in-cluster service account."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class ClientConfigError(RuntimeError):
+    """No usable API server configuration; the message says where we looked."""
+
+
+def async_client(kubeconfig: Path | None = None, *, field_manager: str,
+                 timeout_s: float = 10.0) -> Any:
+    """`lightkube.AsyncClient` for `kubeconfig`, or in-cluster config when it is None.
+
+    Typed `Any` because lightkube's public methods are untyped overloads; callers wrap it.
+    """
+    import httpx2
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.core.exceptions import ConfigError
+
+    try:
+        if kubeconfig is not None:
+            if not kubeconfig.is_file():
+                raise ClientConfigError(f"kubeconfig {kubeconfig} does not exist")
+            config = KubeConfig.from_file(str(kubeconfig))
+        else:
+            config = KubeConfig.from_service_account()
+    except ConfigError as err:
+        where = kubeconfig or "the in-cluster service account"
+        raise ClientConfigError(f"cannot configure the Kubernetes client from {where}: "
+                                f"{err}") from None
+    except OSError as err:
+        raise ClientConfigError(f"cannot read the in-cluster service account ({err}); pass "
+                                "--kubeconfig when running outside a cluster") from None
+    return AsyncClient(config=config, field_manager=field_manager,
+                       timeout=httpx2.Timeout(timeout_s), trust_env=False)

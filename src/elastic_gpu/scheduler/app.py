@@ -1,0 +1,166 @@
+"""The running extender: watch-backed caches feeding the state, the HTTP server, expiry.
+
+Three reflectors (nodes, non-terminated pods, GPUDevices) keep `SchedulerState` current; the
+server answers only once all three have listed (readiness), so a restarted scheduler answers
+from the full set of assignments written before it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.k8s import gpudevice
+from elastic_gpu.k8s.cache import Reflector
+from elastic_gpu.scheduler.api import LightkubePodApi
+from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "egpu-scheduler"
+
+
+def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    meta: Mapping[str, Any] = node.get("metadata") or {}
+    status: Mapping[str, Any] = node.get("status") or {}
+    allocatable: Mapping[str, Any] = status.get("allocatable") or status.get("capacity") or {}
+
+    def amount(key: str, scale: int) -> int:
+        try:
+            return int(parse_quantity(allocatable.get(key, 0)) * scale)
+        except QuantityError:
+            return 0
+
+    return NodeInfo(name=str(meta.get("name", "")), cpu_milli=amount("cpu", 1000),
+                    memory_mib=amount("memory", 1) // 2**20,
+                    labels=dict(meta.get("labels") or {}))
+
+
+def _device(obj: Mapping[str, Any]) -> tuple[str, str, Any] | None:
+    name = str((obj.get("metadata") or {}).get("name", ""))
+    try:
+        node, card = gpudevice.card_from_gpudevice(obj)
+    except gpudevice.GPUDeviceError as err:
+        log.warning("ignoring %s", err)
+        return None
+    return name, node, card
+
+
+def gpudevice_resource() -> Any:
+    from lightkube.generic_resource import create_global_resource
+
+    return create_global_resource(gpudevice.GROUP, gpudevice.VERSION, gpudevice.KIND,
+                                  gpudevice.PLURAL)
+
+
+class Feeds:
+    """Reflector callbacks: API objects into the state."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+
+    def nodes_replace(self, items: list[dict[str, Any]]) -> None:
+        self.state.replace_nodes(node_info(n) for n in items)
+        self.state.mark_synced("nodes")
+
+    def nodes_event(self, kind: str, obj: dict[str, Any]) -> None:
+        info = node_info(obj)
+        if kind == "DELETED":
+            self.state.remove_node(info.name)
+        else:
+            self.state.upsert_node(info)
+
+    def devices_replace(self, items: list[dict[str, Any]]) -> None:
+        self.state.replace_devices(d for d in map(_device, items) if d is not None)
+        self.state.mark_synced("gpudevices")
+
+    def devices_event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        device = _device(obj) if kind != "DELETED" else None
+        if device is None:
+            self.state.remove_device(name)
+        else:
+            self.state.upsert_device(*device)
+
+    def pods_replace(self, items: list[dict[str, Any]]) -> None:
+        self.state.replace_pods(items)
+        self.state.mark_synced("pods")
+
+    def pods_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            uid = str((obj.get("metadata") or {}).get("uid", ""))
+            self.state.forget_pod(uid)
+        else:
+            self.state.observe_pod(obj)
+
+
+@dataclass
+class ServeOptions:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+
+def reflectors(client: Any, feeds: Feeds) -> list[Reflector]:
+    from lightkube import operators
+    from lightkube.resources.core_v1 import Node, Pod
+
+    return [
+        Reflector(client, Node, name="nodes", on_replace=feeds.nodes_replace,
+                  on_event=feeds.nodes_event),
+        Reflector(client, gpudevice_resource(), name="gpudevices",
+                  on_replace=feeds.devices_replace, on_event=feeds.devices_event),
+        # Terminated pods hold nothing; with this selector they leave as DELETED events.
+        Reflector(client, Pod, name="pods", namespace="*",
+                  fields={"status.phase": operators.not_in(["Succeeded", "Failed"])},
+                  on_replace=feeds.pods_replace, on_event=feeds.pods_event),
+    ]
+
+
+async def _expiry_loop(state: SchedulerState, period_s: float = 1.0) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        state.expire()
+
+
+async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: ServeOptions,
+                started: asyncio.Event | None = None) -> None:
+    """Run until cancelled."""
+    from elastic_gpu.k8s.client import async_client
+
+    client = async_client(kubeconfig, field_manager=FIELD_MANAGER)
+    state = SchedulerState(config)
+    extender = Extender(state, LightkubePodApi(client))
+    tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.name}")
+             for r in reflectors(client, Feeds(state))]
+    tasks.append(asyncio.create_task(_expiry_loop(state), name="expiry"))
+    runner = web.AppRunner(extender.app(), access_log=None)
+    await runner.setup()
+    context: ssl.SSLContext | None = None
+    if options.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
+    site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
+    await site.start()
+    log.info("serving the extender on %s:%d (%s)", options.host, options.port,
+             "https" if context else "http")
+    if started is not None:
+        started.set()
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await runner.cleanup()
+        await client.close()

@@ -1,0 +1,76 @@
+"""The extender's own configuration file (YAML), validated strictly.
+
+    nodePolicy: binpack          # node tier, any name in core's NODE_POLICIES
+    cardPolicy: binpack          # card tier, any name in core's CARD_POLICIES
+    reservationTTLSeconds: 30    # how long a bind whose outcome is unknown holds its cards
+    seed: 0                      # random policies' seed, for reproducible runs
+
+Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
+annotations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names file and field."""
+
+
+def known_policies(tier: str) -> tuple[str, ...]:
+    """Registered policy names of one tier ("node" or "card")."""
+    from elastic_gpu.core import policies
+
+    registry = policies.NODE_POLICIES if tier == "node" else policies.CARD_POLICIES
+    return tuple(sorted(registry))
+
+
+def check_policy(tier: str, name: str) -> str:
+    names = known_policies(tier)
+    if name not in names:
+        raise ValueError(f"unknown {tier} policy {name!r}; known: {', '.join(names)}")
+    return name
+
+
+class SchedulerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    node_policy: str = Field("binpack", alias="nodePolicy")
+    card_policy: str = Field("binpack", alias="cardPolicy")
+    reservation_ttl_s: float = Field(30.0, alias="reservationTTLSeconds", gt=0, le=3600)
+    seed: int = 0
+
+    @field_validator("node_policy")
+    @classmethod
+    def _node(cls, value: str) -> str:
+        return check_policy("node", value)
+
+    @field_validator("card_policy")
+    @classmethod
+    def _card(cls, value: str) -> str:
+        return check_policy("card", value)
+
+
+def load_config(path: Path | None) -> SchedulerConfig:
+    if path is None:
+        return SchedulerConfig()
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings, got {type(data).__name__}")
+    try:
+        return SchedulerConfig.model_validate(data)
+    except ValidationError as err:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"{path}: {details}") from None

@@ -1,0 +1,57 @@
+"""The KubeSchedulerConfiguration that puts the extender beside kube-scheduler.
+
+Generated from the one resource table, so every GPU name users may write is a managed
+resource kube-scheduler sends to us and does not count itself (`ignoredByScheduler`: the
+extender owns GPU accounting; kube-scheduler keeps CPU, memory, affinity, taints...).
+deploy/scheduler/kube-scheduler-config.yaml is this function's output (a test checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastic_gpu.core.resources import RESOURCE_TABLE, MigProfile
+
+#: MIG profiles of the A30, A100 40/80 GB, H100/H200: managedResources takes exact names.
+MIG_PROFILES = (
+    "1g.6gb", "2g.12gb", "4g.24gb",
+    "1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb",
+    "1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb",
+    "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
+)
+
+
+def managed_resource_names() -> list[str]:
+    names = [spec.name for spec in RESOURCE_TABLE]
+    names += [MigProfile.parse(p).resource_name for p in MIG_PROFILES]
+    return names
+
+
+def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s",
+                    enable_https: bool = False) -> dict[str, Any]:
+    stanza: dict[str, Any] = {
+        "urlPrefix": url_prefix,
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "preemptVerb": "preempt",
+        "weight": weight,
+        "enableHTTPS": enable_https,
+        "nodeCacheCapable": True,
+        "httpTimeout": http_timeout,
+        "ignorable": False,
+        "managedResources": [{"name": n, "ignoredByScheduler": True}
+                             for n in managed_resource_names()],
+    }
+    return stanza
+
+
+def kube_scheduler_config(url_prefix: str = "http://127.0.0.1:8888", *,
+                          scheduler_name: str = "default-scheduler",
+                          weight: int = 5) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [{"schedulerName": scheduler_name}],
+        "extenders": [extender_stanza(url_prefix, weight=weight)],
+    }

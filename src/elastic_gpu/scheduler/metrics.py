@@ -1,0 +1,50 @@
+"""Prometheus metrics of the extender: latency per verb, allocation per card, bind failures.
+
+Per-card allocation is collected at scrape time from the engine (no cost on the hot path).
+Each server gets its own registry, so several can run in one process (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+Usage = dict[str, list[tuple[int, int, int]]]
+
+
+class _CardCollector(Collector):
+    def __init__(self, usage: Callable[[], Usage]) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        milli = GaugeMetricFamily("egpu_scheduler_card_allocated_milli",
+                                  "Compute allocated on a card, in milli-cards (1000 = whole)",
+                                  labels=["node", "card"])
+        memory = GaugeMetricFamily("egpu_scheduler_card_allocated_memory_mib",
+                                   "Card memory allocated, MiB", labels=["node", "card"])
+        for node, cards in self._usage().items():
+            for index, used_milli, used_mib in cards:
+                milli.add_metric([node, str(index)], used_milli)
+                memory.add_metric([node, str(index)], used_mib)
+        yield milli
+        yield memory
+
+
+class Metrics:
+    def __init__(self, usage: Callable[[], Usage]) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("egpu_scheduler_request_seconds",
+                                 "Extender request latency by verb", ["verb"],
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.bind_failures = Counter("egpu_scheduler_bind_failures_total",
+                                     "Binds that failed, by stage", ["stage"],
+                                     registry=self.registry)
+        self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
+                                    "Requests rejected as malformed, by verb", ["verb"],
+                                    registry=self.registry)
+        self.registry.register(_CardCollector(usage))

@@ -1,0 +1,268 @@
+"""The extender's HTTP server: filter, prioritize, bind, preempt, health, readiness, metrics.
+
+Every answer is either the verb's result, an `Error` kube-scheduler shows to the user (for
+pods we cannot place: a reason a person can act on), or a 4xx for bodies kube-scheduler would
+never send. Nothing a client sends can produce a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.engine import Unschedulable
+from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
+from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.scheduler import wire
+from elastic_gpu.scheduler.config import known_policies
+from elastic_gpu.scheduler.metrics import Metrics
+from elastic_gpu.scheduler.state import SchedulerState, StateNotReady
+
+log = logging.getLogger(__name__)
+
+VERBS = ("filter", "prioritize", "bind", "preempt")
+
+
+class BindError(RuntimeError):
+    """An API write of the bind failed. `definite`: the API said no (nothing was written);
+    otherwise the outcome is unknown (timeout, lost connection)."""
+
+    def __init__(self, message: str, *, definite: bool, code: int = 0) -> None:
+        super().__init__(message)
+        self.definite = definite
+        self.code = code
+
+
+class PodApi(Protocol):
+    """The API writes a bind needs (implemented with lightkube in `scheduler.api`)."""
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def annotate(self, namespace: str, name: str, uid: str,
+                       assignment: Assignment) -> dict[str, Any]: ...
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    async def clear(self, namespace: str, name: str, uid: str) -> dict[str, Any]: ...
+
+
+class PodError(ValueError):
+    """The pod itself asks for something we cannot interpret."""
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data, separators=(",", ":")), status=status,
+                        content_type="application/json")
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    if isinstance(uid, str) and uid:
+        return uid
+    # kube-scheduler always sends a UID; without one, key by name so what-ifs still work.
+    name = meta.get("name", "") if isinstance(meta, Mapping) else ""
+    namespace = meta.get("namespace", "default") if isinstance(meta, Mapping) else "default"
+    return f"{namespace}/{name}"
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
+    try:
+        request = pod_request_from_manifest(pod)
+    except (ResourceError, ValueError, TypeError, AttributeError) as err:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}" \
+            if isinstance(meta, Mapping) else "?"
+        raise PodError(f"pod {key}: {err}") from None
+    for tier, name in (("node", request.node_policy), ("card", request.card_policy)):
+        if name is not None and name not in known_policies(tier):
+            raise PodError(f"pod {request.key}: annotation elasticgpu.io/{tier}-policy={name!r} "
+                           f"is not a {tier} policy; use one of {', '.join(known_policies(tier))}")
+    return request
+
+
+class Extender:
+    def __init__(self, state: SchedulerState, api: PodApi | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self.state = state
+        self.api = api
+        self.metrics = metrics or Metrics(state.card_usage)
+        # Pods seen in filter: bind gets only names, and the watch may not have them yet.
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def _remember(self, uid: str, pod: dict[str, Any]) -> None:
+        self._recent[uid] = pod
+        self._recent.move_to_end(uid)
+        while len(self._recent) > 10_000:
+            self._recent.popitem(last=False)
+
+    # ---- verbs ------------------------------------------------------------------------------
+
+    def filter(self, body: bytes) -> web.Response:
+        args = wire.parse(wire.ExtenderArgs, body)
+        names = args.node_names()
+        try:
+            request = parse_pod(args.Pod)
+        except PodError as err:
+            return _json(wire.filter_error(str(err)))
+        uid = pod_uid(args.Pod)
+        self._remember(uid, args.Pod)
+        if not request.wants_gpu:
+            return _json(wire.filter_result(args, names, {}, {}))
+        result = self.state.filter(request, uid, names)
+        known = self.state.known_nodes()
+        failed = {n: r for n, r in result.failed.items() if n in known}
+        unresolvable = {n: r for n, r in result.failed.items() if n not in known}
+        return _json(wire.filter_result(args, result.feasible, failed, unresolvable))
+
+    def prioritize(self, body: bytes) -> web.Response:
+        args = wire.parse(wire.ExtenderArgs, body)
+        names = args.node_names()
+        try:
+            request = parse_pod(args.Pod)
+        except PodError as err:
+            # kube-scheduler ignores prioritize errors; the filter already told the user.
+            return _json({"Error": str(err)}, status=422)
+        scores = self.state.prioritize(request, pod_uid(args.Pod), names)
+        return _json(wire.host_priorities(scores))
+
+    def preempt(self, body: bytes) -> web.Response:
+        args = wire.parse(wire.ExtenderPreemptionArgs, body)
+        candidates = args.victims()
+        try:
+            request = parse_pod(args.Pod)
+        except PodError as err:
+            return _json({"NodeNameToMetaVictims": None, "Error": str(err)}, status=422)
+        if not request.wants_gpu:
+            return _json(wire.preemption_result(candidates))
+        chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
+        return _json(wire.preemption_result(chosen))
+
+    async def bind(self, body: bytes) -> web.Response:
+        args = wire.parse(wire.ExtenderBindingArgs, body)
+        try:
+            await self._bind(args)
+        except BindError as err:
+            return _json({"Error": str(err)})
+        return _json({"Error": ""})
+
+    async def _bind(self, args: wire.ExtenderBindingArgs) -> None:
+        key = f"{args.PodNamespace}/{args.PodName}"
+        where = f"bind {key} to {args.Node}"
+        if self.api is None:
+            raise BindError(f"{where}: this extender has no API access", definite=True)
+        self.state.require_ready()
+        manifest = await self._manifest(args)
+        try:
+            request = parse_pod(manifest)
+        except PodError as err:
+            raise BindError(f"{where}: {err}", definite=True) from None
+        if not request.wants_gpu:
+            await self._create_binding(args, where)
+            return
+        try:
+            assignment = self.state.reserve(request, args.PodUID, args.Node)
+        except Unschedulable as err:
+            self.metrics.bind_failures.labels("reserve").inc()
+            raise BindError(f"{where}: {err.reason}", definite=True) from None
+        try:
+            patched = await self.api.annotate(args.PodNamespace, args.PodName, args.PodUID,
+                                              assignment)
+        except BindError as err:
+            self.metrics.bind_failures.labels("annotate").inc()
+            if err.definite:
+                self.state.abandon(args.PodUID)
+            # else: the reservation holds the cards until it expires or the watch shows
+            # whether the annotation landed.
+            raise BindError(f"{where}: writing the assignment failed: {err}",
+                            definite=err.definite) from None
+        self.state.confirm(args.PodUID, patched)
+        try:
+            await self._create_binding(args, where)
+        except BindError as err:
+            if err.definite:
+                # Nothing was bound: take the assignment back so its cards are free again.
+                try:
+                    cleared = await self.api.clear(args.PodNamespace, args.PodName, args.PodUID)
+                    self.state.observe_pod(cleared)
+                except BindError as clear_err:
+                    log.warning("%s: could not clear the assignment (%s); it holds its cards "
+                                "until the pod is re-scheduled or deleted", where, clear_err)
+            raise
+
+    async def _create_binding(self, args: wire.ExtenderBindingArgs, where: str) -> None:
+        assert self.api is not None
+        try:
+            await self.api.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        except BindError as err:
+            self.metrics.bind_failures.labels("binding").inc()
+            raise BindError(f"{where}: creating the Binding failed: {err}",
+                            definite=err.definite, code=err.code) from None
+
+    async def _manifest(self, args: wire.ExtenderBindingArgs) -> dict[str, Any]:
+        known = self.state.pod(args.PodUID)
+        if known is not None:
+            return dict(known.manifest)
+        recent = self._recent.get(args.PodUID)
+        if recent is not None:
+            return recent
+        assert self.api is not None
+        pod = await self.api.get_pod(args.PodNamespace, args.PodName)
+        key = f"{args.PodNamespace}/{args.PodName}"
+        if pod is None:
+            raise BindError(f"pod {key} does not exist", definite=True)
+        if pod_uid(pod) != args.PodUID:
+            raise BindError(f"pod {key} has UID {pod_uid(pod)}, not {args.PodUID}: it was "
+                            "deleted and re-created", definite=True)
+        return pod
+
+    # ---- HTTP plumbing ----------------------------------------------------------------------
+
+    def _timed(self, verb: str, handler: Callable[[bytes], Awaitable[web.Response] | web.Response]
+               ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            started = time.perf_counter()
+            try:
+                body = await request.read()
+                result = handler(body)
+                response = await result if isinstance(result, Awaitable) else result
+            except wire.WireError as err:
+                self.metrics.bad_requests.labels(verb).inc()
+                response = _json({"Error": str(err)}, status=400)
+            except StateNotReady as err:
+                response = _json({"Error": str(err)}, status=503)
+            finally:
+                self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+            return response
+        return handle
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.state.ready:
+            return web.Response(text="ok")
+        return web.Response(text=self.state.not_ready_reason(), status=503)
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def app(self, prefix: str = "") -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        handlers = {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
+                    "preempt": self.preempt}
+        for verb, handler in handlers.items():
+            app.router.add_post(f"{prefix}/{verb}", self._timed(verb, handler))
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_page)
+        return app

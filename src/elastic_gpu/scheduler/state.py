@@ -1,0 +1,536 @@
+"""What the extender knows: inventory, every pod's hold on cards, and in-flight binds.
+
+The API server is the source of truth. A pod *holds* cards when its assignment annotation says
+so (and it is neither terminated nor bound to another node) or while one of our binds for it
+is in flight. The engine's allocations are derived from those holds and nothing else, so a
+restarted scheduler that lists pods arrives at the same allocations.
+
+Concurrency: every method runs to completion without awaiting and takes `_lock`, so engine
+mutations are serialized and a filter or bind always sees every earlier reservation. Holds are
+keyed by pod UID: a pod deleted and re-created under the same name is a different pod.
+
+Reservations: `reserve` allocates before the annotation is written. The bind then either
+`confirm`s (annotation written: the annotation now holds the cards), `abandon`s (the API said
+no: back to whatever the pod's annotation says), or leaves it in flight when the outcome is
+unknown (a timeout); `expire` ends such reservations after the TTL, and again falls back to the
+annotation, so an expiring reservation never frees cards an annotation still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.engine import Engine, FilterResult, PolicyConfig, Unschedulable
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
+from elastic_gpu.scheduler.config import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the extender needs from a Kubernetes Node."""
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the extender needs from a Kubernetes Pod (one version of it)."""
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str
+    phase: str
+    resource_version: int | None
+    priority: int
+    assignment: Assignment | None
+    #: Why the assignment annotation could not be read, if it could not.
+    assignment_error: str | None
+    manifest: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def holds(self) -> Assignment | None:
+        """The cards this version of the pod holds according to the API."""
+        if self.phase in TERMINAL_PHASES or self.assignment is None:
+            return None
+        if self.node_name and self.node_name != self.assignment.node:
+            return None  # bound elsewhere: the annotation is stale and the agent ignores it
+        return self.assignment
+
+    def request(self) -> PodRequest:
+        return pod_request_from_manifest(self.manifest)
+
+    @staticmethod
+    def from_manifest(pod: Mapping[str, Any]) -> PodInfo:
+        meta: Mapping[str, Any] = pod.get("metadata") or {}
+        spec: Mapping[str, Any] = pod.get("spec") or {}
+        status: Mapping[str, Any] = pod.get("status") or {}
+        annotations: Mapping[str, str] = meta.get("annotations") or {}
+        assignment: Assignment | None = None
+        error: str | None = None
+        text = annotations.get(ann.ASSIGNMENT)
+        if text:
+            try:
+                assignment = Assignment.from_json(text)
+            except AssignmentError as err:
+                error = str(err)
+        rv_text = meta.get("resourceVersion")
+        try:
+            rv = int(rv_text) if rv_text is not None else None
+        except (TypeError, ValueError):
+            rv = None
+        priority = spec.get("priority")
+        return PodInfo(
+            uid=str(meta.get("uid") or ""),
+            namespace=str(meta.get("namespace") or "default"),
+            name=str(meta.get("name") or ""),
+            node_name=str(spec.get("nodeName") or ""),
+            phase=str(status.get("phase") or ""),
+            resource_version=rv,
+            priority=priority if isinstance(priority, int) else 0,
+            assignment=assignment,
+            assignment_error=error,
+            manifest=pod,
+        )
+
+
+@dataclass
+class _Reservation:
+    assignment: Assignment
+    deadline: float
+
+
+class StateNotReady(RuntimeError):
+    """Caches not synced yet: any answer would be a guess."""
+
+
+class SchedulerState:
+    def __init__(self, config: SchedulerConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or SchedulerConfig()
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeInfo] = {}
+        self._devices: dict[str, tuple[str, Card]] = {}  # device object name -> (node, card)
+        self._node_devices: dict[str, set[str]] = {}
+        self._dirty: set[str] = set()
+        self._pods: dict[str, PodInfo] = {}  # uid -> latest version seen
+        self._inflight: dict[str, _Reservation] = {}
+        self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
+        self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
+        self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
+        self.engine = self._new_engine(())
+        self._known: frozenset[str] = frozenset()
+        self._synced: set[str] = set()
+        self.required_sources: frozenset[str] = frozenset({"nodes", "pods", "gpudevices"})
+
+    # ---- readiness --------------------------------------------------------------------------
+
+    def mark_synced(self, source: str) -> None:
+        with self._lock:
+            self._synced.add(source)
+            self._flush()
+
+    @property
+    def ready(self) -> bool:
+        return self.required_sources <= self._synced
+
+    def not_ready_reason(self) -> str:
+        missing = ", ".join(sorted(self.required_sources - self._synced))
+        return f"the Elastic GPU scheduler has not synced its caches yet ({missing}); retry shortly"
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise StateNotReady(self.not_ready_reason())
+
+    # ---- inventory --------------------------------------------------------------------------
+
+    def _new_engine(self, nodes: Iterable[Node]) -> Engine:
+        policy = PolicyConfig(node_policy=self.config.node_policy,
+                              card_policy=self.config.card_policy,
+                              check_host_resources=False)
+        return Engine(nodes, config=policy, seed=self.config.seed)
+
+    def upsert_node(self, info: NodeInfo) -> None:
+        with self._lock:
+            if self._nodes.get(info.name) != info:
+                self._nodes[info.name] = info
+                self._dirty.add(info.name)
+
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            if self._nodes.pop(name, None) is not None:
+                self._dirty.add(name)
+
+    def replace_nodes(self, infos: Iterable[NodeInfo]) -> None:
+        """A relist: exactly these nodes exist."""
+        with self._lock:
+            fresh = {i.name: i for i in infos}
+            for name in set(self._nodes) - set(fresh):
+                self.remove_node(name)
+            for info in fresh.values():
+                self.upsert_node(info)
+
+    def upsert_device(self, object_name: str, node: str, card: Card) -> None:
+        with self._lock:
+            old = self._devices.get(object_name)
+            if old == (node, card):
+                return
+            if old is not None and old[0] != node:
+                self._node_devices.get(old[0], set()).discard(object_name)
+                self._dirty.add(old[0])
+            self._devices[object_name] = (node, card)
+            self._node_devices.setdefault(node, set()).add(object_name)
+            self._dirty.add(node)
+
+    def remove_device(self, object_name: str) -> None:
+        with self._lock:
+            old = self._devices.pop(object_name, None)
+            if old is not None:
+                self._node_devices.get(old[0], set()).discard(object_name)
+                self._dirty.add(old[0])
+
+    def replace_devices(self, devices: Iterable[tuple[str, str, Card]]) -> None:
+        with self._lock:
+            fresh = {name: (node, card) for name, node, card in devices}
+            for name in set(self._devices) - set(fresh):
+                self.remove_device(name)
+            for name, (node, card) in fresh.items():
+                self.upsert_device(name, node, card)
+
+    def _model_node(self, name: str) -> Node | None:
+        info = self._nodes.get(name)
+        if info is None:
+            return None
+        cards: dict[int, Card] = {}
+        for obj in sorted(self._node_devices.get(name, ())):
+            card = self._devices[obj][1]
+            if card.index in cards:
+                log.warning("node %s: two GPUDevice objects claim card %d; using %s",
+                            name, card.index, obj)
+            cards[card.index] = card
+        return Node(name, info.cpu_milli, info.memory_mib,
+                    tuple(cards[i] for i in sorted(cards)), dict(info.labels))
+
+    def known_nodes(self) -> frozenset[str]:
+        """Nodes the engine knows (with their inventory), as of the last flush."""
+        return self._known
+
+    def _flush(self) -> None:
+        """Push changed nodes into the engine (batched: a relist rebuilds once)."""
+        if not self._dirty:
+            return
+        try:
+            self._apply_dirty()
+        finally:
+            self._known = frozenset(self.engine.nodes())
+
+    def _apply_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        known = set(self.engine.nodes())
+        if len(dirty) > 64 and len(dirty) * 4 > len(known):
+            # Many nodes changed (startup, relist): a fresh engine from all nodes, then every
+            # hold again, is cheaper than thousands of single updates.
+            nodes = [n for n in (self._model_node(name) for name in sorted(self._nodes)) if n]
+            self.engine = self._new_engine(nodes)
+            self._holds.clear()
+            self._node_pods.clear()
+            for uid in self._pods.keys() | self._inflight.keys():
+                self._sync(uid)
+            return
+        for name in sorted(dirty):
+            node = self._model_node(name)
+            if node is None:
+                if name in known:
+                    self.engine.remove_node(name)
+                continue
+            self.engine.upsert_node(node)
+            # Re-count the holds on that node: a node that came back lost its allocations.
+            for uid in list(self._node_pods.get(name, ())):
+                assignment = self._holds.get(uid)
+                if assignment is not None and self.engine.allocation(uid) != assignment:
+                    self._holds.pop(uid)
+                    self._sync(uid)
+        for uid in list(self._conflicts):
+            self._sync(uid)
+
+    # ---- holds ------------------------------------------------------------------------------
+
+    def _desired(self, uid: str) -> Assignment | None:
+        reservation = self._inflight.get(uid)
+        if reservation is not None:
+            return reservation.assignment
+        pod = self._pods.get(uid)
+        return pod.holds if pod is not None else None
+
+    def _set_hold(self, uid: str, assignment: Assignment | None) -> None:
+        old = self._holds.pop(uid, None)
+        if old is not None:
+            self.engine.release(uid)
+            self._node_pods.get(old.node, set()).discard(uid)
+        self._conflicts.pop(uid, None)
+        if assignment is None:
+            return
+        try:
+            self.engine.allocate(uid, assignment)
+        except (Unschedulable, KeyError, ValueError) as err:
+            # An annotation the inventory cannot hold (card gone, node unknown, over capacity):
+            # remember it and count it as soon as the inventory allows.
+            reason = getattr(err, "reason", str(err))
+            self._conflicts[uid] = reason
+            log.warning("pod uid %s: assignment on %s cannot be counted: %s",
+                        uid, assignment.node, reason)
+            return
+        self._holds[uid] = assignment
+        self._node_pods.setdefault(assignment.node, set()).add(uid)
+
+    def _sync(self, uid: str) -> None:
+        desired = self._desired(uid)
+        if desired == self._holds.get(uid) and uid not in self._conflicts:
+            return
+        self._set_hold(uid, desired)
+
+    # ---- pods from the API --------------------------------------------------------------------
+
+    def observe_pod(self, pod: Mapping[str, Any] | PodInfo) -> None:
+        """An ADDED/MODIFIED pod from the watch, or the pod our own PATCH returned."""
+        info = pod if isinstance(pod, PodInfo) else PodInfo.from_manifest(pod)
+        if not info.uid:
+            return
+        with self._lock:
+            old = self._pods.get(info.uid)
+            if (old is not None and old.resource_version is not None
+                    and info.resource_version is not None
+                    and info.resource_version < old.resource_version):
+                return  # older than what we know (our own PATCH response overtook the watch)
+            if info.assignment_error and (old is None or old.assignment_error is None):
+                log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,
+                            info.assignment_error)
+            self._pods[info.uid] = info
+            if info.phase in TERMINAL_PHASES:
+                self._inflight.pop(info.uid, None)
+            self._sync(info.uid)
+
+    def forget_pod(self, uid: str) -> None:
+        """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
+        with self._lock:
+            self._pods.pop(uid, None)
+            self._inflight.pop(uid, None)
+            self._sync(uid)
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """A relist: exactly these pods exist."""
+        infos = [PodInfo.from_manifest(p) for p in pods]
+        with self._lock:
+            fresh = {i.uid for i in infos if i.uid}
+            for uid in set(self._pods) - fresh:
+                self.forget_pod(uid)
+            for info in infos:
+                # a relist is authoritative, even if its resourceVersion looks older
+                self._pods.pop(info.uid, None)
+                self.observe_pod(info)
+
+    def pod(self, uid: str) -> PodInfo | None:
+        return self._pods.get(uid)
+
+    # ---- scheduling -------------------------------------------------------------------------
+
+    @contextmanager
+    def _without(self, uid: str) -> Iterator[None]:
+        """What-if: the engine as if this pod held nothing (a pod being re-placed may move)."""
+        held = self._holds.get(uid)
+        if held is None:
+            yield
+            return
+        self.engine.release(uid)
+        try:
+            yield
+        finally:
+            self.engine.allocate(uid, held)
+
+    def _prepare(self) -> None:
+        self.require_ready()
+        self._flush()
+        self.expire()
+
+    def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
+        with self._lock:
+            self._prepare()
+            with self._without(uid):
+                return self.engine.filter(pod, node_names)
+
+    def prioritize(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> dict[str, int]:
+        """Scores 0..10 (kube-scheduler's extender range), best node 10."""
+        with self._lock:
+            self._prepare()
+            names = [n for n in node_names if n in self._known]
+            with self._without(uid):
+                raw = self.engine.score(pod, names) if names and pod.wants_gpu else {}
+        return rescale(raw, node_names)
+
+    def reserve(self, pod: PodRequest, uid: str, node: str) -> Assignment:
+        """Choose cards on `node` and hold them now, before anything is written to the API."""
+        with self._lock:
+            self._prepare()
+            self._inflight.pop(uid, None)
+            self._set_hold(uid, None)
+            try:
+                assignment = self.engine.assign(pod, node)
+                self.engine.allocate(uid, assignment)
+            except Unschedulable:
+                self._sync(uid)  # back to whatever the annotation holds
+                raise
+            self._holds[uid] = assignment
+            self._node_pods.setdefault(node, set()).add(uid)
+            self._inflight[uid] = _Reservation(assignment,
+                                               self._clock() + self.config.reservation_ttl_s)
+            return assignment
+
+    def confirm(self, uid: str, patched: Mapping[str, Any] | None = None) -> None:
+        """Our annotation is written: the annotation holds the cards from now on."""
+        with self._lock:
+            reservation = self._inflight.pop(uid, None)
+            if patched is not None:
+                self.observe_pod(patched)
+            elif reservation is not None and uid in self._pods:
+                pod = self._pods[uid]
+                self._pods[uid] = replace(pod, assignment=reservation.assignment,
+                                          assignment_error=None)
+            self._sync(uid)
+
+    def abandon(self, uid: str) -> None:
+        """The API refused our write: the pod holds whatever its annotation says."""
+        with self._lock:
+            self._inflight.pop(uid, None)
+            self._sync(uid)
+
+    def expire(self) -> int:
+        """End reservations whose bind outcome stayed unknown past the TTL."""
+        with self._lock:
+            now = self._clock()
+            late = [uid for uid, r in self._inflight.items() if r.deadline <= now]
+            for uid in late:
+                log.warning("reservation of pod uid %s expired; falling back to its annotation",
+                            uid)
+                self._inflight.pop(uid)
+                self._sync(uid)
+            return len(late)
+
+    def preempt(self, pod: PodRequest, uid: str,
+                candidates: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, tuple[list[str], int]]:
+        """For each node, victims whose removal really frees the cards the pod needs.
+
+        Starts from kube-scheduler's victims (they free CPU and memory) and, if their cards are
+        not enough, adds lower-priority pods holding cards on that node, lowest priority and
+        smallest hold first, until the pod fits. Nodes where it cannot fit are left out.
+        """
+        with self._lock:
+            self._prepare()
+            preemptor_priority = self._priority_of(pod, uid)
+            out: dict[str, tuple[list[str], int]] = {}
+            with self._without(uid):
+                for node, (victims, pdb) in candidates.items():
+                    chosen = self._victims_on(pod, node, list(victims), preemptor_priority)
+                    if chosen is not None:
+                        out[node] = (chosen, pdb)
+            return out
+
+    def _priority_of(self, pod: PodRequest, uid: str) -> int:
+        info = self._pods.get(uid)
+        return info.priority if info is not None else 0
+
+    def _victims_on(self, pod: PodRequest, node: str, victims: list[str],
+                    preemptor_priority: int) -> list[str] | None:
+        if node not in self._known:
+            return None
+        released: list[tuple[str, Assignment]] = []
+
+        def release(victim: str) -> None:
+            held = self._holds.get(victim)
+            if held is not None and held.node == node and self.engine.allocation(victim) is not None:
+                self.engine.release(victim)
+                released.append((victim, held))
+
+        try:
+            for victim in victims:
+                release(victim)
+            if self.engine.filter(pod, [node]).feasible:
+                return victims
+            extra = sorted(
+                (uid for uid in self._node_pods.get(node, ())
+                 if uid not in victims and uid in self._pods
+                 and self._pods[uid].priority < preemptor_priority),
+                key=lambda u: (self._pods[u].priority, sum(s.milli for s in self._holds[u].shares())))
+            chosen = list(victims)
+            for uid in extra:
+                release(uid)
+                chosen.append(uid)
+                if self.engine.filter(pod, [node]).feasible:
+                    return chosen
+            return None
+        finally:
+            for victim, held in reversed(released):
+                self.engine.allocate(victim, held)
+
+    # ---- views ------------------------------------------------------------------------------
+
+    def holds(self) -> dict[str, Assignment]:
+        with self._lock:
+            return dict(self._holds)
+
+    def inflight(self) -> frozenset[str]:
+        return frozenset(self._inflight)
+
+    def conflicts(self) -> dict[str, str]:
+        return dict(self._conflicts)
+
+    def card_usage(self) -> dict[str, list[tuple[int, int, int]]]:
+        with self._lock:
+            self._flush()
+            return {name: self.engine.card_usage(name) for name in self.engine.nodes()}
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            self._flush()
+            return self.engine.nodes()
+
+
+def rescale(raw: Mapping[str, float], node_names: Sequence[str]) -> dict[str, int]:
+    """Engine scores (any range, higher better) -> kube-scheduler's 0..10, best node 10.
+
+    Nodes without a score (unknown, or a pod without GPUs) get 0: they add nothing.
+    """
+    if not raw:
+        return {name: 0 for name in node_names}
+    low, high = min(raw.values()), max(raw.values())
+    span = high - low
+    out: dict[str, int] = {}
+    for name in node_names:
+        value = raw.get(name)
+        if value is None:
+            out[name] = 0
+        elif span <= 0:
+            out[name] = 10
+        else:
+            out[name] = round(10 * (value - low) / span)
+    return out

@@ -1,0 +1,57 @@
+"""The extender's configuration file and the generated KubeSchedulerConfiguration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from elastic_gpu.core.resources import RESOURCE_TABLE
+from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_config
+from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_defaults_without_file() -> None:
+    assert load_config(None) == SchedulerConfig()
+
+
+def test_file_sets_both_tiers(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("nodePolicy: spread\ncardPolicy: spread\nreservationTTLSeconds: 5\n")
+    config = load_config(path)
+    assert (config.node_policy, config.card_policy, config.reservation_ttl_s) == (
+        "spread", "spread", 5.0)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("nodePolicy: nosuch\n", "unknown node policy 'nosuch'"),
+    ("cardPolicy: 3\n", "cardPolicy"),
+    ("reservationTTLSeconds: -1\n", "reservationTTLSeconds"),
+    ("nodepolicy: binpack\n", "nodepolicy"),
+    ("- a\n", "must be a mapping"),
+    ("a: [\n", "not YAML"),
+])
+def test_bad_file_names_the_problem(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle) as err:
+        load_config(path)
+    assert str(path) in str(err.value)
+
+
+def test_deploy_file_is_the_generated_config() -> None:
+    deployed = yaml.safe_load((REPO / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    assert deployed == kube_scheduler_config()
+
+
+def test_every_gpu_name_is_managed_and_ignored_by_kube_scheduler() -> None:
+    (extender,) = kube_scheduler_config()["extenders"]
+    managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
+    assert {spec.name for spec in RESOURCE_TABLE} <= set(managed)
+    assert "nvidia.com/mig-3g.40gb" in managed
+    assert all(managed.values())
+    assert extender["nodeCacheCapable"] is True
+    assert extender["bindVerb"] == "bind"
