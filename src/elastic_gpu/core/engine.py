@@ -1,0 +1,616 @@
+"""The placement engine: fit, two-tier policy choice, and the allocation ledger. Pure, no I/O.
+
+Data layout (see docs/architecture.md, "Placement engine"): nodes live in rows of NumPy arrays,
+cards in a row-by-column matrix padded to the widest node, so that fit for the common requests
+(one container: a share, N whole cards, or nothing) is a handful of vectorised comparisons over
+the whole cluster. Requests the vectors do not cover (several GPU containers, MIG) are planned
+per node in Python, exactly as `assign` does.
+
+Usage is a function of the allocation ledger: whenever the set of nodes or cards changes, the
+arrays are rebuilt and every allocation replayed onto them, so `upsert_node` keeps allocations on
+cards that still exist. Node scores are cached per (policy, task shape) and node, and a node's
+entries are dropped whenever anything is allocated or released on it: during a replay only the
+node that just changed is scored again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.frag import Fragmentation
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.policies import CardPolicy, CardView, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies import card_policy as make_card_policy
+from elastic_gpu.core.policies import node_policy as make_node_policy
+from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+from elastic_gpu.core.resources import MILLI_PER_CARD
+from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    node_policy: str = "binpack"
+    card_policy: str = "binpack"
+    #: CPU/memory of the node: the simulator checks them; the extender leaves that to
+    #: kube-scheduler, which checks them itself.
+    check_host_resources: bool = True
+
+
+class Unschedulable(Exception):
+    """No node (or not this node) can host the pod; `reason` says why in words a person can act
+    on, `category` is a short key for counting failures ("gpu", "cpu", "memory", "model",
+    "mig", "node")."""
+
+    def __init__(self, reason: str, category: str = "gpu") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.category = category
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    feasible: list[str]
+    failed: dict[str, str]
+
+
+@dataclass
+class _Ledger:
+    """One allocation: what was given, and the host resources and task class it holds."""
+
+    assignment: Assignment
+    cpu_milli: int
+    memory_mib: int
+    tag: str | None
+
+
+@dataclass
+class _Row:
+    node: Node
+    cards: list[Card]  # sorted by index; column c of the matrices is cards[c]
+    column: dict[int, int]  # card index -> column
+    rank: float  # seeded tie-break: among equal scores the lowest rank wins
+    mig_owner: dict[str, str] = field(default_factory=dict)  # MIG uuid -> pod key
+    tags: Counter[str] = field(default_factory=Counter)
+
+
+def task_shape(pod: PodRequest) -> TaskShape:
+    """A pod reduced to what node policies score: CPU (0 counts as 100, like kube-scheduler),
+    compute per card, number of cards, accepted models. Several GPU containers add up their
+    cards at the largest per-card compute; MIG requests score as CPU-only."""
+    cpu = pod.cpu_milli if pod.cpu_milli > 0 else DEFAULT_CPU_REQUEST
+    models = pod.allowed_models or frozenset()
+    gpu = [c for c in pod.gpu_containers if c.kind in (RequestKind.SHARE, RequestKind.WHOLE)]
+    if not gpu:
+        return TaskShape(cpu, 0, 0, models)
+    count = sum(c.cards for c in gpu)
+    milli = max(c.compute_milli for c in gpu)
+    if count > 1 or any(c.kind is RequestKind.WHOLE for c in gpu):
+        milli = MILLI_PER_CARD if all(c.kind is RequestKind.WHOLE for c in gpu) else milli
+    return TaskShape(cpu, milli, count, models)
+
+
+def _assignment_tag(assignment: Assignment) -> str | None:
+    shares = [s for s in assignment.shares() if s.mig_uuid is None]
+    if not shares:
+        return None
+    if len(shares) == 1 and shares[0].milli < MILLI_PER_CARD:
+        return "share-gpu"
+    return f"{len(shares)}-gpu"
+
+
+class _LazyViews(Sequence[NodeView]):
+    """Node views built only when a policy looks at them (random never does)."""
+
+    def __init__(self, engine: Engine, rows: Sequence[int]) -> None:
+        self._engine = engine
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeView: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[NodeView]: ...
+    def __getitem__(self, i: int | slice) -> NodeView | Sequence[NodeView]:
+        if isinstance(i, slice):
+            return [self._engine._view(r) for r in self._rows[i]]
+        return self._engine._view(self._rows[i])
+
+    def __iter__(self) -> Iterator[NodeView]:
+        return (self._engine._view(r) for r in self._rows)
+
+
+class Engine:
+    """Nodes, allocations, and placement decisions over them."""
+
+    def __init__(self, nodes: Iterable[Node] = (), config: PolicyConfig = PolicyConfig(),
+                 seed: int = 0, workload: TargetWorkload | None = None) -> None:
+        self.config = config
+        root = np.random.default_rng(seed)
+        self._rank_rng = np.random.default_rng(root.integers(2**63))
+        self.ctx = ScoreContext(Fragmentation(workload or TargetWorkload.default()),
+                                np.random.default_rng(root.integers(2**63)))
+        make_node_policy(config.node_policy)  # fail early on a bad name
+        make_card_policy(config.card_policy)
+        self._node_policies: dict[str, NodePolicy] = {}
+        self._card_policies: dict[str, CardPolicy] = {}
+        self._rows: list[_Row] = []
+        self._row_of: dict[str, int] = {}
+        self._ledger: dict[str, _Ledger] = {}
+        self._models: list[str] = []
+        self._model_id: dict[str, int] = {}
+        self._score_cache: dict[tuple[str, TaskShape], FloatArray] = {}
+        self._stale = True
+        for node in nodes:
+            self.upsert_node(node)
+
+    # ------------------------------------------------------------------ inventory
+
+    def upsert_node(self, node: Node) -> None:
+        cards = sorted(node.cards, key=lambda c: c.index)
+        row = self._row_of.get(node.name)
+        if row is None:
+            self._row_of[node.name] = len(self._rows)
+            self._rows.append(_Row(node, cards, {c.index: i for i, c in enumerate(cards)},
+                                   float(self._rank_rng.random())))
+        else:
+            old = self._rows[row]
+            self._rows[row] = _Row(node, cards, {c.index: i for i, c in enumerate(cards)}, old.rank)
+        for card in cards:
+            self._model_index(card.model)
+        self._stale = True
+
+    def remove_node(self, name: str) -> None:
+        if name not in self._row_of:
+            return
+        self._rows = [r for r in self._rows if r.node.name != name]
+        self._row_of = {r.node.name: i for i, r in enumerate(self._rows)}
+        self._stale = True
+
+    def nodes(self) -> list[str]:
+        return [r.node.name for r in self._rows]
+
+    def node(self, name: str) -> Node:
+        return self._rows[self._row(name)].node
+
+    # ------------------------------------------------------------------ decisions
+
+    def filter(self, pod: PodRequest, node_names: Sequence[str] | None = None) -> FilterResult:
+        self._refresh()
+        names = list(node_names) if node_names is not None else self.nodes()
+        mask = self._fit_mask(pod)
+        feasible: list[str] = []
+        failed: dict[str, str] = {}
+        for name in names:
+            row = self._row_of.get(name)
+            if row is None:
+                failed[name] = f"node {name} is unknown to the GPU scheduler"
+            elif mask[row]:
+                feasible.append(name)
+            else:
+                failed[name] = self._why_not(row, pod)[0]
+        return FilterResult(feasible, failed)
+
+    def score(self, pod: PodRequest, node_names: Sequence[str], policy: str | None = None
+              ) -> dict[str, float]:
+        """Scores (higher is better) of the named nodes that can host the pod; nodes that are
+        unknown or cannot host it are left out."""
+        self._refresh()
+        name = policy or pod.node_policy or self.config.node_policy
+        mask = self._fit_mask(pod)
+        rows = [self._row_of[n] for n in node_names if n in self._row_of]
+        rows = [r for r in rows if mask[r]]
+        scores = self._scores(self._node_policy(name), task_shape(pod), np.array(rows, dtype=np.int64))
+        return {self._rows[r].node.name: float(s) for r, s in zip(rows, scores, strict=True)}
+
+    def assign(self, pod: PodRequest, node_name: str, card_policy: str | None = None) -> Assignment:
+        self._refresh()
+        row = self._row(node_name)
+        if not self._host_fits(row, pod):
+            reason, category = self._why_not(row, pod)
+            raise Unschedulable(reason, category)
+        plan = self._plan(row, pod, self._card_policy(card_policy or pod.card_policy
+                                                      or self.config.card_policy))
+        if isinstance(plan, str):
+            raise Unschedulable(plan, self._why_not(row, pod)[1])
+        return Assignment(node_name, plan)
+
+    def place(self, pod: PodRequest) -> Assignment:
+        self._refresh()
+        if not self._rows:
+            raise Unschedulable("there are no nodes", "node")
+        mask = self._fit_mask(pod)
+        rows = np.flatnonzero(mask)
+        if rows.size == 0:
+            raise self._unschedulable(pod)
+        policy = self._node_policy(pod.node_policy or self.config.node_policy)
+        scores = self._scores(policy, task_shape(pod), rows)
+        best = scores.max()
+        tied = rows[scores == best]
+        row = int(tied[np.argmin(self._rank[tied])]) if tied.size > 1 else int(tied[0])
+        return self.assign(pod, self._rows[row].node.name)
+
+    # ------------------------------------------------------------------ ledger
+
+    def allocate(self, pod_key: str, assignment: Assignment, pod: PodRequest | None = None) -> None:
+        """Record an assignment. With `pod` given (and host checks on) its CPU and memory are
+        held on the node too. Raises Unschedulable if anything would exceed a capacity; the same
+        key and assignment again is a no-op; a different assignment replaces the old one."""
+        self._refresh()
+        cpu = pod.cpu_milli if pod is not None and self.config.check_host_resources else 0
+        mem = pod.memory_mib if pod is not None and self.config.check_host_resources else 0
+        entry = _Ledger(assignment, cpu, mem, _assignment_tag(assignment))
+        old = self._ledger.get(pod_key)
+        if old is not None:
+            if old == entry:
+                return
+            self.release(pod_key)
+        try:
+            self._check(pod_key, entry)
+        except Unschedulable:
+            if old is not None:
+                self._apply(pod_key, old, +1)
+                self._ledger[pod_key] = old
+            raise
+        self._apply(pod_key, entry, +1)
+        self._ledger[pod_key] = entry
+
+    def release(self, pod_key: str) -> Assignment | None:
+        self._refresh()
+        entry = self._ledger.pop(pod_key, None)
+        if entry is None:
+            return None
+        self._apply(pod_key, entry, -1)
+        return entry.assignment
+
+    def allocation(self, pod_key: str) -> Assignment | None:
+        entry = self._ledger.get(pod_key)
+        return entry.assignment if entry else None
+
+    def allocations(self) -> Mapping[str, Assignment]:
+        return {k: v.assignment for k, v in self._ledger.items()}
+
+    def card_usage(self, node_name: str) -> list[tuple[int, int, int]]:
+        self._refresh()
+        row = self._row(node_name)
+        r = self._rows[row]
+        return [(card.index, int(self._used_milli[row, c]), int(self._used_mem[row, c]))
+                for c, card in enumerate(r.cards)]
+
+    def host_usage(self, node_name: str) -> tuple[int, int]:
+        """(CPU milli, memory MiB) held on the node by allocations."""
+        self._refresh()
+        row = self._row(node_name)
+        return int(self._cpu_used[row]), int(self._mem_used[row])
+
+    def node_view(self, node_name: str) -> NodeView:
+        self._refresh()
+        return self._view(self._row(node_name))
+
+    # ------------------------------------------------------------------ internals: layout
+
+    def _row(self, name: str) -> int:
+        try:
+            return self._row_of[name]
+        except KeyError:
+            raise Unschedulable(f"node {name} is unknown to the GPU scheduler", "node") from None
+
+    def _model_index(self, model: str) -> int:
+        idx = self._model_id.get(model)
+        if idx is None:
+            idx = self._model_id[model] = len(self._models)
+            self._models.append(model)
+        return idx
+
+    def _refresh(self) -> None:
+        if not self._stale:
+            return
+        n = len(self._rows)
+        width = max((len(r.cards) for r in self._rows), default=0) or 1
+        self._cpu_cap: IntArray = np.array([r.node.cpu_milli for r in self._rows], dtype=np.int64)
+        self._mem_cap: IntArray = np.array([r.node.memory_mib for r in self._rows], dtype=np.int64)
+        self._cpu_used: IntArray = np.zeros(n, dtype=np.int64)
+        self._mem_used: IntArray = np.zeros(n, dtype=np.int64)
+        self._rank: FloatArray = np.array([r.rank for r in self._rows], dtype=np.float64)
+        self._exists: BoolArray = np.zeros((n, width), dtype=bool)
+        self._usable: BoolArray = np.zeros((n, width), dtype=bool)
+        self._cap_milli: IntArray = np.zeros((n, width), dtype=np.int64)
+        self._cap_mem: IntArray = np.zeros((n, width), dtype=np.int64)
+        self._used_milli: IntArray = np.zeros((n, width), dtype=np.int64)
+        self._used_mem: IntArray = np.zeros((n, width), dtype=np.int64)
+        self._card_model: IntArray = np.zeros((n, width), dtype=np.int64)
+        for i, r in enumerate(self._rows):
+            r.mig_owner.clear()
+            r.tags.clear()
+            for c, card in enumerate(r.cards):
+                self._exists[i, c] = True
+                self._usable[i, c] = card.healthy and not card.mig_enabled
+                self._cap_milli[i, c] = card.compute_milli
+                self._cap_mem[i, c] = card.memory_mib
+                self._card_model[i, c] = self._model_index(card.model)
+        self._score_cache.clear()
+        self._stale = False
+        # Replay the ledger; drop shares on cards that no longer exist.
+        for key, entry in list(self._ledger.items()):
+            row = self._row_of.get(entry.assignment.node)
+            if row is None:
+                continue
+            kept = {name: tuple(s for s in shares if s.index in self._rows[row].column)
+                    for name, shares in entry.assignment.containers.items()}
+            entry = _Ledger(Assignment(entry.assignment.node, kept), entry.cpu_milli,
+                            entry.memory_mib, entry.tag)
+            self._ledger[key] = entry
+            self._apply(key, entry, +1)
+
+    def _apply(self, pod_key: str, entry: _Ledger, sign: int) -> None:
+        row = self._row_of.get(entry.assignment.node)
+        if row is None:
+            return
+        r = self._rows[row]
+        self._cpu_used[row] += sign * entry.cpu_milli
+        self._mem_used[row] += sign * entry.memory_mib
+        for share in entry.assignment.shares():
+            col = r.column.get(share.index)
+            if col is None:
+                continue
+            if share.mig_uuid is not None:
+                if sign > 0:
+                    r.mig_owner[share.mig_uuid] = pod_key
+                else:
+                    r.mig_owner.pop(share.mig_uuid, None)
+            self._used_milli[row, col] += sign * share.milli
+            self._used_mem[row, col] += sign * share.memory_mib
+        if entry.tag is not None:
+            r.tags[entry.tag] += sign
+            if r.tags[entry.tag] <= 0:
+                del r.tags[entry.tag]
+        for cached in self._score_cache.values():
+            cached[row] = np.nan
+
+    def _check(self, pod_key: str, entry: _Ledger) -> None:
+        assignment = entry.assignment
+        row = self._row(assignment.node)
+        r = self._rows[row]
+        if self._cpu_used[row] + entry.cpu_milli > self._cpu_cap[row]:
+            raise Unschedulable(f"node {r.node.name} has {self._cpu_cap[row] - self._cpu_used[row]} "
+                                f"milli-CPU free, {entry.cpu_milli} asked", "cpu")
+        if self._mem_used[row] + entry.memory_mib > self._mem_cap[row]:
+            raise Unschedulable(f"node {r.node.name} has {self._mem_cap[row] - self._mem_used[row]} "
+                                f"MiB of memory free, {entry.memory_mib} asked", "memory")
+        add_milli: Counter[int] = Counter()
+        add_mem: Counter[int] = Counter()
+        for share in assignment.shares():
+            col = r.column.get(share.index)
+            if col is None:
+                raise Unschedulable(f"node {r.node.name} has no card {share.index}", "gpu")
+            card = r.cards[col]
+            if share.mig_uuid is not None:
+                instance = next((m for m in card.mig if m.uuid == share.mig_uuid), None)
+                if instance is None:
+                    raise Unschedulable(f"card {card.index} of {r.node.name} has no MIG instance "
+                                        f"{share.mig_uuid}", "mig")
+                owner = r.mig_owner.get(share.mig_uuid)
+                if owner is not None and owner != pod_key:
+                    raise Unschedulable(f"MIG instance {share.mig_uuid} is held by {owner}", "mig")
+                continue
+            if card.mig_enabled:
+                raise Unschedulable(f"card {card.index} of {r.node.name} is MIG-enabled; only its "
+                                    "MIG instances can be given out", "mig")
+            add_milli[col] += share.milli
+            add_mem[col] += share.memory_mib
+        for col, milli in add_milli.items():
+            card = r.cards[col]
+            if self._used_milli[row, col] + milli > card.compute_milli:
+                raise Unschedulable(f"card {card.index} of {r.node.name} has "
+                                    f"{card.compute_milli - self._used_milli[row, col]} milli free, "
+                                    f"{milli} asked", "gpu")
+            if self._used_mem[row, col] + add_mem[col] > card.memory_mib:
+                raise Unschedulable(f"card {card.index} of {r.node.name} has "
+                                    f"{card.memory_mib - self._used_mem[row, col]} MiB free, "
+                                    f"{add_mem[col]} asked", "gpu")
+
+    # ------------------------------------------------------------------ internals: fit
+
+    def _host_mask(self, pod: PodRequest) -> BoolArray:
+        if not self.config.check_host_resources:
+            return np.ones(len(self._rows), dtype=bool)
+        return ((self._cpu_cap - self._cpu_used >= pod.cpu_milli)
+                & (self._mem_cap - self._mem_used >= pod.memory_mib))
+
+    def _host_fits(self, row: int, pod: PodRequest) -> bool:
+        if not self.config.check_host_resources:
+            return True
+        return bool(self._cpu_cap[row] - self._cpu_used[row] >= pod.cpu_milli
+                    and self._mem_cap[row] - self._mem_used[row] >= pod.memory_mib)
+
+    def _model_ok(self, pod: PodRequest) -> BoolArray:
+        accepted = np.array([pod.accepts_model(m) for m in self._models], dtype=bool)
+        out: BoolArray = self._usable & accepted[self._card_model]
+        return out
+
+    def _fit_mask(self, pod: PodRequest) -> BoolArray:
+        host = self._host_mask(pod)
+        gpu = pod.gpu_containers
+        if not gpu:
+            return host
+        if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
+            c = gpu[0]
+            ok = self._model_ok(pod)
+            if c.kind is RequestKind.SHARE:
+                cards = (ok & (self._cap_milli - self._used_milli >= c.compute_milli)
+                         & (self._cap_mem - self._used_mem >= c.memory_mib))
+                share_ok: BoolArray = host & cards.any(axis=1)
+                return share_ok
+            free = ok & (self._used_milli == 0) & (self._used_mem == 0) & (self._cap_mem >= c.memory_mib)
+            whole_ok: BoolArray = host & (free.sum(axis=1) >= c.cards)
+            return whole_ok
+        binpack = self._card_policy("binpack")
+        out = host.copy()
+        for row in np.flatnonzero(host):
+            out[row] = not isinstance(self._plan(int(row), pod, binpack), str)
+        return out
+
+    def _why_not(self, row: int, pod: PodRequest) -> tuple[str, str]:
+        r = self._rows[row]
+        name = r.node.name
+        if self.config.check_host_resources:
+            cpu_free = int(self._cpu_cap[row] - self._cpu_used[row])
+            if cpu_free < pod.cpu_milli:
+                return f"node {name}: {cpu_free} milli-CPU free, {pod.cpu_milli} asked", "cpu"
+            mem_free = int(self._mem_cap[row] - self._mem_used[row])
+            if mem_free < pod.memory_mib:
+                return f"node {name}: {mem_free} MiB of memory free, {pod.memory_mib} asked", "memory"
+        if not any(self._usable[row, c] or r.cards[c].mig_enabled for c in range(len(r.cards))):
+            return f"node {name} has no healthy GPU", "gpu"
+        models = {r.cards[c].model for c in range(len(r.cards))}
+        if not any(pod.accepts_model(m) for m in models):
+            return (f"node {name} has {', '.join(sorted(models))} cards; the pod accepts "
+                    f"{self._accepted_text(pod)}", "model")
+        plan = self._plan(row, pod, self._card_policy("binpack"))
+        if isinstance(plan, str):
+            return plan, "mig" if "MIG" in plan else "gpu"
+        return f"node {name} fits", "gpu"
+
+    @staticmethod
+    def _accepted_text(pod: PodRequest) -> str:
+        if pod.allowed_models is not None:
+            return " or ".join(sorted(pod.allowed_models))
+        return "anything but " + ", ".join(sorted(pod.denied_models))
+
+    def _unschedulable(self, pod: PodRequest) -> Unschedulable:
+        counts: Counter[str] = Counter()
+        first: dict[str, str] = {}
+        for row in range(len(self._rows)):
+            reason, category = self._why_not(row, pod)
+            counts[category] += 1
+            first.setdefault(category, reason)
+        category = counts.most_common(1)[0][0]
+        summary = ", ".join(f"{n} {k}" for k, n in counts.most_common())
+        return Unschedulable(f"0/{len(self._rows)} nodes can host pod {pod.key} ({summary}); "
+                             f"e.g. {first[category]}", category)
+
+    def _plan(self, row: int, pod: PodRequest, policy: CardPolicy
+              ) -> dict[str, tuple[CardShare, ...]] | str:
+        """Cards for every GPU container on this node, or why there are none."""
+        r = self._rows[row]
+        name = r.node.name
+        cols = [c for c in range(len(r.cards)) if self._usable[row, c]
+                and pod.accepts_model(r.cards[c].model)]
+        cards = [r.cards[c] for c in cols]
+        free_milli = [int(self._cap_milli[row, c] - self._used_milli[row, c]) for c in cols]
+        free_mem = [int(self._cap_mem[row, c] - self._used_mem[row, c]) for c in cols]
+        untouched = [bool(self._used_milli[row, c] == 0 and self._used_mem[row, c] == 0) for c in cols]
+        view = CardView(self._view(row), task_shape(pod), cards, free_milli, free_mem)
+        taken_mig: set[str] = set()
+        plan: dict[str, tuple[CardShare, ...]] = {}
+
+        def order(c: ContainerRequest) -> tuple[int, int, int, int]:
+            rank = {RequestKind.WHOLE: 0, RequestKind.MIG: 1, RequestKind.SHARE: 2}[c.kind]
+            return (rank, -c.cards, -c.compute_milli, -c.memory_mib)
+
+        for c in sorted(pod.gpu_containers, key=order):
+            if c.kind is RequestKind.WHOLE:
+                cand = [p for p in range(len(cards)) if untouched[p] and cards[p].memory_mib >= c.memory_mib]
+                if len(cand) < c.cards:
+                    return (f"node {name}: {len(cand)} of {len(r.cards)} cards are entirely free"
+                            f"{self._model_note(pod)}, container {c.name} needs {c.cards}")
+                picked = policy.pick_whole(self.ctx, view, cand, c.cards)
+                shares = []
+                for p in picked:
+                    shares.append(CardShare(cards[p].index, cards[p].uuid, cards[p].compute_milli,
+                                            cards[p].memory_mib))
+                    free_milli[p] = free_mem[p] = 0
+                    untouched[p] = False
+                plan[c.name] = tuple(shares)
+            elif c.kind is RequestKind.SHARE:
+                cand = [p for p in range(len(cards))
+                        if free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
+                if not cand:
+                    return (f"node {name}: 0/{len(r.cards)} cards have {c.compute_milli} milli and "
+                            f"{c.memory_mib} MiB free{self._model_note(pod)} "
+                            f"(container {c.name})")
+                p = policy.pick_share(self.ctx, view, cand, c.compute_milli, c.memory_mib)
+                free_milli[p] -= c.compute_milli
+                free_mem[p] -= c.memory_mib
+                untouched[p] = False
+                plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, c.compute_milli,
+                                          c.memory_mib),)
+            elif c.kind is RequestKind.MIG:
+                assert c.mig_profile is not None
+                found: list[CardShare] = []
+                for card in r.cards:
+                    if not card.healthy or not pod.accepts_model(card.model):
+                        continue
+                    for inst in card.mig:
+                        if len(found) == c.cards:
+                            break
+                        if (inst.profile == c.mig_profile and inst.health.value == "Healthy"
+                                and inst.uuid not in r.mig_owner and inst.uuid not in taken_mig):
+                            taken_mig.add(inst.uuid)
+                            found.append(CardShare(card.index, card.uuid, 0,
+                                                   c.mig_profile.memory_gb * 1024,
+                                                   c.mig_profile.name, inst.uuid))
+                if len(found) < c.cards:
+                    return (f"node {name}: {len(found)} free MIG {c.mig_profile.name} instances, "
+                            f"container {c.name} needs {c.cards}")
+                plan[c.name] = tuple(found)
+        return plan
+
+    @staticmethod
+    def _model_note(pod: PodRequest) -> str:
+        if pod.allowed_models is None and not pod.denied_models:
+            return ""
+        return " among the accepted models"
+
+    # ------------------------------------------------------------------ internals: scoring
+
+    def _node_policy(self, name: str) -> NodePolicy:
+        policy = self._node_policies.get(name)
+        if policy is None:
+            policy = self._node_policies[name] = make_node_policy(name)
+        return policy
+
+    def _card_policy(self, name: str) -> CardPolicy:
+        policy = self._card_policies.get(name)
+        if policy is None:
+            policy = self._card_policies[name] = make_card_policy(name)
+        return policy
+
+    def _view(self, row: int) -> NodeView:
+        r = self._rows[row]
+        cols = [c for c in range(len(r.cards)) if self._usable[row, c]]
+        free = tuple(int(self._cap_milli[row, c] - self._used_milli[row, c]) for c in cols)
+        model = r.cards[cols[0]].model if cols else (r.cards[0].model if r.cards else "")
+        return NodeView(row, r.node.name, model, int(self._cpu_cap[row]),
+                        int(self._cpu_cap[row] - self._cpu_used[row]), int(self._mem_cap[row]),
+                        int(self._mem_cap[row] - self._mem_used[row]), free, dict(r.tags))
+
+    def _scores(self, policy: NodePolicy, task: TaskShape, rows: npt.NDArray[np.int64]) -> FloatArray:
+        if not policy.cacheable:
+            return np.array(policy.score_batch(self.ctx, task, _LazyViews(self, rows.tolist())),
+                            dtype=np.float64)
+        key = (policy.name, task)
+        cached = self._score_cache.get(key)
+        if cached is None:
+            if len(self._score_cache) > 4096:
+                self._score_cache.clear()
+            cached = self._score_cache[key] = np.full(len(self._rows), np.nan)
+        values = cached[rows]
+        missing = rows[np.isnan(values)]
+        if missing.size:
+            fresh = policy.score_batch(self.ctx, task, _LazyViews(self, missing.tolist()))
+            cached[missing] = fresh
+            values = cached[rows]
+        return values

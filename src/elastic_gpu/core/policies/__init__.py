@@ -1,0 +1,51 @@
+"""Policy registries: node tier and card tier, by name.
+
+A new policy is a subclass of `NodePolicy` or `CardPolicy` (policies/base.py) added with
+`register_node_policy` / `register_card_policy`; the engine, the extender and `egpu simulate`
+then accept its name.
+"""
+
+from __future__ import annotations
+
+from elastic_gpu.core.policies.base import CardPolicy, CardView, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies.card import CARD_POLICY_CLASSES
+from elastic_gpu.core.policies.node import NODE_POLICY_CLASSES
+
+NODE_POLICIES: dict[str, type[NodePolicy]] = {cls.name: cls for cls in NODE_POLICY_CLASSES}
+CARD_POLICIES: dict[str, type[CardPolicy]] = {cls.name: cls for cls in CARD_POLICY_CLASSES}
+
+
+def register_node_policy(cls: type[NodePolicy]) -> type[NodePolicy]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    NODE_POLICIES[cls.name] = cls
+    return cls
+
+
+def register_card_policy(cls: type[CardPolicy]) -> type[CardPolicy]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    CARD_POLICIES[cls.name] = cls
+    return cls
+
+
+def node_policy(name: str) -> NodePolicy:
+    try:
+        return NODE_POLICIES[name]()
+    except KeyError:
+        known = ", ".join(sorted(NODE_POLICIES))
+        raise ValueError(f"unknown node policy {name!r}; known: {known}") from None
+
+
+def card_policy(name: str) -> CardPolicy:
+    try:
+        return CARD_POLICIES[name]()
+    except KeyError:
+        known = ", ".join(sorted(CARD_POLICIES))
+        raise ValueError(f"unknown card policy {name!r}; known: {known}") from None
+
+
+__all__ = [
+    "CARD_POLICIES", "NODE_POLICIES", "CardPolicy", "CardView", "NodePolicy", "NodeView",
+    "ScoreContext", "card_policy", "node_policy", "register_card_policy", "register_node_policy",
+]

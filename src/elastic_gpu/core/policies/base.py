@@ -1,0 +1,101 @@
+"""The policy plug-in interface: node tier (score a node) and card tier (choose cards on it).
+
+In the spirit of the kube-scheduler framework: the engine filters (fit is not a policy's
+business), then asks one node policy to score each feasible node (higher is better), picks the
+best node (ties: the node's seeded tie-break rank), then asks one card policy which cards of that
+node each container gets. A policy sees read-only views, never the engine's arrays.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from elastic_gpu.core.frag import Fragmentation
+from elastic_gpu.core.model import Card
+from elastic_gpu.core.workload import TaskShape
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What a node policy may know about one node, now."""
+
+    index: int
+    name: str
+    #: model of the node's usable cards ("" when it has none); mixed nodes report the first
+    model: str
+    cpu_capacity: int
+    cpu_free: int
+    memory_capacity: int
+    memory_free: int
+    #: free milli-cards per usable card, in card order (MIG-enabled and unhealthy cards excluded)
+    free: tuple[int, ...]
+    #: placed pods per affinity tag ("share-gpu", "1-gpu", "2-gpu", ...)
+    tags: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.free)
+
+    @property
+    def free_total(self) -> int:
+        return sum(self.free)
+
+    @property
+    def full_free(self) -> int:
+        return sum(1 for f in self.free if f >= 1000)
+
+
+@dataclass
+class ScoreContext:
+    """Shared services for policies: the fragmentation model and the seeded random source."""
+
+    frag: Fragmentation
+    rng: np.random.Generator
+
+
+class NodePolicy(ABC):
+    """Node tier: how good is placing a task of this shape on this node (higher is better)."""
+
+    name: str = ""
+    #: True when the score depends only on (node state, task shape): the engine may cache it
+    #: per node until that node changes.
+    cacheable: bool = True
+
+    @abstractmethod
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float: ...
+
+    def score_batch(self, ctx: ScoreContext, task: TaskShape, nodes: Sequence[NodeView]
+                    ) -> list[float]:
+        return [self.score(ctx, task, node) for node in nodes]
+
+
+@dataclass
+class CardView:
+    """The cards of one node during one assignment: free amounts already reduce the containers
+    of this pod placed before."""
+
+    node: NodeView
+    task: TaskShape  # the whole pod, reduced to a shape
+    cards: Sequence[Card]  # usable cards, same order as free_milli
+    free_milli: list[int]
+    free_memory: list[int]
+
+
+class CardPolicy(ABC):
+    """Card tier: which card(s) of the chosen node a container gets."""
+
+    name: str = ""
+
+    @abstractmethod
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        """Position (into view.cards) of the card for a share; candidates all fit."""
+
+    def pick_whole(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   count: int) -> list[int]:
+        """Positions of `count` entirely free cards; default: the lowest card indexes."""
+        return sorted(candidates, key=lambda p: view.cards[p].index)[:count]

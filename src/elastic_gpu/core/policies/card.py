@@ -1,0 +1,110 @@
+"""Card-tier policies: which card(s) of the chosen node a container gets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from elastic_gpu.core.frag import sigmoid, sorted_free
+from elastic_gpu.core.policies.base import CardPolicy, CardView, ScoreContext
+from elastic_gpu.core.topology import best_linked_set
+
+
+class BinpackCards(CardPolicy):
+    """Tightest fit: the card with the least free compute that still fits (then memory, index)."""
+
+    name = "binpack"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        return min(candidates, key=lambda p: (view.free_milli[p], view.free_memory[p],
+                                              view.cards[p].index))
+
+
+class SpreadCards(CardPolicy):
+    """Loosest fit: the card with the most free compute."""
+
+    name = "spread"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        return min(candidates, key=lambda p: (-view.free_milli[p], -view.free_memory[p],
+                                              view.cards[p].index))
+
+
+class RandomCards(CardPolicy):
+    """Any card that fits, uniformly at random (seeded); whole cards at random too."""
+
+    name = "random"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        return int(candidates[int(ctx.rng.integers(len(candidates)))])
+
+    def pick_whole(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   count: int) -> list[int]:
+        if count >= len(candidates):
+            return list(candidates)
+        # Whole cards are interchangeable for fragmentation; keep the FGD artifact's choice
+        # (lowest indexes) so that random differs from it only where it matters: shares.
+        return super().pick_whole(ctx, view, candidates, count)
+
+
+class TopologyCards(BinpackCards):
+    """Multi-card requests take the set of free cards with the strongest links between them
+    (NVLink over board over PCIe switch over NUMA over system); shares pack like binpack."""
+
+    name = "topology"
+
+    def pick_whole(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   count: int) -> list[int]:
+        if count <= 1:
+            return super().pick_whole(ctx, view, candidates, count)
+        return best_linked_set(view.cards, candidates, count)
+
+
+class FragCards(CardPolicy):
+    """FGD's card rule as the authors' simulator has it: the card whose use scores best on
+    sigmoid(fragmentation decrease) truncated to 0..100; ties: the lowest card index."""
+
+    name = "fgd"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        node = view.node
+        cpu_after = node.cpu_free - view.task.cpu_milli
+        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
+        best: tuple[int, int] | None = None
+        for pos in sorted(candidates, key=lambda p: view.cards[p].index):
+            free = list(view.free_milli)
+            free[pos] -= milli
+            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+            value = int(sigmoid((before - after) / 1000) * 100)
+            if best is None or value > best[0]:
+                best = (value, pos)
+        assert best is not None
+        return best[1]
+
+
+class ExactFragCards(CardPolicy):
+    """The card whose use leaves the lowest expected fragmentation, exactly; ties: the tightest
+    fit, then the lowest index."""
+
+    name = "fgdx"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        node = view.node
+        cpu_after = node.cpu_free - view.task.cpu_milli
+
+        def key(pos: int) -> tuple[float, int, int]:
+            free = list(view.free_milli)
+            free[pos] -= milli
+            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+            return (after, view.free_milli[pos], view.cards[pos].index)
+
+        return min(candidates, key=key)
+
+
+CARD_POLICY_CLASSES: tuple[type[CardPolicy], ...] = (
+    BinpackCards, SpreadCards, RandomCards, TopologyCards, FragCards, ExactFragCards,
+)

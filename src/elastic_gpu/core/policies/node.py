@@ -1,0 +1,220 @@
+"""Node-tier policies.
+
+The six policies of the FGD paper's evaluation (random, dotprod, clustering, packing, bestfit,
+fgd) follow the scoring rules of the authors' simulator, including its integer score range
+0..100 and truncations: ties are frequent and how they break is part of each policy's behaviour
+(see docs/simulator.md, "Faithfulness"). binpack and spread are the classic nano-gpu rules. `fgdx`
+is this project's own policy (docs/simulator.md, "fgdx").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from elastic_gpu.core.frag import sigmoid, sorted_free
+from elastic_gpu.core.policies.base import NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.resources import MILLI_PER_CARD
+from elastic_gpu.core.workload import TaskShape
+
+MAX_SCORE = 100
+#: Normalisers of the FGD artifact: the largest node it models (128 CPUs, 8 cards).
+MAX_SPEC_CPU = 128_000
+MAX_SPEC_GPU = 8_000
+
+
+def affinity_tag(task: TaskShape) -> str | None:
+    """The clustering policy's task class: share-gpu, <n>-gpu, or None for CPU-only tasks."""
+    if task.gpu_count == 0 or task.gpu_milli == 0:
+        return None
+    if task.is_share:
+        return "share-gpu"
+    return f"{task.gpu_count}-gpu"
+
+
+def free_after(task: TaskShape, free: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
+    """The card states a task can leave behind: (card position or -1, new free list).
+
+    A share may go to any card with room (one entry per distinct candidate); whole cards are the
+    lowest-indexed entirely free ones (one entry); a CPU-only task leaves the cards as they are.
+    """
+    if task.gpu_count == 0 or task.gpu_milli == 0:
+        return [(-1, free)]
+    if task.is_share:
+        out: list[tuple[int, tuple[int, ...]]] = []
+        seen: set[int] = set()
+        for pos, left in enumerate(free):
+            if left >= task.gpu_milli and left not in seen:
+                seen.add(left)
+                new = list(free)
+                new[pos] -= task.gpu_milli
+                out.append((pos, tuple(new)))
+        return out
+    new = list(free)
+    need = task.gpu_count
+    for pos, left in enumerate(free):
+        if need == 0:
+            break
+        if left >= MILLI_PER_CARD and task.gpu_milli >= MILLI_PER_CARD:
+            new[pos] = 0
+            need -= 1
+    if need:
+        return []
+    return [(-1, tuple(new))]
+
+
+class BinpackPolicy(NodePolicy):
+    """Fill the fullest node first: least free GPU left, then least free CPU."""
+
+    name = "binpack"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        gpu_left = node.free_total - task.total_milli
+        cpu_left = node.cpu_free - task.cpu_milli
+        return -(gpu_left + cpu_left / (MAX_SPEC_CPU * 10))
+
+
+class SpreadPolicy(NodePolicy):
+    """Use the emptiest node: most free GPU left, then most free CPU."""
+
+    name = "spread"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        return -BinpackPolicy().score(ctx, task, node)
+
+
+class RandomPolicy(NodePolicy):
+    """Any feasible node, uniformly at random (seeded)."""
+
+    name = "random"
+    cacheable = False
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        return float(ctx.rng.random())
+
+    def score_batch(self, ctx: ScoreContext, task: TaskShape, nodes: Sequence[NodeView]
+                    ) -> list[float]:
+        return [float(x) for x in ctx.rng.random(len(nodes))]
+
+
+class BestFitPolicy(NodePolicy):
+    """Least normalised free CPU and GPU left after placement (equal weights)."""
+
+    name = "bestfit"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        left = ((node.cpu_free - task.cpu_milli) / MAX_SPEC_CPU * 0.5
+                + (node.free_total - task.total_milli) / MAX_SPEC_GPU * 0.5)
+        return float(int((1.0 - left) * MAX_SCORE))
+
+
+class DotProductPolicy(NodePolicy):
+    """Tetris: smallest dot product of the free vector and the request (CPU, GPU), normalised."""
+
+    name = "dotprod"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if node.cpu_free < task.cpu_milli:
+            return 0.0
+        dot = ((node.cpu_free / MAX_SPEC_CPU) * (task.cpu_milli / MAX_SPEC_CPU)
+               + (node.free_total / MAX_SPEC_GPU) * (task.total_milli / MAX_SPEC_GPU))
+        return float(int(MAX_SCORE * (1.0 - dot / 2)))
+
+
+class PackingPolicy(NodePolicy):
+    """GPU packing: shared cards first, then free cards of used nodes, then idle nodes."""
+
+    name = "packing"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if task.total_milli <= 0:
+            return 0.0
+        full_free = node.full_free
+        if full_free == node.gpu_count:
+            return float(max(MAX_SCORE // 3 - full_free, full_free))
+        order = sorted(range(node.gpu_count), key=lambda p: node.free[p])  # stable: index ties
+        need = task.gpu_count
+        used: list[int] = []
+        full_used = 0
+        for pos in order:
+            if need == 0:
+                break
+            if task.gpu_milli <= node.free[pos]:
+                need -= 1
+                used.append(pos)
+                if node.free[pos] == MILLI_PER_CARD:
+                    full_used += 1
+        if need:
+            return 0.0
+        if full_used:
+            return float(max(MAX_SCORE // 2 - full_used, MAX_SCORE // 3))
+        free_pct = sum(node.free[p] * 100 // MILLI_PER_CARD for p in used)
+        return float(max(MAX_SCORE - free_pct // 10, MAX_SCORE // 2))
+
+
+class ClusteringPolicy(NodePolicy):
+    """Keep tasks of one class (share / n cards) together, fuller nodes first."""
+
+    name = "clustering"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        tag = affinity_tag(task)
+        if tag is None:
+            return 0.0
+        base = (MAX_SCORE // 4) * (MAX_SPEC_GPU - node.free_total) // MAX_SPEC_GPU
+        present = {t for t, n in node.tags.items() if n > 0}
+        if tag in present:
+            return float(base + (MAX_SCORE * 3 // 4 if len(present) == 1 else MAX_SCORE * 2 // 4))
+        return float(base + (MAX_SCORE // 4 if not present else 0))
+
+
+def frag_delta(ctx: ScoreContext, task: TaskShape, node: NodeView) -> tuple[float, int]:
+    """Largest fragmentation decrease (milli-cards) a task can make here, and the card position
+    that achieves it (-1: no choice to make)."""
+    before = ctx.frag.node(node.model, node.cpu_free, sorted_free(node.free))
+    cpu_after = node.cpu_free - task.cpu_milli
+    best: tuple[float, int] | None = None
+    for pos, free in free_after(task, node.free):
+        after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+        delta = before - after
+        if best is None or delta > best[0]:
+            best = (delta, pos)
+    return best if best is not None else (float("-inf"), -1)
+
+
+class FgdPolicy(NodePolicy):
+    """Fragmentation gradient descent: the node whose expected fragmentation grows least."""
+
+    name = "fgd"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if task.cpu_milli == 0 and task.total_milli == 0:
+            return float(MAX_SCORE)
+        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(node.free))
+        cpu_after = node.cpu_free - task.cpu_milli
+        best: int | None = None
+        for _, free in free_after(task, node.free):
+            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+            value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
+            if best is None or value > best:
+                best = value
+        return float(best) if best is not None else 0.0
+
+
+class FgdxPolicy(NodePolicy):
+    """This project's policy: FGD's fragmentation descent, exact instead of squashed into 0..100,
+    with packing as the tie-breaker (see docs/simulator.md)."""
+
+    name = "fgdx"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        delta, _ = frag_delta(ctx, task, node)
+        if delta == float("-inf"):
+            return delta
+        gpu_left = node.free_total - task.total_milli
+        return delta - gpu_left * 1e-3
+
+
+NODE_POLICY_CLASSES: tuple[type[NodePolicy], ...] = (
+    BinpackPolicy, SpreadPolicy, RandomPolicy, BestFitPolicy, DotProductPolicy, PackingPolicy,
+    ClusteringPolicy, FgdPolicy, FgdxPolicy,
+)

@@ -1,0 +1,117 @@
+"""The target workload: which task shapes a cluster expects, and how often.
+
+FGD (Weng et al., ATC'23) scores a node by how much of its idle GPU capacity the *expected* next
+task could not use. "Expected" is a distribution over task shapes, called the typical pods in the
+authors' simulator: the most frequent shapes of the workload that together cover a popularity
+threshold (95%), renormalised to sum to one. This module computes that distribution from a list
+of task shapes, and ships a built-in default for when a caller has none.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from elastic_gpu.core.resources import MILLI_PER_CARD
+
+#: kube-scheduler counts a container without a CPU request as 100 milli-CPU when scoring; the
+#: authors' simulator computes task shapes the same way, so a zero becomes 100 here too.
+DEFAULT_CPU_REQUEST = 100
+
+
+@dataclass(frozen=True, order=True)
+class TaskShape:
+    """What a task asks for, reduced to what fragmentation depends on."""
+
+    cpu_milli: int
+    #: per card, 0-1000; 0 for CPU-only tasks
+    gpu_milli: int
+    #: cards; 0 for CPU-only tasks
+    gpu_count: int
+    #: accepted card models; empty means any
+    models: frozenset[str] = frozenset()
+
+    @property
+    def total_milli(self) -> int:
+        return self.gpu_milli * self.gpu_count
+
+    @property
+    def is_share(self) -> bool:
+        return self.gpu_count == 1 and 0 < self.gpu_milli < MILLI_PER_CARD
+
+    def accepts(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+@dataclass(frozen=True)
+class TargetWorkload:
+    """A probability distribution over task shapes (weights sum to one)."""
+
+    shapes: tuple[TaskShape, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shapes) != len(self.weights) or not self.shapes:
+            raise ValueError("a target workload needs one weight per shape and at least one shape")
+        if any(w < 0 for w in self.weights) or abs(sum(self.weights) - 1.0) > 1e-6:
+            raise ValueError("target workload weights must be non-negative and sum to 1")
+
+    @staticmethod
+    def from_tasks(tasks: Iterable[TaskShape], popularity: float = 0.95,
+                   include_cpu_only: bool = True) -> TargetWorkload:
+        """The most popular shapes covering `popularity` of the tasks, renormalised.
+
+        Mirrors the typical-pods rule of the FGD artifact: count identical shapes, sort by count
+        (ties: larger shape first), take shapes one by one until the cumulative count reaches the
+        threshold, then renormalise.
+        """
+        counts: Counter[TaskShape] = Counter()
+        for task in tasks:
+            if not include_cpu_only and task.gpu_count == 0:
+                continue
+            counts[_normalised(task)] += 1
+        if not counts:
+            raise ValueError("cannot build a target workload from no tasks")
+        total = sum(counts.values())
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], _order_key(kv[0])), reverse=True)
+        chosen: list[tuple[TaskShape, int]] = []
+        cumulative = 0
+        for shape, count in ranked:
+            if cumulative >= popularity * total:
+                break
+            chosen.append((shape, count))
+            cumulative += count
+        return TargetWorkload(tuple(s for s, _ in chosen), tuple(c / cumulative for _, c in chosen))
+
+    @staticmethod
+    def default() -> TargetWorkload:
+        """A built-in mix like a production GPU-sharing cluster (see docs/simulator.md).
+
+        Shares of a card dominate by count, one whole card is next, a few multi-card tasks and
+        some CPU-only tasks; CPU requests grow with the GPU request.
+        """
+        entries: Sequence[tuple[TaskShape, float]] = (
+            (TaskShape(4000, 0, 0), 0.13),
+            (TaskShape(2000, 250, 1), 0.08),
+            (TaskShape(4000, 300, 1), 0.07),
+            (TaskShape(6000, 500, 1), 0.12),
+            (TaskShape(8000, 650, 1), 0.05),
+            (TaskShape(8000, 810, 1), 0.06),
+            (TaskShape(6000, 1000, 1), 0.22),
+            (TaskShape(12000, 1000, 1), 0.18),
+            (TaskShape(24000, 1000, 2), 0.04),
+            (TaskShape(48000, 1000, 4), 0.03),
+            (TaskShape(64000, 1000, 8), 0.02),
+        )
+        return TargetWorkload(tuple(s for s, _ in entries), tuple(w for _, w in entries))
+
+
+def _normalised(task: TaskShape) -> TaskShape:
+    if task.cpu_milli > 0:
+        return task
+    return TaskShape(DEFAULT_CPU_REQUEST, task.gpu_milli, task.gpu_count, task.models)
+
+
+def _order_key(shape: TaskShape) -> tuple[int, int, int, tuple[str, ...]]:
+    return (shape.cpu_milli, shape.gpu_milli, shape.gpu_count, tuple(sorted(shape.models)))
