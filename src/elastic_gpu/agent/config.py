@@ -67,7 +67,7 @@ class ResourcesConfig(_Strict):
     #: Memory: one device per unit of the resource (MiB for elasticgpu.io/gpu-memory) when
     #: that is at most `maxDevicesPerCard`; larger counts are advertised in node status only.
     memory: list[str] = Field(default_factory=lambda: [GPU_MEMORY])
-    maxDevicesPerCard: int = Field(1024, ge=1, le=65536)
+    maxDevicesPerCard: int = Field(default=1024, ge=1, le=65536)
 
     @field_validator("gpu")
     @classmethod
@@ -102,7 +102,7 @@ def _check_measure(values: list[str], measure: Measure, what: str) -> list[str]:
 class TimeSlicingConfig(_Strict):
     """Advertise each whole card `replicas` times (oversubscription, no isolation)."""
 
-    replicas: int = Field(1, ge=1, le=64)
+    replicas: int = Field(default=1, ge=1, le=64)
     #: True: replicas are advertised as `<gpu>.shared` so that pods must opt in (NVIDIA's
     #: renameByDefault); False: under the plain GPU resource name.
     renameByDefault: bool = False
@@ -123,12 +123,12 @@ class SharingConfig(_Strict):
 class HealthConfig(_Strict):
     enabled: bool = True
     #: How long one wait for driver events lasts; also the fake backend's poll period.
-    pollSeconds: float = Field(1.0, gt=0, le=60)
+    pollSeconds: float = Field(default=1.0, gt=0, le=60)
     #: XIDs that are the application's fault and never mark a card unhealthy.
     ignoredXids: list[int] = Field(default_factory=lambda: [13, 31, 43, 45, 68, 109])
     #: An unhealthy card is probed again this long after its last critical event and is
     #: healthy again if the driver answers; 0 disables recovery.
-    recoverAfterSeconds: float = Field(60.0, ge=0)
+    recoverAfterSeconds: float = Field(default=60.0, ge=0)
 
 
 class FakeConfig(_Strict):
@@ -150,7 +150,7 @@ class AgentConfig(_Strict):
     devicePluginDir: Path = Path(DEFAULT_PLUGIN_DIR)
     healthCheck: HealthConfig = Field(default_factory=HealthConfig)
     #: How often pods' assignments are summed into the inventory's allocation columns.
-    syncSeconds: float = Field(10.0, gt=0)
+    syncSeconds: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
     def _fake_needs_inventory(self) -> AgentConfig:

@@ -48,13 +48,13 @@ class _Strict(BaseModel):
 class FakeLink(_Strict):
     peer: int = Field(ge=0)
     kind: LinkKind
-    count: int = Field(1, ge=1)
+    count: int = Field(default=1, ge=1)
 
 
 class FakeMig(_Strict):
     profile: str
     uuid: str
-    start: int = Field(0, ge=0, le=7)
+    start: int = Field(default=0, ge=0, le=7)
 
     @model_validator(mode="after")
     def _profile(self) -> FakeMig:
@@ -69,7 +69,7 @@ class FakeCard(_Strict):
     model: str
     memoryMiB: int = Field(gt=0)
     uuid: str | None = None
-    numaNode: int | None = Field(None, ge=0)
+    numaNode: int | None = Field(default=None, ge=0)
     links: list[FakeLink] = Field(default_factory=list)
     mig: list[FakeMig] = Field(default_factory=list)
     devices: list[str] = Field(default_factory=list)
@@ -78,13 +78,13 @@ class FakeCard(_Strict):
 class FakeBoard(_Strict):
     id: str
     model: str
-    chips: int = Field(2, ge=1, le=8)
+    chips: int = Field(default=2, ge=1, le=8)
     memoryMiB: int = Field(gt=0)
-    numaNode: int | None = Field(None, ge=0)
+    numaNode: int | None = Field(default=None, ge=0)
 
 
 class FakeHealth(_Strict):
-    index: int | None = Field(None, ge=0)
+    index: int | None = Field(default=None, ge=0)
     uuid: str | None = None
     health: Health = Health.UNHEALTHY
     reason: str = "injected"

@@ -1,11 +1,67 @@
-"""`egpu agent`: the node agent (owned by the agent part)."""
+"""`egpu agent`: the node agent (device plugins, inventory, health). See docs/agent.md."""
 
 from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
-def agent() -> None:
-    """Run the node agent."""
-    typer.echo("egpu agent: not built yet", err=True)
-    raise typer.Exit(2)
+def agent(
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="Agent config YAML (docs/agent.md); defaults apply without one.")] = None,
+    node: Annotated[str | None, typer.Option(
+        "--node", envvar="NODE_NAME", help="This node's name (DaemonSet: from spec.nodeName).")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        "--kubeconfig", help="Kubeconfig file; in-cluster service account when omitted.")] = None,
+    no_api: Annotated[bool, typer.Option(
+        "--no-api", help="Serve device plugins only (no inventory; only time-sliced "
+        "resources can Allocate without the API).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the node agent: kubelet device plugins over NVML or the fake backend."""
+    from elastic_gpu.agent.backend import BackendError
+    from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
+    from elastic_gpu.agent.devices import InventoryError
+    from elastic_gpu.agent.runtime import Agent, make_backend
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    node_name = node or os.environ.get("NODE_NAME")
+    if not node_name:
+        typer.echo("egpu agent: --node (or NODE_NAME) is required", err=True)
+        raise typer.Exit(2)
+    try:
+        cfg = load_config(config) if config is not None else AgentConfig()
+    except ConfigError as err:
+        typer.echo(f"egpu agent: {err}", err=True)
+        raise typer.Exit(2) from None
+    client = None
+    if not no_api:
+        from lightkube import Client, KubeConfig
+        from lightkube.core.exceptions import ConfigError as KubeConfigError
+
+        try:
+            kc = (KubeConfig.from_file(str(kubeconfig)) if kubeconfig is not None
+                  else KubeConfig.from_service_account())
+        except (KubeConfigError, OSError) as err:
+            typer.echo(f"egpu agent: no Kubernetes API configuration ({err}); pass "
+                       "--kubeconfig outside a cluster", err=True)
+            raise typer.Exit(2) from None
+        client = Client(config=kc, field_manager="egpu-agent", trust_env=False)
+    try:
+        backend = make_backend(cfg, node_name)
+        running = Agent(cfg, backend, node_name, client)
+    except (BackendError, InventoryError) as err:
+        # Nothing has been advertised: a node that cannot serve its GPUs offers none.
+        typer.echo(f"egpu agent: {err}", err=True)
+        raise typer.Exit(1) from None
+    running.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: running._stop.set())
+    running.wait()
+    running.stop()

@@ -1,0 +1,93 @@
+"""Allocate: device IDs from kubelet -> the cards the container gets (see matching.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from elastic_gpu.agent.config import AgentConfig
+from elastic_gpu.agent.devices import PluginKind, ResourcePlan
+from elastic_gpu.agent.grant import (
+    ISOLATION_ANNOTATION,
+    DeviceFiles,
+    Grant,
+    GrantError,
+    build_grant,
+    whole_shares,
+)
+from elastic_gpu.agent.matching import AllocateError, candidates, choose, with_mark
+from elastic_gpu.agent.pods import PodSource
+from elastic_gpu.agent.state import NodeState
+
+log = logging.getLogger(__name__)
+
+
+class Allocator:
+    def __init__(self, node: str, config: AgentConfig, state: NodeState, visible_env: str,
+                 files: DeviceFiles, pods: PodSource | None) -> None:
+        self.node = node
+        self.config = config
+        self.state = state
+        self.visible_env = visible_env
+        self.files = files
+        self.pods = pods
+        # kubelet calls Allocate one container at a time, but several plugins share this
+        # object: one lock keeps list -> choose -> mark atomic across them.
+        self._lock = threading.Lock()
+        self._done: set[tuple[str, str, str]] = set()
+
+    def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
+        units = plan.by_id()
+        unknown = [d for d in device_ids if d not in units]
+        if unknown:
+            raise AllocateError(f"{plan.resource}: unknown device IDs {unknown}")
+        if not device_ids:
+            raise AllocateError(f"{plan.resource}: Allocate without devices")
+        try:
+            if plan.kubelet_chooses:
+                return self._kubelet_choice(plan, device_ids)
+            return self._assigned(plan, len(device_ids))
+        except GrantError as err:
+            raise AllocateError(f"{plan.resource}: {err}") from None
+
+    def _kubelet_choice(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
+        units = plan.by_id()
+        chosen = [units[d] for d in device_ids]
+        by_card = {u.card: u.mig_uuid for u in chosen}
+        if self.config.timeSlicing.failRequestsGreaterThanOne and len(device_ids) > 1:
+            raise AllocateError(f"{plan.resource}: time-sliced devices are given one at a time "
+                                f"(timeSlicing.failRequestsGreaterThanOne); asked {len(device_ids)}")
+        cards = self.state.cards()
+        shares = whole_shares(list(by_card), cards, list(by_card.values()))
+        grant = build_grant(shares, cards, self.config, self.visible_env, self.files)
+        grant.envs["EGPU_ISOLATION"] = "time-sliced"
+        grant.annotations[ISOLATION_ANNOTATION] = "time-sliced"
+        return grant
+
+    def _assigned(self, plan: ResourcePlan, count: int) -> Grant:
+        if self.pods is None:
+            raise AllocateError(f"{plan.resource}: no API access to find the pod's assignment")
+        with self._lock:
+            pods = self.pods.list_on_node(self.node)
+            found, problems = candidates(pods, self.node, plan.resource, count, self._done)
+            chosen = choose(found, problems, self.node, plan.resource, count)
+            if plan.kind in (PluginKind.WHOLE, PluginKind.MIG) and len(chosen.shares) != count:
+                raise AllocateError(f"{chosen.describe()}: assigned {len(chosen.shares)} cards "
+                                    f"but asks for {count} {plan.resource}")
+            if plan.kind is PluginKind.MIG and any(s.mig_uuid is None for s in chosen.shares):
+                raise AllocateError(f"{chosen.describe()}: asks for {plan.resource} but its "
+                                    "assignment names no MIG instance")
+            grant = build_grant(chosen.shares, self.state.cards(), self.config, self.visible_env,
+                                self.files)
+            # Record before answering: if the mark cannot be written, kubelet gets an error
+            # and retries, instead of a restarted agent handing these cards out again.
+            try:
+                self.pods.mark_allocated(chosen.namespace, chosen.pod,
+                                         with_mark(chosen.allocated, chosen.container,
+                                                   plan.resource))
+            except Exception as err:
+                raise AllocateError(f"cannot mark {chosen.describe()} allocated: {err}") from None
+            self._done.add((chosen.uid, chosen.container, plan.resource))
+            log.info("Allocate %s x%d -> %s", plan.resource, count, chosen.describe())
+            return grant

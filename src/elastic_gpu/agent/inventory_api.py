@@ -1,0 +1,115 @@
+"""GPUDevice objects in the API: the CRD, publishing a node's cards, reading all back.
+
+The object shapes and their conversion live in `elastic_gpu.k8s.gpudevice` (pure); this module
+only talks to the API server through a lightkube `Client` (sync).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from elastic_gpu.core.model import Node
+from elastic_gpu.k8s import gpudevice as gd
+
+
+def gpudevice_resource() -> Any:
+    from lightkube.generic_resource import create_global_resource
+
+    return create_global_resource(gd.GROUP, gd.VERSION, gd.KIND, gd.PLURAL)
+
+
+GPUDevice = gpudevice_resource()
+
+
+class InventoryApiError(RuntimeError):
+    pass
+
+
+def ensure_crd(client: Any, timeout_s: float = 30.0) -> None:
+    """Create (or update) the GPUDevice CRD and wait until the API serves it."""
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+    from lightkube.types import PatchType
+
+    manifest = gd.crd_manifest()
+    try:
+        client.create(codecs.from_dict(manifest))
+    except ApiError as err:
+        if err.status.code != 409:
+            raise
+        client.patch(CustomResourceDefinition, gd.CRD_NAME, {"spec": manifest["spec"]},
+                     patch_type=PatchType.MERGE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        crd = client.get(CustomResourceDefinition, gd.CRD_NAME)
+        conditions = (crd.status.conditions if crd.status else None) or []
+        if any(c.type == "Established" and c.status == "True" for c in conditions):
+            return
+        if time.monotonic() > deadline:
+            raise InventoryApiError(f"CRD {gd.CRD_NAME} not established after {timeout_s}s")
+        time.sleep(0.1)
+
+
+def _patch_status(client: Any, name: str, status: Mapping[str, Any]) -> None:
+    from lightkube.types import PatchType
+
+    client.patch(GPUDevice.Status, name, {"status": dict(status)}, patch_type=PatchType.MERGE)
+
+
+def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None = None) -> None:
+    """Make the node's GPUDevices match `node.cards`: create or update each card's object
+    (spec, labels, health; allocation columns are left as they are), delete cards gone."""
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+    from lightkube.types import PatchType
+
+    reasons = reasons or {}
+    wanted = set()
+    for card in node.cards:
+        obj = gd.card_to_object(node.name, card, reasons.get(card.index, ""))
+        name = obj["metadata"]["name"]
+        wanted.add(name)
+        try:
+            client.create(codecs.from_dict(obj))
+        except ApiError as err:
+            if err.status.code != 409:
+                raise
+            client.patch(GPUDevice, name, {"metadata": {"labels": obj["metadata"]["labels"]},
+                                           "spec": obj["spec"]}, patch_type=PatchType.MERGE)
+        status = obj["status"]
+        _patch_status(client, name, {"health": status["health"], "reason": status["reason"],
+                                     "lastHeartbeat": status["lastHeartbeat"]})
+    for existing in client.list(GPUDevice, labels={gd.NODE_LABEL: node.name}):
+        if existing.metadata.name not in wanted:
+            client.delete(GPUDevice, existing.metadata.name)
+
+
+def publish_health(client: Any, node: Node, reasons: Mapping[int, str]) -> None:
+    for card in node.cards:
+        _patch_status(client, gd.object_name(node.name, card.index),
+                      {"health": card.health.value, "reason": reasons.get(card.index, ""),
+                       "lastHeartbeat": gd.now_rfc3339()})
+
+
+def publish_allocations(client: Any, node: Node,
+                        allocated: Mapping[int, tuple[int, int]]) -> None:
+    """Allocation columns (and the heartbeat) of each card from pods' assignments."""
+    for card in node.cards:
+        milli, memory = allocated.get(card.index, (0, 0))
+        _patch_status(client, gd.object_name(node.name, card.index), {
+            "allocatedMilli": milli, "allocatedMemoryMiB": memory,
+            "allocatedPercent": milli * 100 // max(card.compute_milli, 1),
+            "lastHeartbeat": gd.now_rfc3339()})
+
+
+def read_inventory(client: Any) -> list[Node]:
+    """Every node's cards as core Nodes (CPU/memory/labels from the Node objects)."""
+    from lightkube.resources.core_v1 import Node as K8sNode
+
+    devices = [obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+               for obj in client.list(GPUDevice)]
+    nodes = [n.to_dict() for n in client.list(K8sNode)]
+    return gd.nodes_from_objects(devices, nodes)

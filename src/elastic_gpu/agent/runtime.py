@@ -1,0 +1,133 @@
+"""The running agent: discover, publish, serve the plugins, follow health, keep columns fresh."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from elastic_gpu.agent.accounting import allocation_by_card
+from elastic_gpu.agent.allocator import Allocator
+from elastic_gpu.agent.backend import Backend, BackendError
+from elastic_gpu.agent.config import AgentConfig, BackendKind
+from elastic_gpu.agent.grant import DeviceFiles
+from elastic_gpu.agent.inventory_api import ensure_crd, publish_allocations, publish_health
+from elastic_gpu.agent.manager import PluginManager
+from elastic_gpu.agent.plugin import PluginServer
+from elastic_gpu.agent.pods import ApiPods, PodSource
+from elastic_gpu.agent.publish import (
+    NodeSnapshot,
+    discover,
+    patch_node_capacity,
+    publish_snapshot,
+    snapshot,
+)
+from elastic_gpu.agent.state import NodeState
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(config: AgentConfig, node_name: str) -> Backend:
+    if config.backend is BackendKind.FAKE:
+        from elastic_gpu.agent.fake import FakeBackend
+
+        assert config.fake is not None  # the config validator requires it
+        return FakeBackend.from_file(config.fake.inventory, node_name)
+    from elastic_gpu.agent.nvml import NvmlBackend
+
+    return NvmlBackend(config.healthCheck)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, backend: Backend, node_name: str,
+                 client: Any = None, pods: PodSource | None = None,
+                 plugin_dir: Path | None = None) -> None:
+        self.config = config
+        self.backend = backend
+        self.node_name = node_name
+        self.client = client
+        self.plugin_dir = plugin_dir or config.devicePluginDir
+        # Discovery and planning fail here, before anything is advertised.
+        self.snapshot: NodeSnapshot = discover(backend, config, node_name)
+        self.state = NodeState(self.snapshot.cards)
+        files = DeviceFiles({chip.uuid: backend.device_nodes(chip)
+                             for lc in self.snapshot.cards for chip in lc.chips},
+                            backend.control_nodes())
+        if pods is None and client is not None:
+            pods = ApiPods(client)
+        self.pods = pods
+        self.allocator = Allocator(node_name, config, self.state, backend.visible_devices_env,
+                                   files, pods)
+        self.manager = PluginManager(
+            [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
+             for plan in self.snapshot.plans], self.plugin_dir)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def current(self) -> NodeSnapshot:
+        cards = tuple(self.state.cards()[lc.index] for lc in self.snapshot.cards)
+        return snapshot(self.node_name, cards, self.config, self.snapshot.plans)
+
+    def reasons(self) -> dict[int, str]:
+        return {lc.index: self.state.reason(lc.index) for lc in self.snapshot.cards}
+
+    def start(self) -> None:
+        if self.client is not None:
+            ensure_crd(self.client)
+            publish_snapshot(self.client, self.current(), self.config, self.reasons())
+        self.manager.start()
+        if self.config.healthCheck.enabled:
+            self._spawn("health", self._health_loop)
+        if self.client is not None:
+            self._spawn("sync", self._sync_loop)
+
+    def _spawn(self, name: str, target: Any) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.config.healthCheck.pollSeconds + 5)
+        self.manager.stop()
+        self.backend.close()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def _health_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                events = self.backend.wait_health(self.config.healthCheck.pollSeconds)
+            except BackendError as err:
+                log.error("health check: %s", err)
+                self._stop.wait(self.config.healthCheck.pollSeconds)
+                continue
+            if not events:
+                continue
+            changed = self.state.apply(events)
+            for event in events:
+                log.warning("card %s is %s: %s", event.uuid, event.health.value, event.reason)
+            if changed and self.client is not None:
+                try:
+                    snap = self.current()
+                    publish_health(self.client, snap.node, self.reasons())
+                    patch_node_capacity(self.client, self.node_name, snap.capacity,
+                                        snap.allocatable, self.config)
+                except Exception:
+                    log.exception("publishing health")
+
+    def sync_allocations(self) -> dict[int, tuple[int, int]]:
+        assert self.client is not None and self.pods is not None
+        allocated = allocation_by_card(self.pods.list_on_node(self.node_name), self.node_name)
+        publish_allocations(self.client, self.current().node, allocated)
+        return allocated
+
+    def _sync_loop(self) -> None:
+        while not self._stop.wait(self.config.syncSeconds):
+            try:
+                self.sync_allocations()
+            except Exception:
+                log.exception("allocation sync")
