@@ -40,9 +40,9 @@ def check_policy(tier: str, name: str) -> str:
 class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    node_policy: str = Field("binpack", alias="nodePolicy")
-    card_policy: str = Field("binpack", alias="cardPolicy")
-    reservation_ttl_s: float = Field(30.0, alias="reservationTTLSeconds", gt=0, le=3600)
+    node_policy: str = Field(default="binpack", validation_alias="nodePolicy")
+    card_policy: str = Field(default="binpack", validation_alias="cardPolicy")
+    reservation_ttl_s: float = Field(default=30.0, validation_alias="reservationTTLSeconds", gt=0, le=3600)
     seed: int = 0
 
     @field_validator("node_policy")

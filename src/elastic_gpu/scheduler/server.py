@@ -258,7 +258,8 @@ class Extender:
 
     def app(self, prefix: str = "") -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        handlers = {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
+        handlers: dict[str, Callable[[bytes], Awaitable[web.Response] | web.Response]] = {
+            "filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
                     "preempt": self.preempt}
         for verb, handler in handlers.items():
             app.router.add_post(f"{prefix}/{verb}", self._timed(verb, handler))

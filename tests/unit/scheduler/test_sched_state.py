@@ -1,0 +1,214 @@
+"""The extender's state: reservations, annotations as the source of truth, expiry, what-ifs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.engine import Unschedulable
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.state import SchedulerState, StateNotReady, rescale
+from elastic_gpu.scheduler.workbench import feed_nodes, pod_manifest, ready_state
+
+
+def gpu_node(name: str, cards: int = 1, memory: int = 16384) -> Node:
+    return Node(name, 64_000, 256_000, tuple(Card(i, f"GPU-{name}-{i}", "T4", memory)
+                                             for i in range(cards)))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def share_pod(name: str, percent: int, memory: int = 0, **kw: Any) -> dict[str, Any]:
+    limits = {"elasticgpu.io/gpu-core": str(percent)}
+    if memory:
+        limits["elasticgpu.io/gpu-memory"] = str(memory)
+    return pod_manifest(name, uid=f"uid-{name}", limits=limits, **kw)
+
+
+def annotated(pod: dict[str, Any], assignment: Assignment, rv: int = 10,
+              node_name: str = "") -> dict[str, Any]:
+    pod = json.loads(json.dumps(pod))
+    pod["metadata"].setdefault("annotations", {})[ann.ASSIGNMENT] = assignment.to_json()
+    pod["metadata"]["resourceVersion"] = str(rv)
+    if node_name:
+        pod["spec"]["nodeName"] = node_name
+    return pod
+
+
+def used(state: SchedulerState, node: str) -> int:
+    return sum(milli for _, milli, _ in state.card_usage()[node])
+
+
+def test_not_ready_until_every_cache_synced() -> None:
+    state = SchedulerState()
+    req = pod_request_from_manifest(share_pod("a", 10))
+    with pytest.raises(StateNotReady, match="gpudevices, nodes, pods"):
+        state.filter(req, "uid-a", ["n"])
+    state.mark_synced("nodes")
+    state.mark_synced("pods")
+    assert not state.ready
+    state.mark_synced("gpudevices")
+    assert state.ready
+
+
+def test_reservation_is_seen_by_the_next_filter() -> None:
+    state = ready_state([gpu_node("n1")])
+    a, b = share_pod("a", 60), share_pod("b", 60)
+    state.reserve(pod_request_from_manifest(a), "uid-a", "n1")
+    result = state.filter(pod_request_from_manifest(b), "uid-b", ["n1"])
+    assert result.feasible == []
+    assert "0/1 cards have 600 milli" in result.failed["n1"]
+    with pytest.raises(Unschedulable):
+        state.reserve(pod_request_from_manifest(b), "uid-b", "n1")
+    assert used(state, "n1") == 600
+
+
+def test_restart_rebuilds_holds_from_annotations() -> None:
+    first = ready_state([gpu_node("n1", 2)])
+    pods = []
+    for name, pct in (("a", 30), ("b", 50), ("c", 70)):
+        pod = share_pod(name, pct)
+        assignment = first.reserve(pod_request_from_manifest(pod), f"uid-{name}", "n1")
+        pods.append(annotated(pod, assignment, node_name="n1"))
+        first.confirm(f"uid-{name}", pods[-1])
+    second = ready_state([gpu_node("n1", 2)], pods=pods)
+    assert second.holds() == first.holds()
+    assert second.card_usage() == first.card_usage()
+    assert used(second, "n1") == 1500
+
+
+def test_expired_reservation_frees_cards_unless_the_annotation_landed() -> None:
+    clock = Clock()
+    state = ready_state([gpu_node("n1")],
+                        SchedulerState(SchedulerConfig(reservation_ttl_s=5), clock=clock))
+    lost, landed = share_pod("lost", 40), share_pod("landed", 40)
+    state.observe_pod(lost)
+    state.observe_pod(landed)
+    state.reserve(pod_request_from_manifest(lost), "uid-lost", "n1")
+    assignment = state.reserve(pod_request_from_manifest(landed), "uid-landed", "n1")
+    # The PATCH of `landed` timed out but did land: the watch shows the annotation.
+    state.observe_pod(annotated(landed, assignment, rv=20))
+    assert used(state, "n1") == 800
+    clock.now += 4
+    assert state.expire() == 0
+    clock.now += 2
+    assert state.expire() == 2
+    assert set(state.holds()) == {"uid-landed"}
+    assert used(state, "n1") == 400
+
+
+def test_stale_watch_event_does_not_undo_a_confirmed_bind() -> None:
+    state = ready_state([gpu_node("n1")])
+    pod = share_pod("a", 50)
+    pod["metadata"]["resourceVersion"] = "5"
+    state.observe_pod(pod)
+    assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.confirm("uid-a", annotated(pod, assignment, rv=7))
+    state.observe_pod(pod)  # the watch delivers rv 5 (no annotation) late
+    assert state.holds() == {"uid-a": assignment}
+
+
+def test_terminated_deleted_and_rebound_pods_release() -> None:
+    state = ready_state([gpu_node("n1", 3), gpu_node("n2", 1)])
+    holders = {}
+    for name in ("done", "gone", "moved"):
+        pod = share_pod(name, 90)
+        assignment = state.reserve(pod_request_from_manifest(pod), f"uid-{name}", "n1")
+        holders[name] = annotated(pod, assignment, rv=10, node_name="n1")
+        state.confirm(f"uid-{name}", holders[name])
+    assert used(state, "n1") == 2700
+    done = json.loads(json.dumps(holders["done"]))
+    done["status"] = {"phase": "Succeeded"}
+    done["metadata"]["resourceVersion"] = "11"
+    state.observe_pod(done)
+    state.forget_pod("uid-gone")
+    moved = json.loads(json.dumps(holders["moved"]))
+    moved["spec"]["nodeName"] = "n2"  # bound elsewhere: its annotation is stale
+    moved["metadata"]["resourceVersion"] = "11"
+    state.observe_pod(moved)
+    assert state.holds() == {}
+    assert used(state, "n1") == 0
+
+
+def test_pending_pod_with_annotation_holds_until_rebound() -> None:
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    pod = share_pod("a", 80)
+    assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.confirm("uid-a", annotated(pod, assignment))
+    request = pod_request_from_manifest(pod)
+    # Its own hold does not keep the pod from its node when it is filtered again...
+    assert state.filter(request, "uid-a", ["n1", "n2"]).feasible == ["n1", "n2"]
+    # ...but it does keep others out.
+    other = pod_request_from_manifest(share_pod("b", 80))
+    assert state.filter(other, "uid-b", ["n1"]).feasible == []
+    # A re-bind moves the hold; nothing is counted twice.
+    state.reserve(request, "uid-a", "n2")
+    assert used(state, "n1") == 0 and used(state, "n2") == 800
+
+
+def test_reserve_failure_restores_the_previous_hold() -> None:
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    pod = share_pod("a", 70)
+    first = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.confirm("uid-a", annotated(pod, first))
+    blocker = share_pod("b", 50)
+    state.reserve(pod_request_from_manifest(blocker), "uid-b", "n2")
+    with pytest.raises(Unschedulable):
+        state.reserve(pod_request_from_manifest(pod), "uid-a", "n2")
+    assert state.holds()["uid-a"] == first
+
+
+def test_abandon_falls_back_to_the_annotation() -> None:
+    state = ready_state([gpu_node("n1")])
+    pod = share_pod("a", 30)
+    state.observe_pod(pod)
+    state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.abandon("uid-a")
+    assert state.holds() == {}
+
+
+def test_node_removed_and_back_keeps_counting_its_pods() -> None:
+    state = ready_state([gpu_node("n1")])
+    pod = share_pod("a", 60)
+    assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.confirm("uid-a", annotated(pod, assignment, node_name="n1"))
+    state.remove_node("n1")
+    assert "n1" not in state.node_names()
+    feed_nodes(state, [gpu_node("n1")])
+    assert used(state, "n1") == 600
+
+
+def test_preempt_adds_gpu_victims_until_the_pod_fits() -> None:
+    state = ready_state([gpu_node("n1", 1), gpu_node("n2", 1)])
+    for name, node, pct, prio in (("lo1", "n1", 40, 0), ("lo2", "n1", 40, 1),
+                                  ("hi", "n2", 90, 100)):
+        pod = share_pod(name, pct, priority=prio)
+        assignment = state.reserve(pod_request_from_manifest(pod), f"uid-{name}", node)
+        state.confirm(f"uid-{name}", annotated(pod, assignment, node_name=node))
+    preemptor = share_pod("p", 50, priority=50)
+    state.observe_pod(preemptor)
+    request = pod_request_from_manifest(preemptor)
+    chosen = state.preempt(request, "uid-p", {"n1": ([], 0), "n2": ([], 0)})
+    # n1: evicting the lowest-priority 40% frees enough; n2's pod outranks the preemptor.
+    assert chosen == {"n1": (["uid-lo1"], 0)}
+    # The what-if left every hold in place.
+    assert used(state, "n1") == 800 and used(state, "n2") == 900
+
+
+def test_rescale_to_kube_scheduler_range() -> None:
+    assert rescale({"a": 2.0, "b": 4.0, "c": 3.0}, ["a", "b", "c", "d"]) == {
+        "a": 0, "b": 10, "c": 5, "d": 0}
+    assert rescale({"a": 1.0}, ["a"]) == {"a": 10}
+    assert rescale({}, ["a"]) == {"a": 0}
