@@ -1,0 +1,242 @@
+"""The extender over HTTP: verbs answer in kube-scheduler's format; bad input never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.client import HTTPConnection
+from typing import Any
+
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.resources import RESOURCE_TABLE
+from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.state import SchedulerState
+from elastic_gpu.scheduler.workbench import pod_manifest, ready_state
+
+NODES = [Node(f"n{i}", 64_000, 256_000,
+              tuple(Card(c, f"GPU-{i}-{c}", "A100" if i % 2 else "T4", 16384) for c in range(2)))
+         for i in range(4)]
+
+
+class Server:
+    """The extender's aiohttp app on a loopback port, served from a background thread."""
+
+    def __init__(self, extender: Extender) -> None:
+        self.extender = extender
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        started = threading.Event()
+
+        async def start() -> None:
+            self.runner = web.AppRunner(extender.app())
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            started.set()
+
+        self.thread = threading.Thread(target=self._run, args=(start,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+        self.conn = HTTPConnection("127.0.0.1", self.port, timeout=10)
+
+    def _run(self, start: Any) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    def post(self, path: str, body: bytes | Any) -> tuple[int, Any]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        response = self.conn.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None
+
+    def get(self, path: str) -> tuple[int, str]:
+        self.conn.request("GET", path)
+        response = self.conn.getresponse()
+        return response.status, response.read().decode()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(Extender(ready_state(NODES)))
+    yield srv
+    srv.stop()
+
+
+def gpu_pod(name: str, **limits: str) -> dict[str, Any]:
+    return pod_manifest(name, uid=f"uid-{name}", limits=limits or {"elasticgpu.io/gpu-core": "30"})
+
+
+def test_filter_answers_with_go_field_names(server: Server) -> None:
+    pod = pod_manifest("p", uid="u1", limits={"nvidia.com/gpu": "2"},
+                       annotations={"elasticgpu.io/gpu-model": "A100"})
+    status, body = server.post("/filter", {"Pod": pod, "Nodes": None,
+                                           "NodeNames": ["n0", "n1", "n3", "ghost"]})
+    assert status == 200
+    assert set(body) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes",
+                         "Error"}
+    assert body["Error"] == ""
+    assert body["NodeNames"] == ["n1", "n3"]
+    assert "T4" in body["FailedNodes"]["n0"] or "model" in body["FailedNodes"]["n0"]
+    assert body["FailedAndUnresolvableNodes"] == {
+        "ghost": "node ghost is unknown to the GPU scheduler"}
+
+
+def test_prioritize_returns_host_scores_0_to_10(server: Server) -> None:
+    status, body = server.post("/prioritize", {"Pod": gpu_pod("p2"),
+                                               "NodeNames": ["n0", "n1", "ghost"]})
+    assert status == 200
+    assert isinstance(body, list)
+    assert {h["Host"] for h in body} == {"n0", "n1", "ghost"}
+    assert all(isinstance(h["Score"], int) and 0 <= h["Score"] <= 10 for h in body)
+    assert next(h["Score"] for h in body if h["Host"] == "ghost") == 0
+
+
+def test_spread_and_binpack_rank_nodes_oppositely() -> None:
+    state = ready_state(NODES[:2])
+    # n0 already half used.
+    from elastic_gpu.core.request import pod_request_from_manifest
+
+    state.reserve(pod_request_from_manifest(gpu_pod("busy")), "uid-busy", "n0")
+    ext = Extender(state)
+    scores = {}
+    for policy in ("binpack", "spread"):
+        pod = pod_manifest("q", uid="uq", limits={"elasticgpu.io/gpu-core": "20"},
+                           node_policy=policy)
+        body = json.loads(ext.prioritize(json.dumps({"Pod": pod,
+                                                      "NodeNames": ["n0", "n1"]}).encode()).text)
+        scores[policy] = {h["Host"]: h["Score"] for h in body}
+    assert scores["binpack"]["n0"] > scores["binpack"]["n1"]
+    assert scores["spread"]["n1"] > scores["spread"]["n0"]
+
+
+def test_pod_errors_are_reported_in_error(server: Server) -> None:
+    status, body = server.post("/filter", {"Pod": gpu_pod("bad", **{"tencent.com/vcuda-core": "150"}),
+                                           "NodeNames": ["n0"]})
+    assert status == 200
+    assert "tencent.com/vcuda-core='150'" in body["Error"]
+    assert "multiple of 100" in body["Error"]
+    pod = pod_manifest("pol", limits={"nano-gpu/gpu-percent": "10"}, node_policy="fastest")
+    status, body = server.post("/filter", {"Pod": pod, "NodeNames": ["n0"]})
+    assert "elasticgpu.io/node-policy='fastest'" in body["Error"]
+
+
+def test_absurd_request_fails_every_node_with_a_reason(server: Server) -> None:
+    pod = gpu_pod("huge", **{"elasticgpu.io/gpu-core": "100000"})
+    status, body = server.post("/filter", {"Pod": pod, "NodeNames": ["n0", "n1"]})
+    assert status == 200 and body["Error"] == ""
+    assert body["NodeNames"] == []
+    assert all("1000" in reason for reason in body["FailedNodes"].values())
+
+
+def test_bad_bodies_get_400_naming_the_problem(server: Server) -> None:
+    for verb in ("filter", "prioritize", "bind", "preempt"):
+        status, body = server.post(f"/{verb}", b"{oops")
+        assert status == 400, verb
+        assert "not JSON" in body["Error"]
+    status, body = server.post("/bind", {"PodName": "p"})
+    assert status == 400 and "PodNamespace" in body["Error"]
+
+
+def test_bind_without_api_access_is_an_error_not_a_crash(server: Server) -> None:
+    status, body = server.post("/bind", {"PodName": "p", "PodNamespace": "default",
+                                         "PodUID": "u", "Node": "n0"})
+    assert status == 200
+    assert "no API access" in body["Error"]
+
+
+def test_health_readiness_metrics() -> None:
+    srv = Server(Extender(SchedulerState()))
+    try:
+        assert srv.get("/healthz") == (200, "ok")
+        status, text = srv.get("/readyz")
+        assert status == 503 and "not synced" in text
+        status, body = srv.post("/filter", {"Pod": gpu_pod("x"), "NodeNames": ["n0"]})
+        assert status == 503 and "not synced" in body["Error"]
+        ready_state(NODES, srv.extender.state)
+        assert srv.get("/readyz") == (200, "ok")
+        srv.post("/filter", {"Pod": gpu_pod("x"), "NodeNames": ["n0"]})
+        status, text = srv.get("/metrics")
+        assert 'egpu_scheduler_request_seconds_count{verb="filter"}' in text
+        assert 'egpu_scheduler_card_allocated_milli{card="0",node="n0"} 0.0' in text
+    finally:
+        srv.stop()
+
+
+# ---- fuzz ------------------------------------------------------------------------------------
+
+GPU_NAMES = [spec.name for spec in RESOURCE_TABLE] + ["nvidia.com/mig-1g.10gb", "cpu"]
+quantities = st.one_of(
+    st.integers(-10, 10**6).map(str), st.integers(-5, 300),
+    st.sampled_from(["1.5", "0.5", "1e30", "abc", "", "100Mi", "1k", "-0", "NaN"]),
+    st.floats(allow_nan=True), st.booleans(), st.none())
+limits = st.dictionaries(st.sampled_from(GPU_NAMES), quantities, max_size=4)
+containers = st.dictionaries(st.text(min_size=1, max_size=5), limits, min_size=0, max_size=3)
+annotation_values = st.one_of(st.sampled_from(["binpack", "spread", "A100", "T4", "x|y"]),
+                              st.text(max_size=8))
+pods = st.builds(
+    lambda c, notes, uid: {**pod_manifest("f", uid=uid, containers=c or {"main": {}}),
+                           "metadata": {"name": "f", "uid": uid, "annotations": notes}},
+    containers,
+    st.dictionaries(st.sampled_from(["elasticgpu.io/node-policy", "elasticgpu.io/card-policy",
+                                     "elasticgpu.io/gpu-model", "elasticgpu.io/gpu-model-deny",
+                                     "elasticgpu.io/assignment"]), annotation_values),
+    st.sampled_from(["u-f", "", "uid-busy"]))
+junk = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+node_names = st.lists(st.sampled_from(["n0", "n1", "n2", "n3", "ghost", ""]), max_size=6)
+bodies = st.one_of(
+    st.binary(max_size=64),
+    junk.map(lambda j: json.dumps(j).encode()),
+    st.fixed_dictionaries({"Pod": pods | junk, "NodeNames": node_names | junk},
+                          optional={"Nodes": junk}).map(lambda d: json.dumps(d).encode()),
+    st.fixed_dictionaries({"Pod": pods, "NodeNameToMetaVictims": st.dictionaries(
+        st.sampled_from(["n0", "n1", "ghost"]),
+        st.none() | st.fixed_dictionaries({"Pods": st.lists(st.fixed_dictionaries(
+            {"UID": st.text(max_size=4)}), max_size=2)}))}).map(
+        lambda d: json.dumps(d).encode()),
+    st.fixed_dictionaries({"PodName": st.text(max_size=3), "PodNamespace": st.text(max_size=3),
+                           "PodUID": st.text(max_size=3), "Node": st.text(max_size=3)}).map(
+        lambda d: json.dumps(d).encode()),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(verb=st.sampled_from(["filter", "prioritize", "bind", "preempt"]), body=bodies)
+def test_fuzz_never_500_and_always_well_formed(server: Server, verb: str, body: bytes) -> None:
+    status, answer = server.post(f"/{verb}", body)
+    assert status in (200, 400, 422), (status, answer)
+    if status != 200:
+        assert answer["Error"]
+        return
+    if verb == "filter":
+        if answer["Error"]:
+            return
+        asked = json.loads(body)["NodeNames"]
+        placed = set(answer["NodeNames"]) | set(answer["FailedNodes"]) | set(
+            answer["FailedAndUnresolvableNodes"])
+        assert placed == set(asked)
+        for reason in {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}.values():
+            assert reason
+    elif verb == "prioritize":
+        assert all(0 <= h["Score"] <= 10 for h in answer)
+    elif verb == "preempt":
+        asked = json.loads(body).get("NodeNameToMetaVictims") or {}
+        assert set(answer["NodeNameToMetaVictims"]) <= set(asked)
+    else:
+        assert isinstance(answer["Error"], str)
