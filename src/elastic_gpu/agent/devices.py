@@ -259,13 +259,17 @@ def preferred(available: Sequence[str], must_include: Sequence[str], size: int,
         if chosen:
             best = max(pool, key=score)
         else:
-            # Start where the best-connected group is: the card with the heaviest links.
-            best = max(pool, key=lambda d: (_heft(cards.get(units[d].card)), -units[d].card,
-                                            -pool.index(d)))
+            # Start where the best-connected group is: the card with the heaviest links to
+            # the other cards still available.
+            pool_cards = {units[d].card for d in pool}
+            best = max(pool, key=lambda d: (_heft(cards.get(units[d].card), pool_cards),
+                                            -units[d].card, -pool.index(d)))
         chosen.append(best)
         pool.remove(best)
     return chosen[:size]
 
 
-def _heft(card: Card | None) -> int:
-    return 0 if card is None else sum(link.weight for link in card.links)
+def _heft(card: Card | None, among: set[int]) -> int:
+    if card is None:
+        return 0
+    return sum(link.weight for link in card.links if link.peer in among)
