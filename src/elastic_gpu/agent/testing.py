@@ -109,8 +109,8 @@ class KubeletDouble(api_pb2_grpc.RegistrationServicer):
                 with self._cond:
                     link.updates.append({d.ID: d.health for d in response.devices})
                     self._cond.notify_all()
-        except grpc.RpcError:
-            return  # plugin or channel went away; a new registration starts a new watch
+        except (grpc.RpcError, ValueError):
+            return  # plugin or channel (closed: ValueError) went away; a new registration starts a new watch
 
     # -- what tests look at ----------------------------------------------------------------
 

@@ -173,7 +173,7 @@ def test_no_driver_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(BackendError, match="NVIDIA driver not loaded"):
         NvmlBackend()
     sim.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
-    with pytest.raises(BackendError, match="libnvidia-ml.so.1"):
+    with pytest.raises(BackendError, match=r"libnvidia-ml\.so\.1"):
         NvmlBackend()
 
 

@@ -1,0 +1,47 @@
+"""The fake backend: YAML inventories, boards, health injected by editing the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from elastic_gpu.agent.backend import BackendError
+from elastic_gpu.agent.fake import FakeBackend
+from elastic_gpu.core.model import Health
+
+
+def test_health_edits_in_the_file_become_events(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text("cards:\n- {model: T4, memoryMiB: 16384}\n- {model: T4, memoryMiB: 16384}\n")
+    backend = FakeBackend.from_file(path, "n1")
+    assert backend.wait_health(0.01) == []
+    path.write_text(path.read_text() + "health:\n- {index: 1, reason: XID 79}\n")
+    (event,) = backend.wait_health(2)
+    assert (event.uuid, event.health, event.reason) == ("GPU-fake-n1-1", Health.UNHEALTHY, "XID 79")
+    assert [c.health for c in backend.discover()] == [Health.HEALTHY, Health.UNHEALTHY]
+    path.write_text("cards:\n- {model: T4, memoryMiB: 16384}\n- {model: T4, memoryMiB: 16384}\n")
+    (event,) = backend.wait_health(2)
+    assert (event.uuid, event.health) == ("GPU-fake-n1-1", Health.HEALTHY)
+
+
+def test_boards_number_chips_after_cards() -> None:
+    backend = FakeBackend.from_dict({"cards": [{"model": "T4", "memoryMiB": 16384}],
+                                     "boards": [{"id": "b", "model": "MR-V100", "chips": 2,
+                                                 "memoryMiB": 16384}]})
+    cards = backend.discover()
+    assert [(c.index, c.uuid, c.board) for c in cards] == [
+        (0, "GPU-fake-node-0", None), (1, "b-chip0", "b"), (2, "b-chip1", "b")]
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"cards": [{"model": "T4"}]}, "cards.0.memoryMiB"),
+    ({"cards": [{"model": "T4", "memoryMiB": 1, "mig": [{"profile": "big", "uuid": "m"}]}]},
+     "MIG profile"),
+    ({"cards": [{"model": "T4", "memoryMiB": 1, "links": [{"peer": 4, "kind": "nvlink"}]}]},
+     "links to card 4"),
+    ({"health": [{"index": 0, "uuid": "x"}]}, "exactly one of index or uuid"),
+])
+def test_bad_inventory_is_a_clear_error(data: object, words: str) -> None:
+    with pytest.raises(BackendError, match=words):
+        FakeBackend.from_dict(data)
