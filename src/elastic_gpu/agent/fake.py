@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,22 @@ class FakeBackend:
     @classmethod
     def from_dict(cls, data: Any, node: str = "node") -> FakeBackend:
         return cls(parse_inventory(data, "fake inventory"), node)
+
+    @classmethod
+    def from_cards(cls, cards: Sequence[Card], node: str = "node") -> FakeBackend:
+        """A fake backend with exactly these cards (the sandbox's generated inventories).
+        Indexes must be 0..n-1 in order, as a driver numbers them."""
+        if [card.index for card in cards] != list(range(len(cards))):
+            raise BackendError(f"node {node}: fake cards must be numbered 0..n-1 in order")
+        return cls(FakeInventory(
+            cards=[FakeCard(model=c.model, memoryMiB=c.memory_mib, uuid=c.uuid,
+                            numaNode=c.numa_node,
+                            links=[FakeLink(peer=link.peer, kind=link.kind, count=link.count)
+                                   for link in c.links],
+                            mig=[FakeMig(profile=m.profile.name, uuid=m.uuid, start=m.start)
+                                 for m in c.mig])
+                   for c in cards],
+            health=[FakeHealth(index=c.index) for c in cards if not c.healthy]), node)
 
     @property
     def name(self) -> str:

@@ -10,12 +10,13 @@ agrees with it; resources without a plugin (MiB of gpu-memory) exist only throug
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.agent.backend import Backend
-from elastic_gpu.agent.config import AgentConfig
+from elastic_gpu.agent.config import AgentConfig, BackendKind
 from elastic_gpu.agent.devices import (
     LogicalCard,
     ResourcePlan,
@@ -23,7 +24,7 @@ from elastic_gpu.agent.devices import (
     logical_cards,
     node_capacity,
 )
-from elastic_gpu.agent.inventory_api import publish_inventory
+from elastic_gpu.agent.inventory_api import ensure_crd, publish_inventory
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.resources import is_gpu_resource
 
@@ -77,6 +78,24 @@ def publish_snapshot(client: Any, snap: NodeSnapshot, config: AgentConfig,
                      reasons: Mapping[int, str] | None = None) -> None:
     publish_inventory(client, snap.node, reasons)
     patch_node_capacity(client, snap.node.name, snap.capacity, snap.allocatable, config)
+
+
+_crd_ready: set[int] = set()
+_crd_lock = threading.Lock()
+
+
+def publish_fake_node(client: Any, inventory: Node, config: AgentConfig | None = None) -> NodeSnapshot:
+    """Publish a fake (kwok) node's cards through the fake backend: the sandbox's entry point.
+    Creates the GPUDevice CRD on first use with this client."""
+    from elastic_gpu.agent.fake import FakeBackend
+
+    with _crd_lock:
+        if id(client) not in _crd_ready:
+            ensure_crd(client)
+            _crd_ready.add(id(client))
+    backend = FakeBackend.from_cards(inventory.cards, inventory.name)
+    return publish_node(client, backend, config or AgentConfig(backend=BackendKind.NVML),
+                        inventory.name)
 
 
 def publish_node(client: Any, backend: Backend, config: AgentConfig, node_name: str) -> NodeSnapshot:

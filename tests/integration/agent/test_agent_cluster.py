@@ -1,0 +1,189 @@
+"""The agent against a real API server: inventory objects, node capacity, Allocate by the
+scheduler's assignment, health and allocation columns. kubelet's side is the protocol double."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from lightkube import codecs
+from lightkube.resources.core_v1 import Node as K8sNode
+from lightkube.resources.core_v1 import Pod
+
+from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.fake import FakeBackend
+from elastic_gpu.agent.inventory_api import GPUDevice, ensure_crd, read_inventory
+from elastic_gpu.agent.publish import publish_node
+from elastic_gpu.agent.runtime import Agent
+from elastic_gpu.agent.testing import KubeletDouble
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.model import Health
+
+pytestmark = pytest.mark.integration
+
+CORE = "elasticgpu.io/gpu-core"
+GPU = "nvidia.com/gpu"
+INVENTORY: dict[str, Any] = {
+    "cards": [{"model": "A100", "memoryMiB": 40960}, {"model": "A100", "memoryMiB": 40960},
+              {"model": "A100", "memoryMiB": 40960,
+               "mig": [{"profile": "3g.20gb", "uuid": "MIG-q", "start": 0}]}],
+}
+
+
+@pytest.fixture
+def node(fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any) -> str:
+    ensure_crd(k8s_cluster.client())
+    (name,) = fake_gpu_nodes(1, gpus=0)
+    return name
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="egpu-it-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(plugin_dir: Path) -> Iterator[KubeletDouble]:
+    double = KubeletDouble(plugin_dir)
+    double.start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def agent(node: str, k8s_cluster: Any, plugin_dir: Path,
+          kubelet: KubeletDouble) -> Iterator[tuple[Agent, FakeBackend]]:
+    backend = FakeBackend.from_dict(INVENTORY, node)
+    config = parse_config({"migStrategy": "mixed", "healthCheck": {"pollSeconds": 0.05},
+                           "syncSeconds": 3600})
+    running = Agent(config, backend, node, client=k8s_cluster.client(), plugin_dir=plugin_dir)
+    running.start()
+    assert kubelet.wait_for(lambda: kubelet.registered(CORE) and kubelet.registered(GPU))
+    yield running, backend
+    running.stop()
+
+
+def gpu_pod(namespace: str, name: str, node: str, resource: str, count: int,
+            shares: list[CardShare]) -> dict[str, Any]:
+    assignment = Assignment(node, {"main": tuple(shares)}).to_json()
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": {ann.ASSIGNMENT: assignment}},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "main", "image": "registry.example/cuda:12",
+                "resources": {"limits": {resource: str(count)}}}]}}
+
+
+def create(client: Any, manifest: dict[str, Any]) -> None:
+    client.create(codecs.from_dict(manifest))
+
+
+def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster: Any) -> None:
+    client = k8s_cluster.client()
+    config = parse_config({"migStrategy": "mixed"})
+    publish_node(client, FakeBackend.from_dict(INVENTORY, node), config, node)
+    table = k8s_cluster.kubectl("get", "gpudevices", "-l", f"elasticgpu.io/node={node}").stdout
+    header, *rows = table.strip().splitlines()
+    assert header.split()[:6] == ["NAME", "NODE", "INDEX", "MODEL", "MEMORY", "HEALTH"]
+    assert "ALLOCATED%" in header and len(rows) == 3
+    assert rows[0].split()[:7] == [f"{node}-gpu0", node, "0", "A100", "40960", "Healthy", "0"]
+    short = k8s_cluster.kubectl("get", "gpud", f"{node}-gpu2", "-o", "jsonpath={.spec.mig[0].uuid}")
+    assert short.stdout == "MIG-q"
+    (mine,) = [n for n in read_inventory(client) if n.name == node]
+    assert [c.uuid for c in mine.cards] == [f"GPU-fake-{node}-{i}" for i in range(3)]
+    assert mine.cards[2].mig[0].profile.name == "3g.20gb" and mine.cpu_milli > 0
+    status = client.get(K8sNode, node).status
+    assert status.capacity[GPU] == "2" and status.capacity[CORE] == "200"
+    assert status.capacity["nvidia.com/mig-3g.20gb"] == "1"
+    assert status.capacity["elasticgpu.io/gpu-memory"] == "81920"
+    assert status.capacity["cpu"]  # left alone
+    # the node loses a card and MIG: stale objects and resources go away
+    publish_node(client, FakeBackend.from_dict({"cards": INVENTORY["cards"][:1]}, node), config, node)
+    names = {d.metadata.name for d in client.list(GPUDevice, labels={"elasticgpu.io/node": node})}
+    assert names == {f"{node}-gpu0"}
+    status = client.get(K8sNode, node).status
+    assert "nvidia.com/mig-3g.20gb" not in status.capacity and status.capacity[GPU] == "1"
+
+
+def test_allocate_gives_exactly_the_assigned_cards_and_marks_the_pod(
+        agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
+        k8s_namespace: str) -> None:
+    client = k8s_cluster.client()
+    card1 = CardShare(1, f"GPU-fake-{node}-1", 300, 4096)
+    create(client, gpu_pod(k8s_namespace, "share", node, CORE, 30, [card1]))
+    # kubelet picked devices of card 0; the scheduler assigned card 1: card 1 it is
+    response = kubelet.allocate(CORE, [[f"0-{k}" for k in range(30)]])
+    envs = response.container_responses[0].envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-1"
+    assert envs["EGPU_ISOLATION"] == "accounting-only" and envs["EGPU_CORE_PERCENT"] == "30"
+    marked = client.get(Pod, "share", namespace=k8s_namespace).metadata.annotations
+    assert marked[ann.ALLOCATED] == '{"main":["elasticgpu.io/gpu-core"]}'
+    # the same request again: nobody waits for it any more
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate(CORE, [[f"0-{k}" for k in range(30)]])
+    assert "no pod bound to" in str(err.value.details())
+
+    whole = [CardShare(0, f"GPU-fake-{node}-0", 1000, 0), CardShare(1, f"GPU-fake-{node}-1", 1000, 0)]
+    create(client, gpu_pod(k8s_namespace, "whole", node, GPU, 2, whole))
+    response = kubelet.allocate(GPU, [[f"GPU-fake-{node}-1", f"GPU-fake-{node}-0"]])
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == \
+        f"GPU-fake-{node}-0,GPU-fake-{node}-1"
+
+    mig = [CardShare(2, f"GPU-fake-{node}-2", 0, 0, "3g.20gb", "MIG-q")]
+    create(client, gpu_pod(k8s_namespace, "mig", node, "nvidia.com/mig-3g.20gb", 1, mig))
+    response = kubelet.allocate("nvidia.com/mig-3g.20gb", [["MIG-q"]])
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-q"
+
+
+def test_ambiguous_allocate_is_refused(agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble,
+                                       node: str, k8s_cluster: Any, k8s_namespace: str) -> None:
+    client = k8s_cluster.client()
+    create(client, gpu_pod(k8s_namespace, "a", node, CORE, 20,
+                           [CardShare(0, f"GPU-fake-{node}-0", 200, 0)]))
+    create(client, gpu_pod(k8s_namespace, "b", node, CORE, 20,
+                           [CardShare(1, f"GPU-fake-{node}-1", 200, 0)]))
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate(CORE, [[f"0-{k}" for k in range(20)]])
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "ambiguous" in str(err.value.details())
+    for name in ("a", "b"):
+        annotations = client.get(Pod, name, namespace=k8s_namespace).metadata.annotations
+        assert ann.ALLOCATED not in annotations
+
+
+def test_health_and_allocation_reach_the_inventory(
+        agent: tuple[Agent, FakeBackend], node: str, k8s_cluster: Any, k8s_namespace: str) -> None:
+    running, backend = agent
+    client = k8s_cluster.client()
+    backend.set_health(f"GPU-fake-{node}-1", Health.UNHEALTHY, "XID 79")
+
+    def status(index: int) -> Any:
+        return client.get(GPUDevice, f"{node}-gpu{index}").status
+
+    deadline = time.monotonic() + 10
+    while status(1)["health"] != "Unhealthy" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status(1)["health"] == "Unhealthy" and status(1)["reason"] == "XID 79"
+    assert client.get(K8sNode, node).status.allocatable[GPU] == "1"
+    backend.set_health(f"GPU-fake-{node}-1", Health.HEALTHY, "recovered")
+    deadline = time.monotonic() + 10
+    while status(1)["health"] != "Healthy" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status(1)["health"] == "Healthy"
+    assert client.get(K8sNode, node).status.allocatable[GPU] == "2"
+
+    create(client, gpu_pod(k8s_namespace, "holder", node, CORE, 30,
+                           [CardShare(0, f"GPU-fake-{node}-0", 300, 2048)]))
+    assert running.sync_allocations() == {0: (300, 2048)}
+    assert status(0)["allocatedPercent"] == 30 and status(0)["allocatedMemoryMiB"] == 2048
+    row = k8s_cluster.kubectl("get", "gpudevices", f"{node}-gpu0", "--no-headers").stdout.split()
+    assert row[5:7] == ["Healthy", "30"]
