@@ -1,0 +1,83 @@
+"""Start-up times of the development control plane and of `egpu sandbox up`, binaries cached.
+
+    .venv/bin/python bench/devcluster_start.py [--runs 3] [--nodes 100]
+
+Measures, `--runs` times each, and prints the medians as a Markdown table:
+- control plane start: etcd + kube-apiserver + kube-scheduler + kwok, all ready (the pytest
+  `k8s_cluster` fixture's start), and its stop;
+- `egpu sandbox up --gpu-nodes N`: the CLI end to end (its own Python start-up included) until
+  all N fake GPU nodes are Ready, and `egpu sandbox down`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from elastic_gpu.devcluster.binaries import find_bin_dir
+from elastic_gpu.devcluster.controlplane import ControlPlane
+
+
+def time_control_plane(bin_dir: Path) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="egpu-bench-") as tmp:
+        plane = ControlPlane(work_dir=Path(tmp), bin_dir=bin_dir, die_with_parent=True)
+        start = time.perf_counter()
+        plane.start(scheduler=True, kwok_enabled=True)
+        started = time.perf_counter() - start
+        start = time.perf_counter()
+        plane.stop()
+        return started, time.perf_counter() - start
+
+
+def egpu(*args: str) -> float:
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
+                            capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"egpu {' '.join(args)} failed:\n{result.stderr}{result.stdout}")
+    return elapsed
+
+
+def time_sandbox(nodes: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="egpu-bench-sandbox-") as tmp:
+        state, kc = Path(tmp) / "state", Path(tmp) / "kubeconfig"
+        up = egpu("sandbox", "up", "--gpu-nodes", str(nodes), "--kubeconfig", str(kc),
+                  "--state-dir", str(state))
+        down = egpu("sandbox", "down", "--state-dir", str(state))
+        return up, down
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--json", type=Path, help="also write the raw timings here")
+    args = parser.parse_args()
+    bin_dir = find_bin_dir()
+
+    plane = [time_control_plane(bin_dir) for _ in range(args.runs)]
+    box = [time_sandbox(args.nodes) for _ in range(args.runs)]
+    rows = [
+        ("control plane start (etcd+apiserver+scheduler+kwok ready)", [p[0] for p in plane]),
+        ("control plane stop", [p[1] for p in plane]),
+        (f"`egpu sandbox up --gpu-nodes {args.nodes}` (all nodes Ready)", [b[0] for b in box]),
+        ("`egpu sandbox down`", [b[1] for b in box]),
+    ]
+    print(f"| what | median s (of {args.runs}) | runs s |")
+    print("|---|---|---|")
+    for what, values in rows:
+        runs = ", ".join(f"{v:.2f}" for v in values)
+        print(f"| {what} | {statistics.median(values):.2f} | {runs} |")
+    if args.json:
+        args.json.write_text(json.dumps({what: values for what, values in rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

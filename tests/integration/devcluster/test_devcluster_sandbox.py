@@ -1,0 +1,117 @@
+"""`egpu sandbox` as a user runs it: separate commands, processes that outlive them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic_gpu.devcluster.binaries import find_bin_dir
+from elastic_gpu.devcluster.ports import is_listening
+
+pytestmark = pytest.mark.integration
+
+
+def egpu(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def kubectl(kubeconfig: Path, *args: str, input: str | None = None) -> str:
+    result = subprocess.run([str(find_bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}",
+                             *args], input=input, capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+POD = {
+    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train"},
+    "spec": {"containers": [{"name": "main", "image": "cuda:fake",
+                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+}
+
+
+def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
+    state, kc = tmp_path / "state", tmp_path / "kubeconfig"
+    up = egpu("sandbox", "up", "--gpu-nodes", "3", "--gpus-per-node", "4", "--gpu-memory",
+              "24576", "--kubeconfig", str(kc), "--state-dir", str(state))
+    assert up.returncode == 0, up.stderr + up.stdout
+    recorded = json.loads((state / "state.json").read_text())["plane"]
+    pids = [p["pid"] for p in recorded["processes"]]
+    ports = [recorded[k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port", "kwok_port")]
+    try:
+        assert {p["name"] for p in recorded["processes"]} == {
+            "etcd", "kube-apiserver", "kube-scheduler", "kwok"}
+        # The components outlived the `up` command.
+        assert all(_alive(pid) for pid in pids)
+
+        status = egpu("sandbox", "status", "--json", "--state-dir", str(state))
+        assert status.returncode == 0, status.stderr
+        info = json.loads(status.stdout)
+        assert info["running"] and info["nodes_ready"] == 3
+
+        node = json.loads(kubectl(kc, "get", "node", "gpu-node-000", "-o", "json"))
+        alloc = node["status"]["allocatable"]
+        assert alloc["nvidia.com/gpu"] == "4"
+        assert alloc["elasticgpu.io/gpu-core"] == "400"
+        assert alloc["elasticgpu.io/gpu-memory"] == str(4 * 24576)
+
+        kubectl(kc, "apply", "-f", "-", input=json.dumps(POD))
+        deadline = time.monotonic() + 30
+        pod: dict = {}
+        while time.monotonic() < deadline:
+            pod = json.loads(kubectl(kc, "get", "pod", "train", "-o", "json"))
+            if pod["status"].get("phase") == "Running":
+                break
+            time.sleep(0.2)
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"].startswith("gpu-node-")
+
+        again = egpu("sandbox", "up", "--gpu-nodes", "1", "--kubeconfig", str(kc),
+                     "--state-dir", str(state))
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        down = egpu("sandbox", "down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stderr
+    assert "kube-apiserver" in down.stdout
+    assert not [pid for pid in pids if _alive(pid)]
+    assert not [port for port in ports if is_listening(port)]
+    assert not (state / "state.json").exists() and not (state / "cluster").exists()
+    assert not kc.exists()
+    assert egpu("sandbox", "status", "--state-dir", str(state)).returncode == 1
+
+
+def test_sandbox_nodes_from_a_trace_node_list(tmp_path):
+    csv = tmp_path / "nodes.csv"
+    csv.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                   "openb-node-0000,32000,262144,0,\n"
+                   "openb-node-0001,64000,262144,2,T4\n"
+                   "openb-node-0002,96000,786432,8,V100M32\n"
+                   "openb-node-0003,96000,786432,8,G2\n")
+    state, kc = tmp_path / "state", tmp_path / "kc"
+    up = egpu("sandbox", "up", "--nodes-csv", str(csv), "--gpu-nodes", "2", "--kubeconfig",
+              str(kc), "--state-dir", str(state))
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        nodes = json.loads(kubectl(kc, "get", "nodes", "-o", "json"))["items"]
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        assert sorted(by_name) == ["openb-node-0001", "openb-node-0002"]
+        v100 = by_name["openb-node-0002"]
+        assert v100["status"]["capacity"]["cpu"] == "96"
+        assert v100["status"]["capacity"]["elasticgpu.io/gpu-memory"] == str(8 * 32768)
+        assert v100["metadata"]["labels"]["nvidia.com/gpu.product"] == "V100M32"
+    finally:
+        assert egpu("sandbox", "down", "--state-dir", str(state)).returncode == 0

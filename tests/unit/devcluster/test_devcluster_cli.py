@@ -1,0 +1,36 @@
+from typer.testing import CliRunner
+
+from elastic_gpu.cli.sandbox import app
+
+runner = CliRunner(env={"COLUMNS": "300"})  # no wrapping inside rich error boxes
+
+
+def test_up_needs_nodes(tmp_path):
+    result = runner.invoke(app, ["up", "--kubeconfig", str(tmp_path / "kc"),
+                                 "--state-dir", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "--gpu-nodes" in result.output
+
+
+def test_up_without_binaries_says_how_to_build(tmp_path):
+    result = runner.invoke(app, ["up", "--gpu-nodes", "1", "--kubeconfig", str(tmp_path / "kc"),
+                                 "--state-dir", str(tmp_path / "s"),
+                                 "--bin-dir", str(tmp_path / "empty")])
+    assert result.exit_code == 1
+    assert "hack/ensure-k8s.sh" in result.output
+    assert not (tmp_path / "s" / "state.json").exists()
+
+
+def test_bad_nodes_csv_is_a_usage_error(tmp_path):
+    csv = tmp_path / "n.csv"
+    csv.write_text("name,gpus\nx,1\n")
+    result = runner.invoke(app, ["up", "--nodes-csv", str(csv), "--kubeconfig",
+                                 str(tmp_path / "kc"), "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "missing column" in result.output
+
+
+def test_status_and_down_without_sandbox(tmp_path):
+    assert runner.invoke(app, ["status", "--state-dir", str(tmp_path)]).exit_code == 1
+    result = runner.invoke(app, ["down", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0 and "no sandbox" in result.output
