@@ -103,13 +103,17 @@ def register_fake_node(client: Any, inventory: Node) -> None:
     manifest = node_manifest(inventory)
     try:
         client.create(codecs.from_dict(manifest))
-        return
     except ApiError as err:
         if err.status.code != 409:
             raise
-    # It exists (a re-run): make labels, annotations and capacity match the inventory.
-    client.patch(K8sNode, inventory.name, {"metadata": manifest["metadata"]})
-    client.patch(K8sNode, inventory.name, {"status": manifest["status"]}, subresource="status")
+        # It exists (a re-run): make labels, annotations and capacity match the inventory.
+        client.patch(K8sNode, inventory.name, {"metadata": manifest["metadata"]})
+        client.patch(K8sNode, inventory.name, {"status": manifest["status"]}, subresource="status")
+    # The cards become GPUDevice objects (and Node capacity) through the node agent's fake
+    # backend: the same code path that publishes a real node's inventory.
+    from elastic_gpu.agent.publish import publish_fake_node
+
+    publish_fake_node(client, inventory)
 
 
 def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: int = 16) -> int:

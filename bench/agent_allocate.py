@@ -1,0 +1,143 @@
+"""Allocate latency of the node agent's device plugins, over real gRPC on a unix socket.
+
+    .venv/bin/python bench/agent_allocate.py [--calls 300] [--background 0,100]
+
+Prints p50/p99 (milliseconds) as a Markdown table, for
+- `time-sliced`: kubelet's device IDs are the allocation (no API call): the gRPC round trip
+  plus building the container's environment;
+- `assigned, B pods`: the scheduler's assignment is looked up: a live LIST of this node's
+  pods from a real kube-apiserver (the development control plane), the match, and the PATCH
+  that marks the pod allocated; B is the number of other (already allocated) pods on the node.
+Each measured call serves a fresh pod created beforehand, outside the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.fake import FakeBackend
+from elastic_gpu.agent.matching import with_mark
+from elastic_gpu.agent.plugin import socket_name
+from elastic_gpu.agent.pods import ApiPods
+from elastic_gpu.agent.proto import api_pb2, api_pb2_grpc
+from elastic_gpu.agent.runtime import Agent
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, CardShare
+
+NODE = "bench-node"
+CORE = "elasticgpu.io/gpu-core"
+INVENTORY = {"cards": [{"model": "A100", "memoryMiB": 81920} for _ in range(8)]}
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return statistics.median(ordered) * 1000, p99 * 1000
+
+
+def stub_for(plugin_dir: Path, resource: str) -> tuple[grpc.Channel, Any]:
+    channel = grpc.insecure_channel(f"unix://{plugin_dir / socket_name(resource)}")
+    return channel, api_pb2_grpc.DevicePluginStub(channel)
+
+
+def allocate(stub: Any, ids: list[str]) -> float:
+    request = api_pb2.AllocateRequest(container_requests=[
+        api_pb2.ContainerAllocateRequest(devices_ids=ids)])
+    start = time.perf_counter()
+    stub.Allocate(request, timeout=10)
+    return time.perf_counter() - start
+
+
+def bench_time_sliced(calls: int) -> tuple[float, float]:
+    plugin_dir = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
+    agent = Agent(parse_config({"timeSlicing": {"replicas": 4}, "resources": {"share": []},
+                                "healthCheck": {"enabled": False}}),
+                  FakeBackend.from_dict(INVENTORY, NODE), NODE, plugin_dir=plugin_dir)
+    agent.start()
+    try:
+        channel, stub = stub_for(plugin_dir, "nvidia.com/gpu")
+        ids = [unit.id for unit in agent.snapshot.plans[0].devices]
+        for i in range(20):  # warm-up: channel connect, code paths
+            allocate(stub, [ids[i % len(ids)]])
+        samples = [allocate(stub, [ids[i % len(ids)]]) for i in range(calls)]
+        channel.close()
+        return percentiles(samples)
+    finally:
+        agent.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def pod(name: str, card: int, marked: bool) -> dict[str, Any]:
+    share = CardShare(card, f"GPU-fake-{NODE}-{card}", 100, 0)
+    annotations = {ann.ASSIGNMENT: Assignment(NODE, {"main": (share,)}).to_json()}
+    if marked:
+        annotations[ann.ALLOCATED] = with_mark({}, "main", CORE)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "spec": {"nodeName": NODE, "containers": [{
+                "name": "main", "image": "bench", "resources": {"limits": {CORE: "10"}}}]}}
+
+
+def bench_assigned(client: Any, calls: int, background: int, run: int) -> tuple[float, float]:
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    for i in range(background):
+        client.create(codecs.from_dict(pod(f"bg-{run}-{i}", i % 8, marked=True)))
+    plugin_dir = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
+    agent = Agent(parse_config({"healthCheck": {"enabled": False}}),
+                  FakeBackend.from_dict(INVENTORY, NODE), NODE, pods=ApiPods(client),
+                  plugin_dir=plugin_dir)
+    agent.start()
+    try:
+        channel, stub = stub_for(plugin_dir, CORE)
+        samples = []
+        for i in range(calls + 10):
+            client.create(codecs.from_dict(pod(f"p-{run}-{i}", i % 8, marked=False)))
+            elapsed = allocate(stub, [f"0-{k}" for k in range(10)])
+            if i >= 10:  # the first ten warm up the channel and the HTTP connection
+                samples.append(elapsed)
+        channel.close()
+        return percentiles(samples)
+    finally:
+        agent.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+        client.deletecollection(Pod, namespace="default")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--background", default="0,100",
+                        help="comma list of other pods on the node, one assigned run each")
+    args = parser.parse_args()
+    rows = [("time-sliced (no API)", *bench_time_sliced(args.calls))]
+    from elastic_gpu.devcluster.controlplane import ControlPlane
+
+    with tempfile.TemporaryDirectory(prefix="egpu-bench-cp-") as tmp:
+        plane = ControlPlane(work_dir=Path(tmp), die_with_parent=True)
+        plane.start(scheduler=False, kwok_enabled=False)
+        try:
+            client = plane.client()
+            for run, background in enumerate(int(b) for b in args.background.split(",")):
+                rows.append((f"assigned, {background} other pods on the node",
+                             *bench_assigned(client, args.calls, background, run)))
+        finally:
+            plane.stop()
+    print(f"Allocate latency, {args.calls} calls each (ms)\n")
+    print("| path | p50 | p99 |\n|---|---:|---:|")
+    for name, p50, p99 in rows:
+        print(f"| {name} | {p50:.2f} | {p99:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
