@@ -383,9 +383,8 @@ class SchedulerState:
         """Scores 0..10 (kube-scheduler's extender range), best node 10."""
         with self._lock:
             self._prepare()
-            names = [n for n in node_names if n in self._known]
             with self._without(uid):
-                raw = self.engine.score(pod, names) if names and pod.wants_gpu else {}
+                raw = self.engine.score(pod, node_names) if pod.wants_gpu else {}
         return rescale(raw, node_names)
 
     def reserve(self, pod: PodRequest, uid: str, node: str) -> Assignment:
@@ -520,17 +519,15 @@ def rescale(raw: Mapping[str, float], node_names: Sequence[str]) -> dict[str, in
 
     Nodes without a score (unknown, or a pod without GPUs) get 0: they add nothing.
     """
+    out = dict.fromkeys(node_names, 0)
     if not raw:
-        return {name: 0 for name in node_names}
+        return out
     low, high = min(raw.values()), max(raw.values())
     span = high - low
-    out: dict[str, int] = {}
-    for name in node_names:
-        value = raw.get(name)
-        if value is None:
-            out[name] = 0
-        elif span <= 0:
-            out[name] = 10
-        else:
-            out[name] = round(10 * (value - low) / span)
+    if span <= 0:
+        out.update(dict.fromkeys(raw, 10))
+        return out
+    scale = 10.0 / span
+    for name, value in raw.items():
+        out[name] = int((value - low) * scale + 0.5)
     return out

@@ -8,7 +8,6 @@ into a 400 (never a 500). Responses are plain dicts built by the helpers at the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -110,14 +109,14 @@ def _explain(err: ValidationError) -> str:
 def parse(model: type[M], body: bytes) -> M:
     """Decode and validate one request body, or raise `WireError` naming the problem."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise WireError(f"request body is not JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise WireError(f"request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
+        # pydantic's own JSON parser: one pass, several times faster than json.loads + validate
+        return model.model_validate_json(body)
     except ValidationError as err:
+        first = err.errors()[0]
+        if first["type"] == "json_invalid":
+            raise WireError(f"request body is not JSON: {first['msg']}") from None
+        if first["type"] == "model_type" and not first["loc"]:
+            raise WireError("request body must be a JSON object") from None
         raise WireError(f"invalid {model.__name__}: {_explain(err)}") from None
 
 

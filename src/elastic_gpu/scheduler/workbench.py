@@ -6,12 +6,23 @@ cards, MIG), and the state fed directly from core `Node`s, as the reflectors wou
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.model import Node
 from elastic_gpu.k8s.gpudevice import object_name
+from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 
 #: One example per request style: name -> container resources (limits).
@@ -74,3 +85,141 @@ def ready_state(nodes: Iterable[Node], state: SchedulerState | None = None,
     for source in sorted(state.required_sources):
         state.mark_synced(source)
     return state
+
+
+# ---- against a real control plane -------------------------------------------------------------
+
+
+class ExtenderProcess:
+    """`egpu scheduler` as a subprocess (so a test can SIGKILL it like a crashed pod)."""
+
+    def __init__(self, kubeconfig: Path, port: int, log_path: Path,
+                 config: Mapping[str, Any] | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.port = port
+        self.log_path = log_path
+        self.config_path: Path | None = None
+        if config is not None:
+            self.config_path = log_path.with_suffix(".config.yaml")
+            self.config_path.write_text(yaml.safe_dump(dict(config)))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        egpu = Path(sys.executable).with_name("egpu")
+        argv = [str(egpu), "scheduler", "--kubeconfig", str(self.kubeconfig), "--host",
+                "127.0.0.1", "--port", str(self.port)]
+        if self.config_path is not None:
+            argv += ["--config", str(self.config_path)]
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"---- start {self.starts}: {' '.join(argv)}\n".encode())
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"egpu scheduler exited with {self.process.returncode}:\n"
+                                   f"{self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"egpu scheduler not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                return int(response.status) == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as when a node dies."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def extender_kube_scheduler_config(url: str, scheduler_name: str,
+                                   qps: int = 500) -> dict[str, Any]:
+    """The deploy/ configuration pointed at `url`, for a kube-scheduler of its own name."""
+    config = kube_scheduler_config(url, scheduler_name=scheduler_name)
+    config["clientConnection"] = {"qps": qps, "burst": qps}
+    return config
+
+
+def plain_kube_scheduler_config(scheduler_name: str, qps: int = 500) -> dict[str, Any]:
+    return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "profiles": [{"schedulerName": scheduler_name}],
+            "clientConnection": {"qps": qps, "burst": qps}}
+
+
+@dataclass(frozen=True)
+class CardUse:
+    milli: int = 0
+    memory_mib: int = 0
+    pods: tuple[str, ...] = ()
+
+
+def card_use_from_pods(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], CardUse]:
+    """What the pods' assignment annotations say each card carries: an independent reading
+    (straight from the API's pod objects, none of the scheduler's code but the decoder)."""
+    use: dict[tuple[str, int], CardUse] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        text = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        if not text or phase in ("Succeeded", "Failed"):
+            continue
+        assignment = Assignment.from_json(text)
+        for share in assignment.shares():
+            key = (assignment.node, share.index)
+            old = use.get(key, CardUse())
+            use[key] = CardUse(old.milli + share.milli, old.memory_mib + share.memory_mib,
+                               (*old.pods, f"{meta.get('namespace')}/{meta.get('name')}"))
+    return use
+
+
+def overcommitted(use: Mapping[tuple[str, int], CardUse], nodes: Iterable[Node]
+                  ) -> list[str]:
+    """Cards carrying more than 100% compute or more memory than they have."""
+    cards = {(n.name, c.index): c for n in nodes for c in n.cards}
+    problems = []
+    for key, u in sorted(use.items()):
+        card = cards.get(key)
+        if card is None:
+            problems.append(f"{key[0]} card {key[1]} does not exist but carries {u.pods}")
+        elif u.milli > card.compute_milli or u.memory_mib > card.memory_mib:
+            problems.append(f"{key[0]} card {key[1]}: {u.milli} milli / {u.memory_mib} MiB "
+                            f"of {card.compute_milli} / {card.memory_mib} by {u.pods}")
+    return problems
+
+
+def share_fits_somewhere(milli: int, memory_mib: int, use: Mapping[tuple[str, int], CardUse],
+                         nodes: Iterable[Node]) -> bool:
+    for node in nodes:
+        for card in node.cards:
+            u = use.get((node.name, card.index), CardUse())
+            if (card.compute_milli - u.milli >= milli
+                    and card.memory_mib - u.memory_mib >= memory_mib):
+                return True
+    return False

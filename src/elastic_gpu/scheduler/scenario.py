@@ -1,0 +1,155 @@
+"""A burst of GPU pods against a real control plane, and the independent checks after it.
+
+Used by the integration tests (small) and by bench/sched_*.py (full size): submit every pod at
+once, optionally SIGKILL and restart the extender in the middle, wait until binding settles,
+then read the pods back from the API and check, without the scheduler's state:
+- no card carries more than 100% compute or more memory than it has (annotations summed);
+- every bound GPU pod has an assignment for the node it is bound to (nothing lost);
+- every pod still pending could not fit on any card (every pod that fits is bound).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.model import Node
+from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.scheduler.workbench import (
+    card_use_from_pods,
+    overcommitted,
+    pod_manifest,
+    share_fits_somewhere,
+)
+
+PERCENTS = (10, 20, 25, 30, 40, 50, 60, 75)
+
+
+def fractional_pods(count: int, scheduler_name: str, namespace: str, seed: int = 0,
+                    prefix: str = "burst") -> list[dict[str, Any]]:
+    """Pods of 10-75% of a card and 1-32 GiB, in the canonical, vcuda and nano styles."""
+    rng = random.Random(seed)
+    pods = []
+    for i in range(count):
+        percent = rng.choice(PERCENTS)
+        memory_gib = rng.randrange(1, 33)
+        style = i % 3
+        if style == 0:
+            limits = {"elasticgpu.io/gpu-core": str(percent),
+                      "elasticgpu.io/gpu-memory": str(memory_gib * 1024)}
+        elif style == 1:
+            limits = {"tencent.com/vcuda-core": str(percent),
+                      "tencent.com/vcuda-memory": str(memory_gib * 4)}
+        else:
+            limits = {"nano-gpu/gpu-percent": str(percent),
+                      "elasticgpu.io/gpu-memory": str(memory_gib * 1024)}
+        pods.append(pod_manifest(f"{prefix}-{i:05d}", namespace, limits=limits,
+                                 scheduler_name=scheduler_name))
+    return pods
+
+
+def create_pods(client: Any, pods: Sequence[Mapping[str, Any]], parallelism: int = 16) -> None:
+    from lightkube import codecs
+
+    def create(pod: Mapping[str, Any]) -> None:
+        client.create(codecs.from_dict(dict(pod)))
+
+    with ThreadPoolExecutor(max_workers=parallelism) as pool:
+        for future in [pool.submit(create, p) for p in pods]:
+            future.result()
+
+
+def list_pods(client: Any, namespace: str) -> list[dict[str, Any]]:
+    from lightkube.resources.core_v1 import Pod
+
+    return [p.to_dict() for p in client.list(Pod, namespace=namespace, chunk_size=1000)]
+
+
+def bound_count(pods: Sequence[Mapping[str, Any]]) -> int:
+    return sum(1 for p in pods if (p.get("spec") or {}).get("nodeName"))
+
+
+@dataclass
+class BurstResult:
+    pods: int
+    bound: int
+    seconds_to_settle: float
+    #: Time from the first create to the last bind (the last change of the bound count).
+    seconds_to_last_bind: float
+    overcommitted: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    unbound_but_fit: list[str] = field(default_factory=list)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.overcommitted or self.lost or self.unbound_but_fit)
+
+    def summary(self) -> str:
+        return (f"{self.bound}/{self.pods} bound, last bind after {self.seconds_to_last_bind:.1f}"
+                f" s; overcommitted={self.overcommitted[:3]} lost={self.lost[:3]} "
+                f"unbound_but_fit={self.unbound_but_fit[:3]}")
+
+
+def check(pods: Sequence[Mapping[str, Any]], nodes: Sequence[Node]
+          ) -> tuple[list[str], list[str], list[str]]:
+    """(overcommitted cards, lost pods, pending pods that would fit) from the API's pods."""
+    use = card_use_from_pods(pods)
+    lost = []
+    unfit = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        node = (pod.get("spec") or {}).get("nodeName")
+        text = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        request = pod_request_from_manifest(pod)
+        if node:
+            if request.wants_gpu and (not text or Assignment.from_json(text).node != node
+                                      or (meta.get("annotations") or {}).get(
+                                          ann.ASSIGNED_NODE) != node):
+                lost.append(f"{key} bound to {node} without a matching assignment")
+            continue
+        if text:
+            continue  # holds its cards (counted above) while kube-scheduler retries it
+        for container in request.gpu_containers:
+            if share_fits_somewhere(container.compute_milli, container.memory_mib, use, nodes):
+                unfit.append(f"{key} ({container.compute_milli} milli, "
+                             f"{container.memory_mib} MiB) is pending but fits")
+    return overcommitted(use, nodes), lost, unfit
+
+
+def run_burst(client: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
+              nodes: Sequence[Node], *, quiet_s: float = 20.0, timeout_s: float = 600.0,
+              on_progress: Callable[[int, float], None] | None = None) -> BurstResult:
+    """Create every pod at once, wait until binding settles, check.
+
+    Settled: every pod bound, or the bound count unchanged for `quiet_s` (longer than
+    kube-scheduler's 10 s maximum backoff). `on_progress(bound, elapsed)` is called each poll
+    (the restart test kills the extender from there).
+    """
+    started = time.monotonic()
+    create_pods(client, pods)
+    last_change = time.monotonic()
+    last_bound = -1
+    timeline: list[tuple[float, int]] = []
+    while True:
+        current = list_pods(client, namespace)
+        bound = bound_count(current)
+        now = time.monotonic()
+        timeline.append((now - started, bound))
+        if bound != last_bound:
+            last_bound, last_change = bound, now
+        if on_progress is not None:
+            on_progress(bound, now - started)
+        if bound == len(pods) or now - last_change >= quiet_s or now - started > timeout_s:
+            break
+        time.sleep(0.5)
+    over, lost, unfit = check(current, nodes)
+    return BurstResult(len(pods), bound, time.monotonic() - started, last_change - started,
+                       over, lost, unfit, timeline)
