@@ -94,6 +94,9 @@ class Agent:
         self.manager.stop()
         self.backend.close()
 
+    def request_stop(self) -> None:
+        self._stop.set()
+
     def wait(self) -> None:
         self._stop.wait()
 

@@ -60,8 +60,14 @@ def agent(
         # Nothing has been advertised: a node that cannot serve its GPUs offers none.
         typer.echo(f"egpu agent: {err}", err=True)
         raise typer.Exit(1) from None
-    running.start()
+    # Handlers first: kubelet may see our devices before start() returns.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: running._stop.set())
+        signal.signal(sig, lambda *_: running.request_stop())
+    try:
+        running.start()
+    except Exception as err:  # API unreachable, RBAC, socket directory not writable ...
+        running.stop()
+        typer.echo(f"egpu agent: cannot start: {type(err).__name__}: {err}", err=True)
+        raise typer.Exit(1) from None
     running.wait()
     running.stop()
