@@ -59,9 +59,12 @@ def _patch_status(client: Any, name: str, status: Mapping[str, Any]) -> None:
     client.patch(GPUDevice.Status, name, {"status": dict(status)}, patch_type=PatchType.MERGE)
 
 
-def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None = None) -> None:
+def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None = None,
+                      node_uid: str | None = None) -> None:
     """Make the node's GPUDevices match `node.cards`: create or update each card's object
-    (spec, labels, health; allocation columns are left as they are), delete cards gone."""
+    (spec, labels, health; allocation columns are left as they are), delete cards gone.
+    With `node_uid`, the objects are owned by the Node, so the garbage collector removes them
+    with it."""
     from lightkube import codecs
     from lightkube.core.exceptions import ApiError
     from lightkube.types import PatchType
@@ -70,6 +73,9 @@ def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None
     wanted = set()
     for card in node.cards:
         obj = gd.card_to_object(node.name, card, reasons.get(card.index, ""))
+        if node_uid:
+            obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
+                                                   "name": node.name, "uid": node_uid}]
         name = obj["metadata"]["name"]
         wanted.add(name)
         try:

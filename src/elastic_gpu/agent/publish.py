@@ -57,9 +57,10 @@ def _ours(name: str, config: AgentConfig) -> bool:
 
 
 def patch_node_capacity(client: Any, node_name: str, capacity: Mapping[str, str],
-                        allocatable: Mapping[str, str], config: AgentConfig) -> None:
+                        allocatable: Mapping[str, str], config: AgentConfig) -> str:
     """Set the GPU resources of the Node's status; GPU resources no longer offered are removed
-    (a merge patch with null), everything else (CPU, memory, pods) is left alone."""
+    (a merge patch with null), everything else (CPU, memory, pods) is left alone.
+    Returns the Node's uid."""
     from lightkube.resources.core_v1 import Node as K8sNode
     from lightkube.types import PatchType
 
@@ -72,12 +73,13 @@ def patch_node_capacity(client: Any, node_name: str, capacity: Mapping[str, str]
     alloc.update(allocatable)
     client.patch(K8sNode.Status, node_name, {"status": {"capacity": cap, "allocatable": alloc}},
                  patch_type=PatchType.MERGE)
+    return str(current.metadata.uid)
 
 
 def publish_snapshot(client: Any, snap: NodeSnapshot, config: AgentConfig,
                      reasons: Mapping[int, str] | None = None) -> None:
-    publish_inventory(client, snap.node, reasons)
-    patch_node_capacity(client, snap.node.name, snap.capacity, snap.allocatable, config)
+    uid = patch_node_capacity(client, snap.node.name, snap.capacity, snap.allocatable, config)
+    publish_inventory(client, snap.node, reasons, node_uid=uid)
 
 
 _crd_ready: set[int] = set()

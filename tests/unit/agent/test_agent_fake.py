@@ -45,3 +45,11 @@ def test_boards_number_chips_after_cards() -> None:
 def test_bad_inventory_is_a_clear_error(data: object, words: str) -> None:
     with pytest.raises(BackendError, match=words):
         FakeBackend.from_dict(data)
+
+
+def test_sandbox_inventories_become_a_fake_backend_with_the_same_cards() -> None:
+    from elastic_gpu.devcluster.nodes import fake_inventory
+
+    inventory = fake_inventory("gpu-node-000", gpus=4, gpu_model="T4", gpu_memory_mib=16384)
+    backend = FakeBackend.from_cards(inventory.cards, inventory.name)
+    assert backend.discover() == inventory.cards
