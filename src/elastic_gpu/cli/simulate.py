@@ -1,11 +1,174 @@
-"""`egpu simulate`: replay a trace through the placement engine (owned by the simulator part)."""
+"""`egpu simulate`: replay a GPU trace through the placement engine (see docs/simulator.md)."""
 
 from __future__ import annotations
 
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
+DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,fgdx"
 
-def simulate() -> None:
-    """Replay a GPU trace through the placement engine."""
-    typer.echo("egpu simulate: not built yet", err=True)
-    raise typer.Exit(2)
+
+def simulate(
+    nodes: Annotated[Path | None, typer.Option(
+        "--nodes", help="Node list CSV (Alibaba trace format).")] = None,
+    pods: Annotated[list[Path] | None, typer.Option(
+        "--pods", help="Pod list CSV; with --compare it may be given several times.")] = None,
+    policy: Annotated[str, typer.Option(help="Node policy.")] = "fgd",
+    card_policy: Annotated[str, typer.Option(
+        help="Card policy; auto: the FGD artifact's pairing (random->random, fgd->fgd, others->binpack).")
+    ] = "auto",
+    seed: Annotated[int, typer.Option(help="Shuffle/resample/tie-break seed.")] = 42,
+    inflation: Annotated[float, typer.Option(help="Resample the GPU request up to this x capacity.")] = 1.3,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the summary as JSON here.")] = None,
+    placements: Annotated[Path | None, typer.Option(help="Write task,node,cards CSV here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of allocation and fragmentation.")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Run policies x seeds x workloads.")] = False,
+    policies: Annotated[str, typer.Option(
+        help="--compare: comma-separated node policies.")] = DEFAULT_POLICIES,
+    seeds: Annotated[str, typer.Option(help="--compare: seeds, e.g. 42-51.")] = "42-51",
+    reference_dir: Annotated[Path | None, typer.Option(
+        help="--compare: FGD reference results (analysis_allo_discrete.csv) to show beside ours.")] = None,
+    processes: Annotated[int, typer.Option(help="--compare: worker processes.")] = 2,
+) -> None:
+    """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
+    from elastic_gpu.sim.trace import TraceError
+
+    if (nodes is None) != (not pods):
+        raise typer.BadParameter("give --nodes and --pods together, or neither for the built-in trace")
+    try:
+        if compare:
+            _compare(nodes, pods or [], policies, seeds, inflation, card_policy, reference_dir,
+                     processes, json_path)
+        else:
+            if pods and len(pods) > 1:
+                raise typer.BadParameter("several --pods need --compare")
+            _single(nodes, pods[0] if pods else None, policy, card_policy, seed, inflation,
+                    json_path, placements, plot)
+    except (TraceError, ValueError) as err:
+        typer.echo(f"egpu simulate: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_policy: str, seed: int,
+            inflation: float, json_path: Path | None, placements_path: Path | None,
+            plot_path: Path | None) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from elastic_gpu.core.policies import CARD_POLICIES, NODE_POLICIES
+    from elastic_gpu.sim.builtin import builtin_nodes, builtin_tasks
+    from elastic_gpu.sim.replay import replay
+    from elastic_gpu.sim.trace import load_nodes, load_tasks
+
+    if policy not in NODE_POLICIES:
+        raise ValueError(f"unknown --policy {policy!r}; known: {', '.join(sorted(NODE_POLICIES))}")
+    if card_policy != "auto" and card_policy not in CARD_POLICIES:
+        raise ValueError(f"unknown --card-policy {card_policy!r}; known: auto, "
+                         f"{', '.join(sorted(CARD_POLICIES))}")
+    if pods_path is None:
+        nodes, tasks = builtin_nodes(), builtin_tasks()
+    else:
+        assert nodes_path is not None
+        nodes, tasks = load_nodes(nodes_path), load_tasks(pods_path)
+    console = Console(stderr=True)
+    if sys.stderr.isatty():
+        with Progress(console=console, transient=True) as bar:
+            handle = bar.add_task(f"replaying ({policy})", total=None)
+            result = replay(nodes, tasks, policy, seed=seed, inflation=inflation,
+                            card_policy=card_policy, keep_placements=placements_path is not None,
+                            progress=lambda done, total: bar.update(handle, completed=done, total=total))
+    else:
+        result = replay(nodes, tasks, policy, seed=seed, inflation=inflation, card_policy=card_policy,
+                        keep_placements=placements_path is not None)
+    summary = result.summary()
+    if json_path is not None:
+        json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if placements_path is not None:
+        with placements_path.open("w", newline="") as handle_out:
+            writer = csv.writer(handle_out)
+            writer.writerow(["task", "node", "cards"])
+            for p in result.placements:
+                writer.writerow([p.task, p.node, ";".join(f"{i}:{m}" for i, m in p.cards)])
+    if plot_path is not None:
+        from elastic_gpu.sim.plot import plot_replay
+
+        plot_replay(result, plot_path)
+    _print_summary(summary)
+
+
+def _print_summary(summary: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{summary['policy']} / {summary['card_policy']}, seed {summary['seed']}, "
+                        f"{summary['gpu_capacity']} GPUs, {summary['tasks']} arrivals, "
+                        f"{summary['wall_seconds']} s")
+    table.add_column("arrived %")
+    table.add_column("allocated %")
+    table.add_column("unallocated %")
+    table.add_column("frag rate %")
+    alloc = summary["allocation"]
+    unalloc = summary["unallocated"]
+    rate = summary["fragmentation_rate"]
+    assert isinstance(alloc, dict) and isinstance(unalloc, dict) and isinstance(rate, dict)
+    for point in alloc:
+        table.add_row(point, f"{alloc[point]:.2f}", f"{unalloc[point]:.2f}", f"{rate.get(point, 0):.2f}")
+    Console().print(table)
+    Console().print(f"failed: {summary['failed']}")
+
+
+def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, seeds: str,
+             inflation: float, card_policy: str, reference_dir: Path | None, processes: int,
+             json_path: Path | None) -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from elastic_gpu.core.policies import NODE_POLICIES
+    from elastic_gpu.sim.compare import Job, Outcome, load_reference, medians, parse_seeds, run_jobs
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in NODE_POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {', '.join(unknown)}; known: {', '.join(sorted(NODE_POLICIES))}")
+    seed_list = parse_seeds(seeds)
+    workloads: list[tuple[str, str | None, str | None]] = (
+        [(p.stem, str(nodes_path), str(p)) for p in pods_paths] if pods_paths else [("builtin", None, None)])
+    jobs = [Job(w, n, p, pol, s, inflation, card_policy)
+            for w, n, p in workloads for pol in names for s in seed_list]
+    reference = load_reference(reference_dir) if reference_dir is not None else {}
+    console = Console()
+    outcomes: list[Outcome]
+    with Progress(console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as bar:
+        handle = bar.add_task("replays", total=len(jobs))
+        outcomes = run_jobs(jobs, processes, done=lambda _o: bar.advance(handle))
+    table = Table(title=f"median unallocated GPU % at 100% arrived, seeds {seeds}, {inflation}x")
+    table.add_column("workload")
+    table.add_column("policy")
+    table.add_column("runs", justify="right")
+    table.add_column("ours", justify="right")
+    if reference:
+        table.add_column("reference", justify="right")
+        table.add_column("diff", justify="right")
+    result = medians(outcomes)
+    rows = []
+    ordered = sorted(result.items(), key=lambda kv: (kv[0][0], names.index(kv[0][1])))
+    for (workload, pol), (median, count) in ordered:
+        ref = reference.get((workload, pol))
+        cells = [workload, pol, str(count), f"{median:.2f}"]
+        if reference:
+            cells += [f"{ref:.2f}" if ref is not None else "-",
+                      f"{median - ref:+.2f}" if ref is not None else "-"]
+        table.add_row(*cells)
+        rows.append({"workload": workload, "policy": pol, "runs": count, "median_unallocated_100": median,
+                     "reference": ref})
+    console.print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps({"medians": rows, "runs": [o.summary for o in outcomes]},
+                                        indent=2) + "\n")

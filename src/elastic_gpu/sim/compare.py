@@ -1,0 +1,116 @@
+"""Many replays (policies x seeds x workloads) and their medians, beside the FGD reference."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastic_gpu.sim.builtin import builtin_nodes, builtin_tasks
+from elastic_gpu.sim.replay import replay
+from elastic_gpu.sim.trace import load_nodes, load_tasks
+
+#: our policy name -> the reference's sc_policy column
+REFERENCE_NAMES = {
+    "random": "01-Random", "dotprod": "02-DotProd", "clustering": "03-GpuClustering",
+    "packing": "04-GpuPacking", "bestfit": "05-BestFit", "fgd": "06-FGD",
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    workload: str  # "builtin" or a pod-list file name stem
+    nodes_path: str | None
+    pods_path: str | None
+    policy: str
+    seed: int
+    inflation: float
+    card_policy: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job: Job
+    unallocated_100: float
+    summary: dict[str, object]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`42-51`, `42,43` or `42` -> list of seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            if int(hi) < int(lo):
+                raise ValueError(f"seed range {part!r} runs backwards")
+            seeds.extend(range(int(lo), int(hi) + 1))
+        else:
+            seeds.append(int(part))
+    if not seeds:
+        raise ValueError(f"no seeds in {text!r}")
+    return seeds
+
+
+def run_job(job: Job) -> Outcome:
+    if job.pods_path is None:
+        nodes, tasks = builtin_nodes(), builtin_tasks()
+    else:
+        assert job.nodes_path is not None
+        nodes, tasks = load_nodes(Path(job.nodes_path)), load_tasks(Path(job.pods_path))
+    result = replay(nodes, tasks, job.policy, seed=job.seed, inflation=job.inflation,
+                    card_policy=job.card_policy)
+    summary = result.summary()
+    unallocated = summary["unallocated"]
+    assert isinstance(unallocated, dict)
+    return Outcome(job, float(unallocated.get("100", float("nan"))), summary)
+
+
+def run_jobs(jobs: Sequence[Job], processes: int = 2,
+             done: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    if processes <= 1:
+        for job in jobs:
+            outcome = run_job(job)
+            outcomes.append(outcome)
+            if done:
+                done(outcome)
+        return outcomes
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        for outcome in pool.map(run_job, jobs):
+            outcomes.append(outcome)
+            if done:
+                done(outcome)
+    return outcomes
+
+
+def medians(outcomes: Iterable[Outcome]) -> dict[tuple[str, str], tuple[float, int]]:
+    """(workload, policy) -> (median unallocated % at 100% arrived, number of runs)."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for o in outcomes:
+        groups[(o.job.workload, o.job.policy)].append(o.unallocated_100)
+    return {k: (statistics.median(v), len(v)) for k, v in groups.items()}
+
+
+def load_reference(directory: Path) -> dict[tuple[str, str], float]:
+    """(workload, our policy name) -> the authors' median unallocated % at 100% arrived."""
+    path = directory / "analysis_allo_discrete.csv"
+    try:
+        handle = path.open(newline="")
+    except OSError as err:
+        raise ValueError(f"{path}: cannot open ({err.strerror})") from None
+    ours = {v: k for k, v in REFERENCE_NAMES.items()}
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    with handle:
+        for row in csv.DictReader(handle):
+            policy = ours.get(row.get("sc_policy", ""))
+            if policy is None or not row.get("100"):
+                continue
+            groups[(row["workload"], policy)].append(100.0 - float(row["100"]))
+    return {k: statistics.median(v) for k, v in groups.items()}
