@@ -120,8 +120,13 @@ class Extender:
             return _json(wire.filter_result(args, names, {}, {}))
         result = self.state.filter(request, uid, names)
         known = self.state.known_nodes()
-        failed = {n: r for n, r in result.failed.items() if n in known}
-        unresolvable = {n: r for n, r in result.failed.items() if n not in known}
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for node, reason in result.failed.items():
+            # kube-scheduler counts identical reasons ("3 <reason>"): drop the node's name.
+            prefix = f"node {node}: "
+            reason = reason.removeprefix(prefix)
+            (failed if node in known else unresolvable)[node] = reason
         return _json(wire.filter_result(args, result.feasible, failed, unresolvable))
 
     def prioritize(self, body: bytes) -> web.Response:

@@ -36,6 +36,9 @@ from elastic_gpu.scheduler.config import SchedulerConfig
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: Failed nodes explained one by one per filter call; the rest share `SUMMARY_REASON`.
+DETAIL_LIMIT = 100
+SUMMARY_REASON = "no card has room for this GPU request (see the other nodes' reasons for detail)"
 
 
 @dataclass(frozen=True)
@@ -374,10 +377,26 @@ class SchedulerState:
         self.expire()
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
+        """Which nodes can take the pod, and why each other one cannot.
+
+        The engine explains a failed node by planning its cards, which costs about 0.1 ms per
+        node: on a full 5,000-node cluster that is most of a second per pod. Past
+        `DETAIL_LIMIT` failed nodes, feasibility comes from the engine's vectorised fit (the
+        nodes `score` keeps) and only the first `DETAIL_LIMIT` failures are explained.
+        """
         with self._lock:
             self._prepare()
             with self._without(uid):
-                return self.engine.filter(pod, node_names)
+                if len(node_names) <= DETAIL_LIMIT:
+                    return self.engine.filter(pod, node_names)
+                fits = self.engine.score(pod, node_names)
+                feasible = [n for n in node_names if n in fits]
+                failed_names = [n for n in node_names if n not in fits]
+                failed = dict(self.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
+        for name in failed_names[DETAIL_LIMIT:]:
+            failed[name] = (SUMMARY_REASON if name in self._known
+                            else f"node {name} is unknown to the GPU scheduler")
+        return FilterResult(feasible, failed)
 
     def prioritize(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> dict[str, int]:
         """Scores 0..10 (kube-scheduler's extender range), best node 10."""

@@ -212,3 +212,21 @@ def test_rescale_to_kube_scheduler_range() -> None:
         "a": 0, "b": 10, "c": 5, "d": 0}
     assert rescale({"a": 1.0}, ["a"]) == {"a": 10}
     assert rescale({}, ["a"]) == {"a": 0}
+
+
+def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
+    from elastic_gpu.scheduler.state import DETAIL_LIMIT, SUMMARY_REASON
+
+    nodes = [gpu_node(f"n{i:03d}") for i in range(DETAIL_LIMIT + 50)]
+    state = ready_state(nodes)
+    for node in nodes[:-1]:  # all but the last node full
+        pod = share_pod(f"fill-{node.name}", 90)
+        state.reserve(pod_request_from_manifest(pod), f"uid-fill-{node.name}", node.name)
+    names = [n.name for n in nodes] + ["ghost"]
+    result = state.filter(pod_request_from_manifest(share_pod("x", 50)), "uid-x", names)
+    assert result.feasible == [nodes[-1].name]
+    assert set(result.failed) == set(names) - {nodes[-1].name}
+    detailed = [r for r in result.failed.values() if "0/1 cards have 500 milli" in r]
+    assert len(detailed) == DETAIL_LIMIT
+    assert list(result.failed.values()).count(SUMMARY_REASON) == 49
+    assert result.failed["ghost"] == "node ghost is unknown to the GPU scheduler"

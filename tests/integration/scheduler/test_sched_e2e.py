@@ -1,0 +1,226 @@
+"""The extender beside the real kube-scheduler: request styles, policies, bind errors.
+
+kube-scheduler runs with deploy/scheduler/kube-scheduler-config.yaml's extender stanza (its
+own schedulerName, pointed at an `egpu scheduler` subprocess); nodes are kwok fake nodes whose
+cards are published as GPUDevices by the agent's fake backend.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.pytest_plugin import unique_name
+from elastic_gpu.scheduler.scenario import create_pods, list_pods
+from elastic_gpu.scheduler.workbench import (
+    STYLES,
+    ExtenderProcess,
+    card_use_from_pods,
+    extender_kube_scheduler_config,
+    overcommitted,
+    pod_manifest,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Setup:
+    extender: ExtenderProcess
+    scheduler_name: str
+    client: Any
+
+    def wait_known(self, nodes: list[str], cards: int, timeout_s: float = 30.0) -> None:
+        """Until the extender's metrics show every card of `nodes` (its caches have them)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{self.extender.url}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            if all(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{n}"}}' in text
+                   for n in nodes):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
+
+    def post(self, verb: str, body: Any) -> tuple[int, Any]:
+        request = urllib.request.Request(f"{self.extender.url}/{verb}",
+                                         data=json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status), json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+
+@pytest.fixture
+def setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
+          ) -> Iterator[Setup]:
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    client = k8s_cluster.client()
+    ensure_crd(client)
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
+    extender.start()
+    name = unique_name("egpu")
+    start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
+    try:
+        yield Setup(extender, name, client)
+    finally:
+        extender.stop()
+
+
+def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
+               ) -> dict[str, dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pods = {p["metadata"]["name"]: p for p in list_pods(client, namespace)}
+        if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
+            return pods
+        if time.monotonic() > deadline:
+            pending = [n for n in names if not pods.get(n, {}).get("spec", {}).get("nodeName")]
+            raise TimeoutError(f"pods not bound after {timeout_s} s: {pending}")
+        time.sleep(0.2)
+
+
+def assignment_of(pod: dict[str, Any]) -> Assignment:
+    notes = pod["metadata"]["annotations"]
+    assignment = Assignment.from_json(notes[ann.ASSIGNMENT])
+    assert notes[ann.ASSIGNED_NODE] == pod["spec"]["nodeName"] == assignment.node
+    return assignment
+
+
+def mig_node(name: str) -> Node:
+    cards = tuple(Card(i, f"GPU-{name}-{i}", "A100-SXM4-80GB", 81920, mig=(
+        MigInstance(MigProfile.parse("3g.40gb"), f"MIG-{name}-{i}-0", 0),
+        MigInstance(MigProfile.parse("3g.40gb"), f"MIG-{name}-{i}-1", 4))) for i in range(2))
+    return Node(name, 96_000, 786_432, cards)
+
+
+def test_every_request_style_gets_the_cards_it_asked_for(
+        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str,
+        k8s_cluster: Any) -> None:
+    plain = fake_gpu_nodes(1, gpus=8)
+    mig_name = unique_name("mig")
+    register_fake_nodes(setup.client, [mig_node(mig_name)])
+    try:
+        setup.wait_known(plain, 8)
+        setup.wait_known([mig_name], 2)
+        pods = [pod_manifest(style, k8s_namespace, limits=limits,
+                             scheduler_name=setup.scheduler_name)
+                for style, limits in STYLES.items()]
+        pods.append(pod_manifest("multi", k8s_namespace, scheduler_name=setup.scheduler_name,
+                                 containers={"a": {"nano-gpu/gpu-percent": "50"},
+                                             "b": {"elasticgpu.io/gpu-core": "200"},
+                                             "sidecar": {}}))
+        create_pods(setup.client, pods)
+        bound = wait_bound(setup.client, k8s_namespace, [p["metadata"]["name"] for p in pods])
+        got = {name: assignment_of(pod) for name, pod in bound.items()}
+
+        (share,) = got["canonical"].containers["main"]
+        assert (share.milli, share.memory_mib) == (300, 8192)
+        (share,) = got["vcuda"].containers["main"]
+        assert (share.milli, share.memory_mib) == (400, 16 * 256)
+        (share,) = got["nano"].containers["main"]
+        assert share.milli == 250
+        whole = got["whole"].containers["main"]
+        assert len({s.index for s in whole}) == 2 and all(s.milli == 1000 for s in whole)
+        (share,) = got["canonical-whole"].containers["main"]
+        assert share.milli == 1000
+        (share,) = got["mig"].containers["main"]
+        assert got["mig"].node == mig_name and share.mig_profile == "3g.40gb"
+        assert share.mig_uuid is not None and share.mig_uuid.startswith(f"MIG-{mig_name}")
+        multi = got["multi"].containers
+        assert set(multi) == {"a", "b"}
+        assert multi["a"][0].milli == 500 and len(multi["b"]) == 2
+        inventories = [fake_inventory(plain[0], gpus=8), mig_node(mig_name)]
+        assert overcommitted(card_use_from_pods(bound.values()), inventories) == []
+    finally:
+        k8s_cluster.kubectl("delete", "pods", "-n", k8s_namespace, "--all", "--force",
+                            "--grace-period=0", "--wait=false", check=False)
+        k8s_cluster.kubectl("delete", "node", mig_name, "--wait=false", check=False)
+
+
+def test_binpack_and_spread_differ_at_both_tiers(
+        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    nodes = fake_gpu_nodes(2, gpus=4)
+    setup.wait_known(nodes, 4)
+
+    def place(name: str, node_policy: str, card_policy: str) -> Assignment:
+        pod = pod_manifest(name, k8s_namespace, limits={"elasticgpu.io/gpu-core": "30"},
+                           scheduler_name=setup.scheduler_name, node_policy=node_policy,
+                           card_policy=card_policy)
+        create_pods(setup.client, [pod])
+        return assignment_of(wait_bound(setup.client, k8s_namespace, [name])[name])
+
+    first = place("first", "binpack", "binpack")
+    (first_card,) = first.shares()
+    packed = place("packed", "binpack", "binpack")
+    (packed_card,) = packed.shares()
+    # binpack at both tiers: the same node and the same card as the first pod
+    assert packed.node == first.node and packed_card.index == first_card.index
+    spread_node = place("spread-node", "spread", "binpack")
+    # spread at the node tier: the other, empty node
+    assert spread_node.node != first.node
+    spread_card = place("spread-card", "binpack", "spread")
+    (card,) = spread_card.shares()
+    # binpack picks the fuller node (60% used); spread at the card tier an empty card there
+    assert spread_card.node == first.node and card.index != first_card.index
+
+
+def test_unschedulable_pod_gets_a_reason_a_person_can_act_on(
+        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    nodes = fake_gpu_nodes(1, gpus=2)
+    setup.wait_known(nodes, 2)
+    pod = pod_manifest("too-big", k8s_namespace, scheduler_name=setup.scheduler_name,
+                       limits={"elasticgpu.io/gpu-core": "50",
+                               "elasticgpu.io/gpu-memory": str(200 * 1024)})
+    create_pods(setup.client, [pod])
+    deadline = time.monotonic() + 30
+    message = ""
+    while time.monotonic() < deadline and "MiB" not in message:
+        (current,) = [p for p in list_pods(setup.client, k8s_namespace)
+                      if p["metadata"]["name"] == "too-big"]
+        conditions = (current.get("status") or {}).get("conditions") or []
+        message = " ".join(c.get("message") or "" for c in conditions
+                           if c.get("type") == "PodScheduled")
+        time.sleep(0.3)
+    assert f"0/2 cards have 500 milli and {200 * 1024} MiB free" in message
+    assert not current["spec"].get("nodeName")
+
+
+def test_bind_rejects_unknown_pods_and_nodes_with_a_clear_error(
+        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    nodes = fake_gpu_nodes(1, gpus=1)
+    setup.wait_known(nodes, 1)
+    status, body = setup.post("bind", {"PodName": "nobody", "PodNamespace": k8s_namespace,
+                                       "PodUID": "0000", "Node": nodes[0]})
+    assert status == 200 and "does not exist" in body["Error"]
+    # A real pending pod (another scheduler's name, so nobody else binds it) on a ghost node.
+    pod = pod_manifest("orphan", k8s_namespace, limits={"elasticgpu.io/gpu-core": "10"},
+                       scheduler_name="nobody-schedules-this")
+    create_pods(setup.client, [pod])
+    (created,) = list_pods(setup.client, k8s_namespace)
+    uid = created["metadata"]["uid"]
+    status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
+                                       "PodUID": uid, "Node": "ghost-node"})
+    assert status == 200 and "node ghost-node is unknown" in body["Error"]
+    status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
+                                       "PodUID": "another-uid", "Node": nodes[0]})
+    assert status == 200 and "re-created" in body["Error"]
+    (after,) = list_pods(setup.client, k8s_namespace)
+    assert ann.ASSIGNMENT not in (after["metadata"].get("annotations") or {})
+    assert not after["spec"].get("nodeName")
