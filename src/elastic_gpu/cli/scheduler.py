@@ -28,6 +28,8 @@ def scheduler(
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # one INFO line per API request would drown the scheduler's own messages
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     if (tls_cert is None) != (tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)

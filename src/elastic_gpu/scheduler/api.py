@@ -63,13 +63,19 @@ class LightkubePodApi:
                                                          ann.ASSIGNED_NODE: None})
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        from lightkube.models.core_v1 import ObjectReference
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Pod
-
-        binding = Pod.Binding(metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
-                              target=ObjectReference(apiVersion="v1", kind="Node", name=node))
+        # POST namespaces/<ns>/bindings: the apiserver answers with a Status, which lightkube's
+        # typed Binding model cannot decode; a generic resource takes any answer.
+        body = _binding_resource()({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         try:
-            await self.client.create(binding, name=name, namespace=namespace)
+            await self.client.create(body, namespace=namespace)
         except Exception as err:
             raise _bind_error(err) from None
+
+
+def _binding_resource() -> Any:
+    from lightkube.generic_resource import create_namespaced_resource
+
+    return create_namespaced_resource("", "v1", "Binding", "bindings", verbs=["post"])

@@ -301,8 +301,10 @@ class SchedulerState:
             # remember it and count it as soon as the inventory allows.
             reason = getattr(err, "reason", str(err))
             self._conflicts[uid] = reason
-            log.warning("pod uid %s: assignment on %s cannot be counted: %s",
-                        uid, assignment.node, reason)
+            # Before every cache has listed, pods often arrive before their node's cards.
+            log.log(logging.WARNING if self.ready else logging.DEBUG,
+                    "pod uid %s: assignment on %s cannot be counted yet: %s",
+                    uid, assignment.node, reason)
             return
         self._holds[uid] = assignment
         self._node_pods.setdefault(assignment.node, set()).add(uid)
