@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
@@ -65,7 +66,8 @@ class LightkubePodApi:
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         # POST namespaces/<ns>/bindings: the apiserver answers with a Status, which lightkube's
         # typed Binding model cannot decode; a generic resource takes any answer.
-        body = _binding_resource()({
+        binding = _binding_resource()
+        body = binding({
             "apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
@@ -75,6 +77,7 @@ class LightkubePodApi:
             raise _bind_error(err) from None
 
 
+@functools.cache
 def _binding_resource() -> Any:
     from lightkube.generic_resource import create_namespaced_resource
 

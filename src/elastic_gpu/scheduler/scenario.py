@@ -57,11 +57,11 @@ def fractional_pods(count: int, scheduler_name: str, namespace: str, seed: int =
 def create_pods(client: Any, pods: Sequence[Mapping[str, Any]], parallelism: int = 16) -> None:
     from lightkube import codecs
 
-    def create(pod: Mapping[str, Any]) -> None:
-        client.create(codecs.from_dict(dict(pod)))
-
+    # Decode in this thread: msgspec's first decode of a type from several threads at once
+    # crashes the interpreter (seen with msgspec 0.22).
+    objects = [codecs.from_dict(dict(p)) for p in pods]
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        for future in [pool.submit(create, p) for p in pods]:
+        for future in [pool.submit(client.create, obj) for obj in objects]:
             future.result()
 
 
