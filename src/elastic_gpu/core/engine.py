@@ -221,8 +221,12 @@ class Engine:
         if not self._host_fits(row, pod):
             reason, category = self._why_not(row, pod)
             raise Unschedulable(reason, category)
-        plan = self._plan(row, pod, self._card_policy(card_policy or pod.card_policy
-                                                      or self.config.card_policy))
+        chosen = self._card_policy(card_policy or pod.card_policy or self.config.card_policy)
+        plan = self._plan(row, pod, chosen)
+        if isinstance(plan, str) and chosen.name != "binpack":
+            # Fit is defined by the tightest-first plan; a card policy's greedy choice for one
+            # container must not make a later container of the same pod fail where that fits.
+            plan = self._plan(row, pod, self._card_policy("binpack"))
         if isinstance(plan, str):
             raise Unschedulable(plan, self._why_not(row, pod)[1])
         return Assignment(node_name, plan)
@@ -436,7 +440,8 @@ class Engine:
                     and self._mem_cap[row] - self._mem_used[row] >= pod.memory_mib)
 
     def _model_ok(self, pod: PodRequest) -> BoolArray:
-        accepted = np.array([pod.accepts_model(m) for m in self._models], dtype=bool)
+        # one spare entry: padding cells of the card matrix hold model id 0 even with no models
+        accepted = np.array([pod.accepts_model(m) for m in self._models] + [False], dtype=bool)
         out: BoolArray = self._usable & accepted[self._card_model]
         return out
 
@@ -508,7 +513,7 @@ class Engine:
             take("cpu", self._cpu_cap - self._cpu_used < pod.cpu_milli)
             take("memory", self._mem_cap - self._mem_used < pod.memory_mib)
         if pod.gpu_containers:
-            no_model: BoolArray = ~self._model_ok(pod).any(axis=1)
+            no_model = np.logical_not(self._model_ok(pod).any(axis=1))
             take("model", no_model)
             kinds = {c.kind for c in pod.gpu_containers}
             take("mig" if kinds == {RequestKind.MIG} else "gpu", left.copy())

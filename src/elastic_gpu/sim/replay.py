@@ -11,7 +11,9 @@
 4. Tasks arrive one by one and never leave. After every arrival the cluster's allocated GPU,
    the arrived GPU request (failed tasks included) and the fragmentation are recorded.
 5. Allocation at "arrived = x%" is the mean allocation over the arrivals whose arrived request,
-   rounded to a whole percent of capacity, is x (or within x +- 1 when none is exactly x).
+   rounded to a whole percent of capacity, is x (or within x +- 1 when none is exactly x; on
+   small clusters, where one task moves the arrived request by several percent, the state after
+   the last arrival below x).
 """
 
 from __future__ import annotations
@@ -69,8 +71,13 @@ class ReplayResult:
             sel = values[arrived == x]
             if sel.size == 0:
                 sel = values[(arrived >= x - 1) & (arrived <= x + 1)]
-                if sel.size == 0:
+            if sel.size == 0:
+                # Small clusters jump several percent per task: the state at that level is the
+                # one after the last arrival below it (allocation is a step function).
+                below = np.flatnonzero(arrived < x)
+                if below.size == 0:
                     continue
+                sel = values[below[-1:]]
             out[x] = float(np.mean(sel))
         return out
 
@@ -92,6 +99,14 @@ class ReplayResult:
         alloc = self.allocation_curve()
         rate = self.frag_rate_curve()
         amount = self.frag_amount_curve()
+        # A replay resampled to 1.3x may end a point or two short of 130% (the resampling stops
+        # at the first draw that would cross it): report the final state there.
+        for curve in (alloc, rate, amount):
+            if curve:
+                last = max(curve)
+                for p in REPORT_POINTS:
+                    if p > last:
+                        curve[p] = curve[last]
         pick = [p for p in REPORT_POINTS if p in alloc]
         return {
             "policy": self.policy,

@@ -1,0 +1,96 @@
+"""What each node policy prefers, on hand-made states."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import gpu_node, share, whole
+
+from elastic_gpu.core.engine import Engine, PolicyConfig, task_shape
+from elastic_gpu.core.frag import Fragmentation
+from elastic_gpu.core.policies import NODE_POLICIES, NodeView, ScoreContext, node_policy
+from elastic_gpu.core.policies.node import PackingPolicy
+from elastic_gpu.core.workload import TargetWorkload, TaskShape
+
+
+def view(free: tuple[int, ...], cpu_free: int = 32000, tags: dict[str, int] | None = None) -> NodeView:
+    return NodeView(0, "n", "T4", 32000, cpu_free, 65536, 65536, free, tags or {})
+
+
+def ctx(workload: TargetWorkload | None = None) -> ScoreContext:
+    return ScoreContext(Fragmentation(workload or TargetWorkload.default()), np.random.default_rng(0))
+
+
+def half_used_engine(policy: str) -> Engine:
+    engine = Engine([gpu_node("a", cards=2), gpu_node("b", cards=2)], PolicyConfig(node_policy=policy))
+    engine.allocate("ns/x", engine.assign(share("x", 500), "a"), share("x", 500))
+    return engine
+
+
+@pytest.mark.parametrize("policy", ["binpack", "bestfit", "packing", "clustering", "fgd", "fgdx"])
+def test_packing_like_policies_put_a_share_beside_the_existing_one(policy: str) -> None:
+    assert half_used_engine(policy).place(share("y", 300)).node == "a"
+
+
+def test_spread_uses_the_empty_node() -> None:
+    assert half_used_engine("spread").place(share("y", 300)).node == "b"
+
+
+def test_random_policy_uses_every_feasible_node_and_is_seeded() -> None:
+    def run(seed: int) -> list[str]:
+        engine = Engine([gpu_node(f"n{i}") for i in range(4)], PolicyConfig(node_policy="random"), seed=seed)
+        return [engine.place(share(f"p{i}", 100)).node for i in range(40)]
+
+    assert run(3) == run(3)
+    assert set(run(3)) == {"n0", "n1", "n2", "n3"}
+
+
+def test_packing_scores_follow_the_three_cases() -> None:
+    policy, c = PackingPolicy(), ctx()
+    task = TaskShape(1000, 300, 1)
+    idle = policy.score(c, task, view((1000, 1000)))
+    free_card_of_used_node = policy.score(c, task, view((0, 1000)))
+    shared_card = policy.score(c, task, view((400, 1000)))
+    assert idle < free_card_of_used_node < shared_card
+    assert policy.score(c, TaskShape(1000, 0, 0), view((1000,))) == 0
+
+
+def test_clustering_prefers_nodes_running_the_same_task_class() -> None:
+    policy, c = node_policy("clustering"), ctx()
+    task = TaskShape(1000, 300, 1)
+    same = policy.score(c, task, view((500, 1000), tags={"share-gpu": 1}))
+    mixed = policy.score(c, task, view((500, 1000), tags={"share-gpu": 1, "1-gpu": 1}))
+    idle = policy.score(c, task, view((1000, 1000)))
+    other = policy.score(c, task, view((500, 1000), tags={"1-gpu": 1}))
+    assert same > mixed > idle > other
+
+
+def test_fgd_avoids_breaking_a_whole_card_a_frequent_task_needs() -> None:
+    # Workload: all tasks want one whole card. Node 1 has a whole free card and a half card;
+    # node 2 has two whole free cards. A 500-milli share should take the half card.
+    workload = TargetWorkload((TaskShape(1000, 1000, 1),), (1.0,))
+    c = ctx(workload)
+    fgd = node_policy("fgd")
+    task = TaskShape(1000, 500, 1)
+    assert fgd.score(c, task, view((1000, 500))) > fgd.score(c, task, view((1000, 1000)))
+
+
+def test_bestfit_and_dotprod_prefer_the_tighter_node() -> None:
+    c = ctx()
+    task = TaskShape(4000, 1000, 1)
+    for name in ("bestfit", "dotprod"):
+        policy = node_policy(name)
+        assert policy.score(c, task, view((1000,), cpu_free=8000)) > policy.score(
+            c, task, view((1000, 1000, 1000), cpu_free=32000))
+
+
+def test_task_shape_of_pods() -> None:
+    assert task_shape(share("a", 300, cpu=0)) == TaskShape(100, 300, 1)
+    assert task_shape(whole("b", 4, cpu=8000)) == TaskShape(8000, 1000, 4)
+
+
+def test_every_registered_policy_places_on_a_feasible_node() -> None:
+    for name in NODE_POLICIES:
+        engine = Engine([gpu_node("small", cards=1), gpu_node("big", cards=8)],
+                        PolicyConfig(node_policy=name))
+        assert engine.place(whole("w", 4)).node == "big"
