@@ -47,9 +47,22 @@ def ensure_crd(client: Any, timeout_s: float = 30.0) -> None:
         crd = client.get(CustomResourceDefinition, gd.CRD_NAME)
         conditions = (crd.status.conditions if crd.status else None) or []
         if any(c.type == "Established" and c.status == "True" for c in conditions):
-            return
+            break
         if time.monotonic() > deadline:
             raise InventoryApiError(f"CRD {gd.CRD_NAME} not established after {timeout_s}s")
+        time.sleep(0.1)
+    # Established is not yet servable: the apiserver answers 429 "storage is (re)initializing"
+    # (or 404) for a moment; wait until a list works.
+    while True:
+        try:
+            for _ in client.list(GPUDevice, chunk_size=1):
+                break
+            return
+        except ApiError as err:
+            if err.status.code not in (404, 429):
+                raise
+        if time.monotonic() > deadline:
+            raise InventoryApiError(f"CRD {gd.CRD_NAME} established but not served after {timeout_s}s")
         time.sleep(0.1)
 
 
@@ -78,16 +91,18 @@ def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None
                                                    "name": node.name, "uid": node_uid}]
         name = obj["metadata"]["name"]
         wanted.add(name)
+        status = obj["status"]
         try:
+            # The status subresource ignores status on create: it is patched right after.
             client.create(codecs.from_dict(obj))
         except ApiError as err:
             if err.status.code != 409:
                 raise
             client.patch(GPUDevice, name, {"metadata": {"labels": obj["metadata"]["labels"]},
                                            "spec": obj["spec"]}, patch_type=PatchType.MERGE)
-        status = obj["status"]
-        _patch_status(client, name, {"health": status["health"], "reason": status["reason"],
-                                     "lastHeartbeat": status["lastHeartbeat"]})
+            # An existing card keeps its allocation columns (the sync loop owns them).
+            status = {k: status[k] for k in ("health", "reason", "lastHeartbeat")}
+        _patch_status(client, name, status)
     for existing in client.list(GPUDevice, labels={gd.NODE_LABEL: node.name}):
         if existing.metadata.name not in wanted:
             client.delete(GPUDevice, existing.metadata.name)
