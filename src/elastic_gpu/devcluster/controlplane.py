@@ -172,9 +172,11 @@ class ControlPlane:
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            # No kube-controller-manager creates each namespace's `default` ServiceAccount,
-            # which this admission plugin would insist on for every pod.
-            "--disable-admission-plugins=ServiceAccount",
+            # There is no kube-controller-manager. ServiceAccount would insist on each
+            # namespace's `default` ServiceAccount, which only that controller creates;
+            # TaintNodesByCondition taints every new node not-ready, a taint only its node
+            # lifecycle controller removes.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--allow-privileged=true",
             "--profiling=false",
         ])

@@ -39,7 +39,7 @@ addresses:
 {{ else }}
 - address: {{ NodeIP | Quote }}
   type: InternalIP
-- address: {{ NodeName | Quote }}
+- address: {{ .metadata.name | Quote }}
   type: Hostname
 {{ end }}
 nodeInfo:

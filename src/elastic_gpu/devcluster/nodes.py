@@ -119,8 +119,13 @@ def register_fake_node(client: Any, inventory: Node) -> None:
 def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: int = 16) -> int:
     """Register many nodes concurrently (the apiserver handles parallel creates well)."""
     items = list(inventories)
-    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(items)))) as pool:
-        for future in [pool.submit(register_fake_node, client, inv) for inv in items]:
+    if not items:
+        return 0
+    # The first node goes alone: lightkube (msgspec) builds its per-class decoders on first
+    # use, and doing that from several threads at once crashes the interpreter (SIGSEGV).
+    register_fake_node(client, items[0])
+    with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(items) - 1))) as pool:
+        for future in [pool.submit(register_fake_node, client, inv) for inv in items[1:]]:
             future.result()
     return len(items)
 

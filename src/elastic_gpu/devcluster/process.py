@@ -56,8 +56,9 @@ class ProcessHandle:
         return ticks is not None and ticks == self.start_ticks
 
     def _group_gone(self) -> bool:
-        if self._popen is not None:
-            self._popen.poll()  # reap the leader: a zombie is finished, not alive
+        # Our own child must be reaped (a zombie is finished, but waits for its exit status).
+        if self._popen is not None and self._popen.poll() is None:
+            return False
         return not _group_members(self.pid)
 
     def _signal_group(self, sig: signal.Signals) -> None:

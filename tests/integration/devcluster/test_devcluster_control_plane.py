@@ -65,14 +65,26 @@ def test_crd_objects_can_be_created_listed_and_watched(k8s_cluster: ControlPlane
     GpuClaim = create_namespaced_resource(group, "v1", "GpuClaim", "gpuclaims")
 
     events: queue.Queue = queue.Queue()
-    listing = client.list(GpuClaim, namespace=k8s_namespace)
-    assert list(listing) == []
-    watch_from = listing.resourceVersion
+    def first_list():
+        # Established comes a moment before the new resource's watch cache: until then the
+        # apiserver answers 429 "storage is (re)initializing", which clients must retry.
+        listing = client.list(GpuClaim, namespace=k8s_namespace)
+        try:
+            return list(listing) == [] and listing.resourceVersion
+        except ApiError as err:
+            if err.status.code == 429:
+                return None
+            raise
+
+    watch_from = _wait(first_list, what="the GpuClaim storage")
 
     def watch():
-        for event, obj in client.watch(GpuClaim, namespace=k8s_namespace,
-                                       resource_version=watch_from, server_timeout=30):
+        for count, (event, obj) in enumerate(client.watch(
+                GpuClaim, namespace=k8s_namespace, resource_version=watch_from,
+                server_timeout=30), start=1):
             events.put((event, obj.metadata.name, (obj.spec or {}).get("cards")))
+            if count == 5:
+                return
 
     threading.Thread(target=watch, daemon=True).start()
     for i in range(3):
