@@ -8,7 +8,8 @@ Prints p50/p99 (milliseconds) as a Markdown table, for
 - `assigned, B pods`: the scheduler's assignment is looked up: a live LIST of this node's
   pods from a real kube-apiserver (the development control plane), the match, and the PATCH
   that marks the pod allocated; B is the number of other (already allocated) pods on the node.
-Each measured call serves a fresh pod created beforehand, outside the timing.
+Each measured call serves a fresh pod created beforehand and deleted afterwards, outside the
+timing, so the node holds B + 1 pods during every call.
 """
 
 from __future__ import annotations
@@ -102,8 +103,11 @@ def bench_assigned(client: Any, calls: int, background: int, run: int) -> tuple[
         channel, stub = stub_for(plugin_dir, CORE)
         samples = []
         for i in range(calls + 10):
-            client.create(codecs.from_dict(pod(f"p-{run}-{i}", i % 8, marked=False)))
+            name = f"p-{run}-{i}"
+            client.create(codecs.from_dict(pod(name, i % 8, marked=False)))
             elapsed = allocate(stub, [f"0-{k}" for k in range(10)])
+            # keep the node at `background` + 1 pods (force: no kubelet confirms deletion)
+            client.delete(Pod, name, namespace="default", grace_period=0)
             if i >= 10:  # the first ten warm up the channel and the HTTP connection
                 samples.append(elapsed)
         channel.close()
