@@ -120,10 +120,16 @@ def publish_allocations(client: Any, node: Node,
     """Allocation columns (and the heartbeat) of each card from pods' assignments."""
     for card in node.cards:
         milli, memory = allocated.get(card.index, (0, 0))
-        _patch_status(client, gd.object_name(node.name, card.index), {
-            "allocatedMilli": milli, "allocatedMemoryMiB": memory,
-            "allocatedPercent": milli * 100 // max(card.compute_milli, 1),
-            "lastHeartbeat": gd.now_rfc3339()})
+        patch_allocation(client, gd.object_name(node.name, card.index), milli, memory,
+                         card.compute_milli)
+
+
+def patch_allocation(client: Any, name: str, milli: int, memory_mib: int,
+                     compute_milli: int) -> None:
+    _patch_status(client, name, {
+        "allocatedMilli": milli, "allocatedMemoryMiB": memory_mib,
+        "allocatedPercent": milli * 100 // max(compute_milli, 1),
+        "lastHeartbeat": gd.now_rfc3339()})
 
 
 def read_inventory(client: Any) -> list[Node]:

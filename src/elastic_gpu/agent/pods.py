@@ -20,7 +20,7 @@ class PodSource(Protocol):
 
 
 @functools.cache
-def _raw_pods() -> Any:
+def raw_pods() -> Any:
     """Pods as plain dicts: lightkube's typed Pod model costs about 1 ms per pod to build
     and convert back, which made Allocate on a busy node ten times slower; a generic resource
     on the same path is just the JSON."""
@@ -34,7 +34,7 @@ class ApiPods:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._raw = _raw_pods()
+        self._raw = raw_pods()
 
     def list_on_node(self, node: str) -> list[dict[str, Any]]:
         pods = self.client.list(self._raw, namespace="*", fields={"spec.nodeName": node})

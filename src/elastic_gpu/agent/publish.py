@@ -65,14 +65,20 @@ def patch_node_capacity(client: Any, node_name: str, capacity: Mapping[str, str]
     from lightkube.types import PatchType
 
     current = client.get(K8sNode, node_name)
-    stale = {name for name in (current.status.capacity or {}) if _ours(name, config)}
-    stale |= {name for name in (current.status.allocatable or {}) if _ours(name, config)}
-    cap: dict[str, str | None] = {name: None for name in stale - set(capacity)}
-    alloc: dict[str, str | None] = {name: None for name in stale - set(allocatable)}
-    cap.update(capacity)
-    alloc.update(allocatable)
-    client.patch(K8sNode.Status, node_name, {"status": {"capacity": cap, "allocatable": alloc}},
-                 patch_type=PatchType.MERGE)
+    have_cap = {k: str(v) for k, v in (current.status.capacity or {}).items() if _ours(k, config)}
+    have_alloc = {k: str(v) for k, v in (current.status.allocatable or {}).items()
+                  if _ours(k, config)}
+    # Already right: no write. (The sync loop calls this periodically because a restarting
+    # kubelet zeroes every extended resource, including the status-only ones.)
+    if have_cap != dict(capacity) or have_alloc != dict(allocatable):
+        cap: dict[str, str | None] = {name: None for name in set(have_cap) - set(capacity)}
+        alloc: dict[str, str | None] = {name: None for name in
+                                        set(have_alloc) - set(allocatable)}
+        cap.update(capacity)
+        alloc.update(allocatable)
+        client.patch(K8sNode.Status, node_name,
+                     {"status": {"capacity": cap, "allocatable": alloc}},
+                     patch_type=PatchType.MERGE)
     return str(current.metadata.uid)
 
 
@@ -106,3 +112,30 @@ def publish_node(client: Any, backend: Backend, config: AgentConfig, node_name: 
     snap = discover(backend, config, node_name)
     publish_snapshot(client, snap, config)
     return snap
+
+
+def sync_fake_allocations(client: Any) -> int:
+    """Allocation columns of every GPUDevice from all pods' assignments, in two LISTs; only
+    cards whose columns changed are written. For nodes no agent runs on (kwok nodes of the
+    sandbox); a real node's agent keeps its own cards current. Returns the cards written."""
+    from elastic_gpu.agent.accounting import allocation_by_card
+    from elastic_gpu.agent.inventory_api import GPUDevice, patch_allocation
+    from elastic_gpu.agent.pods import raw_pods
+
+    pods_by_node: dict[str, list[dict[str, Any]]] = {}
+    for pod in client.list(raw_pods(), namespace="*"):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            pods_by_node.setdefault(str(node), []).append(dict(pod))
+    totals = {node: allocation_by_card(pods, node) for node, pods in pods_by_node.items()}
+    written = 0
+    for device in client.list(GPUDevice):
+        spec = device.get("spec") or {}
+        status = device.get("status") or {}
+        milli, memory = totals.get(str(spec.get("node")), {}).get(int(spec.get("index", -1)),
+                                                                 (0, 0))
+        if (status.get("allocatedMilli"), status.get("allocatedMemoryMiB")) != (milli, memory):
+            patch_allocation(client, device.metadata.name, milli, memory,
+                             int(spec.get("computeMilli") or 1000))
+            written += 1
+    return written

@@ -123,9 +123,14 @@ class Agent:
                     log.exception("publishing health")
 
     def sync_allocations(self) -> dict[int, tuple[int, int]]:
+        """Allocation columns and heartbeat; re-assert the Node's GPU capacity (a kubelet
+        restart zeroes extended resources)."""
         assert self.client is not None and self.pods is not None
         allocated = allocation_by_card(self.pods.list_on_node(self.node_name), self.node_name)
-        publish_allocations(self.client, self.current().node, allocated)
+        snap = self.current()
+        publish_allocations(self.client, snap.node, allocated)
+        patch_node_capacity(self.client, self.node_name, snap.capacity, snap.allocatable,
+                            self.config)
         return allocated
 
     def _sync_loop(self) -> None:

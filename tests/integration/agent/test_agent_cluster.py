@@ -187,3 +187,60 @@ def test_health_and_allocation_reach_the_inventory(
     assert status(0)["allocatedPercent"] == 30 and status(0)["allocatedMemoryMiB"] == 2048
     row = k8s_cluster.kubectl("get", "gpudevices", f"{node}-gpu0", "--no-headers").stdout.split()
     assert row[5:7] == ["Healthy", "30"]
+
+
+def test_kubelet_zeroed_capacity_is_restored_by_the_sync(
+        agent: tuple[Agent, FakeBackend], node: str, k8s_cluster: Any) -> None:
+    from lightkube.types import PatchType
+
+    running, _ = agent
+    client = k8s_cluster.client()
+    zero = {CORE: "0", "elasticgpu.io/gpu-memory": "0", GPU: "0"}
+    client.patch(K8sNode.Status, node, {"status": {"capacity": zero, "allocatable": zero}},
+                 patch_type=PatchType.MERGE)
+    running.sync_allocations()
+    status = client.get(K8sNode, node).status
+    assert status.allocatable[CORE] == "200" and status.allocatable["elasticgpu.io/gpu-memory"] == "81920"
+
+
+def test_sandbox_nodes_are_published_by_the_fake_backend(
+        fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any, k8s_namespace: str) -> None:
+    from elastic_gpu.agent.publish import sync_fake_allocations
+
+    client = k8s_cluster.client()
+    (name,) = fake_gpu_nodes(1, gpus=2, gpu_model="T4", gpu_memory_mib=16384)
+    devices = sorted(client.list(GPUDevice, labels={"elasticgpu.io/node": name}),
+                     key=lambda d: d["spec"]["index"])
+    assert [(d["spec"]["uuid"], d["spec"]["model"], d["status"]["health"]) for d in devices] == [
+        (f"GPU-fake-{name}-0", "T4", "Healthy"), (f"GPU-fake-{name}-1", "T4", "Healthy")]
+    assert devices[0].metadata.ownerReferences[0].name == name
+    create(client, gpu_pod(k8s_namespace, "on-fake", name, CORE, 40,
+                           [CardShare(1, f"GPU-fake-{name}-1", 400, 1024)]))
+    assert sync_fake_allocations(client) >= 1
+    status = client.get(GPUDevice, f"{name}-gpu1").status
+    assert (status["allocatedPercent"], status["allocatedMemoryMiB"]) == (40, 1024)
+    assert sync_fake_allocations(client) == 0  # nothing changed: nothing written
+
+
+def test_egpu_agent_process_publishes_and_serves(
+        node: str, k8s_cluster: Any, plugin_dir: Path, kubelet: KubeletDouble) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    (plugin_dir / "inv.yaml").write_text("cards: [{model: L4, memoryMiB: 23034}]\n")
+    (plugin_dir / "agent.yaml").write_text(
+        f"backend: fake\nfake: {{inventory: inv.yaml}}\ndevicePluginDir: {plugin_dir}\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "elastic_gpu.cli.main", "agent", "--node", node,
+         "--kubeconfig", str(k8s_cluster.kubeconfig), "--config", str(plugin_dir / "agent.yaml")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert kubelet.wait_for(lambda: len(kubelet.devices(CORE)) == 100, 30)
+        row = k8s_cluster.kubectl("get", "gpudevices", f"{node}-gpu0", "--no-headers").stdout
+        assert row.split()[1:6] == [node, "0", "L4", "23034", "Healthy"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
