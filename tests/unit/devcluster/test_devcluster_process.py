@@ -98,3 +98,16 @@ def test_port_in_use_is_reported():
         with pytest.raises(PortInUseError, match=str(port)):
             require_free(port, "kube-apiserver")
     assert not is_listening(port)
+
+
+def test_control_plane_refuses_a_taken_port(tmp_path):
+    from elastic_gpu.devcluster.controlplane import ControlPlane
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        plane = ControlPlane(work_dir=tmp_path, bin_dir=tmp_path, apiserver_port=port)
+        with pytest.raises(PortInUseError, match=f"port {port} .*kube-apiserver"):
+            plane.start()
+    assert plane.processes == {}
