@@ -51,6 +51,32 @@ class Allocator:
         except GrantError as err:
             raise AllocateError(f"{plan.resource}: {err}") from None
 
+    def assigned_devices(self, plan: ResourcePlan, available: Sequence[str],
+                         size: int) -> list[str] | None:
+        """For GetPreferredAllocation: the available device IDs on the cards the scheduler
+        assigned to the one container waiting for `size` of this resource, or None when that
+        is not clear. Read-only (nothing is marked). Steering kubelet's choice this way keeps
+        its device accounting (the PodResources API that monitoring reads) equal to what the
+        container really gets; Allocate does not depend on it."""
+        if plan.kubelet_chooses or self.pods is None:
+            return None
+        with self._lock:
+            try:
+                pods = self.pods.list_on_node(self.node)
+            except Exception:
+                return None
+            found, problems = candidates(pods, self.node, plan.resource, size, self._done)
+            try:
+                chosen = choose(found, problems, self.node, plan.resource, size)
+            except AllocateError:
+                return None
+        units = plan.by_id()
+        migs = {s.mig_uuid for s in chosen.shares if s.mig_uuid}
+        cards = {s.index for s in chosen.shares}
+        picked = [d for d in available if d in units and
+                  (units[d].mig_uuid in migs if migs else units[d].card in cards)]
+        return picked[:size] if len(picked) >= size else None
+
     def _kubelet_choice(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
         units = plan.by_id()
         chosen = [units[d] for d in device_ids]

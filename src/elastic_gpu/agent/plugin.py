@@ -90,8 +90,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         cards = {index: lc.card for index, lc in self.state.cards().items()}
         responses = []
         for req in request.container_requests:
-            ids = preferred(list(req.available_deviceIDs), list(req.must_include_deviceIDs),
-                            int(req.allocation_size), self.units, cards)
+            available = list(req.available_deviceIDs)
+            must = list(req.must_include_deviceIDs)
+            size = int(req.allocation_size)
+            assigned = None if must else self.allocator.assigned_devices(self.plan, available,
+                                                                        size)
+            ids = assigned or preferred(available, must, size, self.units, cards)
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 

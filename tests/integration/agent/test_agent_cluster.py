@@ -244,3 +244,20 @@ def test_egpu_agent_process_publishes_and_serves(
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_preferred_allocation_steers_kubelet_to_the_assigned_cards(
+        agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
+        k8s_namespace: str) -> None:
+    client = k8s_cluster.client()
+    uuids = [f"GPU-fake-{node}-{i}" for i in range(2)]
+    create(client, gpu_pod(k8s_namespace, "pref", node, GPU, 1,
+                           [CardShare(1, uuids[1], 1000, 0)]))
+    assert kubelet.preferred(GPU, uuids, [], 1) == [uuids[1]]
+    create(client, gpu_pod(k8s_namespace, "pref-share", node, CORE, 3,
+                           [CardShare(1, uuids[1], 30, 0)]))
+    chosen = kubelet.preferred(CORE, ["0-0", "0-1", "0-2", "1-7", "1-8", "1-9"], [], 3)
+    assert chosen == ["1-7", "1-8", "1-9"]
+    # nothing was marked: Allocate still serves the pod
+    response = kubelet.allocate(GPU, [[uuids[1]]])
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
