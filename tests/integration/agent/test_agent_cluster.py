@@ -261,3 +261,43 @@ def test_preferred_allocation_steers_kubelet_to_the_assigned_cards(
     # nothing was marked: Allocate still serves the pod
     response = kubelet.allocate(GPU, [[uuids[1]]])
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
+
+
+def test_deploy_rbac_is_enough_for_the_agent(
+        node: str, k8s_cluster: Any, k8s_namespace: str, plugin_dir: Path,
+        kubelet: KubeletDouble) -> None:
+    """The agent works with nothing but the ServiceAccount and ClusterRole of
+    deploy/agent/agent.yaml (a token of that account, not the admin certificate)."""
+    import base64
+
+    import yaml
+    from lightkube import Client, KubeConfig
+
+    manifest = Path(__file__).resolve().parents[3] / "deploy" / "agent" / "agent.yaml"
+    k8s_cluster.kubectl("apply", "-f", str(manifest))
+    token = k8s_cluster.kubectl("create", "token", "egpu-agent", "-n", "kube-system").stdout.strip()
+    admin = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = KubeConfig.from_dict({
+        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "agent", "user": {"token": token}}],
+        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}]})
+    assert base64.b64decode(cluster["certificate-authority-data"])  # TLS verified as usual
+    agent_client = Client(config=config, field_manager="egpu-agent", trust_env=False)
+    backend = FakeBackend.from_dict(INVENTORY, node)
+    running = Agent(parse_config({"migStrategy": "mixed", "syncSeconds": 3600}), backend, node,
+                    client=agent_client, plugin_dir=plugin_dir)
+    running.start()
+    try:
+        assert kubelet.wait_for(lambda: kubelet.registered(CORE))
+        admin_client = k8s_cluster.client()
+        create(admin_client, gpu_pod(k8s_namespace, "rbac", node, CORE, 10,
+                                     [CardShare(0, f"GPU-fake-{node}-0", 100, 0)]))
+        response = kubelet.allocate(CORE, [[f"1-{k}" for k in range(10)]])
+        assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == \
+            f"GPU-fake-{node}-0"
+        assert running.sync_allocations() == {0: (100, 0)}
+        assert admin_client.get(GPUDevice, f"{node}-gpu0").status["allocatedPercent"] == 10
+    finally:
+        running.stop()

@@ -64,3 +64,16 @@ def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_the_deployed_configmap_is_a_valid_config() -> None:
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    docs = list(yaml.safe_load_all((root / "deploy/agent/agent.yaml").read_text()))
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    config = parse_config(yaml.safe_load(configmap["data"]["agent.yaml"]), "configmap")
+    assert config.backend is BackendKind.NVML and config.sharing.mode is SharingMode.ACCOUNTING
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    command = daemonset["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["egpu", "agent"] and "--config" in command
