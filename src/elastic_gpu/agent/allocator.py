@@ -80,12 +80,15 @@ class Allocator:
     def _kubelet_choice(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
         units = plan.by_id()
         chosen = [units[d] for d in device_ids]
-        by_card = {u.card: u.mig_uuid for u in chosen}
+        # Two replicas of one card are one card to the container; two MIG instances of one
+        # card are two devices: de-duplicate on (card, instance), keeping kubelet's order.
+        targets = list(dict.fromkeys((u.card, u.mig_uuid) for u in chosen))
         if self.config.timeSlicing.failRequestsGreaterThanOne and len(device_ids) > 1:
             raise AllocateError(f"{plan.resource}: time-sliced devices are given one at a time "
                                 f"(timeSlicing.failRequestsGreaterThanOne); asked {len(device_ids)}")
         cards = self.state.cards()
-        shares = whole_shares(list(by_card), cards, list(by_card.values()))
+        shares = whole_shares([card for card, _ in targets], cards,
+                              [mig for _, mig in targets])
         grant = build_grant(shares, cards, self.config, self.visible_env, self.files)
         grant.envs["EGPU_ISOLATION"] = "time-sliced"
         grant.annotations[ISOLATION_ANNOTATION] = "time-sliced"

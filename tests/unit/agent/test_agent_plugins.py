@@ -147,3 +147,19 @@ def test_preferred_allocation_over_grpc_keeps_nvlink_pairs(
     assert kubelet.wait_for(lambda: kubelet.registered(CORE))
     chosen = kubelet.preferred(CORE, ["0-5", "1-1", "1-2", "0-7"], [], 2)
     assert len(chosen) == 2 and len({c.split("-")[0] for c in chosen}) == 1
+
+
+def test_time_sliced_mig_single_gives_each_chosen_instance(plugin_dir: Path,
+                                                           kubelet: KubeletDouble) -> None:
+    inventory = {"cards": [{"model": "A100", "memoryMiB": 40960, "mig": [
+        {"profile": "3g.20gb", "uuid": "MIG-a", "start": 0},
+        {"profile": "3g.20gb", "uuid": "MIG-b", "start": 4}]}]}
+    agent = Agent(parse_config({"migStrategy": "single", "timeSlicing": {"replicas": 2}}),
+                  FakeBackend.from_dict(inventory, "n1"), "n1", plugin_dir=plugin_dir)
+    agent.start()
+    try:
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 4)
+        response = kubelet.allocate(GPU, [["MIG-a::0", "MIG-b::1", "MIG-a::1"]])
+        assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-a,MIG-b"
+    finally:
+        agent.stop()
