@@ -5,7 +5,7 @@
 # any go.sum change) gets a fresh directory and an unchanged checkout never rebuilds.
 #
 # Usage: hack/ensure-k8s.sh [--check] [--print-key]
-#   --check      do not build; exit 1 (listing what is missing) unless everything is cached
+#   --check      do not build; exit 1 (listing what is missing on stderr) unless all is cached
 #   --print-key  print the cache key and exit
 # Env:   EGPU_K8S_CACHE  cache root (default: $HOME/.cache/elastic-gpu/k8s)
 # Output: progress on stderr; the bin directory is the LAST line of stdout.
@@ -51,6 +51,7 @@ for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
 if (( ${#missing[@]} == 0 )); then echo "$bin"; exit 0; fi
 if (( check_only )); then
   log "missing in $bin: ${missing[*]} (run hack/ensure-k8s.sh to build them)"
+  echo "$bin"  # still the last stdout line: where they would be
   exit 1
 fi
 

@@ -45,7 +45,9 @@ def find_bin_dir(explicit: Path | str | None = None) -> Path:
                                    list(BINARIES))
     result = subprocess.run([str(script), "--check"], capture_output=True, text=True,
                             check=False)
-    if result.returncode != 0:
-        detail = result.stderr.strip().splitlines()
-        raise MissingBinariesError(detail[-1] if detail else str(script), list(BINARIES))
-    return _check(Path(result.stdout.strip().splitlines()[-1]), str(script))
+    lines = result.stdout.strip().splitlines()
+    if not lines:  # the script itself failed (e.g. a broken checkout): show why
+        raise MissingBinariesError(f"{script} --check: {result.stderr.strip()}",
+                                   list(BINARIES))
+    # Exit status 1 means some are missing; _check names which.
+    return _check(Path(lines[-1]), lines[-1])

@@ -91,3 +91,13 @@ def test_missing_binaries_error_says_how_to_build(tmp_path, monkeypatch):
     monkeypatch.setenv("EGPU_K8S_BIN_DIR", str(tmp_path / "nowhere"))
     with pytest.raises(MissingBinariesError, match="EGPU_K8S_BIN_DIR"):
         find_bin_dir()
+
+
+def test_binaries_are_looked_up_in_the_versioned_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("EGPU_K8S_BIN_DIR", raising=False)
+    monkeypatch.setenv("EGPU_K8S_CACHE", str(tmp_path))
+    with pytest.raises(MissingBinariesError) as info:
+        find_bin_dir()
+    # The key names the pinned versions, so a bump never reuses stale binaries.
+    assert str(tmp_path / "k8s-v1.36.3_etcd-v3.6.16_kwok-v0.8.0_") in info.value.where
+    assert info.value.missing == list(BINARIES)
