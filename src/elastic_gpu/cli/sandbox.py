@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
 app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes.", no_args_is_help=True)
 
@@ -39,6 +40,10 @@ def up(
         "--nodes-csv", exists=True, dir_okay=False,
         help="Alibaba trace node list (sn,cpu_milli,memory_mib,gpu,model); GPU rows only")
     ] = None,
+    scheduler_config: Annotated[Path | None, typer.Option(
+        "--scheduler-config", exists=True, dir_okay=False,
+        help="KubeSchedulerConfiguration YAML for the sandbox's kube-scheduler (e.g. with the "
+        "Elastic GPU extender); kubeconfig and leader election are filled in")] = None,
     state_dir: StateDir = None,
     bin_dir: Annotated[Path | None, typer.Option(
         "--bin-dir", help="Control plane binaries [default: from hack/ensure-k8s.sh]")] = None,
@@ -61,10 +66,21 @@ def up(
         inventories = nodes.uniform_inventories(gpu_nodes, gpus=gpus_per_node,
                                                 gpu_model=gpu_model,
                                                 gpu_memory_mib=gpu_memory)
+    sched_cfg = None
+    if scheduler_config is not None:
+        try:
+            sched_cfg = yaml.safe_load(scheduler_config.read_text())
+        except yaml.YAMLError as err:
+            raise typer.BadParameter(f"{scheduler_config}: not YAML ({err})",
+                                     param_hint="--scheduler-config") from None
+        if not isinstance(sched_cfg, dict) or sched_cfg.get("kind") not in (
+                None, "KubeSchedulerConfiguration"):
+            raise typer.BadParameter(f"{scheduler_config}: not a KubeSchedulerConfiguration",
+                                     param_hint="--scheduler-config")
     start = time.monotonic()
     try:
         box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,
-                         timeout_s=timeout)
+                         timeout_s=timeout, scheduler_config=sched_cfg)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None

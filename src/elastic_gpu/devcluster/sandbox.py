@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,8 +85,13 @@ def wait_nodes_ready(client: Any, expected: int, timeout_s: float) -> None:
 
 
 def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
-       bin_dir: Path | None = None, timeout_s: float = 120.0) -> Sandbox:
-    """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig."""
+       bin_dir: Path | None = None, timeout_s: float = 120.0,
+       scheduler_config: Mapping[str, Any] | None = None) -> Sandbox:
+    """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
+
+    `scheduler_config`: a KubeSchedulerConfiguration for the sandbox's kube-scheduler (e.g.
+    one that calls the Elastic GPU extender); connection and leader election are filled in.
+    """
     existing = Sandbox.load(state_dir)
     if existing is not None:
         if any(existing.plane.alive().values()):
@@ -101,7 +106,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     # still finds what it had started.
     plane.on_spawn = lambda _plane: sandbox.save()
     try:
-        plane.start(scheduler=True, kwok_enabled=True, timeout_s=timeout_s)
+        plane.start(scheduler=scheduler_config or True, kwok_enabled=True,
+                    timeout_s=timeout_s)
         sandbox.save()
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plane.kubeconfig, kubeconfig)
@@ -131,9 +137,13 @@ def status(state_dir: Path) -> dict[str, Any]:
         "nodes_expected": len(sandbox.node_names),
     }
     if alive.get("kube-apiserver"):
-        ready, total = count_ready_nodes(sandbox.plane.client())
-        result["nodes_ready"] = ready
-        result["nodes_registered"] = total
+        try:
+            ready, total = count_ready_nodes(sandbox.plane.client())
+        except Exception as err:  # status must report, not crash, when the API misbehaves
+            result["nodes_error"] = f"{type(err).__name__}: {err}"
+        else:
+            result["nodes_ready"] = ready
+            result["nodes_registered"] = total
     return result
 
 

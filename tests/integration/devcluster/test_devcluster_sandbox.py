@@ -101,11 +101,27 @@ def test_sandbox_nodes_from_a_trace_node_list(tmp_path):
                    "openb-node-0001,64000,262144,2,T4\n"
                    "openb-node-0002,96000,786432,8,V100M32\n"
                    "openb-node-0003,96000,786432,8,G2\n")
+    sched = tmp_path / "sched.yaml"
+    sched.write_text("apiVersion: kubescheduler.config.k8s.io/v1\n"
+                     "kind: KubeSchedulerConfiguration\n"
+                     "profiles:\n- schedulerName: egpu-sandbox-test\n")
     state, kc = tmp_path / "state", tmp_path / "kc"
     up = egpu("sandbox", "up", "--nodes-csv", str(csv), "--gpu-nodes", "2", "--kubeconfig",
-              str(kc), "--state-dir", str(state))
+              str(kc), "--state-dir", str(state), "--scheduler-config", str(sched))
     try:
         assert up.returncode == 0, up.stderr + up.stdout
+        # The sandbox's scheduler runs the given configuration: it serves that name.
+        pod = json.loads(json.dumps(POD))
+        pod["spec"]["schedulerName"] = "egpu-sandbox-test"
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "8"
+        kubectl(kc, "apply", "-f", "-", input=json.dumps(pod))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            bound = json.loads(kubectl(kc, "get", "pod", "train", "-o", "json"))
+            if bound["spec"].get("nodeName"):
+                break
+            time.sleep(0.2)
+        assert bound["spec"].get("nodeName") == "openb-node-0002"  # the only one with 8
         nodes = json.loads(kubectl(kc, "get", "nodes", "-o", "json"))["items"]
         by_name = {n["metadata"]["name"]: n for n in nodes}
         assert sorted(by_name) == ["openb-node-0001", "openb-node-0002"]

@@ -34,3 +34,13 @@ def test_status_and_down_without_sandbox(tmp_path):
     assert runner.invoke(app, ["status", "--state-dir", str(tmp_path)]).exit_code == 1
     result = runner.invoke(app, ["down", "--state-dir", str(tmp_path)])
     assert result.exit_code == 0 and "no sandbox" in result.output
+
+
+def test_scheduler_config_must_be_a_kube_scheduler_configuration(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("kind: Deployment\n")
+    result = runner.invoke(app, ["up", "--gpu-nodes", "1", "--scheduler-config", str(cfg),
+                                 "--kubeconfig", str(tmp_path / "kc"),
+                                 "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "not a KubeSchedulerConfiguration" in result.output
