@@ -26,7 +26,7 @@ from aiohttp import web
 
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.server import Extender, with_binding
 from elastic_gpu.scheduler.state import SchedulerState
 from elastic_gpu.scheduler.workbench import pod_manifest, ready_state
 
@@ -42,8 +42,9 @@ def cluster(count: int, rng: random.Random) -> SchedulerState:
                            limits={"elasticgpu.io/gpu-core": str(rng.randrange(10, 91, 10)),
                                    "elasticgpu.io/gpu-memory": str(rng.randrange(1, 40) * 1024)})
         try:
-            state.reserve(pod_request_from_manifest(pod), f"bg-{i}", f"node-{rng.randrange(count):05d}")
-            state.confirm(f"bg-{i}")
+            node = f"node-{rng.randrange(count):05d}"
+            token, done = state.reserve(pod_request_from_manifest(pod), f"bg-{i}", node)
+            state.settle(f"bg-{i}", token, "bound", with_binding(pod, node, done))
         except Exception:
             pass
     return state
@@ -99,8 +100,8 @@ async def run(count: int, requests: int, seed: int, mode: str) -> dict[str, floa
             t2 = time.perf_counter()
             if scores:
                 best = max(scores, key=lambda h: h["Score"])["Host"]
-                state.reserve(pod_request_from_manifest(pod), f"p{i}", best)
-                state.confirm(f"p{i}")
+                token, done = state.reserve(pod_request_from_manifest(pod), f"p{i}", best)
+                state.settle(f"p{i}", token, "bound", with_binding(pod, best, done))
             if i >= 20:  # warm-up excluded
                 filt.append(t1 - t0)
                 prio.append(t2 - t1)

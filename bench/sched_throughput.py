@@ -25,7 +25,7 @@ from elastic_gpu.agent.inventory_api import ensure_crd
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.scheduler.scenario import bound_count, create_pods, list_pods
+from elastic_gpu.scheduler.scenario import create_pods, list_pods, unbound_count
 from elastic_gpu.scheduler.workbench import (
     ExtenderProcess,
     extender_kube_scheduler_config,
@@ -43,7 +43,7 @@ def measure(plane: ControlPlane, client: Any, namespace: str, scheduler: str, co
     create_pods(client, pods)
     last_bound, last_change = 0, time.monotonic()
     while True:
-        bound = bound_count(list_pods(client, namespace))
+        bound = count - unbound_count(client, namespace)
         now = time.monotonic()
         if bound != last_bound:
             last_bound, last_change = bound, now

@@ -11,7 +11,7 @@ class ClientConfigError(RuntimeError):
 
 
 def async_client(kubeconfig: Path | None = None, *, field_manager: str,
-                 timeout_s: float = 10.0) -> Any:
+                 timeout_s: float = 10.0, max_connections: int = 64) -> Any:
     """`lightkube.AsyncClient` for `kubeconfig`, or in-cluster config when it is None.
 
     Typed `Any` because lightkube's public methods are untyped overloads; callers wrap it.
@@ -34,5 +34,17 @@ def async_client(kubeconfig: Path | None = None, *, field_manager: str,
     except OSError as err:
         raise ClientConfigError(f"cannot read the in-cluster service account ({err}); pass "
                                 "--kubeconfig when running outside a cluster") from None
+    # Our own transport for its connection limits: kube-scheduler sends binds concurrently,
+    # and with httpx's default of 20 kept-alive connections a burst reopens TLS connections
+    # for most of them. TLS settings are lightkube's, from the same kubeconfig.
+    from lightkube.config.client_adapter import verify_cluster
+
+    single = config.get()
+    if single is None or single.user is None:
+        raise ClientConfigError(f"{kubeconfig or 'the in-cluster config'} has no current "
+                                "context with a user")
+    tls = verify_cluster(single.cluster, single.user, single.abs_file, trust_env=False)
+    transport = httpx2.AsyncHTTPTransport(verify=tls, limits=httpx2.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections))
     return AsyncClient(config=config, field_manager=field_manager,
-                       timeout=httpx2.Timeout(timeout_s), trust_env=False)
+                       timeout=httpx2.Timeout(timeout_s), trust_env=False, transport=transport)

@@ -1,12 +1,10 @@
-"""The API writes of a bind, with lightkube: annotate the pod, create its Binding."""
+"""The API calls of a bind, with lightkube: read the pod, create its Binding."""
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Mapping
 from typing import Any
 
-from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.k8s.cache import to_manifest
 from elastic_gpu.scheduler.server import BindError
 
@@ -40,45 +38,26 @@ class LightkubePodApi:
         except Exception as err:
             raise _bind_error(err) from None
 
-    async def _patch(self, namespace: str, name: str, uid: str,
-                     annotations: dict[str, str | None]) -> dict[str, Any]:
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   resource_version: int | None, annotations: Mapping[str, str]) -> None:
+        import msgspec
+        from lightkube.models.core_v1 import ObjectReference
+        from lightkube.models.meta_v1 import ObjectMeta
         from lightkube.resources.core_v1 import Pod
-        from lightkube.types import PatchType
 
-        # metadata.uid in a merge patch is a precondition: a re-created pod of the same name
-        # has another UID, and the apiserver refuses the patch instead of annotating it.
-        body = {"metadata": {"uid": uid, "annotations": annotations}}
+        # pods/<name>/binding honours metadata.uid and metadata.resourceVersion as
+        # preconditions and copies metadata.annotations onto the pod in the same write.
+        binding = Pod.Binding(
+            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid,
+                                resourceVersion=(str(resource_version)
+                                                 if resource_version is not None else None),
+                                annotations=dict(annotations) or None),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node))
         try:
-            return to_manifest(await self.client.patch(Pod, name, body, namespace=namespace,
-                                                       patch_type=PatchType.MERGE))
+            await self.client.create(binding, name=name, namespace=namespace)
+        except msgspec.ValidationError:
+            # The apiserver answers 201 with a Status, which lightkube then fails to decode
+            # as a Binding; errors (4xx/5xx) are raised before decoding, as ApiError.
+            return
         except Exception as err:
             raise _bind_error(err) from None
-
-    async def annotate(self, namespace: str, name: str, uid: str,
-                       assignment: Assignment) -> dict[str, Any]:
-        return await self._patch(namespace, name, uid, {ann.ASSIGNMENT: assignment.to_json(),
-                                                         ann.ASSIGNED_NODE: assignment.node})
-
-    async def clear(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
-        return await self._patch(namespace, name, uid, {ann.ASSIGNMENT: None,
-                                                         ann.ASSIGNED_NODE: None})
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        # POST namespaces/<ns>/bindings: the apiserver answers with a Status, which lightkube's
-        # typed Binding model cannot decode; a generic resource takes any answer.
-        binding = _binding_resource()
-        body = binding({
-            "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
-        try:
-            await self.client.create(body, namespace=namespace)
-        except Exception as err:
-            raise _bind_error(err) from None
-
-
-@functools.cache
-def _binding_resource() -> Any:
-    from lightkube.generic_resource import create_namespaced_resource
-
-    return create_namespaced_resource("", "v1", "Binding", "bindings", verbs=["post"])

@@ -7,6 +7,7 @@ never send. Nothing a client sends can produce a 500.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -17,6 +18,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
@@ -24,7 +26,7 @@ from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.metrics import Metrics
-from elastic_gpu.scheduler.state import SchedulerState, StateNotReady
+from elastic_gpu.scheduler.state import PodInfo, SchedulerState, StateNotReady
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +44,29 @@ class BindError(RuntimeError):
 
 
 class PodApi(Protocol):
-    """The API writes a bind needs (implemented with lightkube in `scheduler.api`)."""
+    """The API calls a bind needs (implemented with lightkube in `scheduler.api`)."""
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
-    async def annotate(self, namespace: str, name: str, uid: str,
-                       assignment: Assignment) -> dict[str, Any]: ...
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   resource_version: int | None, annotations: Mapping[str, str]) -> None: ...
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
-    async def clear(self, namespace: str, name: str, uid: str) -> dict[str, Any]: ...
+class _Settled(Exception):
+    """The pod's state in the API decided a bind's outcome; `error` is what to answer."""
+
+    def __init__(self, outcome: str, error: BindError | None) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+        self.error = error
+
+
+def with_binding(pod: Mapping[str, Any], node: str, assignment: Assignment) -> dict[str, Any]:
+    """The pod as the API holds it after our Binding: bound, with the assignment."""
+    meta = dict(pod.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}),
+                           ann.ASSIGNMENT: assignment.to_json(), ann.ASSIGNED_NODE: node}
+    return {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
 
 
 class PodError(ValueError):
@@ -92,9 +107,14 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
 
 class Extender:
     def __init__(self, state: SchedulerState, api: PodApi | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, bind_budget_s: float = 4.0) -> None:
         self.state = state
         self.api = api
+        #: kube-scheduler's extender httpTimeout is 5 s by default: a bind that waited longer
+        #: than this for its turn is one kube-scheduler has already given up on.
+        self.bind_budget_s = bind_budget_s
+        self._bind_locks: dict[str, asyncio.Lock] = {}
+        self._bind_users: dict[str, int] = {}
         self.metrics = metrics or Metrics(state.card_usage)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -154,60 +174,123 @@ class Extender:
 
     async def bind(self, body: bytes) -> web.Response:
         args = wire.parse(wire.ExtenderBindingArgs, body)
+        started = time.monotonic()
+        uid = args.PodUID
+        # One bind per pod at a time: a retry kube-scheduler sends after timing out must not
+        # interleave its writes with the first attempt's.
+        lock = self._bind_locks.setdefault(uid, asyncio.Lock())
+        self._bind_users[uid] = self._bind_users.get(uid, 0) + 1
         try:
-            await self._bind(args)
+            async with lock:
+                await self._bind(args, started)
         except BindError as err:
             return _json({"Error": str(err)})
+        finally:
+            self._bind_users[uid] -= 1
+            if not self._bind_users[uid]:
+                del self._bind_users[uid], self._bind_locks[uid]
         return _json({"Error": ""})
 
-    async def _bind(self, args: wire.ExtenderBindingArgs) -> None:
+    async def _bind(self, args: wire.ExtenderBindingArgs, started: float) -> None:
         key = f"{args.PodNamespace}/{args.PodName}"
         where = f"bind {key} to {args.Node}"
         if self.api is None:
             raise BindError(f"{where}: this extender has no API access", definite=True)
         self.state.require_ready()
+        waited = time.monotonic() - started
+        if waited > self.bind_budget_s:
+            raise BindError(f"{where}: waited {waited:.1f} s behind another bind of this pod; "
+                            "kube-scheduler has given up on this call", definite=True)
         manifest = await self._manifest(args)
         try:
             request = parse_pod(manifest)
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
+        known = PodInfo.from_manifest(manifest)
+        if known.node_name:
+            if known.node_name == args.Node and (known.holds is not None
+                                                 or not request.wants_gpu):
+                return  # an earlier attempt finished it: the same answer again
+            raise BindError(f"{where}: the pod is already bound to {known.node_name}",
+                            definite=True)
         if not request.wants_gpu:
-            await self._create_binding(args, where)
+            await self._create_binding(args, where, None, known.resource_version)
             return
         try:
-            assignment = self.state.reserve(request, args.PodUID, args.Node)
+            token, assignment = self.state.reserve(request, args.PodUID, args.Node)
         except Unschedulable as err:
             self.metrics.bind_failures.labels("reserve").inc()
             raise BindError(f"{where}: {err.reason}", definite=True) from None
+        outcome = "unknown"
+        bound: dict[str, Any] | None = None
         try:
-            patched = await self.api.annotate(args.PodNamespace, args.PodName, args.PodUID,
-                                              assignment)
+            await self._bind_with_truth(args, where, assignment, known.resource_version)
+            outcome = "bound"
+            bound = with_binding(manifest, args.Node, assignment)
+        except _Settled as settled:
+            outcome = settled.outcome
+            if settled.error is None:
+                return
+            raise settled.error from None
         except BindError as err:
-            self.metrics.bind_failures.labels("annotate").inc()
-            if err.definite:
-                self.state.abandon(args.PodUID)
-            # else: the reservation holds the cards until it expires or the watch shows
-            # whether the annotation landed.
-            raise BindError(f"{where}: writing the assignment failed: {err}",
-                            definite=err.definite) from None
-        self.state.confirm(args.PodUID, patched)
-        try:
-            await self._create_binding(args, where)
-        except BindError as err:
-            if err.definite:
-                # Nothing was bound: take the assignment back so its cards are free again.
-                try:
-                    cleared = await self.api.clear(args.PodNamespace, args.PodName, args.PodUID)
-                    self.state.observe_pod(cleared)
-                except BindError as clear_err:
-                    log.warning("%s: could not clear the assignment (%s); it holds its cards "
-                                "until the pod is re-scheduled or deleted", where, clear_err)
+            outcome = "failed" if err.definite else "unknown"
             raise
+        finally:
+            self.state.settle(args.PodUID, token, outcome, bound)
 
-    async def _create_binding(self, args: wire.ExtenderBindingArgs, where: str) -> None:
+    async def _bind_with_truth(self, args: wire.ExtenderBindingArgs, where: str,
+                               assignment: Assignment, version: int | None) -> None:
+        """Create the Binding; if that fails, read the pod to learn what really happened.
+
+        Raises `_Settled` when the pod's state decides the outcome (bound, by this attempt
+        despite an error or by another), `BindError` when it failed and the pod is unbound.
+        """
+        for attempt in range(2):
+            try:
+                await self._create_binding(args, where, assignment, version)
+                return
+            except BindError as err:
+                failure = err
+            fresh = await self._fresh(args)
+            if fresh is None:
+                raise failure  # cannot tell: definite only if the API said so
+            info = PodInfo.from_manifest(fresh)
+            if info.uid != args.PodUID:
+                raise _Settled("failed", BindError(f"{where}: the pod was deleted and "
+                                                   "re-created", definite=True))
+            if info.node_name:
+                self.state.observe_pod(fresh)  # bound: its annotation is the truth
+                if info.node_name == args.Node and info.assignment == assignment:
+                    raise _Settled("bound", None)  # ours landed despite the error
+                raise _Settled("bound", BindError(
+                    f"{where}: the pod is already bound to {info.node_name}", definite=True))
+            if failure.code == 409 and attempt == 0 and info.resource_version != version:
+                version = info.resource_version  # it changed while pending: once more
+                continue
+            raise failure
+        raise AssertionError("unreachable")
+
+    async def _fresh(self, args: wire.ExtenderBindingArgs) -> dict[str, Any] | None:
         assert self.api is not None
         try:
-            await self.api.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+            return await self.api.get_pod(args.PodNamespace, args.PodName)
+        except BindError as err:
+            log.warning("cannot read pod %s/%s after a failed bind: %s", args.PodNamespace,
+                        args.PodName, err)
+            return None
+
+    async def _create_binding(self, args: wire.ExtenderBindingArgs, where: str,
+                              assignment: Assignment | None, version: int | None) -> None:
+        """The Binding carries the assignment annotations: the apiserver sets them and the
+        node name in one write, and only on the pod version we decided on (uid and
+        resourceVersion preconditions), so a bound pod always has its assignment and one
+        pod never gets two."""
+        assert self.api is not None
+        notes = ({ann.ASSIGNMENT: assignment.to_json(), ann.ASSIGNED_NODE: assignment.node}
+                 if assignment is not None else {})
+        try:
+            await self.api.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node,
+                                version, notes)
         except BindError as err:
             self.metrics.bind_failures.labels("binding").inc()
             raise BindError(f"{where}: creating the Binding failed: {err}",

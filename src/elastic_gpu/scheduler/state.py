@@ -1,19 +1,19 @@
-"""What the extender knows: inventory, every pod's hold on cards, and in-flight binds.
+"""What the extender knows: inventory, every pod's hold on cards, and binds in flight.
 
-The API server is the source of truth. A pod *holds* cards when its assignment annotation says
-so (and it is neither terminated nor bound to another node) or while one of our binds for it
-is in flight. The engine's allocations are derived from those holds and nothing else, so a
-restarted scheduler that lists pods arrives at the same allocations.
+The API server is the source of truth. A bound pod *holds* the cards its assignment
+annotation names (written atomically with its Binding, see `server.Extender.bind`); the engine's
+allocations are derived from those annotations plus the reservations of binds whose outcome
+is not known yet, so a restarted scheduler that lists pods arrives at the same allocations.
 
 Concurrency: every method runs to completion without awaiting and takes `_lock`, so engine
 mutations are serialized and a filter or bind always sees every earlier reservation. Holds are
 keyed by pod UID: a pod deleted and re-created under the same name is a different pod.
 
-Reservations: `reserve` allocates before the annotation is written. The bind then either
-`confirm`s (annotation written: the annotation now holds the cards), `abandon`s (the API said
-no: back to whatever the pod's annotation says), or leaves it in flight when the outcome is
-unknown (a timeout); `expire` ends such reservations after the TTL, and again falls back to the
-annotation, so an expiring reservation never frees cards an annotation still holds.
+Reservations: `reserve` allocates before the Binding is sent, under its own engine key, so a
+pod can have several (a retry while an earlier attempt's outcome is unknown). `settle` ends
+one: bound (the annotation holds the cards from then on), failed (the API refused: freed), or
+unknown (a timeout: kept until `reservationTTLSeconds`, longer than any request can take to
+land). Seeing the pod bound in the API ends all of its reservations: the truth is known.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Failed nodes explained one by one per filter call; the rest share `SUMMARY_REASON`.
-DETAIL_LIMIT = 100
+DETAIL_LIMIT = 16
 SUMMARY_REASON = "no card has room for this GPU request (see the other nodes' reasons for detail)"
 
 
@@ -120,7 +120,8 @@ class PodInfo:
 @dataclass
 class _Reservation:
     assignment: Assignment
-    deadline: float
+    #: monotonic time after which it is dropped; infinite while its bind is still running
+    deadline: float = float("inf")
 
 
 class StateNotReady(RuntimeError):
@@ -138,7 +139,8 @@ class SchedulerState:
         self._node_devices: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
         self._pods: dict[str, PodInfo] = {}  # uid -> latest version seen
-        self._inflight: dict[str, _Reservation] = {}
+        self._inflight: dict[str, dict[int, _Reservation]] = {}  # uid -> token -> reservation
+        self._tokens = 0
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
@@ -258,8 +260,11 @@ class SchedulerState:
             self.engine = self._new_engine(nodes)
             self._holds.clear()
             self._node_pods.clear()
-            for uid in self._pods.keys() | self._inflight.keys():
+            for uid in self._pods:
                 self._sync(uid)
+            for uid, reservations in self._inflight.items():
+                for token, reservation in reservations.items():
+                    self._allocate_reservation(uid, token, reservation.assignment)
             return
         for name in sorted(dirty):
             node = self._model_node(name)
@@ -280,9 +285,6 @@ class SchedulerState:
     # ---- holds ------------------------------------------------------------------------------
 
     def _desired(self, uid: str) -> Assignment | None:
-        reservation = self._inflight.get(uid)
-        if reservation is not None:
-            return reservation.assignment
         pod = self._pods.get(uid)
         return pod.holds if pod is not None else None
 
@@ -326,21 +328,23 @@ class SchedulerState:
             old = self._pods.get(info.uid)
             if (old is not None and old.resource_version is not None
                     and info.resource_version is not None
-                    and info.resource_version < old.resource_version):
-                return  # older than what we know (our own PATCH response overtook the watch)
+                    and info.resource_version <= old.resource_version):
+                # not newer than what we know: our own PATCH response overtook the watch, or
+                # the version we already completed with what our Binding did
+                return
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,
                             info.assignment_error)
             self._pods[info.uid] = info
-            if info.phase in TERMINAL_PHASES:
-                self._inflight.pop(info.uid, None)
+            if info.node_name or info.phase in TERMINAL_PHASES:
+                self._drop_reservations(info.uid)  # bound or done: the truth is known
             self._sync(info.uid)
 
     def forget_pod(self, uid: str) -> None:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
         with self._lock:
             self._pods.pop(uid, None)
-            self._inflight.pop(uid, None)
+            self._drop_reservations(uid)
             self._sync(uid)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
@@ -382,7 +386,8 @@ class SchedulerState:
         """Which nodes can take the pod, and why each other one cannot.
 
         The engine explains a failed node by planning its cards, which costs about 0.1 ms per
-        node: on a full 5,000-node cluster that is most of a second per pod. Past
+        node: on a full 5,000-node cluster that is most of a second per pod (kube-scheduler
+        only shows a count per distinct reason anyway). Past
         `DETAIL_LIMIT` failed nodes, feasibility comes from the engine's vectorised fit (the
         nodes `score` keeps) and only the first `DETAIL_LIMIT` failures are explained.
         """
@@ -408,52 +413,76 @@ class SchedulerState:
                 raw = self.engine.score(pod, node_names) if pod.wants_gpu else {}
         return rescale(raw, node_names)
 
-    def reserve(self, pod: PodRequest, uid: str, node: str) -> Assignment:
-        """Choose cards on `node` and hold them now, before anything is written to the API."""
+    def _reservation_key(self, uid: str, token: int) -> str:
+        return f"{uid}#bind{token}"
+
+    def _allocate_reservation(self, uid: str, token: int, assignment: Assignment) -> None:
+        try:
+            self.engine.allocate(self._reservation_key(uid, token), assignment)
+        except (Unschedulable, KeyError, ValueError) as err:
+            log.warning("reservation of pod uid %s on %s cannot be counted: %s", uid,
+                        assignment.node, getattr(err, "reason", err))
+
+    def _drop_reservations(self, uid: str, token: int | None = None) -> None:
+        reservations = self._inflight.get(uid)
+        if not reservations:
+            return
+        for t in [token] if token is not None else list(reservations):
+            if reservations.pop(t, None) is not None:
+                self.engine.release(self._reservation_key(uid, t))
+        if not reservations:
+            del self._inflight[uid]
+
+    def reserve(self, pod: PodRequest, uid: str, node: str) -> tuple[int, Assignment]:
+        """Choose cards on `node` and hold them now, before anything is written to the API.
+
+        Returns a token for `settle`. Earlier reservations and holds of the same pod stay
+        counted: until their outcome is known, any one of them may be the one that lands.
+        """
         with self._lock:
             self._prepare()
-            self._inflight.pop(uid, None)
-            self._set_hold(uid, None)
-            try:
-                assignment = self.engine.assign(pod, node)
-                self.engine.allocate(uid, assignment)
-            except Unschedulable:
-                self._sync(uid)  # back to whatever the annotation holds
-                raise
-            self._holds[uid] = assignment
-            self._node_pods.setdefault(node, set()).add(uid)
-            self._inflight[uid] = _Reservation(assignment,
-                                               self._clock() + self.config.reservation_ttl_s)
-            return assignment
+            assignment = self.engine.assign(pod, node)
+            self._tokens += 1
+            token = self._tokens
+            self.engine.allocate(self._reservation_key(uid, token), assignment)
+            self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
+            return token, assignment
 
-    def confirm(self, uid: str, patched: Mapping[str, Any] | None = None) -> None:
-        """Our annotation is written: the annotation holds the cards from now on."""
+    def settle(self, uid: str, token: int, outcome: str,
+               pod: Mapping[str, Any] | None = None) -> None:
+        """End a bind: `bound` (pass the bound pod, or it is taken from the reservation),
+        `failed` (the API refused: nothing was written) or `unknown` (keep for the TTL)."""
         with self._lock:
-            reservation = self._inflight.pop(uid, None)
-            if patched is not None:
-                self.observe_pod(patched)
-            elif reservation is not None and uid in self._pods:
-                pod = self._pods[uid]
-                self._pods[uid] = replace(pod, assignment=reservation.assignment,
-                                          assignment_error=None)
-            self._sync(uid)
-
-    def abandon(self, uid: str) -> None:
-        """The API refused our write: the pod holds whatever its annotation says."""
-        with self._lock:
-            self._inflight.pop(uid, None)
-            self._sync(uid)
+            reservation = (self._inflight.get(uid) or {}).get(token)
+            if outcome == "unknown":
+                if reservation is not None:
+                    reservation.deadline = self._clock() + self.config.reservation_ttl_s
+                return
+            if outcome == "bound":
+                # `pod` is what we know the API holds now (bound, annotated), possibly before
+                # the watch says so; a later watch event replaces it, an equal one is ignored.
+                if pod is not None:
+                    info = PodInfo.from_manifest(pod)
+                    current = self._pods.get(uid)
+                    if current is None or not current.node_name:
+                        if current is not None and current.resource_version is not None:
+                            info = replace(info, resource_version=max(
+                                current.resource_version, info.resource_version or 0))
+                        self._pods[uid] = info
+                self._drop_reservations(uid)
+                self._sync(uid)
+                return
+            self._drop_reservations(uid, token)
 
     def expire(self) -> int:
         """End reservations whose bind outcome stayed unknown past the TTL."""
         with self._lock:
             now = self._clock()
-            late = [uid for uid, r in self._inflight.items() if r.deadline <= now]
-            for uid in late:
-                log.warning("reservation of pod uid %s expired; falling back to its annotation",
-                            uid)
-                self._inflight.pop(uid)
-                self._sync(uid)
+            late = [(uid, token) for uid, reservations in self._inflight.items()
+                    for token, r in reservations.items() if r.deadline <= now]
+            for uid, token in late:
+                log.warning("reservation of pod uid %s expired; its bind never showed up", uid)
+                self._drop_reservations(uid, token)
             return len(late)
 
     def preempt(self, pod: PodRequest, uid: str,
@@ -518,8 +547,9 @@ class SchedulerState:
         with self._lock:
             return dict(self._holds)
 
-    def inflight(self) -> frozenset[str]:
-        return frozenset(self._inflight)
+    def inflight(self) -> dict[str, list[Assignment]]:
+        with self._lock:
+            return {uid: [r.assignment for r in rs.values()] for uid, rs in self._inflight.items()}
 
     def conflicts(self) -> dict[str, str]:
         return dict(self._conflicts)

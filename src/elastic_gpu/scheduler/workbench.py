@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,10 @@ class ExtenderProcess:
     """`egpu scheduler` as a subprocess (so a test can SIGKILL it like a crashed pod)."""
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None,
+                 python_args: Sequence[str] = ()) -> None:
+        #: e.g. ("-m", "cProfile", "-o", "out.prof") to profile the extender
+        self.python_args = tuple(python_args)
         self.kubeconfig = kubeconfig
         self.port = port
         self.log_path = log_path
@@ -111,7 +114,8 @@ class ExtenderProcess:
 
     def start(self, timeout_s: float = 60.0) -> None:
         egpu = Path(sys.executable).with_name("egpu")
-        argv = [str(egpu), "scheduler", "--kubeconfig", str(self.kubeconfig), "--host",
+        prefix = [sys.executable, *self.python_args, str(egpu)] if self.python_args else [str(egpu)]
+        argv = [*prefix, "scheduler", "--kubeconfig", str(self.kubeconfig), "--host",
                 "127.0.0.1", "--port", str(self.port)]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]

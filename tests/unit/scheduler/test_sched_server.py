@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.server import Extender, with_binding
 from elastic_gpu.scheduler.state import SchedulerState
 from elastic_gpu.scheduler.workbench import pod_manifest, ready_state
 
@@ -111,7 +111,8 @@ def test_spread_and_binpack_rank_nodes_oppositely() -> None:
     # n0 already half used.
     from elastic_gpu.core.request import pod_request_from_manifest
 
-    state.reserve(pod_request_from_manifest(gpu_pod("busy")), "uid-busy", "n0")
+    token, assignment = state.reserve(pod_request_from_manifest(gpu_pod("busy")), "uid-busy", "n0")
+    state.settle("uid-busy", token, "bound", with_binding(gpu_pod("busy"), "n0", assignment))
     ext = Extender(state)
     scores = {}
     for policy in ("binpack", "spread"):

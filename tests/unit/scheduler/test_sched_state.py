@@ -13,6 +13,7 @@ from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.server import with_binding
 from elastic_gpu.scheduler.state import SchedulerState, StateNotReady, rescale
 from elastic_gpu.scheduler.workbench import feed_nodes, pod_manifest, ready_state
 
@@ -51,6 +52,14 @@ def used(state: SchedulerState, node: str) -> int:
     return sum(milli for _, milli, _ in state.card_usage()[node])
 
 
+def bind(state: SchedulerState, pod: dict[str, Any], node: str) -> Assignment:
+    """What a successful bind does to the state: reserve, then settle as bound."""
+    uid = pod["metadata"]["uid"]
+    token, assignment = state.reserve(pod_request_from_manifest(pod), uid, node)
+    state.settle(uid, token, "bound", with_binding(pod, node, assignment))
+    return assignment
+
+
 def test_not_ready_until_every_cache_synced() -> None:
     state = SchedulerState()
     req = pod_request_from_manifest(share_pod("a", 10))
@@ -80,43 +89,66 @@ def test_restart_rebuilds_holds_from_annotations() -> None:
     pods = []
     for name, pct in (("a", 30), ("b", 50), ("c", 70)):
         pod = share_pod(name, pct)
-        assignment = first.reserve(pod_request_from_manifest(pod), f"uid-{name}", "n1")
+        assignment = bind(first, pod, "n1")
         pods.append(annotated(pod, assignment, node_name="n1"))
-        first.confirm(f"uid-{name}", pods[-1])
     second = ready_state([gpu_node("n1", 2)], pods=pods)
     assert second.holds() == first.holds()
     assert second.card_usage() == first.card_usage()
     assert used(second, "n1") == 1500
+    assert first.inflight() == {} == second.inflight()
 
 
-def test_expired_reservation_frees_cards_unless_the_annotation_landed() -> None:
+def test_unknown_outcome_holds_until_ttl_unless_the_pod_shows_up_bound() -> None:
     clock = Clock()
     state = ready_state([gpu_node("n1")],
                         SchedulerState(SchedulerConfig(reservation_ttl_s=5), clock=clock))
     lost, landed = share_pod("lost", 40), share_pod("landed", 40)
     state.observe_pod(lost)
     state.observe_pod(landed)
-    state.reserve(pod_request_from_manifest(lost), "uid-lost", "n1")
-    assignment = state.reserve(pod_request_from_manifest(landed), "uid-landed", "n1")
-    # The PATCH of `landed` timed out but did land: the watch shows the annotation.
-    state.observe_pod(annotated(landed, assignment, rv=20))
+    lost_token, _ = state.reserve(pod_request_from_manifest(lost), "uid-lost", "n1")
+    landed_token, assignment = state.reserve(pod_request_from_manifest(landed), "uid-landed",
+                                             "n1")
+    # A bind still running never expires, however long it takes.
+    clock.now += 100
+    assert state.expire() == 0
+    # Both Bindings timed out; `landed`'s did land: the watch shows it bound.
+    state.settle("uid-lost", lost_token, "unknown")
+    state.settle("uid-landed", landed_token, "unknown")
+    state.observe_pod(annotated(landed, assignment, rv=20, node_name="n1"))
     assert used(state, "n1") == 800
     clock.now += 4
     assert state.expire() == 0
     clock.now += 2
-    assert state.expire() == 2
-    assert set(state.holds()) == {"uid-landed"}
+    assert state.expire() == 1
+    assert set(state.holds()) == {"uid-landed"} and state.inflight() == {}
     assert used(state, "n1") == 400
 
 
-def test_stale_watch_event_does_not_undo_a_confirmed_bind() -> None:
+def test_a_retry_while_the_first_outcome_is_unknown_counts_both() -> None:
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    pod = share_pod("a", 60)
+    state.observe_pod(pod)
+    request = pod_request_from_manifest(pod)
+    first, on_n1 = state.reserve(request, "uid-a", "n1")
+    state.settle("uid-a", first, "unknown")
+    second, _ = state.reserve(request, "uid-a", "n2")
+    assert used(state, "n1") == 600 and used(state, "n2") == 600
+    state.settle("uid-a", second, "failed")
+    # The first attempt landed after all: the pod shows up bound to n1.
+    state.observe_pod(annotated(pod, on_n1, rv=9, node_name="n1"))
+    assert used(state, "n1") == 600 and used(state, "n2") == 0
+    assert state.inflight() == {}
+
+
+def test_stale_watch_event_does_not_undo_a_bind() -> None:
     state = ready_state([gpu_node("n1")])
     pod = share_pod("a", 50)
     pod["metadata"]["resourceVersion"] = "5"
     state.observe_pod(pod)
-    assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
-    state.confirm("uid-a", annotated(pod, assignment, rv=7))
-    state.observe_pod(pod)  # the watch delivers rv 5 (no annotation) late
+    assignment = bind(state, pod, "n1")
+    state.observe_pod(pod)  # the watch delivers rv 5 (unbound, no annotation) late
+    assert state.holds() == {"uid-a": assignment}
+    state.observe_pod(annotated(pod, assignment, rv=6, node_name="n1"))  # the real event
     assert state.holds() == {"uid-a": assignment}
 
 
@@ -125,9 +157,7 @@ def test_terminated_deleted_and_rebound_pods_release() -> None:
     holders = {}
     for name in ("done", "gone", "moved"):
         pod = share_pod(name, 90)
-        assignment = state.reserve(pod_request_from_manifest(pod), f"uid-{name}", "n1")
-        holders[name] = annotated(pod, assignment, rv=10, node_name="n1")
-        state.confirm(f"uid-{name}", holders[name])
+        holders[name] = annotated(pod, bind(state, pod, "n1"), rv=10, node_name="n1")
     assert used(state, "n1") == 2700
     done = json.loads(json.dumps(holders["done"]))
     done["status"] = {"phase": "Succeeded"}
@@ -142,48 +172,41 @@ def test_terminated_deleted_and_rebound_pods_release() -> None:
     assert used(state, "n1") == 0
 
 
-def test_pending_pod_with_annotation_holds_until_rebound() -> None:
+def test_pending_pod_with_annotation_holds_and_is_filtered_without_it() -> None:
     state = ready_state([gpu_node("n1"), gpu_node("n2")])
     pod = share_pod("a", 80)
-    assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
-    state.confirm("uid-a", annotated(pod, assignment))
+    other = pod_request_from_manifest(share_pod("b", 80))
+    # An annotated pod that is not bound (written by hand, or by an older scheduler).
+    token, assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.settle("uid-a", token, "failed")
+    state.observe_pod(annotated(pod, assignment))
     request = pod_request_from_manifest(pod)
     # Its own hold does not keep the pod from its node when it is filtered again...
     assert state.filter(request, "uid-a", ["n1", "n2"]).feasible == ["n1", "n2"]
     # ...but it does keep others out.
-    other = pod_request_from_manifest(share_pod("b", 80))
     assert state.filter(other, "uid-b", ["n1"]).feasible == []
-    # A re-bind moves the hold; nothing is counted twice.
-    state.reserve(request, "uid-a", "n2")
+    # Bound elsewhere, with the new assignment: the old hold is gone, nothing counted twice.
+    bind(state, annotated(pod, assignment), "n2")
     assert used(state, "n1") == 0 and used(state, "n2") == 800
 
 
-def test_reserve_failure_restores_the_previous_hold() -> None:
+def test_failed_reserve_keeps_what_was_held() -> None:
     state = ready_state([gpu_node("n1"), gpu_node("n2")])
     pod = share_pod("a", 70)
-    first = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
-    state.confirm("uid-a", annotated(pod, first))
-    blocker = share_pod("b", 50)
-    state.reserve(pod_request_from_manifest(blocker), "uid-b", "n2")
+    state.observe_pod(pod)
+    first, held = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
+    state.reserve(pod_request_from_manifest(share_pod("b", 50)), "uid-b", "n2")
     with pytest.raises(Unschedulable):
         state.reserve(pod_request_from_manifest(pod), "uid-a", "n2")
-    assert state.holds()["uid-a"] == first
-
-
-def test_abandon_falls_back_to_the_annotation() -> None:
-    state = ready_state([gpu_node("n1")])
-    pod = share_pod("a", 30)
-    state.observe_pod(pod)
-    state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
-    state.abandon("uid-a")
-    assert state.holds() == {}
+    assert state.inflight()["uid-a"] == [held]
+    state.settle("uid-a", first, "failed")
+    assert "uid-a" not in state.inflight()
+    assert used(state, "n1") == 0
 
 
 def test_node_removed_and_back_keeps_counting_its_pods() -> None:
     state = ready_state([gpu_node("n1")])
-    pod = share_pod("a", 60)
-    assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
-    state.confirm("uid-a", annotated(pod, assignment, node_name="n1"))
+    bind(state, share_pod("a", 60), "n1")
     state.remove_node("n1")
     assert "n1" not in state.node_names()
     feed_nodes(state, [gpu_node("n1")])
@@ -194,9 +217,7 @@ def test_preempt_adds_gpu_victims_until_the_pod_fits() -> None:
     state = ready_state([gpu_node("n1", 1), gpu_node("n2", 1)])
     for name, node, pct, prio in (("lo1", "n1", 40, 0), ("lo2", "n1", 40, 1),
                                   ("hi", "n2", 90, 100)):
-        pod = share_pod(name, pct, priority=prio)
-        assignment = state.reserve(pod_request_from_manifest(pod), f"uid-{name}", node)
-        state.confirm(f"uid-{name}", annotated(pod, assignment, node_name=node))
+        bind(state, share_pod(name, pct, priority=prio), node)
     preemptor = share_pod("p", 50, priority=50)
     state.observe_pod(preemptor)
     request = pod_request_from_manifest(preemptor)
@@ -207,26 +228,26 @@ def test_preempt_adds_gpu_victims_until_the_pod_fits() -> None:
     assert used(state, "n1") == 800 and used(state, "n2") == 900
 
 
-def test_rescale_to_kube_scheduler_range() -> None:
-    assert rescale({"a": 2.0, "b": 4.0, "c": 3.0}, ["a", "b", "c", "d"]) == {
-        "a": 0, "b": 10, "c": 5, "d": 0}
-    assert rescale({"a": 1.0}, ["a"]) == {"a": 10}
-    assert rescale({}, ["a"]) == {"a": 0}
-
-
 def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
     from elastic_gpu.scheduler.state import DETAIL_LIMIT, SUMMARY_REASON
 
-    nodes = [gpu_node(f"n{i:03d}") for i in range(DETAIL_LIMIT + 50)]
+    nodes = [gpu_node(f"n{i:03d}") for i in range(DETAIL_LIMIT + 49)]
     state = ready_state(nodes)
     for node in nodes[:-1]:  # all but the last node full
-        pod = share_pod(f"fill-{node.name}", 90)
-        state.reserve(pod_request_from_manifest(pod), f"uid-fill-{node.name}", node.name)
+        bind(state, share_pod(f"fill-{node.name}", 90), node.name)
     names = [n.name for n in nodes] + ["ghost"]
     result = state.filter(pod_request_from_manifest(share_pod("x", 50)), "uid-x", names)
     assert result.feasible == [nodes[-1].name]
     assert set(result.failed) == set(names) - {nodes[-1].name}
     detailed = [r for r in result.failed.values() if "0/1 cards have 500 milli" in r]
     assert len(detailed) == DETAIL_LIMIT
-    assert list(result.failed.values()).count(SUMMARY_REASON) == 49
+    assert list(result.failed.values()).count(SUMMARY_REASON) == 48
     assert result.failed["ghost"] == "node ghost is unknown to the GPU scheduler"
+
+
+def test_rescale_to_kube_scheduler_range() -> None:
+    assert rescale({"a": 2.0, "b": 4.0, "c": 3.0}, ["a", "b", "c", "d"]) == {
+        "a": 0, "b": 10, "c": 5, "d": 0}
+    assert rescale({"a": 1.0}, ["a"]) == {"a": 10}
+    assert rescale({}, ["a"]) == {"a": 0}
+
