@@ -130,6 +130,41 @@ def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: i
     return len(items)
 
 
+def unregister_fake_node(client: Any, name: str) -> None:
+    """Remove a fake node with everything the garbage collector would remove (there is no
+    kube-controller-manager here): the pods bound to it, its GPUDevice objects, the Node."""
+    from lightkube.core.exceptions import ApiError
+    from lightkube.resources.core_v1 import Node as K8sNode
+    from lightkube.resources.core_v1 import Pod
+
+    from elastic_gpu.agent.inventory_api import GPUDevice
+    from elastic_gpu.k8s.gpudevice import NODE_LABEL
+
+    for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": name}):
+        _ignore_missing(lambda p=pod: client.delete(Pod, p.metadata.name,
+                                                    namespace=p.metadata.namespace,
+                                                    grace_period=0))
+    try:
+        devices = list(client.list(GPUDevice, labels={NODE_LABEL: name}))
+    except ApiError as err:
+        if err.status.code != 404:  # 404: the GPUDevice CRD was never created
+            raise
+        devices = []
+    for device in devices:
+        _ignore_missing(lambda d=device: client.delete(GPUDevice, d.metadata.name))
+    _ignore_missing(lambda: client.delete(K8sNode, name))
+
+
+def _ignore_missing(call: Any) -> None:
+    from lightkube.core.exceptions import ApiError
+
+    try:
+        call()
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+
+
 def uniform_inventories(count: int, *, prefix: str = "gpu-node", gpus: int = 8,
                         gpu_model: str = DEFAULT_GPU_MODEL,
                         gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB) -> list[Node]:

@@ -7,7 +7,7 @@
   stopped after the test.
 - `k8s_namespace` (test): a fresh namespace; its pods are removed after the test.
 - `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ...) -> [names]` registers Ready
-  fake GPU nodes; removed (with their pods) after the test.
+  fake GPU nodes; removed after the test with their pods and GPUDevice objects.
 
 Nothing is skipped: without binaries the fixture errors with how to build them. Processes
 die with the test run even when it is killed (SIGKILL to the group, parent-death signal).
@@ -25,7 +25,11 @@ from typing import Any
 import pytest
 
 from elastic_gpu.devcluster.controlplane import ControlPlane, SchedulerHandle
-from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
+from elastic_gpu.devcluster.nodes import (
+    fake_inventory,
+    register_fake_nodes,
+    unregister_fake_node,
+)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -98,10 +102,7 @@ def fake_gpu_nodes(k8s_cluster: ControlPlane) -> Iterator[Callable[..., list[str
 
     yield add
     for name in created:
-        k8s_cluster.kubectl("delete", "pods", "-A", f"--field-selector=spec.nodeName={name}",
-                            "--grace-period=0", "--force", "--wait=false", check=False)
-    if created:
-        k8s_cluster.kubectl("delete", "nodes", *created, "--wait=false", check=False)
+        unregister_fake_node(client, name)
 
 
 def _with_labels(inventory: Any, labels: Mapping[str, str]) -> Any:

@@ -189,3 +189,28 @@ def test_rbac_is_enforced_for_other_identities(k8s_cluster):
                                  check=False)
     assert result.returncode != 0
     assert "forbidden" in result.stderr.lower()
+
+
+def test_unregistering_a_fake_node_removes_what_gc_would(k8s_cluster, k8s_namespace):
+    from lightkube.resources.core_v1 import Node
+
+    from elastic_gpu.agent.inventory_api import GPUDevice
+    from elastic_gpu.devcluster.nodes import (
+        fake_inventory,
+        register_fake_node,
+        unregister_fake_node,
+    )
+    from elastic_gpu.k8s.gpudevice import NODE_LABEL
+
+    client = k8s_cluster.client()
+    name = unique_name("gone")
+    register_fake_node(client, fake_inventory(name, gpus=2))
+    assert len(list(client.list(GPUDevice, labels={NODE_LABEL: name}))) == 2
+    pod = _gpu_pod("on-it", 1, "unused")
+    pod["spec"] = {**pod["spec"], "nodeName": name, "nodeSelector": {}}
+    client.create(codecs.from_dict(pod), namespace=k8s_namespace)
+
+    unregister_fake_node(client, name)
+    assert name not in {n.metadata.name for n in client.list(Node)}
+    assert list(client.list(GPUDevice, labels={NODE_LABEL: name})) == []
+    assert [p.metadata.name for p in client.list(Pod, namespace=k8s_namespace)] == []
