@@ -86,7 +86,7 @@ def up(
         raise typer.Exit(1) from None
     typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
                f"node(s) Ready, API server {box.plane.server}")
-    typer.echo(f"  kubectl --kubeconfig {box.kubeconfig} get nodes")
+    typer.echo(f"  {box.plane.bin_dir / 'kubectl'} --kubeconfig {box.kubeconfig} get nodes")
 
 
 @app.command()

@@ -255,6 +255,14 @@ class ControlPlane:
     def alive(self) -> dict[str, bool]:
         return {name: p.alive() for name, p in self.processes.items()}
 
+    def ports_of(self, name: str) -> list[int]:
+        """The loopback ports component `name` listens on."""
+        fixed = {"etcd": [self.etcd_port, self.etcd_peer_port],
+                 "kube-apiserver": [self.apiserver_port], "kwok": [self.kwok_port]}
+        if name in self.schedulers:
+            return [self.schedulers[name].port]
+        return fixed.get(name, [])
+
     @property
     def ports(self) -> list[int]:
         return [self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.kwok_port,

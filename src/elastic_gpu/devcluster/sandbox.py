@@ -158,14 +158,19 @@ def down(state_dir: Path) -> list[str]:
 
 
 def _remove(sandbox: Sandbox) -> None:
-    sandbox.plane.stop()
-    still = [p for p in sandbox.plane.ports if p and is_listening(p)]
+    plane = sandbox.plane
+    # Only the ports of components that were running are ours to check: a dead component's
+    # port may since have been taken by an unrelated program.
+    ours = [port for name, alive in plane.alive().items() if alive
+            for port in plane.ports_of(name) if port]
+    plane.stop()
+    still = [port for port in ours if is_listening(port)]
     if still:
         raise DevClusterError(f"sandbox stopped but ports {still} still accept connections")
     # The kubeconfig we copied out names a CA that no longer exists: remove it if untouched.
-    ours = sandbox.plane.kubeconfig
-    if (sandbox.kubeconfig.exists() and ours.exists()
-            and sandbox.kubeconfig.read_bytes() == ours.read_bytes()):
+    written = plane.kubeconfig
+    if (sandbox.kubeconfig.exists() and written.exists()
+            and sandbox.kubeconfig.read_bytes() == written.read_bytes()):
         sandbox.kubeconfig.unlink()
     shutil.rmtree(sandbox.state_dir / "cluster", ignore_errors=True)
     (sandbox.state_dir / STATE_FILE).unlink(missing_ok=True)

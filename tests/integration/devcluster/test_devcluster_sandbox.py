@@ -131,3 +131,30 @@ def test_sandbox_nodes_from_a_trace_node_list(tmp_path):
         assert v100["metadata"]["labels"]["nvidia.com/gpu.product"] == "V100M32"
     finally:
         assert egpu("sandbox", "down", "--state-dir", str(state)).returncode == 0
+
+
+def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
+    import os
+    import signal
+
+    state, kc = tmp_path / "state", tmp_path / "kc"
+    args = ("--kubeconfig", str(kc), "--state-dir", str(state))
+    assert egpu("sandbox", "up", "--gpu-nodes", "1", *args).returncode == 0
+    first = json.loads((state / "state.json").read_text())["plane"]
+    try:
+        # As after a reboot or an OOM kill: every component gone, the state file left.
+        for proc in first["processes"]:
+            os.killpg(proc["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status = egpu("sandbox", "status", "--state-dir", str(state))
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 4
+
+        again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
+        assert again.returncode == 0, again.stderr
+        second = json.loads((state / "state.json").read_text())["plane"]
+        assert all(_alive(p["pid"]) for p in second["processes"])
+        assert len(json.loads(kubectl(kc, "get", "nodes", "-o", "json"))["items"]) == 2
+    finally:
+        assert egpu("sandbox", "down", "--state-dir", str(state)).returncode == 0
