@@ -11,6 +11,7 @@ then read the pods back from the API and check, without the scheduler's state:
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,14 +55,41 @@ def fractional_pods(count: int, scheduler_name: str, namespace: str, seed: int =
     return pods
 
 
-def create_pods(client: Any, pods: Sequence[Mapping[str, Any]], parallelism: int = 16) -> None:
+class Progress:
+    """How many pods the background creator has created so far."""
+
+    def __init__(self) -> None:
+        self.created = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.created += 1
+
+
+def create_pods(client: Any, pods: Sequence[Mapping[str, Any]], parallelism: int = 16,
+                progress: Progress | None = None) -> None:
     from lightkube import codecs
 
     # Decode in this thread: msgspec's first decode of a type from several threads at once
     # crashes the interpreter (seen with msgspec 0.22).
     objects = [codecs.from_dict(dict(p)) for p in pods]
+
+    def create(obj: Any) -> None:
+        for attempt in range(10):
+            try:
+                client.create(obj)
+                break
+            except Exception as err:  # an overloaded apiserver answers 429/503: retry
+                status = getattr(getattr(err, "response", None), "status_code", None)
+                if status not in (429, 500, 503, 504) or attempt == 9:
+                    raise
+                time.sleep(0.2 * 2 ** attempt)
+        if progress is not None:
+            progress.add()
+
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        for future in [pool.submit(client.create, obj) for obj in objects]:
+        for future in [pool.submit(create, obj) for obj in objects]:
             future.result()
 
 
@@ -142,21 +170,30 @@ def run_burst(client: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
     (the restart test kills the extender from there).
     """
     started = time.monotonic()
-    create_pods(client, pods)
+    # Create in the background: binding starts with the first pods, and `on_progress` must
+    # see it (the restart test kills the extender while pods are still arriving).
+    progress = Progress()
+    creator = threading.Thread(target=create_pods, args=(client, pods),
+                               kwargs={"progress": progress}, daemon=True)
+    creator.start()
     last_change = time.monotonic()
     last_bound = -1
     timeline: list[tuple[float, int]] = []
     while True:
-        bound = len(pods) - unbound_count(client, namespace)
+        created = progress.created
+        bound = max(0, created - unbound_count(client, namespace))
         now = time.monotonic()
         timeline.append((now - started, bound))
         if bound != last_bound:
             last_bound, last_change = bound, now
         if on_progress is not None:
             on_progress(bound, now - started)
-        if bound == len(pods) or now - last_change >= quiet_s or now - started > timeout_s:
+        if not creator.is_alive() and (bound == len(pods) or now - last_change >= quiet_s
+                                       or now - started > timeout_s):
             break
         time.sleep(0.5)
+    if progress.created < len(pods):
+        raise RuntimeError(f"only {progress.created} of {len(pods)} pods could be created")
     current = list_pods(client, namespace)
     over, lost, unfit = check(current, nodes)
     return BurstResult(len(pods), bound, time.monotonic() - started, last_change - started,
