@@ -188,6 +188,8 @@ def test_unschedulable_pod_gets_a_reason_a_person_can_act_on(
     pod = pod_manifest("too-big", k8s_namespace, scheduler_name=setup.scheduler_name,
                        limits={"elasticgpu.io/gpu-core": "50",
                                "elasticgpu.io/gpu-memory": str(200 * 1024)})
+    # Only this node is a candidate, so its full explanation is the one kube-scheduler shows.
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": nodes[0]}
     create_pods(setup.client, [pod])
     deadline = time.monotonic() + 30
     message = ""
