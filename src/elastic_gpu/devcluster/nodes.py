@@ -108,7 +108,7 @@ def register_fake_node(client: Any, inventory: Node) -> None:
             raise
         # It exists (a re-run): make labels, annotations and capacity match the inventory.
         client.patch(K8sNode, inventory.name, {"metadata": manifest["metadata"]})
-        client.patch(K8sNode, inventory.name, {"status": manifest["status"]}, subresource="status")
+        client.patch(K8sNode.Status, inventory.name, {"status": manifest["status"]})
     # The cards become GPUDevice objects (and Node capacity) through the node agent's fake
     # backend: the same code path that publishes a real node's inventory.
     from elastic_gpu.agent.publish import publish_fake_node

@@ -214,3 +214,21 @@ def test_unregistering_a_fake_node_removes_what_gc_would(k8s_cluster, k8s_namesp
     assert name not in {n.metadata.name for n in client.list(Node)}
     assert list(client.list(GPUDevice, labels={NODE_LABEL: name})) == []
     assert [p.metadata.name for p in client.list(Pod, namespace=k8s_namespace)] == []
+
+
+def test_registering_a_node_again_brings_it_up_to_date(k8s_cluster):
+    # A re-run (the node exists) must update labels and capacity, not fail.
+    from lightkube.resources.core_v1 import Node
+
+    from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_node, unregister_fake_node
+
+    client = k8s_cluster.client()
+    name = unique_name("again")
+    register_fake_node(client, fake_inventory(name, gpus=2))
+    try:
+        register_fake_node(client, fake_inventory(name, gpus=4))
+        node = client.get(Node, name)
+        assert node.status.capacity["nvidia.com/gpu"] == "4"
+        assert node.status.capacity["elasticgpu.io/gpu-core"] == "400"
+    finally:
+        unregister_fake_node(client, name)
