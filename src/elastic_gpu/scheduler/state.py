@@ -146,6 +146,9 @@ class SchedulerState:
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
         self.engine = self._new_engine(())
         self._known: frozenset[str] = frozenset()
+        #: bumped by every change of the engine's allocations or inventory
+        self._version = 0
+        self._last_scores: tuple[str, PodRequest, int, dict[str, float]] | None = None
         self._synced: set[str] = set()
         self.required_sources: frozenset[str] = frozenset({"nodes", "pods", "gpudevices"})
 
@@ -251,6 +254,7 @@ class SchedulerState:
             self._known = frozenset(self.engine.nodes())
 
     def _apply_dirty(self) -> None:
+        self._version += 1
         dirty, self._dirty = self._dirty, set()
         known = set(self.engine.nodes())
         if len(dirty) > 64 and len(dirty) * 4 > len(known):
@@ -289,6 +293,7 @@ class SchedulerState:
         return pod.holds if pod is not None else None
 
     def _set_hold(self, uid: str, assignment: Assignment | None) -> None:
+        self._version += 1
         old = self._holds.pop(uid, None)
         if old is not None:
             self.engine.release(uid)
@@ -397,6 +402,9 @@ class SchedulerState:
                 if len(node_names) <= DETAIL_LIMIT:
                     return self.engine.filter(pod, node_names)
                 fits = self.engine.score(pod, node_names)
+                # kube-scheduler asks prioritize next, for the nodes that passed: keep the
+                # scores while nothing changes (one engine scoring per cycle, not two).
+                self._last_scores = (uid, pod, self._version, fits)
                 feasible = [n for n in node_names if n in fits]
                 failed_names = [n for n in node_names if n not in fits]
                 failed = dict(self.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
@@ -410,13 +418,18 @@ class SchedulerState:
         with self._lock:
             self._prepare()
             with self._without(uid):
-                raw = self.engine.score(pod, node_names) if pod.wants_gpu else {}
+                last = self._last_scores
+                if last is not None and last[:3] == (uid, pod, self._version):
+                    raw = {n: last[3][n] for n in node_names if n in last[3]}
+                else:
+                    raw = self.engine.score(pod, node_names) if pod.wants_gpu else {}
         return rescale(raw, node_names)
 
     def _reservation_key(self, uid: str, token: int) -> str:
         return f"{uid}#bind{token}"
 
     def _allocate_reservation(self, uid: str, token: int, assignment: Assignment) -> None:
+        self._version += 1
         try:
             self.engine.allocate(self._reservation_key(uid, token), assignment)
         except (Unschedulable, KeyError, ValueError) as err:
@@ -424,6 +437,7 @@ class SchedulerState:
                         assignment.node, getattr(err, "reason", err))
 
     def _drop_reservations(self, uid: str, token: int | None = None) -> None:
+        self._version += 1
         reservations = self._inflight.get(uid)
         if not reservations:
             return
@@ -445,6 +459,7 @@ class SchedulerState:
             self._tokens += 1
             token = self._tokens
             self.engine.allocate(self._reservation_key(uid, token), assignment)
+            self._version += 1
             self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
             return token, assignment
 

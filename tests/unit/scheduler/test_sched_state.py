@@ -251,3 +251,17 @@ def test_rescale_to_kube_scheduler_range() -> None:
     assert rescale({"a": 1.0}, ["a"]) == {"a": 10}
     assert rescale({}, ["a"]) == {"a": 0}
 
+
+
+def test_prioritize_reuses_filter_scores_only_while_nothing_changed() -> None:
+    nodes = [gpu_node(f"n{i:02d}", 2) for i in range(20)]  # more than DETAIL_LIMIT
+    state = ready_state(nodes)
+    names = [n.name for n in nodes]
+    request = pod_request_from_manifest(share_pod("p", 20, node_policy="binpack"))
+    assert state.filter(request, "uid-p", names).feasible == names
+    flat = state.prioritize(request, "uid-p", names)
+    assert set(flat.values()) == {10}  # all empty: all equal
+    # Another pod lands on n07: binpack must now prefer n07, not reuse the old scores.
+    bind(state, share_pod("q", 50), "n07")
+    ranked = state.prioritize(request, "uid-p", names)
+    assert ranked["n07"] == 10 and ranked["n00"] == 0
