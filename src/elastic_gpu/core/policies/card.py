@@ -89,7 +89,7 @@ class ExactFragCards(CardPolicy):
     """The card whose use leaves the lowest expected fragmentation, exactly; ties: the tightest
     fit, then the lowest index."""
 
-    name = "fgdx"
+    name = "frag-exact"
 
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:

@@ -167,20 +167,6 @@ class ClusteringPolicy(NodePolicy):
         return float(base + (MAX_SCORE // 4 if not present else 0))
 
 
-def frag_delta(ctx: ScoreContext, task: TaskShape, node: NodeView) -> tuple[float, int]:
-    """Largest fragmentation decrease (milli-cards) a task can make here, and the card position
-    that achieves it (-1: no choice to make)."""
-    before = ctx.frag.node(node.model, node.cpu_free, sorted_free(node.free))
-    cpu_after = node.cpu_free - task.cpu_milli
-    best: tuple[float, int] | None = None
-    for pos, free in free_after(task, node.free):
-        after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-        delta = before - after
-        if best is None or delta > best[0]:
-            best = (delta, pos)
-    return best if best is not None else (float("-inf"), -1)
-
-
 class FgdPolicy(NodePolicy):
     """Fragmentation gradient descent: the node whose expected fragmentation grows least."""
 
@@ -200,18 +186,24 @@ class FgdPolicy(NodePolicy):
         return float(best) if best is not None else 0.0
 
 
-class FgdxPolicy(NodePolicy):
-    """This project's policy: FGD's fragmentation descent, exact instead of squashed into 0..100,
-    with packing as the tie-breaker (see docs/simulator.md)."""
+class FgdxPolicy(FgdPolicy):
+    """This project's policy: FGD, plus a rule for what FGD cannot see.
+
+    A CPU-only task changes no node's GPU fragmentation, so FGD scores nearly every node the
+    same for it and the tie-break scatters such tasks over nodes that still have idle GPUs; their
+    CPU is then missing when GPU tasks arrive, and those GPUs strand (the "lack CPU" fragment).
+    fgdx keeps FGD's score and, among nodes FGD cannot tell apart, sends CPU-only tasks to the
+    nodes with the least idle GPU. See docs/simulator.md, "fgdx".
+    """
 
     name = "fgdx"
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
-        delta, _ = frag_delta(ctx, task, node)
-        if delta == float("-inf"):
-            return delta
-        gpu_left = node.free_total - task.total_milli
-        return delta - gpu_left * 1e-3
+        base = super().score(ctx, task, node)
+        if task.gpu_count == 0 or task.gpu_milli == 0:
+            # below one FGD point: only reorders nodes FGD scores equal
+            return base - 1e-3 * node.free_total / MAX_SPEC_GPU
+        return base
 
 
 NODE_POLICY_CLASSES: tuple[type[NodePolicy], ...] = (
