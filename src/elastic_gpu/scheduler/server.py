@@ -12,6 +12,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 import msgspec
@@ -102,7 +103,10 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         if name is not None and name not in known_policies(tier):
             raise PodError(f"pod {request.key}: annotation elasticgpu.io/{tier}-policy={name!r} "
                            f"is not a {tier} policy; use one of {', '.join(known_policies(tier))}")
-    return request
+    # kube-scheduler owns CPU and memory (the engine runs with check_host_resources=False and
+    # tracks no host usage): scoring them here would rank on numbers nobody keeps, and would
+    # give pods that differ only in CPU different score-cache entries in the engine.
+    return replace(request, cpu_milli=0, memory_mib=0)
 
 
 class Extender:
