@@ -1,0 +1,1 @@
+"""Kubernetes adapters: API clients, watch-backed caches, inventory objects."""
