@@ -141,6 +141,8 @@ def arrival_order(tasks: Sequence[Task], gpu_capacity_milli: int, inflation: flo
             removed = order.pop(int(rng.integers(len(order))))
             total -= removed.total_milli
         return order
+    if not any(t.total_milli for t in base):
+        return order  # no GPU request to resample towards the target
     k = 0
     while True:
         pick = base[int(rng.integers(len(base)))]

@@ -34,6 +34,11 @@ def test_resampling_down_drops_tasks_until_under_the_target() -> None:
     assert sum(t.total_milli for t in order) == 13_000
 
 
+def test_a_workload_without_gpu_requests_is_not_resampled() -> None:
+    tasks = tasks_of([0, 0, 0])
+    assert sorted(t.name for t in arrival_order(tasks, 10_000, 1.3, 1)) == ["t00", "t01", "t02"]
+
+
 def test_curves_bin_arrivals_by_rounded_percent() -> None:
     result = ReplayResult("p", "c", 1, 1.3, 10, 0.0, 4,
                           arrived_milli=np.array([100.0, 1000.0, 1040.0, 3000.0]),
