@@ -226,3 +226,25 @@ def test_bind_rejects_unknown_pods_and_nodes_with_a_clear_error(
     (after,) = list_pods(setup.client, k8s_namespace)
     assert ann.ASSIGNMENT not in (after["metadata"].get("annotations") or {})
     assert not after["spec"].get("nodeName")
+
+
+def test_a_repeated_bind_is_idempotent_and_a_conflicting_one_refused(
+        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    nodes = fake_gpu_nodes(2, gpus=2)
+    setup.wait_known(nodes, 2)
+    # Nobody schedules this pod: the test plays kube-scheduler and calls bind itself.
+    pod = pod_manifest("twice", k8s_namespace, limits={"elasticgpu.io/gpu-core": "40"},
+                       scheduler_name="nobody-schedules-this")
+    create_pods(setup.client, [pod])
+    (created,) = list_pods(setup.client, k8s_namespace)
+    args = {"PodName": "twice", "PodNamespace": k8s_namespace,
+            "PodUID": created["metadata"]["uid"], "Node": nodes[0]}
+    assert setup.post("bind", args) == (200, {"Error": ""})
+    first = assignment_of(wait_bound(setup.client, k8s_namespace, ["twice"])["twice"])
+    # kube-scheduler retrying after a timeout gets the same answer, nothing is rewritten...
+    assert setup.post("bind", args) == (200, {"Error": ""})
+    # ...and a bind elsewhere is refused without touching the pod.
+    status, body = setup.post("bind", {**args, "Node": nodes[1]})
+    assert status == 200 and f"already bound to {nodes[0]}" in body["Error"]
+    (after,) = list_pods(setup.client, k8s_namespace)
+    assert assignment_of(after) == first and after["spec"]["nodeName"] == nodes[0]
