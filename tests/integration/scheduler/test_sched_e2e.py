@@ -248,3 +248,45 @@ def test_a_repeated_bind_is_idempotent_and_a_conflicting_one_refused(
     assert status == 200 and f"already bound to {nodes[0]}" in body["Error"]
     (after,) = list_pods(setup.client, k8s_namespace)
     assert assignment_of(after) == first and after["spec"]["nodeName"] == nodes[0]
+
+
+def test_the_deployed_rbac_is_enough_to_schedule(
+        k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
+        fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    """deploy/scheduler/rbac.yaml: the extender with only those rights binds a GPU pod."""
+    import base64
+
+    import yaml
+
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    repo = Path(__file__).resolve().parents[3]
+    client = k8s_cluster.client()
+    ensure_crd(client)
+    k8s_cluster.kubectl("create", "namespace", "elastic-gpu", check=False)
+    k8s_cluster.kubectl("apply", "-f", str(repo / "deploy/scheduler/rbac.yaml"))
+    token = k8s_cluster.kubectl("create", "token", "elastic-gpu-scheduler", "-n",
+                                "elastic-gpu").stdout.strip()
+    admin = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+    assert base64.b64decode(cluster["certificate-authority-data"])  # TLS still verified
+    nodes = fake_gpu_nodes(1, gpus=2)
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(kubeconfig, port, tmp_path / "extender.log")
+    extender.start()
+    try:
+        name = unique_name("egpu-rbac")
+        start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
+        Setup(extender, name, client).wait_known(nodes, 2)
+        create_pods(client, [pod_manifest("rbac", k8s_namespace, scheduler_name=name,
+                                          limits={"elasticgpu.io/gpu-core": "50"})])
+        pod = wait_bound(client, k8s_namespace, ["rbac"])["rbac"]
+        assert assignment_of(pod).node == nodes[0]
+    finally:
+        extender.stop()
