@@ -112,6 +112,15 @@ class ServeOptions:
     tls_key: Path | None = None
 
 
+def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
+    """HTTPS for kube-scheduler's `enableHTTPS: true` (its tlsConfig names our CA)."""
+    if options.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
+    return context
+
+
 def reflectors(client: Any, feeds: Feeds) -> list[Reflector]:
     from lightkube import operators
     from lightkube.resources.core_v1 import Node, Pod
@@ -147,10 +156,7 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     tasks.append(asyncio.create_task(_expiry_loop(state), name="expiry"))
     runner = web.AppRunner(extender.app(), access_log=None)
     await runner.setup()
-    context: ssl.SSLContext | None = None
-    if options.tls_cert is not None:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
+    context = tls_context(options)
     site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
     await site.start()
     log.info("serving the extender on %s:%d (%s)", options.host, options.port,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -28,7 +29,7 @@ NODES = [Node(f"n{i}", 64_000, 256_000,
 class Server:
     """The extender's aiohttp app on a loopback port, served from a background thread."""
 
-    def __init__(self, extender: Extender) -> None:
+    def __init__(self, extender: Extender, tls: ssl.SSLContext | None = None) -> None:
         self.extender = extender
         self.loop = asyncio.new_event_loop()
         self.port = 0
@@ -37,7 +38,7 @@ class Server:
         async def start() -> None:
             self.runner = web.AppRunner(extender.app())
             await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls)
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             started.set()
@@ -45,7 +46,7 @@ class Server:
         self.thread = threading.Thread(target=self._run, args=(start,), daemon=True)
         self.thread.start()
         started.wait(10)
-        self.conn = HTTPConnection("127.0.0.1", self.port, timeout=10)
+        self.conn: HTTPConnection = HTTPConnection("127.0.0.1", self.port, timeout=10)
 
     def _run(self, start: Any) -> None:
         asyncio.set_event_loop(self.loop)
@@ -241,3 +242,42 @@ def test_fuzz_never_500_and_always_well_formed(server: Server, verb: str, body: 
         assert set(answer["NodeNameToMetaVictims"]) <= set(asked)
     else:
         assert isinstance(answer["Error"], str)
+
+
+def test_https_when_given_a_certificate(tmp_path: Any) -> None:
+    import datetime
+    import ipaddress
+    from http.client import HTTPSConnection
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from elastic_gpu.scheduler.app import ServeOptions, tls_context
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egpu-scheduler")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(
+                ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    assert tls_context(ServeOptions()) is None
+    srv = Server(Extender(ready_state(NODES)),
+                 tls_context(ServeOptions(tls_cert=cert_path, tls_key=key_path)))
+    try:
+        client_ctx = ssl.create_default_context(cafile=str(cert_path))
+        srv.conn = HTTPSConnection("127.0.0.1", srv.port, timeout=10, context=client_ctx)
+        status, body = srv.post("/filter", {"Pod": gpu_pod("tls"), "NodeNames": ["n0"]})
+        assert status == 200 and body["NodeNames"] == ["n0"]
+    finally:
+        srv.stop()
