@@ -94,3 +94,31 @@ def test_every_registered_policy_places_on_a_feasible_node() -> None:
         engine = Engine([gpu_node("small", cards=1), gpu_node("big", cards=8)],
                         PolicyConfig(node_policy=name))
         assert engine.place(whole("w", 4)).node == "big"
+
+
+def test_fgdx_sends_cpu_only_tasks_to_the_node_with_the_least_idle_gpu() -> None:
+    from engine_helpers import cpu_only
+
+    def engine_for(policy: str, seed: int) -> Engine:
+        engine = Engine([gpu_node("idle", cards=4), gpu_node("busy", cards=4)],
+                        PolicyConfig(node_policy=policy), seed=seed)
+        busy = whole("w", 3)
+        engine.allocate(busy.key, engine.assign(busy, "busy"), busy)
+        return engine
+
+    # FGD scores both nodes alike for a CPU-only task, so its tie-break (the seeded rank)
+    # decides; fgdx always picks the node with less idle GPU.
+    fgd_choices = {engine_for("fgd", seed).place(cpu_only("c", 1000)).node for seed in range(12)}
+    assert fgd_choices == {"idle", "busy"}
+    for seed in range(12):
+        assert engine_for("fgdx", seed).place(cpu_only("c", 1000)).node == "busy"
+
+
+def test_fgd_card_rule_keeps_whole_cards_for_whole_card_tasks() -> None:
+    workload = TargetWorkload((TaskShape(1000, 1000, 1), TaskShape(1000, 400, 1)), (0.5, 0.5))
+    engine = Engine([gpu_node("n", cards=2)], PolicyConfig(node_policy="fgd", card_policy="fgd"),
+                    workload=workload)
+    first = share("a", 500)
+    engine.allocate(first.key, engine.assign(first, "n"), first)
+    second = engine.place(share("b", 400))
+    assert {s.index for s in second.shares()} == {s.index for s in engine.allocation(first.key).shares()}
