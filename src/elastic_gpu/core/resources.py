@@ -29,6 +29,7 @@ GPU_CORE = "elasticgpu.io/gpu-core"  # percent of one card; >100 only as a multi
 GPU_MEMORY = "elasticgpu.io/gpu-memory"  # MiB of card memory
 GPU_WHOLE = "elasticgpu.io/gpu"  # whole cards
 
+_BINARY_SUFFIX = re.compile(r"[KMGTPE]i\s*$")
 MIG_RESOURCE_PATTERN = re.compile(r"^nvidia\.com/mig-(?P<g>[1-8])g\.(?P<mem>\d+)gb(?P<extra>(\+[a-z]+)*)$")
 
 
@@ -161,11 +162,12 @@ def to_amount(name: str, raw: str | int | float) -> Amount:
     spec = lookup(name)
     if spec is None:
         raise ResourceError(name, raw, "not a GPU resource known to Elastic GPU")
-    if isinstance(raw, str) and not raw.strip().lstrip("+").isdigit():
-        # Extended resources are plain counts in their unit: "4Gi" of a MiB resource would be
-        # read by kube-scheduler as 4294967296 MiB, so a suffix is refused, never converted.
-        raise ResourceError(name, raw, f"{spec.rule.value}, written as a plain number "
-                            f"(unit: {spec.doc})")
+    if isinstance(raw, str) and _BINARY_SUFFIX.search(raw):
+        # Extended resources are counts in their own unit: "4Gi" of a MiB resource would be
+        # read by kube-scheduler as 4294967296 MiB, so a byte suffix is refused, never
+        # converted. Decimal forms stay valid: the apiserver itself rewrites 90000 as "90k".
+        raise ResourceError(name, raw, f"{spec.rule.value}, counted in {spec.doc}, without a "
+                            "byte suffix (e.g. 4096, not 4Gi)")
     try:
         quantity = parse_quantity(raw)
     except QuantityError as err:

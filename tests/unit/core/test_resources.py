@@ -57,12 +57,20 @@ def test_vcuda_memory_is_in_256_mib_units() -> None:
     assert to_amount(GPU_MEMORY, "4096").value == 4096
 
 
-def test_memory_with_a_suffix_is_refused_not_misread() -> None:
+def test_memory_with_a_byte_suffix_is_refused_not_misread() -> None:
     # "4Gi" is an integer quantity, and kube-scheduler would count it as 4 * 2**30 MiB.
-    for value in ("1.5", "4Gi", "4096Mi", "1e3", "4k"):
-        with pytest.raises(ResourceError, match="plain number") as info:
+    for value in ("4Gi", "4096Mi", "1Ki"):
+        with pytest.raises(ResourceError, match="byte suffix") as info:
             to_amount(GPU_MEMORY, value)
         assert "MiB" in str(info.value)
+    with pytest.raises(ResourceError, match="whole number"):
+        to_amount(GPU_MEMORY, "1.5")
+
+
+@pytest.mark.parametrize(("value", "mib"), [("90k", 90000), ("1e3", 1000), ("4k", 4000), ("16", 16)])
+def test_decimal_forms_the_apiserver_writes_back_are_accepted(value: str, mib: int) -> None:
+    # The apiserver stores `gpu-memory: "90000"` as "90k" (its canonical decimal form).
+    assert to_amount(GPU_MEMORY, value).value == mib
 
 
 def test_whole_card_names_need_positive_counts() -> None:
