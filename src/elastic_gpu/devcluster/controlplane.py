@@ -108,6 +108,10 @@ class ControlPlane:
             self.on_spawn(self)
         return handle
 
+    def start_process(self, name: str, argv: Sequence[str]) -> ProcessHandle:
+        """Run one more supervised process (stopped with the others, newest first)."""
+        return self._spawn(name, argv)
+
     def _client_tls(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))

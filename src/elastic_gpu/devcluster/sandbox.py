@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from elastic_gpu.devcluster.nodes import FAKE_NODE_LABEL, register_fake_nodes
 from elastic_gpu.devcluster.ports import is_listening
 
 STATE_FILE = "state.json"
+ALLOCATION_SYNC = "allocation-sync"
 
 
 def default_state_dir() -> Path:
@@ -115,6 +117,10 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         client = plane.client()
         register_fake_nodes(client, inventories)
         wait_nodes_ready(client, len(inventories), timeout_s)
+        # kwok nodes have no agent to keep their cards' allocation columns current.
+        plane.start_process(ALLOCATION_SYNC, [
+            sys.executable, "-m", "elastic_gpu.devcluster.allocation_sync",
+            "--kubeconfig", str(plane.kubeconfig)])
     except BaseException:
         _remove(sandbox)
         raise

@@ -54,7 +54,7 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     ports = [recorded[k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port", "kwok_port")]
     try:
         assert {p["name"] for p in recorded["processes"]} == {
-            "etcd", "kube-apiserver", "kube-scheduler", "kwok"}
+            "etcd", "kube-apiserver", "kube-scheduler", "kwok", "allocation-sync"}
         # The components outlived the `up` command.
         assert all(_alive(pid) for pid in pids)
 
@@ -79,6 +79,26 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
             time.sleep(0.2)
         assert pod["status"]["phase"] == "Running"
         assert pod["spec"]["nodeName"].startswith("gpu-node-")
+
+        # A pod holding a scheduler assignment shows up in its card's allocation columns,
+        # although no agent runs on kwok nodes: the sandbox's allocation sync keeps them.
+        share = json.loads(json.dumps(POD))
+        share["metadata"] = {"name": "share", "annotations": {
+            "elasticgpu.io/assignment": json.dumps({"v": 1, "node": "gpu-node-001", "containers": {
+                "main": [{"index": 2, "uuid": "GPU-fake-gpu-node-001-2", "milli": 300,
+                          "memoryMiB": 4096}]}})}}
+        share["spec"]["nodeName"] = "gpu-node-001"
+        share["spec"]["containers"][0]["resources"] = {}
+        kubectl(kc, "apply", "-f", "-", input=json.dumps(share))
+        deadline = time.monotonic() + 30
+        card: dict = {}
+        while time.monotonic() < deadline:
+            card = json.loads(kubectl(kc, "get", "gpudevice", "gpu-node-001-gpu2", "-o", "json"))
+            if card.get("status", {}).get("allocatedMilli"):
+                break
+            time.sleep(0.3)
+        assert card["status"]["allocatedMilli"] == 300
+        assert card["status"]["allocatedMemoryMiB"] == 4096
 
         again = egpu("sandbox", "up", "--gpu-nodes", "1", "--kubeconfig", str(kc),
                      "--state-dir", str(state))
@@ -149,7 +169,8 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         while any(_alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         status = egpu("sandbox", "status", "--state-dir", str(state))
-        assert status.returncode == 1 and status.stdout.count("DEAD") == 4
+        assert len(first["processes"]) == 5  # etcd, apiserver, scheduler, kwok, allocation sync
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 5
 
         again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
         assert again.returncode == 0, again.stderr

@@ -1,0 +1,55 @@
+"""Keeps the allocation columns of a sandbox's GPUDevices current.
+
+On a real node the agent rewrites its cards' `allocatedMilli` / `allocatedMemoryMiB` from the
+pods' assignments. kwok nodes have no agent, so the sandbox runs this loop as one more of its
+supervised processes (started by `up`, stopped by `down`), calling the agent's own accounting
+(`agent.publish.sync_fake_allocations`) so the numbers mean the same on both kinds of node.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False)
+
+
+def run(kubeconfig: Path, interval_s: float, stop: threading.Event) -> None:
+    from lightkube import Client, KubeConfig
+
+    from elastic_gpu.agent.publish import sync_fake_allocations
+
+    client = Client(config=KubeConfig.from_file(kubeconfig), field_manager="egpu-sandbox")
+    while not stop.is_set():
+        try:
+            sync_fake_allocations(client)
+        except Exception as err:  # a passing API error must not end the loop: say it, retry
+            print(f"allocation sync failed, retrying: {type(err).__name__}: {err}",
+                  file=sys.stderr, flush=True)
+        stop.wait(interval_s)
+
+
+@app.command()
+def main(
+    kubeconfig: Annotated[Path, typer.Option(exists=True, dir_okay=False)],
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between syncs")] = 1.0,
+) -> None:
+    """Sync GPUDevice allocation columns from pod assignments until SIGTERM."""
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    run(kubeconfig, interval, stop)
+
+
+if __name__ == "__main__":
+    app()
