@@ -11,10 +11,14 @@ last (pods/s = pods / that time), so pod creation speed does not enter the figur
 - `egpu`: the same pods, kube-scheduler with the extender stanza of deploy/ (the extender
   filters, scores and binds);
 - `egpu-share`: the extender with 25% + 8 GiB shares;
+- `*-best`: the extender with `filterResult: best` and a kube-scheduler configuration without
+  prioritizeVerb (deploy/scheduler/kube-scheduler-config-best.yaml): one round trip per pod;
 - `plain-distinct` / `egpu-distinct`: as `plain` / `egpu`, but every pod has its own CPU
   request, so kube-scheduler's batching of identical pods (on by default since 1.35, off
   whenever extenders are configured) does not apply to either.
 Variants alternate order per round; both kube-schedulers get the same client QPS. Medians.
+Only the extender a variant uses runs during it (each is started before and stopped after), so
+an idle one's watch work does not load the box.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from elastic_gpu.scheduler.workbench import (
 
 WHOLE = {"nvidia.com/gpu": "1"}
 SHARE = {"elasticgpu.io/gpu-core": "25", "elasticgpu.io/gpu-memory": "8192"}
-LIMITS = {"plain": WHOLE, "egpu": WHOLE, "plain-distinct": WHOLE, "egpu-distinct": WHOLE,
-          "egpu-share": SHARE}
+LIMITS = {"plain": WHOLE, "egpu": WHOLE, "egpu-best": WHOLE, "plain-distinct": WHOLE,
+          "egpu-distinct": WHOLE, "egpu-best-distinct": WHOLE, "egpu-share": SHARE,
+          "egpu-share-best": SHARE}
 
 
 def manifest(variant: str, i: int, namespace: str) -> dict[str, Any]:
@@ -55,14 +60,22 @@ def manifest(variant: str, i: int, namespace: str) -> dict[str, Any]:
     return pod
 
 
-def measure(plane: ControlPlane, client: Any, extender: ExtenderProcess, variant: str,
+def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
             round_: int, count: int) -> float:
     name = f"{variant}-{round_}"
     plane.kubectl("create", "namespace", name)
     pods = [manifest(variant, i, name) for i in range(count)]
     create_pods(client, pods)
-    config = (plain_kube_scheduler_config(name) if variant.startswith("plain")
-              else extender_kube_scheduler_config(extender.url, name))
+    extender: ExtenderProcess | None = None
+    best = "best" in variant.split("-")
+    if variant.startswith("plain"):
+        config = plain_kube_scheduler_config(name)
+    else:
+        (port,) = free_ports(1)
+        extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",
+                                   config={"filterResult": "best" if best else "all"})
+        extender.start(timeout_s=120)
+        config = extender_kube_scheduler_config(extender.url, name, prioritize=not best)
     handle = plane.start_scheduler(config, name=f"ks-{name}")
     try:
         first = last = None
@@ -80,6 +93,8 @@ def measure(plane: ControlPlane, client: Any, extender: ExtenderProcess, variant
             time.sleep(0.1)
     finally:
         handle.stop()
+        if extender is not None:
+            extender.stop()
     plane.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0",
                   "--wait=false", check=False)
     while list_pods(client, name):
@@ -99,7 +114,6 @@ def main() -> int:
         work = Path(tmp)
         plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
         plane.start(scheduler=False, kwok_enabled=True)
-        extender: ExtenderProcess | None = None
         try:
             client = plane.client()
             ensure_crd(client)
@@ -107,16 +121,14 @@ def main() -> int:
             t0 = time.monotonic()
             register_fake_nodes(client, nodes)
             print(f"registered {len(nodes)} nodes in {time.monotonic() - t0:.1f} s", flush=True)
-            (port,) = free_ports(1)
-            extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log")
-            extender.start(timeout_s=120)
             results: dict[str, list[float]] = {v: [] for v in LIMITS}
             for r in range(args.rounds):
-                order = ["plain", "egpu", "plain-distinct", "egpu-distinct"]
+                order = ["plain", "egpu", "egpu-best", "plain-distinct", "egpu-distinct",
+                         "egpu-best-distinct", "egpu-share", "egpu-share-best"]
                 if r % 2:
-                    order = ["egpu", "plain", "egpu-distinct", "plain-distinct"]
-                for variant in [*order, "egpu-share"]:
-                    rate = measure(plane, client, extender, variant, r, args.pods)
+                    order.reverse()
+                for variant in order:
+                    rate = measure(plane, client, work, variant, r, args.pods)
                     results[variant].append(rate)
                     print(f"round {r} {variant}: {rate:.1f} pods/s", flush=True)
             plain = statistics.median(results["plain"])
@@ -127,19 +139,24 @@ def main() -> int:
             labels = {
                 "plain": ("kube-scheduler alone, identical `nvidia.com/gpu: 1` pods", plain),
                 "egpu": ("kube-scheduler + extender, identical `nvidia.com/gpu: 1` pods", plain),
+                "egpu-best": ("kube-scheduler + extender `filterResult: best`, no prioritize, "
+                              "identical `nvidia.com/gpu: 1` pods", plain),
                 "egpu-share": ("kube-scheduler + extender, identical 25% + 8 GiB shares", plain),
+                "egpu-share-best": ("kube-scheduler + extender `filterResult: best`, no "
+                                    "prioritize, identical 25% + 8 GiB shares", plain),
                 "plain-distinct": ("kube-scheduler alone, `nvidia.com/gpu: 1`, distinct pods",
                                    distinct),
                 "egpu-distinct": ("kube-scheduler + extender, `nvidia.com/gpu: 1`, distinct pods",
-                                  distinct)}
+                                  distinct),
+                "egpu-best-distinct": ("kube-scheduler + extender `filterResult: best`, no "
+                                       "prioritize, `nvidia.com/gpu: 1`, distinct pods",
+                                       distinct)}
             for variant, (label, base) in labels.items():
                 median = statistics.median(results[variant])
                 runs = ", ".join(f"{x:.0f}" for x in results[variant])
                 print(f"| {label} | {median:.1f} | {runs} | {median / base:.2f} |")
             return 0
         finally:
-            if extender is not None:
-                extender.stop()
             plane.stop()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import overload
 
 import numpy as np
@@ -29,6 +30,7 @@ from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.policies import CardPolicy, CardView, NodePolicy, NodeView, ScoreContext
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
+from elastic_gpu.core.policies.node import MAX_SPEC_CPU, BinpackPolicy, SpreadPolicy
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
@@ -62,6 +64,20 @@ class Unschedulable(Exception):
 class FilterResult:
     feasible: list[str]
     failed: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ScoredNodes:
+    """The named nodes split by fit, in the order asked, with the feasible ones' scores."""
+
+    feasible: list[str]
+    #: node-policy scores aligned with `feasible` (higher is better)
+    scores: FloatArray
+    #: the other names (unknown nodes included)
+    failed: list[str]
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(self.feasible, self.scores.tolist(), strict=True))
 
 
 @dataclass
@@ -153,6 +169,9 @@ class Engine:
         self._model_id: dict[str, int] = {}
         self._score_cache: dict[tuple[str, TaskShape], FloatArray] = {}
         self._stale = True
+        #: bumped by every change of usage or layout: the fit-mask memo is valid while equal
+        self._generation = 0
+        self._mask_memo: tuple[int, PodRequest, BoolArray] | None = None
         for node in nodes:
             self.upsert_node(node)
 
@@ -207,13 +226,41 @@ class Engine:
               ) -> dict[str, float]:
         """Scores (higher is better) of the named nodes that can host the pod; nodes that are
         unknown or cannot host it are left out."""
+        return self.scored(pod, node_names, policy).as_dict()
+
+    def scored(self, pod: PodRequest, node_names: Sequence[str], policy: str | None = None
+               ) -> ScoredNodes:
+        """`score` and `filter`'s split without explanations, as arrays: one vectorised pass
+        over the names (the extender sends up to every node of the cluster per request)."""
         self._refresh()
         name = policy or pod.node_policy or self.config.node_policy
-        mask = self._fit_mask(pod)
-        rows = [self._row_of[n] for n in node_names if n in self._row_of]
-        rows = [r for r in rows if mask[r]]
-        scores = self._scores(self._node_policy(name), task_shape(pod), np.array(rows, dtype=np.int64))
-        return {self._rows[r].node.name: float(s) for r, s in zip(rows, scores, strict=True)}
+        rows = self.rows_of(node_names)
+        fit = np.append(self._fit_mask(pod), False)[rows]  # row -1 (unknown) reads the False
+        names = np.array(node_names, dtype=object)
+        scores = self._scores(self._node_policy(name), task_shape(pod), rows[fit])
+        return ScoredNodes(names[fit].tolist(), scores, names[~fit].tolist())
+
+    def rows_of(self, node_names: Sequence[str]) -> IntArray:
+        """Row of each named node, -1 for unknown names (dict lookups at C speed)."""
+        return np.fromiter(map(self._row_of.get, node_names, repeat(-1)), dtype=np.int64,
+                           count=len(node_names))
+
+    def best(self, pod: PodRequest, node_names: Sequence[str], policy: str | None = None
+             ) -> str | None:
+        """The node `place` would choose among the named ones (highest score, the seeded rank
+        breaking ties), or None when none of them fits."""
+        self._refresh()
+        rows = self.rows_of(node_names)
+        rows = rows[np.append(self._fit_mask(pod), False)[rows]]
+        if rows.size == 0:
+            return None
+        return self._rows[self._best_row(pod, rows, policy)].node.name
+
+    def _best_row(self, pod: PodRequest, rows: IntArray, policy: str | None) -> int:
+        chosen = self._node_policy(policy or pod.node_policy or self.config.node_policy)
+        scores = self._scores(chosen, task_shape(pod), rows)
+        tied = rows[scores == scores.max()]
+        return int(tied[np.argmin(self._rank[tied])]) if tied.size > 1 else int(tied[0])
 
     def assign(self, pod: PodRequest, node_name: str, card_policy: str | None = None) -> Assignment:
         self._refresh()
@@ -239,11 +286,7 @@ class Engine:
         rows = np.flatnonzero(mask)
         if rows.size == 0:
             raise self._unschedulable(pod)
-        policy = self._node_policy(pod.node_policy or self.config.node_policy)
-        scores = self._scores(policy, task_shape(pod), rows)
-        best = scores.max()
-        tied = rows[scores == best]
-        row = int(tied[np.argmin(self._rank[tied])]) if tied.size > 1 else int(tied[0])
+        row = self._best_row(pod, rows, None)
         return self.assign(pod, self._rows[row].node.name)
 
     # ------------------------------------------------------------------ ledger
@@ -321,6 +364,7 @@ class Engine:
     def _refresh(self) -> None:
         if not self._stale:
             return
+        self._generation += 1
         n = len(self._rows)
         width = max((len(r.cards) for r in self._rows), default=0) or 1
         self._cpu_cap: IntArray = np.array([r.node.cpu_milli for r in self._rows], dtype=np.int64)
@@ -362,6 +406,7 @@ class Engine:
         row = self._row_of.get(entry.assignment.node)
         if row is None:
             return
+        self._generation += 1
         r = self._rows[row]
         self._cpu_used[row] += sign * entry.cpu_milli
         self._mem_used[row] += sign * entry.memory_mib
@@ -446,6 +491,16 @@ class Engine:
         return out
 
     def _fit_mask(self, pod: PodRequest) -> BoolArray:
+        """Which rows can host the pod. Memoised for the last pod while nothing changed: the
+        extender asks filter and then prioritize for the same pod. Callers must not mutate it."""
+        memo = self._mask_memo
+        if memo is not None and memo[0] == self._generation and (memo[1] is pod or memo[1] == pod):
+            return memo[2]
+        mask = self._compute_fit_mask(pod)
+        self._mask_memo = (self._generation, pod, mask)
+        return mask
+
+    def _compute_fit_mask(self, pod: PodRequest) -> BoolArray:
         host = self._host_mask(pod)
         gpu = pod.gpu_containers
         if not gpu:
@@ -483,6 +538,29 @@ class Engine:
         if not any(pod.accepts_model(m) for m in models):
             return (f"node {name} has {', '.join(sorted(models))} cards; the pod accepts "
                     f"{self._accepted_text(pod)}", "model")
+        gpu = pod.gpu_containers
+        if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
+            # What `_plan` would say for one share or whole-card container, from the arrays
+            # (the extender explains failed nodes per request; planning each costs ~0.1 ms).
+            c = gpu[0]
+            n = len(r.cards)
+            ok = self._usable[row, :n] & np.array([pod.accepts_model(card.model) for card in r.cards],
+                                                   dtype=bool)
+            if c.kind is RequestKind.SHARE:
+                cand = ok & (self._cap_milli[row, :n] - self._used_milli[row, :n] >= c.compute_milli) \
+                    & (self._cap_mem[row, :n] - self._used_mem[row, :n] >= c.memory_mib)
+                if cand.any():
+                    return f"node {name} fits", "gpu"
+                why = (f"node {name}: 0/{n} cards have {c.compute_milli} milli and "
+                       f"{c.memory_mib} MiB free{self._model_note(pod)} (container {c.name})")
+            else:
+                count = int((ok & (self._used_milli[row, :n] == 0) & (self._used_mem[row, :n] == 0)
+                             & (self._cap_mem[row, :n] >= c.memory_mib)).sum())
+                if count >= c.cards:
+                    return f"node {name} fits", "gpu"
+                why = (f"node {name}: {count} of {n} cards are entirely free"
+                       f"{self._model_note(pod)}, container {c.name} needs {c.cards}")
+            return why, "mig" if "MIG" in why else "gpu"
         plan = self._plan(row, pod, self._card_policy("binpack"))
         if isinstance(plan, str):
             return plan, "mig" if "MIG" in plan else "gpu"
@@ -620,6 +698,15 @@ class Engine:
                         int(self._mem_cap[row] - self._mem_used[row]), free, dict(r.tags))
 
     def _scores(self, policy: NodePolicy, task: TaskShape, rows: npt.NDArray[np.int64]) -> FloatArray:
+        kind = type(policy)
+        if kind is BinpackPolicy or kind is SpreadPolicy:
+            # The classic rules as array arithmetic, operation for operation the same IEEE
+            # doubles as their per-node `score` (a test compares them on random clusters).
+            free = ((self._cap_milli[rows] - self._used_milli[rows]) * self._usable[rows]).sum(axis=1)
+            gpu_left = free - task.total_milli
+            cpu_left = self._cpu_cap[rows] - self._cpu_used[rows] - task.cpu_milli
+            packed: FloatArray = -(gpu_left + cpu_left / (MAX_SPEC_CPU * 10))
+            return packed if kind is BinpackPolicy else -packed
         if not policy.cacheable:
             return np.array(policy.score_batch(self.ctx, task, _LazyViews(self, rows.tolist())),
                             dtype=np.float64)

@@ -4,6 +4,7 @@
     cardPolicy: binpack          # card tier, any name in core's CARD_POLICIES
     reservationTTLSeconds: 30    # how long a bind whose outcome is unknown holds its cards
     seed: 0                      # random policies' seed, for reproducible runs
+    filterResult: all            # all: every fitting node (+ prioritize); best: only the engine's choice
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations.
@@ -12,7 +13,7 @@ annotations.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -44,6 +45,10 @@ class SchedulerConfig(BaseModel):
     card_policy: str = Field(default="binpack", validation_alias="cardPolicy")
     reservation_ttl_s: float = Field(default=30.0, validation_alias="reservationTTLSeconds", gt=0, le=3600)
     seed: int = 0
+    #: "all": filter passes every node with room (kube-scheduler then asks prioritize);
+    #: "best": filter passes only the node the engine would choose, so kube-scheduler skips
+    #: scoring and the prioritize round trip (docs/scheduler.md, "One round trip per pod").
+    filter_result: Literal["all", "best"] = Field(default="all", validation_alias="filterResult")
 
     @field_validator("node_policy")
     @classmethod

@@ -28,11 +28,12 @@ def managed_resource_names() -> list[str]:
 
 
 def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s",
-                    enable_https: bool = False) -> dict[str, Any]:
+                    enable_https: bool = False, prioritize: bool = True) -> dict[str, Any]:
+    """`prioritize=False` goes with the extender's `filterResult: best`: its filter leaves one
+    node, kube-scheduler then scores nothing, and a prioritize verb would never be called."""
     stanza: dict[str, Any] = {
         "urlPrefix": url_prefix,
         "filterVerb": "filter",
-        "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
         "preemptVerb": "preempt",
         "weight": weight,
@@ -43,15 +44,19 @@ def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s
         "managedResources": [{"name": n, "ignoredByScheduler": True}
                              for n in managed_resource_names()],
     }
+    if prioritize:
+        stanza["prioritizeVerb"] = "prioritize"
+    else:
+        del stanza["weight"]  # kube-scheduler only reads it for prioritize
     return stanza
 
 
 def kube_scheduler_config(url_prefix: str = "http://127.0.0.1:8888", *,
                           scheduler_name: str = "default-scheduler",
-                          weight: int = 5) -> dict[str, Any]:
+                          weight: int = 5, prioritize: bool = True) -> dict[str, Any]:
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "profiles": [{"schedulerName": scheduler_name}],
-        "extenders": [extender_stanza(url_prefix, weight=weight)],
+        "extenders": [extender_stanza(url_prefix, weight=weight, prioritize=prioritize)],
     }

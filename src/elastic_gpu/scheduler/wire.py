@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 M = TypeVar("M", bound="_Wire")
@@ -141,8 +142,16 @@ def filter_error(message: str) -> dict[str, Any]:
             "FailedAndUnresolvableNodes": {}, "Error": message}
 
 
-def host_priorities(scores: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [{"Host": host, "Score": score} for host, score in scores.items()]
+class HostPriority(msgspec.Struct):
+    """One entry of kube-scheduler's HostPriorityList (encodes as {"Host": ..., "Score": ...})."""
+
+    Host: str
+    Score: int
+
+
+def host_priorities(scores: Mapping[str, int]) -> list[HostPriority]:
+    # map over a Struct constructor: no Python-level loop for 5,000-node answers
+    return list(map(HostPriority, scores.keys(), scores.values()))
 
 
 def preemption_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from elastic_gpu.scheduler import wire
@@ -84,5 +85,5 @@ def test_preemption_full_victims_need_uids() -> None:
 
 
 def test_host_priorities_shape() -> None:
-    assert wire.host_priorities({"a": 10, "b": 0}) == [{"Host": "a", "Score": 10},
-                                                       {"Host": "b", "Score": 0}]
+    encoded = msgspec.json.encode(wire.host_priorities({"a": 10, "b": 0}))
+    assert json.loads(encoded) == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 0}]
