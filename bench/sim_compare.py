@@ -26,11 +26,14 @@ def main() -> None:
     parser.add_argument("--policies", default="random,dotprod,clustering,packing,bestfit,fgd,fgdx")
     parser.add_argument("--seeds", default="42-51")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--card-policy", default="auto",
+                        help="card tier for every policy; auto: the artifact's pairing")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     nodes = str(DATA / "openb_node_list_all_node.csv")
     policies = args.policies.split(",")
-    jobs = [Job(f"openb_pod_list_{w}", nodes, str(DATA / f"openb_pod_list_{w}.csv"), p, s, 1.3, "auto")
+    jobs = [Job(f"openb_pod_list_{w}", nodes, str(DATA / f"openb_pod_list_{w}.csv"), p, s, 1.3,
+                args.card_policy)
             for w in args.workloads.split(",") for p in policies for s in parse_seeds(args.seeds)]
     started = time.perf_counter()
     outcomes = run_jobs(jobs, args.processes)

@@ -122,3 +122,42 @@ def test_fgd_card_rule_keeps_whole_cards_for_whole_card_tasks() -> None:
     engine.allocate(first.key, engine.assign(first, "n"), first)
     second = engine.place(share("b", 400))
     assert {s.index for s in second.shares()} == {s.index for s in engine.allocation(first.key).shares()}
+
+
+def test_fgdx_cpufit_packs_cpu_only_tasks_into_the_tightest_cpu_among_gpu_full_nodes() -> None:
+    from engine_helpers import cpu_only
+
+    def engine_for(policy: str, seed: int) -> Engine:
+        # Both nodes have every card taken, so FGD and fgdx (idle GPU 0 on both) tie; only the
+        # free CPU differs.
+        engine = Engine([gpu_node("roomy", cards=2, cpu=64000), gpu_node("tight", cards=2, cpu=16000)],
+                        PolicyConfig(node_policy=policy), seed=seed)
+        for node in ("roomy", "tight"):
+            pod = whole(f"w-{node}", 2)
+            engine.allocate(pod.key, engine.assign(pod, node), pod)
+        return engine
+
+    fgdx_choices = {engine_for("fgdx", seed).place(cpu_only("c", 4000)).node for seed in range(12)}
+    assert fgdx_choices == {"roomy", "tight"}
+    for seed in range(12):
+        assert engine_for("fgdx-cpufit", seed).place(cpu_only("c", 4000)).node == "tight"
+    # the large CPU hole is left whole for a task only it can take
+    engine = engine_for("fgdx-cpufit", 0)
+    small = cpu_only("small", 4000)
+    engine.allocate(small.key, engine.assign(small, engine.place(small).node), small)
+    assert engine.place(cpu_only("big", 60000)).node == "roomy"
+
+
+def test_fgdx_cpufit_keeps_fgdx_rule_first_and_leaves_gpu_tasks_alone() -> None:
+    c = ctx()
+    cpufit, fgdx = node_policy("fgdx-cpufit"), node_policy("fgdx")
+    cpu_task = TaskShape(1000, 0, 0)
+    # less idle GPU beats less free CPU
+    assert cpufit.score(c, cpu_task, view((0, 0), cpu_free=32000)) > cpufit.score(
+        c, cpu_task, view((1000, 0), cpu_free=31000))
+    # less free CPU wins between nodes with equal idle GPU
+    assert cpufit.score(c, cpu_task, view((0, 0), cpu_free=8000)) > cpufit.score(
+        c, cpu_task, view((0, 0), cpu_free=32000))
+    gpu_task = TaskShape(1000, 500, 1)
+    for free, cpu in (((1000, 500), 8000), ((1000, 1000), 32000)):
+        assert cpufit.score(c, gpu_task, view(free, cpu)) == fgdx.score(c, gpu_task, view(free, cpu))

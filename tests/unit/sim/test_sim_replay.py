@@ -52,7 +52,8 @@ def test_curves_bin_arrivals_by_rounded_percent() -> None:
     assert curve[30] == 10.0
 
 
-@pytest.mark.parametrize("policy", ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "fgdx"])
+@pytest.mark.parametrize("policy", ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "fgdx",
+                                    "fgdx-cpufit"])
 def test_small_replays_allocate_what_they_report(tmp_path: Path, policy: str) -> None:
     nodes = load_nodes(write_nodes(tmp_path / "n.csv"))
     tasks = load_tasks(write_pods(tmp_path / "p.csv"))

@@ -206,7 +206,26 @@ class FgdxPolicy(FgdPolicy):
         return base
 
 
+class FgdxCpuFitPolicy(FgdxPolicy):
+    """fgdx, and CPU-only tasks also best-fit on CPU among nodes with equally idle GPU.
+
+    fgdx's rule sends CPU-only tasks to nodes whose GPUs are (nearly) all taken, and many such
+    nodes tie. Of those, the one left with the least free CPU is chosen, so that the large CPU
+    holes stay whole for the next large CPU-only task instead of being nibbled down. See
+    docs/simulator.md, "fgdx-cpufit".
+    """
+
+    name = "fgdx-cpufit"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if task.gpu_count == 0 or task.gpu_milli == 0:
+            # two orders of magnitude below fgdx's idle-GPU term: only splits its ties
+            return base - 1e-6 * (node.cpu_free - task.cpu_milli) / MAX_SPEC_CPU
+        return base
+
+
 NODE_POLICY_CLASSES: tuple[type[NodePolicy], ...] = (
     BinpackPolicy, SpreadPolicy, RandomPolicy, BestFitPolicy, DotProductPolicy, PackingPolicy,
-    ClusteringPolicy, FgdPolicy, FgdxPolicy,
+    ClusteringPolicy, FgdPolicy, FgdxPolicy, FgdxCpuFitPolicy,
 )
