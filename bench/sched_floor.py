@@ -1,6 +1,9 @@
 """The floor of the extender protocol: kube-scheduler with a do-nothing Python extender
 (every node passes, no scores, bind = a plain Binding) next to kube-scheduler alone and to
-the real `egpu scheduler`, same control plane, same pods (`nvidia.com/gpu: 1`).
+the real `egpu scheduler`, same control plane, same pods (`nvidia.com/gpu: 1`). Each extender
+also runs in its one-round-trip form: filter passes one node and kube-scheduler has no
+prioritize verb (the do-nothing one passes the first name; `egpu scheduler` with
+`filterResult: best` the engine's choice).
 
     .venv/bin/python bench/sched_floor.py --nodes 200 --pods 600 --rounds 2
 
@@ -37,6 +40,12 @@ def serve_null(kubeconfig: str, port: int) -> None:
                                       "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
                                       "Error": ""})
 
+        async def filter_one(request: web.Request) -> web.Response:
+            args = json.loads(await request.read())
+            return web.json_response({"NodeNames": args["NodeNames"][:1], "Nodes": None,
+                                      "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                                      "Error": ""})
+
         async def prioritize(request: web.Request) -> web.Response:
             await request.read()
             return web.json_response([])
@@ -51,6 +60,8 @@ def serve_null(kubeconfig: str, port: int) -> None:
         app.router.add_post("/filter", filter_)
         app.router.add_post("/prioritize", prioritize)
         app.router.add_post("/bind", bind)
+        app.router.add_post("/one/filter", filter_one)
+        app.router.add_post("/one/bind", bind)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -77,39 +88,42 @@ def main() -> int:
     from elastic_gpu.devcluster.controlplane import ControlPlane
     from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
     from elastic_gpu.devcluster.ports import free_ports
-    from elastic_gpu.scheduler.workbench import ExtenderProcess
 
     with tempfile.TemporaryDirectory(prefix="egpu-floor-") as tmp:
         plane = ControlPlane(work_dir=Path(tmp) / "k8s", die_with_parent=True)
         plane.start(scheduler=False, kwok_enabled=True)
         null: subprocess.Popen[bytes] | None = None
-        extender: ExtenderProcess | None = None
+        work = Path(tmp)
         try:
             client = plane.client()
             ensure_crd(client)
             register_fake_nodes(client, uniform_inventories(args.nodes, prefix="floor", gpus=8))
-            null_port, egpu_port = free_ports(2)
+            (null_port,) = free_ports(1)
             null = subprocess.Popen([sys.executable, __file__, "--serve-null",
                                      str(plane.kubeconfig), str(null_port)])
-            extender = ExtenderProcess(plane.kubeconfig, egpu_port, Path(tmp) / "egpu.log")
-            extender.start()
-            null_handle = ExtenderProcess(plane.kubeconfig, null_port, Path(tmp) / "null.log")
+            null_url = f"http://127.0.0.1:{null_port}"
             time.sleep(3)  # the null extender has no readiness endpoint; it needs no caches
-            rates: dict[str, list[float]] = {"plain": [], "null": [], "egpu": []}
+            # (key, variant for sched_throughput.measure, round offset, extender URL)
+            runs = (("plain", "plain", 0, None), ("null", "egpu", 100, null_url),
+                    ("null-best", "egpu-best", 200, f"{null_url}/one"),
+                    ("egpu", "egpu", 300, None), ("egpu-best", "egpu-best", 400, None))
+            rates: dict[str, list[float]] = {key: [] for key, *_ in runs}
             for r in range(args.rounds):
-                rates["plain"].append(tput.measure(plane, client, extender, "plain", r, args.pods))
-                rates["null"].append(tput.measure(plane, client, null_handle, "egpu", 100 + r,
-                                                  args.pods))
-                rates["egpu"].append(tput.measure(plane, client, extender, "egpu", 200 + r,
-                                                  args.pods))
+                for key, variant, offset, url in (runs if r % 2 == 0 else runs[::-1]):
+                    rates[key].append(tput.measure(plane, client, work, variant, offset + r,
+                                                   args.pods, url))
                 print({k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
             plain = statistics.median(rates["plain"])
             print(f"\n{args.pods} pods `nvidia.com/gpu: 1`, {args.nodes} nodes x 8 cards")
             print("| scheduler | pods/s (median) | runs | ratio to kube-scheduler alone |")
             print("|---|---|---|---|")
             for key, label in (("plain", "kube-scheduler alone"),
-                               ("null", "+ do-nothing Python extender"),
-                               ("egpu", "+ `egpu scheduler`")):
+                               ("null", "+ do-nothing Python extender (filter + prioritize)"),
+                               ("null-best", "+ do-nothing Python extender, filter passes one "
+                                             "node, no prioritize"),
+                               ("egpu", "+ `egpu scheduler` (filter + prioritize)"),
+                               ("egpu-best", "+ `egpu scheduler` `filterResult: best`, no "
+                                             "prioritize")):
                 median = statistics.median(rates[key])
                 runs = ", ".join(f"{x:.0f}" for x in rates[key])
                 print(f"| {label} | {median:.1f} | {runs} | {median / plain:.2f} |")
@@ -117,8 +131,6 @@ def main() -> int:
         finally:
             if null is not None:
                 null.kill()
-            if extender is not None:
-                extender.stop()
             plane.stop()
 
 

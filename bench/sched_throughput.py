@@ -61,7 +61,9 @@ def manifest(variant: str, i: int, namespace: str) -> dict[str, Any]:
 
 
 def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
-            round_: int, count: int) -> float:
+            round_: int, count: int, url: str | None = None) -> float:
+    """pods/s of one variant; `url`: an extender already running there instead of a fresh
+    `egpu scheduler` (sched_floor.py's do-nothing one)."""
     name = f"{variant}-{round_}"
     plane.kubectl("create", "namespace", name)
     pods = [manifest(variant, i, name) for i in range(count)]
@@ -70,6 +72,8 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
     best = "best" in variant.split("-")
     if variant.startswith("plain"):
         config = plain_kube_scheduler_config(name)
+    elif url is not None:
+        config = extender_kube_scheduler_config(url, name, prioritize=not best)
     else:
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",

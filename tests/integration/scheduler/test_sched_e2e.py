@@ -65,22 +65,37 @@ class Setup:
             return err.code, json.loads(err.read())
 
 
-@pytest.fixture
-def setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
-          ) -> Iterator[Setup]:
+def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
+           filter_result: str) -> Iterator[Setup]:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
     ensure_crd(client)
     (port,) = free_ports(1)
-    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
+                               config={"filterResult": filter_result})
     extender.start()
     name = unique_name("egpu")
-    start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
+    # filterResult: best goes with the configuration without prioritizeVerb (deploy/'s -best)
+    start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
+                                                        prioritize=filter_result == "all"))
     try:
         yield Setup(extender, name, client)
     finally:
         extender.stop()
+
+
+@pytest.fixture
+def setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
+          ) -> Iterator[Setup]:
+    yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, "all")
+
+
+@pytest.fixture(params=["all", "best"])
+def any_setup(request: pytest.FixtureRequest, k8s_cluster: Any,
+              start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> Iterator[Setup]:
+    """Both extender configurations: filter + prioritize, and one round trip per pod."""
+    yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, request.param)
 
 
 def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
@@ -155,7 +170,8 @@ def test_every_request_style_gets_the_cards_it_asked_for(
 
 
 def test_binpack_and_spread_differ_at_both_tiers(
-        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+        any_setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    setup = any_setup
     nodes = fake_gpu_nodes(2, gpus=4)
     setup.wait_known(nodes, 4)
 
@@ -182,7 +198,8 @@ def test_binpack_and_spread_differ_at_both_tiers(
 
 
 def test_unschedulable_pod_gets_a_reason_a_person_can_act_on(
-        setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+        any_setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    setup = any_setup
     nodes = fake_gpu_nodes(1, gpus=2)
     setup.wait_known(nodes, 2)
     pod = pod_manifest("too-big", k8s_namespace, scheduler_name=setup.scheduler_name,
