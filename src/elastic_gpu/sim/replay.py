@@ -34,7 +34,7 @@ from elastic_gpu.sim.trace import Task
 #: The card policy each node policy uses unless told otherwise, as in the FGD artifact: random
 #: picks random cards, FGD (and fgdx, built on it) picks by fragmentation, the others take the
 #: tightest card.
-AUTO_CARD_POLICY = {"random": "random", "fgd": "fgd", "fgdx": "fgd"}
+AUTO_CARD_POLICY = {"random": "random", "fgd": "fgd", "fgdx": "fgd", "fgdx-cpufit": "fgd"}
 
 REPORT_POINTS = (50, 90, 100, 130)
 
