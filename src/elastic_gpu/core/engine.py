@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -32,12 +32,17 @@ from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.policies.node import MAX_SPEC_CPU, BinpackPolicy, SpreadPolicy
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
-from elastic_gpu.core.resources import MILLI_PER_CARD
+from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
+
+
+def compute_text(milli: int | np.integer[Any]) -> str:
+    """Compute as people write it: 500 milli-cards is "50% compute" (1% = 10 milli)."""
+    return f"{int(milli) / MILLI_PER_PERCENT:g}% compute"
 
 
 @dataclass(frozen=True)
@@ -463,8 +468,8 @@ class Engine:
             card = r.cards[col]
             if self._used_milli[row, col] + milli > card.compute_milli:
                 raise Unschedulable(f"card {card.index} of {r.node.name} has "
-                                    f"{card.compute_milli - self._used_milli[row, col]} milli free, "
-                                    f"{milli} asked", "gpu")
+                                    f"{compute_text(card.compute_milli - self._used_milli[row, col])} "
+                                    f"free, {compute_text(milli)} asked", "gpu")
             if self._used_mem[row, col] + add_mem[col] > card.memory_mib:
                 raise Unschedulable(f"card {card.index} of {r.node.name} has "
                                     f"{card.memory_mib - self._used_mem[row, col]} MiB free, "
@@ -551,7 +556,7 @@ class Engine:
                     & (self._cap_mem[row, :n] - self._used_mem[row, :n] >= c.memory_mib)
                 if cand.any():
                     return f"node {name} fits", "gpu"
-                why = (f"node {name}: 0/{n} cards have {c.compute_milli} milli and "
+                why = (f"node {name}: 0/{n} cards have {compute_text(c.compute_milli)} and "
                        f"{c.memory_mib} MiB free{self._model_note(pod)} (container {c.name})")
             else:
                 count = int((ok & (self._used_milli[row, :n] == 0) & (self._used_mem[row, :n] == 0)
@@ -638,7 +643,8 @@ class Engine:
                 cand = [p for p in range(len(cards))
                         if free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
                 if not cand:
-                    return (f"node {name}: 0/{len(r.cards)} cards have {c.compute_milli} milli and "
+                    return (f"node {name}: 0/{len(r.cards)} cards have "
+                            f"{compute_text(c.compute_milli)} and "
                             f"{c.memory_mib} MiB free{self._model_note(pod)} "
                             f"(container {c.name})")
                 p = policy.pick_share(self.ctx, view, cand, c.compute_milli, c.memory_mib)

@@ -217,7 +217,7 @@ def test_unschedulable_pod_gets_a_reason_a_person_can_act_on(
         message = " ".join(c.get("message") or "" for c in conditions
                            if c.get("type") == "PodScheduled")
         time.sleep(0.3)
-    assert f"0/2 cards have 500 milli and {200 * 1024} MiB free" in message
+    assert f"0/2 cards have 50% compute and {200 * 1024} MiB free" in message
     assert not current["spec"].get("nodeName")
 
 

@@ -28,3 +28,16 @@ def test_every_table_row_is_documented_as_coded() -> None:
         assert rule == spec.rule.value
         assert origin == spec.origin
     assert list(rows) == ["nvidia.com/mig-<g>g.<m>gb"]
+
+
+def test_the_scheduler_doc_lists_exactly_the_registered_policies() -> None:
+    from elastic_gpu.core.policies import CARD_POLICIES, NODE_POLICIES
+
+    text = (DOC.parent / "scheduler.md").read_text()
+    listed = {}
+    for line in text.splitlines():
+        for key in ("nodePolicy", "cardPolicy"):
+            if line.startswith(f"{key}:") and "tier:" in line:
+                listed[key] = set(line.split("tier:")[1].split())
+    assert listed["nodePolicy"] == set(NODE_POLICIES)
+    assert listed["cardPolicy"] == set(CARD_POLICIES)

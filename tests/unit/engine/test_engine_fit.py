@@ -29,7 +29,7 @@ def test_share_never_exceeds_a_card() -> None:
     with pytest.raises(Unschedulable) as err:
         engine.place(share("b", 500))
     assert err.value.category == "gpu"
-    assert "500 milli" in err.value.reason
+    assert "50% compute" in err.value.reason
 
 
 def test_card_memory_limits_shares() -> None:

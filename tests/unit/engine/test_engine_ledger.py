@@ -17,7 +17,7 @@ def one_share(node: str, index: int, milli: int, memory: int = 0) -> Assignment:
 def test_allocate_rejects_overcommit_of_compute_and_memory() -> None:
     engine = Engine([gpu_node("n1", cards=1, memory=1000)])
     engine.allocate("ns/a", one_share("n1", 0, 700, 600))
-    with pytest.raises(Unschedulable, match="milli free"):
+    with pytest.raises(Unschedulable, match="% compute free"):
         engine.allocate("ns/b", one_share("n1", 0, 400))
     with pytest.raises(Unschedulable, match="MiB free"):
         engine.allocate("ns/c", one_share("n1", 0, 100, 500))

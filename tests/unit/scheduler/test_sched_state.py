@@ -78,7 +78,7 @@ def test_reservation_is_seen_by_the_next_filter() -> None:
     state.reserve(pod_request_from_manifest(a), "uid-a", "n1")
     result = state.filter(pod_request_from_manifest(b), "uid-b", ["n1"])
     assert result.feasible == []
-    assert "0/1 cards have 600 milli" in result.failed["n1"]
+    assert "0/1 cards have 60% compute" in result.failed["n1"]
     with pytest.raises(Unschedulable):
         state.reserve(pod_request_from_manifest(b), "uid-b", "n1")
     assert used(state, "n1") == 600
@@ -239,7 +239,7 @@ def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
     result = state.filter(pod_request_from_manifest(share_pod("x", 50)), "uid-x", names)
     assert result.feasible == [nodes[-1].name]
     assert set(result.failed) == set(names) - {nodes[-1].name}
-    detailed = [r for r in result.failed.values() if "0/1 cards have 500 milli" in r]
+    detailed = [r for r in result.failed.values() if "0/1 cards have 50% compute" in r]
     assert len(detailed) == DETAIL_LIMIT
     assert list(result.failed.values()).count(SUMMARY_REASON) == 48
     assert result.failed["ghost"] == "node ghost is unknown to the GPU scheduler"
