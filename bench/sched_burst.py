@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from elastic_gpu.agent.inventory_api import ensure_crd
-from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.scheduler.scenario import fractional_pods, run_burst
-from elastic_gpu.scheduler.workbench import ExtenderProcess, extender_kube_scheduler_config
+from elastic_gpu.scheduler.workbench import (
+    ExtenderProcess,
+    extender_kube_scheduler_config,
+    start_gpu_cluster,
+)
 
 
 def main() -> int:
@@ -35,16 +36,9 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="egpu-burst-") as tmp:
         work = Path(tmp)
-        plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
-        plane.start(scheduler=False, kwok_enabled=True)
+        plane, client, nodes = start_gpu_cluster(work, args.nodes, prefix="burst")
         extender: ExtenderProcess | None = None
         try:
-            client = plane.client()
-            ensure_crd(client)
-            nodes = uniform_inventories(args.nodes, prefix="burst", gpus=8)
-            t0 = time.monotonic()
-            register_fake_nodes(client, nodes)
-            print(f"registered {len(nodes)} nodes in {time.monotonic() - t0:.1f} s", flush=True)
             (port,) = free_ports(1)
             extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log")
             extender.start()

@@ -84,20 +84,14 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     import sched_throughput as tput
 
-    from elastic_gpu.agent.inventory_api import ensure_crd
-    from elastic_gpu.devcluster.controlplane import ControlPlane
-    from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
     from elastic_gpu.devcluster.ports import free_ports
+    from elastic_gpu.scheduler.workbench import start_gpu_cluster
 
     with tempfile.TemporaryDirectory(prefix="egpu-floor-") as tmp:
-        plane = ControlPlane(work_dir=Path(tmp) / "k8s", die_with_parent=True)
-        plane.start(scheduler=False, kwok_enabled=True)
-        null: subprocess.Popen[bytes] | None = None
         work = Path(tmp)
+        plane, client, _ = start_gpu_cluster(work, args.nodes, prefix="floor")
+        null: subprocess.Popen[bytes] | None = None
         try:
-            client = plane.client()
-            ensure_crd(client)
-            register_fake_nodes(client, uniform_inventories(args.nodes, prefix="floor", gpus=8))
             (null_port,) = free_ports(1)
             null = subprocess.Popen([sys.executable, __file__, "--serve-null",
                                      str(plane.kubeconfig), str(null_port)])

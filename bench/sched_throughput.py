@@ -31,9 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.inventory_api import ensure_crd
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.scheduler.scenario import create_pods, list_pods, unbound_count
 from elastic_gpu.scheduler.workbench import (
@@ -41,6 +39,7 @@ from elastic_gpu.scheduler.workbench import (
     extender_kube_scheduler_config,
     plain_kube_scheduler_config,
     pod_manifest,
+    start_gpu_cluster,
 )
 
 WHOLE = {"nvidia.com/gpu": "1"}
@@ -105,7 +104,11 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         time.sleep(1)
     if previous != count or first is None or last is None:
         raise RuntimeError(f"{variant}: only {previous}/{count} pods bound")
-    return count / max(last - first, 1e-6)
+    if last == first:
+        # Every pod was already bound at the first 0.1 s poll: the span is below what the poll
+        # can time, and pods / ~0 would be a fantasy figure.
+        raise RuntimeError(f"{variant}: all {count} pods bound within one poll; use more --pods")
+    return count / (last - first)
 
 
 def main() -> int:
@@ -116,15 +119,8 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="egpu-tput-") as tmp:
         work = Path(tmp)
-        plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
-        plane.start(scheduler=False, kwok_enabled=True)
+        plane, client, _ = start_gpu_cluster(work, args.nodes, prefix="tput")
         try:
-            client = plane.client()
-            ensure_crd(client)
-            nodes = uniform_inventories(args.nodes, prefix="tput", gpus=8)
-            t0 = time.monotonic()
-            register_fake_nodes(client, nodes)
-            print(f"registered {len(nodes)} nodes in {time.monotonic() - t0:.1f} s", flush=True)
             results: dict[str, list[float]] = {v: [] for v in LIMITS}
             for r in range(args.rounds):
                 order = ["plain", "egpu", "egpu-best", "plain-distinct", "egpu-distinct",

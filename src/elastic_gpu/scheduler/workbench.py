@@ -228,3 +228,26 @@ def share_fits_somewhere(milli: int, memory_mib: int, use: Mapping[tuple[str, in
                     and card.memory_mib - u.memory_mib >= memory_mib):
                 return True
     return False
+
+
+def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any, list[Node]]:
+    """A control plane with kwok and `nodes` fake 8-card nodes but no kube-scheduler (each
+    benchmark starts the scheduler it measures). Returns (plane, lightkube client, inventories); the caller
+    stops the plane, which is stopped here already if registration fails."""
+    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.devcluster.controlplane import ControlPlane
+    from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
+
+    plane = ControlPlane(work_dir=work_dir / "k8s", die_with_parent=True)
+    plane.start(scheduler=False, kwok_enabled=True)
+    try:
+        client = plane.client()
+        ensure_crd(client)
+        t0 = time.monotonic()
+        inventories = uniform_inventories(nodes, prefix=prefix, gpus=8)
+        register_fake_nodes(client, inventories)
+        print(f"registered {nodes} nodes in {time.monotonic() - t0:.1f} s", flush=True)
+    except BaseException:
+        plane.stop()
+        raise
+    return plane, client, inventories
