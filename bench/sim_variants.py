@@ -3,7 +3,8 @@
 Usage: python bench/sim_variants.py POLICY[/CARD],... WORKLOAD,... SEEDS [--out results.json]
 e.g.   python bench/sim_variants.py fgdx,fgdx/frag-exact,x_few gpushare60,gpushare80 42-46
 Prints the median unallocated GPU % at 100% arrived and the per-seed values. The variants are
-registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit", lists the results).
+registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third attempt",
+and docs/simulator.md list the results), and so is the `fgd-tight` card tier.
 Note: `auto` maps only fgd/fgdx to the fgd card tier; the x_* variants get binpack under auto.
 """
 
@@ -14,11 +15,26 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from elastic_gpu.core.frag import sorted_free
-from elastic_gpu.core.policies import NodeView, ScoreContext, register_node_policy
-from elastic_gpu.core.policies.node import MAX_SPEC_GPU, FgdxPolicy
+from elastic_gpu.core.frag import sigmoid, sorted_free
+from elastic_gpu.core.policies import (
+    CardView,
+    NodeView,
+    ScoreContext,
+    register_card_policy,
+    register_node_policy,
+)
+from elastic_gpu.core.policies.base import CardPolicy
+from elastic_gpu.core.policies.node import (
+    MAX_SCORE,
+    MAX_SPEC_GPU,
+    BestFitPolicy,
+    DotProductPolicy,
+    FgdxPolicy,
+    free_after,
+)
 from elastic_gpu.core.workload import TaskShape
 from elastic_gpu.sim.compare import Job, parse_seeds, run_jobs
 
@@ -68,8 +84,106 @@ class ExactGrowth(FgdxPolicy):
         return base - 1e-3 * min((after - before) / 8000, 1.0) - 1e-5 * node.free_total / MAX_SPEC_GPU
 
 
-for _cls in (FewerGpus, CpuRich, ExactGrowth):
+class GpuBinpack(FgdxPolicy):
+    """fgdx; GPU tasks also prefer, among FGD ties, the node left with the least free GPU."""
+
+    name = "x_gbp"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if not _is_gpu(task):
+            return base
+        return base - 1e-3 * (node.free_total - task.total_milli) / MAX_SPEC_GPU
+
+
+class BlendBestFit(FgdxPolicy):
+    """fgdx plus a small share of bestfit's score (0.02 x 0..100: up to 2 FGD points)."""
+
+    name = "x_bf"
+    alpha = 0.02
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if not _is_gpu(task):
+            return base
+        return base + self.alpha * BestFitPolicy().score(ctx, task, node)
+
+
+class BlendBestFit5(BlendBestFit):
+    name = "x_bf5"
+    alpha = 0.05
+
+
+class BlendDotProd(FgdxPolicy):
+    """fgdx plus a small share of dotprod's score."""
+
+    name = "x_dp"
+    alpha = 0.02
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if not _is_gpu(task):
+            return base
+        return base + self.alpha * DotProductPolicy().score(ctx, task, node)
+
+
+class ShareTight(FgdxPolicy):
+    """fgdx; a share also prefers, among FGD ties, the node whose best card it fills tightest
+    (least compute left on that card); whole-card and CPU-only tasks as fgdx."""
+
+    name = "x_stight"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if not task.is_share:
+            return base
+        left = min(f for f in node.free if f >= task.gpu_milli) - task.gpu_milli
+        return base - 1e-3 * left / 1000
+
+
+class FinerSigmoid(FgdxPolicy):
+    """fgdx with FGD's sigmoid twice as steep for GPU tasks (Delta/500): fewer integer ties."""
+
+    name = "x_sig500"
+    scale = 500.0
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if not _is_gpu(task):
+            return super().score(ctx, task, node)
+        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(node.free))
+        cpu_after = node.cpu_free - task.cpu_milli
+        best = 0.0
+        for _, free in free_after(task, node.free):
+            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+            best = max(best, float(int(sigmoid((before - after) / self.scale) * MAX_SCORE)))
+        return best
+
+
+class FragCardsTight(CardPolicy):
+    """FGD's card rule (integer sigmoid score), ties by the tightest fit instead of lowest index."""
+
+    name = "fgd-tight"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        node = view.node
+        cpu_after = node.cpu_free - view.task.cpu_milli
+        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
+
+        def key(pos: int) -> tuple[int, int, int]:
+            free = list(view.free_milli)
+            free[pos] -= milli
+            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+            return (-int(sigmoid((before - after) / 1000) * 100), view.free_milli[pos],
+                    view.cards[pos].index)
+
+        return min(candidates, key=key)
+
+
+for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
+             BlendDotProd, ShareTight, FinerSigmoid):
     register_node_policy(_cls)
+register_card_policy(FragCardsTight)
 
 
 def main() -> None:
