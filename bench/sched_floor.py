@@ -1,5 +1,6 @@
 """The floor of the extender protocol: kube-scheduler with a do-nothing Python extender
-(every node passes, no scores, bind = a plain Binding) next to kube-scheduler alone and to
+(every node passes, no scores, bind = a plain Binding through the lean REST client, in
+the same process) next to kube-scheduler alone and to
 the real `egpu scheduler`, same control plane, same pods (`nvidia.com/gpu: 1`). Each extender
 also runs in its one-round-trip form: filter passes one node and kube-scheduler has no
 prioritize verb (the do-nothing one passes the first name; `egpu scheduler` with
@@ -28,11 +29,11 @@ from aiohttp import web
 
 
 def serve_null(kubeconfig: str, port: int) -> None:
-    from elastic_gpu.k8s.client import async_client
-    from elastic_gpu.scheduler.api import LightkubePodApi
+    from elastic_gpu.k8s.rest import RestClient
+    from elastic_gpu.scheduler.apiworker import binding_body
 
     async def main() -> None:
-        api = LightkubePodApi(async_client(Path(kubeconfig), field_manager="null-extender"))
+        client = RestClient.from_config(Path(kubeconfig))
 
         async def filter_(request: web.Request) -> web.Response:
             args = json.loads(await request.read())
@@ -52,8 +53,10 @@ def serve_null(kubeconfig: str, port: int) -> None:
 
         async def bind(request: web.Request) -> web.Response:
             args = json.loads(await request.read())
-            await api.bind(args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"],
-                           None, {})
+            namespace, name = args["PodNamespace"], args["PodName"]
+            await client.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                                 body=binding_body(namespace, name, args["PodUID"], args["Node"],
+                                                   None, {}))
             return web.json_response({"Error": ""})
 
         app = web.Application()

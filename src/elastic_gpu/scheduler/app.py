@@ -1,8 +1,9 @@
 """The running extender: watch-backed caches feeding the state, the HTTP server, expiry.
 
-Three reflectors (nodes, non-terminated pods, GPUDevices) keep `SchedulerState` current; the
+The API worker (a child process, `apiworker`) lists and watches nodes, non-terminated pods and
+GPUDevices and sends their slim forms here, where `Feeds` keeps `SchedulerState` current; the
 server answers only once all three have listed (readiness), so a restarted scheduler answers
-from the full set of assignments written before it died.
+from the full set of assignments written before it died. Binds go through the same worker.
 """
 
 from __future__ import annotations
@@ -19,15 +20,12 @@ from aiohttp import web
 
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.k8s import gpudevice
-from elastic_gpu.k8s.cache import Reflector
-from elastic_gpu.scheduler.api import LightkubePodApi
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
+from elastic_gpu.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
-
-FIELD_MANAGER = "egpu-scheduler"
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo:
@@ -54,13 +52,6 @@ def _device(obj: Mapping[str, Any]) -> tuple[str, str, Any] | None:
         log.warning("ignoring %s", err)
         return None
     return name, node, card
-
-
-def gpudevice_resource() -> Any:
-    from lightkube.generic_resource import create_global_resource
-
-    return create_global_resource(gpudevice.GROUP, gpudevice.VERSION, gpudevice.KIND,
-                                  gpudevice.PLURAL)
 
 
 class Feeds:
@@ -121,22 +112,6 @@ def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
     return context
 
 
-def reflectors(client: Any, feeds: Feeds) -> list[Reflector]:
-    from lightkube import operators
-    from lightkube.resources.core_v1 import Node, Pod
-
-    return [
-        Reflector(client, Node, name="nodes", on_replace=feeds.nodes_replace,
-                  on_event=feeds.nodes_event),
-        Reflector(client, gpudevice_resource(), name="gpudevices",
-                  on_replace=feeds.devices_replace, on_event=feeds.devices_event),
-        # Terminated pods hold nothing; with this selector they leave as DELETED events.
-        Reflector(client, Pod, name="pods", namespace="*",
-                  fields={"status.phase": operators.not_in(["Succeeded", "Failed"])},
-                  on_replace=feeds.pods_replace, on_event=feeds.pods_event),
-    ]
-
-
 async def _expiry_loop(state: SchedulerState, period_s: float = 1.0) -> None:
     while True:
         await asyncio.sleep(period_s)
@@ -146,14 +121,15 @@ async def _expiry_loop(state: SchedulerState, period_s: float = 1.0) -> None:
 async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: ServeOptions,
                 started: asyncio.Event | None = None) -> None:
     """Run until cancelled."""
-    from elastic_gpu.k8s.client import async_client
+    from elastic_gpu.k8s.rest import RestClient
 
-    client = async_client(kubeconfig, field_manager=FIELD_MANAGER)
+    RestClient.from_config(kubeconfig)  # a broken configuration fails here, with its reason
     state = SchedulerState(config)
-    extender = Extender(state, LightkubePodApi(client))
-    tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.name}")
-             for r in reflectors(client, Feeds(state))]
-    tasks.append(asyncio.create_task(_expiry_loop(state), name="expiry"))
+    link = WorkerLink(kubeconfig, Feeds(state),
+                      log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+    extender = Extender(state, link)
+    tasks = [asyncio.create_task(link.run(), name="api-worker"),
+             asyncio.create_task(_expiry_loop(state), name="expiry")]
     runner = web.AppRunner(extender.app(), access_log=None)
     await runner.setup()
     context = tls_context(options)
@@ -168,5 +144,5 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     finally:
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await runner.cleanup()
-        await client.close()

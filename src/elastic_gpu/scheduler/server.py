@@ -45,7 +45,7 @@ class BindError(RuntimeError):
 
 
 class PodApi(Protocol):
-    """The API calls a bind needs (implemented with lightkube in `scheduler.api`)."""
+    """The API calls a bind needs (implemented by the API worker, `scheduler.worker_link`)."""
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
@@ -122,6 +122,22 @@ class Extender:
         self.metrics = metrics or Metrics(state.card_usage)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Parsed requests by (uid, resourceVersion): filter and bind read the same pod version,
+        # and any change to a pod's spec or annotations gives it a new resourceVersion.
+        self._parsed: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
+
+    def _parse(self, pod: Mapping[str, Any]) -> PodRequest:
+        meta = pod.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        if not isinstance(version, str) or not version:
+            return parse_pod(pod)
+        key = (pod_uid(pod), version)
+        request = self._parsed.get(key)
+        if request is None:
+            request = self._parsed[key] = parse_pod(pod)
+            if len(self._parsed) > 10_000:
+                self._parsed.popitem(last=False)
+        return request
 
     def _remember(self, uid: str, pod: dict[str, Any]) -> None:
         self._recent[uid] = pod
@@ -135,7 +151,7 @@ class Extender:
         args = wire.parse(wire.ExtenderArgs, body)
         names = args.node_names()
         try:
-            request = parse_pod(args.Pod)
+            request = self._parse(args.Pod)
         except PodError as err:
             return _json(wire.filter_error(str(err)))
         uid = pod_uid(args.Pod)
@@ -157,7 +173,7 @@ class Extender:
         args = wire.parse(wire.ExtenderArgs, body)
         names = args.node_names()
         try:
-            request = parse_pod(args.Pod)
+            request = self._parse(args.Pod)
         except PodError as err:
             # kube-scheduler ignores prioritize errors; the filter already told the user.
             return _json({"Error": str(err)}, status=422)
@@ -168,7 +184,7 @@ class Extender:
         args = wire.parse(wire.ExtenderPreemptionArgs, body)
         candidates = args.victims()
         try:
-            request = parse_pod(args.Pod)
+            request = self._parse(args.Pod)
         except PodError as err:
             return _json({"NodeNameToMetaVictims": None, "Error": str(err)}, status=422)
         if not request.wants_gpu:
@@ -207,7 +223,7 @@ class Extender:
                             "kube-scheduler has given up on this call", definite=True)
         manifest = await self._manifest(args)
         try:
-            request = parse_pod(manifest)
+            request = self._parse(manifest)
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         known = PodInfo.from_manifest(manifest)

@@ -34,10 +34,10 @@ from elastic_gpu.core.engine import Engine, FilterResult, PolicyConfig, ScoredNo
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.slim import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Failed nodes explained one by one per filter call; the rest share `SUMMARY_REASON`.
 DETAIL_LIMIT = 16
 SUMMARY_REASON = "no card has room for this GPU request (see the other nodes' reasons for detail)"

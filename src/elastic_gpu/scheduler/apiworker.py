@@ -1,0 +1,161 @@
+"""The scheduler's API worker: a child process that does all of its Kubernetes API I/O.
+
+kube-scheduler waits for the extender's filter answer inside its one scheduling loop, so any
+delay there is lost throughput. Bind calls (TLS, JSON, a round trip to the API server) and the
+watch streams (several events per scheduled pod) cost far more Python time than a filter; in
+the same process they queue ahead of the next pod's filter. Here they run in a second process
+(another core), and the scheduler process gets only slim objects, only when they changed
+(`slim.ChangeFilter`). Protocol: `ipc`. Started and restarted by `worker_link.WorkerLink`.
+
+    python -m elastic_gpu.scheduler.apiworker [--kubeconfig PATH] [--log-level LEVEL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from elastic_gpu.k8s import gpudevice
+from elastic_gpu.k8s.client import ClientConfigError
+from elastic_gpu.k8s.rest import ApiStatusError, RawReflector, RestClient
+from elastic_gpu.scheduler import ipc
+from elastic_gpu.scheduler.slim import ChangeFilter, Obj, slim_device, slim_node, slim_pod
+
+log = logging.getLogger("elastic_gpu.scheduler.apiworker")
+
+#: Terminated pods hold nothing; with this selector they leave the watch as DELETED events.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+FEEDS: dict[str, tuple[str, dict[str, str], Callable[[Obj], Obj]]] = {
+    "nodes": ("/api/v1/nodes", {}, slim_node),
+    "gpudevices": (f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}/{gpudevice.PLURAL}", {},
+                   slim_device),
+    "pods": ("/api/v1/pods", {"fieldSelector": LIVE_PODS}, slim_pod),
+}
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str, resource_version: int | None,
+                 annotations: dict[str, str]) -> bytes:
+    """pods/<name>/binding honours metadata.uid and metadata.resourceVersion as preconditions
+    and copies metadata.annotations onto the pod in the same write."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if resource_version is not None:
+        meta["resourceVersion"] = str(resource_version)
+    if annotations:
+        meta["annotations"] = annotations
+    return msgspec.json.encode({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+
+
+class Worker:
+    def __init__(self, client: RestClient, send: Callable[[list[Any]], None]) -> None:
+        self.client = client
+        self.send = send
+
+    def reflectors(self) -> list[RawReflector]:
+        result = []
+        for feed, (path, params, slim) in FEEDS.items():
+            changes = ChangeFilter()
+
+            def on_replace(items: list[Obj], feed: str = feed, slim: Callable[[Obj], Obj] = slim,
+                           changes: ChangeFilter = changes) -> None:
+                slimmed = [slim(o) for o in items]
+                changes.replace(slimmed)
+                self.send(["replace", feed, slimmed])
+
+            def on_event(kind: str, obj: Obj, feed: str = feed, slim: Callable[[Obj], Obj] = slim,
+                         changes: ChangeFilter = changes) -> None:
+                slimmed = slim(obj)
+                if changes.changed(kind, slimmed):
+                    self.send(["event", feed, kind, slimmed])
+
+            result.append(RawReflector(self.client, path, name=feed, params=params,
+                                       on_replace=on_replace, on_event=on_event))
+        return result
+
+    async def handle(self, message: list[Any]) -> None:
+        kind, request_id = message[0], message[1]
+        try:
+            if kind == "bind":
+                _, _, namespace, name, uid, node, version, annotations = message
+                await self.client.request(
+                    "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                    body=binding_body(namespace, name, uid, node, version, annotations))
+                self.send(["reply", request_id, None, None])
+            elif kind == "get_pod":
+                _, _, namespace, name = message
+                try:
+                    raw = await self.client.request("GET",
+                                                    f"/api/v1/namespaces/{namespace}/pods/{name}")
+                except ApiStatusError as err:
+                    if err.code != 404:
+                        raise
+                    self.send(["reply", request_id, None, None])
+                    return
+                self.send(["reply", request_id, slim_pod(msgspec.json.decode(raw)), None])
+            else:
+                self.send(["reply", request_id, None, [f"unknown request {kind!r}", True, 0]])
+        except ApiStatusError as err:
+            self.send(["reply", request_id, None, [str(err), err.definite, err.code]])
+        except Exception as err:  # never leave the scheduler waiting for an answer
+            log.exception("request %s failed", kind)
+            self.send(["reply", request_id, None, [f"{type(err).__name__}: {err}", False, 0]])
+
+
+async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                        sys.stdout.buffer)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    return reader, writer
+
+
+async def run(kubeconfig: Path | None) -> int:
+    client = RestClient.from_config(kubeconfig)
+    reader, writer = await _stdio()
+    worker = Worker(client, lambda message: writer.write(ipc.encode(message)))
+    tasks = {asyncio.create_task(r.run(), name=f"reflector-{r.name}")
+             for r in worker.reflectors()}
+    requests: set[asyncio.Task[None]] = set()
+    try:
+        while (message := await ipc.read(reader)) is not None:
+            task = asyncio.create_task(worker.handle(message))
+            requests.add(task)
+            task.add_done_callback(requests.discard)
+            await writer.drain()
+    finally:  # the scheduler closed our stdin: it is gone or stopping us
+        for task in tasks | requests:
+            task.cancel()
+        await client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", type=Path, default=None)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s apiworker %(levelname)s %(message)s")
+    try:
+        return asyncio.run(run(args.kubeconfig))
+    except ClientConfigError as err:
+        print(f"apiworker: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""What the extender keeps of API objects, and which changes are worth passing on.
+
+The API worker sends the scheduler process only these fields, and only when one of them
+changed: kwok (or a kubelet) updates a bound pod's status several times and a node's status
+every few seconds, and none of that moves a card. Every field read by `PodInfo.from_manifest`,
+`pod_request_from_manifest`, `app.node_info` and `gpudevice.card_from_gpudevice` must survive
+here (tests/unit/scheduler/test_sched_slim.py checks it on full objects).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Obj = dict[str, Any]
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _pick(source: Mapping[str, Any] | None, keys: tuple[str, ...]) -> Obj:
+    if not source:
+        return {}
+    return {k: source[k] for k in keys if k in source}
+
+
+def _containers(items: Any) -> list[Obj]:
+    return [{"name": c.get("name", "?"), "resources": c.get("resources") or {}}
+            for c in items or () if isinstance(c, Mapping)]
+
+
+def slim_pod(pod: Mapping[str, Any]) -> Obj:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    out: Obj = {
+        "metadata": _pick(meta, ("name", "namespace", "uid", "resourceVersion", "annotations")),
+        "spec": {**_pick(spec, ("nodeName", "priority", "schedulerName")),
+                 "containers": _containers(spec.get("containers"))},
+        # Only a terminal phase changes what a pod holds; Pending -> Running does not, and
+        # dropping it spares the scheduler one event per started pod.
+        "status": ({"phase": phase} if (phase := (pod.get("status") or {}).get("phase"))
+                   in TERMINAL_PHASES else {}),
+    }
+    if spec.get("initContainers"):
+        out["spec"]["initContainers"] = _containers(spec.get("initContainers"))
+    return out
+
+
+def slim_node(node: Mapping[str, Any]) -> Obj:
+    return {"metadata": _pick(node.get("metadata"), ("name", "labels")),
+            "status": _pick(node.get("status"), ("allocatable", "capacity"))}
+
+
+def slim_device(device: Mapping[str, Any]) -> Obj:
+    meta = device.get("metadata") or {}
+    return {**{k: v for k, v in device.items() if k != "metadata"},
+            "metadata": _pick(meta, ("name", "labels"))}
+
+
+def _identity(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or meta.get("name") or "")
+
+
+def _without_version(obj: Obj) -> Obj:
+    meta = obj.get("metadata") or {}
+    if "resourceVersion" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+
+
+class ChangeFilter:
+    """Drops events that change nothing the scheduler reads.
+
+    A pod's resourceVersion matters while it is unbound (the Binding is sent with it as a
+    precondition), so unbound pods always pass; a bound pod's version no longer does.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, Obj] = {}
+
+    def replace(self, objects: list[Obj]) -> None:
+        self._last = {_identity(o): _without_version(o) for o in objects}
+
+    def changed(self, kind: str, obj: Obj) -> bool:
+        key = _identity(obj)
+        if kind == "DELETED":
+            self._last.pop(key, None)
+            return True
+        bare = _without_version(obj)
+        unbound_pod = "spec" in obj and "containers" in obj["spec"] and not obj["spec"].get(
+            "nodeName")
+        if not unbound_pod and self._last.get(key) == bare:
+            return False
+        self._last[key] = bare
+        return True

@@ -1,0 +1,148 @@
+"""The scheduler process's side of the API worker (`apiworker`): start it, keep it running,
+route its feeds into the state and answer `PodApi` calls through it.
+
+If the worker dies, calls in flight fail as *unknown* (a Binding may have landed; the bind
+path then keeps its reservation until the truth arrives) and a new worker is started; its
+first list of every feed replaces what the state holds, as any relist does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from elastic_gpu.scheduler import ipc
+from elastic_gpu.scheduler.server import BindError
+
+log = logging.getLogger(__name__)
+
+#: Longer than the worker's own request timeout (10 s), so a slow API answers first.
+CALL_TIMEOUT_S = 30.0
+
+
+class FeedSink(Protocol):
+    """Where the worker's feeds go (`app.Feeds`)."""
+
+    def nodes_replace(self, items: list[dict[str, Any]]) -> None: ...
+    def nodes_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def devices_replace(self, items: list[dict[str, Any]]) -> None: ...
+    def devices_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def pods_replace(self, items: list[dict[str, Any]]) -> None: ...
+    def pods_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+
+
+class WorkerLink:
+    def __init__(self, kubeconfig: Path | None, feeds: FeedSink, *,
+                 log_level: str = "INFO") -> None:
+        self.argv = [sys.executable, "-m", "elastic_gpu.scheduler.apiworker",
+                     "--log-level", log_level]
+        if kubeconfig is not None:
+            self.argv += ["--kubeconfig", str(kubeconfig)]
+        self.feeds = feeds
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._process: asyncio.subprocess.Process | None = None
+        self.starts = 0
+        self._dispatch = {
+            ("replace", "nodes"): feeds.nodes_replace,
+            ("replace", "gpudevices"): feeds.devices_replace,
+            ("replace", "pods"): feeds.pods_replace,
+        }
+        self._events = {"nodes": feeds.nodes_event, "gpudevices": feeds.devices_event,
+                        "pods": feeds.pods_event}
+
+    async def run(self) -> None:
+        """Keep a worker running until cancelled."""
+        failures = 0
+        try:
+            while True:
+                process = await asyncio.create_subprocess_exec(
+                    *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                self._process = process
+                self.starts += 1
+                code = await self._serve(process)
+                self._process = None
+                self._fail_pending(f"the API worker exited (code {code})")
+                failures += 1
+                log.error("API worker exited with code %s; restarting", code)
+                await asyncio.sleep(min(10.0, 0.2 * 2 ** min(failures, 6)))
+        finally:
+            await self.close()
+
+    async def _serve(self, process: asyncio.subprocess.Process) -> int | None:
+        assert process.stdout is not None
+        try:
+            while (message := await ipc.read(process.stdout)) is not None:
+                self._on_message(message)
+        except ipc.FrameError as err:
+            log.error("API worker stream: %s", err)
+            process.kill()
+        return await process.wait()
+
+    def _on_message(self, message: list[Any]) -> None:
+        kind = message[0]
+        if kind == "reply":
+            _, request_id, result, error = message
+            future = self._pending.pop(request_id, None)
+            if future is None or future.done():
+                return
+            if error is None:
+                future.set_result(result)
+            else:
+                text, definite, code = error
+                future.set_exception(BindError(str(text), definite=bool(definite),
+                                               code=int(code)))
+        elif kind == "replace":
+            self._dispatch[("replace", message[1])](message[2])
+        elif kind == "event":
+            self._events[message[1]](message[2], message[3])
+        else:
+            log.warning("API worker sent an unknown message %r", kind)
+
+    def _fail_pending(self, why: str) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(BindError(why, definite=False))
+
+    async def _call(self, *message: Any) -> Any:
+        process = self._process
+        if process is None or process.stdin is None or process.returncode is not None:
+            raise BindError("the API worker is not running", definite=True)
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        process.stdin.write(ipc.encode([message[0], request_id, *message[1:]]))
+        try:
+            return await asyncio.wait_for(future, CALL_TIMEOUT_S)
+        except TimeoutError:
+            self._pending.pop(request_id, None)
+            raise BindError(f"the API worker did not answer {message[0]} within "
+                            f"{CALL_TIMEOUT_S:.0f} s", definite=False) from None
+
+    # ---- PodApi -------------------------------------------------------------------------
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result = await self._call("get_pod", namespace, name)
+        return dict(result) if result is not None else None
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   resource_version: int | None, annotations: Mapping[str, str]) -> None:
+        await self._call("bind", namespace, name, uid, node, resource_version, dict(annotations))
+
+    async def close(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            if process.stdin is not None:
+                process.stdin.close()  # the worker exits at the end of its input
+            try:
+                await asyncio.wait_for(process.wait(), 5)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        self._fail_pending("the scheduler is stopping")

@@ -1,0 +1,108 @@
+"""The API worker's slim objects keep everything the scheduler reads, and drop only changes
+that move no card."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.model import Card, Link, LinkKind
+from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.k8s import gpudevice
+from elastic_gpu.scheduler.app import node_info
+from elastic_gpu.scheduler.slim import ChangeFilter, slim_device, slim_node, slim_pod
+from elastic_gpu.scheduler.state import PodInfo
+
+
+def full_pod(phase: str = "Running", node: str = "n1") -> dict[str, Any]:
+    assignment = Assignment(node=node, containers={"main": (CardShare(2, "GPU-2", 250, 4096),)})
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "p", "namespace": "ns", "uid": "u-1", "resourceVersion": "42",
+            "labels": {"app": "x"}, "creationTimestamp": "2026-11-21T00:00:00Z",
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+            "annotations": {ann.ASSIGNMENT: assignment.to_json(), ann.ASSIGNED_NODE: node,
+                            ann.GPU_MODEL_ALLOW: "A100|H100", ann.NODE_POLICY: "spread",
+                            ann.CARD_POLICY: "binpack"},
+        },
+        "spec": {
+            "nodeName": node, "priority": 7, "schedulerName": "egpu",
+            "containers": [
+                {"name": "main", "image": "busybox", "command": ["sleep"],
+                 "resources": {"limits": {"elasticgpu.io/gpu-core": "25",
+                                          "elasticgpu.io/gpu-memory": "4096"},
+                               "requests": {"cpu": "500m", "memory": "1Gi"}}},
+                {"name": "side", "image": "busybox", "resources": {"requests": {"cpu": "1"}}},
+            ],
+            "initContainers": [{"name": "init", "image": "busybox",
+                                "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}}],
+            "volumes": [{"name": "v", "emptyDir": {}}],
+        },
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}],
+                   "podIP": "10.0.0.1"},
+    }
+
+
+def test_a_slim_pod_reads_exactly_like_the_full_one() -> None:
+    full = full_pod()
+    slim = slim_pod(full)
+    assert pod_request_from_manifest(slim) == pod_request_from_manifest(full)
+    a, b = PodInfo.from_manifest(slim), PodInfo.from_manifest(full)
+    assert (a.uid, a.namespace, a.name, a.node_name, a.resource_version, a.priority,
+            a.assignment, a.assignment_error, a.holds) == \
+           (b.uid, b.namespace, b.name, b.node_name, b.resource_version, b.priority,
+            b.assignment, b.assignment_error, b.holds)
+    assert "managedFields" not in slim["metadata"] and "volumes" not in slim["spec"]
+
+
+def test_a_terminal_phase_survives_and_a_running_one_does_not() -> None:
+    failed = PodInfo.from_manifest(slim_pod(full_pod(phase="Failed")))
+    assert failed.phase == "Failed" and failed.holds is None
+    running = slim_pod(full_pod(phase="Running"))
+    assert running["status"] == {}
+    assert PodInfo.from_manifest(running).holds is not None
+
+
+def test_a_slim_node_and_device_read_like_the_full_ones() -> None:
+    node = {"metadata": {"name": "n1", "labels": {"gpu": "a100"}, "resourceVersion": "9",
+                         "managedFields": [{}]},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi"},
+                       "capacity": {"cpu": "64", "memory": "256Gi"},
+                       "conditions": [{"type": "Ready"}], "images": [{"names": ["x"]}]}}
+    assert node_info(slim_node(node)) == node_info(node)
+    card = Card(index=3, uuid="GPU-3", model="A100", memory_mib=81920,
+                links=(Link(2, LinkKind.NVLINK, 4),), numa_node=1)
+    device = gpudevice.card_to_object("n1", card)
+    device["metadata"].update(resourceVersion="5", managedFields=[{}])
+    assert gpudevice.card_from_object(slim_device(device)) == gpudevice.card_from_object(device)
+
+
+def test_change_filter_drops_what_moves_no_card() -> None:
+    changes = ChangeFilter()
+    bound = slim_pod(full_pod())
+    changes.replace([bound])
+    # kwok/kubelet status churn on a bound pod: only the resourceVersion moves in slim form
+    churn = copy.deepcopy(bound)
+    churn["metadata"]["resourceVersion"] = "43"
+    assert not changes.changed("MODIFIED", churn)
+    # an unbound pod's version is a bind precondition: always passed on
+    pending = slim_pod(full_pod(node=""))
+    pending["spec"].pop("nodeName")
+    assert changes.changed("ADDED", pending)
+    again = copy.deepcopy(pending)
+    again["metadata"]["resourceVersion"] = "44"
+    assert changes.changed("MODIFIED", again)
+    # termination and deletion always pass
+    done = slim_pod(full_pod(phase="Succeeded"))
+    assert changes.changed("MODIFIED", done)
+    assert changes.changed("DELETED", done)
+    # a node whose status heartbeat changed nothing we read
+    nodes = ChangeFilter()
+    n = slim_node({"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "8"}}})
+    nodes.replace([n])
+    assert not nodes.changed("MODIFIED", copy.deepcopy(n))
+    assert nodes.changed("MODIFIED", slim_node({"metadata": {"name": "n1"},
+                                                "status": {"allocatable": {"cpu": "4"}}}))
