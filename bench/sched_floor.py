@@ -1,16 +1,16 @@
 """The floor of the extender protocol: kube-scheduler with a do-nothing Python extender
-(every node passes, no scores, bind = a plain Binding through the lean REST client, in
-the same process) next to kube-scheduler alone and to
-the real `egpu scheduler`, same control plane, same pods (`nvidia.com/gpu: 1`). Each extender
-also runs in its one-round-trip form: filter passes one node and kube-scheduler has no
-prioritize verb (the do-nothing one passes the first name; `egpu scheduler` with
-`filterResult: best` the engine's choice).
+(every node passes, no scores, bind = a plain Binding through the lean REST client, in the same
+process) next to kube-scheduler alone and to the real `egpu scheduler`, same control plane, same
+pods (`nvidia.com/gpu: 1`). Each extender also runs in its one-round-trip form: filter passes
+one node and kube-scheduler has no prioritize verb (the do-nothing one passes the first name;
+`egpu scheduler` with `filterResult: best` the engine's choice); the do-nothing one also runs
+without a bind verb (kube-scheduler binds), which isolates what binding from Python costs.
 
-    .venv/bin/python bench/sched_floor.py --nodes 200 --pods 600 --rounds 2
+    .venv/bin/python bench/sched_floor.py --nodes 200 --pods 1500 --rounds 2
 
-It separates what the extender architecture costs (two HTTP round trips per pod in
-kube-scheduler's scheduling cycle, a Python HTTP server, a Binding from Python, no batching
-of identical pods) from what our placement logic costs on top.
+Besides pods/s it prints the CPU each kind of process (API server, etcd, kube-scheduler, kwok,
+the extender and its API worker, this script's polling) spent per pod between the first and
+the last bind: on a box the control plane already keeps busy, that is what decides the ratio.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,37 @@ def serve_null(kubeconfig: str, port: int) -> None:
     asyncio.run(main())
 
 
+def cpu_by_kind() -> dict[str, float]:
+    """CPU seconds (user + system) of the live processes, summed by what they are."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        if comm in ("kube-apiserver", "etcd", "kube-scheduler", "kwok"):
+            kind = comm
+        elif "--serve-null" in cmdline:
+            kind = "null extender"
+        elif "elastic_gpu.scheduler.apiworker" in cmdline:
+            kind = "egpu API worker"
+        elif "egpu scheduler" in cmdline:
+            kind = "egpu scheduler"
+        elif int(entry) == os.getpid():
+            kind = "bench (polling)"
+        else:
+            continue  # anything else on the box (other jobs) is not this measurement's
+        out[kind] = out.get(kind, 0.0) + seconds
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200)
@@ -100,30 +132,45 @@ def main() -> int:
                                      str(plane.kubeconfig), str(null_port)])
             null_url = f"http://127.0.0.1:{null_port}"
             time.sleep(3)  # the null extender has no readiness endpoint; it needs no caches
-            # (key, variant for sched_throughput.measure, round offset, extender URL)
-            runs = (("plain", "plain", 0, None), ("null", "egpu", 100, null_url),
-                    ("null-best", "egpu-best", 200, f"{null_url}/one"),
-                    ("egpu", "egpu", 300, None), ("egpu-best", "egpu-best", 400, None))
+            # (key, variant for sched_throughput.measure, round offset, extender URL, bindVerb)
+            runs = (("plain", "plain", 0, None, True), ("null", "egpu", 100, null_url, True),
+                    ("null-best", "egpu-best", 200, f"{null_url}/one", True),
+                    ("null-kbind", "egpu-best", 300, f"{null_url}/one", False),
+                    ("egpu", "egpu", 400, None, True), ("egpu-best", "egpu-best", 500, None, True))
             rates: dict[str, list[float]] = {key: [] for key, *_ in runs}
+            cpu: dict[str, list[dict[str, float]]] = {key: [] for key, *_ in runs}
             for r in range(args.rounds):
-                for key, variant, offset, url in (runs if r % 2 == 0 else runs[::-1]):
+                for key, variant, offset, url, bind_verb in (runs if r % 2 == 0 else runs[::-1]):
                     rates[key].append(tput.measure(plane, client, work, variant, offset + r,
-                                                   args.pods, url))
+                                                   args.pods, url, bind_verb=bind_verb,
+                                                   probe=cpu_by_kind))
+                    cpu[key].append(dict(tput.LAST_WINDOW_CPU))
                 print({k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
             plain = statistics.median(rates["plain"])
             print(f"\n{args.pods} pods `nvidia.com/gpu: 1`, {args.nodes} nodes x 8 cards")
             print("| scheduler | pods/s (median) | runs | ratio to kube-scheduler alone |")
             print("|---|---|---|---|")
-            for key, label in (("plain", "kube-scheduler alone"),
-                               ("null", "+ do-nothing Python extender (filter + prioritize)"),
-                               ("null-best", "+ do-nothing Python extender, filter passes one "
-                                             "node, no prioritize"),
-                               ("egpu", "+ `egpu scheduler` (filter + prioritize)"),
-                               ("egpu-best", "+ `egpu scheduler` `filterResult: best`, no "
-                                             "prioritize")):
+            labels = (("plain", "kube-scheduler alone"),
+                      ("null", "+ do-nothing Python extender (filter + prioritize + bind)"),
+                      ("null-best", "+ do-nothing Python extender, filter passes one node, "
+                                    "bind, no prioritize"),
+                      ("null-kbind", "+ do-nothing Python extender, filter passes one node "
+                                     "only (kube-scheduler binds)"),
+                      ("egpu", "+ `egpu scheduler` (filter + prioritize + bind)"),
+                      ("egpu-best", "+ `egpu scheduler` `filterResult: best` (filter + bind)"))
+            for key, label in labels:
                 median = statistics.median(rates[key])
-                runs = ", ".join(f"{x:.0f}" for x in rates[key])
-                print(f"| {label} | {median:.1f} | {runs} | {median / plain:.2f} |")
+                runs_text = ", ".join(f"{x:.0f}" for x in rates[key])
+                print(f"| {label} | {median:.1f} | {runs_text} | {median / plain:.2f} |")
+            kinds = sorted({k for rows in cpu.values() for row in rows for k in row})
+            print("\nCPU ms per pod between the first and the last bind (median over rounds):")
+            print("| scheduler | " + " | ".join(kinds) + " | total |")
+            print("|---|" + "---|" * (len(kinds) + 1))
+            for key, _ in labels:
+                medians = [statistics.median([row.get(k, 0.0) for row in cpu[key]]) * 1000
+                           for k in kinds]
+                print(f"| {key} | " + " | ".join(f"{m:.2f}" for m in medians)
+                      + f" | {sum(medians):.2f} |")
             return 0
         finally:
             if null is not None:

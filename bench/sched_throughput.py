@@ -15,7 +15,10 @@ last (pods/s = pods / that time), so pod creation speed does not enter the figur
   prioritizeVerb (deploy/scheduler/kube-scheduler-config-best.yaml): one round trip per pod;
 - `plain-distinct` / `egpu-distinct`: as `plain` / `egpu`, but every pod has its own CPU
   request, so kube-scheduler's batching of identical pods (on by default since 1.35, off
-  whenever extenders are configured) does not apply to either.
+  whenever extenders are configured) does not apply to either;
+- `egpu-best-asyncio`: as `egpu-best` with `EGPU_EVENT_LOOP=asyncio` (no uvloop);
+- `before-best` / `before-best-distinct`: as `egpu-best*`, but the extender runs the code of
+  another checkout (`--before-src DIR/src`), for before/after figures side by side.
 Variants alternate order per round; both kube-schedulers get the same client QPS. Medians.
 Only the extender a variant uses runs during it (each is started before and stopped after), so
 an idle one's watch work does not load the box.
@@ -24,10 +27,12 @@ an idle one's watch work does not load the box.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +51,11 @@ WHOLE = {"nvidia.com/gpu": "1"}
 SHARE = {"elasticgpu.io/gpu-core": "25", "elasticgpu.io/gpu-memory": "8192"}
 LIMITS = {"plain": WHOLE, "egpu": WHOLE, "egpu-best": WHOLE, "plain-distinct": WHOLE,
           "egpu-distinct": WHOLE, "egpu-best-distinct": WHOLE, "egpu-share": SHARE,
-          "egpu-share-best": SHARE}
+          "egpu-share-best": SHARE, "before-best": WHOLE, "before-best-distinct": WHOLE,
+          "egpu-best-asyncio": WHOLE}
+#: `--before-src`: another checkout's src/ for the `before-*` variants (an earlier version of
+#: the extender, run side by side with this one).
+BEFORE_SRC: str | None = None
 
 
 def manifest(variant: str, i: int, namespace: str) -> dict[str, Any]:
@@ -59,10 +68,17 @@ def manifest(variant: str, i: int, namespace: str) -> dict[str, Any]:
     return pod
 
 
+#: CPU seconds per process kind spent between the first and the last bind of the latest
+#: `measure` that was given a `probe`, divided by the pods bound (sched_floor.py prints it).
+LAST_WINDOW_CPU: dict[str, float] = {}
+
+
 def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
-            round_: int, count: int, url: str | None = None) -> float:
+            round_: int, count: int, url: str | None = None, *, bind_verb: bool = True,
+            probe: Callable[[], dict[str, float]] | None = None) -> float:
     """pods/s of one variant; `url`: an extender already running there instead of a fresh
-    `egpu scheduler` (sched_floor.py's do-nothing one)."""
+    `egpu scheduler` (sched_floor.py's do-nothing one); `bind_verb=False`: kube-scheduler
+    binds itself; `probe`: CPU seconds by process kind, read at the first and last bind."""
     name = f"{variant}-{round_}"
     plane.kubectl("create", "namespace", name)
     pods = [manifest(variant, i, name) for i in range(count)]
@@ -77,20 +93,42 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",
                                    config={"filterResult": "best" if best else "all"})
-        extender.start(timeout_s=120)
+        if variant.endswith("-asyncio"):
+            os.environ["EGPU_EVENT_LOOP"] = "asyncio"  # the standard loop instead of uvloop
+        if variant.startswith("before"):
+            if BEFORE_SRC is None:
+                raise SystemExit("the before-* variants need --before-src")
+            os.environ["PYTHONPATH"] = BEFORE_SRC  # the extender subprocess imports that code
+        try:
+            extender.start(timeout_s=120)
+        finally:
+            os.environ.pop("PYTHONPATH", None)
+            os.environ.pop("EGPU_EVENT_LOOP", None)
         config = extender_kube_scheduler_config(extender.url, name, prioritize=not best)
+    if not bind_verb:
+        for stanza in config.get("extenders", []):
+            stanza.pop("bindVerb", None)
     handle = plane.start_scheduler(config, name=f"ks-{name}")
     try:
         first = last = None
         previous = 0
+        cpu_first: dict[str, float] = {}
+        cpu_last: dict[str, float] = {}
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            bound = count - unbound_count(client, name)
+            try:
+                bound = count - unbound_count(client, name)
+            except Exception as err:  # a poll the loaded apiserver did not answer in time
+                print(f"poll failed ({type(err).__name__}: {err}); polling again", flush=True)
+                time.sleep(0.1)
+                continue
             now = time.monotonic()
             if bound > 0 and first is None:
                 first = now
+                cpu_first = probe() if probe is not None else {}
             if bound != previous:
                 last, previous = now, bound
+                cpu_last = probe() if probe is not None else {}
             if bound == count:
                 break
             time.sleep(0.1)
@@ -102,6 +140,10 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
                   "--wait=false", check=False)
     while list_pods(client, name):
         time.sleep(1)
+    if probe is not None and previous:
+        LAST_WINDOW_CPU.clear()
+        LAST_WINDOW_CPU.update({k: (v - cpu_first.get(k, 0.0)) / previous
+                                for k, v in cpu_last.items()})
     if previous != count or first is None or last is None:
         raise RuntimeError(f"{variant}: only {previous}/{count} pods bound")
     if last == first:
@@ -116,26 +158,36 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variants", default=",".join(LIMITS),
+                        help=f"comma-separated subset of: {', '.join(LIMITS)}")
+    parser.add_argument("--before-src", default=None,
+                        help="src/ of an earlier checkout, for the before-* variants "
+                             "(e.g. git archive <commit> src | tar -x -C /tmp/before)")
     args = parser.parse_args()
+    global BEFORE_SRC
+    BEFORE_SRC = args.before_src
+    chosen = args.variants.split(",")
+    unknown = sorted(set(chosen) - set(LIMITS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(LIMITS)}")
     with tempfile.TemporaryDirectory(prefix="egpu-tput-") as tmp:
         work = Path(tmp)
         plane, client, _ = start_gpu_cluster(work, args.nodes, prefix="tput")
         try:
-            results: dict[str, list[float]] = {v: [] for v in LIMITS}
+            results: dict[str, list[float]] = {v: [] for v in chosen}
             for r in range(args.rounds):
-                order = ["plain", "egpu", "egpu-best", "plain-distinct", "egpu-distinct",
-                         "egpu-best-distinct", "egpu-share", "egpu-share-best"]
+                order = list(chosen)
                 if r % 2:
                     order.reverse()
                 for variant in order:
                     rate = measure(plane, client, work, variant, r, args.pods)
                     results[variant].append(rate)
                     print(f"round {r} {variant}: {rate:.1f} pods/s", flush=True)
-            plain = statistics.median(results["plain"])
+            plain = statistics.median(results.get("plain") or [float("nan")])
             print(f"\n{args.pods} pods, {args.nodes} nodes x 8 cards, {args.rounds} rounds")
             print("| variant | pods/s (median) | runs | ratio to kube-scheduler alone (same pods) |")
             print("|---|---|---|---|")
-            distinct = statistics.median(results["plain-distinct"])
+            distinct = statistics.median(results.get("plain-distinct") or [float("nan")])
             labels = {
                 "plain": ("kube-scheduler alone, identical `nvidia.com/gpu: 1` pods", plain),
                 "egpu": ("kube-scheduler + extender, identical `nvidia.com/gpu: 1` pods", plain),
@@ -150,8 +202,16 @@ def main() -> int:
                                   distinct),
                 "egpu-best-distinct": ("kube-scheduler + extender `filterResult: best`, no "
                                        "prioritize, `nvidia.com/gpu: 1`, distinct pods",
-                                       distinct)}
+                                       distinct),
+                "egpu-best-asyncio": ("kube-scheduler + extender `filterResult: best`, asyncio's "
+                                      "event loop instead of uvloop, identical pods", plain),
+                "before-best": ("earlier extender (--before-src) `filterResult: best`, "
+                                "identical `nvidia.com/gpu: 1` pods", plain),
+                "before-best-distinct": ("earlier extender (--before-src) `filterResult: best`, "
+                                         "`nvidia.com/gpu: 1`, distinct pods", distinct)}
             for variant, (label, base) in labels.items():
+                if variant not in results:
+                    continue
                 median = statistics.median(results[variant])
                 runs = ", ".join(f"{x:.0f}" for x in results[variant])
                 print(f"| {label} | {median:.1f} | {runs} | {median / base:.2f} |")

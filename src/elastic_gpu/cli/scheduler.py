@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -23,6 +22,7 @@ def scheduler(
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind, preempt)."""
     from elastic_gpu.k8s.client import ClientConfigError
+    from elastic_gpu.scheduler import eventloop
     from elastic_gpu.scheduler.app import ServeOptions, serve
     from elastic_gpu.scheduler.config import ConfigError, load_config
 
@@ -36,7 +36,7 @@ def scheduler(
     try:
         settings = load_config(config)
         options = ServeOptions(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key)
-        asyncio.run(serve(kubeconfig, settings, options))
+        eventloop.run(serve(kubeconfig, settings, options))
     except (ConfigError, ClientConfigError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

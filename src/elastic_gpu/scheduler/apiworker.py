@@ -25,7 +25,7 @@ import msgspec
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.k8s.client import ClientConfigError
 from elastic_gpu.k8s.rest import ApiStatusError, RawReflector, RestClient
-from elastic_gpu.scheduler import ipc
+from elastic_gpu.scheduler import eventloop, ipc
 from elastic_gpu.scheduler.slim import ChangeFilter, Obj, slim_device, slim_node, slim_pod
 
 log = logging.getLogger("elastic_gpu.scheduler.apiworker")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s apiworker %(levelname)s %(message)s")
     try:
-        return asyncio.run(run(args.kubeconfig))
+        return eventloop.run(run(args.kubeconfig))
     except ClientConfigError as err:
         print(f"apiworker: {err}", file=sys.stderr)
         return 2

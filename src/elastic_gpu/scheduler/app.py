@@ -21,6 +21,7 @@ from aiohttp import web
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.eventloop import loop_name
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
@@ -135,8 +136,8 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     context = tls_context(options)
     site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
     await site.start()
-    log.info("serving the extender on %s:%d (%s)", options.host, options.port,
-             "https" if context else "http")
+    log.info("serving the extender on %s:%d (%s, %s event loop)", options.host, options.port,
+             "https" if context else "http", loop_name())
     if started is not None:
         started.set()
     try:
