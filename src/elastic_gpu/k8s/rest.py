@@ -1,9 +1,9 @@
 """A lean Kubernetes REST client for hot paths: aiohttp for HTTP, msgspec for JSON.
 
 The scheduler's API worker binds a pod and decodes several watch events per scheduled pod.
-lightkube builds a typed model of every object and goes through httpx: about 2 ms of CPU per
-Binding and 1 ms per pod event on the development box, against 0.6 ms and ~0.05 ms here
-(docs/benchmarks.md, "Where the extender's time goes"). Configuration (kubeconfig file or
+lightkube builds a typed model of every object and goes through httpx: 1.7 ms of CPU per
+Binding on the development box against 0.6 ms here (bench/k8s_bind_cost.py; docs/benchmarks.md,
+"Where the time went"). Configuration (kubeconfig file or
 in-cluster service account, TLS, client certificates) is still read by lightkube's parser, so
 both clients accept the same files.
 """
