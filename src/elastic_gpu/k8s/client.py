@@ -10,16 +10,13 @@ class ClientConfigError(RuntimeError):
     """No usable API server configuration; the message says where we looked."""
 
 
-def async_client(kubeconfig: Path | None = None, *, field_manager: str,
-                 timeout_s: float = 10.0, max_connections: int = 64) -> Any:
-    """`lightkube.AsyncClient` for `kubeconfig`, or in-cluster config when it is None.
-
-    Typed `Any` because lightkube's public methods are untyped overloads; callers wrap it.
-    """
-    import httpx2
-    from lightkube import AsyncClient, KubeConfig
+def load_config(kubeconfig: Path | None) -> tuple[Any, Any]:
+    """lightkube's (KubeConfig, current single config) from `kubeconfig`, or from the in-cluster
+    service account when it is None; every failure is a ClientConfigError saying where."""
+    from lightkube import KubeConfig
     from lightkube.core.exceptions import ConfigError
 
+    where = str(kubeconfig) if kubeconfig is not None else "the in-cluster service account"
     try:
         if kubeconfig is not None:
             if not kubeconfig.is_file():
@@ -28,21 +25,31 @@ def async_client(kubeconfig: Path | None = None, *, field_manager: str,
         else:
             config = KubeConfig.from_service_account()
     except ConfigError as err:
-        where = kubeconfig or "the in-cluster service account"
         raise ClientConfigError(f"cannot configure the Kubernetes client from {where}: "
                                 f"{err}") from None
-    except OSError as err:
-        raise ClientConfigError(f"cannot read the in-cluster service account ({err}); pass "
-                                "--kubeconfig when running outside a cluster") from None
-    # Our own transport for its connection limits: kube-scheduler sends binds concurrently,
-    # and with httpx's default of 20 kept-alive connections a burst reopens TLS connections
-    # for most of them. TLS settings are lightkube's, from the same kubeconfig.
-    from lightkube.config.client_adapter import verify_cluster
-
+    except (OSError, KeyError) as err:
+        raise ClientConfigError(f"cannot read {where} ({err}); pass --kubeconfig when "
+                                "running outside a cluster") from None
     single = config.get()
     if single is None or single.user is None:
-        raise ClientConfigError(f"{kubeconfig or 'the in-cluster config'} has no current "
-                                "context with a user")
+        raise ClientConfigError(f"{where} has no current context with a user")
+    return config, single
+
+
+def async_client(kubeconfig: Path | None = None, *, field_manager: str,
+                 timeout_s: float = 10.0, max_connections: int = 64) -> Any:
+    """`lightkube.AsyncClient` for `kubeconfig`, or in-cluster config when it is None.
+
+    Typed `Any` because lightkube's public methods are untyped overloads; callers wrap it.
+    """
+    import httpx2
+    from lightkube import AsyncClient
+    from lightkube.config.client_adapter import verify_cluster
+
+    config, single = load_config(kubeconfig)
+    # Our own transport for its connection limits: a burst of concurrent requests with
+    # httpx's default of 20 kept-alive connections reopens TLS connections for most of them.
+    # TLS settings are lightkube's, from the same kubeconfig.
     tls = verify_cluster(single.cluster, single.user, single.abs_file, trust_env=False)
     transport = httpx2.AsyncHTTPTransport(verify=tls, limits=httpx2.Limits(
         max_connections=max_connections, max_keepalive_connections=max_connections))

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from elastic_gpu.k8s.client import ClientConfigError
+from elastic_gpu.k8s.client import ClientConfigError, load_config
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +83,10 @@ class RestClient:
     @classmethod
     def from_config(cls, kubeconfig: Path | None, **kwargs: Any) -> RestClient:
         """From a kubeconfig file, or the in-cluster service account when it is None."""
-        from lightkube import KubeConfig
         from lightkube.config.client_adapter import verify_cluster
-        from lightkube.core.exceptions import ConfigError
 
         where = str(kubeconfig) if kubeconfig is not None else "the in-cluster service account"
-        try:
-            if kubeconfig is not None:
-                if not kubeconfig.is_file():
-                    raise ClientConfigError(f"kubeconfig {kubeconfig} does not exist")
-                config = KubeConfig.from_file(str(kubeconfig))
-            else:
-                config = KubeConfig.from_service_account()
-        except ConfigError as err:
-            raise ClientConfigError(f"cannot configure the Kubernetes client from {where}: "
-                                    f"{err}") from None
-        except (OSError, KeyError) as err:
-            raise ClientConfigError(f"cannot read {where} ({err}); pass --kubeconfig when "
-                                    "running outside a cluster") from None
-        single = config.get()
-        if single is None or single.user is None:
-            raise ClientConfigError(f"{where} has no current context with a user")
+        _, single = load_config(kubeconfig)
         user = single.user
         if user.exec or user.auth_provider:
             raise ClientConfigError(f"{where}: exec and auth-provider credentials are not "

@@ -43,3 +43,10 @@ def test_api_errors_carry_code_words_and_whether_they_were_applied() -> None:
     assert not status_error(503, b"not json").definite
     assert "not json" in str(status_error(503, b"not json"))
     assert not ApiStatusError(0, "", "connection refused").definite
+
+
+def test_outside_a_cluster_no_kubeconfig_names_the_service_account(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ClientConfigError, match="in-cluster service account"):
+        RestClient.from_config(None)
