@@ -217,7 +217,6 @@ class RawReflector:
         self.on_event = on_event
         self.params = dict(params or {})
         self.watch_timeout_s = watch_timeout_s
-        self.relists = 0
 
     async def run(self) -> None:
         failures = 0
@@ -225,7 +224,6 @@ class RawReflector:
             try:
                 items, version = await self.client.list(self.path, self.params)
                 self.on_replace(items)
-                self.relists += 1
                 failures = 0
                 while True:  # re-watch from the newest version seen until the API says 410
                     async for kind, obj in self.client.watch(
