@@ -16,6 +16,7 @@ import numpy as np
 
 from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.model import Card
+from elastic_gpu.core.waste import ExpectedWaste
 from elastic_gpu.core.workload import TaskShape
 
 
@@ -51,10 +52,15 @@ class NodeView:
 
 @dataclass
 class ScoreContext:
-    """Shared services for policies: the fragmentation model and the seeded random source."""
+    """Shared services for policies: the fragmentation model, the seeded random source, and the
+    expected-waste model (built from the fragmentation model's target workload)."""
 
     frag: Fragmentation
     rng: np.random.Generator
+    waste: ExpectedWaste = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.waste = ExpectedWaste(self.frag.workload)
 
 
 class NodePolicy(ABC):
