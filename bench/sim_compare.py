@@ -46,10 +46,11 @@ def main() -> None:
     for (workload, policy), (median, _) in sorted(table.items(),
                                                    key=lambda kv: (kv[0][0], policies.index(kv[0][1]))):
         ref = reference.get((workload, policy))
-        ref_text = f"{ref:.2f}" if ref is not None else "-"
-        diff = f"{median - ref:+.2f}" if ref is not None else "-"
+        # three decimals: per-seed figures have two, so a median of ten can end in 5
+        ref_text = f"{ref:.3f}" if ref is not None else "-"
+        diff = f"{median - ref:+.3f}" if ref is not None else "-"
         name = workload.removeprefix("openb_pod_list_")
-        print(f"| {name} | {policy} | {median:.2f} | {ref_text} | {diff} |")
+        print(f"| {name} | {policy} | {median:.3f} | {ref_text} | {diff} |")
     if args.out:
         args.out.write_text(json.dumps([{"workload": o.job.workload, "policy": o.job.policy,
                                          "seed": o.job.seed, "unallocated_100": o.unallocated_100}

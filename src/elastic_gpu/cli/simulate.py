@@ -20,8 +20,8 @@ def simulate(
         "--pods", help="Pod list CSV; with --compare it may be given several times.")] = None,
     policy: Annotated[str, typer.Option(help="Node policy.")] = "fgd",
     card_policy: Annotated[str, typer.Option(
-        help="Card policy; auto: the FGD artifact's pairing (random->random; fgd, fgdx and "
-             "fgdx-cpufit->fgd; others->binpack).")
+        help="Card policy; auto: the FGD artifact's pairing (random->random; fgd and "
+             "fgdx-cpufit->fgd; others->binpack) and ours (fgdx->fgd-waste).")
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Shuffle/resample/tie-break seed.")] = 42,
     inflation: Annotated[float, typer.Option(help="Resample the GPU request up to this x capacity.")] = 1.3,
@@ -162,10 +162,11 @@ def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, see
     ordered = sorted(result.items(), key=lambda kv: (kv[0][0], names.index(kv[0][1])))
     for (workload, pol), (median, count) in ordered:
         ref = reference.get((workload, pol))
-        cells = [workload, pol, str(count), f"{median:.2f}"]
+        # three decimals: per-seed figures have two, so a median of an even count can end in 5
+        cells = [workload, pol, str(count), f"{median:.3f}"]
         if reference:
-            cells += [f"{ref:.2f}" if ref is not None else "-",
-                      f"{median - ref:+.2f}" if ref is not None else "-"]
+            cells += [f"{ref:.3f}" if ref is not None else "-",
+                      f"{median - ref:+.3f}" if ref is not None else "-"]
         table.add_row(*cells)
         rows.append({"workload": workload, "policy": pol, "runs": count, "median_unallocated_100": median,
                      "reference": ref})

@@ -68,6 +68,16 @@ def test_small_replays_allocate_what_they_report(tmp_path: Path, policy: str) ->
         assert key in summary
 
 
+@pytest.mark.parametrize(("policy", "cards"), [("fgd", "fgd"), ("fgdx", "fgd-waste"),
+                                              ("fgdx-cpufit", "fgd"), ("random", "random"),
+                                              ("bestfit", "binpack")])
+def test_auto_pairs_each_policy_with_its_documented_card_tier(tmp_path: Path, policy: str,
+                                                             cards: str) -> None:
+    nodes = load_nodes(write_nodes(tmp_path / "n.csv"))
+    tasks = load_tasks(write_pods(tmp_path / "p.csv"))
+    assert replay(nodes, tasks, policy, seed=3).card_policy == cards
+
+
 def test_builtin_cluster_and_workload_have_the_documented_mix() -> None:
     nodes = builtin_nodes()
     assert 1150 < len(nodes) < 1300
