@@ -4,8 +4,11 @@ Usage: python bench/sim_variants.py POLICY[/CARD],... WORKLOAD,... SEEDS [--out 
 e.g.   python bench/sim_variants.py fgdx,fgdx/frag-exact,x_few gpushare60,gpushare80 42-46
 Prints the median unallocated GPU % at 100% arrived and the per-seed values. The variants are
 registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third attempt",
-and docs/simulator.md list the results), and so is the `fgd-tight` card tier.
-Note: `auto` maps only fgd/fgdx to the fgd card tier; the x_* variants get binpack under auto.
+and docs/simulator.md, "fgd-waste", list the results), and so are the experimental card tiers
+`fgd-tight`, `fgd-waste-p0`, `fgd-waste-p1`, `x-waste-first` and `x-waste-cpu`.
+Note: `auto` maps fgdx to `fgd-waste` (before that card tier existed it mapped it to `fgd`:
+figures documented for plain `fgdx` before "fgd-waste" are `fgdx/fgd` now); the x_* variants
+get binpack under auto.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from elastic_gpu.core.policies import (
     register_node_policy,
 )
 from elastic_gpu.core.policies.base import CardPolicy
+from elastic_gpu.core.policies.card import FragWasteCards
 from elastic_gpu.core.policies.node import (
     MAX_SCORE,
     MAX_SPEC_GPU,
@@ -35,7 +39,8 @@ from elastic_gpu.core.policies.node import (
     FgdxPolicy,
     free_after,
 )
-from elastic_gpu.core.workload import TaskShape
+from elastic_gpu.core.waste import ExpectedWaste
+from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TaskShape
 from elastic_gpu.sim.compare import Job, parse_seeds, run_jobs
 
 DATA = Path(os.environ.get("EGPU_TRACE_DIR", "/work/shared/data/alibaba-gpu-2023"))
@@ -180,10 +185,127 @@ class FragCardsTight(CardPolicy):
         return min(candidates, key=key)
 
 
+class _Persistence:
+    """An ExpectedWaste of another persistence than the engine's, per target workload."""
+
+    def __init__(self, persistence: float) -> None:
+        self.persistence = persistence
+        self._models: dict[int, ExpectedWaste] = {}
+
+    def model(self, ctx: ScoreContext) -> ExpectedWaste:
+        key = id(ctx.frag.workload)
+        if key not in self._models:
+            self._models[key] = ExpectedWaste(ctx.frag.workload, self.persistence)
+        return self._models[key]
+
+
+class FragWasteP0(FragWasteCards):
+    """fgd-waste with persistence 0 (a fitting task always comes)."""
+
+    name = "fgd-waste-p0"
+    waste = _Persistence(0.0)
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        local = ScoreContext(ctx.frag, ctx.rng)
+        local.waste = self.waste.model(ctx)
+        return super().pick_share(local, view, candidates, milli, memory_mib)
+
+
+class FragWasteP1(FragWasteP0):
+    """fgd-waste with persistence 1 (a card freezes when a random next task does not fit)."""
+
+    name = "fgd-waste-p1"
+    waste = _Persistence(1.0)
+
+
+class WasteFirstCards(CardPolicy):
+    """Expected waste added (persistence 0) as the first card key, FGD's score ignored, then
+    the tightest fit."""
+
+    name = "x-waste-first"
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        waste = FragWasteP0.waste.model(ctx)
+        return min(candidates, key=lambda p: (
+            waste.added(view.cards[p].model, view.free_milli[p], milli),
+            view.free_milli[p], view.cards[p].index))
+
+
+class CpuFitWasteCards(FragWasteCards):
+    """fgd-waste, W counting only the GPU tasks whose CPU fits what the node has left."""
+
+    name = "x-waste-cpu"
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[int, int], tuple[float, ...]] = {}
+
+    def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                   milli: int, memory_mib: int) -> int:
+        node = view.node
+        cpu_after = node.cpu_free - view.task.cpu_milli
+        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
+        table = self._table(ctx, cpu_after)
+
+        def key(pos: int) -> tuple[int, float, int]:
+            free = list(view.free_milli)
+            free[pos] -= milli
+            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+            left = view.free_milli[pos]
+            return (-int(sigmoid((before - after) / 1000) * 100), table[left - milli] - table[left],
+                    view.cards[pos].index)
+
+        return min(candidates, key=key)
+
+    def _table(self, ctx: ScoreContext, cpu_free: int) -> tuple[float, ...]:
+        workload = ctx.frag.workload
+        gpu = [(s, w) for s, w in zip(workload.shapes, workload.weights, strict=True)
+               if s.gpu_count and s.gpu_milli]
+        fitting = [(s, w) for s, w in gpu if max(s.cpu_milli, DEFAULT_CPU_REQUEST) <= cpu_free]
+        key = (id(workload), len(fitting))
+        if key not in self._tables:
+            sizes: dict[int, float] = {}
+            for shape, weight in fitting:
+                sizes[min(shape.gpu_milli, 1000)] = sizes.get(min(shape.gpu_milli, 1000), 0.0) + weight
+            total = sum(w for _, w in gpu)
+            table = [0.0] * 1001
+            for r in range(1, 1001):
+                fit = expected = 0.0
+                for size, weight in sorted(sizes.items()):
+                    if size > r:
+                        break
+                    fit += weight
+                    expected += weight * table[r - size]
+                if fit == 0.0:
+                    table[r] = float(r)
+                    continue
+                goes_on = (fit / total) ** 0.5
+                table[r] = goes_on * expected / fit + (1 - goes_on) * r
+            self._tables[key] = tuple(table)
+        return self._tables[key]
+
+
+class WasteNodeTie(FgdxPolicy):
+    """fgdx; shares break FGD's node ties by the least expected waste (persistence 0) their
+    best card adds."""
+
+    name = "x_wnode"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if not task.is_share:
+            return base
+        added = min(FragWasteP0.waste.model(ctx).added(node.model, left, task.gpu_milli)
+                    for left in node.free if left >= task.gpu_milli)
+        return base - 1e-3 * (added + 1000) / 2000
+
+
 for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
-             BlendDotProd, ShareTight, FinerSigmoid):
+             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie):
     register_node_policy(_cls)
-register_card_policy(FragCardsTight)
+for _card in (FragCardsTight, FragWasteP0, FragWasteP1, WasteFirstCards, CpuFitWasteCards):
+    register_card_policy(_card)
 
 
 def main() -> None:
