@@ -1,12 +1,13 @@
 """Where the unallocated GPU sits at 100% arrived: one replay, stopped there, taken apart.
 
-Usage: python bench/sim_leftovers.py WORKLOAD POLICY CARD SEED [--cpu-scale N]
+Usage: python bench/sim_leftovers.py WORKLOAD POLICY CARD SEED [--cpu-scale N] [--memory-scale N]
 e.g.   python bench/sim_leftovers.py gpushare60 fgdx fgd 42
 Prints the unallocated % at 100% arrived (the last arrival whose cumulative request is within
 capacity, so it may differ by a few hundredths from the binned figure of `egpu simulate`), the
 failed tasks by kind (cpu / share / <n>g) and first failing check, and the idle compute grouped
 by the exact free compute of each card. `--cpu-scale 10` gives every node ten times its CPU: the
-difference to a normal run bounds what any CPU-aware rule could win on that replay.
+difference to a normal run bounds what any CPU-aware rule could win on that replay;
+`--memory-scale 10` does the same for host memory.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ def main() -> None:
     parser.add_argument("card")
     parser.add_argument("seed", type=int)
     parser.add_argument("--cpu-scale", type=int, default=1)
+    parser.add_argument("--memory-scale", type=int, default=1)
     args = parser.parse_args()
     nodes = [n for n in load_nodes(DATA / "openb_node_list_all_node.csv") if n.cards]
     if args.cpu_scale != 1:
         nodes = [dataclasses.replace(n, cpu_milli=n.cpu_milli * args.cpu_scale) for n in nodes]
+    if args.memory_scale != 1:
+        nodes = [dataclasses.replace(n, memory_mib=n.memory_mib * args.memory_scale) for n in nodes]
     tasks = load_tasks(DATA / f"openb_pod_list_{args.workload}.csv")
     capacity = sum(len(n.cards) for n in nodes) * 1000
     # the target workload comes from the unscaled tasks, as in a replay
