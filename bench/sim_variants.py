@@ -30,7 +30,7 @@ from elastic_gpu.core.policies import (
     register_node_policy,
 )
 from elastic_gpu.core.policies.base import CardPolicy
-from elastic_gpu.core.policies.card import FragWasteCards
+from elastic_gpu.core.policies.card import FragWasteCards, fgd_card_scores
 from elastic_gpu.core.policies.node import (
     MAX_SCORE,
     MAX_SPEC_GPU,
@@ -39,7 +39,7 @@ from elastic_gpu.core.policies.node import (
     FgdxPolicy,
     free_after,
 )
-from elastic_gpu.core.waste import ExpectedWaste
+from elastic_gpu.core.waste import ExpectedWaste, waste_table
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TaskShape
 from elastic_gpu.sim.compare import Job, parse_seeds, run_jobs
 
@@ -171,18 +171,8 @@ class FragCardsTight(CardPolicy):
 
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
-        node = view.node
-        cpu_after = node.cpu_free - view.task.cpu_milli
-        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
-
-        def key(pos: int) -> tuple[int, int, int]:
-            free = list(view.free_milli)
-            free[pos] -= milli
-            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-            return (-int(sigmoid((before - after) / 1000) * 100), view.free_milli[pos],
-                    view.cards[pos].index)
-
-        return min(candidates, key=key)
+        scores = fgd_card_scores(ctx, view, candidates, milli)
+        return min(candidates, key=lambda p: (-scores[p], view.free_milli[p], view.cards[p].index))
 
 
 class _Persistence:
@@ -243,20 +233,11 @@ class CpuFitWasteCards(FragWasteCards):
 
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
-        node = view.node
-        cpu_after = node.cpu_free - view.task.cpu_milli
-        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
-        table = self._table(ctx, cpu_after)
-
-        def key(pos: int) -> tuple[int, float, int]:
-            free = list(view.free_milli)
-            free[pos] -= milli
-            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-            left = view.free_milli[pos]
-            return (-int(sigmoid((before - after) / 1000) * 100), table[left - milli] - table[left],
-                    view.cards[pos].index)
-
-        return min(candidates, key=key)
+        scores = fgd_card_scores(ctx, view, candidates, milli)
+        table = self._table(ctx, view.node.cpu_free - view.task.cpu_milli)
+        return min(candidates, key=lambda p: (
+            -scores[p], table[view.free_milli[p] - milli] - table[view.free_milli[p]],
+            view.cards[p].index))
 
     def _table(self, ctx: ScoreContext, cpu_free: int) -> tuple[float, ...]:
         workload = ctx.frag.workload
@@ -267,22 +248,9 @@ class CpuFitWasteCards(FragWasteCards):
         if key not in self._tables:
             sizes: dict[int, float] = {}
             for shape, weight in fitting:
-                sizes[min(shape.gpu_milli, 1000)] = sizes.get(min(shape.gpu_milli, 1000), 0.0) + weight
-            total = sum(w for _, w in gpu)
-            table = [0.0] * 1001
-            for r in range(1, 1001):
-                fit = expected = 0.0
-                for size, weight in sorted(sizes.items()):
-                    if size > r:
-                        break
-                    fit += weight
-                    expected += weight * table[r - size]
-                if fit == 0.0:
-                    table[r] = float(r)
-                    continue
-                goes_on = (fit / total) ** 0.5
-                table[r] = goes_on * expected / fit + (1 - goes_on) * r
-            self._tables[key] = tuple(table)
+                milli = min(shape.gpu_milli, 1000)
+                sizes[milli] = sizes.get(milli, 0.0) + weight
+            self._tables[key] = waste_table(sorted(sizes.items()), sum(w for _, w in gpu), 0.5)
         return self._tables[key]
 
 

@@ -55,7 +55,8 @@ class ExpectedWaste:
     def _table(self, model: str) -> tuple[float, ...]:
         table = self._tables.get(model)
         if table is None:
-            table = self._build(self._sizes(model))
+            sizes = self._sizes(model)
+            table = waste_table(sizes, sum(weight for _, weight in sizes), self.persistence)
             self._tables[model] = table
         return table
 
@@ -69,19 +70,22 @@ class ExpectedWaste:
             sizes[milli] = sizes.get(milli, 0.0) + weight
         return sorted(sizes.items())
 
-    def _build(self, sizes: Sequence[tuple[int, float]]) -> tuple[float, ...]:
-        total = sum(weight for _, weight in sizes)
-        table = [0.0] * (MILLI_PER_CARD + 1)
-        for free in range(1, MILLI_PER_CARD + 1):
-            fitting = expected = 0.0
-            for milli, weight in sizes:
-                if milli > free:
-                    break
-                fitting += weight
-                expected += weight * table[free - milli]
-            if fitting == 0.0:
-                table[free] = float(free)
-                continue
-            goes_on = (fitting / total) ** self.persistence
-            table[free] = goes_on * expected / fitting + (1.0 - goes_on) * free
-        return tuple(table)
+
+def waste_table(sizes: Sequence[tuple[int, float]], total: float, persistence: float
+                ) -> tuple[float, ...]:
+    """W(0..1000) for tasks of these (per-card milli, weight), ascending; `total` is the weight
+    of all GPU tasks, of which `sizes` may be a part (the rest never fits a card of this kind)."""
+    table = [0.0] * (MILLI_PER_CARD + 1)
+    for free in range(1, MILLI_PER_CARD + 1):
+        fitting = expected = 0.0
+        for milli, weight in sizes:
+            if milli > free:
+                break
+            fitting += weight
+            expected += weight * table[free - milli]
+        if fitting == 0.0:
+            table[free] = float(free)
+            continue
+        goes_on = (fitting / total) ** persistence
+        table[free] = goes_on * expected / fitting + (1.0 - goes_on) * free
+    return tuple(table)

@@ -62,55 +62,51 @@ class TopologyCards(BinpackCards):
         return best_linked_set(view.cards, candidates, count)
 
 
+def fgd_card_scores(ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                    milli: int) -> dict[int, int]:
+    """FGD's score of putting `milli` on each candidate card, as the authors' simulator has it:
+    sigmoid(fragmentation decrease in cards) truncated to an integer 0..100."""
+    node = view.node
+    cpu_after = node.cpu_free - view.task.cpu_milli
+    before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
+    scores: dict[int, int] = {}
+    for pos in candidates:
+        free = list(view.free_milli)
+        free[pos] -= milli
+        after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+        scores[pos] = int(sigmoid((before - after) / 1000) * 100)
+    return scores
+
+
 class FragCards(CardPolicy):
-    """FGD's card rule as the authors' simulator has it: the card whose use scores best on
-    sigmoid(fragmentation decrease) truncated to 0..100; ties: the lowest card index."""
+    """FGD's card rule as the authors' simulator has it: the best `fgd_card_scores`; ties: the
+    lowest card index."""
 
     name = "fgd"
 
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
-        node = view.node
-        cpu_after = node.cpu_free - view.task.cpu_milli
-        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
-        best: tuple[int, int] | None = None
-        for pos in sorted(candidates, key=lambda p: view.cards[p].index):
-            free = list(view.free_milli)
-            free[pos] -= milli
-            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-            value = int(sigmoid((before - after) / 1000) * 100)
-            if best is None or value > best[0]:
-                best = (value, pos)
-        assert best is not None
-        return best[1]
+        scores = fgd_card_scores(ctx, view, candidates, milli)
+        return min(candidates, key=lambda p: (-scores[p], view.cards[p].index))
 
 
 class FragWasteCards(CardPolicy):
     """FGD's card score first; its ties go to the card whose use adds the least expected
     eventual waste (core/waste.py), then to the lowest index.
 
-    The integer score ties often: e.g. 0.23 on a card with 350 free or on one with 530 free.
-    Lowest index picks whichever comes first; the waste model sees that 350 free would take a
-    0.32 next (30 idle) while 120 left takes almost nothing, and keeps the 350 for the 0.32.
+    The integer score ties often: e.g. 0.23 on a card with 350 free or on one with 460 free.
+    Lowest index picks whichever comes first; the waste model sees that 120 left takes almost
+    nothing of the workload while 230 left takes a 0.23, and keeps the 350 for a 0.32.
     """
 
     name = "fgd-waste"
 
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
-        node = view.node
-        cpu_after = node.cpu_free - view.task.cpu_milli
-        before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
-
-        def key(pos: int) -> tuple[int, float, int]:
-            free = list(view.free_milli)
-            free[pos] -= milli
-            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-            return (-int(sigmoid((before - after) / 1000) * 100),
-                    ctx.waste.added(view.cards[pos].model, view.free_milli[pos], milli),
-                    view.cards[pos].index)
-
-        return min(candidates, key=key)
+        scores = fgd_card_scores(ctx, view, candidates, milli)
+        return min(candidates, key=lambda p: (
+            -scores[p], ctx.waste.added(view.cards[p].model, view.free_milli[p], milli),
+            view.cards[p].index))
 
 
 class ExactFragCards(CardPolicy):
