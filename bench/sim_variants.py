@@ -29,7 +29,7 @@ from elastic_gpu.core.policies import (
     register_card_policy,
     register_node_policy,
 )
-from elastic_gpu.core.policies.base import CardPolicy
+from elastic_gpu.core.policies.base import CardPolicy, NodePolicy
 from elastic_gpu.core.policies.card import FragWasteCards, fgd_card_scores
 from elastic_gpu.core.policies.node import (
     MAX_SCORE,
@@ -106,12 +106,13 @@ class BlendBestFit(FgdxPolicy):
 
     name = "x_bf"
     alpha = 0.02
+    blended: NodePolicy = BestFitPolicy()
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         base = super().score(ctx, task, node)
         if not _is_gpu(task):
             return base
-        return base + self.alpha * BestFitPolicy().score(ctx, task, node)
+        return base + self.alpha * self.blended.score(ctx, task, node)
 
 
 class BlendBestFit5(BlendBestFit):
@@ -119,17 +120,11 @@ class BlendBestFit5(BlendBestFit):
     alpha = 0.05
 
 
-class BlendDotProd(FgdxPolicy):
+class BlendDotProd(BlendBestFit):
     """fgdx plus a small share of dotprod's score."""
 
     name = "x_dp"
-    alpha = 0.02
-
-    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
-        base = super().score(ctx, task, node)
-        if not _is_gpu(task):
-            return base
-        return base + self.alpha * DotProductPolicy().score(ctx, task, node)
+    blended = DotProductPolicy()
 
 
 class ShareTight(FgdxPolicy):
