@@ -21,7 +21,7 @@ def simulate(
     policy: Annotated[str, typer.Option(help="Node policy.")] = "fgd",
     card_policy: Annotated[str, typer.Option(
         help="Card policy; auto: the FGD artifact's pairing (random->random; fgd and "
-             "fgdx-cpufit->fgd; others->binpack) and ours (fgdx->fgd-waste).")
+             "fgdx-cpufit->fgd; others->binpack) and ours (fgdx, fgdx-mem->fgd-waste).")
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Shuffle/resample/tie-break seed.")] = 42,
     inflation: Annotated[float, typer.Option(help="Resample the GPU request up to this x capacity.")] = 1.3,

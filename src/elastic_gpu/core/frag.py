@@ -11,6 +11,10 @@ fragmentation rate is total fragmentation over total free compute.
 
 A node's value depends only on (model, free CPU, multiset of free compute per card), so values
 are memoised on that key: in a replay the same states recur constantly.
+
+`node_with_memory` is the same measure with host memory in the fit test too: a task shape whose
+memory request exceeds the node's free memory cannot run there, so all free compute is a fragment
+for it. FGD and the authors' simulator leave memory out; fgdx-mem (docs/simulator.md) puts it in.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload
 
 #: model, free CPU (milli), free compute per usable card sorted descending
 StateKey = tuple[str, int, tuple[int, ...]]
+#: the same with free memory (MiB) after the CPU
+MemoryStateKey = tuple[str, int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -35,10 +41,21 @@ class _Group:
     models: frozenset[str]
     cpus: tuple[int, ...]  # ascending
     cumulative: tuple[float, ...]  # cumulative probability along `cpus`
+    #: (CPU, memory, probability) of every shape of the group, CPU ascending
+    items: tuple[tuple[int, int, float], ...]
 
     def weight_fitting_cpu(self, cpu_free: int) -> float:
         k = bisect_right(self.cpus, cpu_free)
         return self.cumulative[k - 1] if k else 0.0
+
+    def weight_fitting(self, cpu_free: int, memory_free: int) -> float:
+        weight = 0.0
+        for cpu, memory, probability in self.items:
+            if cpu > cpu_free:
+                break
+            if memory <= memory_free:
+                weight += probability
+        return weight
 
 
 class Fragmentation:
@@ -46,18 +63,24 @@ class Fragmentation:
 
     def __init__(self, workload: TargetWorkload, memo_limit: int = 2_000_000) -> None:
         self.workload = workload
-        groups: dict[tuple[int, int, frozenset[str]], list[tuple[int, float]]] = {}
+        groups: dict[tuple[int, int, frozenset[str]], list[tuple[int, int, float]]] = {}
         for shape, weight in zip(workload.shapes, workload.weights, strict=True):
             if shape.gpu_count == 0 or shape.gpu_milli == 0:
                 continue  # CPU-only shapes: every free milli-card is a fragment for them
             key = (shape.gpu_milli, shape.gpu_count, shape.models)
-            groups.setdefault(key, []).append((max(shape.cpu_milli, DEFAULT_CPU_REQUEST), weight))
+            groups.setdefault(key, []).append(
+                (max(shape.cpu_milli, DEFAULT_CPU_REQUEST), shape.memory_mib, weight))
         self._groups = []
         for (milli, count, models), items in sorted(groups.items(), key=lambda kv: kv[0][:2]):
             items.sort()
-            self._groups.append(_Group(milli, count, models, tuple(c for c, _ in items),
-                                       tuple(accumulate(w for _, w in items))))
+            # memory-blind: one entry per CPU request (a shape split over memory sums back)
+            by_cpu: dict[int, float] = {}
+            for cpu, _, weight in items:
+                by_cpu[cpu] = by_cpu.get(cpu, 0.0) + weight
+            self._groups.append(_Group(milli, count, models, tuple(by_cpu),
+                                       tuple(accumulate(by_cpu.values())), tuple(items)))
         self._memo: dict[StateKey, float] = {}
+        self._memory_memo: dict[MemoryStateKey, float] = {}
         self._memo_limit = memo_limit
 
     def node(self, model: str, cpu_free: int, free: tuple[int, ...]) -> float:
@@ -71,7 +94,20 @@ class Fragmentation:
             self._memo[key] = value
         return value
 
-    def _compute(self, model: str, cpu_free: int, free: tuple[int, ...]) -> float:
+    def node_with_memory(self, model: str, cpu_free: int, memory_free: int,
+                         free: tuple[int, ...]) -> float:
+        """`node` with each shape's host memory in the fit test too; `free` sorted descending."""
+        key = (model, cpu_free, memory_free, free)
+        value = self._memory_memo.get(key)
+        if value is None:
+            value = self._compute(model, cpu_free, free, memory_free)
+            if len(self._memory_memo) >= self._memo_limit:
+                self._memory_memo.clear()
+            self._memory_memo[key] = value
+        return value
+
+    def _compute(self, model: str, cpu_free: int, free: tuple[int, ...],
+                 memory_free: int | None = None) -> float:
         total = sum(free)
         if total == 0:
             return 0.0
@@ -83,7 +119,8 @@ class Fragmentation:
             # `free` is sorted descending: the card with index count-1 is the count-th largest.
             if len(free) < group.count or free[group.count - 1] < group.milli:
                 continue
-            weight = group.weight_fitting_cpu(cpu_free)
+            weight = (group.weight_fitting_cpu(cpu_free) if memory_free is None
+                      else group.weight_fitting(cpu_free, memory_free))
             if weight == 0.0:
                 continue
             small = 0

@@ -5,6 +5,11 @@ task could not use. "Expected" is a distribution over task shapes, called the ty
 authors' simulator: the most frequent shapes of the workload that together cover a popularity
 threshold (95%), renormalised to sum to one. This module computes that distribution from a list
 of task shapes, and ships a built-in default for when a caller has none.
+
+Host memory is not part of FGD's typical pods: they are counted on shapes without it, as in the
+authors' simulator, so FGD's weights are exactly theirs. Each typical shape's weight is then split
+over the memory requests of the tasks of that shape, so that a memory-aware policy (fgdx-mem)
+can ask whether a shape's memory fits a node; a memory-blind one sums the split back.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class TaskShape:
     gpu_count: int
     #: accepted card models; empty means any
     models: frozenset[str] = frozenset()
+    #: host memory (MiB); 0 when unknown or not asked for
+    memory_mib: int = 0
 
     @property
     def total_milli(self) -> int:
@@ -42,6 +49,9 @@ class TaskShape:
 
     def accepts(self, model: str) -> bool:
         return not self.models or model in self.models
+
+    def without_memory(self) -> TaskShape:
+        return TaskShape(self.cpu_milli, self.gpu_milli, self.gpu_count, self.models)
 
 
 @dataclass(frozen=True)
@@ -62,15 +72,19 @@ class TargetWorkload:
                    include_cpu_only: bool = True) -> TargetWorkload:
         """The most popular shapes covering `popularity` of the tasks, renormalised.
 
-        Mirrors the typical-pods rule of the FGD artifact: count identical shapes, sort by count
-        (ties: larger shape first), take shapes one by one until the cumulative count reaches the
-        threshold, then renormalise.
+        Mirrors the typical-pods rule of the FGD artifact: count identical shapes (memory
+        ignored), sort by count (ties: larger shape first), take shapes one by one until the
+        cumulative count reaches the threshold, then renormalise. Each chosen shape's weight is
+        then split over the memory requests of its tasks, in proportion to their counts.
         """
         counts: Counter[TaskShape] = Counter()
+        memories: dict[TaskShape, Counter[int]] = {}
         for task in tasks:
             if not include_cpu_only and task.gpu_count == 0:
                 continue
-            counts[_normalised(task)] += 1
+            shape = _normalised(task)
+            counts[shape] += 1
+            memories.setdefault(shape, Counter())[task.memory_mib] += 1
         if not counts:
             raise ValueError("cannot build a target workload from no tasks")
         total = sum(counts.values())
@@ -82,35 +96,44 @@ class TargetWorkload:
                 break
             chosen.append((shape, count))
             cumulative += count
-        return TargetWorkload(tuple(s for s, _ in chosen), tuple(c / cumulative for _, c in chosen))
+        shapes: list[TaskShape] = []
+        weights: list[float] = []
+        for shape, _ in chosen:
+            for memory, with_memory in sorted(memories[shape].items()):
+                shapes.append(TaskShape(shape.cpu_milli, shape.gpu_milli, shape.gpu_count,
+                                        shape.models, memory))
+                weights.append(with_memory / cumulative)
+        return TargetWorkload(tuple(shapes), tuple(weights))
 
     @staticmethod
     def default() -> TargetWorkload:
         """A built-in mix like a production GPU-sharing cluster (see docs/simulator.md).
 
         Shares of a card dominate by count, one whole card is next, a few multi-card tasks and
-        some CPU-only tasks; CPU requests grow with the GPU request.
+        some CPU-only tasks; CPU and memory requests grow with the GPU request (memory as the
+        built-in simulator workload has it: 2 MiB per milli-CPU plus 4, 8 or 16 GiB for a share,
+        a whole card or several).
         """
         entries: Sequence[tuple[TaskShape, float]] = (
-            (TaskShape(4000, 0, 0), 0.13),
-            (TaskShape(2000, 250, 1), 0.08),
-            (TaskShape(4000, 300, 1), 0.07),
-            (TaskShape(6000, 500, 1), 0.12),
-            (TaskShape(8000, 650, 1), 0.05),
-            (TaskShape(8000, 810, 1), 0.06),
-            (TaskShape(6000, 1000, 1), 0.22),
-            (TaskShape(12000, 1000, 1), 0.18),
-            (TaskShape(24000, 1000, 2), 0.04),
-            (TaskShape(48000, 1000, 4), 0.03),
-            (TaskShape(64000, 1000, 8), 0.02),
+            (TaskShape(4000, 0, 0, memory_mib=8_000), 0.13),
+            (TaskShape(2000, 250, 1, memory_mib=8_096), 0.08),
+            (TaskShape(4000, 300, 1, memory_mib=12_096), 0.07),
+            (TaskShape(6000, 500, 1, memory_mib=16_096), 0.12),
+            (TaskShape(8000, 650, 1, memory_mib=20_096), 0.05),
+            (TaskShape(8000, 810, 1, memory_mib=20_096), 0.06),
+            (TaskShape(6000, 1000, 1, memory_mib=20_192), 0.22),
+            (TaskShape(12000, 1000, 1, memory_mib=32_192), 0.18),
+            (TaskShape(24000, 1000, 2, memory_mib=64_384), 0.04),
+            (TaskShape(48000, 1000, 4, memory_mib=112_384), 0.03),
+            (TaskShape(64000, 1000, 8, memory_mib=144_384), 0.02),
         )
         return TargetWorkload(tuple(s for s, _ in entries), tuple(w for _, w in entries))
 
 
 def _normalised(task: TaskShape) -> TaskShape:
-    if task.cpu_milli > 0:
-        return task
-    return TaskShape(DEFAULT_CPU_REQUEST, task.gpu_milli, task.gpu_count, task.models)
+    """The shape FGD's typical pods count: no memory, and no CPU request counts as 100."""
+    cpu = task.cpu_milli if task.cpu_milli > 0 else DEFAULT_CPU_REQUEST
+    return TaskShape(cpu, task.gpu_milli, task.gpu_count, task.models)
 
 
 def _order_key(shape: TaskShape) -> tuple[int, int, int, tuple[str, ...]]:

@@ -33,9 +33,10 @@ from elastic_gpu.sim.trace import Task
 
 #: The card policy each node policy uses unless told otherwise. As in the FGD artifact: random
 #: picks random cards, FGD picks by fragmentation, the others take the tightest card. Ours:
-#: fgdx picks by fragmentation, FGD's ties by expected waste (`fgd-waste`); fgdx-cpufit keeps
+#: fgdx and fgdx-mem pick by fragmentation, FGD's ties by expected waste (`fgd-waste`); fgdx-cpufit keeps
 #: the plain `fgd` card tier its published figures were measured with (docs/simulator.md).
-AUTO_CARD_POLICY = {"random": "random", "fgd": "fgd", "fgdx": "fgd-waste", "fgdx-cpufit": "fgd"}
+AUTO_CARD_POLICY = {"random": "random", "fgd": "fgd", "fgdx": "fgd-waste", "fgdx-mem": "fgd-waste",
+                    "fgdx-cpufit": "fgd"}
 
 REPORT_POINTS = (50, 90, 100, 130)
 

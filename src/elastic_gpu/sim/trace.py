@@ -54,8 +54,8 @@ class Task:
     def shape(self) -> TaskShape:
         models = parse_model_list(self.gpu_spec) or frozenset()
         if self.num_gpu == 0 or self.gpu_milli == 0:
-            return TaskShape(self.cpu_milli, 0, 0, models)
-        return TaskShape(self.cpu_milli, self.gpu_milli, self.num_gpu, models)
+            return TaskShape(self.cpu_milli, 0, 0, models, self.memory_mib)
+        return TaskShape(self.cpu_milli, self.gpu_milli, self.num_gpu, models, self.memory_mib)
 
     def request(self) -> PodRequest:
         if self.num_gpu == 0 or self.gpu_milli == 0:

@@ -42,3 +42,36 @@ def test_bad_workloads_are_rejected() -> None:
         TargetWorkload((TaskShape(1, 0, 0),), (0.5,))
     with pytest.raises(ValueError):
         TargetWorkload.from_tasks([])
+
+
+def test_memory_counts_only_in_the_memory_aware_measure() -> None:
+    # Half the tasks want a whole card and 40 GiB, half want half a card and 2 GiB.
+    frag = Fragmentation(TargetWorkload((TaskShape(1000, 1000, 1, memory_mib=40_960),
+                                         TaskShape(1000, 500, 1, memory_mib=2048)), (0.5, 0.5)))
+    # FGD's own measure ignores memory: both shapes fit two idle cards.
+    assert frag.node("T4", 32000, (1000, 1000)) == pytest.approx(0)
+    # With 8 GiB free the whole-card shape cannot run: both cards are a fragment for it.
+    assert frag.node_with_memory("T4", 32000, 8192, (1000, 1000)) == pytest.approx(0.5 * 2000)
+    # With 64 GiB free both fit again; with 1 GiB neither does.
+    assert frag.node_with_memory("T4", 32000, 65536, (1000, 1000)) == pytest.approx(0)
+    assert frag.node_with_memory("T4", 32000, 1024, (1000, 1000)) == pytest.approx(2000)
+    # CPU still counts in the memory-aware measure.
+    assert frag.node_with_memory("T4", 0, 65536, (1000, 1000)) == pytest.approx(2000)
+
+
+def test_typical_pods_are_counted_without_memory_then_split_over_it() -> None:
+    """FGD's typical pods must not change when tasks carry memory (faithfulness); the weight of
+    each shape is then split over its tasks' memory requests."""
+    tasks = ([TaskShape(1000, 500, 1, memory_mib=m) for m in (1024, 1024, 1024, 2048)] * 15
+             + [TaskShape(2000, 1000, 1, memory_mib=4096)] * 35
+             + [TaskShape(3000, 1000, 8, memory_mib=m) for m in range(5)])
+    workload = TargetWorkload.from_tasks(tasks, popularity=0.9)
+    assert workload.shapes == (TaskShape(1000, 500, 1, memory_mib=1024),
+                               TaskShape(1000, 500, 1, memory_mib=2048),
+                               TaskShape(2000, 1000, 1, memory_mib=4096))
+    assert workload.weights == pytest.approx((45 / 95, 15 / 95, 35 / 95))
+    blind = TargetWorkload.from_tasks([t.without_memory() for t in tasks], popularity=0.9)
+    frag, frag_blind = Fragmentation(workload), Fragmentation(blind)
+    for state in ((1000, 500), (400, 400), (1000, 1000, 0)):
+        for cpu in (0, 1000, 1500, 4000):
+            assert frag.node("T4", cpu, state) == pytest.approx(frag_blind.node("T4", cpu, state))

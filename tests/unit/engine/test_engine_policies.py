@@ -85,8 +85,8 @@ def test_bestfit_and_dotprod_prefer_the_tighter_node() -> None:
 
 
 def test_task_shape_of_pods() -> None:
-    assert task_shape(share("a", 300, cpu=0)) == TaskShape(100, 300, 1)
-    assert task_shape(whole("b", 4, cpu=8000)) == TaskShape(8000, 1000, 4)
+    assert task_shape(share("a", 300, cpu=0, mem=2048)) == TaskShape(100, 300, 1, memory_mib=2048)
+    assert task_shape(whole("b", 4, cpu=8000)) == TaskShape(8000, 1000, 4, memory_mib=1024)
 
 
 def test_every_registered_policy_places_on_a_feasible_node() -> None:
@@ -161,3 +161,30 @@ def test_fgdx_cpufit_keeps_fgdx_rule_first_and_leaves_gpu_tasks_alone() -> None:
     gpu_task = TaskShape(1000, 500, 1)
     for free, cpu in (((1000, 500), 8000), ((1000, 1000), 32000)):
         assert cpufit.score(c, gpu_task, view(free, cpu)) == fgdx.score(c, gpu_task, view(free, cpu))
+
+
+def test_fgdx_mem_sends_a_light_share_where_memory_has_run_out() -> None:
+    """Node "spent" has an idle card but too little memory for the workload's heavy shapes;
+    node "roomy" has the same cards and plenty of memory. fgdx-mem sees that the idle card of
+    "spent" is a fragment anyway and puts a low-memory share there; fgdx, blind to memory,
+    cannot tell the two apart and follows its tie-break."""
+    from engine_helpers import cpu_only
+
+    workload = TargetWorkload((TaskShape(4000, 1000, 1, memory_mib=40_000),
+                               TaskShape(2000, 500, 1, memory_mib=2_000)), (0.6, 0.4))
+
+    def engine_for(policy: str, seed: int) -> Engine:
+        engine = Engine([gpu_node("spent", cards=2, mem=65536), gpu_node("roomy", cards=2, mem=65536)],
+                        PolicyConfig(node_policy=policy), seed=seed, workload=workload)
+        for node in ("spent", "roomy"):
+            pod = whole(f"w-{node}", 1, mem=8192)
+            engine.allocate(pod.key, engine.assign(pod, node), pod)
+        hog = cpu_only("hog", 1000, mem=40_000)  # memory only; the GPU state stays equal
+        engine.allocate(hog.key, engine.assign(hog, "spent"), hog)
+        return engine
+
+    light = share("light", 500, mem=2048)
+    fgdx = {engine_for("fgdx", seed).place(light).node for seed in range(12)}
+    assert fgdx == {"spent", "roomy"}
+    for seed in range(12):
+        assert engine_for("fgdx-mem", seed).place(light).node == "spent"

@@ -53,7 +53,7 @@ def test_curves_bin_arrivals_by_rounded_percent() -> None:
 
 
 @pytest.mark.parametrize("policy", ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "fgdx",
-                                    "fgdx-cpufit"])
+                                    "fgdx-mem", "fgdx-cpufit"])
 def test_small_replays_allocate_what_they_report(tmp_path: Path, policy: str) -> None:
     nodes = load_nodes(write_nodes(tmp_path / "n.csv"))
     tasks = load_tasks(write_pods(tmp_path / "p.csv"))
@@ -69,6 +69,7 @@ def test_small_replays_allocate_what_they_report(tmp_path: Path, policy: str) ->
 
 
 @pytest.mark.parametrize(("policy", "cards"), [("fgd", "fgd"), ("fgdx", "fgd-waste"),
+                                              ("fgdx-mem", "fgd-waste"),
                                               ("fgdx-cpufit", "fgd"), ("random", "random"),
                                               ("bestfit", "binpack")])
 def test_auto_pairs_each_policy_with_its_documented_card_tier(tmp_path: Path, policy: str,

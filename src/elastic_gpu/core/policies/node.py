@@ -4,12 +4,12 @@ The six policies of the FGD paper's evaluation (random, dotprod, clustering, pac
 fgd) follow the scoring rules of the authors' simulator, including its integer score range
 0..100 and truncations: ties are frequent and how they break is part of each policy's behaviour
 (see docs/simulator.md, "Faithfulness"). binpack and spread are the classic nano-gpu rules. `fgdx`
-is this project's own policy (docs/simulator.md, "fgdx").
+and `fgdx-mem` are this project's own policies (docs/simulator.md, "fgdx" and "fgdx-mem").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from elastic_gpu.core.frag import sigmoid, sorted_free
 from elastic_gpu.core.policies.base import NodePolicy, NodeView, ScoreContext
@@ -177,13 +177,18 @@ class FgdPolicy(NodePolicy):
             return float(MAX_SCORE)
         before = ctx.frag.node(node.model, node.cpu_free, sorted_free(node.free))
         cpu_after = node.cpu_free - task.cpu_milli
-        best: int | None = None
-        for _, free in free_after(task, node.free):
-            after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-            value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
-            if best is None or value > best:
-                best = value
-        return float(best) if best is not None else 0.0
+        return _best_fgd_score(before, (ctx.frag.node(node.model, cpu_after, sorted_free(free))
+                                        for _, free in free_after(task, node.free)))
+
+
+def _best_fgd_score(before: float, afters: Iterable[float]) -> float:
+    """FGD's integer score of the best of the states a task can leave (0 when it leaves none)."""
+    best: int | None = None
+    for after in afters:
+        value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
+        if best is None or value > best:
+            best = value
+    return float(best) if best is not None else 0.0
 
 
 class FgdxPolicy(FgdPolicy):
@@ -204,6 +209,32 @@ class FgdxPolicy(FgdPolicy):
             # below one FGD point: only reorders nodes FGD scores equal
             return base - 1e-3 * node.free_total / MAX_SPEC_GPU
         return base
+
+
+class FgdxMemoryPolicy(FgdxPolicy):
+    """fgdx with host memory in FGD's fit test for GPU tasks.
+
+    FGD asks, per task shape of the target workload, whether the shape would fit a node: cards
+    and CPU. Memory binds too: in the Alibaba trace a task asks for about 48 GiB of host memory
+    per card it uses, what an eight-card node has per card, so a node whose memory is spent has
+    idle cards nothing can use. fgdx-mem counts such cards as the fragment they are, so GPU
+    tasks that need little memory go where the memory has run out first. CPU-only tasks are
+    scored as in fgdx. See docs/simulator.md, "fgdx-mem".
+    """
+
+    name = "fgdx-mem"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if task.gpu_count == 0 or task.gpu_milli == 0:
+            return super().score(ctx, task, node)
+        frag = ctx.frag
+        before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
+                                       sorted_free(node.free))
+        cpu_after = node.cpu_free - task.cpu_milli
+        memory_after = node.memory_free - task.memory_mib
+        return _best_fgd_score(before, (
+            frag.node_with_memory(node.model, cpu_after, memory_after, sorted_free(free))
+            for _, free in free_after(task, node.free)))
 
 
 class FgdxCpuFitPolicy(FgdxPolicy):
@@ -227,5 +258,5 @@ class FgdxCpuFitPolicy(FgdxPolicy):
 
 NODE_POLICY_CLASSES: tuple[type[NodePolicy], ...] = (
     BinpackPolicy, SpreadPolicy, RandomPolicy, BestFitPolicy, DotProductPolicy, PackingPolicy,
-    ClusteringPolicy, FgdPolicy, FgdxPolicy, FgdxCpuFitPolicy,
+    ClusteringPolicy, FgdPolicy, FgdxPolicy, FgdxMemoryPolicy, FgdxCpuFitPolicy,
 )
