@@ -5,7 +5,8 @@ e.g.   python bench/sim_variants.py fgdx,fgdx/frag-exact,x_few gpushare60,gpusha
 Prints the median unallocated GPU % at 100% arrived and the per-seed values. The variants are
 registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third attempt",
 and docs/simulator.md, "fgd-waste", list the results), and so are the experimental card tiers
-`fgd-tight`, `fgd-waste-p0`, `fgd-waste-p1`, `x-waste-first` and `x-waste-cpu`.
+`fgd-tight`, `fgd-waste-p0`, `fgd-waste-p1`, `x-waste-first` and `x-waste-cpu`; `x_memblend` is
+docs/simulator.md's "blend λ = 0.5" ("fgdx-mem").
 Note: `auto` maps fgdx to `fgd-waste` (before that card tier existed it mapped it to `fgd`:
 figures documented for plain `fgdx` before "fgd-waste" are `fgdx/fgd` now); the x_* variants
 get binpack under auto.
@@ -37,6 +38,7 @@ from elastic_gpu.core.policies.node import (
     BestFitPolicy,
     DotProductPolicy,
     FgdxPolicy,
+    best_fgd_score,
     free_after,
 )
 from elastic_gpu.core.waste import ExpectedWaste, waste_table
@@ -264,8 +266,31 @@ class WasteNodeTie(FgdxPolicy):
         return base - 1e-3 * (added + 1000) / 2000
 
 
+class MemoryBlend(FgdxPolicy):
+    """fgdx whose GPU tasks are scored on half FGD's fragmentation, half the memory-aware one
+    (fgdx-mem's): lambda = 0.5 between fgdx (0) and fgdx-mem (1)."""
+
+    name = "x_memblend"
+    weight = 0.5
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if not _is_gpu(task):
+            return super().score(ctx, task, node)
+        frag = ctx.frag
+
+        def value(cpu: int, memory: int, free: tuple[int, ...]) -> float:
+            ordered = sorted_free(free)
+            return ((1 - self.weight) * frag.node(node.model, cpu, ordered)
+                    + self.weight * frag.node_with_memory(node.model, cpu, memory, ordered))
+
+        before = value(node.cpu_free, node.memory_free, node.free)
+        cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
+        return best_fgd_score(before, (value(cpu, memory, free)
+                                       for _, free in free_after(task, node.free)))
+
+
 for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
-             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie):
+             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend):
     register_node_policy(_cls)
 for _card in (FragCardsTight, FragWasteP0, FragWasteP1, WasteFirstCards, CpuFitWasteCards):
     register_card_policy(_card)
@@ -295,7 +320,7 @@ def main() -> None:
         results.setdefault(key, []).append((o.job.seed, round(o.unallocated_100, 3)))
     for key, values in sorted(results.items()):
         values.sort()
-        print(f"{key}: median {statistics.median(v for _, v in values):.2f} {[v for _, v in values]}")
+        print(f"{key}: median {statistics.median(v for _, v in values):.3f} {[v for _, v in values]}")
     print(f"{len(jobs)} replays in {time.perf_counter() - started:.0f} s")
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,fgdx"
+DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,fgdx,fgdx-mem"
 
 
 def simulate(

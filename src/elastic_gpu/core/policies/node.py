@@ -177,11 +177,11 @@ class FgdPolicy(NodePolicy):
             return float(MAX_SCORE)
         before = ctx.frag.node(node.model, node.cpu_free, sorted_free(node.free))
         cpu_after = node.cpu_free - task.cpu_milli
-        return _best_fgd_score(before, (ctx.frag.node(node.model, cpu_after, sorted_free(free))
+        return best_fgd_score(before, (ctx.frag.node(node.model, cpu_after, sorted_free(free))
                                         for _, free in free_after(task, node.free)))
 
 
-def _best_fgd_score(before: float, afters: Iterable[float]) -> float:
+def best_fgd_score(before: float, afters: Iterable[float]) -> float:
     """FGD's integer score of the best of the states a task can leave (0 when it leaves none)."""
     best: int | None = None
     for after in afters:
@@ -232,7 +232,7 @@ class FgdxMemoryPolicy(FgdxPolicy):
                                        sorted_free(node.free))
         cpu_after = node.cpu_free - task.cpu_milli
         memory_after = node.memory_free - task.memory_mib
-        return _best_fgd_score(before, (
+        return best_fgd_score(before, (
             frag.node_with_memory(node.model, cpu_after, memory_after, sorted_free(free))
             for _, free in free_after(task, node.free)))
 
