@@ -170,6 +170,8 @@ class Engine:
         self._rows: list[_Row] = []
         self._row_of: dict[str, int] = {}
         self._ledger: dict[str, _Ledger] = {}
+        #: node name -> (CPU milli, memory MiB) held by pods outside the ledger
+        self._outside: dict[str, tuple[int, int]] = {}
         self._models: list[str] = []
         self._model_id: dict[str, int] = {}
         self._score_cache: dict[tuple[str, TaskShape], FloatArray] = {}
@@ -341,8 +343,32 @@ class Engine:
         return [(card.index, int(self._used_milli[row, c]), int(self._used_mem[row, c]))
                 for c, card in enumerate(r.cards)]
 
+    def set_outside_usage(self, node_name: str, cpu_milli: int, memory_mib: int) -> None:
+        """CPU and memory held on a node by pods outside the ledger: in the extender, every pod
+        bound there (kube-scheduler owns CPU and memory and the extender holds only cards).
+
+        Node policies see it in a node's free CPU and memory, which FGD's fit test needs; fit
+        checks it only with `check_host_resources`. Kept for nodes not (yet) known, so it
+        applies when they appear; (0, 0) forgets the node."""
+        usage = (max(0, cpu_milli), max(0, memory_mib))
+        old = self._outside.get(node_name, (0, 0))
+        if usage == old:
+            return
+        if usage == (0, 0):
+            del self._outside[node_name]
+        else:
+            self._outside[node_name] = usage
+        row = self._row_of.get(node_name)
+        if self._stale or row is None:
+            return  # the next refresh counts it
+        self._generation += 1
+        self._cpu_used[row] += usage[0] - old[0]
+        self._mem_used[row] += usage[1] - old[1]
+        for cached in self._score_cache.values():
+            cached[row] = np.nan
+
     def host_usage(self, node_name: str) -> tuple[int, int]:
-        """(CPU milli, memory MiB) held on the node by allocations."""
+        """(CPU milli, memory MiB) held on the node by allocations and outside pods."""
         self._refresh()
         row = self._row(node_name)
         return int(self._cpu_used[row]), int(self._mem_used[row])
@@ -393,6 +419,11 @@ class Engine:
                 self._cap_milli[i, c] = card.compute_milli
                 self._cap_mem[i, c] = card.memory_mib
                 self._card_model[i, c] = self._model_index(card.model)
+        for name, (cpu, mem) in self._outside.items():
+            row = self._row_of.get(name)
+            if row is not None:
+                self._cpu_used[row] += cpu
+                self._mem_used[row] += mem
         self._score_cache.clear()
         self._stale = False
         # Replay the ledger; drop shares on cards that no longer exist.

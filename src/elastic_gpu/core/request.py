@@ -189,6 +189,19 @@ def _memory_mib(resources: Mapping[str, Any]) -> int:
         raise ResourceError("memory", value, str(err)) from None
 
 
+def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(CPU milli, memory MiB) a pod dict asks of its node, as kube-scheduler counts it: the
+    larger of the sum over regular containers and the largest init container."""
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
+    init_containers: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
+    cpu = sum(_cpu_milli(c.get("resources") or {}) for c in containers)
+    mem = sum(_memory_mib(c.get("resources") or {}) for c in containers)
+    cpu = max([cpu, *(_cpu_milli(c.get("resources") or {}) for c in init_containers)])
+    mem = max([mem, *(_memory_mib(c.get("resources") or {}) for c in init_containers)])
+    return cpu, mem
+
+
 def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
     """Read a pod dict (as the API serves it) into a `PodRequest`."""
     meta: Mapping[str, Any] = pod.get("metadata") or {}
@@ -204,11 +217,7 @@ def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
                                 "given to regular containers only")
     requests = tuple(container_request(c.get("name", "?"), c.get("resources") or {})
                      for c in containers)
-    cpu = sum(_cpu_milli(c.get("resources") or {}) for c in containers)
-    mem = sum(_memory_mib(c.get("resources") or {}) for c in containers)
-    # Kubernetes reserves max(sum of regular, largest init container) for the pod.
-    cpu = max([cpu, *(_cpu_milli(c.get("resources") or {}) for c in init_containers)])
-    mem = max([mem, *(_memory_mib(c.get("resources") or {}) for c in init_containers)])
+    cpu, mem = pod_host_requests(pod)
     return PodRequest(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "default")),

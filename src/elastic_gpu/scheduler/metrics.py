@@ -1,6 +1,8 @@
-"""Prometheus metrics of the extender: latency per verb, allocation per card, bind failures.
+"""Prometheus metrics of the extender: latency per verb, allocation per card, bind failures,
+and the CPU and memory the extender believes bound pods ask of each node.
 
-Per-card allocation is collected at scrape time from the engine (no cost on the hot path).
+Per-card allocation and per-node requests are collected at scrape time from the engine (no cost
+on the hot path).
 Each server gets its own registry, so several can run in one process (tests, benchmarks).
 """
 
@@ -15,11 +17,14 @@ from prometheus_client.registry import Collector
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 Usage = dict[str, list[tuple[int, int, int]]]
+#: node -> (CPU milli, memory MiB) that its bound pods ask for
+HostUsage = dict[str, tuple[int, int]]
 
 
 class _CardCollector(Collector):
-    def __init__(self, usage: Callable[[], Usage]) -> None:
+    def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None) -> None:
         self._usage = usage
+        self._host = host
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         milli = GaugeMetricFamily("egpu_scheduler_card_allocated_milli",
@@ -33,10 +38,26 @@ class _CardCollector(Collector):
                 memory.add_metric([node, str(index)], used_mib)
         yield milli
         yield memory
+        if self._host is None:
+            return
+        # What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
+        # difference from its own accounting shows here)
+        cpu = GaugeMetricFamily("egpu_scheduler_node_requested_cpu_milli",
+                                "CPU that the pods bound to a node ask for, as the extender "
+                                "last saw them, milli-CPU", labels=["node"])
+        host_memory = GaugeMetricFamily("egpu_scheduler_node_requested_memory_mib",
+                                        "Memory that the pods bound to a node ask for, as the "
+                                        "extender last saw them, MiB", labels=["node"])
+        for node, (cpu_milli, memory_mib) in self._host().items():
+            cpu.add_metric([node], cpu_milli)
+            host_memory.add_metric([node], memory_mib)
+        yield cpu
+        yield host_memory
 
 
 class Metrics:
-    def __init__(self, usage: Callable[[], Usage]) -> None:
+    def __init__(self, usage: Callable[[], Usage],
+                 host: Callable[[], HostUsage] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram("egpu_scheduler_request_seconds",
                                  "Extender request latency by verb", ["verb"],
@@ -47,4 +68,4 @@ class Metrics:
         self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)
-        self.registry.register(_CardCollector(usage))
+        self.registry.register(_CardCollector(usage, host))

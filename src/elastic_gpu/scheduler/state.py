@@ -32,7 +32,8 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, AssignmentError
 from elastic_gpu.core.engine import Engine, FilterResult, PolicyConfig, ScoredNodes, Unschedulable
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
+from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
+from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
 
@@ -146,6 +147,10 @@ class SchedulerState:
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
+        #: CPU and memory of bound pods, for the policies' view of a node (not for fit:
+        #: kube-scheduler filters on those before it asks us)
+        self._host_of: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, MiB)
+        self._host_total: dict[str, tuple[int, int]] = {}  # node -> (CPU milli, MiB)
         self.engine = self._new_engine(())
         self._known: frozenset[str] = frozenset()
         #: bumped by every change of the engine's allocations or inventory
@@ -264,6 +269,8 @@ class SchedulerState:
             # hold again, is cheaper than thousands of single updates.
             nodes = [n for n in (self._model_node(name) for name in sorted(self._nodes)) if n]
             self.engine = self._new_engine(nodes)
+            for name, (cpu, mem) in self._host_total.items():
+                self.engine.set_outside_usage(name, cpu, mem)
             self._holds.clear()
             self._node_pods.clear()
             for uid in self._pods:
@@ -346,6 +353,7 @@ class SchedulerState:
             if info.node_name or info.phase in TERMINAL_PHASES:
                 self._drop_reservations(info.uid)  # bound or done: the truth is known
             self._sync(info.uid)
+            self._count_host(info.uid)
 
     def forget_pod(self, uid: str) -> None:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
@@ -353,6 +361,35 @@ class SchedulerState:
             self._pods.pop(uid, None)
             self._drop_reservations(uid)
             self._sync(uid)
+            self._count_host(uid)
+
+    def _count_host(self, uid: str) -> None:
+        """Keep the engine's view of the CPU and memory of bound pods per node current."""
+        pod = self._pods.get(uid)
+        now: tuple[str, int, int] | None = None
+        if pod is not None and pod.node_name and pod.phase not in TERMINAL_PHASES:
+            try:
+                cpu, mem = pod_host_requests(pod.manifest)
+            except ResourceError:
+                cpu = mem = 0  # the API server validates quantities; nothing to count then
+            now = (pod.node_name, cpu, mem)
+        before = self._host_of.pop(uid, None)
+        if now is not None:
+            self._host_of[uid] = now
+        if now == before:
+            return
+        self._version += 1
+        for entry, sign in ((before, -1), (now, +1)):
+            if entry is None:
+                continue
+            node, cpu, mem = entry
+            old_cpu, old_mem = self._host_total.get(node, (0, 0))
+            total = (old_cpu + sign * cpu, old_mem + sign * mem)
+            if total == (0, 0):
+                self._host_total.pop(node, None)
+            else:
+                self._host_total[node] = total
+            self.engine.set_outside_usage(node, *total)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A relist: exactly these pods exist."""
@@ -590,6 +627,12 @@ class SchedulerState:
         with self._lock:
             self._flush()
             return {name: self.engine.card_usage(name) for name in self.engine.nodes()}
+
+    def host_usage(self) -> dict[str, tuple[int, int]]:
+        """(CPU milli, memory MiB) that the bound pods of each known node ask for."""
+        with self._lock:
+            self._flush()
+            return {name: self._host_total.get(name, (0, 0)) for name in self.engine.nodes()}
 
     def node_names(self) -> list[str]:
         with self._lock:

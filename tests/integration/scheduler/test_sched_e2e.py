@@ -98,6 +98,13 @@ def any_setup(request: pytest.FixtureRequest, k8s_cluster: Any,
     yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, request.param)
 
 
+@pytest.fixture
+def best_setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
+               ) -> Iterator[Setup]:
+    """filterResult: best: kube-scheduler binds exactly the node the engine chose."""
+    yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, "best")
+
+
 def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
                ) -> dict[str, dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
@@ -307,3 +314,37 @@ def test_the_deployed_rbac_is_enough_to_schedule(
         assert assignment_of(pod).node == nodes[0]
     finally:
         extender.stop()
+
+
+def test_fgd_sees_the_cpu_that_pods_without_gpus_hold(
+        best_setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
+    """A pod without GPUs, bound by kube-scheduler's rules not ours, takes nearly all the CPU of
+    one node: no typical GPU task can use that node's cards any more, so FGD puts the next share
+    there. Blind to that pod, FGD would keep the other node's part-used card instead (its idle
+    cards look usable), which is where the share goes without the extender counting host use."""
+    setup = best_setup
+    group = unique_name("fgd-cpu")
+    nodes = fake_gpu_nodes(2, gpus=2, cpu_milli=8000, labels={"egpu-test-group": group})
+    setup.wait_known(nodes, 2)
+
+    def place(name: str, percent: int) -> Assignment:
+        pod = pod_manifest(name, k8s_namespace, limits={"elasticgpu.io/gpu-core": str(percent)},
+                           scheduler_name=setup.scheduler_name, node_policy="fgd")
+        pod["spec"]["nodeSelector"] = {"egpu-test-group": group}
+        create_pods(setup.client, [pod])
+        return assignment_of(wait_bound(setup.client, k8s_namespace, [name])[name])
+
+    used = place("first", 30).node
+    (starved,) = [n for n in nodes if n != used]
+    hog = pod_manifest("hog", k8s_namespace, containers={"main": {"cpu": "7500m"}})
+    hog["spec"]["nodeName"] = starved
+    create_pods(setup.client, [hog])
+    deadline = time.monotonic() + 30
+    needle = f'egpu_scheduler_node_requested_cpu_milli{{node="{starved}"}} 7500.0'
+    while True:
+        with urllib.request.urlopen(f"{setup.extender.url}/metrics", timeout=5) as response:
+            if needle in response.read().decode():
+                break
+        assert time.monotonic() < deadline, f"the extender never saw {needle}"
+        time.sleep(0.2)
+    assert place("second", 50).node == starved

@@ -6,7 +6,7 @@ import pytest
 from engine_helpers import gpu_node, share, whole
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.engine import Engine, Unschedulable
+from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.model import Card, Node
 
 
@@ -100,3 +100,25 @@ def test_unknown_policy_names_fail_clearly() -> None:
     with pytest.raises(ValueError, match="unknown node policy"):
         Engine([], config=__import__("elastic_gpu.core.engine", fromlist=["PolicyConfig"]).PolicyConfig(
             node_policy="nope"))
+
+
+def test_outside_usage_counts_in_views_and_host_fit_and_waits_for_its_node() -> None:
+    from engine_helpers import cpu_only
+
+    engine = Engine([gpu_node("a", cpu=8000, mem=16384)])
+    engine.set_outside_usage("b", 1000, 1024)  # not known yet: applied when it appears
+    engine.set_outside_usage("a", 6000, 4096)
+    view = engine.node_view("a")
+    assert (view.cpu_free, view.memory_free) == (2000, 12288)
+    with pytest.raises(Unschedulable, match="milli-CPU"):
+        engine.place(cpu_only("big", 3000))
+    assert engine.place(cpu_only("small", 2000)).node == "a"
+    engine.upsert_node(gpu_node("b", cpu=8000, mem=16384))
+    assert engine.host_usage("b") == (1000, 1024)
+    engine.set_outside_usage("a", 0, 0)
+    assert engine.node_view("a").cpu_free == 8000
+    # the extender's engine (no host checks) still shows it to policies, but never refuses
+    blind = Engine([gpu_node("a", cpu=8000)], PolicyConfig(check_host_resources=False))
+    blind.set_outside_usage("a", 8000, 0)
+    assert blind.node_view("a").cpu_free == 0
+    assert blind.place(cpu_only("c", 4000)).node == "a"

@@ -265,3 +265,69 @@ def test_prioritize_reuses_filter_scores_only_while_nothing_changed() -> None:
     bind(state, share_pod("q", 50), "n07")
     ranked = state.prioritize(request, "uid-p", names)
     assert ranked["n07"] == 10 and ranked["n00"] == 0
+
+
+def host_pod(name: str, node: str, cpu: str, memory: str, phase: str = "Running") -> dict[str, Any]:
+    """A pod without GPUs, bound to `node`, as the pod watch delivers it."""
+    pod = pod_manifest(name, uid=f"uid-{name}", containers={"main": {"cpu": cpu, "memory": memory}})
+    pod["metadata"]["resourceVersion"] = "5"
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": phase}
+    return pod
+
+
+def test_bound_pods_cpu_and_memory_reach_the_policies_view_of_a_node() -> None:
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    state.observe_pod(host_pod("web", "n1", "6", "10Gi"))
+    state.observe_pod(host_pod("db", "n1", "500m", "1Gi"))
+    assert state.engine.host_usage("n1") == (6500, 11264)
+    assert state.engine.node_view("n1").cpu_free == 64_000 - 6500
+    assert state.engine.host_usage("n2") == (0, 0)
+    # a finished pod holds nothing; a deleted one neither
+    state.observe_pod({**host_pod("web", "n1", "6", "10Gi", phase="Succeeded"),
+                       "metadata": {"name": "web", "namespace": "default", "uid": "uid-web",
+                                    "resourceVersion": "6"}})
+    assert state.engine.host_usage("n1") == (500, 1024)
+    state.forget_pod("uid-db")
+    assert state.engine.host_usage("n1") == (0, 0)
+
+
+def test_host_usage_survives_an_engine_rebuild_and_waits_for_unknown_nodes() -> None:
+    nodes = [gpu_node(f"n{i}") for i in range(80)]
+    state = ready_state(nodes[:1])
+    state.observe_pod(host_pod("early", "n5", "2", "1Gi"))  # its node is not listed yet
+    state.observe_pod(host_pod("web", "n0", "4", "2Gi"))
+    feed_nodes(state, nodes)  # 79 new nodes: the state builds a fresh engine
+    state.filter(pod_request_from_manifest(share_pod("probe", 10)), "uid-probe", ["n0"])
+    assert state.engine.host_usage("n0") == (4000, 2048)
+    assert state.engine.host_usage("n5") == (2000, 1024)
+
+
+def test_fgd_in_the_extender_sees_the_cpu_other_pods_hold() -> None:
+    """n1's CPU is nearly all taken by a pod without GPUs, so no typical GPU task can use its
+    idle card any more: FGD puts a small share there rather than break n2's whole card.
+    Without the bound pod's CPU in view the two nodes look the same."""
+    def scores(with_hog: bool) -> dict[str, int]:
+        state = ready_state([gpu_node("n1"), gpu_node("n2")],
+                            SchedulerState(SchedulerConfig(node_policy="fgd")))
+        if with_hog:
+            state.observe_pod(host_pod("hog", "n1", "63", "8Gi"))
+        return state.prioritize(pod_request_from_manifest(share_pod("a", 10)), "uid-a",
+                                ["n1", "n2"])
+
+    assert scores(with_hog=False)["n1"] == scores(with_hog=False)["n2"]
+    hogged = scores(with_hog=True)
+    assert hogged["n1"] > hogged["n2"]
+
+
+def test_metrics_show_what_the_policies_see_of_bound_pods() -> None:
+    from prometheus_client import generate_latest
+
+    from elastic_gpu.scheduler.metrics import Metrics
+
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    state.observe_pod(host_pod("web", "n1", "1500m", "3Gi"))
+    text = generate_latest(Metrics(state.card_usage, state.host_usage).registry).decode()
+    assert 'egpu_scheduler_node_requested_cpu_milli{node="n1"} 1500.0' in text
+    assert 'egpu_scheduler_node_requested_memory_mib{node="n1"} 3072.0' in text
+    assert 'egpu_scheduler_node_requested_cpu_milli{node="n2"} 0.0' in text
