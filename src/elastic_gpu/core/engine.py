@@ -182,6 +182,12 @@ class Engine:
         for node in nodes:
             self.upsert_node(node)
 
+    def set_workload(self, workload: TargetWorkload) -> None:
+        """Score against another target workload from now on (the extender's observed one)."""
+        self.ctx = ScoreContext(Fragmentation(workload), self.ctx.rng)
+        self._score_cache.clear()
+        self._generation += 1
+
     # ------------------------------------------------------------------ inventory
 
     def upsert_node(self, node: Node) -> None:

@@ -15,7 +15,7 @@ can ask whether a shape's memory fits a node; a memory-blind one sums the split 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from elastic_gpu.core.resources import MILLI_PER_CARD
@@ -77,14 +77,25 @@ class TargetWorkload:
         cumulative count reaches the threshold, then renormalise. Each chosen shape's weight is
         then split over the memory requests of its tasks, in proportion to their counts.
         """
+        tally: Counter[TaskShape] = Counter()
+        for task in tasks:
+            if include_cpu_only or task.gpu_count > 0:
+                tally[task] += 1
+        return TargetWorkload.from_counts(tally, popularity)
+
+    @staticmethod
+    def from_counts(tally: Mapping[TaskShape, int], popularity: float = 0.95) -> TargetWorkload:
+        """`from_tasks` over tasks given as shape -> how many (shapes with memory; counts of
+        zero or less are ignored), in time proportional to the distinct shapes, so that a
+        caller keeping live counts (the extender) rebuilds cheaply."""
         counts: Counter[TaskShape] = Counter()
         memories: dict[TaskShape, Counter[int]] = {}
-        for task in tasks:
-            if not include_cpu_only and task.gpu_count == 0:
+        for task, number in tally.items():
+            if number <= 0:
                 continue
             shape = _normalised(task)
-            counts[shape] += 1
-            memories.setdefault(shape, Counter())[task.memory_mib] += 1
+            counts[shape] += number
+            memories.setdefault(shape, Counter())[task.memory_mib] += number
         if not counts:
             raise ValueError("cannot build a target workload from no tasks")
         total = sum(counts.values())

@@ -5,6 +5,8 @@
     reservationTTLSeconds: 30    # how long a bind whose outcome is unknown holds its cards
     seed: 0                      # random policies' seed, for reproducible runs
     filterResult: all            # all: every fitting node (+ prioritize); best: only the engine's choice
+    targetWorkload: builtin      # FGD's target workload: builtin, or observed (the live pods' shapes)
+    workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations.
@@ -49,6 +51,13 @@ class SchedulerConfig(BaseModel):
     #: "best": filter passes only the node the engine would choose, so kube-scheduler skips
     #: scoring and the prioritize round trip (docs/scheduler.md, "One round trip per pod").
     filter_result: Literal["all", "best"] = Field(default="all", validation_alias="filterResult")
+    #: The task-shape distribution FGD-family policies score against: "builtin"
+    #: (`TargetWorkload.default`) or "observed": FGD's typical pods of the live pods the
+    #: extender watches, rebuilt after `workload_refresh_pods` pods came or went.
+    target_workload: Literal["builtin", "observed"] = Field(default="builtin",
+                                                            validation_alias="targetWorkload")
+    workload_refresh_pods: int = Field(default=200, validation_alias="workloadRefreshPods", ge=1,
+                                       le=1_000_000)
 
     @field_validator("node_policy")
     @classmethod

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -30,10 +31,18 @@ import numpy as np
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, AssignmentError
-from elastic_gpu.core.engine import Engine, FilterResult, PolicyConfig, ScoredNodes, Unschedulable
+from elastic_gpu.core.engine import (
+    Engine,
+    FilterResult,
+    PolicyConfig,
+    ScoredNodes,
+    Unschedulable,
+    task_shape,
+)
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.core.workload import TargetWorkload, TaskShape
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
 
@@ -151,6 +160,12 @@ class SchedulerState:
         #: kube-scheduler filters on those before it asks us)
         self._host_of: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, MiB)
         self._host_total: dict[str, tuple[int, int]] = {}  # node -> (CPU milli, MiB)
+        #: targetWorkload "observed": the shape of every live pod, and how many pods came or
+        #: went since the engine's workload was last rebuilt from them
+        self._shapes: dict[str, TaskShape] = {}
+        self._shape_counts: Counter[TaskShape] = Counter()
+        self._shape_changes = 0
+        self.workload: TargetWorkload | None = None  # None: the built-in default
         self.engine = self._new_engine(())
         self._known: frozenset[str] = frozenset()
         #: bumped by every change of the engine's allocations or inventory
@@ -184,7 +199,7 @@ class SchedulerState:
         policy = PolicyConfig(node_policy=self.config.node_policy,
                               card_policy=self.config.card_policy,
                               check_host_resources=False)
-        return Engine(nodes, config=policy, seed=self.config.seed)
+        return Engine(nodes, config=policy, seed=self.config.seed, workload=self.workload)
 
     def upsert_node(self, info: NodeInfo) -> None:
         with self._lock:
@@ -354,6 +369,7 @@ class SchedulerState:
                 self._drop_reservations(info.uid)  # bound or done: the truth is known
             self._sync(info.uid)
             self._count_host(info.uid)
+            self._count_shape(info.uid)
 
     def forget_pod(self, uid: str) -> None:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
@@ -362,6 +378,7 @@ class SchedulerState:
             self._drop_reservations(uid)
             self._sync(uid)
             self._count_host(uid)
+            self._count_shape(uid)
 
     def _count_host(self, uid: str) -> None:
         """Keep the engine's view of the CPU and memory of bound pods per node current."""
@@ -390,6 +407,38 @@ class SchedulerState:
             else:
                 self._host_total[node] = total
             self.engine.set_outside_usage(node, *total)
+
+    def _count_shape(self, uid: str) -> None:
+        """targetWorkload observed: keep the live pods' task shapes."""
+        if self.config.target_workload != "observed":
+            return
+        pod = self._pods.get(uid)
+        shape: TaskShape | None = None
+        if pod is not None and pod.phase not in TERMINAL_PHASES:
+            try:
+                shape = task_shape(pod.request())
+            except ResourceError:
+                shape = None  # a malformed request is no sample of the workload
+        before = self._shapes.pop(uid, None)
+        if before is not None:
+            self._shape_counts[before] -= 1
+            if self._shape_counts[before] <= 0:
+                del self._shape_counts[before]
+        if shape is not None:
+            self._shapes[uid] = shape
+            self._shape_counts[shape] += 1
+        if (before is None) != (shape is None):
+            self._shape_changes += 1
+
+    def _refresh_workload(self) -> None:
+        """Rebuild the observed target workload once enough pods came or went."""
+        if not self._shapes or (self.workload is not None
+                                and self._shape_changes < self.config.workload_refresh_pods):
+            return
+        self.workload = TargetWorkload.from_counts(self._shape_counts)
+        self._shape_changes = 0
+        self.engine.set_workload(self.workload)
+        self._version += 1
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A relist: exactly these pods exist."""
@@ -424,6 +473,7 @@ class SchedulerState:
     def _prepare(self) -> None:
         self.require_ready()
         self._flush()
+        self._refresh_workload()
         self.expire()
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from elastic_gpu.core.frag import Fragmentation
@@ -75,3 +77,14 @@ def test_typical_pods_are_counted_without_memory_then_split_over_it() -> None:
     for state in ((1000, 500), (400, 400), (1000, 1000, 0)):
         for cpu in (0, 1000, 1500, 4000):
             assert frag.node("T4", cpu, state) == pytest.approx(frag_blind.node("T4", cpu, state))
+
+
+def test_from_counts_is_from_tasks_over_counted_shapes() -> None:
+    tasks = ([TaskShape(0, 300, 1, memory_mib=512)] * 7 + [TaskShape(4000, 1000, 2, memory_mib=9)] * 3
+             + [TaskShape(1000, 0, 0, memory_mib=m) for m in (1, 2, 2)])
+    counts = Counter(tasks)
+    counts[TaskShape(9, 9, 1)] = 0  # a shape whose pods all left
+    assert TargetWorkload.from_counts(counts, popularity=0.8) == TargetWorkload.from_tasks(
+        tasks, popularity=0.8)
+    with pytest.raises(ValueError, match="no tasks"):
+        TargetWorkload.from_counts({TaskShape(1, 0, 0): 0})

@@ -18,6 +18,14 @@ def test_defaults_without_file() -> None:
     assert load_config(None) == SchedulerConfig()
 
 
+def test_file_sets_the_target_workload(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("nodePolicy: fgdx-mem\ntargetWorkload: observed\nworkloadRefreshPods: 50\n")
+    config = load_config(path)
+    assert (config.node_policy, config.target_workload, config.workload_refresh_pods) == (
+        "fgdx-mem", "observed", 50)
+
+
 def test_file_sets_both_tiers(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("nodePolicy: spread\ncardPolicy: spread\nreservationTTLSeconds: 5\n")
@@ -30,6 +38,8 @@ def test_file_sets_both_tiers(tmp_path: Path) -> None:
     ("nodePolicy: nosuch\n", "unknown node policy 'nosuch'"),
     ("cardPolicy: 3\n", "cardPolicy"),
     ("reservationTTLSeconds: -1\n", "reservationTTLSeconds"),
+    ("targetWorkload: history\n", "targetWorkload: Input should be 'builtin' or 'observed'"),
+    ("workloadRefreshPods: 0\n", "workloadRefreshPods"),
     ("nodepolicy: binpack\n", "nodepolicy"),
     ("- a\n", "must be a mapping"),
     ("a: [\n", "not YAML"),

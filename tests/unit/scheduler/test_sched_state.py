@@ -331,3 +331,46 @@ def test_metrics_show_what_the_policies_see_of_bound_pods() -> None:
     assert 'egpu_scheduler_node_requested_cpu_milli{node="n1"} 1500.0' in text
     assert 'egpu_scheduler_node_requested_memory_mib{node="n1"} 3072.0' in text
     assert 'egpu_scheduler_node_requested_cpu_milli{node="n2"} 0.0' in text
+
+
+def test_observed_workload_follows_the_live_pods() -> None:
+    config = SchedulerConfig(node_policy="fgd", target_workload="observed", workload_refresh_pods=3)
+    pods = [share_pod(f"s{i}", 60) for i in range(4)] + [host_pod("web", "n1", "2", "1Gi")]
+    state = ready_state([gpu_node("n1"), gpu_node("n2")], SchedulerState(config), pods=pods)
+    probe = pod_request_from_manifest(share_pod("probe", 10))
+    state.filter(probe, "uid-probe", ["n1", "n2"])
+    assert state.workload is not None
+    shapes = dict(zip(state.workload.shapes, state.workload.weights, strict=True))
+    assert {(s.gpu_milli, s.gpu_count) for s in shapes} == {(600, 1), (0, 0)}
+    assert state.engine.ctx.frag.workload is state.workload
+    # two pods leave: fewer than workloadRefreshPods changes, the workload stays
+    state.forget_pod("uid-s0")
+    state.forget_pod("uid-s1")
+    state.filter(probe, "uid-probe", ["n1", "n2"])
+    assert state.workload.shapes == tuple(shapes)
+    state.forget_pod("uid-web")  # the third change: rebuilt, only the shares are left
+    state.filter(probe, "uid-probe", ["n1", "n2"])
+    assert [(s.gpu_milli, s.gpu_count) for s in state.workload.shapes] == [(600, 1)]
+
+
+def test_the_observed_workload_changes_where_fgd_puts_a_share() -> None:
+    """One card per node; n1's has a 40% share (600 free), n2's is idle. With the built-in
+    workload (whole cards are common) FGD fills n1's hole rather than break a whole card; when
+    the live pods are mostly 60% shares, the 600 hole is exactly what they need, so FGD keeps
+    it and breaks n2's card instead."""
+
+    def best(target: str) -> str:
+        config = SchedulerConfig(node_policy="fgd", target_workload=target,  # type: ignore[arg-type]
+                                 filter_result="best")
+        state = ready_state([gpu_node("n1"), gpu_node("n2")], SchedulerState(config))
+        x = share_pod("x", 40)
+        bind(state, x, "n1")
+        for i in range(30):
+            state.observe_pod(share_pod(f"wants-60-{i}", 60))
+        result = state.filter(pod_request_from_manifest(share_pod("a", 30)), "uid-a",
+                              ["n1", "n2"])
+        (node,) = result.feasible  # filterResult best: the engine's choice only
+        return node
+
+    assert best("builtin") == "n1"
+    assert best("observed") == "n2"
