@@ -22,9 +22,11 @@ HostUsage = dict[str, tuple[int, int]]
 
 
 class _CardCollector(Collector):
-    def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None) -> None:
+    def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None,
+                 workload: Callable[[], tuple[int, int]] | None) -> None:
         self._usage = usage
         self._host = host
+        self._workload = workload
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         milli = GaugeMetricFamily("egpu_scheduler_card_allocated_milli",
@@ -38,6 +40,14 @@ class _CardCollector(Collector):
                 memory.add_metric([node, str(index)], used_mib)
         yield milli
         yield memory
+        if self._workload is not None:
+            live, typical = self._workload()
+            yield GaugeMetricFamily("egpu_scheduler_workload_live_pods",
+                                    "Live pods counted for the observed target workload "
+                                    "(0 with targetWorkload: builtin)", value=live)
+            yield GaugeMetricFamily("egpu_scheduler_workload_typical_shapes",
+                                    "Task shapes in the target workload FGD scores against",
+                                    value=typical)
         if self._host is None:
             return
         # What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
@@ -57,7 +67,8 @@ class _CardCollector(Collector):
 
 class Metrics:
     def __init__(self, usage: Callable[[], Usage],
-                 host: Callable[[], HostUsage] | None = None) -> None:
+                 host: Callable[[], HostUsage] | None = None,
+                 workload: Callable[[], tuple[int, int]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram("egpu_scheduler_request_seconds",
                                  "Extender request latency by verb", ["verb"],
@@ -68,4 +79,4 @@ class Metrics:
         self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)
-        self.registry.register(_CardCollector(usage, host))
+        self.registry.register(_CardCollector(usage, host, workload))

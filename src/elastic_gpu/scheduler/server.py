@@ -119,7 +119,7 @@ class Extender:
         self.bind_budget_s = bind_budget_s
         self._bind_locks: dict[str, asyncio.Lock] = {}
         self._bind_users: dict[str, int] = {}
-        self.metrics = metrics or Metrics(state.card_usage, state.host_usage)
+        self.metrics = metrics or Metrics(state.card_usage, state.host_usage, state.workload_size)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
         # Parsed requests by (uid, resourceVersion): filter and bind read the same pod version,

@@ -684,6 +684,11 @@ class SchedulerState:
             self._flush()
             return {name: self._host_total.get(name, (0, 0)) for name in self.engine.nodes()}
 
+    def workload_size(self) -> tuple[int, int]:
+        """(live pods counted for the observed workload, shapes of the workload in use)."""
+        with self._lock:
+            return len(self._shapes), len(self.engine.ctx.frag.workload.shapes)
+
     def node_names(self) -> list[str]:
         with self._lock:
             self._flush()

@@ -66,14 +66,14 @@ class Setup:
 
 
 def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
-           filter_result: str) -> Iterator[Setup]:
+           filter_result: str, config: dict[str, Any] | None = None) -> Iterator[Setup]:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
     ensure_crd(client)
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
-                               config={"filterResult": filter_result})
+                               config={"filterResult": filter_result, **(config or {})})
     extender.start()
     name = unique_name("egpu")
     # filterResult: best goes with the configuration without prioritizeVerb (deploy/'s -best)
@@ -103,6 +103,14 @@ def best_setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_p
                ) -> Iterator[Setup]:
     """filterResult: best: kube-scheduler binds exactly the node the engine chose."""
     yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, "best")
+
+
+@pytest.fixture
+def observed_setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
+                   ) -> Iterator[Setup]:
+    """filterResult: best, FGD against the workload of the live pods."""
+    yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, "best",
+                      {"targetWorkload": "observed", "workloadRefreshPods": 1})
 
 
 def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
@@ -348,3 +356,39 @@ def test_fgd_sees_the_cpu_that_pods_without_gpus_hold(
         assert time.monotonic() < deadline, f"the extender never saw {needle}"
         time.sleep(0.2)
     assert place("second", 50).node == starved
+
+
+def test_fgd_scores_against_the_workload_of_the_live_pods(
+        observed_setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str
+        ) -> None:
+    """One card per node; a 40% share holds one of them. With the built-in mix FGD would fill
+    the 60% hole (`test_the_observed_workload_changes_where_fgd_puts_a_share`); here the live
+    pods are mostly 60% shares still waiting (for a node they cannot have), so FGD keeps the
+    hole for them and breaks the idle card."""
+    setup = observed_setup
+    group = unique_name("observed")
+    nodes = fake_gpu_nodes(2, gpus=1, labels={"egpu-test-group": group})
+    setup.wait_known(nodes, 1)
+
+    def share(name: str, percent: int, group_label: str) -> dict[str, Any]:
+        pod = pod_manifest(name, k8s_namespace, limits={"elasticgpu.io/gpu-core": str(percent)},
+                           scheduler_name=setup.scheduler_name, node_policy="fgd")
+        pod["spec"]["nodeSelector"] = {"egpu-test-group": group_label}
+        return pod
+
+    create_pods(setup.client, [share("first", 40, group)])
+    holder = assignment_of(wait_bound(setup.client, k8s_namespace, ["first"])["first"]).node
+    create_pods(setup.client, [share(f"waiting-{i}", 60, "nowhere") for i in range(30)])
+    deadline = time.monotonic() + 30
+    while True:  # until the extender has seen them all; it rebuilds at the next filter
+        with urllib.request.urlopen(f"{setup.extender.url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        live = [line for line in text.splitlines()
+                if line.startswith("egpu_scheduler_workload_live_pods ")]
+        if live and float(live[0].split()[1]) >= 31:
+            break
+        assert time.monotonic() < deadline, f"the extender counts {live} live pods"
+        time.sleep(0.2)
+    create_pods(setup.client, [share("probe", 30, group)])
+    probe = assignment_of(wait_bound(setup.client, k8s_namespace, ["probe"])["probe"])
+    assert probe.node != holder

@@ -331,6 +331,11 @@ def test_metrics_show_what_the_policies_see_of_bound_pods() -> None:
     assert 'egpu_scheduler_node_requested_cpu_milli{node="n1"} 1500.0' in text
     assert 'egpu_scheduler_node_requested_memory_mib{node="n1"} 3072.0' in text
     assert 'egpu_scheduler_node_requested_cpu_milli{node="n2"} 0.0' in text
+    # targetWorkload builtin: no live pods counted, the built-in mix's 11 shapes in use
+    text = generate_latest(Metrics(state.card_usage, state.host_usage,
+                                   state.workload_size).registry).decode()
+    assert "egpu_scheduler_workload_live_pods 0.0" in text
+    assert "egpu_scheduler_workload_typical_shapes 11.0" in text
 
 
 def test_observed_workload_follows_the_live_pods() -> None:
