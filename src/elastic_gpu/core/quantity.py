@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
@@ -50,6 +51,14 @@ def parse_quantity(value: str | int | float) -> Fraction:
         return Fraction(str(value))
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity string")
+    return _parse_text(value)
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
+    """The string case, memoised: a cluster's pods repeat a handful of quantity strings, and the
+    scheduler parses every pod's CPU and memory on every watch event (Fraction is immutable, and
+    an error is raised again each time: lru_cache does not store exceptions)."""
     text = value.strip()
     match = _QUANTITY.match(text)
     if match is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
@@ -172,10 +173,7 @@ def _cpu_milli(resources: Mapping[str, Any]) -> int:
     value = (resources.get("requests") or {}).get("cpu", (resources.get("limits") or {}).get("cpu"))
     if value is None:
         return 0
-    try:
-        return int(parse_quantity(value) * 1000)
-    except QuantityError as err:
-        raise ResourceError("cpu", value, str(err)) from None
+    return _cpu_milli_of(value) if isinstance(value, str) else _parse_cpu_milli(value)
 
 
 def _memory_mib(resources: Mapping[str, Any]) -> int:
@@ -183,10 +181,27 @@ def _memory_mib(resources: Mapping[str, Any]) -> int:
         "memory", (resources.get("limits") or {}).get("memory"))
     if value is None:
         return 0
+    return _memory_mib_of(value) if isinstance(value, str) else _parse_memory_mib(value)
+
+
+def _parse_cpu_milli(value: Any) -> int:
+    try:
+        return int(parse_quantity(value) * 1000)
+    except QuantityError as err:
+        raise ResourceError("cpu", value, str(err)) from None
+
+
+def _parse_memory_mib(value: Any) -> int:
     try:
         return -(-int(parse_quantity(value)) // 2**20)  # round up: never under-reserve
     except QuantityError as err:
         raise ResourceError("memory", value, str(err)) from None
+
+
+# The scheduler reads every pod's CPU and memory on every watch event, and a cluster's pods
+# repeat a handful of strings: the exact (Fraction) arithmetic is done once per string.
+_cpu_milli_of = lru_cache(maxsize=4096)(_parse_cpu_milli)
+_memory_mib_of = lru_cache(maxsize=4096)(_parse_memory_mib)
 
 
 def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
