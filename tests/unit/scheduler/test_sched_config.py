@@ -18,20 +18,17 @@ def test_defaults_without_file() -> None:
     assert load_config(None) == SchedulerConfig()
 
 
-def test_file_sets_the_target_workload(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "expected"), [
+    ("nodePolicy: spread\ncardPolicy: spread\nreservationTTLSeconds: 5\n",
+     {"node_policy": "spread", "card_policy": "spread", "reservation_ttl_s": 5.0}),
+    ("nodePolicy: fgdx-mem\ntargetWorkload: observed\nworkloadRefreshPods: 50\n",
+     {"node_policy": "fgdx-mem", "target_workload": "observed", "workload_refresh_pods": 50}),
+])
+def test_file_sets_what_it_names(tmp_path: Path, text: str, expected: dict[str, object]) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("nodePolicy: fgdx-mem\ntargetWorkload: observed\nworkloadRefreshPods: 50\n")
+    path.write_text(text)
     config = load_config(path)
-    assert (config.node_policy, config.target_workload, config.workload_refresh_pods) == (
-        "fgdx-mem", "observed", 50)
-
-
-def test_file_sets_both_tiers(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text("nodePolicy: spread\ncardPolicy: spread\nreservationTTLSeconds: 5\n")
-    config = load_config(path)
-    assert (config.node_policy, config.card_policy, config.reservation_ttl_s) == (
-        "spread", "spread", 5.0)
+    assert {name: getattr(config, name) for name in expected} == expected
 
 
 @pytest.mark.parametrize(("text", "needle"), [
