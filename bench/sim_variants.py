@@ -6,7 +6,7 @@ Prints the median unallocated GPU % at 100% arrived and the per-seed values. The
 registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third attempt",
 and docs/simulator.md, "fgd-waste", list the results), and so are the experimental card tiers
 `fgd-tight`, `fgd-waste-p0`, `fgd-waste-p1`, `x-waste-first` and `x-waste-cpu`; `x_memblend` is
-docs/simulator.md's "blend λ = 0.5" ("fgdx-mem").
+docs/simulator.md's "blend λ = 0.5" and `x_feed` its "fractional fit test" ("fgdx-mem").
 Note: `auto` maps fgdx to `fgd-waste` (before that card tier existed it mapped it to `fgd`:
 figures documented for plain `fgdx` before "fgd-waste" are `fgdx/fgd` now); the x_* variants
 get binpack under auto.
@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from elastic_gpu.core.frag import sigmoid, sorted_free
+from elastic_gpu.core.frag import Fragmentation, sigmoid, sorted_free
 from elastic_gpu.core.policies import (
     CardView,
     NodeView,
@@ -289,8 +289,67 @@ class MemoryBlend(FgdxPolicy):
                                        for _, free in free_after(task, node.free)))
 
 
+_FED: dict[tuple[int, str, int, int, tuple[int, ...]], float] = {}
+
+
+def fed_fragmentation(frag: Fragmentation, model: str, cpu_free: int, memory_free: int,
+                      free: tuple[int, ...]) -> float:
+    """FGD's measure with a fractional fit test: for a shape the cards could take k_gpu times,
+    but the node's free CPU and memory only k times (k < k_gpu), the share 1 - k/k_gpu of the
+    compute it fits is counted as a fragment too (k = 0 is FGD-with-memory's "does not fit")."""
+    key = (id(frag), model, cpu_free, memory_free, free)
+    value = _FED.get(key)
+    if value is not None:
+        return value
+    total = sum(free)
+    gpu_weight = fragment = 0.0
+    for group in frag._groups:  # an experiment: it reads the engine's private groups
+        weight = sum(w for _, _, w in group.items)
+        gpu_weight += weight
+        fits = not group.models or model in group.models
+        if not fits or len(free) < group.count or free[group.count - 1] < group.milli:
+            fragment += weight * total
+            continue
+        small = 0
+        for left in reversed(free):
+            if left >= group.milli:
+                break
+            small += left
+        if group.count == 1 and group.milli < 1000:
+            k_gpu = sum(left // group.milli for left in free)
+        else:
+            k_gpu = sum(1 for left in free if left >= group.milli) // group.count
+        for cpu, memory, w in group.items:
+            k = min(cpu_free // cpu, memory_free // memory if memory > 0 else k_gpu)
+            share_lost = 1.0 if k <= 0 else max(0.0, 1.0 - k / k_gpu)
+            fragment += w * (small + (total - small) * share_lost)
+    value = total * (1.0 - gpu_weight) + fragment if total else 0.0
+    if len(_FED) > 3_000_000:
+        _FED.clear()
+    _FED[key] = value
+    return value
+
+
+class FedFit(FgdxPolicy):
+    """fgdx whose GPU tasks are scored by `fed_fragmentation`: compute the node's CPU and
+    memory cannot feed counts as a fragment before it runs out entirely."""
+
+    name = "x_feed"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if not _is_gpu(task):
+            return super().score(ctx, task, node)
+        frag = ctx.frag
+        before = fed_fragmentation(frag, node.model, node.cpu_free, node.memory_free,
+                                   sorted_free(node.free))
+        cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
+        return best_fgd_score(before, (fed_fragmentation(frag, node.model, cpu, memory,
+                                                         sorted_free(free))
+                                       for _, free in free_after(task, node.free)))
+
+
 for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
-             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend):
+             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend, FedFit):
     register_node_policy(_cls)
 for _card in (FragCardsTight, FragWasteP0, FragWasteP1, WasteFirstCards, CpuFitWasteCards):
     register_card_policy(_card)
