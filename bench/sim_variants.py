@@ -271,6 +271,7 @@ class MemoryBlend(FgdxPolicy):
     (fgdx-mem's): lambda = 0.5 between fgdx (0) and fgdx-mem (1)."""
 
     name = "x_memblend"
+    uses_memory = True
     weight = 0.5
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
@@ -335,6 +336,7 @@ class FedFit(FgdxPolicy):
     memory cannot feed counts as a fragment before it runs out entirely."""
 
     name = "x_feed"
+    uses_memory = True
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if not _is_gpu(task):

@@ -753,6 +753,8 @@ class Engine:
         if not policy.cacheable:
             return np.array(policy.score_batch(self.ctx, task, _LazyViews(self, rows.tolist())),
                             dtype=np.float64)
+        if not policy.uses_memory and task.memory_mib:
+            task = task.without_memory()  # one cache entry for tasks that differ only in memory
         key = (policy.name, task)
         cached = self._score_cache.get(key)
         if cached is None:

@@ -188,3 +188,13 @@ def test_fgdx_mem_sends_a_light_share_where_memory_has_run_out() -> None:
     assert fgdx == {"spent", "roomy"}
     for seed in range(12):
         assert engine_for("fgdx-mem", seed).place(light).node == "spent"
+
+
+def test_scores_are_cached_once_for_tasks_that_differ_only_in_memory() -> None:
+    """Memory-blind policies share one cache entry per shape (the extender sees many memory
+    requests); fgdx-mem, whose score depends on memory, keeps one per memory request."""
+    for policy, entries in (("fgd", 1), ("fgdx-mem", 2)):
+        engine = Engine([gpu_node("a"), gpu_node("b")], PolicyConfig(node_policy=policy))
+        for mem in (1024, 2048):
+            engine.place(share(f"s{mem}", 300, mem=mem))
+        assert len(engine._score_cache) == entries, policy

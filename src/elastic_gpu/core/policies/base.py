@@ -70,6 +70,9 @@ class NodePolicy(ABC):
     #: True when the score depends only on (node state, task shape): the engine may cache it
     #: per node until that node changes.
     cacheable: bool = True
+    #: False when the score ignores the task's host memory: the engine then caches one score
+    #: for tasks that differ only in memory (and scores them without it).
+    uses_memory: bool = False
 
     @abstractmethod
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float: ...

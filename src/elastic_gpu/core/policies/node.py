@@ -223,6 +223,7 @@ class FgdxMemoryPolicy(FgdxPolicy):
     """
 
     name = "fgdx-mem"
+    uses_memory = True
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if task.gpu_count == 0 or task.gpu_milli == 0:
