@@ -590,6 +590,7 @@ class SchedulerState:
                         self._pods[uid] = info
                 self._drop_reservations(uid)
                 self._sync(uid)
+                self._count_host(uid)  # its CPU and memory count from now, not from the watch
                 return
             self._drop_reservations(uid, token)
 

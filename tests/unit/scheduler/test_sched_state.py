@@ -379,3 +379,14 @@ def test_the_observed_workload_changes_where_fgd_puts_a_share() -> None:
 
     assert best("builtin") == "n1"
     assert best("observed") == "n2"
+
+
+def test_a_pod_we_bound_counts_its_cpu_before_the_watch_reports_it() -> None:
+    state = ready_state([gpu_node("n1")])
+    pod = pod_manifest("p", uid="uid-p", containers={
+        "main": {"elasticgpu.io/gpu-core": "20", "cpu": "3", "memory": "2Gi"}})
+    bind(state, pod, "n1")
+    assert state.engine.host_usage("n1") == (3000, 2048)
+    # the watch's copy of the same bound pod changes nothing; its deletion releases it
+    state.forget_pod("uid-p")
+    assert state.engine.host_usage("n1") == (0, 0)
