@@ -159,6 +159,8 @@ class SchedulerState:
         #: CPU and memory of bound pods, for the policies' view of a node (not for fit:
         #: kube-scheduler filters on those before it asks us)
         self._host_of: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, MiB)
+        #: the same for binds in flight, per reservation (the pod is not bound yet)
+        self._host_reserved: dict[tuple[str, int], tuple[str, int, int]] = {}
         self._host_total: dict[str, tuple[int, int]] = {}  # node -> (CPU milli, MiB)
         #: targetWorkload "observed": the shape of every live pod, and how many pods came or
         #: went since the engine's workload was last rebuilt from them
@@ -395,18 +397,20 @@ class SchedulerState:
             self._host_of[uid] = now
         if now == before:
             return
+        if before is not None:
+            self._add_host(*before, sign=-1)
+        if now is not None:
+            self._add_host(*now, sign=+1)
+
+    def _add_host(self, node: str, cpu: int, mem: int, sign: int) -> None:
         self._version += 1
-        for entry, sign in ((before, -1), (now, +1)):
-            if entry is None:
-                continue
-            node, cpu, mem = entry
-            old_cpu, old_mem = self._host_total.get(node, (0, 0))
-            total = (old_cpu + sign * cpu, old_mem + sign * mem)
-            if total == (0, 0):
-                self._host_total.pop(node, None)
-            else:
-                self._host_total[node] = total
-            self.engine.set_outside_usage(node, *total)
+        old_cpu, old_mem = self._host_total.get(node, (0, 0))
+        total = (old_cpu + sign * cpu, old_mem + sign * mem)
+        if total == (0, 0):
+            self._host_total.pop(node, None)
+        else:
+            self._host_total[node] = total
+        self.engine.set_outside_usage(node, *total)
 
     def _count_shape(self, uid: str) -> None:
         """targetWorkload observed: keep the live pods' task shapes."""
@@ -548,6 +552,9 @@ class SchedulerState:
         for t in [token] if token is not None else list(reservations):
             if reservations.pop(t, None) is not None:
                 self.engine.release(self._reservation_key(uid, t))
+            held = self._host_reserved.pop((uid, t), None)
+            if held is not None:
+                self._add_host(*held, sign=-1)
         if not reservations:
             del self._inflight[uid]
 
@@ -565,6 +572,10 @@ class SchedulerState:
             self.engine.allocate(self._reservation_key(uid, token), assignment)
             self._version += 1
             self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
+            if pod.cpu_milli or pod.memory_mib:
+                # its CPU and memory count from now, like its cards, until the bind's outcome
+                self._host_reserved[(uid, token)] = (node, pod.cpu_milli, pod.memory_mib)
+                self._add_host(node, pod.cpu_milli, pod.memory_mib, sign=+1)
             return token, assignment
 
     def settle(self, uid: str, token: int, outcome: str,
@@ -590,7 +601,7 @@ class SchedulerState:
                         self._pods[uid] = info
                 self._drop_reservations(uid)
                 self._sync(uid)
-                self._count_host(uid)  # its CPU and memory count from now, not from the watch
+                self._count_host(uid)  # from the reservation to the bound pod, not the watch
                 return
             self._drop_reservations(uid, token)
 

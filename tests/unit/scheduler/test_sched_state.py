@@ -390,3 +390,23 @@ def test_a_pod_we_bound_counts_its_cpu_before_the_watch_reports_it() -> None:
     # the watch's copy of the same bound pod changes nothing; its deletion releases it
     state.forget_pod("uid-p")
     assert state.engine.host_usage("n1") == (0, 0)
+
+
+def test_a_bind_in_flight_holds_its_cpu_until_its_outcome() -> None:
+    clock = Clock()
+    state = ready_state([gpu_node("n1")], SchedulerState(clock=clock))
+    manifest = pod_manifest("p", uid="uid-p", containers={
+        "main": {"elasticgpu.io/gpu-core": "20", "cpu": "3", "memory": "2Gi"}})
+    request = pod_request_from_manifest(manifest)
+    token, _ = state.reserve(request, "uid-p", "n1")
+    assert state.engine.host_usage("n1") == (3000, 2048)
+    state.settle("uid-p", token, "failed")  # the API refused: nothing held
+    assert state.engine.host_usage("n1") == (0, 0)
+    token, _ = state.reserve(request, "uid-p", "n1")
+    state.settle("uid-p", token, "unknown")
+    clock.now += state.config.reservation_ttl_s + 1
+    assert state.expire() == 1  # never showed up: released with its cards
+    assert state.engine.host_usage("n1") == (0, 0)
+    token, assignment = state.reserve(request, "uid-p", "n1")
+    state.settle("uid-p", token, "bound", with_binding(manifest, "n1", assignment))
+    assert state.engine.host_usage("n1") == (3000, 2048)  # once, as the bound pod
