@@ -311,11 +311,7 @@ def fed_fragmentation(frag: Fragmentation, model: str, cpu_free: int, memory_fre
         if not fits or len(free) < group.count or free[group.count - 1] < group.milli:
             fragment += weight * total
             continue
-        small = 0
-        for left in reversed(free):
-            if left >= group.milli:
-                break
-            small += left
+        small = group.fragment_if_fits(free)
         if group.count == 1 and group.milli < 1000:
             k_gpu = sum(left // group.milli for left in free)
         else:

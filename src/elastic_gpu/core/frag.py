@@ -44,6 +44,15 @@ class _Group:
     #: (CPU, memory, probability) of every shape of the group, CPU ascending
     items: tuple[tuple[int, int, float], ...]
 
+    def fragment_if_fits(self, free: tuple[int, ...]) -> int:
+        """The free compute on cards too small for this group (`free` sorted descending)."""
+        small = 0
+        for left in reversed(free):
+            if left >= self.milli:
+                break
+            small += left
+        return small
+
     def weight_fitting_cpu(self, cpu_free: int) -> float:
         k = bisect_right(self.cpus, cpu_free)
         return self.cumulative[k - 1] if k else 0.0
@@ -123,11 +132,7 @@ class Fragmentation:
                       else group.weight_fitting(cpu_free, memory_free))
             if weight == 0.0:
                 continue
-            small = 0
-            for left in reversed(free):
-                if left >= group.milli:
-                    break
-                small += left
+            small = group.fragment_if_fits(free)
             q3_weight += weight
             q3_small += weight * small
         return total * (1.0 - q3_weight) + q3_small
