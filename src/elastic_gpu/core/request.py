@@ -206,7 +206,8 @@ _memory_mib_of = lru_cache(maxsize=4096)(_parse_memory_mib)
 
 def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     """(CPU milli, memory MiB) a pod dict asks of its node, as kube-scheduler counts it: the
-    larger of the sum over regular containers and the largest init container."""
+    larger of the sum over regular containers and the largest init container, plus the pod
+    overhead its RuntimeClass set (`spec.overhead`)."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
     init_containers: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
@@ -214,7 +215,8 @@ def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     mem = sum(_memory_mib(c.get("resources") or {}) for c in containers)
     cpu = max([cpu, *(_cpu_milli(c.get("resources") or {}) for c in init_containers)])
     mem = max([mem, *(_memory_mib(c.get("resources") or {}) for c in init_containers)])
-    return cpu, mem
+    overhead = {"requests": spec.get("overhead") or {}}
+    return cpu + _cpu_milli(overhead), mem + _memory_mib(overhead)
 
 
 def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:

@@ -42,6 +42,8 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     }
     if spec.get("initContainers"):
         out["spec"]["initContainers"] = _containers(spec.get("initContainers"))
+    if spec.get("overhead"):
+        out["spec"]["overhead"] = spec["overhead"]
     return out
 
 

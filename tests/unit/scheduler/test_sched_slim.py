@@ -9,7 +9,7 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Card, Link, LinkKind
-from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.core.request import pod_host_requests, pod_request_from_manifest
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.app import node_info
 from elastic_gpu.scheduler.slim import ChangeFilter, slim_device, slim_node, slim_pod
@@ -40,6 +40,7 @@ def full_pod(phase: str = "Running", node: str = "n1") -> dict[str, Any]:
             "initContainers": [{"name": "init", "image": "busybox",
                                 "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}}],
             "volumes": [{"name": "v", "emptyDir": {}}],
+            "overhead": {"cpu": "250m", "memory": "120Mi"},
         },
         "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}],
                    "podIP": "10.0.0.1"},
@@ -50,6 +51,8 @@ def test_a_slim_pod_reads_exactly_like_the_full_one() -> None:
     full = full_pod()
     slim = slim_pod(full)
     assert pod_request_from_manifest(slim) == pod_request_from_manifest(full)
+    # max(0.5 + 1 CPU, init 2 CPU) + 0.25 overhead; max(1 GiB, init 2 GiB) + 120 MiB
+    assert pod_host_requests(slim) == pod_host_requests(full) == (2250, 2168)
     a, b = PodInfo.from_manifest(slim), PodInfo.from_manifest(full)
     assert (a.uid, a.namespace, a.name, a.node_name, a.resource_version, a.priority,
             a.assignment, a.assignment_error, a.holds) == \
