@@ -15,7 +15,8 @@ def scheduler(
     port: Annotated[int, typer.Option(min=1, max=65535, help="port to serve on")] = 8888,
     host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
     config: Annotated[Path | None, typer.Option(
-        help="YAML: nodePolicy, cardPolicy, reservationTTLSeconds, seed")] = None,
+        help="YAML: nodePolicy, cardPolicy, reservationTTLSeconds, seed, filterResult, "
+             "targetWorkload, workloadRefreshPods (docs/scheduler.md)")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="private key of --tls-cert")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",

@@ -62,3 +62,15 @@ def test_every_gpu_name_is_managed_and_ignored_by_kube_scheduler() -> None:
     assert all(managed.values())
     assert extender["nodeCacheCapable"] is True
     assert extender["bindVerb"] == "bind"
+
+
+def test_the_help_of_config_names_every_setting() -> None:
+    from typer.testing import CliRunner
+
+    from elastic_gpu.cli.main import app
+
+    text = " ".join(CliRunner().invoke(app, ["scheduler", "--help"],
+                                       env={"COLUMNS": "300"}).output.split())
+    for attribute, field in SchedulerConfig.model_fields.items():
+        alias = field.validation_alias
+        assert (alias if isinstance(alias, str) else attribute) in text
