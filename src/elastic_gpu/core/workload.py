@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from elastic_gpu.core.resources import MILLI_PER_CARD
 
@@ -143,8 +143,8 @@ class TargetWorkload:
 
 def _normalised(task: TaskShape) -> TaskShape:
     """The shape FGD's typical pods count: no memory, and no CPU request counts as 100."""
-    cpu = task.cpu_milli if task.cpu_milli > 0 else DEFAULT_CPU_REQUEST
-    return TaskShape(cpu, task.gpu_milli, task.gpu_count, task.models)
+    shape = task.without_memory()
+    return shape if shape.cpu_milli > 0 else replace(shape, cpu_milli=DEFAULT_CPU_REQUEST)
 
 
 def _order_key(shape: TaskShape) -> tuple[int, int, int, tuple[str, ...]]:

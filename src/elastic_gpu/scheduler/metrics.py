@@ -21,7 +21,9 @@ Usage = dict[str, list[tuple[int, int, int]]]
 HostUsage = dict[str, tuple[int, int]]
 
 
-class _CardCollector(Collector):
+class _StateCollector(Collector):
+    """Gauges read from the scheduler's state at scrape time: per card, per node, workload."""
+
     def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None,
                  workload: Callable[[], tuple[int, int]] | None) -> None:
         self._usage = usage
@@ -79,4 +81,4 @@ class Metrics:
         self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)
-        self.registry.register(_CardCollector(usage, host, workload))
+        self.registry.register(_StateCollector(usage, host, workload))
