@@ -169,17 +169,22 @@ def test_health_and_allocation_reach_the_inventory(
     def status(index: int) -> Any:
         return client.get(GPUDevice, f"{node}-gpu{index}").status
 
+    def allocatable() -> str:
+        return str(client.get(K8sNode, node).status.allocatable[GPU])
+
+    # The device's status and the node's capacity are two writes: wait for both.
     deadline = time.monotonic() + 10
-    while status(1)["health"] != "Unhealthy" and time.monotonic() < deadline:
+    while ((status(1)["health"], allocatable()) != ("Unhealthy", "1")
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     assert status(1)["health"] == "Unhealthy" and status(1)["reason"] == "XID 79"
-    assert client.get(K8sNode, node).status.allocatable[GPU] == "1"
+    assert allocatable() == "1"
     backend.set_health(f"GPU-fake-{node}-1", Health.HEALTHY, "recovered")
     deadline = time.monotonic() + 10
-    while status(1)["health"] != "Healthy" and time.monotonic() < deadline:
+    while (status(1)["health"], allocatable()) != ("Healthy", "2") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert status(1)["health"] == "Healthy"
-    assert client.get(K8sNode, node).status.allocatable[GPU] == "2"
+    assert allocatable() == "2"
 
     create(client, gpu_pod(k8s_namespace, "holder", node, CORE, 30,
                            [CardShare(0, f"GPU-fake-{node}-0", 300, 2048)]))
