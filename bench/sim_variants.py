@@ -37,6 +37,7 @@ from elastic_gpu.core.policies.node import (
     MAX_SPEC_GPU,
     BestFitPolicy,
     DotProductPolicy,
+    FgdxMemoryPolicy,
     FgdxPolicy,
     best_fgd_score,
     free_after,
@@ -346,8 +347,68 @@ class FedFit(FgdxPolicy):
                                        for _, free in free_after(task, node.free)))
 
 
+class MemoryForWholeCardTasks(FgdxMemoryPolicy):
+    """fgdx-mem for tasks of whole cards, fgdx for shares: fgdx-mem's gain is on the
+    multi-GPU variants, its loss on the share-heavy ones."""
+
+    name = "x_memwhole"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if _is_gpu(task) and task.is_share:
+            return FgdxPolicy.score(self, ctx, task, node)
+        return super().score(ctx, task, node)
+
+
+_WHOLE_MEMORY: dict[tuple[int, str, int, int, tuple[int, ...]], float] = {}
+
+
+def whole_memory_fragmentation(frag: Fragmentation, model: str, cpu_free: int, memory_free: int,
+                               free: tuple[int, ...]) -> float:
+    """FGD's measure with memory in the fit test of whole-card shapes only (shares: CPU only)."""
+    key = (id(frag), model, cpu_free, memory_free, free)
+    value = _WHOLE_MEMORY.get(key)
+    if value is not None:
+        return value
+    total = sum(free)
+    q3_weight = q3_small = 0.0
+    for group in frag._groups:  # an experiment: it reads the engine's private groups
+        if group.models and model not in group.models:
+            continue
+        if len(free) < group.count or free[group.count - 1] < group.milli:
+            continue
+        weight = (group.weight_fitting(cpu_free, memory_free) if group.milli >= 1000
+                  else group.weight_fitting_cpu(cpu_free))
+        if weight:
+            q3_weight += weight
+            q3_small += weight * group.fragment_if_fits(free)
+    value = total * (1.0 - q3_weight) + q3_small if total else 0.0
+    if len(_WHOLE_MEMORY) > 3_000_000:
+        _WHOLE_MEMORY.clear()
+    _WHOLE_MEMORY[key] = value
+    return value
+
+
+class MemoryForWholeCardShapes(FgdxPolicy):
+    """fgdx whose GPU tasks are scored by `whole_memory_fragmentation`."""
+
+    name = "x_memshape"
+    uses_memory = True
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if not _is_gpu(task):
+            return super().score(ctx, task, node)
+        frag = ctx.frag
+        before = whole_memory_fragmentation(frag, node.model, node.cpu_free, node.memory_free,
+                                            sorted_free(node.free))
+        cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
+        return best_fgd_score(before, (whole_memory_fragmentation(frag, node.model, cpu, memory,
+                                                                  sorted_free(free))
+                                       for _, free in free_after(task, node.free)))
+
+
 for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
-             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend, FedFit):
+             BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend, FedFit,
+             MemoryForWholeCardTasks, MemoryForWholeCardShapes):
     register_node_policy(_cls)
 for _card in (FragCardsTight, FragWasteP0, FragWasteP1, WasteFirstCards, CpuFitWasteCards):
     register_card_policy(_card)
@@ -360,6 +421,8 @@ def main() -> None:
     parser.add_argument("seeds")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--popularity", type=float,
+                        help="typical pods' share of the tasks; default: the policy's")
     args = parser.parse_args()
     nodes = str(DATA / "openb_node_list_all_node.csv")
     jobs = []
@@ -368,7 +431,7 @@ def main() -> None:
         for workload in args.workloads.split(","):
             for seed in parse_seeds(args.seeds):
                 jobs.append(Job(workload, nodes, str(DATA / f"openb_pod_list_{workload}.csv"), policy,
-                                seed, 1.3, card or "auto"))
+                                seed, 1.3, card or "auto", args.popularity))
     started = time.perf_counter()
     outcomes = run_jobs(jobs, args.processes)
     results: dict[str, list[tuple[int, float]]] = {}

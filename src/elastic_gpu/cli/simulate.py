@@ -35,21 +35,27 @@ def simulate(
     reference_dir: Annotated[Path | None, typer.Option(
         help="--compare: FGD reference results (analysis_allo_discrete.csv) to show beside ours.")] = None,
     processes: Annotated[int, typer.Option(help="--compare: worker processes.")] = 2,
+    popularity: Annotated[float | None, typer.Option(
+        help="Share of the tasks (0-1] that FGD's typical pods, the target workload the FGD "
+             "family scores against, must cover; default: the policy's (0.95 as in the FGD "
+             "paper; fgdx-mem 1.0, every shape).")] = None,
 ) -> None:
     """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
     from elastic_gpu.sim.trace import TraceError
 
+    if popularity is not None and not 0.0 < popularity <= 1.0:
+        raise typer.BadParameter(f"--popularity must be in (0, 1], got {popularity}")
     if (nodes is None) != (not pods):
         raise typer.BadParameter("give --nodes and --pods together, or neither for the built-in trace")
     try:
         if compare:
             _compare(nodes, pods or [], policies, seeds, inflation, card_policy, reference_dir,
-                     processes, json_path)
+                     processes, json_path, popularity)
         else:
             if pods and len(pods) > 1:
                 raise typer.BadParameter("several --pods need --compare")
             _single(nodes, pods[0] if pods else None, policy, card_policy, seed, inflation,
-                    json_path, placements, plot)
+                    json_path, placements, plot, popularity)
     except (TraceError, ValueError) as err:
         typer.echo(f"egpu simulate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -57,7 +63,7 @@ def simulate(
 
 def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_policy: str, seed: int,
             inflation: float, json_path: Path | None, placements_path: Path | None,
-            plot_path: Path | None) -> None:
+            plot_path: Path | None, popularity: float | None = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -82,10 +88,11 @@ def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_p
             handle = bar.add_task(f"replaying ({policy})", total=None)
             result = replay(nodes, tasks, policy, seed=seed, inflation=inflation,
                             card_policy=card_policy, keep_placements=placements_path is not None,
-                            progress=lambda done, total: bar.update(handle, completed=done, total=total))
+                            progress=lambda done, total: bar.update(handle, completed=done, total=total),
+                            popularity=popularity)
     else:
         result = replay(nodes, tasks, policy, seed=seed, inflation=inflation, card_policy=card_policy,
-                        keep_placements=placements_path is not None)
+                        keep_placements=placements_path is not None, popularity=popularity)
     summary = result.summary()
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
@@ -125,7 +132,7 @@ def _print_summary(summary: dict[str, object]) -> None:
 
 def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, seeds: str,
              inflation: float, card_policy: str, reference_dir: Path | None, processes: int,
-             json_path: Path | None) -> None:
+             json_path: Path | None, popularity: float | None = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -140,7 +147,7 @@ def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, see
     seed_list = parse_seeds(seeds)
     workloads: list[tuple[str, str | None, str | None]] = (
         [(p.stem, str(nodes_path), str(p)) for p in pods_paths] if pods_paths else [("builtin", None, None)])
-    jobs = [Job(w, n, p, pol, s, inflation, card_policy)
+    jobs = [Job(w, n, p, pol, s, inflation, card_policy, popularity)
             for w, n, p in workloads for pol in names for s in seed_list]
     reference = load_reference(reference_dir) if reference_dir is not None else {}
     console = Console()

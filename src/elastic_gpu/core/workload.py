@@ -3,8 +3,9 @@
 FGD (Weng et al., ATC'23) scores a node by how much of its idle GPU capacity the *expected* next
 task could not use. "Expected" is a distribution over task shapes, called the typical pods in the
 authors' simulator: the most frequent shapes of the workload that together cover a popularity
-threshold (95%), renormalised to sum to one. This module computes that distribution from a list
-of task shapes, and ships a built-in default for when a caller has none.
+threshold (95%, `FGD_POPULARITY`), renormalised to sum to one. This module computes that
+distribution from a list of task shapes, and ships a built-in default for when a caller has none.
+A policy may ask for another threshold (`NodePolicy.popularity`; fgdx-mem takes every shape).
 
 Host memory is not part of FGD's typical pods: they are counted on shapes without it, as in the
 authors' simulator, so FGD's weights are exactly theirs. Each typical shape's weight is then split
@@ -23,6 +24,8 @@ from elastic_gpu.core.resources import MILLI_PER_CARD
 #: kube-scheduler counts a container without a CPU request as 100 milli-CPU when scoring; the
 #: authors' simulator computes task shapes the same way, so a zero becomes 100 here too.
 DEFAULT_CPU_REQUEST = 100
+#: the share of tasks FGD's typical pods cover, as in the authors' simulator
+FGD_POPULARITY = 0.95
 
 
 @dataclass(frozen=True, order=True)
@@ -68,7 +71,7 @@ class TargetWorkload:
             raise ValueError("target workload weights must be non-negative and sum to 1")
 
     @staticmethod
-    def from_tasks(tasks: Iterable[TaskShape], popularity: float = 0.95,
+    def from_tasks(tasks: Iterable[TaskShape], popularity: float = FGD_POPULARITY,
                    include_cpu_only: bool = True) -> TargetWorkload:
         """The most popular shapes covering `popularity` of the tasks, renormalised.
 
@@ -84,10 +87,13 @@ class TargetWorkload:
         return TargetWorkload.from_counts(tally, popularity)
 
     @staticmethod
-    def from_counts(tally: Mapping[TaskShape, int], popularity: float = 0.95) -> TargetWorkload:
+    def from_counts(tally: Mapping[TaskShape, int], popularity: float = FGD_POPULARITY
+                    ) -> TargetWorkload:
         """`from_tasks` over tasks given as shape -> how many (shapes with memory; counts of
         zero or less are ignored), in time proportional to the distinct shapes, so that a
         caller keeping live counts (the extender) rebuilds cheaply."""
+        if not 0.0 < popularity <= 1.0:
+            raise ValueError(f"typical-pod popularity must be in (0, 1], got {popularity}")
         counts: Counter[TaskShape] = Counter()
         memories: dict[TaskShape, Counter[int]] = {}
         for task, number in tally.items():

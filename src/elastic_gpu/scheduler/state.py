@@ -40,6 +40,7 @@ from elastic_gpu.core.engine import (
     task_shape,
 )
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
@@ -439,7 +440,8 @@ class SchedulerState:
         if not self._shapes or (self.workload is not None
                                 and self._shape_changes < self.config.workload_refresh_pods):
             return
-        self.workload = TargetWorkload.from_counts(self._shape_counts)
+        self.workload = TargetWorkload.from_counts(self._shape_counts,
+                                                   node_policy(self.config.node_policy).popularity)
         self._shape_changes = 0
         self.engine.set_workload(self.workload)
         self._version += 1

@@ -30,6 +30,7 @@ class Job:
     seed: int
     inflation: float
     card_policy: str
+    popularity: float | None = None  # typical pods' share of tasks; None: the policy's
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def run_job(job: Job) -> Outcome:
         assert job.nodes_path is not None
         nodes, tasks = load_nodes(Path(job.nodes_path)), load_tasks(Path(job.pods_path))
     result = replay(nodes, tasks, job.policy, seed=job.seed, inflation=job.inflation,
-                    card_policy=job.card_policy)
+                    card_policy=job.card_policy, popularity=job.popularity)
     summary = result.summary()
     unallocated = summary["unallocated"]
     assert isinstance(unallocated, dict)

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
-from elastic_gpu.core.frag import sorted_free
+from elastic_gpu.core.frag import Fragmentation, sorted_free
 from elastic_gpu.core.model import Node
+from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import Task
 
@@ -156,10 +157,21 @@ def arrival_order(tasks: Sequence[Task], gpu_capacity_milli: int, inflation: flo
     return order
 
 
+def target_workload(tasks: Sequence[Task], policy: str, popularity: float | None = None
+                    ) -> TargetWorkload:
+    """The target workload a policy scores a trace against: FGD's typical pods covering
+    `popularity` of the tasks, by default the share the node policy asks for
+    (`NodePolicy.popularity`: FGD's 0.95, or all of them for fgdx-mem)."""
+    if popularity is None:
+        popularity = node_policy(policy).popularity
+    return TargetWorkload.from_tasks((t.shape() for t in tasks), popularity)
+
+
 def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int = 42,
            inflation: float = 1.3, card_policy: str = "auto", workload: TargetWorkload | None = None,
            keep_placements: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> ReplayResult:
+           progress: Callable[[int, int], None] | None = None,
+           popularity: float | None = None) -> ReplayResult:
     """Replay `tasks` on `nodes` with a node policy; see the module docstring for the protocol."""
     started = time.perf_counter()
     gpu_nodes = [n for n in nodes if n.cards]
@@ -167,8 +179,11 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
     cards = AUTO_CARD_POLICY.get(policy, "binpack") if card_policy == "auto" else card_policy
+    # The policy scores against its own target workload (`NodePolicy.popularity`); the reported
+    # fragmentation is the paper's, against FGD's typical pods, so policies compare on one measure.
+    measured = workload or TargetWorkload.from_tasks(t.shape() for t in tasks)
     if workload is None:
-        workload = TargetWorkload.from_tasks(t.shape() for t in tasks)
+        workload = target_workload(tasks, policy, popularity)
     engine = Engine(gpu_nodes, PolicyConfig(node_policy=policy, card_policy=cards), seed=seed,
                     workload=workload)
     arrivals = arrival_order(tasks, capacity * 1000, inflation, seed)
@@ -177,7 +192,7 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     used = np.zeros(n, dtype=np.float64)
     frag = np.zeros(n, dtype=np.float64)
     idle = np.zeros(n, dtype=np.float64)
-    frag_model = engine.ctx.frag
+    frag_model = engine.ctx.frag if measured == workload else Fragmentation(measured)
     node_frag: dict[str, float] = {}
     for node in gpu_nodes:
         view = engine.node_view(node.name)

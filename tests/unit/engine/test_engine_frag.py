@@ -88,3 +88,15 @@ def test_from_counts_is_from_tasks_over_counted_shapes() -> None:
         tasks, popularity=0.8)
     with pytest.raises(ValueError, match="no tasks"):
         TargetWorkload.from_counts({TaskShape(1, 0, 0): 0})
+
+
+def test_popularity_is_a_share_of_the_tasks() -> None:
+    tasks = [TaskShape(1000, 500, 1)] * 97 + [TaskShape(8000, 1000, 4, memory_mib=65536)] * 3
+    # FGD's 95%: the rare four-card shape is left out; every shape at 1.0
+    assert TargetWorkload.from_tasks(tasks).shapes == (TaskShape(1000, 500, 1),)
+    everything = TargetWorkload.from_tasks(tasks, popularity=1.0)
+    assert dict(zip(everything.shapes, everything.weights, strict=True)) == pytest.approx(
+        {TaskShape(1000, 500, 1): 0.97, TaskShape(8000, 1000, 4, memory_mib=65536): 0.03})
+    for bad in (0.0, -0.5, 1.01):
+        with pytest.raises(ValueError, match="popularity must be in"):
+            TargetWorkload.from_tasks(tasks, popularity=bad)

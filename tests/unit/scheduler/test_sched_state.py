@@ -358,6 +358,22 @@ def test_observed_workload_follows_the_live_pods() -> None:
     assert [(s.gpu_milli, s.gpu_count) for s in state.workload.shapes] == [(600, 1)]
 
 
+def test_the_observed_workload_takes_the_node_policys_typical_pods() -> None:
+    """fgd keeps FGD's most popular 95% of the live pods' shapes; fgdx-mem keeps every shape,
+    here the one whole-card pod among 39 shares."""
+
+    def gpu_shapes(policy: str) -> set[tuple[int, int]]:
+        config = SchedulerConfig(node_policy=policy, target_workload="observed")
+        pods = [share_pod(f"s{i}", 60) for i in range(39)] + [share_pod("whole", 100)]
+        state = ready_state([gpu_node("n1"), gpu_node("n2")], SchedulerState(config), pods=pods)
+        state.filter(pod_request_from_manifest(share_pod("probe", 10)), "uid-probe", ["n1", "n2"])
+        assert state.workload is not None
+        return {(s.gpu_milli, s.gpu_count) for s in state.workload.shapes}
+
+    assert gpu_shapes("fgd") == {(600, 1)}
+    assert gpu_shapes("fgdx-mem") == {(600, 1), (1000, 1)}
+
+
 def test_the_observed_workload_changes_where_fgd_puts_a_share() -> None:
     """One card per node; n1's has a 40% share (600 free), n2's is idle. With the built-in
     workload (whole cards are common) FGD fills n1's hole rather than break a whole card; when

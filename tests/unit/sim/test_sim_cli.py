@@ -117,6 +117,8 @@ def test_compare_prints_a_table_beside_the_reference(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "nope"], "unknown --policy"),
     (["--card-policy", "nope"], "unknown --card-policy"),
+    (["--popularity", "0"], "--popularity must be in (0, 1]"),
+    (["--popularity", "1.5"], "--popularity must be in (0, 1]"),
 ])
 def test_bad_options_are_named(tmp_path: Path, args: list[str], message: str) -> None:
     nodes = write_nodes(tmp_path / "nodes.csv")

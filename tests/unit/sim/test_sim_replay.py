@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from sim_helpers import write_nodes, write_pods
 
+from elastic_gpu.core.frag import Fragmentation, sorted_free
+from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.builtin import builtin_nodes, builtin_tasks
 from elastic_gpu.sim.compare import Job, load_reference, medians, parse_seeds, run_jobs
-from elastic_gpu.sim.replay import ReplayResult, arrival_order, replay
-from elastic_gpu.sim.trace import Task, load_nodes, load_tasks
+from elastic_gpu.sim.replay import ReplayResult, arrival_order, replay, target_workload
+from elastic_gpu.sim.trace import Task, load_nodes, load_tasks, make_node
 
 
 def tasks_of(gpus: list[int]) -> list[Task]:
@@ -109,3 +111,47 @@ def test_reference_medians_are_read(tmp_path: Path) -> None:
         "workload,sc_policy,tune,seed,total_gpus,100\n"
         "w,06-FGD,1.3,42,10,95.0\nw,06-FGD,1.3,43,10,96.0\nw,06-FGD,1.3,44,10,90.0\n")
     assert load_reference(tmp_path) == {("w", "fgd"): 5.0}
+
+
+def rare_whole_card_trace() -> tuple[list[Task], list[Task]]:
+    """97 half-card shares and 3 four-card tasks: FGD's 95% typical pods leave the latter out."""
+    shares = [Task(f"s{i:03d}", 2000, 8192, 1, 500) for i in range(97)]
+    wholes = [Task(f"w{i}", 8000, 65536, 4, 1000) for i in range(3)]
+    return shares, wholes
+
+
+def test_each_policy_scores_against_its_own_typical_pods() -> None:
+    shares, wholes = rare_whole_card_trace()
+    tasks = shares + wholes
+    share, whole = shares[0].shape(), wholes[0].shape()
+    assert target_workload(tasks, "fgd").shapes == (share,)
+    assert target_workload(tasks, "fgdx").shapes == (share,)
+    assert set(target_workload(tasks, "fgdx-mem").shapes) == {share, whole}
+    assert target_workload(tasks, "fgdx-mem", popularity=0.95).shapes == (share,)
+    with pytest.raises(ValueError, match="unknown node policy"):
+        target_workload(tasks, "nope")
+
+
+def test_the_reported_fragmentation_is_fgds_whatever_the_policy_scores() -> None:
+    """fgdx-mem scores against every shape; the fragmentation a replay reports is still FGD's
+    own (95% typical pods), recomputed here from the placements."""
+    shares, wholes = rare_whole_card_trace()
+    tasks = shares + wholes
+    # three-card nodes never fit the four-card shape: their free compute is a fragment for it
+    nodes = [make_node(f"n{i}", 32_000, 262_144, 3 + i % 2, "V100M32") for i in range(8)]
+    result = replay(nodes, tasks, "fgdx-mem", seed=5, inflation=0.7, keep_placements=True)
+    by_name = {t.name: t for t in tasks}
+    free = {n.name: [1000] * n.gpu_count for n in nodes}
+    cpu = {n.name: n.cpu_milli for n in nodes}
+    for placement in result.placements:
+        cpu[placement.node] -= by_name[placement.task.split("#")[0]].cpu_milli
+        for index, milli in placement.cards:
+            free[placement.node][index] -= milli
+
+    def final(workload: TargetWorkload) -> float:
+        frag = Fragmentation(workload)
+        return sum(frag.node("V100M32", cpu[n], sorted_free(free[n])) for n in free)
+
+    fgds = TargetWorkload.from_tasks(t.shape() for t in tasks)
+    assert result.frag_milli[-1] == pytest.approx(final(fgds))
+    assert final(target_workload(tasks, "fgdx-mem")) != pytest.approx(final(fgds))

@@ -17,7 +17,7 @@ import numpy as np
 from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.waste import ExpectedWaste
-from elastic_gpu.core.workload import TaskShape
+from elastic_gpu.core.workload import FGD_POPULARITY, TaskShape
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,9 @@ class NodePolicy(ABC):
     #: False when the score ignores the task's host memory: the engine then caches one score
     #: for tasks that differ only in memory (and scores them without it).
     uses_memory: bool = False
+    #: the share of tasks the typical pods of the target workload cover when a replay or the
+    #: extender builds that workload from tasks for this policy (FGD's measure reads it)
+    popularity: float = FGD_POPULARITY
 
     @abstractmethod
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float: ...
