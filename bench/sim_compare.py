@@ -1,7 +1,7 @@
 """Median unallocated GPU % at 100% arrived, ours beside the FGD authors' reference.
 
 Usage: python bench/sim_compare.py [--workloads default,gpushare40,...] [--policies ...]
-       [--seeds 42-51] [--processes 2] [--out results.json]
+       [--seeds 42-51] [--processes 2] [--out results.json] [--popularity 0.95]
 Runs `egpu simulate --compare` logic for every workload and prints one Markdown table
 (workload x policy: ours, reference, difference); docs/benchmarks.md quotes it.
 """
@@ -29,11 +29,13 @@ def main() -> None:
     parser.add_argument("--card-policy", default="auto",
                         help="card tier for every policy; auto: the artifact's pairing")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--popularity", type=float,
+                        help="typical pods' share of the tasks; default: each policy's")
     args = parser.parse_args()
     nodes = str(DATA / "openb_node_list_all_node.csv")
     policies = args.policies.split(",")
     jobs = [Job(f"openb_pod_list_{w}", nodes, str(DATA / f"openb_pod_list_{w}.csv"), p, s, 1.3,
-                args.card_policy)
+                args.card_policy, args.popularity)
             for w in args.workloads.split(",") for p in policies for s in parse_seeds(args.seeds)]
     started = time.perf_counter()
     outcomes = run_jobs(jobs, args.processes)

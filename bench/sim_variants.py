@@ -1,12 +1,14 @@
 """Experimental fgdx variants that did not win, kept so their figures can be re-measured.
 
 Usage: python bench/sim_variants.py POLICY[/CARD],... WORKLOAD,... SEEDS [--out results.json]
+       [--popularity P]  (typical pods' share of the tasks; default: the policy's)
 e.g.   python bench/sim_variants.py fgdx,fgdx/frag-exact,x_few gpushare60,gpushare80 42-46
 Prints the median unallocated GPU % at 100% arrived and the per-seed values. The variants are
 registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third attempt",
 and docs/simulator.md, "fgd-waste", list the results), and so are the experimental card tiers
 `fgd-tight`, `fgd-waste-p0`, `fgd-waste-p1`, `x-waste-first` and `x-waste-cpu`; `x_memblend` is
-docs/simulator.md's "blend λ = 0.5" and `x_feed` its "fractional fit test" ("fgdx-mem").
+docs/simulator.md's "blend λ = 0.5" and `x_feed` its "fractional fit test" ("fgdx-mem");
+`x_memwhole` and `x_memshape` are in its "fgdx-mem's target workload".
 Note: `auto` maps fgdx to `fgd-waste` (before that card tier existed it mapped it to `fgd`:
 figures documented for plain `fgdx` before "fgd-waste" are `fgdx/fgd` now); the x_* variants
 get binpack under auto.
