@@ -17,6 +17,7 @@ get binpack under auto.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -293,18 +294,12 @@ class MemoryBlend(FgdxPolicy):
                                        for _, free in free_after(task, node.free)))
 
 
-_FED: dict[tuple[int, str, int, int, tuple[int, ...]], float] = {}
-
-
+@functools.lru_cache(maxsize=2_000_000)
 def fed_fragmentation(frag: Fragmentation, model: str, cpu_free: int, memory_free: int,
                       free: tuple[int, ...]) -> float:
     """FGD's measure with a fractional fit test: for a shape the cards could take k_gpu times,
     but the node's free CPU and memory only k times (k < k_gpu), the share 1 - k/k_gpu of the
     compute it fits is counted as a fragment too (k = 0 is FGD-with-memory's "does not fit")."""
-    key = (id(frag), model, cpu_free, memory_free, free)
-    value = _FED.get(key)
-    if value is not None:
-        return value
     total = sum(free)
     gpu_weight = fragment = 0.0
     for group in frag._groups:  # an experiment: it reads the engine's private groups
@@ -323,30 +318,37 @@ def fed_fragmentation(frag: Fragmentation, model: str, cpu_free: int, memory_fre
             k = min(cpu_free // cpu, memory_free // memory if memory > 0 else k_gpu)
             share_lost = 1.0 if k <= 0 else max(0.0, 1.0 - k / k_gpu)
             fragment += w * (small + (total - small) * share_lost)
-    value = total * (1.0 - gpu_weight) + fragment if total else 0.0
-    if len(_FED) > 3_000_000:
-        _FED.clear()
-    _FED[key] = value
-    return value
+    return total * (1.0 - gpu_weight) + fragment if total else 0.0
 
 
-class FedFit(FgdxPolicy):
-    """fgdx whose GPU tasks are scored by `fed_fragmentation`: compute the node's CPU and
-    memory cannot feed counts as a fragment before it runs out entirely."""
+class _ScoredByMemoryMeasure(FgdxPolicy):
+    """fgdx whose GPU tasks are scored by FGD's rule over `measure`, a variant of FGD's measure
+    that reads host memory; CPU-only tasks are scored as in fgdx."""
 
-    name = "x_feed"
     uses_memory = True
+
+    @staticmethod
+    def measure(frag: Fragmentation, model: str, cpu_free: int, memory_free: int,
+                free: tuple[int, ...]) -> float:
+        raise NotImplementedError
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if not _is_gpu(task):
             return super().score(ctx, task, node)
         frag = ctx.frag
-        before = fed_fragmentation(frag, node.model, node.cpu_free, node.memory_free,
-                                   sorted_free(node.free))
+        before = self.measure(frag, node.model, node.cpu_free, node.memory_free,
+                              sorted_free(node.free))
         cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
-        return best_fgd_score(before, (fed_fragmentation(frag, node.model, cpu, memory,
-                                                         sorted_free(free))
+        return best_fgd_score(before, (self.measure(frag, node.model, cpu, memory, sorted_free(free))
                                        for _, free in free_after(task, node.free)))
+
+
+class FedFit(_ScoredByMemoryMeasure):
+    """`fed_fragmentation`: compute the node's CPU and memory cannot feed counts as a fragment
+    before it runs out entirely."""
+
+    name = "x_feed"
+    measure = staticmethod(fed_fragmentation)
 
 
 class MemoryForWholeCardTasks(FgdxMemoryPolicy):
@@ -361,16 +363,10 @@ class MemoryForWholeCardTasks(FgdxMemoryPolicy):
         return super().score(ctx, task, node)
 
 
-_WHOLE_MEMORY: dict[tuple[int, str, int, int, tuple[int, ...]], float] = {}
-
-
+@functools.lru_cache(maxsize=2_000_000)
 def whole_memory_fragmentation(frag: Fragmentation, model: str, cpu_free: int, memory_free: int,
                                free: tuple[int, ...]) -> float:
     """FGD's measure with memory in the fit test of whole-card shapes only (shares: CPU only)."""
-    key = (id(frag), model, cpu_free, memory_free, free)
-    value = _WHOLE_MEMORY.get(key)
-    if value is not None:
-        return value
     total = sum(free)
     q3_weight = q3_small = 0.0
     for group in frag._groups:  # an experiment: it reads the engine's private groups
@@ -383,30 +379,14 @@ def whole_memory_fragmentation(frag: Fragmentation, model: str, cpu_free: int, m
         if weight:
             q3_weight += weight
             q3_small += weight * group.fragment_if_fits(free)
-    value = total * (1.0 - q3_weight) + q3_small if total else 0.0
-    if len(_WHOLE_MEMORY) > 3_000_000:
-        _WHOLE_MEMORY.clear()
-    _WHOLE_MEMORY[key] = value
-    return value
+    return total * (1.0 - q3_weight) + q3_small if total else 0.0
 
 
-class MemoryForWholeCardShapes(FgdxPolicy):
-    """fgdx whose GPU tasks are scored by `whole_memory_fragmentation`."""
+class MemoryForWholeCardShapes(_ScoredByMemoryMeasure):
+    """`whole_memory_fragmentation`: memory in the fit test of whole-card shapes only."""
 
     name = "x_memshape"
-    uses_memory = True
-
-    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
-        if not _is_gpu(task):
-            return super().score(ctx, task, node)
-        frag = ctx.frag
-        before = whole_memory_fragmentation(frag, node.model, node.cpu_free, node.memory_free,
-                                            sorted_free(node.free))
-        cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
-        return best_fgd_score(before, (whole_memory_fragmentation(frag, node.model, cpu, memory,
-                                                                  sorted_free(free))
-                                       for _, free in free_after(task, node.free)))
-
+    measure = staticmethod(whole_memory_fragmentation)
 
 for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
              BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend, FedFit,
