@@ -22,8 +22,9 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from elastic_gpu.core.frag import Fragmentation, sigmoid, sorted_free
 from elastic_gpu.core.policies import (
@@ -326,11 +327,9 @@ class _ScoredByMemoryMeasure(FgdxPolicy):
     that reads host memory; CPU-only tasks are scored as in fgdx."""
 
     uses_memory = True
-
-    @staticmethod
-    def measure(frag: Fragmentation, model: str, cpu_free: int, memory_free: int,
-                free: tuple[int, ...]) -> float:
-        raise NotImplementedError
+    #: (fragmentation model, card model, free CPU, free memory, sorted free compute) -> value;
+    #: each subclass sets it
+    measure: ClassVar[Callable[[Fragmentation, str, int, int, tuple[int, ...]], float]]
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if not _is_gpu(task):
