@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from egpu_testing.kubelet import KubeletDouble
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.runtime import Agent
-from elastic_gpu.agent.testing import KubeletDouble
 
 RESOURCES = ("nvidia.com/gpu", "elasticgpu.io/gpu-core")
 

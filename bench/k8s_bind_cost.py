@@ -22,12 +22,12 @@ from typing import Any
 
 import msgspec
 
+from egpu_testing.scenario import create_pods
+from egpu_testing.workbench import pod_manifest
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 from elastic_gpu.k8s.rest import RestClient
 from elastic_gpu.scheduler.apiworker import binding_body
-from elastic_gpu.scheduler.scenario import create_pods
-from elastic_gpu.scheduler.workbench import pod_manifest
 
 NOTES = {"elasticgpu.io/assigned-node": "x"}
 

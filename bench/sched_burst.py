@@ -18,13 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.scheduler.scenario import fractional_pods, run_burst
-from elastic_gpu.scheduler.workbench import (
+from egpu_testing.scenario import fractional_pods, run_burst
+from egpu_testing.workbench import (
     ExtenderProcess,
     extender_kube_scheduler_config,
     start_gpu_cluster,
 )
+from elastic_gpu.devcluster.ports import free_ports
 
 
 def main() -> int:

@@ -119,8 +119,8 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     import sched_throughput as tput
 
+    from egpu_testing.workbench import start_gpu_cluster
     from elastic_gpu.devcluster.ports import free_ports
-    from elastic_gpu.scheduler.workbench import start_gpu_cluster
 
     with tempfile.TemporaryDirectory(prefix="egpu-floor-") as tmp:
         work = Path(tmp)

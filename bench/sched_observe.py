@@ -14,10 +14,10 @@ import statistics
 import time
 
 import elastic_gpu
+from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.scheduler.workbench import pod_manifest, ready_state
 
 
 def main() -> None:

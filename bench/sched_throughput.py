@@ -36,16 +36,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.scheduler.scenario import create_pods, list_pods, unbound_count
-from elastic_gpu.scheduler.workbench import (
+from egpu_testing.scenario import create_pods, list_pods, unbound_count
+from egpu_testing.workbench import (
     ExtenderProcess,
     extender_kube_scheduler_config,
     plain_kube_scheduler_config,
     pod_manifest,
     start_gpu_cluster,
 )
+from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.devcluster.ports import free_ports
 
 WHOLE = {"nvidia.com/gpu": "1"}
 SHARE = {"elasticgpu.io/gpu-core": "25", "elasticgpu.io/gpu-memory": "8192"}

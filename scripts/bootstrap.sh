@@ -17,3 +17,7 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# Test doubles and bench helpers (tests/egpu_testing) are not part of the package; the dev
+# virtualenv sees them through a .pth file so that `python bench/<script>.py` can import them.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/tests" > "$site/egpu-dev-tests.pth"

@@ -16,12 +16,12 @@ from lightkube import codecs
 from lightkube.resources.core_v1 import Node as K8sNode
 from lightkube.resources.core_v1 import Pod
 
+from egpu_testing.kubelet import KubeletDouble
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.inventory_api import GPUDevice, ensure_crd, read_inventory
 from elastic_gpu.agent.publish import publish_node
 from elastic_gpu.agent.runtime import Agent
-from elastic_gpu.agent.testing import KubeletDouble
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Health

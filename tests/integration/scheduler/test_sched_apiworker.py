@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.scenario import create_pods
+from egpu_testing.workbench import pod_manifest
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.scheduler.scenario import create_pods
 from elastic_gpu.scheduler.server import BindError
-from elastic_gpu.scheduler.workbench import pod_manifest
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
 pytestmark = pytest.mark.integration

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.scenario import fractional_pods, run_burst
+from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.devcluster.nodes import fake_inventory
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.scheduler.scenario import fractional_pods, run_burst
-from elastic_gpu.scheduler.workbench import ExtenderProcess, extender_kube_scheduler_config
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,8 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.model import Card, MigInstance, Node
-from elastic_gpu.core.resources import MigProfile
-from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
-from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.scheduler.scenario import create_pods, list_pods
-from elastic_gpu.scheduler.workbench import (
+from egpu_testing.scenario import create_pods, list_pods
+from egpu_testing.workbench import (
     STYLES,
     ExtenderProcess,
     card_use_from_pods,
@@ -33,6 +26,13 @@ from elastic_gpu.scheduler.workbench import (
     overcommitted,
     pod_manifest,
 )
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from elastic_gpu.agent.testing import KubeletDouble
+from egpu_testing.kubelet import KubeletDouble
 
 EGPU = [sys.executable, "-m", "elastic_gpu.cli.main", "agent"]
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.engine import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.model import Card, Health, Node
 from elastic_gpu.core.policies import node_policy
@@ -22,7 +23,6 @@ from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_conf
 from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
 from elastic_gpu.scheduler.server import Extender, parse_pod, with_binding
 from elastic_gpu.scheduler.state import SchedulerState, rescale, rescale_scored
-from elastic_gpu.scheduler.workbench import pod_manifest, ready_state
 
 REPO = Path(__file__).resolve().parents[3]
 MODELS = ("A100-SXM4-80GB", "T4")

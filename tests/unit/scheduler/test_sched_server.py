@@ -15,11 +15,11 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.server import Extender, with_binding
 from elastic_gpu.scheduler.state import SchedulerState
-from elastic_gpu.scheduler.workbench import pod_manifest, ready_state
 
 NODES = [Node(f"n{i}", 64_000, 256_000,
               tuple(Card(c, f"GPU-{i}-{c}", "A100" if i % 2 else "T4", 16384) for c in range(2)))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.workbench import feed_nodes, pod_manifest, ready_state
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.engine import Unschedulable
@@ -15,7 +16,6 @@ from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.server import with_binding
 from elastic_gpu.scheduler.state import SchedulerState, StateNotReady, rescale
-from elastic_gpu.scheduler.workbench import feed_nodes, pod_manifest, ready_state
 
 
 def gpu_node(name: str, cards: int = 1, memory: int = 16384) -> Node:

@@ -18,16 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.model import Node
-from elastic_gpu.core.request import pod_request_from_manifest
-from elastic_gpu.scheduler.workbench import (
+from egpu_testing.workbench import (
     card_use_from_pods,
     overcommitted,
     pod_manifest,
     share_fits_somewhere,
 )
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.model import Node
+from elastic_gpu.core.request import pod_request_from_manifest
 
 PERCENTS = (10, 20, 25, 30, 40, 50, 60, 75)
 
