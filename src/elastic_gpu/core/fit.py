@@ -155,6 +155,10 @@ class Unschedulable(Exception):
         self.reason = describe_no_fit(summary) if summary is not None else describe_on(node, failure)
         super().__init__(self.reason)
 
+    def __reduce__(self) -> tuple[type[Unschedulable], tuple[FitFailure, str | None, NoNodeFits | None]]:
+        # an exception pickles its args by default: keep the structure across processes
+        return (Unschedulable, (self.failure, self.node, self.summary))
+
     @property
     def category(self) -> str:
         return self.summary.category if self.summary is not None else self.failure.category

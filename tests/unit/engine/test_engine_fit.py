@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from engine_helpers import cpu_only, gpu_node, mig, mig_node, nvlink_node, share, whole
 
@@ -302,6 +304,15 @@ def test_held_and_missing_mig_instances_and_mig_cards_are_distinct_kinds() -> No
         engine.allocate("default/y", plain)
     assert mig_card.value.kind is FitKind.MIG_ENABLED_CARD
     assert {held.value.category, missing.value.category, mig_card.value.category} == {"mig"}
+
+
+def test_unschedulable_keeps_its_structure_across_processes() -> None:
+    engine = Engine([gpu_node("c1", cpu=500)])
+    with pytest.raises(Unschedulable) as err:
+        engine.place(whole("w", 1))
+    copy = pickle.loads(pickle.dumps(err.value))
+    assert (copy.failure, copy.node, copy.summary, copy.reason) == (
+        err.value.failure, err.value.node, err.value.summary, err.value.reason)
 
 
 def test_every_kind_is_described_without_a_node_name_and_counted_in_a_category() -> None:
