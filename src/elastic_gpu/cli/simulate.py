@@ -20,8 +20,9 @@ def simulate(
         "--pods", help="Pod list CSV; with --compare it may be given several times.")] = None,
     policy: Annotated[str, typer.Option(help="Node policy.")] = "fgd",
     card_policy: Annotated[str, typer.Option(
-        help="Card policy; auto: the FGD artifact's pairing (random->random; fgd and "
-             "fgdx-cpufit->fgd; others->binpack) and ours (fgdx, fgdx-mem->fgd-waste).")
+        help="Card policy; auto: the one the node policy is paired with, which the extender "
+             "also uses when cardPolicy is not set: the FGD artifact's pairing (random->random; "
+             "fgd and fgdx-cpufit->fgd; others->binpack) and ours (fgdx, fgdx-mem->fgd-waste).")
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Shuffle/resample/tie-break seed.")] = 42,
     inflation: Annotated[float, typer.Option(help="Resample the GPU request up to this x capacity.")] = 1.3,

@@ -19,20 +19,29 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit
+from elastic_gpu.core.fit import Unschedulable as Unschedulable  # re-exported: callers import it here
 from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.core.policies import CardPolicy, CardView, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies import (
+    CardPolicy,
+    CardView,
+    NodePolicy,
+    NodeView,
+    ScoreContext,
+    default_card_policy,
+)
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.policies.node import MAX_SPEC_CPU, BinpackPolicy, SpreadPolicy
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
-from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
+from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
 
 IntArray = npt.NDArray[np.int64]
@@ -40,35 +49,21 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
 
-def compute_text(milli: int | np.integer[Any]) -> str:
-    """Compute as people write it: 500 milli-cards is "50% compute" (1% = 10 milli)."""
-    return f"{int(milli) / MILLI_PER_PERCENT:g}% compute"
-
-
 @dataclass(frozen=True)
 class PolicyConfig:
     node_policy: str = "binpack"
-    card_policy: str = "binpack"
+    #: None: the card tier the node policy is paired with (`policies.default_card_policy`)
+    card_policy: str | None = None
     #: CPU/memory of the node: the simulator checks them; the extender leaves that to
     #: kube-scheduler, which checks them itself.
     check_host_resources: bool = True
 
 
-class Unschedulable(Exception):
-    """No node (or not this node) can host the pod; `reason` says why in words a person can act
-    on, `category` is a short key for counting failures ("gpu", "cpu", "memory", "model",
-    "mig", "node")."""
-
-    def __init__(self, reason: str, category: str = "gpu") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.category = category
-
-
 @dataclass(frozen=True)
 class FilterResult:
     feasible: list[str]
-    failed: dict[str, str]
+    #: node -> why it cannot host the pod (`fit.describe` makes the sentence, at the edge)
+    failed: dict[str, FitFailure]
 
 
 @dataclass(frozen=True)
@@ -103,6 +98,16 @@ class _Row:
     rank: float  # seeded tie-break: among equal scores the lowest rank wins
     mig_owner: dict[str, str] = field(default_factory=dict)  # MIG uuid -> pod key
     tags: Counter[str] = field(default_factory=Counter)
+
+
+_UNKNOWN_NODE = FitFailure(FitKind.UNKNOWN_NODE)
+#: a node that fit says no to and `_why_not` cannot explain (never expected; honest if it is)
+_UNDETAILED = FitFailure(FitKind.UNDETAILED)
+
+
+def _restricts_models(pod: PodRequest) -> bool:
+    """Card counts in a failure are among the accepted models only (the sentence says so)."""
+    return pod.allowed_models is not None or bool(pod.denied_models)
 
 
 def task_shape(pod: PodRequest) -> TaskShape:
@@ -164,7 +169,7 @@ class Engine:
         self.ctx = ScoreContext(Fragmentation(workload or TargetWorkload.default()),
                                 np.random.default_rng(root.integers(2**63)))
         make_node_policy(config.node_policy)  # fail early on a bad name
-        make_card_policy(config.card_policy)
+        make_card_policy(config.card_policy or default_card_policy(config.node_policy))
         self._node_policies: dict[str, NodePolicy] = {}
         self._card_policies: dict[str, CardPolicy] = {}
         self._rows: list[_Row] = []
@@ -224,15 +229,15 @@ class Engine:
         names = list(node_names) if node_names is not None else self.nodes()
         mask = self._fit_mask(pod)
         feasible: list[str] = []
-        failed: dict[str, str] = {}
+        failed: dict[str, FitFailure] = {}
         for name in names:
             row = self._row_of.get(name)
             if row is None:
-                failed[name] = f"node {name} is unknown to the GPU scheduler"
+                failed[name] = _UNKNOWN_NODE
             elif mask[row]:
                 feasible.append(name)
             else:
-                failed[name] = self._why_not(row, pod)[0]
+                failed[name] = self._why_not(row, pod) or _UNDETAILED
         return FilterResult(feasible, failed)
 
     def score(self, pod: PodRequest, node_names: Sequence[str], policy: str | None = None
@@ -279,22 +284,32 @@ class Engine:
         self._refresh()
         row = self._row(node_name)
         if not self._host_fits(row, pod):
-            reason, category = self._why_not(row, pod)
-            raise Unschedulable(reason, category)
-        chosen = self._card_policy(card_policy or pod.card_policy or self.config.card_policy)
+            raise Unschedulable(self._why_not(row, pod) or _UNDETAILED, node_name)
+        chosen = self._card_policy(card_policy or self.card_policy_for(pod))
         plan = self._plan(row, pod, chosen)
-        if isinstance(plan, str) and chosen.name != "binpack":
+        if isinstance(plan, FitFailure) and chosen.name != "binpack":
             # Fit is defined by the tightest-first plan; a card policy's greedy choice for one
             # container must not make a later container of the same pod fail where that fits.
             plan = self._plan(row, pod, self._card_policy("binpack"))
-        if isinstance(plan, str):
-            raise Unschedulable(plan, self._why_not(row, pod)[1])
+        if isinstance(plan, FitFailure):
+            # a node-level check (health, models) says it better than the first short container
+            why = self._why_not(row, pod)
+            node_level = why is not None and why.kind in (FitKind.NO_HEALTHY_GPU,
+                                                           FitKind.MODEL_NOT_ACCEPTED)
+            raise Unschedulable(why if why is not None and node_level else plan, node_name)
         return Assignment(node_name, plan)
+
+    def card_policy_for(self, pod: PodRequest) -> str:
+        """The card tier a pod's cards are chosen by: the pod's annotation, else the configured
+        one, else the one its node policy is paired with (`policies.default_card_policy`, the
+        pairing `egpu simulate` measures)."""
+        return (pod.card_policy or self.config.card_policy
+                or default_card_policy(pod.node_policy or self.config.node_policy))
 
     def place(self, pod: PodRequest) -> Assignment:
         self._refresh()
         if not self._rows:
-            raise Unschedulable("there are no nodes", "node")
+            raise Unschedulable(FitFailure(FitKind.NO_NODES))
         mask = self._fit_mask(pod)
         rows = np.flatnonzero(mask)
         if rows.size == 0:
@@ -389,7 +404,7 @@ class Engine:
         try:
             return self._row_of[name]
         except KeyError:
-            raise Unschedulable(f"node {name} is unknown to the GPU scheduler", "node") from None
+            raise Unschedulable(_UNKNOWN_NODE, name) from None
 
     def _model_index(self, model: str) -> int:
         idx = self._model_id.get(model)
@@ -411,6 +426,7 @@ class Engine:
         self._rank: FloatArray = np.array([r.rank for r in self._rows], dtype=np.float64)
         self._exists: BoolArray = np.zeros((n, width), dtype=bool)
         self._usable: BoolArray = np.zeros((n, width), dtype=bool)
+        self._mig_card: BoolArray = np.zeros((n, width), dtype=bool)
         self._cap_milli: IntArray = np.zeros((n, width), dtype=np.int64)
         self._cap_mem: IntArray = np.zeros((n, width), dtype=np.int64)
         self._used_milli: IntArray = np.zeros((n, width), dtype=np.int64)
@@ -422,6 +438,7 @@ class Engine:
             for c, card in enumerate(r.cards):
                 self._exists[i, c] = True
                 self._usable[i, c] = card.healthy and not card.mig_enabled
+                self._mig_card[i, c] = card.mig_enabled
                 self._cap_milli[i, c] = card.compute_milli
                 self._cap_mem[i, c] = card.memory_mib
                 self._card_model[i, c] = self._model_index(card.model)
@@ -474,43 +491,48 @@ class Engine:
         assignment = entry.assignment
         row = self._row(assignment.node)
         r = self._rows[row]
+        node = r.node.name
         if self._cpu_used[row] + entry.cpu_milli > self._cpu_cap[row]:
-            raise Unschedulable(f"node {r.node.name} has {self._cpu_cap[row] - self._cpu_used[row]} "
-                                f"milli-CPU free, {entry.cpu_milli} asked", "cpu")
+            raise Unschedulable(FitFailure(
+                FitKind.HOST_CPU, "cpu", entry.cpu_milli, int(self._cpu_cap[row] - self._cpu_used[row]),
+                int(self._cpu_cap[row]), Unit.MILLI_CPU), node)
         if self._mem_used[row] + entry.memory_mib > self._mem_cap[row]:
-            raise Unschedulable(f"node {r.node.name} has {self._mem_cap[row] - self._mem_used[row]} "
-                                f"MiB of memory free, {entry.memory_mib} asked", "memory")
+            raise Unschedulable(FitFailure(
+                FitKind.HOST_MEMORY, "memory", entry.memory_mib,
+                int(self._mem_cap[row] - self._mem_used[row]), int(self._mem_cap[row]), Unit.MIB), node)
         add_milli: Counter[int] = Counter()
         add_mem: Counter[int] = Counter()
         for share in assignment.shares():
             col = r.column.get(share.index)
             if col is None:
-                raise Unschedulable(f"node {r.node.name} has no card {share.index}", "gpu")
+                raise Unschedulable(FitFailure(FitKind.NO_SUCH_CARD, card=share.index), node)
             card = r.cards[col]
             if share.mig_uuid is not None:
                 instance = next((m for m in card.mig if m.uuid == share.mig_uuid), None)
                 if instance is None:
-                    raise Unschedulable(f"card {card.index} of {r.node.name} has no MIG instance "
-                                        f"{share.mig_uuid}", "mig")
+                    raise Unschedulable(FitFailure(FitKind.NO_SUCH_MIG_INSTANCE, card=card.index,
+                                                   instance=share.mig_uuid), node)
                 owner = r.mig_owner.get(share.mig_uuid)
                 if owner is not None and owner != pod_key:
-                    raise Unschedulable(f"MIG instance {share.mig_uuid} is held by {owner}", "mig")
+                    raise Unschedulable(FitFailure(FitKind.MIG_INSTANCE_HELD, card=card.index,
+                                                   instance=share.mig_uuid, holder=owner), node)
                 continue
             if card.mig_enabled:
-                raise Unschedulable(f"card {card.index} of {r.node.name} is MIG-enabled; only its "
-                                    "MIG instances can be given out", "mig")
+                raise Unschedulable(FitFailure(FitKind.MIG_ENABLED_CARD, card=card.index), node)
             add_milli[col] += share.milli
             add_mem[col] += share.memory_mib
         for col, milli in add_milli.items():
             card = r.cards[col]
             if self._used_milli[row, col] + milli > card.compute_milli:
-                raise Unschedulable(f"card {card.index} of {r.node.name} has "
-                                    f"{compute_text(card.compute_milli - self._used_milli[row, col])} "
-                                    f"free, {compute_text(milli)} asked", "gpu")
+                raise Unschedulable(FitFailure(
+                    FitKind.CARD_COMPUTE, "", milli,
+                    int(card.compute_milli - self._used_milli[row, col]), card.compute_milli,
+                    Unit.MILLI_CARDS, card=card.index), node)
             if self._used_mem[row, col] + add_mem[col] > card.memory_mib:
-                raise Unschedulable(f"card {card.index} of {r.node.name} has "
-                                    f"{card.memory_mib - self._used_mem[row, col]} MiB free, "
-                                    f"{add_mem[col]} asked", "gpu")
+                raise Unschedulable(FitFailure(
+                    FitKind.CARD_MEMORY, "", add_mem[col],
+                    int(card.memory_mib - self._used_mem[row, col]), card.memory_mib, Unit.MIB,
+                    card=card.index), node)
 
     # ------------------------------------------------------------------ internals: fit
 
@@ -561,26 +583,32 @@ class Engine:
         binpack = self._card_policy("binpack")
         out = host.copy()
         for row in np.flatnonzero(host):
-            out[row] = not isinstance(self._plan(int(row), pod, binpack), str)
+            out[row] = not isinstance(self._plan(int(row), pod, binpack), FitFailure)
         return out
 
-    def _why_not(self, row: int, pod: PodRequest) -> tuple[str, str]:
+    def _why_not(self, row: int, pod: PodRequest) -> FitFailure | None:
+        """Why the pod does not fit on this row (the first failing check), or None if it fits."""
         r = self._rows[row]
-        name = r.node.name
         if self.config.check_host_resources:
             cpu_free = int(self._cpu_cap[row] - self._cpu_used[row])
             if cpu_free < pod.cpu_milli:
-                return f"node {name}: {cpu_free} milli-CPU free, {pod.cpu_milli} asked", "cpu"
+                return FitFailure(FitKind.HOST_CPU, "cpu", pod.cpu_milli, cpu_free,
+                                  int(self._cpu_cap[row]), Unit.MILLI_CPU)
             mem_free = int(self._mem_cap[row] - self._mem_used[row])
             if mem_free < pod.memory_mib:
-                return f"node {name}: {mem_free} MiB of memory free, {pod.memory_mib} asked", "memory"
+                return FitFailure(FitKind.HOST_MEMORY, "memory", pod.memory_mib, mem_free,
+                                  int(self._mem_cap[row]), Unit.MIB)
+        gpu = pod.gpu_containers
+        if not gpu:
+            return None
         if not any(self._usable[row, c] or r.cards[c].mig_enabled for c in range(len(r.cards))):
-            return f"node {name} has no healthy GPU", "gpu"
+            return FitFailure(FitKind.NO_HEALTHY_GPU, capacity=len(r.cards), unit=Unit.CARDS)
         models = {r.cards[c].model for c in range(len(r.cards))}
         if not any(pod.accepts_model(m) for m in models):
-            return (f"node {name} has {', '.join(sorted(models))} cards; the pod accepts "
-                    f"{self._accepted_text(pod)}", "model")
-        gpu = pod.gpu_containers
+            return FitFailure(FitKind.MODEL_NOT_ACCEPTED, offered=tuple(sorted(models)),
+                              allowed=(tuple(sorted(pod.allowed_models))
+                                       if pod.allowed_models is not None else None),
+                              denied=tuple(sorted(pod.denied_models)))
         if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
             # What `_plan` would say for one share or whole-card container, from the arrays
             # (the extender explains failed nodes per request; planning each costs ~0.1 ms).
@@ -591,32 +619,29 @@ class Engine:
             if c.kind is RequestKind.SHARE:
                 cand = ok & (self._cap_milli[row, :n] - self._used_milli[row, :n] >= c.compute_milli) \
                     & (self._cap_mem[row, :n] - self._used_mem[row, :n] >= c.memory_mib)
-                if cand.any():
-                    return f"node {name} fits", "gpu"
-                why = (f"node {name}: 0/{n} cards have {compute_text(c.compute_milli)} and "
-                       f"{c.memory_mib} MiB free{self._model_note(pod)} (container {c.name})")
-            else:
-                count = int((ok & (self._used_milli[row, :n] == 0) & (self._used_mem[row, :n] == 0)
-                             & (self._cap_mem[row, :n] >= c.memory_mib)).sum())
-                if count >= c.cards:
-                    return f"node {name} fits", "gpu"
-                why = (f"node {name}: {count} of {n} cards are entirely free"
-                       f"{self._model_note(pod)}, container {c.name} needs {c.cards}")
-            return why, "mig" if "MIG" in why else "gpu"
+                return None if cand.any() else self._share_failure(pod, c, n)
+            count = int((ok & (self._used_milli[row, :n] == 0) & (self._used_mem[row, :n] == 0)
+                         & (self._cap_mem[row, :n] >= c.memory_mib)).sum())
+            return None if count >= c.cards else self._cards_failure(pod, c, count, n)
         plan = self._plan(row, pod, self._card_policy("binpack"))
-        if isinstance(plan, str):
-            return plan, "mig" if "MIG" in plan else "gpu"
-        return f"node {name} fits", "gpu"
+        return plan if isinstance(plan, FitFailure) else None
 
     @staticmethod
-    def _accepted_text(pod: PodRequest) -> str:
-        if pod.allowed_models is not None:
-            return " or ".join(sorted(pod.allowed_models))
-        return "anything but " + ", ".join(sorted(pod.denied_models))
+    def _share_failure(pod: PodRequest, c: ContainerRequest, cards: int) -> FitFailure:
+        """No card has the share's compute and memory free (one of `cards` cards)."""
+        return FitFailure(FitKind.INSUFFICIENT_SHARE, c.resources[0] if c.resources else "", 1, 0,
+                          cards, Unit.CARDS, c.name, _restricts_models(pod),
+                          per_card_milli=c.compute_milli, per_card_mib=c.memory_mib)
+
+    @staticmethod
+    def _cards_failure(pod: PodRequest, c: ContainerRequest, free: int, cards: int) -> FitFailure:
+        """Too few entirely free cards: `free` of `cards`."""
+        return FitFailure(FitKind.INSUFFICIENT_CARDS, c.resources[0] if c.resources else "",
+                          c.cards, free, cards, Unit.CARDS, c.name, _restricts_models(pod))
 
     def _unschedulable(self, pod: PodRequest) -> Unschedulable:
-        """Why no node fits, counted per first failing check (vectorised: this runs for every
-        failed task of a replay)."""
+        """Why no node fits, nodes counted by the category of their first failing check, in
+        `_why_not`'s order (vectorised: this runs for every failed task of a replay)."""
         n = len(self._rows)
         left = np.ones(n, dtype=bool)
         counts: dict[str, int] = {}
@@ -630,24 +655,29 @@ class Engine:
                 left[hit] = False
 
         if self.config.check_host_resources:
-            take("cpu", self._cpu_cap - self._cpu_used < pod.cpu_milli)
-            take("memory", self._mem_cap - self._mem_used < pod.memory_mib)
+            take(FitKind.HOST_CPU.category, self._cpu_cap - self._cpu_used < pod.cpu_milli)
+            take(FitKind.HOST_MEMORY.category, self._mem_cap - self._mem_used < pod.memory_mib)
         if pod.gpu_containers:
-            no_model = np.logical_not(self._model_ok(pod).any(axis=1))
-            take("model", no_model)
+            take(FitKind.NO_HEALTHY_GPU.category,
+                 np.logical_not((self._usable | self._mig_card).any(axis=1)))
+            accepted = np.array([pod.accepts_model(m) for m in self._models] + [False], dtype=bool)
+            offered: BoolArray = (self._exists & accepted[self._card_model]).any(axis=1)
+            take(FitKind.MODEL_NOT_ACCEPTED.category, ~offered)
             kinds = {c.kind for c in pod.gpu_containers}
-            take("mig" if kinds == {RequestKind.MIG} else "gpu", left.copy())
-        category = max(counts, key=lambda k: counts[k]) if counts else "node"
-        summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-        detail = self._why_not(example[category], pod)[0] if category in example else ""
-        return Unschedulable(f"0/{n} nodes can host pod {pod.key} ({summary}); e.g. {detail}",
-                             category)
+            take(FitKind.INSUFFICIENT_MIG.category if kinds == {RequestKind.MIG}
+                 else FitKind.INSUFFICIENT_CARDS.category, left.copy())
+        ordered = tuple(sorted(counts.items(), key=lambda kv: -kv[1]))
+        category = ordered[0][0] if ordered else FitKind.UNKNOWN_NODE.category
+        row = example.get(category)
+        why = self._why_not(row, pod) if row is not None else None
+        summary = NoNodeFits(pod.key, n, ordered, category,
+                             self._rows[row].node.name if row is not None else None, why)
+        return Unschedulable(why or _UNDETAILED, summary.example_node, summary)
 
     def _plan(self, row: int, pod: PodRequest, policy: CardPolicy
-              ) -> dict[str, tuple[CardShare, ...]] | str:
+              ) -> dict[str, tuple[CardShare, ...]] | FitFailure:
         """Cards for every GPU container on this node, or why there are none."""
         r = self._rows[row]
-        name = r.node.name
         cols = [c for c in range(len(r.cards)) if self._usable[row, c]
                 and pod.accepts_model(r.cards[c].model)]
         cards = [r.cards[c] for c in cols]
@@ -666,8 +696,7 @@ class Engine:
             if c.kind is RequestKind.WHOLE:
                 cand = [p for p in range(len(cards)) if untouched[p] and cards[p].memory_mib >= c.memory_mib]
                 if len(cand) < c.cards:
-                    return (f"node {name}: {len(cand)} of {len(r.cards)} cards are entirely free"
-                            f"{self._model_note(pod)}, container {c.name} needs {c.cards}")
+                    return self._cards_failure(pod, c, len(cand), len(r.cards))
                 picked = policy.pick_whole(self.ctx, view, cand, c.cards)
                 shares = []
                 for p in picked:
@@ -680,10 +709,7 @@ class Engine:
                 cand = [p for p in range(len(cards))
                         if free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
                 if not cand:
-                    return (f"node {name}: 0/{len(r.cards)} cards have "
-                            f"{compute_text(c.compute_milli)} and "
-                            f"{c.memory_mib} MiB free{self._model_note(pod)} "
-                            f"(container {c.name})")
+                    return self._share_failure(pod, c, len(r.cards))
                 p = policy.pick_share(self.ctx, view, cand, c.compute_milli, c.memory_mib)
                 free_milli[p] -= c.compute_milli
                 free_mem[p] -= c.memory_mib
@@ -693,12 +719,14 @@ class Engine:
             elif c.kind is RequestKind.MIG:
                 assert c.mig_profile is not None
                 found: list[CardShare] = []
+                offered = 0
                 for card in r.cards:
                     if not card.healthy or not pod.accepts_model(card.model):
                         continue
                     for inst in card.mig:
+                        offered += inst.profile == c.mig_profile
                         if len(found) == c.cards:
-                            break
+                            continue
                         if (inst.profile == c.mig_profile and inst.health.value == "Healthy"
                                 and inst.uuid not in r.mig_owner and inst.uuid not in taken_mig):
                             taken_mig.add(inst.uuid)
@@ -706,16 +734,11 @@ class Engine:
                                                    c.mig_profile.memory_gb * 1024,
                                                    c.mig_profile.name, inst.uuid))
                 if len(found) < c.cards:
-                    return (f"node {name}: {len(found)} free MIG {c.mig_profile.name} instances, "
-                            f"container {c.name} needs {c.cards}")
+                    return FitFailure(FitKind.INSUFFICIENT_MIG, c.mig_profile.resource_name, c.cards,
+                                      len(found), offered, Unit.INSTANCES, c.name,
+                                      _restricts_models(pod))
                 plan[c.name] = tuple(found)
         return plan
-
-    @staticmethod
-    def _model_note(pod: PodRequest) -> str:
-        if pod.allowed_models is None and not pod.denied_models:
-            return ""
-        return " among the accepted models"
 
     # ------------------------------------------------------------------ internals: scoring
 

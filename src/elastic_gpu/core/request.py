@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -184,18 +185,34 @@ def _memory_mib(resources: Mapping[str, Any]) -> int:
     return _memory_mib_of(value) if isinstance(value, str) else _parse_memory_mib(value)
 
 
-def _parse_cpu_milli(value: Any) -> int:
+#: The most CPU (milli) or memory (MiB) one pod may ask of its node, per container and in all:
+#: a million times the largest machines, and small enough that no sum of them overflows the
+#: engine's 64-bit arrays.
+MAX_HOST_REQUEST = 2**53
+
+
+def _host_amount(resource: str, value: Any, scale: Fraction, unit: str) -> int:
+    """A CPU (scale 1000 milli per core) or memory (scale 1/2**20 MiB per byte) quantity in
+    internal units, rounded up (never under-reserve), non-negative and bounded."""
     try:
-        return int(parse_quantity(value) * 1000)
+        quantity = parse_quantity(value)
     except QuantityError as err:
-        raise ResourceError("cpu", value, str(err)) from None
+        raise ResourceError(resource, value, str(err), show_value=True) from None
+    if quantity < 0:
+        raise ResourceError(resource, value, "a quantity must not be negative")
+    amount = quantity * scale
+    whole = -(-amount.numerator // amount.denominator)  # ceiling
+    if whole > MAX_HOST_REQUEST:
+        raise ResourceError(resource, value, f"at most {MAX_HOST_REQUEST} {unit}")
+    return whole
+
+
+def _parse_cpu_milli(value: Any) -> int:
+    return _host_amount("cpu", value, Fraction(1000), "milli-CPU")
 
 
 def _parse_memory_mib(value: Any) -> int:
-    try:
-        return -(-int(parse_quantity(value)) // 2**20)  # round up: never under-reserve
-    except QuantityError as err:
-        raise ResourceError("memory", value, str(err)) from None
+    return _host_amount("memory", value, Fraction(1, 2**20), "MiB")
 
 
 # The scheduler reads every pod's CPU and memory on every watch event, and a cluster's pods
@@ -216,7 +233,14 @@ def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     cpu = max([cpu, *(_cpu_milli(c.get("resources") or {}) for c in init_containers)])
     mem = max([mem, *(_memory_mib(c.get("resources") or {}) for c in init_containers)])
     overhead = {"requests": spec.get("overhead") or {}}
-    return cpu + _cpu_milli(overhead), mem + _memory_mib(overhead)
+    cpu, mem = cpu + _cpu_milli(overhead), mem + _memory_mib(overhead)
+    if cpu > MAX_HOST_REQUEST:
+        raise ResourceError("cpu", f"{cpu}m", f"the pod's total is at most {MAX_HOST_REQUEST} "
+                            "milli-CPU")
+    if mem > MAX_HOST_REQUEST:
+        raise ResourceError("memory", f"{mem}Mi", f"the pod's total is at most "
+                            f"{MAX_HOST_REQUEST} MiB")
+    return cpu, mem
 
 
 def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:

@@ -30,7 +30,27 @@ GPU_MEMORY = "elasticgpu.io/gpu-memory"  # MiB of card memory
 GPU_WHOLE = "elasticgpu.io/gpu"  # whole cards
 
 _BINARY_SUFFIX = re.compile(r"[KMGTPE]i\s*$")
-MIG_RESOURCE_PATTERN = re.compile(r"^nvidia\.com/mig-(?P<g>[1-8])g\.(?P<mem>\d+)gb(?P<extra>(\+[a-z]+)*)$")
+#: How a GPU resource value may be written: ASCII digits and at most a decimal suffix or a
+#: positive exponent, the forms the apiserver itself writes for whole numbers ("90k", "1e3").
+_PLAIN_COUNT = re.compile(r"[0-9]+(?:[kMGTPE]|[eE][0-9]+)?", re.ASCII)
+#: The largest value a GPU resource may have, in its own unit: far above any real request, and
+#: exact as a JSON (float64) number.
+MAX_RESOURCE_VALUE = 2**53
+
+#: Every name under this prefix is a MIG resource: one that is not a valid profile is an error,
+#: never "not a GPU resource" (a pod asking for it would fit everywhere).
+MIG_PREFIX = "nvidia.com/mig-"
+#: Media-extension and graphics variants NVIDIA publishes (A30/A100/H100: +me; Blackwell also
+#: +me.all and +gfx).
+MIG_SUFFIXES = ("+me", "+me.all", "+gfx")
+#: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4).
+MIG_MAX_SLICES = 7
+MIG_RESOURCE_PATTERN = re.compile(
+    r"nvidia\.com/mig-(?P<g>[1-7])g\.(?P<mem>[1-9][0-9]{0,3})gb(?P<extra>\+me|\+me\.all|\+gfx)?\Z",
+    re.ASCII)
+MIG_RULE = ("a MIG profile is written <slices>g.<memory>gb with 1-7 compute slices, 1-9999 GB "
+            "of memory (no leading zero) and optionally +me, +me.all or +gfx, e.g. 3g.40gb or "
+            "1g.10gb+me")
 
 
 class Measure(enum.Enum):
@@ -108,37 +128,56 @@ class MigProfile:
 
     @classmethod
     def parse(cls, text: str) -> MigProfile:
-        """Parse `3g.40gb` or `nvidia.com/mig-3g.40gb`."""
-        name = text if text.startswith("nvidia.com/mig-") else f"nvidia.com/mig-{text}"
-        match = MIG_RESOURCE_PATTERN.match(name)
+        """Parse `3g.40gb` or `nvidia.com/mig-3g.40gb`, strictly (`MIG_RULE`)."""
+        if not isinstance(text, str):
+            raise ResourceError(short_repr(text), "", MIG_RULE)
+        name = text if text.startswith(MIG_PREFIX) else f"{MIG_PREFIX}{text}"
+        match = MIG_RESOURCE_PATTERN.match(name) if len(name) <= 64 else None
         if match is None:
-            raise ResourceError(text, "", "a MIG profile is written <slices>g.<memory>gb, e.g. 3g.40gb")
+            raise ResourceError(text if len(text) <= 80 else short_repr(text), "", MIG_RULE)
         return cls(int(match["g"]), int(match["mem"]), match["extra"] or "")
 
 
 class ResourceError(ValueError):
     """A GPU resource value that breaks its rule; the message names resource, value and rule."""
 
-    def __init__(self, resource: str, value: object, rule: str) -> None:
+    def __init__(self, resource: str, value: object, rule: str, *,
+                 show_value: bool | None = None) -> None:
+        """`value` "" means none (a rule about names), unless `show_value` says otherwise."""
         self.resource = resource
         self.value = value
         self.rule = rule
-        shown = f"={value!r}" if value != "" else ""
+        show = value != "" if show_value is None else show_value
+        shown = f"={short_repr(value)}" if show else ""
         super().__init__(f"{resource}{shown}: {rule}")
 
 
+def short_repr(value: object, limit: int = 80) -> str:
+    """`repr(value)`, cut short: a 400-digit number is not echoed back whole."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:60]}... ({len(text)} characters)"
+
+
 def lookup(name: str) -> ResourceSpec | None:
-    """The table row for a resource name, or a synthesized MIG row, or None if not a GPU name."""
+    """The table row for a resource name, or a synthesized MIG row, or None if not a GPU name.
+
+    Raises `ResourceError` for a name under `nvidia.com/mig-` that is not a valid MIG profile
+    (`mig-0g.0gb`, `mig-abc.defgb`): it names a GPU, just wrongly."""
     spec = _BY_NAME.get(name)
     if spec is not None:
         return spec
-    if MIG_RESOURCE_PATTERN.match(name):
+    if name.startswith(MIG_PREFIX):
+        MigProfile.parse(name)  # raises with the rule
         return ResourceSpec(name, Measure.MIG, 1, Rule.POSITIVE_INT, "nvidia mig", "MIG instances")
     return None
 
 
 def is_gpu_resource(name: str) -> bool:
-    return lookup(name) is not None
+    """Whether `name` is a GPU resource this product reads (malformed MIG names are not)."""
+    try:
+        return lookup(name) is not None
+    except ResourceError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -158,16 +197,32 @@ class Amount:
 
 
 def to_amount(name: str, raw: str | int | float) -> Amount:
-    """Convert one `name: value` from a pod spec into internal units, enforcing its rule."""
+    """Convert one `name: value` from a pod spec into internal units, enforcing its rule.
+
+    Strict, whatever the rule: a string is ASCII digits with at most a decimal suffix (k, M, G,
+    T, P, E) or a positive exponent, the forms the apiserver writes for whole numbers; no sign,
+    fraction, byte suffix or space. A JSON number is an integer (or a float with an integral
+    value, e.g. 2.0); booleans are refused. Every value is at most `MAX_RESOURCE_VALUE`."""
     spec = lookup(name)
     if spec is None:
         raise ResourceError(name, raw, "not a GPU resource known to Elastic GPU")
-    if isinstance(raw, str) and _BINARY_SUFFIX.search(raw):
-        # Extended resources are counts in their own unit: "4Gi" of a MiB resource would be
-        # read by kube-scheduler as 4294967296 MiB, so a byte suffix is refused, never
-        # converted. Decimal forms stay valid: the apiserver itself rewrites 90000 as "90k".
-        raise ResourceError(name, raw, f"{spec.rule.value}, counted in {spec.doc}, without a "
-                            "byte suffix (e.g. 4096, not 4Gi)")
+    if isinstance(raw, bool):
+        raise ResourceError(name, raw, f"{spec.rule.value}; a boolean is not a number",
+                            show_value=True)
+    if isinstance(raw, str):
+        if _BINARY_SUFFIX.search(raw):
+            # Extended resources are counts in their own unit: "4Gi" of a MiB resource would be
+            # read by kube-scheduler as 4294967296 MiB, so a byte suffix is refused, never
+            # converted. Decimal forms stay valid: the apiserver itself rewrites 90000 as "90k".
+            raise ResourceError(name, raw, f"{spec.rule.value}, counted in {spec.doc}, without "
+                                "a byte suffix (e.g. 4096, not 4Gi)")
+        if len(raw) > 64 or not _PLAIN_COUNT.fullmatch(raw):
+            raise ResourceError(name, raw, f"{spec.rule.value}, written with the digits 0-9 "
+                                "and at most a suffix k, M, G, T, P, E or an exponent such as "
+                                "e3 (no sign, fraction or spaces)", show_value=True)
+    elif not isinstance(raw, (int, float)):
+        raise ResourceError(name, raw, f"{spec.rule.value}; a number or a quantity string, not "
+                            f"{type(raw).__name__}", show_value=True)
     try:
         quantity = parse_quantity(raw)
     except QuantityError as err:
@@ -175,6 +230,8 @@ def to_amount(name: str, raw: str | int | float) -> Amount:
     if quantity.denominator != 1:
         raise ResourceError(name, raw, spec.rule.value)
     number = quantity.numerator
+    if number > MAX_RESOURCE_VALUE:
+        raise ResourceError(name, raw, f"{spec.rule.value}, at most {MAX_RESOURCE_VALUE}")
     _check_rule(spec, raw, number)
     return Amount(spec, number * spec.scale)
 

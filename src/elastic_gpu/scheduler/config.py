@@ -1,7 +1,8 @@
 """The extender's own configuration file (YAML), validated strictly.
 
     nodePolicy: binpack          # node tier, any name in core's NODE_POLICIES
-    cardPolicy: binpack          # card tier, any name in core's CARD_POLICIES
+    cardPolicy: fgd-waste        # card tier, any name in core's CARD_POLICIES; default: the one
+                                 # the node policy is paired with, as in `egpu simulate`
     reservationTTLSeconds: 30    # how long a bind whose outcome is unknown holds its cards
     seed: 0                      # random policies' seed, for reproducible runs
     filterResult: all            # all: every fitting node (+ prioritize); best: only the engine's choice
@@ -9,7 +10,10 @@
     workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
-annotations.
+annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
+are chosen by the card tier its node policy is paired with (`core.policies.default_card_policy`,
+the same rule `egpu simulate --card-policy auto` uses): the cluster gets the quality the
+simulator measured.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     node_policy: str = Field(default="binpack", validation_alias="nodePolicy")
-    card_policy: str = Field(default="binpack", validation_alias="cardPolicy")
+    #: None: the card tier `node_policy` is paired with (`effective_card_policy`)
+    card_policy: str | None = Field(default=None, validation_alias="cardPolicy")
     reservation_ttl_s: float = Field(default=30.0, validation_alias="reservationTTLSeconds", gt=0, le=3600)
     seed: int = 0
     #: "all": filter passes every node with room (kube-scheduler then asks prioritize);
@@ -66,8 +71,16 @@ class SchedulerConfig(BaseModel):
 
     @field_validator("card_policy")
     @classmethod
-    def _card(cls, value: str) -> str:
-        return check_policy("card", value)
+    def _card(cls, value: str | None) -> str | None:
+        return None if value is None else check_policy("card", value)
+
+    @property
+    def effective_card_policy(self) -> str:
+        """The card tier pods get unless their annotation names one: `cardPolicy`, else the one
+        the node policy is paired with (what `egpu simulate --card-policy auto` measures)."""
+        from elastic_gpu.core.policies import default_card_policy
+
+        return self.card_policy or default_card_policy(self.node_policy)
 
 
 def load_config(path: Path | None) -> SchedulerConfig:

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.engine import Unschedulable
+from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler import wire
@@ -162,11 +163,11 @@ class Extender:
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for node, reason in result.failed.items():
-            # kube-scheduler counts identical reasons ("3 <reason>"): drop the node's name.
-            prefix = f"node {node}: "
-            reason = reason.removeprefix(prefix)
-            (failed if node in known else unresolvable)[node] = reason
+        for node, failure in result.failed.items():
+            # The sentence is made here, once; it never names the node, so kube-scheduler can
+            # count identical reasons ("3 <reason>").
+            unknown = failure.kind is FitKind.UNKNOWN_NODE or node not in known
+            (unresolvable if unknown else failed)[node] = describe(failure)
         return _json(wire.filter_result(args, result.feasible, failed, unresolvable))
 
     def prioritize(self, body: bytes) -> web.Response:

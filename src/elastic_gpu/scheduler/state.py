@@ -39,6 +39,7 @@ from elastic_gpu.core.engine import (
     Unschedulable,
     task_shape,
 )
+from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
@@ -49,9 +50,9 @@ from elastic_gpu.scheduler.slim import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 
-#: Failed nodes explained one by one per filter call; the rest share `SUMMARY_REASON`.
+#: Failed nodes explained one by one per filter call; the rest share `SUMMARY_FAILURE`.
 DETAIL_LIMIT = 16
-SUMMARY_REASON = "no card has room for this GPU request (see the other nodes' reasons for detail)"
+SUMMARY_FAILURE = FitFailure(FitKind.UNDETAILED)
 
 
 @dataclass(frozen=True)
@@ -511,8 +512,7 @@ class SchedulerState:
                 failed = dict(self.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
         known = self._known
         for name in failed_names[DETAIL_LIMIT:]:
-            failed[name] = (SUMMARY_REASON if name in known
-                            else f"node {name} is unknown to the GPU scheduler")
+            failed[name] = SUMMARY_FAILURE if name in known else FitFailure(FitKind.UNKNOWN_NODE)
         return FilterResult(scored.feasible, failed)
 
     def prioritize(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> dict[str, int]:

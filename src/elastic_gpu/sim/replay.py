@@ -28,16 +28,9 @@ import numpy as np
 from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.frag import Fragmentation, sorted_free
 from elastic_gpu.core.model import Node
-from elastic_gpu.core.policies import node_policy
+from elastic_gpu.core.policies import default_card_policy, node_policy
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import Task
-
-#: The card policy each node policy uses unless told otherwise. As in the FGD artifact: random
-#: picks random cards, FGD picks by fragmentation, the others take the tightest card. Ours:
-#: fgdx and fgdx-mem pick by fragmentation, FGD's ties by expected waste (`fgd-waste`); fgdx-cpufit keeps
-#: the plain `fgd` card tier its published figures were measured with (docs/simulator.md).
-AUTO_CARD_POLICY = {"random": "random", "fgd": "fgd", "fgdx": "fgd-waste", "fgdx-mem": "fgd-waste",
-                    "fgdx-cpufit": "fgd"}
 
 REPORT_POINTS = (50, 90, 100, 130)
 
@@ -178,7 +171,8 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     capacity = sum(len(n.cards) for n in gpu_nodes)
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
-    cards = AUTO_CARD_POLICY.get(policy, "binpack") if card_policy == "auto" else card_policy
+    # "auto": the card tier the node policy is paired with, the extender's default too
+    cards = default_card_policy(policy) if card_policy == "auto" else card_policy
     # The policy scores against its own target workload (`NodePolicy.popularity`); the reported
     # fragmentation is the paper's, against FGD's typical pods, so policies compare on one measure.
     measured = workload or TargetWorkload.from_tasks(t.shape() for t in tasks)

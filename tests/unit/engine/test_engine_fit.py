@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from engine_helpers import cpu_only, gpu_node, mig, mig_node, nvlink_node, share, whole
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
+from elastic_gpu.core.fit import FitFailure, FitKind, Unit, describe
 from elastic_gpu.core.request import ContainerRequest, PodRequest
 
 
@@ -75,7 +78,11 @@ def test_allowed_and_denied_models() -> None:
     no_t4 = share("b", 100, denied_models=frozenset({"T4"}))
     assert engine.place(no_t4).node == "a100"
     result = engine.filter(share("c", 100, allowed_models=frozenset({"H100"})))
-    assert result.feasible == [] and "H100" in result.failed["t4"]
+    assert result.feasible == []
+    failure = result.failed["t4"]
+    assert (failure.kind, failure.offered, failure.allowed) == (
+        FitKind.MODEL_NOT_ACCEPTED, ("T4",), ("H100",))
+    assert describe(failure) == "the node has T4 cards; the pod accepts H100"
 
 
 def test_host_cpu_and_memory_are_checked() -> None:
@@ -150,8 +157,10 @@ def test_filter_reports_every_failed_and_unknown_node() -> None:
     engine = Engine([gpu_node("n1", cards=1), gpu_node("n2", cards=4)])
     result = engine.filter(whole("w", 2), ["n1", "n2", "ghost"])
     assert result.feasible == ["n2"]
-    assert "entirely free" in result.failed["n1"]
-    assert "unknown" in result.failed["ghost"]
+    assert result.failed["n1"] == FitFailure(FitKind.INSUFFICIENT_CARDS, "", 2, 1, 1, Unit.CARDS,
+                                             "main")
+    assert describe(result.failed["n1"]) == "1 of 1 cards are entirely free, container main needs 2"
+    assert result.failed["ghost"].kind is FitKind.UNKNOWN_NODE
 
 
 def test_topology_card_policy_keeps_a_multi_card_request_on_one_nvlink_island() -> None:
@@ -178,3 +187,152 @@ def test_per_pod_policy_annotations_win_over_the_config() -> None:
     spread_pod = share("y", 100, node_policy="spread")
     assert engine.place(spread_pod).node != used.node
     assert engine.place(share("z", 100)).node == used.node
+
+
+# ---------------------------------------------------------------- structured fit failures
+
+
+def test_each_failed_check_has_its_own_kind_with_the_numbers() -> None:
+    """Every first-failing check of `filter` reports its kind and the numbers behind it, and the
+    sentence made from it never names the node (kube-scheduler counts identical reasons)."""
+    nodes = [gpu_node("cpu-full", cpu=500), gpu_node("mem-full", mem=512),
+             gpu_node("sick", cards=2, unhealthy=(0, 1)), gpu_node("a100", model="A100"),
+             gpu_node("small", cards=1, memory=8000), mig_node("mig")]
+    engine = Engine(nodes)
+    failed = engine.filter(share("p", 300, memory=12000, denied_models=frozenset({"A100"}))).failed
+    assert failed["cpu-full"] == FitFailure(FitKind.HOST_CPU, "cpu", 1000, 500, 500, Unit.MILLI_CPU)
+    assert failed["mem-full"] == FitFailure(FitKind.HOST_MEMORY, "memory", 1024, 512, 512, Unit.MIB)
+    assert failed["sick"] == FitFailure(FitKind.NO_HEALTHY_GPU, capacity=2, unit=Unit.CARDS)
+    assert failed["a100"].kind is FitKind.MODEL_NOT_ACCEPTED
+    assert failed["a100"].denied == ("A100",) and failed["a100"].allowed is None
+    assert failed["small"] == FitFailure(FitKind.INSUFFICIENT_SHARE, "", 1, 0, 1, Unit.CARDS, "main",
+                                         True, per_card_milli=300, per_card_mib=12000)
+    # the MIG node has only A100 cards (one MIG-enabled): refused by model first
+    assert failed["mig"].kind is FitKind.MODEL_NOT_ACCEPTED
+    texts = {name: describe(f) for name, f in failed.items()}
+    assert texts == {
+        "cpu-full": "500 milli-CPU free, 1000 asked",
+        "mem-full": "512 MiB of memory free, 1024 asked",
+        "sick": "no healthy GPU (0 of 2 cards)",
+        "a100": "the node has A100 cards; the pod accepts anything but A100",
+        "small": "0/1 cards have 30% compute and 12000 MiB free among the accepted models "
+                 "(container main)",
+        "mig": "the node has A100 cards; the pod accepts anything but A100",
+    }
+    for name, text in texts.items():
+        assert name not in text
+
+
+def test_mig_shortage_names_the_profile_and_counts_instances() -> None:
+    engine = Engine([mig_node("m")])
+    with pytest.raises(Unschedulable) as err:
+        engine.assign(mig("a", count=3), "m")
+    failure = err.value.failure
+    assert failure == FitFailure(FitKind.INSUFFICIENT_MIG, "nvidia.com/mig-3g.40gb", 3, 2, 2,
+                                 Unit.INSTANCES, "main")
+    assert err.value.category == "mig" and err.value.node == "m"
+    assert err.value.reason == "node m: 2 of 2 MIG 3g.40gb instances free, container main needs 3"
+
+
+def test_a_cluster_wide_failure_counts_nodes_by_category_and_shows_an_example() -> None:
+    engine = Engine([gpu_node("c1", cpu=500), gpu_node("c2", cpu=500), gpu_node("g", cards=1)])
+    with pytest.raises(Unschedulable) as err:
+        engine.place(whole("w", 2))
+    summary = err.value.summary
+    assert summary is not None
+    assert summary.counts == (("cpu", 2), ("gpu", 1)) and summary.category == "cpu"
+    assert err.value.category == "cpu" and err.value.kind is FitKind.HOST_CPU
+    assert err.value.reason == ("0/3 nodes can host pod default/w (2 cpu, 1 gpu); "
+                                "e.g. node c1: 500 milli-CPU free, 1000 asked")
+
+
+def test_cluster_wide_counts_classify_mig_and_unhealthy_nodes_by_their_first_check() -> None:
+    # A MIG-only pod on a full MIG node is short of instances ("mig"), not of a model; a node
+    # whose cards are all unhealthy has no healthy GPU ("gpu"), not a model problem.
+    engine = Engine([mig_node("m"), gpu_node("sick", cards=1, unhealthy=(0,), model="A100")])
+    for name in ("a", "b"):
+        pod = mig(name)
+        engine.allocate(pod.key, engine.place(pod), pod)
+    with pytest.raises(Unschedulable) as err:
+        engine.place(mig("c"))
+    summary = err.value.summary
+    assert summary is not None
+    assert dict(summary.counts) == {"mig": 1, "gpu": 1}
+    kinds = {engine.filter(mig("c")).failed[n].kind for n in ("m", "sick")}
+    assert kinds == {FitKind.INSUFFICIENT_MIG, FitKind.NO_HEALTHY_GPU}
+
+
+def test_ledger_refusals_are_structured_and_name_the_node_only_in_the_reason() -> None:
+    engine = Engine([gpu_node("n1", cards=1, memory=8000)])
+    first = share("a", 600, memory=6000)
+    engine.allocate(first.key, engine.place(first), first)
+    over = Assignment("n1", {"main": (CardShare(0, "GPU-n1-0", 500, 0),)})
+    with pytest.raises(Unschedulable) as err:
+        engine.allocate("default/b", over)
+    assert err.value.failure == FitFailure(FitKind.CARD_COMPUTE, "", 500, 400, 1000,
+                                           Unit.MILLI_CARDS, card=0)
+    assert err.value.reason == "node n1: card 0 has 40% compute free, 50% compute asked"
+    memory = Assignment("n1", {"main": (CardShare(0, "GPU-n1-0", 100, 4000),)})
+    with pytest.raises(Unschedulable) as err2:
+        engine.allocate("default/c", memory)
+    assert (err2.value.kind, err2.value.failure.free, err2.value.failure.requested) == (
+        FitKind.CARD_MEMORY, 2000, 4000)
+    missing = Assignment("n1", {"main": (CardShare(7, "GPU-x", 100, 0),)})
+    with pytest.raises(Unschedulable) as err3:
+        engine.allocate("default/d", missing)
+    assert err3.value.failure == FitFailure(FitKind.NO_SUCH_CARD, card=7)
+    with pytest.raises(Unschedulable) as err4:
+        engine.allocate("default/e", Assignment("ghost", {}))
+    assert err4.value.kind is FitKind.UNKNOWN_NODE and err4.value.category == "node"
+    assert err4.value.reason == "node ghost is unknown to the GPU scheduler"
+
+
+def test_held_and_missing_mig_instances_and_mig_cards_are_distinct_kinds() -> None:
+    engine = Engine([mig_node("m")])
+    first = mig("a")
+    taken = engine.place(first)
+    engine.allocate(first.key, taken, first)
+    with pytest.raises(Unschedulable) as held:
+        engine.allocate("default/other", taken)
+    assert held.value.kind is FitKind.MIG_INSTANCE_HELD and held.value.failure.holder == first.key
+    ghost = Assignment("m", {"main": (CardShare(0, "GPU-m-0", 0, 40960, "3g.40gb", "MIG-nope"),)})
+    with pytest.raises(Unschedulable) as missing:
+        engine.allocate("default/x", ghost)
+    assert missing.value.kind is FitKind.NO_SUCH_MIG_INSTANCE
+    plain = Assignment("m", {"main": (CardShare(0, "GPU-m-0", 100, 0),)})
+    with pytest.raises(Unschedulable) as mig_card:
+        engine.allocate("default/y", plain)
+    assert mig_card.value.kind is FitKind.MIG_ENABLED_CARD
+    assert {held.value.category, missing.value.category, mig_card.value.category} == {"mig"}
+
+
+def test_unschedulable_keeps_its_structure_across_processes() -> None:
+    engine = Engine([gpu_node("c1", cpu=500)])
+    with pytest.raises(Unschedulable) as err:
+        engine.place(whole("w", 1))
+    copy = pickle.loads(pickle.dumps(err.value))
+    assert (copy.failure, copy.node, copy.summary, copy.reason) == (
+        err.value.failure, err.value.node, err.value.summary, err.value.reason)
+
+
+def test_every_kind_is_described_without_a_node_name_and_counted_in_a_category() -> None:
+    for kind in FitKind:
+        failure = FitFailure(kind, "nvidia.com/mig-1g.10gb", 2, 1, 4, Unit.CARDS, "main",
+                             offered=("T4",), allowed=("A100",), card=0, instance="MIG-x",
+                             holder="ns/p")
+        text = describe(failure)
+        assert text and "None" not in text
+        assert kind.category in {"cpu", "memory", "model", "mig", "node", "gpu"}
+
+
+# ---------------------------------------------------------------- the card tier pairing
+
+
+def test_without_a_card_policy_the_node_policys_pairing_chooses_cards() -> None:
+    engine = Engine([gpu_node("n")], PolicyConfig(node_policy="fgdx-mem"))
+    assert engine.card_policy_for(share("a", 100)) == "fgd-waste"
+    assert engine.card_policy_for(share("b", 100, node_policy="random")) == "random"
+    assert engine.card_policy_for(share("c", 100, card_policy="spread")) == "spread"
+    explicit = Engine([gpu_node("n")], PolicyConfig(node_policy="fgdx-mem", card_policy="binpack"))
+    assert explicit.card_policy_for(share("d", 100)) == "binpack"
+    assert explicit.card_policy_for(share("e", 100, card_policy="topology")) == "topology"

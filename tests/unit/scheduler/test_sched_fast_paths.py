@@ -16,6 +16,7 @@ import yaml
 
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.engine import Engine, PolicyConfig, task_shape
+from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Health, Node
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
@@ -95,11 +96,11 @@ def test_array_explanations_equal_the_card_plan() -> None:
     for i in range(60):
         request = pod_request_from_manifest(random_pod(rng, i))
         result = engine.filter(request, engine.nodes())
-        for name, reason in result.failed.items():
-            if "has no healthy GPU" in reason or "the pod accepts" in reason:
+        for name, failure in result.failed.items():
+            if failure.kind in (FitKind.NO_HEALTHY_GPU, FitKind.MODEL_NOT_ACCEPTED):
                 continue  # node-level checks, made before any card is looked at
             plan = engine._plan(engine._row_of[name], request, binpack)
-            assert reason == plan
+            assert failure == plan
             explained += 1
     assert explained > 100
 

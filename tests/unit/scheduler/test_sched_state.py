@@ -11,6 +11,7 @@ from egpu_testing.workbench import feed_nodes, pod_manifest, ready_state
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.engine import Unschedulable
+from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.config import SchedulerConfig
@@ -78,7 +79,9 @@ def test_reservation_is_seen_by_the_next_filter() -> None:
     state.reserve(pod_request_from_manifest(a), "uid-a", "n1")
     result = state.filter(pod_request_from_manifest(b), "uid-b", ["n1"])
     assert result.feasible == []
-    assert "0/1 cards have 60% compute" in result.failed["n1"]
+    failure = result.failed["n1"]
+    assert (failure.kind, failure.per_card_milli, failure.free, failure.capacity) == (
+        FitKind.INSUFFICIENT_SHARE, 600, 0, 1)
     with pytest.raises(Unschedulable):
         state.reserve(pod_request_from_manifest(b), "uid-b", "n1")
     assert used(state, "n1") == 600
@@ -229,7 +232,7 @@ def test_preempt_adds_gpu_victims_until_the_pod_fits() -> None:
 
 
 def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
-    from elastic_gpu.scheduler.state import DETAIL_LIMIT, SUMMARY_REASON
+    from elastic_gpu.scheduler.state import DETAIL_LIMIT, SUMMARY_FAILURE
 
     nodes = [gpu_node(f"n{i:03d}") for i in range(DETAIL_LIMIT + 49)]
     state = ready_state(nodes)
@@ -239,10 +242,11 @@ def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
     result = state.filter(pod_request_from_manifest(share_pod("x", 50)), "uid-x", names)
     assert result.feasible == [nodes[-1].name]
     assert set(result.failed) == set(names) - {nodes[-1].name}
-    detailed = [r for r in result.failed.values() if "0/1 cards have 50% compute" in r]
+    detailed = [f for f in result.failed.values()
+                if f.kind is FitKind.INSUFFICIENT_SHARE and f.per_card_milli == 500]
     assert len(detailed) == DETAIL_LIMIT
-    assert list(result.failed.values()).count(SUMMARY_REASON) == 48
-    assert result.failed["ghost"] == "node ghost is unknown to the GPU scheduler"
+    assert list(result.failed.values()).count(SUMMARY_FAILURE) == 48
+    assert result.failed["ghost"].kind is FitKind.UNKNOWN_NODE
 
 
 def test_rescale_to_kube_scheduler_range() -> None:

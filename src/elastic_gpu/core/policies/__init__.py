@@ -37,6 +37,24 @@ def node_policy(name: str) -> NodePolicy:
         raise ValueError(f"unknown node policy {name!r}; known: {known}") from None
 
 
+def default_card_policy(node_policy_name: str) -> str:
+    """The card tier a node policy is paired with when none is named (`NodePolicy.card_tier`).
+
+    The one pairing rule: `egpu simulate --card-policy auto` and the extender without
+    `cardPolicy` both use it, so the cluster gets the quality the simulator measured. As in the
+    FGD artifact: random -> random, fgd -> fgd, the others -> binpack (tightest card); ours:
+    fgdx and fgdx-mem -> fgd-waste, fgdx-cpufit -> fgd."""
+    try:
+        cls = NODE_POLICIES[node_policy_name]
+    except KeyError:
+        known = ", ".join(sorted(NODE_POLICIES))
+        raise ValueError(f"unknown node policy {node_policy_name!r}; known: {known}") from None
+    if cls.card_tier not in CARD_POLICIES:
+        raise ValueError(f"node policy {node_policy_name!r} is paired with card policy "
+                         f"{cls.card_tier!r}, which is not registered")
+    return cls.card_tier
+
+
 def card_policy(name: str) -> CardPolicy:
     try:
         return CARD_POLICIES[name]()
@@ -47,5 +65,6 @@ def card_policy(name: str) -> CardPolicy:
 
 __all__ = [
     "CARD_POLICIES", "NODE_POLICIES", "CardPolicy", "CardView", "NodePolicy", "NodeView",
-    "ScoreContext", "card_policy", "node_policy", "register_card_policy", "register_node_policy",
+    "ScoreContext", "card_policy", "default_card_policy", "node_policy", "register_card_policy",
+    "register_node_policy",
 ]

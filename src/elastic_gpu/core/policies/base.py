@@ -76,6 +76,10 @@ class NodePolicy(ABC):
     #: the share of tasks the typical pods of the target workload cover when a replay or the
     #: extender builds that workload from tasks for this policy (FGD's measure reads it)
     popularity: float = FGD_POPULARITY
+    #: the card tier this node policy is paired with when none is named: `egpu simulate
+    #: --card-policy auto` and the extender without `cardPolicy` both use it
+    #: (`policies.default_card_policy`), so the cluster gets the quality the simulator measures
+    card_tier: str = "binpack"
 
     @abstractmethod
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float: ...

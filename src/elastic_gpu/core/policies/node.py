@@ -86,6 +86,7 @@ class RandomPolicy(NodePolicy):
     """Any feasible node, uniformly at random (seeded)."""
 
     name = "random"
+    card_tier = "random"
     cacheable = False
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
@@ -171,6 +172,7 @@ class FgdPolicy(NodePolicy):
     """Fragmentation gradient descent: the node whose expected fragmentation grows least."""
 
     name = "fgd"
+    card_tier = "fgd"
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if task.cpu_milli == 0 and task.total_milli == 0:
@@ -202,6 +204,7 @@ class FgdxPolicy(FgdPolicy):
     """
 
     name = "fgdx"
+    card_tier = "fgd-waste"
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         base = super().score(ctx, task, node)
@@ -228,6 +231,7 @@ class FgdxMemoryPolicy(FgdxPolicy):
     """
 
     name = "fgdx-mem"
+    card_tier = "fgd-waste"
     uses_memory = True
     popularity = 1.0
 
@@ -254,6 +258,7 @@ class FgdxCpuFitPolicy(FgdxPolicy):
     """
 
     name = "fgdx-cpufit"
+    card_tier = "fgd"
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         base = super().score(ctx, task, node)

@@ -1,0 +1,256 @@
+"""Why a pod does not fit: structured fit failures, and the one place they become sentences.
+
+The engine decides fit and says why not as a `FitFailure`: a kind, the resource, what was
+requested, what is free, the capacity and the unit, like kube-scheduler's fit plugin
+(`InsufficientResource{ResourceName, Requested, Used, Capacity}`). Code that acts on a failure
+(the simulator's failure counts, the extender's choice between FailedNodes and
+FailedAndUnresolvableNodes) reads `kind` and `category`, never the text; the text is made once,
+at the edge, by `describe` (the extender's HTTP answers, the simulator's output, the CLI).
+
+`describe` never names the node: kube-scheduler counts identical FailedNodes reasons
+("3 <reason>"), and a node name in each would make every reason distinct. Where a node must be
+named (a log line, a bind error), `describe_on` puts it in front.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_gpu.core.resources import MILLI_PER_PERCENT
+
+
+class FitKind(enum.Enum):
+    """What kind of check failed. The value is a stable key (logs, metrics, JSON)."""
+
+    #: the node is not in the GPU scheduler's inventory
+    UNKNOWN_NODE = "unknown-node"
+    #: the cluster has no nodes at all
+    NO_NODES = "no-nodes"
+    #: host CPU: `requested` milli-CPU, `free`, `capacity`
+    HOST_CPU = "host-cpu"
+    #: host memory: `requested` MiB, `free`, `capacity`
+    HOST_MEMORY = "host-memory"
+    #: the node does not offer the resource the pod names (vendor, resource name, model behind
+    #: it): `resource` is the name asked for, `offered` what the node has
+    RESOURCE_NOT_OFFERED = "resource-not-offered"
+    #: no healthy card (and no MIG card) on the node; `capacity` cards in all
+    NO_HEALTHY_GPU = "no-healthy-gpu"
+    #: no card of a model the pod accepts: `offered` the node's models, `allowed`/`denied` the
+    #: pod's lists
+    MODEL_NOT_ACCEPTED = "model-not-accepted"
+    #: no card has a share's compute and memory free: `requested` 1 card, `free` cards that
+    #: have room (0), `capacity` cards; `per_card_milli` / `per_card_mib` the share asked
+    INSUFFICIENT_SHARE = "insufficient-share"
+    #: too few entirely free cards: `requested`, `free`, `capacity` in cards
+    INSUFFICIENT_CARDS = "insufficient-cards"
+    #: too few free MIG instances of a profile (`resource`): `requested`, `free`, `capacity`
+    INSUFFICIENT_MIG = "insufficient-mig"
+    #: ledger: one card's compute would be exceeded (`card`; milli-cards)
+    CARD_COMPUTE = "card-compute"
+    #: ledger: one card's memory would be exceeded (`card`; MiB)
+    CARD_MEMORY = "card-memory"
+    #: ledger: the assignment names a card the node does not have (`card`)
+    NO_SUCH_CARD = "no-such-card"
+    #: ledger: the assignment names a MIG instance the card does not have (`card`, `instance`)
+    NO_SUCH_MIG_INSTANCE = "no-such-mig-instance"
+    #: ledger: the MIG instance is held by another pod (`instance`, `holder`)
+    MIG_INSTANCE_HELD = "mig-instance-held"
+    #: ledger: a share or whole card asked on a MIG-enabled card (`card`)
+    MIG_ENABLED_CARD = "mig-enabled-card"
+    #: the node does not fit and was not explained one by one (the extender explains only the
+    #: first failed nodes of a large request)
+    UNDETAILED = "undetailed"
+
+    @property
+    def category(self) -> str:
+        """The short key the simulator counts failures by: cpu, memory, model, mig, node, gpu."""
+        return _CATEGORY.get(self, "gpu")
+
+
+_CATEGORY: dict[FitKind, str] = {
+    FitKind.UNKNOWN_NODE: "node",
+    FitKind.NO_NODES: "node",
+    FitKind.HOST_CPU: "cpu",
+    FitKind.HOST_MEMORY: "memory",
+    FitKind.MODEL_NOT_ACCEPTED: "model",
+    FitKind.INSUFFICIENT_MIG: "mig",
+    FitKind.NO_SUCH_MIG_INSTANCE: "mig",
+    FitKind.MIG_INSTANCE_HELD: "mig",
+    FitKind.MIG_ENABLED_CARD: "mig",
+}
+
+
+class Unit(enum.Enum):
+    MILLI_CPU = "milli-CPU"
+    MIB = "MiB"
+    MILLI_CARDS = "milli-cards"  # 1000 = one card; people read it as percent (1% = 10)
+    CARDS = "cards"
+    INSTANCES = "instances"
+
+
+@dataclass(frozen=True)
+class FitFailure:
+    """Why one node cannot host a pod (or why an assignment cannot be counted on it).
+
+    Fields a kind does not use keep their defaults; `FitKind` says which ones each uses."""
+
+    kind: FitKind
+    #: the resource that is short or missing: "cpu", "memory", a GPU resource name as the user
+    #: wrote it (empty for requests built without names, as in the simulator)
+    resource: str = ""
+    requested: int = 0
+    free: int = 0
+    capacity: int = 0
+    unit: Unit | None = None
+    #: the container whose request failed
+    container: str = ""
+    #: the card counts are among the models the pod accepts
+    among_accepted_models: bool = False
+    #: INSUFFICIENT_SHARE: the share asked of one card
+    per_card_milli: int = 0
+    per_card_mib: int = 0
+    #: MODEL_NOT_ACCEPTED: the node's models; RESOURCE_NOT_OFFERED: what the node offers
+    offered: tuple[str, ...] = ()
+    #: MODEL_NOT_ACCEPTED: the pod's accepted models (None: any) and refused ones
+    allowed: tuple[str, ...] | None = None
+    denied: tuple[str, ...] = ()
+    #: ledger kinds: the card index, the MIG instance, the pod holding it
+    card: int | None = None
+    instance: str = ""
+    holder: str = ""
+
+    @property
+    def category(self) -> str:
+        return self.kind.category
+
+
+@dataclass(frozen=True)
+class NoNodeFits:
+    """Why no node of the cluster can host a pod: nodes counted by the category of their first
+    failing check, and one example node of the most common category."""
+
+    pod: str
+    nodes: int
+    #: (category, nodes), most nodes first
+    counts: tuple[tuple[str, int], ...]
+    category: str
+    example_node: str | None = None
+    example: FitFailure | None = None
+
+
+class Unschedulable(Exception):
+    """No node (or not this node) can host the pod, or an assignment cannot be counted.
+
+    `failure` is the structured reason (for a whole-cluster failure: the example node's);
+    `category` is the short key failures are counted by; `reason` the sentence, formatted once
+    here from the structure."""
+
+    def __init__(self, failure: FitFailure, node: str | None = None,
+                 summary: NoNodeFits | None = None) -> None:
+        self.failure = failure
+        self.node = node
+        self.summary = summary
+        self.reason = describe_no_fit(summary) if summary is not None else describe_on(node, failure)
+        super().__init__(self.reason)
+
+    def __reduce__(self) -> tuple[type[Unschedulable], tuple[FitFailure, str | None, NoNodeFits | None]]:
+        # an exception pickles its args by default: keep the structure across processes
+        return (Unschedulable, (self.failure, self.node, self.summary))
+
+    @property
+    def category(self) -> str:
+        return self.summary.category if self.summary is not None else self.failure.category
+
+    @property
+    def kind(self) -> FitKind:
+        return self.failure.kind
+
+
+def compute_text(milli: int | Any) -> str:
+    """Compute as people write it: 500 milli-cards is "50% compute" (1% = 10 milli)."""
+    return f"{int(milli) / MILLI_PER_PERCENT:g}% compute"
+
+
+def _among(failure: FitFailure) -> str:
+    return " among the accepted models" if failure.among_accepted_models else ""
+
+
+def _accepted_text(failure: FitFailure) -> str:
+    if failure.allowed is not None:
+        text = " or ".join(sorted(failure.allowed))
+        if failure.denied:
+            text += " but not " + ", ".join(sorted(failure.denied))
+        return text
+    return "anything but " + ", ".join(sorted(failure.denied))
+
+
+def _container(failure: FitFailure) -> str:
+    return f"container {failure.container}" if failure.container else "the pod"
+
+
+def describe(failure: FitFailure) -> str:
+    """The failure as a sentence a person can act on. Never names the node (see module doc)."""
+    f = failure
+    kind = f.kind
+    if kind is FitKind.UNKNOWN_NODE:
+        return "node unknown to the GPU scheduler"
+    if kind is FitKind.NO_NODES:
+        return "there are no nodes"
+    if kind is FitKind.HOST_CPU:
+        return f"{f.free} milli-CPU free, {f.requested} asked"
+    if kind is FitKind.HOST_MEMORY:
+        return f"{f.free} MiB of memory free, {f.requested} asked"
+    if kind is FitKind.RESOURCE_NOT_OFFERED:
+        offered = ", ".join(f.offered) if f.offered else "no GPU resource"
+        return f"the node does not offer {f.resource} (it offers {offered})"
+    if kind is FitKind.NO_HEALTHY_GPU:
+        return f"no healthy GPU (0 of {f.capacity} cards)"
+    if kind is FitKind.MODEL_NOT_ACCEPTED:
+        return (f"the node has {', '.join(f.offered) or 'no'} cards; the pod accepts "
+                f"{_accepted_text(f)}")
+    if kind is FitKind.INSUFFICIENT_SHARE:
+        return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
+                f"{f.per_card_mib} MiB free{_among(f)} ({_container(f)})")
+    if kind is FitKind.INSUFFICIENT_CARDS:
+        return (f"{f.free} of {f.capacity} cards are entirely free{_among(f)}, "
+                f"{_container(f)} needs {f.requested}")
+    if kind is FitKind.INSUFFICIENT_MIG:
+        profile = f.resource.removeprefix("nvidia.com/mig-")
+        return (f"{f.free} of {f.capacity} MIG {profile} instances free, "
+                f"{_container(f)} needs {f.requested}")
+    if kind is FitKind.CARD_COMPUTE:
+        return (f"card {f.card} has {compute_text(f.free)} free, {compute_text(f.requested)} "
+                "asked")
+    if kind is FitKind.CARD_MEMORY:
+        return f"card {f.card} has {f.free} MiB free, {f.requested} asked"
+    if kind is FitKind.NO_SUCH_CARD:
+        return f"no card {f.card}"
+    if kind is FitKind.NO_SUCH_MIG_INSTANCE:
+        return f"card {f.card} has no MIG instance {f.instance}"
+    if kind is FitKind.MIG_INSTANCE_HELD:
+        return f"MIG instance {f.instance} is held by {f.holder}"
+    if kind is FitKind.MIG_ENABLED_CARD:
+        return f"card {f.card} is MIG-enabled; only its MIG instances can be given out"
+    assert kind is FitKind.UNDETAILED
+    return "no card has room for this GPU request (see the other nodes' reasons for detail)"
+
+
+def describe_on(node: str | None, failure: FitFailure) -> str:
+    """`describe`, with the node named in front when there is one (logs, bind errors)."""
+    if not node:
+        return describe(failure)
+    if failure.kind is FitKind.UNKNOWN_NODE:
+        return f"node {node} is unknown to the GPU scheduler"
+    return f"node {node}: {describe(failure)}"
+
+
+def describe_no_fit(summary: NoNodeFits) -> str:
+    counts = ", ".join(f"{n} {category}" for category, n in summary.counts)
+    text = f"0/{summary.nodes} nodes can host pod {summary.pod}"
+    if counts:
+        text += f" ({counts})"
+    if summary.example is not None:
+        text += f"; e.g. {describe_on(summary.example_node, summary.example)}"
+    return text
