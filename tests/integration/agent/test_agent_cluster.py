@@ -355,14 +355,19 @@ def client_with_token(k8s_cluster: Any, token: str) -> Any:
 
 
 def agent_token(k8s_cluster: Any, node: str | None) -> str:
-    """A token of deploy/agent's ServiceAccount; bound to `node` as the DaemonSet pod's
-    projected token is (kube-apiserver puts the node's name into the token's user info)."""
+    """A token of deploy/agent's ServiceAccount as the DaemonSet's pod gets it: bound to an
+    agent pod on `node` (kube-apiserver then puts the pod's node into the token's user
+    info). `node=None`: a plain token, bound to nothing."""
     args = ["create", "token", "egpu-agent", "-n", "kube-system"]
     if node is not None:
-        from lightkube.resources.core_v1 import Node as K8sNode
-
-        uid = k8s_cluster.client().get(K8sNode, node).metadata.uid
-        args += ["--bound-object-kind", "Node", "--bound-object-name", node,
+        client = k8s_cluster.client()
+        name = f"egpu-agent-{node}"
+        create(client, {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name, "namespace": "kube-system"},
+                        "spec": {"nodeName": node, "serviceAccountName": "egpu-agent",
+                                 "containers": [{"name": "agent", "image": "elastic-gpu"}]}})
+        uid = client.get(Pod, name, namespace="kube-system").metadata.uid
+        args += ["--bound-object-kind", "Pod", "--bound-object-name", name,
                  "--bound-object-uid", uid]
     return str(k8s_cluster.kubectl(*args).stdout.strip())
 
@@ -380,7 +385,8 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
         node: str, k8s_cluster: Any, k8s_namespace: str, plugin_dir: Path,
         kubelet: KubeletDouble) -> None:
     """The agent works with nothing but deploy/agent/agent.yaml's ServiceAccount, ClusterRole
-    and admission policy (a node-bound token of that account, not the admin certificate),
+    and admission policy (a token of that account bound to an agent pod on the node, as the
+    DaemonSet's pod has it; not the admin certificate),
     and that token cannot patch a CRD, write any pod, or write another node's objects."""
     from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
