@@ -145,7 +145,7 @@ class PodCache:
         listing = self.client.list(self._raw, namespace="*", fields={"spec.nodeName": self.node})
         pods = {}
         for pod in listing:
-            item = dict(pod)
+            item = _slim(dict(pod))
             pods[_uid(item)] = item
         with self._cond:
             self._pods = pods
@@ -162,7 +162,7 @@ class PodCache:
         for kind, obj in events:
             if self._stop.is_set():
                 return
-            item = dict(obj)
+            item = _slim(dict(obj))
             with self._cond:
                 self.resource_version = str(obj.metadata.resourceVersion)
                 if kind == "BOOKMARK":
@@ -173,6 +173,15 @@ class PodCache:
                     self._pods[_uid(item)] = item
                 self.version += 1
                 self._cond.notify_all()
+
+
+def _slim(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod without `metadata.managedFields` (often the largest part of a pod, and
+    nothing the agent reads), so the cache holds less than the API sends."""
+    meta = pod.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        pod["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return pod
 
 
 def _uid(pod: dict[str, Any]) -> str:

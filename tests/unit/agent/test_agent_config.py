@@ -215,3 +215,23 @@ def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
     path.write_text("timeSlicing:\n  replicas: 2\n  replicas: 4\n")
     with pytest.raises(ConfigError, match="key 'replicas' is given twice"):
         load_config(path)
+
+
+def test_the_deployed_rbac_is_least_privilege() -> None:
+    """No CRD rights, no pod writes (kept honest for real by
+    tests/integration/agent: test_deploy_rbac_is_enough_for_the_agent_and_no_more)."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[3]
+    docs = list(yaml.safe_load_all((root / "deploy/agent/agent.yaml").read_text()))
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    rights = {(group, res): set(rule["verbs"]) for rule in role["rules"]
+              for group in rule["apiGroups"] for res in rule["resources"]}
+    assert not [key for key in rights if key[0] == "apiextensions.k8s.io"]
+    assert rights[("", "pods")] == {"list", "watch"}
+    assert rights[("", "nodes")] == {"get"} and rights[("", "nodes/status")] == {"patch"}
+    assert "*" not in {verb for verbs in rights.values() for verb in verbs}
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]

@@ -19,7 +19,8 @@ def obj(name: str, rv: int, phase: str = "Pending") -> Any:
     return raw_pods().from_dict({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                     "resourceVersion": str(rv)},
+                     "resourceVersion": str(rv),
+                     "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]},
         "spec": {"nodeName": "n1"}, "status": {"phase": phase}})
 
 
@@ -100,4 +101,5 @@ def test_events_are_applied_in_order_and_wake_waiters() -> None:
     cache.stop()
     (pod,) = cache.pods()
     assert pod["metadata"]["name"] == "a" and pod["status"]["phase"] == "Running"
+    assert "managedFields" not in pod["metadata"]  # not kept: nothing reads it
     assert cache.resource_version == "9"  # the bookmark moves the version, not the pods
