@@ -1,20 +1,29 @@
 """Allocate latency of the node agent's device plugins, over real gRPC on a unix socket.
 
-    .venv/bin/python bench/agent_allocate.py [--calls 300] [--background 0,100]
+    .venv/bin/python bench/agent_allocate.py [--calls 300] [--background 0,100,100p]
 
 Prints p50/p99 (milliseconds) as a Markdown table, for
 - `time-sliced`: kubelet's device IDs are the allocation (no API call): the gRPC round trip
   plus building the container's environment;
-- `assigned, B pods`: the scheduler's assignment is looked up: a live LIST of this node's
-  pods from a real kube-apiserver (the development control plane), the match, and the PATCH
-  that marks the pod allocated; B is the number of other (already allocated) pods on the node.
-Each measured call serves a fresh pod created beforehand and deleted afterwards, outside the
-timing, so the node holds B + 1 pods during every call.
+- `assigned, B other pods`: the scheduler's assignment is looked up in the API of a real
+  kube-apiserver (the development control plane) by a running agent (`Agent` with an API
+  client: its inventory published, its pod watch running); B is the number of other pods on
+  the node, already served and Running, as on a busy node. `Bp` makes them Pending instead
+  (served, but not started yet: the worst case for an Allocate that lists Pending pods).
+Each measured call serves a fresh Pending pod created beforehand and deleted afterwards,
+outside the timing, so the node holds B + 1 pods during every call.
+
+The script only uses what both the agent before issue 12 (live LIST of all the node's pods,
+then a PATCH marking the pod) and after it (live LIST of the node's Pending pods, nothing
+written) offer, so one file measures both: run it with either tree first on PYTHONPATH.
+The other pods carry the old agent's `elasticgpu.io/allocated` mark, so that the old agent
+too skips them as already served.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
@@ -26,9 +35,8 @@ import grpc
 
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.fake import FakeBackend
-from elastic_gpu.agent.matching import with_mark
+from elastic_gpu.agent.inventory_api import ensure_crd
 from elastic_gpu.agent.plugin import socket_name
-from elastic_gpu.agent.pods import ApiPods
 from elastic_gpu.agent.proto import api_pb2, api_pb2_grpc
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
@@ -81,26 +89,37 @@ def pod(name: str, card: int, marked: bool) -> dict[str, Any]:
     share = CardShare(card, f"GPU-fake-{NODE}-{card}", 100, 0)
     annotations = {ann.ASSIGNMENT: Assignment(NODE, {"main": (share,)}).to_json()}
     if marked:
-        annotations[ann.ALLOCATED] = with_mark({}, "main", CORE)
+        annotations[ann.ALLOCATED] = json.dumps({"main": [CORE]})
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": annotations},
             "spec": {"nodeName": NODE, "containers": [{
                 "name": "main", "image": "bench", "resources": {"limits": {CORE: "10"}}}]}}
 
 
-def bench_assigned(client: Any, calls: int, background: int, run: int) -> tuple[float, float]:
+def bench_assigned(client: Any, calls: int, background: int, running: bool,
+                   run: int) -> tuple[float, float]:
     from lightkube import codecs
     from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
 
-    for i in range(background):
-        client.create(codecs.from_dict(pod(f"bg-{run}-{i}", i % 8, marked=True)))
     plugin_dir = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
-    agent = Agent(parse_config({"healthCheck": {"enabled": False}}),
-                  FakeBackend.from_dict(INVENTORY, NODE), NODE, pods=ApiPods(client),
+    agent = Agent(parse_config({"healthCheck": {"enabled": False}, "syncSeconds": 3600}),
+                  FakeBackend.from_dict(INVENTORY, NODE), NODE, client=client,
                   plugin_dir=plugin_dir)
     agent.start()
     try:
         channel, stub = stub_for(plugin_dir, CORE)
+        for i in range(background):
+            name = f"bg-{run}-{i}"
+            if running:
+                # served long ago and running (the old agent's mark says "served" to it)
+                client.create(codecs.from_dict(pod(name, i % 8, marked=True)))
+                client.patch(Pod.Status, name, {"status": {"phase": "Running"}},
+                             namespace="default", patch_type=PatchType.MERGE)
+            else:
+                # served by this agent just now, not started yet: still Pending
+                client.create(codecs.from_dict(pod(name, i % 8, marked=False)))
+                allocate(stub, [f"0-{k}" for k in range(10)])
         samples = []
         for i in range(calls + 10):
             name = f"p-{run}-{i}"
@@ -121,10 +140,13 @@ def bench_assigned(client: Any, calls: int, background: int, run: int) -> tuple[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--background", default="0,100",
-                        help="comma list of other pods on the node, one assigned run each")
+    parser.add_argument("--background", default="0,100,100p",
+                        help="comma list of other pods on the node, one assigned run each; "
+                             "N: Running, Np: Pending")
     args = parser.parse_args()
     rows = [("time-sliced (no API)", *bench_time_sliced(args.calls))]
+    from lightkube import codecs
+
     from elastic_gpu.devcluster.controlplane import ControlPlane
 
     with tempfile.TemporaryDirectory(prefix="egpu-bench-cp-") as tmp:
@@ -132,9 +154,18 @@ def main() -> None:
         plane.start(scheduler=False, kwok_enabled=False)
         try:
             client = plane.client()
-            for run, background in enumerate(int(b) for b in args.background.split(",")):
-                rows.append((f"assigned, {background} other pods on the node",
-                             *bench_assigned(client, args.calls, background, run)))
+            ensure_crd(client)  # what `kubectl apply -f deploy/crds/` does at install time
+            capacity = {"cpu": "64", "memory": "512Gi", "pods": "500"}
+            client.create(codecs.from_dict({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+                "status": {"capacity": capacity, "allocatable": capacity}}))
+            for run, spec in enumerate(args.background.split(",")):
+                running = not spec.endswith("p")
+                background = int(spec.rstrip("p"))
+                state = "Running" if running else "Pending"
+                label = f"{background} other pods ({state})" if background else "0 other pods"
+                rows.append((f"assigned, {label}",
+                             *bench_assigned(client, args.calls, background, running, run)))
         finally:
             plane.stop()
     print(f"Allocate latency, {args.calls} calls each (ms)\n")

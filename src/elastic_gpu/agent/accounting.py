@@ -2,22 +2,68 @@
 
 These sums are the GPUDevice allocation columns. Only pods that still hold their cards count:
 bound to this node, not finished, not being deleted.
+
+A share counts what it says (milli and MiB). A MIG instance counts its slices' fraction of
+the card's compute (a 3g instance of a 7-slice card: 3/7 of it) and the profile's memory: the
+scheduler writes MIG shares with no milli, since MIG instances are sold whole, which made a
+fully carved-up card read 0 %. A whole card counts 100 % and its memory (as the scheduler
+writes it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_gpu.agent.matching import TERMINAL_PHASES
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.model import Card
+from elastic_gpu.core.resources import MigProfile, ResourceError
+
+#: Compute slices of a MIG-capable card: 7 GPCs on A100, H100, H200, B200 (and the GH/GB
+#: variants); the A30 has 4.
+MIG_SLICES = 7
+MIG_SLICES_BY_MODEL = {"A30": 4}
 
 
-def allocation_by_card(pods: Iterable[Mapping[str, Any]], node: str) -> dict[int, tuple[int, int]]:
-    """{card index: (milli, memory MiB)} held by pods on `node`; bad annotations are skipped
-    (the scheduler and webhook report them; accounting must not stop on one pod)."""
-    totals: dict[int, tuple[int, int]] = {}
+def mig_slices(card: Card) -> int:
+    """How many compute slices `card` has (the denominator of an instance's fraction)."""
+    total = next((n for key, n in MIG_SLICES_BY_MODEL.items() if key in card.model.upper()),
+                 MIG_SLICES)
+    # A placement past the table's count means the table is wrong for this model: trust
+    # the instances the driver reported.
+    return max([total, *(inst.start + inst.profile.slices for inst in card.mig)])
+
+
+@dataclass
+class CardUse:
+    """What pods hold of one card."""
+
+    milli: int = 0
+    memory_mib: int = 0
+    #: `<namespace>/<pod> (<container>)`, every holder, in order.
+    holders: list[str] = field(default_factory=list)
+
+
+def share_use(share: CardShare, card: Card | None) -> tuple[int, int]:
+    """(milli, MiB) one share takes of its card."""
+    if share.mig_profile is None or card is None:
+        return share.milli, share.memory_mib
+    try:
+        profile = MigProfile.parse(share.mig_profile)
+    except ResourceError:
+        return share.milli, share.memory_mib
+    milli = card.compute_milli * profile.slices // mig_slices(card)
+    return max(share.milli, milli), max(share.memory_mib, profile.memory_gb * 1024)
+
+
+def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
+                 ) -> Iterable[tuple[str, Assignment]]:
+    """(`<namespace>/<pod>`, assignment) of the pods on `node` that hold cards: bound here,
+    not finished, not being deleted, with a readable assignment for this node. Bad
+    annotations are skipped (the scheduler reports them; accounting must not stop on one)."""
     for pod in pods:
         meta = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):
@@ -31,9 +77,30 @@ def allocation_by_card(pods: Iterable[Mapping[str, Any]], node: str) -> dict[int
             assignment = Assignment.from_json(raw)
         except AssignmentError:
             continue
-        if assignment.node != node:
-            continue
-        for share in assignment.shares():
-            milli, memory = totals.get(share.index, (0, 0))
-            totals[share.index] = (milli + share.milli, memory + share.memory_mib)
-    return totals
+        if assignment.node == node:
+            yield f"{meta.get('namespace')}/{meta.get('name')}", assignment
+
+
+def card_usage(pods: Iterable[Mapping[str, Any]], node: str,
+               cards: Mapping[int, Card]) -> dict[int, CardUse]:
+    """{card index: CardUse} held by pods on `node`; `cards` gives MIG geometry (cards not
+    in it are counted as their shares say)."""
+    usage: dict[int, CardUse] = {}
+    for name, assignment in sorted(holding_pods(pods, node), key=lambda item: item[0]):
+        for container, shares in sorted(assignment.containers.items()):
+            for share in shares:
+                use = usage.setdefault(share.index, CardUse())
+                milli, memory = share_use(share, cards.get(share.index))
+                use.milli += milli
+                use.memory_mib += memory
+                holder = f"{name} ({container})"
+                if holder not in use.holders:
+                    use.holders.append(holder)
+    return usage
+
+
+def allocation_by_card(pods: Iterable[Mapping[str, Any]], node: str,
+                       cards: Mapping[int, Card] | None = None) -> dict[int, tuple[int, int]]:
+    """{card index: (milli, memory MiB)}: `card_usage` without the holders."""
+    return {index: (use.milli, use.memory_mib)
+            for index, use in card_usage(pods, node, cards or {}).items()}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import PluginKind, ResourcePlan
@@ -16,7 +17,7 @@ from elastic_gpu.agent.grant import (
     build_grant,
     whole_shares,
 )
-from elastic_gpu.agent.matching import AllocateError, candidates, choose, with_mark
+from elastic_gpu.agent.matching import AllocateError, candidates, choose
 from elastic_gpu.agent.pods import PodSource
 from elastic_gpu.agent.state import NodeState
 
@@ -33,8 +34,9 @@ class Allocator:
         self.files = files
         self.pods = pods
         # kubelet calls Allocate one container at a time, but several plugins share this
-        # object: one lock keeps list -> choose -> mark atomic across them.
+        # object: one lock keeps list -> choose -> remember atomic across them.
         self._lock = threading.Lock()
+        #: (pod uid, container, resource) served, for pods still Pending (see `_forget`).
         self._done: set[tuple[str, str, str]] = set()
 
     def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
@@ -60,22 +62,36 @@ class Allocator:
         container really gets; Allocate does not depend on it."""
         if plan.kubelet_chooses or self.pods is None:
             return None
-        with self._lock:
+        # The watch cache first: a stale answer only steers kubelet's device choice, which
+        # Allocate does not depend on. When the cache has no single answer yet (the pod was
+        # bound a moment ago), the live list of Pending pods, as Allocate reads it.
+        chosen = None
+        for read in (self.pods.on_node, self.pods.pending_on_node):
             try:
-                pods = self.pods.list_on_node(self.node)
+                pods = read(self.node)
             except Exception:
-                return None
-            found, problems = candidates(pods, self.node, plan.resource, size, self._done)
-            try:
-                chosen = choose(found, problems, self.node, plan.resource, size)
-            except AllocateError:
-                return None
+                continue
+            with self._lock:
+                found, problems = candidates(pods, self.node, plan.resource, size, self._done)
+                try:
+                    chosen = choose(found, problems, self.node, plan.resource, size)
+                    break
+                except AllocateError:
+                    continue
+        if chosen is None:
+            return None
         units = plan.by_id()
         migs = {s.mig_uuid for s in chosen.shares if s.mig_uuid}
         cards = {s.index for s in chosen.shares}
         picked = [d for d in available if d in units and
                   (units[d].mig_uuid in migs if migs else units[d].card in cards)]
         return picked[:size] if len(picked) >= size else None
+
+    def _forget(self, pending: Sequence[Mapping[str, Any]]) -> None:
+        """Drop what was served to pods no longer Pending: a pod never returns to Pending,
+        so they can never be a candidate again, and the set stays as small as the list."""
+        uids = {str((pod.get("metadata") or {}).get("uid", "")) for pod in pending}
+        self._done = {key for key in self._done if key[0] in uids}
 
     def _kubelet_choice(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
         units = plan.by_id()
@@ -98,7 +114,12 @@ class Allocator:
         if self.pods is None:
             raise AllocateError(f"{plan.resource}: no API access to find the pod's assignment")
         with self._lock:
-            pods = self.pods.list_on_node(self.node)
+            try:
+                pods = self.pods.pending_on_node(self.node)
+            except Exception as err:
+                raise AllocateError(f"{plan.resource}: cannot list this node's pending pods: "
+                                    f"{err}") from None
+            self._forget(pods)
             found, problems = candidates(pods, self.node, plan.resource, count, self._done)
             chosen = choose(found, problems, self.node, plan.resource, count)
             if plan.kind in (PluginKind.WHOLE, PluginKind.MIG) and len(chosen.shares) != count:
@@ -109,14 +130,6 @@ class Allocator:
                                     "assignment names no MIG instance")
             grant = build_grant(chosen.shares, self.state.cards(), self.config, self.visible_env,
                                 self.files)
-            # Record before answering: if the mark cannot be written, kubelet gets an error
-            # and retries, instead of a restarted agent handing these cards out again.
-            try:
-                self.pods.mark_allocated(chosen.namespace, chosen.pod,
-                                         with_mark(chosen.allocated, chosen.container,
-                                                   plan.resource))
-            except Exception as err:
-                raise AllocateError(f"cannot mark {chosen.describe()} allocated: {err}") from None
             self._done.add((chosen.uid, chosen.container, plan.resource))
             log.info("Allocate %s x%d -> %s", plan.resource, count, chosen.describe())
             return grant

@@ -3,18 +3,34 @@
 In the spirit of NVIDIA's device plugin config (`sharing.timeSlicing`, `migStrategy`) and the
 IX (Iluvatar) plugin's (`splitBoard`): every key is camelCase, unknown keys are errors (a typo
 must not silently fall back to a default), and a broken file is reported with the path of
-the offending field, e.g. ``timeSlicing.replicas: Input should be greater than or equal to 1``.
-The full reference is docs/agent.md.
+the offending field, the value found and the rule it breaks, e.g.
+``splitBoard: got 'yes' (a string): must be true or false``.
+
+Types are strict: a bool is only `true`/`false`, an integer only an unquoted whole number, a
+number only an unquoted number, a string only a string; enums take exactly their documented
+values and paths are strings. The YAML reader follows YAML 1.2's core schema for scalars, so
+`yes`/`on`/`no`, `010` (octal in YAML 1.1), `1_000` or `1:30` (sexagesimal) are strings and
+then refused by the field they are given to, never silently converted; a key given twice is
+an error too. The full reference is docs/agent.md.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from elastic_gpu.core.resources import (
     GPU_CORE,
@@ -52,8 +68,25 @@ class SharingMode(enum.Enum):
     MPS = "mps"
 
 
+def _text_only(value: Any) -> Any:
+    """Enums and paths are written as YAML strings; pydantic's lax mode would also take other
+    types for some of them (bytes for a path), strict mode none at all (it wants the Python
+    object). Strings, or the object itself when built in Python, are the only inputs."""
+    if isinstance(value, str | Path | enum.Enum):
+        return value
+    raise ValueError("must be a string")
+
+
+# Enums from their string values, paths from strings: lax parsing after a string-only check.
+Backend = Annotated[BackendKind, Field(strict=False), BeforeValidator(_text_only)]
+Mig = Annotated[MigStrategy, Field(strict=False), BeforeValidator(_text_only)]
+Sharing = Annotated[SharingMode, Field(strict=False), BeforeValidator(_text_only)]
+YamlPath = Annotated[Path, Field(strict=False), BeforeValidator(_text_only)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True,
+                              allow_inf_nan=False)
 
 
 class ResourcesConfig(_Strict):
@@ -116,7 +149,7 @@ class MpsConfig(_Strict):
 
 
 class SharingConfig(_Strict):
-    mode: SharingMode = SharingMode.ACCOUNTING
+    mode: Sharing = SharingMode.ACCOUNTING
     mps: MpsConfig = Field(default_factory=MpsConfig)
 
 
@@ -134,20 +167,20 @@ class HealthConfig(_Strict):
 class FakeConfig(_Strict):
     #: YAML inventory of the fake backend (see docs/agent.md); re-read when it changes, so
     #: editing its `health:` list injects health changes.
-    inventory: Path
+    inventory: YamlPath
 
 
 class AgentConfig(_Strict):
-    backend: BackendKind = BackendKind.NVML
+    backend: Backend = BackendKind.NVML
     fake: FakeConfig | None = None
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     #: Multi-chip boards: False advertises a board as one device, True each chip.
     splitBoard: bool = False
     timeSlicing: TimeSlicingConfig = Field(default_factory=TimeSlicingConfig)
-    migStrategy: MigStrategy = MigStrategy.NONE
+    migStrategy: Mig = MigStrategy.NONE
     sharing: SharingConfig = Field(default_factory=SharingConfig)
     deviceSpecs: bool = True
-    devicePluginDir: Path = Path(DEFAULT_PLUGIN_DIR)
+    devicePluginDir: YamlPath = Path(DEFAULT_PLUGIN_DIR)
     healthCheck: HealthConfig = Field(default_factory=HealthConfig)
     #: How often pods' assignments are summed into the inventory's allocation columns.
     syncSeconds: float = Field(default=10.0, gt=0)
@@ -169,12 +202,82 @@ class AgentConfig(_Strict):
         return self.resources.gpu
 
 
+#: Clearer rules for pydantic's type errors (the rest keep pydantic's wording, which already
+#: states the rule: "Input should be greater than or equal to 1", "'none', 'single' or ...").
+_RULES = {
+    "bool_type": "must be true or false",
+    "int_type": "must be a whole number written without quotes",
+    "float_type": "must be a number written without quotes",
+    "finite_number": "must be a finite number",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "model_type": "must be a mapping of settings",
+    "dict_type": "must be a mapping of settings",
+    "extra_forbidden": "is not a known key (check the spelling; Extra inputs are not permitted)",
+    "missing": "is required",
+}
+
+_YAML_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping", type(None): "null"}
+
+
+def _describe(value: Any) -> str:
+    kind = _YAML_TYPES.get(type(value), type(value).__name__)
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({kind})"
+
+
 def _format(err: ValidationError) -> str:
     lines = []
     for item in err.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        lines.append(f"  {where}: {item['msg']}")
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"])
+        where = where.removeprefix(".") or "(top level)"
+        rule = _RULES.get(item["type"], str(item["msg"]).removeprefix("Value error, "))
+        if item["type"] == "missing" or not item["loc"]:
+            lines.append(f"  {where}: {rule}")
+        else:
+            lines.append(f"  {where}: got {_describe(item['input'])}: {rule}")
     return "\n".join(lines)
+
+
+class _StrictYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 core-schema scalars and no duplicate keys.
+
+    PyYAML implements YAML 1.1, where `yes`, `on`, `no`, `off` are booleans, `010` is octal 8,
+    `1_000` is 1000 and `1:30` is 90. A config reader must not guess like that: here only
+    true/false (any case of YAML 1.2's spellings) are booleans, only plain decimal integers
+    are integers, and everything else stays a string for the field's own check to refuse."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_REPLACED = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_StrictYamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _REPLACED]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"))
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:0|-?[1-9][0-9]*)$"), list("-0123456789"))
+_StrictYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?$"), list("-0123456789"))
+
+
+def read_yaml(text: str) -> Any:
+    """One YAML document with the strict scalar rules of `_StrictYamlLoader`."""
+    return yaml.load(text, Loader=_StrictYamlLoader)
 
 
 def parse_config(data: Any, source: str = "config") -> AgentConfig:
@@ -195,7 +298,7 @@ def load_config(path: Path) -> AgentConfig:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read the agent config: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     config = parse_config(data, str(path))

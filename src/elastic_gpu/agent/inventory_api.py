@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.core.model import Node
 from elastic_gpu.k8s import gpudevice as gd
 
@@ -27,8 +28,32 @@ class InventoryApiError(RuntimeError):
     pass
 
 
+#: What an operator applies before the agent runs (the agent does not install CRDs).
+CRD_FILE = "deploy/crds/gpudevices.yaml"
+
+
+def require_crd(client: Any) -> None:
+    """Fail clearly when the GPUDevice CRD is not installed. The agent does not create it:
+    CRDs are cluster-wide objects that an installer applies once (`kubectl apply -f
+    deploy/crds/gpudevices.yaml`), and a DaemonSet allowed to write CRDs could rewrite any
+    of them. This check needs only `list gpudevices`, which the agent has anyway."""
+    from lightkube.core.exceptions import ApiError
+
+    try:
+        for _ in client.list(GPUDevice, chunk_size=1):
+            break
+    except ApiError as err:
+        if err.status.code == 404:
+            raise InventoryApiError(
+                f"the GPUDevice CRD ({gd.CRD_NAME}) is not installed; apply it first: "
+                f"kubectl apply -f {CRD_FILE}") from None
+        raise
+
+
 def ensure_crd(client: Any, timeout_s: float = 30.0) -> None:
-    """Create (or update) the GPUDevice CRD and wait until the API serves it."""
+    """Create (or update) the GPUDevice CRD and wait until the API serves it: what
+    `kubectl apply -f deploy/crds/gpudevices.yaml` does at install time, for the sandbox and
+    the tests (an installer's credentials). The agent never calls it (`require_crd`)."""
     from lightkube import codecs
     from lightkube.core.exceptions import ApiError
     from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
@@ -115,20 +140,16 @@ def publish_health(client: Any, node: Node, reasons: Mapping[int, str]) -> None:
                        "lastHeartbeat": gd.now_rfc3339()})
 
 
-def publish_allocations(client: Any, node: Node,
-                        allocated: Mapping[int, tuple[int, int]]) -> None:
-    """Allocation columns (and the heartbeat) of each card from pods' assignments."""
+def publish_allocations(client: Any, node: Node, usage: Mapping[int, CardUse]) -> None:
+    """Allocation columns, holders (and the heartbeat) of each card from pods' assignments."""
     for card in node.cards:
-        milli, memory = allocated.get(card.index, (0, 0))
-        patch_allocation(client, gd.object_name(node.name, card.index), milli, memory,
-                         card.compute_milli)
+        patch_allocation(client, gd.object_name(node.name, card.index), card.compute_milli,
+                         usage.get(card.index, CardUse()))
 
 
-def patch_allocation(client: Any, name: str, milli: int, memory_mib: int,
-                     compute_milli: int) -> None:
+def patch_allocation(client: Any, name: str, compute_milli: int, use: CardUse) -> None:
     _patch_status(client, name, {
-        "allocatedMilli": milli, "allocatedMemoryMiB": memory_mib,
-        "allocatedPercent": milli * 100 // max(compute_milli, 1),
+        **gd.allocation_status(compute_milli, use.milli, use.memory_mib, use.holders),
         "lastHeartbeat": gd.now_rfc3339()})
 
 

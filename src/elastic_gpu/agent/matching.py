@@ -6,19 +6,24 @@ the Binding, so by the time kubelet admits the pod the annotation is in the API.
 is a container of a pod that
 - is bound to this node, not terminating, not finished, and its assignment is for this node;
 - asks for exactly N of R (the count kubelet passes is the container's quantity of R);
-- has cards in the assignment and no `elasticgpu.io/allocated` mark for R yet.
+- has cards in the assignment and has not been served R by this agent yet (`done`).
 One candidate: it is the one. Several candidates that would all get the very same cards and
 shares: any of them (the earliest) is right, because the answer does not depend on the
 choice. Several candidates that would get different cards: REFUSE with an error naming them;
 kubelet then fails that pod's admission (the pod can be recreated) instead of a container
-silently getting another pod's card. After a match the agent records the mark on the pod
-before answering, so a restarted agent never hands the same assignment out twice.
+silently getting another pod's card.
+
+The pods come from a live list of the node's Pending pods (see pods.py), so the pod kubelet
+admits is always among them. `done` is the agent's memory of what it served; nothing is
+written to the pod. An agent restarted between a pod's Allocate and its start forgets that
+pod: if another Pending pod then asks for the same count of R with different cards, the two
+are ambiguous and Allocate refuses (a pod fails admission and is recreated); it never
+guesses, so forgetting costs at worst a refusal, never a wrong card.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +32,8 @@ from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: Candidates named in an ambiguity error (the message goes to kubelet's event and log).
+MAX_NAMED = 5
 
 
 class AllocateError(RuntimeError):
@@ -41,7 +48,6 @@ class Candidate:
     container: str
     created: str
     shares: tuple[CardShare, ...]
-    allocated: Mapping[str, tuple[str, ...]]
 
     @property
     def key(self) -> tuple[str, str]:
@@ -50,26 +56,6 @@ class Candidate:
     def describe(self) -> str:
         cards = ",".join(str(s.index) for s in self.shares)
         return f"{self.namespace}/{self.pod}[{self.container}] (cards {cards})"
-
-
-def allocated_marks(annotations: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
-    """The `elasticgpu.io/allocated` annotation: {container: [resources handed out]}."""
-    raw = annotations.get(ann.ALLOCATED)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): tuple(str(r) for r in v) for k, v in data.items() if isinstance(v, list)}
-
-
-def with_mark(marks: Mapping[str, Sequence[str]], container: str, resource: str) -> str:
-    merged = {k: sorted(set(v)) for k, v in marks.items()}
-    merged[container] = sorted({*merged.get(container, []), resource})
-    return json.dumps(merged, separators=(",", ":"), sort_keys=True)
 
 
 def container_quantity(container: Mapping[str, Any], resource: str) -> int | None:
@@ -86,7 +72,7 @@ def container_quantity(container: Mapping[str, Any], resource: str) -> int | Non
 
 
 def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, count: int,
-               done: set[tuple[str, str, str]]) -> tuple[list[Candidate], list[str]]:
+               done: Collection[tuple[str, str, str]]) -> tuple[list[Candidate], list[str]]:
     """Containers that may be the one Allocate serves, and problems seen on the way."""
     found: list[Candidate] = []
     problems: list[str] = []
@@ -108,20 +94,19 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
         if assignment.node != node:
             problems.append(f"{name}: assignment is for node {assignment.node}, not {node}")
             continue
-        marks = allocated_marks(annotations)
         uid = str(meta.get("uid", ""))
         for container in spec.get("containers") or []:
             cname = str(container.get("name", ""))
             if container_quantity(container, resource) != count:
                 continue
-            if resource in marks.get(cname, ()) or (uid, cname, resource) in done:
+            if (uid, cname, resource) in done:
                 continue
             shares = assignment.containers.get(cname)
             if not shares:
                 problems.append(f"{name}[{cname}] asks for {resource} but has no cards assigned")
                 continue
             found.append(Candidate(str(meta.get("namespace", "")), str(meta.get("name", "")), uid,
-                                   cname, str(meta.get("creationTimestamp", "")), shares, marks))
+                                   cname, str(meta.get("creationTimestamp", "")), shares))
     return found, problems
 
 
@@ -134,7 +119,9 @@ def choose(found: Sequence[Candidate], problems: Sequence[str], node: str, resou
                             f"Elastic GPU assignment{hint}")
     outcomes = {c.shares for c in found}
     if len(outcomes) > 1:
-        names = ", ".join(c.describe() for c in found)
+        names = ", ".join(c.describe() for c in found[:MAX_NAMED])
+        if len(found) > MAX_NAMED:
+            names += f" and {len(found) - MAX_NAMED} more"
         raise AllocateError(f"ambiguous Allocate of {count} {resource}: {names} all wait for it "
                             "with different cards; refusing rather than guessing")
     return min(found, key=lambda c: (c.created, c.namespace, c.pod, c.container))

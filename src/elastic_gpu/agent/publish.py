@@ -94,7 +94,9 @@ _crd_lock = threading.Lock()
 
 def publish_fake_node(client: Any, inventory: Node, config: AgentConfig | None = None) -> NodeSnapshot:
     """Publish a fake (kwok) node's cards through the fake backend: the sandbox's entry point.
-    Creates the GPUDevice CRD on first use with this client."""
+    Installs the GPUDevice CRD on first use with this client, as `kubectl apply -f
+    deploy/crds/gpudevices.yaml` would: the sandbox is the installer here (admin
+    credentials), not an agent."""
     from elastic_gpu.agent.fake import FakeBackend
 
     with _crd_lock:
@@ -108,34 +110,45 @@ def publish_fake_node(client: Any, inventory: Node, config: AgentConfig | None =
 
 def publish_node(client: Any, backend: Backend, config: AgentConfig, node_name: str) -> NodeSnapshot:
     """Discover, then publish GPUDevices and Node capacity; returns what was published.
-    The GPUDevice CRD must exist (`inventory_api.ensure_crd`)."""
+    The GPUDevice CRD must be installed (deploy/crds/gpudevices.yaml; the agent checks with
+    `inventory_api.require_crd` at start)."""
     snap = discover(backend, config, node_name)
     publish_snapshot(client, snap, config)
     return snap
 
 
 def sync_fake_allocations(client: Any) -> int:
-    """Allocation columns of every GPUDevice from all pods' assignments, in two LISTs; only
-    cards whose columns changed are written. For nodes no agent runs on (kwok nodes of the
-    sandbox); a real node's agent keeps its own cards current. Returns the cards written."""
-    from elastic_gpu.agent.accounting import allocation_by_card
+    """Allocation columns and holders of every GPUDevice from all pods' assignments, in two
+    LISTs; only cards whose columns changed are written. For nodes no agent runs on (kwok
+    nodes of the sandbox); a real node's agent keeps its own cards current. Returns the cards
+    written."""
+    from elastic_gpu.agent.accounting import CardUse, card_usage
     from elastic_gpu.agent.inventory_api import GPUDevice, patch_allocation
     from elastic_gpu.agent.pods import raw_pods
+    from elastic_gpu.k8s.gpudevice import GPUDeviceError, allocation_status, card_from_object
 
     pods_by_node: dict[str, list[dict[str, Any]]] = {}
     for pod in client.list(raw_pods(), namespace="*"):
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
             pods_by_node.setdefault(str(node), []).append(dict(pod))
-    totals = {node: allocation_by_card(pods, node) for node, pods in pods_by_node.items()}
-    written = 0
+    cards_by_node: dict[str, dict[int, Any]] = {}
+    devices = []
     for device in client.list(GPUDevice):
-        spec = device.get("spec") or {}
+        try:
+            node, card = card_from_object(device)
+        except GPUDeviceError:
+            continue  # not ours to repair; the scheduler reports it
+        cards_by_node.setdefault(node, {})[card.index] = card
+        devices.append((device, node, card))
+    usage = {node: card_usage(pods_by_node.get(node, []), node, cards)
+             for node, cards in cards_by_node.items()}
+    written = 0
+    for device, node, card in devices:
+        use = usage[node].get(card.index, CardUse())
+        wanted = allocation_status(card.compute_milli, use.milli, use.memory_mib, use.holders)
         status = device.get("status") or {}
-        milli, memory = totals.get(str(spec.get("node")), {}).get(int(spec.get("index", -1)),
-                                                                 (0, 0))
-        if (status.get("allocatedMilli"), status.get("allocatedMemoryMiB")) != (milli, memory):
-            patch_allocation(client, device.metadata.name, milli, memory,
-                             int(spec.get("computeMilli") or 1000))
+        if any(status.get(key) != value for key, value in wanted.items()):
+            patch_allocation(client, device.metadata.name, card.compute_milli, use)
             written += 1
     return written

@@ -7,15 +7,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.accounting import allocation_by_card
+from elastic_gpu.agent.accounting import CardUse, card_usage
 from elastic_gpu.agent.allocator import Allocator
 from elastic_gpu.agent.backend import Backend, BackendError
 from elastic_gpu.agent.config import AgentConfig, BackendKind
 from elastic_gpu.agent.grant import DeviceFiles
-from elastic_gpu.agent.inventory_api import ensure_crd, publish_allocations, publish_health
+from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
 from elastic_gpu.agent.manager import PluginManager
 from elastic_gpu.agent.plugin import PluginServer
-from elastic_gpu.agent.pods import ApiPods, PodSource
+from elastic_gpu.agent.pods import ApiPods, PodCache, PodSource
 from elastic_gpu.agent.publish import (
     NodeSnapshot,
     discover,
@@ -54,8 +54,10 @@ class Agent:
         files = DeviceFiles({chip.uuid: backend.device_nodes(chip)
                              for lc in self.snapshot.cards for chip in lc.chips},
                             backend.control_nodes())
+        self.pod_cache: PodCache | None = None
         if pods is None and client is not None:
-            pods = ApiPods(client)
+            self.pod_cache = PodCache(client, node_name)
+            pods = ApiPods(client, self.pod_cache)
         self.pods = pods
         self.allocator = Allocator(node_name, config, self.state, backend.visible_devices_env,
                                    files, pods)
@@ -74,8 +76,11 @@ class Agent:
 
     def start(self) -> None:
         if self.client is not None:
-            ensure_crd(self.client)
+            # The CRD comes from deploy/crds at install time; the agent may not write CRDs.
+            require_crd(self.client)
             publish_snapshot(self.client, self.current(), self.config, self.reasons())
+        if self.pod_cache is not None:
+            self.pod_cache.start()
         self.manager.start()
         if self.config.healthCheck.enabled:
             self._spawn("health", self._health_loop)
@@ -91,6 +96,8 @@ class Agent:
         self._stop.set()
         for thread in self._threads:
             thread.join(self.config.healthCheck.pollSeconds + 5)
+        if self.pod_cache is not None:
+            self.pod_cache.stop()
         self.manager.stop()
         self.backend.close()
 
@@ -122,16 +129,18 @@ class Agent:
                 except Exception:
                     log.exception("publishing health")
 
-    def sync_allocations(self) -> dict[int, tuple[int, int]]:
-        """Allocation columns and heartbeat; re-assert the Node's GPU capacity (a kubelet
-        restart zeroes extended resources)."""
+    def sync_allocations(self) -> dict[int, CardUse]:
+        """Allocation columns, holders and heartbeat (pods from the watch cache once it has
+        synced); re-assert the Node's GPU capacity (a kubelet restart zeroes extended
+        resources)."""
         assert self.client is not None and self.pods is not None
-        allocated = allocation_by_card(self.pods.list_on_node(self.node_name), self.node_name)
         snap = self.current()
-        publish_allocations(self.client, snap.node, allocated)
+        usage = card_usage(self.pods.on_node(self.node_name), self.node_name,
+                           {card.index: card for card in snap.node.cards})
+        publish_allocations(self.client, snap.node, usage)
         patch_node_capacity(self.client, self.node_name, snap.capacity, snap.allocatable,
                             self.config)
-        return allocated
+        return usage
 
     def _sync_loop(self) -> None:
         while not self._stop.wait(self.config.syncSeconds):

@@ -10,12 +10,13 @@ deploy/crds/gpudevices.yaml is its YAML form (a unit test keeps the two identica
     spec: {node, index, uuid, model, memoryMiB, computeMilli, numaNode, board,
            links: [{peer, kind, count}], mig: [{profile, uuid, start}]}
     status: {health: Healthy|Unhealthy, reason, allocatedMilli, allocatedMemoryMiB,
-             allocatedPercent, lastHeartbeat}
+             allocatedPercent, pods: ["<namespace>/<pod> (<container>)", ...], podCount,
+             lastHeartbeat}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,14 +64,35 @@ def card_spec(node: str, card: Card) -> dict[str, Any]:
     }
 
 
+#: At most this many holders are listed in `status.pods` (`status.podCount` has them all):
+#: an object read by every `kubectl get` stays small on a card shared by a hundred pods.
+MAX_LISTED_PODS = 8
+
+
+def allocation_status(compute_milli: int, allocated_milli: int, allocated_memory_mib: int,
+                      holders: Sequence[str] = ()) -> dict[str, Any]:
+    """The allocation part of a card's status: compute (milli and percent of the card),
+    memory, and who holds it (`<namespace>/<pod> (<container>)`, the first MAX_LISTED_PODS
+    in order, then `+N more`; `podCount` counts them all)."""
+    listed = list(holders[:MAX_LISTED_PODS])
+    if len(holders) > MAX_LISTED_PODS:
+        listed.append(f"+{len(holders) - MAX_LISTED_PODS} more")
+    return {
+        "allocatedMilli": allocated_milli,
+        "allocatedMemoryMiB": allocated_memory_mib,
+        "allocatedPercent": allocated_milli * 100 // max(compute_milli, 1),
+        "pods": listed,
+        "podCount": len(holders),
+    }
+
+
 def card_status(card: Card, reason: str = "", allocated_milli: int = 0,
-                allocated_memory_mib: int = 0, heartbeat: str | None = None) -> dict[str, Any]:
+                allocated_memory_mib: int = 0, heartbeat: str | None = None,
+                holders: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "health": card.health.value,
         "reason": reason,
-        "allocatedMilli": allocated_milli,
-        "allocatedMemoryMiB": allocated_memory_mib,
-        "allocatedPercent": allocated_milli * 100 // max(card.compute_milli, 1),
+        **allocation_status(card.compute_milli, allocated_milli, allocated_memory_mib, holders),
         "lastHeartbeat": heartbeat or now_rfc3339(),
     }
 
@@ -208,7 +230,12 @@ def crd_manifest() -> dict[str, Any]:
         "properties": {
             "health": {"type": "string", "enum": [h.value for h in Health]},
             "reason": str_, "allocatedMilli": int_, "allocatedMemoryMiB": int_,
-            "allocatedPercent": int_, "lastHeartbeat": {"type": "string", "format": "date-time"},
+            "allocatedPercent": int_,
+            "pods": {"type": "array", "maxItems": MAX_LISTED_PODS + 1, "items": str_,
+                     "description": "Containers holding the card, <namespace>/<pod> "
+                                    "(<container>); the first few, then '+N more'"},
+            "podCount": int_,
+            "lastHeartbeat": {"type": "string", "format": "date-time"},
         },
     }
     return {
@@ -235,7 +262,12 @@ def crd_manifest() -> dict[str, Any]:
                     _column("Memory", "integer", ".spec.memoryMiB", "Card memory in MiB"),
                     _column("Health", "string", ".status.health", "Healthy or Unhealthy"),
                     _column("Allocated%", "integer", ".status.allocatedPercent",
-                            "Compute assigned to pods, percent of the card"),
+                            "Compute assigned to pods, percent of the card (a MIG instance "
+                            "counts its slices, a whole card 100)"),
+                    _column("MemoryUsed", "integer", ".status.allocatedMemoryMiB",
+                            "Memory assigned to pods, MiB"),
+                    _column("Pods", "string", ".status.pods",
+                            "Containers holding the card: <namespace>/<pod> (<container>)"),
                     _column("Age", "date", ".metadata.creationTimestamp", "Age"),
                 ],
             }],

@@ -1,5 +1,11 @@
 """The agent against a real API server: inventory objects, node capacity, Allocate by the
-scheduler's assignment, health and allocation columns. kubelet's side is the protocol double."""
+scheduler's assignment, health and allocation columns, the deployed RBAC. kubelet's side is
+the protocol double.
+
+The agent's node here is a plain Node object, not a kwok one: kwok plays kubelet and would
+mark the test's pods Running at once, where a real kubelet calls Allocate while the pod is
+still Pending (and the agent relies on that). The CRD is applied from deploy/crds with
+kubectl, as an installer does; the agent does not create it."""
 
 from __future__ import annotations
 
@@ -15,11 +21,12 @@ import pytest
 from lightkube import codecs
 from lightkube.resources.core_v1 import Node as K8sNode
 from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from egpu_testing.kubelet import KubeletDouble
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.fake import FakeBackend
-from elastic_gpu.agent.inventory_api import GPUDevice, ensure_crd, read_inventory
+from elastic_gpu.agent.inventory_api import GPUDevice, read_inventory
 from elastic_gpu.agent.publish import publish_node
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
@@ -37,11 +44,33 @@ INVENTORY: dict[str, Any] = {
 }
 
 
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def install_crd(k8s_cluster: Any) -> None:
+    """`kubectl apply -f deploy/crds/gpudevices.yaml`, then wait until it is served."""
+    k8s_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds" / "gpudevices.yaml"))
+    k8s_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                        "crd/gpudevices.elasticgpu.io")
+    deadline = time.monotonic() + 30
+    while k8s_cluster.kubectl("get", "gpudevices", check=False).returncode != 0:
+        assert time.monotonic() < deadline, "GPUDevice CRD not served"
+        time.sleep(0.1)
+
+
 @pytest.fixture
-def node(fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any) -> str:
-    ensure_crd(k8s_cluster.client())
-    (name,) = fake_gpu_nodes(1, gpus=0)
-    return name
+def node(k8s_cluster: Any) -> Iterator[str]:
+    from elastic_gpu.devcluster.nodes import unregister_fake_node
+    from elastic_gpu.devcluster.pytest_plugin import unique_name
+
+    install_crd(k8s_cluster)
+    client = k8s_cluster.client()
+    name = unique_name("agent")
+    resources = {"cpu": "16", "memory": "64Gi", "pods": "250"}
+    create(client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                    "status": {"capacity": resources, "allocatable": resources}})
+    yield name
+    unregister_fake_node(client, name)  # its pods, GPUDevices and the Node
 
 
 @pytest.fixture
@@ -114,7 +143,7 @@ def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster:
     assert "nvidia.com/mig-3g.20gb" not in status.capacity and status.capacity[GPU] == "1"
 
 
-def test_allocate_gives_exactly_the_assigned_cards_and_marks_the_pod(
+def test_allocate_gives_exactly_the_assigned_cards(
         agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
         k8s_namespace: str) -> None:
     client = k8s_cluster.client()
@@ -125,8 +154,8 @@ def test_allocate_gives_exactly_the_assigned_cards_and_marks_the_pod(
     envs = response.container_responses[0].envs
     assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-1"
     assert envs["EGPU_ISOLATION"] == "accounting-only" and envs["EGPU_CORE_PERCENT"] == "30"
-    marked = client.get(Pod, "share", namespace=k8s_namespace).metadata.annotations
-    assert marked[ann.ALLOCATED] == '{"main":["elasticgpu.io/gpu-core"]}'
+    # nothing is written to the pod (the agent may only read pods)
+    assert ann.ALLOCATED not in client.get(Pod, "share", namespace=k8s_namespace).metadata.annotations
     # the same request again: nobody waits for it any more
     with pytest.raises(grpc.RpcError) as err:
         kubelet.allocate(CORE, [[f"0-{k}" for k in range(30)]])
@@ -155,9 +184,37 @@ def test_ambiguous_allocate_is_refused(agent: tuple[Agent, FakeBackend], kubelet
         kubelet.allocate(CORE, [[f"0-{k}" for k in range(20)]])
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "ambiguous" in str(err.value.details())
-    for name in ("a", "b"):
-        annotations = client.get(Pod, name, namespace=k8s_namespace).metadata.annotations
-        assert ann.ALLOCATED not in annotations
+
+    # "a" is running (admitted before, e.g. by an earlier agent): kubelet never asks for it
+    # again, so only "b" waits, and it gets its own card
+    client.patch(Pod.Status, "a", {"status": {"phase": "Running"}}, namespace=k8s_namespace,
+                 patch_type=PatchType.MERGE)
+    response = kubelet.allocate(CORE, [[f"0-{k}" for k in range(20)]])
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-1"
+
+
+def test_allocate_with_many_running_pods_reads_only_pending_ones(
+        agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
+        k8s_namespace: str) -> None:
+    """The pods kubelet admits are Pending; 60 running pods with unserved assignments on
+    other cards (left by an agent that restarted) neither slow Allocate nor confuse it."""
+    client = k8s_cluster.client()
+    for i in range(60):
+        create(client, gpu_pod(k8s_namespace, f"run-{i}", node, CORE, 5,
+                               [CardShare(i % 2, f"GPU-fake-{node}-{i % 2}", 50, 0)]))
+        client.patch(Pod.Status, f"run-{i}", {"status": {"phase": "Running"}},
+                     namespace=k8s_namespace, patch_type=PatchType.MERGE)
+    create(client, gpu_pod(k8s_namespace, "new", node, CORE, 5,
+                           [CardShare(1, f"GPU-fake-{node}-1", 50, 0)]))
+    response = kubelet.allocate(CORE, [[f"0-{k}" for k in range(5)]])
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-1"
+    running, _ = agent
+    assert running.pod_cache is not None and running.pod_cache.wait_synced(10)
+    # the watch cache sees all 61 (for the columns), Allocate listed only the pending one
+    deadline = time.monotonic() + 10
+    while len(running.pod_cache.pods()) < 61 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(running.pod_cache.pods()) == 61
 
 
 def test_health_and_allocation_reach_the_inventory(
@@ -188,10 +245,25 @@ def test_health_and_allocation_reach_the_inventory(
 
     create(client, gpu_pod(k8s_namespace, "holder", node, CORE, 30,
                            [CardShare(0, f"GPU-fake-{node}-0", 300, 2048)]))
-    assert running.sync_allocations() == {0: (300, 2048)}
+    # a MIG instance as the scheduler writes it: no milli, the profile's memory
+    create(client, gpu_pod(k8s_namespace, "mig", node, "nvidia.com/mig-3g.20gb", 1,
+                           [CardShare(2, f"GPU-fake-{node}-2", 0, 20480, "3g.20gb", "MIG-q")]))
+    assert running.pod_cache is not None
+    deadline = time.monotonic() + 10
+    while len(running.pod_cache.pods()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    usage = running.sync_allocations()
+    assert (usage[0].milli, usage[0].memory_mib) == (300, 2048)
     assert status(0)["allocatedPercent"] == 30 and status(0)["allocatedMemoryMiB"] == 2048
-    row = k8s_cluster.kubectl("get", "gpudevices", f"{node}-gpu0", "--no-headers").stdout.split()
-    assert row[5:7] == ["Healthy", "30"]
+    assert status(0)["pods"] == [f"{k8s_namespace}/holder (main)"] and status(0)["podCount"] == 1
+    # 3 of the A100's 7 slices: 42 %, not 0 %
+    assert (status(2)["allocatedPercent"], status(2)["allocatedMemoryMiB"]) == (42, 20480)
+    table = k8s_cluster.kubectl("get", "gpudevices", "-l", f"elasticgpu.io/node={node}").stdout
+    header, *rows = table.strip().splitlines()
+    assert header.split()[5:9] == ["HEALTH", "ALLOCATED%", "MEMORYUSED", "PODS"]
+    assert rows[0].split()[5:8] == ["Healthy", "30", "2048"]
+    assert f"{k8s_namespace}/holder (main)" in rows[0]
+    assert rows[2].split()[6:8] == ["42", "20480"] and f"{k8s_namespace}/mig (main)" in rows[2]
 
 
 def test_kubelet_zeroed_capacity_is_restored_by_the_sync(
@@ -268,19 +340,10 @@ def test_preferred_allocation_steers_kubelet_to_the_assigned_cards(
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
 
 
-def test_deploy_rbac_is_enough_for_the_agent(
-        node: str, k8s_cluster: Any, k8s_namespace: str, plugin_dir: Path,
-        kubelet: KubeletDouble) -> None:
-    """The agent works with nothing but the ServiceAccount and ClusterRole of
-    deploy/agent/agent.yaml (a token of that account, not the admin certificate)."""
-    import base64
-
+def client_with_token(k8s_cluster: Any, token: str) -> Any:
     import yaml
     from lightkube import Client, KubeConfig
 
-    manifest = Path(__file__).resolve().parents[3] / "deploy" / "agent" / "agent.yaml"
-    k8s_cluster.kubectl("apply", "-f", str(manifest))
-    token = k8s_cluster.kubectl("create", "token", "egpu-agent", "-n", "kube-system").stdout.strip()
     admin = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
     cluster = admin["clusters"][0]["cluster"]
     config = KubeConfig.from_dict({
@@ -288,21 +351,109 @@ def test_deploy_rbac_is_enough_for_the_agent(
         "clusters": [{"name": "c", "cluster": cluster}],
         "users": [{"name": "agent", "user": {"token": token}}],
         "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}]})
-    assert base64.b64decode(cluster["certificate-authority-data"])  # TLS verified as usual
-    agent_client = Client(config=config, field_manager="egpu-agent", trust_env=False)
-    backend = FakeBackend.from_dict(INVENTORY, node)
-    running = Agent(parse_config({"migStrategy": "mixed", "syncSeconds": 3600}), backend, node,
-                    client=agent_client, plugin_dir=plugin_dir)
-    running.start()
+    return Client(config=config, field_manager="egpu-agent", trust_env=False)
+
+
+def agent_token(k8s_cluster: Any, node: str | None) -> str:
+    """A token of deploy/agent's ServiceAccount as the DaemonSet's pod gets it: bound to an
+    agent pod on `node` (kube-apiserver then puts the pod's node into the token's user
+    info). `node=None`: a plain token, bound to nothing."""
+    args = ["create", "token", "egpu-agent", "-n", "kube-system"]
+    if node is not None:
+        client = k8s_cluster.client()
+        name = f"egpu-agent-{node}"
+        create(client, {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name, "namespace": "kube-system"},
+                        "spec": {"nodeName": node, "serviceAccountName": "egpu-agent",
+                                 "containers": [{"name": "agent", "image": "elastic-gpu"}]}})
+        uid = client.get(Pod, name, namespace="kube-system").metadata.uid
+        args += ["--bound-object-kind", "Pod", "--bound-object-name", name,
+                 "--bound-object-uid", uid]
+    return str(k8s_cluster.kubectl(*args).stdout.strip())
+
+
+def forbidden(call: Callable[[], Any]) -> str:
+    from lightkube.core.exceptions import ApiError
+
+    with pytest.raises(ApiError) as err:
+        call()
+    assert err.value.status.code == 403, err.value.status
+    return str(err.value.status.message)
+
+
+def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
+        node: str, k8s_cluster: Any, k8s_namespace: str, plugin_dir: Path,
+        kubelet: KubeletDouble) -> None:
+    """The agent works with nothing but deploy/agent/agent.yaml's ServiceAccount, ClusterRole
+    and admission policy (a token of that account bound to an agent pod on the node, as the
+    DaemonSet's pod has it; not the admin certificate),
+    and that token cannot patch a CRD, write any pod, or write another node's objects."""
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+    k8s_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "agent" / "agent.yaml"))
+    admin = k8s_cluster.client()
+    other = f"{node}-other"
+    create(admin, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}})
+    create(admin, gpu_pod(k8s_namespace, "rbac", node, CORE, 10,
+                          [CardShare(0, f"GPU-fake-{node}-0", 100, 0)]))
+    agent_client = client_with_token(k8s_cluster, agent_token(k8s_cluster, node))
+    foreign = {"apiVersion": "elasticgpu.io/v1alpha1", "kind": "GPUDevice",
+               "metadata": {"name": f"{other}-gpu0", "labels": {"elasticgpu.io/node": other}},
+               "spec": {"node": other, "index": 0, "uuid": "GPU-x", "model": "A100",
+                        "memoryMiB": 40960}}
     try:
-        assert kubelet.wait_for(lambda: kubelet.registered(CORE))
-        admin_client = k8s_cluster.client()
-        create(admin_client, gpu_pod(k8s_namespace, "rbac", node, CORE, 10,
-                                     [CardShare(0, f"GPU-fake-{node}-0", 100, 0)]))
-        response = kubelet.allocate(CORE, [[f"1-{k}" for k in range(10)]])
-        assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == \
-            f"GPU-fake-{node}-0"
-        assert running.sync_allocations() == {0: (100, 0)}
-        assert admin_client.get(GPUDevice, f"{node}-gpu0").status["allocatedPercent"] == 10
+        # the admission policy takes effect a moment after it is created
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                create(agent_client, foreign)
+            except Exception as err:
+                if "its own node" in str(err):
+                    break
+                raise
+            admin.delete(GPUDevice, f"{other}-gpu0")
+            assert time.monotonic() < deadline, "ValidatingAdmissionPolicy never took effect"
+            time.sleep(0.2)
+
+        running = Agent(parse_config({"migStrategy": "mixed", "syncSeconds": 3600}),
+                        FakeBackend.from_dict(INVENTORY, node), node, client=agent_client,
+                        plugin_dir=plugin_dir)
+        running.start()
+        try:
+            assert kubelet.wait_for(lambda: kubelet.registered(CORE))
+            response = kubelet.allocate(CORE, [[f"1-{k}" for k in range(10)]])
+            assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == \
+                f"GPU-fake-{node}-0"
+            assert running.pod_cache is not None and running.pod_cache.wait_synced(10)
+            assert running.sync_allocations()[0].milli == 100
+            assert admin.get(GPUDevice, f"{node}-gpu0").status["allocatedPercent"] == 10
+        finally:
+            running.stop()
+
+        # What it may not do. RBAC: CRDs, any pod anywhere.
+        forbidden(lambda: agent_client.patch(
+            CustomResourceDefinition, "gpudevices.elasticgpu.io",
+            {"metadata": {"labels": {"x": "y"}}}, patch_type=PatchType.MERGE))
+        forbidden(lambda: agent_client.patch(
+            Pod, "rbac", {"metadata": {"labels": {"x": "y"}}}, namespace=k8s_namespace,
+            patch_type=PatchType.MERGE))
+        forbidden(lambda: agent_client.delete(Pod, "rbac", namespace=k8s_namespace))
+        forbidden(lambda: agent_client.get(Pod, "rbac", namespace=k8s_namespace))
+        # The admission policy: another node's GPUDevices and Node status.
+        admin.create(codecs.from_dict(foreign))
+        assert "its own node" in forbidden(lambda: agent_client.patch(
+            GPUDevice.Status, f"{other}-gpu0", {"status": {"health": "Unhealthy"}},
+            patch_type=PatchType.MERGE))
+        assert "its own node" in forbidden(lambda: agent_client.delete(GPUDevice, f"{other}-gpu0"))
+        assert "its own Node" in forbidden(lambda: agent_client.patch(
+            K8sNode.Status, other, {"status": {"capacity": {CORE: "100"}}},
+            patch_type=PatchType.MERGE))
+        # A token not bound to a node writes nothing.
+        unbound = client_with_token(k8s_cluster, agent_token(k8s_cluster, None))
+        assert "not bound to a node" in forbidden(lambda: unbound.patch(
+            GPUDevice.Status, f"{node}-gpu0", {"status": {"health": "Unhealthy"}},
+            patch_type=PatchType.MERGE))
     finally:
-        running.stop()
+        from elastic_gpu.devcluster.nodes import unregister_fake_node
+
+        unregister_fake_node(admin, other)

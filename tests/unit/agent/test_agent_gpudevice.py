@@ -60,4 +60,9 @@ def test_crd_file_matches_the_code() -> None:
     assert on_disk == crd_manifest()
     columns = [c["name"] for c in on_disk["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns[:6] == ["Node", "Index", "Model", "Memory", "Health", "Allocated%"]
+    assert {"MemoryUsed", "Pods"} <= set(columns)
+    status = on_disk["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    # a structural schema prunes unknown fields: everything the agent writes must be in it
+    written = card_to_object("n", Card(0, "u", "m", 1))["status"]
+    assert set(written) <= set(status["properties"])
     assert on_disk["spec"]["scope"] == "Cluster" and on_disk["spec"]["names"]["shortNames"] == ["gpud"]

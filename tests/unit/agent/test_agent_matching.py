@@ -6,16 +6,13 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.agent.accounting import allocation_by_card
-from elastic_gpu.agent.matching import (
-    AllocateError,
-    allocated_marks,
-    candidates,
-    choose,
-    with_mark,
-)
+from elastic_gpu.agent.accounting import allocation_by_card, card_usage, mig_slices
+from elastic_gpu.agent.matching import AllocateError, candidates, choose
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.model import Card, MigInstance
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.k8s.gpudevice import MAX_LISTED_PODS, allocation_status
 
 CORE = "elasticgpu.io/gpu-core"
 
@@ -59,16 +56,17 @@ def test_different_cards_for_the_same_request_are_refused() -> None:
         pick([pod("a", {"main": [share(0)]}), pod("b", {"main": [share(1)]})])
 
 
-def test_marked_terminal_foreign_and_other_node_pods_are_skipped() -> None:
-    mark = {ann.ALLOCATED: with_mark({}, "main", CORE)}
-    pods = [pod("done", {"main": [share(1)]}, annotations=mark),
+def test_served_terminal_foreign_and_other_node_pods_are_skipped() -> None:
+    pods = [pod("done", {"main": [share(1)]}),
             pod("finished", {"main": [share(2)]}, phase="Succeeded"),
             pod("elsewhere", {"main": [share(3)]}, node="n2"),
             pod("mine", {"main": [share(0)]})]
-    assert pick(pods).pod == "mine"
-    # in-memory record of earlier answers counts too
+    # "done" was served already (the allocator's memory): not a candidate any more
+    assert pick(pods, done={("uid-done", "main", CORE)}).pod == "mine"
     with pytest.raises(AllocateError, match="no pod bound to n1 waits for 30"):
         pick([pod("mine", {"main": [share(0)]})], done={("uid-mine", "main", CORE)})
+    # another resource served to the same container does not count for this one
+    assert pick(pods[3:], done={("uid-mine", "main", "nvidia.com/gpu")}).pod == "mine"
 
 
 def test_bad_assignment_is_reported_not_used() -> None:
@@ -78,13 +76,58 @@ def test_bad_assignment_is_reported_not_used() -> None:
         pick([bad])
 
 
-def test_marks_accumulate_per_container() -> None:
-    value = with_mark(allocated_marks({ann.ALLOCATED: with_mark({}, "a", CORE)}), "a", "x/y")
-    assert allocated_marks({ann.ALLOCATED: value}) == {"a": (CORE, "x/y")}
-
-
 def test_allocation_columns_sum_live_pods_only() -> None:
     pods = [pod("a", {"main": [share(0, 300)], "side": [share(0, 200)]}),
             pod("b", {"main": [CardShare(1, "GPU-1", 1000, 40960)]}),
             pod("gone", {"main": [share(1)]}, phase="Failed")]
     assert allocation_by_card(pods, "n1") == {0: (500, 0), 1: (1000, 40960)}
+
+
+A100 = Card(0, "GPU-0", "A100-SXM4-80GB", 81920,
+            mig=(MigInstance(MigProfile(3, 40), "MIG-a", 0), MigInstance(MigProfile(2, 20), "MIG-b", 4),
+                 MigInstance(MigProfile(1, 10), "MIG-c", 6)))
+
+
+def mig_share(profile: str, uuid: str) -> CardShare:
+    # as the scheduler writes a MIG share: no milli, the profile's memory
+    parsed = MigProfile.parse(profile)
+    return CardShare(0, "GPU-0", 0, parsed.memory_gb * 1024, profile, uuid)
+
+
+def test_mig_instances_count_their_slices_and_memory() -> None:
+    pods = [pod("big", {"main": [mig_share("3g.40gb", "MIG-a")]}),
+            pod("small", {"main": [mig_share("1g.10gb", "MIG-c")]})]
+    use = card_usage(pods, "n1", {0: A100})[0]
+    assert (use.milli, use.memory_mib) == (1000 * 3 // 7 + 1000 // 7, 50 * 1024)
+    assert use.holders == ["ns/big (main)", "ns/small (main)"]
+    assert allocation_status(1000, use.milli, use.memory_mib, use.holders)["allocatedPercent"] == 57
+    # every instance in use: the card reads (almost) full, not 0 %
+    pods.append(pod("mid", {"main": [mig_share("2g.20gb", "MIG-b")]}))
+    assert card_usage(pods, "n1", {0: A100})[0].milli == 1000 * 3 // 7 + 1000 * 2 // 7 + 1000 // 7
+    # an A30 has 4 slices; a placement beyond the table trusts the driver
+    a30 = Card(0, "GPU-0", "NVIDIA A30", 24576, mig=(MigInstance(MigProfile(2, 12), "MIG-x", 0),))
+    assert mig_slices(a30) == 4 and mig_slices(A100) == 7
+    odd = Card(0, "GPU-0", "X", 1, mig=(MigInstance(MigProfile(4, 10), "MIG-y", 6),))
+    assert mig_slices(odd) == 10
+
+
+def test_whole_cards_read_full_and_holders_are_bounded() -> None:
+    whole = pod("w", {"main": [CardShare(0, "GPU-0", 1000, 81920)]})
+    use = card_usage([whole], "n1", {0: Card(0, "GPU-0", "H100", 81920)})[0]
+    assert allocation_status(1000, use.milli, use.memory_mib, use.holders) == {
+        "allocatedMilli": 1000, "allocatedMemoryMiB": 81920, "allocatedPercent": 100,
+        "pods": ["ns/w (main)"], "podCount": 1}
+    many = [pod(f"p{i:02d}", {"main": [share(1, 10)]}) for i in range(20)]
+    status = allocation_status(1000, *allocation_by_card(many, "n1")[1],
+                               card_usage(many, "n1", {})[1].holders)
+    assert status["podCount"] == 20 and status["allocatedPercent"] == 20
+    assert status["pods"][:2] == ["ns/p00 (main)", "ns/p01 (main)"]
+    assert len(status["pods"]) == MAX_LISTED_PODS + 1 and status["pods"][-1] == "+12 more"
+
+
+def test_an_ambiguity_names_a_few_candidates_and_counts_the_rest() -> None:
+    pods = [pod(f"p{i}", {"main": [share(i % 2)]}) for i in range(40)]
+    with pytest.raises(AllocateError) as err:
+        pick(pods)
+    text = str(err.value)
+    assert "ns/p0[main]" in text and "and 35 more" in text and "ns/p39" not in text
