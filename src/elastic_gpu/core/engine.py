@@ -26,16 +26,19 @@ import numpy.typing as npt
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.frag import Fragmentation
-from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.model import Card, Node, offered
 from elastic_gpu.core.policies import CardPolicy, CardView, NodePolicy, NodeView, ScoreContext
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.policies.node import MAX_SPEC_CPU, BinpackPolicy, SpreadPolicy
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
-from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
+from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT, Measure, lookup
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
 
 IntArray = npt.NDArray[np.int64]
+#: What a card serves, as far as fit is concerned: (card offers, node offers, healthy plain
+#: cards of the node), the offers as sorted item tuples; None where unknown.
+_OfferKey = tuple[tuple[tuple[str, int], ...] | None, tuple[tuple[str, int], ...] | None, int]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
@@ -179,6 +182,12 @@ class Engine:
         #: bumped by every change of usage or layout: the fit-mask memo is valid while equal
         self._generation = 0
         self._mask_memo: tuple[int, PodRequest, BoolArray] | None = None
+        #: offer classes of cards (see `_OfferKey`) and, per resource name and per distinct set
+        #: of written names, the card matrices derived from them; rebuilt with the layout
+        self._offer_keys: list[_OfferKey] = []
+        self._constrained = False
+        self._count_cache: dict[str, IntArray] = {}
+        self._names_cache: dict[tuple[str, ...], BoolArray] = {}
         for node in nodes:
             self.upsert_node(node)
 
@@ -416,15 +425,37 @@ class Engine:
         self._used_milli: IntArray = np.zeros((n, width), dtype=np.int64)
         self._used_mem: IntArray = np.zeros((n, width), dtype=np.int64)
         self._card_model: IntArray = np.zeros((n, width), dtype=np.int64)
+        #: time-sliced replica slots held per card (shares with `replicas`)
+        self._used_rep: IntArray = np.zeros((n, width), dtype=np.int64)
+        #: offer class per card; padding cells hold the spare class past the end (offers nothing)
+        self._card_offer: IntArray = np.zeros((n, width), dtype=np.int64)
+        offer_id: dict[_OfferKey, int] = {}
+        self._offer_keys = []
+        self._count_cache.clear()
+        self._names_cache.clear()
+        cells: list[tuple[int, int, _OfferKey]] = []
         for i, r in enumerate(self._rows):
             r.mig_owner.clear()
             r.tags.clear()
+            node_offers = (tuple(r.node.offers.items()) if r.node.offers is not None else None)
+            plain = sum(1 for card in r.cards if card.healthy and not card.mig_enabled)
             for c, card in enumerate(r.cards):
                 self._exists[i, c] = True
                 self._usable[i, c] = card.healthy and not card.mig_enabled
                 self._cap_milli[i, c] = card.compute_milli
                 self._cap_mem[i, c] = card.memory_mib
                 self._card_model[i, c] = self._model_index(card.model)
+                okey: _OfferKey = (tuple(card.offers.items()) if card.offers is not None
+                                   else None, node_offers, plain)
+                cells.append((i, c, okey))
+        for i, c, okey in cells:
+            idx = offer_id.get(okey)
+            if idx is None:
+                idx = offer_id[okey] = len(self._offer_keys)
+                self._offer_keys.append(okey)
+            self._card_offer[i, c] = idx
+        self._card_offer[~self._exists] = len(self._offer_keys)
+        self._constrained = any(k[0] is not None or k[1] is not None for k in self._offer_keys)
         for name, (cpu, mem) in self._outside.items():
             row = self._row_of.get(name)
             if row is not None:
@@ -463,6 +494,7 @@ class Engine:
                     r.mig_owner.pop(share.mig_uuid, None)
             self._used_milli[row, col] += sign * share.milli
             self._used_mem[row, col] += sign * share.memory_mib
+            self._used_rep[row, col] += sign * share.replicas
         if entry.tag is not None:
             r.tags[entry.tag] += sign
             if r.tags[entry.tag] <= 0:
@@ -482,6 +514,7 @@ class Engine:
                                 f"MiB of memory free, {entry.memory_mib} asked", "memory")
         add_milli: Counter[int] = Counter()
         add_mem: Counter[int] = Counter()
+        add_rep: Counter[int] = Counter()
         for share in assignment.shares():
             col = r.column.get(share.index)
             if col is None:
@@ -501,6 +534,14 @@ class Engine:
                                     "MIG instances can be given out", "mig")
             add_milli[col] += share.milli
             add_mem[col] += share.memory_mib
+            add_rep[col] += share.replicas
+        for col, count in add_rep.items():
+            card = r.cards[col]
+            slots = self._replica_slots(row, col)
+            if self._used_rep[row, col] + count > slots:
+                raise Unschedulable(f"card {card.index} of {r.node.name} has "
+                                    f"{max(0, slots - int(self._used_rep[row, col]))} time-sliced "
+                                    f"replicas free, {count} asked", "gpu")
         for col, milli in add_milli.items():
             card = r.cards[col]
             if self._used_milli[row, col] + milli > card.compute_milli:
@@ -532,6 +573,91 @@ class Engine:
         out: BoolArray = self._usable & accepted[self._card_model]
         return out
 
+    # ------------------------------------------------------------------ internals: offers
+
+    @staticmethod
+    def _key_count(key: _OfferKey, name: str) -> int:
+        """Devices of `name` a card of this offer class serves (see `model.offered`): what the
+        card offers, within what its Node advertises; a card that says nothing (an older
+        agent) gets the node's whole-card count split over its healthy plain cards; nothing
+        known at all serves every name once (the simulator)."""
+        card_offers, node_offers, plain = key
+        if node_offers is not None and offered(dict(node_offers), name) == 0:
+            return 0
+        if card_offers is not None:
+            return offered(dict(card_offers), name)
+        if node_offers is not None:
+            count = offered(dict(node_offers), name)
+            spec = lookup(name)
+            if spec is not None and spec.measure is Measure.CARDS:
+                return max(1, count // max(1, plain))
+            return count
+        return 1
+
+    def _counts(self, name: str) -> IntArray:
+        """Devices of `name` per card cell (0 where not offered, and in padding cells)."""
+        cached = self._count_cache.get(name)
+        if cached is None:
+            table = np.array([self._key_count(k, name) for k in self._offer_keys] + [0],
+                             dtype=np.int64)
+            counts: IntArray = table[self._card_offer]
+            cached = self._count_cache[name] = counts
+        return cached
+
+    def _offer_mask(self, names: tuple[str, ...]) -> BoolArray | None:
+        """Cards that serve every one of `names` (a container's written GPU resources); None
+        when no card or node says what it offers (every card serves everything)."""
+        if not self._constrained or not names:
+            return None
+        cached = self._names_cache.get(names)
+        if cached is None:
+            mask = self._exists.copy()
+            for name in names:
+                mask &= self._counts(name) > 0
+            cached = self._names_cache[names] = mask
+        return cached
+
+    @staticmethod
+    def _replica_name(c: ContainerRequest) -> str | None:
+        """The whole-card resource a WHOLE container wrote (its replicas, if time-sliced)."""
+        if c.kind is not RequestKind.WHOLE:
+            return None
+        for name in c.resources:
+            spec = lookup(name)
+            if spec is not None and spec.measure is Measure.CARDS:
+                return name
+        return None
+
+    def _replica_slots(self, row: int, col: int) -> int:
+        """Time-sliced replicas a card has in all: its largest whole-card offer above 1."""
+        key = self._offer_keys[int(self._card_offer[row, col])]
+        names = {n for part in key[:2] if part is not None for n, _ in part
+                 if (spec := lookup(n)) is not None and spec.measure is Measure.CARDS}
+        best = max((self._key_count(key, n) for n in names), default=0)
+        return best if best > 1 else 0
+
+    def _whole_slots(self, c: ContainerRequest, ok: BoolArray) -> IntArray:
+        """Per card cell, how many of container c's N whole-card units it can take: 1 for an
+        entirely free card; for a card time-sliced for the resource c wrote (it offers r > 1
+        devices of it), its free replica slots, each costing compute // r milli-cards and no
+        memory (so shares and replicas on one card never exceed it)."""
+        fits_mem = self._cap_mem >= c.memory_mib
+        slots: IntArray = (ok & (self._used_milli == 0) & (self._used_mem == 0)
+                           & fits_mem).astype(np.int64)
+        name = self._replica_name(c)
+        if name is None or not self._constrained:
+            return slots
+        rep = self._counts(name)
+        sliced = ok & (rep > 1) & fits_mem
+        if not sliced.any():
+            return slots
+        per = self._cap_milli // np.maximum(rep, 1)
+        by_milli = np.where(per > 0, (self._cap_milli - self._used_milli) // np.maximum(per, 1),
+                            rep)
+        free = np.maximum(np.minimum(rep - self._used_rep, by_milli), 0)
+        out: IntArray = np.where(sliced, free, slots)
+        return out
+
     def _fit_mask(self, pod: PodRequest) -> BoolArray:
         """Which rows can host the pod. Memoised for the last pod while nothing changed: the
         extender asks filter and then prioritize for the same pod. Callers must not mutate it."""
@@ -550,13 +676,15 @@ class Engine:
         if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
             c = gpu[0]
             ok = self._model_ok(pod)
+            offer = self._offer_mask(c.resources)
+            if offer is not None:
+                ok = ok & offer
             if c.kind is RequestKind.SHARE:
                 cards = (ok & (self._cap_milli - self._used_milli >= c.compute_milli)
                          & (self._cap_mem - self._used_mem >= c.memory_mib))
                 share_ok: BoolArray = host & cards.any(axis=1)
                 return share_ok
-            free = ok & (self._used_milli == 0) & (self._used_mem == 0) & (self._cap_mem >= c.memory_mib)
-            whole_ok: BoolArray = host & (free.sum(axis=1) >= c.cards)
+            whole_ok: BoolArray = host & (self._whole_slots(c, ok).sum(axis=1) >= c.cards)
             return whole_ok
         binpack = self._card_policy("binpack")
         out = host.copy()
@@ -581,6 +709,9 @@ class Engine:
             return (f"node {name} has {', '.join(sorted(models))} cards; the pod accepts "
                     f"{self._accepted_text(pod)}", "model")
         gpu = pod.gpu_containers
+        missing = self._missing_offer(row, gpu)
+        if missing is not None:
+            return missing, "resource"
         if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
             # What `_plan` would say for one share or whole-card container, from the arrays
             # (the extender explains failed nodes per request; planning each costs ~0.1 ms).
@@ -588,6 +719,9 @@ class Engine:
             n = len(r.cards)
             ok = self._usable[row, :n] & np.array([pod.accepts_model(card.model) for card in r.cards],
                                                    dtype=bool)
+            offer = self._offer_mask(c.resources)
+            if offer is not None:
+                ok = ok & offer[row, :n]
             if c.kind is RequestKind.SHARE:
                 cand = ok & (self._cap_milli[row, :n] - self._used_milli[row, :n] >= c.compute_milli) \
                     & (self._cap_mem[row, :n] - self._used_mem[row, :n] >= c.memory_mib)
@@ -596,17 +730,46 @@ class Engine:
                 why = (f"node {name}: 0/{n} cards have {compute_text(c.compute_milli)} and "
                        f"{c.memory_mib} MiB free{self._model_note(pod)} (container {c.name})")
             else:
-                count = int((ok & (self._used_milli[row, :n] == 0) & (self._used_mem[row, :n] == 0)
-                             & (self._cap_mem[row, :n] >= c.memory_mib)).sum())
+                full = np.zeros_like(self._usable)
+                full[row, :n] = ok
+                count = int(self._whole_slots(c, full)[row, :n].sum())
                 if count >= c.cards:
                     return f"node {name} fits", "gpu"
-                why = (f"node {name}: {count} of {n} cards are entirely free"
-                       f"{self._model_note(pod)}, container {c.name} needs {c.cards}")
+                why = self._whole_shortfall(row, c, count, self._model_note(pod))
             return why, "mig" if "MIG" in why else "gpu"
         plan = self._plan(row, pod, self._card_policy("binpack"))
         if isinstance(plan, str):
             return plan, "mig" if "MIG" in plan else "gpu"
         return f"node {name} fits", "gpu"
+
+    def _missing_offer(self, row: int, gpu: Sequence[ContainerRequest]) -> str | None:
+        """Why the node serves no container's resource at all (vendor, name), if so: the
+        first written name no card of the node offers."""
+        if not self._constrained:
+            return None
+        r = self._rows[row]
+        n = len(r.cards)
+        for c in gpu:
+            for res in c.resources:
+                if not (self._counts(res)[row, :n] > 0).any():
+                    return (f"node {r.node.name} does not offer {res} (none of its "
+                            f"{n} cards backs it), container {c.name} asks for it")
+            offer = self._offer_mask(c.resources)
+            if offer is not None and not offer[row, :n].any():
+                return (f"node {r.node.name} has no card that offers all of "
+                        f"{', '.join(c.resources)}, container {c.name} asks for them")
+        return None
+
+    def _whole_shortfall(self, row: int, c: ContainerRequest, count: int, note: str) -> str:
+        r = self._rows[row]
+        n = len(r.cards)
+        name = self._replica_name(c)
+        if name is not None and self._constrained and (self._counts(name)[row, :n] > 1).any():
+            total = int(self._counts(name)[row, :n].sum())
+            return (f"node {r.node.name}: {count} of {total} {name} time-sliced replicas are "
+                    f"free{note}, container {c.name} needs {c.cards}")
+        return (f"node {r.node.name}: {count} of {n} cards are entirely free{note}, "
+                f"container {c.name} needs {c.cards}")
 
     @staticmethod
     def _accepted_text(pod: PodRequest) -> str:
@@ -635,6 +798,13 @@ class Engine:
         if pod.gpu_containers:
             no_model = np.logical_not(self._model_ok(pod).any(axis=1))
             take("model", no_model)
+            if self._constrained:
+                no_offer = np.zeros(n, dtype=bool)
+                for c in pod.gpu_containers:
+                    offer = self._offer_mask(c.resources)
+                    if offer is not None:
+                        no_offer |= ~offer.any(axis=1)
+                take("resource", no_offer)
             kinds = {c.kind for c in pod.gpu_containers}
             take("mig" if kinds == {RequestKind.MIG} else "gpu", left.copy())
         category = max(counts, key=lambda k: counts[k]) if counts else "node"
@@ -654,17 +824,31 @@ class Engine:
         free_milli = [int(self._cap_milli[row, c] - self._used_milli[row, c]) for c in cols]
         free_mem = [int(self._cap_mem[row, c] - self._used_mem[row, c]) for c in cols]
         untouched = [bool(self._used_milli[row, c] == 0 and self._used_mem[row, c] == 0) for c in cols]
+        used_rep = [int(self._used_rep[row, c]) for c in cols]
         view = CardView(self._view(row), task_shape(pod), cards, free_milli, free_mem)
         taken_mig: set[str] = set()
         plan: dict[str, tuple[CardShare, ...]] = {}
+
+        def served(c: ContainerRequest) -> list[bool]:
+            offer = self._offer_mask(c.resources)
+            return [True] * len(cols) if offer is None else [bool(offer[row, col]) for col in cols]
 
         def order(c: ContainerRequest) -> tuple[int, int, int, int]:
             rank = {RequestKind.WHOLE: 0, RequestKind.MIG: 1, RequestKind.SHARE: 2}[c.kind]
             return (rank, -c.cards, -c.compute_milli, -c.memory_mib)
 
         for c in sorted(pod.gpu_containers, key=order):
+            ok = served(c)
             if c.kind is RequestKind.WHOLE:
-                cand = [p for p in range(len(cards)) if untouched[p] and cards[p].memory_mib >= c.memory_mib]
+                replicas = self._plan_replicas(row, c, policy, view, cols, ok, untouched, used_rep,
+                                               self._model_note(pod))
+                if replicas is not None:
+                    if isinstance(replicas, str):
+                        return replicas
+                    plan[c.name] = replicas
+                    continue
+                cand = [p for p in range(len(cards))
+                        if ok[p] and untouched[p] and cards[p].memory_mib >= c.memory_mib]
                 if len(cand) < c.cards:
                     return (f"node {name}: {len(cand)} of {len(r.cards)} cards are entirely free"
                             f"{self._model_note(pod)}, container {c.name} needs {c.cards}")
@@ -678,7 +862,7 @@ class Engine:
                 plan[c.name] = tuple(shares)
             elif c.kind is RequestKind.SHARE:
                 cand = [p for p in range(len(cards))
-                        if free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
+                        if ok[p] and free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
                 if not cand:
                     return (f"node {name}: 0/{len(r.cards)} cards have "
                             f"{compute_text(c.compute_milli)} and "
@@ -693,8 +877,11 @@ class Engine:
             elif c.kind is RequestKind.MIG:
                 assert c.mig_profile is not None
                 found: list[CardShare] = []
-                for card in r.cards:
+                mig_offer = self._offer_mask(c.resources)
+                for col, card in enumerate(r.cards):
                     if not card.healthy or not pod.accepts_model(card.model):
+                        continue
+                    if mig_offer is not None and not mig_offer[row, col]:
                         continue
                     for inst in card.mig:
                         if len(found) == c.cards:
@@ -710,6 +897,60 @@ class Engine:
                             f"container {c.name} needs {c.cards}")
                 plan[c.name] = tuple(found)
         return plan
+
+    def _plan_replicas(self, row: int, c: ContainerRequest, policy: CardPolicy, view: CardView,
+                       cols: list[int], ok: list[bool], untouched: list[bool], used_rep: list[int],
+                       note: str) -> tuple[CardShare, ...] | str | None:
+        """A WHOLE container's N units where some served card is time-sliced for the resource
+        it wrote (None otherwise: plain whole cards). A time-sliced card gives replica slots
+        (r in all, each compute // r milli-cards, no memory); an entirely free plain card
+        serving the name gives one whole unit. Each unit goes on a card of its own while
+        there is one (the card policy picks as for a share of one slot), then replicas stack.
+        Updates the view's free amounts, `untouched` and `used_rep` in place."""
+        name = self._replica_name(c)
+        if name is None or not self._constrained:
+            return None
+        counts = self._counts(name)
+        cards = view.cards
+        rep = [int(counts[row, col]) for col in cols]
+        fits = [ok[p] and cards[p].memory_mib >= c.memory_mib for p in range(len(cols))]
+        if not any(fits[p] and rep[p] > 1 for p in range(len(cols))):
+            return None
+        per = [cards[p].compute_milli // rep[p] if rep[p] > 1 else cards[p].compute_milli
+               for p in range(len(cols))]
+
+        def slots(p: int) -> int:
+            if not fits[p]:
+                return 0
+            if rep[p] <= 1:
+                return int(untouched[p])
+            by_milli = view.free_milli[p] // per[p] if per[p] > 0 else rep[p]
+            return max(0, min(rep[p] - used_rep[p], by_milli))
+
+        total = sum(slots(p) for p in range(len(cols)))
+        if total < c.cards:
+            return self._whole_shortfall(row, c, total, note)
+        taken: dict[int, int] = {}
+        for _ in range(c.cards):
+            cand = [p for p in range(len(cols)) if p not in taken and slots(p) > 0]
+            if not cand:  # more units than cards with room: replicas stack on sliced cards
+                cand = [p for p in range(len(cols)) if rep[p] > 1 and slots(p) > 0]
+            p = policy.pick_share(self.ctx, view, cand, per[cand[0]], 0)
+            taken[p] = taken.get(p, 0) + 1
+            untouched[p] = False
+            if rep[p] > 1:
+                used_rep[p] += 1
+                view.free_milli[p] -= per[p]
+            else:
+                view.free_milli[p] = view.free_memory[p] = 0
+        shares = []
+        for p, k in taken.items():
+            card = cards[p]
+            if rep[p] > 1:
+                shares.append(CardShare(card.index, card.uuid, k * per[p], 0, replicas=k))
+            else:
+                shares.append(CardShare(card.index, card.uuid, card.compute_milli, card.memory_mib))
+        return tuple(shares)
 
     @staticmethod
     def _model_note(pod: PodRequest) -> str:
