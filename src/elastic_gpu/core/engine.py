@@ -433,28 +433,42 @@ class Engine:
         self._offer_keys = []
         self._count_cache.clear()
         self._names_cache.clear()
-        cells: list[tuple[int, int, _OfferKey]] = []
+        offer_rows: list[list[int]] = []
         for i, r in enumerate(self._rows):
             r.mig_owner.clear()
             r.tags.clear()
             node_offers = (tuple(r.node.offers.items()) if r.node.offers is not None else None)
-            plain = sum(1 for card in r.cards if card.healthy and not card.mig_enabled)
+            silent = -1  # the class of this row's cards that say nothing, once needed
+            ids: list[int] = []
             for c, card in enumerate(r.cards):
                 self._exists[i, c] = True
                 self._usable[i, c] = card.healthy and not card.mig_enabled
                 self._cap_milli[i, c] = card.compute_milli
                 self._cap_mem[i, c] = card.memory_mib
                 self._card_model[i, c] = self._model_index(card.model)
-                okey: _OfferKey = (tuple(card.offers.items()) if card.offers is not None
-                                   else None, node_offers, plain)
-                cells.append((i, c, okey))
-        for i, c, okey in cells:
-            idx = offer_id.get(okey)
-            if idx is None:
-                idx = offer_id[okey] = len(self._offer_keys)
-                self._offer_keys.append(okey)
-            self._card_offer[i, c] = idx
-        self._card_offer[~self._exists] = len(self._offer_keys)
+                if card.offers is None and silent >= 0:
+                    ids.append(silent)
+                    continue
+                okey: _OfferKey
+                if card.offers is None:
+                    # only these cards split the node's whole-card count over healthy plain cards
+                    plain = (sum(1 for k in r.cards if k.healthy and not k.mig_enabled)
+                             if node_offers is not None else 0)
+                    okey = (None, node_offers, plain)
+                else:
+                    okey = (tuple(card.offers.items()), node_offers, 0)
+                idx = offer_id.get(okey)
+                if idx is None:
+                    idx = offer_id[okey] = len(self._offer_keys)
+                    self._offer_keys.append(okey)
+                if card.offers is None:
+                    silent = idx
+                ids.append(idx)
+            offer_rows.append(ids)
+        # padding cells (and rows without cards) get the spare class, which offers nothing
+        self._card_offer.fill(len(self._offer_keys))
+        for i, ids in enumerate(offer_rows):
+            self._card_offer[i, :len(ids)] = ids
         self._constrained = any(k[0] is not None or k[1] is not None for k in self._offer_keys)
         for name, (cpu, mem) in self._outside.items():
             row = self._row_of.get(name)
