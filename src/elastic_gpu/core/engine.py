@@ -60,7 +60,7 @@ class PolicyConfig:
 class Unschedulable(Exception):
     """No node (or not this node) can host the pod; `reason` says why in words a person can act
     on, `category` is a short key for counting failures ("gpu", "cpu", "memory", "model",
-    "mig", "node")."""
+    "mig", "node", "resource": no card of the node offers a resource name the pod wrote)."""
 
     def __init__(self, reason: str, category: str = "gpu") -> None:
         super().__init__(reason)
