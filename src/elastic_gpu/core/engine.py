@@ -36,6 +36,8 @@ from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT, Measur
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
 
 IntArray = npt.NDArray[np.int64]
+#: Card matrices kept per resource name and per set of names before the caches start over.
+_OFFER_CACHE_LIMIT = 256
 #: What a card serves, as far as fit is concerned: (card offers, node offers, healthy plain
 #: cards of the node), the offers as sorted item tuples; None where unknown.
 _OfferKey = tuple[tuple[tuple[str, int], ...] | None, tuple[tuple[str, int], ...] | None, int]
@@ -612,6 +614,8 @@ class Engine:
         """Devices of `name` per card cell (0 where not offered, and in padding cells)."""
         cached = self._count_cache.get(name)
         if cached is None:
+            if len(self._count_cache) >= _OFFER_CACHE_LIMIT:
+                self._count_cache.clear()  # bounded: requests may name any MIG profile
             table = np.array([self._key_count(k, name) for k in self._offer_keys] + [0],
                              dtype=np.int64)
             counts: IntArray = table[self._card_offer]
@@ -625,6 +629,8 @@ class Engine:
             return None
         cached = self._names_cache.get(names)
         if cached is None:
+            if len(self._names_cache) >= _OFFER_CACHE_LIMIT:
+                self._names_cache.clear()
             mask = self._exists.copy()
             for name in names:
                 mask &= self._counts(name) > 0

@@ -253,3 +253,11 @@ def test_why_not_counts_replicas_not_entirely_free_cards() -> None:
     assert engine.filter(ask("x3", {IX: "1"})).feasible == ["ix"]
     result = engine.filter(ask("big", {IX: "6"}))
     assert "5 of 8 iluvatar.com/gpu time-sliced replicas are free" in result.failed["ix"]
+
+
+def test_the_per_name_caches_stay_bounded() -> None:
+    engine = Engine([node("nv")])
+    for gb in range(1, 700):
+        assert engine.filter(ask(f"m{gb}", {f"nvidia.com/mig-1g.{gb}gb": "1"})).feasible == []
+    assert len(engine._count_cache) <= 256 and len(engine._names_cache) <= 256
+    assert engine.filter(ask("n", {NV: "1"})).feasible == ["nv"]
