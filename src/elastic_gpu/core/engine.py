@@ -656,25 +656,27 @@ class Engine:
         best = max((self._key_count(key, n) for n in names), default=0)
         return best if best > 1 else 0
 
-    def _whole_slots(self, c: ContainerRequest, ok: BoolArray) -> IntArray:
-        """Per card cell, how many of container c's N whole-card units it can take: 1 for an
-        entirely free card; for a card time-sliced for the resource c wrote (it offers r > 1
-        devices of it), its free replica slots, each costing compute // r milli-cards and no
-        memory (so shares and replicas on one card never exceed it)."""
-        fits_mem = self._cap_mem >= c.memory_mib
-        slots: IntArray = (ok & (self._used_milli == 0) & (self._used_mem == 0)
+    def _whole_slots(self, c: ContainerRequest, ok: BoolArray, rows: slice = slice(None)
+                     ) -> IntArray:
+        """Per card cell of `rows` (`ok` has their shape), how many of container c's N
+        whole-card units it can take: 1 for an entirely free card; for a card time-sliced for
+        the resource c wrote (it offers r > 1 devices of it), its free replica slots, each
+        costing compute // r milli-cards and no memory (so shares and replicas on one card
+        never exceed it)."""
+        cap_milli, used_milli = self._cap_milli[rows], self._used_milli[rows]
+        fits_mem = self._cap_mem[rows] >= c.memory_mib
+        slots: IntArray = (ok & (used_milli == 0) & (self._used_mem[rows] == 0)
                            & fits_mem).astype(np.int64)
         name = self._replica_name(c)
         if name is None or not self._constrained:
             return slots
-        rep = self._counts(name)
+        rep = self._counts(name)[rows]
         sliced = ok & (rep > 1) & fits_mem
         if not sliced.any():
             return slots
-        per = self._cap_milli // np.maximum(rep, 1)
-        by_milli = np.where(per > 0, (self._cap_milli - self._used_milli) // np.maximum(per, 1),
-                            rep)
-        free = np.maximum(np.minimum(rep - self._used_rep, by_milli), 0)
+        per = cap_milli // np.maximum(rep, 1)
+        by_milli = np.where(per > 0, (cap_milli - used_milli) // np.maximum(per, 1), rep)
+        free = np.maximum(np.minimum(rep - self._used_rep[rows], by_milli), 0)
         out: IntArray = np.where(sliced, free, slots)
         return out
 
@@ -750,9 +752,9 @@ class Engine:
                 why = (f"node {name}: 0/{n} cards have {compute_text(c.compute_milli)} and "
                        f"{c.memory_mib} MiB free{self._model_note(pod)} (container {c.name})")
             else:
-                full = np.zeros_like(self._usable)
-                full[row, :n] = ok
-                count = int(self._whole_slots(c, full)[row, :n].sum())
+                cells = np.zeros((1, self._usable.shape[1]), dtype=bool)
+                cells[0, :n] = ok
+                count = int(self._whole_slots(c, cells, slice(row, row + 1)).sum())
                 if count >= c.cards:
                     return f"node {name} fits", "gpu"
                 why = self._whole_shortfall(row, c, count, self._model_note(pod))
