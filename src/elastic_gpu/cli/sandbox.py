@@ -40,6 +40,16 @@ def up(
         "--nodes-csv", exists=True, dir_okay=False,
         help="Alibaba trace node list (sn,cpu_milli,memory_mib,gpu,model); GPU rows only")
     ] = None,
+    cluster: Annotated[Path | None, typer.Option(
+        "--cluster", exists=True, dir_okay=False,
+        help="Cluster file: nodeGroups [{name, count, gpus, model, memoryMiB, mig, "
+        "agentConfig}], e.g. NVIDIA nodes beside time-sliced IX nodes (docs/sandbox.md)")
+    ] = None,
+    agent_config: Annotated[Path | None, typer.Option(
+        "--agent-config", exists=True, dir_okay=False,
+        help="Agent config YAML (docs/agent.md) the GPU nodes of --gpu-nodes / --nodes-csv are "
+        "published with, e.g. resources.gpu iluvatar.com/gpu and timeSlicing.replicas 4")
+    ] = None,
     scheduler_config: Annotated[Path | None, typer.Option(
         "--scheduler-config", exists=True, dir_okay=False,
         help="KubeSchedulerConfiguration YAML for the sandbox's kube-scheduler (e.g. with the "
@@ -51,16 +61,41 @@ def up(
                                            "step")] = 120.0,
 ) -> None:
     """Start etcd, kube-apiserver, kube-scheduler and kwok, and register fake GPU nodes."""
+    from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
     from elastic_gpu.devcluster import nodes, sandbox
     from elastic_gpu.devcluster.errors import DevClusterError
 
-    if nodes_csv is not None:
+    node_config: AgentConfig | None = None
+    per_node: dict[str, AgentConfig | None] = {}
+    if agent_config is not None:
+        if cluster is not None:
+            raise typer.BadParameter("--agent-config applies to --gpu-nodes / --nodes-csv; with "
+                                     "--cluster, give each node group its agentConfig",
+                                     param_hint="--agent-config")
+        try:
+            node_config = load_config(agent_config)
+        except ConfigError as err:
+            raise typer.BadParameter(str(err), param_hint="--agent-config") from None
+    if cluster is not None:
+        if gpu_nodes is not None or nodes_csv is not None:
+            raise typer.BadParameter("--cluster describes every node; leave out --gpu-nodes and "
+                                     "--nodes-csv", param_hint="--cluster")
+        try:
+            groups = nodes.load_cluster(cluster)
+        except nodes.ClusterSpecError as err:
+            raise typer.BadParameter(str(err), param_hint="--cluster") from None
+        inventories = []
+        for group in groups:
+            for inventory in group.inventories():
+                inventories.append(inventory)
+                per_node[inventory.name] = group.agent_config
+    elif nodes_csv is not None:
         try:
             inventories = nodes.read_nodes_csv(nodes_csv, limit=gpu_nodes)
         except (OSError, nodes.NodesCsvError) as err:
             raise typer.BadParameter(str(err), param_hint="--nodes-csv") from None
     elif gpu_nodes is None:
-        raise typer.BadParameter("give --gpu-nodes N or --nodes-csv PATH",
+        raise typer.BadParameter("give --gpu-nodes N, --nodes-csv PATH or --cluster FILE",
                                  param_hint="--gpu-nodes")
     else:
         inventories = nodes.uniform_inventories(gpu_nodes, gpus=gpus_per_node,
@@ -80,7 +115,9 @@ def up(
     start = time.monotonic()
     try:
         box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,
-                         timeout_s=timeout, scheduler_config=sched_cfg)
+                         timeout_s=timeout, scheduler_config=sched_cfg,
+                         agent_config=node_config,
+                         agent_configs={k: v for k, v in per_node.items() if v is not None})
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None

@@ -9,7 +9,10 @@ guess.
 JSON form (v1):
     {"v": 1, "node": "n1",
      "containers": {"main": [{"index": 0, "uuid": "GPU-…", "milli": 300, "memoryMiB": 4096}]}}
-A MIG share adds `"mig": "<profile>"` and `"migUuid": "MIG-…"`.
+A MIG share adds `"mig": "<profile>"` and `"migUuid": "MIG-…"`. A share of time-sliced replicas
+adds `"replicas": k` (k replica slots of a card time-sliced for the container's whole-card
+resource; its milli is k x the card's compute / replicas, its memory 0). Readers that predate
+it ignore the key, and count the milli.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class CardShare:
     memory_mib: int
     mig_profile: str | None = None
     mig_uuid: str | None = None
+    #: Time-sliced replica slots of this card held (0: not a replica share).
+    replicas: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index, "uuid": self.uuid, "milli": self.milli,
@@ -45,6 +50,8 @@ class CardShare:
         if self.mig_profile is not None:
             out["mig"] = self.mig_profile
             out["migUuid"] = self.mig_uuid
+        if self.replicas:
+            out["replicas"] = self.replicas
         return out
 
     @staticmethod
@@ -66,7 +73,11 @@ class CardShare:
         mig_uuid = data.get("migUuid")
         if mig is not None and not isinstance(mig, str):
             raise AssignmentError(f"card share mig={mig!r} is not a string")
-        return CardShare(index, uuid, milli, memory, mig, mig_uuid if isinstance(mig_uuid, str) else None)
+        replicas = data.get("replicas", 0)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 64:
+            raise AssignmentError(f"card share replicas={replicas!r} is not an integer 0-64")
+        return CardShare(index, uuid, milli, memory, mig, mig_uuid if isinstance(mig_uuid, str) else None,
+                         replicas)
 
 
 @dataclass(frozen=True)

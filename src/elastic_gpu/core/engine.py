@@ -28,7 +28,7 @@ from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit
 from elastic_gpu.core.fit import Unschedulable as Unschedulable  # re-exported: callers import it here
 from elastic_gpu.core.frag import Fragmentation
-from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.model import Card, Node, offered
 from elastic_gpu.core.policies import (
     CardPolicy,
     CardView,
@@ -41,10 +41,15 @@ from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.policies.node import MAX_SPEC_CPU, BinpackPolicy, SpreadPolicy
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
-from elastic_gpu.core.resources import MILLI_PER_CARD
+from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, lookup
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskShape
 
 IntArray = npt.NDArray[np.int64]
+#: Card matrices kept per resource name and per set of names before the caches start over.
+_OFFER_CACHE_LIMIT = 256
+#: What a card serves, as far as fit is concerned: (card offers, node offers, healthy plain
+#: cards of the node), the offers as sorted item tuples; None where unknown.
+_OfferKey = tuple[tuple[tuple[str, int], ...] | None, tuple[tuple[str, int], ...] | None, int]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
@@ -184,6 +189,12 @@ class Engine:
         #: bumped by every change of usage or layout: the fit-mask memo is valid while equal
         self._generation = 0
         self._mask_memo: tuple[int, PodRequest, BoolArray] | None = None
+        #: offer classes of cards (see `_OfferKey`) and, per resource name and per distinct set
+        #: of written names, the card matrices derived from them; rebuilt with the layout
+        self._offer_keys: list[_OfferKey] = []
+        self._constrained = False
+        self._count_cache: dict[str, IntArray] = {}
+        self._names_cache: dict[tuple[str, ...], BoolArray] = {}
         for node in nodes:
             self.upsert_node(node)
 
@@ -432,9 +443,21 @@ class Engine:
         self._used_milli: IntArray = np.zeros((n, width), dtype=np.int64)
         self._used_mem: IntArray = np.zeros((n, width), dtype=np.int64)
         self._card_model: IntArray = np.zeros((n, width), dtype=np.int64)
+        #: time-sliced replica slots held per card (shares with `replicas`)
+        self._used_rep: IntArray = np.zeros((n, width), dtype=np.int64)
+        #: offer class per card; padding cells hold the spare class past the end (offers nothing)
+        self._card_offer: IntArray = np.zeros((n, width), dtype=np.int64)
+        offer_id: dict[_OfferKey, int] = {}
+        self._offer_keys = []
+        self._count_cache.clear()
+        self._names_cache.clear()
+        offer_rows: list[list[int]] = []
         for i, r in enumerate(self._rows):
             r.mig_owner.clear()
             r.tags.clear()
+            node_offers = (tuple(r.node.offers.items()) if r.node.offers is not None else None)
+            silent = -1  # the class of this row's cards that say nothing, once needed
+            ids: list[int] = []
             for c, card in enumerate(r.cards):
                 self._exists[i, c] = True
                 self._usable[i, c] = card.healthy and not card.mig_enabled
@@ -442,6 +465,30 @@ class Engine:
                 self._cap_milli[i, c] = card.compute_milli
                 self._cap_mem[i, c] = card.memory_mib
                 self._card_model[i, c] = self._model_index(card.model)
+                if card.offers is None and silent >= 0:
+                    ids.append(silent)
+                    continue
+                okey: _OfferKey
+                if card.offers is None:
+                    # only these cards split the node's whole-card count over healthy plain cards
+                    plain = (sum(1 for k in r.cards if k.healthy and not k.mig_enabled)
+                             if node_offers is not None else 0)
+                    okey = (None, node_offers, plain)
+                else:
+                    okey = (tuple(card.offers.items()), node_offers, 0)
+                idx = offer_id.get(okey)
+                if idx is None:
+                    idx = offer_id[okey] = len(self._offer_keys)
+                    self._offer_keys.append(okey)
+                if card.offers is None:
+                    silent = idx
+                ids.append(idx)
+            offer_rows.append(ids)
+        # padding cells (and rows without cards) get the spare class, which offers nothing
+        self._card_offer.fill(len(self._offer_keys))
+        for i, ids in enumerate(offer_rows):
+            self._card_offer[i, :len(ids)] = ids
+        self._constrained = any(k[0] is not None or k[1] is not None for k in self._offer_keys)
         for name, (cpu, mem) in self._outside.items():
             row = self._row_of.get(name)
             if row is not None:
@@ -480,6 +527,7 @@ class Engine:
                     r.mig_owner.pop(share.mig_uuid, None)
             self._used_milli[row, col] += sign * share.milli
             self._used_mem[row, col] += sign * share.memory_mib
+            self._used_rep[row, col] += sign * share.replicas
         if entry.tag is not None:
             r.tags[entry.tag] += sign
             if r.tags[entry.tag] <= 0:
@@ -502,6 +550,7 @@ class Engine:
                 int(self._mem_cap[row] - self._mem_used[row]), int(self._mem_cap[row]), Unit.MIB), node)
         add_milli: Counter[int] = Counter()
         add_mem: Counter[int] = Counter()
+        add_rep: Counter[int] = Counter()
         for share in assignment.shares():
             col = r.column.get(share.index)
             if col is None:
@@ -521,6 +570,14 @@ class Engine:
                 raise Unschedulable(FitFailure(FitKind.MIG_ENABLED_CARD, card=card.index), node)
             add_milli[col] += share.milli
             add_mem[col] += share.memory_mib
+            add_rep[col] += share.replicas
+        for col, count in add_rep.items():
+            card = r.cards[col]
+            slots = self._replica_slots(row, col)
+            if self._used_rep[row, col] + count > slots:
+                raise Unschedulable(FitFailure(
+                    FitKind.CARD_REPLICAS, "", count, max(0, slots - int(self._used_rep[row, col])),
+                    slots, Unit.REPLICAS, card=card.index), node)
         for col, milli in add_milli.items():
             card = r.cards[col]
             if self._used_milli[row, col] + milli > card.compute_milli:
@@ -554,6 +611,97 @@ class Engine:
         out: BoolArray = self._usable & accepted[self._card_model]
         return out
 
+    # ------------------------------------------------------------------ internals: offers
+
+    @staticmethod
+    def _key_count(key: _OfferKey, name: str) -> int:
+        """Devices of `name` a card of this offer class serves (see `model.offered`): what the
+        card offers, within what its Node advertises; a card that says nothing (an older
+        agent) gets the node's whole-card count split over its healthy plain cards; nothing
+        known at all serves every name once (the simulator)."""
+        card_offers, node_offers, plain = key
+        if node_offers is not None and offered(dict(node_offers), name) == 0:
+            return 0
+        if card_offers is not None:
+            return offered(dict(card_offers), name)
+        if node_offers is not None:
+            count = offered(dict(node_offers), name)
+            spec = lookup(name)
+            if spec is not None and spec.measure is Measure.CARDS:
+                return max(1, count // max(1, plain))
+            return count
+        return 1
+
+    def _counts(self, name: str) -> IntArray:
+        """Devices of `name` per card cell (0 where not offered, and in padding cells)."""
+        cached = self._count_cache.get(name)
+        if cached is None:
+            if len(self._count_cache) >= _OFFER_CACHE_LIMIT:
+                self._count_cache.clear()  # bounded: requests may name any MIG profile
+            table = np.array([self._key_count(k, name) for k in self._offer_keys] + [0],
+                             dtype=np.int64)
+            counts: IntArray = table[self._card_offer]
+            cached = self._count_cache[name] = counts
+        return cached
+
+    def _offer_mask(self, names: tuple[str, ...]) -> BoolArray | None:
+        """Cards that serve every one of `names` (a container's written GPU resources); None
+        when no card or node says what it offers (every card serves everything)."""
+        if not self._constrained or not names:
+            return None
+        cached = self._names_cache.get(names)
+        if cached is None:
+            if len(self._names_cache) >= _OFFER_CACHE_LIMIT:
+                self._names_cache.clear()
+            mask = self._exists.copy()
+            for name in names:
+                mask &= self._counts(name) > 0
+            cached = self._names_cache[names] = mask
+        return cached
+
+    @staticmethod
+    def _replica_name(c: ContainerRequest) -> str | None:
+        """The whole-card resource a WHOLE container wrote (its replicas, if time-sliced)."""
+        if c.kind is not RequestKind.WHOLE:
+            return None
+        for name in c.resources:
+            spec = lookup(name)
+            if spec is not None and spec.measure is Measure.CARDS:
+                return name
+        return None
+
+    def _replica_slots(self, row: int, col: int) -> int:
+        """Time-sliced replicas a card has in all: its largest whole-card offer above 1."""
+        key = self._offer_keys[int(self._card_offer[row, col])]
+        names = {n for part in key[:2] if part is not None for n, _ in part
+                 if (spec := lookup(n)) is not None and spec.measure is Measure.CARDS}
+        best = max((self._key_count(key, n) for n in names), default=0)
+        return best if best > 1 else 0
+
+    def _whole_slots(self, c: ContainerRequest, ok: BoolArray, rows: slice = slice(None)
+                     ) -> IntArray:
+        """Per card cell of `rows` (`ok` has their shape), how many of container c's N
+        whole-card units it can take: 1 for an entirely free card; for a card time-sliced for
+        the resource c wrote (it offers r > 1 devices of it), its free replica slots, each
+        costing compute // r milli-cards and no memory (so shares and replicas on one card
+        never exceed it)."""
+        cap_milli, used_milli = self._cap_milli[rows], self._used_milli[rows]
+        fits_mem = self._cap_mem[rows] >= c.memory_mib
+        slots: IntArray = (ok & (used_milli == 0) & (self._used_mem[rows] == 0)
+                           & fits_mem).astype(np.int64)
+        name = self._replica_name(c)
+        if name is None or not self._constrained:
+            return slots
+        rep = self._counts(name)[rows]
+        sliced = ok & (rep > 1) & fits_mem
+        if not sliced.any():
+            return slots
+        per = cap_milli // np.maximum(rep, 1)
+        by_milli = np.where(per > 0, (cap_milli - used_milli) // np.maximum(per, 1), rep)
+        free = np.maximum(np.minimum(rep - self._used_rep[rows], by_milli), 0)
+        out: IntArray = np.where(sliced, free, slots)
+        return out
+
     def _fit_mask(self, pod: PodRequest) -> BoolArray:
         """Which rows can host the pod. Memoised for the last pod while nothing changed: the
         extender asks filter and then prioritize for the same pod. Callers must not mutate it."""
@@ -572,13 +720,15 @@ class Engine:
         if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
             c = gpu[0]
             ok = self._model_ok(pod)
+            offer = self._offer_mask(c.resources)
+            if offer is not None:
+                ok = ok & offer
             if c.kind is RequestKind.SHARE:
                 cards = (ok & (self._cap_milli - self._used_milli >= c.compute_milli)
                          & (self._cap_mem - self._used_mem >= c.memory_mib))
                 share_ok: BoolArray = host & cards.any(axis=1)
                 return share_ok
-            free = ok & (self._used_milli == 0) & (self._used_mem == 0) & (self._cap_mem >= c.memory_mib)
-            whole_ok: BoolArray = host & (free.sum(axis=1) >= c.cards)
+            whole_ok: BoolArray = host & (self._whole_slots(c, ok).sum(axis=1) >= c.cards)
             return whole_ok
         binpack = self._card_policy("binpack")
         out = host.copy()
@@ -609,6 +759,9 @@ class Engine:
                               allowed=(tuple(sorted(pod.allowed_models))
                                        if pod.allowed_models is not None else None),
                               denied=tuple(sorted(pod.denied_models)))
+        missing = self._missing_offer(row, gpu)
+        if missing is not None:
+            return missing
         if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
             # What `_plan` would say for one share or whole-card container, from the arrays
             # (the extender explains failed nodes per request; planning each costs ~0.1 ms).
@@ -616,15 +769,60 @@ class Engine:
             n = len(r.cards)
             ok = self._usable[row, :n] & np.array([pod.accepts_model(card.model) for card in r.cards],
                                                    dtype=bool)
+            offer = self._offer_mask(c.resources)
+            if offer is not None:
+                ok = ok & offer[row, :n]
             if c.kind is RequestKind.SHARE:
                 cand = ok & (self._cap_milli[row, :n] - self._used_milli[row, :n] >= c.compute_milli) \
                     & (self._cap_mem[row, :n] - self._used_mem[row, :n] >= c.memory_mib)
                 return None if cand.any() else self._share_failure(pod, c, n)
-            count = int((ok & (self._used_milli[row, :n] == 0) & (self._used_mem[row, :n] == 0)
-                         & (self._cap_mem[row, :n] >= c.memory_mib)).sum())
-            return None if count >= c.cards else self._cards_failure(pod, c, count, n)
+            cells = np.zeros((1, self._usable.shape[1]), dtype=bool)
+            cells[0, :n] = ok
+            count = int(self._whole_slots(c, cells, slice(row, row + 1)).sum())
+            return None if count >= c.cards else self._whole_shortfall(pod, row, c, count)
         plan = self._plan(row, pod, self._card_policy("binpack"))
         return plan if isinstance(plan, FitFailure) else None
+
+    def _missing_offer(self, row: int, gpu: Sequence[ContainerRequest]) -> FitFailure | None:
+        """Why the node serves no container's resource at all (vendor, name), if so: the
+        first written name no card of the node offers."""
+        if not self._constrained:
+            return None
+        r = self._rows[row]
+        n = len(r.cards)
+        for c in gpu:
+            for res in c.resources:
+                if not (self._counts(res)[row, :n] > 0).any():
+                    return FitFailure(FitKind.RESOURCE_NOT_OFFERED, res, capacity=n,
+                                      unit=Unit.CARDS, container=c.name,
+                                      offered=self._offered_names(row))
+            offer = self._offer_mask(c.resources)
+            if offer is not None and not offer[row, :n].any():
+                return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.resources),
+                                  capacity=n, unit=Unit.CARDS, container=c.name,
+                                  offered=self._offered_names(row))
+        return None
+
+    def _offered_names(self, row: int) -> tuple[str, ...]:
+        """The GPU resource names some card of the row offers (for messages)."""
+        names: set[str] = set()
+        for col in range(len(self._rows[row].cards)):
+            key = self._offer_keys[int(self._card_offer[row, col])]
+            names.update(n for part in key[:2] if part is not None for n, count in part
+                         if count > 0 and self._key_count(key, n) > 0)
+        return tuple(sorted(names))
+
+    def _whole_shortfall(self, pod: PodRequest, row: int, c: ContainerRequest, count: int
+                         ) -> FitFailure:
+        """Too few whole-card units: entirely free cards, or time-sliced replica slots where
+        the node's cards are time-sliced for the name the container wrote."""
+        n = len(self._rows[row].cards)
+        name = self._replica_name(c)
+        if name is not None and self._constrained and (self._counts(name)[row, :n] > 1).any():
+            total = int(self._counts(name)[row, :n].sum())
+            return FitFailure(FitKind.INSUFFICIENT_REPLICAS, name, c.cards, count, total,
+                              Unit.REPLICAS, c.name, _restricts_models(pod))
+        return self._cards_failure(pod, c, count, n)
 
     @staticmethod
     def _share_failure(pod: PodRequest, c: ContainerRequest, cards: int) -> FitFailure:
@@ -661,8 +859,15 @@ class Engine:
             take(FitKind.NO_HEALTHY_GPU.category,
                  np.logical_not((self._usable | self._mig_card).any(axis=1)))
             accepted = np.array([pod.accepts_model(m) for m in self._models] + [False], dtype=bool)
-            offered: BoolArray = (self._exists & accepted[self._card_model]).any(axis=1)
-            take(FitKind.MODEL_NOT_ACCEPTED.category, ~offered)
+            has_model: BoolArray = (self._exists & accepted[self._card_model]).any(axis=1)
+            take(FitKind.MODEL_NOT_ACCEPTED.category, ~has_model)
+            if self._constrained:
+                no_offer = np.zeros(n, dtype=bool)
+                for c in pod.gpu_containers:
+                    offer = self._offer_mask(c.resources)
+                    if offer is not None:
+                        no_offer |= ~offer.any(axis=1)
+                take(FitKind.RESOURCE_NOT_OFFERED.category, no_offer)
             kinds = {c.kind for c in pod.gpu_containers}
             take(FitKind.INSUFFICIENT_MIG.category if kinds == {RequestKind.MIG}
                  else FitKind.INSUFFICIENT_CARDS.category, left.copy())
@@ -684,17 +889,31 @@ class Engine:
         free_milli = [int(self._cap_milli[row, c] - self._used_milli[row, c]) for c in cols]
         free_mem = [int(self._cap_mem[row, c] - self._used_mem[row, c]) for c in cols]
         untouched = [bool(self._used_milli[row, c] == 0 and self._used_mem[row, c] == 0) for c in cols]
+        used_rep = [int(self._used_rep[row, c]) for c in cols]
         view = CardView(self._view(row), task_shape(pod), cards, free_milli, free_mem)
         taken_mig: set[str] = set()
         plan: dict[str, tuple[CardShare, ...]] = {}
+
+        def served(c: ContainerRequest) -> list[bool]:
+            offer = self._offer_mask(c.resources)
+            return [True] * len(cols) if offer is None else [bool(offer[row, col]) for col in cols]
 
         def order(c: ContainerRequest) -> tuple[int, int, int, int]:
             rank = {RequestKind.WHOLE: 0, RequestKind.MIG: 1, RequestKind.SHARE: 2}[c.kind]
             return (rank, -c.cards, -c.compute_milli, -c.memory_mib)
 
         for c in sorted(pod.gpu_containers, key=order):
+            ok = served(c)
             if c.kind is RequestKind.WHOLE:
-                cand = [p for p in range(len(cards)) if untouched[p] and cards[p].memory_mib >= c.memory_mib]
+                replicas = self._plan_replicas(row, c, policy, view, cols, ok, untouched, used_rep,
+                                               pod)
+                if replicas is not None:
+                    if isinstance(replicas, FitFailure):
+                        return replicas
+                    plan[c.name] = replicas
+                    continue
+                cand = [p for p in range(len(cards))
+                        if ok[p] and untouched[p] and cards[p].memory_mib >= c.memory_mib]
                 if len(cand) < c.cards:
                     return self._cards_failure(pod, c, len(cand), len(r.cards))
                 picked = policy.pick_whole(self.ctx, view, cand, c.cards)
@@ -707,7 +926,7 @@ class Engine:
                 plan[c.name] = tuple(shares)
             elif c.kind is RequestKind.SHARE:
                 cand = [p for p in range(len(cards))
-                        if free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
+                        if ok[p] and free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
                 if not cand:
                     return self._share_failure(pod, c, len(r.cards))
                 p = policy.pick_share(self.ctx, view, cand, c.compute_milli, c.memory_mib)
@@ -719,12 +938,15 @@ class Engine:
             elif c.kind is RequestKind.MIG:
                 assert c.mig_profile is not None
                 found: list[CardShare] = []
-                offered = 0
-                for card in r.cards:
+                profile_total = 0
+                mig_offer = self._offer_mask(c.resources)
+                for col, card in enumerate(r.cards):
                     if not card.healthy or not pod.accepts_model(card.model):
                         continue
+                    if mig_offer is not None and not mig_offer[row, col]:
+                        continue
                     for inst in card.mig:
-                        offered += inst.profile == c.mig_profile
+                        profile_total += inst.profile == c.mig_profile
                         if len(found) == c.cards:
                             continue
                         if (inst.profile == c.mig_profile and inst.health.value == "Healthy"
@@ -735,10 +957,64 @@ class Engine:
                                                    c.mig_profile.name, inst.uuid))
                 if len(found) < c.cards:
                     return FitFailure(FitKind.INSUFFICIENT_MIG, c.mig_profile.resource_name, c.cards,
-                                      len(found), offered, Unit.INSTANCES, c.name,
+                                      len(found), profile_total, Unit.INSTANCES, c.name,
                                       _restricts_models(pod))
                 plan[c.name] = tuple(found)
         return plan
+
+    def _plan_replicas(self, row: int, c: ContainerRequest, policy: CardPolicy, view: CardView,
+                       cols: list[int], ok: list[bool], untouched: list[bool], used_rep: list[int],
+                       pod: PodRequest) -> tuple[CardShare, ...] | FitFailure | None:
+        """A WHOLE container's N units where some served card is time-sliced for the resource
+        it wrote (None otherwise: plain whole cards). A time-sliced card gives replica slots
+        (r in all, each compute // r milli-cards, no memory); an entirely free plain card
+        serving the name gives one whole unit. Each unit goes on a card of its own while
+        there is one (the card policy picks as for a share of one slot), then replicas stack.
+        Updates the view's free amounts, `untouched` and `used_rep` in place."""
+        name = self._replica_name(c)
+        if name is None or not self._constrained:
+            return None
+        counts = self._counts(name)
+        cards = view.cards
+        rep = [int(counts[row, col]) for col in cols]
+        fits = [ok[p] and cards[p].memory_mib >= c.memory_mib for p in range(len(cols))]
+        if not any(fits[p] and rep[p] > 1 for p in range(len(cols))):
+            return None
+        per = [cards[p].compute_milli // rep[p] if rep[p] > 1 else cards[p].compute_milli
+               for p in range(len(cols))]
+
+        def slots(p: int) -> int:
+            if not fits[p]:
+                return 0
+            if rep[p] <= 1:
+                return int(untouched[p])
+            by_milli = view.free_milli[p] // per[p] if per[p] > 0 else rep[p]
+            return max(0, min(rep[p] - used_rep[p], by_milli))
+
+        total = sum(slots(p) for p in range(len(cols)))
+        if total < c.cards:
+            return self._whole_shortfall(pod, row, c, total)
+        taken: dict[int, int] = {}
+        for _ in range(c.cards):
+            cand = [p for p in range(len(cols)) if p not in taken and slots(p) > 0]
+            if not cand:  # more units than cards with room: replicas stack on sliced cards
+                cand = [p for p in range(len(cols)) if rep[p] > 1 and slots(p) > 0]
+            p = policy.pick_share(self.ctx, view, cand, per[cand[0]], 0)
+            taken[p] = taken.get(p, 0) + 1
+            untouched[p] = False
+            if rep[p] > 1:
+                used_rep[p] += 1
+                view.free_milli[p] -= per[p]
+            else:
+                view.free_milli[p] = view.free_memory[p] = 0
+        shares = []
+        for p, k in taken.items():
+            card = cards[p]
+            if rep[p] > 1:
+                shares.append(CardShare(card.index, card.uuid, k * per[p], 0, replicas=k))
+            else:
+                shares.append(CardShare(card.index, card.uuid, card.compute_milli, card.memory_mib))
+        return tuple(shares)
 
     # ------------------------------------------------------------------ internals: scoring
 

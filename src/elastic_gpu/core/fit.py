@@ -45,12 +45,17 @@ class FitKind(enum.Enum):
     INSUFFICIENT_SHARE = "insufficient-share"
     #: too few entirely free cards: `requested`, `free`, `capacity` in cards
     INSUFFICIENT_CARDS = "insufficient-cards"
+    #: too few free time-sliced replicas of a whole-card name (`resource`) on cards that are
+    #: time-sliced for it: `requested`, `free`, `capacity` in replicas
+    INSUFFICIENT_REPLICAS = "insufficient-replicas"
     #: too few free MIG instances of a profile (`resource`): `requested`, `free`, `capacity`
     INSUFFICIENT_MIG = "insufficient-mig"
     #: ledger: one card's compute would be exceeded (`card`; milli-cards)
     CARD_COMPUTE = "card-compute"
     #: ledger: one card's memory would be exceeded (`card`; MiB)
     CARD_MEMORY = "card-memory"
+    #: ledger: one time-sliced card's replica slots would be exceeded (`card`; replicas)
+    CARD_REPLICAS = "card-replicas"
     #: ledger: the assignment names a card the node does not have (`card`)
     NO_SUCH_CARD = "no-such-card"
     #: ledger: the assignment names a MIG instance the card does not have (`card`, `instance`)
@@ -65,7 +70,7 @@ class FitKind(enum.Enum):
 
     @property
     def category(self) -> str:
-        """The short key the simulator counts failures by: cpu, memory, model, mig, node, gpu."""
+        """The short key failures are counted by: cpu, memory, model, resource, mig, node, gpu."""
         return _CATEGORY.get(self, "gpu")
 
 
@@ -75,6 +80,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.HOST_CPU: "cpu",
     FitKind.HOST_MEMORY: "memory",
     FitKind.MODEL_NOT_ACCEPTED: "model",
+    FitKind.RESOURCE_NOT_OFFERED: "resource",
     FitKind.INSUFFICIENT_MIG: "mig",
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
     FitKind.MIG_INSTANCE_HELD: "mig",
@@ -88,6 +94,7 @@ class Unit(enum.Enum):
     MILLI_CARDS = "milli-cards"  # 1000 = one card; people read it as percent (1% = 10)
     CARDS = "cards"
     INSTANCES = "instances"
+    REPLICAS = "replicas"
 
 
 @dataclass(frozen=True)
@@ -204,7 +211,8 @@ def describe(failure: FitFailure) -> str:
         return f"{f.free} MiB of memory free, {f.requested} asked"
     if kind is FitKind.RESOURCE_NOT_OFFERED:
         offered = ", ".join(f.offered) if f.offered else "no GPU resource"
-        return f"the node does not offer {f.resource} (it offers {offered})"
+        asker = f", {_container(f)} asks for it" if f.container else ""
+        return f"the node does not offer {f.resource} (it offers {offered}){asker}"
     if kind is FitKind.NO_HEALTHY_GPU:
         return f"no healthy GPU (0 of {f.capacity} cards)"
     if kind is FitKind.MODEL_NOT_ACCEPTED:
@@ -216,6 +224,9 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.INSUFFICIENT_CARDS:
         return (f"{f.free} of {f.capacity} cards are entirely free{_among(f)}, "
                 f"{_container(f)} needs {f.requested}")
+    if kind is FitKind.INSUFFICIENT_REPLICAS:
+        return (f"{f.free} of {f.capacity} {f.resource} time-sliced replicas are free"
+                f"{_among(f)}, {_container(f)} needs {f.requested}")
     if kind is FitKind.INSUFFICIENT_MIG:
         profile = f.resource.removeprefix("nvidia.com/mig-")
         return (f"{f.free} of {f.capacity} MIG {profile} instances free, "
@@ -223,6 +234,8 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.CARD_COMPUTE:
         return (f"card {f.card} has {compute_text(f.free)} free, {compute_text(f.requested)} "
                 "asked")
+    if kind is FitKind.CARD_REPLICAS:
+        return f"card {f.card} has {f.free} time-sliced replicas free, {f.requested} asked"
     if kind is FitKind.CARD_MEMORY:
         return f"card {f.card} has {f.free} MiB free, {f.requested} asked"
     if kind is FitKind.NO_SUCH_CARD:

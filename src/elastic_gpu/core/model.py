@@ -11,7 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile
+from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, MigProfile, lookup
 
 
 class LinkKind(enum.Enum):
@@ -79,8 +79,14 @@ class Card:
     numa_node: int | None = None
     #: Multi-chip boards: the board's id; chips of one board share it.
     board: str | None = None
+    #: What the card backs, as its node's agent advertises it: resource name -> devices of
+    #: that resource on this card (e.g. {"iluvatar.com/gpu": 4, "elasticgpu.io/gpu-core": 100}).
+    #: None: unknown, the card serves any name (the simulator's trace cards, older agents).
+    offers: Mapping[str, int] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        if self.offers is not None:
+            object.__setattr__(self, "offers", _frozen_offers(f"card {self.index}", self.offers))
         if self.index < 0:
             raise ValueError(f"card index {self.index} is negative")
         if self.memory_mib <= 0:
@@ -106,8 +112,13 @@ class Node:
     memory_mib: int
     cards: tuple[Card, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: The GPU resources the Node object advertises (status.allocatable): a node-level check
+    #: for cards whose `offers` are unknown. None: unknown (the simulator).
+    offers: Mapping[str, int] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
+        if self.offers is not None:
+            object.__setattr__(self, "offers", _frozen_offers(f"node {self.name}", self.offers))
         indexes = [card.index for card in self.cards]
         if len(set(indexes)) != len(indexes):
             raise ValueError(f"node {self.name}: duplicate card indexes {sorted(indexes)}")
@@ -127,3 +138,45 @@ class Node:
             if card.index == index:
                 return card
         raise KeyError(f"node {self.name} has no card {index}")
+
+
+def _frozen_offers(where: str, offers: Mapping[str, int]) -> Mapping[str, int]:
+    for name, count in offers.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"{where}: offers {name}={count!r}; must be a whole number >= 0")
+    return dict(sorted(offers.items()))  # a plain dict: pickles (sim workers); never mutated
+
+
+#: Measures whose names are Elastic GPU's own shares, whatever alias a pod writes: any card
+#: offering one name of the measure serves every name of it (see `offered`).
+SHARE_MEASURES = frozenset({Measure.COMPUTE, Measure.MEMORY})
+
+
+def offered(offers: Mapping[str, int], name: str) -> int:
+    """How many devices of the resource `name` these offers hold, under the serving rule:
+
+    - whole-card names (nvidia.com/gpu, iluvatar.com/gpu, elasticgpu.io/gpu) and MIG names are
+      a vendor's device plugin: only the very name counts (a node with nvidia.com/gpu does not
+      serve iluvatar.com/gpu);
+    - compute and memory names (elasticgpu.io/gpu-core, tencent.com/vcuda-core,
+      nano-gpu/gpu-percent, gpushare.provisioner.elasticgpu.io/..., tencent.com/vcuda-memory,
+      elasticgpu.io/gpu-memory) are aliases of one Elastic GPU share (the resource table):
+      the name itself, else the largest count of any offered name of the same measure.
+    Names that are not GPU resources are never offered (0)."""
+    count = offers.get(name, 0)
+    if count > 0:
+        return count
+    spec = lookup(name)
+    if spec is None or spec.measure not in SHARE_MEASURES:
+        return 0
+    best = 0
+    for other, n in offers.items():
+        other_spec = lookup(other)
+        if other_spec is not None and other_spec.measure is spec.measure:
+            best = max(best, n)
+    return best
+
+
+def serves(offers: Mapping[str, int] | None, names: tuple[str, ...] | frozenset[str]) -> bool:
+    """Whether a card (or node) with these offers serves every name; None serves anything."""
+    return offers is None or all(offered(offers, name) > 0 for name in names)

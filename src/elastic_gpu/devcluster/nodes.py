@@ -1,23 +1,33 @@
 """Fake GPU nodes: their inventory, their Node objects, registering them in bulk.
 
-`register_fake_node` is the single way a fake node enters a cluster, so that the node agent's
-fake backend can later take it over (publishing the inventory by the same code path as real
-nodes) without touching the sandbox or the tests.
+`register_fake_node` is the single way a fake node enters a cluster: it creates the Node and
+publishes the cards through the node agent's fake backend, with an agent configuration
+(`AgentConfig` or its YAML/dict form), by the very code path a real agent with that
+configuration publishes a real node. So an IX node (resources.gpu iluvatar.com/gpu,
+timeSlicing.replicas 4, 2 cards) advertises `iluvatar.com/gpu: 8` and each of its GPUDevices
+says it backs 4 of them. Without a configuration, fake nodes get `FAKE_NODE_AGENT_CONFIG`:
+the agent's defaults with migStrategy mixed (so cards carved into MIG instances advertise them).
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.core.model import Card, Node
-from elastic_gpu.core.resources import GPU_CORE, GPU_MEMORY, MILLI_PER_PERCENT
+from elastic_gpu.agent.config import AgentConfig, ConfigError, MigStrategy, parse_config
+from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
 
 NVIDIA_GPU = "nvidia.com/gpu"
+#: How fake nodes are published when no agent configuration is given.
+FAKE_NODE_AGENT_CONFIG = AgentConfig(migStrategy=MigStrategy.MIXED)
+AgentConfigLike = AgentConfig | Mapping[str, Any]
 #: Labels that tell fake nodes apart and describe their cards the way GPU feature discovery
 #: labels real ones.
 FAKE_NODE_LABEL = "elasticgpu.io/fake-node"
@@ -44,19 +54,37 @@ def fake_inventory(name: str, *, gpus: int, gpu_model: str = DEFAULT_GPU_MODEL,
     return Node(name=name, cpu_milli=cpu_milli, memory_mib=memory_mib, cards=cards)
 
 
-def node_capacity(inventory: Node) -> dict[str, str]:
-    """What the node advertises: CPU, memory, pods, and its healthy GPUs in every unit."""
-    cards = [card for card in inventory.cards if card.healthy]
-    capacity = {
-        "cpu": f"{inventory.cpu_milli}m",
-        "memory": f"{inventory.memory_mib}Mi",
-        "pods": str(PODS_PER_NODE),
-    }
-    if cards:
-        capacity[NVIDIA_GPU] = str(len(cards))
-        capacity[GPU_CORE] = str(sum(card.compute_milli for card in cards) // MILLI_PER_PERCENT)
-        capacity[GPU_MEMORY] = str(sum(card.memory_mib for card in cards))
-    return capacity
+def as_agent_config(config: AgentConfigLike | None, source: str = "agent config") -> AgentConfig:
+    """An `AgentConfig` from itself, its dict (YAML) form, or None (the fake-node default);
+    a bad dict raises `ConfigError` naming the field."""
+    if config is None:
+        return FAKE_NODE_AGENT_CONFIG
+    if isinstance(config, AgentConfig):
+        return config
+    return parse_config(dict(config), source)
+
+
+def _host(inventory: Node) -> dict[str, str]:
+    return {"cpu": f"{inventory.cpu_milli}m", "memory": f"{inventory.memory_mib}Mi",
+            "pods": str(PODS_PER_NODE)}
+
+
+def gpu_status(inventory: Node, config: AgentConfigLike | None = None
+               ) -> tuple[dict[str, str], dict[str, str]]:
+    """(capacity, allocatable) of the GPU resources, exactly as the agent with `config`
+    advertises them for these cards (its own functions compute them)."""
+    from elastic_gpu.agent.devices import build_plans, logical_cards
+    from elastic_gpu.agent.devices import node_capacity as agent_capacity
+
+    cfg = as_agent_config(config)
+    cards = logical_cards(inventory.cards, cfg.splitBoard)
+    return agent_capacity(cards, cfg, build_plans(cards, cfg))
+
+
+def node_capacity(inventory: Node, config: AgentConfigLike | None = None) -> dict[str, str]:
+    """What the node offers to pods (allocatable): CPU, memory, pods, and its healthy GPUs in
+    every unit the agent with `config` advertises."""
+    return {**_host(inventory), **gpu_status(inventory, config)[1]}
 
 
 def node_labels(inventory: Node) -> dict[str, str]:
@@ -76,10 +104,11 @@ def node_labels(inventory: Node) -> dict[str, str]:
     return labels
 
 
-def node_manifest(inventory: Node) -> dict[str, Any]:
+def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dict[str, Any]:
     """The Node object for `inventory`, status included: the apiserver keeps status on create
-    (a kubelet registers its node the same way), so one request makes the node complete."""
-    capacity = node_capacity(inventory)
+    (a kubelet registers its node the same way), so one request makes the node complete, and
+    the agent's capacity patch that follows finds nothing to change."""
+    gpu_capacity, gpu_allocatable = gpu_status(inventory, config)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -90,17 +119,21 @@ def node_manifest(inventory: Node) -> dict[str, Any]:
                             "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {},
-        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+        "status": {"capacity": {**_host(inventory), **gpu_capacity},
+                   "allocatable": {**_host(inventory), **gpu_allocatable}},
     }
 
 
-def register_fake_node(client: Any, inventory: Node) -> None:
-    """Create (or bring up to date) the Node for `inventory`; `client` is a lightkube Client."""
+def register_fake_node(client: Any, inventory: Node, agent_config: AgentConfigLike | None = None
+                       ) -> None:
+    """Create (or bring up to date) the Node for `inventory` and publish its cards as the
+    agent with `agent_config` would; `client` is a lightkube Client."""
     from lightkube import codecs
     from lightkube.core.exceptions import ApiError
     from lightkube.resources.core_v1 import Node as K8sNode
 
-    manifest = node_manifest(inventory)
+    config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
+    manifest = node_manifest(inventory, config)
     try:
         client.create(codecs.from_dict(manifest))
     except ApiError as err:
@@ -113,21 +146,33 @@ def register_fake_node(client: Any, inventory: Node) -> None:
     # backend: the same code path that publishes a real node's inventory.
     from elastic_gpu.agent.publish import publish_fake_node
 
-    publish_fake_node(client, inventory)
+    publish_fake_node(client, inventory, config)
 
 
-def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: int = 16) -> int:
-    """Register many nodes concurrently (the apiserver handles parallel creates well)."""
+def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: int = 16,
+                        agent_config: AgentConfigLike | None = None,
+                        agent_configs: Mapping[str, AgentConfigLike] | None = None) -> int:
+    """Register many nodes concurrently (the apiserver handles parallel creates well), each
+    published with `agent_configs[node name]`, else `agent_config`, else the default."""
     items = list(inventories)
     if not items:
         return 0
+    per_node = agent_configs or {}
+    # Validate every configuration before the first node is created.
+    configs = {inv.name: agent_config_for(inv.name, per_node.get(inv.name, agent_config))
+               for inv in items}
     # The first node goes alone: lightkube (msgspec) builds its per-class decoders on first
     # use, and doing that from several threads at once crashes the interpreter (SIGSEGV).
-    register_fake_node(client, items[0])
+    register_fake_node(client, items[0], configs[items[0].name])
     with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(items) - 1))) as pool:
-        for future in [pool.submit(register_fake_node, client, inv) for inv in items[1:]]:
+        for future in [pool.submit(register_fake_node, client, inv, configs[inv.name])
+                       for inv in items[1:]]:
             future.result()
     return len(items)
+
+
+def agent_config_for(node: str, config: AgentConfigLike | None) -> AgentConfig:
+    return as_agent_config(config, f"node {node}: agent config")
 
 
 def unregister_fake_node(client: Any, name: str) -> None:
@@ -228,3 +273,134 @@ def _node_name(serial: str) -> str:
 
 def names(inventories: Sequence[Node]) -> list[str]:
     return [inv.name for inv in inventories]
+
+
+# ---------------------------------------------------------------------------- cluster files
+
+class ClusterSpecError(ValueError):
+    """A cluster file (`egpu sandbox up --cluster`) that cannot be used; the message names
+    the field, its value and the rule."""
+
+
+_GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "mig",
+               "agentConfig")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """`count` identical fake nodes named <name>-000, <name>-001, ..., published with
+    `agent_config` (None: `FAKE_NODE_AGENT_CONFIG`)."""
+
+    name: str
+    count: int
+    gpus: int
+    model: str = DEFAULT_GPU_MODEL
+    memory_mib: int = DEFAULT_GPU_MEMORY_MIB
+    #: MIG instances carved on every card, in order (e.g. ("3g.40gb", "3g.40gb")).
+    mig: tuple[MigProfile, ...] = ()
+    agent_config: AgentConfig | None = None
+
+    def inventories(self) -> list[Node]:
+        width = max(3, len(str(self.count - 1)))
+        out = []
+        for i in range(self.count):
+            node = f"{self.name}-{i:0{width}d}"
+            cards = []
+            for c in range(self.gpus):
+                start = 0
+                instances = []
+                for k, profile in enumerate(self.mig):
+                    instances.append(MigInstance(profile, f"MIG-fake-{node}-{c}-{k}", start))
+                    start += profile.slices
+                cards.append(Card(c, f"GPU-fake-{node}-{c}", self.model, self.memory_mib,
+                                  mig=tuple(instances)))
+            out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards)))
+        return out
+
+
+def _int(where: str, value: Any, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ClusterSpecError(f"{where}={value!r}: must be a whole number {low}-{high} "
+                               "(written as a YAML number)")
+    return value
+
+
+def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
+    """The sandbox's cluster file: `{nodeGroups: [{name, count, gpus, model, memoryMiB,
+    chipsPerBoard, mig, agentConfig}]}`; strict (unknown keys, strings for numbers and
+    duplicate names are errors naming the field)."""
+    if not isinstance(data, Mapping) or set(data) != {"nodeGroups"}:
+        got = sorted(map(str, data)) if isinstance(data, Mapping) else type(data).__name__
+        raise ClusterSpecError(f"{source}: must be a mapping with exactly one key, nodeGroups "
+                               f"(a list of node groups); got {got}")
+    raw_groups = data["nodeGroups"]
+    if not isinstance(raw_groups, list) or not raw_groups:
+        raise ClusterSpecError(f"{source}: nodeGroups={raw_groups!r}: must be a non-empty list")
+    groups: list[NodeGroup] = []
+    for i, raw in enumerate(raw_groups):
+        where = f"{source}: nodeGroups[{i}]"
+        if not isinstance(raw, Mapping):
+            raise ClusterSpecError(f"{where}={raw!r}: must be a mapping")
+        unknown = sorted(set(raw) - set(_GROUP_KEYS))
+        if unknown:
+            raise ClusterSpecError(f"{where}: unknown key(s) {unknown}; known: "
+                                   f"{', '.join(_GROUP_KEYS)}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ClusterSpecError(f"{where}.name={name!r}: must be lowercase letters, digits "
+                                   "and '-', 1-42 characters, starting and ending alphanumeric")
+        if any(g.name == name for g in groups):
+            raise ClusterSpecError(f"{where}.name={name!r}: used by an earlier group")
+        where = f"{source}: nodeGroups[{i}] ({name})"
+        if "count" not in raw or "gpus" not in raw:
+            raise ClusterSpecError(f"{where}: count and gpus are required")
+        count = _int(f"{where}.count", raw["count"], 1, 5000)
+        gpus = _int(f"{where}.gpus", raw["gpus"], 0, 64)
+        model = raw.get("model", DEFAULT_GPU_MODEL)
+        if not isinstance(model, str) or not model.strip():
+            raise ClusterSpecError(f"{where}.model={model!r}: must be a non-empty string")
+        memory = _int(f"{where}.memoryMiB", raw.get("memoryMiB", DEFAULT_GPU_MEMORY_MIB),
+                      1, 1 << 24)
+        chips = _int(f"{where}.chipsPerBoard", raw.get("chipsPerBoard", 1), 1, 8)
+        if chips != 1:
+            raise ClusterSpecError(f"{where}.chipsPerBoard={chips}: multi-chip boards are not "
+                                   "supported by the sandbox yet (only 1)")
+        mig_raw = raw.get("mig", [])
+        if not isinstance(mig_raw, list):
+            raise ClusterSpecError(f"{where}.mig={mig_raw!r}: must be a list of MIG profiles "
+                                   "carved on every card, e.g. [3g.40gb, 3g.40gb]")
+        profiles = []
+        for k, text in enumerate(mig_raw):
+            try:
+                profiles.append(MigProfile.parse(text if isinstance(text, str) else ""))
+            except ResourceError as err:
+                raise ClusterSpecError(f"{where}.mig[{k}]={text!r}: {err.rule}") from None
+        if sum(p.slices for p in profiles) > 7:
+            raise ClusterSpecError(f"{where}.mig={mig_raw!r}: more than 7 compute slices on "
+                                   "one card")
+        config = None
+        if "agentConfig" in raw:
+            raw_config = raw["agentConfig"]
+            if not isinstance(raw_config, Mapping):
+                raise ClusterSpecError(f"{where}.agentConfig={raw_config!r}: must be a mapping "
+                                       "(the agent's config file, see docs/agent.md)")
+            try:
+                config = as_agent_config(raw_config, f"{where}.agentConfig")
+            except ConfigError as err:
+                raise ClusterSpecError(str(err)) from None
+        groups.append(NodeGroup(name, count, gpus, model.strip(), memory, tuple(profiles),
+                                config))
+    return groups
+
+
+def load_cluster(path: Path) -> list[NodeGroup]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ClusterSpecError(f"{path}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ClusterSpecError(f"{path}: not valid YAML: {err}") from None
+    return parse_cluster(data, str(path))

@@ -6,8 +6,9 @@
   another kube-scheduler with a KubeSchedulerConfiguration against the shared apiserver;
   stopped after the test.
 - `k8s_namespace` (test): a fresh namespace; its pods are removed after the test.
-- `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ...) -> [names]` registers Ready
-  fake GPU nodes; removed after the test with their pods and GPUDevice objects.
+- `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ..., agent_config=None) -> [names]`
+  registers Ready fake GPU nodes, published as an agent with `agent_config` (an AgentConfig or
+  its dict form) would publish them; removed after the test with their pods and GPUDevices.
 
 Nothing is skipped: without binaries the fixture errors with how to build them. Processes
 die with the test run even when it is killed (SIGKILL to the group, parent-death signal).
@@ -89,14 +90,14 @@ def fake_gpu_nodes(k8s_cluster: ControlPlane) -> Iterator[Callable[..., list[str
     client = k8s_cluster.client()
 
     def add(count: int = 1, *, gpus: int = 8, labels: Mapping[str, str] | None = None,
-            **kwargs: Any) -> list[str]:
-        prefix = unique_name("gpu")
+            agent_config: Any = None, prefix: str = "gpu", **kwargs: Any) -> list[str]:
+        prefix = unique_name(prefix)
         inventories = [fake_inventory(f"{prefix}-{i}", gpus=gpus, **kwargs)
                        for i in range(count)]
         if labels:
             inventories = [_with_labels(inv, labels) for inv in inventories]
         created.extend(inv.name for inv in inventories)
-        register_fake_nodes(client, inventories)
+        register_fake_nodes(client, inventories, agent_config=agent_config)
         _wait_ready(client, [inv.name for inv in inventories])
         return [inv.name for inv in inventories]
 

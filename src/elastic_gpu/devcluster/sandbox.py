@@ -21,7 +21,7 @@ from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import DevClusterError
-from elastic_gpu.devcluster.nodes import FAKE_NODE_LABEL, register_fake_nodes
+from elastic_gpu.devcluster.nodes import FAKE_NODE_LABEL, AgentConfigLike, register_fake_nodes
 from elastic_gpu.devcluster.ports import is_listening
 
 STATE_FILE = "state.json"
@@ -88,11 +88,15 @@ def wait_nodes_ready(client: Any, expected: int, timeout_s: float) -> None:
 
 def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
        bin_dir: Path | None = None, timeout_s: float = 120.0,
-       scheduler_config: Mapping[str, Any] | None = None) -> Sandbox:
+       scheduler_config: Mapping[str, Any] | None = None,
+       agent_config: AgentConfigLike | None = None,
+       agent_configs: Mapping[str, AgentConfigLike] | None = None) -> Sandbox:
     """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
 
     `scheduler_config`: a KubeSchedulerConfiguration for the sandbox's kube-scheduler (e.g.
     one that calls the Elastic GPU extender); connection and leader election are filled in.
+    `agent_configs` (per node name), else `agent_config`: how each node's agent publishes it
+    (resource names, time-slicing replicas, MIG strategy; see `nodes.register_fake_node`).
     """
     existing = Sandbox.load(state_dir)
     if existing is not None:
@@ -115,7 +119,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         shutil.copyfile(plane.kubeconfig, kubeconfig)
         kubeconfig.chmod(0o600)
         client = plane.client()
-        register_fake_nodes(client, inventories)
+        register_fake_nodes(client, inventories, agent_config=agent_config,
+                            agent_configs=agent_configs)
         wait_nodes_ready(client, len(inventories), timeout_s)
         # kwok nodes have no agent to keep their cards' allocation columns current.
         plane.start_process(ALLOCATION_SYNC, [

@@ -8,7 +8,8 @@ deploy/crds/gpudevices.yaml is its YAML form (a unit test keeps the two identica
     kind: GPUDevice
     metadata: {name: <node>-gpu<index>, labels: {elasticgpu.io/node: <node>}}
     spec: {node, index, uuid, model, memoryMiB, computeMilli, numaNode, board,
-           links: [{peer, kind, count}], mig: [{profile, uuid, start}]}
+           links: [{peer, kind, count}], mig: [{profile, uuid, start}],
+           resources: {<resource name>: <devices of it on this card>}}
     status: {health: Healthy|Unhealthy, reason, allocatedMilli, allocatedMemoryMiB,
              allocatedPercent, pods: ["<namespace>/<pod> (<container>)", ...], podCount,
              lastHeartbeat}
@@ -48,7 +49,9 @@ def now_rfc3339() -> str:
 
 
 def card_spec(node: str, card: Card) -> dict[str, Any]:
-    return {
+    """The spec of a card's GPUDevice. `resources` (what the card backs, `Card.offers`) is
+    written only when known: an object without it is read back as "offers unknown"."""
+    spec = {
         "node": node,
         "index": card.index,
         "uuid": card.uuid,
@@ -62,6 +65,9 @@ def card_spec(node: str, card: Card) -> dict[str, Any]:
         "mig": [{"profile": inst.profile.name, "uuid": inst.uuid, "start": inst.start}
                 for inst in card.mig],
     }
+    if card.offers is not None:
+        spec["resources"] = dict(card.offers)
+    return spec
 
 
 #: At most this many holders are listed in `status.pods` (`status.podCount` has them all):
@@ -144,6 +150,7 @@ def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
             raise GPUDeviceError(f"{where}.mig[{i}]={inst!r}: {err}") from None
     numa = spec.get("numaNode")
     board = spec.get("board")
+    offers = _offers(spec.get("resources"), f"{where}.resources")
     try:
         card = Card(
             index=_field(spec, where, "index", int),
@@ -156,12 +163,28 @@ def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
             mig=tuple(mig),
             numa_node=numa if isinstance(numa, int) else None,
             board=board if isinstance(board, str) else None,
+            offers=offers,
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, GPUDeviceError):
             raise
         raise GPUDeviceError(f"GPUDevice {name}: {err}") from None
     return node, card
+
+
+def _offers(raw: Any, where: str) -> dict[str, int] | None:
+    """spec.resources: absent (an older agent) is None, "offers unknown"."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise GPUDeviceError(f"{where}={raw!r} is not an object of resource name: count")
+    out: dict[str, int] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not isinstance(value, int) or isinstance(value, bool) \
+                or value < 0:
+            raise GPUDeviceError(f"{where}.{key}={value!r} is not a whole number >= 0")
+        out[key] = value
+    return out
 
 
 #: The name the scheduler helper reads with (same function).
@@ -223,6 +246,12 @@ def crd_manifest() -> dict[str, Any]:
             "mig": {"type": "array", "items": {
                 "type": "object", "required": ["profile", "uuid"],
                 "properties": {"profile": str_, "uuid": str_, "start": int_}}},
+            "resources": {
+                "type": "object",
+                "description": "What the card backs: resource name -> devices of it on this "
+                               "card (time-sliced replicas, percent shares, memory units, MIG "
+                               "instances), as the node's agent advertises them.",
+                "additionalProperties": {"type": "integer", "minimum": 0}},
         },
     }
     status_schema = {

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.eventloop import loop_name
@@ -40,9 +41,16 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
         except QuantityError:
             return 0
 
+    # The GPU resources it advertises: a node whose GPUDevices predate spec.resources (an
+    # older agent) is still checked for the resource names a pod writes.
+    offers: dict[str, int] = {}
+    for key in allocatable:
+        if isinstance(key, str) and is_gpu_resource(key):
+            count = amount(key, 1)
+            offers[key] = count if 0 <= count < 2**63 else 0
     return NodeInfo(name=str(meta.get("name", "")), cpu_milli=amount("cpu", 1000),
                     memory_mib=amount("memory", 1) // 2**20,
-                    labels=dict(meta.get("labels") or {}))
+                    labels=dict(meta.get("labels") or {}), offers=offers)
 
 
 def _device(obj: Mapping[str, Any]) -> tuple[str, str, Any] | None:

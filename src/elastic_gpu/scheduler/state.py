@@ -63,6 +63,9 @@ class NodeInfo:
     cpu_milli: int = 0
     memory_mib: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: GPU resources in its allocatable (name -> count); None: not known (node-level vendor
+    #: check off). Cards' own `offers` (GPUDevice spec.resources) are checked within these.
+    offers: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,7 @@ class SchedulerState:
                             name, card.index, obj)
             cards[card.index] = card
         return Node(name, info.cpu_milli, info.memory_mib,
-                    tuple(cards[i] for i in sorted(cards)), dict(info.labels))
+                    tuple(cards[i] for i in sorted(cards)), dict(info.labels), info.offers)
 
     def known_nodes(self) -> frozenset[str]:
         """Nodes the engine knows (with their inventory), as of the last flush."""

@@ -322,7 +322,7 @@ def test_every_kind_is_described_without_a_node_name_and_counted_in_a_category()
                              holder="ns/p")
         text = describe(failure)
         assert text and "None" not in text
-        assert kind.category in {"cpu", "memory", "model", "mig", "node", "gpu"}
+        assert kind.category in {"cpu", "memory", "model", "resource", "mig", "node", "gpu"}
 
 
 # ---------------------------------------------------------------- the card tier pairing

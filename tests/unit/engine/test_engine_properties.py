@@ -124,3 +124,127 @@ def test_no_placement_ever_exceeds_a_capacity(policy: str, cluster: list[Node], 
             engine.release(next(iter(held)))
             held.pop(next(iter(held)))
         check_invariants(engine, inventory, held)
+
+
+# ---------------------------------------------------------------------------- offers, replicas
+
+NV, IX = "nvidia.com/gpu", "iluvatar.com/gpu"
+CORE, MEM = "elasticgpu.io/gpu-core", "elasticgpu.io/gpu-memory"
+
+
+@st.composite
+def offering_nodes(draw: st.DrawFn) -> list[Node]:
+    """Nodes whose agents advertise NVIDIA or IX whole cards (time-sliced or not), with or
+    without shares; some say it per card, some (older agents) only in the Node, some not at all."""
+    out = []
+    for n in range(draw(st.integers(1, 4))):
+        gpu = draw(st.sampled_from((NV, IX, IX)))
+        replicas = draw(st.sampled_from((1, 2, 4, 7)))
+        shares = draw(st.booleans())
+        how = draw(st.sampled_from(("card", "card", "node", "unknown")))
+        cards = []
+        for i in range(draw(st.integers(0, 4))):
+            memory = draw(st.sampled_from((8000, 16000)))
+            offers = {gpu: replicas, MEM: memory, **({CORE: 100} if shares else {})}
+            cards.append(Card(i, f"GPU-{n}-{i}", draw(st.sampled_from(MODELS)), memory,
+                              health=Health.UNHEALTHY if draw(st.integers(0, 9)) == 0 else Health.HEALTHY,
+                              offers=offers if how == "card" else None))
+        healthy = [c for c in cards if c.healthy]
+        node_offers = None
+        if how != "unknown":
+            node_offers = {gpu: replicas * len(healthy), MEM: sum(c.memory_mib for c in healthy)}
+            if shares:
+                node_offers[CORE] = 100 * len(healthy)
+        out.append(Node(f"n{n}", 64000, 1 << 18, tuple(cards), offers=node_offers))
+    return out
+
+
+@st.composite
+def named_pods(draw: st.DrawFn) -> list[PodRequest]:
+    from elastic_gpu.core.request import container_request
+
+    shapes = [{NV: "1"}, {NV: "2"}, {IX: "1"}, {IX: "1"}, {IX: "3"}, {CORE: "30"},
+              {CORE: "60", MEM: "2000"}, {"tencent.com/vcuda-core": "50"}, {CORE: "100"}, {}]
+    out = []
+    for p in range(draw(st.integers(1, 30))):
+        count = draw(st.sampled_from((1, 1, 1, 2)))
+        containers = tuple(container_request(f"c{i}", {"limits": draw(st.sampled_from(shapes))})
+                           for i in range(count))
+        out.append(PodRequest(f"p{p}", containers=containers, cpu_milli=100))
+    return out
+
+
+def effective_count(node: Node, card: Card, name: str) -> int:
+    """What the card backs of `name`, computed here from the rule, not read from the engine."""
+    from elastic_gpu.core.model import offered
+
+    if node.offers is not None and offered(node.offers, name) == 0:
+        return 0
+    if card.offers is not None:
+        return offered(card.offers, name)
+    if node.offers is not None:
+        if name in (NV, IX):
+            plain = sum(1 for c in node.cards if c.healthy and not c.mig_enabled)
+            return max(1, offered(node.offers, name) // max(1, plain))
+        return offered(node.offers, name)
+    return 1
+
+
+def check_offer_invariants(engine: Engine, inventory: dict[str, Node],
+                           held: dict[str, PodRequest]) -> None:
+    milli: Counter[tuple[str, int]] = Counter()
+    replicas: Counter[tuple[str, int]] = Counter()
+    per_node: Counter[tuple[str, str]] = Counter()
+    for key, assignment in engine.allocations().items():
+        pod = held[key]
+        node = inventory[assignment.node]
+        for name, shares in assignment.containers.items():
+            request = next(c for c in pod.containers if c.name == name)
+            assert sum(max(s.replicas, 1) for s in shares) == request.cards
+            for share in shares:
+                card = node.card(share.index)
+                for resource in request.resources:  # the card backs every name written
+                    assert effective_count(node, card, resource) > 0, (resource, card, node.offers)
+                milli[(node.name, card.index)] += share.milli
+                if share.replicas:
+                    (gpu,) = [r for r in request.resources if r in (NV, IX)]
+                    r = effective_count(node, card, gpu)
+                    assert r > 1 and share.milli == share.replicas * (card.compute_milli // r)
+                    assert share.memory_mib == 0
+                    replicas[(node.name, card.index)] += share.replicas
+                    assert replicas[(node.name, card.index)] <= r
+                    per_node[(node.name, gpu)] += share.replicas
+    for (node_name, index), used in milli.items():
+        assert used <= inventory[node_name].card(index).compute_milli
+    # node level: never more replicas of a resource than the node advertises
+    for (node_name, gpu), used in per_node.items():
+        node = inventory[node_name]
+        advertised = (node.offers or {}).get(gpu, 0) if node.offers is not None else sum(
+            (c.offers or {}).get(gpu, 0) for c in node.cards)
+        assert used <= advertised
+
+
+@pytest.mark.parametrize("policy", sorted(NODE_POLICIES))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=offering_nodes(), workload=named_pods(), card=st.sampled_from(sorted(CARD_POLICIES)),
+       release_every=st.integers(2, 6), seed=st.integers(0, 3))
+def test_offers_and_replicas_are_never_exceeded(policy: str, cluster: list[Node],
+                                                workload: list[PodRequest], card: str,
+                                                release_every: int, seed: int) -> None:
+    engine = Engine(cluster, PolicyConfig(node_policy=policy, card_policy=card), seed=seed)
+    inventory = {n.name: n for n in cluster}
+    held: dict[str, PodRequest] = {}
+    for i, pod in enumerate(workload):
+        feasible = engine.filter(pod).feasible
+        try:
+            assignment = engine.place(pod)
+        except Unschedulable:
+            assert feasible == []
+        else:
+            assert assignment.node in feasible
+            engine.allocate(pod.key, assignment, pod)
+            held[pod.key] = pod
+        if i % release_every == release_every - 1 and held:
+            engine.release(next(iter(held)))
+            held.pop(next(iter(held)))
+        check_offer_invariants(engine, inventory, held)

@@ -1,0 +1,190 @@
+"""Fake nodes published as an agent with a given configuration publishes them: what each card
+backs (GPUDevice spec.resources), the Node's capacity, the sandbox's cluster file."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from elastic_gpu.agent.config import AgentConfig, ConfigError, parse_config
+from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
+from elastic_gpu.agent.publish import card_offers, snapshot
+from elastic_gpu.cli.sandbox import app
+from elastic_gpu.core.engine import Engine
+from elastic_gpu.core.model import Card, Health, MigInstance, Node
+from elastic_gpu.core.request import PodRequest, container_request
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.devcluster.nodes import (
+    ClusterSpecError,
+    as_agent_config,
+    fake_inventory,
+    node_manifest,
+    parse_cluster,
+)
+from elastic_gpu.devcluster.nodes import node_capacity as fake_node_capacity
+from elastic_gpu.k8s.gpudevice import GPUDeviceError, card_from_object, card_to_object
+
+IX_AGENT = {"resources": {"gpu": "iluvatar.com/gpu"}, "timeSlicing": {"replicas": 4}}
+MIXED = Node("m", 1000, 1024, (
+    Card(0, "GPU-0", "A100", 81920, mig=(MigInstance(MigProfile(3, 40), "MIG-a", 0),
+                                         MigInstance(MigProfile(3, 40), "MIG-b", 4))),
+    Card(1, "GPU-1", "A100", 81920, health=Health.UNHEALTHY),
+    Card(2, "GPU-2", "A100", 81920)))
+
+CONFIGS: list[dict[str, Any]] = [
+    {},
+    IX_AGENT,
+    {"migStrategy": "mixed"},
+    {"migStrategy": "mixed", "timeSlicing": {"replicas": 3}},
+    {"resources": {"share": ["tencent.com/vcuda-core", "nano-gpu/gpu-percent"],
+                   "memory": ["tencent.com/vcuda-memory", "elasticgpu.io/gpu-memory"]}},
+    {"resources": {"share": [], "memory": []}},
+]
+
+
+@pytest.mark.parametrize("raw", CONFIGS)
+def test_what_the_cards_back_adds_up_to_the_node_capacity(raw: dict[str, Any]) -> None:
+    config = parse_config(raw)
+    cards = logical_cards(MIXED.cards, config.splitBoard)
+    plans = build_plans(cards, config)
+    capacity, _ = node_capacity(cards, config, plans)
+    per_card = card_offers(cards, config, plans)
+    total: Counter[str] = Counter()
+    for offers in per_card.values():
+        total.update(offers)
+    assert {k: str(v) for k, v in total.items()} == capacity
+    # and the snapshot's cards carry it, so the GPUDevice spec says it
+    snap = snapshot("m", cards, config, tuple(plans))
+    assert {c.index: dict(c.offers or {}) for c in snap.node.cards} == per_card
+
+
+def test_an_ix_node_offers_four_replicas_per_card_and_no_nvidia() -> None:
+    config = parse_config(IX_AGENT)
+    inventory = fake_inventory("ix", gpus=2, gpu_model="BI-V100", gpu_memory_mib=32768)
+    manifest = node_manifest(inventory, config)
+    assert manifest["status"]["capacity"]["iluvatar.com/gpu"] == "8"
+    assert "nvidia.com/gpu" not in manifest["status"]["capacity"]
+    assert fake_node_capacity(inventory, IX_AGENT)["iluvatar.com/gpu"] == "8"
+    cards = logical_cards(inventory.cards, config.splitBoard)
+    offers = card_offers(cards, config, build_plans(cards, config))
+    assert offers[0] == {"iluvatar.com/gpu": 4, "elasticgpu.io/gpu-core": 100,
+                         "elasticgpu.io/gpu-memory": 32768}
+
+
+def test_default_fake_nodes_advertise_mig_instances() -> None:
+    node = Node("m", 1000, 1024, MIXED.cards[:1] + MIXED.cards[2:])
+    capacity = node_manifest(node)["status"]["capacity"]
+    assert capacity["nvidia.com/mig-3g.40gb"] == "2" and capacity["nvidia.com/gpu"] == "1"
+
+
+def test_gpudevice_spec_resources_round_trip_and_absence_means_unknown() -> None:
+    card = Card(0, "GPU-0", "BI-V100", 32768, offers={"iluvatar.com/gpu": 4})
+    obj = card_to_object("ix", card)
+    assert obj["spec"]["resources"] == {"iluvatar.com/gpu": 4}
+    assert card_from_object(obj) == ("ix", card)
+    old = card_to_object("ix", Card(0, "GPU-0", "BI-V100", 32768))
+    assert "resources" not in old["spec"]
+    assert card_from_object(old)[1].offers is None
+    for bad in ({"iluvatar.com/gpu": "4"}, {"iluvatar.com/gpu": -1}, ["iluvatar.com/gpu"]):
+        obj["spec"]["resources"] = bad
+        with pytest.raises(GPUDeviceError, match=r"spec\.resources"):
+            card_from_object(obj)
+
+
+def test_agent_config_in_dict_form_is_validated_with_the_field_named() -> None:
+    assert isinstance(as_agent_config(IX_AGENT), AgentConfig)
+    with pytest.raises(ConfigError, match=r"timeSlicing\.replicas"):
+        as_agent_config({"timeSlicing": {"replicas": 0}})
+
+
+# ---------------------------------------------------------------------------- cluster file
+
+CLUSTER = {"nodeGroups": [
+    {"name": "nv", "count": 2, "gpus": 4},
+    {"name": "ix", "count": 1, "gpus": 2, "model": "BI-V100", "memoryMiB": 32768,
+     "agentConfig": IX_AGENT},
+    {"name": "mig", "count": 1, "gpus": 1, "mig": ["3g.40gb", "3g.40gb"]},
+]}
+
+
+def test_cluster_file_makes_groups_of_nodes_each_with_its_agent() -> None:
+    nv, ix, mig = parse_cluster(CLUSTER)
+    assert [n.name for n in nv.inventories()] == ["nv-000", "nv-001"]
+    assert nv.agent_config is None and ix.agent_config is not None
+    (ix_node,) = ix.inventories()
+    assert ix_node.cards[1].model == "BI-V100" and ix_node.cards[1].memory_mib == 32768
+    assert node_manifest(ix_node, ix.agent_config)["status"]["capacity"]["iluvatar.com/gpu"] == "8"
+    (mig_node,) = mig.inventories()
+    assert [(m.profile.name, m.start) for m in mig_node.cards[0].mig] == [("3g.40gb", 0),
+                                                                         ("3g.40gb", 3)]
+    # published and read back, an engine sends IX pods to the IX node only
+    nodes = []
+    for group in (nv, ix):
+        for inv in group.inventories():
+            config = group.agent_config or as_agent_config(None)
+            cards = logical_cards(inv.cards, config.splitBoard)
+            snap = snapshot(inv.name, cards, config)
+            nodes.append(Node(inv.name, 64000, 1 << 18, snap.node.cards))
+    pod = PodRequest("p", containers=(container_request("c", {"limits": {
+        "iluvatar.com/gpu": "1"}}),))
+    assert Engine(nodes).filter(pod).feasible == ["ix-000"]
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"count": "2"}, "nodeGroups[0] (nv).count='2': must be a whole number"),
+    ({"gpus": 65}, "gpus=65"),
+    ({"name": "Bad_Name"}, "nodeGroups[0].name='Bad_Name'"),
+    ({"extra": 1}, "unknown key(s) ['extra']"),
+    ({"mig": ["0g.0gb"]}, "mig[0]='0g.0gb'"),
+    ({"mig": ["4g.40gb", "4g.40gb"]}, "more than 7 compute slices"),
+    ({"chipsPerBoard": 2}, "chipsPerBoard=2"),
+    ({"agentConfig": {"timeSlicing": {"replicas": 0}}}, "timeSlicing.replicas"),
+    ({"agentConfig": "ix"}, "agentConfig='ix': must be a mapping"),
+])
+def test_cluster_file_errors_name_field_value_and_rule(change: dict[str, Any], words: str) -> None:
+    group = {"name": "nv", "count": 1, "gpus": 1, **change}
+    with pytest.raises(ClusterSpecError) as err:
+        parse_cluster({"nodeGroups": [group]}, "c.yaml")
+    assert words in str(err.value)
+    assert str(err.value).startswith("c.yaml")
+
+
+def test_cluster_file_shape_errors() -> None:
+    with pytest.raises(ClusterSpecError, match="exactly one key, nodeGroups"):
+        parse_cluster({"nodes": []})
+    with pytest.raises(ClusterSpecError, match="non-empty list"):
+        parse_cluster({"nodeGroups": []})
+    with pytest.raises(ClusterSpecError, match="used by an earlier group"):
+        parse_cluster({"nodeGroups": [{"name": "a", "count": 1, "gpus": 1}] * 2})
+
+
+def test_sandbox_cli_refuses_bad_cluster_and_agent_files(tmp_path: Any) -> None:
+    runner = CliRunner(env={"COLUMNS": "300"})
+    # --bin-dir names an empty folder: whatever happens, no control plane can start here
+    no_bins = ["--bin-dir", str(tmp_path / "empty")]
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodeGroups:\n- {name: ix, count: 1, gpus: 2, agentConfig: {migStrategy: all}}\n")
+    result = runner.invoke(app, ["up", "--cluster", str(bad), "--kubeconfig",
+                                 str(tmp_path / "kc"), "--state-dir", str(tmp_path / "s"),
+                                 *no_bins])
+    assert result.exit_code == 2 and "agentConfig" in result.output
+    agent = tmp_path / "a.yaml"
+    agent.write_text("timeSlicing: {replicas: 0}\n")
+    result = runner.invoke(app, ["up", "--gpu-nodes", "1", "--agent-config", str(agent),
+                                 "--kubeconfig", str(tmp_path / "kc"),
+                                 "--state-dir", str(tmp_path / "s"), *no_bins])
+    assert result.exit_code == 2 and "timeSlicing.replicas" in result.output
+    good = tmp_path / "g.yaml"
+    good.write_text("nodeGroups:\n- {name: nv, count: 1, gpus: 1}\n")
+    result = runner.invoke(app, ["up", "--cluster", str(good), "--gpu-nodes", "1",
+                                 "--kubeconfig", str(tmp_path / "kc"),
+                                 "--state-dir", str(tmp_path / "s"), *no_bins])
+    assert result.exit_code == 2 and "leave out --gpu-nodes" in result.output
+    # a good file gets as far as the binaries (which are missing here)
+    result = runner.invoke(app, ["up", "--cluster", str(good), "--kubeconfig",
+                                 str(tmp_path / "kc"), "--state-dir", str(tmp_path / "s"),
+                                 *no_bins])
+    assert result.exit_code == 1 and "hack/ensure-k8s.sh" in result.output
