@@ -40,6 +40,7 @@ from elastic_gpu.core.engine import (
     task_shape,
 )
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.nodeaffinity import Taint
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -62,6 +63,8 @@ class NodeInfo:
     cpu_milli: int = 0
     memory_mib: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: for the bind's placement check (`core.nodeaffinity`)
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,10 @@ class SchedulerState:
             cards[card.index] = card
         return Node(name, info.cpu_milli, info.memory_mib,
                     tuple(cards[i] for i in sorted(cards)), dict(info.labels))
+
+    def node(self, name: str) -> NodeInfo | None:
+        """The node as its watch last showed it (labels, taints), or None if unknown."""
+        return self._nodes.get(name)
 
     def known_nodes(self) -> frozenset[str]:
         """Nodes the engine knows (with their inventory), as of the last flush."""
