@@ -74,10 +74,10 @@ LabelValue = Annotated[str, Meta(max_length=1024)]
 #: The API caps all annotations of an object at 256 KiB together.
 AnnotationValue = Annotated[str, Meta(max_length=256 * 1024)]
 Word = Annotated[str, Meta(max_length=64)]
-#: Quantities travel as strings ("500m", "4Gi"); numbers are accepted within int64 / finite
-#: float range (core's parse_quantity reads both).
-Quantity = (Annotated[str, Meta(max_length=64)] | Int64
-            | Annotated[float, Meta(ge=-1e18, le=1e18)])
+#: Quantities travel as strings ("500m", "4Gi"); JSON numbers (which kube-scheduler never
+#: sends, but core's parse_quantity reads) are accepted up to 2**53, where float64 is exact.
+Quantity = (Annotated[str, Meta(max_length=64)] | Annotated[int, Meta(ge=-(2**53), le=2**53)]
+            | Annotated[float, Meta(ge=-(2.0**53), le=2.0**53)])
 ResourceMap = Annotated[dict[Key, Quantity], Meta(max_length=128)]
 
 
