@@ -271,10 +271,7 @@ _OBJECT_START = re.compile(rb"\s*\{")
 
 
 def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
-        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
-    return decoder
+    return _DECODERS[kind]
 
 
 def _value_at(data: bytes | memoryview, path: str) -> str | None:
@@ -460,3 +457,28 @@ def preemption_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> dict[
     return {"NodeNameToMetaVictims": {
         node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
         for node, (uids, pdb) in victims.items()}}
+
+
+def _prepare() -> None:
+    """Build every decoder, and use each once, at import, in one thread: large requests are
+    decoded in worker threads, and msgspec (0.22) has crashed when several threads made
+    its first use of a type at once."""
+    for kind in (_ArgsTop, _PreemptionTop, ExtenderBindingArgs, _NodeListTop | None, _NodeItem,
+                 list[Name], Pod | None, MetaVictims | None, _Victims | None, Raw):
+        _DECODERS[kind] = msgspec.json.Decoder(kind)
+    pod = (b'{"metadata": {"name": "p", "annotations": {}}, "spec": {"containers": [{"name": "c",'
+           b' "resources": {"limits": {"a": "1"}}}], "tolerations": [{"key": "k"}], "affinity": '
+           b'{"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {'
+           b'"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In"}]}]}}}}, '
+           b'"status": {}}')
+    parse_args(b'{"Pod": ' + pod + b', "NodeNames": ["a"]}')
+    parse_args(b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a"}}]}}')
+    parse_preemption(b'{"Pod": {}, "NodeNameToMetaVictims": {"a": {"Pods": [{"UID": "u"}]}}}')
+    parse_preemption(b'{"Pod": {}, "NodeNameToVictims": {"a": {"Pods": [{"metadata": '
+                     b'{"uid": "u"}}]}}}')
+    parse_binding(b'{"PodName": "p", "PodNamespace": "n", "PodUID": "u", "Node": "a"}')
+    msgspec.json.encode([host_priorities({"a": 1}), filter_result(
+        ExtenderArgs({}, node_items=[("a", Raw(b"{}"))]), ["a"], {}, {})])
+
+
+_prepare()
