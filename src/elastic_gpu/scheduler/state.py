@@ -359,7 +359,7 @@ class SchedulerState:
     # ---- pods from the API --------------------------------------------------------------------
 
     def observe_pod(self, pod: Mapping[str, Any] | PodInfo) -> None:
-        """An ADDED/MODIFIED pod from the watch, or the pod our own PATCH returned."""
+        """An ADDED/MODIFIED pod from the watch, or a pod a bind read back from the API."""
         info = pod if isinstance(pod, PodInfo) else PodInfo.from_manifest(pod)
         if not info.uid:
             return
@@ -368,8 +368,8 @@ class SchedulerState:
             if (old is not None and old.resource_version is not None
                     and info.resource_version is not None
                     and info.resource_version <= old.resource_version):
-                # not newer than what we know: our own PATCH response overtook the watch, or
-                # the version we already completed with what our Binding did
+                # not newer than what we know: a pod read back after a bind overtook the
+                # watch, or the version we already completed with what our Binding did
                 return
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,

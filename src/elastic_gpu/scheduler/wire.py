@@ -60,7 +60,6 @@ class WireError(ValueError):
 
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Int32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
-Count = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 #: Node, pod and namespace names: DNS subdomains (<= 253 characters).
 Name = Annotated[str, Meta(min_length=1, max_length=253)]
 OptName = Annotated[str, Meta(max_length=253)]

@@ -301,3 +301,62 @@ def test_drain_finishes_binds_in_flight_and_refuses_new_connections() -> None:
     assert api.bound == [("default/d", "n0", "n0")]
     assert outcome == [None]
     loop.close()
+
+
+def test_the_tls_deploy_example_is_the_generated_config() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    from elastic_gpu.scheduler.kubeconfig import TLS_FILES, kube_scheduler_config
+
+    path = Path(__file__).parents[3] / "deploy/scheduler/kube-scheduler-config-tls.yaml"
+    deployed = yaml.safe_load(path.read_text())
+    assert deployed == kube_scheduler_config("https://127.0.0.1:8888", tls_config=TLS_FILES)
+    (extender,) = deployed["extenders"]
+    assert extender["enableHTTPS"] is True and set(extender["tlsConfig"]) == {
+        "certFile", "keyFile", "caFile"}
+
+
+def test_tls_context_requires_client_certificates_when_given_a_ca(tmp_path: Any) -> None:
+    import ssl
+
+    from egpu_testing.workbench import TestPki
+    from elastic_gpu.scheduler.app import TLSFilesError, tls_context
+
+    pki = TestPki.create(tmp_path)
+    plain = tls_context(ServeOptions(tls_cert=pki.server_cert, tls_key=pki.server_key))
+    assert plain is not None and plain.verify_mode == ssl.CERT_NONE
+    mutual = tls_context(ServeOptions(tls_cert=pki.server_cert, tls_key=pki.server_key,
+                                      tls_client_ca=pki.ca))
+    assert mutual is not None and mutual.verify_mode == ssl.CERT_REQUIRED
+    with pytest.raises(TLSFilesError, match="--tls-client-ca"):
+        tls_context(ServeOptions(tls_cert=pki.server_cert, tls_key=pki.server_key,
+                                 tls_client_ca=tmp_path / "missing.crt"))
+    with pytest.raises(TLSFilesError, match="--tls-cert"):
+        tls_context(ServeOptions(tls_cert=pki.ca, tls_key=pki.server_key))
+    srv = Server(Extender(_state()), mutual)
+    try:
+        from http.client import HTTPSConnection
+
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            conn = HTTPSConnection("127.0.0.1", srv.port, timeout=10,
+                                   context=pki.client_context(cert=False))
+            srv.get("/healthz", conn)
+        conn = HTTPSConnection("127.0.0.1", srv.port, timeout=10, context=pki.client_context())
+        assert srv.get("/healthz", conn) == (200, "ok")
+    finally:
+        srv.stop()
+
+
+def test_the_cli_listens_on_loopback_by_default_and_checks_tls_options() -> None:
+    from typer.testing import CliRunner
+
+    from elastic_gpu.cli.main import app
+
+    text = " ".join(CliRunner().invoke(app, ["scheduler", "--help"],
+                                       env={"COLUMNS": "300"}).output.split())
+    assert "[default: 127.0.0.1]" in text and "--tls-client-ca" in text
+    result = CliRunner().invoke(app, ["scheduler", "--tls-client-ca", "ca.crt"])
+    assert result.exit_code == 2
+    assert "--tls-client-ca needs --tls-cert" in result.output
