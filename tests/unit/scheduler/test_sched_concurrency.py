@@ -77,6 +77,7 @@ def _probe_during(srv: ServedExtender, huge: Callable[[], int]) -> tuple[int, di
         conn = HTTPConnection("127.0.0.1", srv.port, timeout=60)
         started.wait(10)
         while not done.is_set():
+            overlapped = not done.is_set()  # started while the huge request was in flight
             t0 = time.perf_counter()
             if kind == "healthz":
                 code, _ = srv.get("/healthz", conn)
@@ -85,7 +86,7 @@ def _probe_during(srv: ServedExtender, huge: Callable[[], int]) -> tuple[int, di
                 assert answer["NodeNames"] == ["n0", "n1", "n2"]
             elapsed = time.perf_counter() - t0
             assert code == 200
-            if not done.is_set():  # only probes that overlapped the huge request count
+            if overlapped:
                 latencies[kind].append(elapsed)
             time.sleep(0.002)
         conn.close()
@@ -106,10 +107,10 @@ def _never_stalled(srv: ServedExtender, huge: Callable[[], int], expected: int) 
     worst: list[str] = []
     for _ in range(3):
         status, latencies = _probe_during(srv, huge)
-        assert status == expected
         assert all(latencies.values()), latencies  # the probes did overlap the huge request
         slowest = {kind: max(values) for kind, values in latencies.items()}
         if all(v < BOUND_S for v in slowest.values()):
+            assert status == expected
             return
         worst.append(", ".join(f"{k} {v * 1000:.0f} ms of {len(latencies[k])} probes"
                                for k, v in slowest.items()))
