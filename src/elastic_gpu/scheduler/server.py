@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -185,6 +186,7 @@ class Extender:
         # Slim (`recent_pod`) and bounded in bytes (`RECENT_BYTES`), oldest out first.
         self._recent: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
         self._recent_bytes = 0
+        self._recent_lock = threading.Lock()
         self._heavy = asyncio.Semaphore(HEAVY_SLOTS)
         self._heavy_waiting = 0
         #: verbs running in worker threads; while any runs, state calls leave the event loop
@@ -214,6 +216,10 @@ class Extender:
     def _remember(self, uid: str, pod: Mapping[str, Any]) -> None:
         slim = recent_pod(pod)
         size = len(msgspec.json.encode(slim))
+        with self._recent_lock:  # filters of large requests run in worker threads
+            self._remember_locked(uid, slim, size)
+
+    def _remember_locked(self, uid: str, slim: dict[str, Any], size: int) -> None:
         old = self._recent.pop(uid, None)
         if old is not None:
             self._recent_bytes -= old[1]

@@ -360,3 +360,29 @@ def test_the_cli_listens_on_loopback_by_default_and_checks_tls_options() -> None
     result = CliRunner().invoke(app, ["scheduler", "--tls-client-ca", "ca.crt"])
     assert result.exit_code == 2
     assert "--tls-client-ca needs --tls-cert" in result.output
+
+
+def test_slim_objects_keep_what_the_placement_check_reads() -> None:
+    from elastic_gpu.core.nodeaffinity import rules_from_manifest, taints_from_node
+    from elastic_gpu.scheduler.app import node_info
+    from elastic_gpu.scheduler.slim import slim_node, slim_pod
+
+    pod = pod_manifest("s", uid="u", limits={"elasticgpu.io/gpu-core": "30"})
+    pod["spec"].update({
+        "nodeSelector": {"zone": "a"},
+        "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"x": 1}, "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}],
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                  "values": ["n1"]}]}]}}}})
+    slim = slim_pod(pod)
+    assert rules_from_manifest(slim) == rules_from_manifest(pod)
+    assert rules_from_manifest(slim).required_terms
+    assert "podAntiAffinity" not in slim["spec"]["affinity"]
+    node = {"metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "podCIDR": "x"},
+            "status": {"allocatable": {"cpu": "4"}}}
+    assert taints_from_node(slim_node(node)) == taints_from_node(node) == (
+        Taint("k", "", "NoSchedule"),)
+    assert node_info(slim_node(node)).taints == (Taint("k", "", "NoSchedule"),)
