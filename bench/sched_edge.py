@@ -88,7 +88,10 @@ def probe_during(srv: ServedExtender, body: bytes) -> tuple[int, float, dict[str
     small = json.dumps({"Pod": POD, "NodeNames": ["n0", "n1", "n2"]}).encode()
     result: list[tuple[int, float]] = []
 
+    started = threading.Event()
+
     def huge() -> None:
+        started.set()
         t0 = time.perf_counter()
         status = _send(srv.port, body)
         result.append((status, time.perf_counter() - t0))
@@ -96,6 +99,8 @@ def probe_during(srv: ServedExtender, body: bytes) -> tuple[int, float, dict[str
 
     def probe(kind: str) -> None:
         conn = HTTPConnection("127.0.0.1", srv.port, timeout=120)
+        srv.get("/healthz", conn)  # connected and warm
+        started.wait()
         while not done.is_set():
             overlapped = not done.is_set()  # started while the huge request was in flight
             t0 = time.perf_counter()
