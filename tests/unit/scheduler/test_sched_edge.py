@@ -386,3 +386,29 @@ def test_slim_objects_keep_what_the_placement_check_reads() -> None:
     assert taints_from_node(slim_node(node)) == taints_from_node(node) == (
         Taint("k", "", "NoSchedule"),)
     assert node_info(slim_node(node)).taints == (Taint("k", "", "NoSchedule"),)
+
+
+def test_pods_with_huge_annotations_leave_no_memory_behind() -> None:
+    import gc
+    import tracemalloc
+
+    ext = Extender(_state())
+    bodies = []
+    for i in range(10):  # the shape, within the API's 3 MiB per object
+        pod = pod_manifest(f"h{i}", uid=f"h{i}", limits={"elasticgpu.io/gpu-core": "10"},
+                           annotations={f"team.example.com/blob-{j}": "x" * 250_000
+                                        for j in range(10)})
+        pod["metadata"]["resourceVersion"] = "1"
+        bodies.append(json.dumps({"Pod": pod, "NodeNames": ["n0", "n1"]}).encode())
+    ext.filter(bodies[0])  # warm caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for body in bodies[1:]:
+            ext.filter(body)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 256 * 1024, kept  # 9 pods of 2.5 MiB each: none of it kept
