@@ -336,7 +336,9 @@ class Extender:
                             "kube-scheduler has given up on this call", definite=True)
         manifest = await self._manifest(args)
         try:
-            request = self._parse(manifest)
+            # Parsed afresh, not from the (uid, resourceVersion) cache: a filter request
+            # naming this pod's uid and version with other contents must not decide the bind.
+            request = parse_pod(manifest)
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         known = PodInfo.from_manifest(manifest)

@@ -4,6 +4,7 @@ recent-pods cache, the last-resort handler, and the SIGTERM drain."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import socket
 import threading
@@ -412,3 +413,14 @@ def test_pods_with_huge_annotations_leave_no_memory_behind() -> None:
     finally:
         tracemalloc.stop()
     assert kept < 256 * 1024, kept  # 9 pods of 2.5 MiB each: none of it kept
+
+
+def test_a_forged_filter_cannot_change_what_bind_reserves(edge: tuple[Server, FakeApi]) -> None:
+    srv, api = edge
+    pod = _pending(srv, "real")  # 30% of a card, as the pod watch has it
+    forged = copy.deepcopy(pod)
+    forged["spec"]["containers"][0]["resources"] = {"limits": {"elasticgpu.io/gpu-core": "1"}}
+    srv.post("/filter", {"Pod": forged, "NodeNames": ["n0"]})  # same uid and version, 1%
+    assert srv.post("/bind", bind_body(pod, "n0")) == (200, {"Error": ""})
+    held = srv.extender.state.holds()["uid-real"]
+    assert [s.milli for shares in held.containers.values() for s in shares] == [300]
