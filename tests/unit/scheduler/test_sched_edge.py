@@ -424,3 +424,4 @@ def test_a_forged_filter_cannot_change_what_bind_reserves(edge: tuple[Server, Fa
     assert srv.post("/bind", bind_body(pod, "n0")) == (200, {"Error": ""})
     held = srv.extender.state.holds()["uid-real"]
     assert [s.milli for shares in held.containers.values() for s in shares] == [300]
+    assert api.bound == [("default/real", "n0", "n0")]
