@@ -95,9 +95,11 @@ class ExtenderProcess:
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path,
                  config: Mapping[str, Any] | None = None,
-                 python_args: Sequence[str] = ()) -> None:
+                 python_args: Sequence[str] = (), tls: TestPki | None = None) -> None:
         #: e.g. ("-m", "cProfile", "-o", "out.prof") to profile the extender
         self.python_args = tuple(python_args)
+        #: serve HTTPS with mutual TLS (`TestPki`): --tls-cert/--tls-key/--tls-client-ca
+        self.tls = tls
         self.kubeconfig = kubeconfig
         self.port = port
         self.log_path = log_path
@@ -110,7 +112,7 @@ class ExtenderProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> None:
         egpu = Path(sys.executable).with_name("egpu")
@@ -119,6 +121,9 @@ class ExtenderProcess:
                 "127.0.0.1", "--port", str(self.port)]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
+        if self.tls is not None:
+            argv += ["--tls-cert", str(self.tls.server_cert), "--tls-key",
+                     str(self.tls.server_key), "--tls-client-ca", str(self.tls.ca)]
         self.starts += 1
         with self.log_path.open("ab") as log:
             log.write(f"---- start {self.starts}: {' '.join(argv)}\n".encode())
@@ -136,7 +141,9 @@ class ExtenderProcess:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+            context = self.tls.client_context() if self.tls is not None else None
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2,
+                                        context=context) as response:
                 return int(response.status) == 200
         except OSError:
             return False
@@ -251,3 +258,157 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
         plane.stop()
         raise
     return plane, client, inventories
+
+
+# ---- the extender's HTTP app in-process, and certificates for TLS tests ------------------------
+
+
+class ServedExtender:
+    """An `Extender`'s aiohttp app on a loopback port, served by a background thread (a real
+    server and event loop; the test talks HTTP to it from its own thread)."""
+
+    def __init__(self, extender: Any, tls: Any = None) -> None:
+        import asyncio
+        import threading
+        from http.client import HTTPConnection
+
+        from aiohttp import web
+
+        self.extender = extender
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        started = threading.Event()
+
+        async def start() -> None:
+            self.runner = web.AppRunner(extender.app())
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            started.set()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(start())
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        started.wait(10)
+        self.conn: Any = HTTPConnection("127.0.0.1", self.port, timeout=30)
+
+    def post(self, path: str, body: bytes | Any, conn: Any = None) -> tuple[int, Any]:
+        import json
+
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        conn = conn or self.conn
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, json.loads(raw) if raw else None
+
+    def get(self, path: str, conn: Any = None) -> tuple[int, str]:
+        conn = conn or self.conn
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+
+    def stop(self) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass(frozen=True)
+class TestPki:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, as PEM
+    files in one directory (for the extender's --tls-* options and kube-scheduler's
+    extender tlsConfig)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    #: a client certificate signed by another CA (must be refused)
+    stranger_cert: Path
+    stranger_key: Path
+
+    __test__ = False  # not a pytest test class
+
+    @staticmethod
+    def create(directory: Path) -> TestPki:
+        import datetime
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        now = datetime.datetime.now(datetime.UTC)
+
+        def name(text: str) -> x509.Name:
+            return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+        def write(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
+                  ) -> tuple[Path, Path]:
+            cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+            cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+            key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                   serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+            return cert_path, key_path
+
+        def ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+            key = ec.generate_private_key(ec.SECP256R1())
+            cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(cn))
+                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                    .not_valid_before(now - datetime.timedelta(minutes=5))
+                    .not_valid_after(now + datetime.timedelta(days=1))
+                    .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                    .add_extension(x509.KeyUsage(False, False, False, False, False, True, True,
+                                                 False, False), critical=True)
+                    .sign(key, hashes.SHA256()))
+            return cert, key
+
+        def leaf(cn: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+                 server: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+            key = ec.generate_private_key(ec.SECP256R1())
+            builder = (x509.CertificateBuilder().subject_name(name(cn))
+                       .issuer_name(issuer[0].subject).public_key(key.public_key())
+                       .serial_number(x509.random_serial_number())
+                       .not_valid_before(now - datetime.timedelta(minutes=5))
+                       .not_valid_after(now + datetime.timedelta(days=1))
+                       .add_extension(x509.ExtendedKeyUsage(
+                           [ExtendedKeyUsageOID.SERVER_AUTH if server
+                            else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+            if server:
+                builder = builder.add_extension(x509.SubjectAlternativeName([
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.DNSName("localhost")]), critical=False)
+            return builder.sign(issuer[1], hashes.SHA256()), key
+
+        authority = ca("egpu-test-ca")
+        ca_path = directory / "ca.crt"
+        ca_path.write_bytes(authority[0].public_bytes(serialization.Encoding.PEM))
+        server = write("server", *leaf("egpu-scheduler", authority, True))
+        client = write("client", *leaf("kube-scheduler", authority, False))
+        stranger = write("stranger", *leaf("kube-scheduler", ca("other-ca"), False))
+        return TestPki(ca_path, *server, *client, *stranger)
+
+    def client_context(self, cert: bool = True) -> Any:
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if cert:
+            context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
+def extender_tls_stanza(pki: TestPki) -> dict[str, Any]:
+    """kube-scheduler's extender tlsConfig for `pki` (files; caData/certData/keyData work too)."""
+    return {"certFile": str(pki.client_cert), "keyFile": str(pki.client_key),
+            "caFile": str(pki.ca)}

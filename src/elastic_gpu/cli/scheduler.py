@@ -13,18 +13,32 @@ def scheduler(
     kubeconfig: Annotated[Path | None, typer.Option(
         help="kubeconfig file; without it, the in-cluster service account")] = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="port to serve on")] = 8888,
-    host: Annotated[str, typer.Option(help="address to listen on")] = "0.0.0.0",
+    host: Annotated[str, typer.Option(
+        help="address to listen on; loopback by default, as the extender runs beside "
+             "kube-scheduler (another address needs --tls-client-ca: /bind writes Bindings)")
+    ] = "127.0.0.1",
     config: Annotated[Path | None, typer.Option(
         help="YAML: nodePolicy, cardPolicy, reservationTTLSeconds, seed, filterResult, "
-             "targetWorkload, workloadRefreshPods (docs/scheduler.md)")] = None,
+             "targetWorkload, workloadRefreshPods, maxRequestBytes, maxNodesPerRequest "
+             "(docs/scheduler.md)")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="private key of --tls-cert")] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(
+        help="require client certificates signed by this CA (kube-scheduler's extender "
+             "tlsConfig certFile/keyFile); needs --tls-cert")] = None,
+    drain_seconds: Annotated[float, typer.Option(
+        min=0, max=300, help="on SIGTERM: stop accepting, then wait this long at most for "
+                             "binds in progress")] = 10.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
-    """Serve the kube-scheduler extender (filter, prioritize, bind, preempt)."""
+    """Serve the kube-scheduler extender (filter, prioritize, bind, preempt).
+
+    SIGTERM (or SIGINT) drains: the listener closes, binds in progress finish (at most
+    --drain-seconds), and the process exits 0.
+    """
     from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.scheduler import eventloop
-    from elastic_gpu.scheduler.app import ServeOptions, serve
+    from elastic_gpu.scheduler.app import ServeOptions, TLSFilesError, serve, tls_context
     from elastic_gpu.scheduler.config import ConfigError, load_config
 
     logging.basicConfig(level=log_level.upper(),
@@ -34,11 +48,16 @@ def scheduler(
     if (tls_cert is None) != (tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
+    if tls_client_ca is not None and tls_cert is None:
+        typer.echo("error: --tls-client-ca needs --tls-cert and --tls-key (HTTPS)", err=True)
+        raise typer.Exit(2)
     try:
         settings = load_config(config)
-        options = ServeOptions(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key)
+        options = ServeOptions(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
+                               tls_client_ca=tls_client_ca, drain_s=drain_seconds)
+        tls_context(options)  # unreadable or mismatched files fail here, with their reason
         eventloop.run(serve(kubeconfig, settings, options))
-    except (ConfigError, ClientConfigError) as err:
+    except (ConfigError, ClientConfigError, TLSFilesError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 PREFIX = "elasticgpu.io"
 
-#: Written by the scheduler before the Binding: JSON of the chosen cards per container
-#: (see `elastic_gpu.core.assignment`). The source of truth for allocations.
+#: Written by the scheduler in the pod's Binding (one write that also sets the node name):
+#: JSON of the chosen cards per container (see `elastic_gpu.core.assignment`). The source of
+#: truth for allocations.
 ASSIGNMENT = f"{PREFIX}/assignment"
 #: Node the assignment was made for; lets the agent ignore stale assignments.
 ASSIGNED_NODE = f"{PREFIX}/assigned-node"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.k8s import gpudevice
@@ -50,7 +52,8 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
             offers[key] = count if 0 <= count < 2**63 else 0
     return NodeInfo(name=str(meta.get("name", "")), cpu_milli=amount("cpu", 1000),
                     memory_mib=amount("memory", 1) // 2**20,
-                    labels=dict(meta.get("labels") or {}), offers=offers)
+                    labels=dict(meta.get("labels") or {}), offers=offers,
+                    taints=taints_from_node(node))
 
 
 def _device(obj: Mapping[str, Any]) -> tuple[str, str, Any] | None:
@@ -106,18 +109,39 @@ class Feeds:
 
 @dataclass
 class ServeOptions:
-    host: str = "0.0.0.0"
+    #: loopback: the extender runs beside kube-scheduler (docs/scheduler.md, "Security")
+    host: str = "127.0.0.1"
     port: int = 8888
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    #: when set, clients must present a certificate this CA signed (mutual TLS)
+    tls_client_ca: Path | None = None
+    #: on SIGTERM, how long binds in progress may take to finish
+    drain_s: float = 10.0
+
+
+class TLSFilesError(ValueError):
+    """A certificate, key or CA file that cannot be used; the message names it."""
 
 
 def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
-    """HTTPS for kube-scheduler's `enableHTTPS: true` (its tlsConfig names our CA)."""
+    """HTTPS for kube-scheduler's `enableHTTPS: true` (its tlsConfig names our CA); with
+    `tls_client_ca`, a client without a certificate signed by that CA fails the handshake."""
     if options.tls_cert is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
+    except (OSError, ssl.SSLError) as err:
+        raise TLSFilesError(f"--tls-cert {options.tls_cert} / --tls-key {options.tls_key}: "
+                            f"{err}") from None
+    if options.tls_client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=str(options.tls_client_ca))
+        except (OSError, ssl.SSLError) as err:
+            raise TLSFilesError(f"--tls-client-ca {options.tls_client_ca}: {err}") from None
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
@@ -127,9 +151,53 @@ async def _expiry_loop(state: SchedulerState, period_s: float = 1.0) -> None:
         state.expire()
 
 
+def _stop_on_signals(stop: asyncio.Event) -> list[int]:
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            pass
+    return installed
+
+
+async def serve_extender(extender: Extender, options: ServeOptions, stop: asyncio.Event,
+                         started: asyncio.Event | None = None,
+                         background: asyncio.Future[Any] | None = None) -> None:
+    """Serve `extender` until `stop` is set (or `background` ends), then drain: close the
+    listener, let binds in progress finish (at most `options.drain_s`), close connections."""
+    runner = web.AppRunner(extender.app(), access_log=None, shutdown_timeout=options.drain_s)
+    await runner.setup()
+    context = tls_context(options)
+    site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
+    await site.start()
+    log.info("serving the extender on %s:%d (%s%s, %s event loop)", options.host, options.port,
+             "https" if context else "http",
+             ", client certificates required" if options.tls_client_ca else "", loop_name())
+    if started is not None:
+        started.set()
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        pending = {waiter} if background is None else {waiter, background}
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if background is not None and background in done:
+            background.result()  # a crashed background task ends serving with its error
+    finally:
+        waiter.cancel()
+        log.info("stopping: no new connections; waiting up to %.0f s for binds in progress",
+                 options.drain_s)
+        await site.stop()  # the listening socket closes: new connections are refused
+        if not await extender.drained(options.drain_s):
+            log.warning("binds still in progress after %.0f s; stopping anyway",
+                        options.drain_s)
+        await runner.cleanup()
+
+
 async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: ServeOptions,
                 started: asyncio.Event | None = None) -> None:
-    """Run until cancelled."""
+    """Run until SIGTERM/SIGINT (then drain and return) or until cancelled."""
     from elastic_gpu.k8s.rest import RestClient
 
     RestClient.from_config(kubeconfig)  # a broken configuration fails here, with its reason
@@ -139,19 +207,17 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     extender = Extender(state, link)
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
-    runner = web.AppRunner(extender.app(), access_log=None)
-    await runner.setup()
-    context = tls_context(options)
-    site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
-    await site.start()
-    log.info("serving the extender on %s:%d (%s, %s event loop)", options.host, options.port,
-             "https" if context else "http", loop_name())
-    if started is not None:
-        started.set()
+    stop = asyncio.Event()
+    installed = _stop_on_signals(stop)
     try:
-        await asyncio.gather(*tasks)
+        # the API worker stays up while binds drain: they write through it
+        await serve_extender(extender, options, stop, started,
+                             background=asyncio.gather(*tasks))
     finally:
+        loop = asyncio.get_running_loop()
+        for signum in installed:
+            loop.remove_signal_handler(signum)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
+    log.info("stopped")

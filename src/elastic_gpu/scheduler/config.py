@@ -8,6 +8,8 @@
     filterResult: all            # all: every fitting node (+ prioritize); best: only the engine's choice
     targetWorkload: builtin      # FGD's target workload: builtin, or observed (the live pods' shapes)
     workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
+    maxRequestBytes: 16777216    # larger request bodies get 413 (docs/scheduler.md, "HTTP limits")
+    maxNodesPerRequest: 20000    # more candidate nodes in one request get 400
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
@@ -63,6 +65,12 @@ class SchedulerConfig(BaseModel):
                                                             validation_alias="targetWorkload")
     workload_refresh_pods: int = Field(default=200, validation_alias="workloadRefreshPods", ge=1,
                                        le=1_000_000)
+
+    #: HTTP limits of one request (`wire.Limits`; docs/scheduler.md, "HTTP limits").
+    max_request_bytes: int = Field(default=16 * 2**20, validation_alias="maxRequestBytes",
+                                   ge=64 * 1024, le=2**30)
+    max_nodes_per_request: int = Field(default=20_000, validation_alias="maxNodesPerRequest",
+                                       ge=1, le=1_000_000)
 
     @field_validator("node_policy")
     @classmethod

@@ -27,10 +27,20 @@ def managed_resource_names() -> list[str]:
     return names
 
 
+#: Where deploy/scheduler/kube-scheduler-config-tls.yaml expects kube-scheduler's client
+#: certificate and the CA of the extender's serving certificate (docs/scheduler.md, "Security").
+TLS_FILES = {"certFile": "/etc/elastic-gpu/tls/client.crt",
+             "keyFile": "/etc/elastic-gpu/tls/client.key",
+             "caFile": "/etc/elastic-gpu/tls/ca.crt"}
+
+
 def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s",
-                    enable_https: bool = False, prioritize: bool = True) -> dict[str, Any]:
+                    enable_https: bool = False, prioritize: bool = True,
+                    tls_config: dict[str, str] | None = None) -> dict[str, Any]:
     """`prioritize=False` goes with the extender's `filterResult: best`: its filter leaves one
-    node, kube-scheduler then scores nothing, and a prioritize verb would never be called."""
+    node, kube-scheduler then scores nothing, and a prioritize verb would never be called.
+    `tls_config`: kube-scheduler's extender tlsConfig (certFile/keyFile/caFile or
+    certData/keyData/caData): HTTPS, presenting a client certificate the extender verifies."""
     stanza: dict[str, Any] = {
         "urlPrefix": url_prefix,
         "filterVerb": "filter",
@@ -44,6 +54,9 @@ def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s
         "managedResources": [{"name": n, "ignoredByScheduler": True}
                              for n in managed_resource_names()],
     }
+    if tls_config is not None:
+        stanza["enableHTTPS"] = True
+        stanza["tlsConfig"] = dict(tls_config)
     if prioritize:
         stanza["prioritizeVerb"] = "prioritize"
     else:
@@ -53,10 +66,12 @@ def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s
 
 def kube_scheduler_config(url_prefix: str = "http://127.0.0.1:8888", *,
                           scheduler_name: str = "default-scheduler",
-                          weight: int = 5, prioritize: bool = True) -> dict[str, Any]:
+                          weight: int = 5, prioritize: bool = True,
+                          tls_config: dict[str, str] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "profiles": [{"schedulerName": scheduler_name}],
-        "extenders": [extender_stanza(url_prefix, weight=weight, prioritize=prioritize)],
+        "extenders": [extender_stanza(url_prefix, weight=weight, prioritize=prioritize,
+                                      tls_config=tls_config)],
     }

@@ -2,16 +2,26 @@
 
 Every answer is either the verb's result, an `Error` kube-scheduler shows to the user (for
 pods we cannot place: a reason a person can act on), or a 4xx for bodies kube-scheduler would
-never send. Nothing a client sends can produce a 500.
+never send: every body is validated once, completely, by `wire` (bounded types), so nothing
+past it meets an unexpected type. A last-resort handler still logs any exception and answers
+500, so a bug never kills the server, but no input is meant to reach it.
+
+Cost of one request is bounded (docs/scheduler.md, "HTTP limits"): a body over
+`maxRequestBytes` gets 413 before it is read; bodies over `LARGE_BODY_BYTES` (or of unknown
+length) are read, decoded, planned and encoded in a worker thread, at most `HEAVY_SLOTS` at a
+time with `HEAVY_QUEUE` more waiting (then 429), so health checks, small filters and binds keep
+flowing on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -23,6 +33,7 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.fit import FitKind, describe
+from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler import wire
@@ -33,6 +44,55 @@ from elastic_gpu.scheduler.state import PodInfo, SchedulerState, StateNotReady
 log = logging.getLogger(__name__)
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
+
+#: Bodies above this size (or of unknown length) are handled in a worker thread.
+LARGE_BODY_BYTES = 256 * 1024
+#: Candidate nodes above which planning also moves to a worker thread.
+LARGE_NODE_COUNT = 2_000
+#: Large requests handled at once, and how many more may wait before 429.
+HEAVY_SLOTS = 2
+HEAVY_QUEUE = 8
+#: What the recent-pods cache (pods seen in filter, for the bind) may hold, in bytes of slim
+#: pods (about 1 KiB each: thousands of pods between a filter and its bind).
+RECENT_BYTES = 8 * 2**20
+#: A bind's body is four names.
+BIND_BODY_BYTES = 64 * 1024
+
+
+class BodyTooLarge(Exception):
+    """More bytes than the limit; the message says how many and which limit."""
+
+
+class _Busy(Exception):
+    """Too many large requests at once (429)."""
+
+
+def _too_large(size: int, limit: int, verb: str) -> str:
+    which = "a bind's body is four names" if verb == "bind" else \
+        "maxRequestBytes; nodeCacheCapable: true sends names, not Node objects"
+    return f"request body of {size} bytes is over the limit of {limit} bytes ({which})"
+
+
+async def _read(request: web.Request, limit: int, verb: str) -> bytes:
+    """The body, refused (BodyTooLarge) as soon as more than `limit` bytes arrived."""
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(_too_large(size, limit, verb) + " (the rest was not read)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def recent_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the bind needs of a pod seen in filter: the validated manifest (`wire.Pod`) with
+    only this project's annotations (all others are dropped: they can be 256 KiB)."""
+    meta = dict(pod.get("metadata") or {})
+    notes = meta.get("annotations")
+    if notes:
+        meta["annotations"] = {k: v for k, v in notes.items() if f"{ann.PREFIX}/" in k}
+    return {**pod, "metadata": meta}
 
 
 class BindError(RuntimeError):
@@ -121,8 +181,22 @@ class Extender:
         self._bind_locks: dict[str, asyncio.Lock] = {}
         self._bind_users: dict[str, int] = {}
         self.metrics = metrics or Metrics(state.card_usage, state.host_usage, state.workload_size)
+        self.limits = wire.Limits(max_body_bytes=state.config.max_request_bytes,
+                                  max_nodes=state.config.max_nodes_per_request)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.
-        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Slim (`recent_pod`) and bounded in bytes (`RECENT_BYTES`), oldest out first.
+        self._recent: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        self._recent_bytes = 0
+        self._recent_lock = threading.Lock()
+        self._heavy = asyncio.Semaphore(HEAVY_SLOTS)
+        self._heavy_waiting = 0
+        #: verbs running in worker threads; while any runs, state calls leave the event loop
+        #: too (the thread may hold the state's lock for a whole plan)
+        self._in_threads = 0
+        #: binds in progress, for a clean drain on SIGTERM (`drained`)
+        self._binds = 0
+        self._binds_idle = asyncio.Event()
+        self._binds_idle.set()
         # Parsed requests by (uid, resourceVersion): filter and bind read the same pod version,
         # and any change to a pod's spec or annotations gives it a new resourceVersion.
         self._parsed: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
@@ -140,16 +214,32 @@ class Extender:
                 self._parsed.popitem(last=False)
         return request
 
-    def _remember(self, uid: str, pod: dict[str, Any]) -> None:
-        self._recent[uid] = pod
-        self._recent.move_to_end(uid)
-        while len(self._recent) > 10_000:
-            self._recent.popitem(last=False)
+    def _remember(self, uid: str, pod: Mapping[str, Any]) -> None:
+        slim = recent_pod(pod)
+        size = len(msgspec.json.encode(slim))
+        with self._recent_lock:  # filters of large requests run in worker threads
+            self._remember_locked(uid, slim, size)
+
+    def _remember_locked(self, uid: str, slim: dict[str, Any], size: int) -> None:
+        old = self._recent.pop(uid, None)
+        if old is not None:
+            self._recent_bytes -= old[1]
+        if size > RECENT_BYTES:
+            return
+        self._recent[uid] = (slim, size)
+        self._recent_bytes += size
+        while self._recent_bytes > RECENT_BYTES:
+            self._recent_bytes -= self._recent.popitem(last=False)[1][1]
+
+    @property
+    def recent_bytes(self) -> int:
+        """Bytes the recent-pods cache holds (slim pods, JSON size), at most RECENT_BYTES."""
+        return self._recent_bytes
 
     # ---- verbs ------------------------------------------------------------------------------
 
     def filter(self, body: bytes) -> web.Response:
-        args = wire.parse(wire.ExtenderArgs, body)
+        args = wire.parse_args(body, self.limits)
         names = args.node_names()
         try:
             request = self._parse(args.Pod)
@@ -171,7 +261,7 @@ class Extender:
         return _json(wire.filter_result(args, result.feasible, failed, unresolvable))
 
     def prioritize(self, body: bytes) -> web.Response:
-        args = wire.parse(wire.ExtenderArgs, body)
+        args = wire.parse_args(body, self.limits)
         names = args.node_names()
         try:
             request = self._parse(args.Pod)
@@ -182,7 +272,7 @@ class Extender:
         return _json(wire.host_priorities(scores))
 
     def preempt(self, body: bytes) -> web.Response:
-        args = wire.parse(wire.ExtenderPreemptionArgs, body)
+        args = wire.parse_preemption(body, self.limits)
         candidates = args.victims()
         try:
             request = self._parse(args.Pod)
@@ -194,7 +284,30 @@ class Extender:
         return _json(wire.preemption_result(chosen))
 
     async def bind(self, body: bytes) -> web.Response:
-        args = wire.parse(wire.ExtenderBindingArgs, body)
+        args = wire.parse_binding(body, self.limits)
+        with self._bind_running():
+            return await self._bind_locked(args)
+
+    @contextmanager
+    def _bind_running(self) -> Iterator[None]:
+        self._binds += 1
+        self._binds_idle.clear()
+        try:
+            yield
+        finally:
+            self._binds -= 1
+            if not self._binds:
+                self._binds_idle.set()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Wait until no bind is in progress (at most `timeout_s`); False if some still are."""
+        try:
+            await asyncio.wait_for(self._binds_idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _bind_locked(self, args: wire.ExtenderBindingArgs) -> web.Response:
         started = time.monotonic()
         uid = args.PodUID
         # One bind per pod at a time: a retry kube-scheduler sends after timing out must not
@@ -224,7 +337,9 @@ class Extender:
                             "kube-scheduler has given up on this call", definite=True)
         manifest = await self._manifest(args)
         try:
-            request = self._parse(manifest)
+            # Parsed afresh, not from the (uid, resourceVersion) cache: a filter request
+            # naming this pod's uid and version with other contents must not decide the bind.
+            request = parse_pod(manifest)
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         known = PodInfo.from_manifest(manifest)
@@ -234,11 +349,10 @@ class Extender:
                 return  # an earlier attempt finished it: the same answer again
             raise BindError(f"{where}: the pod is already bound to {known.node_name}",
                             definite=True)
-        if not request.wants_gpu:
-            await self._create_binding(args, where, None, known.resource_version)
-            return
+        self._check_placement(manifest, request, args, where)
         try:
-            token, assignment = self.state.reserve(request, args.PodUID, args.Node)
+            token, assignment = await self._state_call(self.state.reserve, request, args.PodUID,
+                                                       args.Node)
         except Unschedulable as err:
             self.metrics.bind_failures.labels("reserve").inc()
             raise BindError(f"{where}: {err.reason}", definite=True) from None
@@ -257,7 +371,35 @@ class Extender:
             outcome = "failed" if err.definite else "unknown"
             raise
         finally:
-            self.state.settle(args.PodUID, token, outcome, bound)
+            await self._state_call(self.state.settle, args.PodUID, token, outcome, bound)
+
+    def _check_placement(self, manifest: Mapping[str, Any], request: PodRequest,
+                         args: wire.ExtenderBindingArgs, where: str) -> None:
+        """Refuse what kube-scheduler (with this extender's filter) would never have chosen:
+        a bind is a write anyone who reaches the port could ask for."""
+        if not request.wants_gpu:
+            raise BindError(f"{where}: the pod asks for no GPU resource; this extender binds "
+                            "only GPU pods (kube-scheduler sends it only pods naming one of "
+                            "its managedResources)", definite=True)
+        node = self.state.node(args.Node)
+        if node is None:
+            raise BindError(f"{where}: node {args.Node} is unknown to the GPU scheduler",
+                            definite=True)
+        try:
+            rules = rules_from_manifest(manifest)
+        except RulesError as err:
+            raise BindError(f"{where}: the pod's {err}", definite=True) from None
+        reason = refusal(rules, node.name, node.labels, node.taints)
+        if reason is not None:
+            self.metrics.bind_failures.labels("placement").inc()
+            raise BindError(f"{where}: {reason}", definite=True)
+
+    async def _state_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call into the state on the event loop, or in a thread while a verb runs in one (the
+        state's lock may be held by it for a whole plan; the loop must not wait on it)."""
+        if not self._in_threads:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     async def _bind_with_truth(self, args: wire.ExtenderBindingArgs, where: str,
                                assignment: Assignment, version: int | None) -> None:
@@ -322,8 +464,10 @@ class Extender:
         if known is not None:
             return dict(known.manifest)
         recent = self._recent.get(args.PodUID)
-        if recent is not None:
-            return recent
+        # Only a pod with a resourceVersion: the Binding then carries it as a precondition,
+        # so it lands only on the very version whose spec the placement check read.
+        if recent is not None and (recent[0].get("metadata") or {}).get("resourceVersion"):
+            return dict(recent[0])
         assert self.api is not None
         pod = await self.api.get_pod(args.PodNamespace, args.PodName)
         key = f"{args.PodNamespace}/{args.PodName}"
@@ -341,18 +485,61 @@ class Extender:
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
             try:
-                body = await request.read()
-                result = handler(body)
-                response = await result if isinstance(result, Awaitable) else result
+                response = await self._serve(verb, request, handler)
             except wire.WireError as err:
                 self.metrics.bad_requests.labels(verb).inc()
                 response = _json({"Error": str(err)}, status=400)
+            except BodyTooLarge as err:
+                self.metrics.bad_requests.labels(verb).inc()
+                response = _json({"Error": str(err)}, status=413)
+            except _Busy as err:
+                response = _json({"Error": str(err)}, status=429)
+                response.headers["Retry-After"] = "1"
             except StateNotReady as err:
                 response = _json({"Error": str(err)}, status=503)
+            except Exception as err:  # last resort: a bug must not kill the server
+                log.exception("%s: unexpected error", verb)
+                response = _json({"Error": f"internal error in the extender ({type(err).__name__}"
+                                           "; see its log)"}, status=500)
             finally:
                 self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
             return response
         return handle
+
+    async def _serve(self, verb: str, request: web.Request,
+                     handler: Callable[[bytes], Awaitable[web.Response] | web.Response]
+                     ) -> web.Response:
+        limit = BIND_BODY_BYTES if verb == "bind" else self.limits.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:  # refused before a byte of it is read
+            raise BodyTooLarge(_too_large(length, limit, verb))
+        if verb == "bind" or (length is not None and length <= LARGE_BODY_BYTES):
+            body = await _read(request, limit, verb)
+            result = handler(body) if verb == "bind" or not (
+                self._in_threads or body.count(b'"') > 2 * LARGE_NODE_COUNT) \
+                else self._in_thread(handler, body)
+            return await result if isinstance(result, Awaitable) else result
+        # Large (or of unknown length): a few at a time, the rest wait or are turned away.
+        if self._heavy_waiting >= HEAVY_SLOTS + HEAVY_QUEUE:
+            raise _Busy(f"{self._heavy_waiting} large requests are in progress or waiting; "
+                        "retry shortly")
+        self._heavy_waiting += 1
+        try:
+            async with self._heavy:
+                body = await _read(request, limit, verb)
+                return await self._in_thread(handler, body)
+        finally:
+            self._heavy_waiting -= 1
+
+    async def _in_thread(self, handler: Callable[[bytes], Awaitable[web.Response] | web.Response],
+                         body: bytes) -> web.Response:
+        self._in_threads += 1
+        try:
+            result = await asyncio.to_thread(handler, body)
+        finally:
+            self._in_threads -= 1
+        assert isinstance(result, web.Response)  # only the synchronous verbs come here
+        return result
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -367,7 +554,7 @@ class Extender:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def app(self, prefix: str = "") -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
         handlers: dict[str, Callable[[bytes], Awaitable[web.Response] | web.Response]] = {
             "filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
                     "preempt": self.preempt}

@@ -3,8 +3,9 @@
 The API worker sends the scheduler process only these fields, and only when one of them
 changed: kwok (or a kubelet) updates a bound pod's status several times and a node's status
 every few seconds, and none of that moves a card. Every field read by `PodInfo.from_manifest`,
-`pod_request_from_manifest`, `app.node_info` and `gpudevice.card_from_gpudevice` must survive
-here (tests/unit/scheduler/test_sched_slim.py checks it on full objects).
+`pod_request_from_manifest`, `app.node_info`, `core.nodeaffinity` and
+`gpudevice.card_from_gpudevice` must survive here (tests/unit/scheduler/test_sched_slim.py
+checks it on full objects).
 """
 
 from __future__ import annotations
@@ -28,12 +29,27 @@ def _containers(items: Any) -> list[Obj]:
             for c in items or () if isinstance(c, Mapping)]
 
 
+def _node_affinity(spec: Mapping[str, Any]) -> Obj:
+    """Only the required node affinity (the bind's placement check reads it)."""
+    affinity = spec.get("affinity")
+    node = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") \
+        if isinstance(node, Mapping) else None
+    if required is None:
+        return {}
+    return {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": required}}}
+
+
 def slim_pod(pod: Mapping[str, Any]) -> Obj:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     out: Obj = {
         "metadata": _pick(meta, ("name", "namespace", "uid", "resourceVersion", "annotations")),
-        "spec": {**_pick(spec, ("nodeName", "priority", "schedulerName")),
+        # nodeSelector, required node affinity and tolerations: for the bind's placement check
+        "spec": {**_pick(spec, ("nodeName", "priority", "schedulerName", "nodeSelector",
+                                "tolerations")),
+                 **_node_affinity(spec),
                  "containers": _containers(spec.get("containers"))},
         # Only a terminal phase changes what a pod holds; Pending -> Running does not, and
         # dropping it spares the scheduler one event per started pod.
@@ -49,6 +65,7 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
 
 def slim_node(node: Mapping[str, Any]) -> Obj:
     return {"metadata": _pick(node.get("metadata"), ("name", "labels")),
+            "spec": _pick(node.get("spec"), ("taints",)),
             "status": _pick(node.get("status"), ("allocatable", "capacity"))}
 
 

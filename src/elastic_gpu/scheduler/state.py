@@ -41,6 +41,7 @@ from elastic_gpu.core.engine import (
 )
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.nodeaffinity import Taint
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -66,6 +67,8 @@ class NodeInfo:
     #: GPU resources in its allocatable (name -> count); None: not known (node-level vendor
     #: check off). Cards' own `offers` (GPUDevice spec.resources) are checked within these.
     offers: Mapping[str, int] | None = None
+    #: for the bind's placement check (`core.nodeaffinity`)
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,10 @@ class SchedulerState:
         return Node(name, info.cpu_milli, info.memory_mib,
                     tuple(cards[i] for i in sorted(cards)), dict(info.labels), info.offers)
 
+    def node(self, name: str) -> NodeInfo | None:
+        """The node as its watch last showed it (labels, taints), or None if unknown."""
+        return self._nodes.get(name)
+
     def known_nodes(self) -> frozenset[str]:
         """Nodes the engine knows (with their inventory), as of the last flush."""
         return self._known
@@ -356,7 +363,7 @@ class SchedulerState:
     # ---- pods from the API --------------------------------------------------------------------
 
     def observe_pod(self, pod: Mapping[str, Any] | PodInfo) -> None:
-        """An ADDED/MODIFIED pod from the watch, or the pod our own PATCH returned."""
+        """An ADDED/MODIFIED pod from the watch, or a pod a bind read back from the API."""
         info = pod if isinstance(pod, PodInfo) else PodInfo.from_manifest(pod)
         if not info.uid:
             return
@@ -365,8 +372,8 @@ class SchedulerState:
             if (old is not None and old.resource_version is not None
                     and info.resource_version is not None
                     and info.resource_version <= old.resource_version):
-                # not newer than what we know: our own PATCH response overtook the watch, or
-                # the version we already completed with what our Binding did
+                # not newer than what we know: a pod read back after a bind overtook the
+                # watch, or the version we already completed with what our Binding did
                 return
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,

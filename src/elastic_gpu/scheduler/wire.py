@@ -1,124 +1,423 @@
 """The scheduler extender wire format (kube-scheduler -> extender), Go field names exactly.
 
 kube-scheduler marshals its Go structs without json tags, so every field is spelled as the Go
-field (`Pod`, `NodeNames`, `FailedNodes`, ...). Requests are validated here and nowhere else:
-anything malformed becomes a `WireError` whose message names the field, which the server turns
-into a 400 (never a 500). Responses are plain dicts built by the helpers at the bottom.
+field (`Pod`, `NodeNames`, `FailedNodes`, ...). Requests are validated here, completely, and
+nowhere else: every field the extender reads has a type and a bound (msgspec structs), so code
+past this module never sees a string where it expects a mapping, an integer beyond 64 bits or
+a container name that is not a string. Anything malformed becomes a `WireError` whose message
+names the field (a JSON path), the rule and, for small bodies, the value; the server turns it
+into a 400, never a 500.
+
+Decoding costs are bounded per call, so a large body cannot hold the interpreter (GIL) for
+long in one piece: the body is first split at the top level with the heavy parts kept as raw
+JSON (`msgspec.Raw`, a scan without building objects), sizes are checked, and then each part is
+decoded on its own (every Node object or victims entry separately). A pod part larger than the
+API server would ever store, or more candidate nodes than `Limits.max_nodes`, is refused
+before it is decoded.
+
+Responses are plain dicts (or msgspec structs) built by the helpers at the bottom.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
-M = TypeVar("M", bound="_Wire")
+#: The API server refuses objects above ~1.5 MiB (etcd's request limit), so no real Pod or
+#: Node is larger; anything bigger in a request is not from kube-scheduler.
+MAX_OBJECT_BYTES = 3 * 2**20
+#: Pods per node in one victims entry (kubelet's maxPods tops out at a few hundred).
+MAX_VICTIMS_PER_NODE = 5_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may cost. `max_body_bytes`: nodeCacheCapable requests (only names)
+    of 20,000 nodes are under 1 MiB; non-nodeCacheCapable ones carry whole Node objects
+    (~4-10 KiB each), so 16 MiB covers ~2,000-4,000 nodes of those (docs/scheduler.md)."""
+
+    max_body_bytes: int = 16 * 2**20
+    #: Candidate nodes in one filter, prioritize or preempt (4x the 5,000-node scale
+    #: kube-scheduler is tested at).
+    max_nodes: int = 20_000
+
+
+DEFAULT_LIMITS = Limits()
+
+T = TypeVar("T")
 
 
 class WireError(ValueError):
     """A request body kube-scheduler would never send; the message says what is wrong."""
 
 
-class _Wire(BaseModel):
-    # Newer kube-scheduler versions may add fields: ignore them rather than fail scheduling.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+# ---- bounded scalar types ----------------------------------------------------------------------
+
+Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Int32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+#: Node, pod and namespace names: DNS subdomains (<= 253 characters).
+Name = Annotated[str, Meta(min_length=1, max_length=253)]
+OptName = Annotated[str, Meta(max_length=253)]
+Uid = Annotated[str, Meta(min_length=1, max_length=128)]
+OptUid = Annotated[str, Meta(max_length=128)]
+Version = Annotated[str, Meta(max_length=64)]
+#: Label, annotation, resource and taint keys: qualified names (prefix 253 + "/" + 63).
+Key = Annotated[str, Meta(max_length=317)]
+#: Label values are <= 63 characters in the API; a little slack costs nothing.
+LabelValue = Annotated[str, Meta(max_length=1024)]
+#: The API caps all annotations of an object at 256 KiB together.
+AnnotationValue = Annotated[str, Meta(max_length=256 * 1024)]
+Word = Annotated[str, Meta(max_length=64)]
+#: Quantities travel as strings ("500m", "4Gi"); JSON numbers (which kube-scheduler never
+#: sends, but core's parse_quantity reads) are accepted up to 2**53, where float64 is exact.
+Quantity = (Annotated[str, Meta(max_length=64)] | Annotated[int, Meta(ge=-(2**53), le=2**53)]
+            | Annotated[float, Meta(ge=-(2.0**53), le=2.0**53)])
+ResourceMap = Annotated[dict[Key, Quantity], Meta(max_length=128)]
 
 
-class NodeList(_Wire):
-    items: list[dict[str, Any]] = Field(default_factory=list)
+class _S(Struct, omit_defaults=True):
+    """Unknown fields are ignored (newer kube-schedulers may add some); absent ones stay
+    UNSET and are left out of `to_builtins`, so the manifest dicts hold only what was sent."""
 
 
-class ExtenderArgs(_Wire):
-    """Filter and prioritize arguments."""
+# ---- the parts of a Pod the extender reads ------------------------------------------------------
+
+
+class ObjectMeta(_S):
+    name: OptName | UnsetType = UNSET
+    namespace: OptName | UnsetType = UNSET
+    uid: OptUid | UnsetType = UNSET
+    resourceVersion: Version | UnsetType = UNSET
+    annotations: Annotated[dict[Key, AnnotationValue], Meta(max_length=4096)] | UnsetType | None = UNSET
+
+
+class Resources(_S):
+    requests: ResourceMap | UnsetType | None = UNSET
+    limits: ResourceMap | UnsetType | None = UNSET
+
+
+class Container(_S):
+    name: OptName | UnsetType = UNSET
+    resources: Resources | UnsetType | None = UNSET
+
+
+Containers = Annotated[list[Container], Meta(max_length=256)]
+
+
+class NodeSelectorRequirement(_S):
+    key: Key
+    operator: Word
+    values: Annotated[list[LabelValue], Meta(max_length=1024)] | UnsetType | None = UNSET
+
+
+Requirements = Annotated[list[NodeSelectorRequirement], Meta(max_length=256)]
+
+
+class NodeSelectorTerm(_S):
+    matchExpressions: Requirements | UnsetType | None = UNSET
+    matchFields: Requirements | UnsetType | None = UNSET
+
+
+class NodeSelector(_S):
+    nodeSelectorTerms: Annotated[list[NodeSelectorTerm], Meta(max_length=256)] | UnsetType | None = UNSET
+
+
+class NodeAffinity(_S):
+    requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | UnsetType | None = UNSET
+
+
+class Affinity(_S):
+    nodeAffinity: NodeAffinity | UnsetType | None = UNSET
+
+
+class Toleration(_S):
+    key: Key | UnsetType = UNSET
+    operator: Word | UnsetType = UNSET
+    value: LabelValue | UnsetType = UNSET
+    effect: Word | UnsetType = UNSET
+    tolerationSeconds: Int64 | UnsetType | None = UNSET
+
+
+class PodSpec(_S):
+    containers: Containers | UnsetType | None = UNSET
+    initContainers: Containers | UnsetType | None = UNSET
+    overhead: ResourceMap | UnsetType | None = UNSET
+    nodeName: OptName | UnsetType = UNSET
+    schedulerName: OptName | UnsetType = UNSET
+    priority: Int32 | UnsetType | None = UNSET
+    nodeSelector: Annotated[dict[Key, LabelValue], Meta(max_length=256)] | UnsetType | None = UNSET
+    affinity: Affinity | UnsetType | None = UNSET
+    tolerations: Annotated[list[Toleration], Meta(max_length=256)] | UnsetType | None = UNSET
+
+
+class PodStatus(_S):
+    phase: Word | UnsetType = UNSET
+
+
+class Pod(_S):
+    metadata: ObjectMeta | UnsetType | None = UNSET
+    spec: PodSpec | UnsetType | None = UNSET
+    status: PodStatus | UnsetType | None = UNSET
+
+
+def pod_manifest(pod: Pod) -> dict[str, Any]:
+    """The validated pod as the plain dict core reads (only the fields above, only if sent)."""
+    out: dict[str, Any] = msgspec.to_builtins(pod)
+    return out
+
+
+# ---- the top level of each verb's body ----------------------------------------------------------
+
+
+class _NodeMeta(_S):
+    name: Name
+
+
+class _NodeItem(_S):
+    metadata: _NodeMeta
+
+
+_NULL = Raw(b"null")
+
+
+class _ArgsTop(_S):
+    Pod: Raw
+    Nodes: Raw = _NULL
+    NodeNames: Raw = _NULL
+
+
+class _NodeListTop(_S):
+    items: Annotated[list[Raw], Meta(max_length=1_000_000)] | None = None
+
+
+class ExtenderBindingArgs(_S):
+    PodName: Name
+    PodNamespace: Name
+    PodUID: Uid
+    Node: Name
+
+
+class MetaPod(_S):
+    UID: Uid
+
+
+class MetaVictims(_S):
+    Pods: Annotated[list[MetaPod], Meta(max_length=MAX_VICTIMS_PER_NODE)] | None = None
+    NumPDBViolations: Int64 = 0
+
+
+class _VictimMeta(_S):
+    uid: Uid
+
+
+class _VictimPod(_S):
+    metadata: _VictimMeta
+
+
+class _Victims(_S):
+    Pods: Annotated[list[_VictimPod], Meta(max_length=MAX_VICTIMS_PER_NODE)] | None = None
+    NumPDBViolations: Int64 = 0
+
+
+class _PreemptionTop(_S):
+    Pod: Raw
+    NodeNameToVictims: Annotated[dict[Name, Raw], Meta(max_length=1_000_000)] | None = None
+    NodeNameToMetaVictims: Annotated[dict[Name, Raw], Meta(max_length=1_000_000)] | None = None
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    """Filter and prioritize arguments, validated.
+
+    `Pod`: the validated pod (`pod_manifest`); `NodeNames`: set when kube-scheduler sent names
+    (nodeCacheCapable); `node_items`: (name, the Node object's raw JSON) when it sent objects,
+    so a filter answers in the same form with the objects exactly as received.
+    """
 
     Pod: dict[str, Any]
-    Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
+    node_items: list[tuple[str, Raw]] | None = None
 
     def node_names(self) -> list[str]:
-        """The candidate nodes, from `NodeNames` (nodeCacheCapable) or from `Nodes.items`."""
         if self.NodeNames is not None:
             return self.NodeNames
-        if self.Nodes is not None:
-            names: list[str] = []
-            for i, node in enumerate(self.Nodes.items):
-                name = (node.get("metadata") or {}).get("name")
-                if not isinstance(name, str) or not name:
-                    raise WireError(f"Nodes.items[{i}].metadata.name is missing")
-                names.append(name)
-            return names
-        raise WireError("neither NodeNames nor Nodes is set: no candidate nodes to consider")
+        return [name for name, _ in self.node_items or ()]
 
 
-class ExtenderBindingArgs(_Wire):
-    PodName: str = Field(min_length=1)
-    PodNamespace: str = Field(min_length=1)
-    PodUID: str = Field(min_length=1)
-    Node: str = Field(min_length=1)
-
-
-class MetaPod(_Wire):
-    UID: str
-
-
-class MetaVictims(_Wire):
-    Pods: list[MetaPod] = Field(default_factory=list)
-    NumPDBViolations: int = 0
-
-
-class Victims(_Wire):
-    Pods: list[dict[str, Any]] = Field(default_factory=list)
-    NumPDBViolations: int = 0
-
-
-class ExtenderPreemptionArgs(_Wire):
+@dataclass(frozen=True)
+class ExtenderPreemptionArgs:
     Pod: dict[str, Any]
-    NodeNameToVictims: dict[str, Victims | None] | None = None
-    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+    #: node -> (victim pod UIDs, PDB violations), from whichever map kube-scheduler sent
+    candidates: dict[str, tuple[list[str], int]]
 
     def victims(self) -> dict[str, tuple[list[str], int]]:
-        """node -> (victim pod UIDs, PDB violations), from whichever map kube-scheduler sent."""
-        out: dict[str, tuple[list[str], int]] = {}
-        if self.NodeNameToMetaVictims is not None:
-            for node, meta in self.NodeNameToMetaVictims.items():
-                meta = meta or MetaVictims()
-                out[node] = ([p.UID for p in meta.Pods], meta.NumPDBViolations)
-            return out
-        for node, victims in (self.NodeNameToVictims or {}).items():
-            victims = victims or Victims()
-            uids = []
-            for i, pod in enumerate(victims.Pods):
-                uid = (pod.get("metadata") or {}).get("uid")
-                if not isinstance(uid, str) or not uid:
-                    raise WireError(f"NodeNameToVictims[{node!r}].Pods[{i}].metadata.uid is missing")
-                uids.append(uid)
-            out[node] = (uids, victims.NumPDBViolations)
-        return out
+        return self.candidates
 
 
-def _explain(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors()[:5]:
-        where = ".".join(str(p) for p in e["loc"]) or "body"
-        parts.append(f"{where}: {e['msg']}")
-    more = err.error_count() - 5
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+# ---- decoding ---------------------------------------------------------------------------------
+
+_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_STEP = re.compile(r"\.([A-Za-z_][\w]*)|\[(\d+)\]|\[('[^']*'|\"[^\"]*\")\]")
+#: Below this size a failing part is decoded once more, untyped, to show the offending value.
+_SHOW_VALUE_BYTES = 64 * 1024
+_OBJECT_START = re.compile(rb"\s*\{")
 
 
-def parse(model: type[M], body: bytes) -> M:
-    """Decode and validate one request body, or raise `WireError` naming the problem."""
+def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
+    return _DECODERS[kind]
+
+
+def _value_at(data: bytes | memoryview, path: str) -> str | None:
+    """repr (shortened) of the value at a msgspec error path, for small bodies."""
+    if len(data) > _SHOW_VALUE_BYTES:
+        return None
     try:
-        # pydantic's own JSON parser: one pass, several times faster than json.loads + validate
-        return model.model_validate_json(body)
-    except ValidationError as err:
-        first = err.errors()[0]
-        if first["type"] == "json_invalid":
-            raise WireError(f"request body is not JSON: {first['msg']}") from None
-        if first["type"] == "model_type" and not first["loc"]:
-            raise WireError("request body must be a JSON object") from None
-        raise WireError(f"invalid {model.__name__}: {_explain(err)}") from None
+        value: Any = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    for field, index, key in _STEP.findall(path.split("[...]")[0]):
+        try:
+            if field:
+                value = value[field]
+            elif index:
+                value = value[int(index)]
+            else:
+                value = value[key[1:-1]]
+        except (KeyError, IndexError, TypeError):
+            return None
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _decode(kind: type[T] | Any, data: bytes | memoryview, where: str) -> T:
+    """Decode `data` (the JSON at `where`, "" for the body) as `kind`, or raise WireError
+    naming the path, the rule, and the value where the part is small."""
+    try:
+        result: T = _decoder(kind).decode(data)
+        return result
+    except msgspec.ValidationError as err:
+        message = str(err)
+        match = _AT.search(message)
+        rule = message[:match.start()] if match else message
+        path = match["path"] if match else ""
+        shown = _value_at(data, path) if path else None
+        value = f" (got {shown})" if shown is not None else ""
+        raise WireError(f"{'$' + where + path}: {rule}{value}") from None
+    except msgspec.DecodeError as err:
+        if not where:
+            raise WireError(f"request body is not JSON: {err}") from None
+        raise WireError(f"${where}: not JSON: {err}") from None
+    except RecursionError:
+        raise WireError(f"${where}: JSON nested too deeply (kube-scheduler's objects are "
+                        "far shallower)") from None
+
+
+def _object(kind: Any, data: bytes, where: str) -> Any:
+    if len(data) > MAX_OBJECT_BYTES:
+        raise WireError(f"${where}: {len(data)} bytes, more than the {MAX_OBJECT_BYTES} the API "
+                        "server stores for one object")
+    return _decode(kind, data, where)
+
+
+def _top(kind: type[T], body: bytes, limits: Limits) -> T:
+    if len(body) > limits.max_body_bytes:
+        raise WireError(f"request body of {len(body)} bytes is over the limit of "
+                        f"{limits.max_body_bytes} bytes (maxRequestBytes)")
+    if _OBJECT_START.match(body) is None:
+        try:
+            msgspec.json.decode(body, type=Raw)
+        except msgspec.DecodeError as err:
+            raise WireError(f"request body is not JSON: {err}") from None
+        raise WireError("request body must be a JSON object")
+    return _decode(kind, body, "")
+
+
+def _too_many(count: int, what: str, limits: Limits) -> WireError:
+    return WireError(f"{what}: {count} nodes, more than the limit of {limits.max_nodes} "
+                     "(maxNodesPerRequest)")
+
+
+def _node_names(raw: Raw, limits: Limits) -> list[str]:
+    # Node names are DNS subdomains: no commas, so a list of n names has n - 1 of them.
+    # Counting is one fast scan, so a body of millions of names is refused before they are
+    # decoded (building millions of strings holds the interpreter for a long time).
+    data = memoryview(raw)
+    if len(data) > 2 * limits.max_nodes:
+        separators = bytes(data).count(b",")
+        if separators >= limits.max_nodes:
+            raise _too_many(separators + 1, "$.NodeNames", limits)
+    names: list[str] = _decode(list[Name], data, ".NodeNames")
+    if len(names) > limits.max_nodes:
+        raise _too_many(len(names), "$.NodeNames", limits)
+    return names
+
+
+def _node_items(raw: Raw, limits: Limits) -> list[tuple[str, Raw]]:
+    top: _NodeListTop | None = _decode(_NodeListTop | None, bytes(raw), ".Nodes")
+    items = top.items if top is not None and top.items is not None else []
+    if len(items) > limits.max_nodes:
+        raise _too_many(len(items), "$.Nodes.items", limits)
+    out = []
+    for i, item in enumerate(items):
+        node: _NodeItem = _object(_NodeItem, bytes(item), f".Nodes.items[{i}]")
+        out.append((node.metadata.name, item))
+    return out
+
+
+def _pod(raw: Raw) -> dict[str, Any]:
+    pod: Pod | None = _object(Pod | None, bytes(raw), ".Pod")
+    if pod is None:
+        raise WireError("$.Pod: Expected `object`, got `null`")
+    return pod_manifest(pod)
+
+
+def parse_args(body: bytes, limits: Limits = DEFAULT_LIMITS) -> ExtenderArgs:
+    """Filter/prioritize arguments: the pod and the candidate nodes, or WireError."""
+    top: _ArgsTop = _top(_ArgsTop, body, limits)
+    if bytes(top.NodeNames) != b"null":
+        return ExtenderArgs(_pod(top.Pod), NodeNames=_node_names(top.NodeNames, limits))
+    if bytes(top.Nodes) != b"null":
+        return ExtenderArgs(_pod(top.Pod), node_items=_node_items(top.Nodes, limits))
+    raise WireError("neither NodeNames nor Nodes is set: no candidate nodes to consider")
+
+
+def parse_binding(body: bytes, limits: Limits = DEFAULT_LIMITS) -> ExtenderBindingArgs:
+    result: ExtenderBindingArgs = _top(ExtenderBindingArgs, body, limits)
+    return result
+
+
+def parse_preemption(body: bytes, limits: Limits = DEFAULT_LIMITS) -> ExtenderPreemptionArgs:
+    top: _PreemptionTop = _top(_PreemptionTop, body, limits)
+    pod = _pod(top.Pod)
+    out: dict[str, tuple[list[str], int]] = {}
+    if top.NodeNameToMetaVictims is not None:
+        if len(top.NodeNameToMetaVictims) > limits.max_nodes:
+            raise _too_many(len(top.NodeNameToMetaVictims), "$.NodeNameToMetaVictims", limits)
+        for node, raw in top.NodeNameToMetaVictims.items():
+            meta: MetaVictims | None = _object(
+                MetaVictims | None, bytes(raw),
+                f".NodeNameToMetaVictims[{node!r}]")
+            meta = meta or MetaVictims()
+            out[node] = ([p.UID for p in meta.Pods or ()], meta.NumPDBViolations)
+        return ExtenderPreemptionArgs(pod, out)
+    victims_map = top.NodeNameToVictims or {}
+    if len(victims_map) > limits.max_nodes:
+        raise _too_many(len(victims_map), "$.NodeNameToVictims", limits)
+    for node, raw in victims_map.items():
+        victims: _Victims | None = _object(
+            _Victims | None, bytes(raw), f".NodeNameToVictims[{node!r}]")
+        victims = victims or _Victims()
+        out[node] = ([p.metadata.uid for p in victims.Pods or ()], victims.NumPDBViolations)
+    return ExtenderPreemptionArgs(pod, out)
+
+
+# ---- answers ----------------------------------------------------------------------------------
 
 
 def filter_result(args: ExtenderArgs, feasible: Sequence[str], failed: Mapping[str, str],
@@ -126,13 +425,12 @@ def filter_result(args: ExtenderArgs, feasible: Sequence[str], failed: Mapping[s
     """ExtenderFilterResult, answering in the same form (names or node objects) as asked."""
     result: dict[str, Any] = {"FailedNodes": dict(failed),
                               "FailedAndUnresolvableNodes": dict(unresolvable), "Error": error}
-    if args.NodeNames is not None or args.Nodes is None:
+    if args.node_items is None:
         result["NodeNames"] = list(feasible)
         result["Nodes"] = None
     else:
         keep = set(feasible)
-        result["Nodes"] = {"items": [n for n in args.Nodes.items
-                                     if (n.get("metadata") or {}).get("name") in keep]}
+        result["Nodes"] = {"items": [raw for name, raw in args.node_items if name in keep]}
         result["NodeNames"] = None
     return result
 
@@ -158,3 +456,28 @@ def preemption_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> dict[
     return {"NodeNameToMetaVictims": {
         node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
         for node, (uids, pdb) in victims.items()}}
+
+
+def _prepare() -> None:
+    """Build every decoder, and use each once, at import, in one thread: large requests are
+    decoded in worker threads, and msgspec (0.22) has crashed when several threads made
+    its first use of a type at once."""
+    for kind in (_ArgsTop, _PreemptionTop, ExtenderBindingArgs, _NodeListTop | None, _NodeItem,
+                 list[Name], Pod | None, MetaVictims | None, _Victims | None, Raw):
+        _DECODERS[kind] = msgspec.json.Decoder(kind)
+    pod = (b'{"metadata": {"name": "p", "annotations": {}}, "spec": {"containers": [{"name": "c",'
+           b' "resources": {"limits": {"a": "1"}}}], "tolerations": [{"key": "k"}], "affinity": '
+           b'{"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {'
+           b'"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In"}]}]}}}}, '
+           b'"status": {}}')
+    parse_args(b'{"Pod": ' + pod + b', "NodeNames": ["a"]}')
+    parse_args(b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a"}}]}}')
+    parse_preemption(b'{"Pod": {}, "NodeNameToMetaVictims": {"a": {"Pods": [{"UID": "u"}]}}}')
+    parse_preemption(b'{"Pod": {}, "NodeNameToVictims": {"a": {"Pods": [{"metadata": '
+                     b'{"uid": "u"}}]}}}')
+    parse_binding(b'{"PodName": "p", "PodNamespace": "n", "PodUID": "u", "Node": "a"}')
+    msgspec.json.encode([host_priorities({"a": 1}), filter_result(
+        ExtenderArgs({}, node_items=[("a", Raw(b"{}"))]), ["a"], {}, {})])
+
+
+_prepare()

@@ -1,0 +1,179 @@
+"""The extender's edge on the real control plane: mutual TLS with a real kube-scheduler, a
+bind that refuses what kube-scheduler's filters would, and a clean SIGTERM drain.
+
+kube-scheduler talks HTTPS to `egpu scheduler --tls-cert/--tls-key/--tls-client-ca` and
+presents its client certificate (extender `tlsConfig`); GPU pods bind. A client without a
+certificate (or with one from another CA) is refused in the TLS handshake; one with a valid
+certificate that asks to bind a pod onto a node its nodeSelector or required node affinity
+excludes, or to bind a non-GPU pod, gets an `Error` and the pod stays unbound.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import ssl
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu_testing.scenario import create_pods, list_pods
+from egpu_testing.workbench import (
+    ExtenderProcess,
+    TestPki,
+    extender_kube_scheduler_config,
+    extender_tls_stanza,
+    pod_manifest,
+)
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.pytest_plugin import unique_name
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_known(extender: ExtenderProcess, context: ssl.SSLContext | None, nodes: list[str],
+                cards: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{extender.url}/metrics", timeout=5,
+                                    context=context) as response:
+            text = response.read().decode()
+        if all(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{n}"}}' in text
+               for n in nodes):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
+
+
+def _pods(client: Any, namespace: str) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in list_pods(client, namespace)}
+
+
+def _wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
+                ) -> dict[str, dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pods = _pods(client, namespace)
+        if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
+            return pods
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pods not bound after {timeout_s} s: {names}")
+        time.sleep(0.2)
+
+
+def _post(extender: ExtenderProcess, context: ssl.SSLContext, verb: str, body: Any
+          ) -> tuple[int, Any]:
+    conn = http.client.HTTPSConnection("127.0.0.1", extender.port, timeout=10, context=context)
+    try:
+        conn.request("POST", f"/{verb}", body=json.dumps(body).encode())
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
+        k8s_cluster: Any, start_kube_scheduler: Any, fake_gpu_nodes: Any, k8s_namespace: str,
+        tmp_path: Path) -> None:
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    client = k8s_cluster.client()
+    ensure_crd(client)
+    pki = TestPki.create(tmp_path)
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log", tls=pki)
+    extender.start()
+    try:
+        name = unique_name("egpu")
+        config = extender_kube_scheduler_config(extender.url, name)
+        config["extenders"][0]["enableHTTPS"] = True
+        config["extenders"][0]["tlsConfig"] = extender_tls_stanza(pki)
+        start_kube_scheduler(config)
+        (zone_a,) = fake_gpu_nodes(1, gpus=4, labels={"zone": "a"})
+        (zone_b,) = fake_gpu_nodes(1, gpus=4, labels={"zone": "b"})
+        trusted = pki.client_context()
+        _wait_known(extender, trusted, [zone_a, zone_b], 4)
+
+        # kube-scheduler, presenting its client certificate, places and binds GPU pods
+        wanted = []
+        for i, zone in enumerate(("a", "b", "b")):
+            pod = pod_manifest(f"gpu-{i}", k8s_namespace, scheduler_name=name,
+                               limits={"elasticgpu.io/gpu-core": "30"})
+            pod["spec"]["nodeSelector"] = {"zone": zone}
+            wanted.append(pod)
+        create_pods(client, wanted)
+        bound = _wait_bound(client, k8s_namespace, [p["metadata"]["name"] for p in wanted])
+        assert [bound[f"gpu-{i}"]["spec"]["nodeName"] for i in range(3)] == [zone_a, zone_b,
+                                                                             zone_b]
+        assert all(ann.ASSIGNMENT in bound[f"gpu-{i}"]["metadata"]["annotations"]
+                   for i in range(3))
+
+        # pending pods no scheduler will touch, for direct binds
+        held = pod_manifest("held", k8s_namespace, scheduler_name="nobody",
+                            limits={"elasticgpu.io/gpu-core": "30"})
+        held["spec"]["nodeSelector"] = {"zone": "a"}
+        aff = pod_manifest("aff", k8s_namespace, scheduler_name="nobody",
+                           limits={"elasticgpu.io/gpu-core": "30"})
+        aff["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
+        plain = pod_manifest("plain", k8s_namespace, scheduler_name="nobody")
+        create_pods(client, [held, aff, plain])
+        pods = _pods(client, k8s_namespace)
+
+        def bind_args(pod_name: str, node: str) -> dict[str, str]:
+            meta = pods[pod_name]["metadata"]
+            return {"PodName": pod_name, "PodNamespace": k8s_namespace, "PodUID": meta["uid"],
+                    "Node": node}
+
+        # no client certificate, or one another CA signed: refused in the handshake
+        for context in (pki.client_context(cert=False), _stranger(pki)):
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                _post(extender, context, "bind", bind_args("held", zone_b))
+
+        status, answer = _post(extender, trusted, "bind", bind_args("held", zone_b))
+        assert status == 200
+        assert answer["Error"] == (f"bind {k8s_namespace}/held to {zone_b}: the node does not "
+                                   "match the pod's node selector or required node affinity")
+        status, answer = _post(extender, trusted, "bind", bind_args("aff", zone_a))
+        assert status == 200 and "required node affinity" in answer["Error"]
+        status, answer = _post(extender, trusted, "bind", bind_args("plain", zone_a))
+        assert status == 200 and "asks for no GPU resource" in answer["Error"]
+        status, answer = _post(extender, trusted, "bind", bind_args("held", "no-such-node"))
+        assert status == 200 and "unknown to the GPU scheduler" in answer["Error"]
+        pods = _pods(client, k8s_namespace)
+        assert not any(pods[n]["spec"].get("nodeName") for n in ("held", "aff", "plain"))
+        assert ann.ASSIGNMENT not in (pods["held"]["metadata"].get("annotations") or {})
+
+        # the same direct bind onto a node the pod allows goes through
+        status, answer = _post(extender, trusted, "bind", bind_args("held", zone_a))
+        assert (status, answer) == (200, {"Error": ""})
+        assert _pods(client, k8s_namespace)["held"]["spec"]["nodeName"] == zone_a
+    finally:
+        extender.stop()
+
+
+def _stranger(pki: TestPki) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.load_cert_chain(str(pki.stranger_cert), str(pki.stranger_key))
+    return context
+
+
+def test_sigterm_stops_listening_and_exits_0(k8s_cluster: Any, tmp_path: Path) -> None:
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    ensure_crd(k8s_cluster.client())
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
+    extender.start()
+    assert extender.process is not None
+    extender.process.send_signal(signal.SIGTERM)
+    assert extender.process.wait(30) == 0, extender.log_tail()
+    assert "stopped" in extender.log_tail()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{extender.url}/healthz", timeout=2)
