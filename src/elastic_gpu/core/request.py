@@ -18,6 +18,7 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import (
+    MAX_RESOURCE_VALUE,
     MILLI_PER_CARD,
     Amount,
     Measure,
@@ -243,6 +244,18 @@ def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     return cpu, mem
 
 
+def _check_pod_gpu_total(requests: Sequence[ContainerRequest]) -> None:
+    """Each value is bounded by its own rule, but sums over containers feed the engine's
+    64-bit arithmetic (compute left on a node minus the pod's total): bound the pod's totals
+    too, so no request can overflow it."""
+    cards = sum(c.cards for c in requests if c.wants_gpu)
+    milli = sum(c.total_milli for c in requests)
+    if cards > MAX_RESOURCE_VALUE or milli > MAX_RESOURCE_VALUE:
+        names = ", ".join(sorted({r for c in requests for r in c.resources}))
+        raise ResourceError(names, "", f"the pod's containers together ask for {cards} cards; "
+                            f"a pod's total is at most {MAX_RESOURCE_VALUE} milli-cards")
+
+
 def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
     """Read a pod dict (as the API serves it) into a `PodRequest`."""
     meta: Mapping[str, Any] = pod.get("metadata") or {}
@@ -258,6 +271,7 @@ def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
                                 "given to regular containers only")
     requests = tuple(container_request(c.get("name", "?"), c.get("resources") or {})
                      for c in containers)
+    _check_pod_gpu_total(requests)
     cpu, mem = pod_host_requests(pod)
     return PodRequest(
         name=str(meta.get("name", "")),

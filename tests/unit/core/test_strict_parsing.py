@@ -155,3 +155,19 @@ def test_host_requests_round_up_and_a_pods_total_is_bounded() -> None:
                                    for n in ("a", "b")]}}
     with pytest.raises(ResourceError, match="the pod's total"):
         pod_host_requests(two)
+
+
+def test_a_pods_gpu_total_over_containers_is_bounded() -> None:
+    """Each container's 2**53 cards passes its own rule; two of them would overflow the
+    engine's 64-bit arithmetic (found by the extender's fuzzing: a 500 from prioritize)."""
+    huge = str(2**53)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [
+        {"name": "a", "resources": {"limits": {"elasticgpu.io/gpu": huge}}},
+        {"name": "b", "resources": {"limits": {"elasticgpu.io/gpu": huge}}}]}}
+    with pytest.raises(ResourceError, match="a pod's total is at most"):
+        pod_request_from_manifest(pod)
+    pod["spec"]["containers"].pop()  # type: ignore[index]
+    with pytest.raises(ResourceError, match="a pod's total is at most"):
+        pod_request_from_manifest(pod)  # 2**53 cards are 2**53 * 1000 milli-cards
+    pod["spec"]["containers"][0]["resources"]["limits"]["elasticgpu.io/gpu"] = "1000"  # type: ignore[index]
+    assert pod_request_from_manifest(pod).containers[0].cards == 1000
