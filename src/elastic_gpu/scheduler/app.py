@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.eventloop import loop_name
@@ -94,6 +95,13 @@ class Feeds:
             self.state.forget_pod(uid)
         else:
             self.state.observe_pod(obj)
+
+    def wakeups(self) -> list[Wake]:
+        """Pending pods to wake: GPU capacity they wait for has freed (`state.wakeups`)."""
+        return self.state.wakeups()
+
+    def wakeup_result(self, result: str) -> None:
+        self.state.count_wakeup(result)
 
 
 @dataclass

@@ -43,6 +43,7 @@ from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.core.wakeup import Waiter, Wake, plan_wakeups
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 #: Failed nodes explained one by one per filter call; the rest share `SUMMARY_REASON`.
 DETAIL_LIMIT = 16
 SUMMARY_REASON = "no card has room for this GPU request (see the other nodes' reasons for detail)"
+#: Pods remembered as waiting for GPU capacity; past this the longest-waiting are forgotten
+#: (kube-scheduler's five-minute flush still retries them).
+MAX_WAITING = 10_000
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,13 @@ class SchedulerState:
         self._version = 0
         self._last_scores: tuple[str, PodRequest, int, ScoredNodes] | None = None
         self._synced: set[str] = set()
+        #: Waking pending pods (`core.wakeup`): the pods the filter turned away for GPU reasons,
+        #: the nodes whose capacity freed since (node -> epoch of the latest freeing), and the
+        #: counter that orders the two. Freeings are recorded only while some pod waits.
+        self._waiting: dict[str, Waiter] = {}
+        self._freed: dict[str, int] = {}
+        self._epoch = 0
+        self.wakeup_counts: Counter[str] = Counter()
         self.required_sources: frozenset[str] = frozenset({"nodes", "pods", "gpudevices"})
 
     # ---- readiness --------------------------------------------------------------------------
@@ -281,6 +292,8 @@ class SchedulerState:
     def _apply_dirty(self) -> None:
         self._version += 1
         dirty, self._dirty = self._dirty, set()
+        for name in dirty:  # a node added, or its cards changed: it may have grown
+            self._mark_freed(name)
         known = set(self.engine.nodes())
         if len(dirty) > 64 and len(dirty) * 4 > len(known):
             # Many nodes changed (startup, relist): a fresh engine from all nodes, then every
@@ -325,6 +338,7 @@ class SchedulerState:
         if old is not None:
             self.engine.release(uid)
             self._node_pods.get(old.node, set()).discard(uid)
+            self._mark_freed(old.node)
         self._conflicts.pop(uid, None)
         if assignment is None:
             return
@@ -370,6 +384,7 @@ class SchedulerState:
             self._pods[info.uid] = info
             if info.node_name or info.phase in TERMINAL_PHASES:
                 self._drop_reservations(info.uid)  # bound or done: the truth is known
+                self._waiting.pop(info.uid, None)
             self._sync(info.uid)
             self._count_host(info.uid)
             self._count_shape(info.uid)
@@ -378,6 +393,7 @@ class SchedulerState:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
         with self._lock:
             self._pods.pop(uid, None)
+            self._waiting.pop(uid, None)
             self._drop_reservations(uid)
             self._sync(uid)
             self._count_host(uid)
@@ -453,6 +469,8 @@ class SchedulerState:
             fresh = {i.uid for i in infos if i.uid}
             for uid in set(self._pods) - fresh:
                 self.forget_pod(uid)
+            for uid in set(self._waiting) - fresh:
+                del self._waiting[uid]
             for info in infos:
                 # a relist is authoritative, even if its resourceVersion looks older
                 self._pods.pop(info.uid, None)
@@ -483,6 +501,14 @@ class SchedulerState:
         self.expire()
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
+        """Which nodes can take the pod, and why each other one cannot (`_filter`); a GPU pod
+        that fits none of them is remembered as waiting for capacity (`wakeups`)."""
+        with self._lock:
+            result = self._filter(pod, uid, node_names)
+            self._note_filtered(pod, uid, node_names, result.feasible)
+            return result
+
+    def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
         """Which nodes can take the pod, and why each other one cannot.
 
         The engine explains a failed node by planning its cards, which costs about 0.1 ms per
@@ -552,8 +578,10 @@ class SchedulerState:
         if not reservations:
             return
         for t in [token] if token is not None else list(reservations):
-            if reservations.pop(t, None) is not None:
+            dropped = reservations.pop(t, None)
+            if dropped is not None:
                 self.engine.release(self._reservation_key(uid, t))
+                self._mark_freed(dropped.assignment.node)
             held = self._host_reserved.pop((uid, t), None)
             if held is not None:
                 self._add_host(*held, sign=-1)
@@ -574,6 +602,7 @@ class SchedulerState:
             self.engine.allocate(self._reservation_key(uid, token), assignment)
             self._version += 1
             self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
+            self._waiting.pop(uid, None)  # being bound: it waits no more
             if pod.cpu_milli or pod.memory_mib:
                 # its CPU and memory count from now, like its cards, until the bind's outcome
                 self._host_reserved[(uid, token)] = (node, pod.cpu_milli, pod.memory_mib)
@@ -617,6 +646,66 @@ class SchedulerState:
                 log.warning("reservation of pod uid %s expired; its bind never showed up", uid)
                 self._drop_reservations(uid, token)
             return len(late)
+
+    # ---- waking pending pods ---------------------------------------------------------------
+
+    def _mark_freed(self, node: str) -> None:
+        """Capacity on `node` may have grown (a hold or reservation released, inventory
+        changed). Recorded only while some pod waits: a pod turned away later was turned away
+        with this capacity in view."""
+        if self._waiting:
+            self._epoch += 1
+            self._freed[node] = self._epoch
+
+    def _note_filtered(self, pod: PodRequest, uid: str, node_names: Sequence[str],
+                       feasible: Sequence[str]) -> None:
+        if feasible or not pod.wants_gpu or not node_names:
+            self._waiting.pop(uid, None)
+            return
+        self._waiting.pop(uid, None)  # re-inserted last: the dict stays oldest first
+        self._waiting[uid] = Waiter(uid, pod, frozenset(node_names), self._epoch,
+                                    self._priority_of(pod, uid))
+        while len(self._waiting) > MAX_WAITING:
+            del self._waiting[next(iter(self._waiting))]
+        self.wakeup_counts["turned_away"] += 1
+
+    def wakeups(self, check_limit: int = 64, wake_limit: int = 32) -> list[Wake]:
+        """The pending pods to wake now: turned away by the filter for GPU reasons, and now
+        fitting on a node whose capacity freed since (`core.wakeup.plan_wakeups`). Each one is
+        marked as having seen every freeing so far, so it is not woken again for the same one.
+        """
+        with self._lock:
+            if not self._waiting:
+                self._freed.clear()
+                return []
+            if not self._freed or not self.ready:
+                return []
+            self._flush()
+            self.expire()
+            plan = plan_wakeups(self.engine, list(self._waiting.values()), self._freed,
+                                check_limit=check_limit, wake_limit=wake_limit)
+            for uid in plan.checked:
+                self._waiting[uid] = replace(self._waiting[uid], since=self._epoch)
+            # a freeing every waiter has seen can never wake anyone again
+            oldest = min(w.since for w in self._waiting.values())
+            self._freed = {n: e for n, e in self._freed.items() if e > oldest}
+            self.wakeup_counts["rounds"] += 1
+            self.wakeup_counts["woken"] += len(plan.wake)
+            return list(plan.wake)
+
+    def count_wakeup(self, result: str) -> None:
+        """A nudge's outcome in the API: `sent` or `failed`."""
+        with self._lock:
+            self.wakeup_counts[result] += 1
+
+    def waiting(self) -> dict[str, Waiter]:
+        with self._lock:
+            return dict(self._waiting)
+
+    def wakeup_stats(self) -> tuple[int, dict[str, int]]:
+        """(pods waiting for GPU capacity, counters: turned_away, rounds, woken, sent, failed)."""
+        with self._lock:
+            return len(self._waiting), dict(self.wakeup_counts)
 
     def preempt(self, pod: PodRequest, uid: str,
                 candidates: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, tuple[list[str], int]]:

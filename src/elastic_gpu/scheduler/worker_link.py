@@ -1,5 +1,6 @@
 """The scheduler process's side of the API worker (`apiworker`): start it, keep it running,
-route its feeds into the state and answer `PodApi` calls through it.
+route its feeds into the state, answer `PodApi` calls through it, and wake the pending pods the
+state says now fit (every `WAKEUP_PERIOD_S` at most: `SchedulerState.wakeups`).
 
 If the worker dies, calls in flight fail as *unknown* (a Binding may have landed; the bind
 path then keeps its reservation until the truth arrives) and a new worker is started; its
@@ -12,10 +13,12 @@ import asyncio
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.scheduler import ipc
 from elastic_gpu.scheduler.server import BindError
 
@@ -23,6 +26,10 @@ log = logging.getLogger(__name__)
 
 #: Longer than the worker's own request timeout (10 s), so a slow API answers first.
 CALL_TIMEOUT_S = 30.0
+#: How often the state is asked which pending pods to wake: wake-ups are coalesced into at
+#: most one round per period (a burst of deletions is one round), and a pod waits at most this
+#: long after the extender sees capacity free before it is woken.
+WAKEUP_PERIOD_S = 0.2
 
 
 class FeedSink(Protocol):
@@ -34,6 +41,8 @@ class FeedSink(Protocol):
     def devices_event(self, kind: str, obj: dict[str, Any]) -> None: ...
     def pods_replace(self, items: list[dict[str, Any]]) -> None: ...
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def wakeups(self) -> list[Wake]: ...
+    def wakeup_result(self, result: str) -> None: ...
 
 
 class WorkerLink:
@@ -48,6 +57,10 @@ class WorkerLink:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._process: asyncio.subprocess.Process | None = None
         self.starts = 0
+        #: numbers every wake-up message, so each one changes the pod (from the clock: a
+        #: restarted scheduler does not repeat an earlier message)
+        self._wake_ids = itertools.count(time.time_ns() // 1_000_000)
+        self._wake_tasks: set[asyncio.Task[None]] = set()
         self._dispatch = {
             ("replace", "nodes"): feeds.nodes_replace,
             ("replace", "gpudevices"): feeds.devices_replace,
@@ -59,6 +72,7 @@ class WorkerLink:
     async def run(self) -> None:
         """Keep a worker running until cancelled."""
         failures = 0
+        waker = asyncio.create_task(self._wake_loop(), name="wake-up")
         try:
             while True:
                 process = await asyncio.create_subprocess_exec(
@@ -72,7 +86,37 @@ class WorkerLink:
                 log.error("API worker exited with code %s; restarting", code)
                 await asyncio.sleep(min(10.0, 0.2 * 2 ** min(failures, 6)))
         finally:
+            waker.cancel()
+            for task in list(self._wake_tasks):
+                task.cancel()
             await self.close()
+
+    async def _wake_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WAKEUP_PERIOD_S)
+            if self._process is None:
+                continue  # no worker to send them: the state keeps them for the next round
+            try:
+                wakes = self.feeds.wakeups()
+            except Exception:  # a bug here must not stop the API worker's supervision
+                log.exception("choosing the pods to wake failed")
+                continue
+            for wake in wakes:
+                task = asyncio.create_task(self._wake(wake))
+                self._wake_tasks.add(task)
+                task.add_done_callback(self._wake_tasks.discard)
+
+    async def _wake(self, wake: Wake) -> None:
+        text = (f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
+                "where this pod now fits")
+        try:
+            await self._call("wake", wake.namespace, wake.name, wake.uid, text)
+        except BindError as err:  # gone, re-created or bound meanwhile: nothing to wake
+            log.info("could not wake pod %s/%s: %s", wake.namespace, wake.name, err)
+            self.feeds.wakeup_result("failed")
+            return
+        log.debug("woke pod %s/%s (fits on %s)", wake.namespace, wake.name, wake.node)
+        self.feeds.wakeup_result("sent")
 
     async def _serve(self, process: asyncio.subprocess.Process) -> int | None:
         assert process.stdout is not None
