@@ -678,10 +678,12 @@ class SchedulerState:
             if not self._waiting:
                 self._freed.clear()
                 return []
-            if not self._freed or not self.ready:
+            if not self.ready:
                 return []
-            self._flush()
+            self._flush()  # inventory changes are marked freed as they reach the engine
             self.expire()
+            if not self._freed:
+                return []
             plan = plan_wakeups(self.engine, list(self._waiting.values()), self._freed,
                                 check_limit=check_limit, wake_limit=wake_limit)
             for uid in plan.checked:
