@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -56,6 +56,9 @@ SUMMARY_REASON = "no card has room for this GPU request (see the other nodes' re
 #: Pods remembered as waiting for GPU capacity; past this the longest-waiting are forgotten
 #: (kube-scheduler's five-minute flush still retries them).
 MAX_WAITING = 10_000
+#: UIDs of deleted pods remembered, so that a bind settling after the deletion was seen does
+#: not bring the pod (and its cards) back; UIDs are never reused.
+MAX_GONE = 10_000
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class SchedulerState:
         self._node_devices: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
         self._pods: dict[str, PodInfo] = {}  # uid -> latest version seen
+        self._gone: OrderedDict[str, None] = OrderedDict()  # uids seen deleted, newest last
         self._inflight: dict[str, dict[int, _Reservation]] = {}  # uid -> token -> reservation
         self._tokens = 0
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
@@ -371,6 +375,8 @@ class SchedulerState:
         if not info.uid:
             return
         with self._lock:
+            if info.uid in self._gone:
+                return  # a late copy of a deleted pod (a bind's read-back): it stays gone
             old = self._pods.get(info.uid)
             if (old is not None and old.resource_version is not None
                     and info.resource_version is not None
@@ -393,6 +399,10 @@ class SchedulerState:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
         with self._lock:
             self._pods.pop(uid, None)
+            if uid:
+                self._gone[uid] = None
+                while len(self._gone) > MAX_GONE:
+                    self._gone.popitem(last=False)
             self._waiting.pop(uid, None)
             self._drop_reservations(uid)
             self._sync(uid)
@@ -622,7 +632,9 @@ class SchedulerState:
             if outcome == "bound":
                 # `pod` is what we know the API holds now (bound, annotated), possibly before
                 # the watch says so; a later watch event replaces it, an equal one is ignored.
-                if pod is not None:
+                # A pod deleted right after its Binding landed can be seen gone before this
+                # settles (the worker's reply and the watch event race): it stays gone.
+                if pod is not None and uid not in self._gone:
                     info = PodInfo.from_manifest(pod)
                     current = self._pods.get(uid)
                     if current is None or not current.node_name:

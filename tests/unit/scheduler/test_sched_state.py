@@ -636,3 +636,18 @@ def test_wakeups_show_in_the_metrics() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'egpu_scheduler_wakeups_total{result="sent"} 1.0' in text
     assert "egpu_scheduler_wakeup_rounds_total 1.0" in text
+
+
+def test_a_pod_deleted_before_its_bind_settles_stays_gone() -> None:
+    """The Binding lands, the user deletes the pod at once, and the watch's DELETED reaches
+    the state before the bind's own reply does: settling must not bring the pod back and hold
+    its card for ever (seen by bench/sched_wakeup.py)."""
+    state = ready_state([gpu_node("n1")])
+    pod = share_pod("p", 100)
+    token, assignment = state.reserve(pod_request_from_manifest(pod), "uid-p", "n1")
+    state.forget_pod("uid-p")
+    state.settle("uid-p", token, "bound", with_binding(pod, "n1", assignment))
+    assert used(state, "n1") == 0
+    assert state.pod("uid-p") is None
+    state.observe_pod(annotated(pod, assignment, rv=50, node_name="n1"))  # a late read-back
+    assert used(state, "n1") == 0
