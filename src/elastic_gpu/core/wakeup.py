@@ -33,8 +33,9 @@ class Waiter:
 
     uid: str
     request: PodRequest
-    #: the nodes kube-scheduler asked about (those that passed its own filters)
-    nodes: frozenset[str]
+    #: the nodes kube-scheduler asked about (those that passed its own filters); None: any
+    #: node, because kube-scheduler sent only a sample of them (`SAMPLE_MIN_NODES`)
+    nodes: frozenset[str] | None
     #: the capacity epoch when it was turned away: only later freeings can make it fit
     since: int
     priority: int = 0
@@ -59,8 +60,24 @@ class WakePlan:
     deferred: int
 
 
+#: kube-scheduler stops looking for feasible nodes once it has found
+#: max(100, percentageOfNodesToScore of the cluster) and sends only those to extenders
+#: (`minFeasibleNodesToFind`); fewer names than this are every node that passed its filters.
+SAMPLE_MIN_NODES = 100
+
+
+def asked_nodes(node_names: Sequence[str], cluster_nodes: int) -> frozenset[str] | None:
+    """What a waiter remembers of the names a filter call was sent: all of them, or None (any
+    node) when they may be kube-scheduler's sample of a larger set of feasible nodes."""
+    if len(node_names) >= SAMPLE_MIN_NODES and len(node_names) < cluster_nodes:
+        return None
+    return frozenset(node_names)
+
+
 def candidates(waiter: Waiter, freed: Mapping[str, int]) -> list[str]:
     """The nodes of `waiter` whose capacity freed after it was turned away, sorted."""
+    if waiter.nodes is None:
+        return sorted(n for n, epoch in freed.items() if epoch > waiter.since)
     if len(freed) <= len(waiter.nodes):
         return sorted(n for n, epoch in freed.items() if epoch > waiter.since and n in waiter.nodes)
     return sorted(n for n in waiter.nodes if freed.get(n, -1) > waiter.since)

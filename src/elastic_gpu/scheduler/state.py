@@ -43,7 +43,7 @@ from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
-from elastic_gpu.core.wakeup import Waiter, Wake, plan_wakeups
+from elastic_gpu.core.wakeup import Waiter, Wake, asked_nodes, plan_wakeups
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
@@ -675,8 +675,8 @@ class SchedulerState:
             self._waiting.pop(uid, None)
             return
         self._waiting.pop(uid, None)  # re-inserted last: the dict stays oldest first
-        self._waiting[uid] = Waiter(uid, pod, frozenset(node_names), self._epoch,
-                                    self._priority_of(pod, uid))
+        self._waiting[uid] = Waiter(uid, pod, asked_nodes(node_names, len(self._known)),
+                                    self._epoch, self._priority_of(pod, uid))
         while len(self._waiting) > MAX_WAITING:
             del self._waiting[next(iter(self._waiting))]
         self.wakeup_counts["turned_away"] += 1

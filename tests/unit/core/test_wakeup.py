@@ -7,7 +7,7 @@ from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.engine import Engine, PolicyConfig
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
-from elastic_gpu.core.wakeup import Waiter, candidates, plan_wakeups
+from elastic_gpu.core.wakeup import SAMPLE_MIN_NODES, Waiter, asked_nodes, candidates, plan_wakeups
 
 
 def engine(*nodes: tuple[str, int]) -> Engine:
@@ -73,3 +73,15 @@ def test_candidates_are_the_waiters_nodes_freed_after_it() -> None:
     assert candidates(w, {"n1": 5, "n2": 4, "n3": 9, "n9": 10}) == ["n1", "n3"]
     big = {f"x{i}": 10 for i in range(10)} | {"n2": 7}
     assert candidates(w, big) == ["n2"]
+
+
+def test_a_sample_of_the_nodes_stands_for_any_node() -> None:
+    """kube-scheduler sends extenders at most max(100, a percentage) of the nodes that pass
+    its filters: a pod turned away by a sample may fit on any node that frees."""
+    few = [f"n{i}" for i in range(SAMPLE_MIN_NODES - 1)]
+    assert asked_nodes(few, 5000) == frozenset(few)  # fewer than 100: every feasible node
+    sample = [f"n{i}" for i in range(500)]
+    assert asked_nodes(sample, 5000) is None
+    assert asked_nodes(sample, 500) == frozenset(sample)  # the whole cluster
+    w = Waiter("uid-a", waiter("a", 10).request, None, since=2)
+    assert candidates(w, {"far": 3, "old": 2}) == ["far"]

@@ -651,3 +651,23 @@ def test_a_pod_deleted_before_its_bind_settles_stays_gone() -> None:
     assert state.pod("uid-p") is None
     state.observe_pod(annotated(pod, assignment, rv=50, node_name="n1"))  # a late read-back
     assert used(state, "n1") == 0
+
+
+def test_the_http_path_builds_the_request_the_state_tests_feed() -> None:
+    """filter/prioritize parse the pod kube-scheduler sends, bind the watch's slim copy; both
+    give exactly `pod_request_from_manifest` (what these tests and `egpu simulate` use), CPU
+    and memory included as kube-scheduler counts them (init containers, overhead)."""
+    from egpu_testing.workbench import STYLES
+    from elastic_gpu.scheduler.slim import slim_pod
+
+    for style, limits in STYLES.items():
+        pod = http_pod(style, **limits, cpu="2", memory="3Gi")
+        pod["spec"]["initContainers"] = [{"name": "init", "image": "busybox", "resources": {
+            "requests": {"cpu": "4", "memory": "1Gi"}}}]
+        pod["spec"]["overhead"] = {"cpu": "250m", "memory": "128Mi"}
+        pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                                                             "status": "False"}]}
+        expected = pod_request_from_manifest(pod)
+        assert (expected.cpu_milli, expected.memory_mib) == (4250, 3072 + 128), style
+        assert parse_pod(pod) == expected, style
+        assert parse_pod(slim_pod(pod)) == expected, style
