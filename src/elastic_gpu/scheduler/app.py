@@ -100,6 +100,9 @@ class Feeds:
         """Pending pods to wake: GPU capacity they wait for has freed (`state.wakeups`)."""
         return self.state.wakeups()
 
+    def wakeup_pending(self) -> bool:
+        return self.state.wakeup_pending()
+
     def wakeup_result(self, result: str) -> None:
         self.state.count_wakeup(result)
 

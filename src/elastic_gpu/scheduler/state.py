@@ -707,6 +707,11 @@ class SchedulerState:
             self.wakeup_counts["woken"] += len(plan.wake)
             return list(plan.wake)
 
+    def wakeup_pending(self) -> bool:
+        """Whether a wake-up round may find someone: pods wait and capacity freed (or an
+        inventory change not yet in the engine may free some). A hint, read without the lock."""
+        return bool(self._waiting) and bool(self._freed or self._dirty)
+
     def count_wakeup(self, result: str) -> None:
         """A nudge's outcome in the API: `sent` or `failed`."""
         with self._lock:

@@ -1,6 +1,6 @@
 """The scheduler process's side of the API worker (`apiworker`): start it, keep it running,
 route its feeds into the state, answer `PodApi` calls through it, and wake the pending pods the
-state says now fit (every `WAKEUP_PERIOD_S` at most: `SchedulerState.wakeups`).
+state says now fit (`SchedulerState.wakeups`, at most one round per `WAKEUP_PERIOD_S`).
 
 If the worker dies, calls in flight fail as *unknown* (a Binding may have landed; the bind
 path then keeps its reservation until the truth arrives) and a new worker is started; its
@@ -26,9 +26,13 @@ log = logging.getLogger(__name__)
 
 #: Longer than the worker's own request timeout (10 s), so a slow API answers first.
 CALL_TIMEOUT_S = 30.0
-#: How often the state is asked which pending pods to wake: wake-ups are coalesced into at
-#: most one round per period (a burst of deletions is one round), and a pod waits at most this
-#: long after the extender sees capacity free before it is woken.
+#: Wake-up rounds (`SchedulerState.wakeups`): a feed event that frees capacity while pods wait
+#: starts one after `WAKEUP_DELAY_S` (kube-scheduler retries its parked pods on the same event,
+#: and a retry that finds room ends the wait: nobody then needs waking); rounds are at least
+#: `WAKEUP_PERIOD_S` apart (a burst of deletions is one round), and the state is also asked
+#: every `WAKEUP_PERIOD_S` for capacity the feeds do not see free (a refused bind, an expired
+#: reservation).
+WAKEUP_DELAY_S = 0.05
 WAKEUP_PERIOD_S = 0.2
 
 
@@ -42,6 +46,7 @@ class FeedSink(Protocol):
     def pods_replace(self, items: list[dict[str, Any]]) -> None: ...
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None: ...
     def wakeups(self) -> list[Wake]: ...
+    def wakeup_pending(self) -> bool: ...
     def wakeup_result(self, result: str) -> None: ...
 
 
@@ -61,6 +66,7 @@ class WorkerLink:
         #: restarted scheduler does not repeat an earlier message)
         self._wake_ids = itertools.count(time.time_ns() // 1_000_000)
         self._wake_tasks: set[asyncio.Task[None]] = set()
+        self._wake_now = asyncio.Event()
         self._dispatch = {
             ("replace", "nodes"): feeds.nodes_replace,
             ("replace", "gpudevices"): feeds.devices_replace,
@@ -93,18 +99,27 @@ class WorkerLink:
 
     async def _wake_loop(self) -> None:
         while True:
-            await asyncio.sleep(WAKEUP_PERIOD_S)
-            if self._process is None:
-                continue  # no worker to send them: the state keeps them for the next round
             try:
-                wakes = self.feeds.wakeups()
-            except Exception:  # a bug here must not stop the API worker's supervision
-                log.exception("choosing the pods to wake failed")
-                continue
-            for wake in wakes:
-                task = asyncio.create_task(self._wake(wake))
-                self._wake_tasks.add(task)
-                task.add_done_callback(self._wake_tasks.discard)
+                await asyncio.wait_for(self._wake_now.wait(), WAKEUP_PERIOD_S)
+                await asyncio.sleep(WAKEUP_DELAY_S)
+            except TimeoutError:
+                pass  # the periodic look
+            self._wake_now.clear()
+            self._wake_round()
+            await asyncio.sleep(WAKEUP_PERIOD_S - WAKEUP_DELAY_S)
+
+    def _wake_round(self) -> None:
+        if self._process is None:
+            return  # no worker to send them: the state keeps them for the next round
+        try:
+            wakes = self.feeds.wakeups()
+        except Exception:  # a bug here must not stop the API worker's supervision
+            log.exception("choosing the pods to wake failed")
+            return
+        for wake in wakes:
+            task = asyncio.create_task(self._wake(wake))
+            self._wake_tasks.add(task)
+            task.add_done_callback(self._wake_tasks.discard)
 
     async def _wake(self, wake: Wake) -> None:
         text = (f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
@@ -143,10 +158,16 @@ class WorkerLink:
                                                code=int(code)))
         elif kind == "replace":
             self._dispatch[("replace", message[1])](message[2])
+            self._check_wakeup()
         elif kind == "event":
             self._events[message[1]](message[2], message[3])
+            self._check_wakeup()
         else:
             log.warning("API worker sent an unknown message %r", kind)
+
+    def _check_wakeup(self) -> None:
+        if not self._wake_now.is_set() and self.feeds.wakeup_pending():
+            self._wake_now.set()
 
     def _fail_pending(self, why: str) -> None:
         pending, self._pending = self._pending, {}

@@ -553,9 +553,12 @@ def test_a_pod_turned_away_is_woken_once_when_the_gpu_pod_in_its_way_goes() -> N
     waiting = share_pod("waiting", 100)
     turned_away(state, waiting, ["n1"])
     assert set(state.waiting()) == {"uid-waiting"}
+    assert not state.wakeup_pending()
     assert woken(state) == []  # nothing freed yet
     state.forget_pod("uid-holder")  # deleted, or it terminated and left the pod watch
+    assert state.wakeup_pending()  # the API worker link starts a round
     assert woken(state) == [("waiting", "n1")]
+    assert not state.wakeup_pending()
     assert woken(state) == []  # once per freeing, not once per round
     # kube-scheduler retries it: it fits now and waits no more
     assert state.filter(pod_request_from_manifest(waiting), "uid-waiting", ["n1"]).feasible
