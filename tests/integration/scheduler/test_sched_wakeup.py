@@ -203,6 +203,31 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
         unregister_fake_node(setup.client, node)
 
 
+def test_a_node_whose_gpudevices_arrive_after_it_wakes_the_pod_that_fits(
+        setup: Setup) -> None:
+    """The Node joins first (kube-scheduler retries the pod on it; the extender does not know
+    its cards yet and turns the pod away), its GPUDevices come later: no kube-scheduler event."""
+    from lightkube import codecs
+
+    from elastic_gpu.agent.inventory_api import publish_inventory
+    from elastic_gpu.devcluster.nodes import fake_inventory, node_manifest
+
+    create_pods(setup.client, [setup.pod("waiting", **{"elasticgpu.io/gpu-core": "50"})])
+    setup.wait_turned_away(["waiting"])
+    node = unique_name("late")
+    inventory = fake_inventory(node, gpus=1)
+    setup.client.create(codecs.from_dict(node_manifest(inventory)))
+    try:
+        filters = setup.metric(FILTERS)
+        setup.wait_metric(FILTERS, lambda v: v > filters, 10)  # retried on the new Node
+        time.sleep(0.5)
+        assert not (setup.pods()["waiting"].get("spec") or {}).get("nodeName")
+        publish_inventory(setup.client, inventory)
+        assert setup.wait_bound(["waiting"]) == {"waiting": node}
+    finally:
+        unregister_fake_node(setup.client, node)
+
+
 def test_a_bind_in_flight_holds_its_cpu_so_the_next_pod_is_placed_right(
         best_setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any) -> None:
     """binpack, filterResult best (kube-scheduler binds the engine's one node). n1 has two
