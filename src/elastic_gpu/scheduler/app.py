@@ -103,8 +103,8 @@ class Feeds:
     def wakeup_pending(self) -> bool:
         return self.state.wakeup_pending()
 
-    def wakeup_result(self, result: str) -> None:
-        self.state.count_wakeup(result)
+    def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None:
+        self.state.wakeup_done(wake, sent, definite)
 
 
 @dataclass

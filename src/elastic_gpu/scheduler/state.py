@@ -712,10 +712,18 @@ class SchedulerState:
         inventory change not yet in the engine may free some). A hint, read without the lock."""
         return bool(self._waiting) and bool(self._freed or self._dirty)
 
-    def count_wakeup(self, result: str) -> None:
-        """A nudge's outcome in the API: `sent` or `failed`."""
+    def wakeup_done(self, wake: Wake, sent: bool, definite: bool = True) -> None:
+        """A wake-up's outcome in the API. Refused (the pod is gone or was re-created): it
+        waits no more. Not known to have landed (a timeout, a 5xx): its node counts as freed
+        again, so the next round reconsiders it."""
         with self._lock:
-            self.wakeup_counts[result] += 1
+            self.wakeup_counts["sent" if sent else "failed"] += 1
+            if sent:
+                return
+            if definite:
+                self._waiting.pop(wake.uid, None)
+            elif wake.uid in self._waiting:
+                self._mark_freed(wake.node)
 
     def waiting(self) -> dict[str, Waiter]:
         with self._lock:

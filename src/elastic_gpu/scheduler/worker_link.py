@@ -47,7 +47,7 @@ class FeedSink(Protocol):
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None: ...
     def wakeups(self) -> list[Wake]: ...
     def wakeup_pending(self) -> bool: ...
-    def wakeup_result(self, result: str) -> None: ...
+    def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None: ...
 
 
 class WorkerLink:
@@ -126,12 +126,13 @@ class WorkerLink:
                 "where this pod now fits")
         try:
             await self._call("wake", wake.namespace, wake.name, wake.uid, text)
-        except BindError as err:  # gone, re-created or bound meanwhile: nothing to wake
+        except BindError as err:
+            # definite: the API said no (gone, re-created); otherwise it may not have landed
             log.info("could not wake pod %s/%s: %s", wake.namespace, wake.name, err)
-            self.feeds.wakeup_result("failed")
+            self.feeds.wakeup_result(wake, False, err.definite)
             return
         log.debug("woke pod %s/%s (fits on %s)", wake.namespace, wake.name, wake.node)
-        self.feeds.wakeup_result("sent")
+        self.feeds.wakeup_result(wake, True, True)
 
     async def _serve(self, process: asyncio.subprocess.Process) -> int | None:
         assert process.stdout is not None

@@ -61,8 +61,8 @@ class Recorder:
     def wakeup_pending(self) -> bool:
         return bool(self.to_wake)
 
-    def wakeup_result(self, result: str) -> None:
-        self.wake_results.append(result)
+    def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None:
+        self.wake_results.append("sent" if sent else "failed" if definite else "unknown")
 
     def pod_events(self, name: str) -> list[tuple[str, dict[str, Any]]]:
         return [(kind, obj) for feed, kind, obj in self.events

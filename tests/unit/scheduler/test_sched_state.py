@@ -621,6 +621,21 @@ def test_a_refused_bind_gives_back_what_it_held_and_wakes_who_waited_for_it() ->
     assert woken(state) == [("waiting", "n1")]
 
 
+def test_a_wakeup_that_may_not_have_landed_is_sent_again_and_a_refused_one_ends_the_wait(
+        ) -> None:
+    state = ready_state([gpu_node("n1")])
+    bind(state, share_pod("holder", 100), "n1")
+    turned_away(state, share_pod("waiting", 100), ["n1"])
+    state.forget_pod("uid-holder")
+    (wake,) = state.wakeups()
+    state.wakeup_done(wake, sent=False, definite=False)  # a timeout: it may not have landed
+    assert woken(state) == [("waiting", "n1")]
+    assert woken(state) == []
+    state.wakeup_done(wake, sent=False, definite=True)  # the pod is gone: it waits no more
+    assert state.waiting() == {}
+    assert state.wakeup_stats()[1]["failed"] == 2
+
+
 def test_wakeups_show_in_the_metrics() -> None:
     from prometheus_client import generate_latest
 
@@ -634,8 +649,8 @@ def test_wakeups_show_in_the_metrics() -> None:
     assert "egpu_scheduler_waiting_pods 1.0" in text
     assert "egpu_scheduler_turned_away_total 1.0" in text
     state.forget_pod("uid-holder")
-    assert woken(state) == [("waiting", "n1")]
-    state.count_wakeup("sent")
+    (wake,) = state.wakeups()
+    state.wakeup_done(wake, sent=True)
     text = generate_latest(metrics.registry).decode()
     assert 'egpu_scheduler_wakeups_total{result="sent"} 1.0' in text
     assert "egpu_scheduler_wakeup_rounds_total 1.0" in text
