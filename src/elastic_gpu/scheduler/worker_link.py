@@ -29,9 +29,9 @@ CALL_TIMEOUT_S = 30.0
 #: Wake-up rounds (`SchedulerState.wakeups`): a feed event that frees capacity while pods wait
 #: starts one after `WAKEUP_DELAY_S` (kube-scheduler retries its parked pods on the same event,
 #: and a retry that finds room ends the wait: nobody then needs waking); rounds are at least
-#: `WAKEUP_PERIOD_S` apart (a burst of deletions is one round), and the state is also asked
-#: every `WAKEUP_PERIOD_S` for capacity the feeds do not see free (a refused bind, an expired
-#: reservation).
+#: `WAKEUP_PERIOD_S` apart (a burst of deletions is one round), and the state is also asked at
+#: least every 2 x `WAKEUP_PERIOD_S` - `WAKEUP_DELAY_S` for capacity the feeds do not see free
+#: (a refused bind, an expired reservation).
 WAKEUP_DELAY_S = 0.05
 WAKEUP_PERIOD_S = 0.2
 
