@@ -6,12 +6,14 @@ cards, MIG), and the state fed directly from core `Node`s, as the reflectors wou
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -412,3 +414,38 @@ def extender_tls_stanza(pki: TestPki) -> dict[str, Any]:
     """kube-scheduler's extender tlsConfig for `pki` (files; caData/certData/keyData work too)."""
     return {"certFile": str(pki.client_cert), "keyFile": str(pki.client_key),
             "caFile": str(pki.ca)}
+
+
+def api_worker_pid(extender: ExtenderProcess) -> int:
+    """The pid of the extender's API worker (its one child process)."""
+    assert extender.process is not None
+    pid = extender.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        raise RuntimeError(f"egpu scheduler {pid} has children {children}, expected one worker")
+    return int(children[0])
+
+
+@contextmanager
+def paused(pid: int) -> Iterator[None]:
+    """SIGSTOP a process for the block: the extender's API worker paused keeps the state's view
+    of the cluster behind (no watch events) and its Bindings in flight."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def metrics_text(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def metric_value(text: str, sample: str) -> float | None:
+    """The value of one sample line of a Prometheus page, e.g.
+    `egpu_scheduler_wakeups_total{result="sent"}`; None when absent."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None

@@ -115,13 +115,15 @@ class RestClient:
         return self._session
 
     async def request(self, method: str, path: str, *, body: bytes | None = None,
-                      params: Mapping[str, str] | None = None) -> bytes:
-        """The response body; raises ApiStatusError for error statuses and transport errors."""
+                      params: Mapping[str, str] | None = None,
+                      content_type: str = "application/json") -> bytes:
+        """The response body; raises ApiStatusError for error statuses and transport errors.
+        `content_type`: of the body (a PATCH names its patch type)."""
         session = self._session_now()
         try:
             async with session.request(
                     method, self.server + path, data=body, params=params,
-                    headers=self._headers("application/json" if body is not None else None),
+                    headers=self._headers(content_type if body is not None else None),
                     ) as response:
                 data = await response.read()
                 if response.status >= 400:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import logging
 import sys
 from collections.abc import Callable
@@ -56,6 +57,24 @@ def binding_body(namespace: str, name: str, uid: str, node: str, resource_versio
                                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
 
 
+#: The pod condition a wake-up sets (docs/scheduler.md, "Waking pending pods").
+WAKEUP_CONDITION = "elasticgpu.io/GPUCapacityFreed"
+
+
+def wakeup_patch(uid: str, message: str, now: datetime.datetime) -> bytes:
+    """A strategic-merge patch of pods/<name>/status that sets our condition (merged by type:
+    kube-scheduler's PodScheduled condition is untouched). Any change to a pending pod is an
+    update event kube-scheduler retries an extender-rejected pod on; the message carries a
+    counter so that every wake-up changes the object. metadata.uid is a precondition: a pod
+    re-created under the same name is not woken for its predecessor."""
+    stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return msgspec.json.encode({
+        "metadata": {"uid": uid},
+        "status": {"conditions": [{"type": WAKEUP_CONDITION, "status": "True",
+                                   "reason": "GPUCapacityFreed", "message": message,
+                                   "lastProbeTime": stamp, "lastTransitionTime": stamp}]}})
+
+
 class Worker:
     def __init__(self, client: RestClient, send: Callable[[list[Any]], None]) -> None:
         self.client = client
@@ -90,6 +109,13 @@ class Worker:
                 await self.client.request(
                     "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
                     body=binding_body(namespace, name, uid, node, version, annotations))
+                self.send(["reply", request_id, None, None])
+            elif kind == "wake":
+                _, _, namespace, name, uid, text = message
+                await self.client.request(
+                    "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                    body=wakeup_patch(uid, text, datetime.datetime.now(datetime.UTC)),
+                    content_type="application/strategic-merge-patch+json")
                 self.send(["reply", request_id, None, None])
             elif kind == "get_pod":
                 _, _, namespace, name = message

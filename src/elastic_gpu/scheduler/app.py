@@ -22,6 +22,7 @@ from aiohttp import web
 from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import is_gpu_resource
+from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.eventloop import loop_name
@@ -105,6 +106,16 @@ class Feeds:
             self.state.forget_pod(uid)
         else:
             self.state.observe_pod(obj)
+
+    def wakeups(self) -> list[Wake]:
+        """Pending pods to wake: GPU capacity they wait for has freed (`state.wakeups`)."""
+        return self.state.wakeups()
+
+    def wakeup_pending(self) -> bool:
+        return self.state.wakeup_pending()
+
+    def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None:
+        self.state.wakeup_done(wake, sent, definite)
 
 
 @dataclass

@@ -3,6 +3,8 @@
 Messages are lists, their first element the kind:
   scheduler -> worker  ["bind", id, namespace, name, uid, node, resourceVersion|None, annotations]
                        ["get_pod", id, namespace, name]
+                       ["wake", id, namespace, name, uid, message]  set the pending pod's
+                                                    wake-up condition (`apiworker.wakeup_patch`)
   worker -> scheduler  ["reply", id, result, error]     error: [message, definite, code] | None
                        ["replace", feed, [object, ...]] a (re)list: exactly these exist
                        ["event", feed, type, object]    ADDED / MODIFIED / DELETED

@@ -1,5 +1,6 @@
 """Prometheus metrics of the extender: latency per verb, allocation per card, bind failures,
-and the CPU and memory the extender believes bound pods ask of each node.
+the CPU and memory the extender believes bound pods ask of each node, and the wake-up of pending
+pods (how many wait for GPU capacity, how many were woken).
 
 Per-card allocation and per-node requests are collected at scrape time from the engine (no cost
 on the hot path).
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -19,18 +20,22 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5
 Usage = dict[str, list[tuple[int, int, int]]]
 #: node -> (CPU milli, memory MiB) that its bound pods ask for
 HostUsage = dict[str, tuple[int, int]]
+#: (pods waiting for GPU capacity, counters by name: rounds, woken, sent, failed, turned_away)
+WakeupStats = tuple[int, dict[str, int]]
 
 
 class _StateCollector(Collector):
     """Gauges read from the scheduler's state at scrape time: per card, per node, workload."""
 
     def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None,
-                 workload: Callable[[], tuple[int, int]] | None) -> None:
+                 workload: Callable[[], tuple[int, int]] | None,
+                 wakeups: Callable[[], WakeupStats] | None = None) -> None:
         self._usage = usage
         self._host = host
         self._workload = workload
+        self._wakeups = wakeups
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         milli = GaugeMetricFamily("egpu_scheduler_card_allocated_milli",
                                   "Compute allocated on a card, in milli-cards (1000 = whole)",
                                   labels=["node", "card"])
@@ -50,6 +55,8 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily("egpu_scheduler_workload_typical_shapes",
                                     "Task shapes in the target workload FGD scores against",
                                     value=typical)
+        if self._wakeups is not None:
+            yield from wakeup_families(self._wakeups())
         if self._host is None:
             return
         # What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
@@ -67,10 +74,31 @@ class _StateCollector(Collector):
         yield host_memory
 
 
+def wakeup_families(stats: WakeupStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    waiting, counts = stats
+    yield GaugeMetricFamily("egpu_scheduler_waiting_pods",
+                            "Pending pods the filter turned away for GPU reasons, waiting for "
+                            "GPU capacity to free", value=waiting)
+    wakeups = CounterMetricFamily("egpu_scheduler_wakeups",
+                                  "Pending pods woken because GPU capacity they fit freed, by "
+                                  "the outcome of the wake-up write (sent, failed)",
+                                  labels=["result"])
+    for result in ("sent", "failed"):
+        wakeups.add_metric([result], counts.get(result, 0))
+    yield wakeups
+    yield CounterMetricFamily("egpu_scheduler_wakeup_rounds",
+                              "Rounds that looked for pending pods to wake after GPU capacity "
+                              "freed", value=counts.get("rounds", 0))
+    yield CounterMetricFamily("egpu_scheduler_turned_away",
+                              "Filter calls that found no node with GPU room for a pod (it "
+                              "then waits for capacity)", value=counts.get("turned_away", 0))
+
+
 class Metrics:
     def __init__(self, usage: Callable[[], Usage],
                  host: Callable[[], HostUsage] | None = None,
-                 workload: Callable[[], tuple[int, int]] | None = None) -> None:
+                 workload: Callable[[], tuple[int, int]] | None = None,
+                 wakeups: Callable[[], WakeupStats] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram("egpu_scheduler_request_seconds",
                                  "Extender request latency by verb", ["verb"],
@@ -81,4 +109,4 @@ class Metrics:
         self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)
-        self.registry.register(_StateCollector(usage, host, workload))
+        self.registry.register(_StateCollector(usage, host, workload, wakeups))

@@ -22,7 +22,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any, Protocol
 
 import msgspec
@@ -164,10 +163,13 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         if name is not None and name not in known_policies(tier):
             raise PodError(f"pod {request.key}: annotation elasticgpu.io/{tier}-policy={name!r} "
                            f"is not a {tier} policy; use one of {', '.join(known_policies(tier))}")
-    # kube-scheduler owns CPU and memory (the engine runs with check_host_resources=False and
-    # tracks no host usage): scoring them here would rank on numbers nobody keeps, and would
-    # give pods that differ only in CPU different score-cache entries in the engine.
-    return replace(request, cpu_milli=0, memory_mib=0)
+    # The pod's CPU and memory stay in the request (as `egpu simulate` and the state's tests
+    # build it): kube-scheduler owns their fit (the engine runs with check_host_resources=False)
+    # but the node policies score them against what the node has left (FGD's fit test, the CPU
+    # tie-breaks), and a bind in flight holds them (`SchedulerState.reserve`). The engine's
+    # score cache is per task shape: pods that differ in CPU are scored apart because their
+    # scores differ; memory is dropped from the key for policies that do not read it.
+    return request
 
 
 class Extender:
@@ -180,7 +182,8 @@ class Extender:
         self.bind_budget_s = bind_budget_s
         self._bind_locks: dict[str, asyncio.Lock] = {}
         self._bind_users: dict[str, int] = {}
-        self.metrics = metrics or Metrics(state.card_usage, state.host_usage, state.workload_size)
+        self.metrics = metrics or Metrics(state.card_usage, state.host_usage, state.workload_size,
+                                          state.wakeup_stats)
         self.limits = wire.Limits(max_body_bytes=state.config.max_request_bytes,
                                   max_nodes=state.config.max_nodes_per_request)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.

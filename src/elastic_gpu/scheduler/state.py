@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -45,6 +45,7 @@ from elastic_gpu.core.nodeaffinity import Taint
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.core.wakeup import Waiter, Wake, asked_nodes, plan_wakeups
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
@@ -54,6 +55,12 @@ log = logging.getLogger(__name__)
 #: Failed nodes explained one by one per filter call; the rest share `SUMMARY_FAILURE`.
 DETAIL_LIMIT = 16
 SUMMARY_FAILURE = FitFailure(FitKind.UNDETAILED)
+#: Pods remembered as waiting for GPU capacity; past this the longest-waiting are forgotten
+#: (kube-scheduler's five-minute flush still retries them).
+MAX_WAITING = 10_000
+#: UIDs of deleted pods remembered, so that a bind settling after the deletion was seen does
+#: not bring the pod (and its cards) back; UIDs are never reused.
+MAX_GONE = 10_000
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,7 @@ class SchedulerState:
         self._node_devices: dict[str, set[str]] = {}
         self._dirty: set[str] = set()
         self._pods: dict[str, PodInfo] = {}  # uid -> latest version seen
+        self._gone: OrderedDict[str, None] = OrderedDict()  # uids seen deleted, newest last
         self._inflight: dict[str, dict[int, _Reservation]] = {}  # uid -> token -> reservation
         self._tokens = 0
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
@@ -182,6 +190,13 @@ class SchedulerState:
         self._version = 0
         self._last_scores: tuple[str, PodRequest, int, ScoredNodes] | None = None
         self._synced: set[str] = set()
+        #: Waking pending pods (`core.wakeup`): the pods the filter turned away for GPU reasons,
+        #: the nodes whose capacity freed since (node -> epoch of the latest freeing), and the
+        #: counter that orders the two. Freeings are recorded only while some pod waits.
+        self._waiting: dict[str, Waiter] = {}
+        self._freed: dict[str, int] = {}
+        self._epoch = 0
+        self.wakeup_counts: Counter[str] = Counter()
         self.required_sources: frozenset[str] = frozenset({"nodes", "pods", "gpudevices"})
 
     # ---- readiness --------------------------------------------------------------------------
@@ -292,6 +307,8 @@ class SchedulerState:
     def _apply_dirty(self) -> None:
         self._version += 1
         dirty, self._dirty = self._dirty, set()
+        for name in dirty:  # a node added, or its cards changed: it may have grown
+            self._mark_freed(name)
         known = set(self.engine.nodes())
         if len(dirty) > 64 and len(dirty) * 4 > len(known):
             # Many nodes changed (startup, relist): a fresh engine from all nodes, then every
@@ -336,6 +353,7 @@ class SchedulerState:
         if old is not None:
             self.engine.release(uid)
             self._node_pods.get(old.node, set()).discard(uid)
+            self._mark_freed(old.node)
         self._conflicts.pop(uid, None)
         if assignment is None:
             return
@@ -368,6 +386,8 @@ class SchedulerState:
         if not info.uid:
             return
         with self._lock:
+            if info.uid in self._gone:
+                return  # a late copy of a deleted pod (a bind's read-back): it stays gone
             old = self._pods.get(info.uid)
             if (old is not None and old.resource_version is not None
                     and info.resource_version is not None
@@ -381,6 +401,7 @@ class SchedulerState:
             self._pods[info.uid] = info
             if info.node_name or info.phase in TERMINAL_PHASES:
                 self._drop_reservations(info.uid)  # bound or done: the truth is known
+                self._waiting.pop(info.uid, None)
             self._sync(info.uid)
             self._count_host(info.uid)
             self._count_shape(info.uid)
@@ -389,6 +410,11 @@ class SchedulerState:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
         with self._lock:
             self._pods.pop(uid, None)
+            if uid:
+                self._gone[uid] = None
+                while len(self._gone) > MAX_GONE:
+                    self._gone.popitem(last=False)
+            self._waiting.pop(uid, None)
             self._drop_reservations(uid)
             self._sync(uid)
             self._count_host(uid)
@@ -464,6 +490,8 @@ class SchedulerState:
             fresh = {i.uid for i in infos if i.uid}
             for uid in set(self._pods) - fresh:
                 self.forget_pod(uid)
+            for uid in set(self._waiting) - fresh:
+                del self._waiting[uid]
             for info in infos:
                 # a relist is authoritative, even if its resourceVersion looks older
                 self._pods.pop(info.uid, None)
@@ -494,6 +522,14 @@ class SchedulerState:
         self.expire()
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
+        """Which nodes can take the pod, and why each other one cannot (`_filter`); a GPU pod
+        that fits none of them is remembered as waiting for capacity (`wakeups`)."""
+        with self._lock:
+            result = self._filter(pod, uid, node_names)
+            self._note_filtered(pod, uid, node_names, result.feasible)
+            return result
+
+    def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
         """Which nodes can take the pod, and why each other one cannot.
 
         The engine explains a failed node by planning its cards, which costs about 0.1 ms per
@@ -562,8 +598,10 @@ class SchedulerState:
         if not reservations:
             return
         for t in [token] if token is not None else list(reservations):
-            if reservations.pop(t, None) is not None:
+            dropped = reservations.pop(t, None)
+            if dropped is not None:
                 self.engine.release(self._reservation_key(uid, t))
+                self._mark_freed(dropped.assignment.node)
             held = self._host_reserved.pop((uid, t), None)
             if held is not None:
                 self._add_host(*held, sign=-1)
@@ -584,6 +622,7 @@ class SchedulerState:
             self.engine.allocate(self._reservation_key(uid, token), assignment)
             self._version += 1
             self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
+            self._waiting.pop(uid, None)  # being bound: it waits no more
             if pod.cpu_milli or pod.memory_mib:
                 # its CPU and memory count from now, like its cards, until the bind's outcome
                 self._host_reserved[(uid, token)] = (node, pod.cpu_milli, pod.memory_mib)
@@ -603,7 +642,9 @@ class SchedulerState:
             if outcome == "bound":
                 # `pod` is what we know the API holds now (bound, annotated), possibly before
                 # the watch says so; a later watch event replaces it, an equal one is ignored.
-                if pod is not None:
+                # A pod deleted right after its Binding landed can be seen gone before this
+                # settles (the worker's reply and the watch event race): it stays gone.
+                if pod is not None and uid not in self._gone:
                     info = PodInfo.from_manifest(pod)
                     current = self._pods.get(uid)
                     if current is None or not current.node_name:
@@ -627,6 +668,81 @@ class SchedulerState:
                 log.warning("reservation of pod uid %s expired; its bind never showed up", uid)
                 self._drop_reservations(uid, token)
             return len(late)
+
+    # ---- waking pending pods ---------------------------------------------------------------
+
+    def _mark_freed(self, node: str) -> None:
+        """Capacity on `node` may have grown (a hold or reservation released, inventory
+        changed). Recorded only while some pod waits: a pod turned away later was turned away
+        with this capacity in view."""
+        if self._waiting:
+            self._epoch += 1
+            self._freed[node] = self._epoch
+
+    def _note_filtered(self, pod: PodRequest, uid: str, node_names: Sequence[str],
+                       feasible: Sequence[str]) -> None:
+        if feasible or not pod.wants_gpu or not node_names:
+            self._waiting.pop(uid, None)
+            return
+        self._waiting.pop(uid, None)  # re-inserted last: the dict stays oldest first
+        self._waiting[uid] = Waiter(uid, pod, asked_nodes(node_names, len(self._known)),
+                                    self._epoch, self._priority_of(pod, uid))
+        while len(self._waiting) > MAX_WAITING:
+            del self._waiting[next(iter(self._waiting))]
+        self.wakeup_counts["turned_away"] += 1
+
+    def wakeups(self, check_limit: int = 64, wake_limit: int = 32) -> list[Wake]:
+        """The pending pods to wake now: turned away by the filter for GPU reasons, and now
+        fitting on a node whose capacity freed since (`core.wakeup.plan_wakeups`). Each one is
+        marked as having seen every freeing so far, so it is not woken again for the same one.
+        """
+        with self._lock:
+            if not self._waiting:
+                self._freed.clear()
+                return []
+            if not self.ready:
+                return []
+            self._flush()  # inventory changes are marked freed as they reach the engine
+            self.expire()
+            if not self._freed:
+                return []
+            plan = plan_wakeups(self.engine, list(self._waiting.values()), self._freed,
+                                check_limit=check_limit, wake_limit=wake_limit)
+            for uid in plan.checked:
+                self._waiting[uid] = replace(self._waiting[uid], since=self._epoch)
+            # a freeing every waiter has seen can never wake anyone again
+            oldest = min(w.since for w in self._waiting.values())
+            self._freed = {n: e for n, e in self._freed.items() if e > oldest}
+            self.wakeup_counts["rounds"] += 1
+            self.wakeup_counts["woken"] += len(plan.wake)
+            return list(plan.wake)
+
+    def wakeup_pending(self) -> bool:
+        """Whether a wake-up round may find someone: pods wait and capacity freed (or an
+        inventory change not yet in the engine may free some). A hint, read without the lock."""
+        return bool(self._waiting) and bool(self._freed or self._dirty)
+
+    def wakeup_done(self, wake: Wake, sent: bool, definite: bool = True) -> None:
+        """A wake-up's outcome in the API. Refused (the pod is gone or was re-created): it
+        waits no more. Not known to have landed (a timeout, a 5xx): its node counts as freed
+        again, so the next round reconsiders it."""
+        with self._lock:
+            self.wakeup_counts["sent" if sent else "failed"] += 1
+            if sent:
+                return
+            if definite:
+                self._waiting.pop(wake.uid, None)
+            elif wake.uid in self._waiting:
+                self._mark_freed(wake.node)
+
+    def waiting(self) -> dict[str, Waiter]:
+        with self._lock:
+            return dict(self._waiting)
+
+    def wakeup_stats(self) -> tuple[int, dict[str, int]]:
+        """(pods waiting for GPU capacity, counters: turned_away, rounds, woken, sent, failed)."""
+        with self._lock:
+            return len(self._waiting), dict(self.wakeup_counts)
 
     def preempt(self, pod: PodRequest, uid: str,
                 candidates: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, tuple[list[str], int]]:

@@ -1,5 +1,6 @@
 """The scheduler process's side of the API worker (`apiworker`): start it, keep it running,
-route its feeds into the state and answer `PodApi` calls through it.
+route its feeds into the state, answer `PodApi` calls through it, and wake the pending pods the
+state says now fit (`SchedulerState.wakeups`, at most one round per `WAKEUP_PERIOD_S`).
 
 If the worker dies, calls in flight fail as *unknown* (a Binding may have landed; the bind
 path then keeps its reservation until the truth arrives) and a new worker is started; its
@@ -12,10 +13,12 @@ import asyncio
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.scheduler import ipc
 from elastic_gpu.scheduler.server import BindError
 
@@ -23,6 +26,14 @@ log = logging.getLogger(__name__)
 
 #: Longer than the worker's own request timeout (10 s), so a slow API answers first.
 CALL_TIMEOUT_S = 30.0
+#: Wake-up rounds (`SchedulerState.wakeups`): a feed event that frees capacity while pods wait
+#: starts one after `WAKEUP_DELAY_S` (kube-scheduler retries its parked pods on the same event,
+#: and a retry that finds room ends the wait: nobody then needs waking); rounds are at least
+#: `WAKEUP_PERIOD_S` apart (a burst of deletions is one round), and the state is also asked at
+#: least every 2 x `WAKEUP_PERIOD_S` - `WAKEUP_DELAY_S` for capacity the feeds do not see free
+#: (a refused bind, an expired reservation).
+WAKEUP_DELAY_S = 0.05
+WAKEUP_PERIOD_S = 0.2
 
 
 class FeedSink(Protocol):
@@ -34,6 +45,9 @@ class FeedSink(Protocol):
     def devices_event(self, kind: str, obj: dict[str, Any]) -> None: ...
     def pods_replace(self, items: list[dict[str, Any]]) -> None: ...
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def wakeups(self) -> list[Wake]: ...
+    def wakeup_pending(self) -> bool: ...
+    def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None: ...
 
 
 class WorkerLink:
@@ -48,6 +62,11 @@ class WorkerLink:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._process: asyncio.subprocess.Process | None = None
         self.starts = 0
+        #: numbers every wake-up message, so each one changes the pod (from the clock: a
+        #: restarted scheduler does not repeat an earlier message)
+        self._wake_ids = itertools.count(time.time_ns() // 1_000_000)
+        self._wake_tasks: set[asyncio.Task[None]] = set()
+        self._wake_now = asyncio.Event()
         self._dispatch = {
             ("replace", "nodes"): feeds.nodes_replace,
             ("replace", "gpudevices"): feeds.devices_replace,
@@ -59,6 +78,7 @@ class WorkerLink:
     async def run(self) -> None:
         """Keep a worker running until cancelled."""
         failures = 0
+        waker = asyncio.create_task(self._wake_loop(), name="wake-up")
         try:
             while True:
                 process = await asyncio.create_subprocess_exec(
@@ -72,7 +92,47 @@ class WorkerLink:
                 log.error("API worker exited with code %s; restarting", code)
                 await asyncio.sleep(min(10.0, 0.2 * 2 ** min(failures, 6)))
         finally:
+            waker.cancel()
+            for task in list(self._wake_tasks):
+                task.cancel()
             await self.close()
+
+    async def _wake_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake_now.wait(), WAKEUP_PERIOD_S)
+                await asyncio.sleep(WAKEUP_DELAY_S)
+            except TimeoutError:
+                pass  # the periodic look
+            self._wake_now.clear()
+            self._wake_round()
+            await asyncio.sleep(WAKEUP_PERIOD_S - WAKEUP_DELAY_S)
+
+    def _wake_round(self) -> None:
+        if self._process is None:
+            return  # no worker to send them: the state keeps them for the next round
+        try:
+            wakes = self.feeds.wakeups()
+        except Exception:  # a bug here must not stop the API worker's supervision
+            log.exception("choosing the pods to wake failed")
+            return
+        for wake in wakes:
+            task = asyncio.create_task(self._wake(wake))
+            self._wake_tasks.add(task)
+            task.add_done_callback(self._wake_tasks.discard)
+
+    async def _wake(self, wake: Wake) -> None:
+        text = (f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
+                "where this pod now fits")
+        try:
+            await self._call("wake", wake.namespace, wake.name, wake.uid, text)
+        except BindError as err:
+            # definite: the API said no (gone, re-created); otherwise it may not have landed
+            log.info("could not wake pod %s/%s: %s", wake.namespace, wake.name, err)
+            self.feeds.wakeup_result(wake, False, err.definite)
+            return
+        log.debug("woke pod %s/%s (fits on %s)", wake.namespace, wake.name, wake.node)
+        self.feeds.wakeup_result(wake, True, True)
 
     async def _serve(self, process: asyncio.subprocess.Process) -> int | None:
         assert process.stdout is not None
@@ -99,10 +159,16 @@ class WorkerLink:
                                                code=int(code)))
         elif kind == "replace":
             self._dispatch[("replace", message[1])](message[2])
+            self._check_wakeup()
         elif kind == "event":
             self._events[message[1]](message[2], message[3])
+            self._check_wakeup()
         else:
             log.warning("API worker sent an unknown message %r", kind)
+
+    def _check_wakeup(self) -> None:
+        if not self._wake_now.is_set() and self.feeds.wakeup_pending():
+            self._wake_now.set()
 
     def _fail_pending(self, why: str) -> None:
         pending, self._pending = self._pending, {}

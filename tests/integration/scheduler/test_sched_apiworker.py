@@ -1,4 +1,5 @@
-"""The API worker against the real API server: feeds, binds, errors, and a worker restart."""
+"""The API worker against the real API server: feeds, binds, wake-ups, errors, and a worker
+restart."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 from egpu_testing.scenario import create_pods
 from egpu_testing.workbench import pod_manifest
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.scheduler.apiworker import WAKEUP_CONDITION
 from elastic_gpu.scheduler.server import BindError
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
@@ -26,6 +29,8 @@ class Recorder:
     def __init__(self) -> None:
         self.replaces: dict[str, list[list[dict[str, Any]]]] = {}
         self.events: list[tuple[str, str, dict[str, Any]]] = []
+        self.to_wake: list[Wake] = []
+        self.wake_results: list[str] = []
 
     def _replace(self, feed: str, items: list[dict[str, Any]]) -> None:
         self.replaces.setdefault(feed, []).append(items)
@@ -47,6 +52,17 @@ class Recorder:
 
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None:
         self.events.append(("pods", kind, obj))
+
+    # the wake-up side of `app.Feeds`: pods queued by the test, the outcomes of their wake-ups
+    def wakeups(self) -> list[Wake]:
+        queued, self.to_wake = self.to_wake, []
+        return queued
+
+    def wakeup_pending(self) -> bool:
+        return bool(self.to_wake)
+
+    def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None:
+        self.wake_results.append("sent" if sent else "failed" if definite else "unknown")
 
     def pod_events(self, name: str) -> list[tuple[str, dict[str, Any]]]:
         return [(kind, obj) for feed, kind, obj in self.events
@@ -117,3 +133,45 @@ async def test_the_worker_feeds_binds_and_comes_back_after_a_kill(
     assert link._process is None
     with pytest.raises(BindError, match="not running"):
         await link.get_pod(k8s_namespace, "w0")
+
+
+async def test_the_worker_wakes_a_pending_pod_through_its_status(
+        k8s_cluster: ControlPlane, k8s_namespace: str) -> None:
+    """The wake-up is a strategic-merge patch of pods/status: our condition is added next to
+    the others, each wake-up changes the pod, and a pod re-created under the same name (another
+    UID) is not woken."""
+    client = k8s_cluster.client()
+    sink = Recorder()
+    link = WorkerLink(k8s_cluster.kubeconfig, sink)
+    task = asyncio.create_task(link.run())
+    try:
+        await until(lambda: "pods" in sink.replaces)
+        create_pods(client, [pod_manifest("w", k8s_namespace, scheduler_name="nobody",
+                                          limits={"nvidia.com/gpu": "1"})])
+        pod = await link.get_pod(k8s_namespace, "w")
+        assert pod is not None
+        uid, version = pod["metadata"]["uid"], int(pod["metadata"]["resourceVersion"])
+        sink.to_wake = [Wake(uid, k8s_namespace, "w", "n1"),
+                        Wake("not-the-uid", k8s_namespace, "w", "n1")]
+        await until(lambda: len(sink.wake_results) == 2)
+        assert sorted(sink.wake_results) == ["failed", "sent"]
+
+        from lightkube.resources.core_v1 import Pod
+
+        def conditions() -> dict[str, Any]:
+            status = client.get(Pod, "w", namespace=k8s_namespace).status
+            return {c.type: c for c in status.conditions or []}
+
+        first = conditions()[WAKEUP_CONDITION]
+        assert first.status == "True" and first.reason == "GPUCapacityFreed"
+        assert "node n1" in first.message
+        assert any(int(o["metadata"]["resourceVersion"]) > version
+                   for _, o in sink.pod_events("w"))
+        sink.to_wake = [Wake(uid, k8s_namespace, "w", "n2")]
+        await until(lambda: len(sink.wake_results) == 3)
+        again = conditions()[WAKEUP_CONDITION]
+        assert again.message != first.message and "node n2" in again.message
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

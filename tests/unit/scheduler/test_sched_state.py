@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from egpu_testing.workbench import feed_nodes, pod_manifest, ready_state
 from elastic_gpu.core import annotations as ann
@@ -15,8 +18,8 @@ from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import with_binding
-from elastic_gpu.scheduler.state import SchedulerState, StateNotReady, rescale
+from elastic_gpu.scheduler.server import BindError, Extender, parse_pod, with_binding
+from elastic_gpu.scheduler.state import NodeInfo, SchedulerState, StateNotReady, rescale
 
 
 def gpu_node(name: str, cards: int = 1, memory: int = 16384) -> Node:
@@ -412,21 +415,281 @@ def test_a_pod_we_bound_counts_its_cpu_before_the_watch_reports_it() -> None:
     assert state.engine.host_usage("n1") == (0, 0)
 
 
-def test_a_bind_in_flight_holds_its_cpu_until_its_outcome() -> None:
+class GatedApi:
+    """The API worker as the bind path sees it: a Binding of a pod whose gate is closed stays
+    in flight until the test opens it; `refuse` makes the API say no."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, asyncio.Event] = {}
+        self.refuse: set[str] = set()
+        self.bound: dict[str, str] = {}
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   resource_version: int | None, annotations: Mapping[str, str]) -> None:
+        gate = self.gates.get(name)
+        if gate is not None:
+            await gate.wait()
+        if name in self.refuse:
+            raise BindError(f"pods {name!r} is forbidden", definite=True, code=403)
+        self.bound[name] = node
+
+
+class Http:
+    """kube-scheduler's side of the extender: JSON over HTTP, filter -> prioritize -> bind."""
+
+    def __init__(self, client: TestClient[Any, Any]) -> None:
+        self.client = client
+
+    async def post(self, verb: str, body: Any) -> Any:
+        response = await self.client.post(f"/{verb}", data=json.dumps(body))
+        assert response.status == 200, await response.text()
+        return await response.json()
+
+    async def schedule(self, pod: dict[str, Any], nodes: list[str]) -> dict[str, int]:
+        """filter then prioritize, as one scheduling cycle: the scores of the feasible nodes."""
+        args = {"Pod": pod, "NodeNames": nodes}
+        feasible = (await self.post("filter", args))["NodeNames"]
+        scores = await self.post("prioritize", {"Pod": pod, "NodeNames": feasible})
+        return {s["Host"]: s["Score"] for s in scores}
+
+    async def bind(self, pod: dict[str, Any], node: str) -> str:
+        meta = pod["metadata"]
+        answer = await self.post("bind", {"PodName": meta["name"], "PodNamespace": "default",
+                                          "PodUID": meta["uid"], "Node": node})
+        return str(answer["Error"])
+
+
+def http_pod(name: str, **resources: str) -> dict[str, Any]:
+    """A pending pod as kube-scheduler sends it: with a UID and a resourceVersion."""
+    pod = pod_manifest(name, uid=f"uid-{name}", containers={"main": dict(resources)})
+    pod["metadata"]["resourceVersion"] = "3"
+    return pod
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never held")
+
+
+async def test_a_bind_in_flight_holds_its_cpu_and_memory_on_the_http_path() -> None:
+    """Through the verbs kube-scheduler calls: while the hog's Binding is in flight its 63 CPUs
+    and 200 GiB count on n1, so FGD sees that no typical GPU task can use n1's idle card and
+    puts the next small share there. Without the hold (the HTTP path zeroed the request's CPU
+    before `reserve` saw it) n1 and n2 look the same. A refused bind gives the hold back; a
+    successful one keeps it once, as the bound pod."""
+    state = ready_state([gpu_node("n1", cards=2), gpu_node("n2", cards=2)],
+                        SchedulerState(SchedulerConfig(node_policy="fgd")))
+    api = GatedApi()
+    async with TestClient(TestServer(Extender(state, api).app())) as client:
+        http = Http(client)
+        nodes = ["n1", "n2"]
+        # n2: one card taken by a pod that asks for no CPU
+        other = http_pod("other", **{"elasticgpu.io/gpu-core": "100"})
+        await http.schedule(other, ["n2"])
+        assert await http.bind(other, "n2") == ""
+
+        hog = http_pod("hog", **{"elasticgpu.io/gpu-core": "100", "cpu": "63",
+                                 "memory": "200Gi"})
+        await http.schedule(hog, ["n1"])
+        api.gates["hog"] = asyncio.Event()
+        binding = asyncio.create_task(http.bind(hog, "n1"))
+        await until(lambda: "uid-hog" in state.inflight())
+        assert state.host_usage()["n1"] == (63_000, 200 * 1024)  # held while in flight
+        # n1 and n2 now both have one idle card; only the hold tells them apart
+        small = http_pod("a", **{"elasticgpu.io/gpu-core": "10", "cpu": "1"})
+        during = await http.schedule(small, nodes)
+        assert during["n1"] > during["n2"]
+        api.gates["hog"].set()
+        assert await binding == ""
+        assert api.bound["hog"] == "n1"
+        assert state.host_usage()["n1"] == (63_000, 200 * 1024)  # once, as the bound pod
+
+        refused = http_pod("refused", **{"elasticgpu.io/gpu-core": "30", "cpu": "500m",
+                                         "memory": "1Gi"})
+        await http.schedule(refused, ["n2"])
+        api.gates["refused"] = asyncio.Event()
+        api.refuse.add("refused")
+        binding = asyncio.create_task(http.bind(refused, "n2"))
+        await until(lambda: "uid-refused" in state.inflight())
+        assert state.host_usage()["n2"] == (500, 1024)
+        api.gates["refused"].set()
+        assert "forbidden" in await binding
+        assert state.host_usage()["n2"] == (0, 0)  # the API refused: nothing held
+
+
+def test_an_unknown_bind_outcome_holds_cpu_until_the_reservation_expires() -> None:
     clock = Clock()
     state = ready_state([gpu_node("n1")], SchedulerState(clock=clock))
     manifest = pod_manifest("p", uid="uid-p", containers={
         "main": {"elasticgpu.io/gpu-core": "20", "cpu": "3", "memory": "2Gi"}})
-    request = pod_request_from_manifest(manifest)
-    token, _ = state.reserve(request, "uid-p", "n1")
-    assert state.engine.host_usage("n1") == (3000, 2048)
-    state.settle("uid-p", token, "failed")  # the API refused: nothing held
-    assert state.engine.host_usage("n1") == (0, 0)
+    request = parse_pod(manifest)  # what the HTTP path hands `reserve`
     token, _ = state.reserve(request, "uid-p", "n1")
     state.settle("uid-p", token, "unknown")
+    assert state.engine.host_usage("n1") == (3000, 2048)
     clock.now += state.config.reservation_ttl_s + 1
     assert state.expire() == 1  # never showed up: released with its cards
     assert state.engine.host_usage("n1") == (0, 0)
-    token, assignment = state.reserve(request, "uid-p", "n1")
-    state.settle("uid-p", token, "bound", with_binding(manifest, "n1", assignment))
-    assert state.engine.host_usage("n1") == (3000, 2048)  # once, as the bound pod
+
+
+# ---- waking pending pods ------------------------------------------------------------------
+
+
+def turned_away(state: SchedulerState, pod: dict[str, Any], nodes: list[str]) -> None:
+    """A filter call that finds no room for the pod (kube-scheduler then parks it)."""
+    result = state.filter(pod_request_from_manifest(pod), pod["metadata"]["uid"], nodes)
+    assert result.feasible == []
+
+
+def woken(state: SchedulerState) -> list[tuple[str, str]]:
+    return [(w.name, w.node) for w in state.wakeups()]
+
+
+def test_a_pod_turned_away_is_woken_once_when_the_gpu_pod_in_its_way_goes() -> None:
+    state = ready_state([gpu_node("n1")])
+    holder = share_pod("holder", 100)
+    bind(state, holder, "n1")
+    waiting = share_pod("waiting", 100)
+    turned_away(state, waiting, ["n1"])
+    assert set(state.waiting()) == {"uid-waiting"}
+    assert not state.wakeup_pending()
+    assert woken(state) == []  # nothing freed yet
+    state.forget_pod("uid-holder")  # deleted, or it terminated and left the pod watch
+    assert state.wakeup_pending()  # the API worker link starts a round
+    assert woken(state) == [("waiting", "n1")]
+    assert not state.wakeup_pending()
+    assert woken(state) == []  # once per freeing, not once per round
+    # kube-scheduler retries it: it fits now and waits no more
+    assert state.filter(pod_request_from_manifest(waiting), "uid-waiting", ["n1"]).feasible
+    assert state.waiting() == {}
+
+
+def test_a_freeing_wakes_only_pods_that_fit_and_only_as_many_as_fit() -> None:
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    holder = share_pod("holder", 100)
+    bind(state, holder, "n1")
+    bind(state, share_pod("other", 100), "n2")
+    for name in ("w1", "w2", "w3"):
+        turned_away(state, share_pod(name, 100), ["n1", "n2"])
+    turned_away(state, share_pod("big", 100, memory=32768), ["n1", "n2"])  # no card that big
+    state.forget_pod("uid-holder")
+    assert woken(state) == [("w1", "n1")]  # one card freed: one whole-card pod woken
+    assert woken(state) == []
+    bind(state, share_pod("w1", 100), "n1")  # kube-scheduler retried it
+    state.forget_pod("uid-other")  # the next freeing: the next in line
+    assert woken(state) == [("w2", "n2")]
+
+
+def test_a_pod_bound_or_deleted_waits_no_more() -> None:
+    state = ready_state([gpu_node("n1"), gpu_node("n2")])
+    bind(state, share_pod("holder", 100), "n1")
+    for name in ("bound", "deleted"):
+        turned_away(state, share_pod(name, 100), ["n1"])  # kube-scheduler sent only n1
+    bind(state, share_pod("bound", 100), "n2")  # bound elsewhere (another scheduler, by hand)
+    state.forget_pod("uid-deleted")
+    assert state.waiting() == {}
+    state.forget_pod("uid-holder")
+    assert woken(state) == []
+
+
+def test_a_card_turning_healthy_or_arriving_late_wakes_the_pods_that_fit_it() -> None:
+    from dataclasses import replace
+
+    from elastic_gpu.core.model import Health
+    from elastic_gpu.k8s.gpudevice import object_name
+
+    sick = Node("n1", 64_000, 256_000, (Card(0, "GPU-n1-0", "T4", 16384,
+                                             health=Health.UNHEALTHY),))
+    state = ready_state([sick])
+    state.upsert_node(NodeInfo("n2", 64_000, 256_000))  # a node whose GPUDevices are not in yet
+    turned_away(state, share_pod("a", 100), ["n1", "n2"])
+    turned_away(state, share_pod("b", 100), ["n1", "n2"])
+    state.upsert_device(object_name("n1", 0), "n1", replace(sick.cards[0], health=Health.HEALTHY))
+    assert woken(state) == [("a", "n1")]
+    bind(state, share_pod("a", 100), "n1")
+    state.upsert_device(object_name("n2", 0), "n2", Card(0, "GPU-n2-0", "T4", 16384))
+    assert woken(state) == [("b", "n2")]
+
+
+def test_a_refused_bind_gives_back_what_it_held_and_wakes_who_waited_for_it() -> None:
+    state = ready_state([gpu_node("n1")])
+    binding = share_pod("binding", 100)
+    token, _ = state.reserve(pod_request_from_manifest(binding), "uid-binding", "n1")
+    turned_away(state, share_pod("waiting", 100), ["n1"])
+    state.settle("uid-binding", token, "failed")
+    assert woken(state) == [("waiting", "n1")]
+
+
+def test_a_wakeup_that_may_not_have_landed_is_sent_again_and_a_refused_one_ends_the_wait(
+        ) -> None:
+    state = ready_state([gpu_node("n1")])
+    bind(state, share_pod("holder", 100), "n1")
+    turned_away(state, share_pod("waiting", 100), ["n1"])
+    state.forget_pod("uid-holder")
+    (wake,) = state.wakeups()
+    state.wakeup_done(wake, sent=False, definite=False)  # a timeout: it may not have landed
+    assert woken(state) == [("waiting", "n1")]
+    assert woken(state) == []
+    state.wakeup_done(wake, sent=False, definite=True)  # the pod is gone: it waits no more
+    assert state.waiting() == {}
+    assert state.wakeup_stats()[1]["failed"] == 2
+
+
+def test_wakeups_show_in_the_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from elastic_gpu.scheduler.metrics import Metrics
+
+    state = ready_state([gpu_node("n1")])
+    bind(state, share_pod("holder", 100), "n1")
+    turned_away(state, share_pod("waiting", 100), ["n1"])
+    metrics = Metrics(state.card_usage, wakeups=state.wakeup_stats)
+    text = generate_latest(metrics.registry).decode()
+    assert "egpu_scheduler_waiting_pods 1.0" in text
+    assert "egpu_scheduler_turned_away_total 1.0" in text
+    state.forget_pod("uid-holder")
+    (wake,) = state.wakeups()
+    state.wakeup_done(wake, sent=True)
+    text = generate_latest(metrics.registry).decode()
+    assert 'egpu_scheduler_wakeups_total{result="sent"} 1.0' in text
+    assert "egpu_scheduler_wakeup_rounds_total 1.0" in text
+
+
+def test_a_pod_deleted_before_its_bind_settles_stays_gone() -> None:
+    """The Binding lands, the user deletes the pod at once, and the watch's DELETED reaches
+    the state before the bind's own reply does: settling must not bring the pod back and hold
+    its card for ever (seen by bench/sched_wakeup.py)."""
+    state = ready_state([gpu_node("n1")])
+    pod = share_pod("p", 100)
+    token, assignment = state.reserve(pod_request_from_manifest(pod), "uid-p", "n1")
+    state.forget_pod("uid-p")
+    state.settle("uid-p", token, "bound", with_binding(pod, "n1", assignment))
+    assert used(state, "n1") == 0
+    assert state.pod("uid-p") is None
+    state.observe_pod(annotated(pod, assignment, rv=50, node_name="n1"))  # a late read-back
+    assert used(state, "n1") == 0
+
+
+def test_the_http_path_builds_the_request_the_state_tests_feed() -> None:
+    """filter/prioritize parse the pod kube-scheduler sends, bind the watch's slim copy; both
+    give exactly `pod_request_from_manifest` (what these tests and `egpu simulate` use), CPU
+    and memory included as kube-scheduler counts them (init containers, overhead)."""
+    from egpu_testing.workbench import STYLES
+    from elastic_gpu.scheduler.slim import slim_pod
+
+    for style, limits in STYLES.items():
+        pod = http_pod(style, **limits, cpu="2", memory="3Gi")
+        pod["spec"]["initContainers"] = [{"name": "init", "image": "busybox", "resources": {
+            "requests": {"cpu": "4", "memory": "1Gi"}}}]
+        pod["spec"]["overhead"] = {"cpu": "250m", "memory": "128Mi"}
+        pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                                                             "status": "False"}]}
+        expected = pod_request_from_manifest(pod)
+        assert (expected.cpu_milli, expected.memory_mib) == (4250, 3072 + 128), style
+        assert parse_pod(pod) == expected, style
+        assert parse_pod(slim_pod(pod)) == expected, style
