@@ -47,7 +47,7 @@ from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload, TaskS
 IntArray = npt.NDArray[np.int64]
 #: Card matrices kept per resource name and per set of names before the caches start over.
 _OFFER_CACHE_LIMIT = 256
-#: What a card serves, as far as fit is concerned: (card offers, node offers, healthy plain
+#: What a card serves, as far as fit is concerned: (card offers, node offers, plain
 #: cards of the node), the offers as sorted item tuples; None where unknown.
 _OfferKey = tuple[tuple[tuple[str, int], ...] | None, tuple[tuple[str, int], ...] | None, int]
 BoolArray = npt.NDArray[np.bool_]
@@ -470,8 +470,9 @@ class Engine:
                     continue
                 okey: _OfferKey
                 if card.offers is None:
-                    # only these cards split the node's whole-card count over healthy plain cards
-                    plain = (sum(1 for k in r.cards if k.healthy and not k.mig_enabled)
+                    # only these cards split the node's whole-card count over its plain cards
+                    # (the count is the Node's capacity: every card, healthy or not)
+                    plain = (sum(1 for k in r.cards if not k.mig_enabled)
                              if node_offers is not None else 0)
                     okey = (None, node_offers, plain)
                 else:
@@ -617,7 +618,7 @@ class Engine:
     def _key_count(key: _OfferKey, name: str) -> int:
         """Devices of `name` a card of this offer class serves (see `model.offered`): what the
         card offers, within what its Node advertises; a card that says nothing (an older
-        agent) gets the node's whole-card count split over its healthy plain cards; nothing
+        agent) gets the node's whole-card count split over its plain cards; nothing
         known at all serves every name once (the simulator)."""
         card_offers, node_offers, plain = key
         if node_offers is not None and offered(dict(node_offers), name) == 0:

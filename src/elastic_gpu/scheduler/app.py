@@ -45,11 +45,18 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
             return 0
 
     # The GPU resources it advertises: a node whose GPUDevices predate spec.resources (an
-    # older agent) is still checked for the resource names a pod writes.
+    # older agent) is still checked for the resource names a pod writes. Capacity, not
+    # allocatable: what the node serves does not change while a card is unhealthy (allocatable
+    # drops to 0 then), and health is checked per card; a node offering nothing because its
+    # one card is sick would be turned away for the wrong reason and never woken when it heals.
+    capacity: Mapping[str, Any] = status.get("capacity") or allocatable
     offers: dict[str, int] = {}
-    for key in allocatable:
+    for key in capacity:
         if isinstance(key, str) and is_gpu_resource(key):
-            count = amount(key, 1)
+            try:
+                count = int(parse_quantity(capacity[key]))
+            except QuantityError:
+                count = 0
             offers[key] = count if 0 <= count < 2**63 else 0
     return NodeInfo(name=str(meta.get("name", "")), cpu_milli=amount("cpu", 1000),
                     memory_mib=amount("memory", 1) // 2**20,

@@ -184,7 +184,8 @@ def effective_count(node: Node, card: Card, name: str) -> int:
         return offered(card.offers, name)
     if node.offers is not None:
         if name in (NV, IX):
-            plain = sum(1 for c in node.cards if c.healthy and not c.mig_enabled)
+            # the Node's capacity counts every plain card, healthy or not
+            plain = sum(1 for c in node.cards if not c.mig_enabled)
             return max(1, offered(node.offers, name) // max(1, plain))
         return offered(node.offers, name)
     return 1

@@ -59,3 +59,17 @@ def test_card_offers_from_spec_resources_count_replicas() -> None:
         assert [s.replicas for s in assignment.shares()] == [1]
     ninth = pod_request_from_manifest(pod_manifest("p8", limits={"iluvatar.com/gpu": "1"}))
     assert state.filter(ninth, "uid-8", ["ix"]).feasible == []
+
+
+def test_what_a_node_offers_comes_from_capacity_not_allocatable() -> None:
+    """A node whose only card is unhealthy has allocatable 0 of everything it serves: it still
+    offers those names (it is turned away as unhealthy, and woken when the card heals), while
+    names it never advertised stay unoffered."""
+    node = {"metadata": {"name": "sick"}, "status": {
+        "capacity": {"cpu": "8", "memory": "32Gi", "elasticgpu.io/gpu-core": "100",
+                     "nvidia.com/gpu": "1"},
+        "allocatable": {"cpu": "8", "memory": "32Gi", "elasticgpu.io/gpu-core": "0",
+                        "nvidia.com/gpu": "0"}}}
+    info = node_info(node)
+    assert info.offers == {"elasticgpu.io/gpu-core": 100, "nvidia.com/gpu": 1}
+    assert info.cpu_milli == 8000  # host resources still come from allocatable
