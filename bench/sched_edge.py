@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import threading
 import time
@@ -23,7 +22,7 @@ from collections.abc import Callable
 from http.client import HTTPConnection
 from typing import Any
 
-from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state
+from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state, send_raw
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.server import Extender
@@ -63,23 +62,7 @@ def decode_costs() -> None:
 
 
 def _send(port: int, body: bytes) -> int:
-    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
-        try:
-            sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
-                         % len(body))
-            sock.sendall(body)
-        except OSError:
-            pass
-        data = b""
-        try:
-            while b"\r\n" not in data:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0
+    return send_raw(port, b"POST /filter HTTP/1.1\r\nHost: x\r\n", body)
 
 
 def probe_during(srv: ServedExtender, body: bytes) -> tuple[int, float, dict[str, list[float]]]:

@@ -449,3 +449,27 @@ def metric_value(text: str, sample: str) -> float | None:
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def send_raw(port: int, head: bytes, body: bytes, timeout_s: float = 120) -> int:
+    """Send one HTTP request on a raw socket (`head`: request line and headers without
+    Content-Length) and return the status; the server may answer early (a 413) and close
+    before the body is all sent."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        try:
+            sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
+            sock.sendall(body)
+        except OSError:
+            pass
+        data = b""
+        try:
+            while b"\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0

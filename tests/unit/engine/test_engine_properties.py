@@ -5,6 +5,7 @@ filter. Usage is recomputed independently from the ledger, not read back from th
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -107,23 +108,7 @@ def check_invariants(engine: Engine, inventory: dict[str, Node], held: dict[str,
        release_every=st.integers(2, 6), seed=st.integers(0, 3))
 def test_no_placement_ever_exceeds_a_capacity(policy: str, cluster: list[Node], workload: list[PodRequest],
                                               card: str, release_every: int, seed: int) -> None:
-    engine = Engine(cluster, PolicyConfig(node_policy=policy, card_policy=card), seed=seed)
-    inventory = {n.name: n for n in cluster}
-    held: dict[str, PodRequest] = {}
-    for i, pod in enumerate(workload):
-        feasible = engine.filter(pod).feasible
-        try:
-            assignment = engine.place(pod)
-        except Unschedulable:
-            assert feasible == []
-        else:
-            assert assignment.node in feasible
-            engine.allocate(pod.key, assignment, pod)
-            held[pod.key] = pod
-        if i % release_every == release_every - 1 and held:
-            engine.release(next(iter(held)))
-            held.pop(next(iter(held)))
-        check_invariants(engine, inventory, held)
+    replay_with_releases(cluster, workload, policy, card, release_every, seed, check_invariants)
 
 
 # ---------------------------------------------------------------------------- offers, replicas
@@ -232,6 +217,15 @@ def check_offer_invariants(engine: Engine, inventory: dict[str, Node],
 def test_offers_and_replicas_are_never_exceeded(policy: str, cluster: list[Node],
                                                 workload: list[PodRequest], card: str,
                                                 release_every: int, seed: int) -> None:
+    replay_with_releases(cluster, workload, policy, card, release_every, seed, check_offer_invariants)
+
+
+def replay_with_releases(cluster: list[Node], workload: list[PodRequest], policy: str, card: str,
+                         release_every: int, seed: int,
+                         check: Callable[[Engine, dict[str, Node], dict[str, PodRequest]], None]
+                         ) -> None:
+    """Place every pod that fits (filter and place must agree), release the oldest every
+    `release_every` pods, and check the invariants after each step."""
     engine = Engine(cluster, PolicyConfig(node_policy=policy, card_policy=card), seed=seed)
     inventory = {n.name: n for n in cluster}
     held: dict[str, PodRequest] = {}
@@ -248,4 +242,4 @@ def test_offers_and_replicas_are_never_exceeded(policy: str, cluster: list[Node]
         if i % release_every == release_every - 1 and held:
             engine.release(next(iter(held)))
             held.pop(next(iter(held)))
-        check_offer_invariants(engine, inventory, held)
+        check(engine, inventory, held)

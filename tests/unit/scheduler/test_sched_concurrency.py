@@ -11,7 +11,6 @@ bounded, the 58 MiB body below held the loop for seconds.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state
+from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state, send_raw
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.scheduler.server import Extender
 
@@ -39,23 +38,7 @@ def server() -> Iterator[ServedExtender]:
 
 
 def _send(port: int, head: bytes, body: bytes) -> int:
-    """Send a request on a raw socket and return the status (the server may answer early)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-        try:
-            sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
-            sock.sendall(body)
-        except OSError:
-            pass  # answered (413) and closed before the body was all sent
-        data = b""
-        try:
-            while b"\r\n" not in data:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
-    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0
+    return send_raw(port, head, body, timeout_s=60)
 
 
 def _probe_during(srv: ServedExtender, huge: Callable[[], int]) -> tuple[int, dict[str, list[float]]]:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
-import threading
 from collections.abc import Iterator
-from http.client import HTTPConnection
 from typing import Any
 
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from egpu_testing.workbench import pod_manifest, ready_state
+from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.server import Extender, with_binding
@@ -26,49 +22,7 @@ NODES = [Node(f"n{i}", 64_000, 256_000,
          for i in range(4)]
 
 
-class Server:
-    """The extender's aiohttp app on a loopback port, served from a background thread."""
-
-    def __init__(self, extender: Extender, tls: ssl.SSLContext | None = None) -> None:
-        self.extender = extender
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        started = threading.Event()
-
-        async def start() -> None:
-            self.runner = web.AppRunner(extender.app())
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            started.set()
-
-        self.thread = threading.Thread(target=self._run, args=(start,), daemon=True)
-        self.thread.start()
-        started.wait(10)
-        self.conn: HTTPConnection = HTTPConnection("127.0.0.1", self.port, timeout=10)
-
-    def _run(self, start: Any) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(start())
-        self.loop.run_forever()
-
-    def post(self, path: str, body: bytes | Any) -> tuple[int, Any]:
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
-        response = self.conn.getresponse()
-        raw = response.read()
-        return response.status, json.loads(raw) if raw else None
-
-    def get(self, path: str) -> tuple[int, str]:
-        self.conn.request("GET", path)
-        response = self.conn.getresponse()
-        return response.status, response.read().decode()
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+Server = ServedExtender  # the extender's app on a loopback port, served from a thread
 
 
 @pytest.fixture(scope="module")
