@@ -12,6 +12,10 @@ values and paths are strings. The YAML reader follows YAML 1.2's core schema for
 `yes`/`on`/`no`, `010` (octal in YAML 1.1), `1_000` or `1:30` (sexagesimal) are strings and
 then refused by the field they are given to, never silently converted; a key given twice is
 an error too. The full reference is docs/agent.md.
+
+NVIDIA's device plugin config (`version: v1`) and the IX plugin's ConfigMap (`version:
+"4.3.0"`) are accepted unchanged beside this form and mapped onto `AgentConfig` by
+`config_forms` (also when given as a ConfigMap's `data`, the file under one key).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from elastic_gpu.agent.config_forms import Form, FormError, describe, detect_form, to_agent_form
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -217,16 +222,7 @@ _RULES = {
     "missing": "is required",
 }
 
-_YAML_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-               list: "a list", dict: "a mapping", type(None): "null"}
-
-
-def _describe(value: Any) -> str:
-    kind = _YAML_TYPES.get(type(value), type(value).__name__)
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({kind})"
+_describe = describe
 
 
 def _format(err: ValidationError) -> str:
@@ -280,16 +276,51 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_StrictYamlLoader)
 
 
+def _configmap_file(data: dict[Any, Any]) -> tuple[str, str] | None:
+    """(key, text) when `data` is a ConfigMap's `data`: one key, a file name that is no key of
+    any form (e.g. the IX plugin's `ix-config`), holding the config file as YAML text."""
+    if len(data) != 1:
+        return None
+    ((key, value),) = data.items()
+    if (not isinstance(key, str) or not isinstance(value, str) or key in AgentConfig.model_fields
+            or key in ("version", "resourceName", "flags", "imex")):
+        return None
+    return key, value
+
+
 def parse_config(data: Any, source: str = "config") -> AgentConfig:
+    """An `AgentConfig` from a parsed YAML document in any accepted form: the agent's own,
+    NVIDIA's device plugin config (`version: v1`) or the IX plugin's (`version: "4.3.0"`),
+    each also as a ConfigMap's `data` holding the file under one key (see config_forms)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the agent config must be a YAML mapping, got "
                           f"{type(data).__name__}")
+    inner = _configmap_file(data)
+    if inner is not None:
+        key, text = inner
+        source = f"{source}: {key}"
+        try:
+            data = read_yaml(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source}: not valid YAML: {err}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: the agent config must be a YAML mapping, got "
+                              f"{type(data).__name__}")
     try:
-        return AgentConfig.model_validate(data)
+        form = detect_form(data)
+        mapped = to_agent_form(form, data)
+    except FormError as err:
+        what = f" ({err.form.value})" if err.form is not None else ""
+        raise ConfigError(f"{source}: invalid agent config{what}:\n{err}") from None
+    try:
+        return AgentConfig.model_validate(mapped)
     except ValidationError as err:
-        raise ConfigError(f"{source}: invalid agent config:\n{_format(err)}") from None
+        what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
+        raise ConfigError(f"{source}: invalid agent config{what}:\n{_format(err)}") from None
 
 
 def load_config(path: Path) -> AgentConfig:
