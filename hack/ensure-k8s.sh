@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Ensure the development control plane binaries exist: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl and kwok, built from pinned Go modules (hack/k8s/*/go.mod + go.sum) and cached
-# OUTSIDE the work tree under a key derived from those module files, so a version bump (or
-# any go.sum change) gets a fresh directory and an unchanged checkout never rebuilds.
+# kube-controller-manager, kube-scheduler, kubectl and kwok, built from pinned Go modules
+# (hack/k8s/*/go.mod + go.sum) and cached OUTSIDE the work tree under a key derived from
+# those module files, so a version bump (or any go.sum change) gets a fresh directory and an
+# unchanged checkout never rebuilds.
 # Only missing binaries are built: a command added to a tools.go (which is not part of the key:
 # it names what is built, go.mod/go.sum fix how) is built into the existing directory alone.
 #
