@@ -84,11 +84,17 @@ def k8s_namespace(k8s_cluster: ControlPlane) -> Iterator[str]:
     # can take longer).
     wait_default_service_account(k8s_cluster, name)
     yield name
-    # Pods first, at once (kwok finishes their deletion), then the namespace: the namespace
-    # controller deletes the rest and finally the namespace; not waited for.
-    k8s_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0",
-                        "--force", "--wait=false", check=False)
-    k8s_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    delete_namespace(k8s_cluster, name)
+
+
+def delete_namespace(plane: ControlPlane, name: str) -> None:
+    """Delete a test namespace without waiting: its pods first, at once (kwok finishes their
+    deletion), then the namespace, whose controller deletes the rest and then the namespace.
+    Without kube-controller-manager the namespace would stay Terminating: only pods go."""
+    plane.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force",
+                  "--wait=false", check=False)
+    if plane.controller_manager:
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def wait_default_service_account(plane: ControlPlane, namespace: str,
@@ -151,5 +157,12 @@ def _wait_ready(client: Any, names: list[str], timeout_s: float = 60.0) -> None:
         raise TimeoutError(f"fake nodes not Ready after {timeout_s:.0f} s: {sorted(pending)}")
 
 
-__all__ = ["fake_gpu_nodes", "k8s_cluster", "k8s_namespace", "start_kube_scheduler",
-           "unique_name", "wait_default_service_account"]
+__all__ = [
+    "delete_namespace",
+    "fake_gpu_nodes",
+    "k8s_cluster",
+    "k8s_namespace",
+    "start_kube_scheduler",
+    "unique_name",
+    "wait_default_service_account",
+]

@@ -19,7 +19,11 @@ from lightkube.resources.apps_v1 import Deployment, ReplicaSet
 from lightkube.resources.core_v1 import Namespace, Pod, ResourceQuota
 
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.pytest_plugin import unique_name, wait_default_service_account
+from elastic_gpu.devcluster.pytest_plugin import (
+    delete_namespace,
+    unique_name,
+    wait_default_service_account,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -150,6 +154,7 @@ def test_resource_quota_status_is_computed_and_enforced(
 
 def test_a_deleted_namespace_goes_away_with_its_contents(
         k8s_cluster: ControlPlane, fake_gpu_nodes: Callable[..., list[str]]) -> None:
+    """As the `k8s_namespace` fixture deletes each test's namespace after the test."""
     (node,) = fake_gpu_nodes(1, gpus=1)
     client = k8s_cluster.client()
     ns = unique_name("gone")
@@ -159,7 +164,7 @@ def test_a_deleted_namespace_goes_away_with_its_contents(
     _wait(lambda: any(p.status.phase == "Running" for p in _pods(client, ns, "web")),
           what="a running pod in the namespace")
 
-    k8s_cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    delete_namespace(k8s_cluster, ns)
 
     def gone() -> bool:
         try:
