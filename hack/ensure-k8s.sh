@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Ensure the development control plane binaries exist: etcd, kube-apiserver, kube-scheduler,
-# kubectl and kwok, built from pinned Go modules (hack/k8s/*/go.mod + go.sum) and cached
-# OUTSIDE the work tree under a key derived from those module files, so a version bump (or
-# any go.sum change) gets a fresh directory and an unchanged checkout never rebuilds.
+# Ensure the development control plane binaries exist: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl and kwok, built from pinned Go modules
+# (hack/k8s/*/go.mod + go.sum) and cached OUTSIDE the work tree under a key derived from
+# those module files, so a version bump (or any go.sum change) gets a fresh directory and an
+# unchanged checkout never rebuilds.
+# Only missing binaries are built: a command added to a tools.go (which is not part of the key:
+# it names what is built, go.mod/go.sum fix how) is built into the existing directory alone.
 #
 # Usage: hack/ensure-k8s.sh [--check] [--print-key]
 #   --check      do not build; exit 1 (listing what is missing on stderr) unless all is cached
@@ -19,7 +22,7 @@ for arg in "$@"; do
   case "$arg" in
     --check) check_only=1 ;;
     --print-key) print_key=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "ensure-k8s: unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,14 +40,14 @@ modver() { # <module dir> <module path>
 k8s_version="$(modver kubernetes k8s.io/kubernetes)"
 etcd_version="$(modver etcd go.etcd.io/etcd/server/v3)"
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
-sum="$(cat "$mods"/*/go.mod "$mods"/*/go.sum "$mods"/*/tools.go | sha256sum | cut -c1-10)"
+sum="$(cat "$mods"/*/go.mod "$mods"/*/go.sum | sha256sum | cut -c1-10)"
 key="k8s-${k8s_version}_etcd-${etcd_version}_kwok-${kwok_version}_${sum}"
 if (( print_key )); then echo "$key"; exit 0; fi
 
 root="${EGPU_K8S_CACHE:-$HOME/.cache/elastic-gpu/k8s}/$key"
 bin="$root/bin"
 logs="$root/logs"
-binaries=(etcd kube-apiserver kube-scheduler kubectl kwok)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 
 missing=()
 for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
@@ -76,29 +79,50 @@ for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
   k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-build() { # <name> <module dir> <package> <ldflags>
-  local name="$1" dir="$2" pkg="$3" ldflags="$4"
-  [[ -x "$bin/$name" ]] && return 0
-  local logf="$logs/$name.log" start=$SECONDS
-  log "building $name from $pkg (log: $logf) ..."
+# One `go build` per module for all of its missing commands: they share one action graph, so
+# packages common to several commands compile once and the links overlap. The kubernetes module
+# (by far the largest) builds beside the two small ones; nice: the dev machine is small and shared.
+build() { # <module dir> <ldflags> <name=package>...
+  local dir="$1" ldflags="$2"; shift 2
+  local names=() pkgs=() spec
+  for spec in "$@"; do
+    [[ -x "$bin/${spec%%=*}" ]] && continue
+    names+=("${spec%%=*}"); pkgs+=("${spec#*=}")
+  done
+  (( ${#names[@]} )) || return 0
+  local logf="$logs/$dir.log" tmp="$bin/.tmp-$dir" start=$SECONDS
+  log "building ${names[*]} from the $dir module (log: $logf) ..."
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  # Several packages: -o DIR/ names each binary after its package. One: name it (etcd's main
+  # package is .../server/v3, which go would call "server").
+  local out="$tmp/"; (( ${#pkgs[@]} == 1 )) && out="$tmp/${names[0]}"
   # -mod=readonly: the committed go.sum is authoritative; a mismatch is an error, not an update.
-  # nice + sequential builds: the dev machine is small and shared.
   if ! (cd "$mods/$dir" && env CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-trimpath -mod=readonly" \
-        nice -n 10 go build -ldflags "$ldflags" -o "$bin/.$name.tmp" "$pkg") >"$logf" 2>&1; then
-    echo "ensure-k8s: ERROR: building $name failed; last lines of $logf:" >&2
+        nice -n 10 go build -ldflags "$ldflags" -o "$out" "${pkgs[@]}") >"$logf" 2>&1; then
+    echo "ensure-k8s: ERROR: building ${names[*]} failed; last lines of $logf:" >&2
     tail -n 40 "$logf" >&2
-    rm -f "$bin/.$name.tmp"
-    exit 1
+    rm -rf "$tmp"
+    return 1
   fi
-  mv -f "$bin/.$name.tmp" "$bin/$name"  # atomic: a half-written binary is never visible
-  log "built $name in $((SECONDS - start)) s"
+  local name
+  for name in "${names[@]}"; do
+    mv -f "$tmp/$name" "$bin/$name"  # atomic: a half-written binary is never visible
+  done
+  rmdir "$tmp"
+  log "built ${names[*]} in $((SECONDS - start)) s"
 }
 
-build etcd etcd go.etcd.io/etcd/server/v3 "-s -w"
-build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
-build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
-build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
-build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
+build kubernetes "$k8s_ldflags" \
+  kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+  kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+  kubectl=k8s.io/kubernetes/cmd/kubectl &
+k8s_job=$!
+small_ok=1
+build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3 || small_ok=0
+build kwok "-s -w" kwok=sigs.k8s.io/kwok/cmd/kwok || small_ok=0
+wait "$k8s_job" || small_ok=0
+(( small_ok )) || die "build failed (see above)"
 
 cat >"$root/versions.txt" <<EOF
 kubernetes $k8s_version

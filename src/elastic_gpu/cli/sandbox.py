@@ -54,13 +54,18 @@ def up(
         "--scheduler-config", exists=True, dir_okay=False,
         help="KubeSchedulerConfiguration YAML for the sandbox's kube-scheduler (e.g. with the "
         "Elastic GPU extender); kubeconfig and leader election are filled in")] = None,
+    no_controller_manager: Annotated[bool, typer.Option(
+        "--no-controller-manager", help="Leave out kube-controller-manager (then no "
+        "Deployment makes pods, nothing is garbage-collected, a deleted namespace stays "
+        "Terminating; the ServiceAccount admission plugin is off)")] = False,
     state_dir: StateDir = None,
     bin_dir: Annotated[Path | None, typer.Option(
         "--bin-dir", help="Control plane binaries [default: from hack/ensure-k8s.sh]")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each "
                                            "step")] = 120.0,
 ) -> None:
-    """Start etcd, kube-apiserver, kube-scheduler and kwok, and register fake GPU nodes."""
+    """Start etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and
+    register fake GPU nodes."""
     from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
     from elastic_gpu.devcluster import nodes, sandbox
     from elastic_gpu.devcluster.errors import DevClusterError
@@ -117,7 +122,8 @@ def up(
         box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,
                          timeout_s=timeout, scheduler_config=sched_cfg,
                          agent_config=node_config,
-                         agent_configs={k: v for k, v in per_node.items() if v is not None})
+                         agent_configs={k: v for k, v in per_node.items() if v is not None},
+                         controller_manager=not no_controller_manager)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
@@ -143,7 +149,7 @@ def status(
         typer.echo(f"API server {info['server']}  kubeconfig {info['kubeconfig']}")
         for name, comp in info["components"].items():
             state = "running" if comp["alive"] else "DEAD"
-            typer.echo(f"  {name:<16} pid {comp['pid']:<8} {state:<8} log {comp['log']}")
+            typer.echo(f"  {name:<24} pid {comp['pid']:<8} {state:<8} log {comp['log']}")
         if "nodes_ready" in info:
             typer.echo(f"  nodes Ready: {info['nodes_ready']}/{info['nodes_expected']}")
     if not info["running"]:

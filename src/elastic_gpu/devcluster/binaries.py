@@ -8,7 +8,8 @@ from pathlib import Path
 
 from elastic_gpu.devcluster.errors import MissingBinariesError
 
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
+            "kwok")
 ENV_BIN_DIR = "EGPU_K8S_BIN_DIR"
 
 

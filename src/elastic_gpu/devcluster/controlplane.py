@@ -1,4 +1,5 @@
-"""A local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler(s) and kwok.
+"""A local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler(s) and kwok.
 
 Real binaries (hack/ensure-k8s.sh), real TLS and RBAC, loopback only. Every component is a
 supervised process group; `stop()` leaves no process and no listening port behind, and a
@@ -23,13 +24,37 @@ from elastic_gpu.devcluster import kwok
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.errors import DevClusterError
 from elastic_gpu.devcluster.kubeconfig import write_kubeconfig
-from elastic_gpu.devcluster.pki import Pki, create_pki
+from elastic_gpu.devcluster.pki import Pki, create_pki, pki_paths
 from elastic_gpu.devcluster.ports import HOST, free_ports, require_free
 from elastic_gpu.devcluster.process import ProcessHandle, spawn, wait_ready
 
 DEFAULT_SCHEDULER_NAME = "default-scheduler"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/12"
 START_TIMEOUT_S = 60.0
+CONTROLLER_MANAGER = "kube-controller-manager"
+
+#: Controllers kube-controller-manager runs: all of its defaults ("*": deployment, replicaset,
+#: job, cronjob, garbage collector, namespace, resourcequota, serviceaccount and its token
+#: controller, node lifecycle, ...) less node IPAM, which hands out pod CIDRs to nodes (kwok
+#: nodes need none; --allocate-node-cidrs is off), and the cloud controllers (no cloud
+#: provider: they would only log that they skip). bootstrapsigner and tokencleaner are off by
+#: default.
+CONTROLLERS = ("*,-node-ipam-controller,-service-lb-controller,-node-route-controller,"
+               "-cloud-node-lifecycle-controller")
+
+
+def apiserver_disabled_admission_plugins(controller_manager: bool) -> list[str]:
+    """Admission plugins the dev apiserver turns off.
+
+    TaintNodesByCondition taints every new node not-ready until the node lifecycle controller
+    sees it Ready: kept off, so fake nodes take pods the moment kwok marks them Ready. Without
+    kube-controller-manager, ServiceAccount is off too: it insists on each namespace's
+    `default` ServiceAccount, which only that controller creates.
+    """
+    plugins = ["TaintNodesByCondition"]
+    if not controller_manager:
+        plugins.insert(0, "ServiceAccount")
+    return plugins
 
 
 @dataclass
@@ -64,7 +89,8 @@ def _get_ok(url: str, context: ssl.SSLContext | None) -> bool:
 
 @dataclass
 class ControlPlane:
-    """etcd + kube-apiserver (+ kube-scheduler, + kwok) under `work_dir`."""
+    """etcd + kube-apiserver (+ kube-controller-manager, + kube-scheduler, + kwok) under
+    `work_dir`."""
 
     work_dir: Path
     bin_dir: Path = field(default_factory=find_bin_dir)
@@ -72,6 +98,9 @@ class ControlPlane:
     etcd_port: int = 0
     etcd_peer_port: int = 0
     kwok_port: int = 0
+    controller_manager_port: int = 0
+    #: Whether kube-controller-manager runs (and so the ServiceAccount admission plugin).
+    controller_manager: bool = True
     processes: dict[str, ProcessHandle] = field(default_factory=dict)
     schedulers: dict[str, SchedulerHandle] = field(default_factory=dict)
     #: Components get SIGKILL when the starting process dies (tests: nothing outlives pytest).
@@ -82,9 +111,7 @@ class ControlPlane:
     # -- paths -------------------------------------------------------------------------
     @property
     def pki(self) -> Pki:
-        d = self.work_dir / "pki"
-        return Pki(*(d / n for n in ("ca.crt", "ca.key", "apiserver.crt", "apiserver.key",
-                                     "admin.crt", "admin.key", "sa.key", "sa.pub")))
+        return pki_paths(self.work_dir / "pki")
 
     @property
     def kubeconfig(self) -> Path:
@@ -119,8 +146,14 @@ class ControlPlane:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self, *, scheduler: bool | Mapping[str, Any] = True, kwok_enabled: bool = True,
+              controller_manager: bool | None = None,
               timeout_s: float = START_TIMEOUT_S) -> ControlPlane:
-        """Start everything; on any failure stop what started and re-raise."""
+        """Start everything; on any failure stop what started and re-raise.
+
+        `controller_manager`: run kube-controller-manager (default: `self.controller_manager`).
+        """
+        if controller_manager is not None:
+            self.controller_manager = controller_manager
         self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._allocate_ports()
@@ -128,6 +161,8 @@ class ControlPlane:
             write_kubeconfig(self.kubeconfig, self.server, self.pki)
             self.start_etcd(timeout_s)
             self.start_apiserver(timeout_s)
+            if self.controller_manager:
+                self.start_controller_manager(timeout_s)
             if scheduler:
                 config = scheduler if isinstance(scheduler, Mapping) else {}
                 self.start_scheduler(config, name="kube-scheduler", timeout_s=timeout_s)
@@ -140,7 +175,8 @@ class ControlPlane:
 
     def _allocate_ports(self) -> None:
         wanted = {"apiserver_port": "kube-apiserver", "etcd_port": "etcd client",
-                  "etcd_peer_port": "etcd peer", "kwok_port": "kwok"}
+                  "etcd_peer_port": "etcd peer", "kwok_port": "kwok",
+                  "controller_manager_port": CONTROLLER_MANAGER}
         fresh = iter(free_ports(len(wanted)))
         for attr, what in wanted.items():
             if getattr(self, attr):
@@ -176,11 +212,8 @@ class ControlPlane:
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            # There is no kube-controller-manager. ServiceAccount would insist on each
-            # namespace's `default` ServiceAccount, which only that controller creates;
-            # TaintNodesByCondition taints every new node not-ready, a taint only its node
-            # lifecycle controller removes.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--disable-admission-plugins="
+            + ",".join(apiserver_disabled_admission_plugins(self.controller_manager)),
             "--allow-privileged=true",
             "--profiling=false",
         ])
@@ -189,6 +222,47 @@ class ControlPlane:
         # /readyz can pass a moment before the bootstrap controller has made `default`.
         wait_ready(handle, lambda: _get_ok(f"{self.server}/api/v1/namespaces/default", tls),
                    timeout_s)
+
+    @property
+    def controller_manager_kubeconfig(self) -> Path:
+        return self.work_dir / "controller-manager.kubeconfig"
+
+    def start_controller_manager(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """kube-controller-manager as `system:kube-controller-manager` (bound by the default
+        RBAC policy); each controller acts as its own ServiceAccount in kube-system. Returns
+        when its /healthz answers and the `default` namespace has its `default`
+        ServiceAccount (so pods there pass the ServiceAccount admission plugin)."""
+        pki = self.pki
+        write_kubeconfig(self.controller_manager_kubeconfig, self.server, pki,
+                         client=(pki.controller_manager_cert, pki.controller_manager_key))
+        handle = self._spawn(CONTROLLER_MANAGER, [
+            self._bin(CONTROLLER_MANAGER),
+            f"--kubeconfig={self.controller_manager_kubeconfig}",
+            f"--secure-port={self.controller_manager_port}", f"--bind-address={HOST}",
+            f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
+            # Signs the tokens the apiserver verifies with --service-account-key-file.
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",  # kube-root-ca.crt in every namespace
+            # The CSR signer (kubelet client and serving certificates) signs with the CA.
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            "--use-service-account-credentials=true",
+            f"--controllers={CONTROLLERS}",
+            "--allocate-node-cidrs=false",
+            "--leader-elect=false",
+            # The default 20/s throttles namespace deletion and ReplicaSets of hundreds of
+            # pods; a loopback dev apiserver takes far more.
+            "--kube-api-qps=200", "--kube-api-burst=400",
+            "--profiling=false",
+        ])
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; loopback only
+        wait_ready(handle, lambda: _get_ok(
+            f"https://{HOST}:{self.controller_manager_port}/healthz", insecure), timeout_s)
+        tls = self._client_tls()
+        wait_ready(handle, lambda: _get_ok(
+            f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", tls), timeout_s)
 
     def start_scheduler(self, config: Mapping[str, Any] | None = None, *,
                         name: str | None = None,
@@ -262,7 +336,8 @@ class ControlPlane:
     def ports_of(self, name: str) -> list[int]:
         """The loopback ports component `name` listens on."""
         fixed = {"etcd": [self.etcd_port, self.etcd_peer_port],
-                 "kube-apiserver": [self.apiserver_port], "kwok": [self.kwok_port]}
+                 "kube-apiserver": [self.apiserver_port], "kwok": [self.kwok_port],
+                 CONTROLLER_MANAGER: [self.controller_manager_port]}
         if name in self.schedulers:
             return [self.schedulers[name].port]
         return fixed.get(name, [])
@@ -270,6 +345,8 @@ class ControlPlane:
     @property
     def ports(self) -> list[int]:
         return [self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.kwok_port,
+                *([self.controller_manager_port] if CONTROLLER_MANAGER in self.processes
+                  else []),
                 *(s.port for s in self.schedulers.values())]
 
     # -- clients -----------------------------------------------------------------------
@@ -296,6 +373,8 @@ class ControlPlane:
             "work_dir": str(self.work_dir), "bin_dir": str(self.bin_dir),
             "apiserver_port": self.apiserver_port, "etcd_port": self.etcd_port,
             "etcd_peer_port": self.etcd_peer_port, "kwok_port": self.kwok_port,
+            "controller_manager_port": self.controller_manager_port,
+            "controller_manager": self.controller_manager,
             "processes": [p.to_dict() for p in self.processes.values()],
             "schedulers": [{"name": n, "port": s.port, "names": list(s.scheduler_names),
                             "config_path": str(s.config_path)}
@@ -309,7 +388,10 @@ class ControlPlane:
                     apiserver_port=int(data["apiserver_port"]),
                     etcd_port=int(data["etcd_port"]),
                     etcd_peer_port=int(data["etcd_peer_port"]),
-                    kwok_port=int(data["kwok_port"]), processes=processes)
+                    kwok_port=int(data["kwok_port"]),
+                    controller_manager_port=int(data.get("controller_manager_port", 0)),
+                    controller_manager=bool(data.get("controller_manager", False)),
+                    processes=processes)
         for s in data.get("schedulers", []):
             if s["name"] in processes:
                 plane.schedulers[s["name"]] = SchedulerHandle(

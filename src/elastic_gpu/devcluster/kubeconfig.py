@@ -1,4 +1,4 @@
-"""Kubeconfig files for the admin identity of a local control plane."""
+"""Kubeconfig files for the identities of a local control plane (admin, controller-manager)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,21 @@ def _b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
-def write_kubeconfig(path: Path, server: str, pki: Pki) -> Path:
-    """Write a self-contained kubeconfig (certificates inlined, so it survives a moved dir)."""
+def write_kubeconfig(path: Path, server: str, pki: Pki, *,
+                     client: tuple[Path, Path] | None = None) -> Path:
+    """Write a self-contained kubeconfig (certificates inlined, so it survives a moved dir).
+
+    `client`: (certificate, key) of the identity; the admin's by default.
+    """
+    cert, key = client if client is not None else (pki.admin_cert, pki.admin_key)
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": CONTEXT, "cluster": {
             "server": server, "certificate-authority-data": _b64(pki.ca_cert)}}],
         "users": [{"name": CONTEXT, "user": {
-            "client-certificate-data": _b64(pki.admin_cert),
-            "client-key-data": _b64(pki.admin_key)}}],
+            "client-certificate-data": _b64(cert),
+            "client-key-data": _b64(key)}}],
         "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": CONTEXT,
                                                    "namespace": "default"}}],
         "current-context": CONTEXT,

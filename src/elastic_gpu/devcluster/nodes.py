@@ -176,8 +176,9 @@ def agent_config_for(node: str, config: AgentConfigLike | None) -> AgentConfig:
 
 
 def unregister_fake_node(client: Any, name: str) -> None:
-    """Remove a fake node with everything the garbage collector would remove (there is no
-    kube-controller-manager here): the pods bound to it, its GPUDevice objects, the Node."""
+    """Remove a fake node with what would otherwise outlive it: the pods bound to it, its
+    GPUDevice objects, the Node. Done here, at once, rather than left to
+    kube-controller-manager (which may be off, and whose pod GC waits on orphaned pods)."""
     from lightkube.core.exceptions import ApiError
     from lightkube.resources.core_v1 import Node as K8sNode
     from lightkube.resources.core_v1 import Pod

@@ -1,5 +1,5 @@
-"""Certificates for a local control plane: one CA, the apiserver's serving cert, an admin client
-cert and the service-account signing key pair.
+"""Certificates for a local control plane: one CA, the apiserver's serving cert, client certs for
+the admin and for kube-controller-manager, and the service-account signing key pair.
 
 EC P-256 keys: generating them takes microseconds (RSA takes tens of milliseconds each), and
 kube-apiserver accepts ECDSA for serving, client certificates and service-account tokens.
@@ -41,6 +41,23 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    controller_manager_cert: Path
+    controller_manager_key: Path
+
+
+#: File names of `Pki`'s fields, in order.
+PKI_FILES = ("ca.crt", "ca.key", "apiserver.crt", "apiserver.key", "admin.crt", "admin.key",
+             "sa.key", "sa.pub", "controller-manager.crt", "controller-manager.key")
+
+#: The user kube-controller-manager authenticates as: the default RBAC policy binds it to
+#: system:kube-controller-manager (and, with --use-service-account-credentials, each controller
+#: then acts as its own ServiceAccount in kube-system).
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+
+
+def pki_paths(directory: Path) -> Pki:
+    """Where `create_pki(directory)` writes each file."""
+    return Pki(*(directory / name for name in PKI_FILES))
 
 
 def _name(common_name: str, organization: str | None = None) -> x509.Name:
@@ -95,11 +112,9 @@ def _issue(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.Nam
 
 
 def create_pki(directory: Path) -> Pki:
-    """Write a fresh CA, serving cert, admin client cert and SA key pair into `directory`."""
+    """Write a fresh CA, serving cert, client certs and SA key pair into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
-    pki = Pki(*(directory / name for name in (
-        "ca.crt", "ca.key", "apiserver.crt", "apiserver.key",
-        "admin.crt", "admin.key", "sa.key", "sa.pub")))
+    pki = pki_paths(directory)
 
     ca_key = _key()
     ca_name = _name("elastic-gpu-devcluster-ca")
@@ -117,7 +132,13 @@ def create_pki(directory: Path) -> Pki:
     admin_cert = _issue(_name("elastic-gpu-admin", "system:masters"), admin_key, ca_name, ca_key,
                         ca=False, usages=[ExtendedKeyUsageOID.CLIENT_AUTH], san=None)
 
+    kcm_key = _key()
+    kcm_cert = _issue(_name(CONTROLLER_MANAGER_USER), kcm_key, ca_name, ca_key, ca=False,
+                      usages=[ExtendedKeyUsageOID.CLIENT_AUTH], san=None)
+
     sa_key = _key()
+    _write_cert(pki.controller_manager_cert, kcm_cert)
+    _write_key(pki.controller_manager_key, kcm_key)
     _write_cert(pki.ca_cert, ca_cert)
     _write_key(pki.ca_key, ca_key)
     _write_cert(pki.serving_cert, serving_cert)

@@ -1,11 +1,13 @@
 """pytest fixtures: one real control plane shared by the whole test run.
 
-- `k8s_cluster` (session): etcd + kube-apiserver + kube-scheduler + kwok; a `ControlPlane`
+- `k8s_cluster` (session): etcd + kube-apiserver + kube-controller-manager + kube-scheduler +
+  kwok; a `ControlPlane`
   with `.kubeconfig`, `.bin_dir`, `.server`, `.kubectl(*args)`, `.client()`.
 - `start_kube_scheduler` (test): `start_kube_scheduler(config_dict) -> SchedulerHandle` runs
   another kube-scheduler with a KubeSchedulerConfiguration against the shared apiserver;
   stopped after the test.
-- `k8s_namespace` (test): a fresh namespace; its pods are removed after the test.
+- `k8s_namespace` (test): a fresh namespace with its `default` ServiceAccount; deleted after
+  the test (the namespace controller removes what is in it).
 - `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ..., agent_config=None) -> [names]`
   registers Ready fake GPU nodes, published as an agent with `agent_config` (an AgentConfig or
   its dict form) would publish them; removed after the test with their pods and GPUDevices.
@@ -77,11 +79,37 @@ def unique_name(prefix: str) -> str:
 def k8s_namespace(k8s_cluster: ControlPlane) -> Iterator[str]:
     name = unique_name("t")
     k8s_cluster.kubectl("create", "namespace", name)
+    # The ServiceAccount admission plugin refuses pods until the serviceaccount controller
+    # has made the namespace's `default` account (it retries ~1 s itself; a loaded machine
+    # can take longer).
+    wait_default_service_account(k8s_cluster, name)
     yield name
-    # No kube-controller-manager: a deleted namespace would stay Terminating forever, so
-    # only its pods are removed (kwok finishes their deletion) and the namespace is left.
-    k8s_cluster.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0",
-                        "--force", "--wait=false", check=False)
+    delete_namespace(k8s_cluster, name)
+
+
+def delete_namespace(plane: ControlPlane, name: str) -> None:
+    """Delete a test namespace without waiting: its pods first, at once (kwok finishes their
+    deletion), then the namespace, whose controller deletes the rest and then the namespace.
+    Without kube-controller-manager the namespace would stay Terminating: only pods go."""
+    plane.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force",
+                  "--wait=false", check=False)
+    if plane.controller_manager:
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def wait_default_service_account(plane: ControlPlane, namespace: str,
+                                 timeout_s: float = 30.0) -> None:
+    """Wait until `namespace` has its `default` ServiceAccount (no-op without a
+    kube-controller-manager, whose absence also turns the admission plugin off)."""
+    if not plane.controller_manager:
+        return
+    deadline = time.monotonic() + timeout_s
+    while plane.kubectl("get", "serviceaccount", "default", "-n", namespace,
+                        check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"namespace {namespace} has no default ServiceAccount after "
+                               f"{timeout_s:.0f} s; see the kube-controller-manager log")
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -129,5 +157,12 @@ def _wait_ready(client: Any, names: list[str], timeout_s: float = 60.0) -> None:
         raise TimeoutError(f"fake nodes not Ready after {timeout_s:.0f} s: {sorted(pending)}")
 
 
-__all__ = ["fake_gpu_nodes", "k8s_cluster", "k8s_namespace", "start_kube_scheduler",
-           "unique_name"]
+__all__ = [
+    "delete_namespace",
+    "fake_gpu_nodes",
+    "k8s_cluster",
+    "k8s_namespace",
+    "start_kube_scheduler",
+    "unique_name",
+    "wait_default_service_account",
+]

@@ -90,13 +90,16 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
        bin_dir: Path | None = None, timeout_s: float = 120.0,
        scheduler_config: Mapping[str, Any] | None = None,
        agent_config: AgentConfigLike | None = None,
-       agent_configs: Mapping[str, AgentConfigLike] | None = None) -> Sandbox:
+       agent_configs: Mapping[str, AgentConfigLike] | None = None,
+       controller_manager: bool = True) -> Sandbox:
     """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
 
     `scheduler_config`: a KubeSchedulerConfiguration for the sandbox's kube-scheduler (e.g.
     one that calls the Elastic GPU extender); connection and leader election are filled in.
     `agent_configs` (per node name), else `agent_config`: how each node's agent publishes it
     (resource names, time-slicing replicas, MIG strategy; see `nodes.register_fake_node`).
+    `controller_manager`: run kube-controller-manager (Deployments, Jobs, garbage collection,
+    namespace deletion, ResourceQuota, ServiceAccounts).
     """
     existing = Sandbox.load(state_dir)
     if existing is not None:
@@ -113,7 +116,7 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     plane.on_spawn = lambda _plane: sandbox.save()
     try:
         plane.start(scheduler=scheduler_config or True, kwok_enabled=True,
-                    timeout_s=timeout_s)
+                    controller_manager=controller_manager, timeout_s=timeout_s)
         sandbox.save()
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plane.kubeconfig, kubeconfig)

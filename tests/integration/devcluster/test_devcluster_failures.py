@@ -31,8 +31,10 @@ def test_a_dying_component_stops_the_others_and_shows_its_log(tmp_path):
         plane.start()
     assert info.value.name == "kwok"
     assert "exit code 7" in str(info.value) and "boom" in str(info.value)
-    # etcd, kube-apiserver and kube-scheduler had started; all are gone again.
-    assert set(plane.processes) == {"etcd", "kube-apiserver", "kube-scheduler", "kwok"}
+    # etcd, kube-apiserver, kube-controller-manager and kube-scheduler had started; all are
+    # gone again.
+    assert set(plane.processes) == {"etcd", "kube-apiserver", "kube-controller-manager",
+                                    "kube-scheduler", "kwok"}
     for handle in plane.processes.values():
         assert not Path(f"/proc/{handle.pid}").exists() or not handle.alive()
         assert not _group_alive(handle.pid)

@@ -44,6 +44,38 @@ POD = {
 }
 
 
+def _wait_pods(kc, selector: str, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    names: list[str] = []
+    while time.monotonic() < deadline:
+        names = kubectl(kc, "get", "pods", "-l", selector, "-o", "name").split()
+        if len(names) == count:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"pods {selector}: {names}, expected {count}")
+
+
+def test_sandbox_without_controller_manager_runs_none(tmp_path):
+    state, kc = tmp_path / "state", tmp_path / "kubeconfig"
+    up = egpu("sandbox", "up", "--gpu-nodes", "1", "--no-controller-manager",
+              "--kubeconfig", str(kc), "--state-dir", str(state))
+    assert up.returncode == 0, up.stderr + up.stdout
+    try:
+        recorded = json.loads((state / "state.json").read_text())["plane"]
+        assert "kube-controller-manager" not in {p["name"] for p in recorded["processes"]}
+        # Nothing makes the Deployment's ReplicaSet; a pod is admitted without a
+        # ServiceAccount (the admission plugin is off with the controller manager).
+        kubectl(kc, "create", "deployment", "web", "--image=x")
+        kubectl(kc, "apply", "-f", "-", input=json.dumps(POD))
+        time.sleep(2)
+        assert kubectl(kc, "get", "replicasets", "-o", "name").strip() == ""
+        pod = json.loads(kubectl(kc, "get", "pod", "train", "-o", "json"))
+        assert "serviceAccountName" not in pod["spec"]
+    finally:
+        down = egpu("sandbox", "down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stderr
+
+
 def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     state, kc = tmp_path / "state", tmp_path / "kubeconfig"
     up = egpu("sandbox", "up", "--gpu-nodes", "3", "--gpus-per-node", "4", "--gpu-memory",
@@ -51,10 +83,12 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     assert up.returncode == 0, up.stderr + up.stdout
     recorded = json.loads((state / "state.json").read_text())["plane"]
     pids = [p["pid"] for p in recorded["processes"]]
-    ports = [recorded[k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port", "kwok_port")]
+    ports = [recorded[k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port", "kwok_port",
+                                   "controller_manager_port")]
     try:
         assert {p["name"] for p in recorded["processes"]} == {
-            "etcd", "kube-apiserver", "kube-scheduler", "kwok", "allocation-sync"}
+            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+            "allocation-sync"}
         # The components outlived the `up` command.
         assert all(_alive(pid) for pid in pids)
 
@@ -62,6 +96,7 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
         assert status.returncode == 0, status.stderr
         info = json.loads(status.stdout)
         assert info["running"] and info["nodes_ready"] == 3
+        assert info["components"]["kube-controller-manager"]["alive"]
 
         node = json.loads(kubectl(kc, "get", "node", "gpu-node-000", "-o", "json"))
         alloc = node["status"]["allocatable"]
@@ -99,6 +134,13 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
             time.sleep(0.3)
         assert card["status"]["allocatedMilli"] == 300
         assert card["status"]["allocatedMemoryMiB"] == 4096
+
+        # The controller manager runs: a Deployment makes its pods, and deleting it deletes
+        # them (garbage collector).
+        kubectl(kc, "create", "deployment", "web", "--image=x", "--replicas=2")
+        _wait_pods(kc, "app=web", 2)
+        kubectl(kc, "delete", "deployment", "web", "--wait=false")
+        _wait_pods(kc, "app=web", 0)
 
         again = egpu("sandbox", "up", "--gpu-nodes", "1", "--kubeconfig", str(kc),
                      "--state-dir", str(state))
@@ -169,8 +211,9 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         while any(_alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         status = egpu("sandbox", "status", "--state-dir", str(state))
-        assert len(first["processes"]) == 5  # etcd, apiserver, scheduler, kwok, allocation sync
-        assert status.returncode == 1 and status.stdout.count("DEAD") == 5
+        # etcd, apiserver, controller manager, scheduler, kwok, allocation sync
+        assert len(first["processes"]) == 6
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 6
 
         again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
         assert again.returncode == 0, again.stderr

@@ -59,3 +59,32 @@ def test_kubeconfig_inlines_credentials(tmp_path):
     user = conf["users"][0]["user"]
     assert base64.b64decode(user["client-certificate-data"]) == pki.admin_cert.read_bytes()
     assert conf["current-context"] == conf["contexts"][0]["name"]
+
+
+def test_controller_manager_cert_is_the_user_default_rbac_binds(tmp_path):
+    """kube-controller-manager needs no bindings of ours: the default RBAC policy binds the
+    user system:kube-controller-manager (no group: not an admin)."""
+    pki = create_pki(tmp_path)
+    cert = _load(pki.controller_manager_cert)
+    cert.verify_directly_issued_by(_load(pki.ca_cert))
+    assert [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)] == [
+        "system:kube-controller-manager"]
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME) == []
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    ctx.load_cert_chain(str(pki.controller_manager_cert), str(pki.controller_manager_key))
+
+
+def test_kubeconfig_for_another_identity_inlines_its_cert(tmp_path):
+    import base64
+
+    import yaml
+
+    pki = create_pki(tmp_path / "pki")
+    path = write_kubeconfig(tmp_path / "kcm.kubeconfig", "https://127.0.0.1:6443", pki,
+                            client=(pki.controller_manager_cert, pki.controller_manager_key))
+    user = yaml.safe_load(path.read_text())["users"][0]["user"]
+    assert base64.b64decode(user["client-certificate-data"]) == \
+        pki.controller_manager_cert.read_bytes()
+    assert base64.b64decode(user["client-key-data"]) == pki.controller_manager_key.read_bytes()
