@@ -198,3 +198,39 @@ def run_burst(client: Any, namespace: str, pods: Sequence[Mapping[str, Any]],
     over, lost, unfit = check(current, nodes)
     return BurstResult(len(pods), bound, time.monotonic() - started, last_change - started,
                        over, lost, unfit, timeline)
+
+
+def pods_by_name(client: Any, namespace: str) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in list_pods(client, namespace)}
+
+
+def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
+               ) -> dict[str, dict[str, Any]]:
+    """Until every pod of `names` has a node; the namespace's pods by name."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pods = pods_by_name(client, namespace)
+        if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
+            return pods
+        if time.monotonic() > deadline:
+            pending = [n for n in names if not pods.get(n, {}).get("spec", {}).get("nodeName")]
+            raise TimeoutError(f"pods not bound after {timeout_s} s: {pending}")
+        time.sleep(0.2)
+
+
+def wait_extender_knows(url: str, nodes: list[str], cards: int, timeout_s: float = 30.0,
+                        context: Any = None) -> None:
+    """Until the extender's metrics show every card of `nodes` (its caches have them);
+    `context`: an ssl.SSLContext for an HTTPS extender."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5, context=context) as response:
+            text = response.read().decode()
+        if all(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{n}"}}' in text
+               for n in nodes):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
+

@@ -462,7 +462,7 @@ def send_raw(port: int, head: bytes, body: bytes, timeout_s: float = 120) -> int
             sock.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
             sock.sendall(body)
         except OSError:
-            pass
+            pass  # answered (a 413) and closed before the body was all sent: read the answer
         data = b""
         try:
             while b"\r\n" not in data:
@@ -471,5 +471,5 @@ def send_raw(port: int, head: bytes, body: bytes, timeout_s: float = 120) -> int
                     break
                 data += chunk
         except OSError:
-            pass
+            pass  # reset after the answer: what was read decides the status (0 if nothing)
     return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/") else 0

@@ -159,7 +159,8 @@ def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: i
         return 0
     per_node = agent_configs or {}
     # Validate every configuration before the first node is created.
-    configs = {inv.name: agent_config_for(inv.name, per_node.get(inv.name, agent_config))
+    configs = {inv.name: as_agent_config(per_node.get(inv.name, agent_config),
+                                         f"node {inv.name}: agent config")
                for inv in items}
     # The first node goes alone: lightkube (msgspec) builds its per-class decoders on first
     # use, and doing that from several threads at once crashes the interpreter (SIGSEGV).
@@ -170,9 +171,6 @@ def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: i
             future.result()
     return len(items)
 
-
-def agent_config_for(node: str, config: AgentConfigLike | None) -> AgentConfig:
-    return as_agent_config(config, f"node {node}: agent config")
 
 
 def unregister_fake_node(client: Any, name: str) -> None:

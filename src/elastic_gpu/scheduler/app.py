@@ -176,8 +176,9 @@ def _stop_on_signals(stop: asyncio.Event) -> list[int]:
         try:
             loop.add_signal_handler(signum, stop.set)
             installed.append(signum)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            pass
+        except (NotImplementedError, RuntimeError, ValueError):
+            # serve() runs off the main thread in tests and embedders: signals are theirs
+            log.debug("not installing a handler for signal %d: not the main thread", signum)
     return installed
 
 

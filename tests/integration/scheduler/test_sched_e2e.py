@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.scenario import create_pods, list_pods
+from egpu_testing.scenario import create_pods, list_pods, wait_bound, wait_extender_knows
 from egpu_testing.workbench import (
     STYLES,
     ExtenderProcess,
@@ -44,16 +44,7 @@ class Setup:
     client: Any
 
     def wait_known(self, nodes: list[str], cards: int, timeout_s: float = 30.0) -> None:
-        """Until the extender's metrics show every card of `nodes` (its caches have them)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"{self.extender.url}/metrics", timeout=5) as response:
-                text = response.read().decode()
-            if all(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{n}"}}' in text
-                   for n in nodes):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
+        wait_extender_knows(self.extender.url, nodes, cards, timeout_s)
 
     def post(self, verb: str, body: Any) -> tuple[int, Any]:
         request = urllib.request.Request(f"{self.extender.url}/{verb}",
@@ -112,18 +103,6 @@ def observed_setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], t
     yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, "best",
                       {"targetWorkload": "observed", "workloadRefreshPods": 1})
 
-
-def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
-               ) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pods = {p["metadata"]["name"]: p for p in list_pods(client, namespace)}
-        if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
-            return pods
-        if time.monotonic() > deadline:
-            pending = [n for n in names if not pods.get(n, {}).get("spec", {}).get("nodeName")]
-            raise TimeoutError(f"pods not bound after {timeout_s} s: {pending}")
-        time.sleep(0.2)
 
 
 def assignment_of(pod: dict[str, Any]) -> Assignment:

@@ -14,14 +14,13 @@ import http.client
 import json
 import signal
 import ssl
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from egpu_testing.scenario import create_pods, list_pods
+from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
 from egpu_testing.workbench import (
     ExtenderProcess,
     TestPki,
@@ -34,36 +33,6 @@ from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_known(extender: ExtenderProcess, context: ssl.SSLContext | None, nodes: list[str],
-                cards: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{extender.url}/metrics", timeout=5,
-                                    context=context) as response:
-            text = response.read().decode()
-        if all(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{n}"}}' in text
-               for n in nodes):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
-
-
-def _pods(client: Any, namespace: str) -> dict[str, dict[str, Any]]:
-    return {p["metadata"]["name"]: p for p in list_pods(client, namespace)}
-
-
-def _wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
-                ) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pods = _pods(client, namespace)
-        if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
-            return pods
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pods not bound after {timeout_s} s: {names}")
-        time.sleep(0.2)
 
 
 def _post(extender: ExtenderProcess, context: ssl.SSLContext, verb: str, body: Any
@@ -97,7 +66,7 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
         (zone_a,) = fake_gpu_nodes(1, gpus=4, labels={"zone": "a"})
         (zone_b,) = fake_gpu_nodes(1, gpus=4, labels={"zone": "b"})
         trusted = pki.client_context()
-        _wait_known(extender, trusted, [zone_a, zone_b], 4)
+        wait_extender_knows(extender.url, [zone_a, zone_b], 4, context=trusted)
 
         # kube-scheduler, presenting its client certificate, places and binds GPU pods
         wanted = []
@@ -107,7 +76,7 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
             pod["spec"]["nodeSelector"] = {"zone": zone}
             wanted.append(pod)
         create_pods(client, wanted)
-        bound = _wait_bound(client, k8s_namespace, [p["metadata"]["name"] for p in wanted])
+        bound = wait_bound(client, k8s_namespace, [p["metadata"]["name"] for p in wanted])
         assert [bound[f"gpu-{i}"]["spec"]["nodeName"] for i in range(3)] == [zone_a, zone_b,
                                                                              zone_b]
         assert all(ann.ASSIGNMENT in bound[f"gpu-{i}"]["metadata"]["annotations"]
@@ -124,7 +93,7 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
         plain = pod_manifest("plain", k8s_namespace, scheduler_name="nobody")
         create_pods(client, [held, aff, plain])
-        pods = _pods(client, k8s_namespace)
+        pods = pods_by_name(client, k8s_namespace)
 
         def bind_args(pod_name: str, node: str) -> dict[str, str]:
             meta = pods[pod_name]["metadata"]
@@ -146,14 +115,14 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
         assert status == 200 and "asks for no GPU resource" in answer["Error"]
         status, answer = _post(extender, trusted, "bind", bind_args("held", "no-such-node"))
         assert status == 200 and "unknown to the GPU scheduler" in answer["Error"]
-        pods = _pods(client, k8s_namespace)
+        pods = pods_by_name(client, k8s_namespace)
         assert not any(pods[n]["spec"].get("nodeName") for n in ("held", "aff", "plain"))
         assert ann.ASSIGNMENT not in (pods["held"]["metadata"].get("annotations") or {})
 
         # the same direct bind onto a node the pod allows goes through
         status, answer = _post(extender, trusted, "bind", bind_args("held", zone_a))
         assert (status, answer) == (200, {"Error": ""})
-        assert _pods(client, k8s_namespace)["held"]["spec"]["nodeName"] == zone_a
+        assert pods_by_name(client, k8s_namespace)["held"]["spec"]["nodeName"] == zone_a
     finally:
         extender.stop()
 

@@ -9,14 +9,13 @@ advertises `iluvatar.com/gpu` time-sliced 4 ways on 2 cards (capacity 8), as in 
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from egpu_testing.scenario import create_pods, list_pods
+from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config, pod_manifest
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
@@ -38,14 +37,7 @@ class Setup:
         self.client = client
 
     def wait_known(self, nodes: list[str], cards: int, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with urllib.request.urlopen(f"{self.extender.url}/metrics", timeout=5) as response:
-                text = response.read().decode()
-            if all(f'card="{cards - 1}",node="{n}"' in text for n in nodes):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
+        wait_extender_knows(self.extender.url, nodes, cards, timeout_s)
 
 
 @pytest.fixture(params=["all", "best"])
@@ -68,22 +60,6 @@ def setup(request: pytest.FixtureRequest, k8s_cluster: Any,
     finally:
         extender.stop()
 
-
-def pods_by_name(client: Any, namespace: str) -> dict[str, dict[str, Any]]:
-    return {p["metadata"]["name"]: p for p in list_pods(client, namespace)}
-
-
-def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float = 60.0
-               ) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pods = pods_by_name(client, namespace)
-        if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
-            return pods
-        if time.monotonic() > deadline:
-            pending = [n for n in names if not pods.get(n, {}).get("spec", {}).get("nodeName")]
-            raise TimeoutError(f"pods not bound after {timeout_s} s: {pending}")
-        time.sleep(0.2)
 
 
 def wait_unschedulable(client: Any, namespace: str, name: str, words: str,
