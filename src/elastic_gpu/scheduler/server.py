@@ -518,9 +518,12 @@ class Extender:
             raise BodyTooLarge(_too_large(length, limit, verb))
         if verb == "bind" or (length is not None and length <= LARGE_BODY_BYTES):
             body = await _read(request, limit, verb)
-            result = handler(body) if verb == "bind" or not (
-                self._in_threads or body.count(b'"') > 2 * LARGE_NODE_COUNT) \
-                else self._in_thread(handler, body)
+            # A small body may still name many nodes (planning them is the cost), and while a
+            # verb runs in a thread it may hold the state's lock: then leave the loop too.
+            many_names = body.count(b'"') > 2 * LARGE_NODE_COUNT
+            if verb != "bind" and (self._in_threads or many_names):
+                return await self._in_thread(handler, body)
+            result = handler(body)
             return await result if isinstance(result, Awaitable) else result
         # Large (or of unknown length): a few at a time, the rest wait or are turned away.
         if self._heavy_waiting >= HEAVY_SLOTS + HEAVY_QUEUE:

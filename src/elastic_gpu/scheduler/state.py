@@ -71,7 +71,7 @@ class NodeInfo:
     cpu_milli: int = 0
     memory_mib: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
-    #: GPU resources in its allocatable (name -> count); None: not known (node-level vendor
+    #: GPU resources in its capacity (name -> count); None: not known (node-level vendor
     #: check off). Cards' own `offers` (GPUDevice spec.resources) are checked within these.
     offers: Mapping[str, int] | None = None
     #: for the bind's placement check (`core.nodeaffinity`)
@@ -681,10 +681,9 @@ class SchedulerState:
 
     def _note_filtered(self, pod: PodRequest, uid: str, node_names: Sequence[str],
                        feasible: Sequence[str]) -> None:
+        self._waiting.pop(uid, None)  # re-inserted last below: the dict stays oldest first
         if feasible or not pod.wants_gpu or not node_names:
-            self._waiting.pop(uid, None)
             return
-        self._waiting.pop(uid, None)  # re-inserted last: the dict stays oldest first
         self._waiting[uid] = Waiter(uid, pod, asked_nodes(node_names, len(self._known)),
                                     self._epoch, self._priority_of(pod, uid))
         while len(self._waiting) > MAX_WAITING:

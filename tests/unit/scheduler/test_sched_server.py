@@ -183,8 +183,14 @@ def test_fuzz_never_500_and_always_well_formed(server: Server, verb: str, body: 
     if verb == "filter":
         if answer["Error"]:
             return
-        asked = json.loads(body)["NodeNames"]
-        placed = set(answer["NodeNames"]) | set(answer["FailedNodes"]) | set(
+        sent = json.loads(body)
+        # answered in the form asked: names (nodeCacheCapable) or Node objects
+        if sent["NodeNames"] is not None or sent.get("Nodes") is None:
+            asked, feasible = sent["NodeNames"] or [], answer["NodeNames"]
+        else:
+            asked = [n["metadata"]["name"] for n in sent["Nodes"].get("items") or []]
+            feasible = [n["metadata"]["name"] for n in answer["Nodes"]["items"]]
+        placed = set(feasible) | set(answer["FailedNodes"]) | set(
             answer["FailedAndUnresolvableNodes"])
         assert placed == set(asked)
         for reason in {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}.values():
