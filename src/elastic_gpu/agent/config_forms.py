@@ -179,8 +179,14 @@ def _nvidia_name(name: str) -> str:
     return name if "/" in name else f"nvidia.com/{name}"
 
 
+#: Foreign forms advertise no compute or memory share resources (their plugins have none).
+NO_SHARES: dict[str, list[str]] = {"share": [], "memory": []}
+
+
 def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
-    out: dict[str, Any] = {"resources": {"gpu": NVIDIA_GPU},
+    # Only what NVIDIA's plugin advertises: whole cards (or their replicas), no share
+    # resources; a node brought over unchanged offers what it offered before.
+    out: dict[str, Any] = {"resources": {"gpu": NVIDIA_GPU, **NO_SHARES},
                            # NVIDIA's default: the container runtime adds the device nodes.
                            "deviceSpecs": False}
     r.mapping("", data, ("version", "flags", "resources", "sharing", "imex"))
@@ -300,7 +306,9 @@ def _nvidia_slicing(value: Any, r: _Reader) -> dict[str, Any]:
 
 
 def _ix(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
-    out: dict[str, Any] = {"resources": {"gpu": IX_GPU}}
+    # Only what the IX plugin advertises: boards or chips (or their replicas), no shares: a
+    # time-sliced board sold again as shares would lose replica slots to share pods.
+    out: dict[str, Any] = {"resources": {"gpu": IX_GPU, **NO_SHARES}}
     r.mapping("", data, ("version", "resourceName", "flags", "sharing"))
     if "resourceName" in data:
         name = r.string("resourceName", data["resourceName"])
@@ -310,7 +318,7 @@ def _ix(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
                        lambda _: spec is not None and spec.measure is Measure.CARDS,
                        "must be a whole-card resource of the resource table (e.g. "
                        "iluvatar.com/gpu)"):
-                out["resources"] = {"gpu": name}
+                out["resources"] = {"gpu": name, **NO_SHARES}
     flags = r.mapping("flags", data.get("flags"), _IX_FLAGS)
     if "splitboard" in flags:
         split = r.boolean("flags.splitboard", flags["splitboard"])

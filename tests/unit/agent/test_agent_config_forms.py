@@ -117,6 +117,9 @@ def test_ix_time_slicing_advertises_what_its_readme_promises() -> None:
     config = config_of(IX_TIME_SLICING_FILE)
     assert config.resources.gpu == "iluvatar.com/gpu" and config.timeSlicing.replicas == 4
     assert capacity(TWO_CARDS, config)["iluvatar.com/gpu"] == "8"
+    # exactly what the IX plugin advertises: no share resources beside the replicas (a share
+    # pod on a time-sliced board would take its replica slots)
+    assert set(capacity(TWO_CARDS, config)) == {"iluvatar.com/gpu"}
     # Two 2-chip boards: 2 cards x 4 unsplit, 4 chips x 4 split.
     assert capacity(BOARDS, config)["iluvatar.com/gpu"] == "8"
     split = config_of(IX_TIME_SLICING_FILE.replace("splitboard: false", "splitboard: true"))
@@ -149,6 +152,7 @@ def test_nvidia_time_slicing_sample() -> None:
     config = config_of(NVIDIA_TIME_SLICING_FILE)
     assert config.timeSlicing.replicas == 10 and not config.timeSlicing.renameByDefault
     assert capacity(TWO_CARDS, config)["nvidia.com/gpu"] == "20"
+    assert set(capacity(TWO_CARDS, config)) == {"nvidia.com/gpu"}  # NVIDIA's plugin sells no shares
     renamed = config_of(NVIDIA_TIME_SLICING_FILE.replace(
         "  timeSlicing:\n", "  timeSlicing:\n    renameByDefault: true\n"
         "    failRequestsGreaterThanOne: true\n"))
