@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Ensure the development control plane binaries exist: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl and kwok, built from pinned Go modules
-# (hack/k8s/*/go.mod + go.sum) and cached OUTSIDE the work tree under a key derived from
-# those module files, so a version bump (or any go.sum change) gets a fresh directory and an
-# unchanged checkout never rebuilds.
+# Ensure the development cluster's binaries exist: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl and kwok (the control plane), kubelet (the real node) and helm (the
+# chart tests), built from pinned Go modules (hack/k8s/*/go.mod + go.sum) and cached OUTSIDE the
+# work tree under keys derived from those module files, so a version bump (or any go.sum change)
+# gets a fresh directory and an unchanged checkout never rebuilds.
+# The control plane modules (kubernetes, etcd, kwok) share one key; kubelet and helm each have a
+# key of their own and a directory beside it, linked into the control plane's bin directory: a
+# change to one of them rebuilds it alone, never the ~15 min control plane.
 # Only missing binaries are built: a command added to a tools.go (which is not part of the key:
 # it names what is built, go.mod/go.sum fix how) is built into the existing directory alone.
 #
 # Usage: hack/ensure-k8s.sh [--check] [--print-key]
 #   --check      do not build; exit 1 (listing what is missing on stderr) unless all is cached
-#   --print-key  print the cache key and exit
+#   --print-key  print the control plane's cache key and exit
 # Env:   EGPU_K8S_CACHE  cache root (default: $HOME/.cache/elastic-gpu/k8s)
 # Output: progress on stderr; the bin directory is the LAST line of stdout.
 set -euo pipefail
@@ -22,7 +25,7 @@ for arg in "$@"; do
   case "$arg" in
     --check) check_only=1 ;;
     --print-key) print_key=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "ensure-k8s: unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,17 +43,35 @@ modver() { # <module dir> <module path>
 k8s_version="$(modver kubernetes k8s.io/kubernetes)"
 etcd_version="$(modver etcd go.etcd.io/etcd/server/v3)"
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
-sum="$(cat "$mods"/*/go.mod "$mods"/*/go.sum | sha256sum | cut -c1-10)"
-key="k8s-${k8s_version}_etcd-${etcd_version}_kwok-${kwok_version}_${sum}"
+kubelet_version="$(modver kubelet k8s.io/kubernetes)"
+helm_version="$(modver helm helm.sh/helm/v3)"
+modsum() { # <module dir>...: a short hash of their go.mod and go.sum
+  local d files=()
+  for d in "$@"; do files+=("$mods/$d/go.mod"); done
+  for d in "$@"; do files+=("$mods/$d/go.sum"); done
+  cat "${files[@]}" | sha256sum | cut -c1-10
+}
+# The control plane's key hashes its three modules in the order `cat hack/k8s/*/go.mod` once
+# listed them (etcd, kubernetes, kwok), so caches built before kubelet and helm came still hit.
+key="k8s-${k8s_version}_etcd-${etcd_version}_kwok-${kwok_version}_$(modsum etcd kubernetes kwok)"
 if (( print_key )); then echo "$key"; exit 0; fi
 
-root="${EGPU_K8S_CACHE:-$HOME/.cache/elastic-gpu/k8s}/$key"
+cache="${EGPU_K8S_CACHE:-$HOME/.cache/elastic-gpu/k8s}"
+root="$cache/$key"
 bin="$root/bin"
 logs="$root/logs"
+kubelet_root="$cache/kubelet-${kubelet_version}_$(modsum kubelet)"
+helm_root="$cache/helm-${helm_version}_$(modsum helm)"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
+# name=directory its binary is built in (linked into $bin under the same name)
+linked=("kubelet=$kubelet_root/bin" "helm=$helm_root/bin")
 
 missing=()
 for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
+for spec in "${linked[@]}"; do
+  [[ -x "${spec#*=}/${spec%%=*}" && "$(readlink "$bin/${spec%%=*}" 2>/dev/null)" == "${spec#*=}/${spec%%=*}" ]] \
+    || missing+=("${spec%%=*}")
+done
 if (( ${#missing[@]} == 0 )); then echo "$bin"; exit 0; fi
 if (( check_only )); then
   log "missing in $bin: ${missing[*]} (run hack/ensure-k8s.sh to build them)"
@@ -63,7 +84,7 @@ go_ver="$(go env GOVERSION 2>/dev/null || true)"
 [[ "$go_ver" =~ ^go1\.([0-9]+) ]] || die "cannot determine Go version (got '$go_ver')"
 (( BASH_REMATCH[1] >= 26 )) || die "Go >= 1.26 is required (found $go_ver); the pinned modules declare 'go 1.26.0'."
 
-mkdir -p "$bin" "$logs"
+mkdir -p "$bin" "$logs" "$kubelet_root/bin" "$helm_root/bin"
 # Several test runs may call this at once: one builds, the others wait for it.
 exec 9>"$root/.lock"
 if ! flock -n 9; then
@@ -82,8 +103,8 @@ done
 # One `go build` per module for all of its missing commands: they share one action graph, so
 # packages common to several commands compile once and the links overlap. The kubernetes module
 # (by far the largest) builds beside the two small ones; nice: the dev machine is small and shared.
-build() { # <module dir> <ldflags> <name=package>...
-  local dir="$1" ldflags="$2"; shift 2
+build() { # <module dir> <output dir> <ldflags> <name=package>...
+  local dir="$1" bin="$2" ldflags="$3"; shift 3
   local names=() pkgs=() spec
   for spec in "$@"; do
     [[ -x "$bin/${spec%%=*}" ]] && continue
@@ -112,22 +133,32 @@ build() { # <module dir> <ldflags> <name=package>...
   log "built ${names[*]} in $((SECONDS - start)) s"
 }
 
-build kubernetes "$k8s_ldflags" \
+build kubernetes "$bin" "$k8s_ldflags" \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
   kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
   kubectl=k8s.io/kubernetes/cmd/kubectl &
 k8s_job=$!
 small_ok=1
-build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3 || small_ok=0
-build kwok "-s -w" kwok=sigs.k8s.io/kwok/cmd/kwok || small_ok=0
+build etcd "$bin" "-s -w" etcd=go.etcd.io/etcd/server/v3 || small_ok=0
+build kwok "$bin" "-s -w" kwok=sigs.k8s.io/kwok/cmd/kwok || small_ok=0
+# helm shares few packages with the rest; kubelet shares most of its with the control plane, so it
+# builds after it, from the packages that build left in Go's build cache.
+build helm "$helm_root/bin" "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
+  helm=helm.sh/helm/v3/cmd/helm || small_ok=0
 wait "$k8s_job" || small_ok=0
+build kubelet "$kubelet_root/bin" "$k8s_ldflags" kubelet=k8s.io/kubernetes/cmd/kubelet || small_ok=0
 (( small_ok )) || die "build failed (see above)"
+for spec in "${linked[@]}"; do
+  ln -sfn "${spec#*=}/${spec%%=*}" "$bin/.tmp-link" && mv -Tf "$bin/.tmp-link" "$bin/${spec%%=*}"
+done
 
 cat >"$root/versions.txt" <<EOF
 kubernetes $k8s_version
 etcd $etcd_version
 kwok $kwok_version
+kubelet $kubelet_version
+helm $helm_version
 go $go_ver
 EOF
 echo "$bin"
