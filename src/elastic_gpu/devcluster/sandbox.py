@@ -68,11 +68,14 @@ class Sandbox:
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: cgroups (absolute paths) a component created; `down` removes them.
     cgroups: list[str] = field(default_factory=list)
+    #: Seconds each step of `up` took, in order (bench/sandbox_up.py reads them).
+    up_seconds: dict[str, float] = field(default_factory=dict)
 
     def save(self) -> None:
         data = {"plane": self.plane.to_dict(), "kubeconfig": str(self.kubeconfig),
                 "node_names": self.node_names, "bare": self.bare,
-                "components": self.components, "cgroups": self.cgroups}
+                "components": self.components, "cgroups": self.cgroups,
+                "up_seconds": self.up_seconds}
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self.state_dir / STATE_FILE)
@@ -89,7 +92,9 @@ class Sandbox:
                        bare=bool(data.get("bare", False)),
                        components={str(k): dict(v)
                                    for k, v in dict(data.get("components", {})).items()},
-                       cgroups=[str(c) for c in data.get("cgroups", [])])
+                       cgroups=[str(c) for c in data.get("cgroups", [])],
+                       up_seconds={str(k): float(v)
+                                   for k, v in dict(data.get("up_seconds", {})).items()})
         except (ValueError, KeyError, TypeError) as err:
             raise DevClusterError(f"{path} is not a sandbox state file ({err}); remove "
                                   f"{state_dir} if no sandbox processes are left") from None
@@ -256,6 +261,14 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     # Record every pid as soon as it exists: if this command is killed half-way, `down`
     # still finds what it had started.
     plane.on_spawn = lambda _plane: sandbox.save()
+    last = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        sandbox.up_seconds[name] = round(now - last, 3)
+        last = now
+
     try:
         plane.prepare()
         plane.start_etcd(timeout_s)
@@ -265,13 +278,16 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
             from elastic_gpu.agent.inventory_api import ensure_crd
 
             ensure_crd(client)  # the extender lists GPUDevices from its first moment
+        step("etcd, kube-apiserver")
         # Components before kube-scheduler start while the controller manager does.
         early = [spec for spec in specs if spec.stage is Stage.BEFORE_SCHEDULER]
         handles = [_spawn_component(sandbox, spec) for spec in early]
         if controller_manager:
             plane.start_controller_manager(timeout_s)
+        step("kube-controller-manager")
         for handle in handles:
             _wait_component(sandbox, handle, timeout_s)
+        step("components before kube-scheduler ready")
         extenders = [str(sandbox.components[spec.name]["endpoint"])
                      for spec in early if spec.extender]
         plane.start_scheduler(components.scheduler_config(scheduler_config, extenders),
@@ -282,14 +298,19 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plane.kubeconfig, kubeconfig)
         kubeconfig.chmod(0o600)
+        step("kube-scheduler, kwok")
         register_fake_nodes(client, inventories, agent_config=agent_config,
                             agent_configs=agent_configs)
+        step("nodes registered")
         wait_nodes_ready(client, len(inventories), timeout_s, lambda: check_alive(plane))
+        step("nodes Ready")
         _wait_knows_nodes(sandbox, specs, inventories, timeout_s)
+        step("extender knows the nodes")
         for spec in specs:
             if spec.stage is Stage.AFTER_NODES:
                 _wait_component(sandbox, _spawn_component(sandbox, spec), timeout_s)
         check_alive(plane)
+        step("components after the nodes")
         sandbox.save()
     except BaseException:
         _remove(sandbox)
