@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -366,7 +367,9 @@ def down(state_dir: Path) -> list[str]:
     state_dir = state_dir.resolve()
     sandbox = Sandbox.load(state_dir)
     if sandbox is None:
-        return []
+        # No state (e.g. deleted by hand), but maybe processes of the sandbox it described.
+        return [f"stray process {pid} ({cmd[:80]})"
+                for pid, cmd in sorted(_end_processes(state_dir).items())]
     names = [name for name, alive in sandbox.plane.alive().items() if alive]
     _remove(sandbox)
     return names
@@ -439,8 +442,8 @@ def mounts_under(path: Path) -> list[str]:
     points = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            # field 5 is the mount point; spaces and the like are octal escapes (\040)
-            point = line.split()[4].encode().decode("unicode_escape")
+            # field 5 is the mount point; space, tab, newline, backslash are octal escapes
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
             if point.startswith(prefix) or point == str(path):
                 points.append(point)
     return sorted(set(points), key=lambda p: p.count("/"), reverse=True)

@@ -128,7 +128,7 @@ def test_down_finds_processes_by_command_line_or_marker_and_ends_them(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_down_unmounts_what_is_mounted_under_the_state_dir(tmp_path):
-    inner = tmp_path / "state" / "cluster" / "mnt"
+    inner = tmp_path / "state" / "cluster" / "m nt"  # mountinfo escapes the space: \\040
     inner.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(inner)], check=True)
     try:
@@ -138,6 +138,22 @@ def test_down_unmounts_what_is_mounted_under_the_state_dir(tmp_path):
         assert sandbox.mounts_under(tmp_path / "state") == []
     finally:
         subprocess.run(["umount", str(inner)], check=False, capture_output=True)
+
+
+def test_down_without_state_still_ends_processes_of_that_sandbox(tmp_path):
+    state = tmp_path / "state"
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             start_new_session=True,
+                             env={**os.environ, sandbox.MARKER_ENV: str(state)})
+    try:
+        time.sleep(0.2)
+        stopped = sandbox.down(state)
+        assert stopped and stopped[0].startswith(f"stray process {stray.pid} ")
+        assert stray.wait(5) is not None
+        assert sandbox.down(state) == []
+    finally:
+        stray.kill()
+        stray.wait()
 
 
 def test_status_of_a_dead_sandbox_is_true_to_what_runs(tmp_path):
