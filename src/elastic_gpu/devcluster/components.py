@@ -69,8 +69,8 @@ class ComponentSpec:
     ready_path: str | None = None
     #: kube-scheduler calls it as its extender (its URL becomes the config's urlPrefix).
     extender: bool = False
-    #: After the nodes are Ready, `up` waits until this is true of the component's
-    #: `/metrics` text: it has seen every node (e.g. the extender's caches hold them).
+    #: (its `/metrics` text, the nodes) -> the nodes it does not know yet. After the nodes
+    #: are Ready, `up` waits until that is empty (e.g. the extender's caches hold them all).
     knows_nodes: Callable[[str, Sequence[Node]], list[str]] | None = None
 
     @property
