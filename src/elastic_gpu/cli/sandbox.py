@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 import yaml
 
-app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes.", no_args_is_help=True)
+app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes, running the Elastic GPU "
+                  "system (--bare: Kubernetes alone).", no_args_is_help=True)
 
 StateDir = Annotated[
     Path | None,
