@@ -7,7 +7,8 @@ Measures, `--runs` times each, and prints the medians as a Markdown table:
   `--no-controller-manager`) + kube-scheduler + kwok, all ready (the pytest
   `k8s_cluster` fixture's start), and its stop;
 - `egpu sandbox up --gpu-nodes N`: the CLI end to end (its own Python start-up included) until
-  all N fake GPU nodes are Ready, and `egpu sandbox down`.
+  all N fake GPU nodes are Ready (and, since issue 13, the extender it runs knows them; see
+  bench/sandbox_up.py for the steps), and `egpu sandbox down`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 import yaml
 
-app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes.", no_args_is_help=True)
+app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes, running the Elastic GPU "
+                  "system (--bare: Kubernetes alone).", no_args_is_help=True)
 
 StateDir = Annotated[
     Path | None,
@@ -52,8 +53,12 @@ def up(
     ] = None,
     scheduler_config: Annotated[Path | None, typer.Option(
         "--scheduler-config", exists=True, dir_okay=False,
-        help="KubeSchedulerConfiguration YAML for the sandbox's kube-scheduler (e.g. with the "
-        "Elastic GPU extender); kubeconfig and leader election are filled in")] = None,
+        help="KubeSchedulerConfiguration YAML for the sandbox's kube-scheduler instead of the "
+        "one calling the sandbox's extender; kubeconfig and leader election are filled in")
+    ] = None,
+    bare: Annotated[bool, typer.Option(
+        "--bare", help="Kubernetes alone: no Elastic GPU components (no scheduler "
+        "extender; kube-scheduler as it comes)")] = False,
     no_controller_manager: Annotated[bool, typer.Option(
         "--no-controller-manager", help="Leave out kube-controller-manager (then no "
         "Deployment makes pods, nothing is garbage-collected, a deleted namespace stays "
@@ -64,8 +69,9 @@ def up(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each "
                                            "step")] = 120.0,
 ) -> None:
-    """Start etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and
-    register fake GPU nodes."""
+    """Start the whole system: etcd, kube-apiserver, kube-controller-manager, the Elastic GPU
+    scheduler extender (`egpu scheduler`), kube-scheduler calling it, and kwok; register fake
+    GPU nodes and wait until they are Ready and the extender knows them."""
     from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
     from elastic_gpu.devcluster import nodes, sandbox
     from elastic_gpu.devcluster.errors import DevClusterError
@@ -123,12 +129,15 @@ def up(
                          timeout_s=timeout, scheduler_config=sched_cfg,
                          agent_config=node_config,
                          agent_configs={k: v for k, v in per_node.items() if v is not None},
-                         controller_manager=not no_controller_manager)
+                         controller_manager=not no_controller_manager, bare=bare)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
                f"node(s) Ready, API server {box.plane.server}")
+    extender = box.endpoint_of(sandbox.EXTENDER)
+    if extender is not None:
+        typer.echo(f"  Elastic GPU scheduler extender {extender}, called by kube-scheduler")
     typer.echo(f"  {box.plane.bin_dir / 'kubectl'} --kubeconfig {box.kubeconfig} get nodes")
 
 
@@ -137,7 +146,8 @@ def status(
     state_dir: StateDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON")] = False,
 ) -> None:
-    """Show the sandbox's components and nodes; exit 1 if it is not fully running."""
+    """Show every component (pid, state, endpoint, log) and the nodes' readiness; exit 1
+    unless every component runs (its health check answering) and every node is Ready."""
     from elastic_gpu.devcluster import sandbox
 
     info = sandbox.status(_state_dir(state_dir))
@@ -146,19 +156,29 @@ def status(
     elif "components" not in info:
         typer.echo(f"no sandbox (state dir {info['state_dir']})")
     else:
-        typer.echo(f"API server {info['server']}  kubeconfig {info['kubeconfig']}")
+        typer.echo(f"sandbox {'running' if info['running'] else 'NOT fully running'}"
+                   f"{' (bare: Kubernetes alone)' if info['bare'] else ''}; API server "
+                   f"{info['server']}, kubeconfig {info['kubeconfig']}")
+        typer.echo(f"  {'COMPONENT':<24} {'PID':<8} {'STATE':<10} {'ENDPOINT':<24} LOG")
         for name, comp in info["components"].items():
-            state = "running" if comp["alive"] else "DEAD"
-            typer.echo(f"  {name:<24} pid {comp['pid']:<8} {state:<8} log {comp['log']}")
+            typer.echo(f"  {name:<24} {comp['pid']:<8} {comp['state']:<10} "
+                       f"{comp['endpoint'] or '-':<24} {comp['log']}")
         if "nodes_ready" in info:
-            typer.echo(f"  nodes Ready: {info['nodes_ready']}/{info['nodes_expected']}")
+            typer.echo(f"  nodes: {info['nodes_ready']} Ready, {info['nodes_registered']} "
+                       f"registered, {info['nodes_expected']} expected")
+        elif "nodes_error" in info:
+            typer.echo(f"  nodes: unknown ({info['nodes_error']})")
+        else:
+            typer.echo(f"  nodes: unknown (kube-apiserver is not running), "
+                       f"{info['nodes_expected']} expected")
     if not info["running"]:
         raise typer.Exit(1)
 
 
 @app.command()
 def down(state_dir: StateDir = None) -> None:
-    """Stop every sandbox process and remove its state (certificates, etcd data, logs)."""
+    """Stop every sandbox component and remove its state (certificates, etcd data, logs):
+    no process, listening port, mount or cgroup of it is left."""
     from elastic_gpu.devcluster import sandbox
     from elastic_gpu.devcluster.errors import DevClusterError
 

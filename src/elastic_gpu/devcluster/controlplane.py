@@ -107,6 +107,9 @@ class ControlPlane:
     die_with_parent: bool = False
     #: Called after each process starts (the sandbox records pids before waiting on them).
     on_spawn: Callable[[ControlPlane], None] | None = field(default=None, repr=False)
+    #: Added to every component's environment (the sandbox marks its processes, so `down`
+    #: also finds what they started in sessions of their own).
+    extra_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -129,15 +132,20 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: Sequence[str],
                env: Mapping[str, str] | None = None) -> ProcessHandle:
+        if self.extra_env:
+            env = {**(os.environ if env is None else env), **self.extra_env}
         handle = spawn(name, argv, self._log(name), env, die_with_parent=self.die_with_parent)
         self.processes[name] = handle
         if self.on_spawn is not None:
             self.on_spawn(self)
         return handle
 
-    def start_process(self, name: str, argv: Sequence[str]) -> ProcessHandle:
+    def start_process(self, name: str, argv: Sequence[str],
+                      env: Mapping[str, str] | None = None) -> ProcessHandle:
         """Run one more supervised process (stopped with the others, newest first)."""
-        return self._spawn(name, argv)
+        if name in self.processes and self.processes[name].alive():
+            raise DevClusterError(f"a component named {name} is already running")
+        return self._spawn(name, argv, env)
 
     def _client_tls(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
@@ -154,11 +162,8 @@ class ControlPlane:
         """
         if controller_manager is not None:
             self.controller_manager = controller_manager
-        self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._allocate_ports()
-            create_pki(self.work_dir / "pki")
-            write_kubeconfig(self.kubeconfig, self.server, self.pki)
+            self.prepare()
             self.start_etcd(timeout_s)
             self.start_apiserver(timeout_s)
             if self.controller_manager:
@@ -172,6 +177,13 @@ class ControlPlane:
             self.stop()
             raise
         return self
+
+    def prepare(self) -> None:
+        """Ports, certificates and the admin kubeconfig: what every component needs first."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._allocate_ports()
+        create_pki(self.work_dir / "pki")
+        write_kubeconfig(self.kubeconfig, self.server, self.pki)
 
     def _allocate_ports(self) -> None:
         wanted = {"apiserver_port": "kube-apiserver", "etcd_port": "etcd client",
@@ -341,6 +353,15 @@ class ControlPlane:
         if name in self.schedulers:
             return [self.schedulers[name].port]
         return fixed.get(name, [])
+
+    def endpoint_of(self, name: str) -> str | None:
+        """Where component `name` serves (its URL), if it is one of the control plane's."""
+        urls = {"etcd": f"http://{HOST}:{self.etcd_port}", "kube-apiserver": self.server,
+                "kwok": f"http://{HOST}:{self.kwok_port}",
+                CONTROLLER_MANAGER: f"https://{HOST}:{self.controller_manager_port}"}
+        if name in self.schedulers:
+            return f"https://{HOST}:{self.schedulers[name].port}"
+        return urls.get(name)
 
     @property
     def ports(self) -> list[int]:

@@ -1,31 +1,54 @@
 """The sandbox: a control plane whose processes outlive the command that started it.
 
 State lives in one directory: `state.json` (pids, ports, paths) and `cluster/` (certificates,
-etcd data, logs). `up` refuses to start over a live sandbox; `down` stops the recorded
-process groups, checks their ports are closed, and removes the directory.
+etcd data, logs). Beside Kubernetes, `up` runs the Elastic GPU components of
+`components.REGISTRY` (the scheduler extender, wired into kube-scheduler; the fake nodes'
+allocation sync); `--bare` runs Kubernetes alone. `up` refuses to start over a live sandbox;
+`down` stops every recorded process group, ends any process still naming the state dir or
+carrying its marker, unmounts what is mounted under it, removes the cgroups it recorded,
+checks that the ports are closed, and removes the state.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
+import re
 import shutil
+import signal
+import ssl
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from elastic_gpu.core.model import Node
+from elastic_gpu.devcluster import components
 from elastic_gpu.devcluster.binaries import find_bin_dir
+from elastic_gpu.devcluster.components import ComponentEnv, ComponentSpec, Stage
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.errors import DevClusterError
+from elastic_gpu.devcluster.errors import ComponentStartError, DevClusterError
 from elastic_gpu.devcluster.nodes import FAKE_NODE_LABEL, AgentConfigLike, register_fake_nodes
-from elastic_gpu.devcluster.ports import is_listening
+from elastic_gpu.devcluster.ports import free_ports, is_listening
+from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
 
 STATE_FILE = "state.json"
-ALLOCATION_SYNC = "allocation-sync"
+ALLOCATION_SYNC = components.ALLOCATION_SYNC.name
+EXTENDER = components.EXTENDER.name
+#: Set in every component's environment to the state dir: `down` ends any process carrying
+#: it (e.g. one a component started in a session of its own) besides the recorded groups.
+MARKER_ENV = "EGPU_SANDBOX_DIR"
+#: The health check of each control plane component (path on its endpoint).
+_PLANE_HEALTH = {"etcd": "/health", "kube-apiserver": "/readyz",
+                 "kube-controller-manager": "/healthz", "kwok": "/healthz"}
 
 
 def default_state_dir() -> Path:
@@ -39,10 +62,21 @@ class Sandbox:
     plane: ControlPlane
     kubeconfig: Path
     node_names: list[str]
+    #: Kubernetes alone (`--bare`): no Elastic GPU components.
+    bare: bool = False
+    #: Per component of the registry: {"port": int, "endpoint": URL or None, "health": URL
+    #: or None}; its process is `plane.processes[name]`.
+    components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: cgroups (absolute paths) a component created; `down` removes them.
+    cgroups: list[str] = field(default_factory=list)
+    #: Seconds each step of `up` took, in order (bench/sandbox_up.py reads them).
+    up_seconds: dict[str, float] = field(default_factory=dict)
 
     def save(self) -> None:
         data = {"plane": self.plane.to_dict(), "kubeconfig": str(self.kubeconfig),
-                "node_names": self.node_names}
+                "node_names": self.node_names, "bare": self.bare,
+                "components": self.components, "cgroups": self.cgroups,
+                "up_seconds": self.up_seconds}
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self.state_dir / STATE_FILE)
@@ -55,10 +89,42 @@ class Sandbox:
         try:
             data: dict[str, Any] = json.loads(path.read_text())
             return cls(state_dir, ControlPlane.from_dict(data["plane"]),
-                       Path(data["kubeconfig"]), [str(n) for n in data["node_names"]])
+                       Path(data["kubeconfig"]), [str(n) for n in data["node_names"]],
+                       bare=bool(data.get("bare", False)),
+                       components={str(k): dict(v)
+                                   for k, v in dict(data.get("components", {})).items()},
+                       cgroups=[str(c) for c in data.get("cgroups", [])],
+                       up_seconds={str(k): float(v)
+                                   for k, v in dict(data.get("up_seconds", {})).items()})
         except (ValueError, KeyError, TypeError) as err:
             raise DevClusterError(f"{path} is not a sandbox state file ({err}); remove "
                                   f"{state_dir} if no sandbox processes are left") from None
+
+    def endpoint_of(self, name: str) -> str | None:
+        endpoint = self.plane.endpoint_of(name)
+        if endpoint is None and name in self.components:
+            value = self.components[name].get("endpoint")
+            endpoint = str(value) if value else None
+        return endpoint
+
+    def health_url(self, name: str) -> str | None:
+        """The URL answering 200 while component `name` is healthy (None: it serves none)."""
+        if name in self.components:
+            value = self.components[name].get("health")
+            return str(value) if value else None
+        endpoint = self.plane.endpoint_of(name)
+        if endpoint is None:
+            return None
+        return endpoint + _PLANE_HEALTH.get(name, "/healthz")  # kube-scheduler(s): /healthz
+
+    def ports(self) -> dict[str, list[int]]:
+        """The loopback ports of each component."""
+        result = {name: [p for p in self.plane.ports_of(name) if p]
+                  for name in self.plane.processes}
+        for name, record in self.components.items():
+            if record.get("port"):
+                result[name] = [int(record["port"])]
+        return result
 
 
 def count_ready_nodes(client: Any) -> tuple[int, int]:
@@ -74,10 +140,13 @@ def count_ready_nodes(client: Any) -> tuple[int, int]:
     return ready, total
 
 
-def wait_nodes_ready(client: Any, expected: int, timeout_s: float) -> None:
+def wait_nodes_ready(client: Any, expected: int, timeout_s: float,
+                     check: Callable[[], None] = lambda: None) -> None:
+    """Until `expected` fake nodes are Ready; `check` runs each round (raises to give up)."""
     deadline = time.monotonic() + timeout_s
     ready = total = 0
     while time.monotonic() < deadline:
+        check()
         ready, total = count_ready_nodes(client)
         if ready >= expected:
             return
@@ -86,21 +155,97 @@ def wait_nodes_ready(client: Any, expected: int, timeout_s: float) -> None:
                           f"{timeout_s:.0f} s ({total} registered); see the kwok log")
 
 
+def check_alive(plane: ControlPlane) -> None:
+    """Raise with the log tail of the first component that has exited."""
+    for name, handle in plane.processes.items():
+        if not handle.alive():
+            code = handle._popen.returncode if handle._popen is not None else None
+            raise ComponentStartError(name, f"exited during `sandbox up` (exit code {code})",
+                                      str(handle.log_path), handle.log_tail())
+
+
+def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """GET `url` answers 200 (HTTPS: the loopback components' self-signed certificates are
+    not verified; the health paths need no credentials)."""
+    context = None
+    if url.startswith("https:"):
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=timeout_s) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return bytes(response.read()).decode("utf-8", "replace")
+
+
+def _spawn_component(sandbox: Sandbox, spec: ComponentSpec) -> ProcessHandle:
+    port = free_ports(1)[0] if spec.serves else 0
+    endpoint = components.endpoint(spec, port)
+    sandbox.components[spec.name] = {
+        "port": port, "endpoint": endpoint,
+        "health": endpoint + spec.ready_path if endpoint and spec.ready_path else None}
+    env = ComponentEnv(kubeconfig=sandbox.plane.kubeconfig, work_dir=sandbox.plane.work_dir,
+                       port=port, python=sys.executable)
+    return sandbox.plane.start_process(spec.name, spec.argv(env))
+
+
+def _wait_component(sandbox: Sandbox, handle: ProcessHandle, timeout_s: float) -> None:
+    health = sandbox.components[handle.name].get("health")
+    if health:
+        wait_ready(handle, lambda: _http_ok(str(health)), timeout_s)
+
+
+def _wait_knows_nodes(sandbox: Sandbox, specs: Sequence[ComponentSpec],
+                      inventories: Sequence[Node], timeout_s: float) -> None:
+    for spec in specs:
+        if spec.knows_nodes is None:
+            continue
+        endpoint = str(sandbox.components[spec.name]["endpoint"])
+        deadline = time.monotonic() + timeout_s
+        missing: list[str] = [inv.name for inv in inventories]
+        while True:
+            check_alive(sandbox.plane)
+            with contextlib.suppress(OSError):
+                missing = spec.knows_nodes(_http_text(endpoint + "/metrics"), inventories)
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                handle = sandbox.plane.processes[spec.name]
+                raise ComponentStartError(
+                    spec.name, f"does not know {len(missing)} of the nodes after "
+                    f"{timeout_s:.0f} s (e.g. {', '.join(missing[:3])})",
+                    str(handle.log_path), handle.log_tail())
+            time.sleep(0.1)
+
+
 def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
        bin_dir: Path | None = None, timeout_s: float = 120.0,
        scheduler_config: Mapping[str, Any] | None = None,
        agent_config: AgentConfigLike | None = None,
        agent_configs: Mapping[str, AgentConfigLike] | None = None,
-       controller_manager: bool = True) -> Sandbox:
+       controller_manager: bool = True, bare: bool = False,
+       registry: Sequence[ComponentSpec] = components.REGISTRY) -> Sandbox:
     """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
 
-    `scheduler_config`: a KubeSchedulerConfiguration for the sandbox's kube-scheduler (e.g.
-    one that calls the Elastic GPU extender); connection and leader election are filled in.
+    Runs the components of `registry` (without `bare`: the Elastic GPU scheduler extender,
+    which kube-scheduler calls) beside Kubernetes. `scheduler_config`: a
+    KubeSchedulerConfiguration for the sandbox's kube-scheduler instead of the one calling
+    the extender; connection and leader election are filled in.
     `agent_configs` (per node name), else `agent_config`: how each node's agent publishes it
     (resource names, time-slicing replicas, MIG strategy; see `nodes.register_fake_node`).
     `controller_manager`: run kube-controller-manager (Deployments, Jobs, garbage collection,
     namespace deletion, ResourceQuota, ServiceAccounts).
+    A component that fails to start, or exits before `up` is done, fails `up` with its log
+    tail, and everything started is stopped.
     """
+    specs = components.select(registry, bare=bare)
+    state_dir = state_dir.resolve()
     existing = Sandbox.load(state_dir)
     if existing is not None:
         if any(existing.plane.alive().values()):
@@ -109,26 +254,65 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         _remove(existing)  # leftovers of a sandbox that died (e.g. a reboot)
     bins = find_bin_dir(bin_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    plane = ControlPlane(work_dir=state_dir / "cluster", bin_dir=bins)
-    sandbox = Sandbox(state_dir, plane, kubeconfig.resolve(), [inv.name for inv in inventories])
+    plane = ControlPlane(work_dir=state_dir / "cluster", bin_dir=bins,
+                         controller_manager=controller_manager,
+                         extra_env={MARKER_ENV: str(state_dir)})
+    sandbox = Sandbox(state_dir, plane, kubeconfig.resolve(), [inv.name for inv in inventories],
+                      bare=bare)
     # Record every pid as soon as it exists: if this command is killed half-way, `down`
     # still finds what it had started.
     plane.on_spawn = lambda _plane: sandbox.save()
+    last = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal last
+        now = time.monotonic()
+        sandbox.up_seconds[name] = round(now - last, 3)
+        last = now
+
     try:
-        plane.start(scheduler=scheduler_config or True, kwok_enabled=True,
-                    controller_manager=controller_manager, timeout_s=timeout_s)
+        plane.prepare()
+        plane.start_etcd(timeout_s)
+        plane.start_apiserver(timeout_s)
+        client = plane.client()
+        if any(spec.role is components.Role.SYSTEM for spec in specs):
+            from elastic_gpu.agent.inventory_api import ensure_crd
+
+            ensure_crd(client)  # the extender lists GPUDevices from its first moment
+        step("etcd, kube-apiserver")
+        # Components before kube-scheduler start while the controller manager does.
+        early = [spec for spec in specs if spec.stage is Stage.BEFORE_SCHEDULER]
+        handles = [_spawn_component(sandbox, spec) for spec in early]
+        if controller_manager:
+            plane.start_controller_manager(timeout_s)
+        step("kube-controller-manager")
+        for handle in handles:
+            _wait_component(sandbox, handle, timeout_s)
+        step("components before kube-scheduler ready")
+        extenders = [str(sandbox.components[spec.name]["endpoint"])
+                     for spec in early if spec.extender]
+        plane.start_scheduler(components.scheduler_config(scheduler_config, extenders),
+                              name="kube-scheduler", timeout_s=timeout_s)
+        plane.start_kwok(timeout_s)
+        check_alive(plane)
         sandbox.save()
         kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(plane.kubeconfig, kubeconfig)
         kubeconfig.chmod(0o600)
-        client = plane.client()
+        step("kube-scheduler, kwok")
         register_fake_nodes(client, inventories, agent_config=agent_config,
                             agent_configs=agent_configs)
-        wait_nodes_ready(client, len(inventories), timeout_s)
-        # kwok nodes have no agent to keep their cards' allocation columns current.
-        plane.start_process(ALLOCATION_SYNC, [
-            sys.executable, "-m", "elastic_gpu.devcluster.allocation_sync",
-            "--kubeconfig", str(plane.kubeconfig)])
+        step("nodes registered")
+        wait_nodes_ready(client, len(inventories), timeout_s, lambda: check_alive(plane))
+        step("nodes Ready")
+        _wait_knows_nodes(sandbox, specs, inventories, timeout_s)
+        step("extender knows the nodes")
+        for spec in specs:
+            if spec.stage is Stage.AFTER_NODES:
+                _wait_component(sandbox, _spawn_component(sandbox, spec), timeout_s)
+        check_alive(plane)
+        step("components after the nodes")
+        sandbox.save()
     except BaseException:
         _remove(sandbox)
         raise
@@ -136,18 +320,33 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
 
 
 def status(state_dir: Path) -> dict[str, Any]:
-    """What is running: components (alive or not), ports, nodes Ready."""
+    """What is running: each component (pid, state, endpoint, log) and the nodes' readiness.
+
+    A component's state is `running` (its process lives and, if it serves, its health check
+    answers), `UNHEALTHY` (alive, health check failing) or `DEAD`. `running` is true when
+    every component runs and every expected node is Ready.
+    """
+    state_dir = state_dir.resolve()
     sandbox = Sandbox.load(state_dir)
     if sandbox is None:
         return {"running": False, "state_dir": str(state_dir)}
     alive = sandbox.plane.alive()
+    health_urls = {name: sandbox.health_url(name) for name in alive if alive[name]}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        healthy = dict(zip(health_urls, pool.map(
+            lambda url: url is None or _http_ok(url, 3.0), health_urls.values()), strict=True))
+    comps: dict[str, dict[str, Any]] = {}
+    for name, handle in sandbox.plane.processes.items():
+        state = "DEAD" if not alive[name] else "running" if healthy[name] else "UNHEALTHY"
+        comps[name] = {"pid": handle.pid, "state": state, "alive": alive[name],
+                       "endpoint": sandbox.endpoint_of(name), "log": str(handle.log_path)}
     result: dict[str, Any] = {
-        "running": all(alive.values()),
+        "running": False,
         "state_dir": str(state_dir),
         "kubeconfig": str(sandbox.kubeconfig),
         "server": sandbox.plane.server,
-        "components": {name: {"pid": p.pid, "alive": alive[name], "log": str(p.log_path)}
-                       for name, p in sandbox.plane.processes.items()},
+        "bare": sandbox.bare,
+        "components": comps,
         "nodes_expected": len(sandbox.node_names),
     }
     if alive.get("kube-apiserver"):
@@ -158,33 +357,166 @@ def status(state_dir: Path) -> dict[str, Any]:
         else:
             result["nodes_ready"] = ready
             result["nodes_registered"] = total
+    result["running"] = (all(c["state"] == "running" for c in comps.values())
+                         and result.get("nodes_ready", -1) >= len(sandbox.node_names))
     return result
 
 
 def down(state_dir: Path) -> list[str]:
     """Stop the sandbox; return the names of the components that were stopped."""
+    state_dir = state_dir.resolve()
     sandbox = Sandbox.load(state_dir)
     if sandbox is None:
-        return []
+        # No state (e.g. deleted by hand), but maybe processes of the sandbox it described.
+        return [f"stray process {pid} ({cmd[:80]})"
+                for pid, cmd in sorted(_end_processes(state_dir).items())]
     names = [name for name, alive in sandbox.plane.alive().items() if alive]
     _remove(sandbox)
     return names
+
+
+# -- what `down` leaves: nothing ------------------------------------------------------------
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return pids
+
+
+def processes_using(state_dir: Path) -> dict[int, str]:
+    """Live processes (pid -> command line) whose command line names a path inside
+    `state_dir`, or whose environment carries its marker; this process and its ancestors
+    left out."""
+    inside = str(state_dir).encode() + b"/"
+    marker = f"{MARKER_ENV}={state_dir}".encode()
+    skip = _ancestors()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2:].startswith("Z"):
+            continue
+        ours = inside in cmdline
+        if not ours:
+            with contextlib.suppress(OSError):
+                ours = marker in (entry / "environ").read_bytes().split(b"\0")
+        if ours:
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode("utf-8", "replace")
+    return found
+
+
+def _end_processes(state_dir: Path, grace_s: float = 5.0) -> dict[int, str]:
+    """SIGTERM, then SIGKILL, every process `processes_using(state_dir)` finds."""
+    found = processes_using(state_dir)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        left = processes_using(state_dir)
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while processes_using(state_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    left = processes_using(state_dir)
+    if left:
+        raise DevClusterError("processes of the sandbox survived SIGKILL: " + "; ".join(
+            f"{pid} ({cmd[:120]})" for pid, cmd in sorted(left.items())))
+    return found
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points inside `path` (deepest first), from /proc/self/mountinfo."""
+    prefix = str(path) + "/"
+    points = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            # field 5 is the mount point; space, tab, newline, backslash are octal escapes
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
+            if point.startswith(prefix) or point == str(path):
+                points.append(point)
+    return sorted(set(points), key=lambda p: p.count("/"), reverse=True)
+
+
+def _unmount_under(path: Path) -> None:
+    points = mounts_under(path)
+    if not points:
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    umount2: Any = libc.umount2
+    mnt_detach = 2
+    for point in points:
+        umount2(point.encode(), mnt_detach)
+    left = mounts_under(path)
+    if left:
+        raise DevClusterError(f"could not unmount {left} (unmount them by hand, as root)")
+
+
+def _remove_cgroups(paths: Sequence[str]) -> None:
+    left = []
+    for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
+        deadline = time.monotonic() + 5.0
+        while os.path.isdir(path):
+            try:
+                os.rmdir(path)
+            except OSError:
+                if time.monotonic() > deadline:
+                    left.append(path)
+                    break
+                time.sleep(0.1)
+    if left:
+        raise DevClusterError(f"could not remove cgroups {left}")
 
 
 def _remove(sandbox: Sandbox) -> None:
     plane = sandbox.plane
     # Only the ports of components that were running are ours to check: a dead component's
     # port may since have been taken by an unrelated program.
+    ports = sandbox.ports()
     ours = [port for name, alive in plane.alive().items() if alive
-            for port in plane.ports_of(name) if port]
-    plane.stop()
+            for port in ports.get(name, [])]
+    errors: list[str] = []
+    try:
+        plane.stop()
+    except DevClusterError as err:
+        errors.append(str(err))
+    # Anything still naming the state dir: processes started by a component in a session of
+    # their own, or of a sandbox whose state file was lost.
+    try:
+        _end_processes(sandbox.state_dir)
+    except DevClusterError as err:
+        errors.append(str(err))
     still = [port for port in ours if is_listening(port)]
     if still:
-        raise DevClusterError(f"sandbox stopped but ports {still} still accept connections")
+        errors.append(f"ports {still} still accept connections")
+    try:
+        _unmount_under(sandbox.state_dir)
+    except DevClusterError as err:
+        errors.append(str(err))
+    try:
+        _remove_cgroups(sandbox.cgroups)
+    except DevClusterError as err:
+        errors.append(str(err))
+    if errors:
+        raise DevClusterError("sandbox not fully stopped: " + "; ".join(errors))
     # The kubeconfig we copied out names a CA that no longer exists: remove it if untouched.
     written = plane.kubeconfig
     if (sandbox.kubeconfig.exists() and written.exists()
             and sandbox.kubeconfig.read_bytes() == written.read_bytes()):
         sandbox.kubeconfig.unlink()
     shutil.rmtree(sandbox.state_dir / "cluster", ignore_errors=True)
+    (sandbox.state_dir / (STATE_FILE + ".tmp")).unlink(missing_ok=True)
     (sandbox.state_dir / STATE_FILE).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        sandbox.state_dir.rmdir()  # only if nothing else is in it

@@ -81,14 +81,16 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     up = egpu("sandbox", "up", "--gpu-nodes", "3", "--gpus-per-node", "4", "--gpu-memory",
               "24576", "--kubeconfig", str(kc), "--state-dir", str(state))
     assert up.returncode == 0, up.stderr + up.stdout
-    recorded = json.loads((state / "state.json").read_text())["plane"]
+    saved = json.loads((state / "state.json").read_text())
+    recorded = saved["plane"]
     pids = [p["pid"] for p in recorded["processes"]]
     ports = [recorded[k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port", "kwok_port",
                                    "controller_manager_port")]
+    ports += [c["port"] for c in saved["components"].values() if c["port"]]
     try:
         assert {p["name"] for p in recorded["processes"]} == {
-            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-            "allocation-sync"}
+            "etcd", "kube-apiserver", "kube-controller-manager", "egpu-scheduler",
+            "kube-scheduler", "kwok", "allocation-sync"}
         # The components outlived the `up` command.
         assert all(_alive(pid) for pid in pids)
 
@@ -211,9 +213,9 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         while any(_alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         status = egpu("sandbox", "status", "--state-dir", str(state))
-        # etcd, apiserver, controller manager, scheduler, kwok, allocation sync
-        assert len(first["processes"]) == 6
-        assert status.returncode == 1 and status.stdout.count("DEAD") == 6
+        # etcd, apiserver, extender, controller manager, scheduler, kwok, allocation sync
+        assert len(first["processes"]) == 7
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 7
 
         again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
         assert again.returncode == 0, again.stderr

@@ -1,0 +1,155 @@
+"""The sandbox's own components: what `egpu sandbox up` runs beside Kubernetes.
+
+Kubernetes itself (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) is the
+`ControlPlane`'s. Everything else is one entry of `REGISTRY`: a name, how to start it (argv),
+whether it serves on a loopback port and how to tell it is ready, and when in `up` it starts.
+A new component (the admission webhook, `egpu controller`, ...) joins the sandbox by adding
+one entry; `up`, `status` and `down` then start, report and stop it like the others.
+
+Order of `up` (sandbox.py): control plane up to kube-controller-manager -> components of
+`Stage.BEFORE_SCHEDULER`, each ready (an extender must answer before kube-scheduler calls
+it) -> kube-scheduler (calling every `extender` component) -> kwok -> nodes registered and
+Ready -> each component's `knows_nodes` check -> components of `Stage.AFTER_NODES`.
+
+Everything here is data and pure functions; starting and waiting is sandbox.py's.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastic_gpu.core.model import Node
+from elastic_gpu.devcluster.ports import HOST
+
+
+class Stage(enum.Enum):
+    #: After the apiserver and controller manager, ready before kube-scheduler starts.
+    BEFORE_SCHEDULER = "before-scheduler"
+    #: Once the nodes are registered and Ready.
+    AFTER_NODES = "after-nodes"
+
+
+class Role(enum.Enum):
+    #: Elastic GPU itself (extender, webhook, controller): `--bare` leaves these out.
+    SYSTEM = "system"
+    #: Stands in for what runs on the nodes (the fake nodes' allocation sync): always runs.
+    NODE = "node"
+
+
+@dataclass(frozen=True)
+class ComponentEnv:
+    """What a component's command line may refer to."""
+
+    #: The admin kubeconfig of the sandbox's apiserver.
+    kubeconfig: Path
+    #: The sandbox's working directory (certificates, logs, ...): put files here.
+    work_dir: Path
+    #: The loopback port allocated to the component (0 when it serves none).
+    port: int
+    #: The Python interpreter `egpu` runs under.
+    python: str
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One supervised process of the sandbox."""
+
+    name: str
+    role: Role
+    stage: Stage
+    #: Its command line.
+    argv: Callable[[ComponentEnv], list[str]]
+    #: The path of an HTTP GET on its port that answers 200 once it is ready; None: it
+    #: serves nothing and is ready once started.
+    ready_path: str | None = None
+    #: kube-scheduler calls it as its extender (its URL becomes the config's urlPrefix).
+    extender: bool = False
+    #: (its `/metrics` text, the nodes) -> the nodes it does not know yet. After the nodes
+    #: are Ready, `up` waits until that is empty (e.g. the extender's caches hold them all).
+    knows_nodes: Callable[[str, Sequence[Node]], list[str]] | None = None
+
+    @property
+    def serves(self) -> bool:
+        return self.ready_path is not None
+
+
+def endpoint(spec: ComponentSpec, port: int) -> str | None:
+    """The URL a component serves on, None if it serves nothing."""
+    return f"http://{HOST}:{port}" if spec.serves else None
+
+
+def select(registry: Iterable[ComponentSpec], *, bare: bool) -> list[ComponentSpec]:
+    """The components `up` runs, in registry order: all of them, or with `bare` only those
+    standing in for the nodes (Kubernetes alone, no Elastic GPU)."""
+    chosen = [spec for spec in registry if not (bare and spec.role is Role.SYSTEM)]
+    names = [spec.name for spec in chosen]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"component names must be unique: {duplicates} repeated")
+    return chosen
+
+
+def scheduler_config(user_config: Mapping[str, Any] | None,
+                     extender_urls: Sequence[str]) -> dict[str, Any]:
+    """kube-scheduler's configuration: the user's (`--scheduler-config`) as given, else the
+    one deploy/scheduler/kube-scheduler-config.yaml is made from, pointed at the sandbox's
+    extender; with no extender (`--bare`), kube-scheduler's defaults."""
+    from elastic_gpu.scheduler.kubeconfig import extender_stanza, kube_scheduler_config
+
+    if user_config is not None:
+        return dict(user_config)
+    if not extender_urls:
+        return {}
+    config = kube_scheduler_config(extender_urls[0])
+    config["extenders"] += [extender_stanza(url) for url in extender_urls[1:]]
+    return config
+
+
+_CARD_SAMPLE = re.compile(
+    r'^egpu_scheduler_card_allocated_milli\{(?=[^}]*card="(?P<card>[^"]*)")'
+    r'(?=[^}]*node="(?P<node>[^"]*)")[^}]*\}', re.MULTILINE)
+
+
+def cards_known(metrics_text: str) -> dict[str, int]:
+    """Cards per node in the extender's caches, from its /metrics page."""
+    known: dict[str, int] = {}
+    for match in _CARD_SAMPLE.finditer(metrics_text):
+        known[match["node"]] = known.get(match["node"], 0) + 1
+    return known
+
+
+def extender_missing_nodes(metrics_text: str, inventories: Sequence[Node]) -> list[str]:
+    """The GPU nodes whose cards the extender does not all know yet (empty: it knows all)."""
+    known = cards_known(metrics_text)
+    return [inv.name for inv in inventories if inv.cards
+            and known.get(inv.name, 0) < len(inv.cards)]
+
+
+def _extender_argv(env: ComponentEnv) -> list[str]:
+    return [env.python, "-m", "elastic_gpu.cli.main", "scheduler",
+            "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port)]
+
+
+def _allocation_sync_argv(env: ComponentEnv) -> list[str]:
+    return [env.python, "-m", "elastic_gpu.devcluster.allocation_sync",
+            "--kubeconfig", str(env.kubeconfig)]
+
+
+#: The scheduler extender (`egpu scheduler`), which kube-scheduler calls.
+EXTENDER = ComponentSpec(
+    name="egpu-scheduler", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+    argv=_extender_argv, ready_path="/readyz", extender=True,
+    knows_nodes=extender_missing_nodes)
+
+#: kwok nodes have no agent to keep their cards' allocation columns current.
+ALLOCATION_SYNC = ComponentSpec(
+    name="allocation-sync", role=Role.NODE, stage=Stage.AFTER_NODES,
+    argv=_allocation_sync_argv)
+
+#: Every component `egpu sandbox up` runs beside Kubernetes, in start order within a stage.
+REGISTRY: tuple[ComponentSpec, ...] = (EXTENDER, ALLOCATION_SYNC)

@@ -1,0 +1,181 @@
+"""The sandbox's component registry and what `down` looks for (no cluster needed)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import generate_latest
+
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.devcluster import components, sandbox
+from elastic_gpu.devcluster.components import (
+    ComponentEnv,
+    ComponentSpec,
+    Role,
+    Stage,
+    extender_missing_nodes,
+    scheduler_config,
+    select,
+)
+from elastic_gpu.scheduler.metrics import Metrics
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_bare_leaves_out_the_elastic_gpu_components_only():
+    names = [spec.name for spec in select(components.REGISTRY, bare=False)]
+    assert names == ["egpu-scheduler", "allocation-sync"]
+    # The fake nodes' allocation sync stands in for their agents: it stays in a bare sandbox.
+    assert [spec.name for spec in select(components.REGISTRY, bare=True)] == ["allocation-sync"]
+
+
+def test_a_component_joins_by_one_registry_entry_and_names_stay_unique(tmp_path):
+    webhook = ComponentSpec(name="egpu-webhook", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+                            argv=lambda env: [env.python, "-m", "x", "--port", str(env.port)],
+                            ready_path="/healthz")
+    registry = (*components.REGISTRY, webhook)
+    assert [s.name for s in select(registry, bare=False)][-1] == "egpu-webhook"
+    assert "egpu-webhook" not in [s.name for s in select(registry, bare=True)]
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=1234, python="py")
+    assert webhook.argv(env) == ["py", "-m", "x", "--port", "1234"]
+    assert components.endpoint(webhook, 1234) == "http://127.0.0.1:1234"
+    assert components.endpoint(components.ALLOCATION_SYNC, 0) is None
+    with pytest.raises(ValueError, match="egpu-webhook"):
+        select((*registry, webhook), bare=False)
+
+
+def test_extender_argv_serves_on_its_port_with_the_sandbox_kubeconfig(tmp_path):
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=4321,
+                       python=sys.executable)
+    argv = components.EXTENDER.argv(env)
+    assert argv[:4] == [sys.executable, "-m", "elastic_gpu.cli.main", "scheduler"]
+    assert argv[argv.index("--port") + 1] == "4321"
+    assert argv[argv.index("--kubeconfig") + 1] == str(tmp_path / "kc")
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+
+
+def test_kube_scheduler_config_is_the_deployed_one_pointed_at_the_extender():
+    deployed = yaml.safe_load((REPO / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    config = scheduler_config(None, ["http://127.0.0.1:40001"])
+    assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:40001"
+    config["extenders"][0]["urlPrefix"] = deployed["extenders"][0]["urlPrefix"]
+    assert config == deployed
+    # --bare: kube-scheduler as it comes; --scheduler-config: the user's file as given.
+    assert scheduler_config(None, []) == {}
+    mine = {"kind": "KubeSchedulerConfiguration", "profiles": [{"schedulerName": "x"}]}
+    assert scheduler_config(mine, ["http://127.0.0.1:40001"]) == mine
+
+
+def _node(name: str, cards: int) -> Node:
+    return Node(name=name, cpu_milli=1000, memory_mib=1024,
+                cards=tuple(Card(index=i, uuid=f"GPU-{name}-{i}", model="A100", memory_mib=1024)
+                            for i in range(cards)))
+
+
+def test_extender_knows_a_node_once_its_metrics_show_every_card():
+    usage = {"a": [(0, 0, 0), (1, 500, 10)], "b": [(0, 0, 0)]}
+    text = generate_latest(Metrics(lambda: usage).registry).decode()
+    nodes = [_node("a", 2), _node("b", 2), _node("c", 1), _node("cpu-only", 0)]
+    # b shows one card of two, c none; a node without cards has nothing to know.
+    assert extender_missing_nodes(text, nodes) == ["b", "c"]
+    usage["b"].append((1, 0, 0))
+    usage["c"] = [(0, 0, 0)]
+    text = generate_latest(Metrics(lambda: usage).registry).decode()
+    assert extender_missing_nodes(text, nodes) == []
+    assert extender_missing_nodes("", [_node("a", 1)]) == ["a"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_down_finds_processes_by_command_line_or_marker_and_ends_them(tmp_path):
+    state = tmp_path / "state"
+    (state / "cluster").mkdir(parents=True)
+    sleeper = [sys.executable, "-c", "import time, sys; time.sleep(600)"]
+    by_path = subprocess.Popen([*sleeper, str(state / "cluster" / "x.conf")],
+                               start_new_session=True)
+    by_marker = subprocess.Popen(sleeper, start_new_session=True,
+                                 env={**os.environ, sandbox.MARKER_ENV: str(state)})
+    # Naming the state dir itself (e.g. `egpu sandbox status --state-dir DIR`) is not ours.
+    bystander = subprocess.Popen([*sleeper, str(state)], start_new_session=True)
+    other_marker = subprocess.Popen(sleeper, start_new_session=True,
+                                    env={**os.environ, sandbox.MARKER_ENV: str(state) + "2"})
+    try:
+        time.sleep(0.2)  # exec'd: /proc shows the final command line and environment
+        found = sandbox.processes_using(state)
+        assert by_path.pid in found and by_marker.pid in found
+        assert bystander.pid not in found and other_marker.pid not in found
+        assert os.getpid() not in found
+        ended = sandbox._end_processes(state, grace_s=2.0)
+        assert set(ended) == {by_path.pid, by_marker.pid}
+        by_path.wait(5)
+        by_marker.wait(5)
+        assert sandbox.processes_using(state) == {}
+        assert bystander.poll() is None and other_marker.poll() is None
+    finally:
+        for proc in (by_path, by_marker, bystander, other_marker):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_down_unmounts_what_is_mounted_under_the_state_dir(tmp_path):
+    inner = tmp_path / "state" / "cluster" / "m nt"  # mountinfo escapes the space: \\040
+    inner.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(inner)], check=True)
+    try:
+        assert sandbox.mounts_under(tmp_path / "state") == [str(inner)]
+        assert sandbox.mounts_under(tmp_path / "stat") == []  # a prefix is not a parent
+        sandbox._unmount_under(tmp_path / "state")
+        assert sandbox.mounts_under(tmp_path / "state") == []
+    finally:
+        subprocess.run(["umount", str(inner)], check=False, capture_output=True)
+
+
+def test_down_without_state_still_ends_processes_of_that_sandbox(tmp_path):
+    state = tmp_path / "state"
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                             start_new_session=True,
+                             env={**os.environ, sandbox.MARKER_ENV: str(state)})
+    try:
+        time.sleep(0.2)
+        stopped = sandbox.down(state)
+        assert stopped and stopped[0].startswith(f"stray process {stray.pid} ")
+        assert stray.wait(5) is not None
+        assert sandbox.down(state) == []
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+def test_status_of_a_dead_sandbox_is_true_to_what_runs(tmp_path):
+    """State recorded, processes gone: every component DEAD, nodes unknown, not running."""
+    from elastic_gpu.devcluster.controlplane import ControlPlane
+    from elastic_gpu.devcluster.process import spawn
+
+    state = tmp_path / "state"
+    state.mkdir()
+    plane = ControlPlane(work_dir=state / "cluster", bin_dir=tmp_path)
+    handle = spawn("egpu-scheduler", [sys.executable, "-c", "pass"],
+                   state / "cluster" / "logs" / "egpu-scheduler.log")
+    plane.processes[handle.name] = handle
+    assert handle._popen is not None
+    handle._popen.wait()
+    box = sandbox.Sandbox(state, plane, tmp_path / "kc", ["n0"], components={
+        "egpu-scheduler": {"port": 1, "endpoint": "http://127.0.0.1:1",
+                           "health": "http://127.0.0.1:1/readyz"}})
+    box.save()
+    info = sandbox.status(state)
+    assert info["running"] is False
+    comp = info["components"]["egpu-scheduler"]
+    assert comp == {"pid": handle.pid, "state": "DEAD", "alive": False,
+                    "endpoint": "http://127.0.0.1:1", "log": str(handle.log_path)}
+    assert "nodes_ready" not in info and info["nodes_expected"] == 1
