@@ -54,6 +54,10 @@ from elastic_gpu.devcluster.realnode_ns import lock_holder
 DEFAULT_NAME = "egpu-real-0"
 REAL_NODE_LABEL = "elasticgpu.io/real-node"
 UNINITIALIZED_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"
+#: The real node is tainted so that only pods meant for it (tolerating this, using the local
+#: images) go there: a kwok pod with an image that cannot be pulled would fail on it.
+REAL_NODE_TAINT = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
+REAL_NODE_TOLERATION = {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
 START_TIMEOUT_S = 90.0
 #: Debian package of each command the real node runs.
 PACKAGES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc",
@@ -271,6 +275,8 @@ class RealNode:
     processes: dict[str, ProcessHandle] = field(default_factory=dict)
     die_with_parent: bool = False
     kubelet_starts: int = 0
+    #: Register with `REAL_NODE_TAINT` (pods must tolerate it: `REAL_NODE_TOLERATION`).
+    taint: bool = True
 
     @property
     def paths(self) -> RealNodePaths:
@@ -385,7 +391,8 @@ class RealNode:
                          client=(cert, key))
         self.plane.kubectl("apply", "-f", "-", input=json.dumps(node_rbac_manifest(self.name)))
         config = kubelet_config(self.paths, port=self.kubelet_port,
-                                healthz_port=self.healthz_port, ca_file=pki.ca_cert)
+                                healthz_port=self.healthz_port, ca_file=pki.ca_cert,
+                                taints=[REAL_NODE_TAINT] if self.taint else [])
         self.paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def start_kubelet(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -484,7 +491,7 @@ class RealNode:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "work_dir": str(self.work_dir),
                 "kubelet_port": self.kubelet_port, "healthz_port": self.healthz_port,
-                "busybox_image": self.busybox_image,
+                "busybox_image": self.busybox_image, "taint": self.taint,
                 "processes": [p.to_dict() for p in self.processes.values()]}
 
     @classmethod
@@ -493,6 +500,7 @@ class RealNode:
                    kubelet_port=int(data["kubelet_port"]),
                    healthz_port=int(data["healthz_port"]),
                    busybox_image=str(data.get("busybox_image", "")),
+                   taint=bool(data.get("taint", True)),
                    processes={str(p["name"]): ProcessHandle.from_dict(p)
                               for p in data["processes"]})
 

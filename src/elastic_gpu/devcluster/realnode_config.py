@@ -7,6 +7,7 @@ explains; the paths are those of `RealNodePaths`, all under one work directory.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,7 +173,8 @@ def containerd_config(paths: RealNodePaths, sandbox_image: str) -> str:
 
 
 def kubelet_config(paths: RealNodePaths, *, port: int, healthz_port: int,
-                   ca_file: Path, max_pods: int = 32) -> dict[str, Any]:
+                   ca_file: Path, max_pods: int = 32,
+                   taints: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
     """KubeletConfiguration for a loopback-only node on a cgroup v1 or v2 machine without
     systemd. Authentication: client certificates of the cluster CA, and anonymous requests,
     which authorization allows (`AlwaysAllow`): the port listens on 127.0.0.1 only, and the
@@ -214,6 +216,7 @@ def kubelet_config(paths: RealNodePaths, *, port: int, healthz_port: int,
         "fileCheckFrequency": "20s",
         "shutdownGracePeriod": "0s",
         "logging": {"format": "text"},
+        "registerWithTaints": [dict(t) for t in taints],
     }
 
 
