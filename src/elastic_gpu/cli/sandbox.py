@@ -58,6 +58,10 @@ def up(
         "--no-controller-manager", help="Leave out kube-controller-manager (then no "
         "Deployment makes pods, nothing is garbage-collected, a deleted namespace stays "
         "Terminating; the ServiceAccount admission plugin is off)")] = False,
+    real_nodes: Annotated[int, typer.Option(
+        "--real-nodes", min=0, help="Real kubelet nodes (containerd, runc, busybox "
+        "containers; root and Debian packages needed, docs/sandbox.md) beside the fake ones, "
+        "each with an agent (fake backend, 2 cards); at most 1 per machine")] = 0,
     state_dir: StateDir = None,
     bin_dir: Annotated[Path | None, typer.Option(
         "--bin-dir", help="Control plane binaries [default: from hack/ensure-k8s.sh]")] = None,
@@ -123,12 +127,14 @@ def up(
                          timeout_s=timeout, scheduler_config=sched_cfg,
                          agent_config=node_config,
                          agent_configs={k: v for k, v in per_node.items() if v is not None},
-                         controller_manager=not no_controller_manager)
+                         controller_manager=not no_controller_manager,
+                         real_nodes=real_nodes)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
+    real = f" + {real_nodes} real node(s)" if real_nodes else ""
     typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
-               f"node(s) Ready, API server {box.plane.server}")
+               f"node(s){real} Ready, API server {box.plane.server}")
     typer.echo(f"  {box.plane.bin_dir / 'kubectl'} --kubeconfig {box.kubeconfig} get nodes")
 
 
@@ -152,6 +158,11 @@ def status(
             typer.echo(f"  {name:<24} pid {comp['pid']:<8} {state:<8} log {comp['log']}")
         if "nodes_ready" in info:
             typer.echo(f"  nodes Ready: {info['nodes_ready']}/{info['nodes_expected']}")
+        for node in info.get("real_nodes", []):
+            typer.echo(f"  real node {node['name']}: Ready {node['ready']}")
+            for name, comp in node["components"].items():
+                state = "running" if comp["alive"] else "DEAD"
+                typer.echo(f"    {name:<22} pid {comp['pid']:<8} {state:<8} log {comp['log']}")
     if not info["running"]:
         raise typer.Exit(1)
 

@@ -8,7 +8,7 @@
   stopped after the test.
 - `k8s_namespace` (test): a fresh namespace with its `default` ServiceAccount; deleted after
   the test (the namespace controller removes what is in it).
-- `real_node` (session, `realnode_pytest.py`): a real kubelet node (containerd, runc) joined
+- `real_node` (module, `realnode_pytest.py`): a real kubelet node (containerd, runc) joined
   to `k8s_cluster`; skipped with the exact reason where the machine cannot run one.
 - `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ..., agent_config=None) -> [names]`
   registers Ready fake GPU nodes, published as an agent with `agent_config` (an AgentConfig or

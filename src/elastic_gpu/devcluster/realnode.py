@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,6 +277,8 @@ class RealNode:
     kubelet_starts: int = 0
     #: Register with `REAL_NODE_TAINT` (pods must tolerate it: `REAL_NODE_TOLERATION`).
     taint: bool = True
+    #: Called after each process starts (the sandbox records pids before waiting on them).
+    on_spawn: Callable[[RealNode], None] | None = field(default=None, repr=False)
 
     @property
     def paths(self) -> RealNodePaths:
@@ -322,6 +324,13 @@ class RealNode:
 
     def _prepare(self) -> None:
         paths = self.paths
+        # Unix socket paths hold at most 107 bytes; the longest here is a device plugin's,
+        # `egpu-<resource>.sock` (about 40 bytes) in the device-plugin directory.
+        if len(str(self.device_plugin_dir)) > 66:
+            raise DevClusterError(
+                f"work dir {self.work_dir} is too long for the sockets under it "
+                f"({self.device_plugin_dir} is {len(str(self.device_plugin_dir))} bytes, at "
+                "most 66): choose a shorter one")
         shutil.rmtree(self.work_dir, ignore_errors=True)
         for directory in (paths.cni_bin, paths.cni_conf, paths.cni_state, paths.logs,
                           paths.images, paths.containerd_root.parent):
@@ -349,6 +358,8 @@ class RealNode:
                        self.paths.logs / f"{name}.log", full_env,
                        die_with_parent=self.die_with_parent)
         self.processes[name] = handle
+        if self.on_spawn is not None:
+            self.on_spawn(self)
         return handle
 
     def _in_namespace(self, argv: Sequence[str]) -> list[str]:
@@ -458,6 +469,12 @@ class RealNode:
         """Stop kubelet, containerd and every pod; remove cgroups and the work dir.
         `delete_node`: also delete the Node object (when the cluster stays up)."""
         errors: list[str] = []
+        # The cgroup sweep below kills whatever is in egpu-realnode: only when that is ours
+        # (our namespace holds the machine's lock, or nobody does), never another real node's.
+        holder = lock_holder()
+        namespace = self.processes.get("namespace")
+        ours = holder is None or (namespace is not None and namespace.alive()
+                                  and holder == namespace.pid)
         for name in ("kubelet", "containerd", "namespace"):
             handle = self.processes.get(name)
             if handle is None:
@@ -466,11 +483,12 @@ class RealNode:
                 handle.stop(grace_s=5.0)
             except Exception as err:  # keep going: the cgroup sweep below catches the rest
                 errors.append(f"{name}: {err}")
-        try:
-            kill_cgroup_processes()
-            remove_cgroups()
-        except DevClusterError as err:
-            errors.append(str(err))
+        if ours:
+            try:
+                kill_cgroup_processes()
+                remove_cgroups()
+            except DevClusterError as err:
+                errors.append(str(err))
         self.processes.clear()
         still = [port for port in self.ports if is_listening(port)]
         if still:

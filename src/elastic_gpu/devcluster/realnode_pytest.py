@@ -1,10 +1,11 @@
-"""pytest fixture `real_node` (session): a real kubelet node joined to `k8s_cluster`.
+"""pytest fixture `real_node` (module): a real kubelet node joined to `k8s_cluster`.
 
 Skipped, with the exact reason, where the machine cannot run one (not root, no mount
 namespaces, containerd/runc/busybox-static/iproute2 missing, no kubelet built) or where another
-real node already runs on it (one per machine). The node is tainted `elasticgpu.io/real-node`
-(`REAL_NODE_TOLERATION` lets a pod in), so pods of other tests never land on it. Torn down at
-the end of the session: no process, mount, cgroup or state is left, and the Node is deleted.
+real node already runs on it (one per machine; module scope, so a test module of its own can
+run `egpu sandbox up --real-nodes 1`). The node is tainted `elasticgpu.io/real-node`
+(`REAL_NODE_TOLERATION` lets a pod in), so pods of other tests never land on it. Torn down after
+the module: no process, mount, cgroup or state is left, and the Node is deleted.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from elastic_gpu.devcluster.realnode_ns import lock_holder
 REAL_NODE_NAME = "egpu-real-0"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_node(k8s_cluster: ControlPlane) -> Iterator[RealNode]:
     reason = unavailable_reason(k8s_cluster.bin_dir)
     if reason is not None:

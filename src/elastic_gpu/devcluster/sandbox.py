@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_gpu.core.model import Node
+from elastic_gpu.devcluster import realnode_sandbox
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import DevClusterError
@@ -91,7 +92,7 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
        scheduler_config: Mapping[str, Any] | None = None,
        agent_config: AgentConfigLike | None = None,
        agent_configs: Mapping[str, AgentConfigLike] | None = None,
-       controller_manager: bool = True) -> Sandbox:
+       controller_manager: bool = True, real_nodes: int = 0) -> Sandbox:
     """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
 
     `scheduler_config`: a KubeSchedulerConfiguration for the sandbox's kube-scheduler (e.g.
@@ -100,6 +101,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     (resource names, time-slicing replicas, MIG strategy; see `nodes.register_fake_node`).
     `controller_manager`: run kube-controller-manager (Deployments, Jobs, garbage collection,
     namespace deletion, ResourceQuota, ServiceAccounts).
+    `real_nodes`: 0 or 1 real kubelet nodes (containerd, runc; `realnode_sandbox`) beside the
+    fake ones, each with an agent (fake backend).
     """
     existing = Sandbox.load(state_dir)
     if existing is not None:
@@ -129,6 +132,7 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         plane.start_process(ALLOCATION_SYNC, [
             sys.executable, "-m", "elastic_gpu.devcluster.allocation_sync",
             "--kubeconfig", str(plane.kubeconfig)])
+        realnode_sandbox.up(state_dir, plane, real_nodes, timeout_s=timeout_s)
     except BaseException:
         _remove(sandbox)
         raise
@@ -150,6 +154,11 @@ def status(state_dir: Path) -> dict[str, Any]:
                        for name, p in sandbox.plane.processes.items()},
         "nodes_expected": len(sandbox.node_names),
     }
+    real = realnode_sandbox.status(state_dir, sandbox.plane)
+    if real:
+        result["real_nodes"] = real
+        result["running"] = result["running"] and all(
+            c["alive"] for node in real for c in node["components"].values())
     if alive.get("kube-apiserver"):
         try:
             ready, total = count_ready_nodes(sandbox.plane.client())
@@ -167,6 +176,7 @@ def down(state_dir: Path) -> list[str]:
     if sandbox is None:
         return []
     names = [name for name, alive in sandbox.plane.alive().items() if alive]
+    names += realnode_sandbox.running(state_dir, sandbox.plane)
     _remove(sandbox)
     return names
 
@@ -177,7 +187,14 @@ def _remove(sandbox: Sandbox) -> None:
     # port may since have been taken by an unrelated program.
     ours = [port for name, alive in plane.alive().items() if alive
             for port in plane.ports_of(name) if port]
+    real_error = None
+    try:
+        realnode_sandbox.down(sandbox.state_dir, plane)  # before its apiserver goes
+    except DevClusterError as err:
+        real_error = err
     plane.stop()
+    if real_error is not None:
+        raise real_error
     still = [port for port in ours if is_listening(port)]
     if still:
         raise DevClusterError(f"sandbox stopped but ports {still} still accept connections")

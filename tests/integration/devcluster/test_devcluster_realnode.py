@@ -21,6 +21,7 @@ from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_conf
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.devcluster.errors import DevClusterError
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.process import ProcessHandle, spawn
 from elastic_gpu.devcluster.pytest_plugin import unique_name
@@ -139,6 +140,16 @@ def test_real_node_is_a_real_kubelet(real_node: RealNode, k8s_cluster: ControlPl
     assert info["kubeletVersion"].startswith("v1.")
     assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
     assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})
+
+
+def test_a_second_real_node_is_refused_clearly(real_node: RealNode, k8s_cluster: ControlPlane,
+                                              tmp_path: Path) -> None:
+    other = RealNode("egpu-real-1", tmp_path / "rn", k8s_cluster)
+    with pytest.raises(DevClusterError, match="a real node already runs on this machine"):
+        other.start()
+    other.stop()  # must not touch the running node's processes or cgroups
+    assert real_node.ready()
+    assert all(real_node.alive().values())
 
 
 def test_agent_hands_real_containers_their_assigned_cards(
