@@ -121,6 +121,15 @@ def up(
                 None, "KubeSchedulerConfiguration"):
             raise typer.BadParameter(f"{scheduler_config}: not a KubeSchedulerConfiguration",
                                      param_hint="--scheduler-config")
+    from elastic_gpu.devcluster import realnode_sandbox
+
+    try:
+        why_not = realnode_sandbox.preflight(real_nodes, bin_dir)
+    except DevClusterError as err:  # e.g. no binaries: the same error `up` would give
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    if why_not is not None:
+        raise typer.BadParameter(why_not, param_hint="--real-nodes")
     start = time.monotonic()
     try:
         box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,

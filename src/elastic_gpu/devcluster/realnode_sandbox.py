@@ -44,6 +44,27 @@ def load(state_dir: Path, plane: ControlPlane) -> list[RealNode]:
         raise DevClusterError(f"{path} is not a real-node state file ({err})") from None
 
 
+def preflight(count: int, bin_dir: Path | None = None) -> str | None:
+    """Why `count` real nodes cannot start here (checked before anything starts), or None."""
+    if count == 0:
+        return None
+    if count > MAX_REAL_NODES:
+        return (f"at most {MAX_REAL_NODES} per machine (kubelet and containerd assume they own "
+                "the machine: its cgroups, /dev/kmsg, the capacity they report)")
+    from elastic_gpu.devcluster.binaries import find_bin_dir
+    from elastic_gpu.devcluster.realnode import unavailable_reason
+    from elastic_gpu.devcluster.realnode_ns import lock_holder
+
+    reason = unavailable_reason(find_bin_dir(bin_dir))
+    if reason is not None:
+        return f"this machine cannot run a real node: {reason}"
+    holder = lock_holder()
+    if holder is not None:
+        return (f"a real node already runs on this machine (pid {holder} holds the lock "
+                "@egpu-realnode); one per machine")
+    return None
+
+
 def up(state_dir: Path, plane: ControlPlane, count: int, *, gpus: int = 2,
        model: str = "A100-SXM4-80GB", memory_mib: int = 81920,
        timeout_s: float = 120.0) -> list[RealNode]:
@@ -51,10 +72,7 @@ def up(state_dir: Path, plane: ControlPlane, count: int, *, gpus: int = 2,
     if count == 0:
         return []
     if count > MAX_REAL_NODES:
-        raise DevClusterError(
-            f"--real-nodes {count}: at most {MAX_REAL_NODES} per machine (kubelet and "
-            "containerd assume they own the machine: its cgroups, /dev/kmsg, the capacity "
-            "they report)")
+        raise DevClusterError(f"--real-nodes {count}: {preflight(count)}")
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     node = RealNode(DEFAULT_NAME, state_dir / "rn", plane,

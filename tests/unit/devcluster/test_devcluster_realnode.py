@@ -201,3 +201,39 @@ def test_agent_inventory_with_absent_device_files_is_refused(tmp_path: Path) -> 
                             "devices": ["/dev/nvidia0-does-not-exist"]}]}
     with pytest.raises(DevClusterError, match="runc would fail"):
         write_agent_files(tmp_path, tmp_path / "dp", inventory)
+
+
+# -- `egpu sandbox up --real-nodes` refuses before starting anything --------------------------
+
+def test_sandbox_refuses_two_real_nodes_before_starting(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from elastic_gpu.cli.sandbox import app
+
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, [
+        "up", "--gpu-nodes", "1", "--real-nodes", "2", "--kubeconfig", str(tmp_path / "kc"),
+        "--state-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "--real-nodes" in result.output and "at most 1 per machine" in result.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_sandbox_says_why_the_machine_cannot_run_a_real_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from elastic_gpu.cli.sandbox import app
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                 "kubectl", "kwok"):
+        (bins / name).write_text("#!/bin/sh\n")
+        (bins / name).chmod(0o755)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, [
+        "up", "--gpu-nodes", "1", "--real-nodes", "1", "--kubeconfig", str(tmp_path / "kc"),
+        "--state-dir", str(tmp_path / "s"), "--bin-dir", str(bins)])
+    assert result.exit_code == 2
+    assert "not root (uid 1000)" in result.output and f"no kubelet in {bins}" in result.output
+    assert not (tmp_path / "s").exists()
