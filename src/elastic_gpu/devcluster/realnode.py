@@ -92,12 +92,10 @@ def unavailable_reason(bin_dir: Path | None = None) -> str | None:
         images.find_busybox()
     except images.ImageBuildError as err:
         reasons.append(str(err))
-    if not reasons and _which("unshare") is not None:
-        probe = subprocess.run([str(_which("unshare")), "--mount", "--propagation", "private",
-                                "true"], capture_output=True, text=True, check=False)
-        if probe.returncode != 0:
-            reasons.append("cannot create a mount namespace (`unshare --mount` failed: "
-                           f"{probe.stderr.strip()})")
+    if not reasons:
+        reason = _probe_namespace()
+        if reason is not None:
+            reasons.append(reason)
     try:
         filesystems = Path("/proc/filesystems").read_text()
     except OSError:
@@ -110,6 +108,26 @@ def unavailable_reason(bin_dir: Path | None = None) -> str | None:
     if bin_dir is not None and not os.access(bin_dir / "kubelet", os.X_OK):
         reasons.append(f"no kubelet in {bin_dir} (hack/ensure-k8s.sh builds it)")
     return "; ".join(reasons) if reasons else None
+
+
+def _probe_namespace() -> str | None:
+    """Can we make a private mount namespace with an overlay over /var/lib, as the node's
+    namespace does? (Not where /tmp cannot be an overlay's upper layer, e.g. itself overlayfs.)"""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="egpu-rn-probe-") as tmp:
+        upper, work = Path(tmp) / "u", Path(tmp) / "w"
+        upper.mkdir()
+        work.mkdir()
+        probe = subprocess.run(
+            [str(_which("unshare")), "--mount", "--propagation", "private", "--",
+             str(_which("mount")), "-t", "overlay", "overlay", "-o",
+             f"lowerdir=/var/lib,upperdir={upper},workdir={work}", "/var/lib"],
+            capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        return ("cannot mount an overlay over /var/lib in a private mount namespace "
+                f"(`unshare --mount` + `mount -t overlay` failed: {probe.stderr.strip()})")
+    return None
 
 
 # -- cgroups --------------------------------------------------------------------------------

@@ -237,3 +237,15 @@ def test_sandbox_says_why_the_machine_cannot_run_a_real_node(
     assert result.exit_code == 2
     assert "not root (uid 1000)" in result.output and f"no kubelet in {bins}" in result.output
     assert not (tmp_path / "s").exists()
+
+
+def test_a_namespace_without_overlay_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil as sh
+
+    if sh.which("unshare") is None:
+        pytest.skip("no unshare on this machine")
+    real_which = realnode._which
+    monkeypatch.setattr(realnode, "_which",
+                        lambda name: "/bin/false" if name == "mount" else real_which(name))
+    reason = realnode._probe_namespace()
+    assert reason is not None and "cannot mount an overlay over /var/lib" in reason
