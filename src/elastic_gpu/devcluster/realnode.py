@@ -451,15 +451,16 @@ class RealNode:
         return self._node() is not None
 
     def _initialize_node(self) -> None:
-        """What a cloud controller does for an external-cloud-provider node: set its addresses
+        """What a cloud controller does for an external-cloud-provider node: set its address
         (InternalIP 127.0.0.1, where kubelet listens) and lift the 'uninitialized' taint."""
         node = self._node()
         if node is None:
             raise DevClusterError(f"node {self.name} vanished while starting")
         self.plane.kubectl("patch", "node", self.name, "--subresource=status", "--type=merge",
                            "-p", json.dumps({"status": {"addresses": [
-                               {"type": "InternalIP", "address": "127.0.0.1"},
-                               {"type": "Hostname", "address": "localhost"}]}}))
+                               # No Hostname address: the apiserver prefers it, and a name
+                               # could resolve to ::1, where kubelet does not listen.
+                               {"type": "InternalIP", "address": "127.0.0.1"}]}}))
         taints = [t for t in (node.get("spec", {}).get("taints") or [])
                   if t.get("key") != UNINITIALIZED_TAINT]
         self.plane.kubectl("patch", "node", self.name, "--type=merge",
