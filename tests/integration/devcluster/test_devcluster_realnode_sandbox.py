@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,51 @@ def test_sandbox_real_node_runs_pods_and_down_leaves_nothing(state_dir: Path) ->
     assert [p for p in ports if is_listening(p)] == []
     assert lock_holder() is None
     assert not (state / "rn").exists() and not (state / "realnode.json").exists()
+
+
+def test_a_killed_node_is_swept_by_the_next_start(state_dir: Path, k8s_cluster: Any) -> None:
+    """kubelet, containerd and the namespace SIGKILLed (as when the test run is killed): the
+    shims and pods they detached survive; the next start removes them, and its stop leaves
+    nothing."""
+    import signal
+
+    from elastic_gpu.devcluster.realnode import RealNode
+
+    first = RealNode("egpu-real-0", state_dir / "a", k8s_cluster, die_with_parent=True)
+    first.start()
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan"},
+               "spec": {"tolerations": [REAL_NODE_TOLERATION], "nodeName": first.name,
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "c", "image": first.busybox_image,
+                                        "imagePullPolicy": "Never",
+                                        "command": ["sleep", "3600"]}]}}
+        k8s_cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        deadline = time.monotonic() + 60
+        while k8s_cluster.kubectl("get", "pod", "orphan", "-o",
+                                  "jsonpath={.status.phase}").stdout != "Running":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        for handle in first.processes.values():
+            os.killpg(handle.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(h.alive() for h in first.processes.values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        orphans = cgroup_pids()
+        assert orphans, "shims and the pod outlive kubelet and containerd"
+        assert lock_holder() is None  # the lock died with the namespace holder
+
+        second = RealNode("egpu-real-0", state_dir / "b", k8s_cluster, die_with_parent=True)
+        second.start()  # sweeps the first node's leftovers, then starts clean
+        try:
+            assert [p for p in orphans if alive(p)] == []
+            assert second.ready()
+        finally:
+            second.stop(delete_node=True)
+    finally:
+        first.stop()
+        k8s_cluster.kubectl("delete", "pod", "orphan", "--grace-period=0", "--force",
+                            "--wait=false", check=False)
+    assert cgroup_pids() == set() and leftover_cgroups() == []
+    assert lock_holder() is None
