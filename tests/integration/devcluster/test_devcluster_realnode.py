@@ -68,9 +68,11 @@ def gpu_real_node(real_node: RealNode, k8s_cluster: ControlPlane,
     try:
         extender.start()
         start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
-        # kubelet itself puts a registered plugin's devices into the Node's capacity.
+        # The real kubelet accepted the agent's Register call (the agent logs it only then),
+        # and the Node's capacity counts the cards (kubelet's count; the agent patches the same).
+        wait_for(lambda: REGISTERED in agent.log_path.read_text(), "registration", agent)
         wait_for(lambda: capacity(k8s_cluster, real_node.name).get(GPU) == str(CARDS),
-                 f"kubelet reports {GPU}: {CARDS}", agent)
+                 f"capacity {GPU}: {CARDS}", agent)
         wait_extender_knows(extender.url, [real_node.name], CARDS)
         yield GpuNode(real_node, agent, name)
     finally:
