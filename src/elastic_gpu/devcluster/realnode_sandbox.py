@@ -85,7 +85,14 @@ def up(state_dir: Path, plane: ControlPlane, count: int, *, gpus: int = 2,
     agent = plane.start_process(f"agent-{node.name}",
                                 agent_argv(node.name, plane.kubeconfig, config))
 
-    def registered() -> bool:  # kubelet counts the plugin's devices into the Node's capacity
+    def registered() -> bool:
+        # The agent logs a registration only once kubelet accepted it; then the Node's
+        # capacity counts the cards.
+        try:
+            if f"registered {GPU_RESOURCE} with kubelet" not in agent.log_path.read_text():
+                return False
+        except OSError:
+            return False
         out = plane.kubectl("get", "node", node.name, "-o", "json", check=False).stdout
         capacity = json.loads(out or "{}").get("status", {}).get("capacity", {})
         return bool(capacity.get(GPU_RESOURCE) == str(gpus))
