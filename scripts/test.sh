@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
+scripts/realnode-packages.sh  # containerd, runc, busybox-static for the real-node tests (root)
 echo "== control-plane binaries"
 EGPU_K8S_BIN_DIR=$(hack/ensure-k8s.sh | tail -n 1)
 export EGPU_K8S_BIN_DIR

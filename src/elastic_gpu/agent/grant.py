@@ -93,7 +93,9 @@ def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], c
     }
     mounts: list[MountSpec] = []
     all_mig = all(s.mig_uuid is not None for s in shares)
-    is_share = any(s.milli < MILLI_PER_CARD or s.memory_mib for s in shares)
+    # A whole card is all of its compute; the scheduler writes it with the card's memory too
+    # (`Engine` allocates both), so memory alone does not make a share.
+    is_share = any(s.milli < MILLI_PER_CARD for s in shares)
     if all_mig:
         isolation = "mig"
     elif config.sharing.mode is SharingMode.MPS:

@@ -63,6 +63,10 @@ def up(
         "--no-controller-manager", help="Leave out kube-controller-manager (then no "
         "Deployment makes pods, nothing is garbage-collected, a deleted namespace stays "
         "Terminating; the ServiceAccount admission plugin is off)")] = False,
+    real_nodes: Annotated[int, typer.Option(
+        "--real-nodes", min=0, help="Real kubelet nodes (containerd, runc, busybox "
+        "containers; root and Debian packages needed, docs/sandbox.md) beside the fake ones, "
+        "each with an agent (fake backend, 2 cards); at most 1 per machine")] = 0,
     state_dir: StateDir = None,
     bin_dir: Annotated[Path | None, typer.Option(
         "--bin-dir", help="Control plane binaries [default: from hack/ensure-k8s.sh]")] = None,
@@ -123,18 +127,29 @@ def up(
                 None, "KubeSchedulerConfiguration"):
             raise typer.BadParameter(f"{scheduler_config}: not a KubeSchedulerConfiguration",
                                      param_hint="--scheduler-config")
+    from elastic_gpu.devcluster import realnode_sandbox
+
+    try:
+        why_not = realnode_sandbox.preflight(real_nodes, bin_dir)
+    except DevClusterError as err:  # e.g. no binaries: the same error `up` would give
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    if why_not is not None:
+        raise typer.BadParameter(why_not, param_hint="--real-nodes")
     start = time.monotonic()
     try:
         box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,
                          timeout_s=timeout, scheduler_config=sched_cfg,
                          agent_config=node_config,
                          agent_configs={k: v for k, v in per_node.items() if v is not None},
-                         controller_manager=not no_controller_manager, bare=bare)
+                         controller_manager=not no_controller_manager, bare=bare,
+                         real_nodes=real_nodes)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
+    real = f" + {real_nodes} real node(s)" if real_nodes else ""
     typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
-               f"node(s) Ready, API server {box.plane.server}")
+               f"node(s){real} Ready, API server {box.plane.server}")
     extender = box.endpoint_of(sandbox.EXTENDER)
     if extender is not None:
         typer.echo(f"  Elastic GPU scheduler extender {extender}, called by kube-scheduler")
@@ -171,6 +186,12 @@ def status(
         else:
             typer.echo(f"  nodes: unknown (kube-apiserver is not running), "
                        f"{info['nodes_expected']} expected")
+        for node in info.get("real_nodes", []):
+            typer.echo(f"  real node {node['name']}: Ready {node['ready']}")
+            for name, comp in node["components"].items():
+                state = "running" if comp["alive"] else "DEAD"
+                typer.echo(f"    {name:<22} {comp['pid']:<8} {state:<10} {'-':<24} "
+                           f"{comp['log']}")
     if not info["running"]:
         raise typer.Exit(1)
 

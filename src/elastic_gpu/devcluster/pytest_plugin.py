@@ -8,6 +8,8 @@
   stopped after the test.
 - `k8s_namespace` (test): a fresh namespace with its `default` ServiceAccount; deleted after
   the test (the namespace controller removes what is in it).
+- `real_node` (module, `realnode_pytest.py`): a real kubelet node (containerd, runc) joined
+  to `k8s_cluster`; skipped with the exact reason where the machine cannot run one.
 - `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ..., agent_config=None) -> [names]`
   registers Ready fake GPU nodes, published as an agent with `agent_config` (an AgentConfig or
   its dict form) would publish them; removed after the test with their pods and GPUDevices.
@@ -33,6 +35,7 @@ from elastic_gpu.devcluster.nodes import (
     register_fake_nodes,
     unregister_fake_node,
 )
+from elastic_gpu.devcluster.realnode_pytest import real_node
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -162,6 +165,7 @@ __all__ = [
     "fake_gpu_nodes",
     "k8s_cluster",
     "k8s_namespace",
+    "real_node",
     "start_kube_scheduler",
     "unique_name",
     "wait_default_service_account",

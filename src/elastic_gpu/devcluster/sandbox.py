@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_gpu.core.model import Node
-from elastic_gpu.devcluster import components
+from elastic_gpu.devcluster import components, realnode_sandbox
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.components import ComponentEnv, ComponentSpec, Stage
 from elastic_gpu.devcluster.controlplane import ControlPlane
@@ -229,7 +229,7 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
        scheduler_config: Mapping[str, Any] | None = None,
        agent_config: AgentConfigLike | None = None,
        agent_configs: Mapping[str, AgentConfigLike] | None = None,
-       controller_manager: bool = True, bare: bool = False,
+       controller_manager: bool = True, bare: bool = False, real_nodes: int = 0,
        registry: Sequence[ComponentSpec] = components.REGISTRY) -> Sandbox:
     """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
 
@@ -243,6 +243,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     namespace deletion, ResourceQuota, ServiceAccounts).
     A component that fails to start, or exits before `up` is done, fails `up` with its log
     tail, and everything started is stopped.
+    `real_nodes`: 0 or 1 real kubelet nodes (containerd, runc; `realnode_sandbox`) beside the
+    fake ones, each with an agent (fake backend).
     """
     specs = components.select(registry, bare=bare)
     state_dir = state_dir.resolve()
@@ -310,6 +312,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         for spec in specs:
             if spec.stage is Stage.AFTER_NODES:
                 _wait_component(sandbox, _spawn_component(sandbox, spec), timeout_s)
+        realnode_sandbox.up(state_dir, plane, real_nodes, timeout_s=timeout_s)
+        step("real nodes")
         check_alive(plane)
         step("components after the nodes")
         sandbox.save()
@@ -349,6 +353,11 @@ def status(state_dir: Path) -> dict[str, Any]:
         "components": comps,
         "nodes_expected": len(sandbox.node_names),
     }
+    real = realnode_sandbox.status(state_dir, sandbox.plane)
+    if real:
+        result["real_nodes"] = real
+        result["running"] = result["running"] and all(
+            c["alive"] for node in real for c in node["components"].values())
     if alive.get("kube-apiserver"):
         try:
             ready, total = count_ready_nodes(sandbox.plane.client())
@@ -371,6 +380,7 @@ def down(state_dir: Path) -> list[str]:
         return [f"stray process {pid} ({cmd[:80]})"
                 for pid, cmd in sorted(_end_processes(state_dir).items())]
     names = [name for name, alive in sandbox.plane.alive().items() if alive]
+    names += realnode_sandbox.running(state_dir, sandbox.plane)
     _remove(sandbox)
     return names
 
@@ -487,6 +497,10 @@ def _remove(sandbox: Sandbox) -> None:
     ours = [port for name, alive in plane.alive().items() if alive
             for port in ports.get(name, [])]
     errors: list[str] = []
+    try:
+        realnode_sandbox.down(sandbox.state_dir, plane)  # before its apiserver goes
+    except DevClusterError as err:
+        errors.append(str(err))
     try:
         plane.stop()
     except DevClusterError as err:

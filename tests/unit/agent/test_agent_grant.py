@@ -51,6 +51,14 @@ def test_whole_unsplit_board_gives_both_chips() -> None:
     assert grant([CardShare(2, "bi0", 1000, 0)], deviceSpecs=False).devices == ()
 
 
+def test_whole_card_as_the_scheduler_writes_it_is_exclusive() -> None:
+    # The engine's whole-card share carries the card's memory (seen on the real kubelet node:
+    # a `nvidia.com/gpu: 1` container was told accounting-only, EGPU_CORE_PERCENT=100).
+    g = grant([CardShare(0, "GPU-fake-n-0", 1000, 40960)])
+    assert g.envs["EGPU_ISOLATION"] == "exclusive"
+    assert "EGPU_CORE_PERCENT" not in g.envs and "EGPU_MEMORY_MIB" not in g.envs
+
+
 def test_mig_share_is_the_instance() -> None:
     g = grant([CardShare(1, "GPU-fake-n-1", 0, 0, "1g.5gb", "MIG-z")], sharing={"mode": "mps"})
     assert g.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-z"
