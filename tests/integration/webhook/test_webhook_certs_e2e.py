@@ -1,0 +1,131 @@
+"""The webhook's certificates on the real kube-apiserver (issue #14's must-show 3): replicas
+share one CA through the Secret, and rotation (serving certificate and CA) while pods are being
+admitted fails no admission."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu_testing.webhook import WebhookProcess
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.pytest_plugin import unique_name
+
+pytestmark = pytest.mark.integration
+
+LABEL = "egpu-webhook-test"
+
+
+def secret_data(plane: Any, namespace: str, name: str) -> dict[str, str]:
+    from lightkube.resources.core_v1 import Secret
+
+    secret = plane.client().get(Secret, name, namespace=namespace)
+    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+
+def served_certificate(port: int) -> str:
+    return ssl.get_server_certificate(("127.0.0.1", port))
+
+
+def cleanup(plane: Any, hooks: list[WebhookProcess]) -> None:
+    for hook in hooks:
+        hook.stop()
+    name = hooks[0].name
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        plane.kubectl("delete", kind, name, "--ignore-not-found", check=False)
+    plane.kubectl("delete", "namespace", hooks[0].namespace, "--wait=false",
+                  "--ignore-not-found", check=False)
+
+
+def test_replicas_started_together_share_one_secret(k8s_cluster: Any, tmp_path: Path) -> None:
+    name = unique_name("egpu-webhook-rep")
+    ports = free_ports(3)
+    hooks = [WebhookProcess(k8s_cluster.kubeconfig, port, tmp_path / f"w{i}.log", name=name,
+                            namespace=name, label=(LABEL, name)) for i, port in enumerate(ports)]
+    try:
+        threads = [threading.Thread(target=hook.start) for hook in hooks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for hook in hooks:
+            assert hook.get("/readyz")[0] == 200, hook.log_tail()
+        data = secret_data(k8s_cluster, name, f"{name}-tls")
+        served = {served_certificate(hook.port) for hook in hooks}
+        assert served == {data["tls.crt"]}
+    finally:
+        cleanup(k8s_cluster, hooks)
+
+
+def test_rotation_while_serving_fails_no_admission(k8s_cluster: Any, k8s_namespace: str,
+                                                   tmp_path: Path) -> None:
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+
+    name = unique_name("egpu-webhook-rot")
+    (port,) = free_ports(1)
+    # serving certificate ~22 s (renewed with a third left: every ~14 s), CA ~60 s
+    hook = WebhookProcess(k8s_cluster.kubeconfig, port, tmp_path / "webhook.log", name=name,
+                          namespace=name, label=(LABEL, name),
+                          extra_args=["--cert-days", "0.00025", "--ca-days", "0.0007",
+                                      "--rotation-check-seconds", "1"])
+    hook.start()
+    try:
+        k8s_cluster.kubectl("label", "namespace", k8s_namespace, f"{LABEL}={name}")
+        first = secret_data(k8s_cluster, name, f"{name}-tls")
+        client = k8s_cluster.client()
+        good = codecs.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "good", "namespace": k8s_namespace}, "spec": {"containers": [{
+                "name": "main", "image": "x",
+                "resources": {"limits": {"tencent.com/vcuda-core": "30"}}}]}})
+        bad = codecs.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "bad", "namespace": k8s_namespace}, "spec": {"containers": [{
+                "name": "main", "image": "x",
+                "resources": {"limits": {"tencent.com/vcuda-core": "150"}}}]}})
+        # the webhook in force for the namespace before counting
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.create(bad, dry_run=True)
+            except ApiError as err:
+                if "rule resource-value" in str(err.status.message):
+                    break
+            assert time.monotonic() < deadline, "webhook never in force"
+            time.sleep(0.2)
+        failures: list[str] = []
+        admitted = refused = 0
+        ca_seen = {first["ca.crt"]}
+        certs_seen = {served_certificate(port)}
+        end = time.monotonic() + 75
+        while time.monotonic() < end:
+            try:
+                created = client.create(good, dry_run=True)
+                if created.metadata.annotations.get("tencent.com/vcuda-core-limit") != "30":
+                    failures.append("admitted without the mutation")
+                admitted += 1
+            except ApiError as err:
+                failures.append(f"good pod: {err.status.message}")
+            try:
+                client.create(bad, dry_run=True)
+                failures.append("bad pod admitted")
+            except ApiError as err:
+                if "rule resource-value" in str(err.status.message):
+                    refused += 1
+                else:
+                    failures.append(f"bad pod: {err.status.message}")
+            certs_seen.add(served_certificate(port))
+            ca_seen.add(secret_data(k8s_cluster, name, f"{name}-tls")["ca.crt"])
+            time.sleep(0.05)
+        assert failures == [], failures[:5]
+        assert admitted > 100 and refused == admitted
+        assert len(certs_seen) >= 4, "the serving certificate did not rotate"
+        assert len(ca_seen) >= 2, "the CA did not rotate"
+        assert hook.metric("elasticgpu_webhook_certificate_reloads_total") >= 4
+    finally:
+        cleanup(k8s_cluster, [hook])
