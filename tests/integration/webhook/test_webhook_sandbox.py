@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,16 @@ def pod(name: str, limits: dict[str, object]) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                        "spec": {"containers": [{"name": "main", "image": "x",
                                                 "resources": {"limits": limits}}]}})
+
+
+def wait_scheduled(kc: Path, name: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got: dict[str, Any] = json.loads(kubectl(kc, "get", "pod", name, "-o", "json").stdout)
+        if got["spec"].get("nodeName"):
+            return got
+        assert time.monotonic() < deadline, f"{name} not scheduled"
+        time.sleep(0.3)
 
 
 def test_sandbox_runs_the_webhook_by_default(tmp_path: Path) -> None:
@@ -55,14 +66,19 @@ def test_sandbox_runs_the_webhook_by_default(tmp_path: Path) -> None:
         seed = kubectl(kc, "create", "-f", "-", input=pod(
             "seed", {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 15}))
         assert seed.returncode == 0, seed.stderr
-        deadline = time.monotonic() + 60
-        while True:
-            got = json.loads(kubectl(kc, "get", "pod", "seed", "-o", "json").stdout)
-            if got["spec"].get("nodeName"):
-                break
-            assert time.monotonic() < deadline, "seed pod not scheduled"
-            time.sleep(0.3)
+        got = wait_scheduled(kc, "seed")
         assert got["metadata"]["annotations"]["tencent.com/vcuda-core-limit"] == "50"
+        # A memory-only share gets one device of the share plugin (so kubelet calls the
+        # agent's Allocate) and is scheduled with that 1% beside its memory.
+        memory = kubectl(kc, "create", "-f", "-",
+                         input=pod("memory-only", {"elasticgpu.io/gpu-memory": 4096}))
+        assert memory.returncode == 0, memory.stderr
+        got = wait_scheduled(kc, "memory-only")
+        limits = got["spec"]["containers"][0]["resources"]["limits"]
+        assert limits == {"elasticgpu.io/gpu-memory": "4096", "elasticgpu.io/gpu-core": "1"}
+        (share,) = json.loads(got["metadata"]["annotations"]["elasticgpu.io/assignment"]
+                              )["containers"]["main"]
+        assert share["milli"] == 10 and share["memoryMiB"] == 4096
     finally:
         down = egpu("sandbox", "down", "--state-dir", str(state))
         assert down.returncode == 0, down.stderr
