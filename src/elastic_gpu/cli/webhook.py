@@ -52,7 +52,7 @@ def webhook(
     from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.scheduler import eventloop
     from elastic_gpu.webhook.certs import Lifetimes
-    from elastic_gpu.webhook.server import WebhookOptions, serve
+    from elastic_gpu.webhook.server import WebhookOptions, WebhookStartError, serve
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -83,5 +83,8 @@ def webhook(
     except ClientConfigError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    except WebhookStartError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass

@@ -167,6 +167,10 @@ class Admission:
             "patched" if verdict.patch else "allowed"
 
 
+class WebhookStartError(RuntimeError):
+    """The webhook cannot start serving; the message says what it could not get."""
+
+
 class TlsHolder:
     """One server SSLContext whose certificate is replaced in place: connections open keep
     their session, new handshakes get the new certificate."""
@@ -368,16 +372,24 @@ class WebhookServer:
 
         client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")
         tasks: list[asyncio.Task[None]] = []
-        if self.options.cert_dir is not None:
-            cert, key, ca = _read_cert_dir(self.options.cert_dir)
-            self.use_bundle(cert, key, ca)
-            rotation = self._watch_cert_dir(client, self.options.cert_dir)
-        else:
-            store = SecretStore(client, self.options.namespace, self.options.secret_name)
-            stored = await initial_bundle(store, self.options.hosts(), self.options.lifetimes)
-            self.use_bundle(stored.bundle.tls_cert, stored.bundle.tls_key,
-                            stored.bundle.ca_bundle)
-            rotation = self._rotate_secret(client, store, stored)
+        try:
+            if self.options.cert_dir is not None:
+                cert, key, ca = _read_cert_dir(self.options.cert_dir)
+                self.use_bundle(cert, key, ca)
+                rotation = self._watch_cert_dir(client, self.options.cert_dir)
+            else:
+                store = SecretStore(client, self.options.namespace, self.options.secret_name)
+                stored = await initial_bundle(store, self.options.hosts(),
+                                              self.options.lifetimes)
+                self.use_bundle(stored.bundle.tls_cert, stored.bundle.tls_key,
+                                stored.bundle.ca_bundle)
+                rotation = self._rotate_secret(client, store, stored)
+        except Exception as err:
+            with contextlib.suppress(Exception):
+                await client.close()
+            where = (f"--cert-dir {self.options.cert_dir}" if self.options.cert_dir else
+                     f"Secret {self.options.namespace}/{self.options.secret_name}")
+            raise WebhookStartError(f"no serving certificate from {where}: {err}") from err
         rotation_started = False
         facts = NodeFacts(self.set_nodes)
         tasks.append(asyncio.create_task(facts.run(client)))
@@ -427,4 +439,4 @@ async def serve(options: WebhookOptions, stop: asyncio.Event | None = None) -> N
     await server.run(stop)
 
 
-__all__ = ["Admission", "WebhookOptions", "WebhookServer", "serve"]
+__all__ = ["Admission", "WebhookOptions", "WebhookServer", "WebhookStartError", "serve"]

@@ -32,3 +32,21 @@ def test_cert_dir_needs_a_certificate(tmp_path: Path) -> None:
 def test_missing_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
     code, out = run("--kubeconfig", str(tmp_path / "none"), "--port", "1")
     assert code == 2 and "does not exist" in out
+
+
+def test_unreachable_api_server_is_a_clear_error(tmp_path: Path) -> None:
+    from elastic_gpu.devcluster.ports import free_ports
+
+    (port,) = free_ports(1)  # nothing listens there
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{port}",
+  insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: x}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+current-context: c
+""")
+    code, out = run("--kubeconfig", str(kubeconfig), "--port", "1")
+    assert code == 1
+    assert "no serving certificate from Secret elastic-gpu-system/elastic-gpu-webhook-tls" in out
