@@ -189,6 +189,11 @@ class TlsHolder:
         key.touch(mode=0o600)
         key.write_text(key_pem)
         cert.write_text(cert_pem)
+        # A pair that does not load (a key of another certificate, e.g. files caught half
+        # rewritten) must not reach the live context: OpenSSL would drop the served
+        # certificate there and every new handshake would fail. Try a throwaway one first.
+        probe = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        probe.load_cert_chain(str(cert), str(key))
         self.context.load_cert_chain(str(cert), str(key))
         self.loaded = cert_pem
         return True

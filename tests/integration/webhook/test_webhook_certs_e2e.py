@@ -129,3 +129,48 @@ def test_rotation_while_serving_fails_no_admission(k8s_cluster: Any, k8s_namespa
         assert hook.metric("elasticgpu_webhook_certificate_reloads_total") >= 4
     finally:
         cleanup(k8s_cluster, [hook])
+
+
+def test_cert_manager_files_are_served_registered_and_reloaded(k8s_cluster: Any,
+                                                               tmp_path: Path) -> None:
+    import datetime as dt
+    import json
+
+    from elastic_gpu.webhook.certs import Lifetimes, create_bundle, new_serving, serving_hosts
+
+    now = dt.datetime.now(dt.UTC)
+    bundle = create_bundle(serving_hosts(None, "x"), now, Lifetimes())
+    cert_dir = tmp_path / "certs"  # as cert-manager's Secret is mounted
+    cert_dir.mkdir()
+    for key, text in (("tls.crt", bundle.tls_cert), ("tls.key", bundle.tls_key),
+                      ("ca.crt", bundle.ca_cert)):
+        (cert_dir / key).write_text(text)
+    name = unique_name("egpu-webhook-cm")
+    (port,) = free_ports(1)
+    hook = WebhookProcess(k8s_cluster.kubeconfig, port, tmp_path / "webhook.log", name=name,
+                          namespace=name, label=(LABEL, name),
+                          extra_args=["--cert-dir", str(cert_dir),
+                                      "--rotation-check-seconds", "0.5"])
+    hook.start()
+    try:
+        assert served_certificate(port) == bundle.tls_cert
+        config = json.loads(k8s_cluster.kubectl(
+            "get", "validatingwebhookconfiguration", name, "-o", "json").stdout)
+        ca_bundle = config["webhooks"][0]["clientConfig"]["caBundle"]
+        assert base64.b64decode(ca_bundle).decode() == bundle.ca_cert
+        # no Secret is made in this mode
+        from lightkube.core.exceptions import ApiError
+        from lightkube.resources.core_v1 import Secret
+
+        with pytest.raises(ApiError):
+            k8s_cluster.client().get(Secret, f"{name}-tls", namespace=name)
+        renewed, key = new_serving(bundle.ca_cert, bundle.ca_key, serving_hosts(None, "x"), now,
+                                   Lifetimes())
+        (cert_dir / "tls.key").write_text(key)
+        (cert_dir / "tls.crt").write_text(renewed)
+        deadline = time.monotonic() + 10
+        while served_certificate(port) != renewed:
+            assert time.monotonic() < deadline, "renewed certificate not served"
+            time.sleep(0.2)
+    finally:
+        cleanup(k8s_cluster, [hook])
