@@ -84,6 +84,8 @@ class AdmissionRule(enum.Enum):
     UNKNOWN_POLICY = "unknown-policy"
     #: `elasticgpu.io/gpu-model` names only models no node has
     UNKNOWN_MODEL = "unknown-model"
+    #: a MIG profile no node offers (while some node offers MIG profiles)
+    UNKNOWN_MIG_PROFILE = "unknown-mig-profile"
     #: another annotation the scheduler or a runtime reads has a value it cannot read
     BAD_ANNOTATION = "bad-annotation"
     #: the object is not a pod of the expected shape (`resource` the field)
@@ -134,6 +136,8 @@ class ClusterFacts:
     largest_memory_node: str = ""
     #: card models some node has
     models: frozenset[str] = frozenset()
+    #: MIG resource names some node offers (`nvidia.com/mig-3g.40gb`, ...)
+    mig_profiles: frozenset[str] = frozenset()
     #: None: the names are not checked
     node_policies: frozenset[str] | None = None
     card_policies: frozenset[str] | None = None
@@ -147,12 +151,13 @@ class NodeGpus:
     cards: int
     memory_mib_per_card: int
     model: str = ""
+    mig_profiles: frozenset[str] = frozenset()
 
 
 def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
     """A Node dict's cards (the most any GPU resource of its capacity stands for: whole-card
-    counts, compute shares / 1000 milli) and per-card memory; None for a node without GPUs or
-    one whose capacity cannot be read."""
+    counts, compute shares / 1000 milli), per-card memory and MIG profiles; None for a node
+    without GPUs or one whose capacity cannot be read."""
     if not isinstance(node, Mapping):
         return None
     meta = node.get("metadata")
@@ -164,6 +169,7 @@ def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
         return None
     cards = 0
     memory_total = 0
+    migs: set[str] = set()
     for key, raw in capacity.items():
         try:
             spec = lookup(str(key))
@@ -181,12 +187,15 @@ def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
             cards = max(cards, amount // MILLI_PER_CARD)
         elif spec.measure is Measure.MEMORY:
             memory_total = max(memory_total, amount)
-    if cards == 0:
+        elif spec.measure is Measure.MIG:
+            migs.add(spec.name)
+    if cards == 0 and not migs:
         return None
     raw_labels = meta.get("labels")
     labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
     model = next((str(labels[k]) for k in MODEL_LABELS if isinstance(labels.get(k), str)), "")
-    return NodeGpus(str(meta.get("name", "")), cards, memory_total // cards, model)
+    return NodeGpus(str(meta.get("name", "")), cards, memory_total // cards if cards else 0, model,
+                    frozenset(migs))
 
 
 def facts_from_nodes(nodes: Iterable[NodeGpus], *,
@@ -202,6 +211,7 @@ def facts_from_nodes(nodes: Iterable[NodeGpus], *,
         largest_card_memory_mib=memory.memory_mib_per_card if memory else 0,
         largest_memory_node=memory.name if memory else "",
         models=frozenset(n.model for n in ordered if n.model),
+        mig_profiles=frozenset(m for n in ordered for m in n.mig_profiles),
         node_policies=frozenset(node_policies) if node_policies is not None else None,
         card_policies=frozenset(card_policies) if card_policies is not None else None,
     )
@@ -326,6 +336,14 @@ def _check_capacity(requests: Sequence[ContainerRequest], facts: ClusterFacts) -
                     f"{request.memory_mib} MiB per card",
                     f"no card could ever hold it: the largest card ({facts.largest_memory_node}) "
                     f"has {facts.largest_card_memory_mib} MiB", request.name))
+    if facts.mig_profiles:
+        for request in requests:
+            if request.kind is RequestKind.MIG and request.mig_profile is not None and \
+                    request.mig_profile.resource_name not in facts.mig_profiles:
+                refusals.append(Refusal(
+                    AdmissionRule.UNKNOWN_MIG_PROFILE, request.mig_profile.resource_name, "",
+                    f"no node offers this MIG profile; the cluster's: "
+                    f"{', '.join(sorted(facts.mig_profiles))}", request.name))
     return refusals
 
 

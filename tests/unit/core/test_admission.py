@@ -273,3 +273,19 @@ def test_describe_without_container() -> None:
 
     text = describe(Refusal(AdmissionRule.MALFORMED, "spec", "", "must be an object"))
     assert text == "spec: must be an object (rule malformed)"
+
+
+def test_a_mig_profile_no_node_offers_is_refused_once_nodes_offer_some() -> None:
+    facts = facts_from_nodes([NodeGpus("m", 0, 0, "", frozenset({"nvidia.com/mig-3g.40gb"}))])
+    verdict = admit(pod({"nvidia.com/mig-1g.10gb": "1"}), facts)
+    assert rules(verdict) == [AdmissionRule.UNKNOWN_MIG_PROFILE]
+    assert "nvidia.com/mig-1g.10gb" in verdict.message
+    assert "the cluster's: nvidia.com/mig-3g.40gb" in verdict.message
+    assert admit(pod({"nvidia.com/mig-3g.40gb": "2"}), facts).allowed
+    assert admit(pod({"nvidia.com/mig-1g.10gb": "1"}), FACTS).allowed  # no MIG known: form only
+
+
+def test_a_node_with_only_mig_instances_is_known() -> None:
+    node = {"metadata": {"name": "m"}, "status": {"capacity": {
+        "nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "0"}}}
+    assert node_gpus(node) == NodeGpus("m", 0, 0, "", frozenset({"nvidia.com/mig-3g.40gb"}))
