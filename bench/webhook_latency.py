@@ -138,7 +138,7 @@ def main() -> int:
         plane.start(scheduler=False, kwok_enabled=False)
         (port,) = free_ports(1)
         hook = WebhookProcess(plane.kubeconfig, port, Path(tmp) / "webhook.log",
-                              name="elastic-gpu-webhook", namespace="elastic-gpu-system")
+                              name="elastic-gpu-webhook", namespace="elastic-gpu")
         try:
             hook.start()
             plane.kubectl("create", "namespace", "bench")

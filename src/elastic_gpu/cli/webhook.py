@@ -18,7 +18,7 @@ def webhook(
     namespace: Annotated[str, typer.Option(
         envvar="POD_NAMESPACE",
         help="the webhook's namespace: its Secret lives here, and its pods are never sent to "
-             "it")] = "elastic-gpu-system",
+             "it")] = "elastic-gpu",
     name: Annotated[str, typer.Option(
         help="name of the Mutating/ValidatingWebhookConfiguration")] = "elastic-gpu-webhook",
     secret: Annotated[str, typer.Option(

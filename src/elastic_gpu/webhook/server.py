@@ -211,7 +211,7 @@ class WebhookOptions:
     kubeconfig: Path | None = None
     host: str = "127.0.0.1"
     port: int = 9443
-    namespace: str = "elastic-gpu-system"
+    namespace: str = "elastic-gpu"
     #: configuration names (cluster-scoped) and the Secret's name
     name: str = DEFAULT_NAME
     secret_name: str = "elastic-gpu-webhook-tls"

@@ -174,3 +174,50 @@ def test_cert_manager_files_are_served_registered_and_reloaded(k8s_cluster: Any,
             time.sleep(0.2)
     finally:
         cleanup(k8s_cluster, [hook])
+
+
+def test_the_deployed_rbac_is_enough(k8s_cluster: Any, k8s_namespace: str,
+                                     tmp_path: Path) -> None:
+    """deploy/webhook/rbac.yaml: the webhook with only those rights makes its Secret, registers
+    and refuses a bad pod."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[3]
+    k8s_cluster.kubectl("create", "namespace", "elastic-gpu", check=False)
+    k8s_cluster.kubectl("apply", "-f", str(repo / "deploy/webhook/rbac.yaml"))
+    token = k8s_cluster.kubectl("create", "token", "elastic-gpu-webhook", "-n",
+                                "elastic-gpu").stdout.strip()
+    admin = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+    (port,) = free_ports(1)
+    # the deployed names (the RBAC's resourceNames), sent only the test's namespace
+    hook = WebhookProcess(kubeconfig, port, tmp_path / "webhook.log",
+                          name="elastic-gpu-webhook", namespace="elastic-gpu",
+                          label=(LABEL, "rbac"))  # its Secret: elastic-gpu-webhook-tls
+    try:
+        hook.start()
+        k8s_cluster.kubectl("label", "namespace", k8s_namespace, f"{LABEL}=rbac")
+        bad = ('{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"}, "spec": '
+               '{"containers": [{"name": "main", "image": "x", "resources": {"limits": '
+               '{"tencent.com/vcuda-core": 150}}}]}}')
+        deadline = time.monotonic() + 30
+        while True:
+            result = k8s_cluster.kubectl("create", "-n", k8s_namespace, "-f", "-", input=bad,
+                                         check=False)
+            if "rule resource-value" in result.stderr:
+                break
+            assert time.monotonic() < deadline, result.stderr
+            time.sleep(0.2)
+        assert secret_data(k8s_cluster, "elastic-gpu", "elastic-gpu-webhook-tls")["tls.crt"]
+    finally:
+        hook.stop()
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            k8s_cluster.kubectl("delete", kind, "elastic-gpu-webhook", "--ignore-not-found",
+                                check=False)
+        k8s_cluster.kubectl("delete", "secret", "-n", "elastic-gpu", "elastic-gpu-webhook-tls",
+                            "--ignore-not-found", check=False)

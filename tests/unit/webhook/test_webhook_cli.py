@@ -49,4 +49,4 @@ current-context: c
 """)
     code, out = run("--kubeconfig", str(kubeconfig), "--port", "1")
     assert code == 1
-    assert "no serving certificate from Secret elastic-gpu-system/elastic-gpu-webhook-tls" in out
+    assert "no serving certificate from Secret elastic-gpu/elastic-gpu-webhook-tls" in out
