@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from elastic_gpu import __version__
-from elastic_gpu.cli import agent, sandbox, scheduler, simulate
+from elastic_gpu.cli import agent, sandbox, scheduler, simulate, webhook
 
 app = typer.Typer(
     name="egpu",
@@ -21,6 +21,7 @@ app.command("simulate")(simulate.simulate)
 app.add_typer(sandbox.app, name="sandbox")
 app.command("scheduler")(scheduler.scheduler)
 app.command("agent")(agent.agent)
+app.command("webhook")(webhook.webhook)
 
 
 @app.command("version")

@@ -3,7 +3,7 @@
 Kubernetes itself (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) is the
 `ControlPlane`'s. Everything else is one entry of `REGISTRY`: a name, how to start it (argv),
 whether it serves on a loopback port and how to tell it is ready, and when in `up` it starts.
-A new component (the admission webhook, `egpu controller`, ...) joins the sandbox by adding
+A new component (`egpu controller`, ...) joins the sandbox by adding
 one entry; `up`, `status` and `down` then start, report and stop it like the others.
 
 Order of `up` (sandbox.py): control plane up to kube-controller-manager -> components of
@@ -72,6 +72,9 @@ class ComponentSpec:
     #: (its `/metrics` text, the nodes) -> the nodes it does not know yet. After the nodes
     #: are Ready, `up` waits until that is empty (e.g. the extender's caches hold them all).
     knows_nodes: Callable[[str, Sequence[Node]], list[str]] | None = None
+    #: "https" for a component serving TLS (its self-signed certificate is not verified by
+    #: the readiness check)
+    scheme: str = "http"
 
     @property
     def serves(self) -> bool:
@@ -80,7 +83,7 @@ class ComponentSpec:
 
 def endpoint(spec: ComponentSpec, port: int) -> str | None:
     """The URL a component serves on, None if it serves nothing."""
-    return f"http://{HOST}:{port}" if spec.serves else None
+    return f"{spec.scheme}://{HOST}:{port}" if spec.serves else None
 
 
 def select(registry: Iterable[ComponentSpec], *, bare: bool) -> list[ComponentSpec]:
@@ -146,10 +149,21 @@ EXTENDER = ComponentSpec(
     argv=_extender_argv, ready_path="/readyz", extender=True,
     knows_nodes=extender_missing_nodes)
 
+def _webhook_argv(env: ComponentEnv) -> list[str]:
+    return [env.python, "-m", "elastic_gpu.cli.main", "webhook",
+            "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port)]
+
+
+#: The admission webhook (`egpu webhook`): HTTPS on loopback, registered by itself (its own CA,
+#: a `url` clientConfig at 127.0.0.1) once it has listed the Nodes; ready after that.
+WEBHOOK = ComponentSpec(
+    name="egpu-webhook", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+    argv=_webhook_argv, ready_path="/readyz", scheme="https")
+
 #: kwok nodes have no agent to keep their cards' allocation columns current.
 ALLOCATION_SYNC = ComponentSpec(
     name="allocation-sync", role=Role.NODE, stage=Stage.AFTER_NODES,
     argv=_allocation_sync_argv)
 
 #: Every component `egpu sandbox up` runs beside Kubernetes, in start order within a stage.
-REGISTRY: tuple[ComponentSpec, ...] = (EXTENDER, ALLOCATION_SYNC)
+REGISTRY: tuple[ComponentSpec, ...] = (EXTENDER, WEBHOOK, ALLOCATION_SYNC)

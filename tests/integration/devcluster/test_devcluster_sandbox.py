@@ -90,7 +90,7 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     try:
         assert {p["name"] for p in recorded["processes"]} == {
             "etcd", "kube-apiserver", "kube-controller-manager", "egpu-scheduler",
-            "kube-scheduler", "kwok", "allocation-sync"}
+            "egpu-webhook", "kube-scheduler", "kwok", "allocation-sync"}
         # The components outlived the `up` command.
         assert all(_alive(pid) for pid in pids)
 
@@ -213,9 +213,10 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         while any(_alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         status = egpu("sandbox", "status", "--state-dir", str(state))
-        # etcd, apiserver, extender, controller manager, scheduler, kwok, allocation sync
-        assert len(first["processes"]) == 7
-        assert status.returncode == 1 and status.stdout.count("DEAD") == 7
+        # etcd, apiserver, extender, webhook, controller manager, scheduler, kwok, allocation
+        # sync
+        assert len(first["processes"]) == 8
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 8
 
         again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
         assert again.returncode == 0, again.stderr

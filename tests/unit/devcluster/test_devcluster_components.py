@@ -28,23 +28,23 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_bare_leaves_out_the_elastic_gpu_components_only():
     names = [spec.name for spec in select(components.REGISTRY, bare=False)]
-    assert names == ["egpu-scheduler", "allocation-sync"]
+    assert names == ["egpu-scheduler", "egpu-webhook", "allocation-sync"]
     # The fake nodes' allocation sync stands in for their agents: it stays in a bare sandbox.
     assert [spec.name for spec in select(components.REGISTRY, bare=True)] == ["allocation-sync"]
 
 
 def test_a_component_joins_by_one_registry_entry_and_names_stay_unique(tmp_path):
-    webhook = ComponentSpec(name="egpu-webhook", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+    webhook = ComponentSpec(name="egpu-other", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
                             argv=lambda env: [env.python, "-m", "x", "--port", str(env.port)],
                             ready_path="/healthz")
     registry = (*components.REGISTRY, webhook)
-    assert [s.name for s in select(registry, bare=False)][-1] == "egpu-webhook"
-    assert "egpu-webhook" not in [s.name for s in select(registry, bare=True)]
+    assert [s.name for s in select(registry, bare=False)][-1] == "egpu-other"
+    assert "egpu-other" not in [s.name for s in select(registry, bare=True)]
     env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=1234, python="py")
     assert webhook.argv(env) == ["py", "-m", "x", "--port", "1234"]
     assert components.endpoint(webhook, 1234) == "http://127.0.0.1:1234"
     assert components.endpoint(components.ALLOCATION_SYNC, 0) is None
-    with pytest.raises(ValueError, match="egpu-webhook"):
+    with pytest.raises(ValueError, match="egpu-other"):
         select((*registry, webhook), bare=False)
 
 
@@ -179,3 +179,15 @@ def test_status_of_a_dead_sandbox_is_true_to_what_runs(tmp_path):
     assert comp == {"pid": handle.pid, "state": "DEAD", "alive": False,
                     "endpoint": "http://127.0.0.1:1", "log": str(handle.log_path)}
     assert "nodes_ready" not in info and info["nodes_expected"] == 1
+
+
+def test_webhook_serves_https_on_its_port_with_the_sandbox_kubeconfig(tmp_path):
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=4322,
+                       python=sys.executable)
+    argv = components.WEBHOOK.argv(env)
+    assert argv[:4] == [sys.executable, "-m", "elastic_gpu.cli.main", "webhook"]
+    assert argv[argv.index("--port") + 1] == "4322"
+    assert argv[argv.index("--kubeconfig") + 1] == str(tmp_path / "kc")
+    assert components.endpoint(components.WEBHOOK, 4322) == "https://127.0.0.1:4322"
+    assert components.WEBHOOK.stage is Stage.BEFORE_SCHEDULER
+    assert components.WEBHOOK.role is Role.SYSTEM

@@ -1,0 +1,90 @@
+"""`egpu webhook`: the admission webhook (validating and mutating AdmissionReview v1)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def webhook(
+    kubeconfig: Annotated[Path | None, typer.Option(
+        help="kubeconfig file; without it, the in-cluster service account")] = None,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTPS port to serve on")] = 9443,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    namespace: Annotated[str, typer.Option(
+        envvar="POD_NAMESPACE",
+        help="the webhook's namespace: its Secret lives here, and its pods are never sent to "
+             "it")] = "elastic-gpu",
+    name: Annotated[str, typer.Option(
+        help="name of the Mutating/ValidatingWebhookConfiguration")] = "elastic-gpu-webhook",
+    secret: Annotated[str, typer.Option(
+        help="Secret holding the CA and serving certificate (shared by replicas)")
+    ] = "elastic-gpu-webhook-tls",
+    service: Annotated[str | None, typer.Option(
+        help="in a cluster: the Service kube-apiserver calls (else --url)")] = None,
+    service_port: Annotated[int, typer.Option(help="the Service's port")] = 443,
+    url: Annotated[str | None, typer.Option(
+        help="the https URL kube-apiserver calls when there is no Service (default "
+             "https://<host>:<port>, e.g. the dev cluster on loopback)")] = None,
+    register: Annotated[bool, typer.Option(
+        help="create/update the webhook configurations (with their caBundle) at start")] = True,
+    cert_dir: Annotated[Path | None, typer.Option(
+        help="use tls.crt, tls.key and ca.crt from this directory (cert-manager's Secret, "
+             "mounted) instead of making and rotating our own; re-read when they change")
+    ] = None,
+    ca_days: Annotated[float, typer.Option(min=0.0001, help="CA lifetime, days")] = 3650,
+    cert_days: Annotated[float, typer.Option(min=0.0001, help="serving certificate lifetime, "
+                                             "days (renewed with a third left)")] = 365,
+    rotation_check_seconds: Annotated[float, typer.Option(
+        min=0.1, help="how often the certificates (and the Secret) are checked")] = 60.0,
+    timeout_seconds: Annotated[int, typer.Option(
+        min=1, max=30, help="the configurations' timeoutSeconds")] = 5,
+    namespace_label: Annotated[list[str] | None, typer.Option(
+        help="KEY=VALUE: only namespaces with this label are sent (repeatable)")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Serve the admission webhook: validate GPU pods against the resource table and the
+    cluster, and mutate them (defaults, gpu-manager's annotations). SIGTERM stops it."""
+    from elastic_gpu.k8s.client import ClientConfigError
+    from elastic_gpu.scheduler import eventloop
+    from elastic_gpu.webhook.certs import Lifetimes
+    from elastic_gpu.webhook.server import WebhookOptions, WebhookStartError, serve
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    labels: dict[str, str] = {}
+    for item in namespace_label or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            typer.echo(f"error: --namespace-label {item!r}: expected KEY=VALUE", err=True)
+            raise typer.Exit(2)
+        labels[key] = value
+    if url is not None and not url.startswith("https://"):
+        typer.echo(f"error: --url {url!r}: kube-apiserver calls webhooks over https only",
+                   err=True)
+        raise typer.Exit(2)
+    if cert_dir is not None and not (cert_dir / "tls.crt").is_file():
+        typer.echo(f"error: --cert-dir {cert_dir}: no tls.crt there", err=True)
+        raise typer.Exit(2)
+    options = WebhookOptions(
+        kubeconfig=kubeconfig, host=host, port=port, namespace=namespace, name=name,
+        secret_name=secret, service_name=service, service_port=service_port, url=url,
+        register=register, cert_dir=cert_dir,
+        lifetimes=Lifetimes(ca=dt.timedelta(days=ca_days), serving=dt.timedelta(days=cert_days)),
+        rotation_check_s=rotation_check_seconds, timeout_s=timeout_seconds,
+        namespace_labels=labels)
+    try:
+        eventloop.run(serve(options))
+    except ClientConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    except WebhookStartError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,1 @@
+"""The admission webhook (`egpu webhook`): an HTTPS AdmissionReview server over core.admission."""

@@ -1,0 +1,447 @@
+"""`egpu webhook`: the HTTPS AdmissionReview v1 server, a thin adapter over `core.admission`.
+
+- `POST /mutate` and `POST /validate`: an AdmissionReview in, an AdmissionReview out (HTTP 200)
+  with the verdict of `core.admission.admit` and, from /mutate, its JSON Patch. A body that is
+  not an AdmissionReview v1 gets 400 with the reason; a review whose object cannot be read gets
+  200 with `allowed: false` and the reason; a body over `max_body_bytes` gets 413. Never 5xx.
+- `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
+  `/metrics` (Prometheus, `elasticgpu_webhook_*`).
+The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
+the core, as everywhere else in the product.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import signal
+import ssl
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from elastic_gpu.core.admission import (
+    ClusterFacts,
+    NodeGpus,
+    admit,
+    default_policies,
+    facts_from_nodes,
+)
+from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
+from elastic_gpu.webhook.registration import (
+    DEFAULT_NAME,
+    MUTATE_PATH,
+    VALIDATE_PATH,
+    Scope,
+    Target,
+    configurations,
+)
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "admission.k8s.io/v1"
+#: kube-apiserver refuses request bodies over 3 MiB; a review wraps one object (CREATE).
+DEFAULT_MAX_BODY = 4 * 2**20
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 1.0)
+
+
+class _Kind(msgspec.Struct):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class _Resource(msgspec.Struct):
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+
+
+class _Request(msgspec.Struct):
+    uid: str = ""
+    kind: _Kind | None = None
+    resource: _Resource | None = None
+    subResource: str = ""
+    operation: str = ""
+    namespace: str = ""
+    name: str = ""
+    object: Any = None
+
+
+class _Review(msgspec.Struct):
+    apiVersion: str = ""
+    kind: str = ""
+    request: _Request | None = None
+
+
+_DECODER = msgspec.json.Decoder(_Review)
+_ENCODER = msgspec.json.Encoder()
+
+
+class Metrics:
+    """Each server has its own registry (several may run in one process: tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("elasticgpu_webhook_requests", "AdmissionReviews answered, by "
+                                "webhook (mutate, validate) and verdict (allowed, patched, "
+                                "refused, not_governed, bad_request)", ["webhook", "verdict"],
+                                registry=self.registry)
+        self.refusals = Counter("elasticgpu_webhook_refusals", "Refusals by rule",
+                                ["webhook", "rule"], registry=self.registry)
+        self.latency = Histogram("elasticgpu_webhook_request_duration_seconds",
+                                 "Time from the request read to the answer, seconds",
+                                 ["webhook"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.cert_expiry = Gauge("elasticgpu_webhook_certificate_expiry_timestamp_seconds",
+                                 "When the serving certificate expires (Unix time)",
+                                 registry=self.registry)
+        self.cert_reloads = Counter("elasticgpu_webhook_certificate_reloads",
+                                    "Serving certificates loaded (the first one included)",
+                                    registry=self.registry)
+        self.gpu_nodes = Gauge("elasticgpu_webhook_gpu_nodes", "GPU nodes known",
+                               registry=self.registry)
+        self.largest_cards = Gauge("elasticgpu_webhook_largest_node_cards",
+                                   "Cards of the largest GPU node", registry=self.registry)
+
+
+def _answer(uid: str, allowed: bool, message: str = "",
+            patch: Sequence[dict[str, Any]] = ()) -> bytes:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": message}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(_ENCODER.encode(list(patch))).decode()
+    return _ENCODER.encode({"apiVersion": API_VERSION, "kind": "AdmissionReview",
+                            "response": response})
+
+
+def _bad_request(reason: str) -> tuple[int, bytes, str]:
+    return 400, _ENCODER.encode({"error": reason}), "bad_request"
+
+
+class Admission:
+    """Bytes in, (HTTP status, body, verdict) out: the whole HTTP-free part of the server."""
+
+    def __init__(self, facts: ClusterFacts | None = None) -> None:
+        self.facts = facts or ClusterFacts()
+
+    def review(self, body: bytes, *, mutate: bool) -> tuple[int, bytes, str]:
+        try:
+            review = _DECODER.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            return _bad_request(f"not an AdmissionReview: {err}")
+        except RecursionError:
+            return _bad_request("not an AdmissionReview: nested too deeply")
+        if review.apiVersion != API_VERSION or review.kind != "AdmissionReview":
+            return _bad_request(f"apiVersion {review.apiVersion!r} kind {review.kind!r}: "
+                                f"expected {API_VERSION} AdmissionReview")
+        request = review.request
+        if request is None or not request.uid:
+            return _bad_request("request.uid is required")
+        kind = request.kind.kind if request.kind else ""
+        resource = request.resource.resource if request.resource else ""
+        if kind != "Pod" or resource != "pods" or request.subResource or \
+                request.operation != "CREATE":
+            # Not what this webhook governs (the registration sends only pod CREATEs).
+            return 200, _answer(request.uid, True), "not_governed"
+        try:
+            verdict = admit(request.object, self.facts, mutate=mutate)
+        except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
+            log.exception("admission of %s/%s failed", request.namespace, request.name)
+            return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
+                "refused"
+        if not verdict.allowed:
+            rules = ",".join(sorted({r.rule.value for r in verdict.refusals}))
+            return 200, _answer(request.uid, False, verdict.message), f"refused:{rules}"
+        return 200, _answer(request.uid, True, patch=verdict.patch), \
+            "patched" if verdict.patch else "allowed"
+
+
+class WebhookStartError(RuntimeError):
+    """The webhook cannot start serving; the message says what it could not get."""
+
+
+class TlsHolder:
+    """One server SSLContext whose certificate is replaced in place: connections open keep
+    their session, new handshakes get the new certificate."""
+
+    def __init__(self) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._dir = Path(tempfile.mkdtemp(prefix="egpu-webhook-tls-"))
+        self.loaded: str = ""
+
+    def load(self, cert_pem: str, key_pem: str) -> bool:
+        """Load a certificate and key (PEM); False when it is the one already served."""
+        if cert_pem == self.loaded:
+            return False
+        cert, key = self._dir / "tls.crt", self._dir / "tls.key"
+        key.touch(mode=0o600)
+        key.write_text(key_pem)
+        cert.write_text(cert_pem)
+        # A pair that does not load (a key of another certificate, e.g. files caught half
+        # rewritten) must not reach the live context: OpenSSL would drop the served
+        # certificate there and every new handshake would fail. Try a throwaway one first.
+        probe = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        probe.load_cert_chain(str(cert), str(key))
+        self.context.load_cert_chain(str(cert), str(key))
+        self.loaded = cert_pem
+        return True
+
+    def close(self) -> None:
+        for name in ("tls.crt", "tls.key"):
+            with contextlib.suppress(OSError):
+                (self._dir / name).unlink()
+        with contextlib.suppress(OSError):
+            self._dir.rmdir()
+
+
+@dataclass
+class WebhookOptions:
+    kubeconfig: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 9443
+    namespace: str = "elastic-gpu"
+    #: configuration names (cluster-scoped) and the Secret's name
+    name: str = DEFAULT_NAME
+    secret_name: str = "elastic-gpu-webhook-tls"
+    #: kube-apiserver calls the Service (in a cluster) or, without one, `url`
+    service_name: str | None = None
+    service_port: int = 443
+    url: str | None = None
+    register: bool = True
+    #: files from cert-manager (tls.crt, tls.key, ca.crt) instead of the Secret
+    cert_dir: Path | None = None
+    lifetimes: Lifetimes = field(default_factory=Lifetimes)
+    rotation_check_s: float = 60.0
+    timeout_s: int = 5
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    extra_hosts: tuple[str, ...] = ()
+
+    def target(self) -> Target:
+        if self.service_name:
+            return Target(service_name=self.service_name, service_namespace=self.namespace,
+                          service_port=self.service_port)
+        return Target(url=self.url or f"https://{self.host}:{self.port}")
+
+    def hosts(self) -> list[str]:
+        extra = list(self.extra_hosts)
+        if self.host not in ("0.0.0.0", "::", ""):
+            extra.append(self.host)
+        return serving_hosts(self.service_name, self.namespace, extra)
+
+
+class WebhookServer:
+    def __init__(self, options: WebhookOptions) -> None:
+        self.options = options
+        self.admission = Admission()
+        self.metrics = Metrics()
+        self.tls = TlsHolder()
+        self.ca_bundle = ""
+        self.registered = asyncio.Event()
+        self.nodes_synced = asyncio.Event()
+        self._policies = default_policies()
+
+    # facts ---------------------------------------------------------------------------------
+    def set_nodes(self, nodes: Sequence[NodeGpus]) -> None:
+        node_policies, card_policies = self._policies
+        facts = facts_from_nodes(nodes, node_policies=node_policies, card_policies=card_policies)
+        self.admission.facts = facts
+        self.metrics.gpu_nodes.set(len(nodes))
+        self.metrics.largest_cards.set(facts.largest_cards)
+
+    # HTTP ----------------------------------------------------------------------------------
+    def app(self) -> Any:
+        from aiohttp import web
+
+        async def handle(request: web.Request, mutate: bool) -> web.Response:
+            start = time.perf_counter()
+            webhook = "mutate" if mutate else "validate"
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                self.metrics.requests.labels(webhook, "bad_request").inc()
+                return web.json_response(
+                    {"error": f"body over {self.options.max_body_bytes} bytes"}, status=413)
+            status, payload, verdict = self.admission.review(body, mutate=mutate)
+            if verdict.startswith("refused:"):
+                for rule in verdict.split(":", 1)[1].split(","):
+                    self.metrics.refusals.labels(webhook, rule).inc()
+                verdict = "refused"
+            self.metrics.requests.labels(webhook, verdict).inc()
+            self.metrics.latency.labels(webhook).observe(time.perf_counter() - start)
+            return web.Response(body=payload, status=status, content_type="application/json")
+
+        async def mutate(request: web.Request) -> web.Response:
+            return await handle(request, True)
+
+        async def validate(request: web.Request) -> web.Response:
+            return await handle(request, False)
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def readyz(_: web.Request) -> web.Response:
+            missing = [what for what, ok in (
+                ("certificate", bool(self.tls.loaded)), ("nodes", self.nodes_synced.is_set()),
+                ("registration", self.registered.is_set() or not self.options.register)) if not ok]
+            if missing:
+                return web.Response(status=503, text=f"not ready: {', '.join(missing)}")
+            return web.Response(text="ok")
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(self.metrics.registry),
+                                headers={"Content-Type": "text/plain; version=0.0.4"})
+
+        app = web.Application(client_max_size=self.options.max_body_bytes)
+        app.router.add_post(MUTATE_PATH, mutate)
+        app.router.add_post(VALIDATE_PATH, validate)
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    # certificates --------------------------------------------------------------------------
+    def use_bundle(self, cert_pem: str, key_pem: str, ca_bundle: str) -> bool:
+        """Serve this certificate; True when the CA bundle changed (re-register)."""
+        if self.tls.load(cert_pem, key_pem):
+            self.metrics.cert_reloads.inc()
+            self.metrics.cert_expiry.set(not_after(cert_pem).timestamp())
+            log.info("serving certificate loaded, valid until %s", not_after(cert_pem))
+        changed = ca_bundle != self.ca_bundle
+        self.ca_bundle = ca_bundle
+        return changed
+
+    def registration(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        scope = Scope(namespace=self.options.namespace, timeout_s=self.options.timeout_s,
+                      namespace_labels=self.options.namespace_labels)
+        return configurations(self.options.name, self.options.target(),
+                              base64.b64encode(self.ca_bundle.encode()).decode(), scope)
+
+    async def _register(self, client: Any) -> None:
+        from elastic_gpu.webhook.kube import apply_configurations
+
+        if self.options.register:
+            await apply_configurations(client, self.registration())
+            self.registered.set()
+
+    async def _rotate_secret(self, client: Any, store: Any, stored: Any) -> None:
+        from elastic_gpu.webhook.kube import rotate_once
+
+        hosts = self.options.hosts()
+        while True:
+            await asyncio.sleep(self.options.rotation_check_s)
+            try:
+                newer = await rotate_once(store, stored, hosts, self.options.lifetimes)
+                bundle: CertBundle = newer.bundle
+                # A new CA is trusted (registered) before a certificate it signed is served:
+                # plan_rotation makes the CA and the certificate it signs in two steps.
+                if bundle.ca_bundle != self.ca_bundle:
+                    self.ca_bundle = bundle.ca_bundle
+                    await self._register(client)
+                self.use_bundle(bundle.tls_cert, bundle.tls_key, bundle.ca_bundle)
+                stored = newer
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # API down: keep serving what we have, try again
+                log.warning("certificate rotation check failed: %s", err)
+
+    async def _watch_cert_dir(self, client: Any, directory: Path) -> None:
+        while True:
+            await asyncio.sleep(self.options.rotation_check_s)
+            try:
+                cert, key, ca = _read_cert_dir(directory)
+                if self.use_bundle(cert, key, ca):
+                    await self._register(client)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("reading %s failed: %s", directory, err)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from aiohttp import web
+
+        from elastic_gpu.k8s.client import async_client
+        from elastic_gpu.webhook.kube import NodeFacts, SecretStore, initial_bundle
+
+        client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            if self.options.cert_dir is not None:
+                cert, key, ca = _read_cert_dir(self.options.cert_dir)
+                self.use_bundle(cert, key, ca)
+                rotation = self._watch_cert_dir(client, self.options.cert_dir)
+            else:
+                store = SecretStore(client, self.options.namespace, self.options.secret_name)
+                stored = await initial_bundle(store, self.options.hosts(),
+                                              self.options.lifetimes)
+                self.use_bundle(stored.bundle.tls_cert, stored.bundle.tls_key,
+                                stored.bundle.ca_bundle)
+                rotation = self._rotate_secret(client, store, stored)
+        except Exception as err:
+            with contextlib.suppress(Exception):
+                await client.close()
+            where = (f"--cert-dir {self.options.cert_dir}" if self.options.cert_dir else
+                     f"Secret {self.options.namespace}/{self.options.secret_name}")
+            raise WebhookStartError(f"no serving certificate from {where}: {err}") from err
+        rotation_started = False
+        facts = NodeFacts(self.set_nodes)
+        tasks.append(asyncio.create_task(facts.run(client)))
+        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.options.host, self.options.port,
+                           ssl_context=self.tls.context, reuse_address=True)
+        await site.start()
+        log.info("serving AdmissionReviews on https://%s:%d", self.options.host,
+                 self.options.port)
+        try:
+            await facts.synced.wait()
+            self.nodes_synced.set()
+            await self._register(client)
+            tasks.append(asyncio.create_task(rotation))
+            rotation_started = True
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if not rotation_started:
+                rotation.close()
+            await runner.cleanup()
+            self.tls.close()
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+def _read_cert_dir(directory: Path) -> tuple[str, str, str]:
+    cert = (directory / "tls.crt").read_text()
+    key = (directory / "tls.key").read_text()
+    ca_path = directory / "ca.crt"
+    return cert, key, ca_path.read_text() if ca_path.exists() else ""
+
+
+async def serve(options: WebhookOptions, stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set, or SIGTERM / SIGINT."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    server = WebhookServer(options)
+    await server.run(stop)
+
+
+__all__ = ["Admission", "WebhookOptions", "WebhookServer", "WebhookStartError", "serve"]
