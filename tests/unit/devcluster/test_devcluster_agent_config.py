@@ -246,6 +246,16 @@ def test_two_chip_boards_follow_the_ix_configmaps_splitboard_and_replicas() -> N
     (first_split, _) = split.inventories()
     assert node_manifest(first_split, split.agent_config)["status"]["capacity"][
         "iluvatar.com/gpu"] == "16"
+    # Read back by the scheduler's engine: IX pods go to the boards, shares do not (the IX
+    # form sells none), whatever the boards' card indexes (0 and 2 unsplit).
+    plain = parse_cluster({"nodeGroups": [{"name": "nv", "count": 1, "gpus": 2}]})[0]
+    nodes = [Node(s.node.name, 64000, 1 << 18, s.node.cards)
+             for group in (whole, plain) for s in _published(group)]
+    for resource, count, where in (("iluvatar.com/gpu", "2", ["ix-000"]),
+                                   ("elasticgpu.io/gpu-core", "30", ["nv-000"])):
+        pod = PodRequest("p", containers=(container_request("c", {"limits": {
+            resource: count}}),))
+        assert Engine(nodes).filter(pod).feasible == where
 
 
 def test_boards_under_the_default_agent_sell_shares_per_board() -> None:
