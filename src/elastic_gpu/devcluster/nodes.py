@@ -52,12 +52,18 @@ DEFAULT_MEMORY_MIB = 786_432
 def fake_inventory(name: str, *, gpus: int, gpu_model: str = DEFAULT_GPU_MODEL,
                    gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB,
                    cpu_milli: int = DEFAULT_CPU_MILLI,
-                   memory_mib: int = DEFAULT_MEMORY_MIB) -> Node:
-    """A node with `gpus` identical healthy cards."""
+                   memory_mib: int = DEFAULT_MEMORY_MIB, chips_per_board: int = 1) -> Node:
+    """A node with `gpus` identical healthy cards; with `chips_per_board` > 1 each card is a
+    board of that many chips of `gpu_memory_mib` each (`board_inventory_cards`)."""
     if gpus < 0:
         raise ValueError(f"node {name}: GPU count {gpus} is negative")
-    cards = tuple(Card(index=i, uuid=f"GPU-fake-{name}-{i}", model=gpu_model,
-                       memory_mib=gpu_memory_mib) for i in range(gpus))
+    if chips_per_board < 1:
+        raise ValueError(f"node {name}: chips per board {chips_per_board} must be at least 1")
+    if chips_per_board > 1:
+        cards = board_inventory_cards(name, gpus, chips_per_board, gpu_model, gpu_memory_mib)
+    else:
+        cards = tuple(Card(index=i, uuid=f"GPU-fake-{name}-{i}", model=gpu_model,
+                           memory_mib=gpu_memory_mib) for i in range(gpus))
     return Node(name=name, cpu_milli=cpu_milli, memory_mib=memory_mib, cards=cards)
 
 
@@ -333,9 +339,9 @@ class NodeGroup:
         for i in range(self.count):
             node = f"{self.name}-{i:0{width}d}"
             if self.chips_per_board > 1:
-                out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB,
-                                board_inventory_cards(node, self.gpus, self.chips_per_board,
-                                                      self.model, self.memory_mib)))
+                out.append(fake_inventory(node, gpus=self.gpus, gpu_model=self.model,
+                                          gpu_memory_mib=self.memory_mib,
+                                          chips_per_board=self.chips_per_board))
                 continue
             cards = []
             for c in range(self.gpus):

@@ -282,3 +282,17 @@ def test_cluster_file_is_read_with_the_agent_configs_yaml_rules(tmp_path: Any) -
     path.write_text("nodeGroups:\n- {name: a, count: 1, count: 2, gpus: 1}\n")
     with pytest.raises(ClusterSpecError, match="given twice"):
         load_cluster(path)
+
+
+def test_fake_inventory_of_boards_is_the_cluster_files() -> None:
+    """`fake_gpu_nodes(..., chips_per_board=2)` makes the same nodes as a cluster file's group."""
+    (group,) = parse_cluster({"nodeGroups": [
+        {"name": "ix", "count": 1, "gpus": 3, "chipsPerBoard": 2, "model": "BI-V150",
+         "memoryMiB": 32768}]})
+    (from_group,) = group.inventories()
+    assert fake_inventory("ix-000", gpus=3, gpu_model="BI-V150", gpu_memory_mib=32768,
+                          chips_per_board=2) == from_group
+    assert len(from_group.cards) == 6 and {c.board for c in from_group.cards} == {
+        "GPU-fake-ix-000-0", "GPU-fake-ix-000-1", "GPU-fake-ix-000-2"}
+    with pytest.raises(ValueError, match="chips per board 0"):
+        fake_inventory("x", gpus=1, chips_per_board=0)
