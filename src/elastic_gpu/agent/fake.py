@@ -113,6 +113,20 @@ def parse_inventory(data: Any, source: str) -> FakeInventory:
         raise BackendError(f"{source}: invalid fake inventory:\n" + "\n".join(lines)) from None
 
 
+def board_chips(board_id: str, *, model: str, chips: int, memory_mib: int, first_index: int,
+                numa_node: int | None = None) -> tuple[Card, ...]:
+    """The chips of one multi-chip board, as the fake inventory's `boards:` lays them out
+    (indexes from `first_index`, UUIDs `<board_id>-chip<k>`, each linked to the others as
+    chips of one board). `build_cards` and the sandbox's node groups both use it."""
+    indexes = range(first_index, first_index + chips)
+    return tuple(Card(index=index, uuid=f"{board_id}-chip{chip}", model=model,
+                      memory_mib=memory_mib,
+                      links=tuple(Link(peer, LinkKind.SAME_BOARD) for peer in indexes
+                                  if peer != index),
+                      numa_node=numa_node, board=board_id)
+                 for chip, index in enumerate(indexes))
+
+
 def build_cards(inventory: FakeInventory, node: str) -> tuple[tuple[Card, ...], dict[int, tuple[str, ...]]]:
     """Cards (board chips after plain cards) and each card's host device files."""
     cards: list[Card] = []
@@ -124,14 +138,11 @@ def build_cards(inventory: FakeInventory, node: str) -> tuple[tuple[Card, ...], 
                           memory_mib=fc.memoryMiB, links=links, mig=mig, numa_node=fc.numaNode))
         devices[index] = tuple(fc.devices)
     for board in inventory.boards:
-        first = len(cards)
-        chip_indexes = range(first, first + board.chips)
-        for chip, index in enumerate(chip_indexes):
-            links = tuple(Link(peer, LinkKind.SAME_BOARD) for peer in chip_indexes if peer != index)
-            cards.append(Card(index=index, uuid=f"{board.id}-chip{chip}", model=board.model,
-                              memory_mib=board.memoryMiB, links=links, numa_node=board.numaNode,
-                              board=board.id))
-            devices[index] = ()
+        for chip in board_chips(board.id, model=board.model, chips=board.chips,
+                                memory_mib=board.memoryMiB, first_index=len(cards),
+                                numa_node=board.numaNode):
+            cards.append(chip)
+            devices[chip.index] = ()
     known = {card.index for card in cards}
     for card in cards:
         for link in card.links:
@@ -173,18 +184,51 @@ class FakeBackend:
     @classmethod
     def from_cards(cls, cards: Sequence[Card], node: str = "node") -> FakeBackend:
         """A fake backend with exactly these cards (the sandbox's generated inventories).
-        Indexes must be 0..n-1 in order, as a driver numbers them."""
+        Indexes must be 0..n-1 in order, as a driver numbers them. Chips of multi-chip boards
+        (`board` set) become the inventory's `boards:`, so they must be laid out as that
+        section lays them out (`board_chips`): after the plain cards, each board's chips
+        consecutive, named `<board>-chip<k>`, alike in model and memory, linked as one board.
+        Anything else is refused rather than published differently from what was asked."""
         if [card.index for card in cards] != list(range(len(cards))):
             raise BackendError(f"node {node}: fake cards must be numbered 0..n-1 in order")
-        return cls(FakeInventory(
+        plain = [c for c in cards if c.board is None]
+        chips = cards[len(plain):]
+        if any(c.board is None for c in chips):
+            raise BackendError(f"node {node}: fake cards: the chips of multi-chip boards must "
+                               "come after the plain cards (the fake inventory numbers them so)")
+        groups: list[list[Card]] = []
+        for chip in chips:
+            if groups and groups[-1][0].board == chip.board:
+                groups[-1].append(chip)
+            elif any(g[0].board == chip.board for g in groups):
+                raise BackendError(f"node {node}: fake cards: the chips of board {chip.board} "
+                                   "are not consecutive")
+            else:
+                groups.append([chip])
+        try:
+            boards = [FakeBoard(id=str(g[0].board), model=g[0].model, chips=len(g),
+                                memoryMiB=g[0].memory_mib, numaNode=g[0].numa_node)
+                      for g in groups]
+        except ValidationError as err:
+            raise BackendError(f"node {node}: fake cards: a board the fake inventory cannot "
+                               f"describe: {err.errors()[0]['msg']}") from None
+        inventory = FakeInventory(
             cards=[FakeCard(model=c.model, memoryMiB=c.memory_mib, uuid=c.uuid,
                             numaNode=c.numa_node,
                             links=[FakeLink(peer=link.peer, kind=link.kind, count=link.count)
                                    for link in c.links],
                             mig=[FakeMig(profile=m.profile.name, uuid=m.uuid, start=m.start)
                                  for m in c.mig])
-                   for c in cards],
-            health=[FakeHealth(index=c.index) for c in cards if not c.healthy]), node)
+                   for c in plain],
+            boards=boards,
+            health=[FakeHealth(index=c.index) for c in cards if not c.healthy])
+        built, _ = build_cards(inventory, node)
+        for want, got in zip(chips, built[len(plain):], strict=True):
+            if replace(want, health=Health.HEALTHY, offers=None) != got:
+                raise BackendError(
+                    f"node {node}: fake card {want.index} (board {want.board}) is not a chip the "
+                    f"fake inventory's boards: section can describe; expected {got}")
+        return cls(inventory, node)
 
     @property
     def name(self) -> str:

@@ -43,8 +43,8 @@ def up(
     ] = None,
     cluster: Annotated[Path | None, typer.Option(
         "--cluster", exists=True, dir_okay=False,
-        help="Cluster file: nodeGroups [{name, count, gpus, model, memoryMiB, mig, "
-        "agentConfig}], e.g. NVIDIA nodes beside time-sliced IX nodes (docs/sandbox.md)")
+        help="Cluster file: nodeGroups [{name, count, gpus, model, memoryMiB, chipsPerBoard, "
+        "mig, agentConfig}], e.g. MIG A100s beside time-sliced 2-chip IX boards (docs/sandbox.md)")
     ] = None,
     agent_config: Annotated[Path | None, typer.Option(
         "--agent-config", exists=True, dir_okay=False,

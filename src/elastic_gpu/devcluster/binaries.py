@@ -1,4 +1,8 @@
-"""Where the control plane binaries are: built by hack/ensure-k8s.sh, cached by version."""
+"""Where the dev cluster's binaries are: built by hack/ensure-k8s.sh, cached by version.
+
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+kwok) lives in one cache directory; kubelet (the real node) and helm (the chart tests) are
+built under keys of their own and linked into it, so one directory holds them all."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 from elastic_gpu.devcluster.errors import MissingBinariesError
 
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-            "kwok")
+            "kwok", "kubelet", "helm")
 ENV_BIN_DIR = "EGPU_K8S_BIN_DIR"
 
 

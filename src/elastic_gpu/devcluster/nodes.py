@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.config import AgentConfig, ConfigError, MigStrategy, parse_config
+from elastic_gpu.agent.config import (
+    AgentConfig,
+    ConfigError,
+    MigStrategy,
+    parse_config,
+    read_yaml,
+)
+from elastic_gpu.agent.fake import board_chips
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
@@ -45,13 +52,32 @@ DEFAULT_MEMORY_MIB = 786_432
 def fake_inventory(name: str, *, gpus: int, gpu_model: str = DEFAULT_GPU_MODEL,
                    gpu_memory_mib: int = DEFAULT_GPU_MEMORY_MIB,
                    cpu_milli: int = DEFAULT_CPU_MILLI,
-                   memory_mib: int = DEFAULT_MEMORY_MIB) -> Node:
-    """A node with `gpus` identical healthy cards."""
+                   memory_mib: int = DEFAULT_MEMORY_MIB, chips_per_board: int = 1) -> Node:
+    """A node with `gpus` identical healthy cards; with `chips_per_board` > 1 each card is a
+    board of that many chips of `gpu_memory_mib` each (`board_inventory_cards`)."""
     if gpus < 0:
         raise ValueError(f"node {name}: GPU count {gpus} is negative")
-    cards = tuple(Card(index=i, uuid=f"GPU-fake-{name}-{i}", model=gpu_model,
-                       memory_mib=gpu_memory_mib) for i in range(gpus))
+    if chips_per_board < 1:
+        raise ValueError(f"node {name}: chips per board {chips_per_board} must be at least 1")
+    if chips_per_board > 1:
+        cards = board_inventory_cards(name, gpus, chips_per_board, gpu_model, gpu_memory_mib)
+    else:
+        cards = tuple(Card(index=i, uuid=f"GPU-fake-{name}-{i}", model=gpu_model,
+                           memory_mib=gpu_memory_mib) for i in range(gpus))
     return Node(name=name, cpu_milli=cpu_milli, memory_mib=memory_mib, cards=cards)
+
+
+def board_inventory_cards(node: str, boards: int, chips_per_board: int, model: str,
+                          memory_mib: int) -> tuple[Card, ...]:
+    """`boards` multi-chip boards (an IX BI-V150 node: 2 chips each), laid out as the agent's
+    fake backend lays out its inventory's `boards:` (it publishes them): board `b` is
+    `GPU-fake-<node>-<b>`, its chips `<board>-chip<k>`, numbered one after another, each of
+    `memory_mib`."""
+    cards: list[Card] = []
+    for b in range(boards):
+        cards.extend(board_chips(f"GPU-fake-{node}-{b}", model=model, chips=chips_per_board,
+                                 memory_mib=memory_mib, first_index=len(cards)))
+    return tuple(cards)
 
 
 def as_agent_config(config: AgentConfigLike | None, source: str = "agent config") -> AgentConfig:
@@ -281,6 +307,9 @@ class ClusterSpecError(ValueError):
     the field, its value and the rule."""
 
 
+#: The fake inventory's limit on chips per board, and the sandbox's on chips per node.
+MAX_CHIPS_PER_BOARD = 8
+MAX_CHIPS_PER_NODE = 64
 _GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "mig",
                "agentConfig")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
@@ -299,12 +328,21 @@ class NodeGroup:
     #: MIG instances carved on every card, in order (e.g. ("3g.40gb", "3g.40gb")).
     mig: tuple[MigProfile, ...] = ()
     agent_config: AgentConfig | None = None
+    #: >1: each of the `gpus` cards is a board of this many chips (IX BI-V150: 2), each chip
+    #: with `memory_mib`; the agent's `splitBoard` decides whether a board is one device or
+    #: one per chip.
+    chips_per_board: int = 1
 
     def inventories(self) -> list[Node]:
         width = max(3, len(str(self.count - 1)))
         out = []
         for i in range(self.count):
             node = f"{self.name}-{i:0{width}d}"
+            if self.chips_per_board > 1:
+                out.append(fake_inventory(node, gpus=self.gpus, gpu_model=self.model,
+                                          gpu_memory_mib=self.memory_mib,
+                                          chips_per_board=self.chips_per_board))
+                continue
             cards = []
             for c in range(self.gpus):
                 start = 0
@@ -361,10 +399,10 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
             raise ClusterSpecError(f"{where}.model={model!r}: must be a non-empty string")
         memory = _int(f"{where}.memoryMiB", raw.get("memoryMiB", DEFAULT_GPU_MEMORY_MIB),
                       1, 1 << 24)
-        chips = _int(f"{where}.chipsPerBoard", raw.get("chipsPerBoard", 1), 1, 8)
-        if chips != 1:
-            raise ClusterSpecError(f"{where}.chipsPerBoard={chips}: multi-chip boards are not "
-                                   "supported by the sandbox yet (only 1)")
+        chips = _int(f"{where}.chipsPerBoard", raw.get("chipsPerBoard", 1), 1, MAX_CHIPS_PER_BOARD)
+        if gpus * chips > MAX_CHIPS_PER_NODE:
+            raise ClusterSpecError(f"{where}.chipsPerBoard={chips}: gpus x chipsPerBoard = "
+                                   f"{gpus * chips} chips; at most {MAX_CHIPS_PER_NODE} per node")
         mig_raw = raw.get("mig", [])
         if not isinstance(mig_raw, list):
             raise ClusterSpecError(f"{where}.mig={mig_raw!r}: must be a list of MIG profiles "
@@ -378,6 +416,10 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
         if sum(p.slices for p in profiles) > 7:
             raise ClusterSpecError(f"{where}.mig={mig_raw!r}: more than 7 compute slices on "
                                    "one card")
+        if profiles and chips > 1:
+            raise ClusterSpecError(f"{where}.mig={mig_raw!r}: MIG instances are carved on "
+                                   f"single-chip cards only, not on boards of chipsPerBoard={chips} "
+                                   "chips (leave out mig, or set chipsPerBoard: 1)")
         config = None
         if "agentConfig" in raw:
             raw_config = raw["agentConfig"]
@@ -389,15 +431,18 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
             except ConfigError as err:
                 raise ClusterSpecError(str(err)) from None
         groups.append(NodeGroup(name, count, gpus, model.strip(), memory, tuple(profiles),
-                                config))
+                                config, chips))
     return groups
 
 
 def load_cluster(path: Path) -> list[NodeGroup]:
+    """Read a cluster file with the agent config's YAML 1.2 rules (`read_yaml`): `yes` is no
+    boolean and `010` no number there either, and a key given twice is an error, so an
+    `agentConfig` means in the cluster file what it means in the agent's own file."""
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path.read_text())
     except OSError as err:
         raise ClusterSpecError(f"{path}: cannot read: {err.strerror}") from None
     except yaml.YAMLError as err:

@@ -140,7 +140,13 @@ def test_cluster_file_makes_groups_of_nodes_each_with_its_agent() -> None:
     ({"extra": 1}, "unknown key(s) ['extra']"),
     ({"mig": ["0g.0gb"]}, "mig[0]='0g.0gb'"),
     ({"mig": ["4g.40gb", "4g.40gb"]}, "more than 7 compute slices"),
-    ({"chipsPerBoard": 2}, "chipsPerBoard=2"),
+    ({"chipsPerBoard": 9}, "nodeGroups[0] (nv).chipsPerBoard=9: must be a whole number 1-8"),
+    ({"chipsPerBoard": 0}, "chipsPerBoard=0: must be a whole number 1-8"),
+    ({"chipsPerBoard": "2"}, "chipsPerBoard='2': must be a whole number"),
+    ({"chipsPerBoard": 2, "gpus": 33}, "chipsPerBoard=2: gpus x chipsPerBoard = 66 chips; "
+                                       "at most 64 per node"),
+    ({"chipsPerBoard": 2, "mig": ["3g.40gb"]}, "mig=['3g.40gb']: MIG instances are carved on "
+                                               "single-chip cards only"),
     ({"agentConfig": {"timeSlicing": {"replicas": 0}}}, "timeSlicing.replicas"),
     ({"agentConfig": "ix"}, "agentConfig='ix': must be a mapping"),
 ])
@@ -188,3 +194,105 @@ def test_sandbox_cli_refuses_bad_cluster_and_agent_files(tmp_path: Any) -> None:
                                  str(tmp_path / "kc"), "--state-dir", str(tmp_path / "s"),
                                  *no_bins])
     assert result.exit_code == 1 and "hack/ensure-k8s.sh" in result.output
+
+
+# ---------------------------------------------------------------------------- multi-chip boards
+
+# The IX plugin's ConfigMap data verbatim (ix-device-plugin.yaml's `ix-config`), time-sliced.
+IX_CONFIGMAP = {"ix-config": 'version: "4.2.0"\nflags:\n  splitboard: false\nsharing:\n'
+                             '  timeSlicing:\n    replicas: 4\n'}
+IX_CONFIGMAP_SPLIT = {"ix-config": IX_CONFIGMAP["ix-config"].replace("false", "true")}
+
+
+def _published(group: Any) -> list[Any]:
+    """Each node of the group as the agent's fake backend publishes it (publish_fake_node's
+    path without the API: FakeBackend.from_cards, discover, the config's shaping)."""
+    from elastic_gpu.agent.fake import FakeBackend
+    from elastic_gpu.agent.publish import discover
+
+    config = group.agent_config or as_agent_config(None)
+    return [discover(FakeBackend.from_cards(inv.cards, inv.name), config, inv.name)
+            for inv in group.inventories()]
+
+
+def test_two_chip_boards_follow_the_ix_configmaps_splitboard_and_replicas() -> None:
+    whole, split = parse_cluster({"nodeGroups": [
+        {"name": "ix", "count": 1, "gpus": 2, "chipsPerBoard": 2, "model": "BI-V150",
+         "memoryMiB": 32768, "agentConfig": IX_CONFIGMAP},
+        {"name": "ixs", "count": 2, "gpus": 2, "chipsPerBoard": 2, "model": "BI-V150",
+         "memoryMiB": 32768, "agentConfig": IX_CONFIGMAP_SPLIT},
+    ]})
+    (ix_node,) = whole.inventories()
+    # 2 boards of 2 chips: 4 chips, numbered as the fake backend's boards: section numbers them
+    assert [(c.index, c.uuid, c.board) for c in ix_node.cards] == [
+        (0, "GPU-fake-ix-000-0-chip0", "GPU-fake-ix-000-0"),
+        (1, "GPU-fake-ix-000-0-chip1", "GPU-fake-ix-000-0"),
+        (2, "GPU-fake-ix-000-1-chip0", "GPU-fake-ix-000-1"),
+        (3, "GPU-fake-ix-000-1-chip1", "GPU-fake-ix-000-1")]
+    # splitboard false: a board is one card (both chips together, memory summed), 4 replicas
+    # each: 2 boards x 4 = 8. The IX form advertises nothing else.
+    (snap,) = _published(whole)
+    assert dict(snap.capacity) == {"iluvatar.com/gpu": "8"}
+    assert [(c.index, c.uuid, c.memory_mib, dict(c.offers or {})) for c in snap.node.cards] == [
+        (0, "GPU-fake-ix-000-0", 65536, {"iluvatar.com/gpu": 4}),
+        (2, "GPU-fake-ix-000-1", 65536, {"iluvatar.com/gpu": 4})]
+    # splitboard true: each chip is a card: 4 chips x 4 = 16.
+    for snap in _published(split):
+        assert dict(snap.capacity) == {"iluvatar.com/gpu": "16"}
+        assert [c.memory_mib for c in snap.node.cards] == [32768] * 4
+    # The Node object the sandbox creates says the same before the agent's patch.
+    assert node_manifest(ix_node, whole.agent_config)["status"]["capacity"][
+        "iluvatar.com/gpu"] == "8"
+    (first_split, _) = split.inventories()
+    assert node_manifest(first_split, split.agent_config)["status"]["capacity"][
+        "iluvatar.com/gpu"] == "16"
+    # Read back by the scheduler's engine: IX pods go to the boards, shares do not (the IX
+    # form sells none), whatever the boards' card indexes (0 and 2 unsplit).
+    plain = parse_cluster({"nodeGroups": [{"name": "nv", "count": 1, "gpus": 2}]})[0]
+    nodes = [Node(s.node.name, 64000, 1 << 18, s.node.cards)
+             for group in (whole, plain) for s in _published(group)]
+    for resource, count, where in (("iluvatar.com/gpu", "2", ["ix-000"]),
+                                   ("elasticgpu.io/gpu-core", "30", ["nv-000"])):
+        pod = PodRequest("p", containers=(container_request("c", {"limits": {
+            resource: count}}),))
+        assert Engine(nodes).filter(pod).feasible == where
+
+
+def test_boards_under_the_default_agent_sell_shares_per_board() -> None:
+    """chipsPerBoard with the agent's own defaults: an unsplit board is one card of 100 %."""
+    (group,) = parse_cluster({"nodeGroups": [
+        {"name": "b", "count": 1, "gpus": 3, "chipsPerBoard": 2, "memoryMiB": 16384}]})
+    (snap,) = _published(group)
+    assert dict(snap.capacity) == {"nvidia.com/gpu": "3", "elasticgpu.io/gpu-core": "300",
+                                   "elasticgpu.io/gpu-memory": str(3 * 2 * 16384)}
+
+
+def test_cluster_file_is_read_with_the_agent_configs_yaml_rules(tmp_path: Any) -> None:
+    from elastic_gpu.devcluster.nodes import load_cluster
+
+    path = tmp_path / "c.yaml"
+    # YAML 1.1 would read `yes` as true; the agent's own file reader refuses it, so does this
+    path.write_text('nodeGroups:\n- name: ix\n  count: 1\n  gpus: 1\n  chipsPerBoard: 2\n'
+                    '  agentConfig: {version: "4.2.0", flags: {splitboard: yes}}\n')
+    with pytest.raises(ClusterSpecError, match=r"flags\.splitboard: got 'yes' \(a string\)"):
+        load_cluster(path)
+    path.write_text("nodeGroups:\n- {name: a, count: 010, gpus: 1}\n")
+    with pytest.raises(ClusterSpecError, match=r"\(a\)\.count='010': must be a whole number"):
+        load_cluster(path)
+    path.write_text("nodeGroups:\n- {name: a, count: 1, count: 2, gpus: 1}\n")
+    with pytest.raises(ClusterSpecError, match="given twice"):
+        load_cluster(path)
+
+
+def test_fake_inventory_of_boards_is_the_cluster_files() -> None:
+    """`fake_gpu_nodes(..., chips_per_board=2)` makes the same nodes as a cluster file's group."""
+    (group,) = parse_cluster({"nodeGroups": [
+        {"name": "ix", "count": 1, "gpus": 3, "chipsPerBoard": 2, "model": "BI-V150",
+         "memoryMiB": 32768}]})
+    (from_group,) = group.inventories()
+    assert fake_inventory("ix-000", gpus=3, gpu_model="BI-V150", gpu_memory_mib=32768,
+                          chips_per_board=2) == from_group
+    assert len(from_group.cards) == 6 and {c.board for c in from_group.cards} == {
+        "GPU-fake-ix-000-0", "GPU-fake-ix-000-1", "GPU-fake-ix-000-2"}
+    with pytest.raises(ValueError, match="chips per board 0"):
+        fake_inventory("x", gpus=1, chips_per_board=0)
