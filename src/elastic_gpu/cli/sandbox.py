@@ -20,6 +20,10 @@ StateDir = Annotated[
 ]
 
 
+#: Fake GPU nodes of a plain `egpu sandbox up` (8 cards each, as --gpus-per-node says).
+DEFAULT_GPU_NODES = 4
+
+
 def _state_dir(value: Path | None) -> Path:
     from elastic_gpu.devcluster.sandbox import default_state_dir
 
@@ -28,10 +32,12 @@ def _state_dir(value: Path | None) -> Path:
 
 @app.command()
 def up(
-    kubeconfig: Annotated[Path, typer.Option("--kubeconfig", help="Write the admin kubeconfig "
-                                             "here")],
+    kubeconfig: Annotated[Path | None, typer.Option(
+        "--kubeconfig", help="Write the admin kubeconfig here [default: kubeconfig in the "
+        "state dir]")] = None,
     gpu_nodes: Annotated[int | None, typer.Option(
-        "--gpu-nodes", min=0, help="Number of fake GPU nodes (with --nodes-csv: the first N "
+        "--gpu-nodes", min=0, help="Number of fake GPU nodes [default: "
+        f"{DEFAULT_GPU_NODES} without --nodes-csv or --cluster] (with --nodes-csv: the first N "
         "GPU nodes of the file)")] = None,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1)] = 8,
     gpu_model: Annotated[str, typer.Option("--gpu-model")] = "A100-SXM4-80GB",
@@ -109,11 +115,9 @@ def up(
             inventories = nodes.read_nodes_csv(nodes_csv, limit=gpu_nodes)
         except (OSError, nodes.NodesCsvError) as err:
             raise typer.BadParameter(str(err), param_hint="--nodes-csv") from None
-    elif gpu_nodes is None:
-        raise typer.BadParameter("give --gpu-nodes N, --nodes-csv PATH or --cluster FILE",
-                                 param_hint="--gpu-nodes")
     else:
-        inventories = nodes.uniform_inventories(gpu_nodes, gpus=gpus_per_node,
+        inventories = nodes.uniform_inventories(
+            DEFAULT_GPU_NODES if gpu_nodes is None else gpu_nodes, gpus=gpus_per_node,
                                                 gpu_model=gpu_model,
                                                 gpu_memory_mib=gpu_memory)
     sched_cfg = None
@@ -138,7 +142,9 @@ def up(
         raise typer.BadParameter(why_not, param_hint="--real-nodes")
     start = time.monotonic()
     try:
-        box = sandbox.up(_state_dir(state_dir), kubeconfig, inventories, bin_dir=bin_dir,
+        where = _state_dir(state_dir)
+        box = sandbox.up(where, kubeconfig if kubeconfig is not None else where / "kubeconfig",
+                         inventories, bin_dir=bin_dir,
                          timeout_s=timeout, scheduler_config=sched_cfg,
                          agent_config=node_config,
                          agent_configs={k: v for k, v in per_node.items() if v is not None},

@@ -1,7 +1,7 @@
 """`egpu sandbox up` runs the whole Elastic GPU system by default (issue 13, must-show 1 and 5).
 
-Driven through the real CLI as subprocesses, as a user would: the default `up` (only the node
-count, --state-dir and --kubeconfig given), a nano-gpu share Deployment bound with the
+Driven through the real CLI as subprocesses, as a user would: the default `up` (only --state-dir
+given, so the test's sandbox is its own: 4 nodes of 8 cards, the kubeconfig in the state dir), a nano-gpu share Deployment bound with the
 extender's assignment, garbage collection, a GPU ResourceQuota, `status`, and a `down` that
 leaves no process, port, mount, cgroup or state behind.
 """
@@ -133,11 +133,12 @@ def _wait(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
 
 
 def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path):
-    state, kc = tmp_path / "state", tmp_path / "kubeconfig"
+    state = tmp_path / "state"
+    kc = state / "kubeconfig"  # where a plain `up` writes it
     cgroups_before = _cgroups()
-    up = egpu("sandbox", "up", "--gpu-nodes", "2", "--kubeconfig", str(kc),
-              "--state-dir", str(state))
+    up = egpu("sandbox", "up", "--state-dir", str(state))
     assert up.returncode == 0, up.stderr + up.stdout
+    assert "4 GPU node(s)" in up.stdout and str(kc) in up.stdout
     saved = json.loads((state / "state.json").read_text())
     processes = saved["plane"]["processes"]
     extender_url = saved["components"]["egpu-scheduler"]["endpoint"]
@@ -166,14 +167,14 @@ def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path)
         assert info["components"]["egpu-scheduler"]["endpoint"] == extender_url
         assert info["components"]["allocation-sync"]["endpoint"] is None
         assert info["components"]["kube-apiserver"]["endpoint"] == info["server"]
-        assert (info["nodes_ready"], info["nodes_registered"], info["nodes_expected"]) == (2, 2, 2)
+        assert (info["nodes_ready"], info["nodes_registered"], info["nodes_expected"]) == (4, 4, 4)
         text = egpu("sandbox", "status", "--state-dir", str(state))
         assert text.returncode == 0
         for name, comp in info["components"].items():
             line = next(ln for ln in text.stdout.splitlines() if ln.split()[0] == name)
             assert str(comp["pid"]) in line and "running" in line and comp["log"] in line
             assert (comp["endpoint"] or "-") in line
-        assert "nodes: 2 Ready, 2 registered, 2 expected" in text.stdout
+        assert "nodes: 4 Ready, 4 registered, 4 expected" in text.stdout
 
         # Must-show 1: the nano seed's share Deployment gets pods bound with an assignment.
         kubectl(kc, "apply", "-f", "-", input=NANO_DEPLOYMENT)
