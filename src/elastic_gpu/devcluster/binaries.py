@@ -12,8 +12,13 @@ from pathlib import Path
 
 from elastic_gpu.devcluster.errors import MissingBinariesError
 
+#: What every dev cluster needs: `find_bin_dir` insists on these.
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-            "kwok", "kubelet", "helm")
+            "kwok")
+#: Built and linked into the same directory by hack/ensure-k8s.sh, but needed only by their
+#: users (a real node, the chart tests), which check for them and say so: a sandbox of fake
+#: nodes runs without them.
+TOOLS = ("kubelet", "helm")
 ENV_BIN_DIR = "EGPU_K8S_BIN_DIR"
 
 
@@ -34,7 +39,8 @@ def _check(bin_dir: Path, where: str) -> Path:
 
 
 def find_bin_dir(explicit: Path | str | None = None) -> Path:
-    """The directory holding all of `BINARIES`; never builds (that takes minutes).
+    """The directory holding all of `BINARIES` (and `TOOLS`, where built); never builds
+    (that takes minutes).
 
     Order: `explicit`, then $EGPU_K8S_BIN_DIR, then the cache directory that
     `hack/ensure-k8s.sh --check` reports for the pinned versions of this checkout.

@@ -1,7 +1,8 @@
 """`egpu sandbox up` runs the whole Elastic GPU system by default (issue 13, must-show 1 and 5).
 
-Driven through the real CLI as subprocesses, as a user would: the default `up` (only --state-dir
-given, so the test's sandbox is its own: 4 nodes of 8 cards, the kubeconfig in the state dir), a nano-gpu share Deployment bound with the
+Driven through the real CLI as subprocesses, as a user would: the default `up` (only
+--state-dir given, so the sandbox is the test's own; 4 nodes of 8 cards, the kubeconfig in the
+state dir), a nano-gpu share Deployment bound with the
 extender's assignment, garbage collection, a GPU ResourceQuota, `status`, and a `down` that
 leaves no process, port, mount, cgroup or state behind.
 """

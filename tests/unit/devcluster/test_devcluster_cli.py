@@ -5,11 +5,13 @@ from elastic_gpu.cli.sandbox import app
 runner = CliRunner(env={"COLUMNS": "300"})  # no wrapping inside rich error boxes
 
 
-def test_up_needs_nodes(tmp_path):
-    result = runner.invoke(app, ["up", "--kubeconfig", str(tmp_path / "kc"),
-                                 "--state-dir", str(tmp_path)])
-    assert result.exit_code != 0
-    assert "--gpu-nodes" in result.output
+def test_up_refuses_nodes_besides_a_cluster_file(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodeGroups: [{name: a, count: 1, gpus: 1}]\n")
+    result = runner.invoke(app, ["up", "--cluster", str(cluster), "--gpu-nodes", "2",
+                                 "--state-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "leave out --gpu-nodes" in result.output
 
 
 def test_up_without_binaries_says_how_to_build(tmp_path):
