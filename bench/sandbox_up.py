@@ -51,7 +51,8 @@ def one_run(nodes: int, bare: bool) -> tuple[float, float, dict[str, float]]:
             url = saved["components"]["egpu-scheduler"]["endpoint"]
             with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
                 text = response.read().decode()
-            missing = extender_missing_nodes(text, uniform_inventories(nodes))
+            missing = extender_missing_nodes(
+                text, {inv.name: len(inv.cards) for inv in uniform_inventories(nodes)})
             if missing:
                 raise SystemExit(f"up returned before the extender knew {missing[:5]}")
         down, _ = egpu("sandbox", "down", "--state-dir", str(state))

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.ports import HOST
 
 
@@ -71,7 +70,7 @@ class ComponentSpec:
     extender: bool = False
     #: (its `/metrics` text, the nodes) -> the nodes it does not know yet. After the nodes
     #: are Ready, `up` waits until that is empty (e.g. the extender's caches hold them all).
-    knows_nodes: Callable[[str, Sequence[Node]], list[str]] | None = None
+    knows_nodes: Callable[[str, Mapping[str, int]], list[str]] | None = None
     #: "https" for a component serving TLS (its self-signed certificate is not verified by
     #: the readiness check)
     scheme: str = "http"
@@ -126,11 +125,11 @@ def cards_known(metrics_text: str) -> dict[str, int]:
     return known
 
 
-def extender_missing_nodes(metrics_text: str, inventories: Sequence[Node]) -> list[str]:
-    """The GPU nodes whose cards the extender does not all know yet (empty: it knows all)."""
+def extender_missing_nodes(metrics_text: str, cards: Mapping[str, int]) -> list[str]:
+    """The GPU nodes whose `cards` (as their agents publish them: a 2-chip board not split is
+    one card) the extender does not all know yet (empty: it knows all)."""
     known = cards_known(metrics_text)
-    return [inv.name for inv in inventories if inv.cards
-            and known.get(inv.name, 0) < len(inv.cards)]
+    return [name for name, count in cards.items() if count and known.get(name, 0) < count]
 
 
 def _extender_argv(env: ComponentEnv) -> list[str]:

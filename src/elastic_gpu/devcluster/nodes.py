@@ -107,6 +107,14 @@ def gpu_status(inventory: Node, config: AgentConfigLike | None = None
     return agent_capacity(cards, cfg, build_plans(cards, cfg))
 
 
+def published_cards(inventory: Node, config: AgentConfigLike | None = None) -> int:
+    """How many cards (GPUDevice objects) the agent with `config` publishes for the node:
+    a multi-chip board is one card unless the config splits it."""
+    from elastic_gpu.agent.devices import logical_cards
+
+    return len(logical_cards(inventory.cards, as_agent_config(config).splitBoard))
+
+
 def node_capacity(inventory: Node, config: AgentConfigLike | None = None) -> dict[str, str]:
     """What the node offers to pods (allocatable): CPU, memory, pods, and its healthy GPUs in
     every unit the agent with `config` advertises."""

@@ -36,7 +36,12 @@ from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.components import ComponentEnv, ComponentSpec, Stage
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import ComponentStartError, DevClusterError
-from elastic_gpu.devcluster.nodes import FAKE_NODE_LABEL, AgentConfigLike, register_fake_nodes
+from elastic_gpu.devcluster.nodes import (
+    FAKE_NODE_LABEL,
+    AgentConfigLike,
+    published_cards,
+    register_fake_nodes,
+)
 from elastic_gpu.devcluster.ports import free_ports, is_listening
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
 
@@ -202,17 +207,17 @@ def _wait_component(sandbox: Sandbox, handle: ProcessHandle, timeout_s: float) -
 
 
 def _wait_knows_nodes(sandbox: Sandbox, specs: Sequence[ComponentSpec],
-                      inventories: Sequence[Node], timeout_s: float) -> None:
+                      cards: Mapping[str, int], timeout_s: float) -> None:
     for spec in specs:
         if spec.knows_nodes is None:
             continue
         endpoint = str(sandbox.components[spec.name]["endpoint"])
         deadline = time.monotonic() + timeout_s
-        missing: list[str] = [inv.name for inv in inventories]
+        missing: list[str] = list(cards)
         while True:
             check_alive(sandbox.plane)
             with contextlib.suppress(OSError):
-                missing = spec.knows_nodes(_http_text(endpoint + "/metrics"), inventories)
+                missing = spec.knows_nodes(_http_text(endpoint + "/metrics"), cards)
             if not missing:
                 break
             if time.monotonic() > deadline:
@@ -307,7 +312,10 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         step("nodes registered")
         wait_nodes_ready(client, len(inventories), timeout_s, lambda: check_alive(plane))
         step("nodes Ready")
-        _wait_knows_nodes(sandbox, specs, inventories, timeout_s)
+        per_node = agent_configs or {}
+        _wait_knows_nodes(sandbox, specs, {
+            inv.name: published_cards(inv, per_node.get(inv.name, agent_config))
+            for inv in inventories}, timeout_s)
         step("extender knows the nodes")
         for spec in specs:
             if spec.stage is Stage.AFTER_NODES:

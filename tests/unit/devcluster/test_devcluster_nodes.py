@@ -101,3 +101,14 @@ def test_binaries_are_looked_up_in_the_versioned_cache(tmp_path, monkeypatch):
     # The key names the pinned versions, so a bump never reuses stale binaries.
     assert str(tmp_path / "k8s-v1.36.3_etcd-v3.6.16_kwok-v0.8.0_") in info.value.where
     assert info.value.missing == list(BINARIES)
+
+
+def test_published_cards_count_a_board_of_chips_as_one_card_unless_split():
+    from elastic_gpu.devcluster.nodes import fake_inventory, published_cards
+
+    boards = fake_inventory("ix-0", gpus=4, chips_per_board=2)
+    plain = fake_inventory("a-0", gpus=4)
+    # What the sandbox waits for the extender to know: the GPUDevices the agent publishes.
+    assert published_cards(plain) == 4
+    assert published_cards(boards, {"splitBoard": True}) == len(boards.cards)
+    assert published_cards(boards) == len(boards.cards) // 2
