@@ -289,7 +289,7 @@ def _check_policy(factory: Callable[[str], object]) -> Callable[[str], None]:
 
 
 def _check_models(value: str) -> None:
-    if parse_model_list(value) is None:
+    if not parse_model_list(value):
         raise ValueError("an empty model list; write e.g. A100|H100")
 
 
