@@ -246,3 +246,16 @@ def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
     finally:
         crds.kubectl("delete", "egpu", egpu.name, "--ignore-not-found")
         crds.kubectl("delete", "egpuclass", cls_name)
+
+
+def test_the_installer_is_idempotent_and_waits_until_served(k8s_cluster: Any) -> None:
+    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+
+    client = k8s_cluster.client()
+    install_elasticgpu_crds(client)
+    install_elasticgpu_crds(client)  # again: an update, not an error
+    for short in (api.CLASS_SHORT, api.CLAIM_SHORT, api.EGPU_SHORT):
+        assert k8s_cluster.kubectl("get", short, "-A", check=False).returncode == 0
+    stored = json.loads(k8s_cluster.kubectl("get", "crd", "elasticgpuclaims.elasticgpu.io",
+                                            "-o", "json").stdout)
+    assert stored["spec"]["names"]["shortNames"] == ["egpuc"]
