@@ -30,10 +30,12 @@ gives the `Assignment` the scheduler's ledger counts under `ledger_key(name)`.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from elastic_gpu.core.annotations import CLAIM_PREFIX
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.fit import Unschedulable
@@ -489,3 +491,45 @@ def egpu_assignment(egpu: ElasticGPU) -> Assignment:
     """The cards an ElasticGPU holds, as the assignment the scheduler's ledger counts. Released
     ones hold their cards too (Retain); only deletion frees them."""
     return Assignment(egpu.node, {CLAIM_CONTAINER: egpu.shares})
+
+
+# --------------------------------------------------------------------------- pods
+
+
+class ClaimAnnotationError(ValueError):
+    """A pod's egpuc.elasticgpu.io/* annotations that cannot be read; the message names the
+    annotation, the value and the rule (the webhook's refusal)."""
+
+
+_CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+
+
+def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
+    """container name -> claim name, from the pod's `egpuc.elasticgpu.io/<container>: <claim>`
+    annotations (the claims are in the pod's namespace). A key whose suffix names no container
+    means the only container of a one-container pod (the seed README writes `test1` on a
+    container `test-cuda`); with several containers it is an error that says so."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    containers = [str(c.get("name")) for c in (pod.get("spec") or {}).get("containers") or []
+                  if isinstance(c, Mapping)]
+    out: dict[str, str] = {}
+    for key in sorted(k for k in annotations if isinstance(k, str) and k.startswith(CLAIM_PREFIX)):
+        value = annotations[key]
+        suffix = key[len(CLAIM_PREFIX):]
+        if not isinstance(value, str) or len(value) > 253 or not _CLAIM_NAME.match(value):
+            raise ClaimAnnotationError(f"annotation {key}={value!r}: the value must name an "
+                                       "ElasticGPUClaim of the pod's namespace (a DNS subdomain)")
+        if suffix in containers:
+            container = suffix
+        elif len(containers) == 1:
+            container = containers[0]
+        else:
+            raise ClaimAnnotationError(
+                f"annotation {key}={value}: the pod has containers {', '.join(containers) or 'none'}"
+                f" and none is named {suffix!r}; write {CLAIM_PREFIX}<container>: <claim>")
+        if container in out:
+            raise ClaimAnnotationError(
+                f"annotation {key}={value}: container {container} already uses claim "
+                f"{out[container]}; a container uses at most one claim")
+        out[container] = value
+    return out

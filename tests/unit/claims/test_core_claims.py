@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pytest
@@ -335,3 +336,35 @@ def test_shortfall_accepts_itself_and_anything_larger(req: dict[str, int], more_
     if req.get(CORE, 0) > 1:
         smaller = {**req, CORE: req[CORE] - 1}
         assert core.shortfall(req, smaller) is not None
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def pod(annotations: dict[str, object], *containers: str) -> dict[str, object]:
+    return {"metadata": {"annotations": annotations},
+            "spec": {"containers": [{"name": c} for c in containers]}}
+
+
+def test_pod_claims_by_container_and_the_seeds_one_container_form() -> None:
+    # the seed README: key suffix test1 on the only container test-cuda
+    assert core.pod_claims(pod({"egpuc.elasticgpu.io/test1": "gpushare-egpuc-1"}, "test-cuda")) == {
+        "test-cuda": "gpushare-egpuc-1"}
+    two = pod({"egpuc.elasticgpu.io/a": "ca", "egpuc.elasticgpu.io/b": "cb", "other/x": "y"}, "a", "b")
+    assert core.pod_claims(two) == {"a": "ca", "b": "cb"}
+    assert core.pod_claims(pod({}, "a")) == {}
+    assert core.pod_claims({"metadata": {}}) == {}
+
+
+@pytest.mark.parametrize(("p", "words"), [
+    (pod({"egpuc.elasticgpu.io/test1": "c"}, "a", "b"),
+     "the pod has containers a, b and none is named 'test1'; write egpuc.elasticgpu.io/<container>"),
+    (pod({"egpuc.elasticgpu.io/a": "c1", "egpuc.elasticgpu.io/x": "c2"}, "a"),
+     "container a already uses claim"),
+    (pod({"egpuc.elasticgpu.io/a": "Bad_Name"}, "a"), "egpuc.elasticgpu.io/a='Bad_Name': the value "
+     "must name an ElasticGPUClaim"),
+    (pod({"egpuc.elasticgpu.io/a": ""}, "a"), "must name an ElasticGPUClaim"),
+])
+def test_unreadable_claim_annotations_say_why(p: dict[str, object], words: str) -> None:
+    with pytest.raises(core.ClaimAnnotationError, match=re.escape(words)):
+        core.pod_claims(p)
