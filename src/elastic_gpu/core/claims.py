@@ -202,6 +202,37 @@ class Lost:
 Decision = InSync | Bind | Provision | Pending | Lost
 
 
+#: The condition type every claim carries: whether it is bound, and if not, why.
+BOUND_CONDITION = "Bound"
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A `metav1.Condition` without its times (the adapter adds lastTransitionTime)."""
+
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str  # CamelCase
+    message: str
+
+
+def claim_outcome(decision: Decision, current: ClaimPhase) -> tuple[ClaimPhase, Condition]:
+    """The claim's phase and Bound condition once `decision` is carried out. A Provision in
+    flight keeps the phase it has (Pending)."""
+    if isinstance(decision, InSync | Bind):
+        return ClaimPhase.BOUND, Condition(BOUND_CONDITION, "True", "Bound",
+                                           f"bound to ElasticGPU {decision.elastic_gpu}")
+    if isinstance(decision, Provision):
+        where = f" on node {decision.node}" if decision.node else ""
+        return current, Condition(BOUND_CONDITION, "False", "Provisioning",
+                                  f"provisioning by {decision.provisioner}{where}")
+    if isinstance(decision, Lost):
+        return ClaimPhase.LOST, Condition(BOUND_CONDITION, "False", decision.reason.value,
+                                          decision.message)
+    return ClaimPhase.PENDING, Condition(BOUND_CONDITION, "False", decision.reason.value,
+                                         decision.message)
+
+
 class ClaimRequestError(ValueError):
     """A claim (or its class's parameters) a provisioner cannot turn into a request."""
 

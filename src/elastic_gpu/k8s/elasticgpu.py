@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -534,6 +534,50 @@ def elasticgpu_to_object(egpu: core.ElasticGPU) -> dict[str, Any]:
         spec["egpuClassName"] = egpu.class_name
     return {"apiVersion": API_VERSION, "kind": EGPU_KIND, "metadata": {"name": egpu.name},
             "spec": spec, "status": {"phase": egpu.phase.value}}
+
+
+def merge_condition(existing: Sequence[Mapping[str, Any]], new: core.Condition, now: str,
+                    generation: int = 0) -> list[dict[str, Any]]:
+    """`existing` conditions with `new` set (metav1.Condition semantics): lastTransitionTime
+    changes only when the status does, so a claim re-reconciled with the same outcome keeps
+    the time it became so (and an unchanged status patch is a no-op)."""
+    out: list[dict[str, Any]] = []
+    replaced = False
+    for cond in existing:
+        if cond.get("type") != new.type:
+            out.append(dict(cond))
+            continue
+        replaced = True
+        since = cond.get("lastTransitionTime") if cond.get("status") == new.status else None
+        out.append(_condition(new, since or now, generation))
+    if not replaced:
+        out.append(_condition(new, now, generation))
+    return out
+
+
+def _condition(cond: core.Condition, since: str, generation: int) -> dict[str, Any]:
+    return {"type": cond.type, "status": cond.status, "reason": cond.reason,
+            "message": cond.message[:32768], "lastTransitionTime": since,
+            "observedGeneration": generation}
+
+
+def claim_status(decision: core.Decision, claim_obj: Mapping[str, Any], now: str,
+                 egpu: core.ElasticGPU | None = None) -> dict[str, Any]:
+    """The claim's status once `decision` is carried out (for a status-subresource patch):
+    phase, the bound ElasticGPU (its node and capacity) and the merged Bound condition."""
+    status = claim_obj.get("status") or {}
+    metadata = claim_obj.get("metadata") or {}
+    current = _enum(core.ClaimPhase, status.get("phase"), "status.phase", core.ClaimPhase.PENDING)
+    assert current is not None
+    phase, condition = core.claim_outcome(decision, current)
+    out: dict[str, Any] = {
+        "phase": phase.value,
+        "conditions": merge_condition(status.get("conditions") or [], condition, now,
+                                      int(metadata.get("generation") or 0)),
+    }
+    if phase is core.ClaimPhase.BOUND and egpu is not None:
+        out.update({"elasticGPUName": egpu.name, "node": egpu.node, "capacity": dict(egpu.capacity)})
+    return out
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -224,10 +224,13 @@ def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
         crds.kubectl("create", "-f", "-", input=json.dumps(obj))
         crds.kubectl("patch", "egpu", egpu.name, "--subresource=status", "--type=merge",
                      "-p", json.dumps({"status": obj["status"]}))
+        # the status the API layer builds for a Bind is accepted by the schema as it is
+        status = api.claim_status(core.Bind(egpu.name), claim_obj, "2026-01-01T00:00:00Z", egpu)
         crds.kubectl("patch", "egpuc", claim_name, "-n", k8s_namespace, "--subresource=status",
-                     "--type=merge", "-p", json.dumps({"status": {
-                         "phase": "Bound", "elasticGPUName": egpu.name, "node": "node-a",
-                         "capacity": GOOD_REQUESTS}}))
+                     "--type=merge", "-p", json.dumps({"status": status}))
+        stored_claim = json.loads(crds.kubectl("get", "egpuc", claim_name, "-n", k8s_namespace,
+                                               "-o", "json").stdout)
+        assert stored_claim["status"] == status
         stored = json.loads(crds.kubectl("get", "egpu", egpu.name, "-o", "json").stdout)
         assert api.elasticgpu_from_object(stored) == egpu  # round trip through the API
         out = crds.kubectl("get", "egpuclass,egpuc,egpu", "-n", k8s_namespace).stdout

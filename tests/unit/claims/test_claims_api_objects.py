@@ -11,6 +11,7 @@ import yaml
 
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.k8s import elasticgpu as api
 
@@ -144,3 +145,50 @@ def test_cli_writes_the_files(tmp_path: Path) -> None:
         assert text == (ROOT / "deploy" / "crds" / filename).read_text()
         assert yaml.safe_load(text) == api.crd_manifests()[plural]
         assert "&id" not in text  # no YAML anchors: the files are read by people too
+
+
+def test_claim_status_carries_phase_binding_and_a_condition_that_keeps_its_time() -> None:
+    obj: dict[str, Any] = {"metadata": {"name": "c", "namespace": "ns", "generation": 2},
+                           "spec": {}, "status": {}}
+    pending = core.Pending(core.PendingReason.CLASS_NOT_FOUND, "ElasticGPUClass x does not exist")
+    first = api.claim_status(pending, obj, "2026-01-01T00:00:00Z")
+    assert first == {"phase": "Pending", "conditions": [{
+        "type": "Bound", "status": "False", "reason": "ClassNotFound",
+        "message": "ElasticGPUClass x does not exist", "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "observedGeneration": 2}]}
+    # the same outcome later keeps the time it became so; a different reason with the same
+    # status too (the status did not transition)
+    obj["status"] = first
+    again = api.claim_status(core.Pending(core.PendingReason.UNSCHEDULABLE, "0/4 nodes"), obj,
+                             "2026-01-01T00:05:00Z")
+    assert again["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert again["conditions"][0]["reason"] == "Unschedulable"
+    egpu = core.ElasticGPU("egpu-u", {"elasticgpu.io/gpu": 1}, "n1", (CardShare(0, "u", 1000, 0),))
+    obj["status"] = again
+    bound = api.claim_status(core.Bind("egpu-u"), obj, "2026-01-01T00:09:00Z", egpu)
+    assert (bound["phase"], bound["elasticGPUName"], bound["node"], bound["capacity"]) == (
+        "Bound", "egpu-u", "n1", {"elasticgpu.io/gpu": 1})
+    assert bound["conditions"][0]["status"] == "True"
+    assert bound["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:09:00Z"
+    # a provisioning in flight keeps the phase; a lost claim says Lost
+    provisioning = api.claim_status(core.Provision(core.GPUSHARE, PodRequest("c"), "n2"), obj, "t")
+    assert provisioning["phase"] == "Pending"
+    assert provisioning["conditions"][0]["message"] == (
+        "provisioning by gpushare.provisioner.elasticgpu.io on node n2")
+    lost = api.claim_status(core.Lost(core.LostReason.ELASTICGPU_MISSING, "gone"), obj, "t")
+    assert (lost["phase"], lost["conditions"][0]["reason"]) == ("Lost", "ElasticGPUMissing")
+
+
+def test_other_conditions_are_kept() -> None:
+    other = {"type": "Resizing", "status": "True", "reason": "X", "message": "",
+             "lastTransitionTime": "t0"}
+    merged = api.merge_condition([other], core.Condition("Bound", "True", "Bound", "ok"), "t1")
+    assert merged[0] == other and merged[1]["type"] == "Bound"
+
+
+def test_every_reason_is_a_valid_condition_reason() -> None:
+    claims = api.crd_manifests()["elasticgpuclaims"]["spec"]["versions"][0]
+    pattern = claims["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
+        "conditions"]["items"]["properties"]["reason"]["pattern"]
+    for reason in [*core.PendingReason, *core.LostReason]:
+        assert re.match(pattern, reason.value), reason
