@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -564,3 +564,30 @@ def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
                 f"{out[container]}; a container uses at most one claim")
         out[container] = value
     return out
+
+
+#: The finalizer on every claim (a PVC's kubernetes.io/pvc-protection): a claim deleted while
+#: a pod uses it stays (deletionTimestamp set) until no pod that names it is left running.
+CLAIM_PROTECTION_FINALIZER = "elasticgpu.io/claim-protection"
+
+
+def pods_using(claim: Claim, pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The pods (namespace/name) of the claim's namespace that name it and have not finished
+    (phase Succeeded or Failed): while any is left, the claim's finalizer stays. A pod whose
+    annotations cannot be read still counts if any of its claim annotations names the claim
+    (the safe side: its cards may be in use)."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("namespace", "default") != claim.namespace:
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        try:
+            named = set(pod_claims(pod).values())
+        except ClaimAnnotationError:
+            named = {v for k, v in (meta.get("annotations") or {}).items()
+                     if isinstance(k, str) and k.startswith(CLAIM_PREFIX)}
+        if claim.name in named:
+            out.append(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+    return sorted(out)

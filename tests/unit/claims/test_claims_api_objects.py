@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
@@ -192,3 +194,29 @@ def test_every_reason_is_a_valid_condition_reason() -> None:
         "conditions"]["items"]["properties"]["reason"]["pattern"]
     for reason in [*core.PendingReason, *core.LostReason]:
         assert re.match(pattern, reason.value), reason
+
+
+names = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
+shares = st.builds(CardShare, index=st.integers(0, 63), uuid=names, milli=st.integers(0, 1000),
+                   memory_mib=st.integers(0, 1 << 20),
+                   mig_profile=st.none() | st.just("1g.10gb"), mig_uuid=st.none() | names,
+                   replicas=st.integers(0, 64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=names, node=names, cards=st.lists(shares, min_size=1, max_size=4),
+       capacity=st.dictionaries(st.sampled_from([s.name for s in RESOURCE_TABLE]),
+                                st.integers(0, 1 << 40) | st.from_regex(r"[0-9]{1,6}k?", fullmatch=True),
+                                min_size=1, max_size=3),
+       ref=st.none() | st.builds(core.ClaimRef, names, names, st.just("") | names),
+       cls=st.none() | names, reclaim=st.sampled_from(core.ReclaimPolicy),
+       phase=st.sampled_from(core.ElasticGPUPhase))
+def test_every_elasticgpu_round_trips(name: str, node: str, cards: list[CardShare],
+                                      capacity: dict[str, int | str], ref: core.ClaimRef | None,
+                                      cls: str | None, reclaim: core.ReclaimPolicy,
+                                      phase: core.ElasticGPUPhase) -> None:
+    # a MIG uuid is only kept beside a MIG profile (the assignment's form)
+    cards = [CardShare(c.index, c.uuid, c.milli, c.memory_mib, c.mig_profile,
+                       c.mig_uuid if c.mig_profile else None, c.replicas) for c in cards]
+    egpu = core.ElasticGPU(name, capacity, node, tuple(cards), ref, cls, reclaim, phase)
+    assert api.elasticgpu_from_object(api.elasticgpu_to_object(egpu)) == egpu

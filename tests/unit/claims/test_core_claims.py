@@ -368,3 +368,18 @@ def test_pod_claims_by_container_and_the_seeds_one_container_form() -> None:
 def test_unreadable_claim_annotations_say_why(p: dict[str, object], words: str) -> None:
     with pytest.raises(core.ClaimAnnotationError, match=re.escape(words)):
         core.pod_claims(p)
+
+
+def test_pods_using_a_claim_hold_its_finalizer_until_they_finish() -> None:
+    c = claim("c1")
+    def p(name: str, ns: str = "ns", phase: str = "Running", key: str = "egpuc.elasticgpu.io/main",
+          value: str = "c1", containers: tuple[str, ...] = ("main",)) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": ns, "annotations": {key: value}},
+                "spec": {"containers": [{"name": n} for n in containers]},
+                "status": {"phase": phase}}
+    pods = [p("a"), p("b", phase="Pending"), p("done", phase="Succeeded"), p("dead", phase="Failed"),
+            p("elsewhere", ns="other"), p("another", value="c2"),
+            # unreadable (suffix names no container of two): counted, to be safe
+            p("odd", key="egpuc.elasticgpu.io/x", containers=("m", "n"))]
+    assert core.pods_using(c, pods) == ["ns/a", "ns/b", "ns/odd"]
+    assert core.pods_using(c, []) == []
