@@ -196,6 +196,9 @@ def class_crd() -> dict[str, Any]:
         "description": "How ElasticGPUs are provisioned for claims that name this class "
                        "(like a StorageClass).",
         "required": ["provisioner"],
+        "x-kubernetes-validations": [{
+            "rule": "has(self.parameters) == has(oldSelf.parameters)",
+            "message": "parameters is immutable (it cannot be added or removed either)"}],
         "properties": {
             "apiVersion": {"type": "string"}, "kind": {"type": "string"},
             "metadata": {"type": "object"},

@@ -179,6 +179,9 @@ def test_immutable_fields_cannot_change(crds: Any, k8s_namespace: str) -> None:
         result = crds.kubectl("patch", "egpuclass", cls, "--type=merge", "-p",
                               '{"reclaimPolicy": "Retain"}', check=False)
         assert result.returncode != 0 and "reclaimPolicy is immutable" in result.stderr
+        result = crds.kubectl("patch", "egpuclass", cls, "--type=merge", "-p",
+                              '{"parameters": {"models": "A100"}}', check=False)
+        assert result.returncode != 0 and "parameters is immutable" in result.stderr
     finally:
         crds.kubectl("delete", "egpuclass", cls)
     claim = unique_name("imm")
