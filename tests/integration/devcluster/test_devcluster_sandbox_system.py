@@ -133,6 +133,18 @@ def _wait(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
         time.sleep(0.3)
 
 
+#: The Elastic GPU seed README's class, verbatim.
+SEED_CLASS = """\
+apiVersion: elasticgpu.io/v1alpha
+kind: ElasticGPUClass
+metadata:
+  name: gpushare-egpuclass
+provisioner: gpushare.provisioner.elasticgpu.io
+reclaimPolicy: Retain
+egpuBindingMode: Immediate
+"""
+
+
 def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path):
     state = tmp_path / "state"
     kc = state / "kubeconfig"  # where a plain `up` writes it
@@ -176,6 +188,11 @@ def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path)
             assert str(comp["pid"]) in line and "running" in line and comp["log"] in line
             assert (comp["endpoint"] or "-") in line
         assert "nodes: 4 Ready, 4 registered, 4 expected" in text.stdout
+
+        # The Elastic GPU API is installed at up (#15): the seed's class applies as written.
+        kubectl(kc, "apply", "-f", "-", input=SEED_CLASS)
+        listed = kubectl(kc, "get", "egpuclass,egpuc,egpu", "-A")
+        assert "gpushare.provisioner.elasticgpu.io" in listed
 
         # Must-show 1: the nano seed's share Deployment gets pods bound with an assignment.
         kubectl(kc, "apply", "-f", "-", input=NANO_DEPLOYMENT)

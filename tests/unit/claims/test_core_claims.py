@@ -1,0 +1,385 @@
+"""core.claims: binding, provisioning and reclaiming decisions (pure), on the real engine."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_gpu.core import claims as core
+from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.engine import Engine, PolicyConfig
+from elastic_gpu.core.fit import Unschedulable
+from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+from elastic_gpu.core.resources import MigProfile
+
+CORE = "gpushare.provisioner.elasticgpu.io/gpu-core"
+MEM = "gpushare.provisioner.elasticgpu.io/gpu-memory"
+SEED = {CORE: 10, MEM: 4}
+SHARE_CLASS = core.GPUClass("gpushare-egpuclass", core.GPUSHARE, {}, core.ReclaimPolicy.RETAIN,
+                            core.BindingMode.IMMEDIATE)
+WHOLE_CLASS = core.GPUClass("whole", core.WHOLE_CARDS)
+MIG_CLASS = core.GPUClass("mig", core.MIG)
+WFFC_CLASS = core.GPUClass("late", core.GPUSHARE,
+                           binding_mode=core.BindingMode.WAIT_FOR_FIRST_CONSUMER)
+CLASSES = {c.name: c for c in (SHARE_CLASS, WHOLE_CLASS, MIG_CLASS, WFFC_CLASS)}
+
+
+def claim(name: str = "c1", requests: Mapping[str, int | str] = SEED, cls: str | None = SHARE_CLASS.name,
+          *, egpu: str | None = None, phase: core.ClaimPhase = core.ClaimPhase.PENDING,
+          uid: str | None = None) -> core.Claim:
+    return core.Claim("ns", name, uid or f"uid-{name}", cls, dict(requests), egpu, phase)
+
+
+def cluster(nodes: int = 2, cards: int = 2, memory: int = 16384, model: str = "A100",
+            mig: bool = False) -> Engine:
+    def card(n: int, i: int) -> Card:
+        inst = (MigInstance(MigProfile(1, 10), f"MIG-{n}-{i}", 0),) if mig else ()
+        return Card(i, f"GPU-{n}-{i}", model, memory, mig=inst)
+    return Engine([Node(f"n{n}", 64000, 262144, tuple(card(n, i) for i in range(cards)))
+                   for n in range(nodes)], PolicyConfig())
+
+
+def provision(c: core.Claim, engine: Engine, consumer: str | None = None) -> core.ElasticGPU:
+    decision = core.decide(c, CLASSES, {}, consumer)
+    assert isinstance(decision, core.Provision), decision
+    cls = CLASSES[c.class_name or ""]
+    egpu = core.provision(decision, c, cls, engine)
+    assert isinstance(egpu, core.ElasticGPU), egpu
+    engine.allocate(core.ledger_key(egpu.name), core.egpu_assignment(egpu))
+    return egpu
+
+
+# --------------------------------------------------------------------------- provisioning
+
+
+def test_the_seed_claim_is_provisioned_as_a_share_pre_bound_to_it() -> None:
+    c = claim()
+    decision = core.decide(c, CLASSES, {})
+    assert decision == core.Provision(core.GPUSHARE, PodRequest(
+        "c1", "ns", "uid-c1", (ContainerRequest(core.CLAIM_CONTAINER, RequestKind.SHARE, 1, 100, 4,
+                                                None, (CORE, MEM)),)))
+    egpu = core.provision(decision, c, SHARE_CLASS, cluster())
+    assert isinstance(egpu, core.ElasticGPU)
+    assert egpu.name == "egpu-uid-c1" and egpu.capacity == SEED
+    assert egpu.claim_ref == core.ClaimRef("ns", "c1", "uid-c1")
+    assert (egpu.class_name, egpu.reclaim_policy, egpu.phase) == (
+        SHARE_CLASS.name, core.ReclaimPolicy.RETAIN, core.ElasticGPUPhase.BOUND)
+    (share,) = egpu.shares
+    assert (share.milli, share.memory_mib) == (100, 4)
+    assert core.shortfall(c.requests, egpu.capacity) is None
+
+
+def test_two_seed_claims_share_one_card_under_binpack() -> None:
+    engine = cluster()
+    first, second = provision(claim("c1"), engine), provision(claim("c2"), engine)
+    assert first.node == second.node
+    assert first.shares[0].index == second.shares[0].index
+    usage = {i: (m, mem) for i, m, mem in engine.card_usage(first.node)}
+    assert usage[first.shares[0].index] == (200, 8)
+
+
+def test_whole_cards_and_mig_have_their_own_provisioners() -> None:
+    egpu = provision(claim("w", {"nvidia.com/gpu": 2}, WHOLE_CLASS.name), cluster())
+    assert len(egpu.shares) == 2 and all(s.milli == 1000 for s in egpu.shares)
+    assert len({s.index for s in egpu.shares}) == 2
+    egpu = provision(claim("m", {"nvidia.com/mig-1g.10gb": 1}, MIG_CLASS.name), cluster(mig=True))
+    (share,) = egpu.shares
+    assert share.mig_profile == "1g.10gb" and share.mig_uuid is not None
+
+
+@pytest.mark.parametrize(("cls", "requests", "words"), [
+    (SHARE_CLASS.name, {"nvidia.com/gpu": 2}, "asks for 2 whole card(s), but its class's provisioner "
+     "gpushare.provisioner.elasticgpu.io provisions a share of one card"),
+    (SHARE_CLASS.name, {CORE: 200}, "use a class whose provisioner is gpu.provisioner.elasticgpu.io"),
+    (WHOLE_CLASS.name, SEED, "use a class whose provisioner is gpushare.provisioner.elasticgpu.io"),
+    (MIG_CLASS.name, {"nvidia.com/gpu": 1}, "provisions MIG instances"),
+    (SHARE_CLASS.name, {CORE: 150}, f"{CORE}=150: an integer 1-99 (a share of one card) or a "
+     "multiple of 100"),
+    (SHARE_CLASS.name, {MEM: 0}, "asks for no GPU"),
+    (SHARE_CLASS.name, {CORE: 10, "tencent.com/vcuda-core": 10}, "asks for compute twice"),
+])
+def test_requests_a_provisioner_cannot_make_stay_pending_with_why(
+        cls: str, requests: Mapping[str, int | str], words: str) -> None:
+    decision = core.decide(claim(requests=requests, cls=cls), CLASSES, {})
+    assert isinstance(decision, core.Pending)
+    assert decision.reason is core.PendingReason.INVALID_REQUEST
+    assert words in decision.message
+    assert "claim ns/c1" in decision.message
+
+
+@pytest.mark.parametrize(("classes", "reason", "words"), [
+    ({}, core.PendingReason.CLASS_NOT_FOUND, "ElasticGPUClass gpushare-egpuclass does not exist"),
+    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", "example.com/nfs")},
+     core.PendingReason.PROVISIONER_UNKNOWN,
+     "provisioner example.com/nfs is not a plug-in of this controller (known: "
+     "gpu.provisioner.elasticgpu.io, gpushare.provisioner.elasticgpu.io, mig.provisioner"),
+    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", core.GPUSHARE, {"colour": "red"})},
+     core.PendingReason.INVALID_PARAMETERS, "parameters.colour is not a parameter"),
+    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", core.GPUSHARE,
+                                          {"nodePolicy": "nope"})},
+     core.PendingReason.INVALID_PARAMETERS, "parameters.nodePolicy='nope': unknown node policy"),
+    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", core.GPUSHARE, {"models": " |"})},
+     core.PendingReason.INVALID_PARAMETERS, "parameters.models=' |': an empty model list"),
+])
+def test_class_problems_stay_pending_with_a_reason(
+        classes: Mapping[str, core.GPUClass], reason: core.PendingReason, words: str) -> None:
+    decision = core.decide(claim(), classes, {})
+    assert isinstance(decision, core.Pending) and decision.reason is reason
+    assert words in decision.message
+
+
+def test_no_class_and_no_elasticgpu_is_pending() -> None:
+    decision = core.decide(claim(cls=None), CLASSES, {})
+    assert isinstance(decision, core.Pending) and decision.reason is core.PendingReason.CLASS_NOT_SET
+
+
+def test_class_parameters_steer_placement() -> None:
+    engine = Engine([Node("t4", 64000, 262144, (Card(0, "T", "T4", 16384),)),
+                     Node("a100", 64000, 262144, (Card(0, "A", "A100", 40960),))], PolicyConfig())
+    cls = core.GPUClass("a100s", core.GPUSHARE, {"models": "A100"})
+    c = claim(cls="a100s")
+    decision = core.decide(c, {"a100s": cls}, {})
+    assert isinstance(decision, core.Provision)
+    assert decision.request.allowed_models == frozenset({"A100"})
+    egpu = core.provision(decision, c, cls, engine)
+    assert isinstance(egpu, core.ElasticGPU) and egpu.node == "a100"
+
+
+def test_wait_for_first_consumer_provisions_on_the_consumers_node() -> None:
+    c = claim(cls=WFFC_CLASS.name)
+    decision = core.decide(c, CLASSES, {})
+    assert isinstance(decision, core.Pending)
+    assert decision.reason is core.PendingReason.WAIT_FOR_FIRST_CONSUMER
+    engine = cluster(nodes=3)
+    egpu = provision(c, engine, consumer="n2")
+    assert egpu.node == "n2"
+
+
+def test_a_claim_too_large_stays_pending_then_provisions_when_capacity_frees() -> None:
+    engine = cluster(nodes=1, cards=1)
+    hog = provision(claim("hog", {CORE: 90}), engine)
+    big = claim("big", {CORE: 50})
+    decision = core.decide(big, CLASSES, {})
+    assert isinstance(decision, core.Provision)
+    pending = core.provision(decision, big, SHARE_CLASS, engine)
+    assert isinstance(pending, core.Pending)
+    assert pending.reason is core.PendingReason.UNSCHEDULABLE
+    assert pending.message.startswith("cannot provision claim ns/big: 0/1 nodes")
+    engine.release(core.ledger_key(hog.name))  # the hog's claim was deleted (reclaim Delete)
+    assert isinstance(core.provision(decision, big, SHARE_CLASS, engine), core.ElasticGPU)
+
+
+def test_a_consumer_node_without_room_is_unschedulable_there() -> None:
+    engine = cluster(nodes=2, cards=1)
+    provision(claim("hog", {"nvidia.com/gpu": 1}, WHOLE_CLASS.name), engine, None)
+    full = next(n for n in engine.nodes() if engine.card_usage(n)[0][1] == 1000)
+    c = claim(cls=WFFC_CLASS.name)
+    decision = core.decide(c, CLASSES, {}, consumer_node=full)
+    assert isinstance(decision, core.Provision)
+    result = core.provision(decision, c, WFFC_CLASS, engine)
+    assert isinstance(result, core.Pending) and full in result.message
+
+
+# --------------------------------------------------------------------------- binding
+
+
+def egpu(name: str = "pre", capacity: Mapping[str, int | str] = SEED,
+         ref: core.ClaimRef | None = None, cls: str | None = None,
+         phase: core.ElasticGPUPhase = core.ElasticGPUPhase.AVAILABLE) -> core.ElasticGPU:
+    return core.ElasticGPU(name, dict(capacity), "n0", (CardShare(0, "GPU-0-0", 100, 4),), ref, cls,
+                           core.ReclaimPolicy.RETAIN, phase)
+
+
+def test_static_binding_to_an_available_compatible_elasticgpu() -> None:
+    c = claim(egpu="pre")
+    assert core.decide(c, CLASSES, {"pre": egpu(capacity={CORE: 20, MEM: 8})}) == core.Bind("pre")
+    # no class on either side binds too (a claim naming only an ElasticGPU)
+    assert core.decide(claim(egpu="pre", cls=None), {}, {"pre": egpu()}) == core.Bind("pre")
+
+
+@pytest.mark.parametrize(("target", "reason", "words"), [
+    (None, core.PendingReason.ELASTICGPU_NOT_FOUND, "ElasticGPU pre does not exist"),
+    (egpu(capacity={CORE: 5, MEM: 4}), core.PendingReason.ELASTICGPU_TOO_SMALL,
+     "too small for the claim (compute milli 100 > 50)"),
+    (egpu(capacity={"nvidia.com/gpu": 1}), core.PendingReason.ELASTICGPU_TOO_SMALL,
+     "holds 1 whole card(s), the claim asks for a share of one card"),
+    (egpu(cls="other"), core.PendingReason.CLASS_MISMATCH, "is of class other"),
+    (egpu(ref=core.ClaimRef("ns", "someone", "u9")), core.PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
+     "bound to claim ns/someone"),
+    (egpu(phase=core.ElasticGPUPhase.RELEASED), core.PendingReason.ELASTICGPU_NOT_AVAILABLE,
+     "is Released, not Available"),
+])
+def test_static_binding_refusals_stay_pending(target: core.ElasticGPU | None,
+                                              reason: core.PendingReason, words: str) -> None:
+    decision = core.decide(claim(egpu="pre"), CLASSES, {"pre": target} if target else {})
+    assert isinstance(decision, core.Pending) and decision.reason is reason
+    assert words in decision.message
+
+
+def test_an_elasticgpu_pre_bound_by_name_binds_its_claim_only() -> None:
+    pre = egpu(ref=core.ClaimRef("ns", "c1"))
+    assert core.decide(claim("c1", egpu="pre"), CLASSES, {"pre": pre}) == core.Bind("pre")
+    other = core.decide(claim("c2", egpu="pre"), CLASSES, {"pre": pre})
+    assert isinstance(other, core.Pending)
+
+
+def test_bound_pairs_are_in_sync_and_half_bound_pairs_are_finished() -> None:
+    c = claim(egpu="pre", phase=core.ClaimPhase.BOUND)
+    bound = egpu(ref=core.ClaimRef.of(c), phase=core.ElasticGPUPhase.BOUND)
+    assert core.decide(c, CLASSES, {"pre": bound}) == core.InSync("pre")
+    # the claim was written but the ElasticGPU's phase not yet
+    half = egpu(ref=core.ClaimRef.of(c))
+    assert core.decide(c, CLASSES, {"pre": half}) == core.Bind("pre")
+
+
+def test_a_provisioned_elasticgpu_is_bound_not_provisioned_again() -> None:
+    """A controller killed between creating the ElasticGPU and updating the claim: the next
+    reconcile finds egpu-<uid> pre-bound to the claim and finishes the binding."""
+    engine = cluster()
+    c = claim()
+    made = provision(c, engine)
+    assert core.decide(c, CLASSES, {made.name: made}) == core.Bind(made.name)
+    # a claim re-created under the same name (new uid) does not take it
+    again = claim(uid="uid-other")
+    assert isinstance(core.decide(again, CLASSES, {made.name: made}), core.Provision)
+
+
+@pytest.mark.parametrize(("target", "reason"), [
+    (None, core.LostReason.ELASTICGPU_MISSING),
+    (egpu(ref=core.ClaimRef("ns", "thief", "u9"), phase=core.ElasticGPUPhase.BOUND),
+     core.LostReason.ELASTICGPU_BOUND_ELSEWHERE),
+])
+def test_a_bound_claim_whose_elasticgpu_is_gone_is_lost(target: core.ElasticGPU | None,
+                                                        reason: core.LostReason) -> None:
+    c = claim(egpu="pre", phase=core.ClaimPhase.BOUND)
+    decision = core.decide(c, CLASSES, {"pre": target} if target else {})
+    assert isinstance(decision, core.Lost) and decision.reason is reason
+
+
+# --------------------------------------------------------------------------- release
+
+
+def test_reclaim_policies() -> None:
+    c = claim()
+    for policy, expected in ((core.ReclaimPolicy.DELETE, core.DeleteElasticGPU),
+                             (core.ReclaimPolicy.RETAIN, core.MarkReleased)):
+        bound = core.ElasticGPU("e", SEED, "n0", (), core.ClaimRef.of(c), None, policy,
+                                core.ElasticGPUPhase.BOUND)
+        assert core.decide_release(bound, c) == core.Keep()
+        assert isinstance(core.decide_release(bound, None), expected)
+        # a claim re-created under the same name is another claim
+        assert isinstance(core.decide_release(bound, claim(uid="new")), expected)
+    released = egpu(ref=core.ClaimRef.of(c), phase=core.ElasticGPUPhase.RELEASED)
+    assert core.decide_release(released, None) == core.Keep()
+    assert core.decide_release(egpu(), None) == core.Keep()
+    assert core.decide_release(egpu(ref=core.ClaimRef("ns", "later")), None) == core.Keep()
+
+
+def test_an_elasticgpu_holds_its_cards_in_the_ledger() -> None:
+    engine = cluster(nodes=1, cards=1)
+    whole = provision(claim("w", {"nvidia.com/gpu": 1}, WHOLE_CLASS.name), engine)
+    pod = PodRequest("p", containers=(ContainerRequest.share("main", 100),))
+    with pytest.raises(Unschedulable):
+        engine.place(pod)
+    engine.release(core.ledger_key(whole.name))
+    assert engine.place(pod).node == "n0"
+
+
+# --------------------------------------------------------------------------- properties
+
+
+share_requests = st.fixed_dictionaries({}, optional={
+    CORE: st.integers(1, 99), MEM: st.integers(1, 16384)}).filter(bool)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(share_requests, min_size=1, max_size=30), st.integers(1, 3), st.integers(1, 4))
+def test_provisioning_never_overfills_a_card_and_gives_what_was_asked(
+        requests: list[dict[str, int]], nodes: int, cards: int) -> None:
+    engine = cluster(nodes=nodes, cards=cards)
+    made = []
+    for i, req in enumerate(requests):
+        c = claim(f"c{i}", req)
+        decision = core.decide(c, CLASSES, {})
+        assert isinstance(decision, core.Provision)
+        result = core.provision(decision, c, SHARE_CLASS, engine)
+        if isinstance(result, core.Pending):
+            assert result.reason is core.PendingReason.UNSCHEDULABLE
+            continue
+        engine.allocate(core.ledger_key(result.name), core.egpu_assignment(result))
+        (share,) = result.shares
+        assert (share.milli, share.memory_mib) == (req.get(CORE, 0) * 10, req.get(MEM, 0))
+        assert core.shortfall(c.requests, result.capacity) is None
+        made.append(result)
+    for node in engine.nodes():
+        for index, milli, memory in engine.card_usage(node):
+            held = [s for e in made if e.node == node for s in e.shares if s.index == index]
+            assert milli == sum(s.milli for s in held) <= 1000
+            assert memory == sum(s.memory_mib for s in held) <= 16384
+
+
+@settings(max_examples=100, deadline=None)
+@given(share_requests, st.integers(0, 50), st.integers(0, 4096))
+def test_shortfall_accepts_itself_and_anything_larger(req: dict[str, int], more_core: int,
+                                                      more_mem: int) -> None:
+    assert core.shortfall(req, req) is None
+    bigger = {CORE: min(99, req.get(CORE, 0) + more_core) or 1,
+              MEM: req.get(MEM, 0) + more_mem}
+    if req.get(CORE, 0) == 0:
+        bigger[CORE] = max(1, more_core)
+    assert core.shortfall(req, bigger) is None
+    if req.get(CORE, 0) > 1:
+        smaller = {**req, CORE: req[CORE] - 1}
+        assert core.shortfall(req, smaller) is not None
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def pod(annotations: dict[str, object], *containers: str) -> dict[str, object]:
+    return {"metadata": {"annotations": annotations},
+            "spec": {"containers": [{"name": c} for c in containers]}}
+
+
+def test_pod_claims_by_container_and_the_seeds_one_container_form() -> None:
+    # the seed README: key suffix test1 on the only container test-cuda
+    assert core.pod_claims(pod({"egpuc.elasticgpu.io/test1": "gpushare-egpuc-1"}, "test-cuda")) == {
+        "test-cuda": "gpushare-egpuc-1"}
+    two = pod({"egpuc.elasticgpu.io/a": "ca", "egpuc.elasticgpu.io/b": "cb", "other/x": "y"}, "a", "b")
+    assert core.pod_claims(two) == {"a": "ca", "b": "cb"}
+    assert core.pod_claims(pod({}, "a")) == {}
+    assert core.pod_claims({"metadata": {}}) == {}
+
+
+@pytest.mark.parametrize(("p", "words"), [
+    (pod({"egpuc.elasticgpu.io/test1": "c"}, "a", "b"),
+     "the pod has containers a, b and none is named 'test1'; write egpuc.elasticgpu.io/<container>"),
+    (pod({"egpuc.elasticgpu.io/a": "c1", "egpuc.elasticgpu.io/x": "c2"}, "a"),
+     "container a already uses claim"),
+    (pod({"egpuc.elasticgpu.io/a": "Bad_Name"}, "a"), "egpuc.elasticgpu.io/a='Bad_Name': the value "
+     "must name an ElasticGPUClaim"),
+    (pod({"egpuc.elasticgpu.io/a": ""}, "a"), "must name an ElasticGPUClaim"),
+])
+def test_unreadable_claim_annotations_say_why(p: dict[str, object], words: str) -> None:
+    with pytest.raises(core.ClaimAnnotationError, match=re.escape(words)):
+        core.pod_claims(p)
+
+
+def test_pods_using_a_claim_hold_its_finalizer_until_they_finish() -> None:
+    c = claim("c1")
+    def p(name: str, ns: str = "ns", phase: str = "Running", key: str = "egpuc.elasticgpu.io/main",
+          value: str = "c1", containers: tuple[str, ...] = ("main",)) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": ns, "annotations": {key: value}},
+                "spec": {"containers": [{"name": n} for n in containers]},
+                "status": {"phase": phase}}
+    pods = [p("a"), p("b", phase="Pending"), p("done", phase="Succeeded"), p("dead", phase="Failed"),
+            p("elsewhere", ns="other"), p("another", value="c2"),
+            # unreadable (suffix names no container of two): counted, to be safe
+            p("odd", key="egpuc.elasticgpu.io/x", containers=("m", "n"))]
+    assert core.pods_using(c, pods) == ["ns/a", "ns/b", "ns/odd"]
+    assert core.pods_using(c, []) == []
