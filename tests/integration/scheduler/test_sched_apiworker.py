@@ -165,8 +165,9 @@ async def test_the_worker_wakes_a_pending_pod_through_its_status(
         first = conditions()[WAKEUP_CONDITION]
         assert first.status == "True" and first.reason == "GPUCapacityFreed"
         assert "node n1" in first.message
-        assert any(int(o["metadata"]["resourceVersion"]) > version
-                   for _, o in sink.pod_events("w"))
+        # The patch is done when the wake-up reports "sent"; its watch event may come after.
+        await until(lambda: any(int(o["metadata"]["resourceVersion"]) > version
+                                for _, o in sink.pod_events("w")))
         sink.to_wake = [Wake(uid, k8s_namespace, "w", "n2")]
         await until(lambda: len(sink.wake_results) == 3)
         again = conditions()[WAKEUP_CONDITION]
