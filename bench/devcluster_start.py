@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from egpu_testing.sandbox import timed_egpu
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.controlplane import ControlPlane
 
@@ -37,23 +36,13 @@ def time_control_plane(bin_dir: Path, controller_manager: bool) -> tuple[float, 
         return started, time.perf_counter() - start
 
 
-def egpu(*args: str) -> float:
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                            capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"egpu {' '.join(args)} failed:\n{result.stderr}{result.stdout}")
-    return elapsed
-
-
 def time_sandbox(nodes: int, controller_manager: bool) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="egpu-bench-sandbox-") as tmp:
         state, kc = Path(tmp) / "state", Path(tmp) / "kubeconfig"
         extra = [] if controller_manager else ["--no-controller-manager"]
-        up = egpu("sandbox", "up", "--gpu-nodes", str(nodes), "--kubeconfig", str(kc),
-                  "--state-dir", str(state), *extra)
-        down = egpu("sandbox", "down", "--state-dir", str(state))
+        up, _ = timed_egpu("sandbox", "up", "--gpu-nodes", str(nodes), "--kubeconfig", str(kc),
+                           "--state-dir", str(state), *extra)
+        down, _ = timed_egpu("sandbox", "down", "--state-dir", str(state))
         return up, down
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cold build times of single dev-cluster binaries: each built alone with an EMPTY Go build
 # cache (GOCACHE=$(mktemp -d)), the shared module cache and no network (GOPROXY=off: downloads
-# are not counted), with the flags hack/ensure-k8s.sh uses, under nice -n 19, one at a time.
+# are not counted), with the flags hack/ensure-k8s.sh uses (its --print-ldflags), under
+# nice -n 19, one at a time.
 # Prints /usr/bin/time -v's wall/user/sys/peak RSS, the build cache's size afterwards, and
 # whether the binary is byte-identical to the one in hack/ensure-k8s.sh's cache (it is when the
 # flags match). Each build cache is deleted afterwards (2-3 GiB each).
@@ -11,29 +12,19 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 mods="$here/hack/k8s"
-modver() { awk -v m="$2" '$1 == "require" && $2 == m { print $3 } $1 == m { print $2 }' "$mods/$1/go.mod" | head -n1; }
-k8s_version="$(modver kubernetes k8s.io/kubernetes)"
-helm_version="$(modver helm helm.sh/helm/v3)"
-major="${k8s_version#v}"; major="${major%%.*}"
-minor="${k8s_version#v*.}"; minor="${minor%%.*}"
-k8s_ldflags="-s -w"
-for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-  k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
 cached="$("$here/hack/ensure-k8s.sh" --check 2>/dev/null | tail -n 1)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 (( $# )) || set -- helm kubelet kube-controller-manager
 for name in "$@"; do
   case "$name" in
-    kubelet) dir=kubelet; pkg=k8s.io/kubernetes/cmd/kubelet; ld="$k8s_ldflags" ;;
+    kubelet) dir=kubelet; pkg=k8s.io/kubernetes/cmd/kubelet ;;
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl)
-      dir=kubernetes; pkg="k8s.io/kubernetes/cmd/$name"; ld="$k8s_ldflags" ;;
-    helm) dir=helm; pkg=helm.sh/helm/v3/cmd/helm
-          ld="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" ;;
+      dir=kubernetes; pkg="k8s.io/kubernetes/cmd/$name" ;;
+    helm) dir=helm; pkg=helm.sh/helm/v3/cmd/helm ;;
     *) echo "unknown binary: $name" >&2; exit 2 ;;
   esac
+  ld="$("$here/hack/ensure-k8s.sh" --print-ldflags "$name")" || exit 2
   gocache="$(mktemp -d "$work/gocache.XXXX")"
   echo "== $name: start $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
   (cd "$mods/$dir" && env GOCACHE="$gocache" GOPROXY=off CGO_ENABLED=0 GOTOOLCHAIN=local \

@@ -21,33 +21,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from egpu_testing.sandbox import timed_egpu
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.realnode import REAL_NODE_TOLERATION, RealNode, unavailable_reason
 
 
-def egpu(*args: str) -> float:
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                            capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"egpu {' '.join(args)} failed:\n{result.stderr}{result.stdout}")
-    return elapsed
-
-
 def time_sandbox(real_nodes: int = 1) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="egpu-bsb-") as tmp:
         state, kc = Path(tmp) / "state", Path(tmp) / "kubeconfig"
-        up = egpu("sandbox", "up", "--gpu-nodes", "1", "--real-nodes", str(real_nodes),
-                  "--kubeconfig", str(kc), "--state-dir", str(state))
-        down = egpu("sandbox", "down", "--state-dir", str(state))
+        up, _ = timed_egpu("sandbox", "up", "--gpu-nodes", "1", "--real-nodes", str(real_nodes),
+                           "--kubeconfig", str(kc), "--state-dir", str(state))
+        down, _ = timed_egpu("sandbox", "down", "--state-dir", str(state))
         return up, down
 
 

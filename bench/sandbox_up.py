@@ -15,34 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+from egpu_testing.sandbox import timed_egpu
 from elastic_gpu.devcluster.components import extender_missing_nodes
 from elastic_gpu.devcluster.nodes import uniform_inventories
 from elastic_gpu.devcluster.ports import is_listening
 from elastic_gpu.devcluster.sandbox import processes_using
 
 
-def egpu(*args: str) -> tuple[float, str]:
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                            capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"egpu {' '.join(args)} failed:\n{result.stderr}{result.stdout}")
-    return elapsed, result.stdout
-
-
 def one_run(nodes: int, bare: bool) -> tuple[float, float, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="egpu-bench-sandbox-") as tmp:
         state, kc = Path(tmp) / "state", Path(tmp) / "kubeconfig"
-        up, _ = egpu("sandbox", "up", "--gpu-nodes", str(nodes), "--kubeconfig", str(kc),
-                     "--state-dir", str(state), *(["--bare"] if bare else []))
+        up, _ = timed_egpu("sandbox", "up", "--gpu-nodes", str(nodes), "--kubeconfig", str(kc),
+                           "--state-dir", str(state), *(["--bare"] if bare else []))
         saved = json.loads((state / "state.json").read_text())
         ports = [saved["plane"][k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port",
                                              "kwok_port", "controller_manager_port")]
@@ -55,7 +43,7 @@ def one_run(nodes: int, bare: bool) -> tuple[float, float, dict[str, float]]:
                 text, {inv.name: len(inv.cards) for inv in uniform_inventories(nodes)})
             if missing:
                 raise SystemExit(f"up returned before the extender knew {missing[:5]}")
-        down, _ = egpu("sandbox", "down", "--state-dir", str(state))
+        down, _ = timed_egpu("sandbox", "down", "--state-dir", str(state))
         left = processes_using(state.resolve())
         listening = [p for p in ports if p and is_listening(p)]
         if left or listening:

@@ -10,9 +10,10 @@
 # Only missing binaries are built: a command added to a tools.go (which is not part of the key:
 # it names what is built, go.mod/go.sum fix how) is built into the existing directory alone.
 #
-# Usage: hack/ensure-k8s.sh [--check] [--print-key]
+# Usage: hack/ensure-k8s.sh [--check] [--print-key] [--print-ldflags BINARY]
 #   --check      do not build; exit 1 (listing what is missing on stderr) unless all is cached
 #   --print-key  print the control plane's cache key and exit
+#   --print-ldflags BINARY  print the -ldflags BINARY is built with and exit (bench/k8s_cold_build.sh)
 # Env:   EGPU_K8S_CACHE  cache root (default: $HOME/.cache/elastic-gpu/k8s)
 # Output: progress on stderr; the bin directory is the LAST line of stdout.
 set -euo pipefail
@@ -21,11 +22,16 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mods="$here/k8s"
 check_only=0
 print_key=0
-for arg in "$@"; do
+print_ldflags=""
+while (( $# )); do
+  arg="$1"; shift
   case "$arg" in
     --check) check_only=1 ;;
     --print-key) print_key=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --print-ldflags)
+      (( $# )) || { echo "ensure-k8s: --print-ldflags needs a binary name" >&2; exit 2; }
+      print_ldflags="$1"; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "ensure-k8s: unknown argument: $arg (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -45,6 +51,23 @@ etcd_version="$(modver etcd go.etcd.io/etcd/server/v3)"
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
 kubelet_version="$(modver kubelet k8s.io/kubernetes)"
 helm_version="$(modver helm helm.sh/helm/v3)"
+major="${k8s_version#v}"; major="${major%%.*}"
+minor="${k8s_version#v*.}"; minor="${minor%%.*}"
+k8s_ldflags="-s -w"
+for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+  k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+ldflags_of() { # <binary>: the -ldflags it is built with
+  case "$1" in
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet) echo "$k8s_ldflags" ;;
+    etcd|kwok) echo "-s -w" ;;
+    helm) echo "$helm_ldflags" ;;
+    *) echo "ensure-k8s: unknown binary: $1" >&2; return 2 ;;
+  esac
+}
+if [[ -n "$print_ldflags" ]]; then ldflags_of "$print_ldflags"; exit; fi
 modsum() { # <module dir>...: a short hash of their go.mod and go.sum
   local d files=()
   for d in "$@"; do files+=("$mods/$d/go.mod"); done
@@ -92,14 +115,6 @@ if ! flock -n 9; then
   flock 9
 fi
 
-major="${k8s_version#v}"; major="${major%%.*}"
-minor="${k8s_version#v*.}"; minor="${minor%%.*}"
-k8s_ldflags="-s -w"
-for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-  k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
-
 # One `go build` per module for all of its missing commands: they share one action graph, so
 # packages common to several commands compile once and the links overlap. The kubernetes module
 # (by far the largest) builds beside the two small ones; nice: the dev machine is small and shared.
@@ -140,12 +155,11 @@ build kubernetes "$bin" "$k8s_ldflags" \
   kubectl=k8s.io/kubernetes/cmd/kubectl &
 k8s_job=$!
 small_ok=1
-build etcd "$bin" "-s -w" etcd=go.etcd.io/etcd/server/v3 || small_ok=0
-build kwok "$bin" "-s -w" kwok=sigs.k8s.io/kwok/cmd/kwok || small_ok=0
+build etcd "$bin" "$(ldflags_of etcd)" etcd=go.etcd.io/etcd/server/v3 || small_ok=0
+build kwok "$bin" "$(ldflags_of kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok || small_ok=0
 # helm shares few packages with the rest; kubelet shares most of its with the control plane, so it
 # builds after it, from the packages that build left in Go's build cache.
-build helm "$helm_root/bin" "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
-  helm=helm.sh/helm/v3/cmd/helm || small_ok=0
+build helm "$helm_root/bin" "$helm_ldflags" helm=helm.sh/helm/v3/cmd/helm || small_ok=0
 wait "$k8s_job" || small_ok=0
 build kubelet "$kubelet_root/bin" "$k8s_ldflags" kubelet=k8s.io/kubernetes/cmd/kubelet || small_ok=0
 (( small_ok )) || die "build failed (see above)"

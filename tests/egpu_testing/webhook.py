@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import ssl
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from egpu_testing.process import SupervisedProcess
 
 
 def insecure_context() -> ssl.SSLContext:
@@ -23,20 +22,21 @@ def insecure_context() -> ssl.SSLContext:
     return context
 
 
-class WebhookProcess:
+class WebhookProcess(SupervisedProcess):
     """One `egpu webhook` registered as `name`, sent only namespaces labelled `label`."""
+
+    what = "egpu webhook"
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path, *, name: str,
                  namespace: str, label: tuple[str, str] | None = None,
                  extra_args: Sequence[str] = ()) -> None:
+        super().__init__(log_path)
         self.kubeconfig = kubeconfig
         self.port = port
-        self.log_path = log_path
         self.name = name
         self.namespace = namespace
         self.label = label
         self.extra_args = tuple(extra_args)
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -51,18 +51,10 @@ class WebhookProcess:
         return [*argv, *self.extra_args]
 
     def start(self, timeout_s: float = 60.0) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"egpu webhook exited with {self.process.returncode}:\n"
-                                   f"{self.log_tail()}")
-            if self.get("/readyz")[0] == 200:
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"egpu webhook not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+        self.launch(self.argv(), timeout_s)
+
+    def ready(self) -> bool:
+        return self.get("/readyz")[0] == 200
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -96,23 +88,3 @@ class WebhookProcess:
             if labels in (match[1] or ""):
                 total += float(match[2])
         return total
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from egpu_testing.process import SupervisedProcess
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.model import Node
@@ -92,24 +92,26 @@ def ready_state(nodes: Iterable[Node], state: SchedulerState | None = None,
 # ---- against a real control plane -------------------------------------------------------------
 
 
-class ExtenderProcess:
+class ExtenderProcess(SupervisedProcess):
     """`egpu scheduler` as a subprocess (so a test can SIGKILL it like a crashed pod)."""
+
+    what = "egpu scheduler"
+    stop_signal = signal.SIGINT
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path,
                  config: Mapping[str, Any] | None = None,
                  python_args: Sequence[str] = (), tls: TestPki | None = None) -> None:
+        super().__init__(log_path)
         #: e.g. ("-m", "cProfile", "-o", "out.prof") to profile the extender
         self.python_args = tuple(python_args)
         #: serve HTTPS with mutual TLS (`TestPki`): --tls-cert/--tls-key/--tls-client-ca
         self.tls = tls
         self.kubeconfig = kubeconfig
         self.port = port
-        self.log_path = log_path
         self.config_path: Path | None = None
         if config is not None:
             self.config_path = log_path.with_suffix(".config.yaml")
             self.config_path.write_text(yaml.safe_dump(dict(config)))
-        self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
@@ -127,19 +129,7 @@ class ExtenderProcess:
             argv += ["--tls-cert", str(self.tls.server_cert), "--tls-key",
                      str(self.tls.server_key), "--tls-client-ca", str(self.tls.ca)]
         self.starts += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"---- start {self.starts}: {' '.join(argv)}\n".encode())
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"egpu scheduler exited with {self.process.returncode}:\n"
-                                   f"{self.log_tail()}")
-            if self.ready():
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"egpu scheduler not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+        self.launch(argv, timeout_s, header=f"---- start {self.starts}: {' '.join(argv)}\n")
 
     def ready(self) -> bool:
         try:
@@ -149,27 +139,6 @@ class ExtenderProcess:
                 return int(response.status) == 200
         except OSError:
             return False
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no goodbye, as when a node dies."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def extender_kube_scheduler_config(url: str, scheduler_name: str,

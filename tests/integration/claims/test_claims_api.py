@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.seed import SEED_CLASS_AND_CLAIMS
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.devcluster.pytest_plugin import unique_name
@@ -22,40 +23,6 @@ from elastic_gpu.k8s import elasticgpu as api
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-
-#: The Elastic GPU seed README's example, verbatim (its typos are in the pods, not here).
-SEED_CLASS_AND_CLAIMS = """\
-apiVersion: elasticgpu.io/v1alpha
-kind: ElasticGPUClass
-metadata:
-  name: gpushare-egpuclass
-provisioner: gpushare.provisioner.elasticgpu.io
-reclaimPolicy: Retain
-egpuBindingMode: Immediate
----
-apiVersion: elasticgpu.io/v1alpha
-kind: ElasticGPUClaim
-metadata:
-  name: gpushare-egpuc-1
-spec:
-  egpuClassName: gpushare-egpuclass
-  resources:
-    requests:
-      gpushare.provisioner.elasticgpu.io/gpu-core: 10
-      gpushare.provisioner.elasticgpu.io/gpu-memory: 4
----
-apiVersion: elasticgpu.io/v1alpha
-kind: ElasticGPUClaim
-metadata:
-  name: gpushare-egpuc-2
-spec:
-  egpuClassName: gpushare-egpuclass
-  resources:
-    requests:
-      gpushare.provisioner.elasticgpu.io/gpu-core: 10
-      gpushare.provisioner.elasticgpu.io/gpu-memory: 4
-"""
-
 
 def install_crds(k8s_cluster: Any) -> None:
     for filename in api.CRD_FILES.values():

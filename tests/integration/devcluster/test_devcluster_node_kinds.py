@@ -10,16 +10,15 @@ documented meaning (docs/agent.md), not computed by the code under test.
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elastic_gpu.devcluster.binaries import find_bin_dir
+from egpu_testing import sandbox as cli
 
 pytestmark = pytest.mark.integration
 
@@ -97,17 +96,12 @@ EXPECTED_CARDS: dict[str, dict[int, tuple[int, dict[str, int]]]] = {
 }
 
 
-def egpu(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+egpu = functools.partial(cli.egpu, timeout=240)
 
 
 def kubectl(kubeconfig: Path, *args: str, input: str | None = None) -> Any:
-    result = subprocess.run([str(find_bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}",
-                             *args], input=input, capture_output=True, text=True, timeout=60,
-                            check=False)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout) if "-o" in args and "json" in args else result.stdout
+    out = cli.kubectl(kubeconfig, *args, input=input)
+    return json.loads(out) if "-o" in args and "json" in args else out
 
 
 def gpu_pod(name: str, resource: str) -> dict[str, Any]:

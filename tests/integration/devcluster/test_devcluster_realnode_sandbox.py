@@ -6,12 +6,11 @@ Skipped where the machine cannot run a real node (the reason is in the skip mess
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from egpu_testing import sandbox as cli
+from egpu_testing.sandbox import alive, kubectl
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.ports import is_listening
 from elastic_gpu.devcluster.realnode import (
@@ -38,25 +39,7 @@ HOST_PATHS = ("/run/netns", "/run/containerd", "/var/lib/kubelet", "/var/lib/cni
               "/var/log/pods", "/var/log/containers", "/opt/containerd", "/etc/cni")
 
 
-def egpu(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def kubectl(kubeconfig: Path, *args: str, input: str | None = None) -> str:
-    result = subprocess.run([str(find_bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}",
-                             *args], input=input, capture_output=True, text=True, timeout=60,
-                            check=False)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+egpu = functools.partial(cli.egpu, timeout=240)
 
 
 def host_mounts() -> list[str]:

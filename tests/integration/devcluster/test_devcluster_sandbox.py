@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from elastic_gpu.devcluster.binaries import find_bin_dir
+from egpu_testing.sandbox import alive, egpu, kubectl
 from elastic_gpu.devcluster.ports import is_listening
 
 pytestmark = pytest.mark.integration
-
-
-def egpu(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def kubectl(kubeconfig: Path, *args: str, input: str | None = None) -> str:
-    result = subprocess.run([str(find_bin_dir() / "kubectl"), f"--kubeconfig={kubeconfig}",
-                             *args], input=input, capture_output=True, text=True, timeout=60,
-                            check=False)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 POD = {
@@ -92,7 +68,7 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
             "etcd", "kube-apiserver", "kube-controller-manager", "egpu-scheduler",
             "egpu-webhook", "kube-scheduler", "kwok", "allocation-sync"}
         # The components outlived the `up` command.
-        assert all(_alive(pid) for pid in pids)
+        assert all(alive(pid) for pid in pids)
 
         status = egpu("sandbox", "status", "--json", "--state-dir", str(state))
         assert status.returncode == 0, status.stderr
@@ -151,7 +127,7 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
         down = egpu("sandbox", "down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr
     assert "kube-apiserver" in down.stdout
-    assert not [pid for pid in pids if _alive(pid)]
+    assert not [pid for pid in pids if alive(pid)]
     assert not [port for port in ports if is_listening(port)]
     assert not (state / "state.json").exists() and not (state / "cluster").exists()
     assert not kc.exists()
@@ -210,7 +186,7 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         for proc in first["processes"]:
             os.killpg(proc["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while any(_alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
+        while any(alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         status = egpu("sandbox", "status", "--state-dir", str(state))
         # etcd, apiserver, extender, webhook, controller manager, scheduler, kwok, allocation
@@ -221,7 +197,7 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
         assert again.returncode == 0, again.stderr
         second = json.loads((state / "state.json").read_text())["plane"]
-        assert all(_alive(p["pid"]) for p in second["processes"])
+        assert all(alive(p["pid"]) for p in second["processes"])
         assert len(json.loads(kubectl(kc, "get", "nodes", "-o", "json"))["items"]) == 2
     finally:
         assert egpu("sandbox", "down", "--state-dir", str(state)).returncode == 0

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from egpu_testing.sandbox import alive, egpu, kubectl, kubectl_run
+from egpu_testing.seed import SEED_CLASS
 from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster import components, sandbox
-from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.components import ComponentSpec, Role, Stage
 from elastic_gpu.devcluster.errors import ComponentStartError
 from elastic_gpu.devcluster.nodes import uniform_inventories
@@ -51,31 +50,6 @@ spec:
           limits:
             nano-gpu/gpu-percent: "20"
 """
-
-
-def egpu(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def kubectl_run(kc: Path, *args: str, input: str | None = None
-                ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(find_bin_dir() / "kubectl"), f"--kubeconfig={kc}", *args],
-                          input=input, capture_output=True, text=True, timeout=60, check=False)
-
-
-def kubectl(kc: Path, *args: str, input: str | None = None) -> str:
-    result = kubectl_run(kc, *args, input=input)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _cgroups() -> set[str]:
@@ -113,7 +87,7 @@ def _cmdlines_naming(path: Path) -> dict[int, str]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if inside in cmdline and _alive(int(entry.name)):
+            if inside in cmdline and alive(int(entry.name)):
                 found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode()
     return found
 
@@ -131,18 +105,6 @@ def _wait(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} within {timeout_s:.0f} s")
         time.sleep(0.3)
-
-
-#: The Elastic GPU seed README's class, verbatim.
-SEED_CLASS = """\
-apiVersion: elasticgpu.io/v1alpha
-kind: ElasticGPUClass
-metadata:
-  name: gpushare-egpuclass
-provisioner: gpushare.provisioner.elasticgpu.io
-reclaimPolicy: Retain
-egpuBindingMode: Immediate
-"""
 
 
 def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path):
@@ -234,7 +196,7 @@ def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path)
     assert down.returncode == 0, down.stderr + down.stdout
     # Nothing is left: no process (recorded pids, their groups, any command line naming the
     # state dir), no listening port, no mount, no cgroup, no state, no kubeconfig.
-    assert not [p["pid"] for p in processes if _alive(p["pid"])]
+    assert not [p["pid"] for p in processes if alive(p["pid"])]
     assert not _group_members({p["pid"] for p in processes})
     assert not _cmdlines_naming(state)
     assert not [port for port in ports if is_listening(port)]

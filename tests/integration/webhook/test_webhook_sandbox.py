@@ -3,28 +3,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elastic_gpu.devcluster.binaries import find_bin_dir
+from egpu_testing import sandbox as cli
 
 pytestmark = pytest.mark.integration
 
 
-def egpu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "elastic_gpu.cli.main", *args],
-                          capture_output=True, text=True, timeout=300, check=False)
-
-
-def kubectl(kc: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(find_bin_dir() / "kubectl"), f"--kubeconfig={kc}", *args],
-                          input=input, capture_output=True, text=True, timeout=60, check=False)
+egpu = functools.partial(cli.egpu, timeout=300)
+kubectl = cli.kubectl_run
 
 
 def pod(name: str, limits: dict[str, object]) -> str:
