@@ -126,6 +126,7 @@ def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path)
         # The extender is started (and ready) before the kube-scheduler that calls it.
         assert names.index("egpu-scheduler") < names.index("kube-scheduler")
         assert extender_url in up.stdout
+        assert saved["components"]["egpu-webhook"]["endpoint"] in up.stdout
         config = yaml.safe_load((state / "cluster" / "kube-scheduler.yaml").read_text())
         assert [e["urlPrefix"] for e in config["extenders"]] == [extender_url]
 
