@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, unit and integration tests against a real control plane.
-# Installs what it needs (Python packages; etcd, kube-apiserver, kube-scheduler, kwok and
-# kubectl built from Go modules and cached outside the tree by hack/ensure-k8s.sh).
+# Installs what it needs (Python packages; the real node's Debian packages; etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, kwok, kubelet and helm built from Go modules
+# and cached outside the tree by hack/ensure-k8s.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
