@@ -3,6 +3,7 @@ started and waited on until ready, stopped gracefully or SIGKILLed like a crashe
 
 from __future__ import annotations
 
+import abc
 import signal
 import subprocess
 import time
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-class SupervisedProcess:
+class SupervisedProcess(abc.ABC):
     """One subprocess writing to `log_path`; subclasses say how to tell it is ready."""
 
     #: its name in errors, e.g. "egpu scheduler"
@@ -22,8 +23,9 @@ class SupervisedProcess:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
+    @abc.abstractmethod
     def ready(self) -> bool:
-        raise NotImplementedError
+        """Whether the process serves (e.g. its health URL answers)."""
 
     def launch(self, argv: Sequence[str], timeout_s: float, header: str | None = None) -> None:
         """Start `argv` (in a session of its own) and wait until `ready`; `header` goes to the

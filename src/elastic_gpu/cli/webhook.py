@@ -87,4 +87,4 @@ def webhook(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
-        pass
+        pass  # Ctrl-C before the loop's own handler is in place: a normal stop

@@ -474,7 +474,8 @@ def provision(decision: Provision, claim: Claim, cls: GPUClass, engine: Engine
 
 @dataclass(frozen=True)
 class Keep:
-    pass
+    """Release decision: leave the ElasticGPU as it is (its claim still exists, it is already
+    Released or Failed, or it waits for a claim pre-bound by name)."""
 
 
 @dataclass(frozen=True)

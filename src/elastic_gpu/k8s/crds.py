@@ -12,7 +12,7 @@ from typing import Any
 
 
 class CrdInstallError(RuntimeError):
-    pass
+    """A CRD could not be applied, or did not become Established in time."""
 
 
 def install_crds(client: Any, manifests: Iterable[Mapping[str, Any]], timeout_s: float = 30.0) -> None:

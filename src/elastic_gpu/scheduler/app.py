@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.eventloop import loop_name
+from elastic_gpu.scheduler.eventloop import loop_name, stop_on_signals
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
@@ -169,19 +168,6 @@ async def _expiry_loop(state: SchedulerState, period_s: float = 1.0) -> None:
         state.expire()
 
 
-def _stop_on_signals(stop: asyncio.Event) -> list[int]:
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(signum, stop.set)
-            installed.append(signum)
-        except (NotImplementedError, RuntimeError, ValueError):
-            # serve() runs off the main thread in tests and embedders: signals are theirs
-            log.debug("not installing a handler for signal %d: not the main thread", signum)
-    return installed
-
-
 async def serve_extender(extender: Extender, options: ServeOptions, stop: asyncio.Event,
                          started: asyncio.Event | None = None,
                          background: asyncio.Future[Any] | None = None) -> None:
@@ -227,15 +213,12 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
     stop = asyncio.Event()
-    installed = _stop_on_signals(stop)
     try:
-        # the API worker stays up while binds drain: they write through it
-        await serve_extender(extender, options, stop, started,
-                             background=asyncio.gather(*tasks))
+        with stop_on_signals(stop):
+            # the API worker stays up while binds drain: they write through it
+            await serve_extender(extender, options, stop, started,
+                                 background=asyncio.gather(*tasks))
     finally:
-        loop = asyncio.get_running_loop()
-        for signum in installed:
-            loop.remove_signal_handler(signum)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

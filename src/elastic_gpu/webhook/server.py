@@ -16,7 +16,6 @@ import asyncio
 import base64
 import contextlib
 import logging
-import signal
 import ssl
 import tempfile
 import time
@@ -35,6 +34,7 @@ from elastic_gpu.core.admission import (
     default_policies,
     facts_from_nodes,
 )
+from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
     DEFAULT_NAME,
@@ -436,12 +436,8 @@ def _read_cert_dir(directory: Path) -> tuple[str, str, str]:
 async def serve(options: WebhookOptions, stop: asyncio.Event | None = None) -> None:
     """Run until `stop` is set, or SIGTERM / SIGINT."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    server = WebhookServer(options)
-    await server.run(stop)
+    with stop_on_signals(stop):
+        await WebhookServer(options).run(stop)
 
 
 __all__ = ["Admission", "WebhookOptions", "WebhookServer", "WebhookStartError", "serve"]
