@@ -49,6 +49,10 @@ class ProcessHandle:
     start_ticks: int | None
     _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
+    def exit_code(self) -> int | None:
+        """How our own child ended (None: still running, or not started by this process)."""
+        return self._popen.poll() if self._popen is not None else None
+
     def alive(self) -> bool:
         if self._popen is not None:
             return self._popen.poll() is None
@@ -162,8 +166,8 @@ def wait_ready(handle: ProcessHandle, check: Callable[[], bool], timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while True:
         if not handle.alive():
-            code = handle._popen.returncode if handle._popen is not None else None
-            raise ComponentStartError(handle.name, f"exited while starting (exit code {code})",
+            raise ComponentStartError(handle.name,
+                                      f"exited while starting (exit code {handle.exit_code()})",
                                       str(handle.log_path), handle.log_tail())
         try:
             if check():

@@ -5,8 +5,8 @@ etcd data, logs). Beside Kubernetes, `up` runs the Elastic GPU components of
 `components.REGISTRY` (the scheduler extender, wired into kube-scheduler; the fake nodes'
 allocation sync); `--bare` runs Kubernetes alone. `up` refuses to start over a live sandbox;
 `down` stops every recorded process group, ends any process still naming the state dir or
-carrying its marker, unmounts what is mounted under it, removes the cgroups it recorded,
-checks that the ports are closed, and removes the state.
+carrying its marker, unmounts what is mounted under it, checks that the ports are closed,
+and removes the state. A real node (`realnode_sandbox`) removes its own cgroup first.
 """
 
 from __future__ import annotations
@@ -72,15 +72,13 @@ class Sandbox:
     #: Per component of the registry: {"port": int, "endpoint": URL or None, "health": URL
     #: or None}; its process is `plane.processes[name]`.
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: cgroups (absolute paths) a component created; `down` removes them.
-    cgroups: list[str] = field(default_factory=list)
     #: Seconds each step of `up` took, in order (bench/sandbox_up.py reads them).
     up_seconds: dict[str, float] = field(default_factory=dict)
 
     def save(self) -> None:
         data = {"plane": self.plane.to_dict(), "kubeconfig": str(self.kubeconfig),
                 "node_names": self.node_names, "bare": self.bare,
-                "components": self.components, "cgroups": self.cgroups,
+                "components": self.components,
                 "up_seconds": self.up_seconds}
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2))
@@ -98,7 +96,6 @@ class Sandbox:
                        bare=bool(data.get("bare", False)),
                        components={str(k): dict(v)
                                    for k, v in dict(data.get("components", {})).items()},
-                       cgroups=[str(c) for c in data.get("cgroups", [])],
                        up_seconds={str(k): float(v)
                                    for k, v in dict(data.get("up_seconds", {})).items()})
         except (ValueError, KeyError, TypeError) as err:
@@ -164,8 +161,8 @@ def check_alive(plane: ControlPlane) -> None:
     """Raise with the log tail of the first component that has exited."""
     for name, handle in plane.processes.items():
         if not handle.alive():
-            code = handle._popen.returncode if handle._popen is not None else None
-            raise ComponentStartError(name, f"exited during `sandbox up` (exit code {code})",
+            raise ComponentStartError(name, f"exited during `sandbox up` (exit code "
+                                      f"{handle.exit_code()})",
                                       str(handle.log_path), handle.log_tail())
 
 
@@ -483,22 +480,6 @@ def _unmount_under(path: Path) -> None:
         raise DevClusterError(f"could not unmount {left} (unmount them by hand, as root)")
 
 
-def _remove_cgroups(paths: Sequence[str]) -> None:
-    left = []
-    for path in sorted(paths, key=lambda p: p.count("/"), reverse=True):
-        deadline = time.monotonic() + 5.0
-        while os.path.isdir(path):
-            try:
-                os.rmdir(path)
-            except OSError:
-                if time.monotonic() > deadline:
-                    left.append(path)
-                    break
-                time.sleep(0.1)
-    if left:
-        raise DevClusterError(f"could not remove cgroups {left}")
-
-
 def _remove(sandbox: Sandbox) -> None:
     plane = sandbox.plane
     # Only the ports of components that were running are ours to check: a dead component's
@@ -526,10 +507,6 @@ def _remove(sandbox: Sandbox) -> None:
         errors.append(f"ports {still} still accept connections")
     try:
         _unmount_under(sandbox.state_dir)
-    except DevClusterError as err:
-        errors.append(str(err))
-    try:
-        _remove_cgroups(sandbox.cgroups)
     except DevClusterError as err:
         errors.append(str(err))
     if errors:
