@@ -24,15 +24,20 @@ from elastic_gpu.devcluster.realnode_ns import lock_holder
 REAL_NODE_NAME = "egpu-real-0"
 
 
-@pytest.fixture(scope="module")
-def real_node(k8s_cluster: ControlPlane) -> Iterator[RealNode]:
-    reason = unavailable_reason(k8s_cluster.bin_dir)
+def skip_unless_real_node_possible(bin_dir: Path) -> None:
+    """pytest.skip, saying exactly why, where this machine cannot run a real node now."""
+    reason = unavailable_reason(bin_dir)
     if reason is not None:
         pytest.skip(f"this machine cannot run a real kubelet node: {reason}")
     holder = lock_holder()
     if holder is not None:
         pytest.skip(f"a real node already runs on this machine (pid {holder} holds "
                     "@egpu-realnode; one per machine): stop it (`egpu sandbox down`)")
+
+
+@pytest.fixture(scope="module")
+def real_node(k8s_cluster: ControlPlane) -> Iterator[RealNode]:
+    skip_unless_real_node_possible(k8s_cluster.bin_dir)
     # A short work dir: device-plugin and containerd sockets live under it (unix socket paths
     # are limited to 107 bytes).
     work = Path(tempfile.mkdtemp(prefix="egpu-rn-"))
@@ -45,4 +50,4 @@ def real_node(k8s_cluster: ControlPlane) -> Iterator[RealNode]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-__all__ = ["REAL_NODE_NAME", "real_node"]
+__all__ = ["REAL_NODE_NAME", "real_node", "skip_unless_real_node_possible"]

@@ -28,9 +28,9 @@ from elastic_gpu.devcluster.realnode import (
     REAL_NODE_TOLERATION,
     cgroup_pids,
     leftover_cgroups,
-    unavailable_reason,
 )
 from elastic_gpu.devcluster.realnode_ns import lock_holder
+from elastic_gpu.devcluster.realnode_pytest import skip_unless_real_node_possible
 
 pytestmark = pytest.mark.integration
 
@@ -61,12 +61,7 @@ def netns_count() -> int:
 
 @pytest.fixture
 def state_dir() -> Iterator[Path]:
-    reason = unavailable_reason(find_bin_dir())
-    if reason is not None:
-        pytest.skip(f"this machine cannot run a real kubelet node: {reason}")
-    holder = lock_holder()
-    if holder is not None:
-        pytest.skip(f"a real node already runs on this machine (pid {holder})")
+    skip_unless_real_node_possible(find_bin_dir())
     # Short: sockets live under it (107-byte limit).
     path = Path(tempfile.mkdtemp(prefix="egpu-sb-"))
     yield path
