@@ -485,3 +485,41 @@ async def test_a_first_consumer_meeting_an_existing_elasticgpu_uses_its_cards() 
     assignment = Assignment.from_json(api_.bound["a"][ann.ASSIGNMENT])
     assert assignment.containers["main"] == (share("n1", 0, 400),)
     assert used(state, "n1") == 400
+
+
+# ---- CRDs not installed -------------------------------------------------------------------------
+
+
+async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> None:
+    """The Elastic GPU API's CRDs missing (404 on the list): the feed says "none" (so the
+    extender becomes ready), and lists again later; once served, its objects arrive."""
+    from elastic_gpu.k8s.rest import ApiStatusError, RawReflector
+
+    class Client:
+        def __init__(self) -> None:
+            self.lists = 0
+
+        async def list(self, path: str, params: Any) -> tuple[list[dict[str, Any]], str]:
+            self.lists += 1
+            if self.lists < 3:
+                raise ApiStatusError(404, "NotFound", "the server could not find the resource")
+            return [{"metadata": {"name": "e1"}}], "5"
+
+        async def watch(self, *args: Any) -> Any:
+            await asyncio.sleep(3600)
+            yield "ADDED", {}
+
+    replaced: list[list[dict[str, Any]]] = []
+    client = Client()
+    reflector = RawReflector(client, "/apis/elasticgpu.io/v1alpha/elasticgpus",  # type: ignore[arg-type]
+                             name="elasticgpus", on_replace=replaced.append,
+                             on_event=lambda kind, obj: None, missing_recheck_s=0.01)
+    task = asyncio.create_task(reflector.run())
+    try:
+        for _ in range(300):
+            if len(replaced) >= 3:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+    assert replaced[:3] == [[], [], [{"metadata": {"name": "e1"}}]]
