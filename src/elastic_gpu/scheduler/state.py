@@ -368,7 +368,8 @@ class SchedulerState:
                 if assignment is not None and self.engine.allocation(uid) != assignment:
                     self._holds.pop(uid)
                     self._sync(uid)
-        for uid in list(self._conflicts):
+        # ElasticGPUs first: where one and a pod claim the same card, the bound claim wins
+        for uid in sorted(self._conflicts, key=lambda key: not key.startswith(EGPU_KEY)):
             self._sync(uid)
 
     # ---- holds ------------------------------------------------------------------------------
