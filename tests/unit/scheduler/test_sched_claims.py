@@ -523,3 +523,16 @@ async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> 
     finally:
         task.cancel()
     assert replaced[:3] == [[], [], [{"metadata": {"name": "e1"}}]]
+
+
+def test_the_agent_serves_a_claim_containers_cards_from_a_marked_assignment() -> None:
+    """The agent's Allocate matching reads the new key's assignments unchanged: the claim
+    container is served the ElasticGPU's cards, the other container its own."""
+    from elastic_gpu.agent.matching import candidates
+
+    pod = consuming_pod("a", "e1", (share("n1", 0, 600),), side=(share("n1", 0, 200),))
+    found, problems = candidates([pod], "n1", CORE, 60, ())
+    assert problems == [] and [(c.container, c.shares) for c in found] == [
+        ("main", (share("n1", 0, 600),))]
+    found, _ = candidates([pod], "n1", CORE, 20, ())
+    assert [(c.container, c.shares) for c in found] == [("side", (share("n1", 0, 200),))]
