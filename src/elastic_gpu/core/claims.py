@@ -682,6 +682,12 @@ def resolve_pod_claims(namespace: str, named: Mapping[str, str],
         else:
             blocked.append(_pending(claim, f"not bound yet (ElasticGPU {decision.elastic_gpu} "
                                     "is being bound to it)"))
+    for claim_name in sorted({c.name for c in first.values()}):
+        sharing = sorted(c for c, claim in first.items() if claim.name == claim_name)
+        if len(sharing) > 1:
+            blocked.append(f"ElasticGPUClaim {namespace}/{claim_name} (WaitForFirstConsumer) is "
+                           f"named by containers {', '.join(sharing)}; until it is bound, one "
+                           "container of a pod may name it")
     nodes = sorted({e.node for e in bound.values()})
     if len(nodes) > 1:
         blocked.append("the pod's claims are bound to ElasticGPUs on different nodes ("

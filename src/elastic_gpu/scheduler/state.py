@@ -563,7 +563,10 @@ class SchedulerState:
         view = self._claim_view(namespace, named)
         if view.blocked is None:
             del self._claim_waiting[uid]
-            self._claim_wakes[uid] = Wake(uid, namespace, name, view.node or "")
+            where = f" on node {view.node}" if view.node else ""
+            self._claim_wakes[uid] = Wake(
+                uid, namespace, name, view.node or "",
+                f"the ElasticGPUClaims this pod names can now be placed{where}")
 
     def upsert_elasticgpu(self, egpu: egc.ElasticGPU, uid: str = "") -> None:
         """An ElasticGPU from the watch (or the API's answer to our create): it holds its cards
@@ -1022,7 +1025,7 @@ class SchedulerState:
                 return
             if definite:
                 self._waiting.pop(wake.uid, None)
-            elif not wake.node or wake.uid in self._claim_waiting:
+            elif wake.reason:
                 self._claim_wakes[wake.uid] = wake  # a claim's wake-up: send it again
             elif wake.uid in self._waiting:
                 self._mark_freed(wake.node)

@@ -133,7 +133,8 @@ class WorkerLink:
             task.add_done_callback(self._wake_tasks.discard)
 
     async def _wake(self, wake: Wake) -> None:
-        text = (f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
+        text = (f"wake-up {next(self._wake_ids)}: {wake.reason}" if wake.reason else
+                f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
                 "where this pod now fits")
         try:
             await self._call("wake", wake.namespace, wake.name, wake.uid, text)

@@ -234,7 +234,19 @@ def test_a_pod_naming_an_unbound_immediate_claim_fits_nowhere_and_is_woken_when_
     assert state.wakeup_pending()
     wakes = state.wakeups()
     assert [(w.uid, w.node) for w in wakes] == [("uid-p", "n3")]
+    assert wakes[0].reason == "the ElasticGPUClaims this pod names can now be placed on node n3"
     assert state.wakeups() == []  # once
+    # a wake-up that may not have landed is sent again
+    state.wakeup_done(wakes[0], sent=False, definite=False)
+    assert state.wakeups() == wakes
+
+
+def test_one_wait_for_first_consumer_claim_named_by_two_containers_is_refused() -> None:
+    state, _ = claim_state("WaitForFirstConsumer")
+    pod = claim_pod("p", {"a": "c1", "b": "c1"}, resources={"a": {CORE: "40"}, "b": {CORE: "40"}})
+    assert filter_claim_pod(state, pod, ["n1"])[1] == {"n1": (
+        "ElasticGPUClaim default/c1 (WaitForFirstConsumer) is named by containers a, b; until "
+        "it is bound, one container of a pod may name it")}
 
 
 def test_a_missing_claim_and_a_missing_class_are_named() -> None:
