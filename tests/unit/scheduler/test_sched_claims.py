@@ -548,3 +548,35 @@ def test_the_agent_serves_a_claim_containers_cards_from_a_marked_assignment() ->
         ("main", (share("n1", 0, 600),))]
     found, _ = candidates([pod], "n1", CORE, 20, ())
     assert [(c.container, c.shares) for c in found] == [("side", (share("n1", 0, 200),))]
+
+
+NAMES = st.sampled_from(["c1", "c2", "nope", "", "UPPER", "a" * 300, "main", "side"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(notes=st.dictionaries(st.sampled_from([f"egpuc.elasticgpu.io/{c}" for c in
+                                               ("main", "side", "x", "")]), NAMES, max_size=3),
+       containers=st.lists(st.sampled_from(["main", "side", "other"]), min_size=1, max_size=3,
+                           unique=True),
+       mode=st.sampled_from(["Immediate", "WaitForFirstConsumer"]),
+       bound=st.booleans())
+def test_every_verb_answers_pods_naming_claims_without_500(
+        notes: dict[str, str], containers: list[str], mode: str, bound: bool) -> None:
+    async def run() -> None:
+        state, feeds = claim_state(mode)
+        if bound:
+            feeds.egpus_event("ADDED", elasticgpu_object("egpu-u1", "n2", [share("n2", 0, 400)],
+                                                         claim=("default", "c1", "u1")))
+        api_ = FakeClaimApi()
+        pod = claim_pod("p", {}, resources={c: {CORE: "40"} for c in containers})
+        pod["metadata"]["annotations"] = notes
+        args = {"Pod": pod, "NodeNames": ["n1", "n2", "n3"]}
+        async with TestClient(TestServer(Extender(state, api_, claims_api=api_).app())) as client:
+            for verb, body in (("filter", args), ("prioritize", args),
+                               ("preempt", {"Pod": pod, "NodeNameToMetaVictims": {
+                                   "n2": {"Pods": [], "NumPDBViolations": 0}}}),
+                               ("bind", {"PodName": "p", "PodNamespace": "default",
+                                         "PodUID": "uid-p", "Node": "n2"})):
+                status, answer = await post(client, verb, body)
+                assert status in (200, 422), (verb, status, answer)
+    asyncio.run(run())
