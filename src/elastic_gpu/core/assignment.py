@@ -13,13 +13,20 @@ A MIG share adds `"mig": "<profile>"` and `"migUuid": "MIG-…"`. A share of tim
 adds `"replicas": k` (k replica slots of a card time-sliced for the container's whole-card
 resource; its milli is k x the card's compute / replicas, its memory 0). Readers that predate
 it ignore the key, and count the milli.
+
+A pod consuming ElasticGPUClaims adds a top-level `"claims": {"<container>": "<ElasticGPU>"}`:
+those containers' shares are the ElasticGPU's cards (its `spec.cards`), already held under the
+ElasticGPU's own ledger key, so the scheduler's ledger counts only the pod's other containers
+(`Assignment.unclaimed`). The agent serves every container its shares, claim-backed or not.
+`v` stays 1: older readers ignore the key (and would count the claim containers twice, which
+an older scheduler never wrote).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_gpu.core.resources import MILLI_PER_CARD
@@ -86,15 +93,30 @@ class Assignment:
 
     node: str
     containers: Mapping[str, tuple[CardShare, ...]]
+    #: container -> the ElasticGPU whose cards it uses (a claim-backed container); its shares
+    #: are the ElasticGPU's, counted under the ElasticGPU's ledger key, not the pod's
+    claims: Mapping[str, str] = field(default_factory=dict)
 
     def shares(self) -> Iterator[CardShare]:
         for shares in self.containers.values():
             yield from shares
 
+    def unclaimed(self) -> Assignment | None:
+        """What the pod itself holds: its containers that are not claim-backed (None if every
+        GPU container uses a claim). The ledger counts this under the pod's key."""
+        if not self.claims:
+            return self
+        rest = {name: shares for name, shares in self.containers.items() if name not in self.claims}
+        if not rest:
+            return None
+        return Assignment(self.node, rest)
+
     def to_json(self) -> str:
-        body = {"v": VERSION, "node": self.node,
-                "containers": {name: [s.to_dict() for s in shares]
-                               for name, shares in sorted(self.containers.items())}}
+        body: dict[str, Any] = {"v": VERSION, "node": self.node,
+                                "containers": {name: [s.to_dict() for s in shares]
+                                               for name, shares in sorted(self.containers.items())}}
+        if self.claims:
+            body["claims"] = dict(sorted(self.claims.items()))
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
@@ -121,4 +143,22 @@ class Assignment:
             indexes = [s.index for s in parsed[str(name)]]
             if len(set(indexes)) != len(indexes) and not any(s.mig_uuid for s in parsed[str(name)]):
                 raise AssignmentError(f"container {name!r} lists card {indexes} twice")
-        return Assignment(node, parsed)
+        return Assignment(node, parsed, _claims(data.get("claims", {}), parsed))
+
+
+def _claims(value: Any, containers: Mapping[str, tuple[CardShare, ...]]) -> dict[str, str]:
+    """The `claims` mark: an object of container -> ElasticGPU name, every container listed in
+    `containers`."""
+    if not isinstance(value, Mapping):
+        raise AssignmentError(f"assignment claims must be an object of container -> "
+                              f"ElasticGPU name, got {value!r}")
+    out: dict[str, str] = {}
+    for container, egpu in value.items():
+        if container not in containers:
+            raise AssignmentError(f"assignment claims names container {container!r}, which has "
+                                  f"no shares (containers: {', '.join(sorted(containers))})")
+        if not isinstance(egpu, str) or not 0 < len(egpu) <= 253:
+            raise AssignmentError(f"assignment claims[{container!r}]={egpu!r} is not an "
+                                  "ElasticGPU name")
+        out[str(container)] = egpu
+    return out

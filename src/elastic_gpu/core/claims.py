@@ -592,3 +592,120 @@ def pods_using(claim: Claim, pods: Iterable[Mapping[str, Any]]) -> list[str]:
         if claim.name in named:
             out.append(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
     return sorted(out)
+
+
+# --------------------------------------------------------------------------- pods that name claims
+
+
+def bound_elasticgpu(claim: Claim, egpus: Mapping[str, ElasticGPU]) -> ElasticGPU | None:
+    """The ElasticGPU whose cards a pod naming `claim` uses: the one the claim is bound to
+    (`spec.elasticGPUName`), or the provisioned `egpu-<uid>` pre-bound to it (provisioning
+    done, the controller has not written the claim yet); its claimRef must name the claim.
+    None while the claim is not bound."""
+    name = claim.elastic_gpu_name or provisioned_name(claim)
+    egpu = egpus.get(name)
+    if egpu is None or egpu.claim_ref is None or not egpu.claim_ref.matches(claim):
+        return None
+    if egpu.phase in (ElasticGPUPhase.RELEASED, ElasticGPUPhase.FAILED) or not egpu.node:
+        return None
+    return egpu
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """How a pod's claim-backed containers are placed (`resolve_pod_claims`).
+
+    - `bound`: container -> the ElasticGPU it uses (node and cards fixed);
+    - `first_consumer`: container -> an unbound WaitForFirstConsumer claim, provisioned on the
+      node the pod is bound to, with the cards chosen for that container;
+    - `blocked`: why no node can take the pod now (a claim missing, Pending, being deleted,
+      or bound ElasticGPUs on different nodes); None if it can be placed;
+    - `waits_for`: the claims (namespace/name) whose change may unblock it.
+    """
+
+    bound: Mapping[str, ElasticGPU] = field(default_factory=dict)
+    first_consumer: Mapping[str, Claim] = field(default_factory=dict)
+    blocked: str | None = None
+    waits_for: frozenset[str] = frozenset()
+
+    @property
+    def node(self) -> str | None:
+        """The node the pod must go to: its bound ElasticGPUs' (None: any)."""
+        return next((e.node for e in self.bound.values()), None)
+
+    def marks(self) -> dict[str, str]:
+        """The assignment's `claims` mark: container -> ElasticGPU name (bound ones; the
+        first-consumer ones get theirs when provisioned, `provisioned_name`)."""
+        out = {c: e.name for c, e in self.bound.items()}
+        out.update({c: provisioned_name(claim) for c, claim in self.first_consumer.items()})
+        return out
+
+
+def _pending(claim: Claim, message: str) -> str:
+    return f"ElasticGPUClaim {claim.key} is Pending: {message}"
+
+
+def resolve_pod_claims(namespace: str, named: Mapping[str, str],
+                       claims: Mapping[tuple[str, str], Claim],
+                       classes: Mapping[str, GPUClass],
+                       egpus: Mapping[str, ElasticGPU]) -> PodClaims:
+    """Place the claim-backed containers of a pod of `namespace` whose containers name claims
+    (`named`: container -> claim name, from `pod_claims`), given what the API says."""
+    bound: dict[str, ElasticGPU] = {}
+    first: dict[str, Claim] = {}
+    blocked: list[str] = []
+    waits: set[str] = set()
+    for container, claim_name in sorted(named.items()):
+        claim = claims.get((namespace, claim_name))
+        key = f"{namespace}/{claim_name}"
+        if claim is None:
+            blocked.append(f"ElasticGPUClaim {key} does not exist")
+            waits.add(key)
+            continue
+        if claim.deleting:
+            blocked.append(f"ElasticGPUClaim {key} is being deleted")
+            continue
+        egpu = bound_elasticgpu(claim, egpus)
+        if egpu is not None:
+            bound[container] = egpu
+            continue
+        waits.add(key)
+        decision = decide(claim, classes, egpus)
+        if isinstance(decision, Pending) and \
+                decision.reason is PendingReason.WAIT_FOR_FIRST_CONSUMER:
+            first[container] = claim
+        elif isinstance(decision, Pending | Lost):
+            blocked.append(_pending(claim, decision.message))
+        elif isinstance(decision, Provision):
+            blocked.append(_pending(claim, f"not bound yet; its class provisions it when the "
+                                    f"claim is created ({decision.provisioner})"))
+        else:
+            blocked.append(_pending(claim, f"not bound yet (ElasticGPU {decision.elastic_gpu} "
+                                    "is being bound to it)"))
+    for claim_name in sorted({c.name for c in first.values()}):
+        sharing = sorted(c for c, claim in first.items() if claim.name == claim_name)
+        if len(sharing) > 1:
+            blocked.append(f"ElasticGPUClaim {namespace}/{claim_name} (WaitForFirstConsumer) is "
+                           f"named by containers {', '.join(sharing)}; until it is bound, one "
+                           "container of a pod may name it")
+    nodes = sorted({e.node for e in bound.values()})
+    if len(nodes) > 1:
+        blocked.append("the pod's claims are bound to ElasticGPUs on different nodes ("
+                       + ", ".join(f"{c}: {e.name} on {e.node}" for c, e in sorted(bound.items()))
+                       + "); a pod runs on one node")
+    return PodClaims(bound, first, "; ".join(blocked) or None, frozenset(waits))
+
+
+def off_node_reason(container: str, claim_key: str, egpu: ElasticGPU) -> str:
+    """A node other than the bound ElasticGPU's, in the filter's answer."""
+    return f"ElasticGPUClaim {claim_key} is bound to ElasticGPU {egpu.name} on node {egpu.node}"
+
+
+def first_consumer_elasticgpu(claim: Claim, cls: GPUClass, node: str,
+                              shares: tuple[CardShare, ...]) -> ElasticGPU:
+    """The ElasticGPU a WaitForFirstConsumer claim gets when its first pod is bound to `node`,
+    holding the cards chosen for that pod's container (pre-bound to the claim, like
+    `provision`'s)."""
+    return ElasticGPU(name=provisioned_name(claim), capacity=dict(claim.requests), node=node,
+                      shares=shares, claim_ref=ClaimRef.of(claim), class_name=cls.name,
+                      reclaim_policy=cls.reclaim_policy, phase=ElasticGPUPhase.BOUND)

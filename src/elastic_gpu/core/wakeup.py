@@ -49,6 +49,9 @@ class Wake:
     namespace: str
     name: str
     node: str
+    #: why, when it is not GPU capacity freed on `node` (a claim the pod names became
+    #: placeable: `node` is then its ElasticGPU's, or "" for any node)
+    reason: str = ""
 
 
 @dataclass(frozen=True)

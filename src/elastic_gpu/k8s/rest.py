@@ -206,13 +206,19 @@ class RawReflector:
 
     `on_replace(all objects)` after every (re)list, then `on_event(type, object)` for each
     ADDED / MODIFIED / DELETED; objects are plain dicts as the API serves them.
+
+    `missing_recheck_s`: for a resource whose CustomResourceDefinition may not be installed, a
+    404 on the list means "none exist": `on_replace([])`, and the list is tried again after
+    that many seconds (None: a 404 is a failure like any other, retried with backoff).
     """
 
     def __init__(self, client: RestClient, path: str, *, name: str,
                  on_replace: Callable[[list[dict[str, Any]]], None],
                  on_event: Callable[[str, dict[str, Any]], None],
-                 params: Mapping[str, str] | None = None, watch_timeout_s: int = 300) -> None:
+                 params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
+                 missing_recheck_s: float | None = None) -> None:
         self.client = client
+        self.missing_recheck_s = missing_recheck_s
         self.path = path
         self.name = name
         self.on_replace = on_replace
@@ -239,6 +245,13 @@ class RawReflector:
             except ApiStatusError as err:
                 if err.code == 410:
                     log.info("%s watch expired (410 Gone); relisting", self.name)
+                    continue
+                if err.code == 404 and self.missing_recheck_s is not None:
+                    log.info("%s: not served (404; CRD not installed?): none exist; checking "
+                             "again in %.0f s", self.name, self.missing_recheck_s)
+                    self.on_replace([])
+                    failures = 0
+                    await asyncio.sleep(self.missing_recheck_s)
                     continue
                 failures += 1
                 log.warning("%s list/watch failed: %s", self.name, err)

@@ -23,11 +23,20 @@ from typing import Any
 
 import msgspec
 
-from elastic_gpu.k8s import gpudevice
+from elastic_gpu.k8s import elasticgpu, gpudevice
 from elastic_gpu.k8s.client import ClientConfigError
 from elastic_gpu.k8s.rest import ApiStatusError, RawReflector, RestClient
 from elastic_gpu.scheduler import eventloop, ipc
-from elastic_gpu.scheduler.slim import ChangeFilter, Obj, slim_device, slim_node, slim_pod
+from elastic_gpu.scheduler.slim import (
+    ChangeFilter,
+    Obj,
+    slim_claim,
+    slim_class,
+    slim_device,
+    slim_elasticgpu,
+    slim_node,
+    slim_pod,
+)
 
 log = logging.getLogger("elastic_gpu.scheduler.apiworker")
 
@@ -39,7 +48,21 @@ FEEDS: dict[str, tuple[str, dict[str, str], Callable[[Obj], Obj]]] = {
     "gpudevices": (f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}/{gpudevice.PLURAL}", {},
                    slim_device),
     "pods": ("/api/v1/pods", {"fieldSelector": LIVE_PODS}, slim_pod),
+    "elasticgpus": (f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.EGPU_PLURAL}", {},
+                    slim_elasticgpu),
+    "elasticgpuclaims": (f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.CLAIM_PLURAL}", {},
+                         slim_claim),
+    "elasticgpuclasses": (f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.CLASS_PLURAL}", {},
+                          slim_class),
 }
+#: Feeds of the Elastic GPU API's CRDs: not installed (404) means none exist, checked again
+#: this often (docs/scheduler.md, "ElasticGPUs in the ledger").
+OPTIONAL_FEEDS = frozenset({"elasticgpus", "elasticgpuclaims", "elasticgpuclasses"})
+MISSING_RECHECK_S = 30.0
+#: Objects the scheduler may read or create by path through the worker ("get", "create").
+SLIM_BY_PLURAL: dict[str, Callable[[Obj], Obj]] = {
+    elasticgpu.EGPU_PLURAL: slim_elasticgpu, elasticgpu.CLAIM_PLURAL: slim_claim,
+    elasticgpu.CLASS_PLURAL: slim_class}
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str, resource_version: int | None,
@@ -97,8 +120,10 @@ class Worker:
                 if changes.changed(kind, slimmed):
                     self.send(["event", feed, kind, slimmed])
 
-            result.append(RawReflector(self.client, path, name=feed, params=params,
-                                       on_replace=on_replace, on_event=on_event))
+            result.append(RawReflector(
+                self.client, path, name=feed, params=params, on_replace=on_replace,
+                on_event=on_event,
+                missing_recheck_s=MISSING_RECHECK_S if feed in OPTIONAL_FEEDS else None))
         return result
 
     async def handle(self, message: list[Any]) -> None:
@@ -128,6 +153,19 @@ class Worker:
                     self.send(["reply", request_id, None, None])
                     return
                 self.send(["reply", request_id, slim_pod(msgspec.json.decode(raw)), None])
+            elif kind == "get_egpu_object":
+                # ["get_egpu_object", id, plural, namespace, name]: an Elastic GPU API object,
+                # slim, or None if it does not exist
+                _, _, plural, namespace, name = message
+                found = await self._get_optional(_object_path(plural, namespace, name))
+                self.send(["reply", request_id,
+                           None if found is None else SLIM_BY_PLURAL[plural](found), None])
+            elif kind == "create_elasticgpu":
+                _, _, obj = message
+                created = msgspec.json.decode(await self.client.request(
+                    "POST", _object_path(elasticgpu.EGPU_PLURAL, "", ""),
+                    body=msgspec.json.encode(obj)))
+                self.send(["reply", request_id, slim_elasticgpu(created), None])
             else:
                 self.send(["reply", request_id, None, [f"unknown request {kind!r}", True, 0]])
         except ApiStatusError as err:
@@ -135,6 +173,25 @@ class Worker:
         except Exception as err:  # never leave the scheduler waiting for an answer
             log.exception("request %s failed", kind)
             self.send(["reply", request_id, None, [f"{type(err).__name__}: {err}", False, 0]])
+
+
+    async def _get_optional(self, path: str) -> dict[str, Any] | None:
+        try:
+            raw = await self.client.request("GET", path)
+        except ApiStatusError as err:
+            if err.code != 404:
+                raise
+            return None
+        decoded: dict[str, Any] = msgspec.json.decode(raw)
+        return decoded
+
+
+def _object_path(plural: str, namespace: str, name: str) -> str:
+    if plural not in SLIM_BY_PLURAL:
+        raise ValueError(f"{plural!r} is not an Elastic GPU API resource")
+    base = f"/apis/{elasticgpu.API_VERSION}"
+    where = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+    return f"{where}/{name}" if name else where
 
 
 async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

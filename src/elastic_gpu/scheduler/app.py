@@ -18,11 +18,12 @@ from typing import Any
 
 from aiohttp import web
 
+from elastic_gpu.core import claims
 from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.core.wakeup import Wake
-from elastic_gpu.k8s import gpudevice
+from elastic_gpu.k8s import elasticgpu, gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.eventloop import loop_name, stop_on_signals
 from elastic_gpu.scheduler.server import Extender
@@ -73,6 +74,31 @@ def _device(obj: Mapping[str, Any]) -> tuple[str, str, Any] | None:
     return name, node, card
 
 
+def _elasticgpu(obj: Mapping[str, Any]) -> tuple[claims.ElasticGPU, str] | None:
+    try:
+        return (elasticgpu.elasticgpu_from_object(obj),
+                str((obj.get("metadata") or {}).get("uid") or ""))
+    except elasticgpu.ElasticGPUObjectError as err:
+        log.warning("ignoring %s", err)
+        return None
+
+
+def _claim(obj: Mapping[str, Any]) -> claims.Claim | None:
+    try:
+        return elasticgpu.claim_from_object(obj)
+    except elasticgpu.ElasticGPUObjectError as err:
+        log.warning("ignoring %s", err)
+        return None
+
+
+def _class(obj: Mapping[str, Any]) -> claims.GPUClass | None:
+    try:
+        return elasticgpu.class_from_object(obj)
+    except elasticgpu.ElasticGPUObjectError as err:
+        log.warning("ignoring %s", err)
+        return None
+
+
 class Feeds:
     """Reflector callbacks: API objects into the state."""
 
@@ -112,6 +138,46 @@ class Feeds:
             self.state.forget_pod(uid)
         else:
             self.state.observe_pod(obj)
+
+    # ---- the Elastic GPU API (objects that cannot be decoded are logged and skipped: the
+    # CRDs' schemas make that a bug, not an input) ----------------------------------------
+
+    def egpus_replace(self, items: list[dict[str, Any]]) -> None:
+        self.state.replace_elasticgpus(e for e in map(_elasticgpu, items) if e is not None)
+        self.state.mark_synced("elasticgpus")
+
+    def egpus_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.state.remove_elasticgpu(str((obj.get("metadata") or {}).get("name", "")))
+            return
+        decoded = _elasticgpu(obj)
+        if decoded is not None:
+            self.state.upsert_elasticgpu(*decoded)
+
+    def claims_replace(self, items: list[dict[str, Any]]) -> None:
+        self.state.replace_claims(c for c in map(_claim, items) if c is not None)
+        self.state.mark_synced("elasticgpuclaims")
+
+    def claims_event(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if kind == "DELETED":
+            self.state.remove_claim(str(meta.get("namespace", "")), str(meta.get("name", "")))
+            return
+        claim = _claim(obj)
+        if claim is not None:
+            self.state.upsert_claim(claim)
+
+    def classes_replace(self, items: list[dict[str, Any]]) -> None:
+        self.state.replace_classes(c for c in map(_class, items) if c is not None)
+        self.state.mark_synced("elasticgpuclasses")
+
+    def classes_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.state.remove_class(str((obj.get("metadata") or {}).get("name", "")))
+            return
+        cls = _class(obj)
+        if cls is not None:
+            self.state.upsert_class(cls)
 
     def wakeups(self) -> list[Wake]:
         """Pending pods to wake: GPU capacity they wait for has freed (`state.wakeups`)."""
@@ -209,7 +275,7 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     state = SchedulerState(config)
     link = WorkerLink(kubeconfig, Feeds(state),
                       log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
-    extender = Extender(state, link)
+    extender = Extender(state, link, claims_api=link)
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
     stop = asyncio.Event()

@@ -9,11 +9,13 @@ Each server gets its own registry, so several can run in one process (tests, ben
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from elastic_gpu.core.assignment import Assignment
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -29,7 +31,9 @@ class _StateCollector(Collector):
 
     def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None,
                  workload: Callable[[], tuple[int, int]] | None,
-                 wakeups: Callable[[], WakeupStats] | None = None) -> None:
+                 wakeups: Callable[[], WakeupStats] | None = None,
+                 egpus: Callable[[], Mapping[str, Assignment]] | None = None) -> None:
+        self._egpus = egpus
         self._usage = usage
         self._host = host
         self._workload = workload
@@ -57,6 +61,8 @@ class _StateCollector(Collector):
                                     value=typical)
         if self._wakeups is not None:
             yield from wakeup_families(self._wakeups())
+        if self._egpus is not None:
+            yield from elasticgpu_families(self._egpus())
         if self._host is None:
             return
         # What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
@@ -72,6 +78,25 @@ class _StateCollector(Collector):
             host_memory.add_metric([node], memory_mib)
         yield cpu
         yield host_memory
+
+
+def elasticgpu_families(holds: Mapping[str, Assignment]) -> Iterator[GaugeMetricFamily]:
+    """The ElasticGPUs whose cards the ledger holds, per node, and what they hold."""
+    count = GaugeMetricFamily("egpu_scheduler_elasticgpus_held",
+                              "ElasticGPUs holding cards in the extender's ledger, per node",
+                              labels=["node"])
+    milli = GaugeMetricFamily("egpu_scheduler_elasticgpu_held_milli",
+                              "Compute that ElasticGPUs hold on a node, in milli-cards",
+                              labels=["node"])
+    per_node: dict[str, tuple[int, int]] = {}
+    for assignment in holds.values():
+        held, total = per_node.get(assignment.node, (0, 0))
+        per_node[assignment.node] = (held + 1, total + sum(s.milli for s in assignment.shares()))
+    for node, (held, total) in sorted(per_node.items()):
+        count.add_metric([node], held)
+        milli.add_metric([node], total)
+    yield count
+    yield milli
 
 
 def wakeup_families(stats: WakeupStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -98,7 +123,8 @@ class Metrics:
     def __init__(self, usage: Callable[[], Usage],
                  host: Callable[[], HostUsage] | None = None,
                  workload: Callable[[], tuple[int, int]] | None = None,
-                 wakeups: Callable[[], WakeupStats] | None = None) -> None:
+                 wakeups: Callable[[], WakeupStats] | None = None,
+                 egpus: Callable[[], Mapping[str, Assignment]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram("egpu_scheduler_request_seconds",
                                  "Extender request latency by verb", ["verb"],
@@ -109,4 +135,6 @@ class Metrics:
         self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)
-        self.registry.register(_StateCollector(usage, host, workload, wakeups))
+        self.provisioned = Counter("egpu_scheduler_elasticgpus_provisioned_total",
+                                   "ElasticGPUs created by /provision", registry=self.registry)
+        self.registry.register(_StateCollector(usage, host, workload, wakeups, egpus))

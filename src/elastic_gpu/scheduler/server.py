@@ -16,11 +16,12 @@ flowing on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -29,20 +30,27 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.k8s import elasticgpu as egpu_api
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.metrics import Metrics
-from elastic_gpu.scheduler.state import PodInfo, SchedulerState, StateNotReady
+from elastic_gpu.scheduler.state import (
+    PodInfo,
+    SchedulerState,
+    StateNotReady,
+    without_containers,
+)
 
 log = logging.getLogger(__name__)
 
-VERBS = ("filter", "prioritize", "bind", "preempt")
+VERBS = ("filter", "prioritize", "bind", "preempt", "provision")
 
 #: Bodies above this size (or of unknown length) are handled in a worker thread.
 LARGE_BODY_BYTES = 256 * 1024
@@ -68,6 +76,7 @@ class _Busy(Exception):
 
 def _too_large(size: int, limit: int, verb: str) -> str:
     which = "a bind's body is four names" if verb == "bind" else \
+        "a provision's body is three names" if verb == "provision" else \
         "maxRequestBytes; nodeCacheCapable: true sends names, not Node objects"
     return f"request body of {size} bytes is over the limit of {limit} bytes ({which})"
 
@@ -111,6 +120,21 @@ class PodApi(Protocol):
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    resource_version: int | None, annotations: Mapping[str, str]) -> None: ...
+
+
+class ClaimApi(Protocol):
+    """The Elastic GPU API calls of /provision and of binding pods that name claims
+    (implemented by the API worker, `scheduler.worker_link`). Objects come back slim."""
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def get_elasticgpu(self, name: str) -> dict[str, Any] | None: ...
+
+    async def create_elasticgpu(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class _NotFound(Exception):
+    """/provision: the claim does not exist (404)."""
 
 
 class _Settled(Exception):
@@ -174,16 +198,22 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
 
 class Extender:
     def __init__(self, state: SchedulerState, api: PodApi | None = None,
-                 metrics: Metrics | None = None, bind_budget_s: float = 4.0) -> None:
+                 metrics: Metrics | None = None, bind_budget_s: float = 4.0,
+                 claims_api: ClaimApi | None = None) -> None:
         self.state = state
         self.api = api
+        self.claims_api = claims_api
+        #: provisioning of one claim (by /provision or a first consumer's bind) is serialized:
+        #: claim uid -> lock, and how many wait on it
+        self._claim_locks: dict[str, asyncio.Lock] = {}
+        self._claim_users: dict[str, int] = {}
         #: kube-scheduler's extender httpTimeout is 5 s by default: a bind that waited longer
         #: than this for its turn is one kube-scheduler has already given up on.
         self.bind_budget_s = bind_budget_s
         self._bind_locks: dict[str, asyncio.Lock] = {}
         self._bind_users: dict[str, int] = {}
         self.metrics = metrics or Metrics(state.card_usage, state.host_usage, state.workload_size,
-                                          state.wakeup_stats)
+                                          state.wakeup_stats, state.egpu_holds)
         self.limits = wire.Limits(max_body_bytes=state.config.max_request_bytes,
                                   max_nodes=state.config.max_nodes_per_request)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.
@@ -249,10 +279,18 @@ class Extender:
         except PodError as err:
             return _json(wire.filter_error(str(err)))
         uid = pod_uid(args.Pod)
+        try:
+            named = egc.pod_claims(args.Pod)
+        except egc.ClaimAnnotationError as err:
+            return _json(wire.filter_error(str(err)))
         self._remember(uid, args.Pod)
         if not request.wants_gpu:
             return _json(wire.filter_result(args, names, {}, {}))
-        result = self.state.filter(request, uid, names)
+        claim_reasons: dict[str, str] = {}
+        if named:
+            result, claim_reasons = self.state.filter_claims(request, uid, names, named)
+        else:
+            result = self.state.filter(request, uid, names)
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -261,7 +299,25 @@ class Extender:
             # count identical reasons ("3 <reason>").
             unknown = failure.kind is FitKind.UNKNOWN_NODE or node not in known
             (unresolvable if unknown else failed)[node] = describe(failure)
+        for node, reason in claim_reasons.items():
+            # a claim rules the node out whatever it has: kube-scheduler's preemption cannot
+            # help either, so these are unresolvable
+            failed.pop(node, None)
+            unresolvable[node] = reason
         return _json(wire.filter_result(args, result.feasible, failed, unresolvable))
+
+    def _claim_request(self, pod: Mapping[str, Any], request: PodRequest
+                       ) -> tuple[PodRequest, str | None, bool]:
+        """(the request of a pod's containers that are not backed by bound claims, the node
+        its bound claims tie it to, whether an unbound claim rules out every node)."""
+        try:
+            named = egc.pod_claims(pod)
+        except egc.ClaimAnnotationError:
+            return request, None, True
+        if not named:
+            return request, None, False
+        view = self.state.claim_view(request.namespace, named)
+        return without_containers(request, view.bound), view.node, view.blocked is not None
 
     def prioritize(self, body: bytes) -> web.Response:
         args = wire.parse_args(body, self.limits)
@@ -271,7 +327,12 @@ class Extender:
         except PodError as err:
             # kube-scheduler ignores prioritize errors; the filter already told the user.
             return _json({"Error": str(err)}, status=422)
+        request, node, blocked = self._claim_request(args.Pod, request)
+        if blocked:
+            return _json(wire.host_priorities(dict.fromkeys(names, 0)))
         scores = self.state.prioritize(request, pod_uid(args.Pod), names)
+        if node is not None:
+            scores = {n: (score if n == node else 0) for n, score in scores.items()}
         return _json(wire.host_priorities(scores))
 
     def preempt(self, body: bytes) -> web.Response:
@@ -283,6 +344,14 @@ class Extender:
             return _json({"NodeNameToMetaVictims": None, "Error": str(err)}, status=422)
         if not request.wants_gpu:
             return _json(wire.preemption_result(candidates))
+        request, node, blocked = self._claim_request(args.Pod, request)
+        if blocked:
+            return _json(wire.preemption_result({}))  # no victim makes an unbound claim bound
+        if node is not None:
+            # only its ElasticGPU's node; its claim containers need nothing freed there
+            candidates = {n: v for n, v in candidates.items() if n == node}
+            if not request.wants_gpu:
+                return _json(wire.preemption_result(candidates))
         chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
         return _json(wire.preemption_result(chosen))
 
@@ -347,22 +416,38 @@ class Extender:
             raise BindError(f"{where}: {err}", definite=True) from None
         known = PodInfo.from_manifest(manifest)
         if known.node_name:
-            if known.node_name == args.Node and (known.holds is not None
-                                                 or not request.wants_gpu):
+            if known.node_name == args.Node and (
+                    (known.assignment is not None and known.assignment.node == args.Node)
+                    or not request.wants_gpu):
                 return  # an earlier attempt finished it: the same answer again
             raise BindError(f"{where}: the pod is already bound to {known.node_name}",
                             definite=True)
         self._check_placement(manifest, request, args, where)
+        try:
+            named = egc.pod_claims(manifest)
+        except egc.ClaimAnnotationError as err:
+            raise BindError(f"{where}: {err}", definite=True) from None
+        if named:
+            await self._bind_claims(args, where, manifest, request, known.resource_version,
+                                    named)
+            return
         try:
             token, assignment = await self._state_call(self.state.reserve, request, args.PodUID,
                                                        args.Node)
         except Unschedulable as err:
             self.metrics.bind_failures.labels("reserve").inc()
             raise BindError(f"{where}: {err.reason}", definite=True) from None
+        await self._finish_bind(args, where, manifest, token, assignment,
+                                known.resource_version)
+
+    async def _finish_bind(self, args: wire.ExtenderBindingArgs, where: str,
+                           manifest: Mapping[str, Any], token: int, assignment: Assignment,
+                           version: int | None) -> None:
+        """Create the Binding for a reservation, and settle it with what happened."""
         outcome = "unknown"
         bound: dict[str, Any] | None = None
         try:
-            await self._bind_with_truth(args, where, assignment, known.resource_version)
+            await self._bind_with_truth(args, where, assignment, version)
             outcome = "bound"
             bound = with_binding(manifest, args.Node, assignment)
         except _Settled as settled:
@@ -375,6 +460,200 @@ class Extender:
             raise
         finally:
             await self._state_call(self.state.settle, args.PodUID, token, outcome, bound)
+
+    # ---- claims: pods that name them, and /provision ------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _claims_locked(self, uids: Iterable[str]) -> AsyncIterator[None]:
+        """Hold the provisioning locks of these claims (sorted: no two holders deadlock)."""
+        keys = sorted(set(uids))
+        async with contextlib.AsyncExitStack() as stack:
+            for key in keys:
+                lock = self._claim_locks.setdefault(key, asyncio.Lock())
+                self._claim_users[key] = self._claim_users.get(key, 0) + 1
+                stack.callback(self._claim_unused, key)
+                await stack.enter_async_context(lock)
+            yield
+
+    def _claim_unused(self, key: str) -> None:
+        self._claim_users[key] -= 1
+        if not self._claim_users[key]:
+            del self._claim_users[key], self._claim_locks[key]
+
+    def _claim_view(self, where: str, namespace: str, named: Mapping[str, str],
+                    node: str) -> egc.PodClaims:
+        view = self.state.claim_view(namespace, named)
+        if view.blocked is not None:
+            raise BindError(f"{where}: {view.blocked}", definite=True)
+        if view.node is not None and view.node != node:
+            container, egpu = next(iter(sorted(view.bound.items())))
+            raise BindError(f"{where}: " + egc.off_node_reason(
+                container, f"{namespace}/{named[container]}", egpu), definite=True)
+        return view
+
+    async def _bind_claims(self, args: wire.ExtenderBindingArgs, where: str,
+                           manifest: Mapping[str, Any], request: PodRequest,
+                           version: int | None, named: Mapping[str, str]) -> None:
+        """Bind a pod whose containers name claims: bound claims' containers get their
+        ElasticGPUs' cards; an unbound WaitForFirstConsumer claim is provisioned on this node
+        first (`egpu-<claim uid>`, with the cards chosen for its container), serialized per
+        claim, so a second pod naming it uses the first one's ElasticGPU."""
+        view = self._claim_view(where, args.PodNamespace, named, args.Node)
+        if view.first_consumer and self.claims_api is None:
+            raise BindError(f"{where}: this extender has no API access to provision claims",
+                            definite=True)
+        async with self._claims_locked(c.uid for c in view.first_consumer.values()):
+            # again: a pod bound meanwhile may have provisioned the claim
+            view = self._claim_view(where, args.PodNamespace, named, args.Node)
+            try:
+                token, assignment, made = await self._state_call(
+                    self.state.reserve_claims, request, args.PodUID, args.Node, view)
+            except Unschedulable as err:
+                self.metrics.bind_failures.labels("reserve").inc()
+                raise BindError(f"{where}: {err.reason}", definite=True) from None
+            try:
+                for egpu, egpu_token in made:
+                    assignment = await self._create_first_consumer(where, args.Node, egpu,
+                                                                   egpu_token, assignment)
+            except BindError:
+                # no Binding was sent: the pod's reservation ends here
+                await self._state_call(self.state.settle, args.PodUID, token, "failed", None)
+                raise
+            await self._finish_bind(args, where, manifest, token, assignment, version)
+
+    async def _create_first_consumer(self, where: str, node: str, egpu: egc.ElasticGPU,
+                                     token: int, assignment: Assignment) -> Assignment:
+        """Create a first consumer's ElasticGPU; the assignment, with the cards of the
+        ElasticGPU that exists (ours, or one an earlier attempt created on this node)."""
+        assert self.claims_api is not None
+        try:
+            created = await self.claims_api.create_elasticgpu(egpu_api.elasticgpu_to_object(egpu))
+        except BindError as err:
+            if err.code != 409:
+                self.metrics.bind_failures.labels("provision").inc()
+                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                                       "failed" if err.definite else "unknown")
+                raise BindError(f"{where}: creating ElasticGPU {egpu.name} failed: {err}",
+                                definite=err.definite, code=err.code) from None
+            # AlreadyExists: an earlier attempt made it; its cards, if on this node, are ours
+            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "failed")
+            existing = await self._existing_elasticgpu(where, egpu.name)
+            if existing.node != node or existing.claim_ref != egpu.claim_ref:
+                raise BindError(f"{where}: ElasticGPU {existing.name} already exists on node "
+                                f"{existing.node}", definite=True) from None
+            egpu = existing
+        else:
+            try:
+                made = egpu_api.elasticgpu_from_object(created)
+            except egpu_api.ElasticGPUObjectError as err:  # the API's own answer: a bug
+                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                                       "unknown")
+                raise BindError(f"{where}: {err}", definite=False) from None
+            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "created",
+                                   made, str((created.get("metadata") or {}).get("uid") or ""))
+            egpu = made
+        containers = dict(assignment.containers)
+        for container, name in assignment.claims.items():
+            if name == egpu.name:
+                containers[container] = egpu.shares
+        return Assignment(assignment.node, containers, assignment.claims)
+
+    async def _existing_elasticgpu(self, where: str, name: str) -> egc.ElasticGPU:
+        assert self.claims_api is not None
+        raw = await self.claims_api.get_elasticgpu(name)
+        if raw is None:
+            raise BindError(f"{where}: ElasticGPU {name} exists and then does not; retry",
+                            definite=False)
+        try:
+            egpu = egpu_api.elasticgpu_from_object(raw)
+        except egpu_api.ElasticGPUObjectError as err:
+            raise BindError(f"{where}: {err}", definite=False) from None
+        await self._state_call(self.state.upsert_elasticgpu, egpu,
+                               str((raw.get("metadata") or {}).get("uid") or ""))
+        return egpu
+
+    async def provision(self, body: bytes) -> web.Response:
+        """`POST /provision` (docs/claims.md, "The extender's part"): provision a claim from the
+        caches; 200 with Provisioned / Pending / NotNeeded, 404 for an unknown claim."""
+        args = wire.parse_provision(body)
+        if self.claims_api is None:
+            return _json({"Error": "this extender has no API access"}, status=503)
+        self.state.require_ready()
+        key = f"{args.namespace}/{args.name}"
+        try:
+            with self._bind_running():  # a drain lets it finish, like a bind
+                async with self._claims_locked([args.uid]):
+                    answer = await self._provision(args, key)
+        except _NotFound as err:
+            return _json({"Error": str(err)}, status=404)
+        except BindError as err:
+            # the API refused or did not answer the creation: the controller retries
+            return _json({"Error": f"provisioning claim {key}: {err}"}, status=503)
+        return _json(answer)
+
+    async def _provision(self, args: wire.ProvisionArgs, key: str) -> dict[str, Any]:
+        assert self.claims_api is not None
+        claim = self.state.claim(args.namespace, args.name)
+        if claim is None or claim.uid != args.uid:
+            raw = await self.claims_api.get_claim(args.namespace, args.name)
+            try:
+                claim = egpu_api.claim_from_object(raw) if raw is not None else None
+            except egpu_api.ElasticGPUObjectError as err:
+                raise _NotFound(f"ElasticGPUClaim {key} cannot be read: {err}") from None
+            if claim is None:
+                raise _NotFound(f"ElasticGPUClaim {key} does not exist")
+            if claim.uid != args.uid:
+                raise _NotFound(f"ElasticGPUClaim {key} has uid {claim.uid}, not {args.uid}: "
+                                "it was deleted (and maybe re-created)")
+            await self._state_call(self.state.upsert_claim, claim)
+        outcome, token = await self._state_call(self.state.provision, claim)
+        if isinstance(outcome, egc.ElasticGPU):
+            assert token is not None
+            egpu = await self._create_provisioned(outcome, token, key)
+            self.metrics.provisioned.inc()
+            return {"result": "Provisioned", "elasticGPU": egpu.name, "node": egpu.node}
+        if isinstance(outcome, egc.Pending):
+            return {"result": "Pending", "reason": outcome.reason.value,
+                    "message": outcome.message}
+        if isinstance(outcome, egc.Bind) and claim.elastic_gpu_name is None and \
+                outcome.elastic_gpu == egc.provisioned_name(claim):
+            made = self.state.elasticgpu(outcome.elastic_gpu)  # pre-bound: provisioned already
+            return {"result": "Provisioned", "elasticGPU": outcome.elastic_gpu,
+                    "node": made.node if made is not None else ""}
+        if isinstance(outcome, egc.Lost):
+            return {"result": "NotNeeded", "decision": "Lost",
+                    "elasticGPU": claim.elastic_gpu_name or "", "message": outcome.message}
+        if isinstance(outcome, egc.InSync | egc.Bind):
+            return {"result": "NotNeeded", "decision": type(outcome).__name__,
+                    "elasticGPU": outcome.elastic_gpu}
+        raise AssertionError(f"unexpected decision {outcome!r}")  # Provision is never returned
+
+    async def _create_provisioned(self, egpu: egc.ElasticGPU, token: int,
+                                  key: str) -> egc.ElasticGPU:
+        assert self.claims_api is not None
+        where = f"provision claim {key}"
+        try:
+            created = await self.claims_api.create_elasticgpu(egpu_api.elasticgpu_to_object(egpu))
+        except BindError as err:
+            if err.code != 409:
+                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                                       "failed" if err.definite else "unknown")
+                raise BindError(f"creating ElasticGPU {egpu.name}: {err}",
+                                definite=err.definite) from None
+            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "failed")
+            existing = await self._existing_elasticgpu(where, egpu.name)
+            if existing.claim_ref != egpu.claim_ref:
+                raise BindError(f"ElasticGPU {egpu.name} exists and is not this claim's",
+                                definite=True) from None
+            return existing
+        try:
+            made = egpu_api.elasticgpu_from_object(created)
+        except egpu_api.ElasticGPUObjectError as err:
+            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "unknown")
+            raise BindError(f"{where}: {err}", definite=False) from None
+        await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "created", made,
+                               str((created.get("metadata") or {}).get("uid") or ""))
+        return made
 
     def _check_placement(self, manifest: Mapping[str, Any], request: PodRequest,
                          args: wire.ExtenderBindingArgs, where: str) -> None:
@@ -512,16 +791,17 @@ class Extender:
     async def _serve(self, verb: str, request: web.Request,
                      handler: Callable[[bytes], Awaitable[web.Response] | web.Response]
                      ) -> web.Response:
-        limit = BIND_BODY_BYTES if verb == "bind" else self.limits.max_body_bytes
+        small = verb in ("bind", "provision")
+        limit = BIND_BODY_BYTES if small else self.limits.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:  # refused before a byte of it is read
             raise BodyTooLarge(_too_large(length, limit, verb))
-        if verb == "bind" or (length is not None and length <= LARGE_BODY_BYTES):
+        if small or (length is not None and length <= LARGE_BODY_BYTES):
             body = await _read(request, limit, verb)
             # A small body may still name many nodes (planning them is the cost), and while a
             # verb runs in a thread it may hold the state's lock: then leave the loop too.
             many_names = body.count(b'"') > 2 * LARGE_NODE_COUNT
-            if verb != "bind" and (self._in_threads or many_names):
+            if not small and (self._in_threads or many_names):
                 return await self._in_thread(handler, body)
             result = handler(body)
             return await result if isinstance(result, Awaitable) else result
@@ -563,7 +843,7 @@ class Extender:
         app = web.Application(client_max_size=self.limits.max_body_bytes)
         handlers: dict[str, Callable[[bytes], Awaitable[web.Response] | web.Response]] = {
             "filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
-                    "preempt": self.preempt}
+            "preempt": self.preempt, "provision": self.provision}
         for verb, handler in handlers.items():
             app.router.add_post(f"{prefix}/{verb}", self._timed(verb, handler))
         app.router.add_get("/healthz", self.healthz)

@@ -75,6 +75,30 @@ def slim_device(device: Mapping[str, Any]) -> Obj:
             "metadata": _pick(meta, ("name", "labels"))}
 
 
+def slim_elasticgpu(egpu: Mapping[str, Any]) -> Obj:
+    """An ElasticGPU: its spec (node, cards, claimRef, ...) and phase; what
+    `k8s.elasticgpu.elasticgpu_from_object` reads. Status messages and conditions are dropped."""
+    status = egpu.get("status") or {}
+    return {"metadata": _pick(egpu.get("metadata"), ("name", "uid", "resourceVersion")),
+            "spec": egpu.get("spec") or {},
+            "status": _pick(status, ("phase",))}
+
+
+def slim_claim(claim: Mapping[str, Any]) -> Obj:
+    """An ElasticGPUClaim: spec, phase, and whether it is being deleted (`claim_from_object`)."""
+    status = claim.get("status") or {}
+    return {"metadata": _pick(claim.get("metadata"), ("name", "namespace", "uid",
+                                                      "resourceVersion", "deletionTimestamp")),
+            "spec": claim.get("spec") or {},
+            "status": _pick(status, ("phase", "elasticGPUName"))}
+
+
+def slim_class(cls: Mapping[str, Any]) -> Obj:
+    """An ElasticGPUClass: its top-level fields (`class_from_object`)."""
+    return {"metadata": _pick(cls.get("metadata"), ("name", "uid", "resourceVersion")),
+            **_pick(cls, ("provisioner", "parameters", "reclaimPolicy", "egpuBindingMode"))}
+
+
 def _identity(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or meta.get("name") or "")

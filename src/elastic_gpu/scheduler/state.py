@@ -9,6 +9,14 @@ Concurrency: every method runs to completion without awaiting and takes `_lock`,
 mutations are serialized and a filter or bind always sees every earlier reservation. Holds are
 keyed by pod UID: a pod deleted and re-created under the same name is a different pod.
 
+ElasticGPUs (issue #15, docs/claims.md): every ElasticGPU with a node and cards holds them in
+the engine under `core.claims.ledger_key(name)`, whatever its phase, until it is deleted; the
+holds live in the same `_holds` as pods' (keyed by ledger key instead of pod UID), so relists,
+inventory changes and conflicts treat both alike. A pod consuming a claim carries an
+assignment whose claim-backed containers are marked (`Assignment.claims`): only its other
+containers are held under its UID (`Assignment.unclaimed`). Provisioning (`reserve_elasticgpu`)
+reserves an ElasticGPU's cards under its ledger key before it is created, like a bind.
+
 Reservations: `reserve` allocates before the Binding is sent, under its own engine key, so a
 pod can have several (a retry while an earlier attempt's outcome is unknown). `settle` ends
 one: bound (the annotation holds the cards from then on), failed (the API refused: freed), or
@@ -30,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment, AssignmentError
 from elastic_gpu.core.engine import (
     Engine,
@@ -58,6 +67,12 @@ SUMMARY_FAILURE = FitFailure(FitKind.UNDETAILED)
 #: Pods remembered as waiting for GPU capacity; past this the longest-waiting are forgotten
 #: (kube-scheduler's five-minute flush still retries them).
 MAX_WAITING = 10_000
+#: Prefix of ElasticGPU ledger keys (`core.claims.ledger_key`); never a pod UID.
+EGPU_KEY = egc.ledger_key("")
+#: The feeds of the Elastic GPU API (their CRDs missing = none exist, `apiworker`).
+CLAIM_SOURCES = frozenset({"elasticgpus", "elasticgpuclaims", "elasticgpuclasses"})
+#: Pods remembered as waiting for a claim to be bound.
+MAX_CLAIM_WAITING = 10_000
 #: UIDs of deleted pods remembered, so that a bind settling after the deletion was seen does
 #: not bring the pod (and its cards) back; UIDs are never reused.
 MAX_GONE = 10_000
@@ -105,7 +120,8 @@ class PodInfo:
             return None
         if self.node_name and self.node_name != self.assignment.node:
             return None  # bound elsewhere: the annotation is stale and the agent ignores it
-        return self.assignment
+        # claim-backed containers use an ElasticGPU's cards, held under its own key
+        return self.assignment.unclaimed()
 
     def request(self) -> PodRequest:
         return pod_request_from_manifest(self.manifest)
@@ -197,7 +213,19 @@ class SchedulerState:
         self._freed: dict[str, int] = {}
         self._epoch = 0
         self.wakeup_counts: Counter[str] = Counter()
-        self.required_sources: frozenset[str] = frozenset({"nodes", "pods", "gpudevices"})
+        #: The Elastic GPU API as the watches show it (core types), and ElasticGPU object
+        #: UIDs seen deleted (a create's answer arriving after the deletion stays gone).
+        self._egpus: dict[str, egc.ElasticGPU] = {}
+        self._egpu_uids: dict[str, str] = {}
+        self._egpus_gone: OrderedDict[str, None] = OrderedDict()
+        self._claims: dict[tuple[str, str], egc.Claim] = {}
+        self._classes: dict[str, egc.GPUClass] = {}
+        #: pods the filter turned away because a claim they name is not bound (uid -> (pod
+        #: namespace, name, the claims it waits for)), and those to wake now that one is
+        self._claim_waiting: dict[str, tuple[str, str, frozenset[str]]] = {}
+        self._claim_wakes: dict[str, Wake] = {}
+        self.required_sources: frozenset[str] = frozenset({"nodes", "pods", "gpudevices"}) \
+            | CLAIM_SOURCES
 
     # ---- readiness --------------------------------------------------------------------------
 
@@ -319,6 +347,8 @@ class SchedulerState:
                 self.engine.set_outside_usage(name, cpu, mem)
             self._holds.clear()
             self._node_pods.clear()
+            for name in self._egpus:  # ElasticGPUs first: a bound claim's cards are its
+                self._sync(egc.ledger_key(name))
             for uid in self._pods:
                 self._sync(uid)
             for uid, reservations in self._inflight.items():
@@ -338,12 +368,18 @@ class SchedulerState:
                 if assignment is not None and self.engine.allocation(uid) != assignment:
                     self._holds.pop(uid)
                     self._sync(uid)
-        for uid in list(self._conflicts):
+        # ElasticGPUs first: where one and a pod claim the same card, the bound claim wins
+        for uid in sorted(self._conflicts, key=lambda key: not key.startswith(EGPU_KEY)):
             self._sync(uid)
 
     # ---- holds ------------------------------------------------------------------------------
 
     def _desired(self, uid: str) -> Assignment | None:
+        if uid.startswith(EGPU_KEY):
+            egpu = self._egpus.get(uid[len(EGPU_KEY):])
+            if egpu is None or not egpu.node or not egpu.shares:
+                return None
+            return egc.egpu_assignment(egpu)
         pod = self._pods.get(uid)
         return pod.holds if pod is not None else None
 
@@ -402,6 +438,7 @@ class SchedulerState:
             if info.node_name or info.phase in TERMINAL_PHASES:
                 self._drop_reservations(info.uid)  # bound or done: the truth is known
                 self._waiting.pop(info.uid, None)
+                self._claim_waiting.pop(info.uid, None)
             self._sync(info.uid)
             self._count_host(info.uid)
             self._count_shape(info.uid)
@@ -415,6 +452,8 @@ class SchedulerState:
                 while len(self._gone) > MAX_GONE:
                     self._gone.popitem(last=False)
             self._waiting.pop(uid, None)
+            self._claim_waiting.pop(uid, None)
+            self._claim_wakes.pop(uid, None)
             self._drop_reservations(uid)
             self._sync(uid)
             self._count_host(uid)
@@ -499,6 +538,253 @@ class SchedulerState:
 
     def pod(self, uid: str) -> PodInfo | None:
         return self._pods.get(uid)
+
+    # ---- the Elastic GPU API: ElasticGPUs, claims, classes ------------------------------------
+
+    def _claim_keys_changed(self, keys: Iterable[str]) -> None:
+        """Claims (namespace/name) whose binding may have changed: wake the pods waiting for
+        them that can now be placed (`wakeups`)."""
+        changed = set(keys)
+        if not changed or not self._claim_waiting:
+            return
+        for uid, (namespace, name, waits) in list(self._claim_waiting.items()):
+            if waits & changed:
+                self._recheck_claim_waiter(uid, namespace, name)
+
+    def _recheck_claim_waiter(self, uid: str, namespace: str, name: str) -> None:
+        pod = self._pods.get(uid)
+        if pod is None:
+            self._claim_waiting.pop(uid, None)
+            return
+        try:
+            named = egc.pod_claims(pod.manifest)
+        except egc.ClaimAnnotationError:
+            return
+        view = self._claim_view(namespace, named)
+        if view.blocked is None:
+            del self._claim_waiting[uid]
+            where = f" on node {view.node}" if view.node else ""
+            self._claim_wakes[uid] = Wake(
+                uid, namespace, name, view.node or "",
+                f"the ElasticGPUClaims this pod names can now be placed{where}")
+
+    def upsert_elasticgpu(self, egpu: egc.ElasticGPU, uid: str = "") -> None:
+        """An ElasticGPU from the watch (or the API's answer to our create): it holds its cards
+        from now on; any reservation made to create it ends (the truth is known)."""
+        with self._lock:
+            if uid and uid in self._egpus_gone:
+                return  # a late copy of a deleted one
+            key = egc.ledger_key(egpu.name)
+            if self._egpus.get(egpu.name) == egpu and key not in self._inflight:
+                return
+            self._egpus[egpu.name] = egpu
+            if uid:
+                self._egpu_uids[egpu.name] = uid
+            self._drop_reservations(key)
+            self._sync(key)
+            if egpu.claim_ref is not None:
+                self._claim_keys_changed([f"{egpu.claim_ref.namespace}/{egpu.claim_ref.name}"])
+
+    def remove_elasticgpu(self, name: str) -> None:
+        with self._lock:
+            egpu = self._egpus.pop(name, None)
+            uid = self._egpu_uids.pop(name, None)
+            if uid:
+                self._egpus_gone[uid] = None
+                while len(self._egpus_gone) > MAX_GONE:
+                    self._egpus_gone.popitem(last=False)
+            self._sync(egc.ledger_key(name))
+            if egpu is not None and egpu.claim_ref is not None:
+                self._claim_keys_changed([f"{egpu.claim_ref.namespace}/{egpu.claim_ref.name}"])
+
+    def replace_elasticgpus(self, egpus: Iterable[tuple[egc.ElasticGPU, str]]) -> None:
+        """A relist: exactly these ElasticGPUs (with their object UIDs) exist."""
+        with self._lock:
+            fresh = {egpu.name: (egpu, uid) for egpu, uid in egpus}
+            for name in set(self._egpus) - set(fresh):
+                self.remove_elasticgpu(name)
+            for egpu, uid in fresh.values():
+                self.upsert_elasticgpu(egpu, uid)
+
+    def upsert_claim(self, claim: egc.Claim) -> None:
+        with self._lock:
+            if self._claims.get((claim.namespace, claim.name)) == claim:
+                return
+            self._claims[(claim.namespace, claim.name)] = claim
+            self._claim_keys_changed([claim.key])
+
+    def remove_claim(self, namespace: str, name: str) -> None:
+        with self._lock:
+            if self._claims.pop((namespace, name), None) is not None:
+                self._claim_keys_changed([f"{namespace}/{name}"])
+
+    def replace_claims(self, claims: Iterable[egc.Claim]) -> None:
+        with self._lock:
+            fresh = {(c.namespace, c.name): c for c in claims}
+            for namespace, name in set(self._claims) - set(fresh):
+                self.remove_claim(namespace, name)
+            for claim in fresh.values():
+                self.upsert_claim(claim)
+
+    def upsert_class(self, cls: egc.GPUClass) -> None:
+        with self._lock:
+            if self._classes.get(cls.name) != cls:
+                self._classes[cls.name] = cls
+                self._claim_keys_changed(self._claims_of_class(cls.name))
+
+    def remove_class(self, name: str) -> None:
+        with self._lock:
+            if self._classes.pop(name, None) is not None:
+                self._claim_keys_changed(self._claims_of_class(name))
+
+    def replace_classes(self, classes: Iterable[egc.GPUClass]) -> None:
+        with self._lock:
+            fresh = {c.name: c for c in classes}
+            for name in set(self._classes) - set(fresh):
+                self.remove_class(name)
+            for cls in fresh.values():
+                self.upsert_class(cls)
+
+    def _claims_of_class(self, name: str) -> list[str]:
+        return [c.key for c in self._claims.values() if c.class_name == name]
+
+    def claim(self, namespace: str, name: str) -> egc.Claim | None:
+        return self._claims.get((namespace, name))
+
+    def elasticgpu(self, name: str) -> egc.ElasticGPU | None:
+        return self._egpus.get(name)
+
+    def elasticgpus(self) -> dict[str, egc.ElasticGPU]:
+        with self._lock:
+            return dict(self._egpus)
+
+    def classes(self) -> dict[str, egc.GPUClass]:
+        with self._lock:
+            return dict(self._classes)
+
+    def _claim_view(self, namespace: str, named: Mapping[str, str]) -> egc.PodClaims:
+        return egc.resolve_pod_claims(namespace, named, self._claims, self._classes, self._egpus)
+
+    def claim_view(self, namespace: str, named: Mapping[str, str]) -> egc.PodClaims:
+        """How a pod of `namespace` naming these claims (container -> claim) is placed now."""
+        with self._lock:
+            return self._claim_view(namespace, named)
+
+    def filter_claims(self, pod: PodRequest, uid: str, node_names: Sequence[str],
+                      named: Mapping[str, str]) -> tuple[FilterResult, dict[str, str]]:
+        """`filter` for a pod whose containers name claims: (the engine's result for its other
+        containers, node -> why a claim rules the node out). A bound claim's containers need
+        nothing more, on its ElasticGPU's node only; an unbound WaitForFirstConsumer claim's
+        container is placed like any (it carries the claim's request); any other unbound claim
+        rules out every node, and the pod waits for it (`wakeups`)."""
+        with self._lock:
+            self._prepare()
+            view = self._claim_view(pod.namespace, named)
+            if view.blocked is not None:
+                self._waiting.pop(uid, None)
+                if node_names:
+                    self._claim_waiting.pop(uid, None)
+                    self._claim_waiting[uid] = (pod.namespace, pod.name, view.waits_for)
+                    while len(self._claim_waiting) > MAX_CLAIM_WAITING:
+                        del self._claim_waiting[next(iter(self._claim_waiting))]
+                    self.wakeup_counts["claim_turned_away"] += 1
+                return FilterResult([], {}), dict.fromkeys(node_names, view.blocked)
+            self._claim_waiting.pop(uid, None)
+            rest = without_containers(pod, view.bound)
+            node = view.node
+            if node is None:
+                return self.filter(rest, uid, node_names), {}
+            container, egpu = next(iter(sorted(view.bound.items())))
+            off = egc.off_node_reason(container, f"{pod.namespace}/{named[container]}", egpu)
+            reasons = {n: off for n in node_names if n != node}
+            if node not in node_names:
+                self._waiting.pop(uid, None)
+                return FilterResult([], {}), reasons
+            if not rest.wants_gpu:
+                self._waiting.pop(uid, None)
+                return FilterResult([node], {}), reasons
+            return self.filter(rest, uid, [node]), reasons
+
+    def reserve_claims(self, pod: PodRequest, uid: str, node: str, view: egc.PodClaims
+                       ) -> tuple[int, Assignment, list[tuple[egc.ElasticGPU, int]]]:
+        """`reserve` for a pod naming claims: its bound claims' containers get their
+        ElasticGPUs' cards (held already, under the ElasticGPUs' keys); cards are chosen on
+        `node` for the others, and those chosen for a WaitForFirstConsumer claim's container are
+        reserved for the claim's ElasticGPU (`first_consumer_elasticgpu`, to be created before
+        the Binding). Returns the pod's token, its whole assignment (with the `claims` mark)
+        and each ElasticGPU to create with its reservation token (`settle_elasticgpu`)."""
+        with self._lock:
+            self._prepare()
+            rest = without_containers(pod, view.bound)
+            placed = self.engine.assign(rest, node) if rest.wants_gpu else Assignment(node, {})
+            made = []
+            for container, claim in sorted(view.first_consumer.items()):
+                cls = self._classes.get(claim.class_name or "")
+                if cls is None:
+                    raise Unschedulable(FitFailure(FitKind.UNDETAILED), node)
+                made.append(egc.first_consumer_elasticgpu(
+                    claim, cls, node, tuple(placed.containers.get(container, ()))))
+            own = Assignment(node, {c: s for c, s in placed.containers.items()
+                                    if c not in view.first_consumer})
+            token = self._reserve_assignment(pod, uid, node, own)
+            tokens = []
+            try:
+                for egpu in made:
+                    tokens.append((egpu, self._reserve_egpu(egpu)))
+            except Unschedulable:
+                for egpu, etoken in tokens:
+                    self._drop_reservations(egc.ledger_key(egpu.name), etoken)
+                self._drop_reservations(uid, token)
+                raise
+            containers = dict(placed.containers)
+            containers.update({c: e.shares for c, e in view.bound.items()})
+            return token, Assignment(node, containers, view.marks()), tokens
+
+    def _reserve_egpu(self, egpu: egc.ElasticGPU) -> int:
+        key = egc.ledger_key(egpu.name)
+        assignment = egc.egpu_assignment(egpu)
+        self._tokens += 1
+        token = self._tokens
+        self.engine.allocate(self._reservation_key(key, token), assignment)
+        self._version += 1
+        self._inflight.setdefault(key, {})[token] = _Reservation(assignment)
+        return token
+
+    def provision(self, claim: egc.Claim) -> tuple[egc.Decision | egc.ElasticGPU, int | None]:
+        """/provision's decision for a claim, from the caches (`core.claims.decide`); on
+        Provision, the ElasticGPU placed by the engine (`core.claims.provision`) with its cards
+        reserved under its ledger key (the token, for `settle_elasticgpu`)."""
+        with self._lock:
+            self._prepare()
+            decision = egc.decide(claim, self._classes, self._egpus)
+            if not isinstance(decision, egc.Provision):
+                return decision, None
+            cls = self._classes[claim.class_name or ""]
+            made = egc.provision(decision, claim, cls, self.engine)
+            if isinstance(made, egc.Pending):
+                return made, None
+            return made, self._reserve_egpu(made)
+
+    def settle_elasticgpu(self, name: str, token: int, outcome: str,
+                          created: egc.ElasticGPU | None = None, uid: str = "") -> None:
+        """End an ElasticGPU's reservation: `created` (pass what the API holds: it holds the
+        cards from now on, as if the watch had shown it), `failed` (nothing was created) or
+        `unknown` (kept for the TTL, until the watch shows the truth)."""
+        with self._lock:
+            key = egc.ledger_key(name)
+            if outcome == "unknown":
+                reservation = (self._inflight.get(key) or {}).get(token)
+                if reservation is not None:
+                    reservation.deadline = self._clock() + self.config.reservation_ttl_s
+                return
+            if outcome == "created" and created is not None:
+                self.upsert_elasticgpu(created, uid)  # ends every reservation of it
+            self._drop_reservations(key, token)
+
+    def egpu_holds(self) -> dict[str, Assignment]:
+        """ElasticGPU name -> the cards it holds in the engine."""
+        with self._lock:
+            return {k[len(EGPU_KEY):]: a for k, a in self._holds.items() if k.startswith(EGPU_KEY)}
 
     # ---- scheduling -------------------------------------------------------------------------
 
@@ -617,17 +903,22 @@ class SchedulerState:
         with self._lock:
             self._prepare()
             assignment = self.engine.assign(pod, node)
-            self._tokens += 1
-            token = self._tokens
-            self.engine.allocate(self._reservation_key(uid, token), assignment)
-            self._version += 1
-            self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
-            self._waiting.pop(uid, None)  # being bound: it waits no more
-            if pod.cpu_milli or pod.memory_mib:
-                # its CPU and memory count from now, like its cards, until the bind's outcome
-                self._host_reserved[(uid, token)] = (node, pod.cpu_milli, pod.memory_mib)
-                self._add_host(node, pod.cpu_milli, pod.memory_mib, sign=+1)
-            return token, assignment
+            return self._reserve_assignment(pod, uid, node, assignment), assignment
+
+    def _reserve_assignment(self, pod: PodRequest, uid: str, node: str,
+                            assignment: Assignment) -> int:
+        self._tokens += 1
+        token = self._tokens
+        self.engine.allocate(self._reservation_key(uid, token), assignment)
+        self._version += 1
+        self._inflight.setdefault(uid, {})[token] = _Reservation(assignment)
+        self._waiting.pop(uid, None)  # being bound: it waits no more
+        self._claim_waiting.pop(uid, None)
+        if pod.cpu_milli or pod.memory_mib:
+            # its CPU and memory count from now, like its cards, until the bind's outcome
+            self._host_reserved[(uid, token)] = (node, pod.cpu_milli, pod.memory_mib)
+            self._add_host(node, pod.cpu_milli, pod.memory_mib, sign=+1)
+        return token
 
     def settle(self, uid: str, token: int, outcome: str,
                pod: Mapping[str, Any] | None = None) -> None:
@@ -696,15 +987,18 @@ class SchedulerState:
         marked as having seen every freeing so far, so it is not woken again for the same one.
         """
         with self._lock:
+            claimed = list(self._claim_wakes.values())
+            self._claim_wakes.clear()
+            self.wakeup_counts["woken"] += len(claimed)
             if not self._waiting:
                 self._freed.clear()
-                return []
+                return claimed
             if not self.ready:
-                return []
+                return claimed
             self._flush()  # inventory changes are marked freed as they reach the engine
             self.expire()
             if not self._freed:
-                return []
+                return claimed
             plan = plan_wakeups(self.engine, list(self._waiting.values()), self._freed,
                                 check_limit=check_limit, wake_limit=wake_limit)
             for uid in plan.checked:
@@ -714,12 +1008,12 @@ class SchedulerState:
             self._freed = {n: e for n, e in self._freed.items() if e > oldest}
             self.wakeup_counts["rounds"] += 1
             self.wakeup_counts["woken"] += len(plan.wake)
-            return list(plan.wake)
+            return claimed + list(plan.wake)
 
     def wakeup_pending(self) -> bool:
         """Whether a wake-up round may find someone: pods wait and capacity freed (or an
         inventory change not yet in the engine may free some). A hint, read without the lock."""
-        return bool(self._waiting) and bool(self._freed or self._dirty)
+        return bool(self._claim_wakes) or (bool(self._waiting) and bool(self._freed or self._dirty))
 
     def wakeup_done(self, wake: Wake, sent: bool, definite: bool = True) -> None:
         """A wake-up's outcome in the API. Refused (the pod is gone or was re-created): it
@@ -731,6 +1025,8 @@ class SchedulerState:
                 return
             if definite:
                 self._waiting.pop(wake.uid, None)
+            elif wake.reason:
+                self._claim_wakes[wake.uid] = wake  # a claim's wake-up: send it again
             elif wake.uid in self._waiting:
                 self._mark_freed(wake.node)
 
@@ -832,6 +1128,15 @@ class SchedulerState:
         with self._lock:
             self._flush()
             return self.engine.nodes()
+
+
+def without_containers(pod: PodRequest, containers: Iterable[str]) -> PodRequest:
+    """The pod without some containers' GPU requests (claim-backed containers: their cards
+    are their ElasticGPU's)."""
+    drop = set(containers)
+    if not drop:
+        return pod
+    return replace(pod, containers=tuple(c for c in pod.containers if c.name not in drop))
 
 
 def rescale_scored(scored: ScoredNodes, node_names: Sequence[str]) -> dict[str, int]:

@@ -202,6 +202,21 @@ class ExtenderBindingArgs(_S):
     Node: Name
 
 
+#: A Kubernetes object name (DNS subdomain): lower-case alphanumerics, '-' and '.'.
+DnsName = Annotated[str, Meta(min_length=1, max_length=253,
+                              pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+
+
+class ProvisionArgs(Struct, forbid_unknown_fields=True):
+    """`POST /provision` (called by `egpu controller`, docs/claims.md): the claim to provision.
+    Strict: every field required, no other field (the controller is ours: anything else is a
+    bug or not from it)."""
+
+    namespace: DnsName
+    name: DnsName
+    uid: Uid
+
+
 class MetaPod(_S):
     UID: Uid
 
@@ -392,6 +407,14 @@ def parse_binding(body: bytes, limits: Limits = DEFAULT_LIMITS) -> ExtenderBindi
     return result
 
 
+def parse_provision(body: bytes) -> ProvisionArgs:
+    return _top(ProvisionArgs, body, Limits(max_body_bytes=PROVISION_BODY_BYTES))
+
+
+#: A provision request is three names.
+PROVISION_BODY_BYTES = 64 * 1024
+
+
 def parse_preemption(body: bytes, limits: Limits = DEFAULT_LIMITS) -> ExtenderPreemptionArgs:
     top: _PreemptionTop = _top(_PreemptionTop, body, limits)
     pod = _pod(top.Pod)
@@ -463,7 +486,8 @@ def _prepare() -> None:
     decoded in worker threads, and msgspec (0.22) has crashed when several threads made
     its first use of a type at once."""
     for kind in (_ArgsTop, _PreemptionTop, ExtenderBindingArgs, _NodeListTop | None, _NodeItem,
-                 list[Name], Pod | None, MetaVictims | None, _Victims | None, Raw):
+                 list[Name], Pod | None, MetaVictims | None, _Victims | None, Raw,
+                 ProvisionArgs):
         _DECODERS[kind] = msgspec.json.Decoder(kind)
     pod = (b'{"metadata": {"name": "p", "annotations": {}}, "spec": {"containers": [{"name": "c",'
            b' "resources": {"limits": {"a": "1"}}}], "tolerations": [{"key": "k"}], "affinity": '
@@ -476,6 +500,7 @@ def _prepare() -> None:
     parse_preemption(b'{"Pod": {}, "NodeNameToVictims": {"a": {"Pods": [{"metadata": '
                      b'{"uid": "u"}}]}}}')
     parse_binding(b'{"PodName": "p", "PodNamespace": "n", "PodUID": "u", "Node": "a"}')
+    parse_provision(b'{"namespace": "n", "name": "c", "uid": "u"}')
     msgspec.json.encode([host_priorities({"a": 1}), filter_result(
         ExtenderArgs({}, node_items=[("a", Raw(b"{}"))]), ["a"], {}, {})])
 

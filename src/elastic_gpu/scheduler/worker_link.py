@@ -45,6 +45,12 @@ class FeedSink(Protocol):
     def devices_event(self, kind: str, obj: dict[str, Any]) -> None: ...
     def pods_replace(self, items: list[dict[str, Any]]) -> None: ...
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def egpus_replace(self, items: list[dict[str, Any]]) -> None: ...
+    def egpus_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def claims_replace(self, items: list[dict[str, Any]]) -> None: ...
+    def claims_event(self, kind: str, obj: dict[str, Any]) -> None: ...
+    def classes_replace(self, items: list[dict[str, Any]]) -> None: ...
+    def classes_event(self, kind: str, obj: dict[str, Any]) -> None: ...
     def wakeups(self) -> list[Wake]: ...
     def wakeup_pending(self) -> bool: ...
     def wakeup_result(self, wake: Wake, sent: bool, definite: bool) -> None: ...
@@ -71,9 +77,14 @@ class WorkerLink:
             ("replace", "nodes"): feeds.nodes_replace,
             ("replace", "gpudevices"): feeds.devices_replace,
             ("replace", "pods"): feeds.pods_replace,
+            ("replace", "elasticgpus"): feeds.egpus_replace,
+            ("replace", "elasticgpuclaims"): feeds.claims_replace,
+            ("replace", "elasticgpuclasses"): feeds.classes_replace,
         }
         self._events = {"nodes": feeds.nodes_event, "gpudevices": feeds.devices_event,
-                        "pods": feeds.pods_event}
+                        "pods": feeds.pods_event, "elasticgpus": feeds.egpus_event,
+                        "elasticgpuclaims": feeds.claims_event,
+                        "elasticgpuclasses": feeds.classes_event}
 
     async def run(self) -> None:
         """Keep a worker running until cancelled."""
@@ -122,7 +133,8 @@ class WorkerLink:
             task.add_done_callback(self._wake_tasks.discard)
 
     async def _wake(self, wake: Wake) -> None:
-        text = (f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
+        text = (f"wake-up {next(self._wake_ids)}: {wake.reason}" if wake.reason else
+                f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
                 "where this pod now fits")
         try:
             await self._call("wake", wake.namespace, wake.name, wake.uid, text)
@@ -200,6 +212,19 @@ class WorkerLink:
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    resource_version: int | None, annotations: Mapping[str, str]) -> None:
         await self._call("bind", namespace, name, uid, node, resource_version, dict(annotations))
+
+    # ---- ClaimApi -----------------------------------------------------------------------
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result = await self._call("get_egpu_object", "elasticgpuclaims", namespace, name)
+        return dict(result) if result is not None else None
+
+    async def get_elasticgpu(self, name: str) -> dict[str, Any] | None:
+        result = await self._call("get_egpu_object", "elasticgpus", "", name)
+        return dict(result) if result is not None else None
+
+    async def create_elasticgpu(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(await self._call("create_elasticgpu", dict(obj)))
 
     async def close(self) -> None:
         process, self._process = self._process, None

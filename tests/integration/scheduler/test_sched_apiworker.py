@@ -53,6 +53,25 @@ class Recorder:
     def pods_event(self, kind: str, obj: dict[str, Any]) -> None:
         self.events.append(("pods", kind, obj))
 
+    # the Elastic GPU API's feeds (its CRDs may not be installed: then they replace with [])
+    def egpus_replace(self, items: list[dict[str, Any]]) -> None:
+        self._replace("elasticgpus", items)
+
+    def egpus_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.events.append(("elasticgpus", kind, obj))
+
+    def claims_replace(self, items: list[dict[str, Any]]) -> None:
+        self._replace("elasticgpuclaims", items)
+
+    def claims_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.events.append(("elasticgpuclaims", kind, obj))
+
+    def classes_replace(self, items: list[dict[str, Any]]) -> None:
+        self._replace("elasticgpuclasses", items)
+
+    def classes_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.events.append(("elasticgpuclasses", kind, obj))
+
     # the wake-up side of `app.Feeds`: pods queued by the test, the outcomes of their wake-ups
     def wakeups(self) -> list[Wake]:
         queued, self.to_wake = self.to_wake, []

@@ -35,6 +35,8 @@ def state_of(nodes: list[dict[str, Any]], cards: dict[str, list[Card]]) -> Sched
     feeds.nodes_replace(nodes)
     feeds.devices_replace([card_to_object(node, card) for node, cs in cards.items() for card in cs])
     feeds.pods_replace([])
+    for replace in (feeds.egpus_replace, feeds.claims_replace, feeds.classes_replace):
+        replace([])  # the Elastic GPU API's CRDs: none exist
     return state
 
 

@@ -109,3 +109,35 @@ def test_change_filter_drops_what_moves_no_card() -> None:
     assert not nodes.changed("MODIFIED", copy.deepcopy(n))
     assert nodes.changed("MODIFIED", slim_node({"metadata": {"name": "n1"},
                                                 "status": {"allocatable": {"cpu": "4"}}}))
+
+
+def test_slim_elastic_gpu_api_objects_read_like_full_ones() -> None:
+    from egpu_testing.claims import claim_object, class_object, elasticgpu_object
+    from elastic_gpu.k8s import elasticgpu as api
+    from elastic_gpu.scheduler.slim import slim_claim, slim_class, slim_elasticgpu
+
+    noise = {"managedFields": [{"manager": "kubectl"}], "labels": {"a": "b"},
+             "creationTimestamp": "2026-11-21T00:00:00Z"}
+    egpu = elasticgpu_object("e1", "n1", [CardShare(0, "GPU-0", 300, 1024)], phase="Released",
+                             claim=("ns", "c", "u"), class_name="share", uid="obj-1")
+    egpu["metadata"].update(noise)
+    egpu["status"].update({"reason": "x", "message": "y"})
+    assert api.elasticgpu_from_object(slim_elasticgpu(egpu)) == api.elasticgpu_from_object(egpu)
+    assert slim_elasticgpu(egpu)["metadata"]["uid"] == "obj-1"
+    claim = claim_object("c", {"elasticgpu.io/gpu-core": 10}, namespace="ns", uid="u",
+                         elastic_gpu="e1", phase="Bound")
+    claim["metadata"].update(noise, deletionTimestamp="2026-11-21T00:00:01Z")
+    claim["status"]["conditions"] = [{"type": "Bound", "status": "True"}]
+    assert api.claim_from_object(slim_claim(claim)) == api.claim_from_object(claim)
+    assert api.claim_from_object(slim_claim(claim)).deleting
+    cls = class_object("share", mode="WaitForFirstConsumer", reclaim="Retain",
+                       parameters={"models": "T4"})
+    cls["metadata"].update(noise)
+    assert api.class_from_object(slim_class(cls)) == api.class_from_object(cls)
+    # a condition's churn on a claim changes nothing the extender reads
+    changes = ChangeFilter()
+    changes.replace([slim_claim(claim)])
+    churned = copy.deepcopy(claim)
+    churned["status"]["conditions"][0]["message"] = "again"
+    churned["metadata"]["resourceVersion"] = "99"
+    assert not changes.changed("MODIFIED", slim_claim(churned))

@@ -67,10 +67,11 @@ def bind(state: SchedulerState, pod: dict[str, Any], node: str) -> Assignment:
 def test_not_ready_until_every_cache_synced() -> None:
     state = SchedulerState()
     req = pod_request_from_manifest(share_pod("a", 10))
-    with pytest.raises(StateNotReady, match="gpudevices, nodes, pods"):
+    with pytest.raises(StateNotReady, match="elasticgpuclaims, elasticgpuclasses, elasticgpus, "
+                                            "gpudevices, nodes, pods"):
         state.filter(req, "uid-a", ["n"])
-    state.mark_synced("nodes")
-    state.mark_synced("pods")
+    for source in ("nodes", "pods", "elasticgpus", "elasticgpuclaims", "elasticgpuclasses"):
+        state.mark_synced(source)
     assert not state.ready
     state.mark_synced("gpudevices")
     assert state.ready
