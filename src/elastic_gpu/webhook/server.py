@@ -112,6 +112,10 @@ class Metrics:
         self.cert_reloads = Counter("elasticgpu_webhook_certificate_reloads",
                                     "Serving certificates loaded (the first one included)",
                                     registry=self.registry)
+        self.claim_lookups = Counter("elasticgpu_webhook_claim_lookups",
+                                     "ElasticGPUClaims named by pods, by where they were found: "
+                                     "cache (the watch) or api (a live read on a cache miss)",
+                                     ["source"], registry=self.registry)
         self.gpu_nodes = Gauge("elasticgpu_webhook_gpu_nodes", "GPU nodes known",
                                registry=self.registry)
         self.largest_cards = Gauge("elasticgpu_webhook_largest_node_cards",
@@ -150,10 +154,13 @@ class Admission:
     claim created a moment before its pod is not refused (a cache hit makes no API call)."""
 
     def __init__(self, facts: ClusterFacts | None = None, claims: ClaimLookup = _no_claim,
-                 fetch: ClaimFetch | None = None) -> None:
+                 fetch: ClaimFetch | None = None,
+                 on_lookup: Callable[[str], None] | None = None) -> None:
         self.facts = facts or ClusterFacts()
         self.claims = claims
         self.fetch = fetch
+        #: told "cache" or "api" for each claim a pod names, by where it was looked up
+        self.on_lookup = on_lookup
 
     def _decode(self, body: bytes) -> _Request | tuple[int, bytes, str]:
         """The review's request when it is a pod CREATE to judge, else the answer."""
@@ -204,6 +211,8 @@ class Admission:
         found: dict[str, Claim | None] = {}
         for name in sorted(claim_names(request.object)):
             claim = self.claims(namespace, name)
+            if self.on_lookup is not None:
+                self.on_lookup("cache" if claim is not None or self.fetch is None else "api")
             if claim is None and self.fetch is not None:
                 try:
                     claim = await self.fetch(namespace, name)
@@ -311,8 +320,10 @@ class WebhookServer:
         from elastic_gpu.webhook.kube import ClaimCache
 
         self.claim_cache = ClaimCache()
-        self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch)
         self.metrics = Metrics()
+        self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
+                                   on_lookup=lambda source: self.metrics.claim_lookups.labels(
+                                       source).inc())
         self.tls = TlsHolder()
         self.ca_bundle = ""
         self.registered = asyncio.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 from typing import Any
 
@@ -123,3 +124,72 @@ def test_the_claim_cache_follows_list_and_watch_events() -> None:
 
 def test_the_claim_cache_without_a_client_finds_nothing_live() -> None:
     assert asyncio.run(ClaimCache().fetch("team-a", "a")) is None
+
+
+def test_lookups_are_reported_by_where_the_claim_was_found() -> None:
+    cache = {("team-a", "cached"): claim("cached")}
+    seen: list[str] = []
+    admission = Admission(ClusterFacts(), claims=lambda ns, n: cache.get((ns, n)),
+                          fetch=Api(claim("fresh")).fetch, on_lookup=seen.append)
+    judge(admission, review("cached"))
+    judge(admission, review("fresh"))
+    assert seen == ["cache", "api"]
+
+
+class _Listing:
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+        self.resourceVersion = "7"
+
+    def __aiter__(self) -> Any:
+        return self._gen()
+
+    async def _gen(self) -> Any:
+        for item in self.items:
+            yield _Obj(item)
+
+
+class _Obj:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+class _Client:
+    """The API without the ElasticGPUClaim CRD at first, then with it (one claim, one event)."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watched = asyncio.Event()
+
+    def list(self, resource: Any, namespace: str) -> _Listing:
+        from lightkube.core.exceptions import ApiError
+        from lightkube.models.meta_v1 import Status
+
+        self.lists += 1
+        if self.lists == 1:
+            raise ApiError(status=Status(code=404, message="the server could not find it"))
+        return _Listing([claim_object("a")])
+
+    async def watch(self, resource: Any, namespace: str, resource_version: str) -> Any:
+        yield "ADDED", _Obj(claim_object("b"))
+        self.watched.set()
+        await asyncio.Event().wait()
+
+
+def test_the_claim_cache_without_the_crd_has_no_claims_and_lists_again_later() -> None:
+    async def scenario() -> None:
+        cache = ClaimCache(crd_retry_s=0.01)
+        client = _Client()
+        task = asyncio.create_task(cache.run(client))
+        await asyncio.wait_for(cache.synced.wait(), 5)
+        assert cache.claims == {} and client.lists >= 1
+        await asyncio.wait_for(client.watched.wait(), 5)
+        assert cache.crd_installed and set(cache.claims) == {("team-a", "a"), ("team-a", "b")}
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
