@@ -69,6 +69,8 @@ class BoundWatch:
                     if self.stop.is_set():
                         return
             except Exception as err:  # an expired watch: list again
+                if self.stop.is_set():
+                    return
                 print(f"watch: {err}; listing again")
                 time.sleep(0.2)
 
