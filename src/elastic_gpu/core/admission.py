@@ -585,14 +585,23 @@ def validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None = None
     The claims it names are checked first and their resources added to their containers
     (`claim_resources`), so the other checks and the request see the containers as they will
     be stored; a refusal about such a container names its claim."""
+    refusals, request, _, _ = _validate(pod, facts, claims)
+    return refusals, request
+
+
+def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None
+              ) -> tuple[list[Refusal], PodRequest | None, list[PatchOp], Any]:
+    """`validate`, plus the claims' operations and the pod they complete (for `admit`)."""
     shape = _shape(pod)
     if shape:
-        return shape, None
+        return shape, None, [], pod
     plan = _claim_plan(pod, claims or PodClaims(_namespace(pod)))
     if plan.refusals:
-        return plan.refusals, None
+        return plan.refusals, None, [], pod
+    claim_ops: list[PatchOp] = []
     if plan.resources:
-        pod = apply_patch(pod, _claim_ops(pod, plan))
+        claim_ops = _claim_ops(pod, plan)
+        pod = apply_patch(pod, claim_ops)
     refusals, requests = _check_containers(pod)
     meta = pod.get("metadata") or {}
     refusals += _check_annotations(meta.get("annotations") or {}, facts)
@@ -609,7 +618,7 @@ def validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None = None
                                   f"{plan.sources[r.container]})")
                 if r.container in plan.sources and not r.init_container else r
                 for r in refusals]
-    return refusals, (request if not refusals else None)
+    return refusals, (request if not refusals else None), claim_ops, pod
 
 
 def _namespace(pod: Mapping[str, Any]) -> str:
@@ -777,7 +786,7 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
     its own words), so only a refusal at the mutating call reaches the user with our rule."""
-    refusals, request = validate(pod, facts, claims)
+    refusals, request, claim_ops, completed = _validate(pod, facts, claims)
     if refusals or request is None:
         return Verdict(tuple(refusals))
     claims = claims or PodClaims(_namespace(pod))
@@ -785,6 +794,11 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
     if mutate:
         current: Mapping[str, Any] = pod
         for mutator in mutators:
+            if mutator is claim_resources and current is pod:  # validation made them already
+                if claim_ops:
+                    current = completed
+                    ops += claim_ops
+                continue
             step = mutator(MutationInput(current, request, facts, claims))
             if step:
                 current = apply_patch(current, step)

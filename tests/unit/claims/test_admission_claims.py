@@ -288,3 +288,22 @@ def test_each_provisioners_claims_become_resources_the_sandboxs_fake_nodes_offer
     for name in claim_container_resources(requests):
         assert name in plain or name in carved
         assert name in managed_resource_names()
+
+
+def test_the_claim_mutator_also_works_placed_after_another() -> None:
+    """`admit` reuses validation's claim operations only when the claim mutator comes first;
+    placed after another mutator it is run on the pod as that one left it."""
+    from elastic_gpu.core.admission import MUTATORS, claim_resources, set_annotation
+
+    def mark(data: Any) -> list[dict[str, Any]]:
+        annotations = data.pod["metadata"].get("annotations") or {}
+        return [] if "x/mark" in annotations else [set_annotation(data.pod, "x/mark", "1")]
+
+    pod = the_seed_pod()
+    claims = found(claim())
+    for mutators in ((mark, *MUTATORS), (mark, claim_resources), MUTATORS):
+        verdict = admit(pod, FACTS, mutate=True, claims=claims, mutators=mutators)
+        stored = apply_patch(pod, verdict.patch)
+        assert stored["spec"]["containers"][0]["resources"]["limits"] == {
+            "elasticgpu.io/gpu-core": "10", "elasticgpu.io/gpu-memory": "4"}
+        assert ("x/mark" in stored["metadata"]["annotations"]) == (mark in mutators)
