@@ -23,6 +23,7 @@ import pytest
 
 from egpu_testing import sandbox as cli
 from egpu_testing.seed import SEED_README
+from elastic_gpu.core.assignment import CardShare
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +103,8 @@ def test_the_seed_readme_flow_verbatim_on_a_default_sandbox(tmp_path: Path) -> N
             assert pod["spec"]["nodeName"] == egpu_obj["spec"]["node"]
             assignment = json.loads(pod["metadata"]["annotations"]["elasticgpu.io/assignment"])
             assert assignment["node"] == egpu_obj["spec"]["node"]
-            assert assignment["containers"]["test-cuda"] == egpu_obj["spec"]["cards"]
+            assert [CardShare.from_dict(c) for c in assignment["containers"]["test-cuda"]] == \
+                [CardShare.from_dict(c) for c in egpu_obj["spec"]["cards"]]
             assert assignment["claims"] == {"test-cuda": egpu_obj["metadata"]["name"]}
             (card,) = egpu_obj["spec"]["cards"]
             assert (card["milli"], card["memoryMiB"]) == (100, 4)
