@@ -144,3 +144,28 @@ def test_a_claim_container_with_its_own_gpu_is_refused(k8s_cluster: Any, claims_
     assert result.returncode != 0
     assert "gets its GPUs from ElasticGPUClaim own-gpu-claim" in result.stderr
     assert "(rule claim-container-gpu)" in result.stderr
+
+
+def test_a_pod_naming_a_claim_being_deleted_is_refused(k8s_cluster: Any, claims_ns: str) -> None:
+    """A claim held by a finalizer (as the controller's claim-protection holds one in use) and
+    deleted: a new pod naming it is refused, saying so."""
+    claim = seed_claim("leaving").replace("metadata:\n  name: leaving\n",
+                                          "metadata:\n  name: leaving\n  finalizers: [test/hold]\n")
+    k8s_cluster.kubectl("create", "-n", claims_ns, "-f", "-", input=claim)
+    k8s_cluster.kubectl("delete", "egpuc", "leaving", "-n", claims_ns, "--wait=false")
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            result = k8s_cluster.kubectl("create", "-n", claims_ns, "-f", "-",
+                                         input=seed_pod("late", "leaving"), check=False)
+            if result.returncode != 0 or time.monotonic() > deadline:
+                break
+            k8s_cluster.kubectl("delete", "pod", "late", "-n", claims_ns, "--wait=false")
+            time.sleep(0.2)  # the watch has not delivered the deletion yet
+        assert result.returncode != 0
+        assert (f"ElasticGPUClaim leaving in namespace {claims_ns} is being deleted "
+                "(rule claim-deleting)") in result.stderr
+    finally:
+        k8s_cluster.kubectl("patch", "egpuc", "leaving", "-n", claims_ns, "--type=json",
+                            "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]',
+                            check=False)
