@@ -123,3 +123,42 @@ def test_the_claims_key_of_an_assignment_is_read_like_any_assignment() -> None:
     found, problems = candidates([bound_claim_pod("p", claim, egpu)], NODE, CORE, 10, set())
     assert problems == []
     assert [(c.pod, c.container, c.shares) for c in found] == [("p", "test-cuda", egpu.shares)]
+
+
+MIG_INVENTORY = {"cards": [
+    {"model": "A100", "memoryMiB": 40960, "devices": ["/dev/nvidia0"], "mig": [
+        {"profile": "3g.20gb", "uuid": "MIG-a", "start": 0},
+        {"profile": "3g.20gb", "uuid": "MIG-b", "start": 4}]},
+    {"model": "A100", "memoryMiB": 40960, "devices": ["/dev/nvidia1"]},
+    {"model": "A100", "memoryMiB": 40960, "devices": ["/dev/nvidia2"]}],
+    "controlDevices": ["/dev/nvidiactl"]}
+
+
+@pytest.mark.parametrize(("requests", "resource", "shares", "offered", "visible"), [
+    # a whole-card claim (gpu.provisioner) holding card 2; kubelet offers card 1's device
+    ({"nvidia.com/gpu": 1}, "nvidia.com/gpu",
+     (CardShare(2, "GPU-fake-n1-2", 1000, 40960),), ["GPU-fake-n1-1"], "GPU-fake-n1-2"),
+    # a MIG claim (mig.provisioner) holding instance MIG-b; kubelet offers MIG-a
+    ({"nvidia.com/mig-3g.20gb": 1}, "nvidia.com/mig-3g.20gb",
+     (CardShare(0, "GPU-fake-n1-0", 0, 20480, "3g.20gb", "MIG-b"),), ["MIG-a"], "MIG-b"),
+])
+def test_whole_card_and_mig_claims_get_their_elasticgpus_devices(
+        plugin_dir: Path, kubelet: KubeletDouble, requests: dict[str, int | str],
+        resource: str, shares: tuple[CardShare, ...], offered: list[str], visible: str) -> None:
+    pods = Pods()
+    running = Agent(parse_config({"migStrategy": "mixed", "healthCheck": {"enabled": False}}),
+                    FakeBackend.from_dict(MIG_INVENTORY, NODE), NODE, pods=pods,
+                    plugin_dir=plugin_dir)
+    running.start()
+    try:
+        assert kubelet.wait_for(lambda: kubelet.registered(resource))
+        claim = Claim("default", "c", "u", "cls", requests)
+        egpu = ElasticGPU("egpu-u", dict(requests), NODE, shares, ClaimRef.of(claim), "cls",
+                          phase=ElasticGPUPhase.BOUND)
+        pods.pods.append(bound_claim_pod("p", claim, egpu))
+        assert pods.pods[0]["spec"]["containers"][0]["resources"]["limits"] == {
+            resource: "1"}
+        (served,) = kubelet.allocate(resource, [offered]).container_responses
+        assert served.envs["NVIDIA_VISIBLE_DEVICES"] == visible
+    finally:
+        running.stop()
