@@ -15,6 +15,11 @@ registered with its real scope, then:
 4. posts `--reviews` AdmissionReviews straight to /mutate over one keep-alive HTTPS connection
    and times each round trip exactly (TLS and HTTP on loopback included).
 Prints a Markdown table.
+
+With `--claims` (issue #15) the pods are the Elastic GPU seed README's pod naming an
+ElasticGPUClaim created beforehand (the CRDs installed first): each is checked against the
+claim (from the webhook's watch: a cache hit, no API call; the table's last line counts the
+lookups by source) and given the claim's resources.
 """
 
 from __future__ import annotations
@@ -37,7 +42,18 @@ from elastic_gpu.devcluster.ports import free_ports
 SEED = {"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "15"}
 
 
-def pod(name: str, namespace: str) -> dict[str, Any]:
+CLAIM = "bench-claim"
+
+
+def pod(name: str, namespace: str, claim: bool = False) -> dict[str, Any]:
+    if claim:
+        import yaml
+
+        from egpu_testing.seed import seed_pod
+
+        obj: dict[str, Any] = yaml.safe_load(seed_pod(name, CLAIM))
+        obj["metadata"]["namespace"] = namespace
+        return obj
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
             "spec": {"containers": [{"name": "main", "image": "x",
                                      "resources": {"limits": dict(SEED)}}]}}
@@ -92,25 +108,26 @@ def at_most(buckets: list[tuple[float, float]], bound: float) -> float:
     return within / total if total else float("nan")
 
 
-def create_timed(plane: ControlPlane, namespace: str, prefix: str, n: int) -> list[float]:
+def create_timed(plane: ControlPlane, namespace: str, prefix: str, n: int,
+                 claim: bool = False) -> list[float]:
     from lightkube import codecs
 
     client = plane.client()
     times = []
     for i in range(n):
-        obj = codecs.from_dict(pod(f"{prefix}-{i}", namespace))
+        obj = codecs.from_dict(pod(f"{prefix}-{i}", namespace, claim))
         start = time.perf_counter()
         client.create(obj)
         times.append(time.perf_counter() - start)
     return times
 
 
-def post_timed(port: int, n: int) -> list[float]:
+def post_timed(port: int, n: int, claim: bool = False) -> list[float]:
     body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                        "request": {"uid": "bench", "kind": {"version": "v1", "kind": "Pod"},
                                    "resource": {"version": "v1", "resource": "pods"},
                                    "operation": "CREATE", "namespace": "bench",
-                                   "object": pod("p", "bench")}}).encode()
+                                   "object": pod("p", "bench", claim)}}).encode()
     conn = http.client.HTTPSConnection("127.0.0.1", port, context=insecure_context())
     times = []
     for _ in range(n):
@@ -132,7 +149,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=400)
     parser.add_argument("--reviews", type=int, default=3000)
+    parser.add_argument("--claims", action="store_true",
+                        help="pods naming an ElasticGPUClaim (the seed README's)")
     args = parser.parse_args()
+    claim = bool(args.claims)
     with tempfile.TemporaryDirectory(prefix="egpu-bench-webhook-") as tmp:
         plane = ControlPlane(work_dir=Path(tmp) / "k8s", controller_manager=False)
         plane.start(scheduler=False, kwok_enabled=False)
@@ -140,17 +160,27 @@ def main() -> int:
         hook = WebhookProcess(plane.kubeconfig, port, Path(tmp) / "webhook.log",
                               name="elastic-gpu-webhook", namespace="elastic-gpu")
         try:
+            if claim:
+                from egpu_testing.seed import seed_claim
+                from elastic_gpu.k8s.crds import install_elasticgpu_crds
+
+                install_elasticgpu_crds(plane.client())
             hook.start()
             plane.kubectl("create", "namespace", "bench")
-            create_timed(plane, "bench", "warm", 20)  # connections, caches
-            with_hook = create_timed(plane, "bench", "with", args.pods)
+            if claim:
+                plane.kubectl("create", "-n", "bench", "-f", "-", input=seed_claim(CLAIM))
+                time.sleep(1)  # the webhook's watch delivers it
+            create_timed(plane, "bench", "warm", 20, claim)  # connections, caches
+            with_hook = create_timed(plane, "bench", "with", args.pods, claim)
             apiserver = plane.kubectl("get", "--raw", "/metrics").stdout
             server = hook.get("/metrics")[1]
-            direct = post_timed(port, args.reviews)
+            direct = post_timed(port, args.reviews, claim)
+            lookups = {source: hook.metric("elasticgpu_webhook_claim_lookups_total",
+                                           f'source="{source}"') for source in ("cache", "api")}
             for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
                 plane.kubectl("delete", kind, "elastic-gpu-webhook")
             time.sleep(2)  # the apiserver's informer drops the configurations
-            without = create_timed(plane, "bench", "without", args.pods)
+            without = create_timed(plane, "bench", "without", args.pods, claim)
         finally:
             hook.stop()
             plane.stop()
@@ -178,6 +208,9 @@ def main() -> int:
               f"({count:.0f}) | {ms(bucket_quantile(buckets, 0.5))} (bucket est.) | "
               f"{ms(bucket_quantile(buckets, 0.99))} (bucket est.) | "
               f"{ms(total / count if count else float('nan'))} |")
+    if claim:
+        print(f"\nclaim lookups: {lookups['cache']:.0f} from the watch cache, "
+              f"{lookups['api']:.0f} live reads")
     return 0
 
 

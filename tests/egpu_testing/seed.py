@@ -33,3 +33,26 @@ spec:
 #: The seed README's example: the class and its two claims (its typos are in the pods, not here).
 SEED_CLASS_AND_CLAIMS = "---\n".join(
     [SEED_CLASS, seed_claim("gpushare-egpuc-1"), seed_claim("gpushare-egpuc-2")])
+
+
+def seed_pod(name: str, claim: str) -> str:
+    """The seed README's pod (its typos fixed), named `name`, naming `claim` by the annotation
+    suffix `test1` on its one container `test-cuda`."""
+    return f"""\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  annotations:
+    egpuc.elasticgpu.io/test1: {claim}
+spec:
+  containers:
+  - name: test-cuda
+    image: nvidia/cuda:11.0-base
+    command: ["sleep", "100000"]
+"""
+
+
+#: The seed README's whole example: the class, two claims and the two pods naming them.
+SEED_README = "---\n".join([SEED_CLASS_AND_CLAIMS, seed_pod("test-cuda-1", "gpushare-egpuc-1"),
+                            seed_pod("test-cuda-2", "gpushare-egpuc-2")])

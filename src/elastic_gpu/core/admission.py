@@ -12,8 +12,15 @@ cluster (largest node, models, policies) and the checks of the annotations the s
 
 Mutators are a list: each gets the pod as the earlier mutators left it and returns JSON Patch
 operations; `admit` applies them in turn. A mutator returns nothing for a pod it already
-mutated, so the patch is empty under reinvocation (`reinvocationPolicy: IfNeeded`). The claims
-API, the MIG adapter and the budgets add theirs to `MUTATORS` (or pass their own list).
+mutated, so the patch is empty under reinvocation (`reinvocationPolicy: IfNeeded`). The MIG
+adapter and the budgets add theirs to `MUTATORS` (or pass their own list).
+
+Claims (issue #15): a pod naming ElasticGPUClaims by `egpuc.elasticgpu.io/<container>: <claim>`
+is checked against the claims it names (`PodClaims`, looked up by the adapter: they exist in
+the pod's namespace, are not being deleted, and the container asks no GPU of its own), and the
+first mutator, `claim_resources`, adds each claim's requests to its container, translated to
+the names the agent advertises (`claim_container_resources`). Validation applies that mutation
+first, so every other check sees the container as it will be stored.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import (
     ContainerRequest,
@@ -36,12 +44,14 @@ from elastic_gpu.core.request import (
 )
 from elastic_gpu.core.resources import (
     GPU_CORE,
+    GPU_MEMORY,
     MIG_RULE,
     MILLI_PER_CARD,
     Measure,
     ResourceError,
     lookup,
     short_repr,
+    to_amount,
 )
 
 #: gpu-manager's runtime (vcuda) reads this pod annotation: set, the compute share is a hard
@@ -90,6 +100,16 @@ class AdmissionRule(enum.Enum):
     BAD_ANNOTATION = "bad-annotation"
     #: the object is not a pod of the expected shape (`resource` the field)
     MALFORMED = "malformed"
+    #: an `egpuc.elasticgpu.io/*` annotation that names no container or claim properly
+    CLAIM_ANNOTATION = "claim-annotation"
+    #: the named ElasticGPUClaim does not exist in the pod's namespace
+    CLAIM_NOT_FOUND = "claim-not-found"
+    #: the named ElasticGPUClaim is being deleted
+    CLAIM_DELETING = "claim-deleting"
+    #: the container that names a claim also asks for GPU resources of its own
+    CLAIM_CONTAINER_GPU = "claim-container-gpu"
+    #: the claim's requests stand for no GPU
+    CLAIM_REQUEST = "claim-request"
 
 
 @dataclass(frozen=True)
@@ -374,11 +394,214 @@ def _check_annotations(annotations: Mapping[str, str], facts: ClusterFacts) -> l
     return refusals
 
 
-def validate(pod: Any, facts: ClusterFacts) -> tuple[list[Refusal], PodRequest | None]:
-    """Every rule `pod` breaks (empty: none) and, when it breaks none, its `PodRequest`."""
+
+# --- claims -------------------------------------------------------------------------------
+
+#: The whole-card resource the agent advertises by default (`resources.gpu`, docs/agent.md).
+CARD_RESOURCE = "nvidia.com/gpu"
+#: What a claim's request becomes in its container: per measure of the resource table, the
+#: name the agent advertises by default (device-plugin resources, so that kubelet calls the
+#: agent's Allocate, and managed by the extender in kube-scheduler's configuration). A compute
+#: request of whole cards (gpu-core: 200) becomes that many cards; MIG names are kept.
+CLAIM_RESOURCE_NAMES: Mapping[Measure, str] = {
+    Measure.COMPUTE: GPU_CORE,
+    Measure.MEMORY: GPU_MEMORY,
+    Measure.CARDS: CARD_RESOURCE,
+}
+
+
+def claim_container_resources(requests: Mapping[str, int | str]) -> dict[str, str]:
+    """A claim's `spec.resources.requests` as a container's resources under the names the
+    agent advertises (`CLAIM_RESOURCE_NAMES`), each value converted through the resource
+    table's units (`tencent.com/vcuda-memory: 4` is 1024 MiB of `elasticgpu.io/gpu-memory`).
+    Raises `ResourceError` (resource, value, rule) for a value that breaks its row."""
+    out: dict[str, str] = {}
+    for name in sorted(requests):
+        amount = to_amount(name, requests[name])
+        measure = amount.spec.measure
+        if measure is Measure.MIG:
+            target, value = amount.spec.name, amount.value
+        elif measure is Measure.COMPUTE and amount.whole_cards:
+            target, value = CLAIM_RESOURCE_NAMES[Measure.CARDS], amount.whole_cards
+        else:
+            target = CLAIM_RESOURCE_NAMES[measure]
+            spec = lookup(target)
+            assert spec is not None and spec.measure is measure
+            if amount.value % spec.scale:
+                raise ResourceError(name, requests[name], f"not a whole number of {spec.doc}")
+            value = amount.value // spec.scale
+        if target in out:
+            raise ResourceError(", ".join(sorted(requests)), "",
+                                f"the claim asks for {measure.value} twice; use one name")
+        out[target] = str(value)
+    return out
+
+
+@dataclass(frozen=True)
+class PodClaims:
+    """The ElasticGPUClaims a pod names, as the adapter found them in the pod's namespace:
+    claim name -> the claim, or None when it does not exist there (a name missing from the
+    mapping counts as not existing)."""
+
+    namespace: str = "default"
+    claims: Mapping[str, Claim | None] = field(default_factory=dict)
+
+
+def claim_names(pod: Any) -> frozenset[str]:
+    """The claim names a pod's annotations name (what the adapter must look up); empty for a
+    pod whose claim annotations cannot be read (admission refuses it, naming why)."""
+    try:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if not any(isinstance(k, str) and k.startswith(ann.CLAIM_PREFIX) for k in annotations):
+            return frozenset()
+        return frozenset(pod_claims(pod).values())
+    except (ClaimAnnotationError, AttributeError, TypeError):
+        return frozenset()
+
+
+def _claim_key(annotations: Mapping[str, str], container: str, claim: str) -> str:
+    """The annotation that made `container` use `claim` (for messages)."""
+    own = f"{ann.CLAIM_PREFIX}{container}"
+    if annotations.get(own) == claim:
+        return own
+    return next((k for k in sorted(annotations) if k.startswith(ann.CLAIM_PREFIX)
+                 and annotations[k] == claim), own)
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except (QuantityError, TypeError, ValueError):
+        return False
+
+
+def _own_gpu_resources(resources: Mapping[str, Any], wanted: Mapping[str, str]) -> list[str]:
+    """The GPU resources of a container that are not the claim's (a name the claim's
+    translation lacks, or another value): a container carrying exactly the claim's resources
+    (mutated already: a reinvocation) has none."""
+    own: set[str] = set()
+    for part in ("limits", "requests"):
+        for key, value in (resources.get(part) or {}).items():
+            try:
+                gpu = lookup(key) is not None
+            except ResourceError:
+                gpu = True
+            if gpu and not (key in wanted and _same_quantity(value, wanted[key])):
+                own.add(key)
+    return sorted(own)
+
+
+@dataclass(frozen=True)
+class _ClaimPlan:
+    """What the claims a pod names mean: the refusals, or per container index the resources
+    to add (and the claim behind each container, for messages)."""
+
+    refusals: list[Refusal]
+    resources: dict[int, dict[str, str]]
+    sources: dict[str, str]
+
+
+def _claim_plan(pod: Mapping[str, Any], claims: PodClaims) -> _ClaimPlan:
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    if not any(k.startswith(ann.CLAIM_PREFIX) for k in annotations):
+        return _ClaimPlan([], {}, {})
+    try:
+        named = pod_claims(pod)
+    except ClaimAnnotationError as err:
+        return _ClaimPlan([Refusal(AdmissionRule.CLAIM_ANNOTATION, "", "", str(err))], {}, {})
+    namespace = claims.namespace
+    index = {str(c.get("name")): i for i, c in enumerate(_containers(pod, "containers"))}
+    refusals: list[Refusal] = []
+    resources: dict[int, dict[str, str]] = {}
+    sources: dict[str, str] = {}
+    for container, claim_name in sorted(named.items()):
+        key = _claim_key(annotations, container, claim_name)
+        claim = claims.claims.get(claim_name)
+        where = f"ElasticGPUClaim {claim_name}"
+        if claim is None:
+            refusals.append(Refusal(AdmissionRule.CLAIM_NOT_FOUND, key, claim_name,
+                                    f"{where} does not exist in namespace {namespace}; "
+                                    "create it first", container))
+            continue
+        if claim.deleting:
+            refusals.append(Refusal(AdmissionRule.CLAIM_DELETING, key, claim_name,
+                                    f"{where} in namespace {namespace} is being deleted",
+                                    container))
+            continue
+        try:
+            wanted = claim_container_resources(claim.requests)
+            gpu = container_request(container, {"limits": wanted}).wants_gpu
+        except ResourceError as err:
+            refusal = _from_resource_error(err, container)
+            refusals.append(replace(refusal, detail=f"{refusal.detail} (in the requests of "
+                                                    f"{where})"))
+            continue
+        if not gpu:
+            refusals.append(Refusal(AdmissionRule.CLAIM_REQUEST, key, claim_name,
+                                    f"{where} asks for no GPU (all its requests are 0)",
+                                    container))
+            continue
+        spec = _containers(pod, "containers")[index[container]]
+        own = _own_gpu_resources(spec.get("resources") or {}, wanted)
+        if own:
+            refusals.append(Refusal(
+                AdmissionRule.CLAIM_CONTAINER_GPU, ", ".join(own), "",
+                f"container {container} gets its GPUs from {where} ({key}); remove its own GPU "
+                "resources, or the claim annotation", container))
+            continue
+        resources[index[container]] = wanted
+        sources[container] = f"{namespace}/{claim_name}"
+    return _ClaimPlan(refusals, resources, sources)
+
+
+def _claim_ops(pod: Mapping[str, Any], plan: _ClaimPlan) -> list[PatchOp]:
+    """Add each claim's resources to its container's limits and requests, where missing."""
+    ops: list[PatchOp] = []
+    containers = _containers(pod, "containers")
+    for index, wanted in sorted(plan.resources.items()):
+        resources = containers[index].get("resources")
+        if not isinstance(resources, Mapping):
+            ops.append({"op": "add", "path": pointer("spec", "containers", index, "resources"),
+                        "value": {"limits": dict(wanted), "requests": dict(wanted)}})
+            continue
+        for part in ("limits", "requests"):
+            values = resources.get(part)
+            if not isinstance(values, Mapping):
+                ops.append({"op": "add", "path": pointer("spec", "containers", index,
+                                                         "resources", part),
+                            "value": dict(wanted)})
+                continue
+            for name, value in wanted.items():
+                if name not in values:
+                    ops.append({"op": "add", "path": pointer("spec", "containers", index,
+                                                             "resources", part, name),
+                                "value": value})
+    return ops
+
+
+def validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None = None
+             ) -> tuple[list[Refusal], PodRequest | None]:
+    """Every rule `pod` breaks (empty: none) and, when it breaks none, its `PodRequest`.
+    The claims it names are checked first and their resources added to their containers
+    (`claim_resources`), so the other checks and the request see the containers as they will
+    be stored; a refusal about such a container names its claim."""
+    refusals, request, _, _ = _validate(pod, facts, claims)
+    return refusals, request
+
+
+def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None
+              ) -> tuple[list[Refusal], PodRequest | None, list[PatchOp], Any]:
+    """`validate`, plus the claims' operations and the pod they complete (for `admit`)."""
     shape = _shape(pod)
     if shape:
-        return shape, None
+        return shape, None, [], pod
+    plan = _claim_plan(pod, claims or PodClaims(_namespace(pod)))
+    if plan.refusals:
+        return plan.refusals, None, [], pod
+    claim_ops: list[PatchOp] = []
+    if plan.resources:
+        claim_ops = _claim_ops(pod, plan)
+        pod = apply_patch(pod, claim_ops)
     refusals, requests = _check_containers(pod)
     meta = pod.get("metadata") or {}
     refusals += _check_annotations(meta.get("annotations") or {}, facts)
@@ -391,7 +614,15 @@ def validate(pod: Any, facts: ClusterFacts) -> tuple[list[Refusal], PodRequest |
         except ValueError as err:  # a container request the core model cannot hold
             refusals.append(Refusal(AdmissionRule.MALFORMED, "spec", "", str(err)))
     refusals += _check_capacity(requests, facts)
-    return refusals, (request if not refusals else None)
+    refusals = [replace(r, detail=f"{r.detail} (its GPU resources come from ElasticGPUClaim "
+                                  f"{plan.sources[r.container]})")
+                if r.container in plan.sources and not r.init_container else r
+                for r in refusals]
+    return refusals, (request if not refusals else None), claim_ops, pod
+
+
+def _namespace(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("namespace") or "default")
 
 
 # --- mutation -----------------------------------------------------------------------------
@@ -403,11 +634,13 @@ PatchOp = dict[str, Any]
 @dataclass(frozen=True)
 class MutationInput:
     """What a mutator reads: the pod as the mutators before it left it, its parsed request
-    (of the pod as admitted, before any mutation), and the cluster facts."""
+    (of the pod as admitted, with the resources of the claims it names), the cluster facts
+    and the claims the pod names."""
 
     pod: Mapping[str, Any]
     request: PodRequest
     facts: ClusterFacts
+    claims: PodClaims = field(default_factory=PodClaims)
 
 
 Mutator = Callable[[MutationInput], list[PatchOp]]
@@ -423,6 +656,17 @@ def set_annotation(pod: Mapping[str, Any], key: str, value: str) -> PatchOp:
     if not isinstance((pod.get("metadata") or {}).get("annotations"), Mapping):
         return {"op": "add", "path": "/metadata/annotations", "value": {key: value}}
     return {"op": "add", "path": pointer("metadata", "annotations", key), "value": value}
+
+
+def claim_resources(data: MutationInput) -> list[PatchOp]:
+    """Each container that names an ElasticGPUClaim gets the claim's requests in its limits
+    and requests, under the names the agent advertises (`claim_container_resources`): the
+    extender then places the pod (its managed resources) and kubelet calls the agent's
+    Allocate for them. Idempotent: a container carrying them already gets nothing."""
+    plan = _claim_plan(data.pod, data.claims)
+    if plan.refusals:  # validation refused these already
+        return []
+    return _claim_ops(data.pod, plan)
 
 
 def memory_only_compute(data: MutationInput) -> list[PatchOp]:
@@ -464,8 +708,10 @@ def vcuda_core_limit(data: MutationInput) -> list[PatchOp]:
     return [set_annotation(data.pod, VCUDA_CORE_LIMIT, str(percent))]
 
 
-#: The mutations, in order. Later mutations (claims, MIG adapter, budgets) are appended here.
-MUTATORS: tuple[Mutator, ...] = (memory_only_compute, vcuda_core_limit)
+#: The mutations, in order. The claims' resources come first: the others read the containers
+#: as the claims complete them (a claim of memory only gets its compute device, like a pod
+#: asking memory only). Later mutations (MIG adapter, budgets) are appended here.
+MUTATORS: tuple[Mutator, ...] = (claim_resources, memory_only_compute, vcuda_core_limit)
 
 
 class PatchError(ValueError):
@@ -532,20 +778,28 @@ class Verdict:
 
 
 def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
-          mutators: Sequence[Mutator] = MUTATORS) -> Verdict:
-    """The verdict on `pod`; with `mutate`, the patch of an allowed pod too.
+          mutators: Sequence[Mutator] = MUTATORS, claims: PodClaims | None = None) -> Verdict:
+    """The verdict on `pod`; with `mutate`, the patch of an allowed pod too. `claims`: the
+    ElasticGPUClaims the pod names (`claim_names`), as found in its namespace; None: none
+    found (a pod naming one is refused).
 
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
     its own words), so only a refusal at the mutating call reaches the user with our rule."""
-    refusals, request = validate(pod, facts)
+    refusals, request, claim_ops, completed = _validate(pod, facts, claims)
     if refusals or request is None:
         return Verdict(tuple(refusals))
+    claims = claims or PodClaims(_namespace(pod))
     ops: list[PatchOp] = []
     if mutate:
         current: Mapping[str, Any] = pod
         for mutator in mutators:
-            step = mutator(MutationInput(current, request, facts))
+            if mutator is claim_resources and current is pod:  # validation made them already
+                if claim_ops:
+                    current = completed
+                    ops += claim_ops
+                continue
+            step = mutator(MutationInput(current, request, facts, claims))
             if step:
                 current = apply_patch(current, step)
                 ops += step

@@ -1,4 +1,5 @@
-"""The webhook's API calls: its certificate Secret, its registration, the Nodes it reads.
+"""The webhook's API calls: its certificate Secret, its registration, the Nodes and the
+ElasticGPUClaims it reads.
 
 All writes are idempotent, so every replica may do them at start: the Secret is created or,
 when another replica was first (409), read; a rotation replaces it with a resourceVersion
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.admission import NodeGpus, node_gpus
+from elastic_gpu.core.claims import Claim
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, create_bundle, plan_rotation
 
 log = logging.getLogger(__name__)
@@ -216,4 +218,113 @@ class NodeFacts:
                 raise
             except Exception as err:  # the API is down or the watch expired: list again
                 log.warning("node watch: %s; listing again in 1 s", err)
+                await asyncio.sleep(1.0)
+
+
+def claim_resource() -> Any:
+    """lightkube's generic resource for ElasticGPUClaims (namespaced)."""
+    from lightkube.generic_resource import create_namespaced_resource
+
+    from elastic_gpu.k8s.elasticgpu import CLAIM_KIND, CLAIM_PLURAL, GROUP, VERSION
+
+    return create_namespaced_resource(GROUP, VERSION, CLAIM_KIND, CLAIM_PLURAL)
+
+
+def _claim(obj: Mapping[str, Any]) -> Claim | None:
+    from elastic_gpu.k8s.elasticgpu import ElasticGPUObjectError, claim_from_object
+
+    try:
+        return claim_from_object(obj)
+    except (ElasticGPUObjectError, ValueError) as err:
+        log.warning("ElasticGPUClaim not read: %s", err)
+        return None
+
+
+class ClaimCache:
+    """The ElasticGPUClaims of every namespace, by (namespace, name), kept by a list and watch
+    of the CRD. While the CRD is not installed (404 on the list) there are none, and the list
+    is retried every `crd_retry_s`. `fetch` reads one claim live (a cache miss: a claim created
+    a moment before its pod may not have reached the watch yet)."""
+
+    def __init__(self, crd_retry_s: float = 10.0) -> None:
+        self.claims: dict[tuple[str, str], Claim] = {}
+        self.synced = asyncio.Event()
+        self.crd_installed = False
+        self.crd_retry_s = crd_retry_s
+        self.client: Any = None
+        #: live GETs made (a cache hit makes none)
+        self.fetches = 0
+
+    def get(self, namespace: str, name: str) -> Claim | None:
+        return self.claims.get((namespace, name))
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        claims: dict[tuple[str, str], Claim] = {}
+        for item in items:
+            claim = _claim(item)
+            if claim is not None:
+                claims[(claim.namespace, claim.name)] = claim
+        self.claims = claims
+
+    def event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        claim = None if kind == "DELETED" else _claim(obj)
+        if claim is None:
+            self.claims.pop(key, None)
+        else:
+            self.claims[key] = claim
+
+    async def fetch(self, namespace: str, name: str) -> Claim | None:
+        """The claim as the API has it now (None: it does not exist, or its CRD does not);
+        other API errors are raised (the caller refuses, saying it could not check)."""
+        from lightkube.core.exceptions import ApiError
+
+        if self.client is None:
+            return None
+        self.fetches += 1
+        try:
+            obj = await self.client.get(claim_resource(), name, namespace=namespace)
+        except ApiError as err:
+            if _status_code(err) == 404:
+                return None
+            raise
+        claim = _claim(obj.to_dict())
+        if claim is not None:
+            self.claims[(namespace, name)] = claim
+        return claim
+
+    async def run(self, client: Any) -> None:
+        """List, then watch from the list's version; on an error list again after a second,
+        or after `crd_retry_s` while the CRD is not installed."""
+        from lightkube.core.exceptions import ApiError
+
+        self.client = client
+        resource = claim_resource()
+        while True:
+            try:
+                listing = client.list(resource, namespace="*")
+                items = [claim.to_dict() async for claim in listing]
+                self.replace(items)
+                self.crd_installed = True
+                self.synced.set()
+                async for kind, claim in client.watch(resource, namespace="*",
+                                                      resource_version=listing.resourceVersion):
+                    self.event(str(kind), claim.to_dict())
+            except asyncio.CancelledError:
+                raise
+            except ApiError as err:
+                if _status_code(err) == 404:  # no ElasticGPUClaim CRD: no claims
+                    if self.crd_installed or not self.synced.is_set():
+                        log.info("ElasticGPUClaims are not served (CRD not installed); "
+                                 "checking again every %.0f s", self.crd_retry_s)
+                    self.crd_installed = False
+                    self.claims = {}
+                    self.synced.set()
+                    await asyncio.sleep(self.crd_retry_s)
+                else:
+                    log.warning("claim watch: %s; listing again in 1 s", err)
+                    await asyncio.sleep(1.0)
+            except Exception as err:  # the API is down or the watch expired: list again
+                log.warning("claim watch: %s; listing again in 1 s", err)
                 await asyncio.sleep(1.0)

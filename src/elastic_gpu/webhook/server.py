@@ -4,6 +4,8 @@
   with the verdict of `core.admission.admit` and, from /mutate, its JSON Patch. A body that is
   not an AdmissionReview v1 gets 400 with the reason; a review whose object cannot be read gets
   200 with `allowed: false` and the reason; a body over `max_body_bytes` gets 413. Never 5xx.
+- Pods naming ElasticGPUClaims are judged with the claims of a list and watch of them
+  (`kube.ClaimCache`); a claim the cache lacks is read live before the pod is refused.
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -19,7 +21,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from elastic_gpu.core.admission import (
     ClusterFacts,
     NodeGpus,
+    PodClaims,
     admit,
+    claim_names,
     default_policies,
     facts_from_nodes,
 )
+from elastic_gpu.core.claims import Claim
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
@@ -107,6 +112,10 @@ class Metrics:
         self.cert_reloads = Counter("elasticgpu_webhook_certificate_reloads",
                                     "Serving certificates loaded (the first one included)",
                                     registry=self.registry)
+        self.claim_lookups = Counter("elasticgpu_webhook_claim_lookups",
+                                     "ElasticGPUClaims named by pods, by where they were found: "
+                                     "cache (the watch) or api (a live read on a cache miss)",
+                                     ["source"], registry=self.registry)
         self.gpu_nodes = Gauge("elasticgpu_webhook_gpu_nodes", "GPU nodes known",
                                registry=self.registry)
         self.largest_cards = Gauge("elasticgpu_webhook_largest_node_cards",
@@ -129,13 +138,32 @@ def _bad_request(reason: str) -> tuple[int, bytes, str]:
     return 400, _ENCODER.encode({"error": reason}), "bad_request"
 
 
+ClaimLookup = Callable[[str, str], Claim | None]
+ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
+
+
+def _no_claim(_namespace: str, _name: str) -> Claim | None:
+    return None
+
+
 class Admission:
-    """Bytes in, (HTTP status, body, verdict) out: the whole HTTP-free part of the server."""
+    """Bytes in, (HTTP status, body, verdict) out: the whole HTTP-free part of the server.
 
-    def __init__(self, facts: ClusterFacts | None = None) -> None:
+    `claims`: the ElasticGPUClaims known (the watch cache); `fetch`: a live read of one claim,
+    made by `review_async` only when the cache does not have a claim the pod names, so that a
+    claim created a moment before its pod is not refused (a cache hit makes no API call)."""
+
+    def __init__(self, facts: ClusterFacts | None = None, claims: ClaimLookup = _no_claim,
+                 fetch: ClaimFetch | None = None,
+                 on_lookup: Callable[[str], None] | None = None) -> None:
         self.facts = facts or ClusterFacts()
+        self.claims = claims
+        self.fetch = fetch
+        #: told "cache" or "api" for each claim a pod names, by where it was looked up
+        self.on_lookup = on_lookup
 
-    def review(self, body: bytes, *, mutate: bool) -> tuple[int, bytes, str]:
+    def _decode(self, body: bytes) -> _Request | tuple[int, bytes, str]:
+        """The review's request when it is a pod CREATE to judge, else the answer."""
         try:
             review = _DECODER.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
@@ -154,8 +182,52 @@ class Admission:
                 request.operation != "CREATE":
             # Not what this webhook governs (the registration sends only pod CREATEs).
             return 200, _answer(request.uid, True), "not_governed"
+        return request
+
+    @staticmethod
+    def _namespace(request: _Request) -> str:
+        if request.namespace:
+            return request.namespace
+        obj = request.object
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        namespace = meta.get("namespace") if isinstance(meta, dict) else None
+        return namespace if isinstance(namespace, str) and namespace else "default"
+
+    def review(self, body: bytes, *, mutate: bool) -> tuple[int, bytes, str]:
+        """The answer, with the claims the cache has (no API call)."""
+        request = self._decode(body)
+        if isinstance(request, tuple):
+            return request
+        namespace = self._namespace(request)
+        found = {name: self.claims(namespace, name) for name in claim_names(request.object)}
+        return self._judge(request, mutate, PodClaims(namespace, found))
+
+    async def review_async(self, body: bytes, *, mutate: bool) -> tuple[int, bytes, str]:
+        """The answer; a claim the cache lacks is read from the API before the pod is judged."""
+        request = self._decode(body)
+        if isinstance(request, tuple):
+            return request
+        namespace = self._namespace(request)
+        found: dict[str, Claim | None] = {}
+        for name in sorted(claim_names(request.object)):
+            claim = self.claims(namespace, name)
+            if self.on_lookup is not None:
+                self.on_lookup("cache" if claim is not None or self.fetch is None else "api")
+            if claim is None and self.fetch is not None:
+                try:
+                    claim = await self.fetch(namespace, name)
+                except Exception as err:  # API unreachable: cannot tell, so refuse (retry)
+                    log.warning("reading ElasticGPUClaim %s/%s: %s", namespace, name, err)
+                    return 200, _answer(request.uid, False, (
+                        f"ElasticGPUClaim {name} in namespace {namespace} could not be read "
+                        f"({type(err).__name__}: {err}); try again")), "refused:claim-lookup"
+            found[name] = claim
+        return self._judge(request, mutate, PodClaims(namespace, found))
+
+    def _judge(self, request: _Request, mutate: bool,
+               claims: PodClaims) -> tuple[int, bytes, str]:
         try:
-            verdict = admit(request.object, self.facts, mutate=mutate)
+            verdict = admit(request.object, self.facts, mutate=mutate, claims=claims)
         except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
             log.exception("admission of %s/%s failed", request.namespace, request.name)
             return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
@@ -245,8 +317,13 @@ class WebhookOptions:
 class WebhookServer:
     def __init__(self, options: WebhookOptions) -> None:
         self.options = options
-        self.admission = Admission()
+        from elastic_gpu.webhook.kube import ClaimCache
+
+        self.claim_cache = ClaimCache()
         self.metrics = Metrics()
+        self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
+                                   on_lookup=lambda source: self.metrics.claim_lookups.labels(
+                                       source).inc())
         self.tls = TlsHolder()
         self.ca_bundle = ""
         self.registered = asyncio.Event()
@@ -274,7 +351,7 @@ class WebhookServer:
                 self.metrics.requests.labels(webhook, "bad_request").inc()
                 return web.json_response(
                     {"error": f"body over {self.options.max_body_bytes} bytes"}, status=413)
-            status, payload, verdict = self.admission.review(body, mutate=mutate)
+            status, payload, verdict = await self.admission.review_async(body, mutate=mutate)
             if verdict.startswith("refused:"):
                 for rule in verdict.split(":", 1)[1].split(","):
                     self.metrics.refusals.labels(webhook, rule).inc()
@@ -398,6 +475,7 @@ class WebhookServer:
         rotation_started = False
         facts = NodeFacts(self.set_nodes)
         tasks.append(asyncio.create_task(facts.run(client)))
+        tasks.append(asyncio.create_task(self.claim_cache.run(client)))
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self.options.host, self.options.port,
