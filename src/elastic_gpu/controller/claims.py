@@ -229,6 +229,7 @@ class ClaimController:
                 else:
                     await self.reconcile_egpu(key[len(EGPU_KEY):])
                 self.queue.forget(key)
+                log.debug("%s reconciled in %.1f ms", key, (time.perf_counter() - started) * 1e3)
             except asyncio.CancelledError:
                 raise
             except (Requeue, Conflict, ProvisionError) as err:

@@ -400,7 +400,8 @@ def decide(claim: Claim, classes: Mapping[str, GPUClass], egpus: Mapping[str, El
 
 
 def _decide_named(claim: Claim, named: str, egpu: ElasticGPU | None) -> Decision:
-    bound = claim.phase is ClaimPhase.BOUND
+    # Lost is final, as a PVC's: a Lost claim stays Lost rather than waiting for a new one
+    bound = claim.phase in (ClaimPhase.BOUND, ClaimPhase.LOST)
     if egpu is None:
         if bound:
             return Lost(LostReason.ELASTICGPU_MISSING, f"ElasticGPU {named} of claim {claim.key} "

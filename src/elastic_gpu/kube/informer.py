@@ -130,6 +130,7 @@ class Informer:
         if kind == "BOOKMARK":
             return
         key = object_key(obj)
+        log.debug("%s: %s %s@%s", self.name, kind, key, version)
         before = self.store.get(key)
         if kind == "DELETED":
             self.store.pop(key, None)
