@@ -1,0 +1,143 @@
+"""`egpu controller` with the real extender's `POST /provision` (issue #15, contract 2).
+
+Needs the extender side of #15 (branch h-ext: /provision, ElasticGPUs in the ledger); the
+controller's own behaviour is covered with a /provision double in test_claims_controller.py.
+
+- an Immediate claim is Bound to an ElasticGPU on the node and cards the extender chose;
+- a claim too large for what is left stays Pending (Unschedulable, with a ProvisioningFailed
+  Event), and is Bound once another claim's ElasticGPU (reclaim Delete) is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu_testing.controller import ControllerProcess, install_crds
+from egpu_testing.scenario import wait_extender_knows
+from egpu_testing.workbench import ExtenderProcess
+from elastic_gpu.core import claims as core
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.pytest_plugin import unique_name
+from elastic_gpu.k8s import elasticgpu as api
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+class Cluster:
+    def __init__(self, plane: Any, ns: str) -> None:
+        self.plane = plane
+        self.ns = ns
+
+    def apply(self, obj: dict[str, Any], namespaced: bool = True) -> None:
+        self.plane.kubectl("create", "-f", "-", *(["-n", self.ns] if namespaced else []),
+                           input=json.dumps(obj))
+
+    def get(self, kind: str, name: str, namespaced: bool = True) -> dict[str, Any] | None:
+        result = self.plane.kubectl("get", kind, name, "-o", "json",
+                                    *(["-n", self.ns] if namespaced else []), check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def claim(self, name: str, requests: dict[str, Any], cls: str) -> str:
+        self.apply({"apiVersion": api.API_VERSION, "kind": api.CLAIM_KIND,
+                    "metadata": {"name": name},
+                    "spec": {"egpuClassName": cls, "resources": {"requests": requests}}})
+        return name
+
+    def phase(self, name: str) -> str | None:
+        obj = self.get("egpuc", name)
+        return None if obj is None else (obj.get("status") or {}).get("phase")
+
+    def condition(self, name: str) -> dict[str, Any]:
+        obj = self.get("egpuc", name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                     if c["type"] == core.BOUND_CONDITION), {})
+
+    def reasons(self, name: str) -> set[str]:
+        out = self.plane.kubectl("get", "events", "-n", self.ns, "-o", "json",
+                                 "--field-selector", f"involvedObject.name={name}").stdout
+        return {e["reason"] for e in json.loads(out)["items"]}
+
+
+@pytest.fixture
+def system(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path,
+           fake_gpu_nodes: Callable[..., list[str]]) -> Iterator[tuple[Cluster, list[str]]]:
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    install_crds(k8s_cluster)
+    ensure_crd(k8s_cluster.client())
+    nodes = fake_gpu_nodes(1, gpus=2)
+    ext_port, ctl_port = free_ports(2)
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, ext_port, tmp_path / "extender.log")
+    extender.start()
+    controller = ControllerProcess(k8s_cluster.kubeconfig, ctl_port, tmp_path / "controller.log",
+                                   extender_url=extender.url, identity="e2e",
+                                   lease_namespace=k8s_namespace)
+    try:
+        wait_extender_knows(extender.url, nodes, 2)
+        controller.start()
+        wait_for("the controller to lead", controller.leading)
+        yield Cluster(k8s_cluster, k8s_namespace), nodes
+    finally:
+        controller.stop()
+        extender.stop()
+
+
+def test_immediate_claim_is_bound_to_cards_the_extender_chose(
+        system: tuple[Cluster, list[str]]) -> None:
+    cluster, nodes = system
+    cls = unique_name("share")
+    cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
+                   "metadata": {"name": cls}, "provisioner": core.GPUSHARE,
+                   "reclaimPolicy": "Delete", "egpuBindingMode": "Immediate"}, namespaced=False)
+    name = cluster.claim(unique_name("c"), {"gpushare.provisioner.elasticgpu.io/gpu-core": 10,
+                                            "gpushare.provisioner.elasticgpu.io/gpu-memory": 4},
+                         cls)
+    wait_for("Bound", lambda: cluster.phase(name) == "Bound")
+    claim = cluster.get("egpuc", name)
+    assert claim is not None
+    uid = claim["metadata"]["uid"]
+    egpu = cluster.get("egpu", f"egpu-{uid}", namespaced=False)
+    assert egpu is not None and egpu["status"]["phase"] == "Bound"
+    assert egpu["spec"]["node"] == nodes[0] == claim["status"]["node"]
+    (card,) = egpu["spec"]["cards"]
+    assert card["milli"] == 100 and card["index"] in (0, 1)
+    assert egpu["spec"]["claimRef"]["uid"] == uid
+    assert {"Provisioned", "Bound"} <= cluster.reasons(name)
+    cluster.plane.kubectl("delete", "egpuclass", cls)
+
+
+def test_too_large_claim_is_pending_then_bound_when_capacity_frees(
+        system: tuple[Cluster, list[str]]) -> None:
+    cluster, _ = system
+    cls = unique_name("whole")
+    cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
+                   "metadata": {"name": cls}, "provisioner": core.WHOLE_CARDS,
+                   "reclaimPolicy": "Delete"}, namespaced=False)
+    both = cluster.claim(unique_name("both"), {"nvidia.com/gpu": 2}, cls)
+    wait_for("the 2-card claim Bound", lambda: cluster.phase(both) == "Bound")
+    late = cluster.claim(unique_name("late"), {"nvidia.com/gpu": 1}, cls)
+    cond = wait_for("Unschedulable", lambda: (c := cluster.condition(late)).get("reason")
+                    == "Unschedulable" and c)
+    assert cluster.phase(late) == "Pending" and cond["message"]
+    wait_for("ProvisioningFailed event", lambda: "ProvisioningFailed" in cluster.reasons(late))
+    cluster.plane.kubectl("delete", "egpuc", both, "-n", cluster.ns)
+    wait_for("Bound once the first claim's ElasticGPU is deleted",
+             lambda: cluster.phase(late) == "Bound", timeout_s=30)
+    cluster.plane.kubectl("delete", "egpuclass", cls)
