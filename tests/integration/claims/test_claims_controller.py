@@ -45,6 +45,7 @@ class Env:
     ns: str
     double: ProvisionDouble
     tmp: Path
+    ctl: ControllerProcess | None = None
 
     def kubectl(self, *args: str, **kw: Any) -> Any:
         return self.cluster.kubectl(*args, **kw)
@@ -146,7 +147,7 @@ def env(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
 
 @pytest.fixture
 def running(env: Env) -> Iterator[Env]:
-    ctl = env.controller()
+    ctl = env.ctl = env.controller()
     ctl.start()
     try:
         wait_for("the controller to lead", ctl.leading)
@@ -171,6 +172,11 @@ def test_static_binding_to_a_precreated_elasticgpu(running: Env) -> None:
                                        "uid": claim["metadata"]["uid"]}
     wait_for("Bound events", lambda: "Bound" in env.reasons(name)
              and "Bound" in env.reasons(egpu, "default"))
+    assert env.ctl is not None
+    metrics = env.ctl.metrics()
+    assert 'elasticgpu_claims{phase="Bound"}' in metrics
+    assert 'elasticgpu_controller_reconciles_total{controller="claims",result="ok"}' in metrics
+    assert "elasticgpu_controller_leader 1.0" in metrics
 
 
 def test_pending_reasons_are_conditions_and_events(running: Env) -> None:
@@ -350,3 +356,18 @@ def test_clean_shutdown_releases_the_lease_at_once(env: Env) -> None:
         assert time.monotonic() - stopped < 10 < slow[0]
     finally:
         b.stop()
+
+
+def test_a_leader_whose_lease_is_taken_exits_nonzero(env: Env) -> None:
+    lease = unique_name("lease")
+    a = env.controller("ctl-a", LEASE, lease)
+    a.start()
+    wait_for("a leads", a.leading)
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    env.kubectl("patch", "lease", lease, "-n", env.ns, "--type=merge", "-p", json.dumps(
+        {"spec": {"holderIdentity": "intruder", "renewTime": now, "acquireTime": now}}))
+    assert a.process is not None
+    a.process.wait(LEASE[1] + 10)
+    assert a.process.returncode == 1
+    assert "leadership lost" in a.log_path.read_text()
+    assert lease_holder(env, lease) == "intruder"  # not released: it was not ours any more
