@@ -376,3 +376,37 @@ def test_a_leader_whose_lease_is_taken_exits_nonzero(env: Env) -> None:
     assert a.process.returncode == 1
     assert "leadership lost" in a.log_path.read_text()
     assert lease_holder(env, lease) == "intruder"  # not released: it was not ours any more
+
+
+def test_the_deployed_rbac_is_enough(env: Env) -> None:
+    """deploy/controller/rbac.yaml: with only those rights the controller leads, binds a
+    provisioned claim (finalizer, ElasticGPU, status, Events) and deletes a released one."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[3]
+    env.kubectl("create", "namespace", "elastic-gpu", check=False)
+    env.kubectl("apply", "-f", str(repo / "deploy/controller/rbac.yaml"))
+    token = env.kubectl("create", "token", "elastic-gpu-controller", "-n",
+                        "elastic-gpu").stdout.strip()
+    admin = yaml.safe_load(env.cluster.kubeconfig.read_text())
+    kubeconfig = env.tmp / "sa.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+    (port,) = free_ports(1)
+    ctl = ControllerProcess(kubeconfig, port, env.tmp / "rbac.log", extender_url=env.double.url,
+                            identity="rbac", lease_namespace="elastic-gpu")
+    ctl.start()
+    try:
+        wait_for("lead", ctl.leading)
+        name = new_claim(env, cls=new_class(env, reclaim="Delete"))
+        claim = wait_phase(env, name, "Bound")
+        egpu = claim["status"]["elasticGPUName"]
+        wait_for("events", lambda: {"Provisioned", "Bound"} <= env.reasons(name))
+        env.kubectl("delete", "egpuc", name, "-n", env.ns)
+        wait_for("the ElasticGPU deleted", lambda: env.egpu(egpu) is None)
+        assert "Forbidden" not in ctl.log_path.read_text()
+    finally:
+        ctl.stop()
