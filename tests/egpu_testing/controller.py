@@ -201,3 +201,30 @@ def install_crds(k8s_cluster: Any) -> None:
         while k8s_cluster.kubectl("get", short, "-A", check=False).returncode != 0:
             assert time.monotonic() < deadline, f"{short} not served"
             time.sleep(0.1)
+
+
+def clean_up(k8s_cluster: Any, namespace: str, classes: Sequence[str] = (),
+             egpus: Sequence[str] = ()) -> None:
+    """After a test (its controller stopped): the namespace's claims without their finalizer
+    (or the namespace would stay Terminating), the ElasticGPUs made for them and the named
+    cluster-scoped objects, so that later tests see a clean cluster."""
+    import json
+
+    listed = json.loads(k8s_cluster.kubectl("get", "egpuc", "-n", namespace, "-o", "json",
+                                            check=False).stdout or '{"items": []}')
+    for claim in listed["items"]:
+        k8s_cluster.kubectl("patch", "egpuc", claim["metadata"]["name"], "-n", namespace,
+                            "--type=merge", "-p", '{"metadata": {"finalizers": null}}',
+                            check=False)
+        k8s_cluster.kubectl("delete", "egpuc", claim["metadata"]["name"], "-n", namespace,
+                            "--wait=false", check=False)
+    listed = json.loads(k8s_cluster.kubectl("get", "egpu", "-o", "json",
+                                            check=False).stdout or '{"items": []}')
+    made = [e["metadata"]["name"] for e in listed["items"]
+            if (e["spec"].get("claimRef") or {}).get("namespace") == namespace]
+    for name in {*made, *egpus}:
+        k8s_cluster.kubectl("delete", "egpu", name, "--wait=false", "--ignore-not-found",
+                            check=False)
+    for name in classes:
+        k8s_cluster.kubectl("delete", "egpuclass", name, "--ignore-not-found", "--wait=false",
+                            check=False)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from egpu_testing.controller import ControllerProcess, ProvisionDouble, install_crds
+from egpu_testing.controller import ControllerProcess, ProvisionDouble, clean_up, install_crds
 from elastic_gpu.core import claims as core
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
@@ -46,6 +46,8 @@ class Env:
     double: ProvisionDouble
     tmp: Path
     ctl: ControllerProcess | None = None
+    classes: list[str] = field(default_factory=list)
+    egpus: list[str] = field(default_factory=list)
 
     def kubectl(self, *args: str, **kw: Any) -> Any:
         return self.cluster.kubectl(*args, **kw)
@@ -93,6 +95,7 @@ def new_class(env: Env, *, reclaim: str = "Delete", mode: str = "Immediate",
     env.create({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND, "metadata": {"name": name},
                 "provisioner": provisioner, "reclaimPolicy": reclaim, "egpuBindingMode": mode},
                namespaced=False)
+    env.classes.append(name)
     return name
 
 
@@ -115,6 +118,7 @@ def new_egpu(env: Env, capacity: dict[str, Any], name: str | None = None) -> str
                 "spec": {"capacity": capacity, "node": "node-static",
                          "cards": [{"index": 3, "uuid": "GPU-static-3", "milli": 500,
                                     "memoryMiB": 8192}]}}, namespaced=False)
+    env.egpus.append(name)
     return name
 
 
@@ -141,10 +145,12 @@ def env(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
     (port,) = free_ports(1)
     double = ProvisionDouble(k8s_cluster.kubeconfig, port, node=unique_name("node"), slots=2)
     double.start()
+    env = Env(k8s_cluster, k8s_namespace, double, tmp_path)
     try:
-        yield Env(k8s_cluster, k8s_namespace, double, tmp_path)
+        yield env
     finally:
         double.stop()
+        clean_up(k8s_cluster, k8s_namespace, env.classes, env.egpus)
 
 
 @pytest.fixture

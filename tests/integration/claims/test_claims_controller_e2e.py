@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.controller import ControllerProcess, install_crds
+from egpu_testing.controller import ControllerProcess, clean_up, install_crds
 from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.workbench import ExtenderProcess
 from elastic_gpu.core import claims as core
@@ -97,6 +97,7 @@ def system(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path,
     finally:
         controller.stop()
         extender.stop()
+        clean_up(k8s_cluster, k8s_namespace)
 
 
 def test_immediate_claim_is_bound_to_cards_the_extender_chose(
