@@ -24,7 +24,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -75,6 +75,24 @@ def _finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+class _Overlay(Mapping[str, core.ElasticGPU]):
+    """`base` with one more ElasticGPU, without copying `base`."""
+
+    def __init__(self, extra: core.ElasticGPU, base: Mapping[str, core.ElasticGPU]) -> None:
+        self.extra = extra
+        self.base = base
+
+    def __getitem__(self, key: str) -> core.ElasticGPU:
+        return self.extra if key == self.extra.name else self.base[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield self.extra.name
+        yield from (k for k in self.base if k != self.extra.name)
+
+    def __len__(self) -> int:
+        return len(self.base) + (self.extra.name not in self.base)
+
+
 class Requeue(Exception):
     """Retry this key with backoff (not an error worth a stack trace)."""
 
@@ -121,11 +139,15 @@ class ClaimController:
         self.pods_by_claim: dict[str, set[str]] = {}
         #: claim keys last answered Unschedulable
         self.unschedulable: set[str] = set()
+        #: the caches' classes and ElasticGPUs decoded once per change (not per reconcile)
+        self.decoded_classes: dict[str, core.GPUClass] = {}
+        self.decoded_egpus: dict[str, core.ElasticGPU] = {}
         self.claims.add_handler(Handler(
             on_add=self._claim_changed, on_update=lambda _o, n: self._claim_changed(n),
             on_delete=self._claim_deleted))
         self.classes.add_handler(Handler(
-            on_add=self._class_changed, on_update=lambda _o, n: self._class_changed(n)))
+            on_add=self._class_changed, on_update=lambda _o, n: self._class_changed(n),
+            on_delete=self._class_deleted))
         self.egpus.add_handler(Handler(
             on_add=self._egpu_changed, on_update=lambda _o, n: self._egpu_changed(n),
             on_delete=self._egpu_deleted))
@@ -149,12 +171,29 @@ class ClaimController:
 
     def _class_changed(self, obj: Obj) -> None:
         name = (obj.get("metadata") or {}).get("name")
+        try:
+            self.decoded_classes[str(name)] = api.class_from_object(obj)
+        except api.ElasticGPUObjectError as err:
+            log.warning("ignoring %s", err)
+            self.decoded_classes.pop(str(name), None)
         for claim in self.claims.items():
             if (claim.get("spec") or {}).get("egpuClassName") == name and \
                     (claim.get("status") or {}).get("phase") != core.ClaimPhase.BOUND.value:
                 self.queue.add(CLAIM_KEY + object_key(claim))
 
+    def _class_deleted(self, obj: Obj) -> None:
+        self.decoded_classes.pop(object_key(obj), None)
+
     def _egpu_changed(self, obj: Obj) -> None:
+        key = object_key(obj)
+        try:
+            self.decoded_egpus[key] = api.elasticgpu_from_object(obj)
+        except api.ElasticGPUObjectError as err:
+            log.warning("ignoring %s", err)
+            self.decoded_egpus.pop(key, None)
+        self._egpu_touched(obj)
+
+    def _egpu_touched(self, obj: Obj) -> None:
         self.queue.add(EGPU_KEY + object_key(obj))
         ref = (obj.get("spec") or {}).get("claimRef") or {}
         if ref.get("namespace") and ref.get("name"):
@@ -165,7 +204,8 @@ class ClaimController:
                 self.queue.add(CLAIM_KEY + object_key(claim))
 
     def _egpu_deleted(self, obj: Obj) -> None:
-        self._egpu_changed(obj)
+        self.decoded_egpus.pop(object_key(obj), None)
+        self._egpu_touched(obj)
         self.capacity_freed()
 
     def _index_pod(self, pod: Obj, add: bool) -> None:
@@ -247,28 +287,6 @@ class ClaimController:
 
     # ------------------------------------------------------------------ reading the caches
 
-    def _classes(self) -> dict[str, core.GPUClass]:
-        out = {}
-        for obj in self.classes.items():
-            try:
-                cls = api.class_from_object(obj)
-            except api.ElasticGPUObjectError as err:
-                log.warning("ignoring %s", err)
-                continue
-            out[cls.name] = cls
-        return out
-
-    def _egpus(self) -> dict[str, core.ElasticGPU]:
-        out = {}
-        for obj in self.egpus.items():
-            try:
-                egpu = api.elasticgpu_from_object(obj)
-            except api.ElasticGPUObjectError as err:
-                log.warning("ignoring %s", err)
-                continue
-            out[egpu.name] = egpu
-        return out
-
     def _pods_of(self, key: str) -> list[Obj]:
         return [pod for p in sorted(self.pods_by_claim.get(key, ()))
                 if (pod := self.pods.get(p)) is not None]
@@ -289,12 +307,14 @@ class ClaimController:
         if claim.deleting:
             await self._finish_deletion(obj, claim, finalizers)
             return
-        if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+        egpus: Mapping[str, core.ElasticGPU] = self.decoded_egpus
+        decision = core.decide(claim, self.decoded_classes, egpus)
+        if core.CLAIM_PROTECTION_FINALIZER not in finalizers and \
+                not isinstance(decision, core.Bind | core.Provision):
+            # a claim about to be bound gets the finalizer with spec.elasticGPUName (one write)
             obj = await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
                 "metadata": {"finalizers": [*finalizers, core.CLAIM_PROTECTION_FINALIZER],
                              "resourceVersion": obj["metadata"]["resourceVersion"]}})
-        egpus = self._egpus()
-        decision = core.decide(claim, self._classes(), egpus)
         if isinstance(decision, core.Provision):
             decision, egpus = await self._provision(obj, claim, egpus)
         if isinstance(decision, core.Bind):
@@ -319,8 +339,8 @@ class ClaimController:
         if isinstance(decision, core.Provision):
             raise Requeue(f"claim {key}: provisioning not finished")
 
-    async def _provision(self, obj: Obj, claim: core.Claim, egpus: dict[str, core.ElasticGPU]
-                         ) -> tuple[core.Decision, dict[str, core.ElasticGPU]]:
+    async def _provision(self, obj: Obj, claim: core.Claim, egpus: Mapping[str, core.ElasticGPU]
+                         ) -> tuple[core.Decision, Mapping[str, core.ElasticGPU]]:
         """Ask the extender; return the decision that follows (Bind to what it made, Pending
         with its reason) and the ElasticGPUs including the new one."""
         try:
@@ -338,35 +358,49 @@ class ClaimController:
         if answer.result == "Provisioned":
             self.recorder.record(obj, NORMAL, "Provisioned",
                                  f"ElasticGPU {name} provisioned on node {answer.node}")
-        if name not in egpus:  # not in the cache yet: read it (binding now saves a round trip)
-            try:
-                egpus = {**egpus, name: api.elasticgpu_from_object(
-                    await self.client.get(EGPUS.path(name=name)))}
-            except NotFound:
-                raise Requeue(f"extender answered {answer.result} ({answer.decision}) but "
-                              f"ElasticGPU {name} does not exist yet") from None
-        return core.decide(claim, self._classes(), egpus), egpus
+        if name not in egpus:
+            if answer.result != "Provisioned" or not answer.node:
+                raise Requeue(f"extender answered {answer.result} ({answer.decision}); "
+                              f"ElasticGPU {name} not in the cache yet")
+            # created for this claim just now, pre-bound to it (contract 2): bind it at once
+            # instead of waiting for the watch (its cards are the extender's business)
+            made = core.ElasticGPU(name=name, capacity=dict(claim.requests), node=answer.node,
+                                   shares=(), claim_ref=core.ClaimRef.of(claim),
+                                   class_name=claim.class_name)
+            egpus = _Overlay(made, egpus)
+        return core.decide(claim, self.decoded_classes, egpus), egpus
 
     async def _bind(self, obj: Obj, claim: core.Claim, egpu: core.ElasticGPU) -> None:
         """ElasticGPU first (claimRef with the uid, phase Bound), then the claim's spec, then
         the claim's status: each write skipped when already done."""
-        egpu_obj = self.egpus.get(egpu.name) or await self.client.get(EGPUS.path(name=egpu.name))
+        egpu_obj = self.egpus.get(egpu.name)
         ref = core.ClaimRef.of(claim)
         if egpu.claim_ref != ref:
+            if egpu_obj is None:
+                egpu_obj = await self.client.get(EGPUS.path(name=egpu.name))
             egpu_obj = await self.client.patch(EGPUS.path(name=egpu.name), {
                 "metadata": {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]},
                 "spec": {"claimRef": {"namespace": ref.namespace, "name": ref.name,
                                       "uid": ref.uid}}})
-        if (egpu_obj.get("status") or {}).get("phase") != core.ElasticGPUPhase.BOUND.value:
-            egpu_obj = await self.client.patch(EGPUS.path(name=egpu.name, subresource="status"), {
-                "metadata": {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]},
-                "status": {"phase": core.ElasticGPUPhase.BOUND.value, "reason": "",
-                           "message": f"bound to claim {claim.key}"}})
+        if egpu_obj is None or \
+                (egpu_obj.get("status") or {}).get("phase") != core.ElasticGPUPhase.BOUND.value:
+            # no resourceVersion needed when the cache lacks it (just provisioned): its
+            # claimRef, already this claim's, can never point at another claim
+            patch: dict[str, Any] = {"status": {"phase": core.ElasticGPUPhase.BOUND.value,
+                                                "reason": "",
+                                                "message": f"bound to claim {claim.key}"}}
+            if egpu_obj is not None:
+                patch["metadata"] = {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]}
+            egpu_obj = await self.client.patch(EGPUS.path(name=egpu.name, subresource="status"),
+                                               patch)
             self.recorder.record(egpu_obj, NORMAL, "Bound", f"bound to claim {claim.key}")
-        if claim.elastic_gpu_name != egpu.name:
+        finalizers = list((obj.get("metadata") or {}).get("finalizers") or [])
+        if claim.elastic_gpu_name != egpu.name or core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+            meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+            if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+                meta["finalizers"] = [*finalizers, core.CLAIM_PROTECTION_FINALIZER]
             obj = await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
-                "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                "spec": {"elasticGPUName": egpu.name}})
+                "metadata": meta, "spec": {"elasticGPUName": egpu.name}})
         self.unschedulable.discard(claim.key)
         if await self._write_status(obj, core.Bind(egpu.name), egpu):
             self.recorder.record(obj, NORMAL, "Bound",

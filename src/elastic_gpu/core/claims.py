@@ -2,8 +2,8 @@
 
 ElasticGPUClass ~ StorageClass, ElasticGPUClaim ~ PersistentVolumeClaim, ElasticGPU ~
 PersistentVolume; the Kubernetes persistent-volume controller is the model (DESIGN.md 7.1).
-The controller (`elastic_gpu.controller.claims`, an adapter) feeds these functions what the API says and carries
-out what they return:
+The controller (`elastic_gpu.controller.claims`, an adapter) feeds these functions what the
+API says and carries out what they return:
 
 - `decide(claim, classes, egpus, consumer_node)` -> one of `InSync` (nothing to do), `Bind`
   (make claim and ElasticGPU point at each other: static binding to a named ElasticGPU, or
