@@ -38,7 +38,7 @@ from elastic_gpu.k8s import elasticgpu as api
 from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
-from elastic_gpu.kube.informer import Handler, Obj, object_key
+from elastic_gpu.kube.informer import Handler, Obj, object_key, resource_version
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ EGPUS = Resource(PREFIX, api.EGPU_PLURAL, False)
 
 CLAIM_KEY = "claim:"
 EGPU_KEY = "egpu:"
+#: how long a claim waits for the watch to show our own last write before reconciling anyway
+UNSEEN_WRITE_WAIT_S = 5.0
 #: after capacity may have freed, retry Unschedulable claims this soon (the extender's own
 #: watch must see the freeing first; further retries back off from the base delay)
 CAPACITY_RETRY_S = 0.2
@@ -139,6 +141,10 @@ class ClaimController:
         self.pods_by_claim: dict[str, set[str]] = {}
         #: claim keys last answered Unschedulable
         self.unschedulable: set[str] = set()
+        #: claim key -> (resourceVersion, deadline) of our last write the cache has not shown
+        #: yet: reconciling from the older cached copy would redo work (a second /provision)
+        #: and meet 409s, so the claim waits for its watch event (at most until the deadline)
+        self.unseen_writes: dict[str, tuple[str, float]] = {}
         #: the caches' classes and ElasticGPUs decoded once per change (not per reconcile)
         self.decoded_classes: dict[str, core.GPUClass] = {}
         self.decoded_egpus: dict[str, core.ElasticGPU] = {}
@@ -158,10 +164,15 @@ class ClaimController:
     # ------------------------------------------------------------------ event handlers
 
     def _claim_changed(self, obj: Obj) -> None:
-        self.queue.add(CLAIM_KEY + object_key(obj))
+        key = object_key(obj)
+        seen = self.unseen_writes.get(key)
+        if seen is not None and seen[0] == resource_version(obj):
+            del self.unseen_writes[key]  # the cache has caught up with our last write
+        self.queue.add(CLAIM_KEY + key)
 
     def _claim_deleted(self, obj: Obj) -> None:
         key = object_key(obj)
+        self.unseen_writes.pop(key, None)
         self.unschedulable.discard(key)
         ns, name = key.split("/", 1)
         for egpu in self.egpus.items():
@@ -293,11 +304,26 @@ class ClaimController:
 
     # ------------------------------------------------------------------ claims
 
+    def _wrote(self, key: str, obj: Obj) -> Obj:
+        """Remember the resourceVersion of a claim we just wrote until the cache shows it."""
+        version = resource_version(obj)
+        cached = self.claims.get(key)
+        if cached is None or resource_version(cached) != version:
+            self.unseen_writes[key] = (version, time.monotonic() + UNSEEN_WRITE_WAIT_S)
+        return obj
+
     async def reconcile_claim(self, key: str) -> None:
         obj = self.claims.get(key)
         if obj is None:
             self.unschedulable.discard(key)
             return
+        unseen = self.unseen_writes.get(key)
+        if unseen is not None:
+            wait = unseen[1] - time.monotonic()
+            if wait > 0:  # the cache is older than our last write: its watch event requeues
+                self.queue.add_after(CLAIM_KEY + key, wait)  # (or, if it never comes, this)
+                return
+            del self.unseen_writes[key]
         try:
             claim = api.claim_from_object(obj)
         except api.ElasticGPUObjectError as err:
@@ -312,9 +338,9 @@ class ClaimController:
         if core.CLAIM_PROTECTION_FINALIZER not in finalizers and \
                 not isinstance(decision, core.Bind | core.Provision):
             # a claim about to be bound gets the finalizer with spec.elasticGPUName (one write)
-            obj = await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
+            obj = self._wrote(key, await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
                 "metadata": {"finalizers": [*finalizers, core.CLAIM_PROTECTION_FINALIZER],
-                             "resourceVersion": obj["metadata"]["resourceVersion"]}})
+                             "resourceVersion": obj["metadata"]["resourceVersion"]}}))
         if isinstance(decision, core.Provision):
             decision, egpus = await self._provision(obj, claim, egpus)
         if isinstance(decision, core.Bind):
@@ -325,6 +351,16 @@ class ClaimController:
             self.unschedulable.add(key)
         else:
             self.unschedulable.discard(key)
+        if isinstance(decision, core.Lost) and \
+                decision.reason is core.LostReason.ELASTICGPU_MISSING and claim.elastic_gpu_name:
+            # Lost is final: never from a cache that may just not show the ElasticGPU yet
+            try:
+                await self.client.get(EGPUS.path(name=claim.elastic_gpu_name))
+            except NotFound:
+                pass
+            else:
+                raise Requeue(f"claim {key}: ElasticGPU {claim.elastic_gpu_name} exists but is "
+                              "not in the cache yet")
         egpu = egpus.get(decision.elastic_gpu) if isinstance(decision, core.InSync) else None
         changed = await self._write_status(obj, decision, egpu)
         if changed and isinstance(decision, core.Pending | core.Lost):
@@ -399,8 +435,9 @@ class ClaimController:
             meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
             if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
                 meta["finalizers"] = [*finalizers, core.CLAIM_PROTECTION_FINALIZER]
-            obj = await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
-                "metadata": meta, "spec": {"elasticGPUName": egpu.name}})
+            obj = self._wrote(claim.key, await self.client.patch(
+                CLAIMS.path(claim.namespace, claim.name),
+                {"metadata": meta, "spec": {"elasticGPUName": egpu.name}}))
         self.unschedulable.discard(claim.key)
         if await self._write_status(obj, core.Bind(egpu.name), egpu):
             self.recorder.record(obj, NORMAL, "Bound",
@@ -414,8 +451,9 @@ class ClaimController:
         if all(current.get(k) == v for k, v in status.items()):
             return False
         meta = obj["metadata"]
-        await self.client.patch(CLAIMS.path(meta["namespace"], meta["name"], "status"), {
-            "metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status})
+        self._wrote(f"{meta['namespace']}/{meta['name']}", await self.client.patch(
+            CLAIMS.path(meta["namespace"], meta["name"], "status"),
+            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}))
         return True
 
     async def _finish_deletion(self, obj: Obj, claim: core.Claim, finalizers: list[str]) -> None:
