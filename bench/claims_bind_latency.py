@@ -93,6 +93,17 @@ async def run(kubeconfig: Path, claims: int, rate: float, core: int, timeout_s: 
         "mean": statistics.fmean(latencies) if latencies else float("nan"),
         "per_s": len(bound) / (max(bound.values()) - started) if bound else 0.0,
     }
+    # free the cards before the next run: claims deleted, then their ElasticGPUs (reclaim
+    # Delete) gone, then the namespace
+    for name in sent:
+        with contextlib.suppress(Exception):
+            await client.delete(f"{PREFIX}/namespaces/{ns}/elasticgpuclaims/{name}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        items, _ = await client.list(f"{PREFIX}/elasticgpus")
+        if not any((e["spec"].get("claimRef") or {}).get("namespace") == ns for e in items):
+            break
+        await asyncio.sleep(0.5)
     await client.delete(f"/api/v1/namespaces/{ns}")
     await client.delete(f"{PREFIX}/elasticgpuclasses/{cls}")
     await client.close()

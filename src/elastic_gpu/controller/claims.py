@@ -429,7 +429,10 @@ class ClaimController:
                 patch["metadata"] = {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]}
             egpu_obj = await self.client.patch(EGPUS.path(name=egpu.name, subresource="status"),
                                                patch)
-            self.recorder.record(egpu_obj, NORMAL, "Bound", f"bound to claim {claim.key}")
+            if egpu.name != core.provisioned_name(claim):
+                # a static binding is news on the ElasticGPU; a provisioned one was made bound
+                # (the claim's Provisioned and Bound events tell it, one Event write less)
+                self.recorder.record(egpu_obj, NORMAL, "Bound", f"bound to claim {claim.key}")
         finalizers = list((obj.get("metadata") or {}).get("finalizers") or [])
         if claim.elastic_gpu_name != egpu.name or core.CLAIM_PROTECTION_FINALIZER not in finalizers:
             meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
