@@ -368,7 +368,10 @@ class ClaimController:
             if isinstance(decision, core.Pending) and \
                     decision.reason is core.PendingReason.UNSCHEDULABLE:
                 reason = "ProvisioningFailed"
-            self.recorder.record(obj, WARNING, reason, decision.message)
+            waiting = isinstance(decision, core.Pending) and \
+                decision.reason is core.PendingReason.WAIT_FOR_FIRST_CONSUMER
+            # waiting for a consumer is the normal course of a WaitForFirstConsumer claim
+            self.recorder.record(obj, NORMAL if waiting else WARNING, reason, decision.message)
         if isinstance(decision, core.Pending) and \
                 decision.reason is core.PendingReason.UNSCHEDULABLE:
             raise Requeue(f"claim {key} unschedulable: {decision.message}")

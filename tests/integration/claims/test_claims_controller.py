@@ -212,6 +212,31 @@ def test_pending_reasons_are_conditions_and_events(running: Env) -> None:
     assert {"Provisioned", "Bound"} <= env.reasons(no_class)
 
 
+def test_wait_for_first_consumer_binds_what_the_extender_provisions_at_bind(running: Env) -> None:
+    env = running
+    name = new_claim(env, cls=new_class(env, mode="WaitForFirstConsumer"))
+    cond = wait_for("WaitForFirstConsumer", lambda: (c := bound_condition(env.claim(name)))
+                    .get("reason") == "WaitForFirstConsumer" and c)
+    assert cond["status"] == "False" and phase(env.claim(name)) == "Pending"
+    wait_for("a Normal event", lambda: any(e["reason"] == "WaitForFirstConsumer" and
+                                           e["type"] == "Normal" for e in env.events(name)))
+    assert env.double.calls == 0  # nothing provisioned before a consumer is placed
+    # the extender provisions at the first consumer's bind: egpu-<uid>, pre-bound to the claim
+    claim = env.claim(name)
+    assert claim is not None
+    uid = claim["metadata"]["uid"]
+    env.create({"apiVersion": api.API_VERSION, "kind": api.EGPU_KIND,
+                "metadata": {"name": f"egpu-{uid}"},
+                "spec": {"capacity": SHARE, "node": "node-w", "reclaimPolicy": "Delete",
+                         "cards": [{"index": 1, "uuid": "GPU-w-1", "milli": 100, "memoryMiB": 4}],
+                         "claimRef": {"namespace": env.ns, "name": name, "uid": uid}}},
+               namespaced=False)
+    claim = wait_phase(env, name, "Bound")
+    assert claim["status"]["node"] == "node-w"
+    assert claim["spec"]["elasticGPUName"] == f"egpu-{uid}"
+    assert phase(env.egpu(f"egpu-{uid}")) == "Bound"
+
+
 def test_reclaim_retain_keeps_the_elasticgpu_released_and_delete_deletes_it(running: Env) -> None:
     env = running
     retain = new_claim(env, cls=new_class(env, reclaim="Retain"))
