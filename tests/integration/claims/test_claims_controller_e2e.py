@@ -142,3 +142,60 @@ def test_too_large_claim_is_pending_then_bound_when_capacity_frees(
     wait_for("Bound once the first claim's ElasticGPU is deleted",
              lambda: cluster.phase(late) == "Bound", timeout_s=30)
     cluster.plane.kubectl("delete", "egpuclass", cls)
+
+
+def test_two_replicas_with_the_real_extender_hand_over_without_double_provisioning(
+        k8s_cluster: Any, k8s_namespace: str, tmp_path: Path,
+        fake_gpu_nodes: Callable[..., list[str]]) -> None:
+    """Must-show 4 with the real /provision: the leader SIGKILLed while claims are created; the
+    follower takes over within the lease duration; one ElasticGPU per claim, no card held twice."""
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    install_crds(k8s_cluster)
+    ensure_crd(k8s_cluster.client())
+    nodes = fake_gpu_nodes(2, gpus=4)
+    ext_port, a_port, b_port = free_ports(3)
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, ext_port, tmp_path / "extender.log")
+    extender.start()
+    lease = (4.0, 3.0, 0.5)
+    a, b = (ControllerProcess(k8s_cluster.kubeconfig, port, tmp_path / f"{who}.log",
+                              extender_url=extender.url, identity=who,
+                              lease_namespace=k8s_namespace, lease=lease)
+            for who, port in (("a", a_port), ("b", b_port)))
+    cluster = Cluster(k8s_cluster, k8s_namespace)
+    cls = unique_name("share")
+    try:
+        wait_extender_knows(extender.url, nodes, 4)
+        a.start()
+        wait_for("a leads", a.leading)
+        b.start()
+        cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
+                       "metadata": {"name": cls}, "provisioner": core.GPUSHARE,
+                       "reclaimPolicy": "Delete"}, namespaced=False)
+        requests = {"gpushare.provisioner.elasticgpu.io/gpu-core": 10,
+                    "gpushare.provisioner.elasticgpu.io/gpu-memory": 4}
+        names = [cluster.claim(f"c{i:02d}", requests, cls) for i in range(20)]
+        a.kill()
+        killed = time.monotonic()
+        names += [cluster.claim(f"c{i:02d}", requests, cls) for i in range(20, 40)]
+        wait_for("b leads", b.leading, timeout_s=20)
+        assert time.monotonic() - killed <= lease[0] + lease[2] * 1.2 + 2.0
+        wait_for("all Bound", lambda: all(cluster.phase(n) == "Bound" for n in names))
+        listed = json.loads(k8s_cluster.kubectl("get", "egpu", "-o", "json").stdout)["items"]
+        mine = [e for e in listed
+                if (e["spec"].get("claimRef") or {}).get("namespace") == k8s_namespace]
+        per_claim: dict[str, int] = {}
+        held: dict[tuple[str, int], int] = {}
+        for egpu in mine:
+            uid = egpu["spec"]["claimRef"]["uid"]
+            per_claim[uid] = per_claim.get(uid, 0) + 1
+            for card in egpu["spec"]["cards"]:
+                key = (egpu["spec"]["node"], card["index"])
+                held[key] = held.get(key, 0) + card["milli"]
+        assert len(per_claim) == 40 and set(per_claim.values()) == {1}
+        assert max(held.values()) <= 1000  # no card over capacity
+    finally:
+        a.stop()
+        b.stop()
+        extender.stop()
+        clean_up(k8s_cluster, k8s_namespace, classes=[cls])
