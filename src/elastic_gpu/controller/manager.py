@@ -186,14 +186,22 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
                 acquire.cancel()
                 return 0
             metrics.leader.set(1)
-            started = time.monotonic()
-            await informers.wait_synced()
-            log.info("caches synced in %.2f s; reconciling", time.monotonic() - started)
-            health.running = True
-            tasks = [asyncio.create_task(c.run(options.workers), name=c.name) for c in controllers]
+            # renew from the start: a slow cache sync must not let the Lease expire under us
             renew = asyncio.create_task(elector.keep_renewing())
-            done, _ = await asyncio.wait({stopper, renew, *tasks},
-                                         return_when=asyncio.FIRST_COMPLETED)
+            started = time.monotonic()
+            synced = asyncio.create_task(informers.wait_synced())
+            await asyncio.wait({stopper, renew, synced}, return_when=asyncio.FIRST_COMPLETED)
+            tasks: list[asyncio.Task[None]] = []
+            if synced.done():
+                log.info("caches synced in %.2f s; reconciling", time.monotonic() - started)
+                health.running = True
+                tasks = [asyncio.create_task(c.run(options.workers), name=c.name)
+                         for c in controllers]
+                done, _ = await asyncio.wait({stopper, renew, *tasks},
+                                             return_when=asyncio.FIRST_COMPLETED)
+            else:
+                synced.cancel()
+                done = {t for t in (stopper, renew) if t.done()}
             health.running = False
             for task in tasks:
                 task.cancel()
