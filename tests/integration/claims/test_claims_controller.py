@@ -441,3 +441,30 @@ def test_the_deployed_rbac_is_enough(env: Env) -> None:
         assert "Forbidden" not in ctl.log_path.read_text()
     finally:
         ctl.stop()
+
+
+def test_a_gpu_pod_ending_retries_unschedulable_claims_at_once(env: Env) -> None:
+    """Capacity may free when a pod holding GPUs is deleted: Unschedulable claims are retried
+    then, not at their next backoff (30 s here)."""
+    from elastic_gpu.core import annotations as ann
+
+    env.double.slots = 0
+    ctl = env.controller(extra=("--backoff-base", "30", "--backoff-max", "60"))
+    ctl.start()
+    try:
+        wait_for("lead", ctl.leading)
+        pod = unique_name("gpu-pod")
+        env.create({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod, "annotations": {ann.ASSIGNMENT: "{}"}},
+                    "spec": {"schedulerName": "nobody",
+                             "containers": [{"name": "main", "image": "busybox"}]}})
+        late = new_claim(env, cls=new_class(env))
+        wait_for("Unschedulable", lambda: bound_condition(env.claim(late)).get("reason")
+                 == "Unschedulable")
+        time.sleep(1.0)
+        calls = env.double.calls
+        env.kubectl("delete", "pod", pod, "-n", env.ns, "--grace-period=0", "--force")
+        wait_for("a retry right after the GPU pod is gone", lambda: env.double.calls > calls,
+                 timeout_s=10)
+    finally:
+        ctl.stop()
