@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from elastic_gpu import __version__
-from elastic_gpu.cli import agent, sandbox, scheduler, simulate, webhook
+from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, webhook
 
 app = typer.Typer(
     name="egpu",
@@ -22,6 +22,7 @@ app.add_typer(sandbox.app, name="sandbox")
 app.command("scheduler")(scheduler.scheduler)
 app.command("agent")(agent.agent)
 app.command("webhook")(webhook.webhook)
+app.command("controller")(controller.controller)
 
 
 @app.command("version")

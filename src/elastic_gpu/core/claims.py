@@ -2,8 +2,8 @@
 
 ElasticGPUClass ~ StorageClass, ElasticGPUClaim ~ PersistentVolumeClaim, ElasticGPU ~
 PersistentVolume; the Kubernetes persistent-volume controller is the model (DESIGN.md 7.1).
-The controller (an adapter, not built yet) feeds these functions what the API says and carries
-out what they return:
+The controller (`elastic_gpu.controller.claims`, an adapter) feeds these functions what the
+API says and carries out what they return:
 
 - `decide(claim, classes, egpus, consumer_node)` -> one of `InSync` (nothing to do), `Bind`
   (make claim and ElasticGPU point at each other: static binding to a named ElasticGPU, or
@@ -400,7 +400,8 @@ def decide(claim: Claim, classes: Mapping[str, GPUClass], egpus: Mapping[str, El
 
 
 def _decide_named(claim: Claim, named: str, egpu: ElasticGPU | None) -> Decision:
-    bound = claim.phase is ClaimPhase.BOUND
+    # Lost is final, as a PVC's: a Lost claim stays Lost rather than waiting for a new one
+    bound = claim.phase in (ClaimPhase.BOUND, ClaimPhase.LOST)
     if egpu is None:
         if bound:
             return Lost(LostReason.ELASTICGPU_MISSING, f"ElasticGPU {named} of claim {claim.key} "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ class ComponentEnv:
     port: int
     #: The Python interpreter `egpu` runs under.
     python: str
+    #: The endpoints of the components started before it (name -> URL), e.g. the extender's.
+    endpoints: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,10 +161,23 @@ WEBHOOK = ComponentSpec(
     name="egpu-webhook", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
     argv=_webhook_argv, ready_path="/readyz", scheme="https")
 
+def _controller_argv(env: ComponentEnv) -> list[str]:
+    return [env.python, "-m", "elastic_gpu.cli.main", "controller",
+            "--kubeconfig", str(env.kubeconfig), "--metrics-host", HOST,
+            "--metrics-port", str(env.port),
+            "--extender-url", env.endpoints.get(EXTENDER.name, f"http://{HOST}:8888")]
+
+
+#: The controllers (`egpu controller`: claims binding and provisioning through the extender's
+#: /provision), started after the extender; ready once it leads with its caches synced.
+CONTROLLER = ComponentSpec(
+    name="egpu-controller", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+    argv=_controller_argv, ready_path="/readyz")
+
 #: kwok nodes have no agent to keep their cards' allocation columns current.
 ALLOCATION_SYNC = ComponentSpec(
     name="allocation-sync", role=Role.NODE, stage=Stage.AFTER_NODES,
     argv=_allocation_sync_argv)
 
 #: Every component `egpu sandbox up` runs beside Kubernetes, in start order within a stage.
-REGISTRY: tuple[ComponentSpec, ...] = (EXTENDER, WEBHOOK, ALLOCATION_SYNC)
+REGISTRY: tuple[ComponentSpec, ...] = (EXTENDER, WEBHOOK, CONTROLLER, ALLOCATION_SYNC)

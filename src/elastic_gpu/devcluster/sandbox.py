@@ -193,7 +193,9 @@ def _spawn_component(sandbox: Sandbox, spec: ComponentSpec) -> ProcessHandle:
         "port": port, "endpoint": endpoint,
         "health": endpoint + spec.ready_path if endpoint and spec.ready_path else None}
     env = ComponentEnv(kubeconfig=sandbox.plane.kubeconfig, work_dir=sandbox.plane.work_dir,
-                       port=port, python=sys.executable)
+                       port=port, python=sys.executable,
+                       endpoints={name: str(c["endpoint"]) for name, c in sandbox.components.items()
+                                  if c.get("endpoint")})
     return sandbox.plane.start_process(spec.name, spec.argv(env))
 
 

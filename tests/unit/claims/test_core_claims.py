@@ -254,9 +254,12 @@ def test_a_provisioned_elasticgpu_is_bound_not_provisioned_again() -> None:
     (egpu(ref=core.ClaimRef("ns", "thief", "u9"), phase=core.ElasticGPUPhase.BOUND),
      core.LostReason.ELASTICGPU_BOUND_ELSEWHERE),
 ])
+@pytest.mark.parametrize("phase", [core.ClaimPhase.BOUND, core.ClaimPhase.LOST])
 def test_a_bound_claim_whose_elasticgpu_is_gone_is_lost(target: core.ElasticGPU | None,
-                                                        reason: core.LostReason) -> None:
-    c = claim(egpu="pre", phase=core.ClaimPhase.BOUND)
+                                                        reason: core.LostReason,
+                                                        phase: core.ClaimPhase) -> None:
+    """Lost is final: a claim already Lost stays Lost (not Pending waiting for a new one)."""
+    c = claim(egpu="pre", phase=phase)
     decision = core.decide(c, CLASSES, {"pre": target} if target else {})
     assert isinstance(decision, core.Lost) and decision.reason is reason
 

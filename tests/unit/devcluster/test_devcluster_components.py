@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_bare_leaves_out_the_elastic_gpu_components_only():
     names = [spec.name for spec in select(components.REGISTRY, bare=False)]
-    assert names == ["egpu-scheduler", "egpu-webhook", "allocation-sync"]
+    assert names == ["egpu-scheduler", "egpu-webhook", "egpu-controller", "allocation-sync"]
     # The fake nodes' allocation sync stands in for their agents: it stays in a bare sandbox.
     assert [spec.name for spec in select(components.REGISTRY, bare=True)] == ["allocation-sync"]
 
@@ -46,6 +46,17 @@ def test_a_component_joins_by_one_registry_entry_and_names_stay_unique(tmp_path)
     assert components.endpoint(components.ALLOCATION_SYNC, 0) is None
     with pytest.raises(ValueError, match="egpu-other"):
         select((*registry, webhook), bare=False)
+
+
+def test_controller_calls_the_extender_started_before_it(tmp_path):
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=4322, python="py",
+                       endpoints={"egpu-scheduler": "http://127.0.0.1:5555"})
+    argv = components.CONTROLLER.argv(env)
+    assert argv[:4] == ["py", "-m", "elastic_gpu.cli.main", "controller"]
+    assert argv[argv.index("--extender-url") + 1] == "http://127.0.0.1:5555"
+    assert argv[argv.index("--metrics-port") + 1] == "4322"
+    names = [spec.name for spec in components.REGISTRY]
+    assert names.index("egpu-controller") > names.index("egpu-scheduler")
 
 
 def test_extender_argv_serves_on_its_port_with_the_sandbox_kubeconfig(tmp_path):

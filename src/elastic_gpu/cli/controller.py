@@ -1,0 +1,92 @@
+"""`egpu controller`: every controller of the project in one leader-elected process."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def controller(
+    kubeconfig: Annotated[Path | None, typer.Option(
+        help="kubeconfig file; without it, the in-cluster service account")] = None,
+    extender_url: Annotated[str, typer.Option(
+        help="the extender (`egpu scheduler`) whose POST /provision chooses the cards of "
+             "Immediate claims")] = "http://127.0.0.1:8888",
+    extender_ca: Annotated[Path | None, typer.Option(
+        help="verify the extender's HTTPS certificate with this CA")] = None,
+    extender_client_cert: Annotated[Path | None, typer.Option(
+        help="client certificate presented to the extender (its --tls-client-ca)")] = None,
+    extender_client_key: Annotated[Path | None, typer.Option(
+        help="private key of --extender-client-cert")] = None,
+    lease_namespace: Annotated[str, typer.Option(
+        envvar="POD_NAMESPACE", help="namespace of the leader-election Lease")] = "kube-system",
+    lease_name: Annotated[str, typer.Option(help="name of the Lease")] = "egpu-controller",
+    identity: Annotated[str | None, typer.Option(
+        help="this replica's holder identity (default hostname_pid)")] = None,
+    lease_duration: Annotated[float, typer.Option(
+        min=1, help="seconds a Lease not renewed stays valid for the others")] = 15.0,
+    renew_deadline: Annotated[float, typer.Option(
+        min=0.1, help="seconds the leader retries renewing before it gives up (and exits)")
+    ] = 10.0,
+    retry_period: Annotated[float, typer.Option(
+        min=0.05, help="seconds between acquire / renew attempts")] = 2.0,
+    metrics_host: Annotated[str, typer.Option(
+        help="address of /metrics, /healthz, /readyz")] = "127.0.0.1",
+    metrics_port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    workers: Annotated[int, typer.Option(min=1, max=256,
+                                         help="concurrent reconciles per controller")] = 4,
+    backoff_base: Annotated[float, typer.Option(
+        min=0.001, help="first retry delay of a failed key, seconds (doubles each time)")
+    ] = 0.005,
+    backoff_max: Annotated[float, typer.Option(min=0.001, help="longest retry delay, seconds")
+                           ] = 10.0,
+    only: Annotated[list[str] | None, typer.Option(
+        help="run only these controllers (repeatable; default: all)")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Run the controllers (claims: binding, provisioning, reclaim, claim protection),
+    leader-elected on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release
+    the Lease; losing it exits with code 1."""
+    from elastic_gpu.controller.manager import ManagerOptions, default_identity, serve
+    from elastic_gpu.controller.provisioning import TLSOptions
+    from elastic_gpu.controller.registry import CONTROLLERS
+    from elastic_gpu.k8s.client import ClientConfigError
+    from elastic_gpu.kube.leaderelection import LeaseConfig
+    from elastic_gpu.scheduler import eventloop
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if (extender_client_cert is None) != (extender_client_key is None):
+        typer.echo("error: --extender-client-cert and --extender-client-key go together", err=True)
+        raise typer.Exit(2)
+    if backoff_max < backoff_base:
+        typer.echo("error: --backoff-max must be >= --backoff-base", err=True)
+        raise typer.Exit(2)
+    unknown = sorted(set(only or []) - set(CONTROLLERS))
+    if unknown:
+        typer.echo(f"error: --only {unknown}: known controllers are {sorted(CONTROLLERS)}",
+                   err=True)
+        raise typer.Exit(2)
+    try:
+        lease = LeaseConfig(lease_namespace, lease_name, identity or default_identity(),
+                            lease_duration, renew_deadline, retry_period)
+        tls = TLSOptions(extender_ca, extender_client_cert, extender_client_key)
+        tls.context()  # unreadable files fail here, with their reason
+    except (ValueError, OSError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    options = ManagerOptions(
+        kubeconfig=kubeconfig, lease=lease, extender_url=extender_url, extender_tls=tls,
+        metrics_host=metrics_host, metrics_port=metrics_port, workers=workers,
+        backoff=(backoff_base, backoff_max), controllers=tuple(only or ()))
+    try:
+        code = eventloop.run(serve(options, CONTROLLERS))
+    except ClientConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)

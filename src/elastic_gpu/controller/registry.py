@@ -1,0 +1,13 @@
+"""Every controller `egpu controller` runs: a controller joins by one entry (name -> factory).
+
+The MIG adapter and the budget keeper join here the same way as the claims controller.
+"""
+
+from __future__ import annotations
+
+from elastic_gpu.controller.claims import ClaimController
+from elastic_gpu.controller.manager import ControllerFactory
+
+CONTROLLERS: dict[str, ControllerFactory] = {
+    ClaimController.name: ClaimController,
+}

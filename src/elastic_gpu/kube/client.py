@@ -1,0 +1,110 @@
+"""JSON verbs over `k8s.rest.RestClient` that raise the typed errors of `kube.errors`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from elastic_gpu.k8s.rest import ApiStatusError, RestClient
+from elastic_gpu.kube.errors import translate
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A resource's collection path: `/api/v1` or `/apis/<group>/<version>`, its plural, and
+    whether it is namespaced."""
+
+    prefix: str
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        parts = [self.prefix]
+        if self.namespaced and namespace is not None:
+            parts += ["namespaces", namespace]
+        parts.append(self.plural)
+        if name is not None:
+            parts.append(name)
+            if subresource is not None:
+                parts.append(subresource)
+        return "/".join(parts)
+
+
+PODS = Resource("/api/v1", "pods", True)
+EVENTS = Resource("/api/v1", "events", True)
+LEASES = Resource("/apis/coordination.k8s.io/v1", "leases", True)
+
+
+class KubeClient:
+    """get / list / watch / create / update / patch / delete, objects as plain dicts."""
+
+    def __init__(self, rest: RestClient) -> None:
+        self.rest = rest
+
+    @classmethod
+    def from_config(cls, kubeconfig: Path | None, **kwargs: Any) -> KubeClient:
+        return cls(RestClient.from_config(kubeconfig, **kwargs))
+
+    async def _call(self, method: str, path: str, body: Any = None,
+                    params: Mapping[str, str] | None = None,
+                    content_type: str = "application/json") -> dict[str, Any]:
+        data = msgspec.json.encode(body) if body is not None else None
+        try:
+            raw = await self.rest.request(method, path, body=data, params=params,
+                                          content_type=content_type)
+        except ApiStatusError as err:
+            raise translate(err) from None
+        decoded: Any = msgspec.json.decode(raw) if raw else {}
+        return decoded if isinstance(decoded, dict) else {}
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return await self._call("GET", path)
+
+    async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", path, obj)
+
+    async def update(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT: the object's metadata.resourceVersion, if set, is a precondition (409)."""
+        return await self._call("PUT", path, obj)
+
+    async def patch(self, path: str, patch: Any, content_type: str = MERGE_PATCH
+                    ) -> dict[str, Any]:
+        return await self._call("PATCH", path, patch, content_type=content_type)
+
+    async def delete(self, path: str, *, uid: str | None = None,
+                     resource_version: str | None = None) -> dict[str, Any]:
+        """DELETE with optional uid / resourceVersion preconditions (409 when they fail)."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version))
+                         if v}
+        if preconditions:
+            options["preconditions"] = preconditions
+        return await self._call("DELETE", path, options)
+
+    async def list(self, path: str, params: Mapping[str, str] | None = None
+                   ) -> tuple[list[dict[str, Any]], str]:
+        try:
+            return await self.rest.list(path, params)
+        except ApiStatusError as err:
+            raise translate(err) from None
+
+    async def watch(self, path: str, resource_version: str,
+                    params: Mapping[str, str] | None = None, timeout_s: int = 300
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) events, BOOKMARK included; ERROR events raised as ApiError."""
+        try:
+            async for event in self.rest.watch(path, resource_version, params, timeout_s):
+                yield event
+        except ApiStatusError as err:
+            raise translate(err) from None
+
+    async def close(self) -> None:
+        await self.rest.close()

@@ -1,0 +1,196 @@
+"""Leader election on a `coordination.k8s.io/v1` Lease, as client-go's leaderelection does it.
+
+- Acquire: create the Lease, or take it over when its holder is empty or has not renewed for
+  `lease_duration_s` *as observed by us* (the time we last saw its record change, on our own
+  monotonic clock: no trust in the other holder's wall clock); the write carries the Lease's
+  resourceVersion, so of two candidates racing for an expired Lease exactly one wins (the
+  other gets 409 Conflict).
+- Renew every `retry_period_s`; a leader that has not renewed successfully for
+  `renew_deadline_s` has lost leadership (`LeadershipLost`). The caller must stop acting at
+  once: the controller process exits non-zero and comes back as a follower.
+- Release on a clean shutdown: the Lease's holder is emptied, so a successor takes over at its
+  next retry instead of waiting for the lease to expire.
+
+Defaults are client-go's: 15 s lease, 10 s renew deadline, 2 s retry period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_gpu.kube.client import LEASES, KubeClient
+from elastic_gpu.kube.errors import AlreadyExists, ApiError, NotFound
+
+log = logging.getLogger(__name__)
+
+#: client-go's JitterFactor: retries wait retry_period * [1, 1.2)
+JITTER = 1.2
+
+
+class LeadershipLost(RuntimeError):
+    """The Lease was not renewed within the renew deadline (or another holder took it)."""
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    namespace: str
+    name: str
+    identity: str
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            raise ValueError("leader election: identity must not be empty")
+        if not self.lease_duration_s > self.renew_deadline_s:
+            raise ValueError(f"leader election: lease duration {self.lease_duration_s} s must "
+                             f"exceed the renew deadline {self.renew_deadline_s} s")
+        if not self.renew_deadline_s > JITTER * self.retry_period_s:
+            raise ValueError(f"leader election: renew deadline {self.renew_deadline_s} s must "
+                             f"exceed {JITTER} x the retry period {self.retry_period_s} s")
+        if self.retry_period_s <= 0:
+            raise ValueError("leader election: retry period must be > 0")
+
+
+def micro_time(at: dt.datetime | None = None) -> str:
+    """A metav1.MicroTime (RFC 3339 with microseconds, UTC)."""
+    return (at or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(self, client: KubeClient, config: LeaseConfig) -> None:
+        self.client = client
+        self.config = config
+        self.is_leader = False
+        self.transitions_seen = 0
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+        self._last_renew = 0.0
+        self._lease: dict[str, Any] | None = None
+
+    @property
+    def path(self) -> str:
+        return LEASES.path(self.config.namespace, self.config.name)
+
+    def _spec(self, old: dict[str, Any] | None, now: str) -> dict[str, Any]:
+        spec = dict(old or {})
+        holder = spec.get("holderIdentity")
+        if holder != self.config.identity:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if old else 0)
+        spec["holderIdentity"] = self.config.identity
+        spec["leaseDurationSeconds"] = max(1, round(self.config.lease_duration_s))
+        spec["renewTime"] = now
+        return spec
+
+    def _observe(self, lease: dict[str, Any]) -> None:
+        spec = lease.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"),
+                  spec.get("leaseDurationSeconds"))
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = time.monotonic()
+        self._lease = lease
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when we hold the Lease afterwards."""
+        now = micro_time()
+        try:
+            lease = await self.client.get(self.path)
+        except NotFound:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.config.name, "namespace": self.config.namespace},
+                    "spec": self._spec(None, now)}
+            try:
+                created = await self.client.create(LEASES.path(self.config.namespace), body)
+            except AlreadyExists:
+                return False
+            self._observe(created)
+            return True
+        self._observe(lease)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration_s)
+        if holder and holder != self.config.identity and \
+                time.monotonic() < self._observed_at + duration:
+            return False  # held by another, not expired
+        updated = dict(lease)
+        updated["spec"] = self._spec(spec if holder else {**spec, "holderIdentity": None}, now)
+        if holder and holder != self.config.identity:
+            log.info("taking over Lease %s/%s from %s (not renewed for %.0f s)",
+                     self.config.namespace, self.config.name, holder, duration)
+        try:
+            written = await self.client.update(self.path, updated)  # resourceVersion precondition
+        except ApiError as err:
+            log.debug("lease update failed: %s", err)
+            return False
+        self._observe(written)
+        return True
+
+    async def acquire(self) -> None:
+        """Return once we lead (retrying every retry period, jittered)."""
+        while True:
+            try:
+                if await self.try_acquire_or_renew():
+                    self.is_leader = True
+                    self._last_renew = time.monotonic()
+                    spec = (self._lease or {}).get("spec") or {}
+                    self.transitions_seen = int(spec.get("leaseTransitions") or 0)
+                    log.info("%s leads (Lease %s/%s)", self.config.identity,
+                             self.config.namespace, self.config.name)
+                    return
+            except ApiError as err:
+                log.warning("leader election: %s", err)
+            await asyncio.sleep(self.config.retry_period_s * random.uniform(1, JITTER))
+
+    async def keep_renewing(self) -> None:
+        """Renew every retry period; raises LeadershipLost once a renewal has not succeeded
+        for the renew deadline (or the Lease was taken). Runs until cancelled otherwise."""
+        while True:
+            await asyncio.sleep(self.config.retry_period_s)
+            left = self._last_renew + self.config.renew_deadline_s - time.monotonic()
+            try:
+                ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=max(0.01, left))
+            except (TimeoutError, ApiError) as err:
+                log.warning("leader election: renewal failed: %s", err or "timed out")
+                ok = False
+            if ok:
+                self._last_renew = time.monotonic()
+                continue
+            spec = (self._lease or {}).get("spec") or {}
+            holder = spec.get("holderIdentity")
+            if holder and holder != self.config.identity:
+                self.is_leader = False
+                raise LeadershipLost(f"Lease {self.config.namespace}/{self.config.name} is now "
+                                     f"held by {holder}")
+            if time.monotonic() - self._last_renew >= self.config.renew_deadline_s:
+                self.is_leader = False
+                raise LeadershipLost(f"Lease {self.config.namespace}/{self.config.name} not "
+                                     f"renewed for {self.config.renew_deadline_s:.0f} s")
+
+    async def release(self) -> bool:
+        """Give the Lease up (holder emptied) if we hold it; True if released."""
+        if not self.is_leader:
+            return False
+        self.is_leader = False
+        try:
+            lease = await self.client.get(self.path)
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.config.identity:
+                return False
+            lease["spec"] = {**spec, "holderIdentity": None, "leaseDurationSeconds": 1,
+                             "renewTime": micro_time()}
+            await self.client.update(self.path, lease)
+        except ApiError as err:
+            log.warning("leader election: could not release the Lease: %s", err)
+            return False
+        log.info("%s released Lease %s/%s", self.config.identity, self.config.namespace,
+                 self.config.name)
+        return True
