@@ -26,7 +26,7 @@ from elastic_gpu.devcluster.nodes import fake_inventory
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
 from elastic_gpu.k8s import elasticgpu as api
-from integration.claims.test_claims_api import install_crds
+from egpu_testing.claims import install_crds
 
 pytestmark = pytest.mark.integration
 
