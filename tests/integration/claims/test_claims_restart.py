@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.claims import install_crds
 from egpu_testing.claims_burst import check_claims, claim_manifests, consumer_pod, register_kinds
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.scenario import create_pods, list_pods
@@ -26,7 +27,6 @@ from elastic_gpu.devcluster.nodes import fake_inventory
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
 from elastic_gpu.k8s import elasticgpu as api
-from egpu_testing.claims import install_crds
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +44,9 @@ def system(k8s_cluster: Any, tmp_path: Path) -> Iterator[tuple[ExtenderProcess, 
     (port, metrics) = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()
-    controller = ControllerProcess(k8s_cluster.kubeconfig, extender.url, metrics,
-                                   tmp_path / "controller.log")
+    controller = ControllerProcess(k8s_cluster.kubeconfig, metrics, tmp_path / "controller.log",
+                                   extender_url=extender.url, identity=unique_name("ctl"),
+                                   lease_name=unique_name("claims-restart"))
     controller.start()
     yield extender, controller
     controller.stop()
