@@ -116,6 +116,7 @@ def test_sigkill_controller_and_extender_in_the_middle_of_500_claims(
              if (e.get("spec") or {}).get("node") in ours]
     pods = list_pods(client, k8s_namespace)
     report = check_claims(claims_now, egpus, pods, nodes)
+    print(f"killed at {killed_at[0] if killed_at else None} Bound; {report.summary()}")
     logs = f"\n{extender.log_tail()}\n{controller.log_tail()}"
     assert len(claims_now) == CLAIMS and len(pods) == CLAIMS, report.summary()
     assert killed_at and killed_at[0] < report.bound, (killed_at, report.summary())
