@@ -184,25 +184,6 @@ class ProvisionDouble:
         return {"result": "Provisioned", "elasticGPU": egpu.name, "node": self.node}
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def install_crds(k8s_cluster: Any) -> None:
-    """Apply deploy/crds' three Elastic GPU API CRDs and wait until they are served."""
-    import time
-
-    for filename in api.CRD_FILES.values():
-        k8s_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds" / filename))
-    for plural in api.CRD_FILES:
-        k8s_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                            f"crd/{plural}.{api.GROUP}")
-    deadline = time.monotonic() + 30
-    for short in (api.CLASS_SHORT, api.CLAIM_SHORT, api.EGPU_SHORT):
-        while k8s_cluster.kubectl("get", short, "-A", check=False).returncode != 0:
-            assert time.monotonic() < deadline, f"{short} not served"
-            time.sleep(0.1)
-
-
 def clean_up(k8s_cluster: Any, namespace: str, classes: Sequence[str] = (),
              egpus: Sequence[str] = ()) -> None:
     """After a test (its controller stopped): the namespace's claims without their finalizer

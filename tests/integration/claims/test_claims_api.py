@@ -8,12 +8,11 @@ the printer columns.
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from egpu_testing.claims import install_crds
 from egpu_testing.seed import SEED_CLASS_AND_CLAIMS
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
@@ -21,20 +20,6 @@ from elastic_gpu.devcluster.pytest_plugin import unique_name
 from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[3]
-
-def install_crds(k8s_cluster: Any) -> None:
-    for filename in api.CRD_FILES.values():
-        k8s_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "crds" / filename))
-    for plural in api.CRD_FILES:
-        k8s_cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                            f"crd/{plural}.{api.GROUP}")
-    deadline = time.monotonic() + 30
-    for short in (api.CLASS_SHORT, api.CLAIM_SHORT, api.EGPU_SHORT):
-        while k8s_cluster.kubectl("get", short, "-A", check=False).returncode != 0:
-            assert time.monotonic() < deadline, f"{short} not served"
-            time.sleep(0.1)
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.controller import ControllerProcess, ProvisionDouble, clean_up, install_crds
+from egpu_testing.claims import install_crds
+from egpu_testing.controller import ControllerProcess, ProvisionDouble, clean_up
 from elastic_gpu.core import claims as core
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name

@@ -1,14 +1,14 @@
 """`egpu controller` with the real extender's `POST /provision` (issue #15, contract 2).
 
-Needs the extender side of #15 (branch h-ext: /provision, ElasticGPUs in the ledger); the
-controller's own behaviour is covered with a /provision double in test_claims_controller.py.
+The controller's own behaviour is covered with a /provision double in
+test_claims_controller.py.
 
 - an Immediate claim is Bound to an ElasticGPU on the node and cards the extender chose;
 - a claim too large for what is left stays Pending (Unschedulable, with a ProvisioningFailed
   Event), and is Bound once another claim's ElasticGPU (reclaim Delete) is gone;
-- must-show 4: two controller replicas, the leader SIGKILLed, no double provisioning;
-- must-show 3 (claims, no pods: pods naming claims need the webhook's mutation): controller
-  and extender SIGKILLed amid 500 claims; one ElasticGPU per claim, no card over capacity.
+- must-show 4: two controller replicas, the leader SIGKILLed, no double provisioning.
+
+Must-show 3 (both SIGKILLed amid 500 claims and their pods) is test_claims_restart.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.controller import ControllerProcess, clean_up, install_crds
+from egpu_testing.claims import install_crds
+from egpu_testing.controller import ControllerProcess, clean_up
 from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.workbench import ExtenderProcess
 from elastic_gpu.core import claims as core
@@ -200,96 +201,5 @@ def test_two_replicas_with_the_real_extender_hand_over_without_double_provisioni
     finally:
         a.stop()
         b.stop()
-        extender.stop()
-        clean_up(k8s_cluster, k8s_namespace, classes=[cls])
-
-
-def test_controller_and_extender_sigkilled_amid_500_claims(
-        k8s_cluster: Any, k8s_namespace: str, tmp_path: Path,
-        fake_gpu_nodes: Callable[..., list[str]]) -> None:
-    """Must-show 3 (the claims part): the controller and the extender SIGKILLed while 500
-    claims are being created, then restarted; afterwards, read independently from the API:
-    every claim Bound to its own egpu-<uid>, one ElasticGPU per claim, none orphaned, and no
-    card over capacity."""
-    import asyncio
-    import threading
-
-    from elastic_gpu.agent.inventory_api import ensure_crd
-    from elastic_gpu.kube.client import KubeClient
-
-    install_crds(k8s_cluster)
-    ensure_crd(k8s_cluster.client())
-    nodes = fake_gpu_nodes(4, gpus=8)
-    ext_port, ctl_port = free_ports(2)
-    extender = ExtenderProcess(k8s_cluster.kubeconfig, ext_port, tmp_path / "extender.log")
-    controller = ControllerProcess(k8s_cluster.kubeconfig, ctl_port, tmp_path / "controller.log",
-                                   extender_url=extender.url, identity="r",
-                                   lease_namespace=k8s_namespace, lease=(4.0, 3.0, 0.5))
-    cluster = Cluster(k8s_cluster, k8s_namespace)
-    cls = unique_name("share")
-    count = 500
-    prefix = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{k8s_namespace}/elasticgpuclaims"
-
-    async def create_all() -> None:
-        client = KubeClient.from_config(k8s_cluster.kubeconfig)
-        try:
-            for start in range(0, count, 25):  # ~25 at a time, as fast as the API takes them
-                await asyncio.gather(*(client.create(prefix, {
-                    "apiVersion": api.API_VERSION, "kind": api.CLAIM_KIND,
-                    "metadata": {"name": f"r{i:03d}"},
-                    "spec": {"egpuClassName": cls, "resources": {"requests": {
-                        "gpushare.provisioner.elasticgpu.io/gpu-core": 5,
-                        "gpushare.provisioner.elasticgpu.io/gpu-memory": 4}}}})
-                    for i in range(start, min(count, start + 25))))
-        finally:
-            await client.close()
-
-    try:
-        extender.start()
-        wait_extender_knows(extender.url, nodes, 8)
-        controller.start()
-        wait_for("lead", controller.leading)
-        cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
-                       "metadata": {"name": cls}, "provisioner": core.GPUSHARE,
-                       "reclaimPolicy": "Delete"}, namespaced=False)
-        creator = threading.Thread(target=lambda: asyncio.run(create_all()))
-        creator.start()
-        wait_for("some claims bound", lambda: len(json.loads(k8s_cluster.kubectl(
-            "get", "egpu", "-o", "json").stdout)["items"]) >= 50)
-        controller.kill()
-        extender.kill()
-        extender.start()
-        wait_extender_knows(extender.url, nodes, 8)
-        controller.start()
-        creator.join(120)
-
-        def listed_claims() -> list[dict[str, Any]]:
-            return list(json.loads(k8s_cluster.kubectl("get", "egpuc", "-n", k8s_namespace,
-                                                       "-o", "json").stdout)["items"])
-
-        wait_for("all 500 Bound", lambda: len(c := listed_claims()) == count and all(
-            (o.get("status") or {}).get("phase") == "Bound" for o in c), timeout_s=180)
-        claims = listed_claims()
-        egpus = [e for e in json.loads(k8s_cluster.kubectl("get", "egpu", "-o", "json")
-                                       .stdout)["items"]
-                 if (e["spec"].get("claimRef") or {}).get("namespace") == k8s_namespace]
-        uids = {c["metadata"]["uid"]: c for c in claims}
-        by_claim: dict[str, list[str]] = {}
-        for egpu in egpus:
-            by_claim.setdefault(egpu["spec"]["claimRef"]["uid"], []).append(egpu["metadata"]["name"])
-        assert set(by_claim) == set(uids), "an ElasticGPU without its claim, or a claim without"
-        for uid, names in by_claim.items():
-            assert names == [f"egpu-{uid}"], names  # bound once, to its own
-            assert uids[uid]["spec"]["elasticGPUName"] == f"egpu-{uid}"
-        use: dict[tuple[str, int], list[int]] = {}
-        for egpu in egpus:
-            for card in egpu["spec"]["cards"]:
-                got = use.setdefault((egpu["spec"]["node"], card["index"]), [0, 0])
-                got[0] += card["milli"]
-                got[1] += card["memoryMiB"]
-        over = {k: v for k, v in use.items() if v[0] > 1000}
-        assert not over, over
-    finally:
-        controller.stop()
         extender.stop()
         clean_up(k8s_cluster, k8s_namespace, classes=[cls])

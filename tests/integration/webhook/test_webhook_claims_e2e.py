@@ -8,34 +8,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from egpu_testing.claims import install_crds
 from egpu_testing.seed import SEED_CLASS, seed_claim, seed_pod
 from egpu_testing.webhook import WebhookProcess
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
 LABEL = "egpu-webhook-claims-test"
 SHARE = {"elasticgpu.io/gpu-core": "10", "elasticgpu.io/gpu-memory": "4"}
-
-
-def install_crds(plane: Any) -> None:
-    for filename in api.CRD_FILES.values():
-        plane.kubectl("apply", "-f", str(ROOT / "deploy" / "crds" / filename))
-    for plural in api.CRD_FILES:
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                      f"crd/{plural}.{api.GROUP}")
-    deadline = time.monotonic() + 30
-    while plane.kubectl("get", api.CLAIM_SHORT, "-A", check=False).returncode != 0:
-        assert time.monotonic() < deadline, "ElasticGPUClaims not served"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
