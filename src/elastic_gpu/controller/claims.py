@@ -341,10 +341,11 @@ class ClaimController:
             obj = self._wrote(key, await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
                 "metadata": {"finalizers": [*finalizers, core.CLAIM_PROTECTION_FINALIZER],
                              "resourceVersion": obj["metadata"]["resourceVersion"]}}))
+        provisioned_on: str | None = None
         if isinstance(decision, core.Provision):
-            decision, egpus = await self._provision(obj, claim, egpus)
+            decision, egpus, provisioned_on = await self._provision(obj, claim, egpus)
         if isinstance(decision, core.Bind):
-            await self._bind(obj, claim, egpus[decision.elastic_gpu])
+            await self._bind(obj, claim, egpus[decision.elastic_gpu], provisioned_on)
             return
         if isinstance(decision, core.Pending) and \
                 decision.reason is core.PendingReason.UNSCHEDULABLE:
@@ -379,9 +380,10 @@ class ClaimController:
             raise Requeue(f"claim {key}: provisioning not finished")
 
     async def _provision(self, obj: Obj, claim: core.Claim, egpus: Mapping[str, core.ElasticGPU]
-                         ) -> tuple[core.Decision, Mapping[str, core.ElasticGPU]]:
+                         ) -> tuple[core.Decision, Mapping[str, core.ElasticGPU], str | None]:
         """Ask the extender; return the decision that follows (Bind to what it made, Pending
-        with its reason) and the ElasticGPUs including the new one."""
+        with its reason), the ElasticGPUs including the new one, and the node it was made on
+        (None unless the extender created it now)."""
         try:
             answer = await self.ctx.extender.provision(claim.namespace, claim.name, claim.uid)
         except ProvisionError as err:
@@ -392,11 +394,8 @@ class ClaimController:
                 reason = core.PendingReason(answer.reason)
             except ValueError:
                 reason = core.PendingReason.UNSCHEDULABLE
-            return core.Pending(reason, answer.message or answer.reason), egpus
+            return core.Pending(reason, answer.message or answer.reason), egpus, None
         name = answer.elastic_gpu or core.provisioned_name(claim)
-        if answer.result == "Provisioned":
-            self.recorder.record(obj, NORMAL, "Provisioned",
-                                 f"ElasticGPU {name} provisioned on node {answer.node}")
         if name not in egpus:
             if answer.result != "Provisioned" or not answer.node:
                 raise Requeue(f"extender answered {answer.result} ({answer.decision}); "
@@ -407,11 +406,15 @@ class ClaimController:
                                    shares=(), claim_ref=core.ClaimRef.of(claim),
                                    class_name=claim.class_name)
             egpus = _Overlay(made, egpus)
-        return core.decide(claim, self.decoded_classes, egpus), egpus
+        made_on = answer.node if answer.result == "Provisioned" else None
+        return core.decide(claim, self.decoded_classes, egpus), egpus, made_on
 
-    async def _bind(self, obj: Obj, claim: core.Claim, egpu: core.ElasticGPU) -> None:
+    async def _bind(self, obj: Obj, claim: core.Claim, egpu: core.ElasticGPU,
+                    provisioned_on: str | None = None) -> None:
         """ElasticGPU first (claimRef with the uid, phase Bound), then the claim's spec, then
-        the claim's status: each write skipped when already done."""
+        the claim's status: each write skipped when already done. A claim provisioned in this
+        reconcile (`provisioned_on`) gets one Event, Provisioned, that says both (a PV's
+        ProvisioningSucceeded): one Event write per claim less at claim-creation rates."""
         egpu_obj = self.egpus.get(egpu.name)
         ref = core.ClaimRef.of(claim)
         if egpu.claim_ref != ref:
@@ -446,8 +449,15 @@ class ClaimController:
                 {"metadata": meta, "spec": {"elasticGPUName": egpu.name}}))
         self.unschedulable.discard(claim.key)
         if await self._write_status(obj, core.Bind(egpu.name), egpu):
-            self.recorder.record(obj, NORMAL, "Bound",
-                                 f"bound to ElasticGPU {egpu.name} on node {egpu.node}")
+            if provisioned_on is not None:
+                self.recorder.record(obj, NORMAL, "Provisioned", f"ElasticGPU {egpu.name} "
+                                     f"provisioned on node {provisioned_on} and bound")
+            else:
+                self.recorder.record(obj, NORMAL, "Bound",
+                                     f"bound to ElasticGPU {egpu.name} on node {egpu.node}")
+        elif provisioned_on is not None:
+            self.recorder.record(obj, NORMAL, "Provisioned",
+                                 f"ElasticGPU {egpu.name} provisioned on node {provisioned_on}")
 
     async def _write_status(self, obj: Obj, decision: core.Decision,
                             egpu: core.ElasticGPU | None) -> bool:

@@ -124,7 +124,7 @@ def test_immediate_claim_is_bound_to_cards_the_extender_chose(
     (card,) = egpu["spec"]["cards"]
     assert card["milli"] == 100 and card["index"] in (0, 1)
     assert egpu["spec"]["claimRef"]["uid"] == uid
-    assert {"Provisioned", "Bound"} <= cluster.reasons(name)
+    wait_for("a Provisioned event", lambda: "Provisioned" in cluster.reasons(name))
     cluster.plane.kubectl("delete", "egpuclass", cls)
 
 
