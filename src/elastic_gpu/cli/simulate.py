@@ -128,7 +128,8 @@ def _print_summary(summary: dict[str, object]) -> None:
     for point in alloc:
         table.add_row(point, f"{alloc[point]:.2f}", f"{unalloc[point]:.2f}", f"{rate.get(point, 0):.2f}")
     Console().print(table)
-    Console().print(f"failed: {summary['failed']}")
+    Console().print(f"failed (first failing check): {summary['failed']}; "
+                    f"up to 100% arrived: {summary['failed_to_100']}")
 
 
 def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, seeds: str,
