@@ -10,7 +10,9 @@ from typing import Annotated
 
 import typer
 
-DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,fgdx,fgdx-mem"
+from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
+
+DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,fgdx,fgdx-mem,fgdx-auto"
 
 
 def simulate(
@@ -18,11 +20,12 @@ def simulate(
         "--nodes", help="Node list CSV (Alibaba trace format).")] = None,
     pods: Annotated[list[Path] | None, typer.Option(
         "--pods", help="Pod list CSV; with --compare it may be given several times.")] = None,
-    policy: Annotated[str, typer.Option(help="Node policy.")] = "fgd",
+    policy: Annotated[str, typer.Option(
+        help="Node policy; default: the extender's default too.")] = DEFAULT_NODE_POLICY,
     card_policy: Annotated[str, typer.Option(
         help="Card policy; auto: the one the node policy is paired with, which the extender "
              "also uses when cardPolicy is not set: the FGD artifact's pairing (random->random; "
-             "fgd and fgdx-cpufit->fgd; others->binpack) and ours (fgdx, fgdx-mem->fgd-waste).")
+             "fgd and fgdx-cpufit->fgd; others->binpack) and ours (fgdx, fgdx-mem, fgdx-auto->fgd-waste).")
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Shuffle/resample/tie-break seed.")] = 42,
     inflation: Annotated[float, typer.Option(help="Resample the GPU request up to this x capacity.")] = 1.3,

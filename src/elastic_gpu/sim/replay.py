@@ -164,11 +164,13 @@ def arrival_order(tasks: Sequence[Task], gpu_capacity_milli: int, inflation: flo
 def target_workload(tasks: Sequence[Task], policy: str, popularity: float | None = None
                     ) -> TargetWorkload:
     """The target workload a policy scores a trace against: FGD's typical pods covering
-    `popularity` of the tasks, by default the share the node policy asks for
-    (`NodePolicy.popularity`: FGD's 0.95, or all of them for fgdx-mem)."""
+    `popularity` of the tasks, by default the share the node policy asks for this workload
+    (`NodePolicy.popularity_for`: FGD's 0.95, all of them for fgdx-mem; fgdx-auto's depends on
+    the workload's CPU-only share)."""
+    tally = Counter(t.shape() for t in tasks)
     if popularity is None:
-        popularity = node_policy(policy).popularity
-    return TargetWorkload.from_tasks((t.shape() for t in tasks), popularity)
+        popularity = node_policy(policy).popularity_for(tally)
+    return TargetWorkload.from_counts(tally, popularity)
 
 
 def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int = 42,
