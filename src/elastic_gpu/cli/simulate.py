@@ -42,7 +42,8 @@ def simulate(
     popularity: Annotated[float | None, typer.Option(
         help="Share of the tasks (0-1] that FGD's typical pods, the target workload the FGD "
              "family scores against, must cover; default: the policy's (0.95 as in the FGD "
-             "paper; fgdx-mem 1.0, every shape).")] = None,
+             "paper; fgdx-mem 1.0, every shape; fgdx-auto 1.0, or 0.95 from 22.5% CPU-only tasks).")
+    ] = None,
 ) -> None:
     """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
     from elastic_gpu.sim.trace import TraceError
