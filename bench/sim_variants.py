@@ -3,6 +3,9 @@
 Usage: python bench/sim_variants.py POLICY[/CARD],... WORKLOAD,... SEEDS [--out results.json]
        [--popularity P]  (typical pods' share of the tasks; default: the policy's)
 e.g.   python bench/sim_variants.py fgdx,fgdx/frag-exact,x_few gpushare60,gpushare80 42-46
+WORKLOAD is a shared trace (`openb_pod_list_<name>.csv`), `nine` for the nine shared variants,
+`cpuheavy` for all of `CPU_HEAVY` (CPU-heavy variants generated in code from the shared
+traces: task CPU scaled up or node CPU scaled down; docs/simulator.md, "When CPU is scarce").
 Prints the median unallocated GPU % at 100% arrived and the per-seed values. The variants are
 registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third attempt",
 and docs/simulator.md, "fgd-waste", list the results), and so are the experimental card tiers
@@ -395,6 +398,43 @@ for _card in (FragCardsTight, FragWasteP0, FragWasteP1, WasteFirstCards, CpuFitW
     register_card_policy(_card)
 
 
+#: The nine shared variants (the FGD paper's, with the authors' published medians).
+SHARED = ("default", "gpushare40", "gpushare60", "gpushare80", "gpushare100", "multigpu20",
+          "multigpu30", "multigpu40", "multigpu50")
+
+#: CPU-heavy variants, made in code from a shared trace (no data copied): name ->
+#: (trace, task CPU scale, node CPU scale, share of CPU-only tasks by count or 0 for the
+#: trace's own, 13% on default). The nine shared ones ask 0.70-0.91 of the
+#: cluster's CPU per GPU they ask (CPU pressure, `core.workload.cpu_pressure`); these ask more.
+CPU_HEAVY: dict[str, tuple[str, float, float, float]] = {
+    "default-cpu125": ("default", 1.25, 1.0, 0.0),      # every task asks 1.25x its CPU
+    "default-cpu150": ("default", 1.5, 1.0, 0.0),       # ... 1.5x
+    "default-cpu200": ("default", 2.0, 1.0, 0.0),       # ... 2x
+    "gpushare60-cpu150": ("gpushare60", 1.5, 1.0, 0.0),  # share-heavy and CPU-heavy
+    "multigpu30-cpu150": ("multigpu30", 1.5, 1.0, 0.0),  # multi-card and CPU-heavy
+    "default-node60": ("default", 1.0, 0.6, 0.0),       # every node keeps 60% of its CPU
+    "default-cpuonly20": ("default", 1.0, 1.0, 0.20),  # CPU-only tasks 20% of the count
+    "default-cpuonly25": ("default", 1.0, 1.0, 0.25),  # ... 25%
+    "default-cpuonly30": ("default", 1.0, 1.0, 0.30),  # ... 30% (FGD's cpu300)
+}
+
+
+def workload_job(workload: str, policy: str, seed: int, card: str = "auto",
+                 popularity: float | None = None) -> Job:
+    """One replay of a shared variant or of a CPU-heavy one (`CPU_HEAVY`)."""
+    trace, task_scale, node_scale, cpu_only = CPU_HEAVY.get(workload, (workload, 1.0, 1.0, 0.0))
+    return Job(workload, str(DATA / "openb_node_list_all_node.csv"),
+               str(DATA / f"openb_pod_list_{trace}.csv"), policy, seed, 1.3, card, popularity,
+               task_scale, node_scale, cpu_only)
+
+
+def expand_workloads(text: str) -> list[str]:
+    out: list[str] = []
+    for name in text.split(","):
+        out.extend(SHARED if name == "nine" else CPU_HEAVY if name == "cpuheavy" else (name,))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("specs", help="policy[/card],...")
@@ -405,16 +445,15 @@ def main() -> None:
     parser.add_argument("--popularity", type=float,
                         help="typical pods' share of the tasks; default: the policy's")
     args = parser.parse_args()
-    nodes = str(DATA / "openb_node_list_all_node.csv")
     jobs = []
     for spec in args.specs.split(","):
         policy, _, card = spec.partition("/")
-        for workload in args.workloads.split(","):
+        for workload in expand_workloads(args.workloads):
             for seed in parse_seeds(args.seeds):
-                jobs.append(Job(workload, nodes, str(DATA / f"openb_pod_list_{workload}.csv"), policy,
-                                seed, 1.3, card or "auto", args.popularity))
+                jobs.append(workload_job(workload, policy, seed, card or "auto", args.popularity))
     started = time.perf_counter()
-    outcomes = run_jobs(jobs, args.processes)
+    outcomes = run_jobs(jobs, args.processes, lambda o: print(
+        f"  {o.job.policy} {o.job.workload} {o.job.seed}: {o.unallocated_100:.2f}", flush=True))
     results: dict[str, list[tuple[int, float]]] = {}
     for o in outcomes:
         key = f"{o.job.policy}/{o.job.card_policy} {o.job.workload}"

@@ -845,6 +845,7 @@ class Engine:
         left = np.ones(n, dtype=bool)
         counts: dict[str, int] = {}
         example: dict[str, int] = {}
+        last: list[str] = []  # the categories in check order, as they rule nodes out
 
         def take(category: str, mask: BoolArray) -> None:
             hit = np.flatnonzero(left & mask)
@@ -852,6 +853,7 @@ class Engine:
                 counts[category] = counts.get(category, 0) + int(hit.size)
                 example.setdefault(category, int(hit[0]))
                 left[hit] = False
+                last.append(category)
 
         if self.config.check_host_resources:
             take(FitKind.HOST_CPU.category, self._cpu_cap - self._cpu_used < pod.cpu_milli)
@@ -877,7 +879,8 @@ class Engine:
         row = example.get(category)
         why = self._why_not(row, pod) if row is not None else None
         summary = NoNodeFits(pod.key, n, ordered, category,
-                             self._rows[row].node.name if row is not None else None, why)
+                             self._rows[row].node.name if row is not None else None, why,
+                             last[-1] if last else category)
         return Unschedulable(why or _UNDETAILED, summary.example_node, summary)
 
     def _plan(self, row: int, pod: PodRequest, policy: CardPolicy

@@ -136,7 +136,13 @@ class FitFailure:
 @dataclass(frozen=True)
 class NoNodeFits:
     """Why no node of the cluster can host a pod: nodes counted by the category of their first
-    failing check, and one example node of the most common category."""
+    failing check, and one example node of the most common category.
+
+    `category` is that most common one (what a message shows an example of); `first_failing`
+    is the pod's own first failing check: the checks run in order (CPU, memory, healthy GPU,
+    model, offered resource, cards or MIG) over the whole cluster, each keeping the nodes that
+    pass it, and it is the check that leaves none. A pod asking for a model whose nodes are all
+    full is "gpu" there, though most nodes fail it on "model"."""
 
     pod: str
     nodes: int
@@ -145,6 +151,7 @@ class NoNodeFits:
     category: str
     example_node: str | None = None
     example: FitFailure | None = None
+    first_failing: str = ""
 
 
 class Unschedulable(Exception):

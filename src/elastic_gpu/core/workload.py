@@ -147,6 +147,18 @@ class TargetWorkload:
         return TargetWorkload(tuple(s for s, _ in entries), tuple(w for _, w in entries))
 
 
+def cpu_only_share(tally: Mapping[TaskShape, int]) -> float:
+    """The share of the tasks, by count, that ask for no GPU (0 for no tasks); counts of zero or
+    less are ignored, as in `TargetWorkload.from_counts`."""
+    total = cpu_only = 0
+    for shape, number in tally.items():
+        if number > 0:
+            total += number
+            if shape.gpu_count == 0 or shape.gpu_milli == 0:
+                cpu_only += number
+    return cpu_only / total if total else 0.0
+
+
 def _normalised(task: TaskShape) -> TaskShape:
     """The shape FGD's typical pods count: no memory, and no CPU request counts as 100."""
     shape = task.without_memory()

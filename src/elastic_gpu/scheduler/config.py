@@ -1,6 +1,7 @@
 """The extender's own configuration file (YAML), validated strictly.
 
-    nodePolicy: binpack          # node tier, any name in core's NODE_POLICIES
+    nodePolicy: fgdx-auto        # node tier, any name in core's NODE_POLICIES; default: core's
+                                 # DEFAULT_NODE_POLICY, as `egpu simulate --policy`
     cardPolicy: fgd-waste        # card tier, any name in core's CARD_POLICIES; default: the one
                                  # the node policy is paired with, as in `egpu simulate`
     reservationTTLSeconds: 30    # how long a bind whose outcome is unknown holds its cards
@@ -26,6 +27,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
+
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used; the message names file and field."""
@@ -49,7 +52,7 @@ def check_policy(tier: str, name: str) -> str:
 class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    node_policy: str = Field(default="binpack", validation_alias="nodePolicy")
+    node_policy: str = Field(default=DEFAULT_NODE_POLICY, validation_alias="nodePolicy")
     #: None: the card tier `node_policy` is paired with (`effective_card_policy`)
     card_policy: str | None = Field(default=None, validation_alias="cardPolicy")
     reservation_ttl_s: float = Field(default=30.0, validation_alias="reservationTTLSeconds", gt=0, le=3600)

@@ -517,7 +517,7 @@ class SchedulerState:
                                 and self._shape_changes < self.config.workload_refresh_pods):
             return
         self.workload = TargetWorkload.from_counts(self._shape_counts,
-                                                   node_policy(self.config.node_policy).popularity)
+                                                   node_policy(self.config.node_policy).popularity_for(self._shape_counts))
         self._shape_changes = 0
         self.engine.set_workload(self.workload)
         self._version += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -10,9 +11,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_gpu.core.model import Node
 from elastic_gpu.sim.builtin import builtin_nodes, builtin_tasks
 from elastic_gpu.sim.replay import replay
-from elastic_gpu.sim.trace import load_nodes, load_tasks
+from elastic_gpu.sim.trace import Task, load_nodes, load_tasks
 
 #: our policy name -> the reference's sc_policy column
 REFERENCE_NAMES = {
@@ -31,6 +33,13 @@ class Job:
     inflation: float
     card_policy: str
     popularity: float | None = None  # typical pods' share of tasks; None: the policy's
+    #: CPU-heavy variants made in code from a trace (bench/sim_variants.py): every task's CPU
+    #: request, and every node's CPU capacity, multiplied by these
+    task_cpu_scale: float = 1.0
+    node_cpu_scale: float = 1.0
+    #: > 0: CPU-only tasks of the trace repeated (renamed copies, in name order) until they are
+    #: this share of the tasks by count, as the FGD authors' cpu* traces vary it
+    cpu_only_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -59,12 +68,39 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def scale_cpu(nodes: Sequence[Node], tasks: Sequence[Task], task_scale: float,
+              node_scale: float) -> tuple[list[Node], list[Task]]:
+    """A CPU-heavier copy of a trace: task CPU requests x task_scale, node CPU x node_scale
+    (rounded to whole milli-CPUs)."""
+    if task_scale <= 0 or node_scale <= 0:
+        raise ValueError(f"CPU scales must be positive, got task {task_scale}, node {node_scale}")
+    return ([dataclasses.replace(n, cpu_milli=round(n.cpu_milli * node_scale)) for n in nodes],
+            [dataclasses.replace(t, cpu_milli=round(t.cpu_milli * task_scale)) for t in tasks])
+
+
+def more_cpu_only(tasks: Sequence[Task], share: float) -> list[Task]:
+    """The trace with its CPU-only tasks repeated (copies named `<name>+<k>`, drawn in name
+    order, round robin) until they are `share` of the tasks by count."""
+    if not 0 < share < 1:
+        raise ValueError(f"CPU-only share must be in (0, 1), got {share}")
+    cpu_only = sorted((t for t in tasks if t.total_milli == 0), key=lambda t: t.name)
+    if not cpu_only:
+        raise ValueError("the trace has no CPU-only task to repeat")
+    extra = max(0, round((share * len(tasks) - len(cpu_only)) / (1 - share)))
+    return [*tasks, *(cpu_only[k % len(cpu_only)].renamed(f"{cpu_only[k % len(cpu_only)].name}+{k}")
+                      for k in range(extra))]
+
+
 def run_job(job: Job) -> Outcome:
     if job.pods_path is None:
         nodes, tasks = builtin_nodes(), builtin_tasks()
     else:
         assert job.nodes_path is not None
         nodes, tasks = load_nodes(Path(job.nodes_path)), load_tasks(Path(job.pods_path))
+    if job.task_cpu_scale != 1.0 or job.node_cpu_scale != 1.0:
+        nodes, tasks = scale_cpu(nodes, tasks, job.task_cpu_scale, job.node_cpu_scale)
+    if job.cpu_only_share > 0:
+        tasks = more_cpu_only(tasks, job.cpu_only_share)
     result = replay(nodes, tasks, job.policy, seed=job.seed, inflation=job.inflation,
                     card_policy=job.card_policy, popularity=job.popularity)
     summary = result.summary()

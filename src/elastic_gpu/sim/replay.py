@@ -55,8 +55,12 @@ class ReplayResult:
     used_milli: np.ndarray
     frag_milli: np.ndarray
     idle_milli: np.ndarray
+    #: failed tasks by their first failing check (`NoNodeFits.first_failing`), all arrivals
     failed: Counter[str] = field(default_factory=Counter)
     placements: list[Placement] = field(default_factory=list)
+    #: the same, over the arrivals up to 100% arrived (arrived request, rounded to a whole
+    #: percent of capacity as the measures bin it, at most 100)
+    failed_to_100: Counter[str] = field(default_factory=Counter)
 
     def curve(self, values: np.ndarray) -> dict[int, float]:
         """values per arrival -> mean per arrived percent (0..max), the artifact's binning."""
@@ -118,8 +122,15 @@ class ReplayResult:
             "fragmentation_rate": {str(p): rate[p] for p in pick if p in rate},
             "fragmentation_amount": {str(p): amount[p] for p in pick if p in amount},
             "failed": dict(sorted(self.failed.items())),
+            "failed_to_100": dict(sorted(self.failed_to_100.items())),
             "placed": len(self.placements),
         }
+
+
+def failed_check(err: Unschedulable) -> str:
+    """What a failed task is counted as: its first failing check over the cluster
+    (`NoNodeFits.first_failing`: cpu, memory, model, gpu, mig, ...)."""
+    return err.summary.first_failing if err.summary is not None else err.category
 
 
 def arrival_order(tasks: Sequence[Task], gpu_capacity_milli: int, inflation: float,
@@ -153,11 +164,13 @@ def arrival_order(tasks: Sequence[Task], gpu_capacity_milli: int, inflation: flo
 def target_workload(tasks: Sequence[Task], policy: str, popularity: float | None = None
                     ) -> TargetWorkload:
     """The target workload a policy scores a trace against: FGD's typical pods covering
-    `popularity` of the tasks, by default the share the node policy asks for
-    (`NodePolicy.popularity`: FGD's 0.95, or all of them for fgdx-mem)."""
+    `popularity` of the tasks, by default the share the node policy asks for this workload
+    (`NodePolicy.popularity_for`: FGD's 0.95, all of them for fgdx-mem; fgdx-auto's depends on
+    the workload's CPU-only share)."""
+    tally = Counter(t.shape() for t in tasks)
     if popularity is None:
-        popularity = node_policy(policy).popularity
-    return TargetWorkload.from_tasks((t.shape() for t in tasks), popularity)
+        popularity = node_policy(policy).popularity_for(tally)
+    return TargetWorkload.from_counts(tally, popularity)
 
 
 def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int = 42,
@@ -195,6 +208,7 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     arrived_total = 0
     used_total = 0
     failed: Counter[str] = Counter()
+    failed_to_100: Counter[str] = Counter()
     placements: list[Placement] = []
     for i, task in enumerate(arrivals):
         arrived_total += task.total_milli
@@ -203,7 +217,10 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
             assignment = engine.place(pod)
             engine.allocate(pod.key, assignment, pod)
         except Unschedulable as err:
-            failed[err.category] += 1
+            check = failed_check(err)
+            failed[check] += 1
+            if round(arrived_total / (capacity * 1000) * 100) <= 100:
+                failed_to_100[check] += 1
         else:
             shares = tuple((s.index, s.milli) for s in assignment.shares())
             used_total += sum(m for _, m in shares)
@@ -222,4 +239,4 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
         if progress is not None and (i % 256 == 0 or i == n - 1):
             progress(i + 1, n)
     return ReplayResult(policy, cards, seed, inflation, capacity, time.perf_counter() - started, n,
-                        arrived, used, frag, idle, failed, placements)
+                        arrived, used, frag, idle, failed, placements, failed_to_100)

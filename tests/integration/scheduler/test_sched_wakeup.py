@@ -110,7 +110,9 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     ensure_crd(client)
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
-                               config={"filterResult": filter_result})
+                               # binpack, as these tests were written for (the default
+                               # was binpack until issue 19 made it fgdx-auto)
+                               config={"filterResult": filter_result, "nodePolicy": "binpack"})
     extender.start()
     name = unique_name("egpu")
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,

@@ -12,6 +12,10 @@ from elastic_gpu.core.policies.card import CARD_POLICY_CLASSES
 from elastic_gpu.core.policies.node import NODE_POLICY_CLASSES
 
 NODE_POLICIES: dict[str, type[NodePolicy]] = {cls.name: cls for cls in NODE_POLICY_CLASSES}
+
+#: The node policy used when none is named: `egpu simulate --policy` and the extender's
+#: `nodePolicy` both default to it (one rule for both; docs/simulator.md, "When CPU is scarce").
+DEFAULT_NODE_POLICY = "fgdx-auto"
 CARD_POLICIES: dict[str, type[CardPolicy]] = {cls.name: cls for cls in CARD_POLICY_CLASSES}
 
 
@@ -43,7 +47,7 @@ def default_card_policy(node_policy_name: str) -> str:
     The one pairing rule: `egpu simulate --card-policy auto` and the extender without
     `cardPolicy` both use it, so the cluster gets the quality the simulator measured. As in the
     FGD artifact: random -> random, fgd -> fgd, the others -> binpack (tightest card); ours:
-    fgdx and fgdx-mem -> fgd-waste, fgdx-cpufit -> fgd."""
+    fgdx, fgdx-mem and fgdx-auto -> fgd-waste, fgdx-cpufit -> fgd."""
     try:
         cls = NODE_POLICIES[node_policy_name]
     except KeyError:
@@ -64,7 +68,7 @@ def card_policy(name: str) -> CardPolicy:
 
 
 __all__ = [
-    "CARD_POLICIES", "NODE_POLICIES", "CardPolicy", "CardView", "NodePolicy", "NodeView",
-    "ScoreContext", "card_policy", "default_card_policy", "node_policy", "register_card_policy",
-    "register_node_policy",
+    "CARD_POLICIES", "DEFAULT_NODE_POLICY", "NODE_POLICIES", "CardPolicy", "CardView",
+    "NodePolicy", "NodeView", "ScoreContext", "card_policy", "default_card_policy", "node_policy",
+    "register_card_policy", "register_node_policy",
 ]

@@ -81,6 +81,12 @@ class NodePolicy(ABC):
     #: (`policies.default_card_policy`), so the cluster gets the quality the simulator measures
     card_tier: str = "binpack"
 
+    def popularity_for(self, tally: Mapping[TaskShape, int]) -> float:
+        """The share of tasks the typical pods cover for this workload (shape -> how many
+        tasks): `egpu simulate` builds a trace's target workload with it and the extender its
+        observed one, so both adapt alike. Default: the fixed `popularity`."""
+        return self.popularity
+
     @abstractmethod
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float: ...
 
