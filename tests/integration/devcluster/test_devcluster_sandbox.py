@@ -66,7 +66,7 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     try:
         assert {p["name"] for p in recorded["processes"]} == {
             "etcd", "kube-apiserver", "kube-controller-manager", "egpu-scheduler",
-            "egpu-webhook", "kube-scheduler", "kwok", "allocation-sync"}
+            "egpu-webhook", "egpu-controller", "kube-scheduler", "kwok", "allocation-sync"}
         # The components outlived the `up` command.
         assert all(alive(pid) for pid in pids)
 
@@ -189,10 +189,10 @@ def test_a_dead_sandbox_is_reported_and_replaced_by_the_next_up(tmp_path):
         while any(alive(p["pid"]) for p in first["processes"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         status = egpu("sandbox", "status", "--state-dir", str(state))
-        # etcd, apiserver, extender, webhook, controller manager, scheduler, kwok, allocation
-        # sync
-        assert len(first["processes"]) == 8
-        assert status.returncode == 1 and status.stdout.count("DEAD") == 8
+        # etcd, apiserver, extender, webhook, egpu controller, controller manager, scheduler,
+        # kwok, allocation sync
+        assert len(first["processes"]) == 9
+        assert status.returncode == 1 and status.stdout.count("DEAD") == 9
 
         again = egpu("sandbox", "up", "--gpu-nodes", "2", *args)
         assert again.returncode == 0, again.stderr
