@@ -362,3 +362,29 @@ def parse_profiles(names: Iterable[str]) -> frozenset[str]:
     for name in names:
         out.add(MigProfile.parse(name).name)
     return frozenset(out)
+
+
+# --- the rule a move is recorded in ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubstitutionRule:
+    """A MIGSubstitution (elasticgpu.io): pods it selects that ask `from_profile` get
+    `to_profile` instead, at admission. It selects the pods of one owner (`owner_uid`: the
+    ReplicaSet, Job or StatefulSet whose replacements are rewritten) or one bare pod by name,
+    in its own namespace."""
+
+    name: str
+    namespace: str
+    from_profile: MigProfile
+    to_profile: MigProfile
+    owner_uid: str | None = None
+    pod_name: str | None = None
+    reason: str = ""
+
+    def selects(self, pod_namespace: str, pod_name: str, owner_uids: Iterable[str]) -> bool:
+        if pod_namespace != self.namespace:
+            return False
+        if self.owner_uid is not None:
+            return self.owner_uid in set(owner_uids)
+        return self.pod_name is not None and self.pod_name == pod_name
