@@ -67,3 +67,18 @@ def test_nonsense_rules_are_refused(crds: Any, k8s_namespace: str, spec: dict[st
     assert result.returncode != 0, result.stdout
     for word in words:
         assert word in result.stderr, result.stderr
+
+
+def test_the_webhooks_deployed_rbac_may_watch_the_rules(crds: Any) -> None:
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    crds.kubectl("create", "namespace", "elastic-gpu", check=False)
+    crds.kubectl("apply", "-f", str(repo / "deploy/webhook/rbac.yaml"))
+    who = "--as=system:serviceaccount:elastic-gpu:elastic-gpu-webhook"
+    for verb in ("list", "watch"):
+        result = crds.kubectl("auth", "can-i", verb, f"{api.PLURAL}.elasticgpu.io", "-A", who,
+                              check=False)
+        assert result.stdout.strip() == "yes", (verb, result.stdout, result.stderr)
+    assert crds.kubectl("auth", "can-i", "create", f"{api.PLURAL}.elasticgpu.io", "-A", who,
+                        check=False).stdout.strip() == "no"
