@@ -28,6 +28,8 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from elastic_gpu.core.model import Health, Node
+from elastic_gpu.core.request import PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile
 
 #: The annotation that records a pod's request as its user wrote it before the adapter moved
@@ -163,7 +165,8 @@ class FreeInstance:
 
 @dataclass(frozen=True)
 class Constraints:
-    """What limits where a pod may go: the models its GPU-model annotations allow (None: any),
+    """What limits where a pod may go: the card models its GPU-model annotations allow (None:
+    any) and deny, matched exactly as the scheduler matches them (`PodRequest.accepts_model`),
     the nodes its node selector / affinity / taints allow (None: any), and the substitutions
     the controller's configuration allows (from profile name -> profile names; None: the
     compatibility rule alone)."""
@@ -171,6 +174,7 @@ class Constraints:
     models: frozenset[str] | None = None
     nodes: frozenset[str] | None = None
     allowed: Mapping[str, frozenset[str]] | None = None
+    denied_models: frozenset[str] = frozenset()
 
 
 class NoSubstitute(enum.Enum):
@@ -195,12 +199,9 @@ class Substitute:
 def _may_use(inst: FreeInstance, constraints: Constraints) -> bool:
     if constraints.nodes is not None and inst.node not in constraints.nodes:
         return False
-    if constraints.models is not None:
-        card = mig_model(inst.model)
-        names = {inst.model} | ({card.name, card.family} if card else set())
-        if not names & constraints.models:
-            return False
-    return True
+    if inst.model in constraints.denied_models:
+        return False
+    return constraints.models is None or inst.model in constraints.models
 
 
 def fragmentation_key(inst: FreeInstance, free: Sequence[FreeInstance]) -> tuple[int, int, int]:
@@ -256,6 +257,40 @@ class PendingPod:
     key: str  # namespace/name
     requested: MigProfile
     constraints: Constraints = Constraints()
+
+
+def mig_request(request: PodRequest) -> MigProfile | None:
+    """The profile of a pod the adapter can move: one container asking one MIG instance, the
+    others no GPU. None for anything else (several instances or profiles: a move would need
+    them all on one node at once, which `choose_substitute` does not plan)."""
+    gpu = request.gpu_containers
+    if len(gpu) != 1 or gpu[0].kind is not RequestKind.MIG or gpu[0].cards != 1:
+        return None
+    return gpu[0].mig_profile
+
+
+def constraints_for(request: PodRequest, nodes: frozenset[str] | None = None,
+                    allowed: Mapping[str, frozenset[str]] | None = None) -> Constraints:
+    """A pod's constraints: its models as the scheduler reads them (`PodRequest`), the nodes
+    its placement rules allow (the adapter's reading of selector, affinity and taints), the
+    configured substitutions."""
+    return Constraints(request.allowed_models, nodes, allowed, request.denied_models)
+
+
+def free_instances(nodes: Iterable[Node], held: Iterable[str]) -> dict[str, list[FreeInstance]]:
+    """The MIG instances no pod holds (`held`: the instance uuids of the assignments, as the
+    scheduler's ledger has them), healthy, on healthy cards, by node."""
+    taken = set(held)
+    out: dict[str, list[FreeInstance]] = {}
+    for node in nodes:
+        for card in node.cards:
+            if not card.healthy:
+                continue
+            for inst in card.mig:
+                if inst.uuid not in taken and inst.health is Health.HEALTHY:
+                    out.setdefault(node.name, []).append(
+                        FreeInstance(node.name, card.uuid, card.model, inst.profile, inst.uuid))
+    return out
 
 
 def plan_substitutions(pending: Sequence[PendingPod],

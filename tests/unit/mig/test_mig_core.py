@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
 from elastic_gpu.core.mig import (
@@ -15,11 +18,16 @@ from elastic_gpu.core.mig import (
     all_profiles,
     choose_substitute,
     compatible,
+    constraints_for,
+    free_instances,
     mig_model,
+    mig_request,
     move_back,
     plan_substitutions,
     restart_safe,
 )
+from elastic_gpu.core.model import Card, Health, MigInstance, Node
+from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.kubeconfig import MIG_PROFILES
 
@@ -150,7 +158,13 @@ def test_constraints_are_honoured() -> None:
                    inst("h", "2g.20gb", model="H100-80GB"))
     assert choose_substitute(P("1g.10gb"), free, Constraints(nodes=frozenset({"b"}))
                              ).instance == inst("b", "3g.40gb")
+    got = choose_substitute(P("1g.10gb"), free, Constraints(models=frozenset({"H100-80GB"})))
+    assert got.instance == inst("h", "2g.20gb", model="H100-80GB")
+    # models match exactly, as the scheduler matches them: a family name is no model
     got = choose_substitute(P("1g.10gb"), free, Constraints(models=frozenset({"H100"})))
+    assert got.instance is None
+    got = choose_substitute(P("1g.10gb"), free,
+                            Constraints(denied_models=frozenset({"A100-SXM4-80GB"})))
     assert got.instance == inst("h", "2g.20gb", model="H100-80GB")
     # the configuration may allow fewer substitutions than the rule
     got = choose_substitute(P("1g.10gb"), free,
@@ -233,3 +247,38 @@ def test_move_back_only_where_safe_one_per_node_never_more_than_free() -> None:
     pod = MovedPod("p", P("1g.10gb"), P("2g.20gb"), "a", "ReplicaSet", "Always", None,
                    Constraints(nodes=frozenset({"a"})))
     assert move_back([pod], [inst("b", "1g.10gb")], MoveBackPolicy.ALWAYS) == []
+
+
+def test_a_pods_movable_request_and_constraints_are_read_as_the_scheduler_reads_them() -> None:
+    def pod(containers: dict[str, dict[str, str]], annotations: dict[str, str] | None = None
+            ) -> Any:
+        return pod_request_from_manifest({
+            "metadata": {"name": "p", "namespace": "ns", "annotations": annotations or {}},
+            "spec": {"containers": [{"name": n, "resources": {"limits": r}}
+                                    for n, r in containers.items()]}})
+
+    one = pod({"main": {"nvidia.com/mig-1g.10gb": "1"}, "side": {"cpu": "1"}},
+              {"elasticgpu.io/gpu-model": "A100-SXM4-80GB|H100-80GB",
+               "elasticgpu.io/gpu-model-deny": "H100-80GB"})
+    assert mig_request(one) == P("1g.10gb")
+    c = constraints_for(one, frozenset({"a"}))
+    assert c.models == frozenset({"A100-SXM4-80GB", "H100-80GB"})
+    assert c.denied_models == frozenset({"H100-80GB"}) and c.nodes == frozenset({"a"})
+    assert mig_request(pod({"main": {"nvidia.com/mig-1g.10gb": "2"}})) is None
+    assert mig_request(pod({"a": {"nvidia.com/mig-1g.10gb": "1"},
+                            "b": {"nvidia.com/mig-1g.10gb": "1"}})) is None
+    assert mig_request(pod({"main": {"nvidia.com/gpu": "1"}})) is None
+
+
+def test_free_instances_are_the_healthy_ones_no_pod_holds() -> None:
+    def card(index: int, *instances: tuple[str, str], health: Health = Health.HEALTHY) -> Card:
+        return Card(index, f"GPU-{index}", "A100-SXM4-80GB", 81920, health=health,
+                    mig=tuple(MigInstance(P(p), u, 0) for p, u in instances))
+
+    sick = MigInstance(P("1g.10gb"), "MIG-sick", 6, Health.UNHEALTHY)
+    nodes = [Node("a", 1000, 1024, (card(0, ("1g.10gb", "MIG-1"), ("2g.20gb", "MIG-2")),
+                                     replace(card(1), mig=(sick,)))),
+             Node("b", 1000, 1024, (card(0, ("3g.40gb", "MIG-3"), health=Health.UNHEALTHY),)),
+             Node("c", 1000, 1024, ())]
+    got = free_instances(nodes, held=["MIG-1"])
+    assert got == {"a": [FreeInstance("a", "GPU-0", "A100-SXM4-80GB", P("2g.20gb"), "MIG-2")]}
