@@ -24,9 +24,11 @@ Decisions (the adapter feeds them what it read from the API):
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from elastic_gpu.core.model import Health, Node
 from elastic_gpu.core.request import PodRequest, RequestKind
@@ -416,6 +418,9 @@ class SubstitutionRule:
     owner_uid: str | None = None
     pod_name: str | None = None
     reason: str = ""
+    #: a bare pod's manifest as it was before the move (`saved_pod`): what the controller
+    #: re-creates it from, also after a restart between deleting and re-creating it
+    saved_pod: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def selects(self, pod_namespace: str, pod_name: str, owner_uids: Iterable[str]) -> bool:
         if pod_namespace != self.namespace:
@@ -423,3 +428,50 @@ class SubstitutionRule:
         if self.owner_uid is not None:
             return self.owner_uid in set(owner_uids)
         return self.pod_name is not None and self.pod_name == pod_name
+
+
+#: What a re-created pod does not inherit: what the API server sets on every object, and where
+#: the old pod ran (the new one is scheduled again, to the substitute's node).
+_SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                    "deletionGracePeriodSeconds", "generation", "managedFields", "selfLink")
+
+
+def saved_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A bare pod's manifest as the rule keeps it (`spec.savedPod`): everything the user wrote
+    (name, labels, annotations, spec), without what the API server set (uid, resourceVersion,
+    timestamps, managedFields, status) and without `spec.nodeName` (the pod is placed again).
+    The scheduler's annotations are dropped by `recreated_pod`, which knows their names."""
+    out = {k: copy.deepcopy(v) for k, v in pod.items() if k != "status"}
+    meta = dict(out.get("metadata") or {})
+    for key in _SERVER_METADATA:
+        meta.pop(key, None)
+    out["metadata"] = meta
+    out.setdefault("apiVersion", "v1")
+    out.setdefault("kind", "Pod")
+    spec = dict(out.get("spec") or {})
+    spec.pop("nodeName", None)
+    out["spec"] = spec
+    return out
+
+
+def recreated_pod(rule: SubstitutionRule, scheduler_annotations: Iterable[str] = ()
+                  ) -> dict[str, Any]:
+    """The bare pod the controller creates for a rule from its `saved_pod`: same name,
+    labels, annotations and spec, minus the annotations the scheduler wrote for the old
+    placement (`scheduler_annotations`); the profile is rewritten by the webhook at creation
+    (and `MIG_ORIGINAL` recorded there), so the manifest is the saved one. Raises ValueError
+    for a rule without a saved pod (an owner's rule: the owner re-creates its pods)."""
+    if rule.saved_pod is None or rule.pod_name is None:
+        raise ValueError(f"MIGSubstitution {rule.namespace}/{rule.name} has no saved pod")
+    pod = saved_pod(rule.saved_pod)
+    meta = pod["metadata"]
+    meta["name"] = rule.pod_name
+    meta["namespace"] = rule.namespace
+    meta.pop("generateName", None)
+    drop = set(scheduler_annotations)
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in drop}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return pod

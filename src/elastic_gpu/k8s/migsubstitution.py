@@ -11,6 +11,7 @@ a process, so a restarted controller or webhook loses none:
       fromProfile: 1g.10gb
       toProfile: 2g.20gb
       reason: no 1g.10gb free on a node the pods may use; 2g.20gb free on gpu-node-3
+      savedPod: {...}                      # a bare pod's manifest (podName rules only)
 
 The webhook rewrites a selected pod's `nvidia.com/mig-<from>` to `<to>` at creation
 (`core.admission.mig_substitution`). This module is the one source of the CRD
@@ -65,6 +66,8 @@ def crd_manifest() -> dict[str, Any]:
             *_immutable("spec"),
             {"rule": "self.fromProfile != self.toProfile",
              "message": "toProfile must differ from fromProfile"},
+            {"rule": "!has(self.savedPod) || has(self.selector.podName)",
+             "message": "savedPod goes with selector.podName (an owner re-creates its own pods)"},
         ],
         "properties": {
             "selector": {
@@ -87,6 +90,9 @@ def crd_manifest() -> dict[str, Any]:
             "toProfile": _profile("the MIG profile they get instead, e.g. 2g.20gb"),
             "reason": {"type": "string", "maxLength": 1024,
                        "description": "why the controller made the move (shown to users)"},
+            "savedPod": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                         "description": "a bare pod's manifest before the move, which the "
+                                        "controller re-creates it from (podName rules only)"},
         },
     }
     status = {
@@ -162,9 +168,13 @@ def rule_from_object(obj: Mapping[str, Any]) -> SubstitutionRule:
             profiles.append(MigProfile.parse(spec.get(field)))  # type: ignore[arg-type]
         except ResourceError as err:
             raise ElasticGPUObjectError(f"{where}: spec.{field}: {err}") from None
+    saved = spec.get("savedPod")
+    if saved is not None and not isinstance(saved, Mapping):
+        raise ElasticGPUObjectError(f"{where}: spec.savedPod is not an object")
     return SubstitutionRule(name, str(meta.get("namespace") or "default"), profiles[0],
                             profiles[1], str(owner) if owner is not None else None,
-                            str(pod) if pod is not None else None, str(spec.get("reason", "")))
+                            str(pod) if pod is not None else None, str(spec.get("reason", "")),
+                            saved)
 
 
 def _main(argv: list[str] | None = None) -> int:

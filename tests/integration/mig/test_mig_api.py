@@ -59,6 +59,8 @@ def test_a_rule_is_served_read_and_printed(crds: Any, k8s_namespace: str) -> Non
     ({"selector": {"ownerUID": "not-a-uid"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb"},
      ["spec.selector.ownerUID"]),
     ({"selector": {"podName": "p"}, "toProfile": "2g.20gb"}, ["spec.fromProfile", "Required"]),
+    ({"selector": {"ownerUID": UID}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": {"metadata": {"name": "p"}}}, ["savedPod goes with selector.podName"]),
 ])
 def test_nonsense_rules_are_refused(crds: Any, k8s_namespace: str, spec: dict[str, Any],
                                     words: list[str]) -> None:

@@ -106,3 +106,55 @@ def test_a_rule_rewrites_the_pods_it_selects(k8s_cluster: Any, k8s_namespace: st
         assert kept["spec"]["containers"][0]["resources"]["limits"] == {
             "nvidia.com/mig-1g.10gb": "1"}
         assert MIG_ORIGINAL not in kept["metadata"]["annotations"]
+
+
+def test_a_bare_pod_saved_in_its_rule_comes_back_rewritten_under_its_name(
+        k8s_cluster: Any, k8s_namespace: str, webhook: WebhookProcess) -> None:
+    """The bare-pod move without the controller: the live pod saved in the rule, deleted,
+    re-created from the rule as the API serves it: same name, labels, annotations and spec
+    apart from the profile (the controller loop will do exactly these steps)."""
+    from elastic_gpu.core.mig import recreated_pod, saved_pod
+
+    plane = k8s_cluster
+    plane.kubectl("label", "namespace", k8s_namespace, f"{LABEL}={webhook.name}")
+    original = mig_pod("train-0")
+    original["spec"]["containers"][0]["args"] = ["--epochs", "3"]
+    deadline = time.monotonic() + 30
+    while "rule claim-not-found" not in plane.kubectl(
+            "create", "--dry-run=server", "-n", k8s_namespace, "-f", "-",
+            input=seed_pod("probe", "no-such-claim"), check=False).stderr:
+        assert time.monotonic() < deadline, "webhook not in force"
+        time.sleep(0.2)
+    plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps(original))
+    live = json.loads(plane.kubectl("get", "pod", "train-0", "-n", k8s_namespace,
+                                    "-o", "json").stdout)
+    plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps({
+        "apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND, "metadata": {"name": "bare"},
+        "spec": {"selector": {"podName": "train-0"}, "fromProfile": "1g.10gb",
+                 "toProfile": "2g.20gb", "savedPod": saved_pod(live)}}))
+    plane.kubectl("delete", "pod", "train-0", "-n", k8s_namespace, "--grace-period=0",
+                  "--force", "--wait=true")
+    rule = api.rule_from_object(json.loads(plane.kubectl(
+        "get", api.SHORT, "bare", "-n", k8s_namespace, "-o", "json").stdout))
+    again = recreated_pod(rule)
+    started = time.monotonic()
+    while True:  # the webhook's watch has the rule
+        stored = created(plane, k8s_namespace, again)
+        if "nvidia.com/mig-2g.20gb" in stored["spec"]["containers"][0]["resources"]["limits"]:
+            break
+        assert time.monotonic() - started < 10, "the rule was not applied within 10 s"
+        time.sleep(0.1)
+    plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps(again))
+    back = json.loads(plane.kubectl("get", "pod", "train-0", "-n", k8s_namespace,
+                                    "-o", "json").stdout)
+    assert back["metadata"]["uid"] != live["metadata"]["uid"]
+    assert back["metadata"]["labels"] == live["metadata"]["labels"]
+    assert back["metadata"]["annotations"] == {"note": "mine", MIG_ORIGINAL: "main=1g.10gb",
+                                               MIG_SUBSTITUTION: "bare"}
+    container, before = back["spec"]["containers"][0], live["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {"nvidia.com/mig-2g.20gb": "1"},
+                                      "requests": {"nvidia.com/mig-2g.20gb": "1"}}
+    assert {k: v for k, v in container.items() if k != "resources"} == {
+        k: v for k, v in before.items() if k != "resources"}
+    assert {k: v for k, v in back["spec"].items() if k != "containers"} == {
+        k: v for k, v in live["spec"].items() if k != "containers"}

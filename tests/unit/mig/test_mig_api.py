@@ -51,8 +51,10 @@ def test_rule_reads_as_served() -> None:
                                    MigProfile.parse("2g.20gb"), UID, None, "r")
     assert got.selects("team", "anything", [UID]) and not got.selects("other", "x", [UID])
     assert not got.selects("team", "x", ["another"])
+    saved = {"metadata": {"name": "train-0"}, "spec": {"containers": []}}
     bare = api.rule_from_object(rule(selector={"podName": "train-0"}, fromProfile="1g.10gb",
-                                     toProfile="2g.20gb"))
+                                     toProfile="2g.20gb", savedPod=saved))
+    assert bare.saved_pod == saved
     assert bare.selects("team", "train-0", []) and not bare.selects("team", "train-1", [])
 
 
@@ -63,6 +65,8 @@ def test_rule_reads_as_served() -> None:
     (rule(selector={"podName": "p"}, fromProfile="1g.10", toProfile="2g.20gb"),
      "spec.fromProfile"),
     (rule(selector={"podName": "p"}, fromProfile="1g.10gb"), "spec.toProfile"),
+    (rule(selector={"podName": "p"}, fromProfile="1g.10gb", toProfile="2g.20gb", savedPod=[]),
+     "spec.savedPod is not an object"),
 ])
 def test_malformed_rules_name_object_and_field(obj: dict[str, Any], words: str) -> None:
     with pytest.raises(ElasticGPUObjectError, match=re.escape(words)) as err:

@@ -15,6 +15,7 @@ from elastic_gpu.core.mig import (
     MovedPod,
     NoSubstitute,
     PendingPod,
+    SubstitutionRule,
     all_profiles,
     choose_substitute,
     compatible,
@@ -24,7 +25,9 @@ from elastic_gpu.core.mig import (
     mig_request,
     move_back,
     plan_substitutions,
+    recreated_pod,
     restart_safe,
+    saved_pod,
 )
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
 from elastic_gpu.core.request import pod_request_from_manifest
@@ -282,3 +285,29 @@ def test_free_instances_are_the_healthy_ones_no_pod_holds() -> None:
              Node("c", 1000, 1024, ())]
     got = free_instances(nodes, held=["MIG-1"])
     assert got == {"a": [FreeInstance("a", "GPU-0", "A100-SXM4-80GB", P("2g.20gb"), "MIG-2")]}
+
+
+def test_a_bare_pod_is_saved_and_recreated_with_everything_the_user_wrote() -> None:
+    live = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "train-0", "namespace": "team", "uid": "u1",
+                         "resourceVersion": "42", "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "managedFields": [{"manager": "kubectl"}],
+                         "labels": {"app": "train"},
+                         "annotations": {"note": "mine", "elasticgpu.io/assignment": "{}"}},
+            "spec": {"nodeName": "a", "restartPolicy": "Always",
+                     "containers": [{"name": "main", "image": "x", "args": ["--epochs", "3"],
+                                     "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+            "status": {"phase": "Running"}}
+    saved = saved_pod(live)
+    assert "status" not in saved and "nodeName" not in saved["spec"]
+    assert set(saved["metadata"]) == {"name", "namespace", "labels", "annotations"}
+    assert live["metadata"]["uid"] == "u1" and live["spec"]["nodeName"] == "a"  # not mutated
+    rule = SubstitutionRule("bare", "team", P("1g.10gb"), P("2g.20gb"), pod_name="train-0",
+                            saved_pod=saved)
+    again = recreated_pod(rule, ["elasticgpu.io/assignment"])
+    assert again["metadata"] == {"name": "train-0", "namespace": "team",
+                                 "labels": {"app": "train"}, "annotations": {"note": "mine"}}
+    expected_spec = {k: v for k, v in live["spec"].items() if k != "nodeName"}
+    assert again["spec"] == expected_spec  # the webhook rewrites the profile at creation
+    with pytest.raises(ValueError, match="team/web has no saved pod"):
+        recreated_pod(SubstitutionRule("web", "team", P("1g.10gb"), P("2g.20gb"), owner_uid="x"))
