@@ -33,6 +33,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
+from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import (
     ContainerRequest,
@@ -161,6 +162,8 @@ class ClusterFacts:
     #: None: the names are not checked
     node_policies: frozenset[str] | None = None
     card_policies: frozenset[str] | None = None
+    #: the MIG adapter's rules (MIGSubstitution objects, as the adapter watches them)
+    mig_substitutions: tuple[SubstitutionRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -708,10 +711,73 @@ def vcuda_core_limit(data: MutationInput) -> list[PatchOp]:
     return [set_annotation(data.pod, VCUDA_CORE_LIMIT, str(percent))]
 
 
+def _owner_uids(pod: Mapping[str, Any]) -> list[str]:
+    refs = (pod.get("metadata") or {}).get("ownerReferences")
+    if not isinstance(refs, list):
+        return []
+    return [str(r["uid"]) for r in refs if isinstance(r, Mapping) and isinstance(r.get("uid"), str)]
+
+
+def mig_substitution(data: MutationInput) -> list[PatchOp]:
+    """The MIG adapter's rewrite (docs/mig-adapter.md): a pod a MIGSubstitution selects (its
+    owner's uid, or its name, in the rule's namespace; `facts.mig_substitutions`) gets each
+    `nvidia.com/mig-<from>` of its containers' limits and requests replaced by
+    `nvidia.com/mig-<to>` (the same amount), and the request as written is recorded in
+    `elasticgpu.io/mig-original` (`<container>=<profile>`, comma-separated; kept when a pod
+    moves twice) and the rule in
+    `elasticgpu.io/mig-substitution`. Idempotent: a rewritten pod asks no `<from>` any more.
+    Rules are applied in name order; a second rule for the same `<from>` finds nothing left."""
+    pod = data.pod
+    meta = pod.get("metadata") or {}
+    rules = sorted((r for r in data.facts.mig_substitutions
+                    if r.selects(_namespace(pod), str(meta.get("name") or ""), _owner_uids(pod))),
+                   key=lambda r: r.name)
+    if not rules:
+        return []
+    ops: list[PatchOp] = []
+    original: list[str] = []
+    applied: list[str] = []
+    current: Mapping[str, Any] = pod
+    for rule in rules:
+        step: list[PatchOp] = []
+        source, target = rule.from_profile.resource_name, rule.to_profile.resource_name
+        for kind in ("initContainers", "containers"):
+            for index, container in enumerate(_containers(current, kind)):
+                resources = container.get("resources") or {}
+                moved = False
+                for part in ("limits", "requests"):
+                    values = resources.get(part)
+                    # (a container asks one MIG profile at most: validation says so)
+                    if not isinstance(values, Mapping) or source not in values \
+                            or target in values:
+                        continue
+                    where = ("spec", kind, index, "resources", part)
+                    step.append({"op": "remove", "path": pointer(*where, source)})
+                    step.append({"op": "add", "path": pointer(*where, target),
+                                 "value": values[source]})
+                    moved = True
+                if moved:
+                    original.append(f"{container.get('name', index)}={rule.from_profile.name}")
+        if step:
+            current = apply_patch(current, step)
+            ops += step
+            applied.append(rule.name)
+    if not ops:
+        return []
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if MIG_ORIGINAL not in annotations:
+        ops.append(set_annotation(current, MIG_ORIGINAL, ",".join(original)))
+        current = apply_patch(current, ops[-1:])
+    ops.append(set_annotation(current, MIG_SUBSTITUTION, ",".join(applied)))
+    return ops
+
+
 #: The mutations, in order. The claims' resources come first: the others read the containers
 #: as the claims complete them (a claim of memory only gets its compute device, like a pod
-#: asking memory only). Later mutations (MIG adapter, budgets) are appended here.
-MUTATORS: tuple[Mutator, ...] = (claim_resources, memory_only_compute, vcuda_core_limit)
+#: asking memory only). Later mutations (budgets) are appended here; the MIG adapter's rewrite
+#: comes after the claims (a claim's MIG request is rewritten like a container's own).
+MUTATORS: tuple[Mutator, ...] = (claim_resources, memory_only_compute, vcuda_core_limit,
+                                 mig_substitution)
 
 
 class PatchError(ValueError):

@@ -6,6 +6,8 @@
   200 with `allowed: false` and the reason; a body over `max_body_bytes` gets 413. Never 5xx.
 - Pods naming ElasticGPUClaims are judged with the claims of a list and watch of them
   (`kube.ClaimCache`); a claim the cache lacks is read live before the pod is refused.
+- Pods a MIGSubstitution selects are rewritten by its rule (`migrules.RuleCache`, a list and
+  watch of the rules, feeds `ClusterFacts.mig_substitutions`; docs/mig-adapter.md).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -22,7 +24,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from elastic_gpu.core.admission import (
     facts_from_nodes,
 )
 from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
@@ -318,8 +321,10 @@ class WebhookServer:
     def __init__(self, options: WebhookOptions) -> None:
         self.options = options
         from elastic_gpu.webhook.kube import ClaimCache
+        from elastic_gpu.webhook.migrules import RuleCache
 
         self.claim_cache = ClaimCache()
+        self.rule_cache = RuleCache(self.set_mig_rules)
         self.metrics = Metrics()
         self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
                                    on_lookup=lambda source: self.metrics.claim_lookups.labels(
@@ -334,9 +339,13 @@ class WebhookServer:
     def set_nodes(self, nodes: Sequence[NodeGpus]) -> None:
         node_policies, card_policies = self._policies
         facts = facts_from_nodes(nodes, node_policies=node_policies, card_policies=card_policies)
-        self.admission.facts = facts
+        self.admission.facts = replace(facts, mig_substitutions=self.rule_cache.snapshot())
         self.metrics.gpu_nodes.set(len(nodes))
         self.metrics.largest_cards.set(facts.largest_cards)
+
+    def set_mig_rules(self, rules: tuple[SubstitutionRule, ...]) -> None:
+        """The MIG adapter's rules changed (the MIGSubstitution watch)."""
+        self.admission.facts = replace(self.admission.facts, mig_substitutions=rules)
 
     # HTTP ----------------------------------------------------------------------------------
     def app(self) -> Any:
@@ -476,6 +485,7 @@ class WebhookServer:
         facts = NodeFacts(self.set_nodes)
         tasks.append(asyncio.create_task(facts.run(client)))
         tasks.append(asyncio.create_task(self.claim_cache.run(client)))
+        tasks.append(asyncio.create_task(self.rule_cache.run(client)))
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self.options.host, self.options.port,

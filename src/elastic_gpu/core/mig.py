@@ -1,0 +1,477 @@
+"""MIG profiles per GPU model, and the MIG adapter's decisions (DESIGN.md 7.3). Pure, no I/O.
+
+The table is NVIDIA's, as the MIG user guide publishes it ("Supported MIG Profiles",
+https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html, and
+"Supported GPUs" for the models and their 7 (A30: 4) instances at most): per profile the
+compute slices (fraction of SMs), the memory slices (fraction of memory, in eighths; A30 in
+quarters), the memory in GB its name gives and how many instances of it one card holds. The
+A100-SXM4-80GB and the H100 80 GB carry the same names (1g.10gb ... 7g.80gb) and sizes; the H200
+141 GB carries 1g.18gb ... 7g.141gb. The `+me` profiles (media extensions) exist once per card.
+
+Decisions (the adapter feeds them what it read from the API):
+
+- `compatible(requested, offered, model)`: may a pod asking `requested` run on an instance of
+  `offered` carved on a card of `model`? Same model family, at least the compute slices and the
+  memory asked, a different profile (the same one is no substitution).
+- `choose_substitute(requested, free_instances_by_node, constraints)`: the free instance a
+  pending pod moves to: the smallest compatible profile (least waste), ties by what fragments
+  the cluster's MIG capacity least (`fragmentation_key`). `plan_substitutions` does it for
+  several pending pods at once, each free instance given once.
+- `move_back(moved, free_originals, policy, busy_nodes)`: which moved pods go back to their
+  original profile now: only where safe (`restart_safe`), one at a time per node, never more
+  than the free original instances.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_gpu.core.model import Health, Node
+from elastic_gpu.core.request import PodRequest, RequestKind
+from elastic_gpu.core.resources import MigProfile
+
+#: The annotation that records a pod's request as its user wrote it before the adapter moved
+#: it (`<container>=<profile>` pairs separated by commas), and the rule that moved it.
+MIG_ORIGINAL = "elasticgpu.io/mig-original"
+MIG_SUBSTITUTION = "elasticgpu.io/mig-substitution"
+
+
+@dataclass(frozen=True)
+class ProfileSize:
+    """One row of NVIDIA's table: a profile and its size on one card model."""
+
+    profile: MigProfile
+    #: compute slices (the profile's `<n>g`; a card has `MigModel.compute_slices`)
+    compute_slices: int
+    #: memory slices (of `MigModel.memory_slices`)
+    memory_slices: int
+    #: how many instances of this profile one card holds at most
+    max_instances: int
+
+    @property
+    def memory_gb(self) -> int:
+        return self.profile.memory_gb
+
+
+@dataclass(frozen=True)
+class MigModel:
+    """A MIG-capable card model and its profiles."""
+
+    name: str
+    #: the product family: substitution never crosses it (A100 40 GB and 80 GB are one family)
+    family: str
+    memory_gb: int
+    compute_slices: int
+    memory_slices: int
+    profiles: tuple[ProfileSize, ...]
+
+    def size(self, profile: MigProfile) -> ProfileSize | None:
+        return next((p for p in self.profiles if p.profile == profile), None)
+
+
+def _rows(*rows: tuple[str, int, int]) -> tuple[ProfileSize, ...]:
+    out = []
+    for name, memory_slices, max_instances in rows:
+        profile = MigProfile.parse(name)
+        out.append(ProfileSize(profile, profile.slices, memory_slices, max_instances))
+    return tuple(out)
+
+
+#: The 80 GB Ampere/Hopper layout: the A100-SXM4-80GB (and PCIe 80 GB) and the H100 80 GB.
+_EIGHTY = (("1g.10gb", 1, 7), ("1g.10gb+me", 1, 1), ("1g.20gb", 2, 4), ("2g.20gb", 2, 3),
+           ("3g.40gb", 4, 2), ("4g.40gb", 4, 1), ("7g.80gb", 8, 1))
+
+#: NVIDIA's published profiles per model (see the module's docstring for the source).
+MIG_MODELS: tuple[MigModel, ...] = (
+    MigModel("A30-24GB", "A30", 24, 4, 4, _rows(
+        ("1g.6gb", 1, 4), ("1g.6gb+me", 1, 1), ("2g.12gb", 2, 2), ("2g.12gb+me", 2, 1),
+        ("4g.24gb", 4, 1))),
+    MigModel("A100-SXM4-40GB", "A100", 40, 7, 8, _rows(
+        ("1g.5gb", 1, 7), ("1g.5gb+me", 1, 1), ("1g.10gb", 2, 4), ("2g.10gb", 2, 3),
+        ("3g.20gb", 4, 2), ("4g.20gb", 4, 1), ("7g.40gb", 8, 1))),
+    MigModel("A100-80GB", "A100", 80, 7, 8, _rows(*_EIGHTY)),
+    MigModel("H100-80GB", "H100", 80, 7, 8, _rows(*_EIGHTY)),
+    MigModel("H200-141GB", "H200", 141, 7, 8, _rows(
+        ("1g.18gb", 1, 7), ("1g.18gb+me", 1, 1), ("1g.35gb", 2, 4), ("2g.35gb", 2, 3),
+        ("3g.71gb", 4, 2), ("4g.71gb", 4, 1), ("7g.141gb", 8, 1))),
+)
+
+_BY_NAME = {m.name: m for m in MIG_MODELS}
+
+
+def all_profiles() -> tuple[MigProfile, ...]:
+    """Every profile of the table once (without the `+me` ones), in table order."""
+    seen: dict[MigProfile, None] = {}
+    for model in MIG_MODELS:
+        for row in model.profiles:
+            if not row.profile.extra:
+                seen.setdefault(row.profile)
+    return tuple(seen)
+
+
+def mig_model(card_model: str) -> MigModel | None:
+    """The table's model for a card model as a node or NVML names it (`A100-SXM4-40GB`,
+    `NVIDIA A100-PCIE-80GB`, `NVIDIA H100 80GB HBM3`, `H200`, ...); None for a card the table
+    does not know (no substitution is made on it)."""
+    if card_model in _BY_NAME:
+        return _BY_NAME[card_model]
+    text = card_model.upper().replace("_", "-").replace(" ", "-")
+    if "A30" in text:
+        return _BY_NAME["A30-24GB"]
+    if "A100" in text:
+        return _BY_NAME["A100-80GB" if "80GB" in text else "A100-SXM4-40GB"]
+    if "H200" in text:
+        return _BY_NAME["H200-141GB"]
+    if "H100" in text and "80GB" in text:
+        return _BY_NAME["H100-80GB"]
+    return None
+
+
+def compatible(requested: MigProfile, offered: MigProfile, model: str) -> bool:
+    """Whether a pod asking `requested` may run on an instance of `offered` on a card of
+    `model`: the card's family has `requested` (on some model of the family: the pod's name
+    means a size there), `offered` is a profile of `model`, it has at least the compute slices
+    and the memory asked, and it is another profile. A `+me` request needs the same media
+    extensions; a plain request may take a `+me` instance."""
+    card = mig_model(model)
+    if card is None or requested == offered:
+        return False
+    have = card.size(offered)
+    if have is None:
+        return False
+    family = [m for m in MIG_MODELS if m.family == card.family]
+    if not any(m.size(requested) is not None for m in family):
+        return False
+    if requested.extra and requested.extra != offered.extra:
+        return False
+    return offered.slices >= requested.slices and offered.memory_gb >= requested.memory_gb
+
+
+# --- choosing a substitute -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FreeInstance:
+    """A MIG instance no pod holds: where it is and what it is."""
+
+    node: str
+    card: str  # the card's uuid (or index): fragmentation is counted per card
+    model: str
+    profile: MigProfile
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What limits where a pod may go: the card models its GPU-model annotations allow (None:
+    any) and deny, matched exactly as the scheduler matches them (`PodRequest.accepts_model`),
+    the nodes its node selector / affinity / taints allow (None: any), and the substitutions
+    the controller's configuration allows (from profile name -> profile names; None: the
+    compatibility rule alone)."""
+
+    models: frozenset[str] | None = None
+    nodes: frozenset[str] | None = None
+    allowed: Mapping[str, frozenset[str]] | None = None
+    denied_models: frozenset[str] = frozenset()
+
+
+class NoSubstitute(enum.Enum):
+    """Why a pending pod is not moved (the Event's reason)."""
+
+    #: an instance of the profile asked is free where the pod may run: it waits for another
+    #: reason (CPU, memory, ...) and moving it would not help
+    REQUESTED_FREE = "RequestedProfileFree"
+    #: no free instance of a compatible profile where the pod may run
+    NONE_COMPATIBLE = "NoCompatibleProfileFree"
+
+
+@dataclass(frozen=True)
+class Substitute:
+    """The decision for one pending pod: the instance it moves to, or why it does not."""
+
+    instance: FreeInstance | None
+    reason: NoSubstitute | None = None
+    message: str = ""
+
+
+def _may_use(inst: FreeInstance, constraints: Constraints) -> bool:
+    if constraints.nodes is not None and inst.node not in constraints.nodes:
+        return False
+    if inst.model in constraints.denied_models:
+        return False
+    return constraints.models is None or inst.model in constraints.models
+
+
+def fragmentation_key(inst: FreeInstance, free: Sequence[FreeInstance]) -> tuple[int, int, int]:
+    """Lower is better: what taking `inst` costs the cluster's MIG capacity.
+
+    First the scarcity of its profile (take from the profile with the most free instances of
+    its model: a scarce profile stays free for the pods that need it exactly), then best fit
+    (take from the card, then the node, with the fewest free compute slices: emptier cards and
+    nodes stay whole for larger requests)."""
+    same = sum(1 for f in free if f.profile == inst.profile and f.model == inst.model)
+    card_free = sum(f.profile.slices for f in free if f.node == inst.node and f.card == inst.card)
+    node_free = sum(f.profile.slices for f in free if f.node == inst.node)
+    return (-same, card_free, node_free)
+
+
+def choose_substitute(requested: MigProfile,
+                      free_instances_by_node: Mapping[str, Sequence[FreeInstance]],
+                      constraints: Constraints = Constraints()) -> Substitute:
+    """The free instance a pod pending for `requested` moves to.
+
+    Only instances where the pod may run count (`constraints`). When one of `requested`
+    itself is free there, nothing moves (the pod waits for something else). Otherwise the
+    smallest compatible profile wins (compute slices, then memory: least waste; a plain
+    profile before its `+me` twin), ties by `fragmentation_key`, then node, card and uuid so
+    that the answer never depends on the input's order."""
+    free = [i for node in sorted(free_instances_by_node) for i in free_instances_by_node[node]]
+    usable = [i for i in free if _may_use(i, constraints)]
+    same = [i for i in usable if i.profile == requested and mig_model(i.model) is not None]
+    if same:
+        first = min(same, key=lambda i: (i.node, i.card, i.uuid))
+        return Substitute(None, NoSubstitute.REQUESTED_FREE,
+                          f"an instance of {requested.name} is free on node {first.node}; "
+                          f"the pod waits for something else")
+    allowed = constraints.allowed.get(requested.name) if constraints.allowed is not None else None
+    candidates = [i for i in usable if compatible(requested, i.profile, i.model)
+                  and (constraints.allowed is None
+                       or (allowed is not None and i.profile.name in allowed))]
+    if not candidates:
+        return Substitute(None, NoSubstitute.NONE_COMPATIBLE,
+                          f"no instance of {requested.name} nor of a compatible profile (same "
+                          f"GPU family, at least {requested.slices} compute slices and "
+                          f"{requested.memory_gb} GB) is free on a node the pod may use")
+    best = min(candidates, key=lambda i: (i.profile.slices, i.profile.memory_gb,
+                                          bool(i.profile.extra), *fragmentation_key(i, free),
+                                          i.node, i.card, i.uuid))
+    return Substitute(best, None, f"{requested.name} -> {best.profile.name} on node {best.node}")
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """A pod pending for a MIG profile (oldest first is the order of service)."""
+
+    key: str  # namespace/name
+    requested: MigProfile
+    constraints: Constraints = Constraints()
+
+
+def mig_request(request: PodRequest) -> MigProfile | None:
+    """The profile of a pod the adapter can move: one container asking one MIG instance, the
+    others no GPU. None for anything else (several instances or profiles: a move would need
+    them all on one node at once, which `choose_substitute` does not plan)."""
+    gpu = request.gpu_containers
+    if len(gpu) != 1 or gpu[0].kind is not RequestKind.MIG or gpu[0].cards != 1:
+        return None
+    return gpu[0].mig_profile
+
+
+def constraints_for(request: PodRequest, nodes: frozenset[str] | None = None,
+                    allowed: Mapping[str, frozenset[str]] | None = None) -> Constraints:
+    """A pod's constraints: its models as the scheduler reads them (`PodRequest`), the nodes
+    its placement rules allow (the adapter's reading of selector, affinity and taints), the
+    configured substitutions."""
+    return Constraints(request.allowed_models, nodes, allowed, request.denied_models)
+
+
+def free_instances(nodes: Iterable[Node], held: Iterable[str]) -> dict[str, list[FreeInstance]]:
+    """The MIG instances no pod holds (`held`: the instance uuids of the assignments, as the
+    scheduler's ledger has them), healthy, on healthy cards, by node."""
+    taken = set(held)
+    out: dict[str, list[FreeInstance]] = {}
+    for node in nodes:
+        for card in node.cards:
+            if not card.healthy:
+                continue
+            for inst in card.mig:
+                if inst.uuid not in taken and inst.health is Health.HEALTHY:
+                    out.setdefault(node.name, []).append(
+                        FreeInstance(node.name, card.uuid, card.model, inst.profile, inst.uuid))
+    return out
+
+
+def plan_substitutions(pending: Sequence[PendingPod],
+                       free_instances_by_node: Mapping[str, Sequence[FreeInstance]]
+                       ) -> dict[str, Substitute]:
+    """`choose_substitute` for each pending pod in order, each free instance given to one pod
+    only: two pods pending and one compatible instance free, exactly one moves."""
+    left = {node: list(insts) for node, insts in free_instances_by_node.items()}
+    out: dict[str, Substitute] = {}
+    for pod in pending:
+        decision = choose_substitute(pod.requested, left, pod.constraints)
+        out[pod.key] = decision
+        if decision.instance is not None:
+            left[decision.instance.node].remove(decision.instance)
+    return out
+
+
+# --- moving back -----------------------------------------------------------------------------
+
+
+class MoveBackPolicy(enum.Enum):
+    #: moved pods stay where they are
+    NEVER = "never"
+    #: a moved pod goes back when its original profile frees and the pod is idle (no work on
+    #: its GPU, as the agent reports it); a busy pod is not restarted
+    WHEN_IDLE = "when-idle"
+    #: a moved pod goes back as soon as its original profile frees (where safe)
+    ALWAYS = "always"
+
+
+#: Owners that replace a deleted pod: deleting one of their pods loses nothing.
+RESTARTING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "Job"})
+
+
+@dataclass(frozen=True)
+class MovedPod:
+    """A pod the adapter moved, as it runs now."""
+
+    key: str  # namespace/name
+    original: MigProfile
+    current: MigProfile
+    node: str
+    owner_kind: str | None = None
+    restart_policy: str = "Always"
+    #: no work on its GPU (for `when-idle`); None: not known, counted as busy
+    idle: bool | None = None
+    constraints: Constraints = Constraints()
+
+
+def restart_safe(pod: MovedPod) -> bool:
+    """Whether deleting the pod to move it back loses nothing: an owner re-creates it, or it is
+    a bare pod whose `restartPolicy: Always` says its work may restart at any time (a bare pod
+    with `Never` or `OnFailure` would run its work twice)."""
+    if pod.owner_kind is not None:
+        return pod.owner_kind in RESTARTING_OWNERS
+    return pod.restart_policy == "Always"
+
+
+@dataclass(frozen=True)
+class MoveBack:
+    """One pod going back: to this free instance of its original profile."""
+
+    pod: MovedPod
+    instance: FreeInstance
+
+
+def move_back(moved: Sequence[MovedPod], free_originals: Iterable[FreeInstance],
+              policy: MoveBackPolicy, busy_nodes: frozenset[str] = frozenset()
+              ) -> list[MoveBack]:
+    """The moved pods that go back now, in the order given (oldest move first).
+
+    A pod goes back only under the policy, where safe (`restart_safe`), onto a free instance
+    of its original profile on a node it may use and on a card of its family. One at a time
+    per node: at most one pod leaves a node and at most one arrives on a node per round, and
+    no node in `busy_nodes` (a move still in flight there) is touched. Each free instance is
+    given once, so never more pods go back than there are free originals."""
+    if policy is MoveBackPolicy.NEVER:
+        return []
+    left = list(free_originals)
+    touched = set(busy_nodes)
+    out: list[MoveBack] = []
+    for pod in moved:
+        if pod.node in touched or not restart_safe(pod):
+            continue
+        if policy is MoveBackPolicy.WHEN_IDLE and pod.idle is not True:
+            continue
+        fits = [i for i in left if i.profile == pod.original and i.node not in touched
+                and _may_use(i, pod.constraints) and mig_model(i.model) is not None]
+        if not fits:
+            continue
+        # back onto its own node when it can (nothing else moves), else the best fit
+        target = min(fits, key=lambda i: (i.node != pod.node, *fragmentation_key(i, left),
+                                          i.node, i.card, i.uuid))
+        left.remove(target)
+        touched.update({pod.node, target.node})
+        out.append(MoveBack(pod, target))
+    return out
+
+
+def parse_profiles(names: Iterable[str]) -> frozenset[str]:
+    """Profile names as the configuration writes them, checked (`ResourceError` names the bad
+    one); `nvidia.com/mig-` prefixes are dropped."""
+    out: set[str] = set()
+    for name in names:
+        out.add(MigProfile.parse(name).name)
+    return frozenset(out)
+
+
+# --- the rule a move is recorded in ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubstitutionRule:
+    """A MIGSubstitution (elasticgpu.io): pods it selects that ask `from_profile` get
+    `to_profile` instead, at admission. It selects the pods of one owner (`owner_uid`: the
+    ReplicaSet, Job or StatefulSet whose replacements are rewritten) or one bare pod by name,
+    in its own namespace."""
+
+    name: str
+    namespace: str
+    from_profile: MigProfile
+    to_profile: MigProfile
+    owner_uid: str | None = None
+    pod_name: str | None = None
+    reason: str = ""
+    #: a bare pod's manifest as it was before the move (`saved_pod`): what the controller
+    #: re-creates it from, also after a restart between deleting and re-creating it
+    saved_pod: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+
+    def selects(self, pod_namespace: str, pod_name: str, owner_uids: Iterable[str]) -> bool:
+        if pod_namespace != self.namespace:
+            return False
+        if self.owner_uid is not None:
+            return self.owner_uid in set(owner_uids)
+        return self.pod_name is not None and self.pod_name == pod_name
+
+
+#: What a re-created pod does not inherit: what the API server sets on every object, and where
+#: the old pod ran (the new one is scheduled again, to the substitute's node).
+_SERVER_METADATA = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                    "deletionGracePeriodSeconds", "generation", "managedFields", "selfLink")
+
+
+def saved_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A bare pod's manifest as the rule keeps it (`spec.savedPod`): everything the user wrote
+    (name, labels, annotations, spec), without what the API server set (uid, resourceVersion,
+    timestamps, managedFields, status) and without `spec.nodeName` (the pod is placed again).
+    The scheduler's annotations are dropped by `recreated_pod`, which knows their names."""
+    out = {k: copy.deepcopy(v) for k, v in pod.items() if k != "status"}
+    meta = dict(out.get("metadata") or {})
+    for key in _SERVER_METADATA:
+        meta.pop(key, None)
+    out["metadata"] = meta
+    out.setdefault("apiVersion", "v1")
+    out.setdefault("kind", "Pod")
+    spec = dict(out.get("spec") or {})
+    spec.pop("nodeName", None)
+    out["spec"] = spec
+    return out
+
+
+def recreated_pod(rule: SubstitutionRule, scheduler_annotations: Iterable[str] = ()
+                  ) -> dict[str, Any]:
+    """The bare pod the controller creates for a rule from its `saved_pod`: same name,
+    labels, annotations and spec, minus the annotations the scheduler wrote for the old
+    placement (`scheduler_annotations`); the profile is rewritten by the webhook at creation
+    (and `MIG_ORIGINAL` recorded there), so the manifest is the saved one. Raises ValueError
+    for a rule without a saved pod (an owner's rule: the owner re-creates its pods)."""
+    if rule.saved_pod is None or rule.pod_name is None:
+        raise ValueError(f"MIGSubstitution {rule.namespace}/{rule.name} has no saved pod")
+    pod = saved_pod(rule.saved_pod)
+    meta = pod["metadata"]
+    meta["name"] = rule.pod_name
+    meta["namespace"] = rule.namespace
+    meta.pop("generateName", None)
+    drop = set(scheduler_annotations)
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in drop}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    return pod

@@ -1,0 +1,192 @@
+"""The MIG adapter's rule in the API: MIGSubstitution (group elasticgpu.io, v1alpha, namespaced).
+
+A move of pods from one MIG profile to another (DESIGN.md 7.3) is recorded here, never only in
+a process, so a restarted controller or webhook loses none:
+
+    apiVersion: elasticgpu.io/v1alpha
+    kind: MIGSubstitution
+    metadata: {name: web-1g10gb-to-2g20gb, namespace: default}
+    spec:
+      selector: {ownerUID: 6f1c...}        # the pods of this owner, or {podName: train-0}
+      fromProfile: 1g.10gb
+      toProfile: 2g.20gb
+      reason: no 1g.10gb free on a node the pods may use; 2g.20gb free on gpu-node-3
+      savedPod: {...}                      # a bare pod's manifest (podName rules only)
+
+The webhook rewrites a selected pod's `nvidia.com/mig-<from>` to `<to>` at creation
+(`core.admission.mig_substitution`). This module is the one source of the CRD
+(`crd_manifest()`; deploy/crds/migsubstitutions.yaml is its YAML form, written by
+`python -m elastic_gpu.k8s.migsubstitution --write deploy/crds` and kept equal by a unit test)
+and reads the served objects into `core.mig.SubstitutionRule`. No I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.k8s.elasticgpu import (
+    GROUP,
+    VERSION,
+    ElasticGPUObjectError,
+    _column,
+    _conditions_schema,
+    _crd,
+    _immutable,
+    _NoAliases,
+)
+
+KIND, PLURAL, SHORT = "MIGSubstitution", "migsubstitutions", "migsub"
+CRD_FILE = "migsubstitutions.yaml"
+#: A MIG profile as the rule writes it (no `nvidia.com/mig-` prefix): core.resources.MIG_RULE.
+PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb(\+me|\+me\.all|\+gfx)?$"
+#: A Kubernetes object uid (a UUID) and a pod name (a DNS subdomain).
+UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def _profile(description: str) -> dict[str, Any]:
+    return {"type": "string", "maxLength": 32, "pattern": PROFILE_PATTERN,
+            "description": description}
+
+
+def crd_manifest() -> dict[str, Any]:
+    """The MIGSubstitution CustomResourceDefinition (apiextensions.k8s.io/v1)."""
+    spec = {
+        "type": "object",
+        "required": ["selector", "fromProfile", "toProfile"],
+        "x-kubernetes-validations": [
+            *_immutable("spec"),
+            {"rule": "self.fromProfile != self.toProfile",
+             "message": "toProfile must differ from fromProfile"},
+            {"rule": "!has(self.savedPod) || has(self.selector.podName)",
+             "message": "savedPod goes with selector.podName (an owner re-creates its own pods)"},
+        ],
+        "properties": {
+            "selector": {
+                "type": "object",
+                "description": "The pods the rule rewrites, in its namespace: those of one owner "
+                               "(ownerUID) or one bare pod (podName); exactly one of the two.",
+                "x-kubernetes-validations": [{
+                    "rule": "has(self.ownerUID) != has(self.podName)",
+                    "message": "exactly one of ownerUID and podName"}],
+                "properties": {
+                    "ownerUID": {"type": "string", "pattern": UID_PATTERN, "maxLength": 36,
+                                 "description": "uid of the ReplicaSet, Job or StatefulSet "
+                                                "whose pods are rewritten"},
+                    "podName": {"type": "string", "minLength": 1, "maxLength": 253,
+                                "pattern": POD_NAME_PATTERN,
+                                "description": "name of the bare pod that is rewritten"},
+                },
+            },
+            "fromProfile": _profile("the MIG profile the pods ask, e.g. 1g.10gb"),
+            "toProfile": _profile("the MIG profile they get instead, e.g. 2g.20gb"),
+            "reason": {"type": "string", "maxLength": 1024,
+                       "description": "why the controller made the move (shown to users)"},
+            "savedPod": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                         "description": "a bare pod's manifest before the move, which the "
+                                        "controller re-creates it from (podName rules only)"},
+        },
+    }
+    status = {
+        "type": "object",
+        "properties": {
+            "movedPods": {
+                "type": "array", "maxItems": 1024,
+                "description": "pods running under the rule",
+                "items": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "maxLength": 253},
+                    "uid": {"type": "string", "maxLength": 36},
+                    "node": {"type": "string", "maxLength": 253},
+                    "movedAt": {"type": "string", "format": "date-time"},
+                }},
+            },
+            "moved": {"type": "integer", "minimum": 0,
+                      "description": "how many pods the rule has moved"},
+            "conditions": _conditions_schema(),
+        },
+    }
+    schema = {
+        "type": "object",
+        "description": "A move of pods from one MIG profile to a compatible one, made by the MIG "
+                       "adapter; the webhook rewrites the selected pods' request at creation.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    columns = [
+        _column("From", "string", ".spec.fromProfile", "profile the pods ask"),
+        _column("To", "string", ".spec.toProfile", "profile they get"),
+        _column("Owner", "string", ".spec.selector.ownerUID", "uid of the owner selected"),
+        _column("Pod", "string", ".spec.selector.podName", "bare pod selected"),
+        _column("Moved", "integer", ".status.moved", "pods moved"),
+        _column("Reason", "string", ".spec.reason", "why", priority=1),
+        _column("Age", "date", ".metadata.creationTimestamp", "age"),
+    ]
+    return _crd(KIND, PLURAL, SHORT, "Namespaced", schema, columns, status=True)
+
+
+def crd_yaml() -> str:
+    header = (f"# {KIND} ({GROUP}/{VERSION}): see docs/mig-adapter.md.\n"
+              "# Generated by `python -m elastic_gpu.k8s.migsubstitution --write deploy/crds` "
+              "from\n# elastic_gpu.k8s.migsubstitution.crd_manifest() (a unit test keeps them "
+              "equal).\n")
+    return header + yaml.dump(crd_manifest(), Dumper=_NoAliases, sort_keys=False, width=100)
+
+
+def rule_from_object(obj: Mapping[str, Any]) -> SubstitutionRule:
+    """A served MIGSubstitution as the core's rule; `ElasticGPUObjectError` names the object
+    and the field it cannot read (the schema keeps the apiserver's from reaching here)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = str(meta.get("name", "?"))
+    where = f"{KIND} {meta.get('namespace', '?')}/{name}"
+    spec = obj.get("spec") if isinstance(obj, Mapping) else None
+    if not isinstance(spec, Mapping):
+        raise ElasticGPUObjectError(f"{where}: spec is missing")
+    selector = spec.get("selector")
+    if not isinstance(selector, Mapping):
+        raise ElasticGPUObjectError(f"{where}: spec.selector is missing")
+    owner, pod = selector.get("ownerUID"), selector.get("podName")
+    if (owner is None) == (pod is None):
+        raise ElasticGPUObjectError(f"{where}: spec.selector: exactly one of ownerUID and podName")
+    profiles = []
+    for field in ("fromProfile", "toProfile"):
+        try:
+            profiles.append(MigProfile.parse(spec.get(field)))  # type: ignore[arg-type]
+        except ResourceError as err:
+            raise ElasticGPUObjectError(f"{where}: spec.{field}: {err}") from None
+    saved = spec.get("savedPod")
+    if saved is not None and not isinstance(saved, Mapping):
+        raise ElasticGPUObjectError(f"{where}: spec.savedPod is not an object")
+    return SubstitutionRule(name, str(meta.get("namespace") or "default"), profiles[0],
+                            profiles[1], str(owner) if owner is not None else None,
+                            str(pod) if pod is not None else None, str(spec.get("reason", "")),
+                            saved)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the MIGSubstitution CRD as YAML.")
+    parser.add_argument("--write", metavar="DIR", type=Path, help="write the file into DIR")
+    args = parser.parse_args(argv)
+    if args.write is None:
+        sys.stdout.write(crd_yaml())
+    else:
+        (args.write / CRD_FILE).write_text(crd_yaml())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,86 @@
+"""The MIGSubstitution CRD on the real kube-apiserver (issue #16, the rule in the API)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from elastic_gpu.k8s import migsubstitution as api
+
+pytestmark = pytest.mark.integration
+
+UID = "6f1c2a3b-0000-4000-8000-0123456789ab"
+
+
+@pytest.fixture
+def crds(k8s_cluster: Any) -> Any:
+    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+
+    install_elasticgpu_crds(k8s_cluster.client())  # what the sandbox installs
+    return k8s_cluster
+
+
+def _rule(name: str, spec: dict[str, Any]) -> str:
+    return json.dumps({"apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND,
+                       "metadata": {"name": name}, "spec": spec})
+
+
+def test_a_rule_is_served_read_and_printed(crds: Any, k8s_namespace: str) -> None:
+    spec = {"selector": {"ownerUID": UID}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+            "reason": "no 1g.10gb free"}
+    crds.kubectl("create", "-n", k8s_namespace, "-f", "-", input=_rule("web", spec))
+    obj = json.loads(crds.kubectl("get", api.SHORT, "web", "-n", k8s_namespace,
+                                  "-o", "json").stdout)
+    rule = api.rule_from_object(obj)
+    assert (rule.namespace, rule.owner_uid, rule.from_profile.name, rule.to_profile.name) == (
+        k8s_namespace, UID, "1g.10gb", "2g.20gb")
+    out = crds.kubectl("get", api.SHORT, "-n", k8s_namespace).stdout
+    assert out.split("\n")[0].split() == ["NAME", "FROM", "TO", "OWNER", "POD", "MOVED", "AGE"]
+    assert out.split("\n")[1].split()[:4] == ["web", "1g.10gb", "2g.20gb", UID]
+    # the spec cannot change: a rule is replaced, never edited under the pods it moved
+    result = crds.kubectl("patch", api.SHORT, "web", "-n", k8s_namespace, "--type=merge",
+                          "-p", '{"spec":{"toProfile":"3g.40gb"}}', check=False)
+    assert result.returncode != 0 and "spec is immutable" in result.stderr
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ({"selector": {"ownerUID": UID}, "fromProfile": "1g.10gb", "toProfile": "1g.10gb"},
+     ["toProfile must differ from fromProfile"]),
+    ({"selector": {}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb"},
+     ["spec.selector", "exactly one of ownerUID and podName"]),
+    ({"selector": {"ownerUID": UID, "podName": "p"}, "fromProfile": "1g.10gb",
+      "toProfile": "2g.20gb"}, ["exactly one of ownerUID and podName"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "nvidia.com/mig-1g.10gb",
+      "toProfile": "2g.20gb"}, ["spec.fromProfile", "should match"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "8g.10gb", "toProfile": "2g.20gb"},
+     ["spec.fromProfile"]),
+    ({"selector": {"ownerUID": "not-a-uid"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb"},
+     ["spec.selector.ownerUID"]),
+    ({"selector": {"podName": "p"}, "toProfile": "2g.20gb"}, ["spec.fromProfile", "Required"]),
+    ({"selector": {"ownerUID": UID}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": {"metadata": {"name": "p"}}}, ["savedPod goes with selector.podName"]),
+])
+def test_nonsense_rules_are_refused(crds: Any, k8s_namespace: str, spec: dict[str, Any],
+                                    words: list[str]) -> None:
+    result = crds.kubectl("create", "-n", k8s_namespace, "-f", "-", input=_rule("bad", spec),
+                          check=False)
+    assert result.returncode != 0, result.stdout
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+def test_the_webhooks_deployed_rbac_may_watch_the_rules(crds: Any) -> None:
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    crds.kubectl("create", "namespace", "elastic-gpu", check=False)
+    crds.kubectl("apply", "-f", str(repo / "deploy/webhook/rbac.yaml"))
+    who = "--as=system:serviceaccount:elastic-gpu:elastic-gpu-webhook"
+    for verb in ("list", "watch"):
+        result = crds.kubectl("auth", "can-i", verb, f"{api.PLURAL}.elasticgpu.io", "-A", who,
+                              check=False)
+        assert result.stdout.strip() == "yes", (verb, result.stdout, result.stderr)
+    assert crds.kubectl("auth", "can-i", "create", f"{api.PLURAL}.elasticgpu.io", "-A", who,
+                        check=False).stdout.strip() == "no"
