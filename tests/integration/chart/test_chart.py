@@ -323,3 +323,20 @@ def test_rendered_objects_pass_server_side_dry_run(helm: Helm, k8s_cluster: Any,
                                  check=False, timeout_s=120)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.split()) == len(objs)
+
+
+@pytest.mark.parametrize("values", [None, {"certManager": {"enabled": True}}])
+def test_read_only_egpu_containers_get_a_writable_tmp(helm: Helm,
+                                                      values: dict[str, Any] | None) -> None:
+    """The webhook writes its serving certificate under tempfile's directory for Python's ssl;
+    a read-only root without a writable /tmp would fail it at start."""
+    for name, obj in workloads(render(helm, values)).items():
+        volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"].get("volumes", [])}
+        for container in _containers(obj):
+            if not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                continue
+            if container["command"][0] != "egpu":
+                continue
+            mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, name
+            assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
