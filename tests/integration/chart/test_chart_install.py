@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.webhook import WebhookProcess
+from egpu_testing.workbench import ExtenderProcess
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
@@ -134,6 +136,42 @@ def test_install_then_the_controller_leads_with_the_charts_token_then_uninstall(
         assert "Forbidden" not in ctl.log_path.read_text()
     finally:
         ctl.stop()
+
+    # The extender: its informers (nodes, pods, GPUDevices, classes, claims, ElasticGPUs)
+    # sync under the chart's token (/readyz); on loopback without TLS, as in the other tests.
+    kubeconfig = _token_kubeconfig(k8s_cluster, release.namespace, "elastic-gpu-scheduler",
+                                   tmp_path / "scheduler.kubeconfig")
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(kubeconfig, port, tmp_path / "scheduler.log")
+    extender.start()
+    try:
+        wait_for("the extender ready under the chart's ServiceAccount", extender.ready)
+        assert "Forbidden" not in extender.log_path.read_text()
+    finally:
+        extender.stop()
+
+    # The webhook: creates its Secret, lists Nodes and applies its caBundle into the
+    # configurations helm owns, all under the chart's token (/readyz needs the three).
+    kubeconfig = _token_kubeconfig(k8s_cluster, release.namespace, "elastic-gpu-webhook",
+                                   tmp_path / "webhook.kubeconfig")
+    (port,) = free_ports(1)
+    webhook = WebhookProcess(kubeconfig, port, tmp_path / "webhook.log",
+                             name="elastic-gpu-webhook", namespace=release.namespace,
+                             label=("egpu-chart", release.namespace),
+                             # as the chart runs it: the configurations name the Service (an
+                             # apply naming a url too would leave both, which is invalid)
+                             extra_args=("--service", "elastic-gpu-webhook",
+                                         "--service-port", "443"))
+    webhook.start()
+    try:
+        wait_for("the webhook ready under the chart's ServiceAccount", webhook.ready)
+        assert release.exists("secret/elastic-gpu-webhook-tls", namespaced=True)
+        config = json.loads(k8s_cluster.kubectl(
+            "get", "validatingwebhookconfiguration", "elastic-gpu-webhook", "-o", "json").stdout)
+        assert config["webhooks"][0]["clientConfig"]["caBundle"]
+        assert "Forbidden" not in webhook.log_path.read_text()
+    finally:
+        webhook.stop()
 
     release.helm("uninstall", "egpu")
     assert not release.exists("mutatingwebhookconfiguration/elastic-gpu-webhook")
