@@ -178,3 +178,23 @@ def test_install_then_the_controller_leads_with_the_charts_token_then_uninstall(
     assert not release.exists("validatingwebhookconfiguration/elastic-gpu-webhook")
     assert not release.exists("clusterrole/elastic-gpu-controller")
     assert release.exists("crd/elasticgpuclaims.elasticgpu.io")  # helm never deletes CRDs
+
+
+@pytest.mark.parametrize("second_scheduler", [True, False])
+def test_notes_say_how_gpu_pods_reach_the_extender(k8s_cluster: Any, tmp_path: Path,
+                                                   second_scheduler: bool) -> None:
+    rel = Release(k8s_cluster, tmp_path / "helm")
+    out = rel.helm("install", "egpu", str(CHART), "--dry-run=client",
+                   "--set", f"scheduler.kubeScheduler.enabled={str(second_scheduler).lower()}"
+                   ).stdout
+    notes = out[out.index("NOTES:"):]
+    assert "kubectl apply --server-side -f charts/elastic-gpu/crds/" in notes
+    if second_scheduler:
+        assert "schedulerName: elastic-gpu-scheduler" in notes
+        assert "extenders:" not in notes
+    else:
+        stanza = yaml.safe_load(notes[notes.index("  extenders:"):notes.index(
+            "    managedResources:")])
+        assert stanza["extenders"][0]["urlPrefix"] == \
+            f"https://elastic-gpu-scheduler.{rel.namespace}.svc:8888"
+        assert stanza["extenders"][0]["enableHTTPS"] is True
