@@ -1,0 +1,342 @@
+"""charts/elastic-gpu with the real helm (built by hack/ensure-k8s.sh): lint, template with
+default and non-default values, the values schema, and what the rendered objects must be:
+the components' real flags, RBAC equal to deploy/*/rbac.yaml, the webhook configurations and
+the KubeSchedulerConfiguration as the code shapes them, only the agent privileged, and objects
+a real kube-apiserver accepts (issue 18, must-show 1).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from elastic_gpu.cli.main import app
+from elastic_gpu.devcluster.binaries import find_bin_dir
+from elastic_gpu.scheduler.kubeconfig import extender_stanza
+from elastic_gpu.webhook.registration import Scope, Target, configurations
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "elastic-gpu"
+NS = "elastic-gpu"
+COMPONENTS = ("scheduler", "agent", "webhook", "controller")
+Helm = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    binary = find_bin_dir() / "helm"
+    if not binary.exists():
+        pytest.fail(f"no helm in {binary.parent}: run hack/ensure-k8s.sh")
+    home = tmp_path_factory.mktemp("helm")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CACHE_HOME": str(home / "c"),
+           "HELM_CONFIG_HOME": str(home / "f"), "HELM_DATA_HOME": str(home / "d")}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(binary), *args], capture_output=True, text=True,
+                                timeout=120, env=env, check=False)
+        if check:
+            assert result.returncode == 0, result.stderr + result.stdout
+        return result
+
+    return run
+
+
+def _set_args(values: dict[str, Any] | None) -> list[str]:
+    if values is None:
+        return []
+    return [arg for key, value in _flatten(values)
+            for arg in ("--set-json", f"{key}={json.dumps(value)}")]
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, path + ".")
+        else:
+            yield path, value
+
+
+def render(helm: Helm, values: dict[str, Any] | None = None,
+           namespace: str = NS) -> list[dict[str, Any]]:
+    out = helm("template", "egpu", str(CHART), "-n", namespace, *_set_args(values)).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def workloads(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] in ("Deployment", "DaemonSet")}
+
+
+@pytest.fixture(scope="module")
+def default(helm: Helm) -> list[dict[str, Any]]:
+    return render(helm)
+
+
+# --- lint and template --------------------------------------------------------------------
+
+NON_DEFAULT: list[dict[str, Any]] = [
+    *({c: {"enabled": False}} for c in COMPONENTS),
+    {"scheduler": {"kubeScheduler": {"enabled": False}}},
+    {"certManager": {"enabled": True}},
+    {"image": {"registry": "registry.example.com:5000", "repository": "gpu/egpu",
+               "tag": "v9.9.9", "pullPolicy": "Always"}},
+    {"scheduler": {"config": {"nodePolicy": "binpack", "cardPolicy": "binpack",
+                              "filterResult": "best"}}},
+    {"webhook": {"namespaceLabels": {"gpu": "yes"}, "replicas": 3},
+     "controller": {"extenderURL": "https://extender.example:8888", "replicas": 3}},
+]
+
+
+@pytest.mark.parametrize("values", [None, *NON_DEFAULT],
+                         ids=lambda v: "default" if v is None else json.dumps(v)[:60])
+def test_lint_and_template(helm: Helm, values: dict[str, Any] | None) -> None:
+    result = helm("lint", "--strict", str(CHART), *_set_args(values))
+    assert "0 chart(s) failed" in result.stdout
+    assert render(helm, values)
+
+
+def test_default_renders_every_component(default: list[dict[str, Any]]) -> None:
+    assert set(workloads(default)) == {"elastic-gpu-scheduler", "elastic-gpu-kube-scheduler",
+                                       "elastic-gpu-agent", "elastic-gpu-webhook",
+                                       "elastic-gpu-controller"}
+    assert workloads(default)["elastic-gpu-agent"]["kind"] == "DaemonSet"
+    assert workloads(default)["elastic-gpu-controller"]["spec"]["replicas"] == 2
+    assert set(by_kind(default, "Service")) == {"elastic-gpu-scheduler", "elastic-gpu-webhook"}
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_a_disabled_component_leaves_nothing_of_its_own(helm: Helm, component: str) -> None:
+    objs = render(helm, {component: {"enabled": False}})
+    names = {o["metadata"]["name"] for o in objs}
+    own = {n for n in names if n.startswith(f"elastic-gpu-{component}")}
+    assert not own, own
+    for other in set(COMPONENTS) - {component}:
+        assert f"elastic-gpu-{other}" in workloads(objs)
+    if component == "scheduler":
+        assert "elastic-gpu-kube-scheduler" not in names
+
+
+def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(obj["spec"]["template"]["spec"]["containers"])
+
+
+def _options(component: str) -> set[str]:
+    command = typer.main.get_command(app).commands[component]  # type: ignore[attr-defined]
+    return {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+
+
+@pytest.mark.parametrize("values", [None, {"certManager": {"enabled": True}},
+                                    {"controller": {"extenderURL": "http://x:1"}}])
+def test_every_container_runs_egpu_with_flags_the_cli_has(
+        helm: Helm, values: dict[str, Any] | None) -> None:
+    seen = set()
+    for obj in workloads(render(helm, values)).values():
+        for container in _containers(obj):
+            command = container["command"]
+            if command[0] != "egpu":
+                assert command[0] == "kube-scheduler"
+                continue
+            component = command[1]
+            seen.add(component)
+            options = _options(component)
+            for arg in command[2:]:
+                if arg.startswith("--"):
+                    assert arg.split("=", 1)[0] in options, (component, arg)
+    assert seen == set(COMPONENTS)
+
+
+def test_only_the_agent_is_privileged_and_every_other_container_is_non_root(
+        default: list[dict[str, Any]]) -> None:
+    for name, obj in workloads(default).items():
+        for container in _containers(obj):
+            sc = container.get("securityContext", {})
+            if name == "elastic-gpu-agent":
+                assert sc["privileged"] is True
+            else:
+                assert not sc.get("privileged"), name
+                assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+    agent = workloads(default)["elastic-gpu-agent"]["spec"]["template"]["spec"]
+    assert agent["priorityClassName"] == "system-node-critical"
+    assert agent["nodeSelector"] == {"elasticgpu.io/agent": "true"}
+
+
+def test_custom_image_and_placement_reach_every_egpu_container(helm: Helm) -> None:
+    values = {"image": {"registry": "reg.example:5000", "repository": "gpu/egpu", "tag": "v2",
+                        "pullPolicy": "Always"},
+              "imagePullSecrets": [{"name": "pull"}],
+              **{c: {"nodeSelector": {"pool": c},
+                     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": c,
+                                      "effect": "NoSchedule"}]} for c in COMPONENTS}}
+    objs = render(helm, values)
+    for name, obj in workloads(objs).items():
+        spec = obj["spec"]["template"]["spec"]
+        assert spec["imagePullSecrets"] == [{"name": "pull"}]
+        component = name.removeprefix("elastic-gpu-").removeprefix("kube-")
+        # helm merges maps: the agent keeps its GPU-node label unless it is set to null.
+        expected = {"pool": component} | (
+            {"elasticgpu.io/agent": "true"} if component == "agent" else {})
+        assert spec["nodeSelector"] == expected, name
+        assert spec["tolerations"][0]["value"] == component
+        for container in _containers(obj):
+            if container["command"][0] == "egpu":
+                assert container["image"] == "reg.example:5000/gpu/egpu:v2"
+                assert container["imagePullPolicy"] == "Always"
+
+
+def test_default_image_tag_is_the_app_version(default: list[dict[str, Any]]) -> None:
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    images = {c["image"] for o in workloads(default).values() for c in _containers(o)
+              if c["command"][0] == "egpu"}
+    assert images == {f"ghcr.io/elastic-ai/elastic-gpu:{version}"}
+
+
+# --- the values schema --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"controller": {"replicas": "two"}}, "controller.replicas"),
+    ({"webhook": {"replicas": -1}}, "webhook.replicas"),
+    ({"scheduler": {"config": {"nodePolicy": "fastest"}}}, "scheduler.config.nodePolicy"),
+    ({"scheduler": {"config": {"cardPolicy": "binpak"}}}, "scheduler.config.cardPolicy"),
+    ({"scheduler": {"replicas": 2}}, "scheduler.replicas"),
+    ({"agent": {"enabled": "yes"}}, "agent.enabled"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    ({"webhook": {"timeoutSeconds": 60}}, "webhook.timeoutSeconds"),
+    ({"controler": {"replicas": 1}}, "controler"),
+    ({"logLevel": "LOUD"}, "logLevel"),
+])
+def test_schema_refuses_nonsense_naming_the_field(helm: Helm, values: dict[str, Any],
+                                                  field: str) -> None:
+    result = helm("template", "egpu", str(CHART), *_set_args(values), check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    leaf = field.rsplit(".", 1)[-1]
+    assert leaf in result.stderr, result.stderr
+
+
+# --- what the objects say -----------------------------------------------------------------
+
+def _rules_by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {o["kind"]: o["rules"] for o in docs if o["kind"] in ("ClusterRole", "Role")}
+
+
+@pytest.mark.parametrize(("component", "source"), [
+    ("scheduler", "deploy/scheduler/rbac.yaml"), ("controller", "deploy/controller/rbac.yaml"),
+    ("webhook", "deploy/webhook/rbac.yaml"), ("agent", "deploy/agent/agent.yaml")])
+def test_rbac_per_component_equals_deploy(default: list[dict[str, Any]], component: str,
+                                          source: str) -> None:
+    deploy = [d for d in yaml.safe_load_all((ROOT / source).read_text()) if d]
+    name = f"elastic-gpu-{component}"
+    chart = [o for o in default
+             if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"] == name]
+    assert _rules_by_kind(chart) == _rules_by_kind(deploy)
+    bound = {(o["kind"], o["roleRef"]["name"]) for o in default
+             if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+             and any(s["name"] == name for s in o["subjects"])}
+    assert bound == {("ClusterRoleBinding", name)} | (
+        {("RoleBinding", name)} if "Role" in _rules_by_kind(deploy) else set())
+
+
+def test_cert_manager_mode_drops_the_webhooks_secret_and_registration_rights(
+        helm: Helm) -> None:
+    objs = render(helm, {"certManager": {"enabled": True}})
+    rules = by_kind(objs, "ClusterRole")["elastic-gpu-webhook"]["rules"]
+    assert all(r["apiGroups"] != ["admissionregistration.k8s.io"] for r in rules)
+    assert "elastic-gpu-webhook" not in by_kind(objs, "Role")
+    cert = by_kind(objs, "Certificate")["elastic-gpu-webhook"]
+    assert cert["spec"]["secretName"] == "elastic-gpu-webhook-tls"
+    command = _containers(workloads(objs)["elastic-gpu-webhook"])[0]["command"]
+    assert "--no-register" in command and "--cert-dir=/etc/elastic-gpu/webhook-tls" in command
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        annotations = by_kind(objs, kind)["elastic-gpu-webhook"]["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from": f"{NS}/elastic-gpu-webhook"}
+
+
+def _without_ca(obj: dict[str, Any]) -> dict[str, Any]:
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"].pop("annotations", None)
+    for hook in obj["webhooks"]:
+        hook["clientConfig"].pop("caBundle", None)
+    return obj
+
+
+@pytest.mark.parametrize("labels", [{}, {"team": "ml"}])
+def test_webhook_configurations_are_registrations(helm: Helm, labels: dict[str, str]) -> None:
+    objs = render(helm, {"webhook": {"namespaceLabels": labels}} if labels else None)
+    target = Target(service_name="elastic-gpu-webhook", service_namespace=NS)
+    expected = configurations("elastic-gpu-webhook", target, "CA",
+                              Scope(namespace=NS, timeout_s=5, namespace_labels=labels))
+    for want in expected:
+        got = by_kind(objs, want["kind"])["elastic-gpu-webhook"]
+        assert _without_ca(got) == _without_ca(want)
+
+
+@pytest.mark.parametrize("best", [False, True])
+def test_kube_scheduler_config_is_kubeconfigs_shape(helm: Helm, best: bool) -> None:
+    objs = render(helm, {"scheduler": {"config": {"filterResult": "best"}}} if best else None)
+    config = yaml.safe_load(by_kind(objs, "ConfigMap")["elastic-gpu-kube-scheduler"]["data"]
+                            ["config.yaml"])
+    assert config["profiles"] == [{"schedulerName": "elastic-gpu-scheduler"}]
+    assert config["leaderElection"]["resourceName"] == "elastic-gpu-kube-scheduler"
+    tls = {"certFile": "/etc/elastic-gpu/tls/client.crt",
+           "keyFile": "/etc/elastic-gpu/tls/client.key",
+           "caFile": "/etc/elastic-gpu/tls/ca.crt"}
+    assert config["extenders"] == [extender_stanza(
+        f"https://elastic-gpu-scheduler.{NS}.svc:8888", prioritize=not best, tls_config=tls)]
+
+
+def test_scheduler_tls_secret_holds_a_ca_and_both_certificates(
+        default: list[dict[str, Any]]) -> None:
+    from base64 import b64decode
+
+    from cryptography import x509
+
+    data = by_kind(default, "Secret")["elastic-gpu-scheduler-tls"]["data"]
+    certs = {k: x509.load_pem_x509_certificate(b64decode(data[k]))
+             for k in ("ca.crt", "tls.crt", "client.crt")}
+    for key in ("tls.crt", "client.crt"):
+        assert certs[key].issuer == certs["ca.crt"].subject
+    san = certs["tls.crt"].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"elastic-gpu-scheduler.{NS}.svc" in san.get_values_for_type(x509.DNSName)
+    assert "127.0.0.1" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+
+# --- a real kube-apiserver accepts every object -------------------------------------------
+
+def test_rendered_objects_pass_server_side_dry_run(helm: Helm, k8s_cluster: Any,
+                                                   k8s_namespace: str) -> None:
+    objs = render(helm, namespace=k8s_namespace)
+    result = k8s_cluster.kubectl("apply", "--dry-run=server", "-o", "name", "-f", "-",
+                                 input="\n---\n".join(yaml.safe_dump(o) for o in objs),
+                                 check=False, timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split()) == len(objs)
+
+
+@pytest.mark.parametrize("values", [None, {"certManager": {"enabled": True}}])
+def test_read_only_egpu_containers_get_a_writable_tmp(helm: Helm,
+                                                      values: dict[str, Any] | None) -> None:
+    """The webhook writes its serving certificate under tempfile's directory for Python's ssl;
+    a read-only root without a writable /tmp would fail it at start."""
+    for name, obj in workloads(render(helm, values)).items():
+        volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"].get("volumes", [])}
+        for container in _containers(obj):
+            if not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                continue
+            if container["command"][0] != "egpu":
+                continue
+            mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, name
+            assert "emptyDir" in volumes[mounts["/tmp"]["name"]]

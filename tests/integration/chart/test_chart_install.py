@@ -1,0 +1,200 @@
+"""`helm install` of charts/elastic-gpu on the dev cluster, and `helm uninstall` (issue 18).
+
+No image can be built or pulled here, so the components do not run as pods; what this shows
+is that the release installs on a real kube-apiserver, that `egpu controller` started with the
+token of the chart's own ServiceAccount leads and reconciles (its RBAC is enough), and that
+uninstalling removes the webhook configurations (nothing fails closed afterwards) while the
+CRDs stay.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from egpu_testing.controller import ControllerProcess
+from egpu_testing.webhook import WebhookProcess
+from egpu_testing.workbench import ExtenderProcess
+from elastic_gpu.devcluster.binaries import find_bin_dir
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.pytest_plugin import unique_name
+
+pytestmark = pytest.mark.integration
+
+CHART = Path(__file__).resolve().parents[3] / "charts" / "elastic-gpu"
+#: the chart's cluster-wide objects (fixed names: one Elastic GPU per cluster)
+CLUSTER_SCOPED = [f"{kind}/elastic-gpu-{c}" for kind in ("clusterrole", "clusterrolebinding")
+                  for c in ("scheduler", "agent", "webhook", "controller")]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+class Release:
+    def __init__(self, cluster: Any, home: Path) -> None:
+        self.cluster = cluster
+        self.namespace = unique_name("egpu-chart")
+        self.env = {"PATH": "/usr/bin:/bin", "HOME": str(home),
+                    "HELM_CACHE_HOME": str(home / "c"), "HELM_CONFIG_HOME": str(home / "f"),
+                    "HELM_DATA_HOME": str(home / "d")}
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(find_bin_dir() / "helm"), f"--kubeconfig={self.cluster.kubeconfig}",
+             "-n", self.namespace, *args],
+            capture_output=True, text=True, timeout=180, env=self.env, check=False)
+        assert result.returncode == 0, result.stderr + result.stdout
+        return result
+
+    def exists(self, *what: str, namespaced: bool = False) -> bool:
+        ns = ["-n", self.namespace] if namespaced else []
+        result = self.cluster.kubectl("get", *what, *ns, "--ignore-not-found", "-o", "name",
+                                      check=False)
+        return bool(result.stdout.strip())
+
+
+@pytest.fixture
+def release(k8s_cluster: Any, tmp_path: Path) -> Iterator[Release]:
+    # Left by a test that applied deploy/*/rbac.yaml in this session: helm would refuse to
+    # adopt them.
+    k8s_cluster.kubectl("delete", *CLUSTER_SCOPED, "--ignore-not-found", check=False)
+    rel = Release(k8s_cluster, tmp_path / "helm")
+    # The webhook only for a label no namespace carries: its pods never run here, and GPU pods
+    # of other tests must not fail closed on it.
+    rel.helm("install", "egpu", str(CHART), "--create-namespace",
+             "--set-json", f'webhook.namespaceLabels={json.dumps({"egpu-chart": rel.namespace})}')
+    yield rel
+    subprocess.run([str(find_bin_dir() / "helm"), f"--kubeconfig={k8s_cluster.kubeconfig}",
+                    "-n", rel.namespace, "uninstall", "egpu", "--ignore-not-found"],
+                   capture_output=True, timeout=120, env=rel.env, check=False)
+    k8s_cluster.kubectl("delete", "namespace", rel.namespace, "--wait=false", check=False)
+
+
+def _token_kubeconfig(cluster: Any, namespace: str, account: str, path: Path) -> Path:
+    token = cluster.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+    return path
+
+
+def test_install_then_the_controller_leads_with_the_charts_token_then_uninstall(
+        release: Release, k8s_cluster: Any, tmp_path: Path) -> None:
+    status = json.loads(release.helm("status", "egpu", "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    for kind in ("deployment/elastic-gpu-scheduler", "deployment/elastic-gpu-kube-scheduler",
+                 "deployment/elastic-gpu-webhook", "deployment/elastic-gpu-controller",
+                 "daemonset/elastic-gpu-agent", "secret/elastic-gpu-scheduler-tls"):
+        assert release.exists(kind, namespaced=True), kind
+    for crd in ("gpudevices", "elasticgpuclaims", "elasticgpus", "elasticgpuclasses"):
+        assert release.exists(f"crd/{crd}.elasticgpu.io")
+
+    # The extender's certificates survive an upgrade (lookup of the live Secret).
+    before = k8s_cluster.kubectl("get", "secret", "elastic-gpu-scheduler-tls", "-n",
+                                 release.namespace, "-o", "json").stdout
+    release.helm("upgrade", "egpu", str(CHART), "--reuse-values")
+    after = k8s_cluster.kubectl("get", "secret", "elastic-gpu-scheduler-tls", "-n",
+                                release.namespace, "-o", "json").stdout
+    assert json.loads(after)["data"] == json.loads(before)["data"]
+
+    kubeconfig = _token_kubeconfig(k8s_cluster, release.namespace, "elastic-gpu-controller",
+                                   tmp_path / "controller.kubeconfig")
+    (port,) = free_ports(1)
+    ctl = ControllerProcess(kubeconfig, port, tmp_path / "controller.log",
+                            extender_url="http://127.0.0.1:9", identity="chart",
+                            lease_namespace=release.namespace)
+    ctl.start()
+    try:
+        wait_for("the controller leads under the chart's ServiceAccount", ctl.leading)
+        def lease() -> dict[str, Any]:
+            return dict(json.loads(k8s_cluster.kubectl(
+                "get", "lease", "egpu-controller", "-n", release.namespace, "-o",
+                "json").stdout)["spec"])
+
+        first = lease()
+        assert first["holderIdentity"] == "chart"
+        # Creating the Lease is one right, renewing it (update) another: see a renewal.
+        wait_for("a renewal of the Lease", lambda: lease()["renewTime"] != first["renewTime"],
+                 timeout_s=20)
+        assert ctl.leading() and lease()["holderIdentity"] == "chart"
+        assert "Forbidden" not in ctl.log_path.read_text()
+    finally:
+        ctl.stop()
+
+    # The extender: its informers (nodes, pods, GPUDevices, classes, claims, ElasticGPUs)
+    # sync under the chart's token (/readyz); on loopback without TLS, as in the other tests.
+    kubeconfig = _token_kubeconfig(k8s_cluster, release.namespace, "elastic-gpu-scheduler",
+                                   tmp_path / "scheduler.kubeconfig")
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(kubeconfig, port, tmp_path / "scheduler.log")
+    extender.start()
+    try:
+        wait_for("the extender ready under the chart's ServiceAccount", extender.ready)
+        assert "Forbidden" not in extender.log_path.read_text()
+    finally:
+        extender.stop()
+
+    # The webhook: creates its Secret, lists Nodes and applies its caBundle into the
+    # configurations helm owns, all under the chart's token (/readyz needs the three).
+    kubeconfig = _token_kubeconfig(k8s_cluster, release.namespace, "elastic-gpu-webhook",
+                                   tmp_path / "webhook.kubeconfig")
+    (port,) = free_ports(1)
+    webhook = WebhookProcess(kubeconfig, port, tmp_path / "webhook.log",
+                             name="elastic-gpu-webhook", namespace=release.namespace,
+                             label=("egpu-chart", release.namespace),
+                             # as the chart runs it: the configurations name the Service (an
+                             # apply naming a url too would leave both, which is invalid)
+                             extra_args=("--service", "elastic-gpu-webhook",
+                                         "--service-port", "443"))
+    webhook.start()
+    try:
+        wait_for("the webhook ready under the chart's ServiceAccount", webhook.ready)
+        assert release.exists("secret/elastic-gpu-webhook-tls", namespaced=True)
+        config = json.loads(k8s_cluster.kubectl(
+            "get", "validatingwebhookconfiguration", "elastic-gpu-webhook", "-o", "json").stdout)
+        assert config["webhooks"][0]["clientConfig"]["caBundle"]
+        assert "Forbidden" not in webhook.log_path.read_text()
+    finally:
+        webhook.stop()
+
+    release.helm("uninstall", "egpu")
+    assert not release.exists("mutatingwebhookconfiguration/elastic-gpu-webhook")
+    assert not release.exists("validatingwebhookconfiguration/elastic-gpu-webhook")
+    assert not release.exists("clusterrole/elastic-gpu-controller")
+    assert release.exists("crd/elasticgpuclaims.elasticgpu.io")  # helm never deletes CRDs
+
+
+@pytest.mark.parametrize("second_scheduler", [True, False])
+def test_notes_say_how_gpu_pods_reach_the_extender(k8s_cluster: Any, tmp_path: Path,
+                                                   second_scheduler: bool) -> None:
+    rel = Release(k8s_cluster, tmp_path / "helm")
+    out = rel.helm("install", "egpu", str(CHART), "--dry-run=client",
+                   "--set", f"scheduler.kubeScheduler.enabled={str(second_scheduler).lower()}"
+                   ).stdout
+    notes = out[out.index("NOTES:"):]
+    assert "kubectl apply --server-side -f charts/elastic-gpu/crds/" in notes
+    if second_scheduler:
+        assert "schedulerName: elastic-gpu-scheduler" in notes
+        assert "extenders:" not in notes
+    else:
+        stanza = yaml.safe_load(notes[notes.index("  extenders:"):notes.index(
+            "    managedResources:")])
+        assert stanza["extenders"][0]["urlPrefix"] == \
+            f"https://elastic-gpu-scheduler.{rel.namespace}.svc:8888"
+        assert stanza["extenders"][0]["enableHTTPS"] is True
