@@ -66,7 +66,8 @@ def install_crds(client: Any, manifests: Iterable[Mapping[str, Any]], timeout_s:
 
 
 def install_elasticgpu_crds(client: Any, timeout_s: float = 30.0) -> None:
-    """The Elastic GPU API's CRDs (ElasticGPUClass, ElasticGPUClaim, ElasticGPU)."""
+    """The Elastic GPU API's CRDs (ElasticGPUClass, ElasticGPUClaim, ElasticGPU, GPUBudget)."""
+    from elastic_gpu.k8s import budget
     from elastic_gpu.k8s.elasticgpu import crd_manifests
 
-    install_crds(client, crd_manifests().values(), timeout_s)
+    install_crds(client, [*crd_manifests().values(), budget.crd_manifest()], timeout_s)
