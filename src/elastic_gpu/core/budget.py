@@ -359,3 +359,23 @@ def budget_state(budget: Budget, ledger: Ledger, namespace: str, now: Seconds) -
         used = usage(scoped, start, end, now).get(namespace, Fraction(0))
     remaining = max(budget.gpu_seconds - used, 0)
     return BudgetState(used, remaining, start, end, used >= budget.gpu_seconds)
+
+
+# --------------------------------------------------------------------------- priority
+
+
+@dataclass(frozen=True)
+class PriorityDowngrade:
+    """What the mutating webhook gives a GPU pod of an over-budget namespace: the lower
+    PriorityClass and its value (the apiserver's Priority plugin ran before the webhooks, so
+    `spec.priority` must be set to match), and its preemptionPolicy when it has one."""
+
+    priority_class: str
+    priority: int
+    preemption_policy: str | None = None
+
+
+def downgrade_for(state: BudgetState | None, lower: PriorityDowngrade) -> PriorityDowngrade | None:
+    """The downgrade a namespace's new GPU pods get: `lower` while it is over budget; None in
+    budget or without a budget."""
+    return lower if state is not None and state.over else None
