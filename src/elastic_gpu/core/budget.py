@@ -29,13 +29,20 @@ period: every GPU-second counts 2^(-age / half_life), so a namespace that stops 
 recovers smoothly. `budget_state` says used, remaining, the period and whether the namespace is
 over budget (used >= allowed): its new GPU pods then get the lower PriorityClass
 (`core.admission.budget_priority`).
+
+Settling (lossless end-of-pod accounting): a pod that has ended (`ended`) is settled into the
+namespace's durable `Settled` (its GPU-seconds in the current period and its UID, kept in the
+GPUBudget status) before its finalizer is removed; settling a UID twice is a no-op, so a
+keeper killed between the two writes counts nothing twice, and one killed before them loses
+nothing (the finalizer keeps the pod). `namespace_used` = settled + the ledger's unsettled
+pods. See docs/budgets.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
@@ -47,6 +54,8 @@ from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_CARD, MigProfil
 
 #: Seconds since the epoch (Kubernetes timestamps have whole seconds).
 Seconds = int
+#: Pod phases after which no container runs again.
+FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class BudgetError(ValueError):
@@ -140,6 +149,8 @@ class PodRecord:
     uid: str
     namespace: str
     containers: Mapping[str, ContainerRecord] = field(default_factory=dict)
+    #: the pod runs no more: its phase is Succeeded or Failed, or it is being deleted
+    final: bool = False
 
 
 def _runs_of(status: Mapping[str, Any], where: str) -> dict[Seconds, Seconds | None]:
@@ -181,8 +192,10 @@ def observe(pod: Mapping[str, Any]) -> PodRecord | None:
     if not shares:
         return None
     runs = container_runs(pod)
+    phase = (pod.get("status") or {}).get("phase")
     record = PodRecord(uid, str(meta.get("namespace") or "default"), {
-        name: ContainerRecord(share, runs.get(name, {})) for name, share in sorted(shares.items())})
+        name: ContainerRecord(share, runs.get(name, {})) for name, share in sorted(shares.items())},
+        final=phase in FINAL_PHASES or bool(meta.get("deletionTimestamp")))
     if meta.get("deletionTimestamp"):
         record = close_open(record, parse_time(meta["deletionTimestamp"],
                                                "metadata.deletionTimestamp"))
@@ -214,7 +227,7 @@ def merge(a: PodRecord, b: PodRecord) -> PodRecord:
             containers[name] = only
             continue
         containers[name] = ContainerRecord(max(x.share, y.share), _merge_runs(x.runs, y.runs))
-    return PodRecord(a.uid, min(a.namespace, b.namespace), containers)
+    return PodRecord(a.uid, min(a.namespace, b.namespace), containers, a.final or b.final)
 
 
 def close_open(record: PodRecord, at: Seconds) -> PodRecord:
@@ -227,7 +240,8 @@ def replace_runs(record: PodRecord, fn: Callable[[Mapping[Seconds, Seconds | Non
                                                Mapping[Seconds, Seconds | None]]) -> PodRecord:
     """The record with each container's runs replaced by `fn` of them."""
     return PodRecord(record.uid, record.namespace, {
-        name: ContainerRecord(c.share, fn(c.runs)) for name, c in record.containers.items()})
+        name: ContainerRecord(c.share, fn(c.runs)) for name, c in record.containers.items()},
+        record.final)
 
 
 #: pod UID -> record
@@ -379,3 +393,65 @@ def downgrade_for(state: BudgetState | None, lower: PriorityDowngrade) -> Priori
     """The downgrade a namespace's new GPU pods get: `lower` while it is over budget; None in
     budget or without a budget."""
     return lower if state is not None and state.over else None
+
+
+# --------------------------------------------------------------------------- settling
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The durable part of a namespace's usage (what the keeper keeps in its GPUBudget's
+    status): the GPU-seconds in the period starting at `period_start` of the pods that ended
+    and were settled, and their UIDs. A settled pod's finalizer is removed after this is
+    written; the UID makes settling it again (a keeper killed between the two writes) a no-op.
+    """
+
+    period_start: Seconds
+    gpu_seconds: Fraction = Fraction(0)
+    uids: frozenset[str] = frozenset()
+
+
+def ended(record: PodRecord, now: Seconds) -> bool:
+    """Whether the pod runs no more (`final`: a terminal phase, or being deleted) and every
+    run of it has ended by `now` (a pod deleted with a grace period ends at its
+    deletionTimestamp, which may lie ahead)."""
+    return record.final and all(end is not None and end <= now
+                                for c in record.containers.values() for end in c.runs.values())
+
+
+def roll(settled: Settled, budget: Budget, now: Seconds) -> Settled:
+    """The settled part for the period that holds `now`: a new period starts empty (a pod
+    settled in an earlier period ended before it, so it has nothing in the new one)."""
+    start, _ = period_bounds(budget, now)
+    return settled if settled.period_start == start else Settled(start)
+
+
+def settle(settled: Settled, record: PodRecord, budget: Budget, now: Seconds) -> Settled:
+    """`settled` with an ended pod's usage in the current period added, once: a UID already
+    settled changes nothing. The pod must have ended (`ended`; a deleted pod is closed at its
+    deletionTimestamp by `observe`)."""
+    if not ended(record, now):
+        raise BudgetError(f"pod {record.uid} has not ended (phase not Succeeded or Failed, not "
+                          "being deleted, or a run not over); it cannot be settled")
+    current = roll(settled, budget, now)
+    if record.uid in current.uids:
+        return current
+    start, end = current.period_start, current.period_start + budget.period_s
+    return Settled(start, current.gpu_seconds + record_usage(record, start, end, now),
+                   current.uids | {record.uid})
+
+
+def forget(settled: Settled, gone: Iterable[str]) -> Settled:
+    """`settled` without the UIDs of pods that are gone (their finalizer was removed and the
+    ledger dropped them: they can be neither observed nor settled again)."""
+    return replace(settled, uids=settled.uids - frozenset(gone))
+
+
+def namespace_used(settled: Settled, ledger: Ledger, namespace: str, budget: Budget,
+                   now: Seconds) -> Fraction:
+    """GPU-seconds of `namespace` in the current period: the settled part plus the ledger's
+    usage of its pods not settled yet."""
+    current = roll(settled, budget, now)
+    start, end = current.period_start, current.period_start + budget.period_s
+    live = {u: r for u, r in ledger.items() if r.namespace == namespace and u not in current.uids}
+    return current.gpu_seconds + usage(live, start, end, now).get(namespace, Fraction(0))
