@@ -29,6 +29,7 @@ import argparse
 import re
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 import yaml
 
 from elastic_gpu.core import budget as core
+from elastic_gpu.core.claims import Condition
 from elastic_gpu.k8s.elasticgpu import (
     DNS_SUBDOMAIN,
     VERSION,
@@ -43,6 +45,7 @@ from elastic_gpu.k8s.elasticgpu import (
     _conditions_schema,
     _crd,
     _NoAliases,
+    merge_condition,
 )
 
 KIND, PLURAL, SHORT = "GPUBudget", "gpubudgets", "gpubudget"
@@ -54,6 +57,9 @@ DURATION_PATTERN = r"^([0-9]{1,9}[hms])+$"
 _DURATION_PART = re.compile(r"([0-9]{1,9})([hms])")
 _UNIT_S = {"h": 3600, "m": 60, "s": 1}
 MAX_GPU_HOURS = 10_000_000
+#: An exact non-negative rational, as `str(Fraction)` writes it.
+SETTLED_PATTERN = r"^[0-9]{1,40}(/[0-9]{1,40})?$"
+MAX_SETTLED_UIDS = 10_000
 
 
 class BudgetObjectError(ValueError):
@@ -104,6 +110,21 @@ def crd_manifest() -> dict[str, Any]:
             "periodEnd": {"type": "string", "format": "date-time"},
             "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
             "conditions": _conditions_schema(),
+            "settled": {
+                "type": "object",
+                "description": "The keeper's durable ledger: GPU-seconds of the pods that "
+                               "ended in the period starting at periodStart (exact, p or p/q) "
+                               "and the UIDs of those whose finalizer may still be on",
+                "required": ["periodStart", "gpuSeconds"],
+                "properties": {
+                    "periodStart": {"type": "string", "format": "date-time"},
+                    "gpuSeconds": {"type": "string", "maxLength": 128,
+                                   "pattern": SETTLED_PATTERN},
+                    "uids": {"type": "array", "maxItems": MAX_SETTLED_UIDS,
+                             "x-kubernetes-list-type": "set",
+                             "items": {"type": "string", "maxLength": 128}},
+                },
+            },
         },
     }
     schema = {
@@ -119,7 +140,7 @@ def crd_manifest() -> dict[str, Any]:
         _column("Used", "number", ".status.used", "GPU-hours used in the current period"),
         _column("Remaining", "number", ".status.remaining", "GPU-hours left in the period"),
         _column("Period", "string", ".spec.period", "Refill period"),
-        _column("PeriodEnd", "date", ".status.periodEnd", "When the budget refills"),
+        _column("PeriodEnd", "string", ".status.periodEnd", "When the budget refills"),
         _column("OverBudget", "string", f'.status.conditions[?(@.type=="{OVER_BUDGET}")].status',
                 "True while new GPU pods get the lower PriorityClass"),
         _column("HalfLife", "string", ".spec.halfLife", "Decay half-life", priority=1),
@@ -166,6 +187,60 @@ def budget_from_object(obj: Mapping[str, Any]) -> core.Budget:
         raise BudgetObjectError(str(err)) from None
     gpu_seconds = int(Fraction(str(hours)) * 3600)
     return core.Budget(gpu_seconds, period, anchor, half_life)
+
+
+def _time(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def settled_from_status(obj: Mapping[str, Any], budget: core.Budget) -> core.Settled:
+    """The durable settled part a GPUBudget's status holds (an empty one for the current
+    period of `budget` when it has none yet)."""
+    meta = obj.get("metadata") or {}
+    where = f"GPUBudget {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    raw = (obj.get("status") or {}).get("settled")
+    if raw is None:
+        return core.Settled(budget.anchor)
+    try:
+        start = core.parse_time(raw.get("periodStart"), f"{where}: status.settled.periodStart")
+    except core.BudgetError as err:
+        raise BudgetObjectError(str(err)) from None
+    text = raw.get("gpuSeconds")
+    if not isinstance(text, str) or not re.fullmatch(SETTLED_PATTERN, text) or \
+            text.endswith("/0"):
+        raise BudgetObjectError(f"{where}: status.settled.gpuSeconds={text!r} is not an exact "
+                                "non-negative number (p or p/q)")
+    uids = raw.get("uids") or []
+    if not isinstance(uids, list) or not all(isinstance(u, str) for u in uids):
+        raise BudgetObjectError(f"{where}: status.settled.uids={uids!r} is not a list of UIDs")
+    return core.Settled(start, Fraction(text), frozenset(uids))
+
+
+def budget_status(obj: Mapping[str, Any], budget: core.Budget, state: core.BudgetState,
+                  settled: core.Settled, now: int) -> dict[str, Any]:
+    """The GPUBudget status for a status-subresource patch: used and remaining in GPU-hours,
+    the period, the merged OverBudget condition and the settled part."""
+    meta = obj.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    hours_used = float(state.used) / 3600
+    allowed = budget.gpu_seconds / 3600
+    condition = Condition(
+        OVER_BUDGET, "True" if state.over else "False",
+        "OverBudget" if state.over else "InBudget",
+        f"{hours_used:.4g} of {allowed:.4g} GPU-hours used in the period ending "
+        f"{_time(state.period_end)}" + ("; new GPU pods get the lower PriorityClass"
+                                        if state.over else ""))
+    existing = (obj.get("status") or {}).get("conditions") or []
+    return {
+        "used": round(hours_used, 4),
+        "remaining": round(float(state.remaining) / 3600, 4),
+        "periodStart": _time(state.period_start),
+        "periodEnd": _time(state.period_end),
+        "observedGeneration": generation,
+        "conditions": merge_condition(existing, condition, _time(now), generation),
+        "settled": {"periodStart": _time(settled.period_start),
+                    "gpuSeconds": str(settled.gpu_seconds), "uids": sorted(settled.uids)},
+    }
 
 
 def _main(argv: list[str] | None = None) -> int:

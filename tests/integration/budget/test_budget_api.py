@@ -5,11 +5,12 @@ gpubudgets -A` shows used / remaining at a glance."""
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from typing import Any
 
 import pytest
 
-from elastic_gpu.core.budget import Budget
+from elastic_gpu.core.budget import Budget, BudgetState, Settled
 from elastic_gpu.k8s import budget as api
 
 pytestmark = pytest.mark.integration
@@ -35,19 +36,23 @@ def test_budget_is_served_read_and_printed(crds: Any, k8s_namespace: str) -> Non
     obj = json.loads(crds.kubectl("get", "gpubudget", "team", "-n", k8s_namespace,
                                   "-o", "json").stdout)
     assert api.budget_from_object(obj) == Budget(9000, 3600, 1795478400)
+    # the status the keeper writes (k8s.budget.budget_status) is what the schema accepts
+    budget = api.budget_from_object(obj)
+    start = budget.anchor + 4 * 3600
+    state = BudgetState(Fraction(4500), Fraction(4500), start, start + 3600, False)
+    settled = Settled(start, Fraction(4500, 7), frozenset({"uid-1", "uid-2"}))
+    status = api.budget_status(obj, budget, state, settled, start + 60)
     crds.kubectl("patch", "gpubudget", "team", "-n", k8s_namespace, "--subresource=status",
-                 "--type=merge", "-p", json.dumps({"status": {
-                     "used": 1.25, "remaining": 1.25, "periodStart": "2026-11-24T04:00:00Z",
-                     "periodEnd": "2026-11-24T05:00:00Z",
-                     "conditions": [{"type": api.OVER_BUDGET, "status": "False",
-                                     "reason": "InBudget", "message": "1.25 of 2.5 GPU-hours",
-                                     "lastTransitionTime": "2026-11-24T04:00:00Z"}]}}))
+                 "--type=merge", "-p", json.dumps({"status": status}))
+    stored = json.loads(crds.kubectl("get", "gpubudget", "team", "-n", k8s_namespace,
+                                     "-o", "json").stdout)
+    assert api.settled_from_status(stored, budget) == settled
     out = crds.kubectl("get", "gpubudgets", "-A").stdout
     header, *rows = out.splitlines()
     assert header.split()[:8] == ["NAMESPACE", "NAME", "BUDGET", "USED", "REMAINING", "PERIOD",
                                   "PERIODEND", "OVERBUDGET"], out
     row = next(r.split() for r in rows if r.startswith(k8s_namespace))
-    assert row[1:6] == ["team", "2.5", "1.25", "1.25", "1h"] and row[7] == "False", out
+    assert row[1:8] == ["team", "2.5", "1.25", "1.25", "1h", "2026-11-24T05:00:00Z", "False"], out
     print(out)
 
 

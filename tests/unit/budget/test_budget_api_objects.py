@@ -66,3 +66,45 @@ def test_bad_objects_name_object_and_field(spec: dict[str, Any], words: str) -> 
     with pytest.raises(api.BudgetObjectError) as err:
         api.budget_from_object(_obj(**spec))
     assert "GPUBudget team-a/b" in str(err.value) and words in str(err.value)
+
+
+def test_status_round_trip_and_condition() -> None:
+    from fractions import Fraction
+
+    from elastic_gpu.core import budget as core
+
+    obj = _obj(gpuHours=1, period="1h")
+    budget = api.budget_from_object(obj)
+    settled = core.Settled(budget.anchor, Fraction(1, 7) + 1800, frozenset({"u2", "u1"}))
+    state = core.BudgetState(Fraction(2700), Fraction(900), budget.anchor, budget.anchor + 3600,
+                             False)
+    status = api.budget_status(obj, budget, state, settled, budget.anchor + 10)
+    assert (status["used"], status["remaining"]) == (0.75, 0.25)
+    assert (status["periodStart"], status["periodEnd"]) == ("2026-11-24T00:00:00Z",
+                                                          "2026-11-24T01:00:00Z")
+    (cond,) = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("OverBudget", "False", "InBudget")
+    assert "0.75 of 1 GPU-hours" in cond["message"]
+    assert status["settled"] == {"periodStart": "2026-11-24T00:00:00Z",
+                                 "gpuSeconds": "12601/7", "uids": ["u1", "u2"]}
+    # the settled part reads back exactly
+    assert api.settled_from_status({**obj, "status": status}, budget) == settled
+    # over budget: the condition flips and keeps its own transition time later
+    over = core.BudgetState(Fraction(3600), Fraction(0), budget.anchor, budget.anchor + 3600, True)
+    again = api.budget_status({**obj, "status": status}, budget, over, settled, budget.anchor + 20)
+    (cond,) = again["conditions"]
+    assert (cond["status"], cond["reason"], cond["lastTransitionTime"]) == \
+        ("True", "OverBudget", "2026-11-24T00:00:20Z")
+    assert "lower PriorityClass" in cond["message"] and again["remaining"] == 0
+
+
+def test_no_settled_status_is_an_empty_one_and_bad_is_refused() -> None:
+    from elastic_gpu.core import budget as core
+
+    obj = _obj(gpuHours=1, period="1h")
+    budget = api.budget_from_object(obj)
+    assert api.settled_from_status(obj, budget) == core.Settled(budget.anchor)
+    bad = {**obj, "status": {"settled": {"periodStart": "2026-11-24T00:00:00Z",
+                                         "gpuSeconds": "1.5"}}}
+    with pytest.raises(api.BudgetObjectError, match=r"status\.settled\.gpuSeconds='1\.5'"):
+        api.settled_from_status(bad, budget)
