@@ -21,6 +21,10 @@ the pod's namespace, are not being deleted, and the container asks no GPU of its
 first mutator, `claim_resources`, adds each claim's requests to its container, translated to
 the names the agent advertises (`claim_container_resources`). Validation applies that mutation
 first, so every other check sees the container as it will be stored.
+
+Budgets (issue #17): the last mutator, `budget_priority`, gives a GPU pod of a namespace over
+its GPU budget the lower PriorityClass (`core.budget.PriorityDowngrade`, looked up by the
+adapter and passed as `admit(..., budget=)`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.budget import PriorityDowngrade
 from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -644,6 +649,8 @@ class MutationInput:
     request: PodRequest
     facts: ClusterFacts
     claims: PodClaims = field(default_factory=PodClaims)
+    #: the lower PriorityClass while the pod's namespace is over its GPU budget (issue #17)
+    budget: PriorityDowngrade | None = None
 
 
 Mutator = Callable[[MutationInput], list[PatchOp]]
@@ -772,12 +779,34 @@ def mig_substitution(data: MutationInput) -> list[PatchOp]:
     return ops
 
 
+def budget_priority(data: MutationInput) -> list[PatchOp]:
+    """A GPU pod of an over-budget namespace (`data.budget`, looked up by the adapter) gets the
+    lower PriorityClass: `priorityClassName`, the matching `priority` (the apiserver's Priority
+    plugin resolved the class before the webhooks ran, so both are set) and the class's
+    `preemptionPolicy` when it has one. A pod already at or below that priority is left alone
+    (a budget never raises a priority), which also makes the patch empty under reinvocation;
+    in budget, nothing."""
+    lower = data.budget
+    if lower is None or not data.request.wants_gpu:
+        return []
+    spec = data.pod.get("spec") or {}
+    current = spec.get("priority")
+    if isinstance(current, int) and not isinstance(current, bool) and current <= lower.priority:
+        return []
+    wanted: list[tuple[str, Any]] = [("priorityClassName", lower.priority_class),
+                                     ("priority", lower.priority)]
+    if lower.preemption_policy is not None:
+        wanted.append(("preemptionPolicy", lower.preemption_policy))
+    return [{"op": "replace" if key in spec else "add", "path": pointer("spec", key), "value": value}
+            for key, value in wanted if spec.get(key) != value]
+
+
 #: The mutations, in order. The claims' resources come first: the others read the containers
 #: as the claims complete them (a claim of memory only gets its compute device, like a pod
-#: asking memory only). Later mutations (budgets) are appended here; the MIG adapter's rewrite
-#: comes after the claims (a claim's MIG request is rewritten like a container's own).
+#: asking memory only). The MIG adapter's rewrite comes after the claims (a claim's MIG request
+#: is rewritten like a container's own); the budget's priority comes last.
 MUTATORS: tuple[Mutator, ...] = (claim_resources, memory_only_compute, vcuda_core_limit,
-                                 mig_substitution)
+                                 mig_substitution, budget_priority)
 
 
 class PatchError(ValueError):
@@ -844,10 +873,12 @@ class Verdict:
 
 
 def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
-          mutators: Sequence[Mutator] = MUTATORS, claims: PodClaims | None = None) -> Verdict:
+          mutators: Sequence[Mutator] = MUTATORS, claims: PodClaims | None = None,
+          budget: PriorityDowngrade | None = None) -> Verdict:
     """The verdict on `pod`; with `mutate`, the patch of an allowed pod too. `claims`: the
     ElasticGPUClaims the pod names (`claim_names`), as found in its namespace; None: none
-    found (a pod naming one is refused).
+    found (a pod naming one is refused). `budget`: the lower PriorityClass while the pod's
+    namespace is over its GPU budget (None: in budget, or no budget).
 
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
@@ -865,7 +896,7 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
                     current = completed
                     ops += claim_ops
                 continue
-            step = mutator(MutationInput(current, request, facts, claims))
+            step = mutator(MutationInput(current, request, facts, claims, budget))
             if step:
                 current = apply_patch(current, step)
                 ops += step

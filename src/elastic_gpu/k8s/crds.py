@@ -66,9 +66,10 @@ def install_crds(client: Any, manifests: Iterable[Mapping[str, Any]], timeout_s:
 
 
 def install_elasticgpu_crds(client: Any, timeout_s: float = 30.0) -> None:
-    """The Elastic GPU API's CRDs (ElasticGPUClass, ElasticGPUClaim, ElasticGPU) and the MIG
-    adapter's MIGSubstitution."""
-    from elastic_gpu.k8s import migsubstitution
+    """The Elastic GPU API's CRDs (ElasticGPUClass, ElasticGPUClaim, ElasticGPU), the MIG
+    adapter's MIGSubstitution and the budgets' GPUBudget."""
+    from elastic_gpu.k8s import budget, migsubstitution
     from elastic_gpu.k8s.elasticgpu import crd_manifests
 
-    install_crds(client, [*crd_manifests().values(), migsubstitution.crd_manifest()], timeout_s)
+    install_crds(client, [*crd_manifests().values(), migsubstitution.crd_manifest(),
+                          budget.crd_manifest()], timeout_s)

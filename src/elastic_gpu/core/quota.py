@@ -1,0 +1,97 @@
+"""ResourceQuota on GPU shares in canonical units, whatever alias a pod uses. Pure, no I/O.
+
+A ResourceQuota counts a pod's `requests.<name>` under the exact names it was written with, so
+a quota on `tencent.com/vcuda-core` misses the same share written `nano-gpu/gpu-percent`,
+`elasticgpu.io/gpu-core` or through an ElasticGPUClaim. The mutating webhook therefore adds to
+every GPU container two accounting resources in canonical units (`quota_resources`):
+
+- `quota.elasticgpu.io/gpu-core`: compute in percent of one card: a share its percent, whole
+  cards 100 each (`nvidia.com/gpu: 2` -> 200), a MIG instance 100 x slices / 7 rounded up
+  (`1g` 15, `3g` 43, `7g` 100) per instance;
+- `quota.elasticgpu.io/gpu-memory`: card memory in MiB: a share's memory (`vcuda-memory: 4` ->
+  1024), a MIG instance its profile's memory (`3g.40gb` -> 40960); whole cards state none.
+
+A quota written in them (`requests.quota.elasticgpu.io/gpu-core: "100"`: one card's worth)
+then counts every alias and every claim the same. ResourceQuota's admission runs after the
+mutating webhooks (it is a validating plug-in), so it sees the added names, and the webhook
+sets them whatever the user wrote, so they cannot be understated.
+
+What the rest of the system sees: no node advertises these names. kube-scheduler must not
+count them (they are `managedResources` of the extender with `ignoredByScheduler: true`, like
+every GPU name, or NodeResourcesFit reports them insufficient); kubelet's admission drops
+requests of extended resources its node does not advertise (`removeMissingExtendedResources`)
+and its device manager calls Allocate only for resources a device plugin registered, so the
+agent never sees them; the extender reads GPU requests through the resource table, which does
+not know them. Until the scheduler configuration names them, `QUOTA_MUTATORS` is opt-in (the
+webhook passes it as `admit(..., mutators=QUOTA_MUTATORS)`), not part of `MUTATORS`. See
+docs/budgets.md, "Quota".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from elastic_gpu.core.admission import MUTATORS, MutationInput, Mutator, PatchOp, pointer
+from elastic_gpu.core.request import ContainerRequest, RequestKind
+from elastic_gpu.core.resources import MIG_MAX_SLICES
+
+QUOTA_CORE = "quota.elasticgpu.io/gpu-core"
+QUOTA_MEMORY = "quota.elasticgpu.io/gpu-memory"
+QUOTA_NAMES = (QUOTA_CORE, QUOTA_MEMORY)
+PERCENT_PER_CARD = 100
+
+
+def canonical_resources(request: ContainerRequest) -> dict[str, str]:
+    """One container's accounting resources (none for a container without a GPU; a zero
+    measure is left out)."""
+    core = memory = 0
+    if request.kind is RequestKind.MIG:
+        assert request.mig_profile is not None
+        per = -(-PERCENT_PER_CARD * request.mig_profile.slices // MIG_MAX_SLICES)  # ceil
+        core = per * request.cards
+        memory = request.mig_profile.memory_gb * 1024 * request.cards
+    elif request.kind is not RequestKind.NONE:
+        core = -(-request.total_milli * PERCENT_PER_CARD // 1000)
+        memory = request.memory_mib * request.cards
+    out: dict[str, str] = {}
+    if core:
+        out[QUOTA_CORE] = str(core)
+    if memory:
+        out[QUOTA_MEMORY] = str(memory)
+    return out
+
+
+def quota_resources(data: MutationInput) -> list[PatchOp]:
+    """Each GPU container gets the accounting resources of its request (`canonical_resources`)
+    in its limits, and in its requests when it has them (ResourceQuota counts requests; an
+    extended resource's request defaults to its limit). A value already right is kept, any
+    other is replaced: idempotent under reinvocation, and a user cannot understate it."""
+    ops: list[PatchOp] = []
+    spec = data.pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    by_name = {r.name: r for r in data.request.containers}
+    for index, container in enumerate(containers):
+        if not isinstance(container, Mapping):
+            continue
+        request = by_name.get(str(container.get("name", "")))
+        wanted = canonical_resources(request) if request is not None else {}
+        if not wanted:
+            continue
+        resources: Mapping[str, Any] = container.get("resources") or {}
+        for part in ("limits", "requests"):
+            values = resources.get(part)
+            if not isinstance(values, Mapping):
+                continue
+            for name, value in wanted.items():
+                if str(values.get(name)) == value:
+                    continue
+                ops.append({"op": "replace" if name in values else "add",
+                            "path": pointer("spec", "containers", index, "resources", part, name),
+                            "value": value})
+    return ops
+
+
+#: The mutators with the quota's accounting resources added (last: they read the request
+#: the claims completed).
+QUOTA_MUTATORS: tuple[Mutator, ...] = (*MUTATORS, quota_resources)

@@ -1,0 +1,258 @@
+"""The GPUBudget CRD (group elasticgpu.io, v1alpha, namespaced): a namespace's GPU-time budget.
+
+    apiVersion: elasticgpu.io/v1alpha
+    kind: GPUBudget
+    metadata: {name: budget, namespace: team-a}
+    spec:
+      gpuHours: 100                     # GPU-hours (card-hours) per period
+      period: 168h                      # refilled at each period's end (Go duration: h, m, s)
+      periodStart: "2026-11-23T00:00:00Z"  # optional: periods are counted from here
+                                        #   (default: the object's creationTimestamp)
+      halfLife: 24h                     # optional: a decayed usage instead of a hard period
+      overBudgetPriorityClassName: egpu-over-budget  # optional: the lower PriorityClass
+    status:                             # written by the budget keeper (`egpu controller`)
+      used: 12.5                        # GPU-hours in the current period (or decayed)
+      remaining: 87.5
+      periodStart: ..., periodEnd: ...
+      conditions: [{type: OverBudget, status: "False", ...}]
+
+`kubectl get gpubudgets -A` prints budget, used, remaining, period end and OverBudget. The
+ledger and decisions are `elastic_gpu.core.budget`; this module is the CRD (one source:
+`crd_manifest()`; deploy/crds/gpubudgets.yaml is its YAML form, written by
+`python -m elastic_gpu.k8s.budget --write deploy/crds` and kept equal by a unit test) and the
+reading of an object into `core.budget.Budget`. No I/O. See docs/budgets.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from elastic_gpu.core import budget as core
+from elastic_gpu.core.claims import Condition
+from elastic_gpu.k8s.elasticgpu import (
+    DNS_SUBDOMAIN,
+    VERSION,
+    _column,
+    _conditions_schema,
+    _crd,
+    _NoAliases,
+    merge_condition,
+)
+
+KIND, PLURAL, SHORT = "GPUBudget", "gpubudgets", "gpubudget"
+CRD_FILE = "gpubudgets.yaml"
+#: The condition the keeper sets: True while the namespace has spent its budget.
+OVER_BUDGET = "OverBudget"
+#: A Go duration of whole hours, minutes and seconds ("168h", "1h30m", "30s").
+DURATION_PATTERN = r"^([0-9]{1,9}[hms])+$"
+_DURATION_PART = re.compile(r"([0-9]{1,9})([hms])")
+_UNIT_S = {"h": 3600, "m": 60, "s": 1}
+MAX_GPU_HOURS = 10_000_000
+#: An exact non-negative rational, as `str(Fraction)` writes it.
+SETTLED_PATTERN = r"^[0-9]{1,40}(/[0-9]{1,40})?$"
+MAX_SETTLED_UIDS = 10_000
+
+
+class BudgetObjectError(ValueError):
+    """A GPUBudget that cannot be read; the message names the object, field and value."""
+
+
+def _duration(description: str) -> dict[str, Any]:
+    return {"type": "string", "maxLength": 64, "pattern": DURATION_PATTERN,
+            "description": description,
+            "x-kubernetes-validations": [{
+                "rule": "duration(self) >= duration('1s')",
+                "message": "must be a duration of at least 1s, written with h, m and s "
+                           "(e.g. 168h, 1h30m, 30s)"}]}
+
+
+def crd_manifest() -> dict[str, Any]:
+    spec = {
+        "type": "object",
+        "required": ["gpuHours", "period"],
+        "properties": {
+            "gpuHours": {"type": "number", "minimum": 0, "maximum": MAX_GPU_HOURS,
+                         "description": "GPU-hours the namespace may use per period: a GPU "
+                                        "container's compute share (a whole card 1.0, a share "
+                                        "its percent / 100, a MIG instance its slices / 7) x "
+                                        "the hours it runs"},
+            "period": _duration("The budget is refilled at the end of each period"),
+            "periodStart": {"type": "string", "format": "date-time",
+                            "description": "Periods are counted from here (default: the "
+                                           "object's creationTimestamp)"},
+            "halfLife": _duration("Optional: instead of a hard period, each GPU-second counts "
+                                  "2^(-age / halfLife); the period then only paces the status"),
+            "overBudgetPriorityClassName": {
+                "type": "string", "minLength": 1, "maxLength": 253, "pattern": DNS_SUBDOMAIN,
+                "description": "The PriorityClass new GPU pods of the namespace get while it is "
+                               "over budget (default: the one `egpu webhook` is configured "
+                               "with)"},
+        },
+    }
+    status = {
+        "type": "object",
+        "properties": {
+            "used": {"type": "number", "minimum": 0,
+                     "description": "GPU-hours used in the current period (decayed, with "
+                                    "halfLife)"},
+            "remaining": {"type": "number", "minimum": 0,
+                          "description": "GPU-hours left in the current period"},
+            "periodStart": {"type": "string", "format": "date-time"},
+            "periodEnd": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+            "conditions": _conditions_schema(),
+            "settled": {
+                "type": "object",
+                "description": "The keeper's durable ledger: GPU-seconds of the pods that "
+                               "ended in the period starting at periodStart (exact, p or p/q) "
+                               "and the UIDs of those whose finalizer may still be on",
+                "required": ["periodStart", "gpuSeconds"],
+                "properties": {
+                    "periodStart": {"type": "string", "format": "date-time"},
+                    "gpuSeconds": {"type": "string", "maxLength": 128,
+                                   "pattern": SETTLED_PATTERN},
+                    "uids": {"type": "array", "maxItems": MAX_SETTLED_UIDS,
+                             "x-kubernetes-list-type": "set",
+                             "items": {"type": "string", "maxLength": 128}},
+                },
+            },
+        },
+    }
+    schema = {
+        "type": "object",
+        "description": "A namespace's GPU-time budget: in budget its pods keep their priority; "
+                       "over budget new GPU pods get the lower PriorityClass (evicted first).",
+        "required": ["spec"],
+        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                       "metadata": {"type": "object"}, "spec": spec, "status": status},
+    }
+    columns = [
+        _column("Budget", "number", ".spec.gpuHours", "GPU-hours per period"),
+        _column("Used", "number", ".status.used", "GPU-hours used in the current period"),
+        _column("Remaining", "number", ".status.remaining", "GPU-hours left in the period"),
+        _column("Period", "string", ".spec.period", "Refill period"),
+        _column("PeriodEnd", "string", ".status.periodEnd", "When the budget refills"),
+        _column("OverBudget", "string", f'.status.conditions[?(@.type=="{OVER_BUDGET}")].status',
+                "True while new GPU pods get the lower PriorityClass"),
+        _column("HalfLife", "string", ".spec.halfLife", "Decay half-life", priority=1),
+        _column("Age", "date", ".metadata.creationTimestamp", "Age"),
+    ]
+    return _crd(KIND, PLURAL, SHORT, "Namespaced", schema, columns, status=True)
+
+
+def crd_yaml() -> str:
+    header = (f"# {KIND} (elasticgpu.io/{VERSION}): see docs/budgets.md.\n"
+              "# Generated by `python -m elastic_gpu.k8s.budget --write deploy/crds` from\n"
+              "# elastic_gpu.k8s.budget.crd_manifest() (a unit test keeps them equal).\n")
+    return header + yaml.dump(crd_manifest(), Dumper=_NoAliases, sort_keys=False, width=100)
+
+
+def parse_duration(value: Any, what: str) -> int:
+    """A duration of the CRD's form ("168h", "1h30m", "30s") -> seconds."""
+    if not isinstance(value, str) or not re.fullmatch(DURATION_PATTERN, value):
+        raise BudgetObjectError(f"{what}={value!r} is not a duration written with h, m and s "
+                                "(e.g. 168h, 1h30m, 30s)")
+    seconds = sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(value))
+    if seconds < 1:
+        raise BudgetObjectError(f"{what}={value!r} must be at least 1s")
+    return seconds
+
+
+def budget_from_object(obj: Mapping[str, Any]) -> core.Budget:
+    """A GPUBudget as the API serves it -> `core.budget.Budget` (GPU-seconds per period)."""
+    meta = obj.get("metadata") or {}
+    where = f"GPUBudget {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise BudgetObjectError(f"{where}: spec is missing")
+    hours = spec.get("gpuHours")
+    if isinstance(hours, bool) or not isinstance(hours, (int, float)) or not 0 <= hours <= MAX_GPU_HOURS:
+        raise BudgetObjectError(f"{where}: spec.gpuHours={hours!r} is not a number 0-{MAX_GPU_HOURS}")
+    period = parse_duration(spec.get("period"), f"{where}: spec.period")
+    half_life = (parse_duration(spec["halfLife"], f"{where}: spec.halfLife")
+                 if spec.get("halfLife") is not None else None)
+    start = spec.get("periodStart") or meta.get("creationTimestamp")
+    try:
+        anchor = core.parse_time(start, f"{where}: spec.periodStart") if start else 0
+    except core.BudgetError as err:
+        raise BudgetObjectError(str(err)) from None
+    gpu_seconds = int(Fraction(str(hours)) * 3600)
+    return core.Budget(gpu_seconds, period, anchor, half_life)
+
+
+def _time(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def settled_from_status(obj: Mapping[str, Any], budget: core.Budget) -> core.Settled:
+    """The durable settled part a GPUBudget's status holds (an empty one for the current
+    period of `budget` when it has none yet)."""
+    meta = obj.get("metadata") or {}
+    where = f"GPUBudget {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    raw = (obj.get("status") or {}).get("settled")
+    if raw is None:
+        return core.Settled(budget.anchor)
+    try:
+        start = core.parse_time(raw.get("periodStart"), f"{where}: status.settled.periodStart")
+    except core.BudgetError as err:
+        raise BudgetObjectError(str(err)) from None
+    text = raw.get("gpuSeconds")
+    if not isinstance(text, str) or not re.fullmatch(SETTLED_PATTERN, text) or \
+            text.endswith("/0"):
+        raise BudgetObjectError(f"{where}: status.settled.gpuSeconds={text!r} is not an exact "
+                                "non-negative number (p or p/q)")
+    uids = raw.get("uids") or []
+    if not isinstance(uids, list) or not all(isinstance(u, str) for u in uids):
+        raise BudgetObjectError(f"{where}: status.settled.uids={uids!r} is not a list of UIDs")
+    return core.Settled(start, Fraction(text), frozenset(uids))
+
+
+def budget_status(obj: Mapping[str, Any], budget: core.Budget, state: core.BudgetState,
+                  settled: core.Settled, now: int) -> dict[str, Any]:
+    """The GPUBudget status for a status-subresource patch: used and remaining in GPU-hours,
+    the period, the merged OverBudget condition and the settled part."""
+    meta = obj.get("metadata") or {}
+    generation = int(meta.get("generation") or 0)
+    hours_used = float(state.used) / 3600
+    allowed = budget.gpu_seconds / 3600
+    condition = Condition(
+        OVER_BUDGET, "True" if state.over else "False",
+        "OverBudget" if state.over else "InBudget",
+        f"{hours_used:.4g} of {allowed:.4g} GPU-hours used in the period ending "
+        f"{_time(state.period_end)}" + ("; new GPU pods get the lower PriorityClass"
+                                        if state.over else ""))
+    existing = (obj.get("status") or {}).get("conditions") or []
+    return {
+        "used": round(hours_used, 4),
+        "remaining": round(float(state.remaining) / 3600, 4),
+        "periodStart": _time(state.period_start),
+        "periodEnd": _time(state.period_end),
+        "observedGeneration": generation,
+        "conditions": merge_condition(existing, condition, _time(now), generation),
+        "settled": {"periodStart": _time(settled.period_start),
+                    "gpuSeconds": str(settled.gpu_seconds), "uids": sorted(settled.uids)},
+    }
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the GPUBudget CRD as YAML.")
+    parser.add_argument("--write", metavar="DIR", type=Path, help="write the file into DIR")
+    args = parser.parse_args(argv)
+    if args.write is None:
+        sys.stdout.write(crd_yaml())
+    else:
+        (args.write / CRD_FILE).write_text(crd_yaml())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
