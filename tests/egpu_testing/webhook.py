@@ -8,7 +8,8 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +89,31 @@ class WebhookProcess(SupervisedProcess):
             if labels in (match[1] or ""):
                 total += float(match[2])
         return total
+
+
+def cleanup_webhook(plane: Any, hook: WebhookProcess) -> None:
+    """Stop it, and remove its webhook configurations and namespace (not waiting for it)."""
+    hook.stop()
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        plane.kubectl("delete", kind, hook.name, "--ignore-not-found", check=False)
+    plane.kubectl("delete", "namespace", hook.namespace, "--wait=false", "--ignore-not-found",
+                  check=False)
+
+
+@contextmanager
+def running_webhook(plane: Any, log_dir: Path, prefix: str, label: str
+                    ) -> Iterator[WebhookProcess]:
+    """`egpu webhook` registered under a unique name (`prefix`-…, also its namespace), governing
+    the namespaces labelled `label=<that name>`; cleaned up on the way out."""
+    from elastic_gpu.devcluster.ports import free_ports
+    from elastic_gpu.devcluster.pytest_plugin import unique_name
+
+    name = unique_name(prefix)
+    (port,) = free_ports(1)
+    hook = WebhookProcess(plane.kubeconfig, port, log_dir / "webhook.log", name=name,
+                          namespace=name, label=(label, name))
+    hook.start()
+    try:
+        yield hook
+    finally:
+        cleanup_webhook(plane, hook)

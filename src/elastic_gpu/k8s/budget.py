@@ -25,19 +25,17 @@ reading of an object into `core.budget.Budget`. No I/O. See docs/budgets.md.
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from elastic_gpu.core import budget as core
 from elastic_gpu.core.claims import Condition
+from elastic_gpu.k8s.crds import write_crds_main
 from elastic_gpu.k8s.elasticgpu import (
     DNS_SUBDOMAIN,
     VERSION,
@@ -244,14 +242,7 @@ def budget_status(obj: Mapping[str, Any], budget: core.Budget, state: core.Budge
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the GPUBudget CRD as YAML.")
-    parser.add_argument("--write", metavar="DIR", type=Path, help="write the file into DIR")
-    args = parser.parse_args(argv)
-    if args.write is None:
-        sys.stdout.write(crd_yaml())
-    else:
-        (args.write / CRD_FILE).write_text(crd_yaml())
-    return 0
+    return write_crds_main("Write the GPUBudget CRD as YAML.", {CRD_FILE: crd_yaml}, argv)
 
 
 if __name__ == "__main__":

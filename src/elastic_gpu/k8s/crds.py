@@ -6,9 +6,27 @@ product installs CRDs at run time.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+
+def write_crds_main(description: str, files: Mapping[str, Callable[[], str]],
+                    argv: Sequence[str] | None = None) -> int:
+    """`python -m elastic_gpu.k8s.<module> [--write DIR]` for a module that generates CRDs:
+    print each file's YAML (separated by `---`), or write each into DIR under its name."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--write", metavar="DIR", type=Path, help="write the files into DIR")
+    args = parser.parse_args(None if argv is None else list(argv))
+    for filename, text in files.items():
+        if args.write is None:
+            sys.stdout.write(text() + "---\n")
+        else:
+            (args.write / filename).write_text(text())
+    return 0
 
 
 class CrdInstallError(RuntimeError):

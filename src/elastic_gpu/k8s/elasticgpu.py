@@ -34,10 +34,8 @@ see docs/claims.md, "Versions".
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -46,6 +44,7 @@ import yaml
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import AssignmentError, CardShare
 from elastic_gpu.core.resources import MIG_RESOURCE_PATTERN, RESOURCE_TABLE
+from elastic_gpu.k8s.crds import write_crds_main
 
 GROUP = "elasticgpu.io"
 VERSION = "v1alpha"
@@ -583,15 +582,8 @@ def claim_status(decision: core.Decision, claim_obj: Mapping[str, Any], now: str
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the Elastic GPU API's CRDs as YAML.")
-    parser.add_argument("--write", metavar="DIR", type=Path, help="write the files into DIR")
-    args = parser.parse_args(argv)
-    for plural, filename in CRD_FILES.items():
-        if args.write is None:
-            sys.stdout.write(crd_yaml(plural) + "---\n")
-        else:
-            (args.write / filename).write_text(crd_yaml(plural))
-    return 0
+    files = {filename: partial(crd_yaml, plural) for plural, filename in CRD_FILES.items()}
+    return write_crds_main("Write the Elastic GPU API's CRDs as YAML.", files, argv)
 
 
 if __name__ == "__main__":

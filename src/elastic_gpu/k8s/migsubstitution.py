@@ -22,16 +22,14 @@ and reads the served objects into `core.mig.SubstitutionRule`. No I/O.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.k8s.crds import write_crds_main
 from elastic_gpu.k8s.elasticgpu import (
     GROUP,
     VERSION,
@@ -178,14 +176,7 @@ def rule_from_object(obj: Mapping[str, Any]) -> SubstitutionRule:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write the MIGSubstitution CRD as YAML.")
-    parser.add_argument("--write", metavar="DIR", type=Path, help="write the file into DIR")
-    args = parser.parse_args(argv)
-    if args.write is None:
-        sys.stdout.write(crd_yaml())
-    else:
-        (args.write / CRD_FILE).write_text(crd_yaml())
-    return 0
+    return write_crds_main("Write the MIGSubstitution CRD as YAML.", {CRD_FILE: crd_yaml}, argv)
 
 
 if __name__ == "__main__":

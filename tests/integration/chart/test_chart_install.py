@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import WebhookProcess
 from egpu_testing.workbench import ExtenderProcess
 from elastic_gpu.devcluster.binaries import find_bin_dir
@@ -32,15 +32,6 @@ CHART = Path(__file__).resolve().parents[3] / "charts" / "elastic-gpu"
 #: the chart's cluster-wide objects (fixed names: one Elastic GPU per cluster)
 CLUSTER_SCOPED = [f"{kind}/elastic-gpu-{c}" for kind in ("clusterrole", "clusterrolebinding")
                   for c in ("scheduler", "agent", "webhook", "controller")]
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 class Release:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import pytest
 
 from egpu_testing.claims import install_crds
 from egpu_testing.controller import ControllerProcess, ProvisionDouble, clean_up
+from egpu_testing.waiting import wait_for
 from elastic_gpu.core import claims as core
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
@@ -27,17 +28,6 @@ pytestmark = pytest.mark.integration
 
 SHARE = {"gpushare.provisioner.elasticgpu.io/gpu-core": 10,
          "gpushare.provisioner.elasticgpu.io/gpu-memory": 4}
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import pytest
 from egpu_testing.claims import install_crds
 from egpu_testing.controller import ControllerProcess, clean_up
 from egpu_testing.scenario import wait_extender_knows
+from egpu_testing.waiting import wait_for
 from egpu_testing.workbench import ExtenderProcess
 from elastic_gpu.core import claims as core
 from elastic_gpu.devcluster.ports import free_ports
@@ -31,17 +32,6 @@ from elastic_gpu.devcluster.pytest_plugin import unique_name
 from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 class Cluster:

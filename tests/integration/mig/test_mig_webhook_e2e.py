@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 
 from egpu_testing.seed import seed_pod
-from egpu_testing.webhook import WebhookProcess
+from egpu_testing.webhook import WebhookProcess, running_webhook
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION
-from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 from elastic_gpu.k8s import migsubstitution as api
 
 pytestmark = pytest.mark.integration
@@ -30,20 +28,9 @@ def webhook(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
     from elastic_gpu.k8s.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())
-    name = unique_name("egpu-webhook-mig")
-    (port,) = free_ports(1)
-    hook = WebhookProcess(k8s_cluster.kubeconfig, port,
-                          tmp_path_factory.mktemp("webhook") / "webhook.log", name=name,
-                          namespace=name, label=(LABEL, name))
-    hook.start()
-    try:
+    with running_webhook(k8s_cluster, tmp_path_factory.mktemp("webhook"), "egpu-webhook-mig",
+                         LABEL) as hook:
         yield hook
-    finally:
-        hook.stop()
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            k8s_cluster.kubectl("delete", kind, hook.name, "--ignore-not-found", check=False)
-        k8s_cluster.kubectl("delete", "namespace", hook.namespace, "--wait=false",
-                            "--ignore-not-found", check=False)
 
 
 def mig_pod(name: str, owner: str | None = None) -> dict[str, Any]:

@@ -14,9 +14,7 @@ import pytest
 
 from egpu_testing.claims import install_crds
 from egpu_testing.seed import SEED_CLASS, seed_claim, seed_pod
-from egpu_testing.webhook import WebhookProcess
-from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
+from egpu_testing.webhook import WebhookProcess, running_webhook
 
 pytestmark = pytest.mark.integration
 
@@ -28,20 +26,9 @@ SHARE = {"elasticgpu.io/gpu-core": "10", "elasticgpu.io/gpu-memory": "4"}
 def webhook(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[WebhookProcess]:
     install_crds(k8s_cluster)
-    name = unique_name("egpu-webhook-claims")
-    (port,) = free_ports(1)
-    hook = WebhookProcess(k8s_cluster.kubeconfig, port,
-                          tmp_path_factory.mktemp("webhook") / "webhook.log", name=name,
-                          namespace=name, label=(LABEL, name))
-    hook.start()
-    try:
+    with running_webhook(k8s_cluster, tmp_path_factory.mktemp("webhook"), "egpu-webhook-claims",
+                         LABEL) as hook:
         yield hook
-    finally:
-        hook.stop()
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            k8s_cluster.kubectl("delete", kind, hook.name, "--ignore-not-found", check=False)
-        k8s_cluster.kubectl("delete", "namespace", hook.namespace, "--wait=false",
-                            "--ignore-not-found", check=False)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from egpu_testing.scenario import wait_bound, wait_extender_knows
-from egpu_testing.webhook import WebhookProcess
+from egpu_testing.webhook import WebhookProcess, cleanup_webhook, running_webhook
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name
@@ -45,27 +45,12 @@ def pod_json(name: str, limits: dict[str, Any], *, scheduler: str | None = None,
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
 
 
-def cleanup_webhook(plane: Any, hook: WebhookProcess) -> None:
-    hook.stop()
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        plane.kubectl("delete", kind, hook.name, "--ignore-not-found", check=False)
-    plane.kubectl("delete", "namespace", hook.namespace, "--wait=false", "--ignore-not-found",
-                  check=False)
-
-
 @pytest.fixture(scope="module")
 def webhook(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[WebhookProcess]:
-    name = unique_name("egpu-webhook")
-    (port,) = free_ports(1)
-    hook = WebhookProcess(k8s_cluster.kubeconfig, port,
-                          tmp_path_factory.mktemp("webhook") / "webhook.log", name=name,
-                          namespace=name, label=(LABEL, name))
-    hook.start()
-    try:
+    with running_webhook(k8s_cluster, tmp_path_factory.mktemp("webhook"), "egpu-webhook",
+                         LABEL) as hook:
         yield hook
-    finally:
-        cleanup_webhook(k8s_cluster, hook)
 
 
 def wait_in_force(plane: Any, namespace: str, timeout_s: float = 30.0) -> None:
