@@ -104,24 +104,26 @@ class _PhaseCollector(Collector):
         self.controller = controller
 
     def collect(self) -> Any:
-        counts = {p.value: 0 for p in core.ClaimPhase}
-        for obj in self.controller.claims.items():
-            phase = (obj.get("status") or {}).get("phase") or core.ClaimPhase.PENDING.value
-            counts[phase] = counts.get(phase, 0) + 1
-        family = GaugeMetricFamily("elasticgpu_claims", "ElasticGPUClaims by phase (cache)",
-                                   labels=["phase"])
-        for phase, n in sorted(counts.items()):
-            family.add_metric([phase], n)
-        yield family
-        egpus = {p.value: 0 for p in core.ElasticGPUPhase}
-        for obj in self.controller.egpus.items():
-            phase = (obj.get("status") or {}).get("phase") or core.ElasticGPUPhase.AVAILABLE.value
-            egpus[phase] = egpus.get(phase, 0) + 1
-        family = GaugeMetricFamily("elasticgpu_elasticgpus", "ElasticGPUs by phase (cache)",
-                                   labels=["phase"])
-        for phase, n in sorted(egpus.items()):
-            family.add_metric([phase], n)
-        yield family
+        yield _by_phase("elasticgpu_claims", "ElasticGPUClaims by phase (cache)",
+                        self.controller.claims.items(), core.ClaimPhase, core.ClaimPhase.PENDING)
+        yield _by_phase("elasticgpu_elasticgpus", "ElasticGPUs by phase (cache)",
+                        self.controller.egpus.items(), core.ElasticGPUPhase,
+                        core.ElasticGPUPhase.AVAILABLE)
+
+
+def _by_phase(name: str, documentation: str, objects: list[Obj],
+              phases: type[core.ClaimPhase] | type[core.ElasticGPUPhase],
+              unset: core.ClaimPhase | core.ElasticGPUPhase) -> GaugeMetricFamily:
+    """A gauge of `objects` by `status.phase` (every phase present, 0 if none; an object with
+    no phase yet counts as `unset`)."""
+    counts = {p.value: 0 for p in phases}
+    for obj in objects:
+        phase = (obj.get("status") or {}).get("phase") or unset.value
+        counts[phase] = counts.get(phase, 0) + 1
+    family = GaugeMetricFamily(name, documentation, labels=["phase"])
+    for phase, n in sorted(counts.items()):
+        family.add_metric([phase], n)
+    return family
 
 
 class ClaimController:

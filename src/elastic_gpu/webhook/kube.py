@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from elastic_gpu.core.admission import NodeGpus, node_gpus
 from elastic_gpu.core.claims import Claim
@@ -240,40 +240,107 @@ def _claim(obj: Mapping[str, Any]) -> Claim | None:
         return None
 
 
-class ClaimCache:
-    """The ElasticGPUClaims of every namespace, by (namespace, name), kept by a list and watch
-    of the CRD. While the CRD is not installed (404 on the list) there are none, and the list
-    is retried every `crd_retry_s`. `fetch` reads one claim live (a cache miss: a claim created
-    a moment before its pod may not have reached the watch yet)."""
+T = TypeVar("T")
+Key = tuple[str, str]
 
-    def __init__(self, crd_retry_s: float = 10.0) -> None:
-        self.claims: dict[tuple[str, str], Claim] = {}
+
+def object_key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+class CrdCache(Generic[T]):
+    """Objects of `resource()` (a lightkube generic resource) by (namespace, name), each
+    decoded by `decode` (None: unreadable, left out); `on_change()` runs after each change."""
+
+    #: the kind in log lines
+    kind = "object"
+
+    def __init__(self, resource: Callable[[], Any], decode: Callable[[Mapping[str, Any]], T | None],
+                 crd_retry_s: float = 10.0) -> None:
+        self.objects: dict[Key, T] = {}
         self.synced = asyncio.Event()
         self.crd_installed = False
         self.crd_retry_s = crd_retry_s
+        self._resource = resource
+        self._decode = decode
+
+    def on_change(self) -> None:
+        """Called after every change of `objects`; nothing by default."""
+
+    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
+        objects: dict[Key, T] = {}
+        for item in items:
+            value = self._decode(item)
+            if value is not None:
+                objects[object_key(item)] = value
+        self.objects = objects
+        self.on_change()
+
+    def event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        key = object_key(obj)
+        value = None if kind == "DELETED" else self._decode(obj)
+        if value is None:
+            if self.objects.pop(key, None) is None:
+                return
+        else:
+            self.objects[key] = value
+        self.on_change()
+
+    async def run(self, client: Any) -> None:
+        """List, then watch from the list's version, until cancelled."""
+        from lightkube.core.exceptions import ApiError
+
+        resource = self._resource()
+        while True:
+            try:
+                listing = client.list(resource, namespace="*")
+                self.replace([obj.to_dict() async for obj in listing])
+                self.crd_installed = True
+                self.synced.set()
+                async for kind, obj in client.watch(resource, namespace="*",
+                                                    resource_version=listing.resourceVersion):
+                    self.event(str(kind), obj.to_dict())
+            except asyncio.CancelledError:
+                raise
+            except ApiError as err:
+                if _status_code(err) != 404:
+                    log.warning("%s watch: %s; listing again in 1 s", self.kind, err)
+                    await asyncio.sleep(1.0)
+                    continue
+                if self.crd_installed or not self.synced.is_set():
+                    log.info("%ss are not served (CRD not installed); checking again every "
+                             "%.0f s", self.kind, self.crd_retry_s)
+                self.crd_installed = False
+                if self.objects:
+                    self.objects = {}
+                    self.on_change()
+                self.synced.set()
+                await asyncio.sleep(self.crd_retry_s)
+            except Exception as err:  # the API is down or the watch expired: list again
+                log.warning("%s watch: %s; listing again in 1 s", self.kind, err)
+                await asyncio.sleep(1.0)
+
+
+class ClaimCache(CrdCache[Claim]):
+    """The ElasticGPUClaims of every namespace, by (namespace, name). `fetch` reads one claim
+    live (a cache miss: a claim created a moment before its pod may not have reached the watch
+    yet)."""
+
+    kind = "ElasticGPUClaim"
+
+    def __init__(self, crd_retry_s: float = 10.0) -> None:
+        super().__init__(claim_resource, _claim, crd_retry_s)
         self.client: Any = None
         #: live GETs made (a cache hit makes none)
         self.fetches = 0
 
+    @property
+    def claims(self) -> dict[Key, Claim]:
+        return self.objects
+
     def get(self, namespace: str, name: str) -> Claim | None:
-        return self.claims.get((namespace, name))
-
-    def replace(self, items: Sequence[Mapping[str, Any]]) -> None:
-        claims: dict[tuple[str, str], Claim] = {}
-        for item in items:
-            claim = _claim(item)
-            if claim is not None:
-                claims[(claim.namespace, claim.name)] = claim
-        self.claims = claims
-
-    def event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        claim = None if kind == "DELETED" else _claim(obj)
-        if claim is None:
-            self.claims.pop(key, None)
-        else:
-            self.claims[key] = claim
+        return self.objects.get((namespace, name))
 
     async def fetch(self, namespace: str, name: str) -> Claim | None:
         """The claim as the API has it now (None: it does not exist, or its CRD does not);
@@ -291,40 +358,9 @@ class ClaimCache:
             raise
         claim = _claim(obj.to_dict())
         if claim is not None:
-            self.claims[(namespace, name)] = claim
+            self.objects[(namespace, name)] = claim
         return claim
 
     async def run(self, client: Any) -> None:
-        """List, then watch from the list's version; on an error list again after a second,
-        or after `crd_retry_s` while the CRD is not installed."""
-        from lightkube.core.exceptions import ApiError
-
         self.client = client
-        resource = claim_resource()
-        while True:
-            try:
-                listing = client.list(resource, namespace="*")
-                items = [claim.to_dict() async for claim in listing]
-                self.replace(items)
-                self.crd_installed = True
-                self.synced.set()
-                async for kind, claim in client.watch(resource, namespace="*",
-                                                      resource_version=listing.resourceVersion):
-                    self.event(str(kind), claim.to_dict())
-            except asyncio.CancelledError:
-                raise
-            except ApiError as err:
-                if _status_code(err) == 404:  # no ElasticGPUClaim CRD: no claims
-                    if self.crd_installed or not self.synced.is_set():
-                        log.info("ElasticGPUClaims are not served (CRD not installed); "
-                                 "checking again every %.0f s", self.crd_retry_s)
-                    self.crd_installed = False
-                    self.claims = {}
-                    self.synced.set()
-                    await asyncio.sleep(self.crd_retry_s)
-                else:
-                    log.warning("claim watch: %s; listing again in 1 s", err)
-                    await asyncio.sleep(1.0)
-            except Exception as err:  # the API is down or the watch expired: list again
-                log.warning("claim watch: %s; listing again in 1 s", err)
-                await asyncio.sleep(1.0)
+        await super().run(client)
