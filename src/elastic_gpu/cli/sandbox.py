@@ -156,14 +156,12 @@ def up(
     real = f" + {real_nodes} real node(s)" if real_nodes else ""
     typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
                f"node(s){real} Ready, API server {box.plane.server}")
-    from elastic_gpu.devcluster.components import WEBHOOK
+    from elastic_gpu.devcluster.components import REGISTRY
 
-    extender = box.endpoint_of(sandbox.EXTENDER)
-    if extender is not None:
-        typer.echo(f"  Elastic GPU scheduler extender {extender}, called by kube-scheduler")
-    webhook = box.endpoint_of(WEBHOOK.name)
-    if webhook is not None:
-        typer.echo(f"  Elastic GPU admission webhook {webhook}, called by kube-apiserver")
+    for spec in REGISTRY:
+        url = box.endpoint_of(spec.name)
+        if spec.title is not None and url is not None:
+            typer.echo(f"  {spec.title} {url}")
     typer.echo(f"  {box.plane.bin_dir / 'kubectl'} --kubeconfig {box.kubeconfig} get nodes")
 
 

@@ -76,6 +76,8 @@ class ComponentSpec:
     #: "https" for a component serving TLS (its self-signed certificate is not verified by
     #: the readiness check)
     scheme: str = "http"
+    #: what `up` says of it, before its endpoint (None: nothing)
+    title: str | None = None
 
     @property
     def serves(self) -> bool:
@@ -148,7 +150,8 @@ def _allocation_sync_argv(env: ComponentEnv) -> list[str]:
 EXTENDER = ComponentSpec(
     name="egpu-scheduler", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
     argv=_extender_argv, ready_path="/readyz", extender=True,
-    knows_nodes=extender_missing_nodes)
+    knows_nodes=extender_missing_nodes,
+    title="Elastic GPU scheduler extender, called by kube-scheduler:")
 
 def _webhook_argv(env: ComponentEnv) -> list[str]:
     return [env.python, "-m", "elastic_gpu.cli.main", "webhook",
@@ -159,7 +162,8 @@ def _webhook_argv(env: ComponentEnv) -> list[str]:
 #: a `url` clientConfig at 127.0.0.1) once it has listed the Nodes; ready after that.
 WEBHOOK = ComponentSpec(
     name="egpu-webhook", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
-    argv=_webhook_argv, ready_path="/readyz", scheme="https")
+    argv=_webhook_argv, ready_path="/readyz", scheme="https",
+    title="Elastic GPU admission webhook, called by kube-apiserver:")
 
 def _controller_argv(env: ComponentEnv) -> list[str]:
     return [env.python, "-m", "elastic_gpu.cli.main", "controller",
@@ -172,7 +176,8 @@ def _controller_argv(env: ComponentEnv) -> list[str]:
 #: /provision), started after the extender; ready once it leads with its caches synced.
 CONTROLLER = ComponentSpec(
     name="egpu-controller", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
-    argv=_controller_argv, ready_path="/readyz")
+    argv=_controller_argv, ready_path="/readyz",
+    title="Elastic GPU controller (claims), metrics and health at")
 
 #: kwok nodes have no agent to keep their cards' allocation columns current.
 ALLOCATION_SYNC = ComponentSpec(
