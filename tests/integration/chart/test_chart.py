@@ -342,3 +342,34 @@ def test_read_only_egpu_containers_get_a_writable_tmp(helm: Helm,
             mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
             assert "/tmp" in mounts, name
             assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+
+
+IX_CONFIG = 'version: "4.2.0"\nflags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n'
+NVIDIA_CONFIG = ("version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n"
+                 "    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n")
+
+
+@pytest.mark.parametrize(("text", "gpu"), [(IX_CONFIG, "iluvatar.com/gpu"),
+                                           (NVIDIA_CONFIG, "nvidia.com/gpu")])
+def test_agent_config_file_in_another_plugins_form_reaches_the_agent_verbatim(
+        helm: Helm, tmp_path: Path, text: str, gpu: str) -> None:
+    """agent.configFile (`--set-file`): the IX plugin's or NVIDIA's file as they ship it; the
+    map `agent.config` cannot carry them (helm merges the defaults into it)."""
+    from elastic_gpu.agent.config import load_config
+
+    source = tmp_path / "plugin.yaml"
+    source.write_text(text)
+    out = helm("template", "egpu", str(CHART), "--set-file",
+               f"agent.configFile={source}").stdout
+    objs = [d for d in yaml.safe_load_all(out) if d]
+    written = by_kind(objs, "ConfigMap")["elastic-gpu-agent"]["data"]["agent.yaml"]
+    assert yaml.safe_load(written) == yaml.safe_load(text)
+    (tmp_path / "agent.yaml").write_text(written)
+    config = load_config(tmp_path / "agent.yaml")
+    assert config.resources.gpu == gpu and config.resources.share == []
+    # a different file rolls the DaemonSet (its checksum annotation changes)
+    annotations = workloads(objs)["elastic-gpu-agent"]["spec"]["template"]["metadata"][
+        "annotations"]
+    default = workloads(render(helm))["elastic-gpu-agent"]["spec"]["template"]["metadata"][
+        "annotations"]
+    assert annotations["checksum/config"] != default["checksum/config"]
