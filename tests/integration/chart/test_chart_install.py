@@ -1,10 +1,10 @@
 """`helm install` of charts/elastic-gpu on the dev cluster, and `helm uninstall` (issue 18).
 
-No image can be built or pulled here, so the components do not run as pods; what this shows
-is that the release installs on a real kube-apiserver, that `egpu controller` started with the
-token of the chart's own ServiceAccount leads and reconciles (its RBAC is enough), and that
-uninstalling removes the webhook configurations (nothing fails closed afterwards) while the
-CRDs stay.
+The release installs on a real kube-apiserver; `egpu controller`, `egpu scheduler` and `egpu
+webhook`, each started as a process with a token of its chart ServiceAccount, become ready
+(their RBAC is enough); uninstalling removes the webhook configurations (nothing fails closed
+afterwards) while the CRDs stay. The seeds' flows through the installed system are
+test_chart_system.py; the components as real pods on the real node, test_chart_realnode.py.
 """
 
 from __future__ import annotations
