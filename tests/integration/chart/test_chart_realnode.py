@@ -50,7 +50,9 @@ def get(cluster: Any, *args: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def release(k8s_cluster: Any, real_node: Any, tmp_path: Path) -> Iterator[Release]:
+def release(k8s_cluster: Any, real_node: Any, tmp_path: Path
+            ) -> Iterator[tuple[Release, int]]:
+    """The release on the real node, and the extender's (host) port."""
     for name, (_ref, archive) in (
             ("egpu", egpu_image("0.1.0")),
             ("kube-scheduler", binary_image("egpu.local/kube-scheduler:v1.36.3",
@@ -82,8 +84,7 @@ def release(k8s_cluster: Any, real_node: Any, tmp_path: Path) -> Iterator[Releas
     rel.helm("install", "egpu", str(CHART), "--create-namespace",
              *(a for key, value in values.items()
                for a in ("--set-json", f"{key}={json.dumps(value)}")))
-    rel.ports = ports  # type: ignore[attr-defined]
-    yield rel
+    yield rel, ports[0]
     rel.uninstall_quietly()
     k8s_cluster.kubectl("label", "node", real_node.name, "elasticgpu.io/agent-", check=False)
 
@@ -121,10 +122,11 @@ def _network_stand_in(cluster: Any, rel: Release, extender_port: int) -> None:
 
 
 def test_the_charts_components_run_as_pods_on_the_real_node_and_uninstall_keeps_gpu_pods(
-        release: Release, k8s_cluster: Any, real_node: Any,
+        release: tuple[Release, int], k8s_cluster: Any, real_node: Any,
         k8s_namespace: str) -> None:
-    cluster, ns = k8s_cluster, release.namespace
-    _network_stand_in(cluster, release, release.ports[0])  # type: ignore[attr-defined]
+    rel, extender_port = release
+    cluster, ns = k8s_cluster, rel.namespace
+    _network_stand_in(cluster, rel, extender_port)
     for workload in WORKLOADS:
         result = cluster.kubectl("rollout", "status", workload, "-n", ns, "--timeout=180s",
                                  check=False, timeout_s=200)
@@ -171,7 +173,7 @@ def test_the_charts_components_run_as_pods_on_the_real_node_and_uninstall_keeps_
         uuids = {card["uuid"] for card in assignment["containers"]["main"]}
         assert f"NVIDIA_VISIBLE_DEVICES={','.join(sorted(uuids))}" in logs, logs
 
-    release.helm("uninstall", "egpu")
+    rel.helm("uninstall", "egpu")
     wait_for("the components' pods gone", lambda: not get(cluster, "pods", "-n", ns)["items"],
              120)
     time.sleep(2)
