@@ -373,3 +373,25 @@ def test_agent_config_file_in_another_plugins_form_reaches_the_agent_verbatim(
     default = workloads(render(helm))["elastic-gpu-agent"]["spec"]["template"]["metadata"][
         "annotations"]
     assert annotations["checksum/config"] != default["checksum/config"]
+
+
+def test_the_plain_manifests_apply_as_install_md_says(helm: Helm, k8s_cluster: Any) -> None:
+    """docs/install.md, "Without helm": the TLS Secret rendered once, then deploy/'s files,
+    accepted by a real kube-apiserver (server-side dry run: nothing is left behind)."""
+    k8s_cluster.kubectl("create", "namespace", NS, check=False)
+    secret = helm("template", "elastic-gpu", str(CHART), "-n", NS, "--show-only",
+                  "templates/scheduler-tls.yaml").stdout
+    files = ["deploy/scheduler/rbac.yaml", "deploy/scheduler/scheduler.yaml",
+             "deploy/scheduler/kube-scheduler.yaml", "deploy/agent/", "deploy/webhook/",
+             "deploy/controller/"]
+    result = k8s_cluster.kubectl(
+        "apply", "--dry-run=server", "-o", "name", "-f", "-",
+        *(a for f in files for a in ("-f", str(ROOT / f))), input=secret, check=False,
+        timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    applied = result.stdout.split()
+    assert "secret/elastic-gpu-scheduler-tls" in applied
+    for workload in ("deployment.apps/elastic-gpu-scheduler", "daemonset.apps/elastic-gpu-agent",
+                     "deployment.apps/elastic-gpu-kube-scheduler",
+                     "deployment.apps/elastic-gpu-webhook", "deployment.apps/elastic-gpu-controller"):
+        assert workload in applied, applied
