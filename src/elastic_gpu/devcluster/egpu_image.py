@@ -5,7 +5,8 @@ image's content from what the machine has, as a docker-archive tar (the format o
 `devcluster.images`) that `ctr images import` loads into the real node's containerd:
 
 - this interpreter (`sys.base_prefix`: its binary, libpython and the standard library without
-  tests, idle, tkinter and ensurepip), at the same absolute paths, so its prefix is found;
+  `SKIPPED_STDLIB`: tests, idle, tkinter, ensurepip, lib2to3, unittest), at the same absolute
+  paths, so its prefix is found;
 - the runtime closure of the `elastic-gpu` distribution's requirements (the files each
   installed distribution's RECORD lists), into the interpreter's own site-packages, and the
   `elastic_gpu` package from the source tree this module runs from;
