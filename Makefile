@@ -1,7 +1,8 @@
 # Two commands on a fresh machine:
 #   make simulate   replay the built-in workload through the placement engine (table + plot)
 #   make test       the whole test suite (lint, types, unit, integration on a real control plane)
-.PHONY: simulate test bootstrap k8s-binaries
+# After editing charts/elastic-gpu:  make deploy  (re-renders deploy/ from it; a test checks)
+.PHONY: simulate test bootstrap k8s-binaries deploy
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -15,3 +16,8 @@ test:
 
 k8s-binaries:
 	hack/ensure-k8s.sh
+
+# deploy/ is `helm template` of charts/elastic-gpu (hack/render-deploy.py; tests/unit/chart checks it).
+deploy:
+	EGPU_K8S_BIN_DIR=$$(hack/ensure-k8s.sh | tail -n 1) PYTHONPATH=src \
+	  $$(test -x .venv/bin/python && echo .venv/bin/python || echo python3) hack/render-deploy.py

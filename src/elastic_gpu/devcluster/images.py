@@ -75,14 +75,15 @@ def layer_tar(entries: Iterable[LayerEntry]) -> bytes:
 
 
 def docker_archive(ref: str, layer: bytes, *, entrypoint: Sequence[str] = (),
-                   cmd: Sequence[str] = ()) -> bytes:
-    """A docker-archive tar of one image: `ref`, one layer, the given entrypoint and cmd."""
+                   cmd: Sequence[str] = (), user: str = "") -> bytes:
+    """A docker-archive tar of one image: `ref`, one layer, the given entrypoint and cmd
+    (and `user`, e.g. "65532:65532": what `runAsNonRoot` checks)."""
     diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
     config = {
         "architecture": _go_arch(),
         "os": "linux",
         "config": {"Env": [PATH_ENV], "Entrypoint": list(entrypoint) or None,
-                   "Cmd": list(cmd) or None, "WorkingDir": "/"},
+                   "Cmd": list(cmd) or None, "WorkingDir": "/", **({"User": user} if user else {})},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": "elastic_gpu.devcluster.images"}],
     }

@@ -408,6 +408,11 @@ class RealNode:
             raise DevClusterError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
         return result
 
+    def import_image(self, tar: Path) -> None:
+        """Load a docker-archive tar into this node's containerd (pods: `imagePullPolicy:
+        Never`, or a tag other than `latest`)."""
+        self._ctr("images", "import", str(tar))
+
     def _import_images(self) -> None:
         for tar in sorted(self.paths.images.glob("*.tar")):
             self._ctr("images", "import", str(tar))

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from lightkube import codecs
 from lightkube.resources.core_v1 import Node as K8sNode
 from lightkube.resources.core_v1 import Pod
@@ -341,7 +342,6 @@ def test_preferred_allocation_steers_kubelet_to_the_assigned_cards(
 
 
 def client_with_token(k8s_cluster: Any, token: str) -> Any:
-    import yaml
     from lightkube import Client, KubeConfig
 
     admin = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
@@ -358,15 +358,15 @@ def agent_token(k8s_cluster: Any, node: str | None) -> str:
     """A token of deploy/agent's ServiceAccount as the DaemonSet's pod gets it: bound to an
     agent pod on `node` (kube-apiserver then puts the pod's node into the token's user
     info). `node=None`: a plain token, bound to nothing."""
-    args = ["create", "token", "egpu-agent", "-n", "kube-system"]
+    args = ["create", "token", "elastic-gpu-agent", "-n", "elastic-gpu"]
     if node is not None:
         client = k8s_cluster.client()
-        name = f"egpu-agent-{node}"
+        name = f"elastic-gpu-agent-{node}"
         create(client, {"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": name, "namespace": "kube-system"},
-                        "spec": {"nodeName": node, "serviceAccountName": "egpu-agent",
+                        "metadata": {"name": name, "namespace": "elastic-gpu"},
+                        "spec": {"nodeName": node, "serviceAccountName": "elastic-gpu-agent",
                                  "containers": [{"name": "agent", "image": "elastic-gpu"}]}})
-        uid = client.get(Pod, name, namespace="kube-system").metadata.uid
+        uid = client.get(Pod, name, namespace="elastic-gpu").metadata.uid
         args += ["--bound-object-kind", "Pod", "--bound-object-name", name,
                  "--bound-object-uid", uid]
     return str(k8s_cluster.kubectl(*args).stdout.strip())
@@ -390,7 +390,12 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
     and that token cannot patch a CRD, write any pod, or write another node's objects."""
     from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
-    k8s_cluster.kubectl("apply", "-f", str(ROOT / "deploy" / "agent" / "agent.yaml"))
+    # deploy/agent/agent.yaml is the chart's rendering (namespace elastic-gpu); its RBAC and
+    # policy only: a DaemonSet here would put pods on kwok nodes.
+    k8s_cluster.kubectl("create", "namespace", "elastic-gpu", check=False)
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "agent" / "agent.yaml").read_text())
+            if d and d["kind"] != "DaemonSet"]
+    k8s_cluster.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(d) for d in docs))
     admin = k8s_cluster.client()
     other = f"{node}-other"
     create(admin, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}})

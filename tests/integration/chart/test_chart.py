@@ -1,6 +1,6 @@
 """charts/elastic-gpu with the real helm (built by hack/ensure-k8s.sh): lint, template with
 default and non-default values, the values schema, and what the rendered objects must be:
-the components' real flags, RBAC equal to deploy/*/rbac.yaml, the webhook configurations and
+the components' real flags, per-component RBAC, the webhook configurations and
 the KubeSchedulerConfiguration as the code shapes them, only the agent privileged, and objects
 a real kube-apiserver accepts (issue 18, must-show 1).
 """
@@ -232,21 +232,23 @@ def _rules_by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     return {o["kind"]: o["rules"] for o in docs if o["kind"] in ("ClusterRole", "Role")}
 
 
-@pytest.mark.parametrize(("component", "source"), [
-    ("scheduler", "deploy/scheduler/rbac.yaml"), ("controller", "deploy/controller/rbac.yaml"),
-    ("webhook", "deploy/webhook/rbac.yaml"), ("agent", "deploy/agent/agent.yaml")])
-def test_rbac_per_component_equals_deploy(default: list[dict[str, Any]], component: str,
-                                          source: str) -> None:
-    deploy = [d for d in yaml.safe_load_all((ROOT / source).read_text()) if d]
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_each_component_has_its_own_least_rbac(default: list[dict[str, Any]],
+                                               component: str) -> None:
+    """Each ServiceAccount is bound to its own roles only, none of which grants `*`.
+    (deploy/ is rendered from the chart: tests/unit/chart/test_deploy_rendered.py.)"""
     name = f"elastic-gpu-{component}"
-    chart = [o for o in default
-             if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"] == name]
-    assert _rules_by_kind(chart) == _rules_by_kind(deploy)
+    roles = _rules_by_kind([o for o in default if o["kind"] in ("ClusterRole", "Role")
+                            and o["metadata"]["name"] == name])
+    assert roles.get("ClusterRole")
+    for rules in roles.values():
+        for rule in rules:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], (name, rule)
     bound = {(o["kind"], o["roleRef"]["name"]) for o in default
              if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
              and any(s["name"] == name for s in o["subjects"])}
     assert bound == {("ClusterRoleBinding", name)} | (
-        {("RoleBinding", name)} if "Role" in _rules_by_kind(deploy) else set())
+        {("RoleBinding", name)} if "Role" in roles else set())
 
 
 def test_cert_manager_mode_drops_the_webhooks_secret_and_registration_rights(
@@ -340,3 +342,56 @@ def test_read_only_egpu_containers_get_a_writable_tmp(helm: Helm,
             mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
             assert "/tmp" in mounts, name
             assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+
+
+IX_CONFIG = 'version: "4.2.0"\nflags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n'
+NVIDIA_CONFIG = ("version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n"
+                 "    resources:\n    - name: nvidia.com/gpu\n      replicas: 10\n")
+
+
+@pytest.mark.parametrize(("text", "gpu"), [(IX_CONFIG, "iluvatar.com/gpu"),
+                                           (NVIDIA_CONFIG, "nvidia.com/gpu")])
+def test_agent_config_file_in_another_plugins_form_reaches_the_agent_verbatim(
+        helm: Helm, tmp_path: Path, text: str, gpu: str) -> None:
+    """agent.configFile (`--set-file`): the IX plugin's or NVIDIA's file as they ship it; the
+    map `agent.config` cannot carry them (helm merges the defaults into it)."""
+    from elastic_gpu.agent.config import load_config
+
+    source = tmp_path / "plugin.yaml"
+    source.write_text(text)
+    out = helm("template", "egpu", str(CHART), "--set-file",
+               f"agent.configFile={source}").stdout
+    objs = [d for d in yaml.safe_load_all(out) if d]
+    written = by_kind(objs, "ConfigMap")["elastic-gpu-agent"]["data"]["agent.yaml"]
+    assert yaml.safe_load(written) == yaml.safe_load(text)
+    (tmp_path / "agent.yaml").write_text(written)
+    config = load_config(tmp_path / "agent.yaml")
+    assert config.resources.gpu == gpu and config.resources.share == []
+    # a different file rolls the DaemonSet (its checksum annotation changes)
+    annotations = workloads(objs)["elastic-gpu-agent"]["spec"]["template"]["metadata"][
+        "annotations"]
+    default = workloads(render(helm))["elastic-gpu-agent"]["spec"]["template"]["metadata"][
+        "annotations"]
+    assert annotations["checksum/config"] != default["checksum/config"]
+
+
+def test_the_plain_manifests_apply_as_install_md_says(helm: Helm, k8s_cluster: Any) -> None:
+    """docs/install.md, "Without helm": the TLS Secret rendered once, then deploy/'s files,
+    accepted by a real kube-apiserver (server-side dry run: nothing is left behind)."""
+    k8s_cluster.kubectl("create", "namespace", NS, check=False)
+    secret = helm("template", "elastic-gpu", str(CHART), "-n", NS, "--show-only",
+                  "templates/scheduler-tls.yaml").stdout
+    files = ["deploy/scheduler/rbac.yaml", "deploy/scheduler/scheduler.yaml",
+             "deploy/scheduler/kube-scheduler.yaml", "deploy/agent/", "deploy/webhook/",
+             "deploy/controller/"]
+    result = k8s_cluster.kubectl(
+        "apply", "--dry-run=server", "-o", "name", "-f", "-",
+        *(a for f in files for a in ("-f", str(ROOT / f))), input=secret, check=False,
+        timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    applied = result.stdout.split()
+    assert "secret/elastic-gpu-scheduler-tls" in applied
+    for workload in ("deployment.apps/elastic-gpu-scheduler", "daemonset.apps/elastic-gpu-agent",
+                     "deployment.apps/elastic-gpu-kube-scheduler",
+                     "deployment.apps/elastic-gpu-webhook", "deployment.apps/elastic-gpu-controller"):
+        assert workload in applied, applied

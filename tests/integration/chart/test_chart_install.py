@@ -1,16 +1,15 @@
 """`helm install` of charts/elastic-gpu on the dev cluster, and `helm uninstall` (issue 18).
 
-No image can be built or pulled here, so the components do not run as pods; what this shows
-is that the release installs on a real kube-apiserver, that `egpu controller` started with the
-token of the chart's own ServiceAccount leads and reconciles (its RBAC is enough), and that
-uninstalling removes the webhook configurations (nothing fails closed afterwards) while the
-CRDs stay.
+The release installs on a real kube-apiserver; `egpu controller`, `egpu scheduler` and `egpu
+webhook`, each started as a process with a token of its chart ServiceAccount, become ready
+(their RBAC is enough); uninstalling removes the webhook configurations (nothing fails closed
+afterwards) while the CRDs stay. The seeds' flows through the installed system are
+test_chart_system.py; the components as real pods on the real node, test_chart_realnode.py.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,71 +17,30 @@ from typing import Any
 import pytest
 import yaml
 
+from egpu_testing.chart import CHART, Release, token_kubeconfig
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import WebhookProcess
 from egpu_testing.workbench import ExtenderProcess
-from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
-
-CHART = Path(__file__).resolve().parents[3] / "charts" / "elastic-gpu"
-#: the chart's cluster-wide objects (fixed names: one Elastic GPU per cluster)
-CLUSTER_SCOPED = [f"{kind}/elastic-gpu-{c}" for kind in ("clusterrole", "clusterrolebinding")
-                  for c in ("scheduler", "agent", "webhook", "controller")]
-
-
-class Release:
-    def __init__(self, cluster: Any, home: Path) -> None:
-        self.cluster = cluster
-        self.namespace = unique_name("egpu-chart")
-        self.env = {"PATH": "/usr/bin:/bin", "HOME": str(home),
-                    "HELM_CACHE_HOME": str(home / "c"), "HELM_CONFIG_HOME": str(home / "f"),
-                    "HELM_DATA_HOME": str(home / "d")}
-
-    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(find_bin_dir() / "helm"), f"--kubeconfig={self.cluster.kubeconfig}",
-             "-n", self.namespace, *args],
-            capture_output=True, text=True, timeout=180, env=self.env, check=False)
-        assert result.returncode == 0, result.stderr + result.stdout
-        return result
-
-    def exists(self, *what: str, namespaced: bool = False) -> bool:
-        ns = ["-n", self.namespace] if namespaced else []
-        result = self.cluster.kubectl("get", *what, *ns, "--ignore-not-found", "-o", "name",
-                                      check=False)
-        return bool(result.stdout.strip())
 
 
 @pytest.fixture
 def release(k8s_cluster: Any, tmp_path: Path) -> Iterator[Release]:
-    # Left by a test that applied deploy/*/rbac.yaml in this session: helm would refuse to
-    # adopt them.
-    k8s_cluster.kubectl("delete", *CLUSTER_SCOPED, "--ignore-not-found", check=False)
     rel = Release(k8s_cluster, tmp_path / "helm")
+    rel.clear_leftovers()
     # The webhook only for a label no namespace carries: its pods never run here, and GPU pods
     # of other tests must not fail closed on it.
     rel.helm("install", "egpu", str(CHART), "--create-namespace",
              "--set-json", f'webhook.namespaceLabels={json.dumps({"egpu-chart": rel.namespace})}')
     yield rel
-    subprocess.run([str(find_bin_dir() / "helm"), f"--kubeconfig={k8s_cluster.kubeconfig}",
-                    "-n", rel.namespace, "uninstall", "egpu", "--ignore-not-found"],
-                   capture_output=True, timeout=120, env=rel.env, check=False)
-    k8s_cluster.kubectl("delete", "namespace", rel.namespace, "--wait=false", check=False)
+    rel.uninstall_quietly()
 
 
 def _token_kubeconfig(cluster: Any, namespace: str, account: str, path: Path) -> Path:
-    token = cluster.kubectl("create", "token", account, "-n", namespace).stdout.strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
-    return path
+    return token_kubeconfig(cluster, namespace, account, path)
 
 
 def test_install_then_the_controller_leads_with_the_charts_token_then_uninstall(
