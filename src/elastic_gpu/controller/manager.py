@@ -66,9 +66,10 @@ class InformerFactory:
         self.client = client
         self.informers: dict[str, Informer] = {}
 
-    def informer(self, path: str, name: str) -> Informer:
+    def informer(self, path: str, name: str, optional: bool = False) -> Informer:
+        """`optional`: a custom resource whose CRD may be missing (`Informer`'s 404 rule)."""
         if path not in self.informers:
-            self.informers[path] = Informer(self.client, path, name=name)
+            self.informers[path] = Informer(self.client, path, name=name, optional=optional)
         return self.informers[path]
 
     @property

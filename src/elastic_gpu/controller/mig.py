@@ -199,8 +199,9 @@ class MigController:
         f = ctx.informers
         self.pods = f.informer(PODS.path(), "pods")
         self.nodes = f.informer(NODES.path(), "nodes")
-        self.devices = f.informer(DEVICES.path(), "gpudevices")
-        self.rules = f.informer(RULES.path(), "migsubstitutions")
+        # (a cluster without these CRDs has no MIG to adapt; the other controllers go on)
+        self.devices = f.informer(DEVICES.path(), "gpudevices", optional=True)
+        self.rules = f.informer(RULES.path(), "migsubstitutions", optional=True)
         self.metrics = MigMetrics(ctx)
         self.reservations: list[Reservation] = []
         #: bare rule name -> times its pod was deleted again because it came un-rewritten
