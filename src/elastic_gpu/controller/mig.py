@@ -174,8 +174,9 @@ class MigMetrics:
             "to a compatible profile; back: to their original), profiles and namespace",
             ["direction", "from_profile", "to_profile", "namespace"], registry=registry)
         self.unmovable = Counter(
-            "elasticgpu_mig_unmovable", "Rounds in which a pending MIG pod could not be moved, "
-            "by reason (NoCompatibleProfileFree)", ["reason", "namespace"], registry=registry)
+            "elasticgpu_mig_unmovable", "Pending MIG pods found unmovable (counted once per pod "
+            "and reason, when its Event is written), by reason (NoCompatibleProfileFree)",
+            ["reason", "namespace"], registry=registry)
         self.recreated = Counter(
             "elasticgpu_mig_bare_pods_recreated", "Bare pods created again from their rule's "
             "saved manifest, by step (move, back, recovered: after a controller stopped "
@@ -206,6 +207,8 @@ class MigController:
         self.reservations: list[Reservation] = []
         #: bare rule name -> times its pod was deleted again because it came un-rewritten
         self.repairs: dict[str, int] = {}
+        #: pod uid -> the reason last told in an Event (told again only when it changes)
+        self.told: dict[str, str] = {}
         changed = Handler(on_add=lambda _o: self.kick(),
                           on_update=lambda _o, _n: self.kick(),
                           on_delete=lambda _o: self.kick())
@@ -478,6 +481,8 @@ class MigController:
                           rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
         pending, by_key = self._pending(pods, rules)
         self.metrics.pending.set(len(pending))
+        waiting = {str(_meta(p).get("uid")) for p in by_key.values()}
+        self.told = {uid: why for uid, why in self.told.items() if uid in waiting}
         if not pending:
             return
         plan = core.plan_substitutions(pending, free)
@@ -486,7 +491,11 @@ class MigController:
             pod = by_key[item.key]
             namespace = str(_meta(pod).get("namespace"))
             if decision.instance is None:
-                if decision.reason is core.NoSubstitute.NONE_COMPATIBLE:
+                uid = str(_meta(pod).get("uid"))
+                if decision.reason is core.NoSubstitute.NONE_COMPATIBLE and \
+                        self.told.get(uid) != decision.message:
+                    # once per pod and reason (a round runs on every change: no Event storm)
+                    self.told[uid] = decision.message
                     self.metrics.unmovable.labels(decision.reason.value, namespace).inc()
                     self.recorder.record(as_pod(pod), WARNING, decision.reason.value,
                                          decision.message)
