@@ -9,6 +9,8 @@
                                   #   profile not listed here is never substituted
       moveBack: always            # never | when-idle | always (default always)
       ruleGraceSeconds: 30        # an owner's rule no pod refers to yet is kept this long
+      recarveAdvice: false        # true: a NoCompatibleProfileFree Event also says which
+                                  #   re-carve of a card would fit (dry run; never done)
 
 Without `--config`, every default. A bad file stops the controller at start with the file,
 the field, the value and the rule (exit code 2), as the scheduler's `--config` does.
@@ -56,6 +58,8 @@ class MigConfig(BaseModel):
     move_back: MoveBackPolicy = Field(default=MoveBackPolicy.ALWAYS, validation_alias="moveBack")
     rule_grace_s: float = Field(default=30.0, validation_alias="ruleGraceSeconds", ge=0,
                                 le=3600)
+    #: the dry-run re-carve advisor (`core.mig.recarve_advice`): Event text only
+    recarve_advice: bool = Field(default=False, validation_alias="recarveAdvice")
 
     @field_validator("substitutions", mode="before")
     @classmethod

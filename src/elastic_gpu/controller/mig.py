@@ -332,7 +332,7 @@ class MigController:
         free = core.free_instances(nodes, held)
         if not self.config.enabled:
             return
-        await self._substitute(pods, free, rules)
+        await self._substitute(pods, free, rules, nodes, held)
         free = core.without(free, (r.uuid for r in self.reservations))
         await self._move_back(pods, free, rules)
         await self._forget_owner_rules(pods, rules)
@@ -478,7 +478,8 @@ class MigController:
         return [p for _, p in pending], by_key
 
     async def _substitute(self, pods: list[Obj], free: dict[str, list[core.FreeInstance]],
-                          rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
+                          rules: Mapping[str, tuple[Obj, core.SubstitutionRule]],
+                          nodes: list[Node], held: set[str]) -> None:
         pending, by_key = self._pending(pods, rules)
         self.metrics.pending.set(len(pending))
         waiting = {str(_meta(p).get("uid")) for p in by_key.values()}
@@ -492,13 +493,18 @@ class MigController:
             namespace = str(_meta(pod).get("namespace"))
             if decision.instance is None:
                 uid = str(_meta(pod).get("uid"))
-                if decision.reason is core.NoSubstitute.NONE_COMPATIBLE and \
-                        self.told.get(uid) != decision.message:
+                if decision.reason is not core.NoSubstitute.NONE_COMPATIBLE:
+                    continue
+                message = decision.message
+                if self.config.recarve_advice:
+                    advice = core.recarve_advice(item.requested, nodes, held, item.constraints)
+                    message += f"; {advice.message}" if advice is not None else \
+                        "; dry run: no re-carve of a card the pod may use would fit it either"
+                if self.told.get(uid) != message:
                     # once per pod and reason (a round runs on every change: no Event storm)
-                    self.told[uid] = decision.message
+                    self.told[uid] = message
                     self.metrics.unmovable.labels(decision.reason.value, namespace).inc()
-                    self.recorder.record(as_pod(pod), WARNING, decision.reason.value,
-                                         decision.message)
+                    self.recorder.record(as_pod(pod), WARNING, decision.reason.value, message)
                 continue
             await self._move(pod, item.requested, decision.instance, decision.message)
 
