@@ -1,7 +1,8 @@
 """The MIG adapter on `egpu sandbox up --cluster` with MIG nodes (issue #16, must-shows 1-3).
 
-The sandbox is the user's: the real CLI with a cluster file of five A100-80GB nodes, each card
-carved into a `1g.10gb` and a `2g.20gb` instance; kube-apiserver, kube-controller-manager
+The sandbox is the user's: the real CLI with a cluster file of six A100-80GB nodes, each card
+carved into a `1g.10gb` and a `2g.20gb` instance (and one node offering `3g.40gb`, which
+only the advisor's pod names, pinned elsewhere); kube-apiserver, kube-controller-manager
 (Deployments make pods), kube-scheduler calling `egpu scheduler`, `egpu webhook` and `egpu
 controller` (claims + mig) as the sandbox runs them. Each test pins its pods to its own node
 (nodeSelector), so the tests share the sandbox without sharing instances.
@@ -37,11 +38,17 @@ pytestmark = pytest.mark.integration
 CLUSTER_FILE = """\
 nodeGroups:
 - name: mig
-  count: 5
+  count: 6
   gpus: 1
   model: A100-SXM4-80GB
   memoryMiB: 81920
   mig: [1g.10gb, 2g.20gb]
+- name: big
+  count: 1
+  gpus: 1
+  model: A100-SXM4-80GB
+  memoryMiB: 81920
+  mig: [3g.40gb]
 """
 #: must-show 1 asks for each move within 10 s
 MOVE_S = 10.0
@@ -281,6 +288,21 @@ def test_two_pending_and_one_free_compatible_exactly_one_moves(box: Path,
     assert [r["spec"]["selector"] for r in rules(box, namespace)] == [{"podName": moved[0]}]
 
 
+#: short Lease timings for the tests' own controllers (a SIGKILLed holder's Lease expires fast)
+LEASE = (3.0, 2.0, 0.5)
+
+
+def stop_sandbox_controller(box: Path) -> None:
+    """SIGTERM the sandbox's `egpu controller` (it releases the Lease), so that a test's own
+    controller leads."""
+    state = Sandbox.load(box / "state")
+    assert state is not None
+    sandboxed = state.plane.processes["egpu-controller"]
+    if sandboxed.alive():
+        os.kill(sandboxed.pid, signal.SIGTERM)
+    wait_for("the sandbox's controller to stop", lambda: not sandboxed.alive(), timeout_s=30)
+
+
 class CrashingController(ControllerProcess):
     """`egpu controller --only mig` that SIGKILLs itself right after its first pod delete
     (tests/egpu_testing/mig_crash.py)."""
@@ -303,12 +325,8 @@ class CrashingController(ControllerProcess):
 def test_sigkill_between_delete_and_recreate_loses_nothing(box: Path, namespace: str,
                                                            tmp_path: Path) -> None:
     node = "mig-004"
-    state = Sandbox.load(box / "state")
-    assert state is not None
-    sandboxed = state.plane.processes["egpu-controller"]
-    os.kill(sandboxed.pid, signal.SIGTERM)  # it releases the Lease
-    wait_for("the sandbox's controller to stop", lambda: not sandboxed.alive(), timeout_s=30)
-    lease = (3.0, 2.0, 0.5)
+    stop_sandbox_controller(box)
+    lease = LEASE
     crashing = CrashingController(kc(box), free_ports(1)[0], tmp_path / "crash.log",
                                   extender_url="http://127.0.0.1:1", identity="crashing",
                                   lease=lease, extra=("--only", "mig"))
@@ -356,3 +374,35 @@ def test_sigkill_between_delete_and_recreate_loses_nothing(box: Path, namespace:
         assert MIG_RETURNING  # (the return went through the returning mark)
     finally:
         restarted.stop()
+
+
+def test_the_recarve_advisor_says_which_layout_would_fit(box: Path, namespace: str,
+                                                         tmp_path: Path) -> None:
+    """`mig.recarveAdvice: true` in `egpu controller --config`: the Event of a pod no
+    compatible instance can take names the re-carve that would fit it; nothing changes."""
+    node = "mig-005"
+    stop_sandbox_controller(box)
+    config = tmp_path / "controller.yaml"
+    config.write_text("mig:\n  recarveAdvice: true\n")
+    controller = ControllerProcess(kc(box), free_ports(1)[0], tmp_path / "advisor.log",
+                                   extender_url="http://127.0.0.1:1", identity="advisor",
+                                   lease=LEASE, extra=("--only", "mig", "--config", str(config)))
+    controller.start()
+    try:
+        create(box, namespace, pod_manifest("blocker", node, "2g.20gb"))
+        wait_for("the blocker on 2g.20gb", lambda: on_profile(box, namespace, "blocker",
+                                                               "2g.20gb"))
+        before = get(box, "gpudevice", f"{node}-gpu0")["spec"]["mig"]
+        create(box, namespace, pod_manifest("big", node, "3g.40gb"))
+        (event,) = wait_for("the Event with the advice", lambda: [
+            e for e in events(box, namespace, "NoCompatibleProfileFree")
+            if e["involvedObject"]["name"] == "big"], timeout_s=20)
+        # held 2g.20gb (2 of 7 compute, 2 of 8 memory slices) + free 1g.10gb: a 3g.40gb fits
+        # beside both without destroying anything
+        assert (f"dry run: card GPU-fake-{node}-0 on node {node} (A100-SXM4-80GB) could hold "
+                "a 3g.40gb if re-carved (destroy free nothing; layout 2g.20gb + 1g.10gb + "
+                "3g.40gb); no layout is changed") in event["message"], event["message"]
+        assert get(box, "gpudevice", f"{node}-gpu0")["spec"]["mig"] == before
+        assert not get(box, "pod", "big", "-n", namespace)["spec"].get("nodeName")
+    finally:
+        controller.stop()
