@@ -45,11 +45,15 @@ def controller(
                            ] = 10.0,
     only: Annotated[list[str] | None, typer.Option(
         help="run only these controllers (repeatable; default: all)")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="the controllers' settings (YAML; `mig:` the MIG adapter's: "
+        "namespaces, substitutions, moveBack; docs/mig-adapter.md)")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
-    """Run the controllers (claims: binding, provisioning, reclaim, claim protection),
-    leader-elected on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release
+    """Run the controllers (claims: binding, provisioning, reclaim, claim protection; mig: the
+    MIG adapter), leader-elected on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release
     the Lease; losing it exits with code 1."""
+    from elastic_gpu.controller.config import ConfigError, load_config
     from elastic_gpu.controller.manager import ManagerOptions, default_identity, serve
     from elastic_gpu.controller.provisioning import TLSOptions
     from elastic_gpu.controller.registry import CONTROLLERS
@@ -71,6 +75,11 @@ def controller(
                    err=True)
         raise typer.Exit(2)
     try:
+        settings = load_config(config)
+    except ConfigError as err:
+        typer.echo(f"error: --config {err}", err=True)
+        raise typer.Exit(2) from None
+    try:
         lease = LeaseConfig(lease_namespace, lease_name, identity or default_identity(),
                             lease_duration, renew_deadline, retry_period)
         tls = TLSOptions(extender_ca, extender_client_cert, extender_client_key)
@@ -81,7 +90,7 @@ def controller(
     options = ManagerOptions(
         kubeconfig=kubeconfig, lease=lease, extender_url=extender_url, extender_tls=tls,
         metrics_host=metrics_host, metrics_port=metrics_port, workers=workers,
-        backoff=(backoff_base, backoff_max), controllers=tuple(only or ()))
+        backoff=(backoff_base, backoff_max), controllers=tuple(only or ()), config=settings)
     try:
         code = eventloop.run(serve(options, CONTROLLERS))
     except ClientConfigError as err:

@@ -26,6 +26,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from elastic_gpu.controller.config import ControllerConfig
 from elastic_gpu.controller.provisioning import ExtenderClient, TLSOptions
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.events import EventRecorder
@@ -65,9 +66,10 @@ class InformerFactory:
         self.client = client
         self.informers: dict[str, Informer] = {}
 
-    def informer(self, path: str, name: str) -> Informer:
+    def informer(self, path: str, name: str, optional: bool = False) -> Informer:
+        """`optional`: a custom resource whose CRD may be missing (`Informer`'s 404 rule)."""
         if path not in self.informers:
-            self.informers[path] = Informer(self.client, path, name=name)
+            self.informers[path] = Informer(self.client, path, name=name, optional=optional)
         return self.informers[path]
 
     @property
@@ -89,6 +91,8 @@ class Context:
     extender: ExtenderClient
     identity: str
     backoff: tuple[float, float] = (0.005, 10.0)
+    #: the controllers' settings (`--config`, controller/config.py)
+    config: ControllerConfig = field(default_factory=ControllerConfig)
 
     def new_backoff(self) -> ExponentialBackoff[str]:
         return ExponentialBackoff(*self.backoff)
@@ -116,6 +120,7 @@ class ManagerOptions:
     workers: int = 4
     backoff: tuple[float, float] = (0.005, 10.0)
     controllers: Sequence[str] = ()
+    config: ControllerConfig = field(default_factory=ControllerConfig)
 
 
 class _Health:
@@ -144,7 +149,7 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
     recorder = EventRecorder(client, COMPONENT, options.lease.identity)
     extender = ExtenderClient(options.extender_url, options.extender_tls)
     context = Context(client, informers, recorder, metrics, extender, options.lease.identity,
-                      options.backoff)
+                      options.backoff, options.config)
     names = list(options.controllers) or list(factories)
     unknown = [n for n in names if n not in factories]
     if unknown:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from elastic_gpu.controller.claims import ClaimController
 from elastic_gpu.controller.manager import ControllerFactory
+from elastic_gpu.controller.mig import MigController
 
 CONTROLLERS: dict[str, ControllerFactory] = {
     ClaimController.name: ClaimController,
+    MigController.name: MigController,
 }

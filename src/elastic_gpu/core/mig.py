@@ -38,6 +38,10 @@ from elastic_gpu.core.resources import MigProfile
 #: it (`<container>=<profile>` pairs separated by commas), and the rule that moved it.
 MIG_ORIGINAL = "elasticgpu.io/mig-original"
 MIG_SUBSTITUTION = "elasticgpu.io/mig-substitution"
+#: On a MIGSubstitution (metadata): the rule's pods are going back to their original profile;
+#: the rule selects no pod any more (the webhook leaves them as written) and is kept only for a
+#: bare pod's saved manifest until the pod is re-created (then it is deleted).
+MIG_RETURNING = "elasticgpu.io/mig-returning"
 
 
 @dataclass(frozen=True)
@@ -421,9 +425,11 @@ class SubstitutionRule:
     #: a bare pod's manifest as it was before the move (`saved_pod`): what the controller
     #: re-creates it from, also after a restart between deleting and re-creating it
     saved_pod: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    #: the pods go back to `from_profile` (`MIG_RETURNING` set): the rule rewrites nothing
+    returning: bool = False
 
     def selects(self, pod_namespace: str, pod_name: str, owner_uids: Iterable[str]) -> bool:
-        if pod_namespace != self.namespace:
+        if pod_namespace != self.namespace or self.returning:
             return False
         if self.owner_uid is not None:
             return self.owner_uid in set(owner_uids)
@@ -475,3 +481,221 @@ def recreated_pod(rule: SubstitutionRule, scheduler_annotations: Iterable[str] =
     else:
         meta.pop("annotations", None)
     return pod
+
+
+# --- what the controller reads and does with its rules -----------------------------------------
+
+
+@dataclass(frozen=True)
+class BoundPod:
+    """A pod placed on a node that may hold MIG instances: the instance uuids its assignment
+    names (the extender's ledger), and the MIG profiles it asks that no assignment names (a
+    pod placed without the extender: it holds *an* instance of each on its node)."""
+
+    node: str
+    mig_uuids: tuple[str, ...] = ()
+    unassigned: tuple[MigProfile, ...] = ()
+
+
+def held_instances(nodes: Iterable[Node], bound: Iterable[BoundPod]) -> set[str]:
+    """The uuids of the MIG instances pods hold: those their assignments name, and for each
+    profile a pod asks without an assignment, the first instance of it on its node (by uuid)
+    no one else holds, as the device plugin would give one."""
+    held: set[str] = set()
+    pods = list(bound)
+    for pod in pods:
+        held.update(pod.mig_uuids)
+    by_node = {n.name: n for n in nodes}
+    for pod in pods:
+        node = by_node.get(pod.node)
+        if node is None:
+            continue
+        for profile in pod.unassigned:
+            free = sorted(i.uuid for c in node.cards for i in c.mig
+                          if i.profile == profile and i.uuid not in held)
+            if free:
+                held.add(free[0])
+    return held
+
+
+def without(free_by_node: Mapping[str, Sequence[FreeInstance]], taken: Iterable[str]
+            ) -> dict[str, list[FreeInstance]]:
+    """`free_by_node` less the instances whose uuid is in `taken` (reserved by moves in
+    flight)."""
+    drop = set(taken)
+    return {node: [i for i in insts if i.uuid not in drop]
+            for node, insts in free_by_node.items()}
+
+
+def parse_original(annotation: str) -> dict[str, MigProfile]:
+    """`MIG_ORIGINAL` (`<container>=<profile>,...`) read back; unreadable pairs are left out."""
+    out: dict[str, MigProfile] = {}
+    for pair in annotation.split(","):
+        container, _, profile = pair.partition("=")
+        try:
+            out[container.strip()] = MigProfile.parse(profile.strip())
+        except ValueError:
+            continue
+    return out
+
+
+def rule_name(subject: str, from_profile: MigProfile, to_profile: MigProfile, key: str) -> str:
+    """A MIGSubstitution's name: readable (`<subject>-<from>-to-<to>`, dots and `+` dropped)
+    and unique per (`key`: the owner's uid or the bare pod's name, from, to), a DNS name of at
+    most 63 characters."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{key}/{from_profile.name}/{to_profile.name}".encode()).hexdigest()
+    readable = f"{subject}-{from_profile.name}-to-{to_profile.name}"
+    readable = "".join(c if c.isalnum() or c == "-" else "" for c in readable.lower())
+    return f"{readable[:50].strip('-')}-{digest[:8]}"
+
+
+class BareStep(enum.Enum):
+    """The next step of a bare pod's rule (`bare_rule_step`)."""
+
+    #: nothing to do: the pod runs under the rule (or waits)
+    NONE = "none"
+    #: create the pod from the rule's saved manifest (it was deleted; maybe by a controller
+    #: that crashed before it could re-create it)
+    CREATE = "create"
+    #: delete the pod (a move or a return that stopped before its delete)
+    DELETE_POD = "delete-pod"
+    #: delete the rule: nothing refers to it any more
+    DELETE_RULE = "delete-rule"
+
+
+@dataclass(frozen=True)
+class BarePodState:
+    """What the API shows of a bare pod's rule and its pod."""
+
+    exists: bool
+    #: the pod carries the rule's rewrite (`MIG_SUBSTITUTION` names the rule)
+    rewritten: bool = False
+    #: waiting to be scheduled (no node, marked unschedulable)
+    pending: bool = False
+    #: it has ended (Succeeded / Failed): a finished pod is not re-created
+    finished: bool = False
+    #: the rule's status names the pod it re-created (the move finished once)
+    recorded: bool = False
+
+
+def bare_rule_step(rule: SubstitutionRule, pod: BarePodState) -> BareStep:
+    """What makes a bare pod's rule true again, from what the API shows alone (no memory of
+    what this process did: a controller SIGKILLed at any point finishes after a restart).
+
+    A move is: create the rule with the saved pod, delete the pod, create it from the rule
+    (rewritten at admission), record it in the rule's status. A return is: mark the rule
+    returning, delete the pod, create it (as written), delete the rule. So a missing pod is
+    created, unless the move had finished (`recorded`: then someone else deleted the moved pod,
+    and the rule refers to nothing); a moving rule whose pod is still un-rewritten and pending
+    stopped before its delete; a returning rule whose pod is still rewritten stopped before
+    its delete; a returning rule whose pod runs as written, a moving one whose pod got placed
+    on its own profile meanwhile, and one whose pod finished refer to nothing."""
+    if not pod.exists:
+        return BareStep.CREATE if rule.returning or not pod.recorded else BareStep.DELETE_RULE
+    if rule.returning:
+        return BareStep.DELETE_POD if pod.rewritten and not pod.finished else BareStep.DELETE_RULE
+    if pod.rewritten:
+        return BareStep.DELETE_RULE if pod.finished else BareStep.NONE
+    if pod.pending and not pod.recorded:
+        return BareStep.DELETE_POD
+    return BareStep.DELETE_RULE
+
+
+def owner_rule_unused(referring_pods: int, in_flight: bool, age_s: float, grace_s: float
+                      ) -> bool:
+    """Whether an owner's rule may be deleted: no pod refers to it (`MIG_SUBSTITUTION` names
+    it on an unfinished pod), no move under it is in flight, and it is older than `grace_s`
+    (its owner's replacement may not have been created yet)."""
+    return referring_pods == 0 and not in_flight and age_s >= grace_s
+
+
+# --- the dry-run re-carve advisor (optional, behind `mig.recarveAdvice`) ------------------------
+
+
+@dataclass(frozen=True)
+class Recarve:
+    """A layout change that would let a pod run: on `card`, destroy the free instances
+    `destroy` and create `create`; `layout` is the card's layout after it. Advice only: the
+    adapter never changes a MIG layout."""
+
+    node: str
+    card: str
+    model: str
+    destroy: tuple[MigProfile, ...]
+    create: MigProfile
+    layout: tuple[MigProfile, ...]
+
+    @property
+    def message(self) -> str:
+        gone = ", ".join(p.name for p in self.destroy) or "nothing"
+        return (f"dry run: card {self.card} on node {self.node} ({self.model}) could hold a "
+                f"{self.create.name} if re-carved (destroy free {gone}; layout "
+                f"{' + '.join(p.name for p in self.layout)}); no layout is changed")
+
+
+def layout_fits(model: MigModel, layout: Sequence[MigProfile]) -> bool:
+    """Whether one card of `model` can carry these instances together by NVIDIA's slice
+    counts: every profile the model's, the compute and memory slices within the card's, no
+    profile more often than its instances per card (a necessary condition; the driver's
+    placement rules pick the exact positions)."""
+    sizes = [model.size(p) for p in layout]
+    if any(s is None for s in sizes):
+        return False
+    known = [s for s in sizes if s is not None]
+    if sum(s.compute_slices for s in known) > model.compute_slices or \
+            sum(s.memory_slices for s in known) > model.memory_slices:
+        return False
+    return all(sum(1 for k in known if k.profile == s.profile) <= s.max_instances
+               for s in known)
+
+
+def recarve_advice(requested: MigProfile, nodes: Iterable[Node], held: Iterable[str],
+                   constraints: Constraints = Constraints()) -> Recarve | None:
+    """The re-carve that would give a pod asking `requested` an instance where it may run,
+    destroying the fewest free instances (held ones are never touched): on each
+    healthy card of a model it may use, the profile to create is `requested` if the model has
+    it, else the smallest profile compatible with it; the free instances destroyed are the
+    fewest (then the fewest compute slices) after which the layout fits (`layout_fits`).
+    None when no card can. Ties: node, then card."""
+    import itertools
+
+    taken = set(held)
+    best: tuple[tuple[int, int, str, str], Recarve] | None = None
+    for node in nodes:
+        if constraints.nodes is not None and node.name not in constraints.nodes:
+            continue
+        for card in node.cards:
+            model = mig_model(card.model)
+            if model is None or not card.healthy or card.model in constraints.denied_models or \
+                    (constraints.models is not None and card.model not in constraints.models):
+                continue
+            if model.size(requested) is not None:
+                create = requested
+            else:
+                options = sorted((r.profile for r in model.profiles
+                                  if compatible(requested, r.profile, card.model)),
+                                 key=lambda p: (p.slices, p.memory_gb, bool(p.extra)))
+                if not options:
+                    continue
+                create = options[0]
+            kept = [i.profile for i in card.mig if i.uuid in taken or i.health is not Health.HEALTHY]
+            free = [i.profile for i in card.mig if i.uuid not in taken
+                    and i.health is Health.HEALTHY]
+            for count in range(len(free) + 1):
+                found = None
+                for gone in itertools.combinations(range(len(free)), count):
+                    rest = [p for k, p in enumerate(free) if k not in gone]
+                    layout = [*kept, *rest, create]
+                    if layout_fits(model, layout):
+                        cost = sum(free[k].slices for k in gone)
+                        if found is None or cost < found[0]:
+                            found = (cost, tuple(free[k] for k in gone), tuple(layout))
+                if found is not None:
+                    key = (count, found[0], node.name, card.uuid)
+                    advice = Recarve(node.name, card.uuid, card.model, found[1], create, found[2])
+                    if best is None or key < best[0]:
+                        best = (key, advice)
+                    break
+    return best[1] if best is not None else None

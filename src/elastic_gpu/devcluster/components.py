@@ -173,11 +173,11 @@ def _controller_argv(env: ComponentEnv) -> list[str]:
 
 
 #: The controllers (`egpu controller`: claims binding and provisioning through the extender's
-#: /provision), started after the extender; ready once it leads with its caches synced.
+#: /provision, the MIG adapter), started after the extender; ready once it leads with its caches synced.
 CONTROLLER = ComponentSpec(
     name="egpu-controller", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
     argv=_controller_argv, ready_path="/readyz",
-    title="Elastic GPU controller (claims), metrics and health at")
+    title="Elastic GPU controller (claims, MIG adapter), metrics and health at")
 
 #: kwok nodes have no agent to keep their cards' allocation columns current.
 ALLOCATION_SYNC = ComponentSpec(

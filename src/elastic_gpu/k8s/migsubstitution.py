@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig import MIG_RETURNING, SubstitutionRule
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.k8s.crds import write_crds_main
 from elastic_gpu.k8s.elasticgpu import (
@@ -169,10 +169,12 @@ def rule_from_object(obj: Mapping[str, Any]) -> SubstitutionRule:
     saved = spec.get("savedPod")
     if saved is not None and not isinstance(saved, Mapping):
         raise ElasticGPUObjectError(f"{where}: spec.savedPod is not an object")
+    notes = meta.get("annotations")
+    returning = isinstance(notes, Mapping) and MIG_RETURNING in notes
     return SubstitutionRule(name, str(meta.get("namespace") or "default"), profiles[0],
                             profiles[1], str(owner) if owner is not None else None,
                             str(pod) if pod is not None else None, str(spec.get("reason", "")),
-                            saved)
+                            saved, returning)
 
 
 def _main(argv: list[str] | None = None) -> int:

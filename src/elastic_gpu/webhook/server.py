@@ -7,7 +7,10 @@
 - Pods naming ElasticGPUClaims are judged with the claims of a list and watch of them
   (`kube.ClaimCache`); a claim the cache lacks is read live before the pod is refused.
 - Pods a MIGSubstitution selects are rewritten by its rule (`migrules.RuleCache`, a list and
-  watch of the rules, feeds `ClusterFacts.mig_substitutions`; docs/mig-adapter.md).
+  watch of the rules, feeds `ClusterFacts.mig_substitutions`; docs/mig-adapter.md). A pod
+  asking a MIG profile has its namespace's rules read live (a quorum list) before /mutate
+  judges it, so a rule the MIG adapter wrote before deleting a pod rewrites its replacement
+  whatever the watch has delivered; the cache is the fallback when the read fails.
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -119,6 +122,10 @@ class Metrics:
                                      "ElasticGPUClaims named by pods, by where they were found: "
                                      "cache (the watch) or api (a live read on a cache miss)",
                                      ["source"], registry=self.registry)
+        self.rule_lookups = Counter("elasticgpu_webhook_mig_rule_lookups",
+                                    "MIG pods at /mutate by where their namespace's "
+                                    "MIGSubstitutions were read: api (a live list) or cache "
+                                    "(the live list failed)", ["source"], registry=self.registry)
         self.gpu_nodes = Gauge("elasticgpu_webhook_gpu_nodes", "GPU nodes known",
                                registry=self.registry)
         self.largest_cards = Gauge("elasticgpu_webhook_largest_node_cards",
@@ -143,6 +150,25 @@ def _bad_request(reason: str) -> tuple[int, bytes, str]:
 
 ClaimLookup = Callable[[str, str], Claim | None]
 ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
+RuleFetch = Callable[[str], Awaitable[tuple[SubstitutionRule, ...]]]
+
+
+def asks_mig(pod: Any) -> bool:
+    """Whether a pod manifest asks a `nvidia.com/mig-*` resource in some container."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return False
+    for kind in ("containers", "initContainers"):
+        for container in spec.get(kind) or []:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            for part in ("limits", "requests"):
+                values = resources.get(part)
+                if isinstance(values, dict) and any(
+                        isinstance(k, str) and k.startswith("nvidia.com/mig-") for k in values):
+                    return True
+    return False
 
 
 def _no_claim(_namespace: str, _name: str) -> Claim | None:
@@ -158,12 +184,19 @@ class Admission:
 
     def __init__(self, facts: ClusterFacts | None = None, claims: ClaimLookup = _no_claim,
                  fetch: ClaimFetch | None = None,
-                 on_lookup: Callable[[str], None] | None = None) -> None:
+                 on_lookup: Callable[[str], None] | None = None,
+                 fetch_rules: RuleFetch | None = None,
+                 on_rule_lookup: Callable[[str], None] | None = None) -> None:
         self.facts = facts or ClusterFacts()
         self.claims = claims
         self.fetch = fetch
         #: told "cache" or "api" for each claim a pod names, by where it was looked up
         self.on_lookup = on_lookup
+        #: a live read of one namespace's MIGSubstitutions, made by `review_async` for a pod
+        #: asking a MIG profile at /mutate (the MIG adapter's ordering, docs/mig-adapter.md)
+        self.fetch_rules = fetch_rules
+        #: told "api" or "cache" (the live read failed) for each such pod
+        self.on_rule_lookup = on_rule_lookup
 
     def _decode(self, body: bytes) -> _Request | tuple[int, bytes, str]:
         """The review's request when it is a pod CREATE to judge, else the answer."""
@@ -225,12 +258,26 @@ class Admission:
                         f"ElasticGPUClaim {name} in namespace {namespace} could not be read "
                         f"({type(err).__name__}: {err}); try again")), "refused:claim-lookup"
             found[name] = claim
-        return self._judge(request, mutate, PodClaims(namespace, found))
+        facts = self.facts
+        if mutate and self.fetch_rules is not None and asks_mig(request.object):
+            try:
+                live = await self.fetch_rules(namespace)
+            except Exception as err:  # the watch's copy is the best there is
+                log.warning("reading the MIGSubstitutions of %s: %s; using the cache",
+                            namespace, err)
+                if self.on_rule_lookup is not None:
+                    self.on_rule_lookup("cache")
+            else:
+                if self.on_rule_lookup is not None:
+                    self.on_rule_lookup("api")
+                facts = replace(facts, mig_substitutions=tuple(
+                    r for r in facts.mig_substitutions if r.namespace != namespace) + live)
+        return self._judge(request, mutate, PodClaims(namespace, found), facts)
 
     def _judge(self, request: _Request, mutate: bool,
-               claims: PodClaims) -> tuple[int, bytes, str]:
+               claims: PodClaims, facts: ClusterFacts | None = None) -> tuple[int, bytes, str]:
         try:
-            verdict = admit(request.object, self.facts, mutate=mutate, claims=claims)
+            verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims)
         except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
             log.exception("admission of %s/%s failed", request.namespace, request.name)
             return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
@@ -328,6 +375,9 @@ class WebhookServer:
         self.metrics = Metrics()
         self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
                                    on_lookup=lambda source: self.metrics.claim_lookups.labels(
+                                       source).inc(),
+                                   fetch_rules=self.rule_cache.fetch,
+                                   on_rule_lookup=lambda source: self.metrics.rule_lookups.labels(
                                        source).inc())
         self.tls = TlsHolder()
         self.ca_bundle = ""

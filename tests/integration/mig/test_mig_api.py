@@ -84,3 +84,31 @@ def test_the_webhooks_deployed_rbac_may_watch_the_rules(crds: Any) -> None:
         assert result.stdout.strip() == "yes", (verb, result.stdout, result.stderr)
     assert crds.kubectl("auth", "can-i", "create", f"{api.PLURAL}.elasticgpu.io", "-A", who,
                         check=False).stdout.strip() == "no"
+
+
+def test_the_controllers_deployed_rbac_allows_every_call_of_the_mig_adapter(crds: Any) -> None:
+    """What `controller/mig.py` calls, asked of the deployed ClusterRole (the chart's is equal,
+    a unit test says so) by `kubectl auth can-i` as its ServiceAccount."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    crds.kubectl("create", "namespace", "elastic-gpu", check=False)
+    crds.kubectl("apply", "-f", str(repo / "deploy/controller/rbac.yaml"))
+    crds.kubectl("apply", "-f", str(repo / "deploy/crds/gpudevices.yaml"))
+    crds.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                 "crd/gpudevices.elasticgpu.io")
+    who = "--as=system:serviceaccount:elastic-gpu:elastic-gpu-controller"
+    wanted = [(verb, "pods") for verb in ("get", "list", "watch", "create", "delete")]
+    wanted += [(verb, "nodes") for verb in ("list", "watch")]
+    wanted += [(verb, "gpudevices.elasticgpu.io") for verb in ("list", "watch")]
+    wanted += [(verb, f"{api.PLURAL}.elasticgpu.io")
+               for verb in ("get", "list", "watch", "create", "patch", "delete")]
+    wanted += [("patch", f"{api.PLURAL}.elasticgpu.io/status"), ("create", "events"),
+               ("patch", "events")]
+    for verb, resource in wanted:
+        result = crds.kubectl("auth", "can-i", verb, resource, "-A", who, check=False)
+        assert result.stdout.strip() == "yes", (verb, resource, result.stdout, result.stderr)
+    for verb, resource in (("update", "pods"), ("delete", "nodes"),
+                           ("update", f"{api.PLURAL}.elasticgpu.io")):
+        result = crds.kubectl("auth", "can-i", verb, resource, "-A", who, check=False)
+        assert result.stdout.strip() == "no", (verb, resource, result.stdout)

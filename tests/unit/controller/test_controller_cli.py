@@ -18,7 +18,7 @@ def run(*args: str) -> tuple[int, str]:
     (["--lease-duration", "10", "--renew-deadline", "10"],
      "lease duration 10.0 s must exceed the renew deadline 10.0 s"),
     (["--renew-deadline", "2", "--retry-period", "2"], "must exceed 1.2 x the retry period"),
-    (["--only", "nope"], "known controllers are ['claims']"),
+    (["--only", "nope"], "known controllers are ['claims', 'mig']"),
     (["--backoff-base", "2", "--backoff-max", "1"], "--backoff-max must be >= --backoff-base"),
     (["--extender-ca", "/nonexistent/ca.pem"], "No such file"),
     (["--kubeconfig", "/nonexistent/kubeconfig", "--metrics-port", "1"],
@@ -36,3 +36,25 @@ def test_help_names_every_option() -> None:
     for option in ("--extender-url", "--lease-namespace", "--renew-deadline", "--metrics-port",
                    "--workers", "--identity"):
         assert option in output
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("mig: {moveBack: sometimes}", "mig.moveBack='sometimes': Input should be 'never', "
+                                   "'when-idle' or 'always'"),
+    ("mig: {substitutions: {1g.10gb: [1g.5gb]}}", "1g.10gb: 1g.5gb may not stand in for it"),
+    ("mig: {substitutions: {1g.10gb: [2g.35gb]}}", "1g.10gb: 2g.35gb may not stand in for it"),
+    ("mig: {substitutions: {9g.10gb: [2g.20gb]}}", "key '9g.10gb' is not a MIG profile"),
+    ("mig: {namespaces: team-a}", "mig.namespaces='team-a': Value error, must be a list"),
+    ("mig: {enabeld: false}", "mig.enabeld=False: Extra inputs are not permitted"),
+    ("[1, 2]", "must be a mapping of settings, got list"),
+])
+def test_bad_config_exits_2_naming_file_field_value_and_rule(
+        tmp_path: pytest.TempPathFactory, text: str, words: str) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "controller.yaml"
+    path.write_text(text)
+    code, output = run("--config", str(path))
+    assert code == 2, output
+    assert f"--config {path}: " in output, output
+    assert words in " ".join(output.split()), output

@@ -1,0 +1,130 @@
+"""`egpu controller --config FILE`: the controllers' own settings (YAML), validated strictly.
+
+    mig:                          # the MIG adapter (docs/mig-adapter.md)
+      enabled: true               # false: the adapter moves nothing (and moves nothing back)
+      namespaces: [team-a]        # only pods of these namespaces move (default: every one)
+      excludeNamespaces: [batch]  # never pods of these (wins over `namespaces`)
+      substitutions:              # which profiles may stand in for which (default: the
+        1g.10gb: [2g.20gb]        #   compatibility rule alone, core.mig.compatible); a
+                                  #   profile not listed here is never substituted
+      moveBack: always            # never | when-idle | always (default always)
+      ruleGraceSeconds: 30        # an owner's rule no pod refers to yet is kept this long
+      recarveAdvice: false        # true: a NoCompatibleProfileFree Event also says which
+                                  #   re-carve of a card would fit (dry run; never done)
+
+Without `--config`, every default. A bad file stops the controller at start with the file,
+the field, the value and the rule (exit code 2), as the scheduler's `--config` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from elastic_gpu.core.mig import MIG_MODELS, MoveBackPolicy, compatible
+from elastic_gpu.core.resources import MigProfile, ResourceError
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names file and field."""
+
+
+def _profile(name: str, where: str) -> MigProfile:
+    try:
+        profile = MigProfile.parse(name)
+    except ResourceError as err:
+        raise ValueError(f"{where} {name!r} is not a MIG profile ({err.rule})") from None
+
+    if not any(m.size(profile) is not None for m in MIG_MODELS):
+        raise ValueError(f"{where} {name!r} is no profile of a MIG-capable model (see "
+                         "docs/mig-adapter.md for the table)")
+    return profile
+
+
+class MigConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    enabled: bool = True
+    #: None: every namespace
+    namespaces: frozenset[str] | None = None
+    exclude_namespaces: frozenset[str] = Field(default=frozenset(),
+                                               validation_alias="excludeNamespaces")
+    #: from profile -> the profiles that may stand in for it; None: the compatibility rule
+    substitutions: Mapping[str, frozenset[str]] | None = None
+    move_back: MoveBackPolicy = Field(default=MoveBackPolicy.ALWAYS, validation_alias="moveBack")
+    rule_grace_s: float = Field(default=30.0, validation_alias="ruleGraceSeconds", ge=0,
+                                le=3600)
+    #: the dry-run re-carve advisor (`core.mig.recarve_advice`): Event text only
+    recarve_advice: bool = Field(default=False, validation_alias="recarveAdvice")
+
+    @field_validator("substitutions", mode="before")
+    @classmethod
+    def _substitutions(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a mapping of profile: [profiles that may replace it]")
+        out: dict[str, frozenset[str]] = {}
+        for source, targets in value.items():
+            src = _profile(str(source), "key")
+            if not isinstance(targets, list) or not targets:
+                raise ValueError(f"{source}: must be a non-empty list of profiles")
+            names = set()
+            for target in targets:
+                dst = _profile(str(target), f"{source}:")
+                if dst == src:
+                    raise ValueError(f"{source}: {target} is the profile itself")
+                if not any(compatible(src, dst, m.name) for m in MIG_MODELS):
+                    raise ValueError(
+                        f"{source}: {target} may not stand in for it on any model: a substitute "
+                        "is in the same GPU family with at least the compute slices and memory "
+                        "asked (and +me for +me)")
+                names.add(dst.name)
+            out[src.name] = frozenset(names)
+        return out
+
+    @field_validator("namespaces", "exclude_namespaces", mode="before")
+    @classmethod
+    def _namespace_list(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ValueError("must be a list of namespace names")
+        return frozenset(value)
+
+    def governs(self, namespace: str) -> bool:
+        """Whether pods of `namespace` may be moved."""
+        if not self.enabled or namespace in self.exclude_namespaces:
+            return False
+        return self.namespaces is None or namespace in self.namespaces
+
+
+class ControllerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mig: MigConfig = MigConfig()
+
+
+def load_config(path: Path | None) -> ControllerConfig:
+    if path is None:
+        return ControllerConfig()
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings, got {type(data).__name__}")
+    try:
+        return ControllerConfig.model_validate(data)
+    except ValidationError as err:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+                            for e in err.errors())
+        raise ConfigError(f"{path}: {details}") from None

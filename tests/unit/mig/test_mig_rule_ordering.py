@@ -1,0 +1,135 @@
+"""The ordering between the MIG adapter and the webhook: a MIG pod's rules are read live at
+/mutate, so a rule the watch has not delivered yet still rewrites the pod (and a rule already
+marked returning no longer does); a failed read falls back to the cache. And a controller
+informer on a CRD that is not installed counts as synced (empty), so a cluster without the
+MIG CRDs keeps the other controllers working."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from elastic_gpu.core.admission import ClusterFacts
+from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.kube.errors import NotFound
+from elastic_gpu.kube.informer import Informer
+from elastic_gpu.webhook.server import Admission, asks_mig
+
+P = MigProfile.parse
+FACTS = ClusterFacts(largest_cards=8, largest_cards_node="big", largest_card_memory_mib=81920,
+                     largest_memory_node="big", models=frozenset({"A100-SXM4-80GB"}),
+                     mig_profiles=frozenset({"nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb"}))
+RULE = SubstitutionRule("r", "team", P("1g.10gb"), P("2g.20gb"), pod_name="train")
+
+
+def review(profile: str = "1g.10gb", namespace: str = "team") -> bytes:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": namespace},
+           "spec": {"containers": [{"name": "main", "image": "x", "resources": {
+               "limits": {f"nvidia.com/mig-{profile}": "1"}}}]}}
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": "u", "kind": {"version": "v1", "kind": "Pod"},
+                                   "resource": {"version": "v1", "resource": "pods"},
+                                   "namespace": namespace, "operation": "CREATE",
+                                   "object": pod}}).encode()
+
+
+def patched_limits(admission: Admission, body: bytes) -> list[Any]:
+    status, payload, _ = asyncio.run(admission.review_async(body, mutate=True))
+    assert status == 200
+    response = json.loads(payload)["response"]
+    assert response["allowed"]
+    patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+    return [op["path"] for op in patch if op["op"] == "add" and "/limits/" in op["path"]]
+
+
+class Rules:
+    def __init__(self, *rules: SubstitutionRule, error: Exception | None = None) -> None:
+        self.rules = rules
+        self.error = error
+        self.reads: list[str] = []
+
+    async def fetch(self, namespace: str) -> tuple[SubstitutionRule, ...]:
+        self.reads.append(namespace)
+        if self.error is not None:
+            raise self.error
+        return tuple(r for r in self.rules if r.namespace == namespace)
+
+
+def test_a_rule_the_cache_lacks_is_read_live_and_rewrites_the_pod() -> None:
+    api = Rules(RULE)
+    seen: list[str] = []
+    admission = Admission(FACTS, fetch_rules=api.fetch, on_rule_lookup=seen.append)
+    assert patched_limits(admission, review()) == [
+        "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb"]
+    assert api.reads == ["team"] and seen == ["api"]
+    # without the live read, the (empty) cache alone leaves the pod as written
+    assert patched_limits(Admission(FACTS), review()) == []
+
+
+def test_a_rule_marked_returning_in_the_api_wins_over_the_cache() -> None:
+    returning = SubstitutionRule("r", "team", P("1g.10gb"), P("2g.20gb"), pod_name="train",
+                                 returning=True)
+    admission = Admission(replace(FACTS, mig_substitutions=(RULE,)),
+                          fetch_rules=Rules(returning).fetch)
+    assert patched_limits(admission, review()) == []
+
+
+def test_a_failed_live_read_falls_back_to_the_cache() -> None:
+    seen: list[str] = []
+    admission = Admission(replace(FACTS, mig_substitutions=(RULE,)),
+                          fetch_rules=Rules(error=OSError("down")).fetch,
+                          on_rule_lookup=seen.append)
+    assert patched_limits(admission, review()) == [
+        "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb"]
+    assert seen == ["cache"]
+
+
+def test_pods_asking_no_mig_make_no_read() -> None:
+    api = Rules(RULE)
+    admission = Admission(FACTS, fetch_rules=api.fetch)
+    body = json.loads(review())
+    body["request"]["object"]["spec"]["containers"][0]["resources"] = {}
+    asyncio.run(admission.review_async(json.dumps(body).encode(), mutate=True))
+    assert api.reads == []
+    assert asks_mig({"spec": {"containers": [{"resources": {"requests": {
+        "nvidia.com/mig-1g.10gb": "1"}}}]}})
+    assert not asks_mig({"spec": {"containers": [{"resources": {"limits": {
+        "nvidia.com/gpu": "1"}}}]}})
+
+
+class MissingCrd:
+    def __init__(self) -> None:
+        self.lists = 0
+
+    async def list(self, path: str, params: Mapping[str, str] | None = None
+                   ) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        raise NotFound(404, "NotFound", "the server could not find the requested resource")
+
+    async def watch(self, path: str, resource_version: str,
+                    params: Mapping[str, str] | None = None, timeout_s: int = 300
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        raise AssertionError("no watch without a list")
+        yield ("", {})  # pragma: no cover
+
+
+async def test_an_optional_informer_on_a_missing_crd_is_synced_and_empty() -> None:
+    api = MissingCrd()
+    optional = Informer(api, "/apis/x/v1/things", name="things", optional=True,
+                        missing_retry_s=0.01)
+    task = asyncio.create_task(optional.run())
+    await asyncio.wait_for(optional.wait_synced(), 2)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert optional.items() == [] and api.lists >= 2  # and it keeps looking
+    required = Informer(MissingCrd(), "/apis/x/v1/things", name="things",
+                        backoff_s=(0.001, 0.01))
+    task = asyncio.create_task(required.run())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert not required.has_synced
