@@ -104,3 +104,31 @@ def allocation_by_card(pods: Iterable[Mapping[str, Any]], node: str,
     """{card index: (milli, memory MiB)}: `card_usage` without the holders."""
     return {index: (use.milli, use.memory_mib)
             for index, use in card_usage(pods, node, cards or {}).items()}
+
+
+@dataclass(frozen=True)
+class ContainerShare:
+    """What one container holds of one card (as `card_usage` counts it)."""
+
+    namespace: str
+    pod: str
+    container: str
+    index: int
+    uuid: str
+    milli: int
+    memory_mib: int
+
+
+def container_shares(pods: Iterable[Mapping[str, Any]], node: str,
+                     cards: Mapping[int, Card]) -> list[ContainerShare]:
+    """Every container's share of every card on `node`, counted as `card_usage` counts it
+    (summed per card, they are its columns), sorted by pod, container and card."""
+    out = []
+    for name, assignment in sorted(holding_pods(pods, node), key=lambda item: item[0]):
+        namespace, _, pod = name.partition("/")
+        for container, shares in sorted(assignment.containers.items()):
+            for share in shares:
+                milli, memory = share_use(share, cards.get(share.index))
+                out.append(ContainerShare(namespace, pod, container, share.index, share.uuid,
+                                          milli, memory))
+    return out
