@@ -28,7 +28,8 @@ PREFIX = "elasticgpu_scheduler_"
 #: The labels of a per-card series.
 CARD_LABELS = ["node", "device_index", "device_uuid", "model"]
 #: The labels of a per-container share of a card.
-POD_LABELS = ["namespace", "pod", "container", "node", "device_index", "device_uuid"]
+CONTAINER_LABELS = ["namespace", "pod", "container", "node", "device_index", "device_uuid",
+                    "model"]
 
 Usage = dict[str, list[tuple[int, int, int]]]
 #: node -> (CPU milli, memory MiB) that its bound pods ask for
@@ -60,7 +61,7 @@ class _StateCollector(Collector):
         inventory = self._cards() if self._cards is not None else {}
         yield from card_families(self._usage(), inventory)
         if self._pods is not None:
-            yield from pod_families(self._pods())
+            yield from container_families(self._pods(), inventory)
         if self._workload is not None:
             live, typical = self._workload()
             yield GaugeMetricFamily(PREFIX + "workload_live_pods",
@@ -122,18 +123,21 @@ def card_families(usage: Usage, inventory: Mapping[str, tuple[Card, ...]]
     yield from (allocated, memory, capacity, memory_capacity, healthy)
 
 
-def pod_families(shares: Iterable[tuple[str, str, Assignment]]) -> Iterator[GaugeMetricFamily]:
+def container_families(shares: Iterable[tuple[str, str, Assignment]],
+                       inventory: Mapping[str, tuple[Card, ...]]) -> Iterator[GaugeMetricFamily]:
     """What each container holds of each card (a pod's assignment, as the ledger has it)."""
-    milli = GaugeMetricFamily(PREFIX + "pod_compute_allocated_millicards",
+    milli = GaugeMetricFamily(PREFIX + "container_compute_allocated_millicards",
                               "Compute a container holds on a card, milli-cards",
-                              labels=POD_LABELS)
-    memory = GaugeMetricFamily(PREFIX + "pod_memory_allocated_bytes",
-                               "Card memory a container holds, bytes", labels=POD_LABELS)
+                              labels=CONTAINER_LABELS)
+    memory = GaugeMetricFamily(PREFIX + "container_memory_allocated_bytes",
+                               "Card memory a container holds, bytes", labels=CONTAINER_LABELS)
+    models = {(node, card.index): card.model
+              for node, cards in inventory.items() for card in cards}
     for namespace, pod, assignment in shares:
         for container, cards in sorted(assignment.containers.items()):
             for share in cards:
                 labels = [namespace, pod, container, assignment.node, str(share.index),
-                          share.uuid]
+                          share.uuid, models.get((assignment.node, share.index), "")]
                 milli.add_metric(labels, share.milli)
                 memory.add_metric(labels, share.memory_mib * MIB)
     yield milli
