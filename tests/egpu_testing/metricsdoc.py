@@ -70,9 +70,13 @@ def exposed_families(page: str) -> dict[str, Exposed]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, Exposed] = {}
-    for family in text_string_to_metric_families(page):
+    families = list(text_string_to_metric_families(page))
+    counters = {f.name for f in families if f.type in ("counter", "histogram")}
+    for family in families:
         if not family.name.startswith(PREFIX):
             continue
+        if family.name.endswith("_created") and family.name.removesuffix("_created") in counters:
+            continue  # prometheus_client's creation time of a counter without labels
         label_sets = {frozenset(k for k in s.labels if k != "le") for s in family.samples
                       if not s.name.endswith("_created")}
         if len(label_sets) > 1:
