@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from elastic_gpu import __version__
-from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, webhook
+from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, top, webhook
 
 app = typer.Typer(
     name="egpu",
@@ -23,9 +23,21 @@ app.command("scheduler")(scheduler.scheduler)
 app.command("agent")(agent.agent)
 app.command("webhook")(webhook.webhook)
 app.command("controller")(controller.controller)
+app.command("top")(top.top)
+
+#: `kubectl egpu ...`: the kubectl plugin (the `kubectl-egpu` executable on PATH), the
+#: commands that read a cluster through the user's kubeconfig.
+kubectl_app = typer.Typer(
+    name="kubectl egpu",
+    help="Elastic GPU as a kubectl plugin: `kubectl egpu top` shows the cluster's GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+kubectl_app.command("top")(top.top)
 
 
 @app.command("version")
+@kubectl_app.command("version")
 def version() -> None:
     """Print the version."""
     typer.echo(__version__)
@@ -33,6 +45,11 @@ def version() -> None:
 
 def main() -> None:
     app()
+
+
+def kubectl_main() -> None:
+    """The `kubectl-egpu` executable: kubectl runs it for `kubectl egpu <args>`."""
+    kubectl_app(prog_name="kubectl egpu")
 
 
 if __name__ == "__main__":
