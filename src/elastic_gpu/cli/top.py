@@ -149,6 +149,11 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f}Gi"
 
 
+def _cards(milli: int) -> str:
+    """Compute in cards: 1 card, 0.35 cards, 12 cards."""
+    return f"{milli / 1000:g} card{'' if milli == 1000 else 's'}"
+
+
 def _bar(part: int, whole: int, width: int = 10) -> str:
     filled = round(width * part / whole) if whole else 0
     filled = min(max(filled, 0), width)
@@ -187,56 +192,86 @@ def _node_note(node: NodeView) -> str:
     if not node.cards:
         listed = ", ".join(f"{k}={v}" for k, v in sorted(node.uninventoried.items()))
         return f"no GPUDevice inventory ({listed})"
-    return f"{node.free_cards} whole cards free · fragmentation {100 * node.fragmentation:.0f}%"
+    whole = f"{node.free_cards} whole card{'' if node.free_cards == 1 else 's'} free"
+    return f"{whole} · fragmentation {100 * node.fragmentation:.0f}%"
+
+
+HEADERS = ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "FREE", "HELD BY")
+#: columns aligned to the right (the rest to the left)
+RIGHT = {1}
+GAP = "  "
+
+
+@dataclass(frozen=True)
+class _Row:
+    cells: tuple[str, ...]
+    #: style per column index (rich style names)
+    styles: Mapping[int, str]
+    #: lines after the first of the last cell (more holders), aligned under it
+    more: tuple[str, ...] = ()
+
+
+def _rows(view: ClusterView, holders: bool) -> list[_Row]:
+    rows = []
+    for node in view.nodes:
+        n = len(node.cards)
+        health, health_style = (f"{node.unhealthy} bad", "bold red") if node.unhealthy else (
+            ("ok", "green") if n else ("", ""))
+        cells = [node.name, "", f"{n} card{'' if n == 1 else 's'}", health]
+        if n:
+            cells += [f"{_bar(node.used_milli, node.compute_milli)} "
+                      f"{_pct(node.used_milli, node.compute_milli):>4}",
+                      f"{_gib(node.used_mib)}/{_gib(node.memory_mib)}",
+                      f"{_cards(node.free_milli)} {_gib(node.free_mib)}"]
+        else:
+            cells += ["", "", ""]
+        if holders:
+            cells.append(_node_note(node))
+        rows.append(_Row(tuple(cells), {0: "bold", 3: health_style, 7: "dim"}))
+        for card in node.cards:
+            cells = ["", str(card.index), card.model, "ok" if card.healthy else "UNHEALTHY",
+                     f"{_bar(card.used_milli, card.compute_milli)} "
+                     f"{_pct(card.used_milli, card.compute_milli):>4}",
+                     f"{_gib(card.used_mib)}/{_gib(card.memory_mib)}",
+                     f"{card.free_milli / 10:g}% {_gib(card.free_mib)}"]
+            more: tuple[str, ...] = ()
+            if holders:
+                first, *rest = _holders(card).split("\n")
+                cells.append(first)
+                more = tuple(rest)
+            rows.append(_Row(tuple(cells), {3: "green" if card.healthy else "bold red"}, more))
+    return rows
 
 
 def render(view: ClusterView, *, holders: bool = True) -> Any:
     """The rich renderable of a view: a summary line and one table: per node a row of its
     totals (FREE in cards of compute and memory), then its cards (FREE in percent of the
-    card)."""
+    card). Laid out here in fixed-width columns, one rich Text per line: rich's Table measures
+    and pads every cell, which made a 100-node cluster take most of a second to draw."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    table.add_column("NODE", no_wrap=True)
-    table.add_column("GPU", justify="right")
-    table.add_column("MODEL", no_wrap=True)
-    table.add_column("HEALTH")
-    table.add_column("COMPUTE", no_wrap=True)
-    table.add_column("MEMORY", no_wrap=True)
-    table.add_column("FREE", no_wrap=True)
-    if holders:
-        table.add_column("HELD BY")
-    for node in view.nodes:
-        health = (Text(f"{node.unhealthy} bad", style="bold red") if node.unhealthy
-                  else Text("ok", style="green") if node.cards else "")
-        head: list[Text | str] = [Text(node.name, style="bold"), "",
-                                  f"{len(node.cards)} card{'' if len(node.cards) == 1 else 's'}",
-                                  health]
-        if node.cards:
-            head += [f"{_bar(node.used_milli, node.compute_milli)} "
-                     f"{_pct(node.used_milli, node.compute_milli):>4}",
-                     f"{_gib(node.used_mib)}/{_gib(node.memory_mib)}",
-                     f"{node.free_milli / 1000:g} cards {_gib(node.free_mib)}"]
-        else:
-            head += ["", "", ""]
-        if holders:
-            head.append(Text(_node_note(node), style="dim"))
-        table.add_row(*head)
-        for card in node.cards:
-            health = Text("ok", style="green") if card.healthy else Text("UNHEALTHY",
-                                                                         style="bold red")
-            cells: list[Text | str] = [
-                "", str(card.index), card.model, health,
-                f"{_bar(card.used_milli, card.compute_milli)} "
-                f"{_pct(card.used_milli, card.compute_milli):>4}",
-                f"{_gib(card.used_mib)}/{_gib(card.memory_mib)}",
-                f"{card.free_milli / 10:g}% {_gib(card.free_mib)}"]
-            if holders:
-                cells.append(_holders(card))
-            table.add_row(*cells)
-    return Group(Text(_summary(view), style="bold"), table)
+    headers = HEADERS if holders else HEADERS[:-1]
+    rows = _rows(view, holders)
+    widths = [max([len(headers[i]), *(len(r.cells[i]) for r in rows)])
+              for i in range(len(headers))]
+    widths[-1] = 0  # the last column is not padded
+
+    def line(cells: Sequence[str], styles: Mapping[int, str]) -> Text:
+        text = Text(no_wrap=False)
+        for i, cell in enumerate(cells):
+            if i:
+                text.append(GAP)
+            padded = cell.rjust(widths[i]) if i in RIGHT else cell.ljust(widths[i])
+            text.append(padded, style=styles.get(i) or None)
+        return text
+
+    offset = sum(widths[:-1]) + len(GAP) * (len(headers) - 1)
+    lines = [Text(_summary(view), style="bold"), line(headers, dict.fromkeys(range(8), "bold"))]
+    for row in rows:
+        lines.append(line(row.cells, row.styles))
+        lines.extend(Text(" " * offset + extra) for extra in row.more)
+    return Group(*lines)
 
 
 # ---- command ----------------------------------------------------------------------------
