@@ -146,7 +146,8 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _gib(mib: int) -> str:
-    return f"{mib / 1024:.1f}Gi"
+    """Memory as people read it: 8.0Gi, 1.2Ti past 1024 GiB."""
+    return f"{mib / 1024:.1f}Gi" if mib < 1 << 20 else f"{mib / (1 << 20):.1f}Ti"
 
 
 def _cards(milli: int) -> str:
