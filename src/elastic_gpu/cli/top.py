@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from elastic_gpu.core.gpuview import CardView, ClusterView, ElasticGPUHold, NodeView, PodHold
+from elastic_gpu.core.resources import MILLI_PER_CARD
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +151,18 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f}Gi" if mib < 1 << 20 else f"{mib / (1 << 20):.1f}Ti"
 
 
+def _num(value: float) -> str:
+    """At most two decimals, no trailing zeros: 2.78, 0.5, 125."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
 def _cards(milli: int) -> str:
     """Compute in cards: 1 card, 0.35 cards, 12 cards."""
-    return f"{milli / 1000:g} card{'' if milli == 1000 else 's'}"
+    return f"{_num(milli / 1000)} card{'' if milli == 1000 else 's'}"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _bar(part: int, whole: int, width: int = 10) -> str:
@@ -164,7 +174,8 @@ def _bar(part: int, whole: int, width: int = 10) -> str:
 def _holders(card: CardView) -> str:
     parts = []
     for h in card.holders:
-        amount = f"{h.milli / 10:g}%" + (f" {_gib(h.memory_mib)}" if h.memory_mib else "")
+        amount = (_pct(h.milli, MILLI_PER_CARD)
+                  + (f" {_gib(h.memory_mib)}" if h.memory_mib else ""))
         if h.kind == "pod":
             what = f"{h.name} ({h.detail})"
         else:
@@ -180,11 +191,12 @@ def _holders(card: CardView) -> str:
 
 
 def _summary(view: ClusterView) -> str:
-    return (f"{len(view.nodes)} nodes, {view.cards} cards "
-            f"({view.unhealthy} unhealthy) · compute {_pct(view.used_milli, view.compute_milli)} "
-            f"allocated ({view.used_milli / 1000:g}/{view.compute_milli / 1000:g} cards) · "
-            f"memory {_pct(view.used_mib, view.memory_mib)} · free {view.free_milli / 1000:g} "
-            f"cards of compute, {view.free_cards} whole, {_gib(view.free_mib)} · fragmentation "
+    return (f"{_plural(len(view.nodes), 'node')} · {_plural(view.cards, 'card')} "
+            f"({view.unhealthy} unhealthy) · allocated: compute "
+            f"{_pct(view.used_milli, view.compute_milli)} ({_num(view.used_milli / 1000)}/"
+            f"{_num(view.compute_milli / 1000)} cards), memory "
+            f"{_pct(view.used_mib, view.memory_mib)} · free: {_cards(view.free_milli)}, "
+            f"{view.free_cards} whole, {_gib(view.free_mib)} · fragmentation "
             f"{100 * view.fragmentation:.0f}%")
 
 
@@ -193,7 +205,7 @@ def _node_note(node: NodeView) -> str:
     if not node.cards:
         listed = ", ".join(f"{k}={v}" for k, v in sorted(node.uninventoried.items()))
         return f"no GPUDevice inventory ({listed})"
-    whole = f"{node.free_cards} whole card{'' if node.free_cards == 1 else 's'} free"
+    whole = f"{_plural(node.free_cards, 'whole card')} free"
     return f"{whole} · fragmentation {100 * node.fragmentation:.0f}%"
 
 
@@ -218,7 +230,7 @@ def _rows(view: ClusterView, holders: bool) -> list[_Row]:
         n = len(node.cards)
         health, health_style = (f"{node.unhealthy} bad", "bold red") if node.unhealthy else (
             ("ok", "green") if n else ("", ""))
-        cells = [node.name, "", f"{n} card{'' if n == 1 else 's'}", health]
+        cells = [node.name, "", _plural(n, "card"), health]
         if n:
             cells += [f"{_bar(node.used_milli, node.compute_milli)} "
                       f"{_pct(node.used_milli, node.compute_milli):>4}",
@@ -234,7 +246,7 @@ def _rows(view: ClusterView, holders: bool) -> list[_Row]:
                      f"{_bar(card.used_milli, card.compute_milli)} "
                      f"{_pct(card.used_milli, card.compute_milli):>4}",
                      f"{_gib(card.used_mib)}/{_gib(card.memory_mib)}",
-                     f"{card.free_milli / 10:g}% {_gib(card.free_mib)}"]
+                     f"{_pct(card.free_milli, MILLI_PER_CARD)} {_gib(card.free_mib)}"]
             more: tuple[str, ...] = ()
             if holders:
                 first, *rest = _holders(card).split("\n")

@@ -7,6 +7,8 @@ claim-backed containers hold nothing themselves: their cards are the ElasticGPU'
 under it with the pods that use it. A MIG share counts its compute slices' fraction of the
 card and its profile's memory, as the agent's GPUDevice columns count it.
 
+**Free** is what can still be given: on a healthy card its compute and memory not held; on a
+MIG-carved card only its free instances (a slice no instance covers cannot be given).
 **Fragmentation** is the share of the free compute that sits on partly used cards (healthy, not
 MIG-carved, some compute held): only shares can use it, a pod asking for a whole card cannot.
 The dashboard computes the same measure in PromQL (docs/metrics.md).
@@ -66,13 +68,20 @@ class CardView:
     holders: tuple[Holder, ...]
     mig: tuple[MigView, ...] = ()
 
+    #: compute and memory of the free MIG instances (a MIG-carved card gives only those)
+    mig_free: tuple[int, int] = (0, 0)
+
     @property
     def free_milli(self) -> int:
-        return max(self.compute_milli - self.used_milli, 0) if self.healthy else 0
+        if not self.healthy:
+            return 0
+        return self.mig_free[0] if self.mig else max(self.compute_milli - self.used_milli, 0)
 
     @property
     def free_mib(self) -> int:
-        return max(self.memory_mib - self.used_mib, 0) if self.healthy else 0
+        if not self.healthy:
+            return 0
+        return self.mig_free[1] if self.mig else max(self.memory_mib - self.used_mib, 0)
 
     @property
     def stranded_milli(self) -> int:
@@ -274,7 +283,9 @@ def _card_view(card: Card, holders: list[Holder]) -> CardView:
     owner = {h.mig_uuid: f"{h.kind} {h.name}" for h in counted if h.mig_uuid}
     mig = tuple(MigView(inst.profile.name, inst.uuid, owner.get(inst.uuid))
                 for inst in sorted(card.mig, key=lambda i: (i.start, i.uuid)))
+    free = [share_use(CardShare(card.index, card.uuid, 0, 0, inst.profile.name, inst.uuid), card)
+            for inst in card.mig if inst.uuid not in owner]
     return CardView(card.index, card.uuid, card.model, card.healthy, card.compute_milli,
                     card.memory_mib, used_milli, used_mib,
                     tuple(sorted(counted, key=lambda h: (h.kind != "pod", h.name, h.detail))),
-                    mig)
+                    mig, (sum(m for m, _ in free), sum(b for _, b in free)))

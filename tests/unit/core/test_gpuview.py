@@ -79,6 +79,8 @@ def test_mig_instances_count_their_slices_and_show_who_holds_them() -> None:
     assert (c0.used_milli, c0.used_mib) == (1000 * 3 // 7, 40 * 1024)
     assert [(m.uuid, m.holder) for m in c0.mig] == [("MIG-a", None), ("MIG-b", "pod team-a/m")]
     assert c0.stranded_milli == 0 and not c0.entirely_free  # carved: not for shares
+    # free is the free instance, not the rest of the card (the 7th slice is in no instance)
+    assert (c0.free_milli, c0.free_mib) == (1000 * 3 // 7, 40 * 1024)
 
 
 def test_nodes_are_sorted_filtered_to_known_cards_and_uninventoried_nodes_listed() -> None:

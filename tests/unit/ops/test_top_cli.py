@@ -79,8 +79,9 @@ def test_the_table_shows_nodes_cards_holders_and_totals() -> None:
     console.print(render(view_from_objects(objects())))
     text = console.export_text()
     lines = text.splitlines()
-    assert lines[0].startswith("3 nodes, 3 cards (1 unhealthy) · compute 22% allocated")
-    assert "fragmentation" in lines[0]
+    assert lines[0] == ("3 nodes · 3 cards (1 unhealthy) · allocated: compute 22% (0.65/3 "
+                        "cards), memory 10% · free: 1.35 cards, 1 whole, 68.0Gi · "
+                        "fragmentation 26%")
     card0 = next(line for line in lines if "ml/train (main) 40% 10.0Gi" in line)
     assert "65%" in card0 and "12.0Gi/40.0Gi" in card0 and "35% 28.0Gi" in card0
     assert "egpu egpu-1 claim ml/c1 used by ml/infer 25% 2.0Gi" in text
