@@ -311,7 +311,7 @@ def top(
         "--kubeconfig", help="Kubeconfig file; default $KUBECONFIG, ~/.kube/config, "
         "then the in-cluster service account.")] = None,
     node: Annotated[list[str] | None, typer.Option(
-        "--node", "-n", help="Only nodes matching this name or glob (repeatable).")] = None,
+        "--node", help="Only nodes matching this name or glob (repeatable).")] = None,
     watch: Annotated[bool, typer.Option(
         "--watch", "-w", help="Refresh every --interval seconds until interrupted.")] = False,
     interval: Annotated[float, typer.Option(
