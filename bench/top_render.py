@@ -6,8 +6,9 @@ annotations hold shares of those cards, 10 claimed ElasticGPUs. Then:
 - `--runs` refreshes as `egpu top` does one (four concurrent LISTs through kube.client, the
   pure view, the table rendered to text at 200 columns) after a warm-up: median and max of
   each stage;
-- `egpu top --kubeconfig ...` as a fresh process (`--runs` times, output to a file): the wall
-  time a user waits, Python's start and imports included.
+- `egpu top --kubeconfig ...` and the kubectl plugin's `kubectl-egpu top` as fresh processes
+  (`--runs` times each, output to a file): the wall time a user waits, Python's start and
+  imports included.
 
     .venv/bin/python bench/top_render.py --nodes 100 --cards 8 --pods 400 --runs 10
 """
@@ -45,14 +46,13 @@ async def refreshes(kubeconfig: Path, runs: int) -> list[Refresh]:
         await client.close()
 
 
-def command_runs(kubeconfig: Path, runs: int, out: Path) -> list[float]:
-    egpu = str(Path(sys.executable).with_name("egpu"))
+def command_runs(argv: list[str], kubeconfig: Path, runs: int, out: Path) -> list[float]:
     walls = []
     env = {**os.environ, "COLUMNS": "200"}
     for _ in range(runs):
         started = time.perf_counter()
         with out.open("w") as sink:
-            subprocess.run([egpu, "top", "--kubeconfig", str(kubeconfig)], stdout=sink,
+            subprocess.run([*argv, "top", "--kubeconfig", str(kubeconfig)], stdout=sink,
                            check=True, env=env)
         walls.append(time.perf_counter() - started)
     return walls
@@ -92,9 +92,14 @@ def main() -> int:
         for stage in ("fetch", "view", "render", "total"):
             ms = [getattr(r, stage) * 1000 for r in done]
             print(f"| {stage} | {statistics.median(ms):.0f} | {max(ms):.0f} |")
-        walls = [t * 1000 for t in command_runs(plane.kubeconfig, args.runs, work / "top.txt")]
-        print(f"| `egpu top` command, wall (process start included) | "
-              f"{statistics.median(walls):.0f} | {max(walls):.0f} |")
+        commands = {"`egpu top`": [str(Path(sys.executable).with_name("egpu"))],
+                    "`kubectl egpu top` (kubectl-egpu)": [sys.executable, "-m",
+                                                          "elastic_gpu.cli.kubectl"]}
+        for label, argv in commands.items():
+            walls = [t * 1000 for t in command_runs(argv, plane.kubeconfig, args.runs,
+                                                    work / "top.txt")]
+            print(f"| {label} command, wall (process start included) | "
+                  f"{statistics.median(walls):.0f} | {max(walls):.0f} |")
         print(f"# {lines} lines rendered; the command's output: {work / 'top.txt'}")
     finally:
         plane.stop()

@@ -25,19 +25,8 @@ app.command("webhook")(webhook.webhook)
 app.command("controller")(controller.controller)
 app.command("top")(top.top)
 
-#: `kubectl egpu ...`: the kubectl plugin (the `kubectl-egpu` executable on PATH), the
-#: commands that read a cluster through the user's kubeconfig.
-kubectl_app = typer.Typer(
-    name="kubectl egpu",
-    help="Elastic GPU as a kubectl plugin: `kubectl egpu top` shows the cluster's GPUs.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-kubectl_app.command("top")(top.top)
-
 
 @app.command("version")
-@kubectl_app.command("version")
 def version() -> None:
     """Print the version."""
     typer.echo(__version__)
@@ -45,11 +34,6 @@ def version() -> None:
 
 def main() -> None:
     app()
-
-
-def kubectl_main() -> None:
-    """The `kubectl-egpu` executable: kubectl runs it for `kubectl egpu <args>`."""
-    kubectl_app(prog_name="kubectl egpu")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from egpu_testing.claims import elasticgpu_object
-from elastic_gpu.cli.main import app, kubectl_app
+from elastic_gpu.cli.kubectl import kubectl_app
+from elastic_gpu.cli.main import app
 from elastic_gpu.cli.top import Objects, render, view_from_objects
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
