@@ -103,3 +103,31 @@ def test_top_is_a_command_of_egpu_and_of_the_kubectl_plugin(tmp_path: Any) -> No
     missing = tmp_path / "nope"
     result = runner.invoke(kubectl_app, ["top", "--kubeconfig", str(missing)])
     assert result.exit_code == 2 and f"kubeconfig {missing} does not exist" in result.output
+
+
+def test_watch_refreshes_until_interrupted(monkeypatch: Any) -> None:
+    from elastic_gpu.cli import top as top_module
+    from elastic_gpu.kube.client import KubeClient
+
+    class Client:
+        closed = False
+
+        async def close(self) -> None:
+            Client.closed = True
+
+    views = [view_from_objects(objects()), view_from_objects(objects(), ["gpu-b"])]
+    calls: list[int] = []
+
+    async def snapshot(client: Any, patterns: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 3:
+            raise KeyboardInterrupt
+        return views[min(len(calls) - 1, 1)]
+
+    monkeypatch.setattr(KubeClient, "from_config", classmethod(lambda cls, path: Client()))
+    monkeypatch.setattr(top_module, "snapshot", snapshot)
+    result = CliRunner().invoke(app, ["top", "--watch", "--interval", "0.2",
+                                      "--kubeconfig", "/dev/null"])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 4 and Client.closed  # three refreshes, then Ctrl-C closes the client
+    assert "1 node · 1 card" in result.output  # the later refresh was drawn
