@@ -113,7 +113,8 @@ def main() -> int:
                             for c in range(8))) for i in range(args.nodes)]
         register_fake_nodes(plane.client(), nodes)
         deadline = time.monotonic() + 60
-        last = f'egpu_scheduler_card_allocated_milli{{card="7",node="{nodes[-1].name}"}}'
+        last = ("elasticgpu_scheduler_card_compute_allocated_millicards"
+                f'{{device_index="7",node="{nodes[-1].name}"}}')
         while metric_value(metrics_text(extender.url), last) is None:
             assert time.monotonic() < deadline, "the extender never saw the nodes"
             time.sleep(0.2)
@@ -131,7 +132,7 @@ def main() -> int:
             print(f"{label:12} {len(ms) / wall:9.1f} {pct(ms, 0.5):8.1f} {pct(ms, 0.99):8.1f} "
                   f"{max(ms):8.1f} {statistics.fmean(ms):8.1f}  {results}", flush=True)
         held = sum(metric_value(metrics_text(extender.url),
-                                f'egpu_scheduler_elasticgpus_held{{node="{n.name}"}}') or 0
+                                f'elasticgpu_scheduler_elasticgpus_held{{node="{n.name}"}}') or 0
                    for n in nodes)
         print(f"# ElasticGPUs held in the extender's ledger: {held:.0f}")
     finally:

@@ -45,8 +45,8 @@ from elastic_gpu.devcluster.ports import free_ports
 
 NAMESPACE = "default"
 SCHEDULER = "egpu-wakeup"
-FILTERS = 'egpu_scheduler_request_seconds_count{verb="filter"}'
-WAKEUPS = 'egpu_scheduler_wakeups_total{result="sent"}'
+FILTERS = 'elasticgpu_scheduler_request_duration_seconds_count{verb="filter"}'
+WAKEUPS = 'elasticgpu_scheduler_wakeups_total{result="sent"}'
 
 
 def pct(values: list[float], q: float) -> float:
@@ -151,7 +151,8 @@ class Bench:
             self.delete(waiting)
             # the card is free again in the extender's view before the next try
             self.wait("card free", lambda: self.metric(
-                f'egpu_scheduler_card_allocated_milli{{card="0",node="{node}"}}') == 0)
+                "elasticgpu_scheduler_card_compute_allocated_millicards"
+                f'{{device_index="0",node="{node}"}}') == 0)
         return out
 
 
@@ -184,7 +185,8 @@ def main() -> int:
         bench = Bench(plane, extender)
         for node in nodes.values():
             bench.wait(f"{node.name} known", lambda n=node.name: bench.metric(
-                f'egpu_scheduler_card_allocated_milli{{card="0",node="{n}"}}') == 0)
+                "elasticgpu_scheduler_card_compute_allocated_millicards"
+                f'{{device_index="0",node="{n}"}}') == 0)
         print(f"# {platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}"
               f", {args.tries} tries per mode", flush=True)
         print(f"{'mode':8} {'tries':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "

@@ -20,6 +20,7 @@ from typing import Any
 
 from egpu_testing.workbench import (
     card_use_from_pods,
+    metric_value,
     overcommitted,
     pod_manifest,
     share_fits_somewhere,
@@ -228,7 +229,8 @@ def wait_extender_knows(url: str, nodes: list[str], cards: int, timeout_s: float
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{url}/metrics", timeout=5, context=context) as response:
             text = response.read().decode()
-        if all(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{n}"}}' in text
+        if all(metric_value(text, "elasticgpu_scheduler_card_compute_allocated_millicards"
+                            f'{{device_index="{cards - 1}",node="{n}"}}') is not None
                for n in nodes):
             return
         time.sleep(0.2)

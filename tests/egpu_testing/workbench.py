@@ -7,6 +7,7 @@ cards, MIG), and the state fed directly from core `Node`s, as the reflectors wou
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
@@ -411,13 +412,35 @@ def metrics_text(url: str) -> str:
         return str(response.read().decode())
 
 
+_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?$')
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(text: str | None) -> dict[str, str]:
+    return dict(_LABEL.findall(text or ""))
+
+
 def metric_value(text: str, sample: str) -> float | None:
-    """The value of one sample line of a Prometheus page, e.g.
-    `egpu_scheduler_wakeups_total{result="sent"}`; None when absent."""
+    """The value of one sample of a Prometheus page, e.g.
+    `elasticgpu_scheduler_wakeups_total{result="sent"}`: the labels given are a subset to
+    match (a per-card sample may be named by node and device_index alone); several matching
+    samples are summed. None when none matches."""
+    wanted = _SAMPLE.match(sample)
+    if wanted is None:
+        raise ValueError(f"not a sample: {sample!r}")
+    want = _labels(wanted["labels"])
+    total: float | None = None
     for line in text.splitlines():
-        if line.startswith(sample + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+        if not line.startswith(wanted["name"]) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        got = _SAMPLE.match(head)
+        if got is None or got["name"] != wanted["name"]:
+            continue
+        labels = _labels(got["labels"])
+        if all(labels.get(k) == v for k, v in want.items()):
+            total = (total or 0.0) + float(value)
+    return total
 
 
 def send_raw(port: int, head: bytes, body: bytes, timeout_s: float = 120) -> int:

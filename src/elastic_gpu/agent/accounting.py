@@ -7,7 +7,8 @@ A share counts what it says (milli and MiB). A MIG instance counts its slices' f
 the card's compute (a 3g instance of a 7-slice card: 3/7 of it) and the profile's memory: the
 scheduler writes MIG shares with no milli, since MIG instances are sold whole, which made a
 fully carved-up card read 0 %. A whole card counts 100 % and its memory (as the scheduler
-writes it).
+writes it). `share_use` and `mig_slices` are core's (`core.gpuview`), which `egpu top` counts
+with too.
 """
 
 from __future__ import annotations
@@ -18,23 +19,9 @@ from typing import Any
 
 from elastic_gpu.agent.matching import TERMINAL_PHASES
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.gpuview import share_use
 from elastic_gpu.core.model import Card
-from elastic_gpu.core.resources import MigProfile, ResourceError
-
-#: Compute slices of a MIG-capable card: 7 GPCs on A100, H100, H200, B200 (and the GH/GB
-#: variants); the A30 has 4.
-MIG_SLICES = 7
-MIG_SLICES_BY_MODEL = {"A30": 4}
-
-
-def mig_slices(card: Card) -> int:
-    """How many compute slices `card` has (the denominator of an instance's fraction)."""
-    total = next((n for key, n in MIG_SLICES_BY_MODEL.items() if key in card.model.upper()),
-                 MIG_SLICES)
-    # A placement past the table's count means the table is wrong for this model: trust
-    # the instances the driver reported.
-    return max([total, *(inst.start + inst.profile.slices for inst in card.mig)])
 
 
 @dataclass
@@ -45,18 +32,6 @@ class CardUse:
     memory_mib: int = 0
     #: `<namespace>/<pod> (<container>)`, every holder, in order.
     holders: list[str] = field(default_factory=list)
-
-
-def share_use(share: CardShare, card: Card | None) -> tuple[int, int]:
-    """(milli, MiB) one share takes of its card."""
-    if share.mig_profile is None or card is None:
-        return share.milli, share.memory_mib
-    try:
-        profile = MigProfile.parse(share.mig_profile)
-    except ResourceError:
-        return share.milli, share.memory_mib
-    milli = card.compute_milli * profile.slices // mig_slices(card)
-    return max(share.milli, milli), max(share.memory_mib, profile.memory_gb * 1024)
 
 
 def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
@@ -104,3 +79,31 @@ def allocation_by_card(pods: Iterable[Mapping[str, Any]], node: str,
     """{card index: (milli, memory MiB)}: `card_usage` without the holders."""
     return {index: (use.milli, use.memory_mib)
             for index, use in card_usage(pods, node, cards or {}).items()}
+
+
+@dataclass(frozen=True)
+class ContainerShare:
+    """What one container holds of one card (as `card_usage` counts it)."""
+
+    namespace: str
+    pod: str
+    container: str
+    index: int
+    uuid: str
+    milli: int
+    memory_mib: int
+
+
+def container_shares(pods: Iterable[Mapping[str, Any]], node: str,
+                     cards: Mapping[int, Card]) -> list[ContainerShare]:
+    """Every container's share of every card on `node`, counted as `card_usage` counts it
+    (summed per card, they are its columns), sorted by pod, container and card."""
+    out = []
+    for name, assignment in sorted(holding_pods(pods, node), key=lambda item: item[0]):
+        namespace, _, pod = name.partition("/")
+        for container, shares in sorted(assignment.containers.items()):
+            for share in shares:
+                milli, memory = share_use(share, cards.get(share.index))
+                out.append(ContainerShare(namespace, pod, container, share.index, share.uuid,
+                                          milli, memory))
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,8 +39,19 @@ class Allocator:
         self._lock = threading.Lock()
         #: (pod uid, container, resource) served, for pods still Pending (see `_forget`).
         self._done: set[tuple[str, str, str]] = set()
+        #: Allocate calls answered, by (resource, "served" | "refused") (the agent's metrics).
+        self.outcomes: Counter[tuple[str, str]] = Counter()
 
     def allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
+        try:
+            grant = self._allocate(plan, device_ids)
+        except AllocateError:
+            self.outcomes[plan.resource, "refused"] += 1
+            raise
+        self.outcomes[plan.resource, "served"] += 1
+        return grant
+
+    def _allocate(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
         units = plan.by_id()
         unknown = [d for d in device_ids if d not in units]
         if unknown:

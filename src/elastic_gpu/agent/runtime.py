@@ -66,6 +66,7 @@ class Agent:
              for plan in self.snapshot.plans], self.plugin_dir)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._metrics_server: Any = None
 
     def current(self) -> NodeSnapshot:
         cards = tuple(self.state.cards()[lc.index] for lc in self.snapshot.cards)
@@ -87,6 +88,23 @@ class Agent:
         if self.client is not None:
             self._spawn("sync", self._sync_loop)
 
+    def serve_metrics(self, host: str, port: int) -> int:
+        """Serve `/metrics` (docs/metrics.md, `elasticgpu_agent_*`) on a thread; returns the
+        port (0 picks a free one)."""
+        from prometheus_client import start_http_server
+
+        from elastic_gpu.agent.metrics import agent_registry
+
+        pods = self.pods
+        registry = agent_registry(
+            self.node_name, lambda: self.current().node.cards,
+            (lambda: pods.on_node(self.node_name)) if pods is not None else None,
+            lambda: self.allocator.outcomes.copy())
+        self._metrics_server, _ = start_http_server(port, host, registry)
+        bound: int = self._metrics_server.server_port
+        log.info("metrics on http://%s:%d/metrics", host, bound)
+        return bound
+
     def _spawn(self, name: str, target: Any) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
@@ -99,6 +117,9 @@ class Agent:
         if self.pod_cache is not None:
             self.pod_cache.stop()
         self.manager.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         self.backend.close()
 
     def request_stop(self) -> None:

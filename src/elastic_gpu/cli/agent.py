@@ -21,6 +21,12 @@ def agent(
     no_api: Annotated[bool, typer.Option(
         "--no-api", help="Serve device plugins only (no inventory; only time-sliced "
         "resources can Allocate without the API).")] = False,
+    metrics_port: Annotated[int, typer.Option(
+        "--metrics-port", min=0, max=65535,
+        help="Serve Prometheus /metrics (elasticgpu_agent_*, docs/metrics.md) on this port; "
+        "0: no metrics.")] = 0,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Address the metrics port listens on.")] = "0.0.0.0",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the node agent: kubelet device plugins over NVML or the fake backend."""
@@ -65,7 +71,9 @@ def agent(
         signal.signal(sig, lambda *_: running.request_stop())
     try:
         running.start()
-    except Exception as err:  # API unreachable, RBAC, socket directory not writable ...
+        if metrics_port:
+            running.serve_metrics(metrics_host, metrics_port)
+    except Exception as err:  # API unreachable, RBAC, socket directory not writable, port ...
         running.stop()
         typer.echo(f"egpu agent: cannot start: {type(err).__name__}: {err}", err=True)
         raise typer.Exit(1) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from elastic_gpu import __version__
-from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, webhook
+from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, top, webhook
 
 app = typer.Typer(
     name="egpu",
@@ -23,6 +23,7 @@ app.command("scheduler")(scheduler.scheduler)
 app.command("agent")(agent.agent)
 app.command("webhook")(webhook.webhook)
 app.command("controller")(controller.controller)
+app.command("top")(top.top)
 
 
 @app.command("version")

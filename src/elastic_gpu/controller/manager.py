@@ -50,7 +50,7 @@ class Metrics:
                                   "Reconciles by controller and result (ok, requeue, error)",
                                   ["controller", "result"], registry=self.registry)
         self.reconcile_seconds = Histogram(
-            "elasticgpu_controller_reconcile_seconds", "Time of one reconcile",
+            "elasticgpu_controller_reconcile_duration_seconds", "Time of one reconcile",
             ["controller"], registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         self.leader = Gauge("elasticgpu_controller_leader",

@@ -117,7 +117,7 @@ def scheduler_config(user_config: Mapping[str, Any] | None,
 
 
 _CARD_SAMPLE = re.compile(
-    r'^egpu_scheduler_card_allocated_milli\{(?=[^}]*card="(?P<card>[^"]*)")'
+    r'^elasticgpu_scheduler_card_compute_allocated_millicards\{(?=[^}]*device_index="(?P<card>[^"]*)")'
     r'(?=[^}]*node="(?P<node>[^"]*)")[^}]*\}', re.MULTILINE)
 
 

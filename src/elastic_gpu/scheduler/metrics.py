@@ -1,29 +1,43 @@
-"""Prometheus metrics of the extender: latency per verb, allocation per card, bind failures,
-the CPU and memory the extender believes bound pods ask of each node, and the wake-up of pending
-pods (how many wait for GPU capacity, how many were woken).
+"""Prometheus metrics of the extender (`elasticgpu_scheduler_*`, docs/metrics.md): latency and
+outcome per verb, bind failures and conflicts, why pods were unschedulable, allocation and
+capacity per card, per-pod shares, the CPU and memory the extender believes bound pods ask of
+each node, and the wake-up of pending pods (how many wait for GPU capacity, how many were
+woken).
 
-Per-card allocation and per-node requests are collected at scrape time from the engine (no cost
-on the hot path).
+Per-card and per-pod values are collected at scrape time from the engine (no cost on the hot
+path). Units: compute in milli-cards (1000 = one card, the project's unit), memory in bytes,
+CPU in cores, time in seconds.
 Each server gets its own registry, so several can run in one process (tests, benchmarks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.model import Card
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+MIB = 1 << 20
+PREFIX = "elasticgpu_scheduler_"
+#: The labels of a per-card series.
+CARD_LABELS = ["node", "device_index", "device_uuid", "model"]
+#: The labels of a per-container share of a card.
+CONTAINER_LABELS = ["namespace", "pod", "container", "node", "device_index", "device_uuid",
+                    "model"]
 
 Usage = dict[str, list[tuple[int, int, int]]]
 #: node -> (CPU milli, memory MiB) that its bound pods ask for
 HostUsage = dict[str, tuple[int, int]]
 #: (pods waiting for GPU capacity, counters by name: rounds, woken, sent, failed, turned_away)
 WakeupStats = tuple[int, dict[str, int]]
+#: (namespace, pod, the cards it holds)
+PodShares = list[tuple[str, str, Assignment]]
 
 
 class _StateCollector(Collector):
@@ -32,31 +46,28 @@ class _StateCollector(Collector):
     def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None,
                  workload: Callable[[], tuple[int, int]] | None,
                  wakeups: Callable[[], WakeupStats] | None = None,
-                 egpus: Callable[[], Mapping[str, Assignment]] | None = None) -> None:
+                 egpus: Callable[[], Mapping[str, Assignment]] | None = None,
+                 cards: Callable[[], Mapping[str, tuple[Card, ...]]] | None = None,
+                 pods: Callable[[], PodShares] | None = None) -> None:
         self._egpus = egpus
         self._usage = usage
         self._host = host
         self._workload = workload
         self._wakeups = wakeups
+        self._cards = cards
+        self._pods = pods
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        milli = GaugeMetricFamily("egpu_scheduler_card_allocated_milli",
-                                  "Compute allocated on a card, in milli-cards (1000 = whole)",
-                                  labels=["node", "card"])
-        memory = GaugeMetricFamily("egpu_scheduler_card_allocated_memory_mib",
-                                   "Card memory allocated, MiB", labels=["node", "card"])
-        for node, cards in self._usage().items():
-            for index, used_milli, used_mib in cards:
-                milli.add_metric([node, str(index)], used_milli)
-                memory.add_metric([node, str(index)], used_mib)
-        yield milli
-        yield memory
+        inventory = self._cards() if self._cards is not None else {}
+        yield from card_families(self._usage(), inventory)
+        if self._pods is not None:
+            yield from container_families(self._pods(), inventory)
         if self._workload is not None:
             live, typical = self._workload()
-            yield GaugeMetricFamily("egpu_scheduler_workload_live_pods",
+            yield GaugeMetricFamily(PREFIX + "workload_live_pods",
                                     "Live pods counted for the observed target workload "
                                     "(0 with targetWorkload: builtin)", value=live)
-            yield GaugeMetricFamily("egpu_scheduler_workload_typical_shapes",
+            yield GaugeMetricFamily(PREFIX + "workload_typical_shapes",
                                     "Task shapes in the target workload FGD scores against",
                                     value=typical)
         if self._wakeups is not None:
@@ -67,26 +78,79 @@ class _StateCollector(Collector):
             return
         # What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
         # difference from its own accounting shows here)
-        cpu = GaugeMetricFamily("egpu_scheduler_node_requested_cpu_milli",
+        cpu = GaugeMetricFamily(PREFIX + "node_requested_cpu_cores",
                                 "CPU that the pods bound to a node ask for, as the extender "
-                                "last saw them, milli-CPU", labels=["node"])
-        host_memory = GaugeMetricFamily("egpu_scheduler_node_requested_memory_mib",
+                                "last saw them, cores", labels=["node"])
+        host_memory = GaugeMetricFamily(PREFIX + "node_requested_memory_bytes",
                                         "Memory that the pods bound to a node ask for, as the "
-                                        "extender last saw them, MiB", labels=["node"])
+                                        "extender last saw them, bytes", labels=["node"])
         for node, (cpu_milli, memory_mib) in self._host().items():
-            cpu.add_metric([node], cpu_milli)
-            host_memory.add_metric([node], memory_mib)
+            cpu.add_metric([node], cpu_milli / 1000)
+            host_memory.add_metric([node], memory_mib * MIB)
         yield cpu
         yield host_memory
 
 
+def card_families(usage: Usage, inventory: Mapping[str, tuple[Card, ...]]
+                  ) -> Iterator[GaugeMetricFamily]:
+    """Allocation per card (always), capacity and health per card (where the inventory is
+    known: the labels uuid and model come from it)."""
+    allocated = GaugeMetricFamily(PREFIX + "card_compute_allocated_millicards",
+                                  "Compute allocated on a card in the extender's ledger, "
+                                  "milli-cards (1000 = the whole card)", labels=CARD_LABELS)
+    memory = GaugeMetricFamily(PREFIX + "card_memory_allocated_bytes",
+                               "Card memory allocated in the extender's ledger, bytes",
+                               labels=CARD_LABELS)
+    capacity = GaugeMetricFamily(PREFIX + "card_compute_capacity_millicards",
+                                 "Compute of a card, milli-cards (1000 = one card)",
+                                 labels=CARD_LABELS)
+    memory_capacity = GaugeMetricFamily(PREFIX + "card_memory_capacity_bytes",
+                                        "Memory of a card, bytes", labels=CARD_LABELS)
+    healthy = GaugeMetricFamily(PREFIX + "card_healthy",
+                                "1 if the card is healthy (the scheduler places on it), 0 if "
+                                "not", labels=CARD_LABELS)
+    for node, rows in usage.items():
+        by_index = {card.index: card for card in inventory.get(node, ())}
+        for index, used_milli, used_mib in rows:
+            card = by_index.get(index)
+            labels = [node, str(index), card.uuid if card else "", card.model if card else ""]
+            allocated.add_metric(labels, used_milli)
+            memory.add_metric(labels, used_mib * MIB)
+            if card is not None:
+                capacity.add_metric(labels, card.compute_milli)
+                memory_capacity.add_metric(labels, card.memory_mib * MIB)
+                healthy.add_metric(labels, 1 if card.healthy else 0)
+    yield from (allocated, memory, capacity, memory_capacity, healthy)
+
+
+def container_families(shares: Iterable[tuple[str, str, Assignment]],
+                       inventory: Mapping[str, tuple[Card, ...]]) -> Iterator[GaugeMetricFamily]:
+    """What each container holds of each card (a pod's assignment, as the ledger has it)."""
+    milli = GaugeMetricFamily(PREFIX + "container_compute_allocated_millicards",
+                              "Compute a container holds on a card, milli-cards",
+                              labels=CONTAINER_LABELS)
+    memory = GaugeMetricFamily(PREFIX + "container_memory_allocated_bytes",
+                               "Card memory a container holds, bytes", labels=CONTAINER_LABELS)
+    models = {(node, card.index): card.model
+              for node, cards in inventory.items() for card in cards}
+    for namespace, pod, assignment in shares:
+        for container, cards in sorted(assignment.containers.items()):
+            for share in cards:
+                labels = [namespace, pod, container, assignment.node, str(share.index),
+                          share.uuid, models.get((assignment.node, share.index), "")]
+                milli.add_metric(labels, share.milli)
+                memory.add_metric(labels, share.memory_mib * MIB)
+    yield milli
+    yield memory
+
+
 def elasticgpu_families(holds: Mapping[str, Assignment]) -> Iterator[GaugeMetricFamily]:
     """The ElasticGPUs whose cards the ledger holds, per node, and what they hold."""
-    count = GaugeMetricFamily("egpu_scheduler_elasticgpus_held",
+    count = GaugeMetricFamily(PREFIX + "elasticgpus_held",
                               "ElasticGPUs holding cards in the extender's ledger, per node",
                               labels=["node"])
-    milli = GaugeMetricFamily("egpu_scheduler_elasticgpu_held_milli",
-                              "Compute that ElasticGPUs hold on a node, in milli-cards",
+    milli = GaugeMetricFamily(PREFIX + "elasticgpu_compute_held_millicards",
+                              "Compute that ElasticGPUs hold on a node, milli-cards",
                               labels=["node"])
     per_node: dict[str, tuple[int, int]] = {}
     for assignment in holds.values():
@@ -101,22 +165,31 @@ def elasticgpu_families(holds: Mapping[str, Assignment]) -> Iterator[GaugeMetric
 
 def wakeup_families(stats: WakeupStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     waiting, counts = stats
-    yield GaugeMetricFamily("egpu_scheduler_waiting_pods",
+    yield GaugeMetricFamily(PREFIX + "waiting_pods",
                             "Pending pods the filter turned away for GPU reasons, waiting for "
                             "GPU capacity to free", value=waiting)
-    wakeups = CounterMetricFamily("egpu_scheduler_wakeups",
+    wakeups = CounterMetricFamily(PREFIX + "wakeups",
                                   "Pending pods woken because GPU capacity they fit freed, by "
                                   "the outcome of the wake-up write (sent, failed)",
                                   labels=["result"])
     for result in ("sent", "failed"):
         wakeups.add_metric([result], counts.get(result, 0))
     yield wakeups
-    yield CounterMetricFamily("egpu_scheduler_wakeup_rounds",
+    yield CounterMetricFamily(PREFIX + "wakeup_rounds",
                               "Rounds that looked for pending pods to wake after GPU capacity "
                               "freed", value=counts.get("rounds", 0))
-    yield CounterMetricFamily("egpu_scheduler_turned_away",
+    yield CounterMetricFamily(PREFIX + "turned_away",
                               "Filter calls that found no node with GPU room for a pod (it "
                               "then waits for capacity)", value=counts.get("turned_away", 0))
+
+
+def main_reason(categories: Iterable[str]) -> str:
+    """The category most nodes failed on (ties: the alphabetically first), `none` if no node
+    was asked about: the `reason` of `elasticgpu_scheduler_unschedulable_total`."""
+    tally = Tally(categories)
+    if not tally:
+        return "none"
+    return min(tally.items(), key=lambda item: (-item[1], item[0]))[0]
 
 
 class Metrics:
@@ -124,17 +197,35 @@ class Metrics:
                  host: Callable[[], HostUsage] | None = None,
                  workload: Callable[[], tuple[int, int]] | None = None,
                  wakeups: Callable[[], WakeupStats] | None = None,
-                 egpus: Callable[[], Mapping[str, Assignment]] | None = None) -> None:
+                 egpus: Callable[[], Mapping[str, Assignment]] | None = None,
+                 cards: Callable[[], Mapping[str, tuple[Card, ...]]] | None = None,
+                 pods: Callable[[], PodShares] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.latency = Histogram("egpu_scheduler_request_seconds",
+        self.latency = Histogram(PREFIX + "request_duration_seconds",
                                  "Extender request latency by verb", ["verb"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.bind_failures = Counter("egpu_scheduler_bind_failures_total",
+        self.requests = Counter(PREFIX + "requests",
+                                "Extender requests answered, by verb and outcome (filter: "
+                                "feasible, unschedulable, error; bind: bound, failed; "
+                                "provision: ok, error; others: ok, error; any verb: "
+                                "bad_request, busy, not_ready, internal_error)",
+                                ["verb", "outcome"], registry=self.registry)
+        self.bind_failures = Counter(PREFIX + "bind_failures",
                                      "Binds that failed, by stage", ["stage"],
                                      registry=self.registry)
-        self.bad_requests = Counter("egpu_scheduler_bad_requests_total",
+        self.bind_conflicts = Counter(PREFIX + "bind_conflicts",
+                                      "Binds that met a conflict: reserve (the cards were taken "
+                                      "since the filter) or binding (the apiserver's 409 on the "
+                                      "pod's uid/resourceVersion preconditions)", ["stage"],
+                                      registry=self.registry)
+        self.unschedulable = Counter(PREFIX + "unschedulable",
+                                     "Filter calls for a GPU pod that no node passed, by the "
+                                     "reason most nodes failed on (gpu, model, resource, mig, "
+                                     "cpu, memory, node)", ["reason"], registry=self.registry)
+        self.bad_requests = Counter(PREFIX + "bad_requests",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)
-        self.provisioned = Counter("egpu_scheduler_elasticgpus_provisioned_total",
+        self.provisioned = Counter(PREFIX + "elasticgpus_provisioned",
                                    "ElasticGPUs created by /provision", registry=self.registry)
-        self.registry.register(_StateCollector(usage, host, workload, wakeups, egpus))
+        self.registry.register(_StateCollector(usage, host, workload, wakeups, egpus, cards,
+                                               pods))

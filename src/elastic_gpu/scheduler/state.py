@@ -1113,6 +1113,24 @@ class SchedulerState:
             self._flush()
             return {name: self.engine.card_usage(name) for name in self.engine.nodes()}
 
+    def cards(self) -> dict[str, tuple[Card, ...]]:
+        """Each known node's cards as the engine has them (uuid, model, health, capacity)."""
+        with self._lock:
+            self._flush()
+            return {name: self.engine.node(name).cards for name in self.engine.nodes()}
+
+    def pod_shares(self) -> list[tuple[str, str, Assignment]]:
+        """(namespace, pod name, the cards it holds) of every pod whose assignment the ledger
+        holds (reservations of binds in flight are not listed; ElasticGPUs' holds are
+        `egpu_holds`)."""
+        with self._lock:
+            out = []
+            for uid, assignment in self._holds.items():
+                pod = self._pods.get(uid)
+                if pod is not None:
+                    out.append((pod.namespace, pod.name, assignment))
+            return out
+
     def host_usage(self) -> dict[str, tuple[int, int]]:
         """(CPU milli, memory MiB) that the bound pods of each known node ask for."""
         with self._lock:

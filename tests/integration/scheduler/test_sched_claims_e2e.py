@@ -86,7 +86,7 @@ class Claims:
 
     def used(self, node: str, card: int = 0) -> float | None:
         return metric_value(metrics_text(self.extender.url),
-                            f'egpu_scheduler_card_allocated_milli{{card="{card}",node="{node}"}}')
+                            f'elasticgpu_scheduler_card_compute_allocated_millicards{{device_index="{card}",node="{node}"}}')
 
     def wait_used(self, node: str, milli: int, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -183,11 +183,11 @@ def test_provisioned_cards_are_refused_to_pods_and_consumers_get_them(
         claims.extender.start()
         claims.wait_used(node, 1000)
         after = metrics_text(claims.extender.url)
-        for sample in (f'egpu_scheduler_elasticgpus_held{{node="{node}"}}',
-                       f'egpu_scheduler_elasticgpu_held_milli{{node="{node}"}}'):
+        for sample in (f'elasticgpu_scheduler_elasticgpus_held{{node="{node}"}}',
+                       f'elasticgpu_scheduler_elasticgpu_compute_held_millicards{{node="{node}"}}'):
             assert metric_value(before, sample) == metric_value(after, sample) is not None
-        assert metric_value(after, f'egpu_scheduler_elasticgpu_held_milli{{node="{node}"}}') \
-            == 600
+        held = f'elasticgpu_scheduler_elasticgpu_compute_held_millicards{{node="{node}"}}'
+        assert metric_value(after, held) == 600
         assert not pods_by_name(claims.client, claims.namespace)["fifty"]["spec"].get("nodeName")
     finally:
         claims.cluster.kubectl("delete", "egpuclass", cls, "--ignore-not-found")

@@ -327,7 +327,7 @@ def test_fgd_sees_the_cpu_that_pods_without_gpus_hold(
     hog["spec"]["nodeName"] = starved
     create_pods(setup.client, [hog])
     deadline = time.monotonic() + 30
-    needle = f'egpu_scheduler_node_requested_cpu_milli{{node="{starved}"}} 7500.0'
+    needle = f'elasticgpu_scheduler_node_requested_cpu_cores{{node="{starved}"}} 7.5'
     while True:
         with urllib.request.urlopen(f"{setup.extender.url}/metrics", timeout=5) as response:
             if needle in response.read().decode():
@@ -363,7 +363,7 @@ def test_fgd_scores_against_the_workload_of_the_live_pods(
         with urllib.request.urlopen(f"{setup.extender.url}/metrics", timeout=5) as response:
             text = response.read().decode()
         live = [line for line in text.splitlines()
-                if line.startswith("egpu_scheduler_workload_live_pods ")]
+                if line.startswith("elasticgpu_scheduler_workload_live_pods ")]
         if live and float(live[0].split()[1]) >= 31:
             break
         assert time.monotonic() < deadline, f"the extender counts {live} live pods"

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 #: Far below kube-scheduler's five-minute flush of unschedulable pods, far above the ~1 s the
 #: wake-up takes (bench/sched_wakeup.py), so a loaded machine does not fail the test.
 BOUND_WITHIN_S = 20.0
-FILTERS = 'egpu_scheduler_request_seconds_count{verb="filter"}'
+FILTERS = 'elasticgpu_scheduler_request_duration_seconds_count{verb="filter"}'
 
 
 class Setup:
@@ -62,8 +62,8 @@ class Setup:
             time.sleep(0.05)
 
     def wait_known(self, node: str, cards: int) -> None:
-        self.wait_metric(f'egpu_scheduler_card_allocated_milli{{card="{cards - 1}",node="{node}"}}',
-                         lambda v: v == 0, 30)
+        self.wait_metric("elasticgpu_scheduler_card_compute_allocated_millicards"
+                         f'{{device_index="{cards - 1}",node="{node}"}}', lambda v: v == 0, 30)
 
     def pod(self, name: str, **resources: str) -> dict[str, Any]:
         return pod_manifest(name, self.namespace, containers={"main": dict(resources)},
@@ -160,8 +160,8 @@ def test_pods_turned_away_before_the_extender_saw_a_deletion_are_woken_one_per_c
     time.sleep(2)
     still = [n for n, p in setup.pods().items() if not (p.get("spec") or {}).get("nodeName")]
     assert sorted(still) == sorted(set(waiting) - {bound})
-    assert setup.metric('egpu_scheduler_wakeups_total{result="sent"}') == 1
-    assert setup.metric("egpu_scheduler_waiting_pods") == 2
+    assert setup.metric('elasticgpu_scheduler_wakeups_total{result="sent"}') == 1
+    assert setup.metric("elasticgpu_scheduler_waiting_pods") == 2
 
     # the next freeing wakes the next one
     setup.delete(bound)
@@ -198,7 +198,7 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
         setup.client.patch(GPUDevice.Status, object_name(node, 0),
                            {"status": {"health": "Healthy"}}, patch_type=PatchType.MERGE)
         assert setup.wait_bound(["waiting"]) == {"waiting": node}
-        assert setup.metric('egpu_scheduler_wakeups_total{result="sent"}') == 1
+        assert setup.metric('elasticgpu_scheduler_wakeups_total{result="sent"}') == 1
         conditions = {c["type"]: c for c in setup.pods()["waiting"]["status"]["conditions"]}
         assert conditions["elasticgpu.io/GPUCapacityFreed"]["status"] == "True"
     finally:
@@ -245,20 +245,20 @@ def test_a_bind_in_flight_holds_its_cpu_so_the_next_pod_is_placed_right(
     web = pod_manifest("web", setup.namespace, containers={"main": {"cpu": "2"}})
     web["spec"]["nodeName"] = n2
     create_pods(setup.client, [web])
-    setup.wait_metric(f'egpu_scheduler_node_requested_cpu_milli{{node="{n2}"}}',
-                      lambda v: v == 2000, 30)
+    setup.wait_metric(f'elasticgpu_scheduler_node_requested_cpu_cores{{node="{n2}"}}',
+                      lambda v: v == 2.0, 30)
 
     hog = setup.pod("hog", **{"elasticgpu.io/gpu-core": "100", "cpu": "94", "memory": "100Gi"})
     hog["spec"]["nodeSelector"] = {"kubernetes.io/hostname": n1}
     with paused(api_worker_pid(setup.extender)):
         create_pods(setup.client, [hog])
         # the hold, seen while the Binding cannot land (kube-scheduler gives up after 5 s)
-        setup.wait_metric(f'egpu_scheduler_node_requested_cpu_milli{{node="{n1}"}}',
-                          lambda v: v == 94_000, 2.5)
+        setup.wait_metric(f'elasticgpu_scheduler_node_requested_cpu_cores{{node="{n1}"}}',
+                          lambda v: v == 94.0, 2.5)
         filters = setup.metric(FILTERS)
         create_pods(setup.client, [setup.pod("small", **{"elasticgpu.io/gpu-core": "10",
                                                          "cpu": "1"})])
         setup.wait_metric(FILTERS, lambda v: v > filters, 2)
         time.sleep(0.3)  # its bind reaches the extender too
     assert setup.wait_bound(["hog", "small"]) == {"hog": n1, "small": n1}
-    assert setup.metric(f'egpu_scheduler_node_requested_cpu_milli{{node="{n1}"}}') == 95_000
+    assert setup.metric(f'elasticgpu_scheduler_node_requested_cpu_cores{{node="{n1}"}}') == 95.0

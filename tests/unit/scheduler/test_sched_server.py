@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state
+from egpu_testing.workbench import ServedExtender, metric_value, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.server import Extender, with_binding
@@ -127,8 +127,34 @@ def test_health_readiness_metrics() -> None:
         assert srv.get("/readyz") == (200, "ok")
         srv.post("/filter", {"Pod": gpu_pod("x"), "NodeNames": ["n0"]})
         status, text = srv.get("/metrics")
-        assert 'egpu_scheduler_request_seconds_count{verb="filter"}' in text
-        assert 'egpu_scheduler_card_allocated_milli{card="0",node="n0"} 0.0' in text
+        assert 'elasticgpu_scheduler_request_duration_seconds_count{verb="filter"}' in text
+        labels = 'device_index="0",device_uuid="GPU-0-0",model="T4",node="n0"'
+        assert f'elasticgpu_scheduler_card_compute_allocated_millicards{{{labels}}} 0.0' in text
+        assert f'elasticgpu_scheduler_card_compute_capacity_millicards{{{labels}}} 1000.0' in text
+        assert metric_value(text, f'elasticgpu_scheduler_card_memory_capacity_bytes{{{labels}}}'
+                            ) == 16384 << 20
+        assert f'elasticgpu_scheduler_card_healthy{{{labels}}} 1.0' in text
+    finally:
+        srv.stop()
+
+
+def test_requests_are_counted_by_verb_and_outcome_and_refusals_by_reason() -> None:
+    srv = Server(Extender(ready_state(NODES)))
+    try:
+        srv.post("/filter", {"Pod": gpu_pod("fits"), "NodeNames": ["n0", "n1"]})
+        srv.post("/filter", {"Pod": gpu_pod("big", **{"elasticgpu.io/gpu-memory": "99999"}),
+                             "NodeNames": ["n0", "n1"]})
+        picky = pod_manifest("picky", uid="uid-picky", limits={"elasticgpu.io/gpu-core": "30"},
+                             annotations={"elasticgpu.io/gpu-model": "H100"})
+        srv.post("/filter", {"Pod": picky, "NodeNames": ["n0", "n1"]})
+        srv.post("/filter", b"{not json")
+        text = srv.get("/metrics")[1]
+        count = 'elasticgpu_scheduler_requests_total{{outcome="{}",verb="filter"}} {}'
+        assert count.format("feasible", "1.0") in text
+        assert count.format("unschedulable", "2.0") in text
+        assert count.format("bad_request", "1.0") in text
+        assert 'elasticgpu_scheduler_unschedulable_total{reason="gpu"} 1.0' in text
+        assert 'elasticgpu_scheduler_unschedulable_total{reason="model"} 1.0' in text
     finally:
         srv.stop()
 

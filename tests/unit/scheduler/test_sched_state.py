@@ -336,14 +336,14 @@ def test_metrics_show_what_the_policies_see_of_bound_pods() -> None:
     state = ready_state([gpu_node("n1"), gpu_node("n2")])
     state.observe_pod(host_pod("web", "n1", "1500m", "3Gi"))
     text = generate_latest(Metrics(state.card_usage, state.host_usage).registry).decode()
-    assert 'egpu_scheduler_node_requested_cpu_milli{node="n1"} 1500.0' in text
-    assert 'egpu_scheduler_node_requested_memory_mib{node="n1"} 3072.0' in text
-    assert 'egpu_scheduler_node_requested_cpu_milli{node="n2"} 0.0' in text
+    assert 'elasticgpu_scheduler_node_requested_cpu_cores{node="n1"} 1.5' in text
+    assert 'elasticgpu_scheduler_node_requested_memory_bytes{node="n1"} 3.221225472e+09' in text
+    assert 'elasticgpu_scheduler_node_requested_cpu_cores{node="n2"} 0.0' in text
     # targetWorkload builtin: no live pods counted, the built-in mix's 11 shapes in use
     text = generate_latest(Metrics(state.card_usage, state.host_usage,
                                    state.workload_size).registry).decode()
-    assert "egpu_scheduler_workload_live_pods 0.0" in text
-    assert "egpu_scheduler_workload_typical_shapes 11.0" in text
+    assert "elasticgpu_scheduler_workload_live_pods 0.0" in text
+    assert "elasticgpu_scheduler_workload_typical_shapes 11.0" in text
 
 
 def test_observed_workload_follows_the_live_pods() -> None:
@@ -651,14 +651,14 @@ def test_wakeups_show_in_the_metrics() -> None:
     turned_away(state, share_pod("waiting", 100), ["n1"])
     metrics = Metrics(state.card_usage, wakeups=state.wakeup_stats)
     text = generate_latest(metrics.registry).decode()
-    assert "egpu_scheduler_waiting_pods 1.0" in text
-    assert "egpu_scheduler_turned_away_total 1.0" in text
+    assert "elasticgpu_scheduler_waiting_pods 1.0" in text
+    assert "elasticgpu_scheduler_turned_away_total 1.0" in text
     state.forget_pod("uid-holder")
     (wake,) = state.wakeups()
     state.wakeup_done(wake, sent=True)
     text = generate_latest(metrics.registry).decode()
-    assert 'egpu_scheduler_wakeups_total{result="sent"} 1.0' in text
-    assert "egpu_scheduler_wakeup_rounds_total 1.0" in text
+    assert 'elasticgpu_scheduler_wakeups_total{result="sent"} 1.0' in text
+    assert "elasticgpu_scheduler_wakeup_rounds_total 1.0" in text
 
 
 def test_a_pod_deleted_before_its_bind_settles_stays_gone() -> None:

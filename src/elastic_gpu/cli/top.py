@@ -1,0 +1,363 @@
+"""`egpu top` (and `kubectl egpu top`): the cluster's GPUs per node and card, who holds what,
+what is free, health and fragmentation (docs/top.md).
+
+Four LISTs, concurrently (Nodes, GPUDevices, Pods not finished, ElasticGPUs), through the
+project's REST client (`kube.client`); the view is `core.gpuview.build_view` (pure), the
+rendering a rich table. `--watch` lists again every `--interval` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from elastic_gpu.core.gpuview import CardView, ClusterView, ElasticGPUHold, NodeView, PodHold
+from elastic_gpu.core.resources import MILLI_PER_CARD
+
+log = logging.getLogger(__name__)
+
+NODES = "/api/v1/nodes"
+PODS = "/api/v1/pods"
+#: not finished pods: the only ones that hold cards
+LIVE_PODS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+
+
+@dataclass(frozen=True)
+class Objects:
+    """What one refresh read from the API, as plain dicts."""
+
+    nodes: list[dict[str, Any]]
+    devices: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    elasticgpus: list[dict[str, Any]]
+
+
+async def fetch(client: Any) -> Objects:
+    """The four lists, at once. A CRD that is not installed (no GPUDevices: another device
+    plugin; no ElasticGPUs) reads as empty."""
+    from elastic_gpu.k8s import elasticgpu, gpudevice
+    from elastic_gpu.kube.errors import NotFound
+
+    async def optional(path: str) -> list[dict[str, Any]]:
+        try:
+            items, _ = await client.list(path)
+        except NotFound:
+            return []
+        return list(items)
+
+    async def required(path: str, params: Mapping[str, str] | None = None
+                       ) -> list[dict[str, Any]]:
+        items, _ = await client.list(path, params)
+        return list(items)
+
+    nodes, devices, pods, egpus = await asyncio.gather(
+        required(NODES), optional(f"/apis/{gpudevice.API_VERSION}/{gpudevice.PLURAL}"),
+        required(PODS, LIVE_PODS),
+        optional(f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.EGPU_PLURAL}"))
+    return Objects(nodes, devices, pods, egpus)
+
+
+def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> ClusterView:
+    """Objects -> core values -> the view. Objects that cannot be read (a GPUDevice or an
+    ElasticGPU that fails its decoder, a bad assignment annotation) are skipped with a
+    warning: the view shows the rest."""
+    from elastic_gpu.core import annotations as ann
+    from elastic_gpu.core.assignment import Assignment, AssignmentError
+    from elastic_gpu.core.gpuview import build_view
+    from elastic_gpu.core.model import Node
+    from elastic_gpu.core.resources import is_gpu_resource
+    from elastic_gpu.k8s.elasticgpu import ElasticGPUObjectError, elasticgpu_from_object
+    from elastic_gpu.k8s.gpudevice import GPUDeviceError, card_from_object
+
+    def wanted(name: str) -> bool:
+        return not node_patterns or any(fnmatch.fnmatchcase(name, p) for p in node_patterns)
+
+    cards: dict[str, list[Any]] = {}
+    for obj in objects.devices:
+        try:
+            node, card = card_from_object(obj)
+        except GPUDeviceError as err:
+            log.warning("skipped: %s", err)
+            continue
+        if wanted(node):
+            cards.setdefault(node, []).append(card)
+    uninventoried: dict[str, dict[str, int]] = {}
+    for obj in objects.nodes:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if name in cards or not wanted(name):
+            continue
+        capacity = (obj.get("status") or {}).get("capacity") or {}
+        gpus = {key: _count(value) for key, value in capacity.items() if is_gpu_resource(key)}
+        gpus = {key: n for key, n in gpus.items() if n}
+        if gpus:
+            uninventoried[name] = gpus
+    holds = []
+    for pod in objects.pods:
+        meta = pod.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if not raw or not bound or meta.get("deletionTimestamp"):
+            continue
+        try:
+            assignment = Assignment.from_json(raw)
+        except AssignmentError as err:
+            log.warning("pod %s/%s: skipped: %s", meta.get("namespace"), meta.get("name"), err)
+            continue
+        if assignment.node == bound and wanted(bound):
+            holds.append(PodHold(str(meta.get("namespace")), str(meta.get("name")), assignment))
+    egpus = []
+    for obj in objects.elasticgpus:
+        try:
+            egpu = elasticgpu_from_object(obj)
+        except ElasticGPUObjectError as err:
+            log.warning("skipped: %s", err)
+            continue
+        if egpu.node and wanted(egpu.node):
+            claim = (f"{egpu.claim_ref.namespace}/{egpu.claim_ref.name}"
+                     if egpu.claim_ref is not None else "")
+            egpus.append(ElasticGPUHold(egpu.name, egpu.node, egpu.shares, claim))
+    nodes = [Node(name=name, cpu_milli=0, memory_mib=0, cards=tuple(found))
+             for name, found in cards.items()]
+    return build_view(nodes, holds, egpus, uninventoried)
+
+
+def _count(value: Any) -> int:
+    from elastic_gpu.core.quantity import QuantityError, parse_quantity
+
+    try:
+        return int(parse_quantity(str(value)))
+    except QuantityError:
+        return 0
+
+
+# ---- rendering --------------------------------------------------------------------------
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
+
+
+def _gib(mib: int) -> str:
+    """Memory as people read it: 8.0Gi, 1.2Ti past 1024 GiB."""
+    return f"{mib / 1024:.1f}Gi" if mib < 1 << 20 else f"{mib / (1 << 20):.1f}Ti"
+
+
+def _num(value: float) -> str:
+    """At most two decimals, no trailing zeros: 2.78, 0.5, 125."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def _cards(milli: int) -> str:
+    """Compute in cards: 1 card, 0.35 cards, 12 cards."""
+    return f"{_num(milli / 1000)} card{'' if milli == 1000 else 's'}"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _bar(part: int, whole: int, width: int = 10) -> str:
+    filled = round(width * part / whole) if whole else 0
+    filled = min(max(filled, 0), width)
+    return "█" * filled + "·" * (width - filled)
+
+
+def _holders(card: CardView) -> str:
+    parts = []
+    for h in card.holders:
+        amount = (_pct(h.milli, MILLI_PER_CARD)
+                  + (f" {_gib(h.memory_mib)}" if h.memory_mib else ""))
+        if h.kind == "pod":
+            what = f"{h.name} ({h.detail})"
+        else:
+            claim = f" claim {h.detail}" if h.detail else " unclaimed"
+            used = f" used by {', '.join(h.users)}" if h.users else ""
+            what = f"egpu {h.name}{claim}{used}"
+        mig = f" [MIG {h.mig_profile}]" if h.mig_profile else ""
+        parts.append(f"{what}{mig} {amount}")
+    free_mig = [m.profile for m in card.mig if m.holder is None]
+    if free_mig:
+        parts.append("free MIG " + ", ".join(free_mig))
+    return "\n".join(parts) if parts else "-"
+
+
+def _summary(view: ClusterView) -> str:
+    return (f"{_plural(len(view.nodes), 'node')} · {_plural(view.cards, 'card')} "
+            f"({view.unhealthy} unhealthy) · allocated: compute "
+            f"{_pct(view.used_milli, view.compute_milli)} ({_num(view.used_milli / 1000)}/"
+            f"{_num(view.compute_milli / 1000)} cards), memory "
+            f"{_pct(view.used_mib, view.memory_mib)} · free: {_cards(view.free_milli)}, "
+            f"{view.free_cards} whole, {_gib(view.free_mib)} · fragmentation "
+            f"{100 * view.fragmentation:.0f}%")
+
+
+def _node_note(node: NodeView) -> str:
+    """The node row's last cell: whole free cards and fragmentation, or why it has no cards."""
+    if not node.cards:
+        listed = ", ".join(f"{k}={v}" for k, v in sorted(node.uninventoried.items()))
+        return f"no GPUDevice inventory ({listed})"
+    whole = f"{_plural(node.free_cards, 'whole card')} free"
+    return f"{whole} · fragmentation {100 * node.fragmentation:.0f}%"
+
+
+HEADERS = ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "FREE", "HELD BY")
+#: columns aligned to the right (the rest to the left)
+RIGHT = {1}
+GAP = "  "
+
+
+@dataclass(frozen=True)
+class _Row:
+    cells: tuple[str, ...]
+    #: style per column index (rich style names)
+    styles: Mapping[int, str]
+    #: lines after the first of the last cell (more holders), aligned under it
+    more: tuple[str, ...] = ()
+
+
+def _rows(view: ClusterView, holders: bool) -> list[_Row]:
+    rows = []
+    for node in view.nodes:
+        n = len(node.cards)
+        health, health_style = (f"{node.unhealthy} bad", "bold red") if node.unhealthy else (
+            ("ok", "green") if n else ("", ""))
+        cells = [node.name, "", _plural(n, "card"), health]
+        if n:
+            cells += [f"{_bar(node.used_milli, node.compute_milli)} "
+                      f"{_pct(node.used_milli, node.compute_milli):>4}",
+                      f"{_gib(node.used_mib)}/{_gib(node.memory_mib)}",
+                      f"{_cards(node.free_milli)} {_gib(node.free_mib)}"]
+        else:
+            cells += ["", "", ""]
+        if holders:
+            cells.append(_node_note(node))
+        rows.append(_Row(tuple(cells), {0: "bold", 3: health_style, 7: "dim"}))
+        for card in node.cards:
+            cells = ["", str(card.index), card.model, "ok" if card.healthy else "UNHEALTHY",
+                     f"{_bar(card.used_milli, card.compute_milli)} "
+                     f"{_pct(card.used_milli, card.compute_milli):>4}",
+                     f"{_gib(card.used_mib)}/{_gib(card.memory_mib)}",
+                     f"{_pct(card.free_milli, MILLI_PER_CARD)} {_gib(card.free_mib)}"]
+            more: tuple[str, ...] = ()
+            if holders:
+                first, *rest = _holders(card).split("\n")
+                cells.append(first)
+                more = tuple(rest)
+            rows.append(_Row(tuple(cells), {3: "green" if card.healthy else "bold red"}, more))
+    return rows
+
+
+def render(view: ClusterView, *, holders: bool = True) -> Any:
+    """The rich renderable of a view: a summary line and one table: per node a row of its
+    totals (FREE in cards of compute and memory), then its cards (FREE in percent of the
+    card). Laid out here in fixed-width columns, one rich Text per line: rich's Table measures
+    and pads every cell, which made a 100-node cluster take most of a second to draw."""
+    from rich.console import Group
+    from rich.text import Text
+
+    headers = HEADERS if holders else HEADERS[:-1]
+    rows = _rows(view, holders)
+    widths = [max([len(headers[i]), *(len(r.cells[i]) for r in rows)])
+              for i in range(len(headers))]
+    widths[-1] = 0  # the last column is not padded
+
+    def line(cells: Sequence[str], styles: Mapping[int, str]) -> Text:
+        text = Text(no_wrap=False)
+        for i, cell in enumerate(cells):
+            if i:
+                text.append(GAP)
+            padded = cell.rjust(widths[i]) if i in RIGHT else cell.ljust(widths[i])
+            text.append(padded, style=styles.get(i) or None)
+        return text
+
+    offset = sum(widths[:-1]) + len(GAP) * (len(headers) - 1)
+    lines = [Text(_summary(view), style="bold"), line(headers, dict.fromkeys(range(8), "bold"))]
+    for row in rows:
+        lines.append(line(row.cells, row.styles))
+        lines.extend(Text(" " * offset + extra) for extra in row.more)
+    return Group(*lines)
+
+
+# ---- command ----------------------------------------------------------------------------
+
+
+def default_kubeconfig(explicit: Path | None) -> Path | None:
+    """--kubeconfig, else $KUBECONFIG's first existing file, else ~/.kube/config if it
+    exists; None: the in-cluster service account (kubectl's order)."""
+    if explicit is not None:
+        return explicit
+    for entry in os.environ.get("KUBECONFIG", "").split(os.pathsep):
+        if entry and Path(entry).is_file():
+            return Path(entry)
+    home = Path.home() / ".kube" / "config"
+    return home if home.is_file() else None
+
+
+async def snapshot(client: Any, node_patterns: Sequence[str]) -> ClusterView:
+    return view_from_objects(await fetch(client), node_patterns)
+
+
+def top(
+    kubeconfig: Annotated[Path | None, typer.Option(
+        "--kubeconfig", help="Kubeconfig file; default $KUBECONFIG, ~/.kube/config, "
+        "then the in-cluster service account.")] = None,
+    node: Annotated[list[str] | None, typer.Option(
+        "--node", help="Only nodes matching this name or glob (repeatable).")] = None,
+    watch: Annotated[bool, typer.Option(
+        "--watch", "-w", help="Refresh every --interval seconds until interrupted.")] = False,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
+    no_holders: Annotated[bool, typer.Option(
+        "--no-holders", help="Leave out the HELD BY column.")] = False,
+) -> None:
+    """Show the cluster's GPUs: per node and card who holds what (pods, claims' ElasticGPUs,
+    MIG instances), free compute and memory, health and fragmentation."""
+    from rich.console import Console
+
+    from elastic_gpu.k8s.client import ClientConfigError
+    from elastic_gpu.kube.client import KubeClient
+    from elastic_gpu.kube.errors import ApiError
+
+    logging.basicConfig(level=logging.WARNING, format="egpu top: %(message)s")
+    console = Console()
+    patterns = list(node or [])
+    try:
+        client = KubeClient.from_config(default_kubeconfig(kubeconfig))
+    except ClientConfigError as err:
+        typer.echo(f"egpu top: {err}", err=True)
+        raise typer.Exit(2) from None
+
+    async def once() -> ClusterView:
+        return await snapshot(client, patterns)
+
+    async def run() -> None:
+        try:
+            if not watch:
+                console.print(render(await once(), holders=not no_holders))
+                return
+            from rich.live import Live
+
+            with Live(console=console, auto_refresh=False, screen=False) as live:
+                while True:
+                    started = time.monotonic()
+                    live.update(render(await once(), holders=not no_holders), refresh=True)
+                    await asyncio.sleep(max(interval - (time.monotonic() - started), 0))
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    except ApiError as err:
+        typer.echo(f"egpu top: the API server refused a read: {err}", err=True)
+        raise typer.Exit(1) from None

@@ -1,0 +1,291 @@
+"""The cluster's GPUs as `egpu top` shows them (pure): per node and card, who holds what, what
+is free, health and fragmentation.
+
+Built from what the API says: the nodes' cards (GPUDevice inventory), the pods' assignment
+annotations (the scheduler's one write per bind) and the ElasticGPUs (a claim's cards). A pod's
+claim-backed containers hold nothing themselves: their cards are the ElasticGPU's, listed once
+under it with the pods that use it. A MIG share counts its compute slices' fraction of the
+card and its profile's memory, as the agent's GPUDevice columns count it.
+
+**Free** is what can still be given: on a healthy card its compute and memory not held; on a
+MIG-carved card only its free instances (a slice no instance covers cannot be given).
+**Fragmentation** is the share of the free compute that sits on partly used cards (healthy, not
+MIG-carved, some compute held): only shares can use it, a pod asking for a whole card cannot.
+The dashboard computes the same measure in PromQL (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.mig import mig_model
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.resources import MigProfile, ResourceError
+
+#: compute slices of a MIG card whose model the table does not know (A100, H100, H200: 7)
+DEFAULT_MIG_SLICES = 7
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Something holding part of a card."""
+
+    #: "pod" or "elasticgpu"
+    kind: str
+    #: `<namespace>/<pod>` or the ElasticGPU's name
+    name: str
+    #: a pod's container; an ElasticGPU's claim `<namespace>/<claim>` ("" if unclaimed)
+    detail: str
+    milli: int
+    memory_mib: int
+    #: the MIG instance held (its profile and UUID), if it is one
+    mig_profile: str | None = None
+    mig_uuid: str | None = None
+    #: the pods using an ElasticGPU (`<namespace>/<pod>`)
+    users: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigView:
+    profile: str
+    uuid: str
+    #: who holds it (`pod ns/name` or `elasticgpu name`), None if free
+    holder: str | None
+
+
+@dataclass(frozen=True)
+class CardView:
+    index: int
+    uuid: str
+    model: str
+    healthy: bool
+    compute_milli: int
+    memory_mib: int
+    used_milli: int
+    used_mib: int
+    holders: tuple[Holder, ...]
+    mig: tuple[MigView, ...] = ()
+
+    #: compute and memory of the free MIG instances (a MIG-carved card gives only those)
+    mig_free: tuple[int, int] = (0, 0)
+
+    @property
+    def free_milli(self) -> int:
+        if not self.healthy:
+            return 0
+        return self.mig_free[0] if self.mig else max(self.compute_milli - self.used_milli, 0)
+
+    @property
+    def free_mib(self) -> int:
+        if not self.healthy:
+            return 0
+        return self.mig_free[1] if self.mig else max(self.memory_mib - self.used_mib, 0)
+
+    @property
+    def stranded_milli(self) -> int:
+        """Free compute only a share can use: on a healthy, partly used, not MIG-carved card."""
+        return self.free_milli if self.used_milli > 0 and not self.mig else 0
+
+    @property
+    def entirely_free(self) -> bool:
+        return self.healthy and not self.mig and self.used_milli == 0 and self.used_mib == 0
+
+
+def _fragmentation(stranded: int, free: int) -> float:
+    return stranded / free if free else 0.0
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    cards: tuple[CardView, ...]
+    #: GPU resources the Node advertises with no GPUDevice inventory for it (an older agent,
+    #: another vendor's device plugin): name -> count
+    uninventoried: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def compute_milli(self) -> int:
+        return sum(c.compute_milli for c in self.cards)
+
+    @property
+    def used_milli(self) -> int:
+        return sum(c.used_milli for c in self.cards)
+
+    @property
+    def free_milli(self) -> int:
+        return sum(c.free_milli for c in self.cards)
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(c.memory_mib for c in self.cards)
+
+    @property
+    def used_mib(self) -> int:
+        return sum(c.used_mib for c in self.cards)
+
+    @property
+    def free_mib(self) -> int:
+        return sum(c.free_mib for c in self.cards)
+
+    @property
+    def stranded_milli(self) -> int:
+        return sum(c.stranded_milli for c in self.cards)
+
+    @property
+    def free_cards(self) -> int:
+        return sum(c.entirely_free for c in self.cards)
+
+    @property
+    def unhealthy(self) -> int:
+        return sum(not c.healthy for c in self.cards)
+
+    @property
+    def fragmentation(self) -> float:
+        return _fragmentation(self.stranded_milli, self.free_milli)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def cards(self) -> int:
+        return sum(len(n.cards) for n in self.nodes)
+
+    @property
+    def compute_milli(self) -> int:
+        return sum(n.compute_milli for n in self.nodes)
+
+    @property
+    def used_milli(self) -> int:
+        return sum(n.used_milli for n in self.nodes)
+
+    @property
+    def free_milli(self) -> int:
+        return sum(n.free_milli for n in self.nodes)
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(n.memory_mib for n in self.nodes)
+
+    @property
+    def used_mib(self) -> int:
+        return sum(n.used_mib for n in self.nodes)
+
+    @property
+    def free_mib(self) -> int:
+        return sum(n.free_mib for n in self.nodes)
+
+    @property
+    def free_cards(self) -> int:
+        return sum(n.free_cards for n in self.nodes)
+
+    @property
+    def unhealthy(self) -> int:
+        return sum(n.unhealthy for n in self.nodes)
+
+    @property
+    def fragmentation(self) -> float:
+        return _fragmentation(sum(n.stranded_milli for n in self.nodes), self.free_milli)
+
+
+@dataclass(frozen=True)
+class PodHold:
+    """A pod's assignment as read from the API."""
+
+    namespace: str
+    name: str
+    assignment: Assignment
+
+
+@dataclass(frozen=True)
+class ElasticGPUHold:
+    """An ElasticGPU's cards; `claim` is `<namespace>/<claim>` or ""."""
+
+    name: str
+    node: str
+    shares: tuple[CardShare, ...]
+    claim: str = ""
+
+
+def mig_slices(card: Card) -> int:
+    """Compute slices of a MIG-capable card (its model's, at least what its instances span)."""
+    known = mig_model(card.model)
+    total = known.compute_slices if known is not None else DEFAULT_MIG_SLICES
+    return max([total, *(inst.start + inst.profile.slices for inst in card.mig)])
+
+
+def share_use(share: CardShare, card: Card | None) -> tuple[int, int]:
+    """(milli, MiB) a share takes of its card: a MIG instance its slices' fraction of the
+    card's compute and its profile's memory (the scheduler writes no milli for MIG)."""
+    if share.mig_profile is None or card is None:
+        return share.milli, share.memory_mib
+    try:
+        profile = MigProfile.parse(share.mig_profile)
+    except ResourceError:
+        return share.milli, share.memory_mib
+    milli = card.compute_milli * profile.slices // mig_slices(card)
+    return max(share.milli, milli), max(share.memory_mib, profile.memory_gb * 1024)
+
+
+def build_view(nodes: Iterable[Node], pods: Iterable[PodHold],
+               elasticgpus: Iterable[ElasticGPUHold] = (),
+               uninventoried: Mapping[str, Mapping[str, int]] | None = None) -> ClusterView:
+    """The view of `nodes` (sorted by name, cards by index) with what `pods` and `elasticgpus`
+    hold. Holds on cards no node lists are left out (a node being removed); `uninventoried`
+    adds nodes that advertise GPUs without inventory (node -> resource -> count)."""
+    egpus = list(elasticgpus)
+    by_card: dict[tuple[str, int], list[Holder]] = {}
+    users: dict[str, list[str]] = {}
+    for pod in pods:
+        key = f"{pod.namespace}/{pod.name}"
+        for egpu_name in sorted(set(pod.assignment.claims.values())):
+            users.setdefault(egpu_name, []).append(key)
+        own = pod.assignment.unclaimed()
+        if own is None:
+            continue
+        for container, shares in sorted(own.containers.items()):
+            for share in shares:
+                by_card.setdefault((own.node, share.index), []).append(
+                    Holder("pod", key, container, share.milli, share.memory_mib,
+                           share.mig_profile, share.mig_uuid))
+    for egpu in egpus:
+        for share in egpu.shares:
+            by_card.setdefault((egpu.node, share.index), []).append(
+                Holder("elasticgpu", egpu.name, egpu.claim, share.milli, share.memory_mib,
+                       share.mig_profile, share.mig_uuid, tuple(sorted(users.get(egpu.name, ())))))
+    views = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        cards = [_card_view(card, by_card.get((node.name, card.index), []))
+                 for card in sorted(node.cards, key=lambda c: c.index)]
+        views.append(NodeView(node.name, tuple(cards),
+                              dict((uninventoried or {}).get(node.name, {}))))
+    listed = {n.name for n in views}
+    for name, resources in sorted((uninventoried or {}).items()):
+        if name not in listed:
+            views.append(NodeView(name, (), dict(resources)))
+    return ClusterView(tuple(sorted(views, key=lambda v: v.name)))
+
+
+def _card_view(card: Card, holders: list[Holder]) -> CardView:
+    counted = []
+    used_milli = used_mib = 0
+    for holder in holders:
+        share = CardShare(card.index, card.uuid, holder.milli, holder.memory_mib,
+                          holder.mig_profile, holder.mig_uuid)
+        milli, mib = share_use(share, card)
+        used_milli += milli
+        used_mib += mib
+        counted.append(Holder(holder.kind, holder.name, holder.detail, milli, mib,
+                              holder.mig_profile, holder.mig_uuid, holder.users))
+    owner = {h.mig_uuid: f"{h.kind} {h.name}" for h in counted if h.mig_uuid}
+    mig = tuple(MigView(inst.profile.name, inst.uuid, owner.get(inst.uuid))
+                for inst in sorted(card.mig, key=lambda i: (i.start, i.uuid)))
+    free = [share_use(CardShare(card.index, card.uuid, 0, 0, inst.profile.name, inst.uuid), card)
+            for inst in card.mig if inst.uuid not in owner]
+    return CardView(card.index, card.uuid, card.model, card.healthy, card.compute_milli,
+                    card.memory_mib, used_milli, used_mib,
+                    tuple(sorted(counted, key=lambda h: (h.kind != "pod", h.name, h.detail))),
+                    mig, (sum(m for m, _ in free), sum(b for _, b in free)))
