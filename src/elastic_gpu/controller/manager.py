@@ -65,9 +65,11 @@ class InformerFactory:
         self.client = client
         self.informers: dict[str, Informer] = {}
 
-    def informer(self, path: str, name: str) -> Informer:
+    def informer(self, path: str, name: str, *, missing_ok: bool = False) -> Informer:
+        """The shared informer of `path`; `missing_ok`: its CRD may not be installed (an
+        empty collection until it is, `kube.informer`)."""
         if path not in self.informers:
-            self.informers[path] = Informer(self.client, path, name=name)
+            self.informers[path] = Informer(self.client, path, name=name, missing_ok=missing_ok)
         return self.informers[path]
 
     @property
@@ -76,6 +78,23 @@ class InformerFactory:
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.wait_synced() for i in self.informers.values()))
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """The budget keeper's configuration (`egpu controller --budget-*`, docs/budgets.md).
+
+    `default_gpu_hours` / `default_period`: the cluster default, a GPUBudget named
+    `default_name` the keeper creates in every namespace that runs GPU pods and has none
+    (None: namespaces without a GPUBudget have no budget). `refresh_s`: status.used is
+    rewritten at most this often while it moves; `min_write_s`: at most one status write per
+    namespace this often (settling and the over-budget flip included)."""
+
+    default_gpu_hours: float | None = None
+    default_period: str = "168h"
+    default_name: str = "default"
+    refresh_s: int = 30
+    min_write_s: float = 1.0
 
 
 @dataclass
@@ -89,6 +108,7 @@ class Context:
     extender: ExtenderClient
     identity: str
     backoff: tuple[float, float] = (0.005, 10.0)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
     def new_backoff(self) -> ExponentialBackoff[str]:
         return ExponentialBackoff(*self.backoff)
@@ -116,6 +136,7 @@ class ManagerOptions:
     workers: int = 4
     backoff: tuple[float, float] = (0.005, 10.0)
     controllers: Sequence[str] = ()
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 class _Health:
@@ -144,7 +165,7 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
     recorder = EventRecorder(client, COMPONENT, options.lease.identity)
     extender = ExtenderClient(options.extender_url, options.extender_tls)
     context = Context(client, informers, recorder, metrics, extender, options.lease.identity,
-                      options.backoff)
+                      options.backoff, options.budget)
     names = list(options.controllers) or list(factories)
     unknown = [n for n in names if n not in factories]
     if unknown:

@@ -421,9 +421,27 @@ def ended(record: PodRecord, now: Seconds) -> bool:
 
 def roll(settled: Settled, budget: Budget, now: Seconds) -> Settled:
     """The settled part for the period that holds `now`: a new period starts empty (a pod
-    settled in an earlier period ended before it, so it has nothing in the new one)."""
+    settled in an earlier period ended before it, so it has nothing in the new one). With a
+    half-life there are no periods: `period_start` is the instant the settled value was
+    taken at (`decay_to` moves it)."""
+    if budget.half_life_s is not None:
+        return settled
     start, _ = period_bounds(budget, now)
     return settled if settled.period_start == start else Settled(start)
+
+
+def _decay(value: Fraction, half_life_s: int, seconds: int) -> Fraction:
+    return Fraction(float(value) * 2.0 ** (-max(seconds, 0) / half_life_s)).limit_denominator(
+        10**6)
+
+
+def decay_to(settled: Settled, budget: Budget, now: Seconds) -> Settled:
+    """With a half-life: the settled value decayed from the instant it was taken to `now`
+    (the UIDs kept); without one, `settled` as it is."""
+    if budget.half_life_s is None or settled.period_start >= now:
+        return settled
+    return Settled(now, _decay(settled.gpu_seconds, budget.half_life_s,
+                               now - settled.period_start), settled.uids)
 
 
 def settle(settled: Settled, record: PodRecord, budget: Budget, now: Seconds) -> Settled:
@@ -436,6 +454,13 @@ def settle(settled: Settled, record: PodRecord, budget: Budget, now: Seconds) ->
     current = roll(settled, budget, now)
     if record.uid in current.uids:
         return current
+    if budget.half_life_s is not None:
+        current = decay_to(current, budget, now)
+        used = decayed_usage({record.uid: record}, budget.half_life_s, now).get(
+            record.namespace, 0.0)
+        return Settled(current.period_start,
+                       current.gpu_seconds + Fraction(used).limit_denominator(10**6),
+                       current.uids | {record.uid})
     start, end = current.period_start, current.period_start + budget.period_s
     return Settled(start, current.gpu_seconds + record_usage(record, start, end, now),
                    current.uids | {record.uid})
@@ -452,6 +477,72 @@ def namespace_used(settled: Settled, ledger: Ledger, namespace: str, budget: Bud
     """GPU-seconds of `namespace` in the current period: the settled part plus the ledger's
     usage of its pods not settled yet."""
     current = roll(settled, budget, now)
-    start, end = current.period_start, current.period_start + budget.period_s
     live = {u: r for u, r in ledger.items() if r.namespace == namespace and u not in current.uids}
+    if budget.half_life_s is not None:
+        decayed = decay_to(current, budget, now).gpu_seconds
+        return decayed + Fraction(decayed_usage(live, budget.half_life_s, now).get(
+            namespace, 0.0)).limit_denominator(10**6)
+    start, end = current.period_start, current.period_start + budget.period_s
     return current.gpu_seconds + usage(live, start, end, now).get(namespace, Fraction(0))
+
+
+# --------------------------------------------------------------------------- the keeper
+
+#: The finalizer that holds a GPU pod until its usage is settled (added by the webhook at
+#: CREATE, or by the keeper to a GPU pod of a budgeted namespace that lacks it).
+FINALIZER = "elasticgpu.io/budget"
+
+
+@dataclass(frozen=True)
+class NamespacePlan:
+    """What the keeper does for one namespace now (`plan_namespace`).
+
+    `settled`: the durable part to write (before any finalizer is removed); `state`: used,
+    remaining, the period and the over-budget decision; `release`: UIDs of ended pods whose
+    usage `settled` holds, whose finalizer may go once `settled` is written; `changed`:
+    whether `settled` differs from what the status holds."""
+
+    settled: Settled
+    state: BudgetState
+    release: frozenset[str]
+    changed: bool
+
+
+def plan_namespace(budget: Budget, stored: Settled, ledger: Ledger, namespace: str,
+                   present: Iterable[str], now: Seconds) -> NamespacePlan:
+    """Settle every ended pod of `namespace` the ledger knows into `stored` (rolled to the
+    current period), forget the UIDs of pods no longer `present` in the API (their finalizer
+    went after they were settled: they cannot come back), and say used / remaining / over."""
+    present_uids = frozenset(present)
+    settled = roll(stored, budget, now)
+    for uid in sorted(ledger):
+        record = ledger[uid]
+        if record.namespace == namespace and ended(record, now):
+            settled = settle(settled, record, budget, now)
+    settled = forget(settled, [u for u in settled.uids if u not in present_uids])
+    used: Fraction = namespace_used(settled, ledger, namespace, budget, now)
+    start, end = period_bounds(budget, now)
+    state = BudgetState(used, max(budget.gpu_seconds - used, Fraction(0)), start, end,
+                        used >= budget.gpu_seconds)
+    release = frozenset(u for u in settled.uids if u in ledger)
+    return NamespacePlan(settled, state, release, settled != stored)
+
+
+def burn_rate(ledger: Ledger, namespace: str) -> Fraction:
+    """Cards the namespace's running containers hold now (GPU-seconds per second)."""
+    return sum((c.share for r in ledger.values() if r.namespace == namespace and not r.final
+                for c in r.containers.values() if any(e is None for e in c.runs.values())),
+               Fraction(0))
+
+
+def next_check(budget: Budget, state: BudgetState, rate: Fraction, now: Seconds,
+               refresh_s: int) -> Seconds:
+    """When the keeper must look at the namespace again although nothing changed in the API:
+    at the period's end (the refill), when the running pods spend the rest of the budget (the
+    over-budget flip), and every `refresh_s` while something runs (used moves)."""
+    due = [state.period_end]
+    if rate > 0:
+        due.append(now + refresh_s)
+        if not state.over and budget.half_life_s is None:
+            due.append(now + max(1, math.ceil(state.remaining / rate)))
+    return max(now + 1, min(due))
