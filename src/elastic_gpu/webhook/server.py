@@ -8,6 +8,10 @@
   (`kube.ClaimCache`); a claim the cache lacks is read live before the pod is refused.
 - Pods a MIGSubstitution selects are rewritten by its rule (`migrules.RuleCache`, a list and
   watch of the rules, feeds `ClusterFacts.mig_substitutions`; docs/mig-adapter.md).
+- GPU pods of a namespace over its GPU budget get the lower PriorityClass (`budgets.
+  BudgetLookup`: watches of GPUBudgets and PriorityClasses, fail-open; docs/budgets.md); with
+  `budget_finalizer` every GPU pod gets the budget keeper's finalizer, with `quota` the
+  canonical quota resources (`core.quota.QUOTA_MUTATORS`).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -32,14 +36,18 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from elastic_gpu.core.admission import (
+    MUTATORS,
     ClusterFacts,
+    Mutator,
     NodeGpus,
     PodClaims,
     admit,
+    budget_finalizer,
     claim_names,
     default_policies,
     facts_from_nodes,
 )
+from elastic_gpu.core.budget import PriorityDowngrade
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.scheduler.eventloop import stop_on_signals
@@ -119,6 +127,11 @@ class Metrics:
                                      "ElasticGPUClaims named by pods, by where they were found: "
                                      "cache (the watch) or api (a live read on a cache miss)",
                                      ["source"], registry=self.registry)
+        self.budget_lookups = Counter("elasticgpu_webhook_budget_lookups",
+                                      "GPU budget lookups of pods, by source: cache (the "
+                                      "watches), api (a live read: cache not synced or a "
+                                      "class missing from it), failed (admitted as it is)",
+                                      ["source"], registry=self.registry)
         self.gpu_nodes = Gauge("elasticgpu_webhook_gpu_nodes", "GPU nodes known",
                                registry=self.registry)
         self.largest_cards = Gauge("elasticgpu_webhook_largest_node_cards",
@@ -143,6 +156,7 @@ def _bad_request(reason: str) -> tuple[int, bytes, str]:
 
 ClaimLookup = Callable[[str, str], Claim | None]
 ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
+BudgetLookupFn = Callable[[str], Awaitable[PriorityDowngrade | None]]
 
 
 def _no_claim(_namespace: str, _name: str) -> Claim | None:
@@ -158,10 +172,15 @@ class Admission:
 
     def __init__(self, facts: ClusterFacts | None = None, claims: ClaimLookup = _no_claim,
                  fetch: ClaimFetch | None = None,
-                 on_lookup: Callable[[str], None] | None = None) -> None:
+                 on_lookup: Callable[[str], None] | None = None,
+                 budget: BudgetLookupFn | None = None,
+                 mutators: Sequence[Mutator] = MUTATORS) -> None:
         self.facts = facts or ClusterFacts()
         self.claims = claims
         self.fetch = fetch
+        #: the namespace's over-budget downgrade (mutations only; None: no budgets)
+        self.budget = budget
+        self.mutators = tuple(mutators)
         #: told "cache" or "api" for each claim a pod names, by where it was looked up
         self.on_lookup = on_lookup
 
@@ -225,12 +244,14 @@ class Admission:
                         f"ElasticGPUClaim {name} in namespace {namespace} could not be read "
                         f"({type(err).__name__}: {err}); try again")), "refused:claim-lookup"
             found[name] = claim
-        return self._judge(request, mutate, PodClaims(namespace, found))
+        downgrade = await self.budget(namespace) if mutate and self.budget is not None else None
+        return self._judge(request, mutate, PodClaims(namespace, found), downgrade)
 
-    def _judge(self, request: _Request, mutate: bool,
-               claims: PodClaims) -> tuple[int, bytes, str]:
+    def _judge(self, request: _Request, mutate: bool, claims: PodClaims,
+               budget: PriorityDowngrade | None = None) -> tuple[int, bytes, str]:
         try:
-            verdict = admit(request.object, self.facts, mutate=mutate, claims=claims)
+            verdict = admit(request.object, self.facts, mutate=mutate, claims=claims,
+                            mutators=self.mutators, budget=budget)
         except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
             log.exception("admission of %s/%s failed", request.namespace, request.name)
             return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
@@ -303,6 +324,19 @@ class WebhookOptions:
     namespace_labels: dict[str, str] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY
     extra_hosts: tuple[str, ...] = ()
+    #: the PriorityClass of over-budget namespaces' GPU pods (a GPUBudget may name another);
+    #: None: budgets are not looked up
+    over_budget_class: str | None = "egpu-over-budget"
+    #: every GPU pod gets the budget keeper's finalizer (run `egpu controller` with it)
+    budget_finalizer: bool = False
+    #: GPU containers get the canonical quota resources (the scheduler must ignore them)
+    quota: bool = False
+
+    def mutators(self) -> tuple[Mutator, ...]:
+        from elastic_gpu.core.quota import QUOTA_MUTATORS
+
+        base = QUOTA_MUTATORS if self.quota else MUTATORS
+        return (*base, budget_finalizer) if self.budget_finalizer else tuple(base)
 
     def target(self) -> Target:
         if self.service_name:
@@ -320,15 +354,21 @@ class WebhookOptions:
 class WebhookServer:
     def __init__(self, options: WebhookOptions) -> None:
         self.options = options
+        from elastic_gpu.webhook.budgets import BudgetLookup
         from elastic_gpu.webhook.kube import ClaimCache
         from elastic_gpu.webhook.migrules import RuleCache
 
         self.claim_cache = ClaimCache()
         self.rule_cache = RuleCache(self.set_mig_rules)
         self.metrics = Metrics()
+        self.budgets = (BudgetLookup(options.over_budget_class,
+                                     lambda source: self.metrics.budget_lookups.labels(
+                                         source).inc())
+                        if options.over_budget_class else None)
         self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
                                    on_lookup=lambda source: self.metrics.claim_lookups.labels(
-                                       source).inc())
+                                       source).inc(),
+                                   budget=self.budgets, mutators=options.mutators())
         self.tls = TlsHolder()
         self.ca_bundle = ""
         self.registered = asyncio.Event()
@@ -486,6 +526,8 @@ class WebhookServer:
         tasks.append(asyncio.create_task(facts.run(client)))
         tasks.append(asyncio.create_task(self.claim_cache.run(client)))
         tasks.append(asyncio.create_task(self.rule_cache.run(client)))
+        if self.budgets is not None:
+            tasks.append(asyncio.create_task(self.budgets.run(client)))
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self.options.host, self.options.port,
