@@ -52,6 +52,8 @@ from elastic_gpu.kube.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 BUDGETS = Resource(f"/apis/{GROUP}/{VERSION}", api.PLURAL, True)
+#: a finalizer removal that met a newer pod (409) is retried this soon
+RETRY_S = 0.5
 #: the label of the GPUBudgets the keeper creates from the cluster default
 DEFAULT_LABEL = "elasticgpu.io/budget-default"
 
@@ -273,7 +275,8 @@ class BudgetKeeper:
         self._export(ns, budget, plan.state)
         # the finalizers go only for pods the status durably holds as settled
         durable = plan.settled if due else stored
-        await self._release(pods, durable.uids, now)
+        if not await self._release(pods, durable.uids, now):
+            wait = RETRY_S if wait is None else min(wait, RETRY_S)
         await self._hold(pods)
         if due:  # gone pods the write settled leave the ledger (settling them again would
             for uid in [u for u in self.gone if u in self.ledger  # count them twice)
@@ -314,11 +317,14 @@ class BudgetKeeper:
         if fresh:
             self.metrics.settled.labels(ns).inc(len(fresh))
 
-    async def _release(self, pods: list[Obj], settled: frozenset[str], now: int) -> None:
+    async def _release(self, pods: list[Obj], settled: frozenset[str], now: int) -> bool:
+        """Remove the finalizer of the settled pods; False when one must be retried."""
+        done = True
         for pod in pods:
             uid = str(_meta(pod).get("uid"))
             if uid in settled and core.FINALIZER in _finalizers(pod):
-                await self._drop_finalizer(pod, now)
+                done = await self._drop_finalizer(pod, now) and done
+        return done
 
     async def _release_unbudgeted(self, ns: str, pods: list[Obj], now: int) -> None:
         """No budget: nothing to record; a pod is released once it has ended."""
@@ -331,13 +337,14 @@ class BudgetKeeper:
                 (pod.get("status") or {}).get("phase") in core.FINAL_PHASES
                 or bool(_meta(pod).get("deletionTimestamp")))
             if final or (record is not None and core.ended(record, now)):
-                await self._drop_finalizer(pod, now)
+                await self._drop_finalizer(pod, now)  # a conflict: the next event retries
         for uid in [u for u in self.gone if self.ledger.get(u, None) is not None
                     and self.ledger[u].namespace == ns]:
             self.gone.discard(uid)
             self.ledger.pop(uid, None)
 
-    async def _drop_finalizer(self, pod: Obj, now: int) -> None:
+    async def _drop_finalizer(self, pod: Obj, now: int) -> bool:
+        """False when the pod changed since the cache saw it (409): retry with the newer."""
         meta = _meta(pod)
         rest = [f for f in _finalizers(pod) if f != core.FINALIZER]
         try:
@@ -346,13 +353,16 @@ class BudgetKeeper:
                 {"metadata": {"finalizers": rest or None,
                               "resourceVersion": meta.get("resourceVersion")}})
         except NotFound:
-            return
+            return True
+        except Conflict:
+            return False
         record = self.ledger.get(str(meta.get("uid")))
         if record is not None:
             ends = [e for c in record.containers.values() for e in c.runs.values()
                     if e is not None]
             if ends:
                 self.metrics.settle_delay.observe(max(0.0, time.time() - max(ends)))
+        return True
 
     async def _hold(self, pods: list[Obj]) -> None:
         """A running GPU pod of a budgeted namespace without the finalizer gets it."""

@@ -519,8 +519,10 @@ def plan_namespace(budget: Budget, stored: Settled, ledger: Ledger, namespace: s
         record = ledger[uid]
         if record.namespace == namespace and ended(record, now):
             settled = settle(settled, record, budget, now)
-    settled = forget(settled, [u for u in settled.uids if u not in present_uids])
+    # used before forgetting: a gone pod's record is still in the ledger until the keeper
+    # drops it after this write, and must not count again as a live one
     used: Fraction = namespace_used(settled, ledger, namespace, budget, now)
+    settled = forget(settled, [u for u in settled.uids if u not in present_uids])
     start, end = period_bounds(budget, now)
     state = BudgetState(used, max(budget.gpu_seconds - used, Fraction(0)), start, end,
                         used >= budget.gpu_seconds)

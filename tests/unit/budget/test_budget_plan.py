@@ -38,6 +38,7 @@ def test_gone_pods_are_forgotten_after_settling_and_usage_stays() -> None:
     ledger = {"done": record("done", Fraction(1), T0 + 10, T0 + 40, final=True)}
     plan = b.plan_namespace(BUDGET, settled, ledger, "a", [], T0 + 60)
     assert plan.settled == b.Settled(T0, Fraction(30)) and plan.changed
+    assert plan.state.used == 30  # the gone record, still in the ledger, is not live too
     # the keeper drops the gone record after this write; the usage is in gpu_seconds
     plan2 = b.plan_namespace(BUDGET, plan.settled, {}, "a", [], T0 + 61)
     assert plan2.state.used == 30 and not plan2.changed
