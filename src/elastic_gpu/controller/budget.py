@@ -173,7 +173,8 @@ class BudgetKeeper:
         now = int(time.time())
         # gone: it runs no more; no run of it lasts past now
         merged = core.replace_runs(
-            core.PodRecord(merged.uid, merged.namespace, merged.containers, True),
+            core.PodRecord(merged.uid, merged.namespace, merged.containers, True,
+                           merged.deleted_at),
             lambda runs: {s: max(s, min(now, now if e is None else e)) for s, e in runs.items()})
         self.ledger[uid] = merged
         self.gone.add(uid)
@@ -358,8 +359,8 @@ class BudgetKeeper:
             return False
         record = self.ledger.get(str(meta.get("uid")))
         if record is not None:
-            ends = [e for c in record.containers.values() for e in c.runs.values()
-                    if e is not None]
+            ends = [stop for c in record.containers.values() for e in c.runs.values()
+                    if (stop := record.stop(e)) is not None]
             if ends:
                 self.metrics.settle_delay.observe(max(0.0, time.time() - max(ends)))
         return True
