@@ -4,8 +4,9 @@ with a status patch: real `finishedAt`) while `egpu controller` (the budget keep
 SIGKILLed 3 times and pods are deleted while it is down, running ones included. Afterwards
 the GPU-seconds each GPUBudget recorded equal a recomputation from the pods' own timestamps
 (this file's arithmetic, no code of the keeper), within 1%, and none is counted twice (the
-sum would exceed it). The webhook gives each GPU pod the keeper's finalizer at CREATE; every
-pod is gone at the end (none held forever)."""
+sum would exceed it). The webhook gives each GPU pod the keeper's finalizer at CREATE (pods
+born, ended and deleted while the keeper is down are held by it alone); every pod is gone at
+the end (none held forever)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_ledger_survives_sigkills_and_deletions_while_down(
             running: dict[str, float] = {}  # key -> planned end (monotonic)
             ended: list[str] = []
             down_until = 0.0
-            deleted_while_down = {"running": 0, "ended": 0}
+            deleted_while_down = {"running": 0, "ended": 0, "born_down": 0}
 
             def read(key: str) -> dict[str, Any]:
                 ns, name = key.split("/")
@@ -163,34 +164,51 @@ def test_ledger_survives_sigkills_and_deletions_while_down(
 
             created = 0
             started = time.monotonic()
+            born_down: list[str] = []  # created while the keeper is down, short-lived
+            deletes_due = 0.0  # when the deletions of this downtime happen
             while created < PODS or running:
                 now = time.monotonic()
+                if deletes_due and now >= deletes_due:
+                    deletes_due = 0.0
+                    # late in the downtime: 3 running pods, and the pods born during it
+                    # (started and ended while it was down: only the webhook's finalizer
+                    # holds them) with older ended ones, 3 in all
+                    for key in [k for k in running if read(k).get("status", {}).get(
+                            "phase") == "Running"][:3]:
+                        delete(key)
+                        deleted_while_down["running"] += 1
+                    victims = [k for k in born_down if k in ended]
+                    victims += [k for k in reversed(ended) if k not in victims]
+                    for key in victims[:3]:
+                        delete(key)
+                        ended.remove(key)
+                        deleted_while_down["ended"] += 1
+                        deleted_while_down["born_down"] += key in born_down
+                    born_down.clear()
                 if keeper.process is not None and keeper.process.poll() is not None and \
                         now >= down_until:
                     keeper.start()
                 if created < PODS and now - started >= 0.3 * created:
                     name, ns, percent, life = plan[created]
+                    if now < down_until and len(born_down) < 3:
+                        life = 2.0
                     client.create(Pod.from_dict(_pod(name, ns, node, percent)))
                     key = f"{ns}/{name}"
+                    if now < down_until and len(born_down) < 3:
+                        born_down.append(key)
                     truth.share[key], truth.ns[key] = Fraction(percent, 100), ns
                     running[key] = time.monotonic() + life
                     created += 1
                     if created in kills:
                         keeper.kill()
                         down_until = time.monotonic() + kills[created]
-                        # while it is down: delete 3 running pods and 3 ended ones
-                        for key in [k for k in running if read(k).get("status", {}).get(
-                                "phase") == "Running"][:3]:
-                            delete(key)
-                            deleted_while_down["running"] += 1
-                        for key in ended[-3:]:
-                            delete(key)
-                            ended.remove(key)
-                            deleted_while_down["ended"] += 1
+                        deletes_due = down_until - 2.5
                 step()
                 time.sleep(0.02)
             assert keeper.starts == 4, "killed 3 times, restarted after each"
-            assert deleted_while_down == {"running": 9, "ended": 9}
+            print("deleted while down:", deleted_while_down)
+            assert deleted_while_down["running"] == 9 and deleted_while_down["ended"] == 9
+            assert deleted_while_down["born_down"] >= 3, "pods born and gone while it was down"
 
             # everything has ended: delete the rest; the keeper must let every pod go
             for key in list(ended):
@@ -219,7 +237,12 @@ def test_ledger_survives_sigkills_and_deletions_while_down(
                 want = expected[ns]
                 print(f"{ns}: recorded {float(got):.1f} GPU-s, recomputed {float(want):.1f}")
                 assert want > 0
-                assert abs(got - want) <= want / 100, (ns, float(got), float(want))
+                assert abs(got - want) <= want / 100, (ns, float(got), float(want))  # #17
+                # stricter than the issue asks (both sides read the same whole-second
+                # timestamps, the runs so far were exact): losing only the pods born and
+                # gone while the keeper was down (~0.2%, seen without the webhook's
+                # finalizer) fails here
+                assert abs(got - want) <= want / 1000, (ns, float(got), float(want))
                 assert obj["status"]["used"] == pytest.approx(float(got) / 3600, abs=1e-4)
             assert "Traceback" not in keeper.log_tail(), keeper.log_tail()
     finally:
