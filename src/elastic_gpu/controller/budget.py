@@ -31,6 +31,7 @@ its running pods will have spent the rest of the budget (the over-budget flip) a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -250,6 +251,7 @@ class BudgetKeeper:
             return None  # its watch event brings it back here
         if obj is None:
             await self._release_unbudgeted(ns, pods, now)
+            self._forget_metrics(ns)
             return None
         try:
             budget = api.budget_from_object(obj)
@@ -288,6 +290,12 @@ class BudgetKeeper:
         at = core.next_check(budget, plan.state, rate, now, self.settings.refresh_s)
         delay = float(at - time.time())
         return min(delay, wait) if wait is not None else delay
+
+    def _forget_metrics(self, ns: str) -> None:
+        for gauge in (self.metrics.used, self.metrics.allowed, self.metrics.remaining,
+                      self.metrics.over):
+            with contextlib.suppress(KeyError):
+                gauge.remove(ns)
 
     def _export(self, ns: str, budget: core.Budget, state: core.BudgetState) -> None:
         self.metrics.used.labels(ns).set(float(state.used))
