@@ -118,6 +118,8 @@ class BudgetKeeper:
         self.budgets = ctx.informers.informer(BUDGETS.path(), "gpubudgets", missing_ok=True)
         #: pod UID -> record (GPU pods only)
         self.ledger: dict[str, core.PodRecord] = {}
+        #: the same records by namespace (a reconcile reads its namespace's only)
+        self.by_ns: dict[str, dict[str, core.PodRecord]] = {}
         #: namespace -> its pods (the informer's objects, by key)
         self.ns_pods: dict[str, dict[str, Obj]] = {}
         #: pod UID -> "namespace/name" while it is in the API
@@ -130,6 +132,7 @@ class BudgetKeeper:
         #: namespace -> (monotonic time of the last write, over, period start, used)
         self.written: dict[str, tuple[float, bool, int, Fraction]] = {}
         self.metrics = BudgetMetrics(ctx)
+        self.metrics.held.set_function(self._held)  # computed when scraped
         self.pods.add_handler(Handler(on_add=self._pod_seen,
                                       on_update=lambda _o, n: self._pod_seen(n),
                                       on_delete=self._pod_gone))
@@ -152,7 +155,7 @@ class BudgetKeeper:
         self.ns_pods.setdefault(ns, {})[object_key(pod)] = pod
         if record is not None:
             known = self.ledger.get(record.uid)
-            self.ledger[record.uid] = record if known is None else core.merge(known, record)
+            self._put(record if known is None else core.merge(known, record))
             self.keys[record.uid] = object_key(pod)
             self.queue.add(ns)
         elif core.FINALIZER in _finalizers(pod):
@@ -177,9 +180,26 @@ class BudgetKeeper:
             core.PodRecord(merged.uid, merged.namespace, merged.containers, True,
                            merged.deleted_at),
             lambda runs: {s: max(s, min(now, now if e is None else e)) for s, e in runs.items()})
-        self.ledger[uid] = merged
+        self._put(merged)
         self.gone.add(uid)
         self.queue.add(merged.namespace)
+
+    def _put(self, record: core.PodRecord) -> None:
+        self.ledger[record.uid] = record
+        self.by_ns.setdefault(record.namespace, {})[record.uid] = record
+
+    def _drop(self, uid: str) -> None:
+        """A gone pod's record, once settled, leaves the ledger."""
+        self.gone.discard(uid)
+        record = self.ledger.pop(uid, None)
+        if record is not None:
+            mine = self.by_ns.get(record.namespace, {})
+            mine.pop(uid, None)
+            if not mine:
+                self.by_ns.pop(record.namespace, None)
+
+    def _held(self) -> float:
+        return float(sum(1 for r in self.ledger.values() if r.final and r.uid in self.keys))
 
     def _budget_changed(self, obj: Obj) -> None:
         self.queue.add(str(_meta(obj).get("namespace") or ""))
@@ -246,7 +266,7 @@ class BudgetKeeper:
         pods = self._pods_of(ns)
         obj = self._budget_object(ns)
         if obj is None and self.settings.default_gpu_hours is not None and \
-                any(r.namespace == ns for r in self.ledger.values()):
+                self.by_ns.get(ns):
             await self._create_default(ns)
             return None  # its watch event brings it back here
         if obj is None:
@@ -260,7 +280,8 @@ class BudgetKeeper:
             log.warning("%s; its namespace is not accounted until it is fixed", err)
             return None
         present = [str(_meta(p).get("uid")) for p in pods]
-        plan = core.plan_namespace(budget, stored, self.ledger, ns, present, now)
+        ledger = self.by_ns.get(ns, {})
+        plan = core.plan_namespace(budget, stored, ledger, ns, present, now)
         mono = time.monotonic()
         last = self.written.get(ns)
         used = Fraction(plan.state.used)
@@ -282,11 +303,10 @@ class BudgetKeeper:
             wait = RETRY_S if wait is None else min(wait, RETRY_S)
         await self._hold(pods)
         if due:  # gone pods the write settled leave the ledger (settling them again would
-            for uid in [u for u in self.gone if u in self.ledger  # count them twice)
-                        and self.ledger[u].namespace == ns and core.ended(self.ledger[u], now)]:
-                self.gone.discard(uid)
-                self.ledger.pop(uid, None)
-        rate = core.burn_rate(self.ledger, ns)
+            for uid in [u for u in self.gone if u in ledger  # count them twice)
+                        and core.ended(ledger[u], now)]:
+                self._drop(uid)
+        rate = core.burn_rate(self.by_ns.get(ns, {}), ns)
         at = core.next_check(budget, plan.state, rate, now, self.settings.refresh_s)
         delay = float(at - time.time())
         return min(delay, wait) if wait is not None else delay
@@ -302,8 +322,6 @@ class BudgetKeeper:
         self.metrics.allowed.labels(ns).set(budget.gpu_seconds)
         self.metrics.remaining.labels(ns).set(float(state.remaining))
         self.metrics.over.labels(ns).set(1 if state.over else 0)
-        self.metrics.held.set(sum(1 for r in self.ledger.values()
-                                  if r.final and r.uid in self.keys))
 
     async def _write_status(self, ns: str, obj: Obj, budget: core.Budget,
                             plan: core.NamespacePlan, now: int) -> None:
@@ -347,10 +365,8 @@ class BudgetKeeper:
                 or bool(_meta(pod).get("deletionTimestamp")))
             if final or (record is not None and core.ended(record, now)):
                 await self._drop_finalizer(pod, now)  # a conflict: the next event retries
-        for uid in [u for u in self.gone if self.ledger.get(u, None) is not None
-                    and self.ledger[u].namespace == ns]:
-            self.gone.discard(uid)
-            self.ledger.pop(uid, None)
+        for uid in [u for u in self.gone if u in self.by_ns.get(ns, {})]:
+            self._drop(uid)
 
     async def _drop_finalizer(self, pod: Obj, now: int) -> bool:
         """False when the pod changed since the cache saw it (409): retry with the newer."""

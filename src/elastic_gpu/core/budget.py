@@ -527,10 +527,16 @@ def plan_namespace(budget: Budget, stored: Settled, ledger: Ledger, namespace: s
     went after they were settled: they cannot come back), and say used / remaining / over."""
     present_uids = frozenset(present)
     settled = roll(stored, budget, now)
-    for uid in sorted(ledger):
-        record = ledger[uid]
-        if record.namespace == namespace and ended(record, now):
+    fresh = [r for u, r in sorted(ledger.items()) if r.namespace == namespace
+             and u not in settled.uids and ended(r, now)]
+    if budget.half_life_s is not None:
+        for record in fresh:
             settled = settle(settled, record, budget, now)
+    elif fresh:  # `settle` of each, in one sum (not a set copy per pod)
+        lo, hi = settled.period_start, settled.period_start + budget.period_s
+        settled = Settled(lo, settled.gpu_seconds + sum(
+            (record_usage(r, lo, hi, now) for r in fresh), Fraction(0)),
+            settled.uids | {r.uid for r in fresh})
     # used before forgetting: a gone pod's record is still in the ledger until the keeper
     # drops it after this write, and must not count again as a live one
     used: Fraction = namespace_used(settled, ledger, namespace, budget, now)
