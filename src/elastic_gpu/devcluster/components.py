@@ -180,7 +180,7 @@ def _controller_argv(env: ComponentEnv) -> list[str]:
 CONTROLLER = ComponentSpec(
     name="egpu-controller", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
     argv=_controller_argv, ready_path="/readyz",
-    title="Elastic GPU controller (claims), metrics and health at")
+    title="Elastic GPU controller (claims, budgets), metrics and health at")
 
 #: kwok nodes have no agent to keep their cards' allocation columns current.
 ALLOCATION_SYNC = ComponentSpec(
