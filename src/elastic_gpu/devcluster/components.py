@@ -154,11 +154,12 @@ EXTENDER = ComponentSpec(
     title="Elastic GPU scheduler extender, called by kube-scheduler:")
 
 def _webhook_argv(env: ComponentEnv) -> list[str]:
-    # the budget keeper's finalizer (the controller runs beside it) and the quota's
-    # canonical resources (the sandbox's kube-scheduler ignores them): docs/budgets.md
+    # the budget keeper's finalizer (the controller runs beside it); the quota's canonical
+    # resources stay opt-in as in the chart (a --scheduler-config of one's own may not
+    # ignore them): docs/budgets.md
     return [env.python, "-m", "elastic_gpu.cli.main", "webhook",
             "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port),
-            "--budget-finalizer", "--quota-resources"]
+            "--budget-finalizer"]
 
 
 #: The admission webhook (`egpu webhook`): HTTPS on loopback, registered by itself (its own CA,
