@@ -101,17 +101,18 @@ def cleanup_webhook(plane: Any, hook: WebhookProcess) -> None:
 
 
 @contextmanager
-def running_webhook(plane: Any, log_dir: Path, prefix: str, label: str
-                    ) -> Iterator[WebhookProcess]:
+def running_webhook(plane: Any, log_dir: Path, prefix: str, label: str,
+                    extra_args: Sequence[str] = ()) -> Iterator[WebhookProcess]:
     """`egpu webhook` registered under a unique name (`prefix`-…, also its namespace), governing
-    the namespaces labelled `label=<that name>`; cleaned up on the way out."""
+    the namespaces labelled `label=<that name>`, with `extra_args`; cleaned up on the way
+    out."""
     from elastic_gpu.devcluster.ports import free_ports
     from elastic_gpu.devcluster.pytest_plugin import unique_name
 
     name = unique_name(prefix)
     (port,) = free_ports(1)
     hook = WebhookProcess(plane.kubeconfig, port, log_dir / "webhook.log", name=name,
-                          namespace=name, label=(label, name))
+                          namespace=name, label=(label, name), extra_args=extra_args)
     hook.start()
     try:
         yield hook

@@ -43,6 +43,17 @@ def controller(
     ] = 0.005,
     backoff_max: Annotated[float, typer.Option(min=0.001, help="longest retry delay, seconds")
                            ] = 10.0,
+    budget_default_gpu_hours: Annotated[float | None, typer.Option(
+        min=0, help="the cluster default budget: GPU-hours per --budget-default-period for "
+                    "every namespace that runs GPU pods and has no GPUBudget (the keeper "
+                    "creates a GPUBudget named 'default' there); unset: no budget")] = None,
+    budget_default_period: Annotated[str, typer.Option(
+        help="the cluster default budget's period (h, m, s: 168h, 1h30m)")] = "168h",
+    budget_refresh_seconds: Annotated[int, typer.Option(
+        min=1, help="a GPUBudget's status.used is rewritten at most this often while it "
+                    "moves (settling and the over-budget flip are written at once)")] = 30,
+    budget_min_write_seconds: Annotated[float, typer.Option(
+        min=0, help="at most one GPUBudget status write per namespace this often")] = 1.0,
     only: Annotated[list[str] | None, typer.Option(
         help="run only these controllers (repeatable; default: all)")] = None,
     config: Annotated[Path | None, typer.Option(
@@ -51,12 +62,19 @@ def controller(
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Run the controllers (claims: binding, provisioning, reclaim, claim protection; mig: the
-    MIG adapter), leader-elected on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release
-    the Lease; losing it exits with code 1."""
+    MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets), leader-elected
+    on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
+    losing it exits with code 1."""
     from elastic_gpu.controller.config import ConfigError, load_config
-    from elastic_gpu.controller.manager import ManagerOptions, default_identity, serve
+    from elastic_gpu.controller.manager import (
+        BudgetSettings,
+        ManagerOptions,
+        default_identity,
+        serve,
+    )
     from elastic_gpu.controller.provisioning import TLSOptions
     from elastic_gpu.controller.registry import CONTROLLERS
+    from elastic_gpu.k8s.budget import BudgetObjectError, parse_duration
     from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.kube.leaderelection import LeaseConfig
     from elastic_gpu.scheduler import eventloop
@@ -80,6 +98,14 @@ def controller(
         typer.echo(f"error: --config {err}", err=True)
         raise typer.Exit(2) from None
     try:
+        parse_duration(budget_default_period, "--budget-default-period")
+    except BudgetObjectError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    budget = BudgetSettings(budget_default_gpu_hours, budget_default_period,
+                            refresh_s=budget_refresh_seconds,
+                            min_write_s=budget_min_write_seconds)
+    try:
         lease = LeaseConfig(lease_namespace, lease_name, identity or default_identity(),
                             lease_duration, renew_deadline, retry_period)
         tls = TLSOptions(extender_ca, extender_client_cert, extender_client_key)
@@ -90,7 +116,8 @@ def controller(
     options = ManagerOptions(
         kubeconfig=kubeconfig, lease=lease, extender_url=extender_url, extender_tls=tls,
         metrics_host=metrics_host, metrics_port=metrics_port, workers=workers,
-        backoff=(backoff_base, backoff_max), controllers=tuple(only or ()), config=settings)
+        backoff=(backoff_base, backoff_max), controllers=tuple(only or ()), config=settings,
+        budget=budget)
     try:
         code = eventloop.run(serve(options, CONTROLLERS))
     except ClientConfigError as err:

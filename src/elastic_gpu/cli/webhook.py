@@ -45,6 +45,18 @@ def webhook(
         min=1, max=30, help="the configurations' timeoutSeconds")] = 5,
     namespace_label: Annotated[list[str] | None, typer.Option(
         help="KEY=VALUE: only namespaces with this label are sent (repeatable)")] = None,
+    over_budget_priority_class: Annotated[str, typer.Option(
+        help="the PriorityClass GPU pods of a namespace over its GPU budget get (a GPUBudget's "
+             "spec.overBudgetPriorityClassName overrides it); '' turns the lookups off")
+    ] = "egpu-over-budget",
+    budget_finalizer: Annotated[bool, typer.Option(
+        help="give every GPU pod the budget keeper's finalizer (elasticgpu.io/budget), so no "
+             "pod's GPU time is lost while `egpu controller` is down; run the keeper with it")
+    ] = False,
+    quota_resources: Annotated[bool, typer.Option(
+        help="add the canonical quota resources quota.elasticgpu.io/gpu-core|gpu-memory to GPU "
+             "containers (ResourceQuota in canonical units); kube-scheduler must ignore them "
+             "(extender managedResources ignoredByScheduler)")] = False,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
 ) -> None:
     """Serve the admission webhook: validate GPU pods against the resource table and the
@@ -77,7 +89,8 @@ def webhook(
         register=register, cert_dir=cert_dir,
         lifetimes=Lifetimes(ca=dt.timedelta(days=ca_days), serving=dt.timedelta(days=cert_days)),
         rotation_check_s=rotation_check_seconds, timeout_s=timeout_seconds,
-        namespace_labels=labels)
+        namespace_labels=labels, over_budget_class=over_budget_priority_class or None,
+        budget_finalizer=budget_finalizer, quota=quota_resources)
     try:
         eventloop.run(serve(options))
     except ClientConfigError as err:

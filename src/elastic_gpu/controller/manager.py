@@ -66,10 +66,11 @@ class InformerFactory:
         self.client = client
         self.informers: dict[str, Informer] = {}
 
-    def informer(self, path: str, name: str, optional: bool = False) -> Informer:
-        """`optional`: a custom resource whose CRD may be missing (`Informer`'s 404 rule)."""
+    def informer(self, path: str, name: str, *, missing_ok: bool = False) -> Informer:
+        """The shared informer of `path`; `missing_ok`: its CRD may not be installed (an
+        empty collection until it is, `kube.informer`)."""
         if path not in self.informers:
-            self.informers[path] = Informer(self.client, path, name=name, optional=optional)
+            self.informers[path] = Informer(self.client, path, name=name, missing_ok=missing_ok)
         return self.informers[path]
 
     @property
@@ -78,6 +79,23 @@ class InformerFactory:
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.wait_synced() for i in self.informers.values()))
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """The budget keeper's configuration (`egpu controller --budget-*`, docs/budgets.md).
+
+    `default_gpu_hours` / `default_period`: the cluster default, a GPUBudget named
+    `default_name` the keeper creates in every namespace that runs GPU pods and has none
+    (None: namespaces without a GPUBudget have no budget). `refresh_s`: status.used is
+    rewritten at most this often while it moves; `min_write_s`: at most one status write per
+    namespace this often (settling and the over-budget flip included)."""
+
+    default_gpu_hours: float | None = None
+    default_period: str = "168h"
+    default_name: str = "default"
+    refresh_s: int = 30
+    min_write_s: float = 1.0
 
 
 @dataclass
@@ -93,6 +111,7 @@ class Context:
     backoff: tuple[float, float] = (0.005, 10.0)
     #: the controllers' settings (`--config`, controller/config.py)
     config: ControllerConfig = field(default_factory=ControllerConfig)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
     def new_backoff(self) -> ExponentialBackoff[str]:
         return ExponentialBackoff(*self.backoff)
@@ -121,6 +140,7 @@ class ManagerOptions:
     backoff: tuple[float, float] = (0.005, 10.0)
     controllers: Sequence[str] = ()
     config: ControllerConfig = field(default_factory=ControllerConfig)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 class _Health:
@@ -149,7 +169,7 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
     recorder = EventRecorder(client, COMPONENT, options.lease.identity)
     extender = ExtenderClient(options.extender_url, options.extender_tls)
     context = Context(client, informers, recorder, metrics, extender, options.lease.identity,
-                      options.backoff, options.config)
+                      options.backoff, options.config, options.budget)
     names = list(options.controllers) or list(factories)
     unknown = [n for n in names if n not in factories]
     if unknown:

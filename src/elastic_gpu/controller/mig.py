@@ -201,8 +201,8 @@ class MigController:
         self.pods = f.informer(PODS.path(), "pods")
         self.nodes = f.informer(NODES.path(), "nodes")
         # (a cluster without these CRDs has no MIG to adapt; the other controllers go on)
-        self.devices = f.informer(DEVICES.path(), "gpudevices", optional=True)
-        self.rules = f.informer(RULES.path(), "migsubstitutions", optional=True)
+        self.devices = f.informer(DEVICES.path(), "gpudevices", missing_ok=True)
+        self.rules = f.informer(RULES.path(), "migsubstitutions", missing_ok=True)
         self.metrics = MigMetrics(ctx)
         self.reservations: list[Reservation] = []
         #: bare rule name -> times its pod was deleted again because it came un-rewritten

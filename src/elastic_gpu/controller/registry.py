@@ -1,10 +1,11 @@
 """Every controller `egpu controller` runs: a controller joins by one entry (name -> factory).
 
-The MIG adapter and the budget keeper join here the same way as the claims controller.
+The claims controller, the MIG adapter and the budget keeper each join by one entry.
 """
 
 from __future__ import annotations
 
+from elastic_gpu.controller.budget import BudgetKeeper
 from elastic_gpu.controller.claims import ClaimController
 from elastic_gpu.controller.manager import ControllerFactory
 from elastic_gpu.controller.mig import MigController
@@ -12,4 +13,5 @@ from elastic_gpu.controller.mig import MigController
 CONTROLLERS: dict[str, ControllerFactory] = {
     ClaimController.name: ClaimController,
     MigController.name: MigController,
+    BudgetKeeper.name: BudgetKeeper,
 }

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.budget import PriorityDowngrade
+from elastic_gpu.core.budget import FINALIZER, PriorityDowngrade
 from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -799,6 +799,22 @@ def budget_priority(data: MutationInput) -> list[PatchOp]:
         wanted.append(("preemptionPolicy", lower.preemption_policy))
     return [{"op": "replace" if key in spec else "add", "path": pointer("spec", key), "value": value}
             for key, value in wanted if spec.get(key) != value]
+
+
+def budget_finalizer(data: MutationInput) -> list[PatchOp]:
+    """A GPU pod gets the budget keeper's finalizer `elasticgpu.io/budget` (`core.budget.
+    FINALIZER`) at CREATE, so a pod that ends (or is deleted) while the keeper is down stays
+    until its usage is settled (docs/budgets.md). Opt-in: the webhook's `--budget-finalizer`
+    appends it to its mutators."""
+    if not data.request.wants_gpu:
+        return []
+    meta = data.pod.get("metadata") or {}
+    finalizers = meta.get("finalizers")
+    if not isinstance(finalizers, list):
+        return [{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+    if FINALIZER in finalizers:
+        return []
+    return [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
 
 
 #: The mutations, in order. The claims' resources come first: the others read the containers

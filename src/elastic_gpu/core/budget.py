@@ -19,9 +19,10 @@ a newer one) changes nothing, and the order observations arrive in does not matt
 never an accumulated counter: it is computed (`usage`) as the overlap of each run with a time
 window, so the usage of a period, and its split at a period boundary, follow from the records.
 
-A run still open (the container is running) counts up to `now`; a pod that is gone without a
-final status has its open runs closed at its `deletionTimestamp` (`close_open`), the latest
-instant it may have run.
+A run still open (the container is running) counts up to `now`; a pod being deleted counts its
+open runs up to its `deletionTimestamp` at most (`PodRecord.deleted_at`, the earliest one seen:
+a shortened grace period moves it earlier), the latest instant it may have run; a `finishedAt`
+the status shows later is the run's real end and wins.
 
 Budgets: `Budget` gives GPU-seconds per period (refilled at each period's end; periods are
 `period_s` long from `anchor`), or, with `half_life_s`, a decayed usage instead of a hard
@@ -151,6 +152,12 @@ class PodRecord:
     containers: Mapping[str, ContainerRecord] = field(default_factory=dict)
     #: the pod runs no more: its phase is Succeeded or Failed, or it is being deleted
     final: bool = False
+    #: its earliest `deletionTimestamp` seen: no open run lasts past it
+    deleted_at: Seconds | None = None
+
+    def stop(self, end: Seconds | None) -> Seconds | None:
+        """A run's end for usage: its own, else (still open) the deletion's, else None."""
+        return end if end is not None else self.deleted_at
 
 
 def _runs_of(status: Mapping[str, Any], where: str) -> dict[Seconds, Seconds | None]:
@@ -183,7 +190,7 @@ def container_runs(pod: Mapping[str, Any]) -> dict[str, dict[Seconds, Seconds | 
 
 def observe(pod: Mapping[str, Any]) -> PodRecord | None:
     """The record one observation of a pod gives (None: not a GPU pod, or no UID). A pod with
-    a `deletionTimestamp` whose containers the status still shows running is closed at it."""
+    a `deletionTimestamp` runs no later than it (`deleted_at`)."""
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     uid = meta.get("uid")
     if not isinstance(uid, str) or not uid:
@@ -195,10 +202,9 @@ def observe(pod: Mapping[str, Any]) -> PodRecord | None:
     phase = (pod.get("status") or {}).get("phase")
     record = PodRecord(uid, str(meta.get("namespace") or "default"), {
         name: ContainerRecord(share, runs.get(name, {})) for name, share in sorted(shares.items())},
-        final=phase in FINAL_PHASES or bool(meta.get("deletionTimestamp")))
-    if meta.get("deletionTimestamp"):
-        record = close_open(record, parse_time(meta["deletionTimestamp"],
-                                               "metadata.deletionTimestamp"))
+        final=phase in FINAL_PHASES or bool(meta.get("deletionTimestamp")),
+        deleted_at=parse_time(meta["deletionTimestamp"], "metadata.deletionTimestamp")
+        if meta.get("deletionTimestamp") else None)
     return record
 
 
@@ -227,7 +233,9 @@ def merge(a: PodRecord, b: PodRecord) -> PodRecord:
             containers[name] = only
             continue
         containers[name] = ContainerRecord(max(x.share, y.share), _merge_runs(x.runs, y.runs))
-    return PodRecord(a.uid, min(a.namespace, b.namespace), containers, a.final or b.final)
+    deleted = [d for d in (a.deleted_at, b.deleted_at) if d is not None]
+    return PodRecord(a.uid, min(a.namespace, b.namespace), containers, a.final or b.final,
+                     min(deleted) if deleted else None)
 
 
 def close_open(record: PodRecord, at: Seconds) -> PodRecord:
@@ -241,7 +249,7 @@ def replace_runs(record: PodRecord, fn: Callable[[Mapping[Seconds, Seconds | Non
     """The record with each container's runs replaced by `fn` of them."""
     return PodRecord(record.uid, record.namespace, {
         name: ContainerRecord(c.share, fn(c.runs)) for name, c in record.containers.items()},
-        record.final)
+        record.final, record.deleted_at)
 
 
 #: pod UID -> record
@@ -276,7 +284,8 @@ def record_usage(record: PodRecord, lo: Seconds, hi: Seconds, now: Seconds) -> F
     """GPU-seconds (card-seconds) the pod used in [lo, hi), counting open runs up to `now`."""
     total = Fraction(0)
     for container in record.containers.values():
-        seconds = sum(_overlap(s, e, lo, hi, now) for s, e in container.runs.items())
+        seconds = sum(_overlap(s, record.stop(e), lo, hi, now)
+                      for s, e in container.runs.items())
         total += container.share * seconds
     return total
 
@@ -302,6 +311,7 @@ def decayed_usage(ledger: Ledger, half_life_s: int, now: Seconds) -> dict[str, f
         total = 0.0
         for container in record.containers.values():
             for start, end in container.runs.items():
+                end = record.stop(end)
                 stop = min(now, now if end is None else end)
                 if stop <= start:
                     continue
@@ -317,7 +327,8 @@ def prune(ledger: Ledger, before: Seconds) -> dict[str, PodRecord]:
     a period starting there; observing such a pod again re-adds a record that still adds
     nothing)."""
     return {uid: r for uid, r in ledger.items()
-            if any(e is None or e > before for c in r.containers.values() for e in c.runs.values())}
+            if any((stop := r.stop(e)) is None or stop > before
+                   for c in r.containers.values() for e in c.runs.values())}
 
 
 # --------------------------------------------------------------------------- budgets
@@ -415,15 +426,34 @@ def ended(record: PodRecord, now: Seconds) -> bool:
     """Whether the pod runs no more (`final`: a terminal phase, or being deleted) and every
     run of it has ended by `now` (a pod deleted with a grace period ends at its
     deletionTimestamp, which may lie ahead)."""
-    return record.final and all(end is not None and end <= now
-                                for c in record.containers.values() for end in c.runs.values())
+    return record.final and all(
+        (stop := record.stop(end)) is not None and stop <= now
+        for c in record.containers.values() for end in c.runs.values())
 
 
 def roll(settled: Settled, budget: Budget, now: Seconds) -> Settled:
     """The settled part for the period that holds `now`: a new period starts empty (a pod
-    settled in an earlier period ended before it, so it has nothing in the new one)."""
+    settled in an earlier period ended before it, so it has nothing in the new one). With a
+    half-life there are no periods: `period_start` is the instant the settled value was
+    taken at (`decay_to` moves it)."""
+    if budget.half_life_s is not None:
+        return settled
     start, _ = period_bounds(budget, now)
     return settled if settled.period_start == start else Settled(start)
+
+
+def _decay(value: Fraction, half_life_s: int, seconds: int) -> Fraction:
+    return Fraction(float(value) * 2.0 ** (-max(seconds, 0) / half_life_s)).limit_denominator(
+        10**6)
+
+
+def decay_to(settled: Settled, budget: Budget, now: Seconds) -> Settled:
+    """With a half-life: the settled value decayed from the instant it was taken to `now`
+    (the UIDs kept); without one, `settled` as it is."""
+    if budget.half_life_s is None or settled.period_start >= now:
+        return settled
+    return Settled(now, _decay(settled.gpu_seconds, budget.half_life_s,
+                               now - settled.period_start), settled.uids)
 
 
 def settle(settled: Settled, record: PodRecord, budget: Budget, now: Seconds) -> Settled:
@@ -436,6 +466,13 @@ def settle(settled: Settled, record: PodRecord, budget: Budget, now: Seconds) ->
     current = roll(settled, budget, now)
     if record.uid in current.uids:
         return current
+    if budget.half_life_s is not None:
+        current = decay_to(current, budget, now)
+        used = decayed_usage({record.uid: record}, budget.half_life_s, now).get(
+            record.namespace, 0.0)
+        return Settled(current.period_start,
+                       current.gpu_seconds + Fraction(used).limit_denominator(10**6),
+                       current.uids | {record.uid})
     start, end = current.period_start, current.period_start + budget.period_s
     return Settled(start, current.gpu_seconds + record_usage(record, start, end, now),
                    current.uids | {record.uid})
@@ -452,6 +489,80 @@ def namespace_used(settled: Settled, ledger: Ledger, namespace: str, budget: Bud
     """GPU-seconds of `namespace` in the current period: the settled part plus the ledger's
     usage of its pods not settled yet."""
     current = roll(settled, budget, now)
-    start, end = current.period_start, current.period_start + budget.period_s
     live = {u: r for u, r in ledger.items() if r.namespace == namespace and u not in current.uids}
+    if budget.half_life_s is not None:
+        decayed = decay_to(current, budget, now).gpu_seconds
+        return decayed + Fraction(decayed_usage(live, budget.half_life_s, now).get(
+            namespace, 0.0)).limit_denominator(10**6)
+    start, end = current.period_start, current.period_start + budget.period_s
     return current.gpu_seconds + usage(live, start, end, now).get(namespace, Fraction(0))
+
+
+# --------------------------------------------------------------------------- the keeper
+
+#: The finalizer that holds a GPU pod until its usage is settled (added by the webhook at
+#: CREATE, or by the keeper to a GPU pod of a budgeted namespace that lacks it).
+FINALIZER = "elasticgpu.io/budget"
+
+
+@dataclass(frozen=True)
+class NamespacePlan:
+    """What the keeper does for one namespace now (`plan_namespace`).
+
+    `settled`: the durable part to write (before any finalizer is removed); `state`: used,
+    remaining, the period and the over-budget decision; `release`: UIDs of ended pods whose
+    usage `settled` holds, whose finalizer may go once `settled` is written; `changed`:
+    whether `settled` differs from what the status holds."""
+
+    settled: Settled
+    state: BudgetState
+    release: frozenset[str]
+    changed: bool
+
+
+def plan_namespace(budget: Budget, stored: Settled, ledger: Ledger, namespace: str,
+                   present: Iterable[str], now: Seconds) -> NamespacePlan:
+    """Settle every ended pod of `namespace` the ledger knows into `stored` (rolled to the
+    current period), forget the UIDs of pods no longer `present` in the API (their finalizer
+    went after they were settled: they cannot come back), and say used / remaining / over."""
+    present_uids = frozenset(present)
+    settled = roll(stored, budget, now)
+    fresh = [r for u, r in sorted(ledger.items()) if r.namespace == namespace
+             and u not in settled.uids and ended(r, now)]
+    if budget.half_life_s is not None:
+        for record in fresh:
+            settled = settle(settled, record, budget, now)
+    elif fresh:  # `settle` of each, in one sum (not a set copy per pod)
+        lo, hi = settled.period_start, settled.period_start + budget.period_s
+        settled = Settled(lo, settled.gpu_seconds + sum(
+            (record_usage(r, lo, hi, now) for r in fresh), Fraction(0)),
+            settled.uids | {r.uid for r in fresh})
+    # used before forgetting: a gone pod's record is still in the ledger until the keeper
+    # drops it after this write, and must not count again as a live one
+    used: Fraction = namespace_used(settled, ledger, namespace, budget, now)
+    settled = forget(settled, [u for u in settled.uids if u not in present_uids])
+    start, end = period_bounds(budget, now)
+    state = BudgetState(used, max(budget.gpu_seconds - used, Fraction(0)), start, end,
+                        used >= budget.gpu_seconds)
+    release = frozenset(u for u in settled.uids if u in ledger)
+    return NamespacePlan(settled, state, release, settled != stored)
+
+
+def burn_rate(ledger: Ledger, namespace: str) -> Fraction:
+    """Cards the namespace's running containers hold now (GPU-seconds per second)."""
+    return sum((c.share for r in ledger.values() if r.namespace == namespace and not r.final
+                for c in r.containers.values()
+                if any(r.stop(e) is None for e in c.runs.values())), Fraction(0))
+
+
+def next_check(budget: Budget, state: BudgetState, rate: Fraction, now: Seconds,
+               refresh_s: int) -> Seconds:
+    """When the keeper must look at the namespace again although nothing changed in the API:
+    at the period's end (the refill), when the running pods spend the rest of the budget (the
+    over-budget flip), and every `refresh_s` while something runs (used moves)."""
+    due = [state.period_end]
+    if rate > 0:
+        due.append(now + refresh_s)
+        if not state.over and budget.half_life_s is None:
+            due.append(now + max(1, math.ceil(state.remaining / rate)))
+    return max(now + 1, min(due))

@@ -154,8 +154,12 @@ EXTENDER = ComponentSpec(
     title="Elastic GPU scheduler extender, called by kube-scheduler:")
 
 def _webhook_argv(env: ComponentEnv) -> list[str]:
+    # the budget keeper's finalizer (the controller runs beside it); the quota's canonical
+    # resources stay opt-in as in the chart (a --scheduler-config of one's own may not
+    # ignore them): docs/budgets.md
     return [env.python, "-m", "elastic_gpu.cli.main", "webhook",
-            "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port)]
+            "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port),
+            "--budget-finalizer"]
 
 
 #: The admission webhook (`egpu webhook`): HTTPS on loopback, registered by itself (its own CA,
@@ -177,7 +181,7 @@ def _controller_argv(env: ComponentEnv) -> list[str]:
 CONTROLLER = ComponentSpec(
     name="egpu-controller", role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
     argv=_controller_argv, ready_path="/readyz",
-    title="Elastic GPU controller (claims, MIG adapter), metrics and health at")
+    title="Elastic GPU controller (claims, MIG adapter, budgets), metrics and health at")
 
 #: kwok nodes have no agent to keep their cards' allocation columns current.
 ALLOCATION_SYNC = ComponentSpec(

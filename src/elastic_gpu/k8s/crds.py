@@ -91,3 +91,18 @@ def install_elasticgpu_crds(client: Any, timeout_s: float = 30.0) -> None:
 
     install_crds(client, [*crd_manifests().values(), migsubstitution.crd_manifest(),
                           budget.crd_manifest()], timeout_s)
+
+
+def install_priority_classes(client: Any) -> None:
+    """The budgets' PriorityClass (`k8s.budget.priority_class_manifest`), created or left as
+    it is (its value cannot change once created)."""
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+
+    from elastic_gpu.k8s.budget import priority_class_manifest
+
+    try:
+        client.create(codecs.from_dict(priority_class_manifest()))
+    except ApiError as err:
+        if err.status.code != 409:
+            raise

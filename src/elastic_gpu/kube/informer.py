@@ -7,9 +7,9 @@
   that changed as an update, a new one as an add (client-go's Replace).
 - `has_synced` turns true after the first list has been delivered; handlers run in the event
   loop, synchronously, and must not block (a controller's handler enqueues a key).
-- `optional` (a custom resource whose CRD may not be installed): a 404 on the list counts as
-  an empty, synced collection, listed again every `missing_retry_s`, so one controller's
-  missing CRD never holds up the others' cache sync.
+- `missing_ok` (a CRD that may not be installed): a 404 on the list counts as an empty,
+  synced collection (objects known are delivered as deletions) and the list is retried every
+  `missing_retry_s`, so one uninstalled CRD does not hold back every controller's start.
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ class Informer:
 
     def __init__(self, client: ListWatcher, path: str, *, name: str,
                  params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
-                 backoff_s: tuple[float, float] = (0.2, 30.0), optional: bool = False,
+                 backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
                  missing_retry_s: float = 10.0) -> None:
         self.client = client
-        self.optional = optional
+        self.missing_ok = missing_ok
         self.missing_retry_s = missing_retry_s
         self.path = path
         self.name = name
@@ -170,13 +170,13 @@ class Informer:
             except Gone:
                 log.info("%s: watch expired (410 Gone); relisting", self.name)
                 continue
-            except NotFound:
-                if not self.optional:
+            except NotFound as err:
+                if not self.missing_ok:
                     failures += 1
-                    log.warning("%s: list/watch: not found", self.name)
+                    log.warning("%s: list/watch failed: %s", self.name, err)
                 else:
-                    if self.store or not self.has_synced:
-                        log.info("%s: not served (CRD not installed); listing again every "
+                    if not self.has_synced or self.store:
+                        log.info("%s: not served (CRD not installed?); checking again every "
                                  "%.0f s", self.name, self.missing_retry_s)
                     self.replace([])
                     await asyncio.sleep(self.missing_retry_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from elastic_gpu.core.quota import QUOTA_NAMES
 from elastic_gpu.core.resources import RESOURCE_TABLE, MigProfile
 
 #: MIG profiles of the A30, A100 40/80 GB, H100/H200: managedResources takes exact names.
@@ -22,8 +23,12 @@ MIG_PROFILES = (
 
 
 def managed_resource_names() -> list[str]:
+    """Every GPU name, the MIG profiles' names, and the quota's accounting names
+    (`core.quota.QUOTA_NAMES`: no node advertises them, so kube-scheduler must ignore them or
+    it would find every node short; docs/budgets.md, "Quota")."""
     names = [spec.name for spec in RESOURCE_TABLE]
     names += [MigProfile.parse(p).resource_name for p in MIG_PROFILES]
+    names += list(QUOTA_NAMES)
     return names
 
 

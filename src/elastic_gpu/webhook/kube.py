@@ -255,6 +255,8 @@ class CrdCache(Generic[T]):
 
     #: the kind in log lines
     kind = "object"
+    #: False for a cluster-scoped resource (listed and watched without a namespace)
+    namespaced = True
 
     def __init__(self, resource: Callable[[], Any], decode: Callable[[Mapping[str, Any]], T | None],
                  crd_retry_s: float = 10.0) -> None:
@@ -292,13 +294,14 @@ class CrdCache(Generic[T]):
         from lightkube.core.exceptions import ApiError
 
         resource = self._resource()
+        scope: dict[str, str] = {"namespace": "*"} if self.namespaced else {}
         while True:
             try:
-                listing = client.list(resource, namespace="*")
+                listing = client.list(resource, **scope)
                 self.replace([obj.to_dict() async for obj in listing])
                 self.crd_installed = True
                 self.synced.set()
-                async for kind, obj in client.watch(resource, namespace="*",
+                async for kind, obj in client.watch(resource, **scope,
                                                     resource_version=listing.resourceVersion):
                     self.event(str(kind), obj.to_dict())
             except asyncio.CancelledError:

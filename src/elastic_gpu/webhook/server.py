@@ -11,6 +11,10 @@
   asking a MIG profile has its namespace's rules read live (a quorum list) before /mutate
   judges it, so a rule the MIG adapter wrote before deleting a pod rewrites its replacement
   whatever the watch has delivered; the cache is the fallback when the read fails.
+- GPU pods of a namespace over its GPU budget get the lower PriorityClass (`budgets.
+  BudgetLookup`: watches of GPUBudgets and PriorityClasses, fail-open; docs/budgets.md); with
+  `budget_finalizer` every GPU pod gets the budget keeper's finalizer, with `quota` the
+  canonical quota resources (`core.quota.QUOTA_MUTATORS`).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -35,14 +39,18 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from elastic_gpu.core.admission import (
+    MUTATORS,
     ClusterFacts,
+    Mutator,
     NodeGpus,
     PodClaims,
     admit,
+    budget_finalizer,
     claim_names,
     default_policies,
     facts_from_nodes,
 )
+from elastic_gpu.core.budget import PriorityDowngrade
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.scheduler.eventloop import stop_on_signals
@@ -126,6 +134,11 @@ class Metrics:
                                     "MIG pods at /mutate by where their namespace's "
                                     "MIGSubstitutions were read: api (a live list) or cache "
                                     "(the live list failed)", ["source"], registry=self.registry)
+        self.budget_lookups = Counter("elasticgpu_webhook_budget_lookups",
+                                      "GPU budget lookups of pods, by source: cache (the "
+                                      "watches), api (a live read: cache not synced or a "
+                                      "class missing from it), failed (admitted as it is)",
+                                      ["source"], registry=self.registry)
         self.gpu_nodes = Gauge("elasticgpu_webhook_gpu_nodes", "GPU nodes known",
                                registry=self.registry)
         self.largest_cards = Gauge("elasticgpu_webhook_largest_node_cards",
@@ -171,6 +184,9 @@ def asks_mig(pod: Any) -> bool:
     return False
 
 
+BudgetLookupFn = Callable[[str], Awaitable[PriorityDowngrade | None]]
+
+
 def _no_claim(_namespace: str, _name: str) -> Claim | None:
     return None
 
@@ -187,9 +203,14 @@ class Admission:
                  on_lookup: Callable[[str], None] | None = None,
                  fetch_rules: RuleFetch | None = None,
                  on_rule_lookup: Callable[[str], None] | None = None) -> None:
+                 budget: BudgetLookupFn | None = None,
+                 mutators: Sequence[Mutator] = MUTATORS) -> None:
         self.facts = facts or ClusterFacts()
         self.claims = claims
         self.fetch = fetch
+        #: the namespace's over-budget downgrade (mutations only; None: no budgets)
+        self.budget = budget
+        self.mutators = tuple(mutators)
         #: told "cache" or "api" for each claim a pod names, by where it was looked up
         self.on_lookup = on_lookup
         #: a live read of one namespace's MIGSubstitutions, made by `review_async` for a pod
@@ -272,12 +293,15 @@ class Admission:
                     self.on_rule_lookup("api")
                 facts = replace(facts, mig_substitutions=tuple(
                     r for r in facts.mig_substitutions if r.namespace != namespace) + live)
-        return self._judge(request, mutate, PodClaims(namespace, found), facts)
+        downgrade = await self.budget(namespace) if mutate and self.budget is not None else None
+        return self._judge(request, mutate, PodClaims(namespace, found), facts, downgrade)
 
-    def _judge(self, request: _Request, mutate: bool,
-               claims: PodClaims, facts: ClusterFacts | None = None) -> tuple[int, bytes, str]:
+    def _judge(self, request: _Request, mutate: bool, claims: PodClaims,
+               facts: ClusterFacts | None = None,
+               budget: PriorityDowngrade | None = None) -> tuple[int, bytes, str]:
         try:
-            verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims)
+            verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims,
+                            mutators=self.mutators, budget=budget)
         except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
             log.exception("admission of %s/%s failed", request.namespace, request.name)
             return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
@@ -350,6 +374,19 @@ class WebhookOptions:
     namespace_labels: dict[str, str] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY
     extra_hosts: tuple[str, ...] = ()
+    #: the PriorityClass of over-budget namespaces' GPU pods (a GPUBudget may name another);
+    #: None: budgets are not looked up
+    over_budget_class: str | None = "egpu-over-budget"
+    #: every GPU pod gets the budget keeper's finalizer (run `egpu controller` with it)
+    budget_finalizer: bool = False
+    #: GPU containers get the canonical quota resources (the scheduler must ignore them)
+    quota: bool = False
+
+    def mutators(self) -> tuple[Mutator, ...]:
+        from elastic_gpu.core.quota import QUOTA_MUTATORS
+
+        base = QUOTA_MUTATORS if self.quota else MUTATORS
+        return (*base, budget_finalizer) if self.budget_finalizer else tuple(base)
 
     def target(self) -> Target:
         if self.service_name:
@@ -367,18 +404,24 @@ class WebhookOptions:
 class WebhookServer:
     def __init__(self, options: WebhookOptions) -> None:
         self.options = options
+        from elastic_gpu.webhook.budgets import BudgetLookup
         from elastic_gpu.webhook.kube import ClaimCache
         from elastic_gpu.webhook.migrules import RuleCache
 
         self.claim_cache = ClaimCache()
         self.rule_cache = RuleCache(self.set_mig_rules)
         self.metrics = Metrics()
+        self.budgets = (BudgetLookup(options.over_budget_class,
+                                     lambda source: self.metrics.budget_lookups.labels(
+                                         source).inc())
+                        if options.over_budget_class else None)
         self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
                                    on_lookup=lambda source: self.metrics.claim_lookups.labels(
                                        source).inc(),
                                    fetch_rules=self.rule_cache.fetch,
                                    on_rule_lookup=lambda source: self.metrics.rule_lookups.labels(
-                                       source).inc())
+                                       source).inc(),
+                                   budget=self.budgets, mutators=options.mutators())
         self.tls = TlsHolder()
         self.ca_bundle = ""
         self.registered = asyncio.Event()
@@ -536,6 +579,8 @@ class WebhookServer:
         tasks.append(asyncio.create_task(facts.run(client)))
         tasks.append(asyncio.create_task(self.claim_cache.run(client)))
         tasks.append(asyncio.create_task(self.rule_cache.run(client)))
+        if self.budgets is not None:
+            tasks.append(asyncio.create_task(self.budgets.run(client)))
         runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, self.options.host, self.options.port,

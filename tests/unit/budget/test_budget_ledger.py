@@ -108,6 +108,19 @@ def test_deleted_pod_still_running_is_closed_at_its_deletion_timestamp() -> None
     assert b.record_usage(rec, 0, 2 * T0, T0 + 1000) == 30
 
 
+def test_a_real_finish_or_a_shortened_grace_period_wins_over_the_first_deletion_time() -> None:
+    # kubectl delete (grace 30 s), then kubelet reports the container's end 5 s later
+    first = b.observe(pod(statuses=[running(T0)], deleted=T0 + 100))
+    ended = b.observe(pod(statuses=[terminated(T0, T0 + 75)], deleted=T0 + 100))
+    ledger = b.fold_all([first, ended])
+    assert b.usage(ledger, 0, 2 * T0, T0 + 1000) == {"team-a": 75}
+    assert b.ended(ledger["u1"], T0 + 80)  # released before the grace period is over
+    # the grace period shortened to 0 (kwok, a force delete): the earlier instant counts
+    forced = b.fold_all([first, b.observe(pod(statuses=[running(T0)], deleted=T0 + 72))])
+    assert b.usage(forced, 0, 2 * T0, T0 + 1000) == {"team-a": 72}
+    assert b.ended(forced["u1"], T0 + 72) and not b.ended(forced["u1"], T0 + 71)
+
+
 def test_termination_seen_after_running_closes_the_run() -> None:
     ledger = b.fold_all([b.observe(pod(statuses=[running(T0)])),
                          b.observe(pod(statuses=[terminated(T0, T0 + 10)])),

@@ -120,7 +120,7 @@ class MissingCrd:
 
 async def test_an_optional_informer_on_a_missing_crd_is_synced_and_empty() -> None:
     api = MissingCrd()
-    optional = Informer(api, "/apis/x/v1/things", name="things", optional=True,
+    optional = Informer(api, "/apis/x/v1/things", name="things", missing_ok=True,
                         missing_retry_s=0.01)
     task = asyncio.create_task(optional.run())
     await asyncio.wait_for(optional.wait_synced(), 2)

@@ -1,0 +1,161 @@
+"""The webhook's budget lookups: is a pod's namespace over its GPU budget, and what is the lower
+PriorityClass's value? Feeds `core.admission.admit(..., budget=)` (`budget_priority`).
+
+- GPUBudgets: a list and watch (`kube.CrdCache`); a namespace is over budget while its
+  GPUBudget (the first by name, as the keeper reads it) has the condition `OverBudget=True`
+  that the budget keeper writes. The lower class: `spec.overBudgetPriorityClassName`, else the
+  webhook's `--over-budget-priority-class`.
+- PriorityClasses: a list and watch (cluster-scoped) for the class's `value` and
+  `preemptionPolicy`.
+
+Cache misses and failures (docs/budgets.md, "The webhook's lookups"):
+- GPUBudgets not synced yet (the webhook just started, or the API failed its list): the
+  namespace's GPUBudgets are read live. Once synced, a namespace the cache has no GPUBudget
+  for has no budget (no call per pod; a GPUBudget created within the watch's latency is missed
+  for that moment).
+- The lower class not in the cache: read live.
+- Any read that fails, or a class that does not exist: the pod is admitted as it is, in
+  budget (fail open: a budget lowers priorities, it never refuses pods), logged and counted in
+  `elasticgpu_webhook_budget_lookups{source="failed"}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_gpu.core.budget import PriorityDowngrade
+from elastic_gpu.webhook.kube import CrdCache, _status_code
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BudgetFacts:
+    """What the webhook needs of one GPUBudget."""
+
+    name: str
+    over: bool
+    priority_class: str | None
+
+
+def budget_resource() -> Any:
+    from lightkube.generic_resource import create_namespaced_resource
+
+    from elastic_gpu.k8s.budget import KIND, PLURAL
+    from elastic_gpu.k8s.elasticgpu import GROUP, VERSION
+
+    return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+
+def budget_facts(obj: Mapping[str, Any]) -> BudgetFacts | None:
+    from elastic_gpu.k8s.budget import OVER_BUDGET
+
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    over = any(isinstance(c, Mapping) and c.get("type") == OVER_BUDGET and
+               c.get("status") == "True" for c in conditions)
+    name = spec.get("overBudgetPriorityClassName") if isinstance(spec, Mapping) else None
+    return BudgetFacts(str(meta.get("name", "")), over, name if isinstance(name, str) else None)
+
+
+def priority_class_resource() -> Any:
+    from lightkube.resources.scheduling_v1 import PriorityClass
+
+    return PriorityClass
+
+
+def class_facts(obj: Mapping[str, Any]) -> tuple[int, str | None] | None:
+    value = obj.get("value")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    policy = obj.get("preemptionPolicy")
+    return value, policy if isinstance(policy, str) else None
+
+
+class BudgetCache(CrdCache[BudgetFacts]):
+    kind = "GPUBudget"
+
+    def __init__(self, crd_retry_s: float = 10.0) -> None:
+        super().__init__(budget_resource, budget_facts, crd_retry_s)
+
+    def of(self, namespace: str) -> BudgetFacts | None:
+        mine = sorted(k[1] for k in self.objects if k[0] == namespace)
+        return self.objects[(namespace, mine[0])] if mine else None
+
+
+class PriorityClassCache(CrdCache[tuple[int, str | None]]):
+    kind = "PriorityClass"
+    namespaced = False
+
+    def __init__(self) -> None:
+        super().__init__(priority_class_resource, class_facts)
+
+    def of(self, name: str) -> tuple[int, str | None] | None:
+        return self.objects.get(("", name))
+
+
+class BudgetLookup:
+    """`await lookup(namespace)` -> the downgrade a new GPU pod of `namespace` gets (None: in
+    budget, no budget, or the lookup failed: fail open)."""
+
+    def __init__(self, default_class: str, on_lookup: Callable[[str], None] = lambda _: None
+                 ) -> None:
+        self.default_class = default_class
+        self.budgets = BudgetCache()
+        self.classes = PriorityClassCache()
+        self.client: Any = None
+        self.on_lookup = on_lookup
+
+    async def _budget(self, namespace: str) -> BudgetFacts | None:
+        if self.budgets.synced.is_set() or self.client is None:
+            self.on_lookup("cache")
+            return self.budgets.of(namespace)
+        self.on_lookup("api")
+        items = [budget_facts(o.to_dict()) async for o in
+                 self.client.list(budget_resource(), namespace=namespace)]
+        found = sorted((f for f in items if f is not None), key=lambda f: f.name)
+        return found[0] if found else None
+
+    async def _class(self, name: str) -> tuple[int, str | None] | None:
+        from lightkube.core.exceptions import ApiError
+
+        known = self.classes.of(name)
+        if known is not None or self.client is None:
+            return known
+        self.on_lookup("api")
+        try:
+            obj = await self.client.get(priority_class_resource(), name)
+        except ApiError as err:
+            if _status_code(err) == 404:
+                return None
+            raise
+        return class_facts(obj.to_dict())
+
+    async def __call__(self, namespace: str) -> PriorityDowngrade | None:
+        try:
+            facts = await self._budget(namespace)
+            if facts is None or not facts.over:
+                return None
+            name = facts.priority_class or self.default_class
+            found = await self._class(name)
+        except Exception as err:  # the API is unreachable: admit the pod as it is
+            self.on_lookup("failed")
+            log.warning("GPU budget of namespace %s not read (%s: %s); the pod keeps its "
+                        "priority", namespace, type(err).__name__, err)
+            return None
+        if found is None:
+            self.on_lookup("failed")
+            log.warning("namespace %s is over its GPU budget but PriorityClass %s does not "
+                        "exist; the pod keeps its priority", namespace, name)
+            return None
+        return PriorityDowngrade(name, found[0], found[1])
+
+    async def run(self, client: Any) -> None:
+        import asyncio
+
+        self.client = client
+        await asyncio.gather(self.budgets.run(client), self.classes.run(client))

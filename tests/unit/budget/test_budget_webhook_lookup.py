@@ -1,0 +1,98 @@
+"""The webhook's budget half: the finalizer mutator, the over-budget lookup fed to `admit`, and
+the lookup's fail-open behaviour (webhook.budgets)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, budget_finalizer
+from elastic_gpu.core.budget import FINALIZER, PriorityDowngrade
+from elastic_gpu.webhook.budgets import BudgetLookup, budget_facts
+from elastic_gpu.webhook.server import Admission
+
+FACTS = ClusterFacts(largest_cards=8, largest_cards_node="n1")
+WITH_FINALIZER = (*MUTATORS, budget_finalizer)
+
+
+def pod(limits: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "p", **meta}, "spec": {"containers": [
+        {"name": "main", "resources": {"limits": limits}}]}}
+
+
+def review(obj: Any) -> bytes:
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": "u", "kind": {"version": "v1", "kind": "Pod"},
+                                   "resource": {"version": "v1", "resource": "pods"},
+                                   "namespace": "team", "operation": "CREATE",
+                                   "object": obj}}).encode()
+
+
+def patch_of(payload: bytes) -> list[dict[str, Any]]:
+    response = json.loads(payload)["response"]
+    assert response["allowed"], response
+    return json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+
+
+def test_gpu_pods_get_the_finalizer_once_cpu_pods_none() -> None:
+    gpu = admit(pod({"tencent.com/vcuda-core": "50"}), FACTS, mutate=True,
+                mutators=WITH_FINALIZER)
+    assert {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]} in gpu.patch
+    other = admit(pod({"tencent.com/vcuda-core": "50"}, finalizers=["x"]), FACTS, mutate=True,
+                  mutators=WITH_FINALIZER)
+    assert {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER} in other.patch
+    again = admit(pod({"tencent.com/vcuda-core": "50"}, finalizers=[FINALIZER]), FACTS,
+                  mutate=True, mutators=WITH_FINALIZER)
+    assert not any("finalizers" in op["path"] for op in again.patch)
+    cpu = admit(pod({"cpu": "1"}), FACTS, mutate=True, mutators=WITH_FINALIZER)
+    assert not cpu.patch
+    plain = admit(pod({"tencent.com/vcuda-core": "50"}), FACTS, mutate=True)
+    assert not any("finalizers" in op["path"] for op in plain.patch)  # opt-in
+
+
+def test_the_lookup_feeds_admit_over_budget_only() -> None:
+    asked: list[str] = []
+
+    async def over(namespace: str) -> PriorityDowngrade | None:
+        asked.append(namespace)
+        return PriorityDowngrade("egpu-over-budget", -100, "Never")
+
+    async def within(namespace: str) -> PriorityDowngrade | None:
+        return None
+
+    body = review(pod({"tencent.com/vcuda-core": "50"}))
+    _, payload, _ = asyncio.run(Admission(FACTS, budget=over).review_async(body, mutate=True))
+    ops = {op["path"]: op["value"] for op in patch_of(payload)}
+    assert asked == ["team"]
+    assert ops["/spec/priorityClassName"] == "egpu-over-budget"
+    assert ops["/spec/priority"] == -100 and ops["/spec/preemptionPolicy"] == "Never"
+    _, payload, _ = asyncio.run(Admission(FACTS, budget=within).review_async(body, mutate=True))
+    assert not any(op["path"].startswith("/spec/priority") for op in patch_of(payload))
+
+
+def _budget(name: str, over: bool, cls: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"gpuHours": 1, "period": "1h"}
+    if cls:
+        spec["overBudgetPriorityClassName"] = cls
+    return {"metadata": {"name": name, "namespace": "team"}, "spec": spec,
+            "status": {"conditions": [{"type": "OverBudget",
+                                       "status": "True" if over else "False"}]}}
+
+
+def test_lookup_reads_the_condition_and_the_class_and_fails_open() -> None:
+    sources: list[str] = []
+    lookup = BudgetLookup("egpu-over-budget", sources.append)
+    lookup.budgets.replace([_budget("b", True)])
+    lookup.budgets.synced.set()
+    lookup.classes.replace([{"metadata": {"name": "egpu-over-budget"}, "value": -100,
+                             "preemptionPolicy": "Never"}])
+    assert asyncio.run(lookup("team")) == PriorityDowngrade("egpu-over-budget", -100, "Never")
+    assert asyncio.run(lookup("elsewhere")) is None  # no budget: in budget
+    # the first GPUBudget by name counts, as for the keeper; its own class
+    lookup.budgets.replace([_budget("a", True, "custom"), _budget("b", False)])
+    assert asyncio.run(lookup("team")) is None and sources[-1] == "failed"  # no such class
+    lookup.budgets.replace([_budget("a", False), _budget("b", True)])
+    assert asyncio.run(lookup("team")) is None
+    assert budget_facts(_budget("x", True, "c")).priority_class == "c"
