@@ -202,7 +202,7 @@ class Admission:
                  fetch: ClaimFetch | None = None,
                  on_lookup: Callable[[str], None] | None = None,
                  fetch_rules: RuleFetch | None = None,
-                 on_rule_lookup: Callable[[str], None] | None = None) -> None:
+                 on_rule_lookup: Callable[[str], None] | None = None,
                  budget: BudgetLookupFn | None = None,
                  mutators: Sequence[Mutator] = MUTATORS) -> None:
         self.facts = facts or ClusterFacts()
