@@ -7,6 +7,12 @@ compute slices (fraction of SMs), the memory slices (fraction of memory, in eigh
 quarters), the memory in GB its name gives and how many instances of it one card holds. The
 A100-SXM4-80GB and the H100 80 GB carry the same names (1g.10gb ... 7g.80gb) and sizes; the H200
 141 GB carries 1g.18gb ... 7g.141gb. The `+me` profiles (media extensions) exist once per card.
+The H100-80GB and H200-141GB rows (names and instances per card) were cross-checked against
+NVIDIA's own MIG partition editor defaults (NVIDIA/mig-parted,
+deployments/systemd/config-default.yaml: `all-1g.10gb` 7, `all-1g.20gb` 4, `all-2g.20gb` 3,
+`all-3g.40gb` 2, `all-4g.40gb` 1, `all-7g.80gb` 1 for H100-80GB; `all-1g.18gb` 7,
+`all-1g.35gb` 4, `all-2g.35gb` 3, `all-3g.71gb` 2, `all-4g.71gb` 1, `all-7g.141gb` 1 for
+H200-141GB; one `+me` each).
 
 Decisions (the adapter feeds them what it read from the API):
 
