@@ -172,7 +172,10 @@ def asks_mig(pod: Any) -> bool:
     if not isinstance(spec, dict):
         return False
     for kind in ("containers", "initContainers"):
-        for container in spec.get(kind) or []:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):  # malformed: the core refuses it with its reason
+            continue
+        for container in containers:
             resources = container.get("resources") if isinstance(container, dict) else None
             if not isinstance(resources, dict):
                 continue

@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from elastic_gpu.core.admission import ClusterFacts
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.core.resources import MigProfile
@@ -100,6 +102,19 @@ def test_pods_asking_no_mig_make_no_read() -> None:
         "nvidia.com/mig-1g.10gb": "1"}}}]}})
     assert not asks_mig({"spec": {"containers": [{"resources": {"limits": {
         "nvidia.com/gpu": "1"}}}]}})
+
+
+@pytest.mark.parametrize("spec", [{"initContainers": True}, {"containers": 3},
+                                  {"containers": "x"}, {"containers": [None, 1]}])
+def test_a_malformed_pod_is_judged_not_crashed(spec: dict[str, Any]) -> None:
+    # The fuzz test's case: `initContainers: true` made the MIG check raise, a 500.
+    assert not asks_mig({"spec": spec})
+    api = Rules(RULE)
+    admission = Admission(FACTS, fetch_rules=api.fetch)
+    body = json.loads(review())
+    body["request"]["object"]["spec"] = spec
+    status, _, _ = asyncio.run(admission.review_async(json.dumps(body).encode(), mutate=True))
+    assert status == 200
 
 
 class MissingCrd:
