@@ -350,8 +350,12 @@ class MigController:
                 rewritten=pod is not None and rule.name in _applied_rules(pod),
                 pending=pod is not None and unschedulable(pod),
                 finished=pod is not None and finished(pod),
-                recorded=recorded)
+                recorded=recorded,
+                terminating=pod is not None and bool(
+                    (pod.get("metadata") or {}).get("deletionTimestamp")))
             step = core.bare_rule_step(rule, state)
+            if step is core.BareStep.WAIT:  # its DELETED event starts the next round
+                continue
             if step is core.BareStep.NONE:
                 if pod is not None and not recorded:
                     await self._record(obj, pod)

@@ -569,6 +569,9 @@ class BareStep(enum.Enum):
     DELETE_POD = "delete-pod"
     #: delete the rule: nothing refers to it any more
     DELETE_RULE = "delete-rule"
+    #: wait: the pod is being deleted (this controller's delete, held by a finalizer such as
+    #: the budget keeper's); the step after it is gone is CREATE
+    WAIT = "wait"
 
 
 @dataclass(frozen=True)
@@ -584,6 +587,8 @@ class BarePodState:
     finished: bool = False
     #: the rule's status names the pod it re-created (the move finished once)
     recorded: bool = False
+    #: it has a deletionTimestamp (a finalizer may hold it for a while)
+    terminating: bool = False
 
 
 def bare_rule_step(rule: SubstitutionRule, pod: BarePodState) -> BareStep:
@@ -597,7 +602,11 @@ def bare_rule_step(rule: SubstitutionRule, pod: BarePodState) -> BareStep:
     and the rule refers to nothing); a moving rule whose pod is still un-rewritten and pending
     stopped before its delete; a returning rule whose pod is still rewritten stopped before
     its delete; a returning rule whose pod runs as written, a moving one whose pod got placed
-    on its own profile meanwhile, and one whose pod finished refer to nothing."""
+    on its own profile meanwhile, and one whose pod finished refer to nothing. A pod being
+    deleted is waited for: until it is gone its name cannot be re-created, and judging it as if
+    it stayed would delete the rule holding its saved manifest (the pod would be lost)."""
+    if pod.exists and pod.terminating and not pod.finished:
+        return BareStep.WAIT
     if not pod.exists:
         return BareStep.CREATE if rule.returning or not pod.recorded else BareStep.DELETE_RULE
     if rule.returning:

@@ -195,7 +195,9 @@ def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
         assert ["NAME", "STATUS", "ELASTICGPU", "CAPACITY", "CLASS", "NODE", "AGE"] in headers
         assert ["NAME", "CAPACITY", "NODE", "CARDS", "RECLAIMPOLICY", "STATUS", "CLAIM", "CLASS",
                 "AGE"] in headers
-        row = next(line.split() for line in lines if line.startswith(f"elasticgpu.{api.GROUP}/"))
+        # this test's own row: the cluster is shared, other tests' ElasticGPUs may be listed
+        row = next(line.split() for line in lines
+                   if line.startswith(f"elasticgpu.{api.GROUP}/{egpu.name} "))
         assert row[2:7] == ["node-a", "3", "Retain", "Bound", claim_name], out
         claim_row = next(line.split() for line in lines
                          if line.startswith(f"elasticgpuclaim.{api.GROUP}/{claim_name}"))

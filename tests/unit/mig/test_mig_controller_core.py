@@ -58,6 +58,14 @@ RETURNING = SubstitutionRule("r", "ns", P("1g.10gb"), P("2g.20gb"), pod_name="tr
 @pytest.mark.parametrize(("rule", "state", "step"), [
     # a move: rule written, pod deleted, not created (SIGKILL there): create it
     (BARE, BarePodState(exists=False), BareStep.CREATE),
+    # ... and the deleted pod is still there, held by a finalizer (the budget keeper's): wait
+    # for it to be gone, never judge it as if it stayed (the rule holds its only copy)
+    (BARE, BarePodState(exists=True, terminating=True), BareStep.WAIT),
+    (BARE, BarePodState(exists=True, pending=True, terminating=True), BareStep.WAIT),
+    (RETURNING, BarePodState(exists=True, rewritten=True, recorded=True, terminating=True),
+     BareStep.WAIT),
+    (BARE, BarePodState(exists=True, rewritten=True, finished=True, terminating=True),
+     BareStep.DELETE_RULE),
     # a move that stopped before its delete: the pod still waits un-rewritten
     (BARE, BarePodState(exists=True, pending=True), BareStep.DELETE_POD),
     (BARE, BarePodState(exists=True, rewritten=True), BareStep.NONE),
