@@ -329,6 +329,10 @@ def top(
 
     logging.basicConfig(level=logging.WARNING, format="egpu top: %(message)s")
     console = Console()
+    if not console.is_terminal:
+        # piped or captured (`egpu top > file`, `| grep`): one line per row, as kubectl prints,
+        # never wrapped at rich's 80-column default for non-terminals
+        console = Console(width=1000, soft_wrap=True)
     patterns = list(node or [])
     try:
         client = KubeClient.from_config(default_kubeconfig(kubeconfig))

@@ -131,3 +131,25 @@ def test_watch_refreshes_until_interrupted(monkeypatch: Any) -> None:
     assert result.exit_code == 0, result.output
     assert len(calls) == 4 and Client.closed  # three refreshes, then Ctrl-C closes the client
     assert "1 node · 1 card" in result.output  # the later refresh was drawn
+
+
+def test_piped_output_keeps_one_line_per_row(monkeypatch: Any) -> None:
+    # Not a terminal (a pipe, a file, CliRunner): rows are not wrapped at rich's 80 columns, so
+    # `egpu top | grep NODE` finds a whole row.
+    from elastic_gpu.cli import top as top_module
+    from elastic_gpu.kube.client import KubeClient
+
+    class Client:
+        async def close(self) -> None:
+            pass
+
+    async def snapshot(client: Any, patterns: Any) -> Any:
+        return view_from_objects(objects())
+
+    monkeypatch.setattr(KubeClient, "from_config", classmethod(lambda cls, path: Client()))
+    monkeypatch.setattr(top_module, "snapshot", snapshot)
+    result = CliRunner().invoke(app, ["top", "--kubeconfig", "/dev/null"])
+    assert result.exit_code == 0, result.output
+    (header,) = [line for line in result.output.splitlines() if line.startswith("NODE")]
+    assert header.split()[-2:] == ["HELD", "BY"]
+    assert max(len(line) for line in result.output.splitlines()) > 80
