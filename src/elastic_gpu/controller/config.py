@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from elastic_gpu.core.mig import MIG_MODELS, MoveBackPolicy, compatible
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.settings_file import load_settings
 
 
 class ConfigError(ValueError):
@@ -110,21 +110,4 @@ class ControllerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> ControllerConfig:
-    if path is None:
-        return ControllerConfig()
-    try:
-        data: Any = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not YAML: {err}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping of settings, got {type(data).__name__}")
-    try:
-        return ControllerConfig.model_validate(data)
-    except ValidationError as err:
-        details = "; ".join(f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
-                            for e in err.errors())
-        raise ConfigError(f"{path}: {details}") from None
+    return load_settings(path, ControllerConfig, ConfigError)

@@ -22,12 +22,12 @@ simulator measured.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
+from elastic_gpu.settings_file import load_settings
 
 
 class ConfigError(ValueError):
@@ -95,20 +95,4 @@ class SchedulerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> SchedulerConfig:
-    if path is None:
-        return SchedulerConfig()
-    try:
-        data: Any = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not YAML: {err}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a mapping of settings, got {type(data).__name__}")
-    try:
-        return SchedulerConfig.model_validate(data)
-    except ValidationError as err:
-        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-        raise ConfigError(f"{path}: {details}") from None
+    return load_settings(path, SchedulerConfig, ConfigError)
