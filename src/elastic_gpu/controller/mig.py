@@ -47,6 +47,7 @@ from elastic_gpu.core.assignment import Assignment, AssignmentError
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import PodRequest, RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.k8s import elasticgpu as egpu_api
 from elastic_gpu.k8s import gpudevice
 from elastic_gpu.k8s import migsubstitution as rules_api
 from elastic_gpu.k8s.elasticgpu import GROUP, VERSION, ElasticGPUObjectError
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 RULES = Resource(f"/apis/{GROUP}/{VERSION}", rules_api.PLURAL, True)
 DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
 NODES = Resource("/api/v1", "nodes", False)
+EGPUS = Resource(f"/apis/{GROUP}/{VERSION}", egpu_api.EGPU_PLURAL, False)
 RULE_API_VERSION = f"{GROUP}/{VERSION}"
 
 ROUND = "round"
@@ -203,16 +205,20 @@ class MigController:
         # (a cluster without these CRDs has no MIG to adapt; the other controllers go on)
         self.devices = f.informer(DEVICES.path(), "gpudevices", missing_ok=True)
         self.rules = f.informer(RULES.path(), "migsubstitutions", missing_ok=True)
+        # ElasticGPUs hold MIG instances for their claims as pods do (the claims issue)
+        self.egpus = f.informer(EGPUS.path(), "elasticgpus", missing_ok=True)
         self.metrics = MigMetrics(ctx)
         self.reservations: list[Reservation] = []
         #: bare rule name -> times its pod was deleted again because it came un-rewritten
         self.repairs: dict[str, int] = {}
         #: pod uid -> the reason last told in an Event (told again only when it changes)
         self.told: dict[str, str] = {}
+        #: rules and pods of this round whose API calls failed (each alone; see _bare_rules)
+        self.item_failures = 0
         changed = Handler(on_add=lambda _o: self.kick(),
                           on_update=lambda _o, _n: self.kick(),
                           on_delete=lambda _o: self.kick())
-        for informer in (self.pods, self.nodes, self.devices, self.rules):
+        for informer in (self.pods, self.nodes, self.devices, self.rules, self.egpus):
             informer.add_handler(changed)
 
     def kick(self) -> None:
@@ -229,9 +235,14 @@ class MigController:
                 started = time.perf_counter()
                 result = "ok"
                 try:
+                    self.item_failures = 0
                     await self.round()
-                    self.queue.forget(key)
-                    self.queue.add_after(ROUND, RESYNC_S)
+                    if self.item_failures:  # a rule or pod failed alone: soon again, backing off
+                        result = "requeue"
+                        self.queue.add_rate_limited(key)
+                    else:
+                        self.queue.forget(key)
+                        self.queue.add_after(ROUND, RESYNC_S)
                 except asyncio.CancelledError:
                     raise
                 except (Conflict, NotFound) as err:
@@ -291,6 +302,14 @@ class MigController:
                              for _ in range(max(1, c.cards)))
             if profiles:
                 out.append(core.BoundPod(str(node), (), profiles))
+        for obj in self.egpus.items():
+            try:
+                egpu = egpu_api.elasticgpu_from_object(obj)
+            except ElasticGPUObjectError:
+                continue
+            held = tuple(s.mig_uuid for s in egpu.shares if s.mig_uuid)
+            if held:  # in every phase until deleted, as the extender counts them
+                out.append(core.BoundPod(egpu.node, held))
         return out
 
     def _allowed_nodes(self, pod: Mapping[str, Any]) -> frozenset[str] | None:
@@ -341,53 +360,63 @@ class MigController:
 
     async def _bare_rules(self, rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
         for key, (obj, rule) in sorted(rules.items()):
-            if rule.pod_name is None:
-                continue
-            pod = self.pods.get(f"{rule.namespace}/{rule.pod_name}")
-            recorded = bool((obj.get("status") or {}).get("movedPods"))
-            state = core.BarePodState(
-                exists=pod is not None,
-                rewritten=pod is not None and rule.name in _applied_rules(pod),
-                pending=pod is not None and unschedulable(pod),
-                finished=pod is not None and finished(pod),
-                recorded=recorded,
-                terminating=pod is not None and bool(
-                    (pod.get("metadata") or {}).get("deletionTimestamp")))
-            step = core.bare_rule_step(rule, state)
-            if step is core.BareStep.WAIT:  # its DELETED event starts the next round
-                continue
-            if step is core.BareStep.NONE:
-                if pod is not None and not recorded:
-                    await self._record(obj, pod)
-                continue
-            if step is core.BareStep.CREATE:
-                if pod is None and await self._live_pod(rule.namespace, rule.pod_name):
-                    continue  # the cache is behind: the pod exists
-                created = await self._create_bare(obj, rule, "back" if rule.returning
-                                                  else "recovered")
-                if created is not None and not rule.returning:
-                    await self._record(obj, created)
-                if created is not None and rule.returning:
-                    await self._delete_rule(obj, rule, "the pod is back on "
-                                            f"{rule.from_profile.name}")
-            elif step is core.BareStep.DELETE_POD and pod is not None:
-                if not rule.returning:
-                    count = self.repairs.get(key, 0)
-                    if count >= MAX_REPAIRS:
-                        await self._delete_rule(obj, rule, "its pod came back un-rewritten "
-                                                f"{count} times")
-                        continue
-                    self.repairs[key] = count + 1
-                await self._delete_pod(pod)
-                created = await self._create_bare(obj, rule, "back" if rule.returning
-                                                  else "recovered")
-                if created is not None and rule.returning:
-                    await self._delete_rule(obj, rule, "the pod is back on "
-                                            f"{rule.from_profile.name}")
-                elif created is not None:
-                    await self._record(obj, created)
-            elif step is core.BareStep.DELETE_RULE:
-                await self._delete_rule(obj, rule, "nothing refers to it")
+            try:
+                await self._bare_rule(key, obj, rule)
+            except ApiError as err:
+                # One rule's trouble (its namespace being deleted refuses the create with 403;
+                # a conflict) must not hold up the others nor the substitutions after them:
+                # the next round, at most RESYNC_S away, tries it again.
+                log.warning("MIGSubstitution %s: %s; again next round", key, err)
+                self.item_failures += 1
+
+    async def _bare_rule(self, key: str, obj: Obj, rule: core.SubstitutionRule) -> None:
+        if rule.pod_name is None:
+            return
+        pod = self.pods.get(f"{rule.namespace}/{rule.pod_name}")
+        recorded = bool((obj.get("status") or {}).get("movedPods"))
+        state = core.BarePodState(
+            exists=pod is not None,
+            rewritten=pod is not None and rule.name in _applied_rules(pod),
+            pending=pod is not None and unschedulable(pod),
+            finished=pod is not None and finished(pod),
+            recorded=recorded,
+            terminating=pod is not None and bool(
+                (pod.get("metadata") or {}).get("deletionTimestamp")))
+        step = core.bare_rule_step(rule, state)
+        if step is core.BareStep.WAIT:  # its DELETED event starts the next round
+            return
+        if step is core.BareStep.NONE:
+            if pod is not None and not recorded:
+                await self._record(obj, pod)
+            return
+        if step is core.BareStep.CREATE:
+            if pod is None and await self._live_pod(rule.namespace, rule.pod_name):
+                return  # the cache is behind: the pod exists
+            created = await self._create_bare(obj, rule, "back" if rule.returning
+                                              else "recovered")
+            if created is not None and not rule.returning:
+                await self._record(obj, created)
+            if created is not None and rule.returning:
+                await self._delete_rule(obj, rule, "the pod is back on "
+                                        f"{rule.from_profile.name}")
+        elif step is core.BareStep.DELETE_POD and pod is not None:
+            if not rule.returning:
+                count = self.repairs.get(key, 0)
+                if count >= MAX_REPAIRS:
+                    await self._delete_rule(obj, rule, "its pod came back un-rewritten "
+                                            f"{count} times")
+                    return
+                self.repairs[key] = count + 1
+            await self._delete_pod(pod)
+            created = await self._create_bare(obj, rule, "back" if rule.returning
+                                              else "recovered")
+            if created is not None and rule.returning:
+                await self._delete_rule(obj, rule, "the pod is back on "
+                                        f"{rule.from_profile.name}")
+            elif created is not None:
+                await self._record(obj, created)
+        elif step is core.BareStep.DELETE_RULE:
+            await self._delete_rule(obj, rule, "nothing refers to it")
 
     async def _live_pod(self, namespace: str, name: str) -> bool:
         try:
@@ -510,7 +539,12 @@ class MigController:
                     self.metrics.unmovable.labels(decision.reason.value, namespace).inc()
                     self.recorder.record(as_pod(pod), WARNING, decision.reason.value, message)
                 continue
-            await self._move(pod, item.requested, decision.instance, decision.message)
+            try:
+                await self._move(pod, item.requested, decision.instance, decision.message)
+            except ApiError as err:  # this pod's trouble is not the others' (see _bare_rules)
+                log.warning("moving %s/%s: %s; again next round", namespace,
+                            _meta(pod).get("name"), err)
+                self.item_failures += 1
 
     async def _move(self, pod: Obj, requested: MigProfile, target: core.FreeInstance,
                     message: str) -> None:
@@ -608,7 +642,11 @@ class MigController:
                          {r.source_node for r in self.reservations if r.source_node})
         originals = [i for insts in free.values() for i in insts]
         for back in core.move_back(moved, originals, self.config.move_back, busy):
-            await self._return(by_key[back.pod.key], back, rules)
+            try:
+                await self._return(by_key[back.pod.key], back, rules)
+            except ApiError as err:  # this pod's trouble is not the others' (see _bare_rules)
+                log.warning("moving %s back: %s; again next round", back.pod.key, err)
+                self.item_failures += 1
 
     async def _return(self, pod: Obj, back: core.MoveBack,
                       rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:

@@ -603,9 +603,12 @@ def bare_rule_step(rule: SubstitutionRule, pod: BarePodState) -> BareStep:
     stopped before its delete; a returning rule whose pod is still rewritten stopped before
     its delete; a returning rule whose pod runs as written, a moving one whose pod got placed
     on its own profile meanwhile, and one whose pod finished refer to nothing. A pod being
-    deleted is waited for: until it is gone its name cannot be re-created, and judging it as if
-    it stayed would delete the rule holding its saved manifest (the pod would be lost)."""
-    if pod.exists and pod.terminating and not pod.finished:
+    deleted is waited for, finished or not: until it is gone its name cannot be re-created,
+    and judging it as if it stayed would delete the rule holding its saved manifest (the pod
+    would be lost). Finished does not tell here: kube-controller-manager's pod GC marks a
+    deleted pod that was never scheduled `Failed` while a finalizer (the budget keeper's)
+    holds it. Once it is gone, the rules above for a missing pod decide."""
+    if pod.exists and pod.terminating:
         return BareStep.WAIT
     if not pod.exists:
         return BareStep.CREATE if rule.returning or not pod.recorded else BareStep.DELETE_RULE

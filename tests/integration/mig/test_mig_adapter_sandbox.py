@@ -1,6 +1,6 @@
 """The MIG adapter on `egpu sandbox up --cluster` with MIG nodes (issue #16, must-shows 1-3).
 
-The sandbox is the user's: the real CLI with a cluster file of six A100-80GB nodes, each card
+The sandbox is the user's: the real CLI with a cluster file of seven A100-80GB nodes, each card
 carved into a `1g.10gb` and a `2g.20gb` instance (and one node offering `3g.40gb`, which
 only the advisor's pod names, pinned elsewhere); kube-apiserver, kube-controller-manager
 (Deployments make pods), kube-scheduler calling `egpu scheduler`, `egpu webhook` and `egpu
@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.claims import elasticgpu_object
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.sandbox import egpu, kubectl, kubectl_run
 from egpu_testing.waiting import wait_for
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.grant import DeviceFiles, build_grant
-from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_RETURNING, MIG_SUBSTITUTION
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.sandbox import Sandbox
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.integration
 CLUSTER_FILE = """\
 nodeGroups:
 - name: mig
-  count: 6
+  count: 7
   gpus: 1
   model: A100-SXM4-80GB
   memoryMiB: 81920
@@ -286,6 +287,37 @@ def test_two_pending_and_one_free_compatible_exactly_one_moves(box: Path,
     assert not waiting["spec"].get("nodeName")
     assert limits(waiting) == {"nvidia.com/mig-1g.10gb": "1"}
     assert [r["spec"]["selector"] for r in rules(box, namespace)] == [{"podName": moved[0]}]
+
+
+def test_an_instance_a_claim_holds_is_not_free(box: Path, namespace: str) -> None:
+    # A static ElasticGPU (the claims issue) holds mig-006's 2g.20gb: with the 1g.10gb taken
+    # too, a pod asking 1g.10gb has nothing to move to. Counting only pods, the adapter saw the
+    # 2g.20gb free, moved the pod there, and the extender (which counts ElasticGPUs) left it
+    # Pending under a rule.
+    node = "mig-006"
+    devices = (get(box, "gpudevices") or {})["items"]
+    (card,) = [c for n in gpudevice.nodes_from_objects(devices) if n.name == node
+               for c in n.cards]
+    (two,) = [i for i in card.mig if i.profile.name == "2g.20gb"]
+    held = CardShare(card.index, card.uuid, 0, 20 * 1024, "2g.20gb", two.uuid)
+    name = f"held-{namespace}"
+    kubectl(kc(box), "create", "-f", "-", input=json.dumps(elasticgpu_object(
+        name, node, [held], capacity={"nvidia.com/mig-2g.20gb": 1})))
+    try:
+        create(box, namespace, pod_manifest("blocker", node, "1g.10gb"))
+        wait_for("the blocker on 1g.10gb",
+                 lambda: on_profile(box, namespace, "blocker", "1g.10gb"))
+        create(box, namespace, pod_manifest("train", node, "1g.10gb"))
+        (event,) = wait_for("the Event saying why", lambda: [
+            e for e in events(box, namespace, "NoCompatibleProfileFree")
+            if e["involvedObject"]["name"] == "train"], timeout_s=20)
+        assert "no instance of 1g.10gb nor of a compatible profile" in event["message"]
+        time.sleep(2)
+        pod = get(box, "pod", "train", "-n", namespace)
+        assert not pod["spec"].get("nodeName") and limits(pod) == {"nvidia.com/mig-1g.10gb": "1"}
+        assert rules(box, namespace) == []
+    finally:
+        kubectl_run(kc(box), "delete", "egpu", name, "--wait=false")
 
 
 #: short Lease timings for the tests' own controllers (a SIGKILLed holder's Lease expires fast)

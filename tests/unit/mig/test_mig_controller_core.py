@@ -64,8 +64,10 @@ RETURNING = SubstitutionRule("r", "ns", P("1g.10gb"), P("2g.20gb"), pod_name="tr
     (BARE, BarePodState(exists=True, pending=True, terminating=True), BareStep.WAIT),
     (RETURNING, BarePodState(exists=True, rewritten=True, recorded=True, terminating=True),
      BareStep.WAIT),
-    (BARE, BarePodState(exists=True, rewritten=True, finished=True, terminating=True),
-     BareStep.DELETE_RULE),
+    # ... even marked Failed: kube-controller-manager's pod GC does that to a deleted pod that
+    # was never scheduled while a finalizer holds it
+    (BARE, BarePodState(exists=True, pending=False, finished=True, terminating=True),
+     BareStep.WAIT),
     # a move that stopped before its delete: the pod still waits un-rewritten
     (BARE, BarePodState(exists=True, pending=True), BareStep.DELETE_POD),
     (BARE, BarePodState(exists=True, rewritten=True), BareStep.NONE),
