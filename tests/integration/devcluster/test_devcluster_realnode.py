@@ -198,8 +198,8 @@ def test_agent_hands_real_containers_their_assigned_cards(
     node.restart_kubelet()
     wait_for(lambda: gpu_real_node.registrations() > before, "re-registration",
              gpu_real_node.agent)
-    # the count outlives the restart (kubelet zeroes extended resources only when the node is
-    # recreated; the agent's sync puts it back then)
+    # the count is there after the restart (a kubelet that zeroes extended resources when it
+    # registers again gets it back from the agent's sync)
     wait_for(lambda: node_core(plane, node.name) == (str(100 * CARDS),) * 2,
              f"{NODE_CORE} after the restart", gpu_real_node.agent)
     after, after_env = run_pod(plane, k8s_namespace, pod(
