@@ -850,10 +850,21 @@ def node_resources(data: MutationInput) -> list[PatchOp]:
             if count == 0:
                 if NODE_CORE in values:
                     ops.append({"op": "remove", "path": path})
-            elif str(values.get(NODE_CORE)) != str(count):
+            elif not _quantity_is(values.get(NODE_CORE), count):
                 ops.append({"op": "replace" if NODE_CORE in values else "add", "path": path,
                             "value": str(count)})
     return ops
+
+
+def _quantity_is(raw: Any, value: int) -> bool:
+    """Whether `raw` is the quantity `value` in any spelling (the apiserver stores 1000 as
+    `1k`: a reinvoked webhook must not see it as another value)."""
+    if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+        return False
+    try:
+        return parse_quantity(raw) == value
+    except QuantityError:
+        return False
 
 
 #: The mutations, in order. The claims' resources come first: the others read the containers

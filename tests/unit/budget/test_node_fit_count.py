@@ -103,6 +103,8 @@ def test_the_webhook_owns_the_name() -> None:
     p["spec"]["containers"][1]["resources"] = {"limits": {"cpu": "1", NODE_CORE: "100"}}
     out = mutated(p)
     assert out["spec"]["containers"][1]["resources"] == {"limits": {"cpu": "1"}}
+    # the apiserver's spelling of a right value is kept (it stores 1000 as 1k)
+    assert admit(pod({"nvidia.com/gpu": "10", NODE_CORE: "1k"}), FACTS, mutate=True).patch == ()
     # a pod asking no GPU and not naming it: untouched
     assert admit(pod({"cpu": "1"}), FACTS, mutate=True).patch == ()
 
