@@ -17,7 +17,6 @@ webhook --quota-resources` and the budget keeper:
 from __future__ import annotations
 
 import json
-import re
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from egpu_testing.controller import ControllerProcess
 from egpu_testing.scenario import pods_by_name, wait_bound, wait_extender_knows
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import WebhookProcess, running_webhook
-from egpu_testing.workbench import ExtenderProcess
+from egpu_testing.workbench import ExtenderProcess, metric_value
 from elastic_gpu.core.annotations import ASSIGNMENT
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.nodefit import NODE_CORE
@@ -68,9 +67,9 @@ class System:
     def preempt_calls(self) -> float:
         with urllib.request.urlopen(f"{self.extender.url}/metrics", timeout=5) as response:
             text = response.read().decode()
-        counts = re.findall(r'^elasticgpu_scheduler_request_duration_seconds_count'
-                            r'\{[^}]*verb="preempt"[^}]*\} (\S+)$', text, re.M)
-        return sum(float(c) for c in counts)
+        value = metric_value(text, 'elasticgpu_scheduler_request_duration_seconds_count'
+                                   '{verb="preempt"}')
+        return value or 0.0
 
 
 @pytest.fixture
