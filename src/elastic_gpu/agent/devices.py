@@ -7,7 +7,8 @@ Pure functions, the same for every backend:
   `timeSlicing.replicas` replicas of each), MIG instances by strategy, one device per
   percent of compute for share resources, one per unit of memory where that stays small;
 - `node_capacity`: the counts the Node object advertises (capacity and, healthy only,
-  allocatable), including resources too fine-grained for a device plugin.
+  allocatable), including resources too fine-grained for a device plugin and the node-level
+  GPU count kube-scheduler reads (`core.nodefit.NODE_CORE`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 from elastic_gpu.agent.config import AgentConfig, MigStrategy
 from elastic_gpu.core.model import LINK_WEIGHT, Card, Health, Link, LinkKind
+from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
 from elastic_gpu.core.resources import MILLI_PER_CARD, lookup
 
 MAX_DEVICE_ID = 63
@@ -226,6 +229,18 @@ def node_capacity(cards: Sequence[LogicalCard], config: AgentConfig,
     for name, (cap, alloc) in status_only_resources(cards, config, plans).items():
         capacity[name] = str(cap)
         allocatable[name] = str(alloc)
+    if cards:
+        # kube-scheduler's node-level GPU count (core/nodefit.py): allocatable = capacity
+        # whatever the health, a lower bound of what the extender lets pods hold.
+        replicas = {lc.index: 1 for lc in cards}
+        for plan in plans:
+            if plan.kind is PluginKind.REPLICA:
+                per_card: dict[int, int] = {}
+                for unit in plan.devices:
+                    per_card[unit.card] = per_card.get(unit.card, 0) + 1
+                for card, count in per_card.items():
+                    replicas[card] = max(replicas.get(card, 1), count)
+        capacity[NODE_CORE] = allocatable[NODE_CORE] = str(node_core_capacity(replicas.values()))
     return capacity, allocatable
 
 

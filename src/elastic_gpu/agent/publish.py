@@ -29,6 +29,7 @@ from elastic_gpu.agent.devices import (
 )
 from elastic_gpu.agent.inventory_api import ensure_crd, publish_inventory
 from elastic_gpu.core.model import Node
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import is_gpu_resource, lookup
 
 
@@ -80,7 +81,7 @@ def discover(backend: Backend, config: AgentConfig, node_name: str) -> NodeSnaps
 
 
 def _ours(name: str, config: AgentConfig) -> bool:
-    return is_gpu_resource(name) or name == config.time_sliced_resource
+    return is_gpu_resource(name) or name in (config.time_sliced_resource, NODE_CORE)
 
 
 def patch_node_capacity(client: Any, node_name: str, capacity: Mapping[str, str],

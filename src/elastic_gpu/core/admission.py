@@ -39,6 +39,7 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.budget import FINALIZER, PriorityDowngrade
 from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
+from elastic_gpu.core.nodefit import NODE_CORE, node_core
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import (
     ContainerRequest,
@@ -817,12 +818,62 @@ def budget_finalizer(data: MutationInput) -> list[PatchOp]:
     return [{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}]
 
 
+def node_resources(data: MutationInput) -> list[PatchOp]:
+    """Each container gets `node.elasticgpu.io/gpu-core` (`core.nodefit`), the GPU compute
+    kube-scheduler counts at node level so that its preemption sees a node short of GPU: in its
+    limits, and in its requests when it has them. Read from the containers as the mutators
+    before left them (a MIG substitution counts its instance); a container backed by a claim
+    counts 0 (its ElasticGPU holds the cards). The webhook owns the name: a value already right
+    is kept, any other replaced, and one on a container that counts 0 removed, so a pod can
+    neither understate nor inflate it; a pod that never wrote it and asks no GPU is untouched."""
+    ops: list[PatchOp] = []
+    try:
+        claimed = set(pod_claims(data.pod))
+    except ClaimAnnotationError:
+        claimed = set()
+    for index, container in enumerate(_containers(data.pod, "containers")):
+        if not isinstance(container, Mapping):
+            continue
+        resources = container.get("resources") or {}
+        if not isinstance(resources, Mapping):
+            continue
+        name = str(container.get("name", ""))
+        try:
+            count = 0 if name in claimed else node_core(container_request(name, resources))
+        except (ResourceError, ValueError):
+            count = 0
+        for part in ("limits", "requests"):
+            values = resources.get(part)
+            if not isinstance(values, Mapping):
+                continue
+            path = pointer("spec", "containers", index, "resources", part, NODE_CORE)
+            if count == 0:
+                if NODE_CORE in values:
+                    ops.append({"op": "remove", "path": path})
+            elif not _quantity_is(values.get(NODE_CORE), count):
+                ops.append({"op": "replace" if NODE_CORE in values else "add", "path": path,
+                            "value": str(count)})
+    return ops
+
+
+def _quantity_is(raw: Any, value: int) -> bool:
+    """Whether `raw` is the quantity `value` in any spelling (the apiserver stores 1000 as
+    `1k`: a reinvoked webhook must not see it as another value)."""
+    if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+        return False
+    try:
+        return parse_quantity(raw) == value
+    except QuantityError:
+        return False
+
+
 #: The mutations, in order. The claims' resources come first: the others read the containers
 #: as the claims complete them (a claim of memory only gets its compute device, like a pod
 #: asking memory only). The MIG adapter's rewrite comes after the claims (a claim's MIG request
-#: is rewritten like a container's own); the budget's priority comes last.
+#: is rewritten like a container's own); the node-level GPU count reads the containers as all
+#: of those left them; the budget's priority comes last.
 MUTATORS: tuple[Mutator, ...] = (claim_resources, memory_only_compute, vcuda_core_limit,
-                                 mig_substitution, budget_priority)
+                                 mig_substitution, node_resources, budget_priority)
 
 
 class PatchError(ValueError):

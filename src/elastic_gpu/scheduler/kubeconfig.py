@@ -2,7 +2,11 @@
 
 Generated from the one resource table, so every GPU name users may write is a managed
 resource kube-scheduler sends to us and does not count itself (`ignoredByScheduler`: the
-extender owns GPU accounting; kube-scheduler keeps CPU, memory, affinity, taints...).
+extender owns GPU accounting per card; kube-scheduler keeps CPU, memory, affinity, taints...).
+One name is the exception: `node.elasticgpu.io/gpu-core` (`core.nodefit`), the node-level GPU
+count that nodes advertise and the webhook puts on every GPU pod, is managed with
+`ignoredByScheduler: false`, so NodeResourcesFit sees a node short of GPU and DefaultPreemption
+proposes victims (docs/budgets.md, "Preemption (must-show 2)").
 deploy/scheduler/kube-scheduler-config.yaml is this function's output (a test checks it).
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import QUOTA_NAMES
 from elastic_gpu.core.resources import RESOURCE_TABLE, MigProfile
 
@@ -25,11 +30,21 @@ MIG_PROFILES = (
 def managed_resource_names() -> list[str]:
     """Every GPU name, the MIG profiles' names, and the quota's accounting names
     (`core.quota.QUOTA_NAMES`: no node advertises them, so kube-scheduler must ignore them or
-    it would find every node short; docs/budgets.md, "Quota")."""
+    it would find every node short; docs/budgets.md, "Quota"): all `ignoredByScheduler`."""
     names = [spec.name for spec in RESOURCE_TABLE]
     names += [MigProfile.parse(p).resource_name for p in MIG_PROFILES]
     names += list(QUOTA_NAMES)
     return names
+
+
+#: Managed resources kube-scheduler counts itself (`ignoredByScheduler: false`).
+COUNTED_NAMES = (NODE_CORE,)
+
+
+def managed_resources() -> list[dict[str, Any]]:
+    """The extender's `managedResources`: the ignored GPU names, then the counted ones."""
+    return ([{"name": n, "ignoredByScheduler": True} for n in managed_resource_names()]
+            + [{"name": n, "ignoredByScheduler": False} for n in COUNTED_NAMES])
 
 
 #: Where deploy/scheduler/kube-scheduler-config-tls.yaml expects kube-scheduler's client
@@ -56,8 +71,7 @@ def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s
         "nodeCacheCapable": True,
         "httpTimeout": http_timeout,
         "ignorable": False,
-        "managedResources": [{"name": n, "ignoredByScheduler": True}
-                             for n in managed_resource_names()],
+        "managedResources": managed_resources(),
     }
     if tls_config is not None:
         stanza["enableHTTPS"] = True

@@ -1043,9 +1043,14 @@ class SchedulerState:
                 candidates: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, tuple[list[str], int]]:
         """For each node, victims whose removal really frees the cards the pod needs.
 
-        Starts from kube-scheduler's victims (they free CPU and memory) and, if their cards are
-        not enough, adds lower-priority pods holding cards on that node, lowest priority and
-        smallest hold first, until the pod fits. Nodes where it cannot fit are left out.
+        Starts from kube-scheduler's victims (they free what its plugins count: CPU, memory,
+        pod slots and the node-level GPU count `node.elasticgpu.io/gpu-core`, which does not
+        see cards) and, if their cards are not enough, adds lower-priority pods holding cards on
+        that node, lowest priority and smallest hold first, until the pod fits; then gives back
+        every added pod the fit does not need (highest priority, largest hold first). Only pods
+        of lower priority than the preemptor are ever added; kube-scheduler's own victims are
+        kept (they may free something the extender does not see). Nodes where it cannot fit are
+        left out.
         """
         with self._lock:
             self._prepare()
@@ -1084,16 +1089,33 @@ class SchedulerState:
                  if uid not in victims and uid in self._pods
                  and self._pods[uid].priority < preemptor_priority),
                 key=lambda u: (self._pods[u].priority, sum(s.milli for s in self._holds[u].shares())))
-            chosen = list(victims)
+            added: list[str] = []
             for uid in extra:
                 release(uid)
-                chosen.append(uid)
+                added.append(uid)
                 if self.engine.filter(pod, [node]).feasible:
-                    return chosen
+                    return list(victims) + self._reprieve(pod, node, added, released)
             return None
         finally:
             for victim, held in reversed(released):
                 self.engine.allocate(victim, held)
+
+    def _reprieve(self, pod: PodRequest, node: str, added: list[str],
+                  released: list[tuple[str, Assignment]]) -> list[str]:
+        """Of the pods `_victims_on` added (all released, the pod fits), those the fit needs:
+        each is put back in turn, highest priority and largest hold first, and stays back when
+        the pod still fits (a low-priority pod on a card that did not help is not evicted)."""
+        held = dict(released)
+        order = sorted(added, key=lambda u: (-self._pods[u].priority,
+                                             -sum(s.milli for s in held[u].shares())))
+        needed = set(added)
+        for uid in order:
+            self.engine.allocate(uid, held[uid])
+            if self.engine.filter(pod, [node]).feasible:
+                needed.discard(uid)
+            else:
+                self.engine.release(uid)
+        return [uid for uid in added if uid in needed]
 
     # ---- views ------------------------------------------------------------------------------
 

@@ -2,11 +2,13 @@
 configuration, `devcluster.components.scheduler_config`, under its own schedulerName), `egpu
 webhook --quota-resources` and the budget keeper:
 
-- must-show 2, the first end-to-end preemption: an in-budget GPU pod that needs a whole card
-  evicts the over-budget pods (given `egpu-over-budget` by the webhook because their
-  namespace's GPUBudget is spent) that hold it, never the in-budget pod beside them, and is
-  bound; kube-scheduler's own victim (the one that frees CPU) does not free the card, the
-  extender's `preempt` verb adds the other over-budget holder;
+- must-show 2, the first end-to-end preemption: on a node with CPU to spare (64 cores) and both
+  cards held, an in-budget GPU pod that needs a whole card evicts the over-budget pods (given
+  `egpu-over-budget` by the webhook because their namespace's GPUBudget is spent) that hold
+  one, never the in-budget pod holding the other, and is bound on the freed card. The shortage
+  is GPU only: kube-scheduler sees it through `node.elasticgpu.io/gpu-core` (the agent
+  advertises 100 per card, the webhook adds the pods' counts; `core/nodefit.py`), so its
+  DefaultPreemption proposes victims and the extender's `preempt` verb refines them per card;
 - must-show 4, end to end: a ResourceQuota of one card in canonical units admits two
   `vcuda-core: 50` pods, `kubectl create` refuses the third with the quota's message, and the
   two are bound (kube-scheduler ignores the quota's names, as the configuration says).
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightkube.resources.core_v1 import Node as K8sNode
 
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.scenario import pods_by_name, wait_bound, wait_extender_knows
@@ -30,6 +33,7 @@ from egpu_testing.webhook import WebhookProcess, running_webhook
 from egpu_testing.workbench import ExtenderProcess, metric_value
 from elastic_gpu.core.annotations import ASSIGNMENT
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import QUOTA_CORE
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.pytest_plugin import unique_name, wait_default_service_account
@@ -103,7 +107,9 @@ def system(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
 def test_in_budget_pod_preempts_over_budget_holders_not_in_budget_ones(
         k8s_cluster: Any, system: System, fake_gpu_nodes: Callable[..., list[str]]) -> None:
     client = k8s_cluster.client()
-    (node,) = fake_gpu_nodes(1, gpus=2, cpu_milli=4000)
+    (node,) = fake_gpu_nodes(1, gpus=2, cpu_milli=64000)  # CPU to spare: the shortage is GPU
+    capacity = client.get(K8sNode, node).status.capacity
+    assert str(capacity[NODE_CORE]) == "200", "the agent advertises 100 per card"
     wait_extender_knows(system.extender.url, [node], 2)
     team, spent = system.namespace(k8s_cluster), system.namespace(k8s_cluster)
     k8s_cluster.kubectl("create", "-f", "-", input=json.dumps({
@@ -128,20 +134,21 @@ def test_in_budget_pod_preempts_over_budget_holders_not_in_budget_ones(
             system.pod("probe", spent, "1", "50"))).stdout)["spec"].get(
         "priorityClassName") == OVER_BUDGET_CLASS, 10)
 
-    # card 0: an in-budget pod; card 1: two over-budget halves. The node's 4 CPUs are full.
+    # card 0: an in-budget pod; card 1: two over-budget halves. Both cards are full, CPU is not.
     keep = create(system.pod("keep", team, "1", "100"))
     assert "priorityClassName" not in keep["spec"]
+    assert keep["spec"]["containers"][0]["resources"]["limits"][NODE_CORE] == "100"
     wait_bound(client, team, ["keep"])
-    for name, cpu in (("over-a", "2"), ("over-b", "1")):
-        pod = create(system.pod(name, spent, cpu, "50"))
+    for name in ("over-a", "over-b"):
+        pod = create(system.pod(name, spent, "1", "50"))
         assert pod["spec"]["priority"] == OVER_BUDGET_VALUE
+        assert pod["spec"]["containers"][0]["resources"]["limits"][NODE_CORE] == "50"
     wait_bound(client, spent, ["over-a", "over-b"])
     uids = {p["metadata"]["name"]: p["metadata"]["uid"]
             for p in pods_by_name(client, spent).values()}
     calls = system.preempt_calls()
 
-    # an in-budget pod needing a whole card and a CPU: only the over-budget pods can go, and
-    # both must (kube-scheduler's CPU victim alone frees half a card)
+    # an in-budget pod needing a whole card: only the over-budget pods can go, and both must
     create(system.pod("needs-room", team, "1", "100"))
     bound = wait_bound(client, team, ["needs-room"], 90)
     assert bound["needs-room"]["spec"]["nodeName"] == node

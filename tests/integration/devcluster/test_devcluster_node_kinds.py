@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from egpu_testing import sandbox as cli
+from elastic_gpu.core.nodefit import NODE_CORE
 
 pytestmark = pytest.mark.integration
 
@@ -72,17 +73,19 @@ EXPECTED_GPU_CAPACITY: dict[str, dict[str, str]] = {
     # NVIDIA form, migStrategy mixed: each MIG instance is advertised as
     # nvidia.com/mig-<profile>; both cards are carved, so no whole nvidia.com/gpu is left, and
     # the NVIDIA form sells no shares. Per node: 2 cards x (2 x 1g.10gb + 1 x 2g.20gb).
-    "a100-000": {"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-2g.20gb": "2"},
-    "a100-001": {"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-2g.20gb": "2"},
+    # Every node also carries kube-scheduler's node-level GPU count, node.elasticgpu.io/gpu-core
+    # (core/nodefit.py): 100 per card, 100 per replica of a time-sliced one.
+    "a100-000": {"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-2g.20gb": "2", NODE_CORE: "200"},
+    "a100-001": {"nvidia.com/mig-1g.10gb": "4", "nvidia.com/mig-2g.20gb": "2", NODE_CORE: "200"},
     # IX form: iluvatar.com/gpu only. splitboard false: a 2-chip board is one device,
     # replicated 4 times: 2 boards x 4 = 8.
-    "ix-000": {"iluvatar.com/gpu": "8"},
+    "ix-000": {"iluvatar.com/gpu": "8", NODE_CORE: "800"},
     # splitboard true: each chip is a device: 2 boards x 2 chips x 4 replicas = 16.
-    "ixsplit-000": {"iluvatar.com/gpu": "16"},
+    "ixsplit-000": {"iluvatar.com/gpu": "16", NODE_CORE: "1600"},
     # No agentConfig: the agent's defaults (whole cards, 100 % of compute per card in
     # elasticgpu.io/gpu-core, memory in MiB): 4 A100-80GB cards.
     "plain-000": {"nvidia.com/gpu": "4", "elasticgpu.io/gpu-core": "400",
-                  "elasticgpu.io/gpu-memory": str(4 * 81920)},
+                  "elasticgpu.io/gpu-memory": str(4 * 81920), NODE_CORE: "400"},
 }
 # What each of a node's GPUDevice objects backs (spec.resources), by card index: an unsplit
 # board is one card named after its first chip (0 and 2), with both chips' memory.

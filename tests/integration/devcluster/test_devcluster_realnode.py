@@ -20,6 +20,7 @@ from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import DevClusterError
 from elastic_gpu.devcluster.ports import free_ports
@@ -73,6 +74,10 @@ def gpu_real_node(real_node: RealNode, k8s_cluster: ControlPlane,
         wait_for(lambda: REGISTERED in agent.log_path.read_text(), "registration", agent)
         wait_for(lambda: capacity(k8s_cluster, real_node.name).get(GPU) == str(CARDS),
                  f"capacity {GPU}: {CARDS}", agent)
+        # kube-scheduler's node-level GPU count (core/nodefit.py): no device plugin serves it,
+        # the agent adds it to the status, and kubelet keeps it (allocatable too)
+        wait_for(lambda: node_core(k8s_cluster, real_node.name) == (str(100 * CARDS),) * 2,
+                 f"{NODE_CORE}: {100 * CARDS}", agent)
         wait_extender_knows(extender.url, [real_node.name], CARDS)
         yield GpuNode(real_node, agent, name)
     finally:
@@ -88,6 +93,13 @@ def wait_for(check: Callable[[], bool], what: str, agent: ProcessHandle,
         assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s; agent log:\n" \
             f"{agent.log_tail()}"
         time.sleep(0.2)
+
+
+def node_core(plane: ControlPlane, node: str) -> tuple[str | None, str | None]:
+    """The Node's `NODE_CORE` (capacity, allocatable)."""
+    status = json.loads(plane.kubectl("get", "node", node, "-o", "json").stdout)["status"]
+    return ((status.get("capacity") or {}).get(NODE_CORE),
+            (status.get("allocatable") or {}).get(NODE_CORE))
 
 
 def capacity(plane: ControlPlane, node: str) -> dict[str, str]:
@@ -158,10 +170,11 @@ def test_agent_hands_real_containers_their_assigned_cards(
         gpu_real_node: GpuNode, k8s_cluster: ControlPlane, k8s_namespace: str) -> None:
     node, plane = gpu_real_node.node, k8s_cluster
     image = node.busybox_image
+    # with the node-level count the webhook would add: kubelet admits it against allocatable
     whole, whole_env = run_pod(plane, k8s_namespace, pod(
-        "whole", gpu_real_node.scheduler_name, image, {GPU: "1"}))
+        "whole", gpu_real_node.scheduler_name, image, {GPU: "1", NODE_CORE: "100"}))
     share, share_env = run_pod(plane, k8s_namespace, pod(
-        "share", gpu_real_node.scheduler_name, image, {CORE: "30"}))
+        "share", gpu_real_node.scheduler_name, image, {CORE: "30", NODE_CORE: "30"}))
 
     for obj, env in ((whole, whole_env), (share, share_env)):
         assert obj["spec"]["nodeName"] == node.name
@@ -185,8 +198,12 @@ def test_agent_hands_real_containers_their_assigned_cards(
     node.restart_kubelet()
     wait_for(lambda: gpu_real_node.registrations() > before, "re-registration",
              gpu_real_node.agent)
+    # the count is there after the restart (a kubelet that zeroes extended resources when it
+    # registers again gets it back from the agent's sync)
+    wait_for(lambda: node_core(plane, node.name) == (str(100 * CARDS),) * 2,
+             f"{NODE_CORE} after the restart", gpu_real_node.agent)
     after, after_env = run_pod(plane, k8s_namespace, pod(
-        "after-restart", gpu_real_node.scheduler_name, image, {GPU: "1"}))
+        "after-restart", gpu_real_node.scheduler_name, image, {GPU: "1", NODE_CORE: "100"}))
     cards = assigned(after).containers["main"]
     assert after_env["NVIDIA_VISIBLE_DEVICES"] == ",".join(c.uuid for c in cards)
     used = {c.uuid for o in (whole, share) for c in assigned(o).containers["main"]}

@@ -30,6 +30,7 @@ from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.grant import DeviceFiles, build_grant
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_RETURNING, MIG_SUBSTITUTION
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.sandbox import Sandbox
 from elastic_gpu.k8s import gpudevice
@@ -218,14 +219,14 @@ def test_a_bare_pod_moves_keeping_its_name_and_spec_and_back(box: Path, namespac
     (rule,) = rules(box, namespace)
     assert rule["spec"]["selector"] == {"podName": "train"}
     assert rule["spec"]["savedPod"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "nvidia.com/mig-1g.10gb": "1"}
+        "nvidia.com/mig-1g.10gb": "1", NODE_CORE: "14"}
     assert rule["status"]["movedPods"][0]["uid"] == moved["metadata"]["uid"]
     notes = {k: v for k, v in moved["metadata"]["annotations"].items()
              if not k.startswith("elasticgpu.io/assign")}
     assert notes == {"note": "mine", MIG_ORIGINAL: "main=1g.10gb",
                      MIG_SUBSTITUTION: rule["metadata"]["name"]}
     was, now = original["spec"], moved["spec"]
-    assert limits(moved) == {"nvidia.com/mig-2g.20gb": "1"}
+    assert limits(moved) == {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"}  # recounted
     assert {k: v for k, v in now["containers"][0].items() if k != "resources"} == {
         k: v for k, v in was["containers"][0].items() if k != "resources"}
     assert {k: v for k, v in now.items() if k not in ("containers", "nodeName")} == {
@@ -264,7 +265,8 @@ def test_no_compatible_profile_free_stays_pending_with_an_event(box: Path,
     assert "at least 2 compute slices and 20 GB" in event["message"]
     time.sleep(2)
     pod = get(box, "pod", "big", "-n", namespace)
-    assert not pod["spec"].get("nodeName") and limits(pod) == {"nvidia.com/mig-2g.20gb": "1"}
+    assert not pod["spec"].get("nodeName") and limits(pod) == {"nvidia.com/mig-2g.20gb": "1",
+                                                               NODE_CORE: "28"}
     assert rules(box, namespace) == []
 
 
@@ -285,7 +287,7 @@ def test_two_pending_and_one_free_compatible_exactly_one_moves(box: Path,
     assert [p for p in ("a", "b") if on_profile(box, namespace, p, "2g.20gb")] == moved
     waiting = get(box, "pod", other, "-n", namespace)
     assert not waiting["spec"].get("nodeName")
-    assert limits(waiting) == {"nvidia.com/mig-1g.10gb": "1"}
+    assert limits(waiting) == {"nvidia.com/mig-1g.10gb": "1", NODE_CORE: "14"}
     assert [r["spec"]["selector"] for r in rules(box, namespace)] == [{"podName": moved[0]}]
 
 

@@ -14,6 +14,7 @@ import pytest
 from egpu_testing.seed import seed_pod
 from egpu_testing.webhook import WebhookProcess, running_webhook
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.k8s import migsubstitution as api
 
 pytestmark = pytest.mark.integration
@@ -65,7 +66,8 @@ def test_a_rule_rewrites_the_pods_it_selects(k8s_cluster: Any, k8s_namespace: st
         time.sleep(0.2)
     # before any rule: stored as written
     plain = created(plane, k8s_namespace, mig_pod("train-0"))
-    assert plain["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert plain["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1",
+                                                                     NODE_CORE: "14"}
     for name, selector in (("bare", {"podName": "train-0"}), ("web", {"ownerUID": OWNER})):
         plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps({
             "apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND,
@@ -82,8 +84,8 @@ def test_a_rule_rewrites_the_pods_it_selects(k8s_cluster: Any, k8s_namespace: st
     for pod, rule in ((bare, "bare"), (created(plane, k8s_namespace, mig_pod("web-x", OWNER)),
                                        "web")):
         resources = pod["spec"]["containers"][0]["resources"]
-        assert resources == {"limits": {"nvidia.com/mig-2g.20gb": "1"},
-                             "requests": {"nvidia.com/mig-2g.20gb": "1"}}
+        assert resources == {"limits": {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"},
+                             "requests": {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"}}
         assert pod["metadata"]["annotations"] == {"note": "mine", MIG_ORIGINAL: "main=1g.10gb",
                                                   MIG_SUBSTITUTION: rule}
         assert pod["metadata"]["labels"] == {"app": "train"}
@@ -91,7 +93,7 @@ def test_a_rule_rewrites_the_pods_it_selects(k8s_cluster: Any, k8s_namespace: st
     for other in (mig_pod("train-1"), mig_pod("web-y", "00000000-0000-4000-8000-000000000000")):
         kept = created(plane, k8s_namespace, other)
         assert kept["spec"]["containers"][0]["resources"]["limits"] == {
-            "nvidia.com/mig-1g.10gb": "1"}
+            "nvidia.com/mig-1g.10gb": "1", NODE_CORE: "14"}
         assert MIG_ORIGINAL not in kept["metadata"]["annotations"]
 
 
@@ -139,8 +141,8 @@ def test_a_bare_pod_saved_in_its_rule_comes_back_rewritten_under_its_name(
     assert back["metadata"]["annotations"] == {"note": "mine", MIG_ORIGINAL: "main=1g.10gb",
                                                MIG_SUBSTITUTION: "bare"}
     container, before = back["spec"]["containers"][0], live["spec"]["containers"][0]
-    assert container["resources"] == {"limits": {"nvidia.com/mig-2g.20gb": "1"},
-                                      "requests": {"nvidia.com/mig-2g.20gb": "1"}}
+    assert container["resources"] == {"limits": {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"},
+                                      "requests": {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"}}
     assert {k: v for k, v in container.items() if k != "resources"} == {
         k: v for k, v in before.items() if k != "resources"}
     assert {k: v for k, v in back["spec"].items() if k != "containers"} == {

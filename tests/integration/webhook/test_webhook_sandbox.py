@@ -68,7 +68,9 @@ def test_sandbox_runs_the_webhook_by_default(tmp_path: Path) -> None:
         assert memory.returncode == 0, memory.stderr
         got = wait_scheduled(kc, "memory-only")
         limits = got["spec"]["containers"][0]["resources"]["limits"]
-        assert limits == {"elasticgpu.io/gpu-memory": "4096", "elasticgpu.io/gpu-core": "1"}
+        # and kube-scheduler's node-level count of that 1% (core/nodefit.py)
+        assert limits == {"elasticgpu.io/gpu-memory": "4096", "elasticgpu.io/gpu-core": "1",
+                          "node.elasticgpu.io/gpu-core": "1"}
         (share,) = json.loads(got["metadata"]["annotations"]["elasticgpu.io/assignment"]
                               )["containers"]["main"]
         assert share["milli"] == 10 and share["memoryMiB"] == 4096

@@ -26,6 +26,7 @@ from elastic_gpu.agent.config import (
 from elastic_gpu.agent.config_forms import Form, FormError, detect_form
 from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
 from elastic_gpu.agent.fake import FakeBackend
+from elastic_gpu.core.nodefit import NODE_CORE
 
 # The IX plugin's ConfigMap (ix-device-plugin.yaml): its `data`, the file under `ix-config`.
 IX_CONFIGMAP_DATA = '''
@@ -118,8 +119,10 @@ def test_ix_time_slicing_advertises_what_its_readme_promises() -> None:
     assert config.resources.gpu == "iluvatar.com/gpu" and config.timeSlicing.replicas == 4
     assert capacity(TWO_CARDS, config)["iluvatar.com/gpu"] == "8"
     # exactly what the IX plugin advertises: no share resources beside the replicas (a share
-    # pod on a time-sliced board would take its replica slots)
-    assert set(capacity(TWO_CARDS, config)) == {"iluvatar.com/gpu"}
+    # pod on a time-sliced board would take its replica slots); beside them only the
+    # node-level count kube-scheduler reads, 100 per replica (each replica pod counts 100)
+    assert set(capacity(TWO_CARDS, config)) == {"iluvatar.com/gpu", NODE_CORE}
+    assert capacity(TWO_CARDS, config)[NODE_CORE] == "800"
     # Two 2-chip boards: 2 cards x 4 unsplit, 4 chips x 4 split.
     assert capacity(BOARDS, config)["iluvatar.com/gpu"] == "8"
     split = config_of(IX_TIME_SLICING_FILE.replace("splitboard: false", "splitboard: true"))
@@ -152,7 +155,9 @@ def test_nvidia_time_slicing_sample() -> None:
     config = config_of(NVIDIA_TIME_SLICING_FILE)
     assert config.timeSlicing.replicas == 10 and not config.timeSlicing.renameByDefault
     assert capacity(TWO_CARDS, config)["nvidia.com/gpu"] == "20"
-    assert set(capacity(TWO_CARDS, config)) == {"nvidia.com/gpu"}  # NVIDIA's plugin sells no shares
+    # NVIDIA's plugin sells no shares; the node-level count is 100 per replica
+    assert set(capacity(TWO_CARDS, config)) == {"nvidia.com/gpu", NODE_CORE}
+    assert capacity(TWO_CARDS, config)[NODE_CORE] == "2000"
     renamed = config_of(NVIDIA_TIME_SLICING_FILE.replace(
         "  timeSlicing:\n", "  timeSlicing:\n    renameByDefault: true\n"
         "    failRequestsGreaterThanOne: true\n"))

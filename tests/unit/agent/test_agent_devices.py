@@ -17,6 +17,7 @@ from elastic_gpu.agent.devices import (
 )
 from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.core.model import Health, LinkKind
+from elastic_gpu.core.nodefit import NODE_CORE
 
 BOARD = {"boards": [{"id": "bi0", "model": "BI-V150", "chips": 2, "memoryMiB": 32768}]}
 
@@ -127,9 +128,11 @@ def test_node_capacity_counts_devices_and_only_healthy_ones_are_allocatable() ->
     cards = logical_cards(backend.discover(), False)
     capacity, allocatable = node_capacity(cards, cfg, build_plans(cards, cfg))
     assert capacity == {"nvidia.com/gpu": "2", "elasticgpu.io/gpu-core": "200",
-                        "elasticgpu.io/gpu-memory": "81920"}
+                        "elasticgpu.io/gpu-memory": "81920", NODE_CORE: "200"}
+    # the node-level count kube-scheduler reads stays whole: a pod still holding the unhealthy
+    # card must not make the healthy one look full (the extender refuses unhealthy cards)
     assert allocatable == {"nvidia.com/gpu": "1", "elasticgpu.io/gpu-core": "100",
-                           "elasticgpu.io/gpu-memory": "40960"}
+                           "elasticgpu.io/gpu-memory": "40960", NODE_CORE: "200"}
 
 
 def test_preferred_allocation_follows_nvlink() -> None:

@@ -23,11 +23,18 @@ from elastic_gpu.core.admission import (
     node_gpus,
     pointer,
 )
+from elastic_gpu.core.nodefit import NODE_CORE
 
 NODE_POLICIES, CARD_POLICIES = default_policies()
 FACTS = ClusterFacts(largest_cards=8, largest_cards_node="big", largest_card_memory_mib=81920,
                      largest_memory_node="big", models=frozenset({"A100-SXM4-80GB"}),
                      node_policies=NODE_POLICIES, card_policies=CARD_POLICIES)
+
+
+def node_ops(index: int, value: str, *, requests: bool = True) -> list[dict[str, Any]]:
+    """The webhook's node-level GPU count (`core.nodefit`) on container `index`."""
+    return [{"op": "add", "path": pointer("spec", "containers", index, "resources", part, NODE_CORE),
+             "value": value} for part in (("limits", "requests") if requests else ("limits",))]
 
 
 def pod(limits: dict[str, Any] | None = None, *, annotations: dict[str, str] | None = None,
@@ -60,7 +67,7 @@ def test_the_gpusharing_seed_pod_is_allowed_with_gpu_managers_limit_annotation()
     verdict = admit(seed, FACTS, mutate=True)
     assert verdict.allowed and verdict.gpu
     assert list(verdict.patch) == [{"op": "add", "path": "/metadata/annotations",
-                                    "value": {VCUDA_CORE_LIMIT: "50"}}]
+                                    "value": {VCUDA_CORE_LIMIT: "50"}}, *node_ops(0, "50")]
 
 
 @pytest.mark.parametrize(("resource", "value", "rule", "words"), [
@@ -187,9 +194,12 @@ def test_memory_only_share_gets_one_compute_device_so_kubelet_allocates() -> Non
     verdict = admit(p, FACTS, mutate=True)
     assert set(map(str, (op["path"] for op in verdict.patch))) == {
         "/spec/containers/0/resources/limits/elasticgpu.io~1gpu-core",
-        "/spec/containers/0/resources/requests/elasticgpu.io~1gpu-core"}
+        "/spec/containers/0/resources/requests/elasticgpu.io~1gpu-core",
+        *(op["path"] for op in node_ops(0, "1"))}
     patched = apply_patch(p, verdict.patch)
     assert patched["spec"]["containers"][0]["resources"]["limits"]["elasticgpu.io/gpu-core"] == "1"
+    # the one percent it holds is what kube-scheduler counts at node level
+    assert patched["spec"]["containers"][0]["resources"]["limits"][NODE_CORE] == "1"
     assert admit(patched, FACTS, mutate=True).patch == ()  # reinvocation: nothing more
 
 
@@ -201,17 +211,21 @@ def test_memory_only_vcuda_memory_is_a_device_plugin_and_left_alone() -> None:
 def test_vcuda_core_limit_kept_when_set_and_added_next_to_other_annotations() -> None:
     kept = admit(pod({"tencent.com/vcuda-core": "30"}, annotations={VCUDA_CORE_LIMIT: "20"}),
                  FACTS, mutate=True)
-    assert kept.allowed and kept.patch == ()
+    assert kept.allowed and list(kept.patch) == node_ops(0, "30")  # the annotation is kept
     added = admit(pod({"tencent.com/vcuda-core": "30"}, annotations={"a": "b"}), FACTS, mutate=True)
     assert list(added.patch) == [{"op": "add", "path": pointer("metadata", "annotations",
-                                                               VCUDA_CORE_LIMIT), "value": "30"}]
+                                                               VCUDA_CORE_LIMIT), "value": "30"},
+                                 *node_ops(0, "30")]
 
 
 def test_vcuda_whole_cards_and_disagreeing_shares_get_no_limit() -> None:
-    assert admit(pod({"tencent.com/vcuda-core": "200"}), FACTS, mutate=True).patch == ()
+    # no annotation: only the node-level count
+    assert list(admit(pod({"tencent.com/vcuda-core": "200"}), FACTS, mutate=True).patch) == \
+        node_ops(0, "200")
     two = pod(containers=[{"name": f"c{i}", "resources": {"limits": {
         "tencent.com/vcuda-core": str(10 + i)}}} for i in range(2)])
-    assert admit(two, FACTS, mutate=True).patch == ()
+    assert list(admit(two, FACTS, mutate=True).patch) == [
+        *node_ops(0, "10", requests=False), *node_ops(1, "11", requests=False)]
 
 
 def test_the_validating_call_never_patches() -> None:

@@ -15,6 +15,7 @@ from elastic_gpu.agent.publish import card_offers, snapshot
 from elastic_gpu.cli.sandbox import app
 from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.devcluster.nodes import (
@@ -55,6 +56,9 @@ def test_what_the_cards_back_adds_up_to_the_node_capacity(raw: dict[str, Any]) -
     total: Counter[str] = Counter()
     for offers in per_card.values():
         total.update(offers)
+    # kube-scheduler's node-level count: 100 per card, 100 per replica of a time-sliced one
+    total[NODE_CORE] = sum(100 * max(1, offers.get(config.resources.gpu, 0))
+                           for offers in per_card.values())
     assert {k: str(v) for k, v in total.items()} == capacity
     # and the snapshot's cards carry it, so the GPUDevice spec says it
     snap = snapshot("m", cards, config, tuple(plans))
@@ -232,13 +236,13 @@ def test_two_chip_boards_follow_the_ix_configmaps_splitboard_and_replicas() -> N
     # splitboard false: a board is one card (both chips together, memory summed), 4 replicas
     # each: 2 boards x 4 = 8. The IX form advertises nothing else.
     (snap,) = _published(whole)
-    assert dict(snap.capacity) == {"iluvatar.com/gpu": "8"}
+    assert dict(snap.capacity) == {"iluvatar.com/gpu": "8", NODE_CORE: "800"}
     assert [(c.index, c.uuid, c.memory_mib, dict(c.offers or {})) for c in snap.node.cards] == [
         (0, "GPU-fake-ix-000-0", 65536, {"iluvatar.com/gpu": 4}),
         (2, "GPU-fake-ix-000-1", 65536, {"iluvatar.com/gpu": 4})]
     # splitboard true: each chip is a card: 4 chips x 4 = 16.
     for snap in _published(split):
-        assert dict(snap.capacity) == {"iluvatar.com/gpu": "16"}
+        assert dict(snap.capacity) == {"iluvatar.com/gpu": "16", NODE_CORE: "1600"}
         assert [c.memory_mib for c in snap.node.cards] == [32768] * 4
     # The Node object the sandbox creates says the same before the agent's patch.
     assert node_manifest(ix_node, whole.agent_config)["status"]["capacity"][
@@ -264,7 +268,8 @@ def test_boards_under_the_default_agent_sell_shares_per_board() -> None:
         {"name": "b", "count": 1, "gpus": 3, "chipsPerBoard": 2, "memoryMiB": 16384}]})
     (snap,) = _published(group)
     assert dict(snap.capacity) == {"nvidia.com/gpu": "3", "elasticgpu.io/gpu-core": "300",
-                                   "elasticgpu.io/gpu-memory": str(3 * 2 * 16384)}
+                                   "elasticgpu.io/gpu-memory": str(3 * 2 * 16384),
+                                   NODE_CORE: "300"}
 
 
 def test_cluster_file_is_read_with_the_agent_configs_yaml_rules(tmp_path: Any) -> None:

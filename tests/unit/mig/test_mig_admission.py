@@ -9,6 +9,7 @@ from typing import Any
 
 from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, apply_patch
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 
 P = MigProfile.parse
@@ -36,6 +37,14 @@ def pod(name: str = "web-abc12", *, owner: str | None = OWNER, namespace: str = 
                                       "resources": {"limits": dict(mig), "requests": dict(mig)}}]}}
 
 
+def counted(p: dict[str, Any], value: str) -> dict[str, Any]:
+    """`p` with the webhook's node-level GPU count (`core.nodefit`) on its first container."""
+    out = copy.deepcopy(p)
+    for values in out["spec"]["containers"][0]["resources"].values():
+        values[NODE_CORE] = value
+    return out
+
+
 def mutated(p: dict[str, Any], *rules: SubstitutionRule) -> tuple[dict[str, Any], int]:
     verdict = admit(p, replace(FACTS, mig_substitutions=rules), mutate=True)
     assert verdict.allowed, verdict.message
@@ -51,8 +60,9 @@ def test_an_owners_replacement_gets_the_rules_profile_and_keeps_the_original() -
     after, n = mutated(before, BY_OWNER)
     assert n > 0
     resources = after["spec"]["containers"][0]["resources"]
-    assert resources == {"limits": {"nvidia.com/mig-2g.20gb": "1"},
-                         "requests": {"nvidia.com/mig-2g.20gb": "1"}}
+    # the node-level GPU count follows the new profile (2g: 28, not 1g's 14)
+    assert resources == {"limits": {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"},
+                         "requests": {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"}}
     assert after["metadata"]["annotations"] == {MIG_ORIGINAL: "main=1g.10gb",
                                                 MIG_SUBSTITUTION: "web"}
     # everything else is as the user wrote it
@@ -67,7 +77,8 @@ def test_an_owners_replacement_gets_the_rules_profile_and_keeps_the_original() -
 
 def test_a_bare_pod_is_selected_by_name_in_the_rules_namespace() -> None:
     after, _ = mutated(pod("train-0", owner=None, annotations={"keep": "me"}), BY_NAME)
-    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
+    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1",
+                                                                     NODE_CORE: "42"}
     assert after["metadata"]["annotations"] == {"keep": "me", MIG_ORIGINAL: "main=1g.10gb",
                                                 MIG_SUBSTITUTION: "bare"}
 
@@ -76,12 +87,12 @@ def test_pods_the_rule_does_not_select_are_untouched() -> None:
     for other in (pod("train-1", owner=None), pod(owner="another-uid"),
                   pod("train-0", owner=None, namespace="elsewhere"), pod(owner=None)):
         after, n = mutated(other, BY_OWNER, BY_NAME)
-        assert n == 0 and after == other
+        assert n == 2 and after == counted(other, "14")  # only the node-level count
     # selected, but asking another profile: untouched
     p = pod(containers=[{"name": "main", "image": "x",
                          "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}])
     after, n = mutated(p, BY_OWNER)
-    assert n == 0 and after == p
+    assert n == 1 and after == counted(p, "42")
 
 
 def test_every_container_is_rewritten_with_its_amount() -> None:
@@ -93,10 +104,10 @@ def test_every_container_is_rewritten_with_its_amount() -> None:
     ]
     after, _ = mutated(pod(containers=containers), BY_OWNER)
     resources = [c["resources"] for c in after["spec"]["containers"]]
-    assert resources == [{"limits": {"nvidia.com/mig-2g.20gb": "2"}},
-                         {"limits": {"nvidia.com/mig-2g.20gb": 1},
-                          "requests": {"nvidia.com/mig-2g.20gb": 1}},
-                         {"limits": {"nvidia.com/mig-3g.40gb": "1"}}]
+    assert resources == [{"limits": {"nvidia.com/mig-2g.20gb": "2", NODE_CORE: "56"}},
+                         {"limits": {"nvidia.com/mig-2g.20gb": 1, NODE_CORE: "28"},
+                          "requests": {"nvidia.com/mig-2g.20gb": 1, NODE_CORE: "28"}},
+                         {"limits": {"nvidia.com/mig-3g.40gb": "1", NODE_CORE: "42"}}]
     assert after["metadata"]["annotations"][MIG_ORIGINAL] == "a=1g.10gb,b=1g.10gb"
 
 
@@ -104,6 +115,7 @@ def test_a_pod_moved_again_keeps_its_first_original() -> None:
     first, _ = mutated(pod(), BY_OWNER)
     again = SubstitutionRule("web-2", "team", P("2g.20gb"), P("3g.40gb"), owner_uid=OWNER)
     after, _ = mutated(first, BY_OWNER, again)
-    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
+    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1",
+                                                                     NODE_CORE: "42"}
     assert after["metadata"]["annotations"] == {MIG_ORIGINAL: "main=1g.10gb",
                                                 MIG_SUBSTITUTION: "web-2"}

@@ -17,6 +17,7 @@ import pytest
 
 from elastic_gpu.core.admission import ClusterFacts
 from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import Informer
@@ -38,6 +39,10 @@ def review(profile: str = "1g.10gb", namespace: str = "team") -> bytes:
                                    "resource": {"version": "v1", "resource": "pods"},
                                    "namespace": namespace, "operation": "CREATE",
                                    "object": pod}}).encode()
+
+
+#: the webhook's node-level GPU count (core/nodefit.py), added to every GPU pod
+NODE_LIMIT = "/spec/containers/0/resources/limits/" + NODE_CORE.replace("/", "~1")
 
 
 def patched_limits(admission: Admission, body: bytes) -> list[Any]:
@@ -67,10 +72,11 @@ def test_a_rule_the_cache_lacks_is_read_live_and_rewrites_the_pod() -> None:
     seen: list[str] = []
     admission = Admission(FACTS, fetch_rules=api.fetch, on_rule_lookup=seen.append)
     assert patched_limits(admission, review()) == [
-        "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb"]
+        "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb", NODE_LIMIT]
     assert api.reads == ["team"] and seen == ["api"]
-    # without the live read, the (empty) cache alone leaves the pod as written
-    assert patched_limits(Admission(FACTS), review()) == []
+    # without the live read, the (empty) cache alone leaves the pod as written (but for the
+    # node-level GPU count every GPU pod gets)
+    assert patched_limits(Admission(FACTS), review()) == [NODE_LIMIT]
 
 
 def test_a_rule_marked_returning_in_the_api_wins_over_the_cache() -> None:
@@ -78,7 +84,7 @@ def test_a_rule_marked_returning_in_the_api_wins_over_the_cache() -> None:
                                  returning=True)
     admission = Admission(replace(FACTS, mig_substitutions=(RULE,)),
                           fetch_rules=Rules(returning).fetch)
-    assert patched_limits(admission, review()) == []
+    assert patched_limits(admission, review()) == [NODE_LIMIT]
 
 
 def test_a_failed_live_read_falls_back_to_the_cache() -> None:
@@ -87,7 +93,7 @@ def test_a_failed_live_read_falls_back_to_the_cache() -> None:
                           fetch_rules=Rules(error=OSError("down")).fetch,
                           on_rule_lookup=seen.append)
     assert patched_limits(admission, review()) == [
-        "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb"]
+        "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb", NODE_LIMIT]
     assert seen == ["cache"]
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import json
 from typing import Any
 
 from elastic_gpu.core.admission import NodeGpus, apply_patch
 from elastic_gpu.core.mig import MIG_ORIGINAL
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.server import WebhookOptions, WebhookServer
 
@@ -64,17 +66,22 @@ def test_a_rule_from_the_watch_rewrites_the_owners_next_pod() -> None:
         out: dict[str, Any] = apply_patch(pod, ops)
         return out
 
-    assert patched() == pod
+    # no rule: the pod as written, with only the node-level GPU count of its 1g instance
+    as_written = copy.deepcopy(pod)
+    for values in as_written["spec"]["containers"][0]["resources"].values():
+        values[NODE_CORE] = "14"
+    assert patched() == as_written
     server.rule_cache.event("ADDED", rule_object("web"))
     after = patched()
-    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-2g.20gb": "1"}
+    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-2g.20gb": "1",
+                                                                     NODE_CORE: "28"}
     assert after["metadata"]["annotations"][MIG_ORIGINAL] == "main=1g.10gb"
     # nodes changing keep the rules; the rule's deletion ends the rewrite
     server.set_nodes([NodeGpus("a100", 0, 0, "A100-SXM4-80GB",
                                frozenset({"nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb"}))])
     assert patched() == after
     server.rule_cache.event("DELETED", rule_object("web"))
-    assert patched() == pod
+    assert patched() == as_written
 
 
 class _Client:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_config
 from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
@@ -60,7 +61,10 @@ def test_every_gpu_name_is_managed_and_ignored_by_kube_scheduler() -> None:
     managed = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
     assert {spec.name for spec in RESOURCE_TABLE} <= set(managed)
     assert "nvidia.com/mig-3g.40gb" in managed
-    assert all(managed.values())
+    assert "quota.elasticgpu.io/gpu-core" in managed
+    # the one name kube-scheduler counts: the node-level GPU count its preemption reads
+    assert {name for name, ignored in managed.items() if not ignored} == {NODE_CORE}
+    assert len(extender["managedResources"]) == len(managed), "no name twice"
     assert extender["nodeCacheCapable"] is True
     assert extender["bindVerb"] == "bind"
 

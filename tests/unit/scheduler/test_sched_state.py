@@ -235,6 +235,26 @@ def test_preempt_adds_gpu_victims_until_the_pod_fits() -> None:
     assert used(state, "n1") == 800 and used(state, "n2") == 900
 
 
+def test_preempt_gives_back_added_victims_the_fit_does_not_need() -> None:
+    """card 0: a (priority 0, 20%) beside an outranking 70%; card 1: b (priority 1, 60%). A 50%
+    preemptor: the lowest-priority pod a is tried first but frees too little on its card; b
+    frees card 1, and then a is not needed: only b goes (it used to be both)."""
+    state = ready_state([gpu_node("n1", 2)])
+    for name, pct, prio in (("hi", 70, 100), ("a", 20, 0), ("b", 60, 1)):
+        bind(state, share_pod(name, pct, priority=prio), "n1")
+    holds = {uid.removeprefix("uid-"): [s.index for s in a.shares()]
+             for uid, a in state.holds().items()}
+    assert holds["hi"] == holds["a"] != holds["b"], holds  # the layout the case needs
+    preemptor = share_pod("p", 50, priority=50)
+    state.observe_pod(preemptor)
+    request = pod_request_from_manifest(preemptor)
+    assert state.preempt(request, "uid-p", {"n1": ([], 0)}) == {"n1": (["uid-b"], 0)}
+    # kube-scheduler's own victims are kept, even one the cards do not need
+    assert state.preempt(request, "uid-p", {"n1": (["uid-a"], 0)}) == {
+        "n1": (["uid-a", "uid-b"], 0)}
+    assert used(state, "n1") == 1500  # the what-if left every hold in place
+
+
 def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
     from elastic_gpu.scheduler.state import DETAIL_LIMIT, SUMMARY_FAILURE
 

@@ -43,7 +43,9 @@ def test_allowed_with_patch_from_mutate_only() -> None:
     assert response["patchType"] == "JSONPatch"
     assert json.loads(base64.b64decode(response["patch"])) == [
         {"op": "add", "path": "/metadata/annotations",
-         "value": {"tencent.com/vcuda-core-limit": "50"}}]
+         "value": {"tencent.com/vcuda-core-limit": "50"}},
+        *({"op": "add", "path": f"/spec/containers/0/resources/{part}/node.elasticgpu.io~1gpu-core",
+           "value": "50"} for part in ("limits", "requests"))]
     _, validated = answer(body, mutate=False)
     assert "patch" not in validated["response"] and validated["response"]["allowed"]
 
