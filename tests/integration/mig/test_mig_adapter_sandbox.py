@@ -316,7 +316,8 @@ def test_an_instance_a_claim_holds_is_not_free(box: Path, namespace: str) -> Non
         assert "no instance of 1g.10gb nor of a compatible profile" in event["message"]
         time.sleep(2)
         pod = get(box, "pod", "train", "-n", namespace)
-        assert not pod["spec"].get("nodeName") and limits(pod) == {"nvidia.com/mig-1g.10gb": "1"}
+        assert not pod["spec"].get("nodeName") and limits(pod) == {
+            "nvidia.com/mig-1g.10gb": "1", NODE_CORE: "14"}
         assert rules(box, namespace) == []
     finally:
         kubectl_run(kc(box), "delete", "egpu", name, "--wait=false")
