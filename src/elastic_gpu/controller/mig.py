@@ -38,6 +38,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from elastic_gpu.controller.claims import EGPUS
 from elastic_gpu.controller.config import MigConfig
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
@@ -62,7 +63,6 @@ log = logging.getLogger(__name__)
 RULES = Resource(f"/apis/{GROUP}/{VERSION}", rules_api.PLURAL, True)
 DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
 NODES = Resource("/api/v1", "nodes", False)
-EGPUS = Resource(f"/apis/{GROUP}/{VERSION}", egpu_api.EGPU_PLURAL, False)
 RULE_API_VERSION = f"{GROUP}/{VERSION}"
 
 ROUND = "round"
