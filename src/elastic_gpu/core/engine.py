@@ -200,7 +200,8 @@ class Engine:
 
     def set_workload(self, workload: TargetWorkload) -> None:
         """Score against another target workload from now on (the extender's observed one)."""
-        self.ctx = ScoreContext(Fragmentation(workload), self.ctx.rng)
+        self.ctx = ScoreContext(Fragmentation(workload), self.ctx.rng,
+                                self.ctx.cluster_cpu_per_gpu)
         self._score_cache.clear()
         self._generation += 1
 
@@ -495,6 +496,7 @@ class Engine:
             if row is not None:
                 self._cpu_used[row] += cpu
                 self._mem_used[row] += mem
+        self.ctx.cluster_cpu_per_gpu = self._cluster_cpu_per_gpu()
         self._score_cache.clear()
         self._stale = False
         # Replay the ledger; drop shares on cards that no longer exist.
@@ -508,6 +510,17 @@ class Engine:
                             entry.memory_mib, entry.tag)
             self._ledger[key] = entry
             self._apply(key, entry, +1)
+
+    def _cluster_cpu_per_gpu(self) -> float | None:
+        """CPU (milli) per milli-card of the nodes that have cards for shares and whole-card
+        requests (MIG-enabled cards left out): the cluster side of the CPU pressure."""
+        cpu = gpu = 0
+        for r in self._rows:
+            milli = sum(c.compute_milli for c in r.cards if not c.mig_enabled)
+            if milli:
+                cpu += r.node.cpu_milli
+                gpu += milli
+        return cpu / gpu if gpu else None
 
     def _apply(self, pod_key: str, entry: _Ledger, sign: int) -> None:
         row = self._row_of.get(entry.assignment.node)

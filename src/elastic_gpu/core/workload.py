@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from elastic_gpu.core.resources import MILLI_PER_CARD
 
@@ -63,12 +64,31 @@ class TargetWorkload:
 
     shapes: tuple[TaskShape, ...]
     weights: tuple[float, ...]
+    #: CPU (milli) the workload asks per milli-card it asks, CPU-only tasks included: over every
+    #: task it was built from (`from_counts`), else over `shapes` by `weights`; None when it asks
+    #: for no GPU. With the cluster's CPU per milli-card it gives the CPU pressure
+    #: (`cpu_pressure`).
+    cpu_per_gpu: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.shapes) != len(self.weights) or not self.shapes:
             raise ValueError("a target workload needs one weight per shape and at least one shape")
         if any(w < 0 for w in self.weights) or abs(sum(self.weights) - 1.0) > 1e-6:
             raise ValueError("target workload weights must be non-negative and sum to 1")
+        if self.cpu_per_gpu is None:
+            # frozen: the derived default is set once, here
+            derived = _cpu_per_gpu(zip(self.shapes, self.weights, strict=True))
+            object.__setattr__(self, "cpu_per_gpu", derived)
+        elif self.cpu_per_gpu < 0:
+            raise ValueError(f"cpu_per_gpu must be non-negative, got {self.cpu_per_gpu}")
+
+    @cached_property
+    def gpu_task_cpu_per_gpu(self) -> float | None:
+        """CPU (milli) per milli-card over the GPU shapes alone, by weight: what a GPU task of
+        this workload takes of a node's CPU for each milli-card it takes (fgdx-auto's balance
+        target, `policies.node.FgdxAutoPolicy`); None when no shape asks for a GPU."""
+        return _cpu_per_gpu((s, w) for s, w in zip(self.shapes, self.weights, strict=True)
+                            if s.total_milli > 0)
 
     @staticmethod
     def from_tasks(tasks: Iterable[TaskShape], popularity: float = FGD_POPULARITY,
@@ -120,7 +140,9 @@ class TargetWorkload:
                 shapes.append(TaskShape(shape.cpu_milli, shape.gpu_milli, shape.gpu_count,
                                         shape.models, memory))
                 weights.append(with_memory / cumulative)
-        return TargetWorkload(tuple(shapes), tuple(weights))
+        return TargetWorkload(tuple(shapes), tuple(weights),
+                              _cpu_per_gpu((task, float(number)) for task, number in tally.items()
+                                           if number > 0))
 
     @staticmethod
     def default() -> TargetWorkload:
@@ -157,6 +179,25 @@ def cpu_only_share(tally: Mapping[TaskShape, int]) -> float:
             if shape.gpu_count == 0 or shape.gpu_milli == 0:
                 cpu_only += number
     return cpu_only / total if total else 0.0
+
+
+def _cpu_per_gpu(weighted: Iterable[tuple[TaskShape, float]]) -> float | None:
+    """CPU (milli) asked per milli-card asked over shapes with weights (or counts)."""
+    cpu = gpu = 0.0
+    for shape, weight in weighted:
+        cpu += weight * shape.cpu_milli
+        gpu += weight * shape.total_milli
+    return cpu / gpu if gpu > 0 else None
+
+
+def cpu_pressure(workload_cpu_per_gpu: float | None, cluster_cpu_per_gpu: float | None
+                 ) -> float | None:
+    """The CPU a workload asks per GPU it asks, over the CPU the cluster's GPU nodes have per
+    GPU: above 1 the CPU runs out before the GPU (docs/simulator.md, "When CPU is scarce").
+    None when either side is unknown or the cluster has no CPU."""
+    if workload_cpu_per_gpu is None or not cluster_cpu_per_gpu:
+        return None
+    return workload_cpu_per_gpu / cluster_cpu_per_gpu
 
 
 def _normalised(task: TaskShape) -> TaskShape:

@@ -17,7 +17,7 @@ import numpy as np
 from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.waste import ExpectedWaste
-from elastic_gpu.core.workload import FGD_POPULARITY, TaskShape
+from elastic_gpu.core.workload import FGD_POPULARITY, TaskShape, cpu_pressure
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,22 @@ class NodeView:
 
 @dataclass
 class ScoreContext:
-    """Shared services for policies: the fragmentation model, the seeded random source, and the
-    expected-waste model (built from the fragmentation model's target workload)."""
+    """Shared services for policies: the fragmentation model, the seeded random source, the
+    expected-waste model (built from the fragmentation model's target workload), and the
+    cluster's CPU per milli-card (the engine sets it from its nodes; None until it has some)."""
 
     frag: Fragmentation
     rng: np.random.Generator
+    cluster_cpu_per_gpu: float | None = None
     waste: ExpectedWaste = field(init=False)
 
     def __post_init__(self) -> None:
         self.waste = ExpectedWaste(self.frag.workload)
+
+    @property
+    def cpu_pressure(self) -> float | None:
+        """The target workload's CPU per GPU over the cluster's (`workload.cpu_pressure`)."""
+        return cpu_pressure(self.frag.workload.cpu_per_gpu, self.cluster_cpu_per_gpu)
 
 
 class NodePolicy(ABC):

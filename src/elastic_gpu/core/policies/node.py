@@ -250,25 +250,86 @@ class FgdxMemoryPolicy(FgdxPolicy):
 
 
 class FgdxAutoPolicy(FgdxMemoryPolicy):
-    """fgdx-mem whose typical pods follow the workload's share mix: every shape while CPU-only
-    tasks are a small share of the tasks, FGD's most popular 95% once they are many.
+    """fgdx-mem that adapts to the workload it scores against, in two ways.
 
-    fgdx-mem's every-shape target workload was chosen on the Alibaba variants, where CPU-only
-    tasks are 12-13% of the tasks. Where they are 25-30%, CPU runs out around 100% arrived, and
-    every shape leaves 0.3-0.4 points more GPU unallocated than FGD's 95% typical pods (chosen
-    on seeds 52-61 of the CPU-heavy variants of bench/sim_variants.py; docs/simulator.md, "When
-    CPU is scarce"). The switch reads only the workload the policy scores against (a trace's
-    tasks in `egpu simulate`, the live pods with `targetWorkload: observed` in the extender),
-    so both make the same choice. Scoring is fgdx-mem's.
+    1. Its typical pods follow the share mix: every shape while CPU-only tasks are a small share
+       of the tasks, FGD's most popular 95% once they are many. fgdx-mem's every-shape target
+       workload was chosen on the Alibaba variants, where CPU-only tasks are 12-13% of the
+       tasks; where they are 25-30%, every shape leaves 0.3-0.4 points more GPU unallocated
+       than FGD's 95% typical pods (chosen on seeds 52-61).
+    2. When the CPU is scarce (`ScoreContext.cpu_pressure` >= 1: the workload asks more CPU per
+       GPU than the cluster's GPU nodes have, so the CPU runs out before the GPU), GPU tasks
+       break FGD's ties by CPU balance: the node whose CPU left after the task is closest to
+       what the GPU it can still use would need (`balance_target`). Idle GPU on a
+       node without CPU is lost for good, while the CPU of a node whose GPUs are gone still
+       serves CPU-only tasks; keeping the two in step on every node keeps both usable. Below a
+       pressure of 1 no tie-break of GPU tasks is used: on the trace's own variants any
+       reordering of FGD's ties loses (docs/simulator.md, "Why ties matter").
+
+    Both read only the workload the policy scores against (a trace's tasks in `egpu simulate`,
+    the live pods with `targetWorkload: observed` in the extender) and the engine's nodes, so
+    the simulator and the extender choose alike. See docs/simulator.md, "When CPU is scarce".
     """
 
     name = "fgdx-auto"
     #: CPU-only tasks' share of the tasks (by count) from which the 95% typical pods are used:
     #: between 0.20 (every shape still best) and 0.25 (95% best), measured on seeds 52-61
     cpu_only_switch = 0.225
+    #: the CPU pressure from which GPU tasks break FGD's ties by CPU balance: 1, where the
+    #: workload's CPU runs out before its GPU (not tuned)
+    cpu_pressure_switch = 1.0
+    #: the balance term's weight: below one FGD point, so it only reorders nodes FGD ties
+    balance_weight = 1e-3
 
     def popularity_for(self, tally: Mapping[TaskShape, int]) -> float:
         return FGD_POPULARITY if cpu_only_share(tally) >= self.cpu_only_switch else self.popularity
+
+    def balances_cpu(self, ctx: ScoreContext) -> bool:
+        """Whether GPU tasks break FGD's ties by CPU balance in this context."""
+        pressure = ctx.cpu_pressure
+        return pressure is not None and pressure >= self.cpu_pressure_switch
+
+    @staticmethod
+    def balance_target(ctx: ScoreContext) -> float:
+        """The CPU (milli) a node should keep per usable milli-card: what the workload's GPU
+        tasks take per milli-card, but no more than the cluster has per card. Where GPU tasks
+        alone ask more than that, no node can keep their need beside every free card; aiming
+        at it would gather the CPU on a few nodes and leave the others' cards without any,
+        while the cluster's own ratio is what every card can keep at once."""
+        wanted = ctx.frag.workload.gpu_task_cpu_per_gpu or 0.0
+        cluster = ctx.cluster_cpu_per_gpu
+        return min(wanted, cluster) if cluster else wanted
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if task.gpu_count == 0 or task.gpu_milli == 0 or not self.balances_cpu(ctx):
+            return super().score(ctx, task, node)
+        ratio = self.balance_target(ctx)
+        frag = ctx.frag
+        before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
+                                       sorted_free(node.free))
+        cpu_after = node.cpu_free - task.cpu_milli
+        memory_after = node.memory_free - task.memory_mib
+        best: int | None = None
+        least = 0.0
+        for _, free in free_after(task, node.free):
+            ordered = sorted_free(free)
+            after = frag.node_with_memory(node.model, cpu_after, memory_after, ordered)
+            value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
+            imbalance = cpu_imbalance(cpu_after, sum(ordered) - after, ratio)
+            if best is None:
+                best, least = value, imbalance
+            else:
+                best, least = max(best, value), min(least, imbalance)
+        if best is None:
+            return 0.0
+        return best - self.balance_weight * least
+
+
+def cpu_imbalance(cpu_left: int, usable_milli: float, cpu_per_gpu: float) -> float:
+    """How far a node's free CPU is from what its usable free GPU (free compute less its
+    expected fragment) would need at `cpu_per_gpu`, as a share of the largest node's CPU,
+    at most 1: 0 when the two run out together."""
+    return min(abs(cpu_left - cpu_per_gpu * usable_milli) / MAX_SPEC_CPU, 1.0)
 
 
 class FgdxCpuFitPolicy(FgdxPolicy):
