@@ -41,12 +41,15 @@ from elastic_gpu.core.policies.base import CardPolicy, NodePolicy
 from elastic_gpu.core.policies.card import FragWasteCards, fgd_card_scores
 from elastic_gpu.core.policies.node import (
     MAX_SCORE,
+    MAX_SPEC_CPU,
     MAX_SPEC_GPU,
     BestFitPolicy,
     DotProductPolicy,
+    FgdxAutoPolicy,
     FgdxMemoryPolicy,
     FgdxPolicy,
     best_fgd_score,
+    cpu_imbalance,
     free_after,
 )
 from elastic_gpu.core.waste import ExpectedWaste, waste_table
@@ -390,9 +393,147 @@ class MemoryForWholeCardShapes(_ScoredByMemoryMeasure):
     name = "x_memshape"
     measure = staticmethod(whole_memory_fragmentation)
 
+def _balance_score(ctx: ScoreContext, task: TaskShape, node: NodeView, ratio: float,
+                   weight: float = 1e-3, usable: bool = True, asymmetric: bool = False) -> float:
+    """fgdx-mem's score of a GPU task less `weight` x the least CPU imbalance its states leave:
+    fgdx-auto's balance term with the experiments' knobs (`usable`: the free compute less its
+    expected fragment, else all free compute; `asymmetric`: only CPU short of the GPU counts)."""
+    frag = ctx.frag
+    before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
+                                   sorted_free(node.free))
+    cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
+    best: int | None = None
+    least = 0.0
+    for _, free in free_after(task, node.free):
+        ordered = sorted_free(free)
+        after = frag.node_with_memory(node.model, cpu, memory, ordered)
+        value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
+        gpu = sum(ordered) - after if usable else sum(ordered)
+        imbalance = (min(max(0.0, ratio * gpu - cpu) / MAX_SPEC_CPU, 1.0) if asymmetric
+                     else cpu_imbalance(cpu, gpu, ratio))
+        best, least = ((value, imbalance) if best is None
+                       else (max(best, value), min(least, imbalance)))
+    return 0.0 if best is None else best - weight * least
+
+
+class BalanceAlways(FgdxAutoPolicy):
+    """fgdx-auto whose GPU tasks break FGD's ties by CPU balance whatever the CPU pressure, at
+    the workload's GPU tasks' CPU per GPU alone (the first experiment, "x_balu": before the
+    pressure gate and the cluster's ratio as a ceiling)."""
+
+    name = "x_balance"
+
+    def balances_cpu(self, ctx: ScoreContext) -> bool:
+        return True
+
+    @staticmethod
+    def balance_target(ctx: ScoreContext) -> float:
+        return ctx.frag.workload.gpu_task_cpu_per_gpu or 0.0
+
+
+class BalanceAllCompute(FgdxMemoryPolicy):
+    """CPU balance against all free compute, fragments included ("x_baltie")."""
+
+    name = "x_baltie"
+    weight = 1e-3
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if not _is_gpu(task):
+            return super().score(ctx, task, node)
+        ratio = ctx.frag.workload.gpu_task_cpu_per_gpu or 0.0
+        return _balance_score(ctx, task, node, ratio, self.weight, usable=False)
+
+
+class BalanceAllComputeBlend(BalanceAllCompute):
+    """The same as a term of up to 3 FGD points, not a tie-break ("x_balblend")."""
+
+    name = "x_balblend"
+    weight = 3.0
+
+
+class BalanceShortOnly(FgdxMemoryPolicy):
+    """CPU balance counting only CPU short of the usable GPU's need ("x_balua")."""
+
+    name = "x_balua"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if not _is_gpu(task):
+            return super().score(ctx, task, node)
+        ratio = ctx.frag.workload.gpu_task_cpu_per_gpu or 0.0
+        return _balance_score(ctx, task, node, ratio, asymmetric=True)
+
+
+class BalanceWholeCardsOnly(BalanceAlways):
+    """The balance tie-break for tasks of whole cards only; shares as fgdx-mem ("x_baluw")."""
+
+    name = "x_baluw"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        if task.is_share:
+            return FgdxMemoryPolicy.score(self, ctx, task, node)
+        return super().score(ctx, task, node)
+
+
+class BalanceToClusterRatio(BalanceAlways):
+    """CPU balance towards the cluster's CPU per GPU instead of the workload's ("x_bals")."""
+
+    name = "x_bals"
+
+    @staticmethod
+    def balance_target(ctx: ScoreContext) -> float:
+        return ctx.cluster_cpu_per_gpu or 0.0
+
+
+class BalanceToLowerRatio(FgdxAutoPolicy):
+    """fgdx-auto's balance, target and all, whatever the CPU pressure ("x_balmin"): the lower of
+    the workload's GPU tasks' and the cluster's CPU per GPU."""
+
+    name = "x_balmin"
+
+    def balances_cpu(self, ctx: ScoreContext) -> bool:
+        return True
+
+
+class BalanceBlend(BalanceAlways):
+    """fgdx-auto's balance as a term of up to 3 FGD points, not a tie-break ("x_balb3")."""
+
+    name = "x_balb3"
+    balance_weight = 3.0
+
+
+class CpuPoorFirst(FgdxMemoryPolicy):
+    """GPU tasks prefer, among FGD ties, the node left with the least CPU per free milli-card
+    ("x_cpulow")."""
+
+    name = "x_cpulow"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if not _is_gpu(task):
+            return base
+        cpu_left = node.cpu_free - task.cpu_milli
+        gpu_left = node.free_total - task.total_milli
+        return base - 1e-3 * min(cpu_left / max(gpu_left, 100) / 128, 1.0)
+
+
+class CpuFitMemory(FgdxMemoryPolicy):
+    """fgdx-mem, and CPU-only tasks best-fit on CPU among its ties (fgdx-cpufit's rule;
+    "x_cpufitmem")."""
+
+    name = "x_cpufitmem"
+
+    def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
+        base = super().score(ctx, task, node)
+        if _is_gpu(task):
+            return base
+        return base - 1e-6 * (node.cpu_free - task.cpu_milli) / MAX_SPEC_CPU
+
+
 for _cls in (FewerGpus, CpuRich, ExactGrowth, GpuBinpack, BlendBestFit, BlendBestFit5,
              BlendDotProd, ShareTight, FinerSigmoid, WasteNodeTie, MemoryBlend, FedFit,
-             MemoryForWholeCardTasks, MemoryForWholeCardShapes):
+             MemoryForWholeCardTasks, MemoryForWholeCardShapes, BalanceAlways, BalanceAllCompute,
+             BalanceAllComputeBlend, BalanceShortOnly, BalanceWholeCardsOnly, BalanceToClusterRatio,
+             BalanceToLowerRatio, BalanceBlend, CpuPoorFirst, CpuFitMemory):
     register_node_policy(_cls)
 for _card in (FragCardsTight, FragWasteP0, FragWasteP1, WasteFirstCards, CpuFitWasteCards):
     register_card_policy(_card)
