@@ -11,7 +11,9 @@ registered here, not in the engine (docs/benchmarks.md, "fgdx-cpufit" and "Third
 and docs/simulator.md, "fgd-waste", list the results), and so are the experimental card tiers
 `fgd-tight`, `fgd-waste-p0`, `fgd-waste-p1`, `x-waste-first` and `x-waste-cpu`; `x_memblend` is
 docs/simulator.md's "blend λ = 0.5" and `x_feed` its "fractional fit test" ("fgdx-mem");
-`x_memwhole` and `x_memshape` are in its "fgdx-mem's target workload".
+`x_memwhole` and `x_memshape` are in its "fgdx-mem's target workload"; the CPU-balance
+candidates (`x_balance`, `x_balmin` and the rest) in its "Second rule: under CPU pressure, GPU
+tasks break FGD's ties by CPU balance".
 Note: `auto` maps fgdx to `fgd-waste` (before that card tier existed it mapped it to `fgd`:
 figures documented for plain `fgdx` before "fgd-waste" are `fgdx/fgd` now); the x_* variants
 get binpack under auto.
