@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 #: Failed nodes explained one by one per filter call; the rest share `SUMMARY_FAILURE`.
 DETAIL_LIMIT = 16
 SUMMARY_FAILURE = FitFailure(FitKind.UNDETAILED)
+UNKNOWN_NODE_FAILURE = FitFailure(FitKind.UNKNOWN_NODE)
 #: Pods remembered as waiting for GPU capacity; past this the longest-waiting are forgotten
 #: (kube-scheduler's five-minute flush still retries them).
 MAX_WAITING = 10_000
@@ -809,20 +810,32 @@ class SchedulerState:
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
         """Which nodes can take the pod, and why each other one cannot (`_filter`); a GPU pod
-        that fits none of them is remembered as waiting for capacity (`wakeups`)."""
-        with self._lock:
-            result = self._filter(pod, uid, node_names)
-            self._note_filtered(pod, uid, node_names, result.feasible)
-            return result
+        that fits none of them is remembered as waiting for capacity (`wakeups`).
 
-    def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
+        The failed nodes past `DETAIL_LIMIT` share a summary reason, filled in after the lock
+        is released: on a request naming 20,000 nodes that loop is most of the call, and other
+        requests (small filters, binds) must not wait behind it."""
+        with self._lock:
+            result, overflow = self._filter(pod, uid, node_names)
+            self._note_filtered(pod, uid, node_names, result.feasible)
+            known = self._known  # a frozenset, replaced whole when nodes change
+        if not overflow:
+            return result
+        failed = dict(result.failed)
+        for name in overflow:
+            failed[name] = SUMMARY_FAILURE if name in known else UNKNOWN_NODE_FAILURE
+        return FilterResult(result.feasible, failed)
+
+    def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]
+                ) -> tuple[FilterResult, Sequence[str]]:
         """Which nodes can take the pod, and why each other one cannot.
 
         The engine explains a failed node by planning its cards, which costs about 0.1 ms per
         node: on a full 5,000-node cluster that is most of a second per pod (kube-scheduler
         only shows a count per distinct reason anyway). Past
         `DETAIL_LIMIT` failed nodes, feasibility comes from the engine's vectorised fit (the
-        nodes `score` keeps) and only the first `DETAIL_LIMIT` failures are explained.
+        nodes `score` keeps) and only the first `DETAIL_LIMIT` failures are explained; the
+        others are returned apart, for `filter` to name outside the lock.
         """
         with self._lock:
             self._prepare()
@@ -833,19 +846,16 @@ class SchedulerState:
                     # exactly the engine's and the cycle has one round trip instead of two.
                     best = self.engine.best(pod, node_names)
                     if best is not None:
-                        return FilterResult([best], {})
+                        return FilterResult([best], {}), ()
                 if len(node_names) <= DETAIL_LIMIT:
-                    return self.engine.filter(pod, node_names)
+                    return self.engine.filter(pod, node_names), ()
                 scored = self.engine.scored(pod, node_names)
                 # kube-scheduler asks prioritize next, for the nodes that passed: keep the
                 # scores while nothing changes (one engine scoring per cycle, not two).
                 self._last_scores = (uid, pod, self._version, scored)
                 failed_names = scored.failed
                 failed = dict(self.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
-        known = self._known
-        for name in failed_names[DETAIL_LIMIT:]:
-            failed[name] = SUMMARY_FAILURE if name in known else FitFailure(FitKind.UNKNOWN_NODE)
-        return FilterResult(scored.feasible, failed)
+        return FilterResult(scored.feasible, failed), failed_names[DETAIL_LIMIT:]
 
     def prioritize(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> dict[str, int]:
         """Scores 0..10 (kube-scheduler's extender range), best node 10."""
