@@ -53,6 +53,7 @@ from elastic_gpu.core.policies.node import (
     best_fgd_score,
     cpu_imbalance,
     free_after,
+    memory_fgd_states,
 )
 from elastic_gpu.core.waste import ExpectedWaste, waste_table
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TaskShape
@@ -400,22 +401,15 @@ def _balance_score(ctx: ScoreContext, task: TaskShape, node: NodeView, ratio: fl
     """fgdx-mem's score of a GPU task less `weight` x the least CPU imbalance its states leave:
     fgdx-auto's balance term with the experiments' knobs (`usable`: the free compute less its
     expected fragment, else all free compute; `asymmetric`: only CPU short of the GPU counts)."""
-    frag = ctx.frag
-    before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
-                                   sorted_free(node.free))
-    cpu, memory = node.cpu_free - task.cpu_milli, node.memory_free - task.memory_mib
-    best: int | None = None
-    least = 0.0
-    for _, free in free_after(task, node.free):
-        ordered = sorted_free(free)
-        after = frag.node_with_memory(node.model, cpu, memory, ordered)
-        value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
-        gpu = sum(ordered) - after if usable else sum(ordered)
-        imbalance = (min(max(0.0, ratio * gpu - cpu) / MAX_SPEC_CPU, 1.0) if asymmetric
-                     else cpu_imbalance(cpu, gpu, ratio))
-        best, least = ((value, imbalance) if best is None
-                       else (max(best, value), min(least, imbalance)))
-    return 0.0 if best is None else best - weight * least
+    gpu_left = node.free_total - task.total_milli  # every state leaves the same free compute
+    scored = []
+    for value, cpu, usable_left in memory_fgd_states(ctx, task, node):
+        gpu = usable_left if usable else gpu_left
+        scored.append((value, min(max(0.0, ratio * gpu - cpu) / MAX_SPEC_CPU, 1.0) if asymmetric
+                       else cpu_imbalance(cpu, gpu, ratio)))
+    if not scored:
+        return 0.0
+    return max(v for v, _ in scored) - weight * min(i for _, i in scored)
 
 
 class BalanceAlways(FgdxAutoPolicy):

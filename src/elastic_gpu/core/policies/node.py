@@ -10,7 +10,7 @@ and "When CPU is scarce"); fgdx-auto is the default (`policies.DEFAULT_NODE_POLI
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from elastic_gpu.core.frag import sigmoid, sorted_free
 from elastic_gpu.core.policies.base import NodePolicy, NodeView, ScoreContext
@@ -304,25 +304,29 @@ class FgdxAutoPolicy(FgdxMemoryPolicy):
         if task.gpu_count == 0 or task.gpu_milli == 0 or not self.balances_cpu(ctx):
             return super().score(ctx, task, node)
         ratio = self.balance_target(ctx)
-        frag = ctx.frag
-        before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
-                                       sorted_free(node.free))
-        cpu_after = node.cpu_free - task.cpu_milli
-        memory_after = node.memory_free - task.memory_mib
         best: int | None = None
         least = 0.0
-        for _, free in free_after(task, node.free):
-            ordered = sorted_free(free)
-            after = frag.node_with_memory(node.model, cpu_after, memory_after, ordered)
-            value = int(sigmoid((before - after) / 1000) * MAX_SCORE)
-            imbalance = cpu_imbalance(cpu_after, sum(ordered) - after, ratio)
-            if best is None:
-                best, least = value, imbalance
-            else:
-                best, least = max(best, value), min(least, imbalance)
-        if best is None:
-            return 0.0
-        return best - self.balance_weight * least
+        for value, cpu_left, usable in memory_fgd_states(ctx, task, node):
+            imbalance = cpu_imbalance(cpu_left, usable, ratio)
+            best, least = ((value, imbalance) if best is None
+                           else (max(best, value), min(least, imbalance)))
+        return 0.0 if best is None else best - self.balance_weight * least
+
+
+def memory_fgd_states(ctx: ScoreContext, task: TaskShape, node: NodeView
+                      ) -> Iterator[tuple[int, int, float]]:
+    """Per state a GPU task can leave on a node (`free_after`): FGD's integer score with host
+    memory in the fit test (fgdx-mem's), the node's CPU left, and its usable free compute left
+    (free compute less the expected fragment, milli)."""
+    frag = ctx.frag
+    before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
+                                   sorted_free(node.free))
+    cpu_after = node.cpu_free - task.cpu_milli
+    memory_after = node.memory_free - task.memory_mib
+    for _, free in free_after(task, node.free):
+        ordered = sorted_free(free)
+        after = frag.node_with_memory(node.model, cpu_after, memory_after, ordered)
+        yield int(sigmoid((before - after) / 1000) * MAX_SCORE), cpu_after, sum(ordered) - after
 
 
 def cpu_imbalance(cpu_left: int, usable_milli: float, cpu_per_gpu: float) -> float:
