@@ -239,14 +239,8 @@ class FgdxMemoryPolicy(FgdxPolicy):
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if task.gpu_count == 0 or task.gpu_milli == 0:
             return super().score(ctx, task, node)
-        frag = ctx.frag
-        before = frag.node_with_memory(node.model, node.cpu_free, node.memory_free,
-                                       sorted_free(node.free))
-        cpu_after = node.cpu_free - task.cpu_milli
-        memory_after = node.memory_free - task.memory_mib
-        return best_fgd_score(before, (
-            frag.node_with_memory(node.model, cpu_after, memory_after, sorted_free(free))
-            for _, free in free_after(task, node.free)))
+        return float(max((value for value, _, _ in memory_fgd_states(ctx, task, node)),
+                         default=0))
 
 
 class FgdxAutoPolicy(FgdxMemoryPolicy):
