@@ -55,11 +55,23 @@ class Claims:
         self.scheduler_name = scheduler_name
         self.namespace = namespace
         self.client = cluster.client()
+        self.claim_uids: list[str] = []
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = json.loads(self.cluster.kubectl(
             "create", "-o", "json", "-f", "-", input=json.dumps(obj)).stdout)
+        if created.get("kind") == "ElasticGPUClaim":
+            self.claim_uids.append(created["metadata"]["uid"])
         return created
+
+    def delete_provisioned(self) -> None:
+        """Deletes the ElasticGPUs provisioned for this test's claims (named egpu-<claim uid>)
+        and no others: the cluster is shared by the whole session, and `delete egpu --all`
+        once waited out its 60 s deleting every other module's ElasticGPUs one by one."""
+        names = [f"egpu-{uid}" for uid in self.claim_uids]
+        if names:
+            self.cluster.kubectl("delete", "egpu", *names, "--ignore-not-found", "--wait=false",
+                                 check=False)
 
     def provision(self, claim: dict[str, Any]) -> tuple[int, Any]:
         meta = claim["metadata"]
@@ -191,7 +203,7 @@ def test_provisioned_cards_are_refused_to_pods_and_consumers_get_them(
         assert not pods_by_name(claims.client, claims.namespace)["fifty"]["spec"].get("nodeName")
     finally:
         claims.cluster.kubectl("delete", "egpuclass", cls, "--ignore-not-found")
-        claims.cluster.kubectl("delete", "egpu", "--all", "--ignore-not-found", check=False)
+        claims.delete_provisioned()
 
 
 def test_a_wait_for_first_consumer_claim_is_provisioned_on_its_first_pods_node(
@@ -228,4 +240,4 @@ def test_a_wait_for_first_consumer_claim_is_provisioned_on_its_first_pods_node(
         claims.wait_used(egpu.node, 500)
     finally:
         claims.cluster.kubectl("delete", "egpuclass", cls, "--ignore-not-found")
-        claims.cluster.kubectl("delete", "egpu", "--all", "--ignore-not-found", check=False)
+        claims.delete_provisioned()
