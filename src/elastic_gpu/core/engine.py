@@ -28,7 +28,7 @@ from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit
 from elastic_gpu.core.fit import Unschedulable as Unschedulable  # re-exported: callers import it here
 from elastic_gpu.core.frag import Fragmentation
-from elastic_gpu.core.model import Card, Node, offered
+from elastic_gpu.core.model import Card, Node, cluster_cpu_per_gpu, offered
 from elastic_gpu.core.policies import (
     CardPolicy,
     CardView,
@@ -204,6 +204,13 @@ class Engine:
                                 self.ctx.cluster_cpu_per_gpu)
         self._score_cache.clear()
         self._generation += 1
+
+    @property
+    def cluster_cpu_per_gpu(self) -> float | None:
+        """The CPU (milli) per milli-card of the current nodes (`model.cluster_cpu_per_gpu`):
+        what a target workload's CPU pressure is measured against."""
+        self._refresh()
+        return self.ctx.cluster_cpu_per_gpu
 
     # ------------------------------------------------------------------ inventory
 
@@ -496,7 +503,7 @@ class Engine:
             if row is not None:
                 self._cpu_used[row] += cpu
                 self._mem_used[row] += mem
-        self.ctx.cluster_cpu_per_gpu = self._cluster_cpu_per_gpu()
+        self.ctx.cluster_cpu_per_gpu = cluster_cpu_per_gpu(r.node for r in self._rows)
         self._score_cache.clear()
         self._stale = False
         # Replay the ledger; drop shares on cards that no longer exist.
@@ -510,17 +517,6 @@ class Engine:
                             entry.memory_mib, entry.tag)
             self._ledger[key] = entry
             self._apply(key, entry, +1)
-
-    def _cluster_cpu_per_gpu(self) -> float | None:
-        """CPU (milli) per milli-card of the nodes that have cards for shares and whole-card
-        requests (MIG-enabled cards left out): the cluster side of the CPU pressure."""
-        cpu = gpu = 0
-        for r in self._rows:
-            milli = sum(c.compute_milli for c in r.cards if not c.mig_enabled)
-            if milli:
-                cpu += r.node.cpu_milli
-                gpu += milli
-        return cpu / gpu if gpu else None
 
     def _apply(self, pod_key: str, entry: _Ledger, sign: int) -> None:
         row = self._row_of.get(entry.assignment.node)

@@ -8,7 +8,7 @@ engine turns a list of nodes into arrays once and works on those.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, MigProfile, lookup
@@ -138,6 +138,19 @@ class Node:
             if card.index == index:
                 return card
         raise KeyError(f"node {self.name} has no card {index}")
+
+
+def cluster_cpu_per_gpu(nodes: Iterable[Node]) -> float | None:
+    """CPU (milli) per milli-card of the nodes that have cards for shares and whole-card
+    requests (MIG-enabled cards left out; nodes without such cards do not count): the cluster
+    side of the CPU pressure (`workload.cpu_pressure`). None without such cards."""
+    cpu = gpu = 0
+    for node in nodes:
+        milli = sum(card.compute_milli for card in node.cards if not card.mig_enabled)
+        if milli:
+            cpu += node.cpu_milli
+            gpu += milli
+    return cpu / gpu if gpu else None
 
 
 def _frozen_offers(where: str, offers: Mapping[str, int]) -> Mapping[str, int]:

@@ -517,8 +517,11 @@ class SchedulerState:
         if not self._shapes or (self.workload is not None
                                 and self._shape_changes < self.config.workload_refresh_pods):
             return
-        self.workload = TargetWorkload.from_counts(self._shape_counts,
-                                                   node_policy(self.config.node_policy).popularity_for(self._shape_counts))
+        # the same choice of typical pods as `egpu simulate` (sim.replay.target_workload): the
+        # live pods' mix against the nodes the engine has now
+        popularity = node_policy(self.config.node_policy).popularity_for(
+            self._shape_counts, self.engine.cluster_cpu_per_gpu)
+        self.workload = TargetWorkload.from_counts(self._shape_counts, popularity)
         self._shape_changes = 0
         self.engine.set_workload(self.workload)
         self._version += 1

@@ -27,7 +27,7 @@ import numpy as np
 
 from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.frag import Fragmentation, sorted_free
-from elastic_gpu.core.model import Node
+from elastic_gpu.core.model import Node, cluster_cpu_per_gpu
 from elastic_gpu.core.policies import default_card_policy, node_policy
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import Task
@@ -161,15 +161,16 @@ def arrival_order(tasks: Sequence[Task], gpu_capacity_milli: int, inflation: flo
     return order
 
 
-def target_workload(tasks: Sequence[Task], policy: str, popularity: float | None = None
-                    ) -> TargetWorkload:
-    """The target workload a policy scores a trace against: FGD's typical pods covering
-    `popularity` of the tasks, by default the share the node policy asks for this workload
-    (`NodePolicy.popularity_for`: FGD's 0.95, all of them for fgdx-mem; fgdx-auto's depends on
-    the workload's CPU-only share)."""
+def target_workload(tasks: Sequence[Task], policy: str, popularity: float | None = None,
+                    nodes: Sequence[Node] = ()) -> TargetWorkload:
+    """The target workload a policy scores a trace against on `nodes`: FGD's typical pods
+    covering `popularity` of the tasks, by default the share the node policy asks for this
+    workload on these nodes (`NodePolicy.popularity_for`: FGD's 0.95, all of them for
+    fgdx-mem; fgdx-auto's depends on the workload's CPU-only share and, under CPU pressure,
+    on its share mix)."""
     tally = Counter(t.shape() for t in tasks)
     if popularity is None:
-        popularity = node_policy(policy).popularity_for(tally)
+        popularity = node_policy(policy).popularity_for(tally, cluster_cpu_per_gpu(nodes))
     return TargetWorkload.from_counts(tally, popularity)
 
 
@@ -190,7 +191,7 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     # fragmentation is the paper's, against FGD's typical pods, so policies compare on one measure.
     measured = workload or TargetWorkload.from_tasks(t.shape() for t in tasks)
     if workload is None:
-        workload = target_workload(tasks, policy, popularity)
+        workload = target_workload(tasks, policy, popularity, gpu_nodes)
     engine = Engine(gpu_nodes, PolicyConfig(node_policy=policy, card_policy=cards), seed=seed,
                     workload=workload)
     arrivals = arrival_order(tasks, capacity * 1000, inflation, seed)

@@ -11,11 +11,18 @@ import pytest
 
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.engine import Engine, PolicyConfig
-from elastic_gpu.core.model import Card, MigInstance, MigProfile, Node
+from elastic_gpu.core.model import Card, MigInstance, MigProfile, Node, cluster_cpu_per_gpu
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.policies.node import FgdxAutoPolicy, cpu_imbalance
 from elastic_gpu.core.request import pod_request_from_manifest
-from elastic_gpu.core.workload import TargetWorkload, TaskShape, cpu_pressure
+from elastic_gpu.core.workload import (
+    FGD_POPULARITY,
+    TargetWorkload,
+    TaskShape,
+    cpu_pressure,
+    share_of_gpu_asked,
+    tally_cpu_per_gpu,
+)
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.state import SchedulerState
 from elastic_gpu.sim.replay import target_workload
@@ -179,3 +186,78 @@ def test_the_extender_sees_the_pressure_the_simulator_sees_and_ranks_alike(scarc
     ranks = state.prioritize(probe, "uid-probe", feasible)
     # a and b tie on FGD: under pressure the balance tie-break ranks a first, else they tie
     assert ranks == ({"a": 10, "b": 0} if scarce else {"a": 10, "b": 10})
+
+
+def test_the_share_of_gpu_asked_by_shares_and_the_cpu_per_gpu_of_a_tally() -> None:
+    share, whole, pair = TaskShape(4000, 500, 1), TaskShape(8000, 1000, 1), TaskShape(0, 1000, 2)
+    cpu_only = TaskShape(6000, 0, 0)
+    # 3 x 0.5 card by shares, 1 + 2 cards whole: 1.5 of 4.5 cards
+    tally = {share: 3, whole: 1, pair: 1, cpu_only: 2}
+    assert share_of_gpu_asked(tally) == pytest.approx(1500 / 4500)
+    assert tally_cpu_per_gpu(tally) == pytest.approx(32_000 / 4_500)
+    assert TargetWorkload.from_counts(tally, 1.0).cpu_per_gpu == tally_cpu_per_gpu(tally)
+    assert share_of_gpu_asked({share: 2, whole: 0, cpu_only: 5}) == 1.0  # counts <= 0 ignored
+    assert share_of_gpu_asked({cpu_only: 5}) == 0.0
+    assert tally_cpu_per_gpu({cpu_only: 5}) is None
+
+
+def test_the_clusters_cpu_per_gpu_leaves_out_mig_cards_and_cardless_nodes() -> None:
+    carved = (MigInstance(MigProfile(3, 40), "MIG-m-0", 0),)
+    mig = Node("m", 64_000, 512_000, (Card(0, "GPU-m-0", "A100", 81_920, mig=carved),))
+    cpu_node = Node("cpu", 96_000, 512_000)
+    assert cluster_cpu_per_gpu([*_cluster(scarce=True), mig, cpu_node]) == pytest.approx(
+        97_000 / 12_000)
+    assert cluster_cpu_per_gpu([mig, cpu_node]) is None
+    assert cluster_cpu_per_gpu([]) is None
+
+
+def test_under_cpu_pressure_fgdx_auto_takes_fgds_typical_pods_once_shares_ask_most_gpu() -> None:
+    policy = FgdxAutoPolicy()
+    share, whole = TaskShape(10_000, 600, 1), TaskShape(10_000, 1000, 1)
+    share_heavy = {share: 39, whole: 1}   # shares ask 97% of the GPU; 16.4 CPUs per card
+    share_light = {share: 1, whole: 39}   # 1.5%; 10.1 CPUs per card
+    scarce, roomy = 97_000 / 12_000, 96_000 / 8_000  # the clusters above, per card
+    assert policy.popularity_for(share_heavy, scarce) == FGD_POPULARITY
+    assert policy.popularity_for(share_heavy, roomy) == FGD_POPULARITY  # 16.4 / 12: pressure
+    assert policy.popularity_for(share_light, scarce) == 1.0  # pressure, shares ask little
+    assert policy.popularity_for(share_light, roomy) == 1.0   # 10.1 / 12: no pressure
+    assert policy.popularity_for(share_heavy, 20.0) == 1.0    # no pressure
+    assert policy.popularity_for(share_heavy) == 1.0          # cluster unknown: no pressure
+    # the edge: shares asking exactly half switch; pressure exactly 1 switches
+    half = {TaskShape(8_000, 500, 1): 2, TaskShape(8_000, 1000, 1): 1}  # 12 CPUs per card
+    assert policy.popularity_for(half, 12.0) == FGD_POPULARITY
+    assert policy.popularity_for(half, 12.001) == 1.0
+    assert node_policy("fgdx-mem").popularity_for(share_heavy, scarce) == 1.0
+
+
+def _mixed_pods(shares: int, wholes: int, cpus: int) -> tuple[list[dict[str, Any]], list[Task]]:
+    """Pending pods on 60% of a card and on a whole card, `cpus` CPUs each, and the same tasks
+    as a trace."""
+    pods, tasks = [], []
+    for name, count, percent in (("s", shares, 60), ("w", wholes, 100)):
+        for i in range(count):
+            pods.append(pod_manifest(f"{name}{i}", uid=f"uid-{name}{i}", containers={"main": {
+                "elasticgpu.io/gpu-core": str(percent), "cpu": str(cpus), "memory": "1Gi"}}))
+            tasks.append(Task(f"{name}{i}", cpus * 1000, 1024, 1, percent * 10))
+    return pods, tasks
+
+
+@pytest.mark.parametrize(("shares", "wholes", "cpus", "scarce", "kept"), [
+    (39, 1, 10, True, {600}),          # pressure 2.0, shares 97%: FGD's 95%, the whole card dropped
+    (39, 1, 10, False, {600}),         # pressure 16.4 / 12 = 1.4 too
+    (39, 1, 1, True, {600, 1000}),     # pressure 0.2: every shape
+    (1, 39, 10, True, {600, 1000}),    # pressure 1.25, shares 1.5%: every shape
+])
+def test_the_extender_picks_the_typical_pods_the_simulator_picks(
+        shares: int, wholes: int, cpus: int, scarce: bool, kept: set[int]) -> None:
+    pods, tasks = _mixed_pods(shares, wholes, cpus)
+    nodes = _cluster(scarce)
+    state = ready_state(nodes, SchedulerState(SchedulerConfig(target_workload="observed")),
+                        pods=pods)
+    probe = pod_request_from_manifest(_probe())
+    state.filter(probe, "uid-probe", [n.name for n in nodes])
+    assert state.workload is not None
+    simulated = target_workload(tasks, "fgdx-auto", nodes=nodes)
+    assert {s.gpu_milli for s in state.workload.shapes} == kept
+    assert {s.gpu_milli for s in simulated.shapes} == kept
+    assert state.workload.weights == pytest.approx(simulated.weights)

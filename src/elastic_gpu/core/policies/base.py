@@ -88,9 +88,11 @@ class NodePolicy(ABC):
     #: (`policies.default_card_policy`), so the cluster gets the quality the simulator measures
     card_tier: str = "binpack"
 
-    def popularity_for(self, tally: Mapping[TaskShape, int]) -> float:
+    def popularity_for(self, tally: Mapping[TaskShape, int],
+                       cluster_cpu_per_gpu: float | None = None) -> float:
         """The share of tasks the typical pods cover for this workload (shape -> how many
-        tasks): `egpu simulate` builds a trace's target workload with it and the extender its
+        tasks) on a cluster with this CPU per milli-card (`model.cluster_cpu_per_gpu`; None:
+        unknown): `egpu simulate` builds a trace's target workload with it and the extender its
         observed one, so both adapt alike. Default: the fixed `popularity`."""
         return self.popularity
 

@@ -15,7 +15,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from elastic_gpu.core.frag import sigmoid, sorted_free
 from elastic_gpu.core.policies.base import NodePolicy, NodeView, ScoreContext
 from elastic_gpu.core.resources import MILLI_PER_CARD
-from elastic_gpu.core.workload import FGD_POPULARITY, TaskShape, cpu_only_share
+from elastic_gpu.core.workload import (
+    FGD_POPULARITY,
+    TaskShape,
+    cpu_only_share,
+    cpu_pressure,
+    share_of_gpu_asked,
+    tally_cpu_per_gpu,
+)
 
 MAX_SCORE = 100
 #: Normalisers of the FGD artifact: the largest node it models (128 CPUs, 8 cards).
@@ -246,11 +253,16 @@ class FgdxMemoryPolicy(FgdxPolicy):
 class FgdxAutoPolicy(FgdxMemoryPolicy):
     """fgdx-mem that adapts to the workload it scores against, in two ways.
 
-    1. Its typical pods follow the share mix: every shape while CPU-only tasks are a small share
-       of the tasks, FGD's most popular 95% once they are many. fgdx-mem's every-shape target
-       workload was chosen on the Alibaba variants, where CPU-only tasks are 12-13% of the
-       tasks; where they are 25-30%, every shape leaves 0.3-0.4 points more GPU unallocated
-       than FGD's 95% typical pods (chosen on seeds 52-61).
+    1. Its typical pods follow the task mix (`popularity_for`): every shape, as fgdx-mem,
+       except FGD's most popular 95% when either
+       - CPU-only tasks are many: fgdx-mem's every-shape target workload was chosen on the
+         Alibaba variants, where they are 12-13% of the tasks; where they are 25-30%, every
+         shape leaves 0.3-0.4 points more GPU unallocated than the 95% (seeds 52-61); or
+       - the CPU is scarce (pressure >= 1, below) and shares of one card ask most of the GPU
+         asked (`share_of_gpu_asked` >= 0.5): on the CPU-heavy gpushare60 and gpushare80
+         variants the 95% leave 0.3-0.8 points less unallocated than every shape, while on
+         the CPU-heavy default (0.29) and gpushare40 (0.40) every shape is 0.3-1.1 better
+         (seeds 0-9 and 52-61).
     2. When the CPU is scarce (`ScoreContext.cpu_pressure` >= 1: the workload asks more CPU per
        GPU than the cluster's GPU nodes have, so the CPU runs out before the GPU), GPU tasks
        break FGD's ties by CPU balance: the node whose CPU left after the task is closest to
@@ -272,11 +284,22 @@ class FgdxAutoPolicy(FgdxMemoryPolicy):
     #: the CPU pressure from which GPU tasks break FGD's ties by CPU balance: 1, where the
     #: workload's CPU runs out before its GPU (not tuned)
     cpu_pressure_switch = 1.0
+    #: under CPU pressure, the share of the GPU asked by shares of one card from which the 95%
+    #: typical pods are used: half, between gpushare40 (every shape best) and gpushare60 (95%
+    #: best), checked on gpushare80 before any held-out seed was read (seeds 0-9 and 52-61)
+    share_switch = 0.5
     #: the balance term's weight: below one FGD point, so it only reorders nodes FGD ties
     balance_weight = 1e-3
 
-    def popularity_for(self, tally: Mapping[TaskShape, int]) -> float:
-        return FGD_POPULARITY if cpu_only_share(tally) >= self.cpu_only_switch else self.popularity
+    def popularity_for(self, tally: Mapping[TaskShape, int],
+                       cluster_cpu_per_gpu: float | None = None) -> float:
+        if cpu_only_share(tally) >= self.cpu_only_switch:
+            return FGD_POPULARITY
+        pressure = cpu_pressure(tally_cpu_per_gpu(tally), cluster_cpu_per_gpu)
+        if (pressure is not None and pressure >= self.cpu_pressure_switch
+                and share_of_gpu_asked(tally) >= self.share_switch):
+            return FGD_POPULARITY
+        return self.popularity
 
     def balances_cpu(self, ctx: ScoreContext) -> bool:
         """Whether GPU tasks break FGD's ties by CPU balance in this context."""
