@@ -547,7 +547,9 @@ CPU_HEAVY: dict[str, tuple[str, float, float, float]] = {
     "default-cpu125": ("default", 1.25, 1.0, 0.0),      # every task asks 1.25x its CPU
     "default-cpu150": ("default", 1.5, 1.0, 0.0),       # ... 1.5x
     "default-cpu200": ("default", 2.0, 1.0, 0.0),       # ... 2x
+    "gpushare40-cpu150": ("gpushare40", 1.5, 1.0, 0.0),  # shares 40% of the GPU asked
     "gpushare60-cpu150": ("gpushare60", 1.5, 1.0, 0.0),  # share-heavy and CPU-heavy
+    "gpushare80-cpu150": ("gpushare80", 1.5, 1.0, 0.0),  # shares 80% of the GPU asked
     "multigpu30-cpu150": ("multigpu30", 1.5, 1.0, 0.0),  # multi-card and CPU-heavy
     "default-node60": ("default", 1.0, 0.6, 0.0),       # every node keeps 60% of its CPU
     "default-cpuonly20": ("default", 1.0, 1.0, 0.20),  # CPU-only tasks 20% of the count
