@@ -42,7 +42,9 @@ def simulate(
     popularity: Annotated[float | None, typer.Option(
         help="Share of the tasks (0-1] that FGD's typical pods, the target workload the FGD "
              "family scores against, must cover; default: the policy's (0.95 as in the FGD "
-             "paper; fgdx-mem 1.0, every shape; fgdx-auto 1.0, or 0.95 from 22.5% CPU-only tasks).")
+             "paper; fgdx-mem 1.0, every shape; fgdx-auto 1.0, or 0.95 from 22.5% CPU-only tasks "
+             "and, when the tasks ask more CPU per GPU than the nodes have, once shares of one "
+             "card ask half the GPU asked).")
     ] = None,
 ) -> None:
     """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
