@@ -295,16 +295,19 @@ class FgdxAutoPolicy(FgdxMemoryPolicy):
                        cluster_cpu_per_gpu: float | None = None) -> float:
         if cpu_only_share(tally) >= self.cpu_only_switch:
             return FGD_POPULARITY
-        pressure = cpu_pressure(tally_cpu_per_gpu(tally), cluster_cpu_per_gpu)
-        if (pressure is not None and pressure >= self.cpu_pressure_switch
+        if (self.cpu_is_scarce(cpu_pressure(tally_cpu_per_gpu(tally), cluster_cpu_per_gpu))
                 and share_of_gpu_asked(tally) >= self.share_switch):
             return FGD_POPULARITY
         return self.popularity
 
+    def cpu_is_scarce(self, pressure: float | None) -> bool:
+        """Whether a CPU pressure (`workload.cpu_pressure`; None: unknown) switches the rules
+        that apply under CPU pressure: the typical pods' and the balance tie-break alike."""
+        return pressure is not None and pressure >= self.cpu_pressure_switch
+
     def balances_cpu(self, ctx: ScoreContext) -> bool:
         """Whether GPU tasks break FGD's ties by CPU balance in this context."""
-        pressure = ctx.cpu_pressure
-        return pressure is not None and pressure >= self.cpu_pressure_switch
+        return self.cpu_is_scarce(ctx.cpu_pressure)
 
     @staticmethod
     def balance_target(ctx: ScoreContext) -> float:
