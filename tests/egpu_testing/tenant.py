@@ -49,8 +49,11 @@ class Tenant:
         return result.stderr
 
     def can_i(self, verb: str, resource: str) -> bool:
-        """`kubectl auth can-i` for the tenant in its namespace."""
-        return self.run("auth", "can-i", verb, resource).stdout.strip() == "yes"
+        """`kubectl auth can-i` for the tenant in its namespace; `resource` may name a
+        subresource (`pods/binding`), which kubectl itself would read as a pod NAMED binding."""
+        kind, _, subresource = resource.partition("/")
+        extra = [f"--subresource={subresource}"] if subresource else []
+        return self.run("auth", "can-i", verb, kind, *extra).stdout.strip() == "yes"
 
 
 def make_tenant(kubeconfig: Path, namespace: str, user: str | None = None) -> Tenant:
