@@ -110,4 +110,4 @@ class ControllerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> ControllerConfig:
-    return load_settings(path, ControllerConfig, ConfigError)
+    return load_settings(path, ControllerConfig, ConfigError, "ControllerConfig")

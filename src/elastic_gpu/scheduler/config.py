@@ -56,7 +56,7 @@ class SchedulerConfig(BaseModel):
     #: None: the card tier `node_policy` is paired with (`effective_card_policy`)
     card_policy: str | None = Field(default=None, validation_alias="cardPolicy")
     reservation_ttl_s: float = Field(default=30.0, validation_alias="reservationTTLSeconds", gt=0, le=3600)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     #: "all": filter passes every node with room (kube-scheduler then asks prioritize);
     #: "best": filter passes only the node the engine would choose, so kube-scheduler skips
     #: scoring and the prioritize round trip (docs/scheduler.md, "One round trip per pod").
@@ -95,4 +95,4 @@ class SchedulerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> SchedulerConfig:
-    return load_settings(path, SchedulerConfig, ConfigError)
+    return load_settings(path, SchedulerConfig, ConfigError, "SchedulerConfig")

@@ -51,7 +51,7 @@ def test_full_config_file_with_relative_fake_inventory(tmp_path: Path) -> None:
     ({"resources": {"gpu": "elasticgpu.io/gpu-core"}}, "resources.gpu", "not a whole-card"),
     ({"resources": {"share": ["nvidia.com/gpu"]}}, "resources.share", "compute-share"),
     ({"backend": "fake"}, "(top level)", "fake.inventory"),
-    ({"healthCheck": {"pollSeconds": -1}}, "healthCheck.pollSeconds", "greater than 0"),
+    ({"healthCheck": {"pollSeconds": -1}}, "healthCheck.pollSeconds", "greater than or equal to 0.05"),
 ])
 def test_broken_config_names_the_field(data: dict[str, object], field: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -105,7 +105,10 @@ def _kind(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return "enum"
     if typing.get_origin(annotation) is list:
-        return f"list[{typing.get_args(annotation)[0].__name__}]"
+        item = typing.get_args(annotation)[0]
+        if typing.get_origin(item) is typing.Annotated:  # a ranged item: its type
+            item = typing.get_args(item)[0]
+        return f"list[{item.__name__}]"
     return {bool: "bool", int: "int", float: "float", str: "str", Path: "path"}[annotation]
 
 
