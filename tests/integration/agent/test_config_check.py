@@ -16,11 +16,16 @@ machine's duration.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -173,6 +178,69 @@ def test_sandbox_up_refuses_a_complex_key_in_the_cluster_file_and_starts_nothing
                    "--bin-dir", str(tmp_path / "no-binaries"))
     refused_cleanly(outcome, "--cluster", "nodeGroups[0]", "key a list: keys must be strings")
     assert not state.exists(), f"the refused sandbox left state behind: {list(state.iterdir())}"
+
+
+# ------------------------------------------------------- the running agent, real control plane
+
+@pytest.fixture
+def bare_node(k8s_cluster: Any) -> Iterator[str]:
+    """A Node with no GPUs yet and the GPUDevice CRD served: what a fresh GPU node looks like
+    before its agent starts."""
+    from elastic_gpu.devcluster.nodes import unregister_fake_node
+    from elastic_gpu.devcluster.pytest_plugin import unique_name
+
+    k8s_cluster.kubectl("apply", "-f", str(REPO / "deploy" / "crds" / "gpudevices.yaml"))
+    k8s_cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s",
+                        "crd/gpudevices.elasticgpu.io")
+    name = unique_name("cfg")
+    resources = {"cpu": "16", "memory": "64Gi", "pods": "250"}
+    k8s_cluster.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+         "status": {"capacity": resources, "allocatable": resources}}))
+    yield name
+    unregister_fake_node(k8s_cluster.client(), name)
+
+
+@pytest.mark.parametrize("sync", ["1e-9", "1e10"])
+def test_the_agent_refuses_a_sync_period_out_of_range_before_touching_the_api(
+        k8s_cluster: Any, bare_node: str, sync: str) -> None:
+    """The issue's attack on a real API server: `syncSeconds: 1e-9` made the agent write 1,716
+    times in 25 s, `1e10` killed its sync thread while it went on serving. Now the agent exits
+    2 naming the field and the bound, and the node gets no GPUDevice and no GPU capacity."""
+    from egpu_testing.kubelet import KubeletDouble
+
+    plugin_dir = Path(tempfile.mkdtemp(prefix="egpu-cfg-"))  # unix socket paths are short
+    kubelet = KubeletDouble(plugin_dir)
+    kubelet.start()
+    try:
+        (plugin_dir / "inv.yaml").write_text("cards: [{model: L4, memoryMiB: 23034}]\n")
+        config = plugin_dir / "agent.yaml"
+        config.write_text(f"backend: fake\nfake: {{inventory: inv.yaml}}\n"
+                          f"devicePluginDir: {plugin_dir}\nsyncSeconds: {sync}\n")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "elastic_gpu.cli.main", "agent", "--node", bare_node,
+             "--kubeconfig", str(k8s_cluster.kubeconfig), "--config", str(config)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            output, _ = process.communicate(timeout=DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+            devices = k8s_cluster.kubectl("get", "gpudevices", "-l",
+                                          f"elasticgpu.io/node={bare_node}", "-o", "name").stdout
+            pytest.fail(f"egpu agent with syncSeconds: {sync} was still running after "
+                        f"{DEADLINE_S} s instead of refusing its config; it published "
+                        f"{devices.split() or 'nothing'}:\n{output.decode(errors='replace')}")
+        refused_cleanly(Outcome(process.returncode, output.decode("utf-8", "replace")),
+                        "syncSeconds: got", "Input should be")
+    finally:
+        kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+    devices = k8s_cluster.kubectl("get", "gpudevices", "-l", f"elasticgpu.io/node={bare_node}",
+                                  "-o", "name").stdout
+    assert devices.split() == [], f"the refused agent published {devices}"
+    node = json.loads(k8s_cluster.kubectl("get", "node", bare_node, "-o", "json").stdout)
+    assert not [r for r in node["status"].get("capacity", {}) if "gpu" in r], node["status"]
 
 
 # ------------------------------------------------------------------- what the project ships
