@@ -86,3 +86,20 @@ def test_header() -> None:
     (only,) = header_problems({"kind": "AgentConfig"}, "AgentConfig")
     assert "apiVersion: got None" in only
     assert len(header_problems({"apiVersion": "v2", "kind": "X"}, "AgentConfig")) == 2
+
+
+@pytest.mark.parametrize("content", [
+    b"cards: &c [{model: T4, memoryMiB: 15360}]\nboards: *c\n",
+    b"cards: [{model: \xff}]\n",
+    b"cards: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+])
+def test_the_fake_inventory_is_read_by_the_same_loader(tmp_path: Path, content: bytes) -> None:
+    """The fake backend's inventory is the agent's YAML too (re-read by its health thread): a
+    hostile one is a BackendError naming the file, not a crash or a hang."""
+    from elastic_gpu.agent.backend import BackendError
+    from elastic_gpu.agent.fake import FakeBackend
+
+    path = tmp_path / "inv.yaml"
+    path.write_bytes(content)
+    with pytest.raises(BackendError, match=f"the fake inventory {path}: not valid YAML"):
+        FakeBackend.from_file(path)
