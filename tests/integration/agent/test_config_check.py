@@ -269,6 +269,8 @@ def _shipped() -> list[tuple[str, str, str]]:
     out += [("scheduler", where, text)
             for where, text in _configmap_files("elastic-gpu-scheduler")
             if not text.lstrip().startswith("apiVersion: kubescheduler")]
+    best = REPO / "deploy" / "scheduler" / "scheduler-best.yaml"  # egpu scheduler --config
+    out.append(("scheduler", str(best.relative_to(REPO)), best.read_text()))
     docs = REPO / "docs"
     out += [("agent", f"docs/agent.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "agent.md"))
