@@ -50,7 +50,9 @@ def check_policy(tier: str, name: str) -> str:
 
 
 class SchedulerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: a number is a YAML number and a string a YAML string; "30" is not 30.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
 
     node_policy: str = Field(default=DEFAULT_NODE_POLICY, validation_alias="nodePolicy")
     #: None: the card tier `node_policy` is paired with (`effective_card_policy`)

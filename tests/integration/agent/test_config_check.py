@@ -159,8 +159,11 @@ def test_scheduler_and_controller_check_refuse_the_same_input(
     ("scheduler", b"reservationTTLSeconds: 1e10\n",
      ("reservationTTLSeconds: got 10000000000.0", "less than or equal to 3600")),
     ("scheduler", b"seed: -1\n", ("seed: got -1", "greater than or equal to 0")),
+    ("scheduler", b'reservationTTLSeconds: "30"\n',
+     ("reservationTTLSeconds: got '30'", "must be a number written without quotes")),
     ("controller", b"mig: {ruleGraceSeconds: 1e300}\n",
      ("mig.ruleGraceSeconds: got 1e+300", "less than or equal to 3600")),
+    ("controller", b'mig: {enabled: "no"}\n', ("mig.enabled: got 'no'", "must be true or false")),
 ])
 def test_scheduler_and_controller_check_name_field_value_and_rule(
         tmp_path: Path, component: str, content: bytes, words: tuple[str, ...]) -> None:
