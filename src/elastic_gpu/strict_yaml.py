@@ -223,3 +223,16 @@ def decode(data: bytes) -> str:
     except UnicodeDecodeError as err:
         raise YamlRefused(f"byte 0x{data[err.start]:02x} at offset {err.start} is not UTF-8: "
                           "a config file must be UTF-8 text") from None
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(data: Any) -> str:
+    """`data` as a config file `read_yaml` reads back: PyYAML's dumper writes an anchor and an
+    alias for an object that appears twice (a list of one card dict repeated), which the
+    reader refuses; this one writes each value out."""
+    text: str = yaml.dump(data, Dumper=_NoAliasDumper, sort_keys=False)
+    return text

@@ -103,3 +103,12 @@ def test_the_fake_inventory_is_read_by_the_same_loader(tmp_path: Path, content: 
     path.write_bytes(content)
     with pytest.raises(BackendError, match=f"the fake inventory {path}: not valid YAML"):
         FakeBackend.from_file(path)
+
+
+def test_dump_yaml_writes_what_read_yaml_reads() -> None:
+    from elastic_gpu.strict_yaml import dump_yaml
+
+    card = {"model": "A100", "memoryMiB": 81920}
+    data = {"cards": [card, card], "ratio": 1e-05, "name": "yes"}
+    assert "&" not in dump_yaml(data) and "*" not in dump_yaml(data)
+    assert read_yaml(dump_yaml(data)) == data
