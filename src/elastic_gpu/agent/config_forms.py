@@ -150,6 +150,14 @@ class _Reader:
         ok = self.check(where, value, lambda v: isinstance(v, str), "must be a string")
         return value if ok else None
 
+    def absolute_path(self, where: str, value: Any) -> str | None:
+        """A host path (accepted and ignored or not, it is typed): a string starting with /."""
+        if self.string(where, value) is None:
+            return None
+        ok = self.check(where, value, lambda v: v.startswith("/"),
+                        "must be an absolute path (starting with /)")
+        return value if ok else None
+
     def integer(self, where: str, value: Any, low: int, high: int) -> int | None:
         if not isinstance(value, int) or isinstance(value, bool):
             self.refuse(where, value, "must be a whole number written without quotes")
@@ -194,7 +202,7 @@ def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
             r.boolean(f"flags.{key}", flags[key])
     for key in ("nvidiaDriverRoot", "nvidiaDevRoot"):
         if key in flags:
-            r.string(f"flags.{key}", flags[key])
+            r.absolute_path(f"flags.{key}", flags[key])
     for key, what in (("gdsEnabled", "GPUDirect Storage"), ("mofedEnabled", "MOFED")):
         if key in flags:
             r.false_only(f"flags.{key}", flags[key],
@@ -215,9 +223,11 @@ def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
     if "deviceIDStrategy" in plugin:
         r.check("flags.plugin.deviceIDStrategy", plugin["deviceIDStrategy"],
                 lambda v: v == "uuid", "must be uuid: the agent names cards by UUID")
-    for key in ("cdiAnnotationPrefix", "nvidiaCTKPath", "containerDriverRoot"):
-        if key in plugin:  # only used by the CDI strategies, refused above
-            r.string(f"flags.plugin.{key}", plugin[key])
+    if "cdiAnnotationPrefix" in plugin:  # only used by the CDI strategies, refused above
+        r.string("flags.plugin.cdiAnnotationPrefix", plugin["cdiAnnotationPrefix"])
+    for key in ("nvidiaCTKPath", "containerDriverRoot"):
+        if key in plugin:
+            r.absolute_path(f"flags.plugin.{key}", plugin[key])
     # GPU feature discovery shares the file; its settings are not the agent's, but they are
     # typed as GFD types them, so that a file the agent accepts is one GFD accepts too.
     gfd = r.mapping("flags.gfd", flags.get("gfd"),
@@ -231,9 +241,7 @@ def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
                 "must be a duration such as 60s, 5m or 1h30m (a string)")
     for key in ("outputFile", "machineTypeFile"):
         if key in gfd:
-            r.check(f"flags.gfd.{key}", gfd[key],
-                    lambda v: isinstance(v, str) and v.startswith("/"),
-                    "must be an absolute path (starting with /)")
+            r.absolute_path(f"flags.gfd.{key}", gfd[key])
     resources = r.mapping("resources", data.get("resources"), ("gpus", "mig"))
     for key in ("gpus", "mig"):
         if key in resources:
