@@ -8,10 +8,14 @@ the offending field, the value found and the rule it breaks, e.g.
 
 Types are strict: a bool is only `true`/`false`, an integer only an unquoted whole number, a
 number only an unquoted number, a string only a string; enums take exactly their documented
-values and paths are strings. The YAML reader follows YAML 1.2's core schema for scalars, so
-`yes`/`on`/`no`, `010` (octal in YAML 1.1), `1_000` or `1:30` (sexagesimal) are strings and
-then refused by the field they are given to, never silently converted; a key given twice is
-an error too. The full reference is docs/agent.md.
+values and paths are absolute. Every number has a range (minimum and maximum): a period the
+agent waits on is neither so short that it floods the API server nor so long that the
+thread waiting on it dies (`threading.Event.wait` overflows). A section that does not belong
+to the chosen backend is refused, and the fake inventory must be an existing file. The file is
+read by the one settings loader (`elastic_gpu.settings_file`, `strict_yaml`): YAML 1.2 scalars
+(`yes`, `010`, `1:30` are strings, then refused by the field they are given to), no anchors or
+aliases, bounded nesting and numbers, string keys, no key twice, UTF-8. The full reference is
+docs/agent.md.
 
 NVIDIA's device plugin config (`version: v1`) and the IX plugin's ConfigMap (`version:
 "4.3.0"`) are accepted unchanged beside this form and mapped onto `AgentConfig` by
@@ -21,7 +25,6 @@ NVIDIA's device plugin config (`version: v1`) and the IX plugin's ConfigMap (`ve
 from __future__ import annotations
 
 import enum
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,11 +35,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from elastic_gpu.agent.config_forms import Form, FormError, describe, detect_form, to_agent_form
+from elastic_gpu.agent.config_forms import Form, FormError, detect_form, to_agent_form
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -44,7 +48,19 @@ from elastic_gpu.core.resources import (
     Measure,
     lookup,
 )
+from elastic_gpu.settings_file import (
+    HEADER_KEYS,
+    SettingsFileError,
+    describe,
+    field_problems,
+    header_problems,
+    read_file,
+    without_header,
+)
+from elastic_gpu.strict_yaml import read_yaml
 
+#: The kind of the agent config's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
+KIND = "AgentConfig"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
 
 
@@ -82,11 +98,34 @@ def _text_only(value: Any) -> Any:
     raise ValueError("must be a string")
 
 
+def _absolute(value: Any) -> Any:
+    """A host path the agent opens: absolute, so that it does not depend on the directory the
+    agent was started in (an empty string would be the current directory)."""
+    value = _text_only(value)
+    text = str(value)
+    if not text or not text.startswith("/") or "\0" in text:
+        raise ValueError("must be an absolute path (starting with /)")
+    return value
+
+
+def _named_file(value: Any) -> Any:
+    value = _text_only(value)
+    if not str(value):
+        raise ValueError("must be a file path (absolute, or relative to this config file)")
+    return value
+
+
 # Enums from their string values, paths from strings: lax parsing after a string-only check.
 Backend = Annotated[BackendKind, Field(strict=False), BeforeValidator(_text_only)]
 Mig = Annotated[MigStrategy, Field(strict=False), BeforeValidator(_text_only)]
 Sharing = Annotated[SharingMode, Field(strict=False), BeforeValidator(_text_only)]
-YamlPath = Annotated[Path, Field(strict=False), BeforeValidator(_text_only)]
+AbsolutePath = Annotated[Path, Field(strict=False), BeforeValidator(_absolute)]
+AbsolutePathText = Annotated[str, BeforeValidator(_absolute)]
+#: The fake inventory: relative to the config file it is written in (`load_config`).
+FilePath = Annotated[Path, Field(strict=False), BeforeValidator(_named_file)]
+
+#: NVML's XIDs are small positive numbers (the documented ones are below 200).
+Xid = Annotated[int, Field(ge=1, le=65535)]
 
 
 class _Strict(BaseModel):
@@ -150,7 +189,7 @@ class TimeSlicingConfig(_Strict):
 
 class MpsConfig(_Strict):
     #: Host directory of the MPS control daemon's pipes, mounted into containers.
-    pipeDirectory: str = "/tmp/nvidia-mps"
+    pipeDirectory: AbsolutePathText = "/tmp/nvidia-mps"
 
 
 class SharingConfig(_Strict):
@@ -160,19 +199,21 @@ class SharingConfig(_Strict):
 
 class HealthConfig(_Strict):
     enabled: bool = True
-    #: How long one wait for driver events lasts; also the fake backend's poll period.
-    pollSeconds: float = Field(default=1.0, gt=0, le=60)
+    #: How long one wait for driver events lasts; also the fake backend's poll period. Not
+    #: below 0.05 s: a shorter wait is a busy loop.
+    pollSeconds: float = Field(default=1.0, ge=0.05, le=60)
     #: XIDs that are the application's fault and never mark a card unhealthy.
-    ignoredXids: list[int] = Field(default_factory=lambda: [13, 31, 43, 45, 68, 109])
+    ignoredXids: list[Xid] = Field(default_factory=lambda: [13, 31, 43, 45, 68, 109],
+                                   max_length=256)
     #: An unhealthy card is probed again this long after its last critical event and is
-    #: healthy again if the driver answers; 0 disables recovery.
-    recoverAfterSeconds: float = Field(default=60.0, ge=0)
+    #: healthy again if the driver answers; 0 disables recovery. At most a day.
+    recoverAfterSeconds: float = Field(default=60.0, ge=0, le=86400)
 
 
 class FakeConfig(_Strict):
     #: YAML inventory of the fake backend (see docs/agent.md); re-read when it changes, so
     #: editing its `health:` list injects health changes.
-    inventory: YamlPath
+    inventory: FilePath
 
 
 class AgentConfig(_Strict):
@@ -185,10 +226,23 @@ class AgentConfig(_Strict):
     migStrategy: Mig = MigStrategy.NONE
     sharing: SharingConfig = Field(default_factory=SharingConfig)
     deviceSpecs: bool = True
-    devicePluginDir: YamlPath = Path(DEFAULT_PLUGIN_DIR)
+    devicePluginDir: AbsolutePath = Path(DEFAULT_PLUGIN_DIR)
     healthCheck: HealthConfig = Field(default_factory=HealthConfig)
-    #: How often pods' assignments are summed into the inventory's allocation columns.
-    syncSeconds: float = Field(default=10.0, gt=0)
+    #: How often pods' assignments are summed into the inventory's allocation columns (one
+    #: GPUDevice status write per card): at least 1 s, so the agent does not flood the API
+    #: server, at most an hour, so the heartbeat stays meaningful.
+    syncSeconds: float = Field(default=10.0, ge=1, le=3600)
+
+    @field_validator("fake")
+    @classmethod
+    def _fake_only_for_fake(cls, value: FakeConfig | None, info: ValidationInfo
+                            ) -> FakeConfig | None:
+        backend = info.data.get("backend")
+        if value is not None and backend is not BackendKind.FAKE:
+            shown = backend.value if isinstance(backend, BackendKind) else backend
+            raise ValueError(f"belongs to backend fake, not {shown}: remove it or set "
+                             "backend: fake")
+        return value
 
     @model_validator(mode="after")
     def _fake_needs_inventory(self) -> AgentConfig:
@@ -207,75 +261,6 @@ class AgentConfig(_Strict):
         return self.resources.gpu
 
 
-#: Clearer rules for pydantic's type errors (the rest keep pydantic's wording, which already
-#: states the rule: "Input should be greater than or equal to 1", "'none', 'single' or ...").
-_RULES = {
-    "bool_type": "must be true or false",
-    "int_type": "must be a whole number written without quotes",
-    "float_type": "must be a number written without quotes",
-    "finite_number": "must be a finite number",
-    "string_type": "must be a string",
-    "list_type": "must be a list",
-    "model_type": "must be a mapping of settings",
-    "dict_type": "must be a mapping of settings",
-    "extra_forbidden": "is not a known key (check the spelling; Extra inputs are not permitted)",
-    "missing": "is required",
-}
-
-_describe = describe
-
-
-def _format(err: ValidationError) -> str:
-    lines = []
-    for item in err.errors():
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in item["loc"])
-        where = where.removeprefix(".") or "(top level)"
-        rule = _RULES.get(item["type"], str(item["msg"]).removeprefix("Value error, "))
-        if item["type"] == "missing" or not item["loc"]:
-            lines.append(f"  {where}: {rule}")
-        else:
-            lines.append(f"  {where}: got {_describe(item['input'])}: {rule}")
-    return "\n".join(lines)
-
-
-class _StrictYamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 core-schema scalars and no duplicate keys.
-
-    PyYAML implements YAML 1.1, where `yes`, `on`, `no`, `off` are booleans, `010` is octal 8,
-    `1_000` is 1000 and `1:30` is 90. A config reader must not guess like that: here only
-    true/false (any case of YAML 1.2's spellings) are booleans, only plain decimal integers
-    are integers, and everything else stays a string for the field's own check to refuse."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_REPLACED = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
-_StrictYamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in _REPLACED]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_StrictYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-    list("tTfF"))
-_StrictYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:0|-?[1-9][0-9]*)$"), list("-0123456789"))
-_StrictYamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?$"), list("-0123456789"))
-
-
-def read_yaml(text: str) -> Any:
-    """One YAML document with the strict scalar rules of `_StrictYamlLoader`."""
-    return yaml.load(text, Loader=_StrictYamlLoader)
-
-
 def _configmap_file(data: dict[Any, Any]) -> tuple[str, str] | None:
     """(key, text) when `data` is a ConfigMap's `data`: one key, a file name that is no key of
     any form (e.g. the IX plugin's `ix-config`), holding the config file as YAML text."""
@@ -283,7 +268,7 @@ def _configmap_file(data: dict[Any, Any]) -> tuple[str, str] | None:
         return None
     ((key, value),) = data.items()
     if (not isinstance(key, str) or not isinstance(value, str) or key in AgentConfig.model_fields
-            or key in ("version", "resourceName", "flags", "imex")):
+            or key in ("version", "resourceName", "flags", "imex", *HEADER_KEYS)):
         return None
     return key, value
 
@@ -302,7 +287,7 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         key, text = inner
         source = f"{source}: {key}"
         try:
-            data = read_yaml(text)
+            data = read_yaml(text, source)
         except yaml.YAMLError as err:
             raise ConfigError(f"{source}: not valid YAML: {err}") from None
         if data is None:
@@ -310,6 +295,17 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: the agent config must be a YAML mapping, got "
                               f"{type(data).__name__}")
+    problems = header_problems(data, KIND)
+    if problems:
+        raise ConfigError(f"{source}: invalid agent config:\n" + "\n".join(problems))
+    if any(key in data for key in HEADER_KEYS):
+        # The header is the Elastic GPU form's; the other plugins' files have `version`.
+        data = without_header(data)
+        if "version" in data:
+            raise ConfigError(f"{source}: invalid agent config:\n  version: got "
+                              f"{describe(data['version'])}: an {KIND} (apiVersion) is the Elastic GPU "
+                              "form, which has no version; leave out apiVersion and kind for "
+                              "NVIDIA's or the IX plugin's file")
     try:
         form = detect_form(data)
         mapped = to_agent_form(form, data)
@@ -320,21 +316,26 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         return AgentConfig.model_validate(mapped)
     except ValidationError as err:
         what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
-        raise ConfigError(f"{source}: invalid agent config{what}:\n{_format(err)}") from None
+        lines = "\n".join(field_problems(err))
+        raise ConfigError(f"{source}: invalid agent config{what}:\n{lines}") from None
 
 
 def load_config(path: Path) -> AgentConfig:
+    """The agent config in `path` (the one settings loader, any accepted form), with a
+    relative fake inventory made absolute against the file's directory (a mounted ConfigMap)
+    and checked to be an existing regular file."""
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read the agent config: {err.strerror}") from None
-    try:
-        data = read_yaml(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        data = read_file(path)
+    except SettingsFileError as err:
+        raise ConfigError(str(err)) from None
     config = parse_config(data, str(path))
-    if config.fake is not None and not config.fake.inventory.is_absolute():
-        # Relative inventory paths are relative to the config file (a mounted ConfigMap).
-        fake = config.fake.model_copy(update={"inventory": path.parent / config.fake.inventory})
+    if config.fake is not None:
+        inventory = path.absolute().parent / config.fake.inventory
+        if not inventory.is_file():
+            why = "is a directory" if inventory.is_dir() else "does not exist"
+            raise ConfigError(f"{path}: invalid agent config:\n  fake.inventory: got "
+                              f"{describe(str(config.fake.inventory))}: must be an existing "
+                              f"file (the fake inventory); {inventory} {why}")
+        fake = config.fake.model_copy(update={"inventory": inventory})
         config = config.model_copy(update={"fake": fake})
     return config

@@ -23,10 +23,12 @@ pure: `detect_form` and `to_agent_form` take the parsed YAML and return plain da
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from elastic_gpu.core.resources import Measure, lookup
+from elastic_gpu.settings_file import describe
 
 NVIDIA_VERSIONS = ("v1",)
 #: The IX plugin's config version is its release; these releases share one schema.
@@ -34,6 +36,8 @@ IX_VERSIONS = ("4.2.0", "4.3.0", "4.4.0")
 NVIDIA_GPU = "nvidia.com/gpu"
 IX_GPU = "iluvatar.com/gpu"
 MAX_REPLICAS = 64
+#: A Go `time.Duration` as written in YAML (GPU feature discovery's sleepInterval).
+_GO_DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|µs|ms|s|m|h))+$")
 
 
 class Form(enum.Enum):
@@ -49,19 +53,6 @@ class FormError(ValueError):
         self.form = form
         self.problems = tuple(problems)
         super().__init__("\n".join(self.problems))
-
-
-_YAML_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-               list: "a list", dict: "a mapping", type(None): "null"}
-
-
-def describe(value: Any) -> str:
-    """A value as the error messages show it: its repr, shortened, and its YAML type."""
-    kind = _YAML_TYPES.get(type(value), type(value).__name__)
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({kind})"
 
 
 _KNOWN_VERSIONS = ("known: 'v1' (NVIDIA device plugin), "
@@ -159,6 +150,14 @@ class _Reader:
         ok = self.check(where, value, lambda v: isinstance(v, str), "must be a string")
         return value if ok else None
 
+    def absolute_path(self, where: str, value: Any) -> str | None:
+        """A host path (accepted and ignored or not, it is typed): a string starting with /."""
+        if self.string(where, value) is None:
+            return None
+        ok = self.check(where, value, lambda v: v.startswith("/"),
+                        "must be an absolute path (starting with /)")
+        return value if ok else None
+
     def integer(self, where: str, value: Any, low: int, high: int) -> int | None:
         if not isinstance(value, int) or isinstance(value, bool):
             self.refuse(where, value, "must be a whole number written without quotes")
@@ -203,7 +202,7 @@ def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
             r.boolean(f"flags.{key}", flags[key])
     for key in ("nvidiaDriverRoot", "nvidiaDevRoot"):
         if key in flags:
-            r.string(f"flags.{key}", flags[key])
+            r.absolute_path(f"flags.{key}", flags[key])
     for key, what in (("gdsEnabled", "GPUDirect Storage"), ("mofedEnabled", "MOFED")):
         if key in flags:
             r.false_only(f"flags.{key}", flags[key],
@@ -224,12 +223,25 @@ def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
     if "deviceIDStrategy" in plugin:
         r.check("flags.plugin.deviceIDStrategy", plugin["deviceIDStrategy"],
                 lambda v: v == "uuid", "must be uuid: the agent names cards by UUID")
-    for key in ("cdiAnnotationPrefix", "nvidiaCTKPath", "containerDriverRoot"):
-        if key in plugin:  # only used by the CDI strategies, refused above
-            r.string(f"flags.plugin.{key}", plugin[key])
-    # GPU feature discovery shares the file; its settings are not the agent's.
-    r.mapping("flags.gfd", flags.get("gfd"),
-              ("oneshot", "noTimestamp", "sleepInterval", "outputFile", "machineTypeFile"))
+    if "cdiAnnotationPrefix" in plugin:  # only used by the CDI strategies, refused above
+        r.string("flags.plugin.cdiAnnotationPrefix", plugin["cdiAnnotationPrefix"])
+    for key in ("nvidiaCTKPath", "containerDriverRoot"):
+        if key in plugin:
+            r.absolute_path(f"flags.plugin.{key}", plugin[key])
+    # GPU feature discovery shares the file; its settings are not the agent's, but they are
+    # typed as GFD types them, so that a file the agent accepts is one GFD accepts too.
+    gfd = r.mapping("flags.gfd", flags.get("gfd"),
+                    ("oneshot", "noTimestamp", "sleepInterval", "outputFile", "machineTypeFile"))
+    for key in ("oneshot", "noTimestamp"):
+        if key in gfd:
+            r.boolean(f"flags.gfd.{key}", gfd[key])
+    if "sleepInterval" in gfd:
+        r.check("flags.gfd.sleepInterval", gfd["sleepInterval"],
+                lambda v: isinstance(v, str) and _GO_DURATION.match(v) is not None,
+                "must be a duration such as 60s, 5m or 1h30m (a string)")
+    for key in ("outputFile", "machineTypeFile"):
+        if key in gfd:
+            r.absolute_path(f"flags.gfd.{key}", gfd[key])
     resources = r.mapping("resources", data.get("resources"), ("gpus", "mig"))
     for key in ("gpus", "mig"):
         if key in resources:
@@ -338,7 +350,10 @@ def _ix(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:
         if replicas is not None:
             out["timeSlicing"] = {"replicas": max(replicas, 1)}
     mps = r.mapping("sharing.mps", sharing.get("mps"), ("replicas",))
-    if mps.get("replicas") not in (None, 0):
+    # 0 (the IX plugin's unset value) or absent only: `false` and `0.0` equal 0 in Python but
+    # are no replica count.
+    if mps.get("replicas") is not None and r.integer(
+            "sharing.mps.replicas", mps["replicas"], 0, MAX_REPLICAS) not in (None, 0):
         r.refuse("sharing.mps.replicas", mps["replicas"],
                  "MPS replicas are not supported; write the Elastic GPU form with "
                  "sharing.mode: mps and share resources instead")

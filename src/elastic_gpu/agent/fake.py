@@ -34,12 +34,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from elastic_gpu.agent.backend import BackendError, HealthEvent
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.settings_file import SettingsFileError, read_file
 
 
 class _Strict(BaseModel):
@@ -169,12 +169,12 @@ class FakeBackend:
 
     @classmethod
     def from_file(cls, path: Path, node: str = "node") -> FakeBackend:
+        # The agent's settings loader: hostile YAML (aliases, deep nesting, huge numbers, bytes
+        # that are not UTF-8) is refused here too, not a crash or a hang of the health thread.
         try:
-            data = yaml.safe_load(path.read_text())
-        except OSError as err:
-            raise BackendError(f"{path}: cannot read the fake inventory: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise BackendError(f"{path}: not valid YAML: {err}") from None
+            data = read_file(path)
+        except SettingsFileError as err:
+            raise BackendError(f"the fake inventory {err}") from None
         return cls(parse_inventory(data, str(path)), node, path)
 
     @classmethod
@@ -281,8 +281,8 @@ class FakeBackend:
             return
         self._mtime = mtime
         try:
-            inventory = parse_inventory(yaml.safe_load(self._path.read_text()), str(self._path))
-        except (BackendError, OSError, yaml.YAMLError):
+            inventory = parse_inventory(read_file(self._path), str(self._path))
+        except (BackendError, SettingsFileError):
             return  # keep the last good health; a half-written file must not flip cards
         self._apply_file_health(inventory)
 

@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from elastic_gpu.cli.check import check_config
+
 
 def agent(
     config: Annotated[Path | None, typer.Option(
@@ -28,10 +30,17 @@ def agent(
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", help="Address the metrics port listens on.")] = "0.0.0.0",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Only read and validate --config: print each problem (field, value, "
+        "rule) and exit 2, or say it is valid and exit 0; nothing is started.")] = False,
 ) -> None:
     """Run the node agent: kubelet device plugins over NVML or the fake backend."""
-    from elastic_gpu.agent.backend import BackendError
     from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
+
+    if check:
+        check_config("egpu agent", config, load_config, ConfigError)
+        return
+    from elastic_gpu.agent.backend import BackendError
     from elastic_gpu.agent.devices import InventoryError
     from elastic_gpu.agent.runtime import Agent, make_backend
 

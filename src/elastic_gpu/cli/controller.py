@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from elastic_gpu.cli.check import check_config
+
 
 def controller(
     kubeconfig: Annotated[Path | None, typer.Option(
@@ -60,12 +62,20 @@ def controller(
         "--config", help="the controllers' settings (YAML; `mig:` the MIG adapter's: "
         "namespaces, substitutions, moveBack; docs/mig-adapter.md)")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    check: Annotated[bool, typer.Option(
+        "--check", help="only read and validate --config: print each problem (field, value, "
+                        "rule) and exit 2, or say it is valid and exit 0; nothing is started")
+    ] = False,
 ) -> None:
     """Run the controllers (claims: binding, provisioning, reclaim, claim protection; mig: the
     MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets), leader-elected
     on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
     losing it exits with code 1."""
     from elastic_gpu.controller.config import ConfigError, load_config
+
+    if check:
+        check_config("egpu controller", config, load_config, ConfigError)
+        return
     from elastic_gpu.controller.manager import (
         BudgetSettings,
         ManagerOptions,

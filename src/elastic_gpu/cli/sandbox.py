@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
 app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes, running the Elastic GPU "
                   "system (--bare: Kubernetes alone).", no_args_is_help=True)
@@ -122,11 +121,12 @@ def up(
                                                 gpu_memory_mib=gpu_memory)
     sched_cfg = None
     if scheduler_config is not None:
+        from elastic_gpu.settings_file import SettingsFileError, read_file
+
         try:
-            sched_cfg = yaml.safe_load(scheduler_config.read_text())
-        except yaml.YAMLError as err:
-            raise typer.BadParameter(f"{scheduler_config}: not YAML ({err})",
-                                     param_hint="--scheduler-config") from None
+            sched_cfg = read_file(scheduler_config)
+        except SettingsFileError as err:
+            raise typer.BadParameter(str(err), param_hint="--scheduler-config") from None
         if not isinstance(sched_cfg, dict) or sched_cfg.get("kind") not in (
                 None, "KubeSchedulerConfiguration"):
             raise typer.BadParameter(f"{scheduler_config}: not a KubeSchedulerConfiguration",

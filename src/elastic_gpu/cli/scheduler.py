@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from elastic_gpu.cli.check import check_config
+
 
 def scheduler(
     kubeconfig: Annotated[Path | None, typer.Option(
@@ -30,16 +32,24 @@ def scheduler(
         min=0, max=300, help="on SIGTERM: stop accepting, then wait this long at most for "
                              "binds in progress")] = 10.0,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    check: Annotated[bool, typer.Option(
+        "--check", help="only read and validate --config: print each problem (field, value, "
+                        "rule) and exit 2, or say it is valid and exit 0; nothing is started")
+    ] = False,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind, preempt).
 
     SIGTERM (or SIGINT) drains: the listener closes, binds in progress finish (at most
     --drain-seconds), and the process exits 0.
     """
+    from elastic_gpu.scheduler.config import ConfigError, load_config
+
+    if check:
+        check_config("egpu scheduler", config, load_config, ConfigError)
+        return
     from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.scheduler import eventloop
     from elastic_gpu.scheduler.app import ServeOptions, TLSFilesError, serve, tls_context
-    from elastic_gpu.scheduler.config import ConfigError, load_config
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -46,7 +46,9 @@ def _profile(name: str, where: str) -> MigProfile:
 
 
 class MigConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: `enabled: "no"` is refused, not read as false; a number is a YAML number.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
 
     enabled: bool = True
     #: None: every namespace
@@ -55,11 +57,20 @@ class MigConfig(BaseModel):
                                                validation_alias="excludeNamespaces")
     #: from profile -> the profiles that may stand in for it; None: the compatibility rule
     substitutions: Mapping[str, frozenset[str]] | None = None
-    move_back: MoveBackPolicy = Field(default=MoveBackPolicy.ALWAYS, validation_alias="moveBack")
+    move_back: MoveBackPolicy = Field(default=MoveBackPolicy.ALWAYS, validation_alias="moveBack",
+                                      strict=False)
     rule_grace_s: float = Field(default=30.0, validation_alias="ruleGraceSeconds", ge=0,
                                 le=3600)
     #: the dry-run re-carve advisor (`core.mig.recarve_advice`): Event text only
     recarve_advice: bool = Field(default=False, validation_alias="recarveAdvice")
+
+    @field_validator("move_back", mode="before")
+    @classmethod
+    def _move_back(cls, value: Any) -> Any:
+        # the enum from its YAML string (strict mode would want the enum object itself)
+        if not isinstance(value, str | MoveBackPolicy):
+            raise ValueError("must be a string: never, when-idle or always")
+        return value
 
     @field_validator("substitutions", mode="before")
     @classmethod
@@ -104,10 +115,10 @@ class MigConfig(BaseModel):
 
 
 class ControllerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     mig: MigConfig = MigConfig()
 
 
 def load_config(path: Path | None) -> ControllerConfig:
-    return load_settings(path, ControllerConfig, ConfigError)
+    return load_settings(path, ControllerConfig, ConfigError, "ControllerConfig")

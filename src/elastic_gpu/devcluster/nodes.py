@@ -24,12 +24,17 @@ from elastic_gpu.agent.config import (
     ConfigError,
     MigStrategy,
     parse_config,
-    read_yaml,
 )
 from elastic_gpu.agent.fake import board_chips
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
+from elastic_gpu.settings_file import (
+    SettingsFileError,
+    header_problems,
+    read_file,
+    without_header,
+)
 
 NVIDIA_GPU = "nvidia.com/gpu"
 #: How fake nodes are published when no agent configuration is given.
@@ -321,6 +326,8 @@ MAX_CHIPS_PER_NODE = 64
 _GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "mig",
                "agentConfig")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
+#: The kind of a cluster file's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
+CLUSTER_KIND = "SandboxCluster"
 
 
 @dataclass(frozen=True)
@@ -444,15 +451,17 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
 
 
 def load_cluster(path: Path) -> list[NodeGroup]:
-    """Read a cluster file with the agent config's YAML 1.2 rules (`read_yaml`): `yes` is no
-    boolean and `010` no number there either, and a key given twice is an error, so an
-    `agentConfig` means in the cluster file what it means in the agent's own file."""
-    import yaml
-
+    """Read a cluster file with the one settings loader (`settings_file.read_file`: YAML 1.2
+    scalars, no aliases, bounded nesting and numbers, string keys, UTF-8), so an `agentConfig`
+    means in the cluster file what it means in the agent's own file; the optional header is
+    `apiVersion: elasticgpu.io/v1alpha1`, `kind: SandboxCluster`."""
     try:
-        data = read_yaml(path.read_text())
-    except OSError as err:
-        raise ClusterSpecError(f"{path}: cannot read: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ClusterSpecError(f"{path}: not valid YAML: {err}") from None
+        data = read_file(path)
+    except SettingsFileError as err:
+        raise ClusterSpecError(str(err)) from None
+    if isinstance(data, Mapping):
+        problems = header_problems(data, CLUSTER_KIND)
+        if problems:
+            raise ClusterSpecError(f"{path}: invalid {CLUSTER_KIND}:\n" + "\n".join(problems))
+        data = without_header(data)
     return parse_cluster(data, str(path))

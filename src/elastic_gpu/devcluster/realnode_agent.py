@@ -17,9 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from elastic_gpu.devcluster.errors import DevClusterError
+from elastic_gpu.strict_yaml import dump_yaml
 
 
 def default_inventory(gpus: int = 2, model: str = "A100-SXM4-80GB",
@@ -52,7 +51,7 @@ def write_agent_files(directory: Path, device_plugin_dir: Path,
             "`controlDevices:` out of the inventory (the fake backend then hands out none)")
     directory.mkdir(parents=True, exist_ok=True)
     inventory_path = directory / "inventory.yaml"
-    inventory_path.write_text(yaml.safe_dump(dict(inventory), sort_keys=False))
+    inventory_path.write_text(dump_yaml(dict(inventory)))
     merged: dict[str, Any] = dict(config or {})
     if merged.get("backend", "fake") != "fake":
         raise DevClusterError(f"a real node's agent runs the fake backend (got backend "
@@ -61,7 +60,7 @@ def write_agent_files(directory: Path, device_plugin_dir: Path,
     merged["fake"] = {**dict(merged.get("fake") or {}), "inventory": str(inventory_path)}
     merged["devicePluginDir"] = str(device_plugin_dir) + "/"
     config_path = directory / "agent.yaml"
-    config_path.write_text(yaml.safe_dump(merged, sort_keys=False))
+    config_path.write_text(dump_yaml(merged))
     return config_path
 
 

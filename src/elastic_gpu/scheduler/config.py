@@ -50,13 +50,15 @@ def check_policy(tier: str, name: str) -> str:
 
 
 class SchedulerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: a number is a YAML number and a string a YAML string; "30" is not 30.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
 
     node_policy: str = Field(default=DEFAULT_NODE_POLICY, validation_alias="nodePolicy")
     #: None: the card tier `node_policy` is paired with (`effective_card_policy`)
     card_policy: str | None = Field(default=None, validation_alias="cardPolicy")
     reservation_ttl_s: float = Field(default=30.0, validation_alias="reservationTTLSeconds", gt=0, le=3600)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     #: "all": filter passes every node with room (kube-scheduler then asks prioritize);
     #: "best": filter passes only the node the engine would choose, so kube-scheduler skips
     #: scoring and the prioritize round trip (docs/scheduler.md, "One round trip per pod").
@@ -95,4 +97,4 @@ class SchedulerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> SchedulerConfig:
-    return load_settings(path, SchedulerConfig, ConfigError)
+    return load_settings(path, SchedulerConfig, ConfigError, "SchedulerConfig")

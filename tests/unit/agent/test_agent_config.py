@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import enum
+import json
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import annotated_types
 import pytest
 from pydantic import BaseModel
 
@@ -51,7 +53,7 @@ def test_full_config_file_with_relative_fake_inventory(tmp_path: Path) -> None:
     ({"resources": {"gpu": "elasticgpu.io/gpu-core"}}, "resources.gpu", "not a whole-card"),
     ({"resources": {"share": ["nvidia.com/gpu"]}}, "resources.share", "compute-share"),
     ({"backend": "fake"}, "(top level)", "fake.inventory"),
-    ({"healthCheck": {"pollSeconds": -1}}, "healthCheck.pollSeconds", "greater than 0"),
+    ({"healthCheck": {"pollSeconds": -1}}, "healthCheck.pollSeconds", "greater than or equal to 0.05"),
 ])
 def test_broken_config_names_the_field(data: dict[str, object], field: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -105,7 +107,10 @@ def _kind(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return "enum"
     if typing.get_origin(annotation) is list:
-        return f"list[{typing.get_args(annotation)[0].__name__}]"
+        item = typing.get_args(annotation)[0]
+        if typing.get_origin(item) is typing.Annotated:  # a ranged item: its type
+            item = typing.get_args(item)[0]
+        return f"list[{item.__name__}]"
     return {bool: "bool", int: "int", float: "float", str: "str", Path: "path"}[annotation]
 
 
@@ -235,3 +240,53 @@ def test_the_deployed_rbac_is_least_privilege() -> None:
     (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def _metadata(path: str) -> tuple[Any, list[Any]]:
+    """(annotation, constraints) of the AgentConfig field at `path` (a list's items' too)."""
+    model: Any = AgentConfig
+    *sections, leaf = path.split(".")
+    for part in sections:
+        annotation = model.model_fields[part].annotation
+        model = next(a for a in [annotation, *typing.get_args(annotation)]
+                     if isinstance(a, type) and issubclass(a, BaseModel))
+    info = model.model_fields[leaf]
+    annotation, metadata = info.annotation, list(info.metadata)
+    if typing.get_origin(annotation) is list:
+        item = typing.get_args(annotation)[0]
+        if typing.get_origin(item) is typing.Annotated:
+            annotation = typing.get_args(item)[0]
+            metadata += [m for extra in typing.get_args(item)[1:]
+                         for m in getattr(extra, "metadata", [extra])]
+    return annotation, metadata
+
+
+NUMBERS = [path for path, annotation in _leaf_fields(AgentConfig)
+           if _kind(annotation) in ("int", "float", "list[int]")]
+
+
+def test_every_number_has_a_minimum_and_a_maximum_and_the_charts_schema_says_the_same() -> None:
+    """Issue #26 item 13: `syncSeconds: 1e10` or `1e-9` was accepted. Every number of the agent
+    config is ranged in the model (the schema the agent reads by), and the chart's values
+    schema refuses the same values at `helm install`."""
+    root = Path(__file__).resolve().parents[3]
+    chart = json.loads((root / "charts/elastic-gpu/values.schema.json").read_text())
+    config = chart["properties"]["agent"]["properties"]["config"]
+    assert {"syncSeconds", "healthCheck.pollSeconds", "healthCheck.ignoredXids",
+            "healthCheck.recoverAfterSeconds", "timeSlicing.replicas"} <= set(NUMBERS)
+    for path in NUMBERS:
+        _, metadata = _metadata(path)
+        low = [m.ge for m in metadata if isinstance(m, annotated_types.Ge)]
+        high = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
+        assert len(low) == 1 and len(high) == 1, f"{path}: no minimum and maximum ({metadata})"
+        node = config
+        for part in path.split("."):
+            node = node["properties"][part]
+        if node.get("type") == "array":
+            node = node["items"]
+        assert (node["minimum"], node["maximum"]) == (low[0], high[0]), path
+    for path in ("devicePluginDir", "sharing.mps.pipeDirectory"):
+        node = config
+        for part in path.split("."):
+            node = node["properties"][part]
+        assert node["pattern"] == "^/", path

@@ -21,12 +21,12 @@ from elastic_gpu.agent.config import (
     MigStrategy,
     load_config,
     parse_config,
-    read_yaml,
 )
 from elastic_gpu.agent.config_forms import Form, FormError, detect_form
 from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
 from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.strict_yaml import read_yaml
 
 # The IX plugin's ConfigMap (ix-device-plugin.yaml): its `data`, the file under `ix-config`.
 IX_CONFIGMAP_DATA = '''
@@ -271,6 +271,10 @@ def test_a_file_that_could_be_either_plugins_is_refused() -> None:
     ("version: v1\nflags: {failOnInitError: 1}\n", "flags.failOnInitError",
      "got 1 (an integer): must be true or false"),
     ("version: v1\nflags: {nvidiaDriverRoot: 1}\n", "flags.nvidiaDriverRoot", "must be a string"),
+    ("version: v1\nflags: {nvidiaDriverRoot: run/nvidia}\n", "flags.nvidiaDriverRoot",
+     "must be an absolute path"),
+    ("version: v1\nflags: {plugin: {containerDriverRoot: ''}}\n",
+     "flags.plugin.containerDriverRoot", "must be an absolute path"),
     ("version: v1\nflags: {gdsEnabled: true}\n", "flags.gdsEnabled", "GPUDirect Storage"),
     ("version: v1\nflags: {plugin: {deviceListStrategy: cdi-cri}}\n",
      "flags.plugin.deviceListStrategy", "must be envvar"),

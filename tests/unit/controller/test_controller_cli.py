@@ -39,13 +39,13 @@ def test_help_names_every_option() -> None:
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ("mig: {moveBack: sometimes}", "mig.moveBack='sometimes': Input should be 'never', "
-                                   "'when-idle' or 'always'"),
+    ("mig: {moveBack: sometimes}", "mig.moveBack: got 'sometimes' (a string): Input should "
+                                   "be 'never', 'when-idle' or 'always'"),
     ("mig: {substitutions: {1g.10gb: [1g.5gb]}}", "1g.10gb: 1g.5gb may not stand in for it"),
     ("mig: {substitutions: {1g.10gb: [2g.35gb]}}", "1g.10gb: 2g.35gb may not stand in for it"),
     ("mig: {substitutions: {9g.10gb: [2g.20gb]}}", "key '9g.10gb' is not a MIG profile"),
-    ("mig: {namespaces: team-a}", "mig.namespaces='team-a': Value error, must be a list"),
-    ("mig: {enabeld: false}", "mig.enabeld=False: Extra inputs are not permitted"),
+    ("mig: {namespaces: team-a}", "mig.namespaces: got 'team-a' (a string): must be a list"),
+    ("mig: {enabeld: false}", "mig.enabeld: got False (a boolean): is not a known key"),
     ("[1, 2]", "must be a mapping of settings, got list"),
 ])
 def test_bad_config_exits_2_naming_file_field_value_and_rule(

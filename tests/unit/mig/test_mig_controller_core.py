@@ -128,7 +128,8 @@ def test_config_defaults_and_namespaces(tmp_path: Path) -> None:
     assert mig.substitutions == {"1g.10gb": frozenset({"2g.20gb", "3g.40gb"})}
     assert not MigConfig(enabled=False).governs("a")
     path.write_text("mig: {ruleGraceSeconds: -1}")
-    with pytest.raises(ConfigError, match=r"mig.ruleGraceSeconds=-1: Input should be greater"):
+    with pytest.raises(ConfigError,
+                       match=r"mig.ruleGraceSeconds: got -1 \(an integer\): Input should be greater"):
         load_config(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")

@@ -37,11 +37,11 @@ def test_file_sets_what_it_names(tmp_path: Path, text: str, expected: dict[str, 
     ("cardPolicy: 3\n", "cardPolicy"),
     ("reservationTTLSeconds: -1\n", "reservationTTLSeconds"),
     ("targetWorkload: history\n",
-     "targetWorkload='history': Input should be 'builtin' or 'observed'"),
+     r"targetWorkload: got 'history' \(a string\): Input should be 'builtin' or 'observed'"),
     ("workloadRefreshPods: 0\n", "workloadRefreshPods"),
     ("nodepolicy: binpack\n", "nodepolicy"),
     ("- a\n", "must be a mapping"),
-    ("a: [\n", "not YAML"),
+    ("a: [\n", "not valid YAML"),
 ])
 def test_bad_file_names_the_problem(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "c.yaml"
