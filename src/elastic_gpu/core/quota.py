@@ -22,9 +22,10 @@ every GPU name, or NodeResourcesFit reports them insufficient); kubelet's admiss
 requests of extended resources its node does not advertise (`removeMissingExtendedResources`)
 and its device manager calls Allocate only for resources a device plugin registered, so the
 agent never sees them; the extender reads GPU requests through the resource table, which does
-not know them. Until the scheduler configuration names them, `QUOTA_MUTATORS` is opt-in (the
-webhook passes it as `admit(..., mutators=QUOTA_MUTATORS)`), not part of `MUTATORS`. See
-docs/budgets.md, "Quota".
+not know them. `QUOTA_MUTATORS` is behind the webhook's `--quota-resources` (it passes
+`admit(..., mutators=QUOTA_MUTATORS)`), not part of `MUTATORS`, because a kube-scheduler
+configured by someone else may not ignore the names; the chart and the sandbox, which
+configure kube-scheduler themselves, turn it on. See docs/budgets.md, "Quota".
 """
 
 from __future__ import annotations
