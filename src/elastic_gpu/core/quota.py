@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from elastic_gpu.core.admission import MUTATORS, MutationInput, Mutator, PatchOp, pointer
-from elastic_gpu.core.request import ContainerRequest, RequestKind
-from elastic_gpu.core.resources import MIG_MAX_SLICES
+from elastic_gpu.core.request import ContainerRequest, RequestKind, container_request
+from elastic_gpu.core.resources import MIG_MAX_SLICES, ResourceError
 
 QUOTA_CORE = "quota.elasticgpu.io/gpu-core"
 QUOTA_MEMORY = "quota.elasticgpu.io/gpu-memory"
@@ -66,20 +66,26 @@ def canonical_resources(request: ContainerRequest) -> dict[str, str]:
 def quota_resources(data: MutationInput) -> list[PatchOp]:
     """Each GPU container gets the accounting resources of its request (`canonical_resources`)
     in its limits, and in its requests when it has them (ResourceQuota counts requests; an
-    extended resource's request defaults to its limit). A value already right is kept, any
-    other is replaced: idempotent under reinvocation, and a user cannot understate it."""
+    extended resource's request defaults to its limit). The request is read from the container
+    as the mutators before left it, like `node_resources`: a claim's resources, and the profile
+    a MIG substitution gave it, not the one written. A value already right is kept, any other
+    is replaced: idempotent under reinvocation, and a user cannot understate it."""
     ops: list[PatchOp] = []
     spec = data.pod.get("spec") or {}
     containers = spec.get("containers") or []
-    by_name = {r.name: r for r in data.request.containers}
     for index, container in enumerate(containers):
         if not isinstance(container, Mapping):
             continue
-        request = by_name.get(str(container.get("name", "")))
-        wanted = canonical_resources(request) if request is not None else {}
+        resources: Mapping[str, Any] = container.get("resources") or {}
+        if not isinstance(resources, Mapping):
+            continue
+        try:
+            request = container_request(str(container.get("name", "")), resources)
+        except (ResourceError, ValueError):
+            continue  # validation refused such a container before any mutator ran
+        wanted = canonical_resources(request)
         if not wanted:
             continue
-        resources: Mapping[str, Any] = container.get("resources") or {}
         for part in ("limits", "requests"):
             values = resources.get(part)
             if not isinstance(values, Mapping):
@@ -93,6 +99,6 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
     return ops
 
 
-#: The mutators with the quota's accounting resources added (last: they read the request
-#: the claims completed).
+#: The mutators with the quota's accounting resources added (last: they read the containers
+#: as the claims and the MIG substitution left them).
 QUOTA_MUTATORS: tuple[Mutator, ...] = (*MUTATORS, quota_resources)
