@@ -124,3 +124,8 @@ def test_a_pod_the_mig_adapter_moves_is_counted_at_its_new_profile() -> None:
     limits = out["spec"]["containers"][0]["resources"]["limits"]
     assert "nvidia.com/mig-2g.20gb" in limits
     assert quota_names(out) == {QUOTA_CORE: "29", QUOTA_MEMORY: "20480"}
+
+
+def test_a_memory_only_share_counts_the_one_percent_it_holds() -> None:
+    out = mutated(pod({"elasticgpu.io/gpu-memory": "4096"}))
+    assert quota_names(out) == {QUOTA_CORE: "1", QUOTA_MEMORY: "4096"}
