@@ -52,8 +52,10 @@ from elastic_gpu.core.request import (
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
+    GPU_WHOLE,
     MIG_RULE,
     MILLI_PER_CARD,
+    MILLI_PER_PERCENT,
     Measure,
     ResourceError,
     lookup,
@@ -680,6 +682,40 @@ def claim_resources(data: MutationInput) -> list[PatchOp]:
     return _claim_ops(data.pod, plan)
 
 
+def whole_cards_as_shares(data: MutationInput) -> list[PatchOp]:
+    """`elasticgpu.io/gpu: N` is written as `elasticgpu.io/gpu-core: 100·N`, the same request
+    (N exclusive whole cards, `core.request`) under the name every agent's share plugin
+    advertises by default. No default node advertises `elasticgpu.io/gpu` (the whole-card
+    plugin is the vendor's name, `nvidia.com/gpu`), and kubelet calls Allocate only for a name a
+    device plugin registered: written as it is, the pod could never run with its card. Written
+    as shares, kubelet calls the agent's share Allocate, which hands over the cards the
+    scheduler assigned (docs/architecture.md, "`elasticgpu.io/gpu`: served as shares").
+    Idempotent: the rewritten container no longer has the name."""
+    ops: list[PatchOp] = []
+    for index, container in enumerate(_containers(data.pod, "containers")):
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        if not isinstance(resources, Mapping):
+            continue
+        for part in ("limits", "requests"):
+            values = resources.get(part)
+            if not isinstance(values, Mapping) or GPU_WHOLE not in values:
+                continue
+            try:
+                cards = to_amount(GPU_WHOLE, values[GPU_WHOLE]).value
+            except ResourceError:
+                # validation read the limits (they win); requests that differ from them are
+                # refused by kube-apiserver itself, in its words
+                continue
+            ops.append({"op": "remove",
+                        "path": pointer("spec", "containers", index, "resources", part,
+                                        GPU_WHOLE)})
+            ops.append({"op": "add",
+                        "path": pointer("spec", "containers", index, "resources", part,
+                                        GPU_CORE),
+                        "value": str(cards * MILLI_PER_CARD // MILLI_PER_PERCENT)})
+    return ops
+
+
 def memory_only_compute(data: MutationInput) -> list[PatchOp]:
     """A memory-only share written with a memory name kubelet does not Allocate (advertised in
     the Node's status only) also asks for `elasticgpu.io/gpu-core: 1`, one device of the
@@ -869,11 +905,13 @@ def _quantity_is(raw: Any, value: int) -> bool:
 
 #: The mutations, in order. The claims' resources come first: the others read the containers
 #: as the claims complete them (a claim of memory only gets its compute device, like a pod
-#: asking memory only). The MIG adapter's rewrite comes after the claims (a claim's MIG request
-#: is rewritten like a container's own); the node-level GPU count reads the containers as all
+#: asking memory only); then `elasticgpu.io/gpu` is written as the shares it stands for. The
+#: MIG adapter's rewrite comes after the claims (a claim's MIG request is rewritten like a
+#: container's own); the node-level GPU count reads the containers as all
 #: of those left them; the budget's priority comes last.
-MUTATORS: tuple[Mutator, ...] = (claim_resources, memory_only_compute, vcuda_core_limit,
-                                 mig_substitution, node_resources, budget_priority)
+MUTATORS: tuple[Mutator, ...] = (claim_resources, whole_cards_as_shares, memory_only_compute,
+                                 vcuda_core_limit, mig_substitution, node_resources,
+                                 budget_priority)
 
 
 class PatchError(ValueError):

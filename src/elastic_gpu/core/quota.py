@@ -22,9 +22,10 @@ every GPU name, or NodeResourcesFit reports them insufficient); kubelet's admiss
 requests of extended resources its node does not advertise (`removeMissingExtendedResources`)
 and its device manager calls Allocate only for resources a device plugin registered, so the
 agent never sees them; the extender reads GPU requests through the resource table, which does
-not know them. Until the scheduler configuration names them, `QUOTA_MUTATORS` is opt-in (the
-webhook passes it as `admit(..., mutators=QUOTA_MUTATORS)`), not part of `MUTATORS`. See
-docs/budgets.md, "Quota".
+not know them. `QUOTA_MUTATORS` is behind the webhook's `--quota-resources` (it passes
+`admit(..., mutators=QUOTA_MUTATORS)`), not part of `MUTATORS`, because a kube-scheduler
+configured by someone else may not ignore the names; the chart and the sandbox, which
+configure kube-scheduler themselves, turn it on. See docs/budgets.md, "Quota".
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from elastic_gpu.core.admission import MUTATORS, MutationInput, Mutator, PatchOp, pointer
-from elastic_gpu.core.request import ContainerRequest, RequestKind
-from elastic_gpu.core.resources import MIG_MAX_SLICES
+from elastic_gpu.core.request import ContainerRequest, RequestKind, container_request
+from elastic_gpu.core.resources import MIG_MAX_SLICES, ResourceError
 
 QUOTA_CORE = "quota.elasticgpu.io/gpu-core"
 QUOTA_MEMORY = "quota.elasticgpu.io/gpu-memory"
@@ -65,20 +66,26 @@ def canonical_resources(request: ContainerRequest) -> dict[str, str]:
 def quota_resources(data: MutationInput) -> list[PatchOp]:
     """Each GPU container gets the accounting resources of its request (`canonical_resources`)
     in its limits, and in its requests when it has them (ResourceQuota counts requests; an
-    extended resource's request defaults to its limit). A value already right is kept, any
-    other is replaced: idempotent under reinvocation, and a user cannot understate it."""
+    extended resource's request defaults to its limit). The request is read from the container
+    as the mutators before left it, like `node_resources`: a claim's resources, and the profile
+    a MIG substitution gave it, not the one written. A value already right is kept, any other
+    is replaced: idempotent under reinvocation, and a user cannot understate it."""
     ops: list[PatchOp] = []
     spec = data.pod.get("spec") or {}
     containers = spec.get("containers") or []
-    by_name = {r.name: r for r in data.request.containers}
     for index, container in enumerate(containers):
         if not isinstance(container, Mapping):
             continue
-        request = by_name.get(str(container.get("name", "")))
-        wanted = canonical_resources(request) if request is not None else {}
+        resources: Mapping[str, Any] = container.get("resources") or {}
+        if not isinstance(resources, Mapping):
+            continue
+        try:
+            request = container_request(str(container.get("name", "")), resources)
+        except (ResourceError, ValueError):
+            continue  # validation refused such a container before any mutator ran
+        wanted = canonical_resources(request)
         if not wanted:
             continue
-        resources: Mapping[str, Any] = container.get("resources") or {}
         for part in ("limits", "requests"):
             values = resources.get(part)
             if not isinstance(values, Mapping):
@@ -92,6 +99,6 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
     return ops
 
 
-#: The mutators with the quota's accounting resources added (last: they read the request
-#: the claims completed).
+#: The mutators with the quota's accounting resources added (last: they read the containers
+#: as the claims and the MIG substitution left them).
 QUOTA_MUTATORS: tuple[Mutator, ...] = (*MUTATORS, quota_resources)

@@ -155,11 +155,11 @@ EXTENDER = ComponentSpec(
 
 def _webhook_argv(env: ComponentEnv) -> list[str]:
     # the budget keeper's finalizer (the controller runs beside it); the quota's canonical
-    # resources stay opt-in as in the chart (a --scheduler-config of one's own may not
-    # ignore them): docs/budgets.md
+    # resources, on as in the chart, since the sandbox's kube-scheduler ignores them (a
+    # --scheduler-config of one's own must too): docs/budgets.md, "Quota"
     return [env.python, "-m", "elastic_gpu.cli.main", "webhook",
             "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port),
-            "--budget-finalizer"]
+            "--budget-finalizer", "--quota-resources"]
 
 
 #: The admission webhook (`egpu webhook`): HTTPS on loopback, registered by itself (its own CA,

@@ -462,3 +462,19 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
         from elastic_gpu.devcluster.nodes import unregister_fake_node
 
         unregister_fake_node(admin, other)
+
+
+def test_elasticgpu_gpu_as_the_webhook_stores_it_gets_its_whole_card_at_allocate(
+        agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
+        k8s_namespace: str) -> None:
+    """Issue #26, item 16: no agent advertises `elasticgpu.io/gpu`; the webhook stores
+    `elasticgpu.io/gpu: 1` as `elasticgpu.io/gpu-core: 100` (`whole_cards_as_shares`, unit
+    tested), which the share plugin serves: kubelet asks for 100 of its devices, the
+    container gets the one card the scheduler assigned, exclusively."""
+    client = k8s_cluster.client()
+    card = CardShare(1, f"GPU-fake-{node}-1", 1000, 40960)
+    create(client, gpu_pod(k8s_namespace, "elastic-whole", node, CORE, 100, [card]))
+    response = kubelet.allocate(CORE, [[f"0-{k}" for k in range(100)]])
+    envs = response.container_responses[0].envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-1"
+    assert envs["EGPU_ISOLATION"] == "exclusive" and "EGPU_CORE_PERCENT" not in envs

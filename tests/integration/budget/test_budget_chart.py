@@ -48,16 +48,16 @@ def test_defaults_create_the_class_and_hold_pods_with_the_finalizer(tmp_path: Pa
         want["metadata"]["name"], want["value"], want["preemptionPolicy"])
     webhook = command(objs, "elastic-gpu-webhook")
     assert "--over-budget-priority-class=egpu-over-budget" in webhook
-    assert "--budget-finalizer" in webhook and "--quota-resources" not in webhook
+    assert "--budget-finalizer" in webhook and "--quota-resources" in webhook
     assert not any(a.startswith("--budget-default") for a in command(objs,
                                                                     "elastic-gpu-controller"))
 
 
-def test_values_turn_quota_on_the_default_budget_on_and_the_finalizer_off(tmp_path: Path
-                                                                          ) -> None:
-    objs = render(tmp_path, **{"budgets.quotaResources": True, "budgets.defaultGPUHours": 2.5,
+def test_values_turn_quota_off_the_default_budget_on_and_the_finalizer_off(tmp_path: Path
+                                                                           ) -> None:
+    objs = render(tmp_path, **{"budgets.quotaResources": False, "budgets.defaultGPUHours": 2.5,
                                "budgets.defaultPeriod": "24h"})
-    assert "--quota-resources" in command(objs, "elastic-gpu-webhook")
+    assert "--quota-resources" not in command(objs, "elastic-gpu-webhook")
     controller = command(objs, "elastic-gpu-controller")
     assert "--budget-default-gpu-hours=2.5" in controller
     assert "--budget-default-period=24h" in controller

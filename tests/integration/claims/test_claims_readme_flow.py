@@ -31,6 +31,8 @@ egpu = functools.partial(cli.egpu, timeout=300)
 CLAIMS = ("gpushare-egpuc-1", "gpushare-egpuc-2")
 PODS = {"test-cuda-1": "gpushare-egpuc-1", "test-cuda-2": "gpushare-egpuc-2"}
 SHARE = {"elasticgpu.io/gpu-core": "10", "elasticgpu.io/gpu-memory": "4"}
+#: what the sandbox's webhook adds for the quota (on by default, docs/budgets.md "Quota")
+QUOTA = {"quota.elasticgpu.io/gpu-core": "10", "quota.elasticgpu.io/gpu-memory": "4"}
 
 
 def get_json(kc: Path, *args: str) -> dict[str, Any]:
@@ -99,7 +101,8 @@ def test_the_seed_readme_flow_verbatim_on_a_default_sandbox(tmp_path: Path) -> N
             pod = get_json(kc, "pod", pod_name)
             egpu_obj = egpus[claims[claim_name]["status"]["elasticGPUName"]]
             (container,) = pod["spec"]["containers"]
-            assert container["resources"] == {"limits": SHARE, "requests": SHARE}
+            assert container["resources"] == {"limits": SHARE | QUOTA,
+                                              "requests": SHARE | QUOTA}
             assert pod["spec"]["nodeName"] == egpu_obj["spec"]["node"]
             assignment = json.loads(pod["metadata"]["annotations"]["elasticgpu.io/assignment"])
             assert assignment["node"] == egpu_obj["spec"]["node"]

@@ -31,6 +31,7 @@ from elastic_gpu.agent.grant import DeviceFiles, build_grant
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_RETURNING, MIG_SUBSTITUTION
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MEMORY, QUOTA_NAMES
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.sandbox import Sandbox
 from elastic_gpu.k8s import gpudevice
@@ -99,7 +100,14 @@ def create(box: Path, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def limits(pod: dict[str, Any]) -> dict[str, str]:
-    return dict(pod["spec"]["containers"][0]["resources"]["limits"])
+    """The container's limits but the quota's names (the sandbox's webhook adds them: `quota`)."""
+    return {k: v for k, v in pod["spec"]["containers"][0]["resources"]["limits"].items()
+            if k not in QUOTA_NAMES}
+
+
+def quota(pod: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in pod["spec"]["containers"][0]["resources"]["limits"].items()
+            if k in QUOTA_NAMES}
 
 
 def on_profile(box: Path, namespace: str, name: str | None, profile: str,
@@ -218,8 +226,7 @@ def test_a_bare_pod_moves_keeping_its_name_and_spec_and_back(box: Path, namespac
     assert moved["metadata"]["labels"] == original["metadata"]["labels"]
     (rule,) = rules(box, namespace)
     assert rule["spec"]["selector"] == {"podName": "train"}
-    assert rule["spec"]["savedPod"]["spec"]["containers"][0]["resources"]["limits"] == {
-        "nvidia.com/mig-1g.10gb": "1", NODE_CORE: "14"}
+    assert limits(rule["spec"]["savedPod"]) == {"nvidia.com/mig-1g.10gb": "1", NODE_CORE: "14"}
     assert rule["status"]["movedPods"][0]["uid"] == moved["metadata"]["uid"]
     notes = {k: v for k, v in moved["metadata"]["annotations"].items()
              if not k.startswith("elasticgpu.io/assign")}
@@ -227,6 +234,7 @@ def test_a_bare_pod_moves_keeping_its_name_and_spec_and_back(box: Path, namespac
                      MIG_SUBSTITUTION: rule["metadata"]["name"]}
     was, now = original["spec"], moved["spec"]
     assert limits(moved) == {"nvidia.com/mig-2g.20gb": "1", NODE_CORE: "28"}  # recounted
+    assert quota(moved) == {QUOTA_CORE: "29", QUOTA_MEMORY: "20480"}  # the quota too
     assert {k: v for k, v in now["containers"][0].items() if k != "resources"} == {
         k: v for k, v in was["containers"][0].items() if k != "resources"}
     assert {k: v for k, v in now.items() if k not in ("containers", "nodeName")} == {

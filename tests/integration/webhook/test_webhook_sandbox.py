@@ -70,7 +70,10 @@ def test_sandbox_runs_the_webhook_by_default(tmp_path: Path) -> None:
         limits = got["spec"]["containers"][0]["resources"]["limits"]
         # and kube-scheduler's node-level count of that 1% (core/nodefit.py)
         assert limits == {"elasticgpu.io/gpu-memory": "4096", "elasticgpu.io/gpu-core": "1",
-                          "node.elasticgpu.io/gpu-core": "1"}
+                          "node.elasticgpu.io/gpu-core": "1",
+                          # the quota's names, on by default (docs/budgets.md, "Quota")
+                          "quota.elasticgpu.io/gpu-core": "1",
+                          "quota.elasticgpu.io/gpu-memory": "4096"}
         (share,) = json.loads(got["metadata"]["annotations"]["elasticgpu.io/assignment"]
                               )["containers"]["main"]
         assert share["milli"] == 10 and share["memoryMiB"] == 4096

@@ -108,3 +108,24 @@ def test_must_show_4_arithmetic_one_card_quota_admits_two_halves_not_three() -> 
 def test_quota_mutator_alone_is_not_in_the_default_list() -> None:
     from elastic_gpu.core.admission import MUTATORS
     assert quota_resources not in MUTATORS and QUOTA_MUTATORS[-1] is quota_resources
+
+
+def test_a_pod_the_mig_adapter_moves_is_counted_at_its_new_profile() -> None:
+    # On by default in the chart and the sandbox (issue #26, item 14): the quota must count
+    # what the pod will hold, the profile the MIG adapter's rule gives it, not the one written.
+    from elastic_gpu.core.mig import SubstitutionRule
+    from elastic_gpu.core.resources import MigProfile
+
+    rule = SubstitutionRule("bare", "team-a", MigProfile.parse("1g.10gb"),
+                            MigProfile.parse("2g.20gb"), pod_name="p")
+    facts = ClusterFacts(mig_substitutions=(rule,))
+    p = pod({"nvidia.com/mig-1g.10gb": "1"})
+    out = apply_patch(p, admit(p, facts, mutate=True, mutators=QUOTA_MUTATORS).patch)
+    limits = out["spec"]["containers"][0]["resources"]["limits"]
+    assert "nvidia.com/mig-2g.20gb" in limits
+    assert quota_names(out) == {QUOTA_CORE: "29", QUOTA_MEMORY: "20480"}
+
+
+def test_a_memory_only_share_counts_the_one_percent_it_holds() -> None:
+    out = mutated(pod({"elasticgpu.io/gpu-memory": "4096"}))
+    assert quota_names(out) == {QUOTA_CORE: "1", QUOTA_MEMORY: "4096"}

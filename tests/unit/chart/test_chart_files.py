@@ -50,3 +50,11 @@ def test_managed_resources_file_is_the_extender_stanzas() -> None:
 def test_webhook_match_expression_file_is_registrations() -> None:
     text = (CHART / "files" / "webhook-match-expression.cel").read_text()
     assert text == match_expression() + "\n", "run: PYTHONPATH=src python hack/gen-chart-files.py"
+
+
+def test_tenant_rbac_file_is_the_tenant_rules() -> None:
+    from elastic_gpu.k8s.tenant_rbac import TENANT_RULES
+
+    text = (CHART / "files" / "tenant-rbac.yaml").read_text()
+    assert yaml.safe_load(text) == TENANT_RULES, "run: PYTHONPATH=src python hack/gen-chart-files.py"
+    assert text == _generator().tenant_rules()
