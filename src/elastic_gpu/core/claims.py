@@ -579,9 +579,28 @@ def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-#: The finalizer on every claim (a PVC's kubernetes.io/pvc-protection): a claim deleted while
-#: a pod uses it stays (deletionTimestamp set) until no pod that names it is left running.
+#: The finalizer on every claim (a PVC's kubernetes.io/pvc-protection), from its creation (the
+#: webhook's `protection_patch`; the controller adds it to one created without): a claim
+#: deleted while a pod uses it stays (deletionTimestamp set) until no pod that names it is
+#: left running.
 CLAIM_PROTECTION_FINALIZER = "elasticgpu.io/claim-protection"
+
+
+def protection_patch(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON Patch that gives a claim being created the claim-protection finalizer (the
+    webhook's, at CREATE, whoever creates it: a PVC gets `kubernetes.io/pvc-protection` the
+    same way), empty when it has it. Other finalizers are kept."""
+    meta = claim.get("metadata")
+    finalizers = meta.get("finalizers") if isinstance(meta, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return [{"op": "add", "path": "/metadata",
+                 "value": {"finalizers": [CLAIM_PROTECTION_FINALIZER]}}]
+    if not isinstance(finalizers, list):
+        return [{"op": "add", "path": "/metadata/finalizers",
+                 "value": [CLAIM_PROTECTION_FINALIZER]}]
+    if CLAIM_PROTECTION_FINALIZER in finalizers:
+        return []
+    return [{"op": "add", "path": "/metadata/finalizers/-", "value": CLAIM_PROTECTION_FINALIZER}]
 
 
 def _named_claims(pod: Mapping[str, Any]) -> set[str]:
