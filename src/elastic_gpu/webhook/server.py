@@ -117,7 +117,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("elasticgpu_webhook_requests", "AdmissionReviews answered, by "
-                                "webhook (mutate, validate) and verdict (allowed, patched, "
+                                "webhook (mutate, validate, mutate-claims) and verdict "
+                                "(allowed, patched, "
                                 "refused, not_governed, bad_request)", ["webhook", "verdict"],
                                 registry=self.registry)
         self.refusals = Counter("elasticgpu_webhook_refusals", "Refusals by rule",
