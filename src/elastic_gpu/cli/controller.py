@@ -27,7 +27,9 @@ def controller(
         envvar="POD_NAMESPACE", help="namespace of the leader-election Lease")] = "kube-system",
     lease_name: Annotated[str, typer.Option(help="name of the Lease")] = "egpu-controller",
     identity: Annotated[str | None, typer.Option(
-        help="this replica's holder identity (default hostname_pid)")] = None,
+        help="this replica's Lease holder identity (default hostname_pid): unique among live "
+             "replicas; the same across restarts of one (a pod's name) lets a restarted "
+             "leader renew its Lease at once instead of waiting for it to expire")] = None,
     lease_duration: Annotated[float, typer.Option(
         min=1, help="seconds a Lease not renewed stays valid for the others")] = 15.0,
     renew_deadline: Annotated[float, typer.Option(

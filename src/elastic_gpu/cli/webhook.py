@@ -50,8 +50,9 @@ def webhook(
              "spec.overBudgetPriorityClassName overrides it); '' turns the lookups off")
     ] = "egpu-over-budget",
     budget_finalizer: Annotated[bool, typer.Option(
-        help="give every GPU pod the budget keeper's finalizer (elasticgpu.io/budget), so no "
-             "pod's GPU time is lost while `egpu controller` is down; run the keeper with it")
+        help="give the GPU pods of namespaces with a GPUBudget the budget keeper's finalizer "
+             "(elasticgpu.io/budget), so no pod's GPU time is lost while `egpu controller` is "
+             "down; other namespaces' pods get none; run the keeper with it")
     ] = False,
     quota_resources: Annotated[bool, typer.Option(
         help="add the canonical quota resources quota.elasticgpu.io/gpu-core|gpu-memory to GPU "

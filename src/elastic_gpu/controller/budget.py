@@ -20,9 +20,10 @@ informer (the CRD may be missing: then there are no budgets):
 The finalizer is added by the webhook at CREATE (`egpu webhook --budget-finalizer`), so a pod
 that starts and ends while the keeper is down is held until it is settled; the keeper adds it
 to a running GPU pod of a budgeted namespace that lacks it (admitted without the webhook),
-which covers that pod from then on. Pods of a namespace without a budget are released as soon
-as they end. A GPU pod that disappears without the finalizer (never had it) is settled from
-its last observation when the keeper sees it go (best effort: missed if the keeper was down).
+which covers that pod from then on. Pods of a namespace without a budget get none from the
+webhook, and the keeper removes any they have (stale: nothing to settle there). A GPU pod
+that disappears without the finalizer (never had it) is settled from its last observation when
+the keeper sees it go (best effort: missed if the keeper was down).
 
 The namespace is looked at again without any API change at its period's end (the refill), when
 its running pods will have spent the rest of the budget (the over-budget flip) and every
@@ -354,16 +355,12 @@ class BudgetKeeper:
         return done
 
     async def _release_unbudgeted(self, ns: str, pods: list[Obj], now: int) -> None:
-        """No budget: nothing to record; a pod is released once it has ended."""
+        """No budget: nothing to record, so no pod of the namespace keeps the finalizer, ended
+        or running (one given before its GPUBudget was deleted, or by an older webhook): a
+        stale finalizer would hold a deleted pod while `egpu controller` is down (issue #26).
+        A GPUBudget created later gives its running pods the finalizer again (`_hold`)."""
         for pod in pods:
-            if core.FINALIZER not in _finalizers(pod):
-                continue
-            uid = str(_meta(pod).get("uid"))
-            record = self.ledger.get(uid)
-            final = record is None and (
-                (pod.get("status") or {}).get("phase") in core.FINAL_PHASES
-                or bool(_meta(pod).get("deletionTimestamp")))
-            if final or (record is not None and core.ended(record, now)):
+            if core.FINALIZER in _finalizers(pod):
                 await self._drop_finalizer(pod, now)  # a conflict: the next event retries
         for uid in [u for u in self.gone if u in self.by_ns.get(ns, {})]:
             self._drop(uid)

@@ -10,7 +10,9 @@ Per claim (key `claim:<namespace>/<name>`):
    (`POST /provision`), which creates `egpu-<uid>` pre-bound to the claim, and binds it at
    once; `Pending` / `Lost` go to status with an Event.
 Per ElasticGPU (key `egpu:<name>`): `core.claims.decide_release` once its claim is gone
-(confirmed by a live GET, never from a cache alone): status Released (Retain) or deleted.
+(confirmed by a live GET, never from a cache alone) and no pod that has not stopped uses its
+cards (`core.claims.pods_holding`, from the cache and then a live list of the claim's
+namespace; Event `WaitingForPods`): status Released (Retain) or deleted.
 
 Writes happen only when something changes (status compared before patching), carry the
 object's resourceVersion (a stale cache gets 409 and a requeue, never a lost update), and
@@ -34,6 +36,7 @@ from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.provisioning import ProvisionError
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as core
+from elastic_gpu.core import podlife
 from elastic_gpu.k8s import elasticgpu as api
 from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
@@ -71,10 +74,6 @@ def _pod_claim_names(pod: Mapping[str, Any]) -> set[str]:
 def _holds_gpu(pod: Mapping[str, Any]) -> bool:
     return ann.ASSIGNMENT in ((pod.get("metadata") or {}).get("annotations") or {}) or \
         bool(_pod_claim_names(pod))
-
-
-def _finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 class _Overlay(Mapping[str, core.ElasticGPU]):
@@ -141,6 +140,8 @@ class ClaimController:
         self.pods = f.informer(PODS.path(), "pods")
         #: claim key (ns/name) -> pod keys whose annotations name it
         self.pods_by_claim: dict[str, set[str]] = {}
+        #: pod key -> ElasticGPUs whose release waits for it (`core.claims.pods_holding`)
+        self.egpus_held_by: dict[str, set[str]] = {}
         #: claim keys last answered Unschedulable
         self.unschedulable: set[str] = set()
         #: claim key -> (resourceVersion, deadline) of our last write the cache has not shown
@@ -242,13 +243,21 @@ class ClaimController:
         if _pod_claim_names(old) != _pod_claim_names(new):
             self._index_pod(old, False)
         self._index_pod(new, True)
-        if _holds_gpu(new) and _finished(new) and not _finished(old):
-            self.capacity_freed()
+        if podlife.stopped(new) and not podlife.stopped(old):
+            self._pod_stopped(new)
+            if _holds_gpu(new):
+                self.capacity_freed()
 
     def _pod_deleted(self, pod: Obj) -> None:
         self._index_pod(pod, False)
-        if _holds_gpu(pod) and not _finished(pod):
+        self._pod_stopped(pod)
+        if _holds_gpu(pod) and not podlife.stopped(pod):
             self.capacity_freed()
+
+    def _pod_stopped(self, pod: Obj) -> None:
+        """The ElasticGPUs kept for this pod are looked at again."""
+        for name in self.egpus_held_by.pop(object_key(pod), ()):
+            self.queue.add(EGPU_KEY + name)
 
     def capacity_freed(self) -> None:
         """GPU capacity may have freed: retry every Unschedulable claim soon, backoff reset."""
@@ -515,15 +524,19 @@ class ClaimController:
                     "status": {"phase": core.ElasticGPUPhase.AVAILABLE.value}})
             return
         claim = await self._claim_of(ref)
-        decision = core.decide_release(egpu, claim)
+        decision = core.decide_release(egpu, claim, core.pods_holding(egpu, self.pods.items()))
         if isinstance(decision, core.Keep):
+            self._keep(obj, name, decision)
             return
+        # the caches say the claim is gone and no pod uses the cards: make sure with the API
+        # (the claim, and the pods of its namespace) before releasing anything
         if claim is None and self.claims.get(f"{ref.namespace}/{ref.name}") is None:
-            # the cache says gone: make sure with the API before releasing anything
             claim = await self._live_claim(ref)
-            decision = core.decide_release(egpu, claim)
-            if isinstance(decision, core.Keep):
-                return
+        pods, _ = await self.client.list(PODS.path(ref.namespace))
+        decision = core.decide_release(egpu, claim, core.pods_holding(egpu, pods))
+        if isinstance(decision, core.Keep):
+            self._keep(obj, name, decision)
+            return
         if isinstance(decision, core.MarkReleased):
             await self.client.patch(EGPUS.path(name=name, subresource="status"), {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
@@ -538,6 +551,17 @@ class ClaimController:
             return
         self.recorder.record(obj, NORMAL, "Deleted", f"{decision.message}; reclaim policy "
                              "Delete: the ElasticGPU and its cards are freed")
+
+    def _keep(self, obj: Obj, name: str, decision: core.Keep) -> None:
+        """A kept ElasticGPU whose claim is gone waits for the pods still using its cards:
+        each one's stop or deletion brings it back (`_pod_stopped`)."""
+        if not decision.waiting_for:
+            return
+        for pod in decision.waiting_for:
+            self.egpus_held_by.setdefault(pod, set()).add(name)
+        self.recorder.record(obj, NORMAL, "WaitingForPods",
+                             "its claim is gone; release waits for the pods using its cards: "
+                             + ", ".join(decision.waiting_for))
 
     async def _claim_of(self, ref: core.ClaimRef) -> core.Claim | None:
         obj = self.claims.get(f"{ref.namespace}/{ref.name}")

@@ -654,6 +654,8 @@ class MutationInput:
     claims: PodClaims = field(default_factory=PodClaims)
     #: the lower PriorityClass while the pod's namespace is over its GPU budget (issue #17)
     budget: PriorityDowngrade | None = None
+    #: the pod's namespace has a GPU budget (`core.budget.NamespaceBudget.budgeted`)
+    budgeted: bool = False
 
 
 Mutator = Callable[[MutationInput], list[PatchOp]]
@@ -839,11 +841,13 @@ def budget_priority(data: MutationInput) -> list[PatchOp]:
 
 
 def budget_finalizer(data: MutationInput) -> list[PatchOp]:
-    """A GPU pod gets the budget keeper's finalizer `elasticgpu.io/budget` (`core.budget.
-    FINALIZER`) at CREATE, so a pod that ends (or is deleted) while the keeper is down stays
-    until its usage is settled (docs/budgets.md). Opt-in: the webhook's `--budget-finalizer`
-    appends it to its mutators."""
-    if not data.request.wants_gpu:
+    """A GPU pod of a namespace with a GPU budget (`data.budgeted`) gets the budget keeper's
+    finalizer `elasticgpu.io/budget` (`core.budget.FINALIZER`) at CREATE, so a pod that ends
+    (or is deleted) while the keeper is down stays until its usage is settled
+    (docs/budgets.md). Only there: a finalizer holds a deleted pod's object until
+    `egpu controller` removes it, so a namespace with nothing to settle must not wait for it
+    (issue #26). Opt-in: the webhook's `--budget-finalizer` appends it to its mutators."""
+    if not data.request.wants_gpu or not data.budgeted:
         return []
     meta = data.pod.get("metadata") or {}
     finalizers = meta.get("finalizers")
@@ -979,11 +983,12 @@ class Verdict:
 
 def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
           mutators: Sequence[Mutator] = MUTATORS, claims: PodClaims | None = None,
-          budget: PriorityDowngrade | None = None) -> Verdict:
+          budget: PriorityDowngrade | None = None, budgeted: bool = False) -> Verdict:
     """The verdict on `pod`; with `mutate`, the patch of an allowed pod too. `claims`: the
     ElasticGPUClaims the pod names (`claim_names`), as found in its namespace; None: none
     found (a pod naming one is refused). `budget`: the lower PriorityClass while the pod's
-    namespace is over its GPU budget (None: in budget, or no budget).
+    namespace is over its GPU budget (None: in budget, or no budget); `budgeted`: the
+    namespace has a GPU budget (`budget_finalizer`).
 
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
@@ -1001,7 +1006,7 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
                     current = completed
                     ops += claim_ops
                 continue
-            step = mutator(MutationInput(current, request, facts, claims, budget))
+            step = mutator(MutationInput(current, request, facts, claims, budget, budgeted))
             if step:
                 current = apply_patch(current, step)
                 ops += step

@@ -25,7 +25,7 @@ an older scheduler never wrote).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,12 +101,17 @@ class Assignment:
         for shares in self.containers.values():
             yield from shares
 
-    def unclaimed(self) -> Assignment | None:
-        """What the pod itself holds: its containers that are not claim-backed (None if every
-        GPU container uses a claim). The ledger counts this under the pod's key."""
+    def unclaimed(self, counted: Callable[[str], bool] = lambda _egpu: True
+                  ) -> Assignment | None:
+        """What the pod itself holds: its containers less the claim-backed ones whose
+        ElasticGPU the ledger counts (`counted(name)`; by default every one), None if nothing
+        is left. The ledger counts this under the pod's key. A claim-backed container whose
+        ElasticGPU is not counted (deleted while the pod runs) is the pod's to hold: its card
+        is in use whatever became of the object."""
         if not self.claims:
             return self
-        rest = {name: shares for name, shares in self.containers.items() if name not in self.claims}
+        rest = {name: shares for name, shares in self.containers.items()
+                if name not in self.claims or not counted(self.claims[name])}
         if not rest:
             return None
         return Assignment(self.node, rest)

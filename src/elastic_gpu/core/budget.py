@@ -400,6 +400,18 @@ class PriorityDowngrade:
     preemption_policy: str | None = None
 
 
+@dataclass(frozen=True)
+class NamespaceBudget:
+    """What the mutating webhook knows of a pod's namespace's GPU budget."""
+
+    #: the namespace has a GPUBudget (or that cannot be told): its GPU pods get the keeper's
+    #: `FINALIZER`, so their usage is settled losslessly; a namespace without one gets none,
+    #: so no deleted pod of it waits for `egpu controller` (issue #26)
+    budgeted: bool = False
+    #: the lower PriorityClass while the namespace is over budget
+    downgrade: PriorityDowngrade | None = None
+
+
 def downgrade_for(state: BudgetState | None, lower: PriorityDowngrade) -> PriorityDowngrade | None:
     """The downgrade a namespace's new GPU pods get: `lower` while it is over budget; None in
     budget or without a budget."""

@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from elastic_gpu.core.annotations import CLAIM_PREFIX
-from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core import podlife
+from elastic_gpu.core.annotations import ASSIGNMENT, CLAIM_PREFIX
+from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
 from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.policies import card_policy as make_card_policy
@@ -476,7 +477,11 @@ def provision(decision: Provision, claim: Claim, cls: GPUClass, engine: Engine
 @dataclass(frozen=True)
 class Keep:
     """Release decision: leave the ElasticGPU as it is (its claim still exists, it is already
-    Released or Failed, or it waits for a claim pre-bound by name)."""
+    Released or Failed, it waits for a claim pre-bound by name, or its claim is gone but pods
+    still use its cards: `waiting_for`)."""
+
+    #: the pods (namespace/name) still using it, when that is why it is kept
+    waiting_for: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -496,9 +501,12 @@ class DeleteElasticGPU:
 ReleaseDecision = Keep | MarkReleased | DeleteElasticGPU
 
 
-def decide_release(egpu: ElasticGPU, claim: Claim | None) -> ReleaseDecision:
+def decide_release(egpu: ElasticGPU, claim: Claim | None,
+                   holders: Iterable[str] = ()) -> ReleaseDecision:
     """What to do with an ElasticGPU given the claim its claimRef names (None: no such claim,
-    or one of another uid, i.e. deleted and re-created)."""
+    or one of another uid, i.e. deleted and re-created) and the pods still using its cards
+    (`pods_holding`): never released nor deleted while one is left, whatever became of the
+    claim."""
     ref = egpu.claim_ref
     if ref is None or egpu.phase in (ElasticGPUPhase.RELEASED, ElasticGPUPhase.FAILED):
         return Keep()
@@ -506,6 +514,9 @@ def decide_release(egpu: ElasticGPU, claim: Claim | None) -> ReleaseDecision:
         return Keep()
     if not ref.uid and egpu.phase is ElasticGPUPhase.AVAILABLE:
         return Keep()  # pre-bound by name to a claim not created yet
+    waiting = tuple(sorted(holders))
+    if waiting:
+        return Keep(waiting)
     message = f"claim {ref.namespace}/{ref.name} was deleted"
     if egpu.reclaim_policy is ReclaimPolicy.DELETE:
         return DeleteElasticGPU(message)
@@ -568,30 +579,78 @@ def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-#: The finalizer on every claim (a PVC's kubernetes.io/pvc-protection): a claim deleted while
-#: a pod uses it stays (deletionTimestamp set) until no pod that names it is left running.
+#: The finalizer on every claim (a PVC's kubernetes.io/pvc-protection), from its creation (the
+#: webhook's `protection_patch`; the controller adds it to one created without): a claim
+#: deleted while a pod uses it stays (deletionTimestamp set) until no pod that names it is
+#: left running.
 CLAIM_PROTECTION_FINALIZER = "elasticgpu.io/claim-protection"
 
 
+def protection_patch(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON Patch that gives a claim being created the claim-protection finalizer (the
+    webhook's, at CREATE, whoever creates it: a PVC gets `kubernetes.io/pvc-protection` the
+    same way), empty when it has it. Other finalizers are kept."""
+    meta = claim.get("metadata")
+    finalizers = meta.get("finalizers") if isinstance(meta, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return [{"op": "add", "path": "/metadata",
+                 "value": {"finalizers": [CLAIM_PROTECTION_FINALIZER]}}]
+    if not isinstance(finalizers, list):
+        return [{"op": "add", "path": "/metadata/finalizers",
+                 "value": [CLAIM_PROTECTION_FINALIZER]}]
+    if CLAIM_PROTECTION_FINALIZER in finalizers:
+        return []
+    return [{"op": "add", "path": "/metadata/finalizers/-", "value": CLAIM_PROTECTION_FINALIZER}]
+
+
+def _named_claims(pod: Mapping[str, Any]) -> set[str]:
+    """The claims a pod's annotations name; one whose annotations cannot be read names every
+    claim any of its claim annotations mentions (the safe side: its cards may be in use)."""
+    try:
+        return set(pod_claims(pod).values())
+    except ClaimAnnotationError:
+        notes = (pod.get("metadata") or {}).get("annotations") or {}
+        return {v for k, v in notes.items()
+                if isinstance(k, str) and k.startswith(CLAIM_PREFIX) and isinstance(v, str)}
+
+
+def _pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+
+
 def pods_using(claim: Claim, pods: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The pods (namespace/name) of the claim's namespace that name it and have not finished
-    (phase Succeeded or Failed): while any is left, the claim's finalizer stays. A pod whose
-    annotations cannot be read still counts if any of its claim annotations names the claim
-    (the safe side: its cards may be in use)."""
+    """The pods (namespace/name) of the claim's namespace that name it and have not stopped
+    (`core.podlife.stopped`: a terminal phase, or deleted with every container terminated;
+    a Pending pod counts): while any is left, the claim's finalizer stays."""
+    return sorted(_pod_key(pod) for pod in pods
+                  if (pod.get("metadata") or {}).get("namespace", "default") == claim.namespace
+                  and not podlife.stopped(pod) and claim.name in _named_claims(pod))
+
+
+def pods_holding(egpu: ElasticGPU, pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The pods (namespace/name) that have not stopped and use the ElasticGPU's cards: their
+    assignment's `claims` name it, or their annotations name the claim its claimRef names.
+    While any is left it is neither released nor deleted (issue #26: a claim whose finalizer
+    was missing or removed must not take the card from under its pod). An assignment that
+    cannot be read counts if its text mentions the ElasticGPU (the safe side)."""
+    ref = egpu.claim_ref
     out = []
     for pod in pods:
+        if podlife.stopped(pod):
+            continue
         meta = pod.get("metadata") or {}
-        if meta.get("namespace", "default") != claim.namespace:
-            continue
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        try:
-            named = set(pod_claims(pod).values())
-        except ClaimAnnotationError:
-            named = {v for k, v in (meta.get("annotations") or {}).items()
-                     if isinstance(k, str) and k.startswith(CLAIM_PREFIX)}
-        if claim.name in named:
-            out.append(f"{meta.get('namespace', 'default')}/{meta.get('name')}")
+        text = (meta.get("annotations") or {}).get(ASSIGNMENT)
+        uses = False
+        if isinstance(text, str) and text:
+            try:
+                uses = egpu.name in Assignment.from_json(text).claims.values()
+            except AssignmentError:
+                uses = egpu.name in text
+        if not uses and ref is not None and meta.get("namespace", "default") == ref.namespace:
+            uses = ref.name in _named_claims(pod)
+        if uses:
+            out.append(_pod_key(pod))
     return sorted(out)
 
 

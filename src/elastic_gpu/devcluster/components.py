@@ -169,11 +169,18 @@ WEBHOOK = ComponentSpec(
     argv=_webhook_argv, ready_path="/readyz", scheme="https",
     title="Elastic GPU admission webhook, called by kube-apiserver:")
 
+#: The sandbox's one controller's Lease holder identity, the same for every start: a controller
+#: restarted after a SIGKILL renews its own Lease at once instead of waiting for it to expire
+#: (client-go renews a Lease whose holder is itself), as the chart's does with its pod's name.
+CONTROLLER_IDENTITY = "egpu-sandbox-controller"
+
+
 def _controller_argv(env: ComponentEnv) -> list[str]:
     return [env.python, "-m", "elastic_gpu.cli.main", "controller",
             "--kubeconfig", str(env.kubeconfig), "--metrics-host", HOST,
             "--metrics-port", str(env.port),
-            "--extender-url", env.endpoints.get(EXTENDER.name, f"http://{HOST}:8888")]
+            "--extender-url", env.endpoints.get(EXTENDER.name, f"http://{HOST}:8888"),
+            "--identity", CONTROLLER_IDENTITY]
 
 
 #: The controllers (`egpu controller`: claims binding and provisioning through the extender's

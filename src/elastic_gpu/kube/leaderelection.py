@@ -12,6 +12,11 @@
   next retry instead of waiting for the lease to expire.
 
 Defaults are client-go's: 15 s lease, 10 s renew deadline, 2 s retry period.
+
+A replica that comes back with the identity it had (the chart's `--identity=$(POD_NAME)`, the
+sandbox's fixed one) renews its own Lease at once, as client-go does: a restart after a
+SIGKILL does not wait for the Lease to expire. Identities must therefore be unique among live
+replicas (a pod's name is).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import datetime as dt
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,10 +70,21 @@ def micro_time(at: dt.datetime | None = None) -> str:
     return (at or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+Sleep = Callable[[float], Awaitable[None]]
+
+
 class LeaderElector:
-    def __init__(self, client: KubeClient, config: LeaseConfig) -> None:
+    """`clock` (seconds, monotonic) and `sleep` are this replica's own: every duration of the
+    protocol is measured on them, so a test drives the protocol with a clock of its own
+    instead of depending on how fast a loaded machine runs."""
+
+    def __init__(self, client: KubeClient, config: LeaseConfig,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Sleep = asyncio.sleep) -> None:
         self.client = client
         self.config = config
+        self._clock = clock
+        self._sleep = sleep
         self.is_leader = False
         self.transitions_seen = 0
         self._observed: tuple[Any, ...] | None = None
@@ -96,7 +113,7 @@ class LeaderElector:
                   spec.get("leaseDurationSeconds"))
         if record != self._observed:
             self._observed = record
-            self._observed_at = time.monotonic()
+            self._observed_at = self._clock()
         self._lease = lease
 
     async def try_acquire_or_renew(self) -> bool:
@@ -119,7 +136,7 @@ class LeaderElector:
         holder = spec.get("holderIdentity") or ""
         duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration_s)
         if holder and holder != self.config.identity and \
-                time.monotonic() < self._observed_at + duration:
+                self._clock() < self._observed_at + duration:
             return False  # held by another, not expired
         updated = dict(lease)
         updated["spec"] = self._spec(spec if holder else {**spec, "holderIdentity": None}, now)
@@ -140,7 +157,7 @@ class LeaderElector:
             try:
                 if await self.try_acquire_or_renew():
                     self.is_leader = True
-                    self._last_renew = time.monotonic()
+                    self._last_renew = self._clock()
                     spec = (self._lease or {}).get("spec") or {}
                     self.transitions_seen = int(spec.get("leaseTransitions") or 0)
                     log.info("%s leads (Lease %s/%s)", self.config.identity,
@@ -148,21 +165,21 @@ class LeaderElector:
                     return
             except ApiError as err:
                 log.warning("leader election: %s", err)
-            await asyncio.sleep(self.config.retry_period_s * random.uniform(1, JITTER))
+            await self._sleep(self.config.retry_period_s * random.uniform(1, JITTER))
 
     async def keep_renewing(self) -> None:
         """Renew every retry period; raises LeadershipLost once a renewal has not succeeded
         for the renew deadline (or the Lease was taken). Runs until cancelled otherwise."""
         while True:
-            await asyncio.sleep(self.config.retry_period_s)
-            left = self._last_renew + self.config.renew_deadline_s - time.monotonic()
+            await self._sleep(self.config.retry_period_s)
+            left = self._last_renew + self.config.renew_deadline_s - self._clock()
             try:
                 ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=max(0.01, left))
             except (TimeoutError, ApiError) as err:
                 log.warning("leader election: renewal failed: %s", err or "timed out")
                 ok = False
             if ok:
-                self._last_renew = time.monotonic()
+                self._last_renew = self._clock()
                 continue
             spec = (self._lease or {}).get("spec") or {}
             holder = spec.get("holderIdentity")
@@ -170,7 +187,7 @@ class LeaderElector:
                 self.is_leader = False
                 raise LeadershipLost(f"Lease {self.config.namespace}/{self.config.name} is now "
                                      f"held by {holder}")
-            if time.monotonic() - self._last_renew >= self.config.renew_deadline_s:
+            if self._clock() - self._last_renew >= self.config.renew_deadline_s:
                 self.is_leader = False
                 raise LeadershipLost(f"Lease {self.config.namespace}/{self.config.name} not "
                                      f"renewed for {self.config.renew_deadline_s:.0f} s")

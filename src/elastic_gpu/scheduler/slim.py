@@ -13,9 +13,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from elastic_gpu.core.podlife import TERMINAL_PHASES
+
 Obj = dict[str, Any]
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+__all__ = [
+    "TERMINAL_PHASES",
+    "ChangeFilter",
+    "slim_claim",
+    "slim_class",
+    "slim_device",
+    "slim_elasticgpu",
+    "slim_node",
+    "slim_pod",
+]
 
 
 def _pick(source: Mapping[str, Any] | None, keys: tuple[str, ...]) -> Obj:
@@ -41,20 +52,41 @@ def _node_affinity(spec: Mapping[str, Any]) -> Obj:
         "requiredDuringSchedulingIgnoredDuringExecution": required}}}
 
 
+def _container_states(statuses: Any) -> list[Obj]:
+    """Each container status as its name and the kind of its state only (`{"terminated":
+    {}}`): what `core.podlife.stopped` reads, without the timestamps that change often."""
+    return [{"name": s.get("name"),
+             "state": {k: {} for k in (s.get("state") or {}) if isinstance(k, str)}}
+            for s in statuses or () if isinstance(s, Mapping)]
+
+
+def _deleting_status(status: Mapping[str, Any]) -> Obj:
+    """A pod being deleted frees its cards once its containers have stopped
+    (`core.podlife.stopped`): keep their states, and only then (a running pod's status
+    changes would otherwise each be an event)."""
+    return {key: _container_states(status.get(key))
+            for key in ("containerStatuses", "initContainerStatuses",
+                        "ephemeralContainerStatuses") if status.get(key)}
+
+
 def slim_pod(pod: Mapping[str, Any]) -> Obj:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    deleting = bool(meta.get("deletionTimestamp"))
     out: Obj = {
-        "metadata": _pick(meta, ("name", "namespace", "uid", "resourceVersion", "annotations")),
+        "metadata": _pick(meta, ("name", "namespace", "uid", "resourceVersion", "annotations",
+                                 "deletionTimestamp")),
         # nodeSelector, required node affinity and tolerations: for the bind's placement check
         "spec": {**_pick(spec, ("nodeName", "priority", "schedulerName", "nodeSelector",
                                 "tolerations")),
                  **_node_affinity(spec),
                  "containers": _containers(spec.get("containers"))},
-        # Only a terminal phase changes what a pod holds; Pending -> Running does not, and
-        # dropping it spares the scheduler one event per started pod.
-        "status": ({"phase": phase} if (phase := (pod.get("status") or {}).get("phase"))
-                   in TERMINAL_PHASES else {}),
+        # Only a terminal phase, or the containers of a pod being deleted stopping, change
+        # what a pod holds (`core.podlife.stopped`); Pending -> Running does not, and dropping
+        # it spares the scheduler one event per started pod.
+        "status": ({"phase": phase} if (phase := status.get("phase")) in TERMINAL_PHASES
+                   else _deleting_status(status) if deleting else {}),
     }
     if spec.get("initContainers"):
         out["spec"]["initContainers"] = _containers(spec.get("initContainers"))

@@ -39,6 +39,7 @@ import numpy as np
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as egc
+from elastic_gpu.core import podlife
 from elastic_gpu.core.assignment import Assignment, AssignmentError
 from elastic_gpu.core.engine import (
     Engine,
@@ -109,6 +110,9 @@ class PodInfo:
     #: Why the assignment annotation could not be read, if it could not.
     assignment_error: str | None
     manifest: Mapping[str, Any]
+    #: no container of it runs or will run again (`core.podlife.stopped`): a terminal phase,
+    #: or deleted with its containers terminated, whatever finalizer keeps the object
+    stopped: bool = False
 
     @property
     def key(self) -> str:
@@ -116,13 +120,23 @@ class PodInfo:
 
     @property
     def holds(self) -> Assignment | None:
-        """The cards this version of the pod holds according to the API."""
-        if self.phase in TERMINAL_PHASES or self.assignment is None:
+        """The cards this version of the pod holds according to the API, every ElasticGPU it
+        names counted under its own key."""
+        return self.held(lambda _egpu: True)
+
+    def held(self, counted: Callable[[str], bool]) -> Assignment | None:
+        """The cards this version of the pod holds itself while it has not stopped: its
+        assignment less the claim-backed containers whose ElasticGPU the ledger counts
+        (`counted`); one whose ElasticGPU is gone stays the pod's until the pod stops."""
+        if self.stopped or self.assignment is None:
             return None
         if self.node_name and self.node_name != self.assignment.node:
             return None  # bound elsewhere: the annotation is stale and the agent ignores it
-        # claim-backed containers use an ElasticGPU's cards, held under its own key
-        return self.assignment.unclaimed()
+        return self.assignment.unclaimed(counted)
+
+    def elasticgpus(self) -> frozenset[str]:
+        """The ElasticGPUs whose cards its claim-backed containers use."""
+        return frozenset(self.assignment.claims.values()) if self.assignment else frozenset()
 
     def request(self) -> PodRequest:
         return pod_request_from_manifest(self.manifest)
@@ -158,6 +172,7 @@ class PodInfo:
             assignment=assignment,
             assignment_error=error,
             manifest=pod,
+            stopped=podlife.stopped(pod),
         )
 
 
@@ -221,6 +236,9 @@ class SchedulerState:
         self._egpus_gone: OrderedDict[str, None] = OrderedDict()
         self._claims: dict[tuple[str, str], egc.Claim] = {}
         self._classes: dict[str, egc.GPUClass] = {}
+        #: ElasticGPU name -> uids of the pods whose assignment uses its cards: they hold
+        #: those cards themselves while it is not counted (`_egpu_counted`)
+        self._egpu_consumers: dict[str, set[str]] = {}
         #: pods the filter turned away because a claim they name is not bound (uid -> (pod
         #: namespace, name, the claims it waits for)), and those to wake now that one is
         self._claim_waiting: dict[str, tuple[str, str, frozenset[str]]] = {}
@@ -382,7 +400,32 @@ class SchedulerState:
                 return None
             return egc.egpu_assignment(egpu)
         pod = self._pods.get(uid)
-        return pod.holds if pod is not None else None
+        return pod.held(self._egpu_counted) if pod is not None else None
+
+    def _egpu_counted(self, name: str) -> bool:
+        """Whether ElasticGPU `name` holds its cards in the ledger: it exists with a node and
+        cards (`_desired`), or a reservation holds them while it is being created."""
+        egpu = self._egpus.get(name)
+        return (egpu is not None and bool(egpu.node) and bool(egpu.shares)) or \
+            egc.ledger_key(name) in self._inflight
+
+    def _index_consumer(self, uid: str, old: PodInfo | None, new: PodInfo | None) -> None:
+        before = old.elasticgpus() if old is not None else frozenset()
+        after = new.elasticgpus() if new is not None else frozenset()
+        for name in before - after:
+            consumers = self._egpu_consumers.get(name)
+            if consumers is not None:
+                consumers.discard(uid)
+                if not consumers:
+                    del self._egpu_consumers[name]
+        for name in after - before:
+            self._egpu_consumers.setdefault(name, set()).add(uid)
+
+    def _sync_consumers(self, name: str) -> None:
+        """ElasticGPU `name` started or stopped being counted: its consumers give its cards
+        back to it, or take them over (the card stays held either way)."""
+        for uid in sorted(self._egpu_consumers.get(name, ())):
+            self._sync(uid)
 
     def _set_hold(self, uid: str, assignment: Assignment | None) -> None:
         self._version += 1
@@ -435,6 +478,7 @@ class SchedulerState:
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,
                             info.assignment_error)
+            self._index_consumer(info.uid, old, info)
             self._pods[info.uid] = info
             if info.node_name or info.phase in TERMINAL_PHASES:
                 self._drop_reservations(info.uid)  # bound or done: the truth is known
@@ -447,7 +491,7 @@ class SchedulerState:
     def forget_pod(self, uid: str) -> None:
         """The pod is gone (DELETED, or it left the watch's selection by terminating)."""
         with self._lock:
-            self._pods.pop(uid, None)
+            self._index_consumer(uid, self._pods.pop(uid, None), None)
             if uid:
                 self._gone[uid] = None
                 while len(self._gone) > MAX_GONE:
@@ -584,6 +628,7 @@ class SchedulerState:
             self._egpus[egpu.name] = egpu
             if uid:
                 self._egpu_uids[egpu.name] = uid
+            self._sync_consumers(egpu.name)  # they give its cards back first
             self._drop_reservations(key)
             self._sync(key)
             if egpu.claim_ref is not None:
@@ -598,6 +643,7 @@ class SchedulerState:
                 while len(self._egpus_gone) > MAX_GONE:
                     self._egpus_gone.popitem(last=False)
             self._sync(egc.ledger_key(name))
+            self._sync_consumers(name)  # a running pod using its cards holds them now
             if egpu is not None and egpu.claim_ref is not None:
                 self._claim_keys_changed([f"{egpu.claim_ref.namespace}/{egpu.claim_ref.name}"])
 
@@ -906,6 +952,8 @@ class SchedulerState:
                 self._add_host(*held, sign=-1)
         if not reservations:
             del self._inflight[uid]
+            if uid.startswith(EGPU_KEY):  # if the ElasticGPU was never made, pods naming it
+                self._sync_consumers(uid[len(EGPU_KEY):])  # hold its cards themselves
 
     def reserve(self, pod: PodRequest, uid: str, node: str) -> tuple[int, Assignment]:
         """Choose cards on `node` and hold them now, before anything is written to the API.
@@ -955,6 +1003,7 @@ class SchedulerState:
                         if current is not None and current.resource_version is not None:
                             info = replace(info, resource_version=max(
                                 current.resource_version, info.resource_version or 0))
+                        self._index_consumer(uid, current, info)
                         self._pods[uid] = info
                 self._drop_reservations(uid)
                 self._sync(uid)

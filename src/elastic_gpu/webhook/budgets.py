@@ -8,6 +8,9 @@ PriorityClass's value? Feeds `core.admission.admit(..., budget=)` (`budget_prior
 - PriorityClasses: a list and watch (cluster-scoped) for the class's `value` and
   `preemptionPolicy`.
 
+Whether a namespace has a GPUBudget at all decides whether its GPU pods get the budget
+keeper's finalizer (`core.admission.budget_finalizer`, issue #26).
+
 Cache misses and failures (docs/budgets.md, "The webhook's lookups"):
 - GPUBudgets not synced yet (the webhook just started, or the API failed its list): the
   namespace's GPUBudgets are read live. Once synced, a namespace the cache has no GPUBudget
@@ -26,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_gpu.core.budget import PriorityDowngrade
+from elastic_gpu.core.budget import NamespaceBudget, PriorityDowngrade
 from elastic_gpu.webhook.kube import CrdCache, _status_code
 
 log = logging.getLogger(__name__)
@@ -99,8 +102,11 @@ class PriorityClassCache(CrdCache[tuple[int, str | None]]):
 
 
 class BudgetLookup:
-    """`await lookup(namespace)` -> the downgrade a new GPU pod of `namespace` gets (None: in
-    budget, no budget, or the lookup failed: fail open)."""
+    """`await lookup(namespace)` -> what a new GPU pod of `namespace` gets
+    (`NamespaceBudget`): whether it has a GPUBudget (True when that cannot be told: the
+    keeper removes a finalizer its namespace does not need, a missing one may lose usage), and
+    the downgrade (None: in budget, no budget, the lookup failed: fail open, or `default_class`
+    empty: no downgrades)."""
 
     def __init__(self, default_class: str, on_lookup: Callable[[str], None] = lambda _: None
                  ) -> None:
@@ -135,24 +141,26 @@ class BudgetLookup:
             raise
         return class_facts(obj.to_dict())
 
-    async def __call__(self, namespace: str) -> PriorityDowngrade | None:
+    async def __call__(self, namespace: str) -> NamespaceBudget:
         try:
             facts = await self._budget(namespace)
-            if facts is None or not facts.over:
-                return None
+            if facts is None:
+                return NamespaceBudget(budgeted=False)
+            if not facts.over or not self.default_class:
+                return NamespaceBudget(budgeted=True)
             name = facts.priority_class or self.default_class
             found = await self._class(name)
         except Exception as err:  # the API is unreachable: admit the pod as it is
             self.on_lookup("failed")
             log.warning("GPU budget of namespace %s not read (%s: %s); the pod keeps its "
                         "priority", namespace, type(err).__name__, err)
-            return None
+            return NamespaceBudget(budgeted=True)
         if found is None:
             self.on_lookup("failed")
             log.warning("namespace %s is over its GPU budget but PriorityClass %s does not "
                         "exist; the pod keeps its priority", namespace, name)
-            return None
-        return PriorityDowngrade(name, found[0], found[1])
+            return NamespaceBudget(budgeted=True)
+        return NamespaceBudget(True, PriorityDowngrade(name, found[0], found[1]))
 
     async def run(self, client: Any) -> None:
         import asyncio

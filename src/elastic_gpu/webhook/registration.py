@@ -11,6 +11,13 @@ Scope, so that an outage of the webhook cannot block what it does not govern:
   requests, containers or init containers) or carry an `egpuc.elasticgpu.io/*` claim annotation.
 What it governs fails closed (`failurePolicy: Fail`): a GPU pod that skipped admission would
 run without its rules. `timeoutSeconds` is short, `reinvocationPolicy: IfNeeded`.
+
+A second mutating webhook, `elasticgpuclaims.mutate.elasticgpu.io`, gives every
+ElasticGPUClaim the claim-protection finalizer at CREATE (issue #26, as kube-apiserver's
+StorageObjectInUseProtection plugin does for PVCs): in every namespace (only `namespace_labels`
+narrows it, for tests sharing a cluster), no opt-out, failing closed. A claim is useless
+without the webhook anyway (a pod naming one is refused while it is down), and a claim without
+the finalizer is one that can vanish under its pod.
 """
 
 from __future__ import annotations
@@ -22,11 +29,14 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission import OPT_OUT_LABEL, OPT_OUT_VALUE
 from elastic_gpu.core.resources import MIG_PREFIX, RESOURCE_TABLE
+from elastic_gpu.k8s.elasticgpu import CLAIM_PLURAL, GROUP
 
 MUTATE_PATH = "/mutate"
 VALIDATE_PATH = "/validate"
+CLAIM_MUTATE_PATH = "/mutate-claims"
 MUTATING_WEBHOOK = "pods.mutate.elasticgpu.io"
 VALIDATING_WEBHOOK = "pods.validate.elasticgpu.io"
+CLAIM_MUTATING_WEBHOOK = "elasticgpuclaims.mutate.elasticgpu.io"
 DEFAULT_NAME = "elastic-gpu-webhook"
 
 
@@ -109,6 +119,25 @@ def _webhook(name: str, path: str, target: Target, ca_bundle_b64: str,
     }
 
 
+def _claim_webhook(target: Target, ca_bundle_b64: str, scope: Scope) -> dict[str, Any]:
+    """ElasticGPUClaims at CREATE get the claim-protection finalizer."""
+    hook: dict[str, Any] = {
+        "name": CLAIM_MUTATING_WEBHOOK,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": scope.timeout_s,
+        "clientConfig": target.client_config(CLAIM_MUTATE_PATH, ca_bundle_b64),
+        "rules": [{"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE"],
+                   "resources": [CLAIM_PLURAL], "scope": "Namespaced"}],
+        "reinvocationPolicy": "Never",
+    }
+    if scope.namespace_labels:
+        hook["namespaceSelector"] = {"matchLabels": dict(scope.namespace_labels)}
+    return hook
+
+
 def configurations(name: str, target: Target, ca_bundle_b64: str,
                    scope: Scope) -> tuple[dict[str, Any], dict[str, Any]]:
     """(MutatingWebhookConfiguration, ValidatingWebhookConfiguration) named `name`."""
@@ -118,7 +147,8 @@ def configurations(name: str, target: Target, ca_bundle_b64: str,
     mutating_hook["reinvocationPolicy"] = "IfNeeded"
     mutating = {"apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "MutatingWebhookConfiguration",
-                "metadata": {"name": name, "labels": labels}, "webhooks": [mutating_hook]}
+                "metadata": {"name": name, "labels": labels},
+                "webhooks": [mutating_hook, _claim_webhook(target, ca_bundle_b64, scope)]}
     validating = {"apiVersion": "admissionregistration.k8s.io/v1",
                   "kind": "ValidatingWebhookConfiguration",
                   "metadata": {"name": name, "labels": labels},

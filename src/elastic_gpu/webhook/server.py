@@ -13,8 +13,11 @@
   whatever the watch has delivered; the cache is the fallback when the read fails.
 - GPU pods of a namespace over its GPU budget get the lower PriorityClass (`budgets.
   BudgetLookup`: watches of GPUBudgets and PriorityClasses, fail-open; docs/budgets.md); with
-  `budget_finalizer` every GPU pod gets the budget keeper's finalizer, with `quota` the
+  `budget_finalizer` the GPU pods of namespaces with a GPUBudget get the budget keeper's
+  finalizer (never elsewhere: nothing else waits for `egpu controller`), with `quota` the
   canonical quota resources (`core.quota.QUOTA_MUTATORS`).
+- `POST /mutate-claims`: an ElasticGPUClaim being created gets the claim-protection finalizer
+  (`core.claims.protection_patch`; issue #26: on every claim from its creation, as a PVC's).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -50,12 +53,14 @@ from elastic_gpu.core.admission import (
     default_policies,
     facts_from_nodes,
 )
-from elastic_gpu.core.budget import PriorityDowngrade
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.budget import NamespaceBudget
+from elastic_gpu.core.claims import Claim, protection_patch
 from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.k8s.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
+    CLAIM_MUTATE_PATH,
     DEFAULT_NAME,
     MUTATE_PATH,
     VALIDATE_PATH,
@@ -112,7 +117,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("elasticgpu_webhook_requests", "AdmissionReviews answered, by "
-                                "webhook (mutate, validate) and verdict (allowed, patched, "
+                                "webhook (mutate, validate, mutate-claims) and verdict "
+                                "(allowed, patched, "
                                 "refused, not_governed, bad_request)", ["webhook", "verdict"],
                                 registry=self.registry)
         self.refusals = Counter("elasticgpu_webhook_refusals", "Refusals by rule",
@@ -187,7 +193,13 @@ def asks_mig(pod: Any) -> bool:
     return False
 
 
-BudgetLookupFn = Callable[[str], Awaitable[PriorityDowngrade | None]]
+def _is_create(request: _Request, kind: str, resource: str) -> bool:
+    return (request.kind.kind if request.kind else "") == kind and \
+        (request.resource.resource if request.resource else "") == resource and \
+        not request.subResource and request.operation == "CREATE"
+
+
+BudgetLookupFn = Callable[[str], Awaitable[NamespaceBudget]]
 
 
 def _no_claim(_namespace: str, _name: str) -> Claim | None:
@@ -224,6 +236,30 @@ class Admission:
 
     def _decode(self, body: bytes) -> _Request | tuple[int, bytes, str]:
         """The review's request when it is a pod CREATE to judge, else the answer."""
+        request = self._decode_review(body)
+        if isinstance(request, tuple):
+            return request
+        if not _is_create(request, "Pod", "pods"):
+            # Not what this webhook governs (the registration sends only pod CREATEs).
+            return 200, _answer(request.uid, True), "not_governed"
+        return request
+
+    def review_claim(self, body: bytes) -> tuple[int, bytes, str]:
+        """/mutate-claims: an ElasticGPUClaim being created gets the claim-protection
+        finalizer (`core.claims.protection_patch`); anything else is let through as it is."""
+        request = self._decode_review(body)
+        if isinstance(request, tuple):
+            return request
+        if not _is_create(request, CLAIM_KIND, CLAIM_PLURAL):
+            return 200, _answer(request.uid, True), "not_governed"
+        if not isinstance(request.object, dict):
+            return 200, _answer(request.uid, False, "the ElasticGPUClaim in the review is not "
+                                "an object (rule malformed)"), "refused:malformed"
+        patch = protection_patch(request.object)
+        return 200, _answer(request.uid, True, patch=patch), "patched" if patch else "allowed"
+
+    def _decode_review(self, body: bytes) -> _Request | tuple[int, bytes, str]:
+        """The review's request, else the answer (400 for what is not an AdmissionReview)."""
         try:
             review = _DECODER.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
@@ -236,12 +272,6 @@ class Admission:
         request = review.request
         if request is None or not request.uid:
             return _bad_request("request.uid is required")
-        kind = request.kind.kind if request.kind else ""
-        resource = request.resource.resource if request.resource else ""
-        if kind != "Pod" or resource != "pods" or request.subResource or \
-                request.operation != "CREATE":
-            # Not what this webhook governs (the registration sends only pod CREATEs).
-            return 200, _answer(request.uid, True), "not_governed"
         return request
 
     @staticmethod
@@ -296,15 +326,18 @@ class Admission:
                     self.on_rule_lookup("api")
                 facts = replace(facts, mig_substitutions=tuple(
                     r for r in facts.mig_substitutions if r.namespace != namespace) + live)
-        downgrade = await self.budget(namespace) if mutate and self.budget is not None else None
-        return self._judge(request, mutate, PodClaims(namespace, found), facts, downgrade)
+        budget = await self.budget(namespace) if mutate and self.budget is not None \
+            else NamespaceBudget()
+        return self._judge(request, mutate, PodClaims(namespace, found), facts, budget)
 
     def _judge(self, request: _Request, mutate: bool, claims: PodClaims,
                facts: ClusterFacts | None = None,
-               budget: PriorityDowngrade | None = None) -> tuple[int, bytes, str]:
+               budget: NamespaceBudget | None = None) -> tuple[int, bytes, str]:
+        budget = budget or NamespaceBudget()
         try:
             verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims,
-                            mutators=self.mutators, budget=budget)
+                            mutators=self.mutators, budget=budget.downgrade,
+                            budgeted=budget.budgeted)
         except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
             log.exception("admission of %s/%s failed", request.namespace, request.name)
             return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
@@ -380,7 +413,8 @@ class WebhookOptions:
     #: the PriorityClass of over-budget namespaces' GPU pods (a GPUBudget may name another);
     #: None: budgets are not looked up
     over_budget_class: str | None = "egpu-over-budget"
-    #: every GPU pod gets the budget keeper's finalizer (run `egpu controller` with it)
+    #: GPU pods of namespaces with a GPUBudget get the budget keeper's finalizer (run
+    #: `egpu controller` with it)
     budget_finalizer: bool = False
     #: GPU containers get the canonical quota resources (the scheduler must ignore them)
     quota: bool = False
@@ -414,10 +448,11 @@ class WebhookServer:
         self.claim_cache = ClaimCache()
         self.rule_cache = RuleCache(self.set_mig_rules)
         self.metrics = Metrics()
-        self.budgets = (BudgetLookup(options.over_budget_class,
+        # the GPUBudgets are watched for the downgrade and for the finalizer alike
+        self.budgets = (BudgetLookup(options.over_budget_class or "",
                                      lambda source: self.metrics.budget_lookups.labels(
                                          source).inc())
-                        if options.over_budget_class else None)
+                        if options.over_budget_class or options.budget_finalizer else None)
         self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
                                    on_lookup=lambda source: self.metrics.claim_lookups.labels(
                                        source).inc(),
@@ -471,6 +506,19 @@ class WebhookServer:
         async def validate(request: web.Request) -> web.Response:
             return await handle(request, False)
 
+        async def mutate_claims(request: web.Request) -> web.Response:
+            start = time.perf_counter()
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                self.metrics.requests.labels("mutate-claims", "bad_request").inc()
+                return web.json_response(
+                    {"error": f"body over {self.options.max_body_bytes} bytes"}, status=413)
+            status, payload, verdict = self.admission.review_claim(body)
+            self.metrics.requests.labels("mutate-claims", verdict.split(":", 1)[0]).inc()
+            self.metrics.latency.labels("mutate-claims").observe(time.perf_counter() - start)
+            return web.Response(body=payload, status=status, content_type="application/json")
+
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
 
@@ -489,6 +537,7 @@ class WebhookServer:
         app = web.Application(client_max_size=self.options.max_body_bytes)
         app.router.add_post(MUTATE_PATH, mutate)
         app.router.add_post(VALIDATE_PATH, validate)
+        app.router.add_post(CLAIM_MUTATE_PATH, mutate_claims)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
         app.router.add_get("/metrics", metrics)

@@ -15,9 +15,37 @@ from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, Lease
 pytestmark = pytest.mark.integration
 
 
+class ReplicaClock:
+    """One replica's monotonic clock, moved only by the test (and by the replica's own
+    sleeps): the protocol's durations are measured on it, never on how fast the machine
+    runs, so no assertion here depends on the load of the box (issue #26)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+        self.slept += seconds
+        await asyncio.sleep(0)
+
+
+#: lease duration, renew deadline, retry period (seconds of the replicas' own clocks)
+TIMINGS = (60.0, 40.0, 2.0)
+
+
 def elector(client: KubeClient, ns: str, lease: str, who: str,
-            timings: tuple[float, float, float] = (3.0, 2.0, 0.2)) -> LeaderElector:
-    return LeaderElector(client, LeaseConfig(ns, lease, who, *timings))
+            timings: tuple[float, float, float] = TIMINGS,
+            clock: ReplicaClock | None = None) -> LeaderElector:
+    if clock is None:
+        return LeaderElector(client, LeaseConfig(ns, lease, who, *timings))
+    return LeaderElector(client, LeaseConfig(ns, lease, who, *timings), clock, clock.sleep)
 
 
 async def test_of_candidates_racing_for_a_lease_exactly_one_wins(
@@ -48,27 +76,34 @@ async def test_of_candidates_racing_for_a_lease_exactly_one_wins(
 
 
 async def test_expiry_takeover_and_release(k8s_cluster: Any, k8s_namespace: str) -> None:
+    """The Lease protocol on each replica's own clock: b takes over exactly when a's record
+    has been unchanged for the lease duration as b observed it, not a moment before; a then
+    finds the Lease taken; a release hands it over at once."""
     a_client = KubeClient.from_config(k8s_cluster.kubeconfig)
     b_client = KubeClient.from_config(k8s_cluster.kubeconfig)
     lease = unique_name("lease")
-    a = elector(a_client, k8s_namespace, lease, "a")
-    b = elector(b_client, k8s_namespace, lease, "b")
+    a_clock, b_clock = ReplicaClock(), ReplicaClock()
+    a = elector(a_client, k8s_namespace, lease, "a", clock=a_clock)
+    b = elector(b_client, k8s_namespace, lease, "b", clock=b_clock)
+    duration = TIMINGS[0]
     try:
-        await asyncio.wait_for(a.acquire(), 5)
-        assert a.is_leader
-        assert not await b.try_acquire_or_renew()  # held and fresh
-        # a stops renewing (as if killed): b takes over once b has seen it unchanged for 3 s
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        await asyncio.wait_for(b.acquire(), 10)
-        waited = loop.time() - started
-        assert 2.5 <= waited <= 3.0 + 0.2 * 1.2 + 1.0, waited
+        await a.acquire()
+        assert a.is_leader and a_clock.slept == 0  # a free Lease is taken at the first try
+        assert not await b.try_acquire_or_renew()  # held and fresh: b starts observing it
+        # a stops renewing (as if killed); b's clock runs
+        b_clock.advance(duration - 0.001)
+        assert not await b.try_acquire_or_renew(), "taken over before the lease expired"
+        b_clock.advance(0.002)
+        assert await b.try_acquire_or_renew(), "not taken over once the lease expired"
         spec = (await b_client.get(LEASES.path(k8s_namespace, lease)))["spec"]
         assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
-        # a now finds the Lease taken: renewing raises LeadershipLost
+        # a comes back (its clock barely moved): at its next renewal it finds the Lease
+        # taken and stops leading
         with pytest.raises(LeadershipLost, match="held by b"):
-            await asyncio.wait_for(a.keep_renewing(), 5)
+            await a.keep_renewing()
+        assert not a.is_leader and a_clock.slept == TIMINGS[2]
         # b releases: a acquires at its first try, no expiry wait
+        b.is_leader = True
         assert await b.release()
         spec = (await a_client.get(LEASES.path(k8s_namespace, lease)))["spec"]
         assert not spec.get("holderIdentity")
@@ -78,19 +113,40 @@ async def test_expiry_takeover_and_release(k8s_cluster: Any, k8s_namespace: str)
         await b_client.close()
 
 
+async def test_a_replica_restarted_with_its_identity_renews_its_lease_at_once(
+        k8s_cluster: Any, k8s_namespace: str) -> None:
+    """Issue #26: a controller SIGKILLed and started again with the same identity (the chart's
+    pod name, the sandbox's fixed one) does not wait for its own Lease to expire; another
+    identity does."""
+    client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    lease = unique_name("lease")
+    try:
+        first = elector(client, k8s_namespace, lease, "pod-0", clock=ReplicaClock())
+        await first.acquire()  # then SIGKILLed: nothing released
+        again = elector(client, k8s_namespace, lease, "pod-0", clock=ReplicaClock())
+        other = elector(client, k8s_namespace, lease, "pod-1", clock=ReplicaClock())
+        assert not await other.try_acquire_or_renew()
+        assert await again.try_acquire_or_renew()
+        spec = (await client.get(LEASES.path(k8s_namespace, lease)))["spec"]
+        assert spec["holderIdentity"] == "pod-0" and spec["leaseTransitions"] == 0
+    finally:
+        await client.close()
+
+
 async def test_a_leader_that_cannot_renew_loses_within_the_renew_deadline(
         k8s_cluster: Any, k8s_namespace: str) -> None:
     client = KubeClient.from_config(k8s_cluster.kubeconfig)
     lease = unique_name("lease")
-    a = elector(client, k8s_namespace, lease, "a")
+    clock = ReplicaClock()
+    a = elector(client, k8s_namespace, lease, "a", clock=clock)
     try:
-        await asyncio.wait_for(a.acquire(), 5)
+        await a.acquire()
         client.rest.server = "https://127.0.0.1:1"  # the API server becomes unreachable
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         with pytest.raises(LeadershipLost, match="not renewed"):
-            await asyncio.wait_for(a.keep_renewing(), 10)
-        assert loop.time() - started <= 2.0 + 0.2 + 1.0
+            await a.keep_renewing()
+        # lost at the first retry at or past the renew deadline, on its own clock
+        _, deadline, retry = TIMINGS
+        assert deadline <= clock.slept <= deadline + retry, clock.slept
         assert not a.is_leader
     finally:
         await client.close()

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, budget_finalizer
-from elastic_gpu.core.budget import FINALIZER, PriorityDowngrade
+from elastic_gpu.core.budget import FINALIZER, NamespaceBudget, PriorityDowngrade
 from elastic_gpu.webhook.budgets import BudgetLookup, budget_facts
 from elastic_gpu.webhook.server import Admission
 
@@ -36,18 +36,23 @@ def patch_of(payload: bytes) -> list[dict[str, Any]]:
     return json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
 
 
-def test_gpu_pods_get_the_finalizer_once_cpu_pods_none() -> None:
+def test_gpu_pods_of_budgeted_namespaces_get_the_finalizer_once_cpu_pods_none() -> None:
     gpu = admit(pod({"tencent.com/vcuda-core": "50"}), FACTS, mutate=True,
-                mutators=WITH_FINALIZER)
+                mutators=WITH_FINALIZER, budgeted=True)
     assert {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]} in gpu.patch
     other = admit(pod({"tencent.com/vcuda-core": "50"}, finalizers=["x"]), FACTS, mutate=True,
-                  mutators=WITH_FINALIZER)
+                  mutators=WITH_FINALIZER, budgeted=True)
     assert {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER} in other.patch
     again = admit(pod({"tencent.com/vcuda-core": "50"}, finalizers=[FINALIZER]), FACTS,
-                  mutate=True, mutators=WITH_FINALIZER)
+                  mutate=True, mutators=WITH_FINALIZER, budgeted=True)
     assert not any("finalizers" in op["path"] for op in again.patch)
-    cpu = admit(pod({"cpu": "1"}), FACTS, mutate=True, mutators=WITH_FINALIZER)
+    cpu = admit(pod({"cpu": "1"}), FACTS, mutate=True, mutators=WITH_FINALIZER, budgeted=True)
     assert not cpu.patch
+    # issue #26: a namespace without a GPUBudget has nothing to settle; its deleted pods
+    # must not wait for egpu controller
+    unbudgeted = admit(pod({"tencent.com/vcuda-core": "50"}), FACTS, mutate=True,
+                       mutators=WITH_FINALIZER)
+    assert not any("finalizers" in op["path"] for op in unbudgeted.patch)
     plain = admit(pod({"tencent.com/vcuda-core": "50"}), FACTS, mutate=True)
     assert not any("finalizers" in op["path"] for op in plain.patch)  # opt-in
 
@@ -55,21 +60,28 @@ def test_gpu_pods_get_the_finalizer_once_cpu_pods_none() -> None:
 def test_the_lookup_feeds_admit_over_budget_only() -> None:
     asked: list[str] = []
 
-    async def over(namespace: str) -> PriorityDowngrade | None:
+    async def over(namespace: str) -> NamespaceBudget:
         asked.append(namespace)
-        return PriorityDowngrade("egpu-over-budget", -100, "Never")
+        return NamespaceBudget(True, PriorityDowngrade("egpu-over-budget", -100, "Never"))
 
-    async def within(namespace: str) -> PriorityDowngrade | None:
-        return None
+    async def within(namespace: str) -> NamespaceBudget:
+        return NamespaceBudget(True)
+
+    async def nothing(namespace: str) -> NamespaceBudget:
+        return NamespaceBudget(False)
 
     body = review(pod({"tencent.com/vcuda-core": "50"}))
-    _, payload, _ = asyncio.run(Admission(FACTS, budget=over).review_async(body, mutate=True))
+    _, payload, _ = asyncio.run(Admission(FACTS, budget=over, mutators=WITH_FINALIZER)
+                                .review_async(body, mutate=True))
     ops = {op["path"]: op["value"] for op in patch_of(payload)}
-    assert asked == ["team"]
+    assert asked == ["team"] and ops["/metadata/finalizers"] == [FINALIZER]
     assert ops["/spec/priorityClassName"] == "egpu-over-budget"
     assert ops["/spec/priority"] == -100 and ops["/spec/preemptionPolicy"] == "Never"
     _, payload, _ = asyncio.run(Admission(FACTS, budget=within).review_async(body, mutate=True))
     assert not any(op["path"].startswith("/spec/priority") for op in patch_of(payload))
+    _, payload, _ = asyncio.run(Admission(FACTS, budget=nothing, mutators=WITH_FINALIZER)
+                                .review_async(body, mutate=True))
+    assert not any(op["path"].startswith("/metadata/finalizers") for op in patch_of(payload))
 
 
 def _budget(name: str, over: bool, cls: str | None = None) -> dict[str, Any]:
@@ -88,11 +100,18 @@ def test_lookup_reads_the_condition_and_the_class_and_fails_open() -> None:
     lookup.budgets.synced.set()
     lookup.classes.replace([{"metadata": {"name": "egpu-over-budget"}, "value": -100,
                              "preemptionPolicy": "Never"}])
-    assert asyncio.run(lookup("team")) == PriorityDowngrade("egpu-over-budget", -100, "Never")
-    assert asyncio.run(lookup("elsewhere")) is None  # no budget: in budget
+    assert asyncio.run(lookup("team")) == NamespaceBudget(
+        True, PriorityDowngrade("egpu-over-budget", -100, "Never"))
+    assert asyncio.run(lookup("elsewhere")) == NamespaceBudget(False)  # no budget: in budget
     # the first GPUBudget by name counts, as for the keeper; its own class
     lookup.budgets.replace([_budget("a", True, "custom"), _budget("b", False)])
-    assert asyncio.run(lookup("team")) is None and sources[-1] == "failed"  # no such class
+    assert asyncio.run(lookup("team")) == NamespaceBudget(True)  # no such class
+    assert sources[-1] == "failed"
     lookup.budgets.replace([_budget("a", False), _budget("b", True)])
-    assert asyncio.run(lookup("team")) is None
+    assert asyncio.run(lookup("team")) == NamespaceBudget(True)
+    # lookups of the lower class off ('') with the finalizer on: budgets are still known
+    finalizer_only = BudgetLookup("")
+    finalizer_only.budgets.replace([_budget("b", True)])
+    finalizer_only.budgets.synced.set()
+    assert asyncio.run(finalizer_only("team")) == NamespaceBudget(True)
     assert budget_facts(_budget("x", True, "c")).priority_class == "c"

@@ -386,3 +386,47 @@ def test_pods_using_a_claim_hold_its_finalizer_until_they_finish() -> None:
             p("odd", key="egpuc.elasticgpu.io/x", containers=("m", "n"))]
     assert core.pods_using(c, pods) == ["ns/a", "ns/b", "ns/odd"]
     assert core.pods_using(c, []) == []
+
+
+def test_an_elasticgpu_whose_claim_is_gone_is_kept_while_a_pod_uses_its_cards() -> None:
+    """Issue #26, item 2: a claim deleted without its finalizer (or with it removed) must not
+    take the card from under its pod: release waits for every pod that uses the cards, named
+    by the assignment's `claims` or by the claim annotation, until it has stopped."""
+    from elastic_gpu.core import annotations as ann
+    from elastic_gpu.core.assignment import Assignment
+
+    c = claim("c1")
+    share = CardShare(0, "GPU-0", 1000, 0)
+    for policy in core.ReclaimPolicy:
+        bound = core.ElasticGPU("egpu-1", SEED, "n0", (share,), core.ClaimRef.of(c), None,
+                                policy, core.ElasticGPUPhase.BOUND)
+
+        def p(name: str, notes: dict[str, str], ns: str = "ns", phase: str = "Running",
+              deleting: bool = False, states: str = "running") -> dict[str, object]:
+            meta: dict[str, object] = {"name": name, "namespace": ns, "annotations": notes}
+            if deleting:
+                meta["deletionTimestamp"] = "2026-11-28T15:00:00Z"
+            return {"metadata": meta, "spec": {"containers": [{"name": "main"}]},
+                    "status": {"phase": phase, "containerStatuses": [
+                        {"name": "main", "state": {states: {}}}]}}
+
+        marked = Assignment("n0", {"main": (share,)}, {"main": "egpu-1"}).to_json()
+        by_assignment = p("a", {ann.ASSIGNMENT: marked})
+        by_annotation = p("b", {"egpuc.elasticgpu.io/main": "c1"}, phase="Pending")
+        unreadable = p("odd", {ann.ASSIGNMENT: '{"v": 1, "claims": "egpu-1"'})
+        gone = [p("done", {ann.ASSIGNMENT: marked}, phase="Succeeded"),
+                p("stopped", {"egpuc.elasticgpu.io/main": "c1"}, deleting=True,
+                  states="terminated"),
+                p("elsewhere", {"egpuc.elasticgpu.io/main": "c1"}, ns="other"),
+                p("other", {"egpuc.elasticgpu.io/main": "c2"})]
+        holders = core.pods_holding(bound, [by_assignment, by_annotation, unreadable, *gone])
+        assert holders == ["ns/a", "ns/b", "ns/odd"]
+        assert core.decide_release(bound, None, holders) == core.Keep(("ns/a", "ns/b", "ns/odd"))
+        # still deleting but running: still held
+        assert core.pods_holding(bound, [p("a", {ann.ASSIGNMENT: marked}, deleting=True)]) \
+            == ["ns/a"]
+        # every pod stopped or gone: the policy applies
+        expected = core.DeleteElasticGPU if policy is core.ReclaimPolicy.DELETE \
+            else core.MarkReleased
+        assert isinstance(core.decide_release(bound, None, core.pods_holding(bound, gone)),
+                          expected)

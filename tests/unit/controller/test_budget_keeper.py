@@ -1,6 +1,6 @@
 """The budget keeper's adapter (controller/budget.py) against a recording fake of the API: the
 status write comes before the finalizer removal, a failed status write removes no finalizer,
-writes are rate-limited, a namespace without a budget releases its ended pods, and the
+writes are rate-limited, a namespace without a budget keeps no finalizer, and the
 cluster default creates a GPUBudget."""
 
 from __future__ import annotations
@@ -115,13 +115,18 @@ def test_writes_are_rate_limited_and_unchanged_status_is_not_rewritten() -> None
     assert delay is not None and 0 < delay <= 60
 
 
-def test_without_a_budget_ended_pods_are_released_and_running_ones_kept() -> None:
+def test_without_a_budget_no_pod_keeps_the_finalizer() -> None:
+    """Issue #26: nothing to settle, so a stale finalizer (given before the GPUBudget was
+    deleted, or by an older webhook) goes from running pods too: it would hold a deleted pod
+    while egpu controller is down."""
     api = FakeApi()
     k = keeper(api)
     k.pods.apply("ADDED", pod("done", ended=True))
     k.pods.apply("ADDED", pod("run", ended=False))
+    k.pods.apply("ADDED", pod("free", ended=False, finalizer=False))
     asyncio.run(k.reconcile("team"))
-    assert [(c[0], c[1].rsplit("/", 1)[-1]) for c in api.calls] == [("patch", "done")]
+    assert sorted((c[0], c[1].rsplit("/", 1)[-1]) for c in api.calls) == [
+        ("patch", "done"), ("patch", "run")]
 
 
 def test_the_cluster_default_creates_a_gpubudget_where_gpu_pods_run() -> None:

@@ -580,3 +580,58 @@ def test_every_verb_answers_pods_naming_claims_without_500(
                 status, answer = await post(client, verb, body)
                 assert status in (200, 422), (verb, status, answer)
     asyncio.run(run())
+
+
+def test_an_elasticgpu_deleted_under_its_running_pod_leaves_the_card_held_by_the_pod() -> None:
+    """Issue #26, item 2: the ElasticGPU object goes (an admin, a reclaim that should not have
+    happened) while its pod runs; the card is in use all the same, so the pod holds it until
+    the pod stops, and nobody else gets it meanwhile."""
+    state = ready_state([gpu_node("n1")])
+    egpu = elasticgpu_object("e1", "n1", [share("n1", 0, 1000)], claim=("default", "c1", "u1"))
+    feed(state, egpus=[egpu])
+    pod = consuming_pod("a", "e1", (share("n1", 0, 1000),))
+    state.observe_pod(pod)
+    assert used(state, "n1") == 1000 and "uid-a" not in state.holds()
+    Feeds(state).egpus_event("DELETED", egpu)
+    assert used(state, "n1") == 1000  # not freed: the running pod holds it now
+    assert state.holds()["uid-a"] == Assignment("n1", {"main": (share("n1", 0, 1000),)})
+    assert fits(state, 100, ["n1"]) == [] and not state.conflicts()
+    # the ElasticGPU comes back (a relist that still has it): counted once, under it again
+    feed(state, egpus=[egpu])
+    assert used(state, "n1") == 1000 and "uid-a" not in state.holds() and not state.conflicts()
+    Feeds(state).egpus_event("DELETED", egpu)
+    # the pod stops: the card is free
+    stopped = {**pod, "status": {"phase": "Succeeded"},
+               "metadata": {**pod["metadata"], "resourceVersion": "9"}}
+    state.observe_pod(stopped)
+    assert used(state, "n1") == 0 and fits(state, 100, ["n1"]) == ["n1"]
+
+
+def test_a_pod_being_deleted_frees_its_cards_once_its_containers_have_stopped() -> None:
+    """Issue #26, item 3: a finalizer (the budget keeper's) may keep a deleted pod's object
+    while `egpu controller` is down; its cards are free as soon as kubelet reports its
+    containers terminated, not when the object goes."""
+    state = ready_state([gpu_node("n1")])
+    pod = pod_manifest("p", uid="uid-p", limits={CORE: "100"})
+    pod = with_binding(pod, "n1", Assignment("n1", {"main": (share("n1", 0, 1000),)}))
+    state.observe_pod(pod)
+    assert used(state, "n1") == 1000
+
+    def version(n: int, status: dict[str, Any]) -> dict[str, Any]:
+        return {**pod, "status": status,
+                "metadata": {**pod["metadata"], "resourceVersion": str(n),
+                             "deletionTimestamp": "2026-11-28T15:00:00Z",
+                             "finalizers": ["elasticgpu.io/budget"]}}
+
+    running = {"phase": "Running", "containerStatuses": [
+        {"name": "main", "state": {"running": {"startedAt": "2026-11-28T14:00:00Z"}}}]}
+    state.observe_pod(version(10, running))
+    assert used(state, "n1") == 1000  # deleted, but its container still runs
+    waiting = {"phase": "Running", "containerStatuses": [
+        {"name": "main", "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    state.observe_pod(version(11, waiting))
+    assert used(state, "n1") == 1000  # may be starting right now: statuses lag kubelet
+    terminated = {"phase": "Running", "containerStatuses": [
+        {"name": "main", "state": {"terminated": {"exitCode": 137}}}]}
+    state.observe_pod(version(12, terminated))
+    assert used(state, "n1") == 0 and fits(state, 100, ["n1"]) == ["n1"]

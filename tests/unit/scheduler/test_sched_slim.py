@@ -141,3 +141,19 @@ def test_slim_elastic_gpu_api_objects_read_like_full_ones() -> None:
     churned["status"]["conditions"][0]["message"] = "again"
     churned["metadata"]["resourceVersion"] = "99"
     assert not changes.changed("MODIFIED", slim_claim(churned))
+
+
+def test_a_deleted_pods_container_states_survive_and_free_its_cards_once_stopped() -> None:
+    pod = full_pod()
+    pod["metadata"]["deletionTimestamp"] = "2026-11-28T15:00:00Z"
+    pod["status"]["containerStatuses"] = [
+        {"name": "main", "state": {"running": {"startedAt": "2026-11-28T14:00:00Z"}},
+         "restartCount": 0},
+        {"name": "side", "state": {"terminated": {"exitCode": 0}}}]
+    assert PodInfo.from_manifest(slim_pod(pod)).holds is not None
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 137}}
+    slim = slim_pod(pod)
+    assert slim["status"]["containerStatuses"][0] == {"name": "main",
+                                                      "state": {"terminated": {}}}
+    assert PodInfo.from_manifest(slim).stopped and PodInfo.from_manifest(slim).holds is None
+    assert PodInfo.from_manifest(pod).stopped

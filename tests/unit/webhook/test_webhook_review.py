@@ -95,7 +95,13 @@ def test_any_object_gets_an_answer_never_an_exception(obj: Any) -> None:
 def test_registration_scope() -> None:
     mutating, validating = configurations(
         "egpu", Target(url="https://127.0.0.1:9443"), "Q0E=", Scope(namespace="egpu-system"))
-    (hook,) = mutating["webhooks"]
+    hook, claims = mutating["webhooks"]
+    assert claims["name"] == "elasticgpuclaims.mutate.elasticgpu.io"
+    assert claims["failurePolicy"] == "Fail" and "namespaceSelector" not in claims
+    assert claims["rules"] == [{"apiGroups": ["elasticgpu.io"], "apiVersions": ["*"],
+                                "operations": ["CREATE"], "resources": ["elasticgpuclaims"],
+                                "scope": "Namespaced"}]
+    assert claims["clientConfig"]["url"].endswith("/mutate-claims")
     assert hook["failurePolicy"] == "Fail" and hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["clientConfig"] == {"caBundle": "Q0E=", "url": "https://127.0.0.1:9443/mutate"}
     assert hook["rules"][0]["operations"] == ["CREATE"] and hook["timeoutSeconds"] <= 10
@@ -108,3 +114,29 @@ def test_registration_scope() -> None:
     expression = match_expression()
     assert "'tencent.com/vcuda-core'" in expression and "nvidia.com/mig-" in expression
     assert "egpuc.elasticgpu.io/" in expression
+
+
+def test_every_claim_created_gets_the_protection_finalizer_and_keeps_its_others() -> None:
+    """Issue #26, item 2: the finalizer is on every claim from its creation."""
+    def claim_review(meta: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+        body = review({"apiVersion": "elasticgpu.io/v1alpha", "kind": "ElasticGPUClaim",
+                       "metadata": meta, "spec": {}}, kind="ElasticGPUClaim",
+                      resource="elasticgpuclaims", operation=operation)
+        status, payload, _ = Admission(FACTS).review_claim(body)
+        assert status == 200
+        response: dict[str, Any] = json.loads(payload)["response"]
+        assert response["allowed"] is True
+        return response
+
+    def patch(response: dict[str, Any]) -> Any:
+        return json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+
+    assert patch(claim_review({"name": "c"})) == [
+        {"op": "add", "path": "/metadata/finalizers", "value": ["elasticgpu.io/claim-protection"]}]
+    assert patch(claim_review({"name": "c", "finalizers": ["example.com/mine"]})) == [
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "elasticgpu.io/claim-protection"}]
+    assert patch(claim_review({"name": "c", "finalizers": ["elasticgpu.io/claim-protection"]})) \
+        == []
+    assert patch(claim_review({"name": "c"}, operation="UPDATE")) == []  # not governed
+    status, _, verdict = Admission(FACTS).review_claim(b"{")
+    assert status == 400 and verdict == "bad_request"
