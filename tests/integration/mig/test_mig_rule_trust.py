@@ -91,7 +91,12 @@ def pod_or_none(plane: Any, ns: str, name: str) -> dict[str, Any] | None:
 
 def refused(plane: Any, ns: str, name: str, reason: str) -> dict[str, Any] | None:
     """The rule once it says `Valid=False` with `reason`, and a Warning Event says so too."""
-    obj = json.loads(plane.kubectl("get", api.SHORT, name, "-n", ns, "-o", "json").stdout)
+    got = plane.kubectl("get", api.SHORT, name, "-n", ns, "-o", "json", check=False)
+    if got.returncode != 0:  # the controller deletes a rule it has carried out
+        pods = plane.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
+        raise AssertionError(f"rule {name} is gone: the controller carried it out instead of "
+                             f"refusing it ({got.stderr.strip()}); pods:\n{pods}")
+    obj = json.loads(got.stdout)
     conditions = (obj.get("status") or {}).get("conditions") or []
     if not any(c.get("type") == "Valid" and c.get("status") == "False"
                and c.get("reason") == reason for c in conditions):
