@@ -9,7 +9,11 @@ Per claim (key `claim:<namespace>/<name>`):
    finished by the next reconcile, which decides Bind again); `Provision` asks the extender
    (`POST /provision`), which creates `egpu-<uid>` pre-bound to the claim, and binds it at
    once; `Pending` / `Lost` go to status with an Event.
-Per ElasticGPU (key `egpu:<name>`): `core.claims.decide_release` once its claim is gone
+Per ElasticGPU (key `egpu:<name>`): a pre-created one (not pre-bound to a claim's uid, not
+bound yet) is checked against the GPUDevice inventory (`core.claims.inventory_problem`: its
+node, card indexes, uuids and MIG instances): `Available`, or `Failed` with the reason (a claim
+never binds to it); checked again whenever a GPUDevice's spec changes.
+`core.claims.decide_release` once its claim is gone
 (confirmed by a live GET, never from a cache alone): status Released (Retain) or deleted.
 
 Writes happen only when something changes (status compared before patching), carry the
@@ -35,6 +39,7 @@ from elastic_gpu.controller.provisioning import ProvisionError
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as core
 from elastic_gpu.k8s import elasticgpu as api
+from elastic_gpu.k8s import gpudevice
 from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
@@ -47,6 +52,8 @@ PREFIX = f"/apis/{api.GROUP}/{api.VERSION}"
 CLAIMS = Resource(PREFIX, api.CLAIM_PLURAL, True)
 CLASSES = Resource(PREFIX, api.CLASS_PLURAL, False)
 EGPUS = Resource(PREFIX, api.EGPU_PLURAL, False)
+#: the card inventory the agents publish, that pre-created ElasticGPUs are checked against
+DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
 
 CLAIM_KEY = "claim:"
 EGPU_KEY = "egpu:"
@@ -108,7 +115,7 @@ class _PhaseCollector(Collector):
                         self.controller.claims.items(), core.ClaimPhase, core.ClaimPhase.PENDING)
         yield _by_phase("elasticgpu_elasticgpus", "ElasticGPUs by phase (cache)",
                         self.controller.egpus.items(), core.ElasticGPUPhase,
-                        core.ElasticGPUPhase.AVAILABLE)
+                        core.ElasticGPUPhase.PENDING)
 
 
 def _by_phase(name: str, documentation: str, objects: list[Obj],
@@ -139,6 +146,8 @@ class ClaimController:
         self.classes = f.informer(CLASSES.path(), "elasticgpuclasses")
         self.egpus = f.informer(EGPUS.path(), "elasticgpus")
         self.pods = f.informer(PODS.path(), "pods")
+        # (without the GPUDevice CRD there is no inventory: pre-created ElasticGPUs are Failed)
+        self.devices = f.informer(DEVICES.path(), "gpudevices", missing_ok=True)
         #: claim key (ns/name) -> pod keys whose annotations name it
         self.pods_by_claim: dict[str, set[str]] = {}
         #: claim keys last answered Unschedulable
@@ -161,6 +170,11 @@ class ClaimController:
             on_delete=self._egpu_deleted))
         self.pods.add_handler(Handler(
             on_add=self._pod_added, on_update=self._pod_updated, on_delete=self._pod_deleted))
+        self.devices.add_handler(Handler(
+            on_add=lambda _o: self._inventory_changed(),
+            on_update=lambda o, n: self._inventory_changed() if o.get("spec") != n.get("spec")
+            else None,  # a heartbeat changes nothing of the inventory
+            on_delete=lambda _o: self._inventory_changed()))
         ctx.metrics.registry.register(_PhaseCollector(self))
 
     # ------------------------------------------------------------------ event handlers
@@ -220,6 +234,24 @@ class ClaimController:
         self.decoded_egpus.pop(object_key(obj), None)
         self._egpu_touched(obj)
         self.capacity_freed()
+
+    def _inventory_changed(self) -> None:
+        """The cards may differ: check the pre-created ElasticGPUs again."""
+        for key, egpu in self.decoded_egpus.items():
+            if core.checked_against_inventory(egpu):
+                self.queue.add(EGPU_KEY + key)
+
+    def _inventory(self) -> dict[str, dict[int, core.InventoryCard]]:
+        out: dict[str, dict[int, core.InventoryCard]] = {}
+        for obj in self.devices.items():
+            try:
+                node, card = gpudevice.card_from_object(obj)
+            except gpudevice.GPUDeviceError as err:
+                log.debug("GPUDevice skipped: %s", err)
+                continue
+            out.setdefault(node, {})[card.index] = core.InventoryCard(
+                card.uuid, frozenset(i.uuid for i in card.mig))
+        return out
 
     def _index_pod(self, pod: Obj, add: bool) -> None:
         key = object_key(pod)
@@ -507,12 +539,10 @@ class ClaimController:
         except api.ElasticGPUObjectError as err:
             self.recorder.record(obj, WARNING, "InvalidObject", str(err))
             return
+        if core.checked_against_inventory(egpu):
+            await self._check_inventory(obj, egpu)
         ref = egpu.claim_ref
         if ref is None:
-            if not (obj.get("status") or {}).get("phase"):
-                await self.client.patch(EGPUS.path(name=name, subresource="status"), {
-                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                    "status": {"phase": core.ElasticGPUPhase.AVAILABLE.value}})
             return
         claim = await self._claim_of(ref)
         decision = core.decide_release(egpu, claim)
@@ -538,6 +568,34 @@ class ClaimController:
             return
         self.recorder.record(obj, NORMAL, "Deleted", f"{decision.message}; reclaim policy "
                              "Delete: the ElasticGPU and its cards are freed")
+
+    async def _check_inventory(self, obj: Obj, egpu: core.ElasticGPU) -> None:
+        """A pre-created ElasticGPU names real cards (`Available`) or says why not (`Failed`,
+        reason and message); written only when that changes. A `Failed` one set by anyone
+        for another reason is left so."""
+        status = obj.get("status") or {}
+        if egpu.phase is core.ElasticGPUPhase.FAILED and \
+                status.get("reason") not in core.INVENTORY_REASONS:
+            return
+        problem = core.inventory_problem(egpu, self._inventory())
+        if problem is None:
+            want: dict[str, Any] = {"phase": core.ElasticGPUPhase.AVAILABLE.value,
+                                    "reason": None, "message": None}
+        else:
+            want = {"phase": core.ElasticGPUPhase.FAILED.value, "reason": problem[0].value,
+                    "message": problem[1]}
+        if all(status.get(k) == v for k, v in want.items()):
+            return
+        name = str(obj["metadata"]["name"])
+        await self.client.patch(EGPUS.path(name=name, subresource="status"), {
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "status": want})
+        if problem is not None:
+            log.warning("%s", problem[1])
+            self.recorder.record(obj, WARNING, problem[0].value, problem[1])
+        elif egpu.phase is core.ElasticGPUPhase.FAILED:
+            self.recorder.record(obj, NORMAL, "Available",
+                                 "its node, cards and uuids are in the inventory now")
 
     async def _claim_of(self, ref: core.ClaimRef) -> core.Claim | None:
         obj = self.claims.get(f"{ref.namespace}/{ref.name}")

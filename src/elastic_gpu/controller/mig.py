@@ -42,7 +42,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from elastic_gpu.controller.claims import EGPUS
+from elastic_gpu.controller.claims import DEVICES, EGPUS
 from elastic_gpu.controller.config import MigConfig
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
@@ -66,7 +66,6 @@ from elastic_gpu.kube.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 RULES = Resource(f"/apis/{GROUP}/{VERSION}", rules_api.PLURAL, True)
-DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
 NODES = Resource("/api/v1", "nodes", False)
 RULE_API_VERSION = f"{GROUP}/{VERSION}"
 
