@@ -5,7 +5,13 @@ resourceVersion over several keeper cycles and across a keeper restart.
 
 The cycles are driven, not waited for: each touch of the object (a label) is an event the
 keeper reconciles; `elasticgpu_controller_reconciles_total{controller="budgets"}` going up says
-it has, and then the object must still be at the touch's resourceVersion."""
+it has, and then the object must still be at the touch's resourceVersion.
+
+What failed before the fix: the 1s period was accepted (and rewrote the status every second,
+its period changing every second). A restarted keeper PUT an unchanged status; kube-apiserver
+stores nothing for an identical object, so the resourceVersion held even then, and the test
+sees that PUT is skipped now through `elasticgpu_budget_status_writes_total{result=
+"unchanged"}`."""
 
 from __future__ import annotations
 
@@ -72,7 +78,8 @@ def test_a_budget_without_pods_is_not_rewritten(k8s_cluster: Any, k8s_namespace:
     k8s_cluster.kubectl("create", "-f", "-", input=_budget("idle", k8s_namespace, "24h"))
 
     def stored() -> dict[str, Any]:
-        out = k8s_cluster.kubectl("get", "gpubudget", "idle", "-n", k8s_namespace, "-o", "json")
+        out = k8s_cluster.kubectl("get", "gpubudget", "idle", "-n", k8s_namespace, "-o", "json",
+                                  "--show-managed-fields")
         return dict(json.loads(out.stdout))
 
     (port,) = free_ports(1)
@@ -95,16 +102,19 @@ def test_a_budget_without_pods_is_not_rewritten(k8s_cluster: Any, k8s_namespace:
                 before = 0.0
             else:
                 before = _reconciles(keeper)
-            touched = json.loads(k8s_cluster.kubectl(
-                "label", "gpubudget", "idle", "-n", k8s_namespace, f"cycle={cycle}",
-                "--overwrite", "-o", "json").stdout)
-            rv = touched["metadata"]["resourceVersion"]
+            # (a patch prints the object the server wrote: its resourceVersion is the touch's)
+            rv = k8s_cluster.kubectl(
+                "patch", "gpubudget", "idle", "-n", k8s_namespace, "--type=merge", "-p",
+                json.dumps({"metadata": {"labels": {"cycle": str(cycle)}}}),
+                "-o", "jsonpath={.metadata.resourceVersion}").stdout.strip()
             wait_for(f"cycle {cycle}: the keeper reconciling the touched budget",
                      lambda b=before: _reconciles(keeper) > b, 120)
             now = stored()
             assert now["metadata"]["resourceVersion"] == rv, (
                 f"cycle {cycle}: the keeper rewrote a budget with no pods and nothing new "
-                f"(status before {status}, after {now.get('status')}); log:\n"
+                f"(status before {status}, after {now.get('status')}); writes: "
+                f"{[m for m in keeper.metrics().splitlines() if 'status_writes' in m]}; "
+                f"managedFields: {now['metadata'].get('managedFields')}; log:\n"
                 f"{keeper.log_tail()}")
             assert now["status"] == status
         # the restarted keeper found the status as it would write it, and wrote nothing
