@@ -172,3 +172,51 @@ def test_a_bad_rule_fails_alone_and_a_good_one_proceeds(
     assert "asks no nvidia.com/mig-1g.10gb" in json.dumps(obj["status"]), obj["status"]
     for name in ("edited", "nomig"):
         assert pod_or_none(plane, ns, name) is None, f"a pod was created from the bad rule {name}"
+
+
+def _loose_crd() -> dict[str, Any]:
+    """The MIGSubstitution CRD as it was before issue #26 (savedPod any object, no rule tying
+    it to podName): what rules stored before the upgrade went through."""
+    import copy
+
+    crd = copy.deepcopy(api.crd_manifest())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["x-kubernetes-validations"] = spec["x-kubernetes-validations"][:2]  # immutable, from!=to
+    spec["properties"]["savedPod"] = {"type": "object",
+                                      "x-kubernetes-preserve-unknown-fields": True}
+    return crd
+
+
+def test_rules_the_schema_no_longer_admits_fail_alone(
+        k8s_cluster: Any, k8s_namespace: str, controller: ControllerProcess) -> None:
+    """Issue #26 item 5 as reported: `podName: nopod` without `savedPod`, and `savedPod: {spec:
+    "x"}`, stored (here under the CRD as it was before; in a cluster, before the upgrade) made
+    every round fail, so later rules waited. Each is refused alone and a good rule proceeds."""
+    from elastic_gpu.k8s.crds import install_crds
+
+    plane, ns = k8s_cluster, k8s_namespace
+    label = {MANAGED_BY: ADAPTER}
+    bad = {"a-nopod": {"selector": {"podName": "nopod"}, "fromProfile": "1g.10gb",
+                       "toProfile": "2g.20gb"},
+           "b-specx": {"selector": {"podName": "p"}, "fromProfile": "1g.10gb",
+                       "toProfile": "2g.20gb", "savedPod": {"spec": "x"}}}
+    install_crds(plane.client(), [_loose_crd()])
+    try:
+        for name, spec in bad.items():  # (the apiserver serves the new schema a moment later)
+            body = json.dumps({"apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND,
+                               "metadata": {"name": name, "labels": label}, "spec": spec})
+            wait_for(f"rule {name} stored under the loose schema", lambda b=body: plane.kubectl(
+                "create", "-n", ns, "-f", "-", input=b, check=False).returncode == 0, 60)
+    finally:
+        install_crds(plane.client(), [api.crd_manifest()])
+    plane.kubectl("create", "-n", ns, "-f", "-",
+                  input=rule("c-good", "good", mig_pod("good"), FAKE_UID, labelled=True))
+    wait_for("the good rule's pod created despite the bad rules before it",
+             lambda: pod_or_none(plane, ns, "good"), 120)
+    for name, words in (("a-nopod", "spec.savedPod is missing"),
+                        ("b-specx", "spec.savedPod.metadata=None is not an object")):
+        obj = wait_for(f"rule {name} refused", lambda n=name: refused(plane, ns, n,
+                                                                      "InvalidSpec"), 120)
+        assert words in json.dumps(obj["status"]), obj["status"]
+    assert pod_or_none(plane, ns, "nopod") is None and pod_or_none(plane, ns, "p") is None
+    assert "mig round failed" not in controller.log_path.read_text()
