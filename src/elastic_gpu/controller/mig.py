@@ -386,7 +386,7 @@ class MigController:
         self.reservations = [r for r in self.reservations if r.deadline > now and not any(
             r.fulfilled_by(p) for p in pods)]
         rules, refused = self._rules()
-        self.metrics.rules.set(len(rules))
+        self.metrics.rules.set(len(rules) + len(refused))
         self.refused = {uid: why for uid, why in self.refused.items()
                         if uid in {str(_meta(o).get("uid")) for o, _ in refused}}
         for obj, refusal in refused:
