@@ -387,8 +387,8 @@ class MigController:
             r.fulfilled_by(p) for p in pods)]
         rules, refused = self._rules()
         self.metrics.rules.set(len(rules) + len(refused))
-        self.refused = {uid: why for uid, why in self.refused.items()
-                        if uid in {str(_meta(o).get("uid")) for o, _ in refused}}
+        present = {str(_meta(o).get("uid")) for o in self.rules.items()}
+        self.refused = {uid: why for uid, why in self.refused.items() if uid in present}
         for obj, refusal in refused:
             await self._refuse(obj, refusal)
         await self._bare_rules(rules)
