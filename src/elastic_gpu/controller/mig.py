@@ -640,6 +640,13 @@ class MigController:
                 return  # a return under this name is finishing; next round
             if owner is None:
                 return  # a bare move in flight: step 1 of the next round finishes it
+            try:  # an owner's rule of that name is reused only if it is the adapter's
+                refusal = core.check_rule(rules_api.rule_from_object(rule_obj))
+            except ElasticGPUObjectError as err:
+                refusal = core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))
+            if refusal is not None:
+                await self._refuse(rule_obj, refusal)
+                return  # its pod is not deleted under a rule the adapter did not write
         self.reservations.append(Reservation(
             target.uuid, target.node, namespace, str(owner["uid"]) if owner else None,
             None if owner else name, str(meta.get("uid")), time.monotonic() + RESERVATION_TTL_S))
