@@ -9,17 +9,18 @@ Per claim (key `claim:<namespace>/<name>`):
    finished by the next reconcile, which decides Bind again); `Provision` asks the extender
    (`POST /provision`), which creates `egpu-<uid>` pre-bound to the claim, and binds it at
    once; `Pending` / `Lost` go to status with an Event.
-Per ElasticGPU (key `egpu:<name>`): a pre-created one (not pre-bound to a claim's uid, not
-bound yet) is checked against the GPUDevice inventory (`core.claims.inventory_problem`: its
-node, card indexes, uuids and MIG instances): `Available`, or `Failed` with the reason (a claim
-never binds to it); checked again whenever a GPUDevice's spec changes.
-`core.claims.decide_release` once its claim is gone
+Per ElasticGPU (key `egpu:<name>`): `core.claims.decide_release` once its claim is gone
 (confirmed by a live GET, never from a cache alone): status Released (Retain) or deleted.
 
 Writes happen only when something changes (status compared before patching), carry the
 object's resourceVersion (a stale cache gets 409 and a requeue, never a lost update), and
 Events are de-duplicated by the recorder. Unschedulable claims are retried with backoff and
 at once when capacity may have freed (a GPU pod finished or deleted, an ElasticGPU deleted).
+
+Pre-created ElasticGPUs (not pre-bound to a claim's uid, not bound yet) are checked against
+the GPUDevice inventory first (`core.claims.inventory_problem`: node, card indexes, uuids and
+MIG instances): `Available`, or `Failed` with the reason (a claim never binds to it); checked
+again whenever a GPUDevice's spec changes.
 """
 
 from __future__ import annotations
@@ -530,6 +531,34 @@ class ClaimController:
 
     # ------------------------------------------------------------------ ElasticGPUs
 
+    async def _check_inventory(self, obj: Obj, egpu: core.ElasticGPU) -> None:
+        """A pre-created ElasticGPU names real cards (`Available`) or says why not (`Failed`,
+        reason and message); written only when that changes. A `Failed` one set by anyone
+        for another reason is left so."""
+        status = obj.get("status") or {}
+        if egpu.phase is core.ElasticGPUPhase.FAILED and \
+                status.get("reason") not in core.INVENTORY_REASONS:
+            return
+        problem = core.inventory_problem(egpu, self._inventory())
+        if problem is None:
+            want: dict[str, Any] = {"phase": core.ElasticGPUPhase.AVAILABLE.value,
+                                    "reason": None, "message": None}
+        else:
+            want = {"phase": core.ElasticGPUPhase.FAILED.value, "reason": problem[0].value,
+                    "message": problem[1]}
+        if all(status.get(k) == v for k, v in want.items()):
+            return
+        name = str(obj["metadata"]["name"])
+        await self.client.patch(EGPUS.path(name=name, subresource="status"), {
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "status": want})
+        if problem is not None:
+            log.warning("%s", problem[1])
+            self.recorder.record(obj, WARNING, problem[0].value, problem[1])
+        elif egpu.phase is core.ElasticGPUPhase.FAILED:
+            self.recorder.record(obj, NORMAL, "Available",
+                                 "its node, cards and uuids are in the inventory now")
+
     async def reconcile_egpu(self, name: str) -> None:
         obj = self.egpus.get(name)
         if obj is None:
@@ -568,34 +597,6 @@ class ClaimController:
             return
         self.recorder.record(obj, NORMAL, "Deleted", f"{decision.message}; reclaim policy "
                              "Delete: the ElasticGPU and its cards are freed")
-
-    async def _check_inventory(self, obj: Obj, egpu: core.ElasticGPU) -> None:
-        """A pre-created ElasticGPU names real cards (`Available`) or says why not (`Failed`,
-        reason and message); written only when that changes. A `Failed` one set by anyone
-        for another reason is left so."""
-        status = obj.get("status") or {}
-        if egpu.phase is core.ElasticGPUPhase.FAILED and \
-                status.get("reason") not in core.INVENTORY_REASONS:
-            return
-        problem = core.inventory_problem(egpu, self._inventory())
-        if problem is None:
-            want: dict[str, Any] = {"phase": core.ElasticGPUPhase.AVAILABLE.value,
-                                    "reason": None, "message": None}
-        else:
-            want = {"phase": core.ElasticGPUPhase.FAILED.value, "reason": problem[0].value,
-                    "message": problem[1]}
-        if all(status.get(k) == v for k, v in want.items()):
-            return
-        name = str(obj["metadata"]["name"])
-        await self.client.patch(EGPUS.path(name=name, subresource="status"), {
-            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-            "status": want})
-        if problem is not None:
-            log.warning("%s", problem[1])
-            self.recorder.record(obj, WARNING, problem[0].value, problem[1])
-        elif egpu.phase is core.ElasticGPUPhase.FAILED:
-            self.recorder.record(obj, NORMAL, "Available",
-                                 "its node, cards and uuids are in the inventory now")
 
     async def _claim_of(self, ref: core.ClaimRef) -> core.Claim | None:
         obj = self.claims.get(f"{ref.namespace}/{ref.name}")
