@@ -52,7 +52,8 @@ def controller(
                     "every namespace that runs GPU pods and has no GPUBudget (the keeper "
                     "creates a GPUBudget named 'default' there); unset: no budget")] = None,
     budget_default_period: Annotated[str, typer.Option(
-        help="the cluster default budget's period (h, m, s: 168h, 1h30m)")] = "168h",
+        help="the cluster default budget's period (h, m, s: 168h, 1h30m; at least 1m)")
+                      ] = "168h",
     budget_refresh_seconds: Annotated[int, typer.Option(
         min=1, help="a GPUBudget's status.used is rewritten at most this often while it "
                     "moves (settling and the over-budget flip are written at once)")] = 30,
@@ -86,6 +87,7 @@ def controller(
     )
     from elastic_gpu.controller.provisioning import TLSOptions
     from elastic_gpu.controller.registry import CONTROLLERS
+    from elastic_gpu.core.budget import MIN_PERIOD_S
     from elastic_gpu.k8s.budget import BudgetObjectError, parse_duration
     from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.kube.leaderelection import LeaseConfig
@@ -110,7 +112,7 @@ def controller(
         typer.echo(f"error: --config {err}", err=True)
         raise typer.Exit(2) from None
     try:
-        parse_duration(budget_default_period, "--budget-default-period")
+        parse_duration(budget_default_period, "--budget-default-period", MIN_PERIOD_S)
     except BudgetObjectError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None

@@ -9,7 +9,8 @@ informer (the CRD may be missing: then there are no budgets):
    keeper creates `default` where a namespace runs GPU pods and has none) is read, its
    durable `status.settled` rolled to the current period, every ended pod settled into it and
    the UIDs of pods gone from the API forgotten (`core.budget.plan_namespace`);
-3. the status (used, remaining, period, `OverBudget`, `settled`) is written with the object's
+3. the status (used, remaining, period, `OverBudget`, `settled`) is written, only when it
+   differs from the object's (an equal one is skipped), with the object's
    resourceVersion as precondition (a stale cache gets 409 and a retry, never a lost or
    doubled settle) when the settled part changed, the over-budget decision or the period
    changed, or `refresh_s` passed while usage moved; at most one write per namespace every
@@ -95,7 +96,8 @@ class BudgetMetrics:
                                "Ended GPU pods whose usage was settled into their GPUBudget",
                                ["namespace"], registry=registry)
         self.writes = Counter("elasticgpu_budget_status_writes",
-                              "GPUBudget status writes by result (ok, conflict, error)",
+                              "GPUBudget status writes by result (ok, conflict, error; unchanged: not "
+                              "written, the object already said it)",
                               ["result"], registry=registry)
         self.settle_delay = Histogram(
             "elasticgpu_budget_settle_delay_seconds",
@@ -328,6 +330,11 @@ class BudgetKeeper:
                             plan: core.NamespacePlan, now: int) -> None:
         body = dict(obj)
         body["status"] = api.budget_status(obj, budget, plan.state, plan.settled, now)
+        if not api.status_changed(obj, body["status"]):
+            # what the object says already (a restart, a period with nothing new): a write
+            # would only bump the resourceVersion and wake every watcher
+            self.metrics.writes.labels("unchanged").inc()
+            return
         meta = _meta(obj)
         try:
             written = await self.client.update(

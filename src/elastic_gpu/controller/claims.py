@@ -18,6 +18,11 @@ Writes happen only when something changes (status compared before patching), car
 object's resourceVersion (a stale cache gets 409 and a requeue, never a lost update), and
 Events are de-duplicated by the recorder. Unschedulable claims are retried with backoff and
 at once when capacity may have freed (a GPU pod finished or deleted, an ElasticGPU deleted).
+
+Pre-created ElasticGPUs (not pre-bound to a claim's uid, not bound yet) are checked against
+the GPUDevice inventory first (`core.claims.inventory_problem`: node, card indexes, uuids and
+MIG instances): `Available`, or `Failed` with the reason (a claim never binds to it); checked
+again whenever a GPUDevice's spec changes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as core
 from elastic_gpu.core import podlife
 from elastic_gpu.k8s import elasticgpu as api
+from elastic_gpu.k8s import gpudevice
 from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
@@ -50,6 +56,8 @@ PREFIX = f"/apis/{api.GROUP}/{api.VERSION}"
 CLAIMS = Resource(PREFIX, api.CLAIM_PLURAL, True)
 CLASSES = Resource(PREFIX, api.CLASS_PLURAL, False)
 EGPUS = Resource(PREFIX, api.EGPU_PLURAL, False)
+#: the card inventory the agents publish, that pre-created ElasticGPUs are checked against
+DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
 
 CLAIM_KEY = "claim:"
 EGPU_KEY = "egpu:"
@@ -107,7 +115,7 @@ class _PhaseCollector(Collector):
                         self.controller.claims.items(), core.ClaimPhase, core.ClaimPhase.PENDING)
         yield _by_phase("elasticgpu_elasticgpus", "ElasticGPUs by phase (cache)",
                         self.controller.egpus.items(), core.ElasticGPUPhase,
-                        core.ElasticGPUPhase.AVAILABLE)
+                        core.ElasticGPUPhase.PENDING)
 
 
 def _by_phase(name: str, documentation: str, objects: list[Obj],
@@ -138,6 +146,8 @@ class ClaimController:
         self.classes = f.informer(CLASSES.path(), "elasticgpuclasses")
         self.egpus = f.informer(EGPUS.path(), "elasticgpus")
         self.pods = f.informer(PODS.path(), "pods")
+        # (without the GPUDevice CRD there is no inventory: pre-created ElasticGPUs are Failed)
+        self.devices = f.informer(DEVICES.path(), "gpudevices", missing_ok=True)
         #: claim key (ns/name) -> pod keys whose annotations name it
         self.pods_by_claim: dict[str, set[str]] = {}
         #: pod key -> ElasticGPUs whose release waits for it (`core.claims.pods_holding`)
@@ -162,6 +172,11 @@ class ClaimController:
             on_delete=self._egpu_deleted))
         self.pods.add_handler(Handler(
             on_add=self._pod_added, on_update=self._pod_updated, on_delete=self._pod_deleted))
+        self.devices.add_handler(Handler(
+            on_add=lambda _o: self._inventory_changed(),
+            on_update=lambda o, n: self._inventory_changed() if o.get("spec") != n.get("spec")
+            else None,  # a heartbeat changes nothing of the inventory
+            on_delete=lambda _o: self._inventory_changed()))
         ctx.metrics.registry.register(_PhaseCollector(self))
 
     # ------------------------------------------------------------------ event handlers
@@ -221,6 +236,24 @@ class ClaimController:
         self.decoded_egpus.pop(object_key(obj), None)
         self._egpu_touched(obj)
         self.capacity_freed()
+
+    def _inventory_changed(self) -> None:
+        """The cards may differ: check the pre-created ElasticGPUs again."""
+        for key, egpu in self.decoded_egpus.items():
+            if core.checked_against_inventory(egpu):
+                self.queue.add(EGPU_KEY + key)
+
+    def _inventory(self) -> dict[str, dict[int, core.InventoryCard]]:
+        out: dict[str, dict[int, core.InventoryCard]] = {}
+        for obj in self.devices.items():
+            try:
+                node, card = gpudevice.card_from_object(obj)
+            except gpudevice.GPUDeviceError as err:
+                log.debug("GPUDevice skipped: %s", err)
+                continue
+            out.setdefault(node, {})[card.index] = core.InventoryCard(
+                card.uuid, frozenset(i.uuid for i in card.mig))
+        return out
 
     def _index_pod(self, pod: Obj, add: bool) -> None:
         key = object_key(pod)
@@ -507,6 +540,34 @@ class ClaimController:
 
     # ------------------------------------------------------------------ ElasticGPUs
 
+    async def _check_inventory(self, obj: Obj, egpu: core.ElasticGPU) -> None:
+        """A pre-created ElasticGPU names real cards (`Available`) or says why not (`Failed`,
+        reason and message); written only when that changes. A `Failed` one set by anyone
+        for another reason is left so."""
+        status = obj.get("status") or {}
+        if egpu.phase is core.ElasticGPUPhase.FAILED and \
+                status.get("reason") not in core.INVENTORY_REASONS:
+            return
+        problem = core.inventory_problem(egpu, self._inventory())
+        if problem is None:
+            want: dict[str, Any] = {"phase": core.ElasticGPUPhase.AVAILABLE.value,
+                                    "reason": None, "message": None}
+        else:
+            want = {"phase": core.ElasticGPUPhase.FAILED.value, "reason": problem[0].value,
+                    "message": problem[1]}
+        if all(status.get(k) == v for k, v in want.items()):
+            return
+        name = str(obj["metadata"]["name"])
+        await self.client.patch(EGPUS.path(name=name, subresource="status"), {
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "status": want})
+        if problem is not None:
+            log.warning("%s", problem[1])
+            self.recorder.record(obj, WARNING, problem[0].value, problem[1])
+        elif egpu.phase is core.ElasticGPUPhase.FAILED:
+            self.recorder.record(obj, NORMAL, "Available",
+                                 "its node, cards and uuids are in the inventory now")
+
     async def reconcile_egpu(self, name: str) -> None:
         obj = self.egpus.get(name)
         if obj is None:
@@ -516,12 +577,10 @@ class ClaimController:
         except api.ElasticGPUObjectError as err:
             self.recorder.record(obj, WARNING, "InvalidObject", str(err))
             return
+        if core.checked_against_inventory(egpu):
+            await self._check_inventory(obj, egpu)
         ref = egpu.claim_ref
         if ref is None:
-            if not (obj.get("status") or {}).get("phase"):
-                await self.client.patch(EGPUS.path(name=name, subresource="status"), {
-                    "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                    "status": {"phase": core.ElasticGPUPhase.AVAILABLE.value}})
             return
         claim = await self._claim_of(ref)
         decision = core.decide_release(egpu, claim, core.pods_holding(egpu, self.pods.items()))

@@ -4,6 +4,10 @@ a compatible free one, and back when theirs frees; every move recorded in a MIGS
 One level-triggered round (a single work-queue key, so rounds never overlap) reads the caches
 (pods, Nodes, GPUDevices, MIGSubstitutions) and decides with the pure functions of `core.mig`:
 
+0. each rule is checked alone (`core.mig.check_rule`): one the adapter did not write (no
+   `app.kubernetes.io/managed-by` label of its own), or one it cannot read or verify (savedPod
+   missing or malformed, the recorded uid or digest missing or not matching), is not carried
+   out: `Valid=False` with the reason in its status and a Warning Event; the rest go on;
 1. bare pods' rules are made true again (`core.mig.bare_rule_step`): a pod deleted but not
    re-created (a controller killed between the two) is created from the rule's saved pod, a
    move or a return that stopped before its delete goes on, rules nothing refers to go;
@@ -38,13 +42,14 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from elastic_gpu.controller.claims import EGPUS
+from elastic_gpu.controller.claims import DEVICES, EGPUS
 from elastic_gpu.controller.config import MigConfig
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import mig as core
 from elastic_gpu.core import nodeaffinity
 from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.claims import Condition
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import PodRequest, RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -61,7 +66,6 @@ from elastic_gpu.kube.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 RULES = Resource(f"/apis/{GROUP}/{VERSION}", rules_api.PLURAL, True)
-DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
 NODES = Resource("/api/v1", "nodes", False)
 RULE_API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -215,6 +219,8 @@ class MigController:
         self.told: dict[str, str] = {}
         #: rules and pods of this round whose API calls failed (each alone; see _bare_rules)
         self.item_failures = 0
+        #: rule uid -> why it is not carried out, as last told (told again only on a change)
+        self.refused: dict[str, str] = {}
         changed = Handler(on_add=lambda _o: self.kick(),
                           on_update=lambda _o, _n: self.kick(),
                           on_delete=lambda _o: self.kick())
@@ -326,14 +332,51 @@ class MigController:
                 allowed.add(name)
         return frozenset(allowed)
 
-    def _rules(self) -> dict[str, tuple[Obj, core.SubstitutionRule]]:
+    def _rules(self) -> tuple[dict[str, tuple[Obj, core.SubstitutionRule]],
+                              list[tuple[Obj, core.RuleRefusal]]]:
+        """The rules the round carries out, and those it refuses, each alone: one rule that
+        cannot be read, is not the adapter's or fails its check holds up no other."""
         out = {}
+        refused = []
         for obj in self.rules.items():
             try:
-                out[object_key(obj)] = (obj, rules_api.rule_from_object(obj))
+                rule = rules_api.rule_from_object(obj)
             except ElasticGPUObjectError as err:
-                log.warning("MIGSubstitution skipped: %s", err)
-        return out
+                refused.append((obj, core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))))
+                continue
+            refusal = core.check_rule(rule)
+            if refusal is not None:
+                refused.append((obj, refusal))
+                continue
+            out[object_key(obj)] = (obj, rule)
+        return out, refused
+
+    async def _refuse(self, obj: Obj, refusal: core.RuleRefusal) -> None:
+        """A rule not carried out says why: a Warning Event (once per rule and message) and
+        `Valid=False` with the reason in its status (written only when it differs)."""
+        meta = _meta(obj)
+        uid = str(meta.get("uid"))
+        if self.refused.get(uid) == refusal.message:
+            return
+        self.refused[uid] = refusal.message
+        log.warning("%s (%s)", refusal.message, refusal.problem.value)
+        self.recorder.record(as_rule(obj), WARNING, refusal.problem.value, refusal.message)
+        existing = (obj.get("status") or {}).get("conditions") or []
+        if any(isinstance(c, Mapping) and c.get("type") == core.VALID_CONDITION and
+               (c.get("status"), c.get("reason"), c.get("message")) ==
+               ("False", refusal.problem.value, refusal.message) for c in existing):
+            return
+        conditions = egpu_api.merge_condition(
+            [c for c in existing if isinstance(c, Mapping)],
+            Condition(core.VALID_CONDITION, "False", refusal.problem.value, refusal.message),
+            _now(), int(meta.get("generation") or 0))
+        try:
+            await self.client.patch(RULES.path(meta.get("namespace"), meta.get("name"),
+                                               "status"), {"status": {"conditions": conditions}})
+        except NotFound:
+            return
+        except ApiError as err:
+            log.warning("marking MIGSubstitution %s invalid: %s", object_key(obj), err)
 
     # ------------------------------------------------------------------ the round
 
@@ -342,8 +385,12 @@ class MigController:
         pods = self.pods.items()
         self.reservations = [r for r in self.reservations if r.deadline > now and not any(
             r.fulfilled_by(p) for p in pods)]
-        rules = self._rules()
-        self.metrics.rules.set(len(rules))
+        rules, refused = self._rules()
+        self.metrics.rules.set(len(rules) + len(refused))
+        present = {str(_meta(o).get("uid")) for o in self.rules.items()}
+        self.refused = {uid: why for uid, why in self.refused.items() if uid in present}
+        for obj, refusal in refused:
+            await self._refuse(obj, refusal)
         await self._bare_rules(rules)
         nodes = self._nodes()
         held = core.held_instances(nodes, self._bound())
@@ -368,6 +415,11 @@ class MigController:
                 # the next round, at most RESYNC_S away, tries it again.
                 log.warning("MIGSubstitution %s: %s; again next round", key, err)
                 self.item_failures += 1
+            except (ValueError, TypeError) as err:
+                # data the checks let through and still cannot be carried out: this rule
+                # alone is refused, the round goes on
+                await self._refuse(obj, core.RuleRefusal(
+                    core.RuleProblem.INVALID_SPEC, f"MIGSubstitution {key}: {err}"))
 
     async def _bare_rule(self, key: str, obj: Obj, rule: core.SubstitutionRule) -> None:
         if rule.pod_name is None:
@@ -401,6 +453,12 @@ class MigController:
                                         f"{rule.from_profile.name}")
         elif step is core.BareStep.DELETE_POD and pod is not None:
             if not rule.returning:
+                # a move that stopped before its delete: only the very pod the adapter saved
+                # is deleted and replaced (a rule naming another pod leaves it alone)
+                refusal = core.check_live_pod(rule, pod)
+                if refusal is not None:
+                    await self._refuse(obj, refusal)
+                    return
                 count = self.repairs.get(key, 0)
                 if count >= MAX_REPAIRS:
                     await self._delete_rule(obj, rule, "its pod came back un-rewritten "
@@ -427,6 +485,11 @@ class MigController:
 
     async def _create_bare(self, rule_obj: Obj, rule: core.SubstitutionRule, step: str
                            ) -> Obj | None:
+        # every pod the adapter creates passes here: from a rule it wrote, as it recorded it
+        refusal = core.check_rule(rule)
+        if refusal is not None:
+            await self._refuse(rule_obj, refusal)
+            return None
         manifest = core.recreated_pod(rule, SCHEDULER_ANNOTATIONS)
         try:
             created = await self.client.create(PODS.path(rule.namespace), manifest)
@@ -559,13 +622,16 @@ class MigController:
         if owner is not None:
             subject, key = str(owner.get("name", "owner")), str(owner["uid"])
             spec["selector"] = {"ownerUID": key}
-        else:
+        else:  # what it needs to re-create exactly this pod, and to verify it did
             subject, key = name, f"{namespace}/{name}"
             spec["selector"] = {"podName": name}
             spec["savedPod"] = core.saved_pod(pod)
+            spec["savedPodDigest"] = core.saved_pod_digest(spec["savedPod"])
+            spec["movedPodUID"] = str(meta.get("uid"))
         rule_name = core.rule_name(subject, requested, to, key)
         body = {"apiVersion": RULE_API_VERSION, "kind": rules_api.KIND,
-                "metadata": {"name": rule_name, "namespace": namespace}, "spec": spec}
+                "metadata": {"name": rule_name, "namespace": namespace,
+                             "labels": {ann.MANAGED_BY: core.ADAPTER}}, "spec": spec}
         try:  # 1. the rule, before anything is deleted
             rule_obj = await self.client.create(RULES.path(namespace), body)
         except AlreadyExists:
@@ -574,6 +640,13 @@ class MigController:
                 return  # a return under this name is finishing; next round
             if owner is None:
                 return  # a bare move in flight: step 1 of the next round finishes it
+            try:  # an owner's rule of that name is reused only if it is the adapter's
+                refusal = core.check_rule(rules_api.rule_from_object(rule_obj))
+            except ElasticGPUObjectError as err:
+                refusal = core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))
+            if refusal is not None:
+                await self._refuse(rule_obj, refusal)
+                return  # its pod is not deleted under a rule the adapter did not write
         self.reservations.append(Reservation(
             target.uuid, target.node, namespace, str(owner["uid"]) if owner else None,
             None if owner else name, str(meta.get("uid")), time.monotonic() + RESERVATION_TTL_S))

@@ -334,10 +334,19 @@ def prune(ledger: Ledger, before: Seconds) -> dict[str, PodRecord]:
 # --------------------------------------------------------------------------- budgets
 
 
+#: The shortest budget period. The status names its period (start and end), so it changes, and
+#: is written, at least once a period for every budget, pods or not: a 1 s period rewrote every
+#: budget every second forever. A minute bounds that at one write per budget per minute (the
+#: order of kube-controller-manager's quota resync) while GPU time is still metered per second;
+#: a budget is GPU-hours, and shorter periods account nothing a minute does not.
+MIN_PERIOD_S = 60
+
+
 @dataclass(frozen=True)
 class Budget:
-    """A namespace's allowance: `gpu_seconds` per period of `period_s` seconds, periods
-    counted from `anchor`; with `half_life_s`, the decayed usage is compared instead."""
+    """A namespace's allowance: `gpu_seconds` per period of `period_s` seconds (at least
+    `MIN_PERIOD_S`), periods counted from `anchor`; with `half_life_s`, the decayed usage is
+    compared instead."""
 
     gpu_seconds: int
     period_s: int
@@ -347,8 +356,9 @@ class Budget:
     def __post_init__(self) -> None:
         if self.gpu_seconds < 0:
             raise BudgetError(f"gpuHours gives {self.gpu_seconds} GPU-seconds; must be >= 0")
-        if self.period_s <= 0:
-            raise BudgetError(f"period={self.period_s}s must be positive")
+        if self.period_s < MIN_PERIOD_S:
+            raise BudgetError(f"period={self.period_s}s must be at least {MIN_PERIOD_S}s "
+                              "(the status is rewritten once a period)")
         if self.half_life_s is not None and self.half_life_s <= 0:
             raise BudgetError(f"halfLife={self.half_life_s}s must be positive")
 

@@ -79,6 +79,9 @@ class ClaimPhase(enum.Enum):
 
 
 class ElasticGPUPhase(enum.Enum):
+    #: not looked at yet: an ElasticGPU without a status (a pre-created one is checked against
+    #: the GPUDevice inventory before it becomes Available, `inventory_problem`)
+    PENDING = "Pending"
     AVAILABLE = "Available"
     BOUND = "Bound"
     RELEASED = "Released"
@@ -413,6 +416,10 @@ def _decide_named(claim: Claim, named: str, egpu: ElasticGPU | None) -> Decision
         if egpu.phase in (ElasticGPUPhase.RELEASED, ElasticGPUPhase.FAILED) and ref.uid:
             return Pending(PendingReason.ELASTICGPU_NOT_AVAILABLE,
                            f"ElasticGPU {named} is {egpu.phase.value}")
+        if not ref.uid and egpu.phase in (ElasticGPUPhase.PENDING, ElasticGPUPhase.FAILED):
+            # pre-bound by name, pre-created: bound only once checked against the inventory
+            return Pending(PendingReason.ELASTICGPU_NOT_AVAILABLE,
+                           f"ElasticGPU {named} is {egpu.phase.value}, not Available")
         return _bound_decision(claim, egpu)
     if ref is not None:
         message = f"ElasticGPU {named} is bound to claim {ref.namespace}/{ref.name}"
@@ -512,7 +519,7 @@ def decide_release(egpu: ElasticGPU, claim: Claim | None,
         return Keep()
     if claim is not None and ref.matches(claim):
         return Keep()
-    if not ref.uid and egpu.phase is ElasticGPUPhase.AVAILABLE:
+    if not ref.uid and egpu.phase in (ElasticGPUPhase.AVAILABLE, ElasticGPUPhase.PENDING):
         return Keep()  # pre-bound by name to a claim not created yet
     waiting = tuple(sorted(holders))
     if waiting:
@@ -521,6 +528,69 @@ def decide_release(egpu: ElasticGPU, claim: Claim | None,
     if egpu.reclaim_policy is ReclaimPolicy.DELETE:
         return DeleteElasticGPU(message)
     return MarkReleased(f"{message}; reclaim policy Retain: delete the ElasticGPU to free its cards")
+
+
+# --------------------------------------------------------------------------- the inventory
+
+
+class InventoryReason(enum.Enum):
+    """Why a pre-created ElasticGPU is `Failed`: its `status.reason`."""
+
+    NODE_NOT_FOUND = "NodeNotFound"
+    CARD_NOT_FOUND = "CardNotFound"
+    UUID_MISMATCH = "UUIDMismatch"
+    MIG_INSTANCE_NOT_FOUND = "MIGInstanceNotFound"
+
+
+INVENTORY_REASONS = frozenset(r.value for r in InventoryReason)
+
+
+@dataclass(frozen=True)
+class InventoryCard:
+    """What the GPUDevice inventory says of one card: its uuid and its MIG instances' uuids."""
+
+    uuid: str
+    mig_uuids: frozenset[str] = frozenset()
+
+
+def checked_against_inventory(egpu: ElasticGPU) -> bool:
+    """Whether `egpu` is checked against the inventory: one an administrator created (not
+    pre-bound to one claim's uid, as the extender provisions them), until it is bound."""
+    ref = egpu.claim_ref
+    return (ref is None or not ref.uid) and egpu.phase in (
+        ElasticGPUPhase.PENDING, ElasticGPUPhase.AVAILABLE, ElasticGPUPhase.FAILED)
+
+
+def inventory_problem(egpu: ElasticGPU, inventory: Mapping[str, Mapping[int, InventoryCard]]
+                      ) -> tuple[InventoryReason, str] | None:
+    """Why a pre-created ElasticGPU does not name real cards (None: it does). `inventory`:
+    node -> card index -> card, from the GPUDevices the agents publish. Its node must have
+    GPUDevices, each card it names a GPUDevice at that index with that uuid, and each MIG
+    instance it names one of that card's: an ElasticGPU naming card 999, a node that does not
+    exist or another card's uuid would hand a pod a device that is not there, or someone
+    else's."""
+    where = f"ElasticGPU {egpu.name}"
+    cards = inventory.get(egpu.node)
+    if not cards:
+        return (InventoryReason.NODE_NOT_FOUND,
+                f"{where}: node {egpu.node!r} has no GPUDevice (no such node, or no agent "
+                "reports its cards)")
+    for share in egpu.shares:
+        card = cards.get(share.index)
+        if card is None:
+            known = ", ".join(str(i) for i in sorted(cards))
+            return (InventoryReason.CARD_NOT_FOUND,
+                    f"{where}: node {egpu.node} has no card at index {share.index} "
+                    f"(its cards: {known})")
+        if share.uuid != card.uuid:
+            return (InventoryReason.UUID_MISMATCH,
+                    f"{where}: card {share.index} of node {egpu.node} is {card.uuid}, not "
+                    f"{share.uuid}")
+        if share.mig_uuid is not None and share.mig_uuid not in card.mig_uuids:
+            return (InventoryReason.MIG_INSTANCE_NOT_FOUND,
+                    f"{where}: card {share.index} of node {egpu.node} has no MIG instance "
+                    f"{share.mig_uuid}")
+    return None
 
 
 # --------------------------------------------------------------------------- ledger

@@ -64,13 +64,17 @@ class BudgetObjectError(ValueError):
     """A GPUBudget that cannot be read; the message names the object, field and value."""
 
 
-def _duration(description: str) -> dict[str, Any]:
+def _duration(description: str, minimum: str = "1s", why: str = "") -> dict[str, Any]:
     return {"type": "string", "maxLength": 64, "pattern": DURATION_PATTERN,
             "description": description,
             "x-kubernetes-validations": [{
-                "rule": "duration(self) >= duration('1s')",
-                "message": "must be a duration of at least 1s, written with h, m and s "
-                           "(e.g. 168h, 1h30m, 30s)"}]}
+                "rule": f"duration(self) >= duration('{minimum}')",
+                "message": f"must be a duration of at least {minimum}{why}, written with h, m "
+                           "and s (e.g. 168h, 1h30m, 30s)"}]}
+
+
+#: `core.budget.MIN_PERIOD_S` as the schema writes it (a unit test keeps them equal)
+MIN_PERIOD = "1m"
 
 
 def crd_manifest() -> dict[str, Any]:
@@ -83,7 +87,10 @@ def crd_manifest() -> dict[str, Any]:
                                         "container's compute share (a whole card 1.0, a share "
                                         "its percent / 100, a MIG instance its slices / 7) x "
                                         "the hours it runs"},
-            "period": _duration("The budget is refilled at the end of each period"),
+            "period": _duration(
+                f"The budget is refilled at the end of each period; at least {MIN_PERIOD}: the "
+                "status names the current period, so the keeper rewrites it once a period",
+                MIN_PERIOD, " (the keeper rewrites the status once a period)"),
             "periodStart": {"type": "string", "format": "date-time",
                             "description": "Periods are counted from here (default: the "
                                            "object's creationTimestamp)"},
@@ -171,14 +178,15 @@ def crd_yaml() -> str:
     return header + yaml.dump(crd_manifest(), Dumper=_NoAliases, sort_keys=False, width=100)
 
 
-def parse_duration(value: Any, what: str) -> int:
-    """A duration of the CRD's form ("168h", "1h30m", "30s") -> seconds."""
+def parse_duration(value: Any, what: str, minimum_s: int = 1) -> int:
+    """A duration of the CRD's form ("168h", "1h30m", "30s") -> seconds, at least
+    `minimum_s`."""
     if not isinstance(value, str) or not re.fullmatch(DURATION_PATTERN, value):
         raise BudgetObjectError(f"{what}={value!r} is not a duration written with h, m and s "
                                 "(e.g. 168h, 1h30m, 30s)")
     seconds = sum(int(n) * _UNIT_S[u] for n, u in _DURATION_PART.findall(value))
-    if seconds < 1:
-        raise BudgetObjectError(f"{what}={value!r} must be at least 1s")
+    if seconds < minimum_s:
+        raise BudgetObjectError(f"{what}={value!r} must be at least {minimum_s}s")
     return seconds
 
 
@@ -192,7 +200,7 @@ def budget_from_object(obj: Mapping[str, Any]) -> core.Budget:
     hours = spec.get("gpuHours")
     if isinstance(hours, bool) or not isinstance(hours, (int, float)) or not 0 <= hours <= MAX_GPU_HOURS:
         raise BudgetObjectError(f"{where}: spec.gpuHours={hours!r} is not a number 0-{MAX_GPU_HOURS}")
-    period = parse_duration(spec.get("period"), f"{where}: spec.period")
+    period = parse_duration(spec.get("period"), f"{where}: spec.period", core.MIN_PERIOD_S)
     half_life = (parse_duration(spec["halfLife"], f"{where}: spec.halfLife")
                  if spec.get("halfLife") is not None else None)
     start = spec.get("periodStart") or meta.get("creationTimestamp")
@@ -201,7 +209,10 @@ def budget_from_object(obj: Mapping[str, Any]) -> core.Budget:
     except core.BudgetError as err:
         raise BudgetObjectError(str(err)) from None
     gpu_seconds = int(Fraction(str(hours)) * 3600)
-    return core.Budget(gpu_seconds, period, anchor, half_life)
+    try:
+        return core.Budget(gpu_seconds, period, anchor, half_life)
+    except core.BudgetError as err:
+        raise BudgetObjectError(f"{where}: {err}") from None
 
 
 def _time(seconds: int) -> str:
@@ -256,6 +267,12 @@ def budget_status(obj: Mapping[str, Any], budget: core.Budget, state: core.Budge
         "settled": {"periodStart": _time(settled.period_start),
                     "gpuSeconds": str(settled.gpu_seconds), "uids": sorted(settled.uids)},
     }
+
+
+def status_changed(obj: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Whether writing `status` (from `budget_status`) would change the object's: an equal one
+    is not written (a write bumps the resourceVersion and wakes every watcher for nothing)."""
+    return dict(obj.get("status") or {}) != dict(status)
 
 
 def _main(argv: list[str] | None = None) -> int:

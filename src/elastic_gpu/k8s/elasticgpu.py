@@ -351,8 +351,10 @@ def elasticgpu_crd() -> dict[str, Any]:
         _column("Node", "string", ".spec.node", "Node of the cards"),
         _column("Cards", "string", ".spec.cards[*].index", "Card indexes on the node"),
         _column("ReclaimPolicy", "string", ".spec.reclaimPolicy", "Delete or Retain"),
-        _column("Status", "string", ".status.phase", "Available, Bound, Released or Failed"),
+        _column("Status", "string", ".status.phase",
+                "Pending, Available, Bound, Released or Failed"),
         _column("Claim", "string", ".spec.claimRef.name", "Claim bound"),
+        _column("Reason", "string", ".status.reason", "Why Failed or Released", 1),
         _column("ClaimNamespace", "string", ".spec.claimRef.namespace", "Its namespace", 1),
         _column("Class", "string", ".spec.egpuClassName", "ElasticGPUClass"),
         _column("Age", "date", ".metadata.creationTimestamp", "Age"),
@@ -505,8 +507,9 @@ def claim_from_object(obj: Mapping[str, Any]) -> core.Claim:
 def elasticgpu_from_object(obj: Mapping[str, Any]) -> core.ElasticGPU:
     raw = _decode(obj, ElasticGPU)
     where = f"ElasticGPU {raw.metadata.name}"
+    # no status yet: not looked at (a pre-created one becomes Available once checked)
     phase = _enum(core.ElasticGPUPhase, raw.status.phase, f"{where}: status.phase",
-                  core.ElasticGPUPhase.AVAILABLE)
+                  core.ElasticGPUPhase.PENDING)
     reclaim = _enum(core.ReclaimPolicy, raw.spec.reclaim_policy, f"{where}: spec.reclaimPolicy")
     assert phase is not None and reclaim is not None
     try:

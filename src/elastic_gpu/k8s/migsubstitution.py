@@ -12,6 +12,8 @@ a process, so a restarted controller or webhook loses none:
       toProfile: 2g.20gb
       reason: no 1g.10gb free on a node the pods may use; 2g.20gb free on gpu-node-3
       savedPod: {...}                      # a bare pod's manifest (podName rules only)
+      savedPodDigest: sha256:...           # recorded with it: the re-created pod must match
+      movedPodUID: 0a1b...                 # the pod the adapter deleted
 
 The webhook rewrites a selected pod's `nvidia.com/mig-<from>` to `<to>` at creation
 (`core.admission.mig_substitution`). This module is the one source of the CRD
@@ -27,7 +29,8 @@ from typing import Any
 
 import yaml
 
-from elastic_gpu.core.mig import MIG_RETURNING, SubstitutionRule
+from elastic_gpu.core.annotations import MANAGED_BY
+from elastic_gpu.core.mig import ADAPTER, MIG_RETURNING, SubstitutionRule
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.k8s.crds import write_crds_main
 from elastic_gpu.k8s.elasticgpu import (
@@ -48,11 +51,41 @@ PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb(\+me|\+me\.all|\+gfx)?$"
 #: A Kubernetes object uid (a UUID) and a pod name (a DNS subdomain).
 UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: `core.mig.saved_pod_digest`'s form.
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+#: More containers than a pod could hold is not a pod (bounds the schema's cost too).
+MAX_CONTAINERS = 256
 
 
 def _profile(description: str) -> dict[str, Any]:
     return {"type": "string", "maxLength": 32, "pattern": PROFILE_PATTERN,
             "description": description}
+
+
+def _open_object(description: str, **more: Any) -> dict[str, Any]:
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+            "description": description, **more}
+
+
+def _saved_pod_schema() -> dict[str, Any]:
+    """A pod manifest's shape, as far as the re-creation needs it (name, and a spec with named
+    containers); the rest is kept as written (`x-kubernetes-preserve-unknown-fields`)."""
+    container = _open_object("a container of the saved pod", required=["name"], properties={
+        "name": {"type": "string", "minLength": 1, "maxLength": 63}})
+    spec = _open_object("the saved pod's spec", required=["containers"], properties={
+        "containers": {"type": "array", "minItems": 1, "maxItems": MAX_CONTAINERS,
+                       "items": container},
+        "initContainers": {"type": "array", "maxItems": MAX_CONTAINERS, "items": container}})
+    metadata = _open_object("the saved pod's metadata", required=["name"], properties={
+        "name": {"type": "string", "minLength": 1, "maxLength": 253,
+                 "pattern": POD_NAME_PATTERN}})
+    return _open_object(
+        "a bare pod's manifest before the move, which the controller re-creates it from "
+        "(podName rules only; written by the adapter with savedPodDigest and movedPodUID)",
+        required=["metadata", "spec"], properties={
+            "apiVersion": {"type": "string", "enum": ["v1"]},
+            "kind": {"type": "string", "enum": ["Pod"]},
+            "metadata": metadata, "spec": spec})
 
 
 def crd_manifest() -> dict[str, Any]:
@@ -64,8 +97,16 @@ def crd_manifest() -> dict[str, Any]:
             *_immutable("spec"),
             {"rule": "self.fromProfile != self.toProfile",
              "message": "toProfile must differ from fromProfile"},
-            {"rule": "!has(self.savedPod) || has(self.selector.podName)",
-             "message": "savedPod goes with selector.podName (an owner re-creates its own pods)"},
+            {"rule": "has(self.savedPod) == has(self.selector.podName)",
+             "message": "savedPod goes with selector.podName: a bare pod is re-created from it, "
+                        "an owner re-creates its own pods"},
+            {"rule": "has(self.savedPodDigest) == has(self.savedPod)",
+             "message": "savedPodDigest goes with savedPod (the adapter records both at a move)"},
+            {"rule": "!has(self.savedPod) || has(self.movedPodUID)",
+             "message": "movedPodUID goes with savedPod (the uid of the pod the adapter deleted)"},
+            {"rule": "!has(self.savedPod) || !has(self.selector.podName) || "
+                     "self.savedPod.metadata.name == self.selector.podName",
+             "message": "savedPod.metadata.name must be selector.podName"},
         ],
         "properties": {
             "selector": {
@@ -88,9 +129,15 @@ def crd_manifest() -> dict[str, Any]:
             "toProfile": _profile("the MIG profile they get instead, e.g. 2g.20gb"),
             "reason": {"type": "string", "maxLength": 1024,
                        "description": "why the controller made the move (shown to users)"},
-            "savedPod": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                         "description": "a bare pod's manifest before the move, which the "
-                                        "controller re-creates it from (podName rules only)"},
+            "savedPod": _saved_pod_schema(),
+            "savedPodDigest": {"type": "string", "maxLength": 71, "pattern": DIGEST_PATTERN,
+                               "description": "sha256 of savedPod in canonical JSON, recorded by "
+                                              "the adapter at the move; the pod is re-created "
+                                              "only if savedPod still matches it"},
+            "movedPodUID": {"type": "string", "pattern": UID_PATTERN, "maxLength": 36,
+                            "description": "uid of the pod the adapter deleted for this move "
+                                           "(a live pod of the name with another uid is never "
+                                           "deleted for the rule)"},
         },
     }
     status = {
@@ -171,10 +218,14 @@ def rule_from_object(obj: Mapping[str, Any]) -> SubstitutionRule:
         raise ElasticGPUObjectError(f"{where}: spec.savedPod is not an object")
     notes = meta.get("annotations")
     returning = isinstance(notes, Mapping) and MIG_RETURNING in notes
+    labels = meta.get("labels")
+    ours = isinstance(labels, Mapping) and labels.get(MANAGED_BY) == ADAPTER
+    uid, digest = spec.get("movedPodUID"), spec.get("savedPodDigest")
     return SubstitutionRule(name, str(meta.get("namespace") or "default"), profiles[0],
                             profiles[1], str(owner) if owner is not None else None,
                             str(pod) if pod is not None else None, str(spec.get("reason", "")),
-                            saved, returning)
+                            saved, returning, str(uid) if uid is not None else None,
+                            str(digest) if digest is not None else None, ours)
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ def test_budget_is_served_read_and_printed(crds: Any, k8s_namespace: str) -> Non
     ({"gpuHours": 1}, ["spec.period: Required value"]),
     ({"period": "1h"}, ["spec.gpuHours: Required value"]),
     ({"gpuHours": 1, "period": "1d"}, ["spec.period: Invalid value", "should match"]),
-    ({"gpuHours": 1, "period": "0s"}, ["spec.period", "at least 1s"]),
+    ({"gpuHours": 1, "period": "0s"}, ["spec.period", "at least 1m"]),
     ({"gpuHours": 1, "period": "1h", "halfLife": "0h"}, ["spec.halfLife", "at least 1s"]),
     ({"gpuHours": 1, "period": "1h", "overBudgetPriorityClassName": "Not_A_Name"},
      ["spec.overBudgetPriorityClassName: Invalid value"]),

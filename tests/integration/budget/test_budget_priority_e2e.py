@@ -1,7 +1,7 @@
 """Issue #17, must-show 1, on the real control plane with `egpu webhook` and the budget keeper
-(`egpu controller`): a namespace with a small budget (18 GPU-seconds per 40 s period). Its
-first GPU pod keeps the default priority; once that pod has spent the budget the GPUBudget
-turns OverBudget and the next GPU pod gets the lower PriorityClass (class, value and
+(`egpu controller`): a namespace with a small budget (18 GPU-seconds per 60 s period, the
+shortest allowed). Its first GPU pod keeps the default priority; once that pod has spent the
+budget the GPUBudget turns OverBudget and the next GPU pod gets the lower PriorityClass (class, value and
 preemptionPolicy, as the apiserver stores it); at the period's end the budget refills and a
 new pod has the default priority again. kwok runs the pods (real `startedAt`)."""
 
@@ -26,7 +26,7 @@ from elastic_gpu.k8s.budget import OVER_BUDGET_CLASS, OVER_BUDGET_VALUE
 pytestmark = pytest.mark.integration
 
 LABEL = "egpu-budget-priority"
-PERIOD_S = 40
+PERIOD_S = 60  # core.budget.MIN_PERIOD_S: the shortest period a GPUBudget may have
 
 
 def _pod(name: str, ns: str, node: str) -> dict[str, Any]:

@@ -105,6 +105,13 @@ def new_claim(env: Env, cls: str | None = None, egpu: str | None = None,
 
 def new_egpu(env: Env, capacity: dict[str, Any], name: str | None = None) -> str:
     name = name or unique_name("pre")
+    # the card it names, as an agent publishes it: a pre-created ElasticGPU is Available only
+    # once its node, index and uuid are found in the GPUDevices (issue #26 item 6)
+    from elastic_gpu.core.model import Card
+    from elastic_gpu.k8s.gpudevice import card_to_object
+
+    env.kubectl("apply", "-f", "-", input=json.dumps(card_to_object(
+        "node-static", Card(3, "GPU-static-3", "Tesla T4", 16384))))
     env.create({"apiVersion": api.API_VERSION, "kind": api.EGPU_KIND, "metadata": {"name": name},
                 "spec": {"capacity": capacity, "node": "node-static",
                          "cards": [{"index": 3, "uuid": "GPU-static-3", "milli": 500,
@@ -132,7 +139,11 @@ def wait_phase(env: Env, name: str, want: str, timeout_s: float = 30.0) -> dict[
 
 @pytest.fixture
 def env(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
+    from elastic_gpu.k8s import gpudevice
+    from elastic_gpu.k8s.crds import install_crds as install
+
     install_crds(k8s_cluster)
+    install(k8s_cluster.client(), [gpudevice.crd_manifest()])  # the inventory (new_egpu)
     (port,) = free_ports(1)
     double = ProvisionDouble(k8s_cluster.kubeconfig, port, node=unique_name("node"), slots=2)
     double.start()

@@ -12,6 +12,12 @@ from elastic_gpu.k8s import migsubstitution as api
 pytestmark = pytest.mark.integration
 
 UID = "6f1c2a3b-0000-4000-8000-0123456789ab"
+DIGEST = "sha256:" + "0" * 64
+
+
+def pod_named(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "main",
+                                                                  "image": "busybox"}]}}
 
 
 @pytest.fixture
@@ -60,7 +66,30 @@ def test_a_rule_is_served_read_and_printed(crds: Any, k8s_namespace: str) -> Non
      ["spec.selector.ownerUID"]),
     ({"selector": {"podName": "p"}, "toProfile": "2g.20gb"}, ["spec.fromProfile", "Required"]),
     ({"selector": {"ownerUID": UID}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
-      "savedPod": {"metadata": {"name": "p"}}}, ["savedPod goes with selector.podName"]),
+      "savedPod": pod_named("p"), "savedPodDigest": DIGEST, "movedPodUID": UID},
+     ["savedPod goes with selector.podName"]),
+    # issue #26 item 5: what the adapter could not carry out is refused at create
+    ({"selector": {"podName": "nopod"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb"},
+     ["savedPod goes with selector.podName"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": {"spec": "x"}, "savedPodDigest": DIGEST, "movedPodUID": UID},
+     ["spec.savedPod.spec: Invalid value", "object", "spec.savedPod.metadata: Required value"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": {"metadata": {"name": "p"}, "spec": {"containers": []}},
+      "savedPodDigest": DIGEST, "movedPodUID": UID},
+     ["spec.savedPod.spec.containers", "at least 1"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": pod_named("other"), "savedPodDigest": DIGEST, "movedPodUID": UID},
+     ["savedPod.metadata.name must be selector.podName"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": pod_named("p"), "movedPodUID": UID}, ["savedPodDigest goes with savedPod"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": pod_named("p"), "savedPodDigest": "md5:x", "movedPodUID": UID},
+     ["spec.savedPodDigest", "should match"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "savedPod": pod_named("p"), "savedPodDigest": DIGEST}, ["movedPodUID goes with savedPod"]),
+    ({"selector": {"podName": "p"}, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
+      "reason": "x" * 1025}, ["spec.reason", "1024"]),
 ])
 def test_nonsense_rules_are_refused(crds: Any, k8s_namespace: str, spec: dict[str, Any],
                                     words: list[str]) -> None:
@@ -69,6 +98,7 @@ def test_nonsense_rules_are_refused(crds: Any, k8s_namespace: str, spec: dict[st
     assert result.returncode != 0, result.stdout
     for word in words:
         assert word in result.stderr, result.stderr
+    assert "is invalid" in result.stderr  # 422 Invalid, naming the field and the rule
 
 
 def test_the_webhooks_deployed_rbac_may_watch_the_rules(crds: Any) -> None:

@@ -46,6 +46,16 @@ def mig_pod(name: str, owner: str | None = None) -> dict[str, Any]:
                                      "resources": {"limits": dict(mig), "requests": dict(mig)}}]}}
 
 
+def saved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
+    """A bare pod's record in its rule, as the adapter writes it (savedPod, its digest, the
+    uid of the pod deleted)."""
+    from elastic_gpu.core.mig import saved_pod, saved_pod_digest
+
+    manifest = saved_pod(pod)
+    return {"savedPod": manifest, "savedPodDigest": saved_pod_digest(manifest),
+            "movedPodUID": uid}
+
+
 def created(plane: Any, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
     """The pod as kube-apiserver would store it (a server-side dry run: every webhook runs)."""
     out = plane.kubectl("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-",
@@ -69,11 +79,13 @@ def test_a_rule_rewrites_the_pods_it_selects(k8s_cluster: Any, k8s_namespace: st
     assert plain["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1",
                                                                      NODE_CORE: "14"}
     for name, selector in (("bare", {"podName": "train-0"}), ("web", {"ownerUID": OWNER})):
+        spec: dict[str, Any] = {"selector": selector, "fromProfile": "1g.10gb",
+                                "toProfile": "2g.20gb", "reason": "test"}
+        if "podName" in selector:  # the schema wants a bare pod's rule as the adapter writes it
+            spec.update(saved(mig_pod("train-0"), OWNER))
         plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps({
             "apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND,
-            "metadata": {"name": name},
-            "spec": {"selector": selector, "fromProfile": "1g.10gb", "toProfile": "2g.20gb",
-                     "reason": "test"}}))
+            "metadata": {"name": name}, "spec": spec}))
     started = time.monotonic()
     while True:  # the webhook's watch delivers the rules
         bare = created(plane, k8s_namespace, mig_pod("train-0"))
@@ -102,7 +114,7 @@ def test_a_bare_pod_saved_in_its_rule_comes_back_rewritten_under_its_name(
     """The bare-pod move without the controller: the live pod saved in the rule, deleted,
     re-created from the rule as the API serves it: same name, labels, annotations and spec
     apart from the profile (the controller loop will do exactly these steps)."""
-    from elastic_gpu.core.mig import recreated_pod, saved_pod
+    from elastic_gpu.core.mig import recreated_pod
 
     plane = k8s_cluster
     plane.kubectl("label", "namespace", k8s_namespace, f"{LABEL}={webhook.name}")
@@ -120,7 +132,7 @@ def test_a_bare_pod_saved_in_its_rule_comes_back_rewritten_under_its_name(
     plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps({
         "apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND, "metadata": {"name": "bare"},
         "spec": {"selector": {"podName": "train-0"}, "fromProfile": "1g.10gb",
-                 "toProfile": "2g.20gb", "savedPod": saved_pod(live)}}))
+                 "toProfile": "2g.20gb", **saved(live, live["metadata"]["uid"])}}))
     plane.kubectl("delete", "pod", "train-0", "-n", k8s_namespace, "--grace-period=0",
                   "--force", "--wait=true")
     rule = api.rule_from_object(json.loads(plane.kubectl(

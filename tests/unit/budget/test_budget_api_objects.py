@@ -61,6 +61,8 @@ def test_object_to_budget() -> None:
     ({"gpuHours": 1}, "spec.period=None"),
     ({"gpuHours": 1, "period": "1h", "halfLife": "soon"}, "spec.halfLife='soon'"),
     ({"gpuHours": 1, "period": "1h", "periodStart": "monday"}, "spec.periodStart='monday'"),
+    ({"gpuHours": 1, "period": "1s"}, "spec.period='1s' must be at least 60s"),
+    ({"gpuHours": 1, "period": "59s"}, "spec.period='59s' must be at least 60s"),
 ])
 def test_bad_objects_name_object_and_field(spec: dict[str, Any], words: str) -> None:
     with pytest.raises(api.BudgetObjectError) as err:
@@ -96,6 +98,42 @@ def test_status_round_trip_and_condition() -> None:
     assert (cond["status"], cond["reason"], cond["lastTransitionTime"]) == \
         ("True", "OverBudget", "2026-11-24T00:00:20Z")
     assert "lower PriorityClass" in cond["message"] and again["remaining"] == 0
+
+
+def test_the_schema_floor_is_the_core_floor() -> None:
+    """Issue #26 item 7: the CRD refuses what the keeper would refuse, and says so."""
+    from elastic_gpu.core.budget import MIN_PERIOD_S
+
+    period = api.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"]["spec"]["properties"]["period"]
+    assert api.parse_duration(api.MIN_PERIOD, "min") == MIN_PERIOD_S
+    (rule,) = period["x-kubernetes-validations"]
+    assert rule["rule"] == f"duration(self) >= duration('{api.MIN_PERIOD}')"
+    assert "at least 1m" in rule["message"] and "at least 1m" in period["description"]
+
+
+def test_an_equal_status_is_not_a_change() -> None:
+    from fractions import Fraction
+
+    from elastic_gpu.core import budget as core
+
+    obj = _obj(gpuHours=1, period="1h")
+    budget = api.budget_from_object(obj)
+    settled = core.Settled(budget.anchor)
+    state = core.BudgetState(Fraction(0), Fraction(3600), budget.anchor, budget.anchor + 3600,
+                             False)
+    status = api.budget_status(obj, budget, state, settled, budget.anchor + 10)
+    assert api.status_changed(obj, status)
+    written = {**obj, "status": status}
+    # looked at again later in the same period with nothing new: the same status
+    again = api.budget_status(written, budget, state, settled, budget.anchor + 500)
+    assert not api.status_changed(written, again)
+    # the next period is news
+    later = core.BudgetState(Fraction(0), Fraction(3600), budget.anchor + 3600,
+                             budget.anchor + 7200, False)
+    assert api.status_changed(written, api.budget_status(written, budget, later,
+                                                         core.Settled(budget.anchor + 3600),
+                                                         budget.anchor + 3610))
 
 
 def test_no_settled_status_is_an_empty_one_and_bad_is_refused() -> None:

@@ -179,7 +179,8 @@ def test_order_and_duplicates_do_not_change_totals(obs: list[dict[str, Any]], rn
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(OBS, min_size=1, max_size=10), st.integers(1, 400), st.integers(0, 1500))
+@given(st.lists(OBS, min_size=1, max_size=10), st.integers(b.MIN_PERIOD_S, 400),
+       st.integers(0, 1500))
 def test_periods_split_at_the_boundary_sum_to_the_whole(obs: list[dict[str, Any]], period: int,
                                                         offset: int) -> None:
     ledger = b.fold_all(b.observe(o) for o in _consistent(obs))
@@ -230,12 +231,21 @@ def test_over_budget_at_exactly_the_allowance_and_zero_budget() -> None:
     assert b.budget_state(b.Budget(0, 1000, T0), {}, "team-a", T0).over
 
 
-@pytest.mark.parametrize("kwargs", [{"gpu_seconds": -1, "period_s": 10},
+@pytest.mark.parametrize("kwargs", [{"gpu_seconds": -1, "period_s": 3600},
                                     {"gpu_seconds": 1, "period_s": 0},
-                                    {"gpu_seconds": 1, "period_s": 10, "half_life_s": 0}])
+                                    {"gpu_seconds": 1, "period_s": 1},
+                                    {"gpu_seconds": 1, "period_s": b.MIN_PERIOD_S - 1},
+                                    {"gpu_seconds": 1, "period_s": 3600, "half_life_s": 0}])
 def test_bad_budget_is_refused(kwargs: dict[str, int]) -> None:
     with pytest.raises(b.BudgetError):
         b.Budget(**kwargs)
+
+
+def test_the_period_floor_is_a_minute() -> None:
+    """Issue #26 item 7: the status is rewritten once a period, so the period has a floor."""
+    assert b.Budget(1, b.MIN_PERIOD_S).period_s == 60
+    with pytest.raises(b.BudgetError, match="period=1s must be at least 60s"):
+        b.Budget(1, 1)
 
 
 def test_prune_drops_only_pods_finished_before() -> None:
