@@ -4,7 +4,10 @@ kubelet's Allocate says only "N devices of resource R"; it does not name the pod
 scheduler wrote the chosen cards into the pod's `elasticgpu.io/assignment` annotation before
 the Binding, so by the time kubelet admits the pod the annotation is in the API. A candidate
 is a container of a pod that
-- is bound to this node, not terminating, not finished, and its assignment is for this node;
+- is bound to this node, not terminating, not finished, and its assignment is the
+  scheduler's for this node (`core.assignment.distrust`: the Binding writes the node, the
+  assignment and `elasticgpu.io/assigned-node` together, and an admission policy keeps anyone
+  else from writing the annotations; docs/architecture.md, "Who writes the ledger");
 - asks for exactly N of R (the count kubelet passes is the container's quantity of R);
 - has cards in the assignment and has not been served R by this agent yet (`done`).
 One candidate: it is the one. Several candidates that would all get the very same cards and
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare, distrust
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -91,8 +94,9 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
         except AssignmentError as err:
             problems.append(f"{name}: {err}")
             continue
-        if assignment.node != node:
-            problems.append(f"{name}: assignment is for node {assignment.node}, not {node}")
+        untrusted = distrust(node, annotations.get(ann.ASSIGNED_NODE), assignment)
+        if untrusted is not None:
+            problems.append(f"{name}: assignment not the scheduler's: {untrusted}")
             continue
         uid = str(meta.get("uid", ""))
         for container in spec.get("containers") or []:

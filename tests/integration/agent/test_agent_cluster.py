@@ -107,7 +107,8 @@ def gpu_pod(namespace: str, name: str, node: str, resource: str, count: int,
     assignment = Assignment(node, {"main": tuple(shares)}).to_json()
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace,
-                         "annotations": {ann.ASSIGNMENT: assignment}},
+                         "annotations": {ann.ASSIGNMENT: assignment,
+                                         ann.ASSIGNED_NODE: node}},
             "spec": {"nodeName": node, "containers": [{
                 "name": "main", "image": "registry.example/cuda:12",
                 "resources": {"limits": {resource: str(count)}}}]}}

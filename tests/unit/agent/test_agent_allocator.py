@@ -41,7 +41,7 @@ class Pods:
             "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
                          "creationTimestamp": f"2026-01-01T00:00:{len(self.pods):02d}Z",
                          "annotations": {ann.ASSIGNMENT: Assignment(NODE, {"main": (share,)})
-                                         .to_json()}},
+                                         .to_json(), ann.ASSIGNED_NODE: NODE}},
             "spec": {"nodeName": NODE, "containers": [
                 {"name": "main", "resources": {"limits": {CORE: str(core)}}}]},
             "status": {"phase": phase}})

@@ -69,6 +69,7 @@ def bound_claim_pod(name: str, claim: Claim, egpu: ElasticGPU) -> dict[str, Any]
     assignment = json.loads(Assignment(NODE, {"test-cuda": egpu.shares}).to_json())
     assignment["claims"] = {"test-cuda": egpu.name}
     pod["metadata"]["annotations"][ann.ASSIGNMENT] = json.dumps(assignment)
+    pod["metadata"]["annotations"][ann.ASSIGNED_NODE] = NODE
     pod["spec"]["nodeName"] = NODE
     pod["status"] = {"phase": "Pending"}
     return pod
