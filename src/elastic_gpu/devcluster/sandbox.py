@@ -283,11 +283,15 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         client = plane.client()
         if any(spec.role is components.Role.SYSTEM for spec in specs):
             from elastic_gpu.agent.inventory_api import ensure_crd
+            from elastic_gpu.k8s import admission_policies
             from elastic_gpu.k8s.crds import install_elasticgpu_crds, install_priority_classes
 
             ensure_crd(client)  # the extender lists GPUDevices from its first moment
             install_elasticgpu_crds(client)  # the seed's claims apply from the first moment
             install_priority_classes(client)  # over-budget namespaces' pods get it
+            # only the system writes the ledger, and the opt-out is an admin's (the
+            # components run as the admin, who holds the system's permission)
+            admission_policies.install(client)
         step("etcd, kube-apiserver")
         # Components before kube-scheduler start while the controller manager does.
         early = [spec for spec in specs if spec.stage is Stage.BEFORE_SCHEDULER]

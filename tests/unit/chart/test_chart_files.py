@@ -50,3 +50,16 @@ def test_managed_resources_file_is_the_extender_stanzas() -> None:
 def test_webhook_match_expression_file_is_registrations() -> None:
     text = (CHART / "files" / "webhook-match-expression.cel").read_text()
     assert text == match_expression() + "\n", "run: PYTHONPATH=src python hack/gen-chart-files.py"
+
+
+def test_admission_policy_files_are_the_sandboxs_policies() -> None:
+    generator = _generator()
+    from elastic_gpu.k8s import admission_policies
+
+    for name, manifests in (("ledger-policies.yaml", admission_policies.ledger_manifests()),
+                            ("admission-opt-out-policy.yaml",
+                             admission_policies.opt_out_manifests())):
+        text = (CHART / "files" / name).read_text()
+        assert [d for d in yaml.safe_load_all(text) if d] == manifests, (
+            "run: PYTHONPATH=src python hack/gen-chart-files.py")
+        assert text == generator.policies(manifests)
