@@ -47,6 +47,9 @@ class Pods:
     def on_node(self, node: str) -> list[dict[str, Any]]:
         return [p for p in self.pods if p["spec"].get("nodeName") == node]
 
+    def live_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self.on_node(node)
+
 
 def elastic_gpu(claim: Claim, card: int) -> ElasticGPU:
     """The ElasticGPU provisioned for `claim`: its share of one card of the node."""

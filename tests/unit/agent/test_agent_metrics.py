@@ -35,6 +35,9 @@ class Pods:
     def on_node(self, node: str) -> list[dict[str, Any]]:
         return [p for p in self.pods if p["spec"]["nodeName"] == node]
 
+    def live_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self.on_node(node)
+
 
 def pod(name: str, shares: dict[str, list[CardShare]], phase: str = "Running") -> dict[str, Any]:
     assignment = Assignment(NODE, {c: tuple(s) for c, s in shares.items()})
