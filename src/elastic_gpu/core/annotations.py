@@ -13,7 +13,8 @@ PREFIX = "elasticgpu.io"
 #: JSON of the chosen cards per container (see `elastic_gpu.core.assignment`). The source of
 #: truth for allocations.
 ASSIGNMENT = f"{PREFIX}/assignment"
-#: Node the assignment was made for; lets the agent ignore stale assignments.
+#: Node the assignment was made for, written by the same Binding: an assignment counts only on
+#: a pod bound to this node (`core.assignment.distrust`).
 ASSIGNED_NODE = f"{PREFIX}/assigned-node"
 #: Written by the agent once Allocate has handed the cards to the container runtime.
 ALLOCATED = f"{PREFIX}/allocated"
