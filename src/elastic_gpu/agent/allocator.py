@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from elastic_gpu.agent.accounting import overcommit
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import PluginKind, ResourcePlan
 from elastic_gpu.agent.grant import (
@@ -18,7 +19,7 @@ from elastic_gpu.agent.grant import (
     build_grant,
     whole_shares,
 )
-from elastic_gpu.agent.matching import AllocateError, candidates, choose, overcommit
+from elastic_gpu.agent.matching import AllocateError, candidates, choose
 from elastic_gpu.agent.pods import PodSource
 from elastic_gpu.agent.state import NodeState
 

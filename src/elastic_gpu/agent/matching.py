@@ -23,7 +23,8 @@ pod: if another Pending pod then asks for the same count of R with different car
 are ambiguous and Allocate refuses (a pod fails admission and is recreated); it never
 guesses, so forgetting costs at worst a refusal, never a wrong card.
 
-Before serving, the chosen cards are checked against the node's own ledger (`overcommit`):
+Before serving, the chosen cards are checked against the node's own ledger
+(`accounting.overcommit`):
 the trusted assignments of the other live pods bound to this node, read live. A container is
 never handed a card those already fill (compute beyond the card, memory beyond its memory, a MIG
 instance another holds): whatever a pod carries, the agent never serves the cards another live
@@ -39,7 +40,6 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare, distrust
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.resources import MILLI_PER_CARD
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Candidates named in an ambiguity error (the message goes to kubelet's event and log).
@@ -140,73 +140,3 @@ def choose(found: Sequence[Candidate], problems: Sequence[str], node: str, resou
                             "with different cards; refusing rather than guessing")
     return min(found, key=lambda c: (c.created, c.namespace, c.pod, c.container))
 
-
-def _held(pods: Iterable[Mapping[str, Any]], node: str, chosen: Candidate
-          ) -> list[tuple[str, CardShare]]:
-    """(holder, share) for every card share the live pods bound to `node` hold by a trusted
-    assignment, but `chosen`'s own: claim-backed shares once per ElasticGPU (pods sharing a
-    claim share its cards). A terminating pod is left out: its card may be given again once
-    its containers stop, and the scheduler decides that, not this check."""
-    seen: set[tuple[str, ...]] = {("elasticgpu", chosen.claim) if chosen.claim
-                                  else ("pod", chosen.uid, chosen.container)}
-    held: list[tuple[str, CardShare]] = []
-    for pod in pods:
-        meta: Mapping[str, Any] = pod.get("metadata") or {}
-        spec: Mapping[str, Any] = pod.get("spec") or {}
-        annotations: Mapping[str, str] = meta.get("annotations") or {}
-        if spec.get("nodeName") != node or meta.get("deletionTimestamp") or \
-                (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-            continue
-        try:
-            assignment = Assignment.from_json(annotations.get(ann.ASSIGNMENT) or "")
-        except AssignmentError:
-            continue
-        if distrust(node, annotations.get(ann.ASSIGNED_NODE), assignment) is not None:
-            continue
-        uid = str(meta.get("uid", ""))
-        for container, shares in assignment.containers.items():
-            claim = assignment.claims.get(container)
-            key = ("elasticgpu", claim) if claim else ("pod", uid, container)
-            if key in seen:
-                continue
-            seen.add(key)
-            holder = f"ElasticGPU {claim}" if claim else \
-                f"{meta.get('namespace')}/{meta.get('name')}[{container}]"
-            held += [(holder, share) for share in shares]
-    return held
-
-
-def overcommit(chosen: Candidate, pods: Iterable[Mapping[str, Any]], node: str,
-               memory_mib: Mapping[int, int]) -> str | None:
-    """Why serving `chosen` would hand out a card beyond what it has, given the other live
-    pods bound to `node` (`memory_mib`: each card's memory; None: it fits). Compute is counted
-    in milli-cards (1000 a card; time-sliced replica shares carry their slots' compute), MIG
-    instances by uuid."""
-    milli: dict[int, int] = {}
-    memory: dict[int, int] = {}
-    holders: dict[int, list[str]] = {}
-    instances: dict[str, str] = {}
-    for holder, share in _held(pods, node, chosen):
-        if share.mig_uuid:
-            instances[share.mig_uuid] = holder
-            continue
-        milli[share.index] = milli.get(share.index, 0) + share.milli
-        memory[share.index] = memory.get(share.index, 0) + share.memory_mib
-        holders.setdefault(share.index, []).append(holder)
-    for share in chosen.shares:
-        if share.mig_uuid:
-            if share.mig_uuid in instances:
-                return (f"{chosen.describe()}: MIG instance {share.mig_uuid} is held by "
-                        f"{instances[share.mig_uuid]}")
-            continue
-        others = ", ".join(holders.get(share.index, [])[:MAX_NAMED])
-        if milli.get(share.index, 0) + share.milli > MILLI_PER_CARD:
-            return (f"{chosen.describe()}: card {share.index} would be given "
-                    f"{milli.get(share.index, 0) + share.milli} milli-cards of "
-                    f"{MILLI_PER_CARD}; held by {others}")
-        capacity = memory_mib.get(share.index)
-        if capacity is not None and memory.get(share.index, 0) + share.memory_mib > capacity:
-            return (f"{chosen.describe()}: card {share.index} would be given "
-                    f"{memory.get(share.index, 0) + share.memory_mib} MiB of {capacity}; "
-                    f"held by {others}")
-    return None

@@ -17,7 +17,7 @@ Two sources, for two kinds of question:
   still `Pending`; running pods are never asked about again (kubelet keeps their devices in
   its own checkpoint), so the field selector `status.phase=Pending` drops them on the server.
 - `ApiPods.live_on_node`: a live, consistent LIST of this node's pods that have not finished:
-  the node's own ledger Allocate checks the chosen cards against (`matching.overcommit`); a
+  the node's own ledger Allocate checks the chosen cards against (`accounting.overcommit`); a
   cache could still show a pod whose card the scheduler has already given again.
 """
 

@@ -86,7 +86,7 @@ def test_allocate_decides_on_the_live_pending_list_only() -> None:
     pods.add("new", 1)
     assert visible(alloc, plan) == f"GPU-fake-{NODE}-1"
     # the choice is made on the live Pending list; the cache (holding the pod) serves only the
-    # node's own ledger check (matching.overcommit), no live list of the running pods
+    # node's own ledger check (accounting.overcommit), no live list of the running pods
     assert (pods.pending_reads, pods.cache_reads) == (1, 1)
 
 

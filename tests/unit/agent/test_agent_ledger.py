@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.agent.matching import Candidate, candidates, overcommit
+from elastic_gpu.agent.accounting import overcommit
+from elastic_gpu.agent.matching import Candidate, candidates
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 

@@ -42,7 +42,8 @@ class Pods:
 def pod(name: str, shares: dict[str, list[CardShare]], phase: str = "Running") -> dict[str, Any]:
     assignment = Assignment(NODE, {c: tuple(s) for c, s in shares.items()})
     return {"metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}",
-                         "annotations": {ann.ASSIGNMENT: assignment.to_json()}},
+                         "annotations": {ann.ASSIGNMENT: assignment.to_json(),
+                                         ann.ASSIGNED_NODE: NODE}},
             "spec": {"nodeName": NODE, "containers": [{"name": c} for c in shares]},
             "status": {"phase": phase}}
 
