@@ -152,6 +152,27 @@ def manifests() -> list[dict[str, Any]]:
     return ledger_manifests() + opt_out_manifests()
 
 
+#: Who `probe_refused` asks as: kube-apiserver's bootstrap RBAC lets the ReplicaSet controller
+#: create pods anywhere, and it does not hold the system's permission.
+PROBE_USER = "system:serviceaccount:kube-system:replicaset-controller"
+
+
+def probe_pod() -> dict[str, Any]:
+    """A pod that `elastic-gpu-pod-ledger` refuses to anyone but the system: it carries an
+    assignment (and asks no GPU, so no webhook is called)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "elastic-gpu-policy-probe",
+                         "annotations": {ann.ASSIGNMENT: "{}"}},
+            "spec": {"automountServiceAccountToken": False,
+                     "containers": [{"name": "probe", "image": "probe"}]}}
+
+
+def probe_refused(stderr: str) -> bool:
+    """Whether a (dry-run) create of `probe_pod` as `PROBE_USER` was refused by the policy:
+    kube-apiserver enforces a policy only once its informer has it, a moment after creation."""
+    return POD_LEDGER in stderr
+
+
 def install(client: Any, objects: Iterable[dict[str, Any]] | None = None) -> None:
     """Create each policy and binding, or replace its spec (an installer's credentials)."""
     from lightkube import codecs
