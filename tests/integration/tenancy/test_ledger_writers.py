@@ -175,7 +175,15 @@ def test_the_admission_opt_out_label_is_an_admins(sandbox: Any,
     # nor added later, to a pod or to the namespace
     mine.ok("create", "-f", "-", input=pod("plain", node_selector={"nowhere": "true"}))
     mine.refused("label", "pod", "plain", "elasticgpu.io/admission=ignore")
+    # nor on its namespace, even where RBAC lets it label the namespace
     assert not mine.can_i("patch", "namespaces")
+    kubectl(sandbox.kubeconfig, "create", "clusterrole", f"{mine.namespace}-labeller",
+            "--verb=get,patch", "--resource=namespaces", f"--resource-name={mine.namespace}")
+    kubectl(sandbox.kubeconfig, "create", "clusterrolebinding", f"{mine.namespace}-labeller",
+            f"--clusterrole={mine.namespace}-labeller", f"--user={mine.user}")
+    mine.ok("label", "namespace", mine.namespace, "team=blue")
+    refusal = mine.refused("label", "namespace", mine.namespace, "elasticgpu.io/admission=ignore")
+    assert "elastic-gpu-admission-opt-out" in refusal, refusal
     # a cluster admin may, and so may whom an admin grants it in this namespace
     kubectl(sandbox.kubeconfig, "-n", mine.namespace, "create", "-f", "-", input=opted_out)
     kubectl(sandbox.kubeconfig, "-n", mine.namespace, "create", "-f", "-", input=json.dumps({
