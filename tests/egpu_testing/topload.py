@@ -25,7 +25,7 @@ def holder_pods(namespace: str, nodes: Sequence[str], count: int, cards: int
         share = CardShare(card, f"GPU-fake-{node}-{card}", 300, 8192)
         pod = pod_manifest(f"p{i:04d}", namespace, limits={"elasticgpu.io/gpu-core": "30"},
                            annotations={ann.ASSIGNMENT: Assignment(node, {"main": (share,)})
-                                        .to_json()})
+                                        .to_json(), ann.ASSIGNED_NODE: node})
         pod["spec"]["nodeName"] = node
         pods.append(pod)
     return pods

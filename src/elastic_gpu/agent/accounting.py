@@ -17,11 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_gpu.agent.matching import TERMINAL_PHASES
+from elastic_gpu.agent.matching import TERMINAL_PHASES, Candidate
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare, distrust
 from elastic_gpu.core.gpuview import share_use
 from elastic_gpu.core.model import Card
+from elastic_gpu.core.resources import MILLI_PER_CARD
 
 
 @dataclass
@@ -37,7 +38,8 @@ class CardUse:
 def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
                  ) -> Iterable[tuple[str, Assignment]]:
     """(`<namespace>/<pod>`, assignment) of the pods on `node` that hold cards: bound here,
-    not finished, not being deleted, with a readable assignment for this node. Bad
+    not finished, not being deleted, with a readable assignment the scheduler's Binding wrote
+for this node (`core.assignment.distrust`). Bad
     annotations are skipped (the scheduler reports them; accounting must not stop on one)."""
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -52,7 +54,8 @@ def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
             assignment = Assignment.from_json(raw)
         except AssignmentError:
             continue
-        if assignment.node == node:
+        if distrust(node, (meta.get("annotations") or {}).get(ann.ASSIGNED_NODE),
+                    assignment) is None:
             yield f"{meta.get('namespace')}/{meta.get('name')}", assignment
 
 
@@ -107,3 +110,65 @@ def container_shares(pods: Iterable[Mapping[str, Any]], node: str,
                 out.append(ContainerShare(namespace, pod, container, share.index, share.uuid,
                                           milli, memory))
     return out
+
+
+#: Holders named in an over-commit message.
+MAX_NAMED = 5
+
+
+def _held(pods: Iterable[Mapping[str, Any]], node: str, chosen: Candidate
+          ) -> list[tuple[str, CardShare]]:
+    """(holder, share) for every card share the pods holding cards on `node` hold
+    (`holding_pods`), but `chosen`'s own: claim-backed shares once per ElasticGPU (pods sharing
+    a claim share its cards). A terminating pod is left out: its card may be given again once
+    its containers stop, and the scheduler decides that, not this check."""
+    own = f"{chosen.namespace}/{chosen.pod}"
+    seen: set[tuple[str, ...]] = {("elasticgpu", chosen.claim) if chosen.claim
+                                  else ("pod", own, chosen.container)}
+    held: list[tuple[str, CardShare]] = []
+    for name, assignment in holding_pods(pods, node):
+        for container, shares in assignment.containers.items():
+            claim = assignment.claims.get(container)
+            key = ("elasticgpu", claim) if claim else ("pod", name, container)
+            if key in seen:
+                continue
+            seen.add(key)
+            holder = f"ElasticGPU {claim}" if claim else f"{name}[{container}]"
+            held += [(holder, share) for share in shares]
+    return held
+
+
+def overcommit(chosen: Candidate, pods: Iterable[Mapping[str, Any]], node: str,
+               memory_mib: Mapping[int, int]) -> str | None:
+    """Why serving `chosen` would hand out a card beyond what it has, given the other live
+    pods bound to `node` (`memory_mib`: each card's memory; None: it fits). Compute is counted
+    in milli-cards (1000 a card; time-sliced replica shares carry their slots' compute), MIG
+    instances by uuid."""
+    milli: dict[int, int] = {}
+    memory: dict[int, int] = {}
+    holders: dict[int, list[str]] = {}
+    instances: dict[str, str] = {}
+    for holder, share in _held(pods, node, chosen):
+        if share.mig_uuid:
+            instances[share.mig_uuid] = holder
+            continue
+        milli[share.index] = milli.get(share.index, 0) + share.milli
+        memory[share.index] = memory.get(share.index, 0) + share.memory_mib
+        holders.setdefault(share.index, []).append(holder)
+    for share in chosen.shares:
+        if share.mig_uuid:
+            if share.mig_uuid in instances:
+                return (f"{chosen.describe()}: MIG instance {share.mig_uuid} is held by "
+                        f"{instances[share.mig_uuid]}")
+            continue
+        others = ", ".join(holders.get(share.index, [])[:MAX_NAMED])
+        if milli.get(share.index, 0) + share.milli > MILLI_PER_CARD:
+            return (f"{chosen.describe()}: card {share.index} would be given "
+                    f"{milli.get(share.index, 0) + share.milli} milli-cards of "
+                    f"{MILLI_PER_CARD}; held by {others}")
+        capacity = memory_mib.get(share.index)
+        if capacity is not None and memory.get(share.index, 0) + share.memory_mib > capacity:
+            return (f"{chosen.describe()}: card {share.index} would be given "
+                    f"{memory.get(share.index, 0) + share.memory_mib} MiB of {capacity}; "
+                    f"held by {others}")
+    return None

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from elastic_gpu.agent.accounting import overcommit
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import PluginKind, ResourcePlan
 from elastic_gpu.agent.grant import (
@@ -99,6 +100,24 @@ class Allocator:
                   (units[d].mig_uuid in migs if migs else units[d].card in cards)]
         return picked[:size] if len(picked) >= size else None
 
+    def _node_pods(self, uid: str, resource: str) -> list[dict[str, Any]]:
+        """The node's pods for its own ledger check: the watch cache when it holds the pod being
+        served, else a live list. A watch delivers events in resourceVersion order, and the
+        scheduler gives a card again only after it has seen the pod that held it end or go,
+        which happened before that pod's Binding: a cache that shows the pod being served bound
+        has seen the end of every pod whose card it got, so it counts no freed card."""
+        assert self.pods is not None  # _assigned checked it
+        try:
+            cached = self.pods.on_node(self.node)
+        except Exception:
+            cached = []
+        if any((p.get("metadata") or {}).get("uid") == uid for p in cached):
+            return cached
+        try:
+            return list(self.pods.live_on_node(self.node))
+        except Exception as err:
+            raise AllocateError(f"{resource}: cannot list this node's pods: {err}") from None
+
     def _forget(self, pending: Sequence[Mapping[str, Any]]) -> None:
         """Drop what was served to pods no longer Pending: a pod never returns to Pending,
         so they can never be a candidate again, and the set stays as small as the list."""
@@ -140,6 +159,11 @@ class Allocator:
             if plan.kind is PluginKind.MIG and any(s.mig_uuid is None for s in chosen.shares):
                 raise AllocateError(f"{chosen.describe()}: asks for {plan.resource} but its "
                                     "assignment names no MIG instance")
+            cards = self.state.cards()
+            problem = overcommit(chosen, self._node_pods(chosen.uid, plan.resource), self.node,
+                                 {i: lc.card.memory_mib for i, lc in cards.items()})
+            if problem is not None:
+                raise AllocateError(f"refusing rather than handing out a held card: {problem}")
             grant = build_grant(chosen.shares, self.state.cards(), self.config, self.visible_env,
                                 self.files)
             self._done.add((chosen.uid, chosen.container, plan.resource))

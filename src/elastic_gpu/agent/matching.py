@@ -4,7 +4,10 @@ kubelet's Allocate says only "N devices of resource R"; it does not name the pod
 scheduler wrote the chosen cards into the pod's `elasticgpu.io/assignment` annotation before
 the Binding, so by the time kubelet admits the pod the annotation is in the API. A candidate
 is a container of a pod that
-- is bound to this node, not terminating, not finished, and its assignment is for this node;
+- is bound to this node, not terminating, not finished, and its assignment is the
+  scheduler's for this node (`core.assignment.distrust`: the Binding writes the node, the
+  assignment and `elasticgpu.io/assigned-node` together, and an admission policy keeps anyone
+  else from writing the annotations; docs/architecture.md, "Who writes the ledger");
 - asks for exactly N of R (the count kubelet passes is the container's quantity of R);
 - has cards in the assignment and has not been served R by this agent yet (`done`).
 One candidate: it is the one. Several candidates that would all get the very same cards and
@@ -19,6 +22,13 @@ written to the pod. An agent restarted between a pod's Allocate and its start fo
 pod: if another Pending pod then asks for the same count of R with different cards, the two
 are ambiguous and Allocate refuses (a pod fails admission and is recreated); it never
 guesses, so forgetting costs at worst a refusal, never a wrong card.
+
+Before serving, the chosen cards are checked against the node's own ledger
+(`accounting.overcommit`):
+the trusted assignments of the other live pods bound to this node, read live. A container is
+never handed a card those already fill (compute beyond the card, memory beyond its memory, a MIG
+instance another holds): whatever a pod carries, the agent never serves the cards another live
+pod holds (issue #26, docs/architecture.md "Who writes the ledger").
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare, distrust
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -48,6 +58,8 @@ class Candidate:
     container: str
     created: str
     shares: tuple[CardShare, ...]
+    #: the ElasticGPU whose cards these are (a claim-backed container), None for the pod's own
+    claim: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -91,8 +103,9 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
         except AssignmentError as err:
             problems.append(f"{name}: {err}")
             continue
-        if assignment.node != node:
-            problems.append(f"{name}: assignment is for node {assignment.node}, not {node}")
+        untrusted = distrust(node, annotations.get(ann.ASSIGNED_NODE), assignment)
+        if untrusted is not None:
+            problems.append(f"{name}: assignment not the scheduler's: {untrusted}")
             continue
         uid = str(meta.get("uid", ""))
         for container in spec.get("containers") or []:
@@ -106,7 +119,8 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
                 problems.append(f"{name}[{cname}] asks for {resource} but has no cards assigned")
                 continue
             found.append(Candidate(str(meta.get("namespace", "")), str(meta.get("name", "")), uid,
-                                   cname, str(meta.get("creationTimestamp", "")), shares))
+                                   cname, str(meta.get("creationTimestamp", "")), shares,
+                                   assignment.claims.get(cname)))
     return found, problems
 
 
@@ -125,3 +139,4 @@ def choose(found: Sequence[Candidate], problems: Sequence[str], node: str, resou
         raise AllocateError(f"ambiguous Allocate of {count} {resource}: {names} all wait for it "
                             "with different cards; refusing rather than guessing")
     return min(found, key=lambda c: (c.created, c.namespace, c.pod, c.container))
+

@@ -16,6 +16,9 @@ Two sources, for two kinds of question:
   calls Allocate while it admits a pod, before it reports the pod's status, so the pod is
   still `Pending`; running pods are never asked about again (kubelet keeps their devices in
   its own checkpoint), so the field selector `status.phase=Pending` drops them on the server.
+- `ApiPods.live_on_node`: a live, consistent LIST of this node's pods that have not finished:
+  the node's own ledger Allocate checks the chosen cards against (`accounting.overcommit`); a
+  cache could still show a pod whose card the scheduler has already given again.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ class PodSource(Protocol):
 
     def on_node(self, node: str) -> list[dict[str, Any]]:
         """Every pod bound to this node; may lag slightly (a cache)."""
+        ...
+
+    def live_on_node(self, node: str) -> list[dict[str, Any]]:
+        """Every pod bound to this node that has not finished, read live (consistent)."""
         ...
 
 
@@ -61,6 +68,13 @@ class ApiPods:
     def pending_on_node(self, node: str) -> list[dict[str, Any]]:
         pods = self.client.list(self._raw, namespace="*",
                                 fields={"spec.nodeName": node, "status.phase": "Pending"})
+        return [dict(pod) for pod in pods]
+
+    def live_on_node(self, node: str) -> list[dict[str, Any]]:
+        from lightkube import operators
+
+        pods = self.client.list(self._raw, namespace="*", fields={
+            "spec.nodeName": node, "status.phase": operators.not_in(["Succeeded", "Failed"])})
         return [dict(pod) for pod in pods]
 
     def on_node(self, node: str) -> list[dict[str, Any]]:

@@ -71,7 +71,7 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
     ElasticGPU that fails its decoder, a bad assignment annotation) are skipped with a
     warning: the view shows the rest."""
     from elastic_gpu.core import annotations as ann
-    from elastic_gpu.core.assignment import Assignment, AssignmentError
+    from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
     from elastic_gpu.core.gpuview import build_view
     from elastic_gpu.core.model import Node
     from elastic_gpu.core.resources import is_gpu_resource
@@ -112,7 +112,8 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
         except AssignmentError as err:
             log.warning("pod %s/%s: skipped: %s", meta.get("namespace"), meta.get("name"), err)
             continue
-        if assignment.node == bound and wanted(bound):
+        notes = meta.get("annotations") or {}
+        if distrust(bound, notes.get(ann.ASSIGNED_NODE), assignment) is None and wanted(bound):
             holds.append(PodHold(str(meta.get("namespace")), str(meta.get("name")), assignment))
     egpus = []
     for obj in objects.elasticgpus:

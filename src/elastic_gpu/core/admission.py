@@ -119,6 +119,8 @@ class AdmissionRule(enum.Enum):
     CLAIM_CONTAINER_GPU = "claim-container-gpu"
     #: the claim's requests stand for no GPU
     CLAIM_REQUEST = "claim-request"
+    #: a GPU pod created with `spec.nodeName`, which would skip the scheduler's Binding
+    NODE_NAME = "node-name"
 
 
 @dataclass(frozen=True)
@@ -406,6 +408,21 @@ def _check_annotations(annotations: Mapping[str, str], facts: ClusterFacts) -> l
 
 
 
+def _check_node_name(pod: Mapping[str, Any]) -> list[Refusal]:
+    """A GPU pod is placed by the scheduler, whose Binding writes its cards: one created with
+    `spec.nodeName` would go to its node without any, and the cards it used there would be in
+    no ledger (docs/architecture.md, "Who writes the ledger"). kube-scheduler honours a
+    nodeSelector on the node's hostname label and then asks the extender as for any pod."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return []
+    return [Refusal(
+        AdmissionRule.NODE_NAME, "spec.nodeName", short_repr(node),
+        "a GPU pod may not be created bound to a node: its cards are chosen and recorded by "
+        "the Elastic GPU scheduler when it binds the pod; to pin it to that node, use "
+        f"spec.nodeSelector: {{kubernetes.io/hostname: {short_repr(node)}}} instead")]
+
+
 # --- claims -------------------------------------------------------------------------------
 
 #: The whole-card resource the agent advertises by default (`resources.gpu`, docs/agent.md).
@@ -625,6 +642,8 @@ def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None
         except ValueError as err:  # a container request the core model cannot hold
             refusals.append(Refusal(AdmissionRule.MALFORMED, "spec", "", str(err)))
     refusals += _check_capacity(requests, facts)
+    if request is not None and request.wants_gpu:
+        refusals += _check_node_name(pod)
     refusals = [replace(r, detail=f"{r.detail} (its GPU resources come from ElasticGPUClaim "
                                   f"{plan.sources[r.container]})")
                 if r.container in plan.sources and not r.init_container else r
@@ -772,14 +791,26 @@ def mig_substitution(data: MutationInput) -> list[PatchOp]:
     `elasticgpu.io/mig-original` (`<container>=<profile>`, comma-separated; kept when a pod
     moves twice) and the rule in
     `elasticgpu.io/mig-substitution`. Idempotent: a rewritten pod asks no `<from>` any more.
-    Rules are applied in name order; a second rule for the same `<from>` finds nothing left."""
+    Rules are applied in name order; a second rule for the same `<from>` finds nothing left.
+
+    The two annotations are the system's (`ann.SYSTEM_POD_ANNOTATIONS`), written here during
+    the CREATE of whoever makes the pod, so this mutator is authoritative over them: a pod
+    arriving with them keeps them only when every rule its `mig-substitution` names selects it
+    (this mutator's own record, seen again on reinvocation, or a pod the MIG adapter re-creates
+    after a second move); any other value is removed, so no pod author can forge where a pod
+    came from or which rule moved it."""
     pod = data.pod
     meta = pod.get("metadata") or {}
     rules = sorted((r for r in data.facts.mig_substitutions
                     if r.selects(_namespace(pod), str(meta.get("name") or ""), _owner_uids(pod))),
                    key=lambda r: r.name)
+    given = (meta.get("annotations") or {})
+    named = [r for r in str(given.get(MIG_SUBSTITUTION, "")).split(",") if r]
+    own_record = bool(named) and set(named) <= {r.name for r in rules}
+    forged = [key for key in (MIG_ORIGINAL, MIG_SUBSTITUTION) if key in given and not own_record]
     if not rules:
-        return []
+        return [{"op": "remove", "path": pointer("metadata", "annotations", key)}
+                for key in forged]
     ops: list[PatchOp] = []
     original: list[str] = []
     applied: list[str] = []
@@ -809,9 +840,10 @@ def mig_substitution(data: MutationInput) -> list[PatchOp]:
             ops += step
             applied.append(rule.name)
     if not ops:
-        return []
+        return [{"op": "remove", "path": pointer("metadata", "annotations", key)}
+                for key in forged]
     annotations = (current.get("metadata") or {}).get("annotations") or {}
-    if MIG_ORIGINAL not in annotations:
+    if MIG_ORIGINAL not in annotations or not own_record:
         ops.append(set_annotation(current, MIG_ORIGINAL, ",".join(original)))
         current = apply_patch(current, ops[-1:])
     ops.append(set_annotation(current, MIG_SUBSTITUTION, ",".join(applied)))

@@ -5,16 +5,27 @@ Kept in one module so that a key is spelled once. See docs/architecture.md, "Con
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 PREFIX = "elasticgpu.io"
 
 #: Written by the scheduler in the pod's Binding (one write that also sets the node name):
 #: JSON of the chosen cards per container (see `elastic_gpu.core.assignment`). The source of
 #: truth for allocations.
 ASSIGNMENT = f"{PREFIX}/assignment"
-#: Node the assignment was made for; lets the agent ignore stale assignments.
+#: Node the assignment was made for, written by the same Binding: an assignment counts only on
+#: a pod bound to this node (`core.assignment.distrust`).
 ASSIGNED_NODE = f"{PREFIX}/assigned-node"
 #: Written by the agent once Allocate has handed the cards to the container runtime.
 ALLOCATED = f"{PREFIX}/allocated"
+
+#: Written by the webhook's MIG mutator at a pod's creation: the request as its user wrote it
+#: before the MIG adapter moved it (`<container>=<profile>,...`), and the rules that moved it.
+MIG_ORIGINAL = f"{PREFIX}/mig-original"
+MIG_SUBSTITUTION = f"{PREFIX}/mig-substitution"
+#: On a MIGSubstitution (metadata), written by the MIG adapter: the rule's pods are going back
+#: to their original profile.
+MIG_RETURNING = f"{PREFIX}/mig-returning"
 
 #: User choices, per pod.
 NODE_POLICY = f"{PREFIX}/node-policy"
@@ -33,3 +44,40 @@ GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"
 #: puts it on every MIGSubstitution it writes (`core.mig.ADAPTER`); a rule without it is not
 #: the adapter's and is never carried out (docs/mig-adapter.md, "Whose rules are carried out").
 MANAGED_BY = "app.kubernetes.io/managed-by"
+
+#: The virtual permission that makes a requester "the system" for the ledger: RBAC authorizes
+#: any resource and verb name, so the chart grants `write` on `ledger.elasticgpu.io` to the
+#: Elastic GPU ServiceAccounts that write it; cluster admins hold it through `*`, the built-in
+#: `edit` and `admin` roles never do. The admission policies ask it through CEL's authorizer
+#: (docs/architecture.md, "Who writes the ledger").
+SYSTEM_PERMISSION_GROUP = PREFIX
+SYSTEM_PERMISSION_RESOURCE = "ledger"
+SYSTEM_PERMISSION_VERB = "write"
+#: The virtual permission to use the admission opt-out label (`elasticgpu.io/admission:
+#: ignore`, `core.admission.OPT_OUT_LABEL`) on a pod or namespace.
+OPT_OUT_PERMISSION_RESOURCE = "admission-opt-out"
+OPT_OUT_PERMISSION_VERB = "use"
+
+
+@dataclass(frozen=True)
+class SystemAnnotation:
+    """A pod annotation only the system writes: its key, who writes it, and whether the
+    mutating webhook writes it into a pod while it is created (then any requester's CREATE may
+    carry it, because the webhook is authoritative over it: see `core.admission`)."""
+
+    key: str
+    writer: str
+    set_at_create: bool = False
+
+
+#: Every pod annotation the system owns. No one but the system may create a pod with one
+#: (except those the webhook writes at creation) nor add, change or remove one on a pod.
+SYSTEM_POD_ANNOTATIONS: tuple[SystemAnnotation, ...] = (
+    SystemAnnotation(ASSIGNMENT, "the Elastic GPU scheduler, through the pod's Binding"),
+    SystemAnnotation(ASSIGNED_NODE, "the Elastic GPU scheduler, through the pod's Binding"),
+    SystemAnnotation(ALLOCATED, "the Elastic GPU node agent"),
+    SystemAnnotation(MIG_ORIGINAL, "the Elastic GPU webhook when the MIG adapter moves a pod",
+                     set_at_create=True),
+    SystemAnnotation(MIG_SUBSTITUTION, "the Elastic GPU webhook when the MIG adapter moves a "
+                     "pod", set_at_create=True),
+)

@@ -167,3 +167,23 @@ def _claims(value: Any, containers: Mapping[str, tuple[CardShare, ...]]) -> dict
                                   "ElasticGPU name")
         out[str(container)] = egpu
     return out
+
+
+def distrust(node_name: str, assigned_node: str | None, assignment: Assignment) -> str | None:
+    """Why a pod's assignment is not the system's (None: it is, and its cards are held).
+
+    The scheduler writes an assignment only through the pod's Binding, which sets
+    `spec.nodeName`, the assignment and `elasticgpu.io/assigned-node` in one write; an
+    admission policy keeps everyone else from writing them (docs/architecture.md, "Who writes
+    the ledger"). So an assignment is the scheduler's only on a pod bound to the node that both
+    the annotation and the assignment name: one on a pod not bound (never scheduled) or bound
+    elsewhere was not written by that Binding, and holds nothing."""
+    if not node_name:
+        return ("the pod is not bound to a node; the scheduler's Binding sets the node and the "
+                "assignment together")
+    if assigned_node != node_name:
+        return (f"elasticgpu.io/assigned-node is {assigned_node!r}, but the pod is bound to "
+                f"{node_name!r}")
+    if assignment.node != node_name:
+        return f"the assignment is for node {assignment.node!r}, but the pod is bound to {node_name!r}"
+    return None

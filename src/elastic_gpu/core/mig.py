@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.annotations import MANAGED_BY
 from elastic_gpu.core.model import Health, Node
 from elastic_gpu.core.request import PodRequest, RequestKind
@@ -45,12 +46,12 @@ from elastic_gpu.core.resources import MigProfile
 
 #: The annotation that records a pod's request as its user wrote it before the adapter moved
 #: it (`<container>=<profile>` pairs separated by commas), and the rule that moved it.
-MIG_ORIGINAL = "elasticgpu.io/mig-original"
-MIG_SUBSTITUTION = "elasticgpu.io/mig-substitution"
+MIG_ORIGINAL = ann.MIG_ORIGINAL
+MIG_SUBSTITUTION = ann.MIG_SUBSTITUTION
 #: On a MIGSubstitution (metadata): the rule's pods are going back to their original profile;
 #: the rule selects no pod any more (the webhook leaves them as written) and is kept only for a
 #: bare pod's saved manifest until the pod is re-created (then it is deleted).
-MIG_RETURNING = "elasticgpu.io/mig-returning"
+MIG_RETURNING = ann.MIG_RETURNING
 #: The value of `annotations.MANAGED_BY` on the rules the MIG adapter writes.
 ADAPTER = "elastic-gpu-mig-adapter"
 

@@ -181,6 +181,27 @@ def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _wait_policies_enforced(plane: ControlPlane, timeout_s: float) -> None:
+    """Until kube-apiserver enforces the ledger's admission policies (its informer sees a new
+    policy a moment after it is created): a server-side dry run of a pod with a hand-written
+    assignment, by a requester without the system's permission, is refused by the policy."""
+    from elastic_gpu.k8s import admission_policies as policies
+
+    probe = json.dumps(policies.probe_pod())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = plane.kubectl("create", "--dry-run=server", "-n", "default", "-f", "-",
+                               f"--as={policies.PROBE_USER}", input=probe, check=False)
+        if result.returncode != 0 and policies.probe_refused(result.stderr):
+            return
+        if time.monotonic() > deadline:
+            raise DevClusterError(
+                f"kube-apiserver does not enforce the admission policy {policies.POD_LEDGER} "
+                f"after {timeout_s:.0f} s: a pod with a hand-written assignment was "
+                f"{'refused otherwise: ' + result.stderr.strip() if result.returncode else 'accepted'}")
+        time.sleep(0.2)
+
+
 def _http_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return bytes(response.read()).decode("utf-8", "replace")
@@ -283,13 +304,16 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         client = plane.client()
         if any(spec.role is components.Role.SYSTEM for spec in specs):
             from elastic_gpu.agent.inventory_api import ensure_crd
-            from elastic_gpu.k8s import tenant_rbac
+            from elastic_gpu.k8s import admission_policies, tenant_rbac
             from elastic_gpu.k8s.crds import install_elasticgpu_crds, install_priority_classes
 
             ensure_crd(client)  # the extender lists GPUDevices from its first moment
             install_elasticgpu_crds(client)  # the seed's claims apply from the first moment
             install_priority_classes(client)  # over-budget namespaces' pods get it
             tenant_rbac.install(client)  # users bound to edit/view use claims, as in the chart
+            # only the system writes the ledger, and the opt-out is an admin's (the
+            # components run as the admin, who holds the system's permission)
+            admission_policies.install(client)
         step("etcd, kube-apiserver")
         # Components before kube-scheduler start while the controller manager does.
         early = [spec for spec in specs if spec.stage is Stage.BEFORE_SCHEDULER]
@@ -326,6 +350,9 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
                 _wait_component(sandbox, _spawn_component(sandbox, spec), timeout_s)
         realnode_sandbox.up(state_dir, plane, real_nodes, timeout_s=timeout_s)
         step("real nodes")
+        if any(spec.role is components.Role.SYSTEM for spec in specs):
+            _wait_policies_enforced(plane, timeout_s)
+            step("admission policies enforced")
         check_alive(plane)
         step("components after the nodes")
         sandbox.save()

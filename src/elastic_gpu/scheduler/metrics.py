@@ -48,7 +48,9 @@ class _StateCollector(Collector):
                  wakeups: Callable[[], WakeupStats] | None = None,
                  egpus: Callable[[], Mapping[str, Assignment]] | None = None,
                  cards: Callable[[], Mapping[str, tuple[Card, ...]]] | None = None,
-                 pods: Callable[[], PodShares] | None = None) -> None:
+                 pods: Callable[[], PodShares] | None = None,
+                 distrusted: Callable[[], Mapping[str, str]] | None = None) -> None:
+        self._distrusted = distrusted
         self._egpus = egpus
         self._usage = usage
         self._host = host
@@ -74,6 +76,12 @@ class _StateCollector(Collector):
             yield from wakeup_families(self._wakeups())
         if self._egpus is not None:
             yield from elasticgpu_families(self._egpus())
+        if self._distrusted is not None:
+            yield GaugeMetricFamily(PREFIX + "distrusted_assignments",
+                                    "Live pods whose elasticgpu.io/assignment the extender "
+                                    "does not count: not written by its Binding (the pod is "
+                                    "not bound, or bound elsewhere than the annotation names)",
+                                    value=len(self._distrusted()))
         if self._host is None:
             return
         # What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
@@ -199,7 +207,8 @@ class Metrics:
                  wakeups: Callable[[], WakeupStats] | None = None,
                  egpus: Callable[[], Mapping[str, Assignment]] | None = None,
                  cards: Callable[[], Mapping[str, tuple[Card, ...]]] | None = None,
-                 pods: Callable[[], PodShares] | None = None) -> None:
+                 pods: Callable[[], PodShares] | None = None,
+                 distrusted: Callable[[], Mapping[str, str]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(PREFIX + "request_duration_seconds",
                                  "Extender request latency by verb", ["verb"],
@@ -228,4 +237,4 @@ class Metrics:
         self.provisioned = Counter(PREFIX + "elasticgpus_provisioned",
                                    "ElasticGPUs created by /provision", registry=self.registry)
         self.registry.register(_StateCollector(usage, host, workload, wakeups, egpus, cards,
-                                               pods))
+                                               pods, distrusted))

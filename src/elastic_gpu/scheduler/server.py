@@ -236,7 +236,7 @@ class Extender:
         self._bind_users: dict[str, int] = {}
         self.metrics = metrics or Metrics(state.card_usage, state.host_usage, state.workload_size,
                                           state.wakeup_stats, state.egpu_holds, state.cards,
-                                          state.pod_shares)
+                                          state.pod_shares, state.distrusted)
         self.limits = wire.Limits(max_body_bytes=state.config.max_request_bytes,
                                   max_nodes=state.config.max_nodes_per_request)
         # Pods seen in filter: bind gets only names, and the watch may not have them yet.

@@ -40,7 +40,7 @@ import numpy as np
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as egc
 from elastic_gpu.core import podlife
-from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
 from elastic_gpu.core.engine import (
     Engine,
     FilterResult,
@@ -113,10 +113,20 @@ class PodInfo:
     #: no container of it runs or will run again (`core.podlife.stopped`): a terminal phase,
     #: or deleted with its containers terminated, whatever finalizer keeps the object
     stopped: bool = False
+    #: `elasticgpu.io/assigned-node`, which the Binding writes with the assignment
+    assigned_node: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def distrusted(self) -> str | None:
+        """Why the pod's assignment is not the scheduler's (`core.assignment.distrust`: not
+        bound, or bound elsewhere than it names), None when it is or there is none."""
+        if self.assignment is None:
+            return None
+        return distrust(self.node_name, self.assigned_node, self.assignment)
 
     @property
     def holds(self) -> Assignment | None:
@@ -127,16 +137,21 @@ class PodInfo:
     def held(self, counted: Callable[[str], bool]) -> Assignment | None:
         """The cards this version of the pod holds itself while it has not stopped: its
         assignment less the claim-backed containers whose ElasticGPU the ledger counts
-        (`counted`); one whose ElasticGPU is gone stays the pod's until the pod stops."""
+        (`counted`); one whose ElasticGPU is gone stays the pod's until the pod stops. Only an
+        assignment the scheduler's Binding wrote holds anything (docs/architecture.md, "Who
+        writes the ledger")."""
         if self.stopped or self.assignment is None:
             return None
-        if self.node_name and self.node_name != self.assignment.node:
-            return None  # bound elsewhere: the annotation is stale and the agent ignores it
+        if self.distrusted is not None:
+            return None  # not bound, or bound elsewhere than it names: not the Binding's
         return self.assignment.unclaimed(counted)
 
     def elasticgpus(self) -> frozenset[str]:
-        """The ElasticGPUs whose cards its claim-backed containers use."""
-        return frozenset(self.assignment.claims.values()) if self.assignment else frozenset()
+        """The ElasticGPUs whose cards its claim-backed containers use (none for an assignment
+        the Binding did not write)."""
+        if self.assignment is None or self.distrusted is not None:
+            return frozenset()
+        return frozenset(self.assignment.claims.values())
 
     def request(self) -> PodRequest:
         return pod_request_from_manifest(self.manifest)
@@ -173,6 +188,7 @@ class PodInfo:
             assignment_error=error,
             manifest=pod,
             stopped=podlife.stopped(pod),
+            assigned_node=annotations.get(ann.ASSIGNED_NODE),
         )
 
 
@@ -204,6 +220,8 @@ class SchedulerState:
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
+        #: uid -> why its assignment is not the scheduler's (not counted; logged once)
+        self._distrusted: dict[str, str] = {}
         #: CPU and memory of bound pods, for the policies' view of a node (not for fit:
         #: kube-scheduler filters on those before it asks us)
         self._host_of: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, MiB)
@@ -452,7 +470,19 @@ class SchedulerState:
         self._holds[uid] = assignment
         self._node_pods.setdefault(assignment.node, set()).add(uid)
 
+    def _note_distrust(self, uid: str) -> None:
+        """Remember (and log once) a live pod whose assignment the Binding did not write."""
+        pod = self._pods.get(uid)
+        reason = pod.distrusted if pod is not None and pod.phase not in TERMINAL_PHASES else None
+        if reason is None:
+            self._distrusted.pop(uid, None)
+        elif self._distrusted.get(uid) != reason:
+            self._distrusted[uid] = reason
+            log.warning("pod %s: not counting its %s annotation: %s", pod.key if pod else uid,
+                        ann.ASSIGNMENT, reason)
+
     def _sync(self, uid: str) -> None:
+        self._note_distrust(uid)
         desired = self._desired(uid)
         if desired == self._holds.get(uid) and uid not in self._conflicts:
             return
@@ -1191,6 +1221,11 @@ class SchedulerState:
 
     def conflicts(self) -> dict[str, str]:
         return dict(self._conflicts)
+
+    def distrusted(self) -> dict[str, str]:
+        """uid -> why the live pod's assignment annotation is not counted."""
+        with self._lock:
+            return dict(self._distrusted)
 
     def card_usage(self) -> dict[str, list[tuple[int, int, int]]]:
         with self._lock:

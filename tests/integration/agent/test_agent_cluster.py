@@ -107,7 +107,8 @@ def gpu_pod(namespace: str, name: str, node: str, resource: str, count: int,
     assignment = Assignment(node, {"main": tuple(shares)}).to_json()
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace,
-                         "annotations": {ann.ASSIGNMENT: assignment}},
+                         "annotations": {ann.ASSIGNMENT: assignment,
+                                         ann.ASSIGNED_NODE: node}},
             "spec": {"nodeName": node, "containers": [{
                 "name": "main", "image": "registry.example/cuda:12",
                 "resources": {"limits": {resource: str(count)}}}]}}
@@ -161,6 +162,9 @@ def test_allocate_gives_exactly_the_assigned_cards(
     with pytest.raises(grpc.RpcError) as err:
         kubelet.allocate(CORE, [[f"0-{k}" for k in range(30)]])
     assert "no pod bound to" in str(err.value.details())
+    # it ran and finished: its card is free again (the agent never serves a held card)
+    client.patch(Pod.Status, "share", {"status": {"phase": "Succeeded"}}, namespace=k8s_namespace,
+                 patch_type=PatchType.MERGE)
 
     whole = [CardShare(0, f"GPU-fake-{node}-0", 1000, 0), CardShare(1, f"GPU-fake-{node}-1", 1000, 0)]
     create(client, gpu_pod(k8s_namespace, "whole", node, GPU, 2, whole))
@@ -197,12 +201,12 @@ def test_ambiguous_allocate_is_refused(agent: tuple[Agent, FakeBackend], kubelet
 def test_allocate_with_many_running_pods_reads_only_pending_ones(
         agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
         k8s_namespace: str) -> None:
-    """The pods kubelet admits are Pending; 60 running pods with unserved assignments on
-    other cards (left by an agent that restarted) neither slow Allocate nor confuse it."""
+    """The pods kubelet admits are Pending; 60 running pods with unserved assignments (left by
+    an agent that restarted) neither slow Allocate nor confuse it."""
     client = k8s_cluster.client()
     for i in range(60):
-        create(client, gpu_pod(k8s_namespace, f"run-{i}", node, CORE, 5,
-                               [CardShare(i % 2, f"GPU-fake-{node}-{i % 2}", 50, 0)]))
+        create(client, gpu_pod(k8s_namespace, f"run-{i}", node, CORE, 1,
+                               [CardShare(i % 2, f"GPU-fake-{node}-{i % 2}", 10, 0)]))
         client.patch(Pod.Status, f"run-{i}", {"status": {"phase": "Running"}},
                      namespace=k8s_namespace, patch_type=PatchType.MERGE)
     create(client, gpu_pod(k8s_namespace, "new", node, CORE, 5,
@@ -333,9 +337,9 @@ def test_preferred_allocation_steers_kubelet_to_the_assigned_cards(
                            [CardShare(1, uuids[1], 1000, 0)]))
     assert kubelet.preferred(GPU, uuids, [], 1) == [uuids[1]]
     create(client, gpu_pod(k8s_namespace, "pref-share", node, CORE, 3,
-                           [CardShare(1, uuids[1], 30, 0)]))
-    chosen = kubelet.preferred(CORE, ["0-0", "0-1", "0-2", "1-7", "1-8", "1-9"], [], 3)
-    assert chosen == ["1-7", "1-8", "1-9"]
+                           [CardShare(0, uuids[0], 30, 0)]))
+    chosen = kubelet.preferred(CORE, ["1-7", "1-8", "1-9", "0-0", "0-1", "0-2"], [], 3)
+    assert chosen == ["0-0", "0-1", "0-2"]
     # nothing was marked: Allocate still serves the pod
     response = kubelet.allocate(GPU, [[uuids[1]]])
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuids[1]

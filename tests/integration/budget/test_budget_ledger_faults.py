@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.binding import BY_HAND, binding
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import running_webhook
@@ -42,9 +43,10 @@ def _stamp(seconds: int) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _pod(name: str, ns: str, node: str, percent: int) -> dict[str, Any]:
+def _pod(name: str, ns: str, percent: int) -> dict[str, Any]:
+    """A GPU pod for the test to bind to its node (`egpu_testing.binding`)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+            "spec": {"schedulerName": BY_HAND, "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "main", "image": "cuda", "resources": {
                          "limits": {"tencent.com/vcuda-core": str(percent)}}}]}}
 
@@ -192,7 +194,10 @@ def test_ledger_survives_sigkills_and_deletions_while_down(
                     name, ns, percent, life = plan[created]
                     if now < down_until and len(born_down) < 3:
                         life = 2.0
-                    client.create(Pod.from_dict(_pod(name, ns, node, percent)))
+                    client.create(Pod.from_dict(_pod(name, ns, percent)))
+                    # (kubectl: lightkube decodes the Binding's answer, a Status, as a Binding)
+                    k8s_cluster.kubectl("create", "-f", "-",
+                                        input=json.dumps(binding(name, ns, node)))
                     key = f"{ns}/{name}"
                     if now < down_until and len(born_down) < 3:
                         born_down.append(key)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.binding import BY_HAND, binding
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import running_webhook
@@ -29,9 +30,10 @@ LABEL = "egpu-budget-priority"
 PERIOD_S = 60  # core.budget.MIN_PERIOD_S: the shortest period a GPUBudget may have
 
 
-def _pod(name: str, ns: str, node: str) -> dict[str, Any]:
+def _pod(name: str, ns: str) -> dict[str, Any]:
+    """A GPU pod for the test to bind to its node (`egpu_testing.binding`)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
+            "spec": {"schedulerName": BY_HAND, "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "main", "image": "cuda", "resources": {
                          "limits": {"tencent.com/vcuda-core": "100"}}}]}}
 
@@ -79,7 +81,10 @@ def test_small_budget_default_priority_until_spent_then_lower_then_refilled(
                 if dry_run:
                     args.insert(1, "--dry-run=server")
                 out: dict[str, Any] = json.loads(k8s_cluster.kubectl(
-                    *args, input=json.dumps(_pod(name, ns, node))).stdout)
+                    *args, input=json.dumps(_pod(name, ns))).stdout)
+                if not dry_run:
+                    k8s_cluster.kubectl("create", "-f", "-",
+                                        input=json.dumps(binding(name, ns, node)))
                 return out
 
             wait_for("the keeper's first status", lambda: over() == "False", 30)

@@ -383,7 +383,7 @@ def test_the_plain_manifests_apply_as_install_md_says(helm: Helm, k8s_cluster: A
                   "templates/scheduler-tls.yaml").stdout
     files = ["deploy/scheduler/rbac.yaml", "deploy/scheduler/scheduler.yaml",
              "deploy/scheduler/kube-scheduler.yaml", "deploy/agent/", "deploy/webhook/",
-             "deploy/controller/"]
+             "deploy/controller/", "deploy/admission-policies/"]
     result = k8s_cluster.kubectl(
         "apply", "--dry-run=server", "-o", "name", "-f", "-",
         *(a for f in files for a in ("-f", str(ROOT / f))), input=secret, check=False,

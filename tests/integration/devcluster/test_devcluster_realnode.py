@@ -213,3 +213,35 @@ def test_agent_hands_real_containers_their_assigned_cards(
         phase = plane.kubectl("get", "pod", name, "-n", k8s_namespace, "-o",
                               "jsonpath={.status.phase}").stdout
         assert phase == "Running"
+
+
+def test_a_copy_of_a_running_pods_assignment_gets_no_card_from_the_real_kubelet(
+        gpu_real_node: GpuNode, k8s_cluster: ControlPlane, k8s_namespace: str) -> None:
+    """Issue #26 1c, on a real kubelet: a GPU pod created bound to the node with a copy of a
+    running pod's assignment was admitted and got that pod's card. The webhook and the admission
+    policy refuse such a pod; here it is created anyway (as an admin, with neither), and the
+    agent's Allocate still refuses it: kubelet fails its admission, it never runs."""
+    node, plane = gpu_real_node.node, k8s_cluster
+    owner, _ = run_pod(plane, k8s_namespace, pod(
+        "owner", gpu_real_node.scheduler_name, node.busybox_image, {GPU: "1", NODE_CORE: "100"}))
+    thief = pod("thief", gpu_real_node.scheduler_name, node.busybox_image,
+                {GPU: "1", NODE_CORE: "100"})
+    thief["spec"]["nodeName"] = node.name
+    thief["metadata"]["annotations"] = {key: owner["metadata"]["annotations"][key]
+                                        for key in (ann.ASSIGNMENT, ann.ASSIGNED_NODE)}
+    plane.kubectl("create", "-n", k8s_namespace, "-f", "-", input=json.dumps(thief))
+    status: dict[str, Any] = {}
+
+    def failed() -> bool:
+        nonlocal status
+        status = json.loads(plane.kubectl("get", "pod", "thief", "-n", k8s_namespace, "-o",
+                                          "json").stdout).get("status", {})
+        assert status.get("phase") != "Running", f"the thief runs: {status}"
+        return status.get("phase") == "Failed"
+
+    wait_for(failed, "the thief's admission to fail", gpu_real_node.agent, timeout_s=120)
+    assert "held by" in status.get("message", ""), status
+    assert "owner" in status.get("message", ""), status
+    phase = plane.kubectl("get", "pod", "owner", "-n", k8s_namespace, "-o",
+                          "jsonpath={.status.phase}").stdout
+    assert phase == "Running"

@@ -99,7 +99,8 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
         share["metadata"] = {"name": "share", "annotations": {
             "elasticgpu.io/assignment": json.dumps({"v": 1, "node": "gpu-node-001", "containers": {
                 "main": [{"index": 2, "uuid": "GPU-fake-gpu-node-001-2", "milli": 300,
-                          "memoryMiB": 4096}]}})}}
+                          "memoryMiB": 4096}]}}),
+            "elasticgpu.io/assigned-node": "gpu-node-001"}}
         share["spec"]["nodeName"] = "gpu-node-001"
         share["spec"]["containers"][0]["resources"] = {}
         kubectl(kc, "apply", "-f", "-", input=json.dumps(share))

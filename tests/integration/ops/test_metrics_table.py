@@ -126,7 +126,8 @@ def test_every_component_exposes_exactly_the_documented_metrics(
         # series then have samples, so their labels are checked as well as their names
         share = CardShare(1, f"GPU-fake-{agent_node}-1", 300, 2048)
         pod = pod_manifest("holder", k8s_namespace, limits={CORE: "30"}, annotations={
-            ann.ASSIGNMENT: Assignment(agent_node, {"main": (share,)}).to_json()})
+            ann.ASSIGNMENT: Assignment(agent_node, {"main": (share,)}).to_json(),
+            ann.ASSIGNED_NODE: agent_node})
         pod["spec"]["nodeName"] = agent_node
         k8s_cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
         container = (f'elasticgpu_scheduler_container_compute_allocated_millicards'

@@ -47,6 +47,9 @@ class Pods:
     def on_node(self, node: str) -> list[dict[str, Any]]:
         return [p for p in self.pods if p["spec"].get("nodeName") == node]
 
+    def live_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self.on_node(node)
+
 
 def elastic_gpu(claim: Claim, card: int) -> ElasticGPU:
     """The ElasticGPU provisioned for `claim`: its share of one card of the node."""
@@ -69,6 +72,7 @@ def bound_claim_pod(name: str, claim: Claim, egpu: ElasticGPU) -> dict[str, Any]
     assignment = json.loads(Assignment(NODE, {"test-cuda": egpu.shares}).to_json())
     assignment["claims"] = {"test-cuda": egpu.name}
     pod["metadata"]["annotations"][ann.ASSIGNMENT] = json.dumps(assignment)
+    pod["metadata"]["annotations"][ann.ASSIGNED_NODE] = NODE
     pod["spec"]["nodeName"] = NODE
     pod["status"] = {"phase": "Pending"}
     return pod

@@ -21,7 +21,7 @@ CORE = "elasticgpu.io/gpu-core"
 def pod(name: str, shares: dict[str, list[CardShare]], core: int = 30, node: str = "n1",
         created: str = "2026-01-01T00:00:00Z", **extra: Any) -> dict[str, Any]:
     annotations = {ann.ASSIGNMENT: Assignment(node, {k: tuple(v) for k, v in shares.items()})
-                   .to_json()}
+                   .to_json(), ann.ASSIGNED_NODE: node}
     annotations.update(extra.pop("annotations", {}))
     return {
         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",

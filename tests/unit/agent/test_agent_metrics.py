@@ -35,11 +35,15 @@ class Pods:
     def on_node(self, node: str) -> list[dict[str, Any]]:
         return [p for p in self.pods if p["spec"]["nodeName"] == node]
 
+    def live_on_node(self, node: str) -> list[dict[str, Any]]:
+        return self.on_node(node)
+
 
 def pod(name: str, shares: dict[str, list[CardShare]], phase: str = "Running") -> dict[str, Any]:
     assignment = Assignment(NODE, {c: tuple(s) for c, s in shares.items()})
     return {"metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}",
-                         "annotations": {ann.ASSIGNMENT: assignment.to_json()}},
+                         "annotations": {ann.ASSIGNMENT: assignment.to_json(),
+                                         ann.ASSIGNED_NODE: NODE}},
             "spec": {"nodeName": NODE, "containers": [{"name": c} for c in shares]},
             "status": {"phase": phase}}
 

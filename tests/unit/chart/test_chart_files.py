@@ -58,3 +58,16 @@ def test_tenant_rbac_file_is_the_tenant_rules() -> None:
     text = (CHART / "files" / "tenant-rbac.yaml").read_text()
     assert yaml.safe_load(text) == TENANT_RULES, "run: PYTHONPATH=src python hack/gen-chart-files.py"
     assert text == _generator().tenant_rules()
+
+
+def test_admission_policy_files_are_the_sandboxs_policies() -> None:
+    generator = _generator()
+    from elastic_gpu.k8s import admission_policies
+
+    for name, manifests in (("ledger-policies.yaml", admission_policies.ledger_manifests()),
+                            ("admission-opt-out-policy.yaml",
+                             admission_policies.opt_out_manifests())):
+        text = (CHART / "files" / name).read_text()
+        assert [d for d in yaml.safe_load_all(text) if d] == manifests, (
+            "run: PYTHONPATH=src python hack/gen-chart-files.py")
+        assert text == generator.policies(manifests)

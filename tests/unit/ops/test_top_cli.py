@@ -31,7 +31,8 @@ def pod(name: str, node: str | None, shares: dict[str, list[CardShare]],
     assignment = Assignment(node or "gpu-a", {c: tuple(s) for c, s in shares.items()},
                             claims or {})
     return {"metadata": {"name": name, "namespace": "ml", **meta,
-                         "annotations": {ann.ASSIGNMENT: assignment.to_json()}},
+                         "annotations": {ann.ASSIGNMENT: assignment.to_json(),
+                                         ann.ASSIGNED_NODE: assignment.node}},
             "spec": {"nodeName": node} if node else {}, "status": {"phase": "Running"}}
 
 

@@ -115,7 +115,7 @@ def test_an_elasticgpu_and_a_pod_annotated_on_the_same_cards_are_both_counted() 
     feed(state, egpus=[elasticgpu_object("e1", "n1", [share("n1", 0, 1000)])])
     squatter = pod_manifest("sq", uid="uid-sq", limits={CORE: "50"})
     squatter["metadata"]["annotations"] = {ann.ASSIGNMENT: Assignment(
-        "n1", {"main": (share("n1", 0, 500),)}).to_json()}
+        "n1", {"main": (share("n1", 0, 500),)}).to_json(), ann.ASSIGNED_NODE: "n1"}
     squatter["spec"]["nodeName"] = "n1"
     state.observe_pod(squatter)
     assert used(state, "n1") == 1000 and "uid-sq" in state.conflicts()

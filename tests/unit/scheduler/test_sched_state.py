@@ -44,8 +44,11 @@ def share_pod(name: str, percent: int, memory: int = 0, **kw: Any) -> dict[str, 
 
 def annotated(pod: dict[str, Any], assignment: Assignment, rv: int = 10,
               node_name: str = "") -> dict[str, Any]:
+    """`pod` with the annotations the scheduler's Binding writes (assignment, assigned node)."""
     pod = json.loads(json.dumps(pod))
-    pod["metadata"].setdefault("annotations", {})[ann.ASSIGNMENT] = assignment.to_json()
+    notes = pod["metadata"].setdefault("annotations", {})
+    notes[ann.ASSIGNMENT] = assignment.to_json()
+    notes[ann.ASSIGNED_NODE] = assignment.node
     pod["metadata"]["resourceVersion"] = str(rv)
     if node_name:
         pod["spec"]["nodeName"] = node_name
@@ -179,22 +182,21 @@ def test_terminated_deleted_and_rebound_pods_release() -> None:
     assert used(state, "n1") == 0
 
 
-def test_pending_pod_with_annotation_holds_and_is_filtered_without_it() -> None:
+def test_an_annotated_pod_that_is_not_bound_holds_nothing() -> None:
     state = ready_state([gpu_node("n1"), gpu_node("n2")])
     pod = share_pod("a", 80)
     other = pod_request_from_manifest(share_pod("b", 80))
-    # An annotated pod that is not bound (written by hand, or by an older scheduler).
+    # An annotated pod that is not bound: no Binding of the scheduler wrote it (issue #26: a
+    # hand-written assignment on a pod that never schedules held a node's cards).
     token, assignment = state.reserve(pod_request_from_manifest(pod), "uid-a", "n1")
     state.settle("uid-a", token, "failed")
     state.observe_pod(annotated(pod, assignment))
-    request = pod_request_from_manifest(pod)
-    # Its own hold does not keep the pod from its node when it is filtered again...
-    assert state.filter(request, "uid-a", ["n1", "n2"]).feasible == ["n1", "n2"]
-    # ...but it does keep others out.
-    assert state.filter(other, "uid-b", ["n1"]).feasible == []
-    # Bound elsewhere, with the new assignment: the old hold is gone, nothing counted twice.
+    assert used(state, "n1") == 0 and "uid-a" in state.distrusted()
+    assert state.filter(other, "uid-b", ["n1"]).feasible == ["n1"]
+    # Bound, with the assignment its Binding wrote: counted where it is bound, and only there.
     bind(state, annotated(pod, assignment), "n2")
     assert used(state, "n1") == 0 and used(state, "n2") == 800
+    assert state.distrusted() == {}
 
 
 def test_failed_reserve_keeps_what_was_held() -> None:

@@ -1,0 +1,190 @@
+"""The ValidatingAdmissionPolicies that keep the system's records to the system (issue #26,
+docs/architecture.md "Who writes the ledger"), as plain dicts: one source for the Helm chart
+(`charts/elastic-gpu/files/admission-policies.yaml`, written by hack/gen-chart-files.py and
+checked by tests/unit/chart) and for `egpu sandbox up` (`install`).
+
+- `elastic-gpu-pod-ledger`: a pod may not be created with an annotation the system owns
+  (`core.annotations.SYSTEM_POD_ANNOTATIONS`; those the webhook writes at creation excepted,
+  it is authoritative over them), and no one but the system adds, changes or removes one;
+- `elastic-gpu-mig-rules`: MIGSubstitutions (which the MIG adapter turns into pods) are
+  created and changed only by the system;
+- `elastic-gpu-admission-opt-out`: the webhook's opt-out label `elasticgpu.io/admission` is
+  set on a pod or namespace only by who holds `use` on `admission-opt-out.elasticgpu.io`.
+
+"The system" is whoever holds a virtual RBAC permission (`write` on `ledger.elasticgpu.io`),
+asked through CEL's authorizer: the chart grants it to the ServiceAccount that writes these
+records, cluster admins hold it through `*`, `edit` and `admin` never do. No ServiceAccount name
+is written into a policy, so the same objects serve the chart, the sandbox (whose components use
+the admin's credentials) and any other installation.
+
+The Binding subresource (`pods/binding`, through which the scheduler writes the assignment)
+and `pods/status` are not `pods` to a policy: they are not matched, and `edit` has neither.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.admission import OPT_OUT_LABEL
+from elastic_gpu.k8s.migsubstitution import PLURAL as RULES_PLURAL
+
+API_VERSION = "admissionregistration.k8s.io/v1"
+POD_LEDGER = "elastic-gpu-pod-ledger"
+MIG_RULES = "elastic-gpu-mig-rules"
+OPT_OUT = "elastic-gpu-admission-opt-out"
+LABELS = {"app.kubernetes.io/part-of": "elastic-gpu"}
+#: Where the reasoning is, for every message.
+SEE = 'docs/architecture.md, "Who writes the ledger"'
+
+
+def _cel(text: str) -> str:
+    """A CEL string literal (JSON's escaping is CEL's for these strings)."""
+    return json.dumps(text)
+
+
+def system_check() -> str:
+    """CEL: the requester holds the system's virtual permission (cluster-wide)."""
+    return (f"authorizer.group({_cel(ann.SYSTEM_PERMISSION_GROUP)})"
+            f".resource({_cel(ann.SYSTEM_PERMISSION_RESOURCE)})"
+            f".check({_cel(ann.SYSTEM_PERMISSION_VERB)}).allowed()")
+
+
+def _annotation(obj: str, key: str) -> str:
+    """CEL: the optional value of annotation `key` of `obj` (`optional.none()` when absent)."""
+    return f"{obj}.metadata.?annotations[?{_cel(key)}]"
+
+
+def _label(obj: str, key: str) -> str:
+    return f"{obj}.metadata.?labels[?{_cel(key)}]"
+
+
+def _annotation_validation(note: ann.SystemAnnotation) -> dict[str, Any]:
+    unchanged = f"({_annotation('object', note.key)} == {_annotation('oldObject', note.key)})"
+    head = f"{note.key} is written only by {note.writer}"
+    if note.set_at_create:
+        # the webhook writes it during the CREATE of whoever makes the pod, and drops any value
+        # it did not write (core.admission.mig_substitution)
+        expression = f"variables.system || request.operation == 'CREATE' || {unchanged}"
+        return {"expression": expression, "reason": "Forbidden",
+                "message": f"{head}: it may not be added, changed or removed ({SEE})"}
+    absent = f"!{_annotation('object', note.key)}.hasValue()"
+    expression = (f"variables.system || (request.operation == 'CREATE' ? {absent} : "
+                  f"{unchanged})")
+    message = (f"request.operation == 'CREATE' ? "
+               f"{_cel(f'{head}: remove it from your pod ({SEE})')} : "
+               f"{_cel(f'{head}: it may not be added, changed or removed ({SEE})')}")
+    return {"expression": expression, "messageExpression": message, "reason": "Forbidden"}
+
+
+def _policy(name: str, rules: list[dict[str, Any]], variables: list[dict[str, str]],
+            validations: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": dict(LABELS)},
+            "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": rules},
+                     "variables": variables, "validations": list(validations)}}
+
+
+def pod_ledger_policy() -> dict[str, Any]:
+    """Pods: the system's annotations are the system's."""
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+              "resources": ["pods"]}]
+    return _policy(POD_LEDGER, rules, [{"name": "system", "expression": system_check()}],
+                   (_annotation_validation(n) for n in ann.SYSTEM_POD_ANNOTATIONS))
+
+
+def mig_rules_policy() -> dict[str, Any]:
+    """MIGSubstitutions: written by the system only."""
+    rules = [{"apiGroups": [ann.PREFIX], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+              "resources": [RULES_PLURAL, f"{RULES_PLURAL}/status"]}]
+    message = ("MIGSubstitution rules are written only by the Elastic GPU controller (the MIG "
+               "adapter re-creates pods from them, docs/mig-adapter.md); no one else may create "
+               f"or change one ({SEE})")
+    return _policy(MIG_RULES, rules, [{"name": "system", "expression": system_check()}],
+                   [{"expression": "variables.system", "message": message,
+                     "reason": "Forbidden"}])
+
+
+def opt_out_policy() -> dict[str, Any]:
+    """The webhook's opt-out label, on pods (namespaced grants count) and namespaces."""
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+              "resources": ["pods", "namespaces"]}]
+    check = (f".resource({_cel(ann.OPT_OUT_PERMISSION_RESOURCE)})"
+             f"{{}}.check({_cel(ann.OPT_OUT_PERMISSION_VERB)}).allowed()")
+    group = f"authorizer.group({_cel(ann.SYSTEM_PERMISSION_GROUP)})"
+    allowed = (f"request.resource.resource == 'namespaces' ? {group}{check.format('')} : "
+               f"{group}{check.format('.namespace(request.namespace)')}")
+    label = _label("object", OPT_OUT_LABEL)
+    expression = (f"variables.allowed || !{label}.hasValue() || (request.operation == 'UPDATE' "
+                  f"&& {label} == {_label('oldObject', OPT_OUT_LABEL)})")
+    message = (f"the label {OPT_OUT_LABEL} makes the Elastic GPU webhook skip the object (its "
+               "budget, quota and checks); only holders of the permission "
+               f"'{ann.OPT_OUT_PERMISSION_VERB}' on "
+               f"'{ann.OPT_OUT_PERMISSION_RESOURCE}.{ann.SYSTEM_PERMISSION_GROUP}', which a "
+               "cluster admin grants, may set it: remove it (docs/webhook.md, \"Opting out\")")
+    return _policy(OPT_OUT, rules, [{"name": "allowed", "expression": allowed}],
+                   [{"expression": expression, "message": message, "reason": "Forbidden"}])
+
+
+def binding(policy: dict[str, Any]) -> dict[str, Any]:
+    """The policy's binding: everywhere, refusing."""
+    name = str(policy["metadata"]["name"])
+    return {"apiVersion": API_VERSION, "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": dict(LABELS)},
+            "spec": {"policyName": name, "validationActions": ["Deny"]}}
+
+
+def ledger_manifests() -> list[dict[str, Any]]:
+    """The ledger's policies (pods' system annotations, MIG rules) and their bindings."""
+    policies = [pod_ledger_policy(), mig_rules_policy()]
+    return policies + [binding(p) for p in policies]
+
+
+def opt_out_manifests() -> list[dict[str, Any]]:
+    policy = opt_out_policy()
+    return [policy, binding(policy)]
+
+
+def manifests() -> list[dict[str, Any]]:
+    """Every policy and binding, as the sandbox applies them."""
+    return ledger_manifests() + opt_out_manifests()
+
+
+#: Who `probe_refused` asks as: kube-apiserver's bootstrap RBAC lets the ReplicaSet controller
+#: create pods anywhere, and it does not hold the system's permission.
+PROBE_USER = "system:serviceaccount:kube-system:replicaset-controller"
+
+
+def probe_pod() -> dict[str, Any]:
+    """A pod that `elastic-gpu-pod-ledger` refuses to anyone but the system: it carries an
+    assignment (and asks no GPU, so no webhook is called)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "elastic-gpu-policy-probe",
+                         "annotations": {ann.ASSIGNMENT: "{}"}},
+            "spec": {"automountServiceAccountToken": False,
+                     "containers": [{"name": "probe", "image": "probe"}]}}
+
+
+def probe_refused(stderr: str) -> bool:
+    """Whether a (dry-run) create of `probe_pod` as `PROBE_USER` was refused by the policy:
+    kube-apiserver enforces a policy only once its informer has it, a moment after creation."""
+    return POD_LEDGER in stderr
+
+
+def install(client: Any, objects: Iterable[dict[str, Any]] | None = None) -> None:
+    """Create each policy and binding, or replace its spec (an installer's credentials)."""
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+    from lightkube.types import PatchType
+
+    for manifest in manifests() if objects is None else objects:
+        obj = codecs.from_dict(manifest)
+        try:
+            client.create(obj)
+        except ApiError as err:
+            if err.status.code != 409:
+                raise
+            client.patch(type(obj), manifest["metadata"]["name"], {"spec": manifest["spec"]},
+                         patch_type=PatchType.MERGE)
