@@ -52,6 +52,7 @@ from elastic_gpu.core.admission import (
 )
 from elastic_gpu.core.budget import PriorityDowngrade
 from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
@@ -224,12 +225,14 @@ class Admission:
 
     def _decode(self, body: bytes) -> _Request | tuple[int, bytes, str]:
         """The review's request when it is a pod CREATE to judge, else the answer."""
+        # Before anything decodes or walks it (the core reads the pod recursively).
+        deep = nesting_refusal(body, "the AdmissionReview")
+        if deep is not None:
+            return _bad_request(deep)
         try:
             review = _DECODER.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             return _bad_request(f"not an AdmissionReview: {err}")
-        except RecursionError:
-            return _bad_request("not an AdmissionReview: nested too deeply")
         if review.apiVersion != API_VERSION or review.kind != "AdmissionReview":
             return _bad_request(f"apiVersion {review.apiVersion!r} kind {review.kind!r}: "
                                 f"expected {API_VERSION} AdmissionReview")

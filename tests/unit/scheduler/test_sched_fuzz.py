@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from egpu_testing.workbench import ServedExtender, ready_state
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.server import BIND_BODY_BYTES, Extender
 
 NODES = [Node(f"n{i}", 64_000, 256_000, (Card(0, f"GPU-{i}", "A100", 16384),
                                         Card(1, f"GPU-{i}b", "T4", 16384)),
@@ -233,3 +233,29 @@ def test_random_combinations_of_mutations(server: ServedExtender, case: tuple[st
        body=st.binary(max_size=200) | json_values().map(lambda v: json.dumps(v).encode()))
 def test_random_bodies(server: ServedExtender, verb: str, body: bytes) -> None:
     check(server, verb, body)
+
+
+#: The issue's hostile bodies (issue 26, item 8): 100,000 levels of lists or objects, alone or
+#: as the value of a field the extender reads or ignores. They answered 500 (RecursionError).
+DEEP_BODIES = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+    b'{"Pod": ' + b"[" * 100_000 + b"]" * 100_000 + b', "NodeNames": ["n0"]}',
+    b'{"Pod": {}, "NodeNames": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"Extra": ' + b"[" * 100_000 + b"]" * 100_000 + b', "Pod": {}, "NodeNames": ["n0"]}',
+    b"[" * 100_000,  # never closed
+    b"[" * 30_000 + b"]" * 30_000,  # under a bind's 64 KiB
+    b'{"PodName": ' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind", "preempt", "provision"])
+def test_deep_nesting_is_refused_with_400_naming_the_limit(server: ServedExtender,
+                                                           verb: str) -> None:
+    for body in DEEP_BODIES:
+        status, answer = server.post(f"/{verb}", body)
+        if verb in ("bind", "provision") and len(body) > BIND_BODY_BYTES:
+            assert status == 413 and "bytes is over the limit" in answer["Error"], answer
+            continue
+        assert status == 400, (verb, status, answer, body[:40])
+        assert "levels deep, more than the limit of 256" in answer["Error"], answer
