@@ -198,16 +198,22 @@ class _NodeListTop(_S):
     items: Annotated[list[Raw], Meta(max_length=1_000_000)] | None = None
 
 
-class ExtenderBindingArgs(_S):
-    PodName: Name
-    PodNamespace: Name
-    PodUID: Uid
-    Node: Name
-
-
 #: A Kubernetes object name (DNS subdomain): lower-case alphanumerics, '-' and '.'.
 DnsName = Annotated[str, Meta(min_length=1, max_length=253,
                               pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+#: A namespace name (DNS label): no dots, at most 63 characters.
+DnsLabel = Annotated[str, Meta(min_length=1, max_length=63,
+                               pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class ExtenderBindingArgs(_S):
+    """Names only the API server could have stored: they go into API paths (and
+    `kube.paths.api_path` checks them again there)."""
+
+    PodName: DnsName
+    PodNamespace: DnsLabel
+    PodUID: Uid
+    Node: DnsName
 
 
 class ProvisionArgs(Struct, forbid_unknown_fields=True):
@@ -215,7 +221,7 @@ class ProvisionArgs(Struct, forbid_unknown_fields=True):
     Strict: every field required, no other field (the controller is ours: anything else is a
     bug or not from it)."""
 
-    namespace: DnsName
+    namespace: DnsLabel
     name: DnsName
     uid: Uid
 

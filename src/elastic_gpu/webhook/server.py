@@ -54,6 +54,7 @@ from elastic_gpu.core.budget import PriorityDowngrade
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.names import InvalidName, NameRule, check_name
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
@@ -245,6 +246,10 @@ class Admission:
                 request.operation != "CREATE":
             # Not what this webhook governs (the registration sends only pod CREATEs).
             return 200, _answer(request.uid, True), "not_governed"
+        try:  # it goes into API paths (claims, rules, budgets): one kube-apiserver could send
+            check_name(self._namespace(request), NameRule.LABEL, "request.namespace")
+        except InvalidName as err:
+            return _bad_request(f"not an AdmissionReview kube-apiserver sends: {err}")
         return request
 
     @staticmethod
@@ -558,9 +563,15 @@ class WebhookServer:
         from aiohttp import web
 
         from elastic_gpu.k8s.client import async_client
+        from elastic_gpu.kube.client import KubeClient
         from elastic_gpu.webhook.kube import NodeFacts, SecretStore, initial_bundle
 
         client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")
+        # Live reads with names from reviews go by checked, escaped paths (kube.paths).
+        reader = KubeClient.from_config(self.options.kubeconfig)
+        self.claim_cache.reader = self.rule_cache.reader = reader
+        if self.budgets is not None:
+            self.budgets.reader = reader
         tasks: list[asyncio.Task[None]] = []
         try:
             if self.options.cert_dir is not None:
@@ -577,6 +588,8 @@ class WebhookServer:
         except Exception as err:
             with contextlib.suppress(Exception):
                 await client.close()
+            with contextlib.suppress(Exception):
+                await reader.close()
             where = (f"--cert-dir {self.options.cert_dir}" if self.options.cert_dir else
                      f"Secret {self.options.namespace}/{self.options.secret_name}")
             raise WebhookStartError(f"no serving certificate from {where}: {err}") from err
@@ -613,6 +626,8 @@ class WebhookServer:
             self.tls.close()
             with contextlib.suppress(Exception):
                 await client.close()
+            with contextlib.suppress(Exception):
+                await reader.close()
 
 
 def _read_cert_dir(directory: Path) -> tuple[str, str, str]:
