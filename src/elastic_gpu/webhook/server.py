@@ -52,9 +52,11 @@ from elastic_gpu.core.admission import (
 )
 from elastic_gpu.core.budget import PriorityDowngrade
 from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.core.names import InvalidName, NameRule, check_name
+from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
@@ -392,6 +394,8 @@ class WebhookOptions:
     budget_finalizer: bool = False
     #: GPU containers get the canonical quota resources (the scheduler must ignore them)
     quota: bool = False
+    #: handshake/header and idle timeouts, and the cap on open connections (issue 26, item 9)
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def mutators(self) -> tuple[Mutator, ...]:
         from elastic_gpu.core.quota import QUOTA_MUTATORS
@@ -438,6 +442,8 @@ class WebhookServer:
         self.registered = asyncio.Event()
         self.nodes_synced = asyncio.Event()
         self._policies = default_policies()
+        #: the serving site's connections (set when it serves)
+        self.gate: ConnectionGate | None = None
 
     # facts ---------------------------------------------------------------------------------
     def set_nodes(self, nodes: Sequence[NodeGpus]) -> None:
@@ -600,10 +606,13 @@ class WebhookServer:
         tasks.append(asyncio.create_task(self.rule_cache.run(client)))
         if self.budgets is not None:
             tasks.append(asyncio.create_task(self.budgets.run(client)))
-        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
+        limits = self.options.connection_limits
+        self.gate = gate = ConnectionGate(limits)
+        runner = web.AppRunner(gated_app(self.app(), gate), access_log=None,
+                               shutdown_timeout=5.0, **runner_options(limits))
         await runner.setup()
-        site = web.TCPSite(runner, self.options.host, self.options.port,
-                           ssl_context=self.tls.context, reuse_address=True)
+        site = GatedSite(runner, self.options.host, self.options.port, gate=gate,
+                         ssl_context=self.tls.context, reuse_address=True)
         await site.start()
         log.info("serving AdmissionReviews on https://%s:%d", self.options.host,
                  self.options.port)
