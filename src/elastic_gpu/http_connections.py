@@ -3,15 +3,15 @@
 aiohttp closes a kept-alive connection after its keepalive_timeout, but it never closes one
 that has not sent a request yet, asyncio gives a TLS handshake 60 s, and nothing bounds how
 many connections are open (issue 26, item 9). `GatedSite` is aiohttp's TCPSite with a
-`ConnectionGate` in front of each connection, at the TCP level, from accept:
+`ConnectionGate` between the stream and aiohttp's handler of each connection:
 
-- TLS is started by the gate (`loop.start_tls`, the handshake bounded by the header
-  timeout), so a connection is counted, timed and closable before and during its handshake,
-  not only once aiohttp sees it;
+- a connection is counted from accept (the protocol factory), before its TLS handshake, and
+  the handshake gets `header_timeout_s` (the loop's `ssl_handshake_timeout`);
 - a timer closes a connection that has no request in progress: `header_timeout_s` after
   accept, `idle_timeout_s` after each answer (a request in progress is never timed out here);
 - at `max_connections`, `core.connlimits.make_room` decides: the oldest idle connections are
-  closed for the new one, or the new one is closed at once when every connection is busy.
+  closed for the new one, or the new one is closed as soon as its stream is up when none can
+  be (every connection busy, or still in its handshake, which ends by the header timeout).
 
 A request is "in progress" from its complete headers (an aiohttp middleware) to the return of
 its handler; a client that trickles its headers stays idle and meets the header timeout.
@@ -41,105 +41,27 @@ def fd_limit() -> int | None:
 
 
 class _Connection(asyncio.Protocol):
-    """One accepted TCP connection: counted by the gate from accept to close. It starts TLS
-    itself (when the site serves HTTPS) and then hands the stream to aiohttp's handler
-    through `_App`."""
+    """One accepted connection, counted by the gate from accept to close: the protocol the
+    stream (TLS or plain) delivers to, forwarding to aiohttp's handler."""
 
-    def __init__(self, gate: ConnectionGate, handler_factory: Callable[[], Any],
-                 context: ssl.SSLContext | None) -> None:
+    def __init__(self, gate: ConnectionGate, handler_factory: Callable[[], Any]) -> None:
         self.gate = gate
         self.handler: Any = handler_factory()
-        self.context = context
-        self.tcp: asyncio.Transport | None = None
+        #: the stream's transport once TLS is up (asyncio's or uvloop's: typed loosely)
+        self.transport: Any = None
         self.busy = 0
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
-        self._starting: asyncio.Task[None] | None = None
+        self.refused = not gate.admit(self)
+        if not self.refused:
+            self.arm(gate.limits.header_timeout_s)
 
-    # -- the TCP transport's protocol until TLS or aiohttp takes over ---------------------
+    # -- the stream ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.tcp = transport
-        if not self.gate.admit(self):
+        self.transport = transport
+        if self.refused or self.closed:
+            transport.abort()  # type: ignore[attr-defined]
             return
-        self.arm(self.gate.limits.header_timeout_s)
-        app = _App(self)
-        if self.context is None:
-            transport.set_protocol(app)
-            app.connection_made(transport)
-            return
-        transport.pause_reading()  # nothing is read before the TLS layer is in place
-        self._starting = asyncio.get_running_loop().create_task(self._start_tls(app))
-
-    async def _start_tls(self, app: _App) -> None:
-        assert self.tcp is not None and self.context is not None
-        try:
-            tls = await asyncio.get_running_loop().start_tls(
-                self.tcp, app, self.context, server_side=True,
-                ssl_handshake_timeout=self.gate.limits.header_timeout_s)
-        except (OSError, ssl.SSLError, ConnectionError, TimeoutError, RuntimeError) as err:
-            log.debug("TLS handshake failed: %s", err)
-            self.close()
-            return
-        if tls is None or self.closed:
-            self.close()
-            return
-        app.connection_made(tls)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        # only before TLS or aiohttp took the transport over
-        self.gone()
-
-    # -- lifecycle -------------------------------------------------------------------------
-    def arm(self, seconds: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired)
-
-    def _expired(self) -> None:
-        self.timer = None
-        if not self.busy:
-            self.gate.timeouts += 1
-            self.close()
-
-    def request_started(self) -> None:
-        self.busy += 1
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def request_finished(self) -> None:
-        self.busy -= 1
-        if not self.busy and not self.closed:
-            self.arm(self.gate.limits.idle_timeout_s)
-
-    def close(self) -> None:
-        """Close at once (an idle connection: nothing is lost)."""
-        if self.tcp is not None and not self.tcp.is_closing():
-            self.tcp.abort()
-        self.gone()
-
-    def gone(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self._starting is not None and not self._starting.done():
-            self._starting.cancel()
-        self.gate.forget(self)
-
-
-class _App(asyncio.Protocol):
-    """The stream's protocol (TLS or plain): aiohttp's handler, and the gate told when the
-    connection is gone."""
-
-    def __init__(self, connection: _Connection) -> None:
-        self.connection = connection
-        self.handler = connection.handler
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -157,10 +79,60 @@ class _App(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
-            if getattr(self.handler, "transport", None) is not None:
+            if not self.refused and getattr(self.handler, "transport", None) is not None:
                 self.handler.connection_lost(exc)
         finally:
-            self.connection.gone()
+            self.gone()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def closable(self) -> bool:
+        """Idle, with a transport to close (a TLS handshake in progress has none yet: the
+        loop's handshake timeout, the header timeout, ends it)."""
+        return not self.busy and self.transport is not None
+
+    def arm(self, seconds: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.busy:
+            return
+        self.gate.timeouts += 1
+        if self.transport is None:
+            # still in its TLS handshake, which the loop aborts at the same timeout (or it
+            # failed, unseen): no longer counted; if it completes after all, it is closed
+            self.gone()
+        else:
+            self.close()
+
+    def request_started(self) -> None:
+        self.busy += 1
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def request_finished(self) -> None:
+        self.busy -= 1
+        if not self.busy and not self.closed:
+            self.arm(self.gate.limits.idle_timeout_s)
+
+    def close(self) -> None:
+        """Close at once (an idle connection: nothing is lost)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+        self.gone()
+
+    def gone(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.gate.forget(self)
 
 
 class ConnectionGate:
@@ -180,21 +152,20 @@ class ConnectionGate:
     def open_count(self) -> int:
         return len(self._open)
 
-    def protocol_factory(self, handler_factory: Callable[[], Any],
-                         context: ssl.SSLContext | None) -> Callable[[], asyncio.Protocol]:
-        return lambda: _Connection(self, handler_factory, context)
+    def protocol_factory(self, handler_factory: Callable[[], Any]
+                         ) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Connection(self, handler_factory)
 
     def admit(self, connection: _Connection) -> bool:
-        idle = [c for c in self._open if not c.busy]
+        """Count a connection just accepted, making room (`make_room`) if the cap is reached;
+        False: refused (closed as soon as its stream is up)."""
+        idle = [c for c in self._open if c.closable]
         room = make_room(len(self._open), idle, self.cap)
         for old in room.close:
             self.shed += 1
             old.close()
         if room.refuse_new:
             self.refused += 1
-            connection.closed = True
-            if connection.tcp is not None:
-                connection.tcp.abort()
             return False
         self._open[connection] = None
         self._by_handler[id(connection.handler)] = connection
@@ -207,7 +178,7 @@ class ConnectionGate:
     def close_idle(self) -> None:
         """Close every connection with no request in progress (requests in progress finish:
         the extender drains its binds; aiohttp's cleanup closes the rest)."""
-        for connection in [c for c in self._open if not c.busy]:
+        for connection in [c for c in self._open if c.closable]:
             connection.close()
 
     @web.middleware
@@ -238,9 +209,12 @@ class GatedSite(web.TCPSite):
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
+        tls: dict[str, Any] = {} if self._ssl_context is None else {
+            "ssl": self._ssl_context,
+            "ssl_handshake_timeout": self.gate.limits.header_timeout_s}
         self._server = await asyncio.get_running_loop().create_server(
-            self.gate.protocol_factory(server, self._ssl_context), self._host, self._port,
-            backlog=self._backlog, reuse_address=self._reuse_address)
+            self.gate.protocol_factory(server), self._host, self._port,
+            backlog=self._backlog, reuse_address=self._reuse_address, **tls)
 
     async def stop(self) -> None:
         await super().stop()  # the listener closes: no new connections

@@ -694,14 +694,15 @@ class Extender:
             raise BindError(f"{where}: the pod asks for no GPU resource; this extender binds "
                             "only GPU pods (kube-scheduler sends it only pods naming one of "
                             "its managedResources)", definite=True)
-        refused = scheduler_refusal(manifest, self.state.config.scheduler_names)
-        if refused is not None:
-            self.metrics.bind_failures.labels("placement").inc()
-            raise BindError(f"{where}: {refused}", definite=True)
         node = self.state.node(args.Node)
         if node is None:
             raise BindError(f"{where}: node {args.Node} is unknown to the GPU scheduler",
                             definite=True)
+        # kube-scheduler binds only its own profiles' pods (core.schedulers)
+        refused = scheduler_refusal(manifest, self.state.config.scheduler_names)
+        if refused is not None:
+            self.metrics.bind_failures.labels("placement").inc()
+            raise BindError(f"{where}: {refused}", definite=True)
         try:
             rules = rules_from_manifest(manifest)
         except RulesError as err:

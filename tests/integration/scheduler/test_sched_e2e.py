@@ -66,7 +66,7 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
                                config={"filterResult": filter_result, **(config or {})})
     extender.start()
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     # filterResult: best goes with the configuration without prioritizeVerb (deploy/'s -best)
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
                                                         prioritize=filter_result == "all"))
@@ -231,6 +231,12 @@ def test_bind_rejects_unknown_pods_and_nodes_with_a_clear_error(
     status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
                                        "PodUID": uid, "Node": "ghost-node"})
     assert status == 200 and "node ghost-node is unknown" in body["Error"]
+    # issue 26, item 11: onto a real node, the pod of a scheduler that never calls the
+    # extender is refused, naming its schedulerName and the ones the extender serves
+    status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
+                                       "PodUID": uid, "Node": nodes[0]})
+    assert status == 200 and "the pod's schedulerName is 'nobody-schedules-this'" in \
+        body["Error"] and setup.extender.scheduler_name in body["Error"], body
     status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
                                        "PodUID": "another-uid", "Node": nodes[0]})
     assert status == 200 and "re-created" in body["Error"]
@@ -292,7 +298,7 @@ def test_the_deployed_rbac_is_enough_to_schedule(
     extender = ExtenderProcess(kubeconfig, port, tmp_path / "extender.log")
     extender.start()
     try:
-        name = unique_name("egpu-rbac")
+        name = extender.scheduler_name
         start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
         Setup(extender, name, client).wait_known(nodes, 2)
         create_pods(client, [pod_manifest("rbac", k8s_namespace, scheduler_name=name,

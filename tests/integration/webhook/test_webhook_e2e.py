@@ -98,7 +98,7 @@ def test_gpusharing_seed_pod_is_admitted_mutated_and_scheduled(
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()
     try:
-        scheduler = unique_name("egpu")
+        scheduler = extender.scheduler_name
         start_kube_scheduler(extender_kube_scheduler_config(extender.url, scheduler))
         wait_extender_knows(extender.url, eight_card_node, 8)
         seed = pod_json("seed", {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 15},
