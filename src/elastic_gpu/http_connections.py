@@ -2,16 +2,19 @@
 
 aiohttp closes a kept-alive connection after its keepalive_timeout, but it never closes one
 that has not sent a request yet, asyncio gives a TLS handshake 60 s, and nothing bounds how
-many connections are open (issue 26, item 9). `GatedSite` is aiohttp's TCPSite with a
-`ConnectionGate` between the stream and aiohttp's handler of each connection:
+many connections are open (issue 26, item 9). `GatedSite` is aiohttp's TCPSite with its own
+accept loop and a `ConnectionGate` that holds every connection from accept:
 
-- a connection is counted from accept (the protocol factory), before its TLS handshake, and
-  the handshake gets `header_timeout_s` (the loop's `ssl_handshake_timeout`);
+- each accepted socket is counted and timed at once, then handed to the loop
+  (`connect_accepted_socket`, TLS included, the handshake bounded by the header timeout) with
+  the gate between the stream and aiohttp's handler; the gate keeps the socket, so a
+  connection still in its handshake can be closed too (`shutdown`);
 - a timer closes a connection that has no request in progress: `header_timeout_s` after
   accept, `idle_timeout_s` after each answer (a request in progress is never timed out here);
 - at `max_connections`, `core.connlimits.make_room` decides: the oldest idle connections are
-  closed for the new one, or the new one is closed as soon as its stream is up when none can
-  be (every connection busy, or still in its handshake, which ends by the header timeout).
+  closed for the new one, or the new one is closed at once when every connection is busy;
+- out of file descriptors (EMFILE), accepting pauses briefly and resumes: the server never
+  fails for it.
 
 A request is "in progress" from its complete headers (an aiohttp middleware) to the return of
 its handler; a client that trickles its headers stays idle and meets the header timeout.
@@ -20,8 +23,10 @@ its handler; a client that trickles its headers stays idle and meets the header 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -44,22 +49,21 @@ class _Connection(asyncio.Protocol):
     """One accepted connection, counted by the gate from accept to close: the protocol the
     stream (TLS or plain) delivers to, forwarding to aiohttp's handler."""
 
-    def __init__(self, gate: ConnectionGate, handler_factory: Callable[[], Any]) -> None:
+    def __init__(self, gate: ConnectionGate, handler: Any, sock: socket.socket) -> None:
         self.gate = gate
-        self.handler: Any = handler_factory()
-        #: the stream's transport once TLS is up (asyncio's or uvloop's: typed loosely)
+        self.handler = handler
+        #: the accepted socket (the transport owns it once made; closed, its fileno is -1)
+        self.sock = sock
+        #: the stream's transport once up (asyncio's or uvloop's: typed loosely)
         self.transport: Any = None
         self.busy = 0
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
-        self.refused = not gate.admit(self)
-        if not self.refused:
-            self.arm(gate.limits.header_timeout_s)
 
     # -- the stream ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        if self.refused or self.closed:
+        if self.closed:
             transport.abort()  # type: ignore[attr-defined]
             return
         self.handler.connection_made(transport)
@@ -79,18 +83,12 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
-            if not self.refused and getattr(self.handler, "transport", None) is not None:
+            if getattr(self.handler, "transport", None) is not None:
                 self.handler.connection_lost(exc)
         finally:
             self.gone()
 
     # -- lifecycle -------------------------------------------------------------------------
-    @property
-    def closable(self) -> bool:
-        """Idle, with a transport to close (a TLS handshake in progress has none yet: the
-        loop's handshake timeout, the header timeout, ends it)."""
-        return not self.busy and self.transport is not None
-
     def arm(self, seconds: float) -> None:
         if self.timer is not None:
             self.timer.cancel()
@@ -98,14 +96,8 @@ class _Connection(asyncio.Protocol):
 
     def _expired(self) -> None:
         self.timer = None
-        if self.busy:
-            return
-        self.gate.timeouts += 1
-        if self.transport is None:
-            # still in its TLS handshake, which the loop aborts at the same timeout (or it
-            # failed, unseen): no longer counted; if it completes after all, it is closed
-            self.gone()
-        else:
+        if not self.busy:
+            self.gate.timeouts += 1
             self.close()
 
     def request_started(self) -> None:
@@ -120,9 +112,14 @@ class _Connection(asyncio.Protocol):
             self.arm(self.gate.limits.idle_timeout_s)
 
     def close(self) -> None:
-        """Close at once (an idle connection: nothing is lost)."""
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
+        """Close at once (an idle connection: nothing is lost). In its TLS handshake it has no
+        transport yet: shutting the socket down fails the handshake, and the loop closes it."""
+        if self.transport is not None:
+            if not self.transport.is_closing():
+                self.transport.abort()
+        else:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
         self.gone()
 
     def gone(self) -> None:
@@ -152,24 +149,34 @@ class ConnectionGate:
     def open_count(self) -> int:
         return len(self._open)
 
-    def protocol_factory(self, handler_factory: Callable[[], Any]
-                         ) -> Callable[[], asyncio.Protocol]:
-        return lambda: _Connection(self, handler_factory)
-
-    def admit(self, connection: _Connection) -> bool:
-        """Count a connection just accepted, making room (`make_room`) if the cap is reached;
-        False: refused (closed as soon as its stream is up)."""
-        idle = [c for c in self._open if c.closable]
+    def accepted(self, sock: socket.socket, handler_factory: Callable[[], Any],
+                 context: ssl.SSLContext | None) -> None:
+        """Take a socket just accepted: make room for it (`make_room`) or close it, then
+        time it and hand it to the loop (TLS, then aiohttp's handler)."""
+        idle = [c for c in self._open if not c.busy]
         room = make_room(len(self._open), idle, self.cap)
         for old in room.close:
             self.shed += 1
             old.close()
         if room.refuse_new:
             self.refused += 1
-            return False
+            sock.close()
+            return
+        connection = _Connection(self, handler_factory(), sock)
         self._open[connection] = None
         self._by_handler[id(connection.handler)] = connection
-        return True
+        connection.arm(self.limits.header_timeout_s)
+        asyncio.get_running_loop().create_task(self._stream(connection, context))
+
+    async def _stream(self, connection: _Connection, context: ssl.SSLContext | None) -> None:
+        tls: dict[str, Any] = {} if context is None else {
+            "ssl": context, "ssl_handshake_timeout": self.limits.header_timeout_s}
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: connection, connection.sock, **tls)
+        except (OSError, ssl.SSLError, ValueError, RuntimeError) as err:
+            log.debug("connection not established: %s", err)  # the loop closed the socket
+            connection.gone()
 
     def forget(self, connection: _Connection) -> None:
         self._open.pop(connection, None)
@@ -178,7 +185,7 @@ class ConnectionGate:
     def close_idle(self) -> None:
         """Close every connection with no request in progress (requests in progress finish:
         the extender drains its binds; aiohttp's cleanup closes the rest)."""
-        for connection in [c for c in self._open if c.closable]:
+        for connection in [c for c in self._open if not c.busy]:
             connection.close()
 
     @web.middleware
@@ -195,8 +202,21 @@ class ConnectionGate:
             connection.request_finished()
 
 
+class _Listener:
+    """The listening socket and its accept loop (what aiohttp's site keeps as `_server`)."""
+
+    def __init__(self, sock: socket.socket, task: asyncio.Task[None]) -> None:
+        self.sockets = [sock]
+        self._task = task
+
+    def close(self) -> None:
+        self._task.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+
 class GatedSite(web.TCPSite):
-    """aiohttp's TCPSite, every connection through `gate` (TLS started by the gate)."""
+    """aiohttp's TCPSite, every connection accepted and held by `gate`."""
 
     def __init__(self, runner: web.BaseRunner, host: str | None, port: int, *,
                  gate: ConnectionGate, ssl_context: ssl.SSLContext | None = None,
@@ -209,12 +229,30 @@ class GatedSite(web.TCPSite):
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
-        tls: dict[str, Any] = {} if self._ssl_context is None else {
-            "ssl": self._ssl_context,
-            "ssl_handshake_timeout": self.gate.limits.header_timeout_s}
-        self._server = await asyncio.get_running_loop().create_server(
-            self.gate.protocol_factory(server), self._host, self._port,
-            backlog=self._backlog, reuse_address=self._reuse_address, **tls)
+        host = self._host or ""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, self._port), family=family,
+                                        backlog=self._backlog)
+        listener.setblocking(False)
+        task = asyncio.get_running_loop().create_task(self._accept(listener, server))
+        self._server = _Listener(listener, task)  # type: ignore[assignment]
+        self._bound_port = listener.getsockname()[1]
+
+    async def _accept(self, listener: socket.socket, handler_factory: Callable[[], Any]
+                      ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except (ConnectionAbortedError, InterruptedError):
+                continue
+            except OSError as err:  # out of descriptors (EMFILE, ENFILE), mostly: wait
+                log.warning("accepting a connection failed (%s); %d open, retrying in 0.1 s",
+                            err, self.gate.open_count)
+                await asyncio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            self.gate.accepted(sock, handler_factory, self._ssl_context)
 
     async def stop(self) -> None:
         await super().stop()  # the listener closes: no new connections
