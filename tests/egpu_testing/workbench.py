@@ -242,7 +242,8 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
 
 class ServedExtender:
     """An `Extender`'s aiohttp app on a loopback port, served by a background thread (a real
-    server and event loop; the test talks HTTP to it from its own thread)."""
+    server and event loop, and the connection gate `egpu scheduler` serves behind; the test
+    talks HTTP to it from its own thread)."""
 
     def __init__(self, extender: Any, tls: Any = None) -> None:
         import asyncio
@@ -256,10 +257,15 @@ class ServedExtender:
         self.port = 0
         started = threading.Event()
 
+        from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app
+
+        #: the connections, held as `egpu scheduler` holds them (its config's limits)
+        self.gate = ConnectionGate(extender.state.config.connection_limits)
+
         async def start() -> None:
-            self.runner = web.AppRunner(extender.app())
+            self.runner = web.AppRunner(gated_app(extender.app(), self.gate))
             await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls)
+            site = GatedSite(self.runner, "127.0.0.1", 0, gate=self.gate, ssl_context=tls)
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             started.set()

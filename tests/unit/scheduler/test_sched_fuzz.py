@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -259,3 +260,33 @@ def test_deep_nesting_is_refused_with_400_naming_the_limit(server: ServedExtende
             continue
         assert status == 400, (verb, status, answer, body[:40])
         assert "levels deep, more than the limit of 256" in answer["Error"], answer
+
+
+def test_a_connection_flood_beyond_the_cap_leaves_every_verb_answering() -> None:
+    """Issue 26, item 9, in the hostile corpus: idle connections that never send a request,
+    three times the cap, held open while every verb is asked; the server answers each, and
+    closes the idle ones after its timeouts."""
+    import socket
+
+    from elastic_gpu.scheduler.config import SchedulerConfig
+    from elastic_gpu.scheduler.state import SchedulerState
+
+    config = SchedulerConfig(header_timeout_s=1.0, idle_timeout_s=1.0, max_connections=20)
+    srv = ServedExtender(Extender(ready_state(NODES, SchedulerState(config), pods=[POD]),
+                                  FakeApi()))
+    flood = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(60)]
+    try:
+        srv.conn.close()  # a fresh connection per verb, each one past the flood
+        for name, (verbs, doc) in sorted(TEMPLATES.items()):
+            for verb in verbs:
+                srv.conn = type(srv.conn)("127.0.0.1", srv.port, timeout=30)
+                assert check(srv, verb, encode(doc)) == 200, (name, verb)
+        assert srv.gate.open_count <= srv.gate.cap
+        deadline = time.monotonic() + 60
+        while srv.gate.open_count > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.gate.open_count <= 1, f"{srv.gate.open_count} idle connections still open"
+    finally:
+        for sock in flood:
+            sock.close()
+        srv.stop()
