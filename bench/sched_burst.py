@@ -40,7 +40,8 @@ def main() -> int:
         extender: ExtenderProcess | None = None
         try:
             (port,) = free_ports(1)
-            extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log")
+            extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log",
+                                       scheduler_name="egpu")
             extender.start()
             plane.start_scheduler(extender_kube_scheduler_config(extender.url, "egpu"),
                                   name="kube-scheduler-egpu")

@@ -92,7 +92,8 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
     else:
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",
-                                   config={"filterResult": "best" if best else "all"})
+                                   config={"filterResult": "best" if best else "all"},
+                                   scheduler_name=name)
         if variant.endswith("-asyncio"):
             os.environ["EGPU_EVENT_LOOP"] = "asyncio"  # the standard loop instead of uvloop
         if variant.startswith("before"):

@@ -174,7 +174,7 @@ def main() -> int:
         ensure_crd(client)
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log",
-                                   config={"filterResult": "all"})
+                                   config={"filterResult": "all"}, scheduler_name=SCHEDULER)
         extender.start()
         plane.start_scheduler(extender_kube_scheduler_config(extender.url, SCHEDULER),
                               name="kube-scheduler-wakeup")

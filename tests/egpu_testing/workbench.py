@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ class ExtenderProcess(SupervisedProcess):
 
     def __init__(self, kubeconfig: Path, port: int, log_path: Path,
                  config: Mapping[str, Any] | None = None,
-                 python_args: Sequence[str] = (), tls: TestPki | None = None) -> None:
+                 python_args: Sequence[str] = (), tls: TestPki | None = None,
+                 scheduler_name: str | None = None) -> None:
         super().__init__(log_path)
         #: e.g. ("-m", "cProfile", "-o", "out.prof") to profile the extender
         self.python_args = tuple(python_args)
@@ -109,10 +111,13 @@ class ExtenderProcess(SupervisedProcess):
         self.tls = tls
         self.kubeconfig = kubeconfig
         self.port = port
-        self.config_path: Path | None = None
-        if config is not None:
-            self.config_path = log_path.with_suffix(".config.yaml")
-            self.config_path.write_text(yaml.safe_dump(dict(config)))
+        #: the profile of the test's kube-scheduler that calls this extender (its
+        #: `schedulerNames`; the control plane is shared, so each test has its own name): give
+        #: it to `extender_kube_scheduler_config` and to the test's pods
+        self.scheduler_name = scheduler_name or f"egpu-{uuid.uuid4().hex[:8]}"
+        settings = {"schedulerNames": [self.scheduler_name], **dict(config or {})}
+        self.config_path: Path | None = log_path.with_suffix(".config.yaml")
+        self.config_path.write_text(yaml.safe_dump(settings))
         self.starts = 0
 
     @property
@@ -237,7 +242,8 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
 
 class ServedExtender:
     """An `Extender`'s aiohttp app on a loopback port, served by a background thread (a real
-    server and event loop; the test talks HTTP to it from its own thread)."""
+    server and event loop, and the connection gate `egpu scheduler` serves behind; the test
+    talks HTTP to it from its own thread)."""
 
     def __init__(self, extender: Any, tls: Any = None) -> None:
         import asyncio
@@ -251,10 +257,15 @@ class ServedExtender:
         self.port = 0
         started = threading.Event()
 
+        from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app
+
+        #: the connections, held as `egpu scheduler` holds them (its config's limits)
+        self.gate = ConnectionGate(extender.state.config.connection_limits)
+
         async def start() -> None:
-            self.runner = web.AppRunner(extender.app())
+            self.runner = web.AppRunner(gated_app(extender.app(), self.gate))
             await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=tls)
+            site = GatedSite(self.runner, "127.0.0.1", 0, gate=self.gate, ssl_context=tls)
             await site.start()
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             started.set()

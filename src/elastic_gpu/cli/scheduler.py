@@ -21,7 +21,9 @@ def scheduler(
     ] = "127.0.0.1",
     config: Annotated[Path | None, typer.Option(
         help="YAML: nodePolicy, cardPolicy, reservationTTLSeconds, seed, filterResult, "
-             "targetWorkload, workloadRefreshPods, maxRequestBytes, maxNodesPerRequest "
+             "targetWorkload, workloadRefreshPods, maxRequestBytes, maxNodesPerRequest, "
+             "schedulerNames (the profiles that call this extender: /bind refuses other "
+             "pods), headerTimeoutSeconds, idleTimeoutSeconds, maxConnections "
              "(docs/scheduler.md)")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="private key of --tls-cert")] = None,

@@ -22,11 +22,12 @@ import typer
 
 from elastic_gpu.core.gpuview import CardView, ClusterView, ElasticGPUHold, NodeView, PodHold
 from elastic_gpu.core.resources import MILLI_PER_CARD
+from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 
 log = logging.getLogger(__name__)
 
-NODES = "/api/v1/nodes"
-PODS = "/api/v1/pods"
+NODES = Resource(CORE, "nodes", False).path()
+PODS = Resource(CORE, "pods", True).path()
 #: not finished pods: the only ones that hold cards
 LIVE_PODS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
 
@@ -60,9 +61,11 @@ async def fetch(client: Any) -> Objects:
         return list(items)
 
     nodes, devices, pods, egpus = await asyncio.gather(
-        required(NODES), optional(f"/apis/{gpudevice.API_VERSION}/{gpudevice.PLURAL}"),
+        required(NODES), optional(Resource(group_prefix(gpudevice.GROUP, gpudevice.VERSION),
+                                           gpudevice.PLURAL, False).path()),
         required(PODS, LIVE_PODS),
-        optional(f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.EGPU_PLURAL}"))
+        optional(Resource(group_prefix(elasticgpu.GROUP, elasticgpu.VERSION),
+                          elasticgpu.EGPU_PLURAL, False).path()))
     return Objects(nodes, devices, pods, egpus)
 
 

@@ -43,6 +43,17 @@ def webhook(
         min=0.1, help="how often the certificates (and the Secret) are checked")] = 60.0,
     timeout_seconds: Annotated[int, typer.Option(
         min=1, max=30, help="the configurations' timeoutSeconds")] = 5,
+    header_timeout_seconds: Annotated[float, typer.Option(
+        min=0.001, max=3600, help="a connection must finish its TLS handshake and send a "
+                                  "request's headers within this (kube-apiserver's own: 32)")
+    ] = 32.0,
+    idle_timeout_seconds: Annotated[float, typer.Option(
+        min=0.001, max=86400, help="a connection with no request in progress is closed after "
+                                   "this (kube-apiserver's own: 90)")] = 90.0,
+    max_connections: Annotated[int, typer.Option(
+        min=1, max=1_000_000, help="connections open at once (lowered to fit the "
+                                   "file-descriptor limit); the oldest idle ones make room for "
+                                   "a new one, which is refused only when all are busy")] = 1024,
     namespace_label: Annotated[list[str] | None, typer.Option(
         help="KEY=VALUE: only namespaces with this label are sent (repeatable)")] = None,
     over_budget_priority_class: Annotated[str, typer.Option(
@@ -62,6 +73,7 @@ def webhook(
 ) -> None:
     """Serve the admission webhook: validate GPU pods against the resource table and the
     cluster, and mutate them (defaults, gpu-manager's annotations). SIGTERM stops it."""
+    from elastic_gpu.core.connlimits import ConnectionLimits
     from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.scheduler import eventloop
     from elastic_gpu.webhook.certs import Lifetimes
@@ -91,7 +103,9 @@ def webhook(
         lifetimes=Lifetimes(ca=dt.timedelta(days=ca_days), serving=dt.timedelta(days=cert_days)),
         rotation_check_s=rotation_check_seconds, timeout_s=timeout_seconds,
         namespace_labels=labels, over_budget_class=over_budget_priority_class or None,
-        budget_finalizer=budget_finalizer, quota=quota_resources)
+        budget_finalizer=budget_finalizer, quota=quota_resources,
+        connection_limits=ConnectionLimits(header_timeout_seconds, idle_timeout_seconds,
+                                           max_connections))
     try:
         eventloop.run(serve(options))
     except ClientConfigError as err:

@@ -50,11 +50,12 @@ from elastic_gpu.k8s.elasticgpu import GROUP, VERSION
 from elastic_gpu.kube.client import PODS, Resource
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, Invalid, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key
+from elastic_gpu.kube.paths import group_prefix
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-BUDGETS = Resource(f"/apis/{GROUP}/{VERSION}", api.PLURAL, True)
+BUDGETS = Resource(group_prefix(GROUP, VERSION), api.PLURAL, True)
 #: a finalizer removal that met a newer pod (409) is retried this soon
 RETRY_S = 0.5
 #: the label of the GPUBudgets the keeper creates from the cluster default

@@ -48,16 +48,17 @@ from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
 from elastic_gpu.kube.informer import Handler, Obj, object_key, resource_version
+from elastic_gpu.kube.paths import group_prefix
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-PREFIX = f"/apis/{api.GROUP}/{api.VERSION}"
+PREFIX = group_prefix(api.GROUP, api.VERSION)
 CLAIMS = Resource(PREFIX, api.CLAIM_PLURAL, True)
 CLASSES = Resource(PREFIX, api.CLASS_PLURAL, False)
 EGPUS = Resource(PREFIX, api.EGPU_PLURAL, False)
 #: the card inventory the agents publish, that pre-created ElasticGPUs are checked against
-DEVICES = Resource(f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}", gpudevice.PLURAL, False)
+DEVICES = Resource(group_prefix(gpudevice.GROUP, gpudevice.VERSION), gpudevice.PLURAL, False)
 
 CLAIM_KEY = "claim:"
 EGPU_KEY = "egpu:"

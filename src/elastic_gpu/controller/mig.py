@@ -61,12 +61,13 @@ from elastic_gpu.kube.client import PODS, Resource
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
 from elastic_gpu.kube.informer import Handler, Obj, object_key
+from elastic_gpu.kube.paths import CORE, group_prefix
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-RULES = Resource(f"/apis/{GROUP}/{VERSION}", rules_api.PLURAL, True)
-NODES = Resource("/api/v1", "nodes", False)
+RULES = Resource(group_prefix(GROUP, VERSION), rules_api.PLURAL, True)
+NODES = Resource(CORE, "nodes", False)
 RULE_API_VERSION = f"{GROUP}/{VERSION}"
 
 ROUND = "round"

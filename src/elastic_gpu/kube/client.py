@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,36 +10,17 @@ import msgspec
 
 from elastic_gpu.k8s.rest import ApiStatusError, RestClient
 from elastic_gpu.kube.errors import translate
+from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
-@dataclass(frozen=True)
-class Resource:
-    """A resource's collection path: `/api/v1` or `/apis/<group>/<version>`, its plural, and
-    whether it is namespaced."""
+__all__ = ["EVENTS", "JSON_PATCH", "LEASES", "MERGE_PATCH", "PODS", "KubeClient", "Resource"]
 
-    prefix: str
-    plural: str
-    namespaced: bool
-
-    def path(self, namespace: str | None = None, name: str | None = None,
-             subresource: str | None = None) -> str:
-        parts = [self.prefix]
-        if self.namespaced and namespace is not None:
-            parts += ["namespaces", namespace]
-        parts.append(self.plural)
-        if name is not None:
-            parts.append(name)
-            if subresource is not None:
-                parts.append(subresource)
-        return "/".join(parts)
-
-
-PODS = Resource("/api/v1", "pods", True)
-EVENTS = Resource("/api/v1", "events", True)
-LEASES = Resource("/apis/coordination.k8s.io/v1", "leases", True)
+PODS = Resource(CORE, "pods", True)
+EVENTS = Resource(CORE, "events", True)
+LEASES = Resource(group_prefix("coordination.k8s.io", "v1"), "leases", True)
 
 
 class KubeClient:

@@ -26,6 +26,7 @@ import msgspec
 from elastic_gpu.k8s import elasticgpu, gpudevice
 from elastic_gpu.k8s.client import ClientConfigError
 from elastic_gpu.k8s.rest import ApiStatusError, RawReflector, RestClient
+from elastic_gpu.kube.paths import CORE, InvalidName, Resource, group_prefix
 from elastic_gpu.scheduler import eventloop, ipc
 from elastic_gpu.scheduler.slim import (
     ChangeFilter,
@@ -43,17 +44,24 @@ log = logging.getLogger("elastic_gpu.scheduler.apiworker")
 #: Terminated pods hold nothing; with this selector they leave the watch as DELETED events.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
+_EGPU_API = group_prefix(elasticgpu.GROUP, elasticgpu.VERSION)
+NODES = Resource(CORE, "nodes", False)
+PODS = Resource(CORE, "pods", True)
+GPUDEVICES = Resource(group_prefix(gpudevice.GROUP, gpudevice.VERSION), gpudevice.PLURAL, False)
+#: The Elastic GPU API's resources the scheduler may read or create through the worker.
+EGPU_RESOURCES = {
+    elasticgpu.EGPU_PLURAL: Resource(_EGPU_API, elasticgpu.EGPU_PLURAL, False),
+    elasticgpu.CLAIM_PLURAL: Resource(_EGPU_API, elasticgpu.CLAIM_PLURAL, True),
+    elasticgpu.CLASS_PLURAL: Resource(_EGPU_API, elasticgpu.CLASS_PLURAL, False),
+}
+
 FEEDS: dict[str, tuple[str, dict[str, str], Callable[[Obj], Obj]]] = {
-    "nodes": ("/api/v1/nodes", {}, slim_node),
-    "gpudevices": (f"/apis/{gpudevice.GROUP}/{gpudevice.VERSION}/{gpudevice.PLURAL}", {},
-                   slim_device),
-    "pods": ("/api/v1/pods", {"fieldSelector": LIVE_PODS}, slim_pod),
-    "elasticgpus": (f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.EGPU_PLURAL}", {},
-                    slim_elasticgpu),
-    "elasticgpuclaims": (f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.CLAIM_PLURAL}", {},
-                         slim_claim),
-    "elasticgpuclasses": (f"/apis/{elasticgpu.API_VERSION}/{elasticgpu.CLASS_PLURAL}", {},
-                          slim_class),
+    "nodes": (NODES.path(), {}, slim_node),
+    "gpudevices": (GPUDEVICES.path(), {}, slim_device),
+    "pods": (PODS.path(), {"fieldSelector": LIVE_PODS}, slim_pod),
+    "elasticgpus": (EGPU_RESOURCES[elasticgpu.EGPU_PLURAL].path(), {}, slim_elasticgpu),
+    "elasticgpuclaims": (EGPU_RESOURCES[elasticgpu.CLAIM_PLURAL].path(), {}, slim_claim),
+    "elasticgpuclasses": (EGPU_RESOURCES[elasticgpu.CLASS_PLURAL].path(), {}, slim_class),
 }
 #: Feeds of the Elastic GPU API's CRDs: not installed (404) means none exist, checked again
 #: this often (docs/scheduler.md, "ElasticGPUs in the ledger").
@@ -132,21 +140,20 @@ class Worker:
             if kind == "bind":
                 _, _, namespace, name, uid, node, version, annotations = message
                 await self.client.request(
-                    "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                    "POST", PODS.path(namespace, name, "binding"),
                     body=binding_body(namespace, name, uid, node, version, annotations))
                 self.send(["reply", request_id, None, None])
             elif kind == "wake":
                 _, _, namespace, name, uid, text = message
                 await self.client.request(
-                    "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                    "PATCH", PODS.path(namespace, name, "status"),
                     body=wakeup_patch(uid, text, datetime.datetime.now(datetime.UTC)),
                     content_type="application/strategic-merge-patch+json")
                 self.send(["reply", request_id, None, None])
             elif kind == "get_pod":
                 _, _, namespace, name = message
                 try:
-                    raw = await self.client.request("GET",
-                                                    f"/api/v1/namespaces/{namespace}/pods/{name}")
+                    raw = await self.client.request("GET", PODS.path(namespace, name))
                 except ApiStatusError as err:
                     if err.code != 404:
                         raise
@@ -170,6 +177,8 @@ class Worker:
                 self.send(["reply", request_id, None, [f"unknown request {kind!r}", True, 0]])
         except ApiStatusError as err:
             self.send(["reply", request_id, None, [str(err), err.definite, err.code]])
+        except InvalidName as err:  # refused before any request: certainly not applied
+            self.send(["reply", request_id, None, [str(err), True, 400]])
         except Exception as err:  # never leave the scheduler waiting for an answer
             log.exception("request %s failed", kind)
             self.send(["reply", request_id, None, [f"{type(err).__name__}: {err}", False, 0]])
@@ -187,11 +196,10 @@ class Worker:
 
 
 def _object_path(plural: str, namespace: str, name: str) -> str:
-    if plural not in SLIM_BY_PLURAL:
+    resource = EGPU_RESOURCES.get(plural)
+    if resource is None:
         raise ValueError(f"{plural!r} is not an Elastic GPU API resource")
-    base = f"/apis/{elasticgpu.API_VERSION}"
-    where = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
-    return f"{where}/{name}" if name else where
+    return resource.path(namespace or None, name or None)
 
 
 async def _stdio() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

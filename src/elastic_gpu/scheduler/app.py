@@ -23,6 +23,7 @@ from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.core.wakeup import Wake
+from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.k8s import elasticgpu, gpudevice
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.eventloop import loop_name, stop_on_signals
@@ -239,14 +240,19 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
                          background: asyncio.Future[Any] | None = None) -> None:
     """Serve `extender` until `stop` is set (or `background` ends), then drain: close the
     listener, let binds in progress finish (at most `options.drain_s`), close connections."""
-    runner = web.AppRunner(extender.app(), access_log=None, shutdown_timeout=options.drain_s)
+    limits = extender.state.config.connection_limits
+    gate = ConnectionGate(limits)
+    runner = web.AppRunner(gated_app(extender.app(), gate), access_log=None,
+                           shutdown_timeout=options.drain_s, **runner_options(limits))
     await runner.setup()
     context = tls_context(options)
-    site = web.TCPSite(runner, options.host, options.port, ssl_context=context)
+    site = GatedSite(runner, options.host, options.port, gate=gate, ssl_context=context)
     await site.start()
-    log.info("serving the extender on %s:%d (%s%s, %s event loop)", options.host, options.port,
-             "https" if context else "http",
-             ", client certificates required" if options.tls_client_ca else "", loop_name())
+    log.info("serving the extender on %s:%d (%s%s, %s event loop; at most %d connections, "
+             "idle ones closed after %.0f s, %.0f s for a handshake and headers)",
+             options.host, options.port, "https" if context else "http",
+             ", client certificates required" if options.tls_client_ca else "", loop_name(),
+             gate.cap, limits.idle_timeout_s, limits.header_timeout_s)
     if started is not None:
         started.set()
     waiter = asyncio.ensure_future(stop.wait())

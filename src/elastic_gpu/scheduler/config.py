@@ -11,6 +11,11 @@
     workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
     maxRequestBytes: 16777216    # larger request bodies get 413 (docs/scheduler.md, "HTTP limits")
     maxNodesPerRequest: 20000    # more candidate nodes in one request get 400
+    schedulerNames: [default-scheduler]  # the profiles whose kube-scheduler calls this extender:
+                                 # /bind refuses pods of any other schedulerName
+    headerTimeoutSeconds: 32     # a connection's TLS handshake and first request headers
+    idleTimeoutSeconds: 90       # a connection with no request in progress is closed after this
+    maxConnections: 1024         # open at once; the oldest idle ones make room for new ones
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
@@ -26,7 +31,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from elastic_gpu.core.connlimits import ConnectionLimits
+from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
+from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER
 from elastic_gpu.settings_file import load_settings
 
 
@@ -76,6 +84,31 @@ class SchedulerConfig(BaseModel):
                                    ge=64 * 1024, le=2**30)
     max_nodes_per_request: int = Field(default=20_000, validation_alias="maxNodesPerRequest",
                                        ge=1, le=1_000_000)
+    #: The schedulerNames of the KubeSchedulerConfiguration profiles whose kube-scheduler
+    #: calls this extender (`core.schedulers`): a /bind of another scheduler's pod is refused.
+    #: (not strict: a YAML list becomes the tuple; each entry must still be a string)
+    scheduler_names: tuple[str, ...] = Field(default=(DEFAULT_SCHEDULER,), min_length=1,
+                                             max_length=64, validation_alias="schedulerNames",
+                                             strict=False)
+
+    #: Connection limits (`core.connlimits`; docs/scheduler.md, "HTTP limits").
+    header_timeout_s: float = Field(default=32.0, validation_alias="headerTimeoutSeconds",
+                                    ge=0.001, le=3600)
+    idle_timeout_s: float = Field(default=90.0, validation_alias="idleTimeoutSeconds",
+                                  ge=0.001, le=86400)
+    max_connections: int = Field(default=1024, validation_alias="maxConnections", ge=1,
+                                 le=1_000_000)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(self.header_timeout_s, self.idle_timeout_s, self.max_connections)
+
+    @field_validator("scheduler_names")
+    @classmethod
+    def _schedulers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            check_name(name, NameRule.SUBDOMAIN, "schedulerNames entry")
+        return value
 
     @field_validator("node_policy")
     @classmethod

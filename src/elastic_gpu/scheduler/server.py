@@ -37,6 +37,7 @@ from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.core.schedulers import scheduler_refusal
 from elastic_gpu.k8s import elasticgpu as egpu_api
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import known_policies
@@ -697,6 +698,11 @@ class Extender:
         if node is None:
             raise BindError(f"{where}: node {args.Node} is unknown to the GPU scheduler",
                             definite=True)
+        # kube-scheduler binds only its own profiles' pods (core.schedulers)
+        refused = scheduler_refusal(manifest, self.state.config.scheduler_names)
+        if refused is not None:
+            self.metrics.bind_failures.labels("placement").inc()
+            raise BindError(f"{where}: {refused}", definite=True)
         try:
             rules = rules_from_manifest(manifest)
         except RulesError as err:

@@ -4,7 +4,8 @@ kube-scheduler marshals its Go structs without json tags, so every field is spel
 field (`Pod`, `NodeNames`, `FailedNodes`, ...). Requests are validated here, completely, and
 nowhere else: every field the extender reads has a type and a bound (msgspec structs), so code
 past this module never sees a string where it expects a mapping, an integer beyond 64 bits or
-a container name that is not a string. Anything malformed becomes a `WireError` whose message
+a container name that is not a string. Nesting is bounded before any of it is decoded
+(`core.jsondepth`). Anything malformed becomes a `WireError` whose message
 names the field (a JSON path), the rule and, for small bodies, the value; the server turns it
 into a 400, never a 500.
 
@@ -27,6 +28,8 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+
+from elastic_gpu.core.jsondepth import nesting_refusal
 
 #: The API server refuses objects above ~1.5 MiB (etcd's request limit), so no real Pod or
 #: Node is larger; anything bigger in a request is not from kube-scheduler.
@@ -195,16 +198,22 @@ class _NodeListTop(_S):
     items: Annotated[list[Raw], Meta(max_length=1_000_000)] | None = None
 
 
-class ExtenderBindingArgs(_S):
-    PodName: Name
-    PodNamespace: Name
-    PodUID: Uid
-    Node: Name
-
-
 #: A Kubernetes object name (DNS subdomain): lower-case alphanumerics, '-' and '.'.
 DnsName = Annotated[str, Meta(min_length=1, max_length=253,
                               pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+#: A namespace name (DNS label): no dots, at most 63 characters.
+DnsLabel = Annotated[str, Meta(min_length=1, max_length=63,
+                               pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class ExtenderBindingArgs(_S):
+    """Names only the API server could have stored: they go into API paths (and
+    `kube.paths.api_path` checks them again there)."""
+
+    PodName: DnsName
+    PodNamespace: DnsLabel
+    PodUID: Uid
+    Node: DnsName
 
 
 class ProvisionArgs(Struct, forbid_unknown_fields=True):
@@ -212,7 +221,7 @@ class ProvisionArgs(Struct, forbid_unknown_fields=True):
     Strict: every field required, no other field (the controller is ours: anything else is a
     bug or not from it)."""
 
-    namespace: DnsName
+    namespace: DnsLabel
     name: DnsName
     uid: Uid
 
@@ -328,9 +337,6 @@ def _decode(kind: type[T] | Any, data: bytes | memoryview, where: str) -> T:
         if not where:
             raise WireError(f"request body is not JSON: {err}") from None
         raise WireError(f"${where}: not JSON: {err}") from None
-    except RecursionError:
-        raise WireError(f"${where}: JSON nested too deeply (kube-scheduler's objects are "
-                        "far shallower)") from None
 
 
 def _object(kind: Any, data: bytes, where: str) -> Any:
@@ -344,6 +350,10 @@ def _top(kind: type[T], body: bytes, limits: Limits) -> T:
     if len(body) > limits.max_body_bytes:
         raise WireError(f"request body of {len(body)} bytes is over the limit of "
                         f"{limits.max_body_bytes} bytes (maxRequestBytes)")
+    # Before anything decodes it: every decoder recurses once per level (issue 26, item 8).
+    deep = nesting_refusal(body, "request body")
+    if deep is not None:
+        raise WireError(deep)
     if _OBJECT_START.match(body) is None:
         try:
             msgspec.json.decode(body, type=Raw)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.budget import NamespaceBudget, PriorityDowngrade
-from elastic_gpu.webhook.kube import CrdCache, _status_code
+from elastic_gpu.webhook.kube import CrdCache
 
 log = logging.getLogger(__name__)
 
@@ -114,32 +114,41 @@ class BudgetLookup:
         self.budgets = BudgetCache()
         self.classes = PriorityClassCache()
         self.client: Any = None
+        #: the live reads' client (`kube.client.KubeClient`, paths by `kube.paths.api_path`)
+        self.reader: Any = None
         self.on_lookup = on_lookup
 
     async def _budget(self, namespace: str) -> BudgetFacts | None:
-        if self.budgets.synced.is_set() or self.client is None:
+        from elastic_gpu.kube.errors import NotFound
+        from elastic_gpu.webhook.kube import BUDGETS
+
+        if self.budgets.synced.is_set() or self.reader is None:
             self.on_lookup("cache")
             return self.budgets.of(namespace)
+        path = BUDGETS.path(namespace)
         self.on_lookup("api")
-        items = [budget_facts(o.to_dict()) async for o in
-                 self.client.list(budget_resource(), namespace=namespace)]
+        try:
+            listed, _ = await self.reader.list(path)
+        except NotFound:  # the CRD is not installed: no budgets
+            return None
+        items = [budget_facts(o) for o in listed]
         found = sorted((f for f in items if f is not None), key=lambda f: f.name)
         return found[0] if found else None
 
     async def _class(self, name: str) -> tuple[int, str | None] | None:
-        from lightkube.core.exceptions import ApiError
+        from elastic_gpu.kube.errors import NotFound
+        from elastic_gpu.webhook.kube import PRIORITY_CLASSES
 
         known = self.classes.of(name)
-        if known is not None or self.client is None:
+        if known is not None or self.reader is None:
             return known
+        path = PRIORITY_CLASSES.path(name=name)  # a GPUBudget's field: checked, escaped
         self.on_lookup("api")
         try:
-            obj = await self.client.get(priority_class_resource(), name)
-        except ApiError as err:
-            if _status_code(err) == 404:
-                return None
-            raise
-        return class_facts(obj.to_dict())
+            obj = await self.reader.get(path)
+        except NotFound:
+            return None
+        return class_facts(obj)
 
     async def __call__(self, namespace: str) -> NamespaceBudget:
         try:

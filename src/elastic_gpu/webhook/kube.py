@@ -19,11 +19,24 @@ from typing import Any, Generic, TypeVar
 
 from elastic_gpu.core.admission import NodeGpus, node_gpus
 from elastic_gpu.core.claims import Claim
+from elastic_gpu.k8s import budget, migsubstitution
+from elastic_gpu.k8s.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
+from elastic_gpu.kube.errors import NotFound
+from elastic_gpu.kube.paths import Resource, group_prefix
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, create_bundle, plan_rotation
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "elastic-gpu-webhook"
+
+#: What the webhook reads live for one review, with names that come from the review: read by
+#: path (`kube.paths.api_path` checks and escapes every name) through a `kube.client.
+#: KubeClient`, never by lightkube, which puts names into paths as they are (issue 26, item 10).
+_EGPU_API = group_prefix(GROUP, VERSION)
+CLAIMS = Resource(_EGPU_API, CLAIM_PLURAL, True)
+RULES = Resource(_EGPU_API, migsubstitution.PLURAL, True)
+BUDGETS = Resource(_EGPU_API, budget.PLURAL, True)
+PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
 
 
 def _status_code(err: BaseException) -> int | None:
@@ -335,6 +348,8 @@ class ClaimCache(CrdCache[Claim]):
     def __init__(self, crd_retry_s: float = 10.0) -> None:
         super().__init__(claim_resource, _claim, crd_retry_s)
         self.client: Any = None
+        #: the live reads' client (`kube.client.KubeClient`); None: no live reads
+        self.reader: Any = None
         #: live GETs made (a cache hit makes none)
         self.fetches = 0
 
@@ -347,19 +362,17 @@ class ClaimCache(CrdCache[Claim]):
 
     async def fetch(self, namespace: str, name: str) -> Claim | None:
         """The claim as the API has it now (None: it does not exist, or its CRD does not);
-        other API errors are raised (the caller refuses, saying it could not check)."""
-        from lightkube.core.exceptions import ApiError
-
-        if self.client is None:
+        other API errors, and names the API could not hold (`kube.paths.InvalidName`), are
+        raised (the caller refuses, saying it could not check)."""
+        if self.reader is None:
             return None
+        path = CLAIMS.path(namespace, name)  # checked before anything is counted or sent
         self.fetches += 1
         try:
-            obj = await self.client.get(claim_resource(), name, namespace=namespace)
-        except ApiError as err:
-            if _status_code(err) == 404:
-                return None
-            raise
-        claim = _claim(obj.to_dict())
+            obj = await self.reader.get(path)
+        except NotFound:
+            return None
+        claim = _claim(obj)
         if claim is not None:
             self.objects[(namespace, name)] = claim
         return claim

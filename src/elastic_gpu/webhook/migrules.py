@@ -49,28 +49,27 @@ class RuleCache(CrdCache[SubstitutionRule]):
         super().__init__(rule_resource, _rule, crd_retry_s)
         self._notify = on_change
         self.client: Any = None
+        #: the live lists' client (`kube.client.KubeClient`); None: the cache's rules
+        self.reader: Any = None
         #: live lists made (one per MIG pod at /mutate)
         self.fetches = 0
 
     async def fetch(self, namespace: str) -> tuple[SubstitutionRule, ...]:
         """The namespace's rules as the API has them now (a list without resourceVersion: a
-        quorum read, so every rule created before this call is in it). No client yet, or the
+        quorum read, so every rule created before this call is in it). No reader, or the
         CRD not installed: the cache's. Other API errors are raised (the caller falls back to
         the cache)."""
-        from lightkube.core.exceptions import ApiError
+        from elastic_gpu.kube.errors import NotFound
+        from elastic_gpu.webhook.kube import RULES
 
-        from elastic_gpu.webhook.kube import _status_code
-
-        if self.client is None:
+        if self.reader is None:
             return tuple(r for r in self.snapshot() if r.namespace == namespace)
+        path = RULES.path(namespace)  # the namespace checked and escaped (kube.paths)
         self.fetches += 1
         try:
-            items = [obj.to_dict() async for obj in
-                     self.client.list(rule_resource(), namespace=namespace)]
-        except ApiError as err:
-            if _status_code(err) == 404:
-                return ()
-            raise
+            items, _ = await self.reader.list(path)
+        except NotFound:
+            return ()
         found = (_rule(item) for item in items)
         return tuple(sorted((r for r in found if r is not None), key=lambda r: r.name))
 

@@ -55,7 +55,11 @@ from elastic_gpu.core.admission import (
 )
 from elastic_gpu.core.budget import NamespaceBudget
 from elastic_gpu.core.claims import Claim, protection_patch
+from elastic_gpu.core.connlimits import ConnectionLimits
+from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.names import InvalidName, NameRule, check_name
+from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.k8s.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
 from elastic_gpu.scheduler.eventloop import stop_on_signals
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
@@ -260,18 +264,24 @@ class Admission:
 
     def _decode_review(self, body: bytes) -> _Request | tuple[int, bytes, str]:
         """The review's request, else the answer (400 for what is not an AdmissionReview)."""
+        # Before anything decodes or walks it (the core reads the pod recursively).
+        deep = nesting_refusal(body, "the AdmissionReview")
+        if deep is not None:
+            return _bad_request(deep)
         try:
             review = _DECODER.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as err:
             return _bad_request(f"not an AdmissionReview: {err}")
-        except RecursionError:
-            return _bad_request("not an AdmissionReview: nested too deeply")
         if review.apiVersion != API_VERSION or review.kind != "AdmissionReview":
             return _bad_request(f"apiVersion {review.apiVersion!r} kind {review.kind!r}: "
                                 f"expected {API_VERSION} AdmissionReview")
         request = review.request
         if request is None or not request.uid:
             return _bad_request("request.uid is required")
+        try:  # it goes into API paths (claims, rules, budgets): one kube-apiserver could send
+            check_name(self._namespace(request), NameRule.LABEL, "request.namespace")
+        except InvalidName as err:
+            return _bad_request(f"not an AdmissionReview kube-apiserver sends: {err}")
         return request
 
     @staticmethod
@@ -418,6 +428,8 @@ class WebhookOptions:
     budget_finalizer: bool = False
     #: GPU containers get the canonical quota resources (the scheduler must ignore them)
     quota: bool = False
+    #: handshake/header and idle timeouts, and the cap on open connections (issue 26, item 9)
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def mutators(self) -> tuple[Mutator, ...]:
         from elastic_gpu.core.quota import QUOTA_MUTATORS
@@ -465,6 +477,8 @@ class WebhookServer:
         self.registered = asyncio.Event()
         self.nodes_synced = asyncio.Event()
         self._policies = default_policies()
+        #: the serving site's connections (set when it serves)
+        self.gate: ConnectionGate | None = None
 
     # facts ---------------------------------------------------------------------------------
     def set_nodes(self, nodes: Sequence[NodeGpus]) -> None:
@@ -604,9 +618,15 @@ class WebhookServer:
         from aiohttp import web
 
         from elastic_gpu.k8s.client import async_client
+        from elastic_gpu.kube.client import KubeClient
         from elastic_gpu.webhook.kube import NodeFacts, SecretStore, initial_bundle
 
         client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")
+        # Live reads with names from reviews go by checked, escaped paths (kube.paths).
+        reader = KubeClient.from_config(self.options.kubeconfig)
+        self.claim_cache.reader = self.rule_cache.reader = reader
+        if self.budgets is not None:
+            self.budgets.reader = reader
         tasks: list[asyncio.Task[None]] = []
         try:
             if self.options.cert_dir is not None:
@@ -623,6 +643,8 @@ class WebhookServer:
         except Exception as err:
             with contextlib.suppress(Exception):
                 await client.close()
+            with contextlib.suppress(Exception):
+                await reader.close()
             where = (f"--cert-dir {self.options.cert_dir}" if self.options.cert_dir else
                      f"Secret {self.options.namespace}/{self.options.secret_name}")
             raise WebhookStartError(f"no serving certificate from {where}: {err}") from err
@@ -633,10 +655,13 @@ class WebhookServer:
         tasks.append(asyncio.create_task(self.rule_cache.run(client)))
         if self.budgets is not None:
             tasks.append(asyncio.create_task(self.budgets.run(client)))
-        runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=5.0)
+        limits = self.options.connection_limits
+        self.gate = gate = ConnectionGate(limits)
+        runner = web.AppRunner(gated_app(self.app(), gate), access_log=None,
+                               shutdown_timeout=5.0, **runner_options(limits))
         await runner.setup()
-        site = web.TCPSite(runner, self.options.host, self.options.port,
-                           ssl_context=self.tls.context, reuse_address=True)
+        site = GatedSite(runner, self.options.host, self.options.port, gate=gate,
+                         ssl_context=self.tls.context, reuse_address=True)
         await site.start()
         log.info("serving AdmissionReviews on https://%s:%d", self.options.host,
                  self.options.port)
@@ -659,6 +684,8 @@ class WebhookServer:
             self.tls.close()
             with contextlib.suppress(Exception):
                 await client.close()
+            with contextlib.suppress(Exception):
+                await reader.close()
 
 
 def _read_cert_dir(directory: Path) -> tuple[str, str, str]:

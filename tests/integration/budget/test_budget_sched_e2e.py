@@ -86,7 +86,7 @@ def system(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     port, metrics = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     config = scheduler_config(None, [extender.url])  # the sandbox's
     config["profiles"][0]["schedulerName"] = name
     start_kube_scheduler(config)

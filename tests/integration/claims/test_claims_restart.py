@@ -79,7 +79,7 @@ def test_sigkill_controller_and_extender_in_the_middle_of_500_claims(
     extender, controller = system
     node_names = fake_gpu_nodes(NODES, gpus=8)
     nodes = [fake_inventory(name, gpus=8) for name in node_names]
-    scheduler = unique_name("egpu")
+    scheduler = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, scheduler))
     classes = _classes(k8s_cluster)
     claims = claim_manifests(CLAIMS, k8s_namespace, classes, seed=7)

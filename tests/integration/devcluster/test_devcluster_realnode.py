@@ -25,7 +25,6 @@ from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import DevClusterError
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.process import ProcessHandle, spawn
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 from elastic_gpu.devcluster.realnode import REAL_NODE_TOLERATION, RealNode
 from elastic_gpu.devcluster.realnode_agent import agent_argv, write_agent_files
 
@@ -65,7 +64,7 @@ def gpu_real_node(real_node: RealNode, k8s_cluster: ControlPlane,
                   tmp_path / "agent.log", die_with_parent=True)
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
-    name = unique_name("egpu-real")
+    name = extender.scheduler_name
     try:
         extender.start()
         start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))

@@ -17,7 +17,6 @@ from egpu_testing.scenario import fractional_pods, run_burst
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.devcluster.nodes import fake_inventory
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +44,7 @@ def test_burst_never_overcommits_and_binds_every_pod_that_fits(
         k8s_cluster: Any, extender: ExtenderProcess, start_kube_scheduler: Callable[..., Any],
         fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
     nodes = _cluster(fake_gpu_nodes)
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
     pods = fractional_pods(PODS, name, k8s_namespace, seed=1)
     result = run_burst(k8s_cluster.client(), k8s_namespace, pods, nodes)
@@ -57,7 +56,7 @@ def test_sigkill_in_the_middle_loses_nothing_and_gives_nothing_twice(
         k8s_cluster: Any, extender: ExtenderProcess, start_kube_scheduler: Callable[..., Any],
         fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
     nodes = _cluster(fake_gpu_nodes)
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
     pods = fractional_pods(PODS, name, k8s_namespace, seed=2)
     killed_at: list[int] = []

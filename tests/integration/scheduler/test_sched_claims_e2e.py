@@ -128,7 +128,7 @@ def claims(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
     try:
         yield Claims(k8s_cluster, extender, name, k8s_namespace)

@@ -36,6 +36,9 @@ from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
+#: a profile of the extender's schedulerNames that no kube-scheduler runs in these tests
+DIRECT = "direct-binds"
+
 
 @dataclass
 class Setup:
@@ -63,10 +66,14 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     client = k8s_cluster.client()
     ensure_crd(client)
     (port,) = free_ports(1)
-    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
-                               config={"filterResult": filter_result, **(config or {})})
-    extender.start()
+    # Two profiles call the extender: the test's kube-scheduler, and DIRECT, which no
+    # kube-scheduler runs: tests bind those pods themselves, as kube-scheduler would.
     name = unique_name("egpu")
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
+                               config={"filterResult": filter_result,
+                                       "schedulerNames": [name, DIRECT], **(config or {})},
+                               scheduler_name=name)
+    extender.start()
     # filterResult: best goes with the configuration without prioritizeVerb (deploy/'s -best)
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
                                                         prioritize=filter_result == "all"))
@@ -231,6 +238,13 @@ def test_bind_rejects_unknown_pods_and_nodes_with_a_clear_error(
     status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
                                        "PodUID": uid, "Node": "ghost-node"})
     assert status == 200 and "node ghost-node is unknown" in body["Error"]
+    # issue 26, item 11: onto a real node, the pod of a scheduler that never calls the
+    # extender is refused, naming its schedulerName and the ones the extender serves
+    status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
+                                       "PodUID": uid, "Node": nodes[0]})
+    assert status == 200 and "the pod's schedulerName is 'nobody-schedules-this'" in \
+        body["Error"] and f"({', '.join(sorted([setup.scheduler_name, DIRECT]))};" in \
+        body["Error"], body
     status, body = setup.post("bind", {"PodName": "orphan", "PodNamespace": k8s_namespace,
                                        "PodUID": "another-uid", "Node": nodes[0]})
     assert status == 200 and "re-created" in body["Error"]
@@ -243,9 +257,9 @@ def test_a_repeated_bind_is_idempotent_and_a_conflicting_one_refused(
         setup: Setup, fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str) -> None:
     nodes = fake_gpu_nodes(2, gpus=2)
     setup.wait_known(nodes, 2)
-    # Nobody schedules this pod: the test plays kube-scheduler and calls bind itself.
+    # No kube-scheduler runs this pod's profile: the test plays kube-scheduler and binds it.
     pod = pod_manifest("twice", k8s_namespace, limits={"elasticgpu.io/gpu-core": "40"},
-                       scheduler_name="nobody-schedules-this")
+                       scheduler_name=DIRECT)
     create_pods(setup.client, [pod])
     (created,) = list_pods(setup.client, k8s_namespace)
     args = {"PodName": "twice", "PodNamespace": k8s_namespace,
@@ -292,7 +306,7 @@ def test_the_deployed_rbac_is_enough_to_schedule(
     extender = ExtenderProcess(kubeconfig, port, tmp_path / "extender.log")
     extender.start()
     try:
-        name = unique_name("egpu-rbac")
+        name = extender.scheduler_name
         start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
         Setup(extender, name, client).wait_known(nodes, 2)
         create_pods(client, [pod_manifest("rbac", k8s_namespace, scheduler_name=name,

@@ -34,6 +34,9 @@ from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
+#: a profile of the extender's schedulerNames that no kube-scheduler runs in these tests
+DIRECT = "direct-binds"
+
 
 def _post(extender: ExtenderProcess, context: ssl.SSLContext, verb: str, body: Any
           ) -> tuple[int, Any]:
@@ -55,10 +58,13 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
     ensure_crd(client)
     pki = TestPki.create(tmp_path)
     (port,) = free_ports(1)
-    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log", tls=pki)
+    # Two profiles call the extender: the test's kube-scheduler, and "direct-binds", which no
+    # kube-scheduler runs: the test binds its pods itself, as kube-scheduler would.
+    name = unique_name("egpu")
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log", tls=pki,
+                               config={"schedulerNames": [name, DIRECT]})
     extender.start()
     try:
-        name = unique_name("egpu")
         config = extender_kube_scheduler_config(extender.url, name)
         config["extenders"][0]["enableHTTPS"] = True
         config["extenders"][0]["tlsConfig"] = extender_tls_stanza(pki)
@@ -83,16 +89,19 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
                    for i in range(3))
 
         # pending pods no scheduler will touch, for direct binds
-        held = pod_manifest("held", k8s_namespace, scheduler_name="nobody",
+        held = pod_manifest("held", k8s_namespace, scheduler_name=DIRECT,
                             limits={"elasticgpu.io/gpu-core": "30"})
         held["spec"]["nodeSelector"] = {"zone": "a"}
-        aff = pod_manifest("aff", k8s_namespace, scheduler_name="nobody",
+        aff = pod_manifest("aff", k8s_namespace, scheduler_name=DIRECT,
                            limits={"elasticgpu.io/gpu-core": "30"})
         aff["spec"]["affinity"] = {"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
-        plain = pod_manifest("plain", k8s_namespace, scheduler_name="nobody")
-        create_pods(client, [held, aff, plain])
+        plain = pod_manifest("plain", k8s_namespace, scheduler_name=DIRECT)
+        # a GPU pod of a scheduler that never calls the extender (issue 26, item 11)
+        other = pod_manifest("other", k8s_namespace, scheduler_name="nobody",
+                             limits={"elasticgpu.io/gpu-core": "30"})
+        create_pods(client, [held, aff, plain, other])
         pods = pods_by_name(client, k8s_namespace)
 
         def bind_args(pod_name: str, node: str) -> dict[str, str]:
@@ -115,8 +124,14 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
         assert status == 200 and "asks for no GPU resource" in answer["Error"]
         status, answer = _post(extender, trusted, "bind", bind_args("held", "no-such-node"))
         assert status == 200 and "unknown to the GPU scheduler" in answer["Error"]
+        # a trusted client's bind of another scheduler's pod, onto a node it fits: refused
+        status, answer = _post(extender, trusted, "bind", bind_args("other", zone_a))
+        assert status == 200 and answer["Error"] == (
+            f"bind {k8s_namespace}/other to {zone_a}: the pod's schedulerName is 'nobody'; this "
+            f"extender binds only pods of the schedulers that call it ({', '.join(sorted([name, DIRECT]))}; "
+            "its config's schedulerNames)")
         pods = pods_by_name(client, k8s_namespace)
-        assert not any(pods[n]["spec"].get("nodeName") for n in ("held", "aff", "plain"))
+        assert not any(pods[n]["spec"].get("nodeName") for n in ("held", "aff", "plain", "other"))
         assert ann.ASSIGNMENT not in (pods["held"]["metadata"].get("annotations") or {})
 
         # the same direct bind onto a node the pod allows goes through

@@ -20,7 +20,6 @@ from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_conf
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +51,7 @@ def setup(request: pytest.FixtureRequest, k8s_cluster: Any,
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
                                config={"filterResult": request.param})
     extender.start()
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
                                                         prioritize=request.param == "all"))
     try:

@@ -114,7 +114,7 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
                                # was binpack until issue 19 made it fgdx-auto)
                                config={"filterResult": filter_result, "nodePolicy": "binpack"})
     extender.start()
-    name = unique_name("egpu")
+    name = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
                                                         prioritize=filter_result == "all"))
     try:

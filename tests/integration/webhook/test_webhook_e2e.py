@@ -98,7 +98,7 @@ def test_gpusharing_seed_pod_is_admitted_mutated_and_scheduled(
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()
     try:
-        scheduler = unique_name("egpu")
+        scheduler = extender.scheduler_name
         start_kube_scheduler(extender_kube_scheduler_config(extender.url, scheduler))
         wait_extender_knows(extender.url, eight_card_node, 8)
         seed = pod_json("seed", {"tencent.com/vcuda-core": 50, "tencent.com/vcuda-memory": 15},
@@ -207,6 +207,18 @@ def review(obj: Any, uid: str = "u1", **request: Any) -> dict[str, Any]:
         "operation": "CREATE", "namespace": "ns", "object": obj, **request}}
 
 
+#: The fuzz corpus's hostile part (issue 26, item 8): 100,000 levels of lists or objects, as
+#: the body, as the pod, and deep inside a field admission ignores.
+DEEP_BODIES = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+    json.dumps(review({"metadata": {}, "spec": "DEEP"})).encode().replace(
+        b'"DEEP"', b"[" * 100_000 + b"]" * 100_000),
+    json.dumps(review({"metadata": {"annotations": {"a": "DEEP"}}})).encode().replace(
+        b'"DEEP"', b'{"x":' * 100_000 + b"1" + b"}" * 100_000),
+]
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -230,7 +242,8 @@ BODIES = (st.builds(lambda pod: json.dumps(review(pod)).encode(), PODS)
           | st.builds(lambda r: json.dumps({"apiVersion": "admission.k8s.io/v1",
                                             "kind": "AdmissionReview", "request": r}).encode(),
                       JSON)
-          | st.binary(max_size=64))
+          | st.binary(max_size=64)
+          | st.sampled_from(DEEP_BODIES))
 
 
 def test_fuzzed_reviews_never_get_a_5xx(webhook: WebhookProcess) -> None:
@@ -260,3 +273,63 @@ def test_fuzzed_reviews_never_get_a_5xx(webhook: WebhookProcess) -> None:
 def test_oversized_body_gets_413(webhook: WebhookProcess) -> None:
     status, _ = webhook.post("/validate", b"{" + b" " * (5 * 2**20) + b"}")
     assert status == 413
+
+
+# --- issue 26: hostile bodies, names and connections ---------------------------------------
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_deep_nesting_gets_a_400_naming_the_limit(webhook: WebhookProcess, path: str) -> None:
+    for body in DEEP_BODIES:
+        status, answer = webhook.post(path, body)
+        assert status == 400, (status, answer)
+        assert "levels deep, more than the limit of 256" in answer["error"], answer
+    assert webhook.ready()
+
+
+def test_a_namespace_that_is_a_path_is_refused_without_a_lookup(webhook: WebhookProcess
+                                                                ) -> None:
+    """Issue 26, item 10: the review's namespace went into the claim read's path as it was:
+    `../../../../api/v1/nodes/x#` made the webhook GET a Node with its own rights. The pod
+    names a claim (a live read on a cache miss), so without the check the read is made."""
+    hostile = "../../../../api/v1/nodes/x#"
+    pod = json.loads(pod_json("p", {}, annotations={"egpuc.elasticgpu.io/main": "c1"}))
+    reads = webhook.metric("elasticgpu_webhook_claim_lookups_total", 'source="api"')
+    for path in ("/mutate", "/validate"):
+        status, answer = webhook.post(path, json.dumps(review(pod, namespace=hostile)).encode())
+        assert status == 400, (status, answer)
+        assert f"request.namespace {hostile!r}" in answer["error"]
+        assert "DNS-1123 label" in answer["error"]
+    # no live read was made: none reached the API, let alone the Node
+    assert webhook.metric("elasticgpu_webhook_claim_lookups_total", 'source="api"') == reads
+    # the same review in a real namespace is judged, with its live read
+    status, answer = webhook.post("/validate", json.dumps(review(pod, namespace="ns")).encode())
+    assert status == 200 and not answer["response"]["allowed"]
+    assert "c1" in answer["response"]["status"]["message"]
+
+
+def test_a_flood_of_idle_connections_is_bounded_and_closed(k8s_cluster: Any,
+                                                          tmp_path: Path) -> None:
+    """Issue 26, item 9: 1,200 idle TLS connections stayed open 60 s, and at the fd limit new
+    connections were reset. With small bounds (flags): a flood beyond the cap leaves the
+    webhook answering at once, and the webhook closes every idle connection."""
+    from egpu_testing.flood import close_all, closed_by_server, idle_tcp, idle_tls, wait_until
+    from egpu_testing.webhook import insecure_context
+
+    cap = 40
+    with running_webhook(k8s_cluster, tmp_path, "egpu-flood", LABEL, extra_args=[
+            "--header-timeout-seconds", "3", "--idle-timeout-seconds", "3",
+            "--max-connections", str(cap)]) as hook:
+        flood = idle_tls(hook.port, insecure_context(), 2 * cap)
+        bare = idle_tcp(hook.port, cap)
+        try:
+            assert hook.ready()  # a real request, at once, while the flood is open
+            status, answer = hook.post("/validate", DEEP_BODIES[0])
+            assert status == 400 and "levels deep" in answer["error"]
+            wait_until(lambda: all(closed_by_server(s) for s in flood),
+                       f"the webhook closes {len(flood)} idle TLS connections")
+            wait_until(lambda: all(closed_by_server(s) for s in bare),
+                       f"the webhook closes {len(bare)} connections that never started TLS")
+            assert hook.ready()
+        finally:
+            close_all(flood)
+            close_all(bare)

@@ -79,3 +79,14 @@ def test_the_help_of_config_names_every_setting() -> None:
     for attribute, field in SchedulerConfig.model_fields.items():
         alias = field.validation_alias
         assert (alias if isinstance(alias, str) else attribute) in text
+
+
+def test_scheduler_names_are_a_yaml_list_of_strings(tmp_path: Path) -> None:
+    """The strict loader reads YAML lists; `schedulerNames` (a tuple in the model) must still
+    take one, and only strings in it."""
+    path = tmp_path / "c.yaml"
+    path.write_text("schedulerNames: [default-scheduler, elastic-gpu-scheduler]\n")
+    assert load_config(path).scheduler_names == ("default-scheduler", "elastic-gpu-scheduler")
+    path.write_text("schedulerNames: [1]\n")
+    with pytest.raises(ConfigError, match=r"schedulerNames\[0\]"):
+        load_config(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from egpu_testing.workbench import ServedExtender, ready_state
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.server import BIND_BODY_BYTES, Extender
 
 NODES = [Node(f"n{i}", 64_000, 256_000, (Card(0, f"GPU-{i}", "A100", 16384),
                                         Card(1, f"GPU-{i}b", "T4", 16384)),
@@ -233,3 +234,59 @@ def test_random_combinations_of_mutations(server: ServedExtender, case: tuple[st
        body=st.binary(max_size=200) | json_values().map(lambda v: json.dumps(v).encode()))
 def test_random_bodies(server: ServedExtender, verb: str, body: bytes) -> None:
     check(server, verb, body)
+
+
+#: The issue's hostile bodies (issue 26, item 8): 100,000 levels of lists or objects, alone or
+#: as the value of a field the extender reads or ignores. They answered 500 (RecursionError).
+DEEP_BODIES = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+    b'{"Pod": ' + b"[" * 100_000 + b"]" * 100_000 + b', "NodeNames": ["n0"]}',
+    b'{"Pod": {}, "NodeNames": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b'{"Extra": ' + b"[" * 100_000 + b"]" * 100_000 + b', "Pod": {}, "NodeNames": ["n0"]}',
+    b"[" * 100_000,  # never closed
+    b"[" * 30_000 + b"]" * 30_000,  # under a bind's 64 KiB
+    b'{"PodName": ' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind", "preempt", "provision"])
+def test_deep_nesting_is_refused_with_400_naming_the_limit(server: ServedExtender,
+                                                           verb: str) -> None:
+    for body in DEEP_BODIES:
+        status, answer = server.post(f"/{verb}", body)
+        if verb in ("bind", "provision") and len(body) > BIND_BODY_BYTES:
+            assert status == 413 and "bytes is over the limit" in answer["Error"], answer
+            continue
+        assert status == 400, (verb, status, answer, body[:40])
+        assert "levels deep, more than the limit of 256" in answer["Error"], answer
+
+
+def test_a_connection_flood_beyond_the_cap_leaves_every_verb_answering() -> None:
+    """Issue 26, item 9, in the hostile corpus: idle connections that never send a request,
+    three times the cap, held open while every verb is asked; the server answers each, and
+    closes the idle ones after its timeouts."""
+    import socket
+
+    from elastic_gpu.scheduler.config import SchedulerConfig
+    from elastic_gpu.scheduler.state import SchedulerState
+
+    config = SchedulerConfig(header_timeout_s=1.0, idle_timeout_s=1.0, max_connections=20)
+    srv = ServedExtender(Extender(ready_state(NODES, SchedulerState(config), pods=[POD]),
+                                  FakeApi()))
+    flood = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(60)]
+    try:
+        srv.conn.close()  # a fresh connection per verb, each one past the flood
+        for name, (verbs, doc) in sorted(TEMPLATES.items()):
+            for verb in verbs:
+                srv.conn = type(srv.conn)("127.0.0.1", srv.port, timeout=30)
+                assert check(srv, verb, encode(doc)) == 200, (name, verb)
+        assert srv.gate.open_count <= srv.gate.cap
+        deadline = time.monotonic() + 60
+        while srv.gate.open_count > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.gate.open_count <= 1, f"{srv.gate.open_count} idle connections still open"
+    finally:
+        for sock in flood:
+            sock.close()
+        srv.stop()

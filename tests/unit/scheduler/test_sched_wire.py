@@ -93,7 +93,8 @@ def test_the_pod_keeps_only_the_fields_the_extender_reads() -> None:
      b', "NodeNames": ["a"]}', "missing required field `operator`"),
     (b'{"Pod": {}, "NodeNames": ["' + b"x" * 254 + b'"]}', "of length <= 253"),
     (b'{"Pod": {}, "NodeNames": ["a"], "Extra": ' + b"[" * 3000 + b"]" * 3000 + b"}",
-     "nested too deeply"),
+     "request body nests 3001 levels deep, more than the limit of 256"),
+    (b"[" * 100_000 + b"]" * 100_000, "request body nests 100000 levels deep"),
 ])
 def test_malformed_args_name_the_problem(body: bytes, needle: str) -> None:
     with pytest.raises(wire.WireError) as err:

@@ -9,11 +9,13 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 import yaml
 
 from egpu_testing.seed import seed_pod
 from elastic_gpu.core.admission import ClusterFacts
 from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.names import InvalidName
 from elastic_gpu.webhook.kube import ClaimCache
 from elastic_gpu.webhook.server import Admission
 
@@ -193,3 +195,36 @@ def test_the_claim_cache_without_the_crd_has_no_claims_and_lists_again_later() -
             await task
 
     asyncio.run(scenario())
+
+
+HOSTILE_NAMESPACE = "../../../../api/v1/nodes/x#"
+
+
+def test_a_namespace_no_api_server_sends_is_refused_with_no_read() -> None:
+    """Issue 26, item 10: the review's namespace went into the claim read's path as it was,
+    and `../../../../api/v1/nodes/x#` made the webhook GET a Node with its own rights."""
+    api = Api(claim("c1"))
+    status, payload, verdict = asyncio.run(Admission(ClusterFacts(), fetch=api.fetch)
+                                           .review_async(review("c1", HOSTILE_NAMESPACE),
+                                                         mutate=True))
+    assert (status, verdict) == (400, "bad_request") and api.reads == []
+    error = json.loads(payload)["error"]
+    assert f"request.namespace {HOSTILE_NAMESPACE!r}" in error and "DNS-1123 label" in error
+
+
+def test_the_claim_read_checks_its_names_before_any_request() -> None:
+    class Reader:
+        def __init__(self) -> None:
+            self.paths: list[str] = []
+
+        async def get(self, path: str) -> dict[str, Any]:
+            self.paths.append(path)
+            return claim_object("c1")
+
+    cache = ClaimCache()
+    cache.reader = reader = Reader()
+    with pytest.raises(InvalidName, match="DNS-1123 label"):
+        asyncio.run(cache.fetch(HOSTILE_NAMESPACE, "c1"))
+    assert reader.paths == [] and cache.fetches == 0
+    assert asyncio.run(cache.fetch("team-a", "c1")) == claim("c1")
+    assert reader.paths == ["/apis/elasticgpu.io/v1alpha/namespaces/team-a/elasticgpuclaims/c1"]

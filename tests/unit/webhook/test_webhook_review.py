@@ -140,3 +140,14 @@ def test_every_claim_created_gets_the_protection_finalizer_and_keeps_its_others(
     assert patch(claim_review({"name": "c"}, operation="UPDATE")) == []  # not governed
     status, _, verdict = Admission(FACTS).review_claim(b"{")
     assert status == 400 and verdict == "bad_request"
+
+
+def test_deep_nesting_is_a_400_naming_the_limit_before_decoding() -> None:
+    """Issue 26, item 8: nesting is bounded on the bytes, before msgspec or the core walk it."""
+    admission = Admission()
+    for body in (b"[" * 100_000 + b"]" * 100_000,
+                 b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": '
+                 b'{"uid": "u", "object": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}}"):
+        status, payload, verdict = admission.review(body, mutate=True)
+        assert (status, verdict) == (400, "bad_request")
+        assert "levels deep, more than the limit of 256" in json.loads(payload)["error"]

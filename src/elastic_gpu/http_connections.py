@@ -1,0 +1,270 @@
+"""Connection limits for the aiohttp servers (the extender, the webhook): `GatedSite`.
+
+aiohttp closes a kept-alive connection after its keepalive_timeout, but it never closes one
+that has not sent a request yet, asyncio gives a TLS handshake 60 s, and nothing bounds how
+many connections are open (issue 26, item 9). `GatedSite` is aiohttp's TCPSite with its own
+accept loop and a `ConnectionGate` that holds every connection from accept:
+
+- each accepted socket is counted and timed at once, then handed to the loop
+  (`connect_accepted_socket`, TLS included, the handshake bounded by the header timeout) with
+  the gate between the stream and aiohttp's handler; the gate keeps the socket, so a
+  connection still in its handshake can be closed too (`shutdown`);
+- a timer closes a connection that has no request in progress: `header_timeout_s` after
+  accept, `idle_timeout_s` after each answer (a request in progress is never timed out here);
+- at `max_connections`, `core.connlimits.make_room` decides: the oldest idle connections are
+  closed for the new one, or the new one is closed at once when every connection is busy;
+- out of file descriptors (EMFILE), accepting pauses briefly and resumes: the server never
+  fails for it.
+
+A request is "in progress" from its complete headers (an aiohttp middleware) to the return of
+its handler; a client that trickles its headers stays idle and meets the header timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+import ssl
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from elastic_gpu.core.connlimits import ConnectionLimits, effective_cap, make_room
+
+log = logging.getLogger(__name__)
+
+
+def fd_limit() -> int | None:
+    """The process's soft RLIMIT_NOFILE (None: unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+class _Connection(asyncio.Protocol):
+    """One accepted connection, counted by the gate from accept to close: the protocol the
+    stream (TLS or plain) delivers to, forwarding to aiohttp's handler."""
+
+    def __init__(self, gate: ConnectionGate, handler: Any, sock: socket.socket) -> None:
+        self.gate = gate
+        self.handler = handler
+        #: the accepted socket (the transport owns it once made; closed, its fileno is -1)
+        self.sock = sock
+        #: the stream's transport once up (asyncio's or uvloop's: typed loosely)
+        self.transport: Any = None
+        self.busy = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- the stream ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if self.closed:
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        self.handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        result: bool | None = self.handler.eof_received()
+        return result
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            if getattr(self.handler, "transport", None) is not None:
+                self.handler.connection_lost(exc)
+        finally:
+            self.gone()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def arm(self, seconds: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if not self.busy:
+            self.gate.timeouts += 1
+            self.close()
+
+    def request_started(self) -> None:
+        self.busy += 1
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def request_finished(self) -> None:
+        self.busy -= 1
+        if not self.busy and not self.closed:
+            self.arm(self.gate.limits.idle_timeout_s)
+
+    def close(self) -> None:
+        """Close at once (an idle connection: nothing is lost). In its TLS handshake it has no
+        transport yet: shutting the socket down fails the handshake, and the loop closes it."""
+        if self.transport is not None:
+            if not self.transport.is_closing():
+                self.transport.abort()
+        else:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+        self.gone()
+
+    def gone(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.gate.forget(self)
+
+
+class ConnectionGate:
+    """The open connections of one server, oldest first, and the limits they live under."""
+
+    def __init__(self, limits: ConnectionLimits, fds: int | None = None) -> None:
+        self.limits = limits
+        self.cap = effective_cap(limits.max_connections, fds if fds is not None else fd_limit())
+        self._open: OrderedDict[_Connection, None] = OrderedDict()
+        self._by_handler: dict[int, _Connection] = {}
+        #: connections closed for being idle too long, for room, and refused at the cap
+        self.timeouts = 0
+        self.shed = 0
+        self.refused = 0
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def accepted(self, sock: socket.socket, handler_factory: Callable[[], Any],
+                 context: ssl.SSLContext | None) -> None:
+        """Take a socket just accepted: make room for it (`make_room`) or close it, then
+        time it and hand it to the loop (TLS, then aiohttp's handler)."""
+        idle = [c for c in self._open if not c.busy]
+        room = make_room(len(self._open), idle, self.cap)
+        for old in room.close:
+            self.shed += 1
+            old.close()
+        if room.refuse_new:
+            self.refused += 1
+            sock.close()
+            return
+        connection = _Connection(self, handler_factory(), sock)
+        self._open[connection] = None
+        self._by_handler[id(connection.handler)] = connection
+        connection.arm(self.limits.header_timeout_s)
+        asyncio.get_running_loop().create_task(self._stream(connection, context))
+
+    async def _stream(self, connection: _Connection, context: ssl.SSLContext | None) -> None:
+        tls: dict[str, Any] = {} if context is None else {
+            "ssl": context, "ssl_handshake_timeout": self.limits.header_timeout_s}
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: connection, connection.sock, **tls)
+        except (OSError, ssl.SSLError, ValueError, RuntimeError) as err:
+            log.debug("connection not established: %s", err)  # the loop closed the socket
+            connection.gone()
+
+    def forget(self, connection: _Connection) -> None:
+        self._open.pop(connection, None)
+        self._by_handler.pop(id(connection.handler), None)
+
+    def close_idle(self) -> None:
+        """Close every connection with no request in progress (requests in progress finish:
+        the extender drains its binds; aiohttp's cleanup closes the rest)."""
+        for connection in [c for c in self._open if not c.busy]:
+            connection.close()
+
+    @web.middleware
+    async def middleware(self, request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+        connection = self._by_handler.get(id(request.protocol))
+        if connection is None:  # served without the gate (a test's own runner)
+            return await handler(request)
+        connection.request_started()
+        try:
+            return await handler(request)
+        finally:
+            connection.request_finished()
+
+
+class _Listener:
+    """The listening socket and its accept loop (what aiohttp's site keeps as `_server`)."""
+
+    def __init__(self, sock: socket.socket, task: asyncio.Task[None]) -> None:
+        self.sockets = [sock]
+        self._task = task
+
+    def close(self) -> None:
+        self._task.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+
+class GatedSite(web.TCPSite):
+    """aiohttp's TCPSite, every connection accepted and held by `gate`."""
+
+    def __init__(self, runner: web.BaseRunner, host: str | None, port: int, *,
+                 gate: ConnectionGate, ssl_context: ssl.SSLContext | None = None,
+                 reuse_address: bool | None = None, backlog: int = 128) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context,
+                         reuse_address=reuse_address, backlog=backlog)
+        self.gate = gate
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        host = self._host or ""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, self._port), family=family,
+                                        backlog=self._backlog)
+        listener.setblocking(False)
+        task = asyncio.get_running_loop().create_task(self._accept(listener, server))
+        self._server = _Listener(listener, task)  # type: ignore[assignment]
+        self._bound_port = listener.getsockname()[1]
+
+    async def _accept(self, listener: socket.socket, handler_factory: Callable[[], Any]
+                      ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except (ConnectionAbortedError, InterruptedError):
+                continue
+            except OSError as err:  # out of descriptors (EMFILE, ENFILE), mostly: wait
+                log.warning("accepting a connection failed (%s); %d open, retrying in 0.1 s",
+                            err, self.gate.open_count)
+                await asyncio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            self.gate.accepted(sock, handler_factory, self._ssl_context)
+
+    async def stop(self) -> None:
+        await super().stop()  # the listener closes: no new connections
+        self.gate.close_idle()
+
+
+def gated_app(app: web.Application, gate: ConnectionGate) -> web.Application:
+    """`app` with the gate's middleware (marks requests in progress); before the runner."""
+    app.middlewares.append(gate.middleware)
+    return app
+
+
+def runner_options(limits: ConnectionLimits) -> dict[str, Any]:
+    """aiohttp's own idle close, the same as the gate's (belt and braces)."""
+    return {"keepalive_timeout": limits.idle_timeout_s}

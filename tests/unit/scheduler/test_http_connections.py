@@ -1,0 +1,137 @@
+"""`http_connections.GatedSite`: idle connections are closed, the cap holds, and a real
+request still gets through a flood of idle connections (issue 26, item 9). A real aiohttp
+server over TLS on loopback, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from egpu_testing.workbench import TestPki
+from elastic_gpu.core.connlimits import ConnectionLimits, Room, effective_cap, make_room
+from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app
+
+
+def test_make_room_sheds_the_oldest_idle_never_a_busy_one() -> None:
+    assert make_room(2, ["a", "b"], 4) == Room((), False)
+    assert make_room(4, ["a", "b"], 4) == Room(("a",), False)
+    assert make_room(4, [], 4) == Room((), True)
+    assert make_room(5, ["a"], 4) == Room((), True)  # one would not be enough: keep it
+    assert effective_cap(1024, 256) == 128 and effective_cap(1024, None) == 1024
+    assert effective_cap(1024, 100) == 1
+    with pytest.raises(ValueError, match="max_connections"):
+        ConnectionLimits(max_connections=0)
+
+
+async def _serve(pki: TestPki, limits: ConnectionLimits, slow: asyncio.Event
+                 ) -> AsyncIterator[tuple[int, ConnectionGate]]:
+    async def hello(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def wait(_: web.Request) -> web.Response:
+        await slow.wait()
+        return web.Response(text="late")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    app.router.add_get("/slow", wait)
+    gate = ConnectionGate(limits, fds=None)
+    runner = web.AppRunner(gated_app(app, gate))
+    await runner.setup()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(pki.server_cert), str(pki.server_key))
+    site = GatedSite(runner, "127.0.0.1", 0, gate=gate, ssl_context=context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield port, gate
+    finally:
+        await runner.cleanup()
+
+
+def _client_context(pki: TestPki) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(pki.ca))
+
+
+async def _get(port: int, pki: TestPki, path: str = "/") -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client_context(pki))
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    data = await reader.read()
+    writer.close()
+    return data.decode(errors="replace")
+
+
+async def _until(condition: object, what: str, deadline_s: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not condition():  # type: ignore[operator]
+        assert loop.time() < end, f"not within {deadline_s} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_idle_connections_are_closed_and_a_request_gets_through_the_flood(tmp_path: Path,
+                                                                         loop: str) -> None:
+    """On both event loops the servers may run on (`scheduler.eventloop`)."""
+    pki = TestPki.create(tmp_path)
+
+    async def scenario() -> None:
+        slow = asyncio.Event()
+        serving = _serve(pki, ConnectionLimits(header_timeout_s=1.0, idle_timeout_s=1.0,
+                                               max_connections=40), slow)
+        port, gate = await serving.__anext__()
+        try:
+            # the issue's flood: TLS connections that never send a request, and bare TCP
+            # connections that never start TLS, each more than the cap; the oldest idle ones
+            # make room for new ones, so the server stays at the cap
+            tls = [await asyncio.open_connection("127.0.0.1", port, ssl=_client_context(pki))
+                   for _ in range(60)]
+            raw = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
+            await _until(lambda: gate.shed >= 80, "the oldest idle connections shed")
+            assert gate.open_count <= gate.cap
+            # and a real request gets through it at once
+            assert (await _get(port, pki)).endswith("ok")
+            # a request in progress is never closed for room or for idleness
+            busy = asyncio.create_task(_get(port, pki, "/slow"))
+            await _until(lambda: any(c.busy for c in gate._open), "the slow request started")
+            more = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
+            raw += more
+            # every idle connection is closed by the server (for room, or by the timeouts)
+            await _until(lambda: all(_closed_by_peer(s) for s in raw),
+                         "idle TCP connections closed by the server")
+            await _until(lambda: all(r.at_eof() or r.exception() for r, _ in tls),
+                         "idle TLS connections closed by the server")
+            # once the flood is gone, requests are served again
+            await _until(lambda: gate.open_count <= 1, "the flood's connections forgotten")
+            assert (await _get(port, pki)).endswith("ok")
+            slow.set()
+            assert (await busy).endswith("late")
+            await _until(lambda: gate.open_count == 0, "no connection left open")
+            for sock in raw:
+                sock.close()
+            for _, writer in tls:
+                writer.close()
+        finally:
+            await serving.aclose()
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(scenario())
+    else:
+        asyncio.run(scenario())
