@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,18 @@ def token_kubeconfig(cluster: Any, namespace: str, account: str, path: Path,
         "users": [{"name": "sa", "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
     return path
+
+
+def helm_template(home: Path, **values: Any) -> list[dict[str, Any]]:
+    """`helm template` of the chart with `--set-json KEY=VALUE` for each of `values` (dotted
+    keys), helm's own state under `home`: the rendered objects."""
+    binary = find_bin_dir() / "helm"
+    assert binary.exists(), f"no helm in {binary.parent}: run hack/ensure-k8s.sh"
+    args = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CACHE_HOME": str(home / "c"),
+           "HELM_CONFIG_HOME": str(home / "f"), "HELM_DATA_HOME": str(home / "d")}
+    out = subprocess.run([str(binary), "template", "egpu", str(CHART), "-n", "elastic-gpu",
+                          *args], capture_output=True, text=True, timeout=120, env=env,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]

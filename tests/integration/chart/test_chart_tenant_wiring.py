@@ -5,35 +5,18 @@ that turns it off."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from egpu_testing.chart import helm_template
 from elastic_gpu.core.quota import QUOTA_NAMES
-from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.k8s.tenant_rbac import manifests
 
 pytestmark = pytest.mark.integration
 
-CHART = Path(__file__).resolve().parents[3] / "charts" / "elastic-gpu"
-
-
-def render(tmp_path: Path, **values: Any) -> list[dict[str, Any]]:
-    binary = find_bin_dir() / "helm"
-    if not binary.exists():
-        pytest.fail(f"no helm in {binary.parent}: run hack/ensure-k8s.sh")
-    args = [a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HELM_CACHE_HOME": str(tmp_path / "c"),
-           "HELM_CONFIG_HOME": str(tmp_path / "f"), "HELM_DATA_HOME": str(tmp_path / "d")}
-    out = subprocess.run([str(binary), "template", "egpu", str(CHART), "-n", "elastic-gpu",
-                          *args], capture_output=True, text=True, timeout=120, env=env,
-                         check=False)
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
 
 def webhook_command(objs: list[dict[str, Any]]) -> list[str]:
@@ -49,7 +32,7 @@ def rbac(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_quota_names_are_on_by_default_and_ignored_by_the_charts_kube_scheduler(
         tmp_path: Path) -> None:
-    objs = render(tmp_path)
+    objs = helm_template(tmp_path)
     assert "--quota-resources" in webhook_command(objs)
     (config,) = [o for o in objs if o["kind"] == "ConfigMap"
                  and "kube-scheduler" in o["metadata"]["name"]]
@@ -58,11 +41,11 @@ def test_quota_names_are_on_by_default_and_ignored_by_the_charts_kube_scheduler(
                for ext in scheduler["extenders"] for m in ext["managedResources"]}
     assert all(managed.get(name) is True for name in QUOTA_NAMES), managed
     assert "--quota-resources" not in webhook_command(
-        render(tmp_path, **{"budgets.quotaResources": False}))
+        helm_template(tmp_path, **{"budgets.quotaResources": False}))
 
 
 def test_tenant_roles_are_the_sandboxs_and_values_turn_them_off(tmp_path: Path) -> None:
-    rendered = rbac(render(tmp_path))
+    rendered = rbac(helm_template(tmp_path))
     for want in manifests():
         key = (want["kind"], want["metadata"]["name"])
         assert key in rendered, key
@@ -71,10 +54,10 @@ def test_tenant_roles_are_the_sandboxs_and_values_turn_them_off(tmp_path: Path) 
         for field in ("rules", "roleRef", "subjects"):
             assert got.get(field) == want.get(field), (key, field)
 
-    roles = set(rbac(render(tmp_path, **{"tenants.aggregateToDefaultRoles": False})))
+    roles = set(rbac(helm_template(tmp_path, **{"tenants.aggregateToDefaultRoles": False})))
     assert ("ClusterRole", "elastic-gpu-tenant-edit") not in roles
     assert ("ClusterRole", "elastic-gpu-tenant-view") not in roles
     assert ("ClusterRoleBinding", "elastic-gpu-inventory-reader") in roles
-    roles = set(rbac(render(tmp_path, **{"tenants.inventoryReaders": []})))
+    roles = set(rbac(helm_template(tmp_path, **{"tenants.inventoryReaders": []})))
     assert ("ClusterRoleBinding", "elastic-gpu-inventory-reader") not in roles
     assert ("ClusterRole", "elastic-gpu-tenant-edit") in roles
