@@ -54,6 +54,9 @@ class ComponentEnv:
     python: str
     #: The endpoints of the components started before it (name -> URL), e.g. the extender's.
     endpoints: Mapping[str, str] = field(default_factory=dict)
+    #: Whether kube-scheduler ignores the quota's accounting names, so the webhook may add
+    #: them (`scheduler.kubeconfig.ignores_quota_names`; a --scheduler-config may not).
+    quota_names_ignored: bool = True
 
 
 @dataclass(frozen=True)
@@ -155,11 +158,13 @@ EXTENDER = ComponentSpec(
 
 def _webhook_argv(env: ComponentEnv) -> list[str]:
     # the budget keeper's finalizer (the controller runs beside it); the quota's canonical
-    # resources, on as in the chart, since the sandbox's kube-scheduler ignores them (a
-    # --scheduler-config of one's own must too): docs/budgets.md, "Quota"
+    # resources, on as in the chart, where kube-scheduler ignores them (the sandbox's own
+    # configuration does; a --scheduler-config that does not gets none, or every GPU pod
+    # would find every node short): docs/budgets.md, "Quota"
+    quota = ["--quota-resources"] if env.quota_names_ignored else []
     return [env.python, "-m", "elastic_gpu.cli.main", "webhook",
             "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port),
-            "--budget-finalizer", "--quota-resources"]
+            "--budget-finalizer", *quota]
 
 
 #: The admission webhook (`egpu webhook`): HTTPS on loopback, registered by itself (its own CA,

@@ -44,6 +44,7 @@ from elastic_gpu.devcluster.nodes import (
 )
 from elastic_gpu.devcluster.ports import free_ports, is_listening
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
+from elastic_gpu.scheduler.kubeconfig import ignores_quota_names
 
 STATE_FILE = "state.json"
 ALLOCATION_SYNC = components.ALLOCATION_SYNC.name
@@ -74,6 +75,8 @@ class Sandbox:
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Seconds each step of `up` took, in order (bench/sandbox_up.py reads them).
     up_seconds: dict[str, float] = field(default_factory=dict)
+    #: kube-scheduler ignores the quota's names, so the webhook adds them (`ComponentEnv`).
+    quota_names_ignored: bool = True
 
     def save(self) -> None:
         data = {"plane": self.plane.to_dict(), "kubeconfig": str(self.kubeconfig),
@@ -216,7 +219,8 @@ def _spawn_component(sandbox: Sandbox, spec: ComponentSpec) -> ProcessHandle:
     env = ComponentEnv(kubeconfig=sandbox.plane.kubeconfig, work_dir=sandbox.plane.work_dir,
                        port=port, python=sys.executable,
                        endpoints={name: str(c["endpoint"]) for name, c in sandbox.components.items()
-                                  if c.get("endpoint")})
+                                  if c.get("endpoint")},
+                       quota_names_ignored=sandbox.quota_names_ignored)
     return sandbox.plane.start_process(spec.name, spec.argv(env))
 
 
@@ -285,7 +289,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
                          controller_manager=controller_manager,
                          extra_env={MARKER_ENV: str(state_dir)})
     sandbox = Sandbox(state_dir, plane, kubeconfig.resolve(), [inv.name for inv in inventories],
-                      bare=bare)
+                      bare=bare, quota_names_ignored=scheduler_config is None
+                      or ignores_quota_names(scheduler_config))
     # Record every pid as soon as it exists: if this command is killed half-way, `down`
     # still finds what it had started.
     plane.on_spawn = lambda _plane: sandbox.save()

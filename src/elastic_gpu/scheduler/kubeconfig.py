@@ -12,6 +12,7 @@ deploy/scheduler/kube-scheduler-config.yaml is this function's output (a test ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from elastic_gpu.core.nodefit import NODE_CORE
@@ -94,3 +95,28 @@ def kube_scheduler_config(url_prefix: str = "http://127.0.0.1:8888", *,
         "extenders": [extender_stanza(url_prefix, weight=weight, prioritize=prioritize,
                                       tls_config=tls_config)],
     }
+
+
+def ignores_quota_names(config: Mapping[str, Any]) -> bool:
+    """Whether a KubeSchedulerConfiguration makes kube-scheduler ignore the quota's accounting
+    names (`core.quota.QUOTA_NAMES`), which no node advertises: each is an extender's managed
+    resource with `ignoredByScheduler`, or NodeResourcesFit's `ignoredResources` /
+    `ignoredResourceGroups` name it in every profile. Where it does not, a pod carrying them
+    would find every node short, so the sandbox leaves the quota mutator off."""
+    ignored_everywhere: set[str] = set()
+    for extender in config.get("extenders") or []:
+        for managed in (extender or {}).get("managedResources") or []:
+            if isinstance(managed, Mapping) and managed.get("ignoredByScheduler") is True:
+                ignored_everywhere.add(str(managed.get("name")))
+    profiles = config.get("profiles") or [{}]
+    for name in QUOTA_NAMES:
+        if name in ignored_everywhere:
+            continue
+        group = name.split("/", 1)[0]
+        for profile in profiles:
+            fit = [c.get("args") or {} for c in (profile or {}).get("pluginConfig") or []
+                   if isinstance(c, Mapping) and c.get("name") == "NodeResourcesFit"]
+            if not any(name in (args.get("ignoredResources") or [])
+                       or group in (args.get("ignoredResourceGroups") or []) for args in fit):
+                return False
+    return True

@@ -19,6 +19,7 @@ from egpu_testing.tenant import Tenant
 from egpu_testing.waiting import wait_for
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.mig import saved_pod_digest
 
 pytestmark = pytest.mark.integration
 
@@ -196,15 +197,18 @@ def test_the_admission_opt_out_label_is_an_admins(sandbox: Any,
     mine.ok("label", "pod", "plain", "elasticgpu.io/admission=ignore")
 
 
+FORGED_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "someones-pod"},
+              "spec": {"containers": [{"name": "x", "image": "evil",
+                                       "securityContext": {"privileged": True}}]}}
+#: A forged rule the CRD's schema admits (savedPod with its digest and a moved pod's uid, as
+#: the adapter writes them), so that what refuses it is the policy on who writes rules.
 MIG_RULE = {
     "apiVersion": "elasticgpu.io/v1alpha", "kind": "MIGSubstitution",
     "metadata": {"name": "forged"},
     "spec": {"fromProfile": "1g.10gb", "toProfile": "7g.80gb", "reason": "mine",
-             "selector": {"podName": "someones-pod"},
-             "savedPod": {"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": "someones-pod"},
-                          "spec": {"containers": [{"name": "x", "image": "evil",
-                                                   "securityContext": {"privileged": True}}]}}},
+             "selector": {"podName": "someones-pod"}, "savedPod": FORGED_POD,
+             "savedPodDigest": saved_pod_digest(FORGED_POD),
+             "movedPodUID": "00000000-0000-0000-0000-000000000000"},
 }
 
 

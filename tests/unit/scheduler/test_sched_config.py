@@ -90,3 +90,16 @@ def test_scheduler_names_are_a_yaml_list_of_strings(tmp_path: Path) -> None:
     path.write_text("schedulerNames: [1]\n")
     with pytest.raises(ConfigError, match=r"schedulerNames\[0\]"):
         load_config(path)
+
+
+def test_which_kube_scheduler_configurations_ignore_the_quota_names() -> None:
+    """The sandbox adds the quota's names to GPU pods only where kube-scheduler ignores them
+    (a user's --scheduler-config without them would leave every GPU pod Pending)."""
+    from elastic_gpu.scheduler.kubeconfig import ignores_quota_names
+
+    assert ignores_quota_names(kube_scheduler_config("http://127.0.0.1:1"))
+    assert not ignores_quota_names({"profiles": [{"schedulerName": "mine"}]})
+    fit = {"name": "NodeResourcesFit", "args": {"ignoredResourceGroups": ["quota.elasticgpu.io"]}}
+    assert ignores_quota_names({"profiles": [{"schedulerName": "a", "pluginConfig": [fit]}]})
+    assert not ignores_quota_names({"profiles": [{"schedulerName": "a", "pluginConfig": [fit]},
+                                                 {"schedulerName": "b"}]})
