@@ -174,17 +174,7 @@ def probe_refused(stderr: str) -> bool:
 
 
 def install(client: Any, objects: Iterable[dict[str, Any]] | None = None) -> None:
-    """Create each policy and binding, or replace its spec (an installer's credentials)."""
-    from lightkube import codecs
-    from lightkube.core.exceptions import ApiError
-    from lightkube.types import PatchType
+    """Create each policy and binding, or bring it up to date (an installer's credentials)."""
+    from elastic_gpu.k8s.apply import create_or_update
 
-    for manifest in manifests() if objects is None else objects:
-        obj = codecs.from_dict(manifest)
-        try:
-            client.create(obj)
-        except ApiError as err:
-            if err.status.code != 409:
-                raise
-            client.patch(type(obj), manifest["metadata"]["name"], {"spec": manifest["spec"]},
-                         patch_type=PatchType.MERGE)
+    create_or_update(client, manifests() if objects is None else objects)

@@ -83,15 +83,7 @@ def manifests(inventory_readers: tuple[dict[str, str], ...] = INVENTORY_READERS
 
 
 def install(client: Any) -> None:
-    """Create or replace the tenant roles and binding (`manifests()`) with `client`."""
-    from lightkube import codecs
-    from lightkube.core.exceptions import ApiError
+    """Create or update the tenant roles and binding (`manifests()`) with `client`."""
+    from elastic_gpu.k8s.apply import create_or_update
 
-    for manifest in manifests():
-        obj = codecs.from_dict(manifest)
-        try:
-            client.create(obj)
-        except ApiError as err:
-            if err.status.code != 409:
-                raise
-            client.replace(obj)
+    create_or_update(client, manifests())

@@ -4,12 +4,19 @@ carries (a copy of another pod's assignment included)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from elastic_gpu.agent.accounting import overcommit
-from elastic_gpu.agent.matching import Candidate, candidates
+from elastic_gpu.agent.allocator import Allocator
+from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.devices import ResourcePlan, build_plans, logical_cards
+from elastic_gpu.agent.fake import FakeBackend
+from elastic_gpu.agent.grant import DeviceFiles
+from elastic_gpu.agent.matching import AllocateError, Candidate, candidates
+from elastic_gpu.agent.state import NodeState
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 
@@ -103,40 +110,36 @@ class LivePods:
         return self.pods
 
 
-def test_allocate_refuses_the_thief_and_serves_the_owner() -> None:
-    from elastic_gpu.agent.allocator import Allocator
-    from elastic_gpu.agent.config import parse_config
-    from elastic_gpu.agent.devices import build_plans, logical_cards
-    from elastic_gpu.agent.fake import FakeBackend
-    from elastic_gpu.agent.grant import DeviceFiles
-    from elastic_gpu.agent.matching import AllocateError
-    from elastic_gpu.agent.state import NodeState
-
+def share_plan_and_allocator() -> tuple[ResourcePlan, Callable[[Any], Allocator]]:
+    """The share plugin's plan of a 2-card fake node, and an Allocator over it reading the
+    node's pods from the given source."""
     config = parse_config({"healthCheck": {"enabled": False}})
     backend = FakeBackend.from_dict({"cards": [{"model": "A100", "memoryMiB": 40960}] * 2}, NODE)
     cards = logical_cards(backend.discover(), config.splitBoard)
     (plan,) = [p for p in build_plans(cards, config) if p.resource == CORE]
+
+    def allocator(pods: Any) -> Allocator:
+        return Allocator(NODE, config, NodeState(cards), "NVIDIA_VISIBLE_DEVICES",
+                         DeviceFiles({}, ()), pods)
+
+    return plan, allocator
+
+
+def test_allocate_refuses_the_thief_and_serves_the_owner() -> None:
+
+    plan, allocator = share_plan_and_allocator()
     victim = pod("victim", [CardShare(0, f"GPU-fake-{NODE}-0", 600, 0)])
     thief = pod("thief", [CardShare(0, f"GPU-fake-{NODE}-0", 600, 0)], phase="Pending")
-    alloc = Allocator(NODE, config, NodeState(cards), "NVIDIA_VISIBLE_DEVICES",
-                      DeviceFiles({}, ()), LivePods([victim, thief]))
+    alloc = allocator(LivePods([victim, thief]))
     with pytest.raises(AllocateError, match="card 0 would be given 1200 milli-cards of 1000; "
                                             "held by ns/victim"):
         alloc.allocate(plan, [f"0-{k}" for k in range(60)])
-    alloc = Allocator(NODE, config, NodeState(cards), "NVIDIA_VISIBLE_DEVICES",
-                      DeviceFiles({}, ()), LivePods([thief]))
+    alloc = allocator(LivePods([thief]))
     grant = alloc.allocate(plan, [f"0-{k}" for k in range(60)])
     assert grant.envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{NODE}-0"
 
 
 def test_the_ledger_check_reads_the_cache_only_when_it_shows_the_pod_being_served() -> None:
-    from elastic_gpu.agent.allocator import Allocator
-    from elastic_gpu.agent.config import parse_config
-    from elastic_gpu.agent.devices import build_plans, logical_cards
-    from elastic_gpu.agent.fake import FakeBackend
-    from elastic_gpu.agent.grant import DeviceFiles
-    from elastic_gpu.agent.matching import AllocateError
-    from elastic_gpu.agent.state import NodeState
 
     class LaggingCache(LivePods):
         """The cache has not seen the thief's Binding yet (nor, maybe, a pod's end)."""
@@ -144,13 +147,9 @@ def test_the_ledger_check_reads_the_cache_only_when_it_shows_the_pod_being_serve
         def on_node(self, node: str) -> list[dict[str, Any]]:
             return [p for p in self.pods if p["metadata"]["name"] != "thief"]
 
-    config = parse_config({"healthCheck": {"enabled": False}})
-    backend = FakeBackend.from_dict({"cards": [{"model": "A100", "memoryMiB": 40960}] * 2}, NODE)
-    cards = logical_cards(backend.discover(), config.splitBoard)
-    (plan,) = [p for p in build_plans(cards, config) if p.resource == CORE]
+    plan, allocator = share_plan_and_allocator()
     victim = pod("victim", [CardShare(0, f"GPU-fake-{NODE}-0", 600, 0)])
     thief = pod("thief", [CardShare(0, f"GPU-fake-{NODE}-0", 600, 0)], phase="Pending")
-    alloc = Allocator(NODE, config, NodeState(cards), "NVIDIA_VISIBLE_DEVICES",
-                      DeviceFiles({}, ()), LaggingCache([victim, thief]))
+    alloc = allocator(LaggingCache([victim, thief]))
     with pytest.raises(AllocateError, match="held by ns/victim"):  # from the live list
         alloc.allocate(plan, [f"0-{k}" for k in range(60)])
