@@ -422,7 +422,11 @@ def _decide_named(claim: Claim, named: str, egpu: ElasticGPU | None) -> Decision
                            f"ElasticGPU {named} is {egpu.phase.value}, not Available")
         return _bound_decision(claim, egpu)
     if ref is not None:
-        message = f"ElasticGPU {named} is bound to claim {ref.namespace}/{ref.name}"
+        # the claim's Events are read by its namespace's users: another namespace's claim is
+        # not theirs to learn of (as the PV controller says only "bound to a different claim")
+        other = f"claim {ref.name}" if ref.namespace == claim.namespace else \
+            "a claim of another namespace"
+        message = f"ElasticGPU {named} is bound to {other}"
         if bound:
             return Lost(LostReason.ELASTICGPU_BOUND_ELSEWHERE, message)
         return Pending(PendingReason.ELASTICGPU_BOUND_ELSEWHERE, message)

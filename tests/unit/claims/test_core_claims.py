@@ -210,7 +210,10 @@ def test_static_binding_to_an_available_compatible_elasticgpu() -> None:
      "holds 1 whole card(s), the claim asks for a share of one card"),
     (egpu(cls="other"), core.PendingReason.CLASS_MISMATCH, "is of class other"),
     (egpu(ref=core.ClaimRef("ns", "someone", "u9")), core.PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
-     "bound to claim ns/someone"),
+     "bound to claim someone"),
+    # the claim's namespace learns nothing of another's claims (the message is an Event there)
+    (egpu(ref=core.ClaimRef("bob", "secret", "u9")), core.PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
+     "is bound to a claim of another namespace"),
     (egpu(phase=core.ElasticGPUPhase.RELEASED), core.PendingReason.ELASTICGPU_NOT_AVAILABLE,
      "is Released, not Available"),
 ])
