@@ -39,8 +39,8 @@ def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
                  ) -> Iterable[tuple[str, Assignment]]:
     """(`<namespace>/<pod>`, assignment) of the pods on `node` that hold cards: bound here,
     not finished, not being deleted, with a readable assignment the scheduler's Binding wrote
-for this node (`core.assignment.distrust`). Bad
-    annotations are skipped (the scheduler reports them; accounting must not stop on one)."""
+    for this node (`core.assignment.distrust`). Bad annotations are skipped (the scheduler
+    reports them; accounting must not stop on one)."""
     for pod in pods:
         meta = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):

@@ -164,7 +164,7 @@ class Allocator:
                                  {i: lc.card.memory_mib for i, lc in cards.items()})
             if problem is not None:
                 raise AllocateError(f"refusing rather than handing out a held card: {problem}")
-            grant = build_grant(chosen.shares, self.state.cards(), self.config, self.visible_env,
+            grant = build_grant(chosen.shares, cards, self.config, self.visible_env,
                                 self.files)
             self._done.add((chosen.uid, chosen.container, plan.resource))
             log.info("Allocate %s x%d -> %s", plan.resource, count, chosen.describe())
