@@ -473,7 +473,7 @@ class SchedulerState:
     def _note_distrust(self, uid: str) -> None:
         """Remember (and log once) a live pod whose assignment the Binding did not write."""
         pod = self._pods.get(uid)
-        reason = pod.distrusted if pod is not None and pod.phase not in TERMINAL_PHASES else None
+        reason = pod.distrusted if pod is not None and not pod.stopped else None
         if reason is None:
             self._distrusted.pop(uid, None)
         elif self._distrusted.get(uid) != reason:
