@@ -87,7 +87,7 @@ def run(kc: Path, claims: int, rate: float, workers: int, timeout_s: float) -> d
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Namespace
 
-    from elastic_gpu.k8s.elasticgpu import CLAIM_KIND, CLAIM_PLURAL, GROUP, VERSION
+    from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL, GROUP, VERSION
 
     kubectl(kc, "apply", "-f", "-", input=SEED_CLASS)
     client = Client(config=KubeConfig.from_file(str(kc)), field_manager="egpu-bench",

@@ -30,12 +30,12 @@ import aiohttp
 
 from egpu_testing.claims import claim_object, class_object, install_crds
 from egpu_testing.workbench import ExtenderProcess, metric_value, metrics_text
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import register_fake_nodes
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.k8s import elasticgpu as api
-from elastic_gpu.k8s.rest import RestClient
+from elastic_gpu.kube.transport import RestClient
 
 NAMESPACE = "default"
 

@@ -1,4 +1,4 @@
-"""CPU per Binding from Python: lightkube's async client vs the lean client (`k8s.rest`), against
+"""CPU per Binding from Python: lightkube's async client vs the lean client (`kube.transport`), against
 the development control plane. The scheduler's API worker creates one Binding per pod, so on a
 box shared with the control plane this CPU is scheduling throughput.
 
@@ -26,7 +26,7 @@ from egpu_testing.scenario import create_pods
 from egpu_testing.workbench import pod_manifest
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
-from elastic_gpu.k8s.rest import RestClient
+from elastic_gpu.kube.transport import RestClient
 from elastic_gpu.scheduler.apiworker import binding_body
 
 NOTES = {"elasticgpu.io/assigned-node": "x"}
@@ -85,7 +85,7 @@ def main() -> int:
             (inventory,) = uniform_inventories(1, prefix="bind", gpus=8)
             register_fake_nodes(client, [inventory])
             for r in range(args.rounds):
-                for label, bind in (("lightkube", bind_lightkube), ("k8s.rest", bind_rest)):
+                for label, bind in (("lightkube", bind_lightkube), ("kube.transport", bind_rest)):
                     namespace = f"{label.replace('.', '-')}-{r}"
                     plane.kubectl("create", "namespace", namespace)
                     names = [f"p{i}" for i in range(args.binds)]

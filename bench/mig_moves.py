@@ -71,7 +71,7 @@ def one_run(kc: Path, i: int) -> tuple[float, float]:
 
 
 async def live_reads(kc: Path, reads: int) -> list[float]:
-    from elastic_gpu.k8s.client import async_client
+    from elastic_gpu.kube.kubeconfig import async_client
     from elastic_gpu.webhook.migrules import RuleCache
 
     kubectl(kc, "create", "namespace", "bench-mig-reads")

@@ -30,7 +30,7 @@ from aiohttp import web
 
 
 def serve_null(kubeconfig: str, port: int) -> None:
-    from elastic_gpu.k8s.rest import RestClient
+    from elastic_gpu.kube.transport import RestClient
     from elastic_gpu.scheduler.apiworker import binding_body
 
     async def main() -> None:

@@ -108,7 +108,7 @@ class Bench:
         from lightkube.types import PatchType
 
         from elastic_gpu.agent.inventory_api import GPUDevice
-        from elastic_gpu.k8s.gpudevice import object_name
+        from elastic_gpu.api.gpudevice import object_name
 
         self.client.patch(GPUDevice.Status, object_name(node, 0),
                           {"status": {"health": health.value}}, patch_type=PatchType.MERGE)

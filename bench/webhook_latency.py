@@ -162,7 +162,7 @@ def main() -> int:
         try:
             if claim:
                 from egpu_testing.seed import seed_claim
-                from elastic_gpu.k8s.crds import install_elasticgpu_crds
+                from elastic_gpu.kube.crds import install_elasticgpu_crds
 
                 install_elasticgpu_crds(plane.client())
             hook.start()

@@ -4,9 +4,9 @@ name of the resource table, and the MIG profiles), as kube_scheduler_config() wr
 charts/elastic-gpu/files/webhook-match-expression.cel: the webhooks' matchConditions
 expression, as elastic_gpu.webhook.registration writes it;
 charts/elastic-gpu/files/tenant-rbac.yaml: the rules of the tenant ClusterRoles
-(templates/tenants.yaml), as elastic_gpu.k8s.tenant_rbac.TENANT_RULES says.
+(templates/tenants.yaml), as elastic_gpu.api.tenant_rbac.TENANT_RULES says.
 charts/elastic-gpu/files/ledger-policies.yaml and admission-opt-out-policy.yaml: the
-ValidatingAdmissionPolicies and bindings of elastic_gpu.k8s.admission_policies, as the sandbox
+ValidatingAdmissionPolicies and bindings of elastic_gpu.api.admission_policies, as the sandbox
 applies them.
 Run:  PYTHONPATH=src python hack/gen-chart-files.py
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from elastic_gpu.k8s import admission_policies
-from elastic_gpu.k8s.tenant_rbac import TENANT_RULES
-from elastic_gpu.scheduler.kubeconfig import extender_stanza
+from elastic_gpu.api import admission_policies
+from elastic_gpu.api.tenant_rbac import TENANT_RULES
+from elastic_gpu.scheduler.schedconfig import extender_stanza
 from elastic_gpu.webhook.registration import match_expression
 
 FILES = Path(__file__).resolve().parents[1] / "charts" / "elastic-gpu" / "files"

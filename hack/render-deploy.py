@@ -13,7 +13,7 @@ split by the template each object comes from (helm's `# Source:` line):
                                  manifests render it once (docs/install.md)
 A new template file lands in deploy/<its name>/ by the same rule. deploy/crds/ is the source of
 charts/elastic-gpu/crds/ (not rendered), and deploy/scheduler/kube-scheduler-config*.yaml and
-scheduler-best.yaml come from code (elastic_gpu.scheduler.kubeconfig); files this script wrote
+scheduler-best.yaml come from code (elastic_gpu.scheduler.schedconfig); files this script wrote
 before and no longer writes (they start with HEADER's first line) are removed.
 """
 

@@ -1,1 +1,1 @@
-pytest_plugins = ["elastic_gpu.devcluster.pytest_plugin"]
+pytest_plugins = ["egpu_testing.pytest_plugin"]

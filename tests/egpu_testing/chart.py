@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
+from egpu_testing.pytest_plugin import unique_name
 from elastic_gpu.devcluster.binaries import find_bin_dir
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "elastic-gpu"
 #: kinds of the chart's cluster-wide objects (fixed names: one Elastic GPU per cluster)

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.annotations import CLAIM_PREFIX
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.k8s import elasticgpu as api
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egpu_testing.workbench import CardUse, card_use_from_pods, overcommitted, pod_manifest
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims import CLAIM_PREFIX
 from elastic_gpu.core.model import Node
-from elastic_gpu.k8s import elasticgpu as api
 
 SHARE = "gpushare.provisioner.elasticgpu.io"
 PERCENTS = (10, 20, 25, 30, 40, 50)

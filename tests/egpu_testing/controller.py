@@ -17,9 +17,9 @@ from typing import Any
 from aiohttp import web
 
 from egpu_testing.process import SupervisedProcess
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.k8s import elasticgpu as api
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import AlreadyExists, NotFound
 

@@ -106,8 +106,8 @@ def running_webhook(plane: Any, log_dir: Path, prefix: str, label: str,
     """`egpu webhook` registered under a unique name (`prefix`-…, also its namespace), governing
     the namespaces labelled `label=<that name>`, with `extra_args`; cleaned up on the way
     out."""
+    from egpu_testing.pytest_plugin import unique_name
     from elastic_gpu.devcluster.ports import free_ports
-    from elastic_gpu.devcluster.pytest_plugin import unique_name
 
     name = unique_name(prefix)
     (port,) = free_ports(1)

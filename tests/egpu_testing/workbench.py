@@ -22,11 +22,11 @@ from typing import Any
 import yaml
 
 from egpu_testing.process import SupervisedProcess
+from elastic_gpu.api.gpudevice import object_name
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.model import Node
-from elastic_gpu.k8s.gpudevice import object_name
-from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
+from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 
 #: One example per request style: name -> container resources (limits).
@@ -257,7 +257,7 @@ class ServedExtender:
         self.port = 0
         started = threading.Event()
 
-        from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app
+        from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app
 
         #: the connections, held as `egpu scheduler` holds them (its config's limits)
         self.gate = ConnectionGate(extender.state.config.connection_limits)

@@ -12,7 +12,7 @@ values and paths are absolute. Every number has a range (minimum and maximum): a
 agent waits on is neither so short that it floods the API server nor so long that the
 thread waiting on it dies (`threading.Event.wait` overflows). A section that does not belong
 to the chosen backend is refused, and the fake inventory must be an existing file. The file is
-read by the one settings loader (`elastic_gpu.settings_file`, `strict_yaml`): YAML 1.2 scalars
+read by the one settings loader (`elastic_gpu.api.settings_file`, `strict_yaml`): YAML 1.2 scalars
 (`yes`, `010`, `1:30` are strings, then refused by the field they are given to), no anchors or
 aliases, bounded nesting and numbers, string keys, no key twice, UTF-8. The full reference is
 docs/agent.md.
@@ -41,14 +41,7 @@ from pydantic import (
 )
 
 from elastic_gpu.agent.config_forms import Form, FormError, detect_form, to_agent_form
-from elastic_gpu.core.resources import (
-    GPU_CORE,
-    GPU_MEMORY,
-    MIG_RESOURCE_PATTERN,
-    Measure,
-    lookup,
-)
-from elastic_gpu.settings_file import (
+from elastic_gpu.api.settings_file import (
     HEADER_KEYS,
     SettingsFileError,
     describe,
@@ -57,7 +50,14 @@ from elastic_gpu.settings_file import (
     read_file,
     without_header,
 )
-from elastic_gpu.strict_yaml import read_yaml
+from elastic_gpu.api.strict_yaml import read_yaml
+from elastic_gpu.core.resources import (
+    GPU_CORE,
+    GPU_MEMORY,
+    MIG_RESOURCE_PATTERN,
+    Measure,
+    lookup,
+)
 
 #: The kind of the agent config's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 KIND = "AgentConfig"

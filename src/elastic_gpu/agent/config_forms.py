@@ -27,8 +27,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from elastic_gpu.api.settings_file import describe
 from elastic_gpu.core.resources import Measure, lookup
-from elastic_gpu.settings_file import describe
 
 NVIDIA_VERSIONS = ("v1",)
 #: The IX plugin's config version is its release; these releases share one schema.

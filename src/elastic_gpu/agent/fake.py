@@ -37,9 +37,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from elastic_gpu.agent.backend import BackendError, HealthEvent
+from elastic_gpu.api.settings_file import SettingsFileError, read_file
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
-from elastic_gpu.settings_file import SettingsFileError, read_file
 
 
 class _Strict(BaseModel):

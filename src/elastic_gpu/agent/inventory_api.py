@@ -1,6 +1,6 @@
 """GPUDevice objects in the API: the CRD, publishing a node's cards, reading all back.
 
-The object shapes and their conversion live in `elastic_gpu.k8s.gpudevice` (pure); this module
+The object shapes and their conversion live in `elastic_gpu.api.gpudevice` (pure); this module
 only talks to the API server through a lightkube `Client` (sync).
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse
+from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core.model import Node
-from elastic_gpu.k8s import gpudevice as gd
 
 
 def gpudevice_resource() -> Any:

@@ -153,7 +153,7 @@ def sync_fake_allocations(client: Any) -> int:
     from elastic_gpu.agent.accounting import CardUse, card_usage
     from elastic_gpu.agent.inventory_api import GPUDevice, patch_allocation
     from elastic_gpu.agent.pods import raw_pods
-    from elastic_gpu.k8s.gpudevice import GPUDeviceError, allocation_status, card_from_object
+    from elastic_gpu.api.gpudevice import GPUDeviceError, allocation_status, card_from_object
 
     pods_by_node: dict[str, list[dict[str, Any]]] = {}
     for pod in client.list(raw_pods(), namespace="*"):

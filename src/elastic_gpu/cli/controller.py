@@ -79,6 +79,7 @@ def controller(
     if check:
         check_config("egpu controller", config, load_config, ConfigError)
         return
+    from elastic_gpu.api.budget import BudgetObjectError, parse_duration
     from elastic_gpu.controller.manager import (
         BudgetSettings,
         ManagerOptions,
@@ -88,10 +89,9 @@ def controller(
     from elastic_gpu.controller.provisioning import TLSOptions
     from elastic_gpu.controller.registry import CONTROLLERS
     from elastic_gpu.core.budget import MIN_PERIOD_S
-    from elastic_gpu.k8s.budget import BudgetObjectError, parse_duration
-    from elastic_gpu.k8s.client import ClientConfigError
+    from elastic_gpu.kube.kubeconfig import ClientConfigError
     from elastic_gpu.kube.leaderelection import LeaseConfig
-    from elastic_gpu.scheduler import eventloop
+    from elastic_gpu.runtime import eventloop
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

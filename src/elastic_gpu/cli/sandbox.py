@@ -121,7 +121,7 @@ def up(
                                                 gpu_memory_mib=gpu_memory)
     sched_cfg = None
     if scheduler_config is not None:
-        from elastic_gpu.settings_file import SettingsFileError, read_file
+        from elastic_gpu.api.settings_file import SettingsFileError, read_file
 
         try:
             sched_cfg = read_file(scheduler_config)

@@ -49,8 +49,8 @@ def scheduler(
     if check:
         check_config("egpu scheduler", config, load_config, ConfigError)
         return
-    from elastic_gpu.k8s.client import ClientConfigError
-    from elastic_gpu.scheduler import eventloop
+    from elastic_gpu.kube.kubeconfig import ClientConfigError
+    from elastic_gpu.runtime import eventloop
     from elastic_gpu.scheduler.app import ServeOptions, TLSFilesError, serve, tls_context
 
     logging.basicConfig(level=log_level.upper(),

@@ -45,7 +45,7 @@ class Objects:
 async def fetch(client: Any) -> Objects:
     """The four lists, at once. A CRD that is not installed (no GPUDevices: another device
     plugin; no ElasticGPUs) reads as empty."""
-    from elastic_gpu.k8s import elasticgpu, gpudevice
+    from elastic_gpu.api import elasticgpu, gpudevice
     from elastic_gpu.kube.errors import NotFound
 
     async def optional(path: str) -> list[dict[str, Any]]:
@@ -73,13 +73,13 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
     """Objects -> core values -> the view. Objects that cannot be read (a GPUDevice or an
     ElasticGPU that fails its decoder, a bad assignment annotation) are skipped with a
     warning: the view shows the rest."""
+    from elastic_gpu.api.elasticgpu import ElasticGPUObjectError, elasticgpu_from_object
+    from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object
     from elastic_gpu.core import annotations as ann
     from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
     from elastic_gpu.core.gpuview import build_view
     from elastic_gpu.core.model import Node
     from elastic_gpu.core.resources import is_gpu_resource
-    from elastic_gpu.k8s.elasticgpu import ElasticGPUObjectError, elasticgpu_from_object
-    from elastic_gpu.k8s.gpudevice import GPUDeviceError, card_from_object
 
     def wanted(name: str) -> bool:
         return not node_patterns or any(fnmatch.fnmatchcase(name, p) for p in node_patterns)
@@ -327,9 +327,9 @@ def top(
     MIG instances), free compute and memory, health and fragmentation."""
     from rich.console import Console
 
-    from elastic_gpu.k8s.client import ClientConfigError
     from elastic_gpu.kube.client import KubeClient
     from elastic_gpu.kube.errors import ApiError
+    from elastic_gpu.kube.kubeconfig import ClientConfigError
 
     logging.basicConfig(level=logging.WARNING, format="egpu top: %(message)s")
     console = Console()

@@ -74,8 +74,8 @@ def webhook(
     """Serve the admission webhook: validate GPU pods against the resource table and the
     cluster, and mutate them (defaults, gpu-manager's annotations). SIGTERM stops it."""
     from elastic_gpu.core.connlimits import ConnectionLimits
-    from elastic_gpu.k8s.client import ClientConfigError
-    from elastic_gpu.scheduler import eventloop
+    from elastic_gpu.kube.kubeconfig import ClientConfigError
+    from elastic_gpu.runtime import eventloop
     from elastic_gpu.webhook.certs import Lifetimes
     from elastic_gpu.webhook.server import WebhookOptions, WebhookStartError, serve
 

@@ -43,10 +43,10 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from elastic_gpu.api import budget as api
+from elastic_gpu.api.elasticgpu import GROUP, VERSION
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import budget as core
-from elastic_gpu.k8s import budget as api
-from elastic_gpu.k8s.elasticgpu import GROUP, VERSION
 from elastic_gpu.kube.client import PODS, Resource
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, Invalid, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key

@@ -37,13 +37,13 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from elastic_gpu.api import elasticgpu as api
+from elastic_gpu.api import gpudevice
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.provisioning import ProvisionError
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as core
 from elastic_gpu.core import podlife
-from elastic_gpu.k8s import elasticgpu as api
-from elastic_gpu.k8s import gpudevice
 from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING

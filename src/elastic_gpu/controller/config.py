@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from elastic_gpu.api.settings_file import load_settings
 from elastic_gpu.core.mig import MIG_MODELS, MoveBackPolicy, compatible
 from elastic_gpu.core.resources import MigProfile, ResourceError
-from elastic_gpu.settings_file import load_settings
 
 
 class ConfigError(ValueError):

@@ -161,7 +161,7 @@ class _Health:
 
 async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFactory]) -> int:
     """Run until SIGTERM/SIGINT (0) or a lost Lease (1)."""
-    from elastic_gpu.scheduler.eventloop import stop_on_signals
+    from elastic_gpu.runtime.eventloop import stop_on_signals
 
     client = KubeClient.from_config(options.kubeconfig)
     metrics = Metrics()

@@ -42,6 +42,10 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from elastic_gpu.api import elasticgpu as egpu_api
+from elastic_gpu.api import gpudevice
+from elastic_gpu.api import migsubstitution as rules_api
+from elastic_gpu.api.elasticgpu import GROUP, VERSION, ElasticGPUObjectError
 from elastic_gpu.controller.claims import DEVICES, EGPUS
 from elastic_gpu.controller.config import MigConfig
 from elastic_gpu.controller.manager import Context
@@ -53,10 +57,6 @@ from elastic_gpu.core.claims import Condition
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import PodRequest, RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
-from elastic_gpu.k8s import elasticgpu as egpu_api
-from elastic_gpu.k8s import gpudevice
-from elastic_gpu.k8s import migsubstitution as rules_api
-from elastic_gpu.k8s.elasticgpu import GROUP, VERSION, ElasticGPUObjectError
 from elastic_gpu.kube.client import PODS, Resource
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
@@ -342,7 +342,7 @@ class MigController:
         for obj in self.rules.items():
             try:
                 rule = rules_api.rule_from_object(obj)
-            except ElasticGPUObjectError as err:
+            except rules_api.MIGSubstitutionError as err:
                 refused.append((obj, core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))))
                 continue
             refusal = core.check_rule(rule)
@@ -643,7 +643,7 @@ class MigController:
                 return  # a bare move in flight: step 1 of the next round finishes it
             try:  # an owner's rule of that name is reused only if it is the adapter's
                 refusal = core.check_rule(rules_api.rule_from_object(rule_obj))
-            except ElasticGPUObjectError as err:
+            except rules_api.MIGSubstitutionError as err:
                 refusal = core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))
             if refusal is not None:
                 await self._refuse(rule_obj, refusal)

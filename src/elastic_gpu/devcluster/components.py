@@ -108,7 +108,7 @@ def scheduler_config(user_config: Mapping[str, Any] | None,
     """kube-scheduler's configuration: the user's (`--scheduler-config`) as given, else the
     one deploy/scheduler/kube-scheduler-config.yaml is made from, pointed at the sandbox's
     extender; with no extender (`--bare`), kube-scheduler's defaults."""
-    from elastic_gpu.scheduler.kubeconfig import extender_stanza, kube_scheduler_config
+    from elastic_gpu.scheduler.schedconfig import extender_stanza, kube_scheduler_config
 
     if user_config is not None:
         return dict(user_config)

@@ -26,15 +26,15 @@ from elastic_gpu.agent.config import (
     parse_config,
 )
 from elastic_gpu.agent.fake import board_chips
-from elastic_gpu.core.model import Card, MigInstance, Node
-from elastic_gpu.core.resources import MigProfile, ResourceError
-from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
-from elastic_gpu.settings_file import (
+from elastic_gpu.api.settings_file import (
     SettingsFileError,
     header_problems,
     read_file,
     without_header,
 )
+from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
 
 NVIDIA_GPU = "nvidia.com/gpu"
 #: How fake nodes are published when no agent configuration is given.
@@ -221,7 +221,7 @@ def unregister_fake_node(client: Any, name: str) -> None:
     from lightkube.resources.core_v1 import Pod
 
     from elastic_gpu.agent.inventory_api import GPUDevice
-    from elastic_gpu.k8s.gpudevice import NODE_LABEL
+    from elastic_gpu.api.gpudevice import NODE_LABEL
 
     for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": name}):
         _ignore_missing(lambda p=pod: client.delete(Pod, p.metadata.name,

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.api.strict_yaml import dump_yaml
 from elastic_gpu.devcluster.errors import DevClusterError
-from elastic_gpu.strict_yaml import dump_yaml
 
 
 def default_inventory(gpus: int = 2, model: str = "A100-SXM4-80GB",

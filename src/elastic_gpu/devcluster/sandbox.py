@@ -44,7 +44,7 @@ from elastic_gpu.devcluster.nodes import (
 )
 from elastic_gpu.devcluster.ports import free_ports, is_listening
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
-from elastic_gpu.scheduler.kubeconfig import ignores_quota_names
+from elastic_gpu.scheduler.schedconfig import ignores_quota_names
 
 STATE_FILE = "state.json"
 ALLOCATION_SYNC = components.ALLOCATION_SYNC.name
@@ -188,7 +188,7 @@ def _wait_policies_enforced(plane: ControlPlane, timeout_s: float) -> None:
     """Until kube-apiserver enforces the ledger's admission policies (its informer sees a new
     policy a moment after it is created): a server-side dry run of a pod with a hand-written
     assignment, by a requester without the system's permission, is refused by the policy."""
-    from elastic_gpu.k8s import admission_policies as policies
+    from elastic_gpu.api import admission_policies as policies
 
     probe = json.dumps(policies.probe_pod())
     deadline = time.monotonic() + timeout_s
@@ -309,16 +309,18 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         client = plane.client()
         if any(spec.role is components.Role.SYSTEM for spec in specs):
             from elastic_gpu.agent.inventory_api import ensure_crd
-            from elastic_gpu.k8s import admission_policies, tenant_rbac
-            from elastic_gpu.k8s.crds import install_elasticgpu_crds, install_priority_classes
+            from elastic_gpu.api import admission_policies, tenant_rbac
+            from elastic_gpu.kube.apply import create_or_update
+            from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
 
             ensure_crd(client)  # the extender lists GPUDevices from its first moment
             install_elasticgpu_crds(client)  # the seed's claims apply from the first moment
             install_priority_classes(client)  # over-budget namespaces' pods get it
-            tenant_rbac.install(client)  # users bound to edit/view use claims, as in the chart
+            # users bound to edit/view use claims, as in the chart
+            create_or_update(client, tenant_rbac.manifests())
             # only the system writes the ledger, and the opt-out is an admin's (the
             # components run as the admin, who holds the system's permission)
-            admission_policies.install(client)
+            create_or_update(client, admission_policies.manifests())
         step("etcd, kube-apiserver")
         # Components before kube-scheduler start while the controller manager does.
         early = [spec for spec in specs if spec.stage is Stage.BEFORE_SCHEDULER]

@@ -1,4 +1,4 @@
-"""JSON verbs over `k8s.rest.RestClient` that raise the typed errors of `kube.errors`."""
+"""JSON verbs over `kube.transport.RestClient` that raise the typed errors of `kube.errors`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
-from elastic_gpu.k8s.rest import ApiStatusError, RestClient
 from elastic_gpu.kube.errors import translate
 from elastic_gpu.kube.paths import CORE, Resource, group_prefix
+from elastic_gpu.kube.transport import ApiStatusError, RestClient
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

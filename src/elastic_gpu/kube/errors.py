@@ -5,7 +5,7 @@
     except AlreadyExists:
         ...
 
-Every class is an `ApiStatusError` (k8s.rest), so code that catches that keeps working.
+Every class is an `ApiStatusError` (kube.transport), so code that catches that keeps working.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from elastic_gpu.k8s.rest import ApiStatusError
+from elastic_gpu.kube.transport import ApiStatusError
 
 
 class ApiError(ApiStatusError):
@@ -129,7 +129,7 @@ def from_status_object(obj: dict[str, Any]) -> ApiError:
 
 
 def translate(err: ApiStatusError) -> ApiError:
-    """A plain ApiStatusError (from k8s.rest) as the class of its code."""
+    """A plain ApiStatusError (from kube.transport) as the class of its code."""
     if isinstance(err, ApiError):
         return err
     return from_status(err.code, err.reason, err.message)

@@ -23,11 +23,12 @@ from typing import Any
 
 import msgspec
 
-from elastic_gpu.k8s import elasticgpu, gpudevice
-from elastic_gpu.k8s.client import ClientConfigError
-from elastic_gpu.k8s.rest import ApiStatusError, RawReflector, RestClient
+from elastic_gpu.api import elasticgpu, gpudevice
+from elastic_gpu.kube.kubeconfig import ClientConfigError
 from elastic_gpu.kube.paths import CORE, InvalidName, Resource, group_prefix
-from elastic_gpu.scheduler import eventloop, ipc
+from elastic_gpu.kube.transport import ApiStatusError, RawReflector, RestClient
+from elastic_gpu.runtime import eventloop
+from elastic_gpu.scheduler import ipc
 from elastic_gpu.scheduler.slim import (
     ChangeFilter,
     Obj,

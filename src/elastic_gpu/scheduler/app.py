@@ -18,15 +18,15 @@ from typing import Any
 
 from aiohttp import web
 
+from elastic_gpu.api import elasticgpu, gpudevice
 from elastic_gpu.core import claims
 from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.core.wakeup import Wake
-from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
-from elastic_gpu.k8s import elasticgpu, gpudevice
+from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
+from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.eventloop import loop_name, stop_on_signals
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
@@ -275,7 +275,7 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
 async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: ServeOptions,
                 started: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (then drain and return) or until cancelled."""
-    from elastic_gpu.k8s.rest import RestClient
+    from elastic_gpu.kube.transport import RestClient
 
     RestClient.from_config(kubeconfig)  # a broken configuration fails here, with its reason
     state = SchedulerState(config)

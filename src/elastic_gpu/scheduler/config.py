@@ -31,11 +31,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from elastic_gpu.api.settings_file import load_settings
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
 from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER
-from elastic_gpu.settings_file import load_settings
 
 
 class ConfigError(ValueError):

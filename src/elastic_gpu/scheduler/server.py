@@ -29,6 +29,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
@@ -38,7 +39,6 @@ from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manife
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.core.schedulers import scheduler_refusal
-from elastic_gpu.k8s import elasticgpu as egpu_api
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.metrics import Metrics, main_reason

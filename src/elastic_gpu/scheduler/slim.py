@@ -109,7 +109,7 @@ def slim_device(device: Mapping[str, Any]) -> Obj:
 
 def slim_elasticgpu(egpu: Mapping[str, Any]) -> Obj:
     """An ElasticGPU: its spec (node, cards, claimRef, ...) and phase; what
-    `k8s.elasticgpu.elasticgpu_from_object` reads. Status messages and conditions are dropped."""
+    `api.elasticgpu.elasticgpu_from_object` reads. Status messages and conditions are dropped."""
     status = egpu.get("status") or {}
     return {"metadata": _pick(egpu.get("metadata"), ("name", "uid", "resourceVersion")),
             "spec": egpu.get("spec") or {},

@@ -47,14 +47,14 @@ class BudgetFacts:
 def budget_resource() -> Any:
     from lightkube.generic_resource import create_namespaced_resource
 
-    from elastic_gpu.k8s.budget import KIND, PLURAL
-    from elastic_gpu.k8s.elasticgpu import GROUP, VERSION
+    from elastic_gpu.api.budget import KIND, PLURAL
+    from elastic_gpu.api.elasticgpu import GROUP, VERSION
 
     return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 def budget_facts(obj: Mapping[str, Any]) -> BudgetFacts | None:
-    from elastic_gpu.k8s.budget import OVER_BUDGET
+    from elastic_gpu.api.budget import OVER_BUDGET
 
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}

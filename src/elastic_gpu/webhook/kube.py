@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from elastic_gpu.api import budget, migsubstitution
+from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
 from elastic_gpu.core.admission import NodeGpus, node_gpus
 from elastic_gpu.core.claims import Claim
-from elastic_gpu.k8s import budget, migsubstitution
-from elastic_gpu.k8s.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.paths import Resource, group_prefix
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, create_bundle, plan_rotation
@@ -238,13 +238,13 @@ def claim_resource() -> Any:
     """lightkube's generic resource for ElasticGPUClaims (namespaced)."""
     from lightkube.generic_resource import create_namespaced_resource
 
-    from elastic_gpu.k8s.elasticgpu import CLAIM_KIND, CLAIM_PLURAL, GROUP, VERSION
+    from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL, GROUP, VERSION
 
     return create_namespaced_resource(GROUP, VERSION, CLAIM_KIND, CLAIM_PLURAL)
 
 
 def _claim(obj: Mapping[str, Any]) -> Claim | None:
-    from elastic_gpu.k8s.elasticgpu import ElasticGPUObjectError, claim_from_object
+    from elastic_gpu.api.elasticgpu import ElasticGPUObjectError, claim_from_object
 
     try:
         return claim_from_object(obj)

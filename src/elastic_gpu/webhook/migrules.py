@@ -22,19 +22,18 @@ def rule_resource() -> Any:
     """lightkube's generic resource for MIGSubstitutions (namespaced)."""
     from lightkube.generic_resource import create_namespaced_resource
 
-    from elastic_gpu.k8s.elasticgpu import GROUP, VERSION
-    from elastic_gpu.k8s.migsubstitution import KIND, PLURAL
+    from elastic_gpu.api.elasticgpu import GROUP, VERSION
+    from elastic_gpu.api.migsubstitution import KIND, PLURAL
 
     return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 def _rule(obj: Mapping[str, Any]) -> SubstitutionRule | None:
-    from elastic_gpu.k8s.elasticgpu import ElasticGPUObjectError
-    from elastic_gpu.k8s.migsubstitution import rule_from_object
+    from elastic_gpu.api.migsubstitution import MIGSubstitutionError, rule_from_object
 
     try:
         return rule_from_object(obj)
-    except ElasticGPUObjectError as err:
+    except MIGSubstitutionError as err:
         log.warning("MIGSubstitution not read: %s", err)
         return None
 

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission import OPT_OUT_LABEL, OPT_OUT_VALUE
 from elastic_gpu.core.resources import MIG_PREFIX, RESOURCE_TABLE
-from elastic_gpu.k8s.elasticgpu import CLAIM_PLURAL, GROUP
 
 MUTATE_PATH = "/mutate"
 VALIDATE_PATH = "/validate"

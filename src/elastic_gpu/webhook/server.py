@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
 from elastic_gpu.core.admission import (
     MUTATORS,
     ClusterFacts,
@@ -59,9 +60,8 @@ from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.core.names import InvalidName, NameRule, check_name
-from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
-from elastic_gpu.k8s.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
-from elastic_gpu.scheduler.eventloop import stop_on_signals
+from elastic_gpu.runtime.eventloop import stop_on_signals
+from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.registration import (
     CLAIM_MUTATE_PATH,
@@ -617,8 +617,8 @@ class WebhookServer:
     async def run(self, stop: asyncio.Event) -> None:
         from aiohttp import web
 
-        from elastic_gpu.k8s.client import async_client
         from elastic_gpu.kube.client import KubeClient
+        from elastic_gpu.kube.kubeconfig import async_client
         from elastic_gpu.webhook.kube import NodeFacts, SecretStore, initial_bundle
 
         client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")

@@ -61,8 +61,8 @@ def install_crd(k8s_cluster: Any) -> None:
 
 @pytest.fixture
 def node(k8s_cluster: Any) -> Iterator[str]:
+    from egpu_testing.pytest_plugin import unique_name
     from elastic_gpu.devcluster.nodes import unregister_fake_node
-    from elastic_gpu.devcluster.pytest_plugin import unique_name
 
     install_crd(k8s_cluster)
     client = k8s_cluster.client()

@@ -189,8 +189,8 @@ def test_sandbox_up_refuses_a_complex_key_in_the_cluster_file_and_starts_nothing
 def bare_node(k8s_cluster: Any) -> Iterator[str]:
     """A Node with no GPUs yet and the GPUDevice CRD served: what a fresh GPU node looks like
     before its agent starts."""
+    from egpu_testing.pytest_plugin import unique_name
     from elastic_gpu.devcluster.nodes import unregister_fake_node
-    from elastic_gpu.devcluster.pytest_plugin import unique_name
 
     k8s_cluster.kubectl("apply", "-f", str(REPO / "deploy" / "crds" / "gpudevices.yaml"))
     k8s_cluster.kubectl("wait", "--for=condition=Established", "--timeout=120s",

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from elastic_gpu.api import budget as api
 from elastic_gpu.core.budget import Budget, BudgetState, Settled
-from elastic_gpu.k8s import budget as api
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def crds(k8s_cluster: Any) -> Any:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())  # what the sandbox runs at start
     return k8s_cluster
@@ -36,7 +36,7 @@ def test_budget_is_served_read_and_printed(crds: Any, k8s_namespace: str) -> Non
     obj = json.loads(crds.kubectl("get", "gpubudget", "team", "-n", k8s_namespace,
                                   "-o", "json").stdout)
     assert api.budget_from_object(obj) == Budget(9000, 3600, 1795478400)
-    # the status the keeper writes (k8s.budget.budget_status) is what the schema accepts
+    # the status the keeper writes (api.budget.budget_status) is what the schema accepts
     budget = api.budget_from_object(obj)
     start = budget.anchor + 4 * 3600
     state = BudgetState(Fraction(4500), Fraction(4500), start, start + 3600, False)

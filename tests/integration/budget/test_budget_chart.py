@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from egpu_testing.chart import helm_template
-from elastic_gpu.k8s.budget import priority_class_manifest
+from elastic_gpu.api.budget import priority_class_manifest
 
 pytestmark = pytest.mark.integration
 

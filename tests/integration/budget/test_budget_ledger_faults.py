@@ -23,10 +23,10 @@ import pytest
 
 from egpu_testing.binding import BY_HAND, binding
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.pytest_plugin import delete_namespace, unique_name
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import running_webhook
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import delete_namespace, unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def test_ledger_survives_sigkills_and_deletions_while_down(
     from lightkube.core.exceptions import ApiError
     from lightkube.resources.core_v1 import Pod
 
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())
     (node,) = fake_gpu_nodes(1, gpus=8)

@@ -18,11 +18,11 @@ import pytest
 
 from egpu_testing.binding import BY_HAND, binding
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import running_webhook
+from elastic_gpu.api.budget import OVER_BUDGET_CLASS, OVER_BUDGET_VALUE
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s.budget import OVER_BUDGET_CLASS, OVER_BUDGET_VALUE
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def _pod(name: str, ns: str) -> dict[str, Any]:
 def test_small_budget_default_priority_until_spent_then_lower_then_refilled(
         k8s_cluster: Any, k8s_namespace: str, fake_gpu_nodes: Callable[..., list[str]],
         tmp_path: Path) -> None:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds, install_priority_classes
+    from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
 
     client = k8s_cluster.client()
     install_elasticgpu_crds(client)

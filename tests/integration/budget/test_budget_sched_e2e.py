@@ -27,17 +27,17 @@ import pytest
 from lightkube.resources.core_v1 import Node as K8sNode
 
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.pytest_plugin import unique_name, wait_default_service_account
 from egpu_testing.scenario import pods_by_name, wait_bound, wait_extender_knows
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import WebhookProcess, running_webhook
 from egpu_testing.workbench import ExtenderProcess, metric_value
+from elastic_gpu.api.budget import OVER_BUDGET_CLASS, OVER_BUDGET_VALUE
 from elastic_gpu.core.annotations import ASSIGNMENT
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import QUOTA_CORE
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name, wait_default_service_account
-from elastic_gpu.k8s.budget import OVER_BUDGET_CLASS, OVER_BUDGET_VALUE
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def system(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
            ) -> Iterator[System]:
     from elastic_gpu.agent.inventory_api import ensure_crd
     from elastic_gpu.devcluster.components import scheduler_config
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds, install_priority_classes
+    from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
 
     client = k8s_cluster.client()
     ensure_crd(client)

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
+from elastic_gpu.api import budget as api
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import budget as api
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def _unchanged(keeper: ControllerProcess) -> float:
 @pytest.mark.parametrize("period", ["1s", "30s", "59s"])
 def test_a_period_below_the_floor_is_refused_at_create(k8s_cluster: Any, k8s_namespace: str,
                                                         period: str) -> None:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())
     result = k8s_cluster.kubectl("create", "-f", "-",
@@ -71,7 +71,7 @@ def test_a_period_below_the_floor_is_refused_at_create(k8s_cluster: Any, k8s_nam
 
 def test_a_budget_without_pods_is_not_rewritten(k8s_cluster: Any, k8s_namespace: str,
                                                 tmp_path: Path) -> None:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())
     # a long period: its end (a real change, written) cannot fall inside the test

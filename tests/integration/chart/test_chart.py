@@ -19,7 +19,7 @@ import yaml
 
 from elastic_gpu.cli.main import app
 from elastic_gpu.devcluster.binaries import find_bin_dir
-from elastic_gpu.scheduler.kubeconfig import extender_stanza
+from elastic_gpu.scheduler.schedconfig import extender_stanza
 from elastic_gpu.webhook.registration import Scope, Target, configurations
 
 pytestmark = pytest.mark.integration

@@ -36,6 +36,7 @@ import yaml
 from egpu_testing.chart import CHART, Release, token_kubeconfig
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.kubelet import KubeletDouble
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.seed import SEED_CLASS, seed_claim, seed_pod
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import WebhookProcess
@@ -43,7 +44,6 @@ from egpu_testing.workbench import ExtenderProcess, TestPki, pod_manifest
 from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.nodes import node_manifest, unregister_fake_node
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 

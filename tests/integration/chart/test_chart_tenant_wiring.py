@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from egpu_testing.chart import helm_template
+from elastic_gpu.api.tenant_rbac import manifests
 from elastic_gpu.core.quota import QUOTA_NAMES
-from elastic_gpu.k8s.tenant_rbac import manifests
 
 pytestmark = pytest.mark.integration
 

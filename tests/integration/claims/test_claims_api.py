@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from egpu_testing.claims import install_crds
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.seed import SEED_CLASS_AND_CLAIMS
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,7 @@ def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
 
 
 def test_the_installer_is_idempotent_and_waits_until_served(k8s_cluster: Any) -> None:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     client = k8s_cluster.client()
     install_elasticgpu_crds(client)

@@ -18,11 +18,11 @@ import pytest
 
 from egpu_testing.claims import install_crds
 from egpu_testing.controller import ControllerProcess, ProvisionDouble, clean_up
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import claims as core
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
 
@@ -107,8 +107,8 @@ def new_egpu(env: Env, capacity: dict[str, Any], name: str | None = None) -> str
     name = name or unique_name("pre")
     # the card it names, as an agent publishes it: a pre-created ElasticGPU is Available only
     # once its node, index and uuid are found in the GPUDevices (issue #26 item 6)
+    from elastic_gpu.api.gpudevice import card_to_object
     from elastic_gpu.core.model import Card
-    from elastic_gpu.k8s.gpudevice import card_to_object
 
     env.kubectl("apply", "-f", "-", input=json.dumps(card_to_object(
         "node-static", Card(3, "GPU-static-3", "Tesla T4", 16384))))
@@ -139,8 +139,8 @@ def wait_phase(env: Env, name: str, want: str, timeout_s: float = 30.0) -> dict[
 
 @pytest.fixture
 def env(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
-    from elastic_gpu.k8s import gpudevice
-    from elastic_gpu.k8s.crds import install_crds as install
+    from elastic_gpu.api import gpudevice
+    from elastic_gpu.kube.crds import install_crds as install
 
     install_crds(k8s_cluster)
     install(k8s_cluster.client(), [gpudevice.crd_manifest()])  # the inventory (new_egpu)

@@ -23,13 +23,13 @@ import pytest
 
 from egpu_testing.claims import install_crds
 from egpu_testing.controller import ControllerProcess, clean_up
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.waiting import wait_for
 from egpu_testing.workbench import ExtenderProcess
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import claims as core
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
 

@@ -21,12 +21,12 @@ import pytest
 from egpu_testing.claims import install_crds
 from egpu_testing.claims_burst import check_claims, claim_manifests, consumer_pod, register_kinds
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import create_pods, list_pods
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.devcluster.nodes import fake_inventory
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
 

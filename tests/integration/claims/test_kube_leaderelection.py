@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.devcluster.pytest_plugin import unique_name
+from egpu_testing.pytest_plugin import unique_name
 from elastic_gpu.kube.client import LEASES, KubeClient
 from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, LeaseConfig
 

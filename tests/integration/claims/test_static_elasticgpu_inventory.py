@@ -19,12 +19,12 @@ import pytest
 
 from egpu_testing.claims import install_crds
 from egpu_testing.controller import ControllerProcess, clean_up
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
+from elastic_gpu.api import elasticgpu as api
+from elastic_gpu.api.gpudevice import card_to_object, object_name
 from elastic_gpu.core.model import Card
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
-from elastic_gpu.k8s.gpudevice import card_to_object, object_name
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +58,8 @@ class Inventory:
 
 @pytest.fixture
 def inventory(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Inventory]:
-    from elastic_gpu.k8s import gpudevice
-    from elastic_gpu.k8s.crds import install_crds as install
+    from elastic_gpu.api import gpudevice
+    from elastic_gpu.kube.crds import install_crds as install
 
     install_crds(k8s_cluster)
     install(k8s_cluster.client(), [gpudevice.crd_manifest()])  # the inventory

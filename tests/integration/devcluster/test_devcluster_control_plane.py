@@ -15,9 +15,9 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
+from egpu_testing.pytest_plugin import unique_name
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import ComponentStartError, DevClusterError
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -195,12 +195,12 @@ def test_unregistering_a_fake_node_removes_what_gc_would(k8s_cluster, k8s_namesp
     from lightkube.resources.core_v1 import Node
 
     from elastic_gpu.agent.inventory_api import GPUDevice
+    from elastic_gpu.api.gpudevice import NODE_LABEL
     from elastic_gpu.devcluster.nodes import (
         fake_inventory,
         register_fake_node,
         unregister_fake_node,
     )
-    from elastic_gpu.k8s.gpudevice import NODE_LABEL
 
     client = k8s_cluster.client()
     name = unique_name("gone")

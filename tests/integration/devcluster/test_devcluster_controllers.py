@@ -18,12 +18,12 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
 from lightkube.resources.core_v1 import Namespace, Pod, ResourceQuota
 
-from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.pytest_plugin import (
+from egpu_testing.pytest_plugin import (
     delete_namespace,
     unique_name,
     wait_default_service_account,
 )
+from elastic_gpu.devcluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from egpu_testing import sandbox as cli
+from egpu_testing.realnode_pytest import skip_unless_real_node_possible
 from egpu_testing.sandbox import alive, kubectl
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.ports import is_listening
@@ -30,7 +31,6 @@ from elastic_gpu.devcluster.realnode import (
     leftover_cgroups,
 )
 from elastic_gpu.devcluster.realnode_ns import lock_holder
-from elastic_gpu.devcluster.realnode_pytest import skip_unless_real_node_possible
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s.apply import create_or_update
+from egpu_testing.pytest_plugin import unique_name
+from elastic_gpu.kube.apply import create_or_update
 
 pytestmark = pytest.mark.integration
 

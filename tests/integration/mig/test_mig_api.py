@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.k8s import migsubstitution as api
+from elastic_gpu.api import migsubstitution as api
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ def pod_named(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def crds(k8s_cluster: Any) -> Any:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())  # what the sandbox installs
     return k8s_cluster

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
+from elastic_gpu.api import migsubstitution as api
 from elastic_gpu.core.annotations import MANAGED_BY
 from elastic_gpu.core.mig import ADAPTER, saved_pod, saved_pod_digest
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import migsubstitution as api
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ FAKE_UID = "0a1b2c3d-0000-4000-8000-0123456789ab"
 
 @pytest.fixture
 def controller(k8s_cluster: Any, tmp_path: Path) -> Iterator[ControllerProcess]:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())
     (port,) = free_ports(1)
@@ -192,7 +192,7 @@ def test_rules_the_schema_no_longer_admits_fail_alone(
     """Issue #26 item 5 as reported: `podName: nopod` without `savedPod`, and `savedPod: {spec:
     "x"}`, stored (here under the CRD as it was before; in a cluster, before the upgrade) made
     every round fail, so later rules waited. Each is refused alone and a good rule proceeds."""
-    from elastic_gpu.k8s.crds import install_crds
+    from elastic_gpu.kube.crds import install_crds
 
     plane, ns = k8s_cluster, k8s_namespace
     label = {MANAGED_BY: ADAPTER}

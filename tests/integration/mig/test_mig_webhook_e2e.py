@@ -13,9 +13,9 @@ import pytest
 
 from egpu_testing.seed import seed_pod
 from egpu_testing.webhook import WebhookProcess, running_webhook
+from elastic_gpu.api import migsubstitution as api
 from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION
 from elastic_gpu.core.nodefit import NODE_CORE
-from elastic_gpu.k8s import migsubstitution as api
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ OWNER = "6f1c2a3b-0000-4000-8000-0123456789ab"
 @pytest.fixture(scope="module")
 def webhook(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[WebhookProcess]:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_elasticgpu_crds(k8s_cluster.client())
     with running_webhook(k8s_cluster, tmp_path_factory.mktemp("webhook"), "egpu-webhook-mig",

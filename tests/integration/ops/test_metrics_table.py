@@ -28,13 +28,13 @@ from egpu_testing.claims import install_crds
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.kubelet import KubeletDouble
 from egpu_testing.metricsdoc import check_page, metrics_table
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.webhook import running_webhook
 from egpu_testing.workbench import ExtenderProcess, metric_value, metrics_text, pod_manifest
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +110,7 @@ def agent_metrics(k8s_cluster: Any, agent_node: str) -> Iterator[str]:
 def test_every_component_exposes_exactly_the_documented_metrics(
         k8s_cluster: Any, k8s_namespace: str, agent_node: str, agent_metrics: str,
         tmp_path: Path) -> None:
-    from elastic_gpu.k8s.crds import install_elasticgpu_crds
+    from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_crds(k8s_cluster)
     install_elasticgpu_crds(k8s_cluster.client())  # every CRD the controllers watch

@@ -27,6 +27,7 @@ from egpu_testing.claims import (
     get_json,
     install_crds,
 )
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
 from egpu_testing.workbench import (
     ExtenderProcess,
@@ -35,11 +36,10 @@ from egpu_testing.workbench import (
     metrics_text,
     pod_manifest,
 )
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
-from elastic_gpu.k8s import elasticgpu as api
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import create_pods, list_pods, wait_bound, wait_extender_knows
 from egpu_testing.workbench import (
     STYLES,
@@ -32,7 +33,6 @@ from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
 from egpu_testing.workbench import (
     ExtenderProcess,
@@ -30,7 +31,6 @@ from egpu_testing.workbench import (
 )
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 

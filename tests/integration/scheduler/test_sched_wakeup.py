@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import create_pods, list_pods
 from egpu_testing.workbench import (
     ExtenderProcess,
@@ -30,7 +31,6 @@ from egpu_testing.workbench import (
 from elastic_gpu.core.model import Card, Health, Node
 from elastic_gpu.devcluster.nodes import register_fake_nodes, unregister_fake_node
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 
@@ -185,7 +185,7 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
     from lightkube.types import PatchType
 
     from elastic_gpu.agent.inventory_api import GPUDevice
-    from elastic_gpu.k8s.gpudevice import object_name
+    from elastic_gpu.api.gpudevice import object_name
 
     node = unique_name("sick")
     sick = Node(node, 96_000, 786_432, (Card(0, f"GPU-{node}-0", "A100-SXM4-80GB", 81920,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.webhook import WebhookProcess
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import wait_bound, wait_extender_knows
 from egpu_testing.webhook import WebhookProcess, cleanup_webhook, running_webhook
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.devcluster.pytest_plugin import unique_name
 
 pytestmark = pytest.mark.integration
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
-from elastic_gpu.core.resources import MigProfile
-from elastic_gpu.k8s.gpudevice import (
+from elastic_gpu.api.gpudevice import (
     GPUDeviceError,
     card_from_object,
     card_to_object,
     crd_manifest,
     nodes_from_objects,
 )
+from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
+from elastic_gpu.core.resources import MigProfile
 
 ROOT = Path(__file__).resolve().parents[3]
 

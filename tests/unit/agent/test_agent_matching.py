@@ -8,12 +8,12 @@ import pytest
 
 from elastic_gpu.agent.accounting import allocation_by_card, card_usage
 from elastic_gpu.agent.matching import AllocateError, candidates, choose
+from elastic_gpu.api.gpudevice import MAX_LISTED_PODS, allocation_status
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.gpuview import mig_slices
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.resources import MigProfile
-from elastic_gpu.k8s.gpudevice import MAX_LISTED_PODS, allocation_status
 
 CORE = "elasticgpu.io/gpu-core"
 

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 import yaml
 
+from elastic_gpu.api import budget as api
 from elastic_gpu.core.budget import Budget
-from elastic_gpu.k8s import budget as api
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_crd_file_matches_the_code() -> None:
     on_disk = yaml.safe_load((ROOT / "deploy" / "crds" / api.CRD_FILE).read_text())
-    assert on_disk == api.crd_manifest(), "regenerate: python -m elastic_gpu.k8s.budget --write deploy/crds"
+    assert on_disk == api.crd_manifest(), "regenerate: python -m elastic_gpu.api.budget --write deploy/crds"
 
 
 def test_crd_is_namespaced_with_status_and_the_columns() -> None:
@@ -154,8 +154,8 @@ def test_the_chart_creates_the_priority_class_the_code_and_the_webhook_name() ->
 
     import yaml
 
+    from elastic_gpu.api.budget import priority_class_manifest
     from elastic_gpu.cli.webhook import webhook
-    from elastic_gpu.k8s.budget import priority_class_manifest
 
     values = yaml.safe_load((Path(__file__).parents[3] / "charts/elastic-gpu/values.yaml")
                             .read_text())["budgets"]["overBudgetPriorityClass"]

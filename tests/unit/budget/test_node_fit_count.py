@@ -26,7 +26,7 @@ from elastic_gpu.core.nodefit import NODE_CORE, node_capacity, node_core
 from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MUTATORS, canonical_resources
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MIG_MAX_SLICES, MigProfile
-from elastic_gpu.scheduler.kubeconfig import MIG_PROFILES
+from elastic_gpu.scheduler.schedconfig import MIG_PROFILES
 
 FACTS = ClusterFacts()
 

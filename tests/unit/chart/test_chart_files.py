@@ -13,7 +13,7 @@ from types import ModuleType
 
 import yaml
 
-from elastic_gpu.scheduler.kubeconfig import extender_stanza
+from elastic_gpu.scheduler.schedconfig import extender_stanza
 from elastic_gpu.webhook.registration import match_expression
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +53,7 @@ def test_webhook_match_expression_file_is_registrations() -> None:
 
 
 def test_tenant_rbac_file_is_the_tenant_rules() -> None:
-    from elastic_gpu.k8s.tenant_rbac import TENANT_RULES
+    from elastic_gpu.api.tenant_rbac import TENANT_RULES
 
     text = (CHART / "files" / "tenant-rbac.yaml").read_text()
     assert yaml.safe_load(text) == TENANT_RULES, "run: PYTHONPATH=src python hack/gen-chart-files.py"
@@ -62,7 +62,7 @@ def test_tenant_rbac_file_is_the_tenant_rules() -> None:
 
 def test_admission_policy_files_are_the_sandboxs_policies() -> None:
     generator = _generator()
-    from elastic_gpu.k8s import admission_policies
+    from elastic_gpu.api import admission_policies
 
     for name, manifests in (("ledger-policies.yaml", admission_policies.ledger_manifests()),
                             ("admission-opt-out-policy.yaml",

@@ -279,7 +279,7 @@ def test_each_provisioners_claims_become_resources_the_sandboxs_fake_nodes_offer
     """The names a claim becomes are what the agent's default configuration (the sandbox's
     fake nodes) advertises, and what kube-scheduler hands to the extender."""
     from elastic_gpu.devcluster.nodes import fake_inventory, node_capacity, parse_cluster
-    from elastic_gpu.scheduler.kubeconfig import managed_resource_names
+    from elastic_gpu.scheduler.schedconfig import managed_resource_names
 
     PROVISIONERS[provisioner].container(claim(requests=requests))  # a claim of that kind
     plain = node_capacity(fake_inventory("a", gpus=2))

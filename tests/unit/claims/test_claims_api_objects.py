@@ -11,11 +11,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.resources import RESOURCE_TABLE
-from elastic_gpu.k8s import elasticgpu as api
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_crd_files_match_the_code(plural: str) -> None:
     on_disk = yaml.safe_load((ROOT / "deploy" / "crds" / api.CRD_FILES[plural]).read_text())
     assert on_disk == api.crd_manifests()[plural], \
-        "regenerate: python -m elastic_gpu.k8s.elasticgpu --write deploy/crds"
+        "regenerate: python -m elastic_gpu.api.elasticgpu --write deploy/crds"
 
 
 def _version(plural: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastic_gpu.settings_file import MAX_FILE_BYTES, SettingsFileError, header_problems, read_file
-from elastic_gpu.strict_yaml import MAX_DEPTH, decode, read_yaml
+from elastic_gpu.api.settings_file import MAX_FILE_BYTES, SettingsFileError, header_problems, read_file
+from elastic_gpu.api.strict_yaml import MAX_DEPTH, decode, read_yaml
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -106,7 +106,7 @@ def test_the_fake_inventory_is_read_by_the_same_loader(tmp_path: Path, content: 
 
 
 def test_dump_yaml_writes_what_read_yaml_reads() -> None:
-    from elastic_gpu.strict_yaml import dump_yaml
+    from elastic_gpu.api.strict_yaml import dump_yaml
 
     card = {"model": "A100", "memoryMiB": 81920}
     data = {"cards": [card, card], "ratio": 1e-05, "name": "yes"}

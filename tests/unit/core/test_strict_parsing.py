@@ -32,7 +32,7 @@ from elastic_gpu.core.resources import (
     short_repr,
     to_amount,
 )
-from elastic_gpu.scheduler.kubeconfig import MIG_PROFILES
+from elastic_gpu.scheduler.schedconfig import MIG_PROFILES
 
 ALL_NAMES = [spec.name for spec in RESOURCE_TABLE] + ["nvidia.com/mig-3g.40gb"]
 

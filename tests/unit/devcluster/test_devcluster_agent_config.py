@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from elastic_gpu.agent.config import AgentConfig, ConfigError, parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
 from elastic_gpu.agent.publish import card_offers, snapshot
+from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object, card_to_object
 from elastic_gpu.cli.sandbox import app
 from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
@@ -26,7 +27,6 @@ from elastic_gpu.devcluster.nodes import (
     parse_cluster,
 )
 from elastic_gpu.devcluster.nodes import node_capacity as fake_node_capacity
-from elastic_gpu.k8s.gpudevice import GPUDeviceError, card_from_object, card_to_object
 
 IX_AGENT = {"resources": {"gpu": "iluvatar.com/gpu"}, "timeSlicing": {"replicas": 4}}
 MIXED = Node("m", 1000, 1024, (

@@ -3,7 +3,7 @@ nothing that decides who holds a card."""
 
 from __future__ import annotations
 
-from elastic_gpu.k8s.tenant_rbac import (
+from elastic_gpu.api.tenant_rbac import (
     AGGREGATE,
     EDIT_ROLE,
     INVENTORY_ROLE,

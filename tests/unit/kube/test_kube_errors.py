@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from elastic_gpu.k8s.rest import ApiStatusError
 from elastic_gpu.kube import errors
+from elastic_gpu.kube.transport import ApiStatusError
 
 
 def status(code: int, reason: str, message: str = "m") -> bytes:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from elastic_gpu.api import migsubstitution as api
+from elastic_gpu.api.migsubstitution import MIGSubstitutionError
 from elastic_gpu.core.mig import MIG_MODELS, SubstitutionRule
 from elastic_gpu.core.resources import MIG_RESOURCE_PATTERN, MigProfile
-from elastic_gpu.k8s import migsubstitution as api
-from elastic_gpu.k8s.elasticgpu import ElasticGPUObjectError
 
 ROOT = Path(__file__).parents[3]
 UID = "6f1c2a3b-0000-4000-8000-0123456789ab"
@@ -21,7 +21,7 @@ UID = "6f1c2a3b-0000-4000-8000-0123456789ab"
 def test_crd_file_matches_the_code() -> None:
     on_disk = yaml.safe_load((ROOT / "deploy" / "crds" / api.CRD_FILE).read_text())
     assert on_disk == api.crd_manifest(), (
-        "regenerate: python -m elastic_gpu.k8s.migsubstitution --write deploy/crds")
+        "regenerate: python -m elastic_gpu.api.migsubstitution --write deploy/crds")
 
 
 def test_cli_writes_the_file(tmp_path: Path) -> None:
@@ -69,6 +69,6 @@ def test_rule_reads_as_served() -> None:
      "spec.savedPod is not an object"),
 ])
 def test_malformed_rules_name_object_and_field(obj: dict[str, Any], words: str) -> None:
-    with pytest.raises(ElasticGPUObjectError, match=re.escape(words)) as err:
+    with pytest.raises(MIGSubstitutionError, match=re.escape(words)) as err:
         api.rule_from_object(obj)
     assert "MIGSubstitution n" in str(err.value) or "MIGSubstitution team/r" in str(err.value)

@@ -32,7 +32,7 @@ from elastic_gpu.core.mig import (
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile
-from elastic_gpu.scheduler.kubeconfig import MIG_PROFILES
+from elastic_gpu.scheduler.schedconfig import MIG_PROFILES
 
 P = MigProfile.parse
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from elastic_gpu.api import migsubstitution as api
 from elastic_gpu.core.annotations import MANAGED_BY
 from elastic_gpu.core.mig import (
     ADAPTER,
@@ -20,7 +21,6 @@ from elastic_gpu.core.mig import (
     saved_pod,
     saved_pod_digest,
 )
-from elastic_gpu.k8s import migsubstitution as api
 
 UID = "0a1b2c3d-0000-4000-8000-0123456789ab"
 

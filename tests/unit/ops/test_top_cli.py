@@ -9,13 +9,13 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from egpu_testing.claims import elasticgpu_object
+from elastic_gpu.api.gpudevice import card_to_object
 from elastic_gpu.cli.kubectl import kubectl_app
 from elastic_gpu.cli.main import app
 from elastic_gpu.cli.top import Objects, render, view_from_objects
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Card, Health
-from elastic_gpu.k8s.gpudevice import card_to_object
 
 
 def device(node: str, index: int, health: Health = Health.HEALTHY) -> dict[str, Any]:

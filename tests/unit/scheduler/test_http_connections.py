@@ -15,7 +15,7 @@ from aiohttp import web
 
 from egpu_testing.workbench import TestPki
 from elastic_gpu.core.connlimits import ConnectionLimits, Room, effective_cap, make_room
-from elastic_gpu.http_connections import ConnectionGate, GatedSite, gated_app
+from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app
 
 
 def test_make_room_sheds_the_oldest_idle_never_a_busy_one() -> None:
@@ -87,7 +87,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_idle_connections_are_closed_and_a_request_gets_through_the_flood(tmp_path: Path,
                                                                          loop: str) -> None:
-    """On both event loops the servers may run on (`scheduler.eventloop`)."""
+    """On both event loops the servers may run on (`runtime.eventloop`)."""
     pki = TestPki.create(tmp_path)
 
     async def scenario() -> None:

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from egpu_testing.claims import claim_object, claim_pod, class_object, elasticgpu_object
 from egpu_testing.workbench import pod_manifest, ready_state
+from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
-from elastic_gpu.k8s import elasticgpu as api
 from elastic_gpu.scheduler.app import Feeds
 from elastic_gpu.scheduler.server import BindError, Extender, with_binding
 from elastic_gpu.scheduler.state import SchedulerState
@@ -505,7 +505,7 @@ async def test_a_first_consumer_meeting_an_existing_elasticgpu_uses_its_cards() 
 async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> None:
     """The Elastic GPU API's CRDs missing (404 on the list): the feed says "none" (so the
     extender becomes ready), and lists again later; once served, its objects arrive."""
-    from elastic_gpu.k8s.rest import ApiStatusError, RawReflector
+    from elastic_gpu.kube.transport import ApiStatusError, RawReflector
 
     class Client:
         def __init__(self) -> None:

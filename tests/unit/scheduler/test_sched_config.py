@@ -10,7 +10,7 @@ import yaml
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_config
-from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
+from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -95,7 +95,7 @@ def test_scheduler_names_are_a_yaml_list_of_strings(tmp_path: Path) -> None:
 def test_which_kube_scheduler_configurations_ignore_the_quota_names() -> None:
     """The sandbox adds the quota's names to GPU pods only where kube-scheduler ignores them
     (a user's --scheduler-config without them would leave every GPU pod Pending)."""
-    from elastic_gpu.scheduler.kubeconfig import ignores_quota_names
+    from elastic_gpu.scheduler.schedconfig import ignores_quota_names
 
     assert ignores_quota_names(kube_scheduler_config("http://127.0.0.1:1"))
     assert not ignores_quota_names({"profiles": [{"schedulerName": "mine"}]})

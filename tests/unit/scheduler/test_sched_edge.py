@@ -309,7 +309,7 @@ def test_the_tls_deploy_example_is_the_generated_config() -> None:
 
     import yaml
 
-    from elastic_gpu.scheduler.kubeconfig import TLS_FILES, kube_scheduler_config
+    from elastic_gpu.scheduler.schedconfig import TLS_FILES, kube_scheduler_config
 
     path = Path(__file__).parents[3] / "deploy/scheduler/kube-scheduler-config-tls.yaml"
     deployed = yaml.safe_load(path.read_text())

@@ -21,7 +21,7 @@ from elastic_gpu.core.model import Card, Health, Node
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_config
-from elastic_gpu.scheduler.kubeconfig import kube_scheduler_config
+from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
 from elastic_gpu.scheduler.server import Extender, parse_pod, with_binding
 from elastic_gpu.scheduler.state import SchedulerState, rescale, rescale_scored
 

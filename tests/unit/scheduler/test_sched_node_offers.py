@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from egpu_testing.workbench import pod_manifest
+from elastic_gpu.api.gpudevice import card_to_object
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.request import pod_request_from_manifest
-from elastic_gpu.k8s.gpudevice import card_to_object
 from elastic_gpu.scheduler.app import Feeds, node_info
 from elastic_gpu.scheduler.state import SchedulerState
 

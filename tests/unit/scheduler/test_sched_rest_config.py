@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastic_gpu.k8s.client import ClientConfigError
-from elastic_gpu.k8s.rest import ApiStatusError, RestClient, status_error
+from elastic_gpu.kube.kubeconfig import ClientConfigError
+from elastic_gpu.kube.transport import ApiStatusError, RestClient, status_error
 
 
 def kubeconfig(tmp_path: Path, user: dict[str, object]) -> Path:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Card, Link, LinkKind
 from elastic_gpu.core.request import pod_host_requests, pod_request_from_manifest
-from elastic_gpu.k8s import gpudevice
 from elastic_gpu.scheduler.app import node_info
 from elastic_gpu.scheduler.slim import ChangeFilter, slim_device, slim_node, slim_pod
 from elastic_gpu.scheduler.state import PodInfo
@@ -113,7 +113,7 @@ def test_change_filter_drops_what_moves_no_card() -> None:
 
 def test_slim_elastic_gpu_api_objects_read_like_full_ones() -> None:
     from egpu_testing.claims import claim_object, class_object, elasticgpu_object
-    from elastic_gpu.k8s import elasticgpu as api
+    from elastic_gpu.api import elasticgpu as api
     from elastic_gpu.scheduler.slim import slim_claim, slim_class, slim_elasticgpu
 
     noise = {"managedFields": [{"manager": "kubectl"}], "labels": {"a": "b"},

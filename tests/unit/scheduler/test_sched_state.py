@@ -623,8 +623,8 @@ def test_a_pod_bound_or_deleted_waits_no_more() -> None:
 def test_a_card_turning_healthy_or_arriving_late_wakes_the_pods_that_fit_it() -> None:
     from dataclasses import replace
 
+    from elastic_gpu.api.gpudevice import object_name
     from elastic_gpu.core.model import Health
-    from elastic_gpu.k8s.gpudevice import object_name
 
     sick = Node("n1", 64_000, 256_000, (Card(0, "GPU-n1-0", "T4", 16384,
                                              health=Health.UNHEALTHY),))

@@ -20,7 +20,7 @@ PersistentVolumeClaim, ElasticGPU ~ PersistentVolume. The wire form is the Elast
                              gpushare.provisioner.elasticgpu.io/gpu-memory: 4}}
 
 This module is the one source of truth of the three CRDs (`crd_manifests()`; the files in
-deploy/crds/ are its YAML form, written by `python -m elastic_gpu.k8s.elasticgpu --write
+deploy/crds/ are its YAML form, written by `python -m elastic_gpu.api.elasticgpu --write
 deploy/crds` and kept equal by a unit test) and of their typed objects (msgspec structs,
 decoded strictly from what the API serves, converted to the pure core types of
 `elastic_gpu.core.claims`). No I/O.
@@ -39,15 +39,15 @@ from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
-import yaml
 
+from elastic_gpu.api.crd import column, conditions_schema, crd, immutable, to_yaml, write_main
+from elastic_gpu.api.group import ELASTICGPU_VERSION
+from elastic_gpu.api.group import GROUP as GROUP
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import AssignmentError, CardShare
 from elastic_gpu.core.resources import MIG_RESOURCE_PATTERN, RESOURCE_TABLE
-from elastic_gpu.k8s.crds import write_crds_main
 
-GROUP = "elasticgpu.io"
-VERSION = "v1alpha"
+VERSION = ELASTICGPU_VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
 
 CLASS_KIND, CLASS_PLURAL, CLASS_SHORT = "ElasticGPUClass", "elasticgpuclasses", "egpuclass"
@@ -73,17 +73,6 @@ class ElasticGPUObjectError(ValueError):
 
 
 # --------------------------------------------------------------------------- CRD schemas
-
-
-def _column(name: str, kind: str, path: str, description: str, priority: int = 0) -> dict[str, Any]:
-    col: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path, "description": description}
-    if priority:
-        col["priority"] = priority
-    return col
-
-
-def _immutable(what: str) -> list[dict[str, str]]:
-    return [{"rule": "self == oldSelf", "message": f"{what} is immutable"}]
 
 
 def _name(description: str) -> dict[str, Any]:
@@ -124,29 +113,6 @@ def resource_list_schema(description: str, *, min_properties: int = 0) -> dict[s
     return schema
 
 
-def _conditions_schema() -> dict[str, Any]:
-    """metav1.Condition, as every controller writes it."""
-    return {
-        "type": "array",
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "maxItems": 16,
-        "items": {
-            "type": "object",
-            "required": ["type", "status", "lastTransitionTime", "reason", "message"],
-            "properties": {
-                "type": {"type": "string", "maxLength": 316},
-                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
-                "lastTransitionTime": {"type": "string", "format": "date-time"},
-                "reason": {"type": "string", "maxLength": 1024,
-                           "pattern": r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"},
-                "message": {"type": "string", "maxLength": 32768},
-            },
-        },
-    }
-
-
 def _card_schema() -> dict[str, Any]:
     """One card share of an ElasticGPU, the assignment's form (`core.assignment.CardShare`)."""
     return {
@@ -166,26 +132,9 @@ def _card_schema() -> dict[str, Any]:
     }
 
 
-def _crd(kind: str, plural: str, short: str, scope: str, schema: dict[str, Any],
-         columns: list[dict[str, Any]], status: bool) -> dict[str, Any]:
-    version: dict[str, Any] = {"name": VERSION, "served": True, "storage": True,
-                               "schema": {"openAPIV3Schema": schema},
-                               "additionalPrinterColumns": columns}
-    if status:
-        version["subresources"] = {"status": {}}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "scope": scope,
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
-                      "shortNames": [short], "listKind": f"{kind}List"},
-            "conversion": {"strategy": "None"},
-            "versions": [version],
-        },
-    }
+def _crd_of(kind: str, plural: str, short: str, scope: str, schema: dict[str, Any],
+            columns: list[dict[str, Any]], status: bool) -> dict[str, Any]:
+    return crd(kind, plural, short, scope, schema, columns, status, VERSION)
 
 
 def class_crd() -> dict[str, Any]:
@@ -205,34 +154,34 @@ def class_crd() -> dict[str, Any]:
                 "description": "The provisioner plug-in: gpushare.provisioner.elasticgpu.io (a "
                                "fractional share of one card), gpu.provisioner.elasticgpu.io "
                                "(whole cards), mig.provisioner.elasticgpu.io (MIG instances)",
-                "x-kubernetes-validations": _immutable("provisioner")},
+                "x-kubernetes-validations": immutable("provisioner")},
             "parameters": {
                 "type": "object", "maxProperties": 32,
                 "additionalProperties": {"type": "string", "maxLength": 1024},
                 "description": "Provisioner parameters: models (A100|H100), denyModels, "
                                "nodePolicy, cardPolicy",
-                "x-kubernetes-validations": _immutable("parameters")},
+                "x-kubernetes-validations": immutable("parameters")},
             "reclaimPolicy": {
                 "type": "string", "enum": [p.value for p in core.ReclaimPolicy],
                 "default": core.ReclaimPolicy.DELETE.value,
                 "description": "What happens to an ElasticGPU when its claim is deleted: Delete "
                                "frees its cards, Retain keeps it Released, holding them",
-                "x-kubernetes-validations": _immutable("reclaimPolicy")},
+                "x-kubernetes-validations": immutable("reclaimPolicy")},
             "egpuBindingMode": {
                 "type": "string", "enum": [m.value for m in core.BindingMode],
                 "default": core.BindingMode.IMMEDIATE.value,
                 "description": "Immediate: provision when the claim is created; "
                                "WaitForFirstConsumer: when the first pod naming it is placed",
-                "x-kubernetes-validations": _immutable("egpuBindingMode")},
+                "x-kubernetes-validations": immutable("egpuBindingMode")},
         },
     }
     columns = [
-        _column("Provisioner", "string", ".provisioner", "Provisioner plug-in"),
-        _column("ReclaimPolicy", "string", ".reclaimPolicy", "Retain or Delete"),
-        _column("BindingMode", "string", ".egpuBindingMode", "Immediate or WaitForFirstConsumer"),
-        _column("Age", "date", ".metadata.creationTimestamp", "Age"),
+        column("Provisioner", "string", ".provisioner", "Provisioner plug-in"),
+        column("ReclaimPolicy", "string", ".reclaimPolicy", "Retain or Delete"),
+        column("BindingMode", "string", ".egpuBindingMode", "Immediate or WaitForFirstConsumer"),
+        column("Age", "date", ".metadata.creationTimestamp", "Age"),
     ]
-    return _crd(CLASS_KIND, CLASS_PLURAL, CLASS_SHORT, "Cluster", schema, columns, status=False)
+    return _crd_of(CLASS_KIND, CLASS_PLURAL, CLASS_SHORT, "Cluster", schema, columns, status=False)
 
 
 def claim_crd() -> dict[str, Any]:
@@ -241,7 +190,7 @@ def claim_crd() -> dict[str, Any]:
         "required": ["resources"],
         "properties": {
             "egpuClassName": {**_name("The ElasticGPUClass to provision from"),
-                              "x-kubernetes-validations": _immutable("spec.egpuClassName")},
+                              "x-kubernetes-validations": immutable("spec.egpuClassName")},
             "resources": {
                 "type": "object", "required": ["requests"],
                 "properties": {"requests": resource_list_schema(
@@ -272,7 +221,7 @@ def claim_crd() -> dict[str, Any]:
             "elasticGPUName": {"type": "string", "description": "The ElasticGPU bound"},
             "node": {"type": "string", "description": "Node of the bound ElasticGPU"},
             "capacity": resource_list_schema("What the bound ElasticGPU holds"),
-            "conditions": _conditions_schema(),
+            "conditions": conditions_schema(),
         },
     }
     schema = {
@@ -284,15 +233,15 @@ def claim_crd() -> dict[str, Any]:
                        "metadata": {"type": "object"}, "spec": spec, "status": status},
     }
     columns = [
-        _column("Status", "string", ".status.phase", "Pending, Bound or Lost"),
-        _column("ElasticGPU", "string", ".status.elasticGPUName", "The ElasticGPU bound"),
-        _column("Capacity", "string", ".status.capacity", "What the bound ElasticGPU holds"),
-        _column("Class", "string", ".spec.egpuClassName", "ElasticGPUClass"),
-        _column("Node", "string", ".status.node", "Node of the bound ElasticGPU"),
-        _column("Requests", "string", ".spec.resources.requests", "What the claim asks", 1),
-        _column("Age", "date", ".metadata.creationTimestamp", "Age"),
+        column("Status", "string", ".status.phase", "Pending, Bound or Lost"),
+        column("ElasticGPU", "string", ".status.elasticGPUName", "The ElasticGPU bound"),
+        column("Capacity", "string", ".status.capacity", "What the bound ElasticGPU holds"),
+        column("Class", "string", ".spec.egpuClassName", "ElasticGPUClass"),
+        column("Node", "string", ".status.node", "Node of the bound ElasticGPU"),
+        column("Requests", "string", ".spec.resources.requests", "What the claim asks", 1),
+        column("Age", "date", ".metadata.creationTimestamp", "Age"),
     ]
-    return _crd(CLAIM_KIND, CLAIM_PLURAL, CLAIM_SHORT, "Namespaced", schema, columns, status=True)
+    return _crd_of(CLAIM_KIND, CLAIM_PLURAL, CLAIM_SHORT, "Namespaced", schema, columns, status=True)
 
 
 def elasticgpu_crd() -> dict[str, Any]:
@@ -316,10 +265,10 @@ def elasticgpu_crd() -> dict[str, Any]:
                                              min_properties=1),
             "node": {"type": "string", "minLength": 1, "maxLength": 253,
                      "description": "Node of the cards",
-                     "x-kubernetes-validations": _immutable("spec.node")},
+                     "x-kubernetes-validations": immutable("spec.node")},
             "cards": {"type": "array", "minItems": 1, "maxItems": 64, "items": _card_schema(),
                       "description": "The card shares held, in the pod assignment's form",
-                      "x-kubernetes-validations": _immutable("spec.cards")},
+                      "x-kubernetes-validations": immutable("spec.cards")},
             "claimRef": claim_ref,
             "egpuClassName": {"type": "string", "maxLength": 253,
                               "description": "Class it was provisioned by"},
@@ -335,7 +284,7 @@ def elasticgpu_crd() -> dict[str, Any]:
             "phase": {"type": "string", "enum": [p.value for p in core.ElasticGPUPhase]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
-            "conditions": _conditions_schema(),
+            "conditions": conditions_schema(),
         },
     }
     schema = {
@@ -347,19 +296,19 @@ def elasticgpu_crd() -> dict[str, Any]:
                        "metadata": {"type": "object"}, "spec": spec, "status": status},
     }
     columns = [
-        _column("Capacity", "string", ".spec.capacity", "What it holds"),
-        _column("Node", "string", ".spec.node", "Node of the cards"),
-        _column("Cards", "string", ".spec.cards[*].index", "Card indexes on the node"),
-        _column("ReclaimPolicy", "string", ".spec.reclaimPolicy", "Delete or Retain"),
-        _column("Status", "string", ".status.phase",
+        column("Capacity", "string", ".spec.capacity", "What it holds"),
+        column("Node", "string", ".spec.node", "Node of the cards"),
+        column("Cards", "string", ".spec.cards[*].index", "Card indexes on the node"),
+        column("ReclaimPolicy", "string", ".spec.reclaimPolicy", "Delete or Retain"),
+        column("Status", "string", ".status.phase",
                 "Pending, Available, Bound, Released or Failed"),
-        _column("Claim", "string", ".spec.claimRef.name", "Claim bound"),
-        _column("Reason", "string", ".status.reason", "Why Failed or Released", 1),
-        _column("ClaimNamespace", "string", ".spec.claimRef.namespace", "Its namespace", 1),
-        _column("Class", "string", ".spec.egpuClassName", "ElasticGPUClass"),
-        _column("Age", "date", ".metadata.creationTimestamp", "Age"),
+        column("Claim", "string", ".spec.claimRef.name", "Claim bound"),
+        column("Reason", "string", ".status.reason", "Why Failed or Released", 1),
+        column("ClaimNamespace", "string", ".spec.claimRef.namespace", "Its namespace", 1),
+        column("Class", "string", ".spec.egpuClassName", "ElasticGPUClass"),
+        column("Age", "date", ".metadata.creationTimestamp", "Age"),
     ]
-    return _crd(EGPU_KIND, EGPU_PLURAL, EGPU_SHORT, "Cluster", schema, columns, status=True)
+    return _crd_of(EGPU_KIND, EGPU_PLURAL, EGPU_SHORT, "Cluster", schema, columns, status=True)
 
 
 def crd_manifests() -> dict[str, dict[str, Any]]:
@@ -367,17 +316,12 @@ def crd_manifests() -> dict[str, dict[str, Any]]:
     return {CLASS_PLURAL: class_crd(), CLAIM_PLURAL: claim_crd(), EGPU_PLURAL: elasticgpu_crd()}
 
 
-class _NoAliases(yaml.SafeDumper):
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
 def crd_yaml(plural: str) -> str:
     kind = crd_manifests()[plural]["spec"]["names"]["kind"]
     header = (f"# {kind} (elasticgpu.io/{VERSION}): see docs/claims.md.\n"
-              "# Generated by `python -m elastic_gpu.k8s.elasticgpu --write deploy/crds` from\n"
-              "# elastic_gpu.k8s.elasticgpu.crd_manifests() (a unit test keeps them equal).\n")
-    body = yaml.dump(crd_manifests()[plural], Dumper=_NoAliases, sort_keys=False, width=100)
+              "# Generated by `python -m elastic_gpu.api.elasticgpu --write deploy/crds` from\n"
+              "# elastic_gpu.api.elasticgpu.crd_manifests() (a unit test keeps them equal).\n")
+    body = to_yaml(crd_manifests()[plural])
     return header + body
 
 
@@ -586,7 +530,7 @@ def claim_status(decision: core.Decision, claim_obj: Mapping[str, Any], now: str
 
 def _main(argv: list[str] | None = None) -> int:
     files = {filename: partial(crd_yaml, plural) for plural, filename in CRD_FILES.items()}
-    return write_crds_main("Write the Elastic GPU API's CRDs as YAML.", files, argv)
+    return write_main("Write the Elastic GPU API's CRDs as YAML.", files, argv)
 
 
 if __name__ == "__main__":

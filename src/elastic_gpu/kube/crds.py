@@ -6,27 +6,9 @@ product installs CRDs at run time.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
-
-
-def write_crds_main(description: str, files: Mapping[str, Callable[[], str]],
-                    argv: Sequence[str] | None = None) -> int:
-    """`python -m elastic_gpu.k8s.<module> [--write DIR]` for a module that generates CRDs:
-    print each file's YAML (separated by `---`), or write each into DIR under its name."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--write", metavar="DIR", type=Path, help="write the files into DIR")
-    args = parser.parse_args(None if argv is None else list(argv))
-    for filename, text in files.items():
-        if args.write is None:
-            sys.stdout.write(text() + "---\n")
-        else:
-            (args.write / filename).write_text(text())
-    return 0
 
 
 class CrdInstallError(RuntimeError):
@@ -84,22 +66,20 @@ def install_crds(client: Any, manifests: Iterable[Mapping[str, Any]], timeout_s:
 
 
 def install_elasticgpu_crds(client: Any, timeout_s: float = 30.0) -> None:
-    """The Elastic GPU API's CRDs (ElasticGPUClass, ElasticGPUClaim, ElasticGPU), the MIG
-    adapter's MIGSubstitution and the budgets' GPUBudget."""
-    from elastic_gpu.k8s import budget, migsubstitution
-    from elastic_gpu.k8s.elasticgpu import crd_manifests
+    """The CRDs an installer applies (`api.registry`, everything but the agent's GPUDevice):
+    the Elastic GPU API, the MIG adapter's MIGSubstitution and the budgets' GPUBudget."""
+    from elastic_gpu.api import registry
 
-    install_crds(client, [*crd_manifests().values(), migsubstitution.crd_manifest(),
-                          budget.crd_manifest()], timeout_s)
+    install_crds(client, registry.manifests("installer"), timeout_s)
 
 
 def install_priority_classes(client: Any) -> None:
-    """The budgets' PriorityClass (`k8s.budget.priority_class_manifest`), created or left as
+    """The budgets' PriorityClass (`api.budget.priority_class_manifest`), created or left as
     it is (its value cannot change once created)."""
     from lightkube import codecs
     from lightkube.core.exceptions import ApiError
 
-    from elastic_gpu.k8s.budget import priority_class_manifest
+    from elastic_gpu.api.budget import priority_class_manifest
 
     try:
         client.create(codecs.from_dict(priority_class_manifest()))

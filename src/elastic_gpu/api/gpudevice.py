@@ -21,12 +21,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from elastic_gpu.api.crd import column
+from elastic_gpu.api.group import GROUP as GROUP
+from elastic_gpu.api.group import INVENTORY_VERSION
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, Node
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
 
-GROUP = "elasticgpu.io"
-VERSION = "v1alpha1"
+VERSION = INVENTORY_VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "GPUDevice"
 PLURAL = "gpudevices"
@@ -222,10 +224,6 @@ def nodes_from_objects(devices: Iterable[Mapping[str, Any]],
     return result
 
 
-def _column(name: str, kind: str, path: str, description: str) -> dict[str, Any]:
-    return {"name": name, "type": kind, "jsonPath": path, "description": description}
-
-
 def crd_manifest() -> dict[str, Any]:
     """The CustomResourceDefinition of GPUDevice (apiextensions.k8s.io/v1)."""
     int_ = {"type": "integer"}
@@ -285,19 +283,19 @@ def crd_manifest() -> dict[str, Any]:
                                    "Elastic GPU agent.",
                     "properties": {"spec": spec_schema, "status": status_schema}}},
                 "additionalPrinterColumns": [
-                    _column("Node", "string", ".spec.node", "Node the card is in"),
-                    _column("Index", "integer", ".spec.index", "Card index on its node"),
-                    _column("Model", "string", ".spec.model", "Card model"),
-                    _column("Memory", "integer", ".spec.memoryMiB", "Card memory in MiB"),
-                    _column("Health", "string", ".status.health", "Healthy or Unhealthy"),
-                    _column("Allocated%", "integer", ".status.allocatedPercent",
+                    column("Node", "string", ".spec.node", "Node the card is in"),
+                    column("Index", "integer", ".spec.index", "Card index on its node"),
+                    column("Model", "string", ".spec.model", "Card model"),
+                    column("Memory", "integer", ".spec.memoryMiB", "Card memory in MiB"),
+                    column("Health", "string", ".status.health", "Healthy or Unhealthy"),
+                    column("Allocated%", "integer", ".status.allocatedPercent",
                             "Compute assigned to pods, percent of the card (a MIG instance "
                             "counts its slices, a whole card 100)"),
-                    _column("MemoryUsed", "integer", ".status.allocatedMemoryMiB",
+                    column("MemoryUsed", "integer", ".status.allocatedMemoryMiB",
                             "Memory assigned to pods, MiB"),
-                    _column("Pods", "string", ".status.pods",
+                    column("Pods", "string", ".status.pods",
                             "Containers holding the card: <namespace>/<pod> (<container>)"),
-                    _column("Age", "date", ".metadata.creationTimestamp", "Age"),
+                    column("Age", "date", ".metadata.creationTimestamp", "Age"),
                 ],
             }],
         },

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from elastic_gpu.k8s.client import ClientConfigError, load_config
+from elastic_gpu.kube.kubeconfig import ClientConfigError, load_config
 
 log = logging.getLogger(__name__)
 

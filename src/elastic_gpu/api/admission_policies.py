@@ -27,9 +27,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from elastic_gpu.api.migsubstitution import PLURAL as RULES_PLURAL
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission import OPT_OUT_LABEL
-from elastic_gpu.k8s.migsubstitution import PLURAL as RULES_PLURAL
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POD_LEDGER = "elastic-gpu-pod-ledger"
@@ -172,9 +172,3 @@ def probe_refused(stderr: str) -> bool:
     kube-apiserver enforces a policy only once its informer has it, a moment after creation."""
     return POD_LEDGER in stderr
 
-
-def install(client: Any, objects: Iterable[dict[str, Any]] | None = None) -> None:
-    """Create each policy and binding, or bring it up to date (an installer's credentials)."""
-    from elastic_gpu.k8s.apply import create_or_update
-
-    create_or_update(client, manifests() if objects is None else objects)

@@ -81,9 +81,3 @@ def manifests(inventory_readers: tuple[dict[str, str], ...] = INVENTORY_READERS
                     "subjects": [dict(s) for s in inventory_readers]})
     return out
 
-
-def install(client: Any) -> None:
-    """Create or update the tenant roles and binding (`manifests()`) with `client`."""
-    from elastic_gpu.k8s.apply import create_or_update
-
-    create_or_update(client, manifests())

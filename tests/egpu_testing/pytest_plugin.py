@@ -29,13 +29,13 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.realnode_pytest import real_node
 from elastic_gpu.devcluster.controlplane import ControlPlane, SchedulerHandle
 from elastic_gpu.devcluster.nodes import (
     fake_inventory,
     register_fake_nodes,
     unregister_fake_node,
 )
-from elastic_gpu.devcluster.realnode_pytest import real_node
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from elastic_gpu.strict_yaml import decode, read_yaml
+from elastic_gpu.api.strict_yaml import decode, read_yaml
 
 Settings = TypeVar("Settings", bound=BaseModel)
 

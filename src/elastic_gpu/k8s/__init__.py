@@ -1,1 +1,0 @@
-"""Kubernetes adapters: API clients, watch-backed caches, inventory objects."""

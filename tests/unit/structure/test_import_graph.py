@@ -1,0 +1,229 @@
+"""The shape of `src/elastic_gpu`, checked (docs/architecture.md, "The tree").
+
+Read from the source with `ast`, never by importing: an import inside a function counts like one
+at the top, because a lazy import that breaks a circle at run time still ties the two modules
+together for a reader. Only `if TYPE_CHECKING:` blocks are left out (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[3] / "src"
+PACKAGE = SRC / "elastic_gpu"
+
+#: Files written by a generator, not by hand.
+GENERATED = ("_pb2.py", "_pb2_grpc.py")
+MAX_LINES = 600
+
+#: Which top-level packages each may import (besides itself). The arrows point down only:
+#: core is pure, api is wire contracts over core, kube is the only API I/O, runtime is the
+#: process plumbing; the components sit on those and never on each other.
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": set(),
+    "api": {"core"},
+    "kube": {"api", "core"},
+    "runtime": {"api", "core"},
+    "sim": {"core"},
+    "scheduler": {"api", "core", "kube", "runtime"},
+    "agent": {"api", "core", "kube", "runtime"},
+    "webhook": {"api", "core", "kube", "runtime"},
+    "controller": {"api", "core", "kube", "runtime"},
+    "devcluster": {"api", "core", "kube", "runtime", "agent", "scheduler", "webhook",
+                   "controller"},
+    "cli": {"api", "core", "kube", "runtime", "sim", "scheduler", "agent", "webhook",
+            "controller", "devcluster"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> Iterator[tuple[str, Path, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield _module_name(path), path, ast.parse(path.read_text(), str(path))
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _walk_runtime(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node except those under `if TYPE_CHECKING:`."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            yield from (n for stmt in child.orelse for n in _walk_runtime_self(stmt))
+            continue
+        yield child
+        yield from _walk_runtime(child)
+
+
+def _walk_runtime_self(node: ast.AST) -> Iterator[ast.AST]:
+    yield node
+    yield from _walk_runtime(node)
+
+
+def _imports(module: str, tree: ast.Module, is_package: bool) -> Iterator[str]:
+    """The names `tree` imports, absolute: `import x.y` yields x.y; `from x import y` yields
+    x.y and, unless x.y is a module of ours (the usual way to import a module of a package),
+    x itself."""
+    for node in _walk_runtime(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            yield from names
+            if not all(name in _MODULES for name in names):
+                yield base
+
+
+_MODULES = frozenset(_module_name(path) for path in PACKAGE.rglob("*.py"))
+
+
+def _graph() -> dict[str, set[str]]:
+    sources = list(_sources())
+    ours = {name for name, _, _ in sources}
+    graph: dict[str, set[str]] = {}
+    for name, path, tree in sources:
+        targets = set()
+        for target in _imports(name, tree, path.name == "__init__.py"):
+            if target in ours and target != name:
+                targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_no_import_circle() -> None:
+    # A package's __init__ importing its own modules is how a package re-exports; a module
+    # importing its package's __init__ back would close a circle and is caught here.
+    assert _cycles(_graph()) == []
+
+
+def test_packages_import_only_downwards() -> None:
+    wrong = []
+    for module, targets in sorted(_graph().items()):
+        top = _top(module)
+        if top not in MAY_IMPORT:
+            continue
+        for target in sorted(targets):
+            other = _top(target)
+            if other and other != top and other not in MAY_IMPORT[top]:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_every_top_level_package_has_a_layer() -> None:
+    tops = {path.name for path in PACKAGE.iterdir()
+            if path.is_dir() and (path / "__init__.py").exists()}
+    assert tops == set(MAY_IMPORT)
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
+
+
+def test_no_file_is_too_long_to_read_in_one_sitting() -> None:
+    long = {str(path.relative_to(SRC)): n for path in PACKAGE.rglob("*.py")
+            if not path.name.endswith(GENERATED)
+            and (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_core_imports_only_numpy_and_itself() -> None:
+    allowed = {"numpy", "elastic_gpu"}
+    wrong = []
+    for module, path, tree in _sources():
+        if _top(module) != "core":
+            continue
+        for target in _imports(module, tree, path.name == "__init__.py"):
+            root = target.split(".")[0]
+            if root and root not in allowed and root not in _STDLIB:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+_STDLIB = frozenset(__import__("sys").stdlib_module_names) | {"__future__"}
+
+
+@pytest.mark.parametrize("library", ["lightkube", "httpx", "httpx2"])
+def test_api_client_libraries_only_inside_kube(library: str) -> None:
+    wrong = [module for module, path, tree in _sources() if _top(module) != "kube"
+             and any(t.split(".")[0] == library
+                     for t in _imports(module, tree, path.name == "__init__.py"))]
+    assert wrong == []
+
+
+def test_no_pytest_in_the_installed_package() -> None:
+    wrong = [module for module, path, tree in _sources()
+             if any(t.split(".")[0] in {"pytest", "_pytest"}
+                    for t in _imports(module, tree, path.name == "__init__.py"))]
+    assert wrong == []
+
+
+def test_every_watch_loop_is_kube_informer() -> None:
+    """A watch is opened only in `kube/` (the informer and the transport under it): outside it
+    nobody calls a `.watch(...)` method or asks for `watch=true`."""
+    wrong = []
+    for module, _, tree in _sources():
+        if _top(module) == "kube":
+            continue
+        for node in _walk_runtime(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "watch"):
+                wrong.append(f"{module}:{node.lineno} calls .watch()")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    "watch=true" in node.value.lower() or "watch=1" in node.value):
+                wrong.append(f"{module}:{node.lineno} asks for watch=true")
+    assert wrong == []
