@@ -14,9 +14,10 @@ from elastic_gpu.kube.transport import ApiStatusError, RestClient
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
-__all__ = ["EVENTS", "JSON_PATCH", "LEASES", "MERGE_PATCH", "PODS", "KubeClient", "Resource"]
+__all__ = ["APPLY_PATCH", "EVENTS", "JSON_PATCH", "LEASES", "MERGE_PATCH", "PODS", "KubeClient", "Resource"]
 
 PODS = Resource(CORE, "pods", True)
 EVENTS = Resource(CORE, "events", True)
@@ -26,17 +27,24 @@ LEASES = Resource(group_prefix("coordination.k8s.io", "v1"), "leases", True)
 class KubeClient:
     """get / list / watch / create / update / patch / delete, objects as plain dicts."""
 
-    def __init__(self, rest: RestClient) -> None:
+    def __init__(self, rest: RestClient, *, field_manager: str | None = None) -> None:
         self.rest = rest
+        #: Named on every write (`fieldManager`), so managedFields say which component wrote.
+        self.field_manager = field_manager
 
     @classmethod
-    def from_config(cls, kubeconfig: Path | None, **kwargs: Any) -> KubeClient:
-        return cls(RestClient.from_config(kubeconfig, **kwargs))
+    def from_config(cls, kubeconfig: Path | None, *, field_manager: str | None = None,
+                    **kwargs: Any) -> KubeClient:
+        """From a kubeconfig file, or the in-cluster service account when it is None (a
+        `ClientConfigError` says what is wrong); kwargs go to the transport."""
+        return cls(RestClient.from_config(kubeconfig, **kwargs), field_manager=field_manager)
 
     async def _call(self, method: str, path: str, body: Any = None,
                     params: Mapping[str, str] | None = None,
                     content_type: str = "application/json") -> dict[str, Any]:
         data = msgspec.json.encode(body) if body is not None else None
+        if self.field_manager is not None and method in ("POST", "PUT", "PATCH"):
+            params = {**(params or {}), "fieldManager": self.field_manager}
         try:
             raw = await self.rest.request(method, path, body=data, params=params,
                                           content_type=content_type)
@@ -55,9 +63,10 @@ class KubeClient:
         """PUT: the object's metadata.resourceVersion, if set, is a precondition (409)."""
         return await self._call("PUT", path, obj)
 
-    async def patch(self, path: str, patch: Any, content_type: str = MERGE_PATCH
-                    ) -> dict[str, Any]:
-        return await self._call("PATCH", path, patch, content_type=content_type)
+    async def patch(self, path: str, patch: Any, content_type: str = MERGE_PATCH,
+                    params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """`params`: e.g. `{"force": "true"}` with APPLY_PATCH (server-side apply)."""
+        return await self._call("PATCH", path, patch, params=params, content_type=content_type)
 
     async def delete(self, path: str, *, uid: str | None = None,
                      resource_version: str | None = None) -> dict[str, Any]:
