@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from elastic_gpu.agent.backend import BackendError, HealthEvent
-from elastic_gpu.api.settings_file import SettingsFileError, read_file
+from elastic_gpu.api.config.loader import ConfigError, read_file
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
 
@@ -173,7 +173,7 @@ class FakeBackend:
         # that are not UTF-8) is refused here too, not a crash or a hang of the health thread.
         try:
             data = read_file(path)
-        except SettingsFileError as err:
+        except ConfigError as err:
             raise BackendError(f"the fake inventory {err}") from None
         return cls(parse_inventory(data, str(path)), node, path)
 
@@ -282,7 +282,7 @@ class FakeBackend:
         self._mtime = mtime
         try:
             inventory = parse_inventory(read_file(self._path), str(self._path))
-        except (BackendError, SettingsFileError):
+        except (BackendError, ConfigError):
             return  # keep the last good health; a half-written file must not flip cards
         self._apply_file_health(inventory)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Annotated
 import typer
 
 from elastic_gpu.cli.check import check_config
+from elastic_gpu.cli.options import LogLevel, start_logging
 
 
 def agent(
@@ -29,13 +29,17 @@ def agent(
         "0: no metrics.")] = 0,
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", help="Address the metrics port listens on.")] = "0.0.0.0",
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_level: LogLevel = "INFO",
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="The same as --log-level DEBUG (kept for the manifests that "
+        "pass it; wins over --log-level).")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Only read and validate --config: print each problem (field, value, "
         "rule) and exit 2, or say it is valid and exit 0; nothing is started.")] = False,
 ) -> None:
     """Run the node agent: kubelet device plugins over NVML or the fake backend."""
-    from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
+    from elastic_gpu.agent.config import AgentConfig, load_config
+    from elastic_gpu.api.config.loader import ConfigError
 
     if check:
         check_config("egpu agent", config, load_config, ConfigError)
@@ -44,8 +48,7 @@ def agent(
     from elastic_gpu.agent.devices import InventoryError
     from elastic_gpu.agent.runtime import Agent, make_backend
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_logging("egpu agent", "DEBUG" if verbose else log_level)
     node_name = node or os.environ.get("NODE_NAME")
     if not node_name:
         typer.echo("egpu agent: --node (or NODE_NAME) is required", err=True)

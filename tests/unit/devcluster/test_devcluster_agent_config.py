@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from elastic_gpu.agent.config import AgentConfig, ConfigError, parse_config
+from elastic_gpu.agent.config import AgentConfig, parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
 from elastic_gpu.agent.publish import card_offers, snapshot
+from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object, card_to_object
 from elastic_gpu.cli.sandbox import app
 from elastic_gpu.core.engine import Engine

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_gpu.controller.config import ConfigError, MigConfig, load_config
+from elastic_gpu.api.config.loader import ConfigError
+from elastic_gpu.controller.config import MigConfig, load_config
 from elastic_gpu.core.mig import (
     BarePodState,
     BareStep,
