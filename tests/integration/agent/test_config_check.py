@@ -283,7 +283,7 @@ def _shipped() -> list[tuple[str, str, str]]:
             if re.search(r"^nodePolicy:", text, flags=re.M)]
     out += [("controller", f"docs/mig-adapter.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "mig-adapter.md"))
-            if text.startswith("mig:")]
+            if re.search(r"^mig:", text, flags=re.M)]
     return out
 
 
