@@ -42,7 +42,7 @@ def agent(
     from elastic_gpu.api.config.loader import ConfigError
 
     if check:
-        check_config("egpu agent", config, load_config, ConfigError)
+        check_config("egpu agent", config, load_config)
         return
     from elastic_gpu.agent.backend import BackendError
     from elastic_gpu.agent.devices import InventoryError

@@ -78,7 +78,7 @@ def controller(
     from elastic_gpu.controller.config import load_config
 
     if check:
-        check_config("egpu controller", config, load_config, ConfigError)
+        check_config("egpu controller", config, load_config)
         return
     from elastic_gpu.api.budget import BudgetObjectError, parse_duration
     from elastic_gpu.controller.manager import (

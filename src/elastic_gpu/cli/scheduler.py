@@ -48,7 +48,7 @@ def scheduler(
     from elastic_gpu.scheduler.config import load_config
 
     if check:
-        check_config("egpu scheduler", config, load_config, ConfigError)
+        check_config("egpu scheduler", config, load_config)
         return
     from elastic_gpu.kube.kubeconfig import ClientConfigError
     from elastic_gpu.runtime import eventloop
