@@ -78,7 +78,7 @@ def test_check_refuses_another_commands_kind_naming_its_reader(tmp_path: Path,
     assert code == 2, err
     flat = " ".join(err.split())
     assert f"kind: got '{other}' (a string): must be '{COMMANDS[command]}'" in flat, err
-    assert f"{other} is read by {KINDS[other]}" in flat, err
+    assert f"{other} is read by {KINDS[other]}; known kinds: AgentConfig," in flat, err
 
 
 @pytest.mark.parametrize("command", COMMANDS)

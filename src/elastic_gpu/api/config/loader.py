@@ -164,10 +164,9 @@ def header_problems(data: Mapping[str, Any], kind: str) -> list[Problem]:
                                 "out apiVersion and kind)"))
     given = data.get("kind")
     if given != kind:
+        whose = f"; known kinds: {', '.join(KINDS)}"
         if isinstance(given, str) and given in KINDS:
-            whose = f"; {given} is read by {KINDS[given]}"
-        else:
-            whose = f"; known kinds: {', '.join(KINDS)}"
+            whose = f"; {given} is read by {KINDS[given]}{whose}"
         problems.append(Problem("kind", describe(given),
                                 f"must be {kind!r} with apiVersion (this file is read as that "
                                 f"kind{whose})"))
