@@ -29,7 +29,7 @@ from typing import Any
 
 from elastic_gpu.api.migsubstitution import PLURAL as RULES_PLURAL
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.admission import OPT_OUT_LABEL
+from elastic_gpu.core.admission.rules import OPT_OUT_LABEL
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POD_LEDGER = "elastic-gpu-pod-ledger"

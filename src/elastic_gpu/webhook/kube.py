@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from elastic_gpu.api import budget, migsubstitution
 from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
-from elastic_gpu.core.admission import NodeGpus, node_gpus
+from elastic_gpu.core.admission.facts import NodeGpus, node_gpus
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.paths import Resource, group_prefix

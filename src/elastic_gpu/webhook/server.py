@@ -42,18 +42,12 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
-from elastic_gpu.core.admission import (
-    MUTATORS,
-    ClusterFacts,
-    Mutator,
-    NodeGpus,
-    PodClaims,
-    admit,
-    budget_finalizer,
-    claim_names,
-    default_policies,
-    facts_from_nodes,
-)
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS
+from elastic_gpu.core.admission.claim_plan import PodClaims, claim_names
+from elastic_gpu.core.admission.facts import ClusterFacts, NodeGpus, default_policies, facts_from_nodes
+from elastic_gpu.core.admission.mutation import Mutator
+from elastic_gpu.core.admission.mutators.budget import budget_finalizer
 from elastic_gpu.core.budget import NamespaceBudget
 from elastic_gpu.core.claims import Claim, protection_patch
 from elastic_gpu.core.connlimits import ConnectionLimits
@@ -432,7 +426,7 @@ class WebhookOptions:
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def mutators(self) -> tuple[Mutator, ...]:
-        from elastic_gpu.core.quota import QUOTA_MUTATORS
+        from elastic_gpu.core.admission.chain import QUOTA_MUTATORS
 
         base = QUOTA_MUTATORS if self.quota else MUTATORS
         return (*base, budget_finalizer) if self.budget_finalizer else tuple(base)

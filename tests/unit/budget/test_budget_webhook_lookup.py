@@ -8,7 +8,10 @@ import base64
 import json
 from typing import Any
 
-from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, budget_finalizer
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.mutators.budget import budget_finalizer
 from elastic_gpu.core.budget import FINALIZER, NamespaceBudget, PriorityDowngrade
 from elastic_gpu.webhook.budgets import BudgetLookup, budget_facts
 from elastic_gpu.webhook.server import Admission

@@ -10,7 +10,8 @@ import copy
 import json
 from typing import Any
 
-from elastic_gpu.core.admission import NodeGpus, apply_patch
+from elastic_gpu.core.admission.facts import NodeGpus
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.mig import MIG_ORIGINAL
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.webhook.migrules import RuleCache

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from egpu_testing.seed import seed_pod
-from elastic_gpu.core.admission import ClusterFacts
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.core.names import InvalidName
 from elastic_gpu.webhook.kube import ClaimCache

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_gpu.core.admission import ClusterFacts
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.webhook.registration import Scope, Target, configurations, match_expression
 from elastic_gpu.webhook.server import Admission
 
