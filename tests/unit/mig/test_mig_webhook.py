@@ -10,6 +10,7 @@ import copy
 import json
 from typing import Any
 
+from egpu_testing.webhook_answers import answered
 from elastic_gpu.core.admission.facts import NodeGpus
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.mig import MIG_ORIGINAL
@@ -60,7 +61,7 @@ def test_a_rule_from_the_watch_rewrites_the_owners_next_pod() -> None:
                                     "resources": {"limits": dict(mig), "requests": dict(mig)}}]}}
 
     def patched() -> dict[str, Any]:
-        _, body, _ = asyncio.run(server.admission.review_async(_review(pod), mutate=True))
+        _, body, _ = answered(asyncio.run(server.admission.review_async(_review(pod), mutate=True)))
         response = json.loads(body)["response"]
         assert response["allowed"], response
         ops = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
