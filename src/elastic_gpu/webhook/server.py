@@ -36,9 +36,22 @@ from elastic_gpu.core.admission.facts import NodeGpus, default_policies, facts_f
 from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
+from elastic_gpu.webhook.budgets import BudgetLookup
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
+from elastic_gpu.webhook.kube import (
+    FIELD_MANAGER,
+    ClaimCache,
+    NodeFacts,
+    SecretStore,
+    StoredBundle,
+    apply_configurations,
+    initial_bundle,
+    rotate_once,
+)
+from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.registration import (
     CLAIM_MUTATE_PATH,
     DEFAULT_NAME,
@@ -238,9 +251,6 @@ class WebhookOptions:
 class WebhookServer:
     def __init__(self, options: WebhookOptions) -> None:
         self.options = options
-        from elastic_gpu.webhook.budgets import BudgetLookup
-        from elastic_gpu.webhook.kube import ClaimCache
-        from elastic_gpu.webhook.migrules import RuleCache
 
         self.claim_cache = ClaimCache()
         self.rule_cache = RuleCache(self.set_mig_rules)
@@ -361,16 +371,13 @@ class WebhookServer:
         return configurations(self.options.name, self.options.target(),
                               base64.b64encode(self.ca_bundle.encode()).decode(), scope)
 
-    async def _register(self, client: Any) -> None:
-        from elastic_gpu.webhook.kube import apply_configurations
-
+    async def _register(self, client: KubeClient) -> None:
         if self.options.register:
             await apply_configurations(client, self.registration())
             self.registered.set()
 
-    async def _rotate_secret(self, client: Any, store: Any, stored: Any) -> None:
-        from elastic_gpu.webhook.kube import rotate_once
-
+    async def _rotate_secret(self, client: KubeClient, store: SecretStore,
+                             stored: StoredBundle) -> None:
         hosts = self.options.hosts()
         while True:
             await asyncio.sleep(self.options.rotation_check_s)
@@ -389,7 +396,7 @@ class WebhookServer:
             except Exception as err:  # API down: keep serving what we have, try again
                 log.warning("certificate rotation check failed: %s", err)
 
-    async def _watch_cert_dir(self, client: Any, directory: Path) -> None:
+    async def _watch_cert_dir(self, client: KubeClient, directory: Path) -> None:
         while True:
             await asyncio.sleep(self.options.rotation_check_s)
             try:
@@ -404,13 +411,11 @@ class WebhookServer:
     async def run(self, stop: asyncio.Event) -> None:
         from aiohttp import web
 
-        from elastic_gpu.kube.client import KubeClient
-        from elastic_gpu.kube.kubeconfig import async_client
-        from elastic_gpu.webhook.kube import NodeFacts, SecretStore, initial_bundle
 
-        client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")
-        # Live reads with names from reviews go by checked, escaped paths (kube.paths).
-        reader = KubeClient.from_config(self.options.kubeconfig)
+        # One client for every call: writes name the webhook's field manager, and live reads
+        # with names from reviews go by checked, escaped paths (kube.paths).
+        client = reader = KubeClient.from_config(self.options.kubeconfig,
+                                                 field_manager=FIELD_MANAGER)
         self.claim_cache.reader = self.rule_cache.reader = reader
         if self.budgets is not None:
             self.budgets.reader = reader
@@ -430,8 +435,6 @@ class WebhookServer:
         except Exception as err:
             with contextlib.suppress(Exception):
                 await client.close()
-            with contextlib.suppress(Exception):
-                await reader.close()
             where = (f"--cert-dir {self.options.cert_dir}" if self.options.cert_dir else
                      f"Secret {self.options.namespace}/{self.options.secret_name}")
             raise WebhookStartError(f"no serving certificate from {where}: {err}") from err
@@ -471,8 +474,6 @@ class WebhookServer:
             self.tls.close()
             with contextlib.suppress(Exception):
                 await client.close()
-            with contextlib.suppress(Exception):
-                await reader.close()
 
 
 def _read_cert_dir(directory: Path) -> tuple[str, str, str]:

@@ -142,27 +142,6 @@ def test_lookups_are_reported_by_where_the_claim_was_found() -> None:
     assert seen == ["cache", "api"]
 
 
-class _Listing:
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        self.items = items
-        self.resourceVersion = "7"
-
-    def __aiter__(self) -> Any:
-        return self._gen()
-
-    async def _gen(self) -> Any:
-        for item in self.items:
-            yield _Obj(item)
-
-
-class _Obj:
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.data
-
-
 class _Client:
     """The API without the ElasticGPUClaim CRD at first, then with it (one claim, one event)."""
 
@@ -170,17 +149,17 @@ class _Client:
         self.lists = 0
         self.watched = asyncio.Event()
 
-    def list(self, resource: Any, namespace: str) -> _Listing:
-        from lightkube.core.exceptions import ApiError
-        from lightkube.models.meta_v1 import Status
+    async def list(self, path: str, params: Any = None) -> tuple[list[dict[str, Any]], str]:
+        from elastic_gpu.kube.errors import NotFound
 
         self.lists += 1
         if self.lists == 1:
-            raise ApiError(status=Status(code=404, message="the server could not find it"))
-        return _Listing([claim_object("a")])
+            raise NotFound(404, "NotFound", "the server could not find it")
+        return [claim_object("a")], "7"
 
-    async def watch(self, resource: Any, namespace: str, resource_version: str) -> Any:
-        yield "ADDED", _Obj(claim_object("b"))
+    async def watch(self, path: str, resource_version: str, params: Any = None,
+                    timeout_s: int = 300) -> Any:
+        yield "ADDED", claim_object("b")
         self.watched.set()
         await asyncio.Event().wait()
 
