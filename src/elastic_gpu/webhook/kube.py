@@ -15,7 +15,7 @@ import base64
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -247,6 +247,8 @@ class _Tracked:
     def __init__(self, client: ListWatcher) -> None:
         self.client = client
         self.served = False
+        #: the watches go to the client untouched (the informer runs them)
+        self.watch = client.watch
 
     async def list(self, path: str, params: Mapping[str, str] | None = None
                    ) -> tuple[list[Obj], str]:
@@ -257,10 +259,6 @@ class _Tracked:
             raise
         self.served = True
         return listed
-
-    def watch(self, path: str, resource_version: str, params: Mapping[str, str] | None = None,
-              timeout_s: int = 300) -> AsyncIterator[tuple[str, Obj]]:
-        return self.client.watch(path, resource_version, params, timeout_s)
 
 
 class CrdCache(Generic[T]):
