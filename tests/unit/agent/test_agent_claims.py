@@ -21,7 +21,10 @@ from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.matching import candidates
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.admission import ClusterFacts, PodClaims, admit, apply_patch
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.claim_plan import PodClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.claims import Claim, ClaimRef, ElasticGPU, ElasticGPUPhase
 
