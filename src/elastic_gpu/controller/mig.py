@@ -46,7 +46,6 @@ from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.api import gpudevice
 from elastic_gpu.api import migsubstitution as rules_api
 from elastic_gpu.api.elasticgpu import GROUP, VERSION, ElasticGPUObjectError
-from elastic_gpu.controller.claims import DEVICES, EGPUS
 from elastic_gpu.controller.config import MigConfig
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
@@ -57,17 +56,15 @@ from elastic_gpu.core.claims import Condition
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import PodRequest, RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
-from elastic_gpu.kube.client import PODS, Resource
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
 from elastic_gpu.kube.informer import Handler, Obj, object_key
-from elastic_gpu.kube.paths import CORE, group_prefix
+from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, MIG_SUBSTITUTIONS, NODES, PODS
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-RULES = Resource(group_prefix(GROUP, VERSION), rules_api.PLURAL, True)
-NODES = Resource(CORE, "nodes", False)
+RULES = MIG_SUBSTITUTIONS
 RULE_API_VERSION = f"{GROUP}/{VERSION}"
 
 ROUND = "round"
@@ -208,10 +205,10 @@ class MigController:
         self.pods = f.informer(PODS.path(), "pods")
         self.nodes = f.informer(NODES.path(), "nodes")
         # (a cluster without these CRDs has no MIG to adapt; the other controllers go on)
-        self.devices = f.informer(DEVICES.path(), "gpudevices", missing_ok=True)
+        self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
         self.rules = f.informer(RULES.path(), "migsubstitutions", missing_ok=True)
         # ElasticGPUs hold MIG instances for their claims as pods do (the claims issue)
-        self.egpus = f.informer(EGPUS.path(), "elasticgpus", missing_ok=True)
+        self.egpus = f.informer(ELASTICGPUS.path(), "elasticgpus", missing_ok=True)
         self.metrics = MigMetrics(ctx)
         self.reservations: list[Reservation] = []
         #: bare rule name -> times its pod was deleted again because it came un-rewritten
