@@ -28,6 +28,8 @@ MAX_REPAIRS = 3
 
 
 class BareRules:
+    """Makes each bare pod's rule true again (step 1)."""
+
     def __init__(self, pods: Informer, state: RoundState, writes: AdapterWrites) -> None:
         self.pods = pods
         self.state = state

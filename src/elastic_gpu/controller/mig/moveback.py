@@ -40,8 +40,9 @@ from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES
 log = logging.getLogger(__name__)
 
 
-
 class MoveBack:
+    """Moves the round's moved pods back (step 3); state and writes are shared with the round."""
+
     def __init__(self, ctx: Context, nodes: Informer, metrics: MigMetrics, state: RoundState,
                  writes: AdapterWrites) -> None:
         self.client = ctx.client

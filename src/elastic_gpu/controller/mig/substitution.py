@@ -45,8 +45,9 @@ from elastic_gpu.kube.resources import PODS
 log = logging.getLogger(__name__)
 
 
-
 class Substitution:
+    """Moves the round's pending MIG pods (step 2); state and writes are shared with the round."""
+
     def __init__(self, ctx: Context, nodes: Informer, metrics: MigMetrics, state: RoundState,
                  writes: AdapterWrites) -> None:
         self.client = ctx.client

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class AdapterWrites:
+    """The writes every step makes; what it told is kept in `state`."""
+
     def __init__(self, client: KubeClient, recorder: EventRecorder, metrics: MigMetrics,
                  state: RoundState) -> None:
         self.client = client
