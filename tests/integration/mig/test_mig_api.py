@@ -117,7 +117,7 @@ def test_the_webhooks_deployed_rbac_may_watch_the_rules(crds: Any) -> None:
 
 
 def test_the_controllers_deployed_rbac_allows_every_call_of_the_mig_adapter(crds: Any) -> None:
-    """What `controller/mig.py` calls, asked of the deployed ClusterRole (the chart's is equal,
+    """What `controller/mig/` calls, asked of the deployed ClusterRole (the chart's is equal,
     a unit test says so) by `kubectl auth can-i` as its ServiceAccount."""
     from pathlib import Path
 
