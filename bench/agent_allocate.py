@@ -33,8 +33,8 @@ from typing import Any
 
 import grpc
 
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.inventory_api import ensure_crd
 from elastic_gpu.agent.plugin import socket_name
 from elastic_gpu.agent.proto import api_pb2, api_pb2_grpc

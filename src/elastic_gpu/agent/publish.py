@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elastic_gpu.agent.backend import Backend
+from elastic_gpu.agent.backends.base import Backend
 from elastic_gpu.agent.config import AgentConfig, BackendKind, MigStrategy
 from elastic_gpu.agent.devices import (
     LogicalCard,
@@ -125,7 +125,7 @@ def publish_fake_node(client: Any, inventory: Node, config: AgentConfig | None =
     Installs the GPUDevice CRD on first use with this client, as `kubectl apply -f
     deploy/crds/gpudevices.yaml` would: the sandbox is the installer here (admin
     credentials), not an agent."""
-    from elastic_gpu.agent.fake import FakeBackend
+    from elastic_gpu.agent.backends.fake import FakeBackend
 
     with _crd_lock:
         if id(client) not in _crd_ready:

@@ -9,8 +9,8 @@ from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse, card_usage
 from elastic_gpu.agent.allocator import Allocator
-from elastic_gpu.agent.backend import Backend, BackendError
-from elastic_gpu.agent.config import AgentConfig, BackendKind
+from elastic_gpu.agent.backends.base import Backend, BackendError
+from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
 from elastic_gpu.agent.manager import PluginManager
@@ -26,17 +26,6 @@ from elastic_gpu.agent.publish import (
 from elastic_gpu.agent.state import NodeState
 
 log = logging.getLogger(__name__)
-
-
-def make_backend(config: AgentConfig, node_name: str) -> Backend:
-    if config.backend is BackendKind.FAKE:
-        from elastic_gpu.agent.fake import FakeBackend
-
-        assert config.fake is not None  # the config validator requires it
-        return FakeBackend.from_file(config.fake.inventory, node_name)
-    from elastic_gpu.agent.nvml import NvmlBackend
-
-    return NvmlBackend(config.healthCheck)
 
 
 class Agent:
@@ -60,7 +49,7 @@ class Agent:
             pods = ApiPods(client, self.pod_cache)
         self.pods = pods
         self.allocator = Allocator(node_name, config, self.state, backend.visible_devices_env,
-                                   files, pods)
+                                   files, backend.isolation(config.sharing), pods)
         self.manager = PluginManager(
             [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
              for plan in self.snapshot.plans], self.plugin_dir)

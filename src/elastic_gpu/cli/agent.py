@@ -40,9 +40,10 @@ def agent(
     if check:
         check_config("egpu agent", config, load_config, ConfigError)
         return
-    from elastic_gpu.agent.backend import BackendError
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.agent.backends.registry import make_backend
     from elastic_gpu.agent.devices import InventoryError
-    from elastic_gpu.agent.runtime import Agent, make_backend
+    from elastic_gpu.agent.runtime import Agent
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.agent.backends.fake import board_chips
 from elastic_gpu.agent.config import (
     AgentConfig,
     ConfigError,
     MigStrategy,
     parse_config,
 )
-from elastic_gpu.agent.fake import board_chips
 from elastic_gpu.api.settings_file import (
     SettingsFileError,
     header_problems,

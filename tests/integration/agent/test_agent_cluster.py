@@ -25,8 +25,8 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from egpu_testing.kubelet import KubeletDouble
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.inventory_api import GPUDevice, read_inventory
 from elastic_gpu.agent.publish import publish_node
 from elastic_gpu.agent.runtime import Agent
