@@ -24,13 +24,14 @@ from elastic_gpu.agent.publish import (
     snapshot,
 )
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
 
 
 class Agent:
     def __init__(self, config: AgentConfig, backend: Backend, node_name: str,
-                 client: Any = None, pods: PodSource | None = None,
+                 client: SyncKubeClient | None = None, pods: PodSource | None = None,
                  plugin_dir: Path | None = None) -> None:
         self.config = config
         self.backend = backend

@@ -165,11 +165,10 @@ def test_a_failing_list_fails_allocate_with_the_reason() -> None:
 def test_the_agent_does_not_install_the_crd_and_names_the_file(tmp_path: Path) -> None:
     from unittest.mock import MagicMock
 
-    from lightkube.core.exceptions import ApiError
-    from lightkube.models.meta_v1 import Status
+    from elastic_gpu.kube.errors import NotFound
 
     client = MagicMock()
-    client.list.side_effect = ApiError(status=Status(code=404, message="not found"))
+    client.list.side_effect = NotFound(404, "NotFound", "not found")
     running = Agent(parse_config({"syncSeconds": 3600, "healthCheck": {"enabled": False}}),
                     FakeBackend.from_dict(INVENTORY, NODE), NODE, client=client,
                     plugin_dir=tmp_path)
