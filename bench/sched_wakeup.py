@@ -107,7 +107,7 @@ class Bench:
     def set_health(self, node: str, health: Health) -> None:
         from lightkube.types import PatchType
 
-        from elastic_gpu.agent.inventory_api import GPUDevice
+        from egpu_testing.gpudevice_kind import GPUDevice
         from elastic_gpu.api.gpudevice import object_name
 
         self.client.patch(GPUDevice.Status, object_name(node, 0),

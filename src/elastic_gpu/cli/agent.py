@@ -44,9 +44,10 @@ def agent(
     if check:
         check_config("egpu agent", config, load_config)
         return
-    from elastic_gpu.agent.backend import BackendError
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.agent.backends.registry import make_backend
     from elastic_gpu.agent.devices import InventoryError
-    from elastic_gpu.agent.runtime import Agent, make_backend
+    from elastic_gpu.agent.runtime import Agent
 
     start_logging("egpu agent", "DEBUG" if verbose else log_level)
     node_name = node or os.environ.get("NODE_NAME")
@@ -60,17 +61,15 @@ def agent(
         raise typer.Exit(2) from None
     client = None
     if not no_api:
-        from lightkube import Client, KubeConfig
-        from lightkube.core.exceptions import ConfigError as KubeConfigError
+        from elastic_gpu.kube.kubeconfig import ClientConfigError
+        from elastic_gpu.kube.sync import SyncKubeClient
 
         try:
-            kc = (KubeConfig.from_file(str(kubeconfig)) if kubeconfig is not None
-                  else KubeConfig.from_service_account())
-        except (KubeConfigError, OSError) as err:
+            client = SyncKubeClient.from_config(kubeconfig, field_manager="egpu-agent")
+        except (ClientConfigError, OSError) as err:
             typer.echo(f"egpu agent: no Kubernetes API configuration ({err}); pass "
                        "--kubeconfig outside a cluster", err=True)
             raise typer.Exit(2) from None
-        client = Client(config=kc, field_manager="egpu-agent", trust_env=False)
     try:
         backend = make_backend(cfg, node_name)
         running = Agent(cfg, backend, node_name, client)
@@ -91,3 +90,5 @@ def agent(
         raise typer.Exit(1) from None
     running.wait()
     running.stop()
+    if client is not None:
+        client.close()

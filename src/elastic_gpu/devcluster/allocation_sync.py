@@ -21,11 +21,10 @@ app = typer.Typer(add_completion=False)
 
 
 def run(kubeconfig: Path, interval_s: float, stop: threading.Event) -> None:
-    from lightkube import Client, KubeConfig
-
     from elastic_gpu.agent.publish import sync_fake_allocations
+    from elastic_gpu.kube.sync import SyncKubeClient
 
-    client = Client(config=KubeConfig.from_file(kubeconfig), field_manager="egpu-sandbox")
+    client = SyncKubeClient.from_config(kubeconfig, field_manager="egpu-sandbox")
     while not stop.is_set():
         try:
             sync_fake_allocations(client)

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import csv
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.agent.backends.fake import board_chips
 from elastic_gpu.agent.config import (
     AgentConfig,
     MigStrategy,
     parse_config,
 )
-from elastic_gpu.agent.fake import board_chips
 from elastic_gpu.api.config.loader import (
     ConfigError,
     header_problems,
@@ -184,7 +185,39 @@ def register_fake_node(client: Any, inventory: Node, agent_config: AgentConfigLi
     # backend: the same code path that publishes a real node's inventory.
     from elastic_gpu.agent.publish import publish_fake_node
 
-    publish_fake_node(client, inventory, config)
+    _install_gpudevice_crd_once(client)
+    publish_fake_node(_agent_client(client), inventory, config)
+
+
+_crd_ready: set[int] = set()
+_crd_lock = threading.Lock()
+_agent_clients: dict[str, Any] = {}
+
+
+def _install_gpudevice_crd_once(client: Any) -> None:
+    """Install the GPUDevice CRD on first use with this client, as `kubectl apply -f
+    deploy/crds/gpudevices.yaml` would: the sandbox is the installer here (admin
+    credentials), not an agent."""
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    with _crd_lock:
+        if id(client) not in _crd_ready:
+            ensure_crd(client)
+            _crd_ready.add(id(client))
+
+
+def _agent_client(client: Any) -> Any:
+    """The agent's publishing code takes a `kube.sync.SyncKubeClient`: one per kubeconfig,
+    for as long as the process runs. (A bridge while this module still holds a lightkube
+    Client; the one-client-stack change of devcluster replaces it.)"""
+    from elastic_gpu.kube.sync import SyncKubeClient
+
+    path = str(client.config.fname)
+    with _crd_lock:
+        if path not in _agent_clients:
+            _agent_clients[path] = SyncKubeClient.from_config(Path(path),
+                                                               field_manager="egpu-dev")
+        return _agent_clients[path]
 
 
 def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: int = 16,
@@ -216,11 +249,13 @@ def unregister_fake_node(client: Any, name: str) -> None:
     GPUDevice objects, the Node. Done here, at once, rather than left to
     kube-controller-manager (which may be off, and whose pod GC waits on orphaned pods)."""
     from lightkube.core.exceptions import ApiError
+    from lightkube.generic_resource import create_global_resource
     from lightkube.resources.core_v1 import Node as K8sNode
     from lightkube.resources.core_v1 import Pod
 
-    from elastic_gpu.agent.inventory_api import GPUDevice
-    from elastic_gpu.api.gpudevice import NODE_LABEL
+    from elastic_gpu.api.gpudevice import GROUP, KIND, NODE_LABEL, PLURAL, VERSION
+
+    GPUDevice = create_global_resource(GROUP, VERSION, KIND, PLURAL)
 
     for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": name}):
         _ignore_missing(lambda p=pod: client.delete(Pod, p.metadata.name,

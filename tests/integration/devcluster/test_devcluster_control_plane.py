@@ -194,7 +194,7 @@ def test_rbac_is_enforced_for_other_identities(k8s_cluster):
 def test_unregistering_a_fake_node_removes_what_gc_would(k8s_cluster, k8s_namespace):
     from lightkube.resources.core_v1 import Node
 
-    from elastic_gpu.agent.inventory_api import GPUDevice
+    from egpu_testing.gpudevice_kind import GPUDevice
     from elastic_gpu.api.gpudevice import NODE_LABEL
     from elastic_gpu.devcluster.nodes import (
         fake_inventory,

@@ -16,8 +16,8 @@ import yaml
 
 from egpu_testing.kubelet import KubeletDouble
 from egpu_testing.seed import seed_pod
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.matching import candidates
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann

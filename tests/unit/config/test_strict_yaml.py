@@ -96,8 +96,8 @@ def test_header() -> None:
 def test_the_fake_inventory_is_read_by_the_same_loader(tmp_path: Path, content: bytes) -> None:
     """The fake backend's inventory is the agent's YAML too (re-read by its health thread): a
     hostile one is a BackendError naming the file, not a crash or a hang."""
-    from elastic_gpu.agent.backend import BackendError
-    from elastic_gpu.agent.fake import FakeBackend
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.agent.backends.fake import FakeBackend
 
     path = tmp_path / "inv.yaml"
     path.write_bytes(content)

@@ -212,7 +212,7 @@ IX_CONFIGMAP_SPLIT = {"ix-config": IX_CONFIGMAP["ix-config"].replace("false", "t
 def _published(group: Any) -> list[Any]:
     """Each node of the group as the agent's fake backend publishes it (publish_fake_node's
     path without the API: FakeBackend.from_cards, discover, the config's shaping)."""
-    from elastic_gpu.agent.fake import FakeBackend
+    from elastic_gpu.agent.backends.fake import FakeBackend
     from elastic_gpu.agent.publish import discover
 
     config = group.agent_config or as_agent_config(None)
