@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import csv
 import re
+import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
 from elastic_gpu.kube.client import NODES, PODS, STRATEGIC_PATCH
+from elastic_gpu.kube.crds import install_crds
 from elastic_gpu.kube.errors import Conflict, NotFound
 from elastic_gpu.kube.paths import Resource, group_prefix
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -186,7 +189,24 @@ def register_fake_node(client: SyncKubeClient, inventory: Node,
     # backend: the same code path that publishes a real node's inventory.
     from elastic_gpu.agent.publish import publish_fake_node
 
+    install_gpudevice_crd_once(client)
     publish_fake_node(client, inventory, config)
+
+
+_crd_installed: weakref.WeakSet[SyncKubeClient] = weakref.WeakSet()
+_crd_lock = threading.Lock()
+
+
+def install_gpudevice_crd_once(client: SyncKubeClient) -> None:
+    """Install the GPUDevice CRD on first use of `client`, as `kubectl apply -f
+    deploy/crds/gpudevices.yaml` would: the sandbox is the installer here (admin
+    credentials), not an agent, which only requires the CRD."""
+    from elastic_gpu.api import gpudevice
+
+    with _crd_lock:
+        if client not in _crd_installed:
+            install_crds(client, [gpudevice.crd_manifest()])
+            _crd_installed.add(client)
 
 
 def register_fake_nodes(client: SyncKubeClient, inventories: Iterable[Node], parallelism: int = 16,
@@ -202,7 +222,7 @@ def register_fake_nodes(client: SyncKubeClient, inventories: Iterable[Node], par
     configs = {inv.name: as_agent_config(per_node.get(inv.name, agent_config),
                                          f"node {inv.name}: agent config")
                for inv in items}
-    # The first node goes alone: publishing it installs the GPUDevice CRD the others need
+    # The first node goes alone: registering it installs the GPUDevice CRD the others need
     # (once per client), and any decoder built on first use is built by one thread.
     register_fake_node(client, items[0], configs[items[0].name])
     with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(items) - 1))) as pool:
