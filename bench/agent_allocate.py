@@ -149,10 +149,10 @@ def main() -> None:
     rows = [("time-sliced (no API)", *bench_time_sliced(args.calls))]
     from lightkube import codecs
 
-    from elastic_gpu.devcluster.controlplane import ControlPlane
+    from egpu_testing.cluster import TestCluster
 
     with tempfile.TemporaryDirectory(prefix="egpu-bench-cp-") as tmp:
-        plane = ControlPlane(work_dir=Path(tmp), die_with_parent=True)
+        plane = TestCluster(work_dir=Path(tmp), die_with_parent=True)
         plane.start(scheduler=False, kwok_enabled=False)
         agent_client: SyncKubeClient | None = None
         try:

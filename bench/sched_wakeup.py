@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from egpu_testing.cluster import TestCluster
 from egpu_testing.scenario import create_pods
 from egpu_testing.workbench import (
     ExtenderProcess,
@@ -164,7 +165,7 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="sched-wakeup-"))
-    plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
+    plane = TestCluster(work_dir=work / "k8s", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=True)
     extender: ExtenderProcess | None = None
     try:
@@ -181,7 +182,7 @@ def main() -> int:
         nodes = {mode: Node(f"wake-{mode}", 96_000, 786_432,
                             (Card(0, f"GPU-wake-{mode}-0", "A100-SXM4-80GB", 81920),))
                  for mode in args.modes}
-        register_fake_nodes(client, nodes.values())
+        register_fake_nodes(plane.kube(), nodes.values())
         bench = Bench(plane, extender)
         for node in nodes.values():
             bench.wait(f"{node.name} known", lambda n=node.name: bench.metric(

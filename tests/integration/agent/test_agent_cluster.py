@@ -73,7 +73,7 @@ def node(k8s_cluster: Any) -> Iterator[str]:
     create(client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
                     "status": {"capacity": resources, "allocatable": resources}})
     yield name
-    unregister_fake_node(client, name)  # its pods, GPUDevices and the Node
+    unregister_fake_node(k8s_cluster.kube(), name)  # its pods, GPUDevices and the Node
 
 
 @pytest.fixture
@@ -491,7 +491,7 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
     finally:
         from elastic_gpu.devcluster.nodes import unregister_fake_node
 
-        unregister_fake_node(admin, other)
+        unregister_fake_node(k8s_cluster.kube(), other)
 
 
 def test_elasticgpu_gpu_as_the_webhook_stores_it_gets_its_whole_card_at_allocate(

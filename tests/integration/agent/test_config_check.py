@@ -201,7 +201,7 @@ def bare_node(k8s_cluster: Any) -> Iterator[str]:
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
          "status": {"capacity": resources, "allocatable": resources}}))
     yield name
-    unregister_fake_node(k8s_cluster.client(), name)
+    unregister_fake_node(k8s_cluster.kube(), name)
 
 
 @pytest.mark.parametrize("sync", ["1e-9", "1e10"])

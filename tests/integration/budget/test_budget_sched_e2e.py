@@ -81,8 +81,8 @@ def system(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
 
     client = k8s_cluster.client()
     ensure_crd(client)
-    install_elasticgpu_crds(client)
-    install_priority_classes(client)
+    install_elasticgpu_crds(k8s_cluster.kube())
+    install_priority_classes(k8s_cluster.kube())
     port, metrics = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()

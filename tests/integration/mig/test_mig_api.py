@@ -24,7 +24,7 @@ def pod_named(name: str) -> dict[str, Any]:
 def crds(k8s_cluster: Any) -> Any:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())  # what the sandbox installs
+    install_elasticgpu_crds(k8s_cluster.kube())  # what the sandbox installs
     return k8s_cluster
 
 

@@ -65,7 +65,7 @@ def agent_node(k8s_cluster: Any) -> Iterator[str]:
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
         "status": {"capacity": resources, "allocatable": resources}}))
     yield name
-    unregister_fake_node(k8s_cluster.client(), name)
+    unregister_fake_node(k8s_cluster.kube(), name)
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_every_component_exposes_exactly_the_documented_metrics(
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_crds(k8s_cluster)
-    install_elasticgpu_crds(k8s_cluster.client())  # every CRD the controllers watch
+    install_elasticgpu_crds(k8s_cluster.kube())  # every CRD the controllers watch
     extender_port, controller_port = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, extender_port, tmp_path / "extender.log")
     extender.start()
