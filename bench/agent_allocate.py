@@ -158,7 +158,7 @@ def main() -> None:
         try:
             client = plane.client()
             agent_client = SyncKubeClient.from_config(plane.kubeconfig, field_manager="egpu-agent")
-            ensure_crd(client)  # what `kubectl apply -f deploy/crds/` does at install time
+            ensure_crd(plane.kube())  # what `kubectl apply -f deploy/crds/` does at install time
             capacity = {"cpu": "64", "memory": "512Gi", "pods": "500"}
             client.create(codecs.from_dict({
                 "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},

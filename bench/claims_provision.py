@@ -102,7 +102,7 @@ def main() -> int:
     try:
         from elastic_gpu.agent.inventory_api import ensure_crd
 
-        ensure_crd(plane.client())
+        ensure_crd(plane.kube())
         install_crds(plane)
         plane.kubectl("create", "-f", "-", input=json.dumps(class_object("bench")))
         (port,) = free_ports(1)

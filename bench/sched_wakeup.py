@@ -171,8 +171,7 @@ def main() -> int:
     try:
         from elastic_gpu.agent.inventory_api import ensure_crd
 
-        client = plane.client()
-        ensure_crd(client)
+        ensure_crd(plane.kube())
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log",
                                    config={"filterResult": "all"}, scheduler_name=SCHEDULER)

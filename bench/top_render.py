@@ -71,7 +71,7 @@ def main() -> int:
     try:
         from elastic_gpu.agent.inventory_api import ensure_crd
 
-        ensure_crd(plane.client())
+        ensure_crd(plane.kube())
         install_crds(plane)
         nodes = [fake_inventory(f"gpu-{i:03d}", gpus=args.cards) for i in range(args.nodes)]
         register_fake_nodes(plane.kube(), nodes)

@@ -226,7 +226,7 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
     plane.start(scheduler=False, kwok_enabled=True)
     try:
         client = plane.client()
-        ensure_crd(client)
+        ensure_crd(plane.kube())
         t0 = time.monotonic()
         inventories = uniform_inventories(nodes, prefix=prefix, gpus=8)
         register_fake_nodes(plane.kube(), inventories)

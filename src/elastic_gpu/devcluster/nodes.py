@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.agent.backends.fake import board_chips
 from elastic_gpu.agent.config import (
     AgentConfig,
-    ConfigError,
     MigStrategy,
     parse_config,
 )
-from elastic_gpu.agent.fake import board_chips
-from elastic_gpu.api.settings_file import (
-    SettingsFileError,
+from elastic_gpu.api.config.loader import (
+    ConfigError,
     header_problems,
     read_file,
     without_header,
@@ -459,17 +458,18 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
 
 
 def load_cluster(path: Path) -> list[NodeGroup]:
-    """Read a cluster file with the one settings loader (`settings_file.read_file`: YAML 1.2
+    """Read a cluster file with the one settings loader (`api.config.loader.read_file`: YAML 1.2
     scalars, no aliases, bounded nesting and numbers, string keys, UTF-8), so an `agentConfig`
     means in the cluster file what it means in the agent's own file; the optional header is
     `apiVersion: elasticgpu.io/v1alpha1`, `kind: SandboxCluster`."""
     try:
         data = read_file(path)
-    except SettingsFileError as err:
+    except ConfigError as err:
         raise ClusterSpecError(str(err)) from None
     if isinstance(data, Mapping):
         problems = header_problems(data, CLUSTER_KIND)
         if problems:
-            raise ClusterSpecError(f"{path}: invalid {CLUSTER_KIND}:\n" + "\n".join(problems))
+            raise ClusterSpecError(f"{path}: invalid {CLUSTER_KIND}:\n"
+                                   + "\n".join(p.line() for p in problems))
         data = without_header(data)
     return parse_cluster(data, str(path))

@@ -58,7 +58,7 @@ def agent_node(k8s_cluster: Any) -> Iterator[str]:
     from elastic_gpu.agent.inventory_api import ensure_crd
     from elastic_gpu.devcluster.nodes import unregister_fake_node
 
-    ensure_crd(k8s_cluster.client())  # GPUDevice: installed with the system, before agents
+    ensure_crd(k8s_cluster.kube())  # GPUDevice: installed with the system, before agents
     name = unique_name("ops")
     resources = {"cpu": "16", "memory": "64Gi", "pods": "110"}
     k8s_cluster.kubectl("create", "-f", "-", input=json.dumps({

@@ -107,7 +107,7 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
                                # binpack, as these tests were written for (the default
