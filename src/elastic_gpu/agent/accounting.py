@@ -17,11 +17,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_gpu.agent.matching import TERMINAL_PHASES, Candidate
+from elastic_gpu.agent.matching import Candidate
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare, distrust
+from elastic_gpu.core.assignment import (
+    Assignment,
+    AssignmentError,
+    CardShare,
+    distrust,
+    pod_assignment,
+)
 from elastic_gpu.core.gpuview import share_use
 from elastic_gpu.core.model import Card
+from elastic_gpu.core.podlife import finished
 from elastic_gpu.core.resources import MILLI_PER_CARD
 
 
@@ -45,14 +52,13 @@ def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
         meta = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):
             continue
-        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-            continue
-        raw = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
-        if not raw:
+        if finished(pod):
             continue
         try:
-            assignment = Assignment.from_json(raw)
+            assignment = pod_assignment(pod)
         except AssignmentError:
+            continue
+        if assignment is None:
             continue
         if distrust(node, (meta.get("annotations") or {}).get(ann.ASSIGNED_NODE),
                     assignment) is None:

@@ -38,10 +38,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare, distrust
+from elastic_gpu.core.assignment import (
+    AssignmentError,
+    CardShare,
+    distrust,
+    pod_assignment,
+)
+from elastic_gpu.core.podlife import finished
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Candidates named in an ambiguity error (the message goes to kubelet's event and log).
 MAX_NAMED = 5
 
@@ -91,17 +96,18 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
     for pod in pods:
         meta: Mapping[str, Any] = pod.get("metadata") or {}
         spec: Mapping[str, Any] = pod.get("spec") or {}
-        status: Mapping[str, Any] = pod.get("status") or {}
         annotations: Mapping[str, str] = meta.get("annotations") or {}
         if spec.get("nodeName") != node or meta.get("deletionTimestamp"):
             continue
-        if status.get("phase") in TERMINAL_PHASES or ann.ASSIGNMENT not in annotations:
+        if finished(pod):
             continue
         name = f"{meta.get('namespace')}/{meta.get('name')}"
         try:
-            assignment = Assignment.from_json(annotations[ann.ASSIGNMENT])
+            assignment = pod_assignment(pod)
         except AssignmentError as err:
             problems.append(f"{name}: {err}")
+            continue
+        if assignment is None:
             continue
         untrusted = distrust(node, annotations.get(ann.ASSIGNED_NODE), assignment)
         if untrusted is not None:

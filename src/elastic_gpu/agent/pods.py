@@ -33,15 +33,12 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from elastic_gpu.core.names import NameRule, check_name
+from elastic_gpu.core.podlife import TERMINAL_PHASES
 from elastic_gpu.kube.client import PODS
 from elastic_gpu.kube.informer import Handler, Informer
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
-
-#: Phases after which a pod holds nothing.
-FINISHED_PHASES = ("Succeeded", "Failed")
-
 
 def node_selector(node: str, phase: str | None = None, *, finished: bool = True) -> str:
     """The field selector of `node`'s pods (`spec.nodeName=<node>`), of one `phase`, or, with
@@ -51,7 +48,7 @@ def node_selector(node: str, phase: str | None = None, *, finished: bool = True)
     if phase is not None:
         parts.append(f"status.phase={phase}")
     if not finished:
-        parts.extend(f"status.phase!={done}" for done in sorted(FINISHED_PHASES))
+        parts.extend(f"status.phase!={done}" for done in sorted(TERMINAL_PHASES))
     return ",".join(parts)
 
 

@@ -24,8 +24,8 @@ from typing import Any
 from elastic_gpu.api.crd import column
 from elastic_gpu.api.group import GROUP as GROUP
 from elastic_gpu.api.group import INVENTORY_VERSION
+from elastic_gpu.core import nodestatus
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, Node
-from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
 
 VERSION = INVENTORY_VERSION
@@ -193,16 +193,6 @@ def _offers(raw: Any, where: str) -> dict[str, int] | None:
 card_from_gpudevice = card_from_object
 
 
-def _allocatable(node_obj: Mapping[str, Any], key: str, scale: int) -> int:
-    raw = ((node_obj.get("status") or {}).get("allocatable") or {}).get(key)
-    if raw is None:
-        return 0
-    try:
-        return int(parse_quantity(raw) * scale)
-    except QuantityError:
-        return 0
-
-
 def nodes_from_objects(devices: Iterable[Mapping[str, Any]],
                        k8s_nodes: Iterable[Mapping[str, Any]] = ()) -> list[Node]:
     """Group GPUDevices by node into core Nodes; CPU and memory come from the Node objects
@@ -217,8 +207,8 @@ def nodes_from_objects(devices: Iterable[Mapping[str, Any]],
         node_obj = by_name.get(name, {})
         labels = dict((node_obj.get("metadata") or {}).get("labels") or {})
         result.append(Node(name=name,
-                           cpu_milli=_allocatable(node_obj, "cpu", 1000),
-                           memory_mib=_allocatable(node_obj, "memory", 1) // (1 << 20),
+                           cpu_milli=nodestatus.allocatable(node_obj, "cpu", 1000),
+                           memory_mib=nodestatus.allocatable(node_obj, "memory") // (1 << 20),
                            cards=tuple(sorted(cards[name], key=lambda c: c.index)),
                            labels=labels))
     return result

@@ -77,7 +77,7 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
     from elastic_gpu.api.elasticgpu import ElasticGPUObjectError, elasticgpu_from_object
     from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object
     from elastic_gpu.core import annotations as ann
-    from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
+    from elastic_gpu.core.assignment import AssignmentError, distrust, pod_assignment
     from elastic_gpu.core.gpuview import build_view
     from elastic_gpu.core.model import Node
     from elastic_gpu.core.resources import is_gpu_resource
@@ -107,14 +107,15 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
     holds = []
     for pod in objects.pods:
         meta = pod.get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
         bound = (pod.get("spec") or {}).get("nodeName")
-        if not raw or not bound or meta.get("deletionTimestamp"):
+        if not bound or meta.get("deletionTimestamp"):
             continue
         try:
-            assignment = Assignment.from_json(raw)
+            assignment = pod_assignment(pod)
         except AssignmentError as err:
             log.warning("pod %s/%s: skipped: %s", meta.get("namespace"), meta.get("name"), err)
+            continue
+        if assignment is None:
             continue
         notes = meta.get("annotations") or {}
         if distrust(bound, notes.get(ann.ASSIGNED_NODE), assignment) is None and wanted(bound):

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_gpu.core.annotations import ASSIGNMENT
 from elastic_gpu.core.resources import MILLI_PER_CARD
 
 VERSION = 1
@@ -187,3 +188,15 @@ def distrust(node_name: str, assigned_node: str | None, assignment: Assignment) 
     if assignment.node != node_name:
         return f"the assignment is for node {assignment.node!r}, but the pod is bound to {node_name!r}"
     return None
+
+
+def pod_assignment(pod: Mapping[str, Any]) -> Assignment | None:
+    """The assignment a pod object carries (`elasticgpu.io/assignment`), the one reader of it:
+    None when the pod has no such annotation; `AssignmentError` when it cannot be read (an
+    empty value included). Whether to trust it is `distrust`'s question."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+    raw = notes.get(ASSIGNMENT) if isinstance(notes, Mapping) else None
+    if raw is None:
+        return None
+    return Assignment.from_json(str(raw))

@@ -49,7 +49,7 @@ from fractions import Fraction
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.assignment import AssignmentError, CardShare, pod_assignment
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_CARD, MigProfile, ResourceError
 
@@ -95,14 +95,11 @@ def container_shares(pod: Mapping[str, Any]) -> dict[str, Fraction]:
     From the assignment when the pod has one (what it was given, claim-backed containers
     included), else from its request (what it will be given). Raises `BudgetError` for an
     assignment or request that cannot be read."""
-    meta: Mapping[str, Any] = pod.get("metadata") or {}
-    annotations: Mapping[str, Any] = meta.get("annotations") or {}
-    raw = annotations.get(ann.ASSIGNMENT)
-    if raw is not None:
-        try:
-            assignment = Assignment.from_json(str(raw))
-        except AssignmentError as err:
-            raise BudgetError(f"annotation {ann.ASSIGNMENT}: {err}") from None
+    try:
+        assignment = pod_assignment(pod)
+    except AssignmentError as err:
+        raise BudgetError(f"annotation {ann.ASSIGNMENT}: {err}") from None
+    if assignment is not None:
         out: dict[str, Fraction] = {}
         for name, shares in assignment.containers.items():
             total = sum((card_share(s) for s in shares), Fraction(0))

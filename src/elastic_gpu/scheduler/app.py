@@ -19,10 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from elastic_gpu.api import elasticgpu, gpudevice
-from elastic_gpu.core import claims
+from elastic_gpu.core import claims, nodestatus
 from elastic_gpu.core.nodeaffinity import taints_from_node
-from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.resources import is_gpu_resource
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
@@ -35,32 +33,18 @@ log = logging.getLogger(__name__)
 
 
 def node_info(node: Mapping[str, Any]) -> NodeInfo:
+    """The extender's view of a Node: allocatable CPU and memory, the GPU resources it serves
+    (`core.nodestatus`: capacity, so a sick card does not turn the node away), labels, taints.
+    A node whose GPUDevices predate spec.resources (an older agent) is still checked for the
+    resource names a pod writes."""
     meta: Mapping[str, Any] = node.get("metadata") or {}
-    status: Mapping[str, Any] = node.get("status") or {}
-    allocatable: Mapping[str, Any] = status.get("allocatable") or status.get("capacity") or {}
-
-    def amount(key: str, scale: int) -> int:
-        try:
-            return int(parse_quantity(allocatable.get(key, 0)) * scale)
-        except QuantityError:
-            return 0
-
-    # The GPU resources it advertises: a node whose GPUDevices predate spec.resources (an
-    # older agent) is still checked for the resource names a pod writes. Capacity, not
-    # allocatable: what the node serves does not change while a card is unhealthy (allocatable
-    # drops to 0 then), and health is checked per card; a node offering nothing because its
-    # one card is sick would be turned away for the wrong reason and never woken when it heals.
-    capacity: Mapping[str, Any] = status.get("capacity") or allocatable
     offers: dict[str, int] = {}
-    for key in capacity:
-        if isinstance(key, str) and is_gpu_resource(key):
-            try:
-                count = int(parse_quantity(capacity[key]))
-            except QuantityError:
-                count = 0
-            offers[key] = count if 0 <= count < 2**63 else 0
-    return NodeInfo(name=str(meta.get("name", "")), cpu_milli=amount("cpu", 1000),
-                    memory_mib=amount("memory", 1) // 2**20,
+    for key, quantity in nodestatus.gpu_capacity(node).items():
+        count = int(quantity) if quantity is not None else 0
+        offers[key] = count if 0 <= count < 2**63 else 0
+    return NodeInfo(name=str(meta.get("name", "")),
+                    cpu_milli=nodestatus.allocatable(node, "cpu", 1000),
+                    memory_mib=nodestatus.allocatable(node, "memory") // 2**20,
                     labels=dict(meta.get("labels") or {}), offers=offers,
                     taints=taints_from_node(node))
 

@@ -33,7 +33,7 @@ from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import mig as core
-from elastic_gpu.core.assignment import Assignment, AssignmentError
+from elastic_gpu.core.assignment import AssignmentError, pod_assignment
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -139,10 +139,9 @@ class MigController:
                 continue
             notes = annotations_of(pod)
             node = (pod.get("spec") or {}).get("nodeName") or notes.get(ann.ASSIGNED_NODE)
-            raw = notes.get(ann.ASSIGNMENT)
-            if raw:
+            if notes.get(ann.ASSIGNMENT):
                 try:
-                    assignment = Assignment.from_json(raw)
+                    assignment = pod_assignment(pod)
                 except AssignmentError:
                     assignment = None
                 if assignment is not None:

@@ -12,8 +12,8 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.mig import SubstitutionRule
-from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, ResourceError, lookup
+from elastic_gpu.core.nodestatus import gpu_capacity
+from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, lookup
 
 #: Node labels naming the card model (the agent's, NVIDIA's GPU feature discovery's).
 MODEL_LABELS = (ann.GPU_MODEL_LABEL, "nvidia.com/gpu.product")
@@ -55,28 +55,20 @@ class NodeGpus:
 def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
     """A Node dict's cards (the most any GPU resource of its capacity stands for: whole-card
     counts, compute shares / 1000 milli), per-card memory and MIG profiles; None for a node
-    without GPUs or one whose capacity cannot be read."""
+    without GPUs or one whose capacity cannot be read. Capacity as `core.nodestatus` reads it
+    for every component."""
     if not isinstance(node, Mapping):
         return None
     meta = node.get("metadata")
     status = node.get("status")
     if not isinstance(meta, Mapping) or not isinstance(status, Mapping):
         return None
-    capacity = status.get("capacity")
-    if not isinstance(capacity, Mapping):
-        return None
     cards = 0
     memory_total = 0
     migs: set[str] = set()
-    for key, raw in capacity.items():
-        try:
-            spec = lookup(str(key))
-            if spec is None or not isinstance(raw, (str, int)):
-                continue
-            quantity = parse_quantity(raw)
-        except (ResourceError, QuantityError):
-            continue
-        if quantity.denominator != 1 or quantity <= 0:
+    for key, quantity in gpu_capacity(node).items():
+        spec = lookup(key)
+        if spec is None or quantity is None or quantity.denominator != 1 or quantity <= 0:
             continue
         amount = quantity.numerator * spec.scale
         if spec.measure is Measure.CARDS:
