@@ -42,12 +42,8 @@ from elastic_gpu.core.schedulers import scheduler_refusal
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.metrics import Metrics, main_reason
-from elastic_gpu.scheduler.state import (
-    PodInfo,
-    SchedulerState,
-    StateNotReady,
-    without_containers,
-)
+from elastic_gpu.scheduler.state import PodInfo, SchedulerState, StateNotReady
+from elastic_gpu.scheduler.state.placement import without_containers
 
 log = logging.getLogger(__name__)
 
