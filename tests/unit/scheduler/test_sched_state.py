@@ -17,10 +17,13 @@ from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import BindError, Extender, parse_pod, with_binding
+from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState, StateNotReady
 from elastic_gpu.scheduler.state.placement import rescale
+from elastic_gpu.scheduler.verbs import parse_pod
 
 
 def gpu_node(name: str, cards: int = 1, memory: int = 16384) -> Node:

@@ -1,7 +1,7 @@
 """What the extender knows: inventory, every pod's hold on cards, and binds in flight.
 
 The API server is the source of truth. A bound pod *holds* the cards its assignment
-annotation names (written atomically with its Binding, see `server.Extender.bind`); the engine's
+annotation names (written atomically with its Binding, see `binder.Binder.bind`); the engine's
 allocations are derived from those annotations plus the reservations of binds whose outcome
 is not known yet, so a restarted scheduler that lists pods arrives at the same allocations.
 
