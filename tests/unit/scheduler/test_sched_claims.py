@@ -507,7 +507,8 @@ async def test_a_first_consumer_meeting_an_existing_elasticgpu_uses_its_cards() 
 async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> None:
     """The Elastic GPU API's CRDs missing (404 on the list): the feed says "none" (so the
     extender becomes ready), and lists again later; once served, its objects arrive."""
-    from elastic_gpu.kube.transport import ApiStatusError, RawReflector
+    from elastic_gpu.kube.informer import Reflector
+    from elastic_gpu.kube.transport import ApiStatusError
 
     class Client:
         def __init__(self) -> None:
@@ -525,9 +526,9 @@ async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> 
 
     replaced: list[list[dict[str, Any]]] = []
     client = Client()
-    reflector = RawReflector(client, "/apis/elasticgpu.io/v1alpha/elasticgpus",  # type: ignore[arg-type]
-                             name="elasticgpus", on_replace=replaced.append,
-                             on_event=lambda kind, obj: None, missing_recheck_s=0.01)
+    reflector = Reflector(client, "/apis/elasticgpu.io/v1alpha/elasticgpus",  # type: ignore[arg-type]
+                          name="elasticgpus", on_replace=replaced.append,
+                          on_event=lambda kind, obj: None, missing_ok=True, missing_retry_s=0.01)
     task = asyncio.create_task(reflector.run())
     try:
         for _ in range(300):
