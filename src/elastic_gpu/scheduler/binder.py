@@ -29,6 +29,7 @@ from elastic_gpu.scheduler.verbs import PodError, parse_pod, pod_uid
 
 log = logging.getLogger(__name__)
 
+
 class _Settled(Exception):
     """The pod's state in the API decided a bind's outcome; `error` is what to answer."""
 
@@ -44,7 +45,6 @@ def with_binding(pod: Mapping[str, Any], node: str, assignment: Assignment) -> d
     meta["annotations"] = {**(meta.get("annotations") or {}),
                            ann.ASSIGNMENT: assignment.to_json(), ann.ASSIGNED_NODE: node}
     return {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
-
 
 
 class Binder(ExtenderBase):
@@ -137,7 +137,6 @@ class Binder(ExtenderBase):
             raise
         finally:
             await self._state_call(self.state.settle, args.PodUID, token, outcome, bound)
-
 
     def _claim_view(self, where: str, namespace: str, named: Mapping[str, str],
                     node: str) -> egc.PodClaims:
@@ -321,4 +320,3 @@ class Binder(ExtenderBase):
             raise BindError(f"pod {key} has UID {pod_uid(pod)}, not {args.PodUID}: it was "
                             "deleted and re-created", definite=True)
         return pod
-

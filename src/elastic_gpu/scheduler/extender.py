@@ -33,7 +33,8 @@ LARGE_NODE_COUNT = 2_000
 #: Large requests handled at once, and how many more may wait before 429.
 HEAVY_SLOTS = 2
 HEAVY_QUEUE = 8
-#: What the recent-pods cache (pods seen in filter, for the bind) may hold, in bytes of slim
+
+
 class BindError(RuntimeError):
     """An API write of the bind failed. `definite`: the API said no (nothing was written);
     otherwise the outcome is unknown (timeout, lost connection)."""
@@ -62,8 +63,6 @@ class ClaimApi(Protocol):
     async def get_elasticgpu(self, name: str) -> dict[str, Any] | None: ...
 
     async def create_elasticgpu(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
-
-
 
 
 class ExtenderBase:

@@ -1,4 +1,5 @@
-"""The extender's HTTP server: filter, prioritize, bind, preempt, health, readiness, metrics.
+"""The extender's HTTP routes: filter, prioritize, bind, preempt, provision, health,
+readiness, metrics; bodies read within their limits, answers tagged with their outcome.
 
 Every answer is either the verb's result, an `Error` kube-scheduler shows to the user (for
 pods we cannot place: a reason a person can act on), or a 4xx for bodies kube-scheduler would
@@ -11,7 +12,6 @@ Cost of one request is bounded (docs/scheduler.md, "HTTP limits"): a body over
 length) are read, decoded, planned and encoded in a worker thread, at most `HEAVY_SLOTS` at a
 time with `HEAVY_QUEUE` more waiting (then 429), so health checks, small filters and binds keep
 flowing on the event loop.
-
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 VERBS = ("filter", "prioritize", "bind", "preempt", "provision")
 
-#: What the recent-pods cache (pods seen in filter, for the bind) may hold, in bytes of slim
 #: A bind's body is four names.
 BIND_BODY_BYTES = 64 * 1024
 
@@ -98,7 +97,6 @@ def json_answer(data: Any, status: int = 200) -> web.Response:
     # msgspec: a 5,000-node answer encodes in well under a millisecond (stdlib json: ~5 ms)
     return web.Response(body=msgspec.json.encode(data), status=status,
                         content_type="application/json")
-
 
 
 class HttpRoutes(ExtenderBase):

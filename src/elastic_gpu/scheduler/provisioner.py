@@ -17,9 +17,9 @@ from elastic_gpu.scheduler.http import json_answer
 
 log = logging.getLogger(__name__)
 
+
 class _NotFound(Exception):
     """/provision: the claim does not exist (404)."""
-
 
 
 class Provisioner(ExtenderBase):
@@ -107,4 +107,3 @@ class Provisioner(ExtenderBase):
         await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "created", made,
                                str((created.get("metadata") or {}).get("uid") or ""))
         return made
-

@@ -27,8 +27,11 @@ from elastic_gpu.scheduler.state.placement import without_containers
 
 log = logging.getLogger(__name__)
 
+#: What the recent-pods cache (pods seen in filter, for the bind) may hold, in bytes of slim
 #: pods (about 1 KiB each: thousands of pods between a filter and its bind).
 RECENT_BYTES = 8 * 2**20
+
+
 def recent_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the bind needs of a pod seen in filter: the validated manifest (`wire.Pod`) with
     only this project's annotations (all others are dropped: they can be 256 KiB)."""
@@ -73,7 +76,6 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     # score cache is per task shape: pods that differ in CPU are scored apart because their
     # scores differ; memory is dropped from the key for policies that do not read it.
     return request
-
 
 
 class Verbs(ExtenderBase):
@@ -205,4 +207,3 @@ class Verbs(ExtenderBase):
                 return json_answer(wire.preemption_result(candidates))
         chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
         return json_answer(wire.preemption_result(chosen))
-

@@ -48,7 +48,6 @@ class SchedulerState(Inventory, Holds, ClaimCaches, Reservations, Wakeups, Place
     """What the extender knows (the module's docstring): every part over one set of fields
     and one lock."""
 
-
     def holds(self) -> dict[str, Assignment]:
         with self._lock:
             return dict(self._holds)
@@ -103,4 +102,3 @@ class SchedulerState(Inventory, Holds, ClaimCaches, Reservations, Wakeups, Place
         with self._lock:
             self._flush()
             return self.engine.nodes()
-

@@ -113,7 +113,6 @@ class StateBase:
         if not self.ready:
             raise StateNotReady(self.not_ready_reason())
 
-
     def _new_engine(self, nodes: Iterable[Node]) -> Engine:
         policy = PolicyConfig(node_policy=self.config.node_policy,
                               card_policy=self.config.card_policy,

@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 #: Pods remembered as waiting for a claim to be bound.
 MAX_CLAIM_WAITING = 10_000
-#: UIDs of deleted pods remembered, so that a bind settling after the deletion was seen does
 
 
 class ClaimCaches(StateBase):
@@ -277,4 +276,3 @@ class ClaimCaches(StateBase):
         """ElasticGPU name -> the cards it holds in the engine."""
         with self._lock:
             return {k[len(EGPU_KEY):]: a for k, a in self._holds.items() if k.startswith(EGPU_KEY)}
-

@@ -28,14 +28,13 @@ from elastic_gpu.scheduler.state.records import PodInfo
 
 log = logging.getLogger(__name__)
 
+#: UIDs of deleted pods remembered, so that a bind settling after the deletion was seen does
 #: not bring the pod (and its cards) back; UIDs are never reused.
 MAX_GONE = 10_000
 
 
-
 class Holds(StateBase):
     """Pods from the API and what they (and ElasticGPUs) hold in the engine."""
-
 
     def _desired(self, uid: str) -> Assignment | None:
         if uid.startswith(EGPU_KEY):
@@ -242,4 +241,3 @@ class Holds(StateBase):
 
     def pod(self, uid: str) -> PodInfo | None:
         return self._pods.get(uid)
-

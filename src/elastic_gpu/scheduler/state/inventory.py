@@ -18,10 +18,8 @@ from elastic_gpu.scheduler.state.records import NodeInfo
 log = logging.getLogger(__name__)
 
 
-
 class Inventory(StateBase):
     """Nodes and cards: the engine's inventory."""
-
 
     def upsert_node(self, info: NodeInfo) -> None:
         with self._lock:
@@ -140,4 +138,3 @@ class Inventory(StateBase):
         # ElasticGPUs first: where one and a pod claim the same card, the bound claim wins
         for uid in sorted(self._conflicts, key=lambda key: not key.startswith(EGPU_KEY)):
             self._sync(uid)
-

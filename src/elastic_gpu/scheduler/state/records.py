@@ -135,4 +135,3 @@ class Reservation:
 
 class StateNotReady(RuntimeError):
     """Caches not synced yet: any answer would be a guess."""
-

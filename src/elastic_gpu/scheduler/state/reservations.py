@@ -20,7 +20,6 @@ from elastic_gpu.scheduler.state.records import PodInfo, Reservation
 log = logging.getLogger(__name__)
 
 
-
 class Reservations(StateBase):
     """Reservations of binds and ElasticGPU creations in flight."""
 
