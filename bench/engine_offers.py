@@ -53,7 +53,7 @@ def run(nodes: int, count: int, kind: str) -> dict[str, float]:
     start = time.perf_counter()
     for pod in workload[:200]:
         # what the extender's filter does: vectorised fit + scores over every node, and
-        # explanations for the first 16 failed ones (scheduler.state.DETAIL_LIMIT)
+        # explanations for the first 16 failed ones (scheduler.state.placement.DETAIL_LIMIT)
         scored = engine.scored(pod, names)
         engine.filter(pod, scored.failed[:16])
     filter_ms = (time.perf_counter() - start) / 200 * 1000

@@ -1,12 +1,22 @@
-"""A reflector with its store: list, then watch from the list's resourceVersion.
+"""The one list/watch loop (`Reflector`), and the informer that keeps its objects in a store.
+
+Every watch in the project is this loop: the controller's informers (`Informer`, with a store
+and add/update/delete handlers) and the scheduler's API worker (`Reflector` alone: raw
+`on_replace(items)` / `on_event(kind, object)` callbacks, no store, no copy: it forwards each
+event as it came, and the per-event work is reading its resourceVersion).
+
+List, then watch from the list's resourceVersion:
 
 - The watch asks for bookmarks, so a quiet collection's resourceVersion stays fresh and a
   re-watch after the server ends one (every `watch_timeout_s`) rarely meets 410.
 - 410 Gone (or any broken list/watch, after a backoff) relists and *replaces* the store: an
   object deleted while nothing was watching is delivered to the handlers as a deletion, one
   that changed as an update, a new one as an add (client-go's Replace).
-- `has_synced` turns true after the first list has been delivered; handlers run in the event
-  loop, synchronously, and must not block (a controller's handler enqueues a key).
+- `has_synced` (Informer) turns true after the first list has been delivered; handlers and
+  callbacks run in the event loop, synchronously, and must not block (a controller's handler
+  enqueues a key).
+- Any other failure (the API unreachable, a decoding error, a handler's bug) is logged and the
+  collection relisted after a backoff (`backoff_s`: base and cap, doubling, jittered).
 - `missing_ok` (a CRD that may not be installed): a 404 on the list counts as an empty,
   synced collection (objects known are delivered as deletions) and the list is retried every
   `missing_retry_s`, so one uninstalled CRD does not hold back every controller's start.
@@ -21,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from elastic_gpu.kube.errors import ApiError, Gone, NotFound
+from elastic_gpu.kube.transport import ApiStatusError
 
 log = logging.getLogger(__name__)
 
@@ -58,26 +68,98 @@ class Handler:
     on_delete: Callable[[Obj], None] | None = None
 
 
-class Informer:
-    """One collection, listed and watched, kept in `store` (key -> object)."""
+class Reflector:
+    """One collection, listed and watched: `on_replace(all objects)` after every (re)list, then
+    `on_event(kind, object)` for each ADDED / MODIFIED / DELETED (a BOOKMARK only moves the
+    version). Objects are plain dicts as the API serves them, passed on as they are."""
+
+    def __init__(self, client: ListWatcher, path: str, *, name: str,
+                 on_replace: Callable[[list[Obj]], None],
+                 on_event: Callable[[str, Obj], None],
+                 params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
+                 backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
+                 missing_retry_s: float = 10.0) -> None:
+        self.client = client
+        self.path = path
+        self.name = name
+        self.on_replace = on_replace
+        self.on_event = on_event
+        self.params = dict(params or {})
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff_s = backoff_s
+        self.missing_ok = missing_ok
+        self.missing_retry_s = missing_retry_s
+        self.relists = 0
+        self.last_resource_version = ""
+
+    def _log_missing(self) -> bool:
+        """Whether a 404 (with `missing_ok`) is worth a log line now."""
+        return True
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        failures = 0
+        while True:
+            try:
+                items, version = await self.client.list(self.path, self.params)
+                self.relists += 1
+                self.last_resource_version = version
+                self.on_replace(items)
+                failures = 0
+                while True:  # re-watch from the newest version seen until 410 or a failure
+                    async for kind, obj in self.client.watch(
+                            self.path, self.last_resource_version, self.params,
+                            self.watch_timeout_s):
+                        seen = (obj.get("metadata") or {}).get("resourceVersion")
+                        if seen:
+                            self.last_resource_version = str(seen)
+                        if kind in _CHANGES:
+                            self.on_event(kind, obj)
+            except asyncio.CancelledError:
+                raise
+            except ApiStatusError as err:  # kube.errors' classes are ApiStatusErrors too
+                if err.code == 410:
+                    log.info("%s: watch expired (410 Gone); relisting", self.name)
+                    continue
+                if err.code == 404 and self.missing_ok:
+                    if self._log_missing():
+                        log.info("%s: not served (CRD not installed?); checking again every "
+                                 "%.0f s", self.name, self.missing_retry_s)
+                    self.on_replace([])
+                    failures = 0
+                    await asyncio.sleep(self.missing_retry_s)
+                    continue
+                failures += 1
+                log.warning("%s: list/watch failed: %s", self.name, err)
+            except Exception:  # a decoding error or a handler's bug: relist after a pause
+                failures += 1
+                log.exception("%s: list/watch failed", self.name)
+            base, cap = self.backoff_s
+            await asyncio.sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
+
+
+#: The watch events delivered to `on_event` (a BOOKMARK only moves the version).
+_CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+class Informer(Reflector):
+    """One collection, listed and watched (`Reflector`), kept in `store` (key -> object); its
+    changes go to the handlers."""
 
     def __init__(self, client: ListWatcher, path: str, *, name: str,
                  params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
                  backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
                  missing_retry_s: float = 10.0) -> None:
-        self.client = client
-        self.missing_ok = missing_ok
-        self.missing_retry_s = missing_retry_s
-        self.path = path
-        self.name = name
-        self.params = dict(params or {})
-        self.watch_timeout_s = watch_timeout_s
-        self.backoff_s = backoff_s
+        super().__init__(client, path, name=name, on_replace=self.replace, on_event=self.apply,
+                         params=params, watch_timeout_s=watch_timeout_s, backoff_s=backoff_s,
+                         missing_ok=missing_ok, missing_retry_s=missing_retry_s)
         self.store: dict[str, Obj] = {}
         self.handlers: list[Handler] = []
-        self.relists = 0
-        self.last_resource_version = ""
         self._synced = asyncio.Event()
+
+    def _log_missing(self) -> bool:
+        # once, and again after the collection was served with objects
+        return not self.has_synced or bool(self.store)
 
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
@@ -147,45 +229,3 @@ class Informer:
         else:
             self.store[key] = obj
             self._emit_update(before, obj)
-
-    # ------------------------------------------------------------------ loop
-
-    async def run(self) -> None:
-        """List and watch until cancelled."""
-        failures = 0
-        while True:
-            try:
-                items, version = await self.client.list(self.path, self.params)
-                self.relists += 1
-                self.last_resource_version = version
-                self.replace(items)
-                failures = 0
-                while True:  # re-watch from the newest version seen until 410 or a failure
-                    async for kind, obj in self.client.watch(
-                            self.path, self.last_resource_version, self.params,
-                            self.watch_timeout_s):
-                        self.apply(kind, obj)
-            except asyncio.CancelledError:
-                raise
-            except Gone:
-                log.info("%s: watch expired (410 Gone); relisting", self.name)
-                continue
-            except NotFound as err:
-                if not self.missing_ok:
-                    failures += 1
-                    log.warning("%s: list/watch failed: %s", self.name, err)
-                else:
-                    if not self.has_synced or self.store:
-                        log.info("%s: not served (CRD not installed?); checking again every "
-                                 "%.0f s", self.name, self.missing_retry_s)
-                    self.replace([])
-                    await asyncio.sleep(self.missing_retry_s)
-                    continue
-            except ApiError as err:
-                failures += 1
-                log.warning("%s: list/watch failed: %s", self.name, err)
-            except Exception:  # a decoding error or a handler's bug: relist after a pause
-                failures += 1
-                log.exception("%s: list/watch failed", self.name)
-            base, cap = self.backoff_s
-            await asyncio.sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))

@@ -10,11 +10,9 @@ both clients accept the same files.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -199,60 +197,3 @@ def status_error(code: int, body: bytes) -> ApiStatusError:
         return ApiStatusError(code, status.reason, status.message)
     except msgspec.DecodeError:
         return ApiStatusError(code, "", body[:200].decode(errors="replace"))
-
-
-class RawReflector:
-    """List, then watch from the list's resourceVersion; relist on 410 Gone or a failure.
-
-    `on_replace(all objects)` after every (re)list, then `on_event(type, object)` for each
-    ADDED / MODIFIED / DELETED; objects are plain dicts as the API serves them.
-
-    `missing_recheck_s`: for a resource whose CustomResourceDefinition may not be installed, a
-    404 on the list means "none exist": `on_replace([])`, and the list is tried again after
-    that many seconds (None: a 404 is a failure like any other, retried with backoff).
-    """
-
-    def __init__(self, client: RestClient, path: str, *, name: str,
-                 on_replace: Callable[[list[dict[str, Any]]], None],
-                 on_event: Callable[[str, dict[str, Any]], None],
-                 params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
-                 missing_recheck_s: float | None = None) -> None:
-        self.client = client
-        self.missing_recheck_s = missing_recheck_s
-        self.path = path
-        self.name = name
-        self.on_replace = on_replace
-        self.on_event = on_event
-        self.params = dict(params or {})
-        self.watch_timeout_s = watch_timeout_s
-
-    async def run(self) -> None:
-        failures = 0
-        while True:
-            try:
-                items, version = await self.client.list(self.path, self.params)
-                self.on_replace(items)
-                failures = 0
-                while True:  # re-watch from the newest version seen until the API says 410
-                    async for kind, obj in self.client.watch(
-                            self.path, version, self.params, self.watch_timeout_s):
-                        version = str((obj.get("metadata") or {}).get("resourceVersion")
-                                      or version)
-                        if kind in ("ADDED", "MODIFIED", "DELETED"):
-                            self.on_event(kind, obj)
-            except asyncio.CancelledError:
-                raise
-            except ApiStatusError as err:
-                if err.code == 410:
-                    log.info("%s watch expired (410 Gone); relisting", self.name)
-                    continue
-                if err.code == 404 and self.missing_recheck_s is not None:
-                    log.info("%s: not served (404; CRD not installed?): none exist; checking "
-                             "again in %.0f s", self.name, self.missing_recheck_s)
-                    self.on_replace([])
-                    failures = 0
-                    await asyncio.sleep(self.missing_recheck_s)
-                    continue
-                failures += 1
-                log.warning("%s list/watch failed: %s", self.name, err)
-            await asyncio.sleep(min(30.0, 0.2 * 2 ** min(failures, 8)) * random.uniform(0.5, 1))

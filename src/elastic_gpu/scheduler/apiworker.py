@@ -24,9 +24,10 @@ from typing import Any
 import msgspec
 
 from elastic_gpu.api import elasticgpu, gpudevice
+from elastic_gpu.kube.informer import Reflector
 from elastic_gpu.kube.kubeconfig import ClientConfigError
 from elastic_gpu.kube.paths import CORE, InvalidName, Resource, group_prefix
-from elastic_gpu.kube.transport import ApiStatusError, RawReflector, RestClient
+from elastic_gpu.kube.transport import ApiStatusError, RestClient
 from elastic_gpu.runtime import eventloop
 from elastic_gpu.runtime.logging import setup_logging
 from elastic_gpu.scheduler import ipc
@@ -113,7 +114,7 @@ class Worker:
         self.client = client
         self.send = send
 
-    def reflectors(self) -> list[RawReflector]:
+    def reflectors(self) -> list[Reflector]:
         result = []
         for feed, (path, params, slim) in FEEDS.items():
             changes = ChangeFilter()
@@ -130,10 +131,10 @@ class Worker:
                 if changes.changed(kind, slimmed):
                     self.send(["event", feed, kind, slimmed])
 
-            result.append(RawReflector(
+            result.append(Reflector(
                 self.client, path, name=feed, params=params, on_replace=on_replace,
-                on_event=on_event,
-                missing_recheck_s=MISSING_RECHECK_S if feed in OPTIONAL_FEEDS else None))
+                on_event=on_event, missing_ok=feed in OPTIONAL_FEEDS,
+                missing_retry_s=MISSING_RECHECK_S))
         return result
 
     async def handle(self, message: list[Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.scheduler import ipc
-from elastic_gpu.scheduler.server import BindError
+from elastic_gpu.scheduler.extender import BindError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,9 @@ from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.app import Feeds
-from elastic_gpu.scheduler.server import BindError, Extender, with_binding
+from elastic_gpu.scheduler.binder import with_binding
+from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 
 CORE = "elasticgpu.io/gpu-core"
@@ -505,7 +507,8 @@ async def test_a_first_consumer_meeting_an_existing_elasticgpu_uses_its_cards() 
 async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> None:
     """The Elastic GPU API's CRDs missing (404 on the list): the feed says "none" (so the
     extender becomes ready), and lists again later; once served, its objects arrive."""
-    from elastic_gpu.kube.transport import ApiStatusError, RawReflector
+    from elastic_gpu.kube.informer import Reflector
+    from elastic_gpu.kube.transport import ApiStatusError
 
     class Client:
         def __init__(self) -> None:
@@ -523,9 +526,9 @@ async def test_a_resource_not_served_means_none_exist_and_is_checked_again() -> 
 
     replaced: list[list[dict[str, Any]]] = []
     client = Client()
-    reflector = RawReflector(client, "/apis/elasticgpu.io/v1alpha/elasticgpus",  # type: ignore[arg-type]
-                             name="elasticgpus", on_replace=replaced.append,
-                             on_event=lambda kind, obj: None, missing_recheck_s=0.01)
+    reflector = Reflector(client, "/apis/elasticgpu.io/v1alpha/elasticgpus",  # type: ignore[arg-type]
+                          name="elasticgpus", on_replace=replaced.append,
+                          on_event=lambda kind, obj: None, missing_ok=True, missing_retry_s=0.01)
     task = asyncio.create_task(reflector.run())
     try:
         for _ in range(300):

@@ -18,11 +18,12 @@ from egpu_testing.workbench import ServedExtender as Server
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.nodeaffinity import Taint
-from elastic_gpu.scheduler import server as server_module
+from elastic_gpu.scheduler import extender as extender_module
 from elastic_gpu.scheduler.app import ServeOptions, serve_extender
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import RECENT_BYTES, Extender
+from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
+from elastic_gpu.scheduler.verbs import RECENT_BYTES
 
 NODES = [Node(f"n{i}", 64_000, 256_000, (Card(0, f"GPU-{i}", "A100", 16384),),
               {"zone": "a" if i < 2 else "b", "kubernetes.io/hostname": f"n{i}"})
@@ -212,7 +213,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit() -> None:
 def test_too_many_large_requests_at_once_get_429(edge: tuple[Server, FakeApi],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     srv, _ = edge
-    srv.extender._heavy_waiting = server_module.HEAVY_SLOTS + server_module.HEAVY_QUEUE
+    srv.extender._heavy_waiting = extender_module.HEAVY_SLOTS + extender_module.HEAVY_QUEUE
     body = json.dumps({"Pod": {}, "NodeNames": ["n0"], "pad": "x" * 300_000}).encode()
     status, answer = srv.post("/filter", body)
     assert status == 429 and "large requests are in progress" in answer["Error"]

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from egpu_testing.workbench import ServedExtender, metric_value, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
-from elastic_gpu.scheduler.server import Extender, with_binding
+from elastic_gpu.scheduler.binder import with_binding
+from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 
 NODES = [Node(f"n{i}", 64_000, 256_000,

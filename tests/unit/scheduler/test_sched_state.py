@@ -17,9 +17,13 @@ from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import BindError, Extender, parse_pod, with_binding
-from elastic_gpu.scheduler.state import NodeInfo, SchedulerState, StateNotReady, rescale
+from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.state import NodeInfo, SchedulerState, StateNotReady
+from elastic_gpu.scheduler.state.placement import rescale
+from elastic_gpu.scheduler.verbs import parse_pod
 
 
 def gpu_node(name: str, cards: int = 1, memory: int = 16384) -> Node:
@@ -258,7 +262,7 @@ def test_preempt_gives_back_added_victims_the_fit_does_not_need() -> None:
 
 
 def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
-    from elastic_gpu.scheduler.state import DETAIL_LIMIT, SUMMARY_FAILURE
+    from elastic_gpu.scheduler.state.placement import DETAIL_LIMIT, SUMMARY_FAILURE
 
     nodes = [gpu_node(f"n{i:03d}") for i in range(DETAIL_LIMIT + 49)]
     state = ready_state(nodes)

@@ -1,0 +1,109 @@
+"""/provision: the controller asks the extender to place an ElasticGPUClaim's ElasticGPU; the
+decision is the state's (`core.claims`), the create is ours, serialized per claim with binds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from elastic_gpu.api import elasticgpu as egpu_api
+from elastic_gpu.core import claims as egc
+from elastic_gpu.scheduler import wire
+from elastic_gpu.scheduler.extender import BindError, ExtenderBase
+from elastic_gpu.scheduler.http import json_answer
+
+log = logging.getLogger(__name__)
+
+
+class _NotFound(Exception):
+    """/provision: the claim does not exist (404)."""
+
+
+class Provisioner(ExtenderBase):
+    """The provision verb."""
+
+    async def provision(self, body: bytes) -> web.Response:
+        """`POST /provision` (docs/claims.md, "The extender's part"): provision a claim from the
+        caches; 200 with Provisioned / Pending / NotNeeded, 404 for an unknown claim."""
+        args = wire.parse_provision(body)
+        if self.claims_api is None:
+            return json_answer({"Error": "this extender has no API access"}, status=503)
+        self.state.require_ready()
+        key = f"{args.namespace}/{args.name}"
+        try:
+            with self._bind_running():  # a drain lets it finish, like a bind
+                async with self._claims_locked([args.uid]):
+                    answer = await self._provision(args, key)
+        except _NotFound as err:
+            return json_answer({"Error": str(err)}, status=404)
+        except BindError as err:
+            # the API refused or did not answer the creation: the controller retries
+            return json_answer({"Error": f"provisioning claim {key}: {err}"}, status=503)
+        return json_answer(answer)
+
+    async def _provision(self, args: wire.ProvisionArgs, key: str) -> dict[str, Any]:
+        assert self.claims_api is not None
+        claim = self.state.claim(args.namespace, args.name)
+        if claim is None or claim.uid != args.uid:
+            raw = await self.claims_api.get_claim(args.namespace, args.name)
+            try:
+                claim = egpu_api.claim_from_object(raw) if raw is not None else None
+            except egpu_api.ElasticGPUObjectError as err:
+                raise _NotFound(f"ElasticGPUClaim {key} cannot be read: {err}") from None
+            if claim is None:
+                raise _NotFound(f"ElasticGPUClaim {key} does not exist")
+            if claim.uid != args.uid:
+                raise _NotFound(f"ElasticGPUClaim {key} has uid {claim.uid}, not {args.uid}: "
+                                "it was deleted (and maybe re-created)")
+            await self._state_call(self.state.upsert_claim, claim)
+        outcome, token = await self._state_call(self.state.provision, claim)
+        if isinstance(outcome, egc.ElasticGPU):
+            assert token is not None
+            egpu = await self._create_provisioned(outcome, token, key)
+            self.metrics.provisioned.inc()
+            return {"result": "Provisioned", "elasticGPU": egpu.name, "node": egpu.node}
+        if isinstance(outcome, egc.Pending):
+            return {"result": "Pending", "reason": outcome.reason.value,
+                    "message": outcome.message}
+        if isinstance(outcome, egc.Bind) and claim.elastic_gpu_name is None and \
+                outcome.elastic_gpu == egc.provisioned_name(claim):
+            made = self.state.elasticgpu(outcome.elastic_gpu)  # pre-bound: provisioned already
+            return {"result": "Provisioned", "elasticGPU": outcome.elastic_gpu,
+                    "node": made.node if made is not None else ""}
+        if isinstance(outcome, egc.Lost):
+            return {"result": "NotNeeded", "decision": "Lost",
+                    "elasticGPU": claim.elastic_gpu_name or "", "message": outcome.message}
+        if isinstance(outcome, egc.InSync | egc.Bind):
+            return {"result": "NotNeeded", "decision": type(outcome).__name__,
+                    "elasticGPU": outcome.elastic_gpu}
+        raise AssertionError(f"unexpected decision {outcome!r}")  # Provision is never returned
+
+    async def _create_provisioned(self, egpu: egc.ElasticGPU, token: int,
+                                  key: str) -> egc.ElasticGPU:
+        assert self.claims_api is not None
+        where = f"provision claim {key}"
+        try:
+            created = await self.claims_api.create_elasticgpu(egpu_api.elasticgpu_to_object(egpu))
+        except BindError as err:
+            if err.code != 409:
+                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                                       "failed" if err.definite else "unknown")
+                raise BindError(f"creating ElasticGPU {egpu.name}: {err}",
+                                definite=err.definite) from None
+            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "failed")
+            existing = await self._existing_elasticgpu(where, egpu.name)
+            if existing.claim_ref != egpu.claim_ref:
+                raise BindError(f"ElasticGPU {egpu.name} exists and is not this claim's",
+                                definite=True) from None
+            return existing
+        try:
+            made = egpu_api.elasticgpu_from_object(created)
+        except egpu_api.ElasticGPUObjectError as err:
+            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "unknown")
+            raise BindError(f"{where}: {err}", definite=False) from None
+        await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "created", made,
+                               str((created.get("metadata") or {}).get("uid") or ""))
+        return made

@@ -1,0 +1,209 @@
+"""filter, prioritize and preempt: kube-scheduler's questions, answered from the state.
+
+A pod's request is parsed once per (uid, resourceVersion); the pods seen in filter are kept slim
+(`recent_pod`) for the bind, which gets only names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core import claims as egc
+from elastic_gpu.core.fit import FitKind, describe
+from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
+from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.scheduler import wire
+from elastic_gpu.scheduler.config import known_policies
+from elastic_gpu.scheduler.extender import ExtenderBase
+from elastic_gpu.scheduler.http import json_answer, with_outcome
+from elastic_gpu.scheduler.metrics import main_reason
+from elastic_gpu.scheduler.state.placement import without_containers
+
+log = logging.getLogger(__name__)
+
+#: What the recent-pods cache (pods seen in filter, for the bind) may hold, in bytes of slim
+#: pods (about 1 KiB each: thousands of pods between a filter and its bind).
+RECENT_BYTES = 8 * 2**20
+
+
+def recent_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the bind needs of a pod seen in filter: the validated manifest (`wire.Pod`) with
+    only this project's annotations (all others are dropped: they can be 256 KiB)."""
+    meta = dict(pod.get("metadata") or {})
+    notes = meta.get("annotations")
+    if notes:
+        meta["annotations"] = {k: v for k, v in notes.items() if f"{ann.PREFIX}/" in k}
+    return {**pod, "metadata": meta}
+
+
+class PodError(ValueError):
+    """The pod itself asks for something we cannot interpret."""
+
+
+def pod_uid(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    if isinstance(uid, str) and uid:
+        return uid
+    # kube-scheduler always sends a UID; without one, key by name so what-ifs still work.
+    name = meta.get("name", "") if isinstance(meta, Mapping) else ""
+    namespace = meta.get("namespace", "default") if isinstance(meta, Mapping) else "default"
+    return f"{namespace}/{name}"
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
+    try:
+        request = pod_request_from_manifest(pod)
+    except (ResourceError, ValueError, TypeError, AttributeError) as err:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}" \
+            if isinstance(meta, Mapping) else "?"
+        raise PodError(f"pod {key}: {err}") from None
+    for tier, name in (("node", request.node_policy), ("card", request.card_policy)):
+        if name is not None and name not in known_policies(tier):
+            raise PodError(f"pod {request.key}: annotation elasticgpu.io/{tier}-policy={name!r} "
+                           f"is not a {tier} policy; use one of {', '.join(known_policies(tier))}")
+    # The pod's CPU and memory stay in the request (as `egpu simulate` and the state's tests
+    # build it): kube-scheduler owns their fit (the engine runs with check_host_resources=False)
+    # but the node policies score them against what the node has left (FGD's fit test, the CPU
+    # tie-breaks), and a bind in flight holds them (`SchedulerState.reserve`). The engine's
+    # score cache is per task shape: pods that differ in CPU are scored apart because their
+    # scores differ; memory is dropped from the key for policies that do not read it.
+    return request
+
+
+class Verbs(ExtenderBase):
+    """The verbs that only read the state (and the recent-pods cache they fill)."""
+
+    def _parse(self, pod: Mapping[str, Any]) -> PodRequest:
+        meta = pod.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        if not isinstance(version, str) or not version:
+            return parse_pod(pod)
+        key = (pod_uid(pod), version)
+        request = self._parsed.get(key)
+        if request is None:
+            request = self._parsed[key] = parse_pod(pod)
+            if len(self._parsed) > 10_000:
+                self._parsed.popitem(last=False)
+        return request
+
+    def _remember(self, uid: str, pod: Mapping[str, Any]) -> None:
+        slim = recent_pod(pod)
+        size = len(msgspec.json.encode(slim))
+        with self._recent_lock:  # filters of large requests run in worker threads
+            self._remember_locked(uid, slim, size)
+
+    def _remember_locked(self, uid: str, slim: dict[str, Any], size: int) -> None:
+        old = self._recent.pop(uid, None)
+        if old is not None:
+            self._recent_bytes -= old[1]
+        if size > RECENT_BYTES:
+            return
+        self._recent[uid] = (slim, size)
+        self._recent_bytes += size
+        while self._recent_bytes > RECENT_BYTES:
+            self._recent_bytes -= self._recent.popitem(last=False)[1][1]
+
+    @property
+    def recent_bytes(self) -> int:
+        """Bytes the recent-pods cache holds (slim pods, JSON size), at most RECENT_BYTES."""
+        return self._recent_bytes
+
+    # ---- verbs ------------------------------------------------------------------------------
+
+    def filter(self, body: bytes) -> web.Response:
+        args = wire.parse_args(body, self.limits)
+        names = args.node_names()
+        try:
+            request = self._parse(args.Pod)
+        except PodError as err:
+            return with_outcome(json_answer(wire.filter_error(str(err))), "error")
+        uid = pod_uid(args.Pod)
+        try:
+            named = egc.pod_claims(args.Pod)
+        except egc.ClaimAnnotationError as err:
+            return with_outcome(json_answer(wire.filter_error(str(err))), "error")
+        self._remember(uid, args.Pod)
+        if not request.wants_gpu:
+            return json_answer(wire.filter_result(args, names, {}, {}))
+        claim_reasons: dict[str, str] = {}
+        if named:
+            result, claim_reasons = self.state.filter_claims(request, uid, names, named)
+        else:
+            result = self.state.filter(request, uid, names)
+        known = self.state.known_nodes()
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for node, failure in result.failed.items():
+            # The sentence is made here, once; it never names the node, so kube-scheduler can
+            # count identical reasons ("3 <reason>").
+            unknown = failure.kind is FitKind.UNKNOWN_NODE or node not in known
+            (unresolvable if unknown else failed)[node] = describe(failure)
+        for node, reason in claim_reasons.items():
+            # a claim rules the node out whatever it has: kube-scheduler's preemption cannot
+            # help either, so these are unresolvable
+            failed.pop(node, None)
+            unresolvable[node] = reason
+        response = json_answer(wire.filter_result(args, result.feasible, failed, unresolvable))
+        if result.feasible:
+            return with_outcome(response, "feasible")
+        reason = main_reason([*(f.category for f in result.failed.values()),
+                              *(["claim"] * len(claim_reasons))])
+        self.metrics.unschedulable.labels(reason).inc()
+        return with_outcome(response, "unschedulable")
+
+    def _claim_request(self, pod: Mapping[str, Any], request: PodRequest
+                       ) -> tuple[PodRequest, str | None, bool]:
+        """(the request of a pod's containers that are not backed by bound claims, the node
+        its bound claims tie it to, whether an unbound claim rules out every node)."""
+        try:
+            named = egc.pod_claims(pod)
+        except egc.ClaimAnnotationError:
+            return request, None, True
+        if not named:
+            return request, None, False
+        view = self.state.claim_view(request.namespace, named)
+        return without_containers(request, view.bound), view.node, view.blocked is not None
+
+    def prioritize(self, body: bytes) -> web.Response:
+        args = wire.parse_args(body, self.limits)
+        names = args.node_names()
+        try:
+            request = self._parse(args.Pod)
+        except PodError as err:
+            # kube-scheduler ignores prioritize errors; the filter already told the user.
+            return json_answer({"Error": str(err)}, status=422)
+        request, node, blocked = self._claim_request(args.Pod, request)
+        if blocked:
+            return json_answer(wire.host_priorities(dict.fromkeys(names, 0)))
+        scores = self.state.prioritize(request, pod_uid(args.Pod), names)
+        if node is not None:
+            scores = {n: (score if n == node else 0) for n, score in scores.items()}
+        return json_answer(wire.host_priorities(scores))
+
+    def preempt(self, body: bytes) -> web.Response:
+        args = wire.parse_preemption(body, self.limits)
+        candidates = args.victims()
+        try:
+            request = self._parse(args.Pod)
+        except PodError as err:
+            return json_answer({"NodeNameToMetaVictims": None, "Error": str(err)}, status=422)
+        if not request.wants_gpu:
+            return json_answer(wire.preemption_result(candidates))
+        request, node, blocked = self._claim_request(args.Pod, request)
+        if blocked:
+            return json_answer(wire.preemption_result({}))  # no victim makes an unbound claim bound
+        if node is not None:
+            # only its ElasticGPU's node; its claim containers need nothing freed there
+            candidates = {n: v for n, v in candidates.items() if n == node}
+            if not request.wants_gpu:
+                return json_answer(wire.preemption_result(candidates))
+        chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
+        return json_answer(wire.preemption_result(chosen))
