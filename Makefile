@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make simulate   replay the built-in workload through the placement engine (table + plot)
-#   make test       the whole test suite (lint, types, unit, integration on a real control plane)
+#   make test       the whole test suite (lint, types, unit, integration on a real control plane);
+#                   EGPU_TEST_WORKERS=N sets its pytest-xdist workers (default 2, 1 = serial)
 # After editing charts/elastic-gpu:  make deploy  (re-renders deploy/ from it; a test checks)
 .PHONY: simulate test bootstrap k8s-binaries deploy
 

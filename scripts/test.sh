@@ -15,5 +15,12 @@ echo "== ruff"
 .venv/bin/ruff check src tests bench
 echo "== mypy --strict"
 .venv/bin/mypy
-echo "== pytest"
-.venv/bin/pytest "$@"
+# EGPU_TEST_WORKERS pytest-xdist workers, each with its own control plane (tests/conftest.py says
+# how the suite is split); 1 runs the suite serially in this process. Arguments go to pytest after
+# ours, so `scripts/test.sh -n 0 tests/unit` overrides the worker count too.
+workers=${EGPU_TEST_WORKERS:-2}
+[[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "EGPU_TEST_WORKERS must be a positive integer (got '$workers')" >&2; exit 2; }
+xdist=()
+(( workers > 1 )) && xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+echo "== pytest (${workers} worker(s))"
+.venv/bin/pytest "${xdist[@]}" "$@"

@@ -1,4 +1,5 @@
-"""pytest fixtures: one real control plane shared by the whole test run.
+"""pytest fixtures: one real control plane shared by the whole test run (by each pytest-xdist
+worker of it: session scope is per worker process; tests/conftest.py says how tests are split).
 
 - `k8s_cluster` (session): etcd + kube-apiserver + kube-controller-manager + kube-scheduler +
   kwok; a `ControlPlane`
