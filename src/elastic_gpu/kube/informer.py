@@ -106,15 +106,31 @@ class Reflector:
                 self.last_resource_version = version
                 self.on_replace(items)
                 failures = 0
+                broken = 0
                 while True:  # re-watch from the newest version seen until 410 or a failure
-                    async for kind, obj in self.client.watch(
-                            self.path, self.last_resource_version, self.params,
-                            self.watch_timeout_s):
-                        seen = (obj.get("metadata") or {}).get("resourceVersion")
-                        if seen:
-                            self.last_resource_version = str(seen)
-                        if kind in _CHANGES:
-                            self.on_event(kind, obj)
+                    try:
+                        async for kind, obj in self.client.watch(
+                                self.path, self.last_resource_version, self.params,
+                                self.watch_timeout_s):
+                            seen = (obj.get("metadata") or {}).get("resourceVersion")
+                            if seen:
+                                self.last_resource_version = str(seen)
+                            if kind in _CHANGES:
+                                self.on_event(kind, obj)
+                        broken = 0
+                    except ApiStatusError as err:
+                        # The connection broke (code 0: reset, timeout, refused) rather than
+                        # the API refusing: resume from the version seen, as client-go's
+                        # reflector does, instead of relisting the whole collection; after
+                        # a few breaks in a row, relist after all.
+                        if err.code != 0 or broken >= MAX_WATCH_RESUMES:
+                            raise
+                        broken += 1
+                        log.info("%s: watch broke (%s); resuming from %s", self.name, err,
+                                 self.last_resource_version)
+                        base, cap = self.backoff_s
+                        await asyncio.sleep(min(cap, base * 2 ** broken)
+                                            * random.uniform(0.5, 1))
             except asyncio.CancelledError:
                 raise
             except ApiStatusError as err:  # kube.errors' classes are ApiStatusErrors too
@@ -137,6 +153,9 @@ class Reflector:
             base, cap = self.backoff_s
             await asyncio.sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
 
+
+#: Broken watches in a row resumed from the last version before a relist.
+MAX_WATCH_RESUMES = 3
 
 #: The watch events delivered to `on_event` (a BOOKMARK only moves the version).
 _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})

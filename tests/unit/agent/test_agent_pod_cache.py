@@ -1,6 +1,6 @@
 """The node's pod watch cache (an informer run in the client's loop thread) against a scripted
 API: list, watch from the list's resourceVersion, events applied in order, 410 Gone relists,
-a watch the server ends resumes from the last resourceVersion."""
+a broken watch or one the server ends resumes from the last resourceVersion."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from elastic_gpu.agent.pods import PodCache
 from elastic_gpu.kube.errors import Gone
 from elastic_gpu.kube.sync import SyncKubeClient
+from elastic_gpu.kube.transport import ApiStatusError
 
 
 def obj(name: str, rv: int, phase: str = "Pending") -> dict[str, Any]:
@@ -66,18 +67,22 @@ def gone() -> Gone:
     return Gone(410, "Expired", "too old resource version: 5 (90)")
 
 
+def broken() -> ApiStatusError:
+    """What the transport raises when the connection breaks mid-watch (code 0)."""
+    return ApiStatusError(0, "", "ClientPayloadError: reset by peer")
+
+
 def names(cache: PodCache) -> set[str]:
     return {p["metadata"]["name"] for p in cache.pods()}
 
 
-def test_list_then_watch_from_its_version_then_relist_on_410_and_resume_after_a_closed_watch(
-        ) -> None:
+def test_list_then_watch_from_its_version_then_relist_on_410_and_resume_after_errors() -> None:
     api = ScriptedApi(
         listings=[([obj("a", 3), obj("b", 4)], "5"), ([obj("c", 95)], "100")],
         watches=[
             ([("ADDED", obj("d", 6)), ("MODIFIED", obj("a", 7, "Running")),
               ("DELETED", obj("b", 8)), ("BOOKMARK", obj("", 9))], gone()),
-            ([("ADDED", obj("e", 101))], None),
+            ([("ADDED", obj("e", 101))], broken()),
             ([("ADDED", obj("f", 102))], None),
         ])
     with client(api) as kube:
@@ -91,7 +96,8 @@ def test_list_then_watch_from_its_version_then_relist_on_410_and_resume_after_a_
                and call["path"] == "/api/v1/pods"
                for call in api.list_calls + api.watch_calls)
     # watch 1 from the first list's version; 410 -> relist; watch 2 from the relist's
-    # version; the server ending it -> watch 3 from the last event's version (no relist)
+    # version; the connection breaking -> watch 3 from the last event's version (no relist);
+    # the server ending watch 3 -> watch 4 from its last event's version
     assert [c["resource_version"] for c in api.watch_calls] == ["5", "100", "101", "102"]
     assert cache.relists == 2
     # the relist replaced the state: a, b, d are gone (not seen in the new list), c e f came
