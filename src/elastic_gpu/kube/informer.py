@@ -91,6 +91,9 @@ class Reflector:
         self.missing_retry_s = missing_retry_s
         self.relists = 0
         self.last_resource_version = ""
+        #: Whether the last list found the collection served (False until one did, and after
+        #: a 404 with `missing_ok`: its CRD is not installed).
+        self.served = False
 
     def _log_missing(self) -> bool:
         """Whether a 404 (with `missing_ok`) is worth a log line now."""
@@ -102,6 +105,7 @@ class Reflector:
         while True:
             try:
                 items, version = await self.client.list(self.path, self.params)
+                self.served = True
                 self.relists += 1
                 self.last_resource_version = version
                 self.on_replace(items)
@@ -138,6 +142,7 @@ class Reflector:
                     log.info("%s: watch expired (410 Gone); relisting", self.name)
                     continue
                 if err.code == 404 and self.missing_ok:
+                    self.served = False
                     if self._log_missing():
                         log.info("%s: not served (CRD not installed?); checking again every "
                                  "%.0f s", self.name, self.missing_retry_s)

@@ -240,27 +240,6 @@ def object_key(obj: Mapping[str, Any]) -> Key:
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
-class _Tracked:
-    """The client as a CrdCache's informer sees it, noting whether the last list found the
-    resource served (False after a 404: its CRD is not installed)."""
-
-    def __init__(self, client: ListWatcher) -> None:
-        self.client = client
-        self.served = False
-        #: the watches go to the client untouched (the informer runs them)
-        self.watch = client.watch
-
-    async def list(self, path: str, params: Mapping[str, str] | None = None
-                   ) -> tuple[list[Obj], str]:
-        try:
-            listed = await self.client.list(path, params)
-        except NotFound:
-            self.served = False
-            raise
-        self.served = True
-        return listed
-
-
 class CrdCache(Generic[T]):
     """Objects of `resource` by (namespace, name), each decoded by `decode` (None: unreadable,
     left out), kept by an informer; `on_change()` runs after each change. While the resource
@@ -277,12 +256,12 @@ class CrdCache(Generic[T]):
         self.crd_retry_s = crd_retry_s
         self._resource = resource
         self._decode = decode
-        self._client: _Tracked | None = None
+        self._informer: Informer | None = None
 
     @property
     def crd_installed(self) -> bool:
         """Whether the last list found the resource served."""
-        return self._client is not None and self._client.served
+        return self._informer is not None and self._informer.served
 
     def on_change(self) -> None:
         """Called after every change of `objects`; nothing by default."""
@@ -308,8 +287,7 @@ class CrdCache(Generic[T]):
 
     async def run(self, client: ListWatcher) -> None:
         """List, then watch from the list's version, until cancelled."""
-        self._client = tracked = _Tracked(client)
-        informer = Informer(tracked, self._resource.path(), name=f"webhook {self.kind}s",
+        self._informer = informer = Informer(client, self._resource.path(), name=f"webhook {self.kind}s",
                             backoff_s=RELIST_S, missing_ok=True,
                             missing_retry_s=self.crd_retry_s)
         informer.add_handler(Handler(on_add=lambda obj: self.event("ADDED", obj),
