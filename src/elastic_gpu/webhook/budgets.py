@@ -1,7 +1,7 @@
 """The webhook's budget lookups: is a pod's namespace over its GPU budget, and what is the lower
 PriorityClass's value? Feeds `core.admission.admit.admit(..., budget=)` (`core.admission.mutators.budget`).
 
-- GPUBudgets: an informer (`webhook.kube.CrdCache`); a namespace is over budget while its
+- GPUBudgets: an informer (`webhook.cluster.CrdCache`); a namespace is over budget while its
   GPUBudget (the first by name, as the keeper reads it) has the condition `OverBudget=True`
   that the budget keeper writes. The lower class: `spec.overBudgetPriorityClassName`, else the
   webhook's `--over-budget-priority-class`.
@@ -33,7 +33,7 @@ from typing import Any
 from elastic_gpu.core.budget import NamespaceBudget, PriorityDowngrade
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import ListWatcher
-from elastic_gpu.webhook.kube import BUDGETS, PRIORITY_CLASSES, CrdCache
+from elastic_gpu.webhook.cluster import BUDGETS, PRIORITY_CLASSES, CrdCache
 
 log = logging.getLogger(__name__)
 

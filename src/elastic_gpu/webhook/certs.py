@@ -3,7 +3,7 @@
 A `CertBundle` is what the Secret holds: the CA (certificate and key), the serving certificate
 and key, and `ca_bundle`, the CA certificates kube-apiserver must trust (the current CA, plus
 the previous one while certificates it signed may still be served). Everything here is pure
-except the key generation; reading and writing the Secret is kube.py's.
+except the key generation; reading and writing the Secret is cluster.py's.
 
 Rotation (`plan_rotation`): the serving certificate is renewed, by the same CA, once less than
 `renew_fraction` of its lifetime is left; the CA is renewed the same way, and the new CA is

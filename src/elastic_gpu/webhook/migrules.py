@@ -3,7 +3,7 @@
 `core.admission.mutators.mig.mig_substitution` rewrites the pods a rule selects; it reads the rules from
 `ClusterFacts.mig_substitutions`, which `WebhookServer` refreshes from this cache on every
 change. While the CRD is not installed (404 on the list) there are no rules and the list is
-retried every `crd_retry_s`: `webhook.kube.CrdCache`, as the claim cache (docs/mig-adapter.md).
+retried every `crd_retry_s`: `webhook.cluster.CrdCache`, as the claim cache (docs/mig-adapter.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import ListWatcher
-from elastic_gpu.webhook.kube import RULES, CrdCache, Key
+from elastic_gpu.webhook.cluster import RULES, CrdCache, Key
 
 log = logging.getLogger(__name__)
 

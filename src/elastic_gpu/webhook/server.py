@@ -41,7 +41,7 @@ from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.webhook.budgets import BudgetLookup
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
-from elastic_gpu.webhook.kube import (
+from elastic_gpu.webhook.cluster import (
     FIELD_MANAGER,
     ClaimCache,
     NodeFacts,

@@ -17,7 +17,7 @@ from egpu_testing.webhook_answers import answered
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.core.names import InvalidName
-from elastic_gpu.webhook.kube import ClaimCache
+from elastic_gpu.webhook.cluster import ClaimCache
 from elastic_gpu.webhook.review import Admission
 from elastic_gpu.webhook.sources import Lookups
 
