@@ -39,7 +39,7 @@ from elastic_gpu.devcluster.nodes import (
     register_fake_nodes,
     unregister_fake_node,
 )
-from elastic_gpu.kube.client import NODES
+from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 

@@ -15,12 +15,10 @@ from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core.model import Node
 from elastic_gpu.kube.crds import install_crds
 from elastic_gpu.kube.errors import Conflict, NotFound
-from elastic_gpu.kube.paths import CORE, Resource, group_prefix
+from elastic_gpu.kube.resources import GPUDEVICES, NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 #: The GPUDevice collection (cluster-scoped) and the Nodes'.
-GPUDEVICES = Resource(group_prefix(gd.GROUP, gd.VERSION), gd.PLURAL, False)
-NODES = Resource(CORE, "nodes", False)
 
 
 class InventoryApiError(RuntimeError):

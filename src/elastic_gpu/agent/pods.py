@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.podlife import TERMINAL_PHASES
-from elastic_gpu.kube.client import PODS
 from elastic_gpu.kube.informer import Handler, Informer
+from elastic_gpu.kube.resources import PODS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,11 @@ from elastic_gpu.agent.devices import (
     node_capacity,
     status_only_resources,
 )
-from elastic_gpu.agent.inventory_api import NODES, publish_inventory
+from elastic_gpu.agent.inventory_api import publish_inventory
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import is_gpu_resource, lookup
+from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 
@@ -143,7 +144,7 @@ def sync_fake_allocations(client: SyncKubeClient) -> int:
     from elastic_gpu.agent.accounting import CardUse, card_usage
     from elastic_gpu.agent.inventory_api import list_gpudevices, patch_allocation
     from elastic_gpu.api.gpudevice import GPUDeviceError, allocation_status, card_from_object
-    from elastic_gpu.kube.client import PODS
+    from elastic_gpu.kube.resources import PODS
 
     pods_by_node: dict[str, list[dict[str, Any]]] = {}
     pods, _ = client.list(PODS.path())

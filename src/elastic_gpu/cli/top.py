@@ -23,12 +23,10 @@ import typer
 from elastic_gpu.cli.options import LogLevel, start_logging
 from elastic_gpu.core.gpuview import CardView, ClusterView, ElasticGPUHold, NodeView, PodHold
 from elastic_gpu.core.resources import MILLI_PER_CARD
-from elastic_gpu.kube.paths import CORE, Resource, group_prefix
+from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 
 log = logging.getLogger(__name__)
 
-NODES = Resource(CORE, "nodes", False).path()
-PODS = Resource(CORE, "pods", True).path()
 #: not finished pods: the only ones that hold cards
 LIVE_PODS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
 
@@ -46,7 +44,6 @@ class Objects:
 async def fetch(client: Any) -> Objects:
     """The four lists, at once. A CRD that is not installed (no GPUDevices: another device
     plugin; no ElasticGPUs) reads as empty."""
-    from elastic_gpu.api import elasticgpu, gpudevice
     from elastic_gpu.kube.errors import NotFound
 
     async def optional(path: str) -> list[dict[str, Any]]:
@@ -62,11 +59,8 @@ async def fetch(client: Any) -> Objects:
         return list(items)
 
     nodes, devices, pods, egpus = await asyncio.gather(
-        required(NODES), optional(Resource(group_prefix(gpudevice.GROUP, gpudevice.VERSION),
-                                           gpudevice.PLURAL, False).path()),
-        required(PODS, LIVE_PODS),
-        optional(Resource(group_prefix(elasticgpu.GROUP, elasticgpu.VERSION),
-                          elasticgpu.EGPU_PLURAL, False).path()))
+        required(NODES.path()), optional(GPUDEVICES.path()), required(PODS.path(), LIVE_PODS),
+        optional(ELASTICGPUS.path()))
     return Objects(nodes, devices, pods, egpus)
 
 

@@ -37,10 +37,10 @@ from elastic_gpu.api.config.loader import (
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
-from elastic_gpu.kube.client import NODES, PODS, STRATEGIC_PATCH
+from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.crds import install_crds
 from elastic_gpu.kube.errors import Conflict, NotFound
-from elastic_gpu.kube.paths import Resource, group_prefix
+from elastic_gpu.kube.resources import GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -242,7 +242,7 @@ def unregister_fake_node(client: SyncKubeClient, name: str) -> None:
         meta = pod["metadata"]
         with contextlib.suppress(NotFound):
             client.delete(PODS.path(meta["namespace"], meta["name"]), grace_period_s=0)
-    devices_resource = Resource(group_prefix(gd.GROUP, gd.VERSION), gd.PLURAL, False)
+    devices_resource = GPUDEVICES
     try:
         devices, _ = client.list(devices_resource.path(),
                                  {"labelSelector": f"{gd.NODE_LABEL}={name}"})

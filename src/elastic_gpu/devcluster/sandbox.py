@@ -44,7 +44,7 @@ from elastic_gpu.devcluster.nodes import (
 )
 from elastic_gpu.devcluster.ports import free_ports, is_listening
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
-from elastic_gpu.kube.client import NODES
+from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 from elastic_gpu.scheduler.schedconfig import ignores_quota_names
 

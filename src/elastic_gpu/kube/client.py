@@ -9,7 +9,6 @@ from typing import Any
 import msgspec
 
 from elastic_gpu.kube.errors import translate
-from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 from elastic_gpu.kube.transport import ApiStatusError, RestClient
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -19,15 +18,8 @@ APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 
-__all__ = ["APPLY_PATCH", "CRDS", "EVENTS", "JSON_PATCH", "LEASES", "MERGE_PATCH", "NODES", "PODS",
-           "PRIORITY_CLASSES", "STRATEGIC_PATCH", "KubeClient", "Resource"]
+__all__ = ["APPLY_PATCH", "JSON_PATCH", "MERGE_PATCH", "STRATEGIC_PATCH", "KubeClient"]
 
-PODS = Resource(CORE, "pods", True)
-EVENTS = Resource(CORE, "events", True)
-LEASES = Resource(group_prefix("coordination.k8s.io", "v1"), "leases", True)
-NODES = Resource(CORE, "nodes", False)
-CRDS = Resource(group_prefix("apiextensions.k8s.io", "v1"), "customresourcedefinitions", False)
-PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
 
 
 class KubeClient:

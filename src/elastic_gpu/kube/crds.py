@@ -11,9 +11,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from elastic_gpu.kube.client import CRDS, MERGE_PATCH, PRIORITY_CLASSES
+from elastic_gpu.kube.client import MERGE_PATCH
 from elastic_gpu.kube.errors import Conflict, NotFound, TooManyRequests
 from elastic_gpu.kube.paths import Resource, group_prefix
+from elastic_gpu.kube.resources import CRDS, PRIORITY_CLASSES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 

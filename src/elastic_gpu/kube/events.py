@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_gpu.kube.client import EVENTS, MERGE_PATCH, KubeClient
+from elastic_gpu.kube.client import MERGE_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, NotFound
+from elastic_gpu.kube.resources import EVENTS
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_gpu.kube.client import LEASES, KubeClient
+from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, NotFound
+from elastic_gpu.kube.resources import LEASES
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,9 @@ from elastic_gpu.api import budget, elasticgpu, gpudevice, migsubstitution
 from elastic_gpu.api.group import ELASTICGPU_VERSION, GROUP, INVENTORY_VERSION
 from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 
-__all__ = ["BUDGETS", "CLAIMS", "CLASSES", "ELASTICGPUS", "GPUDEVICES", "MIG_SUBSTITUTIONS",
-           "NODES", "PODS", "RESOURCES"]
+__all__ = ["BUDGETS", "CLAIMS", "CLASSES", "CRDS", "ELASTICGPUS", "EVENTS", "GPUDEVICES",
+           "LEASES", "MIG_SUBSTITUTIONS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PODS",
+           "PRIORITY_CLASSES", "RESOURCES", "SECRETS", "VALIDATING_WEBHOOKS"]
 
 #: `/apis/elasticgpu.io/v1alpha`: the Elastic GPU API's kinds, GPUBudget and MIGSubstitution
 _EGPU_API = group_prefix(GROUP, ELASTICGPU_VERSION)
@@ -29,6 +30,15 @@ GPUDEVICES = Resource(group_prefix(GROUP, INVENTORY_VERSION), gpudevice.PLURAL, 
 
 PODS = Resource(CORE, "pods", True)
 NODES = Resource(CORE, "nodes", False)
+EVENTS = Resource(CORE, "events", True)
+SECRETS = Resource(CORE, "secrets", True)
+NAMESPACES = Resource(CORE, "namespaces", False)
+LEASES = Resource(group_prefix("coordination.k8s.io", "v1"), "leases", True)
+CRDS = Resource(group_prefix("apiextensions.k8s.io", "v1"), "customresourcedefinitions", False)
+PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
+_ADMISSION_API = group_prefix("admissionregistration.k8s.io", "v1")
+MUTATING_WEBHOOKS = Resource(_ADMISSION_API, "mutatingwebhookconfigurations", False)
+VALIDATING_WEBHOOKS = Resource(_ADMISSION_API, "validatingwebhookconfigurations", False)
 
 #: our kinds by name (the CRDs' `spec.names.kind`)
 RESOURCES: dict[str, Resource] = {

@@ -23,10 +23,11 @@ from typing import Any
 
 import msgspec
 
-from elastic_gpu.api import elasticgpu, gpudevice
+from elastic_gpu.api import elasticgpu
 from elastic_gpu.kube.informer import Reflector
 from elastic_gpu.kube.kubeconfig import ClientConfigError
-from elastic_gpu.kube.paths import CORE, InvalidName, Resource, group_prefix
+from elastic_gpu.kube.paths import InvalidName
+from elastic_gpu.kube.resources import CLAIMS, CLASSES, ELASTICGPUS, GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.transport import ApiStatusError, RestClient
 from elastic_gpu.runtime import eventloop
 from elastic_gpu.runtime.logging import setup_logging
@@ -47,15 +48,11 @@ log = logging.getLogger("elastic_gpu.scheduler.apiworker")
 #: Terminated pods hold nothing; with this selector they leave the watch as DELETED events.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
-_EGPU_API = group_prefix(elasticgpu.GROUP, elasticgpu.VERSION)
-NODES = Resource(CORE, "nodes", False)
-PODS = Resource(CORE, "pods", True)
-GPUDEVICES = Resource(group_prefix(gpudevice.GROUP, gpudevice.VERSION), gpudevice.PLURAL, False)
 #: The Elastic GPU API's resources the scheduler may read or create through the worker.
 EGPU_RESOURCES = {
-    elasticgpu.EGPU_PLURAL: Resource(_EGPU_API, elasticgpu.EGPU_PLURAL, False),
-    elasticgpu.CLAIM_PLURAL: Resource(_EGPU_API, elasticgpu.CLAIM_PLURAL, True),
-    elasticgpu.CLASS_PLURAL: Resource(_EGPU_API, elasticgpu.CLASS_PLURAL, False),
+    elasticgpu.EGPU_PLURAL: ELASTICGPUS,
+    elasticgpu.CLAIM_PLURAL: CLAIMS,
+    elasticgpu.CLASS_PLURAL: CLASSES,
 }
 
 FEEDS: dict[str, tuple[str, dict[str, str], Callable[[Obj], Obj]]] = {

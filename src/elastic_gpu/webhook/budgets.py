@@ -33,7 +33,8 @@ from typing import Any
 from elastic_gpu.core.budget import NamespaceBudget, PriorityDowngrade
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import ListWatcher
-from elastic_gpu.webhook.cluster import BUDGETS, PRIORITY_CLASSES, CrdCache
+from elastic_gpu.kube.resources import BUDGETS, PRIORITY_CLASSES
+from elastic_gpu.webhook.cluster import CrdCache
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from elastic_gpu.api import budget, migsubstitution
-from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
 from elastic_gpu.core.admission.facts import NodeGpus, node_gpus
 from elastic_gpu.core.claims import Claim
 from elastic_gpu.kube.client import APPLY_PATCH, KubeClient
 from elastic_gpu.kube.errors import Conflict, NotFound
 from elastic_gpu.kube.informer import Handler, Informer, ListWatcher, Obj
-from elastic_gpu.kube.paths import CORE, Resource, group_prefix
+from elastic_gpu.kube.paths import Resource
+from elastic_gpu.kube.resources import (
+    CLAIMS,
+    MUTATING_WEBHOOKS,
+    NAMESPACES,
+    NODES,
+    SECRETS,
+    VALIDATING_WEBHOOKS,
+)
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, create_bundle, plan_rotation
 
 log = logging.getLogger(__name__)
@@ -36,21 +42,8 @@ FIELD_MANAGER = "elastic-gpu-webhook"
 #: What the webhook reads live for one review, with names that come from the review: read by
 #: path (`kube.paths.api_path` checks and escapes every name), never put into paths as they are
 #: (issue 26, item 10).
-_EGPU_API = group_prefix(GROUP, VERSION)
-CLAIMS = Resource(_EGPU_API, CLAIM_PLURAL, True)
-RULES = Resource(_EGPU_API, migsubstitution.PLURAL, True)
-BUDGETS = Resource(_EGPU_API, budget.PLURAL, True)
-PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
-NODES = Resource(CORE, "nodes", False)
-SECRETS = Resource(CORE, "secrets", True)
-NAMESPACES = Resource(CORE, "namespaces", False)
-_ADMISSION_API = group_prefix("admissionregistration.k8s.io", "v1")
-CONFIGURATIONS = {
-    "MutatingWebhookConfiguration": Resource(_ADMISSION_API, "mutatingwebhookconfigurations",
-                                             False),
-    "ValidatingWebhookConfiguration": Resource(_ADMISSION_API,
-                                               "validatingwebhookconfigurations", False),
-}
+CONFIGURATIONS = {"MutatingWebhookConfiguration": MUTATING_WEBHOOKS,
+                  "ValidatingWebhookConfiguration": VALIDATING_WEBHOOKS}
 #: After a list or watch fails (the API is down, the watch expired), list again in about a
 #: second, as the webhook always has.
 RELIST_S = (1.0, 1.0)

@@ -15,7 +15,8 @@ from typing import Any
 from elastic_gpu.core.mig import SubstitutionRule
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import ListWatcher
-from elastic_gpu.webhook.cluster import RULES, CrdCache, Key
+from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES
+from elastic_gpu.webhook.cluster import CrdCache, Key
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from egpu_testing.pytest_plugin import unique_name
-from elastic_gpu.kube.client import LEASES, KubeClient
+from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, LeaseConfig
+from elastic_gpu.kube.resources import LEASES
 
 pytestmark = pytest.mark.integration
 
