@@ -38,8 +38,8 @@ from typing import Any, Protocol
 from elastic_gpu.core import podlife
 from elastic_gpu.core.annotations import ASSIGNMENT, CLAIM_PREFIX
 from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
-from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.fit import Unschedulable
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.request import (

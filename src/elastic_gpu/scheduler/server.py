@@ -33,9 +33,9 @@ from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
+from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.core.schedulers import scheduler_refusal

@@ -41,7 +41,10 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import claims as egc
 from elastic_gpu.core import podlife
 from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
-from elastic_gpu.core.engine import (
+from elastic_gpu.core.fit import FitFailure, FitKind
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.nodeaffinity import Taint
+from elastic_gpu.core.placement import (
     Engine,
     FilterResult,
     PolicyConfig,
@@ -49,9 +52,6 @@ from elastic_gpu.core.engine import (
     Unschedulable,
     task_shape,
 )
-from elastic_gpu.core.fit import FitFailure, FitKind
-from elastic_gpu.core.model import Card, Node
-from elastic_gpu.core.nodeaffinity import Taint
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_host_requests, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError

@@ -19,10 +19,10 @@ from elastic_gpu.agent.devices import build_plans, logical_cards
 from elastic_gpu.agent.publish import snapshot
 from elastic_gpu.core.admission import MUTATORS, ClusterFacts, PodClaims, admit, apply_patch
 from elastic_gpu.core.claims import Claim
-from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity, node_core
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MUTATORS, canonical_resources
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MIG_MAX_SLICES, MigProfile

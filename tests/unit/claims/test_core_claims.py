@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile
 
