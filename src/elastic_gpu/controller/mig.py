@@ -4,11 +4,11 @@ a compatible free one, and back when theirs frees; every move recorded in a MIGS
 One level-triggered round (a single work-queue key, so rounds never overlap) reads the caches
 (pods, Nodes, GPUDevices, MIGSubstitutions) and decides with the pure functions of `core.mig`:
 
-0. each rule is checked alone (`core.mig.check_rule`): one the adapter did not write (no
+0. each rule is checked alone (`core.mig.rules.check_rule`): one the adapter did not write (no
    `app.kubernetes.io/managed-by` label of its own), or one it cannot read or verify (savedPod
    missing or malformed, the recorded uid or digest missing or not matching), is not carried
    out: `Valid=False` with the reason in its status and a Warning Event; the rest go on;
-1. bare pods' rules are made true again (`core.mig.bare_rule_step`): a pod deleted but not
+1. bare pods' rules are made true again (`core.mig.bare.bare_rule_step`): a pod deleted but not
    re-created (a controller killed between the two) is created from the rule's saved pod, a
    move or a return that stopped before its delete goes on, rules nothing refers to go;
 2. pods Pending (PodScheduled False, Unschedulable) for one MIG instance in a namespace the
@@ -50,10 +50,13 @@ from elastic_gpu.controller.claims import DEVICES, EGPUS
 from elastic_gpu.controller.config import MigConfig
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import mig as core
 from elastic_gpu.core import nodeaffinity
 from elastic_gpu.core.assignment import Assignment, AssignmentError
 from elastic_gpu.core.claims import Condition
+from elastic_gpu.core.mig import bare as mig_bare
+from elastic_gpu.core.mig import recarve as mig_recarve
+from elastic_gpu.core.mig import rules as mig_rules
+from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import PodRequest, RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -140,11 +143,11 @@ def controller_owner(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def pod_profile(request: PodRequest) -> MigProfile | None:
-    return core.mig_request(request)
+    return mig_substitution.mig_request(request)
 
 
 def _applied_rules(pod: Mapping[str, Any]) -> list[str]:
-    return [r for r in _annotations(pod).get(core.MIG_SUBSTITUTION, "").split(",") if r]
+    return [r for r in _annotations(pod).get(mig_rules.MIG_SUBSTITUTION, "").split(",") if r]
 
 
 @dataclass
@@ -281,7 +284,7 @@ class MigController:
             devices.append(obj)
         return gpudevice.nodes_from_objects(devices, self.nodes.items())
 
-    def _bound(self) -> list[core.BoundPod]:
+    def _bound(self) -> list[mig_substitution.BoundPod]:
         out = []
         for pod in self.pods.items():
             if finished(pod):
@@ -295,7 +298,7 @@ class MigController:
                 except AssignmentError:
                     assignment = None
                 if assignment is not None:
-                    out.append(core.BoundPod(assignment.node, tuple(
+                    out.append(mig_substitution.BoundPod(assignment.node, tuple(
                         s.mig_uuid for s in assignment.shares() if s.mig_uuid)))
                     continue
             if not node:
@@ -308,7 +311,7 @@ class MigController:
                              if c.kind is RequestKind.MIG and c.mig_profile is not None
                              for _ in range(max(1, c.cards)))
             if profiles:
-                out.append(core.BoundPod(str(node), (), profiles))
+                out.append(mig_substitution.BoundPod(str(node), (), profiles))
         for obj in self.egpus.items():
             try:
                 egpu = egpu_api.elasticgpu_from_object(obj)
@@ -316,7 +319,7 @@ class MigController:
                 continue
             held = tuple(s.mig_uuid for s in egpu.shares if s.mig_uuid)
             if held:  # in every phase until deleted, as the extender counts them
-                out.append(core.BoundPod(egpu.node, held))
+                out.append(mig_substitution.BoundPod(egpu.node, held))
         return out
 
     def _allowed_nodes(self, pod: Mapping[str, Any]) -> frozenset[str] | None:
@@ -333,8 +336,8 @@ class MigController:
                 allowed.add(name)
         return frozenset(allowed)
 
-    def _rules(self) -> tuple[dict[str, tuple[Obj, core.SubstitutionRule]],
-                              list[tuple[Obj, core.RuleRefusal]]]:
+    def _rules(self) -> tuple[dict[str, tuple[Obj, mig_rules.SubstitutionRule]],
+                              list[tuple[Obj, mig_rules.RuleRefusal]]]:
         """The rules the round carries out, and those it refuses, each alone: one rule that
         cannot be read, is not the adapter's or fails its check holds up no other."""
         out = {}
@@ -343,16 +346,16 @@ class MigController:
             try:
                 rule = rules_api.rule_from_object(obj)
             except rules_api.MIGSubstitutionError as err:
-                refused.append((obj, core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))))
+                refused.append((obj, mig_rules.RuleRefusal(mig_rules.RuleProblem.INVALID_SPEC, str(err))))
                 continue
-            refusal = core.check_rule(rule)
+            refusal = mig_rules.check_rule(rule)
             if refusal is not None:
                 refused.append((obj, refusal))
                 continue
             out[object_key(obj)] = (obj, rule)
         return out, refused
 
-    async def _refuse(self, obj: Obj, refusal: core.RuleRefusal) -> None:
+    async def _refuse(self, obj: Obj, refusal: mig_rules.RuleRefusal) -> None:
         """A rule not carried out says why: a Warning Event (once per rule and message) and
         `Valid=False` with the reason in its status (written only when it differs)."""
         meta = _meta(obj)
@@ -363,13 +366,13 @@ class MigController:
         log.warning("%s (%s)", refusal.message, refusal.problem.value)
         self.recorder.record(as_rule(obj), WARNING, refusal.problem.value, refusal.message)
         existing = (obj.get("status") or {}).get("conditions") or []
-        if any(isinstance(c, Mapping) and c.get("type") == core.VALID_CONDITION and
+        if any(isinstance(c, Mapping) and c.get("type") == mig_rules.VALID_CONDITION and
                (c.get("status"), c.get("reason"), c.get("message")) ==
                ("False", refusal.problem.value, refusal.message) for c in existing):
             return
         conditions = egpu_api.merge_condition(
             [c for c in existing if isinstance(c, Mapping)],
-            Condition(core.VALID_CONDITION, "False", refusal.problem.value, refusal.message),
+            Condition(mig_rules.VALID_CONDITION, "False", refusal.problem.value, refusal.message),
             _now(), int(meta.get("generation") or 0))
         try:
             await self.client.patch(RULES.path(meta.get("namespace"), meta.get("name"),
@@ -394,19 +397,19 @@ class MigController:
             await self._refuse(obj, refusal)
         await self._bare_rules(rules)
         nodes = self._nodes()
-        held = core.held_instances(nodes, self._bound())
+        held = mig_substitution.held_instances(nodes, self._bound())
         held.update(r.uuid for r in self.reservations)
-        free = core.free_instances(nodes, held)
+        free = mig_substitution.free_instances(nodes, held)
         if not self.config.enabled:
             return
         await self._substitute(pods, free, rules, nodes, held)
-        free = core.without(free, (r.uuid for r in self.reservations))
+        free = mig_substitution.without(free, (r.uuid for r in self.reservations))
         await self._move_back(pods, free, rules)
         await self._forget_owner_rules(pods, rules)
 
     # ---- 1. bare pods' rules
 
-    async def _bare_rules(self, rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
+    async def _bare_rules(self, rules: Mapping[str, tuple[Obj, mig_rules.SubstitutionRule]]) -> None:
         for key, (obj, rule) in sorted(rules.items()):
             try:
                 await self._bare_rule(key, obj, rule)
@@ -419,15 +422,15 @@ class MigController:
             except (ValueError, TypeError) as err:
                 # data the checks let through and still cannot be carried out: this rule
                 # alone is refused, the round goes on
-                await self._refuse(obj, core.RuleRefusal(
-                    core.RuleProblem.INVALID_SPEC, f"MIGSubstitution {key}: {err}"))
+                await self._refuse(obj, mig_rules.RuleRefusal(
+                    mig_rules.RuleProblem.INVALID_SPEC, f"MIGSubstitution {key}: {err}"))
 
-    async def _bare_rule(self, key: str, obj: Obj, rule: core.SubstitutionRule) -> None:
+    async def _bare_rule(self, key: str, obj: Obj, rule: mig_rules.SubstitutionRule) -> None:
         if rule.pod_name is None:
             return
         pod = self.pods.get(f"{rule.namespace}/{rule.pod_name}")
         recorded = bool((obj.get("status") or {}).get("movedPods"))
-        state = core.BarePodState(
+        state = mig_bare.BarePodState(
             exists=pod is not None,
             rewritten=pod is not None and rule.name in _applied_rules(pod),
             pending=pod is not None and unschedulable(pod),
@@ -435,14 +438,14 @@ class MigController:
             recorded=recorded,
             terminating=pod is not None and bool(
                 (pod.get("metadata") or {}).get("deletionTimestamp")))
-        step = core.bare_rule_step(rule, state)
-        if step is core.BareStep.WAIT:  # its DELETED event starts the next round
+        step = mig_bare.bare_rule_step(rule, state)
+        if step is mig_bare.BareStep.WAIT:  # its DELETED event starts the next round
             return
-        if step is core.BareStep.NONE:
+        if step is mig_bare.BareStep.NONE:
             if pod is not None and not recorded:
                 await self._record(obj, pod)
             return
-        if step is core.BareStep.CREATE:
+        if step is mig_bare.BareStep.CREATE:
             if pod is None and await self._live_pod(rule.namespace, rule.pod_name):
                 return  # the cache is behind: the pod exists
             created = await self._create_bare(obj, rule, "back" if rule.returning
@@ -452,11 +455,11 @@ class MigController:
             if created is not None and rule.returning:
                 await self._delete_rule(obj, rule, "the pod is back on "
                                         f"{rule.from_profile.name}")
-        elif step is core.BareStep.DELETE_POD and pod is not None:
+        elif step is mig_bare.BareStep.DELETE_POD and pod is not None:
             if not rule.returning:
                 # a move that stopped before its delete: only the very pod the adapter saved
                 # is deleted and replaced (a rule naming another pod leaves it alone)
-                refusal = core.check_live_pod(rule, pod)
+                refusal = mig_rules.check_live_pod(rule, pod)
                 if refusal is not None:
                     await self._refuse(obj, refusal)
                     return
@@ -474,7 +477,7 @@ class MigController:
                                         f"{rule.from_profile.name}")
             elif created is not None:
                 await self._record(obj, created)
-        elif step is core.BareStep.DELETE_RULE:
+        elif step is mig_bare.BareStep.DELETE_RULE:
             await self._delete_rule(obj, rule, "nothing refers to it")
 
     async def _live_pod(self, namespace: str, name: str) -> bool:
@@ -484,14 +487,14 @@ class MigController:
             return False
         return True
 
-    async def _create_bare(self, rule_obj: Obj, rule: core.SubstitutionRule, step: str
+    async def _create_bare(self, rule_obj: Obj, rule: mig_rules.SubstitutionRule, step: str
                            ) -> Obj | None:
         # every pod the adapter creates passes here: from a rule it wrote, as it recorded it
-        refusal = core.check_rule(rule)
+        refusal = mig_rules.check_rule(rule)
         if refusal is not None:
             await self._refuse(rule_obj, refusal)
             return None
-        manifest = core.recreated_pod(rule, SCHEDULER_ANNOTATIONS)
+        manifest = mig_rules.recreated_pod(rule, SCHEDULER_ANNOTATIONS)
         try:
             created = await self.client.create(PODS.path(rule.namespace), manifest)
         except AlreadyExists:
@@ -516,7 +519,7 @@ class MigController:
         except NotFound:
             return
 
-    async def _delete_rule(self, obj: Obj, rule: core.SubstitutionRule, why: str) -> None:
+    async def _delete_rule(self, obj: Obj, rule: mig_rules.SubstitutionRule, why: str) -> None:
         meta = _meta(obj)
         try:
             await self.client.delete(RULES.path(rule.namespace, rule.name),
@@ -537,10 +540,10 @@ class MigController:
 
     # ---- 2. substitutions
 
-    def _pending(self, pods: list[Obj], rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]
-                 ) -> tuple[list[core.PendingPod], dict[str, Obj]]:
+    def _pending(self, pods: list[Obj], rules: Mapping[str, tuple[Obj, mig_rules.SubstitutionRule]]
+                 ) -> tuple[list[mig_substitution.PendingPod], dict[str, Obj]]:
         by_key: dict[str, Obj] = {}
-        pending: list[tuple[str, core.PendingPod]] = []
+        pending: list[tuple[str, mig_substitution.PendingPod]] = []
         bare_rules = {(r.namespace, r.pod_name) for _, r in rules.values() if r.pod_name}
         for pod in pods:
             meta = _meta(pod)
@@ -550,7 +553,7 @@ class MigController:
             if _applied_rules(pod) or (namespace, meta.get("name")) in bare_rules:
                 continue  # moved already (waits on its substitute), or its move is in flight
             owner = controller_owner(pod)
-            if owner is not None and owner.get("kind") not in core.RESTARTING_OWNERS:
+            if owner is not None and owner.get("kind") not in mig_substitution.RESTARTING_OWNERS:
                 continue  # only owners that re-create their pods
             try:
                 request = pod_request_from_manifest(pod)
@@ -568,14 +571,14 @@ class MigController:
                     allowed = {profile.name: frozenset({existing[0].to_profile.name})}
             key = object_key(pod)
             by_key[key] = pod
-            constraints = core.constraints_for(request, self._allowed_nodes(pod), allowed)
+            constraints = mig_substitution.constraints_for(request, self._allowed_nodes(pod), allowed)
             pending.append((str(meta.get("creationTimestamp", "")),
-                            core.PendingPod(key, profile, constraints)))
+                            mig_substitution.PendingPod(key, profile, constraints)))
         pending.sort(key=lambda p: (p[0], p[1].key))
         return [p for _, p in pending], by_key
 
-    async def _substitute(self, pods: list[Obj], free: dict[str, list[core.FreeInstance]],
-                          rules: Mapping[str, tuple[Obj, core.SubstitutionRule]],
+    async def _substitute(self, pods: list[Obj], free: dict[str, list[mig_substitution.FreeInstance]],
+                          rules: Mapping[str, tuple[Obj, mig_rules.SubstitutionRule]],
                           nodes: list[Node], held: set[str]) -> None:
         pending, by_key = self._pending(pods, rules)
         self.metrics.pending.set(len(pending))
@@ -583,18 +586,18 @@ class MigController:
         self.told = {uid: why for uid, why in self.told.items() if uid in waiting}
         if not pending:
             return
-        plan = core.plan_substitutions(pending, free)
+        plan = mig_substitution.plan_substitutions(pending, free)
         for item in pending:
             decision = plan[item.key]
             pod = by_key[item.key]
             namespace = str(_meta(pod).get("namespace"))
             if decision.instance is None:
                 uid = str(_meta(pod).get("uid"))
-                if decision.reason is not core.NoSubstitute.NONE_COMPATIBLE:
+                if decision.reason is not mig_substitution.NoSubstitute.NONE_COMPATIBLE:
                     continue
                 message = decision.message
                 if self.config.recarve_advice:
-                    advice = core.recarve_advice(item.requested, nodes, held, item.constraints)
+                    advice = mig_recarve.recarve_advice(item.requested, nodes, held, item.constraints)
                     message += f"; {advice.message}" if advice is not None else \
                         "; dry run: no re-carve of a card the pod may use would fit it either"
                 if self.told.get(uid) != message:
@@ -610,7 +613,7 @@ class MigController:
                             _meta(pod).get("name"), err)
                 self.item_failures += 1
 
-    async def _move(self, pod: Obj, requested: MigProfile, target: core.FreeInstance,
+    async def _move(self, pod: Obj, requested: MigProfile, target: mig_substitution.FreeInstance,
                     message: str) -> None:
         meta = _meta(pod)
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -626,25 +629,25 @@ class MigController:
         else:  # what it needs to re-create exactly this pod, and to verify it did
             subject, key = name, f"{namespace}/{name}"
             spec["selector"] = {"podName": name}
-            spec["savedPod"] = core.saved_pod(pod)
-            spec["savedPodDigest"] = core.saved_pod_digest(spec["savedPod"])
+            spec["savedPod"] = mig_rules.saved_pod(pod)
+            spec["savedPodDigest"] = mig_rules.saved_pod_digest(spec["savedPod"])
             spec["movedPodUID"] = str(meta.get("uid"))
-        rule_name = core.rule_name(subject, requested, to, key)
+        rule_name = mig_rules.rule_name(subject, requested, to, key)
         body = {"apiVersion": RULE_API_VERSION, "kind": rules_api.KIND,
                 "metadata": {"name": rule_name, "namespace": namespace,
-                             "labels": {ann.MANAGED_BY: core.ADAPTER}}, "spec": spec}
+                             "labels": {ann.MANAGED_BY: mig_rules.ADAPTER}}, "spec": spec}
         try:  # 1. the rule, before anything is deleted
             rule_obj = await self.client.create(RULES.path(namespace), body)
         except AlreadyExists:
             rule_obj = await self.client.get(RULES.path(namespace, rule_name))
-            if _annotations(rule_obj).get(core.MIG_RETURNING) is not None:
+            if _annotations(rule_obj).get(mig_rules.MIG_RETURNING) is not None:
                 return  # a return under this name is finishing; next round
             if owner is None:
                 return  # a bare move in flight: step 1 of the next round finishes it
             try:  # an owner's rule of that name is reused only if it is the adapter's
-                refusal = core.check_rule(rules_api.rule_from_object(rule_obj))
+                refusal = mig_rules.check_rule(rules_api.rule_from_object(rule_obj))
             except rules_api.MIGSubstitutionError as err:
-                refusal = core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))
+                refusal = mig_rules.RuleRefusal(mig_rules.RuleProblem.INVALID_SPEC, str(err))
             if refusal is not None:
                 await self._refuse(rule_obj, refusal)
                 return  # its pod is not deleted under a rule the adapter did not write
@@ -671,15 +674,15 @@ class MigController:
 
     # ---- 3. moving back
 
-    def _moved(self, pods: list[Obj]) -> tuple[list[core.MovedPod], dict[str, Obj]]:
-        out: list[tuple[str, core.MovedPod]] = []
+    def _moved(self, pods: list[Obj]) -> tuple[list[mig_substitution.MovedPod], dict[str, Obj]]:
+        out: list[tuple[str, mig_substitution.MovedPod]] = []
         by_key: dict[str, Obj] = {}
         for pod in pods:
             meta = _meta(pod)
             notes = _annotations(pod)
             node = (pod.get("spec") or {}).get("nodeName")
             if not node or not _applied_rules(pod) or finished(pod) or \
-                    meta.get("deletionTimestamp") or core.MIG_ORIGINAL not in notes:
+                    meta.get("deletionTimestamp") or mig_rules.MIG_ORIGINAL not in notes:
                 continue
             namespace = str(meta.get("namespace", ""))
             if not self.config.governs(namespace):
@@ -691,7 +694,7 @@ class MigController:
             current = pod_profile(request)
             if current is None:
                 continue
-            originals = core.parse_original(notes[core.MIG_ORIGINAL])
+            originals = mig_rules.parse_original(notes[mig_rules.MIG_ORIGINAL])
             container = request.gpu_containers[0].name
             original = originals.get(container)
             if original is None or original == current:
@@ -699,31 +702,31 @@ class MigController:
             owner = controller_owner(pod)
             key = object_key(pod)
             by_key[key] = pod
-            out.append((str(meta.get("creationTimestamp", "")), core.MovedPod(
+            out.append((str(meta.get("creationTimestamp", "")), mig_substitution.MovedPod(
                 key, original, current, str(node),
                 str(owner.get("kind")) if owner is not None else None,
                 str((pod.get("spec") or {}).get("restartPolicy") or "Always"), None,
-                core.constraints_for(request, self._allowed_nodes(pod)))))
+                mig_substitution.constraints_for(request, self._allowed_nodes(pod)))))
         out.sort(key=lambda p: (p[0], p[1].key))
         return [m for _, m in out], by_key
 
-    async def _move_back(self, pods: list[Obj], free: dict[str, list[core.FreeInstance]],
-                         rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
+    async def _move_back(self, pods: list[Obj], free: dict[str, list[mig_substitution.FreeInstance]],
+                         rules: Mapping[str, tuple[Obj, mig_rules.SubstitutionRule]]) -> None:
         moved, by_key = self._moved(pods)
         if not moved:
             return
         busy = frozenset({r.node for r in self.reservations} |
                          {r.source_node for r in self.reservations if r.source_node})
         originals = [i for insts in free.values() for i in insts]
-        for back in core.move_back(moved, originals, self.config.move_back, busy):
+        for back in mig_substitution.move_back(moved, originals, self.config.move_back, busy):
             try:
                 await self._return(by_key[back.pod.key], back, rules)
             except ApiError as err:  # this pod's trouble is not the others' (see _bare_rules)
                 log.warning("moving %s back: %s; again next round", back.pod.key, err)
                 self.item_failures += 1
 
-    async def _return(self, pod: Obj, back: core.MoveBack,
-                      rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
+    async def _return(self, pod: Obj, back: mig_substitution.MoveBack,
+                      rules: Mapping[str, tuple[Obj, mig_rules.SubstitutionRule]]) -> None:
         meta = _meta(pod)
         namespace, name = str(meta["namespace"]), str(meta["name"])
         owner = controller_owner(pod)
@@ -742,7 +745,7 @@ class MigController:
             obj, rule = bare[0]
             # 1. the rule stops rewriting (the webhook reads it live), keeping the saved pod
             obj = await self.client.patch(RULES.path(namespace, rule.name), {
-                "metadata": {"annotations": {core.MIG_RETURNING: _now()}}})
+                "metadata": {"annotations": {mig_rules.MIG_RETURNING: _now()}}})
             rule = rules_api.rule_from_object(obj)
             await self._delete_pod(pod)  # 2.
             self._count_back(back, namespace, pod, obj, text)
@@ -757,7 +760,7 @@ class MigController:
         await self._delete_pod(pod)  # 2. the owner creates it again, as written
         self._count_back(back, namespace, pod, applied[0][0] if applied else None, text)
 
-    def _count_back(self, back: core.MoveBack, namespace: str, pod: Obj, rule_obj: Obj | None,
+    def _count_back(self, back: mig_substitution.MoveBack, namespace: str, pod: Obj, rule_obj: Obj | None,
                     text: str) -> None:
         self.metrics.moves.labels("back", back.pod.current.name, back.pod.original.name,
                                   namespace).inc()
@@ -770,7 +773,7 @@ class MigController:
     # ---- 4. owner rules nothing refers to
 
     async def _forget_owner_rules(self, pods: list[Obj],
-                                  rules: Mapping[str, tuple[Obj, core.SubstitutionRule]]) -> None:
+                                  rules: Mapping[str, tuple[Obj, mig_rules.SubstitutionRule]]) -> None:
         referring: dict[str, int] = {}
         for pod in pods:
             if finished(pod):
@@ -782,7 +785,7 @@ class MigController:
             if rule.owner_uid is None:
                 continue
             in_flight = any(r.owner_uid == rule.owner_uid for r in self.reservations)
-            if core.owner_rule_unused(referring.get(key, 0), in_flight, _age_s(obj),
+            if mig_bare.owner_rule_unused(referring.get(key, 0), in_flight, _age_s(obj),
                                       self.config.rule_grace_s):
                 try:
                     await self._delete_rule(obj, rule, "no pod refers to it")

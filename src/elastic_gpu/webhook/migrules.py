@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.webhook.kube import CrdCache, Key
 
 log = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ from elastic_gpu.core.budget import NamespaceBudget
 from elastic_gpu.core.claims import Claim, protection_patch
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.jsondepth import nesting_refusal
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.names import InvalidName, NameRule, check_name
 from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options

@@ -113,7 +113,7 @@ def test_quota_mutator_alone_is_not_in_the_default_list() -> None:
 def test_a_pod_the_mig_adapter_moves_is_counted_at_its_new_profile() -> None:
     # On by default in the chart and the sandbox (issue #26, item 14): the quota must count
     # what the pod will hold, the profile the MIG adapter's rule gives it, not the one written.
-    from elastic_gpu.core.mig import SubstitutionRule
+    from elastic_gpu.core.mig.rules import SubstitutionRule
     from elastic_gpu.core.resources import MigProfile
 
     rule = SubstitutionRule("bare", "team-a", MigProfile.parse("1g.10gb"),

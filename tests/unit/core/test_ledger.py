@@ -14,7 +14,7 @@ from elastic_gpu.api import admission_policies
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission import AdmissionRule, ClusterFacts, admit, apply_patch, describe
 from elastic_gpu.core.assignment import Assignment, CardShare, distrust
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.state import PodInfo
 

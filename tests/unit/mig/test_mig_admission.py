@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, apply_patch
-from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 

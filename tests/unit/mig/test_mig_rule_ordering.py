@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from elastic_gpu.core.admission import ClusterFacts
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.errors import NotFound

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from elastic_gpu.core.admission import NodeGpus, apply_patch
-from elastic_gpu.core.mig import MIG_ORIGINAL
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.server import WebhookOptions, WebhookServer
