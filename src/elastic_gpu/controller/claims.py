@@ -1,17 +1,17 @@
 """The claims controller: binder, provisioner trigger, reclaimer and claim-protection finalizer.
 
 Per claim (key `claim:<namespace>/<name>`):
-1. a deleted claim (deletionTimestamp) keeps its finalizer while `core.claims.pods_using` lists
+1. a deleted claim (deletionTimestamp) keeps its finalizer while `core.claims.pods.pods_using` lists
    an unfinished pod naming it (Event `WaitingForPods`), then the finalizer is removed;
 2. otherwise the finalizer is added first;
-3. `core.claims.decide` on the caches; `Bind` writes the ElasticGPU's claimRef and phase Bound,
+3. `core.claims.binding.decide` on the caches; `Bind` writes the ElasticGPU's claimRef and phase Bound,
    then the claim's spec.elasticGPUName, then its status (a crash between any two writes is
    finished by the next reconcile, which decides Bind again); `Provision` asks the extender
    (`POST /provision`), which creates `egpu-<uid>` pre-bound to the claim, and binds it at
    once; `Pending` / `Lost` go to status with an Event.
-Per ElasticGPU (key `egpu:<name>`): `core.claims.decide_release` once its claim is gone
+Per ElasticGPU (key `egpu:<name>`): `core.claims.release.decide_release` once its claim is gone
 (confirmed by a live GET, never from a cache alone) and no pod that has not stopped uses its
-cards (`core.claims.pods_holding`, from the cache and then a live list of the claim's
+cards (`core.claims.pods.pods_holding`, from the cache and then a live list of the claim's
 namespace; Event `WaitingForPods`): status Released (Retain) or deleted.
 
 Writes happen only when something changes (status compared before patching), carry the
@@ -20,7 +20,7 @@ Events are de-duplicated by the recorder. Unschedulable claims are retried with 
 at once when capacity may have freed (a GPU pod finished or deleted, an ElasticGPU deleted).
 
 Pre-created ElasticGPUs (not pre-bound to a claim's uid, not bound yet) are checked against
-the GPUDevice inventory first (`core.claims.inventory_problem`: node, card indexes, uuids and
+the GPUDevice inventory first (`core.claims.inventory.inventory_problem`: node, card indexes, uuids and
 MIG instances): `Available`, or `Failed` with the reason (a claim never binds to it); checked
 again whenever a GPUDevice's spec changes.
 """
@@ -42,8 +42,28 @@ from elastic_gpu.api import gpudevice
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.provisioning import ProvisionError
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as core
 from elastic_gpu.core import podlife
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.decisions import Decision, InSync
+from elastic_gpu.core.claims.inventory import (
+    INVENTORY_REASONS,
+    InventoryCard,
+    checked_against_inventory,
+    inventory_problem,
+)
+from elastic_gpu.core.claims.model import (
+    ClaimPhase,
+    ClaimRef,
+    ElasticGPUPhase,
+    GPUClass,
+    LostReason,
+    PendingReason,
+    provisioned_name,
+)
+from elastic_gpu.core.claims.pods import CLAIM_PROTECTION_FINALIZER, pods_holding, pods_using
+from elastic_gpu.core.claims.release import Keep, MarkReleased, decide_release
 from elastic_gpu.kube.client import JSON_PATCH, PODS, Resource
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
@@ -85,14 +105,14 @@ def _holds_gpu(pod: Mapping[str, Any]) -> bool:
         bool(_pod_claim_names(pod))
 
 
-class _Overlay(Mapping[str, core.ElasticGPU]):
+class _Overlay(Mapping[str, claim_model.ElasticGPU]):
     """`base` with one more ElasticGPU, without copying `base`."""
 
-    def __init__(self, extra: core.ElasticGPU, base: Mapping[str, core.ElasticGPU]) -> None:
+    def __init__(self, extra: claim_model.ElasticGPU, base: Mapping[str, claim_model.ElasticGPU]) -> None:
         self.extra = extra
         self.base = base
 
-    def __getitem__(self, key: str) -> core.ElasticGPU:
+    def __getitem__(self, key: str) -> claim_model.ElasticGPU:
         return self.extra if key == self.extra.name else self.base[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -113,15 +133,15 @@ class _PhaseCollector(Collector):
 
     def collect(self) -> Any:
         yield _by_phase("elasticgpu_claims", "ElasticGPUClaims by phase (cache)",
-                        self.controller.claims.items(), core.ClaimPhase, core.ClaimPhase.PENDING)
+                        self.controller.claims.items(), ClaimPhase, ClaimPhase.PENDING)
         yield _by_phase("elasticgpu_elasticgpus", "ElasticGPUs by phase (cache)",
-                        self.controller.egpus.items(), core.ElasticGPUPhase,
-                        core.ElasticGPUPhase.PENDING)
+                        self.controller.egpus.items(), ElasticGPUPhase,
+                        ElasticGPUPhase.PENDING)
 
 
 def _by_phase(name: str, documentation: str, objects: list[Obj],
-              phases: type[core.ClaimPhase] | type[core.ElasticGPUPhase],
-              unset: core.ClaimPhase | core.ElasticGPUPhase) -> GaugeMetricFamily:
+              phases: type[ClaimPhase] | type[ElasticGPUPhase],
+              unset: ClaimPhase | ElasticGPUPhase) -> GaugeMetricFamily:
     """A gauge of `objects` by `status.phase` (every phase present, 0 if none; an object with
     no phase yet counts as `unset`)."""
     counts = {p.value: 0 for p in phases}
@@ -151,7 +171,7 @@ class ClaimController:
         self.devices = f.informer(DEVICES.path(), "gpudevices", missing_ok=True)
         #: claim key (ns/name) -> pod keys whose annotations name it
         self.pods_by_claim: dict[str, set[str]] = {}
-        #: pod key -> ElasticGPUs whose release waits for it (`core.claims.pods_holding`)
+        #: pod key -> ElasticGPUs whose release waits for it (`core.claims.pods.pods_holding`)
         self.egpus_held_by: dict[str, set[str]] = {}
         #: claim keys last answered Unschedulable
         self.unschedulable: set[str] = set()
@@ -160,8 +180,8 @@ class ClaimController:
         #: and meet 409s, so the claim waits for its watch event (at most until the deadline)
         self.unseen_writes: dict[str, tuple[str, float]] = {}
         #: the caches' classes and ElasticGPUs decoded once per change (not per reconcile)
-        self.decoded_classes: dict[str, core.GPUClass] = {}
-        self.decoded_egpus: dict[str, core.ElasticGPU] = {}
+        self.decoded_classes: dict[str, GPUClass] = {}
+        self.decoded_egpus: dict[str, claim_model.ElasticGPU] = {}
         self.claims.add_handler(Handler(
             on_add=self._claim_changed, on_update=lambda _o, n: self._claim_changed(n),
             on_delete=self._claim_deleted))
@@ -208,7 +228,7 @@ class ClaimController:
             self.decoded_classes.pop(str(name), None)
         for claim in self.claims.items():
             if (claim.get("spec") or {}).get("egpuClassName") == name and \
-                    (claim.get("status") or {}).get("phase") != core.ClaimPhase.BOUND.value:
+                    (claim.get("status") or {}).get("phase") != ClaimPhase.BOUND.value:
                 self.queue.add(CLAIM_KEY + object_key(claim))
 
     def _class_deleted(self, obj: Obj) -> None:
@@ -241,18 +261,18 @@ class ClaimController:
     def _inventory_changed(self) -> None:
         """The cards may differ: check the pre-created ElasticGPUs again."""
         for key, egpu in self.decoded_egpus.items():
-            if core.checked_against_inventory(egpu):
+            if checked_against_inventory(egpu):
                 self.queue.add(EGPU_KEY + key)
 
-    def _inventory(self) -> dict[str, dict[int, core.InventoryCard]]:
-        out: dict[str, dict[int, core.InventoryCard]] = {}
+    def _inventory(self) -> dict[str, dict[int, InventoryCard]]:
+        out: dict[str, dict[int, InventoryCard]] = {}
         for obj in self.devices.items():
             try:
                 node, card = gpudevice.card_from_object(obj)
             except gpudevice.GPUDeviceError as err:
                 log.debug("GPUDevice skipped: %s", err)
                 continue
-            out.setdefault(node, {})[card.index] = core.InventoryCard(
+            out.setdefault(node, {})[card.index] = InventoryCard(
                 card.uuid, frozenset(i.uuid for i in card.mig))
         return out
 
@@ -378,27 +398,27 @@ class ClaimController:
         if claim.deleting:
             await self._finish_deletion(obj, claim, finalizers)
             return
-        egpus: Mapping[str, core.ElasticGPU] = self.decoded_egpus
-        decision = core.decide(claim, self.decoded_classes, egpus)
-        if core.CLAIM_PROTECTION_FINALIZER not in finalizers and \
-                not isinstance(decision, core.Bind | core.Provision):
+        egpus: Mapping[str, claim_model.ElasticGPU] = self.decoded_egpus
+        decision = decide(claim, self.decoded_classes, egpus)
+        if CLAIM_PROTECTION_FINALIZER not in finalizers and \
+                not isinstance(decision, claim_decisions.Bind | claim_decisions.Provision):
             # a claim about to be bound gets the finalizer with spec.elasticGPUName (one write)
             obj = self._wrote(key, await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
-                "metadata": {"finalizers": [*finalizers, core.CLAIM_PROTECTION_FINALIZER],
+                "metadata": {"finalizers": [*finalizers, CLAIM_PROTECTION_FINALIZER],
                              "resourceVersion": obj["metadata"]["resourceVersion"]}}))
         provisioned_on: str | None = None
-        if isinstance(decision, core.Provision):
+        if isinstance(decision, claim_decisions.Provision):
             decision, egpus, provisioned_on = await self._provision(obj, claim, egpus)
-        if isinstance(decision, core.Bind):
+        if isinstance(decision, claim_decisions.Bind):
             await self._bind(obj, claim, egpus[decision.elastic_gpu], provisioned_on)
             return
-        if isinstance(decision, core.Pending) and \
-                decision.reason is core.PendingReason.UNSCHEDULABLE:
+        if isinstance(decision, claim_decisions.Pending) and \
+                decision.reason is PendingReason.UNSCHEDULABLE:
             self.unschedulable.add(key)
         else:
             self.unschedulable.discard(key)
-        if isinstance(decision, core.Lost) and \
-                decision.reason is core.LostReason.ELASTICGPU_MISSING and claim.elastic_gpu_name:
+        if isinstance(decision, claim_decisions.Lost) and \
+                decision.reason is LostReason.ELASTICGPU_MISSING and claim.elastic_gpu_name:
             # Lost is final: never from a cache that may just not show the ElasticGPU yet
             try:
                 await self.client.get(EGPUS.path(name=claim.elastic_gpu_name))
@@ -407,25 +427,25 @@ class ClaimController:
             else:
                 raise Requeue(f"claim {key}: ElasticGPU {claim.elastic_gpu_name} exists but is "
                               "not in the cache yet")
-        egpu = egpus.get(decision.elastic_gpu) if isinstance(decision, core.InSync) else None
+        egpu = egpus.get(decision.elastic_gpu) if isinstance(decision, InSync) else None
         changed = await self._write_status(obj, decision, egpu)
-        if changed and isinstance(decision, core.Pending | core.Lost):
-            reason = "Lost" if isinstance(decision, core.Lost) else decision.reason.value
-            if isinstance(decision, core.Pending) and \
-                    decision.reason is core.PendingReason.UNSCHEDULABLE:
+        if changed and isinstance(decision, claim_decisions.Pending | claim_decisions.Lost):
+            reason = "Lost" if isinstance(decision, claim_decisions.Lost) else decision.reason.value
+            if isinstance(decision, claim_decisions.Pending) and \
+                    decision.reason is PendingReason.UNSCHEDULABLE:
                 reason = "ProvisioningFailed"
-            waiting = isinstance(decision, core.Pending) and \
-                decision.reason is core.PendingReason.WAIT_FOR_FIRST_CONSUMER
+            waiting = isinstance(decision, claim_decisions.Pending) and \
+                decision.reason is PendingReason.WAIT_FOR_FIRST_CONSUMER
             # waiting for a consumer is the normal course of a WaitForFirstConsumer claim
             self.recorder.record(obj, NORMAL if waiting else WARNING, reason, decision.message)
-        if isinstance(decision, core.Pending) and \
-                decision.reason is core.PendingReason.UNSCHEDULABLE:
+        if isinstance(decision, claim_decisions.Pending) and \
+                decision.reason is PendingReason.UNSCHEDULABLE:
             raise Requeue(f"claim {key} unschedulable: {decision.message}")
-        if isinstance(decision, core.Provision):
+        if isinstance(decision, claim_decisions.Provision):
             raise Requeue(f"claim {key}: provisioning not finished")
 
-    async def _provision(self, obj: Obj, claim: core.Claim, egpus: Mapping[str, core.ElasticGPU]
-                         ) -> tuple[core.Decision, Mapping[str, core.ElasticGPU], str | None]:
+    async def _provision(self, obj: Obj, claim: claim_model.Claim, egpus: Mapping[str, claim_model.ElasticGPU]
+                         ) -> tuple[Decision, Mapping[str, claim_model.ElasticGPU], str | None]:
         """Ask the extender; return the decision that follows (Bind to what it made, Pending
         with its reason), the ElasticGPUs including the new one, and the node it was made on
         (None unless the extender created it now)."""
@@ -436,32 +456,32 @@ class ClaimController:
             raise
         if answer.result == "Pending":
             try:
-                reason = core.PendingReason(answer.reason)
+                reason = PendingReason(answer.reason)
             except ValueError:
-                reason = core.PendingReason.UNSCHEDULABLE
-            return core.Pending(reason, answer.message or answer.reason), egpus, None
-        name = answer.elastic_gpu or core.provisioned_name(claim)
+                reason = PendingReason.UNSCHEDULABLE
+            return claim_decisions.Pending(reason, answer.message or answer.reason), egpus, None
+        name = answer.elastic_gpu or provisioned_name(claim)
         if name not in egpus:
             if answer.result != "Provisioned" or not answer.node:
                 raise Requeue(f"extender answered {answer.result} ({answer.decision}); "
                               f"ElasticGPU {name} not in the cache yet")
             # created for this claim just now, pre-bound to it (contract 2): bind it at once
             # instead of waiting for the watch (its cards are the extender's business)
-            made = core.ElasticGPU(name=name, capacity=dict(claim.requests), node=answer.node,
-                                   shares=(), claim_ref=core.ClaimRef.of(claim),
+            made = claim_model.ElasticGPU(name=name, capacity=dict(claim.requests), node=answer.node,
+                                   shares=(), claim_ref=ClaimRef.of(claim),
                                    class_name=claim.class_name)
             egpus = _Overlay(made, egpus)
         made_on = answer.node if answer.result == "Provisioned" else None
-        return core.decide(claim, self.decoded_classes, egpus), egpus, made_on
+        return decide(claim, self.decoded_classes, egpus), egpus, made_on
 
-    async def _bind(self, obj: Obj, claim: core.Claim, egpu: core.ElasticGPU,
+    async def _bind(self, obj: Obj, claim: claim_model.Claim, egpu: claim_model.ElasticGPU,
                     provisioned_on: str | None = None) -> None:
         """ElasticGPU first (claimRef with the uid, phase Bound), then the claim's spec, then
         the claim's status: each write skipped when already done. A claim provisioned in this
         reconcile (`provisioned_on`) gets one Event, Provisioned, that says both (a PV's
         ProvisioningSucceeded): one Event write per claim less at claim-creation rates."""
         egpu_obj = self.egpus.get(egpu.name)
-        ref = core.ClaimRef.of(claim)
+        ref = ClaimRef.of(claim)
         if egpu.claim_ref != ref:
             if egpu_obj is None:
                 egpu_obj = await self.client.get(EGPUS.path(name=egpu.name))
@@ -470,30 +490,30 @@ class ClaimController:
                 "spec": {"claimRef": {"namespace": ref.namespace, "name": ref.name,
                                       "uid": ref.uid}}})
         if egpu_obj is None or \
-                (egpu_obj.get("status") or {}).get("phase") != core.ElasticGPUPhase.BOUND.value:
+                (egpu_obj.get("status") or {}).get("phase") != ElasticGPUPhase.BOUND.value:
             # no resourceVersion needed when the cache lacks it (just provisioned): its
             # claimRef, already this claim's, can never point at another claim
-            patch: dict[str, Any] = {"status": {"phase": core.ElasticGPUPhase.BOUND.value,
+            patch: dict[str, Any] = {"status": {"phase": ElasticGPUPhase.BOUND.value,
                                                 "reason": "",
                                                 "message": f"bound to claim {claim.key}"}}
             if egpu_obj is not None:
                 patch["metadata"] = {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]}
             egpu_obj = await self.client.patch(EGPUS.path(name=egpu.name, subresource="status"),
                                                patch)
-            if egpu.name != core.provisioned_name(claim):
+            if egpu.name != provisioned_name(claim):
                 # a static binding is news on the ElasticGPU; a provisioned one was made bound
                 # (the claim's Provisioned and Bound events tell it, one Event write less)
                 self.recorder.record(egpu_obj, NORMAL, "Bound", f"bound to claim {claim.key}")
         finalizers = list((obj.get("metadata") or {}).get("finalizers") or [])
-        if claim.elastic_gpu_name != egpu.name or core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+        if claim.elastic_gpu_name != egpu.name or CLAIM_PROTECTION_FINALIZER not in finalizers:
             meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
-            if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
-                meta["finalizers"] = [*finalizers, core.CLAIM_PROTECTION_FINALIZER]
+            if CLAIM_PROTECTION_FINALIZER not in finalizers:
+                meta["finalizers"] = [*finalizers, CLAIM_PROTECTION_FINALIZER]
             obj = self._wrote(claim.key, await self.client.patch(
                 CLAIMS.path(claim.namespace, claim.name),
                 {"metadata": meta, "spec": {"elasticGPUName": egpu.name}}))
         self.unschedulable.discard(claim.key)
-        if await self._write_status(obj, core.Bind(egpu.name), egpu):
+        if await self._write_status(obj, claim_decisions.Bind(egpu.name), egpu):
             if provisioned_on is not None:
                 self.recorder.record(obj, NORMAL, "Provisioned", f"ElasticGPU {egpu.name} "
                                      f"provisioned on node {provisioned_on} and bound")
@@ -504,8 +524,8 @@ class ClaimController:
             self.recorder.record(obj, NORMAL, "Provisioned",
                                  f"ElasticGPU {egpu.name} provisioned on node {provisioned_on}")
 
-    async def _write_status(self, obj: Obj, decision: core.Decision,
-                            egpu: core.ElasticGPU | None) -> bool:
+    async def _write_status(self, obj: Obj, decision: Decision,
+                            egpu: claim_model.ElasticGPU | None) -> bool:
         """Patch the claim's status if it differs from what the decision gives; True if so."""
         status = api.claim_status(decision, obj, _now(), egpu)
         current = obj.get("status") or {}
@@ -517,19 +537,19 @@ class ClaimController:
             {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}))
         return True
 
-    async def _finish_deletion(self, obj: Obj, claim: core.Claim, finalizers: list[str]) -> None:
-        if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+    async def _finish_deletion(self, obj: Obj, claim: claim_model.Claim, finalizers: list[str]) -> None:
+        if CLAIM_PROTECTION_FINALIZER not in finalizers:
             return
-        using = core.pods_using(claim, self._pods_of(claim.key))
+        using = pods_using(claim, self._pods_of(claim.key))
         if using:
             self.recorder.record(obj, NORMAL, "WaitingForPods",
                                  f"deletion waits for pods using the claim: {', '.join(using)}")
             return
-        index = finalizers.index(core.CLAIM_PROTECTION_FINALIZER)
+        index = finalizers.index(CLAIM_PROTECTION_FINALIZER)
         try:  # JSON patch with a test: remove exactly our entry, never another's
             await self.client.patch(CLAIMS.path(claim.namespace, claim.name), [
                 {"op": "test", "path": f"/metadata/finalizers/{index}",
-                 "value": core.CLAIM_PROTECTION_FINALIZER},
+                 "value": CLAIM_PROTECTION_FINALIZER},
                 {"op": "remove", "path": f"/metadata/finalizers/{index}"}], JSON_PATCH)
         except NotFound:
             return
@@ -541,20 +561,20 @@ class ClaimController:
 
     # ------------------------------------------------------------------ ElasticGPUs
 
-    async def _check_inventory(self, obj: Obj, egpu: core.ElasticGPU) -> None:
+    async def _check_inventory(self, obj: Obj, egpu: claim_model.ElasticGPU) -> None:
         """A pre-created ElasticGPU names real cards (`Available`) or says why not (`Failed`,
         reason and message); written only when that changes. A `Failed` one set by anyone
         for another reason is left so."""
         status = obj.get("status") or {}
-        if egpu.phase is core.ElasticGPUPhase.FAILED and \
-                status.get("reason") not in core.INVENTORY_REASONS:
+        if egpu.phase is ElasticGPUPhase.FAILED and \
+                status.get("reason") not in INVENTORY_REASONS:
             return
-        problem = core.inventory_problem(egpu, self._inventory())
+        problem = inventory_problem(egpu, self._inventory())
         if problem is None:
-            want: dict[str, Any] = {"phase": core.ElasticGPUPhase.AVAILABLE.value,
+            want: dict[str, Any] = {"phase": ElasticGPUPhase.AVAILABLE.value,
                                     "reason": None, "message": None}
         else:
-            want = {"phase": core.ElasticGPUPhase.FAILED.value, "reason": problem[0].value,
+            want = {"phase": ElasticGPUPhase.FAILED.value, "reason": problem[0].value,
                     "message": problem[1]}
         if all(status.get(k) == v for k, v in want.items()):
             return
@@ -565,7 +585,7 @@ class ClaimController:
         if problem is not None:
             log.warning("%s", problem[1])
             self.recorder.record(obj, WARNING, problem[0].value, problem[1])
-        elif egpu.phase is core.ElasticGPUPhase.FAILED:
+        elif egpu.phase is ElasticGPUPhase.FAILED:
             self.recorder.record(obj, NORMAL, "Available",
                                  "its node, cards and uuids are in the inventory now")
 
@@ -578,14 +598,14 @@ class ClaimController:
         except api.ElasticGPUObjectError as err:
             self.recorder.record(obj, WARNING, "InvalidObject", str(err))
             return
-        if core.checked_against_inventory(egpu):
+        if checked_against_inventory(egpu):
             await self._check_inventory(obj, egpu)
         ref = egpu.claim_ref
         if ref is None:
             return
         claim = await self._claim_of(ref)
-        decision = core.decide_release(egpu, claim, core.pods_holding(egpu, self.pods.items()))
-        if isinstance(decision, core.Keep):
+        decision = decide_release(egpu, claim, pods_holding(egpu, self.pods.items()))
+        if isinstance(decision, Keep):
             self._keep(obj, name, decision)
             return
         # the caches say the claim is gone and no pod uses the cards: make sure with the API
@@ -593,14 +613,14 @@ class ClaimController:
         if claim is None and self.claims.get(f"{ref.namespace}/{ref.name}") is None:
             claim = await self._live_claim(ref)
         pods, _ = await self.client.list(PODS.path(ref.namespace))
-        decision = core.decide_release(egpu, claim, core.pods_holding(egpu, pods))
-        if isinstance(decision, core.Keep):
+        decision = decide_release(egpu, claim, pods_holding(egpu, pods))
+        if isinstance(decision, Keep):
             self._keep(obj, name, decision)
             return
-        if isinstance(decision, core.MarkReleased):
+        if isinstance(decision, MarkReleased):
             await self.client.patch(EGPUS.path(name=name, subresource="status"), {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                "status": {"phase": core.ElasticGPUPhase.RELEASED.value,
+                "status": {"phase": ElasticGPUPhase.RELEASED.value,
                            "reason": "ClaimDeleted", "message": decision.message}})
             self.recorder.record(obj, NORMAL, "Released", decision.message)
             return
@@ -612,7 +632,7 @@ class ClaimController:
         self.recorder.record(obj, NORMAL, "Deleted", f"{decision.message}; reclaim policy "
                              "Delete: the ElasticGPU and its cards are freed")
 
-    def _keep(self, obj: Obj, name: str, decision: core.Keep) -> None:
+    def _keep(self, obj: Obj, name: str, decision: Keep) -> None:
         """A kept ElasticGPU whose claim is gone waits for the pods still using its cards:
         each one's stop or deletion brings it back (`_pod_stopped`)."""
         if not decision.waiting_for:
@@ -623,7 +643,7 @@ class ClaimController:
                              "its claim is gone; release waits for the pods using its cards: "
                              + ", ".join(decision.waiting_for))
 
-    async def _claim_of(self, ref: core.ClaimRef) -> core.Claim | None:
+    async def _claim_of(self, ref: ClaimRef) -> claim_model.Claim | None:
         obj = self.claims.get(f"{ref.namespace}/{ref.name}")
         if obj is None:
             return None
@@ -632,7 +652,7 @@ class ClaimController:
         except api.ElasticGPUObjectError:
             return None
 
-    async def _live_claim(self, ref: core.ClaimRef) -> core.Claim | None:
+    async def _live_claim(self, ref: ClaimRef) -> claim_model.Claim | None:
         try:
             return api.claim_from_object(await self.client.get(CLAIMS.path(ref.namespace,
                                                                            ref.name)))

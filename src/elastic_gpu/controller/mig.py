@@ -52,7 +52,7 @@ from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import nodeaffinity
 from elastic_gpu.core.assignment import Assignment, AssignmentError
-from elastic_gpu.core.claims import Condition
+from elastic_gpu.core.claims.model import Condition
 from elastic_gpu.core.mig import bare as mig_bare
 from elastic_gpu.core.mig import recarve as mig_recarve
 from elastic_gpu.core.mig import rules as mig_rules

@@ -37,7 +37,8 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.budget import FINALIZER, PriorityDowngrade
-from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
+from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE, node_core
 from elastic_gpu.core.quantity import QuantityError, parse_quantity

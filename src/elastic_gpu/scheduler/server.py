@@ -31,8 +31,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.decisions import InSync
+from elastic_gpu.core.claims.model import provisioned_name
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_reason, pod_claims
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.placement import Unschedulable
@@ -304,8 +308,8 @@ class Extender:
             return _outcome(_json(wire.filter_error(str(err))), "error")
         uid = pod_uid(args.Pod)
         try:
-            named = egc.pod_claims(args.Pod)
-        except egc.ClaimAnnotationError as err:
+            named = pod_claims(args.Pod)
+        except ClaimAnnotationError as err:
             return _outcome(_json(wire.filter_error(str(err))), "error")
         self._remember(uid, args.Pod)
         if not request.wants_gpu:
@@ -341,8 +345,8 @@ class Extender:
         """(the request of a pod's containers that are not backed by bound claims, the node
         its bound claims tie it to, whether an unbound claim rules out every node)."""
         try:
-            named = egc.pod_claims(pod)
-        except egc.ClaimAnnotationError:
+            named = pod_claims(pod)
+        except ClaimAnnotationError:
             return request, None, True
         if not named:
             return request, None, False
@@ -454,8 +458,8 @@ class Extender:
                             definite=True)
         self._check_placement(manifest, request, args, where)
         try:
-            named = egc.pod_claims(manifest)
-        except egc.ClaimAnnotationError as err:
+            named = pod_claims(manifest)
+        except ClaimAnnotationError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         if named:
             await self._bind_claims(args, where, manifest, request, known.resource_version,
@@ -512,13 +516,13 @@ class Extender:
             del self._claim_users[key], self._claim_locks[key]
 
     def _claim_view(self, where: str, namespace: str, named: Mapping[str, str],
-                    node: str) -> egc.PodClaims:
+                    node: str) -> PodClaims:
         view = self.state.claim_view(namespace, named)
         if view.blocked is not None:
             raise BindError(f"{where}: {view.blocked}", definite=True)
         if view.node is not None and view.node != node:
             container, egpu = next(iter(sorted(view.bound.items())))
-            raise BindError(f"{where}: " + egc.off_node_reason(
+            raise BindError(f"{where}: " + off_node_reason(
                 container, f"{namespace}/{named[container]}", egpu), definite=True)
         return view
 
@@ -552,7 +556,7 @@ class Extender:
                 raise
             await self._finish_bind(args, where, manifest, token, assignment, version)
 
-    async def _create_first_consumer(self, where: str, node: str, egpu: egc.ElasticGPU,
+    async def _create_first_consumer(self, where: str, node: str, egpu: claim_model.ElasticGPU,
                                      token: int, assignment: Assignment) -> Assignment:
         """Create a first consumer's ElasticGPU; the assignment, with the cards of the
         ElasticGPU that exists (ours, or one an earlier attempt created on this node)."""
@@ -589,7 +593,7 @@ class Extender:
                 containers[container] = egpu.shares
         return Assignment(assignment.node, containers, assignment.claims)
 
-    async def _existing_elasticgpu(self, where: str, name: str) -> egc.ElasticGPU:
+    async def _existing_elasticgpu(self, where: str, name: str) -> claim_model.ElasticGPU:
         assert self.claims_api is not None
         raw = await self.claims_api.get_elasticgpu(name)
         if raw is None:
@@ -638,29 +642,29 @@ class Extender:
                                 "it was deleted (and maybe re-created)")
             await self._state_call(self.state.upsert_claim, claim)
         outcome, token = await self._state_call(self.state.provision, claim)
-        if isinstance(outcome, egc.ElasticGPU):
+        if isinstance(outcome, claim_model.ElasticGPU):
             assert token is not None
             egpu = await self._create_provisioned(outcome, token, key)
             self.metrics.provisioned.inc()
             return {"result": "Provisioned", "elasticGPU": egpu.name, "node": egpu.node}
-        if isinstance(outcome, egc.Pending):
+        if isinstance(outcome, claim_decisions.Pending):
             return {"result": "Pending", "reason": outcome.reason.value,
                     "message": outcome.message}
-        if isinstance(outcome, egc.Bind) and claim.elastic_gpu_name is None and \
-                outcome.elastic_gpu == egc.provisioned_name(claim):
+        if isinstance(outcome, claim_decisions.Bind) and claim.elastic_gpu_name is None and \
+                outcome.elastic_gpu == provisioned_name(claim):
             made = self.state.elasticgpu(outcome.elastic_gpu)  # pre-bound: provisioned already
             return {"result": "Provisioned", "elasticGPU": outcome.elastic_gpu,
                     "node": made.node if made is not None else ""}
-        if isinstance(outcome, egc.Lost):
+        if isinstance(outcome, claim_decisions.Lost):
             return {"result": "NotNeeded", "decision": "Lost",
                     "elasticGPU": claim.elastic_gpu_name or "", "message": outcome.message}
-        if isinstance(outcome, egc.InSync | egc.Bind):
+        if isinstance(outcome, InSync | claim_decisions.Bind):
             return {"result": "NotNeeded", "decision": type(outcome).__name__,
                     "elasticGPU": outcome.elastic_gpu}
         raise AssertionError(f"unexpected decision {outcome!r}")  # Provision is never returned
 
-    async def _create_provisioned(self, egpu: egc.ElasticGPU, token: int,
-                                  key: str) -> egc.ElasticGPU:
+    async def _create_provisioned(self, egpu: claim_model.ElasticGPU, token: int,
+                                  key: str) -> claim_model.ElasticGPU:
         assert self.claims_api is not None
         where = f"provision claim {key}"
         try:

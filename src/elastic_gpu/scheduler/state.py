@@ -10,7 +10,7 @@ mutations are serialized and a filter or bind always sees every earlier reservat
 keyed by pod UID: a pod deleted and re-created under the same name is a different pod.
 
 ElasticGPUs (issue #15, docs/claims.md): every ElasticGPU with a node and cards holds them in
-the engine under `core.claims.ledger_key(name)`, whatever its phase, until it is deleted; the
+the engine under `core.claims.inventory.ledger_key(name)`, whatever its phase, until it is deleted; the
 holds live in the same `_holds` as pods' (keyed by ledger key instead of pod UID), so relists,
 inventory changes and conflicts treat both alike. A pod consuming a claim carries an
 assignment whose claim-backed containers are marked (`Assignment.claims`): only its other
@@ -38,9 +38,23 @@ from typing import Any
 import numpy as np
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as egc
 from elastic_gpu.core import podlife
 from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims import pods as claim_pods
+from elastic_gpu.core.claims import provisioning as claim_provisioning
+from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.decisions import Decision, Pending
+from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.claims.model import Claim, GPUClass
+from elastic_gpu.core.claims.pods import (
+    ClaimAnnotationError,
+    PodClaims,
+    off_node_reason,
+    pod_claims,
+    resolve_pod_claims,
+)
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.nodeaffinity import Taint
@@ -69,8 +83,8 @@ UNKNOWN_NODE_FAILURE = FitFailure(FitKind.UNKNOWN_NODE)
 #: Pods remembered as waiting for GPU capacity; past this the longest-waiting are forgotten
 #: (kube-scheduler's five-minute flush still retries them).
 MAX_WAITING = 10_000
-#: Prefix of ElasticGPU ledger keys (`core.claims.ledger_key`); never a pod UID.
-EGPU_KEY = egc.ledger_key("")
+#: Prefix of ElasticGPU ledger keys (`core.claims.inventory.ledger_key`); never a pod UID.
+EGPU_KEY = ledger_key("")
 #: The feeds of the Elastic GPU API (their CRDs missing = none exist, `apiworker`).
 CLAIM_SOURCES = frozenset({"elasticgpus", "elasticgpuclaims", "elasticgpuclasses"})
 #: Pods remembered as waiting for a claim to be bound.
@@ -249,11 +263,11 @@ class SchedulerState:
         self.wakeup_counts: Counter[str] = Counter()
         #: The Elastic GPU API as the watches show it (core types), and ElasticGPU object
         #: UIDs seen deleted (a create's answer arriving after the deletion stays gone).
-        self._egpus: dict[str, egc.ElasticGPU] = {}
+        self._egpus: dict[str, claim_model.ElasticGPU] = {}
         self._egpu_uids: dict[str, str] = {}
         self._egpus_gone: OrderedDict[str, None] = OrderedDict()
-        self._claims: dict[tuple[str, str], egc.Claim] = {}
-        self._classes: dict[str, egc.GPUClass] = {}
+        self._claims: dict[tuple[str, str], Claim] = {}
+        self._classes: dict[str, GPUClass] = {}
         #: ElasticGPU name -> uids of the pods whose assignment uses its cards: they hold
         #: those cards themselves while it is not counted (`_egpu_counted`)
         self._egpu_consumers: dict[str, set[str]] = {}
@@ -385,7 +399,7 @@ class SchedulerState:
             self._holds.clear()
             self._node_pods.clear()
             for name in self._egpus:  # ElasticGPUs first: a bound claim's cards are its
-                self._sync(egc.ledger_key(name))
+                self._sync(ledger_key(name))
             for uid in self._pods:
                 self._sync(uid)
             for uid, reservations in self._inflight.items():
@@ -416,7 +430,7 @@ class SchedulerState:
             egpu = self._egpus.get(uid[len(EGPU_KEY):])
             if egpu is None or not egpu.node or not egpu.shares:
                 return None
-            return egc.egpu_assignment(egpu)
+            return egpu_assignment(egpu)
         pod = self._pods.get(uid)
         return pod.held(self._egpu_counted) if pod is not None else None
 
@@ -425,7 +439,7 @@ class SchedulerState:
         cards (`_desired`), or a reservation holds them while it is being created."""
         egpu = self._egpus.get(name)
         return (egpu is not None and bool(egpu.node) and bool(egpu.shares)) or \
-            egc.ledger_key(name) in self._inflight
+            ledger_key(name) in self._inflight
 
     def _index_consumer(self, uid: str, old: PodInfo | None, new: PodInfo | None) -> None:
         before = old.elasticgpus() if old is not None else frozenset()
@@ -635,8 +649,8 @@ class SchedulerState:
             self._claim_waiting.pop(uid, None)
             return
         try:
-            named = egc.pod_claims(pod.manifest)
-        except egc.ClaimAnnotationError:
+            named = pod_claims(pod.manifest)
+        except ClaimAnnotationError:
             return
         view = self._claim_view(namespace, named)
         if view.blocked is None:
@@ -646,13 +660,13 @@ class SchedulerState:
                 uid, namespace, name, view.node or "",
                 f"the ElasticGPUClaims this pod names can now be placed{where}")
 
-    def upsert_elasticgpu(self, egpu: egc.ElasticGPU, uid: str = "") -> None:
+    def upsert_elasticgpu(self, egpu: claim_model.ElasticGPU, uid: str = "") -> None:
         """An ElasticGPU from the watch (or the API's answer to our create): it holds its cards
         from now on; any reservation made to create it ends (the truth is known)."""
         with self._lock:
             if uid and uid in self._egpus_gone:
                 return  # a late copy of a deleted one
-            key = egc.ledger_key(egpu.name)
+            key = ledger_key(egpu.name)
             if self._egpus.get(egpu.name) == egpu and key not in self._inflight:
                 return
             self._egpus[egpu.name] = egpu
@@ -672,12 +686,12 @@ class SchedulerState:
                 self._egpus_gone[uid] = None
                 while len(self._egpus_gone) > MAX_GONE:
                     self._egpus_gone.popitem(last=False)
-            self._sync(egc.ledger_key(name))
+            self._sync(ledger_key(name))
             self._sync_consumers(name)  # a running pod using its cards holds them now
             if egpu is not None and egpu.claim_ref is not None:
                 self._claim_keys_changed([f"{egpu.claim_ref.namespace}/{egpu.claim_ref.name}"])
 
-    def replace_elasticgpus(self, egpus: Iterable[tuple[egc.ElasticGPU, str]]) -> None:
+    def replace_elasticgpus(self, egpus: Iterable[tuple[claim_model.ElasticGPU, str]]) -> None:
         """A relist: exactly these ElasticGPUs (with their object UIDs) exist."""
         with self._lock:
             fresh = {egpu.name: (egpu, uid) for egpu, uid in egpus}
@@ -686,7 +700,7 @@ class SchedulerState:
             for egpu, uid in fresh.values():
                 self.upsert_elasticgpu(egpu, uid)
 
-    def upsert_claim(self, claim: egc.Claim) -> None:
+    def upsert_claim(self, claim: Claim) -> None:
         with self._lock:
             if self._claims.get((claim.namespace, claim.name)) == claim:
                 return
@@ -698,7 +712,7 @@ class SchedulerState:
             if self._claims.pop((namespace, name), None) is not None:
                 self._claim_keys_changed([f"{namespace}/{name}"])
 
-    def replace_claims(self, claims: Iterable[egc.Claim]) -> None:
+    def replace_claims(self, claims: Iterable[Claim]) -> None:
         with self._lock:
             fresh = {(c.namespace, c.name): c for c in claims}
             for namespace, name in set(self._claims) - set(fresh):
@@ -706,7 +720,7 @@ class SchedulerState:
             for claim in fresh.values():
                 self.upsert_claim(claim)
 
-    def upsert_class(self, cls: egc.GPUClass) -> None:
+    def upsert_class(self, cls: GPUClass) -> None:
         with self._lock:
             if self._classes.get(cls.name) != cls:
                 self._classes[cls.name] = cls
@@ -717,7 +731,7 @@ class SchedulerState:
             if self._classes.pop(name, None) is not None:
                 self._claim_keys_changed(self._claims_of_class(name))
 
-    def replace_classes(self, classes: Iterable[egc.GPUClass]) -> None:
+    def replace_classes(self, classes: Iterable[GPUClass]) -> None:
         with self._lock:
             fresh = {c.name: c for c in classes}
             for name in set(self._classes) - set(fresh):
@@ -728,24 +742,24 @@ class SchedulerState:
     def _claims_of_class(self, name: str) -> list[str]:
         return [c.key for c in self._claims.values() if c.class_name == name]
 
-    def claim(self, namespace: str, name: str) -> egc.Claim | None:
+    def claim(self, namespace: str, name: str) -> Claim | None:
         return self._claims.get((namespace, name))
 
-    def elasticgpu(self, name: str) -> egc.ElasticGPU | None:
+    def elasticgpu(self, name: str) -> claim_model.ElasticGPU | None:
         return self._egpus.get(name)
 
-    def elasticgpus(self) -> dict[str, egc.ElasticGPU]:
+    def elasticgpus(self) -> dict[str, claim_model.ElasticGPU]:
         with self._lock:
             return dict(self._egpus)
 
-    def classes(self) -> dict[str, egc.GPUClass]:
+    def classes(self) -> dict[str, GPUClass]:
         with self._lock:
             return dict(self._classes)
 
-    def _claim_view(self, namespace: str, named: Mapping[str, str]) -> egc.PodClaims:
-        return egc.resolve_pod_claims(namespace, named, self._claims, self._classes, self._egpus)
+    def _claim_view(self, namespace: str, named: Mapping[str, str]) -> PodClaims:
+        return resolve_pod_claims(namespace, named, self._claims, self._classes, self._egpus)
 
-    def claim_view(self, namespace: str, named: Mapping[str, str]) -> egc.PodClaims:
+    def claim_view(self, namespace: str, named: Mapping[str, str]) -> PodClaims:
         """How a pod of `namespace` naming these claims (container -> claim) is placed now."""
         with self._lock:
             return self._claim_view(namespace, named)
@@ -775,7 +789,7 @@ class SchedulerState:
             if node is None:
                 return self.filter(rest, uid, node_names), {}
             container, egpu = next(iter(sorted(view.bound.items())))
-            off = egc.off_node_reason(container, f"{pod.namespace}/{named[container]}", egpu)
+            off = off_node_reason(container, f"{pod.namespace}/{named[container]}", egpu)
             reasons = {n: off for n in node_names if n != node}
             if node not in node_names:
                 self._waiting.pop(uid, None)
@@ -785,8 +799,8 @@ class SchedulerState:
                 return FilterResult([node], {}), reasons
             return self.filter(rest, uid, [node]), reasons
 
-    def reserve_claims(self, pod: PodRequest, uid: str, node: str, view: egc.PodClaims
-                       ) -> tuple[int, Assignment, list[tuple[egc.ElasticGPU, int]]]:
+    def reserve_claims(self, pod: PodRequest, uid: str, node: str, view: PodClaims
+                       ) -> tuple[int, Assignment, list[tuple[claim_model.ElasticGPU, int]]]:
         """`reserve` for a pod naming claims: its bound claims' containers get their
         ElasticGPUs' cards (held already, under the ElasticGPUs' keys); cards are chosen on
         `node` for the others, and those chosen for a WaitForFirstConsumer claim's container are
@@ -802,7 +816,7 @@ class SchedulerState:
                 cls = self._classes.get(claim.class_name or "")
                 if cls is None:
                     raise Unschedulable(FitFailure(FitKind.UNDETAILED), node)
-                made.append(egc.first_consumer_elasticgpu(
+                made.append(claim_pods.first_consumer_elasticgpu(
                     claim, cls, node, tuple(placed.containers.get(container, ()))))
             own = Assignment(node, {c: s for c, s in placed.containers.items()
                                     if c not in view.first_consumer})
@@ -813,16 +827,16 @@ class SchedulerState:
                     tokens.append((egpu, self._reserve_egpu(egpu)))
             except Unschedulable:
                 for egpu, etoken in tokens:
-                    self._drop_reservations(egc.ledger_key(egpu.name), etoken)
+                    self._drop_reservations(ledger_key(egpu.name), etoken)
                 self._drop_reservations(uid, token)
                 raise
             containers = dict(placed.containers)
             containers.update({c: e.shares for c, e in view.bound.items()})
             return token, Assignment(node, containers, view.marks()), tokens
 
-    def _reserve_egpu(self, egpu: egc.ElasticGPU) -> int:
-        key = egc.ledger_key(egpu.name)
-        assignment = egc.egpu_assignment(egpu)
+    def _reserve_egpu(self, egpu: claim_model.ElasticGPU) -> int:
+        key = ledger_key(egpu.name)
+        assignment = egpu_assignment(egpu)
         self._tokens += 1
         token = self._tokens
         self.engine.allocate(self._reservation_key(key, token), assignment)
@@ -830,28 +844,28 @@ class SchedulerState:
         self._inflight.setdefault(key, {})[token] = _Reservation(assignment)
         return token
 
-    def provision(self, claim: egc.Claim) -> tuple[egc.Decision | egc.ElasticGPU, int | None]:
-        """/provision's decision for a claim, from the caches (`core.claims.decide`); on
-        Provision, the ElasticGPU placed by the engine (`core.claims.provision`) with its cards
+    def provision(self, claim: Claim) -> tuple[Decision | claim_model.ElasticGPU, int | None]:
+        """/provision's decision for a claim, from the caches (`core.claims.binding.decide`); on
+        Provision, the ElasticGPU placed by the engine (`core.claims.provisioning.provision`) with its cards
         reserved under its ledger key (the token, for `settle_elasticgpu`)."""
         with self._lock:
             self._prepare()
-            decision = egc.decide(claim, self._classes, self._egpus)
-            if not isinstance(decision, egc.Provision):
+            decision = decide(claim, self._classes, self._egpus)
+            if not isinstance(decision, claim_decisions.Provision):
                 return decision, None
             cls = self._classes[claim.class_name or ""]
-            made = egc.provision(decision, claim, cls, self.engine)
-            if isinstance(made, egc.Pending):
+            made = claim_provisioning.provision(decision, claim, cls, self.engine)
+            if isinstance(made, Pending):
                 return made, None
             return made, self._reserve_egpu(made)
 
     def settle_elasticgpu(self, name: str, token: int, outcome: str,
-                          created: egc.ElasticGPU | None = None, uid: str = "") -> None:
+                          created: claim_model.ElasticGPU | None = None, uid: str = "") -> None:
         """End an ElasticGPU's reservation: `created` (pass what the API holds: it holds the
         cards from now on, as if the watch had shown it), `failed` (nothing was created) or
         `unknown` (kept for the TTL, until the watch shows the truth)."""
         with self._lock:
-            key = egc.ledger_key(name)
+            key = ledger_key(name)
             if outcome == "unknown":
                 reservation = (self._inflight.get(key) or {}).get(token)
                 if reservation is not None:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from elastic_gpu.api import budget, migsubstitution
 from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
 from elastic_gpu.core.admission import NodeGpus, node_gpus
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.paths import Resource, group_prefix
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, create_bundle, plan_rotation

@@ -17,7 +17,7 @@
   finalizer (never elsewhere: nothing else waits for `egpu controller`), with `quota` the
   canonical quota resources (`core.quota.QUOTA_MUTATORS`).
 - `POST /mutate-claims`: an ElasticGPUClaim being created gets the claim-protection finalizer
-  (`core.claims.protection_patch`; issue #26: on every claim from its creation, as a PVC's).
+  (`core.claims.pods.protection_patch`; issue #26: on every claim from its creation, as a PVC's).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
@@ -55,7 +55,8 @@ from elastic_gpu.core.admission import (
     facts_from_nodes,
 )
 from elastic_gpu.core.budget import NamespaceBudget
-from elastic_gpu.core.claims import Claim, protection_patch
+from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.claims.pods import protection_patch
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig.rules import SubstitutionRule
@@ -250,7 +251,7 @@ class Admission:
 
     def review_claim(self, body: bytes) -> tuple[int, bytes, str]:
         """/mutate-claims: an ElasticGPUClaim being created gets the claim-protection
-        finalizer (`core.claims.protection_patch`); anything else is let through as it is."""
+        finalizer (`core.claims.pods.protection_patch`); anything else is let through as it is."""
         request = self._decode_review(body)
         if isinstance(request, tuple):
             return request

@@ -23,7 +23,7 @@ from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission import ClusterFacts, PodClaims, admit, apply_patch
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.claims import Claim, ClaimRef, ElasticGPU, ElasticGPUPhase
+from elastic_gpu.core.claims.model import Claim, ClaimRef, ElasticGPU, ElasticGPUPhase
 
 NODE = "n1"
 CORE = "elasticgpu.io/gpu-core"

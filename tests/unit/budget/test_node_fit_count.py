@@ -18,7 +18,7 @@ from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards
 from elastic_gpu.agent.publish import snapshot
 from elastic_gpu.core.admission import MUTATORS, ClusterFacts, PodClaims, admit, apply_patch
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity, node_core

@@ -9,7 +9,7 @@ import yaml
 
 from egpu_testing.seed import seed_pod
 from elastic_gpu.core.admission import ClusterFacts, PodClaims, admit, apply_patch
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.quantity import parse_quantity
 from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MEMORY, QUOTA_MUTATORS, quota_resources
 from elastic_gpu.core.request import pod_request_from_manifest

@@ -22,7 +22,8 @@ from elastic_gpu.core.admission import (
     claim_names,
     describe,
 )
-from elastic_gpu.core.claims import GPUSHARE, MIG, PROVISIONERS, WHOLE_CARDS, Claim
+from elastic_gpu.core.claims.model import GPUSHARE, MIG, WHOLE_CARDS, Claim
+from elastic_gpu.core.claims.provisioning import PROVISIONERS
 from elastic_gpu.core.request import RequestKind, container_request
 from elastic_gpu.core.resources import RESOURCE_TABLE, Measure, ResourceError
 

@@ -89,7 +89,7 @@ def test_a_gpu_pod_created_bound_to_a_node_is_refused_with_the_nodeselector_to_u
 
 def test_a_claim_backed_pod_created_bound_is_refused_too() -> None:
     from elastic_gpu.core.admission import PodClaims
-    from elastic_gpu.core.claims import Claim
+    from elastic_gpu.core.claims.model import Claim
 
     pod = _pod("gpu-node-1", {ann.CLAIM_PREFIX + "main": "c1"})
     claim = Claim("ns", "c1", "uid-c1", None, {"elasticgpu.io/gpu-core": 50})

@@ -14,7 +14,7 @@ import yaml
 
 from egpu_testing.seed import seed_pod
 from elastic_gpu.core.admission import ClusterFacts
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.names import InvalidName
 from elastic_gpu.webhook.kube import ClaimCache
 from elastic_gpu.webhook.server import Admission
