@@ -33,14 +33,15 @@ from typing import Any
 
 import grpc
 
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.inventory_api import ensure_crd
 from elastic_gpu.agent.plugin import socket_name
 from elastic_gpu.agent.proto import api_pb2, api_pb2_grpc
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.kube.sync import SyncKubeClient
 
 NODE = "bench-node"
 CORE = "elasticgpu.io/gpu-core"
@@ -87,7 +88,8 @@ def bench_time_sliced(calls: int) -> tuple[float, float]:
 
 def pod(name: str, card: int, marked: bool) -> dict[str, Any]:
     share = CardShare(card, f"GPU-fake-{NODE}-{card}", 100, 0)
-    annotations = {ann.ASSIGNMENT: Assignment(NODE, {"main": (share,)}).to_json()}
+    annotations = {ann.ASSIGNMENT: Assignment(NODE, {"main": (share,)}).to_json(),
+                   ann.ASSIGNED_NODE: NODE}
     if marked:
         annotations[ann.ALLOCATED] = json.dumps({"main": [CORE]})
     return {"apiVersion": "v1", "kind": "Pod",
@@ -96,15 +98,15 @@ def pod(name: str, card: int, marked: bool) -> dict[str, Any]:
                 "name": "main", "image": "bench", "resources": {"limits": {CORE: "10"}}}]}}
 
 
-def bench_assigned(client: Any, calls: int, background: int, running: bool,
-                   run: int) -> tuple[float, float]:
+def bench_assigned(client: Any, agent_client: SyncKubeClient, calls: int, background: int,
+                   running: bool, run: int) -> tuple[float, float]:
     from lightkube import codecs
     from lightkube.resources.core_v1 import Pod
     from lightkube.types import PatchType
 
     plugin_dir = Path(tempfile.mkdtemp(prefix="egpu-bench-"))
     agent = Agent(parse_config({"healthCheck": {"enabled": False}, "syncSeconds": 3600}),
-                  FakeBackend.from_dict(INVENTORY, NODE), NODE, client=client,
+                  FakeBackend.from_dict(INVENTORY, NODE), NODE, client=agent_client,
                   plugin_dir=plugin_dir)
     agent.start()
     try:
@@ -147,14 +149,16 @@ def main() -> None:
     rows = [("time-sliced (no API)", *bench_time_sliced(args.calls))]
     from lightkube import codecs
 
-    from elastic_gpu.devcluster.controlplane import ControlPlane
+    from egpu_testing.cluster import TestCluster
 
     with tempfile.TemporaryDirectory(prefix="egpu-bench-cp-") as tmp:
-        plane = ControlPlane(work_dir=Path(tmp), die_with_parent=True)
+        plane = TestCluster(work_dir=Path(tmp), die_with_parent=True)
         plane.start(scheduler=False, kwok_enabled=False)
+        agent_client: SyncKubeClient | None = None
         try:
             client = plane.client()
-            ensure_crd(client)  # what `kubectl apply -f deploy/crds/` does at install time
+            agent_client = SyncKubeClient.from_config(plane.kubeconfig, field_manager="egpu-agent")
+            ensure_crd(plane.kube())  # what `kubectl apply -f deploy/crds/` does at install time
             capacity = {"cpu": "64", "memory": "512Gi", "pods": "500"}
             client.create(codecs.from_dict({
                 "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
@@ -165,8 +169,11 @@ def main() -> None:
                 state = "Running" if running else "Pending"
                 label = f"{background} other pods ({state})" if background else "0 other pods"
                 rows.append((f"assigned, {label}",
-                             *bench_assigned(client, args.calls, background, running, run)))
+                             *bench_assigned(client, agent_client, args.calls, background,
+                                             running, run)))
         finally:
+            if agent_client is not None:
+                agent_client.close()
             plane.stop()
     print(f"Allocate latency, {args.calls} calls each (ms)\n")
     print("| path | p50 | p99 |\n|---|---:|---:|")

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from egpu_testing.kubelet import KubeletDouble
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.runtime import Agent
 
 RESOURCES = ("nvidia.com/gpu", "elasticgpu.io/gpu-core")

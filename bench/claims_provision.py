@@ -29,10 +29,10 @@ from typing import Any
 import aiohttp
 
 from egpu_testing.claims import claim_object, class_object, install_crds
+from egpu_testing.cluster import TestCluster
 from egpu_testing.workbench import ExtenderProcess, metric_value, metrics_text
 from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import register_fake_nodes
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.transport import RestClient
@@ -96,13 +96,13 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=20)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="egpu-claims-bench-"))
-    plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
+    plane = TestCluster(work_dir=work / "k8s", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=True)
     extender: ExtenderProcess | None = None
     try:
         from elastic_gpu.agent.inventory_api import ensure_crd
 
-        ensure_crd(plane.client())
+        ensure_crd(plane.kube())
         install_crds(plane)
         plane.kubectl("create", "-f", "-", input=json.dumps(class_object("bench")))
         (port,) = free_ports(1)
@@ -111,7 +111,7 @@ def main() -> int:
         nodes = [Node(f"n{i:03d}", 96_000, 786_432,
                       tuple(Card(c, f"GPU-n{i:03d}-{c}", "A100-SXM4-80GB", 81920)
                             for c in range(8))) for i in range(args.nodes)]
-        register_fake_nodes(plane.client(), nodes)
+        register_fake_nodes(plane.kube(), nodes)
         deadline = time.monotonic() + 60
         last = ("elasticgpu_scheduler_card_compute_allocated_millicards"
                 f'{{device_index="7",node="{nodes[-1].name}"}}')

@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
+from egpu_testing.cluster import TestCluster
 from egpu_testing.scenario import create_pods
 from egpu_testing.workbench import pod_manifest
-from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 from elastic_gpu.kube.transport import RestClient
 from elastic_gpu.scheduler.apiworker import binding_body
@@ -78,12 +78,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="egpu-bindcost-") as tmp:
-        plane = ControlPlane(work_dir=Path(tmp) / "k8s", die_with_parent=True)
+        plane = TestCluster(work_dir=Path(tmp) / "k8s", die_with_parent=True)
         plane.start(scheduler=False, kwok_enabled=True)
         try:
             client = plane.client()
             (inventory,) = uniform_inventories(1, prefix="bind", gpus=8)
-            register_fake_nodes(client, [inventory])
+            register_fake_nodes(plane.kube(), [inventory])
             for r in range(args.rounds):
                 for label, bind in (("lightkube", bind_lightkube), ("kube.transport", bind_rest)):
                     namespace = f"{label.replace('.', '-')}-{r}"

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from egpu_testing.cluster import TestCluster
 from egpu_testing.sandbox import timed_egpu
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.controlplane import ControlPlane
@@ -89,7 +90,7 @@ def main() -> None:
     running: list[float] = []
     logged: list[float] = []
     with tempfile.TemporaryDirectory(prefix="egpu-bench-") as tmp:
-        plane = ControlPlane(work_dir=Path(tmp) / "cp", bin_dir=bin_dir, die_with_parent=True)
+        plane = TestCluster(work_dir=Path(tmp) / "cp", bin_dir=bin_dir, die_with_parent=True)
         plane.start(scheduler=True, kwok_enabled=False)
         try:
             for run in range(args.runs):

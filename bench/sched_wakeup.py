@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from egpu_testing.cluster import TestCluster
 from egpu_testing.scenario import create_pods
 from egpu_testing.workbench import (
     ExtenderProcess,
@@ -107,7 +108,7 @@ class Bench:
     def set_health(self, node: str, health: Health) -> None:
         from lightkube.types import PatchType
 
-        from elastic_gpu.agent.inventory_api import GPUDevice
+        from egpu_testing.gpudevice_kind import GPUDevice
         from elastic_gpu.api.gpudevice import object_name
 
         self.client.patch(GPUDevice.Status, object_name(node, 0),
@@ -164,14 +165,13 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="sched-wakeup-"))
-    plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
+    plane = TestCluster(work_dir=work / "k8s", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=True)
     extender: ExtenderProcess | None = None
     try:
         from elastic_gpu.agent.inventory_api import ensure_crd
 
-        client = plane.client()
-        ensure_crd(client)
+        ensure_crd(plane.kube())
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / "extender.log",
                                    config={"filterResult": "all"}, scheduler_name=SCHEDULER)
@@ -181,7 +181,7 @@ def main() -> int:
         nodes = {mode: Node(f"wake-{mode}", 96_000, 786_432,
                             (Card(0, f"GPU-wake-{mode}-0", "A100-SXM4-80GB", 81920),))
                  for mode in args.modes}
-        register_fake_nodes(client, nodes.values())
+        register_fake_nodes(plane.kube(), nodes.values())
         bench = Bench(plane, extender)
         for node in nodes.values():
             bench.wait(f"{node.name} known", lambda n=node.name: bench.metric(

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 from egpu_testing.claims import install_crds
+from egpu_testing.cluster import TestCluster
 from egpu_testing.scenario import create_pods
 from egpu_testing.topload import Refresh, claimed_elasticgpus, holder_pods, timed_refresh
-from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.nodes import fake_inventory, register_fake_nodes
 from elastic_gpu.kube.client import KubeClient
 
@@ -66,15 +66,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="egpu-top-bench-"))
-    plane = ControlPlane(work_dir=work / "k8s", die_with_parent=True)
+    plane = TestCluster(work_dir=work / "k8s", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=True)
     try:
         from elastic_gpu.agent.inventory_api import ensure_crd
 
-        ensure_crd(plane.client())
+        ensure_crd(plane.kube())
         install_crds(plane)
         nodes = [fake_inventory(f"gpu-{i:03d}", gpus=args.cards) for i in range(args.nodes)]
-        register_fake_nodes(plane.client(), nodes)
+        register_fake_nodes(plane.kube(), nodes)
         names = [n.name for n in nodes]
         deadline = time.monotonic() + 60
         while plane.kubectl("get", "serviceaccount", "default", check=False).returncode:

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from egpu_testing.cluster import TestCluster
 from egpu_testing.webhook import WebhookProcess, insecure_context
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.ports import free_ports
@@ -154,7 +155,7 @@ def main() -> int:
     args = parser.parse_args()
     claim = bool(args.claims)
     with tempfile.TemporaryDirectory(prefix="egpu-bench-webhook-") as tmp:
-        plane = ControlPlane(work_dir=Path(tmp) / "k8s", controller_manager=False)
+        plane = TestCluster(work_dir=Path(tmp) / "k8s", controller_manager=False)
         plane.start(scheduler=False, kwok_enabled=False)
         (port,) = free_ports(1)
         hook = WebhookProcess(plane.kubeconfig, port, Path(tmp) / "webhook.log",
@@ -164,7 +165,7 @@ def main() -> int:
                 from egpu_testing.seed import seed_claim
                 from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-                install_elasticgpu_crds(plane.client())
+                install_elasticgpu_crds(plane.kube())
             hook.start()
             plane.kubectl("create", "namespace", "bench")
             if claim:

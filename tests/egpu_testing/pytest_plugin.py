@@ -2,7 +2,8 @@
 
 - `k8s_cluster` (session): etcd + kube-apiserver + kube-controller-manager + kube-scheduler +
   kwok; a `ControlPlane`
-  with `.kubeconfig`, `.bin_dir`, `.server`, `.kubectl(*args)`, `.client()`.
+  with `.kubeconfig`, `.bin_dir`, `.server`, `.kubectl(*args)`, `.kube()` (the package's
+  client) and `.client()` (a lightkube Client, `egpu_testing.cluster.TestCluster`).
 - `start_kube_scheduler` (test): `start_kube_scheduler(config_dict) -> SchedulerHandle` runs
   another kube-scheduler with a KubeSchedulerConfiguration against the shared apiserver;
   stopped after the test.
@@ -29,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.cluster import TestCluster
 from egpu_testing.realnode_pytest import real_node
 from elastic_gpu.devcluster.controlplane import ControlPlane, SchedulerHandle
 from elastic_gpu.devcluster.nodes import (
@@ -36,6 +38,8 @@ from elastic_gpu.devcluster.nodes import (
     register_fake_nodes,
     unregister_fake_node,
 )
+from elastic_gpu.kube.client import NODES
+from elastic_gpu.kube.sync import SyncKubeClient
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -43,8 +47,8 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @pytest.fixture(scope="session")
-def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(work_dir=tmp_path_factory.mktemp("k8s"), die_with_parent=True)
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCluster]:
+    plane = TestCluster(work_dir=tmp_path_factory.mktemp("k8s"), die_with_parent=True)
     # SIGTERM (CI cancelling a job) becomes an interrupt, so fixture teardown still runs.
     previous = signal.getsignal(signal.SIGTERM)
     if previous is signal.SIG_DFL:
@@ -118,7 +122,7 @@ def wait_default_service_account(plane: ControlPlane, namespace: str,
 @pytest.fixture
 def fake_gpu_nodes(k8s_cluster: ControlPlane) -> Iterator[Callable[..., list[str]]]:
     created: list[str] = []
-    client = k8s_cluster.client()
+    client = k8s_cluster.kube()
 
     def add(count: int = 1, *, gpus: int = 8, labels: Mapping[str, str] | None = None,
             agent_config: Any = None, prefix: str = "gpu", **kwargs: Any) -> list[str]:
@@ -143,16 +147,14 @@ def _with_labels(inventory: Any, labels: Mapping[str, str]) -> Any:
     return replace(inventory, labels={**inventory.labels, **labels})
 
 
-def _wait_ready(client: Any, names: list[str], timeout_s: float = 60.0) -> None:
-    from lightkube.resources.core_v1 import Node
-
+def _wait_ready(client: SyncKubeClient, names: list[str], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     pending = set(names)
     while pending and time.monotonic() < deadline:
         for name in list(pending):
-            node = client.get(Node, name)
-            conditions = node.status.conditions or []
-            if any(c.type == "Ready" and c.status == "True" for c in conditions):
+            node = client.get(NODES.path(name=name))
+            conditions = (node.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
                 pending.discard(name)
         if pending:
             time.sleep(0.1)

@@ -218,18 +218,18 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
     """A control plane with kwok and `nodes` fake 8-card nodes but no kube-scheduler (each
     benchmark starts the scheduler it measures). Returns (plane, lightkube client, inventories); the caller
     stops the plane, which is stopped here already if registration fails."""
+    from egpu_testing.cluster import TestCluster
     from elastic_gpu.agent.inventory_api import ensure_crd
-    from elastic_gpu.devcluster.controlplane import ControlPlane
     from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 
-    plane = ControlPlane(work_dir=work_dir / "k8s", die_with_parent=True)
+    plane = TestCluster(work_dir=work_dir / "k8s", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=True)
     try:
         client = plane.client()
-        ensure_crd(client)
+        ensure_crd(plane.kube())
         t0 = time.monotonic()
         inventories = uniform_inventories(nodes, prefix=prefix, gpus=8)
-        register_fake_nodes(client, inventories)
+        register_fake_nodes(plane.kube(), inventories)
         print(f"registered {nodes} nodes in {time.monotonic() - t0:.1f} s", flush=True)
     except BaseException:
         plane.stop()

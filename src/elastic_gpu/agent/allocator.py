@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from elastic_gpu.agent.accounting import overcommit
+from elastic_gpu.agent.backends.isolation import Isolation
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import PluginKind, ResourcePlan
 from elastic_gpu.agent.grant import (
@@ -28,12 +29,15 @@ log = logging.getLogger(__name__)
 
 class Allocator:
     def __init__(self, node: str, config: AgentConfig, state: NodeState, visible_env: str,
-                 files: DeviceFiles, pods: PodSource | None) -> None:
+                 files: DeviceFiles, isolation: Isolation | None, pods: PodSource | None
+                 ) -> None:
         self.node = node
         self.config = config
         self.state = state
         self.visible_env = visible_env
         self.files = files
+        #: the backend's enforcement of shares (None: accounting only)
+        self.isolation = isolation
         self.pods = pods
         # kubelet calls Allocate one container at a time, but several plugins share this
         # object: one lock keeps list -> choose -> remember atomic across them.
@@ -136,7 +140,8 @@ class Allocator:
         cards = self.state.cards()
         shares = whole_shares([card for card, _ in targets], cards,
                               [mig for _, mig in targets])
-        grant = build_grant(shares, cards, self.config, self.visible_env, self.files)
+        grant = build_grant(shares, cards, self.config, self.visible_env, self.files,
+                            self.isolation)
         grant.envs["EGPU_ISOLATION"] = "time-sliced"
         grant.annotations[ISOLATION_ANNOTATION] = "time-sliced"
         return grant
@@ -165,7 +170,7 @@ class Allocator:
             if problem is not None:
                 raise AllocateError(f"refusing rather than handing out a held card: {problem}")
             grant = build_grant(chosen.shares, cards, self.config, self.visible_env,
-                                self.files)
+                                self.files, self.isolation)
             self._done.add((chosen.uid, chosen.container, plan.resource))
             log.info("Allocate %s x%d -> %s", plan.resource, count, chosen.describe())
             return grant

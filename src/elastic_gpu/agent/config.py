@@ -12,8 +12,8 @@ values and paths are absolute. Every number has a range (minimum and maximum): a
 agent waits on is neither so short that it floods the API server nor so long that the
 thread waiting on it dies (`threading.Event.wait` overflows). A section that does not belong
 to the chosen backend is refused, and the fake inventory must be an existing file. The file is
-read by the one settings loader (`elastic_gpu.api.settings_file`, `strict_yaml`): YAML 1.2 scalars
-(`yes`, `010`, `1:30` are strings, then refused by the field they are given to), no anchors or
+read by the one settings loader (`elastic_gpu.api.config.loader`, `strict_yaml`): YAML 1.2
+scalars (`yes`, `010`, `1:30` are strings, then refused by the field they are given to), no anchors or
 aliases, bounded nesting and numbers, string keys, no key twice, UTF-8. The full reference is
 docs/agent.md.
 
@@ -28,7 +28,6 @@ import enum
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -41,16 +40,17 @@ from pydantic import (
 )
 
 from elastic_gpu.agent.config_forms import Form, FormError, detect_form, to_agent_form
-from elastic_gpu.api.settings_file import (
+from elastic_gpu.api.config.loader import (
     HEADER_KEYS,
-    SettingsFileError,
+    ConfigError,
+    Problem,
     describe,
     field_problems,
     header_problems,
     read_file,
+    read_text,
     without_header,
 )
-from elastic_gpu.api.strict_yaml import read_yaml
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -62,10 +62,6 @@ from elastic_gpu.core.resources import (
 #: The kind of the agent config's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 KIND = "AgentConfig"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the file and the field."""
 
 
 class BackendKind(enum.Enum):
@@ -280,62 +276,59 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the agent config must be a YAML mapping, got "
-                          f"{type(data).__name__}")
+        raise _not_a_mapping(source, data)
     inner = _configmap_file(data)
     if inner is not None:
         key, text = inner
         source = f"{source}: {key}"
-        try:
-            data = read_yaml(text, source)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{source}: not valid YAML: {err}") from None
+        data = read_text(text, source)
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ConfigError(f"{source}: the agent config must be a YAML mapping, got "
-                              f"{type(data).__name__}")
+            raise _not_a_mapping(source, data)
     problems = header_problems(data, KIND)
     if problems:
-        raise ConfigError(f"{source}: invalid agent config:\n" + "\n".join(problems))
+        raise ConfigError.invalid(source, "invalid agent config", problems)
     if any(key in data for key in HEADER_KEYS):
         # The header is the Elastic GPU form's; the other plugins' files have `version`.
         data = without_header(data)
         if "version" in data:
-            raise ConfigError(f"{source}: invalid agent config:\n  version: got "
-                              f"{describe(data['version'])}: an {KIND} (apiVersion) is the Elastic GPU "
-                              "form, which has no version; leave out apiVersion and kind for "
-                              "NVIDIA's or the IX plugin's file")
+            raise ConfigError.invalid(source, "invalid agent config", [Problem(
+                "version", describe(data["version"]),
+                f"an {KIND} (apiVersion) is the Elastic GPU form, which has no version; leave "
+                "out apiVersion and kind for NVIDIA's or the IX plugin's file")])
     try:
         form = detect_form(data)
         mapped = to_agent_form(form, data)
     except FormError as err:
         what = f" ({err.form.value})" if err.form is not None else ""
-        raise ConfigError(f"{source}: invalid agent config{what}:\n{err}") from None
+        raise ConfigError.invalid(source, f"invalid agent config{what}", err.problems) from None
     try:
         return AgentConfig.model_validate(mapped)
     except ValidationError as err:
         what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
-        lines = "\n".join(field_problems(err))
-        raise ConfigError(f"{source}: invalid agent config{what}:\n{lines}") from None
+        raise ConfigError.invalid(source, f"invalid agent config{what}",
+                                  field_problems(err)) from None
+
+
+def _not_a_mapping(source: str, data: Any) -> ConfigError:
+    return ConfigError(f"{source}: the agent config must be a YAML mapping, got "
+                       f"{type(data).__name__}",
+                       [Problem("(top level)", describe(data), "must be a YAML mapping")])
 
 
 def load_config(path: Path) -> AgentConfig:
     """The agent config in `path` (the one settings loader, any accepted form), with a
     relative fake inventory made absolute against the file's directory (a mounted ConfigMap)
     and checked to be an existing regular file."""
-    try:
-        data = read_file(path)
-    except SettingsFileError as err:
-        raise ConfigError(str(err)) from None
-    config = parse_config(data, str(path))
+    config = parse_config(read_file(path), str(path))
     if config.fake is not None:
         inventory = path.absolute().parent / config.fake.inventory
         if not inventory.is_file():
             why = "is a directory" if inventory.is_dir() else "does not exist"
-            raise ConfigError(f"{path}: invalid agent config:\n  fake.inventory: got "
-                              f"{describe(str(config.fake.inventory))}: must be an existing "
-                              f"file (the fake inventory); {inventory} {why}")
+            raise ConfigError.invalid(str(path), "invalid agent config", [Problem(
+                "fake.inventory", describe(str(config.fake.inventory)),
+                f"must be an existing file (the fake inventory); {inventory} {why}")])
         fake = config.fake.model_copy(update={"inventory": inventory})
         config = config.model_copy(update={"fake": fake})
     return config

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from elastic_gpu.api.settings_file import describe
+from elastic_gpu.api.config.loader import Problem, describe
 from elastic_gpu.core.resources import Measure, lookup
 
 NVIDIA_VERSIONS = ("v1",)
@@ -49,10 +49,10 @@ class Form(enum.Enum):
 class FormError(ValueError):
     """A config in one of the forms that cannot be used: one line per problem."""
 
-    def __init__(self, form: Form | None, problems: Iterable[str]) -> None:
+    def __init__(self, form: Form | None, problems: Iterable[Problem]) -> None:
         self.form = form
         self.problems = tuple(problems)
-        super().__init__("\n".join(self.problems))
+        super().__init__("\n".join(p.line() for p in self.problems))
 
 
 _KNOWN_VERSIONS = ("known: 'v1' (NVIDIA device plugin), "
@@ -85,14 +85,14 @@ def detect_form(data: Mapping[str, Any]) -> Form:
     if "version" in data:
         version = data["version"]
         if not isinstance(version, str):
-            raise FormError(None, [f"  version: got {describe(version)}: must be a string "
-                                   f"(quote it); {_KNOWN_VERSIONS}"])
+            raise FormError(None, [Problem("version", describe(version), "must be a string "
+                                           f"(quote it); {_KNOWN_VERSIONS}")])
         if version in NVIDIA_VERSIONS:
             return Form.NVIDIA
         if version in IX_VERSIONS:
             return Form.IX
-        raise FormError(None, [f"  version: got {describe(version)}: unknown version; "
-                               f"{_KNOWN_VERSIONS}"])
+        raise FormError(None, [Problem("version", describe(version),
+                                       f"unknown version; {_KNOWN_VERSIONS}")])
     flags = _sub(data, "flags")
     slicing = _sub(data, "sharing", "timeSlicing")
     nvidia = ("imex" in data or any(k in flags for k in _NVIDIA_FLAGS)
@@ -103,9 +103,10 @@ def detect_form(data: Mapping[str, Any]) -> Form:
     if ix and not nvidia:
         return Form.IX
     if nvidia or any(k in data for k in _FOREIGN_ONLY):
-        raise FormError(None, ["  (top level): cannot tell whether this is NVIDIA's or the IX "
-                               "device plugin's config: add `version: v1` (NVIDIA) or "
-                               f"`version: \"{IX_VERSIONS[-1]}\"` (IX)"])
+        raise FormError(None, [Problem("(top level)", None, "cannot tell whether this is "
+                                       "NVIDIA's or the IX device plugin's config: add "
+                                       f"`version: v1` (NVIDIA) or `version: \"{IX_VERSIONS[-1]}\"` "
+                                       "(IX)")])
     return Form.ELASTIC_GPU
 
 
@@ -114,10 +115,10 @@ class _Reader:
 
     def __init__(self, form: Form) -> None:
         self.form = form
-        self.problems: list[str] = []
+        self.problems: list[Problem] = []
 
     def refuse(self, where: str, value: Any, rule: str) -> None:
-        self.problems.append(f"  {where}: got {describe(value)}: {rule}")
+        self.problems.append(Problem(where, describe(value), rule))
 
     def mapping(self, where: str, value: Any, keys: Iterable[str]) -> Mapping[str, Any]:
         """`value` if it is a mapping with only `keys` (each other key is a problem), else {}."""
@@ -288,7 +289,7 @@ def _nvidia_slicing(value: Any, r: _Reader) -> dict[str, Any]:
             continue
         for key in ("name", "replicas"):
             if key not in entry:
-                r.problems.append(f"  {at}.{key}: is required")
+                r.problems.append(Problem(f"{at}.{key}", None, "is required"))
         name = r.string(f"{at}.name", entry["name"]) if "name" in entry else None
         if name is not None:
             full = _nvidia_name(name)

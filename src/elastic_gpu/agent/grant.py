@@ -1,14 +1,12 @@
 """What a container is given for its cards: environment, device files, mounts, annotations.
 
 Pure: from the card shares (the scheduler's assignment, or kubelet's choice of replicas) and
-the node's logical cards. Isolation follows the config's sharing mode:
-- `mps`: the CUDA MPS server enforces each client's limits, which we pass as
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (compute, one value for the client) and
-  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (`<ordinal>=<MiB>M` per visible device), with the MPS
-  pipe directory mounted;
-- `accounting`: the scheduler only counts shares; nothing stops a container from using more
-  of the card. The container is told so in EGPU_ISOLATION=accounting-only.
-MIG instances are isolated by the hardware in both modes.
+the node's logical cards. Isolation is the backend's (`agent.backends.isolation`): for the
+config's sharing mode it names an `Isolation` whose settings (environment, mounts) hold the
+container to its share, e.g. CUDA MPS for NVIDIA cards; with none (`accounting` mode) the
+scheduler only counts shares, nothing stops a container from using more of the card, and the
+container is told so in EGPU_ISOLATION=accounting-only. MIG instances are isolated by the
+hardware in every mode.
 """
 
 from __future__ import annotations
@@ -16,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from elastic_gpu.agent.config import AgentConfig, SharingMode
+from elastic_gpu.agent.backends.isolation import Isolation, MountSpec, ShareLimit
+from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.model import Card
@@ -34,13 +33,6 @@ class DeviceFile:
     container_path: str
     host_path: str
     permissions: str = "rw"
-
-
-@dataclass(frozen=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,7 +67,9 @@ def _check(share: CardShare, cards: Mapping[int, LogicalCard]) -> LogicalCard:
 
 
 def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], config: AgentConfig,
-                visible_env: str, files: DeviceFiles) -> Grant:
+                visible_env: str, files: DeviceFiles, isolation: Isolation | None) -> Grant:
+    """`isolation`: the backend's enforcement for the config's sharing mode (None: shares are
+    only accounted)."""
     if not shares:
         raise GrantError("no cards to give")
     logical = [_check(share, cards) for share in shares]
@@ -97,27 +91,16 @@ def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], c
     # (`Engine` allocates both), so memory alone does not make a share.
     is_share = any(s.milli < MILLI_PER_CARD for s in shares)
     if all_mig:
-        isolation = "mig"
-    elif config.sharing.mode is SharingMode.MPS:
-        isolation = "mps"
-        pipe = config.sharing.mps.pipeDirectory
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
-        mounts.append(MountSpec(pipe, pipe))
-        # One thread percentage per MPS client: the smallest share bounds every card.
-        percent = min(max(s.milli, MILLI_PER_PERCENT) for s in shares) // MILLI_PER_PERCENT
-        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
-        limits = []
-        ordinal = 0
-        for share, lc in zip(shares, logical, strict=True):
-            for _ in lc.chips:
-                if share.memory_mib:
-                    limits.append(f"{ordinal}={share.memory_mib // len(lc.chips)}M")
-                ordinal += 1
-        if limits:
-            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+        mode = "mig"
+    elif isolation is not None:
+        mode = isolation.name
+        settings = isolation.settings([ShareLimit(s.milli, s.memory_mib, len(lc.chips))
+                                       for s, lc in zip(shares, logical, strict=True)])
+        envs.update(settings.envs)
+        mounts.extend(settings.mounts)
     else:
-        isolation = "accounting-only" if is_share else "exclusive"
-    envs["EGPU_ISOLATION"] = isolation
+        mode = "accounting-only" if is_share else "exclusive"
+    envs["EGPU_ISOLATION"] = mode
     if is_share:
         envs["EGPU_CORE_PERCENT"] = ",".join(str(s.milli // MILLI_PER_PERCENT) for s in shares)
         envs["EGPU_MEMORY_MIB"] = ",".join(str(s.memory_mib) for s in shares)
@@ -127,7 +110,7 @@ def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], c
         for chip in chips:
             paths.extend(files.per_card.get(chip.uuid, ()))
         devices = [DeviceFile(p, p) for p in dict.fromkeys(paths)]
-    return Grant(envs, tuple(devices), tuple(mounts), {ISOLATION_ANNOTATION: isolation})
+    return Grant(envs, tuple(devices), tuple(mounts), {ISOLATION_ANNOTATION: mode})
 
 
 def whole_shares(card_indexes: Sequence[int], cards: Mapping[int, LogicalCard],

@@ -1,27 +1,26 @@
-"""GPUDevice objects in the API: the CRD, publishing a node's cards, reading all back.
+"""GPUDevice objects in the API: publishing a node's cards, reading all back.
 
 The object shapes and their conversion live in `elastic_gpu.api.gpudevice` (pure); this module
-only talks to the API server through a lightkube `Client` (sync).
+only talks to the API server, through the project's one client stack (`kube.sync.
+SyncKubeClient`: blocking verbs for the agent's threads, typed errors from `kube.errors`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core.model import Node
+from elastic_gpu.kube.crds import install_crds
+from elastic_gpu.kube.errors import Conflict, NotFound
+from elastic_gpu.kube.paths import CORE, Resource, group_prefix
+from elastic_gpu.kube.sync import SyncKubeClient
 
-
-def gpudevice_resource() -> Any:
-    from lightkube.generic_resource import create_global_resource
-
-    return create_global_resource(gd.GROUP, gd.VERSION, gd.KIND, gd.PLURAL)
-
-
-GPUDevice = gpudevice_resource()
+#: The GPUDevice collection (cluster-scoped) and the Nodes'.
+GPUDEVICES = Resource(group_prefix(gd.GROUP, gd.VERSION), gd.PLURAL, False)
+NODES = Resource(CORE, "nodes", False)
 
 
 class InventoryApiError(RuntimeError):
@@ -32,81 +31,38 @@ class InventoryApiError(RuntimeError):
 CRD_FILE = "deploy/crds/gpudevices.yaml"
 
 
-def require_crd(client: Any) -> None:
+def require_crd(client: SyncKubeClient) -> None:
     """Fail clearly when the GPUDevice CRD is not installed. The agent does not create it:
     CRDs are cluster-wide objects that an installer applies once (`kubectl apply -f
     deploy/crds/gpudevices.yaml`), and a DaemonSet allowed to write CRDs could rewrite any
     of them. This check needs only `list gpudevices`, which the agent has anyway."""
-    from lightkube.core.exceptions import ApiError
-
     try:
-        for _ in client.list(GPUDevice, chunk_size=1):
-            break
-    except ApiError as err:
-        if err.status.code == 404:
-            raise InventoryApiError(
-                f"the GPUDevice CRD ({gd.CRD_NAME}) is not installed; apply it first: "
-                f"kubectl apply -f {CRD_FILE}") from None
-        raise
+        client.list(GPUDEVICES.path(), {"limit": "1"})
+    except NotFound:
+        raise InventoryApiError(
+            f"the GPUDevice CRD ({gd.CRD_NAME}) is not installed; apply it first: "
+            f"kubectl apply -f {CRD_FILE}") from None
 
 
 def ensure_crd(client: Any, timeout_s: float = 30.0) -> None:
     """Create (or update) the GPUDevice CRD and wait until the API serves it: what
     `kubectl apply -f deploy/crds/gpudevices.yaml` does at install time, for the sandbox and
-    the tests (an installer's credentials). The agent never calls it (`require_crd`)."""
-    from lightkube import codecs
-    from lightkube.core.exceptions import ApiError
-    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
-    from lightkube.types import PatchType
-
-    manifest = gd.crd_manifest()
-    try:
-        client.create(codecs.from_dict(manifest))
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
-        client.patch(CustomResourceDefinition, gd.CRD_NAME, {"spec": manifest["spec"]},
-                     patch_type=PatchType.MERGE)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        crd = client.get(CustomResourceDefinition, gd.CRD_NAME)
-        conditions = (crd.status.conditions if crd.status else None) or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
-            break
-        if time.monotonic() > deadline:
-            raise InventoryApiError(f"CRD {gd.CRD_NAME} not established after {timeout_s}s")
-        time.sleep(0.1)
-    # Established is not yet servable: the apiserver answers 429 "storage is (re)initializing"
-    # (or 404) for a moment; wait until a list works.
-    while True:
-        try:
-            for _ in client.list(GPUDevice, chunk_size=1):
-                break
-            return
-        except ApiError as err:
-            if err.status.code not in (404, 429):
-                raise
-        if time.monotonic() > deadline:
-            raise InventoryApiError(f"CRD {gd.CRD_NAME} established but not served after {timeout_s}s")
-        time.sleep(0.1)
+    the tests, with an installer's credentials and the client `kube.crds.install_crds` takes
+    (the one CRD installer). The agent never calls it (`require_crd`)."""
+    install_crds(client, [gd.crd_manifest()], timeout_s)
 
 
-def _patch_status(client: Any, name: str, status: Mapping[str, Any]) -> None:
-    from lightkube.types import PatchType
-
-    client.patch(GPUDevice.Status, name, {"status": dict(status)}, patch_type=PatchType.MERGE)
+def _patch_status(client: SyncKubeClient, name: str, status: Mapping[str, Any]) -> None:
+    client.patch(GPUDEVICES.path(name=name, subresource="status"), {"status": dict(status)})
 
 
-def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None = None,
+def publish_inventory(client: SyncKubeClient, node: Node,
+                      reasons: Mapping[int, str] | None = None,
                       node_uid: str | None = None) -> None:
     """Make the node's GPUDevices match `node.cards`: create or update each card's object
     (spec, labels, health; allocation columns are left as they are), delete cards gone.
     With `node_uid`, the objects are owned by the Node, so the garbage collector removes them
     with it."""
-    from lightkube import codecs
-    from lightkube.core.exceptions import ApiError
-    from lightkube.types import PatchType
-
     reasons = reasons or {}
     wanted = set()
     for card in node.cards:
@@ -119,45 +75,47 @@ def publish_inventory(client: Any, node: Node, reasons: Mapping[int, str] | None
         status = obj["status"]
         try:
             # The status subresource ignores status on create: it is patched right after.
-            client.create(codecs.from_dict(obj))
-        except ApiError as err:
-            if err.status.code != 409:
-                raise
-            client.patch(GPUDevice, name, {"metadata": {"labels": obj["metadata"]["labels"]},
-                                           "spec": obj["spec"]}, patch_type=PatchType.MERGE)
+            client.create(GPUDEVICES.path(), obj)
+        except Conflict:  # 409: it exists (every 409, as before)
+            client.patch(GPUDEVICES.path(name=name),
+                         {"metadata": {"labels": obj["metadata"]["labels"]}, "spec": obj["spec"]})
             # An existing card keeps its allocation columns (the sync loop owns them).
             status = {k: status[k] for k in ("health", "reason", "lastHeartbeat")}
         _patch_status(client, name, status)
-    for existing in client.list(GPUDevice, labels={gd.NODE_LABEL: node.name}):
-        if existing.metadata.name not in wanted:
-            client.delete(GPUDevice, existing.metadata.name)
+    existing, _ = client.list(GPUDEVICES.path(), {"labelSelector": f"{gd.NODE_LABEL}={node.name}"})
+    for device in existing:
+        name = str((device.get("metadata") or {}).get("name"))
+        if name not in wanted:
+            client.delete(GPUDEVICES.path(name=name))
 
 
-def publish_health(client: Any, node: Node, reasons: Mapping[int, str]) -> None:
+def publish_health(client: SyncKubeClient, node: Node, reasons: Mapping[int, str]) -> None:
     for card in node.cards:
         _patch_status(client, gd.object_name(node.name, card.index),
                       {"health": card.health.value, "reason": reasons.get(card.index, ""),
                        "lastHeartbeat": gd.now_rfc3339()})
 
 
-def publish_allocations(client: Any, node: Node, usage: Mapping[int, CardUse]) -> None:
+def publish_allocations(client: SyncKubeClient, node: Node, usage: Mapping[int, CardUse]) -> None:
     """Allocation columns, holders (and the heartbeat) of each card from pods' assignments."""
     for card in node.cards:
         patch_allocation(client, gd.object_name(node.name, card.index), card.compute_milli,
                          usage.get(card.index, CardUse()))
 
 
-def patch_allocation(client: Any, name: str, compute_milli: int, use: CardUse) -> None:
+def patch_allocation(client: SyncKubeClient, name: str, compute_milli: int, use: CardUse) -> None:
     _patch_status(client, name, {
         **gd.allocation_status(compute_milli, use.milli, use.memory_mib, use.holders),
         "lastHeartbeat": gd.now_rfc3339()})
 
 
-def read_inventory(client: Any) -> list[Node]:
-    """Every node's cards as core Nodes (CPU/memory/labels from the Node objects)."""
-    from lightkube.resources.core_v1 import Node as K8sNode
+def list_gpudevices(client: SyncKubeClient) -> list[dict[str, Any]]:
+    """Every GPUDevice object, as the API sends it."""
+    devices, _ = client.list(GPUDEVICES.path())
+    return devices
 
-    devices = [obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
-               for obj in client.list(GPUDevice)]
-    nodes = [n.to_dict() for n in client.list(K8sNode)]
-    return gd.nodes_from_objects(devices, nodes)
+
+def read_inventory(client: SyncKubeClient) -> list[Node]:
+    """Every node's cards as core Nodes (CPU/memory/labels from the Node objects)."""
+    nodes, _ = client.list(NODES.path())
+    return gd.nodes_from_objects(list_gpudevices(client), nodes)

@@ -1,10 +1,13 @@
-"""The pods of this node, as Allocate and the allocation columns need them (lightkube, sync).
+"""The pods of this node, as Allocate and the allocation columns need them.
+
+Through the one client stack: live LISTs with `kube.sync.SyncKubeClient`'s blocking verbs, and
+the watch cache on a `kube.informer.Informer` that the client runs in its own loop thread.
 
 Two sources, for two kinds of question:
 
-- `PodCache`: every pod bound to this node, kept in memory by a reflector (LIST, then WATCH
+- `PodCache`: every pod bound to this node, kept in memory by an informer (LIST, then WATCH
   from the list's resourceVersion, both with the field selector `spec.nodeName=<node>`; a
-  410 Gone relists, other failures reconnect with backoff). It serves the readers that
+  410 Gone relists, other failures relist after a backoff). It serves the readers that
   tolerate a lag of a few milliseconds: GetPreferredAllocation (advisory), the allocation
   columns and holders of the GPUDevices.
 - `ApiPods.pending_on_node`: a live, consistent LIST of this node's *Pending* pods. Allocate
@@ -23,13 +26,33 @@ Two sources, for two kinds of question:
 
 from __future__ import annotations
 
-import functools
 import logging
-import random
 import threading
+import time
+from concurrent.futures import Future
 from typing import Any, Protocol
 
+from elastic_gpu.core.names import NameRule, check_name
+from elastic_gpu.kube.client import PODS
+from elastic_gpu.kube.informer import Handler, Informer
+from elastic_gpu.kube.sync import SyncKubeClient
+
 log = logging.getLogger(__name__)
+
+#: Phases after which a pod holds nothing.
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+def node_selector(node: str, phase: str | None = None, *, finished: bool = True) -> str:
+    """The field selector of `node`'s pods (`spec.nodeName=<node>`), of one `phase`, or, with
+    `finished=False`, of those not finished (`status.phase notin (Succeeded, Failed)`, which
+    field selectors spell as one `!=` per phase)."""
+    parts = [f"spec.nodeName={check_name(node, NameRule.SUBDOMAIN, 'node name')}"]
+    if phase is not None:
+        parts.append(f"status.phase={phase}")
+    if not finished:
+        parts.extend(f"status.phase!={done}" for done in sorted(FINISHED_PHASES))
+    return ",".join(parts)
 
 
 class PodSource(Protocol):
@@ -46,152 +69,124 @@ class PodSource(Protocol):
         ...
 
 
-@functools.cache
-def raw_pods() -> Any:
-    """Pods as plain dicts: lightkube's typed Pod model costs about 1 ms per pod to build
-    and convert back, which made Allocate on a busy node ten times slower; a generic resource
-    on the same path is just the JSON."""
-    from lightkube.generic_resource import create_namespaced_resource
-
-    return create_namespaced_resource("", "v1", "EgpuRawPod", "pods")
-
-
 class ApiPods:
-    """`PodSource` over a lightkube `Client`: live reads, or the cache's for `on_node` once
-    a `PodCache` is attached and synced."""
+    """`PodSource` over a `SyncKubeClient`: live reads (pods as plain dicts, as the API sends
+    them), or the cache's for `on_node` once a `PodCache` is attached and synced."""
 
-    def __init__(self, client: Any, cache: PodCache | None = None) -> None:
+    def __init__(self, client: SyncKubeClient, cache: PodCache | None = None) -> None:
         self.client = client
         self.cache = cache
-        self._raw = raw_pods()
+
+    def _list(self, selector: str) -> list[dict[str, Any]]:
+        pods, _ = self.client.list(PODS.path(), {"fieldSelector": selector})
+        return pods
 
     def pending_on_node(self, node: str) -> list[dict[str, Any]]:
-        pods = self.client.list(self._raw, namespace="*",
-                                fields={"spec.nodeName": node, "status.phase": "Pending"})
-        return [dict(pod) for pod in pods]
+        return self._list(node_selector(node, "Pending"))
 
     def live_on_node(self, node: str) -> list[dict[str, Any]]:
-        from lightkube import operators
-
-        pods = self.client.list(self._raw, namespace="*", fields={
-            "spec.nodeName": node, "status.phase": operators.not_in(["Succeeded", "Failed"])})
-        return [dict(pod) for pod in pods]
+        return self._list(node_selector(node, finished=False))
 
     def on_node(self, node: str) -> list[dict[str, Any]]:
         if self.cache is not None and self.cache.node == node and self.cache.synced:
             return self.cache.pods()
-        pods = self.client.list(self._raw, namespace="*", fields={"spec.nodeName": node})
-        return [dict(pod) for pod in pods]
+        return self._list(node_selector(node))
 
 
 class PodCache:
-    """Every pod bound to `node`, kept current by LIST + WATCH (a reflector) on a thread.
+    """Every pod bound to `node`, kept current by a `kube.informer.Informer` (LIST + WATCH,
+    bookmarks, 410 Gone relists, failures relist after a backoff of `backoff_s` to
+    `max_backoff_s`) that `client` runs in its loop thread. Its handlers run in that thread and
+    the readers in the agent's: the pods sit behind one condition. `version` counts changes;
+    `wait_change` blocks on it."""
 
-    Bookkeeping as client-go's reflector does it: the WATCH starts at the LIST's
-    resourceVersion and carries on from the last event's (bookmarks included); "410 Gone"
-    (the version left the apiserver's window) relists; a dropped connection or another error
-    waits (exponential backoff with jitter, `backoff_s` to `max_backoff_s`) and watches again
-    from the last version. `version` counts changes; `wait_change` blocks on it."""
-
-    def __init__(self, client: Any, node: str, *, server_timeout_s: int = 300,
+    def __init__(self, client: SyncKubeClient, node: str, *, server_timeout_s: int = 300,
                  backoff_s: float = 0.2, max_backoff_s: float = 10.0) -> None:
         self.client = client
         self.node = node
-        self.server_timeout_s = server_timeout_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self._raw = raw_pods()
+        self.informer = Informer(
+            client.async_client, PODS.path(), name=f"pods of {node}",
+            params={"fieldSelector": node_selector(node)}, watch_timeout_s=server_timeout_s,
+            backoff_s=(backoff_s, max_backoff_s))
+        self.informer.add_handler(Handler(on_add=self._put, on_update=self._update,
+                                          on_delete=self._delete))
         self._cond = threading.Condition()
         self._pods: dict[str, dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.resource_version: str | None = None
-        self.synced = False
+        self._run: Future[None] | None = None
         self.version = 0
-        self.relists = 0
 
     # -- readers --------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.informer.has_synced
+
+    @property
+    def relists(self) -> int:
+        return self.informer.relists
+
+    @property
+    def resource_version(self) -> str | None:
+        return self.informer.last_resource_version or None
 
     def pods(self) -> list[dict[str, Any]]:
         with self._cond:
             return list(self._pods.values())
 
     def wait_synced(self, timeout_s: float) -> bool:
+        # The informer marks itself synced after its first list's handler calls (none for an
+        # empty node), without telling us: look again at short intervals.
+        deadline = time.monotonic() + timeout_s
         with self._cond:
-            return self._cond.wait_for(lambda: self.synced, timeout=timeout_s)
+            while not self.synced:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
 
     def wait_change(self, seen: int, timeout_s: float) -> int:
         with self._cond:
             self._cond.wait_for(lambda: self.version != seen, timeout=timeout_s)
             return self.version
 
-    # -- the reflector ----------------------------------------------------------------------
+    # -- the informer's handlers (in the client's loop thread) -------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="pod-cache", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        # The watch is a blocking HTTP stream: the thread ends at its next event or when the
-        # server closes it (server_timeout_s); it is a daemon, so nothing waits for it.
-        self._stop.set()
-
-    def _run(self) -> None:
-        delay = self.backoff_s
-        while not self._stop.is_set():
-            try:
-                if self.resource_version is None:
-                    self._relist()
-                self._watch()
-                delay = self.backoff_s
-            except Exception as err:
-                if self._stop.is_set():
-                    return
-                if _gone(err):
-                    log.info("pod watch of %s: resourceVersion expired, relisting", self.node)
-                    self.resource_version = None
-                    continue
-                log.warning("pod watch of %s: %s; retrying in %.1f s", self.node, err, delay)
-                self._stop.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, self.max_backoff_s)
-
-    def _relist(self) -> None:
-        listing = self.client.list(self._raw, namespace="*", fields={"spec.nodeName": self.node})
-        pods = {}
-        for pod in listing:
-            item = _slim(dict(pod))
-            pods[_uid(item)] = item
+    def _put(self, pod: dict[str, Any]) -> None:
+        item = _slim(pod)
         with self._cond:
-            self._pods = pods
-            self.resource_version = listing.resourceVersion
-            self.synced = True
-            self.relists += 1
+            self._pods[_uid(item)] = item
             self.version += 1
             self._cond.notify_all()
 
-    def _watch(self) -> None:
-        events = self.client.watch(self._raw, namespace="*", fields={"spec.nodeName": self.node},
-                                   resource_version=self.resource_version,
-                                   server_timeout=self.server_timeout_s)
-        for kind, obj in events:
-            if self._stop.is_set():
-                return
-            item = _slim(dict(obj))
-            with self._cond:
-                self.resource_version = str(obj.metadata.resourceVersion)
-                if kind == "BOOKMARK":
-                    continue
-                if kind == "DELETED":
-                    self._pods.pop(_uid(item), None)
-                else:
-                    self._pods[_uid(item)] = item
-                self.version += 1
-                self._cond.notify_all()
+    def _update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        self._put(new)
+
+    def _delete(self, pod: dict[str, Any]) -> None:
+        with self._cond:
+            self._pods.pop(_uid(pod), None)
+            self.version += 1
+            self._cond.notify_all()
+
+    # -- running ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._run = self.client.run_informer(self.informer)
+        self._run.add_done_callback(self._ended)
+
+    def _ended(self, run: Future[None]) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        if self._run is not None:
+            self._run.cancel()
 
 
 def _slim(pod: dict[str, Any]) -> dict[str, Any]:
     """The pod without `metadata.managedFields` (often the largest part of a pod, and
-    nothing the agent reads), so the cache holds less than the API sends."""
+    nothing the agent reads), so the cache holds less than the API sends. In place: the
+    informer's store keeps the same object."""
     meta = pod.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
         pod["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
@@ -201,8 +196,3 @@ def _slim(pod: dict[str, Any]) -> dict[str, Any]:
 def _uid(pod: dict[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-
-
-def _gone(err: Exception) -> bool:
-    status = getattr(err, "status", None)
-    return getattr(status, "code", None) == 410

@@ -12,12 +12,11 @@ the scheduler checks a pod's resource names and counts time-sliced replicas per 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from elastic_gpu.agent.backend import Backend
+from elastic_gpu.agent.backends.base import Backend
 from elastic_gpu.agent.config import AgentConfig, BackendKind, MigStrategy
 from elastic_gpu.agent.devices import (
     LogicalCard,
@@ -27,10 +26,11 @@ from elastic_gpu.agent.devices import (
     node_capacity,
     status_only_resources,
 )
-from elastic_gpu.agent.inventory_api import ensure_crd, publish_inventory
+from elastic_gpu.agent.inventory_api import NODES, publish_inventory
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import is_gpu_resource, lookup
+from elastic_gpu.kube.sync import SyncKubeClient
 
 
 @dataclass(frozen=True)
@@ -84,17 +84,15 @@ def _ours(name: str, config: AgentConfig) -> bool:
     return is_gpu_resource(name) or name in (config.time_sliced_resource, NODE_CORE)
 
 
-def patch_node_capacity(client: Any, node_name: str, capacity: Mapping[str, str],
+def patch_node_capacity(client: SyncKubeClient, node_name: str, capacity: Mapping[str, str],
                         allocatable: Mapping[str, str], config: AgentConfig) -> str:
     """Set the GPU resources of the Node's status; GPU resources no longer offered are removed
     (a merge patch with null), everything else (CPU, memory, pods) is left alone.
     Returns the Node's uid."""
-    from lightkube.resources.core_v1 import Node as K8sNode
-    from lightkube.types import PatchType
-
-    current = client.get(K8sNode, node_name)
-    have_cap = {k: str(v) for k, v in (current.status.capacity or {}).items() if _ours(k, config)}
-    have_alloc = {k: str(v) for k, v in (current.status.allocatable or {}).items()
+    current = client.get(NODES.path(name=node_name))
+    status = current.get("status") or {}
+    have_cap = {k: str(v) for k, v in (status.get("capacity") or {}).items() if _ours(k, config)}
+    have_alloc = {k: str(v) for k, v in (status.get("allocatable") or {}).items()
                   if _ours(k, config)}
     # Already right: no write. (The sync loop calls this periodically because a restarting
     # kubelet zeroes every extended resource, including the status-only ones.)
@@ -104,39 +102,31 @@ def patch_node_capacity(client: Any, node_name: str, capacity: Mapping[str, str]
                                         set(have_alloc) - set(allocatable)}
         cap.update(capacity)
         alloc.update(allocatable)
-        client.patch(K8sNode.Status, node_name,
-                     {"status": {"capacity": cap, "allocatable": alloc}},
-                     patch_type=PatchType.MERGE)
-    return str(current.metadata.uid)
+        client.patch(NODES.path(name=node_name, subresource="status"),
+                     {"status": {"capacity": cap, "allocatable": alloc}})
+    return str((current.get("metadata") or {}).get("uid"))
 
 
-def publish_snapshot(client: Any, snap: NodeSnapshot, config: AgentConfig,
+def publish_snapshot(client: SyncKubeClient, snap: NodeSnapshot, config: AgentConfig,
                      reasons: Mapping[int, str] | None = None) -> None:
     uid = patch_node_capacity(client, snap.node.name, snap.capacity, snap.allocatable, config)
     publish_inventory(client, snap.node, reasons, node_uid=uid)
 
 
-_crd_ready: set[int] = set()
-_crd_lock = threading.Lock()
-
-
-def publish_fake_node(client: Any, inventory: Node, config: AgentConfig | None = None) -> NodeSnapshot:
+def publish_fake_node(client: SyncKubeClient, inventory: Node,
+                      config: AgentConfig | None = None) -> NodeSnapshot:
     """Publish a fake (kwok) node's cards through the fake backend: the sandbox's entry point.
-    Installs the GPUDevice CRD on first use with this client, as `kubectl apply -f
-    deploy/crds/gpudevices.yaml` would: the sandbox is the installer here (admin
-    credentials), not an agent."""
-    from elastic_gpu.agent.fake import FakeBackend
+    The GPUDevice CRD must be installed (`inventory_api.ensure_crd`: the sandbox is the
+    installer there, with admin credentials, not an agent)."""
+    from elastic_gpu.agent.backends.fake import FakeBackend
 
-    with _crd_lock:
-        if id(client) not in _crd_ready:
-            ensure_crd(client)
-            _crd_ready.add(id(client))
     backend = FakeBackend.from_cards(inventory.cards, inventory.name)
     return publish_node(client, backend, config or AgentConfig(backend=BackendKind.NVML),
                         inventory.name)
 
 
-def publish_node(client: Any, backend: Backend, config: AgentConfig, node_name: str) -> NodeSnapshot:
+def publish_node(client: SyncKubeClient, backend: Backend, config: AgentConfig,
+                 node_name: str) -> NodeSnapshot:
     """Discover, then publish GPUDevices and Node capacity; returns what was published.
     The GPUDevice CRD must be installed (deploy/crds/gpudevices.yaml; the agent checks with
     `inventory_api.require_crd` at start)."""
@@ -145,24 +135,25 @@ def publish_node(client: Any, backend: Backend, config: AgentConfig, node_name: 
     return snap
 
 
-def sync_fake_allocations(client: Any) -> int:
+def sync_fake_allocations(client: SyncKubeClient) -> int:
     """Allocation columns and holders of every GPUDevice from all pods' assignments, in two
     LISTs; only cards whose columns changed are written. For nodes no agent runs on (kwok
     nodes of the sandbox); a real node's agent keeps its own cards current. Returns the cards
     written."""
     from elastic_gpu.agent.accounting import CardUse, card_usage
-    from elastic_gpu.agent.inventory_api import GPUDevice, patch_allocation
-    from elastic_gpu.agent.pods import raw_pods
+    from elastic_gpu.agent.inventory_api import list_gpudevices, patch_allocation
     from elastic_gpu.api.gpudevice import GPUDeviceError, allocation_status, card_from_object
+    from elastic_gpu.kube.client import PODS
 
     pods_by_node: dict[str, list[dict[str, Any]]] = {}
-    for pod in client.list(raw_pods(), namespace="*"):
+    pods, _ = client.list(PODS.path())
+    for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
-            pods_by_node.setdefault(str(node), []).append(dict(pod))
+            pods_by_node.setdefault(str(node), []).append(pod)
     cards_by_node: dict[str, dict[int, Any]] = {}
     devices = []
-    for device in client.list(GPUDevice):
+    for device in list_gpudevices(client):
         try:
             node, card = card_from_object(device)
         except GPUDeviceError:
@@ -177,6 +168,6 @@ def sync_fake_allocations(client: Any) -> int:
         wanted = allocation_status(card.compute_milli, use.milli, use.memory_mib, use.holders)
         status = device.get("status") or {}
         if any(status.get(key) != value for key, value in wanted.items()):
-            patch_allocation(client, device.metadata.name, card.compute_milli, use)
+            patch_allocation(client, device["metadata"]["name"], card.compute_milli, use)
             written += 1
     return written

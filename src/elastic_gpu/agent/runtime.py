@@ -9,8 +9,8 @@ from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse, card_usage
 from elastic_gpu.agent.allocator import Allocator
-from elastic_gpu.agent.backend import Backend, BackendError
-from elastic_gpu.agent.config import AgentConfig, BackendKind
+from elastic_gpu.agent.backends.base import Backend, BackendError
+from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
 from elastic_gpu.agent.manager import PluginManager
@@ -24,24 +24,14 @@ from elastic_gpu.agent.publish import (
     snapshot,
 )
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
 
 
-def make_backend(config: AgentConfig, node_name: str) -> Backend:
-    if config.backend is BackendKind.FAKE:
-        from elastic_gpu.agent.fake import FakeBackend
-
-        assert config.fake is not None  # the config validator requires it
-        return FakeBackend.from_file(config.fake.inventory, node_name)
-    from elastic_gpu.agent.nvml import NvmlBackend
-
-    return NvmlBackend(config.healthCheck)
-
-
 class Agent:
     def __init__(self, config: AgentConfig, backend: Backend, node_name: str,
-                 client: Any = None, pods: PodSource | None = None,
+                 client: SyncKubeClient | None = None, pods: PodSource | None = None,
                  plugin_dir: Path | None = None) -> None:
         self.config = config
         self.backend = backend
@@ -60,7 +50,7 @@ class Agent:
             pods = ApiPods(client, self.pod_cache)
         self.pods = pods
         self.allocator = Allocator(node_name, config, self.state, backend.visible_devices_env,
-                                   files, pods)
+                                   files, backend.isolation(config.sharing), pods)
         self.manager = PluginManager(
             [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
              for plan in self.snapshot.plans], self.plugin_dir)

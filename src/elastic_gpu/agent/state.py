@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 
-from elastic_gpu.agent.backend import HealthEvent
+from elastic_gpu.agent.backends.base import HealthEvent
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.core.model import Health
 

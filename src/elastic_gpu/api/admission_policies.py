@@ -29,7 +29,7 @@ from typing import Any
 
 from elastic_gpu.api.migsubstitution import PLURAL as RULES_PLURAL
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.admission import OPT_OUT_LABEL
+from elastic_gpu.core.admission.rules import OPT_OUT_LABEL
 
 API_VERSION = "admissionregistration.k8s.io/v1"
 POD_LEDGER = "elastic-gpu-pod-ledger"
@@ -66,7 +66,7 @@ def _annotation_validation(note: ann.SystemAnnotation) -> dict[str, Any]:
     head = f"{note.key} is written only by {note.writer}"
     if note.set_at_create:
         # the webhook writes it during the CREATE of whoever makes the pod, and drops any value
-        # it did not write (core.admission.mig_substitution)
+        # it did not write (core.admission.mutators.mig.mig_substitution)
         expression = f"variables.system || request.operation == 'CREATE' || {unchanged}"
         return {"expression": expression, "reason": "Forbidden",
                 "message": f"{head}: it may not be added, changed or removed ({SEE})"}

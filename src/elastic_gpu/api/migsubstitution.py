@@ -16,7 +16,7 @@ a process, so a restarted controller or webhook loses none:
       movedPodUID: 0a1b...                 # the pod the adapter deleted
 
 The webhook rewrites a selected pod's `nvidia.com/mig-<from>` to `<to>` at creation
-(`core.admission.mig_substitution`). This module is the one source of the CRD
+(`core.admission.mutators.mig.mig_substitution`). This module is the one source of the CRD
 (`crd_manifest()`; deploy/crds/migsubstitutions.yaml is its YAML form, written by
 `python -m elastic_gpu.api.migsubstitution --write deploy/crds` and kept equal by a unit test)
 and reads the served objects into `core.mig.rules.SubstitutionRule`. No I/O.

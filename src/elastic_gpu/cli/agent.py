@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Annotated
 import typer
 
 from elastic_gpu.cli.check import check_config
+from elastic_gpu.cli.options import LogLevel, start_logging
 
 
 def agent(
@@ -29,23 +29,27 @@ def agent(
         "0: no metrics.")] = 0,
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", help="Address the metrics port listens on.")] = "0.0.0.0",
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_level: LogLevel = "INFO",
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="The same as --log-level DEBUG (kept for the manifests that "
+        "pass it; wins over --log-level).")] = False,
     check: Annotated[bool, typer.Option(
         "--check", help="Only read and validate --config: print each problem (field, value, "
         "rule) and exit 2, or say it is valid and exit 0; nothing is started.")] = False,
 ) -> None:
     """Run the node agent: kubelet device plugins over NVML or the fake backend."""
-    from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
+    from elastic_gpu.agent.config import AgentConfig, load_config
+    from elastic_gpu.api.config.loader import ConfigError
 
     if check:
-        check_config("egpu agent", config, load_config, ConfigError)
+        check_config("egpu agent", config, load_config)
         return
-    from elastic_gpu.agent.backend import BackendError
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.agent.backends.registry import make_backend
     from elastic_gpu.agent.devices import InventoryError
-    from elastic_gpu.agent.runtime import Agent, make_backend
+    from elastic_gpu.agent.runtime import Agent
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_logging("egpu agent", "DEBUG" if verbose else log_level)
     node_name = node or os.environ.get("NODE_NAME")
     if not node_name:
         typer.echo("egpu agent: --node (or NODE_NAME) is required", err=True)
@@ -57,17 +61,15 @@ def agent(
         raise typer.Exit(2) from None
     client = None
     if not no_api:
-        from lightkube import Client, KubeConfig
-        from lightkube.core.exceptions import ConfigError as KubeConfigError
+        from elastic_gpu.kube.kubeconfig import ClientConfigError
+        from elastic_gpu.kube.sync import SyncKubeClient
 
         try:
-            kc = (KubeConfig.from_file(str(kubeconfig)) if kubeconfig is not None
-                  else KubeConfig.from_service_account())
-        except (KubeConfigError, OSError) as err:
+            client = SyncKubeClient.from_config(kubeconfig, field_manager="egpu-agent")
+        except (ClientConfigError, OSError) as err:
             typer.echo(f"egpu agent: no Kubernetes API configuration ({err}); pass "
                        "--kubeconfig outside a cluster", err=True)
             raise typer.Exit(2) from None
-        client = Client(config=kc, field_manager="egpu-agent", trust_env=False)
     try:
         backend = make_backend(cfg, node_name)
         running = Agent(cfg, backend, node_name, client)
@@ -88,3 +90,5 @@ def agent(
         raise typer.Exit(1) from None
     running.wait()
     running.stop()
+    if client is not None:
+        client.close()

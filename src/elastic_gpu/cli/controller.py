@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from elastic_gpu.cli.check import check_config
+from elastic_gpu.cli.options import LogLevel, start_logging
 
 
 def controller(
@@ -64,7 +64,7 @@ def controller(
     config: Annotated[Path | None, typer.Option(
         "--config", help="the controllers' settings (YAML; `mig:` the MIG adapter's: "
         "namespaces, substitutions, moveBack; docs/mig-adapter.md)")] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    log_level: LogLevel = "INFO",
     check: Annotated[bool, typer.Option(
         "--check", help="only read and validate --config: print each problem (field, value, "
                         "rule) and exit 2, or say it is valid and exit 0; nothing is started")
@@ -74,10 +74,11 @@ def controller(
     MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets), leader-elected
     on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
     losing it exits with code 1."""
-    from elastic_gpu.controller.config import ConfigError, load_config
+    from elastic_gpu.api.config.loader import ConfigError
+    from elastic_gpu.controller.config import load_config
 
     if check:
-        check_config("egpu controller", config, load_config, ConfigError)
+        check_config("egpu controller", config, load_config)
         return
     from elastic_gpu.api.budget import BudgetObjectError, parse_duration
     from elastic_gpu.controller.manager import (
@@ -93,8 +94,7 @@ def controller(
     from elastic_gpu.kube.leaderelection import LeaseConfig
     from elastic_gpu.runtime import eventloop
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    start_logging("egpu controller", log_level)
     if (extender_client_cert is None) != (extender_client_key is None):
         typer.echo("error: --extender-client-cert and --extender-client-key go together", err=True)
         raise typer.Exit(2)

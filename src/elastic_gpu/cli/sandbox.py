@@ -81,7 +81,8 @@ def up(
     """Start the whole system: etcd, kube-apiserver, kube-controller-manager, the Elastic GPU
     scheduler extender (`egpu scheduler`), kube-scheduler calling it, and kwok; register fake
     GPU nodes and wait until they are Ready and the extender knows them."""
-    from elastic_gpu.agent.config import AgentConfig, ConfigError, load_config
+    from elastic_gpu.agent.config import AgentConfig, load_config
+    from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.devcluster import nodes, sandbox
     from elastic_gpu.devcluster.errors import DevClusterError
 
@@ -121,11 +122,11 @@ def up(
                                                 gpu_memory_mib=gpu_memory)
     sched_cfg = None
     if scheduler_config is not None:
-        from elastic_gpu.api.settings_file import SettingsFileError, read_file
+        from elastic_gpu.api.config.loader import read_file
 
         try:
             sched_cfg = read_file(scheduler_config)
-        except SettingsFileError as err:
+        except ConfigError as err:
             raise typer.BadParameter(str(err), param_hint="--scheduler-config") from None
         if not isinstance(sched_cfg, dict) or sched_cfg.get("kind") not in (
                 None, "KubeSchedulerConfiguration"):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from elastic_gpu.cli.check import check_config
+from elastic_gpu.cli.options import LogLevel, start_logging
 
 
 def scheduler(
@@ -33,7 +33,7 @@ def scheduler(
     drain_seconds: Annotated[float, typer.Option(
         min=0, max=300, help="on SIGTERM: stop accepting, then wait this long at most for "
                              "binds in progress")] = 10.0,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    log_level: LogLevel = "INFO",
     check: Annotated[bool, typer.Option(
         "--check", help="only read and validate --config: print each problem (field, value, "
                         "rule) and exit 2, or say it is valid and exit 0; nothing is started")
@@ -44,19 +44,18 @@ def scheduler(
     SIGTERM (or SIGINT) drains: the listener closes, binds in progress finish (at most
     --drain-seconds), and the process exits 0.
     """
-    from elastic_gpu.scheduler.config import ConfigError, load_config
+    from elastic_gpu.api.config.loader import ConfigError
+    from elastic_gpu.scheduler.config import load_config
 
     if check:
-        check_config("egpu scheduler", config, load_config, ConfigError)
+        check_config("egpu scheduler", config, load_config)
         return
     from elastic_gpu.kube.kubeconfig import ClientConfigError
     from elastic_gpu.runtime import eventloop
     from elastic_gpu.scheduler.app import ServeOptions, TLSFilesError, serve, tls_context
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # one INFO line per API request would drown the scheduler's own messages
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    start_logging("egpu scheduler", log_level, quiet=("httpx2",))
     if (tls_cert is None) != (tls_key is None):
         typer.echo("error: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
+from elastic_gpu.cli.options import LogLevel, start_logging
 from elastic_gpu.core.gpuview import CardView, ClusterView, ElasticGPUHold, NodeView, PodHold
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.kube.paths import CORE, Resource, group_prefix
@@ -322,6 +323,7 @@ def top(
         "--interval", min=0.2, help="Seconds between refreshes with --watch.")] = 2.0,
     no_holders: Annotated[bool, typer.Option(
         "--no-holders", help="Leave out the HELD BY column.")] = False,
+    log_level: LogLevel = "WARNING",
 ) -> None:
     """Show the cluster's GPUs: per node and card who holds what (pods, claims' ElasticGPUs,
     MIG instances), free compute and memory, health and fragmentation."""
@@ -331,7 +333,7 @@ def top(
     from elastic_gpu.kube.errors import ApiError
     from elastic_gpu.kube.kubeconfig import ClientConfigError
 
-    logging.basicConfig(level=logging.WARNING, format="egpu top: %(message)s")
+    start_logging("egpu top", log_level, fmt="egpu top: %(message)s")
     console = Console()
     if not console.is_terminal:
         # piped or captured (`egpu top > file`, `| grep`): one line per row, as kubectl prints,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from elastic_gpu.cli.options import LogLevel, start_logging
 
 
 def webhook(
@@ -69,7 +70,7 @@ def webhook(
         help="add the canonical quota resources quota.elasticgpu.io/gpu-core|gpu-memory to GPU "
              "containers (ResourceQuota in canonical units); kube-scheduler must ignore them "
              "(extender managedResources ignoredByScheduler)")] = False,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Serve the admission webhook: validate GPU pods against the resource table and the
     cluster, and mutate them (defaults, gpu-manager's annotations). SIGTERM stops it."""
@@ -79,9 +80,7 @@ def webhook(
     from elastic_gpu.webhook.certs import Lifetimes
     from elastic_gpu.webhook.server import WebhookOptions, WebhookStartError, serve
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    start_logging("egpu webhook", log_level, quiet=("httpx2",))
     labels: dict[str, str] = {}
     for item in namespace_label or []:
         key, sep, value = item.partition("=")

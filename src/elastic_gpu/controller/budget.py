@@ -47,15 +47,13 @@ from elastic_gpu.api import budget as api
 from elastic_gpu.api.elasticgpu import GROUP, VERSION
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import budget as core
-from elastic_gpu.kube.client import PODS, Resource
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, Invalid, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key
-from elastic_gpu.kube.paths import group_prefix
+from elastic_gpu.kube.resources import BUDGETS, PODS
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-BUDGETS = Resource(group_prefix(GROUP, VERSION), api.PLURAL, True)
 #: a finalizer removal that met a newer pod (409) is retried this soon
 RETRY_S = 0.5
 #: the label of the GPUBudgets the keeper creates from the cluster default

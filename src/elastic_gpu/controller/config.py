@@ -24,14 +24,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from elastic_gpu.api.settings_file import load_settings
+from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.core.mig.profiles import MIG_MODELS, compatible
 from elastic_gpu.core.mig.substitution import MoveBackPolicy
 from elastic_gpu.core.resources import MigProfile, ResourceError
-
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be used; the message names file and field."""
 
 
 def _profile(name: str, where: str) -> MigProfile:
@@ -122,4 +118,6 @@ class ControllerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> ControllerConfig:
-    return load_settings(path, ControllerConfig, ConfigError, "ControllerConfig")
+    """The ControllerConfig in `path` (every default without one); `ConfigError`
+    (`api.config.loader`) naming the file, then each field, value and rule."""
+    return load_settings(path, ControllerConfig, "ControllerConfig")

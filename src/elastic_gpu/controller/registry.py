@@ -6,9 +6,9 @@ The claims controller, the MIG adapter and the budget keeper each join by one en
 from __future__ import annotations
 
 from elastic_gpu.controller.budget import BudgetKeeper
-from elastic_gpu.controller.claims import ClaimController
+from elastic_gpu.controller.claims.controller import ClaimController
 from elastic_gpu.controller.manager import ControllerFactory
-from elastic_gpu.controller.mig import MigController
+from elastic_gpu.controller.mig.controller import MigController
 
 CONTROLLERS: dict[str, ControllerFactory] = {
     ClaimController.name: ClaimController,

@@ -54,7 +54,7 @@ SYSTEM_PERMISSION_GROUP = PREFIX
 SYSTEM_PERMISSION_RESOURCE = "ledger"
 SYSTEM_PERMISSION_VERB = "write"
 #: The virtual permission to use the admission opt-out label (`elasticgpu.io/admission:
-#: ignore`, `core.admission.OPT_OUT_LABEL`) on a pod or namespace.
+#: ignore`, `core.admission.rules.OPT_OUT_LABEL`) on a pod or namespace.
 OPT_OUT_PERMISSION_RESOURCE = "admission-opt-out"
 OPT_OUT_PERMISSION_VERB = "use"
 

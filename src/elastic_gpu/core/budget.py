@@ -29,7 +29,7 @@ Budgets: `Budget` gives GPU-seconds per period (refilled at each period's end; p
 period: every GPU-second counts 2^(-age / half_life), so a namespace that stops using GPUs
 recovers smoothly. `budget_state` says used, remaining, the period and whether the namespace is
 over budget (used >= allowed): its new GPU pods then get the lower PriorityClass
-(`core.admission.budget_priority`).
+(`core.admission.mutators.budget.budget_priority`).
 
 Settling (lossless end-of-pod accounting): a pod that has ended (`ended`) is settled into the
 namespace's durable `Settled` (its GPU-seconds in the current period and its UID, kept in the

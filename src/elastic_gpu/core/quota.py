@@ -22,7 +22,7 @@ every GPU name, or NodeResourcesFit reports them insufficient); kubelet's admiss
 requests of extended resources its node does not advertise (`removeMissingExtendedResources`)
 and its device manager calls Allocate only for resources a device plugin registered, so the
 agent never sees them; the extender reads GPU requests through the resource table, which does
-not know them. `QUOTA_MUTATORS` is behind the webhook's `--quota-resources` (it passes
+not know them. `core.admission.chain.QUOTA_MUTATORS` is behind the webhook's `--quota-resources` (it passes
 `admit(..., mutators=QUOTA_MUTATORS)`), not part of `MUTATORS`, because a kube-scheduler
 configured by someone else may not ignore the names; the chart and the sandbox, which
 configure kube-scheduler themselves, turn it on. See docs/budgets.md, "Quota".
@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from elastic_gpu.core.admission import MUTATORS, MutationInput, Mutator, PatchOp, pointer
+from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
+from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.request import ContainerRequest, RequestKind, container_request
 from elastic_gpu.core.resources import MIG_MAX_SLICES, ResourceError
 
@@ -98,7 +99,3 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
                             "value": value})
     return ops
 
-
-#: The mutators with the quota's accounting resources added (last: they read the containers
-#: as the claims and the MIG substitution left them).
-QUOTA_MUTATORS: tuple[Mutator, ...] = (*MUTATORS, quota_resources)

@@ -21,18 +21,17 @@ app = typer.Typer(add_completion=False)
 
 
 def run(kubeconfig: Path, interval_s: float, stop: threading.Event) -> None:
-    from lightkube import Client, KubeConfig
-
     from elastic_gpu.agent.publish import sync_fake_allocations
+    from elastic_gpu.kube.sync import SyncKubeClient
 
-    client = Client(config=KubeConfig.from_file(kubeconfig), field_manager="egpu-sandbox")
-    while not stop.is_set():
-        try:
-            sync_fake_allocations(client)
-        except Exception as err:  # a passing API error must not end the loop: say it, retry
-            print(f"allocation sync failed, retrying: {type(err).__name__}: {err}",
-                  file=sys.stderr, flush=True)
-        stop.wait(interval_s)
+    with SyncKubeClient.from_config(kubeconfig, field_manager="egpu-sandbox") as client:
+        while not stop.is_set():
+            try:
+                sync_fake_allocations(client)
+            except Exception as err:  # a passing API error must not end the loop: say it
+                print(f"allocation sync failed, retrying: {type(err).__name__}: {err}",
+                      file=sys.stderr, flush=True)
+            stop.wait(interval_s)
 
 
 @app.command()

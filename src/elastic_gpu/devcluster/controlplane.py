@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from elastic_gpu.devcluster.kubeconfig import write_kubeconfig
 from elastic_gpu.devcluster.pki import Pki, create_pki, pki_paths
 from elastic_gpu.devcluster.ports import HOST, free_ports, require_free
 from elastic_gpu.devcluster.process import ProcessHandle, spawn, wait_ready
+from elastic_gpu.kube.sync import SyncKubeClient
 
 DEFAULT_SCHEDULER_NAME = "default-scheduler"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/12"
@@ -110,6 +112,10 @@ class ControlPlane:
     #: Added to every component's environment (the sandbox marks its processes, so `down`
     #: also finds what they started in sessions of their own).
     extra_env: dict[str, str] = field(default_factory=dict, repr=False)
+    #: The admin client `kube()` hands out, made on first use and closed by `stop()`.
+    _kube: SyncKubeClient | None = field(default=None, init=False, repr=False, compare=False)
+    _kube_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
+                                       compare=False)
 
     # -- paths -------------------------------------------------------------------------
     @property
@@ -333,6 +339,10 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stop every component, newest first (clients before the apiserver before etcd)."""
+        with self._kube_lock:
+            kube, self._kube = self._kube, None
+        if kube is not None:
+            kube.close()
         errors = []
         for name in reversed(list(self.processes)):
             try:
@@ -382,11 +392,14 @@ class ControlPlane:
                                   f"{result.stderr.strip()}")
         return result
 
-    def client(self) -> Any:
-        """A lightkube Client for the admin identity (typed as Any: lightkube is untyped)."""
-        from lightkube import Client, KubeConfig
-
-        return Client(config=KubeConfig.from_file(self.kubeconfig), field_manager="egpu-dev")
+    def kube(self) -> SyncKubeClient:
+        """The admin identity's client (`kube.sync`, field manager `egpu-dev`): one per
+        control plane, shared by the threads that use it, closed by `stop()`."""
+        with self._kube_lock:
+            if self._kube is None:
+                self._kube = SyncKubeClient.from_config(self.kubeconfig,
+                                                        field_manager="egpu-dev")
+            return self._kube
 
     # -- persistence (sandbox) -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -11,23 +11,25 @@ the agent's defaults with migStrategy mixed (so cards carved into MIG instances 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import re
+import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.agent.backends.fake import board_chips
 from elastic_gpu.agent.config import (
     AgentConfig,
-    ConfigError,
     MigStrategy,
     parse_config,
 )
-from elastic_gpu.agent.fake import board_chips
-from elastic_gpu.api.settings_file import (
-    SettingsFileError,
+from elastic_gpu.api.config.loader import (
+    ConfigError,
     header_problems,
     read_file,
     without_header,
@@ -35,6 +37,11 @@ from elastic_gpu.api.settings_file import (
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
+from elastic_gpu.kube.client import NODES, PODS, STRATEGIC_PATCH
+from elastic_gpu.kube.crds import install_crds
+from elastic_gpu.kube.errors import Conflict, NotFound
+from elastic_gpu.kube.paths import Resource, group_prefix
+from elastic_gpu.kube.sync import SyncKubeClient
 
 NVIDIA_GPU = "nvidia.com/gpu"
 #: How fake nodes are published when no agent configuration is given.
@@ -163,32 +170,45 @@ def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dic
     }
 
 
-def register_fake_node(client: Any, inventory: Node, agent_config: AgentConfigLike | None = None
-                       ) -> None:
+def register_fake_node(client: SyncKubeClient, inventory: Node,
+                       agent_config: AgentConfigLike | None = None) -> None:
     """Create (or bring up to date) the Node for `inventory` and publish its cards as the
-    agent with `agent_config` would; `client` is a lightkube Client."""
-    from lightkube import codecs
-    from lightkube.core.exceptions import ApiError
-    from lightkube.resources.core_v1 import Node as K8sNode
-
+    agent with `agent_config` would."""
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     manifest = node_manifest(inventory, config)
     try:
-        client.create(codecs.from_dict(manifest))
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
+        client.create(NODES.path(), manifest)
+    except Conflict:
         # It exists (a re-run): make labels, annotations and capacity match the inventory.
-        client.patch(K8sNode, inventory.name, {"metadata": manifest["metadata"]})
-        client.patch(K8sNode.Status, inventory.name, {"status": manifest["status"]})
+        client.patch(NODES.path(name=inventory.name), {"metadata": manifest["metadata"]},
+                     STRATEGIC_PATCH)
+        client.patch(NODES.path(name=inventory.name, subresource="status"),
+                     {"status": manifest["status"]}, STRATEGIC_PATCH)
     # The cards become GPUDevice objects (and Node capacity) through the node agent's fake
     # backend: the same code path that publishes a real node's inventory.
     from elastic_gpu.agent.publish import publish_fake_node
 
+    install_gpudevice_crd_once(client)
     publish_fake_node(client, inventory, config)
 
 
-def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: int = 16,
+_crd_installed: weakref.WeakSet[SyncKubeClient] = weakref.WeakSet()
+_crd_lock = threading.Lock()
+
+
+def install_gpudevice_crd_once(client: SyncKubeClient) -> None:
+    """Install the GPUDevice CRD on first use of `client`, as `kubectl apply -f
+    deploy/crds/gpudevices.yaml` would: the sandbox is the installer here (admin
+    credentials), not an agent, which only requires the CRD."""
+    from elastic_gpu.api import gpudevice
+
+    with _crd_lock:
+        if client not in _crd_installed:
+            install_crds(client, [gpudevice.crd_manifest()])
+            _crd_installed.add(client)
+
+
+def register_fake_nodes(client: SyncKubeClient, inventories: Iterable[Node], parallelism: int = 16,
                         agent_config: AgentConfigLike | None = None,
                         agent_configs: Mapping[str, AgentConfigLike] | None = None) -> int:
     """Register many nodes concurrently (the apiserver handles parallel creates well), each
@@ -201,8 +221,8 @@ def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: i
     configs = {inv.name: as_agent_config(per_node.get(inv.name, agent_config),
                                          f"node {inv.name}: agent config")
                for inv in items}
-    # The first node goes alone: lightkube (msgspec) builds its per-class decoders on first
-    # use, and doing that from several threads at once crashes the interpreter (SIGSEGV).
+    # The first node goes alone: registering it installs the GPUDevice CRD the others need
+    # (once per client), and any decoder built on first use is built by one thread.
     register_fake_node(client, items[0], configs[items[0].name])
     with ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(items) - 1))) as pool:
         for future in [pool.submit(register_fake_node, client, inv, configs[inv.name])
@@ -211,41 +231,28 @@ def register_fake_nodes(client: Any, inventories: Iterable[Node], parallelism: i
     return len(items)
 
 
-
-def unregister_fake_node(client: Any, name: str) -> None:
+def unregister_fake_node(client: SyncKubeClient, name: str) -> None:
     """Remove a fake node with what would otherwise outlive it: the pods bound to it, its
     GPUDevice objects, the Node. Done here, at once, rather than left to
     kube-controller-manager (which may be off, and whose pod GC waits on orphaned pods)."""
-    from lightkube.core.exceptions import ApiError
-    from lightkube.resources.core_v1 import Node as K8sNode
-    from lightkube.resources.core_v1 import Pod
+    from elastic_gpu.api import gpudevice as gd
 
-    from elastic_gpu.agent.inventory_api import GPUDevice
-    from elastic_gpu.api.gpudevice import NODE_LABEL
-
-    for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": name}):
-        _ignore_missing(lambda p=pod: client.delete(Pod, p.metadata.name,
-                                                    namespace=p.metadata.namespace,
-                                                    grace_period=0))
+    pods, _ = client.list(PODS.path(), {"fieldSelector": f"spec.nodeName={name}"})
+    for pod in pods:
+        meta = pod["metadata"]
+        with contextlib.suppress(NotFound):
+            client.delete(PODS.path(meta["namespace"], meta["name"]), grace_period_s=0)
+    devices_resource = Resource(group_prefix(gd.GROUP, gd.VERSION), gd.PLURAL, False)
     try:
-        devices = list(client.list(GPUDevice, labels={NODE_LABEL: name}))
-    except ApiError as err:
-        if err.status.code != 404:  # 404: the GPUDevice CRD was never created
-            raise
+        devices, _ = client.list(devices_resource.path(),
+                                 {"labelSelector": f"{gd.NODE_LABEL}={name}"})
+    except NotFound:  # the GPUDevice CRD was never created
         devices = []
     for device in devices:
-        _ignore_missing(lambda d=device: client.delete(GPUDevice, d.metadata.name))
-    _ignore_missing(lambda: client.delete(K8sNode, name))
-
-
-def _ignore_missing(call: Any) -> None:
-    from lightkube.core.exceptions import ApiError
-
-    try:
-        call()
-    except ApiError as err:
-        if err.status.code != 404:
-            raise
+        with contextlib.suppress(NotFound):
+            client.delete(devices_resource.path(name=device["metadata"]["name"]))
+    with contextlib.suppress(NotFound):
+        client.delete(NODES.path(name=name))
 
 
 def uniform_inventories(count: int, *, prefix: str = "gpu-node", gpus: int = 8,
@@ -451,17 +458,18 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
 
 
 def load_cluster(path: Path) -> list[NodeGroup]:
-    """Read a cluster file with the one settings loader (`settings_file.read_file`: YAML 1.2
+    """Read a cluster file with the one settings loader (`api.config.loader.read_file`: YAML 1.2
     scalars, no aliases, bounded nesting and numbers, string keys, UTF-8), so an `agentConfig`
     means in the cluster file what it means in the agent's own file; the optional header is
     `apiVersion: elasticgpu.io/v1alpha1`, `kind: SandboxCluster`."""
     try:
         data = read_file(path)
-    except SettingsFileError as err:
+    except ConfigError as err:
         raise ClusterSpecError(str(err)) from None
     if isinstance(data, Mapping):
         problems = header_problems(data, CLUSTER_KIND)
         if problems:
-            raise ClusterSpecError(f"{path}: invalid {CLUSTER_KIND}:\n" + "\n".join(problems))
+            raise ClusterSpecError(f"{path}: invalid {CLUSTER_KIND}:\n"
+                                   + "\n".join(p.line() for p in problems))
         data = without_header(data)
     return parse_cluster(data, str(path))

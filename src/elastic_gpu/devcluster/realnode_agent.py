@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.api.strict_yaml import dump_yaml
+from elastic_gpu.api.config.strict_yaml import dump_yaml
 from elastic_gpu.devcluster.errors import DevClusterError
 
 

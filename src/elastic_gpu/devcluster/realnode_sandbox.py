@@ -73,13 +73,14 @@ def up(state_dir: Path, plane: ControlPlane, count: int, *, gpus: int = 2,
         return []
     if count > MAX_REAL_NODES:
         raise DevClusterError(f"--real-nodes {count}: {preflight(count)}")
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.api import gpudevice
+    from elastic_gpu.kube.crds import install_crds
 
     node = RealNode(DEFAULT_NAME, state_dir / "rn", plane,
                     on_spawn=lambda n: _save(state_dir, [n]))
     _save(state_dir, [node])
     node.start(timeout_s)
-    ensure_crd(plane.client())
+    install_crds(plane.kube(), [gpudevice.crd_manifest()])
     config = write_agent_files(state_dir / "rn-agent", node.device_plugin_dir,
                                default_inventory(gpus, model, memory_mib))
     agent = plane.start_process(f"agent-{node.name}",

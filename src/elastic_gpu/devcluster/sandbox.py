@@ -44,6 +44,8 @@ from elastic_gpu.devcluster.nodes import (
 )
 from elastic_gpu.devcluster.ports import free_ports, is_listening
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
+from elastic_gpu.kube.client import NODES
+from elastic_gpu.kube.sync import SyncKubeClient
 from elastic_gpu.scheduler.schedconfig import ignores_quota_names
 
 STATE_FILE = "state.json"
@@ -132,20 +134,18 @@ class Sandbox:
         return result
 
 
-def count_ready_nodes(client: Any) -> tuple[int, int]:
+def count_ready_nodes(client: SyncKubeClient) -> tuple[int, int]:
     """(ready, total) among the sandbox's fake nodes."""
-    from lightkube.resources.core_v1 import Node as K8sNode
-
-    ready = total = 0
-    for node in client.list(K8sNode, labels={FAKE_NODE_LABEL: "true"}):
-        total += 1
-        conditions = (node.status.conditions or []) if node.status else []
-        if any(c.type == "Ready" and c.status == "True" for c in conditions):
+    nodes, _ = client.list(NODES.path(), {"labelSelector": f"{FAKE_NODE_LABEL}=true"})
+    ready = 0
+    for node in nodes:
+        conditions = (node.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
             ready += 1
-    return ready, total
+    return ready, len(nodes)
 
 
-def wait_nodes_ready(client: Any, expected: int, timeout_s: float,
+def wait_nodes_ready(client: SyncKubeClient, expected: int, timeout_s: float,
                      check: Callable[[], None] = lambda: None) -> None:
     """Until `expected` fake nodes are Ready; `check` runs each round (raises to give up)."""
     deadline = time.monotonic() + timeout_s
@@ -306,14 +306,18 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         plane.prepare()
         plane.start_etcd(timeout_s)
         plane.start_apiserver(timeout_s)
-        client = plane.client()
+        client = plane.kube()
         if any(spec.role is components.Role.SYSTEM for spec in specs):
-            from elastic_gpu.agent.inventory_api import ensure_crd
-            from elastic_gpu.api import admission_policies, tenant_rbac
+            from elastic_gpu.api import admission_policies, gpudevice, tenant_rbac
             from elastic_gpu.kube.apply import create_or_update
-            from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
+            from elastic_gpu.kube.crds import (
+                install_crds,
+                install_elasticgpu_crds,
+                install_priority_classes,
+            )
 
-            ensure_crd(client)  # the extender lists GPUDevices from its first moment
+            # the extender lists GPUDevices from its first moment
+            install_crds(client, [gpudevice.crd_manifest()])
             install_elasticgpu_crds(client)  # the seed's claims apply from the first moment
             install_priority_classes(client)  # over-budget namespaces' pods get it
             # users bound to edit/view use claims, as in the chart
@@ -406,7 +410,9 @@ def status(state_dir: Path) -> dict[str, Any]:
             c["alive"] for node in real for c in node["components"].values())
     if alive.get("kube-apiserver"):
         try:
-            ready, total = count_ready_nodes(sandbox.plane.client())
+            with SyncKubeClient.from_config(sandbox.plane.kubeconfig,
+                                            field_manager="egpu-dev") as client:
+                ready, total = count_ready_nodes(client)
         except Exception as err:  # status must report, not crash, when the API misbehaves
             result["nodes_error"] = f"{type(err).__name__}: {err}"
         else:

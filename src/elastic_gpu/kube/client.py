@@ -15,13 +15,19 @@ from elastic_gpu.kube.transport import ApiStatusError, RestClient
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+#: Built-in kinds only: lists merge by their patchMergeKey (kubectl patch's default).
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 
-__all__ = ["APPLY_PATCH", "EVENTS", "JSON_PATCH", "LEASES", "MERGE_PATCH", "PODS", "KubeClient", "Resource"]
+__all__ = ["APPLY_PATCH", "CRDS", "EVENTS", "JSON_PATCH", "LEASES", "MERGE_PATCH", "NODES", "PODS",
+           "PRIORITY_CLASSES", "STRATEGIC_PATCH", "KubeClient", "Resource"]
 
 PODS = Resource(CORE, "pods", True)
 EVENTS = Resource(CORE, "events", True)
 LEASES = Resource(group_prefix("coordination.k8s.io", "v1"), "leases", True)
+NODES = Resource(CORE, "nodes", False)
+CRDS = Resource(group_prefix("apiextensions.k8s.io", "v1"), "customresourcedefinitions", False)
+PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
 
 
 class KubeClient:
@@ -53,8 +59,9 @@ class KubeClient:
         decoded: Any = msgspec.json.decode(raw) if raw else {}
         return decoded if isinstance(decoded, dict) else {}
 
-    async def get(self, path: str) -> dict[str, Any]:
-        return await self._call("GET", path)
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """`params`: e.g. `{"limit": "1"}` to read one page of a collection."""
+        return await self._call("GET", path, params=params)
 
     async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, obj)
@@ -69,9 +76,13 @@ class KubeClient:
         return await self._call("PATCH", path, patch, params=params, content_type=content_type)
 
     async def delete(self, path: str, *, uid: str | None = None,
-                     resource_version: str | None = None) -> dict[str, Any]:
-        """DELETE with optional uid / resourceVersion preconditions (409 when they fail)."""
+                     resource_version: str | None = None,
+                     grace_period_s: int | None = None) -> dict[str, Any]:
+        """DELETE with optional uid / resourceVersion preconditions (409 when they fail);
+        `grace_period_s=0` deletes a pod at once."""
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if grace_period_s is not None:
+            options["gracePeriodSeconds"] = grace_period_s
         preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version))
                          if v}
         if preconditions:

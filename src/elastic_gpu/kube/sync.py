@@ -64,8 +64,8 @@ class SyncKubeClient:
         """Start a coroutine in the client's loop without waiting (a watch loop, say)."""
         return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop)
 
-    def get(self, path: str) -> dict[str, Any]:
-        return self._run_now(self._client.get(path))
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return self._run_now(self._client.get(path, params))
 
     def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         return self._run_now(self._client.create(path, obj))
@@ -78,10 +78,11 @@ class SyncKubeClient:
         return self._run_now(self._client.patch(path, patch, content_type=content_type,
                                                 params=params))
 
-    def delete(self, path: str, *, uid: str | None = None,
-               resource_version: str | None = None) -> dict[str, Any]:
+    def delete(self, path: str, *, uid: str | None = None, resource_version: str | None = None,
+               grace_period_s: int | None = None) -> dict[str, Any]:
         return self._run_now(self._client.delete(path, uid=uid,
-                                                 resource_version=resource_version))
+                                                 resource_version=resource_version,
+                                                 grace_period_s=grace_period_s))
 
     def list(self, path: str, params: Mapping[str, str] | None = None
              ) -> tuple[list[dict[str, Any]], str]:

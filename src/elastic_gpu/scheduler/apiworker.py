@@ -28,6 +28,7 @@ from elastic_gpu.kube.kubeconfig import ClientConfigError
 from elastic_gpu.kube.paths import CORE, InvalidName, Resource, group_prefix
 from elastic_gpu.kube.transport import ApiStatusError, RawReflector, RestClient
 from elastic_gpu.runtime import eventloop
+from elastic_gpu.runtime.logging import setup_logging
 from elastic_gpu.scheduler import ipc
 from elastic_gpu.scheduler.slim import (
     ChangeFilter,
@@ -238,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", type=Path, default=None)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s apiworker %(levelname)s %(message)s")
+    setup_logging(args.log_level, stream=sys.stderr,
+                  fmt="%(asctime)s apiworker %(levelname)s %(message)s")
     try:
         return eventloop.run(run(args.kubeconfig))
     except ClientConfigError as err:

@@ -31,15 +31,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from elastic_gpu.api.settings_file import load_settings
+from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
 from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER
-
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be used; the message names file and field."""
 
 
 def known_policies(tier: str) -> tuple[str, ...]:
@@ -130,4 +126,6 @@ class SchedulerConfig(BaseModel):
 
 
 def load_config(path: Path | None) -> SchedulerConfig:
-    return load_settings(path, SchedulerConfig, ConfigError, "SchedulerConfig")
+    """The SchedulerConfig in `path` (every default without one); `ConfigError`
+    (`api.config.loader`) naming the file, then each field, value and rule."""
+    return load_settings(path, SchedulerConfig, "SchedulerConfig")

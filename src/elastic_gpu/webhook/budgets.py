@@ -1,15 +1,15 @@
 """The webhook's budget lookups: is a pod's namespace over its GPU budget, and what is the lower
-PriorityClass's value? Feeds `core.admission.admit(..., budget=)` (`budget_priority`).
+PriorityClass's value? Feeds `core.admission.admit.admit(..., budget=)` (`core.admission.mutators.budget`).
 
-- GPUBudgets: a list and watch (`kube.CrdCache`); a namespace is over budget while its
+- GPUBudgets: an informer (`webhook.kube.CrdCache`); a namespace is over budget while its
   GPUBudget (the first by name, as the keeper reads it) has the condition `OverBudget=True`
   that the budget keeper writes. The lower class: `spec.overBudgetPriorityClassName`, else the
   webhook's `--over-budget-priority-class`.
-- PriorityClasses: a list and watch (cluster-scoped) for the class's `value` and
+- PriorityClasses: an informer (cluster-scoped) for the class's `value` and
   `preemptionPolicy`.
 
 Whether a namespace has a GPUBudget at all decides whether its GPU pods get the budget
-keeper's finalizer (`core.admission.budget_finalizer`, issue #26).
+keeper's finalizer (`core.admission.mutators.budget.budget_finalizer`, issue #26).
 
 Cache misses and failures (docs/budgets.md, "The webhook's lookups"):
 - GPUBudgets not synced yet (the webhook just started, or the API failed its list): the
@@ -24,13 +24,16 @@ Cache misses and failures (docs/budgets.md, "The webhook's lookups"):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.budget import NamespaceBudget, PriorityDowngrade
-from elastic_gpu.webhook.kube import CrdCache
+from elastic_gpu.kube.errors import NotFound
+from elastic_gpu.kube.informer import ListWatcher
+from elastic_gpu.webhook.kube import BUDGETS, PRIORITY_CLASSES, CrdCache
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +45,6 @@ class BudgetFacts:
     name: str
     over: bool
     priority_class: str | None
-
-
-def budget_resource() -> Any:
-    from lightkube.generic_resource import create_namespaced_resource
-
-    from elastic_gpu.api.budget import KIND, PLURAL
-    from elastic_gpu.api.elasticgpu import GROUP, VERSION
-
-    return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 def budget_facts(obj: Mapping[str, Any]) -> BudgetFacts | None:
@@ -65,12 +59,6 @@ def budget_facts(obj: Mapping[str, Any]) -> BudgetFacts | None:
     return BudgetFacts(str(meta.get("name", "")), over, name if isinstance(name, str) else None)
 
 
-def priority_class_resource() -> Any:
-    from lightkube.resources.scheduling_v1 import PriorityClass
-
-    return PriorityClass
-
-
 def class_facts(obj: Mapping[str, Any]) -> tuple[int, str | None] | None:
     value = obj.get("value")
     if isinstance(value, bool) or not isinstance(value, int):
@@ -83,7 +71,7 @@ class BudgetCache(CrdCache[BudgetFacts]):
     kind = "GPUBudget"
 
     def __init__(self, crd_retry_s: float = 10.0) -> None:
-        super().__init__(budget_resource, budget_facts, crd_retry_s)
+        super().__init__(BUDGETS, budget_facts, crd_retry_s)
 
     def of(self, namespace: str) -> BudgetFacts | None:
         mine = sorted(k[1] for k in self.objects if k[0] == namespace)
@@ -92,10 +80,9 @@ class BudgetCache(CrdCache[BudgetFacts]):
 
 class PriorityClassCache(CrdCache[tuple[int, str | None]]):
     kind = "PriorityClass"
-    namespaced = False
 
     def __init__(self) -> None:
-        super().__init__(priority_class_resource, class_facts)
+        super().__init__(PRIORITY_CLASSES, class_facts)
 
     def of(self, name: str) -> tuple[int, str | None] | None:
         return self.objects.get(("", name))
@@ -119,9 +106,6 @@ class BudgetLookup:
         self.on_lookup = on_lookup
 
     async def _budget(self, namespace: str) -> BudgetFacts | None:
-        from elastic_gpu.kube.errors import NotFound
-        from elastic_gpu.webhook.kube import BUDGETS
-
         if self.budgets.synced.is_set() or self.reader is None:
             self.on_lookup("cache")
             return self.budgets.of(namespace)
@@ -136,9 +120,6 @@ class BudgetLookup:
         return found[0] if found else None
 
     async def _class(self, name: str) -> tuple[int, str | None] | None:
-        from elastic_gpu.kube.errors import NotFound
-        from elastic_gpu.webhook.kube import PRIORITY_CLASSES
-
         known = self.classes.of(name)
         if known is not None or self.reader is None:
             return known
@@ -171,8 +152,6 @@ class BudgetLookup:
             return NamespaceBudget(budgeted=True)
         return NamespaceBudget(True, PriorityDowngrade(name, found[0], found[1]))
 
-    async def run(self, client: Any) -> None:
-        import asyncio
-
+    async def run(self, client: ListWatcher) -> None:
         self.client = client
         await asyncio.gather(self.budgets.run(client), self.classes.run(client))

@@ -1,5 +1,6 @@
 """The webhook's API calls: its certificate Secret, its registration, the Nodes and the
-ElasticGPUClaims it reads.
+ElasticGPUClaims it reads, all through `kube.client.KubeClient` (paths by `kube.paths`) and,
+for every watch, `kube.informer.Informer`.
 
 All writes are idempotent, so every replica may do them at start: the Secret is created or,
 when another replica was first (409), read; a rotation replaces it with a resourceVersion
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -19,10 +21,12 @@ from typing import Any, Generic, TypeVar
 
 from elastic_gpu.api import budget, migsubstitution
 from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP, VERSION
-from elastic_gpu.core.admission import NodeGpus, node_gpus
+from elastic_gpu.core.admission.facts import NodeGpus, node_gpus
 from elastic_gpu.core.claims.model import Claim
-from elastic_gpu.kube.errors import NotFound
-from elastic_gpu.kube.paths import Resource, group_prefix
+from elastic_gpu.kube.client import APPLY_PATCH, KubeClient
+from elastic_gpu.kube.errors import Conflict, NotFound
+from elastic_gpu.kube.informer import Handler, Informer, ListWatcher, Obj
+from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, create_bundle, plan_rotation
 
 log = logging.getLogger(__name__)
@@ -30,23 +34,34 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "elastic-gpu-webhook"
 
 #: What the webhook reads live for one review, with names that come from the review: read by
-#: path (`kube.paths.api_path` checks and escapes every name) through a `kube.client.
-#: KubeClient`, never by lightkube, which puts names into paths as they are (issue 26, item 10).
+#: path (`kube.paths.api_path` checks and escapes every name), never put into paths as they are
+#: (issue 26, item 10).
 _EGPU_API = group_prefix(GROUP, VERSION)
 CLAIMS = Resource(_EGPU_API, CLAIM_PLURAL, True)
 RULES = Resource(_EGPU_API, migsubstitution.PLURAL, True)
 BUDGETS = Resource(_EGPU_API, budget.PLURAL, True)
 PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
-
-
-def _status_code(err: BaseException) -> int | None:
-    status = getattr(err, "status", None)
-    code = getattr(status, "code", None)
-    return int(code) if isinstance(code, int) else None
+NODES = Resource(CORE, "nodes", False)
+SECRETS = Resource(CORE, "secrets", True)
+NAMESPACES = Resource(CORE, "namespaces", False)
+_ADMISSION_API = group_prefix("admissionregistration.k8s.io", "v1")
+CONFIGURATIONS = {
+    "MutatingWebhookConfiguration": Resource(_ADMISSION_API, "mutatingwebhookconfigurations",
+                                             False),
+    "ValidatingWebhookConfiguration": Resource(_ADMISSION_API,
+                                               "validatingwebhookconfigurations", False),
+}
+#: After a list or watch fails (the API is down, the watch expired), list again in about a
+#: second, as the webhook always has.
+RELIST_S = (1.0, 1.0)
 
 
 def _decode(data: Mapping[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (data or {}).items()}
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion"))
 
 
 @dataclass
@@ -58,64 +73,54 @@ class StoredBundle:
 class SecretStore:
     """The Secret `namespace/name` holding the CertBundle (type Opaque)."""
 
-    def __init__(self, client: Any, namespace: str, name: str) -> None:
+    def __init__(self, client: KubeClient, namespace: str, name: str) -> None:
         self.client = client
         self.namespace = namespace
         self.name = name
 
     async def read(self) -> StoredBundle | None:
-        from lightkube.core.exceptions import ApiError
-        from lightkube.resources.core_v1 import Secret
-
         try:
-            secret = await self.client.get(Secret, self.name, namespace=self.namespace)
-        except ApiError as err:
-            if _status_code(err) == 404:
-                return None
-            raise
+            secret = await self.client.get(SECRETS.path(self.namespace, self.name))
+        except NotFound:
+            return None
         try:
-            bundle = CertBundle.from_data(_decode(secret.data))
+            bundle = CertBundle.from_data(_decode(secret.get("data")))
         except ValueError as err:
             raise ValueError(f"Secret {self.namespace}/{self.name}: {err}; delete it to have "
                              "a new CA made") from None
-        return StoredBundle(bundle, str(secret.metadata.resourceVersion))
+        return StoredBundle(bundle, _version(secret))
 
     async def _ensure_namespace(self) -> None:
-        from lightkube.core.exceptions import ApiError
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Namespace
+        with contextlib.suppress(Conflict):  # (AlreadyExists)
+            await self.client.create(NAMESPACES.path(), {
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
 
-        try:
-            await self.client.create(Namespace(metadata=ObjectMeta(name=self.namespace)))
-        except ApiError as err:
-            if _status_code(err) != 409:
-                raise
+    def _secret(self, bundle: CertBundle, resource_version: str | None = None) -> Obj:
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
+                                "labels": {"app.kubernetes.io/name": FIELD_MANAGER}}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+                "stringData": bundle.to_data()}
 
     async def create_or_read(self, make: Callable[[], CertBundle]) -> StoredBundle:
         """The stored bundle, made and stored first if there is none. Two replicas starting
         together: one create wins, the other gets 409 and reads the winner's."""
-        from lightkube.core.exceptions import ApiError
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Secret
-
         stored = await self.read()
         if stored is not None:
             return stored
         bundle = make()
-        secret = Secret(metadata=ObjectMeta(name=self.name, namespace=self.namespace,
-                                            labels={"app.kubernetes.io/name": FIELD_MANAGER}),
-                        type="Opaque", stringData=bundle.to_data())
         for attempt in range(2):
             try:
-                created = await self.client.create(secret)
-                return StoredBundle(bundle, str(created.metadata.resourceVersion))
-            except ApiError as err:
-                code = _status_code(err)
-                if code == 404 and attempt == 0:  # no namespace yet (dev cluster)
+                created = await self.client.create(SECRETS.path(self.namespace),
+                                                   self._secret(bundle))
+                return StoredBundle(bundle, _version(created))
+            except NotFound:
+                if attempt == 0:  # no namespace yet (dev cluster)
                     await self._ensure_namespace()
                     continue
-                if code != 409:
-                    raise
+                raise
+            except Conflict:
                 break
         stored = await self.read()
         if stored is None:
@@ -124,20 +129,12 @@ class SecretStore:
 
     async def replace(self, stored: StoredBundle, bundle: CertBundle) -> StoredBundle:
         """Store `bundle` if the Secret is still at `stored`'s version; else the newer one."""
-        from lightkube.core.exceptions import ApiError
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Secret
-
-        secret = Secret(metadata=ObjectMeta(name=self.name, namespace=self.namespace,
-                                            resourceVersion=stored.resource_version,
-                                            labels={"app.kubernetes.io/name": FIELD_MANAGER}),
-                        type="Opaque", stringData=bundle.to_data())
         try:
-            updated = await self.client.replace(secret)
-            return StoredBundle(bundle, str(updated.metadata.resourceVersion))
-        except ApiError as err:
-            if _status_code(err) != 409:
-                raise
+            updated = await self.client.update(SECRETS.path(self.namespace, self.name),
+                                               self._secret(bundle, stored.resource_version))
+            return StoredBundle(bundle, _version(updated))
+        except Conflict:
+            pass
         newer = await self.read()
         return newer if newer is not None else stored
 
@@ -160,31 +157,26 @@ async def initial_bundle(store: SecretStore, hosts: Sequence[str],
         lambda: create_bundle(hosts, dt.datetime.now(dt.UTC), lifetimes))
 
 
-async def apply_configurations(client: Any, objects: Sequence[dict[str, Any]]) -> None:
+def _configuration_path(obj: Mapping[str, Any]) -> str:
+    return CONFIGURATIONS[str(obj["kind"])].path(name=str(obj["metadata"]["name"]))
+
+
+async def apply_configurations(client: KubeClient, objects: Sequence[dict[str, Any]]) -> None:
     """Server-side apply of the webhook configurations (idempotent, any replica)."""
-    from lightkube import codecs
-
     for obj in objects:
-        await client.apply(codecs.from_dict(obj), field_manager=FIELD_MANAGER, force=True)
+        await client.patch(_configuration_path(obj), obj, APPLY_PATCH,
+                           params={"fieldManager": FIELD_MANAGER, "force": "true"})
 
 
-async def delete_configurations(client: Any, name: str) -> None:
-    from lightkube.core.exceptions import ApiError
-    from lightkube.resources.admissionregistration_v1 import (
-        MutatingWebhookConfiguration,
-        ValidatingWebhookConfiguration,
-    )
-
-    for kind in (MutatingWebhookConfiguration, ValidatingWebhookConfiguration):
-        try:
-            await client.delete(kind, name)
-        except ApiError as err:
-            if _status_code(err) != 404:
-                raise
+async def delete_configurations(client: KubeClient, name: str) -> None:
+    for resource in CONFIGURATIONS.values():
+        with contextlib.suppress(NotFound):
+            await client.delete(resource.path(name=name))
 
 
 class NodeFacts:
-    """The GPU nodes, kept by a list and watch of Nodes; `on_change` runs after each change."""
+    """The GPU nodes, kept by an informer on Nodes; `on_change` runs after each change, and
+    once when the first list is in (so the facts exist, if empty)."""
 
     def __init__(self, on_change: Callable[[Sequence[NodeGpus]], None]) -> None:
         self.nodes: dict[str, NodeGpus] = {}
@@ -213,34 +205,20 @@ class NodeFacts:
         if self._set(name, gpus):
             self._on_change(list(self.nodes.values()))
 
-    async def run(self, client: Any) -> None:
-        """List, then watch from the list's version; on any error (410 Gone included) list
-        again after a second."""
-        from lightkube.resources.core_v1 import Node
-
-        while True:
-            try:
-                listing = client.list(Node)
-                items = [node.to_dict() async for node in listing]
-                self.replace(items)
-                self.synced.set()
-                async for kind, node in client.watch(Node,
-                                                     resource_version=listing.resourceVersion):
-                    self.event(str(kind), node.to_dict())
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:  # the API is down or the watch expired: list again
-                log.warning("node watch: %s; listing again in 1 s", err)
-                await asyncio.sleep(1.0)
-
-
-def claim_resource() -> Any:
-    """lightkube's generic resource for ElasticGPUClaims (namespaced)."""
-    from lightkube.generic_resource import create_namespaced_resource
-
-    from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL, GROUP, VERSION
-
-    return create_namespaced_resource(GROUP, VERSION, CLAIM_KIND, CLAIM_PLURAL)
+    async def run(self, client: ListWatcher) -> None:
+        """List, then watch (relisting on any error, after about a second), until cancelled."""
+        informer = Informer(client, NODES.path(), name="webhook nodes", backoff_s=RELIST_S)
+        informer.add_handler(Handler(on_add=lambda obj: self.event("ADDED", obj),
+                                     on_update=lambda _old, obj: self.event("MODIFIED", obj),
+                                     on_delete=lambda obj: self.event("DELETED", obj)))
+        task = asyncio.create_task(informer.run())
+        try:
+            await informer.wait_synced()
+            self._on_change(list(self.nodes.values()))
+            self.synced.set()
+            await task
+        finally:
+            task.cancel()
 
 
 def _claim(obj: Mapping[str, Any]) -> Claim | None:
@@ -262,23 +240,49 @@ def object_key(obj: Mapping[str, Any]) -> Key:
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
+class _Tracked:
+    """The client as a CrdCache's informer sees it, noting whether the last list found the
+    resource served (False after a 404: its CRD is not installed)."""
+
+    def __init__(self, client: ListWatcher) -> None:
+        self.client = client
+        self.served = False
+        #: the watches go to the client untouched (the informer runs them)
+        self.watch = client.watch
+
+    async def list(self, path: str, params: Mapping[str, str] | None = None
+                   ) -> tuple[list[Obj], str]:
+        try:
+            listed = await self.client.list(path, params)
+        except NotFound:
+            self.served = False
+            raise
+        self.served = True
+        return listed
+
+
 class CrdCache(Generic[T]):
-    """Objects of `resource()` (a lightkube generic resource) by (namespace, name), each
-    decoded by `decode` (None: unreadable, left out); `on_change()` runs after each change."""
+    """Objects of `resource` by (namespace, name), each decoded by `decode` (None: unreadable,
+    left out), kept by an informer; `on_change()` runs after each change. While the resource
+    is not served (its CRD not installed: 404 on the list) the cache is empty and synced, and
+    the list is retried every `crd_retry_s`; any other failure lists again after a second."""
 
     #: the kind in log lines
     kind = "object"
-    #: False for a cluster-scoped resource (listed and watched without a namespace)
-    namespaced = True
 
-    def __init__(self, resource: Callable[[], Any], decode: Callable[[Mapping[str, Any]], T | None],
+    def __init__(self, resource: Resource, decode: Callable[[Mapping[str, Any]], T | None],
                  crd_retry_s: float = 10.0) -> None:
         self.objects: dict[Key, T] = {}
         self.synced = asyncio.Event()
-        self.crd_installed = False
         self.crd_retry_s = crd_retry_s
         self._resource = resource
         self._decode = decode
+        self._client: _Tracked | None = None
+
+    @property
+    def crd_installed(self) -> bool:
+        """Whether the last list found the resource served."""
+        return self._client is not None and self._client.served
 
     def on_change(self) -> None:
         """Called after every change of `objects`; nothing by default."""
@@ -302,40 +306,22 @@ class CrdCache(Generic[T]):
             self.objects[key] = value
         self.on_change()
 
-    async def run(self, client: Any) -> None:
+    async def run(self, client: ListWatcher) -> None:
         """List, then watch from the list's version, until cancelled."""
-        from lightkube.core.exceptions import ApiError
-
-        resource = self._resource()
-        scope: dict[str, str] = {"namespace": "*"} if self.namespaced else {}
-        while True:
-            try:
-                listing = client.list(resource, **scope)
-                self.replace([obj.to_dict() async for obj in listing])
-                self.crd_installed = True
-                self.synced.set()
-                async for kind, obj in client.watch(resource, **scope,
-                                                    resource_version=listing.resourceVersion):
-                    self.event(str(kind), obj.to_dict())
-            except asyncio.CancelledError:
-                raise
-            except ApiError as err:
-                if _status_code(err) != 404:
-                    log.warning("%s watch: %s; listing again in 1 s", self.kind, err)
-                    await asyncio.sleep(1.0)
-                    continue
-                if self.crd_installed or not self.synced.is_set():
-                    log.info("%ss are not served (CRD not installed); checking again every "
-                             "%.0f s", self.kind, self.crd_retry_s)
-                self.crd_installed = False
-                if self.objects:
-                    self.objects = {}
-                    self.on_change()
-                self.synced.set()
-                await asyncio.sleep(self.crd_retry_s)
-            except Exception as err:  # the API is down or the watch expired: list again
-                log.warning("%s watch: %s; listing again in 1 s", self.kind, err)
-                await asyncio.sleep(1.0)
+        self._client = tracked = _Tracked(client)
+        informer = Informer(tracked, self._resource.path(), name=f"webhook {self.kind}s",
+                            backoff_s=RELIST_S, missing_ok=True,
+                            missing_retry_s=self.crd_retry_s)
+        informer.add_handler(Handler(on_add=lambda obj: self.event("ADDED", obj),
+                                     on_update=lambda _old, obj: self.event("MODIFIED", obj),
+                                     on_delete=lambda obj: self.event("DELETED", obj)))
+        task = asyncio.create_task(informer.run())
+        try:
+            await informer.wait_synced()
+            self.synced.set()
+            await task
+        finally:
+            task.cancel()
 
 
 class ClaimCache(CrdCache[Claim]):
@@ -346,7 +332,7 @@ class ClaimCache(CrdCache[Claim]):
     kind = "ElasticGPUClaim"
 
     def __init__(self, crd_retry_s: float = 10.0) -> None:
-        super().__init__(claim_resource, _claim, crd_retry_s)
+        super().__init__(CLAIMS, _claim, crd_retry_s)
         self.client: Any = None
         #: the live reads' client (`kube.client.KubeClient`); None: no live reads
         self.reader: Any = None
@@ -377,6 +363,6 @@ class ClaimCache(CrdCache[Claim]):
             self.objects[(namespace, name)] = claim
         return claim
 
-    async def run(self, client: Any) -> None:
+    async def run(self, client: ListWatcher) -> None:
         self.client = client
         await super().run(client)

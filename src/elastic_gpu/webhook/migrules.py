@@ -1,9 +1,9 @@
-"""The webhook's copy of the MIG adapter's rules: a list and watch of MIGSubstitutions.
+"""The webhook's copy of the MIG adapter's rules: an informer on MIGSubstitutions.
 
-`core.admission.mig_substitution` rewrites the pods a rule selects; it reads the rules from
+`core.admission.mutators.mig.mig_substitution` rewrites the pods a rule selects; it reads the rules from
 `ClusterFacts.mig_substitutions`, which `WebhookServer` refreshes from this cache on every
 change. While the CRD is not installed (404 on the list) there are no rules and the list is
-retried every `crd_retry_s`: `kube.CrdCache`, as the claim cache (docs/mig-adapter.md).
+retried every `crd_retry_s`: `webhook.kube.CrdCache`, as the claim cache (docs/mig-adapter.md).
 """
 
 from __future__ import annotations
@@ -13,19 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from elastic_gpu.core.mig.rules import SubstitutionRule
-from elastic_gpu.webhook.kube import CrdCache, Key
+from elastic_gpu.kube.errors import NotFound
+from elastic_gpu.kube.informer import ListWatcher
+from elastic_gpu.webhook.kube import RULES, CrdCache, Key
 
 log = logging.getLogger(__name__)
-
-
-def rule_resource() -> Any:
-    """lightkube's generic resource for MIGSubstitutions (namespaced)."""
-    from lightkube.generic_resource import create_namespaced_resource
-
-    from elastic_gpu.api.elasticgpu import GROUP, VERSION
-    from elastic_gpu.api.migsubstitution import KIND, PLURAL
-
-    return create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 def _rule(obj: Mapping[str, Any]) -> SubstitutionRule | None:
@@ -45,7 +37,7 @@ class RuleCache(CrdCache[SubstitutionRule]):
 
     def __init__(self, on_change: Callable[[tuple[SubstitutionRule, ...]], None] = lambda _: None,
                  crd_retry_s: float = 10.0) -> None:
-        super().__init__(rule_resource, _rule, crd_retry_s)
+        super().__init__(RULES, _rule, crd_retry_s)
         self._notify = on_change
         self.client: Any = None
         #: the live lists' client (`kube.client.KubeClient`); None: the cache's rules
@@ -58,9 +50,6 @@ class RuleCache(CrdCache[SubstitutionRule]):
         quorum read, so every rule created before this call is in it). No reader, or the
         CRD not installed: the cache's. Other API errors are raised (the caller falls back to
         the cache)."""
-        from elastic_gpu.kube.errors import NotFound
-        from elastic_gpu.webhook.kube import RULES
-
         if self.reader is None:
             return tuple(r for r in self.snapshot() if r.namespace == namespace)
         path = RULES.path(namespace)  # the namespace checked and escaped (kube.paths)
@@ -72,7 +61,7 @@ class RuleCache(CrdCache[SubstitutionRule]):
         found = (_rule(item) for item in items)
         return tuple(sorted((r for r in found if r is not None), key=lambda r: r.name))
 
-    async def run(self, client: Any) -> None:
+    async def run(self, client: ListWatcher) -> None:
         self.client = client
         await super().run(client)
 

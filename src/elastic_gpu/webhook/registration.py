@@ -28,7 +28,7 @@ from typing import Any
 
 from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.admission import OPT_OUT_LABEL, OPT_OUT_VALUE
+from elastic_gpu.core.admission.rules import OPT_OUT_LABEL, OPT_OUT_VALUE
 from elastic_gpu.core.resources import MIG_PREFIX, RESOURCE_TABLE
 
 MUTATE_PATH = "/mutate"

@@ -1,27 +1,17 @@
-"""`egpu webhook`: the HTTPS AdmissionReview v1 server, a thin adapter over `core.admission`.
+"""`egpu webhook`: the HTTPS server (HTTP and TLS only) over `review.Admission`.
 
 - `POST /mutate` and `POST /validate`: an AdmissionReview in, an AdmissionReview out (HTTP 200)
-  with the verdict of `core.admission.admit` and, from /mutate, its JSON Patch. A body that is
-  not an AdmissionReview v1 gets 400 with the reason; a review whose object cannot be read gets
-  200 with `allowed: false` and the reason; a body over `max_body_bytes` gets 413. Never 5xx.
-- Pods naming ElasticGPUClaims are judged with the claims of a list and watch of them
-  (`kube.ClaimCache`); a claim the cache lacks is read live before the pod is refused.
-- Pods a MIGSubstitution selects are rewritten by its rule (`migrules.RuleCache`, a list and
-  watch of the rules, feeds `ClusterFacts.mig_substitutions`; docs/mig-adapter.md). A pod
-  asking a MIG profile has its namespace's rules read live (a quorum list) before /mutate
-  judges it, so a rule the MIG adapter wrote before deleting a pod rewrites its replacement
-  whatever the watch has delivered; the cache is the fallback when the read fails.
-- GPU pods of a namespace over its GPU budget get the lower PriorityClass (`budgets.
-  BudgetLookup`: watches of GPUBudgets and PriorityClasses, fail-open; docs/budgets.md); with
-  `budget_finalizer` the GPU pods of namespaces with a GPUBudget get the budget keeper's
-  finalizer (never elsewhere: nothing else waits for `egpu controller`), with `quota` the
-  canonical quota resources (`core.quota.QUOTA_MUTATORS`).
+  with the outcome of `review.Admission` (`http_answer`) and, from /mutate, its JSON Patch. A
+  body that is not an AdmissionReview v1 gets 400 with the reason; a review whose object cannot
+  be read gets 200 with `allowed: false` and the reason; a body over `max_body_bytes` gets 413.
+  Never 5xx.
 - `POST /mutate-claims`: an ElasticGPUClaim being created gets the claim-protection finalizer
   (`core.claims.pods.protection_patch`; issue #26: on every claim from its creation, as a PVC's).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
-The review is decoded by msgspec into typed structs at the edge; the pod stays a plain dict for
-the core, as everywhere else in the product.
+The server keeps the cluster facts current from its watches (Nodes, MIGSubstitutions) and
+builds the review's lookups (`sources.Lookups`) from its caches; with `budget_finalizer` and
+`quota` it adds those mutators (`core.admission.chain.mutator_chain`).
 """
 
 from __future__ import annotations
@@ -33,7 +23,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,29 +31,27 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
-from elastic_gpu.core.admission import (
-    MUTATORS,
-    ClusterFacts,
-    Mutator,
-    NodeGpus,
-    PodClaims,
-    admit,
-    budget_finalizer,
-    claim_names,
-    default_policies,
-    facts_from_nodes,
-)
-from elastic_gpu.core.budget import NamespaceBudget
-from elastic_gpu.core.claims.model import Claim
-from elastic_gpu.core.claims.pods import protection_patch
+from elastic_gpu.core.admission.chain import mutator_chain
+from elastic_gpu.core.admission.facts import NodeGpus, default_policies, facts_from_nodes
+from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.connlimits import ConnectionLimits
-from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.mig.rules import SubstitutionRule
-from elastic_gpu.core.names import InvalidName, NameRule, check_name
+from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
+from elastic_gpu.webhook.budgets import BudgetLookup
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
+from elastic_gpu.webhook.kube import (
+    FIELD_MANAGER,
+    ClaimCache,
+    NodeFacts,
+    SecretStore,
+    StoredBundle,
+    apply_configurations,
+    initial_bundle,
+    rotate_once,
+)
+from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.registration import (
     CLAIM_MUTATE_PATH,
     DEFAULT_NAME,
@@ -73,46 +61,24 @@ from elastic_gpu.webhook.registration import (
     Target,
     configurations,
 )
+from elastic_gpu.webhook.review import (
+    API_VERSION,
+    Admission,
+    Allowed,
+    BadRequest,
+    Outcome,
+    Refused,
+)
+from elastic_gpu.webhook.sources import Lookups
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "admission.k8s.io/v1"
 #: kube-apiserver refuses request bodies over 3 MiB; a review wraps one object (CREATE).
 DEFAULT_MAX_BODY = 4 * 2**20
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 1.0)
 
 
-class _Kind(msgspec.Struct):
-    group: str = ""
-    version: str = ""
-    kind: str = ""
-
-
-class _Resource(msgspec.Struct):
-    group: str = ""
-    version: str = ""
-    resource: str = ""
-
-
-class _Request(msgspec.Struct):
-    uid: str = ""
-    kind: _Kind | None = None
-    resource: _Resource | None = None
-    subResource: str = ""
-    operation: str = ""
-    namespace: str = ""
-    name: str = ""
-    object: Any = None
-
-
-class _Review(msgspec.Struct):
-    apiVersion: str = ""
-    kind: str = ""
-    request: _Request | None = None
-
-
-_DECODER = msgspec.json.Decoder(_Review)
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -168,196 +134,30 @@ def _answer(uid: str, allowed: bool, message: str = "",
                             "response": response})
 
 
-def _bad_request(reason: str) -> tuple[int, bytes, str]:
-    return 400, _ENCODER.encode({"error": reason}), "bad_request"
+@dataclass(frozen=True)
+class HttpAnswer:
+    """An outcome as HTTP: the status, the body, and its verdict for the metrics (allowed,
+    patched, refused, not_governed, bad_request) with the rules of a refusal."""
+
+    status: int
+    body: bytes
+    verdict: str
+    rules: tuple[str, ...] = ()
 
 
-ClaimLookup = Callable[[str, str], Claim | None]
-ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
-RuleFetch = Callable[[str], Awaitable[tuple[SubstitutionRule, ...]]]
-
-
-def asks_mig(pod: Any) -> bool:
-    """Whether a pod manifest asks a `nvidia.com/mig-*` resource in some container."""
-    spec = pod.get("spec") if isinstance(pod, dict) else None
-    if not isinstance(spec, dict):
-        return False
-    for kind in ("containers", "initContainers"):
-        containers = spec.get(kind)
-        if not isinstance(containers, list):  # malformed: the core refuses it with its reason
-            continue
-        for container in containers:
-            resources = container.get("resources") if isinstance(container, dict) else None
-            if not isinstance(resources, dict):
-                continue
-            for part in ("limits", "requests"):
-                values = resources.get(part)
-                if isinstance(values, dict) and any(
-                        isinstance(k, str) and k.startswith("nvidia.com/mig-") for k in values):
-                    return True
-    return False
-
-
-def _is_create(request: _Request, kind: str, resource: str) -> bool:
-    return (request.kind.kind if request.kind else "") == kind and \
-        (request.resource.resource if request.resource else "") == resource and \
-        not request.subResource and request.operation == "CREATE"
-
-
-BudgetLookupFn = Callable[[str], Awaitable[NamespaceBudget]]
-
-
-def _no_claim(_namespace: str, _name: str) -> Claim | None:
-    return None
-
-
-class Admission:
-    """Bytes in, (HTTP status, body, verdict) out: the whole HTTP-free part of the server.
-
-    `claims`: the ElasticGPUClaims known (the watch cache); `fetch`: a live read of one claim,
-    made by `review_async` only when the cache does not have a claim the pod names, so that a
-    claim created a moment before its pod is not refused (a cache hit makes no API call)."""
-
-    def __init__(self, facts: ClusterFacts | None = None, claims: ClaimLookup = _no_claim,
-                 fetch: ClaimFetch | None = None,
-                 on_lookup: Callable[[str], None] | None = None,
-                 fetch_rules: RuleFetch | None = None,
-                 on_rule_lookup: Callable[[str], None] | None = None,
-                 budget: BudgetLookupFn | None = None,
-                 mutators: Sequence[Mutator] = MUTATORS) -> None:
-        self.facts = facts or ClusterFacts()
-        self.claims = claims
-        self.fetch = fetch
-        #: the namespace's over-budget downgrade (mutations only; None: no budgets)
-        self.budget = budget
-        self.mutators = tuple(mutators)
-        #: told "cache" or "api" for each claim a pod names, by where it was looked up
-        self.on_lookup = on_lookup
-        #: a live read of one namespace's MIGSubstitutions, made by `review_async` for a pod
-        #: asking a MIG profile at /mutate (the MIG adapter's ordering, docs/mig-adapter.md)
-        self.fetch_rules = fetch_rules
-        #: told "api" or "cache" (the live read failed) for each such pod
-        self.on_rule_lookup = on_rule_lookup
-
-    def _decode(self, body: bytes) -> _Request | tuple[int, bytes, str]:
-        """The review's request when it is a pod CREATE to judge, else the answer."""
-        request = self._decode_review(body)
-        if isinstance(request, tuple):
-            return request
-        if not _is_create(request, "Pod", "pods"):
-            # Not what this webhook governs (the registration sends only pod CREATEs).
-            return 200, _answer(request.uid, True), "not_governed"
-        return request
-
-    def review_claim(self, body: bytes) -> tuple[int, bytes, str]:
-        """/mutate-claims: an ElasticGPUClaim being created gets the claim-protection
-        finalizer (`core.claims.pods.protection_patch`); anything else is let through as it is."""
-        request = self._decode_review(body)
-        if isinstance(request, tuple):
-            return request
-        if not _is_create(request, CLAIM_KIND, CLAIM_PLURAL):
-            return 200, _answer(request.uid, True), "not_governed"
-        if not isinstance(request.object, dict):
-            return 200, _answer(request.uid, False, "the ElasticGPUClaim in the review is not "
-                                "an object (rule malformed)"), "refused:malformed"
-        patch = protection_patch(request.object)
-        return 200, _answer(request.uid, True, patch=patch), "patched" if patch else "allowed"
-
-    def _decode_review(self, body: bytes) -> _Request | tuple[int, bytes, str]:
-        """The review's request, else the answer (400 for what is not an AdmissionReview)."""
-        # Before anything decodes or walks it (the core reads the pod recursively).
-        deep = nesting_refusal(body, "the AdmissionReview")
-        if deep is not None:
-            return _bad_request(deep)
-        try:
-            review = _DECODER.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
-            return _bad_request(f"not an AdmissionReview: {err}")
-        if review.apiVersion != API_VERSION or review.kind != "AdmissionReview":
-            return _bad_request(f"apiVersion {review.apiVersion!r} kind {review.kind!r}: "
-                                f"expected {API_VERSION} AdmissionReview")
-        request = review.request
-        if request is None or not request.uid:
-            return _bad_request("request.uid is required")
-        try:  # it goes into API paths (claims, rules, budgets): one kube-apiserver could send
-            check_name(self._namespace(request), NameRule.LABEL, "request.namespace")
-        except InvalidName as err:
-            return _bad_request(f"not an AdmissionReview kube-apiserver sends: {err}")
-        return request
-
-    @staticmethod
-    def _namespace(request: _Request) -> str:
-        if request.namespace:
-            return request.namespace
-        obj = request.object
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        namespace = meta.get("namespace") if isinstance(meta, dict) else None
-        return namespace if isinstance(namespace, str) and namespace else "default"
-
-    def review(self, body: bytes, *, mutate: bool) -> tuple[int, bytes, str]:
-        """The answer, with the claims the cache has (no API call)."""
-        request = self._decode(body)
-        if isinstance(request, tuple):
-            return request
-        namespace = self._namespace(request)
-        found = {name: self.claims(namespace, name) for name in claim_names(request.object)}
-        return self._judge(request, mutate, PodClaims(namespace, found))
-
-    async def review_async(self, body: bytes, *, mutate: bool) -> tuple[int, bytes, str]:
-        """The answer; a claim the cache lacks is read from the API before the pod is judged."""
-        request = self._decode(body)
-        if isinstance(request, tuple):
-            return request
-        namespace = self._namespace(request)
-        found: dict[str, Claim | None] = {}
-        for name in sorted(claim_names(request.object)):
-            claim = self.claims(namespace, name)
-            if self.on_lookup is not None:
-                self.on_lookup("cache" if claim is not None or self.fetch is None else "api")
-            if claim is None and self.fetch is not None:
-                try:
-                    claim = await self.fetch(namespace, name)
-                except Exception as err:  # API unreachable: cannot tell, so refuse (retry)
-                    log.warning("reading ElasticGPUClaim %s/%s: %s", namespace, name, err)
-                    return 200, _answer(request.uid, False, (
-                        f"ElasticGPUClaim {name} in namespace {namespace} could not be read "
-                        f"({type(err).__name__}: {err}); try again")), "refused:claim-lookup"
-            found[name] = claim
-        facts = self.facts
-        if mutate and self.fetch_rules is not None and asks_mig(request.object):
-            try:
-                live = await self.fetch_rules(namespace)
-            except Exception as err:  # the watch's copy is the best there is
-                log.warning("reading the MIGSubstitutions of %s: %s; using the cache",
-                            namespace, err)
-                if self.on_rule_lookup is not None:
-                    self.on_rule_lookup("cache")
-            else:
-                if self.on_rule_lookup is not None:
-                    self.on_rule_lookup("api")
-                facts = replace(facts, mig_substitutions=tuple(
-                    r for r in facts.mig_substitutions if r.namespace != namespace) + live)
-        budget = await self.budget(namespace) if mutate and self.budget is not None \
-            else NamespaceBudget()
-        return self._judge(request, mutate, PodClaims(namespace, found), facts, budget)
-
-    def _judge(self, request: _Request, mutate: bool, claims: PodClaims,
-               facts: ClusterFacts | None = None,
-               budget: NamespaceBudget | None = None) -> tuple[int, bytes, str]:
-        budget = budget or NamespaceBudget()
-        try:
-            verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims,
-                            mutators=self.mutators, budget=budget.downgrade,
-                            budgeted=budget.budgeted)
-        except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
-            log.exception("admission of %s/%s failed", request.namespace, request.name)
-            return 200, _answer(request.uid, False, f"elastic-gpu webhook error: {err!r}"), \
-                "refused"
-        if not verdict.allowed:
-            rules = ",".join(sorted({r.rule.value for r in verdict.refusals}))
-            return 200, _answer(request.uid, False, verdict.message), f"refused:{rules}"
-        return 200, _answer(request.uid, True, patch=verdict.patch), \
-            "patched" if verdict.patch else "allowed"
+def http_answer(outcome: Outcome) -> HttpAnswer:
+    """The AdmissionReview response (HTTP 200) of an answered review, 400 with the reason for
+    a body that is not one."""
+    if isinstance(outcome, BadRequest):
+        return HttpAnswer(400, _ENCODER.encode({"error": outcome.reason}), "bad_request")
+    decision = outcome.decision
+    if isinstance(decision, Refused):
+        return HttpAnswer(200, _answer(outcome.uid, False, decision.message), "refused",
+                          decision.rules)
+    if isinstance(decision, Allowed):
+        return HttpAnswer(200, _answer(outcome.uid, True, patch=decision.patch),
+                          "patched" if decision.patch else "allowed")
+    return HttpAnswer(200, _answer(outcome.uid, True), "not_governed")
 
 
 class WebhookStartError(RuntimeError):
@@ -433,10 +233,7 @@ class WebhookOptions:
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def mutators(self) -> tuple[Mutator, ...]:
-        from elastic_gpu.core.quota import QUOTA_MUTATORS
-
-        base = QUOTA_MUTATORS if self.quota else MUTATORS
-        return (*base, budget_finalizer) if self.budget_finalizer else tuple(base)
+        return mutator_chain(quota=self.quota, finalizer=self.budget_finalizer)
 
     def target(self) -> Target:
         if self.service_name:
@@ -454,9 +251,6 @@ class WebhookOptions:
 class WebhookServer:
     def __init__(self, options: WebhookOptions) -> None:
         self.options = options
-        from elastic_gpu.webhook.budgets import BudgetLookup
-        from elastic_gpu.webhook.kube import ClaimCache
-        from elastic_gpu.webhook.migrules import RuleCache
 
         self.claim_cache = ClaimCache()
         self.rule_cache = RuleCache(self.set_mig_rules)
@@ -466,13 +260,14 @@ class WebhookServer:
                                      lambda source: self.metrics.budget_lookups.labels(
                                          source).inc())
                         if options.over_budget_class or options.budget_finalizer else None)
-        self.admission = Admission(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
-                                   on_lookup=lambda source: self.metrics.claim_lookups.labels(
-                                       source).inc(),
-                                   fetch_rules=self.rule_cache.fetch,
-                                   on_rule_lookup=lambda source: self.metrics.rule_lookups.labels(
-                                       source).inc(),
-                                   budget=self.budgets, mutators=options.mutators())
+        sources = Lookups(claims=self.claim_cache.get, fetch=self.claim_cache.fetch,
+                          on_claim_lookup=lambda source: self.metrics.claim_lookups.labels(
+                              source).inc(),
+                          fetch_rules=self.rule_cache.fetch,
+                          on_rule_lookup=lambda source: self.metrics.rule_lookups.labels(
+                              source).inc(),
+                          budgets=self.budgets)
+        self.admission = Admission(sources=sources, mutators=options.mutators())
         self.tls = TlsHolder()
         self.ca_bundle = ""
         self.registered = asyncio.Event()
@@ -506,14 +301,13 @@ class WebhookServer:
                 self.metrics.requests.labels(webhook, "bad_request").inc()
                 return web.json_response(
                     {"error": f"body over {self.options.max_body_bytes} bytes"}, status=413)
-            status, payload, verdict = await self.admission.review_async(body, mutate=mutate)
-            if verdict.startswith("refused:"):
-                for rule in verdict.split(":", 1)[1].split(","):
-                    self.metrics.refusals.labels(webhook, rule).inc()
-                verdict = "refused"
-            self.metrics.requests.labels(webhook, verdict).inc()
+            answer = http_answer(await self.admission.review_async(body, mutate=mutate))
+            for rule in answer.rules:
+                self.metrics.refusals.labels(webhook, rule).inc()
+            self.metrics.requests.labels(webhook, answer.verdict).inc()
             self.metrics.latency.labels(webhook).observe(time.perf_counter() - start)
-            return web.Response(body=payload, status=status, content_type="application/json")
+            return web.Response(body=answer.body, status=answer.status,
+                                content_type="application/json")
 
         async def mutate(request: web.Request) -> web.Response:
             return await handle(request, True)
@@ -529,10 +323,12 @@ class WebhookServer:
                 self.metrics.requests.labels("mutate-claims", "bad_request").inc()
                 return web.json_response(
                     {"error": f"body over {self.options.max_body_bytes} bytes"}, status=413)
-            status, payload, verdict = self.admission.review_claim(body)
-            self.metrics.requests.labels("mutate-claims", verdict.split(":", 1)[0]).inc()
+            answer = http_answer(self.admission.review_claim(body))
+            # (the claims' webhook counts no refusals by rule: it has one, malformed)
+            self.metrics.requests.labels("mutate-claims", answer.verdict).inc()
             self.metrics.latency.labels("mutate-claims").observe(time.perf_counter() - start)
-            return web.Response(body=payload, status=status, content_type="application/json")
+            return web.Response(body=answer.body, status=answer.status,
+                                content_type="application/json")
 
         async def healthz(_: web.Request) -> web.Response:
             return web.Response(text="ok")
@@ -575,16 +371,13 @@ class WebhookServer:
         return configurations(self.options.name, self.options.target(),
                               base64.b64encode(self.ca_bundle.encode()).decode(), scope)
 
-    async def _register(self, client: Any) -> None:
-        from elastic_gpu.webhook.kube import apply_configurations
-
+    async def _register(self, client: KubeClient) -> None:
         if self.options.register:
             await apply_configurations(client, self.registration())
             self.registered.set()
 
-    async def _rotate_secret(self, client: Any, store: Any, stored: Any) -> None:
-        from elastic_gpu.webhook.kube import rotate_once
-
+    async def _rotate_secret(self, client: KubeClient, store: SecretStore,
+                             stored: StoredBundle) -> None:
         hosts = self.options.hosts()
         while True:
             await asyncio.sleep(self.options.rotation_check_s)
@@ -603,7 +396,7 @@ class WebhookServer:
             except Exception as err:  # API down: keep serving what we have, try again
                 log.warning("certificate rotation check failed: %s", err)
 
-    async def _watch_cert_dir(self, client: Any, directory: Path) -> None:
+    async def _watch_cert_dir(self, client: KubeClient, directory: Path) -> None:
         while True:
             await asyncio.sleep(self.options.rotation_check_s)
             try:
@@ -618,13 +411,11 @@ class WebhookServer:
     async def run(self, stop: asyncio.Event) -> None:
         from aiohttp import web
 
-        from elastic_gpu.kube.client import KubeClient
-        from elastic_gpu.kube.kubeconfig import async_client
-        from elastic_gpu.webhook.kube import NodeFacts, SecretStore, initial_bundle
 
-        client = async_client(self.options.kubeconfig, field_manager="elastic-gpu-webhook")
-        # Live reads with names from reviews go by checked, escaped paths (kube.paths).
-        reader = KubeClient.from_config(self.options.kubeconfig)
+        # One client for every call: writes name the webhook's field manager, and live reads
+        # with names from reviews go by checked, escaped paths (kube.paths).
+        client = reader = KubeClient.from_config(self.options.kubeconfig,
+                                                 field_manager=FIELD_MANAGER)
         self.claim_cache.reader = self.rule_cache.reader = reader
         if self.budgets is not None:
             self.budgets.reader = reader
@@ -644,8 +435,6 @@ class WebhookServer:
         except Exception as err:
             with contextlib.suppress(Exception):
                 await client.close()
-            with contextlib.suppress(Exception):
-                await reader.close()
             where = (f"--cert-dir {self.options.cert_dir}" if self.options.cert_dir else
                      f"Secret {self.options.namespace}/{self.options.secret_name}")
             raise WebhookStartError(f"no serving certificate from {where}: {err}") from err
@@ -685,8 +474,6 @@ class WebhookServer:
             self.tls.close()
             with contextlib.suppress(Exception):
                 await client.close()
-            with contextlib.suppress(Exception):
-                await reader.close()
 
 
 def _read_cert_dir(directory: Path) -> tuple[str, str, str]:
@@ -703,4 +490,4 @@ async def serve(options: WebhookOptions, stop: asyncio.Event | None = None) -> N
         await WebhookServer(options).run(stop)
 
 
-__all__ = ["Admission", "WebhookOptions", "WebhookServer", "WebhookStartError", "serve"]
+__all__ = ["HttpAnswer", "WebhookOptions", "WebhookServer", "WebhookStartError", "serve"]

@@ -24,15 +24,17 @@ from lightkube.resources.core_v1 import Node as K8sNode
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
+from egpu_testing.gpudevice_kind import GPUDevice
 from egpu_testing.kubelet import KubeletDouble
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
-from elastic_gpu.agent.inventory_api import GPUDevice, read_inventory
+from elastic_gpu.agent.inventory_api import read_inventory
 from elastic_gpu.agent.publish import publish_node
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Health
+from elastic_gpu.kube.sync import SyncKubeClient
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +73,15 @@ def node(k8s_cluster: Any) -> Iterator[str]:
     create(client, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
                     "status": {"capacity": resources, "allocatable": resources}})
     yield name
-    unregister_fake_node(client, name)  # its pods, GPUDevices and the Node
+    unregister_fake_node(k8s_cluster.kube(), name)  # its pods, GPUDevices and the Node
+
+
+@pytest.fixture
+def api(k8s_cluster: Any) -> Iterator[SyncKubeClient]:
+    """The client the agent's code takes (admin credentials, as `k8s_cluster.client()`)."""
+    with SyncKubeClient.from_config(Path(k8s_cluster.kubeconfig),
+                                    field_manager="egpu-dev") as client:
+        yield client
 
 
 @pytest.fixture
@@ -90,12 +100,12 @@ def kubelet(plugin_dir: Path) -> Iterator[KubeletDouble]:
 
 
 @pytest.fixture
-def agent(node: str, k8s_cluster: Any, plugin_dir: Path,
+def agent(node: str, api: SyncKubeClient, plugin_dir: Path,
           kubelet: KubeletDouble) -> Iterator[tuple[Agent, FakeBackend]]:
     backend = FakeBackend.from_dict(INVENTORY, node)
     config = parse_config({"migStrategy": "mixed", "healthCheck": {"pollSeconds": 0.05},
                            "syncSeconds": 3600})
-    running = Agent(config, backend, node, client=k8s_cluster.client(), plugin_dir=plugin_dir)
+    running = Agent(config, backend, node, client=api, plugin_dir=plugin_dir)
     running.start()
     assert kubelet.wait_for(lambda: kubelet.registered(CORE) and kubelet.registered(GPU))
     yield running, backend
@@ -118,10 +128,11 @@ def create(client: Any, manifest: dict[str, Any]) -> None:
     client.create(codecs.from_dict(manifest))
 
 
-def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster: Any) -> None:
+def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster: Any,
+                                                         api: SyncKubeClient) -> None:
     client = k8s_cluster.client()
     config = parse_config({"migStrategy": "mixed"})
-    publish_node(client, FakeBackend.from_dict(INVENTORY, node), config, node)
+    publish_node(api, FakeBackend.from_dict(INVENTORY, node), config, node)
     table = k8s_cluster.kubectl("get", "gpudevices", "-l", f"elasticgpu.io/node={node}").stdout
     header, *rows = table.strip().splitlines()
     assert header.split()[:6] == ["NAME", "NODE", "INDEX", "MODEL", "MEMORY", "HEALTH"]
@@ -129,7 +140,7 @@ def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster:
     assert rows[0].split()[:7] == [f"{node}-gpu0", node, "0", "A100", "40960", "Healthy", "0"]
     short = k8s_cluster.kubectl("get", "gpud", f"{node}-gpu2", "-o", "jsonpath={.spec.mig[0].uuid}")
     assert short.stdout == "MIG-q"
-    (mine,) = [n for n in read_inventory(client) if n.name == node]
+    (mine,) = [n for n in read_inventory(api) if n.name == node]
     assert [c.uuid for c in mine.cards] == [f"GPU-fake-{node}-{i}" for i in range(3)]
     assert mine.cards[2].mig[0].profile.name == "3g.20gb" and mine.cpu_milli > 0
     status = client.get(K8sNode, node).status
@@ -138,7 +149,7 @@ def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster:
     assert status.capacity["elasticgpu.io/gpu-memory"] == "81920"
     assert status.capacity["cpu"]  # left alone
     # the node loses a card and MIG: stale objects and resources go away
-    publish_node(client, FakeBackend.from_dict({"cards": INVENTORY["cards"][:1]}, node), config, node)
+    publish_node(api, FakeBackend.from_dict({"cards": INVENTORY["cards"][:1]}, node), config, node)
     names = {d.metadata.name for d in client.list(GPUDevice, labels={"elasticgpu.io/node": node})}
     assert names == {f"{node}-gpu0"}
     status = client.get(K8sNode, node).status
@@ -286,7 +297,8 @@ def test_kubelet_zeroed_capacity_is_restored_by_the_sync(
 
 
 def test_sandbox_nodes_are_published_by_the_fake_backend(
-        fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any, k8s_namespace: str) -> None:
+        fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any, k8s_namespace: str,
+        api: SyncKubeClient) -> None:
     from elastic_gpu.agent.publish import sync_fake_allocations
 
     client = k8s_cluster.client()
@@ -298,10 +310,10 @@ def test_sandbox_nodes_are_published_by_the_fake_backend(
     assert devices[0].metadata.ownerReferences[0].name == name
     create(client, gpu_pod(k8s_namespace, "on-fake", name, CORE, 40,
                            [CardShare(1, f"GPU-fake-{name}-1", 400, 1024)]))
-    assert sync_fake_allocations(client) >= 1
+    assert sync_fake_allocations(api) >= 1
     status = client.get(GPUDevice, f"{name}-gpu1").status
     assert (status["allocatedPercent"], status["allocatedMemoryMiB"]) == (40, 1024)
-    assert sync_fake_allocations(client) == 0  # nothing changed: nothing written
+    assert sync_fake_allocations(api) == 0  # nothing changed: nothing written
 
 
 def test_egpu_agent_process_publishes_and_serves(
@@ -345,17 +357,28 @@ def test_preferred_allocation_steers_kubelet_to_the_assigned_cards(
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuids[1]
 
 
-def client_with_token(k8s_cluster: Any, token: str) -> Any:
-    from lightkube import Client, KubeConfig
-
+def kubeconfig_with_token(k8s_cluster: Any, token: str) -> dict[str, Any]:
     admin = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
     cluster = admin["clusters"][0]["cluster"]
-    config = KubeConfig.from_dict({
+    return {
         "apiVersion": "v1", "kind": "Config", "current-context": "agent",
         "clusters": [{"name": "c", "cluster": cluster}],
         "users": [{"name": "agent", "user": {"token": token}}],
-        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}]})
+        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}]}
+
+
+def client_with_token(k8s_cluster: Any, token: str) -> Any:
+    from lightkube import Client, KubeConfig
+
+    config = KubeConfig.from_dict(kubeconfig_with_token(k8s_cluster, token))
     return Client(config=config, field_manager="egpu-agent", trust_env=False)
+
+
+def agent_client_with_token(k8s_cluster: Any, token: str, where: Path) -> SyncKubeClient:
+    """The agent's own client (as `egpu agent --kubeconfig` makes it) with `token`."""
+    path = where / "agent-kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig_with_token(k8s_cluster, token)))
+    return SyncKubeClient.from_config(path, field_manager="egpu-agent")
 
 
 def agent_token(k8s_cluster: Any, node: str | None) -> str:
@@ -405,7 +428,8 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
     create(admin, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}})
     create(admin, gpu_pod(k8s_namespace, "rbac", node, CORE, 10,
                           [CardShare(0, f"GPU-fake-{node}-0", 100, 0)]))
-    agent_client = client_with_token(k8s_cluster, agent_token(k8s_cluster, node))
+    token = agent_token(k8s_cluster, node)
+    agent_client = client_with_token(k8s_cluster, token)
     foreign = {"apiVersion": "elasticgpu.io/v1alpha1", "kind": "GPUDevice",
                "metadata": {"name": f"{other}-gpu0", "labels": {"elasticgpu.io/node": other}},
                "spec": {"node": other, "index": 0, "uuid": "GPU-x", "model": "A100",
@@ -424,8 +448,9 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
             assert time.monotonic() < deadline, "ValidatingAdmissionPolicy never took effect"
             time.sleep(0.2)
 
+        agent_api = agent_client_with_token(k8s_cluster, token, plugin_dir)
         running = Agent(parse_config({"migStrategy": "mixed", "syncSeconds": 3600}),
-                        FakeBackend.from_dict(INVENTORY, node), node, client=agent_client,
+                        FakeBackend.from_dict(INVENTORY, node), node, client=agent_api,
                         plugin_dir=plugin_dir)
         running.start()
         try:
@@ -438,6 +463,7 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
             assert admin.get(GPUDevice, f"{node}-gpu0").status["allocatedPercent"] == 10
         finally:
             running.stop()
+            agent_api.close()
 
         # What it may not do. RBAC: CRDs, any pod anywhere.
         forbidden(lambda: agent_client.patch(
@@ -465,7 +491,7 @@ def test_deploy_rbac_is_enough_for_the_agent_and_no_more(
     finally:
         from elastic_gpu.devcluster.nodes import unregister_fake_node
 
-        unregister_fake_node(admin, other)
+        unregister_fake_node(k8s_cluster.kube(), other)
 
 
 def test_elasticgpu_gpu_as_the_webhook_stores_it_gets_its_whole_card_at_allocate(

@@ -201,7 +201,7 @@ def bare_node(k8s_cluster: Any) -> Iterator[str]:
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
          "status": {"capacity": resources, "allocatable": resources}}))
     yield name
-    unregister_fake_node(k8s_cluster.client(), name)
+    unregister_fake_node(k8s_cluster.kube(), name)
 
 
 @pytest.mark.parametrize("sync", ["1e-9", "1e10"])
@@ -283,7 +283,7 @@ def _shipped() -> list[tuple[str, str, str]]:
             if re.search(r"^nodePolicy:", text, flags=re.M)]
     out += [("controller", f"docs/mig-adapter.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "mig-adapter.md"))
-            if text.startswith("mig:")]
+            if re.search(r"^mig:", text, flags=re.M)]
     return out
 
 

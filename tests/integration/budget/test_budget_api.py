@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def crds(k8s_cluster: Any) -> Any:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())  # what the sandbox runs at start
+    install_elasticgpu_crds(k8s_cluster.kube())  # what the sandbox runs at start
     return k8s_cluster
 
 

@@ -78,7 +78,7 @@ def test_ledger_survives_sigkills_and_deletions_while_down(
 
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())
+    install_elasticgpu_crds(k8s_cluster.kube())
     (node,) = fake_gpu_nodes(1, gpus=8)
     other = unique_name("t")
     k8s_cluster.kubectl("create", "namespace", other)

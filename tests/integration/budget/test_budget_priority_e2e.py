@@ -43,9 +43,8 @@ def test_small_budget_default_priority_until_spent_then_lower_then_refilled(
         tmp_path: Path) -> None:
     from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
 
-    client = k8s_cluster.client()
-    install_elasticgpu_crds(client)
-    install_priority_classes(client)  # what the sandbox and the chart create
+    install_elasticgpu_crds(k8s_cluster.kube())
+    install_priority_classes(k8s_cluster.kube())  # what the sandbox and the chart create
     (node,) = fake_gpu_nodes(1, gpus=8)
     ns = k8s_namespace
     (port,) = free_ports(1)

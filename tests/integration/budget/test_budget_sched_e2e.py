@@ -79,10 +79,9 @@ def system(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     from elastic_gpu.devcluster.components import scheduler_config
     from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
 
-    client = k8s_cluster.client()
-    ensure_crd(client)
-    install_elasticgpu_crds(client)
-    install_priority_classes(client)
+    ensure_crd(k8s_cluster.kube())
+    install_elasticgpu_crds(k8s_cluster.kube())
+    install_priority_classes(k8s_cluster.kube())
     port, metrics = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()

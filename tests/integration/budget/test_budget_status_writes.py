@@ -59,7 +59,7 @@ def test_a_period_below_the_floor_is_refused_at_create(k8s_cluster: Any, k8s_nam
                                                         period: str) -> None:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())
+    install_elasticgpu_crds(k8s_cluster.kube())
     result = k8s_cluster.kubectl("create", "-f", "-",
                                  input=_budget("fast", k8s_namespace, period), check=False)
     assert result.returncode != 0, f"period {period} was accepted: {result.stdout}"
@@ -73,7 +73,7 @@ def test_a_budget_without_pods_is_not_rewritten(k8s_cluster: Any, k8s_namespace:
                                                 tmp_path: Path) -> None:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())
+    install_elasticgpu_crds(k8s_cluster.kube())
     # a long period: its end (a real change, written) cannot fall inside the test
     k8s_cluster.kubectl("create", "-f", "-", input=_budget("idle", k8s_namespace, "24h"))
 

@@ -12,8 +12,11 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core.admission import ClusterFacts, admit, apply_patch
-from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MUTATORS
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import QUOTA_MUTATORS
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
+from elastic_gpu.core.quota import QUOTA_CORE
 
 pytestmark = pytest.mark.integration
 

@@ -100,7 +100,7 @@ def gpu_node(k8s_cluster: Any) -> Iterator[str]:
     k8s_cluster.kubectl("create", "-f", "-", input=json.dumps(
         node_manifest(Node(name, 96_000, 786_432))))
     yield name
-    unregister_fake_node(k8s_cluster.client(), name)
+    unregister_fake_node(k8s_cluster.kube(), name)
 
 
 def _chart_tls(cluster: Any, namespace: str, directory: Path) -> TestPki:

@@ -224,7 +224,7 @@ def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
 def test_the_installer_is_idempotent_and_waits_until_served(k8s_cluster: Any) -> None:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    client = k8s_cluster.client()
+    client = k8s_cluster.kube()
     install_elasticgpu_crds(client)
     install_elasticgpu_crds(client)  # again: an update, not an error
     for short in (api.CLASS_SHORT, api.CLAIM_SHORT, api.EGPU_SHORT):

@@ -144,7 +144,7 @@ def env(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
     from elastic_gpu.kube.crds import install_crds as install
 
     install_crds(k8s_cluster)
-    install(k8s_cluster.client(), [gpudevice.crd_manifest()])  # the inventory (new_egpu)
+    install(k8s_cluster.kube(), [gpudevice.crd_manifest()])  # the inventory (new_egpu)
     (port,) = free_ports(1)
     double = ProvisionDouble(k8s_cluster.kubeconfig, port, node=unique_name("node"), slots=2)
     double.start()

@@ -75,7 +75,7 @@ def system(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path,
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     install_crds(k8s_cluster)
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     nodes = fake_gpu_nodes(1, gpus=2)
     ext_port, ctl_port = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, ext_port, tmp_path / "extender.log")
@@ -146,7 +146,7 @@ def test_two_replicas_with_the_real_extender_hand_over_without_double_provisioni
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     install_crds(k8s_cluster)
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     nodes = fake_gpu_nodes(2, gpus=4)
     ext_port, a_port, b_port = free_ports(3)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, ext_port, tmp_path / "extender.log")

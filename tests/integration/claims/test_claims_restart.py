@@ -38,7 +38,7 @@ CLAIMS = 500  # ~145 cards of share asked of 80: the cluster fills, the rest sta
 def system(k8s_cluster: Any, tmp_path: Path) -> Iterator[tuple[ExtenderProcess, ControllerProcess]]:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)
     register_kinds()
     (port, metrics) = free_ports(2)

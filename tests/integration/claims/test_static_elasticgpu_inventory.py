@@ -62,7 +62,7 @@ def inventory(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[
     from elastic_gpu.kube.crds import install_crds as install
 
     install_crds(k8s_cluster)
-    install(k8s_cluster.client(), [gpudevice.crd_manifest()])  # the inventory
+    install(k8s_cluster.kube(), [gpudevice.crd_manifest()])  # the inventory
     (port,) = free_ports(1)
     ctl = ControllerProcess(k8s_cluster.kubeconfig, port, tmp_path / "controller.log",
                             extender_url="http://127.0.0.1:1", identity=unique_name("ctl"),

@@ -194,7 +194,7 @@ def test_rbac_is_enforced_for_other_identities(k8s_cluster):
 def test_unregistering_a_fake_node_removes_what_gc_would(k8s_cluster, k8s_namespace):
     from lightkube.resources.core_v1 import Node
 
-    from elastic_gpu.agent.inventory_api import GPUDevice
+    from egpu_testing.gpudevice_kind import GPUDevice
     from elastic_gpu.api.gpudevice import NODE_LABEL
     from elastic_gpu.devcluster.nodes import (
         fake_inventory,
@@ -204,13 +204,13 @@ def test_unregistering_a_fake_node_removes_what_gc_would(k8s_cluster, k8s_namesp
 
     client = k8s_cluster.client()
     name = unique_name("gone")
-    register_fake_node(client, fake_inventory(name, gpus=2))
+    register_fake_node(k8s_cluster.kube(), fake_inventory(name, gpus=2))
     assert len(list(client.list(GPUDevice, labels={NODE_LABEL: name}))) == 2
     pod = _gpu_pod("on-it", 1, "unused")
     pod["spec"] = {**pod["spec"], "nodeName": name, "nodeSelector": {}}
     client.create(codecs.from_dict(pod), namespace=k8s_namespace)
 
-    unregister_fake_node(client, name)
+    unregister_fake_node(k8s_cluster.kube(), name)
     assert name not in {n.metadata.name for n in client.list(Node)}
     assert list(client.list(GPUDevice, labels={NODE_LABEL: name})) == []
     assert [p.metadata.name for p in client.list(Pod, namespace=k8s_namespace)] == []
@@ -224,11 +224,11 @@ def test_registering_a_node_again_brings_it_up_to_date(k8s_cluster):
 
     client = k8s_cluster.client()
     name = unique_name("again")
-    register_fake_node(client, fake_inventory(name, gpus=2))
+    register_fake_node(k8s_cluster.kube(), fake_inventory(name, gpus=2))
     try:
-        register_fake_node(client, fake_inventory(name, gpus=4))
+        register_fake_node(k8s_cluster.kube(), fake_inventory(name, gpus=4))
         node = client.get(Node, name)
         assert node.status.capacity["nvidia.com/gpu"] == "4"
         assert node.status.capacity["elasticgpu.io/gpu-core"] == "400"
     finally:
-        unregister_fake_node(client, name)
+        unregister_fake_node(k8s_cluster.kube(), name)

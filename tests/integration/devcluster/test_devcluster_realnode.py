@@ -55,8 +55,7 @@ def gpu_real_node(real_node: RealNode, k8s_cluster: ControlPlane,
     """The real node with an agent (fake backend, 3 cards) and an extender-backed scheduler."""
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     config = write_agent_files(tmp_path / "agent", real_node.device_plugin_dir, INVENTORY,
                                {"resources": {"gpu": GPU, "share": [CORE], "memory": []},
                                 "syncSeconds": 1})

@@ -23,7 +23,7 @@ def role(name: str, verbs: list[str]) -> dict[str, Any]:
 
 def test_created_then_brought_up_to_date(k8s_cluster: Any) -> None:
     name = unique_name("egpu-apply")
-    client = k8s_cluster.client()
+    client = k8s_cluster.kube()
     try:
         create_or_update(client, [role(name, ["get", "list"])])
         create_or_update(client, [role(name, ["get"])])  # exists: the rules are replaced

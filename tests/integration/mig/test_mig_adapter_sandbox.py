@@ -150,7 +150,7 @@ def instance_served(box: Path, pod: dict[str, Any], profile: str) -> str:
     assert profiles[share.mig_uuid] == profile
     cards = {lc.index: lc for lc in logical_cards(node.cards, False)}
     grant = build_grant([share], cards, AgentConfig(), "NVIDIA_VISIBLE_DEVICES",
-                        DeviceFiles({c.uuid: ["/dev/nvidia0"] for c in node.cards}, []))
+                        DeviceFiles({c.uuid: ["/dev/nvidia0"] for c in node.cards}, []), None)
     assert grant.envs["NVIDIA_VISIBLE_DEVICES"] == share.mig_uuid
     assert grant.envs["EGPU_ISOLATION"] == "mig"
     return share.mig_uuid

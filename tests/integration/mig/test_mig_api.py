@@ -24,7 +24,7 @@ def pod_named(name: str) -> dict[str, Any]:
 def crds(k8s_cluster: Any) -> Any:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())  # what the sandbox installs
+    install_elasticgpu_crds(k8s_cluster.kube())  # what the sandbox installs
     return k8s_cluster
 
 
@@ -117,7 +117,7 @@ def test_the_webhooks_deployed_rbac_may_watch_the_rules(crds: Any) -> None:
 
 
 def test_the_controllers_deployed_rbac_allows_every_call_of_the_mig_adapter(crds: Any) -> None:
-    """What `controller/mig.py` calls, asked of the deployed ClusterRole (the chart's is equal,
+    """What `controller/mig/` calls, asked of the deployed ClusterRole (the chart's is equal,
     a unit test says so) by `kubectl auth can-i` as its ServiceAccount."""
     from pathlib import Path
 

@@ -39,7 +39,7 @@ FAKE_UID = "0a1b2c3d-0000-4000-8000-0123456789ab"
 def controller(k8s_cluster: Any, tmp_path: Path) -> Iterator[ControllerProcess]:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())
+    install_elasticgpu_crds(k8s_cluster.kube())
     (port,) = free_ports(1)
     process = ControllerProcess(k8s_cluster.kubeconfig, port, tmp_path / "controller.log",
                                 extender_url="http://127.0.0.1:1",
@@ -200,7 +200,7 @@ def test_rules_the_schema_no_longer_admits_fail_alone(
                        "toProfile": "2g.20gb"},
            "b-specx": {"selector": {"podName": "p"}, "fromProfile": "1g.10gb",
                        "toProfile": "2g.20gb", "savedPod": {"spec": "x"}}}
-    install_crds(plane.client(), [_loose_crd()])
+    install_crds(plane.kube(), [_loose_crd()])
     try:
         for name, spec in bad.items():  # (the apiserver serves the new schema a moment later)
             body = json.dumps({"apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND,
@@ -208,7 +208,7 @@ def test_rules_the_schema_no_longer_admits_fail_alone(
             wait_for(f"rule {name} stored under the loose schema", lambda b=body: plane.kubectl(
                 "create", "-n", ns, "-f", "-", input=b, check=False).returncode == 0, 60)
     finally:
-        install_crds(plane.client(), [api.crd_manifest()])
+        install_crds(plane.kube(), [api.crd_manifest()])
     plane.kubectl("create", "-n", ns, "-f", "-",
                   input=rule("c-good", "good", mig_pod("good"), FAKE_UID, labelled=True))
     wait_for("the good rule's pod created despite the bad rules before it",

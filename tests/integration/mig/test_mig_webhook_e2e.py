@@ -28,7 +28,7 @@ def webhook(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[WebhookProcess]:
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
-    install_elasticgpu_crds(k8s_cluster.client())
+    install_elasticgpu_crds(k8s_cluster.kube())
     with running_webhook(k8s_cluster, tmp_path_factory.mktemp("webhook"), "egpu-webhook-mig",
                          LABEL) as hook:
         yield hook

@@ -58,14 +58,14 @@ def agent_node(k8s_cluster: Any) -> Iterator[str]:
     from elastic_gpu.agent.inventory_api import ensure_crd
     from elastic_gpu.devcluster.nodes import unregister_fake_node
 
-    ensure_crd(k8s_cluster.client())  # GPUDevice: installed with the system, before agents
+    ensure_crd(k8s_cluster.kube())  # GPUDevice: installed with the system, before agents
     name = unique_name("ops")
     resources = {"cpu": "16", "memory": "64Gi", "pods": "110"}
     k8s_cluster.kubectl("create", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
         "status": {"capacity": resources, "allocatable": resources}}))
     yield name
-    unregister_fake_node(k8s_cluster.client(), name)
+    unregister_fake_node(k8s_cluster.kube(), name)
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_every_component_exposes_exactly_the_documented_metrics(
     from elastic_gpu.kube.crds import install_elasticgpu_crds
 
     install_crds(k8s_cluster)
-    install_elasticgpu_crds(k8s_cluster.client())  # every CRD the controllers watch
+    install_elasticgpu_crds(k8s_cluster.kube())  # every CRD the controllers watch
     extender_port, controller_port = free_ports(2)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, extender_port, tmp_path / "extender.log")
     extender.start()

@@ -28,7 +28,7 @@ PODS = 300  # about 1.2x what 80 cards hold, so the cluster fills and some pods 
 def extender(k8s_cluster: Any, tmp_path: Path) -> Iterator[ExtenderProcess]:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     process.start()

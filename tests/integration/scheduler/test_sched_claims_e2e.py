@@ -123,7 +123,7 @@ def claims(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
            k8s_namespace: str) -> Iterator[Claims]:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")

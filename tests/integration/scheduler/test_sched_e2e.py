@@ -64,7 +64,7 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     # Two profiles call the extender: the test's kube-scheduler, and DIRECT, which no
     # kube-scheduler runs: tests bind those pods themselves, as kube-scheduler would.
@@ -287,7 +287,7 @@ def test_the_deployed_rbac_is_enough_to_schedule(
 
     repo = Path(__file__).resolve().parents[3]
     client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     k8s_cluster.kubectl("create", "namespace", "elastic-gpu", check=False)
     k8s_cluster.kubectl("apply", "-f", str(repo / "deploy/scheduler/rbac.yaml"))
     token = k8s_cluster.kubectl("create", "token", "elastic-gpu-scheduler", "-n",

@@ -55,7 +55,7 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     pki = TestPki.create(tmp_path)
     (port,) = free_ports(1)
     # Two profiles call the extender: the test's kube-scheduler, and "direct-binds", which no
@@ -151,7 +151,7 @@ def _stranger(pki: TestPki) -> ssl.SSLContext:
 def test_sigterm_stops_listening_and_exits_0(k8s_cluster: Any, tmp_path: Path) -> None:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()

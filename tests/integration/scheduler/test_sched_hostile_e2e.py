@@ -35,7 +35,7 @@ def served(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
            ) -> Any:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     work = tmp_path_factory.mktemp("hostile")
     pki = TestPki.create(work)
     (port,) = free_ports(1)

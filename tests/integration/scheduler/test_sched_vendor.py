@@ -46,7 +46,7 @@ def setup(request: pytest.FixtureRequest, k8s_cluster: Any,
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
                                config={"filterResult": request.param})

@@ -107,7 +107,7 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
-    ensure_crd(client)
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
                                # binpack, as these tests were written for (the default
@@ -184,7 +184,7 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
     """Only the GPUDevice changes: kube-scheduler sees no event at all."""
     from lightkube.types import PatchType
 
-    from elastic_gpu.agent.inventory_api import GPUDevice
+    from egpu_testing.gpudevice_kind import GPUDevice
     from elastic_gpu.api.gpudevice import object_name
 
     node = unique_name("sick")
@@ -206,13 +206,14 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
 
 
 def test_a_node_whose_gpudevices_arrive_after_it_wakes_the_pod_that_fits(
-        setup: Setup) -> None:
+        setup: Setup, k8s_cluster: Any) -> None:
     """The Node joins first (kube-scheduler retries the pod on it; the extender does not know
     its cards yet and turns the pod away), its GPUDevices come later: no kube-scheduler event."""
     from lightkube import codecs
 
     from elastic_gpu.agent.inventory_api import publish_inventory
     from elastic_gpu.devcluster.nodes import fake_inventory, node_manifest
+    from elastic_gpu.kube.sync import SyncKubeClient
 
     create_pods(setup.client, [setup.pod("waiting", **{"elasticgpu.io/gpu-core": "50"})])
     setup.wait_turned_away(["waiting"])
@@ -224,7 +225,8 @@ def test_a_node_whose_gpudevices_arrive_after_it_wakes_the_pod_that_fits(
         setup.wait_metric(FILTERS, lambda v: v > filters, 10)  # retried on the new Node
         time.sleep(0.5)
         assert not (setup.pods()["waiting"].get("spec") or {}).get("nodeName")
-        publish_inventory(setup.client, inventory)
+        with SyncKubeClient.from_config(k8s_cluster.kubeconfig) as agent_client:
+            publish_inventory(agent_client, inventory)
         assert setup.wait_bound(["waiting"]) == {"waiting": node}
     finally:
         unregister_fake_node(setup.client, node)

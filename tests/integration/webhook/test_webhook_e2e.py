@@ -93,7 +93,7 @@ def test_gpusharing_seed_pod_is_admitted_mutated_and_scheduled(
         start_kube_scheduler: Callable[..., Any]) -> None:
     from elastic_gpu.agent.inventory_api import ensure_crd
 
-    ensure_crd(k8s_cluster.client())
+    ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
     extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
     extender.start()

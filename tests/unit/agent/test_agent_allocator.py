@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from elastic_gpu.agent.allocator import Allocator
+from elastic_gpu.agent.backends.fake import FakeBackend
+from elastic_gpu.agent.backends.isolation import cuda_mps_isolation
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.inventory_api import InventoryApiError
 from elastic_gpu.agent.matching import AllocateError
@@ -70,7 +71,8 @@ def allocator(pods: Pods) -> tuple[Allocator, Any]:
     cards = logical_cards(backend.discover(), config.splitBoard)
     (plan,) = [p for p in build_plans(cards, config) if p.resource == CORE]
     return Allocator(NODE, config, NodeState(cards), "NVIDIA_VISIBLE_DEVICES",
-                     DeviceFiles({}, ()), pods), plan
+                     DeviceFiles({}, ()),
+                     cuda_mps_isolation(config.sharing), pods), plan
 
 
 def visible(alloc: Allocator, plan: Any, count: int = 10) -> str:
@@ -163,11 +165,10 @@ def test_a_failing_list_fails_allocate_with_the_reason() -> None:
 def test_the_agent_does_not_install_the_crd_and_names_the_file(tmp_path: Path) -> None:
     from unittest.mock import MagicMock
 
-    from lightkube.core.exceptions import ApiError
-    from lightkube.models.meta_v1 import Status
+    from elastic_gpu.kube.errors import NotFound
 
     client = MagicMock()
-    client.list.side_effect = ApiError(status=Status(code=404, message="not found"))
+    client.list.side_effect = NotFound(404, "NotFound", "not found")
     running = Agent(parse_config({"syncSeconds": 3600, "healthCheck": {"enabled": False}}),
                     FakeBackend.from_dict(INVENTORY, NODE), NODE, client=client,
                     plugin_dir=tmp_path)

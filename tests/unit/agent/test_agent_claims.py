@@ -16,12 +16,15 @@ import yaml
 
 from egpu_testing.kubelet import KubeletDouble
 from egpu_testing.seed import seed_pod
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.matching import candidates
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.admission import ClusterFacts, PodClaims, admit, apply_patch
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.claim_plan import PodClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.claims.model import Claim, ClaimRef, ElasticGPU, ElasticGPUPhase
 

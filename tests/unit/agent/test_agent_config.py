@@ -14,12 +14,12 @@ from pydantic import BaseModel
 from elastic_gpu.agent.config import (
     AgentConfig,
     BackendKind,
-    ConfigError,
     MigStrategy,
     SharingMode,
     load_config,
     parse_config,
 )
+from elastic_gpu.api.config.loader import ConfigError
 
 
 def test_defaults_are_nvidia_with_accounting_only_sharing() -> None:

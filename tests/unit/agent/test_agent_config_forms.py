@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import (
     AgentConfig,
-    ConfigError,
     MigStrategy,
     load_config,
     parse_config,
 )
 from elastic_gpu.agent.config_forms import Form, FormError, detect_form
 from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
-from elastic_gpu.agent.fake import FakeBackend
-from elastic_gpu.api.strict_yaml import read_yaml
+from elastic_gpu.api.config.loader import ConfigError
+from elastic_gpu.api.config.strict_yaml import read_yaml
 from elastic_gpu.core.nodefit import NODE_CORE
 
 # The IX plugin's ConfigMap (ix-device-plugin.yaml): its `data`, the file under `ix-config`.

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import (
     InventoryError,
@@ -15,7 +16,6 @@ from elastic_gpu.agent.devices import (
     node_capacity,
     preferred,
 )
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.core.model import Health, LinkKind
 from elastic_gpu.core.nodefit import NODE_CORE
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_gpu.agent.backend import BackendError
-from elastic_gpu.agent.fake import FakeBackend
+from elastic_gpu.agent.backends.base import BackendError
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.core.model import Health
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import logical_cards
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.grant import DeviceFiles, GrantError, build_grant
 from elastic_gpu.core.assignment import CardShare
 
@@ -20,7 +20,9 @@ FILES = DeviceFiles({"GPU-fake-n-0": ["/dev/nvidia0"], "bi0-chip0": ["/dev/iluva
 
 
 def grant(shares: list[CardShare], **config: object):  # type: ignore[no-untyped-def]
-    return build_grant(shares, CARDS, parse_config(config), "NVIDIA_VISIBLE_DEVICES", FILES)
+    parsed = parse_config(config)
+    return build_grant(shares, CARDS, parsed, "NVIDIA_VISIBLE_DEVICES", FILES,
+                       FakeBackend.from_dict(INV, "n").isolation(parsed.sharing))
 
 
 def test_mps_mode_passes_compute_and_memory_limits() -> None:

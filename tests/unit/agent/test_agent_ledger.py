@@ -11,9 +11,10 @@ import pytest
 
 from elastic_gpu.agent.accounting import overcommit
 from elastic_gpu.agent.allocator import Allocator
+from elastic_gpu.agent.backends.fake import FakeBackend
+from elastic_gpu.agent.backends.isolation import cuda_mps_isolation
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import ResourcePlan, build_plans, logical_cards
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.matching import AllocateError, Candidate, candidates
 from elastic_gpu.agent.state import NodeState
@@ -120,7 +121,8 @@ def share_plan_and_allocator() -> tuple[ResourcePlan, Callable[[Any], Allocator]
 
     def allocator(pods: Any) -> Allocator:
         return Allocator(NODE, config, NodeState(cards), "NVIDIA_VISIBLE_DEVICES",
-                         DeviceFiles({}, ()), pods)
+                         DeviceFiles({}, ()),
+                         cuda_mps_isolation(config.sharing), pods)
 
     return plan, allocator
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from egpu_testing.workbench import metric_value
-from elastic_gpu.agent.backend import HealthEvent
+from elastic_gpu.agent.backends.base import HealthEvent
+from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.fake import FakeBackend
 from elastic_gpu.agent.matching import AllocateError
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann

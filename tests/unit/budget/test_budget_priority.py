@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 
 from elastic_gpu.core import budget as b
-from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, apply_patch, budget_priority
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
+from elastic_gpu.core.admission.mutators.budget import budget_priority
 
 LOWER = b.PriorityDowngrade("egpu-over-budget", -100, "Never")
 FACTS = ClusterFacts()

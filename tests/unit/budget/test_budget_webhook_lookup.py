@@ -8,10 +8,15 @@ import base64
 import json
 from typing import Any
 
-from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, budget_finalizer
+from egpu_testing.webhook_answers import answered
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.mutators.budget import budget_finalizer
 from elastic_gpu.core.budget import FINALIZER, NamespaceBudget, PriorityDowngrade
 from elastic_gpu.webhook.budgets import BudgetLookup, budget_facts
-from elastic_gpu.webhook.server import Admission
+from elastic_gpu.webhook.review import Admission
+from elastic_gpu.webhook.sources import Lookups
 
 FACTS = ClusterFacts(largest_cards=8, largest_cards_node="n1")
 WITH_FINALIZER = (*MUTATORS, budget_finalizer)
@@ -71,16 +76,17 @@ def test_the_lookup_feeds_admit_over_budget_only() -> None:
         return NamespaceBudget(False)
 
     body = review(pod({"tencent.com/vcuda-core": "50"}))
-    _, payload, _ = asyncio.run(Admission(FACTS, budget=over, mutators=WITH_FINALIZER)
-                                .review_async(body, mutate=True))
+    _, payload, _ = answered(asyncio.run(Admission(FACTS, Lookups(budgets=over), mutators=WITH_FINALIZER)
+                                         .review_async(body, mutate=True)))
     ops = {op["path"]: op["value"] for op in patch_of(payload)}
     assert asked == ["team"] and ops["/metadata/finalizers"] == [FINALIZER]
     assert ops["/spec/priorityClassName"] == "egpu-over-budget"
     assert ops["/spec/priority"] == -100 and ops["/spec/preemptionPolicy"] == "Never"
-    _, payload, _ = asyncio.run(Admission(FACTS, budget=within).review_async(body, mutate=True))
+    _, payload, _ = answered(asyncio.run(Admission(FACTS, Lookups(budgets=within))
+                                         .review_async(body, mutate=True)))
     assert not any(op["path"].startswith("/spec/priority") for op in patch_of(payload))
-    _, payload, _ = asyncio.run(Admission(FACTS, budget=nothing, mutators=WITH_FINALIZER)
-                                .review_async(body, mutate=True))
+    _, payload, _ = answered(asyncio.run(Admission(FACTS, Lookups(budgets=nothing), mutators=WITH_FINALIZER)
+                                         .review_async(body, mutate=True)))
     assert not any(op["path"].startswith("/metadata/finalizers") for op in patch_of(payload))
 
 

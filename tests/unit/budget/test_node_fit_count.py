@@ -17,13 +17,17 @@ from egpu_testing.seed import seed_pod
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards
 from elastic_gpu.agent.publish import snapshot
-from elastic_gpu.core.admission import MUTATORS, ClusterFacts, PodClaims, admit, apply_patch
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS, QUOTA_MUTATORS
+from elastic_gpu.core.admission.claim_plan import PodClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity, node_core
 from elastic_gpu.core.placement import Engine
-from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MUTATORS, canonical_resources
+from elastic_gpu.core.quota import QUOTA_CORE, canonical_resources
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MIG_MAX_SLICES, MigProfile
 from elastic_gpu.scheduler.schedconfig import MIG_PROFILES

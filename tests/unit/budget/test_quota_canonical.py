@@ -8,10 +8,14 @@ import pytest
 import yaml
 
 from egpu_testing.seed import seed_pod
-from elastic_gpu.core.admission import ClusterFacts, PodClaims, admit, apply_patch
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import QUOTA_MUTATORS
+from elastic_gpu.core.admission.claim_plan import PodClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.quantity import parse_quantity
-from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MEMORY, QUOTA_MUTATORS, quota_resources
+from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MEMORY, quota_resources
 from elastic_gpu.core.request import pod_request_from_manifest
 
 FACTS = ClusterFacts()
@@ -106,7 +110,7 @@ def test_must_show_4_arithmetic_one_card_quota_admits_two_halves_not_three() -> 
 
 
 def test_quota_mutator_alone_is_not_in_the_default_list() -> None:
-    from elastic_gpu.core.admission import MUTATORS
+    from elastic_gpu.core.admission.chain import MUTATORS
     assert quota_resources not in MUTATORS and QUOTA_MUTATORS[-1] is quota_resources
 
 

@@ -11,17 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from egpu_testing.seed import seed_pod
-from elastic_gpu.core.admission import (
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.claim_plan import (
     CLAIM_RESOURCE_NAMES,
-    AdmissionRule,
-    ClusterFacts,
     PodClaims,
-    admit,
-    apply_patch,
     claim_container_resources,
     claim_names,
-    describe,
 )
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
+from elastic_gpu.core.admission.rules import AdmissionRule, describe
 from elastic_gpu.core.claims.model import GPUSHARE, MIG, WHOLE_CARDS, Claim
 from elastic_gpu.core.claims.provisioning import PROVISIONERS
 from elastic_gpu.core.request import RequestKind, container_request
@@ -294,7 +293,9 @@ def test_each_provisioners_claims_become_resources_the_sandboxs_fake_nodes_offer
 def test_the_claim_mutator_also_works_placed_after_another() -> None:
     """`admit` reuses validation's claim operations only when the claim mutator comes first;
     placed after another mutator it is run on the pod as that one left it."""
-    from elastic_gpu.core.admission import MUTATORS, claim_resources, set_annotation
+    from elastic_gpu.core.admission.chain import MUTATORS
+    from elastic_gpu.core.admission.jsonpatch import set_annotation
+    from elastic_gpu.core.admission.mutators.claims import claim_resources
 
     def mark(data: Any) -> list[dict[str, Any]]:
         annotations = data.pod["metadata"].get("annotations") or {}

@@ -1,5 +1,5 @@
 """The one YAML reader of every config file (`strict_yaml`) and the settings loader around it
-(`settings_file`): what a config file cannot hold is refused naming where it is, never a
+(`api.config.loader`): what a config file cannot hold is refused naming where it is, never a
 crash or a hang (issue #26, item 13)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from elastic_gpu.api.settings_file import MAX_FILE_BYTES, SettingsFileError, header_problems, read_file
-from elastic_gpu.api.strict_yaml import MAX_DEPTH, decode, read_yaml
+from elastic_gpu.api.config.loader import MAX_FILE_BYTES, ConfigError, header_problems, read_file
+from elastic_gpu.api.config.strict_yaml import MAX_DEPTH, decode, read_yaml
 
 
 @pytest.mark.parametrize(("text", "words"), [
@@ -65,17 +65,17 @@ def test_bytes_must_be_utf8() -> None:
 
 
 def test_read_file_wants_a_small_regular_file(tmp_path: Path) -> None:
-    with pytest.raises(SettingsFileError, match="not a regular file"):
+    with pytest.raises(ConfigError, match="not a regular file"):
         read_file(tmp_path)
-    with pytest.raises(SettingsFileError, match="cannot read: No such file"):
+    with pytest.raises(ConfigError, match="cannot read: No such file"):
         read_file(tmp_path / "missing.yaml")
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (MAX_FILE_BYTES + 1))
-    with pytest.raises(SettingsFileError, match=f"larger than {MAX_FILE_BYTES} bytes"):
+    with pytest.raises(ConfigError, match=f"larger than {MAX_FILE_BYTES} bytes"):
         read_file(big)
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(b"a: \xc3\x28\n")
-    with pytest.raises(SettingsFileError, match=r"bad.yaml: .*byte 0xc3 at offset 3"):
+    with pytest.raises(ConfigError, match=r"bad.yaml: .*byte 0xc3 at offset 3"):
         read_file(bad)
 
 
@@ -84,7 +84,7 @@ def test_header() -> None:
     assert header_problems({"apiVersion": "elasticgpu.io/v1alpha1", "kind": "AgentConfig"},
                            "AgentConfig") == []
     (only,) = header_problems({"kind": "AgentConfig"}, "AgentConfig")
-    assert "apiVersion: got None" in only
+    assert "apiVersion: got None" in only.line()
     assert len(header_problems({"apiVersion": "v2", "kind": "X"}, "AgentConfig")) == 2
 
 
@@ -96,8 +96,8 @@ def test_header() -> None:
 def test_the_fake_inventory_is_read_by_the_same_loader(tmp_path: Path, content: bytes) -> None:
     """The fake backend's inventory is the agent's YAML too (re-read by its health thread): a
     hostile one is a BackendError naming the file, not a crash or a hang."""
-    from elastic_gpu.agent.backend import BackendError
-    from elastic_gpu.agent.fake import FakeBackend
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.agent.backends.fake import FakeBackend
 
     path = tmp_path / "inv.yaml"
     path.write_bytes(content)
@@ -106,7 +106,7 @@ def test_the_fake_inventory_is_read_by_the_same_loader(tmp_path: Path, content: 
 
 
 def test_dump_yaml_writes_what_read_yaml_reads() -> None:
-    from elastic_gpu.api.strict_yaml import dump_yaml
+    from elastic_gpu.api.config.strict_yaml import dump_yaml
 
     card = {"model": "A100", "memoryMiB": 81920}
     data = {"cards": [card, card], "ratio": 1e-05, "name": "yes"}

@@ -9,20 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_gpu.core.admission import (
-    MUTATORS,
-    VCUDA_CORE_LIMIT,
-    AdmissionRule,
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS
+from elastic_gpu.core.admission.facts import (
     ClusterFacts,
     NodeGpus,
-    admit,
-    apply_patch,
     default_policies,
-    describe,
     facts_from_nodes,
     node_gpus,
-    pointer,
 )
+from elastic_gpu.core.admission.jsonpatch import apply_patch, pointer
+from elastic_gpu.core.admission.rules import VCUDA_CORE_LIMIT, AdmissionRule, describe
 from elastic_gpu.core.nodefit import NODE_CORE
 
 NODE_POLICIES, CARD_POLICIES = default_policies()
@@ -283,7 +280,7 @@ def test_node_gpus_from_capacity() -> None:
 
 
 def test_describe_without_container() -> None:
-    from elastic_gpu.core.admission import Refusal
+    from elastic_gpu.core.admission.rules import Refusal
 
     text = describe(Refusal(AdmissionRule.MALFORMED, "spec", "", "must be an object"))
     assert text == "spec: must be an object (rule malformed)"

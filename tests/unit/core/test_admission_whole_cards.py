@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_gpu.core.admission import ClusterFacts, admit, apply_patch, default_policies
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.facts import ClusterFacts, default_policies
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.request import RequestKind, container_request
 
 NODE_POLICIES, CARD_POLICIES = default_policies()

@@ -7,7 +7,10 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from elastic_gpu.core.admission import MUTATORS, ClusterFacts, admit, apply_patch
+from elastic_gpu.core.admission.admit import admit
+from elastic_gpu.core.admission.chain import MUTATORS
+from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_gpu.controller.config import ConfigError, MigConfig, load_config
+from elastic_gpu.api.config.loader import ConfigError
+from elastic_gpu.controller.config import MigConfig, load_config
 from elastic_gpu.core.mig.bare import BarePodState, BareStep, bare_rule_step, owner_rule_unused
 from elastic_gpu.core.mig.rules import SubstitutionRule, parse_original, rule_name
 from elastic_gpu.core.mig.substitution import (

@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core.admission import ClusterFacts
+from egpu_testing.webhook_answers import answered
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import Informer
-from elastic_gpu.webhook.server import Admission, asks_mig
+from elastic_gpu.webhook.review import Admission, asks_mig
+from elastic_gpu.webhook.sources import Lookups
 
 P = MigProfile.parse
 FACTS = ClusterFacts(largest_cards=8, largest_cards_node="big", largest_card_memory_mib=81920,
@@ -46,7 +48,7 @@ NODE_LIMIT = "/spec/containers/0/resources/limits/" + NODE_CORE.replace("/", "~1
 
 
 def patched_limits(admission: Admission, body: bytes) -> list[Any]:
-    status, payload, _ = asyncio.run(admission.review_async(body, mutate=True))
+    status, payload, _ = answered(asyncio.run(admission.review_async(body, mutate=True)))
     assert status == 200
     response = json.loads(payload)["response"]
     assert response["allowed"]
@@ -70,7 +72,7 @@ class Rules:
 def test_a_rule_the_cache_lacks_is_read_live_and_rewrites_the_pod() -> None:
     api = Rules(RULE)
     seen: list[str] = []
-    admission = Admission(FACTS, fetch_rules=api.fetch, on_rule_lookup=seen.append)
+    admission = Admission(FACTS, Lookups(fetch_rules=api.fetch, on_rule_lookup=seen.append))
     assert patched_limits(admission, review()) == [
         "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb", NODE_LIMIT]
     assert api.reads == ["team"] and seen == ["api"]
@@ -83,15 +85,15 @@ def test_a_rule_marked_returning_in_the_api_wins_over_the_cache() -> None:
     returning = SubstitutionRule("r", "team", P("1g.10gb"), P("2g.20gb"), pod_name="train",
                                  returning=True)
     admission = Admission(replace(FACTS, mig_substitutions=(RULE,)),
-                          fetch_rules=Rules(returning).fetch)
+                          Lookups(fetch_rules=Rules(returning).fetch))
     assert patched_limits(admission, review()) == [NODE_LIMIT]
 
 
 def test_a_failed_live_read_falls_back_to_the_cache() -> None:
     seen: list[str] = []
     admission = Admission(replace(FACTS, mig_substitutions=(RULE,)),
-                          fetch_rules=Rules(error=OSError("down")).fetch,
-                          on_rule_lookup=seen.append)
+                          Lookups(fetch_rules=Rules(error=OSError("down")).fetch,
+                                  on_rule_lookup=seen.append))
     assert patched_limits(admission, review()) == [
         "/spec/containers/0/resources/limits/nvidia.com~1mig-2g.20gb", NODE_LIMIT]
     assert seen == ["cache"]
@@ -99,7 +101,7 @@ def test_a_failed_live_read_falls_back_to_the_cache() -> None:
 
 def test_pods_asking_no_mig_make_no_read() -> None:
     api = Rules(RULE)
-    admission = Admission(FACTS, fetch_rules=api.fetch)
+    admission = Admission(FACTS, Lookups(fetch_rules=api.fetch))
     body = json.loads(review())
     body["request"]["object"]["spec"]["containers"][0]["resources"] = {}
     asyncio.run(admission.review_async(json.dumps(body).encode(), mutate=True))
@@ -116,10 +118,11 @@ def test_a_malformed_pod_is_judged_not_crashed(spec: dict[str, Any]) -> None:
     # The fuzz test's case: `initContainers: true` made the MIG check raise, a 500.
     assert not asks_mig({"spec": spec})
     api = Rules(RULE)
-    admission = Admission(FACTS, fetch_rules=api.fetch)
+    admission = Admission(FACTS, Lookups(fetch_rules=api.fetch))
     body = json.loads(review())
     body["request"]["object"]["spec"] = spec
-    status, _, _ = asyncio.run(admission.review_async(json.dumps(body).encode(), mutate=True))
+    status, _, _ = answered(asyncio.run(admission.review_async(json.dumps(body).encode(),
+                                                                mutate=True)))
     assert status == 200
 
 

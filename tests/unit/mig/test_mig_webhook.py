@@ -10,7 +10,9 @@ import copy
 import json
 from typing import Any
 
-from elastic_gpu.core.admission import NodeGpus, apply_patch
+from egpu_testing.webhook_answers import answered
+from elastic_gpu.core.admission.facts import NodeGpus
+from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.mig.rules import MIG_ORIGINAL
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.webhook.migrules import RuleCache
@@ -59,7 +61,7 @@ def test_a_rule_from_the_watch_rewrites_the_owners_next_pod() -> None:
                                     "resources": {"limits": dict(mig), "requests": dict(mig)}}]}}
 
     def patched() -> dict[str, Any]:
-        _, body, _ = asyncio.run(server.admission.review_async(_review(pod), mutate=True))
+        _, body, _ = answered(asyncio.run(server.admission.review_async(_review(pod), mutate=True)))
         response = json.loads(body)["response"]
         assert response["allowed"], response
         ops = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
@@ -85,39 +87,22 @@ def test_a_rule_from_the_watch_rewrites_the_owners_next_pod() -> None:
 
 
 class _Client:
-    """A client without the CRD, then with one rule."""
+    """A client without the CRD, then with one rule (`kube.informer.ListWatcher`)."""
 
     def __init__(self) -> None:
         self.lists = 0
         self.watched = asyncio.Event()
 
-    def list(self, _resource: Any, namespace: str = "") -> Any:
-        from lightkube.core.exceptions import ApiError
+    async def list(self, path: str, params: Any = None) -> tuple[list[dict[str, Any]], str]:
+        from elastic_gpu.kube.errors import NotFound
 
         self.lists += 1
         if self.lists == 1:
-            class _Resp:
-                status_code = 404
+            raise NotFound(404, "NotFound", "not found")
+        return [rule_object("a")], "1"
 
-                def json(self) -> dict[str, Any]:
-                    return {"kind": "Status", "code": 404, "message": "not found"}
-            raise ApiError(response=_Resp())  # type: ignore[arg-type]
-        client = self
-
-        class _Listing:
-            resourceVersion = "1"
-
-            def __aiter__(self) -> Any:
-                async def gen() -> Any:
-                    class _Obj:
-                        def to_dict(self) -> dict[str, Any]:
-                            return rule_object("a")
-                    yield _Obj()
-                return gen()
-        del client
-        return _Listing()
-
-    async def watch(self, _resource: Any, namespace: str = "", resource_version: str = "") -> Any:
+    async def watch(self, path: str, resource_version: str, params: Any = None,
+                    timeout_s: int = 300) -> Any:
         self.watched.set()
         await asyncio.sleep(3600)
         yield None  # pragma: no cover

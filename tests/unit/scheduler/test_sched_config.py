@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import RESOURCE_TABLE
-from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_config
+from elastic_gpu.scheduler.config import SchedulerConfig, load_config
 from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
 
 REPO = Path(__file__).resolve().parents[3]

@@ -15,12 +15,13 @@ import pytest
 import yaml
 
 from egpu_testing.workbench import pod_manifest, ready_state
+from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Health, Node
 from elastic_gpu.core.placement import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
-from elastic_gpu.scheduler.config import ConfigError, SchedulerConfig, load_config
+from elastic_gpu.scheduler.config import SchedulerConfig, load_config
 from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
 from elastic_gpu.scheduler.server import Extender, parse_pod, with_binding
 from elastic_gpu.scheduler.state import SchedulerState, rescale, rescale_scored

@@ -13,11 +13,13 @@ import pytest
 import yaml
 
 from egpu_testing.seed import seed_pod
-from elastic_gpu.core.admission import ClusterFacts
+from egpu_testing.webhook_answers import answered
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.names import InvalidName
 from elastic_gpu.webhook.kube import ClaimCache
-from elastic_gpu.webhook.server import Admission
+from elastic_gpu.webhook.review import Admission
+from elastic_gpu.webhook.sources import Lookups
 
 REQUESTS: dict[str, int | str] = {"gpushare.provisioner.elasticgpu.io/gpu-core": 10,
                                   "gpushare.provisioner.elasticgpu.io/gpu-memory": 4}
@@ -59,7 +61,7 @@ class Api:
 
 
 def judge(admission: Admission, body: bytes) -> tuple[dict[str, Any], str]:
-    status, payload, verdict = asyncio.run(admission.review_async(body, mutate=True))
+    status, payload, verdict = answered(asyncio.run(admission.review_async(body, mutate=True)))
     assert status == 200
     response: dict[str, Any] = json.loads(payload)["response"]
     return response, verdict
@@ -68,7 +70,8 @@ def judge(admission: Admission, body: bytes) -> tuple[dict[str, Any], str]:
 def test_a_cached_claim_is_used_without_an_api_call() -> None:
     cache = {("team-a", "c1"): claim("c1")}
     api = Api()
-    admission = Admission(ClusterFacts(), claims=lambda ns, n: cache.get((ns, n)), fetch=api.fetch)
+    admission = Admission(ClusterFacts(), Lookups(claims=lambda ns, n: cache.get((ns, n)),
+                                                   fetch=api.fetch))
     response, verdict = judge(admission, review("c1"))
     assert response["allowed"] and verdict == "patched" and api.reads == []
     patch = json.loads(base64.b64decode(response["patch"]))
@@ -78,7 +81,7 @@ def test_a_cached_claim_is_used_without_an_api_call() -> None:
 
 def test_a_claim_the_cache_lacks_is_read_live_before_judging() -> None:
     api = Api(claim("just-made"))
-    admission = Admission(ClusterFacts(), fetch=api.fetch)
+    admission = Admission(ClusterFacts(), Lookups(fetch=api.fetch))
     response, verdict = judge(admission, review("just-made"))
     assert response["allowed"] and verdict == "patched"
     assert api.reads == [("team-a", "just-made")]
@@ -86,7 +89,7 @@ def test_a_claim_the_cache_lacks_is_read_live_before_judging() -> None:
 
 def test_a_claim_neither_cached_nor_in_the_api_is_refused_with_the_namespace() -> None:
     api = Api(claim("c1", namespace="team-b"))
-    response, verdict = judge(Admission(ClusterFacts(), fetch=api.fetch), review("c1"))
+    response, verdict = judge(Admission(ClusterFacts(), Lookups(fetch=api.fetch)), review("c1"))
     assert not response["allowed"] and verdict == "refused:claim-not-found"
     assert "ElasticGPUClaim c1 does not exist in namespace team-a; create it first" in \
         response["status"]["message"]
@@ -94,7 +97,7 @@ def test_a_claim_neither_cached_nor_in_the_api_is_refused_with_the_namespace() -
 
 def test_a_failed_live_read_is_a_refusal_saying_so_not_an_error() -> None:
     api = Api(error=ConnectionError("apiserver unreachable"))
-    response, verdict = judge(Admission(ClusterFacts(), fetch=api.fetch), review("c1"))
+    response, verdict = judge(Admission(ClusterFacts(), Lookups(fetch=api.fetch)), review("c1"))
     assert not response["allowed"] and response["status"]["code"] == 403
     assert "ElasticGPUClaim c1 in namespace team-a could not be read" in \
         response["status"]["message"] and "try again" in response["status"]["message"]
@@ -103,8 +106,8 @@ def test_a_failed_live_read_is_a_refusal_saying_so_not_an_error() -> None:
 
 def test_the_synchronous_review_uses_the_cache_only() -> None:
     api = Api(claim("c1"))
-    admission = Admission(ClusterFacts(), fetch=api.fetch)
-    _, _, verdict = admission.review(review("c1"), mutate=True)
+    admission = Admission(ClusterFacts(), Lookups(fetch=api.fetch))
+    _, _, verdict = answered(admission.review(review("c1"), mutate=True))
     assert verdict == "refused:claim-not-found" and api.reads == []
 
 
@@ -131,32 +134,12 @@ def test_the_claim_cache_without_a_client_finds_nothing_live() -> None:
 def test_lookups_are_reported_by_where_the_claim_was_found() -> None:
     cache = {("team-a", "cached"): claim("cached")}
     seen: list[str] = []
-    admission = Admission(ClusterFacts(), claims=lambda ns, n: cache.get((ns, n)),
-                          fetch=Api(claim("fresh")).fetch, on_lookup=seen.append)
+    admission = Admission(ClusterFacts(), Lookups(claims=lambda ns, n: cache.get((ns, n)),
+                                                  fetch=Api(claim("fresh")).fetch,
+                                                  on_claim_lookup=seen.append))
     judge(admission, review("cached"))
     judge(admission, review("fresh"))
     assert seen == ["cache", "api"]
-
-
-class _Listing:
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        self.items = items
-        self.resourceVersion = "7"
-
-    def __aiter__(self) -> Any:
-        return self._gen()
-
-    async def _gen(self) -> Any:
-        for item in self.items:
-            yield _Obj(item)
-
-
-class _Obj:
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.data
 
 
 class _Client:
@@ -166,17 +149,17 @@ class _Client:
         self.lists = 0
         self.watched = asyncio.Event()
 
-    def list(self, resource: Any, namespace: str) -> _Listing:
-        from lightkube.core.exceptions import ApiError
-        from lightkube.models.meta_v1 import Status
+    async def list(self, path: str, params: Any = None) -> tuple[list[dict[str, Any]], str]:
+        from elastic_gpu.kube.errors import NotFound
 
         self.lists += 1
         if self.lists == 1:
-            raise ApiError(status=Status(code=404, message="the server could not find it"))
-        return _Listing([claim_object("a")])
+            raise NotFound(404, "NotFound", "the server could not find it")
+        return [claim_object("a")], "7"
 
-    async def watch(self, resource: Any, namespace: str, resource_version: str) -> Any:
-        yield "ADDED", _Obj(claim_object("b"))
+    async def watch(self, path: str, resource_version: str, params: Any = None,
+                    timeout_s: int = 300) -> Any:
+        yield "ADDED", claim_object("b")
         self.watched.set()
         await asyncio.Event().wait()
 
@@ -204,9 +187,9 @@ def test_a_namespace_no_api_server_sends_is_refused_with_no_read() -> None:
     """Issue 26, item 10: the review's namespace went into the claim read's path as it was,
     and `../../../../api/v1/nodes/x#` made the webhook GET a Node with its own rights."""
     api = Api(claim("c1"))
-    status, payload, verdict = asyncio.run(Admission(ClusterFacts(), fetch=api.fetch)
-                                           .review_async(review("c1", HOSTILE_NAMESPACE),
-                                                         mutate=True))
+    status, payload, verdict = answered(asyncio.run(
+        Admission(ClusterFacts(), Lookups(fetch=api.fetch))
+        .review_async(review("c1", HOSTILE_NAMESPACE), mutate=True)))
     assert (status, verdict) == (400, "bad_request") and api.reads == []
     error = json.loads(payload)["error"]
     assert f"request.namespace {HOSTILE_NAMESPACE!r}" in error and "DNS-1123 label" in error

@@ -9,9 +9,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_gpu.core.admission import ClusterFacts
+from egpu_testing.webhook_answers import answered
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.webhook.registration import Scope, Target, configurations, match_expression
-from elastic_gpu.webhook.server import Admission
+from elastic_gpu.webhook.review import Admission
 
 FACTS = ClusterFacts(largest_cards=8, largest_cards_node="n1")
 
@@ -30,7 +31,7 @@ def pod(limits: dict[str, Any]) -> dict[str, Any]:
 
 
 def answer(body: bytes, mutate: bool = True) -> tuple[int, dict[str, Any]]:
-    status, payload, _ = Admission(FACTS).review(body, mutate=mutate)
+    status, payload, _ = answered(Admission(FACTS).review(body, mutate=mutate))
     return status, json.loads(payload)
 
 
@@ -122,7 +123,7 @@ def test_every_claim_created_gets_the_protection_finalizer_and_keeps_its_others(
         body = review({"apiVersion": "elasticgpu.io/v1alpha", "kind": "ElasticGPUClaim",
                        "metadata": meta, "spec": {}}, kind="ElasticGPUClaim",
                       resource="elasticgpuclaims", operation=operation)
-        status, payload, _ = Admission(FACTS).review_claim(body)
+        status, payload, _ = answered(Admission(FACTS).review_claim(body))
         assert status == 200
         response: dict[str, Any] = json.loads(payload)["response"]
         assert response["allowed"] is True
@@ -138,7 +139,7 @@ def test_every_claim_created_gets_the_protection_finalizer_and_keeps_its_others(
     assert patch(claim_review({"name": "c", "finalizers": ["elasticgpu.io/claim-protection"]})) \
         == []
     assert patch(claim_review({"name": "c"}, operation="UPDATE")) == []  # not governed
-    status, _, verdict = Admission(FACTS).review_claim(b"{")
+    status, _, verdict = answered(Admission(FACTS).review_claim(b"{"))
     assert status == 400 and verdict == "bad_request"
 
 
@@ -148,6 +149,6 @@ def test_deep_nesting_is_a_400_naming_the_limit_before_decoding() -> None:
     for body in (b"[" * 100_000 + b"]" * 100_000,
                  b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": '
                  b'{"uid": "u", "object": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}}"):
-        status, payload, verdict = admission.review(body, mutate=True)
+        status, payload, verdict = answered(admission.review(body, mutate=True))
         assert (status, verdict) == (400, "bad_request")
         assert "levels deep, more than the limit of 256" in json.loads(payload)["error"]

@@ -56,6 +56,16 @@ class YamlRefused(yaml.YAMLError):
     """Input the reader refuses before parsing (not UTF-8)."""
 
 
+class Refusal(ComposerError):
+    """A document the reader refuses while composing it: `field` is where (`a.b[2]`,
+    `(top level)`), `rule` what it breaks; the message adds the line and column."""
+
+    def __init__(self, field: str, rule: str, mark: Any) -> None:
+        super().__init__(None, None, f"{field}: {rule}", mark)
+        self.field = field
+        self.rule = rule
+
+
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2 core-schema scalars and the bounds above, checked
     while the document is composed, before anything is built from it, so that each refusal
@@ -67,9 +77,9 @@ class _Loader(yaml.SafeLoader):
         self._path: list[Node | int | None] = []
 
     def _refuse(self, problem: str, mark: Any, index: Node | int | None = None,
-                own: bool = False) -> ComposerError:
+                own: bool = False) -> Refusal:
         path = [*self._path, index] if own else self._path
-        return ComposerError(None, None, f"{field_path(path)}: {problem}", mark)
+        return Refusal(field_path(path), problem, mark)
 
     def descend_resolver(self, current_node: Node | None, current_index: Any) -> None:
         self._path.append(current_index)

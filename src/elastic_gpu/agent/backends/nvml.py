@@ -12,6 +12,8 @@ timeout; configurable) do not mark a card unhealthy. A card is healthy again whe
 again (NVIDIA's plugin never recovers; we do, because a card reset or a cleared ECC error
 otherwise needs an agent restart to be used again).
 
+Isolation: CUDA MPS in `mps` sharing mode (`backends.isolation.CudaMps`).
+
 Every pynvml call goes through the module attribute (`pynvml.nvmlX(...)`), so tests inject
 faults by monkeypatching the module's functions.
 """
@@ -25,8 +27,9 @@ from typing import Any
 
 import pynvml
 
-from elastic_gpu.agent.backend import BackendError, HealthEvent
-from elastic_gpu.agent.config import HealthConfig
+from elastic_gpu.agent.backends.base import BackendError, HealthEvent
+from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
+from elastic_gpu.agent.config import HealthConfig, SharingConfig
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile
 
@@ -281,6 +284,9 @@ class NvmlBackend:
 
     def control_nodes(self) -> tuple[str, ...]:
         return ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+    def isolation(self, sharing: SharingConfig) -> Isolation | None:
+        return cuda_mps_isolation(sharing)
 
     def close(self) -> None:
         try:

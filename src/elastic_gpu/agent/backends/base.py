@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from elastic_gpu.agent.backends.isolation import Isolation
+from elastic_gpu.agent.config import SharingConfig
 from elastic_gpu.core.model import Card, Health
 
 
@@ -53,6 +55,11 @@ class Backend(Protocol):
 
     def control_nodes(self) -> tuple[str, ...]:
         """Host device files every GPU container needs (e.g. /dev/nvidiactl)."""
+        ...
+
+    def isolation(self, sharing: SharingConfig) -> Isolation | None:
+        """What enforces shares on this backend's cards in `sharing.mode`; None when nothing
+        does (shares are only accounted)."""
         ...
 
     def close(self) -> None:

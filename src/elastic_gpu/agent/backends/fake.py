@@ -1,7 +1,8 @@
 """The fake backend: a node's GPUs described in YAML, for tests, the sandbox and kwok nodes.
 
 It goes through exactly the code a real node does (boards, replicas, MIG, device plugins,
-inventory publishing); only discovery and health come from the file. Health changes are
+inventory publishing, and NVIDIA's isolation settings: CUDA MPS in `mps` mode, as the
+NVIDIA-shaped nodes it stands for would get); only discovery and health come from the file. Health changes are
 injected either by editing the file's `health:` list (it is re-read when it changes, as a
 mounted ConfigMap would be) or programmatically with `FakeBackend.set_health`.
 
@@ -36,8 +37,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from elastic_gpu.agent.backend import BackendError, HealthEvent
-from elastic_gpu.api.settings_file import SettingsFileError, read_file
+from elastic_gpu.agent.backends.base import BackendError, HealthEvent
+from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
+from elastic_gpu.agent.config import SharingConfig
+from elastic_gpu.api.config.loader import ConfigError, read_file
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
 
@@ -173,7 +176,7 @@ class FakeBackend:
         # that are not UTF-8) is refused here too, not a crash or a hang of the health thread.
         try:
             data = read_file(path)
-        except SettingsFileError as err:
+        except ConfigError as err:
             raise BackendError(f"the fake inventory {err}") from None
         return cls(parse_inventory(data, str(path)), node, path)
 
@@ -282,7 +285,7 @@ class FakeBackend:
         self._mtime = mtime
         try:
             inventory = parse_inventory(read_file(self._path), str(self._path))
-        except (BackendError, SettingsFileError):
+        except (BackendError, ConfigError):
             return  # keep the last good health; a half-written file must not flip cards
         self._apply_file_health(inventory)
 
@@ -310,6 +313,9 @@ class FakeBackend:
 
     def control_nodes(self) -> tuple[str, ...]:
         return tuple(self._inventory.controlDevices)
+
+    def isolation(self, sharing: SharingConfig) -> Isolation | None:
+        return cuda_mps_isolation(sharing)
 
     def close(self) -> None:
         return None

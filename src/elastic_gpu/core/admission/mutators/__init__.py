@@ -1,0 +1,1 @@
+"""The mutators, one module per feature that owns one (see `core.admission.mutation`)."""

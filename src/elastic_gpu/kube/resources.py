@@ -1,0 +1,41 @@
+"""The API resources the project reads and writes, in one table: our kinds and the core ones.
+
+A `Resource` is the path builder's input (`kube.paths`): the group's prefix, the plural and
+whether the kind is namespaced. Every kind of the Elastic GPU API is named here once, from the
+wire contracts in `api/` (group, version, plural), so no component spells a path of its own
+and none borrows another's constant. `tests/unit/kube/test_kube_resources.py` checks the table
+against the CRDs the project installs.
+"""
+
+from __future__ import annotations
+
+from elastic_gpu.api import budget, elasticgpu, gpudevice, migsubstitution
+from elastic_gpu.api.group import ELASTICGPU_VERSION, GROUP, INVENTORY_VERSION
+from elastic_gpu.kube.paths import CORE, Resource, group_prefix
+
+__all__ = ["BUDGETS", "CLAIMS", "CLASSES", "ELASTICGPUS", "GPUDEVICES", "MIG_SUBSTITUTIONS",
+           "NODES", "PODS", "RESOURCES"]
+
+#: `/apis/elasticgpu.io/v1alpha`: the Elastic GPU API's kinds, GPUBudget and MIGSubstitution
+_EGPU_API = group_prefix(GROUP, ELASTICGPU_VERSION)
+
+CLASSES = Resource(_EGPU_API, elasticgpu.CLASS_PLURAL, False)
+CLAIMS = Resource(_EGPU_API, elasticgpu.CLAIM_PLURAL, True)
+ELASTICGPUS = Resource(_EGPU_API, elasticgpu.EGPU_PLURAL, False)
+BUDGETS = Resource(_EGPU_API, budget.PLURAL, True)
+MIG_SUBSTITUTIONS = Resource(_EGPU_API, migsubstitution.PLURAL, True)
+#: the card inventory the agents publish (`/apis/elasticgpu.io/v1alpha1`)
+GPUDEVICES = Resource(group_prefix(GROUP, INVENTORY_VERSION), gpudevice.PLURAL, False)
+
+PODS = Resource(CORE, "pods", True)
+NODES = Resource(CORE, "nodes", False)
+
+#: our kinds by name (the CRDs' `spec.names.kind`)
+RESOURCES: dict[str, Resource] = {
+    elasticgpu.CLASS_KIND: CLASSES,
+    elasticgpu.CLAIM_KIND: CLAIMS,
+    elasticgpu.EGPU_KIND: ELASTICGPUS,
+    budget.KIND: BUDGETS,
+    migsubstitution.KIND: MIG_SUBSTITUTIONS,
+    gpudevice.KIND: GPUDEVICES,
+}

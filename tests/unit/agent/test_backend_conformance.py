@@ -1,0 +1,311 @@
+"""The backend contract, run against every backend of the registry (as HAMi's `pkg/device`
+tests run each vendor's device through the same cases).
+
+Each backend gets a rig: a way to build it through `backends.registry.make_backend` from one
+card table, and to script what its hardware does (a card failing, answering again, the library
+missing). NVML runs over a scripted NVML (`egpu_testing.scripted_nvml`), the fake over its YAML
+inventory. A case that needs something a backend cannot do checks the backend's declared
+capability, and the rig says why it does not apply: no case is skipped.
+
+A new vendor backend adds its registry entry and a rig here; `test_every_backend_has_a_rig`
+fails until it does.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+
+from egpu_testing.scripted_nvml import Gpu, SimNvml
+from elastic_gpu.agent.backends.base import Backend, BackendError, HealthEvent
+from elastic_gpu.agent.backends.isolation import ShareLimit
+from elastic_gpu.agent.backends.registry import BACKENDS, make_backend
+from elastic_gpu.agent.config import AgentConfig, BackendKind, SharingConfig, parse_config
+from elastic_gpu.core.model import Health
+
+
+@dataclass(frozen=True)
+class MigRow:
+    uuid: str
+    slices: int
+    memory_mb: int
+    start: int
+    profile: str  # the name the backend must report
+
+
+@dataclass(frozen=True)
+class CardRow:
+    uuid: str
+    model: str
+    memory_mib: int
+    numa: int
+    mig: tuple[MigRow, ...] = ()
+
+
+#: The card table every rig builds its backend from.
+TABLE = (
+    CardRow("GPU-0a0a", "NVIDIA A100-SXM4-80GB", 81920, 0),
+    CardRow("GPU-1b1b", "NVIDIA A100-SXM4-80GB", 81920, 1,
+            (MigRow("MIG-b-1", 3, 40192, 0, "3g.40gb"), MigRow("MIG-b-2", 1, 9856, 4, "1g.10gb"))),
+    CardRow("GPU-2c2c", "NVIDIA T4", 15360, 1),
+)
+
+
+class Capability(enum.Enum):
+    MIG = "lists MIG instances"
+    UNANSWERING_CARD = "a card can stop answering the driver"
+    FAILED_HEALTH_WAIT = "waiting for health events can itself fail"
+    ENFORCED_SHARES = "enforces shares (mps sharing mode)"
+
+
+@dataclass
+class Rig:
+    """One backend under test and the handles that script its hardware."""
+
+    kind: BackendKind
+    build: Callable[[], Backend]
+    make_unhealthy: Callable[[int], None]
+    make_healthy: Callable[[int], None]
+    break_library: Callable[[], None]
+    #: words the error of a missing library / inventory must contain
+    library_words: str
+    capabilities: frozenset[Capability]
+    #: why each capability the backend lacks does not apply to it
+    not_applicable: dict[Capability, str] = field(default_factory=dict)
+    card_unanswering: Callable[[int], None] | None = None
+    health_wait_fails: Callable[[], None] | None = None
+    device_nodes: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    control_nodes: tuple[str, ...] = ()
+    visible_devices_env: str = "NVIDIA_VISIBLE_DEVICES"
+    #: the isolation settings of a 30%/4096 MiB share in mps mode (today's exact env)
+    mps_envs: dict[str, str] = field(default_factory=dict)
+
+    def has(self, capability: Capability) -> bool:
+        if capability in self.capabilities:
+            return True
+        # Not a skip: the backend states why the case does not apply to it.
+        assert self.not_applicable.get(capability), \
+            f"{self.kind.value} lacks {capability.value!r} and does not say why"
+        return False
+
+
+MPS_ENVS = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"}
+NVIDIA_CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def nvml_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
+    gpus = [Gpu(row.uuid, row.model, row.memory_mib, f"00000000:{0x3B + i:02X}:00.0", 10 + i,
+                mig=[(m.uuid, m.slices, m.memory_mb, m.start) for m in row.mig], numa=row.numa)
+            for i, row in enumerate(TABLE)]
+    sim = SimNvml(monkeypatch, gpus)
+    config = parse_config({"backend": "nvml", "healthCheck": {"recoverAfterSeconds": 0.05}})
+
+    def unanswering(index: int) -> None:
+        gpus[index].lost = True
+
+    def wait_fails() -> None:
+        sim.wait_error = pynvml.NVML_ERROR_GPU_IS_LOST
+
+    def broken() -> None:
+        sim.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+
+    return Rig(
+        BackendKind.NVML, lambda: make_backend(config, "n1"),
+        make_unhealthy=lambda index: sim.xid(gpus[index], 79),
+        # The driver answers for it again: the backend finds out after recoverAfterSeconds.
+        make_healthy=lambda index: None,
+        break_library=broken, library_words="libnvidia-ml.so.1",
+        capabilities=frozenset(Capability),
+        card_unanswering=unanswering, health_wait_fails=wait_fails,
+        device_nodes={i: (f"/dev/nvidia{10 + i}",) for i in range(len(TABLE))},
+        control_nodes=NVIDIA_CONTROL, mps_envs=MPS_ENVS)
+
+
+def fake_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "cards": [{"uuid": row.uuid, "model": row.model, "memoryMiB": row.memory_mib,
+                   "numaNode": row.numa, "devices": [f"/dev/nvidia{i}"],
+                   "mig": [{"profile": m.profile, "uuid": m.uuid, "start": m.start}
+                           for m in row.mig]}
+                  for i, row in enumerate(TABLE)],
+        "controlDevices": list(NVIDIA_CONTROL)}))
+    config = parse_config({"backend": "fake", "fake": {"inventory": str(inventory)}})
+    built: list[Any] = []
+
+    def build() -> Backend:
+        backend = make_backend(config, "n1")
+        built.append(backend)
+        return backend
+
+    def set_health(index: int, health: Health) -> None:
+        built[-1].set_health(TABLE[index].uuid, health, "XID 79")
+
+    def broken() -> None:
+        inventory.unlink()
+
+    return Rig(
+        BackendKind.FAKE, build,
+        make_unhealthy=lambda index: set_health(index, Health.UNHEALTHY),
+        make_healthy=lambda index: set_health(index, Health.HEALTHY),
+        break_library=broken, library_words="the fake inventory",
+        capabilities=frozenset({Capability.MIG, Capability.ENFORCED_SHARES}),
+        not_applicable={
+            Capability.UNANSWERING_CARD: "a fake card has no driver to stop answering; its "
+                                         "health is injected",
+            Capability.FAILED_HEALTH_WAIT: "the fake's health wait reads a file and "
+                                           "injections; a half-written file keeps the last "
+                                           "good health instead of failing"},
+        device_nodes={i: (f"/dev/nvidia{i}",) for i in range(len(TABLE))},
+        control_nodes=NVIDIA_CONTROL, mps_envs=MPS_ENVS)
+
+
+RIGS: dict[BackendKind, Callable[[pytest.MonkeyPatch, Path], Rig]] = {
+    BackendKind.NVML: nvml_rig,
+    BackendKind.FAKE: fake_rig,
+}
+
+
+def test_every_backend_has_a_rig() -> None:
+    assert set(RIGS) == set(BACKENDS)
+
+
+@pytest.fixture(params=list(BACKENDS), ids=lambda kind: kind.value)
+def rig(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> Iterator[Rig]:
+    yield RIGS[request.param](monkeypatch, tmp_path)
+
+
+def events_until(backend: Backend, uuid: str, health: Health, patience_s: float = 10.0
+                 ) -> list[HealthEvent]:
+    """Wait for `uuid`'s change to `health`, polling as the agent's health loop does (a
+    scripted driver answers a wait at once, so the loop also sleeps a little)."""
+    seen: list[HealthEvent] = []
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        seen.extend(backend.wait_health(0.01))
+        if any(e.uuid == uuid and e.health is health for e in seen):
+            return seen
+        time.sleep(0.005)
+    raise AssertionError(f"no {health.value} event for {uuid}; saw {seen}")
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+def test_discovery_reads_index_uuid_model_memory_numa(rig: Rig) -> None:
+    backend = rig.build()
+    cards = backend.discover()
+    assert [(c.index, c.uuid, c.model, c.memory_mib, c.numa_node) for c in cards] == [
+        (i, row.uuid, row.model, row.memory_mib, row.numa) for i, row in enumerate(TABLE)]
+    assert all(c.health is Health.HEALTHY and c.board is None for c in cards)
+    assert backend.name == rig.kind.value
+    assert backend.visible_devices_env == rig.visible_devices_env
+    backend.close()
+
+
+def test_device_files_per_card_and_for_every_container(rig: Rig) -> None:
+    backend = rig.build()
+    cards = backend.discover()
+    assert {c.index: backend.device_nodes(c) for c in cards} == rig.device_nodes
+    assert backend.control_nodes() == rig.control_nodes
+    backend.close()
+
+
+def test_mig_instances_are_listed_with_profile_and_placement(rig: Rig) -> None:
+    if not rig.has(Capability.MIG):
+        return
+    cards = rig.build().discover()
+    for card, row in zip(cards, TABLE, strict=True):
+        assert [(m.uuid, m.profile.name, m.start) for m in card.mig] == [
+            (m.uuid, m.profile, m.start) for m in row.mig]
+    assert cards[1].mig_enabled and not cards[0].mig_enabled
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+def test_nothing_happening_is_no_event(rig: Rig) -> None:
+    backend = rig.build()
+    backend.discover()
+    assert backend.wait_health(0.01) == []
+
+
+def test_a_card_goes_unhealthy_and_back(rig: Rig) -> None:
+    backend = rig.build()
+    backend.discover()
+    assert backend.wait_health(0.01) == []
+    rig.make_unhealthy(1)
+    events = events_until(backend, TABLE[1].uuid, Health.UNHEALTHY)
+    assert [(e.uuid, e.health) for e in events] == [(TABLE[1].uuid, Health.UNHEALTHY)]
+    assert "79" in events[0].reason
+    assert [c.health for c in backend.discover()] == [
+        Health.HEALTHY, Health.UNHEALTHY, Health.HEALTHY]
+    rig.make_healthy(1)
+    events = events_until(backend, TABLE[1].uuid, Health.HEALTHY)
+    assert [(e.uuid, e.health) for e in events] == [(TABLE[1].uuid, Health.HEALTHY)]
+    assert all(c.healthy for c in backend.discover())
+    backend.close()
+
+
+def test_a_failed_health_wait_marks_every_card_unhealthy(rig: Rig) -> None:
+    if not rig.has(Capability.FAILED_HEALTH_WAIT):
+        return
+    assert rig.health_wait_fails is not None
+    backend = rig.build()
+    backend.discover()
+    rig.health_wait_fails()
+    events = backend.wait_health(0.01)
+    assert sorted(e.uuid for e in events) == sorted(row.uuid for row in TABLE)
+    assert all(e.health is Health.UNHEALTHY and e.reason for e in events)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_a_missing_library_is_a_clear_error(rig: Rig) -> None:
+    rig.break_library()
+    with pytest.raises(BackendError, match=rig.library_words.replace(".", r"\.")):
+        rig.build().discover()
+
+
+def test_a_card_that_does_not_answer_is_left_out(rig: Rig) -> None:
+    if not rig.has(Capability.UNANSWERING_CARD):
+        return
+    assert rig.card_unanswering is not None
+    rig.card_unanswering(1)
+    cards = rig.build().discover()
+    assert [c.uuid for c in cards] == [TABLE[0].uuid, TABLE[2].uuid]
+
+
+# -- isolation --------------------------------------------------------------------------------
+
+
+def test_accounting_mode_enforces_nothing(rig: Rig) -> None:
+    assert rig.build().isolation(SharingConfig()) is None
+
+
+def test_mps_mode_gives_the_isolation_settings(rig: Rig) -> None:
+    if not rig.has(Capability.ENFORCED_SHARES):
+        return
+    sharing = AgentConfig.model_validate({"sharing": {"mode": "mps"}}).sharing
+    isolation = rig.build().isolation(sharing)
+    assert isolation is not None and isolation.name == "mps"
+    settings = isolation.settings([ShareLimit(300, 4096, 1)])
+    assert dict(settings.envs) == rig.mps_envs
+    assert [(m.container_path, m.host_path) for m in settings.mounts] == [
+        ("/tmp/nvidia-mps", "/tmp/nvidia-mps")]
+    # Two cards: one thread percentage (the smallest share), one memory limit per device.
+    two = isolation.settings([ShareLimit(500, 2048, 1), ShareLimit(200, 8192, 2)])
+    assert two.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+    assert two.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M,1=4096M,2=4096M"
