@@ -14,8 +14,8 @@ import platform
 import statistics
 import time
 
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.request import PodRequest, container_request
 
 NV = {"nvidia.com/gpu": 1, "elasticgpu.io/gpu-core": 100, "elasticgpu.io/gpu-memory": 81920}

@@ -26,8 +26,8 @@ import msgspec
 from aiohttp import web
 
 from egpu_testing.workbench import pod_manifest, ready_state
-from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from elastic_gpu.core.engine import Engine
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import load_tasks
 

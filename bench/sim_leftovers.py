@@ -18,7 +18,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
 from elastic_gpu.sim.replay import arrival_order
 from elastic_gpu.sim.trace import load_nodes, load_tasks

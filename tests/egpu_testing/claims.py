@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from elastic_gpu.api import elasticgpu as api
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.annotations import CLAIM_PREFIX
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.model import GPUSHARE, ClaimRef
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def class_object(name: str, *, provisioner: str = core.GPUSHARE,
+def class_object(name: str, *, provisioner: str = GPUSHARE,
                  mode: str = "Immediate", reclaim: str = "Delete",
                  parameters: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND, "metadata": {"name": name},
@@ -45,9 +46,9 @@ def elasticgpu_object(name: str, node: str, shares: list[CardShare], *,
                       capacity: Mapping[str, int | str] | None = None,
                       claim: tuple[str, str, str] | None = None, phase: str | None = None,
                       class_name: str | None = None, uid: str | None = None) -> dict[str, Any]:
-    egpu = core.ElasticGPU(
+    egpu = claim_model.ElasticGPU(
         name=name, capacity=dict(capacity or {"elasticgpu.io/gpu-core": 10}), node=node,
-        shares=tuple(shares), claim_ref=core.ClaimRef(*claim) if claim else None,
+        shares=tuple(shares), claim_ref=ClaimRef(*claim) if claim else None,
         class_name=class_name)
     obj = api.elasticgpu_to_object(egpu)
     obj["status"] = {"phase": phase} if phase else {}

@@ -27,7 +27,7 @@ from typing import Any
 from egpu_testing.workbench import CardUse, card_use_from_pods, overcommitted, pod_manifest
 from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.claims import CLAIM_PREFIX
+from elastic_gpu.core.annotations import CLAIM_PREFIX
 from elastic_gpu.core.model import Node
 
 SHARE = "gpushare.provisioner.elasticgpu.io"

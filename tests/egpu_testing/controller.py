@@ -18,8 +18,12 @@ from aiohttp import web
 
 from egpu_testing.process import SupervisedProcess
 from elastic_gpu.api import elasticgpu as api
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.decisions import Bind, Provision
+from elastic_gpu.core.claims.model import ClaimRef, ElasticGPUPhase, PendingReason, provisioned_name
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import AlreadyExists, NotFound
 
@@ -79,7 +83,7 @@ class ControllerProcess(SupervisedProcess):
 class ProvisionDouble:
     """`POST /provision` as contract section 2 says, with a node `node` of `slots` cards:
     reads the claim, its class and the ElasticGPUs from the API server, runs
-    `core.claims.decide`, and creates `egpu-<uid>` on card k (the first card no ElasticGPU
+    `core.claims.binding.decide`, and creates `egpu-<uid>` on card k (the first card no ElasticGPU
     holds) with the claim's share of it, or answers Pending/Unschedulable when every card is
     held. Serialized (one provisioning at a time). Runs its own event loop in a thread."""
 
@@ -150,30 +154,30 @@ class ProvisionDouble:
                                            (await client.list(f"{PREFIX}/elasticgpuclasses"))[0])}
         egpu_objs = (await client.list(f"{PREFIX}/elasticgpus"))[0]
         egpus = {e.name: e for e in map(api.elasticgpu_from_object, egpu_objs)}
-        decision = core.decide(claim, classes, egpus)
-        if isinstance(decision, core.Bind) and decision.elastic_gpu == core.provisioned_name(claim):
+        decision = decide(claim, classes, egpus)
+        if isinstance(decision, Bind) and decision.elastic_gpu == provisioned_name(claim):
             egpu = egpus[decision.elastic_gpu]
             return {"result": "Provisioned", "elasticGPU": egpu.name, "node": egpu.node}
-        if isinstance(decision, core.Pending):
+        if isinstance(decision, claim_decisions.Pending):
             return {"result": "Pending", "reason": decision.reason.value,
                     "message": decision.message}
-        if not isinstance(decision, core.Provision):
+        if not isinstance(decision, Provision):
             name = getattr(decision, "elastic_gpu", "")
             return {"result": "NotNeeded", "decision": type(decision).__name__, "elasticGPU": name}
         held = {share.index for e in egpus.values() if e.node == self.node for share in e.shares}
         free = [k for k in range(self.slots) if k not in held]
         if not free:
-            return {"result": "Pending", "reason": core.PendingReason.UNSCHEDULABLE.value,
+            return {"result": "Pending", "reason": PendingReason.UNSCHEDULABLE.value,
                     "message": f"cannot provision claim {claim.key}: 0/1 nodes can host it "
                                f"({self.node}: all {self.slots} cards held)"}
         container = decision.request.containers[0]
         cls = classes[claim.class_name or ""]
-        egpu = core.ElasticGPU(
-            name=core.provisioned_name(claim), capacity=dict(claim.requests), node=self.node,
+        egpu = claim_model.ElasticGPU(
+            name=provisioned_name(claim), capacity=dict(claim.requests), node=self.node,
             shares=(CardShare(free[0], f"GPU-double-{free[0]}", container.compute_milli or 1000,
                               container.memory_mib),),
-            claim_ref=core.ClaimRef.of(claim), class_name=cls.name,
-            reclaim_policy=cls.reclaim_policy, phase=core.ElasticGPUPhase.BOUND)
+            claim_ref=ClaimRef.of(claim), class_name=cls.name,
+            reclaim_policy=cls.reclaim_policy, phase=ElasticGPUPhase.BOUND)
         obj = api.elasticgpu_to_object(egpu)
         obj.pop("status")
         try:

@@ -38,7 +38,7 @@ from elastic_gpu.api.elasticgpu import (
 )
 from elastic_gpu.api.group import ELASTICGPU_VERSION as VERSION
 from elastic_gpu.core import budget as core
-from elastic_gpu.core.claims import Condition
+from elastic_gpu.core.claims.model import Condition
 
 KIND, PLURAL, SHORT = "GPUBudget", "gpubudgets", "gpubudget"
 CRD_FILE = "gpubudgets.yaml"

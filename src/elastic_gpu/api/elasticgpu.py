@@ -43,8 +43,10 @@ import msgspec
 from elastic_gpu.api.crd import column, conditions_schema, crd, immutable, to_yaml, write_main
 from elastic_gpu.api.group import ELASTICGPU_VERSION
 from elastic_gpu.api.group import GROUP as GROUP
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import AssignmentError, CardShare
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.decisions import Decision, claim_outcome
+from elastic_gpu.core.claims.model import ClaimPhase, Condition, ElasticGPUPhase, GPUClass
 from elastic_gpu.core.resources import MIG_RESOURCE_PATTERN, RESOURCE_TABLE
 
 VERSION = ELASTICGPU_VERSION
@@ -162,14 +164,14 @@ def class_crd() -> dict[str, Any]:
                                "nodePolicy, cardPolicy",
                 "x-kubernetes-validations": immutable("parameters")},
             "reclaimPolicy": {
-                "type": "string", "enum": [p.value for p in core.ReclaimPolicy],
-                "default": core.ReclaimPolicy.DELETE.value,
+                "type": "string", "enum": [p.value for p in claim_model.ReclaimPolicy],
+                "default": claim_model.ReclaimPolicy.DELETE.value,
                 "description": "What happens to an ElasticGPU when its claim is deleted: Delete "
                                "frees its cards, Retain keeps it Released, holding them",
                 "x-kubernetes-validations": immutable("reclaimPolicy")},
             "egpuBindingMode": {
-                "type": "string", "enum": [m.value for m in core.BindingMode],
-                "default": core.BindingMode.IMMEDIATE.value,
+                "type": "string", "enum": [m.value for m in claim_model.BindingMode],
+                "default": claim_model.BindingMode.IMMEDIATE.value,
                 "description": "Immediate: provision when the claim is created; "
                                "WaitForFirstConsumer: when the first pod naming it is placed",
                 "x-kubernetes-validations": immutable("egpuBindingMode")},
@@ -217,7 +219,7 @@ def claim_crd() -> dict[str, Any]:
     status = {
         "type": "object",
         "properties": {
-            "phase": {"type": "string", "enum": [p.value for p in core.ClaimPhase]},
+            "phase": {"type": "string", "enum": [p.value for p in ClaimPhase]},
             "elasticGPUName": {"type": "string", "description": "The ElasticGPU bound"},
             "node": {"type": "string", "description": "Node of the bound ElasticGPU"},
             "capacity": resource_list_schema("What the bound ElasticGPU holds"),
@@ -272,8 +274,8 @@ def elasticgpu_crd() -> dict[str, Any]:
             "claimRef": claim_ref,
             "egpuClassName": {"type": "string", "maxLength": 253,
                               "description": "Class it was provisioned by"},
-            "reclaimPolicy": {"type": "string", "enum": [p.value for p in core.ReclaimPolicy],
-                              "default": core.ReclaimPolicy.RETAIN.value,
+            "reclaimPolicy": {"type": "string", "enum": [p.value for p in claim_model.ReclaimPolicy],
+                              "default": claim_model.ReclaimPolicy.RETAIN.value,
                               "description": "Delete or Retain when its claim is deleted "
                                              "(a pre-created ElasticGPU defaults to Retain)"},
         },
@@ -281,7 +283,7 @@ def elasticgpu_crd() -> dict[str, Any]:
     status = {
         "type": "object",
         "properties": {
-            "phase": {"type": "string", "enum": [p.value for p in core.ElasticGPUPhase]},
+            "phase": {"type": "string", "enum": [p.value for p in ElasticGPUPhase]},
             "reason": {"type": "string"},
             "message": {"type": "string"},
             "conditions": conditions_schema(),
@@ -329,7 +331,7 @@ def crd_yaml(plural: str) -> str:
 
 Quantity = int | str
 T = TypeVar("T")
-E = TypeVar("E", core.ReclaimPolicy, core.BindingMode, core.ClaimPhase, core.ElasticGPUPhase)
+E = TypeVar("E", claim_model.ReclaimPolicy, claim_model.BindingMode, ClaimPhase, ElasticGPUPhase)
 
 
 class ObjectMeta(msgspec.Struct, rename="camel"):
@@ -346,8 +348,8 @@ class ElasticGPUClass(msgspec.Struct, rename="camel"):
     metadata: ObjectMeta
     provisioner: str
     parameters: dict[str, str] = msgspec.field(default_factory=dict)
-    reclaim_policy: str = core.ReclaimPolicy.DELETE.value
-    egpu_binding_mode: str = core.BindingMode.IMMEDIATE.value
+    reclaim_policy: str = claim_model.ReclaimPolicy.DELETE.value
+    egpu_binding_mode: str = claim_model.BindingMode.IMMEDIATE.value
 
 
 class ClaimResources(msgspec.Struct):
@@ -394,7 +396,7 @@ class ElasticGPUSpec(msgspec.Struct, rename="camel"):
     cards: list[CardEntry]
     claim_ref: ClaimRef | None = None
     egpu_class_name: str | None = None
-    reclaim_policy: str = core.ReclaimPolicy.RETAIN.value
+    reclaim_policy: str = claim_model.ReclaimPolicy.RETAIN.value
 
 
 class ElasticGPUStatus(msgspec.Struct, rename="camel"):
@@ -428,46 +430,46 @@ def _enum(
         raise ElasticGPUObjectError(f"{where}={value!r} is not one of {allowed}") from None
 
 
-def class_from_object(obj: Mapping[str, Any]) -> core.GPUClass:
+def class_from_object(obj: Mapping[str, Any]) -> GPUClass:
     raw = _decode(obj, ElasticGPUClass)
     where = f"ElasticGPUClass {raw.metadata.name}"
-    reclaim = _enum(core.ReclaimPolicy, raw.reclaim_policy, f"{where}: reclaimPolicy")
-    mode = _enum(core.BindingMode, raw.egpu_binding_mode, f"{where}: egpuBindingMode")
+    reclaim = _enum(claim_model.ReclaimPolicy, raw.reclaim_policy, f"{where}: reclaimPolicy")
+    mode = _enum(claim_model.BindingMode, raw.egpu_binding_mode, f"{where}: egpuBindingMode")
     assert reclaim is not None and mode is not None
-    return core.GPUClass(raw.metadata.name, raw.provisioner, dict(raw.parameters), reclaim, mode)
+    return GPUClass(raw.metadata.name, raw.provisioner, dict(raw.parameters), reclaim, mode)
 
 
-def claim_from_object(obj: Mapping[str, Any]) -> core.Claim:
+def claim_from_object(obj: Mapping[str, Any]) -> claim_model.Claim:
     raw = _decode(obj, ElasticGPUClaim)
     where = f"ElasticGPUClaim {raw.metadata.namespace}/{raw.metadata.name}"
-    phase = _enum(core.ClaimPhase, raw.status.phase, f"{where}: status.phase", core.ClaimPhase.PENDING)
+    phase = _enum(ClaimPhase, raw.status.phase, f"{where}: status.phase", ClaimPhase.PENDING)
     assert phase is not None
-    return core.Claim(namespace=raw.metadata.namespace, name=raw.metadata.name, uid=raw.metadata.uid,
+    return claim_model.Claim(namespace=raw.metadata.namespace, name=raw.metadata.name, uid=raw.metadata.uid,
                       class_name=raw.spec.egpu_class_name, requests=dict(raw.spec.resources.requests),
                       elastic_gpu_name=raw.spec.elastic_gpu_name, phase=phase,
                       deleting=raw.metadata.deletion_timestamp is not None)
 
 
-def elasticgpu_from_object(obj: Mapping[str, Any]) -> core.ElasticGPU:
+def elasticgpu_from_object(obj: Mapping[str, Any]) -> claim_model.ElasticGPU:
     raw = _decode(obj, ElasticGPU)
     where = f"ElasticGPU {raw.metadata.name}"
     # no status yet: not looked at (a pre-created one becomes Available once checked)
-    phase = _enum(core.ElasticGPUPhase, raw.status.phase, f"{where}: status.phase",
-                  core.ElasticGPUPhase.PENDING)
-    reclaim = _enum(core.ReclaimPolicy, raw.spec.reclaim_policy, f"{where}: spec.reclaimPolicy")
+    phase = _enum(ElasticGPUPhase, raw.status.phase, f"{where}: status.phase",
+                  ElasticGPUPhase.PENDING)
+    reclaim = _enum(claim_model.ReclaimPolicy, raw.spec.reclaim_policy, f"{where}: spec.reclaimPolicy")
     assert phase is not None and reclaim is not None
     try:
         shares = tuple(CardShare.from_dict(msgspec.to_builtins(card)) for card in raw.spec.cards)
     except AssignmentError as err:
         raise ElasticGPUObjectError(f"{where}: spec.cards: {err}") from None
     ref = raw.spec.claim_ref
-    return core.ElasticGPU(
+    return claim_model.ElasticGPU(
         name=raw.metadata.name, capacity=dict(raw.spec.capacity), node=raw.spec.node,
-        shares=shares, claim_ref=core.ClaimRef(ref.namespace, ref.name, ref.uid) if ref else None,
+        shares=shares, claim_ref=claim_model.ClaimRef(ref.namespace, ref.name, ref.uid) if ref else None,
         class_name=raw.spec.egpu_class_name, reclaim_policy=reclaim, phase=phase)
 
 
-def elasticgpu_to_object(egpu: core.ElasticGPU) -> dict[str, Any]:
+def elasticgpu_to_object(egpu: claim_model.ElasticGPU) -> dict[str, Any]:
     """The full object of an ElasticGPU (status included, for a first create; the status
     subresource ignores it on create, so the controller writes it with a second call)."""
     spec: dict[str, Any] = {
@@ -484,7 +486,7 @@ def elasticgpu_to_object(egpu: core.ElasticGPU) -> dict[str, Any]:
             "spec": spec, "status": {"phase": egpu.phase.value}}
 
 
-def merge_condition(existing: Sequence[Mapping[str, Any]], new: core.Condition, now: str,
+def merge_condition(existing: Sequence[Mapping[str, Any]], new: Condition, now: str,
                     generation: int = 0) -> list[dict[str, Any]]:
     """`existing` conditions with `new` set (metav1.Condition semantics): lastTransitionTime
     changes only when the status does, so a claim re-reconciled with the same outcome keeps
@@ -503,27 +505,27 @@ def merge_condition(existing: Sequence[Mapping[str, Any]], new: core.Condition, 
     return out
 
 
-def _condition(cond: core.Condition, since: str, generation: int) -> dict[str, Any]:
+def _condition(cond: Condition, since: str, generation: int) -> dict[str, Any]:
     return {"type": cond.type, "status": cond.status, "reason": cond.reason,
             "message": cond.message[:32768], "lastTransitionTime": since,
             "observedGeneration": generation}
 
 
-def claim_status(decision: core.Decision, claim_obj: Mapping[str, Any], now: str,
-                 egpu: core.ElasticGPU | None = None) -> dict[str, Any]:
+def claim_status(decision: Decision, claim_obj: Mapping[str, Any], now: str,
+                 egpu: claim_model.ElasticGPU | None = None) -> dict[str, Any]:
     """The claim's status once `decision` is carried out (for a status-subresource patch):
     phase, the bound ElasticGPU (its node and capacity) and the merged Bound condition."""
     status = claim_obj.get("status") or {}
     metadata = claim_obj.get("metadata") or {}
-    current = _enum(core.ClaimPhase, status.get("phase"), "status.phase", core.ClaimPhase.PENDING)
+    current = _enum(ClaimPhase, status.get("phase"), "status.phase", ClaimPhase.PENDING)
     assert current is not None
-    phase, condition = core.claim_outcome(decision, current)
+    phase, condition = claim_outcome(decision, current)
     out: dict[str, Any] = {
         "phase": phase.value,
         "conditions": merge_condition(status.get("conditions") or [], condition, now,
                                       int(metadata.get("generation") or 0)),
     }
-    if phase is core.ClaimPhase.BOUND and egpu is not None:
+    if phase is ClaimPhase.BOUND and egpu is not None:
         out.update({"elasticGPUName": egpu.name, "node": egpu.node, "capacity": dict(egpu.capacity)})
     return out
 

@@ -19,7 +19,7 @@ The webhook rewrites a selected pod's `nvidia.com/mig-<from>` to `<to>` at creat
 (`core.admission.mutators.mig.mig_substitution`). This module is the one source of the CRD
 (`crd_manifest()`; deploy/crds/migsubstitutions.yaml is its YAML form, written by
 `python -m elastic_gpu.api.migsubstitution --write deploy/crds` and kept equal by a unit test)
-and reads the served objects into `core.mig.SubstitutionRule`. No I/O.
+and reads the served objects into `core.mig.rules.SubstitutionRule`. No I/O.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from elastic_gpu.api.crd import column, conditions_schema, crd, immutable, to_ya
 from elastic_gpu.api.group import ELASTICGPU_VERSION as VERSION
 from elastic_gpu.api.group import GROUP
 from elastic_gpu.core.annotations import MANAGED_BY
-from elastic_gpu.core.mig import ADAPTER, MIG_RETURNING, SubstitutionRule
+from elastic_gpu.core.mig.rules import ADAPTER, MIG_RETURNING, SubstitutionRule
 from elastic_gpu.core.resources import MigProfile, ResourceError
 
 
@@ -46,7 +46,7 @@ PROFILE_PATTERN = r"^[1-7]g\.[1-9][0-9]{0,3}gb(\+me|\+me\.all|\+gfx)?$"
 #: A Kubernetes object uid (a UUID) and a pod name (a DNS subdomain).
 UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-#: `core.mig.saved_pod_digest`'s form.
+#: `core.mig.rules.saved_pod_digest`'s form.
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 #: More containers than a pod could hold is not a pod (bounds the schema's cost too).
 MAX_CONTAINERS = 256

@@ -5,7 +5,7 @@
       namespaces: [team-a]        # only pods of these namespaces move (default: every one)
       excludeNamespaces: [batch]  # never pods of these (wins over `namespaces`)
       substitutions:              # which profiles may stand in for which (default: the
-        1g.10gb: [2g.20gb]        #   compatibility rule alone, core.mig.compatible); a
+        1g.10gb: [2g.20gb]        #   compatibility rule alone, core.mig.profiles.compatible); a
                                   #   profile not listed here is never substituted
       moveBack: always            # never | when-idle | always (default always)
       ruleGraceSeconds: 30        # an owner's rule no pod refers to yet is kept this long
@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from elastic_gpu.api.config.loader import load_settings
-from elastic_gpu.core.mig import MIG_MODELS, MoveBackPolicy, compatible
+from elastic_gpu.core.mig.profiles import MIG_MODELS, compatible
+from elastic_gpu.core.mig.substitution import MoveBackPolicy
 from elastic_gpu.core.resources import MigProfile, ResourceError
 
 
@@ -57,7 +58,7 @@ class MigConfig(BaseModel):
                                       strict=False)
     rule_grace_s: float = Field(default=30.0, validation_alias="ruleGraceSeconds", ge=0,
                                 le=3600)
-    #: the dry-run re-carve advisor (`core.mig.recarve_advice`): Event text only
+    #: the dry-run re-carve advisor (`core.mig.recarve.recarve_advice`): Event text only
     recarve_advice: bool = Field(default=False, validation_alias="recarveAdvice")
 
     @field_validator("move_back", mode="before")

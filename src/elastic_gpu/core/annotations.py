@@ -41,7 +41,7 @@ AGENT_LABEL = f"{PREFIX}/agent"
 GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"
 
 #: The Kubernetes recommended label naming the tool that manages an object. The MIG adapter
-#: puts it on every MIGSubstitution it writes (`core.mig.ADAPTER`); a rule without it is not
+#: puts it on every MIGSubstitution it writes (`core.mig.rules.ADAPTER`); a rule without it is not
 #: the adapter's and is never carried out (docs/mig-adapter.md, "Whose rules are carried out").
 MANAGED_BY = "app.kubernetes.io/managed-by"
 

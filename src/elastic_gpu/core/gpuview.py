@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.mig import mig_model
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import Engine
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.request import PodRequest
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from elastic_gpu.core.engine import Engine, Unschedulable
+from elastic_gpu.core.placement import Engine, Unschedulable
 from elastic_gpu.core.request import PodRequest
 
 #: The engine key under which a woken pod's tentative claim is held during a round.

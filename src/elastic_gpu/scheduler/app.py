@@ -19,7 +19,8 @@ from typing import Any
 from aiohttp import web
 
 from elastic_gpu.api import elasticgpu, gpudevice
-from elastic_gpu.core import claims, nodestatus
+from elastic_gpu.core import nodestatus
+from elastic_gpu.core.claims.model import Claim, ElasticGPU, GPUClass
 from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
@@ -59,7 +60,7 @@ def _device(obj: Mapping[str, Any]) -> tuple[str, str, Any] | None:
     return name, node, card
 
 
-def _elasticgpu(obj: Mapping[str, Any]) -> tuple[claims.ElasticGPU, str] | None:
+def _elasticgpu(obj: Mapping[str, Any]) -> tuple[ElasticGPU, str] | None:
     try:
         return (elasticgpu.elasticgpu_from_object(obj),
                 str((obj.get("metadata") or {}).get("uid") or ""))
@@ -68,7 +69,7 @@ def _elasticgpu(obj: Mapping[str, Any]) -> tuple[claims.ElasticGPU, str] | None:
         return None
 
 
-def _claim(obj: Mapping[str, Any]) -> claims.Claim | None:
+def _claim(obj: Mapping[str, Any]) -> Claim | None:
     try:
         return elasticgpu.claim_from_object(obj)
     except elasticgpu.ElasticGPUObjectError as err:
@@ -76,7 +77,7 @@ def _claim(obj: Mapping[str, Any]) -> claims.Claim | None:
         return None
 
 
-def _class(obj: Mapping[str, Any]) -> claims.GPUClass | None:
+def _class(obj: Mapping[str, Any]) -> GPUClass | None:
     try:
         return elasticgpu.class_from_object(obj)
     except elasticgpu.ElasticGPUObjectError as err:

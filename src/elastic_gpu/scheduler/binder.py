@@ -15,10 +15,11 @@ from aiohttp import web
 
 from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import Unschedulable
+from elastic_gpu.core.claims import model as claims_model
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_reason, pod_claims
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
+from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.schedulers import scheduler_refusal
 from elastic_gpu.scheduler import wire
@@ -100,8 +101,8 @@ class Binder(ExtenderBase):
                             definite=True)
         self._check_placement(manifest, request, args, where)
         try:
-            named = egc.pod_claims(manifest)
-        except egc.ClaimAnnotationError as err:
+            named = pod_claims(manifest)
+        except ClaimAnnotationError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         if named:
             await self._bind_claims(args, where, manifest, request, known.resource_version,
@@ -139,13 +140,13 @@ class Binder(ExtenderBase):
             await self._state_call(self.state.settle, args.PodUID, token, outcome, bound)
 
     def _claim_view(self, where: str, namespace: str, named: Mapping[str, str],
-                    node: str) -> egc.PodClaims:
+                    node: str) -> PodClaims:
         view = self.state.claim_view(namespace, named)
         if view.blocked is not None:
             raise BindError(f"{where}: {view.blocked}", definite=True)
         if view.node is not None and view.node != node:
             container, egpu = next(iter(sorted(view.bound.items())))
-            raise BindError(f"{where}: " + egc.off_node_reason(
+            raise BindError(f"{where}: " + off_node_reason(
                 container, f"{namespace}/{named[container]}", egpu), definite=True)
         return view
 
@@ -179,7 +180,7 @@ class Binder(ExtenderBase):
                 raise
             await self._finish_bind(args, where, manifest, token, assignment, version)
 
-    async def _create_first_consumer(self, where: str, node: str, egpu: egc.ElasticGPU,
+    async def _create_first_consumer(self, where: str, node: str, egpu: claims_model.ElasticGPU,
                                      token: int, assignment: Assignment) -> Assignment:
         """Create a first consumer's ElasticGPU; the assignment, with the cards of the
         ElasticGPU that exists (ours, or one an earlier attempt created on this node)."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from elastic_gpu.api import elasticgpu as egpu_api
-from elastic_gpu.core import claims as egc
+from elastic_gpu.core.claims import model as claims_model
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.metrics import Metrics
@@ -132,7 +132,7 @@ class ExtenderBase:
         if not self._claim_users[key]:
             del self._claim_users[key], self._claim_locks[key]
 
-    async def _existing_elasticgpu(self, where: str, name: str) -> egc.ElasticGPU:
+    async def _existing_elasticgpu(self, where: str, name: str) -> claims_model.ElasticGPU:
         assert self.claims_api is not None
         raw = await self.claims_api.get_elasticgpu(name)
         if raw is None:

@@ -10,7 +10,10 @@ from typing import Any
 from aiohttp import web
 
 from elastic_gpu.api import elasticgpu as egpu_api
-from elastic_gpu.core import claims as egc
+from elastic_gpu.core.claims import decisions as claims_decisions
+from elastic_gpu.core.claims import model as claims_model
+from elastic_gpu.core.claims.decisions import Bind, InSync
+from elastic_gpu.core.claims.model import provisioned_name
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.extender import BindError, ExtenderBase
 from elastic_gpu.scheduler.http import json_answer
@@ -60,29 +63,29 @@ class Provisioner(ExtenderBase):
                                 "it was deleted (and maybe re-created)")
             await self._state_call(self.state.upsert_claim, claim)
         outcome, token = await self._state_call(self.state.provision, claim)
-        if isinstance(outcome, egc.ElasticGPU):
+        if isinstance(outcome, claims_model.ElasticGPU):
             assert token is not None
             egpu = await self._create_provisioned(outcome, token, key)
             self.metrics.provisioned.inc()
             return {"result": "Provisioned", "elasticGPU": egpu.name, "node": egpu.node}
-        if isinstance(outcome, egc.Pending):
+        if isinstance(outcome, claims_decisions.Pending):
             return {"result": "Pending", "reason": outcome.reason.value,
                     "message": outcome.message}
-        if isinstance(outcome, egc.Bind) and claim.elastic_gpu_name is None and \
-                outcome.elastic_gpu == egc.provisioned_name(claim):
+        if isinstance(outcome, Bind) and claim.elastic_gpu_name is None and \
+                outcome.elastic_gpu == provisioned_name(claim):
             made = self.state.elasticgpu(outcome.elastic_gpu)  # pre-bound: provisioned already
             return {"result": "Provisioned", "elasticGPU": outcome.elastic_gpu,
                     "node": made.node if made is not None else ""}
-        if isinstance(outcome, egc.Lost):
+        if isinstance(outcome, claims_decisions.Lost):
             return {"result": "NotNeeded", "decision": "Lost",
                     "elasticGPU": claim.elastic_gpu_name or "", "message": outcome.message}
-        if isinstance(outcome, egc.InSync | egc.Bind):
+        if isinstance(outcome, InSync | Bind):
             return {"result": "NotNeeded", "decision": type(outcome).__name__,
                     "elasticGPU": outcome.elastic_gpu}
         raise AssertionError(f"unexpected decision {outcome!r}")  # Provision is never returned
 
-    async def _create_provisioned(self, egpu: egc.ElasticGPU, token: int,
-                                  key: str) -> egc.ElasticGPU:
+    async def _create_provisioned(self, egpu: claims_model.ElasticGPU, token: int,
+                                  key: str) -> claims_model.ElasticGPU:
         assert self.claims_api is not None
         where = f"provision claim {key}"
         try:

@@ -14,7 +14,7 @@ import msgspec
 from aiohttp import web
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as egc
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -127,8 +127,8 @@ class Verbs(ExtenderBase):
             return with_outcome(json_answer(wire.filter_error(str(err))), "error")
         uid = pod_uid(args.Pod)
         try:
-            named = egc.pod_claims(args.Pod)
-        except egc.ClaimAnnotationError as err:
+            named = pod_claims(args.Pod)
+        except ClaimAnnotationError as err:
             return with_outcome(json_answer(wire.filter_error(str(err))), "error")
         self._remember(uid, args.Pod)
         if not request.wants_gpu:
@@ -164,8 +164,8 @@ class Verbs(ExtenderBase):
         """(the request of a pod's containers that are not backed by bound claims, the node
         its bound claims tie it to, whether an unbound claim rules out every node)."""
         try:
-            named = egc.pod_claims(pod)
-        except egc.ClaimAnnotationError:
+            named = pod_claims(pod)
+        except ClaimAnnotationError:
             return request, None, True
         if not named:
             return request, None, False

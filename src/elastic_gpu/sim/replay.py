@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.frag import Fragmentation, sorted_free
 from elastic_gpu.core.model import Node, cluster_cpu_per_gpu
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.policies import default_card_policy, node_policy
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import Task

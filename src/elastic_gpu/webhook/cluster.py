@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from elastic_gpu.core.admission.facts import NodeGpus, node_gpus
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.kube.client import APPLY_PATCH, KubeClient
 from elastic_gpu.kube.errors import Conflict, NotFound
 from elastic_gpu.kube.informer import Handler, Informer, ListWatcher, Obj

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import ListWatcher
 from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES

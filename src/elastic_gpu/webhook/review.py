@@ -37,7 +37,8 @@ from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.budget import NamespaceBudget
-from elastic_gpu.core.claims import Claim, protection_patch
+from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.claims.pods import protection_patch
 from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.names import InvalidName, NameRule, check_name
 from elastic_gpu.webhook.sources import Lookups, Sources
@@ -172,7 +173,7 @@ class Admission:
 
     def review_claim(self, body: bytes) -> Outcome:
         """/mutate-claims: an ElasticGPUClaim being created gets the claim-protection
-        finalizer (`core.claims.protection_patch`); anything else is let through as it is."""
+        finalizer (`core.claims.pods.protection_patch`); anything else is let through as it is."""
         request = self._decode_review(body)
         if not isinstance(request, _Request):
             return request

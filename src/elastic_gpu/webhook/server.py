@@ -6,7 +6,7 @@
   be read gets 200 with `allowed: false` and the reason; a body over `max_body_bytes` gets 413.
   Never 5xx.
 - `POST /mutate-claims`: an ElasticGPUClaim being created gets the claim-protection finalizer
-  (`core.claims.protection_patch`; issue #26: on every claim from its creation, as a PVC's).
+  (`core.claims.pods.protection_patch`; issue #26: on every claim from its creation, as a PVC's).
 - `GET /healthz` (serving), `/readyz` (certificate loaded, Nodes listed, registration applied),
   `/metrics` (Prometheus, `elasticgpu_webhook_*`).
 The server keeps the cluster facts current from its watches (Nodes, MIGSubstitutions) and
@@ -35,7 +35,7 @@ from elastic_gpu.core.admission.chain import mutator_chain
 from elastic_gpu.core.admission.facts import NodeGpus, default_policies, facts_from_nodes
 from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.connlimits import ConnectionLimits
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options

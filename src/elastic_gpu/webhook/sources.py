@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from elastic_gpu.core.budget import NamespaceBudget
-from elastic_gpu.core.claims import Claim
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.mig.rules import SubstitutionRule
 
 log = logging.getLogger(__name__)
 

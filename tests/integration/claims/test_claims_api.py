@@ -16,8 +16,21 @@ from egpu_testing.claims import install_crds
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.seed import SEED_CLASS_AND_CLAIMS
 from elastic_gpu.api import elasticgpu as api
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.claims import binding as claim_binding
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims.decisions import Provision
+from elastic_gpu.core.claims.model import (
+    GPUSHARE,
+    WHOLE_CARDS,
+    BindingMode,
+    ClaimRef,
+    ElasticGPU,
+    ElasticGPUPhase,
+    GPUClass,
+    ReclaimPolicy,
+    provisioned_name,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +56,9 @@ def test_seed_readme_class_and_claims_are_accepted_verbatim(crds: Any, k8s_names
     crds.kubectl("create", "-n", k8s_namespace, "-f", "-", input=SEED_CLASS_AND_CLAIMS)
     try:
         cls = json.loads(crds.kubectl("get", "egpuclass", "gpushare-egpuclass", "-o", "json").stdout)
-        assert api.class_from_object(cls) == core.GPUClass(
-            "gpushare-egpuclass", core.GPUSHARE, {}, core.ReclaimPolicy.RETAIN,
-            core.BindingMode.IMMEDIATE)
+        assert api.class_from_object(cls) == GPUClass(
+            "gpushare-egpuclass", GPUSHARE, {}, ReclaimPolicy.RETAIN,
+            BindingMode.IMMEDIATE)
         listed = json.loads(crds.kubectl("get", "egpuc", "-n", k8s_namespace, "-o", "json").stdout)
         claims = sorted((api.claim_from_object(o) for o in listed["items"]), key=lambda c: c.name)
         assert [c.name for c in claims] == ["gpushare-egpuc-1", "gpushare-egpuc-2"]
@@ -54,8 +67,8 @@ def test_seed_readme_class_and_claims_are_accepted_verbatim(crds: Any, k8s_names
                                       "gpushare.provisioner.elasticgpu.io/gpu-memory": 4}
             assert claim.class_name == "gpushare-egpuclass" and claim.uid
             # the class and claim as stored decide a provisioning by the share plug-in
-            decision = core.decide(claim, {"gpushare-egpuclass": api.class_from_object(cls)}, {})
-            assert isinstance(decision, core.Provision)
+            decision = claim_binding.decide(claim, {"gpushare-egpuclass": api.class_from_object(cls)}, {})
+            assert isinstance(decision, Provision)
             assert decision.request.containers[0].compute_milli == 100
     finally:
         crds.kubectl("delete", "egpuclass", "gpushare-egpuclass", "--ignore-not-found")
@@ -63,7 +76,7 @@ def test_seed_readme_class_and_claims_are_accepted_verbatim(crds: Any, k8s_names
 
 def test_class_defaults_are_filled_in(crds: Any) -> None:
     name = unique_name("defaults")
-    crds.kubectl("create", "-f", "-", input=_class(name, provisioner=core.WHOLE_CARDS))
+    crds.kubectl("create", "-f", "-", input=_class(name, provisioner=WHOLE_CARDS))
     try:
         obj = json.loads(crds.kubectl("get", "egpuclass", name, "-o", "json").stdout)
         assert (obj["reclaimPolicy"], obj["egpuBindingMode"]) == ("Delete", "Immediate")
@@ -72,13 +85,13 @@ def test_class_defaults_are_filled_in(crds: Any) -> None:
 
 
 @pytest.mark.parametrize(("top", "words"), [
-    ({"provisioner": core.GPUSHARE, "reclaimPolicy": "Recycle"},
+    ({"provisioner": GPUSHARE, "reclaimPolicy": "Recycle"},
      ['reclaimPolicy: Unsupported value: "Recycle"', '"Retain"', '"Delete"']),
-    ({"provisioner": core.GPUSHARE, "egpuBindingMode": "Lazy"},
+    ({"provisioner": GPUSHARE, "egpuBindingMode": "Lazy"},
      ['egpuBindingMode: Unsupported value: "Lazy"', '"WaitForFirstConsumer"']),
     ({"reclaimPolicy": "Retain"}, ["provisioner: Required value"]),
     ({"provisioner": "Not A Provisioner!"}, ["provisioner: Invalid value", "should match"]),
-    ({"provisioner": core.GPUSHARE, "parameters": {"models": 3}},
+    ({"provisioner": GPUSHARE, "parameters": {"models": 3}},
      ["parameters.models: Invalid value", "string"]),
 ])
 def test_nonsense_classes_are_refused(crds: Any, top: dict[str, Any], words: list[str]) -> None:
@@ -126,7 +139,7 @@ def test_mig_and_quantity_strings_are_accepted(crds: Any, k8s_namespace: str) ->
 
 def test_immutable_fields_cannot_change(crds: Any, k8s_namespace: str) -> None:
     cls = unique_name("imm")
-    crds.kubectl("create", "-f", "-", input=_class(cls, provisioner=core.GPUSHARE))
+    crds.kubectl("create", "-f", "-", input=_class(cls, provisioner=GPUSHARE))
     try:
         result = crds.kubectl("patch", "egpuclass", cls, "--type=merge", "-p",
                               '{"reclaimPolicy": "Retain"}', check=False)
@@ -162,7 +175,7 @@ def test_status_phase_is_an_enum(crds: Any, k8s_namespace: str) -> None:
 
 def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
     cls_name, claim_name = unique_name("cols"), unique_name("cols")
-    crds.kubectl("create", "-f", "-", input=_class(cls_name, provisioner=core.GPUSHARE,
+    crds.kubectl("create", "-f", "-", input=_class(cls_name, provisioner=GPUSHARE,
                                                    reclaimPolicy="Retain"))
     crds.kubectl("create", "-n", k8s_namespace, "-f", "-", input=_claim(
         claim_name, {"egpuClassName": cls_name, "resources": {"requests": GOOD_REQUESTS}}))
@@ -170,17 +183,17 @@ def test_kubectl_get_prints_the_columns(crds: Any, k8s_namespace: str) -> None:
                                         "-o", "json").stdout)
     claim = api.claim_from_object(claim_obj)
     # what the controller will write, built by the core and the API layer
-    egpu = core.ElasticGPU(
-        name=core.provisioned_name(claim), capacity=dict(GOOD_REQUESTS), node="node-a",
-        shares=(CardShare(3, "GPU-3", 100, 0),), claim_ref=core.ClaimRef.of(claim),
-        class_name=cls_name, reclaim_policy=core.ReclaimPolicy.RETAIN, phase=core.ElasticGPUPhase.BOUND)
+    egpu = ElasticGPU(
+        name=provisioned_name(claim), capacity=dict(GOOD_REQUESTS), node="node-a",
+        shares=(CardShare(3, "GPU-3", 100, 0),), claim_ref=ClaimRef.of(claim),
+        class_name=cls_name, reclaim_policy=ReclaimPolicy.RETAIN, phase=ElasticGPUPhase.BOUND)
     obj = api.elasticgpu_to_object(egpu)
     try:
         crds.kubectl("create", "-f", "-", input=json.dumps(obj))
         crds.kubectl("patch", "egpu", egpu.name, "--subresource=status", "--type=merge",
                      "-p", json.dumps({"status": obj["status"]}))
         # the status the API layer builds for a Bind is accepted by the schema as it is
-        status = api.claim_status(core.Bind(egpu.name), claim_obj, "2026-01-01T00:00:00Z", egpu)
+        status = api.claim_status(claim_decisions.Bind(egpu.name), claim_obj, "2026-01-01T00:00:00Z", egpu)
         crds.kubectl("patch", "egpuc", claim_name, "-n", k8s_namespace, "--subresource=status",
                      "--type=merge", "-p", json.dumps({"status": status}))
         stored_claim = json.loads(crds.kubectl("get", "egpuc", claim_name, "-n", k8s_namespace,

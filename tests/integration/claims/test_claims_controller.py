@@ -21,7 +21,8 @@ from egpu_testing.controller import ControllerProcess, ProvisionDouble, clean_up
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
 from elastic_gpu.api import elasticgpu as api
-from elastic_gpu.core import claims as core
+from elastic_gpu.core.claims.model import BOUND_CONDITION, GPUSHARE, WHOLE_CARDS
+from elastic_gpu.core.claims.pods import CLAIM_PROTECTION_FINALIZER
 from elastic_gpu.devcluster.ports import free_ports
 
 pytestmark = pytest.mark.integration
@@ -81,7 +82,7 @@ class Env:
 
 
 def new_class(env: Env, *, reclaim: str = "Delete", mode: str = "Immediate",
-              provisioner: str = core.GPUSHARE, name: str | None = None) -> str:
+              provisioner: str = GPUSHARE, name: str | None = None) -> str:
     name = name or unique_name("cls")
     env.create({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND, "metadata": {"name": name},
                 "provisioner": provisioner, "reclaimPolicy": reclaim, "egpuBindingMode": mode},
@@ -126,7 +127,7 @@ def phase(obj: dict[str, Any] | None) -> str | None:
 
 def bound_condition(obj: dict[str, Any] | None) -> dict[str, Any]:
     for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == core.BOUND_CONDITION:
+        if cond["type"] == BOUND_CONDITION:
             return dict(cond)
     return {}
 
@@ -173,7 +174,7 @@ def test_static_binding_to_a_precreated_elasticgpu(running: Env) -> None:
     name = new_claim(env, egpu=egpu, requests={"elasticgpu.io/gpu-core": 20})
     claim = wait_phase(env, name, "Bound")
     assert claim["status"]["elasticGPUName"] == egpu and claim["status"]["node"] == "node-static"
-    assert core.CLAIM_PROTECTION_FINALIZER in claim["metadata"]["finalizers"]
+    assert CLAIM_PROTECTION_FINALIZER in claim["metadata"]["finalizers"]
     cond = bound_condition(claim)
     assert (cond["status"], cond["reason"]) == ("True", "Bound")
     obj = env.egpu(egpu)
@@ -195,7 +196,7 @@ def test_pending_reasons_are_conditions_and_events(running: Env) -> None:
     no_class = new_claim(env, cls=missing)
     small = new_egpu(env, {"elasticgpu.io/gpu-core": 5})
     too_small = new_claim(env, egpu=small, requests={"elasticgpu.io/gpu-core": 20})
-    wrong = new_claim(env, cls=new_class(env, provisioner=core.WHOLE_CARDS))
+    wrong = new_claim(env, cls=new_class(env, provisioner=WHOLE_CARDS))
     for name, reason, words in (
             (no_class, "ClassNotFound", f"ElasticGPUClass {missing} does not exist"),
             (too_small, "ElasticGPUTooSmall", "compute milli 200 > 50"),

@@ -27,7 +27,7 @@ from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.waiting import wait_for
 from egpu_testing.workbench import ExtenderProcess
 from elastic_gpu.api import elasticgpu as api
-from elastic_gpu.core import claims as core
+from elastic_gpu.core.claims.model import BOUND_CONDITION, GPUSHARE, WHOLE_CARDS
 from elastic_gpu.devcluster.ports import free_ports
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ class Cluster:
     def condition(self, name: str) -> dict[str, Any]:
         obj = self.get("egpuc", name) or {}
         return next((c for c in (obj.get("status") or {}).get("conditions") or []
-                     if c["type"] == core.BOUND_CONDITION), {})
+                     if c["type"] == BOUND_CONDITION), {})
 
     def reasons(self, name: str) -> set[str]:
         out = self.plane.kubectl("get", "events", "-n", self.ns, "-o", "json",
@@ -98,7 +98,7 @@ def test_immediate_claim_is_bound_to_cards_the_extender_chose(
     cluster, nodes = system
     cls = unique_name("share")
     cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
-                   "metadata": {"name": cls}, "provisioner": core.GPUSHARE,
+                   "metadata": {"name": cls}, "provisioner": GPUSHARE,
                    "reclaimPolicy": "Delete", "egpuBindingMode": "Immediate"}, namespaced=False)
     name = cluster.claim(unique_name("c"), {"gpushare.provisioner.elasticgpu.io/gpu-core": 10,
                                             "gpushare.provisioner.elasticgpu.io/gpu-memory": 4},
@@ -122,7 +122,7 @@ def test_too_large_claim_is_pending_then_bound_when_capacity_frees(
     cluster, _ = system
     cls = unique_name("whole")
     cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
-                   "metadata": {"name": cls}, "provisioner": core.WHOLE_CARDS,
+                   "metadata": {"name": cls}, "provisioner": WHOLE_CARDS,
                    "reclaimPolicy": "Delete"}, namespaced=False)
     both = cluster.claim(unique_name("both"), {"nvidia.com/gpu": 2}, cls)
     wait_for("the 2-card claim Bound", lambda: cluster.phase(both) == "Bound")
@@ -163,7 +163,7 @@ def test_two_replicas_with_the_real_extender_hand_over_without_double_provisioni
         wait_for("a leads", a.leading)
         b.start()
         cluster.apply({"apiVersion": api.API_VERSION, "kind": api.CLASS_KIND,
-                       "metadata": {"name": cls}, "provisioner": core.GPUSHARE,
+                       "metadata": {"name": cls}, "provisioner": GPUSHARE,
                        "reclaimPolicy": "Delete"}, namespaced=False)
         requests = {"gpushare.provisioner.elasticgpu.io/gpu-core": 10,
                     "gpushare.provisioner.elasticgpu.io/gpu-memory": 4}

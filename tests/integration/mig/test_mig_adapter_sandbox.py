@@ -30,7 +30,7 @@ from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.grant import DeviceFiles, build_grant
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_RETURNING, MIG_SUBSTITUTION
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_RETURNING, MIG_SUBSTITUTION
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MEMORY, QUOTA_NAMES
 from elastic_gpu.devcluster.ports import free_ports

@@ -27,7 +27,7 @@ from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
 from elastic_gpu.api import migsubstitution as api
 from elastic_gpu.core.annotations import MANAGED_BY
-from elastic_gpu.core.mig import ADAPTER, saved_pod, saved_pod_digest
+from elastic_gpu.core.mig.rules import ADAPTER, saved_pod, saved_pod_digest
 from elastic_gpu.devcluster.ports import free_ports
 
 pytestmark = pytest.mark.integration

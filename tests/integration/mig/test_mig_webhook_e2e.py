@@ -14,7 +14,7 @@ import pytest
 from egpu_testing.seed import seed_pod
 from egpu_testing.webhook import WebhookProcess, running_webhook
 from elastic_gpu.api import migsubstitution as api
-from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_SUBSTITUTION
 from elastic_gpu.core.nodefit import NODE_CORE
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def mig_pod(name: str, owner: str | None = None) -> dict[str, Any]:
 def saved(pod: dict[str, Any], uid: str) -> dict[str, Any]:
     """A bare pod's record in its rule, as the adapter writes it (savedPod, its digest, the
     uid of the pod deleted)."""
-    from elastic_gpu.core.mig import saved_pod, saved_pod_digest
+    from elastic_gpu.core.mig.rules import saved_pod, saved_pod_digest
 
     manifest = saved_pod(pod)
     return {"savedPod": manifest, "savedPodDigest": saved_pod_digest(manifest),
@@ -114,7 +114,7 @@ def test_a_bare_pod_saved_in_its_rule_comes_back_rewritten_under_its_name(
     """The bare-pod move without the controller: the live pod saved in the rule, deleted,
     re-created from the rule as the API serves it: same name, labels, annotations and spec
     apart from the profile (the controller loop will do exactly these steps)."""
-    from elastic_gpu.core.mig import recreated_pod
+    from elastic_gpu.core.mig.rules import recreated_pod
 
     plane = k8s_cluster
     plane.kubectl("label", "namespace", k8s_namespace, f"{LABEL}={webhook.name}")

@@ -19,7 +19,7 @@ from egpu_testing.tenant import Tenant
 from egpu_testing.waiting import wait_for
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.mig import saved_pod_digest
+from elastic_gpu.core.mig.rules import saved_pod_digest
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from elastic_gpu.core.admission.claim_plan import PodClaims
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.claims import Claim, ClaimRef, ElasticGPU, ElasticGPUPhase
+from elastic_gpu.core.claims.model import Claim, ClaimRef, ElasticGPU, ElasticGPUPhase
 
 NODE = "n1"
 CORE = "elasticgpu.io/gpu-core"

@@ -22,11 +22,11 @@ from elastic_gpu.core.admission.chain import MUTATORS, QUOTA_MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
-from elastic_gpu.core.claims import Claim
-from elastic_gpu.core.engine import Engine
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity, node_core
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.quota import QUOTA_CORE, canonical_resources
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MIG_MAX_SLICES, MigProfile

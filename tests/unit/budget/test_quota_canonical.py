@@ -13,7 +13,7 @@ from elastic_gpu.core.admission.chain import QUOTA_MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.quantity import parse_quantity
 from elastic_gpu.core.quota import QUOTA_CORE, QUOTA_MEMORY, quota_resources
 from elastic_gpu.core.request import pod_request_from_manifest
@@ -117,7 +117,7 @@ def test_quota_mutator_alone_is_not_in_the_default_list() -> None:
 def test_a_pod_the_mig_adapter_moves_is_counted_at_its_new_profile() -> None:
     # On by default in the chart and the sandbox (issue #26, item 14): the quota must count
     # what the pod will hold, the profile the MIG adapter's rule gives it, not the one written.
-    from elastic_gpu.core.mig import SubstitutionRule
+    from elastic_gpu.core.mig.rules import SubstitutionRule
     from elastic_gpu.core.resources import MigProfile
 
     rule = SubstitutionRule("bare", "team-a", MigProfile.parse("1g.10gb"),

@@ -21,7 +21,8 @@ from elastic_gpu.core.admission.claim_plan import (
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.admission.rules import AdmissionRule, describe
-from elastic_gpu.core.claims import GPUSHARE, MIG, PROVISIONERS, WHOLE_CARDS, Claim
+from elastic_gpu.core.claims.model import GPUSHARE, MIG, WHOLE_CARDS, Claim
+from elastic_gpu.core.claims.provisioning import PROVISIONERS
 from elastic_gpu.core.request import RequestKind, container_request
 from elastic_gpu.core.resources import RESOURCE_TABLE, Measure, ResourceError
 

@@ -12,8 +12,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elastic_gpu.api import elasticgpu as api
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.decisions import Bind, Provision
+from elastic_gpu.core.claims.model import (
+    GPUSHARE,
+    WHOLE_CARDS,
+    BindingMode,
+    Claim,
+    ClaimPhase,
+    ClaimRef,
+    Condition,
+    ElasticGPUPhase,
+    GPUClass,
+    LostReason,
+    PendingReason,
+    ReclaimPolicy,
+)
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.resources import RESOURCE_TABLE
 
@@ -58,7 +74,7 @@ def test_class_fields_are_top_level_with_enums_and_defaults() -> None:
     assert props["egpuBindingMode"]["enum"] == ["Immediate", "WaitForFirstConsumer"]
     assert props["egpuBindingMode"]["default"] == "Immediate"
     pattern = re.compile(props["provisioner"]["pattern"])
-    for name in (core.GPUSHARE, core.WHOLE_CARDS, core.MIG, "elasticgpu.io/qgpu"):
+    for name in (GPUSHARE, WHOLE_CARDS, claim_model.MIG, "elasticgpu.io/qgpu"):
         assert pattern.match(name), name
     assert not pattern.match("Not A Provisioner!")
 
@@ -76,9 +92,9 @@ def test_every_status_field_the_api_layer_reads_is_in_the_schema() -> None:
     # a structural schema prunes unknown fields: what the controller writes must be declared
     claim_status = _version("elasticgpuclaims")["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert {"phase", "elasticGPUName", "node", "capacity", "conditions"} <= set(claim_status["properties"])
-    egpu = core.ElasticGPU("e", {"elasticgpu.io/gpu": 1}, "n", (CardShare(0, "u", 1000, 0),),
-                           core.ClaimRef("ns", "c", "uid"), "cls", core.ReclaimPolicy.DELETE,
-                           core.ElasticGPUPhase.BOUND)
+    egpu = claim_model.ElasticGPU("e", {"elasticgpu.io/gpu": 1}, "n", (CardShare(0, "u", 1000, 0),),
+                           ClaimRef("ns", "c", "uid"), "cls", ReclaimPolicy.DELETE,
+                           ElasticGPUPhase.BOUND)
     obj = api.elasticgpu_to_object(egpu)
     egpu_schema = _version("elasticgpus")["schema"]["openAPIV3Schema"]["properties"]
     assert set(obj["spec"]) <= set(egpu_schema["spec"]["properties"])
@@ -88,12 +104,12 @@ def test_every_status_field_the_api_layer_reads_is_in_the_schema() -> None:
 
 
 def test_elasticgpu_round_trips_through_its_object() -> None:
-    egpu = core.ElasticGPU("egpu-1", {"nvidia.com/mig-1g.10gb": 1}, "n1",
+    egpu = claim_model.ElasticGPU("egpu-1", {"nvidia.com/mig-1g.10gb": 1}, "n1",
                            (CardShare(2, "GPU-2", 142, 9728, "1g.10gb", "MIG-a"),),
-                           core.ClaimRef("ns", "c", "uid-1"), "mig", core.ReclaimPolicy.DELETE,
-                           core.ElasticGPUPhase.BOUND)
+                           ClaimRef("ns", "c", "uid-1"), "mig", ReclaimPolicy.DELETE,
+                           ElasticGPUPhase.BOUND)
     assert api.elasticgpu_from_object(api.elasticgpu_to_object(egpu)) == egpu
-    bare = core.ElasticGPU("pre", {"elasticgpu.io/gpu": 2}, "n2",
+    bare = claim_model.ElasticGPU("pre", {"elasticgpu.io/gpu": 2}, "n2",
                            (CardShare(0, "a", 1000, 0), CardShare(1, "b", 1000, 0)))
     assert api.elasticgpu_from_object(api.elasticgpu_to_object(bare)) == bare
 
@@ -107,13 +123,13 @@ def test_claim_and_class_read_as_the_api_serves_them() -> None:
             "gpushare.provisioner.elasticgpu.io/gpu-core": 10,
             "gpushare.provisioner.elasticgpu.io/gpu-memory": "4k"}}},
         "status": {"phase": "Bound", "elasticGPUName": "egpu-u1"}})
-    assert claim == core.Claim("ns", "c1", "u1", "cls", {
+    assert claim == Claim("ns", "c1", "u1", "cls", {
         "gpushare.provisioner.elasticgpu.io/gpu-core": 10,
-        "gpushare.provisioner.elasticgpu.io/gpu-memory": "4k"}, None, core.ClaimPhase.BOUND)
-    cls = api.class_from_object({"metadata": {"name": "k"}, "provisioner": core.MIG,
+        "gpushare.provisioner.elasticgpu.io/gpu-memory": "4k"}, None, ClaimPhase.BOUND)
+    cls = api.class_from_object({"metadata": {"name": "k"}, "provisioner": claim_model.MIG,
                                  "egpuBindingMode": "WaitForFirstConsumer"})
-    assert cls == core.GPUClass("k", core.MIG, {}, core.ReclaimPolicy.DELETE,
-                                core.BindingMode.WAIT_FOR_FIRST_CONSUMER)
+    assert cls == GPUClass("k", claim_model.MIG, {}, ReclaimPolicy.DELETE,
+                                BindingMode.WAIT_FOR_FIRST_CONSUMER)
 
 
 @pytest.mark.parametrize(("read", "obj", "words"), [
@@ -152,7 +168,7 @@ def test_cli_writes_the_files(tmp_path: Path) -> None:
 def test_claim_status_carries_phase_binding_and_a_condition_that_keeps_its_time() -> None:
     obj: dict[str, Any] = {"metadata": {"name": "c", "namespace": "ns", "generation": 2},
                            "spec": {}, "status": {}}
-    pending = core.Pending(core.PendingReason.CLASS_NOT_FOUND, "ElasticGPUClass x does not exist")
+    pending = claim_decisions.Pending(PendingReason.CLASS_NOT_FOUND, "ElasticGPUClass x does not exist")
     first = api.claim_status(pending, obj, "2026-01-01T00:00:00Z")
     assert first == {"phase": "Pending", "conditions": [{
         "type": "Bound", "status": "False", "reason": "ClassNotFound",
@@ -161,30 +177,30 @@ def test_claim_status_carries_phase_binding_and_a_condition_that_keeps_its_time(
     # the same outcome later keeps the time it became so; a different reason with the same
     # status too (the status did not transition)
     obj["status"] = first
-    again = api.claim_status(core.Pending(core.PendingReason.UNSCHEDULABLE, "0/4 nodes"), obj,
+    again = api.claim_status(claim_decisions.Pending(PendingReason.UNSCHEDULABLE, "0/4 nodes"), obj,
                              "2026-01-01T00:05:00Z")
     assert again["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert again["conditions"][0]["reason"] == "Unschedulable"
-    egpu = core.ElasticGPU("egpu-u", {"elasticgpu.io/gpu": 1}, "n1", (CardShare(0, "u", 1000, 0),))
+    egpu = claim_model.ElasticGPU("egpu-u", {"elasticgpu.io/gpu": 1}, "n1", (CardShare(0, "u", 1000, 0),))
     obj["status"] = again
-    bound = api.claim_status(core.Bind("egpu-u"), obj, "2026-01-01T00:09:00Z", egpu)
+    bound = api.claim_status(Bind("egpu-u"), obj, "2026-01-01T00:09:00Z", egpu)
     assert (bound["phase"], bound["elasticGPUName"], bound["node"], bound["capacity"]) == (
         "Bound", "egpu-u", "n1", {"elasticgpu.io/gpu": 1})
     assert bound["conditions"][0]["status"] == "True"
     assert bound["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:09:00Z"
     # a provisioning in flight keeps the phase; a lost claim says Lost
-    provisioning = api.claim_status(core.Provision(core.GPUSHARE, PodRequest("c"), "n2"), obj, "t")
+    provisioning = api.claim_status(Provision(GPUSHARE, PodRequest("c"), "n2"), obj, "t")
     assert provisioning["phase"] == "Pending"
     assert provisioning["conditions"][0]["message"] == (
         "provisioning by gpushare.provisioner.elasticgpu.io on node n2")
-    lost = api.claim_status(core.Lost(core.LostReason.ELASTICGPU_MISSING, "gone"), obj, "t")
+    lost = api.claim_status(claim_decisions.Lost(LostReason.ELASTICGPU_MISSING, "gone"), obj, "t")
     assert (lost["phase"], lost["conditions"][0]["reason"]) == ("Lost", "ElasticGPUMissing")
 
 
 def test_other_conditions_are_kept() -> None:
     other = {"type": "Resizing", "status": "True", "reason": "X", "message": "",
              "lastTransitionTime": "t0"}
-    merged = api.merge_condition([other], core.Condition("Bound", "True", "Bound", "ok"), "t1")
+    merged = api.merge_condition([other], Condition("Bound", "True", "Bound", "ok"), "t1")
     assert merged[0] == other and merged[1]["type"] == "Bound"
 
 
@@ -192,7 +208,7 @@ def test_every_reason_is_a_valid_condition_reason() -> None:
     claims = api.crd_manifests()["elasticgpuclaims"]["spec"]["versions"][0]
     pattern = claims["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
         "conditions"]["items"]["properties"]["reason"]["pattern"]
-    for reason in [*core.PendingReason, *core.LostReason]:
+    for reason in [*PendingReason, *LostReason]:
         assert re.match(pattern, reason.value), reason
 
 
@@ -208,15 +224,15 @@ shares = st.builds(CardShare, index=st.integers(0, 63), uuid=names, milli=st.int
        capacity=st.dictionaries(st.sampled_from([s.name for s in RESOURCE_TABLE]),
                                 st.integers(0, 1 << 40) | st.from_regex(r"[0-9]{1,6}k?", fullmatch=True),
                                 min_size=1, max_size=3),
-       ref=st.none() | st.builds(core.ClaimRef, names, names, st.just("") | names),
-       cls=st.none() | names, reclaim=st.sampled_from(core.ReclaimPolicy),
-       phase=st.sampled_from(core.ElasticGPUPhase))
+       ref=st.none() | st.builds(ClaimRef, names, names, st.just("") | names),
+       cls=st.none() | names, reclaim=st.sampled_from(ReclaimPolicy),
+       phase=st.sampled_from(ElasticGPUPhase))
 def test_every_elasticgpu_round_trips(name: str, node: str, cards: list[CardShare],
-                                      capacity: dict[str, int | str], ref: core.ClaimRef | None,
-                                      cls: str | None, reclaim: core.ReclaimPolicy,
-                                      phase: core.ElasticGPUPhase) -> None:
+                                      capacity: dict[str, int | str], ref: ClaimRef | None,
+                                      cls: str | None, reclaim: ReclaimPolicy,
+                                      phase: ElasticGPUPhase) -> None:
     # a MIG uuid is only kept beside a MIG profile (the assignment's form)
     cards = [CardShare(c.index, c.uuid, c.milli, c.memory_mib, c.mig_profile,
                        c.mig_uuid if c.mig_profile else None, c.replicas) for c in cards]
-    egpu = core.ElasticGPU(name, capacity, node, tuple(cards), ref, cls, reclaim, phase)
+    egpu = claim_model.ElasticGPU(name, capacity, node, tuple(cards), ref, cls, reclaim, phase)
     assert api.elasticgpu_from_object(api.elasticgpu_to_object(egpu)) == egpu

@@ -9,30 +9,51 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims import provisioning as claim_provisioning
+from elastic_gpu.core.claims.binding import decide, shortfall
+from elastic_gpu.core.claims.decisions import Bind, InSync, Provision
+from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.claims.model import (
+    CLAIM_CONTAINER,
+    GPUSHARE,
+    WHOLE_CARDS,
+    BindingMode,
+    Claim,
+    ClaimPhase,
+    ClaimRef,
+    ElasticGPUPhase,
+    GPUClass,
+    LostReason,
+    PendingReason,
+    ReclaimPolicy,
+)
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims, pods_holding, pods_using
+from elastic_gpu.core.claims.release import DeleteElasticGPU, Keep, MarkReleased, decide_release
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile
 
 CORE = "gpushare.provisioner.elasticgpu.io/gpu-core"
 MEM = "gpushare.provisioner.elasticgpu.io/gpu-memory"
 SEED = {CORE: 10, MEM: 4}
-SHARE_CLASS = core.GPUClass("gpushare-egpuclass", core.GPUSHARE, {}, core.ReclaimPolicy.RETAIN,
-                            core.BindingMode.IMMEDIATE)
-WHOLE_CLASS = core.GPUClass("whole", core.WHOLE_CARDS)
-MIG_CLASS = core.GPUClass("mig", core.MIG)
-WFFC_CLASS = core.GPUClass("late", core.GPUSHARE,
-                           binding_mode=core.BindingMode.WAIT_FOR_FIRST_CONSUMER)
+SHARE_CLASS = GPUClass("gpushare-egpuclass", GPUSHARE, {}, ReclaimPolicy.RETAIN,
+                            BindingMode.IMMEDIATE)
+WHOLE_CLASS = GPUClass("whole", WHOLE_CARDS)
+MIG_CLASS = GPUClass("mig", claim_model.MIG)
+WFFC_CLASS = GPUClass("late", GPUSHARE,
+                           binding_mode=BindingMode.WAIT_FOR_FIRST_CONSUMER)
 CLASSES = {c.name: c for c in (SHARE_CLASS, WHOLE_CLASS, MIG_CLASS, WFFC_CLASS)}
 
 
 def claim(name: str = "c1", requests: Mapping[str, int | str] = SEED, cls: str | None = SHARE_CLASS.name,
-          *, egpu: str | None = None, phase: core.ClaimPhase = core.ClaimPhase.PENDING,
-          uid: str | None = None) -> core.Claim:
-    return core.Claim("ns", name, uid or f"uid-{name}", cls, dict(requests), egpu, phase)
+          *, egpu: str | None = None, phase: ClaimPhase = ClaimPhase.PENDING,
+          uid: str | None = None) -> Claim:
+    return Claim("ns", name, uid or f"uid-{name}", cls, dict(requests), egpu, phase)
 
 
 def cluster(nodes: int = 2, cards: int = 2, memory: int = 16384, model: str = "A100",
@@ -44,13 +65,13 @@ def cluster(nodes: int = 2, cards: int = 2, memory: int = 16384, model: str = "A
                    for n in range(nodes)], PolicyConfig())
 
 
-def provision(c: core.Claim, engine: Engine, consumer: str | None = None) -> core.ElasticGPU:
-    decision = core.decide(c, CLASSES, {}, consumer)
-    assert isinstance(decision, core.Provision), decision
+def provision(c: Claim, engine: Engine, consumer: str | None = None) -> claim_model.ElasticGPU:
+    decision = decide(c, CLASSES, {}, consumer)
+    assert isinstance(decision, Provision), decision
     cls = CLASSES[c.class_name or ""]
-    egpu = core.provision(decision, c, cls, engine)
-    assert isinstance(egpu, core.ElasticGPU), egpu
-    engine.allocate(core.ledger_key(egpu.name), core.egpu_assignment(egpu))
+    egpu = claim_provisioning.provision(decision, c, cls, engine)
+    assert isinstance(egpu, claim_model.ElasticGPU), egpu
+    engine.allocate(ledger_key(egpu.name), egpu_assignment(egpu))
     return egpu
 
 
@@ -59,19 +80,19 @@ def provision(c: core.Claim, engine: Engine, consumer: str | None = None) -> cor
 
 def test_the_seed_claim_is_provisioned_as_a_share_pre_bound_to_it() -> None:
     c = claim()
-    decision = core.decide(c, CLASSES, {})
-    assert decision == core.Provision(core.GPUSHARE, PodRequest(
-        "c1", "ns", "uid-c1", (ContainerRequest(core.CLAIM_CONTAINER, RequestKind.SHARE, 1, 100, 4,
+    decision = decide(c, CLASSES, {})
+    assert decision == Provision(GPUSHARE, PodRequest(
+        "c1", "ns", "uid-c1", (ContainerRequest(CLAIM_CONTAINER, RequestKind.SHARE, 1, 100, 4,
                                                 None, (CORE, MEM)),)))
-    egpu = core.provision(decision, c, SHARE_CLASS, cluster())
-    assert isinstance(egpu, core.ElasticGPU)
+    egpu = claim_provisioning.provision(decision, c, SHARE_CLASS, cluster())
+    assert isinstance(egpu, claim_model.ElasticGPU)
     assert egpu.name == "egpu-uid-c1" and egpu.capacity == SEED
-    assert egpu.claim_ref == core.ClaimRef("ns", "c1", "uid-c1")
+    assert egpu.claim_ref == ClaimRef("ns", "c1", "uid-c1")
     assert (egpu.class_name, egpu.reclaim_policy, egpu.phase) == (
-        SHARE_CLASS.name, core.ReclaimPolicy.RETAIN, core.ElasticGPUPhase.BOUND)
+        SHARE_CLASS.name, ReclaimPolicy.RETAIN, ElasticGPUPhase.BOUND)
     (share,) = egpu.shares
     assert (share.milli, share.memory_mib) == (100, 4)
-    assert core.shortfall(c.requests, egpu.capacity) is None
+    assert shortfall(c.requests, egpu.capacity) is None
 
 
 def test_two_seed_claims_share_one_card_under_binpack() -> None:
@@ -105,56 +126,56 @@ def test_whole_cards_and_mig_have_their_own_provisioners() -> None:
 ])
 def test_requests_a_provisioner_cannot_make_stay_pending_with_why(
         cls: str, requests: Mapping[str, int | str], words: str) -> None:
-    decision = core.decide(claim(requests=requests, cls=cls), CLASSES, {})
-    assert isinstance(decision, core.Pending)
-    assert decision.reason is core.PendingReason.INVALID_REQUEST
+    decision = decide(claim(requests=requests, cls=cls), CLASSES, {})
+    assert isinstance(decision, claim_decisions.Pending)
+    assert decision.reason is PendingReason.INVALID_REQUEST
     assert words in decision.message
     assert "claim ns/c1" in decision.message
 
 
 @pytest.mark.parametrize(("classes", "reason", "words"), [
-    ({}, core.PendingReason.CLASS_NOT_FOUND, "ElasticGPUClass gpushare-egpuclass does not exist"),
-    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", "example.com/nfs")},
-     core.PendingReason.PROVISIONER_UNKNOWN,
+    ({}, PendingReason.CLASS_NOT_FOUND, "ElasticGPUClass gpushare-egpuclass does not exist"),
+    ({"gpushare-egpuclass": GPUClass("gpushare-egpuclass", "example.com/nfs")},
+     PendingReason.PROVISIONER_UNKNOWN,
      "provisioner example.com/nfs is not a plug-in of this controller (known: "
      "gpu.provisioner.elasticgpu.io, gpushare.provisioner.elasticgpu.io, mig.provisioner"),
-    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", core.GPUSHARE, {"colour": "red"})},
-     core.PendingReason.INVALID_PARAMETERS, "parameters.colour is not a parameter"),
-    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", core.GPUSHARE,
+    ({"gpushare-egpuclass": GPUClass("gpushare-egpuclass", GPUSHARE, {"colour": "red"})},
+     PendingReason.INVALID_PARAMETERS, "parameters.colour is not a parameter"),
+    ({"gpushare-egpuclass": GPUClass("gpushare-egpuclass", GPUSHARE,
                                           {"nodePolicy": "nope"})},
-     core.PendingReason.INVALID_PARAMETERS, "parameters.nodePolicy='nope': unknown node policy"),
-    ({"gpushare-egpuclass": core.GPUClass("gpushare-egpuclass", core.GPUSHARE, {"models": " |"})},
-     core.PendingReason.INVALID_PARAMETERS, "parameters.models=' |': an empty model list"),
+     PendingReason.INVALID_PARAMETERS, "parameters.nodePolicy='nope': unknown node policy"),
+    ({"gpushare-egpuclass": GPUClass("gpushare-egpuclass", GPUSHARE, {"models": " |"})},
+     PendingReason.INVALID_PARAMETERS, "parameters.models=' |': an empty model list"),
 ])
 def test_class_problems_stay_pending_with_a_reason(
-        classes: Mapping[str, core.GPUClass], reason: core.PendingReason, words: str) -> None:
-    decision = core.decide(claim(), classes, {})
-    assert isinstance(decision, core.Pending) and decision.reason is reason
+        classes: Mapping[str, GPUClass], reason: PendingReason, words: str) -> None:
+    decision = decide(claim(), classes, {})
+    assert isinstance(decision, claim_decisions.Pending) and decision.reason is reason
     assert words in decision.message
 
 
 def test_no_class_and_no_elasticgpu_is_pending() -> None:
-    decision = core.decide(claim(cls=None), CLASSES, {})
-    assert isinstance(decision, core.Pending) and decision.reason is core.PendingReason.CLASS_NOT_SET
+    decision = decide(claim(cls=None), CLASSES, {})
+    assert isinstance(decision, claim_decisions.Pending) and decision.reason is PendingReason.CLASS_NOT_SET
 
 
 def test_class_parameters_steer_placement() -> None:
     engine = Engine([Node("t4", 64000, 262144, (Card(0, "T", "T4", 16384),)),
                      Node("a100", 64000, 262144, (Card(0, "A", "A100", 40960),))], PolicyConfig())
-    cls = core.GPUClass("a100s", core.GPUSHARE, {"models": "A100"})
+    cls = GPUClass("a100s", GPUSHARE, {"models": "A100"})
     c = claim(cls="a100s")
-    decision = core.decide(c, {"a100s": cls}, {})
-    assert isinstance(decision, core.Provision)
+    decision = decide(c, {"a100s": cls}, {})
+    assert isinstance(decision, Provision)
     assert decision.request.allowed_models == frozenset({"A100"})
-    egpu = core.provision(decision, c, cls, engine)
-    assert isinstance(egpu, core.ElasticGPU) and egpu.node == "a100"
+    egpu = claim_provisioning.provision(decision, c, cls, engine)
+    assert isinstance(egpu, claim_model.ElasticGPU) and egpu.node == "a100"
 
 
 def test_wait_for_first_consumer_provisions_on_the_consumers_node() -> None:
     c = claim(cls=WFFC_CLASS.name)
-    decision = core.decide(c, CLASSES, {})
-    assert isinstance(decision, core.Pending)
-    assert decision.reason is core.PendingReason.WAIT_FOR_FIRST_CONSUMER
+    decision = decide(c, CLASSES, {})
+    assert isinstance(decision, claim_decisions.Pending)
+    assert decision.reason is PendingReason.WAIT_FOR_FIRST_CONSUMER
     engine = cluster(nodes=3)
     egpu = provision(c, engine, consumer="n2")
     assert egpu.node == "n2"
@@ -164,14 +185,15 @@ def test_a_claim_too_large_stays_pending_then_provisions_when_capacity_frees() -
     engine = cluster(nodes=1, cards=1)
     hog = provision(claim("hog", {CORE: 90}), engine)
     big = claim("big", {CORE: 50})
-    decision = core.decide(big, CLASSES, {})
-    assert isinstance(decision, core.Provision)
-    pending = core.provision(decision, big, SHARE_CLASS, engine)
-    assert isinstance(pending, core.Pending)
-    assert pending.reason is core.PendingReason.UNSCHEDULABLE
+    decision = decide(big, CLASSES, {})
+    assert isinstance(decision, Provision)
+    pending = claim_provisioning.provision(decision, big, SHARE_CLASS, engine)
+    assert isinstance(pending, claim_decisions.Pending)
+    assert pending.reason is PendingReason.UNSCHEDULABLE
     assert pending.message.startswith("cannot provision claim ns/big: 0/1 nodes")
-    engine.release(core.ledger_key(hog.name))  # the hog's claim was deleted (reclaim Delete)
-    assert isinstance(core.provision(decision, big, SHARE_CLASS, engine), core.ElasticGPU)
+    engine.release(ledger_key(hog.name))  # the hog's claim was deleted (reclaim Delete)
+    assert isinstance(claim_provisioning.provision(decision, big, SHARE_CLASS, engine),
+                      claim_model.ElasticGPU)
 
 
 def test_a_consumer_node_without_room_is_unschedulable_there() -> None:
@@ -179,65 +201,65 @@ def test_a_consumer_node_without_room_is_unschedulable_there() -> None:
     provision(claim("hog", {"nvidia.com/gpu": 1}, WHOLE_CLASS.name), engine, None)
     full = next(n for n in engine.nodes() if engine.card_usage(n)[0][1] == 1000)
     c = claim(cls=WFFC_CLASS.name)
-    decision = core.decide(c, CLASSES, {}, consumer_node=full)
-    assert isinstance(decision, core.Provision)
-    result = core.provision(decision, c, WFFC_CLASS, engine)
-    assert isinstance(result, core.Pending) and full in result.message
+    decision = decide(c, CLASSES, {}, consumer_node=full)
+    assert isinstance(decision, Provision)
+    result = claim_provisioning.provision(decision, c, WFFC_CLASS, engine)
+    assert isinstance(result, claim_decisions.Pending) and full in result.message
 
 
 # --------------------------------------------------------------------------- binding
 
 
 def egpu(name: str = "pre", capacity: Mapping[str, int | str] = SEED,
-         ref: core.ClaimRef | None = None, cls: str | None = None,
-         phase: core.ElasticGPUPhase = core.ElasticGPUPhase.AVAILABLE) -> core.ElasticGPU:
-    return core.ElasticGPU(name, dict(capacity), "n0", (CardShare(0, "GPU-0-0", 100, 4),), ref, cls,
-                           core.ReclaimPolicy.RETAIN, phase)
+         ref: ClaimRef | None = None, cls: str | None = None,
+         phase: ElasticGPUPhase = ElasticGPUPhase.AVAILABLE) -> claim_model.ElasticGPU:
+    return claim_model.ElasticGPU(name, dict(capacity), "n0", (CardShare(0, "GPU-0-0", 100, 4),), ref, cls,
+                           ReclaimPolicy.RETAIN, phase)
 
 
 def test_static_binding_to_an_available_compatible_elasticgpu() -> None:
     c = claim(egpu="pre")
-    assert core.decide(c, CLASSES, {"pre": egpu(capacity={CORE: 20, MEM: 8})}) == core.Bind("pre")
+    assert decide(c, CLASSES, {"pre": egpu(capacity={CORE: 20, MEM: 8})}) == Bind("pre")
     # no class on either side binds too (a claim naming only an ElasticGPU)
-    assert core.decide(claim(egpu="pre", cls=None), {}, {"pre": egpu()}) == core.Bind("pre")
+    assert decide(claim(egpu="pre", cls=None), {}, {"pre": egpu()}) == Bind("pre")
 
 
 @pytest.mark.parametrize(("target", "reason", "words"), [
-    (None, core.PendingReason.ELASTICGPU_NOT_FOUND, "ElasticGPU pre does not exist"),
-    (egpu(capacity={CORE: 5, MEM: 4}), core.PendingReason.ELASTICGPU_TOO_SMALL,
+    (None, PendingReason.ELASTICGPU_NOT_FOUND, "ElasticGPU pre does not exist"),
+    (egpu(capacity={CORE: 5, MEM: 4}), PendingReason.ELASTICGPU_TOO_SMALL,
      "too small for the claim (compute milli 100 > 50)"),
-    (egpu(capacity={"nvidia.com/gpu": 1}), core.PendingReason.ELASTICGPU_TOO_SMALL,
+    (egpu(capacity={"nvidia.com/gpu": 1}), PendingReason.ELASTICGPU_TOO_SMALL,
      "holds 1 whole card(s), the claim asks for a share of one card"),
-    (egpu(cls="other"), core.PendingReason.CLASS_MISMATCH, "is of class other"),
-    (egpu(ref=core.ClaimRef("ns", "someone", "u9")), core.PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
+    (egpu(cls="other"), PendingReason.CLASS_MISMATCH, "is of class other"),
+    (egpu(ref=ClaimRef("ns", "someone", "u9")), PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
      "bound to claim someone"),
     # the claim's namespace learns nothing of another's claims (the message is an Event there)
-    (egpu(ref=core.ClaimRef("bob", "secret", "u9")), core.PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
+    (egpu(ref=ClaimRef("bob", "secret", "u9")), PendingReason.ELASTICGPU_BOUND_ELSEWHERE,
      "is bound to a claim of another namespace"),
-    (egpu(phase=core.ElasticGPUPhase.RELEASED), core.PendingReason.ELASTICGPU_NOT_AVAILABLE,
+    (egpu(phase=ElasticGPUPhase.RELEASED), PendingReason.ELASTICGPU_NOT_AVAILABLE,
      "is Released, not Available"),
 ])
-def test_static_binding_refusals_stay_pending(target: core.ElasticGPU | None,
-                                              reason: core.PendingReason, words: str) -> None:
-    decision = core.decide(claim(egpu="pre"), CLASSES, {"pre": target} if target else {})
-    assert isinstance(decision, core.Pending) and decision.reason is reason
+def test_static_binding_refusals_stay_pending(target: claim_model.ElasticGPU | None,
+                                              reason: PendingReason, words: str) -> None:
+    decision = decide(claim(egpu="pre"), CLASSES, {"pre": target} if target else {})
+    assert isinstance(decision, claim_decisions.Pending) and decision.reason is reason
     assert words in decision.message
 
 
 def test_an_elasticgpu_pre_bound_by_name_binds_its_claim_only() -> None:
-    pre = egpu(ref=core.ClaimRef("ns", "c1"))
-    assert core.decide(claim("c1", egpu="pre"), CLASSES, {"pre": pre}) == core.Bind("pre")
-    other = core.decide(claim("c2", egpu="pre"), CLASSES, {"pre": pre})
-    assert isinstance(other, core.Pending)
+    pre = egpu(ref=ClaimRef("ns", "c1"))
+    assert decide(claim("c1", egpu="pre"), CLASSES, {"pre": pre}) == Bind("pre")
+    other = decide(claim("c2", egpu="pre"), CLASSES, {"pre": pre})
+    assert isinstance(other, claim_decisions.Pending)
 
 
 def test_bound_pairs_are_in_sync_and_half_bound_pairs_are_finished() -> None:
-    c = claim(egpu="pre", phase=core.ClaimPhase.BOUND)
-    bound = egpu(ref=core.ClaimRef.of(c), phase=core.ElasticGPUPhase.BOUND)
-    assert core.decide(c, CLASSES, {"pre": bound}) == core.InSync("pre")
+    c = claim(egpu="pre", phase=ClaimPhase.BOUND)
+    bound = egpu(ref=ClaimRef.of(c), phase=ElasticGPUPhase.BOUND)
+    assert decide(c, CLASSES, {"pre": bound}) == InSync("pre")
     # the claim was written but the ElasticGPU's phase not yet
-    half = egpu(ref=core.ClaimRef.of(c))
-    assert core.decide(c, CLASSES, {"pre": half}) == core.Bind("pre")
+    half = egpu(ref=ClaimRef.of(c))
+    assert decide(c, CLASSES, {"pre": half}) == Bind("pre")
 
 
 def test_a_provisioned_elasticgpu_is_bound_not_provisioned_again() -> None:
@@ -246,25 +268,25 @@ def test_a_provisioned_elasticgpu_is_bound_not_provisioned_again() -> None:
     engine = cluster()
     c = claim()
     made = provision(c, engine)
-    assert core.decide(c, CLASSES, {made.name: made}) == core.Bind(made.name)
+    assert decide(c, CLASSES, {made.name: made}) == Bind(made.name)
     # a claim re-created under the same name (new uid) does not take it
     again = claim(uid="uid-other")
-    assert isinstance(core.decide(again, CLASSES, {made.name: made}), core.Provision)
+    assert isinstance(decide(again, CLASSES, {made.name: made}), Provision)
 
 
 @pytest.mark.parametrize(("target", "reason"), [
-    (None, core.LostReason.ELASTICGPU_MISSING),
-    (egpu(ref=core.ClaimRef("ns", "thief", "u9"), phase=core.ElasticGPUPhase.BOUND),
-     core.LostReason.ELASTICGPU_BOUND_ELSEWHERE),
+    (None, LostReason.ELASTICGPU_MISSING),
+    (egpu(ref=ClaimRef("ns", "thief", "u9"), phase=ElasticGPUPhase.BOUND),
+     LostReason.ELASTICGPU_BOUND_ELSEWHERE),
 ])
-@pytest.mark.parametrize("phase", [core.ClaimPhase.BOUND, core.ClaimPhase.LOST])
-def test_a_bound_claim_whose_elasticgpu_is_gone_is_lost(target: core.ElasticGPU | None,
-                                                        reason: core.LostReason,
-                                                        phase: core.ClaimPhase) -> None:
+@pytest.mark.parametrize("phase", [ClaimPhase.BOUND, ClaimPhase.LOST])
+def test_a_bound_claim_whose_elasticgpu_is_gone_is_lost(target: claim_model.ElasticGPU | None,
+                                                        reason: LostReason,
+                                                        phase: ClaimPhase) -> None:
     """Lost is final: a claim already Lost stays Lost (not Pending waiting for a new one)."""
     c = claim(egpu="pre", phase=phase)
-    decision = core.decide(c, CLASSES, {"pre": target} if target else {})
-    assert isinstance(decision, core.Lost) and decision.reason is reason
+    decision = decide(c, CLASSES, {"pre": target} if target else {})
+    assert isinstance(decision, claim_decisions.Lost) and decision.reason is reason
 
 
 # --------------------------------------------------------------------------- release
@@ -272,18 +294,18 @@ def test_a_bound_claim_whose_elasticgpu_is_gone_is_lost(target: core.ElasticGPU 
 
 def test_reclaim_policies() -> None:
     c = claim()
-    for policy, expected in ((core.ReclaimPolicy.DELETE, core.DeleteElasticGPU),
-                             (core.ReclaimPolicy.RETAIN, core.MarkReleased)):
-        bound = core.ElasticGPU("e", SEED, "n0", (), core.ClaimRef.of(c), None, policy,
-                                core.ElasticGPUPhase.BOUND)
-        assert core.decide_release(bound, c) == core.Keep()
-        assert isinstance(core.decide_release(bound, None), expected)
+    for policy, expected in ((ReclaimPolicy.DELETE, DeleteElasticGPU),
+                             (ReclaimPolicy.RETAIN, MarkReleased)):
+        bound = claim_model.ElasticGPU("e", SEED, "n0", (), ClaimRef.of(c), None, policy,
+                                ElasticGPUPhase.BOUND)
+        assert decide_release(bound, c) == Keep()
+        assert isinstance(decide_release(bound, None), expected)
         # a claim re-created under the same name is another claim
-        assert isinstance(core.decide_release(bound, claim(uid="new")), expected)
-    released = egpu(ref=core.ClaimRef.of(c), phase=core.ElasticGPUPhase.RELEASED)
-    assert core.decide_release(released, None) == core.Keep()
-    assert core.decide_release(egpu(), None) == core.Keep()
-    assert core.decide_release(egpu(ref=core.ClaimRef("ns", "later")), None) == core.Keep()
+        assert isinstance(decide_release(bound, claim(uid="new")), expected)
+    released = egpu(ref=ClaimRef.of(c), phase=ElasticGPUPhase.RELEASED)
+    assert decide_release(released, None) == Keep()
+    assert decide_release(egpu(), None) == Keep()
+    assert decide_release(egpu(ref=ClaimRef("ns", "later")), None) == Keep()
 
 
 def test_an_elasticgpu_holds_its_cards_in_the_ledger() -> None:
@@ -292,7 +314,7 @@ def test_an_elasticgpu_holds_its_cards_in_the_ledger() -> None:
     pod = PodRequest("p", containers=(ContainerRequest.share("main", 100),))
     with pytest.raises(Unschedulable):
         engine.place(pod)
-    engine.release(core.ledger_key(whole.name))
+    engine.release(ledger_key(whole.name))
     assert engine.place(pod).node == "n0"
 
 
@@ -311,16 +333,16 @@ def test_provisioning_never_overfills_a_card_and_gives_what_was_asked(
     made = []
     for i, req in enumerate(requests):
         c = claim(f"c{i}", req)
-        decision = core.decide(c, CLASSES, {})
-        assert isinstance(decision, core.Provision)
-        result = core.provision(decision, c, SHARE_CLASS, engine)
-        if isinstance(result, core.Pending):
-            assert result.reason is core.PendingReason.UNSCHEDULABLE
+        decision = decide(c, CLASSES, {})
+        assert isinstance(decision, Provision)
+        result = claim_provisioning.provision(decision, c, SHARE_CLASS, engine)
+        if isinstance(result, claim_decisions.Pending):
+            assert result.reason is PendingReason.UNSCHEDULABLE
             continue
-        engine.allocate(core.ledger_key(result.name), core.egpu_assignment(result))
+        engine.allocate(ledger_key(result.name), egpu_assignment(result))
         (share,) = result.shares
         assert (share.milli, share.memory_mib) == (req.get(CORE, 0) * 10, req.get(MEM, 0))
-        assert core.shortfall(c.requests, result.capacity) is None
+        assert shortfall(c.requests, result.capacity) is None
         made.append(result)
     for node in engine.nodes():
         for index, milli, memory in engine.card_usage(node):
@@ -333,15 +355,15 @@ def test_provisioning_never_overfills_a_card_and_gives_what_was_asked(
 @given(share_requests, st.integers(0, 50), st.integers(0, 4096))
 def test_shortfall_accepts_itself_and_anything_larger(req: dict[str, int], more_core: int,
                                                       more_mem: int) -> None:
-    assert core.shortfall(req, req) is None
+    assert shortfall(req, req) is None
     bigger = {CORE: min(99, req.get(CORE, 0) + more_core) or 1,
               MEM: req.get(MEM, 0) + more_mem}
     if req.get(CORE, 0) == 0:
         bigger[CORE] = max(1, more_core)
-    assert core.shortfall(req, bigger) is None
+    assert shortfall(req, bigger) is None
     if req.get(CORE, 0) > 1:
         smaller = {**req, CORE: req[CORE] - 1}
-        assert core.shortfall(req, smaller) is not None
+        assert shortfall(req, smaller) is not None
 
 
 # --------------------------------------------------------------------------- pods
@@ -354,12 +376,12 @@ def pod(annotations: dict[str, object], *containers: str) -> dict[str, object]:
 
 def test_pod_claims_by_container_and_the_seeds_one_container_form() -> None:
     # the seed README: key suffix test1 on the only container test-cuda
-    assert core.pod_claims(pod({"egpuc.elasticgpu.io/test1": "gpushare-egpuc-1"}, "test-cuda")) == {
+    assert pod_claims(pod({"egpuc.elasticgpu.io/test1": "gpushare-egpuc-1"}, "test-cuda")) == {
         "test-cuda": "gpushare-egpuc-1"}
     two = pod({"egpuc.elasticgpu.io/a": "ca", "egpuc.elasticgpu.io/b": "cb", "other/x": "y"}, "a", "b")
-    assert core.pod_claims(two) == {"a": "ca", "b": "cb"}
-    assert core.pod_claims(pod({}, "a")) == {}
-    assert core.pod_claims({"metadata": {}}) == {}
+    assert pod_claims(two) == {"a": "ca", "b": "cb"}
+    assert pod_claims(pod({}, "a")) == {}
+    assert pod_claims({"metadata": {}}) == {}
 
 
 @pytest.mark.parametrize(("p", "words"), [
@@ -372,8 +394,8 @@ def test_pod_claims_by_container_and_the_seeds_one_container_form() -> None:
     (pod({"egpuc.elasticgpu.io/a": ""}, "a"), "must name an ElasticGPUClaim"),
 ])
 def test_unreadable_claim_annotations_say_why(p: dict[str, object], words: str) -> None:
-    with pytest.raises(core.ClaimAnnotationError, match=re.escape(words)):
-        core.pod_claims(p)
+    with pytest.raises(ClaimAnnotationError, match=re.escape(words)):
+        pod_claims(p)
 
 
 def test_pods_using_a_claim_hold_its_finalizer_until_they_finish() -> None:
@@ -387,8 +409,8 @@ def test_pods_using_a_claim_hold_its_finalizer_until_they_finish() -> None:
             p("elsewhere", ns="other"), p("another", value="c2"),
             # unreadable (suffix names no container of two): counted, to be safe
             p("odd", key="egpuc.elasticgpu.io/x", containers=("m", "n"))]
-    assert core.pods_using(c, pods) == ["ns/a", "ns/b", "ns/odd"]
-    assert core.pods_using(c, []) == []
+    assert pods_using(c, pods) == ["ns/a", "ns/b", "ns/odd"]
+    assert pods_using(c, []) == []
 
 
 def test_an_elasticgpu_whose_claim_is_gone_is_kept_while_a_pod_uses_its_cards() -> None:
@@ -400,9 +422,9 @@ def test_an_elasticgpu_whose_claim_is_gone_is_kept_while_a_pod_uses_its_cards() 
 
     c = claim("c1")
     share = CardShare(0, "GPU-0", 1000, 0)
-    for policy in core.ReclaimPolicy:
-        bound = core.ElasticGPU("egpu-1", SEED, "n0", (share,), core.ClaimRef.of(c), None,
-                                policy, core.ElasticGPUPhase.BOUND)
+    for policy in ReclaimPolicy:
+        bound = claim_model.ElasticGPU("egpu-1", SEED, "n0", (share,), ClaimRef.of(c), None,
+                                policy, ElasticGPUPhase.BOUND)
 
         def p(name: str, notes: dict[str, str], ns: str = "ns", phase: str = "Running",
               deleting: bool = False, states: str = "running") -> dict[str, object]:
@@ -422,14 +444,14 @@ def test_an_elasticgpu_whose_claim_is_gone_is_kept_while_a_pod_uses_its_cards() 
                   states="terminated"),
                 p("elsewhere", {"egpuc.elasticgpu.io/main": "c1"}, ns="other"),
                 p("other", {"egpuc.elasticgpu.io/main": "c2"})]
-        holders = core.pods_holding(bound, [by_assignment, by_annotation, unreadable, *gone])
+        holders = pods_holding(bound, [by_assignment, by_annotation, unreadable, *gone])
         assert holders == ["ns/a", "ns/b", "ns/odd"]
-        assert core.decide_release(bound, None, holders) == core.Keep(("ns/a", "ns/b", "ns/odd"))
+        assert decide_release(bound, None, holders) == Keep(("ns/a", "ns/b", "ns/odd"))
         # still deleting but running: still held
-        assert core.pods_holding(bound, [p("a", {ann.ASSIGNMENT: marked}, deleting=True)]) \
+        assert pods_holding(bound, [p("a", {ann.ASSIGNMENT: marked}, deleting=True)]) \
             == ["ns/a"]
         # every pod stopped or gone: the policy applies
-        expected = core.DeleteElasticGPU if policy is core.ReclaimPolicy.DELETE \
-            else core.MarkReleased
-        assert isinstance(core.decide_release(bound, None, core.pods_holding(bound, gone)),
+        expected = DeleteElasticGPU if policy is ReclaimPolicy.DELETE \
+            else MarkReleased
+        assert isinstance(decide_release(bound, None, pods_holding(bound, gone)),
                           expected)

@@ -17,7 +17,7 @@ from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.admission.rules import AdmissionRule, describe
 from elastic_gpu.core.assignment import Assignment, CardShare, distrust
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.state import PodInfo
 
@@ -92,7 +92,7 @@ def test_a_gpu_pod_created_bound_to_a_node_is_refused_with_the_nodeselector_to_u
 
 def test_a_claim_backed_pod_created_bound_is_refused_too() -> None:
     from elastic_gpu.core.admission.claim_plan import PodClaims
-    from elastic_gpu.core.claims import Claim
+    from elastic_gpu.core.claims.model import Claim
 
     pod = _pod("gpu-node-1", {ann.CLAIM_PREFIX + "main": "c1"})
     claim = Claim("ns", "c1", "uid-c1", None, {"elasticgpu.io/gpu-core": 50})

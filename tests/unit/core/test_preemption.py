@@ -4,8 +4,8 @@ left as it was found."""
 from __future__ import annotations
 
 from egpu_testing.workbench import pod_manifest
-from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.preemption import victims_on
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 

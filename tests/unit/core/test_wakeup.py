@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from egpu_testing.workbench import pod_manifest
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.wakeup import SAMPLE_MIN_NODES, Waiter, asked_nodes, candidates, plan_wakeups
 

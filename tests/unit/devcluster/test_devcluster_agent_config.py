@@ -15,9 +15,9 @@ from elastic_gpu.agent.publish import card_offers, snapshot
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object, card_to_object
 from elastic_gpu.cli.sandbox import app
-from elastic_gpu.core.engine import Engine
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.devcluster.nodes import (

@@ -8,8 +8,8 @@ import pytest
 from engine_helpers import cpu_only, gpu_node, mig, mig_node, nvlink_node, share, whole
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.fit import FitFailure, FitKind, Unit, describe
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.request import ContainerRequest, PodRequest
 
 

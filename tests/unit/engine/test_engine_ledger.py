@@ -6,8 +6,8 @@ import pytest
 from engine_helpers import gpu_node, share, whole
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 
 
 def one_share(node: str, index: int, milli: int, memory: int = 0) -> Assignment:
@@ -98,7 +98,7 @@ def test_score_leaves_out_nodes_that_cannot_host() -> None:
 
 def test_unknown_policy_names_fail_clearly() -> None:
     with pytest.raises(ValueError, match="unknown node policy"):
-        Engine([], config=__import__("elastic_gpu.core.engine", fromlist=["PolicyConfig"]).PolicyConfig(
+        Engine([], config=__import__("elastic_gpu.core.placement", fromlist=["PolicyConfig"]).PolicyConfig(
             node_policy="nope"))
 
 

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import pytest
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.model import Card, MigInstance, Node, offered, serves
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.request import PodRequest, container_request
 from elastic_gpu.core.resources import MigProfile
 
@@ -267,5 +267,5 @@ def test_the_per_name_caches_stay_bounded() -> None:
     engine = Engine([node("nv")])
     for gb in range(1, 700):
         assert engine.filter(ask(f"m{gb}", {f"nvidia.com/mig-1g.{gb}gb": "1"})).feasible == []
-    assert len(engine._count_cache) <= 256 and len(engine._names_cache) <= 256
+    assert len(engine._layout.count_cache) <= 256 and len(engine._layout.names_cache) <= 256
     assert engine.filter(ask("n", {NV: "1"})).feasible == ["nv"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from engine_helpers import gpu_node, share, whole
 
-from elastic_gpu.core.engine import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.frag import Fragmentation
+from elastic_gpu.core.placement import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.policies import NODE_POLICIES, NodeView, ScoreContext, node_policy
 from elastic_gpu.core.policies.node import PackingPolicy
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
@@ -197,4 +197,4 @@ def test_scores_are_cached_once_for_tasks_that_differ_only_in_memory() -> None:
         engine = Engine([gpu_node("a"), gpu_node("b")], PolicyConfig(node_policy=policy))
         for mem in (1024, 2048):
             engine.place(share(f"s{mem}", 300, mem=mem))
-        assert len(engine._score_cache) == entries, policy
+        assert len(engine._scorer.cache) == entries, policy

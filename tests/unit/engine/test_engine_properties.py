@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_gpu.core.engine import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.policies import CARD_POLICIES, NODE_POLICIES
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile

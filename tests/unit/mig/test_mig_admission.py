@@ -11,7 +11,7 @@ from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
-from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_SUBSTITUTION, SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 

@@ -11,7 +11,8 @@ import yaml
 
 from elastic_gpu.api import migsubstitution as api
 from elastic_gpu.api.migsubstitution import MIGSubstitutionError
-from elastic_gpu.core.mig import MIG_MODELS, SubstitutionRule
+from elastic_gpu.core.mig.profiles import MIG_MODELS
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.resources import MIG_RESOURCE_PATTERN, MigProfile
 
 ROOT = Path(__file__).parents[3]

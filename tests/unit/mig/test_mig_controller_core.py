@@ -10,18 +10,13 @@ import pytest
 
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.controller.config import MigConfig, load_config
-from elastic_gpu.core.mig import (
-    BarePodState,
-    BareStep,
+from elastic_gpu.core.mig.bare import BarePodState, BareStep, bare_rule_step, owner_rule_unused
+from elastic_gpu.core.mig.rules import SubstitutionRule, parse_original, rule_name
+from elastic_gpu.core.mig.substitution import (
     BoundPod,
     MoveBackPolicy,
-    SubstitutionRule,
-    bare_rule_step,
     free_instances,
     held_instances,
-    owner_rule_unused,
-    parse_original,
-    rule_name,
     without,
 )
 from elastic_gpu.core.model import Card, MigInstance, Node

@@ -7,27 +7,22 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core.mig import (
-    MIG_MODELS,
+from elastic_gpu.core.mig.profiles import MIG_MODELS, all_profiles, compatible, mig_model
+from elastic_gpu.core.mig.rules import SubstitutionRule, recreated_pod, saved_pod
+from elastic_gpu.core.mig.substitution import (
     Constraints,
     FreeInstance,
     MoveBackPolicy,
     MovedPod,
     NoSubstitute,
     PendingPod,
-    SubstitutionRule,
-    all_profiles,
     choose_substitute,
-    compatible,
     constraints_for,
     free_instances,
-    mig_model,
     mig_request,
     move_back,
     plan_substitutions,
-    recreated_pod,
     restart_safe,
-    saved_pod,
 )
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
 from elastic_gpu.core.request import pod_request_from_manifest

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_gpu.core.mig import (
-    Constraints,
-    Recarve,
-    layout_fits,
-    mig_model,
-    recarve_advice,
-)
+from elastic_gpu.core.mig.profiles import mig_model
+from elastic_gpu.core.mig.recarve import Recarve, layout_fits, recarve_advice
+from elastic_gpu.core.mig.substitution import Constraints
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile
 

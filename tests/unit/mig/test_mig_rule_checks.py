@@ -1,5 +1,5 @@
 """Issue #26 items 4 and 5, the pure half: the MIG adapter carries out only rules it wrote,
-verified against what it recorded before its delete (`core.mig.check_rule`), deletes a live
+verified against what it recorded before its delete (`core.mig.rules.check_rule`), deletes a live
 pod only if it is the one it saved (`check_live_pod`), and a malformed rule is refused alone
 with its reason (never an exception that stops the round)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from elastic_gpu.api import migsubstitution as api
 from elastic_gpu.core.annotations import MANAGED_BY
-from elastic_gpu.core.mig import (
+from elastic_gpu.core.mig.rules import (
     ADAPTER,
     RuleProblem,
     check_live_pod,

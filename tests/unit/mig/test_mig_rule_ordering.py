@@ -17,7 +17,7 @@ import pytest
 
 from egpu_testing.webhook_answers import answered
 from elastic_gpu.core.admission.facts import ClusterFacts
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.errors import NotFound

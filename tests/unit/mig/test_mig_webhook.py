@@ -13,7 +13,7 @@ from typing import Any
 from egpu_testing.webhook_answers import answered
 from elastic_gpu.core.admission.facts import NodeGpus
 from elastic_gpu.core.admission.jsonpatch import apply_patch
-from elastic_gpu.core.mig import MIG_ORIGINAL
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.server import WebhookOptions, WebhookServer

@@ -17,8 +17,10 @@ from egpu_testing.claims import claim_object, claim_pod, class_object, elasticgp
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as core
 from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
+from elastic_gpu.core.claims.inventory import egpu_assignment
+from elastic_gpu.core.claims.model import WHOLE_CARDS, ClaimRef
+from elastic_gpu.core.claims.pods import pod_claims
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.app import Feeds
@@ -98,7 +100,7 @@ def test_an_elasticgpus_cards_are_never_given_to_a_pod(phase: str | None) -> Non
     assert used(state, "n1") == 600
     assert fits(state, 50, ["n1", "n2"]) == ["n2"]
     assert fits(state, 40, ["n1"]) == ["n1"]
-    assert state.egpu_holds() == {"e1": core.egpu_assignment(
+    assert state.egpu_holds() == {"e1": egpu_assignment(
         api.elasticgpu_from_object(elasticgpu_object("e1", "n1", [share("n1", 0, 600)])))}
     # a pod can also not be bound onto them, whatever kube-scheduler asks
     pod = pod_manifest("p", uid="uid-p", limits={CORE: "50"})
@@ -200,7 +202,7 @@ def claim_state(mode: str = "Immediate") -> tuple[SchedulerState, Feeds]:
 def filter_claim_pod(state: SchedulerState, pod: dict[str, Any], nodes: list[str]
                      ) -> tuple[list[str], dict[str, str]]:
     result, reasons = state.filter_claims(pod_request_from_manifest(pod), pod["metadata"]["uid"],
-                                          nodes, core.pod_claims(pod))
+                                          nodes, pod_claims(pod))
     return result.feasible, reasons
 
 
@@ -363,7 +365,7 @@ async def test_provision_answers_pending_notneeded_404_400_and_503() -> None:
     state, feeds = claim_state()
     feeds.claims_event("ADDED", claim_object("huge", {"nvidia.com/gpu": 2}, uid="u9",
                                              class_name="whole"))
-    feeds.classes_event("ADDED", class_object("whole", provisioner=core.WHOLE_CARDS))
+    feeds.classes_event("ADDED", class_object("whole", provisioner=WHOLE_CARDS))
     api_ = FakeClaimApi()
     async with TestClient(TestServer(Extender(state, api_, claims_api=api_).app())) as client:
         status, answer = await post(client, "provision",
@@ -475,7 +477,7 @@ async def test_first_consumers_provision_a_wait_for_first_consumer_claim_once() 
     assert [a[1]["Error"] for a in answers] == ["", ""]
     assert api_.creates == 1 and list(api_.egpus) == ["egpu-u1"]
     egpu = api.elasticgpu_from_object(api_.egpus["egpu-u1"])
-    assert egpu.node == "n2" and egpu.claim_ref == core.ClaimRef("default", "c1", "u1")
+    assert egpu.node == "n2" and egpu.claim_ref == ClaimRef("default", "c1", "u1")
     for name in ("a", "b"):
         assignment = Assignment.from_json(api_.bound[name][ann.ASSIGNMENT])
         assert assignment.claims == {"main": "egpu-u1"}

@@ -16,9 +16,9 @@ import yaml
 
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.api.config.loader import ConfigError
-from elastic_gpu.core.engine import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Health, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
@@ -103,7 +103,7 @@ def test_array_explanations_equal_the_card_plan() -> None:
         for name, failure in result.failed.items():
             if failure.kind in (FitKind.NO_HEALTHY_GPU, FitKind.MODEL_NOT_ACCEPTED):
                 continue  # node-level checks, made before any card is looked at
-            plan = engine._plan(engine._row_of[name], request, binpack)
+            plan = engine._plan(engine._layout.row_of[name], request, binpack)
             assert failure == plan
             explained += 1
     assert explained > 100

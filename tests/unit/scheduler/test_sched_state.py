@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from egpu_testing.workbench import feed_nodes, pod_manifest, ready_state
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import Unschedulable
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig

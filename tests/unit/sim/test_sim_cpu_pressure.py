@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from egpu_testing.workbench import pod_manifest, ready_state
-from elastic_gpu.core.engine import Engine, PolicyConfig
 from elastic_gpu.core.model import Card, MigInstance, MigProfile, Node, cluster_cpu_per_gpu
+from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.policies.node import FgdxAutoPolicy, cpu_imbalance
 from elastic_gpu.core.request import pod_request_from_manifest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_gpu.core.engine import Engine, Unschedulable
+from elastic_gpu.core.placement import Engine, Unschedulable
 from elastic_gpu.sim.replay import failed_check, replay
 from elastic_gpu.sim.trace import Task, make_node
 

@@ -11,8 +11,8 @@ import pytest
 
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.engine import Engine, PolicyConfig
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.policies import NODE_POLICIES, default_card_policy
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.config import SchedulerConfig

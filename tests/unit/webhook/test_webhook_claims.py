@@ -15,7 +15,7 @@ import yaml
 from egpu_testing.seed import seed_pod
 from egpu_testing.webhook_answers import answered
 from elastic_gpu.core.admission.facts import ClusterFacts
-from elastic_gpu.core.claims import Claim
+from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.names import InvalidName
 from elastic_gpu.webhook.cluster import ClaimCache
 from elastic_gpu.webhook.review import Admission

@@ -1,17 +1,17 @@
 """The claims controller: binder, provisioner trigger, reclaimer and claim-protection finalizer.
 
 Per claim (key `claim:<namespace>/<name>`):
-1. a deleted claim (deletionTimestamp) keeps its finalizer while `core.claims.pods_using` lists
+1. a deleted claim (deletionTimestamp) keeps its finalizer while `core.claims.pods.pods_using` lists
    an unfinished pod naming it (Event `WaitingForPods`), then the finalizer is removed;
 2. otherwise the finalizer is added first;
-3. `core.claims.decide` on the caches; `Bind` writes the ElasticGPU's claimRef and phase Bound,
+3. `core.claims.binding.decide` on the caches; `Bind` writes the ElasticGPU's claimRef and phase Bound,
    then the claim's spec.elasticGPUName, then its status (a crash between any two writes is
    finished by the next reconcile, which decides Bind again); `Provision` asks the extender
    (`POST /provision`), which creates `egpu-<uid>` pre-bound to the claim, and binds it at
    once; `Pending` / `Lost` go to status with an Event.
-Per ElasticGPU (key `egpu:<name>`): `core.claims.decide_release` once its claim is gone
+Per ElasticGPU (key `egpu:<name>`): `core.claims.release.decide_release` once its claim is gone
 (confirmed by a live GET, never from a cache alone) and no pod that has not stopped uses its
-cards (`core.claims.pods_holding`, from the cache and then a live list of the claim's
+cards (`core.claims.pods.pods_holding`, from the cache and then a live list of the claim's
 namespace; Event `WaitingForPods`): status Released (Retain) or deleted.
 
 Writes happen only when something changes (status compared before patching), carry the
@@ -20,7 +20,7 @@ Events are de-duplicated by the recorder. Unschedulable claims are retried with 
 at once when capacity may have freed (a GPU pod finished or deleted, an ElasticGPU deleted).
 
 Pre-created ElasticGPUs (not pre-bound to a claim's uid, not bound yet) are checked against
-the GPUDevice inventory first (`core.claims.inventory_problem`: node, card indexes, uuids and
+the GPUDevice inventory first (`core.claims.inventory.inventory_problem`: node, card indexes, uuids and
 MIG instances): `Available`, or `Failed` with the reason (a claim never binds to it); checked
 again whenever a GPUDevice's spec changes.
 

@@ -1,6 +1,6 @@
 """A claim's reconcile: protection, the decision, provisioning, binding and the status writes.
 
-`core.claims.decide` on the caches says what to do; this module does it against the API in the
+`core.claims.binding.decide` on the caches says what to do; this module does it against the API in the
 order that survives a crash between any two writes: the finalizer first (or with the binding),
 the ElasticGPU's claimRef and phase, then the claim's spec.elasticGPUName, then its status,
 each skipped when already done and each carrying the object's resourceVersion (a stale cache
@@ -19,7 +19,19 @@ from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.controller.claims.caches import CLAIM_KEY, ClaimCaches
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.provisioning import ProvisionError
-from elastic_gpu.core import claims as core
+from elastic_gpu.core.claims import decisions as claim_decisions
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.decisions import Decision, InSync, Provision
+from elastic_gpu.core.claims.model import (
+    Claim,
+    ClaimRef,
+    ElasticGPUPhase,
+    LostReason,
+    PendingReason,
+    provisioned_name,
+)
+from elastic_gpu.core.claims.pods import CLAIM_PROTECTION_FINALIZER, pods_using
 from elastic_gpu.kube.client import JSON_PATCH
 from elastic_gpu.kube.errors import ApiError, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
@@ -31,14 +43,14 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _Overlay(Mapping[str, core.ElasticGPU]):
+class _Overlay(Mapping[str, claim_model.ElasticGPU]):
     """`base` with one more ElasticGPU, without copying `base`."""
 
-    def __init__(self, extra: core.ElasticGPU, base: Mapping[str, core.ElasticGPU]) -> None:
+    def __init__(self, extra: claim_model.ElasticGPU, base: Mapping[str, claim_model.ElasticGPU]) -> None:
         self.extra = extra
         self.base = base
 
-    def __getitem__(self, key: str) -> core.ElasticGPU:
+    def __getitem__(self, key: str) -> claim_model.ElasticGPU:
         return self.extra if key == self.extra.name else self.base[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -83,27 +95,27 @@ class ClaimBinder:
         if claim.deleting:
             await self._finish_deletion(obj, claim, finalizers)
             return
-        egpus: Mapping[str, core.ElasticGPU] = self.caches.decoded_egpus
-        decision = core.decide(claim, self.caches.decoded_classes, egpus)
-        if core.CLAIM_PROTECTION_FINALIZER not in finalizers and \
-                not isinstance(decision, core.Bind | core.Provision):
+        egpus: Mapping[str, claim_model.ElasticGPU] = self.caches.decoded_egpus
+        decision = decide(claim, self.caches.decoded_classes, egpus)
+        if CLAIM_PROTECTION_FINALIZER not in finalizers and \
+                not isinstance(decision, claim_decisions.Bind | Provision):
             # a claim about to be bound gets the finalizer with spec.elasticGPUName (one write)
             obj = self.caches.wrote(key, await self.client.patch(CLAIMS.path(claim.namespace, claim.name), {
-                "metadata": {"finalizers": [*finalizers, core.CLAIM_PROTECTION_FINALIZER],
+                "metadata": {"finalizers": [*finalizers, CLAIM_PROTECTION_FINALIZER],
                              "resourceVersion": obj["metadata"]["resourceVersion"]}}))
         provisioned_on: str | None = None
-        if isinstance(decision, core.Provision):
+        if isinstance(decision, Provision):
             decision, egpus, provisioned_on = await self._provision(obj, claim, egpus)
-        if isinstance(decision, core.Bind):
+        if isinstance(decision, claim_decisions.Bind):
             await self._bind(obj, claim, egpus[decision.elastic_gpu], provisioned_on)
             return
-        if isinstance(decision, core.Pending) and \
-                decision.reason is core.PendingReason.UNSCHEDULABLE:
+        if isinstance(decision, claim_decisions.Pending) and \
+                decision.reason is PendingReason.UNSCHEDULABLE:
             self.caches.unschedulable.add(key)
         else:
             self.caches.unschedulable.discard(key)
-        if isinstance(decision, core.Lost) and \
-                decision.reason is core.LostReason.ELASTICGPU_MISSING and claim.elastic_gpu_name:
+        if isinstance(decision, claim_decisions.Lost) and \
+                decision.reason is LostReason.ELASTICGPU_MISSING and claim.elastic_gpu_name:
             # Lost is final: never from a cache that may just not show the ElasticGPU yet
             try:
                 await self.client.get(ELASTICGPUS.path(name=claim.elastic_gpu_name))
@@ -112,25 +124,25 @@ class ClaimBinder:
             else:
                 raise Requeue(f"claim {key}: ElasticGPU {claim.elastic_gpu_name} exists but is "
                               "not in the cache yet")
-        egpu = egpus.get(decision.elastic_gpu) if isinstance(decision, core.InSync) else None
+        egpu = egpus.get(decision.elastic_gpu) if isinstance(decision, InSync) else None
         changed = await self._write_status(obj, decision, egpu)
-        if changed and isinstance(decision, core.Pending | core.Lost):
-            reason = "Lost" if isinstance(decision, core.Lost) else decision.reason.value
-            if isinstance(decision, core.Pending) and \
-                    decision.reason is core.PendingReason.UNSCHEDULABLE:
+        if changed and isinstance(decision, claim_decisions.Pending | claim_decisions.Lost):
+            reason = "Lost" if isinstance(decision, claim_decisions.Lost) else decision.reason.value
+            if isinstance(decision, claim_decisions.Pending) and \
+                    decision.reason is PendingReason.UNSCHEDULABLE:
                 reason = "ProvisioningFailed"
-            waiting = isinstance(decision, core.Pending) and \
-                decision.reason is core.PendingReason.WAIT_FOR_FIRST_CONSUMER
+            waiting = isinstance(decision, claim_decisions.Pending) and \
+                decision.reason is PendingReason.WAIT_FOR_FIRST_CONSUMER
             # waiting for a consumer is the normal course of a WaitForFirstConsumer claim
             self.recorder.record(obj, NORMAL if waiting else WARNING, reason, decision.message)
-        if isinstance(decision, core.Pending) and \
-                decision.reason is core.PendingReason.UNSCHEDULABLE:
+        if isinstance(decision, claim_decisions.Pending) and \
+                decision.reason is PendingReason.UNSCHEDULABLE:
             raise Requeue(f"claim {key} unschedulable: {decision.message}")
-        if isinstance(decision, core.Provision):
+        if isinstance(decision, Provision):
             raise Requeue(f"claim {key}: provisioning not finished")
 
-    async def _provision(self, obj: Obj, claim: core.Claim, egpus: Mapping[str, core.ElasticGPU]
-                         ) -> tuple[core.Decision, Mapping[str, core.ElasticGPU], str | None]:
+    async def _provision(self, obj: Obj, claim: Claim, egpus: Mapping[str, claim_model.ElasticGPU]
+                         ) -> tuple[Decision, Mapping[str, claim_model.ElasticGPU], str | None]:
         """Ask the extender; return the decision that follows (Bind to what it made, Pending
         with its reason), the ElasticGPUs including the new one, and the node it was made on
         (None unless the extender created it now)."""
@@ -141,32 +153,32 @@ class ClaimBinder:
             raise
         if answer.result == "Pending":
             try:
-                reason = core.PendingReason(answer.reason)
+                reason = PendingReason(answer.reason)
             except ValueError:
-                reason = core.PendingReason.UNSCHEDULABLE
-            return core.Pending(reason, answer.message or answer.reason), egpus, None
-        name = answer.elastic_gpu or core.provisioned_name(claim)
+                reason = PendingReason.UNSCHEDULABLE
+            return claim_decisions.Pending(reason, answer.message or answer.reason), egpus, None
+        name = answer.elastic_gpu or provisioned_name(claim)
         if name not in egpus:
             if answer.result != "Provisioned" or not answer.node:
                 raise Requeue(f"extender answered {answer.result} ({answer.decision}); "
                               f"ElasticGPU {name} not in the cache yet")
             # created for this claim just now, pre-bound to it (contract 2): bind it at once
             # instead of waiting for the watch (its cards are the extender's business)
-            made = core.ElasticGPU(name=name, capacity=dict(claim.requests), node=answer.node,
-                                   shares=(), claim_ref=core.ClaimRef.of(claim),
+            made = claim_model.ElasticGPU(name=name, capacity=dict(claim.requests), node=answer.node,
+                                   shares=(), claim_ref=ClaimRef.of(claim),
                                    class_name=claim.class_name)
             egpus = _Overlay(made, egpus)
         made_on = answer.node if answer.result == "Provisioned" else None
-        return core.decide(claim, self.caches.decoded_classes, egpus), egpus, made_on
+        return decide(claim, self.caches.decoded_classes, egpus), egpus, made_on
 
-    async def _bind(self, obj: Obj, claim: core.Claim, egpu: core.ElasticGPU,
+    async def _bind(self, obj: Obj, claim: Claim, egpu: claim_model.ElasticGPU,
                     provisioned_on: str | None = None) -> None:
         """ElasticGPU first (claimRef with the uid, phase Bound), then the claim's spec, then
         the claim's status: each write skipped when already done. A claim provisioned in this
         reconcile (`provisioned_on`) gets one Event, Provisioned, that says both (a PV's
         ProvisioningSucceeded): one Event write per claim less at claim-creation rates."""
         egpu_obj = self.caches.egpus.get(egpu.name)
-        ref = core.ClaimRef.of(claim)
+        ref = ClaimRef.of(claim)
         if egpu.claim_ref != ref:
             if egpu_obj is None:
                 egpu_obj = await self.client.get(ELASTICGPUS.path(name=egpu.name))
@@ -175,30 +187,30 @@ class ClaimBinder:
                 "spec": {"claimRef": {"namespace": ref.namespace, "name": ref.name,
                                       "uid": ref.uid}}})
         if egpu_obj is None or \
-                (egpu_obj.get("status") or {}).get("phase") != core.ElasticGPUPhase.BOUND.value:
+                (egpu_obj.get("status") or {}).get("phase") != ElasticGPUPhase.BOUND.value:
             # no resourceVersion needed when the cache lacks it (just provisioned): its
             # claimRef, already this claim's, can never point at another claim
-            patch: dict[str, Any] = {"status": {"phase": core.ElasticGPUPhase.BOUND.value,
+            patch: dict[str, Any] = {"status": {"phase": ElasticGPUPhase.BOUND.value,
                                                 "reason": "",
                                                 "message": f"bound to claim {claim.key}"}}
             if egpu_obj is not None:
                 patch["metadata"] = {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]}
             egpu_obj = await self.client.patch(ELASTICGPUS.path(name=egpu.name, subresource="status"),
                                                patch)
-            if egpu.name != core.provisioned_name(claim):
+            if egpu.name != provisioned_name(claim):
                 # a static binding is news on the ElasticGPU; a provisioned one was made bound
                 # (the claim's Provisioned and Bound events tell it, one Event write less)
                 self.recorder.record(egpu_obj, NORMAL, "Bound", f"bound to claim {claim.key}")
         finalizers = list((obj.get("metadata") or {}).get("finalizers") or [])
-        if claim.elastic_gpu_name != egpu.name or core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+        if claim.elastic_gpu_name != egpu.name or CLAIM_PROTECTION_FINALIZER not in finalizers:
             meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
-            if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
-                meta["finalizers"] = [*finalizers, core.CLAIM_PROTECTION_FINALIZER]
+            if CLAIM_PROTECTION_FINALIZER not in finalizers:
+                meta["finalizers"] = [*finalizers, CLAIM_PROTECTION_FINALIZER]
             obj = self.caches.wrote(claim.key, await self.client.patch(
                 CLAIMS.path(claim.namespace, claim.name),
                 {"metadata": meta, "spec": {"elasticGPUName": egpu.name}}))
         self.caches.unschedulable.discard(claim.key)
-        if await self._write_status(obj, core.Bind(egpu.name), egpu):
+        if await self._write_status(obj, claim_decisions.Bind(egpu.name), egpu):
             if provisioned_on is not None:
                 self.recorder.record(obj, NORMAL, "Provisioned", f"ElasticGPU {egpu.name} "
                                      f"provisioned on node {provisioned_on} and bound")
@@ -209,8 +221,8 @@ class ClaimBinder:
             self.recorder.record(obj, NORMAL, "Provisioned",
                                  f"ElasticGPU {egpu.name} provisioned on node {provisioned_on}")
 
-    async def _write_status(self, obj: Obj, decision: core.Decision,
-                            egpu: core.ElasticGPU | None) -> bool:
+    async def _write_status(self, obj: Obj, decision: Decision,
+                            egpu: claim_model.ElasticGPU | None) -> bool:
         """Patch the claim's status if it differs from what the decision gives; True if so."""
         status = api.claim_status(decision, obj, _now(), egpu)
         current = obj.get("status") or {}
@@ -222,19 +234,19 @@ class ClaimBinder:
             {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}))
         return True
 
-    async def _finish_deletion(self, obj: Obj, claim: core.Claim, finalizers: list[str]) -> None:
-        if core.CLAIM_PROTECTION_FINALIZER not in finalizers:
+    async def _finish_deletion(self, obj: Obj, claim: Claim, finalizers: list[str]) -> None:
+        if CLAIM_PROTECTION_FINALIZER not in finalizers:
             return
-        using = core.pods_using(claim, self.caches.pods_of(claim.key))
+        using = pods_using(claim, self.caches.pods_of(claim.key))
         if using:
             self.recorder.record(obj, NORMAL, "WaitingForPods",
                                  f"deletion waits for pods using the claim: {', '.join(using)}")
             return
-        index = finalizers.index(core.CLAIM_PROTECTION_FINALIZER)
+        index = finalizers.index(CLAIM_PROTECTION_FINALIZER)
         try:  # JSON patch with a test: remove exactly our entry, never another's
             await self.client.patch(CLAIMS.path(claim.namespace, claim.name), [
                 {"op": "test", "path": f"/metadata/finalizers/{index}",
-                 "value": core.CLAIM_PROTECTION_FINALIZER},
+                 "value": CLAIM_PROTECTION_FINALIZER},
                 {"op": "remove", "path": f"/metadata/finalizers/{index}"}], JSON_PATCH)
         except NotFound:
             return

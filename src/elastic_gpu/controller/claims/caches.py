@@ -19,8 +19,10 @@ from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.api import gpudevice
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as core
 from elastic_gpu.core import podlife
+from elastic_gpu.core.claims import model as claim_model
+from elastic_gpu.core.claims.inventory import InventoryCard, checked_against_inventory
+from elastic_gpu.core.claims.model import ClaimPhase, GPUClass
 from elastic_gpu.kube.informer import Handler, Obj, object_key, resource_version
 from elastic_gpu.kube.resources import CLAIMS, CLASSES, ELASTICGPUS, GPUDEVICES, PODS
 from elastic_gpu.kube.workqueue import WorkQueue
@@ -63,7 +65,7 @@ class ClaimCaches:
         self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
         #: claim key (ns/name) -> pod keys whose annotations name it
         self.pods_by_claim: dict[str, set[str]] = {}
-        #: pod key -> ElasticGPUs whose release waits for it (`core.claims.pods_holding`)
+        #: pod key -> ElasticGPUs whose release waits for it (`core.claims.pods.pods_holding`)
         self.egpus_held_by: dict[str, set[str]] = {}
         #: claim keys last answered Unschedulable
         self.unschedulable: set[str] = set()
@@ -72,8 +74,8 @@ class ClaimCaches:
         #: and meet 409s, so the claim waits for its watch event (at most until the deadline)
         self.unseen_writes: dict[str, tuple[str, float]] = {}
         #: the caches' classes and ElasticGPUs decoded once per change (not per reconcile)
-        self.decoded_classes: dict[str, core.GPUClass] = {}
-        self.decoded_egpus: dict[str, core.ElasticGPU] = {}
+        self.decoded_classes: dict[str, GPUClass] = {}
+        self.decoded_egpus: dict[str, claim_model.ElasticGPU] = {}
         self.claims.add_handler(Handler(
             on_add=self.claim_changed, on_update=lambda _o, n: self.claim_changed(n),
             on_delete=self._claim_deleted))
@@ -119,7 +121,7 @@ class ClaimCaches:
             self.decoded_classes.pop(str(name), None)
         for claim in self.claims.items():
             if (claim.get("spec") or {}).get("egpuClassName") == name and \
-                    (claim.get("status") or {}).get("phase") != core.ClaimPhase.BOUND.value:
+                    (claim.get("status") or {}).get("phase") != ClaimPhase.BOUND.value:
                 self.queue.add(CLAIM_KEY + object_key(claim))
 
     def _class_deleted(self, obj: Obj) -> None:
@@ -152,7 +154,7 @@ class ClaimCaches:
     def _inventory_changed(self) -> None:
         """The cards may differ: check the pre-created ElasticGPUs again."""
         for key, egpu in self.decoded_egpus.items():
-            if core.checked_against_inventory(egpu):
+            if checked_against_inventory(egpu):
                 self.queue.add(EGPU_KEY + key)
 
     def _index_pod(self, pod: Obj, add: bool) -> None:
@@ -204,15 +206,15 @@ class ClaimCaches:
         return [pod for p in sorted(self.pods_by_claim.get(key, ()))
                 if (pod := self.pods.get(p)) is not None]
 
-    def inventory(self) -> dict[str, dict[int, core.InventoryCard]]:
-        out: dict[str, dict[int, core.InventoryCard]] = {}
+    def inventory(self) -> dict[str, dict[int, InventoryCard]]:
+        out: dict[str, dict[int, InventoryCard]] = {}
         for obj in self.devices.items():
             try:
                 node, card = gpudevice.card_from_object(obj)
             except gpudevice.GPUDeviceError as err:
                 log.debug("GPUDevice skipped: %s", err)
                 continue
-            out.setdefault(node, {})[card.index] = core.InventoryCard(
+            out.setdefault(node, {})[card.index] = InventoryCard(
                 card.uuid, frozenset(i.uuid for i in card.mig))
         return out
 

@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from elastic_gpu.controller.claims.caches import ClaimCaches
-from elastic_gpu.core import claims as core
+from elastic_gpu.core.claims.model import ClaimPhase, ElasticGPUPhase
 from elastic_gpu.kube.informer import Obj
 
 
@@ -19,15 +19,15 @@ class PhaseCollector(Collector):
 
     def collect(self) -> Any:
         yield _by_phase("elasticgpu_claims", "ElasticGPUClaims by phase (cache)",
-                        self.caches.claims.items(), core.ClaimPhase, core.ClaimPhase.PENDING)
+                        self.caches.claims.items(), ClaimPhase, ClaimPhase.PENDING)
         yield _by_phase("elasticgpu_elasticgpus", "ElasticGPUs by phase (cache)",
-                        self.caches.egpus.items(), core.ElasticGPUPhase,
-                        core.ElasticGPUPhase.PENDING)
+                        self.caches.egpus.items(), ElasticGPUPhase,
+                        ElasticGPUPhase.PENDING)
 
 
 def _by_phase(name: str, documentation: str, objects: list[Obj],
-              phases: type[core.ClaimPhase] | type[core.ElasticGPUPhase],
-              unset: core.ClaimPhase | core.ElasticGPUPhase) -> GaugeMetricFamily:
+              phases: type[ClaimPhase] | type[ElasticGPUPhase],
+              unset: ClaimPhase | ElasticGPUPhase) -> GaugeMetricFamily:
     """A gauge of `objects` by `status.phase` (every phase present, 0 if none; an object with
     no phase yet counts as `unset`)."""
     counts = {p.value: 0 for p in phases}

@@ -4,11 +4,11 @@ a compatible free one, and back when theirs frees; every move recorded in a MIGS
 One level-triggered round (a single work-queue key, so rounds never overlap) reads the caches
 (pods, Nodes, GPUDevices, MIGSubstitutions) and decides with the pure functions of `core.mig`:
 
-0. each rule is checked alone (`core.mig.check_rule`): one the adapter did not write (no
+0. each rule is checked alone (`core.mig.rules.check_rule`): one the adapter did not write (no
    `app.kubernetes.io/managed-by` label of its own), or one it cannot read or verify (savedPod
    missing or malformed, the recorded uid or digest missing or not matching), is not carried
    out: `Valid=False` with the reason in its status and a Warning Event; the rest go on;
-1. bare pods' rules are made true again (`core.mig.bare_rule_step`): a pod deleted but not
+1. bare pods' rules are made true again (`core.mig.bare.bare_rule_step`): a pod deleted but not
    re-created (a controller killed between the two) is created from the rule's saved pod, a
    move or a return that stopped before its delete goes on, rules nothing refers to go;
 2. pods Pending (PodScheduled False, Unschedulable) for one MIG instance in a namespace the

@@ -1,4 +1,4 @@
-"""Step 1 of a round: bare pods' rules are made true again (`core.mig.bare_rule_step`).
+"""Step 1 of a round: bare pods' rules are made true again (`core.mig.bare.bare_rule_step`).
 
 A pod deleted but not re-created (a controller killed between the two) is created from the
 rule's saved pod, a move or a return that stopped before its delete goes on, and rules nothing
@@ -17,7 +17,8 @@ from elastic_gpu.controller.mig.objects import (
 )
 from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.writes import AdapterWrites
-from elastic_gpu.core import mig as core
+from elastic_gpu.core.mig.bare import BarePodState, BareStep, bare_rule_step
+from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_live_pod
 from elastic_gpu.kube.errors import ApiError
 from elastic_gpu.kube.informer import Informer, Obj
 
@@ -48,15 +49,15 @@ class BareRules:
             except (ValueError, TypeError) as err:
                 # data the checks let through and still cannot be carried out: this rule
                 # alone is refused, the round goes on
-                await self.writes.refuse(obj, core.RuleRefusal(
-                    core.RuleProblem.INVALID_SPEC, f"MIGSubstitution {key}: {err}"))
+                await self.writes.refuse(obj, RuleRefusal(
+                    RuleProblem.INVALID_SPEC, f"MIGSubstitution {key}: {err}"))
 
-    async def _bare_rule(self, key: str, obj: Obj, rule: core.SubstitutionRule) -> None:
+    async def _bare_rule(self, key: str, obj: Obj, rule: SubstitutionRule) -> None:
         if rule.pod_name is None:
             return
         pod = self.pods.get(f"{rule.namespace}/{rule.pod_name}")
         recorded = bool((obj.get("status") or {}).get("movedPods"))
-        state = core.BarePodState(
+        state = BarePodState(
             exists=pod is not None,
             rewritten=pod is not None and rule.name in applied_rules(pod),
             pending=pod is not None and unschedulable(pod),
@@ -64,14 +65,14 @@ class BareRules:
             recorded=recorded,
             terminating=pod is not None and bool(
                 (pod.get("metadata") or {}).get("deletionTimestamp")))
-        step = core.bare_rule_step(rule, state)
-        if step is core.BareStep.WAIT:  # its DELETED event starts the next round
+        step = bare_rule_step(rule, state)
+        if step is BareStep.WAIT:  # its DELETED event starts the next round
             return
-        if step is core.BareStep.NONE:
+        if step is BareStep.NONE:
             if pod is not None and not recorded:
                 await self.writes.record(obj, pod)
             return
-        if step is core.BareStep.CREATE:
+        if step is BareStep.CREATE:
             if pod is None and await self.writes.live_pod(rule.namespace, rule.pod_name):
                 return  # the cache is behind: the pod exists
             created = await self.writes.create_bare(obj, rule, "back" if rule.returning
@@ -81,11 +82,11 @@ class BareRules:
             if created is not None and rule.returning:
                 await self.writes.delete_rule(obj, rule, "the pod is back on "
                                         f"{rule.from_profile.name}")
-        elif step is core.BareStep.DELETE_POD and pod is not None:
+        elif step is BareStep.DELETE_POD and pod is not None:
             if not rule.returning:
                 # a move that stopped before its delete: only the very pod the adapter saved
                 # is deleted and replaced (a rule naming another pod leaves it alone)
-                refusal = core.check_live_pod(rule, pod)
+                refusal = check_live_pod(rule, pod)
                 if refusal is not None:
                     await self.writes.refuse(obj, refusal)
                     return
@@ -103,5 +104,5 @@ class BareRules:
                                         f"{rule.from_profile.name}")
             elif created is not None:
                 await self.writes.record(obj, created)
-        elif step is core.BareStep.DELETE_RULE:
+        elif step is BareStep.DELETE_RULE:
             await self.writes.delete_rule(obj, rule, "nothing refers to it")

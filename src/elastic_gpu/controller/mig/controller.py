@@ -32,8 +32,11 @@ from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import mig as core
 from elastic_gpu.core.assignment import AssignmentError, pod_assignment
+from elastic_gpu.core.mig import substitution as mig_substitution
+from elastic_gpu.core.mig.bare import owner_rule_unused
+from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
+from elastic_gpu.core.mig.substitution import BoundPod, free_instances, held_instances
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -132,7 +135,7 @@ class MigController:
             devices.append(obj)
         return gpudevice.nodes_from_objects(devices, self.nodes.items())
 
-    def _bound(self) -> list[core.BoundPod]:
+    def _bound(self) -> list[BoundPod]:
         out = []
         for pod in self.pods.items():
             if finished(pod):
@@ -145,7 +148,7 @@ class MigController:
                 except AssignmentError:
                     assignment = None
                 if assignment is not None:
-                    out.append(core.BoundPod(assignment.node, tuple(
+                    out.append(BoundPod(assignment.node, tuple(
                         s.mig_uuid for s in assignment.shares() if s.mig_uuid)))
                     continue
             if not node:
@@ -158,7 +161,7 @@ class MigController:
                              if c.kind is RequestKind.MIG and c.mig_profile is not None
                              for _ in range(max(1, c.cards)))
             if profiles:
-                out.append(core.BoundPod(str(node), (), profiles))
+                out.append(BoundPod(str(node), (), profiles))
         for obj in self.egpus.items():
             try:
                 egpu = egpu_api.elasticgpu_from_object(obj)
@@ -166,11 +169,11 @@ class MigController:
                 continue
             held = tuple(s.mig_uuid for s in egpu.shares if s.mig_uuid)
             if held:  # in every phase until deleted, as the extender counts them
-                out.append(core.BoundPod(egpu.node, held))
+                out.append(BoundPod(egpu.node, held))
         return out
 
-    def _rules(self) -> tuple[dict[str, tuple[Obj, core.SubstitutionRule]],
-                              list[tuple[Obj, core.RuleRefusal]]]:
+    def _rules(self) -> tuple[dict[str, tuple[Obj, SubstitutionRule]],
+                              list[tuple[Obj, RuleRefusal]]]:
         """The rules the round carries out, and those it refuses, each alone: one rule that
         cannot be read, is not the adapter's or fails its check holds up no other."""
         out = {}
@@ -179,9 +182,9 @@ class MigController:
             try:
                 rule = rules_api.rule_from_object(obj)
             except rules_api.MIGSubstitutionError as err:
-                refused.append((obj, core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))))
+                refused.append((obj, RuleRefusal(RuleProblem.INVALID_SPEC, str(err))))
                 continue
-            refusal = core.check_rule(rule)
+            refusal = check_rule(rule)
             if refusal is not None:
                 refused.append((obj, refusal))
                 continue
@@ -203,13 +206,13 @@ class MigController:
             await self.writes.refuse(obj, refusal)
         await self.bare.carry_out(rules)
         nodes = self._nodes()
-        held = core.held_instances(nodes, self._bound())
+        held = held_instances(nodes, self._bound())
         held.update(r.uuid for r in self.state.reservations)
-        free = core.free_instances(nodes, held)
+        free = free_instances(nodes, held)
         if not self.config.enabled:
             return
         await self.substitution.carry_out(pods, free, rules, nodes, held)
-        free = core.without(free, (r.uuid for r in self.state.reservations))
+        free = mig_substitution.without(free, (r.uuid for r in self.state.reservations))
         await self.move_back.carry_out(pods, free, rules)
         await self._forget_owner_rules(pods, rules)
 
@@ -227,7 +230,7 @@ class MigController:
             if rule.owner_uid is None:
                 continue
             in_flight = any(r.owner_uid == rule.owner_uid for r in self.state.reservations)
-            if core.owner_rule_unused(referring.get(key, 0), in_flight, age_s(obj),
+            if owner_rule_unused(referring.get(key, 0), in_flight, age_s(obj),
                                       self.config.rule_grace_s):
                 try:
                     await self.writes.delete_rule(obj, rule, "no pod refers to it")

@@ -1,4 +1,4 @@
-"""Step 3 of a round: moved pods go back to their original profile (`core.mig.move_back`,
+"""Step 3 of a round: moved pods go back to their original profile (`core.mig.substitution.move_back`,
 under the configured policy) when one of its instances frees.
 
 An owner's pod has its rule deleted, then the pod (the replacement asks the original profile);
@@ -29,7 +29,9 @@ from elastic_gpu.controller.mig.objects import (
 )
 from elastic_gpu.controller.mig.state import Reservation, RoundState
 from elastic_gpu.controller.mig.writes import AdapterWrites
-from elastic_gpu.core import mig as core
+from elastic_gpu.core.mig import substitution as mig_substitution
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_RETURNING, parse_original
+from elastic_gpu.core.mig.substitution import FreeInstance, MovedPod, constraints_for, move_back
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import ApiError
@@ -53,15 +55,15 @@ class MoveBack:
         self.state = state
         self.writes = writes
 
-    def _moved(self, pods: list[Obj]) -> tuple[list[core.MovedPod], dict[str, Obj]]:
-        out: list[tuple[str, core.MovedPod]] = []
+    def _moved(self, pods: list[Obj]) -> tuple[list[MovedPod], dict[str, Obj]]:
+        out: list[tuple[str, MovedPod]] = []
         by_key: dict[str, Obj] = {}
         for pod in pods:
             meta = metadata_of(pod)
             notes = annotations_of(pod)
             node = (pod.get("spec") or {}).get("nodeName")
             if not node or not applied_rules(pod) or finished(pod) or \
-                    meta.get("deletionTimestamp") or core.MIG_ORIGINAL not in notes:
+                    meta.get("deletionTimestamp") or MIG_ORIGINAL not in notes:
                 continue
             namespace = str(meta.get("namespace", ""))
             if not self.config.governs(namespace):
@@ -73,7 +75,7 @@ class MoveBack:
             current = pod_profile(request)
             if current is None:
                 continue
-            originals = core.parse_original(notes[core.MIG_ORIGINAL])
+            originals = parse_original(notes[MIG_ORIGINAL])
             container = request.gpu_containers[0].name
             original = originals.get(container)
             if original is None or original == current:
@@ -81,15 +83,15 @@ class MoveBack:
             owner = controller_owner(pod)
             key = object_key(pod)
             by_key[key] = pod
-            out.append((str(meta.get("creationTimestamp", "")), core.MovedPod(
+            out.append((str(meta.get("creationTimestamp", "")), MovedPod(
                 key, original, current, str(node),
                 str(owner.get("kind")) if owner is not None else None,
                 str((pod.get("spec") or {}).get("restartPolicy") or "Always"), None,
-                core.constraints_for(request, allowed_nodes(pod, self.nodes.items())))))
+                constraints_for(request, allowed_nodes(pod, self.nodes.items())))))
         out.sort(key=lambda p: (p[0], p[1].key))
         return [m for _, m in out], by_key
 
-    async def carry_out(self, pods: list[Obj], free: dict[str, list[core.FreeInstance]],
+    async def carry_out(self, pods: list[Obj], free: dict[str, list[FreeInstance]],
                          rules: Rules) -> None:
         moved, by_key = self._moved(pods)
         if not moved:
@@ -97,14 +99,14 @@ class MoveBack:
         busy = frozenset({r.node for r in self.state.reservations} |
                          {r.source_node for r in self.state.reservations if r.source_node})
         originals = [i for insts in free.values() for i in insts]
-        for back in core.move_back(moved, originals, self.config.move_back, busy):
+        for back in move_back(moved, originals, self.config.move_back, busy):
             try:
                 await self._return(by_key[back.pod.key], back, rules)
             except ApiError as err:  # this pod's trouble is not the others' (see bare.py)
                 log.warning("moving %s back: %s; again next round", back.pod.key, err)
                 self.state.item_failures += 1
 
-    async def _return(self, pod: Obj, back: core.MoveBack,
+    async def _return(self, pod: Obj, back: mig_substitution.MoveBack,
                       rules: Rules) -> None:
         meta = metadata_of(pod)
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -124,7 +126,7 @@ class MoveBack:
             obj, rule = bare[0]
             # 1. the rule stops rewriting (the webhook reads it live), keeping the saved pod
             obj = await self.client.patch(RULES.path(namespace, rule.name), {
-                "metadata": {"annotations": {core.MIG_RETURNING: now_stamp()}}})
+                "metadata": {"annotations": {MIG_RETURNING: now_stamp()}}})
             rule = rules_api.rule_from_object(obj)
             await self.writes.delete_pod(pod)  # 2.
             self._count_back(back, namespace, pod, obj, text)
@@ -139,7 +141,7 @@ class MoveBack:
         await self.writes.delete_pod(pod)  # 2. the owner creates it again, as written
         self._count_back(back, namespace, pod, applied[0][0] if applied else None, text)
 
-    def _count_back(self, back: core.MoveBack, namespace: str, pod: Obj, rule_obj: Obj | None,
+    def _count_back(self, back: mig_substitution.MoveBack, namespace: str, pod: Obj, rule_obj: Obj | None,
                     text: str) -> None:
         self.metrics.moves.labels("back", back.pod.current.name, back.pod.original.name,
                                   namespace).inc()

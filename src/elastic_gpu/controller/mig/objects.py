@@ -12,8 +12,9 @@ from typing import Any
 from elastic_gpu.api import migsubstitution as rules_api
 from elastic_gpu.api.elasticgpu import GROUP, VERSION
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import mig as core
 from elastic_gpu.core import nodeaffinity
+from elastic_gpu.core.mig.rules import MIG_SUBSTITUTION, SubstitutionRule
+from elastic_gpu.core.mig.substitution import mig_request
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.informer import Obj
@@ -22,7 +23,7 @@ RULE_API_VERSION = f"{GROUP}/{VERSION}"
 #: the scheduler's annotations a re-created pod must not inherit (a new placement comes)
 SCHEDULER_ANNOTATIONS = (ann.ASSIGNMENT, ann.ASSIGNED_NODE, ann.ALLOCATED)
 #: the rules a round carries out, by key (namespace/name): the object and its decoding
-Rules = Mapping[str, tuple[Obj, core.SubstitutionRule]]
+Rules = Mapping[str, tuple[Obj, SubstitutionRule]]
 
 
 def now_stamp() -> str:
@@ -84,11 +85,11 @@ def controller_owner(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def pod_profile(request: PodRequest) -> MigProfile | None:
-    return core.mig_request(request)
+    return mig_request(request)
 
 
 def applied_rules(pod: Mapping[str, Any]) -> list[str]:
-    return [r for r in annotations_of(pod).get(core.MIG_SUBSTITUTION, "").split(",") if r]
+    return [r for r in annotations_of(pod).get(MIG_SUBSTITUTION, "").split(",") if r]
 
 
 def allowed_nodes(pod: Mapping[str, Any], nodes: Iterable[Obj]) -> frozenset[str] | None:

@@ -1,7 +1,7 @@
 """Step 2 of a round: pods pending for a MIG profile move to a compatible free instance.
 
 Pods Pending (PodScheduled False, Unschedulable) for one MIG instance in a namespace the
-configuration governs get `core.mig.plan_substitutions` over the free instances; a move writes
+configuration governs get `core.mig.substitution.plan_substitutions` over the free instances; a move writes
 the rule first (with the saved pod for a bare pod), then deletes the pod (uid precondition); a
 bare pod is created again from the rule at once, an owner's replacement is rewritten by the
 webhook by the rule. `NoCompatibleProfileFree` is a Warning Event on the pod, once per reason.
@@ -32,7 +32,25 @@ from elastic_gpu.controller.mig.objects import (
 from elastic_gpu.controller.mig.state import Reservation, RoundState
 from elastic_gpu.controller.mig.writes import AdapterWrites
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import mig as core
+from elastic_gpu.core.mig import rules as mig_rules
+from elastic_gpu.core.mig.recarve import recarve_advice
+from elastic_gpu.core.mig.rules import (
+    ADAPTER,
+    MIG_RETURNING,
+    RuleProblem,
+    RuleRefusal,
+    check_rule,
+    saved_pod,
+    saved_pod_digest,
+)
+from elastic_gpu.core.mig.substitution import (
+    RESTARTING_OWNERS,
+    FreeInstance,
+    NoSubstitute,
+    PendingPod,
+    constraints_for,
+    plan_substitutions,
+)
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -59,9 +77,9 @@ class Substitution:
         self.writes = writes
 
     def _pending(self, pods: list[Obj], rules: Rules
-                 ) -> tuple[list[core.PendingPod], dict[str, Obj]]:
+                 ) -> tuple[list[PendingPod], dict[str, Obj]]:
         by_key: dict[str, Obj] = {}
-        pending: list[tuple[str, core.PendingPod]] = []
+        pending: list[tuple[str, PendingPod]] = []
         bare_rules = {(r.namespace, r.pod_name) for _, r in rules.values() if r.pod_name}
         for pod in pods:
             meta = metadata_of(pod)
@@ -71,7 +89,7 @@ class Substitution:
             if applied_rules(pod) or (namespace, meta.get("name")) in bare_rules:
                 continue  # moved already (waits on its substitute), or its move is in flight
             owner = controller_owner(pod)
-            if owner is not None and owner.get("kind") not in core.RESTARTING_OWNERS:
+            if owner is not None and owner.get("kind") not in RESTARTING_OWNERS:
                 continue  # only owners that re-create their pods
             try:
                 request = pod_request_from_manifest(pod)
@@ -89,13 +107,13 @@ class Substitution:
                     allowed = {profile.name: frozenset({existing[0].to_profile.name})}
             key = object_key(pod)
             by_key[key] = pod
-            constraints = core.constraints_for(request, allowed_nodes(pod, self.nodes.items()), allowed)
+            constraints = constraints_for(request, allowed_nodes(pod, self.nodes.items()), allowed)
             pending.append((str(meta.get("creationTimestamp", "")),
-                            core.PendingPod(key, profile, constraints)))
+                            PendingPod(key, profile, constraints)))
         pending.sort(key=lambda p: (p[0], p[1].key))
         return [p for _, p in pending], by_key
 
-    async def carry_out(self, pods: list[Obj], free: dict[str, list[core.FreeInstance]],
+    async def carry_out(self, pods: list[Obj], free: dict[str, list[FreeInstance]],
                           rules: Rules,
                           nodes: list[Node], held: set[str]) -> None:
         pending, by_key = self._pending(pods, rules)
@@ -104,18 +122,18 @@ class Substitution:
         self.state.told = {uid: why for uid, why in self.state.told.items() if uid in waiting}
         if not pending:
             return
-        plan = core.plan_substitutions(pending, free)
+        plan = plan_substitutions(pending, free)
         for item in pending:
             decision = plan[item.key]
             pod = by_key[item.key]
             namespace = str(metadata_of(pod).get("namespace"))
             if decision.instance is None:
                 uid = str(metadata_of(pod).get("uid"))
-                if decision.reason is not core.NoSubstitute.NONE_COMPATIBLE:
+                if decision.reason is not NoSubstitute.NONE_COMPATIBLE:
                     continue
                 message = decision.message
                 if self.config.recarve_advice:
-                    advice = core.recarve_advice(item.requested, nodes, held, item.constraints)
+                    advice = recarve_advice(item.requested, nodes, held, item.constraints)
                     message += f"; {advice.message}" if advice is not None else \
                         "; dry run: no re-carve of a card the pod may use would fit it either"
                 if self.state.told.get(uid) != message:
@@ -131,7 +149,7 @@ class Substitution:
                             metadata_of(pod).get("name"), err)
                 self.state.item_failures += 1
 
-    async def _move(self, pod: Obj, requested: MigProfile, target: core.FreeInstance,
+    async def _move(self, pod: Obj, requested: MigProfile, target: FreeInstance,
                     message: str) -> None:
         meta = metadata_of(pod)
         namespace, name = str(meta["namespace"]), str(meta["name"])
@@ -147,25 +165,25 @@ class Substitution:
         else:  # what it needs to re-create exactly this pod, and to verify it did
             subject, key = name, f"{namespace}/{name}"
             spec["selector"] = {"podName": name}
-            spec["savedPod"] = core.saved_pod(pod)
-            spec["savedPodDigest"] = core.saved_pod_digest(spec["savedPod"])
+            spec["savedPod"] = saved_pod(pod)
+            spec["savedPodDigest"] = saved_pod_digest(spec["savedPod"])
             spec["movedPodUID"] = str(meta.get("uid"))
-        rule_name = core.rule_name(subject, requested, to, key)
+        rule_name = mig_rules.rule_name(subject, requested, to, key)
         body = {"apiVersion": RULE_API_VERSION, "kind": rules_api.KIND,
                 "metadata": {"name": rule_name, "namespace": namespace,
-                             "labels": {ann.MANAGED_BY: core.ADAPTER}}, "spec": spec}
+                             "labels": {ann.MANAGED_BY: ADAPTER}}, "spec": spec}
         try:  # 1. the rule, before anything is deleted
             rule_obj = await self.client.create(RULES.path(namespace), body)
         except AlreadyExists:
             rule_obj = await self.client.get(RULES.path(namespace, rule_name))
-            if annotations_of(rule_obj).get(core.MIG_RETURNING) is not None:
+            if annotations_of(rule_obj).get(MIG_RETURNING) is not None:
                 return  # a return under this name is finishing; next round
             if owner is None:
                 return  # a bare move in flight: step 1 of the next round finishes it
             try:  # an owner's rule of that name is reused only if it is the adapter's
-                refusal = core.check_rule(rules_api.rule_from_object(rule_obj))
+                refusal = check_rule(rules_api.rule_from_object(rule_obj))
             except rules_api.MIGSubstitutionError as err:
-                refusal = core.RuleRefusal(core.RuleProblem.INVALID_SPEC, str(err))
+                refusal = RuleRefusal(RuleProblem.INVALID_SPEC, str(err))
             if refusal is not None:
                 await self.writes.refuse(rule_obj, refusal)
                 return  # its pod is not deleted under a rule the adapter did not write

@@ -22,8 +22,14 @@ from elastic_gpu.controller.mig.objects import (
     now_stamp,
 )
 from elastic_gpu.controller.mig.state import RoundState
-from elastic_gpu.core import mig as core
-from elastic_gpu.core.claims import Condition
+from elastic_gpu.core.claims.model import Condition
+from elastic_gpu.core.mig.rules import (
+    VALID_CONDITION,
+    RuleRefusal,
+    SubstitutionRule,
+    check_rule,
+    recreated_pod,
+)
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING, EventRecorder
@@ -44,7 +50,7 @@ class AdapterWrites:
         self.metrics = metrics
         self.state = state
 
-    async def refuse(self, obj: Obj, refusal: core.RuleRefusal) -> None:
+    async def refuse(self, obj: Obj, refusal: RuleRefusal) -> None:
         """A rule not carried out says why: a Warning Event (once per rule and message) and
         `Valid=False` with the reason in its status (written only when it differs)."""
         meta = metadata_of(obj)
@@ -55,13 +61,13 @@ class AdapterWrites:
         log.warning("%s (%s)", refusal.message, refusal.problem.value)
         self.recorder.record(as_rule(obj), WARNING, refusal.problem.value, refusal.message)
         existing = (obj.get("status") or {}).get("conditions") or []
-        if any(isinstance(c, Mapping) and c.get("type") == core.VALID_CONDITION and
+        if any(isinstance(c, Mapping) and c.get("type") == VALID_CONDITION and
                (c.get("status"), c.get("reason"), c.get("message")) ==
                ("False", refusal.problem.value, refusal.message) for c in existing):
             return
         conditions = egpu_api.merge_condition(
             [c for c in existing if isinstance(c, Mapping)],
-            Condition(core.VALID_CONDITION, "False", refusal.problem.value, refusal.message),
+            Condition(VALID_CONDITION, "False", refusal.problem.value, refusal.message),
             now_stamp(), int(meta.get("generation") or 0))
         try:
             await self.client.patch(RULES.path(meta.get("namespace"), meta.get("name"),
@@ -78,14 +84,14 @@ class AdapterWrites:
             return False
         return True
 
-    async def create_bare(self, rule_obj: Obj, rule: core.SubstitutionRule, step: str
+    async def create_bare(self, rule_obj: Obj, rule: SubstitutionRule, step: str
                            ) -> Obj | None:
         # every pod the adapter creates passes here: from a rule it wrote, as it recorded it
-        refusal = core.check_rule(rule)
+        refusal = check_rule(rule)
         if refusal is not None:
             await self.refuse(rule_obj, refusal)
             return None
-        manifest = core.recreated_pod(rule, SCHEDULER_ANNOTATIONS)
+        manifest = recreated_pod(rule, SCHEDULER_ANNOTATIONS)
         try:
             created = await self.client.create(PODS.path(rule.namespace), manifest)
         except AlreadyExists:
@@ -110,7 +116,7 @@ class AdapterWrites:
         except NotFound:
             return
 
-    async def delete_rule(self, obj: Obj, rule: core.SubstitutionRule, why: str) -> None:
+    async def delete_rule(self, obj: Obj, rule: SubstitutionRule, why: str) -> None:
         meta = metadata_of(obj)
         try:
             await self.client.delete(RULES.path(rule.namespace, rule.name),

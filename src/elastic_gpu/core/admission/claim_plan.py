@@ -18,7 +18,8 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
 from elastic_gpu.core.admission.pod import pod_containers
 from elastic_gpu.core.admission.rules import AdmissionRule, Refusal, from_resource_error
-from elastic_gpu.core.claims import Claim, ClaimAnnotationError, pod_claims
+from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import container_request
 from elastic_gpu.core.resources import GPU_CORE, GPU_MEMORY, Measure, ResourceError, lookup, to_amount

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.mig import SubstitutionRule
+from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.nodestatus import gpu_capacity
 from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, lookup
 

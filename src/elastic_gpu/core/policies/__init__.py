@@ -2,12 +2,20 @@
 
 A new policy is a subclass of `NodePolicy` or `CardPolicy` (policies/base.py) added with
 `register_node_policy` / `register_card_policy`; the engine, the extender and `egpu simulate`
-then accept its name.
+then accept its name. A node policy scores node views (`score`), and may also score every
+node at once from arrays (`score_arrays`); the engine uses the arrays when a policy has them.
 """
 
 from __future__ import annotations
 
-from elastic_gpu.core.policies.base import CardPolicy, CardView, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies.base import (
+    CardPolicy,
+    CardView,
+    NodeArrays,
+    NodePolicy,
+    NodeView,
+    ScoreContext,
+)
 from elastic_gpu.core.policies.card import CARD_POLICY_CLASSES
 from elastic_gpu.core.policies.node import NODE_POLICY_CLASSES
 
@@ -69,6 +77,6 @@ def card_policy(name: str) -> CardPolicy:
 
 __all__ = [
     "CARD_POLICIES", "DEFAULT_NODE_POLICY", "NODE_POLICIES", "CardPolicy", "CardView",
-    "NodePolicy", "NodeView", "ScoreContext", "card_policy", "default_card_policy", "node_policy",
-    "register_card_policy", "register_node_policy",
+    "NodeArrays", "NodePolicy", "NodeView", "ScoreContext", "card_policy", "default_card_policy",
+    "node_policy", "register_card_policy", "register_node_policy",
 ]

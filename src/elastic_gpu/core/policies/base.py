@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.model import Card
@@ -48,6 +49,39 @@ class NodeView:
     @property
     def full_free(self) -> int:
         return sum(1 for f in self.free if f >= 1000)
+
+
+@dataclass(frozen=True)
+class NodeArrays:
+    """The scored nodes as arrays, one entry per node (`rows` of the engine's matrices), for
+    policies that score every node in one NumPy expression (`NodePolicy.score_arrays`).
+
+    The engine hands over its whole matrices and the rows asked; each property reads only the
+    rows, when a policy asks for it."""
+
+    rows: npt.NDArray[np.int64]
+    #: per node row and card column: compute capacity and use (milli-cards), and whether the
+    #: card takes shares (healthy, not MIG-enabled); padding cells are not usable
+    card_capacity: npt.NDArray[np.int64]
+    card_used: npt.NDArray[np.int64]
+    card_usable: npt.NDArray[np.bool_]
+    #: per node row: CPU capacity and use (milli)
+    cpu_capacity: npt.NDArray[np.int64]
+    cpu_used: npt.NDArray[np.int64]
+
+    @property
+    def free_total(self) -> npt.NDArray[np.int64]:
+        """Free milli-cards on the usable cards of each node (`NodeView.free_total`)."""
+        rows = self.rows
+        free: npt.NDArray[np.int64] = ((self.card_capacity[rows] - self.card_used[rows])
+                                       * self.card_usable[rows]).sum(axis=1)
+        return free
+
+    @property
+    def cpu_free(self) -> npt.NDArray[np.int64]:
+        """Free CPU (milli) of each node (`NodeView.cpu_free`)."""
+        free: npt.NDArray[np.int64] = self.cpu_capacity[self.rows] - self.cpu_used[self.rows]
+        return free
 
 
 @dataclass
@@ -102,6 +136,13 @@ class NodePolicy(ABC):
     def score_batch(self, ctx: ScoreContext, task: TaskShape, nodes: Sequence[NodeView]
                     ) -> list[float]:
         return [self.score(ctx, task, node) for node in nodes]
+
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64] | None:
+        """Every node's `score` in one vectorised pass, the same IEEE doubles as `score`
+        gives node by node; None (the default) when the policy has no such form, and the
+        engine then scores node views (`score_batch`), cached while a node is unchanged."""
+        return None
 
 
 @dataclass

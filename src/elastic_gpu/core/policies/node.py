@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from elastic_gpu.core.frag import sigmoid, sorted_free
-from elastic_gpu.core.policies.base import NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies.base import NodeArrays, NodePolicy, NodeView, ScoreContext
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.core.workload import (
     FGD_POPULARITY,
@@ -80,6 +83,14 @@ class BinpackPolicy(NodePolicy):
         cpu_left = node.cpu_free - task.cpu_milli
         return -(gpu_left + cpu_left / (MAX_SPEC_CPU * 10))
 
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64]:
+        # `score`'s arithmetic over arrays, operation for operation (a test compares them)
+        gpu_left = nodes.free_total - task.total_milli
+        cpu_left = nodes.cpu_free - task.cpu_milli
+        packed: npt.NDArray[np.float64] = -(gpu_left + cpu_left / (MAX_SPEC_CPU * 10))
+        return packed
+
 
 class SpreadPolicy(NodePolicy):
     """Use the emptiest node: most free GPU left, then most free CPU."""
@@ -88,6 +99,10 @@ class SpreadPolicy(NodePolicy):
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         return -BinpackPolicy().score(ctx, task, node)
+
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64]:
+        return -BinpackPolicy().score_arrays(ctx, task, nodes)
 
 
 class RandomPolicy(NodePolicy):

@@ -15,10 +15,12 @@ from abc import abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import Engine, FilterResult, PolicyConfig, ScoredNodes
+from elastic_gpu.core.claims import model as claims_model
+from elastic_gpu.core.claims.inventory import ledger_key
+from elastic_gpu.core.claims.model import Claim, GPUClass
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Engine, FilterResult, PolicyConfig, ScoredNodes
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.wakeup import Waiter, Wake
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
@@ -26,7 +28,7 @@ from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.state.records import NodeInfo, PodInfo, Reservation, StateNotReady
 
 #: Prefix of ElasticGPU ledger keys (`core.claims.ledger_key`); never a pod UID.
-EGPU_KEY = egc.ledger_key("")
+EGPU_KEY = ledger_key("")
 #: The feeds of the Elastic GPU API (their CRDs missing = none exist, `apiworker`).
 CLAIM_SOURCES = frozenset({"elasticgpus", "elasticgpuclaims", "elasticgpuclasses"})
 
@@ -79,11 +81,11 @@ class StateBase:
         self.wakeup_counts: Counter[str] = Counter()
         #: The Elastic GPU API as the watches show it (core types), and ElasticGPU object
         #: UIDs seen deleted (a create's answer arriving after the deletion stays gone).
-        self._egpus: dict[str, egc.ElasticGPU] = {}
+        self._egpus: dict[str, claims_model.ElasticGPU] = {}
         self._egpu_uids: dict[str, str] = {}
         self._egpus_gone: OrderedDict[str, None] = OrderedDict()
-        self._claims: dict[tuple[str, str], egc.Claim] = {}
-        self._classes: dict[str, egc.GPUClass] = {}
+        self._claims: dict[tuple[str, str], Claim] = {}
+        self._classes: dict[str, GPUClass] = {}
         #: ElasticGPU name -> uids of the pods whose assignment uses its cards: they hold
         #: those cards themselves while it is not counted (`_egpu_counted`)
         self._egpu_consumers: dict[str, set[str]] = {}

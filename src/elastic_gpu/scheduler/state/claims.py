@@ -7,13 +7,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import (
+from elastic_gpu.core.claims import decisions as claims_decisions
+from elastic_gpu.core.claims import model as claims_model
+from elastic_gpu.core.claims import pods as claims_pods
+from elastic_gpu.core.claims import provisioning as claims_provisioning
+from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.decisions import Decision, Pending
+from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.claims.model import Claim, GPUClass
+from elastic_gpu.core.claims.pods import (
+    ClaimAnnotationError,
+    PodClaims,
+    off_node_reason,
+    pod_claims,
+    resolve_pod_claims,
+)
+from elastic_gpu.core.fit import FitFailure, FitKind
+from elastic_gpu.core.placement import (
     FilterResult,
     Unschedulable,
 )
-from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.scheduler.state.base import EGPU_KEY, StateBase
@@ -46,8 +60,8 @@ class ClaimCaches(StateBase):
             self._claim_waiting.pop(uid, None)
             return
         try:
-            named = egc.pod_claims(pod.manifest)
-        except egc.ClaimAnnotationError:
+            named = pod_claims(pod.manifest)
+        except ClaimAnnotationError:
             return
         view = self._claim_view(namespace, named)
         if view.blocked is None:
@@ -57,13 +71,13 @@ class ClaimCaches(StateBase):
                 uid, namespace, name, view.node or "",
                 f"the ElasticGPUClaims this pod names can now be placed{where}")
 
-    def upsert_elasticgpu(self, egpu: egc.ElasticGPU, uid: str = "") -> None:
+    def upsert_elasticgpu(self, egpu: claims_model.ElasticGPU, uid: str = "") -> None:
         """An ElasticGPU from the watch (or the API's answer to our create): it holds its cards
         from now on; any reservation made to create it ends (the truth is known)."""
         with self._lock:
             if uid and uid in self._egpus_gone:
                 return  # a late copy of a deleted one
-            key = egc.ledger_key(egpu.name)
+            key = ledger_key(egpu.name)
             if self._egpus.get(egpu.name) == egpu and key not in self._inflight:
                 return
             self._egpus[egpu.name] = egpu
@@ -83,12 +97,12 @@ class ClaimCaches(StateBase):
                 self._egpus_gone[uid] = None
                 while len(self._egpus_gone) > MAX_GONE:
                     self._egpus_gone.popitem(last=False)
-            self._sync(egc.ledger_key(name))
+            self._sync(ledger_key(name))
             self._sync_consumers(name)  # a running pod using its cards holds them now
             if egpu is not None and egpu.claim_ref is not None:
                 self._claim_keys_changed([f"{egpu.claim_ref.namespace}/{egpu.claim_ref.name}"])
 
-    def replace_elasticgpus(self, egpus: Iterable[tuple[egc.ElasticGPU, str]]) -> None:
+    def replace_elasticgpus(self, egpus: Iterable[tuple[claims_model.ElasticGPU, str]]) -> None:
         """A relist: exactly these ElasticGPUs (with their object UIDs) exist."""
         with self._lock:
             fresh = {egpu.name: (egpu, uid) for egpu, uid in egpus}
@@ -97,7 +111,7 @@ class ClaimCaches(StateBase):
             for egpu, uid in fresh.values():
                 self.upsert_elasticgpu(egpu, uid)
 
-    def upsert_claim(self, claim: egc.Claim) -> None:
+    def upsert_claim(self, claim: Claim) -> None:
         with self._lock:
             if self._claims.get((claim.namespace, claim.name)) == claim:
                 return
@@ -109,7 +123,7 @@ class ClaimCaches(StateBase):
             if self._claims.pop((namespace, name), None) is not None:
                 self._claim_keys_changed([f"{namespace}/{name}"])
 
-    def replace_claims(self, claims: Iterable[egc.Claim]) -> None:
+    def replace_claims(self, claims: Iterable[Claim]) -> None:
         with self._lock:
             fresh = {(c.namespace, c.name): c for c in claims}
             for namespace, name in set(self._claims) - set(fresh):
@@ -117,7 +131,7 @@ class ClaimCaches(StateBase):
             for claim in fresh.values():
                 self.upsert_claim(claim)
 
-    def upsert_class(self, cls: egc.GPUClass) -> None:
+    def upsert_class(self, cls: GPUClass) -> None:
         with self._lock:
             if self._classes.get(cls.name) != cls:
                 self._classes[cls.name] = cls
@@ -128,7 +142,7 @@ class ClaimCaches(StateBase):
             if self._classes.pop(name, None) is not None:
                 self._claim_keys_changed(self._claims_of_class(name))
 
-    def replace_classes(self, classes: Iterable[egc.GPUClass]) -> None:
+    def replace_classes(self, classes: Iterable[GPUClass]) -> None:
         with self._lock:
             fresh = {c.name: c for c in classes}
             for name in set(self._classes) - set(fresh):
@@ -139,24 +153,24 @@ class ClaimCaches(StateBase):
     def _claims_of_class(self, name: str) -> list[str]:
         return [c.key for c in self._claims.values() if c.class_name == name]
 
-    def claim(self, namespace: str, name: str) -> egc.Claim | None:
+    def claim(self, namespace: str, name: str) -> Claim | None:
         return self._claims.get((namespace, name))
 
-    def elasticgpu(self, name: str) -> egc.ElasticGPU | None:
+    def elasticgpu(self, name: str) -> claims_model.ElasticGPU | None:
         return self._egpus.get(name)
 
-    def elasticgpus(self) -> dict[str, egc.ElasticGPU]:
+    def elasticgpus(self) -> dict[str, claims_model.ElasticGPU]:
         with self._lock:
             return dict(self._egpus)
 
-    def classes(self) -> dict[str, egc.GPUClass]:
+    def classes(self) -> dict[str, GPUClass]:
         with self._lock:
             return dict(self._classes)
 
-    def _claim_view(self, namespace: str, named: Mapping[str, str]) -> egc.PodClaims:
-        return egc.resolve_pod_claims(namespace, named, self._claims, self._classes, self._egpus)
+    def _claim_view(self, namespace: str, named: Mapping[str, str]) -> PodClaims:
+        return resolve_pod_claims(namespace, named, self._claims, self._classes, self._egpus)
 
-    def claim_view(self, namespace: str, named: Mapping[str, str]) -> egc.PodClaims:
+    def claim_view(self, namespace: str, named: Mapping[str, str]) -> PodClaims:
         """How a pod of `namespace` naming these claims (container -> claim) is placed now."""
         with self._lock:
             return self._claim_view(namespace, named)
@@ -186,7 +200,7 @@ class ClaimCaches(StateBase):
             if node is None:
                 return self.filter(rest, uid, node_names), {}
             container, egpu = next(iter(sorted(view.bound.items())))
-            off = egc.off_node_reason(container, f"{pod.namespace}/{named[container]}", egpu)
+            off = off_node_reason(container, f"{pod.namespace}/{named[container]}", egpu)
             reasons = {n: off for n in node_names if n != node}
             if node not in node_names:
                 self._waiting.pop(uid, None)
@@ -196,8 +210,8 @@ class ClaimCaches(StateBase):
                 return FilterResult([node], {}), reasons
             return self.filter(rest, uid, [node]), reasons
 
-    def reserve_claims(self, pod: PodRequest, uid: str, node: str, view: egc.PodClaims
-                       ) -> tuple[int, Assignment, list[tuple[egc.ElasticGPU, int]]]:
+    def reserve_claims(self, pod: PodRequest, uid: str, node: str, view: PodClaims
+                       ) -> tuple[int, Assignment, list[tuple[claims_model.ElasticGPU, int]]]:
         """`reserve` for a pod naming claims: its bound claims' containers get their
         ElasticGPUs' cards (held already, under the ElasticGPUs' keys); cards are chosen on
         `node` for the others, and those chosen for a WaitForFirstConsumer claim's container are
@@ -213,7 +227,7 @@ class ClaimCaches(StateBase):
                 cls = self._classes.get(claim.class_name or "")
                 if cls is None:
                     raise Unschedulable(FitFailure(FitKind.UNDETAILED), node)
-                made.append(egc.first_consumer_elasticgpu(
+                made.append(claims_pods.first_consumer_elasticgpu(
                     claim, cls, node, tuple(placed.containers.get(container, ()))))
             own = Assignment(node, {c: s for c, s in placed.containers.items()
                                     if c not in view.first_consumer})
@@ -224,16 +238,16 @@ class ClaimCaches(StateBase):
                     tokens.append((egpu, self._reserve_egpu(egpu)))
             except Unschedulable:
                 for egpu, etoken in tokens:
-                    self._drop_reservations(egc.ledger_key(egpu.name), etoken)
+                    self._drop_reservations(ledger_key(egpu.name), etoken)
                 self._drop_reservations(uid, token)
                 raise
             containers = dict(placed.containers)
             containers.update({c: e.shares for c, e in view.bound.items()})
             return token, Assignment(node, containers, view.marks()), tokens
 
-    def _reserve_egpu(self, egpu: egc.ElasticGPU) -> int:
-        key = egc.ledger_key(egpu.name)
-        assignment = egc.egpu_assignment(egpu)
+    def _reserve_egpu(self, egpu: claims_model.ElasticGPU) -> int:
+        key = ledger_key(egpu.name)
+        assignment = egpu_assignment(egpu)
         self._tokens += 1
         token = self._tokens
         self.engine.allocate(self._reservation_key(key, token), assignment)
@@ -241,28 +255,28 @@ class ClaimCaches(StateBase):
         self._inflight.setdefault(key, {})[token] = Reservation(assignment)
         return token
 
-    def provision(self, claim: egc.Claim) -> tuple[egc.Decision | egc.ElasticGPU, int | None]:
+    def provision(self, claim: Claim) -> tuple[Decision | claims_model.ElasticGPU, int | None]:
         """/provision's decision for a claim, from the caches (`core.claims.decide`); on
         Provision, the ElasticGPU placed by the engine (`core.claims.provision`) with its cards
         reserved under its ledger key (the token, for `settle_elasticgpu`)."""
         with self._lock:
             self._prepare()
-            decision = egc.decide(claim, self._classes, self._egpus)
-            if not isinstance(decision, egc.Provision):
+            decision = decide(claim, self._classes, self._egpus)
+            if not isinstance(decision, claims_decisions.Provision):
                 return decision, None
             cls = self._classes[claim.class_name or ""]
-            made = egc.provision(decision, claim, cls, self.engine)
-            if isinstance(made, egc.Pending):
+            made = claims_provisioning.provision(decision, claim, cls, self.engine)
+            if isinstance(made, Pending):
                 return made, None
             return made, self._reserve_egpu(made)
 
     def settle_elasticgpu(self, name: str, token: int, outcome: str,
-                          created: egc.ElasticGPU | None = None, uid: str = "") -> None:
+                          created: claims_model.ElasticGPU | None = None, uid: str = "") -> None:
         """End an ElasticGPU's reservation: `created` (pass what the API holds: it holds the
         cards from now on, as if the watch had shown it), `failed` (nothing was created) or
         `unknown` (kept for the TTL, until the watch shows the truth)."""
         with self._lock:
-            key = egc.ledger_key(name)
+            key = ledger_key(name)
             if outcome == "unknown":
                 reservation = (self._inflight.get(key) or {}).get(token)
                 if reservation is not None:

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core import claims as egc
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import (
+from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.placement import (
     Unschedulable,
     task_shape,
 )
@@ -41,7 +41,7 @@ class Holds(StateBase):
             egpu = self._egpus.get(uid[len(EGPU_KEY):])
             if egpu is None or not egpu.node or not egpu.shares:
                 return None
-            return egc.egpu_assignment(egpu)
+            return egpu_assignment(egpu)
         pod = self._pods.get(uid)
         return pod.held(self._egpu_counted) if pod is not None else None
 
@@ -50,7 +50,7 @@ class Holds(StateBase):
         cards (`_desired`), or a reservation holds them while it is being created."""
         egpu = self._egpus.get(name)
         return (egpu is not None and bool(egpu.node) and bool(egpu.shares)) or \
-            egc.ledger_key(name) in self._inflight
+            ledger_key(name) in self._inflight
 
     def _index_consumer(self, uid: str, old: PodInfo | None, new: PodInfo | None) -> None:
         before = old.elasticgpus() if old is not None else frozenset()

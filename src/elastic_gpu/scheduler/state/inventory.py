@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from elastic_gpu.core import claims as egc
+from elastic_gpu.core.claims.inventory import ledger_key
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.scheduler.state.base import EGPU_KEY, StateBase
 from elastic_gpu.scheduler.state.records import NodeInfo
@@ -115,7 +115,7 @@ class Inventory(StateBase):
             self._holds.clear()
             self._node_pods.clear()
             for name in self._egpus:  # ElasticGPUs first: a bound claim's cards are its
-                self._sync(egc.ledger_key(name))
+                self._sync(ledger_key(name))
             for uid in self._pods:
                 self._sync(uid)
             for uid, reservations in self._inflight.items():

@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from elastic_gpu.core.engine import (
+from elastic_gpu.core.fit import FitFailure, FitKind
+from elastic_gpu.core.placement import (
     FilterResult,
     ScoredNodes,
 )
-from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.preemption import victims_on
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.scheduler.state.base import StateBase

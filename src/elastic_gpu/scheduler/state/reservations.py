@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.engine import (
+from elastic_gpu.core.placement import (
     Unschedulable,
 )
 from elastic_gpu.core.request import PodRequest

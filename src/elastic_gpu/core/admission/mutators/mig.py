@@ -8,7 +8,7 @@ from typing import Any
 from elastic_gpu.core.admission.jsonpatch import PatchOp, apply_patch, pointer, set_annotation
 from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.admission.pod import owner_uids, pod_containers, pod_namespace
-from elastic_gpu.core.mig import MIG_ORIGINAL, MIG_SUBSTITUTION
+from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_SUBSTITUTION
 
 
 def mig_substitution(data: MutationInput) -> list[PatchOp]:

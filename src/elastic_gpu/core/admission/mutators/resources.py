@@ -11,7 +11,7 @@ from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer, set_annotatio
 from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.admission.pod import pod_containers
 from elastic_gpu.core.admission.rules import VCUDA_CORE, VCUDA_CORE_LIMIT
-from elastic_gpu.core.claims import ClaimAnnotationError, pod_claims
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.nodefit import NODE_CORE, node_core
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import RequestKind, container_request

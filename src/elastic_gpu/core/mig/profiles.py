@@ -1,0 +1,148 @@
+"""MIG profiles per GPU model: NVIDIA's table, and which profile may stand in for which.
+
+The table is NVIDIA's, as the MIG user guide publishes it ("Supported MIG Profiles",
+https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html, and
+"Supported GPUs" for the models and their 7 (A30: 4) instances at most): per profile the
+compute slices (fraction of SMs), the memory slices (fraction of memory, in eighths; A30 in
+quarters), the memory in GB its name gives and how many instances of it one card holds. The
+A100-SXM4-80GB and the H100 80 GB carry the same names (1g.10gb ... 7g.80gb) and sizes; the H200
+141 GB carries 1g.18gb ... 7g.141gb. The `+me` profiles (media extensions) exist once per card.
+The H100-80GB and H200-141GB rows (names and instances per card) were cross-checked against
+NVIDIA's own MIG partition editor defaults (NVIDIA/mig-parted,
+deployments/systemd/config-default.yaml: `all-1g.10gb` 7, `all-1g.20gb` 4, `all-2g.20gb` 3,
+`all-3g.40gb` 2, `all-4g.40gb` 1, `all-7g.80gb` 1 for H100-80GB; `all-1g.18gb` 7,
+`all-1g.35gb` 4, `all-2g.35gb` 3, `all-3g.71gb` 2, `all-4g.71gb` 1, `all-7g.141gb` 1 for
+H200-141GB; one `+me` each).
+
+`compatible(requested, offered, model)`: may a pod asking `requested` run on an instance of
+`offered` carved on a card of `model`? Same model family, at least the compute slices and the
+memory asked, a different profile (the same one is no substitution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from elastic_gpu.core.resources import MigProfile
+
+
+@dataclass(frozen=True)
+class ProfileSize:
+    """One row of NVIDIA's table: a profile and its size on one card model."""
+
+    profile: MigProfile
+    #: compute slices (the profile's `<n>g`; a card has `MigModel.compute_slices`)
+    compute_slices: int
+    #: memory slices (of `MigModel.memory_slices`)
+    memory_slices: int
+    #: how many instances of this profile one card holds at most
+    max_instances: int
+
+    @property
+    def memory_gb(self) -> int:
+        return self.profile.memory_gb
+
+
+@dataclass(frozen=True)
+class MigModel:
+    """A MIG-capable card model and its profiles."""
+
+    name: str
+    #: the product family: substitution never crosses it (A100 40 GB and 80 GB are one family)
+    family: str
+    memory_gb: int
+    compute_slices: int
+    memory_slices: int
+    profiles: tuple[ProfileSize, ...]
+
+    def size(self, profile: MigProfile) -> ProfileSize | None:
+        return next((p for p in self.profiles if p.profile == profile), None)
+
+
+def _rows(*rows: tuple[str, int, int]) -> tuple[ProfileSize, ...]:
+    out = []
+    for name, memory_slices, max_instances in rows:
+        profile = MigProfile.parse(name)
+        out.append(ProfileSize(profile, profile.slices, memory_slices, max_instances))
+    return tuple(out)
+
+
+#: The 80 GB Ampere/Hopper layout: the A100-SXM4-80GB (and PCIe 80 GB) and the H100 80 GB.
+_EIGHTY = (("1g.10gb", 1, 7), ("1g.10gb+me", 1, 1), ("1g.20gb", 2, 4), ("2g.20gb", 2, 3),
+           ("3g.40gb", 4, 2), ("4g.40gb", 4, 1), ("7g.80gb", 8, 1))
+
+#: NVIDIA's published profiles per model (see the module's docstring for the source).
+MIG_MODELS: tuple[MigModel, ...] = (
+    MigModel("A30-24GB", "A30", 24, 4, 4, _rows(
+        ("1g.6gb", 1, 4), ("1g.6gb+me", 1, 1), ("2g.12gb", 2, 2), ("2g.12gb+me", 2, 1),
+        ("4g.24gb", 4, 1))),
+    MigModel("A100-SXM4-40GB", "A100", 40, 7, 8, _rows(
+        ("1g.5gb", 1, 7), ("1g.5gb+me", 1, 1), ("1g.10gb", 2, 4), ("2g.10gb", 2, 3),
+        ("3g.20gb", 4, 2), ("4g.20gb", 4, 1), ("7g.40gb", 8, 1))),
+    MigModel("A100-80GB", "A100", 80, 7, 8, _rows(*_EIGHTY)),
+    MigModel("H100-80GB", "H100", 80, 7, 8, _rows(*_EIGHTY)),
+    MigModel("H200-141GB", "H200", 141, 7, 8, _rows(
+        ("1g.18gb", 1, 7), ("1g.18gb+me", 1, 1), ("1g.35gb", 2, 4), ("2g.35gb", 2, 3),
+        ("3g.71gb", 4, 2), ("4g.71gb", 4, 1), ("7g.141gb", 8, 1))),
+)
+
+_BY_NAME = {m.name: m for m in MIG_MODELS}
+
+
+def all_profiles() -> tuple[MigProfile, ...]:
+    """Every profile of the table once (without the `+me` ones), in table order."""
+    seen: dict[MigProfile, None] = {}
+    for model in MIG_MODELS:
+        for row in model.profiles:
+            if not row.profile.extra:
+                seen.setdefault(row.profile)
+    return tuple(seen)
+
+
+def mig_model(card_model: str) -> MigModel | None:
+    """The table's model for a card model as a node or NVML names it (`A100-SXM4-40GB`,
+    `NVIDIA A100-PCIE-80GB`, `NVIDIA H100 80GB HBM3`, `H200`, ...); None for a card the table
+    does not know (no substitution is made on it)."""
+    if card_model in _BY_NAME:
+        return _BY_NAME[card_model]
+    text = card_model.upper().replace("_", "-").replace(" ", "-")
+    if "A30" in text:
+        return _BY_NAME["A30-24GB"]
+    if "A100" in text:
+        return _BY_NAME["A100-80GB" if "80GB" in text else "A100-SXM4-40GB"]
+    if "H200" in text:
+        return _BY_NAME["H200-141GB"]
+    if "H100" in text and "80GB" in text:
+        return _BY_NAME["H100-80GB"]
+    return None
+
+
+def compatible(requested: MigProfile, offered: MigProfile, model: str) -> bool:
+    """Whether a pod asking `requested` may run on an instance of `offered` on a card of
+    `model`: the card's family has `requested` (on some model of the family: the pod's name
+    means a size there), `offered` is a profile of `model`, it has at least the compute slices
+    and the memory asked, and it is another profile. A `+me` request needs the same media
+    extensions; a plain request may take a `+me` instance."""
+    card = mig_model(model)
+    if card is None or requested == offered:
+        return False
+    have = card.size(offered)
+    if have is None:
+        return False
+    family = [m for m in MIG_MODELS if m.family == card.family]
+    if not any(m.size(requested) is not None for m in family):
+        return False
+    if requested.extra and requested.extra != offered.extra:
+        return False
+    return offered.slices >= requested.slices and offered.memory_gb >= requested.memory_gb
+
+
+
+def parse_profiles(names: Iterable[str]) -> frozenset[str]:
+    """Profile names as the configuration writes them, checked (`ResourceError` names the bad
+    one); `nvidia.com/mig-` prefixes are dropped."""
+    out: set[str] = set()
+    for name in names:
+        out.add(MigProfile.parse(name).name)
+    return frozenset(out)

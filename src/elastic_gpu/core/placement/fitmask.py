@@ -1,0 +1,61 @@
+"""Fit as masks over the layout: which nodes can host a pod.
+
+The common requests (one container: a share, N whole cards, or nothing) are a handful of
+vectorised comparisons over every node at once; the others are planned node by node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from elastic_gpu.core.fit import FitFailure
+from elastic_gpu.core.placement.layout import BoolArray, Layout
+from elastic_gpu.core.placement.planning import plan
+from elastic_gpu.core.policies import CardPolicy, ScoreContext
+from elastic_gpu.core.request import PodRequest, RequestKind
+
+
+def host_mask(lay: Layout, pod: PodRequest, check_host: bool) -> BoolArray:
+    if not check_host:
+        return np.ones(len(lay.rows), dtype=bool)
+    return ((lay.cpu_cap - lay.cpu_used >= pod.cpu_milli)
+            & (lay.mem_cap - lay.mem_used >= pod.memory_mib))
+
+def host_fits(lay: Layout, row: int, pod: PodRequest, check_host: bool) -> bool:
+    if not check_host:
+        return True
+    return bool(lay.cpu_cap[row] - lay.cpu_used[row] >= pod.cpu_milli
+                and lay.mem_cap[row] - lay.mem_used[row] >= pod.memory_mib)
+
+def model_ok(lay: Layout, pod: PodRequest) -> BoolArray:
+    # one spare entry: padding cells of the card matrix hold model id 0 even with no models
+    accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
+    out: BoolArray = lay.usable & accepted[lay.card_model]
+    return out
+
+
+def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
+             binpack: CardPolicy) -> BoolArray:
+    """Which rows can host the pod: vectorised for one share or whole-card container, planned
+    per node with the tightest-first card policy otherwise."""
+    host = host_mask(lay, pod, check_host)
+    gpu = pod.gpu_containers
+    if not gpu:
+        return host
+    if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
+        c = gpu[0]
+        ok = model_ok(lay, pod)
+        offer = lay.offer_mask(c.resources)
+        if offer is not None:
+            ok = ok & offer
+        if c.kind is RequestKind.SHARE:
+            cards = (ok & (lay.cap_milli - lay.used_milli >= c.compute_milli)
+                     & (lay.cap_mem - lay.used_mem >= c.memory_mib))
+            share_ok: BoolArray = host & cards.any(axis=1)
+            return share_ok
+        whole_ok: BoolArray = host & (lay.whole_slots(c, ok).sum(axis=1) >= c.cards)
+        return whole_ok
+    out = host.copy()
+    for row in np.flatnonzero(host):
+        out[row] = not isinstance(plan(lay, ctx, int(row), pod, binpack), FitFailure)
+    return out

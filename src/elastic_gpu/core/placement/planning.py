@@ -1,0 +1,162 @@
+"""Planning: which cards of one node each GPU container of a pod gets, or why none.
+
+Containers are planned in a fixed order (whole cards, MIG instances, then shares, larger first),
+each on what the ones before left; the card policy chooses among the cards that fit. Fit of the
+requests the arrays do not cover (several GPU containers, MIG) is defined by this plan with the
+tightest-first card policy.
+"""
+
+from __future__ import annotations
+
+from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.fit import FitFailure, FitKind, Unit
+from elastic_gpu.core.placement.layout import Layout
+from elastic_gpu.core.placement.shortfalls import (
+    cards_failure,
+    restricts_models,
+    share_failure,
+    whole_shortfall,
+)
+from elastic_gpu.core.placement.task import task_shape
+from elastic_gpu.core.policies import CardPolicy, CardView, ScoreContext
+from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+
+
+def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: CardPolicy
+         ) -> dict[str, tuple[CardShare, ...]] | FitFailure:
+    """Cards for every GPU container on this node, or why there are none."""
+    r = lay.rows[row]
+    cols = [c for c in range(len(r.cards)) if lay.usable[row, c]
+            and pod.accepts_model(r.cards[c].model)]
+    cards = [r.cards[c] for c in cols]
+    free_milli = [int(lay.cap_milli[row, c] - lay.used_milli[row, c]) for c in cols]
+    free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c]) for c in cols]
+    untouched = [bool(lay.used_milli[row, c] == 0 and lay.used_mem[row, c] == 0) for c in cols]
+    used_rep = [int(lay.used_rep[row, c]) for c in cols]
+    view = CardView(lay.view(row), task_shape(pod), cards, free_milli, free_mem)
+    taken_mig: set[str] = set()
+    plan: dict[str, tuple[CardShare, ...]] = {}
+
+    def served(c: ContainerRequest) -> list[bool]:
+        offer = lay.offer_mask(c.resources)
+        return [True] * len(cols) if offer is None else [bool(offer[row, col]) for col in cols]
+
+    def order(c: ContainerRequest) -> tuple[int, int, int, int]:
+        rank = {RequestKind.WHOLE: 0, RequestKind.MIG: 1, RequestKind.SHARE: 2}[c.kind]
+        return (rank, -c.cards, -c.compute_milli, -c.memory_mib)
+
+    for c in sorted(pod.gpu_containers, key=order):
+        ok = served(c)
+        if c.kind is RequestKind.WHOLE:
+            replicas = plan_replicas(lay, ctx, row, c, policy, view, cols, ok, untouched,
+                                     used_rep, pod)
+            if replicas is not None:
+                if isinstance(replicas, FitFailure):
+                    return replicas
+                plan[c.name] = replicas
+                continue
+            cand = [p for p in range(len(cards))
+                    if ok[p] and untouched[p] and cards[p].memory_mib >= c.memory_mib]
+            if len(cand) < c.cards:
+                return cards_failure(pod, c, len(cand), len(r.cards))
+            picked = policy.pick_whole(ctx, view, cand, c.cards)
+            shares = []
+            for p in picked:
+                shares.append(CardShare(cards[p].index, cards[p].uuid, cards[p].compute_milli,
+                                        cards[p].memory_mib))
+                free_milli[p] = free_mem[p] = 0
+                untouched[p] = False
+            plan[c.name] = tuple(shares)
+        elif c.kind is RequestKind.SHARE:
+            cand = [p for p in range(len(cards))
+                    if ok[p] and free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
+            if not cand:
+                return share_failure(pod, c, len(r.cards))
+            p = policy.pick_share(ctx, view, cand, c.compute_milli, c.memory_mib)
+            free_milli[p] -= c.compute_milli
+            free_mem[p] -= c.memory_mib
+            untouched[p] = False
+            plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, c.compute_milli,
+                                      c.memory_mib),)
+        elif c.kind is RequestKind.MIG:
+            assert c.mig_profile is not None
+            found: list[CardShare] = []
+            profile_total = 0
+            mig_offer = lay.offer_mask(c.resources)
+            for col, card in enumerate(r.cards):
+                if not card.healthy or not pod.accepts_model(card.model):
+                    continue
+                if mig_offer is not None and not mig_offer[row, col]:
+                    continue
+                for inst in card.mig:
+                    profile_total += inst.profile == c.mig_profile
+                    if len(found) == c.cards:
+                        continue
+                    if (inst.profile == c.mig_profile and inst.health.value == "Healthy"
+                            and inst.uuid not in r.mig_owner and inst.uuid not in taken_mig):
+                        taken_mig.add(inst.uuid)
+                        found.append(CardShare(card.index, card.uuid, 0,
+                                               c.mig_profile.memory_gb * 1024,
+                                               c.mig_profile.name, inst.uuid))
+            if len(found) < c.cards:
+                return FitFailure(FitKind.INSUFFICIENT_MIG, c.mig_profile.resource_name, c.cards,
+                                  len(found), profile_total, Unit.INSTANCES, c.name,
+                                  restricts_models(pod))
+            plan[c.name] = tuple(found)
+    return plan
+
+
+def plan_replicas(lay: Layout, ctx: ScoreContext, row: int, c: ContainerRequest,
+                  policy: CardPolicy, view: CardView, cols: list[int], ok: list[bool],
+                  untouched: list[bool], used_rep: list[int], pod: PodRequest
+                  ) -> tuple[CardShare, ...] | FitFailure | None:
+    """A WHOLE container's N units where some served card is time-sliced for the resource
+    it wrote (None otherwise: plain whole cards). A time-sliced card gives replica slots
+    (r in all, each compute // r milli-cards, no memory); an entirely free plain card
+    serving the name gives one whole unit. Each unit goes on a card of its own while
+    there is one (the card policy picks as for a share of one slot), then replicas stack.
+    Updates the view's free amounts, `untouched` and `used_rep` in place."""
+    name = lay.replica_name(c)
+    if name is None or not lay.constrained:
+        return None
+    counts = lay.counts(name)
+    cards = view.cards
+    rep = [int(counts[row, col]) for col in cols]
+    fits = [ok[p] and cards[p].memory_mib >= c.memory_mib for p in range(len(cols))]
+    if not any(fits[p] and rep[p] > 1 for p in range(len(cols))):
+        return None
+    per = [cards[p].compute_milli // rep[p] if rep[p] > 1 else cards[p].compute_milli
+           for p in range(len(cols))]
+
+    def slots(p: int) -> int:
+        if not fits[p]:
+            return 0
+        if rep[p] <= 1:
+            return int(untouched[p])
+        by_milli = view.free_milli[p] // per[p] if per[p] > 0 else rep[p]
+        return max(0, min(rep[p] - used_rep[p], by_milli))
+
+    total = sum(slots(p) for p in range(len(cols)))
+    if total < c.cards:
+        return whole_shortfall(lay, pod, row, c, total)
+    taken: dict[int, int] = {}
+    for _ in range(c.cards):
+        cand = [p for p in range(len(cols)) if p not in taken and slots(p) > 0]
+        if not cand:  # more units than cards with room: replicas stack on sliced cards
+            cand = [p for p in range(len(cols)) if rep[p] > 1 and slots(p) > 0]
+        p = policy.pick_share(ctx, view, cand, per[cand[0]], 0)
+        taken[p] = taken.get(p, 0) + 1
+        untouched[p] = False
+        if rep[p] > 1:
+            used_rep[p] += 1
+            view.free_milli[p] -= per[p]
+        else:
+            view.free_milli[p] = view.free_memory[p] = 0
+    shares = []
+    for p, k in taken.items():
+        card = cards[p]
+        if rep[p] > 1:
+            shares.append(CardShare(card.index, card.uuid, k * per[p], 0, replicas=k))
+        else:
+            shares.append(CardShare(card.index, card.uuid, card.compute_milli, card.memory_mib))
+    return tuple(shares)

@@ -1,0 +1,101 @@
+"""Scoring: node policies by name, asked through their seam, and their scores cached.
+
+A policy that scores from arrays (`NodePolicy.score_arrays`: binpack, spread) is asked once
+per request over the whole card matrix. The others score node views; when their score depends
+only on (node, task shape) it is cached per (policy, shape) and node, and a node's entries are
+dropped whenever anything is allocated or released on it, so during a replay only the node
+that just changed is scored again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+import numpy as np
+
+from elastic_gpu.core.placement.layout import FloatArray, IntArray, Layout
+from elastic_gpu.core.policies import CardPolicy, NodeArrays, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies import card_policy as make_card_policy
+from elastic_gpu.core.policies import node_policy as make_node_policy
+from elastic_gpu.core.workload import TaskShape
+
+#: score cache entries (policy, task shape) kept before the cache starts over
+_SCORE_CACHE_LIMIT = 4096
+
+
+class _LazyViews(Sequence[NodeView]):
+    """Node views built only when a policy looks at them (random never does)."""
+
+    def __init__(self, layout: Layout, rows: Sequence[int]) -> None:
+        self._layout = layout
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeView: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[NodeView]: ...
+    def __getitem__(self, i: int | slice) -> NodeView | Sequence[NodeView]:
+        if isinstance(i, slice):
+            return [self._layout.view(r) for r in self._rows[i]]
+        return self._layout.view(self._rows[i])
+
+    def __iter__(self) -> Iterator[NodeView]:
+        return (self._layout.view(r) for r in self._rows)
+
+
+class Scorer:
+    """The policies in use, by name, and the node scores cached per (policy, task shape)."""
+
+    def __init__(self, ctx: ScoreContext) -> None:
+        self.ctx = ctx
+        self._node_policies: dict[str, NodePolicy] = {}
+        self._card_policies: dict[str, CardPolicy] = {}
+        self.cache: dict[tuple[str, TaskShape], FloatArray] = {}
+
+    def node_policy(self, name: str) -> NodePolicy:
+        policy = self._node_policies.get(name)
+        if policy is None:
+            policy = self._node_policies[name] = make_node_policy(name)
+        return policy
+
+    def card_policy(self, name: str) -> CardPolicy:
+        policy = self._card_policies.get(name)
+        if policy is None:
+            policy = self._card_policies[name] = make_card_policy(name)
+        return policy
+
+    def forget_row(self, row: int) -> None:
+        """The node of this row changed: its cached scores are stale."""
+        for cached in self.cache.values():
+            cached[row] = np.nan
+
+    def scores(self, lay: Layout, policy: NodePolicy, task: TaskShape, rows: IntArray
+               ) -> FloatArray:
+        """The policy's score of each of `rows` for a task of this shape (higher is better)."""
+        ctx = self.ctx
+        vectorised = policy.score_arrays(ctx, task, NodeArrays(
+            rows, lay.cap_milli, lay.used_milli, lay.usable, lay.cpu_cap, lay.cpu_used))
+        if vectorised is not None:
+            return vectorised
+        if not policy.cacheable:
+            return np.array(policy.score_batch(ctx, task, _LazyViews(lay, rows.tolist())),
+                            dtype=np.float64)
+        if not policy.uses_memory and task.memory_mib:
+            task = task.without_memory()  # one cache entry for tasks that differ only in memory
+        key = (policy.name, task)
+        cached = self.cache.get(key)
+        if cached is None:
+            if len(self.cache) > _SCORE_CACHE_LIMIT:
+                self.cache.clear()
+            cached = self.cache[key] = np.full(len(lay.rows), np.nan)
+        values = cached[rows]
+        missing = rows[np.isnan(values)]
+        if missing.size:
+            fresh = policy.score_batch(ctx, task, _LazyViews(lay, missing.tolist()))
+            cached[missing] = fresh
+            values = cached[rows]
+        return values
