@@ -27,7 +27,7 @@ git -C "$here" worktree add --detach --quiet "$base" "$commit"
 trap 'git -C "$here" worktree remove --force "$base"; rm -rf "$out"' EXIT
 
 mask_txt() {  # the wall time in the table title: "..., 3.678 s"
-    tr -s ' \n' '  ' < "$1" | sed -E 's/, [0-9]+\.[0-9]+ s /, <wall> s /'
+    tr -s ' \n' '  ' < "$1" | sed -E 's/(^|[ ,])[0-9]+\.[0-9]+ s /\1<wall> s /'
 }
 
 mask_json() {  # "wall_seconds": 3.678
