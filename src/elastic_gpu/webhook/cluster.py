@@ -49,6 +49,14 @@ CONFIGURATIONS = {"MutatingWebhookConfiguration": MUTATING_WEBHOOKS,
 RELIST_S = (1.0, 1.0)
 
 
+def as_events(event: Callable[[str, Obj], None]) -> Handler:
+    """An informer's handler that hands each change on as a watch event (kind, object), the
+    form the caches here apply."""
+    return Handler(on_add=lambda obj: event("ADDED", obj),
+                   on_update=lambda _old, obj: event("MODIFIED", obj),
+                   on_delete=lambda obj: event("DELETED", obj))
+
+
 def _decode(data: Mapping[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (data or {}).items()}
 
@@ -201,9 +209,7 @@ class NodeFacts:
     async def run(self, client: ListWatcher) -> None:
         """List, then watch (relisting on any error, after about a second), until cancelled."""
         informer = Informer(client, NODES.path(), name="webhook nodes", backoff_s=RELIST_S)
-        informer.add_handler(Handler(on_add=lambda obj: self.event("ADDED", obj),
-                                     on_update=lambda _old, obj: self.event("MODIFIED", obj),
-                                     on_delete=lambda obj: self.event("DELETED", obj)))
+        informer.add_handler(as_events(self.event))
         task = asyncio.create_task(informer.run())
         try:
             await informer.wait_synced()
@@ -280,12 +286,10 @@ class CrdCache(Generic[T]):
 
     async def run(self, client: ListWatcher) -> None:
         """List, then watch from the list's version, until cancelled."""
-        self._informer = informer = Informer(client, self._resource.path(), name=f"webhook {self.kind}s",
-                            backoff_s=RELIST_S, missing_ok=True,
-                            missing_retry_s=self.crd_retry_s)
-        informer.add_handler(Handler(on_add=lambda obj: self.event("ADDED", obj),
-                                     on_update=lambda _old, obj: self.event("MODIFIED", obj),
-                                     on_delete=lambda obj: self.event("DELETED", obj)))
+        self._informer = informer = Informer(
+            client, self._resource.path(), name=f"webhook {self.kind}s", backoff_s=RELIST_S,
+            missing_ok=True, missing_retry_s=self.crd_retry_s)
+        informer.add_handler(as_events(self.event))
         task = asyncio.create_task(informer.run())
         try:
             await informer.wait_synced()

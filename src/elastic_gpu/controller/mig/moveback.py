@@ -11,9 +11,6 @@ from __future__ import annotations
 import logging
 
 from elastic_gpu.api import migsubstitution as rules_api
-from elastic_gpu.controller.config import MigConfig
-from elastic_gpu.controller.manager import Context
-from elastic_gpu.controller.mig.metrics import MigMetrics
 from elastic_gpu.controller.mig.objects import (
     Rules,
     allowed_nodes,
@@ -27,8 +24,8 @@ from elastic_gpu.controller.mig.objects import (
     now_stamp,
     pod_profile,
 )
-from elastic_gpu.controller.mig.state import Reservation, RoundState
-from elastic_gpu.controller.mig.writes import AdapterWrites
+from elastic_gpu.controller.mig.state import Reservation
+from elastic_gpu.controller.mig.step import MovingStep
 from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_RETURNING, parse_original
 from elastic_gpu.core.mig.substitution import FreeInstance, MovedPod, constraints_for, move_back
@@ -36,24 +33,15 @@ from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import ApiError
 from elastic_gpu.kube.events import NORMAL
-from elastic_gpu.kube.informer import Informer, Obj, object_key
+from elastic_gpu.kube.informer import Obj, object_key
 from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES
 
 log = logging.getLogger(__name__)
 
 
-class MoveBack:
+class MoveBack(MovingStep):
     """Moves the round's moved pods back (step 3); state and writes are shared with the round."""
 
-    def __init__(self, ctx: Context, nodes: Informer, metrics: MigMetrics, state: RoundState,
-                 writes: AdapterWrites) -> None:
-        self.client = ctx.client
-        self.recorder = ctx.recorder
-        self.config: MigConfig = ctx.config.mig
-        self.nodes = nodes
-        self.metrics = metrics
-        self.state = state
-        self.writes = writes
 
     def _moved(self, pods: list[Obj]) -> tuple[list[MovedPod], dict[str, Obj]]:
         out: list[tuple[str, MovedPod]] = []

@@ -13,9 +13,6 @@ import logging
 from typing import Any
 
 from elastic_gpu.api import migsubstitution as rules_api
-from elastic_gpu.controller.config import MigConfig
-from elastic_gpu.controller.manager import Context
-from elastic_gpu.controller.mig.metrics import MigMetrics
 from elastic_gpu.controller.mig.objects import (
     RULE_API_VERSION,
     Rules,
@@ -29,8 +26,8 @@ from elastic_gpu.controller.mig.objects import (
     pod_profile,
     unschedulable,
 )
-from elastic_gpu.controller.mig.state import Reservation, RoundState
-from elastic_gpu.controller.mig.writes import AdapterWrites
+from elastic_gpu.controller.mig.state import Reservation
+from elastic_gpu.controller.mig.step import MovingStep
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.mig import rules as mig_rules
 from elastic_gpu.core.mig.recarve import recarve_advice
@@ -56,25 +53,16 @@ from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING
-from elastic_gpu.kube.informer import Informer, Obj, object_key
+from elastic_gpu.kube.informer import Obj, object_key
 from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES
 from elastic_gpu.kube.resources import PODS
 
 log = logging.getLogger(__name__)
 
 
-class Substitution:
+class Substitution(MovingStep):
     """Moves the round's pending MIG pods (step 2); state and writes are shared with the round."""
 
-    def __init__(self, ctx: Context, nodes: Informer, metrics: MigMetrics, state: RoundState,
-                 writes: AdapterWrites) -> None:
-        self.client = ctx.client
-        self.recorder = ctx.recorder
-        self.config: MigConfig = ctx.config.mig
-        self.nodes = nodes
-        self.metrics = metrics
-        self.state = state
-        self.writes = writes
 
     def _pending(self, pods: list[Obj], rules: Rules
                  ) -> tuple[list[PendingPod], dict[str, Obj]]:
