@@ -131,7 +131,7 @@ def test_every_request_style_gets_the_cards_it_asked_for(
         k8s_cluster: Any) -> None:
     plain = fake_gpu_nodes(1, gpus=8)
     mig_name = unique_name("mig")
-    register_fake_nodes(setup.client, [mig_node(mig_name)])
+    register_fake_nodes(k8s_cluster.kube(), [mig_node(mig_name)])
     try:
         setup.wait_known(plain, 8)
         setup.wait_known([mig_name], 2)

@@ -190,7 +190,7 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
     node = unique_name("sick")
     sick = Node(node, 96_000, 786_432, (Card(0, f"GPU-{node}-0", "A100-SXM4-80GB", 81920,
                                              health=Health.UNHEALTHY),))
-    register_fake_nodes(setup.client, [sick])
+    register_fake_nodes(k8s_cluster.kube(), [sick])
     try:
         setup.wait_known(node, 1)
         create_pods(setup.client, [setup.pod("waiting", **{"elasticgpu.io/gpu-core": "50"})])
@@ -202,7 +202,7 @@ def test_a_card_turning_healthy_wakes_the_pod_that_fits_it(
         conditions = {c["type"]: c for c in setup.pods()["waiting"]["status"]["conditions"]}
         assert conditions["elasticgpu.io/GPUCapacityFreed"]["status"] == "True"
     finally:
-        unregister_fake_node(setup.client, node)
+        unregister_fake_node(k8s_cluster.kube(), node)
 
 
 def test_a_node_whose_gpudevices_arrive_after_it_wakes_the_pod_that_fits(
@@ -229,7 +229,7 @@ def test_a_node_whose_gpudevices_arrive_after_it_wakes_the_pod_that_fits(
             publish_inventory(agent_client, inventory)
         assert setup.wait_bound(["waiting"]) == {"waiting": node}
     finally:
-        unregister_fake_node(setup.client, node)
+        unregister_fake_node(k8s_cluster.kube(), node)
 
 
 def test_a_bind_in_flight_holds_its_cpu_so_the_next_pod_is_placed_right(
