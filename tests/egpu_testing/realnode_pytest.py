@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.realnode import RealNode, unavailable_reason
+from elastic_gpu.devcluster.realnode import RealNode, RealNodeBusy, unavailable_reason
 from elastic_gpu.devcluster.realnode_ns import lock_holder
 
 REAL_NODE_NAME = "egpu-real-0"
@@ -44,6 +44,10 @@ def real_node(k8s_cluster: ControlPlane) -> Iterator[RealNode]:
     node = RealNode(REAL_NODE_NAME, work, k8s_cluster, die_with_parent=True)
     try:
         node.start()
+    except RealNodeBusy as err:  # another run's node took the machine since the check above
+        shutil.rmtree(work, ignore_errors=True)
+        pytest.skip(f"this machine's one real node is taken: {err}")
+    try:
         yield node
     finally:
         node.stop(delete_node=True)

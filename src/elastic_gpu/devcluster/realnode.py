@@ -49,7 +49,7 @@ from elastic_gpu.devcluster.realnode_config import (
     containerd_config,
     kubelet_config,
 )
-from elastic_gpu.devcluster.realnode_ns import lock_holder
+from elastic_gpu.devcluster.realnode_ns import lock_holder, take_start_claim
 
 DEFAULT_NAME = "egpu-real-0"
 REAL_NODE_LABEL = "elasticgpu.io/real-node"
@@ -68,6 +68,10 @@ CGROUP_FS = "/sys/fs/cgroup"
 
 class RealNodeUnavailable(DevClusterError):
     """This machine cannot run a real node; the message says exactly why."""
+
+
+class RealNodeBusy(DevClusterError):
+    """Another real node runs, starts or stops on this machine (one per machine)."""
 
 
 # -- can this machine run one? ------------------------------------------------------------
@@ -318,26 +322,36 @@ class RealNode:
         reason = unavailable_reason(self.plane.bin_dir)
         if reason is not None:
             raise RealNodeUnavailable(f"cannot run a real node here: {reason}")
-        holder = lock_holder()
-        if holder is not None:
-            raise DevClusterError(
-                f"a real node already runs on this machine (pid {holder} holds the lock "
-                "@egpu-realnode): kubelet and containerd assume they own the machine (its "
-                "cgroups, /dev/kmsg, the capacity they report), so there is one per machine. "
-                "Stop it first (`egpu sandbox down`, or the test run that started it)")
-        # A node killed without teardown (SIGKILL) may have left pods and shims in its cgroups.
-        kill_cgroup_processes()
-        remove_cgroups()
+        claim = take_start_claim()
+        if claim is None:
+            raise RealNodeBusy(
+                "a real node is being started or stopped on this machine (another process "
+                "holds @egpu-realnode-start); one per machine")
         try:
-            self._prepare()
-            self._start_namespace(timeout_s)
-            self._start_containerd(timeout_s)
-            self._import_images()
-            self._join_cluster()
-            self.start_kubelet(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
+            holder = lock_holder()
+            if holder is not None:
+                raise RealNodeBusy(
+                    f"a real node already runs on this machine (pid {holder} holds the lock "
+                    "@egpu-realnode): kubelet and containerd assume they own the machine (its "
+                    "cgroups, /dev/kmsg, the capacity they report), so there is one per "
+                    "machine. Stop it first (`egpu sandbox down`, or the test run that started "
+                    "it)")
+            # A node killed without teardown (SIGKILL) may have left pods and shims in its
+            # cgroups: nobody holds the lock and nobody else is starting, so they are litter.
+            kill_cgroup_processes()
+            remove_cgroups()
+            try:
+                self._prepare()
+                self._start_namespace(timeout_s)
+                self._start_containerd(timeout_s)
+                self._import_images()
+                self._join_cluster()
+                self.start_kubelet(timeout_s)
+            except BaseException:
+                self._stop(claimed=True)
+                raise
+        finally:
+            claim.close()
         return self
 
     def _prepare(self) -> None:
@@ -492,13 +506,22 @@ class RealNode:
     def stop(self, *, delete_node: bool = False) -> None:
         """Stop kubelet, containerd and every pod; remove cgroups and the work dir.
         `delete_node`: also delete the Node object (when the cluster stays up)."""
+        claim = take_start_claim()
+        try:
+            self._stop(delete_node=delete_node, claimed=claim is not None)
+        finally:
+            if claim is not None:
+                claim.close()
+
+    def _stop(self, *, delete_node: bool = False, claimed: bool) -> None:
         errors: list[str] = []
         # The cgroup sweep below kills whatever is in egpu-realnode: only when that is ours
-        # (our namespace holds the machine's lock, or nobody does), never another real node's.
+        # (our namespace holds the machine's lock, or nobody does) and no other process is
+        # starting a node into it (`claimed`: we hold the start claim), never another's.
         holder = lock_holder()
         namespace = self.processes.get("namespace")
-        ours = holder is None or (namespace is not None and namespace.alive()
-                                  and holder == namespace.pid)
+        ours = claimed and (holder is None or (namespace is not None and namespace.alive()
+                                               and holder == namespace.pid))
         for name in ("kubelet", "containerd", "namespace"):
             handle = self.processes.get(name)
             if handle is None:

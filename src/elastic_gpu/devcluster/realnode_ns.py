@@ -17,7 +17,10 @@ with it.
   host's value, so the host's sysctls are never changed.
 
 It also holds the one-real-node-per-machine lock: the abstract unix socket `@egpu-realnode`
-(it vanishes with the process, so a killed node leaves no stale lock).
+(it vanishes with the process, so a killed node leaves no stale lock). A node being started or
+stopped holds `@egpu-realnode-start` in the starting (or stopping) process from its check of
+the lock until its namespace holds it, so that two starts (two test runs on one machine) can
+never both find the machine free and sweep each other's processes out of the shared cgroup.
 """
 
 from __future__ import annotations
@@ -33,15 +36,26 @@ from pathlib import Path
 from elastic_gpu.devcluster.realnode_config import KUBELET_SYSCTLS, RealNodePaths
 
 LOCK_NAME = "\0egpu-realnode"
+START_CLAIM_NAME = "\0egpu-realnode-start"
 EXIT_LOCKED = 3
 EXIT_MOUNT = 4
 
 
 def take_lock() -> socket.socket | None:
     """The machine-wide real-node lock, or None if another process holds it."""
+    return _bind(LOCK_NAME)
+
+
+def take_start_claim() -> socket.socket | None:
+    """The right to check the machine for a real node and sweep its cgroup (held while a node
+    starts or stops), or None while another process starts or stops one."""
+    return _bind(START_CLAIM_NAME)
+
+
+def _bind(name: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(LOCK_NAME)
+        sock.bind(name)
     except OSError as err:
         sock.close()
         if err.errno == errno.EADDRINUSE:

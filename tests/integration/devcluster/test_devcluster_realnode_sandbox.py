@@ -170,3 +170,24 @@ def test_a_killed_node_is_swept_by_the_next_start(state_dir: Path, k8s_cluster: 
                             "--wait=false", check=False)
     assert cgroup_pids() == set() and leftover_cgroups() == []
     assert lock_holder() is None
+
+
+def test_a_start_while_another_starts_touches_nothing(state_dir: Path, k8s_cluster: Any) -> None:
+    """Two test runs on one machine: while one process starts (or stops) a real node, holding
+    @egpu-realnode-start, another's start is refused as busy before it checks or sweeps
+    anything (before the claim, both could find the machine free and the second's sweep killed
+    the first's new namespace: exit -9), and its stop leaves the shared cgroup alone."""
+    from elastic_gpu.devcluster.realnode import RealNode, RealNodeBusy
+    from elastic_gpu.devcluster.realnode_ns import take_start_claim
+
+    claim = take_start_claim()
+    assert claim is not None
+    try:
+        node = RealNode("egpu-real-0", state_dir / "busy", k8s_cluster, die_with_parent=True)
+        with pytest.raises(RealNodeBusy, match="being started or stopped"):
+            node.start()
+        assert node.processes == {} and not (state_dir / "busy").exists()
+        assert take_start_claim() is None  # still ours: the refused start did not take it
+    finally:
+        claim.close()
+    assert lock_holder() is None and leftover_cgroups() == []
