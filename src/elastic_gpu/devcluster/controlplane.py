@@ -337,12 +337,17 @@ class ControlPlane:
         wait_ready(handle, lambda: _get_ok(f"http://{HOST}:{self.kwok_port}/healthz", None),
                    timeout_s)
 
-    def stop(self) -> None:
-        """Stop every component, newest first (clients before the apiserver before etcd)."""
+    def close_client(self) -> None:
+        """Close `kube()`'s client, if one was made (a later `kube()` makes a new one): when
+        this process is done with a plane that keeps running (`egpu sandbox up` returns)."""
         with self._kube_lock:
             kube, self._kube = self._kube, None
         if kube is not None:
             kube.close()
+
+    def stop(self) -> None:
+        """Stop every component, newest first (clients before the apiserver before etcd)."""
+        self.close_client()
         errors = []
         for name in reversed(list(self.processes)):
             try:

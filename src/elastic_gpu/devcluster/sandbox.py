@@ -370,6 +370,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     except BaseException:
         _remove(sandbox)
         raise
+    finally:
+        plane.close_client()  # the plane runs on; this process's client does not
     return sandbox
 
 
