@@ -24,6 +24,8 @@ from elastic_gpu.agent.publish import (
     snapshot,
 )
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.agent.usage.monitor import UsageMonitor, UsageSinks
+from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,17 @@ class Agent:
         self.manager = PluginManager(
             [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
              for plan in self.snapshot.plans], self.plugin_dir)
+        self.usage: UsageMonitor | None = None
+        self._usage_sinks: ApiSinks | None = None
+        if config.usage.enabled:
+            self._usage_sinks = ApiSinks(client, node_name) if client is not None else None
+            node_pods = self.pods
+            self.usage = UsageMonitor(
+                node_name, self.snapshot.cards, backend, config.usage,
+                (lambda: node_pods.on_node(node_name)) if node_pods is not None else list,
+                self._usage_sinks.sinks() if self._usage_sinks is not None
+                else UsageSinks(lambda index, usage: None, lambda *event: None,
+                                lambda pod: None))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server: Any = None
@@ -77,6 +90,11 @@ class Agent:
             self._spawn("health", self._health_loop)
         if self.client is not None:
             self._spawn("sync", self._sync_loop)
+        if self.usage is not None:
+            if self._usage_sinks is not None:
+                self._usage_sinks.start()
+            monitor = self.usage
+            self._spawn("usage", lambda: monitor.run(self._stop))
 
     def serve_metrics(self, host: str, port: int) -> int:
         """Serve `/metrics` (docs/metrics.md, `elasticgpu_agent_*`) on a thread; returns the
@@ -86,10 +104,16 @@ class Agent:
         from elastic_gpu.agent.metrics import agent_registry
 
         pods = self.pods
+        monitor = self.usage
+
+        def observed() -> tuple[Any, Any]:
+            view = monitor.view() if monitor is not None else None
+            return (view.cards, view.over) if view is not None else ({}, [])
+
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,
             (lambda: pods.on_node(self.node_name)) if pods is not None else None,
-            lambda: self.allocator.outcomes.copy())
+            lambda: self.allocator.outcomes.copy(), observed if monitor is not None else None)
         self._metrics_server, _ = start_http_server(port, host, registry)
         bound: int = self._metrics_server.server_port
         log.info("metrics on http://%s:%d/metrics", host, bound)
@@ -106,6 +130,8 @@ class Agent:
             thread.join(self.config.healthCheck.pollSeconds + 5)
         if self.pod_cache is not None:
             self.pod_cache.stop()
+        if self._usage_sinks is not None:
+            self._usage_sinks.stop()
         self.manager.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()

@@ -9,7 +9,9 @@ agent that does not observe).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Utilisation is a percentage of the card's streaming multiprocessors' time.
 MAX_PERCENT = 100
@@ -66,3 +68,165 @@ def _check_mib(what: str, value: int) -> None:
 def _check_percent(what: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PERCENT:
         raise ValueError(f"{what} {value!r}% is not a whole number in 0..{MAX_PERCENT}")
+
+
+# -- from a sample to a card's usage (the agent's decisions, pure) ------------------------------
+
+
+class ContainerRef(NamedTuple):
+    """A container of a pod: who a process belongs to, once mapped."""
+
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod} ({self.container})"
+
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """One process on a card as sampled and mapped: `owner` None when it belongs to no pod
+    container of this node (a host process, a pod the agent does not know)."""
+
+    memory_mib: int
+    sm_percent: int | None = None
+    owner: ContainerRef | None = None
+
+
+def observe_card(used_mib: int, sm_percent: int, processes: Sequence[ProcessUse],
+                 holders: Collection[ContainerRef], observed_at: str = "") -> CardUsage:
+    """A card's `CardUsage` from one sample.
+
+    Out-of-band memory is what no holder of the card accounts for: the memory of processes that
+    are not in a container holding the card (per the node's ledger: `holders`) plus the memory
+    the card reports used beyond all its processes' sum (contexts the driver still keeps for a
+    process gone, or processes NVML does not list). Used memory is the larger of the card's
+    figure and the processes' sum (the two are not read at one instant). A holder's SM
+    utilisation is the sum of its processes' samples, None when none of them has one."""
+    per_holder: dict[ContainerRef, tuple[int, int | None]] = {}
+    foreign = 0
+    total = 0
+    for proc in processes:
+        total += proc.memory_mib
+        if proc.owner is None or proc.owner not in holders:
+            foreign += proc.memory_mib
+            continue
+        memory, sm = per_holder.get(proc.owner, (0, None))
+        if proc.sm_percent is not None:
+            sm = min(MAX_PERCENT, (sm or 0) + proc.sm_percent)
+        per_holder[proc.owner] = (memory + proc.memory_mib, sm)
+    used = max(used_mib, total)
+    leaked = max(0, used_mib - total)
+    containers = tuple(ContainerUsage(ref.namespace, ref.pod, ref.container, memory, sm)
+                       for ref, (memory, sm) in sorted(per_holder.items()))
+    return CardUsage(used_mib=used, out_of_band_mib=min(used, foreign + leaked),
+                     sm_percent=min(MAX_PERCENT, max(0, sm_percent)), observed_at=observed_at,
+                     containers=containers)
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    """When the agent writes a card's `status.usage` (agent config `usage:`)."""
+
+    #: At most one periodic round of writes per node per period.
+    period_s: float = 30.0
+    #: A card whose out-of-band memory moved this much since its last write is written at once.
+    out_of_band_threshold_mib: int = 1024
+    #: Values are compared rounded to these steps: a change below them is noise, not news.
+    memory_quantum_mib: int = 256
+    percent_quantum: int = 5
+    #: An unchanged card is written again this long after its last write, so `observedAt`
+    #: says the sample is still current (0: never).
+    refresh_s: float = 300.0
+
+
+def quantised(usage: CardUsage, policy: WritePolicy) -> tuple[object, ...]:
+    """What two samples are compared on: memory to `memory_quantum_mib`, utilisation to
+    `percent_quantum`, the holders listed with theirs; `observedAt` left out."""
+
+    def mib(value: int) -> int:
+        return round(value / policy.memory_quantum_mib)
+
+    def pct(value: int | None) -> int | None:
+        return None if value is None else round(value / policy.percent_quantum)
+
+    return (mib(usage.used_mib), mib(usage.out_of_band_mib), pct(usage.sm_percent),
+            tuple((c.namespace, c.pod, c.container, mib(c.memory_mib), pct(c.sm_percent))
+                  for c in usage.containers))
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the agent last wrote for a card, and when (monotonic seconds)."""
+
+    usage: CardUsage
+    at: float
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Which cards to write now; `periodic` True when this was the node's periodic round (the
+    agent starts the next period from `now`)."""
+
+    cards: tuple[int, ...]
+    periodic: bool
+    urgent: tuple[int, ...] = ()
+
+
+def plan_writes(sampled: Mapping[int, CardUsage], written: Mapping[int, Written],
+                last_round: float | None, now: float, policy: WritePolicy) -> WritePlan:
+    """The rate limit. Urgent (at once, whatever the period): a card never written, or whose
+    out-of-band memory moved by `out_of_band_threshold_mib` or more since its last write (the
+    scheduler must see memory it cannot give). Otherwise at most one round per `period_s`,
+    writing only cards whose quantised usage changed or whose last write is older than
+    `refresh_s`."""
+    urgent = []
+    for index, usage in sorted(sampled.items()):
+        last = written.get(index)
+        if last is None or (abs(usage.out_of_band_mib - last.usage.out_of_band_mib)
+                            >= policy.out_of_band_threshold_mib):
+            urgent.append(index)
+    if last_round is not None and now - last_round < policy.period_s:
+        return WritePlan(tuple(urgent), periodic=False, urgent=tuple(urgent))
+    due = set(urgent)
+    for index, usage in sampled.items():
+        last = written.get(index)
+        changed = last is None or quantised(usage, policy) != quantised(last.usage, policy)
+        stale = (last is not None and policy.refresh_s > 0
+                 and now - last.at >= policy.refresh_s)
+        if changed or stale:
+            due.add(index)
+    return WritePlan(tuple(sorted(due)), periodic=True, urgent=tuple(urgent))
+
+
+# -- drift: a container above its memory share ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OverShare:
+    """A container using more of a card's memory than its share gives it."""
+
+    ref: ContainerRef
+    card: int
+    used_mib: int
+    share_mib: int
+
+    def message(self, uuid: str = "") -> str:
+        on = f"card {self.card}" + (f" ({uuid})" if uuid else "")
+        return (f"container {self.ref.container} of {self.ref.namespace}/{self.ref.pod} uses "
+                f"{self.used_mib} MiB of GPU memory on {on}; its share is {self.share_mib} MiB")
+
+
+def over_shares(card: int, usage: CardUsage, shares: Mapping[ContainerRef, int]
+                ) -> list[OverShare]:
+    """Holders of `card` whose observed memory is above their share (`shares`: each holder's
+    memory share on this card, MiB). A holder with no memory share (0: a compute-only share)
+    is promised no memory and is never over it."""
+    out = []
+    for use in usage.containers:
+        ref = ContainerRef(use.namespace, use.pod, use.container)
+        share = shares.get(ref, 0)
+        if share > 0 and use.memory_mib > share:
+            out.append(OverShare(ref, card, use.memory_mib, share))
+    return out
