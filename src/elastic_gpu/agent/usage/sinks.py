@@ -1,7 +1,8 @@
 """`UsageSinks` bound to the API: `status.usage` by a merge patch of the GPUDevice's status
 subresource (the agent's client names field manager egpu-agent on every write), Events through
 the project's recorder (`kube.events`, queued, deduplicated, never blocking the sampler), pods
-deleted by UID (a pod recreated under the same name is not the one that was over)."""
+evicted by UID through the Eviction API (a pod recreated under the same name is not the one
+that was over; disruption budgets hold)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,15 @@ class ApiSinks:
         self.client.loop.call_soon_threadsafe(self.recorder.record, obj, type_, reason, message)
 
     def delete_pod(self, pod: Mapping[str, Any]) -> None:
+        """Evict the pod (the Eviction API: the API server deletes it unless a disruption
+        budget forbids it now, 429, which the next period tries again), by UID."""
         meta = pod.get("metadata") or {}
-        self.client.delete(PODS.path(str(meta.get("namespace")), str(meta.get("name"))),
-                           uid=str(meta.get("uid") or "") or None)
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": name, "namespace": namespace}}
+        if meta.get("uid"):
+            body["deleteOptions"] = {"preconditions": {"uid": str(meta["uid"])}}
+        self.client.create(PODS.path(namespace, name, "eviction"), body)
 
     def sinks(self) -> UsageSinks:
         return UsageSinks(self.write, self.event, self.delete_pod)
