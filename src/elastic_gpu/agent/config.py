@@ -244,9 +244,9 @@ class UsageConfig(_Strict):
     writeSeconds: float = Field(default=30.0, ge=1, le=3600)
     #: A card whose out-of-band memory moved this much since its last write is written at once.
     outOfBandThresholdMiB: int = Field(default=1024, ge=1, le=1 << 30)
-    #: Changes below these steps are not written (sampling noise).
+    #: A figure that moved less than its step since the last write is not written (noise).
     memoryQuantumMiB: int = Field(default=256, ge=1, le=65536)
-    percentQuantum: int = Field(default=5, ge=1, le=100)
+    percentQuantum: int = Field(default=10, ge=1, le=100)
     #: An unchanged card is written again after this long (0: never), so observedAt stays
     #: a witness that the agent still samples it.
     refreshSeconds: float = Field(default=300.0, ge=0, le=86400)

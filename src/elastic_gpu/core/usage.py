@@ -133,27 +133,36 @@ class WritePolicy:
     period_s: float = 30.0
     #: A card whose out-of-band memory moved this much since its last write is written at once.
     out_of_band_threshold_mib: int = 1024
-    #: Values are compared rounded to these steps: a change below them is noise, not news.
+    #: A figure is news when it moved this much since its last write; less is noise.
     memory_quantum_mib: int = 256
-    percent_quantum: int = 5
+    percent_quantum: int = 10
     #: An unchanged card is written again this long after its last write, so `observedAt`
     #: says the sample is still current (0: never).
     refresh_s: float = 300.0
 
 
-def quantised(usage: CardUsage, policy: WritePolicy) -> tuple[object, ...]:
-    """What two samples are compared on: memory to `memory_quantum_mib`, utilisation to
-    `percent_quantum`, the holders listed with theirs; `observedAt` left out."""
+def changed(new: CardUsage, old: CardUsage, policy: WritePolicy) -> bool:
+    """Whether `new` is news against `old`, the last written: a holder came or went, or a
+    figure moved by at least its step (memory `memory_quantum_mib`, utilisation
+    `percent_quantum`) since that write. Measured from the last written value, not by
+    rounding both: a value that jitters around a rounding boundary would be news on every
+    round; `observedAt` is left out."""
 
-    def mib(value: int) -> int:
-        return round(value / policy.memory_quantum_mib)
+    def moved(a: int | None, b: int | None, step: int) -> bool:
+        if a is None or b is None:
+            return a is not b
+        return abs(a - b) >= step
 
-    def pct(value: int | None) -> int | None:
-        return None if value is None else round(value / policy.percent_quantum)
-
-    return (mib(usage.used_mib), mib(usage.out_of_band_mib), pct(usage.sm_percent),
-            tuple((c.namespace, c.pod, c.container, mib(c.memory_mib), pct(c.sm_percent))
-                  for c in usage.containers))
+    mib, pct = policy.memory_quantum_mib, policy.percent_quantum
+    if (moved(new.used_mib, old.used_mib, mib) or moved(new.out_of_band_mib, old.out_of_band_mib, mib)
+            or moved(new.sm_percent, old.sm_percent, pct)):
+        return True
+    holders = {(c.namespace, c.pod, c.container): c for c in old.containers}
+    if set(holders) != {(c.namespace, c.pod, c.container) for c in new.containers}:
+        return True
+    return any(moved(c.memory_mib, holders[(c.namespace, c.pod, c.container)].memory_mib, mib)
+               or moved(c.sm_percent, holders[(c.namespace, c.pod, c.container)].sm_percent, pct)
+               for c in new.containers)
 
 
 @dataclass(frozen=True)
@@ -179,7 +188,7 @@ def plan_writes(sampled: Mapping[int, CardUsage], written: Mapping[int, Written]
     """The rate limit. Urgent (at once, whatever the period): a card never written, or whose
     out-of-band memory moved by `out_of_band_threshold_mib` or more since its last write (the
     scheduler must see memory it cannot give). Otherwise at most one round per `period_s`,
-    writing only cards whose quantised usage changed or whose last write is older than
+    writing only cards whose usage `changed` or whose last write is older than
     `refresh_s`."""
     urgent = []
     for index, usage in sorted(sampled.items()):
@@ -192,10 +201,10 @@ def plan_writes(sampled: Mapping[int, CardUsage], written: Mapping[int, Written]
     due = set(urgent)
     for index, usage in sampled.items():
         last = written.get(index)
-        changed = last is None or quantised(usage, policy) != quantised(last.usage, policy)
+        news = last is None or changed(usage, last.usage, policy)
         stale = (last is not None and policy.refresh_s > 0
                  and now - last.at >= policy.refresh_s)
-        if changed or stale:
+        if news or stale:
             due.add(index)
     return WritePlan(tuple(sorted(due)), periodic=True, urgent=tuple(urgent))
 

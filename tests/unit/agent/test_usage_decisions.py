@@ -51,7 +51,7 @@ def test_sm_is_capped_at_the_whole_card() -> None:
 
 
 POLICY = WritePolicy(period_s=30, out_of_band_threshold_mib=1024, memory_quantum_mib=256,
-                     percent_quantum=5, refresh_s=300)
+                     percent_quantum=10, refresh_s=300)
 
 
 def card(used: int, oob: int = 0, sm: int = 0) -> CardUsage:
@@ -81,6 +81,13 @@ def test_after_the_period_only_cards_that_changed_beyond_rounding_are_written() 
     sampled = {0: card(1100, sm=41), 1: card(1000 + 600, sm=40)}
     plan = plan_writes(sampled, written, 0.0, 30.0, POLICY)
     assert plan.cards == (1,) and plan.periodic
+
+
+def test_jitter_around_a_rounding_boundary_is_not_news() -> None:
+    # 47 % and 52 % round apart in steps of 5 or 10, but moved less than the step.
+    written = {0: Written(card(1000, sm=47), 0.0)}
+    assert plan_writes({0: card(1100, sm=52)}, written, 0.0, 30.0, POLICY).cards == ()
+    assert plan_writes({0: card(1000, sm=57)}, written, 0.0, 30.0, POLICY).cards == (0,)
 
 
 def test_an_unchanged_card_is_written_again_after_the_refresh_period() -> None:
