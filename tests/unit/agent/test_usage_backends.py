@@ -95,3 +95,17 @@ def test_usage_config_defaults_and_strictness() -> None:
                 {"outOfBandThresholdMiB": "1Gi"}, {"drift": {"eventSeconds": 0}}):
         with pytest.raises(ConfigError):
             parse_config({"usage": bad})
+
+
+def test_a_kwok_nodes_card_usage_comes_from_its_annotation() -> None:
+    from elastic_gpu.agent.usage.fake_sync import card_usage_model
+
+    def node(raw: str) -> dict[str, object]:
+        return {"metadata": {"name": "k", "annotations": {USAGE_ANNOTATION: raw}}}
+
+    model = card_usage_model(node('{"1": {"outOfBandMiB": 2048, "smPercent": 30}}'))
+    assert {i: (u.outOfBandMiB, u.smPercent) for i, u in model.items()} == {1: (2048, 30)}
+    assert card_usage_model({"metadata": {}}) == {}
+    for bad in ("[1]", '{"x": {}}', '{"0": {"outOfBandMiB": -1}}', '{"0": {"bogus": 1}}',
+                "{", "1" * 70000):
+        assert card_usage_model(node(bad)) == {}

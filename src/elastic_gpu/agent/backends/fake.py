@@ -219,7 +219,8 @@ class FakeBackend:
         return cls(parse_inventory(data, "fake inventory"), node)
 
     @classmethod
-    def from_cards(cls, cards: Sequence[Card], node: str = "node") -> FakeBackend:
+    def from_cards(cls, cards: Sequence[Card], node: str = "node",
+                   proc: Path = Path("/proc")) -> FakeBackend:
         """A fake backend with exactly these cards (the sandbox's generated inventories).
         Indexes must be 0..n-1 in order, as a driver numbers them. Chips of multi-chip boards
         (`board` set) become the inventory's `boards:`, so they must be laid out as that
@@ -265,7 +266,7 @@ class FakeBackend:
                 raise BackendError(
                     f"node {node}: fake card {want.index} (board {want.board}) is not a chip the "
                     f"fake inventory's boards: section can describe; expected {got}")
-        return cls(inventory, node)
+        return cls(inventory, node, proc=proc)
 
     @property
     def name(self) -> str:
@@ -310,6 +311,17 @@ class FakeBackend:
                 self._pending.append(HealthEvent(uuid, health, reason))
             self._health[uuid] = (health, reason)
             self._lock.notify_all()
+
+    def set_usage(self, uuid: str, usage: FakeUsage | None) -> None:
+        """Set a card's own usage (the inventory's `usage:`), e.g. from a sandbox Node's
+        annotation; None clears it."""
+        if uuid not in self._by_uuid:
+            raise BackendError(f"fake backend: no card with uuid {uuid}")
+        with self._lock:
+            if usage is None:
+                self._usage.pop(uuid, None)
+            else:
+                self._usage[uuid] = usage
 
     def _reload_if_changed(self) -> None:
         if self._path is None:

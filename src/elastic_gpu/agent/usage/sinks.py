@@ -21,14 +21,19 @@ COMPONENT = "egpu-agent"
 
 
 class ApiSinks:
-    def __init__(self, client: SyncKubeClient, node: str) -> None:
+    def __init__(self, client: SyncKubeClient, node: str,
+                 recorder: EventRecorder | None = None) -> None:
+        """`recorder`: one shared by several nodes' sinks (the sandbox's kwok nodes), run by
+        its owner; by default the sinks make their own, run from `start`."""
         self.client = client
         self.node = node
-        self.recorder = EventRecorder(client.async_client, COMPONENT, node)
+        self._own = recorder is None
+        self.recorder = recorder or EventRecorder(client.async_client, COMPONENT, node)
         self._events: Future[None] | None = None
 
     def start(self) -> None:
-        self._events = self.client.submit(self.recorder.run())
+        if self._own:
+            self._events = self.client.submit(self.recorder.run())
 
     def stop(self) -> None:
         if self._events is not None:
