@@ -60,6 +60,7 @@ from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import SharingConfig
 from elastic_gpu.agent.usage.cgroup import container_pids
 from elastic_gpu.api.config.loader import ConfigError, read_file
+from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.core.usage import MAX_PERCENT
@@ -67,7 +68,7 @@ from elastic_gpu.core.usage import MAX_PERCENT
 log = logging.getLogger(__name__)
 
 #: The fake backend's usage model per container (test-only; real backends ignore it).
-USAGE_ANNOTATION = "fake.elasticgpu.io/usage"
+USAGE_ANNOTATION = ann.FAKE_USAGE
 
 
 class _Strict(BaseModel):
