@@ -81,7 +81,8 @@ def card_families(node: str, cards: Sequence[Card],
 
 
 def usage_families(node: str, cards: Sequence[Card], usage: Mapping[int, CardUsage],
-                   over: Sequence[OverShare]) -> Iterator[GaugeMetricFamily]:
+                   over: Sequence[OverShare], writes: int = 0
+                   ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """What the newest sample observed (docs/agent.md "Observed usage"): per card and per
     holder, memory used and SM utilisation (a ratio, 0..1), out-of-band memory per card, and
     1 for each holder above its memory share. Cards not sampled (yet) have no series."""
@@ -124,7 +125,11 @@ def usage_families(node: str, cards: Sequence[Card], usage: Mapping[int, CardUsa
         if card is not None:
             over_share.add_metric([item.ref.namespace, item.ref.pod, item.ref.container, node,
                                    str(item.card), card.uuid, card.model], 1)
-    yield from (card_memory, card_sm, out_of_band, memory, sm, over_share)
+    written = CounterMetricFamily(PREFIX + "usage_writes",
+                                  "GPUDevice status.usage writes of this node's agent (the "
+                                  "write period's rate limit, docs/agent.md)", labels=["node"])
+    written.add_metric([node], writes)
+    yield from (card_memory, card_sm, out_of_band, memory, sm, over_share, written)
 
 
 def allocate_family(outcomes: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
@@ -141,7 +146,7 @@ class _AgentCollector(Collector):
     def __init__(self, node: str, cards: Callable[[], Sequence[Card]],
                  pods: Callable[[], Sequence[Mapping[str, Any]]] | None,
                  outcomes: Callable[[], Counter[tuple[str, str]]],
-                 usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare]]]
+                 usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare], int]]
                  | None = None) -> None:
         self._usage = usage
         self._node = node
@@ -166,8 +171,8 @@ class _AgentCollector(Collector):
 def agent_registry(node: str, cards: Callable[[], Sequence[Card]],
                    pods: Callable[[], Sequence[Mapping[str, Any]]] | None,
                    outcomes: Callable[[], Counter[tuple[str, str]]],
-                   usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare]]]
-                   | None = None) -> CollectorRegistry:
+                   usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare],
+                                             int]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_AgentCollector(node, cards, pods, outcomes, usage))
     return registry

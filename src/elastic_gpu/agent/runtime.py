@@ -65,8 +65,7 @@ class Agent:
                 node_name, self.snapshot.cards, backend, config.usage,
                 (lambda: node_pods.on_node(node_name)) if node_pods is not None else list,
                 self._usage_sinks.sinks() if self._usage_sinks is not None
-                else UsageSinks(lambda index, usage: None, lambda *event: None,
-                                lambda pod: None))
+                else UsageSinks(None, lambda *event: None, lambda pod: None))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server: Any = None
@@ -106,9 +105,11 @@ class Agent:
         pods = self.pods
         monitor = self.usage
 
-        def observed() -> tuple[Any, Any]:
-            view = monitor.view() if monitor is not None else None
-            return (view.cards, view.over) if view is not None else ({}, [])
+        def observed() -> tuple[Any, Any, int]:
+            if monitor is None:
+                return {}, [], 0
+            view = monitor.view()
+            return view.cards, view.over, monitor.writes
 
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,

@@ -187,3 +187,4 @@ def test_the_agents_metrics_show_the_newest_sample(tmp_path: Path, plugin_dir: P
                         ) == 1024 << 20
     assert metric_value(text, f"elasticgpu_agent_card_gpu_sm_utilization_ratio{{{card1}}}"
                         ) == 0.07
+    assert metric_value(text, f'elasticgpu_agent_usage_writes_total{{node="{NODE}"}}') == 0

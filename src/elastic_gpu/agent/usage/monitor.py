@@ -46,9 +46,10 @@ def write_policy(config: UsageConfig) -> WritePolicy:
 
 @dataclass
 class UsageSinks:
-    """Where a tick's effects go: a card's `status.usage`, an Event on a pod, a pod deleted."""
+    """Where a tick's effects go: a card's `status.usage` (None: an agent without the API
+    publishes nothing, only metrics), an Event on a pod, a pod evicted."""
 
-    write: Callable[[int, CardUsage], None]
+    write: Callable[[int, CardUsage], None] | None
     event: Callable[[Mapping[str, Any], str, str, str], None]
     delete_pod: Callable[[Mapping[str, Any]], None]
 
@@ -103,6 +104,8 @@ class UsageMonitor:
         return self._view
 
     def _publish(self, usage: Mapping[int, CardUsage]) -> None:
+        if self.sinks.write is None:
+            return
         now = self.clock()
         plan = plan_writes(usage, self.written, self.last_round, now, self.policy)
         if plan.periodic:
