@@ -69,14 +69,17 @@ def container_ids(pods: Iterable[Mapping[str, Any]]) -> dict[ContainerRef, tuple
 
 def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], held: Ledger
             ) -> list[Holder]:
-    """What `Backend.sample` is told of each physical card's holders."""
-    by_ref = {ContainerRef(str((p.get("metadata") or {}).get("namespace")),
-                           str((p.get("metadata") or {}).get("name")), ""): p for p in pods}
+    """What `Backend.sample` is told of each physical card's holders: per chip of a held
+    logical card, the holder with its pod's annotations and its runtime IDs."""
+    by_name: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        by_name[(str(meta.get("namespace")), str(meta.get("name")))] = pod
     ids = container_ids(pods)
     out = []
     for lc in cards:
         for ref in sorted(held.get(lc.index, {})):
-            pod = by_ref.get(ContainerRef(ref.namespace, ref.pod, ""), {})
+            pod = by_name.get((ref.namespace, ref.pod), {})
             annotations = {str(k): str(v) for k, v in
                            ((pod.get("metadata") or {}).get("annotations") or {}).items()}
             for chip in lc.chips:
