@@ -188,3 +188,21 @@ def test_the_agents_metrics_show_the_newest_sample(tmp_path: Path, plugin_dir: P
     assert metric_value(text, f"elasticgpu_agent_card_gpu_sm_utilization_ratio{{{card1}}}"
                         ) == 0.07
     assert metric_value(text, f'elasticgpu_agent_usage_writes_total{{node="{NODE}"}}') == 0
+
+
+def test_a_failed_write_is_tried_again_by_the_next_round(tmp_path: Path) -> None:
+    mon, rec, clock, _ = monitor(tmp_path, [], writeSeconds=30)
+    failing = {1}
+
+    def write(index: int, usage: CardUsage) -> None:
+        if index in failing:
+            raise RuntimeError("API server unavailable")
+        rec.writes.append((index, usage))
+
+    mon.sinks.write = write
+    mon.tick()
+    assert [i for i, _ in rec.writes] == [0] and set(mon.written) == {0}
+    failing.clear()
+    clock.now = 1.0  # card 1 was never written: urgent, not held for the period
+    mon.tick()
+    assert [i for i, _ in rec.writes] == [0, 1] and mon.writes == 2
