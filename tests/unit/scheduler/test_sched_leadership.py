@@ -179,5 +179,5 @@ def test_lease_settings_are_read(tmp_path: Path) -> None:
         "enabled": True, "leaseNamespace": "egpu", "leaseName": "sched",
         "leaseDurationSeconds": 4, "renewDeadlineSeconds": 3, "retryPeriodSeconds": 1}}))
     assert load_config(path).leader_election == LeaderElectionConfig(
-        enabled=True, leaseNamespace="egpu", leaseName="sched", leaseDurationSeconds=4.0,
-        renewDeadlineSeconds=3.0, retryPeriodSeconds=1.0)
+        enabled=True, lease_namespace="egpu", lease_name="sched", lease_duration_s=4.0,
+        renew_deadline_s=3.0, retry_period_s=1.0)
