@@ -301,6 +301,7 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     options = dataclasses.replace(options)
     election = config.leader_election
     client = None
+    elector: LeaderElector | None = None
     if election.enabled:
         client = KubeClient.from_config(kubeconfig)
         elector = LeaderElector(client, lease_config(election, options.identity))
@@ -324,6 +325,10 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if elector is not None and stop.is_set():
+            # a clean stop (SIGTERM: binds drained, writes refused now): the standby takes
+            # over at its next retry instead of waiting for the Lease to expire
+            await elector.release()
         if client is not None:
             await client.close()
     log.info("stopped")
