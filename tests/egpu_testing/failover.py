@@ -68,6 +68,14 @@ class ExtenderPair:
             time.sleep(0.05)
         raise TimeoutError(f"no replica leads after {timeout_s:.0f} s:\n" + self.log_tails())
 
+    def lease_acquired(self, client: Any) -> tuple[str, float]:
+        """(holder, acquireTime as wall-clock seconds) of the replicas' Lease."""
+        from lightkube.resources.coordination_v1 import Lease
+
+        lease = client.get(Lease, name=self.lease, namespace=self.namespace)
+        spec = lease.spec
+        return str(spec.holderIdentity), spec.acquireTime.timestamp()
+
     def standby_of(self, leader: ExtenderProcess) -> ExtenderProcess:
         return self.replicas[1] if leader is self.replicas[0] else self.replicas[0]
 
@@ -100,7 +108,8 @@ def stream_pods(client: Any, pods: Sequence[Mapping[str, Any]], per_second: floa
 
 
 class BindClock:
-    """When each pod of a namespace was first seen bound (monotonic seconds), from a watch."""
+    """When each pod of a namespace was first seen bound (wall-clock seconds, comparable with a
+    Lease's acquireTime written on the same machine), from a watch."""
 
     def __init__(self, client: Any, namespace: str) -> None:
         self.client = client
@@ -120,7 +129,7 @@ class BindClock:
                         return
                     if pod.spec is not None and pod.spec.nodeName and pod.metadata is not None:
                         with self._lock:
-                            self.bound_at.setdefault(str(pod.metadata.name), time.monotonic())
+                            self.bound_at.setdefault(str(pod.metadata.name), time.time())
             except Exception:  # the watch ended or broke: watch again
                 time.sleep(0.1)
 
@@ -128,6 +137,10 @@ class BindClock:
         with self._lock:
             later = [t for t in self.bound_at.values() if t > moment]
         return min(later) if later else None
+
+    def bound_between(self, start: float, end: float) -> int:
+        with self._lock:
+            return sum(1 for t in self.bound_at.values() if start < t < end)
 
     @contextmanager
     def running(self) -> Iterator[BindClock]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from elastic_gpu.kube.leaderelection import LeadershipLost, LeaseConfig
@@ -87,6 +88,7 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
     renew = asyncio.create_task(elector.keep_renewing(), name="lease-renewal")
     try:
         role.set(False, "leading, catching up with the API")
+        started = time.monotonic()
         catch_up = asyncio.create_task(_catch_up(state, link), name="catch-up")
         done, _ = await asyncio.wait({renew, catch_up}, return_when=asyncio.FIRST_COMPLETED)
         if renew in done:
@@ -94,7 +96,8 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
             renew.result()  # raises: the Lease was lost while catching up
         link.writes_allowed = True
         role.set(True, "leading")
-        log.info("%s serves the extender (Lease held)", elector.config.identity)
+        log.info("%s serves the extender (Lease held; caught up with the API's pods in "
+                 "%.2f s)", elector.config.identity, time.monotonic() - started)
         await renew  # until the Lease is lost: raises LeadershipLost
     finally:
         link.writes_allowed = False
