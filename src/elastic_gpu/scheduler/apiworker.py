@@ -110,8 +110,9 @@ class Worker:
     def __init__(self, client: RestClient, send: Callable[[list[Any]], None]) -> None:
         self.client = client
         self.send = send
-        #: feed -> the task running its reflector (`start`, `resync`)
+        #: feed -> the task running its reflector, and that reflector (`start`, `resync`)
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.running: dict[str, Reflector] = {}
 
     def reflectors(self) -> list[Reflector]:
         return [self.reflector(feed) for feed in FEEDS]
@@ -137,10 +138,34 @@ class Worker:
                          on_event=on_event, missing_ok=feed in OPTIONAL_FEEDS,
                          missing_retry_s=MISSING_RECHECK_S)
 
+    def _run(self, feed: str, reflector: Reflector) -> None:
+        self.running[feed] = reflector
+        self.tasks[feed] = asyncio.create_task(reflector.run(), name=f"reflector-{feed}")
+
     def start(self) -> None:
         for feed in FEEDS:
-            self.tasks[feed] = asyncio.create_task(self.reflector(feed).run(),
-                                                   name=f"reflector-{feed}")
+            self._run(feed, self.reflector(feed))
+
+    async def catch_up(self, feed: str, wait_s: float, poll_s: float = 0.01) -> str:
+        """Return once everything the API held for `feed` when this was called has been sent
+        (a barrier: docs/architecture.md, "Extender high availability"). The collection's
+        current resourceVersion is read with a one-item consistent list; watch events come in
+        resourceVersion order, so once the watch has passed that version every earlier change
+        has been sent. A quiet collection may not move for a long time: after `wait_s` the
+        feed is listed again instead (`resync`). Returns how: "watch" or "relist"."""
+        path, params, _ = FEEDS[feed]
+        page = msgspec.json.decode(await self.client.request(
+            "GET", path, params={**params, "limit": "1"}), type=_Page)
+        target = _version(page.metadata.get("resourceVersion"))
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while target is not None and asyncio.get_running_loop().time() < deadline:
+            reflector = self.running.get(feed)
+            seen = _version(reflector.last_resource_version) if reflector else None
+            if seen is not None and seen >= target:
+                return "watch"
+            await asyncio.sleep(poll_s)
+        await self.resync(feed)
+        return "relist"
 
     async def resync(self, feed: str) -> None:
         """List `feed` again (a consistent read: what the API holds now) and send it as a
@@ -153,8 +178,7 @@ class Worker:
             old.cancel()
             await asyncio.gather(old, return_exceptions=True)
         listed = asyncio.Event()
-        self.tasks[feed] = asyncio.create_task(self.reflector(feed, listed).run(),
-                                               name=f"reflector-{feed}")
+        self._run(feed, self.reflector(feed, listed))
         await listed.wait()
 
     async def handle(self, message: list[Any]) -> None:
@@ -179,6 +203,12 @@ class Worker:
                     raise ValueError(f"no feed {feed!r}")
                 await self.resync(feed)
                 self.send(["reply", request_id, None, None])
+            elif kind == "catch_up":
+                _, _, feed, wait_s = message
+                if feed not in FEEDS:
+                    raise ValueError(f"no feed {feed!r}")
+                how = await self.catch_up(feed, float(wait_s))
+                self.send(["reply", request_id, how, None])
             elif kind == "get_pod":
                 _, _, namespace, name = message
                 try:
@@ -222,6 +252,18 @@ class Worker:
             return None
         decoded: dict[str, Any] = msgspec.json.decode(raw)
         return decoded
+
+
+class _Page(msgspec.Struct):
+    metadata: dict[str, Any] = {}
+
+
+def _version(text: object) -> int | None:
+    """A resourceVersion as a number (etcd's revision), None if it is not one."""
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
 
 
 def _object_path(plural: str, namespace: str, name: str) -> str:

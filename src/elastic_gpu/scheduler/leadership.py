@@ -3,8 +3,9 @@
     standby: watches (state warm), /readyz 503, verbs 503, writes nothing
         | acquires the Lease (the leader died: not renewed for leaseDurationSeconds)
         v
-    catching up: the state synced, then pods listed again (a consistent read), so every
-        | Binding the previous leader wrote is in the ledger before a card is handed out
+    catching up: the state synced, then the pods watch past the collection's version at
+        | takeover (else pods listed again), so every Binding the previous leader wrote is in
+        | the ledger before a card is handed out
         v
     leading: /readyz 200 (the Service's endpoints, kube-proxy: only this replica gets
         | requests), verbs answered, binds and wake-ups written
@@ -66,7 +67,7 @@ class Link(Protocol):
 
     writes_allowed: bool
 
-    async def resync(self, feed: str) -> None: ...
+    async def catch_up(self, feed: str, wait_s: float) -> str: ...
 
 
 class Synced(Protocol):
@@ -89,7 +90,8 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
     try:
         role.set(False, "leading, catching up with the API")
         started = time.monotonic()
-        catch_up = asyncio.create_task(_catch_up(state, link), name="catch-up")
+        catch_up: asyncio.Task[str] = asyncio.create_task(_catch_up(state, link),
+                                                          name="catch-up")
         done, _ = await asyncio.wait({renew, catch_up}, return_when=asyncio.FIRST_COMPLETED)
         if renew in done:
             catch_up.cancel()
@@ -97,7 +99,8 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
         link.writes_allowed = True
         role.set(True, "leading")
         log.info("%s serves the extender (Lease held; caught up with the API's pods in "
-                 "%.2f s)", elector.config.identity, time.monotonic() - started)
+                 "%.2f s, by %s)", elector.config.identity, time.monotonic() - started,
+                 catch_up.result())
         await renew  # until the Lease is lost: raises LeadershipLost
     finally:
         link.writes_allowed = False
@@ -105,14 +108,18 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
         renew.cancel()
 
 
-async def _catch_up(state: Synced, link: Link, retry_s: float = 0.5) -> None:
-    """The state synced, then pods listed again: the watch may lag behind Bindings the dead
-    leader wrote, a list now cannot (a consistent read from etcd)."""
+#: How long a new leader waits for the pods watch to pass the collection's current version
+#: before it lists the pods again instead (a quiet cluster's watch may not move for minutes).
+CATCH_UP_WAIT_S = 1.0
+
+
+async def _catch_up(state: Synced, link: Link, retry_s: float = 0.5) -> str:
+    """The state synced, then every pod change the API held at takeover in the state: the
+    watch may lag behind Bindings the dead leader wrote. Returns how ("watch"/"relist")."""
     await _until_synced(state)
     while True:
         try:
-            await link.resync("pods")
-            return
+            return await link.catch_up("pods", CATCH_UP_WAIT_S)
         except Exception as err:  # the worker restarting, the API down: try again
             log.warning("catching up with the API's pods failed: %s; retrying", err)
             await asyncio.sleep(retry_s)

@@ -222,6 +222,12 @@ class WorkerLink:
         """List `feed` again; returns once that list is in the state (`apiworker.resync`)."""
         await self._call("resync", feed)
 
+    async def catch_up(self, feed: str, wait_s: float) -> str:
+        """Returns once every change of `feed` the API held when called is in the state
+        (`apiworker.Worker.catch_up`): "watch" (the watch passed the collection's current
+        version) or "relist" (it did not within `wait_s`: listed again)."""
+        return str(await self._call("catch_up", feed, wait_s))
+
     # ---- PodApi -------------------------------------------------------------------------
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:

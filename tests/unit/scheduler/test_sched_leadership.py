@@ -50,10 +50,11 @@ class FakeLink:
         self.resyncs: list[tuple[str, bool, bool]] = []
         self.release = asyncio.Event()
 
-    async def resync(self, feed: str) -> None:
+    async def catch_up(self, feed: str, wait_s: float) -> str:
         # what the replica looked like while it caught up: neither serving nor writing
         self.resyncs.append((feed, self.role.serving, self.writes_allowed))
         await self.release.wait()
+        return "watch"
 
 
 class Synced:
@@ -78,7 +79,7 @@ async def test_standby_then_catch_up_then_serve_then_stop_at_once_when_the_lease
     assert "standing by" in role.refusal
     elector.granted.set()
     await _until(lambda: link.resyncs)
-    assert link.resyncs == [("pods", False, False)]  # the pods are listed again first
+    assert link.resyncs == [("pods", False, False)]  # caught up with the pods first
     assert not role.serving
     link.release.set()
     await _until(lambda: role.serving)
