@@ -33,6 +33,9 @@ def scheduler(
     drain_seconds: Annotated[float, typer.Option(
         min=0, max=300, help="on SIGTERM: stop accepting, then wait this long at most for "
                              "binds in progress")] = 10.0,
+    leader_elect: Annotated[bool, typer.Option(
+        "--leader-elect", help="turn leaderElection on (its other settings from --config, "
+                               "else their defaults): several replicas, one serving")] = False,
     identity: Annotated[str | None, typer.Option(
         help="this replica's Lease holder identity with leaderElection.enabled (default "
              "hostname_pid): unique among live replicas (the chart passes the pod's name)")
@@ -75,6 +78,9 @@ def scheduler(
         raise typer.Exit(2)
     try:
         settings = load_config(config)
+        if leader_elect and not settings.leader_election.enabled:
+            election = settings.leader_election.model_copy(update={"enabled": True})
+            settings = settings.model_copy(update={"leader_election": election})
         options = ServeOptions(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                                tls_client_ca=tls_client_ca, drain_s=drain_seconds,
                                health_port=health_port, identity=identity or "")

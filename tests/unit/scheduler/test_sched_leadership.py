@@ -182,3 +182,57 @@ def test_lease_settings_are_read(tmp_path: Path) -> None:
     assert load_config(path).leader_election == LeaderElectionConfig(
         enabled=True, lease_namespace="egpu", lease_name="sched", lease_duration_s=4.0,
         renew_deadline_s=3.0, retry_period_s=1.0)
+
+
+class _Versions:
+    """The API worker's client for `catch_up`: a one-item list answering `version`."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.asked: list[dict[str, str]] = []
+
+    async def request(self, method: str, path: str, params: dict[str, str]) -> bytes:
+        self.asked.append(params)
+        return json.dumps({"metadata": {"resourceVersion": self.version}, "items": []}).encode()
+
+
+class _Watching:
+    def __init__(self, version: str) -> None:
+        self.last_resource_version = version
+
+
+async def test_catch_up_waits_for_the_watch_to_pass_the_version_read_at_takeover() -> None:
+    from elastic_gpu.scheduler.apiworker import Worker
+
+    client = _Versions("100")
+    worker = Worker(client, lambda message: None)  # type: ignore[arg-type]
+    watching = _Watching("90")
+    worker.running["pods"] = watching  # type: ignore[assignment]
+    relisted: list[str] = []
+
+    async def resync(feed: str) -> None:
+        relisted.append(feed)
+
+    worker.resync = resync  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.catch_up("pods", wait_s=30))
+    await asyncio.sleep(0.05)
+    assert not task.done()  # the watch is behind the version the list gave
+    watching.last_resource_version = "100"
+    assert await task == "watch"
+    assert relisted == []
+    assert client.asked[0]["limit"] == "1"  # one item: the version is what matters
+
+
+async def test_catch_up_lists_again_when_the_watch_does_not_move() -> None:
+    from elastic_gpu.scheduler.apiworker import Worker
+
+    worker = Worker(_Versions("100"), lambda message: None)  # type: ignore[arg-type]
+    worker.running["pods"] = _Watching("99")  # type: ignore[assignment]
+    relisted: list[str] = []
+
+    async def resync(feed: str) -> None:
+        relisted.append(feed)
+
+    worker.resync = resync  # type: ignore[method-assign]
+    assert await worker.catch_up("pods", wait_s=0.05) == "relist"
+    assert relisted == ["pods"]
