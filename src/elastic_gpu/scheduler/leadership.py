@@ -87,11 +87,11 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
     role.set(False, "standing by: another replica holds the Lease")
     await elector.acquire()
     renew = asyncio.create_task(elector.keep_renewing(), name="lease-renewal")
+    catch_up: asyncio.Task[str] | None = None
     try:
         role.set(False, "leading, catching up with the API")
         started = time.monotonic()
-        catch_up: asyncio.Task[str] = asyncio.create_task(_catch_up(state, link),
-                                                          name="catch-up")
+        catch_up = asyncio.create_task(_catch_up(state, link), name="catch-up")
         done, _ = await asyncio.wait({renew, catch_up}, return_when=asyncio.FIRST_COMPLETED)
         if renew in done:
             catch_up.cancel()
@@ -106,6 +106,8 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
         link.writes_allowed = False
         role.set(False, "no longer leading: the Lease was lost or the replica is stopping")
         renew.cancel()
+        if catch_up is not None:
+            catch_up.cancel()
 
 
 #: How long a new leader waits for the pods watch to pass the collection's current version

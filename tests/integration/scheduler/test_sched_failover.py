@@ -113,3 +113,17 @@ def test_sigkill_of_the_leader_under_a_stream_loses_nothing_and_gives_nothing_tw
     assert bound > bound_before  # the new leader bound pods
     assert bound >= 2 * NODES * 8, summary  # the cards really filled up (~2.5 pods a card)
     assert pair.leader() is survivor
+
+
+def test_sigterm_of_the_leader_hands_the_lease_over_at_once(
+        k8s_cluster: Any, pair: ExtenderPair) -> None:
+    from lightkube.resources.coordination_v1 import Lease
+
+    leader = pair.wait_leader()
+    standby = pair.standby_of(leader)
+    leader.stop()  # SIGINT/SIGTERM: drain, then release the Lease
+    assert leader.process is not None and leader.process.returncode == 0
+    # released, not left to expire: the holder is already emptied (or the standby's)
+    lease = k8s_cluster.client().get(Lease, name=pair.lease, namespace=pair.namespace)
+    assert lease.spec.holderIdentity != "a", pair.log_tails()
+    assert pair.wait_leader(other_than=leader) is standby
