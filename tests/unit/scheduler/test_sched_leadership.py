@@ -62,7 +62,7 @@ class Synced:
 
 
 async def _until(check: Any) -> None:
-    for _ in range(200):
+    for _ in range(3000):  # 30 s: a loaded machine is slow, the check is not about speed
         if check():
             return
         await asyncio.sleep(0.01)
