@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -103,8 +104,13 @@ class ExtenderProcess(SupervisedProcess):
     def __init__(self, kubeconfig: Path, port: int, log_path: Path,
                  config: Mapping[str, Any] | None = None,
                  python_args: Sequence[str] = (), tls: TestPki | None = None,
-                 scheduler_name: str | None = None) -> None:
+                 scheduler_name: str | None = None, args: Sequence[str] = ()) -> None:
         super().__init__(log_path)
+        #: more `egpu scheduler` options (e.g. --identity)
+        self.args = tuple(args)
+        #: a replica that stands by (leaderElection: another holds the Lease) counts as
+        #: started once its caches are synced (`start(standby=True)`)
+        self.standby_ok = False
         #: e.g. ("-m", "cProfile", "-o", "out.prof") to profile the extender
         self.python_args = tuple(python_args)
         #: serve HTTPS with mutual TLS (`TestPki`): --tls-cert/--tls-key/--tls-client-ca
@@ -124,7 +130,8 @@ class ExtenderProcess(SupervisedProcess):
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 60.0) -> None:
+    def start(self, timeout_s: float = 60.0, standby: bool = False) -> None:
+        self.standby_ok = standby
         egpu = Path(sys.executable).with_name("egpu")
         prefix = [sys.executable, *self.python_args, str(egpu)] if self.python_args else [str(egpu)]
         argv = [*prefix, "scheduler", "--kubeconfig", str(self.kubeconfig), "--host",
@@ -134,17 +141,26 @@ class ExtenderProcess(SupervisedProcess):
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls.server_cert), "--tls-key",
                      str(self.tls.server_key), "--tls-client-ca", str(self.tls.ca)]
+        argv += self.args
         self.starts += 1
         self.launch(argv, timeout_s, header=f"---- start {self.starts}: {' '.join(argv)}\n")
 
     def ready(self) -> bool:
+        status, text = self.readyz()
+        return status == 200 or (self.standby_ok and status == 503
+                                 and "standing by" in text and "caches synced" in text)
+
+    def readyz(self) -> tuple[int, str]:
+        """(status, body) of /readyz; (0, why) when it does not answer."""
         try:
             context = self.tls.client_context() if self.tls is not None else None
             with urllib.request.urlopen(f"{self.url}/readyz", timeout=2,
                                         context=context) as response:
-                return int(response.status) == 200
-        except OSError:
-            return False
+                return int(response.status), response.read().decode(errors="replace")
+        except urllib.error.HTTPError as err:
+            return int(err.code), err.read().decode(errors="replace")
+        except OSError as err:
+            return 0, str(err)
 
 
 def extender_kube_scheduler_config(url: str, scheduler_name: str,

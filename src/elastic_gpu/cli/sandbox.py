@@ -72,6 +72,11 @@ def up(
         "--real-nodes", min=0, help="Real kubelet nodes (containerd, runc, busybox "
         "containers; root and Debian packages needed, docs/sandbox.md) beside the fake ones, "
         "each with an agent (fake backend, 2 cards); at most 1 per machine")] = 0,
+    extender_replicas: Annotated[int, typer.Option(
+        "--extender-replicas", min=1, max=5, help="Scheduler extender replicas: more than 1 "
+        "run leader-elected (one serves, the others stand by with warm caches) behind a "
+        "forwarder to the leader, the stand-in for the chart's Service (docs/scheduler.md, "
+        "\"High availability\")")] = 1,
     state_dir: StateDir = None,
     bin_dir: Annotated[Path | None, typer.Option(
         "--bin-dir", help="Control plane binaries [default: from hack/ensure-k8s.sh]")] = None,
@@ -141,6 +146,9 @@ def up(
         raise typer.Exit(1) from None
     if why_not is not None:
         raise typer.BadParameter(why_not, param_hint="--real-nodes")
+    from elastic_gpu.devcluster.components import REGISTRY, with_extender_replicas
+
+    registry = with_extender_replicas(REGISTRY, extender_replicas)
     start = time.monotonic()
     try:
         where = _state_dir(state_dir)
@@ -150,16 +158,14 @@ def up(
                          agent_config=node_config,
                          agent_configs={k: v for k, v in per_node.items() if v is not None},
                          controller_manager=not no_controller_manager, bare=bare,
-                         real_nodes=real_nodes)
+                         real_nodes=real_nodes, registry=registry)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     real = f" + {real_nodes} real node(s)" if real_nodes else ""
     typer.echo(f"sandbox up in {time.monotonic() - start:.1f} s: {len(inventories)} GPU "
                f"node(s){real} Ready, API server {box.plane.server}")
-    from elastic_gpu.devcluster.components import REGISTRY
-
-    for spec in REGISTRY:
+    for spec in registry:
         url = box.endpoint_of(spec.name)
         if spec.title is not None and url is not None:
             typer.echo(f"  {spec.title} {url}")

@@ -23,7 +23,7 @@ def scheduler(
         help="YAML: nodePolicy, cardPolicy, reservationTTLSeconds, seed, filterResult, "
              "targetWorkload, workloadRefreshPods, maxRequestBytes, maxNodesPerRequest, "
              "schedulerNames (the profiles that call this extender: /bind refuses other "
-             "pods), headerTimeoutSeconds, idleTimeoutSeconds, maxConnections "
+             "pods), headerTimeoutSeconds, idleTimeoutSeconds, maxConnections, leaderElection "
              "(docs/scheduler.md)")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="private key of --tls-cert")] = None,
@@ -33,6 +33,17 @@ def scheduler(
     drain_seconds: Annotated[float, typer.Option(
         min=0, max=300, help="on SIGTERM: stop accepting, then wait this long at most for "
                              "binds in progress")] = 10.0,
+    leader_elect: Annotated[bool, typer.Option(
+        "--leader-elect", help="turn leaderElection on (its other settings from --config, "
+                               "else their defaults): several replicas, one serving")] = False,
+    identity: Annotated[str | None, typer.Option(
+        help="this replica's Lease holder identity with leaderElection.enabled (default "
+             "hostname_pid): unique among live replicas (the chart passes the pod's name)")
+    ] = None,
+    health_port: Annotated[int, typer.Option(
+        min=0, max=65535, help="also serve /healthz and /readyz over plain HTTP on this port "
+                               "(kubelet's probes, when --tls-client-ca makes the main port "
+                               "require client certificates); 0: not at all")] = 0,
     log_level: LogLevel = "INFO",
     check: Annotated[bool, typer.Option(
         "--check", help="only read and validate --config: print each problem (field, value, "
@@ -42,7 +53,9 @@ def scheduler(
     """Serve the kube-scheduler extender (filter, prioritize, bind, preempt).
 
     SIGTERM (or SIGINT) drains: the listener closes, binds in progress finish (at most
-    --drain-seconds), and the process exits 0.
+    --drain-seconds), and the process exits 0. With leaderElection.enabled in --config, only
+    the replica holding the Lease serves; one that loses it stops serving at once and exits 1
+    (docs/scheduler.md, "High availability").
     """
     from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.scheduler.config import load_config
@@ -53,6 +66,7 @@ def scheduler(
     from elastic_gpu.kube.kubeconfig import ClientConfigError
     from elastic_gpu.runtime import eventloop
     from elastic_gpu.scheduler.app import ServeOptions, TLSFilesError, serve, tls_context
+    from elastic_gpu.scheduler.leadership import LeadershipLost
 
     # one INFO line per API request would drown the scheduler's own messages
     start_logging("egpu scheduler", log_level, quiet=("httpx2",))
@@ -64,12 +78,20 @@ def scheduler(
         raise typer.Exit(2)
     try:
         settings = load_config(config)
+        if leader_elect and not settings.leader_election.enabled:
+            election = settings.leader_election.model_copy(update={"enabled": True})
+            settings = settings.model_copy(update={"leader_election": election})
         options = ServeOptions(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
-                               tls_client_ca=tls_client_ca, drain_s=drain_seconds)
+                               tls_client_ca=tls_client_ca, drain_s=drain_seconds,
+                               health_port=health_port, identity=identity or "")
         tls_context(options)  # unreadable or mismatched files fail here, with their reason
         eventloop.run(serve(kubeconfig, settings, options))
     except (ConfigError, ClientConfigError, TLSFilesError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
+    except LeadershipLost as err:
+        typer.echo(f"error: leadership lost: {err}; exiting so that this replica comes back as "
+                   "a standby", err=True)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass

@@ -144,6 +144,59 @@ def _extender_argv(env: ComponentEnv) -> list[str]:
             "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port)]
 
 
+#: The sandbox's extender replicas' Lease holder identities: `SANDBOX_REPLICA_IDENTITY % i`,
+#: the same for every start of replica i (as the chart's pod names).
+SANDBOX_REPLICA_IDENTITY = "egpu-sandbox-scheduler-%d"
+#: How many extender replicas `egpu sandbox up --extender-replicas` may run.
+MAX_EXTENDER_REPLICAS = 5
+
+
+def _replica_argv(index: int) -> Callable[[ComponentEnv], list[str]]:
+    def argv(env: ComponentEnv) -> list[str]:
+        return [*_extender_argv(env), "--leader-elect",
+                "--identity", SANDBOX_REPLICA_IDENTITY % index]
+    return argv
+
+
+def _front_argv(replicas: Sequence[str]) -> Callable[[ComponentEnv], list[str]]:
+    def argv(env: ComponentEnv) -> list[str]:
+        backends = [a for name in replicas
+                    for a in ("--backend", env.endpoints[name].split("://", 1)[1])]
+        return [env.python, "-m", "elastic_gpu.devcluster.readyproxy", "--host", HOST,
+                "--port", str(env.port), *backends]
+    return argv
+
+
+def with_extender_replicas(registry: Sequence[ComponentSpec], replicas: int
+                           ) -> tuple[ComponentSpec, ...]:
+    """`registry` with its extender run as `replicas` leader-elected replicas
+    (`egpu-scheduler-0`, ...; ready when they answer /healthz: a standby never is on
+    /readyz) behind `devcluster.readyproxy`, which takes the extender's name, port role and
+    checks: kube-scheduler and the controller call it, and it sends each connection to the
+    replica that leads (the stand-in for the chart's Service and kube-proxy)."""
+    if not 1 <= replicas <= MAX_EXTENDER_REPLICAS:
+        raise ValueError(f"extender replicas: {replicas} is not in 1-{MAX_EXTENDER_REPLICAS}")
+    if replicas == 1:
+        return tuple(registry)
+    result: list[ComponentSpec] = []
+    for spec in registry:
+        if spec.name != EXTENDER.name:
+            result.append(spec)
+            continue
+        names = [f"{EXTENDER.name}-{i}" for i in range(replicas)]
+        result += [ComponentSpec(name=name, role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+                                 argv=_replica_argv(i), ready_path="/healthz",
+                                 title=f"extender replica {i} (leader-elected):")
+                   for i, name in enumerate(names)]
+        result.append(ComponentSpec(
+            name=EXTENDER.name, role=Role.SYSTEM, stage=Stage.BEFORE_SCHEDULER,
+            argv=_front_argv(names), ready_path="/readyz", extender=True,
+            knows_nodes=extender_missing_nodes,
+            title="Elastic GPU scheduler extender (the leading replica), called by "
+                  "kube-scheduler:"))
+    return tuple(result)
+
+
 def _allocation_sync_argv(env: ComponentEnv) -> list[str]:
     return [env.python, "-m", "elastic_gpu.devcluster.allocation_sync",
             "--kubeconfig", str(env.kubeconfig)]

@@ -110,29 +110,76 @@ class Worker:
     def __init__(self, client: RestClient, send: Callable[[list[Any]], None]) -> None:
         self.client = client
         self.send = send
+        #: feed -> the task running its reflector, and that reflector (`start`, `resync`)
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.running: dict[str, Reflector] = {}
 
     def reflectors(self) -> list[Reflector]:
-        result = []
-        for feed, (path, params, slim) in FEEDS.items():
-            changes = ChangeFilter()
+        return [self.reflector(feed) for feed in FEEDS]
 
-            def on_replace(items: list[Obj], feed: str = feed, slim: Callable[[Obj], Obj] = slim,
-                           changes: ChangeFilter = changes) -> None:
-                slimmed = [slim(o) for o in items]
-                changes.replace(slimmed)
-                self.send(["replace", feed, slimmed])
+    def reflector(self, feed: str, listed: asyncio.Event | None = None) -> Reflector:
+        """The reflector of one feed; `listed` is set once its first list has been sent."""
+        path, params, slim = FEEDS[feed]
+        changes = ChangeFilter()
 
-            def on_event(kind: str, obj: Obj, feed: str = feed, slim: Callable[[Obj], Obj] = slim,
-                         changes: ChangeFilter = changes) -> None:
-                slimmed = slim(obj)
-                if changes.changed(kind, slimmed):
-                    self.send(["event", feed, kind, slimmed])
+        def on_replace(items: list[Obj]) -> None:
+            slimmed = [slim(o) for o in items]
+            changes.replace(slimmed)
+            self.send(["replace", feed, slimmed])
+            if listed is not None:
+                listed.set()
 
-            result.append(Reflector(
-                self.client, path, name=feed, params=params, on_replace=on_replace,
-                on_event=on_event, missing_ok=feed in OPTIONAL_FEEDS,
-                missing_retry_s=MISSING_RECHECK_S))
-        return result
+        def on_event(kind: str, obj: Obj) -> None:
+            slimmed = slim(obj)
+            if changes.changed(kind, slimmed):
+                self.send(["event", feed, kind, slimmed])
+
+        return Reflector(self.client, path, name=feed, params=params, on_replace=on_replace,
+                         on_event=on_event, missing_ok=feed in OPTIONAL_FEEDS,
+                         missing_retry_s=MISSING_RECHECK_S)
+
+    def _run(self, feed: str, reflector: Reflector) -> None:
+        self.running[feed] = reflector
+        self.tasks[feed] = asyncio.create_task(reflector.run(), name=f"reflector-{feed}")
+
+    def start(self) -> None:
+        for feed in FEEDS:
+            self._run(feed, self.reflector(feed))
+
+    async def catch_up(self, feed: str, wait_s: float, poll_s: float = 0.01) -> str:
+        """Return once everything the API held for `feed` when this was called has been sent
+        (a barrier: docs/architecture.md, "Extender high availability"). The collection's
+        current resourceVersion is read with a one-item consistent list; watch events come in
+        resourceVersion order, so once the watch has passed that version every earlier change
+        has been sent. A quiet collection may not move for a long time: after `wait_s` the
+        feed is listed again instead (`resync`). Returns how: "watch" or "relist"."""
+        path, params, _ = FEEDS[feed]
+        page = msgspec.json.decode(await self.client.request(
+            "GET", path, params={**params, "limit": "1"}), type=_Page)
+        target = _version(page.metadata.get("resourceVersion"))
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while target is not None and asyncio.get_running_loop().time() < deadline:
+            reflector = self.running.get(feed)
+            seen = _version(reflector.last_resource_version) if reflector else None
+            if seen is not None and seen >= target:
+                return "watch"
+            await asyncio.sleep(poll_s)
+        await self.resync(feed)
+        return "relist"
+
+    async def resync(self, feed: str) -> None:
+        """List `feed` again (a consistent read: what the API holds now) and send it as a
+        replace before returning; its watch then resumes from that list. A new leader does
+        this for pods before it serves (docs/architecture.md, "Extender high availability"):
+        every Binding the previous leader wrote is then in the state, however far behind the
+        watch was."""
+        old = self.tasks.pop(feed, None)
+        if old is not None:
+            old.cancel()
+            await asyncio.gather(old, return_exceptions=True)
+        listed = asyncio.Event()
+        self._run(feed, self.reflector(feed, listed))
+        await listed.wait()
 
     async def handle(self, message: list[Any]) -> None:
         kind, request_id = message[0], message[1]
@@ -150,6 +197,18 @@ class Worker:
                     body=wakeup_patch(uid, text, datetime.datetime.now(datetime.UTC)),
                     content_type="application/strategic-merge-patch+json")
                 self.send(["reply", request_id, None, None])
+            elif kind == "resync":
+                _, _, feed = message
+                if feed not in FEEDS:
+                    raise ValueError(f"no feed {feed!r}")
+                await self.resync(feed)
+                self.send(["reply", request_id, None, None])
+            elif kind == "catch_up":
+                _, _, feed, wait_s = message
+                if feed not in FEEDS:
+                    raise ValueError(f"no feed {feed!r}")
+                how = await self.catch_up(feed, float(wait_s))
+                self.send(["reply", request_id, how, None])
             elif kind == "get_pod":
                 _, _, namespace, name = message
                 try:
@@ -195,6 +254,18 @@ class Worker:
         return decoded
 
 
+class _Page(msgspec.Struct):
+    metadata: dict[str, Any] = {}
+
+
+def _version(text: object) -> int | None:
+    """A resourceVersion as a number (etcd's revision), None if it is not one."""
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
+
+
 def _object_path(plural: str, namespace: str, name: str) -> str:
     resource = EGPU_RESOURCES.get(plural)
     if resource is None:
@@ -216,8 +287,7 @@ async def run(kubeconfig: Path | None) -> int:
     client = RestClient.from_config(kubeconfig)
     reader, writer = await _stdio()
     worker = Worker(client, lambda message: writer.write(ipc.encode(message)))
-    tasks = {asyncio.create_task(r.run(), name=f"reflector-{r.name}")
-             for r in worker.reflectors()}
+    worker.start()
     requests: set[asyncio.Task[None]] = set()
     try:
         while (message := await ipc.read(reader)) is not None:
@@ -226,7 +296,7 @@ async def run(kubeconfig: Path | None) -> int:
             task.add_done_callback(requests.discard)
             await writer.drain()
     finally:  # the scheduler closed our stdin: it is gone or stopping us
-        for task in tasks | requests:
+        for task in {*worker.tasks.values(), *requests}:
             task.cancel()
         await client.close()
     return 0

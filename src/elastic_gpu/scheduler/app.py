@@ -4,12 +4,16 @@ The API worker (a child process, `apiworker`) lists and watches nodes, non-termi
 GPUDevices and sends their slim forms here, where `Feeds` keeps `SchedulerState` current; the
 server answers only once all three have listed (readiness), so a restarted scheduler answers
 from the full set of assignments written before it died. Binds go through the same worker.
+With `leaderElection.enabled`, only the replica holding the Lease serves (`leadership`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
+import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,9 +27,12 @@ from elastic_gpu.core import nodestatus
 from elastic_gpu.core.claims.model import Claim, ElasticGPU, GPUClass
 from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.wakeup import Wake
+from elastic_gpu.kube.client import KubeClient
+from elastic_gpu.kube.leaderelection import LeaderElector, LeaseConfig
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
-from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.config import LeaderElectionConfig, SchedulerConfig
+from elastic_gpu.scheduler.leadership import LeadershipLost, Role, lead
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
@@ -187,6 +194,16 @@ class ServeOptions:
     tls_client_ca: Path | None = None
     #: on SIGTERM, how long binds in progress may take to finish
     drain_s: float = 10.0
+    #: a plain-HTTP listener with only /healthz and /readyz, for kubelet's probes when the
+    #: extender's own port requires client certificates (0: none)
+    health_port: int = 0
+    health_host: str = "0.0.0.0"
+    #: this replica's Lease holder identity (`leaderElection`); empty: hostname_pid
+    identity: str = ""
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
 
 
 class TLSFilesError(ValueError):
@@ -238,6 +255,16 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
              options.host, options.port, "https" if context else "http",
              ", client certificates required" if options.tls_client_ca else "", loop_name(),
              gate.cap, limits.idle_timeout_s, limits.header_timeout_s)
+    health: web.AppRunner | None = None
+    if options.health_port:
+        health_app = web.Application()
+        health_app.router.add_get("/healthz", extender.healthz)
+        health_app.router.add_get("/readyz", extender.readyz)
+        health = web.AppRunner(health_app, access_log=None)
+        await health.setup()
+        await web.TCPSite(health, options.health_host, options.health_port).start()
+        log.info("health and readiness on http://%s:%d", options.health_host,
+                 options.health_port)
     if started is not None:
         started.set()
     waiter = asyncio.ensure_future(stop.wait())
@@ -255,6 +282,8 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
             log.warning("binds still in progress after %.0f s; stopping anyway",
                         options.drain_s)
         await runner.cleanup()
+        if health is not None:
+            await health.cleanup()
 
 
 async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: ServeOptions,
@@ -269,6 +298,23 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     extender = Extender(state, link, claims_api=link)
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
+    options = dataclasses.replace(options)
+    election = config.leader_election
+    client = None
+    elector: LeaderElector | None = None
+    if election.enabled:
+        client = KubeClient.from_config(kubeconfig)
+        elector = LeaderElector(client, lease_config(election, options.identity))
+        extender.role = Role(elected=True)
+        leading = asyncio.create_task(lead(elector, state, link, extender.role),
+                                      name="leadership")
+
+        def lost(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and isinstance(task.exception(), LeadershipLost):
+                options.drain_s = 0.0  # a bind in flight must not outlive the Lease
+
+        leading.add_done_callback(lost)
+        tasks.append(leading)
     stop = asyncio.Event()
     try:
         with stop_on_signals(stop):
@@ -279,4 +325,16 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if elector is not None and stop.is_set():
+            # a clean stop (SIGTERM: binds drained, writes refused now): the standby takes
+            # over at its next retry instead of waiting for the Lease to expire
+            await elector.release()
+        if client is not None:
+            await client.close()
     log.info("stopped")
+
+
+def lease_config(election: LeaderElectionConfig, identity: str) -> LeaseConfig:
+    return LeaseConfig(election.lease_namespace, election.lease_name,
+                       identity or default_identity(), election.lease_duration_s,
+                       election.renew_deadline_s, election.retry_period_s)

@@ -16,6 +16,13 @@
     headerTimeoutSeconds: 32     # a connection's TLS handshake and first request headers
     idleTimeoutSeconds: 90       # a connection with no request in progress is closed after this
     maxConnections: 1024         # open at once; the oldest idle ones make room for new ones
+    leaderElection:              # several replicas, one serving (docs/scheduler.md, "High availability")
+      enabled: false             # true: only the holder of the Lease answers; the others stand by
+      leaseNamespace: kube-system
+      leaseName: egpu-scheduler
+      leaseDurationSeconds: 3    # a dead leader's Lease is taken over this long after its last renewal
+      renewDeadlineSeconds: 2    # a leader that could not renew for this long stops serving and exits
+      retryPeriodSeconds: 0.5    # between renewals (leader) and acquire attempts (standbys)
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
@@ -29,7 +36,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.core.connlimits import ConnectionLimits
@@ -51,6 +58,60 @@ def check_policy(tier: str, name: str) -> str:
     if name not in names:
         raise ValueError(f"unknown {tier} policy {name!r}; known: {', '.join(names)}")
     return name
+
+
+#: client-go's jitter on retries (`kube.leaderelection.JITTER`): a renewal deadline must leave
+#: room for one retry period, jittered
+_JITTER = 1.2
+
+
+class LeaderElectionConfig(BaseModel):
+    """The extender's leader election (`leaderElection:`). The defaults make a failover after
+    a SIGKILL (no release) take at most about leaseDuration + 2 x retryPeriod (~4 s): the
+    standby sees the last renewal within a retry period, waits the lease duration on its own
+    clock, and tries again within another. They cost the API server one GET and one PUT of the
+    Lease per retry period from the leader (4 requests/s) and one GET per retry period from
+    each standby (2/s): a few Lease writes per second, against client-go's 15/10/2 s defaults
+    (a failover of up to ~17 s) that the scheduler cannot afford: no GPU pod is scheduled while
+    no replica serves. The renew deadline ends the leader's serving a full second before any
+    standby may take over."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
+
+    enabled: bool = False
+    lease_namespace: str = Field(default="kube-system", validation_alias="leaseNamespace")
+    lease_name: str = Field(default="egpu-scheduler", validation_alias="leaseName")
+    lease_duration_s: float = Field(default=3.0, validation_alias="leaseDurationSeconds",
+                                    ge=1, le=3600)
+    renew_deadline_s: float = Field(default=2.0, validation_alias="renewDeadlineSeconds",
+                                    gt=0, le=3600)
+    retry_period_s: float = Field(default=0.5, validation_alias="retryPeriodSeconds",
+                                  ge=0.05, le=600)
+
+    @field_validator("lease_namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        check_name(value, NameRule.LABEL, "leaseNamespace")
+        return value
+
+    @field_validator("lease_name")
+    @classmethod
+    def _lease(cls, value: str) -> str:
+        check_name(value, NameRule.SUBDOMAIN, "leaseName")
+        return value
+
+    @model_validator(mode="after")
+    def _timing(self) -> LeaderElectionConfig:
+        if not self.lease_duration_s > self.renew_deadline_s:
+            raise ValueError(f"leaseDurationSeconds ({self.lease_duration_s:g}) must exceed "
+                             f"renewDeadlineSeconds ({self.renew_deadline_s:g}): a leader "
+                             "must stop serving before a standby may take over")
+        if not self.renew_deadline_s > _JITTER * self.retry_period_s:
+            raise ValueError(f"renewDeadlineSeconds ({self.renew_deadline_s:g}) must exceed "
+                             f"{_JITTER} x retryPeriodSeconds ({self.retry_period_s:g}): at "
+                             "least one renewal must fit in it")
+        return self
 
 
 class SchedulerConfig(BaseModel):
@@ -94,6 +155,10 @@ class SchedulerConfig(BaseModel):
                                   ge=0.001, le=86400)
     max_connections: int = Field(default=1024, validation_alias="maxConnections", ge=1,
                                  le=1_000_000)
+
+    #: Several replicas, one serving (docs/scheduler.md, "High availability").
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig,
+                                                  validation_alias="leaderElection")
 
     @property
     def connection_limits(self) -> ConnectionLimits:

@@ -21,6 +21,7 @@ from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core.claims import model as claims_model
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.scheduler import wire
+from elastic_gpu.scheduler.leadership import Role
 from elastic_gpu.scheduler.metrics import Metrics
 from elastic_gpu.scheduler.state import SchedulerState
 
@@ -75,6 +76,8 @@ class ExtenderBase:
                  claims_api: ClaimApi | None = None) -> None:
         self.state = state
         self.api = api
+        #: whether this replica answers the verbs now (leader election, `leadership`)
+        self.role = Role()
         self.claims_api = claims_api
         #: provisioning of one claim (by /provision or a first consumer's bind) is serialized:
         #: claim uid -> lock, and how many wait on it

@@ -107,7 +107,11 @@ class HttpRoutes(ExtenderBase):
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
             try:
-                response = await self._serve(verb, request, handler)
+                if not self.role.serving:  # a standby, or a leader that lost its Lease
+                    response = with_outcome(json_answer({"Error": self.role.refusal},
+                                                        status=503), "standby")
+                else:
+                    response = await self._serve(verb, request, handler)
             except wire.WireError as err:
                 self.metrics.bad_requests.labels(verb).inc()
                 response = json_answer({"Error": str(err)}, status=400)
@@ -172,6 +176,9 @@ class HttpRoutes(ExtenderBase):
         return web.Response(text="ok")
 
     async def readyz(self, request: web.Request) -> web.Response:
+        if not self.role.serving:  # a standby says whether its caches are warm
+            warm = "caches synced" if self.state.ready else self.state.not_ready_reason()
+            return web.Response(text=f"{self.role.phase}; {warm}", status=503)
         if self.state.ready:
             return web.Response(text="ok")
         return web.Response(text=self.state.not_ready_reason(), status=503)

@@ -217,7 +217,7 @@ class Metrics:
                                 "Extender requests answered, by verb and outcome (filter: "
                                 "feasible, unschedulable, error; bind: bound, failed; "
                                 "provision: ok, error; others: ok, error; any verb: "
-                                "bad_request, busy, not_ready, internal_error)",
+                                "bad_request, busy, not_ready, standby, internal_error)",
                                 ["verb", "outcome"], registry=self.registry)
         self.bind_failures = Counter(PREFIX + "bind_failures",
                                      "Binds that failed, by stage", ["stage"],

@@ -2,6 +2,10 @@
 route its feeds into the state, answer `PodApi` calls through it, and wake the pending pods the
 state says now fit (`SchedulerState.wakeups`, at most one round per `WAKEUP_PERIOD_S`).
 
+With leader election (`leadership`), a standby's link feeds its state (warm) but writes
+nothing: `writes_allowed` is False until it leads, and a write asked for then is refused
+(definite: nothing was sent) and no wake-up round runs.
+
 If the worker dies, calls in flight fail as *unknown* (a Binding may have landed; the bind
 path then keeps its reservation until the truth arrives) and a new worker is started; its
 first list of every feed replaces what the state holds, as any relist does.
@@ -34,6 +38,10 @@ CALL_TIMEOUT_S = 30.0
 #: (a refused bind, an expired reservation).
 WAKEUP_DELAY_S = 0.05
 WAKEUP_PERIOD_S = 0.2
+
+
+#: The worker's requests that write to the API.
+WRITES = frozenset({"bind", "wake", "create_elasticgpu"})
 
 
 class FeedSink(Protocol):
@@ -73,6 +81,8 @@ class WorkerLink:
         self._wake_ids = itertools.count(time.time_ns() // 1_000_000)
         self._wake_tasks: set[asyncio.Task[None]] = set()
         self._wake_now = asyncio.Event()
+        #: False on a standby replica: binds, wake-ups and creates are refused (`leadership`)
+        self.writes_allowed = True
         self._dispatch = {
             ("replace", "nodes"): feeds.nodes_replace,
             ("replace", "gpudevices"): feeds.devices_replace,
@@ -120,6 +130,8 @@ class WorkerLink:
             await asyncio.sleep(WAKEUP_PERIOD_S - WAKEUP_DELAY_S)
 
     def _wake_round(self) -> None:
+        if not self.writes_allowed:
+            return  # a standby wakes nobody; the state keeps them for the leader
         if self._process is None:
             return  # no worker to send them: the state keeps them for the next round
         try:
@@ -189,6 +201,9 @@ class WorkerLink:
                 future.set_exception(BindError(why, definite=False))
 
     async def _call(self, *message: Any) -> Any:
+        if message[0] in WRITES and not self.writes_allowed:
+            raise BindError(f"this replica does not lead: it may not {message[0]}",
+                            definite=True)
         process = self._process
         if process is None or process.stdin is None or process.returncode is not None:
             raise BindError("the API worker is not running", definite=True)
@@ -202,6 +217,16 @@ class WorkerLink:
             self._pending.pop(request_id, None)
             raise BindError(f"the API worker did not answer {message[0]} within "
                             f"{CALL_TIMEOUT_S:.0f} s", definite=False) from None
+
+    async def resync(self, feed: str) -> None:
+        """List `feed` again; returns once that list is in the state (`apiworker.resync`)."""
+        await self._call("resync", feed)
+
+    async def catch_up(self, feed: str, wait_s: float) -> str:
+        """Returns once every change of `feed` the API held when called is in the state
+        (`apiworker.Worker.catch_up`): "watch" (the watch passed the collection's current
+        version) or "relist" (it did not within `wait_s`: listed again)."""
+        return str(await self._call("catch_up", feed, wait_s))
 
     # ---- PodApi -------------------------------------------------------------------------
 

@@ -117,6 +117,40 @@ def test_default_renders_every_component(default: list[dict[str, Any]]) -> None:
     assert set(by_kind(default, "Service")) == {"elastic-gpu-scheduler", "elastic-gpu-webhook"}
 
 
+def test_the_extender_runs_two_leader_elected_replicas_ready_only_when_leading(
+        default: list[dict[str, Any]], helm: Helm) -> None:
+    from elastic_gpu.scheduler.config import SchedulerConfig
+
+    deployment = workloads(default)["elastic-gpu-scheduler"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0,
+                                                               "maxUnavailable": 1}
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--identity=$(POD_NAME)" in container["command"]
+    health = next(a for a in container["command"] if a.startswith("--health-port="))
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert {"name": "health", "containerPort": int(health.split("=")[1])} in container["ports"]
+    terms = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    config = yaml.safe_load(by_kind(default, "ConfigMap")["elastic-gpu-scheduler"]["data"]
+                            ["scheduler.yaml"])
+    election = SchedulerConfig.model_validate(config).leader_election  # the strict loader's model
+    assert election.enabled and election.lease_namespace == NS
+    assert (election.lease_duration_s, election.renew_deadline_s,
+            election.retry_period_s) == (3.0, 2.0, 0.5)
+    role = by_kind(default, "Role")["elastic-gpu-scheduler"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "resourceNames": [election.lease_name], "verbs": ["get", "update"]} in role["rules"]
+    # a user's own affinity replaces the default spreading
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "gpu", "operator": "DoesNotExist"}]}]}}}
+    objs = render(helm, {"scheduler": {"affinity": mine}})
+    assert workloads(objs)["elastic-gpu-scheduler"]["spec"]["template"]["spec"][
+        "affinity"] == mine
+
+
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_a_disabled_component_leaves_nothing_of_its_own(helm: Helm, component: str) -> None:
     objs = render(helm, {component: {"enabled": False}})
@@ -210,7 +244,8 @@ def test_default_image_tag_is_the_app_version(default: list[dict[str, Any]]) -> 
     ({"webhook": {"replicas": -1}}, "webhook.replicas"),
     ({"scheduler": {"config": {"nodePolicy": "fastest"}}}, "scheduler.config.nodePolicy"),
     ({"scheduler": {"config": {"cardPolicy": "binpak"}}}, "scheduler.config.cardPolicy"),
-    ({"scheduler": {"replicas": 2}}, "scheduler.replicas"),
+    ({"scheduler": {"replicas": -1}}, "scheduler.replicas"),
+    ({"scheduler": {"leaderElection": {"leaseDuration": 0}}}, "scheduler.leaderElection"),
     ({"agent": {"enabled": "yes"}}, "agent.enabled"),
     ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
     ({"webhook": {"timeoutSeconds": 60}}, "webhook.timeoutSeconds"),

@@ -65,12 +65,14 @@ def release(k8s_cluster: Any, real_node: Any, tmp_path: Path
                         "--overwrite")
     rel = Release(k8s_cluster, tmp_path / "helm")
     rel.clear_leftovers()
-    ports = free_ports(3)
+    ports = free_ports(4)
     here = {"nodeSelector": {REAL_NODE_LABEL: "true"}, "tolerations": [REAL_NODE_TOLERATION]}
     values = {
         "image": {"registry": "egpu.local", "repository": "elastic-gpu", "tag": "0.1.0",
                   "pullPolicy": "Never"},
-        "scheduler": {**here, "port": ports[0], "kubeScheduler": {"image": {
+        # one replica: on the one node's host network, two would want the same ports
+        "scheduler": {**here, "replicas": 1, "port": ports[0], "healthPort": ports[3],
+                      "kubeScheduler": {"image": {
             "registry": "egpu.local", "repository": "kube-scheduler", "tag": "v1.36.3",
             "pullPolicy": "Never"}}},
         "webhook": {**here, "replicas": 1, "port": ports[1],

@@ -202,3 +202,31 @@ def test_webhook_serves_https_on_its_port_with_the_sandbox_kubeconfig(tmp_path):
     assert components.endpoint(components.WEBHOOK, 4322) == "https://127.0.0.1:4322"
     assert components.WEBHOOK.stage is Stage.BEFORE_SCHEDULER
     assert components.WEBHOOK.role is Role.SYSTEM
+
+
+def test_extender_replicas_run_leader_elected_behind_the_readiness_forwarder(tmp_path):
+    registry = components.with_extender_replicas(components.REGISTRY, 2)
+    names = [spec.name for spec in registry]
+    assert names == ["egpu-scheduler-0", "egpu-scheduler-1", "egpu-scheduler",
+                     "egpu-webhook", "egpu-controller", "allocation-sync"]
+    by_name = {spec.name: spec for spec in registry}
+    # kube-scheduler (and the controller, by the name) calls the forwarder, never a replica
+    assert [spec.name for spec in registry if spec.extender] == ["egpu-scheduler"]
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=7000,
+                       python=sys.executable,
+                       endpoints={"egpu-scheduler-0": "http://127.0.0.1:7001",
+                                  "egpu-scheduler-1": "http://127.0.0.1:7002"})
+    replica = by_name["egpu-scheduler-1"].argv(env)
+    assert "--leader-elect" in replica
+    assert replica[replica.index("--identity") + 1] == "egpu-sandbox-scheduler-1"
+    # a standby is never ready on /readyz: a replica counts as started on /healthz
+    assert by_name["egpu-scheduler-1"].ready_path == "/healthz"
+    front = by_name["egpu-scheduler"].argv(env)
+    assert front[2] == "elastic_gpu.devcluster.readyproxy"
+    assert front[front.index("--port") + 1] == "7000"
+    assert [front[i + 1] for i, a in enumerate(front) if a == "--backend"] == \
+        ["127.0.0.1:7001", "127.0.0.1:7002"]
+    assert by_name["egpu-scheduler"].knows_nodes is not None
+    assert components.with_extender_replicas(components.REGISTRY, 1) == components.REGISTRY
+    with pytest.raises(ValueError, match="not in 1-5"):
+        components.with_extender_replicas(components.REGISTRY, 6)
