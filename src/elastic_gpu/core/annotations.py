@@ -36,6 +36,11 @@ GPU_MODEL_DENY = f"{PREFIX}/gpu-model-deny"  # "T4": never these models
 #: Elastic GPU (original) claim binding on a pod: egpuc.elasticgpu.io/<container>: <claim>.
 CLAIM_PREFIX = "egpuc.elasticgpu.io/"
 
+#: Pod label of the defragmentation controller (docs/defrag.md): "true" opts a pod in to being
+#: moved (evicted for its owner to re-create elsewhere) to make room for a pending pod; "false"
+#: keeps it where it is even in a namespace the configuration opts in.
+MOVABLE_LABEL = f"{PREFIX}/movable"
+
 #: Node label the agent sets where it runs, and the label with the card model.
 AGENT_LABEL = f"{PREFIX}/agent"
 GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"
