@@ -66,6 +66,11 @@ def test_move_mode_evicts_the_fewest_shares_and_tells_both_pods() -> None:
     controller, client, events = make(MOVE, fragmented())
     run_round(controller, 1000.0)
     assert client.evicted == ["ml/c"]  # one move (c to n0 or n3), not a and b
+    registry = controller.ctx.metrics.registry
+    assert registry.get_sample_value("elasticgpu_defrag_evictions_total", {"result": "moved"}) == 1
+    assert registry.get_sample_value("elasticgpu_defrag_plans_total",
+                                     {"outcome": "carried_out"}) == 1
+    assert registry.get_sample_value("elasticgpu_defrag_pending_pods") == 1
     reasons = {(name, reason) for name, reason, _ in events}
     assert reasons == {("c", "DefragMoved"), ("whole", "DefragMadeRoom")}
     # settling: the pending pod is not bound yet, so no second plan
@@ -103,6 +108,8 @@ def test_a_pdb_refusal_is_told_once_and_the_next_plan_goes_without_that_pod() ->
     client.refuse = {"ml/c"}
     run_round(controller, 1000.0)
     assert client.refused == ["ml/c"] and not client.evicted
+    assert controller.ctx.metrics.registry.get_sample_value(
+        "elasticgpu_defrag_evictions_total", {"result": "refused"}) == 1
     assert {(n, r) for n, r, _ in events} == {("whole", "DefragEvictionRefused"),
                                               ("c", "DefragEvictionRefused")}
     run_round(controller, 1005.0)

@@ -14,6 +14,7 @@ from typing import Any
 
 from elastic_gpu.controller.config import DefragConfig, DefragMode
 from elastic_gpu.controller.defrag.cluster import Cluster, read_cluster
+from elastic_gpu.controller.defrag.metrics import DefragMetrics
 from elastic_gpu.controller.defrag.state import DefragState, InFlight
 from elastic_gpu.controller.defrag.writes import DefragWrites, Step
 from elastic_gpu.controller.manager import Context
@@ -58,7 +59,8 @@ class DefragController:
         self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
         self.egpus = f.informer(ELASTICGPUS.path(), "elasticgpus", missing_ok=True)
         self.state = DefragState()
-        self.writes = DefragWrites(ctx.client, ctx.recorder, self.state)
+        self.metrics = DefragMetrics(ctx)
+        self.writes = DefragWrites(ctx.client, ctx.recorder, self.state, self.metrics)
         self.limits = RateLimits(self.config.max_moves_per_node, self.config.max_moves_cluster,
                                  self.config.rate_window_s)
         self.rules = MoveRules(self.config.movable_namespaces, self.config.cool_down_s)
@@ -158,6 +160,7 @@ class DefragController:
         if not self._settled(pods, now):
             return
         waiting = self._waiting(pods)
+        self.metrics.pending.set(len(waiting))
         live = {pod_facts(p).key for p, _ in waiting}
         self.state.reported = {k: v for k, v in self.state.reported.items() if k in live}
         if not waiting:
@@ -180,13 +183,16 @@ class DefragController:
                 continue
             steps = self._steps(cluster, plan)
             if self.config.mode is DefragMode.REPORT:
+                self.metrics.plans.labels("reported").inc()
                 self.writes.report(pod, facts.key, steps, plan.placement)
                 continue
             why = over_limit([s.source.node for s in steps], self.state.evictions, now,
                              self.limits)
             if why is not None:
+                self.metrics.plans.labels("rate_limited").inc()
                 self.writes.rate_limited(pod, why)
                 continue
+            self.metrics.plans.labels("carried_out").inc()
             done = await self.writes.carry_out(pod, facts.key, steps, plan.placement, now)
             if done:
                 self.state.in_flight = InFlight(facts.key, facts.uid, now + self.config.settle_s)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_gpu.controller.defrag.metrics import DefragMetrics
 from elastic_gpu.controller.defrag.state import DefragState
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.defrag.limits import Eviction
@@ -59,10 +60,12 @@ def describe_plan(steps: Sequence[Step], placement: Assignment) -> str:
 
 
 class DefragWrites:
-    def __init__(self, client: KubeClient, recorder: EventRecorder, state: DefragState) -> None:
+    def __init__(self, client: KubeClient, recorder: EventRecorder, state: DefragState,
+                 metrics: DefragMetrics) -> None:
         self.client = client
         self.recorder = recorder
         self.state = state
+        self.metrics = metrics
 
     def report(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
                placement: Assignment) -> None:
@@ -89,6 +92,7 @@ class DefragWrites:
             try:
                 await self.client.create(PODS.path(facts.namespace, facts.name, "eviction"), body)
             except TooManyRequests as err:
+                self.metrics.evictions.labels("refused").inc()
                 self.state.refused_at[facts.uid] = now
                 text = (f"eviction of {facts.key} refused (a PodDisruptionBudget: {err}); it is "
                         "left alone for the cool-down")
@@ -101,11 +105,13 @@ class DefragWrites:
                 log.info("defrag for %s: %s is gone already", key, facts.key)
                 return done
             except ApiError as err:
+                self.metrics.evictions.labels("failed").inc()
                 log.warning("defrag for %s: evicting %s: %s", key, facts.key, err)
                 self.recorder.record(pending, "Warning", FAILED,
                                      f"evicting {facts.key} failed: {err}")
                 return done
             done += 1
+            self.metrics.evictions.labels("moved").inc()
             if facts.owner is not None:
                 self.state.moved_at[facts.owner.uid] = now
             self.state.evictions.append(Eviction(now, step.source.node))
