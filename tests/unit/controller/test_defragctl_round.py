@@ -142,3 +142,19 @@ def test_rate_limits_hold_a_plan_whole() -> None:
     assert not client.evicted
     assert [(n, r) for n, r, _ in events] == [("whole", "DefragRateLimited")]
     assert "per-node limit of 1" in events[0][2]
+
+
+def test_a_plan_kube_scheduler_would_not_follow_is_not_carried_out() -> None:
+    # c may only run on n1 (its node selector): moving it frees n1 in the Engine, never in
+    # the cluster; the plan is dropped, nothing is evicted
+    pods = fragmented()
+    pods[2]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "n1"}
+    controller, client, events = make(MOVE, pods)
+    for node in controller.nodes.objects:
+        node["metadata"]["labels"] = {"kubernetes.io/hostname": node["metadata"]["name"]}
+    run_round(controller, 1000.0)
+    assert not client.evicted and not events
+    # the same plan without the selector is carried out
+    del pods[2]["spec"]["nodeSelector"]
+    run_round(controller, 1001.0)
+    assert client.evicted == ["ml/c"]

@@ -28,6 +28,7 @@ from elastic_gpu.core.defrag.movable import (
     why_not_movable,
 )
 from elastic_gpu.core.defrag.plan import DefragPlan, plan_moves
+from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest, taints_from_node
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -182,6 +183,10 @@ class DefragController:
             if plan is None or not plan.moves:
                 continue
             steps = self._steps(cluster, plan)
+            off_limits = self._off_limits(pod, plan, steps)
+            if off_limits is not None:
+                log.info("defrag for %s: plan not used: %s", facts.key, off_limits)
+                continue
             if self.config.mode is DefragMode.REPORT:
                 self.metrics.plans.labels("reported").inc()
                 self.writes.report(pod, facts.key, steps, plan.placement)
@@ -197,6 +202,23 @@ class DefragController:
             if done:
                 self.state.in_flight = InFlight(facts.key, facts.uid, now + self.config.settle_s)
             return  # one plan per round: the next one reads the cluster as it is then
+
+    def _off_limits(self, pending: Mapping[str, Any], plan: DefragPlan, steps: Sequence[Step]
+                    ) -> str | None:
+        """Why kube-scheduler would not follow the plan (the Engine does not model node
+        selectors, affinity or taints): a pod it puts on a node its rules refuse."""
+        nodes = {str((n.get("metadata") or {}).get("name")): n for n in self.nodes.items()}
+        wanted = [(pending, plan.placement.node)] + [(s.obj, s.target.node) for s in steps]
+        for obj, node_name in wanted:
+            node = nodes.get(node_name, {})
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            try:
+                why = refusal(rules_from_manifest(obj), node_name, labels, taints_from_node(node))
+            except RulesError as err:
+                why = str(err)
+            if why is not None:
+                return f"{pod_facts(obj).key} on {node_name}: {why}"
+        return None
 
     @staticmethod
     def _steps(cluster: Cluster, plan: DefragPlan) -> list[Step]:
