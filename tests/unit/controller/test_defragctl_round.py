@@ -158,3 +158,37 @@ def test_a_plan_kube_scheduler_would_not_follow_is_not_carried_out() -> None:
     del pods[2]["spec"]["nodeSelector"]
     run_round(controller, 1001.0)
     assert client.evicted == ["ml/c"]
+
+
+def test_a_pod_that_fits_as_things_are_is_left_to_the_scheduler() -> None:
+    pods = [gpu_pod("a", percent=30, node="n0"), gpu_pod("whole", percent=None)]
+    controller, client, events = make(MOVE, pods, nodes=("n0", "n1"))
+    run_round(controller, 1000.0)
+    assert not client.evicted and not events
+
+
+def test_the_reader_trusts_only_assignments_a_binding_wrote() -> None:
+    forged = gpu_pod("forged", percent=90, node="n1")
+    forged["metadata"]["annotations"]["elasticgpu.io/assigned-node"] = "n0"  # not its node
+    unbound = gpu_pod("unbound", percent=90, node="n1")
+    del unbound["spec"]["nodeName"]
+    done = gpu_pod("done", percent=90, node="n1")
+    done["status"]["phase"] = "Succeeded"
+    controller, _, _ = make(MOVE, [forged, unbound, done], nodes=("n0", "n1"))
+    cluster = read_cluster(controller.devices.items(), controller.nodes.items(),
+                           controller.pods.items(), [])
+    assert cluster.placed == {}
+    assert [u[1] for u in cluster.engine.card_usage("n1")] == [0]
+
+
+def test_settling_ends_when_the_pod_binds_or_its_time_is_up() -> None:
+    pods = fragmented()
+    controller, client, _ = make(MOVE, pods)
+    run_round(controller, 1000.0)
+    assert client.evicted == ["ml/c"] and controller.state.in_flight is not None
+    whole = pods[-1]
+    whole["spec"]["nodeName"] = "n1"  # bound: the next round may plan again
+    assert controller._settled(controller.pods.items(), 1001.0)
+    assert controller.state.in_flight is None
+    run_round(controller, 1002.0)  # nothing waits any more
+    assert client.evicted == ["ml/c"]
