@@ -247,6 +247,7 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     # find later either. The planner's search is bounded, so this is the simulator's shortcut
     # (it spares thousands of calls past 100% arrived), stated in docs/simulator.md.
     hopeless: set[TaskShape] = set()
+    slot: dict[str, int] = {}  # task key -> its entry in `placements`
 
     def refrag(node: str) -> float:
         view = engine.node_view(node)
@@ -273,6 +274,12 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
                 hopeless.clear()
                 for moved in carry_out(engine, plan, movable, tally, to_100):
                     frag_total += refrag(moved)
+                for move in plan.moves:  # the placements say where each task ended
+                    old = placements[slot[move.pod_key]]
+                    placements[slot[move.pod_key]] = Placement(
+                        old.task, move.target.node,
+                        tuple((c.index, c.milli) for c in move.target.shares()) if keep_placements
+                        else ())
                 assignment = plan.placement
             engine.allocate(pod.key, assignment, pod)
         except Unschedulable as err:
@@ -286,6 +293,8 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
             shares = tuple((s.index, s.milli) for s in assignment.shares())
             used_total += sum(m for _, m in shares)
             frag_total += refrag(assignment.node)
+            if defrag_moves > 0:
+                slot[pod.key] = len(placements)
             if keep_placements:
                 placements.append(Placement(task.name, assignment.node, shares))
             else:

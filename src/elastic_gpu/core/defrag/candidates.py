@@ -131,8 +131,8 @@ class Room:
         if cached is not None:
             return cached
         if c.kind is RequestKind.SHARE:
-            gpu: npt.NDArray[np.bool_] = ((self.free_milli >= c.compute_milli)
-                                          & (self.free_memory >= c.memory_mib)).any(axis=1)
+            fits = (self.free_milli >= c.compute_milli) & (self.free_memory >= c.memory_mib)
+            gpu: npt.NDArray[np.bool_] = np.any(fits, axis=1)
         else:
             slots = (self.untouched & (self.cap_memory >= c.memory_mib)).sum(axis=1)
             gpu = np.greater_equal(slots, c.cards)
