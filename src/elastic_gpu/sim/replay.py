@@ -31,7 +31,7 @@ from elastic_gpu.core.model import Node, cluster_cpu_per_gpu
 from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.policies import default_card_policy, node_policy
 from elastic_gpu.core.request import PodRequest
-from elastic_gpu.core.workload import TargetWorkload, TaskShape
+from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import Task
 
 REPORT_POINTS = (50, 90, 100, 130)
@@ -242,11 +242,13 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     placements: list[Placement] = []
     movable: dict[str, PodRequest] = {}
     tally = Counter[str]()
-    # Task shapes the planner found no plan for since the last plan carried out. Tasks only
-    # arrive, so the cluster only fills: what an exhaustive search did not find it would not
-    # find later either. The planner's search is bounded, so this is the simulator's shortcut
-    # (it spares thousands of calls past 100% arrived), stated in docs/simulator.md.
-    hopeless: set[TaskShape] = set()
+    # Requests the planner found no plan for since the last plan carried out, per GPU shape
+    # (compute per card, cards, models): (CPU, memory) of each. Tasks only arrive, so the
+    # cluster only fills, and a task asking at least as much as one without a plan would not
+    # get one either: true of an exhaustive search; the planner's is bounded, so this is the
+    # simulator's shortcut (it spares thousands of calls past 100% arrived), stated in
+    # docs/simulator.md.
+    hopeless: dict[tuple[int, int, frozenset[str]], list[tuple[int, int]]] = {}
     slot: dict[str, int] = {}  # task key -> its entry in `placements`
 
     def refrag(node: str) -> float:
@@ -265,11 +267,15 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
                 assignment = engine.place(pod)
             except Unschedulable:
                 shape = task.shape()
+                gpu_shape = (shape.gpu_milli, shape.gpu_count, shape.models)
+                beaten = any(cpu <= shape.cpu_milli and mem <= shape.memory_mib
+                             for cpu, mem in hopeless.get(gpu_shape, ()))
                 plan = (plan_moves(engine, pod.key, pod, movable, defrag_moves)
-                        if defrag_moves > 0 and pod.wants_gpu and shape not in hopeless else None)
+                        if defrag_moves > 0 and pod.wants_gpu and not beaten else None)
                 if plan is None:
-                    if defrag_moves > 0:
-                        hopeless.add(shape)
+                    if defrag_moves > 0 and not beaten:
+                        hopeless.setdefault(gpu_shape, []).append((shape.cpu_milli,
+                                                                   shape.memory_mib))
                     raise
                 hopeless.clear()
                 for moved in carry_out(engine, plan, movable, tally, to_100):

@@ -141,15 +141,18 @@ class Room:
         self._rows[key] = out = (gpu, int(gpu.sum()))
         return out
 
-    def may_move(self, pod: PodRequest, row: int, cols: set[int]) -> bool:
-        """Whether the pod, on `cols` of `row` now, fits on another node or another card of its
-        own (its CPU and memory stay there)."""
+    def may_move(self, pod: PodRequest, row: int, cols: set[int], may_stay: bool) -> bool:
+        """Whether the pod, on `cols` of `row` now, fits on another node, or (`may_stay`: the
+        pending pod does not need the CPU and memory it holds there) on another card of its
+        own node."""
         c = single_gpu_container(pod)
         if c is None:
             return True
         rows, count = self.rows_for(pod, c)
         if count - int(rows[row]) > 0:
             return True
+        if not may_stay:
+            return False
         others = [col for col in range(self.free_milli.shape[1]) if col not in cols]
         if c.kind is RequestKind.SHARE:
             return any(self.free_milli[row, col] >= c.compute_milli
@@ -199,7 +202,11 @@ def move_sets(free: FreeCards, row: int, order: int, pod: PodRequest, c: Contain
     pod fit on it; pods with nowhere to go (`room`) are left out."""
     col_of = {index: col for col, index in enumerate(card_indices)}
     held = _NodePods.of(allocation, col_of)
-    stuck = {k for k in held.keys if not room.may_move(movable[k], row, held.cols[k])}
+    may_stay = not check_host or (
+        free.cpu_capacity[row] - free.cpu_used[row] >= pod.cpu_milli
+        and free.memory_capacity[row] - free.memory_used[row] >= pod.memory_mib)
+    stuck = {k for k in held.keys
+             if not room.may_move(movable[k], row, held.cols[k], bool(may_stay))}
     name = free.names[row]
     cols = [col for col in range(len(card_indices)) if free.usable[row, col]
             and free.cap_memory[row, col] >= c.memory_mib
