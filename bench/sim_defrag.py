@@ -5,6 +5,7 @@ Usage: python bench/sim_defrag.py run OUT.jsonl [--workloads default,gpushare40,
            [--budgets 0,1,2,4] [--seeds 42-51] [--policy fgdx-auto]
        python bench/sim_defrag.py table OUT.jsonl
        python bench/sim_defrag.py speed - [--workloads default] [--budgets 2] [--seeds 42]
+       python bench/sim_defrag.py bound - [--workloads nine] [--seeds 42-51]
 `run` replays every (workload, seed, K) in one process, in that order (so a cut-short run has
 every K of the seeds it reached), appending one JSON line per replay; it skips replays already
 in OUT, so the same command resumes. `table` prints the Markdown table docs/benchmarks.md
@@ -13,8 +14,9 @@ the median moves as % of tasks (over the whole replay at 1.3x, and up to 100% ar
 placed by a plan up to 100% arrived, and the mean wall seconds of one replay (on a busy box a
 ratio between rows of one run is what the numbers say). `speed` times every call of the planner
 in one replay per (workload, seed, K): calls, and the median, 90th percentile and largest
-milliseconds of one call, found or not. Run it with low priority (`nice -n 10`): the replays
-are CPU-heavy.
+milliseconds of one call, found or not. `bound` needs no replay: a floor under the unallocated
+% at 100% arrived that holds for any placement, moves or not (`bound`'s docstring). Run it
+with low priority (`nice -n 10`): the replays are CPU-heavy.
 """
 
 from __future__ import annotations
@@ -96,6 +98,42 @@ def speed(workloads: list[str], budgets: list[int], seeds: list[int], policy: st
                       f"{ms[-1]:.1f} | {result.wall_seconds:.1f} |", flush=True)
 
 
+def bound(workloads: list[str], seeds: list[int]) -> None:
+    """The trace's most common share, 0.81 of a card, leaves 0.19 that only shares of at most
+    0.19 can use. Of the tasks arrived by 100% (in the replay's order), let n be the 0.81
+    shares and S the compute of the shares of at most 0.19: any placement that turns d of the
+    0.81 shares away leaves at least max(810 d, 190 (n - d) - S) milli-cards of the arrived
+    request unallocated (at 100% arrived, arrived = capacity, so idle = unallocated). The
+    floor is the least of that over d, as % of capacity; CPU, memory and every other share
+    size are ignored, so the true floor is higher."""
+    from elastic_gpu.sim.replay import arrival_order
+    from elastic_gpu.sim.trace import load_nodes, load_tasks
+
+    nodes = [n for n in load_nodes(DATA / "openb_node_list_all_node.csv") if n.cards]
+    capacity = sum(len(n.cards) for n in nodes) * 1000
+    print("| workload | seeds | 0.81 shares by 100% (median) | floor % of capacity (median) |")
+    print("|---|---|---:|---:|")
+    for workload in workloads:
+        tasks = load_tasks(DATA / f"openb_pod_list_{workload}.csv")
+        counts: list[int] = []
+        floors: list[float] = []
+        for seed in seeds:
+            total = big = small = 0
+            for t in arrival_order(tasks, capacity, 1.3, seed):
+                if total + t.total_milli > capacity:
+                    break
+                total += t.total_milli
+                if t.num_gpu == 1 and t.gpu_milli == 810:
+                    big += 1
+                elif t.num_gpu == 1 and 0 < t.gpu_milli <= 190:
+                    small += t.gpu_milli
+            floor = min(max(810 * d, 190 * (big - d) - small) for d in range(big + 1))
+            counts.append(big)
+            floors.append(100 * floor / capacity)
+        print(f"| {workload} | {seeds[0]}-{seeds[-1]} | {statistics.median(counts):g} | "
+              f"{statistics.median(floors):.2f} |")
+
+
 def read(path: Path) -> list[dict[str, object]]:
     if not path.exists():
         return []
@@ -134,7 +172,7 @@ def table(path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("run", "table", "speed"))
+    parser.add_argument("command", choices=("run", "table", "speed", "bound"))
     parser.add_argument("out", type=Path)
     parser.add_argument("--workloads", default="default")
     parser.add_argument("--budgets", default="0,1,2,4")
@@ -146,6 +184,9 @@ def main() -> None:
         return
     workloads = list(NINE) if args.workloads == "nine" else args.workloads.split(",")
     budgets = [int(k) for k in args.budgets.split(",")]
+    if args.command == "bound":
+        bound(workloads, parse_seeds(args.seeds))
+        return
     if args.command == "speed":
         speed(workloads, budgets, parse_seeds(args.seeds), args.policy)
         return
