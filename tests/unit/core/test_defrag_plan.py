@@ -230,3 +230,19 @@ def test_what_the_planner_does_not_plan() -> None:
     placed = movable["default/s1"]
     assert plan_moves(engine, placed.key, placed, movable, 4) is None  # already placed
     assert isinstance(Move("k", Assignment("a", {}), Assignment("b", {})), Move)
+
+
+def test_free_cards_are_the_engines_arrays_for_the_pods_models() -> None:
+    engine, _ = engine_with([node("a", 2), Node("t", 8000, 16_384, (Card(0, "GPU-t-0", "T4", 16_384),))],
+                            [(share("s1", 300, cpu=2000), "a", 1)])
+    free = engine.free_cards(whole("w", 1))
+    assert free.names == ["a", "t"]
+    a, t = free.names.index("a"), free.names.index("t")
+    assert free.used_milli[a].tolist()[:2] == [0, 300]
+    assert free.cpu_used[a] == 2000 and free.cpu_capacity[t] == 8000
+    assert free.usable[a].tolist()[:2] == [True, True] and bool(free.usable[t, 0])
+    v100_only = PodRequest("m", containers=(ContainerRequest.whole("main", 1),),
+                           allowed_models=frozenset({MODEL}))
+    assert not engine.free_cards(v100_only).usable[t].any()
+    free.used_milli[a, 1] = 0  # a copy: the engine keeps its own
+    assert engine.card_usage("a")[1][1] == 300
