@@ -53,7 +53,8 @@ def plan_moves(engine: Engine, pending_key: str, pending: PodRequest,
     fits, each move and the final placement chosen by the engine's fit and scoring (`policy`:
     the node policy, else the pod's or the engine's); None when no plan is found. Plans only a
     pod with one share or whole-card container (MIG and several GPU containers: None). The
-    engine is left as it was."""
+    engine is left as it was; `movable[key]` must be the request the pod was allocated with
+    (`Engine.allocate(key, assignment, pod)`): undoing a trial allocates it again with it."""
     container = single_gpu_container(pending)
     if max_moves <= 0 or container is None or engine.allocation(pending_key) is not None:
         return None
