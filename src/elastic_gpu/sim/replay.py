@@ -198,13 +198,15 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
            inflation: float = 1.3, card_policy: str = "auto", workload: TargetWorkload | None = None,
            keep_placements: bool = False,
            progress: Callable[[int, int], None] | None = None,
-           popularity: float | None = None, defrag_moves: int = 0) -> ReplayResult:
+           popularity: float | None = None, defrag_moves: int = 0,
+           defrag_cpu_tasks: bool = False) -> ReplayResult:
     """Replay `tasks` on `nodes` with a node policy; see the module docstring for the protocol.
 
     `defrag_moves` > 0: a GPU task that fails to place asks the defragmentation planner
     (`core.defrag.plan_moves`) for at most that many moves of placed GPU tasks (a trace has no
     owners: every placed GPU task is movable, any number of times); a plan found is carried out
-    (the moved tasks re-placed where it says, counted in `moves`) and the task placed."""
+    (the moved tasks re-placed where it says, counted in `moves`) and the task placed.
+    `defrag_cpu_tasks`: CPU-only tasks are movable too (they hold CPU on GPU nodes)."""
     if defrag_moves < 0:
         raise ValueError(f"the move budget must be 0 or more, got {defrag_moves}")
     started = time.perf_counter()
@@ -240,6 +242,14 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     placements: list[Placement] = []
     movable: dict[str, PodRequest] = {}
     tally = Counter[str]()
+    # Requests the planner found no plan for since the last plan carried out, per GPU shape
+    # (compute per card, cards, models): (CPU, memory) of each. Tasks only arrive, so the
+    # cluster only fills, and a task asking at least as much as one without a plan would not
+    # get one either: true of an exhaustive search; the planner's is bounded, so this is the
+    # simulator's shortcut (it spares thousands of calls past 100% arrived), stated in
+    # docs/simulator.md.
+    hopeless: dict[tuple[int, int, frozenset[str]], list[tuple[int, int]]] = {}
+    slot: dict[str, int] = {}  # task key -> its entry in `placements`
 
     def refrag(node: str) -> float:
         view = engine.node_view(node)
@@ -256,12 +266,26 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
             try:
                 assignment = engine.place(pod)
             except Unschedulable:
+                shape = task.shape()
+                gpu_shape = (shape.gpu_milli, shape.gpu_count, shape.models)
+                beaten = any(cpu <= shape.cpu_milli and mem <= shape.memory_mib
+                             for cpu, mem in hopeless.get(gpu_shape, ()))
                 plan = (plan_moves(engine, pod.key, pod, movable, defrag_moves)
-                        if defrag_moves > 0 and pod.wants_gpu else None)
+                        if defrag_moves > 0 and pod.wants_gpu and not beaten else None)
                 if plan is None:
+                    if defrag_moves > 0 and not beaten:
+                        hopeless.setdefault(gpu_shape, []).append((shape.cpu_milli,
+                                                                   shape.memory_mib))
                     raise
+                hopeless.clear()
                 for moved in carry_out(engine, plan, movable, tally, to_100):
                     frag_total += refrag(moved)
+                for move in plan.moves:  # the placements say where each task ended
+                    old = placements[slot[move.pod_key]]
+                    placements[slot[move.pod_key]] = Placement(
+                        old.task, move.target.node,
+                        tuple((c.index, c.milli) for c in move.target.shares()) if keep_placements
+                        else ())
                 assignment = plan.placement
             engine.allocate(pod.key, assignment, pod)
         except Unschedulable as err:
@@ -270,11 +294,13 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
             if to_100:
                 failed_to_100[check] += 1
         else:
-            if defrag_moves > 0 and pod.wants_gpu:
+            if defrag_moves > 0 and (pod.wants_gpu or defrag_cpu_tasks):
                 movable[pod.key] = pod
             shares = tuple((s.index, s.milli) for s in assignment.shares())
             used_total += sum(m for _, m in shares)
             frag_total += refrag(assignment.node)
+            if defrag_moves > 0:
+                slot[pod.key] = len(placements)
             if keep_placements:
                 placements.append(Placement(task.name, assignment.node, shares))
             else:

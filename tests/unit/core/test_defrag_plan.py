@@ -59,11 +59,15 @@ def state(engine: Engine) -> tuple[Mapping[str, Assignment], list[Any], Any]:
             engine.ctx.rng.bit_generator.state)
 
 
+def cards(a: Assignment) -> tuple[str, list[int]]:
+    return a.node, sorted(s.index for s in a.shares())
+
+
 def check_plan(engine: Engine, plan: DefragPlan, movable: Mapping[str, PodRequest],
                pending: PodRequest) -> None:
     """Carry the plan out in order on the engine: every move and then the pending pod fit."""
     for move in plan.moves:
-        assert move.target.node != move.source.node
+        assert cards(move.target) != cards(move.source)
         assert engine.release(move.pod_key) == move.source
         engine.allocate(move.pod_key, move.target, movable[move.pod_key])
     engine.allocate(pending.key, plan.placement, pending)
@@ -85,7 +89,24 @@ def test_one_small_share_moved_frees_the_card_a_whole_card_pod_needs() -> None:
     assert len(plan.moves) == 1
     (move,) = plan.moves
     assert move.source == engine.allocation(move.pod_key)
-    assert move.source.node == "a" and move.target.node == "b"
+    assert move.source.node == "a" and move.pod_key in ("default/s1", "default/s2")
+    assert plan.placement.node == "a"
+    check_plan(engine, plan, movable, pending)
+
+
+def test_two_shares_of_one_node_are_put_together_on_one_card() -> None:
+    # the node's CPU is nearly all held: only a move within the node keeps it
+    engine, movable = engine_with(
+        [node("a", 2, cpu=16_000), node("b", 2)],
+        [(share("s1", 400, cpu=6000), "a", 0), (share("s2", 400, cpu=6000), "a", 1),
+         (whole("w1", 2), "b", 0)])
+    pending = whole("w", 1, cpu=4000)
+    with pytest.raises(Unschedulable):
+        engine.place(pending)
+    plan = plan_moves(engine, pending.key, pending, movable, 1)
+    assert plan is not None and len(plan.moves) == 1
+    (move,) = plan.moves
+    assert move.target.node == "a" and cards(move.target) != cards(move.source)
     assert plan.placement.node == "a"
     check_plan(engine, plan, movable, pending)
 
@@ -209,3 +230,19 @@ def test_what_the_planner_does_not_plan() -> None:
     placed = movable["default/s1"]
     assert plan_moves(engine, placed.key, placed, movable, 4) is None  # already placed
     assert isinstance(Move("k", Assignment("a", {}), Assignment("b", {})), Move)
+
+
+def test_free_cards_are_the_engines_arrays_for_the_pods_models() -> None:
+    engine, _ = engine_with([node("a", 2), Node("t", 8000, 16_384, (Card(0, "GPU-t-0", "T4", 16_384),))],
+                            [(share("s1", 300, cpu=2000), "a", 1)])
+    free = engine.free_cards(whole("w", 1))
+    assert free.names == ["a", "t"]
+    a, t = free.names.index("a"), free.names.index("t")
+    assert free.used_milli[a].tolist()[:2] == [0, 300]
+    assert free.cpu_used[a] == 2000 and free.cpu_capacity[t] == 8000
+    assert free.usable[a].tolist()[:2] == [True, True] and bool(free.usable[t, 0])
+    v100_only = PodRequest("m", containers=(ContainerRequest.whole("main", 1),),
+                           allowed_models=frozenset({MODEL}))
+    assert not engine.free_cards(v100_only).usable[t].any()
+    free.used_milli[a, 1] = 0  # a copy: the engine keeps its own
+    assert engine.card_usage("a")[1][1] == 300
