@@ -63,7 +63,8 @@ def controller(
         help="run only these controllers (repeatable; default: all)")] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="the controllers' settings (YAML; `mig:` the MIG adapter's: "
-        "namespaces, substitutions, moveBack; docs/mig-adapter.md)")] = None,
+        "namespaces, substitutions, moveBack; docs/mig-adapter.md; `defrag:` the "
+        "defragmentation controller's, off by default: docs/defrag.md)")] = None,
     log_level: LogLevel = "INFO",
     check: Annotated[bool, typer.Option(
         "--check", help="only read and validate --config: print each problem (field, value, "
@@ -71,7 +72,8 @@ def controller(
     ] = False,
 ) -> None:
     """Run the controllers (claims: binding, provisioning, reclaim, claim protection; mig: the
-    MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets), leader-elected
+    MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets; defrag: room
+    for pending pods by moving movable shares, off unless --config enables it), leader-elected
     on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
     losing it exits with code 1."""
     from elastic_gpu.api.config.loader import ConfigError

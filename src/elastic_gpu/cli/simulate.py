@@ -46,6 +46,10 @@ def simulate(
              "and, when the tasks ask more CPU per GPU than the nodes have, once shares of one "
              "card ask half the GPU asked).")
     ] = None,
+    defrag_moves: Annotated[str, typer.Option(
+        help="Defragmentation: when a GPU task fails to place, the planner may move up to K "
+             "placed GPU tasks to make room (0: off). With --compare a comma-separated list "
+             "sweeps several budgets, e.g. 0,1,2,4.")] = "0",
 ) -> None:
     """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
     from elastic_gpu.sim.trace import TraceError
@@ -54,23 +58,37 @@ def simulate(
         raise typer.BadParameter(f"--popularity must be in (0, 1], got {popularity}")
     if (nodes is None) != (not pods):
         raise typer.BadParameter("give --nodes and --pods together, or neither for the built-in trace")
+    budgets = _move_budgets(defrag_moves)
+    if not compare and len(budgets) > 1:
+        raise typer.BadParameter("several --defrag-moves need --compare")
     try:
         if compare:
             _compare(nodes, pods or [], policies, seeds, inflation, card_policy, reference_dir,
-                     processes, json_path, popularity)
+                     processes, json_path, popularity, budgets)
         else:
             if pods and len(pods) > 1:
                 raise typer.BadParameter("several --pods need --compare")
             _single(nodes, pods[0] if pods else None, policy, card_policy, seed, inflation,
-                    json_path, placements, plot, popularity)
+                    json_path, placements, plot, popularity, budgets[0])
     except (TraceError, ValueError) as err:
         typer.echo(f"egpu simulate: {err}", err=True)
         raise typer.Exit(2) from None
 
 
+def _move_budgets(text: str) -> list[int]:
+    """`--defrag-moves`: `2` or `0,1,2,4` -> the budgets, each a whole number 0 or more."""
+    budgets: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise typer.BadParameter(f"--defrag-moves takes whole numbers 0 or more, got {text!r}")
+        budgets.append(int(part))
+    return list(dict.fromkeys(budgets))
+
+
 def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_policy: str, seed: int,
             inflation: float, json_path: Path | None, placements_path: Path | None,
-            plot_path: Path | None, popularity: float | None = None) -> None:
+            plot_path: Path | None, popularity: float | None = None, defrag_moves: int = 0) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -96,10 +114,11 @@ def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_p
             result = replay(nodes, tasks, policy, seed=seed, inflation=inflation,
                             card_policy=card_policy, keep_placements=placements_path is not None,
                             progress=lambda done, total: bar.update(handle, completed=done, total=total),
-                            popularity=popularity)
+                            popularity=popularity, defrag_moves=defrag_moves)
     else:
         result = replay(nodes, tasks, policy, seed=seed, inflation=inflation, card_policy=card_policy,
-                        keep_placements=placements_path is not None, popularity=popularity)
+                        keep_placements=placements_path is not None, popularity=popularity,
+                        defrag_moves=defrag_moves)
     summary = result.summary()
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
@@ -136,17 +155,32 @@ def _print_summary(summary: dict[str, object]) -> None:
     Console().print(table)
     Console().print(f"failed (first failing check): {summary['failed']}; "
                     f"up to 100% arrived: {summary['failed_to_100']}")
+    defrag = summary.get("defrag")
+    if isinstance(defrag, dict):
+        Console().print(f"defragmentation (at most {defrag['defrag_moves']} moves per failed task): "
+                        f"{defrag['moves']} moves ({defrag['moves_pct_of_tasks']}% of tasks), "
+                        f"{defrag['rescued']} tasks placed by a plan; up to 100% arrived: "
+                        f"{defrag['moves_to_100']} moves, {defrag['rescued_to_100']} placed")
 
 
 def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, seeds: str,
              inflation: float, card_policy: str, reference_dir: Path | None, processes: int,
-             json_path: Path | None, popularity: float | None = None) -> None:
+             json_path: Path | None, popularity: float | None = None,
+             budgets: list[int] | None = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from elastic_gpu.core.policies import NODE_POLICIES
-    from elastic_gpu.sim.compare import Job, Outcome, load_reference, medians, parse_seeds, run_jobs
+    from elastic_gpu.sim.compare import (
+        Job,
+        Outcome,
+        load_reference,
+        medians,
+        move_medians,
+        parse_seeds,
+        run_jobs,
+    )
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in NODE_POLICIES]
@@ -155,8 +189,9 @@ def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, see
     seed_list = parse_seeds(seeds)
     workloads: list[tuple[str, str | None, str | None]] = (
         [(p.stem, str(nodes_path), str(p)) for p in pods_paths] if pods_paths else [("builtin", None, None)])
-    jobs = [Job(w, n, p, pol, s, inflation, card_policy, popularity)
-            for w, n, p in workloads for pol in names for s in seed_list]
+    budgets = budgets or [0]
+    jobs = [Job(w, n, p, pol, s, inflation, card_policy, popularity, defrag_moves=k)
+            for w, n, p in workloads for pol in names for k in budgets for s in seed_list]
     reference = load_reference(reference_dir) if reference_dir is not None else {}
     console = Console()
     outcomes: list[Outcome]
@@ -172,9 +207,15 @@ def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, see
     if reference:
         table.add_column("reference", justify="right")
         table.add_column("diff", justify="right")
+    defrag = any(k > 0 for k in budgets)
+    if defrag:
+        table.add_column("moves % of tasks (to 100%)", justify="right")
     result = medians(outcomes)
+    moves = move_medians(outcomes)
+    labels = [Job("", None, None, pol, 0, inflation, card_policy, defrag_moves=k).label
+              for pol in names for k in budgets]
     rows = []
-    ordered = sorted(result.items(), key=lambda kv: (kv[0][0], names.index(kv[0][1])))
+    ordered = sorted(result.items(), key=lambda kv: (kv[0][0], labels.index(kv[0][1])))
     for (workload, pol), (median, count) in ordered:
         ref = reference.get((workload, pol))
         # three decimals: per-seed figures have two, so a median of an even count can end in 5
@@ -182,9 +223,15 @@ def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, see
         if reference:
             cells += [f"{ref:.3f}" if ref is not None else "-",
                       f"{median - ref:+.3f}" if ref is not None else "-"]
+        moved = moves.get((workload, pol))
+        if defrag:
+            cells.append(f"{moved[0]:.3f} ({moved[1]:.3f})" if moved is not None else "-")
         table.add_row(*cells)
-        rows.append({"workload": workload, "policy": pol, "runs": count, "median_unallocated_100": median,
-                     "reference": ref})
+        row: dict[str, object] = {"workload": workload, "policy": pol, "runs": count,
+                                  "median_unallocated_100": median, "reference": ref}
+        if moved is not None:
+            row["median_moves_pct"], row["median_moves_to_100_pct"] = moved
+        rows.append(row)
     console.print(table)
     if json_path is not None:
         json_path.write_text(json.dumps({"medians": rows, "runs": [o.summary for o in outcomes]},

@@ -11,6 +11,21 @@
       ruleGraceSeconds: 30        # an owner's rule no pod refers to yet is kept this long
       recarveAdvice: false        # true: a NoCompatibleProfileFree Event also says which
                                   #   re-carve of a card would fit (dry run; never done)
+    defrag:                       # the defragmentation controller (docs/defrag.md)
+      enabled: false              # off by default
+      namespaces: [team-a]        # pending pods of these namespaces are made room for
+                                  #   (default: every namespace)
+      mode: report                # report: an Event with the plan, nothing moves | move
+      movableNamespaces: [batch]  # every pod (with a re-creating owner) of these may move;
+                                  #   elsewhere only pods labelled elasticgpu.io/movable=true
+      maxMoves: 2                 # moves per pending pod (the planner's budget)
+      coolDownSeconds: 600        # an owner moved (or a PDB refusal) is left alone this long
+      maxMovesPerNode: 2          # evictions from one node per rateWindowSeconds
+      maxMovesCluster: 10         # evictions in all per rateWindowSeconds
+      rateWindowSeconds: 600
+      settleSeconds: 120          # after a plan is carried out, no new plan until its pending
+                                  #   pod is bound or this long has passed
+      policy: null                # the node policy the planner scores with (default: its own)
 
 Without `--config`, every default. A bad file stops the controller at start with the file,
 the field, the value and the rule (exit code 2), as the scheduler's `--config` does.
@@ -18,6 +33,7 @@ the field, the value and the rule (exit code 2), as the scheduler's `--config` d
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +56,14 @@ def _profile(name: str, where: str) -> MigProfile:
         raise ValueError(f"{where} {name!r} is no profile of a MIG-capable model (see "
                          "docs/mig-adapter.md for the table)")
     return profile
+
+
+def _namespaces(value: Any) -> Any:
+    if value is None:
+        return value
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError("must be a list of namespace names")
+    return frozenset(value)
 
 
 class MigConfig(BaseModel):
@@ -98,11 +122,7 @@ class MigConfig(BaseModel):
     @field_validator("namespaces", "exclude_namespaces", mode="before")
     @classmethod
     def _namespace_list(cls, value: Any) -> Any:
-        if value is None:
-            return value
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise ValueError("must be a list of namespace names")
-        return frozenset(value)
+        return _namespaces(value)
 
     def governs(self, namespace: str) -> bool:
         """Whether pods of `namespace` may be moved."""
@@ -111,10 +131,68 @@ class MigConfig(BaseModel):
         return self.namespaces is None or namespace in self.namespaces
 
 
+class DefragMode(enum.Enum):
+    REPORT = "report"
+    MOVE = "move"
+
+
+class DefragConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
+
+    enabled: bool = False
+    #: None: pending pods of every namespace are made room for
+    namespaces: frozenset[str] | None = None
+    mode: DefragMode = Field(default=DefragMode.REPORT, strict=False)
+    movable_namespaces: frozenset[str] = Field(default=frozenset(),
+                                               validation_alias="movableNamespaces")
+    max_moves: int = Field(default=2, validation_alias="maxMoves", ge=1, le=16)
+    cool_down_s: float = Field(default=600.0, validation_alias="coolDownSeconds", ge=0,
+                               le=7 * 86400)
+    max_moves_per_node: int = Field(default=2, validation_alias="maxMovesPerNode", ge=1,
+                                    le=1000)
+    max_moves_cluster: int = Field(default=10, validation_alias="maxMovesCluster", ge=1,
+                                   le=100000)
+    rate_window_s: float = Field(default=600.0, validation_alias="rateWindowSeconds", gt=0,
+                                 le=7 * 86400)
+    settle_s: float = Field(default=120.0, validation_alias="settleSeconds", gt=0, le=3600)
+    policy: str | None = None
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        if not isinstance(value, str | DefragMode):
+            raise ValueError("must be a string: report or move")
+        return value
+
+    @field_validator("namespaces", "movable_namespaces", mode="before")
+    @classmethod
+    def _namespace_list(cls, value: Any) -> Any:
+        return _namespaces(value)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from elastic_gpu.core.policies import node_policy
+
+        try:
+            node_policy(value)
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"{value!r} is no node policy ({err})") from None
+        return value
+
+    def governs(self, namespace: str) -> bool:
+        """Whether pending pods of `namespace` are made room for."""
+        return self.enabled and (self.namespaces is None or namespace in self.namespaces)
+
+
 class ControllerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     mig: MigConfig = MigConfig()
+    defrag: DefragConfig = DefragConfig()
 
 
 def load_config(path: Path | None) -> ControllerConfig:

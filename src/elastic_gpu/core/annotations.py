@@ -41,6 +41,11 @@ CLAIM_PREFIX = "egpuc.elasticgpu.io/"
 #: index `{"<index>": {"outOfBandMiB": N, "smPercent": M}}`. Real backends ignore it.
 FAKE_USAGE = "fake.elasticgpu.io/usage"
 
+#: Pod label of the defragmentation controller (docs/defrag.md): "true" opts a pod in to being
+#: moved (evicted for its owner to re-create elsewhere) to make room for a pending pod; "false"
+#: keeps it where it is even in a namespace the configuration opts in.
+MOVABLE_LABEL = f"{PREFIX}/movable"
+
 #: Node label the agent sets where it runs, and the label with the card model.
 AGENT_LABEL = f"{PREFIX}/agent"
 GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"

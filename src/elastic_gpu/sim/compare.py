@@ -40,6 +40,17 @@ class Job:
     #: > 0: CPU-only tasks of the trace repeated (renamed copies, in name order) until they are
     #: this share of the tasks by count, as the FGD authors' cpu* traces vary it
     cpu_only_share: float = 0.0
+    #: defragmentation's move budget per task that fails to place (0: none; `replay`)
+    defrag_moves: int = 0
+    #: CPU-only tasks movable too
+    defrag_cpu_tasks: bool = False
+
+    @property
+    def label(self) -> str:
+        """The policy, and the move budget when there is one: what medians group by."""
+        if self.defrag_moves <= 0:
+            return self.policy
+        return f"{self.policy} k={self.defrag_moves}{'+cpu' if self.defrag_cpu_tasks else ''}"
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,8 @@ def run_job(job: Job) -> Outcome:
     if job.cpu_only_share > 0:
         tasks = more_cpu_only(tasks, job.cpu_only_share)
     result = replay(nodes, tasks, job.policy, seed=job.seed, inflation=job.inflation,
-                    card_policy=job.card_policy, popularity=job.popularity)
+                    card_policy=job.card_policy, popularity=job.popularity,
+                    defrag_moves=job.defrag_moves, defrag_cpu_tasks=job.defrag_cpu_tasks)
     summary = result.summary()
     unallocated = summary["unallocated"]
     assert isinstance(unallocated, dict)
@@ -128,11 +140,28 @@ def run_jobs(jobs: Sequence[Job], processes: int = 2,
 
 
 def medians(outcomes: Iterable[Outcome]) -> dict[tuple[str, str], tuple[float, int]]:
-    """(workload, policy) -> (median unallocated % at 100% arrived, number of runs)."""
+    """(workload, policy) -> (median unallocated % at 100% arrived, number of runs); with a
+    move budget the policy reads `<policy> k=<K>` (`Job.label`)."""
     groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for o in outcomes:
-        groups[(o.job.workload, o.job.policy)].append(o.unallocated_100)
+        groups[(o.job.workload, o.job.label)].append(o.unallocated_100)
     return {k: (statistics.median(v), len(v)) for k, v in groups.items()}
+
+
+def move_medians(outcomes: Iterable[Outcome]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(workload, `Job.label`) -> median moves as % of tasks, over the whole replay and up to
+    100% arrived, for the replays with a move budget."""
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for o in outcomes:
+        defrag = o.summary.get("defrag")
+        if not isinstance(defrag, dict):
+            continue
+        tasks = o.summary["tasks"]
+        assert isinstance(tasks, int)
+        groups[(o.job.workload, o.job.label)].append(
+            (100 * defrag["moves"] / tasks, 100 * defrag["moves_to_100"] / tasks))
+    return {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
+            for k, v in groups.items()}
 
 
 def load_reference(directory: Path) -> dict[tuple[str, str], float]:

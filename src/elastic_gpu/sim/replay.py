@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from elastic_gpu.core.defrag import DefragPlan, plan_moves
 from elastic_gpu.core.frag import Fragmentation, sorted_free
 from elastic_gpu.core.model import Node, cluster_cpu_per_gpu
 from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.policies import default_card_policy, node_policy
+from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.sim.trace import Task
 
@@ -61,6 +63,14 @@ class ReplayResult:
     #: the same, over the arrivals up to 100% arrived (arrived request, rounded to a whole
     #: percent of capacity as the measures bin it, at most 100)
     failed_to_100: Counter[str] = field(default_factory=Counter)
+    #: the move budget per task that failed to place (`--defrag-moves`; 0: no defragmentation)
+    defrag_moves: int = 0
+    #: placed tasks moved by defragmentation plans, over all arrivals and up to 100% arrived
+    moves: int = 0
+    moves_to_100: int = 0
+    #: tasks placed thanks to a plan (over all arrivals, up to 100% arrived)
+    rescued: int = 0
+    rescued_to_100: int = 0
 
     def curve(self, values: np.ndarray) -> dict[int, float]:
         """values per arrival -> mean per arrived percent (0..max), the artifact's binning."""
@@ -96,6 +106,13 @@ class ReplayResult:
         cap = self.gpu_capacity * 1000
         return {k: round(v, 2) for k, v in self.curve(100 * self.frag_milli / cap).items()}
 
+    def defrag_summary(self) -> dict[str, object]:
+        """The defragmentation figures (only in a replay with a move budget)."""
+        return {"defrag_moves": self.defrag_moves, "moves": self.moves,
+                "moves_to_100": self.moves_to_100, "rescued": self.rescued,
+                "rescued_to_100": self.rescued_to_100,
+                "moves_pct_of_tasks": round(100 * self.moves / self.tasks, 3) if self.tasks else 0.0}
+
     def summary(self) -> dict[str, object]:
         alloc = self.allocation_curve()
         rate = self.frag_rate_curve()
@@ -109,7 +126,7 @@ class ReplayResult:
                     if p > last:
                         curve[p] = curve[last]
         pick = [p for p in REPORT_POINTS if p in alloc]
-        return {
+        out: dict[str, object] = {
             "policy": self.policy,
             "card_policy": self.card_policy,
             "seed": self.seed,
@@ -125,6 +142,9 @@ class ReplayResult:
             "failed_to_100": dict(sorted(self.failed_to_100.items())),
             "placed": len(self.placements),
         }
+        if self.defrag_moves > 0:  # a replay without defragmentation reads as it always did
+            out["defrag"] = self.defrag_summary()
+        return out
 
 
 def failed_check(err: Unschedulable) -> str:
@@ -178,8 +198,17 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
            inflation: float = 1.3, card_policy: str = "auto", workload: TargetWorkload | None = None,
            keep_placements: bool = False,
            progress: Callable[[int, int], None] | None = None,
-           popularity: float | None = None) -> ReplayResult:
-    """Replay `tasks` on `nodes` with a node policy; see the module docstring for the protocol."""
+           popularity: float | None = None, defrag_moves: int = 0,
+           defrag_cpu_tasks: bool = False) -> ReplayResult:
+    """Replay `tasks` on `nodes` with a node policy; see the module docstring for the protocol.
+
+    `defrag_moves` > 0: a GPU task that fails to place asks the defragmentation planner
+    (`core.defrag.plan_moves`) for at most that many moves of placed GPU tasks (a trace has no
+    owners: every placed GPU task is movable, any number of times); a plan found is carried out
+    (the moved tasks re-placed where it says, counted in `moves`) and the task placed.
+    `defrag_cpu_tasks`: CPU-only tasks are movable too (they hold CPU on GPU nodes)."""
+    if defrag_moves < 0:
+        raise ValueError(f"the move budget must be 0 or more, got {defrag_moves}")
     started = time.perf_counter()
     gpu_nodes = [n for n in nodes if n.cards]
     capacity = sum(len(n.cards) for n in gpu_nodes)
@@ -211,24 +240,67 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
     failed: Counter[str] = Counter()
     failed_to_100: Counter[str] = Counter()
     placements: list[Placement] = []
+    movable: dict[str, PodRequest] = {}
+    tally = Counter[str]()
+    # Requests the planner found no plan for since the last plan carried out, per GPU shape
+    # (compute per card, cards, models): (CPU, memory) of each. Tasks only arrive, so the
+    # cluster only fills, and a task asking at least as much as one without a plan would not
+    # get one either: true of an exhaustive search; the planner's is bounded, so this is the
+    # simulator's shortcut (it spares thousands of calls past 100% arrived), stated in
+    # docs/simulator.md.
+    hopeless: dict[tuple[int, int, frozenset[str]], list[tuple[int, int]]] = {}
+    slot: dict[str, int] = {}  # task key -> its entry in `placements`
+
+    def refrag(node: str) -> float:
+        view = engine.node_view(node)
+        value = frag_model.node(view.model, view.cpu_free, sorted_free(view.free))
+        change = value - node_frag[node]
+        node_frag[node] = value
+        return change
+
     for i, task in enumerate(arrivals):
         arrived_total += task.total_milli
         pod = task.request()
+        to_100 = round(arrived_total / (capacity * 1000) * 100) <= 100
         try:
-            assignment = engine.place(pod)
+            try:
+                assignment = engine.place(pod)
+            except Unschedulable:
+                shape = task.shape()
+                gpu_shape = (shape.gpu_milli, shape.gpu_count, shape.models)
+                beaten = any(cpu <= shape.cpu_milli and mem <= shape.memory_mib
+                             for cpu, mem in hopeless.get(gpu_shape, ()))
+                plan = (plan_moves(engine, pod.key, pod, movable, defrag_moves)
+                        if defrag_moves > 0 and pod.wants_gpu and not beaten else None)
+                if plan is None:
+                    if defrag_moves > 0 and not beaten:
+                        hopeless.setdefault(gpu_shape, []).append((shape.cpu_milli,
+                                                                   shape.memory_mib))
+                    raise
+                hopeless.clear()
+                for moved in carry_out(engine, plan, movable, tally, to_100):
+                    frag_total += refrag(moved)
+                for move in plan.moves:  # the placements say where each task ended
+                    old = placements[slot[move.pod_key]]
+                    placements[slot[move.pod_key]] = Placement(
+                        old.task, move.target.node,
+                        tuple((c.index, c.milli) for c in move.target.shares()) if keep_placements
+                        else ())
+                assignment = plan.placement
             engine.allocate(pod.key, assignment, pod)
         except Unschedulable as err:
             check = failed_check(err)
             failed[check] += 1
-            if round(arrived_total / (capacity * 1000) * 100) <= 100:
+            if to_100:
                 failed_to_100[check] += 1
         else:
+            if defrag_moves > 0 and (pod.wants_gpu or defrag_cpu_tasks):
+                movable[pod.key] = pod
             shares = tuple((s.index, s.milli) for s in assignment.shares())
             used_total += sum(m for _, m in shares)
-            view = engine.node_view(assignment.node)
-            value = frag_model.node(view.model, view.cpu_free, sorted_free(view.free))
-            frag_total += value - node_frag[assignment.node]
-            node_frag[assignment.node] = value
+            frag_total += refrag(assignment.node)
+            if defrag_moves > 0:
+                slot[pod.key] = len(placements)
             if keep_placements:
                 placements.append(Placement(task.name, assignment.node, shares))
             else:
@@ -240,4 +312,23 @@ def replay(nodes: Sequence[Node], tasks: Sequence[Task], policy: str, seed: int 
         if progress is not None and (i % 256 == 0 or i == n - 1):
             progress(i + 1, n)
     return ReplayResult(policy, cards, seed, inflation, capacity, time.perf_counter() - started, n,
-                        arrived, used, frag, idle, failed, placements, failed_to_100)
+                        arrived, used, frag, idle, failed, placements, failed_to_100,
+                        defrag_moves, tally["moves"], tally["moves_to_100"], tally["rescued"],
+                        tally["rescued_to_100"])
+
+
+def carry_out(engine: Engine, plan: DefragPlan, movable: dict[str, PodRequest],
+              tally: Counter[str], to_100: bool) -> list[str]:
+    """Move the plan's pods where it says (the pending pod is the caller's to allocate), count
+    the moves and the rescue; the nodes whose usage changed."""
+    touched: list[str] = []
+    for move in plan.moves:
+        engine.release(move.pod_key)
+        engine.allocate(move.pod_key, move.target, movable[move.pod_key])
+        touched += [move.source.node, move.target.node]
+    tally["moves"] += len(plan.moves)
+    tally["rescued"] += 1
+    if to_100:
+        tally["moves_to_100"] += len(plan.moves)
+        tally["rescued_to_100"] += 1
+    return list(dict.fromkeys(touched))

@@ -18,7 +18,7 @@ def run(*args: str) -> tuple[int, str]:
     (["--lease-duration", "10", "--renew-deadline", "10"],
      "lease duration 10.0 s must exceed the renew deadline 10.0 s"),
     (["--renew-deadline", "2", "--retry-period", "2"], "must exceed 1.2 x the retry period"),
-    (["--only", "nope"], "known controllers are ['budgets', 'claims', 'mig']"),
+    (["--only", "nope"], "known controllers are ['budgets', 'claims', 'defrag', 'mig']"),
     (["--backoff-base", "2", "--backoff-max", "1"], "--backoff-max must be >= --backoff-base"),
     (["--extender-ca", "/nonexistent/ca.pem"], "No such file"),
     (["--kubeconfig", "/nonexistent/kubeconfig", "--metrics-port", "1"],

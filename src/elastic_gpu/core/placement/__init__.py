@@ -5,7 +5,14 @@ beside it each hold one part of its work (docs/architecture.md, "Placement insid
 """
 
 from elastic_gpu.core.fit import Unschedulable
-from elastic_gpu.core.placement.engine import Engine, FilterResult, PolicyConfig, ScoredNodes
+from elastic_gpu.core.placement.engine import (
+    Engine,
+    FilterResult,
+    FreeCards,
+    PolicyConfig,
+    ScoredNodes,
+)
 from elastic_gpu.core.placement.task import task_shape
 
-__all__ = ["Engine", "FilterResult", "PolicyConfig", "ScoredNodes", "Unschedulable", "task_shape"]
+__all__ = ["Engine", "FilterResult", "FreeCards", "PolicyConfig", "ScoredNodes", "Unschedulable",
+           "task_shape"]

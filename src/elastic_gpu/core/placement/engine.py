@@ -65,6 +65,26 @@ class ScoredNodes:
         return dict(zip(self.feasible, self.scores.tolist(), strict=True))
 
 
+@dataclass(frozen=True)
+class FreeCards:
+    """Capacity and use as arrays for a planner that ranks every node at once (core/defrag):
+    row i is `names[i]` (the order of `Engine.nodes()`), column c the node's c-th card by index
+    (the order of `Engine.card_usage`); padding cells are not `usable`."""
+
+    names: list[str]
+    #: the cards the pod may use: healthy, not MIG-enabled, its model, serving its resources
+    usable: BoolArray
+    cap_milli: IntArray
+    used_milli: IntArray
+    cap_memory: IntArray
+    used_memory: IntArray
+    #: per row: CPU (milli) and memory (MiB) capacity and use
+    cpu_capacity: IntArray
+    cpu_used: IntArray
+    memory_capacity: IntArray
+    memory_used: IntArray
+
+
 class Engine:
     """Nodes, allocations, and placement decisions over them."""
 
@@ -290,6 +310,20 @@ class Engine:
         self._refresh()
         row = self._layout.row(node_name)
         return int(self._layout.cpu_used[row]), int(self._layout.mem_used[row])
+
+    def free_cards(self, pod: PodRequest) -> FreeCards:
+        """The cluster's cards and hosts as arrays, `usable` for this pod's GPU containers.
+        Copies: the caller may change them."""
+        self._refresh()
+        lay = self._layout
+        ok = fitmask.model_ok(lay, pod)
+        for c in pod.gpu_containers:
+            offer = lay.offer_mask(c.resources)
+            if offer is not None:
+                ok = ok & offer
+        return FreeCards(self.nodes(), ok.copy(), lay.cap_milli.copy(), lay.used_milli.copy(),
+                         lay.cap_mem.copy(), lay.used_mem.copy(), lay.cpu_cap.copy(),
+                         lay.cpu_used.copy(), lay.mem_cap.copy(), lay.mem_used.copy())
 
     def node_view(self, node_name: str) -> NodeView:
         self._refresh()

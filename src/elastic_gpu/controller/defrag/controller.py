@@ -1,0 +1,226 @@
+"""The defragmentation controller: its informers and the round (see the package docstring).
+
+One level-triggered round at a time (a single work-queue key), run on every change and every
+`RESYNC_S` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from elastic_gpu.controller.config import DefragConfig, DefragMode
+from elastic_gpu.controller.defrag.cluster import Cluster, read_cluster
+from elastic_gpu.controller.defrag.metrics import DefragMetrics
+from elastic_gpu.controller.defrag.state import DefragState, InFlight
+from elastic_gpu.controller.defrag.writes import DefragWrites, Step
+from elastic_gpu.controller.manager import Context
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
+from elastic_gpu.core.defrag.limits import RateLimits, over_limit
+from elastic_gpu.core.defrag.movable import (
+    MoveRules,
+    PodFacts,
+    pod_facts,
+    waiting_for_capacity,
+    why_not_movable,
+)
+from elastic_gpu.core.defrag.plan import DefragPlan, plan_moves
+from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest, taints_from_node
+from elastic_gpu.core.placement import Unschedulable
+from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
+from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.kube.informer import Handler
+from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
+from elastic_gpu.kube.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+ROUND = "round"
+#: how often a round runs with nothing changing (cool-downs and settling end by time)
+RESYNC_S = 5.0
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+class DefragController:
+    name = "defrag"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.config: DefragConfig = ctx.config.defrag
+        self.queue: WorkQueue[str] = WorkQueue(ctx.new_backoff())
+        f = ctx.informers
+        self.pods = f.informer(PODS.path(), "pods")
+        self.nodes = f.informer(NODES.path(), "nodes")
+        self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
+        self.egpus = f.informer(ELASTICGPUS.path(), "elasticgpus", missing_ok=True)
+        self.state = DefragState()
+        self.metrics = DefragMetrics(ctx)
+        self.writes = DefragWrites(ctx.client, ctx.recorder, self.state, self.metrics)
+        self.limits = RateLimits(self.config.max_moves_per_node, self.config.max_moves_cluster,
+                                 self.config.rate_window_s)
+        self.rules = MoveRules(self.config.movable_namespaces, self.config.cool_down_s)
+        if self.config.enabled:  # off: not even woken up
+            changed = Handler(on_add=lambda _o: self.kick(),
+                              on_update=lambda _o, _n: self.kick(),
+                              on_delete=lambda _o: self.kick())
+            for informer in (self.pods, self.nodes, self.devices, self.egpus):
+                informer.add_handler(changed)
+
+    def kick(self) -> None:
+        self.queue.add(ROUND)
+
+    async def run(self, workers: int) -> None:
+        del workers  # one round at a time
+        if not self.config.enabled:
+            log.info("defrag: off (defrag.enabled is false in --config)")
+            await asyncio.Event().wait()  # until cancelled
+        self.kick()
+        try:
+            while True:
+                key = await self.queue.get()
+                if key is None:
+                    return
+                started = time.perf_counter()
+                result = "ok"
+                try:
+                    await self.round(time.monotonic())
+                    self.queue.forget(key)
+                    self.queue.add_after(ROUND, RESYNC_S)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    result = "error"
+                    delay = self.queue.add_rate_limited(key)
+                    log.exception("defrag round failed; again in %.3f s", delay)
+                finally:
+                    self.queue.done(key)
+                    self.ctx.metrics.reconciles.labels(self.name, result).inc()
+                    self.ctx.metrics.reconcile_seconds.labels(self.name).observe(
+                        time.perf_counter() - started)
+        finally:
+            self.queue.shutdown()
+
+    # ------------------------------------------------------------------ the round
+
+    def _settled(self, pods: Sequence[Mapping[str, Any]], now: float) -> bool:
+        """Whether no plan is in flight (the last one's pending pod is bound, gone, or its
+        time is up)."""
+        flight = self.state.in_flight
+        if flight is None:
+            return True
+        for pod in pods:
+            facts = pod_facts(pod)
+            if facts.key == flight.pending_key and facts.uid == flight.pending_uid \
+                    and not facts.node and now < flight.deadline:
+                return False
+        self.state.in_flight = None
+        return True
+
+    def _waiting(self, pods: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any],
+                                                                          PodRequest]]:
+        """Pods waiting for GPU capacity in a namespace the configuration governs, most
+        important (then oldest) first. A pod using an ElasticGPUClaim waits for its claim,
+        not for cards: it is left out."""
+        out = []
+        for pod in pods:
+            if not waiting_for_capacity(pod):
+                continue
+            facts = pod_facts(pod)
+            if not self.config.governs(facts.namespace):
+                continue
+            try:
+                if pod_claims(pod):
+                    continue
+                request = pod_request_from_manifest(pod)
+            except (ClaimAnnotationError, ResourceError, ValueError):
+                continue
+            if request.wants_gpu:
+                out.append((pod, request))
+        out.sort(key=lambda item: (-pod_facts(item[0]).priority, _created(item[0])))
+        return out
+
+    def _movable(self, cluster: Cluster, pending: PodFacts, now: float
+                 ) -> dict[str, PodRequest]:
+        memory = self.state.memory()
+        return {key: placed.request for key, placed in cluster.placed.items()
+                if why_not_movable(placed.facts, holds_cards=True, uses_claim=placed.uses_claim,
+                                   pending_priority=pending.priority, rules=self.rules,
+                                   memory=memory, now=now) is None}
+
+    async def round(self, now: float) -> None:
+        if not self.config.enabled:
+            return
+        self.state.forget_old(now, self.config.cool_down_s, self.limits)
+        pods = self.pods.items()
+        if not self._settled(pods, now):
+            return
+        waiting = self._waiting(pods)
+        self.metrics.pending.set(len(waiting))
+        live = {pod_facts(p).key for p, _ in waiting}
+        self.state.reported = {k: v for k, v in self.state.reported.items() if k in live}
+        if not waiting:
+            return
+        cluster = read_cluster(self.devices.items(), self.nodes.items(), pods,
+                               self.egpus.items(), self.config.policy)
+        for pod, request in waiting:
+            facts = pod_facts(pod)
+            try:
+                cluster.engine.place(request)
+                continue  # it fits as things are: the scheduler's to place, nothing to move
+            except Unschedulable:
+                pass
+            movable = self._movable(cluster, facts, now)
+            if not movable:
+                continue
+            plan = plan_moves(cluster.engine, facts.key, request, movable, self.config.max_moves,
+                              policy=self.config.policy)
+            if plan is None or not plan.moves:
+                continue
+            steps = self._steps(cluster, plan)
+            off_limits = self._off_limits(pod, plan, steps)
+            if off_limits is not None:
+                log.info("defrag for %s: plan not used: %s", facts.key, off_limits)
+                continue
+            if self.config.mode is DefragMode.REPORT:
+                self.metrics.plans.labels("reported").inc()
+                self.writes.report(pod, facts.key, steps, plan.placement)
+                continue
+            why = over_limit([s.source.node for s in steps], self.state.evictions, now,
+                             self.limits)
+            if why is not None:
+                self.metrics.plans.labels("rate_limited").inc()
+                self.writes.rate_limited(pod, why)
+                continue
+            self.metrics.plans.labels("carried_out").inc()
+            done = await self.writes.carry_out(pod, facts.key, steps, plan.placement, now)
+            if done:
+                self.state.in_flight = InFlight(facts.key, facts.uid, now + self.config.settle_s)
+            return  # one plan per round: the next one reads the cluster as it is then
+
+    def _off_limits(self, pending: Mapping[str, Any], plan: DefragPlan, steps: Sequence[Step]
+                    ) -> str | None:
+        """Why kube-scheduler would not follow the plan (the Engine does not model node
+        selectors, affinity or taints): a pod it puts on a node its rules refuse."""
+        nodes = {str((n.get("metadata") or {}).get("name")): n for n in self.nodes.items()}
+        wanted = [(pending, plan.placement.node)] + [(s.obj, s.target.node) for s in steps]
+        for obj, node_name in wanted:
+            node = nodes.get(node_name, {})
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            try:
+                why = refusal(rules_from_manifest(obj), node_name, labels, taints_from_node(node))
+            except RulesError as err:
+                why = str(err)
+            if why is not None:
+                return f"{pod_facts(obj).key} on {node_name}: {why}"
+        return None
+
+    @staticmethod
+    def _steps(cluster: Cluster, plan: DefragPlan) -> list[Step]:
+        return [Step(cluster.placed[m.pod_key].obj, cluster.placed[m.pod_key].facts,
+                     m.source, m.target) for m in plan.moves]

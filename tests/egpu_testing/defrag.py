@@ -1,0 +1,98 @@
+"""Doubles for the defragmentation controller's round in unit tests: informers that hold a
+fixed list of objects, and a client that records evictions (policy/v1 on pods/eviction) and
+answers 429 for the pods a test names, as a PodDisruptionBudget would. The round's decisions
+are tested against these; the real API server's behaviour is the integration test's
+(tests/integration/controller/test_defragctl_sandbox.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from elastic_gpu.api import gpudevice
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.model import Card
+from elastic_gpu.kube.errors import TooManyRequests
+from elastic_gpu.kube.informer import Handler
+
+MEMORY_MIB = 81920
+
+
+class StaticInformer:
+    def __init__(self) -> None:
+        self.objects: list[dict[str, Any]] = []
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self.objects)
+
+    def add_handler(self, handler: Handler) -> None:
+        del handler
+
+
+class StaticInformers:
+    def __init__(self) -> None:
+        self.informers: dict[str, StaticInformer] = {}
+
+    def informer(self, path: str, name: str, *, missing_ok: bool = False) -> StaticInformer:
+        del name, missing_ok
+        return self.informers.setdefault(path, StaticInformer())
+
+
+class EvictionClient:
+    """`create` of pods/eviction: recorded, or 429 for a pod named in `refuse`."""
+
+    def __init__(self) -> None:
+        self.evicted: list[str] = []
+        self.refused: list[str] = []
+        self.refuse: set[str] = set()
+
+    async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        assert path.endswith("/eviction") and obj["kind"] == "Eviction", path
+        key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        if key in self.refuse:
+            self.refused.append(key)
+            raise TooManyRequests(429, "TooManyRequests",
+                                  "Cannot evict pod as it would violate the pod's disruption "
+                                  "budget.")
+        self.evicted.append(key)
+        return {}
+
+
+def node_objects(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Node and the GPUDevice of its one A100-80GB card."""
+    card = Card(0, f"GPU-{name}", "A100-SXM4-80GB", MEMORY_MIB)
+    return ({"metadata": {"name": name},
+             "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}},
+            gpudevice.card_to_object(name, card))
+
+
+def gpu_pod(name: str, *, percent: int | None, node: str = "", namespace: str = "ml",
+            owner: str | None = "ReplicaSet", movable: bool = True, priority: int = 0
+            ) -> dict[str, Any]:
+    """A pod of `percent` of a card (None: one whole card), placed on `node`'s card 0 with the
+    assignment its Binding would write, or (no node) Pending and Unschedulable."""
+    limits = {"nano-gpu/gpu-percent": str(percent)} if percent else {"nvidia.com/gpu": "1"}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                            "creationTimestamp": "2026-11-28T20:00:00Z", "labels": {},
+                            "annotations": {}}
+    if owner is not None:
+        meta["ownerReferences"] = [{"kind": owner, "name": f"{name}-rs", "uid": f"rs-{name}",
+                                    "controller": True}]
+    if movable:
+        meta["labels"][ann.MOVABLE_LABEL] = "true"
+    spec: dict[str, Any] = {"priority": priority, "containers": [
+        {"name": "main", "resources": {"limits": limits}}]}
+    status: dict[str, Any] = {"phase": "Pending"}
+    if node:
+        milli = (percent or 100) * 10
+        share = CardShare(0, f"GPU-{node}", milli, MEMORY_MIB * milli // 1000)
+        meta["annotations"][ann.ASSIGNMENT] = Assignment(node, {"main": (share,)}).to_json()
+        meta["annotations"][ann.ASSIGNED_NODE] = node
+        spec["nodeName"] = node
+        status = {"phase": "Running"}
+    else:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                 "reason": "Unschedulable"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": status}
