@@ -98,11 +98,14 @@ def test_idle_connections_are_closed_and_a_request_gets_through_the_flood(tmp_pa
         try:
             # the flood: TLS connections that never send a request, and bare TCP
             # connections that never start TLS, each more than the cap; the oldest idle ones
-            # make room for new ones, so the server stays at the cap
+            # make room for new ones, so the server stays at the cap. On a busy machine the
+            # TLS handshakes can outlast the 1 s header timeout, which then closes some first;
+            # the 60 bare connections arrive in one burst, so at least 20 are shed for room
             tls = [await asyncio.open_connection("127.0.0.1", port, ssl=_client_context(pki))
                    for _ in range(60)]
             raw = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
-            await _until(lambda: gate.shed >= 80, "the oldest idle connections shed")
+            await _until(lambda: gate.shed >= 20 and gate.shed + gate.timeouts >= 80,
+                         "the oldest idle connections shed")
             assert gate.open_count <= gate.cap
             # and a real request gets through it at once
             assert (await _get(port, pki)).endswith("ok")
