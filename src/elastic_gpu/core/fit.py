@@ -45,6 +45,12 @@ class FitKind(enum.Enum):
     INSUFFICIENT_SHARE = "insufficient-share"
     #: too few entirely free cards: `requested`, `free`, `capacity` in cards
     INSUFFICIENT_CARDS = "insufficient-cards"
+    #: a card that would have room by the ledger is held back by out-of-band memory (memory
+    #: its node observes in use by processes no holder of the card accounts for): `card`, its
+    #: `out_of_band_mib`, `capacity` its memory in MiB, `free` what the ledger and the
+    #: out-of-band memory leave; a share: `requested` MiB (unit MIB); whole cards:
+    #: `requested` cards (unit CARDS: a card with foreign memory on it is not whole)
+    OUT_OF_BAND_MEMORY = "out-of-band-memory"
     #: too few free time-sliced replicas of a whole-card name (`resource`) on cards that are
     #: time-sliced for it: `requested`, `free`, `capacity` in replicas
     INSUFFICIENT_REPLICAS = "insufficient-replicas"
@@ -127,6 +133,8 @@ class FitFailure:
     card: int | None = None
     instance: str = ""
     holder: str = ""
+    #: OUT_OF_BAND_MEMORY: the card's observed out-of-band memory, MiB
+    out_of_band_mib: int = 0
 
     @property
     def category(self) -> str:
@@ -231,6 +239,12 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.INSUFFICIENT_CARDS:
         return (f"{f.free} of {f.capacity} cards are entirely free{_among(f)}, "
                 f"{_container(f)} needs {f.requested}")
+    if kind is FitKind.OUT_OF_BAND_MEMORY:
+        held = (f"card {f.card} has {f.out_of_band_mib} MiB of its {f.capacity} MiB used "
+                "out of band (by processes no pod holding the card accounts for)")
+        if f.unit is Unit.CARDS:
+            return f"{held}, so it is not entirely free; {_container(f)} needs whole cards"
+        return f"{held}, leaving {f.free} MiB; {_container(f)} asks {f.requested} MiB"
     if kind is FitKind.INSUFFICIENT_REPLICAS:
         return (f"{f.free} of {f.capacity} {f.resource} time-sliced replicas are free"
                 f"{_among(f)}, {_container(f)} needs {f.requested}")

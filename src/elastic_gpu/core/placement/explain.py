@@ -15,7 +15,12 @@ import numpy as np
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedulable
 from elastic_gpu.core.placement.layout import BoolArray, Layout
 from elastic_gpu.core.placement.planning import plan
-from elastic_gpu.core.placement.shortfalls import share_failure, whole_shortfall
+from elastic_gpu.core.placement.shortfalls import (
+    out_of_band_share,
+    out_of_band_whole,
+    share_failure,
+    whole_shortfall,
+)
 from elastic_gpu.core.policies import CardPolicy, ScoreContext
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 
@@ -60,14 +65,25 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
         offer = lay.offer_mask(c.resources)
         if offer is not None:
             ok = ok & offer[row, :n]
+        free_milli = lay.cap_milli[row, :n] - lay.used_milli[row, :n]
+        free_mem = lay.free_mem(slice(row, row + 1))[0, :n]
         if c.kind is RequestKind.SHARE:
-            cand = ok & (lay.cap_milli[row, :n] - lay.used_milli[row, :n] >= c.compute_milli) \
-                & (lay.cap_mem[row, :n] - lay.used_mem[row, :n] >= c.memory_mib)
-            return None if cand.any() else share_failure(pod, c, n)
+            cand = ok & (free_milli >= c.compute_milli) & (free_mem >= c.memory_mib)
+            if cand.any():
+                return None
+            return (out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                      free_milli.tolist(), free_mem.tolist())
+                    or share_failure(pod, c, n))
         cells = np.zeros((1, lay.usable.shape[1]), dtype=bool)
         cells[0, :n] = ok
         count = int(lay.whole_slots(c, cells, slice(row, row + 1)).sum())
-        return None if count >= c.cards else whole_shortfall(lay, pod, row, c, count)
+        if count >= c.cards:
+            return None
+        untouched = ((lay.used_milli[row, :n] == 0) & (lay.used_mem[row, :n] == 0)
+                     & (lay.oob_mem[row, :n] == 0))
+        return (out_of_band_whole(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                  untouched.tolist(), count)
+                or whole_shortfall(lay, pod, row, c, count))
     planned = plan(lay, ctx, row, pod, binpack)
     return planned if isinstance(planned, FitFailure) else None
 

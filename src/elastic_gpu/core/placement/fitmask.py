@@ -50,7 +50,7 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
             ok = ok & offer
         if c.kind is RequestKind.SHARE:
             cards = (ok & (lay.cap_milli - lay.used_milli >= c.compute_milli)
-                     & (lay.cap_mem - lay.used_mem >= c.memory_mib))
+                     & (lay.free_mem() >= c.memory_mib))
             share_ok: BoolArray = host & cards.any(axis=1)
             return share_ok
         whole_ok: BoolArray = host & (lay.whole_slots(c, ok).sum(axis=1) >= c.cards)

@@ -132,6 +132,12 @@ class Layout:
         self.card_model: IntArray = np.zeros((n, width), dtype=np.int64)
         #: time-sliced replica slots held per card (shares with `replicas`)
         self.used_rep: IntArray = np.zeros((n, width), dtype=np.int64)
+        #: observed by the card's node (`Card.usage`; 0 where nothing is observed): memory no
+        #: holder accounts for, which fit takes off a card's free memory; utilisation (percent)
+        #: and memory in use, which the load-aware option breaks ties by
+        self.oob_mem: IntArray = np.zeros((n, width), dtype=np.int64)
+        self.load_pct: IntArray = np.zeros((n, width), dtype=np.int64)
+        self.seen_mem: IntArray = np.zeros((n, width), dtype=np.int64)
         #: offer class per card; padding cells hold the spare class past the end (offers nothing)
         self.card_offer: IntArray = np.zeros((n, width), dtype=np.int64)
         offer_id: dict[_OfferKey, int] = {}
@@ -152,6 +158,10 @@ class Layout:
                 self.cap_milli[i, c] = card.compute_milli
                 self.cap_mem[i, c] = card.memory_mib
                 self.card_model[i, c] = self.model_index(card.model)
+                if card.usage is not None:
+                    self.oob_mem[i, c] = card.usage.out_of_band_mib
+                    self.load_pct[i, c] = card.usage.sm_percent
+                    self.seen_mem[i, c] = card.usage.used_mib
                 if card.offers is None and silent >= 0:
                     ids.append(silent)
                     continue
@@ -183,6 +193,18 @@ class Layout:
                 self.cpu_used[row] += cpu
                 self.mem_used[row] += mem
         self.stale = False
+
+    def free_mem(self, rows: slice = slice(None)) -> IntArray:
+        """Memory a new share can have per card cell of `rows`: capacity less what the ledger
+        holds and less the card's observed out-of-band memory."""
+        out: IntArray = self.cap_mem[rows] - self.used_mem[rows] - self.oob_mem[rows]
+        return out
+
+    def node_load(self, row: int) -> float:
+        """The node's observed utilisation: the mean percent over its usable cards (0 where
+        nothing is observed); what the load-aware option breaks node ties by."""
+        cols = self.usable[row]
+        return float(self.load_pct[row][cols].mean()) if cols.any() else 0.0
 
     @staticmethod
     def key_count(key: _OfferKey, name: str) -> int:
@@ -252,14 +274,15 @@ class Layout:
     def whole_slots(self, c: ContainerRequest, ok: BoolArray, rows: slice = slice(None)
                     ) -> IntArray:
         """Per card cell of `rows` (`ok` has their shape), how many of container c's N
-        whole-card units it can take: 1 for an entirely free card; for a card time-sliced for
+        whole-card units it can take: 1 for an entirely free card (nothing held by the ledger
+        and no out-of-band memory observed on it); for a card time-sliced for
         the resource c wrote (it offers r > 1 devices of it), its free replica slots, each
         costing compute // r milli-cards and no memory (so shares and replicas on one card
         never exceed it)."""
         cap_milli, used_milli = self.cap_milli[rows], self.used_milli[rows]
         fits_mem = self.cap_mem[rows] >= c.memory_mib
         slots: IntArray = (ok & (used_milli == 0) & (self.used_mem[rows] == 0)
-                           & fits_mem).astype(np.int64)
+                           & (self.oob_mem[rows] == 0) & fits_mem).astype(np.int64)
         name = self.replica_name(c)
         if name is None or not self.constrained:
             return slots

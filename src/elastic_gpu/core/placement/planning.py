@@ -13,6 +13,8 @@ from elastic_gpu.core.fit import FitFailure, FitKind, Unit
 from elastic_gpu.core.placement.layout import Layout
 from elastic_gpu.core.placement.shortfalls import (
     cards_failure,
+    out_of_band_share,
+    out_of_band_whole,
     restricts_models,
     share_failure,
     whole_shortfall,
@@ -30,8 +32,11 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             and pod.accepts_model(r.cards[c].model)]
     cards = [r.cards[c] for c in cols]
     free_milli = [int(lay.cap_milli[row, c] - lay.used_milli[row, c]) for c in cols]
-    free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c]) for c in cols]
-    untouched = [bool(lay.used_milli[row, c] == 0 and lay.used_mem[row, c] == 0) for c in cols]
+    free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c] - lay.oob_mem[row, c])
+                for c in cols]
+    # entirely free: nothing held by the ledger, no memory observed used out of band
+    untouched = [bool(lay.used_milli[row, c] == 0 and lay.used_mem[row, c] == 0
+                      and lay.oob_mem[row, c] == 0) for c in cols]
     used_rep = [int(lay.used_rep[row, c]) for c in cols]
     view = CardView(lay.view(row), task_shape(pod), cards, free_milli, free_mem)
     taken_mig: set[str] = set()
@@ -58,7 +63,8 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             cand = [p for p in range(len(cards))
                     if ok[p] and untouched[p] and cards[p].memory_mib >= c.memory_mib]
             if len(cand) < c.cards:
-                return cards_failure(pod, c, len(cand), len(r.cards))
+                return (out_of_band_whole(lay, pod, row, c, ok, cols, untouched, len(cand))
+                        or cards_failure(pod, c, len(cand), len(r.cards)))
             picked = policy.pick_whole(ctx, view, cand, c.cards)
             shares = []
             for p in picked:
@@ -71,7 +77,8 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             cand = [p for p in range(len(cards))
                     if ok[p] and free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
             if not cand:
-                return share_failure(pod, c, len(r.cards))
+                return (out_of_band_share(lay, pod, row, c, ok, cols, free_milli, free_mem)
+                        or share_failure(pod, c, len(r.cards)))
             p = policy.pick_share(ctx, view, cand, c.compute_milli, c.memory_mib)
             free_milli[p] -= c.compute_milli
             free_mem[p] -= c.memory_mib

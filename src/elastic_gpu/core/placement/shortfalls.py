@@ -44,3 +44,51 @@ def cards_failure(pod: PodRequest, c: ContainerRequest, free: int, cards: int) -
     """Too few entirely free cards: `free` of `cards`."""
     return FitFailure(FitKind.INSUFFICIENT_CARDS, c.resources[0] if c.resources else "",
                       c.cards, free, cards, Unit.CARDS, c.name, restricts_models(pod))
+
+
+
+def out_of_band_share(lay: Layout, pod: PodRequest, row: int, c: ContainerRequest,
+                      ok: list[bool], cols: list[int], free_milli: list[int],
+                      free_mem: list[int]) -> FitFailure | None:
+    """Why a share fits no card when out-of-band memory is the cause: the first card (of
+    positions `ok` into `cols`, with this pod's free amounts) that has the share's compute
+    and would have its memory but for the memory its node observes used out of band."""
+    for p, col in enumerate(cols):
+        oob = int(lay.oob_mem[row, col])
+        if (ok[p] and oob > 0 and free_milli[p] >= c.compute_milli
+                and free_mem[p] < c.memory_mib <= free_mem[p] + oob):
+            return out_of_band(lay, pod, row, col, c, free_mem[p])
+    return None
+
+
+def out_of_band_whole(lay: Layout, pod: PodRequest, row: int, c: ContainerRequest,
+                      ok: list[bool], cols: list[int], untouched: list[bool],
+                      free: int) -> FitFailure | None:
+    """Why too few whole cards are free when out-of-band memory is the cause: `free` whole
+    cards were found and cards that are free by the ledger but hold out-of-band memory would
+    make up the rest; names the first of those."""
+    blocked = [col for p, col in enumerate(cols)
+               if ok[p] and not untouched[p] and lay.oob_mem[row, col] > 0
+               and lay.used_milli[row, col] == 0 and lay.used_mem[row, col] == 0
+               and lay.cap_mem[row, col] >= c.memory_mib]
+    if not blocked or free + len(blocked) < c.cards:
+        return None
+    return out_of_band(lay, pod, row, blocked[0], c, None)
+
+
+def out_of_band(lay: Layout, pod: PodRequest, row: int, col: int, c: ContainerRequest,
+                free_mib: int | None) -> FitFailure:
+    """The OUT_OF_BAND_MEMORY failure of one card: for a share (`free_mib` what is left of
+    its memory), or for whole cards (`free_mib` None)."""
+    card = lay.rows[row].cards[col]
+    oob = int(lay.oob_mem[row, col])
+    resource = c.resources[0] if c.resources else ""
+    if free_mib is None:
+        return FitFailure(FitKind.OUT_OF_BAND_MEMORY, resource, c.cards,
+                          int(card.memory_mib - lay.used_mem[row, col]) - oob, card.memory_mib,
+                          Unit.CARDS, c.name, restricts_models(pod), card=card.index,
+                          out_of_band_mib=oob)
+    return FitFailure(FitKind.OUT_OF_BAND_MEMORY, resource, c.memory_mib, free_mib,
+                      card.memory_mib, Unit.MIB, c.name, restricts_models(pod),
+                      per_card_milli=c.compute_milli, per_card_mib=c.memory_mib,
+                      card=card.index, out_of_band_mib=oob)
