@@ -16,6 +16,8 @@
     headerTimeoutSeconds: 32     # a connection's TLS handshake and first request headers
     idleTimeoutSeconds: 90       # a connection with no request in progress is closed after this
     maxConnections: 1024         # open at once; the oldest idle ones make room for new ones
+    loadAware: false             # among equally good nodes and cards prefer lower observed
+                                 # utilisation (GPUDevice status.usage): shares move off hot cards
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
@@ -74,6 +76,9 @@ class SchedulerConfig(BaseModel):
                                                             validation_alias="targetWorkload")
     workload_refresh_pods: int = Field(default=200, validation_alias="workloadRefreshPods", ge=1,
                                        le=1_000_000)
+    #: The load-aware option (`PolicyConfig.load_aware`; docs/scheduler.md, "Load-aware
+    #: placement"): ties between nodes and between cards go to lower observed utilisation.
+    load_aware: bool = Field(default=False, validation_alias="loadAware")
 
     #: HTTP limits of one request (`wire.Limits`; docs/scheduler.md, "HTTP limits").
     max_request_bytes: int = Field(default=16 * 2**20, validation_alias="maxRequestBytes",

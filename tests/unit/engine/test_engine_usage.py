@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 from engine_helpers import gpu_node, share, whole
 
+from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitKind, Unit, describe
 from elastic_gpu.core.model import Node
-from elastic_gpu.core.placement import Engine, Unschedulable
+from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.usage import CardUsage
 
 GIB = 1024
@@ -124,3 +125,65 @@ def test_no_node_fits_names_out_of_band_memory_in_its_example() -> None:
         engine.place(share("a", 200, memory=30 * GIB))
     assert err.value.summary is not None
     assert "out of band" in err.value.reason
+
+
+# ---------------------------------------------------------------- the load-aware option
+
+
+def hot(sm: int, used: int = 0) -> CardUsage:
+    return CardUsage(used_mib=used, out_of_band_mib=0, sm_percent=sm)
+
+
+LOAD_AWARE = PolicyConfig(load_aware=True)
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "fgd-waste", "frag-exact"])
+def test_load_aware_puts_a_new_share_on_the_cool_card_of_a_node(policy: str) -> None:
+    node = observed(big_node(cards=2), c0=hot(95), c1=hot(5))
+    off = Engine([node], PolicyConfig(card_policy=policy))
+    on = Engine([node], PolicyConfig(card_policy=policy, load_aware=True))
+    pod = share("a", 300, memory=GIB)
+    assert [s.index for s in off.place(pod).shares()] == [0]  # ties: the lowest index
+    assert [s.index for s in on.place(pod).shares()] == [1]
+
+
+def test_load_aware_breaks_utilisation_ties_by_memory_in_use() -> None:
+    node = observed(big_node(cards=2), c0=hot(40, used=9 * GIB), c1=hot(40, used=GIB))
+    engine = Engine([node], LOAD_AWARE)
+    assert [s.index for s in engine.place(share("a", 300)).shares()] == [1]
+
+
+@pytest.mark.parametrize("hot_node", ["n1", "n2"])
+def test_load_aware_puts_a_new_share_on_the_cool_node(hot_node: str) -> None:
+    nodes = [observed(big_node(name), c0=hot(90 if name == hot_node else 10))
+             for name in ("n1", "n2")]
+    cool = "n2" if hot_node == "n1" else "n1"
+    for seed in range(6):  # whatever the seeded rank would have chosen
+        engine = Engine(nodes, PolicyConfig(node_policy="binpack", load_aware=True), seed=seed)
+        assert engine.place(share("a", 300)).node == cool
+
+
+def test_load_aware_never_overrides_the_policys_score() -> None:
+    """Binpack's tightest card wins even when it is the hot one: load only breaks ties."""
+    engine = Engine([observed(big_node(cards=2), c0=hot(95), c1=hot(5))], LOAD_AWARE)
+    first = share("first", 500)
+    on_hot = Assignment("n1", {"main": (CardShare(0, "GPU-n1-0", 500, 0),)})
+    engine.allocate(first.key, on_hot, first)
+    assert [s.index for s in engine.place(share("b", 300)).shares()] == [0]
+
+
+def test_load_aware_gives_whole_cards_from_the_coolest() -> None:
+    engine = Engine([observed(big_node(cards=3), c0=hot(80), c1=hot(60), c2=hot(0))],
+                    LOAD_AWARE)
+    assert sorted(s.index for s in engine.place(whole("w", 2)).shares()) == [1, 2]
+
+
+def test_without_observations_load_aware_places_as_before() -> None:
+    nodes = [big_node(f"n{i}", cards=2) for i in range(4)]
+    off, on = Engine(nodes, seed=3), Engine(nodes, LOAD_AWARE, seed=3)
+    for i in range(12):
+        pod = share(f"p{i}", 150 + 50 * (i % 4), memory=GIB)
+        a, b = off.place(pod), on.place(pod)
+        assert a == b
+        off.allocate(pod.key, a, pod)
+        on.allocate(pod.key, b, pod)

@@ -24,9 +24,10 @@ from elastic_gpu.core.policies import CardPolicy, CardView, ScoreContext
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 
 
-def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: CardPolicy
-         ) -> dict[str, tuple[CardShare, ...]] | FitFailure:
-    """Cards for every GPU container on this node, or why there are none."""
+def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: CardPolicy,
+         load_aware: bool = False) -> dict[str, tuple[CardShare, ...]] | FitFailure:
+    """Cards for every GPU container on this node, or why there are none. With `load_aware`
+    the card policy breaks its ties by the cards' observed load (`CardView.tie`)."""
     r = lay.rows[row]
     cols = [c for c in range(len(r.cards)) if lay.usable[row, c]
             and pod.accepts_model(r.cards[c].model)]
@@ -38,7 +39,9 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
     untouched = [bool(lay.used_milli[row, c] == 0 and lay.used_mem[row, c] == 0
                       and lay.oob_mem[row, c] == 0) for c in cols]
     used_rep = [int(lay.used_rep[row, c]) for c in cols]
-    view = CardView(lay.view(row), task_shape(pod), cards, free_milli, free_mem)
+    load = ([(int(lay.load_pct[row, c]), int(lay.seen_mem[row, c])) for c in cols]
+            if load_aware else None)
+    view = CardView(lay.view(row), task_shape(pod), cards, free_milli, free_mem, load)
     taken_mig: set[str] = set()
     plan: dict[str, tuple[CardShare, ...]] = {}
 
