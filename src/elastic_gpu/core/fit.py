@@ -51,6 +51,12 @@ class FitKind(enum.Enum):
     #: out-of-band memory leave; a share: `requested` MiB (unit MIB); whole cards:
     #: `requested` cards (unit CARDS: a card with foreign memory on it is not whole)
     OUT_OF_BAND_MEMORY = "out-of-band-memory"
+    #: a share asked in TFLOPS (`requested`), and no card of the node (among the accepted
+    #: models) is of a model the TFLOPS table knows: `offered` the node's models
+    TFLOPS_UNKNOWN_MODEL = "tflops-unknown-model"
+    #: a share asked in TFLOPS (`requested`) is more than one whole card of every known model
+    #: of the node gives: `capacity` the largest card's TFLOPS, `offered` the models
+    TFLOPS_ABOVE_CARD = "tflops-above-card"
     #: too few free time-sliced replicas of a whole-card name (`resource`) on cards that are
     #: time-sliced for it: `requested`, `free`, `capacity` in replicas
     INSUFFICIENT_REPLICAS = "insufficient-replicas"
@@ -86,6 +92,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.HOST_CPU: "cpu",
     FitKind.HOST_MEMORY: "memory",
     FitKind.MODEL_NOT_ACCEPTED: "model",
+    FitKind.TFLOPS_UNKNOWN_MODEL: "model",
     FitKind.RESOURCE_NOT_OFFERED: "resource",
     FitKind.INSUFFICIENT_MIG: "mig",
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
@@ -101,6 +108,7 @@ class Unit(enum.Enum):
     CARDS = "cards"
     INSTANCES = "instances"
     REPLICAS = "replicas"
+    TFLOPS = "TFLOPS"
 
 
 @dataclass(frozen=True)
@@ -245,6 +253,14 @@ def describe(failure: FitFailure) -> str:
         if f.unit is Unit.CARDS:
             return f"{held}, so it is not entirely free; {_container(f)} needs whole cards"
         return f"{held}, leaving {f.free} MiB; {_container(f)} asks {f.requested} MiB"
+    if kind is FitKind.TFLOPS_UNKNOWN_MODEL:
+        return (f"{_container(f)} asks {f.requested} TFLOPS and the node's cards "
+                f"({', '.join(f.offered) or 'none'}) are of no model in the TFLOPS table"
+                f"{_among(f)}")
+    if kind is FitKind.TFLOPS_ABOVE_CARD:
+        return (f"{_container(f)} asks {f.requested} TFLOPS, more than one whole card has: "
+                f"at most {f.capacity} TFLOPS ({', '.join(f.offered)}){_among(f)}; a TFLOPS "
+                "request is a share of one card")
     if kind is FitKind.INSUFFICIENT_REPLICAS:
         return (f"{f.free} of {f.capacity} {f.resource} time-sliced replicas are free"
                 f"{_among(f)}, {_container(f)} needs {f.requested}")

@@ -49,7 +49,7 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
         if offer is not None:
             ok = ok & offer
         if c.kind is RequestKind.SHARE:
-            cards = (ok & (lay.cap_milli - lay.used_milli >= c.compute_milli)
+            cards = (ok & (lay.cap_milli - lay.used_milli >= lay.share_need(c))
                      & (lay.free_mem() >= c.memory_mib))
             share_ok: BoolArray = host & cards.any(axis=1)
             return share_ok

@@ -36,6 +36,8 @@ _OFFER_CACHE_LIMIT = 256
 _OfferKey = tuple[tuple[tuple[str, int], ...] | None, tuple[tuple[str, int], ...] | None, int]
 
 UNKNOWN_NODE = FitFailure(FitKind.UNKNOWN_NODE)
+#: the compute a TFLOPS share "needs" of a card whose model cannot take it: more than any card
+NO_FIT = 2**62
 
 
 @dataclass
@@ -198,6 +200,17 @@ class Layout:
         """Memory a new share can have per card cell of `rows`: capacity less what the ledger
         holds and less the card's observed out-of-band memory."""
         out: IntArray = self.cap_mem[rows] - self.used_mem[rows] - self.oob_mem[rows]
+        return out
+
+    def share_need(self, c: ContainerRequest, rows: slice = slice(None)) -> IntArray | int:
+        """The compute (milli-cards) a share needs of each card cell of `rows`: its
+        `compute_milli`, or for a TFLOPS share what gives its TFLOPS on each card's model
+        (`ContainerRequest.milli_on`; `NO_FIT` where the model cannot take it)."""
+        if not c.tflops:
+            return c.compute_milli
+        table = np.array([NO_FIT if (m := c.milli_on(model)) is None else m
+                          for model in self.models] + [NO_FIT], dtype=np.int64)
+        out: IntArray = table[self.card_model[rows]]
         return out
 
     def node_load(self, row: int) -> float:

@@ -13,10 +13,12 @@ from elastic_gpu.core.fit import FitFailure, FitKind, Unit
 from elastic_gpu.core.placement.layout import Layout
 from elastic_gpu.core.placement.shortfalls import (
     cards_failure,
+    least_need,
     out_of_band_share,
     out_of_band_whole,
     restricts_models,
     share_failure,
+    tflops_failure,
     whole_shortfall,
 )
 from elastic_gpu.core.placement.task import task_shape
@@ -77,17 +79,26 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
                 untouched[p] = False
             plan[c.name] = tuple(shares)
         elif c.kind is RequestKind.SHARE:
+            # a TFLOPS share needs a compute that depends on the card's model
+            need = [c.milli_on(card.model) for card in cards]
             cand = [p for p in range(len(cards))
-                    if ok[p] and free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
+                    if ok[p] and (m := need[p]) is not None and free_milli[p] >= m
+                    and free_mem[p] >= c.memory_mib]
             if not cand:
-                return (out_of_band_share(lay, pod, row, c, ok, cols, free_milli, free_mem)
-                        or share_failure(pod, c, len(r.cards)))
-            p = policy.pick_share(ctx, view, cand, c.compute_milli, c.memory_mib)
-            free_milli[p] -= c.compute_milli
+                served_cols = [col for p, col in enumerate(cols) if ok[p]]
+                return (tflops_failure(lay, pod, row, c, served_cols)
+                        or out_of_band_share(lay, pod, row, c, ok, cols, free_milli, free_mem)
+                        or share_failure(pod, c, len(r.cards),
+                                         least_need(lay, row, c, served_cols)))
+            # the policy scores every candidate with one amount: the least the share needs
+            # there (the same on a node of one model, the usual case)
+            p = policy.pick_share(ctx, view, cand, min(need[q] or 0 for q in cand),
+                                  c.memory_mib)
+            milli = need[p] or 0
+            free_milli[p] -= milli
             free_mem[p] -= c.memory_mib
             untouched[p] = False
-            plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, c.compute_milli,
-                                      c.memory_mib),)
+            plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, milli, c.memory_mib),)
         elif c.kind is RequestKind.MIG:
             assert c.mig_profile is not None
             found: list[CardShare] = []
