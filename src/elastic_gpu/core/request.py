@@ -27,7 +27,7 @@ from elastic_gpu.core.resources import (
     lookup,
     to_amount,
 )
-from elastic_gpu.core.tflops import share_milli
+from elastic_gpu.core.tflops import most_milli, share_milli
 
 
 class RequestKind(enum.Enum):
@@ -80,6 +80,13 @@ class ContainerRequest:
         if self.kind is RequestKind.MIG:
             return 0
         return self.cards * self.compute_milli
+
+    @property
+    def most_milli(self) -> int:
+        """Compute over all of this container's cards, at most: `total_milli`, and for a
+        TFLOPS share the most it can become on any card (`tflops.most_milli`; `total_milli`
+        is 0 for it, a lower bound). Accounting that must never undercount reads this."""
+        return most_milli(self.tflops) if self.tflops else self.total_milli
 
     def milli_on(self, model: str) -> int | None:
         """The compute (milli-cards) this container needs of one card of `model`: its

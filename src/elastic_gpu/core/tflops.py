@@ -104,3 +104,11 @@ def share_milli(model: str, tflops: int) -> int | None:
     if have is None or tflops > have:
         return None
     return max(1, -(-tflops * MILLI_PER_CARD // have))
+
+
+def most_milli(tflops: int) -> int:
+    """The largest share `tflops` can become on any model of the table (the weakest card that
+    can take it): what accounting charges before the card is known, so that it never counts
+    less than the pod will hold. A whole card when no model can take it."""
+    shares = [m for model in TFLOPS_TABLE if (m := share_milli(model, tflops)) is not None]
+    return max(shares, default=MILLI_PER_CARD)

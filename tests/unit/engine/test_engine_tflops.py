@@ -136,3 +136,18 @@ def test_tflops_in_a_several_container_pod_are_planned_per_card() -> None:
     assignment = engine.place(pod)
     assert sorted(s.milli for s in assignment.shares()) == [642, 642]
     assert len({s.index for s in assignment.shares()}) == 2
+
+
+def test_quota_charges_a_tflops_share_at_the_most_it_can_become() -> None:
+    """ResourceQuota's accounting resource must never undercount: before its card is known a
+    TFLOPS share counts as on the weakest model that can take it (100 TFLOPS: a V100 PCIe's
+    112, 893 milli -> 90%), while the node-level count, a lower bound, stays 0."""
+    from elastic_gpu.core.nodefit import node_core
+    from elastic_gpu.core.quota import QUOTA_CORE, canonical_resources
+
+    c = container_request("main", {"limits": {GPU_TFLOPS: "100"}})
+    assert c.most_milli == 893 and c.total_milli == 0
+    assert canonical_resources(c)[QUOTA_CORE] == "90"
+    assert node_core(c) == 0
+    assert max(m for m in (share_milli(model, 100) for model in TFLOPS_TABLE)
+               if m is not None) == 893
