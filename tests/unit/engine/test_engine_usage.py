@@ -187,3 +187,24 @@ def test_without_observations_load_aware_places_as_before() -> None:
         assert a == b
         off.allocate(pod.key, a, pod)
         on.allocate(pod.key, b, pod)
+
+
+def test_a_usage_sample_updates_the_arrays_in_place_and_keeps_the_holds() -> None:
+    """Agents write a sample per node every period: it must not rebuild the whole layout."""
+    engine = Engine([big_node("n1", cards=2), big_node("n2")])
+    first = share("a", 300, memory=20 * GIB)
+    engine.allocate(first.key, engine.assign(first, "n1"), first)
+    lay = engine._layout  # the engine's arrays: what a rebuild would replace
+    before = lay.generation
+    engine.upsert_node(observed(big_node("n1", cards=2), c0=oob(50 * GIB),
+                                c1=CardUsage(40 * GIB, 30 * GIB, 80)))
+    assert not lay.stale and lay.generation == before + 1
+    assert int(lay.oob_mem[lay.row_of["n1"], 0]) == 50 * GIB
+    assert engine.card_usage("n1")[0] == (0, 300, 20 * GIB)  # the hold is still counted
+    assert engine.filter(share("b", 100, memory=50 * GIB), ["n1"]).feasible == ["n1"]
+    failure = engine.filter(share("c", 100, memory=70 * GIB), ["n1"]).failed["n1"]
+    assert (failure.kind, failure.card, failure.free) == (FitKind.OUT_OF_BAND_MEMORY, 1,
+                                                          50 * GIB)
+    engine.upsert_node(big_node("n1", cards=3))  # a new card: a real change rebuilds
+    assert lay.stale
+    assert engine.card_usage("n1")[0] == (0, 300, 20 * GIB)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 
 import numpy as np
@@ -80,10 +80,24 @@ class Layout:
             self.rows.append(Row(node, cards, {c.index: i for i, c in enumerate(cards)}, rank))
         else:
             old = self.rows[row]
+            if not self.stale and _without_usage(old.node) == _without_usage(node):
+                # Only the observed usage changed (an agent's sample, every write period on
+                # every node): its arrays in place, no rebuild of the whole layout.
+                old.node, old.cards = node, cards
+                self._set_usage(row, cards)
+                self.generation += 1
+                return
             self.rows[row] = Row(node, cards, {c.index: i for i, c in enumerate(cards)}, old.rank)
         for card in cards:
             self.model_index(card.model)
         self.stale = True
+
+    def _set_usage(self, row: int, cards: Sequence[Card]) -> None:
+        for c, card in enumerate(cards):
+            usage = card.usage
+            self.oob_mem[row, c] = usage.out_of_band_mib if usage is not None else 0
+            self.load_pct[row, c] = usage.sm_percent if usage is not None else 0
+            self.seen_mem[row, c] = usage.used_mib if usage is not None else 0
 
     def remove(self, name: str) -> None:
         if name not in self.row_of:
@@ -160,10 +174,6 @@ class Layout:
                 self.cap_milli[i, c] = card.compute_milli
                 self.cap_mem[i, c] = card.memory_mib
                 self.card_model[i, c] = self.model_index(card.model)
-                if card.usage is not None:
-                    self.oob_mem[i, c] = card.usage.out_of_band_mib
-                    self.load_pct[i, c] = card.usage.sm_percent
-                    self.seen_mem[i, c] = card.usage.used_mib
                 if card.offers is None and silent >= 0:
                     ids.append(silent)
                     continue
@@ -184,6 +194,7 @@ class Layout:
                     silent = idx
                 ids.append(idx)
             offer_rows.append(ids)
+            self._set_usage(i, r.cards)
         # padding cells (and rows without cards) get the spare class, which offers nothing
         self.card_offer.fill(len(self.offer_keys))
         for i, ids in enumerate(offer_rows):
@@ -326,3 +337,10 @@ class Layout:
         return NodeView(row, r.node.name, model, int(self.cpu_cap[row]),
                         int(self.cpu_cap[row] - self.cpu_used[row]), int(self.mem_cap[row]),
                         int(self.mem_cap[row] - self.mem_used[row]), free, dict(r.tags))
+
+
+def _without_usage(node: Node) -> Node:
+    """The node as placement sees it apart from observed usage (what a usage sample leaves)."""
+    if all(c.usage is None for c in node.cards):
+        return node
+    return replace(node, cards=tuple(replace(c, usage=None) for c in node.cards))
