@@ -23,7 +23,8 @@ def scheduler(
         help="YAML: nodePolicy, cardPolicy, reservationTTLSeconds, seed, filterResult, "
              "targetWorkload, workloadRefreshPods, maxRequestBytes, maxNodesPerRequest, "
              "schedulerNames (the profiles that call this extender: /bind refuses other "
-             "pods), headerTimeoutSeconds, idleTimeoutSeconds, maxConnections, leaderElection "
+             "pods), headerTimeoutSeconds, idleTimeoutSeconds, maxConnections, leaderElection, "
+             "loadAware "
              "(docs/scheduler.md)")] = None,
     tls_cert: Annotated[Path | None, typer.Option(help="serve HTTPS with this certificate")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="private key of --tls-cert")] = None,

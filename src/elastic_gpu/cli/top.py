@@ -21,7 +21,14 @@ from typing import Annotated, Any
 import typer
 
 from elastic_gpu.cli.options import LogLevel, start_logging
-from elastic_gpu.core.gpuview import CardView, ClusterView, ElasticGPUHold, NodeView, PodHold
+from elastic_gpu.core.gpuview import (
+    CardView,
+    ClusterView,
+    ElasticGPUHold,
+    Holder,
+    NodeView,
+    PodHold,
+)
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 
@@ -183,14 +190,47 @@ def _holders(card: CardView) -> str:
             used = f" used by {', '.join(h.users)}" if h.users else ""
             what = f"egpu {h.name}{claim}{used}"
         mig = f" [MIG {h.mig_profile}]" if h.mig_profile else ""
-        parts.append(f"{what}{mig} {amount}")
+        parts.append(f"{what}{mig} {amount}{_uses(h)}")
     free_mig = [m.profile for m in card.mig if m.holder is None]
     if free_mig:
         parts.append("free MIG " + ", ".join(free_mig))
     return "\n".join(parts) if parts else "-"
 
 
+def _uses(h: Holder) -> str:
+    """What a holder's containers are observed to use, beside what it holds ("" when the card
+    is not observed), flagged when above its memory share."""
+    if h.observed_mib is None:
+        return ""
+    sm = f" SM {h.observed_sm}%" if h.observed_sm is not None else ""
+    flag = f" ABOVE ITS SHARE (+{_gib(h.observed_mib - h.memory_mib)})" if h.above_share else ""
+    return f" · uses {_gib(h.observed_mib)}{sm}{flag}"
+
+
+def _observed_card(card: CardView) -> str:
+    """The OBSERVED cell of a card: memory in use, utilisation, out-of-band memory."""
+    if card.usage is None:
+        return "-"
+    oob = f" oob {_gib(card.out_of_band_mib)}" if card.out_of_band_mib else ""
+    return f"{_gib(card.usage.used_mib)} SM {card.usage.sm_percent}%{oob}"
+
+
+def _observed_node(node: NodeView) -> str:
+    if not node.observed:
+        return "-" if node.cards else ""
+    oob = f" oob {_gib(node.out_of_band_mib)}" if node.out_of_band_mib else ""
+    return f"{_gib(node.observed_mib)}{oob}"
+
+
 def _summary(view: ClusterView) -> str:
+    whose = "its" if view.above_share == 1 else "their"
+    observed = (f" · observed: {_gib(view.out_of_band_mib)} out of band, "
+                f"{_plural(view.above_share, 'holder')} above {whose} memory share"
+                if view.observed else "")
+    return _allocated_summary(view) + observed
+
+
+def _allocated_summary(view: ClusterView) -> str:
     return (f"{_plural(len(view.nodes), 'node')} · {_plural(view.cards, 'card')} "
             f"({view.unhealthy} unhealthy) · allocated: compute "
             f"{_pct(view.used_milli, view.compute_milli)} ({_num(view.used_milli / 1000)}/"
@@ -210,6 +250,8 @@ def _node_note(node: NodeView) -> str:
 
 
 HEADERS = ("NODE", "GPU", "MODEL", "HEALTH", "COMPUTE", "MEMORY", "FREE", "HELD BY")
+#: shown before HELD BY when some card is observed (GPUDevice status.usage)
+OBSERVED = "OBSERVED"
 #: columns aligned to the right (the rest to the left)
 RIGHT = {1}
 GAP = "  "
@@ -225,6 +267,25 @@ class _Row:
 
 
 def _rows(view: ClusterView, holders: bool) -> list[_Row]:
+    rows = _base_rows(view, holders)
+    if not view.observed:
+        return rows
+    # the OBSERVED column, before HELD BY (or last without it), in the rows' order
+    cells = [cell for node in view.nodes
+             for cell in (_observed_node(node), *map(_observed_card, node.cards))]
+    flags = [flag for node in view.nodes
+             for flag in (False, *(card.above_share > 0 for card in node.cards))]
+    at = 7
+    out = []
+    for row, cell, flag in zip(rows, cells, flags, strict=True):
+        styles = {(i + 1 if i >= at else i): st for i, st in row.styles.items()}
+        if flag:
+            styles[at + 1] = "bold red"
+        out.append(_Row((*row.cells[:at], cell, *row.cells[at:]), styles, row.more))
+    return out
+
+
+def _base_rows(view: ClusterView, holders: bool) -> list[_Row]:
     rows = []
     for node in view.nodes:
         n = len(node.cards)
@@ -265,6 +326,8 @@ def render(view: ClusterView, *, holders: bool = True) -> Any:
     from rich.text import Text
 
     headers = HEADERS if holders else HEADERS[:-1]
+    if view.observed:
+        headers = (*HEADERS[:7], OBSERVED, *headers[7:])
     rows = _rows(view, holders)
     widths = [max([len(headers[i]), *(len(r.cells[i]) for r in rows)])
               for i in range(len(headers))]
@@ -280,7 +343,8 @@ def render(view: ClusterView, *, holders: bool = True) -> Any:
         return text
 
     offset = sum(widths[:-1]) + len(GAP) * (len(headers) - 1)
-    lines = [Text(_summary(view), style="bold"), line(headers, dict.fromkeys(range(8), "bold"))]
+    lines = [Text(_summary(view), style="bold"),
+             line(headers, dict.fromkeys(range(len(headers)), "bold"))]
     for row in rows:
         lines.append(line(row.cells, row.styles))
         lines.extend(Text(" " * offset + extra) for extra in row.more)

@@ -45,6 +45,18 @@ class FitKind(enum.Enum):
     INSUFFICIENT_SHARE = "insufficient-share"
     #: too few entirely free cards: `requested`, `free`, `capacity` in cards
     INSUFFICIENT_CARDS = "insufficient-cards"
+    #: a card that would have room by the ledger is held back by out-of-band memory (memory
+    #: its node observes in use by processes no holder of the card accounts for): `card`, its
+    #: `out_of_band_mib`, `capacity` its memory in MiB, `free` what the ledger and the
+    #: out-of-band memory leave; a share: `requested` MiB (unit MIB); whole cards:
+    #: `requested` cards (unit CARDS: a card with foreign memory on it is not whole)
+    OUT_OF_BAND_MEMORY = "out-of-band-memory"
+    #: a share asked in TFLOPS (`requested`), and no card of the node (among the accepted
+    #: models) is of a model the TFLOPS table knows: `offered` the node's models
+    TFLOPS_UNKNOWN_MODEL = "tflops-unknown-model"
+    #: a share asked in TFLOPS (`requested`) is more than one whole card of every known model
+    #: of the node gives: `capacity` the largest card's TFLOPS, `offered` the models
+    TFLOPS_ABOVE_CARD = "tflops-above-card"
     #: too few free time-sliced replicas of a whole-card name (`resource`) on cards that are
     #: time-sliced for it: `requested`, `free`, `capacity` in replicas
     INSUFFICIENT_REPLICAS = "insufficient-replicas"
@@ -80,6 +92,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.HOST_CPU: "cpu",
     FitKind.HOST_MEMORY: "memory",
     FitKind.MODEL_NOT_ACCEPTED: "model",
+    FitKind.TFLOPS_UNKNOWN_MODEL: "model",
     FitKind.RESOURCE_NOT_OFFERED: "resource",
     FitKind.INSUFFICIENT_MIG: "mig",
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
@@ -95,6 +108,7 @@ class Unit(enum.Enum):
     CARDS = "cards"
     INSTANCES = "instances"
     REPLICAS = "replicas"
+    TFLOPS = "TFLOPS"
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,8 @@ class FitFailure:
     card: int | None = None
     instance: str = ""
     holder: str = ""
+    #: OUT_OF_BAND_MEMORY: the card's observed out-of-band memory, MiB
+    out_of_band_mib: int = 0
 
     @property
     def category(self) -> str:
@@ -231,6 +247,20 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.INSUFFICIENT_CARDS:
         return (f"{f.free} of {f.capacity} cards are entirely free{_among(f)}, "
                 f"{_container(f)} needs {f.requested}")
+    if kind is FitKind.OUT_OF_BAND_MEMORY:
+        held = (f"card {f.card} has {f.out_of_band_mib} MiB of its {f.capacity} MiB used "
+                "out of band (by processes no pod holding the card accounts for)")
+        if f.unit is Unit.CARDS:
+            return f"{held}, so it is not entirely free; {_container(f)} needs whole cards"
+        return f"{held}, leaving {f.free} MiB; {_container(f)} asks {f.requested} MiB"
+    if kind is FitKind.TFLOPS_UNKNOWN_MODEL:
+        return (f"{_container(f)} asks {f.requested} TFLOPS and the node's cards "
+                f"({', '.join(f.offered) or 'none'}) are of no model in the TFLOPS table"
+                f"{_among(f)}")
+    if kind is FitKind.TFLOPS_ABOVE_CARD:
+        return (f"{_container(f)} asks {f.requested} TFLOPS, more than one whole card has: "
+                f"at most {f.capacity} TFLOPS ({', '.join(f.offered)}){_among(f)}; a TFLOPS "
+                "request is a share of one card")
     if kind is FitKind.INSUFFICIENT_REPLICAS:
         return (f"{f.free} of {f.capacity} {f.resource} time-sliced replicas are free"
                 f"{_among(f)}, {_container(f)} needs {f.requested}")

@@ -12,6 +12,12 @@ MIG-carved card only its free instances (a slice no instance covers cannot be gi
 **Fragmentation** is the share of the free compute that sits on partly used cards (healthy, not
 MIG-carved, some compute held): only shares can use it, a pod asking for a whole card cannot.
 The dashboard computes the same measure in PromQL (docs/metrics.md).
+
+**Observed** is what the card's node samples (GPUDevice `status.usage`, `core.usage`): memory
+and utilisation per card, out-of-band memory (used by processes no holder accounts for), and
+per holder what its containers use beside what they were allotted. Out-of-band memory is taken
+off a card's free memory, as placement does. A holder whose containers use more memory than
+its share is **above its share** (a share without a memory amount has none to exceed).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.core.usage import CardUsage
 
 #: compute slices of a MIG card whose model the table does not know (A100, H100, H200: 7)
 DEFAULT_MIG_SLICES = 7
@@ -45,6 +52,16 @@ class Holder:
     mig_uuid: str | None = None
     #: the pods using an ElasticGPU (`<namespace>/<pod>`)
     users: tuple[str, ...] = ()
+    #: observed: the memory (MiB) its containers use on the card and their utilisation
+    #: (percent of the card; None where not sampled per process); None: nothing observed
+    observed_mib: int | None = None
+    observed_sm: int | None = None
+
+    @property
+    def above_share(self) -> bool:
+        """Its containers use more memory on the card than its share allots."""
+        return (self.observed_mib is not None and self.memory_mib > 0
+                and self.observed_mib > self.memory_mib)
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,12 @@ class CardView:
 
     #: compute and memory of the free MIG instances (a MIG-carved card gives only those)
     mig_free: tuple[int, int] = (0, 0)
+    #: what the card's node observes on it (None: nothing observed)
+    usage: CardUsage | None = None
+
+    @property
+    def out_of_band_mib(self) -> int:
+        return self.usage.out_of_band_mib if self.usage is not None else 0
 
     @property
     def free_milli(self) -> int:
@@ -81,7 +104,8 @@ class CardView:
     def free_mib(self) -> int:
         if not self.healthy:
             return 0
-        return self.mig_free[1] if self.mig else max(self.memory_mib - self.used_mib, 0)
+        return self.mig_free[1] if self.mig else max(
+            self.memory_mib - self.used_mib - self.out_of_band_mib, 0)
 
     @property
     def stranded_milli(self) -> int:
@@ -90,7 +114,13 @@ class CardView:
 
     @property
     def entirely_free(self) -> bool:
-        return self.healthy and not self.mig and self.used_milli == 0 and self.used_mib == 0
+        return (self.healthy and not self.mig and self.used_milli == 0 and self.used_mib == 0
+                and self.out_of_band_mib == 0)
+
+    @property
+    def above_share(self) -> int:
+        """Holders whose containers use more memory than their share."""
+        return sum(h.above_share for h in self.holders)
 
 
 def _fragmentation(stranded: int, free: int) -> float:
@@ -145,6 +175,22 @@ class NodeView:
     def fragmentation(self) -> float:
         return _fragmentation(self.stranded_milli, self.free_milli)
 
+    @property
+    def observed(self) -> bool:
+        return any(c.usage is not None for c in self.cards)
+
+    @property
+    def observed_mib(self) -> int:
+        return sum(c.usage.used_mib for c in self.cards if c.usage is not None)
+
+    @property
+    def out_of_band_mib(self) -> int:
+        return sum(c.out_of_band_mib for c in self.cards)
+
+    @property
+    def above_share(self) -> int:
+        return sum(c.above_share for c in self.cards)
+
 
 @dataclass(frozen=True)
 class ClusterView:
@@ -189,6 +235,18 @@ class ClusterView:
     @property
     def fragmentation(self) -> float:
         return _fragmentation(sum(n.stranded_milli for n in self.nodes), self.free_milli)
+
+    @property
+    def observed(self) -> bool:
+        return any(n.observed for n in self.nodes)
+
+    @property
+    def out_of_band_mib(self) -> int:
+        return sum(n.out_of_band_mib for n in self.nodes)
+
+    @property
+    def above_share(self) -> int:
+        return sum(n.above_share for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -269,6 +327,21 @@ def build_view(nodes: Iterable[Node], pods: Iterable[PodHold],
     return ClusterView(tuple(sorted(views, key=lambda v: v.name)))
 
 
+def _observed(holder: Holder, usage: CardUsage | None) -> tuple[int | None, int | None]:
+    """(MiB, SM percent) the holder's containers are observed to use on the card: a pod's
+    container by name; an ElasticGPU's, every container of the pods using it. (None, None)
+    when the card is not observed; (0, None) when observed and none of them is listed."""
+    if usage is None:
+        return None, None
+    if holder.kind == "pod":
+        mine = [u for u in usage.containers
+                if f"{u.namespace}/{u.pod}" == holder.name and u.container == holder.detail]
+    else:
+        mine = [u for u in usage.containers if f"{u.namespace}/{u.pod}" in holder.users]
+    sm = [u.sm_percent for u in mine if u.sm_percent is not None]
+    return sum(u.memory_mib for u in mine), (sum(sm) if sm else None)
+
+
 def _card_view(card: Card, holders: list[Holder]) -> CardView:
     counted = []
     used_milli = used_mib = 0
@@ -278,8 +351,10 @@ def _card_view(card: Card, holders: list[Holder]) -> CardView:
         milli, mib = share_use(share, card)
         used_milli += milli
         used_mib += mib
+        seen_mib, seen_sm = _observed(holder, card.usage)
         counted.append(Holder(holder.kind, holder.name, holder.detail, milli, mib,
-                              holder.mig_profile, holder.mig_uuid, holder.users))
+                              holder.mig_profile, holder.mig_uuid, holder.users,
+                              seen_mib, seen_sm))
     owner = {h.mig_uuid: f"{h.kind} {h.name}" for h in counted if h.mig_uuid}
     mig = tuple(MigView(inst.profile.name, inst.uuid, owner.get(inst.uuid))
                 for inst in sorted(card.mig, key=lambda i: (i.start, i.uuid)))
@@ -288,4 +363,4 @@ def _card_view(card: Card, holders: list[Holder]) -> CardView:
     return CardView(card.index, card.uuid, card.model, card.healthy, card.compute_milli,
                     card.memory_mib, used_milli, used_mib,
                     tuple(sorted(counted, key=lambda h: (h.kind != "pod", h.name, h.detail))),
-                    mig, (sum(m for m, _ in free), sum(b for _, b in free)))
+                    mig, (sum(m for m, _ in free), sum(b for _, b in free)), card.usage)

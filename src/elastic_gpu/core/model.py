@@ -179,17 +179,20 @@ def offered(offers: Mapping[str, int], name: str) -> int:
       nano-gpu/gpu-percent, gpushare.provisioner.elasticgpu.io/..., tencent.com/vcuda-memory,
       elasticgpu.io/gpu-memory) are aliases of one Elastic GPU share (the resource table):
       the name itself, else the largest count of any offered name of the same measure.
+    - a TFLOPS request (elasticgpu.io/gpu-tflops) becomes a compute share of the card it lands
+      on (`core.tflops`): any compute name serves it.
     Names that are not GPU resources are never offered (0)."""
     count = offers.get(name, 0)
     if count > 0:
         return count
     spec = lookup(name)
-    if spec is None or spec.measure not in SHARE_MEASURES:
+    if spec is None or (spec.measure not in SHARE_MEASURES and spec.measure is not Measure.TFLOPS):
         return 0
+    measure = Measure.COMPUTE if spec.measure is Measure.TFLOPS else spec.measure
     best = 0
     for other, n in offers.items():
         other_spec = lookup(other)
-        if other_spec is not None and other_spec.measure is spec.measure:
+        if other_spec is not None and other_spec.measure is measure:
             best = max(best, n)
     return best
 

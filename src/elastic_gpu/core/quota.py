@@ -54,7 +54,8 @@ def canonical_resources(request: ContainerRequest) -> dict[str, str]:
         core = per * request.cards
         memory = request.mig_profile.memory_gb * 1024 * request.cards
     elif request.kind is not RequestKind.NONE:
-        core = -(-request.total_milli * PERCENT_PER_CARD // 1000)
+        # a TFLOPS share at the most it can become: its card is not known yet
+        core = -(-request.most_milli * PERCENT_PER_CARD // 1000)
         memory = request.memory_mib * request.cards
     out: dict[str, str] = {}
     if core:

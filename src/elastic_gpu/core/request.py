@@ -27,6 +27,7 @@ from elastic_gpu.core.resources import (
     lookup,
     to_amount,
 )
+from elastic_gpu.core.tflops import most_milli, share_milli
 
 
 class RequestKind(enum.Enum):
@@ -48,13 +49,21 @@ class ContainerRequest:
     mig_profile: MigProfile | None = None
     #: The resource names the user wrote, for messages and for the agent's Allocate.
     resources: tuple[str, ...] = ()
+    #: A share asked in TFLOPS (`core.tflops`): its compute depends on the card, so
+    #: `compute_milli` is 0 and placement asks `milli_on` per candidate card.
+    tflops: int = 0
 
     def __post_init__(self) -> None:
         if self.kind is RequestKind.SHARE:
             if self.cards != 1 or not 0 <= self.compute_milli < MILLI_PER_CARD:
                 raise ValueError(f"container {self.name}: a share is one card below 1000 milli")
-            if self.compute_milli == 0 and self.memory_mib == 0:
+            if self.compute_milli == 0 and self.memory_mib == 0 and self.tflops == 0:
                 raise ValueError(f"container {self.name}: a share needs compute or memory")
+            if self.tflops and self.compute_milli:
+                raise ValueError(f"container {self.name}: a share is asked in TFLOPS or in "
+                                 "milli-cards, not both")
+        elif self.tflops:
+            raise ValueError(f"container {self.name}: TFLOPS are a share of one card")
         elif self.kind is RequestKind.WHOLE:
             if self.cards < 1 or self.compute_milli != MILLI_PER_CARD:
                 raise ValueError(f"container {self.name}: whole cards need cards >= 1 at 1000 milli")
@@ -71,6 +80,21 @@ class ContainerRequest:
         if self.kind is RequestKind.MIG:
             return 0
         return self.cards * self.compute_milli
+
+    @property
+    def most_milli(self) -> int:
+        """Compute over all of this container's cards, at most: `total_milli`, and for a
+        TFLOPS share the most it can become on any card (`tflops.most_milli`; `total_milli`
+        is 0 for it, a lower bound). Accounting that must never undercount reads this."""
+        return most_milli(self.tflops) if self.tflops else self.total_milli
+
+    def milli_on(self, model: str) -> int | None:
+        """The compute (milli-cards) this container needs of one card of `model`: its
+        `compute_milli`, or for a TFLOPS share what gives its TFLOPS there (`tflops.share_milli`;
+        None: that model cannot take it)."""
+        if not self.tflops:
+            return self.compute_milli
+        return share_milli(model, self.tflops)
 
     @staticmethod
     def share(name: str, compute_milli: int, memory_mib: int = 0) -> ContainerRequest:
@@ -147,12 +171,19 @@ def container_request(name: str, resources: Mapping[str, Any]) -> ContainerReque
     compute = by_measure.get(Measure.COMPUTE)
     memory_amount = by_measure.get(Measure.MEMORY)
     memory = memory_amount[0].value if memory_amount else 0
+    tflops = by_measure.get(Measure.TFLOPS)
     if mig:
-        if cards or compute or memory_amount:
+        if cards or compute or memory_amount or tflops:
             raise ResourceError(", ".join(written), "", f"container {name}: a MIG profile cannot be "
                                 "combined with other GPU resources")
         profile = MigProfile.parse(mig[0].spec.name)
         return ContainerRequest(name, RequestKind.MIG, mig[0].value, 0, 0, profile, written)
+    if tflops:
+        if cards or compute:
+            raise ResourceError(", ".join(written), "", f"container {name}: ask for compute in "
+                                "TFLOPS, in percent or in whole cards, one of them")
+        return ContainerRequest(name, RequestKind.SHARE, 1, 0, memory, None, written,
+                                tflops[0].value)
     if cards and compute:
         raise ResourceError(", ".join(written), "", f"container {name}: ask for whole cards or "
                             "a compute share, not both")

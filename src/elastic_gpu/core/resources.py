@@ -9,7 +9,8 @@ Internal units:
 - compute in *milli-cards* (1000 = one whole card; 1% = 10 milli), the unit of the Alibaba
   trace's `gpu_milli`, fine enough for both 1% shares and the trace's values;
 - memory in MiB;
-- whole cards and MIG instances as counts.
+- whole cards and MIG instances as counts;
+- TFLOPS as asked: the share it becomes depends on the card (`core.tflops`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ MILLI_PER_PERCENT = 10
 GPU_CORE = "elasticgpu.io/gpu-core"  # percent of one card; >100 only as a multiple of 100
 GPU_MEMORY = "elasticgpu.io/gpu-memory"  # MiB of card memory
 GPU_WHOLE = "elasticgpu.io/gpu"  # whole cards
+GPU_TFLOPS = "elasticgpu.io/gpu-tflops"  # TFLOPS of one card (`core.tflops`)
 
 _BINARY_SUFFIX = re.compile(r"[KMGTPE]i\s*$")
 #: How a GPU resource value may be written: ASCII digits and at most a decimal suffix or a
@@ -60,6 +62,9 @@ class Measure(enum.Enum):
     MEMORY = "memory"  # card memory
     CARDS = "cards"  # whole cards, exclusively
     MIG = "mig"  # MIG instances of one profile
+    #: throughput of one card in TFLOPS (`core.tflops.PRECISION`): a compute share whose
+    #: size in milli-cards depends on the card's model, so it is computed per candidate card
+    TFLOPS = "tflops"
 
 
 class Rule(enum.Enum):
@@ -91,6 +96,8 @@ RESOURCE_TABLE: tuple[ResourceSpec, ...] = (
                  "elastic-gpu", "MiB of card memory (per card)"),
     ResourceSpec(GPU_WHOLE, Measure.CARDS, 1, Rule.POSITIVE_INT,
                  "elastic-gpu", "whole cards"),
+    ResourceSpec(GPU_TFLOPS, Measure.TFLOPS, 1, Rule.POSITIVE_INT, "elastic-gpu",
+                 "TFLOPS (dense FP16 tensor) of one card, a share sized per card model"),
     ResourceSpec("gpushare.provisioner.elasticgpu.io/gpu-core", Measure.COMPUTE, MILLI_PER_PERCENT,
                  Rule.PERCENT_SHARE_OR_WHOLE, "elastic-gpu claims", "percent of one card's compute"),
     ResourceSpec("gpushare.provisioner.elasticgpu.io/gpu-memory", Measure.MEMORY, 1,

@@ -23,6 +23,8 @@
       leaseDurationSeconds: 3    # a dead leader's Lease is taken over this long after its last renewal
       renewDeadlineSeconds: 2    # a leader that could not renew for this long stops serving and exits
       retryPeriodSeconds: 0.5    # between renewals (leader) and acquire attempts (standbys)
+    loadAware: false             # among equally good nodes and cards prefer lower observed
+                                 # utilisation (GPUDevice status.usage): shares move off hot cards
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
@@ -135,6 +137,9 @@ class SchedulerConfig(BaseModel):
                                                             validation_alias="targetWorkload")
     workload_refresh_pods: int = Field(default=200, validation_alias="workloadRefreshPods", ge=1,
                                        le=1_000_000)
+    #: The load-aware option (`PolicyConfig.load_aware`; docs/scheduler.md, "Load-aware
+    #: placement"): ties between nodes and between cards go to lower observed utilisation.
+    load_aware: bool = Field(default=False, validation_alias="loadAware")
 
     #: HTTP limits of one request (`wire.Limits`; docs/scheduler.md, "HTTP limits").
     max_request_bytes: int = Field(default=16 * 2**20, validation_alias="maxRequestBytes",

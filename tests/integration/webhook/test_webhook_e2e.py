@@ -130,6 +130,12 @@ REFUSED = [
      "nvidia.com/mig-3g.abc: a MIG profile is written <slices>g.<memory>gb"),
     ("nine-cards", {"nvidia.com/gpu": 9},
      "nvidia.com/gpu=9 cards: no node could ever hold it: the largest node"),
+    ("tflops-0", {"elasticgpu.io/gpu-tflops": 0},
+     "elasticgpu.io/gpu-tflops='0': a positive whole number"),
+    ("tflops-1.5", {"elasticgpu.io/gpu-tflops": 1.5},
+     "elasticgpu.io/gpu-tflops='1500m': a positive whole number"),
+    ("tflops-and-percent", {"elasticgpu.io/gpu-tflops": 10, "elasticgpu.io/gpu-core": 20},
+     "ask for compute in TFLOPS, in percent or in whole cards, one of them"),
 ]
 
 

@@ -256,14 +256,15 @@ def test_a_mutated_pod_is_admitted_unchanged(core: int, memory: int, cards: int,
 
 @pytest.mark.parametrize("spec", RESOURCE_TABLE, ids=lambda s: s.name)
 def test_every_table_name_translates_to_a_request_meaning_the_same(spec: Any) -> None:
-    value = {Measure.COMPUTE: 40, Measure.MEMORY: 3, Measure.CARDS: 2}[spec.measure]
+    value = {Measure.COMPUTE: 40, Measure.MEMORY: 3, Measure.CARDS: 2,
+             Measure.TFLOPS: 100}[spec.measure]
     written = {spec.name: value}
     translated = claim_container_resources(written)
     assert set(translated) <= set(CLAIM_RESOURCE_NAMES.values())
     before = container_request("c", {"limits": written})
     after = container_request("c", {"limits": translated})
-    assert (after.kind, after.cards, after.compute_milli, after.memory_mib) == \
-        (before.kind, before.cards, before.compute_milli, before.memory_mib)
+    assert (after.kind, after.cards, after.compute_milli, after.memory_mib, after.tflops) == \
+        (before.kind, before.cards, before.compute_milli, before.memory_mib, before.tflops)
 
 
 def test_a_value_breaking_its_row_raises_with_resource_value_and_rule() -> None:

@@ -6,7 +6,7 @@ from elastic_gpu.core.resources import RESOURCE_TABLE, Measure
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
 UNIT = {Measure.COMPUTE: "milli-cards", Measure.MEMORY: "MiB", Measure.CARDS: "card",
-        Measure.MIG: "instance"}
+        Measure.MIG: "instance", Measure.TFLOPS: "TFLOPS"}
 
 
 def _doc_rows() -> dict[str, list[str]]:

@@ -22,7 +22,15 @@ from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import container_request
-from elastic_gpu.core.resources import GPU_CORE, GPU_MEMORY, Measure, ResourceError, lookup, to_amount
+from elastic_gpu.core.resources import (
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_TFLOPS,
+    Measure,
+    ResourceError,
+    lookup,
+    to_amount,
+)
 
 #: The whole-card resource the agent advertises by default (`resources.gpu`, docs/agent.md).
 CARD_RESOURCE = "nvidia.com/gpu"
@@ -34,6 +42,7 @@ CLAIM_RESOURCE_NAMES: Mapping[Measure, str] = {
     Measure.COMPUTE: GPU_CORE,
     Measure.MEMORY: GPU_MEMORY,
     Measure.CARDS: CARD_RESOURCE,
+    Measure.TFLOPS: GPU_TFLOPS,
 }
 
 

@@ -105,7 +105,7 @@ class TableProvisioner:
 
 PROVISIONERS: dict[str, Provisioner] = {
     p.name: p for p in (
-        TableProvisioner(GPUSHARE, "a share of one card (gpu-core 1-99 and/or gpu-memory)",
+        TableProvisioner(GPUSHARE, "a share of one card (gpu-core 1-99 or gpu-tflops, and/or gpu-memory)",
                          frozenset({RequestKind.SHARE})),
         TableProvisioner(WHOLE_CARDS, "whole cards", frozenset({RequestKind.WHOLE})),
         TableProvisioner(MIG, "MIG instances", frozenset({RequestKind.MIG})),
@@ -114,6 +114,8 @@ PROVISIONERS: dict[str, Provisioner] = {
 
 
 def describe_request(request: ContainerRequest) -> str:
+    if request.kind is RequestKind.SHARE and request.tflops:
+        return f"a share of one card ({request.tflops} TFLOPS, {request.memory_mib} MiB)"
     if request.kind is RequestKind.SHARE:
         return (f"a share of one card ({request.compute_milli // 10}% compute, "
                 f"{request.memory_mib} MiB)")

@@ -42,6 +42,10 @@ class PolicyConfig:
     #: CPU/memory of the node: the simulator checks them; the extender leaves that to
     #: kube-scheduler, which checks them itself.
     check_host_resources: bool = True
+    #: Among nodes that score equally, and cards a card policy rates equally, prefer the ones
+    #: with lower observed utilisation (`Card.usage`; then less memory in use): new shares
+    #: move off hot cards. Off: ties go to the seeded rank and the card index, as always.
+    load_aware: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,9 @@ class Engine:
         chosen = self._scorer.node_policy(policy or pod.node_policy or self.config.node_policy)
         scores = self._scorer.scores(self._layout, chosen, task_shape(pod), rows)
         tied = rows[scores == scores.max()]
+        if tied.size > 1 and self.config.load_aware:
+            load = np.array([self._layout.node_load(int(r)) for r in tied])
+            tied = tied[load == load.min()]
         return int(tied[np.argmin(self._layout.rank[tied])]) if tied.size > 1 else int(tied[0])
 
     def assign(self, pod: PodRequest, node_name: str, card_policy: str | None = None) -> Assignment:
@@ -369,4 +376,4 @@ class Engine:
     def _plan(self, row: int, pod: PodRequest, policy: CardPolicy
               ) -> dict[str, tuple[CardShare, ...]] | FitFailure:
         """Cards for every GPU container on this node, or why there are none."""
-        return plan(self._layout, self.ctx, row, pod, policy)
+        return plan(self._layout, self.ctx, row, pod, policy, self.config.load_aware)

@@ -15,9 +15,17 @@ import numpy as np
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedulable
 from elastic_gpu.core.placement.layout import BoolArray, Layout
 from elastic_gpu.core.placement.planning import plan
-from elastic_gpu.core.placement.shortfalls import share_failure, whole_shortfall
+from elastic_gpu.core.placement.shortfalls import (
+    least_need,
+    out_of_band_share,
+    out_of_band_whole,
+    share_failure,
+    tflops_failure,
+    whole_shortfall,
+)
 from elastic_gpu.core.policies import CardPolicy, ScoreContext
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+from elastic_gpu.core.tflops import card_tflops
 
 #: a node that fit says no to and `why_not` cannot explain (never expected; honest if it is)
 UNDETAILED = FitFailure(FitKind.UNDETAILED)
@@ -60,14 +68,29 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
         offer = lay.offer_mask(c.resources)
         if offer is not None:
             ok = ok & offer[row, :n]
+        free_milli = lay.cap_milli[row, :n] - lay.used_milli[row, :n]
+        free_mem = lay.free_mem(slice(row, row + 1))[0, :n]
         if c.kind is RequestKind.SHARE:
-            cand = ok & (lay.cap_milli[row, :n] - lay.used_milli[row, :n] >= c.compute_milli) \
-                & (lay.cap_mem[row, :n] - lay.used_mem[row, :n] >= c.memory_mib)
-            return None if cand.any() else share_failure(pod, c, n)
+            need = lay.share_need(c, slice(row, row + 1))
+            need = need[0, :n] if not isinstance(need, int) else need
+            cand = ok & (free_milli >= need) & (free_mem >= c.memory_mib)
+            if cand.any():
+                return None
+            cols = [int(col) for col in np.flatnonzero(ok)]
+            return (tflops_failure(lay, pod, row, c, cols)
+                    or out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                         free_milli.tolist(), free_mem.tolist())
+                    or share_failure(pod, c, n, least_need(lay, row, c, cols)))
         cells = np.zeros((1, lay.usable.shape[1]), dtype=bool)
         cells[0, :n] = ok
         count = int(lay.whole_slots(c, cells, slice(row, row + 1)).sum())
-        return None if count >= c.cards else whole_shortfall(lay, pod, row, c, count)
+        if count >= c.cards:
+            return None
+        untouched = ((lay.used_milli[row, :n] == 0) & (lay.used_mem[row, :n] == 0)
+                     & (lay.oob_mem[row, :n] == 0))
+        return (out_of_band_whole(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                  untouched.tolist(), count)
+                or whole_shortfall(lay, pod, row, c, count))
     planned = plan(lay, ctx, row, pod, binpack)
     return planned if isinstance(planned, FitFailure) else None
 
@@ -120,6 +143,12 @@ def unschedulable(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Car
         accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
         has_model: BoolArray = (lay.exists & accepted[lay.card_model]).any(axis=1)
         take(FitKind.MODEL_NOT_ACCEPTED.category, ~has_model)
+        if any(c.tflops for c in pod.gpu_containers):
+            # a TFLOPS share needs a card of a model the TFLOPS table knows
+            in_table = np.array([card_tflops(m) is not None for m in lay.models] + [False],
+                                dtype=bool)
+            take(FitKind.TFLOPS_UNKNOWN_MODEL.category,
+                 ~(lay.exists & accepted[lay.card_model] & in_table[lay.card_model]).any(axis=1))
         if lay.constrained:
             no_offer = np.zeros(n, dtype=bool)
             for c in pod.gpu_containers:

@@ -49,8 +49,8 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
         if offer is not None:
             ok = ok & offer
         if c.kind is RequestKind.SHARE:
-            cards = (ok & (lay.cap_milli - lay.used_milli >= c.compute_milli)
-                     & (lay.cap_mem - lay.used_mem >= c.memory_mib))
+            cards = (ok & (lay.cap_milli - lay.used_milli >= lay.share_need(c))
+                     & (lay.free_mem() >= c.memory_mib))
             share_ok: BoolArray = host & cards.any(axis=1)
             return share_ok
         whole_ok: BoolArray = host & (lay.whole_slots(c, ok).sum(axis=1) >= c.cards)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 
 import numpy as np
@@ -36,6 +36,8 @@ _OFFER_CACHE_LIMIT = 256
 _OfferKey = tuple[tuple[tuple[str, int], ...] | None, tuple[tuple[str, int], ...] | None, int]
 
 UNKNOWN_NODE = FitFailure(FitKind.UNKNOWN_NODE)
+#: the compute a TFLOPS share "needs" of a card whose model cannot take it: more than any card
+NO_FIT = 2**62
 
 
 @dataclass
@@ -78,10 +80,24 @@ class Layout:
             self.rows.append(Row(node, cards, {c.index: i for i, c in enumerate(cards)}, rank))
         else:
             old = self.rows[row]
+            if not self.stale and _without_usage(old.node) == _without_usage(node):
+                # Only the observed usage changed (an agent's sample, every write period on
+                # every node): its arrays in place, no rebuild of the whole layout.
+                old.node, old.cards = node, cards
+                self._set_usage(row, cards)
+                self.generation += 1
+                return
             self.rows[row] = Row(node, cards, {c.index: i for i, c in enumerate(cards)}, old.rank)
         for card in cards:
             self.model_index(card.model)
         self.stale = True
+
+    def _set_usage(self, row: int, cards: Sequence[Card]) -> None:
+        for c, card in enumerate(cards):
+            usage = card.usage
+            self.oob_mem[row, c] = usage.out_of_band_mib if usage is not None else 0
+            self.load_pct[row, c] = usage.sm_percent if usage is not None else 0
+            self.seen_mem[row, c] = usage.used_mib if usage is not None else 0
 
     def remove(self, name: str) -> None:
         if name not in self.row_of:
@@ -132,6 +148,12 @@ class Layout:
         self.card_model: IntArray = np.zeros((n, width), dtype=np.int64)
         #: time-sliced replica slots held per card (shares with `replicas`)
         self.used_rep: IntArray = np.zeros((n, width), dtype=np.int64)
+        #: observed by the card's node (`Card.usage`; 0 where nothing is observed): memory no
+        #: holder accounts for, which fit takes off a card's free memory; utilisation (percent)
+        #: and memory in use, which the load-aware option breaks ties by
+        self.oob_mem: IntArray = np.zeros((n, width), dtype=np.int64)
+        self.load_pct: IntArray = np.zeros((n, width), dtype=np.int64)
+        self.seen_mem: IntArray = np.zeros((n, width), dtype=np.int64)
         #: offer class per card; padding cells hold the spare class past the end (offers nothing)
         self.card_offer: IntArray = np.zeros((n, width), dtype=np.int64)
         offer_id: dict[_OfferKey, int] = {}
@@ -172,6 +194,7 @@ class Layout:
                     silent = idx
                 ids.append(idx)
             offer_rows.append(ids)
+            self._set_usage(i, r.cards)
         # padding cells (and rows without cards) get the spare class, which offers nothing
         self.card_offer.fill(len(self.offer_keys))
         for i, ids in enumerate(offer_rows):
@@ -183,6 +206,29 @@ class Layout:
                 self.cpu_used[row] += cpu
                 self.mem_used[row] += mem
         self.stale = False
+
+    def free_mem(self, rows: slice = slice(None)) -> IntArray:
+        """Memory a new share can have per card cell of `rows`: capacity less what the ledger
+        holds and less the card's observed out-of-band memory."""
+        out: IntArray = self.cap_mem[rows] - self.used_mem[rows] - self.oob_mem[rows]
+        return out
+
+    def share_need(self, c: ContainerRequest, rows: slice = slice(None)) -> IntArray | int:
+        """The compute (milli-cards) a share needs of each card cell of `rows`: its
+        `compute_milli`, or for a TFLOPS share what gives its TFLOPS on each card's model
+        (`ContainerRequest.milli_on`; `NO_FIT` where the model cannot take it)."""
+        if not c.tflops:
+            return c.compute_milli
+        table = np.array([NO_FIT if (m := c.milli_on(model)) is None else m
+                          for model in self.models] + [NO_FIT], dtype=np.int64)
+        out: IntArray = table[self.card_model[rows]]
+        return out
+
+    def node_load(self, row: int) -> float:
+        """The node's observed utilisation: the mean percent over its usable cards (0 where
+        nothing is observed); what the load-aware option breaks node ties by."""
+        cols = self.usable[row]
+        return float(self.load_pct[row][cols].mean()) if cols.any() else 0.0
 
     @staticmethod
     def key_count(key: _OfferKey, name: str) -> int:
@@ -252,14 +298,15 @@ class Layout:
     def whole_slots(self, c: ContainerRequest, ok: BoolArray, rows: slice = slice(None)
                     ) -> IntArray:
         """Per card cell of `rows` (`ok` has their shape), how many of container c's N
-        whole-card units it can take: 1 for an entirely free card; for a card time-sliced for
+        whole-card units it can take: 1 for an entirely free card (nothing held by the ledger
+        and no out-of-band memory observed on it); for a card time-sliced for
         the resource c wrote (it offers r > 1 devices of it), its free replica slots, each
         costing compute // r milli-cards and no memory (so shares and replicas on one card
         never exceed it)."""
         cap_milli, used_milli = self.cap_milli[rows], self.used_milli[rows]
         fits_mem = self.cap_mem[rows] >= c.memory_mib
         slots: IntArray = (ok & (used_milli == 0) & (self.used_mem[rows] == 0)
-                           & fits_mem).astype(np.int64)
+                           & (self.oob_mem[rows] == 0) & fits_mem).astype(np.int64)
         name = self.replica_name(c)
         if name is None or not self.constrained:
             return slots
@@ -290,3 +337,10 @@ class Layout:
         return NodeView(row, r.node.name, model, int(self.cpu_cap[row]),
                         int(self.cpu_cap[row] - self.cpu_used[row]), int(self.mem_cap[row]),
                         int(self.mem_cap[row] - self.mem_used[row]), free, dict(r.tags))
+
+
+def _without_usage(node: Node) -> Node:
+    """The node as placement sees it apart from observed usage (what a usage sample leaves)."""
+    if all(c.usage is None for c in node.cards):
+        return node
+    return replace(node, cards=tuple(replace(c, usage=None) for c in node.cards))

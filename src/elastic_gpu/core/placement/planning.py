@@ -13,8 +13,12 @@ from elastic_gpu.core.fit import FitFailure, FitKind, Unit
 from elastic_gpu.core.placement.layout import Layout
 from elastic_gpu.core.placement.shortfalls import (
     cards_failure,
+    least_need,
+    out_of_band_share,
+    out_of_band_whole,
     restricts_models,
     share_failure,
+    tflops_failure,
     whole_shortfall,
 )
 from elastic_gpu.core.placement.task import task_shape
@@ -22,18 +26,24 @@ from elastic_gpu.core.policies import CardPolicy, CardView, ScoreContext
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 
 
-def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: CardPolicy
-         ) -> dict[str, tuple[CardShare, ...]] | FitFailure:
-    """Cards for every GPU container on this node, or why there are none."""
+def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: CardPolicy,
+         load_aware: bool = False) -> dict[str, tuple[CardShare, ...]] | FitFailure:
+    """Cards for every GPU container on this node, or why there are none. With `load_aware`
+    the card policy breaks its ties by the cards' observed load (`CardView.tie`)."""
     r = lay.rows[row]
     cols = [c for c in range(len(r.cards)) if lay.usable[row, c]
             and pod.accepts_model(r.cards[c].model)]
     cards = [r.cards[c] for c in cols]
     free_milli = [int(lay.cap_milli[row, c] - lay.used_milli[row, c]) for c in cols]
-    free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c]) for c in cols]
-    untouched = [bool(lay.used_milli[row, c] == 0 and lay.used_mem[row, c] == 0) for c in cols]
+    free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c] - lay.oob_mem[row, c])
+                for c in cols]
+    # entirely free: nothing held by the ledger, no memory observed used out of band
+    untouched = [bool(lay.used_milli[row, c] == 0 and lay.used_mem[row, c] == 0
+                      and lay.oob_mem[row, c] == 0) for c in cols]
     used_rep = [int(lay.used_rep[row, c]) for c in cols]
-    view = CardView(lay.view(row), task_shape(pod), cards, free_milli, free_mem)
+    load = ([(int(lay.load_pct[row, c]), int(lay.seen_mem[row, c])) for c in cols]
+            if load_aware else None)
+    view = CardView(lay.view(row), task_shape(pod), cards, free_milli, free_mem, load)
     taken_mig: set[str] = set()
     plan: dict[str, tuple[CardShare, ...]] = {}
 
@@ -58,7 +68,8 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             cand = [p for p in range(len(cards))
                     if ok[p] and untouched[p] and cards[p].memory_mib >= c.memory_mib]
             if len(cand) < c.cards:
-                return cards_failure(pod, c, len(cand), len(r.cards))
+                return (out_of_band_whole(lay, pod, row, c, ok, cols, untouched, len(cand))
+                        or cards_failure(pod, c, len(cand), len(r.cards)))
             picked = policy.pick_whole(ctx, view, cand, c.cards)
             shares = []
             for p in picked:
@@ -68,16 +79,26 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
                 untouched[p] = False
             plan[c.name] = tuple(shares)
         elif c.kind is RequestKind.SHARE:
+            # a TFLOPS share needs a compute that depends on the card's model
+            need = [c.milli_on(card.model) for card in cards]
             cand = [p for p in range(len(cards))
-                    if ok[p] and free_milli[p] >= c.compute_milli and free_mem[p] >= c.memory_mib]
+                    if ok[p] and (m := need[p]) is not None and free_milli[p] >= m
+                    and free_mem[p] >= c.memory_mib]
             if not cand:
-                return share_failure(pod, c, len(r.cards))
-            p = policy.pick_share(ctx, view, cand, c.compute_milli, c.memory_mib)
-            free_milli[p] -= c.compute_milli
+                served_cols = [col for p, col in enumerate(cols) if ok[p]]
+                return (tflops_failure(lay, pod, row, c, served_cols)
+                        or out_of_band_share(lay, pod, row, c, ok, cols, free_milli, free_mem)
+                        or share_failure(pod, c, len(r.cards),
+                                         least_need(lay, row, c, served_cols)))
+            # the policy scores every candidate with one amount: the least the share needs
+            # there (the same on a node of one model, the usual case)
+            p = policy.pick_share(ctx, view, cand, min(need[q] or 0 for q in cand),
+                                  c.memory_mib)
+            milli = need[p] or 0
+            free_milli[p] -= milli
             free_mem[p] -= c.memory_mib
             untouched[p] = False
-            plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, c.compute_milli,
-                                      c.memory_mib),)
+            plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, milli, c.memory_mib),)
         elif c.kind is RequestKind.MIG:
             assert c.mig_profile is not None
             found: list[CardShare] = []

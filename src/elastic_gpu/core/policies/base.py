@@ -155,6 +155,17 @@ class CardView:
     cards: Sequence[Card]  # usable cards, same order as free_milli
     free_milli: list[int]
     free_memory: list[int]
+    #: the load-aware option (`PolicyConfig.load_aware`): per card, its observed (utilisation
+    #: percent, used MiB), which breaks ties before the card index; None: off (ties by index)
+    load: Sequence[tuple[int, int]] | None = None
+
+    def tie(self, p: int) -> tuple[int, ...]:
+        """The key a card policy breaks its ties by: the card index, with the load-aware
+        option the card's observed utilisation and memory in use first (cooler cards win)."""
+        index = self.cards[p].index
+        if self.load is None:
+            return (index,)
+        return (*self.load[p], index)
 
 
 class CardPolicy(ABC):
@@ -169,5 +180,6 @@ class CardPolicy(ABC):
 
     def pick_whole(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    count: int) -> list[int]:
-        """Positions of `count` entirely free cards; default: the lowest card indexes."""
-        return sorted(candidates, key=lambda p: view.cards[p].index)[:count]
+        """Positions of `count` entirely free cards; default: the lowest card indexes (with
+        the load-aware option the coolest cards, `CardView.tie`)."""
+        return sorted(candidates, key=view.tie)[:count]

@@ -17,7 +17,7 @@ class BinpackCards(CardPolicy):
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
         return min(candidates, key=lambda p: (view.free_milli[p], view.free_memory[p],
-                                              view.cards[p].index))
+                                              view.tie(p)))
 
 
 class SpreadCards(CardPolicy):
@@ -28,7 +28,7 @@ class SpreadCards(CardPolicy):
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
         return min(candidates, key=lambda p: (-view.free_milli[p], -view.free_memory[p],
-                                              view.cards[p].index))
+                                              view.tie(p)))
 
 
 class RandomCards(CardPolicy):
@@ -87,7 +87,7 @@ class FragCards(CardPolicy):
     def pick_share(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                    milli: int, memory_mib: int) -> int:
         scores = fgd_card_scores(ctx, view, candidates, milli)
-        return min(candidates, key=lambda p: (-scores[p], view.cards[p].index))
+        return min(candidates, key=lambda p: (-scores[p], view.tie(p)))
 
 
 class FragWasteCards(CardPolicy):
@@ -106,7 +106,7 @@ class FragWasteCards(CardPolicy):
         scores = fgd_card_scores(ctx, view, candidates, milli)
         return min(candidates, key=lambda p: (
             -scores[p], ctx.waste.added(view.cards[p].model, view.free_milli[p], milli),
-            view.cards[p].index))
+            view.tie(p)))
 
 
 class ExactFragCards(CardPolicy):
@@ -120,11 +120,11 @@ class ExactFragCards(CardPolicy):
         node = view.node
         cpu_after = node.cpu_free - view.task.cpu_milli
 
-        def key(pos: int) -> tuple[float, int, int]:
+        def key(pos: int) -> tuple[float, int, tuple[int, ...]]:
             free = list(view.free_milli)
             free[pos] -= milli
             after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
-            return (after, view.free_milli[pos], view.cards[pos].index)
+            return (after, view.free_milli[pos], view.tie(pos))
 
         return min(candidates, key=key)
 

@@ -118,7 +118,8 @@ class StateBase:
     def _new_engine(self, nodes: Iterable[Node]) -> Engine:
         policy = PolicyConfig(node_policy=self.config.node_policy,
                               card_policy=self.config.card_policy,
-                              check_host_resources=False)
+                              check_host_resources=False,
+                              load_aware=self.config.load_aware)
         return Engine(nodes, config=policy, seed=self.config.seed, workload=self.workload)
 
     # ---- calls across parts (each defined by the part named) --------------------------------
