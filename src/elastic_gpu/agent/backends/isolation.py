@@ -25,6 +25,9 @@ from elastic_gpu.agent.backends.isolation_values import (
 from elastic_gpu.agent.config import SharingConfig, SharingMode
 from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
 
+__all__ = ["CudaMps", "Gated", "Isolation", "IsolationError", "IsolationSettings", "MountSpec",
+           "ShareLimit", "cuda_mps_isolation", "nvidia_isolation"]
+
 
 class Isolation(Protocol):
     @property
