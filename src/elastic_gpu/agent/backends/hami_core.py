@@ -33,7 +33,7 @@ from elastic_gpu.agent.backends.isolation_values import (
     ShareLimit,
 )
 from elastic_gpu.agent.config import HamiCoreConfig, Preload
-from elastic_gpu.core.resources import MILLI_PER_PERCENT
+from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
 
 #: Where the container sees the library, its cache directory and its preload file (HAMi's
 #: paths, so images built for HAMi find them where they expect).
@@ -64,6 +64,9 @@ class HamiCore:
         return None
 
     def settings(self, limits: Sequence[ShareLimit]) -> IsolationSettings:
+        if all(limit.milli >= MILLI_PER_CARD for limit in limits):
+            # Whole cards are the container's alone: nothing to intercept.
+            return IsolationSettings(mode="exclusive")
         envs: dict[str, str] = {}
         ordinal = 0
         for limit in limits:
@@ -74,7 +77,7 @@ class HamiCore:
                 ordinal += 1
         # One compute limit for the whole container: the smallest share bounds every card.
         percent = min(max(limit.milli, MILLI_PER_PERCENT) for limit in limits) // MILLI_PER_PERCENT
-        envs["CUDA_DEVICE_SM_LIMIT"] = str(min(percent, 100))
+        envs["CUDA_DEVICE_SM_LIMIT"] = str(percent)
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = CONTAINER_CACHE_FILE
         cache = self._container_directory()
         mounts = [MountSpec(CONTAINER_LIBRARY, self.config.library, read_only=True),
