@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -41,11 +42,21 @@ def daemon_pid(pipe_directory: Path) -> int | None:
 
 
 def kill_daemon(pipe_directory: Path) -> int:
-    """SIGKILL the daemon (a crash: its pid file stays behind); returns its pid."""
+    """SIGKILL the daemon (a crash: its pid file stays behind) and wait until it is dead (gone,
+    or a zombie its parent has yet to reap); returns its pid."""
     pid = daemon_pid(pipe_directory)
     assert pid is not None, f"no daemon in {pipe_directory}"
     os.kill(pid, signal.SIGKILL)
-    return pid
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            return pid
+        if state in ("Z", "X"):
+            return pid
+        time.sleep(0.01)
+    raise AssertionError(f"daemon {pid} still runs 10 s after SIGKILL")
 
 
 def _serve(pipe: Path, logs: Path) -> None:

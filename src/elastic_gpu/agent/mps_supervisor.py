@@ -217,4 +217,4 @@ def _running(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True  # no /proc: kill(0) answered
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
