@@ -240,7 +240,8 @@ class HamiCoreConfig(_Strict):
     #: Host directory under which each container gets its own directory for HAMi-core's
     #: shared usage cache (CUDA_DEVICE_MEMORY_SHARED_CACHE).
     cacheDirectory: AbsolutePathText = "/usr/local/vgpu/containers"
-    #: Host directory of HAMi-core's cross-container lock files, mounted into every container.
+    #: Host directory of HAMi-core's cross-container lock files, mounted into every container
+    #: at /tmp/vgpulock (where the library takes them).
     lockDirectory: AbsolutePathText = "/tmp/vgpulock"
 
 

@@ -401,7 +401,8 @@ def test_a_share_gets_the_providers_limits(rig: Rig, provider: Provider,
         assert library == ("/usr/local/vgpu/libvgpu.so", hami.library, True)
         assert cache[0] == "/usr/local/vgpu/cache" and not cache[2]
         assert Path(cache[1]).parent == Path(hami.cacheDirectory) and Path(cache[1]).is_dir()
-        assert lock == (hami.lockDirectory, hami.lockDirectory, False)
+        # HAMi-core takes its locks in /tmp/vgpulock: the node's lock directory, shared.
+        assert lock == ("/tmp/vgpulock", hami.lockDirectory, False)
     assert g.annotations["elasticgpu.io/isolation"] == g.envs["EGPU_ISOLATION"]
 
 

@@ -41,6 +41,8 @@ CONTAINER_LIBRARY = "/usr/local/vgpu/libvgpu.so"
 CONTAINER_CACHE_DIR = "/usr/local/vgpu/cache"
 CONTAINER_CACHE_FILE = f"{CONTAINER_CACHE_DIR}/vgpu.cache"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
+#: Where HAMi-core takes its cross-container locks (fixed in the library).
+CONTAINER_LOCK_DIR = "/tmp/vgpulock"
 #: The file in `cacheDirectory` that /etc/ld.so.preload is mounted from (written by the agent).
 PRELOAD_FILE = "ld.so.preload"
 
@@ -82,7 +84,7 @@ class HamiCore:
         cache = self._container_directory()
         mounts = [MountSpec(CONTAINER_LIBRARY, self.config.library, read_only=True),
                   MountSpec(CONTAINER_CACHE_DIR, str(cache)),
-                  MountSpec(self.config.lockDirectory, self.config.lockDirectory)]
+                  MountSpec(CONTAINER_LOCK_DIR, self.config.lockDirectory)]
         if self.config.preload is Preload.ENV:
             envs["LD_PRELOAD"] = CONTAINER_LIBRARY
         else:
