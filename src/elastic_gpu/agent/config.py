@@ -202,6 +202,10 @@ class MpsDaemonConfig(_Strict):
     restartMaxSeconds: float = Field(default=60.0, ge=0.01, le=3600)
     #: How long a start may take to leave its pid file before it counts as failed.
     startTimeoutSeconds: float = Field(default=10.0, ge=0.1, le=300)
+    #: Host directory (a tmpfs) shared as /dev/shm by the daemons (the agent's own /dev/shm:
+    #: the chart mounts it there) and every MPS client container, as NVIDIA's device plugin
+    #: shares /run/nvidia/mps/shm: MPS clients and server exchange shared memory.
+    shmDirectory: AbsolutePathText = "/run/egpu/mps/shm"
 
     @model_validator(mode="after")
     def _ordered(self) -> MpsDaemonConfig:

@@ -390,7 +390,9 @@ def test_a_share_gets_the_providers_limits(rig: Rig, provider: Provider,
         # The same environment; the mount is the card's own daemon's pipe directory.
         assert g.envs["EGPU_ISOLATION"] == "mps"
         assert limits == rig.mps_envs
-        assert mounts == [("/tmp/nvidia-mps", f"/tmp/nvidia-mps/{TABLE[index].uuid}", False)]
+        # With the daemons' shared memory as its /dev/shm (as NVIDIA's plugin does).
+        assert mounts == [("/tmp/nvidia-mps", f"/tmp/nvidia-mps/{TABLE[index].uuid}", False),
+                          ("/dev/shm", "/run/egpu/mps/shm", False)]
     else:
         hami = config.sharing.hamiCore
         assert g.envs["EGPU_ISOLATION"] == "hami-core"

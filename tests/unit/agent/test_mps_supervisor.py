@@ -69,6 +69,7 @@ def agent_config(root: Path, check_s: float) -> Any:
         "sharing": {"mode": "mps", "mps": {
             "pipeDirectory": str(root / "pipe"),
             "daemon": {"binary": str(standin_binary(root)), "logDirectory": str(root / "log"),
+                       "shmDirectory": str(root / "shm"),
                        "checkSeconds": check_s, "restartInitialSeconds": 0.01,
                        "restartMaxSeconds": 0.01, "startTimeoutSeconds": 5}}}})
 
@@ -112,7 +113,7 @@ def test_crash_refusal_restart_and_shutdown(short_dir: Path) -> None:
         grant = allocate(agent)
         pipe0 = short_dir / "pipe" / UUIDS[0]
         assert [(m.container_path, m.host_path) for m in grant.mounts] == [
-            (str(short_dir / "pipe"), str(pipe0))]
+            (str(short_dir / "pipe"), str(pipe0)), ("/dev/shm", str(short_dir / "shm"))]
         assert grant.envs["CUDA_MPS_PIPE_DIRECTORY"] == str(short_dir / "pipe")
         assert grant.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
 

@@ -44,6 +44,7 @@ def test_the_agents_mps_daemons_get_pipes_logs_and_compute(tmp_path: Path) -> No
     mounts = host_mounts(spec)
     assert mounts["/run/mps"] == ("/run/mps", False)
     assert mounts["/var/log/mps"] == ("/var/log/mps", False)
+    assert mounts["/dev/shm"] == ("/run/egpu/mps/shm", False)  # shared with MPS clients
     assert driver_capabilities(spec) == "compute,utility"
 
 

@@ -59,9 +59,12 @@ class CudaMps:
     all of them are whole (they are its alone: "exclusive") and is refused when any is a
     share."""
 
-    def __init__(self, pipe_directory: str, per_card: bool = False) -> None:
+    def __init__(self, pipe_directory: str, per_card: bool = False,
+                 shm_directory: str | None = None) -> None:
         self.pipe_directory = pipe_directory
         self.per_card = per_card
+        #: the daemons' /dev/shm on the host, given to each client as its /dev/shm (per-card)
+        self.shm_directory = shm_directory
 
     @property
     def name(self) -> str:
@@ -98,7 +101,10 @@ class CudaMps:
                 ordinal += 1
         if memory:
             envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(memory)
-        return IsolationSettings(envs, (MountSpec(pipe, host),))
+        mounts = [MountSpec(pipe, host)]
+        if self.per_card and self.shm_directory:
+            mounts.append(MountSpec("/dev/shm", self.shm_directory))
+        return IsolationSettings(envs, tuple(mounts))
 
 
 class Gated:
@@ -124,7 +130,9 @@ def nvidia_isolation(sharing: SharingConfig) -> Isolation | None:
     """NVIDIA cards' isolation for a sharing config: CUDA MPS in `mps` mode, HAMi-core in
     `hami-core` mode, none in `accounting` mode."""
     if sharing.mode is SharingMode.MPS:
-        return CudaMps(sharing.mps.pipeDirectory, per_card=sharing.mps.daemon is not None)
+        daemon = sharing.mps.daemon
+        return CudaMps(sharing.mps.pipeDirectory, per_card=daemon is not None,
+                       shm_directory=daemon.shmDirectory if daemon is not None else None)
     if sharing.mode is SharingMode.HAMI_CORE:
         from elastic_gpu.agent.backends.hami_core import HamiCore
 
