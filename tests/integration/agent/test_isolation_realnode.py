@@ -1,5 +1,5 @@
-"""The hami-core isolation provider through a real kubelet (issue 28, must-show: "the
-hami-core provider's env and mounts checked through the real kubelet").
+"""Isolation providers through a real kubelet (issue 28, must-shows: "the hami-core provider's
+env and mounts checked through the real kubelet"; the MPS supervisor's Allocate refusal).
 
 A real kubelet node (containerd, runc, a busybox container) whose agent (fake backend) runs in
 `sharing.mode: hami-core` with a dummy file standing in for libvgpu.so. A pod asking for a
@@ -8,12 +8,19 @@ environment and reads the mounts from inside, and the test reads that from the p
 busybox is static, so the preloaded dummy is never loaded. Then the library goes missing and
 the next pod's Allocate is refused with the reason, which kubelet reports on the pod.
 
+The same for `mps` with the agent's own daemons: the `egpu agent` process starts a stand-in
+MPS daemon per card (egpu_testing.mps_standin), a share's container gets its card's pipe
+directory and the daemons' /dev/shm, a killed daemon that cannot start again makes the next
+Allocate fail with the reason, and the daemons quit when the agent stops.
+
 Skipped where the machine cannot run a real node (the `real_node` fixture says why).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.mps_standin import daemon_pid, kill_daemon, standin_binary
 from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.core.nodefit import NODE_CORE
@@ -158,3 +166,120 @@ def test_a_share_under_hami_core_gets_its_limits_and_mounts(
         time.sleep(0.3)
     assert "libvgpu.so" in said and "refusing rather than giving a share" in said
     assert obj["status"].get("phase") == "Failed"
+
+
+# -- mps with the agent's own daemons -----------------------------------------------------------
+
+MPS_SCRIPT = ("env; echo '--'; ls $CUDA_MPS_PIPE_DIRECTORY; "
+              "echo shm-$(cat /dev/shm/daemons-shm); exec sleep 3600")
+
+
+def mps_pod(name: str, scheduler: str, image: str) -> dict[str, Any]:
+    manifest = share_pod(name, scheduler, image)
+    manifest["spec"]["containers"][0]["command"] = ["sh", "-c", MPS_SCRIPT]
+    return manifest
+
+
+def wait_pod_output(plane: ControlPlane, namespace: str, name: str, marker: str,
+                    agent: ProcessHandle) -> str:
+    deadline = time.monotonic() + 90
+    logs = ""
+    while marker not in logs:
+        obj = pod_json(plane, namespace, name)
+        assert obj["status"].get("phase") not in ("Failed", "Succeeded"), obj["status"]
+        assert time.monotonic() < deadline, f"no output: {obj['status']}; log: {logs!r}; " \
+            f"agent log:\n{agent.log_tail()}"
+        if obj["status"].get("phase") == "Running":
+            logs = plane.kubectl("logs", name, "-n", namespace).stdout
+        time.sleep(0.3)
+    return logs
+
+
+def test_mps_daemons_run_by_the_agent_hold_and_refuse(
+        real_node: RealNode, k8s_cluster: ControlPlane, k8s_namespace: str,
+        start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> None:
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    ensure_crd(k8s_cluster.kube())
+    plane = k8s_cluster
+    # Unix sockets live in the pipe directories: a short root (107 bytes at most).
+    root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))
+    pipes, shm = root / "pipe", root / "shm"
+    shm.mkdir()
+    (shm / "daemons-shm").write_text("shared\n")
+    uuids = [card["uuid"] for card in INVENTORY["cards"]]
+    config = write_agent_files(tmp_path / "agent", real_node.device_plugin_dir, INVENTORY, {
+        "resources": {"share": [CORE]}, "syncSeconds": 1,
+        "sharing": {"mode": "mps", "mps": {"pipeDirectory": str(pipes), "daemon": {
+            "binary": str(standin_binary(root)), "logDirectory": str(root / "log"),
+            "shmDirectory": str(shm), "checkSeconds": 0.2, "restartInitialSeconds": 0.2,
+            "restartMaxSeconds": 0.2}}}})
+    agent = spawn("agent", agent_argv(real_node.name, plane.kubeconfig, config),
+                  tmp_path / "agent.log", die_with_parent=True)
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(plane.kubeconfig, port, tmp_path / "extender.log")
+    try:
+        extender.start()
+        start_kube_scheduler(extender_kube_scheduler_config(extender.url,
+                                                            extender.scheduler_name))
+        wait_for(lambda: f"registered {CORE} with kubelet" in agent.log_path.read_text(),
+                 "registration", agent)
+        wait_extender_knows(extender.url, [real_node.name], len(uuids))
+        # One daemon per card, started by the agent, each with its card only.
+        for uuid in uuids:
+            wait_for(lambda uuid=uuid: daemon_pid(pipes / uuid) is not None,  # type: ignore[misc]
+                     f"the MPS daemon of {uuid}", agent)
+            assert (root / "log" / uuid / "control.log").read_text().endswith(f"for {uuid}\n")
+
+        plane.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=json.dumps(mps_pod(
+            "mps-a", extender.scheduler_name, real_node.busybox_image)))
+        logs = wait_pod_output(plane, k8s_namespace, "mps-a", "shm-", agent)
+        env_text, seen = logs.split("--\n", 1)
+        env = dict(line.split("=", 1) for line in env_text.splitlines() if "=" in line)
+        assert env["EGPU_ISOLATION"] == "mps"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+        card = env["NVIDIA_VISIBLE_DEVICES"]
+        # Inside: the card's own daemon's pipe directory (its control socket and pid file),
+        # and the daemons' shared memory as /dev/shm.
+        assert "control" in seen and "nvidia-cuda-mps-control.pid" in seen
+        assert "shm-shared" in seen
+
+        # The card's daemon dies and cannot start again: the next share on it is refused.
+        other = next(u for u in uuids if u != card)
+        (pipes / other / "refuse-start").touch()  # the other card too: the pod must wait
+        (pipes / card / "refuse-start").touch()
+        for uuid in uuids:
+            kill_daemon(pipes / uuid)
+        for uuid in uuids:  # the agent saw it: its restart failed
+            wait_for(lambda uuid=uuid: f"MPS control daemon of {uuid}: " in  # type: ignore[misc]
+                     agent.log_path.read_text(), f"the failed restart of {uuid}", agent)
+        plane.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=json.dumps(mps_pod(
+            "mps-b", extender.scheduler_name, real_node.busybox_image)))
+        deadline = time.monotonic() + 90
+        while True:
+            obj = pod_json(plane, k8s_namespace, "mps-b")
+            said = json.dumps(obj.get("status", {}))
+            if "MPS control daemon down" in said:
+                break
+            assert time.monotonic() < deadline, f"not refused: {obj.get('status')}; agent " \
+                f"log:\n{agent.log_tail()}"
+            time.sleep(0.3)
+        assert "cannot start on this card" in said and "Allocate is refused" in said
+        assert obj["status"].get("phase") == "Failed"
+
+        # The cards recover: the agent starts their daemons again.
+        for uuid in uuids:
+            (pipes / uuid / "refuse-start").unlink()
+        for uuid in uuids:
+            wait_for(lambda uuid=uuid: daemon_pid(pipes / uuid) is not None,  # type: ignore[misc]
+                     f"the MPS daemon of {uuid} again", agent)
+        pids = [daemon_pid(pipes / uuid) for uuid in uuids]
+    finally:
+        extender.stop()
+        agent.stop()  # SIGTERM: the agent stops as it does in a pod
+    # The agent stopped: it told its daemons to quit (they run in a session of their own,
+    # so the agent's process group signal did not reach them).
+    assert [daemon_pid(pipes / uuid) for uuid in uuids] == [None, None], pids
+    shutil.rmtree(root, ignore_errors=True)
