@@ -32,6 +32,7 @@ import pytest
 from egpu_testing.mps_standin import daemon_pid, kill_daemon, standin_binary
 from egpu_testing.scenario import wait_extender_knows
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
+from elastic_gpu.api.gpudevice import object_name
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.ports import free_ports
@@ -195,6 +196,11 @@ def wait_pod_output(plane: ControlPlane, namespace: str, name: str, marker: str,
     return logs
 
 
+def gpudevice_reason(plane: ControlPlane, node: str, index: int) -> str:
+    out = plane.kubectl("get", "gpudevices", object_name(node, index), "-o", "json").stdout
+    return str(json.loads(out).get("status", {}).get("reason", ""))
+
+
 def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         real_node: RealNode, k8s_cluster: ControlPlane, k8s_namespace: str,
         start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> None:
@@ -255,6 +261,11 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         for uuid in uuids:  # the agent saw it: its restart failed
             wait_for(lambda uuid=uuid: f"MPS control daemon of {uuid}: " in  # type: ignore[misc]
                      agent.log_path.read_text(), f"the failed restart of {uuid}", agent)
+        # The cards' GPUDevice status says why (the agent publishes it when a daemon goes).
+        for index in range(len(uuids)):
+            wait_for(lambda index=index: "MPS control daemon down" in  # type: ignore[misc]
+                     gpudevice_reason(plane, real_node.name, index),
+                     f"the MPS reason on card {index}", agent)
         plane.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=json.dumps(mps_pod(
             "mps-b", extender.scheduler_name, real_node.busybox_image)))
         deadline = time.monotonic() + 90
@@ -276,6 +287,9 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
             wait_for(lambda uuid=uuid: daemon_pid(pipes / uuid) is not None,  # type: ignore[misc]
                      f"the MPS daemon of {uuid} again", agent)
         pids = [daemon_pid(pipes / uuid) for uuid in uuids]
+        for index in range(len(uuids)):
+            wait_for(lambda index=index: gpudevice_reason(  # type: ignore[misc]
+                plane, real_node.name, index) == "", f"card {index}'s reason cleared", agent)
     finally:
         extender.stop()
         agent.stop()  # SIGTERM: the agent stops as it does in a pod
