@@ -201,6 +201,23 @@ def gpudevice_reason(plane: ControlPlane, node: str, index: int) -> str:
     return str(json.loads(out).get("status", {}).get("reason", ""))
 
 
+def reason_is(plane: ControlPlane, node: str, index: int,
+              words: str | None) -> Callable[[], bool]:
+    """The card's GPUDevice status.reason contains `words` (None: is empty)."""
+    def check() -> bool:
+        reason = gpudevice_reason(plane, node, index)
+        return reason == "" if words is None else words in reason
+    return check
+
+
+def has_daemon(pipe: Path) -> Callable[[], bool]:
+    return lambda: daemon_pid(pipe) is not None
+
+
+def logged(agent: ProcessHandle, words: str) -> Callable[[], bool]:
+    return lambda: words in agent.log_path.read_text()
+
+
 def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         real_node: RealNode, k8s_cluster: ControlPlane, k8s_namespace: str,
         start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> None:
@@ -233,7 +250,7 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         wait_extender_knows(extender.url, [real_node.name], len(uuids))
         # One daemon per card, started by the agent, each with its card only.
         for uuid in uuids:
-            wait_for(lambda uuid=uuid: daemon_pid(pipes / uuid) is not None,  # type: ignore[misc]
+            wait_for(has_daemon(pipes / uuid),
                      f"the MPS daemon of {uuid}", agent)
             assert (root / "log" / uuid / "control.log").read_text().endswith(f"for {uuid}\n")
 
@@ -259,12 +276,11 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         for uuid in uuids:
             kill_daemon(pipes / uuid)
         for uuid in uuids:  # the agent saw it: its restart failed
-            wait_for(lambda uuid=uuid: f"MPS control daemon of {uuid}: " in  # type: ignore[misc]
-                     agent.log_path.read_text(), f"the failed restart of {uuid}", agent)
+            wait_for(logged(agent, f"MPS control daemon of {uuid}: "),
+                     f"the failed restart of {uuid}", agent)
         # The cards' GPUDevice status says why (the agent publishes it when a daemon goes).
         for index in range(len(uuids)):
-            wait_for(lambda index=index: "MPS control daemon down" in  # type: ignore[misc]
-                     gpudevice_reason(plane, real_node.name, index),
+            wait_for(reason_is(plane, real_node.name, index, "MPS control daemon down"),
                      f"the MPS reason on card {index}", agent)
         plane.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=json.dumps(mps_pod(
             "mps-b", extender.scheduler_name, real_node.busybox_image)))
@@ -284,12 +300,12 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         for uuid in uuids:
             (pipes / uuid / "refuse-start").unlink()
         for uuid in uuids:
-            wait_for(lambda uuid=uuid: daemon_pid(pipes / uuid) is not None,  # type: ignore[misc]
+            wait_for(has_daemon(pipes / uuid),
                      f"the MPS daemon of {uuid} again", agent)
         pids = [daemon_pid(pipes / uuid) for uuid in uuids]
         for index in range(len(uuids)):
-            wait_for(lambda index=index: gpudevice_reason(  # type: ignore[misc]
-                plane, real_node.name, index) == "", f"card {index}'s reason cleared", agent)
+            wait_for(reason_is(plane, real_node.name, index, None),
+                     f"card {index}'s reason cleared", agent)
     finally:
         extender.stop()
         agent.stop()  # SIGTERM: the agent stops as it does in a pod
