@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,14 @@ def test_daemons_start_with_the_agent_one_per_card(short_dir: Path) -> None:
             assert log.endswith(f"for {uuid}\n")
             assert daemon_pid(short_dir / "pipe" / uuid) is not None
         assert agent.reasons() == {0: "", 1: ""}
+        # The agent's /metrics has the daemons' gauge beside its own families.
+        port = agent.serve_metrics("127.0.0.1", 0)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        for uuid in UUIDS:
+            assert f'elasticgpu_agent_mps_daemon_up{{device_uuid="{uuid}",node="{NODE}"}} 1.0' \
+                in text
+        assert "elasticgpu_agent_card_healthy" in text
     finally:
         agent.stop()
 
