@@ -2,7 +2,8 @@
 
 `SimNvml(monkeypatch, gpus)` replaces the pynvml functions the NVML backend calls (it calls
 them all through the module, `pynvml.nvmlX(...)`) with answers from `gpus`: identity, memory,
-NUMA node, NVLinks by remote PCI bus id, MIG instances; faults are scripted too (`init_error`:
+NUMA node, NVLinks by remote PCI bus id, MIG instances, usage (compute processes with their
+memory, per-process and card utilisation); faults are scripted too (`init_error`:
 the library or driver missing; `Gpu.lost`: a card that stops answering; `wait_error`; XID
 events queued with `xid`). Used by the NVML backend's own tests and by the backend conformance
 suite (tests/unit/agent/test_backend_conformance.py).
@@ -31,6 +32,13 @@ class Gpu:
     mig: list[tuple[str, int, int, int]] = field(default_factory=list)  # uuid, slices, MB, start
     lost: bool = False
     numa: int = 0
+    #: Usage: (pid, used MiB or None) per compute process; memory used beyond them (leaked
+    #: contexts); card utilisation; per-process SM samples (pid, smUtil, timestamp), or None
+    #: where the card has no per-process sampling (NotSupported, as in MIG mode).
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+    leaked_mib: int = 0
+    util: int = 0
+    process_util: list[tuple[int, int, int]] | None = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +91,10 @@ class SimNvml:
             "nvmlEventSetFree": lambda s: None,
             "nvmlDeviceRegisterEvents": lambda h, kinds, s: self.registered.append(h.uuid),
             "nvmlEventSetWait_v2": self.wait,
+            "nvmlDeviceGetUtilizationRates":
+                lambda h: SimpleNamespace(gpu=self.alive(h).util, memory=0),
+            "nvmlDeviceGetComputeRunningProcesses": self.running,
+            "nvmlDeviceGetProcessUtilization": self.process_utilization,
         }
         for name, fn in functions.items():
             monkeypatch.setattr(pynvml, name, fn)
@@ -103,7 +115,26 @@ class SimNvml:
         raise err(pynvml.NVML_ERROR_NOT_FOUND)
 
     def memory(self, handle: Any) -> Any:
-        return SimpleNamespace(total=self.alive(handle).memory_mib * MIB)
+        gpu = self.alive(handle)
+        used = sum(mib or 0 for _, mib in gpu.processes) + gpu.leaked_mib
+        return SimpleNamespace(total=gpu.memory_mib * MIB, used=used * MIB,
+                               free=(gpu.memory_mib - used) * MIB)
+
+    def running(self, handle: Any) -> list[Any]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * MIB,
+                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                for pid, mib in self.alive(handle).processes]
+
+    def process_utilization(self, handle: Any, last_seen: int) -> list[Any]:
+        gpu = self.alive(handle)
+        if gpu.process_util is None:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        fresh = [SimpleNamespace(pid=pid, smUtil=sm, memUtil=0, encUtil=0, decUtil=0,
+                                 timeStamp=stamp)
+                 for pid, sm, stamp in gpu.process_util if stamp > last_seen]
+        if not fresh:
+            raise err(pynvml.NVML_ERROR_NOT_FOUND)
+        return fresh
 
     def nvlink_state(self, handle: Gpu, link: int) -> int:
         if link >= len(handle.nvlinks):

@@ -283,6 +283,47 @@ class FakeConfig(_Strict):
     inventory: FilePath
 
 
+# -- observed usage (issue 28): sampling, status.usage writes, drift --------------------------
+
+
+class DriftPolicy(enum.Enum):
+    #: A container above its memory share gets a Warning Event and the over-share metric.
+    REPORT = "report"
+    #: As report, and its pod is deleted (with an Event saying why).
+    EVICT = "evict"
+
+
+Drift = Annotated[DriftPolicy, Field(strict=False), BeforeValidator(_text_only)]
+
+
+class DriftConfig(_Strict):
+    policy: Drift = DriftPolicy.REPORT
+    #: Under `evict`, also delete pods no controller owns (nothing recreates them); off by
+    #: default: such a pod is only reported.
+    evictUnownedPods: bool = False
+    #: At most one Event per container and card per this many seconds.
+    eventSeconds: float = Field(default=300.0, ge=1, le=86400)
+
+
+class UsageConfig(_Strict):
+    """Observed usage (docs/agent.md "Observed usage")."""
+
+    enabled: bool = True
+    #: How often the cards are sampled (metrics and drift follow each sample).
+    sampleSeconds: float = Field(default=5.0, ge=0.5, le=3600)
+    #: At most one round of `status.usage` writes per node per this many seconds.
+    writeSeconds: float = Field(default=30.0, ge=1, le=3600)
+    #: A card whose out-of-band memory moved this much since its last write is written at once.
+    outOfBandThresholdMiB: int = Field(default=1024, ge=1, le=1 << 30)
+    #: A figure that moved less than its step since the last write is not written (noise).
+    memoryQuantumMiB: int = Field(default=256, ge=1, le=65536)
+    percentQuantum: int = Field(default=10, ge=1, le=100)
+    #: An unchanged card is written again after this long (0: never), so observedAt stays
+    #: a witness that the agent still samples it.
+    refreshSeconds: float = Field(default=300.0, ge=0, le=86400)
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+
+
 class AgentConfig(_Strict):
     backend: Backend = BackendKind.NVML
     fake: FakeConfig | None = None
@@ -299,6 +340,7 @@ class AgentConfig(_Strict):
     #: GPUDevice status write per card): at least 1 s, so the agent does not flood the API
     #: server, at most an hour, so the heartbeat stays meaningful.
     syncSeconds: float = Field(default=10.0, ge=1, le=3600)
+    usage: UsageConfig = Field(default_factory=UsageConfig)
 
     @field_validator("fake")
     @classmethod

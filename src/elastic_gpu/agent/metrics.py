@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from elastic_gpu.agent.accounting import ContainerShare, card_usage, container_shares
 from elastic_gpu.core.model import Card
+from elastic_gpu.core.usage import CardUsage, OverShare
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,58 @@ def card_families(node: str, cards: Sequence[Card],
                 per_container_memory)
 
 
+def usage_families(node: str, cards: Sequence[Card], usage: Mapping[int, CardUsage],
+                   over: Sequence[OverShare], writes: int = 0
+                   ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """What the newest sample observed (docs/agent.md "Observed usage"): per card and per
+    holder, memory used and SM utilisation (a ratio, 0..1), out-of-band memory per card, and
+    1 for each holder above its memory share. Cards not sampled (yet) have no series."""
+    card_memory = GaugeMetricFamily(PREFIX + "card_gpu_memory_used_bytes",
+                                    "Card memory in use by every process, observed, bytes",
+                                    labels=CARD_LABELS)
+    card_sm = GaugeMetricFamily(PREFIX + "card_gpu_sm_utilization_ratio",
+                                "Share of the card's SM time in use, observed (0..1)",
+                                labels=CARD_LABELS)
+    out_of_band = GaugeMetricFamily(PREFIX + "card_out_of_band_memory_bytes",
+                                    "Card memory no pod holding the card accounts for (other "
+                                    "processes, leaked contexts), observed, bytes",
+                                    labels=CARD_LABELS)
+    memory = GaugeMetricFamily(PREFIX + "container_gpu_memory_used_bytes",
+                               "Card memory a holder's processes use, observed, bytes",
+                               labels=CONTAINER_LABELS)
+    sm = GaugeMetricFamily(PREFIX + "container_gpu_sm_utilization_ratio",
+                           "Share of the card's SM time a holder's processes use, observed "
+                           "(0..1; absent where the backend cannot sample per process)",
+                           labels=CONTAINER_LABELS)
+    over_share = GaugeMetricFamily(PREFIX + "container_over_share",
+                                   "1 while a holder uses more card memory than its share",
+                                   labels=CONTAINER_LABELS)
+    by_index = {card.index: card for card in cards}
+    for index, use in sorted(usage.items()):
+        card = by_index.get(index)
+        if card is None:
+            continue
+        labels = [node, str(index), card.uuid, card.model]
+        card_memory.add_metric(labels, use.used_mib * MIB)
+        card_sm.add_metric(labels, use.sm_percent / 100)
+        out_of_band.add_metric(labels, use.out_of_band_mib * MIB)
+        for c in use.containers:
+            held = [c.namespace, c.pod, c.container, *labels]
+            memory.add_metric(held, c.memory_mib * MIB)
+            if c.sm_percent is not None:
+                sm.add_metric(held, c.sm_percent / 100)
+    for item in over:
+        card = by_index.get(item.card)
+        if card is not None:
+            over_share.add_metric([item.ref.namespace, item.ref.pod, item.ref.container, node,
+                                   str(item.card), card.uuid, card.model], 1)
+    written = CounterMetricFamily(PREFIX + "usage_writes",
+                                  "GPUDevice status.usage writes of this node's agent (the "
+                                  "write period's rate limit, docs/agent.md)", labels=["node"])
+    written.add_metric([node], writes)
+    yield from (card_memory, card_sm, out_of_band, memory, sm, over_share, written)
+
+
 def allocate_family(outcomes: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
     family = CounterMetricFamily(PREFIX + "allocations",
                                  "Allocate calls from kubelet, by resource and result (served; "
@@ -92,7 +145,10 @@ def allocate_family(outcomes: Mapping[tuple[str, str], int]) -> CounterMetricFam
 class _AgentCollector(Collector):
     def __init__(self, node: str, cards: Callable[[], Sequence[Card]],
                  pods: Callable[[], Sequence[Mapping[str, Any]]] | None,
-                 outcomes: Callable[[], Counter[tuple[str, str]]]) -> None:
+                 outcomes: Callable[[], Counter[tuple[str, str]]],
+                 usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare], int]]
+                 | None = None) -> None:
+        self._usage = usage
         self._node = node
         self._cards = cards
         self._pods = pods
@@ -105,15 +161,20 @@ class _AgentCollector(Collector):
                 pods = self._pods()
             except Exception as err:  # the API is down: cards and health still count
                 log.warning("metrics: cannot read this node's pods: %s", err)
-        yield from card_families(self._node, self._cards(), pods)
+        cards = self._cards()
+        yield from card_families(self._node, cards, pods)
+        if self._usage is not None:
+            yield from usage_families(self._node, cards, *self._usage())
         yield allocate_family(self._outcomes())
 
 
 def agent_registry(node: str, cards: Callable[[], Sequence[Card]],
                    pods: Callable[[], Sequence[Mapping[str, Any]]] | None,
-                   outcomes: Callable[[], Counter[tuple[str, str]]]) -> CollectorRegistry:
+                   outcomes: Callable[[], Counter[tuple[str, str]]],
+                   usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare],
+                                             int]] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(_AgentCollector(node, cards, pods, outcomes))
+    registry.register(_AgentCollector(node, cards, pods, outcomes, usage))
     return registry
 
 

@@ -26,6 +26,8 @@ from elastic_gpu.agent.publish import (
     snapshot,
 )
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.agent.usage.monitor import UsageMonitor, UsageSinks
+from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,16 @@ class Agent:
         self.manager = PluginManager(
             [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
              for plan in self.snapshot.plans], self.plugin_dir)
+        self.usage: UsageMonitor | None = None
+        self._usage_sinks: ApiSinks | None = None
+        if config.usage.enabled:
+            self._usage_sinks = ApiSinks(client, node_name) if client is not None else None
+            node_pods = self.pods
+            self.usage = UsageMonitor(
+                node_name, self.snapshot.cards, backend, config.usage,
+                (lambda: node_pods.on_node(node_name)) if node_pods is not None else list,
+                self._usage_sinks.sinks() if self._usage_sinks is not None
+                else UsageSinks(None, lambda *event: None, lambda pod: None))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server: Any = None
@@ -112,6 +124,11 @@ class Agent:
             self._spawn("health", self._health_loop)
         if self.client is not None:
             self._spawn("sync", self._sync_loop)
+        if self.usage is not None:
+            if self._usage_sinks is not None:
+                self._usage_sinks.start()
+            monitor = self.usage
+            self._spawn("usage", lambda: monitor.run(self._stop))
 
     def serve_metrics(self, host: str, port: int) -> int:
         """Serve `/metrics` (docs/metrics.md, `elasticgpu_agent_*`) on a thread; returns the
@@ -121,10 +138,18 @@ class Agent:
         from elastic_gpu.agent.metrics import agent_registry
 
         pods = self.pods
+        monitor = self.usage
+
+        def observed() -> tuple[Any, Any, int]:
+            if monitor is None:
+                return {}, [], 0
+            view = monitor.view()
+            return view.cards, view.over, monitor.writes
+
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,
             (lambda: pods.on_node(self.node_name)) if pods is not None else None,
-            lambda: self.allocator.outcomes.copy())
+            lambda: self.allocator.outcomes.copy(), observed if monitor is not None else None)
         if self.mps is not None:
             from elastic_gpu.agent.metrics import MpsDaemonCollector
 
@@ -145,6 +170,8 @@ class Agent:
             thread.join(self.config.healthCheck.pollSeconds + 5)
         if self.pod_cache is not None:
             self.pod_cache.stop()
+        if self._usage_sinks is not None:
+            self._usage_sinks.stop()
         self.manager.stop()
         if self.mps is not None:
             self.mps.stop()

@@ -12,7 +12,13 @@ deploy/crds/gpudevices.yaml is its YAML form (a unit test keeps the two identica
            resources: {<resource name>: <devices of it on this card>}}
     status: {health: Healthy|Unhealthy, reason, allocatedMilli, allocatedMemoryMiB,
              allocatedPercent, pods: ["<namespace>/<pod> (<container>)", ...], podCount,
-             lastHeartbeat}
+             lastHeartbeat,
+             usage: {usedMemoryMiB, outOfBandMemoryMiB, smUtilizationPercent, observedAt,
+                     containers: [{namespace, pod, container, usedMemoryMiB,
+                                   smUtilizationPercent}]}}
+
+`status.usage` is what the node's agent observed on the card (core `CardUsage`); absent when
+nothing was observed.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from elastic_gpu.api.crd import column
+from elastic_gpu.api.crd import column, to_yaml, write_main
 from elastic_gpu.api.group import GROUP as GROUP
 from elastic_gpu.api.group import INVENTORY_VERSION
 from elastic_gpu.core import nodestatus
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, Node
 from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
+from elastic_gpu.core.usage import MAX_PERCENT, CardUsage, ContainerUsage
 
 VERSION = INVENTORY_VERSION
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -97,12 +104,80 @@ def allocation_status(compute_milli: int, allocated_milli: int, allocated_memory
 def card_status(card: Card, reason: str = "", allocated_milli: int = 0,
                 allocated_memory_mib: int = 0, heartbeat: str | None = None,
                 holders: Sequence[str] = ()) -> dict[str, Any]:
-    return {
+    status = {
         "health": card.health.value,
         "reason": reason,
         **allocation_status(card.compute_milli, allocated_milli, allocated_memory_mib, holders),
         "lastHeartbeat": heartbeat or now_rfc3339(),
     }
+    if card.usage is not None:
+        status["usage"] = usage_status(card.usage)
+    return status
+
+
+#: At most this many holders are listed in `status.usage.containers`: the object stays small
+#: on a card shared by a hundred pods (the largest users first; metrics have them all).
+MAX_LISTED_CONTAINERS = 16
+
+
+def usage_status(usage: CardUsage) -> dict[str, Any]:
+    """`status.usage` for an observed card (the largest users first, at most
+    MAX_LISTED_CONTAINERS of them)."""
+    listed = sorted(usage.containers, key=lambda c: (-c.memory_mib, c.namespace, c.pod,
+                                                      c.container))[:MAX_LISTED_CONTAINERS]
+    out: dict[str, Any] = {
+        "usedMemoryMiB": usage.used_mib,
+        "outOfBandMemoryMiB": usage.out_of_band_mib,
+        "smUtilizationPercent": usage.sm_percent,
+        "containers": [_container_status(c) for c in listed],
+    }
+    if usage.observed_at:
+        out["observedAt"] = usage.observed_at
+    return out
+
+
+def _container_status(use: ContainerUsage) -> dict[str, Any]:
+    out: dict[str, Any] = {"namespace": use.namespace, "pod": use.pod,
+                           "container": use.container, "usedMemoryMiB": use.memory_mib}
+    if use.sm_percent is not None:
+        out["smUtilizationPercent"] = use.sm_percent
+    return out
+
+
+def usage_from_status(raw: Any, where: str) -> CardUsage | None:
+    """`status.usage` as core `CardUsage`; absent is None. Malformed raises GPUDeviceError."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise GPUDeviceError(f"{where}={raw!r} is not an object")
+    containers = []
+    for i, item in enumerate(raw.get("containers") or []):
+        at = f"{where}.containers[{i}]"
+        if not isinstance(item, Mapping):
+            raise GPUDeviceError(f"{at}={item!r} is not an object")
+        sm = item.get("smUtilizationPercent")
+        try:
+            containers.append(ContainerUsage(
+                namespace=_field(item, at, "namespace", str), pod=_field(item, at, "pod", str),
+                container=_field(item, at, "container", str),
+                memory_mib=_field(item, at, "usedMemoryMiB", int),
+                sm_percent=None if sm is None else _field(item, at, "smUtilizationPercent",
+                                                          int)))
+        except ValueError as err:
+            if isinstance(err, GPUDeviceError):
+                raise
+            raise GPUDeviceError(f"{at}: {err}") from None
+    observed = raw.get("observedAt", "")
+    try:
+        return CardUsage(used_mib=_field(raw, where, "usedMemoryMiB", int),
+                         out_of_band_mib=_field(raw, where, "outOfBandMemoryMiB", int),
+                         sm_percent=_field(raw, where, "smUtilizationPercent", int),
+                         observed_at=observed if isinstance(observed, str) else "",
+                         containers=tuple(containers))
+    except ValueError as err:
+        if isinstance(err, GPUDeviceError):
+            raise
+        raise GPUDeviceError(f"{where}: {err}") from None
 
 
 def card_to_object(node: str, card: Card, reason: str = "") -> dict[str, Any]:
@@ -166,6 +241,7 @@ def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
             numa_node=numa if isinstance(numa, int) else None,
             board=board if isinstance(board, str) else None,
             offers=offers,
+            usage=usage_from_status(status.get("usage"), f"GPUDevice {name}: status.usage"),
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, GPUDeviceError):
@@ -242,6 +318,28 @@ def crd_manifest() -> dict[str, Any]:
                 "additionalProperties": {"type": "integer", "minimum": 0}},
         },
     }
+    mib = {"type": "integer", "minimum": 0}
+    percent = {"type": "integer", "minimum": 0, "maximum": MAX_PERCENT}
+    usage_schema = {
+        "type": "object",
+        "description": "What the node's agent last observed on the card.",
+        "required": ["usedMemoryMiB", "outOfBandMemoryMiB", "smUtilizationPercent"],
+        "properties": {
+            "usedMemoryMiB": {**mib, "description": "Memory in use by every process, MiB"},
+            "outOfBandMemoryMiB": {**mib, "description": "Memory in use that no holder of "
+                                   "the card accounts for (other processes, leaked contexts)"},
+            "smUtilizationPercent": {**percent, "description": "SM utilisation, percent"},
+            "observedAt": {"type": "string", "format": "date-time"},
+            "containers": {
+                "type": "array", "maxItems": MAX_LISTED_CONTAINERS,
+                "description": "Holders' observed use, the largest first",
+                "items": {"type": "object",
+                          "required": ["namespace", "pod", "container", "usedMemoryMiB"],
+                          "properties": {"namespace": str_, "pod": str_, "container": str_,
+                                         "usedMemoryMiB": mib,
+                                         "smUtilizationPercent": percent}}},
+        },
+    }
     status_schema = {
         "type": "object",
         "properties": {
@@ -253,6 +351,7 @@ def crd_manifest() -> dict[str, Any]:
                                     "(<container>); the first few, then '+N more'"},
             "podCount": int_,
             "lastHeartbeat": {"type": "string", "format": "date-time"},
+            "usage": usage_schema,
         },
     }
     return {
@@ -285,8 +384,33 @@ def crd_manifest() -> dict[str, Any]:
                             "Memory assigned to pods, MiB"),
                     column("Pods", "string", ".status.pods",
                             "Containers holding the card: <namespace>/<pod> (<container>)"),
+                    column("Observed", "integer", ".status.usage.usedMemoryMiB",
+                            "Memory the agent observed in use, MiB"),
+                    column("OutOfBand", "integer", ".status.usage.outOfBandMemoryMiB",
+                            "Observed memory no holder accounts for, MiB"),
+                    column("Util%", "integer", ".status.usage.smUtilizationPercent",
+                            "Observed SM utilisation, percent"),
                     column("Age", "date", ".metadata.creationTimestamp", "Age"),
                 ],
             }],
         },
     }
+
+
+CRD_FILE = "gpudevices.yaml"
+
+
+def crd_yaml() -> str:
+    """deploy/crds/gpudevices.yaml: the manifest under a header saying where it comes from."""
+    return ("# GPUDevice: one object per GPU card, published by the Elastic GPU node agent.\n"
+            "# Generated by `python -m elastic_gpu.api.gpudevice --write deploy/crds` from\n"
+            "# elastic_gpu.api.gpudevice.crd_manifest() (a unit test keeps them equal).\n"
+            + to_yaml(crd_manifest()))
+
+
+def _main(argv: list[str] | None = None) -> int:
+    return write_main("Write the GPUDevice CRD as YAML.", {CRD_FILE: crd_yaml}, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -36,6 +36,11 @@ GPU_MODEL_DENY = f"{PREFIX}/gpu-model-deny"  # "T4": never these models
 #: Elastic GPU (original) claim binding on a pod: egpuc.elasticgpu.io/<container>: <claim>.
 CLAIM_PREFIX = "egpuc.elasticgpu.io/"
 
+#: Test-only: the fake backend's usage model (docs/agent.md "Observed usage"). On a pod, per
+#: container `{"<container>": {"memoryMiB": N, "smPercent": M}}`; on a kwok Node, per card
+#: index `{"<index>": {"outOfBandMiB": N, "smPercent": M}}`. Real backends ignore it.
+FAKE_USAGE = "fake.elasticgpu.io/usage"
+
 #: Node label the agent sets where it runs, and the label with the card model.
 AGENT_LABEL = f"{PREFIX}/agent"
 GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"

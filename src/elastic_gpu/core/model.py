@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, MigProfile, lookup
+from elastic_gpu.core.usage import CardUsage
 
 
 class LinkKind(enum.Enum):
@@ -83,6 +84,9 @@ class Card:
     #: that resource on this card (e.g. {"iluvatar.com/gpu": 4, "elasticgpu.io/gpu-core": 100}).
     #: None: unknown, the card serves any name (the simulator's trace cards, older agents).
     offers: Mapping[str, int] | None = field(default=None, hash=False)
+    #: What the node's agent last observed on the card (memory in use, out-of-band memory,
+    #: utilisation); None: nothing observed (the simulator, an agent that does not sample).
+    usage: CardUsage | None = None
 
     def __post_init__(self) -> None:
         if self.offers is not None:

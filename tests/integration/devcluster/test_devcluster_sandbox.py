@@ -113,6 +113,13 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
             time.sleep(0.3)
         assert card["status"]["allocatedMilli"] == 300
         assert card["status"]["allocatedMemoryMiB"] == 4096
+        # The same process samples the kwok nodes' fake usage model (agent.usage.fake_sync):
+        # every card has its observed usage (the first sample writes every card at once).
+        deadline = time.monotonic() + 30
+        while "usage" not in card.get("status", {}) and time.monotonic() < deadline:
+            time.sleep(0.3)
+            card = json.loads(kubectl(kc, "get", "gpudevice", "gpu-node-001-gpu2", "-o", "json"))
+        assert card["status"]["usage"]["outOfBandMemoryMiB"] == 0
 
         # The controller manager runs: a Deployment makes its pods, and deleting it deletes
         # them (garbage collector).

@@ -8,14 +8,17 @@ import pytest
 import yaml
 
 from elastic_gpu.api.gpudevice import (
+    MAX_LISTED_CONTAINERS,
     GPUDeviceError,
     card_from_object,
     card_to_object,
     crd_manifest,
     nodes_from_objects,
+    usage_status,
 )
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.core.usage import CardUsage, ContainerUsage
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -66,3 +69,44 @@ def test_crd_file_matches_the_code() -> None:
     written = card_to_object("n", Card(0, "u", "m", 1))["status"]
     assert set(written) <= set(status["properties"])
     assert on_disk["spec"]["scope"] == "Cluster" and on_disk["spec"]["names"]["shortNames"] == ["gpud"]
+
+
+def test_observed_usage_round_trips_through_the_status() -> None:
+    usage = CardUsage(used_mib=30720, out_of_band_mib=10240, sm_percent=87,
+                      observed_at="2026-11-28T20:00:00Z",
+                      containers=(ContainerUsage("ns", "p", "c", 20480, 40),
+                                  ContainerUsage("ns", "q", "c", 0)))
+    card = Card(0, "GPU-0", "A100", 81920, usage=usage)
+    obj = card_to_object("node-a", card)
+    assert obj["status"]["usage"]["outOfBandMemoryMiB"] == 10240
+    assert "smUtilizationPercent" not in obj["status"]["usage"]["containers"][1]
+    assert card_from_object(obj) == ("node-a", card)
+    assert card_from_object(card_to_object("node-a", Card(0, "GPU-0", "A100", 81920)))[1].usage \
+        is None
+
+
+def test_usage_lists_the_largest_holders_first_and_at_most_a_few() -> None:
+    many = tuple(ContainerUsage("ns", f"p{i}", "c", i) for i in range(MAX_LISTED_CONTAINERS + 5))
+    status = usage_status(CardUsage(used_mib=1000, out_of_band_mib=0, sm_percent=0,
+                                    containers=many))
+    listed = [c["pod"] for c in status["containers"]]
+    assert len(listed) == MAX_LISTED_CONTAINERS
+    assert listed[0] == f"p{MAX_LISTED_CONTAINERS + 4}"
+
+
+@pytest.mark.parametrize(("usage", "words"), [
+    ({"usedMemoryMiB": 10, "outOfBandMemoryMiB": 20, "smUtilizationPercent": 0},
+     "exceeds the used memory"),
+    ({"usedMemoryMiB": 10, "outOfBandMemoryMiB": 0, "smUtilizationPercent": 101}, "0..100"),
+    ({"usedMemoryMiB": "10", "outOfBandMemoryMiB": 0, "smUtilizationPercent": 1},
+     "usedMemoryMiB"),
+    ({"usedMemoryMiB": 10, "outOfBandMemoryMiB": 0, "smUtilizationPercent": 1,
+      "containers": [{"namespace": "n", "pod": "p", "container": "c", "usedMemoryMiB": -1}]},
+     "containers[0]"),
+])
+def test_malformed_usage_names_the_field(usage: dict[str, object], words: str) -> None:
+    obj = card_to_object("node-a", Card(0, "GPU-0", "A100", 81920))
+    obj["status"]["usage"] = usage
+    with pytest.raises(GPUDeviceError, match=r"status\.usage") as err:
+        card_from_object(obj)
+    assert words in str(err.value)

@@ -14,6 +14,8 @@ fails until it does.
 from __future__ import annotations
 
 import enum
+import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +27,8 @@ import pytest
 import yaml
 
 from egpu_testing.scripted_nvml import Gpu, SimNvml
-from elastic_gpu.agent.backends.base import Backend, BackendError, HealthEvent
+from elastic_gpu.agent.backends.base import Backend, BackendError, HealthEvent, Holder
+from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION
 from elastic_gpu.agent.backends.isolation import ShareLimit
 from elastic_gpu.agent.backends.registry import BACKENDS, make_backend
 from elastic_gpu.agent.config import (
@@ -39,6 +42,7 @@ from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.grant import DeviceFiles, Grant, GrantError, build_grant
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.model import Health
+from elastic_gpu.core.usage import ContainerRef
 
 
 @dataclass(frozen=True)
@@ -318,6 +322,110 @@ def test_mps_mode_gives_the_isolation_settings(rig: Rig) -> None:
     two = isolation.settings([ShareLimit(500, 2048, 1), ShareLimit(200, 8192, 2)])
     assert two.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
     assert two.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M,1=4096M,2=4096M"
+
+
+# -- sampling (observed usage, issue 28) ----------------------------------------------------------
+#
+# Each backend gets a sampling rig over the same card table: a way to script a process using a
+# card (memory, SM share) and memory used by nothing the backend lists (a leaked context). The
+# scripted process comes back as `Holder`s to pass to `sample` (the fake's usage model reads
+# them; NVML ignores them: the driver lists its processes itself).
+
+
+@dataclass
+class SamplingRig:
+    build: Callable[[], Backend]
+    #: card index, MiB, SM percent -> the holders to tell `sample`
+    use: Callable[[int, int, int], tuple[Holder, ...]]
+    leak: Callable[[int, int], None]
+
+
+def nvml_sampling(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SamplingRig:
+    gpus = [Gpu(row.uuid, row.model, row.memory_mib, f"00000000:{0x3B + i:02X}:00.0", 10 + i,
+                numa=row.numa) for i, row in enumerate(TABLE)]
+    SimNvml(monkeypatch, gpus)
+    config = parse_config({"backend": "nvml"})
+
+    def use(index: int, mib: int, sm: int) -> tuple[Holder, ...]:
+        pid = 4000 + index
+        gpus[index].processes.append((pid, mib))
+        gpus[index].util = sm
+        assert gpus[index].process_util is not None
+        gpus[index].process_util.append((pid, sm, 1_000 + index))
+        return ()
+
+    def leak(index: int, mib: int) -> None:
+        gpus[index].leaked_mib = mib
+
+    return SamplingRig(lambda: make_backend(config, "n1"), use, leak)
+
+
+def fake_sampling(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SamplingRig:
+    inventory = tmp_path / "inventory.yaml"
+    cards: list[dict[str, Any]] = [{"uuid": row.uuid, "model": row.model,
+                                    "memoryMiB": row.memory_mib} for row in TABLE]
+    inventory.write_text(yaml.safe_dump({"cards": cards}))
+    config = parse_config({"backend": "fake", "fake": {"inventory": str(inventory)}})
+
+    def use(index: int, mib: int, sm: int) -> tuple[Holder, ...]:
+        annotation = json.dumps({"main": {"memoryMiB": mib, "smPercent": sm}})
+        return (Holder(TABLE[index].uuid, ContainerRef("ns", f"p{index}", "main"),
+                       {USAGE_ANNOTATION: annotation}),)
+
+    def leak(index: int, mib: int) -> None:
+        cards[index]["usage"] = {"outOfBandMiB": mib}
+        inventory.write_text(yaml.safe_dump({"cards": cards}))
+        os.utime(inventory, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+
+    return SamplingRig(lambda: make_backend(config, "n1"), use, leak)
+
+
+SAMPLING_RIGS: dict[BackendKind, Callable[[pytest.MonkeyPatch, Path], SamplingRig]] = {
+    BackendKind.NVML: nvml_sampling,
+    BackendKind.FAKE: fake_sampling,
+}
+
+
+def test_every_backend_has_a_sampling_rig() -> None:
+    assert set(SAMPLING_RIGS) == set(BACKENDS)
+
+
+@pytest.fixture(params=list(BACKENDS), ids=lambda kind: kind.value)
+def sampling(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+             tmp_path: Path) -> SamplingRig:
+    return SAMPLING_RIGS[request.param](monkeypatch, tmp_path)
+
+
+def test_idle_cards_are_sampled_idle(sampling: SamplingRig) -> None:
+    backend = sampling.build()
+    backend.discover()
+    samples = backend.sample(())
+    assert [(s.uuid, s.used_mib, s.sm_percent, s.processes) for s in samples] == [
+        (row.uuid, 0, 0, ()) for row in TABLE]
+
+
+def test_a_process_is_reported_on_its_card_with_memory_and_sm(sampling: SamplingRig) -> None:
+    backend = sampling.build()
+    backend.discover()
+    holders = sampling.use(2, 3000, 40)
+    by_uuid = {s.uuid: s for s in backend.sample(holders)}
+    t4 = by_uuid[TABLE[2].uuid]
+    assert [(p.memory_mib, p.sm_percent) for p in t4.processes] == [(3000, 40)]
+    # A process is either a real pid the agent maps by cgroup, or names its owner.
+    assert all(p.pid > 0 or p.owner is not None for p in t4.processes)
+    assert t4.used_mib == 3000 and t4.sm_percent == 40
+    assert by_uuid[TABLE[0].uuid].processes == () and by_uuid[TABLE[0].uuid].used_mib == 0
+
+
+def test_memory_no_process_accounts_for_is_used_beyond_the_processes(
+        sampling: SamplingRig) -> None:
+    backend = sampling.build()
+    backend.discover()
+    holders = sampling.use(0, 1000, 10)
+    sampling.leak(0, 2048)
+    card = backend.sample(holders)[0]
+    assert card.used_mib == 1000 + 2048
+    assert sum(p.memory_mib for p in card.processes) == 1000
 
 
 # -- isolation providers: what a container gets, per provider, for every backend ---------------

@@ -9,12 +9,14 @@ every backend, so the fake backend exercises the same code as NVML.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from elastic_gpu.agent.backends.isolation import Isolation
 from elastic_gpu.agent.config import SharingConfig
 from elastic_gpu.core.model import Card, Health
+from elastic_gpu.core.usage import ContainerRef
 
 
 class BackendError(RuntimeError):
@@ -28,6 +30,42 @@ class HealthEvent:
     uuid: str
     health: Health
     reason: str
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """A process with a context on a card: its memory there and, where the backend samples it,
+    its share of the card's SM time (percent). `owner` is set only by a backend that knows the
+    holder without the host's processes (the fake usage model on a node with no real
+    containers); otherwise the agent maps `pid` through its cgroup."""
+
+    pid: int
+    memory_mib: int
+    sm_percent: int | None = None
+    owner: ContainerRef | None = None
+
+
+@dataclass(frozen=True)
+class CardSample:
+    """One physical card (by UUID) sampled: memory in use, SM utilisation, its processes."""
+
+    uuid: str
+    used_mib: int
+    sm_percent: int
+    processes: tuple[ProcessSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A container the node's ledger says holds a card, as the agent tells `Backend.sample`.
+    Real backends ignore holders (they sample the hardware); the fake backend's usage model
+    reads the pod's annotations and the container's runtime IDs from here."""
+
+    card_uuid: str
+    ref: ContainerRef
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    #: The container's runtime IDs (containerStatuses[].containerID without the scheme).
+    container_ids: tuple[str, ...] = ()
 
 
 class Backend(Protocol):
@@ -60,6 +98,11 @@ class Backend(Protocol):
     def isolation(self, sharing: SharingConfig) -> Isolation | None:
         """What enforces shares on this backend's cards in `sharing.mode`; None when nothing
         does (shares are only accounted)."""
+        ...
+
+    def sample(self, holders: Sequence[Holder] = ()) -> tuple[CardSample, ...]:
+        """Every physical card's current use; a card that cannot be sampled is left out
+        (never a guess). Raises BackendError when nothing can be sampled."""
         ...
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ Schema (docs/agent.md has the reference):
         links: [{peer: 1, kind: nvlink, count: 12}]
         mig: [{profile: 3g.40gb, uuid: MIG-..., start: 0}]
         devices: [/dev/nvidia0] # host device files; default none (fake nodes run nothing)
+        usage: {outOfBandMiB: 2048, smPercent: 10}  # the usage model (below); default none
     boards:                     # multi-chip boards, chips numbered after the cards
       - id: board0
         model: BI-V150
@@ -24,10 +25,21 @@ Schema (docs/agent.md has the reference):
     health:                     # injected health: cards not listed are healthy
       - {index: 1, health: Unhealthy, reason: "XID 79"}
     visibleDevicesEnv: NVIDIA_VISIBLE_DEVICES
+
+The usage model (`sample`, test-only; docs/agent.md "Observed usage"): a card's `usage:` sets
+memory held by no pod (out-of-band, reported as memory beyond the processes' sum, like a leaked
+context) and utilisation of its own; each container holding the card adds what its pod's
+annotation `fake.elasticgpu.io/usage: '{"<container>": {"memoryMiB": N, "smPercent": M}}'`
+says. Only this backend reads that annotation; real backends sample the hardware and ignore
+it. On a node where the container really runs (the real kubelet node), its real processes
+(found by their cgroup) are reported as the card's processes, so the agent maps them as it
+maps NVML's; on a kwok node, where nothing runs, one process with pid 0 and the owner named.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -37,12 +49,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from elastic_gpu.agent.backends.base import BackendError, HealthEvent
+from elastic_gpu.agent.backends.base import (
+    BackendError,
+    CardSample,
+    HealthEvent,
+    Holder,
+    ProcessSample,
+)
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import SharingConfig
+from elastic_gpu.agent.usage.cgroup import container_pids
 from elastic_gpu.api.config.loader import ConfigError, read_file
+from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.core.usage import MAX_PERCENT
+
+log = logging.getLogger(__name__)
+
+#: The fake backend's usage model per container (test-only; real backends ignore it).
+USAGE_ANNOTATION = ann.FAKE_USAGE
 
 
 class _Strict(BaseModel):
@@ -69,6 +95,11 @@ class FakeMig(_Strict):
         return self
 
 
+class FakeUsage(_Strict):
+    outOfBandMiB: int = Field(default=0, ge=0)
+    smPercent: int = Field(default=0, ge=0, le=MAX_PERCENT)
+
+
 class FakeCard(_Strict):
     model: str
     memoryMiB: int = Field(gt=0)
@@ -77,6 +108,7 @@ class FakeCard(_Strict):
     links: list[FakeLink] = Field(default_factory=list)
     mig: list[FakeMig] = Field(default_factory=list)
     devices: list[str] = Field(default_factory=list)
+    usage: FakeUsage | None = None
 
 
 class FakeBoard(_Strict):
@@ -158,8 +190,10 @@ def build_cards(inventory: FakeInventory, node: str) -> tuple[tuple[Card, ...], 
 class FakeBackend:
     """A backend whose devices and health come from a `FakeInventory`."""
 
-    def __init__(self, inventory: FakeInventory, node: str = "node", path: Path | None = None) -> None:
+    def __init__(self, inventory: FakeInventory, node: str = "node", path: Path | None = None,
+                 proc: Path = Path("/proc")) -> None:
         self._node = node
+        self._proc = proc
         self._path = path
         self._mtime = path.stat().st_mtime_ns if path is not None else 0
         self._inventory = inventory
@@ -168,6 +202,7 @@ class FakeBackend:
         self._lock = threading.Condition()
         self._health: dict[str, tuple[Health, str]] = {}
         self._pending: list[HealthEvent] = []
+        self._usage: dict[str, FakeUsage] = {}
         self._apply_file_health(inventory)
 
     @classmethod
@@ -185,7 +220,8 @@ class FakeBackend:
         return cls(parse_inventory(data, "fake inventory"), node)
 
     @classmethod
-    def from_cards(cls, cards: Sequence[Card], node: str = "node") -> FakeBackend:
+    def from_cards(cls, cards: Sequence[Card], node: str = "node",
+                   proc: Path = Path("/proc")) -> FakeBackend:
         """A fake backend with exactly these cards (the sandbox's generated inventories).
         Indexes must be 0..n-1 in order, as a driver numbers them. Chips of multi-chip boards
         (`board` set) become the inventory's `boards:`, so they must be laid out as that
@@ -231,7 +267,7 @@ class FakeBackend:
                 raise BackendError(
                     f"node {node}: fake card {want.index} (board {want.board}) is not a chip the "
                     f"fake inventory's boards: section can describe; expected {got}")
-        return cls(inventory, node)
+        return cls(inventory, node, proc=proc)
 
     @property
     def name(self) -> str:
@@ -254,6 +290,10 @@ class FakeBackend:
     def _apply_file_health(self, inventory: FakeInventory) -> None:
         wanted = {self._resolve(e): (e.health, e.reason) for e in inventory.health}
         with self._lock:
+            # The usage model is re-read with health (cards themselves are discovered once).
+            self._usage = {card.uuid: fc.usage for card, fc in zip(self._cards, inventory.cards,
+                                                                   strict=False)
+                           if fc.usage is not None}
             for uuid in self._by_uuid:
                 old = self._health.get(uuid, (Health.HEALTHY, ""))
                 new = wanted.get(uuid, (Health.HEALTHY, "healthy again" if old[0] is
@@ -272,6 +312,17 @@ class FakeBackend:
                 self._pending.append(HealthEvent(uuid, health, reason))
             self._health[uuid] = (health, reason)
             self._lock.notify_all()
+
+    def set_usage(self, uuid: str, usage: FakeUsage | None) -> None:
+        """Set a card's own usage (the inventory's `usage:`), e.g. from a sandbox Node's
+        annotation; None clears it."""
+        if uuid not in self._by_uuid:
+            raise BackendError(f"fake backend: no card with uuid {uuid}")
+        with self._lock:
+            if usage is None:
+                self._usage.pop(uuid, None)
+            else:
+                self._usage[uuid] = usage
 
     def _reload_if_changed(self) -> None:
         if self._path is None:
@@ -317,5 +368,56 @@ class FakeBackend:
     def isolation(self, sharing: SharingConfig) -> Isolation | None:
         return cuda_mps_isolation(sharing)
 
+    def sample(self, holders: Sequence[Holder] = ()) -> tuple[CardSample, ...]:
+        self._reload_if_changed()
+        with self._lock:
+            own = dict(self._usage)
+        pids = container_pids(self._proc) if any(h.container_ids for h in holders) else {}
+        processes: dict[str, list[ProcessSample]] = {}
+        for holder in holders:
+            use = container_usage(holder.annotations, holder.ref.container)
+            if use is None or holder.card_uuid not in self._by_uuid:
+                continue
+            memory, sm = use
+            real = sorted(p for cid in holder.container_ids for p in pids.get(cid, []))
+            found = processes.setdefault(holder.card_uuid, [])
+            if real:  # the first process holds the memory; the others are listed with none
+                found.append(ProcessSample(real[0], memory, sm))
+                found.extend(ProcessSample(pid, 0, None) for pid in real[1:])
+            else:
+                found.append(ProcessSample(0, memory, sm, owner=holder.ref))
+        out = []
+        for card in self._cards:
+            procs = tuple(processes.get(card.uuid, ()))
+            extra = own.get(card.uuid) or FakeUsage()
+            used = min(card.memory_mib, sum(p.memory_mib for p in procs) + extra.outOfBandMiB)
+            sm_total = min(MAX_PERCENT, extra.smPercent + sum(p.sm_percent or 0 for p in procs))
+            out.append(CardSample(card.uuid, used, sm_total, procs))
+        return tuple(out)
+
     def close(self) -> None:
+        return None
+
+
+def container_usage(annotations: dict[str, str] | Any, container: str
+                    ) -> tuple[int, int] | None:
+    """(memory MiB, SM percent) the usage annotation gives `container`; None when it gives
+    none. A malformed annotation is ignored with a warning (it is test input, never a reason
+    for the agent to stop sampling)."""
+    raw = annotations.get(USAGE_ANNOTATION) if hasattr(annotations, "get") else None
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw) if isinstance(raw, str) and len(raw) <= 65536 else None
+        entry = data.get(container) if isinstance(data, dict) else None
+        if entry is None:
+            return None
+        memory, sm = entry.get("memoryMiB", 0), entry.get("smPercent", 0)
+        if (not isinstance(memory, int) or isinstance(memory, bool) or not 0 <= memory < 1 << 40
+                or not isinstance(sm, int) or isinstance(sm, bool)
+                or not 0 <= sm <= MAX_PERCENT):
+            raise ValueError(f"memoryMiB {memory!r} / smPercent {sm!r} out of range")
+        return memory, sm
+    except (ValueError, AttributeError) as err:
+        log.warning("%s: ignored for container %s: %s", USAGE_ANNOTATION, container, err)
         return None

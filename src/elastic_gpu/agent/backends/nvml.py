@@ -23,11 +23,18 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pynvml
 
-from elastic_gpu.agent.backends.base import BackendError, HealthEvent
+from elastic_gpu.agent.backends.base import (
+    BackendError,
+    CardSample,
+    HealthEvent,
+    Holder,
+    ProcessSample,
+)
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import HealthConfig, SharingConfig
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
@@ -89,6 +96,8 @@ class NvmlBackend:
         self._event_set: Any = None
         self._unhealthy_since: dict[str, float] = {}
         self._pending: list[HealthEvent] = []
+        #: Per card, the newest process-utilisation sample seen (NVML returns those after it).
+        self._last_seen: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -275,6 +284,54 @@ class NvmlBackend:
                 self._unhealthy_since[uuid] = now  # still sick: look again `after` from now
                 continue
             self._mark(uuid, Health.HEALTHY, f"driver answers again {after:.0f}s after the error")
+
+    # -- usage -------------------------------------------------------------------------------
+
+    def sample(self, holders: Sequence[Holder] = ()) -> tuple[CardSample, ...]:
+        """Per card: memory used (nvmlDeviceGetMemoryInfo), SM utilisation
+        (nvmlDeviceGetUtilizationRates), the compute processes with their memory
+        (nvmlDeviceGetComputeRunningProcesses; on a MIG card the parent lists every
+        instance's) and each one's SM share since the last sample
+        (nvmlDeviceGetProcessUtilization, where the card has it: not in MIG mode). `holders`
+        are ignored: the hardware says who uses it."""
+        if not self._handles:
+            self.discover()
+        out = []
+        for uuid, handle in self._handles.items():
+            try:
+                used = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) // MIB
+                util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError as err:
+                log.warning("GPU %s not sampled: %s", uuid, explain(err))
+                continue
+            sm = self._process_sm(uuid, handle)
+            memory: dict[int, int] = {}
+            for proc in running:
+                # usedGpuMemory is None where the driver cannot say (Windows WDDM, some MIG).
+                taken = getattr(proc, "usedGpuMemory", None)
+                pid = int(proc.pid)
+                memory[pid] = memory.get(pid, 0) + (int(taken) // MIB if taken else 0)
+            out.append(CardSample(uuid, used, max(0, min(100, util)),
+                                  tuple(ProcessSample(pid, mib, sm.get(pid))
+                                        for pid, mib in sorted(memory.items()))))
+        if self._handles and not out:
+            raise BackendError("no GPU of this node could be sampled")
+        return tuple(out)
+
+    def _process_sm(self, uuid: str, handle: Any) -> dict[int, int]:
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, self._last_seen.get(uuid, 0))
+        except (pynvml.NVMLError, AttributeError):
+            return {}  # NotFound: no sample since the last; NotSupported: MIG, old cards
+        newest: dict[int, tuple[int, int]] = {}
+        for item in samples:
+            stamp, pid = int(item.timeStamp), int(item.pid)
+            if pid not in newest or stamp > newest[pid][0]:
+                newest[pid] = (stamp, max(0, min(100, int(item.smUtil))))
+        if newest:
+            self._last_seen[uuid] = max(stamp for stamp, _ in newest.values())
+        return {pid: sm for pid, (_, sm) in newest.items()}
 
     # -- devices ---------------------------------------------------------------------------
 

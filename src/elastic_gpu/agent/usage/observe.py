@@ -1,0 +1,119 @@
+"""From a backend's sample to each logical card's `CardUsage`: who holds what (the ledger),
+which container each process is (cgroup + the node's pods), and the out-of-band rest.
+
+The ledger is the node's pods' assignments (`accounting.container_shares`, what the allocation
+columns count). A process is mapped by its cgroup to (pod UID, container runtime ID) and those
+to names through the pods' `containerStatuses` (the agent's pod cache; the kubelet's
+PodResources API names only pods and containers that hold device-plugin devices, which shares
+advertised in Node status do not, so the pods are the one source that names every holder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from elastic_gpu.agent.accounting import container_shares
+from elastic_gpu.agent.backends.base import CardSample, Holder
+from elastic_gpu.agent.devices import LogicalCard
+from elastic_gpu.agent.usage.cgroup import container_id, read_cgroup
+from elastic_gpu.core.usage import CardUsage, ContainerRef, ProcessUse, observe_card
+
+#: {logical card index: {holder: its memory share on that card, MiB}}
+Ledger = dict[int, dict[ContainerRef, int]]
+
+
+def ledger(pods: Iterable[Mapping[str, Any]], node: str, cards: Sequence[LogicalCard]
+           ) -> Ledger:
+    """Who holds each card and how much of its memory, from the pods' assignments."""
+    out: Ledger = {lc.index: {} for lc in cards}
+    by_index = {lc.index: lc.card for lc in cards}
+    for share in container_shares(list(pods), node, by_index):
+        ref = ContainerRef(share.namespace, share.pod, share.container)
+        held = out.setdefault(share.index, {})
+        held[ref] = held.get(ref, 0) + share.memory_mib
+    return out
+
+
+def _statuses(pod: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for item in status.get(key) or []:
+            if isinstance(item, Mapping):
+                yield item
+
+
+def owner_index(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], ContainerRef]:
+    """{(pod UID, container runtime ID): the container}, from the pods' statuses."""
+    out: dict[tuple[str, str], ContainerRef] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        for item in _statuses(pod):
+            cid = container_id(str(item.get("containerID") or ""))
+            if uid and cid:
+                out[(uid, cid)] = ContainerRef(str(meta.get("namespace")), str(meta.get("name")),
+                                               str(item.get("name")))
+    return out
+
+
+def container_ids(pods: Iterable[Mapping[str, Any]]) -> dict[ContainerRef, tuple[str, ...]]:
+    """Each container's runtime IDs (a restarted container has had several; the live one is
+    in the status)."""
+    out: dict[ContainerRef, tuple[str, ...]] = {}
+    for (_, cid), ref in owner_index(pods).items():
+        out[ref] = (*out.get(ref, ()), cid)
+    return out
+
+
+def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], held: Ledger
+            ) -> list[Holder]:
+    """What `Backend.sample` is told of each physical card's holders: per chip of a held
+    logical card, the holder with its pod's annotations and its runtime IDs."""
+    by_name: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        by_name[(str(meta.get("namespace")), str(meta.get("name")))] = pod
+    ids = container_ids(pods)
+    out = []
+    for lc in cards:
+        for ref in sorted(held.get(lc.index, {})):
+            pod = by_name.get((ref.namespace, ref.pod), {})
+            annotations = {str(k): str(v) for k, v in
+                           ((pod.get("metadata") or {}).get("annotations") or {}).items()}
+            for chip in lc.chips:
+                out.append(Holder(chip.uuid, ref, annotations, ids.get(ref, ())))
+    return out
+
+
+def proc_resolver(pods: Iterable[Mapping[str, Any]], proc: Path = Path("/proc")
+                  ) -> Callable[[int], ContainerRef | None]:
+    """pid -> its pod container, by its cgroup and the pods' statuses (None: no pod's)."""
+    owners = owner_index(pods)
+
+    def resolve(pid: int) -> ContainerRef | None:
+        ref = read_cgroup(pid, proc)
+        return None if ref is None else owners.get((ref.pod_uid, ref.container_id))
+    return resolve
+
+
+def observe(samples: Sequence[CardSample], cards: Sequence[LogicalCard], held: Ledger,
+            resolve: Callable[[int], ContainerRef | None], observed_at: str = ""
+            ) -> dict[int, CardUsage]:
+    """Each logical card's usage from its chips' samples (a card none of whose chips was
+    sampled is left out). A chip's processes count on its logical card; utilisation is the
+    chips' mean."""
+    by_uuid = {s.uuid: s for s in samples}
+    out: dict[int, CardUsage] = {}
+    for lc in cards:
+        chips = [by_uuid[u] for u in lc.uuids if u in by_uuid]
+        if not chips:
+            continue
+        processes = [ProcessUse(p.memory_mib, p.sm_percent,
+                                p.owner if p.owner is not None else resolve(p.pid))
+                     for chip in chips for p in chip.processes]
+        out[lc.index] = observe_card(sum(c.used_mib for c in chips),
+                                     sum(c.sm_percent for c in chips) // len(chips), processes,
+                                     held.get(lc.index, {}).keys(), observed_at)
+    return out
