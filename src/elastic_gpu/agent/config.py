@@ -83,6 +83,9 @@ class SharingMode(enum.Enum):
     ACCOUNTING = "accounting"
     #: Shares are enforced by the CUDA MPS server's per-client limits.
     MPS = "mps"
+    #: Shares are enforced by HAMi-core (libvgpu.so), an operator-installed CUDA API
+    #: interception library preloaded into each container.
+    HAMI_CORE = "hami-core"
 
 
 def _text_only(value: Any) -> Any:
@@ -183,14 +186,82 @@ class TimeSlicingConfig(_Strict):
     failRequestsGreaterThanOne: bool = False
 
 
+class MpsDaemonConfig(_Strict):
+    """The agent runs one MPS control daemon per card (`sharing.mps.daemon`); without this
+    section the operator runs one daemon for the node (the pipe directory as given)."""
+
+    #: The MPS control program (`<binary> -d` starts a daemon, `echo quit | <binary>` stops it).
+    binary: AbsolutePathText = "/usr/bin/nvidia-cuda-mps-control"
+    #: Per card `<logDirectory>/<card uuid>` holds its control.log and server.log.
+    logDirectory: AbsolutePathText = "/var/log/nvidia-mps"
+    #: How often each daemon is checked (its pid file and process).
+    checkSeconds: float = Field(default=2.0, ge=0.05, le=300)
+    #: A daemon that dies is started again at once, then after this delay, doubled with every
+    #: death in a row up to `restartMaxSeconds`.
+    restartInitialSeconds: float = Field(default=1.0, ge=0.01, le=3600)
+    restartMaxSeconds: float = Field(default=60.0, ge=0.01, le=3600)
+    #: How long a start may take to leave its pid file before it counts as failed.
+    startTimeoutSeconds: float = Field(default=10.0, ge=0.1, le=300)
+    #: Host directory (a tmpfs) shared as /dev/shm by the daemons (the agent's own /dev/shm:
+    #: the chart mounts it there) and every MPS client container, as NVIDIA's device plugin
+    #: shares /run/nvidia/mps/shm: MPS clients and server exchange shared memory.
+    shmDirectory: AbsolutePathText = "/run/egpu/mps/shm"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> MpsDaemonConfig:
+        if self.restartMaxSeconds < self.restartInitialSeconds:
+            raise ValueError("restartMaxSeconds must be at least restartInitialSeconds")
+        return self
+
+
 class MpsConfig(_Strict):
-    #: Host directory of the MPS control daemon's pipes, mounted into containers.
+    #: Host directory of the MPS control daemon's pipes, mounted into containers. With
+    #: `daemon`, each card's daemon has `<pipeDirectory>/<card uuid>`, which a container of
+    #: that card gets mounted at `pipeDirectory`.
     pipeDirectory: AbsolutePathText = "/tmp/nvidia-mps"
+    #: Set: the agent runs and supervises the daemons (one per card).
+    daemon: MpsDaemonConfig | None = None
+
+
+class Preload(enum.Enum):
+    #: LD_PRELOAD=<library in the container> in the container's environment.
+    ENV = "env"
+    #: /etc/ld.so.preload mounted read-only (as HAMi's device plugin does): also binaries
+    #: that clear their environment load the library.
+    LD_SO_PRELOAD = "ldSoPreload"
+
+
+PreloadMode = Annotated[Preload, Field(strict=False), BeforeValidator(_text_only)]
+
+
+class HamiCoreConfig(_Strict):
+    """HAMi-core (`sharing.mode: hami-core`): the operator installs libvgpu.so on the node."""
+
+    #: The library on the host (where HAMi installs it); mounted read-only.
+    library: AbsolutePathText = "/usr/local/vgpu/libvgpu.so"
+    #: How the container loads it.
+    preload: PreloadMode = Preload.ENV
+    #: Host directory under which each container gets its own directory for HAMi-core's
+    #: shared usage cache (CUDA_DEVICE_MEMORY_SHARED_CACHE).
+    cacheDirectory: AbsolutePathText = "/usr/local/vgpu/containers"
+    #: Host directory of HAMi-core's cross-container lock files, mounted into every container
+    #: at /tmp/vgpulock (where the library takes them).
+    lockDirectory: AbsolutePathText = "/tmp/vgpulock"
 
 
 class SharingConfig(_Strict):
     mode: Sharing = SharingMode.ACCOUNTING
     mps: MpsConfig = Field(default_factory=MpsConfig)
+    hamiCore: HamiCoreConfig = Field(default_factory=HamiCoreConfig)
+
+    @model_validator(mode="after")
+    def _sections_of_the_mode(self) -> SharingConfig:
+        # A section for another mode is a mistake to say, not a setting to ignore.
+        if self.mps.daemon is not None and self.mode is not SharingMode.MPS:
+            raise ValueError(f"mps.daemon belongs to mode mps, not {self.mode.value}")
+        if "hamiCore" in self.model_fields_set and self.mode is not SharingMode.HAMI_CORE:
+            raise ValueError(f"hamiCore belongs to mode hami-core, not {self.mode.value}")
+        return self
 
 
 class HealthConfig(_Strict):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from elastic_gpu.agent.backends.isolation import Isolation, MountSpec, ShareLimit
+from elastic_gpu.agent.backends.isolation import Isolation, IsolationError, MountSpec, ShareLimit
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.core.assignment import CardShare
@@ -93,9 +93,17 @@ def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], c
     if all_mig:
         mode = "mig"
     elif isolation is not None:
-        mode = isolation.name
-        settings = isolation.settings([ShareLimit(s.milli, s.memory_mib, len(lc.chips))
-                                       for s, lc in zip(shares, logical, strict=True)])
+        refusal = isolation.refusal([chip.uuid for chip in chips])
+        if refusal is not None:
+            raise GrantError(refusal)
+        try:
+            settings = isolation.settings([
+                ShareLimit(s.milli, s.memory_mib, len(lc.chips),
+                           tuple(chip.uuid for chip in lc.chips))
+                for s, lc in zip(shares, logical, strict=True)])
+        except IsolationError as err:
+            raise GrantError(str(err)) from None
+        mode = settings.mode or isolation.name
         envs.update(settings.envs)
         mounts.extend(settings.mounts)
     else:

@@ -176,3 +176,21 @@ def agent_registry(node: str, cards: Callable[[], Sequence[Card]],
     registry = CollectorRegistry()
     registry.register(_AgentCollector(node, cards, pods, outcomes, usage))
     return registry
+
+
+class MpsDaemonCollector(Collector):
+    """`elasticgpu_agent_mps_daemon_up`: per card (chip) UUID, 1 while the MPS control daemon
+    the agent supervises runs (agent/mps_supervisor.py), 0 while it is down."""
+
+    def __init__(self, node: str, up: Callable[[], Mapping[str, bool]]) -> None:
+        self._node = node
+        self._up = up
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(PREFIX + "mps_daemon_up",
+                                   "1 if the MPS control daemon the agent runs for this card "
+                                   "is up, 0 while it is down (Allocate on the card is refused)",
+                                   labels=["node", "device_uuid"])
+        for uuid, up in sorted(self._up().items()):
+            family.add_metric([self._node, uuid], 1 if up else 0)
+        yield family

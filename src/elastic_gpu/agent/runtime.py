@@ -10,10 +10,12 @@ from typing import Any
 from elastic_gpu.agent.accounting import CardUse, card_usage
 from elastic_gpu.agent.allocator import Allocator
 from elastic_gpu.agent.backends.base import Backend, BackendError
-from elastic_gpu.agent.config import AgentConfig
+from elastic_gpu.agent.backends.isolation import Gated, Isolation
+from elastic_gpu.agent.config import AgentConfig, SharingMode
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
 from elastic_gpu.agent.manager import PluginManager
+from elastic_gpu.agent.mps_supervisor import MpsSupervisor
 from elastic_gpu.agent.plugin import PluginServer
 from elastic_gpu.agent.pods import ApiPods, PodCache, PodSource
 from elastic_gpu.agent.publish import (
@@ -51,8 +53,10 @@ class Agent:
             self.pod_cache = PodCache(client, node_name)
             pods = ApiPods(client, self.pod_cache)
         self.pods = pods
+        self.mps: MpsSupervisor | None = None
+        isolation = self._isolation()
         self.allocator = Allocator(node_name, config, self.state, backend.visible_devices_env,
-                                   files, backend.isolation(config.sharing), pods)
+                                   files, isolation, pods)
         self.manager = PluginManager(
             [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
              for plan in self.snapshot.plans], self.plugin_dir)
@@ -70,12 +74,41 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._metrics_server: Any = None
 
+    def _isolation(self) -> Isolation | None:
+        """The backend's provider; in `mps` mode with `mps.daemon`, gated by the agent's own
+        MPS daemons (one per non-MIG chip), which `start` starts and `stop` quits."""
+        isolation = self.backend.isolation(self.config.sharing)
+        mps = self.config.sharing.mps
+        if isolation is None or self.config.sharing.mode is not SharingMode.MPS or \
+                mps.daemon is None:
+            return isolation
+        uuids = [chip.uuid for lc in self.snapshot.cards if not lc.card.mig_enabled
+                 for chip in lc.chips]
+        self.mps = MpsSupervisor(uuids, mps.pipeDirectory, mps.daemon,
+                                 on_change=self._mps_changed)
+        return Gated(isolation, self.mps.refusal)
+
+    def _mps_changed(self) -> None:
+        if self.client is None:
+            return
+        try:
+            publish_health(self.client, self.current().node, self.reasons())
+        except Exception:
+            log.exception("publishing MPS daemon health")
+
     def current(self) -> NodeSnapshot:
         cards = tuple(self.state.cards()[lc.index] for lc in self.snapshot.cards)
         return snapshot(self.node_name, cards, self.config, self.snapshot.plans)
 
     def reasons(self) -> dict[int, str]:
-        return {lc.index: self.state.reason(lc.index) for lc in self.snapshot.cards}
+        """Per card, why it is unhealthy, and why its MPS daemon is down (GPUDevice reason)."""
+        reasons = {}
+        for lc in self.snapshot.cards:
+            parts = [self.state.reason(lc.index)]
+            if self.mps is not None:
+                parts.extend(self.mps.reason(chip.uuid) for chip in lc.chips)
+            reasons[lc.index] = "; ".join(part for part in parts if part)
+        return reasons
 
     def start(self) -> None:
         if self.client is not None:
@@ -84,6 +117,8 @@ class Agent:
             publish_snapshot(self.client, self.current(), self.config, self.reasons())
         if self.pod_cache is not None:
             self.pod_cache.start()
+        if self.mps is not None:
+            self.mps.start()  # before the plugins: the first Allocate finds the daemons up
         self.manager.start()
         if self.config.healthCheck.enabled:
             self._spawn("health", self._health_loop)
@@ -115,6 +150,10 @@ class Agent:
             self.node_name, lambda: self.current().node.cards,
             (lambda: pods.on_node(self.node_name)) if pods is not None else None,
             lambda: self.allocator.outcomes.copy(), observed if monitor is not None else None)
+        if self.mps is not None:
+            from elastic_gpu.agent.metrics import MpsDaemonCollector
+
+            registry.register(MpsDaemonCollector(self.node_name, self.mps.up))
         self._metrics_server, _ = start_http_server(port, host, registry)
         bound: int = self._metrics_server.server_port
         log.info("metrics on http://%s:%d/metrics", host, bound)
@@ -134,6 +173,8 @@ class Agent:
         if self._usage_sinks is not None:
             self._usage_sinks.stop()
         self.manager.stop()
+        if self.mps is not None:
+            self.mps.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

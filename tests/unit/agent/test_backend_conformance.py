@@ -31,7 +31,16 @@ from elastic_gpu.agent.backends.base import Backend, BackendError, HealthEvent, 
 from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION
 from elastic_gpu.agent.backends.isolation import ShareLimit
 from elastic_gpu.agent.backends.registry import BACKENDS, make_backend
-from elastic_gpu.agent.config import AgentConfig, BackendKind, SharingConfig, parse_config
+from elastic_gpu.agent.config import (
+    AgentConfig,
+    BackendKind,
+    Preload,
+    SharingConfig,
+    parse_config,
+)
+from elastic_gpu.agent.devices import logical_cards
+from elastic_gpu.agent.grant import DeviceFiles, Grant, GrantError, build_grant
+from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.model import Health
 from elastic_gpu.core.usage import ContainerRef
 
@@ -417,3 +426,144 @@ def test_memory_no_process_accounts_for_is_used_beyond_the_processes(
     card = backend.sample(holders)[0]
     assert card.used_mib == 1000 + 2048
     assert sum(p.memory_mib for p in card.processes) == 1000
+
+
+# -- isolation providers: what a container gets, per provider, for every backend ---------------
+#
+# Each provider of `sharing.mode` (accounting, mps, mps with the agent's per-card daemons,
+# hami-core) gives a container a share, a whole card and a MIG instance; the grant (env,
+# mounts, device files) is the contract, identical for every backend.
+
+SHARE = (0, 300, 4096)  # card index, milli, MiB
+
+
+class Provider(enum.Enum):
+    ACCOUNTING = "accounting"
+    MPS = "mps"
+    MPS_PER_CARD = "mps-per-card"
+    HAMI_CORE = "hami-core"
+
+
+def provider_config(provider: Provider, tmp_path: Path) -> AgentConfig:
+    sharing: dict[str, Any] = {"mode": provider.value}
+    if provider is Provider.MPS_PER_CARD:
+        sharing = {"mode": "mps", "mps": {"daemon": {}}}
+    if provider is Provider.HAMI_CORE:
+        library = tmp_path / "vgpu" / "libvgpu.so"
+        library.parent.mkdir(exist_ok=True)
+        library.write_bytes(b"\x7fELF stand-in")
+        sharing["hamiCore"] = {"library": str(library),
+                               "cacheDirectory": str(tmp_path / "vgpu" / "containers"),
+                               "lockDirectory": str(tmp_path / "vgpulock")}
+    return AgentConfig.model_validate({"sharing": sharing})
+
+
+def provider_grant(rig: Rig, config: AgentConfig, share: CardShare) -> Grant:
+    backend = rig.build()
+    physical = backend.discover()
+    cards = {lc.index: lc for lc in logical_cards(physical, False)}
+    files = DeviceFiles({c.uuid: backend.device_nodes(c) for c in physical},
+                        backend.control_nodes())
+    return build_grant([share], cards, config, backend.visible_devices_env, files,
+                       backend.isolation(config.sharing))
+
+
+def expected_devices(rig: Rig, index: int) -> list[str]:
+    return [*rig.control_nodes, *rig.device_nodes[index]]
+
+
+@pytest.fixture(params=list(Provider), ids=lambda p: p.value)
+def provider(request: pytest.FixtureRequest) -> Provider:
+    return Provider(request.param)
+
+
+def test_a_share_gets_the_providers_limits(rig: Rig, provider: Provider,
+                                           tmp_path: Path) -> None:
+    index, milli, mib = SHARE
+    config = provider_config(provider, tmp_path)
+    g = provider_grant(rig, config, CardShare(index, TABLE[index].uuid, milli, mib))
+    assert g.envs[rig.visible_devices_env] == TABLE[index].uuid
+    assert [d.host_path for d in g.devices] == expected_devices(rig, index)
+    assert g.envs["EGPU_CORE_PERCENT"] == "30" and g.envs["EGPU_MEMORY_MIB"] == "4096"
+    limits = {k: v for k, v in g.envs.items() if k.startswith(("CUDA_", "LD_PRELOAD"))}
+    mounts = [(m.container_path, m.host_path, m.read_only) for m in g.mounts]
+    if provider is Provider.ACCOUNTING:
+        assert g.envs["EGPU_ISOLATION"] == "accounting-only"
+        assert limits == {} and mounts == []
+    elif provider is Provider.MPS:
+        assert g.envs["EGPU_ISOLATION"] == "mps"
+        assert limits == rig.mps_envs
+        assert mounts == [("/tmp/nvidia-mps", "/tmp/nvidia-mps", False)]
+    elif provider is Provider.MPS_PER_CARD:
+        # The same environment; the mount is the card's own daemon's pipe directory.
+        assert g.envs["EGPU_ISOLATION"] == "mps"
+        assert limits == rig.mps_envs
+        # With the daemons' shared memory as its /dev/shm (as NVIDIA's plugin does).
+        assert mounts == [("/tmp/nvidia-mps", f"/tmp/nvidia-mps/{TABLE[index].uuid}", False),
+                          ("/dev/shm", "/run/egpu/mps/shm", False)]
+    else:
+        hami = config.sharing.hamiCore
+        assert g.envs["EGPU_ISOLATION"] == "hami-core"
+        assert limits == {"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m", "CUDA_DEVICE_SM_LIMIT": "30",
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/vgpu.cache",
+                          "LD_PRELOAD": "/usr/local/vgpu/libvgpu.so"}
+        library, cache, lock = mounts
+        assert library == ("/usr/local/vgpu/libvgpu.so", hami.library, True)
+        assert cache[0] == "/usr/local/vgpu/cache" and not cache[2]
+        assert Path(cache[1]).parent == Path(hami.cacheDirectory) and Path(cache[1]).is_dir()
+        # HAMi-core takes its locks in /tmp/vgpulock: the node's lock directory, shared.
+        assert lock == ("/tmp/vgpulock", hami.lockDirectory, False)
+    assert g.annotations["elasticgpu.io/isolation"] == g.envs["EGPU_ISOLATION"]
+
+
+def test_a_whole_card_gets_the_card(rig: Rig, provider: Provider, tmp_path: Path) -> None:
+    row = TABLE[0]
+    g = provider_grant(rig, provider_config(provider, tmp_path),
+                       CardShare(0, row.uuid, 1000, row.memory_mib))
+    assert g.envs[rig.visible_devices_env] == row.uuid
+    assert [d.host_path for d in g.devices] == expected_devices(rig, 0)
+    assert "EGPU_CORE_PERCENT" not in g.envs
+    if provider in (Provider.MPS, Provider.MPS_PER_CARD):
+        # An MPS client all the same (the card's daemon may run): all of the card.
+        assert g.envs["EGPU_ISOLATION"] == "mps"
+        assert g.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+        assert g.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={row.memory_mib}M"
+    else:
+        assert g.envs["EGPU_ISOLATION"] == "exclusive"
+        assert not any(k.startswith(("CUDA_", "LD_PRELOAD")) for k in g.envs)
+        assert g.mounts == ()
+
+
+def test_a_mig_instance_is_held_by_the_hardware(rig: Rig, provider: Provider,
+                                               tmp_path: Path) -> None:
+    if not rig.has(Capability.MIG):
+        return
+    row, mig = TABLE[1], TABLE[1].mig[0]
+    g = provider_grant(rig, provider_config(provider, tmp_path),
+                       CardShare(1, row.uuid, 0, 0, mig.profile, mig.uuid))
+    assert g.envs[rig.visible_devices_env] == mig.uuid
+    assert g.envs["EGPU_ISOLATION"] == "mig"
+    assert not any(k.startswith(("CUDA_", "LD_PRELOAD")) for k in g.envs)
+    assert g.mounts == ()
+    assert [d.host_path for d in g.devices] == expected_devices(rig, 1)
+
+
+def test_hami_core_without_its_library_refuses(rig: Rig, tmp_path: Path) -> None:
+    config = provider_config(Provider.HAMI_CORE, tmp_path)
+    Path(config.sharing.hamiCore.library).unlink()
+    index, milli, mib = SHARE
+    with pytest.raises(GrantError, match=r"libvgpu\.so is not on this node.*refusing"):
+        provider_grant(rig, config, CardShare(index, TABLE[index].uuid, milli, mib))
+
+
+def test_hami_core_preloaded_through_ld_so_preload(rig: Rig, tmp_path: Path) -> None:
+    config = provider_config(Provider.HAMI_CORE, tmp_path)
+    hami = config.sharing.hamiCore.model_copy(update={"preload": Preload.LD_SO_PRELOAD})
+    config = config.model_copy(update={"sharing": config.sharing.model_copy(
+        update={"hamiCore": hami})})
+    index, milli, mib = SHARE
+    g = provider_grant(rig, config, CardShare(index, TABLE[index].uuid, milli, mib))
+    assert "LD_PRELOAD" not in g.envs
+    preload = [m for m in g.mounts if m.container_path == "/etc/ld.so.preload"]
+    assert len(preload) == 1 and preload[0].read_only
+    assert Path(preload[0].host_path).read_text() == "/usr/local/vgpu/libvgpu.so\n"
