@@ -150,10 +150,13 @@ class Agent:
             self.node_name, lambda: self.current().node.cards,
             (lambda: pods.on_node(self.node_name)) if pods is not None else None,
             lambda: self.allocator.outcomes.copy(), observed if monitor is not None else None)
-        if self.mps is not None:
-            from elastic_gpu.agent.metrics import MpsDaemonCollector
+        # always registered (no series without daemons): a page's families do not depend on
+        # the node's config, so one documented table holds for every agent
+        from elastic_gpu.agent.metrics import MpsDaemonCollector
 
-            registry.register(MpsDaemonCollector(self.node_name, self.mps.up))
+        mps = self.mps
+        registry.register(MpsDaemonCollector(
+            self.node_name, mps.up if mps is not None else lambda: {}))
         self._metrics_server, _ = start_http_server(port, host, registry)
         bound: int = self._metrics_server.server_port
         log.info("metrics on http://%s:%d/metrics", host, bound)

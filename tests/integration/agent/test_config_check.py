@@ -277,7 +277,8 @@ def _shipped() -> list[tuple[str, str, str]]:
     docs = REPO / "docs"
     out += [("agent", f"docs/agent.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "agent.md"))
-            if not re.search(r"^cards:", text, flags=re.M)]  # the fake inventory's format
+            # the fake inventory's format, and pod fragments (an annotation shown in place)
+            if not re.search(r"^(cards|metadata):", text, flags=re.M)]
     out += [("scheduler", f"docs/scheduler.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "scheduler.md"))
             if re.search(r"^nodePolicy:", text, flags=re.M)]
