@@ -46,6 +46,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from elastic_gpu.api import budget as api
 from elastic_gpu.api.elasticgpu import GROUP, VERSION
 from elastic_gpu.controller.manager import Context
+from elastic_gpu.controller.worker import Done, Outcome, work
 from elastic_gpu.core import budget as core
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, Invalid, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key
@@ -220,30 +221,11 @@ class BudgetKeeper:
             self.queue.shutdown()
 
     async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            if key is None:
-                return
-            started = time.perf_counter()
-            result = "ok"
-            try:
-                delay = await self.reconcile(key)
-                self.queue.forget(key)
-                if delay is not None:
-                    self.queue.add_after(key, delay)
-            except (Conflict, NotFound, Invalid) as err:
-                result = "requeue"
-                log.info("budget %s: %s; retrying", key, err)
-                self.queue.add_rate_limited(key)
-            except Exception:
-                result = "error"
-                log.exception("budget %s: reconcile failed", key)
-                self.queue.add_rate_limited(key)
-            finally:
-                self.queue.done(key)
-                self.ctx.metrics.reconciles.labels(self.name, result).inc()
-                self.ctx.metrics.reconcile_seconds.labels(self.name).observe(
-                    time.perf_counter() - started)
+        await work(self.queue, self.name, self.ctx.metrics, self._reconcile_key,
+                   expected=(Conflict, NotFound, Invalid), describe=lambda ns: f"budget {ns}")
+
+    async def _reconcile_key(self, ns: str) -> Outcome:
+        return Done(after=await self.reconcile(ns))
 
     def _budget_object(self, ns: str) -> Obj | None:
         mine = sorted((b for b in self.budgets.items() if _meta(b).get("namespace") == ns),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from elastic_gpu.controller.claims.binder import ClaimBinder, Requeue
 from elastic_gpu.controller.claims.caches import CLAIM_KEY, EGPU_KEY, ClaimCaches
@@ -18,6 +17,7 @@ from elastic_gpu.controller.claims.metrics import PhaseCollector
 from elastic_gpu.controller.claims.reclaimer import Reclaimer
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.provisioning import ProvisionError
+from elastic_gpu.controller.worker import Done, Outcome, work
 from elastic_gpu.kube.errors import Conflict
 from elastic_gpu.kube.informer import object_key
 from elastic_gpu.kube.workqueue import WorkQueue
@@ -47,31 +47,12 @@ class ClaimController:
             self.queue.shutdown()
 
     async def _worker(self) -> None:
-        metrics = self.ctx.metrics
-        while True:
-            key = await self.queue.get()
-            if key is None:
-                return
-            started = time.perf_counter()
-            result = "ok"
-            try:
-                if key.startswith(CLAIM_KEY):
-                    await self.binder.reconcile_claim(key[len(CLAIM_KEY):])
-                else:
-                    await self.reclaimer.reconcile_egpu(key[len(EGPU_KEY):])
-                self.queue.forget(key)
-                log.debug("%s reconciled in %.1f ms", key, (time.perf_counter() - started) * 1e3)
-            except asyncio.CancelledError:
-                raise
-            except (Requeue, Conflict, ProvisionError) as err:
-                result = "requeue"
-                delay = self.queue.add_rate_limited(key)
-                log.info("%s: %s; retry in %.3f s", key, err, delay)
-            except Exception:
-                result = "error"
-                delay = self.queue.add_rate_limited(key)
-                log.exception("%s: reconcile failed; retry in %.3f s", key, delay)
-            finally:
-                self.queue.done(key)
-                metrics.reconciles.labels(self.name, result).inc()
-                metrics.reconcile_seconds.labels(self.name).observe(time.perf_counter() - started)
+        await work(self.queue, self.name, self.ctx.metrics, self._reconcile_key,
+                   expected=(Requeue, Conflict, ProvisionError))
+
+    async def _reconcile_key(self, key: str) -> Outcome:
+        if key.startswith(CLAIM_KEY):
+            await self.binder.reconcile_claim(key[len(CLAIM_KEY):])
+        else:
+            await self.reclaimer.reconcile_egpu(key[len(EGPU_KEY):])
+        return Done()

@@ -18,6 +18,7 @@ from elastic_gpu.controller.defrag.metrics import DefragMetrics
 from elastic_gpu.controller.defrag.state import DefragState, InFlight
 from elastic_gpu.controller.defrag.writes import DefragWrites, Step
 from elastic_gpu.controller.manager import Context
+from elastic_gpu.controller.worker import Done, Outcome, work
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.defrag.limits import RateLimits, over_limit
 from elastic_gpu.core.defrag.movable import (
@@ -82,29 +83,15 @@ class DefragController:
             await asyncio.Event().wait()  # until cancelled
         self.kick()
         try:
-            while True:
-                key = await self.queue.get()
-                if key is None:
-                    return
-                started = time.perf_counter()
-                result = "ok"
-                try:
-                    await self.round(time.monotonic())
-                    self.queue.forget(key)
-                    self.queue.add_after(ROUND, RESYNC_S)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    result = "error"
-                    delay = self.queue.add_rate_limited(key)
-                    log.exception("defrag round failed; again in %.3f s", delay)
-                finally:
-                    self.queue.done(key)
-                    self.ctx.metrics.reconciles.labels(self.name, result).inc()
-                    self.ctx.metrics.reconcile_seconds.labels(self.name).observe(
-                        time.perf_counter() - started)
+            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
+                       describe=lambda _: "defrag round")
         finally:
             self.queue.shutdown()
+
+    async def _round_key(self, key: str) -> Outcome:
+        del key  # the one key: a round over the whole cluster
+        await self.round(time.monotonic())
+        return Done(after=RESYNC_S)
 
     # ------------------------------------------------------------------ the round
 

@@ -7,7 +7,6 @@ for its steps.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -31,6 +30,7 @@ from elastic_gpu.controller.mig.objects import (
 from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
+from elastic_gpu.controller.worker import Done, Outcome, Retry, work
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import AssignmentError, pod_assignment
 from elastic_gpu.core.mig import substitution as mig_substitution
@@ -89,38 +89,18 @@ class MigController:
         del workers  # one round at a time: the key is one
         self.kick()
         try:
-            while True:
-                key = await self.queue.get()
-                if key is None:
-                    return
-                started = time.perf_counter()
-                result = "ok"
-                try:
-                    self.state.item_failures = 0
-                    await self.round()
-                    if self.state.item_failures:  # a rule or pod failed alone: soon again, backing off
-                        result = "requeue"
-                        self.queue.add_rate_limited(key)
-                    else:
-                        self.queue.forget(key)
-                        self.queue.add_after(ROUND, RESYNC_S)
-                except asyncio.CancelledError:
-                    raise
-                except (Conflict, NotFound) as err:
-                    result = "requeue"
-                    log.info("mig round: %s; again", err)
-                    self.queue.add_rate_limited(key)
-                except Exception:
-                    result = "error"
-                    delay = self.queue.add_rate_limited(key)
-                    log.exception("mig round failed; again in %.3f s", delay)
-                finally:
-                    self.queue.done(key)
-                    self.ctx.metrics.reconciles.labels(self.name, result).inc()
-                    self.ctx.metrics.reconcile_seconds.labels(self.name).observe(
-                        time.perf_counter() - started)
+            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
+                       expected=(Conflict, NotFound), describe=lambda _: "mig round")
         finally:
             self.queue.shutdown()
+
+    async def _round_key(self, key: str) -> Outcome:
+        del key  # the one key: a round over every rule and pod
+        self.state.item_failures = 0
+        await self.round()
+        if self.state.item_failures:  # a rule or pod failed alone: soon again, backing off
+            return Retry(f"{self.state.item_failures} item(s) failed alone")
+        return Done(after=RESYNC_S)
 
     # ------------------------------------------------------------------ reading the caches
 
