@@ -131,3 +131,13 @@ def test_a_reservation_is_no_preemption_victim() -> None:
     important = pod_manifest("vip", uid="uid-vip", priority=1000,
                              limits={"elasticgpu.io/gpu-core": "50"})
     assert state.preempt(req(important), "uid-vip", {"n1": ([], 0)}) == {}
+
+
+def test_a_pod_turned_away_by_a_reservation_is_woken_when_it_expires() -> None:
+    state, wall, _ = make()
+    waiting = share_pod("waiting", 50)
+    assert state.filter(req(waiting), "uid-waiting", ["n1"]).feasible == []
+    assert not state.wakeup_pending()
+    wall.now = WALL + 120
+    assert state.wakeup_pending()  # the API worker link starts a round, which expires it
+    assert [(w.name, w.node) for w in state.wakeups()] == [("waiting", "n1")]
