@@ -13,7 +13,7 @@ from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Card
-from elastic_gpu.kube.errors import TooManyRequests
+from elastic_gpu.kube.errors import ApiError, TooManyRequests
 from elastic_gpu.kube.informer import Handler
 
 MEMORY_MIB = 81920
@@ -40,12 +40,27 @@ class StaticInformers:
 
 
 class EvictionClient:
-    """`create` of pods/eviction: recorded, or 429 for a pod named in `refuse`."""
+    """`create` of pods/eviction: recorded, or 429 for a pod named in `refuse`; `patch` of a
+    pod (the reservation): recorded, or refused with `patch_error` when a test sets one."""
 
     def __init__(self) -> None:
         self.evicted: list[str] = []
         self.refused: list[str] = []
         self.refuse: set[str] = set()
+        self.patched: list[tuple[str, Mapping[str, Any]]] = []
+        self.patch_error: ApiError | None = None
+        #: every write in order: ("patch", pod key) and ("evict", pod key)
+        self.writes: list[tuple[str, str]] = []
+
+    async def patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        parts = path.rstrip("/").split("/")
+        assert parts[-2] == "pods", path
+        key = f"{parts[-3]}/{parts[-1]}"
+        if self.patch_error is not None:
+            raise self.patch_error
+        self.patched.append((key, patch))
+        self.writes.append(("patch", key))
+        return {}
 
     async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         assert path.endswith("/eviction") and obj["kind"] == "Eviction", path
@@ -56,6 +71,7 @@ class EvictionClient:
                                   "Cannot evict pod as it would violate the pod's disruption "
                                   "budget.")
         self.evicted.append(key)
+        self.writes.append(("evict", key))
         return {}
 
 

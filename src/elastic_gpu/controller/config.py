@@ -156,6 +156,10 @@ class DefragConfig(BaseModel):
     rate_window_s: float = Field(default=600.0, validation_alias="rateWindowSeconds", gt=0,
                                  le=7 * 86400)
     settle_s: float = Field(default=120.0, validation_alias="settleSeconds", gt=0, le=3600)
+    #: how long the cards a plan frees stay reserved for its pending pod (the
+    #: `elasticgpu.io/defrag-reservation` annotation's expiry; `core.defrag.reservation`)
+    reservation_s: float = Field(default=120.0, validation_alias="reservationSeconds", gt=0,
+                                 le=900)
     policy: str | None = None
 
     @field_validator("mode", mode="before")

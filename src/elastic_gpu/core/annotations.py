@@ -46,6 +46,11 @@ FAKE_USAGE = "fake.elasticgpu.io/usage"
 #: keeps it where it is even in a namespace the configuration opts in.
 MOVABLE_LABEL = f"{PREFIX}/movable"
 
+#: Written on a pending pod by the defragmentation controller before it evicts pods to make
+#: room for it (`core.defrag.reservation`): JSON of the cards the plan frees and an expiry;
+#: the extender keeps those cards for this pod until it is bound or the expiry passes.
+DEFRAG_RESERVATION = f"{PREFIX}/defrag-reservation"
+
 #: Node label the agent sets where it runs, and the label with the card model.
 AGENT_LABEL = f"{PREFIX}/agent"
 GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"
@@ -90,4 +95,6 @@ SYSTEM_POD_ANNOTATIONS: tuple[SystemAnnotation, ...] = (
                      set_at_create=True),
     SystemAnnotation(MIG_SUBSTITUTION, "the Elastic GPU webhook when the MIG adapter moves a "
                      "pod", set_at_create=True),
+    SystemAnnotation(DEFRAG_RESERVATION, "the Elastic GPU controller when it makes room for a "
+                     "pending pod"),
 )

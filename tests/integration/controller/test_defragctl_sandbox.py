@@ -17,7 +17,8 @@ anywhere):
 A whole-card pod is Pending. One move would free a card (g or h), but the PDB refuses both
 evictions; the controller records each refusal once and never knocks again within the
 cool-down, and then moves the two 30 % shares (the fewest left), after which the pending pod
-binds on frag-3 and a's and b's replacements run elsewhere. The independent ledger check (the
+binds on frag-3 (the card reserved for it before the evictions, `elasticgpu.io/defrag-
+reservation`) and a's and b's replacements run elsewhere. The independent ledger check (the
 burst tests': each card's assignments summed from the API's pods) finds nothing
 over-allocated.
 """
@@ -51,6 +52,9 @@ from egpu_testing.defrag_sandbox import (
 )
 from egpu_testing.sandbox import egpu
 from egpu_testing.waiting import wait_for
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.defrag.reservation import DefragReservation
 
 pytestmark = pytest.mark.integration
 
@@ -144,6 +148,14 @@ def test_move_mode_frees_a_card_for_the_pending_pod_and_pdbs_hold(
         process.stop()
     home = fragmented["a"]["spec"]["nodeName"]
     assert whole["spec"]["nodeName"] == home, log[-4000:]
+    # the freed card was reserved for it before anything moved (the extender kept it: a's
+    # and b's 30 % replacements would have fit there again), and it got that card
+    reservation = DefragReservation.from_json(
+        whole["metadata"]["annotations"][ann.DEFRAG_RESERVATION])
+    assert reservation.assignment.node == home
+    assignment = Assignment.from_json(whole["metadata"]["annotations"][ann.ASSIGNMENT])
+    assert {s.index for s in assignment.shares()} == \
+        {s.index for s in reservation.assignment.shares()}
     assert all(p["spec"]["nodeName"] != home for p in moved.values())
     # the PDB held: g and h are the very pods placed first, on their nodes; the bare pod too
     for app in ("g", "h", "bare"):

@@ -13,6 +13,9 @@ from elastic_gpu.controller.defrag.cluster import read_cluster
 from elastic_gpu.controller.defrag.controller import DefragController
 from elastic_gpu.controller.manager import Context, Metrics
 from elastic_gpu.controller.provisioning import ExtenderClient
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.defrag.reservation import DefragReservation
+from elastic_gpu.kube.errors import ApiError
 from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.kube.resources import GPUDEVICES, NODES, PODS
 
@@ -192,3 +195,25 @@ def test_settling_ends_when_the_pod_binds_or_its_time_is_up() -> None:
     assert controller.state.in_flight is None
     run_round(controller, 1002.0)  # nothing waits any more
     assert client.evicted == ["ml/c"]
+
+
+def test_the_freed_cards_are_reserved_for_the_pending_pod_before_anything_moves() -> None:
+    controller, client, _ = make(MOVE, fragmented())
+    controller.wall_clock = lambda: 1_800_000_000.0
+    run_round(controller, 1000.0)
+    assert client.writes == [("patch", "ml/whole"), ("evict", "ml/c")]
+    (key, patch), = client.patched
+    meta = patch["metadata"]
+    assert key == "ml/whole" and meta["uid"] == "uid-whole"  # the pod the plan was made for
+    reservation = DefragReservation.from_json(meta["annotations"][ann.DEFRAG_RESERVATION])
+    assert reservation.expires == 1_800_000_000.0 + MOVE.reservation_s
+    assert reservation.assignment.node == "n1"  # where c is moved away from
+    assert [s.milli for s in reservation.assignment.shares()] == [1000]
+
+
+def test_no_reservation_no_move() -> None:
+    controller, client, events = make(MOVE, fragmented())
+    client.patch_error = ApiError(403, "Forbidden", "pods is forbidden")
+    run_round(controller, 1000.0)
+    assert not client.evicted and controller.state.in_flight is None
+    assert [(n, r) for n, r, _ in events] == [("whole", "DefragReservationFailed")]

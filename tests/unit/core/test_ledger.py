@@ -142,6 +142,21 @@ def test_every_system_annotation_has_a_validation_in_the_pod_policy() -> None:
                                                    if not n.set_at_create}
 
 
+def test_the_defrag_reservation_is_the_systems_from_creation_on() -> None:
+    """Issue 30: a tenant who could write `elasticgpu.io/defrag-reservation` would keep cards
+    for a pod that never binds (the extender counts a live one as held)."""
+    note, = (n for n in ann.SYSTEM_POD_ANNOTATIONS if n.key == ann.DEFRAG_RESERVATION)
+    assert not note.set_at_create and "controller" in note.writer
+    validations = admission_policies.pod_ledger_policy()["spec"]["validations"]
+    validation, = (v for v in validations if f'"{ann.DEFRAG_RESERVATION}"' in v["expression"])
+    # neither at CREATE (absent) nor later (unchanged) unless the requester is the system
+    assert validation["expression"] == (
+        f'variables.system || (request.operation == \'CREATE\' ? '
+        f'!object.metadata.?annotations[?"{ann.DEFRAG_RESERVATION}"].hasValue() : '
+        f'(object.metadata.?annotations[?"{ann.DEFRAG_RESERVATION}"] == '
+        f'oldObject.metadata.?annotations[?"{ann.DEFRAG_RESERVATION}"]))')
+
+
 def test_every_policy_has_its_binding() -> None:
     objects = admission_policies.manifests()
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}

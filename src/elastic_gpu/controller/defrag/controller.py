@@ -61,6 +61,8 @@ class DefragController:
         self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
         self.egpus = f.informer(ELASTICGPUS.path(), "elasticgpus", missing_ok=True)
         self.state = DefragState()
+        #: the reservation's expiry is wall-clock time (the extender reads it, another process)
+        self.wall_clock = time.time
         self.metrics = DefragMetrics(ctx)
         self.writes = DefragWrites(ctx.client, ctx.recorder, self.state, self.metrics)
         self.limits = RateLimits(self.config.max_moves_per_node, self.config.max_moves_cluster,
@@ -184,6 +186,9 @@ class DefragController:
                 self.metrics.plans.labels("rate_limited").inc()
                 self.writes.rate_limited(pod, why)
                 continue
+            if not await self.writes.reserve(pod, facts.key, plan.placement, self.wall_clock(),
+                                             self.config.reservation_s):
+                return  # the next round tries again
             self.metrics.plans.labels("carried_out").inc()
             done = await self.writes.carry_out(pod, facts.key, steps, plan.placement, now)
             if done:

@@ -15,9 +15,11 @@ from typing import Any
 
 from elastic_gpu.controller.defrag.metrics import DefragMetrics
 from elastic_gpu.controller.defrag.state import DefragState
+from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.defrag.limits import Eviction
 from elastic_gpu.core.defrag.movable import PodFacts
+from elastic_gpu.core.defrag.reservation import reservation_for
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import ApiError, NotFound, TooManyRequests
 from elastic_gpu.kube.events import EventRecorder
@@ -32,6 +34,7 @@ MADE_ROOM = "DefragMadeRoom"
 REFUSED = "DefragEvictionRefused"
 RATE_LIMITED = "DefragRateLimited"
 FAILED = "DefragEvictionFailed"
+RESERVE_FAILED = "DefragReservationFailed"
 
 
 def cards(assignment: Assignment) -> str:
@@ -77,6 +80,24 @@ class DefragWrites:
 
     def rate_limited(self, pending: Mapping[str, Any], why: str) -> None:
         self.recorder.record(pending, "Normal", RATE_LIMITED, f"room could be made, but {why}")
+
+    async def reserve(self, pending: Mapping[str, Any], key: str, placement: Assignment,
+                      wall_now: float, ttl_s: float) -> bool:
+        """Write the plan's reservation on the pending pod (`core.defrag.reservation`), before
+        anything is evicted: the extender keeps the freed cards for it. False (and nothing is
+        evicted) when the write fails: room made without it may go to another pod."""
+        meta = pending.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        text = reservation_for(placement, wall_now, ttl_s).to_json()
+        patch = {"metadata": {"uid": meta.get("uid"), "annotations": {ann.DEFRAG_RESERVATION: text}}}
+        try:
+            await self.client.patch(PODS.path(namespace, name), patch)
+        except ApiError as err:
+            log.warning("defrag for %s: reserving %s: %s", key, cards(placement), err)
+            self.recorder.record(pending, "Warning", RESERVE_FAILED,
+                                 f"reserving {cards(placement)} failed, nothing moved: {err}")
+            return False
+        return True
 
     async def carry_out(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
                         placement: Assignment, now: float) -> int:

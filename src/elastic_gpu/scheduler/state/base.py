@@ -14,6 +14,7 @@ import time
 from abc import abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.claims import model as claims_model
@@ -37,9 +38,13 @@ class StateBase:
     """The fields of `SchedulerState`, its readiness, and the calls across its parts."""
 
     def __init__(self, config: SchedulerConfig | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.config = config or SchedulerConfig()
         self._clock = clock
+        #: the wall clock, for the expiry of defragmentation reservations (absolute times
+        #: another process wrote: `core.defrag.reservation`)
+        self._wall = wall_clock
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeInfo] = {}
         self._devices: dict[str, tuple[str, Card]] = {}  # device object name -> (node, card)
@@ -52,6 +57,9 @@ class StateBase:
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
+        #: uid -> expiry (wall clock) of the defragmentation reservation it holds (a pending
+        #: pod: its `_holds` entry is the reservation's cards)
+        self._reserved_until: dict[str, float] = {}
         #: uid -> why its assignment is not the scheduler's (not counted; logged once)
         self._distrusted: dict[str, str] = {}
         #: CPU and memory of bound pods, for the policies' view of a node (not for fit:
@@ -131,6 +139,9 @@ class StateBase:
     def _sync(self, uid: str) -> None: ...  # holds
 
     @abstractmethod
+    def _set_hold(self, uid: str, assignment: Assignment | None) -> None: ...  # holds
+
+    @abstractmethod
     def _sync_consumers(self, name: str) -> None: ...  # holds
 
     @abstractmethod
@@ -162,6 +173,9 @@ class StateBase:
 
     @abstractmethod
     def expire(self) -> int: ...  # reservations
+
+    @abstractmethod
+    def _defrag_hold_released(self, uid: str) -> AbstractContextManager[None]: ...  # reservations
 
     @abstractmethod
     def _mark_freed(self, node: str) -> None: ...  # wakeups

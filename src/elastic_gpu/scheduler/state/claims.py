@@ -220,30 +220,35 @@ class ClaimCaches(StateBase):
         and each ElasticGPU to create with its reservation token (`settle_elasticgpu`)."""
         with self._lock:
             self._prepare()
-            rest = without_containers(pod, view.bound)
-            placed = self.engine.assign(rest, node) if rest.wants_gpu else Assignment(node, {})
-            made = []
-            for container, claim in sorted(view.first_consumer.items()):
-                cls = self._classes.get(claim.class_name or "")
-                if cls is None:
-                    raise Unschedulable(FitFailure(FitKind.UNDETAILED), node)
-                made.append(claims_pods.first_consumer_elasticgpu(
-                    claim, cls, node, tuple(placed.containers.get(container, ()))))
-            own = Assignment(node, {c: s for c, s in placed.containers.items()
-                                    if c not in view.first_consumer})
-            token = self._reserve_assignment(pod, uid, node, own)
-            tokens = []
-            try:
-                for egpu in made:
-                    tokens.append((egpu, self._reserve_egpu(egpu)))
-            except Unschedulable:
-                for egpu, etoken in tokens:
-                    self._drop_reservations(ledger_key(egpu.name), etoken)
-                self._drop_reservations(uid, token)
-                raise
-            containers = dict(placed.containers)
-            containers.update({c: e.shares for c, e in view.bound.items()})
-            return token, Assignment(node, containers, view.marks()), tokens
+            with self._defrag_hold_released(uid):
+                return self._reserve_claims(pod, uid, node, view)
+
+    def _reserve_claims(self, pod: PodRequest, uid: str, node: str, view: PodClaims
+                        ) -> tuple[int, Assignment, list[tuple[claims_model.ElasticGPU, int]]]:
+        rest = without_containers(pod, view.bound)
+        placed = self.engine.assign(rest, node) if rest.wants_gpu else Assignment(node, {})
+        made = []
+        for container, claim in sorted(view.first_consumer.items()):
+            cls = self._classes.get(claim.class_name or "")
+            if cls is None:
+                raise Unschedulable(FitFailure(FitKind.UNDETAILED), node)
+            made.append(claims_pods.first_consumer_elasticgpu(
+                claim, cls, node, tuple(placed.containers.get(container, ()))))
+        own = Assignment(node, {c: s for c, s in placed.containers.items()
+                                if c not in view.first_consumer})
+        token = self._reserve_assignment(pod, uid, node, own)
+        tokens = []
+        try:
+            for egpu in made:
+                tokens.append((egpu, self._reserve_egpu(egpu)))
+        except Unschedulable:
+            for egpu, etoken in tokens:
+                self._drop_reservations(ledger_key(egpu.name), etoken)
+            self._drop_reservations(uid, token)
+            raise
+        containers = dict(placed.containers)
+        containers.update({c: e.shares for c, e in view.bound.items()})
+        return token, Assignment(node, containers, view.marks()), tokens
 
     def _reserve_egpu(self, egpu: claims_model.ElasticGPU) -> int:
         key = ledger_key(egpu.name)

@@ -14,6 +14,7 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.defrag import reservation as defrag_reservation
 from elastic_gpu.core.placement import (
     Unschedulable,
     task_shape,
@@ -43,7 +44,24 @@ class Holds(StateBase):
                 return None
             return egpu_assignment(egpu)
         pod = self._pods.get(uid)
-        return pod.held(self._egpu_counted) if pod is not None else None
+        if pod is None:
+            return None
+        held = pod.held(self._egpu_counted)
+        if held is None and uid in self._reserved_until:
+            return pod.reservation.assignment if pod.reservation is not None else None
+        return held
+
+    def _note_reservation(self, uid: str) -> None:
+        """Whether the pod holds its defragmentation reservation now (`_reserved_until`): live
+        (`core.defrag.reservation.live`: not bound, not stopped, not expired) and no bind of
+        it in flight (a bind's reservation holds the cards it chose instead)."""
+        pod = self._pods.get(uid)
+        if pod is not None and pod.reservation is not None and uid not in self._inflight \
+                and defrag_reservation.live(pod.reservation, node_name=pod.node_name,
+                                            stopped=pod.stopped, now=self._wall()):
+            self._reserved_until[uid] = pod.reservation.expires
+        else:
+            self._reserved_until.pop(uid, None)
 
     def _egpu_counted(self, name: str) -> bool:
         """Whether ElasticGPU `name` holds its cards in the ledger: it exists with a node and
@@ -108,6 +126,8 @@ class Holds(StateBase):
 
     def _sync(self, uid: str) -> None:
         self._note_distrust(uid)
+        if not uid.startswith(EGPU_KEY):
+            self._note_reservation(uid)
         desired = self._desired(uid)
         if desired == self._holds.get(uid) and uid not in self._conflicts:
             return
@@ -133,6 +153,9 @@ class Holds(StateBase):
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,
                             info.assignment_error)
+            if info.reservation_error and (old is None or old.reservation_error is None):
+                log.warning("pod %s: ignoring its %s annotation: %s", info.key,
+                            ann.DEFRAG_RESERVATION, info.reservation_error)
             self._index_consumer(info.uid, old, info)
             self._pods[info.uid] = info
             if info.node_name or info.phase in TERMINAL_PHASES:

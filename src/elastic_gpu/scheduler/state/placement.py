@@ -87,6 +87,10 @@ class Placement(StateBase):
                     # Narrowed answer: only the node the engine would choose. kube-scheduler
                     # skips scoring (and prioritize) when one node is left, so the decision is
                     # exactly the engine's and the cycle has one round trip instead of two.
+                    reserved = self._reserved_node(uid)
+                    if reserved is not None and reserved in node_names \
+                            and self.engine.filter(pod, [reserved]).feasible:
+                        return FilterResult([reserved], {}), ()  # where room was made for it
                     best = self.engine.best(pod, node_names)
                     if best is not None:
                         return FilterResult([best], {}), ()
@@ -116,9 +120,15 @@ class Placement(StateBase):
                                                             dtype=np.float64), [])
                 elif pod.wants_gpu:
                     scored = self.engine.scored(pod, node_names)
+            reserved = self._reserved_node(uid)
         if scored is None:
             return dict.fromkeys(node_names, 0)
-        return rescale_scored(scored, node_names)
+        return prefer(rescale_scored(scored, node_names), reserved)
+
+    def _reserved_node(self, uid: str) -> str | None:
+        """The node of the pod's live defragmentation reservation (room was made there)."""
+        held = self._holds.get(uid)
+        return held.node if held is not None and uid in self._reserved_until else None
 
     def preempt(self, pod: PodRequest, uid: str,
                 candidates: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, tuple[list[str], int]]:
@@ -133,8 +143,9 @@ class Placement(StateBase):
                 for node, (victims, pdb) in candidates.items():
                     if node not in self._known:
                         continue
+                    # a pending pod holding a reservation there is no victim kube-scheduler knows
                     residents = {u: self._pods[u].priority for u in self._node_pods.get(node, ())
-                                 if u in self._pods}
+                                 if u in self._pods and u not in self._reserved_until}
                     chosen = victims_on(self.engine, pod, node, list(victims), self._holds,
                                         residents, preemptor_priority)
                     if chosen is not None:
@@ -153,6 +164,16 @@ def without_containers(pod: PodRequest, containers: Iterable[str]) -> PodRequest
     if not drop:
         return pod
     return replace(pod, containers=tuple(c for c in pod.containers if c.name not in drop))
+
+
+def prefer(scores: dict[str, int], node: str | None) -> dict[str, int]:
+    """`node` first (kube-scheduler asks prioritize only for the nodes its filter passed): 10,
+    every other at most 9."""
+    if node is None or node not in scores:
+        return scores
+    out = {n: min(v, 9) for n, v in scores.items()}
+    out[node] = 10
+    return out
 
 
 def rescale_scored(scored: ScoredNodes, node_names: Sequence[str]) -> dict[str, int]:

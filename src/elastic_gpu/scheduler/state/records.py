@@ -10,6 +10,7 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core import podlife
 from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust
+from elastic_gpu.core.defrag.reservation import DefragReservation, ReservationError
 from elastic_gpu.core.nodeaffinity import Taint
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 
@@ -49,6 +50,9 @@ class PodInfo:
     stopped: bool = False
     #: `elasticgpu.io/assigned-node`, which the Binding writes with the assignment
     assigned_node: str | None = None
+    #: `elasticgpu.io/defrag-reservation`: cards the defragmentation controller freed for it
+    reservation: DefragReservation | None = None
+    reservation_error: str | None = None
 
     @property
     def key(self) -> str:
@@ -104,6 +108,14 @@ class PodInfo:
                 assignment = Assignment.from_json(text)
             except AssignmentError as err:
                 error = str(err)
+        reservation: DefragReservation | None = None
+        reservation_error: str | None = None
+        reserved = annotations.get(ann.DEFRAG_RESERVATION)
+        if reserved:
+            try:
+                reservation = DefragReservation.from_json(reserved)
+            except ReservationError as err:
+                reservation_error = str(err)
         rv_text = meta.get("resourceVersion")
         try:
             rv = int(rv_text) if rv_text is not None else None
@@ -123,6 +135,8 @@ class PodInfo:
             manifest=pod,
             stopped=podlife.stopped(pod),
             assigned_node=annotations.get(ann.ASSIGNED_NODE),
+            reservation=reservation,
+            reservation_error=reservation_error,
         )
 
 

@@ -5,7 +5,8 @@ outcome is known (bound, failed) or its TTL runs out (unknown).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -51,6 +52,22 @@ class Reservations(StateBase):
             del self._inflight[uid]
             if uid.startswith(EGPU_KEY):  # if the ElasticGPU was never made, pods naming it
                 self._sync_consumers(uid[len(EGPU_KEY):])  # hold its cards themselves
+            else:  # a pod whose bind did not land holds its defragmentation reservation again
+                self._sync(uid)
+
+    @contextmanager
+    def _defrag_hold_released(self, uid: str) -> Iterator[None]:
+        """Binding a pod that holds a defragmentation reservation: its cards are the pod's to
+        choose, so the reservation stops counting while the bind's own reservation is made
+        (which then holds them); if choosing fails, it counts again."""
+        if uid not in self._reserved_until:
+            yield
+            return
+        self._set_hold(uid, None)
+        try:
+            yield
+        finally:
+            self._sync(uid)
 
     def reserve(self, pod: PodRequest, uid: str, node: str) -> tuple[int, Assignment]:
         """Choose cards on `node` and hold them now, before anything is written to the API.
@@ -60,8 +77,9 @@ class Reservations(StateBase):
         """
         with self._lock:
             self._prepare()
-            assignment = self.engine.assign(pod, node)
-            return self._reserve_assignment(pod, uid, node, assignment), assignment
+            with self._defrag_hold_released(uid):
+                assignment = self.engine.assign(pod, node)
+                return self._reserve_assignment(pod, uid, node, assignment), assignment
 
     def _reserve_assignment(self, pod: PodRequest, uid: str, node: str,
                             assignment: Assignment) -> int:
@@ -117,4 +135,9 @@ class Reservations(StateBase):
             for uid, token in late:
                 log.warning("reservation of pod uid %s expired; its bind never showed up", uid)
                 self._drop_reservations(uid, token)
+            wall = self._wall()
+            ended = [uid for uid, until in self._reserved_until.items() if until <= wall]
+            for uid in ended:
+                log.info("defragmentation reservation of pod uid %s expired", uid)
+                self._sync(uid)
             return len(late)

@@ -75,7 +75,12 @@ class Wakeups(StateBase):
     def wakeup_pending(self) -> bool:
         """Whether a wake-up round may find someone: pods wait and capacity freed (or an
         inventory change not yet in the engine may free some). A hint, read without the lock."""
-        return bool(self._claim_wakes) or (bool(self._waiting) and bool(self._freed or self._dirty))
+        return bool(self._claim_wakes) or (bool(self._waiting) and bool(
+            self._freed or self._dirty or self._reservation_ended()))
+
+    def _reservation_ended(self) -> bool:
+        """A defragmentation reservation's expiry passed (`expire` will free its cards)."""
+        return min(self._reserved_until.values(), default=float("inf")) <= self._wall()
 
     def wakeup_done(self, wake: Wake, sent: bool, definite: bool = True) -> None:
         """A wake-up's outcome in the API. Refused (the pod is gone or was re-created): it

@@ -1,0 +1,143 @@
+"""The extender keeps a defragmentation reservation (`elasticgpu.io/defrag-reservation`, written
+by the controller on a pending pod) for that pod: another pod is refused those cards, the pod
+itself takes them (and is steered to its node), and the reservation ends when the pod binds, is
+deleted or the expiry passes (`core.defrag.reservation`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from egpu_testing.workbench import pod_manifest, ready_state
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.defrag.reservation import DefragReservation
+from elastic_gpu.core.fit import FitKind
+from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.placement import Unschedulable
+from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.scheduler.binder import with_binding
+from elastic_gpu.scheduler.config import SchedulerConfig
+from elastic_gpu.scheduler.state import SchedulerState
+
+WALL = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpu_node(name: str) -> Node:
+    return Node(name, 64_000, 256_000, (Card(0, f"GPU-{name}-0", "T4", 16384),))
+
+
+def share_pod(name: str, percent: int) -> dict[str, Any]:
+    return pod_manifest(name, uid=f"uid-{name}",
+                        limits={"elasticgpu.io/gpu-core": str(percent)})
+
+
+def reserved(pod: dict[str, Any], node: str, milli: int, expires: float) -> dict[str, Any]:
+    """`pod` with the reservation the controller writes: `milli` of `node`'s card 0."""
+    pod = json.loads(json.dumps(pod))
+    share = CardShare(0, f"GPU-{node}-0", milli, 0)
+    text = DefragReservation(Assignment(node, {"main": (share,)}), expires).to_json()
+    pod["metadata"].setdefault("annotations", {})[ann.DEFRAG_RESERVATION] = text
+    pod["metadata"]["resourceVersion"] = "5"
+    return pod
+
+
+def make(filter_result: str = "all") -> tuple[SchedulerState, Clock, dict[str, Any]]:
+    """n1 and n2, one T4 each; `whole` (80 %) pending with 80 % of n1's card reserved for
+    two minutes."""
+    wall = Clock(WALL)
+    state = SchedulerState(SchedulerConfig(filter_result=filter_result), wall_clock=wall)
+    whole = reserved(share_pod("whole", 80), "n1", 800, WALL + 120)
+    return ready_state([gpu_node("n1"), gpu_node("n2")], state, [whole]), wall, whole
+
+
+def req(pod: dict[str, Any]) -> Any:
+    return pod_request_from_manifest(pod)
+
+
+def test_another_pod_is_refused_the_reserved_card_with_the_fit_reason() -> None:
+    state, _, _ = make()
+    other = share_pod("other", 50)
+    result = state.filter(req(other), "uid-other", ["n1", "n2"])
+    assert result.feasible == ["n2"]
+    failure = result.failed["n1"]
+    assert (failure.kind, failure.per_card_milli, failure.free) == (
+        FitKind.INSUFFICIENT_SHARE, 500, 0)
+    with pytest.raises(Unschedulable):
+        state.reserve(req(other), "uid-other", "n1")
+    # a share that fits beside the reservation still may (20 % is left)
+    assert state.filter(req(share_pod("small", 20)), "uid-small", ["n1"]).feasible == ["n1"]
+
+
+def test_the_pending_pod_takes_its_reserved_cards_and_is_steered_to_them() -> None:
+    state, _, whole = make()
+    assert state.filter(req(whole), "uid-whole", ["n1", "n2"]).feasible == ["n1", "n2"]
+    scores = state.prioritize(req(whole), "uid-whole", ["n1", "n2"])
+    assert scores["n1"] == 10 and scores["n2"] <= 9
+    best, _, _ = make("best")
+    assert best.filter(req(whole), "uid-whole", ["n2", "n1"]).feasible == ["n1"]
+    token, assignment = state.reserve(req(whole), "uid-whole", "n1")
+    assert assignment.node == "n1"
+    # the bind's reservation holds the cards now, the defragmentation one no longer counts
+    assert state.inflight() == {"uid-whole": [assignment]} and "uid-whole" not in state.holds()
+    state.settle("uid-whole", token, "bound", with_binding(whole, "n1", assignment))
+    assert state.holds()["uid-whole"] == assignment  # its assignment replaced the reservation
+    assert state.filter(req(share_pod("other", 50)), "uid-other", ["n1"]).feasible == []
+
+
+def test_a_refused_bind_gives_the_reservation_back() -> None:
+    state, _, whole = make()
+    token, _ = state.reserve(req(whole), "uid-whole", "n1")
+    state.settle("uid-whole", token, "failed")
+    assert state.holds()["uid-whole"].node == "n1"
+    assert state.filter(req(share_pod("other", 50)), "uid-other", ["n1"]).feasible == []
+
+
+def test_expiry_and_deletion_free_the_cards() -> None:
+    state, wall, _ = make()
+    other = share_pod("other", 50)
+    assert state.filter(req(other), "uid-other", ["n1"]).feasible == []
+    wall.now = WALL + 120  # the expiry: over
+    assert state.filter(req(other), "uid-other", ["n1"]).feasible == ["n1"]
+    assert "uid-whole" not in state.holds()
+    state, _, _ = make()
+    state.forget_pod("uid-whole")
+    assert state.filter(req(other), "uid-other", ["n1"]).feasible == ["n1"]
+
+
+def test_a_reservation_too_far_ahead_or_unreadable_holds_nothing() -> None:
+    wall = Clock(WALL)
+    state = SchedulerState(wall_clock=wall)
+    far = reserved(share_pod("far", 80), "n1", 800, WALL + 3600)  # past MAX_AHEAD_S
+    bad = share_pod("bad", 80)
+    bad["metadata"]["annotations"] = {ann.DEFRAG_RESERVATION: "{not json"}
+    ready_state([gpu_node("n1")], state, [far, bad])
+    assert state.holds() == {}
+    assert state.pod("uid-bad").reservation_error.startswith("reservation is not JSON")
+
+
+def test_a_reservation_is_no_preemption_victim() -> None:
+    state, _, _ = make()
+    important = pod_manifest("vip", uid="uid-vip", priority=1000,
+                             limits={"elasticgpu.io/gpu-core": "50"})
+    assert state.preempt(req(important), "uid-vip", {"n1": ([], 0)}) == {}
+
+
+def test_a_pod_turned_away_by_a_reservation_is_woken_when_it_expires() -> None:
+    state, wall, _ = make()
+    waiting = share_pod("waiting", 50)
+    assert state.filter(req(waiting), "uid-waiting", ["n1"]).feasible == []
+    assert not state.wakeup_pending()
+    wall.now = WALL + 120
+    assert state.wakeup_pending()  # the API worker link starts a round, which expires it
+    assert [(w.name, w.node) for w in state.wakeups()] == [("waiting", "n1")]
