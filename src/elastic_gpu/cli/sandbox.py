@@ -61,6 +61,11 @@ def up(
         help="KubeSchedulerConfiguration YAML for the sandbox's kube-scheduler instead of the "
         "one calling the sandbox's extender; kubeconfig and leader election are filled in")
     ] = None,
+    extender_config: Annotated[Path | None, typer.Option(
+        "--extender-config", exists=True, dir_okay=False,
+        help="Config YAML of the sandbox's scheduler extender (docs/scheduler.md), e.g. "
+        "loadAware: true; checked by the extender's own loader before anything starts "
+        "(a bad file: exit 2)")] = None,
     bare: Annotated[bool, typer.Option(
         "--bare", help="Kubernetes alone: no Elastic GPU components (no scheduler "
         "extender; kube-scheduler as it comes)")] = False,
@@ -137,6 +142,15 @@ def up(
                 None, "KubeSchedulerConfiguration"):
             raise typer.BadParameter(f"{scheduler_config}: not a KubeSchedulerConfiguration",
                                      param_hint="--scheduler-config")
+    if extender_config is not None:
+        if bare:
+            raise typer.BadParameter("--bare runs no extender", param_hint="--extender-config")
+        from elastic_gpu.scheduler.config import load_config as load_extender_config
+
+        try:
+            load_extender_config(extender_config)
+        except ConfigError as err:
+            raise typer.BadParameter(str(err), param_hint="--extender-config") from None
     from elastic_gpu.devcluster import realnode_sandbox
 
     try:
@@ -158,7 +172,8 @@ def up(
                          agent_config=node_config,
                          agent_configs={k: v for k, v in per_node.items() if v is not None},
                          controller_manager=not no_controller_manager, bare=bare,
-                         real_nodes=real_nodes, registry=registry)
+                         real_nodes=real_nodes, registry=registry,
+                         extender_config=extender_config)
     except DevClusterError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None

@@ -57,6 +57,9 @@ class ComponentEnv:
     #: Whether kube-scheduler ignores the quota's accounting names, so the webhook may add
     #: them (`scheduler.kubeconfig.ignores_quota_names`; a --scheduler-config may not).
     quota_names_ignored: bool = True
+    #: The scheduler extender's config file (`egpu sandbox up --extender-config`, already
+    #: validated by `scheduler.config.load_config`); None: its defaults.
+    extender_config: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,10 @@ def extender_missing_nodes(metrics_text: str, cards: Mapping[str, int]) -> list[
 
 
 def _extender_argv(env: ComponentEnv) -> list[str]:
+    config = [] if env.extender_config is None else ["--config", str(env.extender_config)]
     return [env.python, "-m", "elastic_gpu.cli.main", "scheduler",
-            "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port)]
+            "--kubeconfig", str(env.kubeconfig), "--host", HOST, "--port", str(env.port),
+            *config]
 
 
 #: The sandbox's extender replicas' Lease holder identities: `SANDBOX_REPLICA_IDENTITY % i`,

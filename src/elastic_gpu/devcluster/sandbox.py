@@ -79,6 +79,8 @@ class Sandbox:
     up_seconds: dict[str, float] = field(default_factory=dict)
     #: kube-scheduler ignores the quota's names, so the webhook adds them (`ComponentEnv`).
     quota_names_ignored: bool = True
+    #: The extender's config file (`ComponentEnv.extender_config`): a copy in the state dir.
+    extender_config: Path | None = None
 
     def save(self) -> None:
         data = {"plane": self.plane.to_dict(), "kubeconfig": str(self.kubeconfig),
@@ -220,7 +222,8 @@ def _spawn_component(sandbox: Sandbox, spec: ComponentSpec) -> ProcessHandle:
                        port=port, python=sys.executable,
                        endpoints={name: str(c["endpoint"]) for name, c in sandbox.components.items()
                                   if c.get("endpoint")},
-                       quota_names_ignored=sandbox.quota_names_ignored)
+                       quota_names_ignored=sandbox.quota_names_ignored,
+                       extender_config=sandbox.extender_config)
     return sandbox.plane.start_process(spec.name, spec.argv(env))
 
 
@@ -259,7 +262,8 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
        agent_config: AgentConfigLike | None = None,
        agent_configs: Mapping[str, AgentConfigLike] | None = None,
        controller_manager: bool = True, bare: bool = False, real_nodes: int = 0,
-       registry: Sequence[ComponentSpec] = components.REGISTRY) -> Sandbox:
+       registry: Sequence[ComponentSpec] = components.REGISTRY,
+       extender_config: Path | None = None) -> Sandbox:
     """Start a sandbox with `inventories` as fake GPU nodes, Ready, and its kubeconfig.
 
     Runs the components of `registry` (without `bare`: the Elastic GPU scheduler extender,
@@ -274,6 +278,9 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     tail, and everything started is stopped.
     `real_nodes`: 0 or 1 real kubelet nodes (containerd, runc; `realnode_sandbox`) beside the
     fake ones, each with an agent (fake backend).
+    `extender_config`: the scheduler extender's config file (validated by the caller with
+    `scheduler.config.load_config`); copied into the state dir (removed by `down`), so the
+    running extender does not depend on the caller's file.
     """
     specs = components.select(registry, bare=bare)
     state_dir = state_dir.resolve()
@@ -291,6 +298,10 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
     sandbox = Sandbox(state_dir, plane, kubeconfig.resolve(), [inv.name for inv in inventories],
                       bare=bare, quota_names_ignored=scheduler_config is None
                       or ignores_quota_names(scheduler_config))
+    if extender_config is not None:
+        (state_dir / "cluster").mkdir(parents=True, exist_ok=True)
+        sandbox.extender_config = state_dir / "cluster" / "extender-config.yaml"
+        shutil.copyfile(extender_config, sandbox.extender_config)
     # Record every pid as soon as it exists: if this command is killed half-way, `down`
     # still finds what it had started.
     plane.on_spawn = lambda _plane: sandbox.save()

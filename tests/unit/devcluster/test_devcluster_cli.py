@@ -46,3 +46,24 @@ def test_scheduler_config_must_be_a_kube_scheduler_configuration(tmp_path):
                                  "--state-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a KubeSchedulerConfiguration" in result.output
+
+
+def test_bad_extender_config_is_refused_before_anything_starts(tmp_path):
+    cfg = tmp_path / "extender.yaml"
+    cfg.write_text("loadAware: yes-please\n")
+    result = runner.invoke(app, ["up", "--gpu-nodes", "1", "--extender-config", str(cfg),
+                                 "--kubeconfig", str(tmp_path / "kc"),
+                                 "--state-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "--extender-config" in result.output and "loadAware" in result.output
+    assert "must be true or false" in result.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_extender_config_with_bare_is_refused(tmp_path):
+    cfg = tmp_path / "extender.yaml"
+    cfg.write_text("loadAware: true\n")
+    result = runner.invoke(app, ["up", "--gpu-nodes", "1", "--bare", "--extender-config",
+                                 str(cfg), "--state-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "--bare runs no extender" in result.output

@@ -67,6 +67,20 @@ def test_extender_argv_serves_on_its_port_with_the_sandbox_kubeconfig(tmp_path):
     assert argv[argv.index("--port") + 1] == "4321"
     assert argv[argv.index("--kubeconfig") + 1] == str(tmp_path / "kc")
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "--config" not in argv  # its defaults, as before --extender-config
+
+
+def test_extender_argv_passes_the_extender_config_to_every_replica(tmp_path):
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=4321,
+                       python=sys.executable, extender_config=tmp_path / "ext.yaml")
+    argv = components.EXTENDER.argv(env)
+    assert argv[argv.index("--config") + 1] == str(tmp_path / "ext.yaml")
+    replicas = [spec for spec in components.with_extender_replicas(components.REGISTRY, 2)
+                if spec.name.startswith("egpu-scheduler-")]
+    assert len(replicas) == 2
+    for spec in replicas:
+        argv = spec.argv(env)
+        assert argv[argv.index("--config") + 1] == str(tmp_path / "ext.yaml")
 
 
 def test_kube_scheduler_config_is_the_deployed_one_pointed_at_the_extender():
