@@ -91,11 +91,10 @@ class ReadyForwarder:
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
+            with contextlib.suppress(ConnectionError, OSError):  # either side went away
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
         finally:
             with contextlib.suppress(ConnectionError, OSError, RuntimeError):
                 writer.close()

@@ -159,11 +159,8 @@ class DefragController:
                                self.egpus.items(), self.config.policy)
         for pod, request in waiting:
             facts = pod_facts(pod)
-            try:
-                cluster.engine.place(request)
+            if _fits_now(cluster, request):
                 continue  # it fits as things are: the scheduler's to place, nothing to move
-            except Unschedulable:
-                pass
             movable = self._movable(cluster, facts, now)
             if not movable:
                 continue
@@ -216,3 +213,12 @@ class DefragController:
     def _steps(cluster: Cluster, plan: DefragPlan) -> list[Step]:
         return [Step(cluster.placed[m.pod_key].obj, cluster.placed[m.pod_key].facts,
                      m.source, m.target) for m in plan.moves]
+
+
+def _fits_now(cluster: Cluster, request: PodRequest) -> bool:
+    """Whether the engine places the pod on the cluster as it is (no move needed)."""
+    try:
+        cluster.engine.place(request)
+    except Unschedulable:
+        return False
+    return True
