@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+
+import numpy as np
+import numpy.typing as npt
 
 from elastic_gpu.core.workload import DEFAULT_CPU_REQUEST, TargetWorkload
 
@@ -136,6 +140,57 @@ class Fragmentation:
             q3_weight += weight
             q3_small += weight * small
         return total * (1.0 - q3_weight) + q3_small
+
+
+    def nodes_array(self, models: Sequence[str], model_ids: npt.NDArray[np.int64],
+                    cpu_free: npt.NDArray[np.int64], memory_free: npt.NDArray[np.int64] | None,
+                    free: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """`node` (`memory_free` None) or `node_with_memory` of many states at once.
+
+        State i is a node of model `models[model_ids[i]]` with `cpu_free[i]` (and
+        `memory_free[i]`) and the free compute of its usable cards in row i of `free`, sorted
+        descending, padded with -1 past its cards. The same IEEE doubles as `_compute` state by
+        state: the fragments are integers, and weights and weighted fragments are added in the
+        scalar order (a shape's items in turn, then the groups in turn along a cumulative sum,
+        which adds strictly left to right; an item or group that does not count adds 0.0,
+        which leaves a double as it was). Nothing is memoised here (`fgd_arrays` keeps each
+        node's value while the node is unchanged)."""
+        n, width = free.shape
+        groups = self._groups
+        counted = free >= 0
+        total = (free * counted).sum(axis=1)
+        if not groups:  # every free milli-card is a fragment
+            return np.where(total == 0, 0.0, total * 1.0)
+        milli = np.array([g.milli for g in groups], dtype=np.int64)
+        count = np.array([g.count for g in groups], dtype=np.int64)
+        # the count-th largest card of each state against each group's compute per card
+        kth = free[:, np.clip(count - 1, 0, width - 1)]
+        fits = (kth >= milli) & (count <= width)
+        accepted = np.array([[not g.models or name in g.models for g in groups]
+                             for name in models], dtype=bool)
+        fits &= accepted[model_ids]
+        # the compute on cards too small for each group (integers: order does not matter)
+        small = (free[:, :, None] * (counted[:, :, None] & (free[:, :, None] < milli))).sum(axis=1)
+        weight = np.zeros((n, len(groups)))
+        for j, group in enumerate(groups):
+            if not fits[:, j].any():
+                continue
+            if memory_free is None:
+                k = np.searchsorted(np.array(group.cpus, dtype=np.int64), cpu_free, side="right")
+                weight[:, j] = np.array((0.0, *group.cumulative))[k]
+            else:
+                column = np.zeros(n)
+                for cpu, memory, probability in group.items:
+                    column = column + np.where((cpu_free >= cpu) & (memory_free >= memory),
+                                               probability, 0.0)
+                weight[:, j] = column
+        counts = fits & (weight != 0.0)
+        weight = np.where(counts, weight, 0.0)
+        q3_weight = np.cumsum(weight, axis=1)[:, -1]
+        q3_small = np.cumsum(weight * small, axis=1)[:, -1]
+        out: npt.NDArray[np.float64] = np.where(total == 0, 0.0,
+                                                total * (1.0 - q3_weight) + q3_small)
+        return out
 
 
 def sorted_free(free: list[int] | tuple[int, ...]) -> tuple[int, ...]:

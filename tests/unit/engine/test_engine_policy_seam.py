@@ -8,6 +8,7 @@ import pytest
 from engine_helpers import gpu_node, share
 
 from elastic_gpu.core.placement import Engine, PolicyConfig
+from elastic_gpu.core.placement.scoring import node_arrays
 from elastic_gpu.core.policies import NODE_POLICIES, NodeArrays, NodePolicy, NodeView, ScoreContext
 from elastic_gpu.core.workload import TaskShape
 
@@ -55,8 +56,6 @@ def test_the_classic_rules_score_from_arrays_as_node_by_node(policy: str) -> Non
     task = TaskShape(1000, 300, 1)
     for name in ("a", "b"):
         row = engine.rows_of([name])
-        arrays = chosen.score_arrays(engine.ctx, task, NodeArrays(
-            row, engine._layout.cap_milli, engine._layout.used_milli, engine._layout.usable,
-            engine._layout.cpu_cap, engine._layout.cpu_used))
+        arrays = chosen.score_arrays(engine.ctx, task, node_arrays(engine._layout, row))
         assert arrays is not None
         assert arrays.tolist() == [chosen.score(engine.ctx, task, engine.node_view(name))]

@@ -117,7 +117,7 @@ class Engine:
         """Score against another target workload from now on (the extender's observed one)."""
         self._scorer.ctx = ScoreContext(Fragmentation(workload), self.ctx.rng,
                                         self.ctx.cluster_cpu_per_gpu)
-        self._scorer.cache.clear()
+        self._scorer.clear()
         self._layout.generation += 1
 
     @property
@@ -345,7 +345,7 @@ class Engine:
             return
         lay.rebuild()
         self.ctx.cluster_cpu_per_gpu = cluster_cpu_per_gpu(lay.nodes())
-        self._scorer.cache.clear()
+        self._scorer.clear()
         ledger.replay(lay, self._ledger)
 
     def _apply(self, pod_key: str, entry: ledger.Entry, sign: int) -> None:

@@ -22,6 +22,10 @@ from elastic_gpu.core.workload import TaskShape
 
 #: score cache entries (policy, task shape) kept before the cache starts over
 _SCORE_CACHE_LIMIT = 4096
+#: missing cached scores from which a policy with cached `score_arrays` is asked for arrays
+#: rather than node views: below it, the few views (a node that just changed) cost less than
+#: the array pass's fixed cost
+ARRAYS_FROM = 8
 
 
 class _LazyViews(Sequence[NodeView]):
@@ -45,6 +49,12 @@ class _LazyViews(Sequence[NodeView]):
 
     def __iter__(self) -> Iterator[NodeView]:
         return (self._layout.view(r) for r in self._rows)
+
+
+def node_arrays(lay: Layout, rows: IntArray) -> NodeArrays:
+    """The layout's matrices as a policy reads them (`NodeArrays`), for these rows."""
+    return NodeArrays(rows, lay.cap_milli, lay.used_milli, lay.usable, lay.cpu_cap, lay.cpu_used,
+                      lay.mem_cap, lay.mem_used, lay.exists, lay.card_model, lay.models)
 
 
 class Scorer:
@@ -72,15 +82,22 @@ class Scorer:
         """The node of this row changed: its cached scores are stale."""
         for cached in self.cache.values():
             cached[row] = np.nan
+        for kept in self.ctx.row_memo.values():
+            kept[row] = np.nan
+
+    def clear(self) -> None:
+        """The rows were renumbered (or the workload changed): nothing cached holds."""
+        self.cache.clear()
+        self.ctx.row_memo.clear()
 
     def scores(self, lay: Layout, policy: NodePolicy, task: TaskShape, rows: IntArray
                ) -> FloatArray:
         """The policy's score of each of `rows` for a task of this shape (higher is better)."""
         ctx = self.ctx
-        vectorised = policy.score_arrays(ctx, task, NodeArrays(
-            rows, lay.cap_milli, lay.used_milli, lay.usable, lay.cpu_cap, lay.cpu_used))
-        if vectorised is not None:
-            return vectorised
+        if not policy.cache_arrays:
+            vectorised = policy.score_arrays(ctx, task, node_arrays(lay, rows))
+            if vectorised is not None:
+                return vectorised
         if not policy.cacheable:
             return np.array(policy.score_batch(ctx, task, _LazyViews(lay, rows.tolist())),
                             dtype=np.float64)
@@ -95,7 +112,9 @@ class Scorer:
         values = cached[rows]
         missing = rows[np.isnan(values)]
         if missing.size:
-            fresh = policy.score_batch(ctx, task, _LazyViews(lay, missing.tolist()))
-            cached[missing] = fresh
+            fresh = (policy.score_arrays(ctx, task, node_arrays(lay, missing))
+                     if policy.cache_arrays and missing.size >= ARRAYS_FROM else None)
+            cached[missing] = (fresh if fresh is not None else
+                               policy.score_batch(ctx, task, _LazyViews(lay, missing.tolist())))
             values = cached[rows]
         return values

@@ -68,6 +68,14 @@ class NodeArrays:
     #: per node row: CPU capacity and use (milli)
     cpu_capacity: npt.NDArray[np.int64]
     cpu_used: npt.NDArray[np.int64]
+    #: per node row: host memory capacity and use (MiB)
+    memory_capacity: npt.NDArray[np.int64]
+    memory_used: npt.NDArray[np.int64]
+    #: per node row and card column: whether a card is there, and its model (an index into
+    #: `models`)
+    card_exists: npt.NDArray[np.bool_]
+    card_model: npt.NDArray[np.int64]
+    models: Sequence[str]
 
     @property
     def free_total(self) -> npt.NDArray[np.int64]:
@@ -83,6 +91,35 @@ class NodeArrays:
         free: npt.NDArray[np.int64] = self.cpu_capacity[self.rows] - self.cpu_used[self.rows]
         return free
 
+    @property
+    def memory_free(self) -> npt.NDArray[np.int64]:
+        """Free host memory (MiB) of each node (`NodeView.memory_free`)."""
+        free: npt.NDArray[np.int64] = (self.memory_capacity[self.rows]
+                                       - self.memory_used[self.rows])
+        return free
+
+    @property
+    def card_free(self) -> npt.NDArray[np.int64]:
+        """Per node and card column: free milli-cards of a usable card, -1 elsewhere (the
+        cards of `NodeView.free`, in their order, at their columns)."""
+        rows = self.rows
+        free: npt.NDArray[np.int64] = np.where(self.card_usable[rows],
+                                               self.card_capacity[rows] - self.card_used[rows], -1)
+        return free
+
+    @property
+    def model(self) -> tuple[list[str], npt.NDArray[np.int64]]:
+        """Each node's `NodeView.model` (its first usable card's, else its first card's, else
+        ""), as the model names and each node's index into them."""
+        rows = self.rows
+        usable = self.card_usable[rows]
+        any_usable = usable.any(axis=1)
+        first = np.where(any_usable, usable.argmax(axis=1), 0)
+        present = any_usable | self.card_exists[rows, 0]
+        ids: npt.NDArray[np.int64] = np.where(present, self.card_model[rows, first],
+                                              len(self.models))
+        return [*self.models, ""], ids
+
 
 @dataclass
 class ScoreContext:
@@ -94,6 +131,17 @@ class ScoreContext:
     rng: np.random.Generator
     cluster_cpu_per_gpu: float | None = None
     waste: ExpectedWaste = field(init=False)
+    #: per node row, values a policy keeps while the node is unchanged (NaN: not known), by
+    #: the policy's own key: the engine marks a row NaN in all of them whenever anything on
+    #: that node changes, and drops them all when the rows are renumbered
+    row_memo: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict)
+
+    def memo(self, key: str, rows: int) -> npt.NDArray[np.float64]:
+        """The `row_memo` array under `key` for a layout of `rows` rows (new: all unknown)."""
+        values = self.row_memo.get(key)
+        if values is None or values.shape[0] != rows:
+            values = self.row_memo[key] = np.full(rows, np.nan)
+        return values
 
     def __post_init__(self) -> None:
         self.waste = ExpectedWaste(self.frag.workload)
@@ -117,6 +165,10 @@ class NodePolicy(ABC):
     #: the share of tasks the typical pods of the target workload cover when a replay or the
     #: extender builds that workload from tasks for this policy (FGD's measure reads it)
     popularity: float = FGD_POPULARITY
+    #: True when `score_arrays` is worth caching like `score` (FGD's, a pass per shape over
+    #: its fragmentation model): the engine then asks it only for the nodes whose cached score
+    #: is missing; False (binpack, spread: a few array operations) asks it for every request.
+    cache_arrays: bool = False
     #: the card tier this node policy is paired with when none is named: `egpu simulate
     #: --card-policy auto` and the extender without `cardPolicy` both use it
     #: (`policies.default_card_policy`), so the cluster gets the quality the simulator measures

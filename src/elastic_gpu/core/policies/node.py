@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from elastic_gpu.core.frag import sigmoid, sorted_free
+from elastic_gpu.core.policies import fgd_arrays
 from elastic_gpu.core.policies.base import NodeArrays, NodePolicy, NodeView, ScoreContext
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.core.workload import (
@@ -196,6 +197,7 @@ class FgdPolicy(NodePolicy):
 
     name = "fgd"
     card_tier = "fgd"
+    cache_arrays = True
 
     def score(self, ctx: ScoreContext, task: TaskShape, node: NodeView) -> float:
         if task.cpu_milli == 0 and task.total_milli == 0:
@@ -204,6 +206,16 @@ class FgdPolicy(NodePolicy):
         cpu_after = node.cpu_free - task.cpu_milli
         return best_fgd_score(before, (ctx.frag.node(node.model, cpu_after, sorted_free(free))
                                         for _, free in free_after(task, node.free)))
+
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64] | None:
+        # A subclass that scores its own way (`score` overridden) has no array form here.
+        return fgd_arrays.fgd(ctx, task, nodes) if vectorises(self, FgdPolicy) else None
+
+
+def vectorises(policy: NodePolicy, cls: type[NodePolicy]) -> bool:
+    """Whether `cls.score_arrays` is `policy`'s score: its class scores as `cls` does."""
+    return type(policy).score is cls.score
 
 
 def best_fgd_score(before: float, afters: Iterable[float]) -> float:
@@ -236,6 +248,11 @@ class FgdxPolicy(FgdPolicy):
             return base - 1e-3 * node.free_total / MAX_SPEC_GPU
         return base
 
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64] | None:
+        return (fgd_arrays.fgdx(ctx, task, nodes, MAX_SPEC_GPU) if vectorises(self, FgdxPolicy)
+                else None)
+
 
 class FgdxMemoryPolicy(FgdxPolicy):
     """fgdx with host memory in FGD's fit test for GPU tasks.
@@ -263,6 +280,11 @@ class FgdxMemoryPolicy(FgdxPolicy):
             return super().score(ctx, task, node)
         return float(max((value for value, _, _ in memory_fgd_states(ctx, task, node)),
                          default=0))
+
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64] | None:
+        return (fgd_arrays.fgdx_memory(ctx, task, nodes, MAX_SPEC_GPU)
+                if vectorises(self, FgdxMemoryPolicy) else None)
 
 
 class FgdxAutoPolicy(FgdxMemoryPolicy):
@@ -347,6 +369,15 @@ class FgdxAutoPolicy(FgdxMemoryPolicy):
                            else (max(best, value), min(least, imbalance)))
         return 0.0 if best is None else best - self.balance_weight * least
 
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64] | None:
+        if not vectorises(self, FgdxAutoPolicy):
+            return None
+        if fgd_arrays.is_cpu_only(task) or not self.balances_cpu(ctx):
+            return fgd_arrays.fgdx_memory(ctx, task, nodes, MAX_SPEC_GPU)
+        return fgd_arrays.fgdx_balanced(ctx, task, nodes, self.balance_target(ctx),
+                                        self.balance_weight, MAX_SPEC_CPU)
+
 
 def memory_fgd_states(ctx: ScoreContext, task: TaskShape, node: NodeView
                       ) -> Iterator[tuple[int, int, float]]:
@@ -388,6 +419,17 @@ class FgdxCpuFitPolicy(FgdxPolicy):
         if task.gpu_count == 0 or task.gpu_milli == 0:
             # two orders of magnitude below fgdx's idle-GPU term: only splits its ties
             return base - 1e-6 * (node.cpu_free - task.cpu_milli) / MAX_SPEC_CPU
+        return base
+
+    def score_arrays(self, ctx: ScoreContext, task: TaskShape, nodes: NodeArrays
+                     ) -> npt.NDArray[np.float64] | None:
+        if not vectorises(self, FgdxCpuFitPolicy):
+            return None
+        base = fgd_arrays.fgdx(ctx, task, nodes, MAX_SPEC_GPU)
+        if fgd_arrays.is_cpu_only(task):
+            out: npt.NDArray[np.float64] = (base - 1e-6 * (nodes.cpu_free - task.cpu_milli)
+                                            / MAX_SPEC_CPU)
+            return out
         return base
 
 
