@@ -141,11 +141,17 @@ class Verbs(ExtenderBase):
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        # Most failed nodes share one failure object (past the detailed ones, the summary):
+        # its sentence is made once per request, keyed by the object.
+        sentences: dict[int, str] = {}
         for node, failure in result.failed.items():
             # The sentence is made here, once; it never names the node, so kube-scheduler can
             # count identical reasons ("3 <reason>").
             unknown = failure.kind is FitKind.UNKNOWN_NODE or node not in known
-            (unresolvable if unknown else failed)[node] = describe(failure)
+            sentence = sentences.get(id(failure))
+            if sentence is None:
+                sentence = sentences[id(failure)] = describe(failure)
+            (unresolvable if unknown else failed)[node] = sentence
         for node, reason in claim_reasons.items():
             # a claim rules the node out whatever it has: kube-scheduler's preemption cannot
             # help either, so these are unresolvable
