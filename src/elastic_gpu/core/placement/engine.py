@@ -147,15 +147,14 @@ class Engine:
     def filter(self, pod: PodRequest, node_names: Sequence[str] | None = None) -> FilterResult:
         self._refresh()
         names = list(node_names) if node_names is not None else self.nodes()
-        mask = self._fit_mask(pod)
+        rows = self.rows_of(names)
+        fits = self._fits(pod, rows).tolist()
         feasible: list[str] = []
         failed: dict[str, FitFailure] = {}
-        row_of = self._layout.row_of
-        for name in names:
-            row = row_of.get(name)
-            if row is None:
+        for name, row, fit in zip(names, rows.tolist(), fits, strict=True):
+            if row < 0:
                 failed[name] = UNKNOWN_NODE
-            elif mask[row]:
+            elif fit:
                 feasible.append(name)
             else:
                 failed[name] = self._why_not(row, pod) or UNDETAILED
@@ -174,7 +173,7 @@ class Engine:
         self._refresh()
         name = policy or pod.node_policy or self.config.node_policy
         rows = self.rows_of(node_names)
-        fit = np.append(self._fit_mask(pod), False)[rows]  # row -1 (unknown) reads the False
+        fit = self._fits(pod, rows)
         names = np.array(node_names, dtype=object)
         scores = self._scorer.scores(self._layout, self._scorer.node_policy(name), task_shape(pod), rows[fit])
         return ScoredNodes(names[fit].tolist(), scores, names[~fit].tolist())
@@ -189,7 +188,7 @@ class Engine:
         breaking ties), or None when none of them fits."""
         self._refresh()
         rows = self.rows_of(node_names)
-        rows = rows[np.append(self._fit_mask(pod), False)[rows]]
+        rows = rows[self._fits(pod, rows)]
         if rows.size == 0:
             return None
         return self._layout.rows[self._best_row(pod, rows, policy)].node.name
@@ -357,8 +356,8 @@ class Engine:
         return self._scorer.card_policy(name)
 
     def _fit_mask(self, pod: PodRequest) -> BoolArray:
-        """Which rows can host the pod. Memoised for the last pod while nothing changed: the
-        extender asks filter and then prioritize for the same pod. Callers must not mutate it."""
+        """Which rows can host the pod. Memoised for the last pod while nothing changed (a
+        replay asks once per task, `free_cards`' callers again). Callers must not mutate it."""
         memo = self._mask_memo
         generation = self._layout.generation
         if memo is not None and memo[0] == generation and (memo[1] is pod or memo[1] == pod):
@@ -367,6 +366,24 @@ class Engine:
                                 self._card_policy("binpack"))
         self._mask_memo = (generation, pod, mask)
         return mask
+
+    def _fits(self, pod: PodRequest, rows: IntArray) -> BoolArray:
+        """Whether each of `rows` (-1: an unknown node, which never fits) can host the pod.
+
+        A request names a sample of the cluster (kube-scheduler passes ~5% of 15,000 nodes):
+        the fit of those rows alone, unless the whole cluster's is memoised or the sample is
+        most of it."""
+        memo = self._mask_memo
+        if (memo is not None and memo[0] == self._layout.generation
+                and (memo[1] is pod or memo[1] == pod)) or rows.size * 4 >= len(self._layout.rows):
+            fits: BoolArray = np.append(self._fit_mask(pod), False)[rows]
+            return fits
+        known = rows >= 0
+        out = np.zeros(rows.size, dtype=bool)
+        out[known] = fitmask.fit_mask(self._layout, self.ctx, pod,
+                                      self.config.check_host_resources,
+                                      self._card_policy("binpack"), rows[known])
+        return out
 
     def _why_not(self, row: int, pod: PodRequest) -> FitFailure | None:
         """Why the pod does not fit on this row (the first failing check), or None if it fits."""

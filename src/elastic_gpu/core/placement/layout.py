@@ -207,13 +207,13 @@ class Layout:
                 self.mem_used[row] += mem
         self.stale = False
 
-    def free_mem(self, rows: slice = slice(None)) -> IntArray:
+    def free_mem(self, rows: slice | IntArray = slice(None)) -> IntArray:
         """Memory a new share can have per card cell of `rows`: capacity less what the ledger
         holds and less the card's observed out-of-band memory."""
         out: IntArray = self.cap_mem[rows] - self.used_mem[rows] - self.oob_mem[rows]
         return out
 
-    def share_need(self, c: ContainerRequest, rows: slice = slice(None)) -> IntArray | int:
+    def share_need(self, c: ContainerRequest, rows: slice | IntArray = slice(None)) -> IntArray | int:
         """The compute (milli-cards) a share needs of each card cell of `rows`: its
         `compute_milli`, or for a TFLOPS share what gives its TFLOPS on each card's model
         (`ContainerRequest.milli_on`; `NO_FIT` where the model cannot take it)."""
@@ -295,7 +295,7 @@ class Layout:
         best = max((self.key_count(key, n) for n in names), default=0)
         return best if best > 1 else 0
 
-    def whole_slots(self, c: ContainerRequest, ok: BoolArray, rows: slice = slice(None)
+    def whole_slots(self, c: ContainerRequest, ok: BoolArray, rows: slice | IntArray = slice(None)
                     ) -> IntArray:
         """Per card cell of `rows` (`ok` has their shape), how many of container c's N
         whole-card units it can take: 1 for an entirely free card (nothing held by the ledger

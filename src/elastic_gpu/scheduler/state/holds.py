@@ -98,6 +98,12 @@ class Holds(StateBase):
         self._conflicts.pop(uid, None)
         if assignment is None:
             return
+        if assignment.node in self._dirty:
+            # The node's inventory changed and is not in the engine yet (at start and after a
+            # relist, every node): counting now would fail or count against the old cards, and
+            # the flush counts it (it syncs every conflict, and a fresh engine every pod).
+            self._conflicts[uid] = "its node's inventory is not counted yet"
+            return
         try:
             self.engine.allocate(uid, assignment)
         except (Unschedulable, KeyError, ValueError) as err:
