@@ -198,3 +198,21 @@ def test_scores_are_cached_once_for_tasks_that_differ_only_in_memory() -> None:
         for mem in (1024, 2048):
             engine.place(share(f"s{mem}", 300, mem=mem))
         assert len(engine._scorer.cache) == entries, policy
+
+
+def test_the_score_cache_keeps_the_recently_used_shapes_within_its_bound() -> None:
+    """Pods that each ask their own CPU are each a new shape: the cache drops the least
+    recently used entry rather than growing (an entry is a float per node, marked stale on
+    every allocation), and a shape asked again stays."""
+    from elastic_gpu.core.placement.scoring import SCORE_CACHE_LIMIT
+
+    engine = Engine([gpu_node("a"), gpu_node("b")], PolicyConfig(node_policy="fgd"))
+    first = share("first", 300, cpu=1)
+    for i in range(SCORE_CACHE_LIMIT + 50):
+        engine.place(share(f"s{i}", 300, cpu=2 + i))
+        engine.place(first)  # asked again and again: the most recently used
+    cache = engine._scorer.cache
+    assert len(cache) == SCORE_CACHE_LIMIT
+    shapes = {shape.cpu_milli for _, shape in cache}
+    assert 1 in shapes  # the shape asked again survived
+    assert 2 not in shapes  # the oldest ones went

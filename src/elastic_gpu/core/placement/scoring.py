@@ -9,6 +9,7 @@ that just changed is scored again.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -20,8 +21,11 @@ from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.workload import TaskShape
 
-#: score cache entries (policy, task shape) kept before the cache starts over
-_SCORE_CACHE_LIMIT = 4096
+#: score cache entries (policy, task shape) kept, the least recently used dropped first: one
+#: entry is a float per node (120 KiB at 15,000 nodes), and every allocation marks its node
+#: stale in each entry, so pods that each ask their own CPU (a new shape each) must not grow
+#: it far; a dropped shape costs one array pass when it comes back (`ARRAYS_FROM`)
+SCORE_CACHE_LIMIT = 512
 #: missing cached scores from which a policy with cached `score_arrays` is asked for arrays
 #: rather than node views: below it, the few views (a node that just changed) cost less than
 #: the array pass's fixed cost
@@ -64,7 +68,7 @@ class Scorer:
         self.ctx = ctx
         self._node_policies: dict[str, NodePolicy] = {}
         self._card_policies: dict[str, CardPolicy] = {}
-        self.cache: dict[tuple[str, TaskShape], FloatArray] = {}
+        self.cache: OrderedDict[tuple[str, TaskShape], FloatArray] = OrderedDict()
 
     def node_policy(self, name: str) -> NodePolicy:
         policy = self._node_policies.get(name)
@@ -106,9 +110,11 @@ class Scorer:
         key = (policy.name, task)
         cached = self.cache.get(key)
         if cached is None:
-            if len(self.cache) > _SCORE_CACHE_LIMIT:
-                self.cache.clear()
+            if len(self.cache) >= SCORE_CACHE_LIMIT:
+                self.cache.popitem(last=False)
             cached = self.cache[key] = np.full(len(lay.rows), np.nan)
+        else:
+            self.cache.move_to_end(key)
         values = cached[rows]
         missing = rows[np.isnan(values)]
         if missing.size:
