@@ -95,6 +95,10 @@ class Fragmentation:
         self._memo: dict[StateKey, float] = {}
         self._memory_memo: dict[MemoryStateKey, float] = {}
         self._memo_limit = memo_limit
+        #: per group, for `nodes_array`: its CPU requests and, before each, the cumulative
+        #: probability of the ones below (0.0 first)
+        self._cpu_steps = [(np.array(g.cpus, dtype=np.int64), np.array((0.0, *g.cumulative)))
+                           for g in self._groups]
 
     def node(self, model: str, cpu_free: int, free: tuple[int, ...]) -> float:
         """Expected fragment (milli-cards) of a node; `free` must be sorted descending."""
@@ -151,43 +155,40 @@ class Fragmentation:
         `memory_free[i]`) and the free compute of its usable cards in row i of `free`, sorted
         descending, padded with -1 past its cards. The same IEEE doubles as `_compute` state by
         state: the fragments are integers, and weights and weighted fragments are added in the
-        scalar order (a shape's items in turn, then the groups in turn along a cumulative sum,
-        which adds strictly left to right; an item or group that does not count adds 0.0,
-        which leaves a double as it was). Nothing is memoised here (`fgd_arrays` keeps each
+        scalar order (a shape's items in turn, then the groups in turn; an item or group that
+        does not count adds 0.0, which leaves a double as it was). Nothing is memoised here (`fgd_arrays` keeps each
         node's value while the node is unchanged)."""
         n, width = free.shape
-        groups = self._groups
         counted = free >= 0
         total = (free * counted).sum(axis=1)
-        if not groups:  # every free milli-card is a fragment
-            return np.where(total == 0, 0.0, total * 1.0)
-        milli = np.array([g.milli for g in groups], dtype=np.int64)
-        count = np.array([g.count for g in groups], dtype=np.int64)
-        # the count-th largest card of each state against each group's compute per card
-        kth = free[:, np.clip(count - 1, 0, width - 1)]
-        fits = (kth >= milli) & (count <= width)
-        accepted = np.array([[not g.models or name in g.models for g in groups]
-                             for name in models], dtype=bool)
-        fits &= accepted[model_ids]
-        # the compute on cards too small for each group (integers: order does not matter)
-        small = (free[:, :, None] * (counted[:, :, None] & (free[:, :, None] < milli))).sum(axis=1)
-        weight = np.zeros((n, len(groups)))
-        for j, group in enumerate(groups):
-            if not fits[:, j].any():
+        q3_weight = np.zeros(n)
+        q3_small = np.zeros(n)
+        small: dict[int, npt.NDArray[np.int64]] = {}
+        model_ok = {m: np.asarray(model_ids) == i for i, m in enumerate(models)}
+        for group, (cpus, cumulative) in zip(self._groups, self._cpu_steps, strict=True):
+            if group.count > width:
+                continue
+            fits = free[:, group.count - 1] >= group.milli
+            if group.models:
+                for name, rows in model_ok.items():
+                    if name not in group.models:
+                        fits &= ~rows
+            if not fits.any():
                 continue
             if memory_free is None:
-                k = np.searchsorted(np.array(group.cpus, dtype=np.int64), cpu_free, side="right")
-                weight[:, j] = np.array((0.0, *group.cumulative))[k]
+                weight = cumulative[np.searchsorted(cpus, cpu_free, side="right")]
             else:
-                column = np.zeros(n)
+                weight = np.zeros(n)
                 for cpu, memory, probability in group.items:
-                    column = column + np.where((cpu_free >= cpu) & (memory_free >= memory),
+                    weight = weight + np.where((cpu_free >= cpu) & (memory_free >= memory),
                                                probability, 0.0)
-                weight[:, j] = column
-        counts = fits & (weight != 0.0)
-        weight = np.where(counts, weight, 0.0)
-        q3_weight = np.cumsum(weight, axis=1)[:, -1]
-        q3_small = np.cumsum(weight * small, axis=1)[:, -1]
+            weight = np.where(fits & (weight != 0.0), weight, 0.0)
+            fragment = small.get(group.milli)
+            if fragment is None:  # the compute on cards too small for the group (integers)
+                fragment = small[group.milli] = (free * (counted & (free < group.milli))
+                                                 ).sum(axis=1)
+            q3_weight = q3_weight + weight
+            q3_small = q3_small + weight * fragment
         out: npt.NDArray[np.float64] = np.where(total == 0, 0.0,
                                                 total * (1.0 - q3_weight) + q3_small)
         return out

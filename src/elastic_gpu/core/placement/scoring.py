@@ -9,7 +9,6 @@ that just changed is scored again.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -68,7 +67,10 @@ class Scorer:
         self.ctx = ctx
         self._node_policies: dict[str, NodePolicy] = {}
         self._card_policies: dict[str, CardPolicy] = {}
-        self.cache: OrderedDict[tuple[str, TaskShape], FloatArray] = OrderedDict()
+        #: insertion order is recency (a hit is moved to the end): a plain dict, whose values
+        #: iterate without hashing keys (an OrderedDict's hash each key, a dataclass in Python,
+        #: on every `forget_row`)
+        self.cache: dict[tuple[str, TaskShape], FloatArray] = {}
 
     def node_policy(self, name: str) -> NodePolicy:
         policy = self._node_policies.get(name)
@@ -108,13 +110,12 @@ class Scorer:
         if not policy.uses_memory and task.memory_mib:
             task = task.without_memory()  # one cache entry for tasks that differ only in memory
         key = (policy.name, task)
-        cached = self.cache.get(key)
+        cached = self.cache.pop(key, None)
         if cached is None:
             if len(self.cache) >= SCORE_CACHE_LIMIT:
-                self.cache.popitem(last=False)
-            cached = self.cache[key] = np.full(len(lay.rows), np.nan)
-        else:
-            self.cache.move_to_end(key)
+                del self.cache[next(iter(self.cache))]  # the least recently used
+            cached = np.full(len(lay.rows), np.nan)
+        self.cache[key] = cached  # now the most recently used
         values = cached[rows]
         missing = rows[np.isnan(values)]
         if missing.size:

@@ -55,13 +55,18 @@ def descending(free: IntArray) -> IntArray:
 
 
 def states_after(task: TaskShape, free: IntArray) -> States:
-    """`node.free_after` for every node (rows of `free`, `NodeArrays.card_free`) at once; the
-    share's duplicate states (cards with equal room) are kept: they score alike."""
+    """`node.free_after` for every node (rows of `free`, `NodeArrays.card_free`) at once,
+    states in node order."""
     n = free.shape[0]
     if task.gpu_count == 0 or task.gpu_milli == 0:
         return States(np.arange(n), descending(free))
     if task.is_share:
         owner, column = np.nonzero(free >= task.gpu_milli)
+        # one state per distinct room on a node, as the scalar code keeps (cards with equal
+        # room leave equal states): the first card of each (node, room)
+        room = free[owner, column]
+        _, first = np.unique(owner * (int(free.max(initial=0)) + 1) + room, return_index=True)
+        owner, column = owner[first], column[first]
         after = free[owner]
         after[np.arange(owner.size), column] -= task.gpu_milli
         return States(owner.astype(np.int64), descending(after))
