@@ -156,8 +156,8 @@ class Fragmentation:
         descending, padded with -1 past its cards. The same IEEE doubles as `_compute` state by
         state: the fragments are integers, and weights and weighted fragments are added in the
         scalar order (a shape's items in turn, then the groups in turn; an item or group that
-        does not count adds 0.0, which leaves a double as it was). Nothing is memoised here (`fgd_arrays` keeps each
-        node's value while the node is unchanged)."""
+        does not count adds 0.0, which leaves a double as it was). Nothing is memoised here
+        (`fgd_arrays` keeps each node's value while the node is unchanged)."""
         n, width = free.shape
         counted = free >= 0
         total = (free * counted).sum(axis=1)
