@@ -4,7 +4,8 @@ Each size runs in a fresh subprocess, so that its peak memory is its own:
 - **build**: the extender's state from the lists its API worker hands over at start (nodes,
   GPUDevices, bound pods with their assignments), until the first filter is answered: seconds,
   and the process's peak RSS (the state, the engine, the Python runtime and this script's
-  inputs);
+  inputs); then what a full garbage collection costs (the pause the next one will be), with
+  the extender's policy (`runtime.gcpolicy`) where the code measured has it;
 - **latency** over HTTP on loopback, one request at a time as kube-scheduler sends them, with
   kube-scheduler's default node sample (`sched_latency.sample_size`): filter + prioritize
   (`filterResult: all`) and filter alone (`best`), for pods of six shapes ("identical": the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import resource
@@ -138,7 +140,26 @@ async def latency(state: SchedulerState, requests: int, seed: int, prioritize: b
     return {"p50_ms": statistics.median(cycles) * 1e3, "p99_ms": pct(cycles, 0.99) * 1e3}
 
 
+def freeze_survivors() -> bool:
+    """The extender processes' garbage-collection policy, where the code measured has it."""
+    try:
+        from elastic_gpu.runtime import gcpolicy
+    except ImportError:  # a checkout from before it (side-by-side runs)
+        return False
+    gcpolicy.freeze_survivors()
+    return True
+
+
+def full_collection_ms() -> float:
+    """What the next full collection costs the process (whenever it comes: a quarter more
+    long-lived objects since the last one)."""
+    t0 = time.perf_counter()
+    gc.collect()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def one_size(count: int, requests: int, seed: int) -> dict[str, Any]:
+    frozen = freeze_survivors()
     rng = random.Random(seed)
     nodes = inventory(count)
     pods = population(nodes, rng)
@@ -156,6 +177,8 @@ def one_size(count: int, requests: int, seed: int) -> dict[str, Any]:
         if filter_result == "all":
             out["build_s"] = time.perf_counter() - t0
             out["build_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            out["gc_ms"] = full_collection_ms()
+            out["gc_policy"] = frozen
         for distinct in (False, True):
             key = f"{filter_result}-{'distinct' if distinct else 'identical'}"
             out[key] = asyncio.run(latency(state, requests, seed, filter_result == "all",
@@ -175,10 +198,10 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(one_size(args.one, args.requests, args.seed)))
         return
-    print("| nodes | bound pods | build (s) | peak RSS after build | filter+prioritize p50 / p99, "
-          "identical | same, distinct | filter (best) p50 / p99, identical | same, distinct "
-          "| peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| nodes | bound pods | build (s) | peak RSS after build | a full collection then | "
+          "filter+prioritize p50 / p99, identical | same, distinct | filter (best) p50 / p99, "
+          "identical | same, distinct | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for count in args.nodes:
         done = subprocess.run([sys.executable, __file__, "--one", str(count), "--requests",
                                str(args.requests), "--seed", str(args.seed)],
@@ -188,7 +211,9 @@ def main() -> None:
         def cell(key: str, r: dict[str, Any] = r) -> str:
             return f"{r[key]['p50_ms']:.2f} / {r[key]['p99_ms']:.2f} ms"
 
+        policy = "" if r["gc_policy"] else " (no freezing)"
         print(f"| {count} | {r['pods']} | {r['build_s']:.1f} | {r['build_rss_mib']:.0f} MiB | "
+              f"{r['gc_ms']:.0f} ms{policy} | "
               f"{cell('all-identical')} | {cell('all-distinct')} | {cell('best-identical')} | "
               f"{cell('best-distinct')} | {r['peak_rss_mib']:.0f} MiB |", flush=True)
 

@@ -65,7 +65,7 @@ def scheduler(
         check_config("egpu scheduler", config, load_config)
         return
     from elastic_gpu.kube.kubeconfig import ClientConfigError
-    from elastic_gpu.runtime import eventloop
+    from elastic_gpu.runtime import eventloop, gcpolicy
     from elastic_gpu.scheduler.app import ServeOptions, TLSFilesError, serve, tls_context
     from elastic_gpu.scheduler.leadership import LeadershipLost
 
@@ -86,6 +86,7 @@ def scheduler(
                                tls_client_ca=tls_client_ca, drain_s=drain_seconds,
                                health_port=health_port, identity=identity or "")
         tls_context(options)  # unreadable or mismatched files fail here, with their reason
+        gcpolicy.freeze_survivors()  # the state's objects out of full collections' way
         eventloop.run(serve(kubeconfig, settings, options))
     except (ConfigError, ClientConfigError, TLSFilesError) as err:
         typer.echo(f"error: {err}", err=True)

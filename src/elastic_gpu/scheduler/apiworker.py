@@ -29,7 +29,7 @@ from elastic_gpu.kube.kubeconfig import ClientConfigError
 from elastic_gpu.kube.paths import InvalidName
 from elastic_gpu.kube.resources import CLAIMS, CLASSES, ELASTICGPUS, GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.transport import ApiStatusError, RestClient
-from elastic_gpu.runtime import eventloop
+from elastic_gpu.runtime import eventloop, gcpolicy
 from elastic_gpu.runtime.logging import setup_logging
 from elastic_gpu.scheduler import ipc
 from elastic_gpu.scheduler.slim import (
@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.log_level, stream=sys.stderr,
                   fmt="%(asctime)s apiworker %(levelname)s %(message)s")
+    gcpolicy.freeze_survivors()  # its change filter keeps the last slim form of every object
     try:
         return eventloop.run(run(args.kubeconfig))
     except ClientConfigError as err:
