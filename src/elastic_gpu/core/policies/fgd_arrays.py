@@ -102,7 +102,6 @@ class Scored:
 
     best: FloatArray
     states: States
-    values: IntArray
     #: per state: the fragmentation it leaves (milli-cards)
     after: FloatArray
 
@@ -132,7 +131,7 @@ def fgd_pass(ctx: ScoreContext, task: TaskShape, nodes: NodeArrays, with_memory:
     memory_after = memory_free[owner] - task.memory_mib if memory_free is not None else None
     after = frag.nodes_array(models, model_ids[owner], cpu_after, memory_after, states.free)
     values = fgd_values(before[owner], after)
-    return Scored(best_per_node(free.shape[0], owner, values), states, values, after)
+    return Scored(best_per_node(free.shape[0], owner, values), states, after)
 
 
 def is_cpu_only(task: TaskShape) -> bool:
