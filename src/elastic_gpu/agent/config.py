@@ -54,6 +54,7 @@ from elastic_gpu.api.config.loader import (
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
+    GPU_TFLOPS,
     MIG_RESOURCE_PATTERN,
     Measure,
     lookup,
@@ -143,6 +144,11 @@ class ResourcesConfig(_Strict):
     #: Memory: one device per unit of the resource (MiB for elasticgpu.io/gpu-memory) when
     #: that is at most `maxDevicesPerCard`; larger counts are advertised in node status only.
     memory: list[str] = Field(default_factory=lambda: [GPU_MEMORY])
+    #: Compute shares asked in TFLOPS: one device per TFLOPS of a card whose model the TFLOPS
+    #: table knows (`core.tflops`); a card of another model advertises none. Always a device
+    #: plugin, whatever `maxDevicesPerCard` (the table's largest card is under 1,000): kubelet
+    #: calls Allocate only for device-plugin resources, and Allocate gives the card.
+    tflops: list[str] = Field(default_factory=lambda: [GPU_TFLOPS])
     maxDevicesPerCard: int = Field(default=1024, ge=1, le=65536)
 
     @field_validator("gpu")
@@ -163,6 +169,11 @@ class ResourcesConfig(_Strict):
     @classmethod
     def _memory(cls, values: list[str]) -> list[str]:
         return _check_measure(values, Measure.MEMORY, "a card-memory resource")
+
+    @field_validator("tflops")
+    @classmethod
+    def _tflops(cls, values: list[str]) -> list[str]:
+        return _check_measure(values, Measure.TFLOPS, "a TFLOPS resource")
 
 
 def _check_measure(values: list[str], measure: Measure, what: str) -> list[str]:
