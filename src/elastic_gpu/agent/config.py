@@ -213,6 +213,13 @@ class MpsDaemonConfig(_Strict):
     restartMaxSeconds: float = Field(default=60.0, ge=0.01, le=3600)
     #: How long a start may take to leave its pid file before it counts as failed.
     startTimeoutSeconds: float = Field(default=10.0, ge=0.1, le=300)
+    #: How often each running daemon is asked over its control pipe (`echo
+    #: get_default_active_thread_percentage | <binary>`, NVIDIA's device plugin's health
+    #: check): a daemon whose process runs but does not answer is hung. 0: never asked (the
+    #: pid file and process only). A start counts as done only once the daemon answers.
+    probeSeconds: float = Field(default=10.0, ge=0, le=3600)
+    #: How long the answer may take; beyond it the daemon is hung, killed and restarted.
+    probeTimeoutSeconds: float = Field(default=5.0, ge=0.1, le=60)
     #: Host directory (a tmpfs) shared as /dev/shm by the daemons (the agent's own /dev/shm:
     #: the chart mounts it there) and every MPS client container, as NVIDIA's device plugin
     #: shares /run/nvidia/mps/shm: MPS clients and server exchange shared memory.
