@@ -63,6 +63,8 @@ from elastic_gpu.core.resources import (
 #: The kind of the agent config's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 KIND = "AgentConfig"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+#: Where the kubelet serves its PodResources API (the DaemonSet mounts the directory read-only).
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 class BackendKind(enum.Enum):
@@ -339,6 +341,10 @@ class UsageConfig(_Strict):
     #: An unchanged card is written again after this long (0: never), so observedAt stays
     #: a witness that the agent still samples it.
     refreshSeconds: float = Field(default=300.0, ge=0, le=86400)
+    #: The kubelet's PodResources socket, read every sample for which container kubelet gave
+    #: which of this agent's devices (docs/agent.md); absent (no kubelet: kwok, `--no-api`
+    #: tests), the sample goes on without it.
+    podResourcesSocket: AbsolutePathText = DEFAULT_POD_RESOURCES_SOCKET
     drift: DriftConfig = Field(default_factory=DriftConfig)
 
 

@@ -239,3 +239,51 @@ def over_shares(card: int, usage: CardUsage, shares: Mapping[ContainerRef, int]
         if share > 0 and use.memory_mib > share:
             out.append(OverShare(ref, card, use.memory_mib, share))
     return out
+
+
+@dataclass(frozen=True)
+class KubeletMismatch:
+    """A container's processes run on a card the kubelet's device accounting (PodResources
+    `List`) never gave it, though it gave the container devices of this agent's resources.
+
+    `assigned`: the scheduler's assignment gives it the card (Allocate hands out the assignment,
+    so only kubelet's bookkeeping is off: GetPreferredAllocation could not steer its choice);
+    False: neither source gives it the card (its memory is out-of-band there)."""
+
+    ref: ContainerRef
+    card: int
+    kubelet_cards: tuple[int, ...]
+    assigned: bool
+
+    def message(self) -> str:
+        gave = ", ".join(str(c) for c in self.kubelet_cards)
+        whose = ("its assignment does (kubelet's device accounting differs from what Allocate "
+                 "gave)" if self.assigned else
+                 "nor does its assignment: its memory there is out-of-band")
+        return (f"container {self.ref.container} of {self.ref.namespace}/{self.ref.pod} runs "
+                f"on card {self.card}, but kubelet gave it devices of card(s) {gave} only; "
+                f"{whose}")
+
+
+def kubelet_mismatches(seen: Mapping[int, Collection[ContainerRef]],
+                       kubelet: Mapping[int, Collection[ContainerRef]],
+                       assigned: Mapping[int, Collection[ContainerRef]]
+                       ) -> list[KubeletMismatch]:
+    """The cross-check of the cgroup mapping against the kubelet: for each card, the
+    containers whose processes were `seen` on it (by cgroup) that kubelet knows as holders of
+    some card (`kubelet`: card -> containers it gave devices of it) but not of this one.
+    Containers kubelet gave none of our devices (status-only resources, claims) are not
+    judged. Sorted by card and container."""
+    by_ref: dict[ContainerRef, set[int]] = {}
+    for card, refs in kubelet.items():
+        for ref in refs:
+            by_ref.setdefault(ref, set()).add(card)
+    out = []
+    for card in sorted(seen):
+        for ref in sorted(set(seen[card])):
+            cards = by_ref.get(ref)
+            if cards is None or card in cards:
+                continue
+            out.append(KubeletMismatch(ref, card, tuple(sorted(cards)),
+                                       ref in assigned.get(card, ())))
+    return out

@@ -4,8 +4,9 @@ which container each process is (cgroup + the node's pods), and the out-of-band 
 The ledger is the node's pods' assignments (`accounting.container_shares`, what the allocation
 columns count). A process is mapped by its cgroup to (pod UID, container runtime ID) and those
 to names through the pods' `containerStatuses` (the agent's pod cache; the kubelet's
-PodResources API names only pods and containers that hold device-plugin devices, which shares
-advertised in Node status do not, so the pods are the one source that names every holder).
+PodResources API names no process or container ID, and only containers holding device-plugin
+devices, so the pods are the one source that names every process's container; the monitor
+reads PodResources beside them for which card kubelet gave, `agent.podresources`).
 """
 
 from __future__ import annotations
@@ -96,6 +97,35 @@ def proc_resolver(pods: Iterable[Mapping[str, Any]], proc: Path = Path("/proc")
         ref = read_cgroup(pid, proc)
         return None if ref is None else owners.get((ref.pod_uid, ref.container_id))
     return resolve
+
+
+def memoized(resolve: Callable[[int], ContainerRef | None]
+             ) -> Callable[[int], ContainerRef | None]:
+    """`resolve` reading each pid's cgroup once (one sample asks twice: `observe` and
+    `seen_on_cards`)."""
+    cache: dict[int, ContainerRef | None] = {}
+
+    def once(pid: int) -> ContainerRef | None:
+        if pid not in cache:
+            cache[pid] = resolve(pid)
+        return cache[pid]
+    return once
+
+
+def seen_on_cards(samples: Sequence[CardSample], cards: Sequence[LogicalCard],
+                  resolve: Callable[[int], ContainerRef | None]) -> dict[int, set[ContainerRef]]:
+    """{logical card: the pod containers whose processes the sample shows on it}, holders or
+    not (the cgroup mapping, for the cross-check against kubelet)."""
+    by_uuid = {s.uuid: s for s in samples}
+    out: dict[int, set[ContainerRef]] = {}
+    for lc in cards:
+        for uuid in lc.uuids:
+            sample = by_uuid.get(uuid)
+            for proc in sample.processes if sample is not None else ():
+                ref = proc.owner if proc.owner is not None else resolve(proc.pid)
+                if ref is not None:
+                    out.setdefault(lc.index, set()).add(ref)
+    return out
 
 
 def observe(samples: Sequence[CardSample], cards: Sequence[LogicalCard], held: Ledger,
