@@ -144,11 +144,11 @@ class Agent:
         pods = self.pods
         monitor = self.usage
 
-        def observed() -> tuple[Any, Any, int]:
+        def observed() -> tuple[Any, Any, int, Any]:
             if monitor is None:
-                return {}, [], 0
+                return {}, [], 0, {}
             view = monitor.view()
-            return view.cards, view.over, monitor.writes
+            return view.cards, view.over, monitor.writes, view.mig
 
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,

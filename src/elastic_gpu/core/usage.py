@@ -287,3 +287,28 @@ def kubelet_mismatches(seen: Mapping[int, Collection[ContainerRef]],
             out.append(KubeletMismatch(ref, card, tuple(sorted(cards)),
                                        ref in assigned.get(card, ())))
     return out
+
+
+@dataclass(frozen=True)
+class MigUsage:
+    """One MIG instance observed: its memory in use and what each pod container's processes
+    on it use. No utilisation: NVML has none per MIG instance (docs/agent.md). Published as
+    metrics only; the card's `CardUsage` (its parent's figures) is what the scheduler reads."""
+
+    card: int
+    mig_uuid: str
+    used_mib: int
+    containers: tuple[tuple[ContainerRef, int], ...] = ()
+
+
+def observe_mig(card: int, mig_uuid: str, used_mib: int, processes: Sequence[ProcessUse]
+                ) -> MigUsage:
+    """A MIG instance's usage from one sample: used memory is the larger of the instance's
+    figure and its processes' sum (not read at one instant), as for a card; each container's
+    memory is its processes' sum (processes in no pod container are left out)."""
+    per: dict[ContainerRef, int] = {}
+    for proc in processes:
+        if proc.owner is not None:
+            per[proc.owner] = per.get(proc.owner, 0) + proc.memory_mib
+    total = sum(p.memory_mib for p in processes)
+    return MigUsage(card, mig_uuid, max(used_mib, total), tuple(sorted(per.items())))

@@ -30,7 +30,9 @@ from elastic_gpu.agent.usage.observe import (
     holders,
     ledger,
     memoized,
+    mig_holdings,
     observe,
+    observe_migs,
     proc_resolver,
     seen_on_cards,
 )
@@ -39,6 +41,7 @@ from elastic_gpu.core.usage import (
     CardUsage,
     ContainerRef,
     KubeletMismatch,
+    MigUsage,
     OverShare,
     WritePolicy,
     Written,
@@ -78,6 +81,8 @@ class UsageView:
     over: list[OverShare] = field(default_factory=list)
     #: the cross-check against the kubelet's device accounting (empty without PodResources)
     mismatches: list[KubeletMismatch] = field(default_factory=list)
+    #: MIG instances, by UUID (memory only: NVML has no utilisation per instance)
+    mig: dict[str, MigUsage] = field(default_factory=dict)
 
 
 class UsageMonitor:
@@ -130,7 +135,8 @@ class UsageMonitor:
                 for ref in refs:
                     held.setdefault(index, {}).setdefault(ref, 0)  # promises no memory
         resolve = memoized(proc_resolver(pods, self.proc))
-        samples = self.backend.sample(holders(pods, self.cards, held))
+        samples = self.backend.sample(holders(pods, self.cards, held,
+                                              mig_holdings(pods, self.node)))
         usage = observe(samples, self.cards, held, resolve, self.stamp())
         over = [o for index, use in sorted(usage.items())
                 for o in over_shares(index, use, held.get(index, {}))]
@@ -138,8 +144,9 @@ class UsageMonitor:
             seen_on_cards(samples, self.cards, resolve), kubelet_cards(devices, self.plans),
             {index: refs.keys() for index, refs in assigned.items()})
         self._report(mismatches)
+        migs = observe_migs(samples, self.cards, resolve)
         with self._lock:
-            self._view = UsageView(usage, over, mismatches)
+            self._view = UsageView(usage, over, mismatches, migs)
         self._publish(usage)
         self._drift(over, pods)
         return self._view

@@ -15,11 +15,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.accounting import container_shares
+from elastic_gpu.agent.accounting import container_shares, holding_pods
 from elastic_gpu.agent.backends.base import CardSample, Holder
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.usage.cgroup import container_id, read_cgroup
-from elastic_gpu.core.usage import CardUsage, ContainerRef, ProcessUse, observe_card
+from elastic_gpu.core.usage import (
+    CardUsage,
+    ContainerRef,
+    MigUsage,
+    ProcessUse,
+    observe_card,
+    observe_mig,
+)
 
 #: {logical card index: {holder: its memory share on that card, MiB}}
 Ledger = dict[int, dict[ContainerRef, int]]
@@ -68,10 +75,24 @@ def container_ids(pods: Iterable[Mapping[str, Any]]) -> dict[ContainerRef, tuple
     return out
 
 
-def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], held: Ledger
-            ) -> list[Holder]:
+def mig_holdings(pods: Iterable[Mapping[str, Any]], node: str
+                 ) -> dict[tuple[ContainerRef, int], str]:
+    """{(container, card index): the MIG instance it holds there}, from the assignments."""
+    out: dict[tuple[ContainerRef, int], str] = {}
+    for name, assignment in holding_pods(pods, node):
+        namespace, _, pod = name.partition("/")
+        for container, shares in assignment.containers.items():
+            for share in shares:
+                if share.mig_uuid is not None:
+                    out[(ContainerRef(namespace, pod, container), share.index)] = share.mig_uuid
+    return out
+
+
+def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], held: Ledger,
+            migs: Mapping[tuple[ContainerRef, int], str] | None = None) -> list[Holder]:
     """What `Backend.sample` is told of each physical card's holders: per chip of a held
-    logical card, the holder with its pod's annotations and its runtime IDs."""
+    logical card, the holder with its pod's annotations, its runtime IDs and the MIG instance
+    it holds there (`migs`, from `mig_holdings`)."""
     by_name: dict[tuple[str, str], Mapping[str, Any]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -83,8 +104,9 @@ def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], hel
             pod = by_name.get((ref.namespace, ref.pod), {})
             annotations = {str(k): str(v) for k, v in
                            ((pod.get("metadata") or {}).get("annotations") or {}).items()}
+            mig = (migs or {}).get((ref, lc.index))
             for chip in lc.chips:
-                out.append(Holder(chip.uuid, ref, annotations, ids.get(ref, ())))
+                out.append(Holder(chip.uuid, ref, annotations, ids.get(ref, ()), mig))
     return out
 
 
@@ -146,4 +168,21 @@ def observe(samples: Sequence[CardSample], cards: Sequence[LogicalCard], held: L
         out[lc.index] = observe_card(sum(c.used_mib for c in chips),
                                      sum(c.sm_percent for c in chips) // len(chips), processes,
                                      held.get(lc.index, {}).keys(), observed_at)
+    return out
+
+
+def observe_migs(samples: Sequence[CardSample], cards: Sequence[LogicalCard],
+                 resolve: Callable[[int], ContainerRef | None]) -> dict[str, MigUsage]:
+    """Each sampled MIG instance's usage, by its UUID, on the logical card of its chip."""
+    card_of = {uuid: lc.index for lc in cards for uuid in lc.uuids}
+    out: dict[str, MigUsage] = {}
+    for sample in samples:
+        card = card_of.get(sample.uuid)
+        if card is None:
+            continue
+        for mig in sample.mig:
+            processes = [ProcessUse(p.memory_mib, None,
+                                    p.owner if p.owner is not None else resolve(p.pid))
+                         for p in mig.processes]
+            out[mig.uuid] = observe_mig(card, mig.uuid, mig.used_mib, processes)
     return out
