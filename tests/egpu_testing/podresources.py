@@ -2,7 +2,8 @@
 (not a kubelet: the integration test reads the real kubelet's socket).
 
 It serves, over a real unix socket, what a test sets: per (namespace, pod, container) the
-device IDs of each resource, as kubelet's device manager accounts them. `hang` makes `List`
+device IDs of each resource, as kubelet's device manager accounts them, one entry per device
+as the real kubelet sends devices it knows the topology of. `hang` makes `List`
 wait past any caller's deadline, as a kubelet in trouble would.
 """
 
@@ -54,6 +55,6 @@ class PodResourcesDouble(podresources_pb2_grpc.PodResourcesListerServicer):
                 name=pod, namespace=namespace))
             entry.containers.append(podresources_pb2.ContainerResources(
                 name=container, devices=[
-                    podresources_pb2.ContainerDevices(resource_name=name, device_ids=list(ids))
-                    for name, ids in sorted(resources.items())]))
+                    podresources_pb2.ContainerDevices(resource_name=name, device_ids=[one])
+                    for name, ids in sorted(resources.items()) for one in ids]))
         return podresources_pb2.ListPodResourcesResponse(pod_resources=list(pods.values()))

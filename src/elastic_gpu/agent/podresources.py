@@ -60,10 +60,17 @@ def list_devices(socket: Path | str = DEFAULT_SOCKET, timeout_s: float = LIST_TI
         detail = err.details() if isinstance(err, grpc.Call) else str(err)
         raise PodResourcesError(f"kubelet PodResources List at {path}: {code}: {detail}"
                                 ) from None
-    return [KubeletDevices(ContainerRef(pod.namespace, pod.name, container.name),
-                           devices.resource_name, tuple(devices.device_ids))
-            for pod in answer.pod_resources for container in pod.containers
-            for devices in container.devices if devices.device_ids]
+    # kubelet sends one entry per device when it knows the device's topology (v1.36: one per
+    # NUMA group): the entries of one container and resource are one allocation.
+    merged: dict[tuple[ContainerRef, str], list[str]] = {}
+    for pod in answer.pod_resources:
+        for container in pod.containers:
+            ref = ContainerRef(pod.namespace, pod.name, container.name)
+            for devices in container.devices:
+                if devices.device_ids:
+                    merged.setdefault((ref, devices.resource_name), []).extend(
+                        devices.device_ids)
+    return [KubeletDevices(ref, resource, tuple(ids)) for (ref, resource), ids in merged.items()]
 
 
 def kubelet_cards(devices: Iterable[KubeletDevices], plans: Sequence[ResourcePlan]
