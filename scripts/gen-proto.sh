@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regenerate the kubelet device-plugin gRPC code (and its type stubs) from api.proto.
+# Regenerate the kubelet gRPC code (and its type stubs): the device-plugin API (api.proto) and
+# the PodResources API (podresources.proto).
 # The output is committed so that installing the package needs no protoc; rerun this after
-# editing src/elastic_gpu/agent/proto/api.proto. Needs the dev extras (grpcio-tools,
+# editing a .proto in src/elastic_gpu/agent/proto/. Needs the dev extras (grpcio-tools,
 # mypy-protobuf) in .venv or on PATH.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,5 +14,5 @@ cd "$root/src"
 # (`from elastic_gpu.agent.proto import api_pb2`), so the module works from any directory.
 PATH="$plugin_dir:$PATH" "$py" -m grpc_tools.protoc -I . \
   --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. \
-  elastic_gpu/agent/proto/api.proto
-echo "generated: $(ls elastic_gpu/agent/proto/api_pb2*)"
+  elastic_gpu/agent/proto/api.proto elastic_gpu/agent/proto/podresources.proto
+echo "generated: $(ls elastic_gpu/agent/proto/*_pb2*)"

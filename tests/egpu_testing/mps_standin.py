@@ -8,6 +8,10 @@ It behaves as the real control program does towards its supervisor:
   (naming CUDA_VISIBLE_DEVICES, which tests read back). A file `refuse-start` in the pipe
   directory makes the start fail (exit 1, a message on stderr), as a start on a broken card
   would.
+- a file `hang` in the pipe directory makes the daemon hang at the next command it is sent: it
+  keeps running (its pid file stays, its socket accepts) but answers nothing, ever, not even
+  `quit`, as a wedged control daemon does. A daemon started while `hang` exists hangs at its
+  first command too.
 - no argument: a client. It sends each line of stdin to the daemon and prints the answer;
   `quit` makes the daemon remove its pid file and exit. Without a daemon it exits 1.
 
@@ -72,6 +76,9 @@ def _serve(pipe: Path, logs: Path) -> None:
         conn, _ = server.accept()
         with conn:
             command = conn.recv(4096).decode().strip()
+            if (pipe / "hang").exists():
+                while True:  # wedged: alive, silent, until killed
+                    time.sleep(3600)
             if command == "quit":
                 conn.sendall(b"")
                 (pipe / PID_FILE).unlink(missing_ok=True)

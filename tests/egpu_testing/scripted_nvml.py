@@ -3,7 +3,8 @@
 `SimNvml(monkeypatch, gpus)` replaces the pynvml functions the NVML backend calls (it calls
 them all through the module, `pynvml.nvmlX(...)`) with answers from `gpus`: identity, memory,
 NUMA node, NVLinks by remote PCI bus id, MIG instances, usage (compute processes with their
-memory, per-process and card utilisation); faults are scripted too (`init_error`:
+memory, per-process and card utilisation; per MIG instance its memory and compute processes,
+with no utilisation, as NVML has none on MIG device handles); faults are scripted too (`init_error`:
 the library or driver missing; `Gpu.lost`: a card that stops answering; `wait_error`; XID
 events queued with `xid`). Used by the NVML backend's own tests and by the backend conformance
 suite (tests/unit/agent/test_backend_conformance.py).
@@ -39,6 +40,9 @@ class Gpu:
     leaked_mib: int = 0
     util: int = 0
     process_util: list[tuple[int, int, int]] | None = field(default_factory=list)
+    #: Per MIG instance (by UUID): its compute processes (pid, used MiB or None). The parent
+    #: card lists them too (in MIG mode the parent's process list holds every instance's).
+    mig_processes: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,6 +52,14 @@ class Mig:
     slices: int
     memory_mb: int
     start: int
+
+    @property
+    def processes(self) -> list[tuple[int, int | None]]:
+        return self.parent.mig_processes.get(self.uuid, [])
+
+    @property
+    def lost(self) -> bool:
+        return self.parent.lost
 
 
 def err(code: int) -> pynvml.NVMLError:
@@ -68,7 +80,7 @@ class SimNvml:
             "nvmlDeviceGetCount": lambda: len(self.gpus),
             "nvmlDeviceGetHandleByIndex": lambda i: self.gpus[i],
             "nvmlDeviceGetHandleByUUID": self.by_uuid,
-            "nvmlDeviceGetUUID": lambda h: self.alive(h).uuid,
+            "nvmlDeviceGetUUID": lambda h: self.alive(h).uuid,  # a card's or a MIG instance's
             "nvmlDeviceGetName": lambda h: self.alive(h).name,
             "nvmlDeviceGetMemoryInfo": self.memory,
             "nvmlDeviceGetMinorNumber": lambda h: self.alive(h).minor,
@@ -91,8 +103,7 @@ class SimNvml:
             "nvmlEventSetFree": lambda s: None,
             "nvmlDeviceRegisterEvents": lambda h, kinds, s: self.registered.append(h.uuid),
             "nvmlEventSetWait_v2": self.wait,
-            "nvmlDeviceGetUtilizationRates":
-                lambda h: SimpleNamespace(gpu=self.alive(h).util, memory=0),
+            "nvmlDeviceGetUtilizationRates": self.utilization,
             "nvmlDeviceGetComputeRunningProcesses": self.running,
             "nvmlDeviceGetProcessUtilization": self.process_utilization,
         }
@@ -115,15 +126,32 @@ class SimNvml:
         raise err(pynvml.NVML_ERROR_NOT_FOUND)
 
     def memory(self, handle: Any) -> Any:
+        if isinstance(handle, Mig):  # a MIG device handle: the instance's own memory
+            self.alive(handle)
+            used = sum(mib or 0 for _, mib in handle.processes)
+            return SimpleNamespace(total=handle.memory_mb * MIB, used=used * MIB,
+                                   free=(handle.memory_mb - used) * MIB)
         gpu = self.alive(handle)
-        used = sum(mib or 0 for _, mib in gpu.processes) + gpu.leaked_mib
+        used = sum(mib or 0 for _, mib in self.processes(gpu)) + gpu.leaked_mib
         return SimpleNamespace(total=gpu.memory_mib * MIB, used=used * MIB,
                                free=(gpu.memory_mib - used) * MIB)
 
+    @staticmethod
+    def processes(gpu: Gpu) -> list[tuple[int, int | None]]:
+        """The parent's list: its own processes and every MIG instance's."""
+        return [*gpu.processes, *(p for procs in gpu.mig_processes.values() for p in procs)]
+
     def running(self, handle: Any) -> list[Any]:
+        self.alive(handle)
+        listed = handle.processes if isinstance(handle, Mig) else self.processes(handle)
         return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else mib * MIB,
                                 gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
-                for pid, mib in self.alive(handle).processes]
+                for pid, mib in listed]
+
+    def utilization(self, handle: Any) -> Any:
+        if isinstance(handle, Mig):  # NVML has no utilisation per MIG instance
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=self.alive(handle).util, memory=0)
 
     def process_utilization(self, handle: Any, last_seen: int) -> list[Any]:
         gpu = self.alive(handle)

@@ -11,7 +11,7 @@ from typing import Any
 from elastic_gpu.agent.accounting import overcommit
 from elastic_gpu.agent.backends.isolation import Isolation
 from elastic_gpu.agent.config import AgentConfig
-from elastic_gpu.agent.devices import PluginKind, ResourcePlan
+from elastic_gpu.agent.devices import LogicalCard, PluginKind, ResourcePlan
 from elastic_gpu.agent.grant import (
     ISOLATION_ANNOTATION,
     DeviceFiles,
@@ -20,9 +20,10 @@ from elastic_gpu.agent.grant import (
     build_grant,
     whole_shares,
 )
-from elastic_gpu.agent.matching import AllocateError, candidates, choose
+from elastic_gpu.agent.matching import AllocateError, Candidate, candidates, choose
 from elastic_gpu.agent.pods import PodSource
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.core.tflops import short_share
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,22 @@ class Allocator:
         uids = {str((pod.get("metadata") or {}).get("uid", "")) for pod in pending}
         self._done = {key for key in self._done if key[0] in uids}
 
+    @staticmethod
+    def _check_tflops(chosen: Candidate, cards: Mapping[int, LogicalCard], resource: str,
+                      count: int) -> None:
+        """A TFLOPS request is a share of one card, sized by the scheduler for that card's
+        model: refuse an assignment that would give less than the TFLOPS asked."""
+        if len(chosen.shares) != 1:
+            raise AllocateError(f"{chosen.describe()}: asks for {count} {resource}, a share of "
+                                f"one card, but is assigned {len(chosen.shares)} cards")
+        (share,) = chosen.shares
+        lc = cards.get(share.index)
+        if lc is None:  # build_grant says so, naming the card
+            return
+        problem = short_share(lc.card.model, count, share.milli)
+        if problem is not None:
+            raise AllocateError(f"{chosen.describe()}: card {share.index}: {problem}")
+
     def _kubelet_choice(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
         units = plan.by_id()
         chosen = [units[d] for d in device_ids]
@@ -165,6 +182,8 @@ class Allocator:
                 raise AllocateError(f"{chosen.describe()}: asks for {plan.resource} but its "
                                     "assignment names no MIG instance")
             cards = self.state.cards()
+            if plan.kind is PluginKind.TFLOPS:
+                self._check_tflops(chosen, cards, plan.resource, count)
             problem = overcommit(chosen, self._node_pods(chosen.uid, plan.resource), self.node,
                                  {i: lc.card.memory_mib for i, lc in cards.items()})
             if problem is not None:

@@ -54,6 +54,7 @@ from elastic_gpu.api.config.loader import (
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
+    GPU_TFLOPS,
     MIG_RESOURCE_PATTERN,
     Measure,
     lookup,
@@ -62,6 +63,8 @@ from elastic_gpu.core.resources import (
 #: The kind of the agent config's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 KIND = "AgentConfig"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+#: Where the kubelet serves its PodResources API (the DaemonSet mounts the directory read-only).
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
 class BackendKind(enum.Enum):
@@ -143,6 +146,11 @@ class ResourcesConfig(_Strict):
     #: Memory: one device per unit of the resource (MiB for elasticgpu.io/gpu-memory) when
     #: that is at most `maxDevicesPerCard`; larger counts are advertised in node status only.
     memory: list[str] = Field(default_factory=lambda: [GPU_MEMORY])
+    #: Compute shares asked in TFLOPS: one device per TFLOPS of a card whose model the TFLOPS
+    #: table knows (`core.tflops`); a card of another model advertises none. Always a device
+    #: plugin, whatever `maxDevicesPerCard` (the table's largest card is under 1,000): kubelet
+    #: calls Allocate only for device-plugin resources, and Allocate gives the card.
+    tflops: list[str] = Field(default_factory=lambda: [GPU_TFLOPS])
     maxDevicesPerCard: int = Field(default=1024, ge=1, le=65536)
 
     @field_validator("gpu")
@@ -163,6 +171,11 @@ class ResourcesConfig(_Strict):
     @classmethod
     def _memory(cls, values: list[str]) -> list[str]:
         return _check_measure(values, Measure.MEMORY, "a card-memory resource")
+
+    @field_validator("tflops")
+    @classmethod
+    def _tflops(cls, values: list[str]) -> list[str]:
+        return _check_measure(values, Measure.TFLOPS, "a TFLOPS resource")
 
 
 def _check_measure(values: list[str], measure: Measure, what: str) -> list[str]:
@@ -202,6 +215,13 @@ class MpsDaemonConfig(_Strict):
     restartMaxSeconds: float = Field(default=60.0, ge=0.01, le=3600)
     #: How long a start may take to leave its pid file before it counts as failed.
     startTimeoutSeconds: float = Field(default=10.0, ge=0.1, le=300)
+    #: How often each running daemon is asked over its control pipe (`echo
+    #: get_default_active_thread_percentage | <binary>`, NVIDIA's device plugin's health
+    #: check): a daemon whose process runs but does not answer is hung. 0: never asked (the
+    #: pid file and process only). A start counts as done only once the daemon answers.
+    probeSeconds: float = Field(default=10.0, ge=0, le=3600)
+    #: How long the answer may take; beyond it the daemon is hung, killed and restarted.
+    probeTimeoutSeconds: float = Field(default=5.0, ge=0.1, le=60)
     #: Host directory (a tmpfs) shared as /dev/shm by the daemons (the agent's own /dev/shm:
     #: the chart mounts it there) and every MPS client container, as NVIDIA's device plugin
     #: shares /run/nvidia/mps/shm: MPS clients and server exchange shared memory.
@@ -321,6 +341,10 @@ class UsageConfig(_Strict):
     #: An unchanged card is written again after this long (0: never), so observedAt stays
     #: a witness that the agent still samples it.
     refreshSeconds: float = Field(default=300.0, ge=0, le=86400)
+    #: The kubelet's PodResources socket, read every sample for which container kubelet gave
+    #: which of this agent's devices (docs/agent.md); absent (no kubelet: kwok, `--no-api`
+    #: tests), the sample goes on without it.
+    podResourcesSocket: AbsolutePathText = DEFAULT_POD_RESOURCES_SOCKET
     drift: DriftConfig = Field(default_factory=DriftConfig)
 
 

@@ -179,8 +179,9 @@ def _nvidia_name(name: str) -> str:
     return name if "/" in name else f"nvidia.com/{name}"
 
 
-#: Foreign forms advertise no compute or memory share resources (their plugins have none).
-NO_SHARES: dict[str, list[str]] = {"share": [], "memory": []}
+#: Foreign forms advertise no compute, memory or TFLOPS share resources (their plugins have
+#: none).
+NO_SHARES: dict[str, list[str]] = {"share": [], "memory": [], "tflops": []}
 
 
 def _nvidia(data: Mapping[str, Any], r: _Reader) -> dict[str, Any]:

@@ -5,7 +5,8 @@ Pure functions, the same for every backend:
   `splitBoard`, when each chip is a card of its own (the IX plugin's behaviour);
 - `build_plans`: the kubelet devices of each advertised resource: whole cards (or
   `timeSlicing.replicas` replicas of each), MIG instances by strategy, one device per
-  percent of compute for share resources, one per unit of memory where that stays small;
+  percent of compute for share resources, one per unit of memory where that stays small,
+  one per TFLOPS of a card whose model the TFLOPS table knows (`core.tflops`);
 - `node_capacity`: the counts the Node object advertises (capacity and, healthy only,
   allocatable), including resources too fine-grained for a device plugin and the node-level
   GPU count kube-scheduler reads (`core.nodefit.NODE_CORE`).
@@ -22,6 +23,7 @@ from elastic_gpu.core.model import LINK_WEIGHT, Card, Health, Link, LinkKind
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
 from elastic_gpu.core.resources import MILLI_PER_CARD, lookup
+from elastic_gpu.core.tflops import advertised_tflops
 
 MAX_DEVICE_ID = 63
 
@@ -92,6 +94,9 @@ class PluginKind(enum.Enum):
     REPLICA = "replica"  # time-sliced replicas; kubelet's choice of IDs is the allocation
     SHARE = "share"  # one device per percent of a card's compute
     MEMORY = "memory"  # one device per unit of card memory
+    #: one device per TFLOPS of the card's model; the share is the scheduler's (the
+    #: assignment records the milli it computed for this card's model)
+    TFLOPS = "tflops"
     MIG = "mig"  # one device per MIG instance
 
 
@@ -182,6 +187,13 @@ def build_plans(cards: Sequence[LogicalCard], config: AgentConfig) -> list[Resou
             plans.append(ResourcePlan(name, PluginKind.MEMORY, tuple(
                 DeviceUnit(f"{lc.index}-m{k}", lc.index, lc.card.numa_node)
                 for lc in share_cards for k in range(units_per_card[lc.index]))))
+    # TFLOPS are a device plugin whatever their count (under 1,000 per card in the table):
+    # kubelet calls Allocate only for device-plugin resources, and Allocate hands out the card.
+    for name in config.resources.tflops:
+        plans.append(ResourcePlan(name, PluginKind.TFLOPS, tuple(
+            DeviceUnit(f"{lc.index}-t{k}", lc.index, lc.card.numa_node)
+            for lc in share_cards
+            for k in range(advertised_tflops(lc.card.model, lc.card.compute_milli)))))
     return [plan for plan in plans if plan.devices]
 
 

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from elastic_gpu.agent.accounting import ContainerShare, card_usage, container_shares
 from elastic_gpu.core.model import Card
-from elastic_gpu.core.usage import CardUsage, OverShare
+from elastic_gpu.core.usage import CardUsage, MigUsage, OverShare
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ def card_families(node: str, cards: Sequence[Card],
 
 
 def usage_families(node: str, cards: Sequence[Card], usage: Mapping[int, CardUsage],
-                   over: Sequence[OverShare], writes: int = 0
+                   over: Sequence[OverShare], writes: int = 0,
+                   mig: Mapping[str, MigUsage] | None = None
                    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """What the newest sample observed (docs/agent.md "Observed usage"): per card and per
     holder, memory used and SM utilisation (a ratio, 0..1), out-of-band memory per card, and
@@ -129,7 +130,18 @@ def usage_families(node: str, cards: Sequence[Card], usage: Mapping[int, CardUsa
                                   "GPUDevice status.usage writes of this node's agent (the "
                                   "write period's rate limit, docs/agent.md)", labels=["node"])
     written.add_metric([node], writes)
-    yield from (card_memory, card_sm, out_of_band, memory, sm, over_share, written)
+    mig_memory = GaugeMetricFamily(
+        PREFIX + "mig_gpu_memory_used_bytes",
+        "Memory in use on a MIG instance, observed, bytes (NVML has no utilisation per MIG "
+        "instance)", labels=[*CARD_LABELS, "mig_uuid", "profile"])
+    for mig_uuid, instance in sorted((mig or {}).items()):
+        card = by_index.get(instance.card)
+        if card is None:
+            continue
+        profile = next((m.profile.name for m in card.mig if m.uuid == mig_uuid), "")
+        mig_memory.add_metric([node, str(instance.card), card.uuid, card.model, mig_uuid,
+                               profile], instance.used_mib * MIB)
+    yield from (card_memory, card_sm, out_of_band, memory, sm, over_share, written, mig_memory)
 
 
 def allocate_family(outcomes: Mapping[tuple[str, str], int]) -> CounterMetricFamily:
@@ -146,7 +158,8 @@ class _AgentCollector(Collector):
     def __init__(self, node: str, cards: Callable[[], Sequence[Card]],
                  pods: Callable[[], Sequence[Mapping[str, Any]]] | None,
                  outcomes: Callable[[], Counter[tuple[str, str]]],
-                 usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare], int]]
+                 usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare], int,
+                                   Mapping[str, MigUsage]]]
                  | None = None) -> None:
         self._usage = usage
         self._node = node
@@ -172,7 +185,8 @@ def agent_registry(node: str, cards: Callable[[], Sequence[Card]],
                    pods: Callable[[], Sequence[Mapping[str, Any]]] | None,
                    outcomes: Callable[[], Counter[tuple[str, str]]],
                    usage: Callable[[], tuple[Mapping[int, CardUsage], Sequence[OverShare],
-                                             int]] | None = None) -> CollectorRegistry:
+                                             int, Mapping[str, MigUsage]]] | None = None
+                   ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_AgentCollector(node, cards, pods, outcomes, usage))
     return registry

@@ -5,7 +5,12 @@ beside it: for each (non-MIG) card, `<binary> -d` with CUDA_VISIBLE_DEVICES=<car
 the card's own CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY (`<root>/<uuid>`). `-d` forks
 the daemon and returns; the daemon writes its pid to `nvidia-cuda-mps-control.pid` in its pipe
 directory. Every `checkSeconds` each daemon is looked at (the pid file names a live process,
-not a zombie); one that is gone is started again, with the backoff of `core.restart`. While a
+not a zombie); one that is gone is started again, with the backoff of `core.restart`. Every
+`probeSeconds` a running daemon is also asked over its control pipe (`echo
+get_default_active_thread_percentage | <binary>` with the card's pipe directory, as NVIDIA's
+device plugin checks its daemons), with `probeTimeoutSeconds` to answer: a daemon whose process
+runs but does not answer is hung, and is killed (SIGKILL) and started again with the same
+backoff; a start is done only once the new daemon answers. While a
 card's daemon is down, `refusal` names it, so Allocate of that card is refused with the reason
 (`backends.isolation.Gated`), the card's GPUDevice status reason says so and the metric
 `elasticgpu_agent_mps_daemon_up` is 0. On stop each daemon is told `quit` (`echo quit |
@@ -25,13 +30,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from elastic_gpu.agent.config import MpsDaemonConfig
-from elastic_gpu.core.restart import Action, Backoff, ProcessState, failed_start, observe
+from elastic_gpu.core.restart import (
+    Action,
+    Backoff,
+    ProcessState,
+    failed_start,
+    hung,
+    observe,
+    probe_due,
+)
 
 log = logging.getLogger(__name__)
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 #: How long a daemon told to quit may take before it is killed.
 QUIT_TIMEOUT_S = 5.0
+#: The liveness query NVIDIA's device plugin sends (`Daemon.AssertHealthy`): harmless, and
+#: answered by the control daemon itself.
+PROBE_COMMAND = "get_default_active_thread_percentage"
+#: How long a killed hung daemon may take to be gone.
+KILL_WAIT_S = 5.0
 
 
 class MpsSupervisor:
@@ -50,6 +68,11 @@ class MpsSupervisor:
         self._thread: threading.Thread | None = None
         #: Starts made, per card (a restart is a start after the first).
         self.starts = dict.fromkeys(self.uuids, 0)
+        #: When each card's daemon last answered or failed its probe (None: not since it
+        #: started).
+        self._probed: dict[str, float | None] = dict.fromkeys(self.uuids)
+        #: Hung daemons found and killed, per card.
+        self.hangs = dict.fromkeys(self.uuids, 0)
 
     # -- paths ----------------------------------------------------------------------------
 
@@ -106,13 +129,19 @@ class MpsSupervisor:
     def tick(self) -> None:
         changed = False
         for uuid in self.uuids:
-            alive = self._alive(uuid)
             with self._lock:
                 before = self._states[uuid]
-                state, action = observe(before, alive, self.clock(), self.backoff)
+            alive = self._alive(uuid)
+            if alive and probe_due(self._probed[uuid], self.clock(), self.config.probeSeconds):
+                problem = self._probe(uuid)
+                if problem is not None:
+                    self._kill_hung(uuid, problem)
+                    alive = False
+            with self._lock:
+                state, action = observe(self._states[uuid], alive, self.clock(), self.backoff)
                 self._states[uuid] = state
             if before.up and not state.up:
-                log.warning("MPS control daemon of %s is gone", uuid)
+                log.warning("MPS control daemon of %s is down: %s", uuid, state.reason)
             if action is Action.START and not self._stop.is_set():
                 self._start(uuid)
                 with self._lock:
@@ -126,6 +155,7 @@ class MpsSupervisor:
     def _start(self, uuid: str) -> None:
         pipe, logs = self.pipe_directory(uuid), self.log_directory(uuid)
         self.starts[uuid] += 1
+        self._probed[uuid] = None
         try:
             pipe.mkdir(parents=True, exist_ok=True)
             logs.mkdir(parents=True, exist_ok=True)
@@ -143,11 +173,61 @@ class MpsSupervisor:
         deadline = time.monotonic() + self.config.startTimeoutSeconds
         while time.monotonic() < deadline:
             if self._alive(uuid):
-                log.info("MPS control daemon of %s is up (pipes in %s)", uuid, pipe)
-                return
+                break
             time.sleep(0.02)
-        self._failed(uuid, f"no live daemon in {pipe / PID_FILE} "
-                           f"{self.config.startTimeoutSeconds:g} s after the start")
+        else:
+            self._failed(uuid, f"no live daemon in {pipe / PID_FILE} "
+                               f"{self.config.startTimeoutSeconds:g} s after the start")
+            return
+        # Up means answering: a daemon that hangs from its start is no daemon.
+        problem = self._probe(uuid) if self.config.probeSeconds > 0 else None
+        if problem is not None:
+            self._kill(uuid)
+            self._failed(uuid, f"started, but {problem}; killed")
+            return
+        log.info("MPS control daemon of %s is up (pipes in %s)", uuid, pipe)
+
+    # -- liveness ---------------------------------------------------------------------------
+
+    def _probe(self, uuid: str) -> str | None:
+        """Ask the card's daemon over its control pipe; why it is not answering (None: it
+        answered). Its process runs: a silence is a hang, an error a broken pipe."""
+        self._probed[uuid] = self.clock()
+        timeout = self.config.probeTimeoutSeconds
+        try:
+            done = subprocess.run([self.config.binary], input=f"{PROBE_COMMAND}\n",
+                                  env=self._env(uuid), capture_output=True, text=True,
+                                  check=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return (f"hung: it runs but did not answer {PROBE_COMMAND} on its control pipe "
+                    f"within {timeout:g} s")
+        except OSError as err:
+            return f"cannot ask it over its control pipe: {err}"
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[-300:]
+            return (f"its control pipe refused {PROBE_COMMAND} (exit {done.returncode}: "
+                    f"{said})")
+        return None
+
+    def _kill_hung(self, uuid: str, problem: str) -> None:
+        pid = self._kill(uuid)
+        reason = f"{problem}; killed (pid {pid}) to be started again"
+        log.error("MPS control daemon of %s: %s", uuid, reason)
+        self.hangs[uuid] += 1
+        with self._lock:
+            self._states[uuid] = hung(self._states[uuid], self.clock(), reason)
+
+    def _kill(self, uuid: str) -> int | None:
+        """SIGKILL the card's daemon and wait (bounded) until it is gone; its pid."""
+        pid = self._pid(uuid)
+        if pid is None:
+            return None
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline and _running(pid):
+            time.sleep(0.02)
+        return pid
 
     def _failed(self, uuid: str, reason: str) -> None:
         log.error("MPS control daemon of %s: %s", uuid, reason)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from elastic_gpu.agent.inventory_api import publish_allocations, publish_health,
 from elastic_gpu.agent.manager import PluginManager
 from elastic_gpu.agent.mps_supervisor import MpsSupervisor
 from elastic_gpu.agent.plugin import PluginServer
+from elastic_gpu.agent.podresources import list_devices
 from elastic_gpu.agent.pods import ApiPods, PodCache, PodSource
 from elastic_gpu.agent.publish import (
     NodeSnapshot,
@@ -69,7 +71,9 @@ class Agent:
                 node_name, self.snapshot.cards, backend, config.usage,
                 (lambda: node_pods.on_node(node_name)) if node_pods is not None else list,
                 self._usage_sinks.sinks() if self._usage_sinks is not None
-                else UsageSinks(None, lambda *event: None, lambda pod: None))
+                else UsageSinks(None, lambda *event: None, lambda pod: None),
+                kubelet=partial(list_devices, config.usage.podResourcesSocket),
+                plans=self.snapshot.plans)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server: Any = None
@@ -140,11 +144,11 @@ class Agent:
         pods = self.pods
         monitor = self.usage
 
-        def observed() -> tuple[Any, Any, int]:
+        def observed() -> tuple[Any, Any, int, Any]:
             if monitor is None:
-                return {}, [], 0
+                return {}, [], 0, {}
             view = monitor.view()
-            return view.cards, view.over, monitor.writes
+            return view.cards, view.over, monitor.writes, view.mig
 
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,

@@ -6,6 +6,10 @@ dies is started again at once the first time, then after a delay that doubles wi
 death in a row (`initial_s`, 2x, 4x, ... capped at `max_s`), so a daemon that cannot start
 (no driver, a bad card) does not spin; one that stays up for `stable_s` is forgiven its
 earlier deaths. No I/O and no clock of its own: the caller passes `now`.
+
+A process that runs but does not answer (a hung daemon: its liveness probe failed) is killed by
+the supervisor and counts as a death like any other (`hung`), so it is restarted with the same
+backoff; `probe_due` says when to ask it again.
 """
 
 from __future__ import annotations
@@ -69,3 +73,18 @@ def observe(state: ProcessState, alive: bool, now: float, backoff: Backoff
 def failed_start(state: ProcessState, now: float, reason: str) -> ProcessState:
     """A start that did not bring the process up counts as a death."""
     return ProcessState(False, state.deaths + 1, now, reason, True)
+
+
+def hung(state: ProcessState, now: float, reason: str) -> ProcessState:
+    """A process that still runs but failed its liveness probe (the supervisor kills it): one
+    death, as if it had exited, with the reason people are shown; `observe` then restarts it
+    with the backoff."""
+    return ProcessState(False, state.deaths + 1, now, reason, True)
+
+
+def probe_due(last_probe: float | None, now: float, every_s: float) -> bool:
+    """Whether a running process is due its liveness probe: never when `every_s` is 0 (probes
+    off), at once when it was never probed, else `every_s` after the last probe."""
+    if every_s <= 0:
+        return False
+    return last_probe is None or now - last_probe >= every_s

@@ -79,11 +79,18 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     ))
 
 
+#: Other vendors' cards whose names contain an NVIDIA model's (Iluvatar's BI-V100 and MR-V100
+#: are not V100s): never read as a row.
+_OTHER_VENDORS = re.compile(r"^(BI|MR)-")
+
+
 def table_row(model: str) -> str | None:
     """The table's row for a card model as nodes name it; None for a model it does not know."""
     if model in TFLOPS_TABLE:
         return model
     text = model.upper().replace("_", "-").replace(" ", "-")
+    if _OTHER_VENDORS.match(text):
+        return None
     for pattern, row in _PATTERNS:
         if pattern.search(text):
             return row
@@ -96,6 +103,15 @@ def card_tflops(model: str) -> int | None:
     return TFLOPS_TABLE[row] if row is not None else None
 
 
+def advertised_tflops(model: str, compute_milli: int = MILLI_PER_CARD) -> int:
+    """What a card advertises of a TFLOPS resource (the agent's device plugin: one device per
+    TFLOPS): its model's TFLOPS for the compute it has (a whole card: all of them), 0 for a
+    model the table does not know, which therefore cannot take a TFLOPS request on a real
+    node either (kubelet admits only what the node advertises)."""
+    have = card_tflops(model)
+    return 0 if have is None else have * compute_milli // MILLI_PER_CARD
+
+
 def share_milli(model: str, tflops: int) -> int | None:
     """The compute share (milli-cards) that gives `tflops` on a card of `model`:
     ceil(tflops / card's TFLOPS * 1000), never below 1; None when the model is not in the
@@ -104,6 +120,22 @@ def share_milli(model: str, tflops: int) -> int | None:
     if have is None or tflops > have:
         return None
     return max(1, -(-tflops * MILLI_PER_CARD // have))
+
+
+def short_share(model: str, tflops: int, milli: int) -> str | None:
+    """Why a share of `milli` on a card of `model` does not give `tflops` (None: it does):
+    what the node checks before it hands out a card for a TFLOPS request, so a container is
+    never given less than it asked whatever the assignment says."""
+    need = share_milli(model, tflops)
+    if need is None:
+        have = card_tflops(model)
+        if have is None:
+            return f"model {model!r} is not in the TFLOPS table"
+        return f"{tflops} TFLOPS is more than a {model} card's {have}"
+    if milli < need:
+        return (f"{milli} milli of a {model} card is {card_tflops(model)} x {milli} / 1000 "
+                f"TFLOPS, less than the {tflops} asked (needs {need} milli)")
+    return None
 
 
 def most_milli(tflops: int) -> int:

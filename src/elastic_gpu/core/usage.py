@@ -239,3 +239,76 @@ def over_shares(card: int, usage: CardUsage, shares: Mapping[ContainerRef, int]
         if share > 0 and use.memory_mib > share:
             out.append(OverShare(ref, card, use.memory_mib, share))
     return out
+
+
+@dataclass(frozen=True)
+class KubeletMismatch:
+    """A container's processes run on a card the kubelet's device accounting (PodResources
+    `List`) never gave it, though it gave the container devices of this agent's resources.
+
+    `assigned`: the scheduler's assignment gives it the card (Allocate hands out the assignment,
+    so only kubelet's bookkeeping is off: GetPreferredAllocation could not steer its choice);
+    False: neither source gives it the card (its memory is out-of-band there)."""
+
+    ref: ContainerRef
+    card: int
+    kubelet_cards: tuple[int, ...]
+    assigned: bool
+
+    def message(self) -> str:
+        gave = ", ".join(str(c) for c in self.kubelet_cards)
+        whose = ("its assignment does (kubelet's device accounting differs from what Allocate "
+                 "gave)" if self.assigned else
+                 "nor does its assignment: its memory there is out-of-band")
+        return (f"container {self.ref.container} of {self.ref.namespace}/{self.ref.pod} runs "
+                f"on card {self.card}, but kubelet gave it devices of card(s) {gave} only; "
+                f"{whose}")
+
+
+def kubelet_mismatches(seen: Mapping[int, Collection[ContainerRef]],
+                       kubelet: Mapping[int, Collection[ContainerRef]],
+                       assigned: Mapping[int, Collection[ContainerRef]]
+                       ) -> list[KubeletMismatch]:
+    """The cross-check of the cgroup mapping against the kubelet: for each card, the
+    containers whose processes were `seen` on it (by cgroup) that kubelet knows as holders of
+    some card (`kubelet`: card -> containers it gave devices of it) but not of this one.
+    Containers kubelet gave none of our devices (status-only resources, claims) are not
+    judged. Sorted by card and container."""
+    by_ref: dict[ContainerRef, set[int]] = {}
+    for card, refs in kubelet.items():
+        for ref in refs:
+            by_ref.setdefault(ref, set()).add(card)
+    out = []
+    for card in sorted(seen):
+        for ref in sorted(set(seen[card])):
+            cards = by_ref.get(ref)
+            if cards is None or card in cards:
+                continue
+            out.append(KubeletMismatch(ref, card, tuple(sorted(cards)),
+                                       ref in assigned.get(card, ())))
+    return out
+
+
+@dataclass(frozen=True)
+class MigUsage:
+    """One MIG instance observed: its memory in use and what each pod container's processes
+    on it use. No utilisation: NVML has none per MIG instance (docs/agent.md). Published as
+    metrics only; the card's `CardUsage` (its parent's figures) is what the scheduler reads."""
+
+    card: int
+    mig_uuid: str
+    used_mib: int
+    containers: tuple[tuple[ContainerRef, int], ...] = ()
+
+
+def observe_mig(card: int, mig_uuid: str, used_mib: int, processes: Sequence[ProcessUse]
+                ) -> MigUsage:
+    """A MIG instance's usage from one sample: used memory is the larger of the instance's
+    figure and its processes' sum (not read at one instant), as for a card; each container's
+    memory is its processes' sum (processes in no pod container are left out)."""
+    per: dict[ContainerRef, int] = {}
+    for proc in processes:
+        if proc.owner is not None:
+            per[proc.owner] = per.get(proc.owner, 0) + proc.memory_mib
+    total = sum(p.memory_mib for p in processes)
+    return MigUsage(card, mig_uuid, max(used_mib, total), tuple(sorted(per.items())))

@@ -214,6 +214,16 @@ def has_daemon(pipe: Path) -> Callable[[], bool]:
     return lambda: daemon_pid(pipe) is not None
 
 
+def gone(pid: int) -> bool:
+    """No such process, or a zombie its parent has yet to reap (a killed daemon runs in a
+    session of its own, reparented: its reaper is not the agent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
 def logged(agent: ProcessHandle, words: str) -> Callable[[], bool]:
     return lambda: words in agent.log_path.read_text()
 
@@ -236,7 +246,7 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         "sharing": {"mode": "mps", "mps": {"pipeDirectory": str(pipes), "daemon": {
             "binary": str(standin_binary(root)), "logDirectory": str(root / "log"),
             "shmDirectory": str(shm), "checkSeconds": 0.2, "restartInitialSeconds": 0.2,
-            "restartMaxSeconds": 0.2}}}})
+            "restartMaxSeconds": 0.2, "probeSeconds": 1, "probeTimeoutSeconds": 5}}}})
     agent = spawn("agent", agent_argv(real_node.name, plane.kubeconfig, config),
                   tmp_path / "agent.log", die_with_parent=True)
     (port,) = free_ports(1)
@@ -302,10 +312,24 @@ def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         for uuid in uuids:
             wait_for(has_daemon(pipes / uuid),
                      f"the MPS daemon of {uuid} again", agent)
-        pids = [daemon_pid(pipes / uuid) for uuid in uuids]
         for index in range(len(uuids)):
             wait_for(reason_is(plane, real_node.name, index, None),
                      f"card {index}'s reason cleared", agent)
+
+        # A daemon that hangs (it runs, its socket accepts, it answers nothing) is found by the
+        # agent's probe over its control pipe, killed and started again; while the card's
+        # daemons keep hanging the card says so, and it recovers once they answer.
+        hung_pid = daemon_pid(pipes / uuids[0])
+        (pipes / uuids[0] / "hang").touch()
+        wait_for(reason_is(plane, real_node.name, 0, "hung"), "the hung daemon's reason",
+                 agent)
+        assert hung_pid is not None and gone(hung_pid), "the hung daemon was not killed"
+        assert "did not answer get_default_active_thread_percentage" in gpudevice_reason(
+            plane, real_node.name, 0)
+        (pipes / uuids[0] / "hang").unlink()
+        wait_for(reason_is(plane, real_node.name, 0, None), "card 0 up again", agent)
+        assert daemon_pid(pipes / uuids[0]) not in (None, hung_pid)
+        pids = [daemon_pid(pipes / uuid) for uuid in uuids]
     finally:
         extender.stop()
         agent.stop()  # SIGTERM: the agent stops as it does in a pod

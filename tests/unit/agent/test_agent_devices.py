@@ -128,11 +128,45 @@ def test_node_capacity_counts_devices_and_only_healthy_ones_are_allocatable() ->
     cards = logical_cards(backend.discover(), False)
     capacity, allocatable = node_capacity(cards, cfg, build_plans(cards, cfg))
     assert capacity == {"nvidia.com/gpu": "2", "elasticgpu.io/gpu-core": "200",
-                        "elasticgpu.io/gpu-memory": "81920", NODE_CORE: "200"}
+                        "elasticgpu.io/gpu-memory": "81920", "elasticgpu.io/gpu-tflops": "624",
+                        NODE_CORE: "200"}
     # the node-level count kube-scheduler reads stays whole: a pod still holding the unhealthy
     # card must not make the healthy one look full (the extender refuses unhealthy cards)
     assert allocatable == {"nvidia.com/gpu": "1", "elasticgpu.io/gpu-core": "100",
-                           "elasticgpu.io/gpu-memory": "40960", NODE_CORE: "200"}
+                           "elasticgpu.io/gpu-memory": "40960", "elasticgpu.io/gpu-tflops": "312",
+                           NODE_CORE: "200"}
+
+
+def test_tflops_devices_one_per_tflops_of_each_cards_model() -> None:
+    # Two models and a card the TFLOPS table does not know (it advertises none: kubelet
+    # then admits no TFLOPS pod on it, as the scheduler places none there).
+    inventory = {"cards": [{"model": "A100-SXM4-80GB", "memoryMiB": 81920},
+                           {"model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81920},
+                           {"model": "Tesla P100-PCIE-16GB", "memoryMiB": 16384}]}
+    plan = plans_for(inventory)["elasticgpu.io/gpu-tflops"]
+    assert plan.kind is PluginKind.TFLOPS
+    per_card: dict[int, int] = {}
+    for unit in plan.devices:
+        per_card[unit.card] = per_card.get(unit.card, 0) + 1
+    assert per_card == {0: 312, 1: 989}
+    assert len({unit.id for unit in plan.devices}) == 312 + 989
+    # A device plugin whatever maxDevicesPerCard says (that bound is the memory resources'):
+    # without Allocate no container would get its card.
+    assert len(plans_for(inventory, resources={"maxDevicesPerCard": 10})[
+        "elasticgpu.io/gpu-tflops"].devices) == 312 + 989
+    # Configured off, or a node of no known model: no TFLOPS plugin at all.
+    assert "elasticgpu.io/gpu-tflops" not in plans_for(inventory, resources={"tflops": []})
+    assert "elasticgpu.io/gpu-tflops" not in plans_for(
+        {"cards": [{"model": "Tesla P100-PCIE-16GB", "memoryMiB": 16384}]})
+
+
+def test_tflops_are_not_sold_from_mig_cards() -> None:
+    inventory = {"cards": [
+        {"model": "A100-SXM4-80GB", "memoryMiB": 81920,
+         "mig": [{"profile": "3g.40gb", "uuid": "MIG-a", "start": 0}]},
+        {"model": "A100-SXM4-80GB", "memoryMiB": 81920}]}
+    plan = plans_for(inventory, migStrategy="mixed")["elasticgpu.io/gpu-tflops"]
+    assert {unit.card for unit in plan.devices} == {1}
 
 
 def test_preferred_allocation_follows_nvlink() -> None:

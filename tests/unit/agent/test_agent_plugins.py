@@ -29,6 +29,7 @@ INVENTORY = {
 CONFIG = {"timeSlicing": {"replicas": 2}, "healthCheck": {"pollSeconds": 0.05}}
 GPU = "nvidia.com/gpu"
 CORE = "elasticgpu.io/gpu-core"
+TFLOPS = "elasticgpu.io/gpu-tflops"
 
 
 @pytest.fixture
@@ -57,13 +58,14 @@ def test_registers_each_resource_by_socket_name_and_streams_devices(
         running: tuple[Agent, FakeBackend], kubelet: KubeletDouble) -> None:
     assert kubelet.wait_for(lambda: bool(kubelet.devices(GPU)) and bool(kubelet.devices(CORE)))
     by_resource = {r.resource: r for r in kubelet.registrations}
-    assert set(by_resource) == {GPU, CORE}
+    assert set(by_resource) == {GPU, CORE, TFLOPS}
     assert by_resource[GPU].endpoint == socket_name(GPU) and "/" not in by_resource[GPU].endpoint
     assert by_resource[GPU].options.get_preferred_allocation_available
     assert kubelet.devices(GPU) == {
         "GPU-fake-n1-0::0": "Healthy", "GPU-fake-n1-0::1": "Healthy",
         "GPU-fake-n1-1::0": "Healthy", "GPU-fake-n1-1::1": "Healthy"}
     assert len(kubelet.devices(CORE)) == 200
+    assert kubelet.wait_for(lambda: len(kubelet.devices(TFLOPS)) == 2 * 312)  # two A100s
 
 
 def test_health_flip_and_recovery_reach_kubelet(
@@ -85,11 +87,11 @@ def test_health_flip_and_recovery_reach_kubelet(
 
 def test_reregisters_within_two_seconds_after_kubelet_restart(
         running: tuple[Agent, FakeBackend], kubelet: KubeletDouble, plugin_dir: Path) -> None:
-    assert kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+    assert kubelet.wait_for(lambda: len(kubelet.registrations) == 3)
     started = time.monotonic()
     kubelet.restart()  # wipes every socket, serves a new kubelet.sock
     assert not (plugin_dir / socket_name(GPU)).exists()
-    assert kubelet.wait_for(lambda: len(kubelet.registrations) == 4
+    assert kubelet.wait_for(lambda: len(kubelet.registrations) == 6
                             and bool(kubelet.devices(GPU)) and bool(kubelet.devices(CORE)), 2.0)
     assert time.monotonic() - started < 2.0
     assert (plugin_dir / socket_name(GPU)).is_socket()

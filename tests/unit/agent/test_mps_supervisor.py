@@ -60,7 +60,7 @@ def short_dir() -> Iterator[Path]:
         yield Path(name)
 
 
-def agent_config(root: Path, check_s: float) -> Any:
+def agent_config(root: Path, check_s: float, probe_s: float = 0) -> Any:
     inventory = root / "inventory.yaml"
     inventory.write_text("cards:\n  - {model: A100, memoryMiB: 40960}\n"
                          "  - {model: A100, memoryMiB: 40960}\n")
@@ -72,11 +72,12 @@ def agent_config(root: Path, check_s: float) -> Any:
             "daemon": {"binary": str(standin_binary(root)), "logDirectory": str(root / "log"),
                        "shmDirectory": str(root / "shm"),
                        "checkSeconds": check_s, "restartInitialSeconds": 0.01,
-                       "restartMaxSeconds": 0.01, "startTimeoutSeconds": 5}}}})
+                       "restartMaxSeconds": 0.01, "startTimeoutSeconds": 5,
+                       "probeSeconds": probe_s, "probeTimeoutSeconds": 0.5}}}})
 
 
-def make_agent(root: Path, pods: Pods, check_s: float = 300) -> Agent:
-    config = agent_config(root, check_s)
+def make_agent(root: Path, pods: Pods, check_s: float = 300, probe_s: float = 0) -> Agent:
+    config = agent_config(root, check_s, probe_s)
     assert config.fake is not None
     return Agent(config, FakeBackend.from_file(config.fake.inventory, NODE), NODE, pods=pods,
                  plugin_dir=root / "plugins")
@@ -198,3 +199,78 @@ def test_without_the_daemon_section_the_operator_runs_mps(short_dir: Path) -> No
     agent = Agent(plain, FakeBackend.from_file(plain.fake.inventory, NODE), NODE, pods=Pods(),
                   plugin_dir=short_dir / "plugins")
     assert agent.mps is None
+
+
+def test_a_hung_daemon_is_found_by_its_probe_killed_restarted_and_refused_meanwhile(
+        short_dir: Path) -> None:
+    pods = Pods()
+    # Probed at every look (the period is shorter than the time between the test's looks).
+    agent = make_agent(short_dir, pods, probe_s=0.01)
+    assert agent.mps is not None
+    supervisor = agent.mps
+    agent.start()
+    try:
+        pipe0 = short_dir / "pipe" / UUIDS[0]
+        pods.add("a", 0)
+        allocate(agent)
+        supervisor.tick()  # both answer their probe: nothing changes
+        assert supervisor.up() == dict.fromkeys(UUIDS, True) and supervisor.hangs[UUIDS[0]] == 0
+        first = daemon_pid(pipe0)
+        assert first is not None
+
+        # The daemon wedges: its process runs, its socket accepts, it answers nothing. A
+        # daemon started on this card wedges too, until the card is fine again.
+        (pipe0 / "hang").touch()
+        supervisor.tick()
+        assert supervisor.hangs[UUIDS[0]] == 1
+        assert not _running(first), "the hung daemon was not killed"
+        assert supervisor.starts[UUIDS[0]] == 2  # restarted at once; the new one hung too
+        assert supervisor.up() == {UUIDS[0]: False, UUIDS[1]: True}
+        assert daemon_pid(pipe0) is None or not _running(daemon_pid(pipe0) or 0)
+        pods.add("b", 0)
+        with pytest.raises(AllocateError, match=rf"{UUIDS[0]}: MPS control daemon down: started, "
+                                                r"but hung: it runs but did not answer "
+                                                r"get_default_active_thread_percentage"):
+            allocate(agent)
+        assert "hung" in agent.reasons()[0] and agent.reasons()[1] == ""
+        metric = {s.labels["device_uuid"]: s.value
+                  for f in MpsDaemonCollector(NODE, supervisor.up).collect() for s in f.samples}
+        assert metric == {UUIDS[0]: 0, UUIDS[1]: 1}
+
+        # The card is fine again: the next look after the backoff starts a daemon that
+        # answers, and Allocate serves again.
+        (pipe0 / "hang").unlink()
+        time.sleep(0.05)
+        supervisor.tick()
+        assert supervisor.up() == dict.fromkeys(UUIDS, True)
+        second = daemon_pid(pipe0)
+        assert second is not None and second != first and _running(second)
+        assert allocate(agent).envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    finally:
+        agent.stop()
+
+
+def test_a_daemon_whose_pipe_refuses_the_probe_is_killed_and_replaced(
+        short_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    agent = make_agent(short_dir, Pods(), probe_s=0.01)
+    assert agent.mps is not None
+    agent.start()
+    try:
+        pipe1 = short_dir / "pipe" / UUIDS[1]
+        first = daemon_pid(pipe1)
+        assert first is not None
+        # Its control socket is gone while its process runs: no client can reach it.
+        (pipe1 / "control").unlink()
+        with caplog.at_level("ERROR", logger="elastic_gpu.agent.mps_supervisor"):
+            agent.mps.tick()
+        assert agent.mps.hangs == {UUIDS[0]: 0, UUIDS[1]: 1}
+        (said,) = [r.getMessage() for r in caplog.records if UUIDS[1] in r.getMessage()]
+        assert "its control pipe refused get_default_active_thread_percentage (exit 1: " \
+               "Cannot find MPS control daemon process" in said
+        assert f"killed (pid {first}) to be started again" in said
+        # Replaced at once by a daemon that answers.
+        assert not _running(first)
+        second = daemon_pid(pipe1)
+        assert second not in (None, first) and agent.mps.up() == dict.fromkeys(UUIDS, True)
+    finally:
+        agent.stop()

@@ -31,7 +31,10 @@ def driver_capabilities(spec: dict[str, Any]) -> str:
 
 
 def test_accounting_and_operator_run_mps_mount_nothing_more(tmp_path: Path) -> None:
-    plugins = {"/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False)}
+    # The device-plugin sockets, and the kubelet's PodResources socket read-only (observed
+    # usage: which container kubelet gave which device), in every mode.
+    plugins = {"/var/lib/kubelet/device-plugins": ("/var/lib/kubelet/device-plugins", False),
+               "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", True)}
     for sharing in (None, {"mode": "mps"}):
         spec = agent_pod(tmp_path, sharing)
         assert host_mounts(spec) == plugins

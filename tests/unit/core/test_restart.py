@@ -3,7 +3,15 @@ then with a doubling, capped delay; forgiven after staying up."""
 
 from __future__ import annotations
 
-from elastic_gpu.core.restart import Action, Backoff, ProcessState, failed_start, observe
+from elastic_gpu.core.restart import (
+    Action,
+    Backoff,
+    ProcessState,
+    failed_start,
+    hung,
+    observe,
+    probe_due,
+)
 
 B = Backoff(initial_s=1.0, max_s=8.0, stable_s=60.0)
 
@@ -56,3 +64,23 @@ def test_staying_up_forgives_earlier_deaths() -> None:
     forgiven, _ = observe(still, True, 62.0, B)
     assert forgiven.deaths == 0
     assert observe(forgiven, False, 70.0, B)[1] is Action.START
+
+
+def test_a_hung_process_is_a_death_restarted_with_the_backoff() -> None:
+    up, _ = observe(ProcessState(), True, 0.0, B)
+    # It runs but failed its probe: killed, one death, restarted at once the first time ...
+    down = hung(up, 5.0, "hung: no answer within 5 s")
+    assert (down.up, down.deaths, down.reason) == (False, 1, "hung: no answer within 5 s")
+    assert observe(down, False, 5.0, B)[1] is Action.START
+    # ... and a restarted daemon that hangs again waits, as one that exits again would.
+    again = hung(observe(down, True, 5.1, B)[0], 6.0, "hung")
+    assert again.deaths == 2
+    assert observe(again, False, 6.5, B)[1] is Action.WAIT
+    assert observe(again, False, 7.0, B)[1] is Action.START
+
+
+def test_probes_are_due_at_once_then_every_period_and_never_when_off() -> None:
+    assert probe_due(None, 0.0, 10.0)
+    assert not probe_due(3.0, 12.9, 10.0)
+    assert probe_due(3.0, 13.0, 10.0)
+    assert not probe_due(None, 100.0, 0.0)

@@ -270,6 +270,9 @@ def test_boards_under_the_default_agent_sell_shares_per_board() -> None:
     (snap,) = _published(group)
     assert dict(snap.capacity) == {"nvidia.com/gpu": "3", "elasticgpu.io/gpu-core": "300",
                                    "elasticgpu.io/gpu-memory": str(3 * 2 * 16384),
+                                   # a board is one card of its model to the scheduler's
+                                   # TFLOPS share too (an A100's 312)
+                                   "elasticgpu.io/gpu-tflops": str(3 * 312),
                                    NODE_CORE: "300"}
 
 

@@ -34,7 +34,8 @@ def test_each_model_has_its_dense_fp16_tensor_tflops(model: str, tflops: int) ->
     assert card_tflops(model) == tflops
 
 
-@pytest.mark.parametrize("model", ["P100", "G2", "G3", "NVIDIA A10G", "Tesla K80", ""])
+@pytest.mark.parametrize("model", ["P100", "G2", "G3", "NVIDIA A10G", "Tesla K80", "",
+                                   "BI-V100", "BI-V150", "MR-V100"])
 def test_models_outside_the_table_have_none(model: str) -> None:
     assert card_tflops(model) is None
     assert share_milli(model, 10) is None

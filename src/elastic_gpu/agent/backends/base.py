@@ -46,13 +46,27 @@ class ProcessSample:
 
 
 @dataclass(frozen=True)
+class MigSample:
+    """One MIG instance of a card (by its UUID) sampled: memory in use and its processes.
+    No utilisation: NVML has none per MIG instance (`nvmlDeviceGetUtilizationRates` and
+    per-process samples are not supported on MIG devices)."""
+
+    uuid: str
+    used_mib: int
+    processes: tuple[ProcessSample, ...] = ()
+
+
+@dataclass(frozen=True)
 class CardSample:
-    """One physical card (by UUID) sampled: memory in use, SM utilisation, its processes."""
+    """One physical card (by UUID) sampled: memory in use, SM utilisation, its processes
+    (on a MIG card the parent's list holds every instance's), and each MIG instance's own
+    figures."""
 
     uuid: str
     used_mib: int
     sm_percent: int
     processes: tuple[ProcessSample, ...] = ()
+    mig: tuple[MigSample, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,8 @@ class Holder:
     annotations: Mapping[str, str] = field(default_factory=dict)
     #: The container's runtime IDs (containerStatuses[].containerID without the scheme).
     container_ids: tuple[str, ...] = ()
+    #: The MIG instance it holds on the card (None: the card or a share of it).
+    mig_uuid: str | None = None
 
 
 class Backend(Protocol):

@@ -54,6 +54,7 @@ from elastic_gpu.agent.backends.base import (
     CardSample,
     HealthEvent,
     Holder,
+    MigSample,
     ProcessSample,
 )
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
@@ -380,19 +381,27 @@ class FakeBackend:
                 continue
             memory, sm = use
             real = sorted(p for cid in holder.container_ids for p in pids.get(cid, []))
-            found = processes.setdefault(holder.card_uuid, [])
             if real:  # the first process holds the memory; the others are listed with none
-                found.append(ProcessSample(real[0], memory, sm))
+                found = [ProcessSample(real[0], memory, sm)]
                 found.extend(ProcessSample(pid, 0, None) for pid in real[1:])
             else:
-                found.append(ProcessSample(0, memory, sm, owner=holder.ref))
+                found = [ProcessSample(0, memory, sm, owner=holder.ref)]
+            # As NVML: the parent card lists every MIG instance's processes too; a MIG
+            # instance has no utilisation of its own.
+            processes.setdefault(holder.card_uuid, []).extend(found)
+            if holder.mig_uuid is not None:
+                processes.setdefault(holder.mig_uuid, []).extend(
+                    ProcessSample(p.pid, p.memory_mib, None, p.owner) for p in found)
         out = []
         for card in self._cards:
             procs = tuple(processes.get(card.uuid, ()))
             extra = own.get(card.uuid) or FakeUsage()
             used = min(card.memory_mib, sum(p.memory_mib for p in procs) + extra.outOfBandMiB)
             sm_total = min(MAX_PERCENT, extra.smPercent + sum(p.sm_percent or 0 for p in procs))
-            out.append(CardSample(card.uuid, used, sm_total, procs))
+            migs = tuple(MigSample(m.uuid, sum(p.memory_mib for p in in_mig), in_mig)
+                         for m in card.mig
+                         for in_mig in (tuple(processes.get(m.uuid, ())),))
+            out.append(CardSample(card.uuid, used, sm_total, procs, migs))
         return tuple(out)
 
     def close(self) -> None:

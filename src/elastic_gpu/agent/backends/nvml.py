@@ -33,6 +33,7 @@ from elastic_gpu.agent.backends.base import (
     CardSample,
     HealthEvent,
     Holder,
+    MigSample,
     ProcessSample,
 )
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
@@ -77,6 +78,17 @@ def _bus(value: Any) -> str:
     return _text(value).lower()[-12:]
 
 
+def _process_memory(running: Any) -> dict[int, int]:
+    """pid -> MiB from NVML's compute process list (a pid listed twice is summed)."""
+    memory: dict[int, int] = {}
+    for proc in running:
+        # usedGpuMemory is None where the driver cannot say (Windows WDDM, some MIG).
+        taken = getattr(proc, "usedGpuMemory", None)
+        pid = int(proc.pid)
+        memory[pid] = memory.get(pid, 0) + (int(taken) // MIB if taken else 0)
+    return memory
+
+
 def mig_profile_name(slices: int, memory_mib: int) -> MigProfile:
     """NVIDIA names a profile by slices and memory rounded up to whole GB (1g.10gb: 9856 MiB)."""
     return MigProfile(slices, max(1, math.ceil(memory_mib / 1024)))
@@ -98,6 +110,8 @@ class NvmlBackend:
         self._pending: list[HealthEvent] = []
         #: Per card, the newest process-utilisation sample seen (NVML returns those after it).
         self._last_seen: dict[str, int] = {}
+        #: Cards carved into MIG instances at discovery (sampled per instance too).
+        self._mig_cards: dict[str, bool] = {}
 
     @property
     def name(self) -> str:
@@ -134,6 +148,7 @@ class NvmlBackend:
                               links=links, mig=card.mig, numa_node=card.numa_node,
                               health=self._current_health(card.uuid)))
             self._handles[card.uuid] = handle
+            self._mig_cards[card.uuid] = bool(card.mig)
         return tuple(cards)
 
     def _current_health(self, uuid: str) -> Health:
@@ -306,17 +321,37 @@ class NvmlBackend:
                 log.warning("GPU %s not sampled: %s", uuid, explain(err))
                 continue
             sm = self._process_sm(uuid, handle)
-            memory: dict[int, int] = {}
-            for proc in running:
-                # usedGpuMemory is None where the driver cannot say (Windows WDDM, some MIG).
-                taken = getattr(proc, "usedGpuMemory", None)
-                pid = int(proc.pid)
-                memory[pid] = memory.get(pid, 0) + (int(taken) // MIB if taken else 0)
+            memory = _process_memory(running)
             out.append(CardSample(uuid, used, max(0, min(100, util)),
                                   tuple(ProcessSample(pid, mib, sm.get(pid))
-                                        for pid, mib in sorted(memory.items()))))
+                                        for pid, mib in sorted(memory.items())),
+                                  self._mig_samples(uuid, handle)))
         if self._handles and not out:
             raise BackendError("no GPU of this node could be sampled")
+        return tuple(out)
+
+    def _mig_samples(self, uuid: str, handle: Any) -> tuple[MigSample, ...]:
+        """Each MIG instance's memory in use and compute processes, from its MIG device handle
+        (`nvmlDeviceGetMemoryInfo`, `nvmlDeviceGetComputeRunningProcesses`); NVML gives no
+        utilisation per instance. None on a card without MIG; an instance that does not
+        answer is left out."""
+        if not self._mig_cards.get(uuid):
+            return ()
+        out = []
+        for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except pynvml.NVMLError:
+                continue  # an empty slot
+            try:
+                mig_uuid = _text(pynvml.nvmlDeviceGetUUID(mig))
+                used = int(pynvml.nvmlDeviceGetMemoryInfo(mig).used) // MIB
+                memory = _process_memory(pynvml.nvmlDeviceGetComputeRunningProcesses(mig))
+            except pynvml.NVMLError as err:
+                log.warning("MIG instance %d of %s not sampled: %s", slot, uuid, explain(err))
+                continue
+            out.append(MigSample(mig_uuid, used, tuple(ProcessSample(pid, mib)
+                                                       for pid, mib in sorted(memory.items()))))
         return tuple(out)
 
     def _process_sm(self, uuid: str, handle: Any) -> dict[int, int]:

@@ -4,6 +4,12 @@ and report (or evict) containers above their memory share.
 
 Every effect goes through `UsageSinks` (the agent binds them to the API in `api_sinks`;
 tests record them), so `tick` is the whole behaviour and runs without a cluster.
+
+Where the kubelet serves its PodResources API (`kubelet`: the `List` call), each sample also
+reads which container kubelet gave which of this agent's devices: the containers holding a
+time-sliced replica are holders of its card (kubelet chose the replica; no assignment says
+which), and every container whose processes run on a card kubelet never gave it is reported
+(`core.usage.kubelet_mismatches`, a log line while it lasts).
 """
 
 from __future__ import annotations
@@ -18,15 +24,28 @@ from typing import Any
 
 from elastic_gpu.agent.backends.base import Backend, BackendError
 from elastic_gpu.agent.config import DriftPolicy, UsageConfig
-from elastic_gpu.agent.devices import LogicalCard
-from elastic_gpu.agent.usage.observe import holders, ledger, observe, proc_resolver
+from elastic_gpu.agent.devices import LogicalCard, ResourcePlan
+from elastic_gpu.agent.podresources import KubeletDevices, PodResourcesError, kubelet_cards
+from elastic_gpu.agent.usage.observe import (
+    holders,
+    ledger,
+    memoized,
+    mig_holdings,
+    observe,
+    observe_migs,
+    proc_resolver,
+    seen_on_cards,
+)
 from elastic_gpu.api.gpudevice import now_rfc3339
 from elastic_gpu.core.usage import (
     CardUsage,
     ContainerRef,
+    KubeletMismatch,
+    MigUsage,
     OverShare,
     WritePolicy,
     Written,
+    kubelet_mismatches,
     over_shares,
     plan_writes,
 )
@@ -60,6 +79,10 @@ class UsageView:
 
     cards: dict[int, CardUsage] = field(default_factory=dict)
     over: list[OverShare] = field(default_factory=list)
+    #: the cross-check against the kubelet's device accounting (empty without PodResources)
+    mismatches: list[KubeletMismatch] = field(default_factory=list)
+    #: MIG instances, by UUID (memory only: NVML has no utilisation per instance)
+    mig: dict[str, MigUsage] = field(default_factory=dict)
 
 
 class UsageMonitor:
@@ -67,7 +90,11 @@ class UsageMonitor:
                  config: UsageConfig, pods: Callable[[], Sequence[Mapping[str, Any]]],
                  sinks: UsageSinks, *, proc: Path = Path("/proc"),
                  clock: Callable[[], float] = time.monotonic,
-                 stamp: Callable[[], str] | None = None) -> None:
+                 stamp: Callable[[], str] | None = None,
+                 kubelet: Callable[[], Sequence[KubeletDevices]] | None = None,
+                 plans: Sequence[ResourcePlan] = ()) -> None:
+        """`kubelet`: the PodResources `List` (None: not read); `plans`: this agent's device
+        plugins, to read kubelet's device IDs as cards."""
         self.node = node
         self.cards = tuple(cards)
         self.backend = backend
@@ -82,6 +109,11 @@ class UsageMonitor:
         self.last_round: float | None = None
         self.writes = 0
         self._events: dict[tuple[ContainerRef, int], float] = {}
+        self.kubelet = kubelet
+        self.plans = tuple(plans)
+        #: mismatches already logged, while they last
+        self._mismatched: set[tuple[ContainerRef, int]] = set()
+        self._kubelet_failing = False
         self._lock = threading.Lock()
         self._view = UsageView()
 
@@ -92,16 +124,54 @@ class UsageMonitor:
     def tick(self) -> UsageView:
         """One sample, and what follows from it."""
         pods = list(self.pods())
-        held = ledger(pods, self.node, self.cards)
-        samples = self.backend.sample(holders(pods, self.cards, held))
-        usage = observe(samples, self.cards, held, proc_resolver(pods, self.proc), self.stamp())
+        assigned = ledger(pods, self.node, self.cards)
+        devices = self._kubelet_devices()
+        held = assigned
+        if devices is not None:
+            # A time-sliced replica's card is kubelet's choice: its holders are kubelet's.
+            chosen = kubelet_cards(devices, [p for p in self.plans if p.kubelet_chooses])
+            held = {index: dict(refs) for index, refs in assigned.items()}
+            for index, refs in chosen.items():
+                for ref in refs:
+                    held.setdefault(index, {}).setdefault(ref, 0)  # promises no memory
+        resolve = memoized(proc_resolver(pods, self.proc))
+        samples = self.backend.sample(holders(pods, self.cards, held,
+                                              mig_holdings(pods, self.node)))
+        usage = observe(samples, self.cards, held, resolve, self.stamp())
         over = [o for index, use in sorted(usage.items())
                 for o in over_shares(index, use, held.get(index, {}))]
+        mismatches = [] if devices is None else kubelet_mismatches(
+            seen_on_cards(samples, self.cards, resolve), kubelet_cards(devices, self.plans),
+            {index: refs.keys() for index, refs in assigned.items()})
+        self._report(mismatches)
+        migs = observe_migs(samples, self.cards, resolve)
         with self._lock:
-            self._view = UsageView(usage, over)
+            self._view = UsageView(usage, over, mismatches, migs)
         self._publish(usage)
         self._drift(over, pods)
         return self._view
+
+    def _kubelet_devices(self) -> list[KubeletDevices] | None:
+        """kubelet's device accounting now; None when it cannot be read (said once, until it
+        can again)."""
+        if self.kubelet is None:
+            return None
+        try:
+            devices = list(self.kubelet())
+        except PodResourcesError as err:
+            if not self._kubelet_failing:
+                log.info("usage sampling goes on without the kubelet's PodResources: %s", err)
+            self._kubelet_failing = True
+            return None
+        self._kubelet_failing = False
+        return devices
+
+    def _report(self, mismatches: Sequence[KubeletMismatch]) -> None:
+        current = {(m.ref, m.card) for m in mismatches}
+        for item in mismatches:
+            if (item.ref, item.card) not in self._mismatched:
+                log.warning("%s", item.message())
+        self._mismatched = current
 
     def _publish(self, usage: Mapping[int, CardUsage]) -> None:
         if self.sinks.write is None:

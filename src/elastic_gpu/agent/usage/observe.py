@@ -4,8 +4,9 @@ which container each process is (cgroup + the node's pods), and the out-of-band 
 The ledger is the node's pods' assignments (`accounting.container_shares`, what the allocation
 columns count). A process is mapped by its cgroup to (pod UID, container runtime ID) and those
 to names through the pods' `containerStatuses` (the agent's pod cache; the kubelet's
-PodResources API names only pods and containers that hold device-plugin devices, which shares
-advertised in Node status do not, so the pods are the one source that names every holder).
+PodResources API names no process or container ID, and only containers holding device-plugin
+devices, so the pods are the one source that names every process's container; the monitor
+reads PodResources beside them for which card kubelet gave, `agent.podresources`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.accounting import container_shares
+from elastic_gpu.agent.accounting import container_shares, holding_pods
 from elastic_gpu.agent.backends.base import CardSample, Holder
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.usage.cgroup import container_id, read_cgroup
-from elastic_gpu.core.usage import CardUsage, ContainerRef, ProcessUse, observe_card
+from elastic_gpu.core.usage import (
+    CardUsage,
+    ContainerRef,
+    MigUsage,
+    ProcessUse,
+    observe_card,
+    observe_mig,
+)
 
 #: {logical card index: {holder: its memory share on that card, MiB}}
 Ledger = dict[int, dict[ContainerRef, int]]
@@ -67,10 +75,24 @@ def container_ids(pods: Iterable[Mapping[str, Any]]) -> dict[ContainerRef, tuple
     return out
 
 
-def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], held: Ledger
-            ) -> list[Holder]:
+def mig_holdings(pods: Iterable[Mapping[str, Any]], node: str
+                 ) -> dict[tuple[ContainerRef, int], str]:
+    """{(container, card index): the MIG instance it holds there}, from the assignments."""
+    out: dict[tuple[ContainerRef, int], str] = {}
+    for name, assignment in holding_pods(pods, node):
+        namespace, _, pod = name.partition("/")
+        for container, shares in assignment.containers.items():
+            for share in shares:
+                if share.mig_uuid is not None:
+                    out[(ContainerRef(namespace, pod, container), share.index)] = share.mig_uuid
+    return out
+
+
+def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], held: Ledger,
+            migs: Mapping[tuple[ContainerRef, int], str] | None = None) -> list[Holder]:
     """What `Backend.sample` is told of each physical card's holders: per chip of a held
-    logical card, the holder with its pod's annotations and its runtime IDs."""
+    logical card, the holder with its pod's annotations, its runtime IDs and the MIG instance
+    it holds there (`migs`, from `mig_holdings`)."""
     by_name: dict[tuple[str, str], Mapping[str, Any]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -82,8 +104,9 @@ def holders(pods: Sequence[Mapping[str, Any]], cards: Sequence[LogicalCard], hel
             pod = by_name.get((ref.namespace, ref.pod), {})
             annotations = {str(k): str(v) for k, v in
                            ((pod.get("metadata") or {}).get("annotations") or {}).items()}
+            mig = (migs or {}).get((ref, lc.index))
             for chip in lc.chips:
-                out.append(Holder(chip.uuid, ref, annotations, ids.get(ref, ())))
+                out.append(Holder(chip.uuid, ref, annotations, ids.get(ref, ()), mig))
     return out
 
 
@@ -96,6 +119,35 @@ def proc_resolver(pods: Iterable[Mapping[str, Any]], proc: Path = Path("/proc")
         ref = read_cgroup(pid, proc)
         return None if ref is None else owners.get((ref.pod_uid, ref.container_id))
     return resolve
+
+
+def memoized(resolve: Callable[[int], ContainerRef | None]
+             ) -> Callable[[int], ContainerRef | None]:
+    """`resolve` reading each pid's cgroup once (one sample asks twice: `observe` and
+    `seen_on_cards`)."""
+    cache: dict[int, ContainerRef | None] = {}
+
+    def once(pid: int) -> ContainerRef | None:
+        if pid not in cache:
+            cache[pid] = resolve(pid)
+        return cache[pid]
+    return once
+
+
+def seen_on_cards(samples: Sequence[CardSample], cards: Sequence[LogicalCard],
+                  resolve: Callable[[int], ContainerRef | None]) -> dict[int, set[ContainerRef]]:
+    """{logical card: the pod containers whose processes the sample shows on it}, holders or
+    not (the cgroup mapping, for the cross-check against kubelet)."""
+    by_uuid = {s.uuid: s for s in samples}
+    out: dict[int, set[ContainerRef]] = {}
+    for lc in cards:
+        for uuid in lc.uuids:
+            sample = by_uuid.get(uuid)
+            for proc in sample.processes if sample is not None else ():
+                ref = proc.owner if proc.owner is not None else resolve(proc.pid)
+                if ref is not None:
+                    out.setdefault(lc.index, set()).add(ref)
+    return out
 
 
 def observe(samples: Sequence[CardSample], cards: Sequence[LogicalCard], held: Ledger,
@@ -116,4 +168,21 @@ def observe(samples: Sequence[CardSample], cards: Sequence[LogicalCard], held: L
         out[lc.index] = observe_card(sum(c.used_mib for c in chips),
                                      sum(c.sm_percent for c in chips) // len(chips), processes,
                                      held.get(lc.index, {}).keys(), observed_at)
+    return out
+
+
+def observe_migs(samples: Sequence[CardSample], cards: Sequence[LogicalCard],
+                 resolve: Callable[[int], ContainerRef | None]) -> dict[str, MigUsage]:
+    """Each sampled MIG instance's usage, by its UUID, on the logical card of its chip."""
+    card_of = {uuid: lc.index for lc in cards for uuid in lc.uuids}
+    out: dict[str, MigUsage] = {}
+    for sample in samples:
+        card = card_of.get(sample.uuid)
+        if card is None:
+            continue
+        for mig in sample.mig:
+            processes = [ProcessUse(p.memory_mib, None,
+                                    p.owner if p.owner is not None else resolve(p.pid))
+                         for p in mig.processes]
+            out[mig.uuid] = observe_mig(card, mig.uuid, mig.used_mib, processes)
     return out
