@@ -7,7 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from egpu_testing.defrag import EvictionClient, StaticInformers, gpu_pod, node_objects
+from egpu_testing.defrag import (
+    EvictionClient,
+    StaticInformers,
+    gpu_pod,
+    mig_node_objects,
+    mig_pod,
+    node_objects,
+)
 from elastic_gpu.controller.config import ControllerConfig, DefragConfig, DefragMode
 from elastic_gpu.controller.defrag.cluster import read_cluster
 from elastic_gpu.controller.defrag.controller import DefragController
@@ -217,3 +224,44 @@ def test_no_reservation_no_move() -> None:
     run_round(controller, 1000.0)
     assert not client.evicted and controller.state.in_flight is None
     assert [(n, r) for n, r, _ in events] == [("whole", "DefragReservationFailed")]
+
+
+def mig_cluster() -> tuple[DefragController, EvictionClient, list[tuple[str, str, str]]]:
+    """m0 and m1, one A100 carved into two 3g.40gb each: m on m0, a bare pod on m1; `pair`
+    (two 3g.40gb) is pending though two instances are free, one on each node."""
+    pods = [mig_pod("m", profile="3g.40gb", node="m0", instances=(0,)),
+            mig_pod("keep", profile="3g.40gb", node="m1", instances=(0,), owner=None),
+            mig_pod("pair", profile="3g.40gb", count=2)]
+    controller, client, events = make(MOVE, pods, nodes=())
+    for name in ("m0", "m1"):
+        node, device = mig_node_objects(name, ("3g.40gb", "3g.40gb"))
+        controller.nodes.objects.append(node)  # type: ignore[attr-defined]
+        controller.devices.objects.append(device)  # type: ignore[attr-defined]
+    return controller, client, events
+
+
+def test_a_pending_mig_pod_gets_a_node_by_moving_a_holder_and_the_instances_are_reserved() -> None:
+    controller, client, events = mig_cluster()
+    controller.wall_clock = lambda: 1_800_000_000.0
+    run_round(controller, 1000.0)
+    assert client.writes == [("patch", "ml/pair"), ("evict", "ml/m")]  # never the bare pod
+    ((key, patch),) = client.patched
+    reservation = DefragReservation.from_json(
+        patch["metadata"]["annotations"][ann.DEFRAG_RESERVATION])
+    assert key == "ml/pair" and reservation.assignment.node == "m0"
+    assert sorted(s.mig_uuid or "" for s in reservation.assignment.shares()) == [
+        "MIG-m0-0", "MIG-m0-1"]
+    moved = next(text for name, reason, text in events if reason == "DefragMoved")
+    assert "the plan puts it on node m1 card 0 (MIG 3g.40gb MIG-m1-1)" in moved
+
+
+def test_report_mode_names_the_mig_instances_a_plan_would_move() -> None:
+    controller, client, events = mig_cluster()
+    controller.config = DefragConfig(enabled=True)
+    run_round(controller, 1000.0)
+    assert not client.writes
+    ((name, reason, text),) = events
+    assert (name, reason) == ("pair", "DefragPlanned")
+    assert ("would move 1 pod(s): ml/m from node m0 card 0 (MIG 3g.40gb MIG-m0-0) to node m1 "
+            "card 0 (MIG 3g.40gb MIG-m1-1); then this pod fits on node m0 card 0 (MIG 3g.40gb "
+            "MIG-m0-0, 3g.40gb MIG-m0-1)") in text

@@ -38,10 +38,16 @@ RESERVE_FAILED = "DefragReservationFailed"
 
 
 def cards(assignment: Assignment) -> str:
-    """`node n1 card 0,1` (a MIG share names its instance's profile)."""
+    """`node n1 card 0,1`; MIG instances are named with their profile: `node n1 card 0
+    (MIG 3g.40gb MIG-a1b2)`, since a move between instances may stay on one card index."""
     indexes = sorted({s.index for s in assignment.shares()})
-    return f"node {assignment.node} card{'s' if len(indexes) > 1 else ''} " \
+    text = f"node {assignment.node} card{'s' if len(indexes) > 1 else ''} " \
            f"{','.join(str(i) for i in indexes)}"
+    mig = sorted((s.mig_profile or "", s.mig_uuid) for s in assignment.shares()
+                 if s.mig_uuid is not None)
+    if mig:
+        text += f" (MIG {', '.join(f'{profile} {uuid}' for profile, uuid in mig)})"
+    return text
 
 
 @dataclass(frozen=True)
