@@ -157,6 +157,7 @@ class DefragController:
             return
         cluster = read_cluster(self.devices.items(), self.nodes.items(), pods,
                                self.egpus.items(), self.config.policy)
+        planned: set[str] = set()
         for pod, request in waiting:
             facts = pod_facts(pod)
             if _fits_now(cluster, request):
@@ -164,8 +165,8 @@ class DefragController:
             movable = self._movable(cluster, facts, now)
             if not movable:
                 continue
-            plan = plan_moves(cluster.engine, facts.key, request, movable, self.config.max_moves,
-                              policy=self.config.policy)
+            plan = plan_moves(cluster.engine, facts.key, request, movable,
+                              self.config.max_moves, policy=self.config.policy)
             if plan is None or not plan.moves:
                 continue
             steps = self._steps(cluster, plan)
@@ -174,8 +175,10 @@ class DefragController:
                 log.info("defrag for %s: plan not used: %s", facts.key, off_limits)
                 continue
             if self.config.mode is DefragMode.REPORT:
+                planned.add(facts.key)
                 self.metrics.plans.labels("reported").inc()
-                self.writes.report(pod, facts.key, steps, plan.placement)
+                await self.writes.report(pod, facts.key, steps, plan.placement,
+                                         self.wall_clock())
                 continue
             why = over_limit([s.source.node for s in steps], self.state.evictions, now,
                              self.limits)
@@ -183,14 +186,27 @@ class DefragController:
                 self.metrics.plans.labels("rate_limited").inc()
                 self.writes.rate_limited(pod, why)
                 continue
-            if not await self.writes.reserve(pod, facts.key, plan.placement, self.wall_clock(),
-                                             self.config.reservation_s):
+            if not await self.writes.reserve(pod, facts.key, steps, plan.placement,
+                                             self.wall_clock(), self.config.reservation_s):
                 return  # the next round tries again
             self.metrics.plans.labels("carried_out").inc()
             done = await self.writes.carry_out(pod, facts.key, steps, plan.placement, now)
             if done:
-                self.state.in_flight = InFlight(facts.key, facts.uid, now + self.config.settle_s)
+                self.state.in_flight = InFlight(facts.key, facts.uid,
+                                                now + self.config.settle_s)
             return  # one plan per round: the next one reads the cluster as it is then
+        # report mode only: a plan carried out returns above, and its patch replaced the record
+        if self.config.mode is DefragMode.REPORT:
+            await self._forget_reports(waiting, planned)
+
+    async def _forget_reports(self, waiting: Sequence[tuple[Mapping[str, Any], PodRequest]],
+                              planned: set[str]) -> None:
+        """Report mode: the plan records of waiting pods this round found no plan for are
+        removed (`egpu top` would show a plan that no longer holds)."""
+        for pod, _ in waiting:
+            key = pod_facts(pod).key
+            if key in self.state.reported and key not in planned:
+                await self.writes.forget_report(pod, key)
 
     def _off_limits(self, pending: Mapping[str, Any], plan: DefragPlan, steps: Sequence[Step]
                     ) -> str | None:
