@@ -81,10 +81,29 @@ def _instances(node: Node, owner: Mapping[str, str], pending: PodRequest,
     return _NodeInstances(free, wanted_free, dict(wanted_held))
 
 
-def _fits_elsewhere(need: Counter[MigProfile], home: str,
-                    by_node: Mapping[str, _NodeInstances]) -> bool:
-    return any(name != home and all(there.free[p] >= n for p, n in need.items())
-               for name, there in by_node.items())
+class _FreeElsewhere:
+    """Whether a pod's MIG request fits on free instances of a node other than its own: for
+    one profile (the common case) from the two nodes with the most free instances of it, so a
+    large cluster is not scanned per holder; for several, by a scan."""
+
+    def __init__(self, by_node: Mapping[str, _NodeInstances]) -> None:
+        self.by_node = by_node
+        self._top: dict[MigProfile, list[tuple[int, str]]] = {}
+
+    def fits(self, need: Counter[MigProfile], home: str) -> bool:
+        if len(need) == 1:
+            ((profile, count),) = need.items()
+            return any(free >= count and name != home for free, name in self._best(profile))
+        return any(name != home and all(there.free[p] >= n for p, n in need.items())
+                   for name, there in self.by_node.items())
+
+    def _best(self, profile: MigProfile) -> list[tuple[int, str]]:
+        top = self._top.get(profile)
+        if top is None:
+            ranked = sorted(((there.free[profile], name) for name, there in self.by_node.items()
+                             if there.free[profile] > 0), key=lambda t: -t[0])
+            self._top[profile] = top = ranked[:2]
+        return top
 
 
 def mig_move_sets(engine: Engine, pending_key: str, pending: PodRequest, c: ContainerRequest,
@@ -105,6 +124,7 @@ def mig_move_sets(engine: Engine, pending_key: str, pending: PodRequest, c: Cont
     slices = {inst.uuid: inst.profile.slices for n in nodes for card in n.cards
               for inst in card.mig}
     check_host = engine.config.check_host_resources
+    elsewhere = _FreeElsewhere(by_node)
     sets: list[MoveSet] = []
     for order, name in enumerate(names):
         here = by_node[name]
@@ -115,7 +135,7 @@ def mig_move_sets(engine: Engine, pending_key: str, pending: PodRequest, c: Cont
         for key, count in here.wanted_held.items():
             pod = movable.get(key)
             held = mig_needs(pod) if pod is not None and key != pending_key else None
-            if held is not None and _fits_elsewhere(held, name, by_node):
+            if held is not None and elsewhere.fits(held, name):
                 holders.append((key, count, _slices(allocations[key], slices)))
         # the pods holding the most instances first: the fewest moves free the most
         holders.sort(key=lambda h: (-h[1], h[2], h[0]))
