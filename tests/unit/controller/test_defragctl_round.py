@@ -317,3 +317,19 @@ def test_a_failed_record_write_is_tried_again_on_the_next_round() -> None:
     client.patch_error = None
     run_round(controller, 1005.0)
     assert len(recorded(client, "ml/whole")) == 1
+
+
+def test_move_mode_removes_the_record_of_a_plan_a_pdb_refused_when_no_other_exists() -> None:
+    pods = [gpu_pod("c", percent=40, node="n0"), gpu_pod("bare", percent=50, node="n1",
+                                                         owner=None),
+            gpu_pod("whole", percent=None)]
+    controller, client, _ = make(MOVE, pods, nodes=("n0", "n1"))
+    client.refuse = {"ml/c"}
+    run_round(controller, 1000.0)
+    assert client.refused == ["ml/c"]
+    (written,) = recorded(client, "ml/whole")
+    assert written is not None and PlanRecord.from_json(written).mode == "move"
+    run_round(controller, 1005.0)  # c cools down: no plan is left, nor its record
+    assert recorded(client, "ml/whole") == [written, None]
+    run_round(controller, 1010.0)  # removed once
+    assert recorded(client, "ml/whole") == [written, None]

@@ -152,14 +152,28 @@ class DefragController:
         waiting = self._waiting(pods)
         self.metrics.pending.set(len(waiting))
         live = {pod_facts(p).key for p, _ in waiting}
-        self.state.reported = {k: v for k, v in self.state.reported.items() if k in live}
+        self.state.recorded = {k: v for k, v in self.state.recorded.items() if k in live}
         if not waiting:
             return
         cluster = read_cluster(self.devices.items(), self.nodes.items(), pods,
                                self.egpus.items(), self.config.policy)
+        seen: list[Mapping[str, Any]] = []
         planned: set[str] = set()
+        await self._serve(cluster, waiting, now, seen, planned)
+        for pod in seen:  # plan records no plan backs any more (`egpu top` shows them)
+            key = pod_facts(pod).key
+            if key in self.state.recorded and key not in planned:
+                await self.writes.forget_record(pod, key)
+
+    async def _serve(self, cluster: Cluster, waiting: Sequence[tuple[Mapping[str, Any],
+                                                                    PodRequest]],
+                     now: float, seen: list[Mapping[str, Any]], planned: set[str]) -> None:
+        """Plan for the waiting pods in order: report each plan, or carry out the first that
+        passes the rate limits (one per round). `seen`: the pods looked at; `planned`: those
+        a plan was found for (its record stands)."""
         for pod, request in waiting:
             facts = pod_facts(pod)
+            seen.append(pod)
             if _fits_now(cluster, request):
                 continue  # it fits as things are: the scheduler's to place, nothing to move
             movable = self._movable(cluster, facts, now)
@@ -174,8 +188,8 @@ class DefragController:
             if off_limits is not None:
                 log.info("defrag for %s: plan not used: %s", facts.key, off_limits)
                 continue
+            planned.add(facts.key)
             if self.config.mode is DefragMode.REPORT:
-                planned.add(facts.key)
                 self.metrics.plans.labels("reported").inc()
                 await self.writes.report(pod, facts.key, steps, plan.placement,
                                          self.wall_clock())
@@ -195,18 +209,6 @@ class DefragController:
                 self.state.in_flight = InFlight(facts.key, facts.uid,
                                                 now + self.config.settle_s)
             return  # one plan per round: the next one reads the cluster as it is then
-        # report mode only: a plan carried out returns above, and its patch replaced the record
-        if self.config.mode is DefragMode.REPORT:
-            await self._forget_reports(waiting, planned)
-
-    async def _forget_reports(self, waiting: Sequence[tuple[Mapping[str, Any], PodRequest]],
-                              planned: set[str]) -> None:
-        """Report mode: the plan records of waiting pods this round found no plan for are
-        removed (`egpu top` would show a plan that no longer holds)."""
-        for pod, _ in waiting:
-            key = pod_facts(pod).key
-            if key in self.state.reported and key not in planned:
-                await self.writes.forget_report(pod, key)
 
     def _off_limits(self, pending: Mapping[str, Any], plan: DefragPlan, steps: Sequence[Step]
                     ) -> str | None:

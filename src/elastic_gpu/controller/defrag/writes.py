@@ -83,17 +83,18 @@ class DefragWrites:
         record = record_of("report", steps, placement, wall_now)
         text = record.describe()
         self.recorder.record(pending, "Normal", PLANNED, f"report mode, nothing moved: would {text}")
-        if self.state.reported.get(key) == text:
+        if self.state.recorded.get(key) == text:
             return
         log.info("defrag plan for %s (report mode, nothing moved): %s", key, text)
         if await self._annotate(pending, key, {ann.DEFRAG_PLAN: record.to_json()}):
-            self.state.reported[key] = text
+            self.state.recorded[key] = text
 
-    async def forget_report(self, pending: Mapping[str, Any], key: str) -> None:
-        """The pod has no plan any more (it fits as things are, or nothing would make room):
-        its plan record is removed, so `egpu top` does not show a stale one."""
+    async def forget_record(self, pending: Mapping[str, Any], key: str) -> None:
+        """The pod has no plan any more (it fits as things are, nothing would make room, or a
+        plan carried out was refused): its plan record is removed, so `egpu top` does not show
+        a stale one."""
         if await self._annotate(pending, key, {ann.DEFRAG_PLAN: None}):
-            self.state.reported.pop(key, None)
+            self.state.recorded.pop(key, None)
 
     async def _annotate(self, pending: Mapping[str, Any], key: str,
                         notes: Mapping[str, str | None]) -> bool:
@@ -119,8 +120,9 @@ class DefragWrites:
         fails: room made without it may go to another pod."""
         meta = pending.get("metadata") or {}
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        record = record_of("move", steps, placement, wall_now)
         notes = {ann.DEFRAG_RESERVATION: reservation_for(placement, wall_now, ttl_s).to_json(),
-                 ann.DEFRAG_PLAN: record_of("move", steps, placement, wall_now).to_json()}
+                 ann.DEFRAG_PLAN: record.to_json()}
         patch = {"metadata": {"uid": meta.get("uid"), "annotations": notes}}
         try:
             await self.client.patch(PODS.path(namespace, name), patch)
@@ -129,7 +131,7 @@ class DefragWrites:
             self.recorder.record(pending, "Warning", RESERVE_FAILED,
                                  f"reserving {describe_cards(placement)} failed, nothing moved: {err}")
             return False
-        self.state.reported.pop(key, None)  # the move's record replaced any report's
+        self.state.recorded[key] = record.describe()
         return True
 
     async def carry_out(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
