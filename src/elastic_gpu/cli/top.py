@@ -1,5 +1,6 @@
 """`egpu top` (and `kubectl egpu top`): the cluster's GPUs per node and card, who holds what,
-what is free, health and fragmentation (docs/top.md).
+what is free, health and fragmentation, and the defragmentation plans recorded on pending pods
+(docs/top.md).
 
 Four LISTs, concurrently (Nodes, GPUDevices, Pods not finished, ElasticGPUs), through the
 project's REST client (`kube.client`); the view is `core.gpuview.build_view` (pure), the
@@ -410,7 +411,8 @@ def top(
     log_level: LogLevel = "WARNING",
 ) -> None:
     """Show the cluster's GPUs: per node and card who holds what (pods, claims' ElasticGPUs,
-    MIG instances), free compute and memory, health and fragmentation."""
+    MIG instances), free compute and memory, health and fragmentation; and the
+    defragmentation controller's latest plan for each pending pod."""
     from rich.console import Console
 
     from elastic_gpu.kube.client import KubeClient
