@@ -41,6 +41,7 @@ from egpu_testing.sandbox import egpu
 from egpu_testing.waiting import wait_for
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.defrag.record import PlanRecord
 from elastic_gpu.core.defrag.reservation import DefragReservation
 
 pytestmark = pytest.mark.integration
@@ -71,9 +72,13 @@ def kc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         egpu("sandbox", "down", "--state-dir", str(where / "state"), timeout=120)
 
 
+def instances_of(assignment: Assignment) -> list[str]:
+    return sorted(s.mig_uuid or "" for s in assignment.shares())
+
+
 def instances(pod: dict[str, object]) -> list[str]:
     text = pod["metadata"]["annotations"][ann.ASSIGNMENT]  # type: ignore[index]
-    return sorted(s.mig_uuid or "" for s in Assignment.from_json(str(text)).shares())
+    return instances_of(Assignment.from_json(str(text)))
 
 
 def test_a_pending_two_instance_pod_binds_after_one_pod_moves_to_a_free_instance(
@@ -108,6 +113,12 @@ def test_a_pending_two_instance_pod_binds_after_one_pod_moves_to_a_free_instance
     assert reservation.assignment.node == first and m_instance in reserved
     (pair_now,) = running(kc, "pair")
     assert instances(pair_now) == reserved
+    # the plan record (what `egpu top` showed while it was pending) names the move's instances
+    record = PlanRecord.from_json(pair["metadata"]["annotations"][ann.DEFRAG_PLAN])
+    (planned,) = record.moves
+    assert record.mode == "move" and record.placement == reservation.assignment
+    assert planned.pod.endswith("/" + placed["m"]["metadata"]["name"])
+    assert instances_of(planned.source) == [m_instance] and planned.target.node == second
     assert moved["spec"]["nodeName"] == second
     assert [e["involvedObject"]["name"] for e in moved_events] == [
         placed["m"]["metadata"]["name"]]
