@@ -12,7 +12,8 @@ from typing import Any
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.model import Card
+from elastic_gpu.core.model import Card, MigInstance
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.errors import ApiError, TooManyRequests
 from elastic_gpu.kube.informer import Handler
 
@@ -112,3 +113,36 @@ def gpu_pod(name: str, *, percent: int | None, node: str = "", namespace: str = 
                                  "reason": "Unschedulable"}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
             "status": status}
+
+
+def mig_node_objects(name: str, profiles: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Node and the GPUDevice of its one A100-80GB card carved into `profiles` (instances
+    `MIG-<name>-<k>`)."""
+    instances, start = [], 0
+    for k, text in enumerate(profiles):
+        profile = MigProfile.parse(text)
+        instances.append(MigInstance(profile, f"MIG-{name}-{k}", start))
+        start += profile.slices
+    card = Card(0, f"GPU-{name}", "A100-SXM4-80GB", MEMORY_MIB, mig=tuple(instances))
+    return ({"metadata": {"name": name},
+             "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}},
+            gpudevice.card_to_object(name, card))
+
+
+def mig_pod(name: str, *, profile: str, count: int = 1, node: str = "",
+            instances: tuple[int, ...] = (), owner: str | None = "ReplicaSet") -> dict[str, Any]:
+    """A pod asking `count` instances of `profile`, placed on `node`'s instances `instances`
+    (as `mig_node_objects` names them) with the assignment its Binding would write, or (no
+    node) Pending and Unschedulable."""
+    pod = gpu_pod(name, percent=None, node="", owner=owner)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {f"nvidia.com/mig-{profile}": str(count)}
+    if node:
+        memory = MigProfile.parse(profile).memory_gb * 1024
+        shares = tuple(CardShare(0, f"GPU-{node}", 0, memory, profile, f"MIG-{node}-{k}")
+                       for k in instances)
+        pod["metadata"]["annotations"][ann.ASSIGNMENT] = Assignment(
+            node, {"main": shares}).to_json()
+        pod["metadata"]["annotations"][ann.ASSIGNED_NODE] = node
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Running"}
+    return pod

@@ -11,7 +11,7 @@ from typing import Any
 from egpu_testing.controller import ControllerProcess
 from egpu_testing.sandbox import kubectl, kubectl_run
 from egpu_testing.waiting import wait_for
-from egpu_testing.workbench import card_use_from_pods, overcommitted
+from egpu_testing.workbench import card_use_from_pods, mig_overheld, overcommitted
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core.annotations import MOVABLE_LABEL
 from elastic_gpu.devcluster.ports import free_ports
@@ -53,29 +53,37 @@ def events(kubeconfig: Path, reason: str) -> list[dict[str, Any]]:
     return [e for e in items if e.get("reason") == reason]
 
 
-def pod_spec(percent: int | None, selector: dict[str, str], cards: int = 1) -> dict[str, Any]:
-    limits = {"nano-gpu/gpu-percent": str(percent)} if percent else {"nvidia.com/gpu": str(cards)}
+def pod_spec(percent: int | None, selector: dict[str, str], cards: int = 1,
+             limits: dict[str, str] | None = None) -> dict[str, Any]:
+    """`percent` of a card, or `cards` whole cards, or (`limits`) what those limits ask."""
+    if limits is None:
+        limits = ({"nano-gpu/gpu-percent": str(percent)} if percent
+                  else {"nvidia.com/gpu": str(cards)})
     return {"nodeSelector": selector, "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "main", "image": "cuda:fake",
                             "resources": {"limits": limits}}]}
 
 
-def deployment(name: str, percent: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """One replica of `percent` of a card, movable, placed where the label
-    `defrag-home-<name>=yes` is (`open_homes` then lets its replacements go anywhere)."""
+def deployment(name: str, percent: int | None, labels: dict[str, str] | None = None,
+               limits: dict[str, str] | None = None) -> dict[str, Any]:
+    """One replica of `percent` of a card (or of what `limits` ask), movable, placed where
+    the label `defrag-home-<name>=yes` is (`open_homes` then lets its replacements go
+    anywhere)."""
     all_labels = {"app": name, MOVABLE_LABEL: "true", **(labels or {})}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
                      "template": {"metadata": {"labels": all_labels},
-                                  "spec": pod_spec(percent, {f"defrag-home-{name}": "yes"})}}}
+                                  "spec": pod_spec(percent, {f"defrag-home-{name}": "yes"},
+                                                   limits=limits)}}}
 
 
-def bare(name: str, percent: int | None, node: str | None, cards: int = 1) -> dict[str, Any]:
+def bare(name: str, percent: int | None, node: str | None, cards: int = 1,
+         limits: dict[str, str] | None = None) -> dict[str, Any]:
     """A bare pod (labelled movable: it never moves all the same)."""
     selector = {"kubernetes.io/hostname": node} if node else {}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": name, MOVABLE_LABEL: "true"}},
-            "spec": pod_spec(percent, selector, cards)}
+            "spec": pod_spec(percent, selector, cards, limits)}
 
 
 def make_namespace(kubeconfig: Path) -> None:
@@ -141,7 +149,9 @@ def start_controller(kubeconfig: Path, tmp: Path, mode: str) -> ControllerProces
 
 def over_allocated(kubeconfig: Path) -> list[str]:
     """The independent ledger check (the burst tests'): each card's assignments summed from
-    the API's pods, against the GPUDevices' cards."""
+    the API's pods, against the GPUDevices' cards; and each MIG instance held by one pod at
+    most, and carved on the card named."""
     devices = get(kubeconfig, "gpudevices")["items"]
-    return overcommitted(card_use_from_pods(pods(kubeconfig)),
-                         gpudevice.nodes_from_objects(devices))
+    nodes = gpudevice.nodes_from_objects(devices)
+    every = pods(kubeconfig)
+    return overcommitted(card_use_from_pods(every), nodes) + mig_overheld(every, nodes)

@@ -219,6 +219,30 @@ def overcommitted(use: Mapping[tuple[str, int], CardUse], nodes: Iterable[Node]
     return problems
 
 
+def mig_overheld(pods: Iterable[Mapping[str, Any]], nodes: Iterable[Node]) -> list[str]:
+    """MIG instances two live pods' assignment annotations both name, or that the named card
+    does not carry: an independent reading, as `card_use_from_pods`."""
+    carved = {(n.name, c.index, m.uuid) for n in nodes for c in n.cards for m in c.mig}
+    holders: dict[tuple[str, int, str], list[str]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        if not text or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        assignment = Assignment.from_json(text)
+        for share in assignment.shares():
+            if share.mig_uuid is not None:
+                holders.setdefault((assignment.node, share.index, share.mig_uuid), []).append(
+                    f"{meta.get('namespace')}/{meta.get('name')}")
+    problems = []
+    for key, who in sorted(holders.items()):
+        if key not in carved:
+            problems.append(f"{key[0]} card {key[1]} has no MIG instance {key[2]}, held by {who}")
+        elif len(who) > 1:
+            problems.append(f"{key[0]} card {key[1]} MIG instance {key[2]} held by {who}")
+    return problems
+
+
 def share_fits_somewhere(milli: int, memory_mib: int, use: Mapping[tuple[str, int], CardUse],
                          nodes: Iterable[Node]) -> bool:
     for node in nodes:

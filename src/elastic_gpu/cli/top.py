@@ -1,5 +1,6 @@
 """`egpu top` (and `kubectl egpu top`): the cluster's GPUs per node and card, who holds what,
-what is free, health and fragmentation (docs/top.md).
+what is free, health and fragmentation, and the defragmentation plans recorded on pending pods
+(docs/top.md).
 
 Four LISTs, concurrently (Nodes, GPUDevices, Pods not finished, ElasticGPUs), through the
 project's REST client (`kube.client`); the view is `core.gpuview.build_view` (pure), the
@@ -9,6 +10,7 @@ rendering a rich table. `--watch` lists again every `--interval` seconds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import logging
 import os
@@ -21,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from elastic_gpu.cli.options import LogLevel, start_logging
+from elastic_gpu.core.defrag.record import PendingPlan, PlanRecord, pending_plans
 from elastic_gpu.core.gpuview import (
     CardView,
     ClusterView,
@@ -134,7 +137,17 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
             egpus.append(ElasticGPUHold(egpu.name, egpu.node, egpu.shares, claim))
     nodes = [Node(name=name, cpu_milli=0, memory_mib=0, cards=tuple(found))
              for name, found in cards.items()]
-    return build_view(nodes, holds, egpus, uninventoried)
+    view = build_view(nodes, holds, egpus, uninventoried)
+    plans, unreadable = pending_plans(objects.pods)
+    for key, why in unreadable:
+        log.warning("pod %s: defrag plan skipped: %s", key, why)
+    shown = tuple(p for p in plans if any(wanted(node) for node in _plan_nodes(p.record)))
+    return dataclasses.replace(view, plans=shown)
+
+
+def _plan_nodes(record: PlanRecord) -> list[str]:
+    """The nodes a plan touches: where the pending pod goes, where moves come from and go."""
+    return [record.placement.node, *(a.node for m in record.moves for a in (m.source, m.target))]
 
 
 def _count(value: Any) -> int:
@@ -348,7 +361,20 @@ def render(view: ClusterView, *, holders: bool = True) -> Any:
     for row in rows:
         lines.append(line(row.cells, row.styles))
         lines.extend(Text(" " * offset + extra) for extra in row.more)
+    if view.plans:
+        lines.append(Text(f"defrag plans for {_plural(len(view.plans), 'pending pod')}:",
+                          style="bold"))
+        lines.extend(Text(_plan_line(plan)) for plan in view.plans)
     return Group(*lines)
+
+
+def _plan_line(plan: PendingPlan) -> str:
+    """`ml/whole (report mode, planned 20:10:05Z): would move 1 pod(s): ...`."""
+    record = plan.record
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.at))
+    if record.mode == "report":
+        return f"  {plan.pod} (report mode, nothing moved; planned {at}): would {record.describe()}"
+    return f"  {plan.pod} (moving, planned {at}): {record.describe()}"
 
 
 # ---- command ----------------------------------------------------------------------------
@@ -385,7 +411,8 @@ def top(
     log_level: LogLevel = "WARNING",
 ) -> None:
     """Show the cluster's GPUs: per node and card who holds what (pods, claims' ElasticGPUs,
-    MIG instances), free compute and memory, health and fragmentation."""
+    MIG instances), free compute and memory, health and fragmentation; and the
+    defragmentation controller's latest plan for each pending pod."""
     from rich.console import Console
 
     from elastic_gpu.kube.client import KubeClient

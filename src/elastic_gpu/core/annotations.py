@@ -50,6 +50,10 @@ MOVABLE_LABEL = f"{PREFIX}/movable"
 #: room for it (`core.defrag.reservation`): JSON of the cards the plan frees and an expiry;
 #: the extender keeps those cards for this pod until it is bound or the expiry passes.
 DEFRAG_RESERVATION = f"{PREFIX}/defrag-reservation"
+#: Written on a pending pod by the defragmentation controller with each new plan for it
+#: (`core.defrag.record`): JSON of the moves and the pod's planned placement, in report mode
+#: the plan it would carry out; `egpu top` shows it while the pod is not bound.
+DEFRAG_PLAN = f"{PREFIX}/defrag-plan"
 
 #: Node label the agent sets where it runs, and the label with the card model.
 AGENT_LABEL = f"{PREFIX}/agent"
@@ -97,4 +101,6 @@ SYSTEM_POD_ANNOTATIONS: tuple[SystemAnnotation, ...] = (
                      "pod", set_at_create=True),
     SystemAnnotation(DEFRAG_RESERVATION, "the Elastic GPU controller when it makes room for a "
                      "pending pod"),
+    SystemAnnotation(DEFRAG_PLAN, "the Elastic GPU controller when it plans room for a pending "
+                     "pod"),
 )

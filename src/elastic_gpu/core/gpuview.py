@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.defrag.record import PendingPlan
 from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -195,6 +196,9 @@ class NodeView:
 @dataclass(frozen=True)
 class ClusterView:
     nodes: tuple[NodeView, ...]
+    #: the defragmentation controller's latest plans for pods not bound yet (`egpu top`
+    #: reads them off the pods it lists: `core.defrag.record`)
+    plans: tuple[PendingPlan, ...] = ()
 
     @property
     def cards(self) -> int:

@@ -54,6 +54,7 @@ from egpu_testing.sandbox import egpu
 from egpu_testing.waiting import wait_for
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.defrag.record import PlanRecord
 from elastic_gpu.core.defrag.reservation import DefragReservation
 
 pytestmark = pytest.mark.integration
@@ -124,8 +125,19 @@ def test_report_mode_tells_the_plan_and_moves_nothing(
         # a few rounds later still nothing has moved
         wait_for("the plan reported again", lambda: any(
             e.get("count", 1) >= 2 for e in events(kc, "DefragPlanned")))
+        # the plan is recorded on the pod, and `egpu top` shows it
+        record = PlanRecord.from_json(wait_for("the plan record", lambda: (
+            (get(kc, "pod", "whole", "-n", NS) or {}).get("metadata", {}).get(
+                "annotations", {}).get(ann.DEFRAG_PLAN))))
+        shown = egpu("top", "--kubeconfig", str(kc), timeout=60)
     finally:
         process.stop()
+    assert record.mode == "report" and len(record.moves) == 1
+    assert shown.returncode == 0, shown.stderr
+    assert "defrag plans for 1 pending pod:" in shown.stdout
+    (line,) = [ln for ln in shown.stdout.splitlines() if ln.startswith(f"  {NS}/whole ")]
+    assert "(report mode, nothing moved; planned " in line
+    assert f"would move 1 pod(s): {record.moves[0].pod} from " in line
     assert uids(kc) == before
     assert not events(kc, "DefragMoved") and not events(kc, "DefragEvictionRefused")
     assert not (get(kc, "pod", "whole", "-n", NS) or {})["spec"].get("nodeName")

@@ -1,5 +1,6 @@
 """Issue 30's reservation (`elasticgpu.io/defrag-reservation`) on a default sandbox (`egpu sandbox
-up`): a tenant bound to `edit` can neither create a pod with it nor add it to a pod, and one the
+up`): a tenant bound to `edit` can neither create a pod with it nor add it to a pod (nor the plan
+record `elasticgpu.io/defrag-plan` that `egpu top` shows), and one the
 system wrote (here the admin, who holds the system permission, as the defragmentation
 controller's ServiceAccount does) keeps its cards from every other pod until its pod is gone.
 The controller writing it during a real plan is `tests/integration/controller/
@@ -19,6 +20,7 @@ from egpu_testing.tenant import Tenant
 from egpu_testing.waiting import wait_for
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.defrag.record import PlannedMove, plan_record
 from elastic_gpu.core.defrag.reservation import DefragReservation
 
 pytestmark = pytest.mark.integration
@@ -68,6 +70,27 @@ def test_a_tenant_cannot_write_a_reservation(tenant: Callable[[], Tenant]) -> No
     refusal = mine.refused("annotate", "pod", "waiting",
                            f"{ann.DEFRAG_RESERVATION}={every_card(600)}")
     assert "it may not be added, changed or removed" in refusal, refusal
+
+
+def forged_plan() -> str:
+    """A plan record `egpu top` would show: a move that frees NODE's cards for the pod."""
+    shares = tuple(CardShare(i, f"GPU-fake-{NODE}-{i}", 1000, 0) for i in range(CARDS))
+    held = Assignment(NODE, {"main": shares})
+    return plan_record("report", time.time(), held,
+                       [PlannedMove("victim/pod", held, Assignment("gpu-node-000", {}))]).to_json()
+
+
+def test_a_tenant_cannot_write_a_plan_record_for_egpu_top(tenant: Callable[[], Tenant]) -> None:
+    mine = tenant()
+    nowhere = {"nowhere": "true"}
+    refusal = mine.refused("create", "-f", "-", input=pod(
+        "boaster", {"nvidia.com/gpu": "8"}, selector=nowhere,
+        annotations={ann.DEFRAG_PLAN: forged_plan()}))
+    assert f"{ann.DEFRAG_PLAN} is written only by the Elastic GPU controller" in refusal
+    mine.ok("create", "-f", "-", input=pod("plain", {"nvidia.com/gpu": "8"}, selector=nowhere))
+    refusal = mine.refused("annotate", "pod", "plain", f"{ann.DEFRAG_PLAN}={forged_plan()}")
+    assert "it may not be added, changed or removed" in refusal, refusal
+    assert ann.DEFRAG_PLAN not in (get_pod(mine, "plain")["metadata"].get("annotations") or {})
 
 
 def test_the_systems_reservation_keeps_the_cards_until_its_pod_goes(

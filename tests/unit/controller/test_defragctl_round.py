@@ -7,13 +7,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from egpu_testing.defrag import EvictionClient, StaticInformers, gpu_pod, node_objects
+from egpu_testing.defrag import (
+    EvictionClient,
+    StaticInformers,
+    gpu_pod,
+    mig_node_objects,
+    mig_pod,
+    node_objects,
+)
 from elastic_gpu.controller.config import ControllerConfig, DefragConfig, DefragMode
 from elastic_gpu.controller.defrag.cluster import read_cluster
 from elastic_gpu.controller.defrag.controller import DefragController
 from elastic_gpu.controller.manager import Context, Metrics
 from elastic_gpu.controller.provisioning import ExtenderClient
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.defrag.record import PlanRecord
 from elastic_gpu.core.defrag.reservation import DefragReservation
 from elastic_gpu.kube.errors import ApiError
 from elastic_gpu.kube.events import EventRecorder
@@ -217,3 +225,111 @@ def test_no_reservation_no_move() -> None:
     run_round(controller, 1000.0)
     assert not client.evicted and controller.state.in_flight is None
     assert [(n, r) for n, r, _ in events] == [("whole", "DefragReservationFailed")]
+
+
+def mig_cluster() -> tuple[DefragController, EvictionClient, list[tuple[str, str, str]]]:
+    """m0 and m1, one A100 carved into two 3g.40gb each: m on m0, a bare pod on m1; `pair`
+    (two 3g.40gb) is pending though two instances are free, one on each node."""
+    pods = [mig_pod("m", profile="3g.40gb", node="m0", instances=(0,)),
+            mig_pod("keep", profile="3g.40gb", node="m1", instances=(0,), owner=None),
+            mig_pod("pair", profile="3g.40gb", count=2)]
+    controller, client, events = make(MOVE, pods, nodes=())
+    for name in ("m0", "m1"):
+        node, device = mig_node_objects(name, ("3g.40gb", "3g.40gb"))
+        controller.nodes.objects.append(node)  # type: ignore[attr-defined]
+        controller.devices.objects.append(device)  # type: ignore[attr-defined]
+    return controller, client, events
+
+
+def test_a_pending_mig_pod_gets_a_node_by_moving_a_holder_and_the_instances_are_reserved() -> None:
+    controller, client, events = mig_cluster()
+    controller.wall_clock = lambda: 1_800_000_000.0
+    run_round(controller, 1000.0)
+    assert client.writes == [("patch", "ml/pair"), ("evict", "ml/m")]  # never the bare pod
+    ((key, patch),) = client.patched
+    reservation = DefragReservation.from_json(
+        patch["metadata"]["annotations"][ann.DEFRAG_RESERVATION])
+    assert key == "ml/pair" and reservation.assignment.node == "m0"
+    assert sorted(s.mig_uuid or "" for s in reservation.assignment.shares()) == [
+        "MIG-m0-0", "MIG-m0-1"]
+    moved = next(text for name, reason, text in events if reason == "DefragMoved")
+    assert "the plan puts it on node m1 card 0 (MIG 3g.40gb MIG-m1-1)" in moved
+
+
+def test_report_mode_names_the_mig_instances_a_plan_would_move() -> None:
+    controller, client, events = mig_cluster()
+    controller.config = DefragConfig(enabled=True)
+    run_round(controller, 1000.0)
+    assert client.writes == [("patch", "ml/pair")] and not client.evicted  # the plan record
+    ((name, reason, text),) = events
+    assert (name, reason) == ("pair", "DefragPlanned")
+    assert ("would move 1 pod(s): ml/m from node m0 card 0 (MIG 3g.40gb MIG-m0-0) to node m1 "
+            "card 0 (MIG 3g.40gb MIG-m1-1); then this pod fits on node m0 card 0 (MIG 3g.40gb "
+            "MIG-m0-0, 3g.40gb MIG-m0-1)") in text
+
+
+def recorded(client: EvictionClient, key: str) -> list[str | None]:
+    """The plan record values the round patched on pod `key`, in order (None: removed)."""
+    return [patch["metadata"]["annotations"].get(ann.DEFRAG_PLAN)
+            for k, patch in client.patched if k == key and ann.DEFRAG_PLAN in
+            patch["metadata"]["annotations"]]
+
+
+def test_report_mode_records_the_plan_on_the_pod_once_per_change_and_removes_it_when_gone() -> None:
+    controller, client, _ = make(DefragConfig(enabled=True), fragmented())
+    controller.wall_clock = lambda: 1_800_000_000.0
+    run_round(controller, 1000.0)
+    (text,) = recorded(client, "ml/whole")
+    assert text is not None
+    record = PlanRecord.from_json(text)
+    assert record.mode == "report" and record.at == 1_800_000_000.0
+    assert [(m.pod, m.source.node) for m in record.moves] == [("ml/c", "n1")]
+    assert record.placement.node == "n1"
+    assert client.patched[0][1]["metadata"]["uid"] == "uid-whole"
+    run_round(controller, 1005.0)  # the same plan: not written again
+    assert len(recorded(client, "ml/whole")) == 1
+    # c is gone (its node now free): whole fits as things are, the record is removed
+    controller.pods.objects = [p for p in controller.pods.objects  # type: ignore[attr-defined]
+                               if p["metadata"]["name"] != "c"]
+    run_round(controller, 1010.0)
+    assert recorded(client, "ml/whole") == [text, None]
+    assert not client.evicted
+
+
+def test_move_mode_writes_the_plan_record_with_the_reservation_in_one_patch() -> None:
+    controller, client, _ = make(MOVE, fragmented())
+    controller.wall_clock = lambda: 1_800_000_000.0
+    run_round(controller, 1000.0)
+    assert client.writes == [("patch", "ml/whole"), ("evict", "ml/c")]
+    ((_, patch),) = client.patched
+    notes = patch["metadata"]["annotations"]
+    record = PlanRecord.from_json(notes[ann.DEFRAG_PLAN])
+    reservation = DefragReservation.from_json(notes[ann.DEFRAG_RESERVATION])
+    assert record.mode == "move" and record.placement == reservation.assignment
+    assert [m.pod for m in record.moves] == ["ml/c"]
+
+
+def test_a_failed_record_write_is_tried_again_on_the_next_round() -> None:
+    controller, client, events = make(DefragConfig(enabled=True), fragmented())
+    client.patch_error = ApiError(500, "InternalError", "etcd timeout")
+    run_round(controller, 1000.0)
+    assert not client.patched and [r for _, r, _ in events] == ["DefragPlanned"]
+    client.patch_error = None
+    run_round(controller, 1005.0)
+    assert len(recorded(client, "ml/whole")) == 1
+
+
+def test_move_mode_removes_the_record_of_a_plan_a_pdb_refused_when_no_other_exists() -> None:
+    pods = [gpu_pod("c", percent=40, node="n0"), gpu_pod("bare", percent=50, node="n1",
+                                                         owner=None),
+            gpu_pod("whole", percent=None)]
+    controller, client, _ = make(MOVE, pods, nodes=("n0", "n1"))
+    client.refuse = {"ml/c"}
+    run_round(controller, 1000.0)
+    assert client.refused == ["ml/c"]
+    (written,) = recorded(client, "ml/whole")
+    assert written is not None and PlanRecord.from_json(written).mode == "move"
+    run_round(controller, 1005.0)  # c cools down: no plan is left, nor its record
+    assert recorded(client, "ml/whole") == [written, None]
+    run_round(controller, 1010.0)  # removed once
+    assert recorded(client, "ml/whole") == [written, None]

@@ -157,6 +157,17 @@ def test_the_defrag_reservation_is_the_systems_from_creation_on() -> None:
         f'oldObject.metadata.?annotations[?"{ann.DEFRAG_RESERVATION}"]))')
 
 
+def test_the_defrag_plan_record_is_the_systems_from_creation_on() -> None:
+    """Issue 30: `egpu top` shows the plan recorded on a pending pod; a tenant who could write
+    `elasticgpu.io/defrag-plan` would make it show a plan the controller never made."""
+    note, = (n for n in ann.SYSTEM_POD_ANNOTATIONS if n.key == ann.DEFRAG_PLAN)
+    assert not note.set_at_create and "controller" in note.writer
+    validations = admission_policies.pod_ledger_policy()["spec"]["validations"]
+    validation, = (v for v in validations if f'"{ann.DEFRAG_PLAN}"' in v["expression"])
+    assert validation["expression"].startswith("variables.system || (request.operation == "
+                                               "'CREATE' ? !object.metadata")
+
+
 def test_every_policy_has_its_binding() -> None:
     objects = admission_policies.manifests()
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}

@@ -15,9 +15,10 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.defrag.reservation import DefragReservation
 from elastic_gpu.core.fit import FitKind
-from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.state import SchedulerState
@@ -141,3 +142,41 @@ def test_a_pod_turned_away_by_a_reservation_is_woken_when_it_expires() -> None:
     wall.now = WALL + 120
     assert state.wakeup_pending()  # the API worker link starts a round, which expires it
     assert [(w.name, w.node) for w in state.wakeups()] == [("waiting", "n1")]
+
+
+def mig_node(name: str) -> Node:
+    """One A100-80GB carved into two 3g.40gb instances (`MIG-<name>-0`, `MIG-<name>-1`)."""
+    profile = MigProfile.parse("3g.40gb")
+    return Node(name, 64_000, 256_000, (Card(0, f"GPU-{name}-0", "A100-SXM4-80GB", 81920, mig=(
+        MigInstance(profile, f"MIG-{name}-0", 0), MigInstance(profile, f"MIG-{name}-1", 4))),))
+
+
+def mig_pod(name: str, count: int) -> dict[str, Any]:
+    return pod_manifest(name, uid=f"uid-{name}", limits={"nvidia.com/mig-3g.40gb": str(count)})
+
+
+def test_a_mig_reservation_keeps_its_instances_for_the_pending_pod() -> None:
+    # the planner's MIG plan: both of n1's 3g.40gb instances for `pair` (one was just freed)
+    wall = Clock(WALL)
+    state = SchedulerState(SchedulerConfig(), wall_clock=wall)
+    shares = tuple(CardShare(0, "GPU-n1-0", 0, 40960, "3g.40gb", f"MIG-n1-{k}") for k in (0, 1))
+    pair = mig_pod("pair", 2)
+    pair["metadata"]["annotations"] = {ann.DEFRAG_RESERVATION: DefragReservation(
+        Assignment("n1", {"main": shares}), WALL + 120).to_json()}
+    pair["metadata"]["resourceVersion"] = "5"
+    state = ready_state([mig_node("n1"), mig_node("n2")], state, [pair])
+    # the moved pod's replacement (one 3g.40gb) is kept off n1's instances: n2's it gets
+    moved = mig_pod("moved", 1)
+    result = state.filter(req(moved), "uid-moved", ["n1", "n2"])
+    assert result.feasible == ["n2"]
+    assert result.failed["n1"].kind is FitKind.INSUFFICIENT_MIG
+    # the pending pod takes both, and binds on them
+    assert state.filter(req(pair), "uid-pair", ["n1", "n2"]).feasible == ["n1", "n2"]
+    assert state.prioritize(req(pair), "uid-pair", ["n1", "n2"])["n1"] == 10
+    token, assignment = state.reserve(req(pair), "uid-pair", "n1")
+    assert sorted(s.mig_uuid or "" for s in assignment.shares()) == ["MIG-n1-0", "MIG-n1-1"]
+    state.settle("uid-pair", token, "bound", with_binding(pair, "n1", assignment))
+    assert state.holds()["uid-pair"] == assignment
+    # past the expiry nothing changes for a bound pod: its assignment holds the instances
+    wall.now = WALL + 600
+    assert state.filter(req(moved), "uid-moved", ["n1"]).feasible == []

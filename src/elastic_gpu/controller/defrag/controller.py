@@ -152,20 +152,35 @@ class DefragController:
         waiting = self._waiting(pods)
         self.metrics.pending.set(len(waiting))
         live = {pod_facts(p).key for p, _ in waiting}
-        self.state.reported = {k: v for k, v in self.state.reported.items() if k in live}
+        self.state.recorded = {k: v for k, v in self.state.recorded.items() if k in live}
         if not waiting:
             return
         cluster = read_cluster(self.devices.items(), self.nodes.items(), pods,
                                self.egpus.items(), self.config.policy)
+        seen: list[Mapping[str, Any]] = []
+        planned: set[str] = set()
+        await self._serve(cluster, waiting, now, seen, planned)
+        for pod in seen:  # plan records no plan backs any more (`egpu top` shows them)
+            key = pod_facts(pod).key
+            if key in self.state.recorded and key not in planned:
+                await self.writes.forget_record(pod, key)
+
+    async def _serve(self, cluster: Cluster, waiting: Sequence[tuple[Mapping[str, Any],
+                                                                    PodRequest]],
+                     now: float, seen: list[Mapping[str, Any]], planned: set[str]) -> None:
+        """Plan for the waiting pods in order: report each plan, or carry out the first that
+        passes the rate limits (one per round). `seen`: the pods looked at; `planned`: those
+        a plan was found for (its record stands)."""
         for pod, request in waiting:
             facts = pod_facts(pod)
+            seen.append(pod)
             if _fits_now(cluster, request):
                 continue  # it fits as things are: the scheduler's to place, nothing to move
             movable = self._movable(cluster, facts, now)
             if not movable:
                 continue
-            plan = plan_moves(cluster.engine, facts.key, request, movable, self.config.max_moves,
-                              policy=self.config.policy)
+            plan = plan_moves(cluster.engine, facts.key, request, movable,
+                              self.config.max_moves, policy=self.config.policy)
             if plan is None or not plan.moves:
                 continue
             steps = self._steps(cluster, plan)
@@ -173,9 +188,11 @@ class DefragController:
             if off_limits is not None:
                 log.info("defrag for %s: plan not used: %s", facts.key, off_limits)
                 continue
+            planned.add(facts.key)
             if self.config.mode is DefragMode.REPORT:
                 self.metrics.plans.labels("reported").inc()
-                self.writes.report(pod, facts.key, steps, plan.placement)
+                await self.writes.report(pod, facts.key, steps, plan.placement,
+                                         self.wall_clock())
                 continue
             why = over_limit([s.source.node for s in steps], self.state.evictions, now,
                              self.limits)
@@ -183,13 +200,14 @@ class DefragController:
                 self.metrics.plans.labels("rate_limited").inc()
                 self.writes.rate_limited(pod, why)
                 continue
-            if not await self.writes.reserve(pod, facts.key, plan.placement, self.wall_clock(),
-                                             self.config.reservation_s):
+            if not await self.writes.reserve(pod, facts.key, steps, plan.placement,
+                                             self.wall_clock(), self.config.reservation_s):
                 return  # the next round tries again
             self.metrics.plans.labels("carried_out").inc()
             done = await self.writes.carry_out(pod, facts.key, steps, plan.placement, now)
             if done:
-                self.state.in_flight = InFlight(facts.key, facts.uid, now + self.config.settle_s)
+                self.state.in_flight = InFlight(facts.key, facts.uid,
+                                                now + self.config.settle_s)
             return  # one plan per round: the next one reads the cluster as it is then
 
     def _off_limits(self, pending: Mapping[str, Any], plan: DefragPlan, steps: Sequence[Step]

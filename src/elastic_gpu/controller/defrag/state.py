@@ -33,8 +33,10 @@ class DefragState:
     refused_at: dict[str, float] = field(default_factory=dict)
     evictions: list[Eviction] = field(default_factory=list)
     in_flight: InFlight | None = None
-    #: pending pod key -> the last plan reported for it (report mode: logged once per change)
-    reported: dict[str, str] = field(default_factory=dict)
+    #: pending pod key -> the plan last recorded on it (`elasticgpu.io/defrag-plan`, its
+    #: text): report mode writes and logs a plan once per change; a record no plan backs any
+    #: more is removed
+    recorded: dict[str, str] = field(default_factory=dict)
 
     def memory(self) -> Memory:
         return Memory(self.moved_at, self.refused_at)

@@ -19,6 +19,12 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.defrag.limits import Eviction
 from elastic_gpu.core.defrag.movable import PodFacts
+from elastic_gpu.core.defrag.record import (
+    PlannedMove,
+    PlanRecord,
+    describe_cards,
+    plan_record,
+)
 from elastic_gpu.core.defrag.reservation import reservation_for
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import ApiError, NotFound, TooManyRequests
@@ -37,13 +43,6 @@ FAILED = "DefragEvictionFailed"
 RESERVE_FAILED = "DefragReservationFailed"
 
 
-def cards(assignment: Assignment) -> str:
-    """`node n1 card 0,1` (a MIG share names its instance's profile)."""
-    indexes = sorted({s.index for s in assignment.shares()})
-    return f"node {assignment.node} card{'s' if len(indexes) > 1 else ''} " \
-           f"{','.join(str(i) for i in indexes)}"
-
-
 @dataclass(frozen=True)
 class Step:
     """One move of a plan, with the pod it moves."""
@@ -53,13 +52,20 @@ class Step:
     source: Assignment
     target: Assignment
 
+    def planned(self) -> PlannedMove:
+        return PlannedMove(self.facts.key, self.source, self.target)
+
     def describe(self) -> str:
-        return f"{self.facts.key} from {cards(self.source)} to {cards(self.target)}"
+        return self.planned().describe()
+
+
+def record_of(mode: str, steps: Sequence[Step], placement: Assignment, wall_now: float
+              ) -> PlanRecord:
+    return plan_record(mode, wall_now, placement, [s.planned() for s in steps])
 
 
 def describe_plan(steps: Sequence[Step], placement: Assignment) -> str:
-    moves = "; ".join(s.describe() for s in steps)
-    return f"move {len(steps)} pod(s): {moves}; then this pod fits on {cards(placement)}"
+    return record_of("report", steps, placement, 0.0).describe()
 
 
 class DefragWrites:
@@ -70,33 +76,62 @@ class DefragWrites:
         self.state = state
         self.metrics = metrics
 
-    def report(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
-               placement: Assignment) -> None:
-        text = describe_plan(steps, placement)
+    async def report(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
+                     placement: Assignment, wall_now: float) -> None:
+        """The Event, and for a plan that changed the log line and the plan record on the pod
+        (`egpu top` shows it). A failed record write is logged; the next change tries again."""
+        record = record_of("report", steps, placement, wall_now)
+        text = record.describe()
         self.recorder.record(pending, "Normal", PLANNED, f"report mode, nothing moved: would {text}")
-        if self.state.reported.get(key) != text:
-            self.state.reported[key] = text
-            log.info("defrag plan for %s (report mode, nothing moved): %s", key, text)
+        if self.state.recorded.get(key) == text:
+            return
+        log.info("defrag plan for %s (report mode, nothing moved): %s", key, text)
+        if await self._annotate(pending, key, {ann.DEFRAG_PLAN: record.to_json()}):
+            self.state.recorded[key] = text
+
+    async def forget_record(self, pending: Mapping[str, Any], key: str) -> None:
+        """The pod has no plan any more (it fits as things are, nothing would make room, or a
+        plan carried out was refused): its plan record is removed, so `egpu top` does not show
+        a stale one."""
+        if await self._annotate(pending, key, {ann.DEFRAG_PLAN: None}):
+            self.state.recorded.pop(key, None)
+
+    async def _annotate(self, pending: Mapping[str, Any], key: str,
+                        notes: Mapping[str, str | None]) -> bool:
+        """A merge patch of the pending pod's annotations, for this very pod (its uid)."""
+        meta = pending.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        patch = {"metadata": {"uid": meta.get("uid"), "annotations": dict(notes)}}
+        try:
+            await self.client.patch(PODS.path(namespace, name), patch)
+        except ApiError as err:
+            log.warning("defrag for %s: writing %s: %s", key, ", ".join(notes), err)
+            return False
+        return True
 
     def rate_limited(self, pending: Mapping[str, Any], why: str) -> None:
         self.recorder.record(pending, "Normal", RATE_LIMITED, f"room could be made, but {why}")
 
-    async def reserve(self, pending: Mapping[str, Any], key: str, placement: Assignment,
-                      wall_now: float, ttl_s: float) -> bool:
+    async def reserve(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
+                      placement: Assignment, wall_now: float, ttl_s: float) -> bool:
         """Write the plan's reservation on the pending pod (`core.defrag.reservation`), before
-        anything is evicted: the extender keeps the freed cards for it. False (and nothing is
-        evicted) when the write fails: room made without it may go to another pod."""
+        anything is evicted: the extender keeps the freed cards for it; and in the same patch
+        the plan record (`egpu top` shows it). False (and nothing is evicted) when the write
+        fails: room made without it may go to another pod."""
         meta = pending.get("metadata") or {}
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-        text = reservation_for(placement, wall_now, ttl_s).to_json()
-        patch = {"metadata": {"uid": meta.get("uid"), "annotations": {ann.DEFRAG_RESERVATION: text}}}
+        record = record_of("move", steps, placement, wall_now)
+        notes = {ann.DEFRAG_RESERVATION: reservation_for(placement, wall_now, ttl_s).to_json(),
+                 ann.DEFRAG_PLAN: record.to_json()}
+        patch = {"metadata": {"uid": meta.get("uid"), "annotations": notes}}
         try:
             await self.client.patch(PODS.path(namespace, name), patch)
         except ApiError as err:
-            log.warning("defrag for %s: reserving %s: %s", key, cards(placement), err)
+            log.warning("defrag for %s: reserving %s: %s", key, describe_cards(placement), err)
             self.recorder.record(pending, "Warning", RESERVE_FAILED,
-                                 f"reserving {cards(placement)} failed, nothing moved: {err}")
+                                 f"reserving {describe_cards(placement)} failed, nothing moved: {err}")
             return False
+        self.state.recorded[key] = record.describe()
         return True
 
     async def carry_out(self, pending: Mapping[str, Any], key: str, steps: Sequence[Step],
@@ -139,7 +174,7 @@ class DefragWrites:
             owner = facts.owner.kind if facts.owner is not None else "owner"
             self.recorder.record(step.obj, "Normal", MOVED,
                                  f"evicted to make room for {key}: its {owner} re-creates it; "
-                                 f"the plan puts it on {cards(step.target)}")
+                                 f"the plan puts it on {describe_cards(step.target)}")
             self.recorder.record(pending, "Normal", MADE_ROOM,
-                                 f"evicted {step.describe()} to make room on {cards(placement)}")
+                                 f"evicted {step.describe()} to make room on {describe_cards(placement)}")
         return done

@@ -41,16 +41,19 @@ class MoveSet:
     node: str
     #: in the order they are to be moved: the largest first, while the cluster has most room
     keys: tuple[str, ...]
-    milli: int  # compute they hold
+    #: what they hold, the tie-break among sets of as many moves (least first): compute in
+    #: milli-cards, or for MIG holders (`defrag.mig`) compute slices; the sets of one pending
+    #: pod are all of one kind
+    moved: int
     order: int  # the node's place in the ranking (ties)
 
     def sort_key(self) -> tuple[int, int, int, tuple[str, ...]]:
-        return (len(self.keys), self.milli, self.order, self.keys)
+        return (len(self.keys), self.moved, self.order, self.keys)
 
 
 def single_gpu_container(pod: PodRequest) -> ContainerRequest | None:
-    """The pod's one share or whole-card container; None for what the planner does not plan
-    (no GPU, several GPU containers, MIG)."""
+    """The pod's one share or whole-card container; None otherwise (no GPU, several GPU
+    containers, MIG: `defrag.mig` plans a MIG pod)."""
     gpu = pod.gpu_containers
     if len(gpu) != 1 or gpu[0].kind not in (RequestKind.SHARE, RequestKind.WHOLE):
         return None

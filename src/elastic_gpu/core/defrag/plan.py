@@ -6,8 +6,9 @@ one by one, each placed again by the engine's own fit and scoring (`Engine.best`
 `Engine.assign`, what `Engine.place` does) among the other nodes, so every move truly moves,
 and then the pending pod must be placed. The first set that passes is the plan. Every trial is
 undone, on success, failure or exception alike, and the engine's random source is restored, so
-the engine is left as it was found. Pure: no I/O; the caller decides what is movable (owner,
-opt-in, priority, cool-down) and carries the plan out.
+the engine is left as it was found. A pending MIG pod's sets come from `mig` (holders of its
+profile moved to free instances elsewhere; the MIG layouts never change). Pure: no I/O; the
+caller decides what is movable (owner, opt-in, priority, cool-down) and carries the plan out.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from elastic_gpu.core.defrag.candidates import (
     rank_nodes,
     single_gpu_container,
 )
+from elastic_gpu.core.defrag.mig import mig_move_sets, single_mig_container
 from elastic_gpu.core.fit import Unschedulable
-from elastic_gpu.core.placement import Engine
-from elastic_gpu.core.request import PodRequest
+from elastic_gpu.core.placement import Engine, FreeCards
+from elastic_gpu.core.request import ContainerRequest, PodRequest
 
 #: move sets checked in the engine per call, at most: bounds one call on a large cluster
 MAX_TRIALS = 48
@@ -51,18 +53,49 @@ def plan_moves(engine: Engine, pending_key: str, pending: PodRequest,
                policy: str | None = None) -> DefragPlan | None:
     """The fewest moves (at most `max_moves`) of `movable` placed pods after which `pending`
     fits, each move and the final placement chosen by the engine's fit and scoring (`policy`:
-    the node policy, else the pod's or the engine's); None when no plan is found. Plans only a
-    pod with one share or whole-card container (MIG and several GPU containers: None). The
+    the node policy, else the pod's or the engine's); None when no plan is found. Plans a pod
+    with one GPU container: a share, whole cards, or MIG instances of one profile (moved pods
+    go to free instances of their own profile elsewhere, `defrag.mig`; several GPU
+    containers: None). The
     engine is left as it was; `movable[key]` must be the request the pod was allocated with
     (`Engine.allocate(key, assignment, pod)`): undoing a trial allocates it again with it."""
-    container = single_gpu_container(pending)
-    if max_moves <= 0 or container is None or engine.allocation(pending_key) is not None:
+    if max_moves <= 0 or engine.allocation(pending_key) is not None:
         return None
+    mig = single_mig_container(pending)
+    if mig is not None:
+        names: Sequence[str] = engine.nodes()
+        sets = mig_move_sets(engine, pending_key, pending, mig, movable, max_moves)
+    else:
+        container = single_gpu_container(pending)
+        if container is None:
+            return None
+        free = engine.free_cards(pending)
+        names = free.names
+        sets = _card_move_sets(engine, free, pending_key, pending, container, movable,
+                               max_moves)
+    sets.sort(key=MoveSet.sort_key)
+    if not sets:
+        return None
+    rng_state = engine.ctx.rng.bit_generator.state
+    try:
+        for candidate in sets[:MAX_TRIALS]:
+            found = _trial(engine, candidate, pending_key, pending, movable, names, policy)
+            if found is not None:
+                return found
+        return None
+    finally:
+        engine.ctx.rng.bit_generator.state = rng_state
+
+
+def _card_move_sets(engine: Engine, free: FreeCards, pending_key: str, pending: PodRequest,
+                    container: ContainerRequest, movable: Mapping[str, PodRequest],
+                    max_moves: int) -> list[MoveSet]:
+    """Move sets for a pending share or whole-card pod (`candidates`): the best nodes by the
+    engine's arrays, then the movable pods on them."""
     check_host = engine.config.check_host_resources
-    free = engine.free_cards(pending)
     rows = rank_nodes(free, pending, container, max_moves, check_host)
     if not rows:
-        return None
+        return []
     placed = pods_on({free.names[r] for r in rows}, movable, engine.allocations(), pending_key)
     room = Room(free if pending.allowed_models is None and not pending.denied_models
                 else engine.free_cards(PodRequest("")), check_host)
@@ -76,18 +109,7 @@ def plan_moves(engine: Engine, pending_key: str, pending: PodRequest,
                               indices, max_moves, check_host, room))
         if len(sets) >= 2 * MAX_TRIALS:
             break
-    sets.sort(key=MoveSet.sort_key)
-    if not sets:
-        return None
-    rng_state = engine.ctx.rng.bit_generator.state
-    try:
-        for candidate in sets[:MAX_TRIALS]:
-            found = _trial(engine, candidate, pending_key, pending, movable, free.names, policy)
-            if found is not None:
-                return found
-        return None
-    finally:
-        engine.ctx.rng.bit_generator.state = rng_state
+    return sets
 
 
 def _trial(engine: Engine, candidate: MoveSet, pending_key: str, pending: PodRequest,
@@ -145,8 +167,10 @@ def _place_elsewhere(engine: Engine, pod: PodRequest, source: Assignment, names:
 
 
 def _same_cards(a: Assignment, b: Assignment) -> bool:
-    return a.node == b.node and sorted(s.index for s in a.shares()) == sorted(
-        s.index for s in b.shares())
+    """Whether two assignments hold the same cards (MIG: the same instances)."""
+    def held(x: Assignment) -> list[tuple[int, str]]:
+        return sorted((s.index, s.mig_uuid or "") for s in x.shares())
+    return a.node == b.node and held(a) == held(b)
 
 
 def _in_feasible_order(engine: Engine, moves: Sequence[Move], pending_key: str,

@@ -33,17 +33,20 @@ class ReservationError(ValueError):
     """A reservation annotation that cannot be read."""
 
 
-def _rfc3339(t: float) -> str:
+def rfc3339_utc(t: float) -> str:
+    """Unix seconds as RFC 3339 UTC, whole seconds (the defragmentation annotations' times)."""
     return datetime.fromtimestamp(int(t), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse_time(value: Any) -> float:
+def parse_rfc3339_utc(value: Any, what: str = "reservation expiry") -> float:
+    """`rfc3339_utc`'s form back to Unix seconds; ValueError (ReservationError) naming `what`
+    otherwise."""
     if not isinstance(value, str):
-        raise ReservationError(f"reservation expiry {value!r} is not a time")
+        raise ReservationError(f"{what} {value!r} is not a time")
     try:
         parsed = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except ValueError:
-        raise ReservationError(f"reservation expiry {value!r} is not RFC 3339 UTC "
+        raise ReservationError(f"{what} {value!r} is not RFC 3339 UTC "
                                "(YYYY-MM-DDTHH:MM:SSZ)") from None
     return parsed.timestamp()
 
@@ -57,7 +60,7 @@ class DefragReservation:
     expires: float
 
     def to_json(self) -> str:
-        body = {"v": VERSION, "expires": _rfc3339(self.expires),
+        body = {"v": VERSION, "expires": rfc3339_utc(self.expires),
                 "assignment": json.loads(self.assignment.to_json())}
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
@@ -80,7 +83,7 @@ class DefragReservation:
             raise ReservationError(f"reservation {err}") from None
         if assignment.claims:
             raise ReservationError("a reservation names no ElasticGPU claims")
-        return DefragReservation(assignment, _parse_time(data.get("expires")))
+        return DefragReservation(assignment, parse_rfc3339_utc(data.get("expires")))
 
 
 def reservation_for(placement: Assignment, now: float, ttl_s: float) -> DefragReservation:
