@@ -11,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from egpu_testing.workbench import feed_nodes, pod_manifest, ready_state
+from elastic_gpu.api.gpudevice import object_name
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.fit import FitKind
@@ -720,3 +721,20 @@ def test_the_http_path_builds_the_request_the_state_tests_feed() -> None:
         assert (expected.cpu_milli, expected.memory_mib) == (4250, 3072 + 128), style
         assert parse_pod(pod) == expected, style
         assert parse_pod(slim_pod(pod)) == expected, style
+
+
+def test_a_pod_seen_while_its_node_changes_is_counted_before_the_next_decision() -> None:
+    """A bound pod observed while its node's inventory waits for the flush (at start, at a
+    relist, when a GPUDevice changed) is not counted against the old cards: it waits as a
+    conflict, and the flush every decision begins with counts it, so no reserve can take its
+    card in between."""
+    first = share_pod("a", 70)
+    assignment = bind(ready_state([gpu_node("n1", 1)]), first, "n1")  # bound by another replica
+    state = ready_state([gpu_node("n1", 1)])
+    # the node's card changes (a GPUDevice update), and before any decision the pod is seen
+    state.upsert_device(object_name("n1", 0), "n1", Card(0, "GPU-n1-0", "T4", 32768))
+    state.observe_pod(annotated(first, assignment, node_name="n1"))
+    with pytest.raises(Unschedulable):  # the reserve flushes first: the 70% are counted
+        state.reserve(pod_request_from_manifest(share_pod("b", 60)), "uid-b", "n1")
+    assert used(state, "n1") == 700
+    assert state.holds()["uid-a"] == assignment
