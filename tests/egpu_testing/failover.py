@@ -46,7 +46,7 @@ class ExtenderPair:
 
     def __init__(self, kubeconfig: Path, work_dir: Path, namespace: str,
                  config: Mapping[str, Any] | None = None) -> None:
-        ports = free_ports(2)
+        *ports, front = free_ports(3)  # the forwarder's known before it starts: `url`
         self.lease = f"egpu-scheduler-{uuid.uuid4().hex[:8]}"
         self.namespace = namespace
         settings = {"leaderElection": {"enabled": True, "leaseNamespace": namespace,
@@ -57,7 +57,8 @@ class ExtenderPair:
                                  scheduler_name=first.scheduler_name, args=["--identity", "b"])
         self.replicas = (first, second)
         self.scheduler_name = first.scheduler_name
-        self.forwarder = ReadyForwarder([Backend.parse(f"127.0.0.1:{p}") for p in ports])
+        self.forwarder = ReadyForwarder([Backend.parse(f"127.0.0.1:{p}") for p in ports],
+                                        port=front)
 
     @property
     def url(self) -> str:
@@ -182,8 +183,17 @@ class ControllerPair:
             leader = self.leader()
             if leader is not None and leader is not other_than:
                 return leader
+            self.restart_exited()
             time.sleep(0.1)
         raise TimeoutError(f"no controller leads after {timeout_s:.0f} s:\n" + self.log_tails())
+
+    def restart_exited(self) -> None:
+        """Start again a replica that exited by itself (a leader that could not renew in
+        time exits 1 to come back as a follower: kubelet restarts it), not one SIGKILLed."""
+        for replica in self.replicas:
+            process = replica.process
+            if process is not None and process.poll() is not None and process.returncode > 0:
+                replica.start()
 
     def other(self, replica: ControllerProcess) -> ControllerProcess:
         return self.replicas[1] if replica is self.replicas[0] else self.replicas[0]
