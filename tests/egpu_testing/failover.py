@@ -568,6 +568,7 @@ class FailoverRig:
     def _wait(self, found: Callable[[], float | None], timeout_s: float, what: str) -> float:
         deadline = time.monotonic() + timeout_s
         while (moment := found()) is None:
+            self.controllers.restart_exited()  # kubelet's part, should the new leader give up
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} within {timeout_s:.0f} s:\n"
                                    + self.extenders.log_tails() + self.controllers.log_tails()
