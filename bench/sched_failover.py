@@ -6,6 +6,9 @@ claim Bound.
     .venv/bin/python bench/sched_failover.py [--kills 20] [--nodes 100] [--rate 4]
         [--claim-rate 1] [--rounds extender,webhook,controller,all]
 
+(`--rounds extender --claim-rate 0 --rate 5 --nodes 50 --kills 25`: the extender-only runs of
+docs/benchmarks.md, "Extender failover: SIGKILL the leader under a steady stream".)
+
 Real kube-apiserver, etcd, kube-scheduler and kwok nodes of the dev control plane, and:
 - two `egpu scheduler` processes with `leaderElection.enabled` and the chart's default lease
   settings (3 s / 2 s / 0.5 s), behind `devcluster.readyproxy` (the stand-in for the chart's
@@ -92,8 +95,9 @@ def summary(results: list[KillResult]) -> None:
         takeovers = [f"{c} {statistics.median(v):.2f} / {percentile(v, 0.99):.2f}"
                      for c in COMPONENTS
                      if (v := [r.takeover_s[c] for r in rows if c in r.takeover_s])]
+        claims = [r.claim_bound_s for r in rows if r.claim_bound_s is not None]
         print(f"| {' + '.join(killed)} | {len(rows)} | {cell([r.pod_bound_s for r in rows])} "
-              f"| {cell([r.claim_bound_s for r in rows])} | {'; '.join(takeovers) or '-'} | "
+              f"| {cell(claims)} | {'; '.join(takeovers) or '-'} | "
               f"{sum(r.refused for r in rows)} ({sum(1 for r in rows if r.refused)}) |")
     after = [r.pod_after_takeover_s for r in results if r.pod_after_takeover_s is not None]
     if after:
@@ -156,7 +160,7 @@ def main() -> int:
             with BindClock(client, NAMESPACE).running() as pod_clock, \
                     ClaimClock(client, NAMESPACE).running() as claim_clock:
                 rig = FailoverRig(client, extenders, webhooks, controllers, stream, pod_clock,
-                                  claim_clock)
+                                  claim_clock if claims else None)
                 rig.ready()
                 feeder = stream.start()
                 for round_ in range(args.kills * len(kinds)):

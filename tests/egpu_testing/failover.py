@@ -469,8 +469,8 @@ class KillResult:
     killed: tuple[str, ...]
     #: the first pod created after the kill, bound
     pod_bound_s: float
-    #: the first claim created after the kill, Bound
-    claim_bound_s: float
+    #: the first claim created after the kill, Bound (None: the stream has no claims)
+    claim_bound_s: float | None
     #: the first pod bound after the new extender leader's acquireTime (pods created before
     #: the kill included; the measure of the extender-only benchmark); None when the extender
     #: was not killed
@@ -488,8 +488,10 @@ class KillResult:
                    if self.last_refusal_s is not None else "no create refused")
         after = (f", first pod bound after the takeover {self.pod_after_takeover_s:.2f} s"
                  if self.pod_after_takeover_s is not None else "")
-        return (f"killed {'+'.join(self.killed)}: next pod bound {self.pod_bound_s:.2f} s, "
-                f"next claim Bound {self.claim_bound_s:.2f} s{after}; "
+        claim = (f", next claim Bound {self.claim_bound_s:.2f} s"
+                 if self.claim_bound_s is not None else "")
+        return (f"killed {'+'.join(self.killed)}: next pod bound {self.pod_bound_s:.2f} s"
+                f"{claim}{after}; "
                 f"{takeover + '; ' if takeover else ''}{refused}")
 
 
@@ -504,7 +506,8 @@ class FailoverRig:
     controllers: ControllerPair
     stream: ObjectStream
     pods: FirstSeenClock
-    claims: FirstSeenClock
+    #: None: the stream has no claims (the extender-only runs)
+    claims: FirstSeenClock | None
     _answered: list[float] = field(default_factory=list)
 
     def ready(self, timeout_s: float = 120.0) -> None:
@@ -556,12 +559,14 @@ class FailoverRig:
         pod_bound = self._wait(lambda: self.pods.first_after(
             killed_at, self.stream.names_created_after(killed_at)), timeout_s,
             "a pod created after the kill, bound")
-        claim_bound = self._wait(lambda: self.claims.first_after(
+        claims = self.claims
+        claim_bound = None if claims is None else self._wait(lambda: claims.first_after(
             killed_at, self.stream.names_created_after(killed_at)), timeout_s,
             "a claim created after the kill, Bound")
         refusals = self.stream.refusals_between(killed_at, time.time())
         return KillResult(
-            tuple(targets), pod_bound - killed_at, claim_bound - killed_at,
+            tuple(targets), pod_bound - killed_at,
+            None if claim_bound is None else claim_bound - killed_at,
             None if after_takeover is None else after_takeover - killed_at, takeover,
             len(refusals), max(r[0] for r in refusals) - killed_at if refusals else None)
 
