@@ -1,20 +1,34 @@
-"""Extender failover: SIGKILL the leading `egpu scheduler` replica again and again under a
-steady stream of GPU pods; the time from each kill to the next GPU pod bound.
+"""Failover of the three replicated services: SIGKILL the serving extender, a webhook replica,
+the controller leader (each alone, then all three together) again and again under a steady
+stream of GPU pods and claims; the time from each kill to the next pod bound and the next
+claim Bound.
 
-    .venv/bin/python bench/sched_failover.py [--kills 20] [--nodes 50] [--rate 5]
+    .venv/bin/python bench/sched_failover.py [--kills 20] [--nodes 100] [--rate 4]
+        [--claim-rate 1] [--rounds extender,webhook,controller,all]
 
-Real kube-apiserver, etcd, kube-scheduler and kwok nodes of the dev control plane; two
-`egpu scheduler` processes with `leaderElection.enabled` and the default lease settings
-(3 s / 2 s / 0.5 s), behind `devcluster.readyproxy` (the stand-in for the chart's Service and
-kube-proxy: it reacts within 0.1 s where a readiness probe and endpoint propagation take
-about 1-2 s more). Each round: both replicas up (the standby's caches synced), pods binding,
-then SIGKILL the leader (no Lease release) and time the next pod bound (from a watch) and
-the Lease's acquireTime (the standby taking over); the killed replica comes back as the
-standby. "Next GPU pod bound" is the first pod bound at or after that takeover: a Binding the
-dead leader had already sent may land just after the kill and is counted apart. At the end
-the independent checks (annotations read back from the API, summed per card): 0
-over-allocated cards, 0 bound pods without their assignment, 0 pending pods that fit.
-Exit status 1 if a check fails.
+(`--rounds extender --claim-rate 0 --rate 5 --nodes 50 --kills 25`: the extender-only runs of
+docs/benchmarks.md, "Extender failover: SIGKILL the leader under a steady stream".)
+
+Real kube-apiserver, etcd, kube-scheduler and kwok nodes of the dev control plane, and:
+- two `egpu scheduler` processes with `leaderElection.enabled` and the chart's default lease
+  settings (3 s / 2 s / 0.5 s), behind `devcluster.readyproxy` (the stand-in for the chart's
+  Service and kube-proxy: it reacts within 0.1 s where a readiness probe and endpoint
+  propagation take about 1-2 s more);
+- two `egpu webhook` processes sharing one serving Secret, registered at a second forwarder
+  that spreads kube-apiserver's connections over both (`failurePolicy: Fail`, as the chart);
+- two `egpu controller` processes on one Lease with the chart's settings (15 s / 10 s / 2 s,
+  `--controller-lease`), calling the extender's `/provision` through its forwarder.
+
+Each round: every replica up (the killed ones restarted: standby, follower), `--warm` seconds
+of binding, then SIGKILL (no Lease release, no goodbye) of the round's components; "next pod
+bound" is the first pod created after the kill seen bound, "next claim Bound" the same for
+claims (from watches). For the extender also the first pod bound after the new leader's
+acquireTime (pods created before the kill included: the measure of the extender-only runs
+before). A webhook round kills the replica that answered more since the round began (the one
+kube-apiserver's kept-alive connections reach); creates it refused are retried every 0.1 s
+and counted. At the end the independent checks (annotations and ElasticGPUs read back from
+the API, summed per card): 0 over-allocated cards, 0 claims bound twice, 0 lost pods or claims,
+0 pending that fit, every create of the stream through. Exit status 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -27,8 +41,24 @@ import threading
 import time
 from pathlib import Path
 
-from egpu_testing.failover import BindClock, ExtenderPair, stream_pods
-from egpu_testing.scenario import Progress, check, list_pods
+from egpu_testing.claims import install_crds
+from egpu_testing.claims_burst import register_kinds
+from egpu_testing.failover import (
+    COMPONENTS,
+    BindClock,
+    ClaimClock,
+    ControllerPair,
+    ExtenderPair,
+    FailoverRig,
+    KillResult,
+    ObjectStream,
+    WebhookPair,
+    create_immediate_class,
+    interleave,
+    read_ledger,
+    share_claims,
+)
+from egpu_testing.webhook import wait_in_force
 from egpu_testing.workbench import (
     extender_kube_scheduler_config,
     pod_manifest,
@@ -36,6 +66,7 @@ from egpu_testing.workbench import (
 )
 
 NAMESPACE = "failover"
+LABEL = "egpu-failover"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -43,94 +74,126 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return (f"p50 {statistics.median(values):.2f} s, p99 {percentile(values, 0.99):.2f} s, "
+            f"max {max(values):.2f} s")
+
+
+def summary(results: list[KillResult]) -> None:
+    print("\n| killed | kills | next pod bound: p50 / p99 (max) | next claim Bound: p50 / p99 "
+          "(max) | Lease taken: p50 / p99 | creates refused (kills with any) |")
+    print("|---|---|---|---|---|---|")
+    for killed in sorted({r.killed for r in results}, key=lambda k: (len(k), k)):
+        rows = [r for r in results if r.killed == killed]
+
+        def cell(values: list[float]) -> str:
+            return (f"{statistics.median(values):.2f} / {percentile(values, 0.99):.2f} "
+                    f"({max(values):.2f})") if values else "-"
+
+        takeovers = [f"{c} {statistics.median(v):.2f} / {percentile(v, 0.99):.2f}"
+                     for c in COMPONENTS
+                     if (v := [r.takeover_s[c] for r in rows if c in r.takeover_s])]
+        claims = [r.claim_bound_s for r in rows if r.claim_bound_s is not None]
+        print(f"| {' + '.join(killed)} | {len(rows)} | {cell([r.pod_bound_s for r in rows])} "
+              f"| {cell(claims)} | {'; '.join(takeovers) or '-'} | "
+              f"{sum(r.refused for r in rows)} ({sum(1 for r in rows if r.refused)}) |")
+    after = [r.pod_after_takeover_s for r in results if r.pod_after_takeover_s is not None]
+    if after:
+        print(f"\nfirst pod bound after the extender's takeover (any pod): {spread(after)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--nodes", type=int, default=50)
-    parser.add_argument("--rate", type=float, default=5.0, help="GPU pods created per second")
+    parser.add_argument("--kills", type=int, default=20, help="rounds of each --rounds kind")
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=4.0, help="GPU pods created per second")
+    parser.add_argument("--claim-rate", type=float, default=1.0,
+                        help="Immediate claims created per second")
     parser.add_argument("--warm", type=float, default=2.0,
                         help="seconds of binding before each kill")
+    parser.add_argument("--rounds", default="extender,webhook,controller,all",
+                        help="what each round kills, cycled: components or 'all'")
+    parser.add_argument("--controller-lease", default="15,10,2",
+                        help="the controller's lease duration, renew deadline and retry "
+                             "period, seconds (the chart's defaults)")
     args = parser.parse_args()
+    kinds = [tuple(COMPONENTS) if k == "all" else (k,) for k in args.rounds.split(",")]
+    if any(c not in COMPONENTS for kind in kinds for c in kind):
+        parser.error(f"--rounds: each of {', '.join(COMPONENTS)} or all")
+    lease = [float(x) for x in args.controller_lease.split(",")]
     with tempfile.TemporaryDirectory(prefix="egpu-failover-") as tmp:
         work = Path(tmp)
         plane, client, nodes = start_gpu_cluster(work, args.nodes, prefix="ha")
-        pair: ExtenderPair | None = None
         stop = threading.Event()
+        extenders = webhooks = controllers = None
         try:
             plane.kubectl("create", "namespace", NAMESPACE)
-            pair = ExtenderPair(plane.kubeconfig, work, NAMESPACE)
-            pair.start()
-            plane.start_scheduler(extender_kube_scheduler_config(pair.url, pair.scheduler_name),
+            install_crds(plane)
+            register_kinds()
+            extenders = ExtenderPair(plane.kubeconfig, work, NAMESPACE)
+            extenders.start()
+            webhooks = WebhookPair(plane.kubeconfig, work, LABEL)
+            webhooks.start()
+            plane.kubectl("label", "namespace", NAMESPACE, f"{LABEL}={webhooks.name}")
+            wait_in_force(plane, NAMESPACE)
+            controllers = ControllerPair(plane.kubeconfig, work, NAMESPACE, extenders.url,
+                                         lease=lease)
+            controllers.start()
+            create_immediate_class(plane, "failover")
+            plane.start_scheduler(extender_kube_scheduler_config(extenders.url,
+                                                                 extenders.scheduler_name),
                                   name="kube-scheduler-egpu")
-            # 10% of a card and 1 GiB: 10 a card, so the cluster never fills during the run
-            capacity = args.nodes * 8 * 10
+            # 10% of a card and 1 GiB each: 10 a card, so the cluster never fills
+            slots = args.nodes * 8 * 10 - 8
+            per_second = args.rate + args.claim_rate
+            claim_count = int(slots * args.claim_rate / per_second)
             pods = [pod_manifest(f"ha-{i:05d}", NAMESPACE,
                                  limits={"elasticgpu.io/gpu-core": "10",
                                          "elasticgpu.io/gpu-memory": "1024"},
-                                 scheduler_name=pair.scheduler_name)
-                    for i in range(capacity - 8)]
-            progress = Progress()
-            to_bind: list[float] = []
-            to_lead: list[float] = []
-            leftovers = 0
-            with BindClock(client, NAMESPACE).running() as clock:
-                stream = stream_pods(client, pods, args.rate, progress, stop)
-                for round_ in range(args.kills):
-                    leader = pair.wait_leader(timeout_s=120)
-                    standby = pair.standby_of(leader)
-                    if standby.process is None or standby.process.poll() is not None:
-                        standby.start(timeout_s=120, standby=True)
+                                 scheduler_name=extenders.scheduler_name)
+                    for i in range(slots - claim_count)]
+            claims = share_claims(claim_count, NAMESPACE, "failover")
+            stream = ObjectStream(client, interleave(pods, claims), per_second, stop=stop)
+            results: list[KillResult] = []
+            with BindClock(client, NAMESPACE).running() as pod_clock, \
+                    ClaimClock(client, NAMESPACE).running() as claim_clock:
+                rig = FailoverRig(client, extenders, webhooks, controllers, stream, pod_clock,
+                                  claim_clock if claims else None)
+                rig.ready()
+                feeder = stream.start()
+                for round_ in range(args.kills * len(kinds)):
+                    rig.ready()
                     time.sleep(args.warm)
-                    if not stream.is_alive():
-                        print("the pod stream ended early (capacity reached)", flush=True)
+                    if not feeder.is_alive():
+                        print("the stream ended early (capacity reached)", flush=True)
                         break
-                    killed_at = time.time()
-                    leader.kill()
-                    new = pair.wait_leader(timeout_s=120, other_than=leader)
-                    holder, acquired = pair.lease_acquired(client)
-                    deadline = time.monotonic() + 120
-                    # the first pod the new leader bound (a Binding the dead leader had sent
-                    # may still land just after the kill: counted apart, not as recovery)
-                    while (bound := clock.first_bound_after(max(acquired, killed_at))) is None:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError("no pod bound 120 s after the kill:\n"
-                                               + pair.log_tails())
-                        time.sleep(0.02)
-                    leftovers += clock.bound_between(killed_at, acquired)
-                    to_bind.append(bound - killed_at)
-                    to_lead.append(acquired - killed_at)
-                    caught_up = next((line.split("caught up with the API's pods in ")[1]
-                                      .split(")")[0] for line in reversed(
-                                          new.log_tail(200).splitlines())
-                                      if "caught up with the API's pods in" in line), "?")
-                    print(f"kill {round_ + 1}: {holder} acquired the Lease after "
-                          f"{acquired - killed_at:.2f} s, caught up in {caught_up}, its first "
-                          f"pod bound after {bound - killed_at:.2f} s", flush=True)
-                    leader.start(timeout_s=120, standby=True)
+                    results.append(rig.kill(kinds[round_ % len(kinds)]))
+                    print(f"round {round_ + 1}: {results[-1].line()}", flush=True)
                 stop.set()
-                stream.join(timeout=60)
-            time.sleep(15)  # let the last backed-off pods bind (kube-scheduler's 10 s max)
-            current = list_pods(client, NAMESPACE)
-            over, lost, unfit = check(current, nodes)
-            bound_total = sum(1 for p in current if (p.get("spec") or {}).get("nodeName"))
-            print(f"\nnodes {args.nodes} x 8 cards, {args.rate:g} pods/s, {len(to_bind)} kills, "
-                  f"{progress.created} pods created, {bound_total} bound")
-            if to_bind:
-                print(f"kill -> next GPU pod bound: p50 {statistics.median(to_bind):.2f} s, "
-                      f"p99 {percentile(to_bind, 0.99):.2f} s, max {max(to_bind):.2f} s")
-                print(f"kill -> Lease acquired by the standby: p50 "
-                      f"{statistics.median(to_lead):.2f} s, p99 {percentile(to_lead, 0.99):.2f} s,"
-                      f" max {max(to_lead):.2f} s")
-                print(f"pods bound between a kill and the takeover (Bindings the dead leader "
-                      f"had sent): {leftovers}")
-            print(f"cards over capacity: {len(over)} {over[:5]}")
-            print(f"bound pods without matching assignment: {len(lost)} {lost[:5]}")
-            print(f"pending pods that would fit: {len(unfit)} {unfit[:5]}")
-            return 0 if not (over or lost or unfit) else 1
+                feeder.join(timeout=60)
+                time.sleep(20)  # the last backed-off pods and claims (10 s maximum backoffs)
+            report = read_ledger(plane, client, NAMESPACE, nodes)
+            print(f"\nnodes {args.nodes} x 8 cards, {args.rate:g} pods/s + {args.claim_rate:g} "
+                  f"claims/s, {len(results)} rounds, {stream.progress.created} objects created "
+                  f"({len(stream.refusals)} refused creates retried, {len(stream.given_up)} "
+                  f"given up)")
+            summary(results)
+            print(f"\n{report.summary()}")
+            claims_made = sum(1 for n in stream.created_at if n.startswith("claim-"))
+            complete = (report.claims.bound == claims_made
+                        and report.pods_bound == stream.progress.created - claims_made)
+            print(f"everything created is bound: {complete}")
+            return 0 if report.ok and complete and not stream.given_up else 1
         finally:
             stop.set()
-            if pair is not None:
-                pair.stop()
+            if controllers is not None:
+                controllers.stop()
+            if webhooks is not None:
+                webhooks.stop(plane)
+            if extenders is not None:
+                extenders.stop()
             plane.stop()
 
 

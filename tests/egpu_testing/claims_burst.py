@@ -101,8 +101,10 @@ def _shares(entries: Iterable[Mapping[str, Any]]) -> list[tuple[int, str, int, i
                   for s in entries)
 
 
-def _use(pods: Sequence[Mapping[str, Any]], egpus: Sequence[Mapping[str, Any]]
-         ) -> dict[tuple[str, int], CardUse]:
+def card_use_with_elasticgpus(pods: Sequence[Mapping[str, Any]],
+                              egpus: Sequence[Mapping[str, Any]]
+                              ) -> dict[tuple[str, int], CardUse]:
+    """What each card carries: the pods' own shares and every ElasticGPU's cards."""
     # Pods first, without their claim-backed containers (checked against the ElasticGPU below).
     stripped = []
     for pod in pods:
@@ -132,7 +134,7 @@ def _use(pods: Sequence[Mapping[str, Any]], egpus: Sequence[Mapping[str, Any]]
 
 def check_claims(claims: Sequence[Mapping[str, Any]], egpus: Sequence[Mapping[str, Any]],
                  pods: Sequence[Mapping[str, Any]], nodes: Sequence[Node]) -> ClaimsReport:
-    use = _use(pods, egpus)
+    use = card_use_with_elasticgpus(pods, egpus)
     by_name = {e["metadata"]["name"]: e for e in egpus}
     claim_by_key = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in claims}
     report = ClaimsReport(len(claims), 0, len(egpus), 0, overcommitted(use, nodes))

@@ -6,6 +6,7 @@ import json
 import re
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -89,6 +90,25 @@ class WebhookProcess(SupervisedProcess):
             if labels in (match[1] or ""):
                 total += float(match[2])
         return total
+
+
+def wait_in_force(plane: Any, namespace: str, timeout_s: float = 30.0) -> None:
+    """Until kube-apiserver sends the namespace's pods to the webhook (its informers have seen
+    the configuration and the namespace label): a server-side dry run of a pod asking 150% of
+    a card is refused by the webhook's rule."""
+    probe = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+                        "spec": {"containers": [{"name": "main", "image": "busybox",
+                                                 "resources": {"limits": {
+                                                     "tencent.com/vcuda-core": "150"}}}]}})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = plane.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                               input=probe, check=False)
+        if "rule resource-value" in result.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"webhook not in force in {namespace}: {result.stderr}")
+        time.sleep(0.2)
 
 
 def cleanup_webhook(plane: Any, hook: WebhookProcess) -> None:

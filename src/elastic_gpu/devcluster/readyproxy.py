@@ -6,10 +6,13 @@ ready pods (kubelet's readiness probe on /readyz), and kube-proxy sends each new
 one of them. The dev control plane runs no kube-proxy, so the sandbox
 (`egpu sandbox up --extender-replicas 2`) and the failover tests put this in front of the
 replicas instead: it asks every backend's /readyz every `poll_s` and sends each new connection
-to the first ready one, byte for byte (TLS passes through untouched). With no ready backend a
-connection is closed at once, as a Service without endpoints refuses it: kube-scheduler
-retries the pod. Connections already open stay with their backend until it closes them, as
-with kube-proxy.
+to the next ready one in turn, byte for byte (TLS passes through untouched). The extender's
+replicas have one ready backend at a time (readiness is leadership); the webhook's are all
+ready, and their connections are spread over them as kube-proxy spreads a Service's. With no
+ready backend a connection is closed at once, as a Service without endpoints refuses it:
+kube-scheduler retries the pod. Connections already open stay with their backend until it
+closes them, as with kube-proxy. An HTTPS /readyz is asked without verifying the certificate,
+as kubelet's HTTPS probes do.
 
 It reacts faster than the real path (a readiness probe's period plus endpoint propagation,
 about 1-2 s with the chart's probe): failover times measured behind it leave that out.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import sys
 import threading
@@ -49,8 +53,9 @@ class Backend:
 
 
 class ReadyForwarder:
-    """Serve on `host:port`, forwarding to the first ready backend. `serve` runs it on the
-    current event loop; `start_in_thread` on a loop of its own (tests and benches)."""
+    """Serve on `host:port`, forwarding each new connection to the next ready backend in turn.
+    `serve` runs it on the current event loop; `start_in_thread` on a loop of its own (tests
+    and benches)."""
 
     def __init__(self, backends: Sequence[Backend], host: str = "127.0.0.1", port: int = 0,
                  poll_s: float = 0.1) -> None:
@@ -60,8 +65,9 @@ class ReadyForwarder:
         self.host = host
         self.port = port
         self.poll_s = poll_s
-        #: the backend new connections go to (None: none is ready)
-        self.current: Backend | None = None
+        #: the backends new connections go to, in turn (empty: none is ready)
+        self.ready: tuple[Backend, ...] = ()
+        self._turn = itertools.count()
         self.forwarded = 0
         self.refused = 0
         self._server: asyncio.Server | None = None
@@ -71,7 +77,7 @@ class ReadyForwarder:
 
     async def _ready(self, session: aiohttp.ClientSession, backend: Backend) -> bool:
         try:
-            async with session.get(f"{backend.health_url}/readyz") as response:
+            async with session.get(f"{backend.health_url}/readyz", ssl=False) as response:
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
@@ -81,13 +87,17 @@ class ReadyForwarder:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 found = await asyncio.gather(*(self._ready(session, b) for b in self.backends))
-                chosen = next((b for b, ok in zip(self.backends, found, strict=True) if ok),
-                              None)
-                if chosen != self.current:
-                    log.info("forwarding to %s", f"{chosen.host}:{chosen.port}" if chosen
-                             else "nobody (no backend is ready)")
-                    self.current = chosen
+                ready = tuple(b for b, ok in zip(self.backends, found, strict=True) if ok)
+                if ready != self.ready:
+                    log.info("forwarding to %s", ", ".join(f"{b.host}:{b.port}" for b in ready)
+                             or "nobody (no backend is ready)")
+                    self.ready = ready
                 await asyncio.sleep(self.poll_s)
+
+    def _next_backend(self) -> Backend | None:
+        """The ready backend whose turn it is (None: none is ready)."""
+        ready = self.ready
+        return ready[next(self._turn) % len(ready)] if ready else None
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -101,7 +111,7 @@ class ReadyForwarder:
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
-        backend = self.current
+        backend = self._next_backend()
         if backend is None:
             self.refused += 1
             writer.close()
@@ -121,7 +131,7 @@ class ReadyForwarder:
         watcher = asyncio.create_task(self._watch(), name="readiness")
         self._server = await asyncio.start_server(self._connection, self.host, self.port)
         self.port = int(self._server.sockets[0].getsockname()[1])
-        log.info("forwarding %s:%d to the ready one of %s", self.host, self.port,
+        log.info("forwarding %s:%d to the ready ones of %s", self.host, self.port,
                  ", ".join(f"{b.host}:{b.port}" for b in self.backends))
         if started is not None:
             started.set()

@@ -22,8 +22,27 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.failover import ExtenderPair, stream_pods
+from egpu_testing.claims import install_crds
+from egpu_testing.claims_burst import register_kinds
+from egpu_testing.controller import clean_up
+from egpu_testing.failover import (
+    COMPONENTS,
+    BindClock,
+    ClaimClock,
+    ControllerPair,
+    ExtenderPair,
+    FailoverRig,
+    ObjectStream,
+    WebhookPair,
+    create_immediate_class,
+    interleave,
+    read_ledger,
+    share_claims,
+    stream_pods,
+)
+from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import Progress, check, fractional_pods, list_pods
+from egpu_testing.webhook import wait_in_force
 from egpu_testing.workbench import extender_kube_scheduler_config, pod_manifest
 from elastic_gpu.devcluster.nodes import fake_inventory
 
@@ -127,3 +146,101 @@ def test_sigterm_of_the_leader_hands_the_lease_over_at_once(
     lease = k8s_cluster.client().get(Lease, name=pair.lease, namespace=pair.namespace)
     assert lease.spec.holderIdentity != "a", pair.log_tails()
     assert pair.wait_leader(other_than=leader) is standby
+
+
+ALL_NODES = 8  # 640 slots of 10%: the stream below never fills them, so everything must bind
+STREAM_PER_SECOND = 6.0
+
+
+def test_sigkill_of_extender_webhook_and_controller_alone_and_together_under_a_stream(
+        k8s_cluster: Any, start_kube_scheduler: Callable[..., Any],
+        fake_gpu_nodes: Callable[..., list[str]], k8s_namespace: str, tmp_path: Path) -> None:
+    """The three replicated services under one stream of GPU pods and Immediate claims: the
+    serving extender, the webhook replica carrying kube-apiserver's connections, the
+    controller leader SIGKILLed one at a time and then all together. After each kill pods
+    and claims created after it are bound again; at the end every pod is bound, every claim
+    Bound, nothing given twice (cards summed over the pods and the ElasticGPUs, read back
+    from the API), and every create the dying webhook refused went through on a retry."""
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    ensure_crd(k8s_cluster.kube())
+    install_crds(k8s_cluster)
+    register_kinds()
+    nodes = [fake_inventory(name, gpus=8) for name in fake_gpu_nodes(ALL_NODES, gpus=8)]
+    client = k8s_cluster.client()
+    extenders = ExtenderPair(k8s_cluster.kubeconfig, tmp_path, k8s_namespace)
+    webhooks = WebhookPair(k8s_cluster.kubeconfig, tmp_path, "egpu-failover")
+    # the chart's Lease settings (15 / 10 / 2 s): a shorter renew deadline loses the Lease on
+    # a loaded machine (the replica exits to come back as a follower)
+    controllers = ControllerPair(k8s_cluster.kubeconfig, tmp_path, k8s_namespace,
+                                 extenders.url)
+    class_name = unique_name("failover")
+    stop = threading.Event()
+    try:
+        extenders.start()
+        webhooks.start()
+        k8s_cluster.kubectl("label", "namespace", k8s_namespace,
+                            f"{webhooks.label}={webhooks.name}")
+        wait_in_force(k8s_cluster, k8s_namespace)
+        controllers.start()
+        create_immediate_class(k8s_cluster, class_name)
+        start_kube_scheduler(extender_kube_scheduler_config(extenders.url,
+                                                            extenders.scheduler_name))
+        pods = [pod_manifest(f"ha-{i:04d}", k8s_namespace,
+                             limits={"elasticgpu.io/gpu-core": "10",
+                                     "elasticgpu.io/gpu-memory": "1024"},
+                             scheduler_name=extenders.scheduler_name) for i in range(400)]
+        claims = share_claims(150, k8s_namespace, class_name)
+        stream = ObjectStream(client, interleave(pods, claims), STREAM_PER_SECOND, stop=stop)
+        with BindClock(client, k8s_namespace).running() as pod_clock, \
+                ClaimClock(client, k8s_namespace).running() as claim_clock:
+            rig = FailoverRig(client, extenders, webhooks, controllers, stream, pod_clock,
+                              claim_clock)
+            rig.ready()
+            feeder = stream.start()
+            results = []
+            for targets in (["extender"], ["webhook"], ["controller"], list(COMPONENTS)):
+                rig.ready()
+                time.sleep(2.0)  # binding under the stream before each kill
+                assert feeder.is_alive(), "the stream ended before the kills were done"
+                results.append(rig.kill(targets))
+                print(results[-1].line())
+            stop.set()
+            feeder.join(timeout=60)
+            assert not stream.given_up, stream.given_up[:3]
+            total = stream.progress.created
+            _settle_all(client, k8s_namespace, pod_clock, claim_clock, stream)
+        report = read_ledger(k8s_cluster, client, k8s_namespace, nodes)
+        logs = extenders.log_tails() + controllers.log_tails() + webhooks.log_tails()
+        assert report.ok, report.summary() + logs
+        created_claims = [n for n in stream.created_at if n.startswith("claim-")]
+        assert report.claims.bound == report.claims.claims == len(created_claims), \
+            report.summary() + logs
+        assert report.pods_bound == report.pods == total - len(created_claims), \
+            report.summary() + logs
+        # each round's objects bound again after the kill, by the survivors
+        assert [r.killed for r in results] == [("extender",), ("webhook",), ("controller",),
+                                               COMPONENTS]
+        assert all(r.pod_bound_s > 0 and r.claim_bound_s > 0 for r in results)
+        # the dying webhook refused creates only while it was being routed to: every one of
+        # them went through on a retry (none given up above), and the survivors took over
+        # the admissions (the stream's last objects went through them)
+        assert webhooks.answered()[0] + webhooks.answered()[1] > 0
+    finally:
+        stop.set()
+        controllers.stop()
+        webhooks.stop(k8s_cluster)
+        extenders.stop()
+        clean_up(k8s_cluster, k8s_namespace, classes=[class_name])
+
+
+def _settle_all(client: Any, namespace: str, pods: Any, claims: Any, stream: ObjectStream,
+                timeout_s: float = 120.0) -> None:
+    """Until every pod and claim the stream created is bound / Bound (the clocks saw it), or
+    `timeout_s`: the checks then say what is missing."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        names = set(stream.created_at)
+        if names <= set(pods.seen_at) | set(claims.seen_at):
+            return
+        time.sleep(0.5)

@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import wait_bound, wait_extender_knows
-from egpu_testing.webhook import WebhookProcess, cleanup_webhook, running_webhook
+from egpu_testing.webhook import (
+    WebhookProcess,
+    cleanup_webhook,
+    running_webhook,
+    wait_in_force,
+)
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.devcluster.ports import free_ports
 
@@ -51,21 +56,6 @@ def webhook(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
     with running_webhook(k8s_cluster, tmp_path_factory.mktemp("webhook"), "egpu-webhook",
                          LABEL) as hook:
         yield hook
-
-
-def wait_in_force(plane: Any, namespace: str, timeout_s: float = 30.0) -> None:
-    """Until kube-apiserver sends the namespace's pods to the webhook (its informers have seen
-    the configuration and the namespace label): a server-side dry run is refused by our rule."""
-    probe = pod_json("probe", {"tencent.com/vcuda-core": "150"})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = plane.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
-                               input=probe, check=False)
-        if "rule resource-value" in result.stderr:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"webhook not in force in {namespace}: {result.stderr}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
