@@ -83,9 +83,11 @@ EXPECTED_GPU_CAPACITY: dict[str, dict[str, str]] = {
     # splitboard true: each chip is a device: 2 boards x 2 chips x 4 replicas = 16.
     "ixsplit-000": {"iluvatar.com/gpu": "16", NODE_CORE: "1600"},
     # No agentConfig: the agent's defaults (whole cards, 100 % of compute per card in
-    # elasticgpu.io/gpu-core, memory in MiB): 4 A100-80GB cards.
+    # elasticgpu.io/gpu-core, memory in MiB, and an A100's 312 dense FP16 TFLOPS per card in
+    # elasticgpu.io/gpu-tflops: docs/agent.md, `resources.tflops`): 4 A100-80GB cards.
     "plain-000": {"nvidia.com/gpu": "4", "elasticgpu.io/gpu-core": "400",
-                  "elasticgpu.io/gpu-memory": str(4 * 81920), NODE_CORE: "400"},
+                  "elasticgpu.io/gpu-memory": str(4 * 81920),
+                  "elasticgpu.io/gpu-tflops": str(4 * 312), NODE_CORE: "400"},
 }
 # What each of a node's GPUDevice objects backs (spec.resources), by card index: an unsplit
 # board is one card named after its first chip (0 and 2), with both chips' memory.
@@ -95,7 +97,8 @@ EXPECTED_CARDS: dict[str, dict[int, tuple[int, dict[str, int]]]] = {
     "ix-000": {i: (2 * 32768, {"iluvatar.com/gpu": 4}) for i in (0, 2)},
     "ixsplit-000": {i: (32768, {"iluvatar.com/gpu": 4}) for i in (0, 1, 2, 3)},
     "plain-000": {i: (81920, {"nvidia.com/gpu": 1, "elasticgpu.io/gpu-core": 100,
-                              "elasticgpu.io/gpu-memory": 81920}) for i in range(4)},
+                              "elasticgpu.io/gpu-memory": 81920,
+                              "elasticgpu.io/gpu-tflops": 312}) for i in range(4)},
 }
 
 
