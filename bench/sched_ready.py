@@ -36,11 +36,12 @@ from elastic_gpu.devcluster.ports import free_ports
 def peak_mib(pid: int) -> float:
     """VmHWM (peak resident set) of a live process, MiB; 0 when it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:  # it exited between the listing and the read
+        return 0.0
+    for line in lines:
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return 0.0
 
 
