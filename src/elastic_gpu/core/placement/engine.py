@@ -359,13 +359,18 @@ class Engine:
         """Which rows can host the pod. Memoised for the last pod while nothing changed (a
         replay asks once per task, `free_cards`' callers again). Callers must not mutate it."""
         memo = self._mask_memo
-        generation = self._layout.generation
-        if memo is not None and memo[0] == generation and (memo[1] is pod or memo[1] == pod):
+        if memo is not None and self._memo_holds(pod):
             return memo[2]
         mask = fitmask.fit_mask(self._layout, self.ctx, pod, self.config.check_host_resources,
                                 self._card_policy("binpack"))
-        self._mask_memo = (generation, pod, mask)
+        self._mask_memo = (self._layout.generation, pod, mask)
         return mask
+
+    def _memo_holds(self, pod: PodRequest) -> bool:
+        """Whether the memoised whole-cluster fit mask is this pod's, as things are now."""
+        memo = self._mask_memo
+        return (memo is not None and memo[0] == self._layout.generation
+                and (memo[1] is pod or memo[1] == pod))
 
     def _fits(self, pod: PodRequest, rows: IntArray) -> BoolArray:
         """Whether each of `rows` (-1: an unknown node, which never fits) can host the pod.
@@ -373,9 +378,7 @@ class Engine:
         A request names a sample of the cluster (kube-scheduler passes ~5% of 15,000 nodes):
         the fit of those rows alone, unless the whole cluster's is memoised or the sample is
         most of it."""
-        memo = self._mask_memo
-        if (memo is not None and memo[0] == self._layout.generation
-                and (memo[1] is pod or memo[1] == pod)) or rows.size * 4 >= len(self._layout.rows):
+        if self._memo_holds(pod) or rows.size * 4 >= len(self._layout.rows):
             fits: BoolArray = np.append(self._fit_mask(pod), False)[rows]
             return fits
         known = rows >= 0
