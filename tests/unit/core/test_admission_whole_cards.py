@@ -71,3 +71,14 @@ def test_requests_unreadable_beside_valid_limits_are_left_to_the_apiserver() -> 
     resources = p["spec"]["containers"][0]["resources"]
     assert resources["limits"]["elasticgpu.io/gpu-core"] == "100"
     assert resources["requests"] == {"elasticgpu.io/gpu": "x"}
+
+
+def test_a_tflops_share_is_stored_as_written_not_as_a_memory_only_share() -> None:
+    """A TFLOPS share has no percent of compute, but it is no memory-only share: given the
+    memory-only share's `gpu-core: 1` it would ask compute twice and be refused (found on
+    `egpu sandbox up`: every `elasticgpu.io/gpu-tflops` pod was refused at create)."""
+    written = {"elasticgpu.io/gpu-tflops": "100", "elasticgpu.io/gpu-memory": "8192"}
+    p = stored(pod(container("main", dict(written), dict(written))))
+    resources = p["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == written == resources["requests"]
+    assert container_request("main", resources).tflops == 100

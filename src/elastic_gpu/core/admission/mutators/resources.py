@@ -76,8 +76,8 @@ def memory_only_compute(data: MutationInput) -> list[PatchOp]:
     name, value = MEMORY_ONLY_COMPUTE
     containers = pod_containers(data.pod, "containers")
     for index, request in enumerate(data.request.containers):
-        if request.kind is not RequestKind.SHARE or request.compute_milli != 0:
-            continue
+        if request.kind is not RequestKind.SHARE or request.compute_milli != 0 or request.tflops:
+            continue  # a TFLOPS share asks compute already, under a name the agent Allocates
         if index >= len(containers) or DEVICE_PLUGIN_MEMORY & set(request.resources):
             continue
         resources = containers[index].get("resources") or {}
