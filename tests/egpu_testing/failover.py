@@ -223,6 +223,9 @@ class ObjectStream:
     created_at: dict[str, float] = field(default_factory=dict)
     refusals: list[tuple[float, str, str]] = field(default_factory=list)
     given_up: list[str] = field(default_factory=list)
+    #: `created_at` is written by the stream's thread and read by the rig's: a garbage
+    #: collection inside a copy can switch threads and grow the dict mid-iteration
+    _created_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> threading.Thread:
         from lightkube import codecs
@@ -260,12 +263,14 @@ class ObjectStream:
                     return
                 time.sleep(0.1)
                 continue
-            self.created_at[name] = time.time()
+            with self._created_lock:
+                self.created_at[name] = time.time()
             self.progress.add()
             return
 
     def names_created_after(self, moment: float) -> list[str]:
-        return [n for n, t in list(self.created_at.items()) if t > moment]
+        with self._created_lock:
+            return [n for n, t in self.created_at.items() if t > moment]
 
     def refusals_between(self, start: float, end: float) -> list[tuple[float, str, str]]:
         return [r for r in list(self.refusals) if start <= r[0] <= end]

@@ -180,19 +180,21 @@ def offered(offers: Mapping[str, int], name: str) -> int:
       elasticgpu.io/gpu-memory) are aliases of one Elastic GPU share (the resource table):
       the name itself, else the largest count of any offered name of the same measure.
     - a TFLOPS request (elasticgpu.io/gpu-tflops) becomes a compute share of the card it lands
-      on (`core.tflops`): any compute name serves it.
+      on (`core.tflops`), but only the very name serves it: kubelet admits the pod only where
+      the agent's TFLOPS device plugin advertises it (a card of a model the table knows, the
+      agent's `resources.tflops` not empty), and a compute name alone would let the scheduler
+      pick a node whose kubelet then fails the pod.
     Names that are not GPU resources are never offered (0)."""
     count = offers.get(name, 0)
     if count > 0:
         return count
     spec = lookup(name)
-    if spec is None or (spec.measure not in SHARE_MEASURES and spec.measure is not Measure.TFLOPS):
+    if spec is None or spec.measure not in SHARE_MEASURES:
         return 0
-    measure = Measure.COMPUTE if spec.measure is Measure.TFLOPS else spec.measure
     best = 0
     for other, n in offers.items():
         other_spec = lookup(other)
-        if other_spec is not None and other_spec.measure is measure:
+        if other_spec is not None and other_spec.measure is spec.measure:
             best = max(best, n)
     return best
 

@@ -152,3 +152,28 @@ def test_quota_charges_a_tflops_share_at_the_most_it_can_become() -> None:
     assert node_core(c) == 0
     assert max(m for m in (share_milli(model, 100) for model in TFLOPS_TABLE)
                if m is not None) == 893
+
+
+def test_only_a_card_that_advertises_tflops_serves_a_tflops_request() -> None:
+    """An agent with `resources.tflops: []` offers compute shares but no TFLOPS device: kubelet
+    would fail a TFLOPS pod bound there, so the scheduler must not choose that node."""
+    from dataclasses import replace
+
+    shares = {"elasticgpu.io/gpu-core": 100, "elasticgpu.io/gpu-memory": 81920}
+    plain = gpu_node("shares-only", cards=1, model="A100", memory=81920)
+    tflops = gpu_node("with-tflops", cards=1, model="A100", memory=81920)
+    engine = Engine([
+        replace(plain, cards=tuple(replace(c, offers=shares) for c in plain.cards)),
+        replace(tflops, cards=tuple(replace(c, offers={**shares, GPU_TFLOPS: 312})
+                                    for c in tflops.cards))])
+    result = engine.filter(tflops_pod("p", 100))
+    assert result.feasible == ["with-tflops"]
+    assert GPU_TFLOPS in describe(result.failed["shares-only"])
+    # a model outside the table advertises no TFLOPS either: that is the reason given
+    g2 = gpu_node("g2", cards=1, model="G2")
+    on_g2 = Engine([replace(g2, cards=tuple(replace(c, offers=shares) for c in g2.cards))])
+    assert on_g2.filter(tflops_pod("p", 10)).failed["g2"].kind is FitKind.TFLOPS_UNKNOWN_MODEL
+    # a compute share is still served by both
+    share = container_request("main", {"limits": {"elasticgpu.io/gpu-core": "30"}})
+    assert sorted(engine.filter(PodRequest("s", containers=(share,))).feasible) == [
+        "shares-only", "with-tflops"]

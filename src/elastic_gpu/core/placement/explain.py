@@ -55,6 +55,9 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
                           allowed=(tuple(sorted(pod.allowed_models))
                                    if pod.allowed_models is not None else None),
                           denied=tuple(sorted(pod.denied_models)))
+    unknown = unknown_tflops_model(lay, row, pod)
+    if unknown is not None:
+        return unknown  # before the offers: it is why such a node advertises no TFLOPS
     missing = missing_offer(lay, row, gpu)
     if missing is not None:
         return missing
@@ -93,6 +96,18 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
                 or whole_shortfall(lay, pod, row, c, count))
     planned = plan(lay, ctx, row, pod, binpack)
     return planned if isinstance(planned, FitFailure) else None
+
+
+def unknown_tflops_model(lay: Layout, row: int, pod: PodRequest) -> FitFailure | None:
+    """A TFLOPS container's failure where none of the node's cards the pod accepts is of a
+    model the TFLOPS table knows (`unschedulable` checks the same, in the same order)."""
+    cards = lay.rows[row].cards
+    cols = [col for col in range(len(cards)) if pod.accepts_model(cards[col].model)]
+    for c in pod.gpu_containers:
+        failure = tflops_failure(lay, pod, row, c, cols)
+        if failure is not None and failure.kind is FitKind.TFLOPS_UNKNOWN_MODEL:
+            return failure
+    return None
 
 
 def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> FitFailure | None:
