@@ -176,3 +176,31 @@ def test_distinct_shapes_place_as_node_views_do(policy: str, monkeypatch: pytest
     monkeypatch.setattr(NODE_POLICIES[policy], "score_arrays",
                         lambda self, ctx, task, nodes: None)
     assert place_stream(policy) == with_arrays
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fragmentation_of_many_states_is_the_scalar_value(seed: int) -> None:
+    """`nodes_array` against `node` / `node_with_memory` state by state, to the bit, with card
+    models the workload's shapes restrict, rows padded, CPU and memory at the requests' edges."""
+    from elastic_gpu.core.frag import Fragmentation
+
+    rng = random.Random(seed)
+    measure = Fragmentation(random_workload(rng))
+    width = rng.choice((1, 4, 8))
+    free = np.array([sorted((rng.choice((-1, 0, 50, 250, 500, 999, 1000))
+                             for _ in range(width)), reverse=True) for _ in range(300)],
+                    dtype=np.int64)
+    free = np.where(np.cumsum(free < 0, axis=1) > 0, -1, free)  # the padding is a suffix
+    model_ids = np.array([rng.randrange(len(MODELS)) for _ in range(300)], dtype=np.int64)
+    cpu = np.array([rng.choice((0, 500, 1999, 2000, 16000, 96000)) for _ in range(300)],
+                   dtype=np.int64)
+    memory = np.array([rng.choice((0, 4095, 4096, 65536, 262144)) for _ in range(300)],
+                      dtype=np.int64)
+    cards = [tuple(int(v) for v in row if v >= 0) for row in free]
+    plain = measure.nodes_array(MODELS, model_ids, cpu, None, free)
+    assert plain.tolist() == [measure.node(MODELS[m], int(c), f)
+                              for m, c, f in zip(model_ids, cpu, cards, strict=True)]
+    with_memory = measure.nodes_array(MODELS, model_ids, cpu, memory, free)
+    assert with_memory.tolist() == [
+        measure.node_with_memory(MODELS[m], int(c), int(mem), f)
+        for m, c, mem, f in zip(model_ids, cpu, memory, cards, strict=True)]
