@@ -110,6 +110,10 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--pods", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--distinct", action="store_true",
+                        help="every pod its own CPU request (sched_throughput's *-distinct)")
+    parser.add_argument("--only", help="comma-separated runs to measure (plain always): "
+                                       "null, null-best, null-kbind, egpu, egpu-best")
     parser.add_argument("--serve-null", nargs=2, metavar=("KUBECONFIG", "PORT"))
     args = parser.parse_args()
     if args.serve_null:
@@ -137,6 +141,12 @@ def main() -> int:
                     ("null-best", "egpu-best", 200, f"{null_url}/one", True),
                     ("null-kbind", "egpu-best", 300, f"{null_url}/one", False),
                     ("egpu", "egpu", 400, None, True), ("egpu-best", "egpu-best", 500, None, True))
+            if args.only:
+                chosen = {"plain", *args.only.split(",")}
+                runs = tuple(run for run in runs if run[0] in chosen)
+            if args.distinct:
+                runs = tuple((key, f"{variant}-distinct", *rest)
+                             for key, variant, *rest in runs)
             rates: dict[str, list[float]] = {key: [] for key, *_ in runs}
             cpu: dict[str, list[dict[str, float]]] = {key: [] for key, *_ in runs}
             for r in range(args.rounds):
@@ -147,7 +157,9 @@ def main() -> int:
                     cpu[key].append(dict(tput.LAST_WINDOW_CPU))
                 print({k: round(v[-1], 1) for k, v in rates.items()}, flush=True)
             plain = statistics.median(rates["plain"])
-            print(f"\n{args.pods} pods `nvidia.com/gpu: 1`, {args.nodes} nodes x 8 cards")
+            shape = "each its own CPU request" if args.distinct else "identical"
+            print(f"\n{args.pods} pods `nvidia.com/gpu: 1` ({shape}), {args.nodes} nodes x 8 "
+                  "cards")
             print("| scheduler | pods/s (median) | runs | ratio to kube-scheduler alone |")
             print("|---|---|---|---|")
             labels = (("plain", "kube-scheduler alone"),
@@ -158,6 +170,7 @@ def main() -> int:
                                      "only (kube-scheduler binds)"),
                       ("egpu", "+ `egpu scheduler` (filter + prioritize + bind)"),
                       ("egpu-best", "+ `egpu scheduler` `filterResult: best` (filter + bind)"))
+            labels = tuple((key, label) for key, label in labels if key in rates)
             for key, label in labels:
                 median = statistics.median(rates[key])
                 runs_text = ", ".join(f"{x:.0f}" for x in rates[key])
