@@ -83,13 +83,13 @@ class WorkerLink:
         self._wake_now = asyncio.Event()
         #: False on a standby replica: binds, wake-ups and creates are refused (`leadership`)
         self.writes_allowed = True
-        self._dispatch = {
-            ("replace", "nodes"): feeds.nodes_replace,
-            ("replace", "gpudevices"): feeds.devices_replace,
-            ("replace", "pods"): feeds.pods_replace,
-            ("replace", "elasticgpus"): feeds.egpus_replace,
-            ("replace", "elasticgpuclaims"): feeds.claims_replace,
-            ("replace", "elasticgpuclasses"): feeds.classes_replace,
+        self._replaces = {
+            "nodes": feeds.nodes_replace,
+            "gpudevices": feeds.devices_replace,
+            "pods": feeds.pods_replace,
+            "elasticgpus": feeds.egpus_replace,
+            "elasticgpuclaims": feeds.claims_replace,
+            "elasticgpuclasses": feeds.classes_replace,
         }
         #: feed -> the pages of its list in progress (`_page`)
         self._listing: dict[str, list[dict[str, Any]]] = {}
@@ -204,7 +204,7 @@ class WorkerLink:
             log.warning("API worker sent a page of %s outside a list; ignored", feed)
             return
         if last:
-            self._dispatch[("replace", feed)](self._listing.pop(feed))
+            self._replaces[feed](self._listing.pop(feed))
             self._check_wakeup()
 
     def _check_wakeup(self) -> None:
