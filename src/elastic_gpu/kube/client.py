@@ -88,11 +88,12 @@ class KubeClient:
         except ApiStatusError as err:
             raise translate(err) from None
 
-    async def list_pages(self, path: str, params: Mapping[str, str] | None = None
+    async def list_pages(self, path: str, params: Mapping[str, str] | None = None,
+                         shape: type[msgspec.Struct] | None = None,
                          ) -> AsyncIterator[ListPage]:
         """The list page by page (`RestClient.list_pages`)."""
         try:
-            async for page in self.rest.list_pages(path, params):
+            async for page in self.rest.list_pages(path, params, shape=shape):
                 yield page
         except ApiStatusError as err:
             raise translate(err) from None

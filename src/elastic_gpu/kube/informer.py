@@ -31,6 +31,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from elastic_gpu.kube.transport import ApiStatusError, ListPage
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,8 @@ class ListWatcher(Protocol):
     async def list(self, path: str, params: Mapping[str, str] | None = None
                    ) -> tuple[list[Obj], str]: ...
 
-    def list_pages(self, path: str, params: Mapping[str, str] | None = None
-                   ) -> AsyncIterator[ListPage]: ...
+    def list_pages(self, path: str, params: Mapping[str, str] | None = None, *,
+                   shape: type[msgspec.Struct] | None = None) -> AsyncIterator[ListPage]: ...
 
     def watch(self, path: str, resource_version: str, params: Mapping[str, str] | None = None,
               timeout_s: int = 300) -> AsyncIterator[tuple[str, Obj]]: ...
@@ -91,6 +93,7 @@ class Reflector:
                  on_event: Callable[[str, Obj], None],
                  on_replace: Callable[[list[Obj]], None] | None = None,
                  on_page: PageHandler | None = None,
+                 shape: type[msgspec.Struct] | None = None,
                  params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
                  backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
                  missing_retry_s: float = 10.0) -> None:
@@ -101,6 +104,9 @@ class Reflector:
         self.name = name
         self.on_replace = on_replace
         self.on_page = on_page
+        #: with `on_page`: the fields a list decodes (`RestClient.list_pages`); watch
+        #: events come whole
+        self.shape = shape
         self.on_event = on_event
         self.params = dict(params or {})
         self.watch_timeout_s = watch_timeout_s
@@ -185,7 +191,7 @@ class Reflector:
             self.on_replace(items)
             return version
         first = True
-        async for page in self.client.list_pages(self.path, self.params):
+        async for page in self.client.list_pages(self.path, self.params, shape=self.shape):
             self.on_page(page.items, first, page.last)
             first = False
             if page.last:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import aiohttp
 import msgspec
@@ -143,20 +143,26 @@ class RestClient:
         return items, version
 
     async def list_pages(self, path: str, params: Mapping[str, str] | None = None,
-                         chunk: int = LIST_PAGE) -> AsyncIterator[ListPage]:
+                         chunk: int = LIST_PAGE, shape: type[msgspec.Struct] | None = None,
+                         ) -> AsyncIterator[ListPage]:
         """A collection's list, one page of at most `chunk` items at a time (`limit` and
         `continue`, as client-go's pager): a caller that handles each page as it comes never
         holds the whole list's JSON, nor more than one page of its objects as the API
         serves them. The pages are one snapshot: every page carries the first one's
         resourceVersion, the one to watch from. A continue token the API no longer honours
         (compacted past it: 410 Expired) is raised like any error status: the list must
-        start again from its first page (the pages so far are of a snapshot now gone)."""
+        start again from its first page (the pages so far are of a snapshot now gone).
+        `shape`: a Struct of the fields wanted (omitting unset ones): each item is decoded
+        into it, and handed over as the dict of just those fields; the decoder skips the
+        rest of the JSON without building it."""
         query = {**(params or {}), "limit": str(chunk)}
+        page_type: Any = _ListPage if shape is None else _ShapedPage[shape]  # type: ignore[valid-type]
         while True:
             page = msgspec.json.decode(await self.request("GET", path, params=query),
-                                       type=_ListPage)
+                                       type=page_type)
             token = page.metadata.get("continue")
-            yield ListPage(page.items, str(page.metadata.get("resourceVersion", "")),
+            items = page.items if shape is None else msgspec.to_builtins(page.items)
+            yield ListPage(items, str(page.metadata.get("resourceVersion", "")),
                            last=not token)
             if not token:
                 return
@@ -205,6 +211,14 @@ class ListPage(NamedTuple):
 
 class _ListPage(msgspec.Struct):
     items: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+Item = TypeVar("Item")
+
+
+class _ShapedPage(msgspec.Struct, Generic[Item]):
+    items: list[Item] = msgspec.field(default_factory=list)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

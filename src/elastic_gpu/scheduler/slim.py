@@ -23,6 +23,9 @@ Obj = dict[str, Any]
 __all__ = [
     "TERMINAL_PHASES",
     "ChangeFilter",
+    "ListedDevice",
+    "ListedNode",
+    "ListedPod",
     "slim_claim",
     "slim_class",
     "slim_device",
@@ -132,6 +135,99 @@ def slim_class(cls: Mapping[str, Any]) -> Obj:
     """An ElasticGPUClass: its top-level fields (`class_from_object`)."""
     return {"metadata": _pick(cls.get("metadata"), ("name", "uid", "resourceVersion")),
             **_pick(cls, ("provisioner", "parameters", "reclaimPolicy", "egpuBindingMode"))}
+
+
+# ---------------------------------------------------------------- what a list decodes
+#
+# A list's pages are decoded straight into these shapes (`RestClient.list_pages(shape=)`):
+# only the fields the slim forms read are built as Python objects, the rest of the JSON
+# (managedFields, a Node's images and conditions, a pod's volumes, status churn) is skipped
+# by the decoder. Each field is UNSET when the object lacks it, so the dict the shape turns
+# back into has exactly the keys the object had, and the slim function then gives the same
+# result as on the full object (tests/unit/scheduler/test_sched_slim.py checks it). Values
+# below these fields are `Any`: whatever the API sent, as plain builtins.
+
+class _Shape(msgspec.Struct, omit_defaults=True):
+    pass
+
+
+class _NamedMeta(_Shape):
+    name: Any = msgspec.UNSET
+    labels: Any = msgspec.UNSET
+
+
+class _PodMeta(_Shape):
+    name: Any = msgspec.UNSET
+    namespace: Any = msgspec.UNSET
+    uid: Any = msgspec.UNSET
+    resourceVersion: Any = msgspec.UNSET
+    annotations: Any = msgspec.UNSET
+    deletionTimestamp: Any = msgspec.UNSET
+
+
+class _Container(_Shape):
+    name: Any = msgspec.UNSET
+    resources: Any = msgspec.UNSET
+
+
+class _ContainerStatus(_Shape):
+    name: Any = msgspec.UNSET
+    state: Any = msgspec.UNSET
+
+
+class _PodSpec(_Shape):
+    nodeName: Any = msgspec.UNSET
+    priority: Any = msgspec.UNSET
+    schedulerName: Any = msgspec.UNSET
+    nodeSelector: Any = msgspec.UNSET
+    tolerations: Any = msgspec.UNSET
+    affinity: Any = msgspec.UNSET
+    containers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
+    initContainers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
+    overhead: Any = msgspec.UNSET
+
+
+class _PodStatus(_Shape):
+    phase: Any = msgspec.UNSET
+    containerStatuses: list[_ContainerStatus] | msgspec.UnsetType = msgspec.UNSET
+    initContainerStatuses: list[_ContainerStatus] | msgspec.UnsetType = msgspec.UNSET
+    ephemeralContainerStatuses: list[_ContainerStatus] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ListedPod(_Shape):
+    """What `slim_pod` reads of a pod."""
+
+    metadata: _PodMeta | msgspec.UnsetType = msgspec.UNSET
+    spec: _PodSpec | msgspec.UnsetType = msgspec.UNSET
+    status: _PodStatus | msgspec.UnsetType = msgspec.UNSET
+
+
+class _NodeSpec(_Shape):
+    taints: Any = msgspec.UNSET
+
+
+class _NodeStatus(_Shape):
+    allocatable: Any = msgspec.UNSET
+    capacity: Any = msgspec.UNSET
+
+
+class ListedNode(_Shape):
+    """What `slim_node` reads of a Node."""
+
+    metadata: _NamedMeta | msgspec.UnsetType = msgspec.UNSET
+    spec: _NodeSpec | msgspec.UnsetType = msgspec.UNSET
+    status: _NodeStatus | msgspec.UnsetType = msgspec.UNSET
+
+
+class ListedDevice(_Shape):
+    """What `slim_device` reads of a GPUDevice: all but its metadata's other fields (the
+    CRD's schema has no other top-level fields)."""
+
+    apiVersion: Any = msgspec.UNSET
+    kind: Any = msgspec.UNSET
+    metadata: _NamedMeta | msgspec.UnsetType = msgspec.UNSET
+    spec: Any = msgspec.UNSET
+    status: Any = msgspec.UNSET
 
 
 def _identity(obj: Mapping[str, Any]) -> str:
