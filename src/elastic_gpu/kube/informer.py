@@ -2,8 +2,9 @@
 
 Every watch in the project is this loop: the controller's informers (`Informer`, with a store
 and add/update/delete handlers) and the scheduler's API worker (`Reflector` alone: raw
-`on_replace(items)` / `on_event(kind, object)` callbacks, no store, no copy: it forwards each
-event as it came, and the per-event work is reading its resourceVersion).
+`on_page(items, first, last)` / `on_event(kind, object)` callbacks, no store, no copy: it
+forwards each page of a list and each event as it came, and the per-event work is reading its
+resourceVersion).
 
 List, then watch from the list's resourceVersion:
 
