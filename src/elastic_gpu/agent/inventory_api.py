@@ -12,7 +12,7 @@ from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.api import gpudevice as gd
-from elastic_gpu.core.model import Node
+from elastic_gpu.core.model import Card, Node
 from elastic_gpu.kube.crds import install_crds
 from elastic_gpu.kube.errors import Conflict, NotFound
 from elastic_gpu.kube.resources import GPUDEVICES, NODES
@@ -54,6 +54,29 @@ def _patch_status(client: SyncKubeClient, name: str, status: Mapping[str, Any]) 
     client.patch(GPUDEVICES.path(name=name, subresource="status"), {"status": dict(status)})
 
 
+def card_object(node_name: str, card: Card, reason: str = "",
+                node_uid: str | None = None) -> dict[str, Any]:
+    """A card's GPUDevice as published; with `node_uid`, owned by the Node (the garbage
+    collector removes it with the Node)."""
+    obj = gd.card_to_object(node_name, card, reason)
+    if node_uid:
+        obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
+                                               "name": node_name, "uid": node_uid}]
+    return obj
+
+
+def create_inventory(client: SyncKubeClient, node: Node, node_uid: str | None = None) -> None:
+    """Create the GPUDevices of a node known to have none (registered just now in a new
+    cluster): the objects `publish_inventory` writes for it, without its reconciling reads.
+    Its list of the node's GPUDevices by label costs time in proportion to every GPUDevice
+    of the cluster, so publishing N new nodes that way took time in N squared."""
+    for card in node.cards:
+        obj = card_object(node.name, card, "", node_uid)
+        client.create(GPUDEVICES.path(), obj)
+        # The status subresource ignores status on create: it is patched right after.
+        _patch_status(client, obj["metadata"]["name"], obj["status"])
+
+
 def publish_inventory(client: SyncKubeClient, node: Node,
                       reasons: Mapping[int, str] | None = None,
                       node_uid: str | None = None) -> None:
@@ -64,10 +87,7 @@ def publish_inventory(client: SyncKubeClient, node: Node,
     reasons = reasons or {}
     wanted = set()
     for card in node.cards:
-        obj = gd.card_to_object(node.name, card, reasons.get(card.index, ""))
-        if node_uid:
-            obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
-                                                   "name": node.name, "uid": node_uid}]
+        obj = card_object(node.name, card, reasons.get(card.index, ""), node_uid)
         name = obj["metadata"]["name"]
         wanted.add(name)
         status = obj["status"]

@@ -26,7 +26,7 @@ from elastic_gpu.agent.devices import (
     node_capacity,
     status_only_resources,
 )
-from elastic_gpu.agent.inventory_api import publish_inventory
+from elastic_gpu.agent.inventory_api import create_inventory, publish_inventory
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.resources import is_gpu_resource, lookup
@@ -124,6 +124,20 @@ def publish_fake_node(client: SyncKubeClient, inventory: Node,
     backend = FakeBackend.from_cards(inventory.cards, inventory.name)
     return publish_node(client, backend, config or AgentConfig(backend=BackendKind.NVML),
                         inventory.name)
+
+
+def publish_new_fake_node(client: SyncKubeClient, inventory: Node, config: AgentConfig,
+                          node_uid: str) -> NodeSnapshot:
+    """Publish the cards of a fake node whose Node was created just now with the capacity
+    the agent advertises (`devcluster.nodes.node_manifest`) and which has no GPUDevices yet:
+    the same objects as `publish_fake_node`, created without reading anything back (for
+    loading thousands of nodes into a new cluster: `devcluster.nodes.create_fake_node`)."""
+    from elastic_gpu.agent.backends.fake import FakeBackend
+
+    snap = discover(FakeBackend.from_cards(inventory.cards, inventory.name), config,
+                    inventory.name)
+    create_inventory(client, snap.node, node_uid=node_uid)
+    return snap
 
 
 def publish_node(client: SyncKubeClient, backend: Backend, config: AgentConfig,

@@ -112,6 +112,8 @@ class ControlPlane:
     #: Added to every component's environment (the sandbox marks its processes, so `down`
     #: also finds what they started in sessions of their own).
     extra_env: dict[str, str] = field(default_factory=dict, repr=False)
+    #: Added to kube-apiserver's command line (a test that needs a feature gate off).
+    apiserver_args: tuple[str, ...] = ()
     #: The admin client `kube()` hands out, made on first use and closed by `stop()`.
     _kube: SyncKubeClient | None = field(default=None, init=False, repr=False, compare=False)
     _kube_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False,
@@ -234,6 +236,7 @@ class ControlPlane:
             + ",".join(apiserver_disabled_admission_plugins(self.controller_manager)),
             "--allow-privileged=true",
             "--profiling=false",
+            *self.apiserver_args,
         ])
         tls = self._client_tls()
         wait_ready(handle, lambda: _get_ok(f"{self.server}/readyz", tls), timeout_s)

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from elastic_gpu.kube.errors import translate
-from elastic_gpu.kube.transport import ApiStatusError, RestClient
+from elastic_gpu.kube.transport import ApiStatusError, ListPage, RestClient
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -85,6 +85,16 @@ class KubeClient:
                    ) -> tuple[list[dict[str, Any]], str]:
         try:
             return await self.rest.list(path, params)
+        except ApiStatusError as err:
+            raise translate(err) from None
+
+    async def list_pages(self, path: str, params: Mapping[str, str] | None = None,
+                         shape: type[msgspec.Struct] | None = None,
+                         ) -> AsyncIterator[ListPage]:
+        """The list page by page (`RestClient.list_pages`)."""
+        try:
+            async for page in self.rest.list_pages(path, params, shape=shape):
+                yield page
         except ApiStatusError as err:
             raise translate(err) from None
 

@@ -2,8 +2,9 @@
 
 Every watch in the project is this loop: the controller's informers (`Informer`, with a store
 and add/update/delete handlers) and the scheduler's API worker (`Reflector` alone: raw
-`on_replace(items)` / `on_event(kind, object)` callbacks, no store, no copy: it forwards each
-event as it came, and the per-event work is reading its resourceVersion).
+`on_page(items, first, last)` / `on_event(kind, object)` callbacks, no store, no copy: it
+forwards each page of a list and each event as it came, and the per-event work is reading its
+resourceVersion).
 
 List, then watch from the list's resourceVersion:
 
@@ -31,7 +32,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from elastic_gpu.kube.transport import ApiStatusError
+import msgspec
+
+from elastic_gpu.kube.transport import ApiStatusError, ListPage
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,9 @@ class ListWatcher(Protocol):
 
     async def list(self, path: str, params: Mapping[str, str] | None = None
                    ) -> tuple[list[Obj], str]: ...
+
+    def list_pages(self, path: str, params: Mapping[str, str] | None = None, *,
+                   shape: type[msgspec.Struct] | None = None) -> AsyncIterator[ListPage]: ...
 
     def watch(self, path: str, resource_version: str, params: Mapping[str, str] | None = None,
               timeout_s: int = 300) -> AsyncIterator[tuple[str, Obj]]: ...
@@ -68,21 +74,40 @@ class Handler:
     on_delete: Callable[[Obj], None] | None = None
 
 
+#: `on_page(items, first, last)`: one page of a (re)list (`Reflector`).
+PageHandler = Callable[[list[Obj], bool, bool], None]
+
+
 class Reflector:
     """One collection, listed and watched: `on_replace(all objects)` after every (re)list, then
     `on_event(kind, object)` for each ADDED / MODIFIED / DELETED (a BOOKMARK only moves the
-    version). Objects are plain dicts as the API serves them, passed on as they are."""
+    version). Objects are plain dicts as the API serves them, passed on as they are.
+
+    With `on_page` instead of `on_replace`, a list is handed over page by page as the API
+    serves it, `on_page(items, first, last)`: `first` begins a list (a list that broke off
+    half-way, say on an expired continue token, is begun again: what came of it is void) and
+    the pages from a `first` to its `last` are exactly the collection. Nothing then holds the
+    whole list's objects as the API serves them (the scheduler's API worker keeps only a
+    slim form of each)."""
 
     def __init__(self, client: ListWatcher, path: str, *, name: str,
-                 on_replace: Callable[[list[Obj]], None],
                  on_event: Callable[[str, Obj], None],
+                 on_replace: Callable[[list[Obj]], None] | None = None,
+                 on_page: PageHandler | None = None,
+                 shape: type[msgspec.Struct] | None = None,
                  params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
                  backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
                  missing_retry_s: float = 10.0) -> None:
+        if (on_replace is None) == (on_page is None):
+            raise ValueError("a Reflector takes one of on_replace and on_page")
         self.client = client
         self.path = path
         self.name = name
         self.on_replace = on_replace
+        self.on_page = on_page
+        #: with `on_page`: the fields a list decodes (`RestClient.list_pages`); watch
+        #: events come whole
+        self.shape = shape
         self.on_event = on_event
         self.params = dict(params or {})
         self.watch_timeout_s = watch_timeout_s
@@ -104,11 +129,10 @@ class Reflector:
         failures = 0
         while True:
             try:
-                items, version = await self.client.list(self.path, self.params)
+                version = await self._list()
                 self.served = True
                 self.relists += 1
                 self.last_resource_version = version
-                self.on_replace(items)
                 failures = 0
                 broken = 0
                 while True:  # re-watch from the newest version seen until 410 or a failure
@@ -146,7 +170,7 @@ class Reflector:
                     if self._log_missing():
                         log.info("%s: not served (CRD not installed?); checking again every "
                                  "%.0f s", self.name, self.missing_retry_s)
-                    self.on_replace([])
+                    self._deliver_empty()
                     failures = 0
                     await asyncio.sleep(self.missing_retry_s)
                     continue
@@ -157,6 +181,30 @@ class Reflector:
                 log.exception("%s: list/watch failed", self.name)
             base, cap = self.backoff_s
             await asyncio.sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
+
+
+    async def _list(self) -> str:
+        """List the collection and hand it over; returns the list's resourceVersion (the
+        watch starts there: every page is of that one snapshot)."""
+        if self.on_page is None:
+            assert self.on_replace is not None
+            items, version = await self.client.list(self.path, self.params)
+            self.on_replace(items)
+            return version
+        first = True
+        async for page in self.client.list_pages(self.path, self.params, shape=self.shape):
+            self.on_page(page.items, first, page.last)
+            first = False
+            if page.last:
+                return page.resource_version
+        raise ApiStatusError(0, "", "the list ended without its last page")
+
+    def _deliver_empty(self) -> None:
+        if self.on_page is not None:
+            self.on_page([], True, True)
+        else:
+            assert self.on_replace is not None
+            self.on_replace([])
 
 
 #: Broken watches in a row resumed from the last version before a relist.

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import aiohttp
 import msgspec
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 #: Re-read a token file this often: projected service-account tokens rotate.
 TOKEN_REFRESH_S = 60.0
+#: Items per page of a list: client-go's reflector pages its lists by 500 too.
+LIST_PAGE = 500
 
 
 class ApiStatusError(Exception):
@@ -131,17 +133,40 @@ class RestClient:
             raise ApiStatusError(0, "", f"{type(err).__name__}: {err}") from None
 
     async def list(self, path: str, params: Mapping[str, str] | None = None,
-                   chunk: int = 500) -> tuple[list[dict[str, Any]], str]:
+                   chunk: int = LIST_PAGE) -> tuple[list[dict[str, Any]], str]:
         """Every item of a collection (paged), and the list's resourceVersion."""
         items: list[dict[str, Any]] = []
+        version = ""
+        async for page in self.list_pages(path, params, chunk):
+            items.extend(page.items)
+            version = page.resource_version
+        return items, version
+
+    async def list_pages(self, path: str, params: Mapping[str, str] | None = None,
+                         chunk: int = LIST_PAGE, shape: type[msgspec.Struct] | None = None,
+                         ) -> AsyncIterator[ListPage]:
+        """A collection's list, one page of at most `chunk` items at a time (`limit` and
+        `continue`, as client-go's pager): a caller that handles each page as it comes never
+        holds the whole list's JSON, nor more than one page of its objects as the API
+        serves them. The pages are one snapshot: every page carries the first one's
+        resourceVersion, the one to watch from. A continue token the API no longer honours
+        (compacted past it: 410 Expired) is raised like any error status: the list must
+        start again from its first page (the pages so far are of a snapshot now gone).
+        `shape`: a Struct of the fields wanted (omitting unset ones): each item is decoded
+        into it, and handed over as the dict of just those fields; the decoder skips the
+        rest of the JSON without building it."""
         query = {**(params or {}), "limit": str(chunk)}
+        page_type: Any = _ListPage if shape is None else _ShapedPage[shape]  # type: ignore[valid-type]
         while True:
             page = msgspec.json.decode(await self.request("GET", path, params=query),
-                                       type=_ListPage)
-            items.extend(page.items)
-            if not page.metadata.get("continue"):
-                return items, str(page.metadata.get("resourceVersion", ""))
-            query["continue"] = page.metadata["continue"]
+                                       type=page_type)
+            token = page.metadata.get("continue")
+            items = page.items if shape is None else msgspec.to_builtins(page.items)
+            yield ListPage(items, str(page.metadata.get("resourceVersion", "")),
+                           last=not token)
+            if not token:
+                return
+            query["continue"] = token
 
     async def watch(self, path: str, resource_version: str,
                     params: Mapping[str, str] | None = None, timeout_s: int = 300,
@@ -176,8 +201,24 @@ class RestClient:
             self._session = None
 
 
+class ListPage(NamedTuple):
+    """One page of a list: its items, the list's resourceVersion, whether it is the last."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+    last: bool
+
+
 class _ListPage(msgspec.Struct):
     items: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+Item = TypeVar("Item")
+
+
+class _ShapedPage(msgspec.Struct, Generic[Item]):
+    items: list[Item] = msgspec.field(default_factory=list)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

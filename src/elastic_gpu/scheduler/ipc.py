@@ -6,7 +6,10 @@ Messages are lists, their first element the kind:
                        ["wake", id, namespace, name, uid, message]  set the pending pod's
                                                     wake-up condition (`apiworker.wakeup_patch`)
   worker -> scheduler  ["reply", id, result, error]     error: [message, definite, code] | None
-                       ["replace", feed, [object, ...]] a (re)list: exactly these exist
+                       ["page", feed, first, last, [object, ...]]  a (re)list, page by
+                                                    page: `first` begins it (an unfinished
+                                                    one is void), the pages from it to
+                                                    `last` are exactly what exists
                        ["event", feed, type, object]    ADDED / MODIFIED / DELETED
 Feeds are "nodes", "gpudevices" and "pods"; objects are `slim` dicts.
 """
@@ -20,7 +23,8 @@ from typing import Any
 import msgspec
 
 _HEADER = struct.Struct(">I")
-#: A relist of 100,000 slim pods is well below this; a bigger frame means a broken stream.
+#: A page of a list (500 slim objects) is far below this; a bigger frame means a broken
+#: stream.
 MAX_FRAME = 1 << 30
 
 _encoder = msgspec.msgpack.Encoder()

@@ -10,8 +10,11 @@ checks it on full objects).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
+
+import msgspec
 
 from elastic_gpu.core.podlife import TERMINAL_PHASES
 
@@ -20,6 +23,9 @@ Obj = dict[str, Any]
 __all__ = [
     "TERMINAL_PHASES",
     "ChangeFilter",
+    "ListedDevice",
+    "ListedNode",
+    "ListedPod",
     "slim_claim",
     "slim_class",
     "slim_device",
@@ -131,40 +137,162 @@ def slim_class(cls: Mapping[str, Any]) -> Obj:
             **_pick(cls, ("provisioner", "parameters", "reclaimPolicy", "egpuBindingMode"))}
 
 
+# ---------------------------------------------------------------- what a list decodes
+#
+# A list's pages are decoded straight into these shapes (`RestClient.list_pages(shape=)`):
+# only the fields the slim forms read are built as Python objects, the rest of the JSON
+# (managedFields, a Node's images and conditions, a pod's volumes, status churn) is skipped
+# by the decoder. Each field is UNSET when the object lacks it, so the dict the shape turns
+# back into has exactly the keys the object had, and the slim function then gives the same
+# result as on the full object (tests/unit/scheduler/test_sched_slim.py checks it). Values
+# below these fields are `Any`: whatever the API sent, as plain builtins.
+
+class _Shape(msgspec.Struct, omit_defaults=True):
+    pass
+
+
+class _NamedMeta(_Shape):
+    name: Any = msgspec.UNSET
+    labels: Any = msgspec.UNSET
+
+
+class _PodMeta(_Shape):
+    name: Any = msgspec.UNSET
+    namespace: Any = msgspec.UNSET
+    uid: Any = msgspec.UNSET
+    resourceVersion: Any = msgspec.UNSET
+    annotations: Any = msgspec.UNSET
+    deletionTimestamp: Any = msgspec.UNSET
+
+
+class _Container(_Shape):
+    name: Any = msgspec.UNSET
+    resources: Any = msgspec.UNSET
+
+
+class _ContainerStatus(_Shape):
+    name: Any = msgspec.UNSET
+    state: Any = msgspec.UNSET
+
+
+class _PodSpec(_Shape):
+    nodeName: Any = msgspec.UNSET
+    priority: Any = msgspec.UNSET
+    schedulerName: Any = msgspec.UNSET
+    nodeSelector: Any = msgspec.UNSET
+    tolerations: Any = msgspec.UNSET
+    affinity: Any = msgspec.UNSET
+    containers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
+    initContainers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
+    overhead: Any = msgspec.UNSET
+
+
+class _PodStatus(_Shape):
+    phase: Any = msgspec.UNSET
+    containerStatuses: list[_ContainerStatus] | msgspec.UnsetType = msgspec.UNSET
+    initContainerStatuses: list[_ContainerStatus] | msgspec.UnsetType = msgspec.UNSET
+    ephemeralContainerStatuses: list[_ContainerStatus] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ListedPod(_Shape):
+    """What `slim_pod` reads of a pod."""
+
+    metadata: _PodMeta | msgspec.UnsetType = msgspec.UNSET
+    spec: _PodSpec | msgspec.UnsetType = msgspec.UNSET
+    status: _PodStatus | msgspec.UnsetType = msgspec.UNSET
+
+
+class _NodeSpec(_Shape):
+    taints: Any = msgspec.UNSET
+
+
+class _NodeStatus(_Shape):
+    allocatable: Any = msgspec.UNSET
+    capacity: Any = msgspec.UNSET
+
+
+class ListedNode(_Shape):
+    """What `slim_node` reads of a Node."""
+
+    metadata: _NamedMeta | msgspec.UnsetType = msgspec.UNSET
+    spec: _NodeSpec | msgspec.UnsetType = msgspec.UNSET
+    status: _NodeStatus | msgspec.UnsetType = msgspec.UNSET
+
+
+class ListedDevice(_Shape):
+    """What `slim_device` reads of a GPUDevice: all but its metadata's other fields (the
+    CRD's schema has no other top-level fields)."""
+
+    apiVersion: Any = msgspec.UNSET
+    kind: Any = msgspec.UNSET
+    metadata: _NamedMeta | msgspec.UnsetType = msgspec.UNSET
+    spec: Any = msgspec.UNSET
+    status: Any = msgspec.UNSET
+
+
 def _identity(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("uid") or meta.get("name") or "")
 
 
-def _without_version(obj: Obj) -> Obj:
+_digest_encoder = msgspec.msgpack.Encoder(order="deterministic")
+
+
+def _digest(obj: Obj) -> bytes:
+    """A fingerprint of what the scheduler reads of `obj` (its slim form less the
+    resourceVersion): 16 bytes instead of a copy of the object, so the filter's memory does
+    not grow with the objects' size (a slim pod is ~1-2 KiB as Python objects; 120,000 of
+    them were most of the API worker's peak). A collision (2^-128 a pair) would drop one
+    change; the encoding is canonical (keys sorted), so equal objects always agree."""
     meta = obj.get("metadata") or {}
-    if "resourceVersion" not in meta:
-        return obj
-    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+    if "resourceVersion" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+    return hashlib.blake2b(_digest_encoder.encode(obj), digest_size=16).digest()
 
 
 class ChangeFilter:
-    """Drops events that change nothing the scheduler reads.
+    """Drops events that change nothing the scheduler reads; it remembers a digest of each
+    object's slim form (`_digest`), not the object.
 
     A pod's resourceVersion matters while it is unbound (the Binding is sent with it as a
     precondition), so unbound pods always pass; a bound pod's version no longer does.
+
+    A list arrives page by page: `begin_list`, `listed(page)` for each, `end_list`; what
+    was remembered before is replaced only at the end (`replace` is the three at once).
     """
 
     def __init__(self) -> None:
-        self._last: dict[str, Obj] = {}
+        self._last: dict[str, bytes] = {}
+        self._listing: dict[str, bytes] | None = None
 
     def replace(self, objects: list[Obj]) -> None:
-        self._last = {_identity(o): _without_version(o) for o in objects}
+        self.begin_list()
+        self.listed(objects)
+        self.end_list()
+
+    def begin_list(self) -> None:
+        self._listing = {}
+
+    def listed(self, objects: list[Obj]) -> None:
+        if self._listing is None:
+            raise RuntimeError("listed() outside a list: begin_list() first")
+        for obj in objects:
+            self._listing[_identity(obj)] = _digest(obj)
+
+    def end_list(self) -> None:
+        if self._listing is None:
+            raise RuntimeError("end_list() outside a list: begin_list() first")
+        self._last, self._listing = self._listing, None
 
     def changed(self, kind: str, obj: Obj) -> bool:
         key = _identity(obj)
         if kind == "DELETED":
             self._last.pop(key, None)
             return True
-        bare = _without_version(obj)
+        digest = _digest(obj)
         unbound_pod = "spec" in obj and "containers" in obj["spec"] and not obj["spec"].get(
             "nodeName")
-        if not unbound_pod and self._last.get(key) == bare:
+        if not unbound_pod and self._last.get(key) == digest:
             return False
-        self._last[key] = bare
+        self._last[key] = digest
         return True

@@ -83,14 +83,16 @@ class WorkerLink:
         self._wake_now = asyncio.Event()
         #: False on a standby replica: binds, wake-ups and creates are refused (`leadership`)
         self.writes_allowed = True
-        self._dispatch = {
-            ("replace", "nodes"): feeds.nodes_replace,
-            ("replace", "gpudevices"): feeds.devices_replace,
-            ("replace", "pods"): feeds.pods_replace,
-            ("replace", "elasticgpus"): feeds.egpus_replace,
-            ("replace", "elasticgpuclaims"): feeds.claims_replace,
-            ("replace", "elasticgpuclasses"): feeds.classes_replace,
+        self._replaces = {
+            "nodes": feeds.nodes_replace,
+            "gpudevices": feeds.devices_replace,
+            "pods": feeds.pods_replace,
+            "elasticgpus": feeds.egpus_replace,
+            "elasticgpuclaims": feeds.claims_replace,
+            "elasticgpuclasses": feeds.classes_replace,
         }
+        #: feed -> the pages of its list in progress (`_page`)
+        self._listing: dict[str, list[dict[str, Any]]] = {}
         self._events = {"nodes": feeds.nodes_event, "gpudevices": feeds.devices_event,
                         "pods": feeds.pods_event, "elasticgpus": feeds.egpus_event,
                         "elasticgpuclaims": feeds.claims_event,
@@ -160,6 +162,7 @@ class WorkerLink:
 
     async def _serve(self, process: asyncio.subprocess.Process) -> int | None:
         assert process.stdout is not None
+        self._listing.clear()  # a list the previous worker left unfinished is void
         try:
             while (message := await ipc.read(process.stdout)) is not None:
                 self._on_message(message)
@@ -181,14 +184,28 @@ class WorkerLink:
                 text, definite, code = error
                 future.set_exception(BindError(str(text), definite=bool(definite),
                                                code=int(code)))
-        elif kind == "replace":
-            self._dispatch[("replace", message[1])](message[2])
-            self._check_wakeup()
+        elif kind == "page":
+            _, feed, first, last, items = message
+            self._page(feed, bool(first), bool(last), items)
         elif kind == "event":
             self._events[message[1]](message[2], message[3])
             self._check_wakeup()
         else:
             log.warning("API worker sent an unknown message %r", kind)
+
+    def _page(self, feed: str, first: bool, last: bool, items: list[dict[str, Any]]) -> None:
+        """One page of a feed's (re)list: the state is replaced once the last has come (a
+        list begun again drops the pages of the one it replaces)."""
+        if first:
+            self._listing[feed] = items
+        elif feed in self._listing:
+            self._listing[feed].extend(items)
+        else:
+            log.warning("API worker sent a page of %s outside a list; ignored", feed)
+            return
+        if last:
+            self._replaces[feed](self._listing.pop(feed))
+            self._check_wakeup()
 
     def _check_wakeup(self) -> None:
         if not self._wake_now.is_set() and self.feeds.wakeup_pending():

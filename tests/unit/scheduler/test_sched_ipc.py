@@ -28,7 +28,7 @@ async def read_all(data: bytes) -> list[object]:
 def test_messages_round_trip_in_order() -> None:
     messages = [["bind", 1, "ns", "p", "uid", "n1", 42, {"a": "b"}],
                 ["reply", 1, None, ["409 Conflict: x", True, 409]],
-                ["replace", "pods", [{"metadata": {"name": "p" * 10_000}}]]]
+                ["page", "pods", True, False, [{"metadata": {"name": "p" * 10_000}}]]]
     data = b"".join(ipc.encode(m) for m in messages)
     assert asyncio.run(read_all(data)) == messages
 

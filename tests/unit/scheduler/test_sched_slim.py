@@ -157,3 +157,42 @@ def test_a_deleted_pods_container_states_survive_and_free_its_cards_once_stopped
                                                       "state": {"terminated": {}}}
     assert PodInfo.from_manifest(slim).stopped and PodInfo.from_manifest(slim).holds is None
     assert PodInfo.from_manifest(pod).stopped
+
+
+def _listed(obj: dict[str, Any], shape: Any) -> dict[str, Any]:
+    """`obj` as a list page decodes it with `shape` (`RestClient.list_pages`)."""
+    import msgspec
+
+    listed: dict[str, Any] = msgspec.to_builtins(msgspec.json.decode(msgspec.json.encode(obj),
+                                                                     type=shape))
+    return listed
+
+
+def test_a_listed_shape_slims_exactly_like_the_full_object() -> None:
+    from elastic_gpu.scheduler.slim import ListedDevice, ListedNode, ListedPod
+
+    deleting = full_pod()
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-28T15:00:00Z"
+    deleting["status"]["containerStatuses"] = [
+        {"name": "main", "state": {"terminated": {"exitCode": 0}}, "restartCount": 0}]
+    deleting["status"]["initContainerStatuses"] = [{"name": "init", "state": {}}]
+    affine = full_pod(node="")
+    affine["spec"].update(nodeSelector={"a": "b"}, tolerations=[{"key": "k"}], affinity={
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": []}}, "podAffinity": {"x": 1}})
+    bare: dict[str, Any] = {"metadata": {"name": "b"}, "spec": {"containers": [{}]}}
+    assert "managedFields" not in _listed(full_pod(), ListedPod)["metadata"]  # it drops
+    for pod in (full_pod(), full_pod(phase="Failed"), deleting, affine, bare):
+        assert slim_pod(_listed(pod, ListedPod)) == slim_pod(pod)
+    node = {"metadata": {"name": "n1", "labels": {"a": "b"}, "uid": "x",
+                         "managedFields": [{}]},
+            "spec": {"taints": [{"key": "t", "effect": "NoSchedule"}], "podCIDR": "x"},
+            "status": {"allocatable": {"cpu": "8"}, "capacity": {"cpu": "8"},
+                       "images": [{"names": ["a"]}], "conditions": [{"type": "Ready"}]}}
+    assert slim_node(_listed(node, ListedNode)) == slim_node(node)
+    assert slim_node(_listed({"metadata": {"name": "n2"}}, ListedNode)) == slim_node(
+        {"metadata": {"name": "n2"}})
+    card = Card(index=1, uuid="GPU-1", model="A100", memory_mib=81920, numa_node=1)
+    device = gpudevice.card_to_object("n1", card)
+    device["metadata"].update(resourceVersion="5", managedFields=[{}], uid="x")
+    assert slim_device(_listed(device, ListedDevice)) == slim_device(device)
