@@ -455,3 +455,17 @@ def test_an_elasticgpu_whose_claim_is_gone_is_kept_while_a_pod_uses_its_cards() 
             else MarkReleased
         assert isinstance(decide_release(bound, None, pods_holding(bound, gone)),
                           expected)
+
+
+def test_settled_claims_are_bound_or_lost_to_a_named_elasticgpu_and_not_deleting() -> None:
+    from elastic_gpu.core.claims.binding import settled
+    from elastic_gpu.core.claims.model import Claim, ClaimPhase
+
+    base = Claim("ns", "c", "uid-1", "gpushare", {"elasticgpu.io/gpu-core": 10})
+    assert not settled(base)  # just created
+    bound = Claim("ns", "c", "uid-1", "gpushare", {}, "egpu-uid-1", ClaimPhase.BOUND)
+    assert settled(bound)
+    assert settled(Claim("ns", "c", "u", None, {}, "egpu-x", ClaimPhase.LOST))
+    assert not settled(Claim("ns", "c", "u", None, {}, "egpu-x", ClaimPhase.BOUND, deleting=True))
+    assert not settled(Claim("ns", "c", "u", None, {}, "egpu-x", ClaimPhase.PENDING))
+    assert not settled(Claim("ns", "c", "u", "gpushare", {}, None, ClaimPhase.BOUND))

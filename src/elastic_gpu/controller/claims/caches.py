@@ -95,12 +95,12 @@ class ClaimCaches:
 
     # ------------------------------------------------------------------ event handlers
 
-    def claim_changed(self, obj: Obj) -> None:
+    def claim_changed(self, obj: Obj, *, resync: bool = False) -> None:
         key = object_key(obj)
         seen = self.unseen_writes.get(key)
         if seen is not None and seen[0] == resource_version(obj):
             del self.unseen_writes[key]  # the cache has caught up with our last write
-        self.queue.add(CLAIM_KEY + key)
+        self.queue.add(CLAIM_KEY + key, resync=resync)
 
     def _claim_deleted(self, obj: Obj) -> None:
         key = object_key(obj)
