@@ -15,6 +15,7 @@ claim, its name sorting last), and the pass must still finish every one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from elastic_gpu.core.claims.model import GPUSHARE, provisioned_name
 from elastic_gpu.core.claims.pods import CLAIM_PROTECTION_FINALIZER
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.client import KubeClient
+from elastic_gpu.kube.errors import NotFound
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +79,30 @@ async def _make_existing(kubeconfig: Path, ns: str, cls: str) -> list[str]:
         await client.close()
 
 
+async def _remove_existing(kubeconfig: Path, ns: str, egpus: set[str]) -> None:
+    """The existing claims without their finalizer, deleted, and their ElasticGPUs (in
+    parallel: `clean_up` does it one kubectl at a time, minutes for 300)."""
+    client = KubeClient.from_config(kubeconfig)
+    limit = asyncio.Semaphore(16)
+
+    async def claim(i: int) -> None:
+        path = f"{PREFIX}/namespaces/{ns}/elasticgpuclaims/a-{i:04d}"
+        async with limit:
+            with contextlib.suppress(NotFound):
+                await client.patch(path, {"metadata": {"finalizers": None}})
+                await client.delete(path)
+
+    async def egpu(name: str) -> None:
+        async with limit:
+            with contextlib.suppress(NotFound):
+                await client.delete(f"{PREFIX}/elasticgpus/{name}")
+    try:
+        await asyncio.gather(*(claim(i) for i in range(EXISTING)))
+        await asyncio.gather(*(egpu(name) for name in egpus))
+    finally:
+        await client.close()
+
+
 @pytest.fixture
 def double(k8s_cluster: Any) -> Iterator[ProvisionDouble]:
     install_crds(k8s_cluster)
@@ -102,7 +128,17 @@ def test_a_claim_that_needs_work_goes_before_the_takeover_pass(
     k8s_cluster.kubectl("create", "-f", "-", input=json.dumps({
         "apiVersion": api.API_VERSION, "kind": api.CLASS_KIND, "metadata": {"name": cls},
         "provisioner": GPUSHARE, "reclaimPolicy": "Delete", "egpuBindingMode": "Immediate"}))
-    existing = set(asyncio.run(_make_existing(k8s_cluster.kubeconfig, ns, cls)))
+    existing: set[str] = set()
+    try:
+        existing.update(asyncio.run(_make_existing(k8s_cluster.kubeconfig, ns, cls)))
+        _takeover(k8s_cluster, ns, cls, double, tmp_path, existing)
+    finally:
+        asyncio.run(_remove_existing(k8s_cluster.kubeconfig, ns, existing))
+        clean_up(k8s_cluster, ns, [cls])
+
+
+def _takeover(k8s_cluster: Any, ns: str, cls: str, double: ProvisionDouble, tmp_path: Path,
+              existing: set[str]) -> None:
     assert set(_phases(k8s_cluster, existing).values()) == {None}
     new = "z-new"  # sorts after every existing claim: the order of the informer's list
     k8s_cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps({
@@ -128,4 +164,3 @@ def test_a_claim_that_needs_work_goes_before_the_takeover_pass(
                  lambda: set(_phases(k8s_cluster, existing).values()) == {"Bound"}, 120)
     finally:
         ctl.stop()
-        clean_up(k8s_cluster, ns, [cls])
