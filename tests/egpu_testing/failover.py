@@ -265,7 +265,9 @@ class ObjectStream:
             return
 
     def names_created_after(self, moment: float) -> list[str]:
-        return [n for n, t in list(self.created_at.items()) if t > moment]
+        # a copy in one C call: the stream's threads add names meanwhile (iterating the
+        # live dict raised "dictionary changed size during iteration" mid-benchmark)
+        return [n for n, t in self.created_at.copy().items() if t > moment]
 
     def refusals_between(self, start: float, end: float) -> list[tuple[float, str, str]]:
         return [r for r in list(self.refusals) if start <= r[0] <= end]
