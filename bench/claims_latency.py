@@ -11,13 +11,19 @@ claims notes when each one first says `status.phase: Bound`. The latency of a cl
 just before its create call to the watch event that shows it Bound (both on this machine's
 monotonic clock). Prints a Markdown table: the create rate achieved, latency p50 / p99 / max,
 and claims Bound per second (claims / time from the first create to the last Bound); and the
-claims not Bound within `--timeout` seconds of the last create, if any.
+claims not Bound within `--timeout` seconds of the last create, if any. `--cpu` also prints
+the CPU seconds (user + system) each of the sandbox's processes (with its children: the
+extender's API worker, kube-apiserver's ...) used from the first create to the end of the wait,
+read from /proc: where the box's two cores went; and the API requests kube-apiserver served
+meanwhile by verb and resource (`apiserver_request_total`, of every client): the writes a
+claim costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -33,6 +39,44 @@ from egpu_testing.seed import SEED_CLASS, seed_claim
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_by_group(leaders: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) of the live processes of each named process group (the
+    sandbox starts every component as a group leader)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_group = {pid: name for name, pid in leaders.items()}
+    out = dict.fromkeys(leaders, 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        name = by_group.get(int(fields[2]))
+        if name is not None:
+            out[name] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def api_requests(kc: Path) -> dict[str, float]:
+    """kube-apiserver's `apiserver_request_total` summed by "VERB resource[/subresource]"."""
+    import re
+
+    out: dict[str, float] = {}
+    pattern = re.compile(r'^apiserver_request_total\{(.*)\} (\S+)$')
+    for line in kubectl(kc, "get", "--raw", "/metrics").splitlines():
+        match = pattern.match(line)
+        if match is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        what = f"{labels.get('verb')} {labels.get('resource')}"
+        if labels.get("subresource"):
+            what += f"/{labels['subresource']}"
+        out[what] = out.get(what, 0.0) + float(match.group(2))
+    return out
 
 
 def claim_body(name: str, namespace: str) -> dict[str, Any]:
@@ -81,7 +125,8 @@ class BoundWatch:
                 self.bound.setdefault(name, time.monotonic())
 
 
-def run(kc: Path, claims: int, rate: float, workers: int, timeout_s: float) -> dict[str, Any]:
+def run(kc: Path, claims: int, rate: float, workers: int, timeout_s: float,
+        leaders: dict[str, int] | None = None) -> dict[str, Any]:
     from lightkube import Client, KubeConfig
     from lightkube.generic_resource import create_namespaced_resource
     from lightkube.models.meta_v1 import ObjectMeta
@@ -101,6 +146,8 @@ def run(kc: Path, claims: int, rate: float, workers: int, timeout_s: float) -> d
     created: dict[str, float] = {}
     errors: list[str] = []
     start = time.monotonic() + 0.5
+    cpu_before = cpu_by_group(leaders or {})
+    requests_before = api_requests(kc) if leaders else {}
 
     def create(i: int) -> None:
         due = start + i / rate
@@ -124,6 +171,8 @@ def run(kc: Path, claims: int, rate: float, workers: int, timeout_s: float) -> d
             if all(name in watch.bound for name in created):
                 break
         time.sleep(0.1)
+    cpu_after = cpu_by_group(leaders or {})
+    requests_after = api_requests(kc) if leaders else {}
     watch.stop.set()
     with watch.lock:
         bound = dict(watch.bound)
@@ -137,7 +186,11 @@ def run(kc: Path, claims: int, rate: float, workers: int, timeout_s: float) -> d
             "p99_s": quantile(latencies, 0.99) if latencies else float("nan"),
             "max_s": max(latencies, default=float("nan")),
             "mean_s": statistics.fmean(latencies) if latencies else float("nan"),
-            "bound_per_s": len(latencies) / max(last_bound - first, 1e-9)}
+            "bound_per_s": len(latencies) / max(last_bound - first, 1e-9),
+            "cpu_s": {n: round(cpu_after[n] - cpu_before[n], 2) for n in cpu_after},
+            "api_requests": {k: v - requests_before.get(k, 0.0) for k, v in requests_after.items()
+                             if v - requests_before.get(k, 0.0) > 0 and
+                             not k.startswith("WATCH")}}
 
 
 def main() -> None:
@@ -149,6 +202,9 @@ def main() -> None:
                         help="fake nodes of 8 cards (500 claims of 10%% need 50 cards)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds after the last create to wait for Bound")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also print each sandbox process's CPU seconds and the API requests "
+                        "served during the run")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="egpu-bench-claims-") as tmp:
@@ -156,7 +212,14 @@ def main() -> None:
         timed_egpu("sandbox", "up", "--gpu-nodes", str(args.gpu_nodes), "--kubeconfig",
                    str(kc), "--state-dir", str(state))
         try:
-            result = run(kc, args.claims, args.rate, args.workers, args.timeout)
+            leaders = None
+            if args.cpu:
+                from elastic_gpu.devcluster.sandbox import Sandbox
+
+                sandbox = Sandbox.load(state)
+                assert sandbox is not None, f"no sandbox state in {state}"
+                leaders = {n: h.pid for n, h in sandbox.plane.processes.items()}
+            result = run(kc, args.claims, args.rate, args.workers, args.timeout, leaders)
         finally:
             timed_egpu("sandbox", "down", "--state-dir", str(state))
     if args.json:
@@ -167,6 +230,12 @@ def main() -> None:
           f"{result['bound']}/{result['created']} | {result['p50_s'] * 1000:.0f} ms | "
           f"{result['p99_s'] * 1000:.0f} ms | {result['max_s'] * 1000:.0f} ms | "
           f"{result['bound_per_s']:.1f} |")
+    if args.cpu:
+        print("CPU s during the run: " + ", ".join(
+            f"{n} {s:.1f}" for n, s in sorted(result["cpu_s"].items(), key=lambda kv: -kv[1])))
+        print("API requests during the run (all clients): " + ", ".join(
+            f"{k} {v:.0f}" for k, v in sorted(result["api_requests"].items(),
+                                               key=lambda kv: -kv[1])))
     if result["not_bound"] or result["errors"]:
         print(f"not Bound (first 10): {result['not_bound']}; create errors: {result['errors']}")
 

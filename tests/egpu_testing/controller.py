@@ -95,6 +95,9 @@ class ProvisionDouble:
         self.slots = slots
         self.calls = 0
         self.created: list[str] = []
+        #: claim name -> the ElasticGPUs as its first call read them from the API server
+        #: (what the controller had finished when it came to this claim)
+        self.egpus_seen: dict[str, list[dict[str, Any]]] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -153,6 +156,7 @@ class ProvisionDouble:
         classes = {c.name: c for c in map(api.class_from_object,
                                            (await client.list(f"{PREFIX}/elasticgpuclasses"))[0])}
         egpu_objs = (await client.list(f"{PREFIX}/elasticgpus"))[0]
+        self.egpus_seen.setdefault(claim.name, egpu_objs)
         egpus = {e.name: e for e in map(api.elasticgpu_from_object, egpu_objs)}
         decision = decide(claim, classes, egpus)
         if isinstance(decision, Bind) and decision.elastic_gpu == provisioned_name(claim):

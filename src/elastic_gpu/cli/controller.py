@@ -41,7 +41,7 @@ def controller(
         help="address of /metrics, /healthz, /readyz")] = "127.0.0.1",
     metrics_port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
     workers: Annotated[int, typer.Option(min=1, max=256,
-                                         help="concurrent reconciles per controller")] = 4,
+                                         help="concurrent reconciles per controller")] = 16,
     backoff_base: Annotated[float, typer.Option(
         min=0.001, help="first retry delay of a failed key, seconds (doubles each time)")
     ] = 0.005,

@@ -136,7 +136,7 @@ class ManagerOptions:
     extender_tls: TLSOptions = field(default_factory=TLSOptions)
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 8080
-    workers: int = 4
+    workers: int = 16
     backoff: tuple[float, float] = (0.005, 10.0)
     controllers: Sequence[str] = ()
     config: ControllerConfig = field(default_factory=ControllerConfig)

@@ -7,6 +7,13 @@
   at `max`: 5 ms .. 1000 s in client-go; ours defaults to 5 ms .. 10 s), `forget` resets it
   after a success; `add_after` schedules an add (the earliest of several wins);
 - `shutdown` wakes every waiting `get` with None.
+
+One addition to client-go's: two lanes. `add(key)` is news (a watch event, a retry); `add(key,
+resync=True)` is a pass over what may already be in sync (a new leader's look at every object,
+an informer's first list). `get` hands out the news first, so a takeover's pass over thousands
+of existing objects does not hold up the object created a moment ago; a key queued for the
+resync that gets news moves to the news lane (it keeps one place in the queue). The resync
+lane is served whenever no news waits.
 """
 
 from __future__ import annotations
@@ -44,31 +51,80 @@ class ExponentialBackoff(Generic[K]):
         self._failures.pop(key, None)
 
 
+#: the lanes, served in this order
+NEWS, RESYNC = 0, 1
+
+
 class WorkQueue(Generic[K]):
     def __init__(self, backoff: ExponentialBackoff[K] | None = None) -> None:
         self.backoff: ExponentialBackoff[K] = backoff or ExponentialBackoff()
-        self._queue: collections.deque[K] = collections.deque()
-        self._dirty: set[K] = set()
+        #: per lane, (key, sequence) in order; an entry is live while `_queued[key]` is its
+        #: sequence (a key moved to the news lane leaves a dead entry behind, skipped by get)
+        self._lanes: tuple[collections.deque[tuple[K, int]], ...] = (
+            collections.deque(), collections.deque())
+        self._queued: dict[K, int] = {}
+        self._sequence = 0
+        #: key -> lane, for every key added and not yet handed out (queued, or waiting for a
+        #: worker's `done`)
+        self._dirty: dict[K, int] = {}
         self._processing: set[K] = set()
         self._waiting: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._shutting_down = False
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queued)
 
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
 
-    def add(self, key: K) -> None:
-        if self._shutting_down or key in self._dirty:
+    def queued(self, resync: bool) -> int:
+        """Keys waiting in the news lane (False) or the resync lane (True)."""
+        lane = RESYNC if resync else NEWS
+        return sum(1 for key, seq in self._lanes[lane] if self._queued.get(key) == seq)
+
+    def add(self, key: K, *, resync: bool = False) -> None:
+        if self._shutting_down:
             return
-        self._dirty.add(key)
+        lane = RESYNC if resync else NEWS
+        current = self._dirty.get(key)
+        if current is not None:
+            if lane < current:  # news of a key waiting for the resync: it moves up
+                self._dirty[key] = lane
+                if key in self._queued:
+                    self._push(key, lane)
+            return
+        self._dirty[key] = lane
         if key in self._processing:
             return  # queued again at done()
-        self._queue.append(key)
+        self._push(key, lane)
+
+    def move_to_resync(self) -> None:
+        """Every key queued now goes to the resync lane, in its order (a new leader's queue
+        holds what its informers added while it followed: whatever it was, it is no news
+        once the leader looks at every object)."""
+        moved = [key for key, seq in self._lanes[NEWS] if self._queued.get(key) == seq]
+        self._lanes[NEWS].clear()
+        for key in self._dirty:  # (and a key a worker holds comes back to the resync lane)
+            self._dirty[key] = RESYNC
+        for key in moved:
+            self._push(key, RESYNC)
+
+    def _push(self, key: K, lane: int) -> None:
+        self._sequence += 1
+        self._queued[key] = self._sequence
+        self._lanes[lane].append((key, self._sequence))
         self._notify()
+
+    def _pop(self) -> K | None:
+        for lane in self._lanes:
+            while lane:
+                key, seq = lane.popleft()
+                if self._queued.get(key) == seq:
+                    del self._queued[key]
+                    return key
+        return None
 
     def _notify(self) -> None:
         while self._getters:
@@ -109,8 +165,9 @@ class WorkQueue(Generic[K]):
         return self.backoff.failures(key)
 
     async def get(self) -> K | None:
-        """The next key (now being processed: call `done` after), or None once shut down."""
-        while not self._queue and not self._shutting_down:
+        """The next key (now being processed: call `done` after), or None once shut down:
+        the news lane's first, else the resync lane's."""
+        while not self._queued and not self._shutting_down:
             getter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._getters.append(getter)
             try:
@@ -119,20 +176,20 @@ class WorkQueue(Generic[K]):
                 if getter.done() and not getter.cancelled():
                     self._notify()  # pass the wake-up on to another worker
                 raise
-        if not self._queue:
+        key = self._pop()
+        if key is None:
             return None
-        key = self._queue.popleft()
         self._processing.add(key)
-        self._dirty.discard(key)
-        if self._queue:
+        del self._dirty[key]
+        if self._queued:
             self._notify()
         return key
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
-        if key in self._dirty:
-            self._queue.append(key)
-            self._notify()
+        lane = self._dirty.get(key)
+        if lane is not None:
+            self._push(key, lane)
 
     def shutdown(self) -> None:
         self._shutting_down = True

@@ -455,3 +455,39 @@ def test_an_elasticgpu_whose_claim_is_gone_is_kept_while_a_pod_uses_its_cards() 
             else MarkReleased
         assert isinstance(decide_release(bound, None, pods_holding(bound, gone)),
                           expected)
+
+
+def test_settled_claims_are_bound_or_lost_to_a_named_elasticgpu_and_not_deleting() -> None:
+    from elastic_gpu.core.claims.binding import settled
+    from elastic_gpu.core.claims.model import Claim, ClaimPhase
+
+    base = Claim("ns", "c", "uid-1", "gpushare", {"elasticgpu.io/gpu-core": 10})
+    assert not settled(base)  # just created
+    bound = Claim("ns", "c", "uid-1", "gpushare", {}, "egpu-uid-1", ClaimPhase.BOUND)
+    assert settled(bound)
+    assert settled(Claim("ns", "c", "u", None, {}, "egpu-x", ClaimPhase.LOST))
+    assert not settled(Claim("ns", "c", "u", None, {}, "egpu-x", ClaimPhase.BOUND, deleting=True))
+    assert not settled(Claim("ns", "c", "u", None, {}, "egpu-x", ClaimPhase.PENDING))
+    assert not settled(Claim("ns", "c", "u", "gpushare", {}, None, ClaimPhase.BOUND))
+
+
+def test_a_keep_without_holders_is_a_keep_whoever_holds_the_cards() -> None:
+    """The reclaimer reads the pods (a parse of each GPU pod's assignment) only when
+    `decide_release` without them does not keep the ElasticGPU: a Keep that needs no holders
+    must be the same Keep with any."""
+    c = claim()
+    holders = ("ns/pod-a", "ns/pod-b")
+    cases = [
+        (claim_model.ElasticGPU("e", SEED, "n0", (), ClaimRef.of(c), None, ReclaimPolicy.DELETE,
+                                ElasticGPUPhase.BOUND), c),
+        (egpu(ref=ClaimRef.of(c), phase=ElasticGPUPhase.RELEASED), None),
+        (egpu(), None),
+        (egpu(ref=ClaimRef("ns", "later")), None),
+    ]
+    for elastic_gpu, its_claim in cases:
+        assert decide_release(elastic_gpu, its_claim) == Keep()
+        assert decide_release(elastic_gpu, its_claim, holders) == Keep()
+    gone = claim_model.ElasticGPU("e", SEED, "n0", (), ClaimRef.of(c), None, ReclaimPolicy.DELETE,
+                                  ElasticGPUPhase.BOUND)
+    assert isinstance(decide_release(gone, None), DeleteElasticGPU)  # the pods are read then
+    assert decide_release(gone, None, holders) == Keep(holders)

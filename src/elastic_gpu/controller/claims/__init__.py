@@ -4,8 +4,9 @@ Per claim (key `claim:<namespace>/<name>`):
 1. a deleted claim (deletionTimestamp) keeps its finalizer while `core.claims.pods.pods_using` lists
    an unfinished pod naming it (Event `WaitingForPods`), then the finalizer is removed;
 2. otherwise the finalizer is added first;
-3. `core.claims.binding.decide` on the caches; `Bind` writes the ElasticGPU's claimRef and phase Bound,
-   then the claim's spec.elasticGPUName, then its status (a crash between any two writes is
+3. `core.claims.binding.decide` on the caches; `Bind` writes the ElasticGPU's claimRef, then
+   its phase Bound and the claim's spec.elasticGPUName in parallel, then the claim's status
+   (a crash between any two writes is
    finished by the next reconcile, which decides Bind again); `Provision` asks the extender
    (`POST /provision`), which creates `egpu-<uid>` pre-bound to the claim, and binds it at
    once; `Pending` / `Lost` go to status with an Event.

@@ -2,7 +2,8 @@
 
 `core.claims.binding.decide` on the caches says what to do; this module does it against the API in the
 order that survives a crash between any two writes: the finalizer first (or with the binding),
-the ElasticGPU's claimRef and phase, then the claim's spec.elasticGPUName, then its status,
+the ElasticGPU's claimRef, then its phase and the claim's spec.elasticGPUName (in parallel),
+then the claim's status,
 each skipped when already done and each carrying the object's resourceVersion (a stale cache
 gets 409 and a requeue, never a lost update). A deleted claim keeps its finalizer while a pod
 that has not finished names it.
@@ -10,9 +11,10 @@ that has not finished names it.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any
 
 from elastic_gpu.api import elasticgpu as api
@@ -173,10 +175,17 @@ class ClaimBinder:
 
     async def _bind(self, obj: Obj, claim: Claim, egpu: claim_model.ElasticGPU,
                     provisioned_on: str | None = None) -> None:
-        """ElasticGPU first (claimRef with the uid, phase Bound), then the claim's spec, then
-        the claim's status: each write skipped when already done. A claim provisioned in this
-        reconcile (`provisioned_on`) gets one Event, Provisioned, that says both (a PV's
-        ProvisioningSucceeded): one Event write per claim less at claim-creation rates."""
+        """ElasticGPU's claimRef first (with the uid), then its phase Bound and the claim's
+        spec together, then the claim's status: each write skipped when already done. A claim
+        provisioned in this reconcile (`provisioned_on`) gets one Event, Provisioned, that
+        says both (a PV's ProvisioningSucceeded): one Event write per claim less at
+        claim-creation rates.
+
+        The claimRef is what reserves the ElasticGPU for this claim: once it is written, its
+        phase and the claim's spec depend on nothing of each other, so they go in parallel
+        (one round trip less per claim: 3 sequential after `/provision`, not 4). Either may
+        fail alone; the next reconcile decides Bind again and writes the missing one, and the
+        claim's status (what says Bound) waits for both."""
         egpu_obj = self.caches.egpus.get(egpu.name)
         ref = ClaimRef.of(claim)
         if egpu.claim_ref != ref:
@@ -186,29 +195,24 @@ class ClaimBinder:
                 "metadata": {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]},
                 "spec": {"claimRef": {"namespace": ref.namespace, "name": ref.name,
                                       "uid": ref.uid}}})
+        writes: list[Awaitable[Obj | None]] = []
         if egpu_obj is None or \
                 (egpu_obj.get("status") or {}).get("phase") != ElasticGPUPhase.BOUND.value:
-            # no resourceVersion needed when the cache lacks it (just provisioned): its
-            # claimRef, already this claim's, can never point at another claim
-            patch: dict[str, Any] = {"status": {"phase": ElasticGPUPhase.BOUND.value,
-                                                "reason": "",
-                                                "message": f"bound to claim {claim.key}"}}
-            if egpu_obj is not None:
-                patch["metadata"] = {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]}
-            egpu_obj = await self.client.patch(ELASTICGPUS.path(name=egpu.name, subresource="status"),
-                                               patch)
-            if egpu.name != provisioned_name(claim):
-                # a static binding is news on the ElasticGPU; a provisioned one was made bound
-                # (the claim's Provisioned and Bound events tell it, one Event write less)
-                self.recorder.record(egpu_obj, NORMAL, "Bound", f"bound to claim {claim.key}")
+            writes.append(self._mark_egpu_bound(claim, egpu, egpu_obj))
         finalizers = list((obj.get("metadata") or {}).get("finalizers") or [])
-        if claim.elastic_gpu_name != egpu.name or CLAIM_PROTECTION_FINALIZER not in finalizers:
-            meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
-            if CLAIM_PROTECTION_FINALIZER not in finalizers:
-                meta["finalizers"] = [*finalizers, CLAIM_PROTECTION_FINALIZER]
-            obj = self.caches.wrote(claim.key, await self.client.patch(
-                CLAIMS.path(claim.namespace, claim.name),
-                {"metadata": meta, "spec": {"elasticGPUName": egpu.name}}))
+        name_it = claim.elastic_gpu_name != egpu.name or \
+            CLAIM_PROTECTION_FINALIZER not in finalizers
+        if name_it:
+            writes.append(self._name_egpu_in_claim(obj, claim, egpu, finalizers))
+        # both run to their end (no write is left in flight behind a raised error)
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        if name_it:
+            named = results[-1]  # the claim's write, added last
+            assert isinstance(named, dict)
+            obj = named
         self.caches.unschedulable.discard(claim.key)
         if await self._write_status(obj, claim_decisions.Bind(egpu.name), egpu):
             if provisioned_on is not None:
@@ -220,6 +224,32 @@ class ClaimBinder:
         elif provisioned_on is not None:
             self.recorder.record(obj, NORMAL, "Provisioned",
                                  f"ElasticGPU {egpu.name} provisioned on node {provisioned_on}")
+
+    async def _mark_egpu_bound(self, claim: Claim, egpu: claim_model.ElasticGPU,
+                               egpu_obj: Obj | None) -> None:
+        # no resourceVersion needed when the cache lacks it (just provisioned): its
+        # claimRef, already this claim's, can never point at another claim
+        patch: dict[str, Any] = {"status": {"phase": ElasticGPUPhase.BOUND.value,
+                                            "reason": "",
+                                            "message": f"bound to claim {claim.key}"}}
+        if egpu_obj is not None:
+            patch["metadata"] = {"resourceVersion": egpu_obj["metadata"]["resourceVersion"]}
+        written = await self.client.patch(ELASTICGPUS.path(name=egpu.name, subresource="status"),
+                                          patch)
+        if egpu.name != provisioned_name(claim):
+            # a static binding is news on the ElasticGPU; a provisioned one was made bound
+            # (the claim's Provisioned event tells it, one Event write less)
+            self.recorder.record(written, NORMAL, "Bound", f"bound to claim {claim.key}")
+
+    async def _name_egpu_in_claim(self, obj: Obj, claim: Claim, egpu: claim_model.ElasticGPU,
+                                  finalizers: list[str]) -> Obj:
+        """The claim's spec.elasticGPUName, with the protection finalizer if it lacks it."""
+        meta: dict[str, Any] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+        if CLAIM_PROTECTION_FINALIZER not in finalizers:
+            meta["finalizers"] = [*finalizers, CLAIM_PROTECTION_FINALIZER]
+        return self.caches.wrote(claim.key, await self.client.patch(
+            CLAIMS.path(claim.namespace, claim.name),
+            {"metadata": meta, "spec": {"elasticGPUName": egpu.name}}))
 
     async def _write_status(self, obj: Obj, decision: Decision,
                             egpu: claim_model.ElasticGPU | None) -> bool:

@@ -50,6 +50,44 @@ def _holds_gpu(pod: Mapping[str, Any]) -> bool:
         bool(_pod_claim_names(pod))
 
 
+class _Reverse:
+    """item -> the one name it refers to (or none), and name -> the items referring to it,
+    kept from events so that finding who refers to a name is no scan of a whole cache."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, str] = {}
+        self._to: dict[str, set[str]] = {}
+
+    def set(self, item: str, name: str | None) -> None:
+        before = self._of.get(item)
+        if before == name:
+            return
+        if before is not None:
+            self._of.pop(item)
+            items = self._to[before]
+            items.discard(item)
+            if not items:
+                del self._to[before]
+        if name is not None:
+            self._of[item] = name
+            self._to.setdefault(name, set()).add(item)
+
+    def referring_to(self, name: str) -> list[str]:
+        return sorted(self._to.get(name, ()))
+
+
+def _named_egpu(claim: Obj) -> str | None:
+    name = (claim.get("spec") or {}).get("elasticGPUName")
+    return name if isinstance(name, str) and name else None
+
+
+def _claim_ref_key(egpu: Obj) -> str | None:
+    ref = (egpu.get("spec") or {}).get("claimRef") or {}
+    if isinstance(ref, Mapping) and ref.get("namespace") and ref.get("name"):
+        return f"{ref['namespace']}/{ref['name']}"
+    return None
+
+
 class ClaimCaches:
     """The shared informers the claims controller reads and what it keeps from their events;
     each event enqueues the keys it may change on `queue`."""
@@ -73,6 +111,9 @@ class ClaimCaches:
         #: yet: reconciling from the older cached copy would redo work (a second /provision)
         #: and meet 409s, so the claim waits for its watch event (at most until the deadline)
         self.unseen_writes: dict[str, tuple[str, float]] = {}
+        #: claim key -> the ElasticGPU its spec names; ElasticGPU -> the claim its claimRef names
+        self.claims_naming = _Reverse()
+        self.egpus_referring = _Reverse()
         #: the caches' classes and ElasticGPUs decoded once per change (not per reconcile)
         self.decoded_classes: dict[str, GPUClass] = {}
         self.decoded_egpus: dict[str, claim_model.ElasticGPU] = {}
@@ -95,22 +136,21 @@ class ClaimCaches:
 
     # ------------------------------------------------------------------ event handlers
 
-    def claim_changed(self, obj: Obj) -> None:
+    def claim_changed(self, obj: Obj, *, resync: bool = False) -> None:
         key = object_key(obj)
         seen = self.unseen_writes.get(key)
         if seen is not None and seen[0] == resource_version(obj):
             del self.unseen_writes[key]  # the cache has caught up with our last write
-        self.queue.add(CLAIM_KEY + key)
+        self.claims_naming.set(key, _named_egpu(obj))
+        self.queue.add(CLAIM_KEY + key, resync=resync)
 
     def _claim_deleted(self, obj: Obj) -> None:
         key = object_key(obj)
         self.unseen_writes.pop(key, None)
         self.unschedulable.discard(key)
-        ns, name = key.split("/", 1)
-        for egpu in self.egpus.items():
-            ref = (egpu.get("spec") or {}).get("claimRef") or {}
-            if (ref.get("namespace"), ref.get("name")) == (ns, name):
-                self.queue.add(EGPU_KEY + object_key(egpu))
+        self.claims_naming.set(key, None)
+        for egpu in self.egpus_referring.referring_to(key):
+            self.queue.add(EGPU_KEY + egpu)
 
     def _class_changed(self, obj: Obj) -> None:
         name = (obj.get("metadata") or {}).get("name")
@@ -134,20 +174,21 @@ class ClaimCaches:
         except api.ElasticGPUObjectError as err:
             log.warning("ignoring %s", err)
             self.decoded_egpus.pop(key, None)
+        self.egpus_referring.set(key, _claim_ref_key(obj))
         self._egpu_touched(obj)
 
     def _egpu_touched(self, obj: Obj) -> None:
-        self.queue.add(EGPU_KEY + object_key(obj))
-        ref = (obj.get("spec") or {}).get("claimRef") or {}
-        if ref.get("namespace") and ref.get("name"):
-            self.queue.add(f"{CLAIM_KEY}{ref['namespace']}/{ref['name']}")
-        name = (obj.get("metadata") or {}).get("name")
-        for claim in self.claims.items():  # claims naming it statically
-            if (claim.get("spec") or {}).get("elasticGPUName") == name:
-                self.queue.add(CLAIM_KEY + object_key(claim))
+        key = object_key(obj)
+        self.queue.add(EGPU_KEY + key)
+        ref = _claim_ref_key(obj)
+        if ref is not None:
+            self.queue.add(CLAIM_KEY + ref)
+        for claim in self.claims_naming.referring_to(key):  # claims naming it statically
+            self.queue.add(CLAIM_KEY + claim)
 
     def _egpu_deleted(self, obj: Obj) -> None:
         self.decoded_egpus.pop(object_key(obj), None)
+        self.egpus_referring.set(object_key(obj), None)
         self._egpu_touched(obj)
         self.capacity_freed()
 

@@ -81,6 +81,11 @@ class Reclaimer:
         if ref is None:
             return
         claim = await self._claim_of(ref)
+        if isinstance(decide_release(egpu, claim), Keep):
+            # kept whoever uses it (its claim is there, or it is not releasable): the pods
+            # are not read, a parse of every GPU pod's assignment per ElasticGPU otherwise
+            # (O(ElasticGPUs x pods) for a new leader's pass over every ElasticGPU)
+            return
         decision = decide_release(egpu, claim, pods_holding(egpu, self.caches.pods.items()))
         if isinstance(decision, Keep):
             self._keep(obj, name, decision)

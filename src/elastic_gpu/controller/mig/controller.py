@@ -24,7 +24,9 @@ from elastic_gpu.controller.mig.objects import (
     age_s,
     annotations_of,
     applied_rules,
+    device_round_inputs,
     finished,
+    holds_mig,
     metadata_of,
 )
 from elastic_gpu.controller.mig.state import RoundState
@@ -79,11 +81,26 @@ class MigController:
         changed = Handler(on_add=lambda _o: self.kick(),
                           on_update=lambda _o, _n: self.kick(),
                           on_delete=lambda _o: self.kick())
-        for informer in (self.pods, self.nodes, self.devices, self.rules, self.egpus):
+        for informer in (self.pods, self.nodes, self.rules):
             informer.add_handler(changed)
+        # a round decodes every GPUDevice and ElasticGPU: started by each of their events, it
+        # ran back to back under a stream of claims (their ElasticGPUs, the allocation
+        # columns) and took most of the controller's CPU, in the event loop the claims share
+        self.devices.add_handler(Handler(
+            on_add=lambda _o: self.kick(),
+            on_update=lambda o, n: self._kick_if(device_round_inputs(o) != device_round_inputs(n)),
+            on_delete=lambda _o: self.kick()))
+        self.egpus.add_handler(Handler(
+            on_add=lambda o: self._kick_if(holds_mig(o)),
+            on_update=lambda o, n: self._kick_if(holds_mig(o) or holds_mig(n)),
+            on_delete=lambda o: self._kick_if(holds_mig(o))))
 
     def kick(self) -> None:
         self.queue.add(ROUND)
+
+    def _kick_if(self, relevant: bool) -> None:
+        if relevant:
+            self.kick()
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time: the key is one

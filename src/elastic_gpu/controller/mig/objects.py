@@ -106,3 +106,19 @@ def allowed_nodes(pod: Mapping[str, Any], nodes: Iterable[Obj]) -> frozenset[str
                                 nodeaffinity.taints_from_node(node)) is None:
             allowed.add(name)
     return frozenset(allowed)
+
+
+def holds_mig(egpu: Mapping[str, Any]) -> bool:
+    """Whether an ElasticGPU object names a MIG instance (`spec.cards[].migUuid`). Only those
+    enter a round (as instances held); a change of any other ElasticGPU changes nothing a
+    round reads, so it starts none (a claim's create, provisioning and binding are three)."""
+    cards = (egpu.get("spec") or {}).get("cards")
+    return isinstance(cards, list) and \
+        any(isinstance(c, Mapping) and c.get("migUuid") for c in cards)
+
+
+def device_round_inputs(device: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What a round reads of a GPUDevice: its spec (cards, MIG instances) and its health. Its
+    allocation columns and usage samples, rewritten as claims and pods come and go, are not
+    read (a change the periodic round still sees: RESYNC_S)."""
+    return device.get("spec"), (device.get("status") or {}).get("health")

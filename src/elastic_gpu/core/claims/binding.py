@@ -41,6 +41,14 @@ def _bound_decision(claim: Claim, egpu: ElasticGPU) -> InSync | Bind:
     return Bind(egpu.name)
 
 
+def settled(claim: Claim) -> bool:
+    """Whether a claim looks done by its own object: Bound (or Lost, which is final) to an
+    ElasticGPU it names, and not being deleted. A new leader's pass over every claim checks
+    these behind the claims that still need work (created, pending, deleting)."""
+    return claim.phase in (ClaimPhase.BOUND, ClaimPhase.LOST) and \
+        claim.elastic_gpu_name is not None and not claim.deleting
+
+
 def decide(claim: Claim, classes: Mapping[str, GPUClass], egpus: Mapping[str, ElasticGPU],
            consumer_node: str | None = None) -> Decision:
     """What to do for one claim. `consumer_node`: for WaitForFirstConsumer, the node its first
