@@ -269,7 +269,7 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
         ensure_crd(plane.kube())
         t0 = time.monotonic()
         inventories = uniform_inventories(nodes, prefix=prefix, gpus=8)
-        register_fake_nodes(plane.kube(), inventories)
+        register_fake_nodes(plane.kube(), inventories, new=True)  # a new cluster: no reads
         print(f"registered {nodes} nodes in {time.monotonic() - t0:.1f} s", flush=True)
     except BaseException:
         plane.stop()
