@@ -173,7 +173,9 @@ def test_the_write_period_holds_and_out_of_band_memory_is_written_at_once(
         eventually(lambda: all((client.get(GPUDevice, f"{node}-gpu{i}").status or {})
                                .get("usage") for i in range(3)))
         assert agent.usage is not None
-        first = agent.usage.writes
+        monitor = agent.usage
+        # the count follows each write's answer, which can come after the API shows it
+        first = eventually(lambda: monitor.writes if monitor.writes >= 3 else 0, timeout_s=10)
         assert first == 3
         # A busy container whose use moves on every sample: nothing is written within the
         # period (3600 s here), however many samples see it.
@@ -197,6 +199,8 @@ def test_the_write_period_holds_and_out_of_band_memory_is_written_at_once(
         os.utime(inventory, ns=(time.time_ns(), time.time_ns() + 1_000_000))
         eventually(lambda: client.get(GPUDevice, f"{node}-gpu2").status["usage"][
             "outOfBandMemoryMiB"] == 20480, timeout_s=10)
-        assert agent.usage.writes == first + 1
+        assert eventually(lambda: monitor.writes > first, timeout_s=10)
+        time.sleep(1.5)  # three more samples: a second write would have come by now
+        assert monitor.writes == first + 1
     finally:
         stop_agent(agent, api, kubelet)
