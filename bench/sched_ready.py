@@ -103,8 +103,7 @@ def create_pods(kube: SyncKubeClient, pods: list[dict[str, Any]], parallelism: i
         kube.create(PODS.path(pod["metadata"]["namespace"]), pod)
 
     with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        for _ in pool.map(create, pods, chunksize=64):
-            pass
+        list(pool.map(create, pods, chunksize=64))  # drained: a failed create raises here
 
 
 def rss_mib(pid: int) -> float:

@@ -148,7 +148,7 @@ def slim_class(cls: Mapping[str, Any]) -> Obj:
 # below these fields are `Any`: whatever the API sent, as plain builtins.
 
 class _Shape(msgspec.Struct, omit_defaults=True):
-    pass
+    """A list item's decoded fields; UNSET ones are left out when turned back into a dict."""
 
 
 class _NamedMeta(_Shape):
