@@ -10,6 +10,7 @@ from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.placement import Engine, PolicyConfig, task_shape
 from elastic_gpu.core.policies import NODE_POLICIES, NodeView, ScoreContext, node_policy
 from elastic_gpu.core.policies.node import PackingPolicy
+from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.workload import TargetWorkload, TaskShape
 
 
@@ -216,3 +217,44 @@ def test_the_score_cache_keeps_the_recently_used_shapes_within_its_bound() -> No
     shapes = {shape.cpu_milli for _, shape in cache}
     assert 1 in shapes  # the shape asked again survived
     assert 2 not in shapes  # the oldest ones went
+
+
+@pytest.mark.parametrize("policy", ["fgd", "fgdx-auto", "packing"])
+def test_cached_scores_follow_every_change_past_the_change_log(
+        policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry learns of node changes from a log of changed rows when it is asked again: after
+    a few changes (the log's span wrapping around its ring) and after more changes than the log
+    holds, its scores equal those of an engine built afresh on the same allocations."""
+    from elastic_gpu.core.placement import scoring
+
+    monkeypatch.setattr(scoring, "CHANGE_LOG", 8)
+    nodes = [gpu_node(f"n{i}", cards=4) for i in range(12)]
+    names = [n.name for n in nodes]
+    engine = Engine(nodes, PolicyConfig(node_policy=policy))
+    probes = [share("probe-a", 300, cpu=7), share("probe-b", 600, cpu=9), whole("probe-c", 1)]
+    rng = np.random.default_rng(5)
+    placed: list[str] = []
+    pods: dict[str, PodRequest] = {}
+    turn = 0
+    for step, changes in enumerate((3, 6, 5, 2, 20, 7, 1, 40)):  # 3+6 > 8: wraps; 20, 40 > 8
+        for k in range(changes):
+            if placed and rng.random() < 0.2:
+                engine.release(placed.pop(int(rng.integers(len(placed)))))
+                continue
+            pod = share(f"p{step}-{k}", int(rng.integers(1, 10)) * 100, cpu=int(rng.integers(1, 4)))
+            # the nodes in turn: consecutive changes are of different rows, so a change the
+            # catch-up missed is not hidden by a later change of the same row
+            turn += 1
+            node = names[turn % len(names)]
+            if engine.filter(pod, [node]).feasible:
+                engine.allocate(pod.key, engine.assign(pod, node), pod)
+                placed.append(pod.key)
+                pods[pod.key] = pod
+        fresh = Engine(nodes, PolicyConfig(node_policy=policy))
+        for key in placed:
+            held = engine.allocation(key)
+            assert held is not None
+            fresh.allocate(key, held, pods[key])
+        for probe in probes:
+            assert engine.scored(probe, names).as_dict() == fresh.scored(probe, names).as_dict(), \
+                (policy, step, probe.key)

@@ -3,8 +3,9 @@
 A policy that scores from arrays (`NodePolicy.score_arrays`: binpack, spread) is asked once
 per request over the whole card matrix. The others score node views; when their score depends
 only on (node, task shape) it is cached per (policy, shape) and node, and a node's entries are
-dropped whenever anything is allocated or released on it, so during a replay only the node
-that just changed is scored again.
+dropped whenever anything is allocated or released on it (through a log of changed rows each
+entry catches up on when asked), so during a replay only the node that just changed is scored
+again.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.workload import TaskShape
 
 #: score cache entries (policy, task shape) kept, the least recently used dropped first: one
-#: entry is a float per node (120 KiB at 15,000 nodes), and every allocation marks its node
-#: stale in each entry, so pods that each ask their own CPU (a new shape each) must not grow
-#: it far; a dropped shape costs one array pass when it comes back (`ARRAYS_FROM`)
+#: entry is a float per node (120 KiB at 15,000 nodes), so pods that each ask their own CPU (a
+#: new shape each) must not grow it far; a dropped shape costs one array pass when it comes
+#: back (`ARRAYS_FROM`)
 SCORE_CACHE_LIMIT = 512
+#: node changes remembered for the cached entries (`Scorer.forget_row`): an entry not asked
+#: since more changes than this were made is dropped whole when it is asked again
+CHANGE_LOG = 4096
 #: missing cached scores from which a policy with cached `score_arrays` is asked for arrays
 #: rather than node views: below it, the few views (a node that just changed) cost less than
 #: the array pass's fixed cost
@@ -71,6 +75,11 @@ class Scorer:
         #: iterate without hashing keys (an OrderedDict's hash each key, a dataclass in Python,
         #: on every `forget_row`)
         self.cache: dict[tuple[str, TaskShape], FloatArray] = {}
+        #: per cache entry, the number of node changes (`_changes`) it has been told of
+        self._told: dict[tuple[str, TaskShape], int] = {}
+        #: the rows of the latest CHANGE_LOG node changes, a ring: change k is at k % CHANGE_LOG
+        self._changed = np.zeros(CHANGE_LOG, dtype=np.int64)
+        self._changes = 0
 
     def node_policy(self, name: str) -> NodePolicy:
         policy = self._node_policies.get(name)
@@ -85,15 +94,35 @@ class Scorer:
         return policy
 
     def forget_row(self, row: int) -> None:
-        """The node of this row changed: its cached scores are stale."""
-        for cached in self.cache.values():
-            cached[row] = np.nan
+        """The node of this row changed: its cached scores are stale.
+
+        Logged, not written into every entry: with pods that each ask their own CPU the cache
+        holds hundreds of shapes, and marking each on every allocation was a walk over all of
+        them per bind. An entry catches up on the log when it is asked (`_catch_up`)."""
+        self._changed[self._changes % CHANGE_LOG] = row
+        self._changes += 1
         for kept in self.ctx.row_memo.values():
             kept[row] = np.nan
+
+    def _catch_up(self, key: tuple[str, TaskShape], cached: FloatArray) -> None:
+        """Mark in `cached` the rows changed since it was last asked."""
+        told = self._told.get(key, self._changes)
+        behind = self._changes - told
+        if behind > CHANGE_LOG:
+            cached[:] = np.nan  # the log no longer reaches back that far
+        elif behind:
+            start, end = told % CHANGE_LOG, self._changes % CHANGE_LOG
+            if start < end:
+                cached[self._changed[start:end]] = np.nan
+            else:  # the span wraps around the ring
+                cached[self._changed[start:]] = np.nan
+                cached[self._changed[:end]] = np.nan
+        self._told[key] = self._changes
 
     def clear(self) -> None:
         """The rows were renumbered (or the workload changed): nothing cached holds."""
         self.cache.clear()
+        self._told.clear()
         self.ctx.row_memo.clear()
 
     def scores(self, lay: Layout, policy: NodePolicy, task: TaskShape, rows: IntArray
@@ -113,8 +142,12 @@ class Scorer:
         cached = self.cache.pop(key, None)
         if cached is None:
             if len(self.cache) >= SCORE_CACHE_LIMIT:
-                del self.cache[next(iter(self.cache))]  # the least recently used
+                oldest = next(iter(self.cache))  # the least recently used
+                del self.cache[oldest], self._told[oldest]
             cached = np.full(len(lay.rows), np.nan)
+            self._told[key] = self._changes
+        else:
+            self._catch_up(key, cached)
         self.cache[key] = cached  # now the most recently used
         values = cached[rows]
         missing = rows[np.isnan(values)]
