@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from egpu_testing.claims import claim_object, class_object
+from egpu_testing.metricsdoc import check_page, metrics_table
 from egpu_testing.sandbox import egpu, kubectl
 from egpu_testing.workbench import metric_value
 
@@ -192,6 +193,11 @@ def test_three_pods_observed_columns_and_drift_event(kc: Path) -> None:
         "a100-000": 2, "a100-001": 2, "a100-002": 2, "h100-000": 1}
     assert (metric_value(text, f'elasticgpu_agent_usage_writes_total{{node="{node}"}}')
             or 0) >= 2
+    # the agent's names, types and labels (docs/metrics.md), less the two families no kwok
+    # node has: kubelet's Allocate calls and MPS daemons
+    absent = ("elasticgpu_agent_allocations_total", "elasticgpu_agent_mps_daemon_up")
+    assert [p for p in check_page(metrics_table(), "agent", text)
+            if not any(name in p for name in absent)] == []
 
 
 def test_out_of_band_memory_refuses_a_share_with_the_reason(kc: Path) -> None:
