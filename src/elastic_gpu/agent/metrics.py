@@ -6,17 +6,22 @@ Values are read at scrape time: the cards from the agent's snapshot (health foll
 backend's events), the holdings from the node's pods by the same pure `accounting` functions
 that write the GPUDevice allocation columns, so a scrape and `kubectl get gpudevices` agree.
 Units: compute in milli-cards (1000 = one card), memory in bytes.
+
+The same families serve many nodes from one endpoint (`nodes_registry`: the sandbox's kwok
+nodes, sampled by `allocation-sync`): each node's series carry its `node` label, and
+`merge_families` makes one family per name of them, as a page must have.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from elastic_gpu.agent.accounting import ContainerShare, card_usage, container_shares
@@ -189,6 +194,59 @@ def agent_registry(node: str, cards: Callable[[], Sequence[Card]],
                    ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(_AgentCollector(node, cards, pods, outcomes, usage))
+    return registry
+
+
+@dataclass(frozen=True)
+class NodeMetrics:
+    """One node's inputs to the card and usage families: its cards, the pods bound to it and
+    its newest usage sample (`UsageMonitor.view`, `writes`)."""
+
+    node: str
+    cards: Sequence[Card]
+    pods: Sequence[Mapping[str, Any]]
+    usage: Mapping[int, CardUsage] = field(default_factory=dict)
+    over: Sequence[OverShare] = ()
+    writes: int = 0
+    mig: Mapping[str, MigUsage] = field(default_factory=dict)
+
+
+def merge_families(families: Iterable[Metric]) -> list[Metric]:
+    """One family per name, its samples those of every family of that name in order (the
+    exposition format allows a name's HELP and TYPE once per page), in first-seen order."""
+    merged: dict[str, Metric] = {}
+    for family in families:
+        into = merged.get(family.name)
+        if into is None:
+            into = merged[family.name] = Metric(family.name, family.documentation,
+                                                family.type, family.unit)
+        elif into.type != family.type:
+            raise ValueError(f"{family.name}: a {family.type} and a {into.type} of one name")
+        into.samples.extend(family.samples)
+    return list(merged.values())
+
+
+def nodes_families(nodes: Iterable[NodeMetrics]) -> list[Metric]:
+    """The agent's card and usage families for several nodes on one page (no Allocate
+    outcomes: no kubelet calls these nodes' device plugins)."""
+    return merge_families(
+        family for n in nodes
+        for family in (*card_families(n.node, n.cards, n.pods),
+                       *usage_families(n.node, n.cards, n.usage, n.over, n.writes, n.mig)))
+
+
+class _NodesCollector(Collector):
+    def __init__(self, nodes: Callable[[], Sequence[NodeMetrics]]) -> None:
+        self._nodes = nodes
+
+    def collect(self) -> Iterator[Metric]:
+        yield from nodes_families(self._nodes())
+
+
+def nodes_registry(nodes: Callable[[], Sequence[NodeMetrics]]) -> CollectorRegistry:
+    """A registry serving `nodes()`'s nodes, read at each scrape."""
+    registry = CollectorRegistry()
+    registry.register(_NodesCollector(nodes))
     return registry
 
 

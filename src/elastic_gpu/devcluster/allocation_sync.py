@@ -6,7 +6,9 @@ supervised processes (started by `up`, stopped by `down`), calling the agent's o
 (`agent.publish.sync_fake_allocations`) so the numbers mean the same on both kinds of node.
 Each pass also samples the kwok nodes' fake usage model (`agent.usage.fake_sync`: the
 agent's sampling loop, its write period and drift Events), so `status.usage` is there for
-the scheduler and `kubectl get gpudevices`.
+the scheduler and `kubectl get gpudevices`. With `--metrics-port` it serves what those nodes'
+agents would on theirs (`elasticgpu_agent_*`, docs/metrics.md: one endpoint, each node's
+series under its `node` label), from the sampling loop's last pass.
 """
 
 from __future__ import annotations
@@ -23,13 +25,22 @@ import typer
 app = typer.Typer(add_completion=False)
 
 
-def run(kubeconfig: Path, interval_s: float, stop: threading.Event) -> None:
+def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
+        metrics: tuple[str, int] | None = None) -> None:
+    """`metrics`: (host, port) to serve `/metrics` on, None: none."""
+    from prometheus_client import start_http_server
+
+    from elastic_gpu.agent.metrics import nodes_registry
     from elastic_gpu.agent.publish import sync_fake_allocations
     from elastic_gpu.agent.usage.fake_sync import FakeUsageSync
     from elastic_gpu.kube.sync import SyncKubeClient
 
     with SyncKubeClient.from_config(kubeconfig, field_manager="egpu-sandbox") as client:
         usage = FakeUsageSync(client)
+        if metrics is not None:
+            host, port = metrics
+            server, _ = start_http_server(port, host, nodes_registry(usage.nodes))
+            print(f"metrics on http://{host}:{server.server_port}/metrics", flush=True)
         while not stop.is_set():
             try:
                 sync_fake_allocations(client)
@@ -49,8 +60,15 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event) -> None:
 def main(
     kubeconfig: Annotated[Path, typer.Option(exists=True, dir_okay=False)],
     interval: Annotated[float, typer.Option(min=0.1, help="Seconds between syncs")] = 1.0,
+    metrics_port: Annotated[int, typer.Option(
+        "--metrics-port", min=0, max=65535,
+        help="Serve Prometheus /metrics for the kwok nodes (elasticgpu_agent_*, "
+        "docs/metrics.md) on this port; 0: no metrics.")] = 0,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", help="Address the metrics port listens on.")] = "127.0.0.1",
 ) -> None:
-    """Sync GPUDevice allocation columns from pod assignments until SIGTERM."""
+    """Sync the kwok nodes' GPUDevice allocation columns from pod assignments, and their
+    observed usage from the fake usage model, until SIGTERM."""
     stop = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -58,7 +76,7 @@ def main(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    run(kubeconfig, interval, stop)
+    run(kubeconfig, interval, stop, (metrics_host, metrics_port) if metrics_port else None)
 
 
 if __name__ == "__main__":

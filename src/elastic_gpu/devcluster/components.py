@@ -204,7 +204,8 @@ def with_extender_replicas(registry: Sequence[ComponentSpec], replicas: int
 
 def _allocation_sync_argv(env: ComponentEnv) -> list[str]:
     return [env.python, "-m", "elastic_gpu.devcluster.allocation_sync",
-            "--kubeconfig", str(env.kubeconfig)]
+            "--kubeconfig", str(env.kubeconfig), "--metrics-host", HOST,
+            "--metrics-port", str(env.port)]
 
 
 #: The scheduler extender (`egpu scheduler`), which kube-scheduler calls.
@@ -253,10 +254,12 @@ CONTROLLER = ComponentSpec(
     argv=_controller_argv, ready_path="/readyz",
     title="Elastic GPU controller (claims, MIG adapter, budgets), metrics and health at")
 
-#: kwok nodes have no agent to keep their cards' allocation columns current.
+#: kwok nodes have no agent to keep their cards' allocation columns and observed usage current;
+#: this stands in for it, and serves what their agents' `/metrics` would (ready once it does).
 ALLOCATION_SYNC = ComponentSpec(
     name="allocation-sync", role=Role.NODE, stage=Stage.AFTER_NODES,
-    argv=_allocation_sync_argv)
+    argv=_allocation_sync_argv, ready_path="/metrics",
+    title="kwok nodes' agent metrics (allocation-sync):")
 
 #: Every component `egpu sandbox up` runs beside Kubernetes, in start order within a stage.
 REGISTRY: tuple[ComponentSpec, ...] = (EXTENDER, WEBHOOK, CONTROLLER, ALLOCATION_SYNC)

@@ -141,7 +141,9 @@ def test_default_sandbox_runs_the_whole_system_and_down_leaves_nothing(tmp_path)
             assert comp["pid"] == proc["pid"] and comp["state"] == "running"
             assert comp["log"] == proc["log_path"] and Path(comp["log"]).exists()
         assert info["components"]["egpu-scheduler"]["endpoint"] == extender_url
-        assert info["components"]["allocation-sync"]["endpoint"] is None
+        # the kwok nodes' agent metrics, printed by `up` like the other endpoints
+        sync_url = info["components"]["allocation-sync"]["endpoint"]
+        assert sync_url.startswith("http://127.0.0.1:") and sync_url in up.stdout
         assert info["components"]["kube-apiserver"]["endpoint"] == info["server"]
         assert (info["nodes_ready"], info["nodes_registered"], info["nodes_expected"]) == (4, 4, 4)
         text = egpu("sandbox", "status", "--state-dir", str(state))

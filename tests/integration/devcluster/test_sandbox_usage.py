@@ -1,7 +1,8 @@
 """Issue 28 on the sandbox, through `egpu sandbox up` as a user runs it: the fake usage model
 (pod and kwok Node annotations `fake.elasticgpu.io/usage`) read by the allocation sync's
 sampling loop, its `status.usage` seen by `kubectl get gpudevices` and by the extender (started
-with `--extender-config` turning `loadAware` on), drift Events, and TFLOPS claims on two models.
+with `--extender-config` turning `loadAware` on), drift Events, the agent's usage metrics served
+for the kwok nodes by allocation-sync, and TFLOPS claims on two models.
 
 One sandbox for the module; each test pins its pods to nodes of its own, so the tests do not
 see each other's load. Cluster: three 2-card A100 nodes (`a100-000`: the three pods and the write
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +21,16 @@ from typing import Any
 import pytest
 
 from egpu_testing.claims import claim_object, class_object
+from egpu_testing.metricsdoc import check_page, metrics_table
 from egpu_testing.sandbox import egpu, kubectl
+from egpu_testing.workbench import metric_value
 
 pytestmark = pytest.mark.integration
 
 USAGE = "fake.elasticgpu.io/usage"
 #: The allocation sync's write period (the agent's default `usage.writeSeconds`).
 WRITE_SECONDS = 30
+MIB = 1 << 20
 
 CLUSTER = """\
 nodeGroups:
@@ -106,6 +111,19 @@ def _wait_observed(kc: Path, node: str, index: int, check: Callable[[dict[str, A
     return dict(_wait(f"{node} card {index} observed usage", probe))
 
 
+def _metrics_url(kc: Path) -> str:
+    """The `/metrics` of allocation-sync, from `egpu sandbox status --json`."""
+    status = egpu("sandbox", "status", "--json", "--state-dir", str(kc.parent / "state"))
+    endpoint = json.loads(status.stdout)["components"]["allocation-sync"]["endpoint"]
+    assert endpoint, status.stdout
+    return f"{endpoint}/metrics"
+
+
+def _http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
 def test_three_pods_observed_columns_and_drift_event(kc: Path) -> None:
     node = "a100-000"
     under = _pod("under", node, _share(8192), {"memoryMiB": 2000, "smPercent": 10})
@@ -138,6 +156,48 @@ def test_three_pods_observed_columns_and_drift_event(kc: Path) -> None:
     assert {e["involvedObject"]["name"] for e in events} == {"over"}
     assert "6000 MiB" in events[0]["message"] and "4096 MiB" in events[0]["message"]
     assert events[0]["type"] == "Warning"
+    # the metrics of the three: allocation-sync's endpoint, as `egpu sandbox status` records it
+    url = _metrics_url(kc)
+
+    def held(name: str, pod: str, card: int) -> str:
+        return (f'elasticgpu_agent_{name}{{namespace="default",pod="{pod}",container="main",'
+                f'node="{node}",device_index="{card}"}}')
+    fake_mib = {"under": (shared, 2000), "over": (shared, 6000), "whole": (whole_card, 40000)}
+
+    def page() -> str | None:
+        text = _http_text(url)
+        return text if all(
+            metric_value(text, held("container_gpu_memory_used_bytes", pod, card)) == mib * MIB
+            for pod, (card, mib) in fake_mib.items()) else None
+    text = _wait("each pod's observed memory in the metrics", page)
+    assert metric_value(text, held("container_over_share", "over", shared)) == 1
+    assert metric_value(text, held("container_over_share", "under", shared)) is None
+    assert metric_value(text, held("container_over_share", "whole", whole_card)) is None
+    assert metric_value(text, held("container_gpu_sm_utilization_ratio", "over", shared)
+                        ) == pytest.approx(0.30)
+    # the whole card's own series: what it is, what its pod holds, what is observed on it
+    card = f'node="{node}",device_index="{whole_card}"'
+    for name, value in [("card_memory_capacity_bytes", 81920 * MIB),
+                        ("card_compute_allocated_millicards", 1000),
+                        ("card_memory_allocated_bytes", 81920 * MIB),
+                        ("card_gpu_memory_used_bytes", 40000 * MIB),
+                        ("card_out_of_band_memory_bytes", 0)]:
+        assert metric_value(text, f"elasticgpu_agent_{name}{{{card}}}") == value, name
+    assert metric_value(text, f"elasticgpu_agent_card_gpu_sm_utilization_ratio{{{card}}}"
+                        ) == pytest.approx(0.90)
+    assert metric_value(text, held("container_compute_allocated_millicards", "whole",
+                                   whole_card)) == 1000
+    # one endpoint for every kwok node, each under its node label
+    assert {n: metric_value(text, f'elasticgpu_agent_card_healthy{{node="{n}"}}')
+            for n in ("a100-000", "a100-001", "a100-002", "h100-000")} == {
+        "a100-000": 2, "a100-001": 2, "a100-002": 2, "h100-000": 1}
+    assert (metric_value(text, f'elasticgpu_agent_usage_writes_total{{node="{node}"}}')
+            or 0) >= 2
+    # the agent's names, types and labels (docs/metrics.md), less the two families no kwok
+    # node has: kubelet's Allocate calls and MPS daemons
+    absent = ("elasticgpu_agent_allocations_total", "elasticgpu_agent_mps_daemon_up")
+    assert [p for p in check_page(metrics_table(), "agent", text)
+            if not any(name in p for name in absent)] == []
 
 
 def test_out_of_band_memory_refuses_a_share_with_the_reason(kc: Path) -> None:

@@ -43,7 +43,6 @@ def test_a_component_joins_by_one_registry_entry_and_names_stay_unique(tmp_path)
     env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=1234, python="py")
     assert webhook.argv(env) == ["py", "-m", "x", "--port", "1234"]
     assert components.endpoint(webhook, 1234) == "http://127.0.0.1:1234"
-    assert components.endpoint(components.ALLOCATION_SYNC, 0) is None
     with pytest.raises(ValueError, match="egpu-other"):
         select((*registry, webhook), bare=False)
 
@@ -216,6 +215,19 @@ def test_webhook_serves_https_on_its_port_with_the_sandbox_kubeconfig(tmp_path):
     assert components.endpoint(components.WEBHOOK, 4322) == "https://127.0.0.1:4322"
     assert components.WEBHOOK.stage is Stage.BEFORE_SCHEDULER
     assert components.WEBHOOK.role is Role.SYSTEM
+
+
+def test_allocation_sync_serves_the_kwok_nodes_metrics_on_its_port(tmp_path):
+    env = ComponentEnv(kubeconfig=tmp_path / "kc", work_dir=tmp_path, port=4323,
+                       python="py")
+    argv = components.ALLOCATION_SYNC.argv(env)
+    assert argv[argv.index("--metrics-port") + 1] == "4323"
+    assert argv[argv.index("--metrics-host") + 1] == "127.0.0.1"
+    # a port is allocated (it serves), recorded as its endpoint, and `up` waits for the page
+    assert components.ALLOCATION_SYNC.serves
+    assert components.endpoint(components.ALLOCATION_SYNC, 4323) == "http://127.0.0.1:4323"
+    assert components.ALLOCATION_SYNC.ready_path == "/metrics"
+    assert components.ALLOCATION_SYNC.role is Role.NODE  # still there with --bare
 
 
 def test_extender_replicas_run_leader_elected_behind_the_readiness_forwarder(tmp_path):

@@ -8,6 +8,9 @@ annotation `fake.elasticgpu.io/usage`, and per card, from the Node's annotation 
 inventory's `usage:`). Only nodes kwok plays (annotation `kwok.x-k8s.io/node`) are sampled: a
 real node's agent writes its own cards. One monitor per node lives across calls, so the write
 period holds as on a real node.
+
+Each pass ends by keeping what the agent's `/metrics` would show for each node (`nodes()`,
+`agent.metrics.NodeMetrics`), so one endpoint can serve them all (`allocation-sync --port`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION, FakeBackend, FakeU
 from elastic_gpu.agent.config import UsageConfig
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.inventory_api import list_gpudevices
+from elastic_gpu.agent.metrics import NodeMetrics
 from elastic_gpu.agent.usage.monitor import UsageMonitor
 from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object
@@ -65,6 +69,12 @@ class FakeUsageSync:
         self._events = client.submit(self.recorder.run())
         self._nodes: dict[str, tuple[tuple[Card, ...], FakeBackend, UsageMonitor]] = {}
         self._pods: dict[str, list[dict[str, Any]]] = {}
+        #: the last whole pass, for scrapes on another thread (replaced, never changed)
+        self._metrics: tuple[NodeMetrics, ...] = ()
+
+    def nodes(self) -> tuple[NodeMetrics, ...]:
+        """Each sampled node's cards, pods and newest sample, as of the last pass."""
+        return self._metrics
 
     def close(self) -> None:
         self._events.cancel()
@@ -101,6 +111,7 @@ class FakeUsageSync:
             if bound in cards:
                 self._pods.setdefault(str(bound), []).append(pod)
         written = 0
+        metrics: list[NodeMetrics] = []
         for node, node_cards in sorted(cards.items()):
             plain = tuple(sorted((_plain(c) for c in node_cards), key=lambda c: c.index))
             try:
@@ -112,10 +123,15 @@ class FakeUsageSync:
             for card in plain:
                 backend.set_usage(card.uuid, model.get(card.index))
             before = monitor.writes
-            monitor.tick()
+            view = monitor.tick()
             written += monitor.writes - before
+            # the cards as published (health included), not the fake backend's plain ones
+            metrics.append(NodeMetrics(node, sorted(node_cards, key=lambda c: c.index),
+                                       self._pods.get(node, []), view.cards, view.over,
+                                       monitor.writes, view.mig))
         for gone in set(self._nodes) - set(cards):
             del self._nodes[gone]
+        self._metrics = tuple(metrics)
         return written
 
 
