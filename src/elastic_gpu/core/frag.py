@@ -99,6 +99,19 @@ class Fragmentation:
         #: probability of the ones below (0.0 first)
         self._cpu_steps = [(np.array(g.cpus, dtype=np.int64), np.array((0.0, *g.cumulative)))
                            for g in self._groups]
+        #: for `host_thresholds`: every CPU and every memory request of the shapes' items
+        self._host_cpus = np.array(sorted({c for g in self._groups for c, _, _ in g.items}),
+                                   dtype=np.int64)
+        self._host_memories = np.array(sorted({m for g in self._groups for _, m, _ in g.items}),
+                                       dtype=np.int64)
+
+    def host_thresholds(self, with_memory: bool
+                        ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+        """The values the measure compares a state's free CPU (and, `with_memory`, free memory)
+        with, ascending: `node` reads free CPU only through `free CPU >= t` for these t (and
+        `node_with_memory` free memory likewise), so states whose free CPU lies between the
+        same two of them have the same value."""
+        return self._host_cpus, self._host_memories if with_memory else None
 
     def node(self, model: str, cpu_free: int, free: tuple[int, ...]) -> float:
         """Expected fragment (milli-cards) of a node; `free` must be sorted descending."""

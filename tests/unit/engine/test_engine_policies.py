@@ -193,8 +193,9 @@ def test_fgdx_mem_sends_a_light_share_where_memory_has_run_out() -> None:
 
 def test_scores_are_cached_once_for_tasks_that_differ_only_in_memory() -> None:
     """Memory-blind policies share one cache entry per shape (the extender sees many memory
-    requests); fgdx-mem, whose score depends on memory, keeps one per memory request."""
-    for policy, entries in (("fgd", 1), ("fgdx-mem", 2)):
+    requests); fgdx-mem, whose score reads memory only through thresholds, one entry too
+    (`HostThresholds`); clustering (no array form, memory-blind) one per shape."""
+    for policy, entries in (("fgd", 1), ("fgdx-mem", 1), ("clustering", 1)):
         engine = Engine([gpu_node("a"), gpu_node("b")], PolicyConfig(node_policy=policy))
         for mem in (1024, 2048):
             engine.place(share(f"s{mem}", 300, mem=mem))
@@ -207,7 +208,7 @@ def test_the_score_cache_keeps_the_recently_used_shapes_within_its_bound() -> No
     every allocation), and a shape asked again stays."""
     from elastic_gpu.core.placement.scoring import SCORE_CACHE_LIMIT
 
-    engine = Engine([gpu_node("a"), gpu_node("b")], PolicyConfig(node_policy="fgd"))
+    engine = Engine([gpu_node("a"), gpu_node("b")], PolicyConfig(node_policy="clustering"))
     first = share("first", 300, cpu=1)
     for i in range(SCORE_CACHE_LIMIT + 50):
         engine.place(share(f"s{i}", 300, cpu=2 + i))

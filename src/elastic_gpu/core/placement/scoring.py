@@ -11,12 +11,20 @@ again.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
 
-from elastic_gpu.core.placement.layout import FloatArray, IntArray, Layout
-from elastic_gpu.core.policies import CardPolicy, NodeArrays, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.placement.layout import BoolArray, FloatArray, IntArray, Layout
+from elastic_gpu.core.policies import (
+    CardPolicy,
+    HostThresholds,
+    NodeArrays,
+    NodePolicy,
+    NodeView,
+    ScoreContext,
+)
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.workload import TaskShape
@@ -58,6 +66,50 @@ class _LazyViews(Sequence[NodeView]):
         return (self._layout.view(r) for r in self._rows)
 
 
+def host_band(free: IntArray, asked: int, thresholds: IntArray) -> tuple[FloatArray, FloatArray]:
+    """Per node, (low, high): the requests r with low < r <= high leave `free - r` on the same
+    side of every threshold t (`free - r >= t`) as `asked` does, so a score that reads the
+    request only through those comparisons (`HostThresholds`) is the same for all of them."""
+    left = free - asked
+    # thresholds[j-1] <= left < thresholds[j], with -inf before the first and +inf past the last
+    j = np.searchsorted(thresholds, left, side="right")
+    edges = np.concatenate(([-np.inf], thresholds.astype(np.float64), [np.inf]))
+    room = free.astype(np.float64)  # exact: requests and amounts are far below 2**53
+    low: FloatArray = room - edges[j + 1]
+    high: FloatArray = room - edges[j]
+    return low, high
+
+
+@dataclass
+class _Bands:
+    """A cached entry's validity per node: the CPU (and memory) requests its score holds for."""
+
+    cpu_low: FloatArray
+    cpu_high: FloatArray
+    memory_low: FloatArray
+    memory_high: FloatArray
+
+    @classmethod
+    def empty(cls, n: int) -> _Bands:
+        return cls(*(np.full(n, np.nan) for _ in range(4)))
+
+    def holds(self, rows: IntArray, task: TaskShape, memory: bool) -> BoolArray:
+        cpu = task.cpu_milli
+        ok: BoolArray = (self.cpu_low[rows] < cpu) & (cpu <= self.cpu_high[rows])
+        if memory:
+            mib = task.memory_mib
+            ok &= (self.memory_low[rows] < mib) & (mib <= self.memory_high[rows])
+        return ok
+
+    def set(self, lay: Layout, rows: IntArray, task: TaskShape, limits: HostThresholds) -> None:
+        cpu_free = lay.cpu_cap[rows] - lay.cpu_used[rows]
+        self.cpu_low[rows], self.cpu_high[rows] = host_band(cpu_free, task.cpu_milli, limits.cpu)
+        if limits.memory is not None:
+            memory_free = lay.mem_cap[rows] - lay.mem_used[rows]
+            self.memory_low[rows], self.memory_high[rows] = host_band(
+                memory_free, task.memory_mib, limits.memory)
+
+
 def node_arrays(lay: Layout, rows: IntArray) -> NodeArrays:
     """The layout's matrices as a policy reads them (`NodeArrays`), for these rows."""
     return NodeArrays(rows, lay.cap_milli, lay.used_milli, lay.usable, lay.cpu_cap, lay.cpu_used,
@@ -75,6 +127,10 @@ class Scorer:
         #: iterate without hashing keys (an OrderedDict's hash each key, a dataclass in Python,
         #: on every `forget_row`)
         self.cache: dict[tuple[str, TaskShape], FloatArray] = {}
+        #: the entries of policies that read the host requests only through thresholds
+        #: (`HostThresholds`), keyed by the task's GPU half: for which requests each node's
+        #: cached score holds
+        self._bands: dict[tuple[str, TaskShape], _Bands] = {}
         #: per cache entry, the number of node changes (`_changes`) it has been told of
         self._told: dict[tuple[str, TaskShape], int] = {}
         #: the rows of the latest CHANGE_LOG node changes, a ring: change k is at k % CHANGE_LOG
@@ -123,6 +179,7 @@ class Scorer:
         """The rows were renumbered (or the workload changed): nothing cached holds."""
         self.cache.clear()
         self._told.clear()
+        self._bands.clear()
         self.ctx.row_memo.clear()
 
     def scores(self, lay: Layout, policy: NodePolicy, task: TaskShape, rows: IntArray
@@ -136,22 +193,36 @@ class Scorer:
         if not policy.cacheable:
             return np.array(policy.score_batch(ctx, task, _LazyViews(lay, rows.tolist())),
                             dtype=np.float64)
-        if not policy.uses_memory and task.memory_mib:
+        limits = policy.host_thresholds(ctx, task)
+        if limits is None and not policy.uses_memory and task.memory_mib:
             task = task.without_memory()  # one cache entry for tasks that differ only in memory
-        key = (policy.name, task)
+        # Pods that each ask their own CPU are each a new shape; where the score reads the
+        # host requests only through thresholds, one entry serves them all (`_Bands`).
+        key = (policy.name, task if limits is None else
+               TaskShape(0, task.gpu_milli, task.gpu_count, task.models))
         cached = self.cache.pop(key, None)
         if cached is None:
             if len(self.cache) >= SCORE_CACHE_LIMIT:
                 oldest = next(iter(self.cache))  # the least recently used
                 del self.cache[oldest], self._told[oldest]
+                self._bands.pop(oldest, None)
             cached = np.full(len(lay.rows), np.nan)
             self._told[key] = self._changes
         else:
             self._catch_up(key, cached)
         self.cache[key] = cached  # now the most recently used
         values = cached[rows]
-        missing = rows[np.isnan(values)]
+        known = ~np.isnan(values)
+        bands: _Bands | None = None
+        if limits is not None:
+            bands = self._bands.get(key)
+            if bands is None:
+                bands = self._bands[key] = _Bands.empty(len(lay.rows))
+            known &= bands.holds(rows, task, limits.memory is not None)
+        missing = rows[~known]
         if missing.size:
+            if bands is not None and limits is not None:
+                bands.set(lay, missing, task, limits)
             fresh = (policy.score_arrays(ctx, task, node_arrays(lay, missing))
                      if policy.cache_arrays and missing.size >= ARRAYS_FROM else None)
             cached[missing] = (fresh if fresh is not None else

@@ -11,6 +11,7 @@ from __future__ import annotations
 from elastic_gpu.core.policies.base import (
     CardPolicy,
     CardView,
+    HostThresholds,
     NodeArrays,
     NodePolicy,
     NodeView,
@@ -77,6 +78,7 @@ def card_policy(name: str) -> CardPolicy:
 
 __all__ = [
     "CARD_POLICIES", "DEFAULT_NODE_POLICY", "NODE_POLICIES", "CardPolicy", "CardView",
-    "NodeArrays", "NodePolicy", "NodeView", "ScoreContext", "card_policy", "default_card_policy",
+    "HostThresholds", "NodeArrays", "NodePolicy", "NodeView", "ScoreContext", "card_policy",
+    "default_card_policy",
     "node_policy", "register_card_policy", "register_node_policy",
 ]

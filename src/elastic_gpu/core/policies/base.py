@@ -196,6 +196,24 @@ class NodePolicy(ABC):
         engine then scores node views (`score_batch`), cached while a node is unchanged."""
         return None
 
+    def host_thresholds(self, ctx: ScoreContext, task: TaskShape) -> HostThresholds | None:
+        """Whether this task's score reads its CPU (and memory) request only through what a
+        node would have left compared with fixed values (`HostThresholds`): the engine then
+        keeps one cached score per node for every task that differs only in CPU and memory,
+        valid for the requests that leave the node on the same side of each value. None (the
+        default): the score may read them any other way, and each shape is cached apart."""
+        return None
+
+
+@dataclass(frozen=True)
+class HostThresholds:
+    """A score reads a task's host requests only through `free CPU - cpu request >= t` for
+    the t of `cpu`, and (`memory` not None) `free memory - memory request >= m` for the m of
+    `memory` (both ascending); None: it does not read the memory request at all."""
+
+    cpu: npt.NDArray[np.int64]
+    memory: npt.NDArray[np.int64] | None
+
 
 @dataclass
 class CardView:

@@ -17,7 +17,13 @@ import numpy.typing as npt
 
 from elastic_gpu.core.frag import sigmoid, sorted_free
 from elastic_gpu.core.policies import fgd_arrays
-from elastic_gpu.core.policies.base import NodeArrays, NodePolicy, NodeView, ScoreContext
+from elastic_gpu.core.policies.base import (
+    HostThresholds,
+    NodeArrays,
+    NodePolicy,
+    NodeView,
+    ScoreContext,
+)
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.core.workload import (
     FGD_POPULARITY,
@@ -212,6 +218,13 @@ class FgdPolicy(NodePolicy):
         # A subclass that scores its own way (`score` overridden) has no array form here.
         return fgd_arrays.fgd(ctx, task, nodes) if vectorises(self, FgdPolicy) else None
 
+    def host_thresholds(self, ctx: ScoreContext, task: TaskShape) -> HostThresholds | None:
+        # A GPU task's score reads its CPU only as the fragmentation measure does: the CPU
+        # left against each target shape's request (`Fragmentation.host_thresholds`).
+        if not vectorises(self, FgdPolicy) or fgd_arrays.is_cpu_only(task):
+            return None
+        return HostThresholds(*ctx.frag.host_thresholds(with_memory=False))
+
 
 def vectorises(policy: NodePolicy, cls: type[NodePolicy]) -> bool:
     """Whether `cls.score_arrays` is `policy`'s score: its class scores as `cls` does."""
@@ -253,6 +266,12 @@ class FgdxPolicy(FgdPolicy):
         return (fgd_arrays.fgdx(ctx, task, nodes, MAX_SPEC_GPU) if vectorises(self, FgdxPolicy)
                 else None)
 
+    def host_thresholds(self, ctx: ScoreContext, task: TaskShape) -> HostThresholds | None:
+        # GPU tasks are scored as FGD scores them
+        if not vectorises(self, FgdxPolicy) or fgd_arrays.is_cpu_only(task):
+            return None
+        return HostThresholds(*ctx.frag.host_thresholds(with_memory=False))
+
 
 class FgdxMemoryPolicy(FgdxPolicy):
     """fgdx with host memory in FGD's fit test for GPU tasks.
@@ -285,6 +304,12 @@ class FgdxMemoryPolicy(FgdxPolicy):
                      ) -> npt.NDArray[np.float64] | None:
         return (fgd_arrays.fgdx_memory(ctx, task, nodes, MAX_SPEC_GPU)
                 if vectorises(self, FgdxMemoryPolicy) else None)
+
+    def host_thresholds(self, ctx: ScoreContext, task: TaskShape) -> HostThresholds | None:
+        # GPU tasks: the fragmentation measure with memory in its fit test
+        if not vectorises(self, FgdxMemoryPolicy) or fgd_arrays.is_cpu_only(task):
+            return None
+        return HostThresholds(*ctx.frag.host_thresholds(with_memory=True))
 
 
 class FgdxAutoPolicy(FgdxMemoryPolicy):
@@ -377,6 +402,13 @@ class FgdxAutoPolicy(FgdxMemoryPolicy):
             return fgd_arrays.fgdx_memory(ctx, task, nodes, MAX_SPEC_GPU)
         return fgd_arrays.fgdx_balanced(ctx, task, nodes, self.balance_target(ctx),
                                         self.balance_weight, MAX_SPEC_CPU)
+
+    def host_thresholds(self, ctx: ScoreContext, task: TaskShape) -> HostThresholds | None:
+        # Under CPU pressure the balance term reads the CPU left itself: no thresholds then.
+        if (not vectorises(self, FgdxAutoPolicy) or fgd_arrays.is_cpu_only(task)
+                or self.balances_cpu(ctx)):
+            return None
+        return HostThresholds(*ctx.frag.host_thresholds(with_memory=True))
 
 
 def memory_fgd_states(ctx: ScoreContext, task: TaskShape, node: NodeView
