@@ -1,7 +1,7 @@
 """End-to-end scheduling throughput on 1,000 kwok nodes: kube-scheduler alone vs kube-scheduler
 with the Elastic GPU extender, side by side on the same control plane, whole-card pods.
 
-    .venv/bin/python bench/sched_throughput.py --nodes 1000 --pods 2000 --rounds 3
+    .venv/bin/python bench/sched_throughput.py --nodes 1000 --pods 2000 --rounds 3 [--cpu]
 
 Per round and variant: `--pods` pods are created first with a scheduler name nobody serves;
 then a kube-scheduler with that name starts and we time binding, from the first bind to the
@@ -161,6 +161,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default=",".join(LIMITS),
                         help=f"comma-separated subset of: {', '.join(LIMITS)}")
+    parser.add_argument("--cpu", action="store_true",
+                        help="also print the CPU each kind of process spent per pod between the "
+                             "first and the last bind (sched_floor.py's table), median over rounds")
     parser.add_argument("--before-src", default=None,
                         help="src/ of an earlier checkout, for the before-* variants "
                              "(e.g. git archive <commit> src | tar -x -C /tmp/before)")
@@ -176,14 +179,21 @@ def main() -> int:
         plane, client, _ = start_gpu_cluster(work, args.nodes, prefix="tput")
         try:
             results: dict[str, list[float]] = {v: [] for v in chosen}
+            cpu: dict[str, list[dict[str, float]]] = {v: [] for v in chosen}
+            probe = None
+            if args.cpu:
+                from sched_floor import cpu_by_kind
+                probe = cpu_by_kind
             for r in range(args.rounds):
                 order = list(chosen)
                 if r % 2:
                     order.reverse()
                 for variant in order:
-                    rate = measure(plane, client, work, variant, r, args.pods)
+                    rate = measure(plane, client, work, variant, r, args.pods, probe=probe)
                     results[variant].append(rate)
-                    print(f"round {r} {variant}: {rate:.1f} pods/s", flush=True)
+                    cpu[variant].append(dict(LAST_WINDOW_CPU))
+                    print(f"round {r} {variant}: {rate:.1f} pods/s (load "
+                          f"{os.getloadavg()[0]:.1f})", flush=True)
             plain = statistics.median(results.get("plain") or [float("nan")])
             print(f"\n{args.pods} pods, {args.nodes} nodes x 8 cards, {args.rounds} rounds")
             print("| variant | pods/s (median) | runs | ratio to kube-scheduler alone (same pods) |")
@@ -216,6 +226,16 @@ def main() -> int:
                 median = statistics.median(results[variant])
                 runs = ", ".join(f"{x:.0f}" for x in results[variant])
                 print(f"| {label} | {median:.1f} | {runs} | {median / base:.2f} |")
+            if args.cpu:
+                kinds = sorted({k for rows in cpu.values() for row in rows for k in row})
+                print("\nCPU ms per pod between the first and the last bind (median over rounds):")
+                print("| variant | " + " | ".join(kinds) + " | total |")
+                print("|---|" + "---|" * (len(kinds) + 1))
+                for variant in chosen:
+                    medians = [statistics.median([row.get(k, 0.0) for row in cpu[variant]]) * 1000
+                               for k in kinds]
+                    print(f"| {variant} | " + " | ".join(f"{m:.2f}" for m in medians)
+                          + f" | {sum(medians):.2f} |")
             return 0
         finally:
             plane.stop()
