@@ -137,10 +137,10 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         handle.stop()
         if extender is not None:
             extender.stop()
-    # one deletecollection request: kubectl's `delete --all` sends a DELETE per pod and, on a
-    # loaded box, outran its own 60 s limit with 1,500 pods
-    from lightkube.resources.core_v1 import Pod
-    client.deletecollection(Pod, namespace=name, grace_period=0)
+    # kubectl's `delete --all` sends a DELETE per pod: on a loaded box 1,500 of them outran
+    # the 60 s default (and one deletecollection request outran the client's own timeout)
+    plane.kubectl("delete", "pods", "--all", "-n", name, "--force", "--grace-period=0",
+                  "--wait=false", check=False, timeout_s=900)
     while list_pods(client, name):
         time.sleep(1)
     if probe is not None and previous:
