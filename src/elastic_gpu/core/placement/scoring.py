@@ -123,9 +123,7 @@ class Scorer:
         self.ctx = ctx
         self._node_policies: dict[str, NodePolicy] = {}
         self._card_policies: dict[str, CardPolicy] = {}
-        #: insertion order is recency (a hit is moved to the end): a plain dict, whose values
-        #: iterate without hashing keys (an OrderedDict's hash each key, a dataclass in Python,
-        #: on every `forget_row`)
+        #: insertion order is recency (a hit is moved to the end)
         self.cache: dict[tuple[str, TaskShape], FloatArray] = {}
         #: the entries of policies that read the host requests only through thresholds
         #: (`HostThresholds`), keyed by the task's GPU half: for which requests each node's
