@@ -79,6 +79,10 @@ def test_sandbox_real_node_runs_pods_and_down_leaves_nothing(state_dir: Path) ->
     pids: set[int] = set()
     ports: list[int] = []
     try:
+        if up.returncode != 0 and "one per machine" in up.stderr + up.stdout:
+            # another run's node took the machine after the fixture's check (between its
+            # modules): the same skip the `real_node` fixture gives
+            pytest.skip(f"this machine's one real node is taken: {up.stderr.strip()[-300:]}")
         assert up.returncode == 0, up.stderr + up.stdout
         assert "1 real node(s)" in up.stdout
         (node,) = json.loads((state / "realnode.json").read_text())
@@ -130,10 +134,13 @@ def test_a_killed_node_is_swept_by_the_next_start(state_dir: Path, k8s_cluster: 
     nothing."""
     import signal
 
-    from elastic_gpu.devcluster.realnode import RealNode
+    from elastic_gpu.devcluster.realnode import RealNode, RealNodeBusy
 
     first = RealNode("egpu-real-0", state_dir / "a", k8s_cluster, die_with_parent=True)
-    first.start()
+    try:
+        first.start()
+    except RealNodeBusy as err:  # another run's node took the machine after the check
+        pytest.skip(f"this machine's one real node is taken: {err}")
     try:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan"},
                "spec": {"tolerations": [REAL_NODE_TOLERATION], "nodeName": first.name,
@@ -181,7 +188,9 @@ def test_a_start_while_another_starts_touches_nothing(state_dir: Path, k8s_clust
     from elastic_gpu.devcluster.realnode_ns import take_start_claim
 
     claim = take_start_claim()
-    assert claim is not None
+    if claim is None:  # another run is starting its node right now
+        pytest.skip("another process holds @egpu-realnode-start: this machine's real node is "
+                    "being started or stopped by another run")
     try:
         node = RealNode("egpu-real-0", state_dir / "busy", k8s_cluster, die_with_parent=True)
         with pytest.raises(RealNodeBusy, match="being started or stopped"):
