@@ -1,0 +1,188 @@
+"""A node's cards as DRA ResourceSlices for the driver `gpu.elasticgpu.io`. Pure, no I/O.
+
+One pool per node (named after it). What a card becomes:
+
+- **A card without MIG** is one device `gpu-<index>` that several claims may share
+  (`allowMultipleAllocations`, consumable capacity, KEP-5075): capacity `compute` in percent of
+  the card (step 1, the resource table's `gpu-core` granularity) and `memory` (step 1 MiB, as
+  `gpu-memory`). A claim that asks no capacity consumes each capacity's default, the whole
+  card: a whole card and a share are one device, asked differently, and kube-scheduler's
+  allocator never gives a card more than its capacity across claims.
+- **A card with MIG instances** publishes those instances as devices
+  `gpu-<index>-mig-<start>-<profile>` that consume its counter set `gpu-<index>` (compute slices
+  and memory), partitionable devices (KEP-4815). The layout is the card's as the backend reports
+  it: Elastic GPU never changes a real card's MIG layout from the DRA path.
+- **Health:** an unhealthy card or instance stays in the slice with the NoSchedule taint
+  `gpu.elasticgpu.io/unhealthy` (device taints, beta and on by default in 1.36): claims already
+  allocated keep their device, new ones are not given it, and `kubectl get resourceslices -o
+  yaml` says why.
+
+Counters live in a slice of their own (the API allows `sharedCounters` or `devices` in a slice,
+not both); the pool then has two slices, and both carry the pool's generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_PERCENT
+
+DRIVER = "gpu.elasticgpu.io"
+API_VERSION = "resource.k8s.io/v1"
+#: Capacity names (in the driver's domain: CEL reads `device.capacity["gpu.elasticgpu.io"].compute`).
+COMPUTE = "compute"
+MEMORY = "memory"
+#: Counter names of a MIG card's counter set.
+COUNTER_SLICES = "computeSlices"
+COUNTER_MEMORY = "memory"
+UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+#: Attribute `type` of a device: what it is.
+TYPE_GPU = "gpu"
+TYPE_MIG = "mig"
+PERCENT_PER_CARD = 100
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """What a published device name stands for on its node."""
+
+    card: Card
+    mig: MigInstance | None = None
+
+
+def card_device(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def mig_device(index: int, instance: MigInstance) -> str:
+    slug = instance.profile.name.replace(".", "-").replace("+", "-")
+    return f"gpu-{index}-mig-{instance.start}-{slug}"
+
+
+def device_table(cards: Sequence[Card]) -> dict[str, DeviceRef]:
+    """Device name -> card (and MIG instance): the names `node_slices` publishes."""
+    table: dict[str, DeviceRef] = {}
+    for card in cards:
+        if card.mig:
+            for inst in card.mig:
+                table[mig_device(card.index, inst)] = DeviceRef(card, inst)
+        else:
+            table[card_device(card.index)] = DeviceRef(card)
+    return table
+
+
+def _quantity_mib(mib: int) -> str:
+    return f"{mib}Mi"
+
+
+def _common_attributes(card: Card) -> dict[str, dict[str, Any]]:
+    attrs: dict[str, dict[str, Any]] = {
+        "uuid": {"string": card.uuid},
+        "index": {"int": card.index},
+        "model": {"string": card.model[:64]},
+    }
+    if card.numa_node is not None:
+        attrs["numaNode"] = {"int": card.numa_node}
+    if card.board is not None:
+        attrs["board"] = {"string": card.board[:64]}
+    return attrs
+
+
+def _taints(health: Health) -> list[dict[str, Any]]:
+    if health is Health.HEALTHY:
+        return []
+    return [{"key": UNHEALTHY_TAINT, "value": health.value, "effect": "NoSchedule"}]
+
+
+def card_percent(card: Card) -> int:
+    """The card's compute in percent (a chip of a split board may have less than a card)."""
+    return max(1, card.compute_milli // MILLI_PER_PERCENT)
+
+
+def _card_device(card: Card) -> dict[str, Any]:
+    percent = card_percent(card)
+    device: dict[str, Any] = {
+        "name": card_device(card.index),
+        "attributes": {"type": {"string": TYPE_GPU}, **_common_attributes(card)},
+        "allowMultipleAllocations": True,
+        "capacity": {
+            COMPUTE: {"value": str(percent), "requestPolicy": {
+                "default": str(percent),
+                "validRange": {"min": "1", "max": str(percent), "step": "1"}}},
+            MEMORY: {"value": _quantity_mib(card.memory_mib), "requestPolicy": {
+                "default": _quantity_mib(card.memory_mib),
+                "validRange": {"min": "1Mi", "max": _quantity_mib(card.memory_mib),
+                               "step": "1Mi"}}},
+        },
+    }
+    taints = _taints(card.health)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def _mig_device(card: Card, inst: MigInstance) -> dict[str, Any]:
+    memory = inst.profile.memory_gb * 1024
+    device: dict[str, Any] = {
+        "name": mig_device(card.index, inst),
+        "attributes": {"type": {"string": TYPE_MIG}, **_common_attributes(card),
+                       "uuid": {"string": inst.uuid},
+                       "parentUUID": {"string": card.uuid},
+                       "profile": {"string": inst.profile.name},
+                       "start": {"int": inst.start}},
+        "capacity": {MEMORY: {"value": _quantity_mib(memory)},
+                     COMPUTE: {"value": str(PERCENT_PER_CARD * inst.profile.slices
+                                            // MIG_MAX_SLICES)}},
+        "consumesCounters": [{"counterSet": card_device(card.index), "counters": {
+            COUNTER_SLICES: {"value": str(inst.profile.slices)},
+            COUNTER_MEMORY: {"value": _quantity_mib(memory)}}}],
+    }
+    worst = Health.UNHEALTHY if Health.UNHEALTHY in (card.health, inst.health) else Health.HEALTHY
+    taints = _taints(worst)
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def _counter_set(card: Card) -> dict[str, Any]:
+    # what the instances can consume at most: the card's slices and memory; the instances the
+    # backend reports never sum past them, so these counters never refuse a published device
+    memory = max(card.memory_mib, sum(i.profile.memory_gb * 1024 for i in card.mig))
+    return {"name": card_device(card.index), "counters": {
+        COUNTER_SLICES: {"value": str(MIG_MAX_SLICES)},
+        COUNTER_MEMORY: {"value": _quantity_mib(memory)}}}
+
+
+def slice_name(node: str, part: str = "") -> str:
+    return f"{node}-{DRIVER}" + (f"-{part}" if part else "")
+
+
+def node_slices(node: str, cards: Sequence[Card], generation: int,
+                owner: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The node's ResourceSlices (devices, then counters when a card has MIG), in one pool
+    `node` at `generation`; `owner` ({"name", "uid"} of the Node) makes them the Node's, so
+    they go with it."""
+    devices = [_mig_device(card, inst) if inst is not None else _card_device(card)
+               for card in sorted(cards, key=lambda c: c.index)
+               for inst in (card.mig or (None,))]
+    counters = [_counter_set(card) for card in sorted(cards, key=lambda c: c.index) if card.mig]
+    parts: list[tuple[str, dict[str, Any]]] = [("", {"devices": devices})]
+    if counters:
+        parts.append(("counters", {"sharedCounters": counters}))
+    out = []
+    for part, body in parts:
+        meta: dict[str, Any] = {"name": slice_name(node, part),
+                                "labels": {"app.kubernetes.io/managed-by": "elastic-gpu"}}
+        if owner is not None:
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
+                                        "name": owner["name"], "uid": owner["uid"],
+                                        "controller": True}]
+        out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
+                    "spec": {"driver": DRIVER, "nodeName": node,
+                             "pool": {"name": node, "generation": generation,
+                                      "resourceSliceCount": len(parts)},
+                             **body}})
+    return out
