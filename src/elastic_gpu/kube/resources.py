@@ -13,9 +13,10 @@ from elastic_gpu.api import budget, elasticgpu, gpudevice, migsubstitution
 from elastic_gpu.api.group import ELASTICGPU_VERSION, GROUP, INVENTORY_VERSION
 from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 
-__all__ = ["BUDGETS", "CLAIMS", "CLASSES", "CRDS", "ELASTICGPUS", "EVENTS", "GPUDEVICES",
-           "LEASES", "MIG_SUBSTITUTIONS", "MUTATING_WEBHOOKS", "NAMESPACES", "NODES", "PODS",
-           "PRIORITY_CLASSES", "RESOURCES", "SECRETS", "VALIDATING_WEBHOOKS"]
+__all__ = ["BUDGETS", "CLAIMS", "CLASSES", "CRDS", "DEVICE_CLASSES", "ELASTICGPUS", "EVENTS",
+           "GPUDEVICES", "LEASES", "MIG_SUBSTITUTIONS", "MUTATING_WEBHOOKS", "NAMESPACES",
+           "NODES", "PODS", "PRIORITY_CLASSES", "RESOURCES", "RESOURCE_CLAIMS",
+           "RESOURCE_SLICES", "SECRETS", "VALIDATING_WEBHOOKS"]
 
 #: `/apis/elasticgpu.io/v1alpha`: the Elastic GPU API's kinds, GPUBudget and MIGSubstitution
 _EGPU_API = group_prefix(GROUP, ELASTICGPU_VERSION)
@@ -37,6 +38,10 @@ LEASES = Resource(group_prefix("coordination.k8s.io", "v1"), "leases", True)
 CRDS = Resource(group_prefix("apiextensions.k8s.io", "v1"), "customresourcedefinitions", False)
 PRIORITY_CLASSES = Resource(group_prefix("scheduling.k8s.io", "v1"), "priorityclasses", False)
 _ADMISSION_API = group_prefix("admissionregistration.k8s.io", "v1")
+_RESOURCE_API = group_prefix("resource.k8s.io", "v1")
+RESOURCE_SLICES = Resource(_RESOURCE_API, "resourceslices", False)
+RESOURCE_CLAIMS = Resource(_RESOURCE_API, "resourceclaims", True)
+DEVICE_CLASSES = Resource(_RESOURCE_API, "deviceclasses", False)
 MUTATING_WEBHOOKS = Resource(_ADMISSION_API, "mutatingwebhookconfigurations", False)
 VALIDATING_WEBHOOKS = Resource(_ADMISSION_API, "validatingwebhookconfigurations", False)
 
