@@ -27,9 +27,9 @@ def _comparable(spec: dict[str, Any]) -> dict[str, Any]:
 
 def existing_slices(client: SyncKubeClient, node: str) -> list[dict[str, Any]]:
     """This driver's slices of `node`'s pool, as the API holds them."""
-    listed = client.list(RESOURCE_SLICES.path(), {
+    items, _ = client.list(RESOURCE_SLICES.path(), {
         "fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"})
-    return [s for s in listed.get("items") or []
+    return [s for s in items
             if (s.get("spec") or {}).get("pool", {}).get("name") == node]
 
 
