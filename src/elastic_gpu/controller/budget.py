@@ -48,9 +48,10 @@ from elastic_gpu.api.elasticgpu import GROUP, VERSION
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.worker import Done, Outcome, work
 from elastic_gpu.core import budget as core
+from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, Invalid, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key
-from elastic_gpu.kube.resources import BUDGETS, PODS
+from elastic_gpu.kube.resources import BUDGETS, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,12 @@ class BudgetKeeper:
         self.queue: WorkQueue[str] = WorkQueue(ctx.new_backoff())
         self.pods = ctx.informers.informer(PODS.path(), "pods")
         self.budgets = ctx.informers.informer(BUDGETS.path(), "gpubudgets", missing_ok=True)
+        #: DRA claims: a pod's containers may hold this driver's devices through them (an
+        #: empty collection where the cluster serves no resource.k8s.io/v1)
+        self.claims = ctx.informers.informer(RESOURCE_CLAIMS.path(), "resourceclaims",
+                                             missing_ok=True)
+        #: namespace -> its ResourceClaims by name
+        self.ns_claims: dict[str, dict[str, Obj]] = {}
         #: pod UID -> record (GPU pods only)
         self.ledger: dict[str, core.PodRecord] = {}
         #: the same records by namespace (a reconcile reads its namespace's only)
@@ -142,12 +149,15 @@ class BudgetKeeper:
         self.budgets.add_handler(Handler(on_add=self._budget_changed,
                                          on_update=lambda _o, n: self._budget_changed(n),
                                          on_delete=self._budget_changed))
+        self.claims.add_handler(Handler(on_add=self._claim_seen,
+                                        on_update=lambda _o, n: self._claim_seen(n),
+                                        on_delete=self._claim_gone))
 
     # ------------------------------------------------------------------ event handlers
 
     def _observe(self, pod: Obj) -> core.PodRecord | None:
         try:
-            return core.observe(pod)
+            return core.observe(pod, self.ns_claims.get(str(_meta(pod).get("namespace") or "")))
         except core.BudgetError as err:
             log.warning("pod %s: not counted: %s", object_key(pod), err)
             return None
@@ -203,6 +213,22 @@ class BudgetKeeper:
 
     def _held(self) -> float:
         return float(sum(1 for r in self.ledger.values() if r.final and r.uid in self.keys))
+
+    def _claim_seen(self, claim: Obj) -> None:
+        ns, name = str(_meta(claim).get("namespace") or ""), str(_meta(claim).get("name") or "")
+        self.ns_claims.setdefault(ns, {})[name] = claim
+        # its pods' records take its allocation (records keep the largest share seen, so a
+        # claim released at the pod's end takes nothing back from the time it ran)
+        for pod in list(self.ns_pods.get(ns, {}).values()):
+            if name in claim_names(pod).values():
+                self._pod_seen(pod)
+
+    def _claim_gone(self, claim: Obj) -> None:
+        ns, name = str(_meta(claim).get("namespace") or ""), str(_meta(claim).get("name") or "")
+        mine = self.ns_claims.get(ns, {})
+        mine.pop(name, None)
+        if not mine:
+            self.ns_claims.pop(ns, None)
 
     def _budget_changed(self, obj: Obj) -> None:
         self.queue.add(str(_meta(obj).get("namespace") or ""))

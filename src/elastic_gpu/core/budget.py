@@ -50,6 +50,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import AssignmentError, CardShare, pod_assignment
+from elastic_gpu.core.dra.pods import pod_claim_compute
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_CARD, MigProfile, ResourceError
 
@@ -89,12 +90,23 @@ def card_share(share: CardShare) -> Fraction:
     return Fraction(share.milli, MILLI_PER_CARD)
 
 
-def container_shares(pod: Mapping[str, Any]) -> dict[str, Fraction]:
+def container_shares(pod: Mapping[str, Any],
+                     claims: Mapping[str, Mapping[str, Any]] | None = None
+                     ) -> dict[str, Fraction]:
     """Each GPU container's compute share in cards (containers without a GPU are left out).
 
     From the assignment when the pod has one (what it was given, claim-backed containers
-    included), else from its request (what it will be given). Raises `BudgetError` for an
-    assignment or request that cannot be read."""
+    included), else from its request (what it will be given); plus, with `claims` (the pod's
+    namespace's ResourceClaims by name), what its containers hold through this driver's DRA
+    claims (`core.dra.pods`). Raises `BudgetError` for an assignment or request that cannot
+    be read."""
+    out = _device_plugin_shares(pod)
+    for name, held in (pod_claim_compute(pod, claims) if claims else {}).items():
+        out[name] = out.get(name, Fraction(0)) + held
+    return out
+
+
+def _device_plugin_shares(pod: Mapping[str, Any]) -> dict[str, Fraction]:
     try:
         assignment = pod_assignment(pod)
     except AssignmentError as err:
@@ -185,14 +197,16 @@ def container_runs(pod: Mapping[str, Any]) -> dict[str, dict[Seconds, Seconds | 
     return out
 
 
-def observe(pod: Mapping[str, Any]) -> PodRecord | None:
-    """The record one observation of a pod gives (None: not a GPU pod, or no UID). A pod with
-    a `deletionTimestamp` runs no later than it (`deleted_at`)."""
+def observe(pod: Mapping[str, Any],
+            claims: Mapping[str, Mapping[str, Any]] | None = None) -> PodRecord | None:
+    """The record one observation of a pod gives (None: not a GPU pod, or no UID); `claims`:
+    its namespace's ResourceClaims by name (`container_shares`). A pod with a
+    `deletionTimestamp` runs no later than it (`deleted_at`)."""
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     uid = meta.get("uid")
     if not isinstance(uid, str) or not uid:
         return None
-    shares = container_shares(pod)
+    shares = container_shares(pod, claims)
     if not shares:
         return None
     runs = container_runs(pod)
