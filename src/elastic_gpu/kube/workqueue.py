@@ -13,7 +13,9 @@ resync=True)` is a pass over what may already be in sync (a new leader's look at
 an informer's first list). `get` hands out the news first, so a takeover's pass over thousands
 of existing objects does not hold up the object created a moment ago; a key queued for the
 resync that gets news moves to the news lane (it keeps one place in the queue). The resync
-lane is served whenever no news waits.
+lane is served whenever no news waits, and at least once every `RESYNC_EVERY` keys handed out
+while news keeps coming: a steady stream of news (a tenant with `edit` rewriting their own
+objects in a loop) slows a resync down but cannot stop it.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class ExponentialBackoff(Generic[K]):
 
 #: the lanes, served in this order
 NEWS, RESYNC = 0, 1
+#: while news waits, one resync key is handed out after this many news keys in a row
+RESYNC_EVERY = 8
 
 
 class WorkQueue(Generic[K]):
@@ -71,6 +75,8 @@ class WorkQueue(Generic[K]):
         self._waiting: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._shutting_down = False
+        #: news keys handed out since the resync lane was last served
+        self._news_run = 0
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -118,11 +124,14 @@ class WorkQueue(Generic[K]):
         self._notify()
 
     def _pop(self) -> K | None:
-        for lane in self._lanes:
+        order = (RESYNC, NEWS) if self._news_run >= RESYNC_EVERY else (NEWS, RESYNC)
+        for index in order:
+            lane = self._lanes[index]
             while lane:
                 key, seq = lane.popleft()
                 if self._queued.get(key) == seq:
                     del self._queued[key]
+                    self._news_run = self._news_run + 1 if index == NEWS else 0
                     return key
         return None
 

@@ -66,3 +66,23 @@ async def test_a_resync_of_a_key_in_progress_waits_for_done_in_the_resync_lane()
     assert len(q) == 1  # a is not queued while a worker holds it
     q.done("a")
     assert await _drain(q) == ["b", "a"]
+
+
+async def test_a_steady_stream_of_news_cannot_stop_a_resync() -> None:
+    """A tenant rewriting their own object in a loop keeps news waiting all the time: the
+    resync lane still gets one key every RESYNC_EVERY news keys."""
+    from elastic_gpu.kube.workqueue import RESYNC_EVERY
+
+    q: WorkQueue[str] = WorkQueue()
+    for key in ("old-1", "old-2"):
+        q.add(key, resync=True)
+    handed = []
+    for i in range(3 * (RESYNC_EVERY + 1)):
+        q.add(f"spam-{i}")  # news arrives faster than it is served: always some waiting
+        q.add(f"spam-{i}-again")
+        key = await q.get()
+        assert key is not None
+        handed.append(key)
+        q.done(key)
+    assert handed.index("old-1") == RESYNC_EVERY, handed
+    assert handed.index("old-2") == 2 * RESYNC_EVERY + 1, handed
