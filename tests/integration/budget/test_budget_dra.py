@@ -29,6 +29,10 @@ pytestmark = pytest.mark.integration
 RAN_S = 1800  # the container started this long ago: half a card for it is 0.25 GPU-hours
 
 
+def _stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _apply(cluster: Any, obj: dict[str, Any]) -> None:
     cluster.kubectl("create", "-f", "-", input=json.dumps(obj))
 
@@ -40,9 +44,15 @@ def test_gpu_time_held_through_a_resource_claim_is_counted(k8s_cluster: Any,
 
     install_elasticgpu_crds(k8s_cluster.kube())
     ns = k8s_namespace
+    # a Node object no kubelet (and no kwok) serves: the pod GC deletes pods bound to nodes
+    # that do not exist, and nothing here must rewrite the status the test writes
+    node = unique_name("dra-node")
+    _apply(k8s_cluster, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     _apply(k8s_cluster, {"apiVersion": "elasticgpu.io/v1alpha", "kind": api.KIND,
                          "metadata": {"name": "team", "namespace": ns},
-                         "spec": {"gpuHours": 10, "period": "24h"}})
+                         "spec": {"gpuHours": 10, "period": "24h",
+                                  # the period began before the container started
+                                  "periodStart": _stamp(time.time() - 2 * RAN_S)}})
     _apply(k8s_cluster, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                          "metadata": {"name": "half-card", "namespace": ns},
                          "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
@@ -50,7 +60,7 @@ def test_gpu_time_held_through_a_resource_claim_is_counted(k8s_cluster: Any,
                              "capacity": {"requests": {"compute": "50", "memory": "4Gi"}}}}]}}})
     _apply(k8s_cluster, {"apiVersion": "v1", "kind": "Pod",
                          "metadata": {"name": "trainer", "namespace": ns},
-                         "spec": {"nodeName": "dra-node-1",  # no such node: nothing runs it
+                         "spec": {"nodeName": node,
                                   "resourceClaims": [{"name": "gpu",
                                                       "resourceClaimName": "half-card"}],
                                   "containers": [{"name": "main", "image": "busybox",
@@ -61,11 +71,11 @@ def test_gpu_time_held_through_a_resource_claim_is_counted(k8s_cluster: Any,
     k8s_cluster.kubectl("patch", "resourceclaim", "half-card", "-n", ns, "--subresource=status",
                         "--type=merge", "-p", json.dumps({"status": {
                             "allocation": {"devices": {"results": [{
-                                "request": "gpu", "driver": DRIVER, "pool": "dra-node-1",
+                                "request": "gpu", "driver": DRIVER, "pool": node,
                                 "device": "gpu-0", "shareID": "7c0a5b1e-0000-4000-8000-000000000001",
                                 "consumedCapacity": {"compute": "50", "memory": "4Gi"}}]}},
                             "reservedFor": [{"resource": "pods", "name": "trainer", "uid": uid}]}}))
-    started = datetime.fromtimestamp(time.time() - RAN_S, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started = _stamp(time.time() - RAN_S)
     k8s_cluster.kubectl("patch", "pod", "trainer", "-n", ns, "--subresource=status",
                         "--type=merge", "-p", json.dumps({"status": {
                             "phase": "Running",
@@ -89,8 +99,14 @@ def test_gpu_time_held_through_a_resource_claim_is_counted(k8s_cluster: Any,
         keeper.start()
         wait_for("the keeper leading", keeper.leading, 120)
         # half a card for RAN_S seconds and counting: at least 0.25 GPU-hours
-        hours = wait_for("the budget counting the claim's half card",
-                         lambda: (u := used()) is not None and u >= 0.25 and u, 120)
+        try:
+            hours = wait_for("the budget counting the claim's half card",
+                             lambda: (u := used()) is not None and u >= 0.25 and u, 120)
+        except AssertionError:
+            pod = k8s_cluster.kubectl("get", "pod", "trainer", "-n", ns, "-o", "json").stdout
+            raise AssertionError(f"used {used()} GPU-hours; pod {pod}; keeper log:\n"
+                                 f"{keeper.log_tail()}") from None
         assert hours < 0.5, (hours, keeper.log_tail())  # half a card, not a whole one
     finally:
         keeper.stop()
+        k8s_cluster.kubectl("delete", "node", node, "--wait=false", check=False)
