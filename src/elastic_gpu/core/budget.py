@@ -93,13 +93,10 @@ def card_share(share: CardShare) -> Fraction:
 def container_shares(pod: Mapping[str, Any],
                      claims: Mapping[str, Mapping[str, Any]] | None = None
                      ) -> dict[str, Fraction]:
-    """Each GPU container's compute share in cards (containers without a GPU are left out).
-
-    From the assignment when the pod has one (what it was given, claim-backed containers
-    included), else from its request (what it will be given); plus, with `claims` (the pod's
-    namespace's ResourceClaims by name), what its containers hold through this driver's DRA
-    claims (`core.dra.pods`). Raises `BudgetError` for an assignment or request that cannot
-    be read."""
+    """Each GPU container's compute share in cards (containers without a GPU are left out):
+    from the assignment when the pod has one (claim-backed containers included), else from its
+    request; plus, with `claims` (its namespace's ResourceClaims by name), what it holds through
+    DRA claims (`core.dra.pods`). Raises `BudgetError` for an unreadable assignment or request."""
     out = _device_plugin_shares(pod)
     for name, held in (pod_claim_compute(pod, claims) if claims else {}).items():
         out[name] = out.get(name, Fraction(0)) + held
