@@ -23,7 +23,6 @@ from elastic_gpu.core.dra.devices import DRIVER
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "gpu"
 CDI_KIND = f"{DRIVER}/{CDI_CLASS}"
-DEFAULT_CDI_DIR = "/var/run/cdi"
 
 
 def cdi_name(claim_uid: str, device: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from elastic_gpu.agent.config import DRA_SOCKET_NAMES
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.dra.cdi import remove_spec, spec_file, write_spec
 from elastic_gpu.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
@@ -53,9 +54,7 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 #: The services served, as kubelet 1.34+ names them ("<proto package tail>.<service>").
 SUPPORTED_SERVICES = ("v1.DRAPlugin",)
-SERVICE_SOCKET = "dra.sock"
-DEFAULT_PLUGIN_DIR = f"/var/lib/kubelet/plugins/{DRIVER}"
-DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+SERVICE_SOCKET = DRA_SOCKET_NAMES["pluginDir"]
 #: How often the sockets are checked (someone removed one: serve it again).
 WATCH_TICK_S = 1.0
 
@@ -63,7 +62,8 @@ ClaimReader = Callable[[ClaimRef], Mapping[str, Any]]
 
 
 def registration_socket(registry_dir: Path) -> Path:
-    return registry_dir / f"{DRIVER}-reg.sock"
+    """`<registryDir>/gpu.elasticgpu.io-reg.sock`: the plugin watcher's name for it."""
+    return registry_dir / DRA_SOCKET_NAMES["registryDir"]
 
 
 def api_claim_reader(client: SyncKubeClient) -> ClaimReader:

@@ -1,0 +1,112 @@
+"""The agent in DRA mode (`dra.enabled`): what it publishes and serves instead of device plugins.
+
+A node is in one mode. In DRA mode the agent
+
+- refuses to start unless its Node carries the label `elasticgpu.io/gpu-mode: dra` (the
+  operator's node-group label, which the scheduler extender reads to leave the node to
+  kube-scheduler's DynamicResources plugin): a node the extender still takes for a
+  device-plugin node would be given pods whose cards nothing on the node serves;
+- publishes the node's cards as ResourceSlices (`slices_api.publish_node_slices`) at start
+  and on every health change, and never withdraws them on stop: kube-scheduler must keep
+  seeing the devices it allocated while the agent restarts (the slices are the Node's, so
+  they go with it);
+- publishes **no GPUDevice objects** and serves no device plugin: the extender counts a
+  GPUDevice's card as free for device-plugin pods, and the same card would then be handed
+  out twice, once by kube-scheduler's allocator and once by the extender;
+- advertises, of the GPU names in the Node's status, only `node.elasticgpu.io/gpu-core`
+  (`core/nodefit.py`: a lower bound kube-scheduler counts; every GPU pod the webhook mutated
+  asks for it, so such pods still fit a DRA node), and removes device-plugin names a previous
+  mode left;
+- serves the kubelet's DRA plugin (`kubelet_plugin`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elastic_gpu.agent.config import AgentConfig
+from elastic_gpu.agent.devices import LogicalCard
+from elastic_gpu.agent.dra.kubelet_plugin import DraPlugin, KubeletPluginServer, api_claim_reader
+from elastic_gpu.agent.dra.prepare import GrantInputs
+from elastic_gpu.agent.dra.slices_api import publish_node_slices
+from elastic_gpu.agent.publish import patch_node_capacity
+from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
+from elastic_gpu.kube.resources import NODES
+from elastic_gpu.kube.sync import SyncKubeClient
+
+log = logging.getLogger(__name__)
+
+#: The node label that puts a node in a GPU mode, and its value for DRA (the scheduler
+#: extender reads the same label).
+GPU_MODE_LABEL = "elasticgpu.io/gpu-mode"
+GPU_MODE_DRA = "dra"
+
+
+class DraModeError(RuntimeError):
+    """DRA mode cannot start on this node (the message says what to change)."""
+
+
+def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
+    """The GPU names of a DRA node's status: only the node-level count kube-scheduler reads."""
+    if not cards:
+        return {}
+    return {NODE_CORE: str(node_core_capacity([1] * len(cards)))}
+
+
+def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
+    """Why the Node (as read from the API) is not a DRA-mode node (None: it is)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    value = labels.get(GPU_MODE_LABEL)
+    if value == GPU_MODE_DRA:
+        return None
+    found = "has no such label" if value is None else f"has {GPU_MODE_LABEL}={value}"
+    return (f"dra.enabled is set but Node {name} {found}: the node must be in the DRA node "
+            f"group ({GPU_MODE_LABEL}: {GPU_MODE_DRA}, set by the chart's DRA node group) so that "
+            "the scheduler extender leaves its GPUs to kube-scheduler; label it, or run the "
+            "agent without dra.enabled")
+
+
+class DraMode:
+    def __init__(self, config: AgentConfig, node: str, client: SyncKubeClient,
+                 cards: Callable[[], Mapping[int, LogicalCard]], inputs: GrantInputs) -> None:
+        self.config = config
+        self.node = node
+        self.client = client
+        self.cards = cards
+        self.node_uid: str | None = None
+        dra = config.dra
+        self.plugin = DraPlugin(node, api_claim_reader(client), cards, inputs, dra.pluginDir,
+                                dra.cdiDir)
+        self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir)
+
+    def check_node(self) -> None:
+        """Raise DraModeError unless the Node is labelled for DRA; remembers its uid."""
+        node = self.client.get(NODES.path(name=self.node))
+        refusal = mode_refusal(node, self.node)
+        if refusal is not None:
+            raise DraModeError(refusal)
+        self.node_uid = str((node.get("metadata") or {}).get("uid") or "") or None
+
+    def publish(self) -> bool:
+        """ResourceSlices and the Node's status say the cards as they are now; True when the
+        slices were written."""
+        cards = self.cards()
+        capacity = dra_capacity(cards)
+        patch_node_capacity(self.client, self.node, capacity, capacity, self.config)
+        written = publish_node_slices(self.client, self.node,
+                                      [lc.card for _, lc in sorted(cards.items())], self.node_uid)
+        if written:
+            log.info("published the ResourceSlices of %s (%d cards)", self.node, len(cards))
+        return written
+
+    def start(self) -> None:
+        """Publish, then serve the kubelet plugin (`check_node` first)."""
+        self.publish()
+        self.server.start()
+
+    def stop(self) -> None:
+        # the slices stay: kube-scheduler keeps seeing the devices it allocated
+        self.server.stop()
