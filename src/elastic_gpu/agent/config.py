@@ -414,6 +414,10 @@ class AgentConfig(_Strict):
         for name in self.resources.share:
             if MIG_RESOURCE_PATTERN.match(name):
                 raise ValueError(f"{name} is a MIG resource; MIG resources come from migStrategy")
+        if self.dra.enabled and self.timeSlicing.replicas > 1:
+            raise ValueError("timeSlicing.replicas belongs to the device-plugin path: with "
+                             "dra.enabled a card is shared through the claims' capacity "
+                             "requests (docs/dra.md)")
         return self
 
     @property

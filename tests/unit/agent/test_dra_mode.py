@@ -52,3 +52,9 @@ def test_a_dra_node_advertises_only_the_node_level_core_count() -> None:
     cards = {lc.index: lc for lc in logical_cards(backend.discover(), False)}
     assert dra_capacity(cards) == {NODE_CORE: "300"}
     assert dra_capacity({}) == {}
+
+
+def test_time_slicing_replicas_are_refused_in_dra_mode() -> None:
+    with pytest.raises(ConfigError, match=r"timeSlicing\.replicas belongs to the device-plugin"):
+        parse_config({"dra": {"enabled": True}, "timeSlicing": {"replicas": 4}})
+    assert parse_config({"timeSlicing": {"replicas": 4}}).timeSlicing.replicas == 4
