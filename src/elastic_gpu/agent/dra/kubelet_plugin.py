@@ -168,6 +168,9 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
         #: kubelet's last word: None before it spoke, else (registered, error)
         self.status: tuple[bool, str] | None = None
         self.registered = threading.Event()
+        #: Called (on a thread of its own) each time kubelet registers the plugin: a starting
+        #: kubelet deletes every DRA ResourceSlice of its node, so they are published again.
+        self.on_registered: Callable[[], None] | None = None
 
     def GetInfo(self, request: pluginregistration_v1_pb2.InfoRequest,
                 context: Any) -> pluginregistration_v1_pb2.PluginInfo:
@@ -182,6 +185,9 @@ class RegistrationService(pluginregistration_v1_pb2_grpc.RegistrationServicer):
         if request.plugin_registered:
             log.info("kubelet registered the DRA plugin %s (%s)", DRIVER, self.endpoint)
             self.registered.set()
+            if self.on_registered is not None:
+                threading.Thread(target=self.on_registered, name="dra-registered",
+                                 daemon=True).start()
         else:
             self.registered.clear()
             log.error("kubelet REFUSED the DRA plugin %s: %s (claims of this driver cannot "

@@ -6,10 +6,11 @@ A node is in one mode. In DRA mode the agent
   operator's node-group label, which the scheduler extender reads to leave the node to
   kube-scheduler's DynamicResources plugin): a node the extender still takes for a
   device-plugin node would be given pods whose cards nothing on the node serves;
-- publishes the node's cards as ResourceSlices (`slices_api.publish_node_slices`) at start
-  and on every health change, and never withdraws them on stop: kube-scheduler must keep
-  seeing the devices it allocated while the agent restarts (the slices are the Node's, so
-  they go with it);
+- publishes the node's cards as ResourceSlices (`slices_api.publish_node_slices`) at start,
+  on every health change, each time kubelet registers the plugin and every `syncSeconds`
+  (kubelet deletes its node's DRA slices when it starts, and a driver's 30 s after its plugin
+  went), and never withdraws them on stop: kube-scheduler must keep seeing the devices it
+  allocated while the agent restarts (the slices are the Node's, so they go with it);
 - publishes **no GPUDevice objects** and serves no device plugin: the extender counts a
   GPUDevice's card as free for device-plugin pods, and the same card would then be handed
   out twice, once by kube-scheduler's allocator and once by the extender;
@@ -81,6 +82,13 @@ class DraMode:
         self.plugin = DraPlugin(node, api_claim_reader(client), cards, inputs, dra.pluginDir,
                                 dra.cdiDir)
         self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir)
+        self.server.registration.on_registered = self._registered
+
+    def _registered(self) -> None:
+        try:
+            self.publish()
+        except Exception:
+            log.exception("publishing ResourceSlices after kubelet's registration")
 
     def check_node(self) -> None:
         """Raise DraModeError unless the Node is labelled for DRA; remembers its uid."""

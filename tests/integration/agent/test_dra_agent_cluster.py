@@ -174,10 +174,17 @@ def test_dra_node_publishes_slices_and_its_core_count_and_no_gpudevices(
     assert gpudevices == []
     # the registration kubelet's plugin watcher reads
     with grpc.insecure_channel(f"unix://{registration_socket(Path(dirs['registryDir']))}") as ch:
-        info = pluginregistration_v1_pb2_grpc.RegistrationStub(ch).GetInfo(
-            pluginregistration_v1_pb2.InfoRequest(), timeout=5)
-    assert (info.type, info.name, list(info.supported_versions)) == (
-        "DRAPlugin", DRIVER, ["v1.DRAPlugin"])
+        registration = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
+        info = registration.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=5)
+        assert (info.type, info.name, list(info.supported_versions)) == (
+            "DRAPlugin", DRIVER, ["v1.DRAPlugin"])
+        # a starting kubelet deletes its node's DRA slices, then registers the plugin again:
+        # the agent publishes them again
+        withdraw_node_slices(api, node)
+        registration.NotifyRegistrationStatus(pluginregistration_v1_pb2.RegistrationStatus(
+            plugin_registered=True), timeout=5)
+        wait_for(lambda: len(existing_slices(api, node)) == 2)
+    slices = existing_slices(api, node)
     # a card turns unhealthy: the slices say so with the taint, at a new generation
     generation = slices[0]["spec"]["pool"]["generation"]
     backend.set_health(f"GPU-fake-{node}-1", Health.UNHEALTHY, "XID 79")
