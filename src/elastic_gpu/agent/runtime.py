@@ -76,7 +76,7 @@ class Agent:
                 raise DraModeError("dra.enabled needs the Kubernetes API (ResourceSlices, "
                                    "ResourceClaims): run without --no-api")
             # the same grant inputs as the device-plugin path's Allocator
-            self.dra = DraMode(config, node_name, client, self.state.cards,
+            self.dra = DraMode(config, node_name, client, self.state,
                                GrantInputs(config, backend.visible_devices_env, files,
                                            isolation))
         self.usage: UsageMonitor | None = None

@@ -1,7 +1,8 @@
 """The agent in DRA mode (fake backend) beside a real kubelet: kubelet's plugin watcher
 registers the DRA plugin, the default kube-scheduler's DynamicResources plugin allocates a
 claim of a card share from the agent's ResourceSlices, kubelet calls NodePrepareResources
-before the container starts and NodeUnprepareResources after the pod goes.
+before the container starts, follows the plugin's device health stream into the pod's status
+(`allocatedResourcesStatus`), and calls NodeUnprepareResources after the pod goes.
 
 The real node's containerd is the Debian package (1.6), which has no CDI support: the CDI
 spec is written and its id handed to the runtime, but the container's environment is not
@@ -24,6 +25,7 @@ from egpu_testing.dra import claim_manifest
 from elastic_gpu.agent.dra.cdi import env_of, spec_file
 from elastic_gpu.agent.dra.mode import GPU_MODE_DRA, GPU_MODE_LABEL
 from elastic_gpu.agent.dra.slices_api import existing_slices
+from elastic_gpu.api.config.strict_yaml import dump_yaml
 from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.devices import DRIVER
 from elastic_gpu.devcluster.controlplane import ControlPlane
@@ -39,6 +41,11 @@ INVENTORY: dict[str, Any] = {
     "cards": [{"model": "A100-SXM4-80GB", "memoryMiB": 81920, "uuid": f"GPU-dra-{i}"}
               for i in range(2)]}
 REGISTERED = f"kubelet registered the DRA plugin {DRIVER}"
+
+
+def tmp_agent_dir(agent: ProcessHandle) -> Path:
+    """The directory `write_agent_files` wrote the agent's config and inventory into."""
+    return agent.log_path.parent / "agent"
 
 
 def wait_for(check: Callable[[], bool], what: str, agent: ProcessHandle,
@@ -123,6 +130,21 @@ def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-dra-{index}"
     assert env["EGPU_CORE_PERCENT"] == "30" and env["EGPU_MEMORY_MIB"] == "8192"
     assert env["EGPU_ISOLATION"] == "accounting-only"
+
+    # kubelet follows the plugin's health stream into the pod's status; the card fails (the
+    # fake inventory's health list, re-read by the running agent): the pod's status says so
+    def device_health() -> list[tuple[str, str]]:
+        pod = kube.get(PODS.path(namespace=k8s_namespace, name="user"))
+        (main,) = pod["status"]["containerStatuses"]
+        return [(r["resourceID"], r["health"]) for s in main.get("allocatedResourcesStatus")
+                or [] for r in s["resources"]]
+    cdi_id = f"{DRIVER}/gpu={uid}-{result['device']}"
+    wait_for(lambda: device_health() == [(cdi_id, "Healthy")], "Healthy in pod status", agent)
+    inventory = tmp_agent_dir(agent) / "inventory.yaml"
+    inventory.write_text(dump_yaml({**INVENTORY, "health": [
+        {"index": index, "reason": "XID 79"}]}))
+    wait_for(lambda: device_health() == [(cdi_id, "Unhealthy")], "Unhealthy in pod status",
+             agent)
 
     # the pod goes: kubelet calls NodeUnprepareResources, the spec goes with it
     kube.delete(PODS.path(namespace=k8s_namespace, name="user"))

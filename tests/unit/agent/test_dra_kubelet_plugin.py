@@ -231,3 +231,50 @@ def test_both_services_on_unix_sockets(plugin_dir: Path) -> None:
     finally:
         server.stop()
     assert not server.registration_socket.exists()
+
+
+def test_device_health_follows_cards_and_mig_instances() -> None:
+    from dataclasses import replace
+
+    from elastic_gpu.agent.dra.health import device_health
+    from elastic_gpu.core.model import Health
+    rows = {r.device: (r.health, r.message) for r in device_health(CARDS, {})}
+    assert rows == {"gpu-0": (Health.HEALTHY, ""), MIG_DEVICE: (Health.HEALTHY, "")}
+    mig_card = CARDS[1].card
+    sick_mig = replace(mig_card, mig=(replace(mig_card.mig[0], health=Health.UNHEALTHY),))
+    cards = {0: replace(CARDS[0], card=replace(CARDS[0].card, health=Health.UNHEALTHY)),
+             1: replace(CARDS[1], card=sick_mig)}
+    rows = {r.device: (r.health, r.message) for r in device_health(cards, {0: "XID 79"})}
+    assert rows == {"gpu-0": (Health.UNHEALTHY, "XID 79"),
+                    MIG_DEVICE: (Health.UNHEALTHY, "unhealthy")}
+
+
+def test_the_health_stream_reports_at_once_and_on_a_change(plugin_dir: Path) -> None:
+    from elastic_gpu.agent.backends.base import HealthEvent
+    from elastic_gpu.agent.proto import dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc
+    from elastic_gpu.agent.state import NodeState
+    from elastic_gpu.core.model import Health
+
+    state = NodeState(CARDS.values())
+    plugin = DraPlugin(NODE, Reader({}), state.cards, inputs(), plugin_dir / "plugin",
+                       plugin_dir / "cdi")
+    server = KubeletPluginServer(plugin, plugin_dir / "plugin", plugin_dir / "registry", state)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"unix://{server.service_socket}") as channel:
+            stream = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(channel)\
+                .NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(),
+                                    timeout=30)
+            first = next(stream)
+            assert {(d.device.pool_name, d.device.device_name, d.health)
+                    for d in first.devices} == {(NODE, "gpu-0", dra_health_v1alpha1_pb2.HEALTHY),
+                                                (NODE, MIG_DEVICE,
+                                                 dra_health_v1alpha1_pb2.HEALTHY)}
+            assert all(d.health_check_timeout_seconds > 0 for d in first.devices)
+            state.apply([HealthEvent("GPU-fake-n-0", Health.UNHEALTHY, "XID 79")])
+            second = next(stream)
+            gpu0 = next(d for d in second.devices if d.device.device_name == "gpu-0")
+            assert (gpu0.health, gpu0.message) == (dra_health_v1alpha1_pb2.UNHEALTHY, "XID 79")
+            stream.cancel()
+    finally:
+        server.stop()

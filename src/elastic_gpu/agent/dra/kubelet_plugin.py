@@ -4,7 +4,8 @@
   `/var/lib/kubelet/plugins_registry/` by default): kubelet notices the socket, calls `GetInfo`
   (type `DRAPlugin`, the driver's name, the service socket's path, the services served:
   `v1.DRAPlugin`), then `NotifyRegistrationStatus`; a refusal is logged with kubelet's reason.
-- **DRAPlugin v1** (`<pluginDir>/dra.sock`, `/var/lib/kubelet/plugins/gpu.elasticgpu.io/`):
+- **DRAPlugin v1** (`<pluginDir>/dra.sock`, `/var/lib/kubelet/plugins/gpu.elasticgpu.io/`),
+  and on the same socket the device health stream (`health`, `v1alpha1.DRAResourceHealth`):
   `NodePrepareResources` reads each claim through the project's client stack, decides with
   `prepare.prepare_claim` (pure), writes the claim's CDI spec (`cdi`) and records the answer
   in the checkpoint (`checkpoint`); `NodeUnprepareResources` removes both. A claim that cannot
@@ -30,6 +31,7 @@ from elastic_gpu.agent.config import DRA_SOCKET_NAMES
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.dra.cdi import remove_spec, spec_file, write_spec
 from elastic_gpu.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
+from elastic_gpu.agent.dra.health import DraHealthService
 from elastic_gpu.agent.dra.prepare import (
     ClaimRef,
     GrantInputs,
@@ -38,11 +40,13 @@ from elastic_gpu.agent.dra.prepare import (
     prepare_claim,
 )
 from elastic_gpu.agent.proto import (
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from elastic_gpu.agent.state import NodeState
 from elastic_gpu.core.dra.devices import DRIVER
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.resources import RESOURCE_CLAIMS
@@ -234,16 +238,25 @@ class _Socket:
 
 
 class KubeletPluginServer:
-    """The DRA service and its registration, served until `stop`."""
+    """The DRA service (with the device health stream when `state` is given) and its
+    registration, served until `stop`."""
 
-    def __init__(self, plugin: DraPlugin, plugin_dir: Path, registry_dir: Path) -> None:
+    def __init__(self, plugin: DraPlugin, plugin_dir: Path, registry_dir: Path,
+                 state: NodeState | None = None) -> None:
         self.plugin = plugin
         self.service_socket = plugin_dir / SERVICE_SOCKET
         self.registration = RegistrationService(self.service_socket)
+        self._streams_stop = threading.Event()
         service = DraService(plugin)
-        self._service = _Socket(
-            self.service_socket,
-            lambda s: dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(service, s), "dra")
+        health = (DraHealthService(plugin.node, state, self._streams_stop)
+                  if state is not None else None)
+
+        def add_services(server: Any) -> None:
+            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(service, server)
+            if health is not None:
+                dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                    health, server)
+        self._service = _Socket(self.service_socket, add_services, "dra")
         self._registry = _Socket(
             registration_socket(registry_dir),
             lambda s: pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(
@@ -258,6 +271,7 @@ class KubeletPluginServer:
     def start(self) -> None:
         # the service first: when kubelet sees the registration socket, the endpoint it is
         # told of already answers
+        self._streams_stop.clear()
         self._service.start()
         self._registry.start()
         log.info("DRA plugin %s: service %s, registration %s", DRIVER, self._service.path,
@@ -280,6 +294,7 @@ class KubeletPluginServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        self._streams_stop.set()  # health streams end at their next tick
         # the registration first, so kubelet stops calling a service about to go
         self._registry.stop()
         self._service.stop()

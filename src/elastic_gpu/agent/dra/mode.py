@@ -18,7 +18,7 @@ A node is in one mode. In DRA mode the agent
   (`core/nodefit.py`: a lower bound kube-scheduler counts; every GPU pod the webhook mutated
   asks for it, so such pods still fit a DRA node), and removes device-plugin names a previous
   mode left;
-- serves the kubelet's DRA plugin (`kubelet_plugin`).
+- serves the kubelet's DRA plugin (`kubelet_plugin`) and its device health stream (`health`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from elastic_gpu.agent.dra.kubelet_plugin import DraPlugin, KubeletPluginServer,
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
 from elastic_gpu.agent.publish import patch_node_capacity
+from elastic_gpu.agent.state import NodeState
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
 from elastic_gpu.kube.resources import NODES
@@ -72,16 +73,16 @@ def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
 
 class DraMode:
     def __init__(self, config: AgentConfig, node: str, client: SyncKubeClient,
-                 cards: Callable[[], Mapping[int, LogicalCard]], inputs: GrantInputs) -> None:
+                 state: NodeState, inputs: GrantInputs) -> None:
         self.config = config
         self.node = node
         self.client = client
-        self.cards = cards
+        self.cards: Callable[[], Mapping[int, LogicalCard]] = state.cards
         self.node_uid: str | None = None
         dra = config.dra
-        self.plugin = DraPlugin(node, api_claim_reader(client), cards, inputs, dra.pluginDir,
-                                dra.cdiDir)
-        self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir)
+        self.plugin = DraPlugin(node, api_claim_reader(client), state.cards, inputs,
+                                dra.pluginDir, dra.cdiDir)
+        self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir, state)
         self.server.registration.on_registered = self._registered
 
     def _registered(self) -> None:
