@@ -169,9 +169,14 @@ def test_dra_node_publishes_slices_and_its_core_count_and_no_gpudevices(
     assert devices == ["gpu-0", "gpu-1", "gpu-2-mig-0-3g-20gb"]
     status = api.get(NODES.path(name=node))["status"]
     ours = {k: v for k, v in status["capacity"].items() if "gpu" in k}
-    assert ours == {NODE_CORE: "300"} and status["allocatable"][NODE_CORE] == "300"
+    # the node-level count, and the quota's accounting names an nvidia.com/gpu pod also asks
+    assert ours == {NODE_CORE: "300", "quota.elasticgpu.io/gpu-core": "1G",
+                    "quota.elasticgpu.io/gpu-memory": "1G"}  # 1000000000, as the API writes it
+    assert {k: v for k, v in status["allocatable"].items() if "gpu" in k} == ours
     gpudevices, _ = api.list(GPUDEVICES.path(), {"labelSelector": f"elasticgpu.io/node={node}"})
     assert gpudevices == []
+    # a resync with nothing changed writes no slice (nor, by the same comparison, the status)
+    assert agent.dra is not None and agent.dra.publish() is False
     # the registration kubelet's plugin watcher reads
     with grpc.insecure_channel(f"unix://{registration_socket(Path(dirs['registryDir']))}") as ch:
         registration = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)

@@ -10,7 +10,13 @@ import pytest
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import logical_cards
-from elastic_gpu.agent.dra.mode import GPU_MODE_LABEL, dra_capacity, mode_refusal
+from elastic_gpu.agent.dra.mode import (
+    GPU_MODE_LABEL,
+    accounting_capacity,
+    dra_capacity,
+    missing_accounting,
+    mode_refusal,
+)
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.core.nodefit import NODE_CORE
 
@@ -58,3 +64,17 @@ def test_time_slicing_replicas_are_refused_in_dra_mode() -> None:
     with pytest.raises(ConfigError, match=r"timeSlicing\.replicas belongs to the device-plugin"):
         parse_config({"dra": {"enabled": True}, "timeSlicing": {"replicas": 4}})
     assert parse_config({"timeSlicing": {"replicas": 4}}).timeSlicing.replicas == 4
+
+
+def test_the_quota_accounting_names_are_patched_only_when_missing_or_other() -> None:
+    want = accounting_capacity()
+    assert set(want) == {"quota.elasticgpu.io/gpu-core", "quota.elasticgpu.io/gpu-memory"}
+    assert missing_accounting({"status": {"capacity": want, "allocatable": want}}) == {}
+    assert missing_accounting({"status": {}}) == want
+    canonical = dict.fromkeys(want, "1G")  # as the API server writes 1000000000 back
+    assert missing_accounting({"status": {"capacity": canonical, "allocatable": canonical}}) \
+        == {}
+    zeroed = {**want, "quota.elasticgpu.io/gpu-core": "0"}  # a restarted kubelet's zero
+    assert missing_accounting({"status": {"capacity": want, "allocatable": zeroed}}) == {
+        "quota.elasticgpu.io/gpu-core": want["quota.elasticgpu.io/gpu-core"]}
+

@@ -17,7 +17,11 @@ A node is in one mode. In DRA mode the agent
 - advertises, of the GPU names in the Node's status, only `node.elasticgpu.io/gpu-core`
   (`core/nodefit.py`: a lower bound kube-scheduler counts; every GPU pod the webhook mutated
   asks for it, so such pods still fit a DRA node), and removes device-plugin names a previous
-  mode left;
+  mode left; beside it the quota's accounting names (`core.quota.QUOTA_NAMES`) at a count no
+  node's pods reach: the webhook puts them on every GPU container, and kube-scheduler's
+  DynamicResources filter (KEP-5004) and kubelet's admission check every extended resource of
+  an `nvidia.com/gpu` pod served through the DeviceClass, so without them such a pod fits no
+  DRA node (the scheduler side found it on kwok: `core.dra.nodemode.accounting_allocatable`);
 - serves the kubelet's DRA plugin (`kubelet_plugin`) and its device health stream (`health`).
 """
 
@@ -36,6 +40,8 @@ from elastic_gpu.agent.publish import patch_node_capacity
 from elastic_gpu.agent.state import NodeState
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.quota import QUOTA_NAMES
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -51,11 +57,38 @@ class DraModeError(RuntimeError):
     """DRA mode cannot start on this node (the message says what to change)."""
 
 
+#: What a DRA node advertises of each quota accounting name: more than its pods can ask.
+ACCOUNTING_ALLOCATABLE = "1000000000"
+
+
 def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
     """The GPU names of a DRA node's status: only the node-level count kube-scheduler reads."""
     if not cards:
         return {}
     return {NODE_CORE: str(node_core_capacity([1] * len(cards)))}
+
+
+def accounting_capacity() -> dict[str, str]:
+    """The quota's accounting names as a DRA node advertises them (not GPU names: the
+    device-plugin path's capacity patch leaves them alone)."""
+    return dict.fromkeys(QUOTA_NAMES, ACCOUNTING_ALLOCATABLE)
+
+
+def missing_accounting(node: Mapping[str, Any]) -> dict[str, str]:
+    """The accounting names the Node's status lacks or has at another count (capacity or
+    allocatable)."""
+    status = node.get("status") or {}
+    want = accounting_capacity()
+    have = [status.get("capacity") or {}, status.get("allocatable") or {}]
+    return {k: v for k, v in want.items() if any(not _same(h.get(k), v) for h in have)}
+
+
+def _same(found: Any, want: str) -> bool:
+    """Equal quantities (the API server writes 1000000000 back as `1G`)."""
+    try:
+        return found is not None and parse_quantity(str(found)) == parse_quantity(want)
+    except QuantityError:
+        return False
 
 
 def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
@@ -105,6 +138,10 @@ class DraMode:
         cards = self.cards()
         capacity = dra_capacity(cards)
         patch_node_capacity(self.client, self.node, capacity, capacity, self.config)
+        missing = missing_accounting(self.client.get(NODES.path(name=self.node)))
+        if missing:
+            self.client.patch(NODES.path(name=self.node, subresource="status"),
+                              {"status": {"capacity": missing, "allocatable": missing}})
         written = publish_node_slices(self.client, self.node,
                                       [lc.card for _, lc in sorted(cards.items())], self.node_uid)
         if written:
