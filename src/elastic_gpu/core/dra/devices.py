@@ -35,8 +35,8 @@ API_VERSION = "resource.k8s.io/v1"
 #: Capacity names (in the driver's domain: CEL reads `device.capacity["gpu.elasticgpu.io"].compute`).
 COMPUTE = "compute"
 MEMORY = "memory"
-#: Counter names of a MIG card's counter set (the API wants lowercase RFC 1123 labels:
-#: `computeSlices` is refused with 422 Invalid).
+#: Counter names of a MIG card's counter set.
+#: (counter names are DNS labels: kube-apiserver refuses "computeSlices")
 COUNTER_SLICES = "compute-slices"
 COUNTER_MEMORY = "memory"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
