@@ -2,7 +2,9 @@
 registers the DRA plugin, the default kube-scheduler's DynamicResources plugin allocates a
 claim of a card share from the agent's ResourceSlices, kubelet calls NodePrepareResources
 before the container starts, follows the plugin's device health stream into the pod's status
-(`allocatedResourcesStatus`), and calls NodeUnprepareResources after the pod goes.
+(`allocatedResourcesStatus`), survives a kubelet restart (which deletes the node's slices: the
+agent publishes them again when kubelet registers it again), and calls NodeUnprepareResources
+after the pod goes.
 
 The real node's containerd is the Debian package (1.6), which has no CDI support: the CDI
 spec is written and its id handed to the runtime, but the container's environment is not
@@ -145,6 +147,20 @@ def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
         {"index": index, "reason": "XID 79"}]}))
     wait_for(lambda: device_health() == [(cdi_id, "Unhealthy")], "Unhealthy in pod status",
              agent)
+
+    # kubelet restarts: it deletes its node's DRA slices as it starts and registers the plugin
+    # again (the socket is still there); the agent publishes them again. Should kubelet repeat
+    # the running pod's prepare, the checkpoint answers it: "prepared" is logged once.
+    log = agent.log_path
+    registrations = log.read_text().count(REGISTERED)
+    real_node.restart_kubelet()
+    wait_for(lambda: log.read_text().count(REGISTERED) > registrations, "re-registration",
+             agent)
+    wait_for(lambda: bool(existing_slices(kube, real_node.name)), "slices again", agent)
+    time.sleep(3)  # a wipe still under way would show here
+    assert existing_slices(kube, real_node.name)
+    assert log.read_text().count(f"prepared ResourceClaim {k8s_namespace}/share") == 1
+    assert phase() == "Running"
 
     # the pod goes: kubelet calls NodeUnprepareResources, the spec goes with it
     kube.delete(PODS.path(namespace=k8s_namespace, name="user"))
