@@ -278,3 +278,16 @@ def test_the_health_stream_reports_at_once_and_on_a_change(plugin_dir: Path) -> 
             stream.cancel()
     finally:
         server.stop()
+
+
+def test_a_uid_that_could_name_a_path_elsewhere_is_refused(plugin_dir: Path) -> None:
+    outside = plugin_dir / "victim.json"
+    outside.write_text("{}")
+    (plugin_dir / "cdi" / f"{DRIVER}-..").mkdir(parents=True)
+    plugin = _plugin(plugin_dir, Reader({}))
+    with pytest.raises(ValueError, match="is not a Kubernetes uid"):
+        plugin.unprepare("../../../victim")  # unchecked: cdi/gpu...-../../../victim.json
+    with pytest.raises(PrepareError, match="is not a Kubernetes uid"):
+        plugin.prepare(ClaimRef("ns", "c", "../victim"))
+    assert outside.exists()
+    plugin.unprepare("0b5e3c1a-7d0f-4c7e-9d6a-2f1e8c9b4a77")  # a real uid: fine, unknown

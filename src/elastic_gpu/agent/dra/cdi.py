@@ -12,6 +12,7 @@ claim's spec is removed without touching another's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,18 @@ CDI_CLASS = "gpu"
 CDI_KIND = f"{DRIVER}/{CDI_CLASS}"
 
 
+#: What a claim uid may be to name files and CDI devices (a Kubernetes uid is a UUID): no
+#: separator, no leading dot, so a uid can never name a path outside the CDI directory.
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
+def uid_problem(claim_uid: str) -> str | None:
+    """Why `claim_uid` cannot name a spec file (None: it can)."""
+    if _UID.fullmatch(claim_uid):
+        return None
+    return f"claim uid {claim_uid!r} is not a Kubernetes uid (letters, digits, '-', '_')"
+
+
 def cdi_name(claim_uid: str, device: str) -> str:
     """The CDI device name of one device of one claim (CDI names allow [A-Za-z0-9_.:-])."""
     return f"{claim_uid}-{device}"
@@ -36,6 +49,9 @@ def cdi_id(claim_uid: str, device: str) -> str:
 
 
 def spec_file(cdi_dir: Path, claim_uid: str) -> Path:
+    problem = uid_problem(claim_uid)
+    if problem is not None:
+        raise ValueError(problem)
     return cdi_dir / f"{DRIVER}-{claim_uid}.json"
 
 

@@ -29,7 +29,7 @@ import grpc
 
 from elastic_gpu.agent.config import DRA_SOCKET_NAMES
 from elastic_gpu.agent.devices import LogicalCard
-from elastic_gpu.agent.dra.cdi import remove_spec, spec_file, write_spec
+from elastic_gpu.agent.dra.cdi import remove_spec, spec_file, uid_problem, write_spec
 from elastic_gpu.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from elastic_gpu.agent.dra.health import DraHealthService
 from elastic_gpu.agent.dra.prepare import (
@@ -95,6 +95,9 @@ class DraPlugin:
         self.prepared_from_api = 0
 
     def prepare(self, ref: ClaimRef) -> PreparedClaim:
+        problem = uid_problem(ref.uid)
+        if problem is not None:
+            raise PrepareError(f"{ref.describe()}: {problem}")
         with self._lock:
             done = self.checkpoint.get(ref.uid)
             if done is not None:
@@ -117,6 +120,10 @@ class DraPlugin:
             return prepared
 
     def unprepare(self, uid: str) -> None:
+        """Raises ValueError for a uid that is no Kubernetes uid (nothing is removed)."""
+        problem = uid_problem(uid)
+        if problem is not None:
+            raise ValueError(problem)
         with self._lock:
             removed = remove_spec(self.cdi_dir, uid)
             known = self.checkpoint.remove(uid)
@@ -159,6 +166,9 @@ class DraService(dra_v1_pb2_grpc.DRAPluginServicer):
             try:
                 self.plugin.unprepare(claim.uid)
                 answers[claim.uid] = dra_v1_pb2.NodeUnprepareResourceResponse()
+            except ValueError as err:
+                log.warning("NodeUnprepareResources refused: %s", err)
+                answers[claim.uid] = dra_v1_pb2.NodeUnprepareResourceResponse(error=str(err))
             except Exception as err:
                 log.exception("NodeUnprepareResources: claim %s", claim.uid)
                 answers[claim.uid] = dra_v1_pb2.NodeUnprepareResourceResponse(
