@@ -28,7 +28,7 @@ from elastic_gpu.agent.dra.cdi import env_of, spec_file
 from elastic_gpu.agent.dra.mode import GPU_MODE_DRA, GPU_MODE_LABEL
 from elastic_gpu.agent.dra.slices_api import existing_slices
 from elastic_gpu.api.config.strict_yaml import dump_yaml
-from elastic_gpu.core.dra.classes import device_classes
+from elastic_gpu.core.dra.classes import MIG_CLASS, device_classes
 from elastic_gpu.core.dra.devices import DRIVER
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.process import ProcessHandle, spawn
@@ -40,8 +40,11 @@ from elastic_gpu.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS
 pytestmark = pytest.mark.integration
 
 INVENTORY: dict[str, Any] = {
-    "cards": [{"model": "A100-SXM4-80GB", "memoryMiB": 81920, "uuid": f"GPU-dra-{i}"}
-              for i in range(2)]}
+    "cards": [*({"model": "A100-SXM4-80GB", "memoryMiB": 81920, "uuid": f"GPU-dra-{i}"}
+                for i in range(2)),
+              {"model": "A100-SXM4-80GB", "memoryMiB": 81920, "uuid": "GPU-dra-2",
+               "mig": [{"profile": "3g.40gb", "uuid": "MIG-dra-2a", "start": 0},
+                       {"profile": "3g.40gb", "uuid": "MIG-dra-2b", "start": 4}]}]}
 REGISTERED = f"kubelet registered the DRA plugin {DRIVER}"
 
 
@@ -166,3 +169,47 @@ def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
     kube.delete(PODS.path(namespace=k8s_namespace, name="user"))
     wait_for(lambda: not spec_file(cdi, uid).exists(), "unprepare", agent)
     assert "unprepared claim" in agent.log_path.read_text()
+
+
+def test_kubelet_prepares_a_mig_claim_by_profile(
+        dra_agent: tuple[ProcessHandle, Path], real_node: RealNode, k8s_cluster: ControlPlane,
+        k8s_namespace: str) -> None:
+    """kube-scheduler picks a MIG instance by the class and the profile attribute, consuming
+    its card's counters; kubelet prepares it: the container is given that instance."""
+    agent, cdi = dra_agent
+    kube = k8s_cluster.kube()
+    claims = []
+    for name in ("mig-a", "mig-b"):
+        manifest = claim_manifest(name, k8s_namespace)
+        manifest["spec"]["devices"]["requests"][0]["exactly"] = {
+            "deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].profile == "3g.40gb"'}}]}
+        claims.append(kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), manifest))
+        kube.create(PODS.path(namespace=k8s_namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-user"},
+            "spec": {"tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                     "containers": [{"name": "main", "image": real_node.busybox_image,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", "exec sleep 3600"],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+    def running(name: str) -> bool:
+        status = kube.get(PODS.path(namespace=k8s_namespace, name=name)).get("status") or {}
+        assert status.get("phase") not in ("Failed", "Succeeded"), status
+        return status.get("phase") == "Running"
+    wait_for(lambda: running("mig-a-user") and running("mig-b-user"), "MIG pods Running", agent)
+
+    given = set()
+    for claim in claims:
+        uid = claim["metadata"]["uid"]
+        allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace,
+                                                  name=claim["metadata"]["name"]))
+        (result,) = allocated["status"]["allocation"]["devices"]["results"]
+        assert result["device"] in ("gpu-2-mig-0-3g-40gb", "gpu-2-mig-4-3g-40gb")
+        env = env_of(json.loads(spec_file(cdi, uid).read_text()), f"{uid}-{result['device']}")
+        assert env["EGPU_ISOLATION"] == "mig"
+        given.add(env["NVIDIA_VISIBLE_DEVICES"])
+    # two claims, the card's two instances: one each
+    assert given == {"MIG-dra-2a", "MIG-dra-2b"}
