@@ -28,6 +28,7 @@ A node is in one mode. In DRA mode the agent
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -117,6 +118,9 @@ class DraMode:
                                 dra.pluginDir, dra.cdiDir)
         self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir, state)
         self.server.registration.on_registered = self._registered
+        # the health loop, the sync loop and kubelet's registration publish: one at a time,
+        # or two would write the same new generation and one would fail on the other's
+        self._publishing = threading.Lock()
 
     def _registered(self) -> None:
         try:
@@ -135,6 +139,10 @@ class DraMode:
     def publish(self) -> bool:
         """ResourceSlices and the Node's status say the cards as they are now; True when the
         slices were written."""
+        with self._publishing:
+            return self._publish()
+
+    def _publish(self) -> bool:
         cards = self.cards()
         capacity = dra_capacity(cards)
         patch_node_capacity(self.client, self.node, capacity, capacity, self.config)
