@@ -65,6 +65,15 @@ KIND = "AgentConfig"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
 #: Where the kubelet serves its PodResources API (the DaemonSet mounts the directory read-only).
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: DRA mode: the plugin's own directory (its service socket and checkpoint), kubelet's plugin
+#: watcher directory (the registration socket), and the container runtime's CDI directory.
+DEFAULT_DRA_PLUGIN_DIR = "/var/lib/kubelet/plugins/gpu.elasticgpu.io"
+DEFAULT_DRA_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_CDI_DIR = "/var/run/cdi"
+#: The longest path a unix socket may have (sun_path is 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+#: The file names of the DRA plugin's sockets (`agent.dra.kubelet_plugin`).
+DRA_SOCKET_NAMES = {"pluginDir": "dra.sock", "registryDir": "gpu.elasticgpu.io-reg.sock"}
 
 
 class BackendKind(enum.Enum):
@@ -348,6 +357,26 @@ class UsageConfig(_Strict):
     drift: DriftConfig = Field(default_factory=DriftConfig)
 
 
+class DraConfig(_Strict):
+    """DRA mode (docs/dra.md, "The kubelet plugin"): the node serves GPUs as the DRA driver
+    gpu.elasticgpu.io (ResourceSlices and the kubelet's DRA plugin) instead of device plugins
+    and GPUDevice objects. Its Node must carry the label elasticgpu.io/gpu-mode=dra."""
+
+    enabled: bool = False
+    pluginDir: AbsolutePath = Path(DEFAULT_DRA_PLUGIN_DIR)
+    registryDir: AbsolutePath = Path(DEFAULT_DRA_REGISTRY_DIR)
+    cdiDir: AbsolutePath = Path(DEFAULT_CDI_DIR)
+
+    @field_validator("pluginDir", "registryDir")
+    @classmethod
+    def _socket_fits(cls, value: Path, info: ValidationInfo) -> Path:
+        socket = value / DRA_SOCKET_NAMES[str(info.field_name)]
+        if len(str(socket)) > MAX_SOCKET_PATH:
+            raise ValueError(f"its socket {socket} would be {len(str(socket))} bytes long; a "
+                             f"unix socket path has at most {MAX_SOCKET_PATH}")
+        return value
+
+
 class AgentConfig(_Strict):
     backend: Backend = BackendKind.NVML
     fake: FakeConfig | None = None
@@ -365,6 +394,7 @@ class AgentConfig(_Strict):
     #: server, at most an hour, so the heartbeat stays meaningful.
     syncSeconds: float = Field(default=10.0, ge=1, le=3600)
     usage: UsageConfig = Field(default_factory=UsageConfig)
+    dra: DraConfig = Field(default_factory=DraConfig)
 
     @field_validator("fake")
     @classmethod
@@ -384,6 +414,10 @@ class AgentConfig(_Strict):
         for name in self.resources.share:
             if MIG_RESOURCE_PATTERN.match(name):
                 raise ValueError(f"{name} is a MIG resource; MIG resources come from migStrategy")
+        if self.dra.enabled and self.timeSlicing.replicas > 1:
+            raise ValueError("timeSlicing.replicas belongs to the device-plugin path: with "
+                             "dra.enabled a card is shared through the claims' capacity "
+                             "requests (docs/dra.md)")
         return self
 
     @property

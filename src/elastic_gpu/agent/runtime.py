@@ -1,4 +1,7 @@
-"""The running agent: discover, publish, serve the plugins, follow health, keep columns fresh."""
+"""The running agent: discover, publish, serve the plugins, follow health, keep columns fresh.
+
+With `dra.enabled` the node is a DRA node (`agent.dra.mode`): no device plugins and no
+GPUDevice objects; ResourceSlices and the kubelet's DRA plugin instead."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from elastic_gpu.agent.allocator import Allocator
 from elastic_gpu.agent.backends.base import Backend, BackendError
 from elastic_gpu.agent.backends.isolation import Gated, Isolation
 from elastic_gpu.agent.config import AgentConfig, SharingMode
+from elastic_gpu.agent.dra.mode import DraMode, DraModeError
+from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
 from elastic_gpu.agent.manager import PluginManager
@@ -46,6 +51,9 @@ class Agent:
         self.plugin_dir = plugin_dir or config.devicePluginDir
         # Discovery and planning fail here, before anything is advertised.
         self.snapshot: NodeSnapshot = discover(backend, config, node_name)
+        if config.dra.enabled:
+            # no device plugins: the cards are the DRA driver's devices
+            self.snapshot = snapshot(node_name, self.snapshot.cards, config, plans=())
         self.state = NodeState(self.snapshot.cards)
         files = DeviceFiles({chip.uuid: backend.device_nodes(chip)
                              for lc in self.snapshot.cards for chip in lc.chips},
@@ -62,10 +70,21 @@ class Agent:
         self.manager = PluginManager(
             [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
              for plan in self.snapshot.plans], self.plugin_dir)
+        self.dra: DraMode | None = None
+        if config.dra.enabled:
+            if client is None:
+                raise DraModeError("dra.enabled needs the Kubernetes API (ResourceSlices, "
+                                   "ResourceClaims): run without --no-api")
+            # the same grant inputs as the device-plugin path's Allocator
+            self.dra = DraMode(config, node_name, client, self.state,
+                               GrantInputs(config, backend.visible_devices_env, files,
+                                           isolation))
         self.usage: UsageMonitor | None = None
         self._usage_sinks: ApiSinks | None = None
         if config.usage.enabled:
-            self._usage_sinks = ApiSinks(client, node_name) if client is not None else None
+            # a DRA node has no GPUDevice to write status.usage to: its usage is metrics only
+            self._usage_sinks = (ApiSinks(client, node_name)
+                                 if client is not None and not config.dra.enabled else None)
             node_pods = self.pods
             self.usage = UsageMonitor(
                 node_name, self.snapshot.cards, backend, config.usage,
@@ -93,7 +112,7 @@ class Agent:
         return Gated(isolation, self.mps.refusal)
 
     def _mps_changed(self) -> None:
-        if self.client is None:
+        if self.client is None or self.dra is not None:
             return
         try:
             publish_health(self.client, self.current().node, self.reasons())
@@ -115,7 +134,9 @@ class Agent:
         return reasons
 
     def start(self) -> None:
-        if self.client is not None:
+        if self.dra is not None:
+            self.dra.check_node()  # before anything is published: a node in the wrong group
+        elif self.client is not None:
             # The CRD comes from deploy/crds at install time; the agent may not write CRDs.
             require_crd(self.client)
             publish_snapshot(self.client, self.current(), self.config, self.reasons())
@@ -124,6 +145,8 @@ class Agent:
         if self.mps is not None:
             self.mps.start()  # before the plugins: the first Allocate finds the daemons up
         self.manager.start()
+        if self.dra is not None:
+            self.dra.start()
         if self.config.healthCheck.enabled:
             self._spawn("health", self._health_loop)
         if self.client is not None:
@@ -180,6 +203,8 @@ class Agent:
         if self._usage_sinks is not None:
             self._usage_sinks.stop()
         self.manager.stop()
+        if self.dra is not None:
+            self.dra.stop()
         if self.mps is not None:
             self.mps.stop()
         if self._metrics_server is not None:
@@ -206,7 +231,12 @@ class Agent:
             changed = self.state.apply(events)
             for event in events:
                 log.warning("card %s is %s: %s", event.uuid, event.health.value, event.reason)
-            if changed and self.client is not None:
+            if changed and self.dra is not None:
+                try:
+                    self.dra.publish()
+                except Exception:
+                    log.exception("publishing ResourceSlices")
+            elif changed and self.client is not None:
                 try:
                     snap = self.current()
                     publish_health(self.client, snap.node, self.reasons())
@@ -220,6 +250,11 @@ class Agent:
         synced); re-assert the Node's GPU capacity (a kubelet restart zeroes extended
         resources)."""
         assert self.client is not None and self.pods is not None
+        if self.dra is not None:
+            # no GPUDevices: re-assert the Node's count and the slices (a kubelet restart
+            # zeroes extended resources; someone may have deleted a slice)
+            self.dra.publish()
+            return {}
         snap = self.current()
         usage = card_usage(self.pods.on_node(self.node_name), self.node_name,
                            {card.index: card for card in snap.node.cards})

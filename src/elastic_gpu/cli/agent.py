@@ -22,7 +22,7 @@ def agent(
         "--kubeconfig", help="Kubeconfig file; in-cluster service account when omitted.")] = None,
     no_api: Annotated[bool, typer.Option(
         "--no-api", help="Serve device plugins only (no inventory; only time-sliced "
-        "resources can Allocate without the API).")] = False,
+        "resources can Allocate without the API). Refused with dra.enabled.")] = False,
     metrics_port: Annotated[int, typer.Option(
         "--metrics-port", min=0, max=65535,
         help="Serve Prometheus /metrics (elasticgpu_agent_*, docs/metrics.md) on this port; "
@@ -37,7 +37,9 @@ def agent(
         "--check", help="Only read and validate --config: print each problem (field, value, "
         "rule) and exit 2, or say it is valid and exit 0; nothing is started.")] = False,
 ) -> None:
-    """Run the node agent: kubelet device plugins over NVML or the fake backend."""
+    """Run the node agent: kubelet device plugins (or, with dra.enabled in --config, the DRA
+    driver gpu.elasticgpu.io: ResourceSlices and kubelet's DRA plugin) over NVML or the fake
+    backend."""
     from elastic_gpu.agent.config import AgentConfig, load_config
     from elastic_gpu.api.config.loader import ConfigError
 
@@ -47,6 +49,7 @@ def agent(
     from elastic_gpu.agent.backends.base import BackendError
     from elastic_gpu.agent.backends.registry import make_backend
     from elastic_gpu.agent.devices import InventoryError
+    from elastic_gpu.agent.dra.mode import DraModeError
     from elastic_gpu.agent.runtime import Agent
 
     start_logging("egpu agent", "DEBUG" if verbose else log_level)
@@ -59,6 +62,10 @@ def agent(
     except ConfigError as err:
         typer.echo(f"egpu agent: {err}", err=True)
         raise typer.Exit(2) from None
+    if no_api and cfg.dra.enabled:
+        typer.echo("egpu agent: --no-api cannot serve dra.enabled (ResourceSlices and "
+                   "ResourceClaims are API objects)", err=True)
+        raise typer.Exit(2)
     client = None
     if not no_api:
         from elastic_gpu.kube.kubeconfig import ClientConfigError
@@ -84,6 +91,10 @@ def agent(
         running.start()
         if metrics_port:
             running.serve_metrics(metrics_host, metrics_port)
+    except DraModeError as err:  # the Node is not in the DRA node group: nothing published
+        running.stop()
+        typer.echo(f"egpu agent: {err}", err=True)
+        raise typer.Exit(1) from None
     except Exception as err:  # API unreachable, RBAC, socket directory not writable, port ...
         running.stop()
         typer.echo(f"egpu agent: cannot start: {type(err).__name__}: {err}", err=True)

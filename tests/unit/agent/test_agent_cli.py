@@ -53,3 +53,14 @@ def test_fake_node_agent_registers_and_stops_cleanly(plugin_dir: Path) -> None:
         if process.poll() is None:
             process.kill()
         kubelet.stop()
+
+
+def test_dra_mode_without_the_api_exits_2_and_serves_nothing(plugin_dir: Path) -> None:
+    (plugin_dir / "inv.yaml").write_text("cards: [{model: A100, memoryMiB: 40960}]\n")
+    config = plugin_dir / "agent.yaml"
+    config.write_text(f"backend: fake\nfake: {{inventory: inv.yaml}}\ndra:\n  enabled: true\n"
+                      f"  pluginDir: {plugin_dir}/p\n  registryDir: {plugin_dir}/r\n")
+    result = run("--node", "n1", "--config", str(config), "--no-api")
+    assert result.returncode == 2
+    assert "--no-api cannot serve dra.enabled" in result.stderr
+    assert not (plugin_dir / "r").exists() and not (plugin_dir / "p").exists()

@@ -4,7 +4,8 @@ The shapes are `core.dra.devices.node_slices` (pure); this module only compares 
 the API holds and writes the difference, through the project's one client stack. A pool is
 rewritten whole at a new generation when anything in it changed (kube-scheduler uses only the
 slices of a pool's newest generation, so a half-written pool is never allocated from), and
-left alone when nothing did: an agent restart or a periodic resync writes nothing.
+left alone when nothing did: an agent restart or a periodic resync writes nothing (quantities
+are compared as numbers: the API server writes them back in its canonical form).
 """
 
 from __future__ import annotations
@@ -15,14 +16,38 @@ from typing import Any
 
 from elastic_gpu.core.dra.devices import DRIVER, node_slices
 from elastic_gpu.core.model import Card
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.resources import RESOURCE_SLICES
 from elastic_gpu.kube.sync import SyncKubeClient
 
+#: Keys whose string values are quantities (capacity values, request policies, counters).
+_QUANTITY_KEYS = frozenset({"value", "default", "min", "max", "step"})
+
+
+def _canonical(obj: Any) -> Any:
+    """`obj` with every quantity as its number: the API server writes `40960Mi` back as
+    `40Gi`, and a pool must not be rewritten at a new generation for that."""
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if key in _QUANTITY_KEYS and isinstance(value, str):
+                try:
+                    out[key] = parse_quantity(value)
+                    continue
+                except QuantityError:
+                    pass
+            out[key] = _canonical(value)
+        return out
+    if isinstance(obj, list):
+        return [_canonical(item) for item in obj]
+    return obj
+
 
 def _comparable(spec: dict[str, Any]) -> dict[str, Any]:
     pool = {k: v for k, v in (spec.get("pool") or {}).items() if k != "generation"}
-    return {**spec, "pool": pool}
+    comparable: dict[str, Any] = _canonical({**spec, "pool": pool})
+    return comparable
 
 
 def existing_slices(client: SyncKubeClient, node: str) -> list[dict[str, Any]]:

@@ -1,0 +1,166 @@
+"""The agent in DRA mode (`dra.enabled`): what it publishes and serves instead of device plugins.
+
+A node is in one mode. In DRA mode the agent
+
+- refuses to start unless its Node carries the label `elasticgpu.io/gpu-mode: dra` (the
+  operator's node-group label, which the scheduler extender reads to leave the node to
+  kube-scheduler's DynamicResources plugin): a node the extender still takes for a
+  device-plugin node would be given pods whose cards nothing on the node serves;
+- publishes the node's cards as ResourceSlices (`slices_api.publish_node_slices`) at start,
+  on every health change, each time kubelet registers the plugin and every `syncSeconds`
+  (kubelet deletes its node's DRA slices when it starts, and a driver's 30 s after its plugin
+  went), and never withdraws them on stop: kube-scheduler must keep seeing the devices it
+  allocated while the agent restarts (the slices are the Node's, so they go with it);
+- publishes **no GPUDevice objects** and serves no device plugin: the extender counts a
+  GPUDevice's card as free for device-plugin pods, and the same card would then be handed
+  out twice, once by kube-scheduler's allocator and once by the extender;
+- advertises, of the GPU names in the Node's status, only `node.elasticgpu.io/gpu-core`
+  (`core/nodefit.py`: a lower bound kube-scheduler counts; every GPU pod the webhook mutated
+  asks for it, so such pods still fit a DRA node), and removes device-plugin names a previous
+  mode left; beside it the quota's accounting names (`core.quota.QUOTA_NAMES`) at a count no
+  node's pods reach: the webhook puts them on every GPU container, and kube-scheduler's
+  DynamicResources filter (KEP-5004) and kubelet's admission check every extended resource of
+  an `nvidia.com/gpu` pod served through the DeviceClass, so without them such a pod fits no
+  DRA node (the scheduler side found it on kwok: `core.dra.nodemode.accounting_allocatable`);
+- serves the kubelet's DRA plugin (`kubelet_plugin`) and its device health stream (`health`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from elastic_gpu.agent.config import AgentConfig
+from elastic_gpu.agent.devices import LogicalCard
+from elastic_gpu.agent.dra.kubelet_plugin import DraPlugin, KubeletPluginServer, api_claim_reader
+from elastic_gpu.agent.dra.prepare import GrantInputs
+from elastic_gpu.agent.dra.slices_api import publish_node_slices
+from elastic_gpu.agent.publish import patch_node_capacity
+from elastic_gpu.agent.state import NodeState
+from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.quota import QUOTA_NAMES
+from elastic_gpu.kube.resources import NODES
+from elastic_gpu.kube.sync import SyncKubeClient
+
+log = logging.getLogger(__name__)
+
+#: The node label that puts a node in a GPU mode, and its value for DRA (the scheduler
+#: extender reads the same label).
+GPU_MODE_LABEL = "elasticgpu.io/gpu-mode"
+GPU_MODE_DRA = "dra"
+
+
+class DraModeError(RuntimeError):
+    """DRA mode cannot start on this node (the message says what to change)."""
+
+
+#: What a DRA node advertises of each quota accounting name: more than its pods can ask.
+ACCOUNTING_ALLOCATABLE = "1000000000"
+
+
+def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
+    """The GPU names of a DRA node's status: only the node-level count kube-scheduler reads."""
+    if not cards:
+        return {}
+    return {NODE_CORE: str(node_core_capacity([1] * len(cards)))}
+
+
+def accounting_capacity() -> dict[str, str]:
+    """The quota's accounting names as a DRA node advertises them (not GPU names: the
+    device-plugin path's capacity patch leaves them alone)."""
+    return dict.fromkeys(QUOTA_NAMES, ACCOUNTING_ALLOCATABLE)
+
+
+def missing_accounting(node: Mapping[str, Any]) -> dict[str, str]:
+    """The accounting names the Node's status lacks or has at another count (capacity or
+    allocatable)."""
+    status = node.get("status") or {}
+    want = accounting_capacity()
+    have = [status.get("capacity") or {}, status.get("allocatable") or {}]
+    return {k: v for k, v in want.items() if any(not _same(h.get(k), v) for h in have)}
+
+
+def _same(found: Any, want: str) -> bool:
+    """Equal quantities (the API server writes 1000000000 back as `1G`)."""
+    try:
+        return found is not None and parse_quantity(str(found)) == parse_quantity(want)
+    except QuantityError:
+        return False
+
+
+def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
+    """Why the Node (as read from the API) is not a DRA-mode node (None: it is)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    value = labels.get(GPU_MODE_LABEL)
+    if value == GPU_MODE_DRA:
+        return None
+    found = "has no such label" if value is None else f"has {GPU_MODE_LABEL}={value}"
+    return (f"dra.enabled is set but Node {name} {found}: the node must be in the DRA node "
+            f"group ({GPU_MODE_LABEL}: {GPU_MODE_DRA}, set by the chart's DRA node group) so that "
+            "the scheduler extender leaves its GPUs to kube-scheduler; label it, or run the "
+            "agent without dra.enabled")
+
+
+class DraMode:
+    def __init__(self, config: AgentConfig, node: str, client: SyncKubeClient,
+                 state: NodeState, inputs: GrantInputs) -> None:
+        self.config = config
+        self.node = node
+        self.client = client
+        self.cards: Callable[[], Mapping[int, LogicalCard]] = state.cards
+        self.node_uid: str | None = None
+        dra = config.dra
+        self.plugin = DraPlugin(node, api_claim_reader(client), state.cards, inputs,
+                                dra.pluginDir, dra.cdiDir)
+        self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir, state)
+        self.server.registration.on_registered = self._registered
+        # the health loop, the sync loop and kubelet's registration publish: one at a time,
+        # or two would write the same new generation and one would fail on the other's
+        self._publishing = threading.Lock()
+
+    def _registered(self) -> None:
+        try:
+            self.publish()
+        except Exception:
+            log.exception("publishing ResourceSlices after kubelet's registration")
+
+    def check_node(self) -> None:
+        """Raise DraModeError unless the Node is labelled for DRA; remembers its uid."""
+        node = self.client.get(NODES.path(name=self.node))
+        refusal = mode_refusal(node, self.node)
+        if refusal is not None:
+            raise DraModeError(refusal)
+        self.node_uid = str((node.get("metadata") or {}).get("uid") or "") or None
+
+    def publish(self) -> bool:
+        """ResourceSlices and the Node's status say the cards as they are now; True when the
+        slices were written."""
+        with self._publishing:
+            return self._publish()
+
+    def _publish(self) -> bool:
+        cards = self.cards()
+        capacity = dra_capacity(cards)
+        patch_node_capacity(self.client, self.node, capacity, capacity, self.config)
+        missing = missing_accounting(self.client.get(NODES.path(name=self.node)))
+        if missing:
+            self.client.patch(NODES.path(name=self.node, subresource="status"),
+                              {"status": {"capacity": missing, "allocatable": missing}})
+        written = publish_node_slices(self.client, self.node,
+                                      [lc.card for _, lc in sorted(cards.items())], self.node_uid)
+        if written:
+            log.info("published the ResourceSlices of %s (%d cards)", self.node, len(cards))
+        return written
+
+    def start(self) -> None:
+        """Publish, then serve the kubelet plugin (`check_node` first)."""
+        self.publish()
+        self.server.start()
+
+    def stop(self) -> None:
+        # the slices stay: kube-scheduler keeps seeing the devices it allocated
+        self.server.stop()

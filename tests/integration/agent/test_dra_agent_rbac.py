@@ -1,0 +1,197 @@
+"""What a DRA-mode agent needs of the API, and no more: the ClusterRole rules and the
+admission policy docs/dra.md ("Deploying a DRA node") lists for the chart, applied here to a
+ServiceAccount of the test's own, with a token bound to an agent pod on the node (as the
+DaemonSet's pod has it). The agent starts, publishes, and prepares a claim with it; it cannot
+write another node's ResourceSlices or Node status, list claims, or write a claim's status."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from egpu_testing.dra import allocation, claim_manifest, result
+from elastic_gpu.agent.backends.fake import FakeBackend
+from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.dra.mode import GPU_MODE_LABEL
+from elastic_gpu.agent.dra.slices_api import existing_slices, withdraw_node_slices
+from elastic_gpu.agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from elastic_gpu.agent.runtime import Agent
+from elastic_gpu.core.dra.devices import node_slices
+from elastic_gpu.kube.errors import Forbidden
+from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
+from elastic_gpu.kube.sync import SyncKubeClient
+
+pytestmark = pytest.mark.integration
+
+#: The rules docs/dra.md lists (beside the device-plugin agent's pods, events and nodes rules).
+DRA_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+     "verbs": ["list", "create", "update", "delete"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+]
+#: The validation docs/dra.md adds to the agent's own-node admission policy.
+OWN_SLICES = (
+    "request.resource.resource != 'resourceslices' || "
+    "((object == null || (has(object.spec.nodeName) && object.spec.nodeName == variables.node))"
+    " && (oldObject == null || (has(oldObject.spec.nodeName) && "
+    "oldObject.spec.nodeName == variables.node)))")
+INVENTORY = {"cards": [{"model": "A100", "memoryMiB": 40960}]}
+
+
+def manifests(name: str, namespace: str) -> list[dict[str, Any]]:
+    node_var = ("'authentication.kubernetes.io/node-name' in request.userInfo.extra ? "
+                "request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": name, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name}, "rules": DRA_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [
+                      {"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                       "operations": ["CREATE", "UPDATE", "DELETE"],
+                       "resources": ["resourceslices"]},
+                      {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                       "resources": ["nodes/status"]}]},
+                  "matchConditions": [{"name": "the-agent", "expression":
+                                       "request.userInfo.username == "
+                                       f"'system:serviceaccount:{namespace}:{name}'"}],
+                  "variables": [{"name": "node", "expression": node_var}],
+                  "validations": [
+                      {"expression": "variables.node != ''", "reason": "Forbidden",
+                       "message": "the agent token is not bound to a node"},
+                      {"expression": OWN_SLICES, "reason": "Forbidden",
+                       "messageExpression": "'an agent writes only the ResourceSlices of its "
+                                            "own node ' + variables.node"},
+                      {"expression": "request.resource.resource != 'nodes' || "
+                                     "request.name == variables.node", "reason": "Forbidden",
+                       "messageExpression": "'an agent patches only its own Node ' + "
+                                            "variables.node"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+         "spec": {"policyName": name, "validationActions": ["Deny"]}},
+    ]
+
+
+def kubeconfig_with_token(k8s_cluster: Any, token: str, where: Path) -> Path:
+    admin = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
+    path = where / "agent-kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "agent", "user": {"token": token}}],
+        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}]}))
+    return path
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="egpu-drr-"))  # short: unix socket paths
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_documented_rbac_and_policy_are_enough_and_no_more(
+        k8s_cluster: Any, k8s_namespace: str, work: Path) -> None:
+    from egpu_testing.pytest_plugin import unique_name
+
+    admin = k8s_cluster.kube()
+    node, other = unique_name("drr"), unique_name("drr-other")
+    for name in (node, other):
+        admin.create(NODES.path(), {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": name, "labels": {GPU_MODE_LABEL: "dra"}}})
+    account = unique_name("egpu-dra-agent")
+    docs = manifests(account, k8s_namespace)
+    k8s_cluster.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(d)
+                                                                  for d in docs))
+    pod = admin.create(PODS.path(namespace=k8s_namespace), {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent"},
+        "spec": {"nodeName": node, "serviceAccountName": account,
+                 "containers": [{"name": "agent", "image": "elastic-gpu"}]}})
+    token = k8s_cluster.kubectl(
+        "create", "token", account, "-n", k8s_namespace, "--bound-object-kind", "Pod",
+        "--bound-object-name", "agent", "--bound-object-uid", pod["metadata"]["uid"]
+    ).stdout.strip()
+    agent_api = SyncKubeClient.from_config(kubeconfig_with_token(k8s_cluster, token, work),
+                                           field_manager="egpu-agent")
+    running: Agent | None = None
+    try:
+        foreign = node_slices(other, [], 1)[0]
+        foreign["spec"]["devices"] = [{"name": "gpu-0"}]
+        # the admission policy takes effect a moment after it is created
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                agent_api.create(RESOURCE_SLICES.path(), foreign)
+            except Forbidden as err:
+                if "its own node" in str(err):
+                    break
+                raise
+            withdraw_node_slices(admin, other)
+            assert time.monotonic() < deadline, "ValidatingAdmissionPolicy never took effect"
+            time.sleep(0.2)
+
+        config = parse_config({"syncSeconds": 3600, "usage": {"enabled": False}, "dra": {
+            "enabled": True, "pluginDir": str(work / "plugin"),
+            "registryDir": str(work / "registry"), "cdiDir": str(work / "cdi")}})
+        running = Agent(config, FakeBackend.from_dict(INVENTORY, node), node, client=agent_api)
+        running.start()
+        assert [s["metadata"]["name"] for s in existing_slices(admin, node)] == [
+            f"{node}-gpu.elasticgpu.io"]
+        claim = admin.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace),
+                             claim_manifest("c", k8s_namespace))
+        claim["status"] = {"allocation": allocation(node, [result(node, "gpu-0")]),
+                           "reservedFor": [{"resource": "pods", "name": "agent",
+                                            "uid": pod["metadata"]["uid"]}]}
+        admin.update(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="c",
+                                          subresource="status"), claim)
+        assert running.dra is not None
+        with grpc.insecure_channel(f"unix://{running.dra.server.service_socket}") as channel:
+            answer = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=[dra_v1_pb2.Claim(
+                    namespace=k8s_namespace, name="c", uid=claim["metadata"]["uid"])]),
+                timeout=10)
+        assert answer.claims[claim["metadata"]["uid"]].error == ""
+
+        # what it may not do: another node's slices and Node, claims beyond a get
+        admin.create(RESOURCE_SLICES.path(), foreign)
+        with pytest.raises(Forbidden, match="its own node"):
+            agent_api.delete(RESOURCE_SLICES.path(name=foreign["metadata"]["name"]))
+        with pytest.raises(Forbidden, match="its own Node"):
+            agent_api.patch(NODES.path(name=other, subresource="status"),
+                            {"status": {"capacity": {"x.example.com/y": "1"}}})
+        with pytest.raises(Forbidden):
+            agent_api.list(RESOURCE_CLAIMS.path(namespace=k8s_namespace))
+        with pytest.raises(Forbidden):
+            agent_api.update(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="c",
+                                                  subresource="status"), claim)
+    finally:
+        if running is not None:
+            running.stop()
+        agent_api.close()
+        for name in (node, other):
+            withdraw_node_slices(admin, name)
+            admin.delete(NODES.path(name=name))
+        for doc in docs:
+            if doc["kind"] != "ServiceAccount":
+                k8s_cluster.kubectl("delete", doc["kind"].lower(), doc["metadata"]["name"],
+                                    check=False)

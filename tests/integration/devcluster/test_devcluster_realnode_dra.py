@@ -1,0 +1,215 @@
+"""The agent in DRA mode (fake backend) beside a real kubelet: kubelet's plugin watcher
+registers the DRA plugin, the default kube-scheduler's DynamicResources plugin allocates a
+claim of a card share from the agent's ResourceSlices, kubelet calls NodePrepareResources
+before the container starts, follows the plugin's device health stream into the pod's status
+(`allocatedResourcesStatus`), survives a kubelet restart (which deletes the node's slices: the
+agent publishes them again when kubelet registers it again), and calls NodeUnprepareResources
+after the pod goes.
+
+The real node's containerd is the Debian package (1.6), which has no CDI support: the CDI
+spec is written and its id handed to the runtime, but the container's environment is not
+changed by it (containerd 1.7 needs `enable_cdi`, 2.x reads CDI by default). The test checks
+the spec, not the environment. Skipped where the machine cannot run a real node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu_testing.dra import claim_manifest
+from elastic_gpu.agent.dra.cdi import env_of, spec_file
+from elastic_gpu.agent.dra.mode import GPU_MODE_DRA, GPU_MODE_LABEL
+from elastic_gpu.agent.dra.slices_api import existing_slices
+from elastic_gpu.api.config.strict_yaml import dump_yaml
+from elastic_gpu.core.dra.classes import MIG_CLASS, device_classes
+from elastic_gpu.core.dra.devices import DRIVER
+from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.devcluster.process import ProcessHandle, spawn
+from elastic_gpu.devcluster.realnode import REAL_NODE_TOLERATION, RealNode
+from elastic_gpu.devcluster.realnode_agent import agent_argv, write_agent_files
+from elastic_gpu.kube.errors import AlreadyExists, NotFound
+from elastic_gpu.kube.resources import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS
+
+pytestmark = pytest.mark.integration
+
+INVENTORY: dict[str, Any] = {
+    "cards": [*({"model": "A100-SXM4-80GB", "memoryMiB": 81920, "uuid": f"GPU-dra-{i}"}
+                for i in range(2)),
+              {"model": "A100-SXM4-80GB", "memoryMiB": 81920, "uuid": "GPU-dra-2",
+               "mig": [{"profile": "3g.40gb", "uuid": "MIG-dra-2a", "start": 0},
+                       {"profile": "3g.40gb", "uuid": "MIG-dra-2b", "start": 4}]}]}
+REGISTERED = f"kubelet registered the DRA plugin {DRIVER}"
+
+
+def tmp_agent_dir(agent: ProcessHandle) -> Path:
+    """The directory `write_agent_files` wrote the agent's config and inventory into."""
+    return agent.log_path.parent / "agent"
+
+
+def wait_for(check: Callable[[], bool], what: str, agent: ProcessHandle,
+             timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert agent.alive(), f"the agent died:\n{agent.log_tail()}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:.0f} s; agent log:\n" \
+            f"{agent.log_tail()}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def dra_agent(real_node: RealNode, k8s_cluster: ControlPlane,
+              tmp_path: Path) -> Iterator[tuple[ProcessHandle, Path]]:
+    """The real node labelled for DRA, the DeviceClasses, and the agent in DRA mode serving
+    kubelet's plugin directories; (the agent, its CDI directory)."""
+    kube = k8s_cluster.kube()
+    created = []
+    for cls in device_classes():
+        with contextlib.suppress(AlreadyExists):
+            kube.create(DEVICE_CLASSES.path(), cls)
+            created.append(cls["metadata"]["name"])
+    k8s_cluster.kubectl("label", "node", real_node.name, "--overwrite",
+                        f"{GPU_MODE_LABEL}={GPU_MODE_DRA}")
+    root = real_node.paths.kubelet_root  # /var/lib/kubelet inside the node's namespace
+    cdi = tmp_path / "cdi"
+    config = write_agent_files(tmp_path / "agent", real_node.device_plugin_dir, INVENTORY, {
+        "syncSeconds": 2, "deviceSpecs": False, "usage": {"enabled": False},
+        "dra": {"enabled": True, "pluginDir": str(root / "plugins" / DRIVER),
+                "registryDir": str(root / "plugins_registry"), "cdiDir": str(cdi)}})
+    agent = spawn("agent", agent_argv(real_node.name, k8s_cluster.kubeconfig, config),
+                  tmp_path / "agent.log", die_with_parent=True)
+    try:
+        # the real kubelet's plugin watcher found the socket, called GetInfo and accepted it
+        wait_for(lambda: REGISTERED in agent.log_path.read_text(), "registration", agent)
+        wait_for(lambda: bool(existing_slices(kube, real_node.name)), "ResourceSlices", agent)
+        yield agent, cdi
+    finally:
+        agent.stop()
+        k8s_cluster.kubectl("label", "node", real_node.name, f"{GPU_MODE_LABEL}-",
+                            check=False)
+        for name in created:
+            with contextlib.suppress(NotFound):
+                kube.delete(DEVICE_CLASSES.path(name=name))
+
+
+def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
+        dra_agent: tuple[ProcessHandle, Path], real_node: RealNode, k8s_cluster: ControlPlane,
+        k8s_namespace: str) -> None:
+    agent, cdi = dra_agent
+    kube = k8s_cluster.kube()
+    claim = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), claim_manifest(
+        "share", k8s_namespace, capacity={"compute": "30", "memory": "8Gi"}))
+    uid = claim["metadata"]["uid"]
+    kube.create(PODS.path(namespace=k8s_namespace), {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user"},
+        "spec": {"tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
+                 "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
+                 "containers": [{"name": "main", "image": real_node.busybox_image,
+                                 "imagePullPolicy": "Never",
+                                 "command": ["sh", "-c", "env; exec sleep 3600"],
+                                 "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+    def phase() -> str:
+        pod = kube.get(PODS.path(namespace=k8s_namespace, name="user"))
+        status = pod.get("status") or {}
+        assert status.get("phase") not in ("Failed", "Succeeded"), status
+        return str(status.get("phase"))
+    wait_for(lambda: phase() == "Running", "Running pod", agent)
+
+    allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="share"))
+    (result,) = allocated["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, real_node.name)
+    assert result["device"] in ("gpu-0", "gpu-1")
+    assert result["consumedCapacity"] == {"compute": "30", "memory": "8Gi"}
+    # kubelet called NodePrepareResources: the claim's CDI spec holds Allocate's grant
+    spec = json.loads(spec_file(cdi, uid).read_text())
+    env = env_of(spec, f"{uid}-{result['device']}")
+    index = int(result["device"].removeprefix("gpu-"))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-dra-{index}"
+    assert env["EGPU_CORE_PERCENT"] == "30" and env["EGPU_MEMORY_MIB"] == "8192"
+    assert env["EGPU_ISOLATION"] == "accounting-only"
+
+    # kubelet follows the plugin's health stream into the pod's status; the card fails (the
+    # fake inventory's health list, re-read by the running agent): the pod's status says so
+    def device_health() -> list[tuple[str, str]]:
+        pod = kube.get(PODS.path(namespace=k8s_namespace, name="user"))
+        (main,) = pod["status"]["containerStatuses"]
+        return [(r["resourceID"], r["health"]) for s in main.get("allocatedResourcesStatus")
+                or [] for r in s["resources"]]
+    cdi_id = f"{DRIVER}/gpu={uid}-{result['device']}"
+    wait_for(lambda: device_health() == [(cdi_id, "Healthy")], "Healthy in pod status", agent)
+    inventory = tmp_agent_dir(agent) / "inventory.yaml"
+    inventory.write_text(dump_yaml({**INVENTORY, "health": [
+        {"index": index, "reason": "XID 79"}]}))
+    wait_for(lambda: device_health() == [(cdi_id, "Unhealthy")], "Unhealthy in pod status",
+             agent)
+
+    # kubelet restarts: it deletes its node's DRA slices as it starts and registers the plugin
+    # again (the socket is still there); the agent publishes them again. Should kubelet repeat
+    # the running pod's prepare, the checkpoint answers it: "prepared" is logged once.
+    log = agent.log_path
+    registrations = log.read_text().count(REGISTERED)
+    real_node.restart_kubelet()
+    wait_for(lambda: log.read_text().count(REGISTERED) > registrations, "re-registration",
+             agent)
+    wait_for(lambda: bool(existing_slices(kube, real_node.name)), "slices again", agent)
+    time.sleep(3)  # a wipe still under way would show here
+    assert existing_slices(kube, real_node.name)
+    assert log.read_text().count(f"prepared ResourceClaim {k8s_namespace}/share") == 1
+    assert phase() == "Running"
+
+    # the pod goes: kubelet calls NodeUnprepareResources, the spec goes with it
+    kube.delete(PODS.path(namespace=k8s_namespace, name="user"))
+    wait_for(lambda: not spec_file(cdi, uid).exists(), "unprepare", agent)
+    assert "unprepared claim" in agent.log_path.read_text()
+
+
+def test_kubelet_prepares_a_mig_claim_by_profile(
+        dra_agent: tuple[ProcessHandle, Path], real_node: RealNode, k8s_cluster: ControlPlane,
+        k8s_namespace: str) -> None:
+    """kube-scheduler picks a MIG instance by the class and the profile attribute, consuming
+    its card's counters; kubelet prepares it: the container is given that instance."""
+    agent, cdi = dra_agent
+    kube = k8s_cluster.kube()
+    claims = []
+    for name in ("mig-a", "mig-b"):
+        manifest = claim_manifest(name, k8s_namespace)
+        manifest["spec"]["devices"]["requests"][0]["exactly"] = {
+            "deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].profile == "3g.40gb"'}}]}
+        claims.append(kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), manifest))
+        kube.create(PODS.path(namespace=k8s_namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-user"},
+            "spec": {"tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                     "containers": [{"name": "main", "image": real_node.busybox_image,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", "exec sleep 3600"],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+    def running(name: str) -> bool:
+        status = kube.get(PODS.path(namespace=k8s_namespace, name=name)).get("status") or {}
+        assert status.get("phase") not in ("Failed", "Succeeded"), status
+        return status.get("phase") == "Running"
+    wait_for(lambda: running("mig-a-user") and running("mig-b-user"), "MIG pods Running", agent)
+
+    given = set()
+    for claim in claims:
+        uid = claim["metadata"]["uid"]
+        allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace,
+                                                  name=claim["metadata"]["name"]))
+        (result,) = allocated["status"]["allocation"]["devices"]["results"]
+        assert result["device"] in ("gpu-2-mig-0-3g-40gb", "gpu-2-mig-4-3g-40gb")
+        env = env_of(json.loads(spec_file(cdi, uid).read_text()), f"{uid}-{result['device']}")
+        assert env["EGPU_ISOLATION"] == "mig"
+        given.add(env["NVIDIA_VISIBLE_DEVICES"])
+    # two claims, the card's two instances: one each
+    assert given == {"MIG-dra-2a", "MIG-dra-2b"}

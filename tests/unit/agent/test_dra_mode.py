@@ -1,0 +1,80 @@
+"""DRA mode's config section and its pure decisions: the Node label it needs and the only GPU
+name it advertises in the Node's status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from elastic_gpu.agent.backends.fake import FakeBackend
+from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.devices import logical_cards
+from elastic_gpu.agent.dra.mode import (
+    GPU_MODE_LABEL,
+    accounting_capacity,
+    dra_capacity,
+    missing_accounting,
+    mode_refusal,
+)
+from elastic_gpu.api.config.loader import ConfigError
+from elastic_gpu.core.nodefit import NODE_CORE
+
+
+def test_defaults_are_off_and_kubelets_directories() -> None:
+    dra = parse_config({}).dra
+    assert not dra.enabled
+    assert dra.pluginDir == Path("/var/lib/kubelet/plugins/gpu.elasticgpu.io")
+    assert dra.registryDir == Path("/var/lib/kubelet/plugins_registry")
+    assert dra.cdiDir == Path("/var/run/cdi")
+
+
+@pytest.mark.parametrize(("section", "field", "rule"), [
+    ({"enable": True}, "dra.enable", "is not a known key"),
+    ({"enabled": "yes"}, "dra.enabled", "must be true or false"),
+    ({"cdiDir": "cdi"}, "dra.cdiDir", "must be an absolute path"),
+    ({"registryDir": "/" + "r" * 100}, "dra.registryDir", "a unix socket path has at most 107"),
+])
+def test_the_section_is_strict(section: dict[str, object], field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"dra": section})
+    assert f"{field}: got" in str(err.value) and rule in str(err.value)
+
+
+def test_only_a_node_labelled_for_dra_may_run_dra_mode() -> None:
+    def node(labels: dict[str, str] | None) -> dict[str, object]:
+        return {"metadata": {"name": "n", **({"labels": labels} if labels is not None else {})}}
+
+    assert mode_refusal(node({GPU_MODE_LABEL: "dra"}), "n") is None
+    missing = mode_refusal(node(None), "n")
+    assert missing is not None and "Node n has no such label" in missing
+    assert "elasticgpu.io/gpu-mode: dra" in missing
+    other = mode_refusal(node({GPU_MODE_LABEL: "device-plugin"}), "n")
+    assert other is not None and "has elasticgpu.io/gpu-mode=device-plugin" in other
+
+
+def test_a_dra_node_advertises_only_the_node_level_core_count() -> None:
+    backend = FakeBackend.from_dict({"cards": [{"model": "A100", "memoryMiB": 40960}] * 3}, "n")
+    cards = {lc.index: lc for lc in logical_cards(backend.discover(), False)}
+    assert dra_capacity(cards) == {NODE_CORE: "300"}
+    assert dra_capacity({}) == {}
+
+
+def test_time_slicing_replicas_are_refused_in_dra_mode() -> None:
+    with pytest.raises(ConfigError, match=r"timeSlicing\.replicas belongs to the device-plugin"):
+        parse_config({"dra": {"enabled": True}, "timeSlicing": {"replicas": 4}})
+    assert parse_config({"timeSlicing": {"replicas": 4}}).timeSlicing.replicas == 4
+
+
+def test_the_quota_accounting_names_are_patched_only_when_missing_or_other() -> None:
+    want = accounting_capacity()
+    assert set(want) == {"quota.elasticgpu.io/gpu-core", "quota.elasticgpu.io/gpu-memory"}
+    assert missing_accounting({"status": {"capacity": want, "allocatable": want}}) == {}
+    assert missing_accounting({"status": {}}) == want
+    canonical = dict.fromkeys(want, "1G")  # as the API server writes 1000000000 back
+    assert missing_accounting({"status": {"capacity": canonical, "allocatable": canonical}}) \
+        == {}
+    zeroed = {**want, "quota.elasticgpu.io/gpu-core": "0"}  # a restarted kubelet's zero
+    assert missing_accounting({"status": {"capacity": want, "allocatable": zeroed}}) == {
+        "quota.elasticgpu.io/gpu-core": want["quota.elasticgpu.io/gpu-core"]}
+
