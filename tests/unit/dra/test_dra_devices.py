@@ -70,7 +70,7 @@ def test_mig_instances_consume_their_cards_counters_and_sick_devices_are_tainted
     by_name = {d["name"]: d for d in devices["spec"]["devices"]}
     mig = by_name["gpu-1-mig-0-3g-40gb"]
     assert mig["consumesCounters"] == [{"counterSet": "gpu-1", "counters": {
-        "computeSlices": {"value": "3"}, "memory": {"value": "40960Mi"}}}]
+        "compute-slices": {"value": "3"}, "memory": {"value": "40960Mi"}}}]
     assert mig["attributes"]["profile"] == {"string": "3g.40gb"}
     assert "allowMultipleAllocations" not in mig
     assert "taints" not in mig
