@@ -35,6 +35,7 @@ from elastic_gpu.devcluster import components, realnode_sandbox
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.components import ComponentEnv, ComponentSpec, Stage
 from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.devcluster.dra_nodes import install_device_classes
 from elastic_gpu.devcluster.errors import ComponentStartError, DevClusterError
 from elastic_gpu.devcluster.nodes import (
     FAKE_NODE_LABEL,
@@ -336,6 +337,7 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
             # only the system writes the ledger, and the opt-out is an admin's (the
             # components run as the admin, who holds the system's permission)
             create_or_update(client, admission_policies.manifests())
+            install_device_classes(client)  # the DRA driver's, as in the chart
         step("etcd, kube-apiserver")
         # Components before kube-scheduler start while the controller manager does.
         early = [spec for spec in specs if spec.stage is Stage.BEFORE_SCHEDULER]
