@@ -18,7 +18,12 @@ from dataclasses import replace
 from typing import Any
 
 from elastic_gpu.core.dra.classes import device_classes
-from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL, is_dra_node
+from elastic_gpu.core.dra.nodemode import (
+    GPU_MODE_DRA,
+    GPU_MODE_LABEL,
+    accounting_allocatable,
+    is_dra_node,
+)
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
 from elastic_gpu.core.resources import MigProfile
@@ -80,8 +85,10 @@ def cards_from_json(text: str) -> tuple[Card, ...]:
 
 
 def dra_capacity(inventory: Node) -> dict[str, str]:
-    """A DRA-mode node's GPU capacity: kube-scheduler's node-level count only."""
-    return {NODE_CORE: str(node_capacity(1 for _ in inventory.cards))}
+    """A DRA-mode node's GPU capacity: kube-scheduler's node-level count, and the quota's
+    accounting names (`core.dra.nodemode.accounting_allocatable`); no device-plugin name."""
+    return {NODE_CORE: str(node_capacity(1 for _ in inventory.cards)),
+            **accounting_allocatable()}
 
 
 def dra_node_manifest(inventory: Node, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,3 +172,19 @@ def install_device_classes(client: SyncKubeClient) -> None:
     from elastic_gpu.kube.apply import create_or_update
 
     create_or_update(client, device_classes())
+
+
+def enable_dra(client: SyncKubeClient, inventories: Sequence[Node]) -> bool:
+    """When some of `inventories` are DRA-mode nodes: the DeviceClasses, and the quota's
+    accounting names advertised on the device-plugin nodes too (a DRA-mode node's manifest
+    has them), without which no `nvidia.com/gpu` pod fits anywhere once a class maps that
+    name (`core.dra.nodemode.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
+    if not any(is_dra_node(inv.labels) for inv in inventories):
+        return False
+    install_device_classes(client)
+    names = accounting_allocatable()
+    for inv in inventories:
+        if not is_dra_node(inv.labels):
+            client.patch(NODES.path(name=inv.name, subresource="status"),
+                         {"status": {"capacity": names, "allocatable": names}})
+    return True

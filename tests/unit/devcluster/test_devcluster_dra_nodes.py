@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from elastic_gpu.core.dra.devices import device_table, node_slices
-from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL, accounting_allocatable
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.devcluster import dra_nodes, nodes
 
@@ -18,7 +18,9 @@ def test_a_dra_node_advertises_only_the_node_level_count_and_carries_its_invento
     assert manifest["metadata"]["labels"][GPU_MODE_LABEL] == "dra"
     gpu = {k: v for k, v in manifest["status"]["allocatable"].items()
            if k not in ("cpu", "memory", "pods")}
-    assert gpu == {NODE_CORE: "200"}  # 100 per card, no nvidia.com/gpu or gpu-core
+    # 100 per card, the quota's accounting names (DynamicResources checks them), no
+    # nvidia.com/gpu or gpu-core
+    assert gpu == {NODE_CORE: "200", **accounting_allocatable()}
     text = manifest["metadata"]["annotations"][dra_nodes.FAKE_INVENTORY_ANNOTATION]
     assert dra_nodes.cards_from_json(text) == inv.cards
     # the slices its stand-in agent publishes: one shareable card, four MIG devices

@@ -36,7 +36,8 @@ API_VERSION = "resource.k8s.io/v1"
 COMPUTE = "compute"
 MEMORY = "memory"
 #: Counter names of a MIG card's counter set.
-COUNTER_SLICES = "computeSlices"
+#: (counter names are DNS labels: kube-apiserver refuses "computeSlices")
+COUNTER_SLICES = "compute-slices"
 COUNTER_MEMORY = "memory"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
 #: Attribute `type` of a device: what it is.
