@@ -346,3 +346,26 @@ def test_a_share_by_resource_name_is_refused_on_dra_nodes_by_the_extender(box: B
     for node in ("dra-000", "mig-000", "share-000"):
         assert (f"node {node} serves GPUs through DRA; ask for a share with a ResourceClaim "
                 "of class gpu.elasticgpu.io") in message, message
+
+
+def test_sandbox_up_dra_nodes_makes_the_last_nodes_dra_with_mig_on_the_first(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    up = egpu("sandbox", "up", "--gpu-nodes", "3", "--gpus-per-node", "2", "--dra-nodes", "2",
+              "--state-dir", str(state))
+    assert up.returncode == 0, up.stderr + up.stdout
+    try:
+        small = Box(state, state / "kubeconfig", [])
+        modes = {n["metadata"]["name"]: n["metadata"]["labels"].get("elasticgpu.io/gpu-mode")
+                 for n in small.get("nodes")["items"]}
+        assert modes == {"gpu-node-000": None, "gpu-node-001": "dra", "gpu-node-002": "dra"}
+        devices = {s["spec"]["pool"]["name"]: sorted(d["name"] for d in s["spec"]["devices"])
+                   for s in small.get("resourceslices")["items"] if s["spec"].get("devices")}
+        assert devices == {"gpu-node-001": ["gpu-0", "gpu-1-mig-0-3g-40gb", "gpu-1-mig-3-2g-20gb",
+                                            "gpu-1-mig-5-1g-10gb", "gpu-1-mig-6-1g-10gb"],
+                           "gpu-node-002": ["gpu-0", "gpu-1"]}
+        small.apply("default", examples("share.yaml"))
+        assert small.running("default", "half")["spec"]["nodeName"] in devices
+    finally:
+        down = egpu("sandbox", "down", "--state-dir", str(state))
+        assert down.returncode == 0, down.stderr
