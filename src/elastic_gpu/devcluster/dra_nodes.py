@@ -18,14 +18,10 @@ from dataclasses import replace
 from typing import Any
 
 from elastic_gpu.core.dra.classes import device_classes
-from elastic_gpu.core.dra.nodemode import (
-    GPU_MODE_DRA,
-    GPU_MODE_LABEL,
-    accounting_allocatable,
-    is_dra_node,
-)
+from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL, is_dra_node
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
+from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.errors import Conflict
@@ -86,7 +82,7 @@ def cards_from_json(text: str) -> tuple[Card, ...]:
 
 def dra_capacity(inventory: Node) -> dict[str, str]:
     """A DRA-mode node's GPU capacity: kube-scheduler's node-level count, and the quota's
-    accounting names (`core.dra.nodemode.accounting_allocatable`); no device-plugin name."""
+    accounting names (`core.quota.accounting_allocatable`); no device-plugin name."""
     return {NODE_CORE: str(node_capacity(1 for _ in inventory.cards)),
             **accounting_allocatable()}
 
@@ -178,7 +174,7 @@ def enable_dra(client: SyncKubeClient, inventories: Sequence[Node]) -> bool:
     """When some of `inventories` are DRA-mode nodes: the DeviceClasses, and the quota's
     accounting names advertised on the device-plugin nodes too (a DRA-mode node's manifest
     has them), without which no `nvidia.com/gpu` pod fits anywhere once a class maps that
-    name (`core.dra.nodemode.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
+    name (`core.quota.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
     if not any(is_dra_node(inv.labels) for inv in inventories):
         return False
     install_device_classes(client)

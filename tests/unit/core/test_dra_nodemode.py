@@ -51,3 +51,21 @@ def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str,
 def test_a_pod_naming_elasticgpu_claims_is_refused() -> None:
     reason = dra_refusal(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
     assert reason is not None and "ElasticGPUClaims" in reason
+
+
+def test_admission_counts_a_dra_nodes_cards_by_its_node_level_count() -> None:
+    """The webhook's largest-node check must not refuse `nvidia.com/gpu: 4` for a DRA-mode
+    node of 8 cards because the device-plugin nodes have 2: a DRA node advertises no GPU name,
+    only node.elasticgpu.io/gpu-core (100 per card)."""
+    from elastic_gpu.core.admission.facts import facts_from_nodes, node_gpus
+
+    dra = {"metadata": {"name": "d", "labels": {GPU_MODE_LABEL: "dra"}},
+           "status": {"capacity": {"node.elasticgpu.io/gpu-core": "800", "cpu": "8"}}}
+    dp = {"metadata": {"name": "p", "labels": {}},
+          "status": {"capacity": {"nvidia.com/gpu": "2", "node.elasticgpu.io/gpu-core": "200"}}}
+    gpus = [node_gpus(n) for n in (dra, dp)]
+    assert [g.cards if g else None for g in gpus] == [8, 2]
+    facts = facts_from_nodes(g for g in gpus if g is not None)
+    assert (facts.largest_cards, facts.largest_cards_node) == (8, "d")
+    # without the label the count alone is no GPU node (as before)
+    assert node_gpus({**dra, "metadata": {"name": "d", "labels": {}}}) is None

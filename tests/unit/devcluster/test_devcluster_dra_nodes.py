@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from elastic_gpu.core.dra.devices import device_table, node_slices
-from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL, accounting_allocatable
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.devcluster import dra_nodes, nodes
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
-from elastic_gpu.core.quota import QUOTA_NAMES
 from elastic_gpu.core.request import PodRequest
 
 #: The node label that puts a node in a GPU mode; its value for DRA.
@@ -34,22 +33,6 @@ GPU_MODE_DRA = "dra"
 DRA_EXTENDED_NAMES: frozenset[str] = frozenset(
     str(c["spec"]["extendedResourceName"]) for c in device_classes()
     if c["spec"].get("extendedResourceName"))
-
-
-#: What every node of a cluster with our DeviceClasses advertises of each of the quota's
-#: accounting names (`core.quota.QUOTA_NAMES`), more than any node's pods can ask.
-#: kube-scheduler's DynamicResources filter (KEP-5004, beta in 1.36) checks *every* extended
-#: resource of a pod that asks a DRA-mapped name (`nvidia.com/gpu`) against the node's
-#: allocatable, and fails the node with "cannot fit resource" for one neither advertised nor
-#: DRA-backed; it does not read the extender's `ignoredByScheduler`. The webhook puts the
-#: accounting names on every GPU container, so without them advertised an `nvidia.com/gpu`
-#: pod fits no node at all, device-plugin nodes included.
-ACCOUNTING_ALLOCATABLE = "1000000000"
-
-
-def accounting_allocatable() -> dict[str, str]:
-    """The quota's accounting names as a node of a DRA-enabled cluster advertises them."""
-    return dict.fromkeys(QUOTA_NAMES, ACCOUNTING_ALLOCATABLE)
 
 
 def is_dra_node(labels: Mapping[str, str] | None) -> bool:
