@@ -180,7 +180,8 @@ class Verbs(ExtenderBase):
         if result.feasible:
             return with_outcome(response, "feasible")
         reason = main_reason([*(f.category for f in result.failed.values()),
-                              *(["claim"] * len(claim_reasons))])
+                              *(["claim"] * (len(claim_reasons) - len(dra_refused))),
+                              *(["dra"] * len(dra_refused))])
         self.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 

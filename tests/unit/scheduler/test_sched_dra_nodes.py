@@ -125,3 +125,10 @@ def test_a_node_leaving_dra_mode_is_placed_by_cards_again() -> None:
     assert state.dra_nodes(["dra-a", "dra-b"]) == {"dra-b"}
     state.remove_node("dra-b")
     assert state.dra_nodes(["dra-a", "dra-b"]) == set()
+
+
+def test_a_pod_no_dra_node_can_serve_counts_as_unschedulable_for_dra() -> None:
+    ext = Extender(_state())
+    pod = pod_manifest("share", uid="u10", limits={"elasticgpu.io/gpu-core": "30"})
+    _filter(ext, pod, ["dra-a", "dra-b"])
+    assert ext.metrics.unschedulable.labels("dra")._value.get() == 1
