@@ -174,6 +174,28 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
         assert down.returncode == 0, down.stderr
 
 
+def test_the_dra_features_are_on_without_any_flag(box: Box) -> None:
+    """kube 1.36: resource.k8s.io/v1 served, and the beta gates this driver needs on by
+    default (the sandbox passes no --feature-gates)."""
+    assert "resource.k8s.io/v1" in box.kubectl("api-versions").split()
+    metrics = box.kubectl("get", "--raw", "/metrics")
+    for gate in ("DynamicResourceAllocation", "DRAConsumableCapacity", "DRAPartitionableDevices",
+                 "DRAExtendedResource", "DRADeviceTaints"):
+        assert f'kubernetes_feature_enabled{{name="{gate}",stage="' in metrics, gate
+        line = next(x for x in metrics.splitlines()
+                    if x.startswith(f'kubernetes_feature_enabled{{name="{gate}",'))
+        assert line.endswith(" 1"), line
+    # kube-controller-manager (--controllers=*,...) names each controller it skips or has
+    # disabled; the resourceclaim controller (templates -> claims) is not among them, and the
+    # claims made from templates below are its work
+    cm = (box.state / "cluster" / "logs" / "kube-controller-manager.log").read_text()
+    assert 'controller="resourcepoolstatusrequest-controller"' in cm  # the log does name them
+    for controller in ("resourceclaim-controller", "device-taint-eviction-controller"):
+        off = [line for line in cm.splitlines() if f'controller="{controller}"' in line
+               and ("skipping" in line or "disabled" in line)]
+        assert off == [], off
+
+
 def test_dra_nodes_publish_slices_and_no_gpudevices(box: Box) -> None:
     slices = box.get("resourceslices")["items"]
     devices = sorted(d["name"] for s in slices for d in (s["spec"].get("devices") or []))
