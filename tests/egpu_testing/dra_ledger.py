@@ -16,7 +16,9 @@ from typing import Any
 from egpu_testing.workbench import CardUse, card_use_from_pods, mig_overheld, overcommitted
 from elastic_gpu.core.dra.allocation import AllocationError, allocated_devices
 from elastic_gpu.core.dra.devices import DRIVER, device_table
+from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.model import Node
+from elastic_gpu.devcluster.dra_nodes import FAKE_INVENTORY_ANNOTATION, cards_from_json
 
 
 def claim_card_use(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]
@@ -68,6 +70,18 @@ def both_paths_use(pods: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[s
         use[key] = CardUse(old.milli + u.milli, old.memory_mib + u.memory_mib,
                            (*old.pods, *u.pods))
     return use, problems
+
+
+def dra_inventories(k8s_nodes: Iterable[Mapping[str, Any]]) -> list[Node]:
+    """The DRA-mode kwok nodes' cards as the sandbox was asked to build them (the fake
+    inventory their Node carries, `devcluster.dra_nodes`), not as their slices say."""
+    out = []
+    for node in k8s_nodes:
+        meta = node.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
+        if text and is_dra_node(meta.get("labels")):
+            out.append(Node(str(meta["name"]), 0, 0, cards_from_json(text)))
+    return out
 
 
 def over_capacity(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]],

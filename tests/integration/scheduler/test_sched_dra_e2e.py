@@ -22,6 +22,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ import pytest
 import yaml
 
 from egpu_testing import sandbox as cli
-from egpu_testing.dra_ledger import claim_card_use, over_capacity
+from egpu_testing.defrag_sandbox import over_allocated
+from egpu_testing.dra_ledger import claim_card_use, dra_inventories, over_capacity
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.nodes import load_cluster
@@ -295,6 +297,12 @@ def test_the_ledger_finds_no_card_over_capacity_across_both_paths(box: Box) -> N
     claims = box.get("resourceclaims", "-A")["items"]
     nodes = _ledger_nodes(box)
     assert over_capacity(pods, claims, nodes) == []
+    # the same check as the defragmentation sandboxes run it, all from the API (device-plugin
+    # cards from GPUDevices, DRA cards from the inventory each DRA node carries)
+    assert sorted(dra_inventories(box.get("nodes")["items"]), key=lambda n: n.name) == sorted(
+        (replace(inv, cpu_milli=0, memory_mib=0, labels={}) for inv in box.inventories
+         if inv.labels.get("elasticgpu.io/gpu-mode") == "dra"), key=lambda n: n.name)
+    assert over_allocated(box.kc) == []
     # and it would see one: a claim's allocation copied to a second claim on a whole card
     whole = next(c for c in claims if results(c) and results(c)[0]["pool"] == "dra-000")
     forged = json.loads(json.dumps(whole))
