@@ -417,3 +417,21 @@ def test_sandbox_up_dra_nodes_makes_the_last_nodes_dra_with_mig_on_the_first(
     finally:
         down = egpu("sandbox", "down", "--state-dir", str(state))
         assert down.returncode == 0, down.stderr
+
+
+def test_a_quota_spelled_with_kubernetes_io_counts_nothing(box: Box) -> None:
+    """The name docs/dra.md warns of: accepted, never counted (kube counts
+    `<class>.deviceclass.resource.k8s.io/devices`)."""
+    ns = box.namespace("dra-quota-miss")
+    wrong = "gpu.elasticgpu.io.deviceclass.resource.kubernetes.io/devices"
+    box.apply(ns, [{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "miss"},
+                    "spec": {"hard": {wrong: "1"}}}])
+    box.wait("the quota's status", lambda: (box.get("resourcequota", "-n", ns, "miss")
+                                            .get("status") or {}).get("hard", {}).get(wrong))
+    for name in ("one", "two"):
+        box.apply(ns, [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                        "metadata": {"name": name},
+                        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                            "deviceClassName": "gpu.elasticgpu.io"}}]}}}])
+    used = box.get("resourcequota", "-n", ns, "miss")["status"].get("used", {})
+    assert used.get(wrong, "0") == "0", used
