@@ -8,6 +8,9 @@ charts/elastic-gpu/files/tenant-rbac.yaml: the rules of the tenant ClusterRoles
 charts/elastic-gpu/files/ledger-policies.yaml and admission-opt-out-policy.yaml: the
 ValidatingAdmissionPolicies and bindings of elastic_gpu.api.admission_policies, as the sandbox
 applies them.
+charts/elastic-gpu/files/device-classes.yaml: the DRA driver's DeviceClasses
+(templates/dra.yaml), as elastic_gpu.core.dra.classes.device_classes() says and the sandbox
+applies them.
 Run:  PYTHONPATH=src python hack/gen-chart-files.py
 """
 
@@ -17,6 +20,7 @@ import yaml
 
 from elastic_gpu.api import admission_policies
 from elastic_gpu.api.tenant_rbac import TENANT_RULES
+from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.scheduler.schedconfig import extender_stanza
 from elastic_gpu.webhook.registration import match_expression
 
@@ -46,3 +50,4 @@ if __name__ == "__main__":
     (FILES / "ledger-policies.yaml").write_text(policies(admission_policies.ledger_manifests()))
     (FILES / "admission-opt-out-policy.yaml").write_text(
         policies(admission_policies.opt_out_manifests()))
+    (FILES / "device-classes.yaml").write_text(policies(device_classes()))

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from egpu_testing.controller import ControllerProcess
+from egpu_testing.dra_ledger import dra_inventories, over_capacity
 from egpu_testing.sandbox import kubectl, kubectl_run
 from egpu_testing.waiting import wait_for
-from egpu_testing.workbench import card_use_from_pods, mig_overheld, overcommitted
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core.annotations import MOVABLE_LABEL
 from elastic_gpu.devcluster.ports import free_ports
@@ -149,9 +149,11 @@ def start_controller(kubeconfig: Path, tmp: Path, mode: str) -> ControllerProces
 
 def over_allocated(kubeconfig: Path) -> list[str]:
     """The independent ledger check (the burst tests'): each card's assignments summed from
-    the API's pods, against the GPUDevices' cards; and each MIG instance held by one pod at
-    most, and carved on the card named."""
+    the API's pods, and its DRA claims' allocations (`dra_ledger`), against the GPUDevices'
+    cards and the DRA-mode nodes' inventories; and each MIG instance held by one pod or claim
+    at most, and carved on the card named."""
     devices = get(kubeconfig, "gpudevices")["items"]
     nodes = gpudevice.nodes_from_objects(devices)
-    every = pods(kubeconfig)
-    return overcommitted(card_use_from_pods(every), nodes) + mig_overheld(every, nodes)
+    nodes += dra_inventories((get(kubeconfig, "nodes") or {}).get("items", []))
+    claims = (get(kubeconfig, "resourceclaims", "-A") or {}).get("items", [])
+    return over_capacity(pods(kubeconfig), claims, nodes)

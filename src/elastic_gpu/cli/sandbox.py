@@ -77,6 +77,11 @@ def up(
         "--real-nodes", min=0, help="Real kubelet nodes (containerd, runc, busybox "
         "containers; root and Debian packages needed, docs/sandbox.md) beside the fake ones, "
         "each with an agent (fake backend, 2 cards); at most 1 per machine")] = 0,
+    dra_nodes: Annotated[int, typer.Option(
+        "--dra-nodes", min=0, help="The last N of the --gpu-nodes / --nodes-csv nodes serve "
+        "their cards through DRA (label elasticgpu.io/gpu-mode: dra, ResourceSlices of the "
+        "driver gpu.elasticgpu.io, no GPUDevices; the first one's last 80 GB card carved into "
+        "MIG instances); with --cluster, give a node group gpuMode: dra (docs/dra.md)")] = 0,
     extender_replicas: Annotated[int, typer.Option(
         "--extender-replicas", min=1, max=5, help="Scheduler extender replicas: more than 1 "
         "run leader-elected (one serves, the others stand by with warm caches) behind a "
@@ -130,6 +135,16 @@ def up(
             DEFAULT_GPU_NODES if gpu_nodes is None else gpu_nodes, gpus=gpus_per_node,
                                                 gpu_model=gpu_model,
                                                 gpu_memory_mib=gpu_memory)
+    if dra_nodes:
+        if cluster is not None:
+            raise typer.BadParameter("with --cluster, give a node group gpuMode: dra",
+                                     param_hint="--dra-nodes")
+        from elastic_gpu.devcluster.dra_nodes import with_dra_nodes
+
+        try:
+            inventories = with_dra_nodes(inventories, dra_nodes)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--dra-nodes") from None
     sched_cfg = None
     if scheduler_config is not None:
         from elastic_gpu.api.config.loader import read_file

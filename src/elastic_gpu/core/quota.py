@@ -43,6 +43,21 @@ QUOTA_MEMORY = "quota.elasticgpu.io/gpu-memory"
 QUOTA_NAMES = (QUOTA_CORE, QUOTA_MEMORY)
 PERCENT_PER_CARD = 100
 
+#: What every node of a cluster with our DeviceClasses advertises of each of the quota's
+#: accounting names (`core.quota.QUOTA_NAMES`), more than any node's pods can ask.
+#: kube-scheduler's DynamicResources filter (KEP-5004, beta in 1.36) checks *every* extended
+#: resource of a pod that asks a DRA-mapped name (`nvidia.com/gpu`) against the node's
+#: allocatable, and fails the node with "cannot fit resource" for one neither advertised nor
+#: DRA-backed; it does not read the extender's `ignoredByScheduler`. The webhook puts the
+#: accounting names on every GPU container, so without them advertised an `nvidia.com/gpu`
+#: pod fits no node at all, device-plugin nodes included.
+ACCOUNTING_ALLOCATABLE = "1000000000"
+
+
+def accounting_allocatable() -> dict[str, str]:
+    """The quota's accounting names as a node of a DRA-enabled cluster advertises them."""
+    return dict.fromkeys(QUOTA_NAMES, ACCOUNTING_ALLOCATABLE)
+
 
 def canonical_resources(request: ContainerRequest) -> dict[str, str]:
     """One container's accounting resources (none for a container without a GPU; a zero

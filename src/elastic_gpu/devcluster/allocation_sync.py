@@ -8,7 +8,9 @@ Each pass also samples the kwok nodes' fake usage model (`agent.usage.fake_sync`
 agent's sampling loop, its write period and drift Events), so `status.usage` is there for
 the scheduler and `kubectl get gpudevices`. With `--metrics-port` it serves what those nodes'
 agents would on theirs (`elasticgpu_agent_*`, docs/metrics.md: one endpoint, each node's
-series under its `node` label), from the sampling loop's last pass.
+series under its `node` label), from the sampling loop's last pass. For DRA-mode kwok nodes
+it stands in for the agent's DRA publisher: their ResourceSlices, from the fake inventory the
+Node carries (`devcluster.dra_nodes.DraSliceSync`), published before it reports ready.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -33,10 +36,13 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
     from elastic_gpu.agent.metrics import nodes_registry
     from elastic_gpu.agent.publish import sync_fake_allocations
     from elastic_gpu.agent.usage.fake_sync import FakeUsageSync
+    from elastic_gpu.devcluster.dra_nodes import DraSliceSync
     from elastic_gpu.kube.sync import SyncKubeClient
 
     with SyncKubeClient.from_config(kubeconfig, field_manager="egpu-sandbox") as client:
         usage = FakeUsageSync(client)
+        slices = DraSliceSync(client)
+        _pass(slices.sync, "DRA slice sync")  # ready (metrics served) once they are published
         if metrics is not None:
             host, port = metrics
             server, _ = start_http_server(port, host, nodes_registry(usage.nodes))
@@ -52,8 +58,17 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
             except Exception as err:
                 print(f"usage sync failed, retrying: {type(err).__name__}: {err}",
                       file=sys.stderr, flush=True)
+            _pass(slices.sync, "DRA slice sync")
             stop.wait(interval_s)
         usage.close()
+
+
+def _pass(step: Callable[[], object], what: str) -> None:
+    try:
+        step()
+    except Exception as err:  # a passing API error must not end the loop: say it
+        print(f"{what} failed, retrying: {type(err).__name__}: {err}", file=sys.stderr,
+              flush=True)
 
 
 @app.command()

@@ -34,8 +34,10 @@ from elastic_gpu.api.config.loader import (
     read_file,
     without_header,
 )
+from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
+from elastic_gpu.devcluster.dra_nodes import as_dra, dra_node_manifest, register_dra_node
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.crds import install_crds
@@ -121,8 +123,11 @@ def gpu_status(inventory: Node, config: AgentConfigLike | None = None
 
 def published_cards(inventory: Node, config: AgentConfigLike | None = None) -> int:
     """How many cards (GPUDevice objects) the agent with `config` publishes for the node:
-    a multi-chip board is one card unless the config splits it."""
+    a multi-chip board is one card unless the config splits it; none in DRA mode."""
     from elastic_gpu.agent.devices import logical_cards
+
+    if is_dra_node(inventory.labels):
+        return 0
 
     return len(logical_cards(inventory.cards, as_agent_config(config).splitBoard))
 
@@ -176,6 +181,9 @@ def register_fake_node(client: SyncKubeClient, inventory: Node,
     agent with `agent_config` would."""
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     manifest = node_manifest(inventory, config)
+    if is_dra_node(inventory.labels):  # its cards are ResourceSlices (devcluster.dra_nodes)
+        register_dra_node(client, inventory, dra_node_manifest(inventory, manifest))
+        return
     try:
         client.create(NODES.path(), manifest)
     except Conflict:
@@ -203,6 +211,10 @@ def create_fake_node(client: SyncKubeClient, inventory: Node,
     from elastic_gpu.agent.publish import publish_new_fake_node
 
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
+    if is_dra_node(inventory.labels):
+        register_dra_node(client, inventory,
+                          dra_node_manifest(inventory, node_manifest(inventory, config)), new=True)
+        return
     created = client.create(NODES.path(), node_manifest(inventory, config))
     install_gpudevice_crd_once(client)
     publish_new_fake_node(client, inventory, config, str(created["metadata"]["uid"]))
@@ -271,6 +283,9 @@ def unregister_fake_node(client: SyncKubeClient, name: str) -> None:
     for device in devices:
         with contextlib.suppress(NotFound):
             client.delete(devices_resource.path(name=device["metadata"]["name"]))
+    from elastic_gpu.agent.dra.slices_api import withdraw_node_slices
+
+    withdraw_node_slices(client, name)  # a DRA-mode node's
     with contextlib.suppress(NotFound):
         client.delete(NODES.path(name=name))
 
@@ -351,7 +366,10 @@ class ClusterSpecError(ValueError):
 MAX_CHIPS_PER_BOARD = 8
 MAX_CHIPS_PER_NODE = 64
 _GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "mig",
-               "agentConfig")
+               "agentConfig", "gpuMode")
+#: `gpuMode` of a node group: its GPUs as GPUDevices and device-plugin resources, or through
+#: DRA (`devcluster.dra_nodes`)
+GPU_MODES = ("device-plugin", "dra")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
 #: The kind of a cluster file's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 CLUSTER_KIND = "SandboxCluster"
@@ -374,6 +392,8 @@ class NodeGroup:
     #: with `memory_mib`; the agent's `splitBoard` decides whether a board is one device or
     #: one per chip.
     chips_per_board: int = 1
+    #: "dra": the nodes serve their cards through DRA (label elasticgpu.io/gpu-mode: dra)
+    gpu_mode: str = "device-plugin"
 
     def inventories(self) -> list[Node]:
         width = max(3, len(str(self.count - 1)))
@@ -395,6 +415,8 @@ class NodeGroup:
                 cards.append(Card(c, f"GPU-fake-{node}-{c}", self.model, self.memory_mib,
                                   mig=tuple(instances)))
             out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards)))
+        if self.gpu_mode == "dra":
+            out = [as_dra(inv) for inv in out]
         return out
 
 
@@ -472,8 +494,12 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
                 config = as_agent_config(raw_config, f"{where}.agentConfig")
             except ConfigError as err:
                 raise ClusterSpecError(str(err)) from None
+        mode = raw.get("gpuMode", GPU_MODES[0])
+        if mode not in GPU_MODES:
+            raise ClusterSpecError(f"{where}.gpuMode={mode!r}: must be one of "
+                                   f"{', '.join(GPU_MODES)}")
         groups.append(NodeGroup(name, count, gpus, model.strip(), memory, tuple(profiles),
-                                config, chips))
+                                config, chips, mode))
     return groups
 
 

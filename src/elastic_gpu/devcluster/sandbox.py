@@ -35,6 +35,7 @@ from elastic_gpu.devcluster import components, realnode_sandbox
 from elastic_gpu.devcluster.binaries import find_bin_dir
 from elastic_gpu.devcluster.components import ComponentEnv, ComponentSpec, Stage
 from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.devcluster.dra_nodes import enable_dra
 from elastic_gpu.devcluster.errors import ComponentStartError, DevClusterError
 from elastic_gpu.devcluster.nodes import (
     FAKE_NODE_LABEL,
@@ -359,6 +360,7 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         step("kube-scheduler, kwok")
         register_fake_nodes(client, inventories, agent_config=agent_config,
                             agent_configs=agent_configs)
+        enable_dra(client, inventories)  # DRA-mode nodes: the DeviceClasses, as in the chart
         step("nodes registered")
         wait_nodes_ready(client, len(inventories), timeout_s, lambda: check_alive(plane))
         step("nodes Ready")

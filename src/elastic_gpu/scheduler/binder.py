@@ -18,6 +18,7 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.claims import model as claims_model
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_reason, pod_claims
+from elastic_gpu.core.dra.nodemode import dra_refusal
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest
@@ -92,10 +93,11 @@ class Binder(ExtenderBase):
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         known = PodInfo.from_manifest(manifest)
+        dra = bool(self.state.dra_nodes((args.Node,)))
         if known.node_name:
             if known.node_name == args.Node and (
                     (known.assignment is not None and known.assignment.node == args.Node)
-                    or not request.wants_gpu):
+                    or not request.wants_gpu or (dra and known.assignment is None)):
                 return  # an earlier attempt finished it: the same answer again
             raise BindError(f"{where}: the pod is already bound to {known.node_name}",
                             definite=True)
@@ -104,6 +106,9 @@ class Binder(ExtenderBase):
             named = pod_claims(manifest)
         except ClaimAnnotationError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
+        if dra:
+            await self._bind_dra(args, where, request, bool(named), known.resource_version)
+            return
         if named:
             await self._bind_claims(args, where, manifest, request, known.resource_version,
                                     named)
@@ -117,6 +122,22 @@ class Binder(ExtenderBase):
             raise BindError(f"{where}: {err.reason}", definite=True) from None
         await self._finish_bind(args, where, manifest, token, assignment,
                                 known.resource_version)
+
+    async def _bind_dra(self, args: wire.ExtenderBindingArgs, where: str, request: PodRequest,
+                        names_claims: bool, version: int | None) -> None:
+        """Bind a pod to a DRA-mode node: the Binding alone. kube-scheduler's
+        DynamicResources PreBind has written the claims' allocation (its special claim for
+        `nvidia.com/gpu`) before this verb is called; no card of ours is reserved and no
+        assignment written (`core.dra.nodemode`)."""
+        reason = dra_refusal(request, args.Node, names_claims=names_claims)
+        if reason is not None:
+            self.metrics.bind_failures.labels("placement").inc()
+            raise BindError(f"{where}: {reason}", definite=True)
+        try:
+            await self._bind_with_truth(args, where, None, version)
+        except _Settled as settled:
+            if settled.error is not None:
+                raise settled.error from None
 
     async def _finish_bind(self, args: wire.ExtenderBindingArgs, where: str,
                            manifest: Mapping[str, Any], token: int, assignment: Assignment,
@@ -244,7 +265,7 @@ class Binder(ExtenderBase):
             raise BindError(f"{where}: {reason}", definite=True)
 
     async def _bind_with_truth(self, args: wire.ExtenderBindingArgs, where: str,
-                               assignment: Assignment, version: int | None) -> None:
+                               assignment: Assignment | None, version: int | None) -> None:
         """Create the Binding; if that fails, read the pod to learn what really happened.
 
         Raises `_Settled` when the pod's state decides the outcome (bound, by this attempt

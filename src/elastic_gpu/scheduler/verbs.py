@@ -6,6 +6,7 @@ A pod's request is parsed once per (uid, resourceVersion); the pods seen in filt
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
+from elastic_gpu.core.dra.nodemode import dra_refusal
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
@@ -133,11 +135,28 @@ class Verbs(ExtenderBase):
         self._remember(uid, args.Pod)
         if not request.wants_gpu:
             return json_answer(wire.filter_result(args, names, {}, {}))
+        dra = self.state.dra_nodes(names)
+        dra_passed: list[str] = []
+        dra_refused: dict[str, str] = {}
+        if dra:
+            # kube-scheduler allocates a DRA node's devices: we only say whether the pod's
+            # names can be served there (core.dra.nodemode), and never count cards there
+            for node in dra:
+                reason = dra_refusal(request, node, names_claims=bool(named))
+                if reason is None:
+                    dra_passed.append(node)
+                else:
+                    dra_refused[node] = reason
+            names = [n for n in names if n not in dra]
         claim_reasons: dict[str, str] = {}
         if named:
             result, claim_reasons = self.state.filter_claims(request, uid, names, named)
         else:
             result = self.state.filter(request, uid, names)
+        if dra:
+            # a refusal no preemption can lift: unresolvable, as a claim's
+            claim_reasons.update(dra_refused)
+            result = dataclasses.replace(result, feasible=[*result.feasible, *sorted(dra_passed)])
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -161,7 +180,8 @@ class Verbs(ExtenderBase):
         if result.feasible:
             return with_outcome(response, "feasible")
         reason = main_reason([*(f.category for f in result.failed.values()),
-                              *(["claim"] * len(claim_reasons))])
+                              *(["claim"] * (len(claim_reasons) - len(dra_refused))),
+                              *(["dra"] * len(dra_refused))])
         self.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 
@@ -189,7 +209,12 @@ class Verbs(ExtenderBase):
         request, node, blocked = self._claim_request(args.Pod, request)
         if blocked:
             return json_answer(wire.host_priorities(dict.fromkeys(names, 0)))
+        dra = self.state.dra_nodes(names)
+        if dra:  # kube-scheduler scores DRA allocations itself: ours says nothing there
+            names = [n for n in names if n not in dra]
         scores = self.state.prioritize(request, pod_uid(args.Pod), names)
+        if dra:
+            scores.update(dict.fromkeys(sorted(dra), 0))
         if node is not None:
             scores = {n: (score if n == node else 0) for n, score in scores.items()}
         return json_answer(wire.host_priorities(scores))
@@ -211,5 +236,14 @@ class Verbs(ExtenderBase):
             candidates = {n: v for n, v in candidates.items() if n == node}
             if not request.wants_gpu:
                 return json_answer(wire.preemption_result(candidates))
+        dra = self.state.dra_nodes(candidates)
+        kept: dict[str, tuple[list[str], int]] = {}
+        if dra:
+            # kube-scheduler's DynamicResources plugin chose these victims for the devices it
+            # allocates: kept as proposed where the pod may go at all, no card of ours freed
+            kept = {n: candidates[n] for n in dra if dra_refusal(request, n) is None}
+            candidates = {n: v for n, v in candidates.items() if n not in dra}
         chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
+        if kept:
+            chosen = {**chosen, **kept}
         return json_answer(wire.preemption_result(chosen))

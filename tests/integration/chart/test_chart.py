@@ -97,6 +97,7 @@ NON_DEFAULT: list[dict[str, Any]] = [
                               "filterResult": "best"}}},
     {"webhook": {"namespaceLabels": {"gpu": "yes"}, "replicas": 3},
      "controller": {"extenderURL": "https://extender.example:8888", "replicas": 3}},
+    {"dra": {"deviceClasses": True}},
 ]
 
 
@@ -106,6 +107,15 @@ def test_lint_and_template(helm: Helm, values: dict[str, Any] | None) -> None:
     result = helm("lint", "--strict", str(CHART), *_set_args(values))
     assert "0 chart(s) failed" in result.stdout
     assert render(helm, values)
+
+
+def test_dra_device_classes_are_the_drivers_and_off_by_default(
+        helm: Helm, default: list[dict[str, Any]]) -> None:
+    from elastic_gpu.core.dra.classes import device_classes
+
+    assert not by_kind(default, "DeviceClass")
+    rendered = by_kind(render(helm, {"dra": {"deviceClasses": True}}), "DeviceClass")
+    assert list(rendered.values()) == device_classes()
 
 
 def test_default_renders_every_component(default: list[dict[str, Any]]) -> None:
@@ -352,9 +362,12 @@ def test_scheduler_tls_secret_holds_a_ca_and_both_certificates(
 
 # --- a real kube-apiserver accepts every object -------------------------------------------
 
+@pytest.mark.parametrize("values", [None, {"dra": {"deviceClasses": True}}],
+                         ids=["default", "dra"])
 def test_rendered_objects_pass_server_side_dry_run(helm: Helm, k8s_cluster: Any,
-                                                   k8s_namespace: str) -> None:
-    objs = render(helm, namespace=k8s_namespace)
+                                                   k8s_namespace: str,
+                                                   values: dict[str, Any] | None) -> None:
+    objs = render(helm, values, namespace=k8s_namespace)
     result = k8s_cluster.kubectl("apply", "--dry-run=server", "-o", "name", "-f", "-",
                                  input="\n---\n".join(yaml.safe_dump(o) for o in objs),
                                  check=False, timeout_s=120)

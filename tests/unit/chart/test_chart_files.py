@@ -71,3 +71,12 @@ def test_admission_policy_files_are_the_sandboxs_policies() -> None:
         assert [d for d in yaml.safe_load_all(text) if d] == manifests, (
             "run: PYTHONPATH=src python hack/gen-chart-files.py")
         assert text == generator.policies(manifests)
+
+
+def test_device_classes_file_is_the_drivers_classes() -> None:
+    from elastic_gpu.core.dra.classes import device_classes
+
+    text = (CHART / "files" / "device-classes.yaml").read_text()
+    assert [d for d in yaml.safe_load_all(text) if d] == device_classes(), (
+        "run: PYTHONPATH=src python hack/gen-chart-files.py")
+    assert text == _generator().policies(device_classes())

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.mig.rules import SubstitutionRule
+from elastic_gpu.core.nodefit import NODE_CORE, PERCENT_PER_CARD
 from elastic_gpu.core.nodestatus import gpu_capacity
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, lookup
 
 #: Node labels naming the card model (the agent's, NVIDIA's GPU feature discovery's).
@@ -79,13 +82,27 @@ def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
             memory_total = max(memory_total, amount)
         elif spec.measure is Measure.MIG:
             migs.add(spec.name)
-    if cards == 0 and not migs:
-        return None
     raw_labels = meta.get("labels")
     labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
+    if is_dra_node(labels):
+        # a DRA-mode node advertises no GPU name but its node-level count, 100 per card
+        # (`core.nodefit`): whole cards there are `nvidia.com/gpu` through the DeviceClass
+        cards = max(cards, _node_core(status) // PERCENT_PER_CARD)
+    if cards == 0 and not migs:
+        return None
     model = next((str(labels[k]) for k in MODEL_LABELS if isinstance(labels.get(k), str)), "")
     return NodeGpus(str(meta.get("name", "")), cards, memory_total // cards if cards else 0, model,
                     frozenset(migs))
+
+
+def _node_core(status: Mapping[str, Any]) -> int:
+    raw = (status.get("capacity") or status.get("allocatable") or {})
+    value = raw.get(NODE_CORE) if isinstance(raw, Mapping) else None
+    try:
+        quantity = parse_quantity(value) if isinstance(value, (str, int)) else None
+    except QuantityError:
+        return 0
+    return int(quantity) if quantity is not None and quantity > 0 else 0
 
 
 def facts_from_nodes(nodes: Iterable[NodeGpus], *,

@@ -9,7 +9,8 @@ Pure, no I/O.
 - `mig.gpu.elasticgpu.io`: MIG instances; select a profile with
   `device.attributes["gpu.elasticgpu.io"].profile == "1g.10gb"`.
 
-A ResourceQuota counts each class as `<class>.deviceclass.resource.kubernetes.io/devices`.
+A ResourceQuota counts each class as `<class>.deviceclass.resource.k8s.io/devices` (k8s.io:
+a quota naming `...resource.kubernetes.io/devices` is accepted and counts nothing).
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ class StateBase:
         self._nodes: dict[str, NodeInfo] = {}
         self._devices: dict[str, tuple[str, Card]] = {}  # device object name -> (node, card)
         self._node_devices: dict[str, set[str]] = {}
+        #: nodes serving GPUs through DRA (`core.dra.nodemode`): kube-scheduler allocates
+        #: their devices; the engine never sees cards there
+        self._dra_nodes: set[str] = set()
         self._dirty: set[str] = set()
         self._pods: dict[str, PodInfo] = {}  # uid -> latest version seen
         self._gone: OrderedDict[str, None] = OrderedDict()  # uids seen deleted, newest last

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 
 from elastic_gpu.core.claims.inventory import ledger_key
+from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.scheduler.state.base import EGPU_KEY, StateBase
 from elastic_gpu.scheduler.state.records import NodeInfo
@@ -26,11 +27,16 @@ class Inventory(StateBase):
             if self._nodes.get(info.name) != info:
                 self._nodes[info.name] = info
                 self._dirty.add(info.name)
+                if is_dra_node(info.labels):
+                    self._dra_nodes.add(info.name)
+                else:
+                    self._dra_nodes.discard(info.name)
 
     def remove_node(self, name: str) -> None:
         with self._lock:
             if self._nodes.pop(name, None) is not None:
                 self._dirty.add(name)
+                self._dra_nodes.discard(name)
 
     def replace_nodes(self, infos: Iterable[NodeInfo]) -> None:
         """A relist: exactly these nodes exist."""
@@ -85,6 +91,11 @@ class Inventory(StateBase):
     def node(self, name: str) -> NodeInfo | None:
         """The node as its watch last showed it (labels, taints), or None if unknown."""
         return self._nodes.get(name)
+
+    def dra_nodes(self, names: Iterable[str]) -> set[str]:
+        """Those of `names` that serve GPUs through DRA (their Node's label says so)."""
+        dra = self._dra_nodes
+        return {n for n in names if n in dra} if dra else set()
 
     def known_nodes(self) -> frozenset[str]:
         """Nodes the engine knows (with their inventory), as of the last flush."""

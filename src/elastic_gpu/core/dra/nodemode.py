@@ -1,0 +1,58 @@
+"""Which nodes serve GPUs through DRA, and what the scheduler extender decides for them. Pure.
+
+A node is in one mode: device plugin (GPUDevices, the extender places cards and writes the
+assignment) or DRA (the node label `elasticgpu.io/gpu-mode: dra`, the operator's node-group
+label; the chart's DRA agent DaemonSet selects it). A DRA-mode node has no GPUDevices and
+advertises no device-plugin GPU name; kube-scheduler's DynamicResources plugin allocates its
+devices from the ResourceSlices (`core.dra.devices`), claims and the DeviceClasses'
+`extendedResourceName` mapping alike. The extender is still called for a pod asking one of
+its managed resources, and for a DRA-mode node it:
+
+- passes the node when every GPU name the pod writes is one a DeviceClass serves through the
+  extended-resource mapping (`nvidia.com/gpu`: whole cards), leaving the fit to
+  kube-scheduler, which creates the pod's special claim and allocates it;
+- refuses it, naming the way to ask, for every other GPU name (fractions, memory, TFLOPS,
+  MIG resource names, ElasticGPUClaims): no DeviceClass maps them, and our card state has
+  no cards there to place them on;
+- binds without reserving cards or writing an assignment (DynamicResources' PreBind has
+  written the allocation before the extender's bind verb is called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
+from elastic_gpu.core.request import PodRequest
+
+#: The node label that puts a node in a GPU mode; its value for DRA.
+GPU_MODE_LABEL = "elasticgpu.io/gpu-mode"
+GPU_MODE_DRA = "dra"
+
+#: The GPU names a DeviceClass of ours serves on a DRA node (its `extendedResourceName`).
+DRA_EXTENDED_NAMES: frozenset[str] = frozenset(
+    str(c["spec"]["extendedResourceName"]) for c in device_classes()
+    if c["spec"].get("extendedResourceName"))
+
+
+def is_dra_node(labels: Mapping[str, str] | None) -> bool:
+    """Whether a node with these labels serves its GPUs through DRA."""
+    return (labels or {}).get(GPU_MODE_LABEL) == GPU_MODE_DRA
+
+
+def how_to_ask(node: str) -> str:
+    return (f"node {node} serves GPUs through DRA; ask for a share with a ResourceClaim of "
+            f"class {CARD_CLASS}")
+
+
+def dra_refusal(request: PodRequest, node: str, *, names_claims: bool = False) -> str | None:
+    """Why a pod cannot go to DRA-mode node `node` (None: it may, kube-scheduler decides the
+    fit). `names_claims`: the pod names ElasticGPUClaims (cards of our ledger, none there)."""
+    if names_claims:
+        return f"{how_to_ask(node)} (ElasticGPUClaims are served on device-plugin nodes only)"
+    unserved = sorted({name for c in request.gpu_containers for name in c.resources}
+                      - DRA_EXTENDED_NAMES)
+    if not unserved:
+        return None
+    return (f"{how_to_ask(node)} ({', '.join(unserved)} is not served there; whole cards "
+            f"as {', '.join(sorted(DRA_EXTENDED_NAMES))} are)")

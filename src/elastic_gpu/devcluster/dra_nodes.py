@@ -1,0 +1,186 @@
+"""Fake (kwok) GPU nodes in DRA mode: their Node, their ResourceSlices, the DeviceClasses.
+
+A DRA-mode node (`core.dra.nodemode`: the Node label `elasticgpu.io/gpu-mode: dra`) has no
+GPUDevice objects and advertises no device-plugin GPU name; its only GPU capacity is the
+node-level `node.elasticgpu.io/gpu-core` (`core.nodefit`: 100 per card), and its cards are
+the driver `gpu.elasticgpu.io`'s ResourceSlices, written by the agent's own publisher
+(`agent.dra.slices_api.publish_node_slices`) from the same fake inventory the device-plugin
+kwok nodes publish as GPUDevices. A kwok node has no agent: registration publishes its slices
+once, and the sandbox's allocation-sync, standing in for the agents, keeps them published
+(`sync_dra_slices`) from the inventory the Node carries in `FAKE_INVENTORY_ANNOTATION`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from elastic_gpu.core.dra.classes import device_classes
+from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL, is_dra_node
+from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
+from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.kube.client import STRATEGIC_PATCH
+from elastic_gpu.kube.errors import Conflict
+from elastic_gpu.kube.resources import NODES
+from elastic_gpu.kube.sync import SyncKubeClient
+
+#: The fake inventory of a DRA-mode kwok node, as JSON: what its stand-in agent publishes.
+FAKE_INVENTORY_ANNOTATION = "elasticgpu.io/fake-inventory"
+#: How the first DRA node of `egpu sandbox up --dra-nodes` carves its last card (7 slices of
+#: an 80 GB card), so a MIG partition can be allocated through DRA.
+SANDBOX_MIG_LAYOUT = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+
+
+def as_dra(inventory: Node) -> Node:
+    """The same node in DRA mode (its label)."""
+    return replace(inventory, labels={**inventory.labels, GPU_MODE_LABEL: GPU_MODE_DRA})
+
+
+def carve(inventory: Node, card: int, profiles: Sequence[str]) -> Node:
+    """`inventory` with card `card` carved into MIG instances of `profiles`, in order."""
+    cards = list(inventory.cards)
+    start, instances = 0, []
+    for k, text in enumerate(profiles):
+        profile = MigProfile.parse(text)
+        instances.append(MigInstance(profile, f"MIG-fake-{inventory.name}-{card}-{k}", start))
+        start += profile.slices
+    cards[card] = replace(cards[card], mig=tuple(instances))
+    return replace(inventory, cards=tuple(cards))
+
+
+def with_dra_nodes(inventories: Sequence[Node], count: int) -> list[Node]:
+    """The last `count` of `inventories` in DRA mode; the first of those with its last card
+    carved (`SANDBOX_MIG_LAYOUT`) when it has two or more 80 GB cards."""
+    if not 0 <= count <= len(inventories):
+        raise ValueError(f"--dra-nodes {count}: there are {len(inventories)} GPU nodes")
+    keep = list(inventories[:len(inventories) - count])
+    dra = [as_dra(inv) for inv in inventories[len(inventories) - count:]]
+    if dra and len(dra[0].cards) >= 2 and dra[0].cards[-1].memory_mib == 81920:
+        dra[0] = carve(dra[0], len(dra[0].cards) - 1, SANDBOX_MIG_LAYOUT)
+    return keep + dra
+
+
+def inventory_json(cards: Iterable[Card]) -> str:
+    return json.dumps([{"index": c.index, "uuid": c.uuid, "model": c.model,
+                        "memoryMiB": c.memory_mib, "computeMilli": c.compute_milli,
+                        "mig": [{"profile": i.profile.name, "uuid": i.uuid, "start": i.start}
+                                for i in c.mig]} for c in cards], separators=(",", ":"))
+
+
+def cards_from_json(text: str) -> tuple[Card, ...]:
+    """The cards `inventory_json` wrote (ValueError, KeyError, TypeError if it is not that)."""
+    return tuple(Card(int(c["index"]), str(c["uuid"]), str(c["model"]), int(c["memoryMiB"]),
+                      int(c["computeMilli"]),
+                      mig=tuple(MigInstance(MigProfile.parse(str(i["profile"])), str(i["uuid"]),
+                                            int(i["start"])) for i in c["mig"]))
+                 for c in json.loads(text))
+
+
+def dra_capacity(inventory: Node) -> dict[str, str]:
+    """A DRA-mode node's GPU capacity: kube-scheduler's node-level count, and the quota's
+    accounting names (`core.quota.accounting_allocatable`); no device-plugin name."""
+    return {NODE_CORE: str(node_capacity(1 for _ in inventory.cards)),
+            **accounting_allocatable()}
+
+
+def dra_node_manifest(inventory: Node, base: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` (the device-plugin manifest of the node, without GPU capacity) in DRA mode."""
+    host = {k: v for k, v in base["status"]["capacity"].items() if k in ("cpu", "memory", "pods")}
+    meta = base["metadata"]
+    return {**base, "metadata": {
+        **meta, "labels": {**meta["labels"], GPU_MODE_LABEL: GPU_MODE_DRA},
+        "annotations": {**meta["annotations"],
+                        FAKE_INVENTORY_ANNOTATION: inventory_json(inventory.cards)}},
+        "status": {"capacity": {**host, **dra_capacity(inventory)},
+                   "allocatable": {**host, **dra_capacity(inventory)}}}
+
+
+def register_dra_node(client: SyncKubeClient, inventory: Node, manifest: Mapping[str, Any],
+                      new: bool = False) -> None:
+    """Create (or bring up to date) a DRA-mode node and publish its slices, as its agent would."""
+    from elastic_gpu.agent.dra.slices_api import publish_node_slices
+
+    try:
+        created = client.create(NODES.path(), dict(manifest))
+    except Conflict:
+        if new:
+            raise
+        path = NODES.path(name=inventory.name)
+        current = client.get(path)
+        stale = {k: None for k in (current.get("status") or {}).get("capacity") or {}
+                 if k not in manifest["status"]["capacity"]}
+        client.patch(path, {"metadata": manifest["metadata"]}, STRATEGIC_PATCH)
+        client.patch(NODES.path(name=inventory.name, subresource="status"),
+                     {"status": {"capacity": {**stale, **manifest["status"]["capacity"]},
+                                 "allocatable": {**stale,
+                                                 **manifest["status"]["allocatable"]}}})
+        created = current
+    publish_node_slices(client, inventory.name, inventory.cards,
+                        str(created["metadata"]["uid"]))
+
+
+class DraSliceSync:
+    """allocation-sync's part for DRA-mode kwok nodes: each pass, publish the slices of every
+    such node whose inventory or uid changed since the last pass, and of all of them every
+    `full_every` passes (a pool deleted by hand comes back)."""
+
+    def __init__(self, client: SyncKubeClient, full_every: int = 30) -> None:
+        self.client = client
+        self.full_every = full_every
+        self._seen: dict[str, tuple[str, str]] = {}
+        self._passes = 0
+
+    def sync(self) -> int:
+        """Publish what changed; the nodes whose slices were written."""
+        from elastic_gpu.agent.dra.slices_api import publish_node_slices
+
+        full = self._passes % self.full_every == 0
+        self._passes += 1
+        nodes, _ = self.client.list(NODES.path(), {
+            "labelSelector": f"{GPU_MODE_LABEL}={GPU_MODE_DRA}"})
+        written = 0
+        seen: dict[str, tuple[str, str]] = {}
+        for node in nodes:
+            meta = node.get("metadata") or {}
+            text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
+            if not text or not is_dra_node(meta.get("labels")):
+                continue  # a real node: its own agent publishes it
+            key = (str(meta.get("uid")), text)
+            seen[str(meta["name"])] = key
+            if not full and self._seen.get(str(meta["name"])) == key:
+                continue
+            try:
+                cards = cards_from_json(text)
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"node {meta['name']}: annotation {FAKE_INVENTORY_ANNOTATION}"
+                                 f" is not a fake inventory: {err}") from None
+            written += publish_node_slices(self.client, str(meta["name"]), cards, key[0])
+        self._seen = seen
+        return written
+
+
+def install_device_classes(client: SyncKubeClient) -> None:
+    """The driver's DeviceClasses (`core.dra.classes`), as the chart ships them."""
+    from elastic_gpu.kube.apply import create_or_update
+
+    create_or_update(client, device_classes())
+
+
+def enable_dra(client: SyncKubeClient, inventories: Sequence[Node]) -> bool:
+    """When some of `inventories` are DRA-mode nodes: the DeviceClasses, and the quota's
+    accounting names advertised on the device-plugin nodes too (a DRA-mode node's manifest
+    has them), without which no `nvidia.com/gpu` pod fits anywhere once a class maps that
+    name (`core.quota.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
+    if not any(is_dra_node(inv.labels) for inv in inventories):
+        return False
+    install_device_classes(client)
+    names = accounting_allocatable()
+    for inv in inventories:
+        if not is_dra_node(inv.labels):
+            client.patch(NODES.path(name=inv.name, subresource="status"),
+                         {"status": {"capacity": names, "allocatable": names}})
+    return True

@@ -1,0 +1,71 @@
+"""core.dra.nodemode: which GPU names a DRA-mode node serves, and the refusal for the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from egpu_testing.workbench import pod_manifest
+from elastic_gpu.core.dra.nodemode import (
+    DRA_EXTENDED_NAMES,
+    GPU_MODE_LABEL,
+    dra_refusal,
+    is_dra_node,
+)
+from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
+
+
+def _request(**limits: str) -> PodRequest:
+    return pod_request_from_manifest(pod_manifest("p", limits=limits))
+
+
+def test_the_label_marks_a_dra_node() -> None:
+    assert is_dra_node({GPU_MODE_LABEL: "dra"})
+    assert not is_dra_node({GPU_MODE_LABEL: "device-plugin"})
+    assert not is_dra_node({})
+    assert not is_dra_node(None)
+
+
+def test_whole_cards_by_the_extended_resource_name_pass() -> None:
+    assert {"nvidia.com/gpu"} == DRA_EXTENDED_NAMES
+    assert dra_refusal(_request(**{"nvidia.com/gpu": "2"}), "n1") is None
+
+
+@pytest.mark.parametrize("limits", [
+    {"elasticgpu.io/gpu-core": "30"},
+    {"elasticgpu.io/gpu-memory": "4096"},
+    {"elasticgpu.io/gpu-core": "100"},  # a whole card, but by a name no DeviceClass maps
+    {"elasticgpu.io/gpu-tflops": "50"},
+    {"nvidia.com/mig-1g.10gb": "1"},
+    {"nvidia.com/gpu": "1", "elasticgpu.io/gpu-memory": "4096"},
+])
+def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str, str]) -> None:
+    reason = dra_refusal(_request(**limits), "n1")
+    assert reason is not None
+    assert reason.startswith("node n1 serves GPUs through DRA; ask for a share with a "
+                             "ResourceClaim of class gpu.elasticgpu.io")
+    for name in limits:
+        if name != "nvidia.com/gpu":
+            assert name in reason
+
+
+def test_a_pod_naming_elasticgpu_claims_is_refused() -> None:
+    reason = dra_refusal(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
+    assert reason is not None and "ElasticGPUClaims" in reason
+
+
+def test_admission_counts_a_dra_nodes_cards_by_its_node_level_count() -> None:
+    """The webhook's largest-node check must not refuse `nvidia.com/gpu: 4` for a DRA-mode
+    node of 8 cards because the device-plugin nodes have 2: a DRA node advertises no GPU name,
+    only node.elasticgpu.io/gpu-core (100 per card)."""
+    from elastic_gpu.core.admission.facts import facts_from_nodes, node_gpus
+
+    dra = {"metadata": {"name": "d", "labels": {GPU_MODE_LABEL: "dra"}},
+           "status": {"capacity": {"node.elasticgpu.io/gpu-core": "800", "cpu": "8"}}}
+    dp = {"metadata": {"name": "p", "labels": {}},
+          "status": {"capacity": {"nvidia.com/gpu": "2", "node.elasticgpu.io/gpu-core": "200"}}}
+    gpus = [node_gpus(n) for n in (dra, dp)]
+    assert [g.cards if g else None for g in gpus] == [8, 2]
+    facts = facts_from_nodes(g for g in gpus if g is not None)
+    assert (facts.largest_cards, facts.largest_cards_node) == (8, "d")
+    # without the label the count alone is no GPU node (as before)
+    assert node_gpus({**dra, "metadata": {"name": "d", "labels": {}}}) is None

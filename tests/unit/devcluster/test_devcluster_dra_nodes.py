@@ -1,0 +1,50 @@
+"""Fake nodes in DRA mode: their Node (no device-plugin GPU names, the node-level count), the
+inventory they carry for their stand-in agent, and how the sandbox picks them."""
+
+from __future__ import annotations
+
+import pytest
+
+from elastic_gpu.core.dra.devices import device_table, node_slices
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.devcluster import dra_nodes, nodes
+
+
+def test_a_dra_node_advertises_only_the_node_level_count_and_carries_its_inventory() -> None:
+    inv = dra_nodes.carve(dra_nodes.as_dra(nodes.fake_inventory("d0", gpus=2)), 1,
+                          dra_nodes.SANDBOX_MIG_LAYOUT)
+    manifest = dra_nodes.dra_node_manifest(inv, nodes.node_manifest(inv))
+    assert manifest["metadata"]["labels"][GPU_MODE_LABEL] == "dra"
+    gpu = {k: v for k, v in manifest["status"]["allocatable"].items()
+           if k not in ("cpu", "memory", "pods")}
+    # 100 per card, the quota's accounting names (DynamicResources checks them), no
+    # nvidia.com/gpu or gpu-core
+    assert gpu == {NODE_CORE: "200", **accounting_allocatable()}
+    text = manifest["metadata"]["annotations"][dra_nodes.FAKE_INVENTORY_ANNOTATION]
+    assert dra_nodes.cards_from_json(text) == inv.cards
+    # the slices its stand-in agent publishes: one shareable card, four MIG devices
+    assert sorted(device_table(inv.cards)) == [
+        "gpu-0", "gpu-1-mig-0-3g-40gb", "gpu-1-mig-3-2g-20gb", "gpu-1-mig-5-1g-10gb",
+        "gpu-1-mig-6-1g-10gb"]
+    assert len(node_slices("d0", inv.cards, 1)) == 2
+    assert nodes.published_cards(inv) == 0  # no GPUDevices for the extender to wait for
+
+
+def test_dra_nodes_are_the_last_ones_and_the_first_of_them_has_mig() -> None:
+    invs = dra_nodes.with_dra_nodes(nodes.uniform_inventories(3, gpus=2), 2)
+    assert [GPU_MODE_LABEL in i.labels for i in invs] == [False, True, True]
+    assert invs[1].cards[1].mig and not invs[1].cards[0].mig and not invs[2].cards[1].mig
+    with pytest.raises(ValueError, match="there are 3"):
+        dra_nodes.with_dra_nodes(nodes.uniform_inventories(3), 4)
+
+
+def test_a_cluster_file_group_may_be_dra() -> None:
+    groups = nodes.parse_cluster({"nodeGroups": [
+        {"name": "d", "count": 1, "gpus": 1, "gpuMode": "dra", "mig": ["1g.10gb"]},
+        {"name": "p", "count": 1, "gpus": 1}]})
+    assert [GPU_MODE_LABEL in g.inventories()[0].labels for g in groups] == [True, False]
+    with pytest.raises(nodes.ClusterSpecError, match="gpuMode='cdi'"):
+        nodes.parse_cluster({"nodeGroups": [{"name": "d", "count": 1, "gpus": 1,
+                                             "gpuMode": "cdi"}]})
