@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Ensure the development cluster's binaries exist: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl and kwok (the control plane), kubelet (the real node) and helm (the
-# chart tests), built from pinned Go modules (hack/k8s/*/go.mod + go.sum) and cached OUTSIDE the
+# kube-scheduler, kubectl and kwok (the control plane), kubelet and containerd 2 with its runc
+# shim and ctr (the real node: Debian's containerd 1.6 reads no CDI specs) and helm (the chart
+# tests), built from pinned Go modules (hack/k8s/*/go.mod + go.sum) and cached OUTSIDE the
 # work tree under keys derived from those module files, so a version bump (or any go.sum change)
 # gets a fresh directory and an unchanged checkout never rebuilds.
-# The control plane modules (kubernetes, etcd, kwok) share one key; kubelet and helm each have a
+# The control plane modules (kubernetes, etcd, kwok) share one key; kubelet, containerd and helm each have a
 # key of their own and a directory beside it, linked into the control plane's bin directory: a
 # change to one of them rebuilds it alone, never the ~15 min control plane.
 # Only missing binaries are built: a command added to a tools.go (which is not part of the key:
@@ -51,6 +52,7 @@ etcd_version="$(modver etcd go.etcd.io/etcd/server/v3)"
 kwok_version="$(modver kwok sigs.k8s.io/kwok)"
 kubelet_version="$(modver kubelet k8s.io/kubernetes)"
 helm_version="$(modver helm helm.sh/helm/v3)"
+containerd_version="$(modver containerd github.com/containerd/containerd/v2)"
 major="${k8s_version#v}"; major="${major%%.*}"
 minor="${k8s_version#v*.}"; minor="${minor%%.*}"
 k8s_ldflags="-s -w"
@@ -62,7 +64,7 @@ helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 ldflags_of() { # <binary>: the -ldflags it is built with
   case "$1" in
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet) echo "$k8s_ldflags" ;;
-    etcd|kwok) echo "-s -w" ;;
+    etcd|kwok|containerd) echo "-s -w" ;;
     helm) echo "$helm_ldflags" ;;
     *) echo "ensure-k8s: unknown binary: $1" >&2; return 2 ;;
   esac
@@ -85,9 +87,11 @@ bin="$root/bin"
 logs="$root/logs"
 kubelet_root="$cache/kubelet-${kubelet_version}_$(modsum kubelet)"
 helm_root="$cache/helm-${helm_version}_$(modsum helm)"
+containerd_root="$cache/containerd-${containerd_version}_$(modsum containerd)"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 # name=directory its binary is built in (linked into $bin under the same name)
-linked=("kubelet=$kubelet_root/bin" "helm=$helm_root/bin")
+linked=("kubelet=$kubelet_root/bin" "helm=$helm_root/bin" "containerd=$containerd_root/bin"
+        "containerd-shim-runc-v2=$containerd_root/bin" "ctr=$containerd_root/bin")
 
 missing=()
 for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || missing+=("$b"); done
@@ -107,7 +111,7 @@ go_ver="$(go env GOVERSION 2>/dev/null || true)"
 [[ "$go_ver" =~ ^go1\.([0-9]+) ]] || die "cannot determine Go version (got '$go_ver')"
 (( BASH_REMATCH[1] >= 26 )) || die "Go >= 1.26 is required (found $go_ver); the pinned modules declare 'go 1.26.0'."
 
-mkdir -p "$bin" "$logs" "$kubelet_root/bin" "$helm_root/bin"
+mkdir -p "$bin" "$logs" "$kubelet_root/bin" "$helm_root/bin" "$containerd_root/bin"
 # Several test runs may call this at once: one builds, the others wait for it.
 exec 9>"$root/.lock"
 if ! flock -n 9; then
@@ -160,6 +164,10 @@ build kwok "$bin" "$(ldflags_of kwok)" kwok=sigs.k8s.io/kwok/cmd/kwok || small_o
 # helm shares few packages with the rest; kubelet shares most of its with the control plane, so it
 # builds after it, from the packages that build left in Go's build cache.
 build helm "$helm_root/bin" "$helm_ldflags" helm=helm.sh/helm/v3/cmd/helm || small_ok=0
+build containerd "$containerd_root/bin" "$(ldflags_of containerd)" \
+  containerd=github.com/containerd/containerd/v2/cmd/containerd \
+  containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  ctr=github.com/containerd/containerd/v2/cmd/ctr || small_ok=0
 wait "$k8s_job" || small_ok=0
 build kubelet "$kubelet_root/bin" "$k8s_ldflags" kubelet=k8s.io/kubernetes/cmd/kubelet || small_ok=0
 (( small_ok )) || die "build failed (see above)"
@@ -173,6 +181,7 @@ etcd $etcd_version
 kwok $kwok_version
 kubelet $kubelet_version
 helm $helm_version
+containerd $containerd_version
 go $go_ver
 EOF
 echo "$bin"

@@ -1,5 +1,6 @@
-"""A real kubelet node for the dev cluster: Debian's containerd and runc, kubelet built from the
-pinned module, local images, joined to a `ControlPlane` as one more node beside kwok's.
+"""A real kubelet node for the dev cluster: containerd 2 and kubelet built from the pinned
+modules (hack/ensure-k8s.sh; containerd 2 reads CDI specs, Debian's 1.6 does not), Debian's
+runc, local images, joined to a `ControlPlane` as one more node beside kwok's.
 
 `RealNode(name, work_dir, plane).start()`; `.stop()` leaves nothing behind: no process (all of
 them live in the cgroup `egpu-realnode`, which is emptied with SIGKILL and removed), no mount
@@ -60,10 +61,13 @@ REAL_NODE_TAINT = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedul
 REAL_NODE_TOLERATION = {"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}
 START_TIMEOUT_S = 90.0
 #: Debian package of each command the real node runs.
-PACKAGES = {"containerd": "containerd", "ctr": "containerd", "runc": "runc",
+PACKAGES = {"runc": "runc",
             "ip": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
             "mount": "mount"}
 CGROUP_FS = "/sys/fs/cgroup"
+#: Built by hack/ensure-k8s.sh into the control plane's bin directory; containerd finds its shim
+#: on PATH, so the bin directory comes first on containerd's.
+CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 
 class RealNodeUnavailable(DevClusterError):
@@ -109,8 +113,9 @@ def unavailable_reason(bin_dir: Path | None = None) -> str | None:
                        "namespace's /var/lib need it)")
     if not cgroup_mounts():
         reasons.append(f"no cgroup filesystem mounted under {CGROUP_FS}")
-    if bin_dir is not None and not os.access(bin_dir / "kubelet", os.X_OK):
-        reasons.append(f"no kubelet in {bin_dir} (hack/ensure-k8s.sh builds it)")
+    for built in ("kubelet", *CONTAINERD_BINARIES):
+        if bin_dir is not None and not os.access(bin_dir / built, os.X_OK):
+            reasons.append(f"no {built} in {bin_dir} (hack/ensure-k8s.sh builds it)")
     return "; ".join(reasons) if reasons else None
 
 
@@ -365,7 +370,7 @@ class RealNode:
                 "most 66): choose a shorter one")
         shutil.rmtree(self.work_dir, ignore_errors=True)
         for directory in (paths.cni_bin, paths.cni_conf, paths.cni_state, paths.logs,
-                          paths.images, paths.containerd_root.parent):
+                          paths.images, paths.containerd_root.parent, paths.cdi_dir):
             directory.mkdir(parents=True, exist_ok=True)
         if not self.kubelet_port:
             self.kubelet_port, self.healthz_port = free_ports(2)
@@ -383,7 +388,7 @@ class RealNode:
     def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
                ) -> ProcessHandle:
         procs = create_runtime_cgroups()
-        path = os.environ.get("PATH", "/usr/bin:/bin")
+        path = (env or {}).get("PATH") or os.environ.get("PATH", "/usr/bin:/bin")
         full_env = {**os.environ, **(env or {}), "EGPU_CGROUP_PROCS": " ".join(map(str, procs)),
                     "PATH": f"{path}:/usr/sbin:/sbin"}
         handle = spawn(name, ["/bin/sh", "-c", _JOIN_CGROUP, name, *argv],
@@ -407,14 +412,16 @@ class RealNode:
         wait_ready(handle, paths.ready_file.exists, timeout_s, interval_s=0.02)
 
     def _start_containerd(self, timeout_s: float) -> None:
+        bin_dir = self.plane.bin_dir
         handle = self._spawn("containerd", self._in_namespace([
-            str(_which("containerd")), "--config", str(self.paths.containerd_config),
-            "--log-level", "warn"]))
+            str(bin_dir / "containerd"), "--config", str(self.paths.containerd_config),
+            "--log-level", "warn"]),
+            env={"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"})
         wait_ready(handle, lambda: self._ctr("version", check=False).returncode == 0,
                    timeout_s, interval_s=0.1)
 
     def _ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([str(_which("ctr")), "--address",
+        result = subprocess.run([str(self.plane.bin_dir / "ctr"), "--address",
                                  str(self.paths.containerd_socket), "--namespace", "k8s.io",
                                  *args], capture_output=True, text=True, check=False,
                                 timeout=120)

@@ -56,6 +56,12 @@ class RealNodePaths:
         return self.work / "containerd" / "config.toml"
 
     @property
+    def cdi_dir(self) -> Path:
+        """The CDI spec directory containerd reads: an agent on the host writes the DRA
+        devices it prepares here (its `dra.cdiDir`)."""
+        return self.work / "cdi"
+
+    @property
     def cni_bin(self) -> Path:
         return self.work / "cni" / "bin"
 
@@ -133,41 +139,46 @@ def _toml_str(value: str | Path) -> str:
 
 
 def containerd_config(paths: RealNodePaths, sandbox_image: str) -> str:
-    """containerd 1.6 config (version 2): its own root, state and socket; CRI with cgroupfs,
-    the local pause image, our CNI plugin, and `restrict_oom_score_adj` (without
-    CAP_SYS_RESOURCE runc fails with "can't get final child's PID from pipe")."""
-    cri = '[plugins."io.containerd.grpc.v1.cri"]'
+    """containerd 2 config (version 3; the build hack/ensure-k8s.sh makes): its own root, state
+    and socket; CRI with cgroupfs, the local pause image, our CNI plugin,
+    `restrict_oom_score_adj` (without CAP_SYS_RESOURCE runc fails with "can't get final
+    child's PID from pipe"), and CDI read from `paths.cdi_dir`, where an agent on the host
+    writes the DRA devices it prepares (docs/dra.md)."""
+    runtime = 'plugins."io.containerd.cri.v1.runtime"'
     return "\n".join([
-        "version = 2",
+        "version = 3",
         f"root = {_toml_str(paths.containerd_root)}",
         f"state = {_toml_str(paths.containerd_state)}",
         "disabled_plugins = [\"io.containerd.snapshotter.v1.btrfs\", "
         "\"io.containerd.snapshotter.v1.zfs\", \"io.containerd.snapshotter.v1.devmapper\", "
-        "\"io.containerd.snapshotter.v1.aufs\", \"io.containerd.tracing.processor.v1.otlp\"]",
+        "\"io.containerd.snapshotter.v1.erofs\", \"io.containerd.tracing.processor.v1.otlp\"]",
         "",
         "[grpc]",
         f"  address = {_toml_str(paths.containerd_socket)}",
         "",
-        '[plugins."io.containerd.internal.v1.opt"]',
-        f"  path = {_toml_str(paths.work / 'containerd' / 'opt')}",
-        "",
-        cri,
-        f"  sandbox_image = {_toml_str(sandbox_image)}",
+        f"[{runtime}]",
         "  restrict_oom_score_adj = true",
         "  enable_selinux = false",
-        "  stream_server_address = \"127.0.0.1\"",
-        "  stream_server_port = \"0\"",
-        '[plugins."io.containerd.grpc.v1.cri".containerd]',
-        "  snapshotter = \"overlayfs\"",
+        f"  cdi_spec_dirs = [{_toml_str(paths.cdi_dir)}]",
+        f"[{runtime}.containerd]",
         "  default_runtime_name = \"runc\"",
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
+        f"[{runtime}.containerd.runtimes.runc]",
         "  runtime_type = \"io.containerd.runc.v2\"",
-        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]',
+        f"[{runtime}.containerd.runtimes.runc.options]",
         "  SystemdCgroup = false",
-        '[plugins."io.containerd.grpc.v1.cri".cni]',
-        f"  bin_dir = {_toml_str(paths.cni_bin)}",
+        f"[{runtime}.cni]",
+        f"  bin_dirs = [{_toml_str(paths.cni_bin)}]",
         f"  conf_dir = {_toml_str(paths.cni_conf)}",
         "  max_conf_num = 1",
+        "",
+        '[plugins."io.containerd.cri.v1.images"]',
+        "  snapshotter = \"overlayfs\"",
+        '[plugins."io.containerd.cri.v1.images".pinned_images]',
+        f"  sandbox = {_toml_str(sandbox_image)}",
+        "",
+        '[plugins."io.containerd.grpc.v1.cri"]',
+        "  stream_server_address = \"127.0.0.1\"",
+        "  stream_server_port = \"0\"",
         "",
     ])
 

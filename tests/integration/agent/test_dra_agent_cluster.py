@@ -25,7 +25,7 @@ from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.dra.cdi import env_of, spec_file
 from elastic_gpu.agent.dra.kubelet_plugin import registration_socket
-from elastic_gpu.agent.dra.mode import GPU_MODE_LABEL, DraModeError
+from elastic_gpu.agent.dra.mode import DraModeError
 from elastic_gpu.agent.dra.slices_api import existing_slices, withdraw_node_slices
 from elastic_gpu.agent.grant import build_grant
 from elastic_gpu.agent.proto import (
@@ -37,6 +37,7 @@ from elastic_gpu.agent.proto import (
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.dra.devices import DRIVER, UNHEALTHY_TAINT, slice_name
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.model import Health
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.kube.errors import NotFound

@@ -20,11 +20,11 @@ import yaml
 from egpu_testing.dra import allocation, claim_manifest, result
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.dra.mode import GPU_MODE_LABEL
 from elastic_gpu.agent.dra.slices_api import existing_slices, withdraw_node_slices
 from elastic_gpu.agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core.dra.devices import node_slices
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.kube.errors import Forbidden
 from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 from elastic_gpu.kube.sync import SyncKubeClient

@@ -6,10 +6,10 @@ before the container starts, follows the plugin's device health stream into the 
 agent publishes them again when kubelet registers it again), and calls NodeUnprepareResources
 after the pod goes.
 
-The real node's containerd is the Debian package (1.6), which has no CDI support: the CDI
-spec is written and its id handed to the runtime, but the container's environment is not
-changed by it (containerd 1.7 needs `enable_cdi`, 2.x reads CDI by default). The test checks
-the spec, not the environment. Skipped where the machine cannot run a real node.
+The real node's containerd is 2.4 (built by hack/ensure-k8s.sh), which reads the agent's CDI
+specs from the node's CDI directory: the container's environment is the share's grant, as the
+device-plugin path's Allocate gives it (the container prints its environment). Skipped where
+the machine cannot run a real node.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import pytest
 
 from egpu_testing.dra import claim_manifest
 from elastic_gpu.agent.dra.cdi import env_of, spec_file
-from elastic_gpu.agent.dra.mode import GPU_MODE_DRA, GPU_MODE_LABEL
 from elastic_gpu.agent.dra.slices_api import existing_slices
 from elastic_gpu.api.config.strict_yaml import dump_yaml
 from elastic_gpu.core.dra.classes import MIG_CLASS, device_classes
 from elastic_gpu.core.dra.devices import DRIVER
+from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.process import ProcessHandle, spawn
 from elastic_gpu.devcluster.realnode import REAL_NODE_TOLERATION, RealNode
@@ -77,7 +77,7 @@ def dra_agent(real_node: RealNode, k8s_cluster: ControlPlane,
     k8s_cluster.kubectl("label", "node", real_node.name, "--overwrite",
                         f"{GPU_MODE_LABEL}={GPU_MODE_DRA}")
     root = real_node.paths.kubelet_root  # /var/lib/kubelet inside the node's namespace
-    cdi = tmp_path / "cdi"
+    cdi = real_node.paths.cdi_dir  # where the node's containerd reads CDI specs
     config = write_agent_files(tmp_path / "agent", real_node.device_plugin_dir, INVENTORY, {
         "syncSeconds": 2, "deviceSpecs": False, "usage": {"enabled": False},
         "dra": {"enabled": True, "pluginDir": str(root / "plugins" / DRIVER),
@@ -135,6 +135,10 @@ def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-dra-{index}"
     assert env["EGPU_CORE_PERCENT"] == "30" and env["EGPU_MEMORY_MIB"] == "8192"
     assert env["EGPU_ISOLATION"] == "accounting-only"
+    # containerd applied the CDI device: the container runs with exactly that environment
+    printed = k8s_cluster.kubectl("logs", "user", "-n", k8s_namespace).stdout.splitlines()
+    for name, value in env.items():
+        assert f"{name}={value}" in printed, (name, value, printed)
 
     # kubelet follows the plugin's health stream into the pod's status; the card fails (the
     # fake inventory's health list, re-read by the running agent): the pod's status says so

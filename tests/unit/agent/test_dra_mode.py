@@ -11,13 +11,13 @@ from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.dra.mode import (
-    GPU_MODE_LABEL,
     accounting_capacity,
     dra_capacity,
     missing_accounting,
     mode_refusal,
 )
 from elastic_gpu.api.config.loader import ConfigError
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE
 
 

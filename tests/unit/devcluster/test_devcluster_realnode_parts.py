@@ -119,11 +119,15 @@ def test_dynamic_binary_is_refused_for_busybox(tmp_path: Path) -> None:
 def test_containerd_config_carries_the_workarounds(tmp_path: Path) -> None:
     paths = RealNodePaths(tmp_path)
     config = tomllib.loads(containerd_config(paths, "egpu.local/pause:1.0"))
-    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert config["version"] == 3  # containerd 2's format
+    cri = config["plugins"]["io.containerd.cri.v1.runtime"]
     assert cri["restrict_oom_score_adj"] is True
-    assert cri["sandbox_image"] == "egpu.local/pause:1.0"
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == \
+        "egpu.local/pause:1.0"
     assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
-    assert cri["cni"]["bin_dir"] == str(paths.cni_bin)
+    assert cri["cni"]["bin_dirs"] == [str(paths.cni_bin)]
+    # the DRA kubelet plugin's devices reach the containers through CDI
+    assert cri["cdi_spec_dirs"] == [str(paths.cdi_dir)]  # (containerd 2 always reads CDI)
     assert config["grpc"]["address"] == str(paths.containerd_socket)
     assert config["root"].startswith(str(tmp_path)) and config["state"].startswith(str(tmp_path))
 
@@ -172,12 +176,14 @@ def test_missing_packages_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(realnode, "_which", lambda name: None)
     reason = realnode.unavailable_reason()
     assert reason is not None
-    assert "missing Debian packages: containerd iproute2 mount runc util-linux" in reason
+    assert "missing Debian packages: iproute2 mount runc util-linux" in reason
 
 
-def test_missing_kubelet_is_a_reason(tmp_path: Path) -> None:
+def test_missing_kubelet_and_containerd_are_reasons(tmp_path: Path) -> None:
     reason = realnode.unavailable_reason(tmp_path)
-    assert reason is not None and f"no kubelet in {tmp_path}" in reason
+    assert reason is not None
+    for built in ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr"):
+        assert f"no {built} in {tmp_path}" in reason, reason
 
 
 # -- the agent's files ------------------------------------------------------------------------

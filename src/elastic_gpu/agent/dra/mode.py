@@ -39,27 +39,20 @@ from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
 from elastic_gpu.agent.publish import patch_node_capacity
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.quota import QUOTA_NAMES
+from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
 
-#: The node label that puts a node in a GPU mode, and its value for DRA (the scheduler
-#: extender reads the same label).
-GPU_MODE_LABEL = "elasticgpu.io/gpu-mode"
-GPU_MODE_DRA = "dra"
 
 
 class DraModeError(RuntimeError):
     """DRA mode cannot start on this node (the message says what to change)."""
-
-
-#: What a DRA node advertises of each quota accounting name: more than its pods can ask.
-ACCOUNTING_ALLOCATABLE = "1000000000"
 
 
 def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
@@ -72,7 +65,7 @@ def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
 def accounting_capacity() -> dict[str, str]:
     """The quota's accounting names as a DRA node advertises them (not GPU names: the
     device-plugin path's capacity patch leaves them alone)."""
-    return dict.fromkeys(QUOTA_NAMES, ACCOUNTING_ALLOCATABLE)
+    return accounting_allocatable()
 
 
 def missing_accounting(node: Mapping[str, Any]) -> dict[str, str]:
