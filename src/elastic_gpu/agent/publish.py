@@ -29,6 +29,8 @@ from elastic_gpu.agent.devices import (
 from elastic_gpu.agent.inventory_api import create_inventory, publish_inventory
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.core.resources import is_gpu_resource, lookup
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -85,24 +87,46 @@ def _ours(name: str, config: AgentConfig) -> bool:
     return is_gpu_resource(name) or name in (config.time_sliced_resource, NODE_CORE)
 
 
+def missing_accounting(node: Mapping[str, Any]) -> dict[str, str]:
+    """The quota's accounting names (`core.quota.accounting_allocatable`) the Node's status
+    lacks or has at another count (capacity or allocatable). Every GPU node advertises them,
+    in either mode: the webhook puts them on every GPU container, and once a DeviceClass maps
+    `nvidia.com/gpu` (docs/dra.md), kube-scheduler's DynamicResources filter checks every
+    extended resource of such a pod against every node, device-plugin nodes included."""
+    status = node.get("status") or {}
+    want = accounting_allocatable()
+    have = [status.get("capacity") or {}, status.get("allocatable") or {}]
+    return {k: v for k, v in want.items() if any(not _same(h.get(k), v) for h in have)}
+
+
+def _same(found: Any, want: str) -> bool:
+    """Equal quantities (the API server writes 1000000000 back as `1G`)."""
+    try:
+        return found is not None and parse_quantity(str(found)) == parse_quantity(want)
+    except QuantityError:
+        return False
+
+
 def patch_node_capacity(client: SyncKubeClient, node_name: str, capacity: Mapping[str, str],
                         allocatable: Mapping[str, str], config: AgentConfig) -> str:
     """Set the GPU resources of the Node's status; GPU resources no longer offered are removed
-    (a merge patch with null), everything else (CPU, memory, pods) is left alone.
+    (a merge patch with null), the quota's accounting names added where missing
+    (`missing_accounting`), everything else (CPU, memory, pods) is left alone.
     Returns the Node's uid."""
     current = client.get(NODES.path(name=node_name))
+    missing = missing_accounting(current) if capacity else {}
     status = current.get("status") or {}
     have_cap = {k: str(v) for k, v in (status.get("capacity") or {}).items() if _ours(k, config)}
     have_alloc = {k: str(v) for k, v in (status.get("allocatable") or {}).items()
                   if _ours(k, config)}
     # Already right: no write. (The sync loop calls this periodically because a restarting
     # kubelet zeroes every extended resource, including the status-only ones.)
-    if have_cap != dict(capacity) or have_alloc != dict(allocatable):
+    if have_cap != dict(capacity) or have_alloc != dict(allocatable) or missing:
         cap: dict[str, str | None] = {name: None for name in set(have_cap) - set(capacity)}
         alloc: dict[str, str | None] = {name: None for name in
                                         set(have_alloc) - set(allocatable)}
-        cap.update(capacity)
-        alloc.update(allocatable)
+        cap.update({**capacity, **missing})
+        alloc.update({**allocatable, **missing})
         client.patch(NODES.path(name=node_name, subresource="status"),
                      {"status": {"capacity": cap, "allocatable": alloc}})
     return str((current.get("metadata") or {}).get("uid"))

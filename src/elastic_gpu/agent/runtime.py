@@ -16,7 +16,7 @@ from elastic_gpu.agent.allocator import Allocator
 from elastic_gpu.agent.backends.base import Backend, BackendError
 from elastic_gpu.agent.backends.isolation import Gated, Isolation
 from elastic_gpu.agent.config import AgentConfig, SharingMode
-from elastic_gpu.agent.dra.mode import DraMode, DraModeError
+from elastic_gpu.agent.dra.mode import DraMode, DraModeError, device_plugin_refusal
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
@@ -35,6 +35,7 @@ from elastic_gpu.agent.publish import (
 from elastic_gpu.agent.state import NodeState
 from elastic_gpu.agent.usage.monitor import UsageMonitor, UsageSinks
 from elastic_gpu.agent.usage.sinks import ApiSinks
+from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,10 @@ class Agent:
         if self.dra is not None:
             self.dra.check_node()  # before anything is published: a node in the wrong group
         elif self.client is not None:
+            refusal = device_plugin_refusal(self.client.get(NODES.path(name=self.node_name)),
+                                            self.node_name)
+            if refusal is not None:
+                raise DraModeError(refusal)
             # The CRD comes from deploy/crds at install time; the agent may not write CRDs.
             require_crd(self.client)
             publish_snapshot(self.client, self.current(), self.config, self.reasons())

@@ -288,3 +288,18 @@ def test_dra_mode_refuses_a_node_outside_the_dra_node_group(
         agent.stop()
     assert existing_slices(api, node) == []
     assert not registration_socket(Path(dirs["registryDir"])).exists()
+
+
+def test_a_device_plugin_agent_refuses_a_node_of_the_dra_group(
+        node: str, api: SyncKubeClient) -> None:
+    """The mirror of the test above: an agent without dra.enabled on a node labelled for DRA
+    publishes nothing (no GPUDevice the extender would count beside the slices)."""
+    config = parse_config({"syncSeconds": 3600, "usage": {"enabled": False}})
+    agent = Agent(config, FakeBackend.from_dict(INVENTORY, node), node, client=api)
+    try:
+        with pytest.raises(DraModeError, match=f"Node {node} has {GPU_MODE_LABEL}=dra"):
+            agent.start()
+    finally:
+        agent.stop()
+    gpudevices, _ = api.list(GPUDEVICES.path(), {"labelSelector": f"elasticgpu.io/node={node}"})
+    assert gpudevices == []

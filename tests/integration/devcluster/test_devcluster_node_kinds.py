@@ -20,6 +20,7 @@ import pytest
 
 from egpu_testing import sandbox as cli
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.quota import QUOTA_NAMES
 
 pytestmark = pytest.mark.integration
 
@@ -131,8 +132,11 @@ def test_sandbox_cluster_file_makes_each_node_kind_with_its_agents_capacity(tmp_
             status = nodes[name]["status"]
             for field in ("capacity", "allocatable"):
                 gpu = {k: v for k, v in status[field].items()
-                       if k not in ("cpu", "memory", "pods")}
+                       if k not in ("cpu", "memory", "pods") and k not in QUOTA_NAMES}
                 assert gpu == expected, (name, field)
+                # every GPU node advertises the quota's accounting names (docs/dra.md)
+                assert {k: status[field].get(k) for k in QUOTA_NAMES} == dict.fromkeys(
+                    QUOTA_NAMES, "1G"), (name, field)
             assert {"cpu", "memory", "pods"} <= set(status["capacity"])
 
         devices = kubectl(kc, "get", "gpudevices", "-o", "json")["items"]

@@ -10,15 +10,12 @@ import pytest
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import logical_cards
-from elastic_gpu.agent.dra.mode import (
-    accounting_capacity,
-    dra_capacity,
-    missing_accounting,
-    mode_refusal,
-)
+from elastic_gpu.agent.dra.mode import device_plugin_refusal, dra_capacity, mode_refusal
+from elastic_gpu.agent.publish import missing_accounting
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE
+from elastic_gpu.core.quota import accounting_allocatable
 
 
 def test_defaults_are_off_and_kubelets_directories() -> None:
@@ -53,6 +50,17 @@ def test_only_a_node_labelled_for_dra_may_run_dra_mode() -> None:
     assert other is not None and "has elasticgpu.io/gpu-mode=device-plugin" in other
 
 
+def test_a_device_plugin_agent_refuses_a_node_of_the_dra_group() -> None:
+    def node(labels: dict[str, str] | None) -> dict[str, object]:
+        return {"metadata": {"name": "n", **({"labels": labels} if labels is not None else {})}}
+
+    assert device_plugin_refusal(node(None), "n") is None
+    assert device_plugin_refusal(node({GPU_MODE_LABEL: "device-plugin"}), "n") is None
+    refused = device_plugin_refusal(node({GPU_MODE_LABEL: "dra"}), "n")
+    assert refused is not None and "Node n has elasticgpu.io/gpu-mode=dra" in refused
+    assert "twice" in refused
+
+
 def test_a_dra_node_advertises_only_the_node_level_core_count() -> None:
     backend = FakeBackend.from_dict({"cards": [{"model": "A100", "memoryMiB": 40960}] * 3}, "n")
     cards = {lc.index: lc for lc in logical_cards(backend.discover(), False)}
@@ -67,7 +75,7 @@ def test_time_slicing_replicas_are_refused_in_dra_mode() -> None:
 
 
 def test_the_quota_accounting_names_are_patched_only_when_missing_or_other() -> None:
-    want = accounting_capacity()
+    want = accounting_allocatable()
     assert set(want) == {"quota.elasticgpu.io/gpu-core", "quota.elasticgpu.io/gpu-memory"}
     assert missing_accounting({"status": {"capacity": want, "allocatable": want}}) == {}
     assert missing_accounting({"status": {}}) == want

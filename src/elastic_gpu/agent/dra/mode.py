@@ -42,8 +42,6 @@ from elastic_gpu.agent.state import NodeState
 from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
-from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -62,27 +60,19 @@ def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
     return {NODE_CORE: str(node_core_capacity([1] * len(cards)))}
 
 
-def accounting_capacity() -> dict[str, str]:
-    """The quota's accounting names as a DRA node advertises them (not GPU names: the
-    device-plugin path's capacity patch leaves them alone)."""
-    return accounting_allocatable()
-
-
-def missing_accounting(node: Mapping[str, Any]) -> dict[str, str]:
-    """The accounting names the Node's status lacks or has at another count (capacity or
-    allocatable)."""
-    status = node.get("status") or {}
-    want = accounting_capacity()
-    have = [status.get("capacity") or {}, status.get("allocatable") or {}]
-    return {k: v for k, v in want.items() if any(not _same(h.get(k), v) for h in have)}
-
-
-def _same(found: Any, want: str) -> bool:
-    """Equal quantities (the API server writes 1000000000 back as `1G`)."""
-    try:
-        return found is not None and parse_quantity(str(found)) == parse_quantity(want)
-    except QuantityError:
-        return False
+def device_plugin_refusal(node: Mapping[str, Any], name: str) -> str | None:
+    """Why a device-plugin agent (no `dra.enabled`) must not start on the Node (None: it may):
+    the node is in the DRA node group. Its cards would be published as GPUDevices for the
+    extender too, and one card handed out twice (the mirror of `mode_refusal`: each agent
+    refuses the other's node, so a node labelled for both groups runs neither)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if labels.get(GPU_MODE_LABEL) != GPU_MODE_DRA:
+        return None
+    return (f"Node {name} has {GPU_MODE_LABEL}={GPU_MODE_DRA}: it is in the DRA node group, "
+            "whose agent runs with dra.enabled (docs/dra.md); a device-plugin agent there would "
+            "publish its cards to the scheduler extender as well, and kube-scheduler's DRA "
+            "allocator and the extender would hand the same card out twice. Remove the label, "
+            "or run this agent with dra.enabled")
 
 
 def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
@@ -139,10 +129,6 @@ class DraMode:
         cards = self.cards()
         capacity = dra_capacity(cards)
         patch_node_capacity(self.client, self.node, capacity, capacity, self.config)
-        missing = missing_accounting(self.client.get(NODES.path(name=self.node)))
-        if missing:
-            self.client.patch(NODES.path(name=self.node, subresource="status"),
-                              {"status": {"capacity": missing, "allocatable": missing}})
         written = publish_node_slices(self.client, self.node,
                                       [lc.card for _, lc in sorted(cards.items())], self.node_uid)
         if written:
