@@ -1,12 +1,14 @@
-"""What a DRA-mode agent needs of the API, and no more: the ClusterRole rules and the
-admission policy docs/dra.md ("Deploying a DRA node") lists for the chart, applied here to a
-ServiceAccount of the test's own, with a token bound to an agent pod on the node (as the
-DaemonSet's pod has it). The agent starts, publishes, and prepares a claim with it; it cannot
-write another node's ResourceSlices or Node status, list claims, or write a claim's status."""
+"""What a DRA-mode agent needs of the API, and no more: the chart's ClusterRole and own-node
+admission policy for the DRA node group (agent.dra, docs/dra.md "Deploying a DRA node"), as
+`helm template` renders them, applied here to a ServiceAccount of the test's own, with a
+token bound to an agent pod on the node (as the DaemonSet's pod has it). The agent starts,
+publishes, and prepares a claim with it; it cannot write another node's ResourceSlices or Node
+status, list claims, or write a claim's status."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,65 +33,45 @@ from elastic_gpu.kube.sync import SyncKubeClient
 
 pytestmark = pytest.mark.integration
 
-#: The rules docs/dra.md lists (beside the device-plugin agent's pods, events and nodes rules).
-DRA_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["list", "create", "update", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-]
-#: The validation docs/dra.md adds to the agent's own-node admission policy.
-OWN_SLICES = (
-    "request.resource.resource != 'resourceslices' || "
-    "((object == null || (has(object.spec.nodeName) && object.spec.nodeName == variables.node))"
-    " && (oldObject == null || (has(oldObject.spec.nodeName) && "
-    "oldObject.spec.nodeName == variables.node)))")
+CHART = Path(__file__).resolve().parents[3] / "charts" / "elastic-gpu"
+#: The chart's objects for the DRA node group's agent: (kind, name) as rendered.
+CHART_OBJECTS = {("ClusterRole", "elastic-gpu-agent-dra"),
+                 ("ClusterRoleBinding", "elastic-gpu-agent-dra"),
+                 ("ValidatingAdmissionPolicy", "elastic-gpu-agent-own-node"),
+                 ("ValidatingAdmissionPolicyBinding", "elastic-gpu-agent-own-node")}
 INVENTORY = {"cards": [{"model": "A100", "memoryMiB": 40960}]}
 
 
 def manifests(name: str, namespace: str) -> list[dict[str, Any]]:
-    node_var = ("'authentication.kubernetes.io/node-name' in request.userInfo.extra ? "
-                "request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''")
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": name, "namespace": namespace}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": name}, "rules": DRA_RULES},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": name},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": name},
-         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
-        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-         "metadata": {"name": name},
-         "spec": {"failurePolicy": "Fail",
-                  "matchConstraints": {"resourceRules": [
-                      {"apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
-                       "operations": ["CREATE", "UPDATE", "DELETE"],
-                       "resources": ["resourceslices"]},
-                      {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                       "resources": ["nodes/status"]}]},
-                  "matchConditions": [{"name": "the-agent", "expression":
-                                       "request.userInfo.username == "
-                                       f"'system:serviceaccount:{namespace}:{name}'"}],
-                  "variables": [{"name": "node", "expression": node_var}],
-                  "validations": [
-                      {"expression": "variables.node != ''", "reason": "Forbidden",
-                       "message": "the agent token is not bound to a node"},
-                      {"expression": OWN_SLICES, "reason": "Forbidden",
-                       "messageExpression": "'an agent writes only the ResourceSlices of its "
-                                            "own node ' + variables.node"},
-                      {"expression": "request.resource.resource != 'nodes' || "
-                                     "request.name == variables.node", "reason": "Forbidden",
-                       "messageExpression": "'an agent patches only its own Node ' + "
-                                            "variables.node"}]}},
-        {"apiVersion": "admissionregistration.k8s.io/v1",
-         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
-         "spec": {"policyName": name, "validationActions": ["Deny"]}},
-    ]
+    """The chart's RBAC and own-node policy for the DRA agent (`helm template` with
+    agent.dra.enabled), as rendered, but named for the test's own account (`name`), so that
+    they meet no other test's objects."""
+    from elastic_gpu.devcluster.binaries import find_bin_dir
+
+    out = subprocess.run([str(find_bin_dir() / "helm"), "template", "egpu", str(CHART), "-n",
+                          namespace, "--set", "agent.dra.enabled=true"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    chart_account = f"system:serviceaccount:{namespace}:elastic-gpu-agent-dra"
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "ServiceAccount",
+                                   "metadata": {"name": name, "namespace": namespace}}]
+    for doc in yaml.safe_load_all(out):
+        if not doc or (doc["kind"], doc["metadata"]["name"]) not in CHART_OBJECTS:
+            continue
+        doc["metadata"] = {"name": name}
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["roleRef"]["name"] = name
+            doc["subjects"] = [{"kind": "ServiceAccount", "name": name,
+                                "namespace": namespace}]
+        elif doc["kind"] == "ValidatingAdmissionPolicy":
+            (condition,) = doc["spec"]["matchConditions"]
+            assert chart_account in condition["expression"], condition
+            condition["expression"] = condition["expression"].replace(
+                chart_account, f"system:serviceaccount:{namespace}:{name}")
+        elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            doc["spec"]["policyName"] = name
+        docs.append(doc)
+    assert len(docs) == 1 + len(CHART_OBJECTS), [d["kind"] for d in docs]
+    return docs
 
 
 def kubeconfig_with_token(k8s_cluster: Any, token: str, where: Path) -> Path:

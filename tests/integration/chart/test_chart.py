@@ -98,6 +98,7 @@ NON_DEFAULT: list[dict[str, Any]] = [
     {"webhook": {"namespaceLabels": {"gpu": "yes"}, "replicas": 3},
      "controller": {"extenderURL": "https://extender.example:8888", "replicas": 3}},
     {"dra": {"deviceClasses": True}},
+    {"agent": {"dra": {"enabled": True}}},
 ]
 
 
@@ -116,6 +117,51 @@ def test_dra_device_classes_are_the_drivers_and_off_by_default(
     assert not by_kind(default, "DeviceClass")
     rendered = by_kind(render(helm, {"dra": {"deviceClasses": True}}), "DeviceClass")
     assert list(rendered.values()) == device_classes()
+
+
+def test_a_dra_node_group_gets_its_own_agent_rbac_policy_and_classes(helm: Helm) -> None:
+    """agent.dra: a second DaemonSet on the DRA group's nodes, running the same config with
+    dra.enabled, kubelet's plugin directories instead of the device-plugin one, a
+    ServiceAccount of its own whose role reaches ResourceSlices and claims (not GPUDevices),
+    the own-node policy extended to its slices, and the DeviceClasses."""
+    from elastic_gpu.core.dra.classes import device_classes
+
+    objs = render(helm, {"agent": {"dra": {"enabled": True}}})
+    agents = {n: w for n, w in workloads(objs).items() if n.startswith("elastic-gpu-agent")}
+    assert set(agents) == {"elastic-gpu-agent", "elastic-gpu-agent-dra"}
+    dra = agents["elastic-gpu-agent-dra"]["spec"]["template"]["spec"]
+    plain = agents["elastic-gpu-agent"]["spec"]["template"]["spec"]
+    assert dra["nodeSelector"] == {"elasticgpu.io/gpu-mode": "dra"}
+    assert plain["nodeSelector"] == {"elasticgpu.io/agent": "true"}
+    assert dra["serviceAccountName"] == "elastic-gpu-agent-dra"
+    paths = {v["hostPath"]["path"] for v in dra["volumes"] if "hostPath" in v}
+    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu.elasticgpu.io",
+            "/var/run/cdi"} <= paths
+    assert "/var/lib/kubelet/device-plugins" not in paths
+    configs = by_kind(objs, "ConfigMap")
+    dra_config = yaml.safe_load(configs["elastic-gpu-agent-dra"]["data"]["agent.yaml"])
+    plain_config = yaml.safe_load(configs["elastic-gpu-agent"]["data"]["agent.yaml"])
+    assert dra_config["dra"] == {"enabled": True} and "dra" not in plain_config
+    assert {k: v for k, v in dra_config.items() if k != "dra"} == plain_config
+    rules = by_kind(objs, "ClusterRole")["elastic-gpu-agent-dra"]["rules"]
+    granted = {r: set(rule["verbs"]) for rule in rules for r in rule["resources"]}
+    assert granted["resourceslices"] == {"list", "create", "update", "delete"}
+    assert granted["resourceclaims"] == {"get"}
+    assert "gpudevices" not in granted
+    policy = by_kind(objs, "ValidatingAdmissionPolicy")["elastic-gpu-agent-own-node"]["spec"]
+    assert any("resourceslices" in r["resources"]
+               for r in policy["matchConstraints"]["resourceRules"])
+    assert "elastic-gpu-agent-dra" in policy["matchConditions"][0]["expression"]
+    assert any("ResourceSlices of its own node" in v.get("messageExpression", "")
+               for v in policy["validations"])
+    assert list(by_kind(objs, "DeviceClass").values()) == device_classes()
+
+
+def test_a_dra_node_group_needs_the_config_not_a_config_file(helm: Helm) -> None:
+    result = helm("template", "egpu", str(CHART), "-n", NS, "--set", "agent.dra.enabled=true",
+                  "--set-string", "agent.configFile=version: v1", check=False)
+    assert result.returncode != 0
+    assert "agent.dra.enabled needs agent.config" in result.stderr
 
 
 def test_default_renders_every_component(default: list[dict[str, Any]]) -> None:
