@@ -25,6 +25,7 @@ card over its capacity. Medians over rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import sys
@@ -191,31 +192,42 @@ def main() -> int:
                         help="the workload's GPU compute as a fraction of the cluster's")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (logs of every component) and print it")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    variants = tuple(args.variants.split(","))
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants: choose from {', '.join(VARIANTS)}")
     shapes = workload(args.nodes, args.fill, args.seed)
     print(f"{len(shapes)} pods per variant: " + ", ".join(
         f"{s[0]} {shapes.count(s[0])}" for s in SHAPES), flush=True)
-    with tempfile.TemporaryDirectory(prefix="dra-packing-") as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            work = Path(tempfile.mkdtemp(prefix="dra-packing-"))
+            print(f"work directory: {work}", flush=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-packing-")))
         plane, client, nodes = start_gpu_cluster(work, args.nodes, "gpu-node")
         try:
             kube = plane.kube()
             create_or_update(kube, device_classes())
             for node in nodes:
                 publish_node_slices(kube, node.name, node.cards)
-            results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+            results: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
             for round_ in range(args.rounds):
-                order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
+                order = variants if round_ % 2 == 0 else tuple(reversed(variants))
                 for variant in order:
                     result = run(plane, client, kube, work, nodes, variant, round_, shapes)
                     print(f"round {round_} {variant}: {result}", flush=True)
                     results[variant].append(result)
         finally:
             plane.stop()
-    keys = list(results[VARIANTS[0]][0])
+    keys = list(results[variants[0]][0])
     print("| variant | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
-    for variant in VARIANTS:
+    for variant in variants:
         cells = [statistics.median(r[k] for r in results[variant]) for k in keys]
         print(f"| {variant} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     return 0

@@ -167,6 +167,30 @@ def test_stale_watch_event_does_not_undo_a_bind() -> None:
     assert state.holds() == {"uid-a": assignment}
 
 
+def test_an_unbound_copy_newer_than_the_one_the_bind_read_does_not_undo_the_bind() -> None:
+    """The bind completed the copy it read (rv 5); before its Binding landed, kube-scheduler
+    wrote the pod's status (PodScheduled false, from an earlier failed attempt: rv 6). The
+    watch then delivers rv 6, unbound and newer than what the state holds: the pod must keep
+    its card, or the next pod is given it while the Binding's own event (rv 7) is on the way
+    (seen in bench/dra_packing.py: two whole-card pods on one card)."""
+    state = ready_state([gpu_node("n1")])
+    pod = pod_manifest("a", uid="uid-a", limits={"nvidia.com/gpu": "1"})
+    pod["metadata"]["resourceVersion"] = "5"
+    state.observe_pod(pod)
+    assignment = bind(state, pod, "n1")
+    later = json.loads(json.dumps(pod))
+    later["metadata"]["resourceVersion"] = "6"
+    later["status"] = {"conditions": [{"type": "PodScheduled", "status": "False",
+                                       "reason": "Unschedulable"}]}
+    state.observe_pod(later)
+    assert state.holds() == {"uid-a": assignment}
+    other = pod_manifest("b", uid="uid-b", limits={"nvidia.com/gpu": "1"})
+    with pytest.raises(Unschedulable):
+        state.reserve(pod_request_from_manifest(other), "uid-b", "n1")
+    state.observe_pod(annotated(pod, assignment, rv=7, node_name="n1"))  # the Binding's event
+    assert state.holds() == {"uid-a": assignment}
+
+
 def test_terminated_deleted_and_rebound_pods_release() -> None:
     state = ready_state([gpu_node("n1", 3), gpu_node("n2", 1)])
     holders = {}

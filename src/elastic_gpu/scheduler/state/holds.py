@@ -156,6 +156,14 @@ class Holds(StateBase):
                 # not newer than what we know: a pod read back after a bind overtook the
                 # watch, or the version we already completed with what our Binding did
                 return
+            if old is not None and old.node_name and not info.node_name:
+                # A pod is never unbound: a copy without a node is from before the Binding
+                # we settled it with, whatever its resourceVersion says (the bind completed
+                # the copy it read, and the pod may have changed since: kube-scheduler's
+                # status update of an earlier failed attempt lands with a higher version).
+                # Taking it would drop the pod's cards until the Binding's own event came,
+                # and another pod could be given them meanwhile.
+                return
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,
                             info.assignment_error)
