@@ -316,11 +316,14 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
         leading.add_done_callback(lost)
         tasks.append(leading)
     stop = asyncio.Event()
+    background = asyncio.gather(*tasks)
+    # at a stop the tasks are cancelled below, which ends `background` with CancelledError:
+    # retrieved here, so asyncio does not log it as an error at every clean stop
+    background.add_done_callback(lambda f: f.cancelled() or f.exception())
     try:
         with stop_on_signals(stop):
             # the API worker stays up while binds drain: they write through it
-            await serve_extender(extender, options, stop, started,
-                                 background=asyncio.gather(*tasks))
+            await serve_extender(extender, options, stop, started, background=background)
     finally:
         for task in tasks:
             task.cancel()
