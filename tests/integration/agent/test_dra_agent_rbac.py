@@ -19,6 +19,7 @@ import grpc
 import pytest
 import yaml
 
+from egpu_testing.chart import token_kubeconfig
 from egpu_testing.dra import allocation, claim_manifest, result
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
@@ -74,17 +75,6 @@ def manifests(name: str, namespace: str) -> list[dict[str, Any]]:
     return docs
 
 
-def kubeconfig_with_token(k8s_cluster: Any, token: str, where: Path) -> Path:
-    admin = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
-    path = where / "agent-kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
-        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
-        "users": [{"name": "agent", "user": {"token": token}}],
-        "contexts": [{"name": "agent", "context": {"cluster": "c", "user": "agent"}}]}))
-    return path
-
-
 @pytest.fixture
 def work() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="egpu-drr-"))  # short: unix socket paths
@@ -109,12 +99,9 @@ def test_the_documented_rbac_and_policy_are_enough_and_no_more(
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent"},
         "spec": {"nodeName": node, "serviceAccountName": account,
                  "containers": [{"name": "agent", "image": "elastic-gpu"}]}})
-    token = k8s_cluster.kubectl(
-        "create", "token", account, "-n", k8s_namespace, "--bound-object-kind", "Pod",
-        "--bound-object-name", "agent", "--bound-object-uid", pod["metadata"]["uid"]
-    ).stdout.strip()
-    agent_api = SyncKubeClient.from_config(kubeconfig_with_token(k8s_cluster, token, work),
-                                           field_manager="egpu-agent")
+    kubeconfig = token_kubeconfig(k8s_cluster, k8s_namespace, account, work / "kubeconfig",
+                                  bound_pod=("agent", pod["metadata"]["uid"]))
+    agent_api = SyncKubeClient.from_config(kubeconfig, field_manager="egpu-agent")
     running: Agent | None = None
     try:
         foreign = node_slices(other, [], 1)[0]
