@@ -171,11 +171,16 @@ def install_device_classes(client: SyncKubeClient) -> None:
 
 
 def enable_dra(client: SyncKubeClient, inventories: Sequence[Node]) -> bool:
-    """When some of `inventories` are DRA-mode nodes: the DeviceClasses (every GPU node
-    already advertises the quota's accounting names, which a class mapping `nvidia.com/gpu`
-    needs on every node: `agent.publish.missing_accounting`). False (nothing done) when none
-    is."""
+    """When some of `inventories` are DRA-mode nodes: the DeviceClasses, and the quota's
+    accounting names advertised on the device-plugin nodes too (a DRA-mode node's manifest
+    has them), without which no `nvidia.com/gpu` pod fits anywhere once a class maps that
+    name (`core.quota.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
     if not any(is_dra_node(inv.labels) for inv in inventories):
         return False
     install_device_classes(client)
+    names = accounting_allocatable()
+    for inv in inventories:
+        if not is_dra_node(inv.labels):
+            client.patch(NODES.path(name=inv.name, subresource="status"),
+                         {"status": {"capacity": names, "allocatable": names}})
     return True
