@@ -24,6 +24,9 @@ from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
 MILLI_PER_CARD = 1000
 MILLI_PER_PERCENT = 10
+#: The percent unit of one card, in which users write shares (`gpu-core: 30`) and the quota's,
+#: the node-level count's and the DRA devices' compute are counted.
+PERCENT_PER_CARD = MILLI_PER_CARD // MILLI_PER_PERCENT
 
 #: The project's own resource names, also advertised as node capacity by the agent.
 GPU_CORE = "elasticgpu.io/gpu-core"  # percent of one card; >100 only as a multiple of 100
