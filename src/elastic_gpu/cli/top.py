@@ -32,13 +32,14 @@ from elastic_gpu.core.gpuview import (
     NodeView,
     PodHold,
 )
+from elastic_gpu.core.podlife import NOT_TERMINAL_SELECTOR
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 
 log = logging.getLogger(__name__)
 
 #: not finished pods: the only ones that hold cards
-LIVE_PODS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+LIVE_PODS = {"fieldSelector": NOT_TERMINAL_SELECTOR}
 
 
 @dataclass(frozen=True)

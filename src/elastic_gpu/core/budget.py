@@ -53,13 +53,12 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import AssignmentError, CardShare, pod_assignment
 from elastic_gpu.core.dra.pods import pod_claim_compute
 from elastic_gpu.core.mig.profiles import card_fraction
+from elastic_gpu.core.podlife import TERMINAL_PHASES
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
 
 #: Seconds since the epoch (Kubernetes timestamps have whole seconds).
 Seconds = int
-#: Pod phases after which no container runs again.
-FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class BudgetError(ValueError):
@@ -213,7 +212,7 @@ def observe(pod: Mapping[str, Any],
     phase = (pod.get("status") or {}).get("phase")
     record = PodRecord(uid, str(meta.get("namespace") or "default"), {
         name: ContainerRecord(share, runs.get(name, {})) for name, share in sorted(shares.items())},
-        final=phase in FINAL_PHASES or bool(meta.get("deletionTimestamp")),
+        final=phase in TERMINAL_PHASES or bool(meta.get("deletionTimestamp")),
         deleted_at=parse_time(meta["deletionTimestamp"], "metadata.deletionTimestamp")
         if meta.get("deletionTimestamp") else None)
     return record

@@ -19,8 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Phases after which no container of the pod runs again.
+#: Phases after which no container of the pod runs again: the one spelling (budget ledger,
+#: MIG controller, watches and lists all read it).
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+#: The field selector of the pods not in a terminal phase (`status.phase notin (...)`, which
+#: field selectors spell as one `!=` per phase): the lists and watches of pods that may hold
+#: cards.
+NOT_TERMINAL_SELECTOR = ",".join(f"status.phase!={phase}" for phase in sorted(TERMINAL_PHASES))
 
 
 def finished(pod: Mapping[str, Any]) -> bool:

@@ -25,7 +25,6 @@ from elastic_gpu.controller.mig.objects import (
     annotations_of,
     applied_rules,
     device_round_inputs,
-    finished,
     holds_mig,
     metadata_of,
 )
@@ -40,6 +39,7 @@ from elastic_gpu.core.mig.bare import owner_rule_unused
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
 from elastic_gpu.core.mig.substitution import BoundPod, free_instances, held_instances
 from elastic_gpu.core.model import Node
+from elastic_gpu.core.podlife import finished
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
