@@ -39,7 +39,7 @@ from elastic_gpu.core.mig.bare import owner_rule_unused
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
 from elastic_gpu.core.mig.substitution import BoundPod, free_instances, held_instances
 from elastic_gpu.core.model import Node
-from elastic_gpu.core.podlife import finished
+from elastic_gpu.core.podlife import finished, stopped
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
@@ -135,7 +135,9 @@ class MigController:
     def _bound(self) -> list[BoundPod]:
         out = []
         for pod in self.pods.items():
-            if finished(pod):
+            # a pod being deleted holds its instances until its containers have stopped, as
+            # the extender counts it (`core.podlife.stopped`)
+            if stopped(pod):
                 continue
             notes = annotations_of(pod)
             node = (pod.get("spec") or {}).get("nodeName") or notes.get(ann.ASSIGNED_NODE)
