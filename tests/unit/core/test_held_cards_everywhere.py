@@ -1,7 +1,8 @@
 """One answer to "does this pod still hold its card?" (`core.podlife.holds_cards`), in every
 view: the extender's ledger, the node agent's allocation columns and Allocate's over-commit
-check, and `egpu top`. A pod being deleted whose container still runs holds its card in all of
-them; once its containers are reported terminated, none of them counts it (issue #39)."""
+check, `egpu top` and the MIG controller's held instances. A pod being deleted whose
+container still runs holds its card in all of them; once its containers are reported
+terminated, none of them counts it (issue #39)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from elastic_gpu.agent.matching import candidates
 from elastic_gpu.api.gpudevice import card_to_object
 from elastic_gpu.cli.top import Objects, view_from_objects
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.mig.substitution import bound_pod, held_instances
+from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.podlife import holds_cards
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.binder import with_binding
 
 NODE = "n1"
@@ -26,16 +29,25 @@ RUNS = {"running": {"startedAt": "2026-11-28T14:00:00Z"}}
 DONE = {"terminated": {"exitCode": 137}}
 
 
-def bound(name: str, phase: str = "Running") -> dict[str, Any]:
-    pod = pod_manifest(name, uid=f"uid-{name}", limits={CORE: "100"})
-    pod = with_binding(pod, NODE, Assignment(NODE, {"main": (CardShare(0, CARD.uuid, 1000, 0),)}))
+MIG_CARD = Card(0, "GPU-n1-0", "A100-SXM4-40GB", 40960,
+                mig=(MigInstance(MigProfile.parse("3g.20gb"), "MIG-a", 0),))
+MIG_SHARE = CardShare(0, MIG_CARD.uuid, 0, 20480, "3g.20gb", "MIG-a")
+WHOLE = CardShare(0, CARD.uuid, 1000, 0)
+
+
+def bound(name: str, phase: str = "Running",
+          held: CardShare = WHOLE) -> dict[str, Any]:
+    limits = {f"nvidia.com/mig-{held.mig_profile}": "1"} if held.mig_profile else {CORE: "100"}
+    pod = pod_manifest(name, uid=f"uid-{name}", limits=limits)
+    pod = with_binding(pod, NODE, Assignment(NODE, {"main": (held,)}))
     return {**pod, "spec": {**pod["spec"], "nodeName": NODE}, "status": {"phase": phase}}
 
 
-def leaving(state: dict[str, Any]) -> dict[str, Any]:
+def leaving(state: dict[str, Any], held: CardShare = WHOLE
+            ) -> dict[str, Any]:
     """The card's holder being deleted (a finalizer or its grace period keeps it), its one
     container in `state`."""
-    pod = bound("old")
+    pod = bound("old", held=held)
     return {**pod, "metadata": {**pod["metadata"], "resourceVersion": "10",
                                 "deletionTimestamp": "2026-11-28T15:00:00Z"},
             "status": {"phase": "Running",
@@ -67,6 +79,11 @@ def top_milli(pod: dict[str, Any]) -> int:
     return view.nodes[0].cards[0].used_milli
 
 
+def mig_controller_held(pod: dict[str, Any]) -> set[str]:
+    bound_pods = [b for b in [bound_pod(pod)] if b is not None]
+    return held_instances([Node(NODE, 64_000, 256_000, (MIG_CARD,))], bound_pods)
+
+
 def test_a_terminating_pod_whose_container_runs_holds_its_card_in_every_view() -> None:
     pod = leaving(RUNS)
     assert holds_cards(pod)
@@ -74,6 +91,7 @@ def test_a_terminating_pod_whose_container_runs_holds_its_card_in_every_view() -
     assert agent_milli(pod) == 1000
     assert agent_refuses_a_newcomer(pod)
     assert top_milli(pod) == 1000
+    assert mig_controller_held(leaving(RUNS, MIG_SHARE)) == {"MIG-a"}
 
 
 def test_once_its_containers_are_reported_terminated_no_view_counts_it() -> None:
@@ -83,6 +101,7 @@ def test_once_its_containers_are_reported_terminated_no_view_counts_it() -> None
     assert agent_milli(pod) == 0
     assert not agent_refuses_a_newcomer(pod)
     assert top_milli(pod) == 0
+    assert mig_controller_held(leaving(DONE, MIG_SHARE)) == set()
 
 
 @pytest.mark.parametrize("pod", [
