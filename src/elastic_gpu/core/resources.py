@@ -48,8 +48,8 @@ MIG_PREFIX = "nvidia.com/mig-"
 #: Media-extension and graphics variants NVIDIA publishes (A30/A100/H100: +me; Blackwell also
 #: +me.all and +gfx).
 MIG_SUFFIXES = ("+me", "+me.all", "+gfx")
-#: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4).
-MIG_MAX_SLICES = 7
+#: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4), hence
+#: the pattern's 1-7; how many a card has is its model's (`core.mig.profiles.card_slices`).
 MIG_RESOURCE_PATTERN = re.compile(
     r"nvidia\.com/mig-(?P<g>[1-7])g\.(?P<mem>[1-9][0-9]{0,3})gb(?P<extra>\+me|\+me\.all|\+gfx)?\Z",
     re.ASCII)
