@@ -4,12 +4,12 @@ These sums are the GPUDevice allocation columns. Only pods that still hold their
 bound to this node and holding them (`core.podlife.holds_cards`: a pod being deleted holds its
 cards until its containers have stopped, as the extender counts it).
 
-A share counts what it says (milli and MiB). A MIG instance counts its slices' fraction of
-the card's compute (a 3g instance of a 7-slice card: 3/7 of it) and the profile's memory: the
-scheduler writes MIG shares with no milli, since MIG instances are sold whole, which made a
-fully carved-up card read 0 %. A whole card counts 100 % and its memory (as the scheduler
-writes it). `share_use` and `mig_slices` are core's (`core.gpuview`), which `egpu top` counts
-with too.
+A share counts what it says (milli and MiB). A MIG instance counts its card fraction of the
+card's compute (`core.mig.profiles.card_fraction`: a 3g instance of a 7-slice card 3/7 of it,
+an A30 1g 1/4) and the profile's memory: the scheduler writes MIG shares with no milli, since
+MIG instances are sold whole, which made a fully carved-up card read 0 %. A whole card counts
+100 % and its memory (as the scheduler writes it). `share_use` is core's (`core.gpuview`),
+which `egpu top` counts with too.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.defrag.record import PendingPlan
-from elastic_gpu.core.mig.profiles import card_fraction, card_slices
+from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.core.usage import CardUsage
@@ -272,12 +272,6 @@ class ElasticGPUHold:
 
 def _spanned(card: Card) -> int:
     return max((inst.start + inst.profile.slices for inst in card.mig), default=0)
-
-
-def mig_slices(card: Card) -> int:
-    """Compute slices of a MIG-capable card (`core.mig.profiles.card_slices`: its model's, at
-    least what its instances span)."""
-    return card_slices(card.model, None, _spanned(card))
 
 
 def share_use(share: CardShare, card: Card | None) -> tuple[int, int]:
