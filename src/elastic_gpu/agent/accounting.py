@@ -1,14 +1,15 @@
 """What pods hold of each card, summed from their assignment annotations (pure).
 
 These sums are the GPUDevice allocation columns. Only pods that still hold their cards count:
-bound to this node, not finished, not being deleted.
+bound to this node and holding them (`core.podlife.holds_cards`: a pod being deleted holds its
+cards until its containers have stopped, as the extender counts it).
 
-A share counts what it says (milli and MiB). A MIG instance counts its slices' fraction of
-the card's compute (a 3g instance of a 7-slice card: 3/7 of it) and the profile's memory: the
-scheduler writes MIG shares with no milli, since MIG instances are sold whole, which made a
-fully carved-up card read 0 %. A whole card counts 100 % and its memory (as the scheduler
-writes it). `share_use` and `mig_slices` are core's (`core.gpuview`), which `egpu top` counts
-with too.
+A share counts what it says (milli and MiB). A MIG instance counts its card fraction of the
+card's compute (`core.mig.profiles.card_fraction`: a 3g instance of a 7-slice card 3/7 of it,
+an A30 1g 1/4) and the profile's memory: the scheduler writes MIG shares with no milli, since
+MIG instances are sold whole, which made a fully carved-up card read 0 %. A whole card counts
+100 % and its memory (as the scheduler writes it). `share_use` is core's (`core.gpuview`),
+which `egpu top` counts with too.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from elastic_gpu.core.assignment import (
 )
 from elastic_gpu.core.gpuview import share_use
 from elastic_gpu.core.model import Card
-from elastic_gpu.core.podlife import finished
+from elastic_gpu.core.podlife import holds_cards
 from elastic_gpu.core.resources import MILLI_PER_CARD
 
 
@@ -45,14 +46,12 @@ class CardUse:
 def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
                  ) -> Iterable[tuple[str, Assignment]]:
     """(`<namespace>/<pod>`, assignment) of the pods on `node` that hold cards: bound here,
-    not finished, not being deleted, with a readable assignment the scheduler's Binding wrote
+    holding them (`core.podlife.holds_cards`), with a readable assignment the scheduler's Binding wrote
     for this node (`core.assignment.distrust`). Bad annotations are skipped (the scheduler
     reports them; accounting must not stop on one)."""
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if (pod.get("spec") or {}).get("nodeName") != node or meta.get("deletionTimestamp"):
-            continue
-        if finished(pod):
+        if (pod.get("spec") or {}).get("nodeName") != node or not holds_cards(pod):
             continue
         try:
             assignment = pod_assignment(pod)
@@ -126,8 +125,9 @@ def _held(pods: Iterable[Mapping[str, Any]], node: str, chosen: Candidate
           ) -> list[tuple[str, CardShare]]:
     """(holder, share) for every card share the pods holding cards on `node` hold
     (`holding_pods`), but `chosen`'s own: claim-backed shares once per ElasticGPU (pods sharing
-    a claim share its cards). A terminating pod is left out: its card may be given again once
-    its containers stop, and the scheduler decides that, not this check."""
+    a claim share its cards). A terminating pod counts until its containers have stopped, as
+    the scheduler counts it: the pods are a live, consistent list, so a card the scheduler gave
+    again after they stopped shows them stopped here too."""
     own = f"{chosen.namespace}/{chosen.pod}"
     seen: set[tuple[str, ...]] = {("elasticgpu", chosen.claim) if chosen.claim
                                   else ("pod", own, chosen.container)}

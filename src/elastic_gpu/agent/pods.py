@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from elastic_gpu.core.names import NameRule, check_name
-from elastic_gpu.core.podlife import TERMINAL_PHASES
+from elastic_gpu.core.podlife import NOT_TERMINAL_SELECTOR
 from elastic_gpu.kube.informer import Handler, Informer
 from elastic_gpu.kube.resources import PODS
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -42,13 +42,12 @@ log = logging.getLogger(__name__)
 
 def node_selector(node: str, phase: str | None = None, *, finished: bool = True) -> str:
     """The field selector of `node`'s pods (`spec.nodeName=<node>`), of one `phase`, or, with
-    `finished=False`, of those not finished (`status.phase notin (Succeeded, Failed)`, which
-    field selectors spell as one `!=` per phase)."""
+    `finished=False`, of those not finished (`core.podlife.NOT_TERMINAL_SELECTOR`)."""
     parts = [f"spec.nodeName={check_name(node, NameRule.SUBDOMAIN, 'node name')}"]
     if phase is not None:
         parts.append(f"status.phase={phase}")
     if not finished:
-        parts.extend(f"status.phase!={done}" for done in sorted(TERMINAL_PHASES))
+        parts.append(NOT_TERMINAL_SELECTOR)
     return ",".join(parts)
 
 

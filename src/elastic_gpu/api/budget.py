@@ -79,7 +79,9 @@ def crd_manifest() -> dict[str, Any]:
             "gpuHours": {"type": "number", "minimum": 0, "maximum": MAX_GPU_HOURS,
                          "description": "GPU-hours the namespace may use per period: a GPU "
                                         "container's compute share (a whole card 1.0, a share "
-                                        "its percent / 100, a MIG instance its slices / 7) x "
+                                        "its percent / 100, a MIG instance its compute slices "
+                                        "over its card's: 1/7 a card for an A100 1g, 1/4 "
+                                        "for an A30 1g) x "
                                         "the hours it runs"},
             "period": _duration(
                 f"The budget is refilled at the end of each period; at least {MIN_PERIOD}: the "

@@ -32,13 +32,14 @@ from elastic_gpu.core.gpuview import (
     NodeView,
     PodHold,
 )
+from elastic_gpu.core.podlife import NOT_TERMINAL_SELECTOR, holds_cards
 from elastic_gpu.core.resources import MILLI_PER_CARD
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 
 log = logging.getLogger(__name__)
 
-#: not finished pods: the only ones that hold cards
-LIVE_PODS = {"fieldSelector": "status.phase!=Succeeded,status.phase!=Failed"}
+#: not finished pods: the only ones that may hold cards (`core.podlife.holds_cards` decides)
+LIVE_PODS = {"fieldSelector": NOT_TERMINAL_SELECTOR}
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
     for pod in objects.pods:
         meta = pod.get("metadata") or {}
         bound = (pod.get("spec") or {}).get("nodeName")
-        if not bound or meta.get("deletionTimestamp"):
+        if not bound or not holds_cards(pod):
             continue
         try:
             assignment = pod_assignment(pod)

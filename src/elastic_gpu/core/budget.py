@@ -5,7 +5,8 @@ the API says of a pod (DESIGN.md 7.4):
 
 - the share (`container_shares`): from the pod's `elasticgpu.io/assignment` when it has one
   (the cards it was given: a whole card counts 1.0, a share its milli / 1000, a MIG instance its
-  compute slices / 7, time-sliced replicas the milli the assignment gives them; containers the
+  card fraction, `core.mig.profiles.card_fraction`: an A30 `1g` 1/4, an A100 `1g` 1/7;
+  time-sliced replicas the milli the assignment gives them; containers the
   `claims` mark backs with an ElasticGPU count the ElasticGPU's cards, which the assignment
   lists for them), otherwise from its request (`core.request`, the one reader of resources);
 - the time (`container_runs`): every run of a container the status shows, keyed by its
@@ -51,13 +52,13 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import AssignmentError, CardShare, pod_assignment
 from elastic_gpu.core.dra.pods import pod_claim_compute
+from elastic_gpu.core.mig.profiles import card_fraction
+from elastic_gpu.core.podlife import TERMINAL_PHASES
 from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
-from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_CARD, MigProfile, ResourceError
+from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
 
 #: Seconds since the epoch (Kubernetes timestamps have whole seconds).
 Seconds = int
-#: Pod phases after which no container runs again.
-FINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class BudgetError(ValueError):
@@ -81,10 +82,11 @@ def parse_time(value: Any, what: str) -> Seconds:
 
 
 def card_share(share: CardShare) -> Fraction:
-    """The compute of one card share, in cards: a MIG instance its slices / 7, else milli."""
+    """The compute of one card share, in cards: a MIG instance its card fraction by its
+    profile's name (an assignment names no card model; a name means one size), else milli."""
     if share.mig_profile is not None:
         try:
-            return Fraction(MigProfile.parse(share.mig_profile).slices, MIG_MAX_SLICES)
+            return card_fraction(MigProfile.parse(share.mig_profile))
         except ResourceError as err:
             raise BudgetError(f"assignment mig={share.mig_profile!r}: {err}") from None
     return Fraction(share.milli, MILLI_PER_CARD)
@@ -123,7 +125,7 @@ def _device_plugin_shares(pod: Mapping[str, Any]) -> dict[str, Fraction]:
     for container in request.containers:
         if container.kind is RequestKind.MIG:
             assert container.mig_profile is not None
-            value = Fraction(container.cards * container.mig_profile.slices, MIG_MAX_SLICES)
+            value = container.cards * card_fraction(container.mig_profile)
         else:
             value = Fraction(container.total_milli, MILLI_PER_CARD)
         if value:
@@ -210,7 +212,7 @@ def observe(pod: Mapping[str, Any],
     phase = (pod.get("status") or {}).get("phase")
     record = PodRecord(uid, str(meta.get("namespace") or "default"), {
         name: ContainerRecord(share, runs.get(name, {})) for name, share in sorted(shares.items())},
-        final=phase in FINAL_PHASES or bool(meta.get("deletionTimestamp")),
+        final=phase in TERMINAL_PHASES or bool(meta.get("deletionTimestamp")),
         deleted_at=parse_time(meta["deletionTimestamp"], "metadata.deletionTimestamp")
         if meta.get("deletionTimestamp") else None)
     return record

@@ -22,18 +22,16 @@ its share is **above its share** (a share without a memory amount has none to ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.defrag.record import PendingPlan
-from elastic_gpu.core.mig.profiles import mig_model
+from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.core.usage import CardUsage
-
-#: compute slices of a MIG card whose model the table does not know (A100, H100, H200: 7)
-DEFAULT_MIG_SLICES = 7
 
 
 @dataclass(frozen=True)
@@ -272,23 +270,21 @@ class ElasticGPUHold:
     claim: str = ""
 
 
-def mig_slices(card: Card) -> int:
-    """Compute slices of a MIG-capable card (its model's, at least what its instances span)."""
-    known = mig_model(card.model)
-    total = known.compute_slices if known is not None else DEFAULT_MIG_SLICES
-    return max([total, *(inst.start + inst.profile.slices for inst in card.mig)])
+def _spanned(card: Card) -> int:
+    return max((inst.start + inst.profile.slices for inst in card.mig), default=0)
 
 
 def share_use(share: CardShare, card: Card | None) -> tuple[int, int]:
-    """(milli, MiB) a share takes of its card: a MIG instance its slices' fraction of the
-    card's compute and its profile's memory (the scheduler writes no milli for MIG)."""
+    """(milli, MiB) a share takes of its card: a MIG instance its card fraction
+    (`core.mig.profiles.card_fraction`) of the card's compute, rounded down, and its profile's
+    memory (the scheduler writes no milli for MIG)."""
     if share.mig_profile is None or card is None:
         return share.milli, share.memory_mib
     try:
         profile = MigProfile.parse(share.mig_profile)
     except ResourceError:
         return share.milli, share.memory_mib
-    milli = card.compute_milli * profile.slices // mig_slices(card)
+    milli = math.floor(card.compute_milli * card_fraction(profile, card.model, _spanned(card)))
     return max(share.milli, milli), max(share.memory_mib, profile.memory_gb * 1024)
 
 

@@ -18,8 +18,9 @@ the extender's `preempt` verb was never asked. One extended resource closes that
 The count is a **lower bound** of what the extender holds, never more: kube-scheduler must never
 refuse a node the extender would place a pod on (the extender refines, it cannot add room).
 Hence, unlike the quota's `quota.elasticgpu.io/gpu-core` (`core.quota`, rounded up so a quota
-cannot be understated): a share counts its percent rounded down, a MIG instance 100 x slices / 7
-rounded down (seven `1g` make 98, not 105), a container backed by an ElasticGPUClaim counts 0
+cannot be understated): a share counts its percent rounded down, a MIG instance 100 x its card fraction
+(`core.mig.profiles.card_fraction`, by the profile's name) rounded down (seven A100 `1g` make
+98, not 105; four A30 `1g` 100), a container backed by an ElasticGPUClaim counts 0
 (the ElasticGPU holds its cards whoever consumes it, and evicting a consumer frees none of
 them: the extender's `preempt` agrees), and a node's allocatable is its capacity whatever the
 cards' health (the extender refuses unhealthy cards; a pod still holding one must not make the
@@ -29,20 +30,22 @@ not bound a node's use. See docs/budgets.md, "Preemption (must-show 2)".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
+from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.request import ContainerRequest, RequestKind
-from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_CARD
+from elastic_gpu.core.resources import MILLI_PER_CARD, PERCENT_PER_CARD
 
 NODE_CORE = "node.elasticgpu.io/gpu-core"
-PERCENT_PER_CARD = 100
 
 
 def node_core(request: ContainerRequest) -> int:
     """What one container counts in `NODE_CORE` (0: no GPU, or nothing it alone holds)."""
     if request.kind is RequestKind.MIG:
         assert request.mig_profile is not None
-        return PERCENT_PER_CARD * request.mig_profile.slices // MIG_MAX_SLICES * request.cards
+        # rounded down per instance: the count must not overstate what the extender holds
+        return math.floor(PERCENT_PER_CARD * card_fraction(request.mig_profile)) * request.cards
     if request.kind is RequestKind.NONE:
         return 0
     return request.total_milli * PERCENT_PER_CARD // MILLI_PER_CARD

@@ -12,6 +12,12 @@ handed to another pod while the first one's process still has it.
 A pod being deleted whose containers have all terminated no longer needs its cards, whatever
 finalizer (the budget keeper's) holds its object: that is what lets a controller outage
 freeze no card (issue #26, item 3).
+
+`holds_cards` is the one answer to "does this bound pod still hold its cards?": every view of
+who holds a card (the extender's ledger, the node agent's allocation columns and its Allocate
+over-commit check, `egpu top`, the MIG controller's free instances, defragmentation) counts a
+pod being deleted as holding until it has `stopped`, so a card never shows free while a process
+may still use it.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Phases after which no container of the pod runs again.
+#: Phases after which no container of the pod runs again: the one spelling (budget ledger,
+#: MIG controller, watches and lists all read it).
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+#: The field selector of the pods not in a terminal phase (`status.phase notin (...)`, which
+#: field selectors spell as one `!=` per phase): the lists and watches of pods that may hold
+#: cards.
+NOT_TERMINAL_SELECTOR = ",".join(f"status.phase!={phase}" for phase in sorted(TERMINAL_PHASES))
 
 
 def finished(pod: Mapping[str, Any]) -> bool:
@@ -67,3 +79,10 @@ def stopped(pod: Mapping[str, Any]) -> bool:
         if isinstance(others, list) and any(_running(s) for s in others):
             return False
     return True
+
+
+def holds_cards(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod holds the cards it was given: bound to a node (`spec.nodeName`) and not
+    `stopped` (a pod being deleted holds them until its containers are reported terminated)."""
+    spec = pod.get("spec")
+    return isinstance(spec, Mapping) and bool(spec.get("nodeName")) and not stopped(pod)

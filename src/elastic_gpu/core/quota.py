@@ -6,8 +6,9 @@ a quota on `tencent.com/vcuda-core` misses the same share written `nano-gpu/gpu-
 every GPU container two accounting resources in canonical units (`quota_resources`):
 
 - `quota.elasticgpu.io/gpu-core`: compute in percent of one card: a share its percent, whole
-  cards 100 each (`nvidia.com/gpu: 2` -> 200), a MIG instance 100 x slices / 7 rounded up
-  (`1g` 15, `3g` 43, `7g` 100) per instance;
+  cards 100 each (`nvidia.com/gpu: 2` -> 200), a MIG instance 100 x its card fraction
+  (`core.mig.profiles.card_fraction`, by the profile's name: the card is not chosen yet)
+  rounded up, per instance (A100/H100 `1g` 15, `3g` 43, `7g` 100; A30 `1g` 25);
 - `quota.elasticgpu.io/gpu-memory`: card memory in MiB: a share's memory (`vcuda-memory: 4` ->
   1024), a MIG instance its profile's memory (`3g.40gb` -> 40960); whole cards state none.
 
@@ -30,18 +31,19 @@ configure kube-scheduler themselves, turn it on. See docs/budgets.md, "Quota".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
 from elastic_gpu.core.admission.mutation import MutationInput
+from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.request import ContainerRequest, RequestKind, container_request
-from elastic_gpu.core.resources import MIG_MAX_SLICES, ResourceError
+from elastic_gpu.core.resources import MILLI_PER_CARD, PERCENT_PER_CARD, ResourceError
 
 QUOTA_CORE = "quota.elasticgpu.io/gpu-core"
 QUOTA_MEMORY = "quota.elasticgpu.io/gpu-memory"
 QUOTA_NAMES = (QUOTA_CORE, QUOTA_MEMORY)
-PERCENT_PER_CARD = 100
 
 #: What every node of a cluster with our DeviceClasses advertises of each of the quota's
 #: accounting names (`core.quota.QUOTA_NAMES`), more than any node's pods can ask.
@@ -65,12 +67,13 @@ def canonical_resources(request: ContainerRequest) -> dict[str, str]:
     core = memory = 0
     if request.kind is RequestKind.MIG:
         assert request.mig_profile is not None
-        per = -(-PERCENT_PER_CARD * request.mig_profile.slices // MIG_MAX_SLICES)  # ceil
+        # rounded up: a quota must not under-count
+        per = math.ceil(PERCENT_PER_CARD * card_fraction(request.mig_profile))
         core = per * request.cards
         memory = request.mig_profile.memory_gb * 1024 * request.cards
     elif request.kind is not RequestKind.NONE:
         # a TFLOPS share at the most it can become: its card is not known yet
-        core = -(-request.most_milli * PERCENT_PER_CARD // 1000)
+        core = -(-request.most_milli * PERCENT_PER_CARD // MILLI_PER_CARD)
         memory = request.memory_mib * request.cards
     out: dict[str, str] = {}
     if core:

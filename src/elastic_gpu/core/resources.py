@@ -24,6 +24,9 @@ from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
 MILLI_PER_CARD = 1000
 MILLI_PER_PERCENT = 10
+#: The percent unit of one card, in which users write shares (`gpu-core: 30`) and the quota's,
+#: the node-level count's and the DRA devices' compute are counted.
+PERCENT_PER_CARD = MILLI_PER_CARD // MILLI_PER_PERCENT
 
 #: The project's own resource names, also advertised as node capacity by the agent.
 GPU_CORE = "elasticgpu.io/gpu-core"  # percent of one card; >100 only as a multiple of 100
@@ -45,8 +48,8 @@ MIG_PREFIX = "nvidia.com/mig-"
 #: Media-extension and graphics variants NVIDIA publishes (A30/A100/H100: +me; Blackwell also
 #: +me.all and +gfx).
 MIG_SUFFIXES = ("+me", "+me.all", "+gfx")
-#: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4).
-MIG_MAX_SLICES = 7
+#: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4), hence
+#: the pattern's 1-7; how many a card has is its model's (`core.mig.profiles.card_slices`).
 MIG_RESOURCE_PATTERN = re.compile(
     r"nvidia\.com/mig-(?P<g>[1-7])g\.(?P<mem>[1-9][0-9]{0,3})gb(?P<extra>\+me|\+me\.all|\+gfx)?\Z",
     re.ASCII)

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from elastic_gpu.api import elasticgpu
+from elastic_gpu.core.podlife import NOT_TERMINAL_SELECTOR
 from elastic_gpu.kube.informer import Reflector
 from elastic_gpu.kube.kubeconfig import ClientConfigError
 from elastic_gpu.kube.paths import InvalidName
@@ -49,7 +50,7 @@ from elastic_gpu.scheduler.slim import (
 log = logging.getLogger("elastic_gpu.scheduler.apiworker")
 
 #: Terminated pods hold nothing; with this selector they leave the watch as DELETED events.
-LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+LIVE_PODS = NOT_TERMINAL_SELECTOR
 
 #: The Elastic GPU API's resources the scheduler may read or create through the worker.
 EGPU_RESOURCES = {

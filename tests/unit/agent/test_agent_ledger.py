@@ -27,7 +27,7 @@ MEMORY = {0: 40960, 1: 40960}
 
 
 def pod(name: str, shares: list[CardShare], *, phase: str = "Running", node: str = NODE,
-        assigned: str | None = NODE, deleting: bool = False,
+        assigned: str | None = NODE, deleting: bool = False, terminated: bool = False,
         claims: dict[str, str] | None = None) -> dict[str, Any]:
     assignment = Assignment(node, {"main": tuple(shares)}, claims or {})
     notes = {ann.ASSIGNMENT: assignment.to_json()}
@@ -38,8 +38,11 @@ def pod(name: str, shares: list[CardShare], *, phase: str = "Running", node: str
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:01:00Z"
     core = sum(s.milli for s in shares) // 10
+    status: dict[str, Any] = {"phase": phase}
+    if terminated:
+        status["containerStatuses"] = [{"name": "main", "state": {"terminated": {"exitCode": 0}}}]
     return {"metadata": meta, "spec": {"nodeName": NODE, "containers": [
-        {"name": "main", "resources": {"limits": {CORE: str(core)}}}]}, "status": {"phase": phase}}
+        {"name": "main", "resources": {"limits": {CORE: str(core)}}}]}, "status": status}
 
 
 def share(index: int, milli: int, memory: int = 0, mig: str | None = None) -> CardShare:
@@ -72,7 +75,9 @@ def test_shares_that_fit_together_are_served() -> None:
 
 @pytest.mark.parametrize("holder", [
     pod("done", [share(0, 1000)], phase="Succeeded"),
-    pod("leaving", [share(0, 1000)], deleting=True),  # the scheduler decides when it frees
+    # deleted and its container reported terminated (one still running holds its card:
+    # tests/unit/core/test_held_cards_everywhere.py)
+    pod("stopped", [share(0, 1000)], deleting=True, terminated=True),
     pod("unbound-forgery", [share(0, 1000)], assigned=None),
     pod("elsewhere", [share(0, 1000)], node="n2", assigned="n2"),
 ])

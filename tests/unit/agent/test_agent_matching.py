@@ -11,7 +11,6 @@ from elastic_gpu.agent.matching import AllocateError, candidates, choose
 from elastic_gpu.api.gpudevice import MAX_LISTED_PODS, allocation_status
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.gpuview import mig_slices
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.resources import MigProfile
 
@@ -107,9 +106,11 @@ def test_mig_instances_count_their_slices_and_memory() -> None:
     assert card_usage(pods, "n1", {0: A100})[0].milli == 1000 * 3 // 7 + 1000 * 2 // 7 + 1000 // 7
     # an A30 has 4 slices; a placement beyond the table trusts the driver
     a30 = Card(0, "GPU-0", "NVIDIA A30", 24576, mig=(MigInstance(MigProfile(2, 12), "MIG-x", 0),))
-    assert mig_slices(a30) == 4 and mig_slices(A100) == 7
-    odd = Card(0, "GPU-0", "X", 1, mig=(MigInstance(MigProfile(4, 10), "MIG-y", 6),))
-    assert mig_slices(odd) == 10
+    assert card_usage([pod("a30", {"main": [mig_share("2g.12gb", "MIG-x")]})], "n1",
+                      {0: a30})[0].milli == 500
+    odd = Card(0, "GPU-0", "X", 1000, mig=(MigInstance(MigProfile(4, 10), "MIG-y", 6),))
+    assert card_usage([pod("odd", {"main": [mig_share("4g.10gb", "MIG-y")]})], "n1",
+                      {0: odd})[0].milli == 400
 
 
 def test_whole_cards_read_full_and_holders_are_bounded() -> None:

@@ -24,12 +24,13 @@ from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.fit import Unschedulable
+from elastic_gpu.core.mig.profiles import card_slices
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity, node_core
 from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.quota import QUOTA_CORE, canonical_resources
 from elastic_gpu.core.request import PodRequest, container_request
-from elastic_gpu.core.resources import MIG_MAX_SLICES, MigProfile
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.schedconfig import MIG_PROFILES
 
 FACTS = ClusterFacts()
@@ -135,12 +136,15 @@ def test_a_container_backed_by_a_claim_counts_nothing() -> None:
 def test_mig_instances_of_one_card_never_count_more_than_the_card() -> None:
     for text in MIG_PROFILES:
         profile = MigProfile.parse(text)
-        most = MIG_MAX_SLICES // profile.slices
+        most = card_slices(None, profile) // profile.slices  # the instances one card holds
         request = container_request("c", {"limits": {profile.resource_name: str(most)}})
         assert node_core(request) <= 100, text
     request = container_request("c", {"limits": {"nvidia.com/mig-1g.10gb": "7"}})
     assert node_core(request) == 98
     assert int(canonical_resources(request)[QUOTA_CORE]) == 105  # why the quota's name is not it
+    # an A30 has 4 slices: its four 1g instances are the whole card at node level too
+    request = container_request("c", {"limits": {"nvidia.com/mig-1g.6gb": "4"}})
+    assert node_core(request) == 100
 
 
 def test_node_capacity_counts_replicas_of_time_sliced_cards() -> None:

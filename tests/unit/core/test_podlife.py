@@ -6,7 +6,10 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core.podlife import finished, stopped
+from elastic_gpu.agent.pods import node_selector
+from elastic_gpu.cli.top import LIVE_PODS as TOP_PODS
+from elastic_gpu.core.podlife import NOT_TERMINAL_SELECTOR, TERMINAL_PHASES, finished, stopped
+from elastic_gpu.scheduler.apiworker import LIVE_PODS as EXTENDER_PODS
 
 
 def pod(phase: str = "Running", deleting: bool = False,
@@ -61,3 +64,10 @@ def test_a_running_init_or_ephemeral_container_keeps_a_deleted_pod_going() -> No
                                    "spec": {"containers": "x"}, "status": {}}])
 def test_a_malformed_pod_is_never_taken_as_stopped(junk: dict[str, Any]) -> None:
     assert not stopped(junk) and not finished(junk)
+
+
+def test_every_list_of_pods_that_may_hold_cards_leaves_out_the_terminal_phases_only() -> None:
+    excluded = {term.removeprefix("status.phase!=") for term in NOT_TERMINAL_SELECTOR.split(",")}
+    assert excluded == TERMINAL_PHASES == {"Succeeded", "Failed"}
+    assert EXTENDER_PODS == TOP_PODS["fieldSelector"] == NOT_TERMINAL_SELECTOR
+    assert node_selector("n1", finished=False) == f"spec.nodeName=n1,{NOT_TERMINAL_SELECTOR}"

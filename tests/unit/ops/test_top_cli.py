@@ -36,6 +36,13 @@ def pod(name: str, node: str | None, shares: dict[str, list[CardShare]],
             "spec": {"nodeName": node} if node else {}, "status": {"phase": "Running"}}
 
 
+def stopped(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` with its one container reported terminated: being deleted, it holds nothing."""
+    return {**pod, "spec": {**pod["spec"], "containers": [{"name": "main"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "main", "state": {"terminated": {"exitCode": 0}}}]}}
+
+
 def share(node: str, index: int, milli: int, mib: int = 0) -> CardShare:
     return CardShare(index, f"GPU-{node}-{index}", milli, mib)
 
@@ -54,8 +61,8 @@ def objects() -> Objects:
               pod("infer", "gpu-a", {"main": [share("gpu-a", 0, 250, 2048)]},
                   claims={"main": "egpu-1"}),
               pod("unbound", None, {"main": [share("gpu-a", 0, 999)]}),
-              pod("leaving", "gpu-a", {"main": [share("gpu-a", 0, 999)]},
-                  deletionTimestamp="2026-01-01T00:00:00Z"),
+              stopped(pod("leaving", "gpu-a", {"main": [share("gpu-a", 0, 999)]},
+                          deletionTimestamp="2026-01-01T00:00:00Z")),
               bad_annotation],
         elasticgpus=[elasticgpu_object("egpu-1", "gpu-a", [share("gpu-a", 0, 250, 2048)],
                                        claim=("ml", "c1", "uid-c1"))])

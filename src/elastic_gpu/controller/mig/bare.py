@@ -12,13 +12,13 @@ import logging
 from elastic_gpu.controller.mig.objects import (
     Rules,
     applied_rules,
-    finished,
     unschedulable,
 )
 from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.writes import AdapterWrites
 from elastic_gpu.core.mig.bare import BarePodState, BareStep, bare_rule_step
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_live_pod
+from elastic_gpu.core.podlife import finished
 from elastic_gpu.kube.errors import ApiError
 from elastic_gpu.kube.informer import Informer, Obj
 

@@ -22,10 +22,8 @@ from elastic_gpu.controller.mig.moveback import MoveBack
 from elastic_gpu.controller.mig.objects import (
     Rules,
     age_s,
-    annotations_of,
     applied_rules,
     device_round_inputs,
-    finished,
     holds_mig,
     metadata_of,
 )
@@ -33,15 +31,17 @@ from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
 from elastic_gpu.controller.worker import Done, Outcome, Retry, work
-from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import AssignmentError, pod_assignment
 from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.mig.bare import owner_rule_unused
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
-from elastic_gpu.core.mig.substitution import BoundPod, free_instances, held_instances
+from elastic_gpu.core.mig.substitution import (
+    BoundPod,
+    bound_pod,
+    free_instances,
+    held_instances,
+)
 from elastic_gpu.core.model import Node
-from elastic_gpu.core.request import RequestKind, pod_request_from_manifest
-from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.core.podlife import finished
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
@@ -133,32 +133,7 @@ class MigController:
         return gpudevice.nodes_from_objects(devices, self.nodes.items())
 
     def _bound(self) -> list[BoundPod]:
-        out = []
-        for pod in self.pods.items():
-            if finished(pod):
-                continue
-            notes = annotations_of(pod)
-            node = (pod.get("spec") or {}).get("nodeName") or notes.get(ann.ASSIGNED_NODE)
-            if notes.get(ann.ASSIGNMENT):
-                try:
-                    assignment = pod_assignment(pod)
-                except AssignmentError:
-                    assignment = None
-                if assignment is not None:
-                    out.append(BoundPod(assignment.node, tuple(
-                        s.mig_uuid for s in assignment.shares() if s.mig_uuid)))
-                    continue
-            if not node:
-                continue
-            try:
-                request = pod_request_from_manifest(pod)
-            except (ResourceError, ValueError):
-                continue
-            profiles = tuple(c.mig_profile for c in request.gpu_containers
-                             if c.kind is RequestKind.MIG and c.mig_profile is not None
-                             for _ in range(max(1, c.cards)))
-            if profiles:
-                out.append(BoundPod(str(node), (), profiles))
+        out = [bound for pod in self.pods.items() if (bound := bound_pod(pod)) is not None]
         for obj in self.egpus.items():
             try:
                 egpu = egpu_api.elasticgpu_from_object(obj)

@@ -19,7 +19,6 @@ from elastic_gpu.controller.mig.objects import (
     as_pod,
     as_rule,
     controller_owner,
-    finished,
     metadata_of,
     now_stamp,
     pod_profile,
@@ -29,6 +28,7 @@ from elastic_gpu.controller.mig.step import MovingStep
 from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.mig.rules import MIG_ORIGINAL, MIG_RETURNING, parse_original
 from elastic_gpu.core.mig.substitution import FreeInstance, MovedPod, constraints_for, move_back
+from elastic_gpu.core.podlife import finished
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import ApiError

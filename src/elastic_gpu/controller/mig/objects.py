@@ -60,10 +60,6 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return notes if isinstance(notes, Mapping) else {}
 
 
-def finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
 def unschedulable(pod: Mapping[str, Any]) -> bool:
     """Pending, not placed, and kube-scheduler said why (PodScheduled False, Unschedulable)."""
     if (pod.get("spec") or {}).get("nodeName") or metadata_of(pod).get("deletionTimestamp"):

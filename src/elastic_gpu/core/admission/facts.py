@@ -13,10 +13,10 @@ from typing import Any
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.mig.rules import SubstitutionRule
-from elastic_gpu.core.nodefit import NODE_CORE, PERCENT_PER_CARD
+from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodestatus import gpu_capacity
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.resources import MILLI_PER_CARD, Measure, lookup
+from elastic_gpu.core.resources import MILLI_PER_CARD, PERCENT_PER_CARD, Measure, lookup
 
 #: Node labels naming the card model (the agent's, NVIDIA's GPU feature discovery's).
 MODEL_LABELS = (ann.GPU_MODEL_LABEL, "nvidia.com/gpu.product")

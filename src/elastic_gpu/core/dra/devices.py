@@ -23,12 +23,14 @@ not both); the pool then has two slices, and both carry the pool's generation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_gpu.core.mig.profiles import card_fraction, card_slices
 from elastic_gpu.core.model import Card, Health, MigInstance
-from elastic_gpu.core.resources import MIG_MAX_SLICES, MILLI_PER_PERCENT
+from elastic_gpu.core.resources import MILLI_PER_PERCENT, PERCENT_PER_CARD
 
 DRIVER = "gpu.elasticgpu.io"
 API_VERSION = "resource.k8s.io/v1"
@@ -43,7 +45,6 @@ UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
 #: Attribute `type` of a device: what it is.
 TYPE_GPU = "gpu"
 TYPE_MIG = "mig"
-PERCENT_PER_CARD = 100
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,8 @@ def _mig_device(card: Card, inst: MigInstance) -> dict[str, Any]:
                        "profile": {"string": inst.profile.name},
                        "start": {"int": inst.start}},
         "capacity": {MEMORY: {"value": _quantity_mib(memory)},
-                     COMPUTE: {"value": str(PERCENT_PER_CARD * inst.profile.slices
-                                            // MIG_MAX_SLICES)}},
+                     COMPUTE: {"value": str(math.floor(
+                         PERCENT_PER_CARD * card_fraction(inst.profile, card.model)))}},
         "consumesCounters": [{"counterSet": card_device(card.index), "counters": {
             COUNTER_SLICES: {"value": str(inst.profile.slices)},
             COUNTER_MEMORY: {"value": _quantity_mib(memory)}}}],
@@ -153,7 +154,8 @@ def _counter_set(card: Card) -> dict[str, Any]:
     # backend reports never sum past them, so these counters never refuse a published device
     memory = max(card.memory_mib, sum(i.profile.memory_gb * 1024 for i in card.mig))
     return {"name": card_device(card.index), "counters": {
-        COUNTER_SLICES: {"value": str(MIG_MAX_SLICES)},
+        COUNTER_SLICES: {"value": str(card_slices(
+            card.model, spanned=sum(i.profile.slices for i in card.mig)))},
         COUNTER_MEMORY: {"value": _quantity_mib(memory)}}}
 
 

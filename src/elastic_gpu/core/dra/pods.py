@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from elastic_gpu.core.dra.devices import COMPUTE, DRIVER, PERCENT_PER_CARD
+from elastic_gpu.core.dra.devices import COMPUTE, DRIVER
+from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.resources import MIG_MAX_SLICES
+from elastic_gpu.core.resources import PERCENT_PER_CARD, MigProfile
 
-_MIG_DEVICE = re.compile(r"gpu-[0-9]+-mig-[0-9]+-(?P<slices>[1-7])g-")
+#: A MIG device's name (`core.dra.devices.mig_device`): its profile's slices and memory.
+_MIG_DEVICE = re.compile(r"gpu-[0-9]+-mig-[0-9]+-(?P<slices>[1-7])g-(?P<memory>[1-9][0-9]{0,3})gb")
 
 
 def claim_names(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -61,11 +63,13 @@ def container_claims(pod: Mapping[str, Any]) -> dict[str, list[tuple[str, str | 
 
 def device_compute(result: Mapping[str, Any]) -> Fraction:
     """The compute one allocation result holds, in cards: a card device its consumed
-    `compute` percent (no consumed capacity: the whole card), a MIG device its slices / 7."""
+    `compute` percent (no consumed capacity: the whole card), a MIG device its profile's card
+    fraction (`core.mig.profiles.card_fraction`, by the profile's name: a result does not
+    name the card's model)."""
     name = str(result.get("device", ""))
     mig = _MIG_DEVICE.match(name)
     if mig is not None:
-        return Fraction(int(mig["slices"]), MIG_MAX_SLICES)
+        return card_fraction(MigProfile(int(mig["slices"]), int(mig["memory"])))
     consumed = (result.get("consumedCapacity") or {}).get(COMPUTE)
     if consumed is None:
         return Fraction(1)

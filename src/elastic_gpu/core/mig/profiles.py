@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from elastic_gpu.core.resources import MigProfile
 
@@ -116,6 +117,45 @@ def mig_model(card_model: str) -> MigModel | None:
     if "H100" in text and "80GB" in text:
         return _BY_NAME["H100-80GB"]
     return None
+
+
+#: Compute slices of a card whose model the table does not know, for a profile no model of the
+#: table lists: every MIG-capable card NVIDIA publishes has 7 but the A30 (4), whose profiles
+#: carry names no other model has (`1g.6gb`, `2g.12gb`, `4g.24gb`).
+DEFAULT_COMPUTE_SLICES = 7
+
+
+def card_slices(card_model: str | None, profile: MigProfile | None = None,
+                spanned: int = 0) -> int:
+    """The compute slices of a card: its model's when the table knows `card_model`; else
+    those of the models whose table lists `profile`'s size (a name means one size: the A30's
+    names are its own, every other model has 7; were two ever to differ, the fewest, so a share
+    is never understated); else `DEFAULT_COMPUTE_SLICES`. Never fewer than `spanned` (the
+    slices the card's instances are seen to span: a layout beyond the table trusts the driver)
+    nor than the profile's own (no instance is more than its card)."""
+    known = mig_model(card_model) if card_model else None
+    if known is not None:
+        total = known.compute_slices
+    else:
+        listing = [m.compute_slices for m in MIG_MODELS if profile is not None
+                   and any(_same_size(row.profile, profile) for row in m.profiles)]
+        total = min(listing, default=DEFAULT_COMPUTE_SLICES)
+    return max(total, spanned, profile.slices if profile is not None else 0)
+
+
+def _same_size(row: MigProfile, profile: MigProfile) -> bool:
+    # `+me`, `+me.all` and `+gfx` variants are the plain profile's compute
+    return (row.slices, row.memory_gb) == (profile.slices, profile.memory_gb)
+
+
+def card_fraction(profile: MigProfile, card_model: str | None = None,
+                  spanned: int = 0) -> Fraction:
+    """What share of one card an instance of `profile` is, exactly: its compute slices over
+    its card's (`card_slices`): an A30 `1g.6gb` is 1/4, an A100 `1g.5gb` 1/7. `card_model`
+    None is an instance not placed yet (a pod's request): its name decides. Every reader
+    (budget, quota, node-level count, cluster view, DRA devices) rounds this one fraction the
+    way its purpose needs."""
+    return Fraction(profile.slices, card_slices(card_model, profile, spanned))
 
 
 def compatible(requested: MigProfile, offered: MigProfile, model: str) -> bool:

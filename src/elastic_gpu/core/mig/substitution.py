@@ -20,11 +20,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.assignment import AssignmentError, pod_assignment
 from elastic_gpu.core.mig.profiles import compatible, mig_model
 from elastic_gpu.core.model import Health, Node
-from elastic_gpu.core.request import PodRequest, RequestKind
-from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.core.podlife import stopped
+from elastic_gpu.core.request import PodRequest, RequestKind, pod_request_from_manifest
+from elastic_gpu.core.resources import MigProfile, ResourceError
 
 # --- choosing a substitute -------------------------------------------------------------------
 
@@ -279,6 +283,39 @@ class BoundPod:
     node: str
     mig_uuids: tuple[str, ...] = ()
     unassigned: tuple[MigProfile, ...] = ()
+
+
+def bound_pod(pod: Mapping[str, Any]) -> BoundPod | None:
+    """What a pod object may hold of MIG instances (None: nothing). A pod being deleted holds
+    its instances until its containers have stopped (`core.podlife.stopped`), as the extender
+    counts it; a pod its assignment places holds what the assignment names; a pod placed
+    without one, an instance of each MIG profile it asks."""
+    if stopped(pod):
+        return None
+    meta = pod.get("metadata")
+    notes = meta.get("annotations") if isinstance(meta, Mapping) else None
+    notes = notes if isinstance(notes, Mapping) else {}
+    spec = pod.get("spec")
+    node = (spec.get("nodeName") if isinstance(spec, Mapping) else None) \
+        or notes.get(ann.ASSIGNED_NODE)
+    if notes.get(ann.ASSIGNMENT):
+        try:
+            assignment = pod_assignment(pod)
+        except AssignmentError:
+            assignment = None
+        if assignment is not None:
+            return BoundPod(assignment.node, tuple(
+                s.mig_uuid for s in assignment.shares() if s.mig_uuid))
+    if not node:
+        return None
+    try:
+        request = pod_request_from_manifest(pod)
+    except (ResourceError, ValueError):
+        return None
+    profiles = tuple(c.mig_profile for c in request.gpu_containers
+                     if c.kind is RequestKind.MIG and c.mig_profile is not None
+                     for _ in range(max(1, c.cards)))
+    return BoundPod(str(node), (), profiles) if profiles else None
 
 
 def held_instances(nodes: Iterable[Node], bound: Iterable[BoundPod]) -> set[str]:
