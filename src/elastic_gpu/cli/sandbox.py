@@ -245,7 +245,8 @@ def status(
 @app.command()
 def down(state_dir: StateDir = None) -> None:
     """Stop every sandbox component and remove its state (certificates, etcd data, logs):
-    no process, listening port, mount or cgroup of it is left."""
+    no process, mount or cgroup of it is left (its recorded processes are checked by pid and
+    start time, not by probing its ports: another program may have taken a freed one)."""
     from elastic_gpu.devcluster import sandbox
     from elastic_gpu.devcluster.errors import DevClusterError
 

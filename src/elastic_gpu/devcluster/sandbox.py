@@ -5,8 +5,9 @@ etcd data, logs). Beside Kubernetes, `up` runs the Elastic GPU components of
 `components.REGISTRY` (the scheduler extender, wired into kube-scheduler; the fake nodes'
 allocation sync); `--bare` runs Kubernetes alone. `up` refuses to start over a live sandbox;
 `down` stops every recorded process group, ends any process still naming the state dir or
-carrying its marker, unmounts what is mounted under it, checks that the ports are closed,
-and removes the state. A real node (`realnode_sandbox`) removes its own cgroup first.
+carrying its marker, unmounts what is mounted under it, checks that none of its recorded
+processes runs (by pid and start time, never by probing its ports: another program may have
+taken a freed one), and removes the state. A real node (`realnode_sandbox`) removes its own cgroup first.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from elastic_gpu.devcluster.nodes import (
     published_cards,
     register_fake_nodes,
 )
-from elastic_gpu.devcluster.ports import free_ports, is_listening
+from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -126,15 +127,6 @@ class Sandbox:
         if endpoint is None:
             return None
         return endpoint + _PLANE_HEALTH.get(name, "/healthz")  # kube-scheduler(s): /healthz
-
-    def ports(self) -> dict[str, list[int]]:
-        """The loopback ports of each component."""
-        result = {name: [p for p in self.plane.ports_of(name) if p]
-                  for name in self.plane.processes}
-        for name, record in self.components.items():
-            if record.get("port"):
-                result[name] = [int(record["port"])]
-        return result
 
 
 def count_ready_nodes(client: SyncKubeClient) -> tuple[int, int]:
@@ -540,13 +532,17 @@ def _unmount_under(path: Path) -> None:
         raise DevClusterError(f"could not unmount {left} (unmount them by hand, as root)")
 
 
+def survivors(plane: ControlPlane) -> list[str]:
+    """The recorded processes of the sandbox still running (`name (pid N)`), each known by its
+    pid and the start time recorded at its spawn: a pid since reused by another program is not
+    the sandbox's. Its ports say nothing: once freed, another program on a busy machine may
+    listen on one."""
+    return [f"{name} (pid {handle.pid})" for name, handle in plane.processes.items()
+            if handle.alive()]
+
+
 def _remove(sandbox: Sandbox) -> None:
     plane = sandbox.plane
-    # Only the ports of components that were running are ours to check: a dead component's
-    # port may since have been taken by an unrelated program.
-    ports = sandbox.ports()
-    ours = [port for name, alive in plane.alive().items() if alive
-            for port in ports.get(name, [])]
     errors: list[str] = []
     try:
         realnode_sandbox.down(sandbox.state_dir, plane)  # before its apiserver goes
@@ -562,9 +558,9 @@ def _remove(sandbox: Sandbox) -> None:
         _end_processes(sandbox.state_dir)
     except DevClusterError as err:
         errors.append(str(err))
-    still = [port for port in ours if is_listening(port)]
+    still = survivors(plane)
     if still:
-        errors.append(f"ports {still} still accept connections")
+        errors.append(f"still running: {', '.join(still)}")
     try:
         _unmount_under(sandbox.state_dir)
     except DevClusterError as err:

@@ -277,6 +277,66 @@ def test_a_claim_in_use_is_deleted_only_after_its_pods(running: Env) -> None:
     wait_for("the claim to disappear once its pod is gone", lambda: env.claim(name) is None)
 
 
+def test_a_claim_deleted_while_the_controller_was_down_is_bound_then_released_with_its_pod(
+        env: Env) -> None:
+    """Issue #39: a WaitForFirstConsumer claim whose pod came while the controller was down
+    (the extender provisioned egpu-<uid> for it at the pod's bind), then deleted. The restarted
+    controller binds it (Bound to that ElasticGPU, which the pod holds) and keeps it for the
+    pod; once the pod is gone the claim goes, its ElasticGPU with it (reclaim Delete), and the
+    card is provisioned again. Before, the claim stayed Terminating without phase or
+    elasticGPUName while its ElasticGPU held the card."""
+    env.double.slots = 1  # one card: whoever holds it, nothing else is provisioned
+    ctl = env.ctl = env.controller()
+    ctl.start()
+    try:
+        wait_for("lead", ctl.leading)
+        name = new_claim(env, cls=new_class(env, mode="WaitForFirstConsumer"))
+        wait_for("WaitForFirstConsumer", lambda: bound_condition(env.claim(name))
+                 .get("reason") == "WaitForFirstConsumer")
+        ctl.kill()
+        claim = env.claim(name)
+        assert claim is not None
+        uid = claim["metadata"]["uid"]
+        egpu = f"egpu-{uid}"
+        # what the extender does at the pod's bind: egpu-<uid>, pre-bound to the claim, on the
+        # card it chose (the double's only one); the pod (never started here) names the claim
+        env.create({"apiVersion": api.API_VERSION, "kind": api.EGPU_KIND,
+                    "metadata": {"name": egpu},
+                    "spec": {"capacity": SHARE, "node": env.double.node,
+                             "reclaimPolicy": "Delete",
+                             "cards": [{"index": 0, "uuid": "GPU-double-0", "milli": 100,
+                                        "memoryMiB": 4}],
+                             "claimRef": {"namespace": env.ns, "name": name, "uid": uid}}},
+                   namespaced=False)
+        pod = unique_name("user")
+        env.create({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod, "annotations": {"egpuc.elasticgpu.io/main": name}},
+                    "spec": {"schedulerName": "nobody", "containers": [
+                        {"name": "main", "image": "busybox"}]}})
+        env.kubectl("delete", "egpuc", name, "-n", env.ns, "--wait=false")
+
+        ctl.start()
+        wait_for("lead again", ctl.leading)
+        bound = wait_phase(env, name, "Bound")
+        assert bound["metadata"].get("deletionTimestamp"), "the claim went under its pod"
+        assert bound["spec"]["elasticGPUName"] == bound["status"]["elasticGPUName"] == egpu
+        assert bound["status"]["node"] == env.double.node
+        assert bound_condition(bound)["status"] == "True"
+        assert phase(env.egpu(egpu)) == "Bound"
+        wait_for("the WaitingForPods event", lambda: "WaitingForPods" in env.reasons(name))
+        late = new_claim(env, cls=new_class(env))  # Immediate: the only card is the pod's
+        wait_for("the late claim Unschedulable", lambda: bound_condition(env.claim(late))
+                 .get("reason") == "Unschedulable")
+
+        env.kubectl("delete", "pod", pod, "-n", env.ns, "--grace-period=0", "--force")
+        wait_for("the claim to go with its pod", lambda: env.claim(name) is None)
+        wait_for("its ElasticGPU deleted (reclaim Delete)", lambda: env.egpu(egpu) is None)
+        made = env.egpu(wait_phase(env, late, "Bound")["status"]["elasticGPUName"])
+        assert made is not None and [c["index"] for c in made["spec"]["cards"]] == [0]
+    finally:
+        ctl.stop()
+
+
 def test_lost_when_the_bound_elasticgpu_disappears(running: Env) -> None:
     env = running
     egpu = new_egpu(env, {"elasticgpu.io/gpu-core": 50})

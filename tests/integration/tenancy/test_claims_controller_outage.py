@@ -5,9 +5,10 @@ freezes no card.
 Item 2 (a claim protected like a PVC):
 - with the controller down, a WaitForFirstConsumer claim gets the claim-protection finalizer
   at creation (the webhook's); its pod is bound (the extender provisions at bind); the
-  tenant's delete leaves the claim Terminating; the restarted controller keeps it and its
-  ElasticGPU while the pod runs, and a whole-card pod pinned to the node does not get the
-  pod's card; once the pod is gone, the claim, the ElasticGPU and the card go;
+  tenant's delete leaves the claim Terminating; the restarted controller binds it to the
+  ElasticGPU its pod holds and keeps both while the pod runs, and a whole-card pod pinned to
+  the node does not get the pod's card; once the pod is gone, the claim, the ElasticGPU and
+  the card go;
 - the tenant strips the finalizer (edit may) and an admin deletes the ElasticGPU: the
   controller releases nothing while the pod runs, and the extender keeps the card counted
   under the pod until it is gone;
@@ -252,7 +253,12 @@ def test_a_claim_deleted_under_its_running_pod_stays_and_keeps_its_card(
     controller.restart()  # it must keep the claim and the ElasticGPU
     c.until("the controller to hold the claim for its pod",
             lambda: "WaitingForPods" in reasons(c.kc, c.ns, "mine"))
-    assert c.get("egpuc", "mine") is not None
+    # and finish its binding: it says which ElasticGPU its pod holds (issue #39)
+    held = c.until("the claim Bound to its pod's ElasticGPU", lambda: (
+        (k := c.get("egpuc", "mine")) is not None
+        and (k.get("status") or {}).get("phase") == "Bound" and k))
+    assert held["spec"]["elasticGPUName"] == held["status"]["elasticGPUName"] == egpu
+    assert held["metadata"].get("deletionTimestamp")
     assert get(c.kc, "egpu", egpu) is not None, "the ElasticGPU was reclaimed under its pod"
     t.ok("create", "-f", "-", input=pod("pinned", node, cards=1))
     c.turned_away("pinned")  # the node's only card not taken by filler is the user's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +14,7 @@ from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.claims import decisions as claim_decisions
 from elastic_gpu.core.claims import model as claim_model
 from elastic_gpu.core.claims import provisioning as claim_provisioning
-from elastic_gpu.core.claims.binding import decide, shortfall
+from elastic_gpu.core.claims.binding import binding_to_finish, decide, shortfall
 from elastic_gpu.core.claims.decisions import Bind, InSync, Provision
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
 from elastic_gpu.core.claims.model import (
@@ -272,6 +273,31 @@ def test_a_provisioned_elasticgpu_is_bound_not_provisioned_again() -> None:
     # a claim re-created under the same name (new uid) does not take it
     again = claim(uid="uid-other")
     assert isinstance(decide(again, CLASSES, {made.name: made}), Provision)
+
+
+def test_a_deleted_claim_finishes_a_binding_begun_for_it_and_begins_none() -> None:
+    """A WaitForFirstConsumer claim provisioned at its pod's bind while the controller was
+    down, then deleted: the restarted controller binds it to its ElasticGPU while the pod
+    runs (the claim then says what the pod holds), and nothing new for any deleted claim."""
+    engine = cluster()
+    c = replace(claim(cls=WFFC_CLASS.name), deleting=True)
+    made = provision(replace(c, deleting=False), engine, consumer="n0")
+    assert binding_to_finish(c, {made.name: made}) == Bind(made.name)
+    # a binding interrupted after the ElasticGPU's claimRef (static, or its spec written)
+    named = replace(c, elastic_gpu_name="pre")
+    assert binding_to_finish(named, {"pre": egpu(ref=ClaimRef.of(c))}) == Bind("pre")
+    # already bound: nothing left to finish
+    bound = replace(named, phase=ClaimPhase.BOUND)
+    assert binding_to_finish(bound, {"pre": egpu(ref=ClaimRef.of(c),
+                                                 phase=ElasticGPUPhase.BOUND)}) is None
+    # not begun: no provisioning, no static binding, nothing pre-bound by name only, nothing
+    # made for a former claim of the same name, nothing Released
+    assert binding_to_finish(c, {}) is None
+    assert binding_to_finish(named, {"pre": egpu()}) is None
+    assert binding_to_finish(named, {"pre": egpu(ref=ClaimRef("ns", "c1"))}) is None
+    assert binding_to_finish(replace(c, uid="uid-new"), {made.name: made}) is None
+    assert binding_to_finish(named, {"pre": egpu(ref=ClaimRef.of(c),
+                                                 phase=ElasticGPUPhase.RELEASED)}) is None
 
 
 @pytest.mark.parametrize(("target", "reason"), [

@@ -6,7 +6,8 @@ the ElasticGPU's claimRef, then its phase and the claim's spec.elasticGPUName (i
 then the claim's status,
 each skipped when already done and each carrying the object's resourceVersion (a stale cache
 gets 409 and a requeue, never a lost update). A deleted claim keeps its finalizer while a pod
-that has not finished names it.
+that has not finished names it, and a binding begun before its deletion is finished meanwhile
+(`core.claims.binding.binding_to_finish`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.provisioning import ProvisionError
 from elastic_gpu.core.claims import decisions as claim_decisions
 from elastic_gpu.core.claims import model as claim_model
-from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.binding import binding_to_finish, decide
 from elastic_gpu.core.claims.decisions import Decision, InSync, Provision
 from elastic_gpu.core.claims.model import (
     Claim,
@@ -269,6 +270,9 @@ class ClaimBinder:
             return
         using = pods_using(claim, self.caches.pods_of(claim.key))
         if using:
+            begun = binding_to_finish(claim, self.caches.decoded_egpus)
+            if begun is not None:  # deleted before the controller bound it: say what it holds
+                await self._bind(obj, claim, self.caches.decoded_egpus[begun.elastic_gpu])
             self.recorder.record(obj, NORMAL, "WaitingForPods",
                                  f"deletion waits for pods using the claim: {', '.join(using)}")
             return

@@ -82,6 +82,26 @@ def decide(claim: Claim, classes: Mapping[str, GPUClass], egpus: Mapping[str, El
     return Provision(provisioner.name, request, consumer_node)
 
 
+def binding_to_finish(claim: Claim, egpus: Mapping[str, ElasticGPU]) -> Bind | None:
+    """For a claim being deleted while pods still use it: the binding to finish, if one was
+    begun before the deletion, else None.
+
+    Begun means an ElasticGPU's claimRef already names the claim with its uid: provisioned
+    for it (the extender provisions a WaitForFirstConsumer claim at its first pod's bind,
+    controller up or not), or a binding interrupted after its first write. The claim is then
+    finished as Bound to it, so that while it waits for its pods it says which ElasticGPU they
+    hold, and it is released with that ElasticGPU when they end, as any claim deleted in use.
+    Nothing is begun for a deleted claim: no provisioning, no static binding to an Available
+    ElasticGPU that does not name it yet."""
+    egpu = egpus.get(claim.elastic_gpu_name or provisioned_name(claim))
+    ref = None if egpu is None else egpu.claim_ref
+    if egpu is None or ref is None or not ref.uid or not ref.matches(claim):
+        return None
+    decision = _decide_named(claim, egpu.name, egpu) if claim.elastic_gpu_name else \
+        Bind(egpu.name)
+    return decision if isinstance(decision, Bind) else None
+
+
 def _decide_named(claim: Claim, named: str, egpu: ElasticGPU | None) -> Decision:
     # Lost is final, as a PVC's: a Lost claim stays Lost rather than waiting for a new one
     bound = claim.phase in (ClaimPhase.BOUND, ClaimPhase.LOST)
