@@ -381,13 +381,6 @@ class ControlPlane:
             return f"https://{HOST}:{self.schedulers[name].port}"
         return urls.get(name)
 
-    @property
-    def ports(self) -> list[int]:
-        return [self.apiserver_port, self.etcd_port, self.etcd_peer_port, self.kwok_port,
-                *([self.controller_manager_port] if CONTROLLER_MANAGER in self.processes
-                  else []),
-                *(s.port for s in self.schedulers.values())]
-
     # -- clients -----------------------------------------------------------------------
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:

@@ -40,7 +40,7 @@ from elastic_gpu.devcluster import images
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import DevClusterError
 from elastic_gpu.devcluster.kubeconfig import write_kubeconfig
-from elastic_gpu.devcluster.ports import free_ports, is_listening
+from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.process import ProcessHandle, spawn, wait_ready
 from elastic_gpu.devcluster.realnode_config import (
     CGROUP_ROOT,
@@ -316,10 +316,6 @@ class RealNode:
         """Where an agent on the host serves device plugins for this node's kubelet."""
         return self.paths.device_plugin_dir
 
-    @property
-    def ports(self) -> list[int]:
-        return [p for p in (self.kubelet_port, self.healthz_port) if p]
-
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, timeout_s: float = START_TIMEOUT_S) -> RealNode:
         """Start the namespace, containerd and kubelet; return once the Node is Ready.
@@ -543,10 +539,13 @@ class RealNode:
                 remove_cgroups()
             except DevClusterError as err:
                 errors.append(str(err))
-        self.processes.clear()
-        still = [port for port in self.ports if is_listening(port)]
+        # Stopped is judged by our own processes (pid and recorded start time), never by
+        # probing ports: on a busy machine another program may already listen on a freed one.
+        still = [f"{name} (pid {handle.pid})" for name, handle in self.processes.items()
+                 if handle.alive()]
         if still:
-            errors.append(f"ports {still} still accept connections")
+            errors.append(f"still running: {', '.join(still)}")
+        self.processes.clear()
         if delete_node:
             with contextlib.suppress(Exception):
                 self.plane.kubectl("delete", "node", self.name, "--wait=false", check=False)

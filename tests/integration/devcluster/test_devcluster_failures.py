@@ -10,7 +10,6 @@ import pytest
 from elastic_gpu.devcluster.binaries import BINARIES, find_bin_dir
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.devcluster.errors import ComponentStartError
-from elastic_gpu.devcluster.ports import is_listening
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +37,6 @@ def test_a_dying_component_stops_the_others_and_shows_its_log(tmp_path):
     for handle in plane.processes.values():
         assert not Path(f"/proc/{handle.pid}").exists() or not handle.alive()
         assert not _group_alive(handle.pid)
-    assert not [p for p in plane.ports if is_listening(p)]
 
 
 def _group_alive(pgid: int) -> bool:

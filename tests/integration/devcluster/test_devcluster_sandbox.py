@@ -8,7 +8,6 @@ import time
 import pytest
 
 from egpu_testing.sandbox import alive, egpu, kubectl
-from elastic_gpu.devcluster.ports import is_listening
 
 pytestmark = pytest.mark.integration
 
@@ -60,9 +59,6 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     saved = json.loads((state / "state.json").read_text())
     recorded = saved["plane"]
     pids = [p["pid"] for p in recorded["processes"]]
-    ports = [recorded[k] for k in ("apiserver_port", "etcd_port", "etcd_peer_port", "kwok_port",
-                                   "controller_manager_port")]
-    ports += [c["port"] for c in saved["components"].values() if c["port"]]
     try:
         assert {p["name"] for p in recorded["processes"]} == {
             "etcd", "kube-apiserver", "kube-controller-manager", "egpu-scheduler",
@@ -136,7 +132,6 @@ def test_sandbox_runs_gpu_pods_and_down_leaves_nothing(tmp_path):
     assert down.returncode == 0, down.stderr
     assert "kube-apiserver" in down.stdout
     assert not [pid for pid in pids if alive(pid)]
-    assert not [port for port in ports if is_listening(port)]
     assert not (state / "state.json").exists() and not (state / "cluster").exists()
     assert not kc.exists()
     assert egpu("sandbox", "status", "--state-dir", str(state)).returncode == 1
