@@ -42,7 +42,10 @@ def _pick(source: Mapping[str, Any] | None, keys: tuple[str, ...]) -> Obj:
 
 
 def _containers(items: Any) -> list[Obj]:
-    return [{"name": c.get("name", "?"), "resources": c.get("resources") or {}}
+    """Each container's name and resources, and an init container's `restartPolicy` (a
+    sidecar's requests are summed with the containers', `core.request.is_sidecar`)."""
+    return [{"name": c.get("name", "?"), "resources": c.get("resources") or {},
+             **({"restartPolicy": c["restartPolicy"]} if "restartPolicy" in c else {})}
             for c in items or () if isinstance(c, Mapping)]
 
 
@@ -168,6 +171,7 @@ class _PodMeta(_Shape):
 class _Container(_Shape):
     name: Any = msgspec.UNSET
     resources: Any = msgspec.UNSET
+    restartPolicy: Any = msgspec.UNSET
 
 
 class _ContainerStatus(_Shape):

@@ -107,6 +107,8 @@ class Resources(_S):
 class Container(_S):
     name: OptName | UnsetType = UNSET
     resources: Resources | UnsetType | None = UNSET
+    #: "Always" on an init container: a sidecar, whose requests run beside the containers'
+    restartPolicy: Word | UnsetType | None = UNSET
 
 
 Containers = Annotated[list[Container], Meta(max_length=256)]
