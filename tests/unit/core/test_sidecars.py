@@ -85,8 +85,8 @@ def test_a_sidecars_gpu_share_is_part_of_the_pods_request() -> None:
 
 
 def test_a_classic_init_container_asking_a_gpu_is_refused_with_the_reason() -> None:
-    with pytest.raises(ResourceError, match="init container proxy asks for a GPU.*"
-                       "restartPolicy: Always"):
+    with pytest.raises(ResourceError, match=r"init container proxy asks for a GPU.*"
+                       r"restartPolicy: Always"):
         pod_request_from_manifest(gpu_pod({CORE: "30"}, classic=True))
     verdict = admit(gpu_pod({CORE: "30"}, classic=True), FACTS)
     assert [r.rule for r in verdict.refusals] == [AdmissionRule.INIT_CONTAINER_GPU]
