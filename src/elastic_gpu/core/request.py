@@ -264,6 +264,11 @@ def classic_init_containers(pod: Mapping[str, Any]) -> list[SpecContainer]:
     return [c for c in _spec_containers(pod, "initContainers") if not is_sidecar(c.container)]
 
 
+def _names(resources: Mapping[str, Any], resource: str) -> bool:
+    """Whether `resources` asks `resource` at all (in its requests or its limits)."""
+    return any(resource in (resources.get(part) or {}) for part in ("requests", "limits"))
+
+
 def _cpu_milli(resources: Mapping[str, Any]) -> int:
     value = (resources.get("requests") or {}).get("cpu", (resources.get("limits") or {}).get("cpu"))
     if value is None:
@@ -320,8 +325,9 @@ def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     (component-helpers `resource.PodRequests`, KEP-753): the regular containers and the
     sidecars run together for the pod's life, so they are summed; a classic init container runs
     alone but beside the sidecars started before it, so it needs its own request plus theirs;
-    the pod needs the larger of the two, plus the overhead its RuntimeClass set
-    (`spec.overhead`). CPU and memory are each taken on their own, as upstream does."""
+    the pod needs the larger of the two; pod-level requests (`spec.resources`) replace that
+    for the resources they name; plus the overhead its RuntimeClass set (`spec.overhead`). CPU
+    and memory are each taken on their own, as upstream does."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
     init_containers: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
@@ -340,6 +346,13 @@ def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
         init_cpu, init_mem = max(init_cpu, step_cpu), max(init_mem, step_mem)
     cpu = max(cpu + sidecars_cpu, init_cpu)
     mem = max(mem + sidecars_mem, init_mem)
+    # Pod-level resources (KEP-2837, on by default since Kubernetes 1.34) replace the
+    # containers' sum for the resources they name
+    pod_level = spec.get("resources") or {}
+    if _names(pod_level, "cpu"):
+        cpu = _cpu_milli(pod_level)
+    if _names(pod_level, "memory"):
+        mem = _memory_mib(pod_level)
     overhead = {"requests": spec.get("overhead") or {}}
     cpu, mem = cpu + _cpu_milli(overhead), mem + _memory_mib(overhead)
     if cpu > MAX_HOST_REQUEST:

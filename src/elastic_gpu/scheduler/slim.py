@@ -99,8 +99,9 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     }
     if spec.get("initContainers"):
         out["spec"]["initContainers"] = _containers(spec.get("initContainers"))
-    if spec.get("overhead"):
-        out["spec"]["overhead"] = spec["overhead"]
+    for key in ("overhead", "resources"):  # `core.request.pod_host_requests` reads both
+        if spec.get(key):
+            out["spec"][key] = spec[key]
     return out
 
 
@@ -189,6 +190,7 @@ class _PodSpec(_Shape):
     containers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
     initContainers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
     overhead: Any = msgspec.UNSET
+    resources: Any = msgspec.UNSET
 
 
 class _PodStatus(_Shape):

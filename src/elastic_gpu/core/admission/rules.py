@@ -156,6 +156,10 @@ def shape(pod: Any) -> list[Refusal]:
     overhead = spec.get("overhead")
     if overhead is not None and not isinstance(overhead, Mapping):
         return bad("spec.overhead", "an object")
+    pod_level = spec.get("resources")
+    if pod_level is not None and not (isinstance(pod_level, Mapping) and all(
+            isinstance(pod_level.get(part) or {}, Mapping) for part in ("requests", "limits"))):
+        return bad("spec.resources", "an object of requests and limits")
     return []
 
 
