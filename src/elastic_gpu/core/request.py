@@ -264,11 +264,6 @@ def classic_init_containers(pod: Mapping[str, Any]) -> list[SpecContainer]:
     return [c for c in _spec_containers(pod, "initContainers") if not is_sidecar(c.container)]
 
 
-def _names(resources: Mapping[str, Any], resource: str) -> bool:
-    """Whether `resources` asks `resource` at all (in its requests or its limits)."""
-    return any(resource in (resources.get(part) or {}) for part in ("requests", "limits"))
-
-
 def _cpu_milli(resources: Mapping[str, Any]) -> int:
     value = (resources.get("requests") or {}).get("cpu", (resources.get("limits") or {}).get("cpu"))
     if value is None:
@@ -346,12 +341,13 @@ def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
         init_cpu, init_mem = max(init_cpu, step_cpu), max(init_mem, step_mem)
     cpu = max(cpu + sidecars_cpu, init_cpu)
     mem = max(mem + sidecars_mem, init_mem)
-    # Pod-level resources (KEP-2837, on by default since Kubernetes 1.34) replace the
-    # containers' sum for the resources they name
-    pod_level = spec.get("resources") or {}
-    if _names(pod_level, "cpu"):
+    # Pod-level requests (KEP-2837, on by default since Kubernetes 1.34) replace the
+    # containers' sum for the resources they name. Only requests: upstream reads no pod-level
+    # limit here, and kube-apiserver's defaulting fills the requests of a pod that set limits
+    pod_level = {"requests": (spec.get("resources") or {}).get("requests") or {}}
+    if "cpu" in pod_level["requests"]:
         cpu = _cpu_milli(pod_level)
-    if _names(pod_level, "memory"):
+    if "memory" in pod_level["requests"]:
         mem = _memory_mib(pod_level)
     overhead = {"requests": spec.get("overhead") or {}}
     cpu, mem = cpu + _cpu_milli(overhead), mem + _memory_mib(overhead)

@@ -131,3 +131,6 @@ def test_pod_level_requests_replace_the_containers_sum_for_what_they_name() -> N
     manifest["spec"]["overhead"] = {"cpu": "250m"}
     request = pod_request_from_manifest(manifest)
     assert (request.cpu_milli, request.memory_mib) == (3250, 2048)
+    # a pod-level limit alone is not read (kube-apiserver defaults the request from it)
+    manifest["spec"]["resources"] = {"limits": {"cpu": "3"}}
+    assert pod_request_from_manifest(manifest).cpu_milli == 2250
