@@ -32,6 +32,7 @@ configure kube-scheduler themselves, turn it on. See docs/budgets.md, "Quota".
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
 from elastic_gpu.core.admission.mutation import MutationInput
@@ -95,7 +96,7 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
     ops: list[PatchOp] = []
     # sidecars too: ResourceQuota sums them with the containers, as kube-scheduler does
     for item in lifetime_containers(data.pod):
-        resources = item.resources
+        resources: Mapping[str, Any] = item.resources
         try:
             request = container_request(item.name, resources)
         except (ResourceError, ValueError):
