@@ -3,7 +3,7 @@
 kubelet's Allocate says only "N devices of resource R"; it does not name the pod. The
 scheduler wrote the chosen cards into the pod's `elasticgpu.io/assignment` annotation before
 the Binding, so by the time kubelet admits the pod the annotation is in the API. A candidate
-is a container of a pod that
+is a container of a pod (a regular one or a sidecar, `core.request.lifetime_containers`) that
 - is bound to this node, not terminating, not finished, and its assignment is the
   scheduler's for this node (`core.assignment.distrust`: the Binding writes the node, the
   assignment and `elasticgpu.io/assigned-node` together, and an admission policy keeps anyone
@@ -46,6 +46,7 @@ from elastic_gpu.core.assignment import (
 )
 from elastic_gpu.core.podlife import finished
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.request import lifetime_containers
 
 #: Candidates named in an ambiguity error (the message goes to kubelet's event and log).
 MAX_NAMED = 5
@@ -114,8 +115,10 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
             problems.append(f"{name}: assignment not the scheduler's: {untrusted}")
             continue
         uid = str(meta.get("uid", ""))
-        for container in spec.get("containers") or []:
-            cname = str(container.get("name", ""))
+        # kubelet calls Allocate for sidecars too, and they keep their devices for the pod's
+        # life (classic init containers ask no GPU: admission refuses them)
+        for item in lifetime_containers(pod):
+            container, cname = item.container, item.name
             if container_quantity(container, resource) != count:
                 continue
             if (uid, cname, resource) in done:

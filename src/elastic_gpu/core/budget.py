@@ -185,14 +185,14 @@ def _runs_of(status: Mapping[str, Any], where: str) -> dict[Seconds, Seconds | N
 
 
 def container_runs(pod: Mapping[str, Any]) -> dict[str, dict[Seconds, Seconds | None]]:
-    """Every run of each container that the pod's status shows, by container name."""
+    """Every run of each container that the pod's status shows, by container name (a
+    sidecar's status is among `initContainerStatuses`; names are unique across both)."""
     status: Mapping[str, Any] = pod.get("status") or {}
     out: dict[str, dict[Seconds, Seconds | None]] = {}
-    for index, cstatus in enumerate(status.get("containerStatuses") or []):
-        if not isinstance(cstatus, Mapping):
-            continue
-        name = str(cstatus.get("name", ""))
-        out[name] = _runs_of(cstatus, f"status.containerStatuses[{index}]")
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for index, cstatus in enumerate(status.get(key) or []):
+            if isinstance(cstatus, Mapping):
+                out[str(cstatus.get("name", ""))] = _runs_of(cstatus, f"status.{key}[{index}]")
     return out
 
 

@@ -14,7 +14,8 @@ every GPU container two accounting resources in canonical units (`quota_resource
 
 A quota written in them (`requests.quota.elasticgpu.io/gpu-core: "100"`: one card's worth)
 then counts every alias and every claim the same. ResourceQuota's admission runs after the
-mutating webhooks (it is a validating plug-in), so it sees the added names, and the webhook
+mutating webhooks (it is a validating plug-in), so it sees the added names (on sidecars too:
+it sums a sidecar's requests with the containers' as kube-scheduler does), and the webhook
 sets them whatever the user wrote, so they cannot be understated.
 
 What the rest of the system sees: no node advertises these names. kube-scheduler must not
@@ -38,7 +39,12 @@ from typing import Any
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
 from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.mig.profiles import card_fraction
-from elastic_gpu.core.request import ContainerRequest, RequestKind, container_request
+from elastic_gpu.core.request import (
+    ContainerRequest,
+    RequestKind,
+    container_request,
+    lifetime_containers,
+)
 from elastic_gpu.core.resources import MILLI_PER_CARD, PERCENT_PER_CARD, ResourceError
 
 QUOTA_CORE = "quota.elasticgpu.io/gpu-core"
@@ -91,16 +97,11 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
     a MIG substitution gave it, not the one written. A value already right is kept, any other
     is replaced: idempotent under reinvocation, and a user cannot understate it."""
     ops: list[PatchOp] = []
-    spec = data.pod.get("spec") or {}
-    containers = spec.get("containers") or []
-    for index, container in enumerate(containers):
-        if not isinstance(container, Mapping):
-            continue
-        resources: Mapping[str, Any] = container.get("resources") or {}
-        if not isinstance(resources, Mapping):
-            continue
+    # sidecars too: ResourceQuota sums them with the containers, as kube-scheduler does
+    for item in lifetime_containers(data.pod):
+        resources: Mapping[str, Any] = item.resources
         try:
-            request = container_request(str(container.get("name", "")), resources)
+            request = container_request(item.name, resources)
         except (ResourceError, ValueError):
             continue  # validation refused such a container before any mutator ran
         wanted = canonical_resources(request)
@@ -114,7 +115,8 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
                 if str(values.get(name)) == value:
                     continue
                 ops.append({"op": "replace" if name in values else "add",
-                            "path": pointer("spec", "containers", index, "resources", part, name),
+                            "path": pointer("spec", item.field, item.index, "resources",
+                                            part, name),
                             "value": value})
     return ops
 

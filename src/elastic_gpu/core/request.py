@@ -112,7 +112,9 @@ class PodRequest:
     name: str
     namespace: str = "default"
     uid: str = ""
+    #: The pod's lifetime containers (`lifetime_containers`: sidecars, then regular ones).
     containers: tuple[ContainerRequest, ...] = ()
+    #: What the pod asks of its node (`pod_host_requests`).
     cpu_milli: int = 0
     memory_mib: int = 0
     #: None: any model; otherwise the card's model must be one of these.
@@ -202,6 +204,66 @@ def container_request(name: str, resources: Mapping[str, Any]) -> ContainerReque
     return ContainerRequest(name, RequestKind.SHARE, 1, 0, memory, None, written)
 
 
+#: The `restartPolicy` that makes an init container a sidecar (KEP-753, GA in Kubernetes 1.33):
+#: it starts in init order and then keeps running beside the regular containers.
+SIDECAR_RESTART_POLICY = "Always"
+
+#: Why a classic init container may not ask a GPU, and what to do instead. kubelet hands the
+#: devices a classic init container had to the pod's later containers once it ends (its
+#: device manager's `devicesToReuse`), so a card assigned to it would end up in another
+#: container than the one the scheduler assigned it to; a sidecar keeps its devices, as a
+#: regular container does.
+INIT_CONTAINER_GPU_REASON = ("GPUs are given to regular containers and sidecars (init "
+                             "containers with restartPolicy: Always) only; move the GPU request "
+                             "to a container of spec.containers, or make this init container a "
+                             "sidecar")
+
+
+def is_sidecar(init_container: Mapping[str, Any]) -> bool:
+    """Whether an init container is a sidecar (`restartPolicy: Always`)."""
+    return init_container.get("restartPolicy") == SIDECAR_RESTART_POLICY
+
+
+@dataclass(frozen=True)
+class SpecContainer:
+    """One container of a pod spec and where it is written there (`field` and `index`: the
+    JSON pointer `/spec/<field>/<index>` a webhook patches)."""
+
+    field: str  # "containers" or "initContainers"
+    index: int
+    container: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.container.get("name", "?"))
+
+    @property
+    def resources(self) -> Mapping[str, Any]:
+        resources = self.container.get("resources")
+        return resources if isinstance(resources, Mapping) else {}
+
+
+def _spec_containers(pod: Mapping[str, Any], field_name: str) -> list[SpecContainer]:
+    items = (pod.get("spec") or {}).get(field_name)
+    if not isinstance(items, list):
+        return []
+    return [SpecContainer(field_name, i, c) for i, c in enumerate(items) if isinstance(c, Mapping)]
+
+
+def lifetime_containers(pod: Mapping[str, Any]) -> list[SpecContainer]:
+    """The containers that run for the pod's life, the ones that may hold a GPU: its sidecars,
+    then its regular containers, each in spec order (the order kubelet starts them and calls
+    Allocate for them). Container names are unique across both lists (kube-apiserver checks
+    it), so a name is a container's key in an assignment."""
+    sidecars = [c for c in _spec_containers(pod, "initContainers") if is_sidecar(c.container)]
+    return sidecars + _spec_containers(pod, "containers")
+
+
+def classic_init_containers(pod: Mapping[str, Any]) -> list[SpecContainer]:
+    """The init containers that run to completion before the next starts (not sidecars)."""
+    return [c for c in _spec_containers(pod, "initContainers") if not is_sidecar(c.container)]
+
+
 def _cpu_milli(resources: Mapping[str, Any]) -> int:
     value = (resources.get("requests") or {}).get("cpu", (resources.get("limits") or {}).get("cpu"))
     if value is None:
@@ -254,16 +316,39 @@ _memory_mib_of = lru_cache(maxsize=4096)(_parse_memory_mib)
 
 
 def pod_host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """(CPU milli, memory MiB) a pod dict asks of its node, as kube-scheduler counts it: the
-    larger of the sum over regular containers and the largest init container, plus the pod
-    overhead its RuntimeClass set (`spec.overhead`)."""
+    """(CPU milli, memory MiB) a pod dict asks of its node, as kube-scheduler counts it
+    (component-helpers `resource.PodRequests`, KEP-753): the regular containers and the
+    sidecars run together for the pod's life, so they are summed; a classic init container runs
+    alone but beside the sidecars started before it, so it needs its own request plus theirs;
+    the pod needs the larger of the two; pod-level requests (`spec.resources`) replace that
+    for the resources they name; plus the overhead its RuntimeClass set (`spec.overhead`). CPU
+    and memory are each taken on their own, as upstream does."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
     init_containers: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
     cpu = sum(_cpu_milli(c.get("resources") or {}) for c in containers)
     mem = sum(_memory_mib(c.get("resources") or {}) for c in containers)
-    cpu = max([cpu, *(_cpu_milli(c.get("resources") or {}) for c in init_containers)])
-    mem = max([mem, *(_memory_mib(c.get("resources") or {}) for c in init_containers)])
+    sidecars_cpu = sidecars_mem = 0  # the sidecars started so far
+    init_cpu = init_mem = 0  # the most any step of the init sequence needs
+    for init in init_containers:
+        resources = init.get("resources") or {}
+        step_cpu, step_mem = _cpu_milli(resources), _memory_mib(resources)
+        if is_sidecar(init):
+            sidecars_cpu, sidecars_mem = sidecars_cpu + step_cpu, sidecars_mem + step_mem
+            step_cpu, step_mem = sidecars_cpu, sidecars_mem
+        else:
+            step_cpu, step_mem = step_cpu + sidecars_cpu, step_mem + sidecars_mem
+        init_cpu, init_mem = max(init_cpu, step_cpu), max(init_mem, step_mem)
+    cpu = max(cpu + sidecars_cpu, init_cpu)
+    mem = max(mem + sidecars_mem, init_mem)
+    # Pod-level requests (KEP-2837, on by default since Kubernetes 1.34) replace the
+    # containers' sum for the resources they name. Only requests: upstream reads no pod-level
+    # limit here, and kube-apiserver's defaulting fills the requests of a pod that set limits
+    pod_level = {"requests": (spec.get("resources") or {}).get("requests") or {}}
+    if "cpu" in pod_level["requests"]:
+        cpu = _cpu_milli(pod_level)
+    if "memory" in pod_level["requests"]:
+        mem = _memory_mib(pod_level)
     overhead = {"requests": spec.get("overhead") or {}}
     cpu, mem = cpu + _cpu_milli(overhead), mem + _memory_mib(overhead)
     if cpu > MAX_HOST_REQUEST:
@@ -288,20 +373,18 @@ def _check_pod_gpu_total(requests: Sequence[ContainerRequest]) -> None:
 
 
 def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
-    """Read a pod dict (as the API serves it) into a `PodRequest`."""
+    """Read a pod dict (as the API serves it) into a `PodRequest`. Its containers are the
+    pod's lifetime containers (`lifetime_containers`: sidecars, then regular containers); a
+    classic init container asking a GPU is an error (`INIT_CONTAINER_GPU_REASON`)."""
     meta: Mapping[str, Any] = pod.get("metadata") or {}
-    spec: Mapping[str, Any] = pod.get("spec") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
-    containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
-    init_containers: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
-    for init in init_containers:
-        request = container_request(init.get("name", "?"), init.get("resources") or {})
+    for init in classic_init_containers(pod):
+        request = container_request(init.name, init.resources)
         if request.wants_gpu:
             raise ResourceError(", ".join(request.resources), "",
-                                f"init container {init.get('name')} asks for a GPU; GPUs are "
-                                "given to regular containers only")
-    requests = tuple(container_request(c.get("name", "?"), c.get("resources") or {})
-                     for c in containers)
+                                f"init container {init.name} asks for a GPU; "
+                                f"{INIT_CONTAINER_GPU_REASON}")
+    requests = tuple(container_request(c.name, c.resources) for c in lifetime_containers(pod))
     _check_pod_gpu_total(requests)
     cpu, mem = pod_host_requests(pod)
     return PodRequest(

@@ -42,7 +42,10 @@ def _pick(source: Mapping[str, Any] | None, keys: tuple[str, ...]) -> Obj:
 
 
 def _containers(items: Any) -> list[Obj]:
-    return [{"name": c.get("name", "?"), "resources": c.get("resources") or {}}
+    """Each container's name and resources, and an init container's `restartPolicy` (a
+    sidecar's requests are summed with the containers', `core.request.is_sidecar`)."""
+    return [{"name": c.get("name", "?"), "resources": c.get("resources") or {},
+             **({"restartPolicy": c["restartPolicy"]} if "restartPolicy" in c else {})}
             for c in items or () if isinstance(c, Mapping)]
 
 
@@ -96,8 +99,9 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     }
     if spec.get("initContainers"):
         out["spec"]["initContainers"] = _containers(spec.get("initContainers"))
-    if spec.get("overhead"):
-        out["spec"]["overhead"] = spec["overhead"]
+    for key in ("overhead", "resources"):  # `core.request.pod_host_requests` reads both
+        if spec.get(key):
+            out["spec"][key] = spec[key]
     return out
 
 
@@ -168,6 +172,7 @@ class _PodMeta(_Shape):
 class _Container(_Shape):
     name: Any = msgspec.UNSET
     resources: Any = msgspec.UNSET
+    restartPolicy: Any = msgspec.UNSET
 
 
 class _ContainerStatus(_Shape):
@@ -185,6 +190,7 @@ class _PodSpec(_Shape):
     containers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
     initContainers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
     overhead: Any = msgspec.UNSET
+    resources: Any = msgspec.UNSET
 
 
 class _PodStatus(_Shape):

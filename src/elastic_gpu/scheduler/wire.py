@@ -107,6 +107,8 @@ class Resources(_S):
 class Container(_S):
     name: OptName | UnsetType = UNSET
     resources: Resources | UnsetType | None = UNSET
+    #: "Always" on an init container: a sidecar, whose requests run beside the containers'
+    restartPolicy: Word | UnsetType | None = UNSET
 
 
 Containers = Annotated[list[Container], Meta(max_length=256)]
@@ -150,6 +152,8 @@ class PodSpec(_S):
     containers: Containers | UnsetType | None = UNSET
     initContainers: Containers | UnsetType | None = UNSET
     overhead: ResourceMap | UnsetType | None = UNSET
+    #: pod-level requests and limits (KEP-2837), which replace the containers' sum
+    resources: Resources | UnsetType | None = UNSET
     nodeName: OptName | UnsetType = UNSET
     schedulerName: OptName | UnsetType = UNSET
     priority: Int32 | UnsetType | None = UNSET

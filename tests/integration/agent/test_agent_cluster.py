@@ -189,6 +189,26 @@ def test_allocate_gives_exactly_the_assigned_cards(
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-q"
 
 
+def test_a_sidecar_gets_its_own_assigned_card_at_allocate(
+        agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble, node: str, k8s_cluster: Any,
+        k8s_namespace: str) -> None:
+    """kubelet calls Allocate for a sidecar (an init container with restartPolicy: Always,
+    as kube-apiserver stores it) before the containers; each gets its own assigned card."""
+    shares = {"proxy": (CardShare(0, f"GPU-fake-{node}-0", 200, 0),),
+              "main": (CardShare(1, f"GPU-fake-{node}-1", 300, 0),)}
+    pod = gpu_pod(k8s_namespace, "sidecar", node, CORE, 30, list(shares["main"]))
+    pod["metadata"]["annotations"][ann.ASSIGNMENT] = Assignment(node, shares).to_json()
+    pod["spec"]["initContainers"] = [{
+        "name": "proxy", "image": "registry.example/proxy:1", "restartPolicy": "Always",
+        "resources": {"limits": {CORE: "20"}}}]
+    create(k8s_cluster.client(), pod)
+    for count, card in ((20, 0), (30, 1)):
+        response = kubelet.allocate(CORE, [[f"0-{k}" for k in range(count)]])
+        envs = response.container_responses[0].envs
+        assert (envs["NVIDIA_VISIBLE_DEVICES"], envs["EGPU_CORE_PERCENT"]) == (
+            f"GPU-fake-{node}-{card}", str(count))
+
+
 def test_ambiguous_allocate_is_refused(agent: tuple[Agent, FakeBackend], kubelet: KubeletDouble,
                                        node: str, k8s_cluster: Any, k8s_namespace: str) -> None:
     client = k8s_cluster.client()

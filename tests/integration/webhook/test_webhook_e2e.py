@@ -104,6 +104,51 @@ def test_gpusharing_seed_pod_is_admitted_mutated_and_scheduled(
         extender.stop()
 
 
+def test_a_gpu_sidecar_is_admitted_and_bound_with_its_own_cards_a_classic_init_refused(
+        k8s_cluster: Any, gpu_ns: str, eight_card_node: list[str], tmp_path: Path,
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """A sidecar (KEP-753: an init container with restartPolicy: Always) runs for the pod's
+    life: its GPU share is admitted and placed like a container's. A classic init container's
+    devices go to the pod's later containers once it ends: refused, with the reason."""
+    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.core.assignment import Assignment
+
+    def with_init(name: str, restart_policy: str | None) -> str:
+        pod = json.loads(pod_json(name, {"elasticgpu.io/gpu-core": 60}, scheduler=scheduler))
+        init: dict[str, Any] = {"name": "proxy", "image": "busybox",
+                                "resources": {"limits": {"elasticgpu.io/gpu-core": 60}}}
+        if restart_policy:
+            init["restartPolicy"] = restart_policy
+        pod["spec"]["initContainers"] = [init]
+        return json.dumps(pod)
+
+    ensure_crd(k8s_cluster.kube())
+    (port,) = free_ports(1)
+    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
+    extender.start()
+    try:
+        scheduler = extender.scheduler_name
+        start_kube_scheduler(extender_kube_scheduler_config(extender.url, scheduler))
+        wait_extender_knows(extender.url, eight_card_node, 8)
+        refused = k8s_cluster.kubectl("create", "-n", gpu_ns, "-f", "-",
+                                      input=with_init("classic", None), check=False)
+        assert refused.returncode != 0
+        assert "init container proxy: elasticgpu.io/gpu-core: GPUs are given to regular " \
+               "containers and sidecars" in refused.stderr, refused.stderr
+        created = k8s_cluster.kubectl("create", "-n", gpu_ns, "-f", "-",
+                                      input=with_init("sidecar", "Always"), check=False)
+        assert created.returncode == 0, created.stderr
+        pod = wait_bound(k8s_cluster.client(), gpu_ns, ["sidecar"])["sidecar"]
+        assignment = Assignment.from_json(pod["metadata"]["annotations"]["elasticgpu.io/assignment"])
+        (proxy,), (main,) = assignment.containers["proxy"], assignment.containers["main"]
+        # two 60% shares: a card each
+        assert (proxy.milli, main.milli) == (600, 600) and proxy.index != main.index
+        assert pod["spec"]["initContainers"][0]["resources"]["limits"][
+            "node.elasticgpu.io/gpu-core"] == "60"
+    finally:
+        extender.stop()
+
+
 REFUSED = [
     ("vcuda-core-150", {"tencent.com/vcuda-core": 150},
      "tencent.com/vcuda-core='150': an integer 1-99 (a share of one card) or a multiple of 100"),

@@ -128,6 +128,28 @@ def test_a_restarted_agent_refuses_rather_than_guesses() -> None:
     assert visible(restarted, plan) == f"GPU-fake-{NODE}-0"
 
 
+def test_a_sidecar_is_served_its_own_cards_and_grant() -> None:
+    """kubelet calls Allocate for a sidecar (an init container with `restartPolicy: Always`)
+    as for a container, and it keeps its devices for the pod's life: each gets the cards the
+    scheduler assigned it by name, with its own environment."""
+    pods = Pods()
+    alloc, plan = allocator(pods)
+    shares = {"proxy": (CardShare(0, f"GPU-fake-{NODE}-0", 300, 0),),
+              "main": (CardShare(1, f"GPU-fake-{NODE}-1", 500, 0),)}
+    pods.pods.append({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-p",
+                     "annotations": {ann.ASSIGNMENT: Assignment(NODE, shares).to_json(),
+                                     ann.ASSIGNED_NODE: NODE}},
+        "spec": {"nodeName": NODE,
+                 "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                                     "resources": {"limits": {CORE: "30"}}}],
+                 "containers": [{"name": "main", "resources": {"limits": {CORE: "50"}}}]},
+        "status": {"phase": "Pending"}})
+    assert visible(alloc, plan, 30) == f"GPU-fake-{NODE}-0"
+    assert visible(alloc, plan, 50) == f"GPU-fake-{NODE}-1"
+    assert alloc._done == {("uid-p", "proxy", CORE), ("uid-p", "main", CORE)}
+
+
 def test_preferred_allocation_reads_the_cache_not_the_api() -> None:
     pods = Pods()
     alloc, plan = allocator(pods)

@@ -286,6 +286,15 @@ def test_describe_without_container() -> None:
     assert text == "spec: must be an object (rule malformed)"
 
 
+@pytest.mark.parametrize("pod_level", ["8", {"requests": "8"}])
+def test_pod_level_resources_of_the_wrong_shape_are_malformed(pod_level: Any) -> None:
+    bad = pod({"nvidia.com/gpu": "1"})
+    bad["spec"]["resources"] = pod_level
+    verdict = admit(bad, FACTS)
+    assert rules(verdict) == [AdmissionRule.MALFORMED]
+    assert verdict.message.startswith("spec.resources: must be an object of requests and limits")
+
+
 def test_a_mig_profile_no_node_offers_is_refused_once_nodes_offer_some() -> None:
     facts = facts_from_nodes([NodeGpus("m", 0, 0, "", frozenset({"nvidia.com/mig-3g.40gb"}))])
     verdict = admit(pod({"nvidia.com/mig-1g.10gb": "1"}), facts)

@@ -121,3 +121,16 @@ def test_invalid_direct_construction_is_refused() -> None:
         ContainerRequest("x", RequestKind.WHOLE, 0, 1000, 0)
     with pytest.raises(ValueError):
         ContainerRequest("x", RequestKind.MIG, 1)
+
+
+def test_pod_level_requests_replace_the_containers_sum_for_what_they_name() -> None:
+    """KEP-2837 (on by default since Kubernetes 1.34): kube-scheduler counts `spec.resources`
+    instead of the containers' sum for each resource it names; the overhead still on top."""
+    manifest = pod(c("a", {"cpu": "1", "memory": "1Gi"}), c("b", {"cpu": "1", "memory": "1Gi"}))
+    manifest["spec"]["resources"] = {"requests": {"cpu": "3"}}
+    manifest["spec"]["overhead"] = {"cpu": "250m"}
+    request = pod_request_from_manifest(manifest)
+    assert (request.cpu_milli, request.memory_mib) == (3250, 2048)
+    # a pod-level limit alone is not read (kube-apiserver defaults the request from it)
+    manifest["spec"]["resources"] = {"limits": {"cpu": "3"}}
+    assert pod_request_from_manifest(manifest).cpu_milli == 2250

@@ -145,3 +145,16 @@ def test_the_live_pod_must_be_the_one_saved() -> None:
     assert "spec.containers" in refusal.message and "left alone" in refusal.message
     # the pod as the webhook rewrote it (to_profile) is the saved one but for the MIG name
     assert check_live_pod(rule, live_pod(profile="2g.20gb")) is None
+
+
+def test_a_saved_pod_whose_sidecar_asks_the_profile_is_the_rules_pod() -> None:
+    """A sidecar (`restartPolicy: Always`) may hold a MIG instance like a container: a bare pod
+    whose sidecar asks `fromProfile` is one the adapter moves, so its rule is carried out."""
+    pod = live_pod()
+    sidecar = pod["spec"]["containers"].pop()
+    pod["spec"]["containers"] = [{"name": "app", "image": "cuda:12"}]
+    pod["spec"]["initContainers"] = [{**sidecar, "restartPolicy": "Always"}]
+    assert check_rule(api.rule_from_object(rule_object(saved_pod(pod)))) is None
+    del pod["spec"]["initContainers"][0]["restartPolicy"]  # a classic init container
+    refusal = check_rule(api.rule_from_object(rule_object(saved_pod(pod))))
+    assert refusal is not None and "asks no nvidia.com/mig-1g.10gb" in refusal.message

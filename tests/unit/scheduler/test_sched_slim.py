@@ -4,6 +4,7 @@ that move no card."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from elastic_gpu.api import gpudevice
@@ -196,3 +197,13 @@ def test_a_listed_shape_slims_exactly_like_the_full_object() -> None:
     device = gpudevice.card_to_object("n1", card)
     device["metadata"].update(resourceVersion="5", managedFields=[{}], uid="x")
     assert slim_device(_listed(device, ListedDevice)) == slim_device(device)
+
+
+def test_pod_level_resources_survive_the_slim_form_and_the_wire() -> None:
+    from elastic_gpu.scheduler import wire
+
+    full = full_pod()
+    full["spec"]["resources"] = {"requests": {"cpu": "8", "memory": "4Gi"}}
+    args = wire.parse_args(json.dumps({"Pod": full, "NodeNames": ["n1"]}).encode())
+    # pod level replaces the containers' max(1.5, 2) CPU and max(1, 2) GiB; overhead on top
+    assert pod_host_requests(slim_pod(full)) == pod_host_requests(args.Pod) == (8250, 4216)

@@ -16,8 +16,16 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission.facts import ClusterFacts
-from elastic_gpu.core.admission.pod import pod_containers
-from elastic_gpu.core.request import ContainerRequest, RequestKind, container_request, parse_model_list
+from elastic_gpu.core.request import (
+    INIT_CONTAINER_GPU_REASON,
+    ContainerRequest,
+    RequestKind,
+    classic_init_containers,
+    container_request,
+    is_sidecar,
+    lifetime_containers,
+    parse_model_list,
+)
 from elastic_gpu.core.resources import MIG_RULE, Measure, ResourceError, lookup, short_repr
 
 #: gpu-manager's runtime (vcuda) reads this pod annotation: set, the compute share is a hard
@@ -40,7 +48,7 @@ class AdmissionRule(enum.Enum):
     MIG_PROFILE = "mig-profile"
     #: one container asks for one measure twice, or for kinds that do not combine
     ONE_MEASURE = "one-measure"
-    #: an init container asks for a GPU
+    #: a classic init container (not a sidecar) asks for a GPU
     INIT_CONTAINER_GPU = "init-container-gpu"
     #: the pod's totals are out of bounds
     POD_TOTAL = "pod-total"
@@ -148,6 +156,10 @@ def shape(pod: Any) -> list[Refusal]:
     overhead = spec.get("overhead")
     if overhead is not None and not isinstance(overhead, Mapping):
         return bad("spec.overhead", "an object")
+    pod_level = spec.get("resources")
+    if pod_level is not None and not (isinstance(pod_level, Mapping) and all(
+            isinstance(pod_level.get(part) or {}, Mapping) for part in ("requests", "limits"))):
+        return bad("spec.resources", "an object of requests and limits")
     return []
 
 
@@ -164,23 +176,25 @@ def from_resource_error(err: ResourceError, container: str = "",
 
 
 def check_containers(pod: Mapping[str, Any]) -> tuple[list[Refusal], list[ContainerRequest]]:
+    """Each container's request read (a refusal for each that cannot be), and the requests of
+    the containers that may hold a GPU (`lifetime_containers`: sidecars and regular
+    containers); a classic init container asking a GPU is refused with the reason."""
     refusals: list[Refusal] = []
     requests: list[ContainerRequest] = []
-    for field_name, init in (("initContainers", True), ("containers", False)):
-        for container in pod_containers(pod, field_name):
-            name = str(container.get("name") or "?")
-            try:
-                request = container_request(name, container.get("resources") or {})
-            except ResourceError as err:
-                refusals.append(from_resource_error(err, name, init))
-                continue
-            if init and request.wants_gpu:
+    for item in classic_init_containers(pod) + lifetime_containers(pod):
+        init = item.field == "initContainers"
+        try:
+            request = container_request(item.name, item.resources)
+        except ResourceError as err:
+            refusals.append(from_resource_error(err, item.name, init))
+            continue
+        if init and not is_sidecar(item.container):
+            if request.wants_gpu:
                 refusals.append(Refusal(
                     AdmissionRule.INIT_CONTAINER_GPU, ", ".join(request.resources), "",
-                    "GPUs are given to regular containers only; move the GPU request to a "
-                    "container of spec.containers", name, True))
-            elif not init:
-                requests.append(request)
+                    INIT_CONTAINER_GPU_REASON, item.name, True))
+        else:
+            requests.append(request)
     return refusals, requests
 
 

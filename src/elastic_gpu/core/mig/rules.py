@@ -15,6 +15,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.annotations import MANAGED_BY
+from elastic_gpu.core.request import lifetime_containers
 from elastic_gpu.core.resources import MigProfile
 
 #: The annotation that records a pod's request as its user wrote it before the adapter moved
@@ -191,7 +192,7 @@ def _saved_pod_problem(rule: SubstitutionRule) -> RuleRefusal | None:
         return RuleRefusal(RuleProblem.INVALID_SPEC, f"{where}.metadata.namespace="
                            f"{_short(meta.get('namespace'))} is not the rule's namespace")
     wanted = f"nvidia.com/mig-{rule.from_profile.name}"
-    if not any(wanted in _mig_names(c) for c in containers):
+    if not any(wanted in _mig_names(c.container) for c in lifetime_containers(saved)):
         return RuleRefusal(RuleProblem.INVALID_SPEC, f"{where} asks no {wanted}: it is not a "
                            f"pod the rule moves from {rule.from_profile.name}")
     return None

@@ -9,12 +9,11 @@ from typing import Any
 
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer, set_annotation
 from elastic_gpu.core.admission.mutation import MutationInput
-from elastic_gpu.core.admission.pod import pod_containers
 from elastic_gpu.core.admission.rules import VCUDA_CORE, VCUDA_CORE_LIMIT
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.nodefit import NODE_CORE, node_core
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.request import RequestKind, container_request
+from elastic_gpu.core.request import RequestKind, container_request, lifetime_containers
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_WHOLE,
@@ -43,12 +42,9 @@ def whole_cards_as_shares(data: MutationInput) -> list[PatchOp]:
     scheduler assigned (docs/architecture.md, "`elasticgpu.io/gpu`: served as shares").
     Idempotent: the rewritten container no longer has the name."""
     ops: list[PatchOp] = []
-    for index, container in enumerate(pod_containers(data.pod, "containers")):
-        resources = container.get("resources") if isinstance(container, Mapping) else None
-        if not isinstance(resources, Mapping):
-            continue
+    for item in lifetime_containers(data.pod):
         for part in ("limits", "requests"):
-            values = resources.get(part)
+            values = item.resources.get(part)
             if not isinstance(values, Mapping) or GPU_WHOLE not in values:
                 continue
             try:
@@ -57,12 +53,9 @@ def whole_cards_as_shares(data: MutationInput) -> list[PatchOp]:
                 # validation read the limits (they win); requests that differ from them are
                 # refused by kube-apiserver itself, in its words
                 continue
-            ops.append({"op": "remove",
-                        "path": pointer("spec", "containers", index, "resources", part,
-                                        GPU_WHOLE)})
-            ops.append({"op": "add",
-                        "path": pointer("spec", "containers", index, "resources", part,
-                                        GPU_CORE),
+            where = ("spec", item.field, item.index, "resources", part)
+            ops.append({"op": "remove", "path": pointer(*where, GPU_WHOLE)})
+            ops.append({"op": "add", "path": pointer(*where, GPU_CORE),
                         "value": str(cards * MILLI_PER_CARD // MILLI_PER_PERCENT)})
     return ops
 
@@ -74,17 +67,17 @@ def memory_only_compute(data: MutationInput) -> list[PatchOp]:
     the scheduler chose. Idempotent: the container then has compute and is not memory-only."""
     ops: list[PatchOp] = []
     name, value = MEMORY_ONLY_COMPUTE
-    containers = pod_containers(data.pod, "containers")
-    for index, request in enumerate(data.request.containers):
+    containers = {item.name: item for item in lifetime_containers(data.pod)}
+    for request in data.request.containers:
         if request.kind is not RequestKind.SHARE or request.compute_milli != 0 or request.tflops:
             continue  # a TFLOPS share asks compute already, under a name the agent Allocates
-        if index >= len(containers) or DEVICE_PLUGIN_MEMORY & set(request.resources):
+        item = containers.get(request.name)
+        if item is None or DEVICE_PLUGIN_MEMORY & set(request.resources):
             continue
-        resources = containers[index].get("resources") or {}
         for part in ("limits", "requests"):
-            values = resources.get(part)
+            values = item.resources.get(part)
             if isinstance(values, Mapping) and name not in values:
-                ops.append({"op": "add", "path": pointer("spec", "containers", index,
+                ops.append({"op": "add", "path": pointer("spec", item.field, item.index,
                                                          "resources", part, name),
                             "value": value})
     return ops
@@ -107,34 +100,31 @@ def vcuda_core_limit(data: MutationInput) -> list[PatchOp]:
 
 
 def node_resources(data: MutationInput) -> list[PatchOp]:
-    """Each container gets `node.elasticgpu.io/gpu-core` (`core.nodefit`), the GPU compute
-    kube-scheduler counts at node level so that its preemption sees a node short of GPU: in its
-    limits, and in its requests when it has them. Read from the containers as the mutators
-    before left them (a MIG substitution counts its instance); a container backed by a claim
-    counts 0 (its ElasticGPU holds the cards). The webhook owns the name: a value already right
-    is kept, any other replaced, and one on a container that counts 0 removed, so a pod can
-    neither understate nor inflate it; a pod that never wrote it and asks no GPU is untouched."""
+    """Each lifetime container (`core.request.lifetime_containers`: sidecars too) gets
+    `node.elasticgpu.io/gpu-core` (`core.nodefit`), the GPU compute kube-scheduler counts at
+    node level so that its preemption sees a node short of GPU (it sums a sidecar's with the
+    containers'): in its limits, and in its requests when it has them. Read from the containers
+    as the mutators before left them (a MIG substitution counts its instance); a container
+    backed by a claim counts 0 (its ElasticGPU holds the cards). The webhook owns the name: a
+    value already right is kept, any other replaced, and one on a container that counts 0
+    removed, so a pod can neither understate nor inflate it; a pod that never wrote it and asks
+    no GPU is untouched."""
     ops: list[PatchOp] = []
     try:
         claimed = set(pod_claims(data.pod))
     except ClaimAnnotationError:
         claimed = set()
-    for index, container in enumerate(pod_containers(data.pod, "containers")):
-        if not isinstance(container, Mapping):
-            continue
-        resources = container.get("resources") or {}
-        if not isinstance(resources, Mapping):
-            continue
-        name = str(container.get("name", ""))
+    for item in lifetime_containers(data.pod):
         try:
-            count = 0 if name in claimed else node_core(container_request(name, resources))
+            count = 0 if item.name in claimed else node_core(
+                container_request(item.name, item.resources))
         except (ResourceError, ValueError):
             count = 0
         for part in ("limits", "requests"):
-            values = resources.get(part)
+            values = item.resources.get(part)
             if not isinstance(values, Mapping):
                 continue
-            path = pointer("spec", "containers", index, "resources", part, NODE_CORE)
+            path = pointer("spec", item.field, item.index, "resources", part, NODE_CORE)
             if count == 0:
                 if NODE_CORE in values:
                     ops.append({"op": "remove", "path": path})
