@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
@@ -42,9 +41,6 @@ MAX_RESOURCE_VALUE = 2**53
 #: Every name under this prefix is a MIG resource: one that is not a valid profile is an error,
 #: never "not a GPU resource" (a pod asking for it would fit everywhere).
 MIG_PREFIX = "nvidia.com/mig-"
-#: Media-extension and graphics variants NVIDIA publishes (A30/A100/H100: +me; Blackwell also
-#: +me.all and +gfx).
-MIG_SUFFIXES = ("+me", "+me.all", "+gfx")
 #: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4).
 MIG_MAX_SLICES = 7
 MIG_RESOURCE_PATTERN = re.compile(
@@ -252,7 +248,3 @@ def _check_rule(spec: ResourceSpec, raw: object, number: int) -> None:
             raise ResourceError(spec.name, raw, spec.rule.value)
     elif number < 0:
         raise ResourceError(spec.name, raw, spec.rule.value)
-
-
-def percent_to_milli(percent: Fraction | int) -> int:
-    return int(Fraction(percent) * MILLI_PER_PERCENT)

@@ -21,7 +21,6 @@ memory asked, a different profile (the same one is no substitution).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elastic_gpu.core.resources import MigProfile
@@ -136,13 +135,3 @@ def compatible(requested: MigProfile, offered: MigProfile, model: str) -> bool:
     if requested.extra and requested.extra != offered.extra:
         return False
     return offered.slices >= requested.slices and offered.memory_gb >= requested.memory_gb
-
-
-
-def parse_profiles(names: Iterable[str]) -> frozenset[str]:
-    """Profile names as the configuration writes them, checked (`ResourceError` names the bad
-    one); `nvidia.com/mig-` prefixes are dropped."""
-    out: set[str] = set()
-    for name in names:
-        out.add(MigProfile.parse(name).name)
-    return frozenset(out)
