@@ -89,16 +89,6 @@ MIG_MODELS: tuple[MigModel, ...] = (
 _BY_NAME = {m.name: m for m in MIG_MODELS}
 
 
-def all_profiles() -> tuple[MigProfile, ...]:
-    """Every profile of the table once (without the `+me` ones), in table order."""
-    seen: dict[MigProfile, None] = {}
-    for model in MIG_MODELS:
-        for row in model.profiles:
-            if not row.profile.extra:
-                seen.setdefault(row.profile)
-    return tuple(seen)
-
-
 def mig_model(card_model: str) -> MigModel | None:
     """The table's model for a card model as a node or NVML names it (`A100-SXM4-40GB`,
     `NVIDIA A100-PCIE-80GB`, `NVIDIA H100 80GB HBM3`, `H200`, ...); None for a card the table
