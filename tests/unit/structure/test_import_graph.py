@@ -297,9 +297,17 @@ def test_parts_of_the_tree_import_only_downwards() -> None:
     assert wrong == []
 
 
+def test_no_module_imports_a_test_module() -> None:
+    """What tests share is a helper (egpu_testing, or a folder's *_helpers.py), never another
+    test file: importing one ties a test to another's fixtures and collection."""
+    wrong = [f"{module} imports {target}" for module, targets in sorted(_tree_graph().items())
+             for target in sorted(targets) if Path(target).name.startswith("test_")]
+    assert wrong == []
+
+
 def test_the_tree_graph_sees_bench_and_test_modules_import_each_other() -> None:
-    """The two tests above would pass vacuously if bare imports between scripts were missed."""
+    """The tests above would pass vacuously if bare imports between scripts were missed."""
     graph = _tree_graph()
     assert "bench/sched_scale.py" in graph["bench/sched_ready.py"]
-    assert "tests/unit/sim/test_sim_cli.py" in graph["tests/unit/sim/test_sim_defrag.py"]
+    assert "tests/unit/sim/sim_helpers.py" in graph["tests/unit/sim/test_sim_defrag.py"]
     assert "egpu_testing.workbench" in graph["bench/sched_throughput.py"]
