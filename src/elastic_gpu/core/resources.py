@@ -41,6 +41,9 @@ MAX_RESOURCE_VALUE = 2**53
 #: Every name under this prefix is a MIG resource: one that is not a valid profile is an error,
 #: never "not a GPU resource" (a pod asking for it would fit everywhere).
 MIG_PREFIX = "nvidia.com/mig-"
+#: Media-extension and graphics variants NVIDIA publishes (A30/A100/H100: +me; Blackwell also
+#: +me.all and +gfx).
+MIG_SUFFIXES = ("+me", "+me.all", "+gfx")
 #: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4).
 MIG_MAX_SLICES = 7
 MIG_RESOURCE_PATTERN = re.compile(
