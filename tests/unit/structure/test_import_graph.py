@@ -9,6 +9,7 @@ together for a reader. Only `if TYPE_CHECKING:` blocks are left out (they never 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,6 +252,7 @@ def _tree_sources() -> Iterator[tuple[str, Path, ast.Module]]:
         yield str(path.relative_to(ROOT)), path, ast.parse(path.read_text(), str(path))
 
 
+@functools.cache  # parsed once for the tests below (~600 files)
 def _tree_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path, tree in _tree_sources():
