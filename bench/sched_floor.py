@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -74,37 +73,6 @@ def serve_null(kubeconfig: str, port: int) -> None:
     asyncio.run(main())
 
 
-def cpu_by_kind() -> dict[str, float]:
-    """CPU seconds (user + system) of the live processes, summed by what they are."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        seconds = (int(fields[11]) + int(fields[12])) / tick
-        if comm in ("kube-apiserver", "etcd", "kube-scheduler", "kwok"):
-            kind = comm
-        elif "--serve-null" in cmdline:
-            kind = "null extender"
-        elif "elastic_gpu.scheduler.apiworker" in cmdline:
-            kind = "egpu API worker"
-        elif "egpu scheduler" in cmdline:
-            kind = "egpu scheduler"
-        elif int(entry) == os.getpid():
-            kind = "bench (polling)"
-        else:
-            continue  # anything else on the box (other jobs) is not this measurement's
-        out[kind] = out.get(kind, 0.0) + seconds
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200)
@@ -123,6 +91,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     import sched_throughput as tput
 
+    from egpu_testing.process_cpu import cpu_by_kind
     from egpu_testing.workbench import start_gpu_cluster
     from elastic_gpu.devcluster.ports import free_ports
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from egpu_testing.process_cpu import cpu_by_kind
 from egpu_testing.scenario import create_pods, list_pods, unbound_count
 from egpu_testing.workbench import (
     ExtenderProcess,
@@ -184,7 +185,6 @@ def main() -> int:
             cpu: dict[str, list[dict[str, float]]] = {v: [] for v in chosen}
             probe = None
             if args.cpu:
-                from sched_floor import cpu_by_kind
                 probe = cpu_by_kind
             for r in range(args.rounds):
                 order = list(chosen)

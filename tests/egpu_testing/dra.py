@@ -1,5 +1,6 @@
 """ResourceClaims as kube-scheduler leaves them, for the DRA kubelet plugin's tests: the
-allocation results of the driver `gpu.elasticgpu.io` and the pod reservation."""
+allocation results of the driver `gpu.elasticgpu.io` and the pod reservation; and what the
+plugin's CDI spec sets, read back."""
 
 from __future__ import annotations
 
@@ -57,3 +58,12 @@ def claim_manifest(name: str, namespace: str, request: str = "gpu",
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}}}
+
+
+def env_of(spec: Mapping[str, Any], name: str) -> dict[str, str]:
+    """The environment one CDI device of `spec` (a spec the plugin wrote) sets."""
+    for device in spec.get("devices") or []:
+        if device.get("name") == name:
+            pairs = (item.split("=", 1) for item in device["containerEdits"].get("env") or [])
+            return {key: value for key, value in pairs}
+    raise KeyError(name)

@@ -82,13 +82,6 @@ def card_usage(pods: Iterable[Mapping[str, Any]], node: str,
     return usage
 
 
-def allocation_by_card(pods: Iterable[Mapping[str, Any]], node: str,
-                       cards: Mapping[int, Card] | None = None) -> dict[int, tuple[int, int]]:
-    """{card index: (milli, memory MiB)}: `card_usage` without the holders."""
-    return {index: (use.milli, use.memory_mib)
-            for index, use in card_usage(pods, node, cards or {}).items()}
-
-
 @dataclass(frozen=True)
 class ContainerShare:
     """What one container holds of one card (as `card_usage` counts it)."""

@@ -15,7 +15,7 @@ from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.kube.crds import install_crds
 from elastic_gpu.kube.errors import Conflict, NotFound
-from elastic_gpu.kube.resources import GPUDEVICES, NODES
+from elastic_gpu.kube.resources import GPUDEVICES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 #: The GPUDevice collection (cluster-scoped) and the Nodes'.
@@ -131,9 +131,3 @@ def list_gpudevices(client: SyncKubeClient) -> list[dict[str, Any]]:
     """Every GPUDevice object, as the API sends it."""
     devices, _ = client.list(GPUDEVICES.path())
     return devices
-
-
-def read_inventory(client: SyncKubeClient) -> list[Node]:
-    """Every node's cards as core Nodes (CPU/memory/labels from the Node objects)."""
-    nodes, _ = client.list(NODES.path())
-    return gd.nodes_from_objects(list_gpudevices(client), nodes)

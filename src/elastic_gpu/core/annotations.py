@@ -55,8 +55,7 @@ DEFRAG_RESERVATION = f"{PREFIX}/defrag-reservation"
 #: the plan it would carry out; `egpu top` shows it while the pod is not bound.
 DEFRAG_PLAN = f"{PREFIX}/defrag-plan"
 
-#: Node label the agent sets where it runs, and the label with the card model.
-AGENT_LABEL = f"{PREFIX}/agent"
+#: Node label with the card model.
 GPU_MODEL_LABEL = f"{PREFIX}/gpu-model"
 
 #: The Kubernetes recommended label naming the tool that manages an object. The MIG adapter

@@ -248,12 +248,6 @@ def merge(a: PodRecord, b: PodRecord) -> PodRecord:
                      min(deleted) if deleted else None)
 
 
-def close_open(record: PodRecord, at: Seconds) -> PodRecord:
-    """The record of a pod that ran no later than `at`: its open runs end there."""
-    return replace_runs(record, lambda runs: {s: (e if e is not None else max(s, at))
-                                              for s, e in runs.items()})
-
-
 def replace_runs(record: PodRecord, fn: Callable[[Mapping[Seconds, Seconds | None]],
                                                Mapping[Seconds, Seconds | None]]) -> PodRecord:
     """The record with each container's runs replaced by `fn` of them."""

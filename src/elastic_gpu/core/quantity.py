@@ -100,13 +100,3 @@ def _parse_text(value: str) -> Fraction:
         suffix = match["suffix"] or ""
         number *= _BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]
     return _bounded(-number if match["sign"] == "-" else number, value)
-
-
-def format_quantity(amount: Fraction) -> str:
-    """Write a quantity back in the shortest plain form (integers as integers, else milli)."""
-    if amount.denominator == 1:
-        return str(amount.numerator)
-    milli = amount * 1000
-    if milli.denominator == 1:
-        return f"{milli.numerator}m"
-    return str(float(amount))

@@ -9,7 +9,7 @@ the simulator cannot disagree about what a pod wants.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -399,7 +399,3 @@ def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
         node_policy=annotations.get(ann.NODE_POLICY),
         card_policy=annotations.get(ann.CARD_POLICY),
     )
-
-
-def gpu_resource_names(pods: Iterable[PodRequest]) -> frozenset[str]:
-    return frozenset(r for p in pods for c in p.containers for r in c.resources)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
@@ -255,7 +254,3 @@ def _check_rule(spec: ResourceSpec, raw: object, number: int) -> None:
             raise ResourceError(spec.name, raw, spec.rule.value)
     elif number < 0:
         raise ResourceError(spec.name, raw, spec.rule.value)
-
-
-def percent_to_milli(percent: Fraction | int) -> int:
-    return int(Fraction(percent) * MILLI_PER_PERCENT)

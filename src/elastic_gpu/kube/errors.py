@@ -10,10 +10,6 @@ Every class is an `ApiStatusError` (kube.transport), so code that catches that k
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
-
 from elastic_gpu.kube.transport import ApiStatusError
 
 
@@ -91,12 +87,6 @@ _BY_CODE: dict[int, type[ApiError]] = {
 }
 
 
-class _Status(msgspec.Struct):
-    reason: str = ""
-    message: str = ""
-    code: int = 0
-
-
 def error_class(code: int, reason: str = "") -> type[ApiError]:
     if code == 0:
         return Unreachable
@@ -107,29 +97,9 @@ def error_class(code: int, reason: str = "") -> type[ApiError]:
     return _BY_CODE.get(code, ApiError)
 
 
-def from_status(code: int, reason: str, message: str) -> ApiError:
-    """The error for a status code and a Status's reason and message."""
-    return error_class(code, reason)(code, reason, message)
-
-
-def from_response(code: int, body: bytes) -> ApiError:
-    """The error for an HTTP status and its body (a `metav1.Status`, or anything else)."""
-    try:
-        status = msgspec.json.decode(body, type=_Status)
-    except msgspec.DecodeError:
-        return from_status(code, "", body[:200].decode(errors="replace"))
-    return from_status(code, status.reason, status.message)
-
-
-def from_status_object(obj: dict[str, Any]) -> ApiError:
-    """The error of a watch ERROR event's object (a Status)."""
-    code = obj.get("code")
-    return from_status(code if isinstance(code, int) else 500, str(obj.get("reason") or ""),
-                       str(obj.get("message") or ""))
-
-
 def translate(err: ApiStatusError) -> ApiError:
-    """A plain ApiStatusError (from kube.transport) as the class of its code."""
+    """A plain ApiStatusError (from kube.transport, which reads the code and the Status body of
+    responses and watch ERROR events) as the class of its code."""
     if isinstance(err, ApiError):
         return err
-    return from_status(err.code, err.reason, err.message)
+    return error_class(err.code, err.reason)(err.code, err.reason, err.message)

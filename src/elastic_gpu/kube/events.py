@@ -17,7 +17,7 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,11 @@ def involved_object(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 class EventRecorder:
     def __init__(self, client: KubeClient, component: str, instance: str = "", *,
-                 dedup_window_s: float = 600.0, max_queued: int = 1000) -> None:
+                 dedup_window_s: float = 600.0, max_queued: int = 1000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
+        #: what the de-duplication window is measured with
+        self._clock = clock
         self.component = component
         self.instance = instance
         self.dedup_window_s = dedup_window_s
@@ -107,7 +110,7 @@ class EventRecorder:
     async def _send(self, item: _Pending) -> None:
         key = (item.involved.get("uid") or item.involved["name"], item.type, item.reason,
                item.message)
-        now = time.monotonic()
+        now = self._clock()
         self._expire(now)
         sent = self._sent.get(key)
         if sent is not None and now - sent.at <= self.dedup_window_s:

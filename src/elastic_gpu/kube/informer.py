@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,7 +97,8 @@ class Reflector:
                  shape: type[msgspec.Struct] | None = None,
                  params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
                  backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
-                 missing_retry_s: float = 10.0) -> None:
+                 missing_retry_s: float = 10.0,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         if (on_replace is None) == (on_page is None):
             raise ValueError("a Reflector takes one of on_replace and on_page")
         self.client = client
@@ -114,6 +115,8 @@ class Reflector:
         self.backoff_s = backoff_s
         self.missing_ok = missing_ok
         self.missing_retry_s = missing_retry_s
+        #: how the backoff and the missing-collection retry wait
+        self._sleep = sleep
         self.relists = 0
         self.last_resource_version = ""
         #: Whether the last list found the collection served (False until one did, and after
@@ -157,7 +160,7 @@ class Reflector:
                         log.info("%s: watch broke (%s); resuming from %s", self.name, err,
                                  self.last_resource_version)
                         base, cap = self.backoff_s
-                        await asyncio.sleep(min(cap, base * 2 ** broken)
+                        await self._sleep(min(cap, base * 2 ** broken)
                                             * random.uniform(0.5, 1))
             except asyncio.CancelledError:
                 raise
@@ -172,7 +175,7 @@ class Reflector:
                                  "%.0f s", self.name, self.missing_retry_s)
                     self._deliver_empty()
                     failures = 0
-                    await asyncio.sleep(self.missing_retry_s)
+                    await self._sleep(self.missing_retry_s)
                     continue
                 failures += 1
                 log.warning("%s: list/watch failed: %s", self.name, err)
@@ -180,7 +183,7 @@ class Reflector:
                 failures += 1
                 log.exception("%s: list/watch failed", self.name)
             base, cap = self.backoff_s
-            await asyncio.sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
+            await self._sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
 
 
     async def _list(self) -> str:
@@ -221,10 +224,11 @@ class Informer(Reflector):
     def __init__(self, client: ListWatcher, path: str, *, name: str,
                  params: Mapping[str, str] | None = None, watch_timeout_s: int = 300,
                  backoff_s: tuple[float, float] = (0.2, 30.0), missing_ok: bool = False,
-                 missing_retry_s: float = 10.0) -> None:
+                 missing_retry_s: float = 10.0,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         super().__init__(client, path, name=name, on_replace=self.replace, on_event=self.apply,
                          params=params, watch_timeout_s=watch_timeout_s, backoff_s=backoff_s,
-                         missing_ok=missing_ok, missing_retry_s=missing_retry_s)
+                         missing_ok=missing_ok, missing_retry_s=missing_retry_s, sleep=sleep)
         self.store: dict[str, Obj] = {}
         self.handlers: list[Handler] = []
         self._synced = asyncio.Event()

@@ -81,10 +81,6 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._queued)
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     def queued(self, resync: bool) -> int:
         """Keys waiting in the news lane (False) or the resync lane (True)."""
         lane = RESYNC if resync else NEWS

@@ -38,8 +38,6 @@ from elastic_gpu.scheduler.state import StateNotReady
 
 log = logging.getLogger(__name__)
 
-VERBS = ("filter", "prioritize", "bind", "preempt", "provision")
-
 #: A bind's body is four names.
 BIND_BODY_BYTES = 64 * 1024
 

@@ -169,12 +169,6 @@ async def apply_configurations(client: KubeClient, objects: Sequence[dict[str, A
                            params={"fieldManager": FIELD_MANAGER, "force": "true"})
 
 
-async def delete_configurations(client: KubeClient, name: str) -> None:
-    for resource in CONFIGURATIONS.values():
-        with contextlib.suppress(NotFound):
-            await client.delete(resource.path(name=name))
-
-
 class NodeFacts:
     """The GPU nodes, kept by an informer on Nodes; `on_change` runs after each change, and
     once when the first list is in (so the facts exist, if empty)."""

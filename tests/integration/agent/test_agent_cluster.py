@@ -28,12 +28,14 @@ from egpu_testing.gpudevice_kind import GPUDevice
 from egpu_testing.kubelet import KubeletDouble
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.inventory_api import read_inventory
+from elastic_gpu.agent.inventory_api import list_gpudevices
 from elastic_gpu.agent.publish import publish_node
 from elastic_gpu.agent.runtime import Agent
+from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Health
+from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 pytestmark = pytest.mark.integration
@@ -140,7 +142,9 @@ def test_publish_node_makes_gpudevices_and_node_capacity(node: str, k8s_cluster:
     assert rows[0].split()[:7] == [f"{node}-gpu0", node, "0", "A100", "40960", "Healthy", "0"]
     short = k8s_cluster.kubectl("get", "gpud", f"{node}-gpu2", "-o", "jsonpath={.spec.mig[0].uuid}")
     assert short.stdout == "MIG-q"
-    (mine,) = [n for n in read_inventory(api) if n.name == node]
+    # read back as the scheduler's watch-fed view reads them: core Nodes from both lists
+    nodes = gd.nodes_from_objects(list_gpudevices(api), api.list(NODES.path())[0])
+    (mine,) = [n for n in nodes if n.name == node]
     assert [c.uuid for c in mine.cards] == [f"GPU-fake-{node}-{i}" for i in range(3)]
     assert mine.cards[2].mig[0].profile.name == "3g.20gb" and mine.cpu_milli > 0
     status = client.get(K8sNode, node).status

@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 import pytest
 
-from egpu_testing.dra import allocation, claim_manifest, result
+from egpu_testing.dra import allocation, claim_manifest, env_of, result
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.dra.cdi import env_of, spec_file
+from elastic_gpu.agent.dra.cdi import spec_file
 from elastic_gpu.agent.dra.kubelet_plugin import registration_socket
 from elastic_gpu.agent.dra.mode import DraModeError
 from elastic_gpu.agent.dra.slices_api import existing_slices, withdraw_node_slices

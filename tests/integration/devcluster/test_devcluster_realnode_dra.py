@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.dra import claim_manifest
-from elastic_gpu.agent.dra.cdi import env_of, spec_file
+from egpu_testing.dra import claim_manifest, env_of
+from elastic_gpu.agent.dra.cdi import spec_file
 from elastic_gpu.agent.dra.slices_api import existing_slices
 from elastic_gpu.api.config.strict_yaml import dump_yaml
 from elastic_gpu.core.dra.classes import MIG_CLASS, device_classes

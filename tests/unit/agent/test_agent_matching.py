@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.agent.accounting import allocation_by_card, card_usage
+from elastic_gpu.agent.accounting import card_usage
 from elastic_gpu.agent.matching import AllocateError, candidates, choose
 from elastic_gpu.api.gpudevice import MAX_LISTED_PODS, allocation_status
 from elastic_gpu.core import annotations as ann
@@ -80,7 +80,8 @@ def test_allocation_columns_sum_live_pods_only() -> None:
     pods = [pod("a", {"main": [share(0, 300)], "side": [share(0, 200)]}),
             pod("b", {"main": [CardShare(1, "GPU-1", 1000, 40960)]}),
             pod("gone", {"main": [share(1)]}, phase="Failed")]
-    assert allocation_by_card(pods, "n1") == {0: (500, 0), 1: (1000, 40960)}
+    assert {i: (u.milli, u.memory_mib) for i, u in card_usage(pods, "n1", {}).items()} == {
+        0: (500, 0), 1: (1000, 40960)}
 
 
 A100 = Card(0, "GPU-0", "A100-SXM4-80GB", 81920,
@@ -120,8 +121,8 @@ def test_whole_cards_read_full_and_holders_are_bounded() -> None:
         "allocatedMilli": 1000, "allocatedMemoryMiB": 81920, "allocatedPercent": 100,
         "pods": ["ns/w (main)"], "podCount": 1}
     many = [pod(f"p{i:02d}", {"main": [share(1, 10)]}) for i in range(20)]
-    status = allocation_status(1000, *allocation_by_card(many, "n1")[1],
-                               card_usage(many, "n1", {})[1].holders)
+    use = card_usage(many, "n1", {})[1]
+    status = allocation_status(1000, use.milli, use.memory_mib, use.holders)
     assert status["podCount"] == 20 and status["allocatedPercent"] == 20
     assert status["pods"][:2] == ["ns/p00 (main)", "ns/p01 (main)"]
     assert len(status["pods"]) == MAX_LISTED_PODS + 1 and status["pods"][-1] == "+12 more"

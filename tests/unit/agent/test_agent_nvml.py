@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pynvml
 import pytest
 
+from egpu_testing.clock import ManualClock
 from egpu_testing.scripted_nvml import Gpu, SimNvml, two_gpus
 from elastic_gpu.agent.backends.base import BackendError
 from elastic_gpu.agent.backends.nvml import NvmlBackend, mig_profile_name
@@ -78,15 +77,21 @@ def test_critical_xid_marks_unhealthy_application_xids_do_not(
 def test_recovery_when_the_driver_answers_again(monkeypatch: pytest.MonkeyPatch) -> None:
     gpus = two_gpus()
     sim = SimNvml(monkeypatch, gpus)
-    backend = NvmlBackend(HealthConfig(recoverAfterSeconds=0.05))
+    clock = ManualClock()
+    backend = NvmlBackend(HealthConfig(recoverAfterSeconds=60), clock=clock)
     backend.discover()
     sim.xid(gpus[0], 48)
     assert [e.health for e in backend.wait_health(0.01)] == [Health.UNHEALTHY]
+    gpus[0].lost = False
+    clock.advance(59)  # answers again, but not yet asked
+    assert backend.wait_health(0.01) == []
     gpus[0].lost = True  # still sick after the delay: stays unhealthy
-    time.sleep(0.06)
+    clock.advance(1)
     assert backend.wait_health(0.01) == []
     gpus[0].lost = False
-    time.sleep(0.06)
+    clock.advance(59)  # looked at the sick card a minute ago: the next look is 60 s after that
+    assert backend.wait_health(0.01) == []
+    clock.advance(1)
     (event,) = backend.wait_health(0.01)
     assert (event.uuid, event.health) == ("GPU-aaaa", Health.HEALTHY)
 

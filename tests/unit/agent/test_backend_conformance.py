@@ -26,10 +26,12 @@ import pynvml
 import pytest
 import yaml
 
+from egpu_testing.clock import ManualClock
 from egpu_testing.scripted_nvml import Gpu, SimNvml
 from elastic_gpu.agent.backends.base import Backend, BackendError, HealthEvent, Holder
 from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION
 from elastic_gpu.agent.backends.isolation import ShareLimit
+from elastic_gpu.agent.backends.nvml import NvmlBackend
 from elastic_gpu.agent.backends.registry import BACKENDS, make_backend
 from elastic_gpu.agent.config import (
     AgentConfig,
@@ -121,7 +123,8 @@ def nvml_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
                 mig=[(m.uuid, m.slices, m.memory_mb, m.start) for m in row.mig], numa=row.numa)
             for i, row in enumerate(TABLE)]
     sim = SimNvml(monkeypatch, gpus)
-    config = parse_config({"backend": "nvml", "healthCheck": {"recoverAfterSeconds": 0.05}})
+    config = parse_config({"backend": "nvml", "healthCheck": {"recoverAfterSeconds": 60}})
+    clock = ManualClock()
 
     def unanswering(index: int) -> None:
         gpus[index].lost = True
@@ -133,10 +136,11 @@ def nvml_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
         sim.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 
     return Rig(
-        BackendKind.NVML, lambda: make_backend(config, "n1"),
+        # as registry.make_backend builds it, with a clock the rig moves
+        BackendKind.NVML, lambda: NvmlBackend(config.healthCheck, clock=clock),
         make_unhealthy=lambda index: sim.xid(gpus[index], 79),
         # The driver answers for it again: the backend finds out after recoverAfterSeconds.
-        make_healthy=lambda index: None,
+        make_healthy=lambda index: clock.advance(60),
         break_library=broken, library_words="libnvidia-ml.so.1",
         capabilities=frozenset(Capability),
         card_unanswering=unanswering, health_wait_fails=wait_fails,
@@ -199,17 +203,16 @@ def rig(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
     yield RIGS[request.param](monkeypatch, tmp_path)
 
 
-def events_until(backend: Backend, uuid: str, health: Health, patience_s: float = 10.0
+def events_until(backend: Backend, uuid: str, health: Health, asks: int = 3
                  ) -> list[HealthEvent]:
-    """Wait for `uuid`'s change to `health`, polling as the agent's health loop does (a
-    scripted driver answers a wait at once, so the loop also sleeps a little)."""
+    """The health events up to `uuid`'s change to `health`, asked as the agent's health loop
+    asks. Every rig has the change ready once it made it (the NVML rig moves the backend's
+    clock past `recoverAfterSeconds`), so a few asks find it, with no time to wait out."""
     seen: list[HealthEvent] = []
-    deadline = time.monotonic() + patience_s
-    while time.monotonic() < deadline:
+    for _ in range(asks):
         seen.extend(backend.wait_health(0.01))
         if any(e.uuid == uuid and e.health is health for e in seen):
             return seen
-        time.sleep(0.005)
     raise AssertionError(f"no {health.value} event for {uuid}; saw {seen}")
 
 

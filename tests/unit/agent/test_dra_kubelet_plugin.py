@@ -12,11 +12,11 @@ from typing import Any
 import grpc
 import pytest
 
-from egpu_testing.dra import claim_object, result
+from egpu_testing.dra import claim_object, env_of, result
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import logical_cards
-from elastic_gpu.agent.dra.cdi import CDI_KIND, cdi_id, env_of, spec_file
+from elastic_gpu.agent.dra.cdi import CDI_KIND, cdi_id, spec_file
 from elastic_gpu.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
 from elastic_gpu.agent.dra.kubelet_plugin import (
     PLUGIN_TYPE,

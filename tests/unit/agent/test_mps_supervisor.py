@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.clock import ManualClock
 from egpu_testing.mps_standin import daemon_pid, kill_daemon, standin_binary
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
@@ -117,6 +118,7 @@ def test_crash_refusal_restart_and_shutdown(short_dir: Path) -> None:
     agent = make_agent(short_dir, pods)
     assert agent.mps is not None
     supervisor = agent.mps
+    supervisor.clock = clock = ManualClock()  # the backoff's time passes when the test says
     agent.start()
     try:
         pods.add("a", 0)
@@ -144,7 +146,7 @@ def test_crash_refusal_restart_and_shutdown(short_dir: Path) -> None:
 
         # The card recovers: the next look after the backoff starts it, Allocate serves again.
         (pipe0 / "refuse-start").unlink()
-        time.sleep(0.05)
+        clock.advance(1)  # past the backoff (restartMaxSeconds 0.01)
         supervisor.tick()
         assert supervisor.up() == dict.fromkeys(UUIDS, True)
         second = daemon_pid(pipe0)
@@ -204,15 +206,18 @@ def test_without_the_daemon_section_the_operator_runs_mps(short_dir: Path) -> No
 def test_a_hung_daemon_is_found_by_its_probe_killed_restarted_and_refused_meanwhile(
         short_dir: Path) -> None:
     pods = Pods()
-    # Probed at every look (the period is shorter than the time between the test's looks).
+    # Probed at every look: the period is shorter than the second the test's clock moves
+    # between looks.
     agent = make_agent(short_dir, pods, probe_s=0.01)
     assert agent.mps is not None
     supervisor = agent.mps
+    supervisor.clock = clock = ManualClock()
     agent.start()
     try:
         pipe0 = short_dir / "pipe" / UUIDS[0]
         pods.add("a", 0)
         allocate(agent)
+        clock.advance(1)
         supervisor.tick()  # both answer their probe: nothing changes
         assert supervisor.up() == dict.fromkeys(UUIDS, True) and supervisor.hangs[UUIDS[0]] == 0
         first = daemon_pid(pipe0)
@@ -221,6 +226,7 @@ def test_a_hung_daemon_is_found_by_its_probe_killed_restarted_and_refused_meanwh
         # The daemon wedges: its process runs, its socket accepts, it answers nothing. A
         # daemon started on this card wedges too, until the card is fine again.
         (pipe0 / "hang").touch()
+        clock.advance(1)
         supervisor.tick()
         assert supervisor.hangs[UUIDS[0]] == 1
         assert not _running(first), "the hung daemon was not killed"
@@ -240,7 +246,7 @@ def test_a_hung_daemon_is_found_by_its_probe_killed_restarted_and_refused_meanwh
         # The card is fine again: the next look after the backoff starts a daemon that
         # answers, and Allocate serves again.
         (pipe0 / "hang").unlink()
-        time.sleep(0.05)
+        clock.advance(1)  # past the probe period and the backoff (restartMaxSeconds 0.01)
         supervisor.tick()
         assert supervisor.up() == dict.fromkeys(UUIDS, True)
         second = daemon_pid(pipe0)

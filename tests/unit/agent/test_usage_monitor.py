@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from egpu_testing.clock import ManualClock
 from egpu_testing.workbench import metric_value
 from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION, FakeBackend
 from elastic_gpu.agent.config import UsageConfig, parse_config
@@ -57,20 +58,12 @@ class Recorder:
                           lambda p: self.deleted.append(p["metadata"]["name"]))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def monitor(tmp_path: Path, pods: list[dict[str, Any]], usage: dict[str, Any] | None = None,
-            **config: Any) -> tuple[UsageMonitor, Recorder, Clock, Path]:
+            **config: Any) -> tuple[UsageMonitor, Recorder, ManualClock, Path]:
     inventory = tmp_path / "inv.yaml"
     inventory.write_text(yaml.safe_dump({"cards": CARDS}))
     backend = FakeBackend.from_file(inventory, NODE)
-    recorder, clock = Recorder(), Clock()
+    recorder, clock = Recorder(), ManualClock(0.0)
     mon = UsageMonitor(NODE, logical_cards(backend.discover(), False), backend,
                        UsageConfig.model_validate(config), lambda: pods, recorder.sinks(),
                        proc=tmp_path / "no-proc", clock=clock, stamp=lambda: "T")

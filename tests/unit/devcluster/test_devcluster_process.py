@@ -1,4 +1,5 @@
 import os
+import signal
 import socket
 import sys
 import time
@@ -36,13 +37,14 @@ def test_stop_kills_the_whole_process_group(tmp_path):
 
 
 def test_sigterm_ignoring_process_is_killed(tmp_path):
-    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    script = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+              "print('ignoring SIGTERM', flush=True); time.sleep(600)")
     handle = spawn("stubborn", [sys.executable, "-c", script], tmp_path / "s.log")
-    time.sleep(0.3)
-    start = time.monotonic()
+    # stopped only once it ignores SIGTERM (before, SIGTERM alone would end it)
+    wait_ready(handle, lambda: "ignoring" in handle.log_path.read_text(), 10)
     handle.stop(grace_s=0.5)
     assert not handle.alive()
-    assert time.monotonic() - start < 5
+    assert handle._popen is not None and handle._popen.wait(5) == -signal.SIGKILL
 
 
 def test_component_dying_on_start_raises_with_log_tail(tmp_path):

@@ -1,4 +1,5 @@
-"""The API error hierarchy: each status code and Status reason maps to its class."""
+"""The API error hierarchy: each status code and Status reason maps to its class, the way the
+client meets them (the transport reads the response, `errors.translate` picks the class)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import json
 import pytest
 
 from elastic_gpu.kube import errors
-from elastic_gpu.kube.transport import ApiStatusError
+from elastic_gpu.kube.transport import ApiStatusError, status_error
+
+
+def from_response(code: int, body: bytes) -> errors.ApiError:
+    return errors.translate(status_error(code, body))
 
 
 def status(code: int, reason: str, message: str = "m") -> bytes:
@@ -31,20 +36,20 @@ def status(code: int, reason: str, message: str = "m") -> bytes:
     (418, "", errors.ApiError),
 ])
 def test_response_maps_to_its_class(code: int, reason: str, cls: type[errors.ApiError]) -> None:
-    err = errors.from_response(code, status(code, reason, "the message"))
+    err = from_response(code, status(code, reason, "the message"))
     assert type(err) is cls
     assert (err.code, err.reason, err.message) == (code, reason, "the message")
     assert isinstance(err, ApiStatusError)  # code catching the old class keeps working
 
 
 def test_already_exists_is_a_conflict_but_not_retryable() -> None:
-    err = errors.from_response(409, status(409, "AlreadyExists"))
+    err = from_response(409, status(409, "AlreadyExists"))
     assert isinstance(err, errors.Conflict) and not err.retryable
-    assert errors.from_response(409, status(409, "Conflict")).retryable
+    assert from_response(409, status(409, "Conflict")).retryable
 
 
 def test_non_status_body_keeps_its_text() -> None:
-    err = errors.from_response(502, b"<html>bad gateway</html>")
+    err = from_response(502, b"<html>bad gateway</html>")
     assert type(err) is errors.ServerError and "bad gateway" in err.message
 
 
@@ -54,5 +59,6 @@ def test_transport_failure_is_unreachable_and_retryable() -> None:
 
 
 def test_watch_error_object() -> None:
-    err = errors.from_status_object({"code": 410, "reason": "Expired", "message": "too old"})
-    assert type(err) is errors.Gone
+    # the transport raises a watch's ERROR event with the code inside its Status object
+    err = from_response(410, status(410, "Expired", "too old"))
+    assert type(err) is errors.Gone and err.message == "too old"

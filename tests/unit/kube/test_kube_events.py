@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from egpu_testing.clock import ManualClock
 from elastic_gpu.kube.errors import Forbidden, NotFound
 from elastic_gpu.kube.events import WARNING, EventRecorder
 
@@ -60,14 +61,19 @@ async def test_same_event_bumps_count_instead_of_a_new_object() -> None:
 
 
 async def test_outside_the_window_a_new_event_is_made() -> None:
-    client = FakeClient()
-    recorder = EventRecorder(client, "c", dedup_window_s=0.0)  # type: ignore[arg-type]
+    client, clock = FakeClient(), ManualClock()
+    recorder = EventRecorder(client, "c", dedup_window_s=60.0,  # type: ignore[arg-type]
+                             clock=clock)
     recorder.record(CLAIM, WARNING, "Lost", "x")
     await run(recorder)
-    await asyncio.sleep(0.01)
+    clock.advance(60)  # the window's last instant: still the same event
     recorder.record(CLAIM, WARNING, "Lost", "x")
     await run(recorder)
-    assert len(client.events) == 2
+    assert len(client.events) == 1
+    clock.advance(60.5)  # past the window counted from the last one
+    recorder.record(CLAIM, WARNING, "Lost", "x")
+    await run(recorder)
+    assert len(client.events) == 2 and recorder.bumped == 1
 
 
 async def test_failures_and_a_full_queue_never_reach_the_caller() -> None:

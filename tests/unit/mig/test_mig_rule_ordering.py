@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.clock import InstantSleeps, turns_until
 from egpu_testing.webhook_answers import answered
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.mig.rules import SubstitutionRule
@@ -143,17 +144,24 @@ class MissingCrd:
 
 
 async def test_an_optional_informer_on_a_missing_crd_is_synced_and_empty() -> None:
-    api = MissingCrd()
+    api, sleeps = MissingCrd(), InstantSleeps()
     optional = Informer(api, "/apis/x/v1/things", name="things", missing_ok=True,
-                        missing_retry_s=0.01)
+                        missing_retry_s=10, sleep=sleeps)
     task = asyncio.create_task(optional.run())
     await asyncio.wait_for(optional.wait_synced(), 2)
-    await asyncio.sleep(0.05)
+    await turns_until(lambda: api.lists >= 3)
     task.cancel()
-    assert optional.items() == [] and api.lists >= 2  # and it keeps looking
-    required = Informer(MissingCrd(), "/apis/x/v1/things", name="things",
-                        backoff_s=(0.001, 0.01))
+    assert optional.items() == []
+    assert sleeps.delays[:2] == [10, 10]  # it keeps looking, every missing_retry_s
+    required_api, backoffs = MissingCrd(), InstantSleeps()
+    required = Informer(required_api, "/apis/x/v1/things", name="things",
+                        backoff_s=(1, 8), sleep=backoffs)
     task = asyncio.create_task(required.run())
-    await asyncio.sleep(0.05)
+    await turns_until(lambda: required_api.lists >= 5)
     task.cancel()
     assert not required.has_synced
+    # after each failed list: the base doubled per failure in a row, capped, with jitter
+    # (x 0.5 to 1)
+    d = backoffs.delays
+    assert len(d) >= 4 and 1 <= d[0] <= 2 and 2 <= d[1] <= 4
+    assert 4 <= d[2] <= 8 and 4 <= d[3] <= 8  # the cap

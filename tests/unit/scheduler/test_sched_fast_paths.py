@@ -26,7 +26,7 @@ from elastic_gpu.scheduler.config import SchedulerConfig, load_config
 from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import SchedulerState
-from elastic_gpu.scheduler.state.placement import rescale, rescale_scored
+from elastic_gpu.scheduler.state.placement import rescale_scored
 from elastic_gpu.scheduler.verbs import parse_pod
 
 REPO = Path(__file__).resolve().parents[3]
@@ -164,7 +164,19 @@ def test_filter_best_over_http_passes_one_node_and_explains_when_none_fits() -> 
         {"Host": "n13", "Score": 10}, {"Host": "n2", "Score": 0}]
 
 
-def test_rescale_on_arrays_equals_rescale() -> None:
+def rescale(raw: dict[str, float], node_names: list[str]) -> dict[str, int]:
+    """The arithmetic `rescale_scored` does on arrays, node by node: the oracle."""
+    out = dict.fromkeys(node_names, 0)
+    if not raw:
+        return out
+    low, high = min(raw.values()), max(raw.values())
+    if high - low <= 0:
+        return {**out, **dict.fromkeys(raw, 10)}
+    scale = 10.0 / (high - low)
+    return {**out, **{name: int((value - low) * scale + 0.5) for name, value in raw.items()}}
+
+
+def test_rescale_on_arrays_equals_rescale_node_by_node() -> None:
     rng = random.Random(5)
     engine = Engine(random_nodes(rng, 30), PolicyConfig(check_host_resources=False))
     names = [*engine.nodes(), "ghost"]

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -17,13 +18,14 @@ from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.placement import Unschedulable
+from elastic_gpu.core.placement.engine import ScoredNodes
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.extender import BindError
 from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState, StateNotReady
-from elastic_gpu.scheduler.state.placement import rescale
+from elastic_gpu.scheduler.state.placement import rescale_scored
 from elastic_gpu.scheduler.verbs import parse_pod
 
 
@@ -305,10 +307,13 @@ def test_many_failed_nodes_are_explained_up_to_the_limit() -> None:
 
 
 def test_rescale_to_kube_scheduler_range() -> None:
-    assert rescale({"a": 2.0, "b": 4.0, "c": 3.0}, ["a", "b", "c", "d"]) == {
+    def scored(scores: dict[str, float]) -> ScoredNodes:
+        return ScoredNodes(list(scores), np.array(list(scores.values()), dtype=np.float64), [])
+
+    assert rescale_scored(scored({"a": 2.0, "b": 4.0, "c": 3.0}), ["a", "b", "c", "d"]) == {
         "a": 0, "b": 10, "c": 5, "d": 0}
-    assert rescale({"a": 1.0}, ["a"]) == {"a": 10}
-    assert rescale({}, ["a"]) == {"a": 0}
+    assert rescale_scored(scored({"a": 1.0}), ["a"]) == {"a": 10}
+    assert rescale_scored(scored({}), ["a"]) == {"a": 0}
 
 
 

@@ -1,59 +1,18 @@
-"""`egpu simulate` end to end, and an independent checker of its --placements output."""
+"""`egpu simulate` end to end, its --placements output checked by an independent checker
+(`sim_helpers.check_placements`)."""
 
 from __future__ import annotations
 
-import csv
 import json
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from sim_helpers import write_nodes, write_pods
+from sim_helpers import check_placements, write_nodes, write_pods
 from typer.testing import CliRunner
 
 from elastic_gpu.cli.main import app
 
 runner = CliRunner()
-
-
-def check_placements(nodes_csv: Path, pods_csv: Path, placements_csv: Path) -> int:
-    """Re-read the trace and the placements with nothing from the simulator, and verify every
-    capacity and model constraint. Returns the number of placements checked."""
-    nodes = {r["sn"]: r for r in csv.DictReader(nodes_csv.open())}
-    tasks = {r["name"]: r for r in csv.DictReader(pods_csv.open())}
-    cpu: Counter[str] = Counter()
-    mem: Counter[str] = Counter()
-    card_milli: dict[tuple[str, int], int] = defaultdict(int)
-    whole_cards: set[tuple[str, int]] = set()
-    rows = list(csv.DictReader(placements_csv.open()))
-    assert rows, "no placements"
-    for row in rows:
-        task = tasks[row["task"].split("#")[0]]
-        node = nodes[row["node"]]
-        assert int(node["gpu"]) > 0
-        cpu[row["node"]] += int(task["cpu_milli"])
-        mem[row["node"]] += int(task["memory_mib"])
-        cards = [c for c in row["cards"].split(";") if c]
-        assert len(cards) == int(task["num_gpu"])
-        spec = (task.get("gpu_spec") or "").split("|")
-        if cards and any(spec):
-            assert node["model"] in spec
-        for item in cards:
-            index, milli = (int(x) for x in item.split(":"))
-            assert 0 <= index < int(node["gpu"])
-            assert milli == int(task["gpu_milli"])
-            key = (row["node"], index)
-            assert key not in whole_cards, "a whole card was shared"
-            card_milli[key] += milli
-            if milli == 1000:
-                whole_cards.add(key)
-                assert card_milli[key] == 1000, "a whole card was given while partly used"
-    for key, used in card_milli.items():
-        assert used <= 1000, key
-    for name in cpu:
-        assert cpu[name] <= int(nodes[name]["cpu_milli"])
-        assert mem[name] <= int(nodes[name]["memory_mib"])
-    return len(rows)
 
 
 @pytest.mark.parametrize("policy", ["random", "packing", "fgd", "fgdx"])

@@ -1,6 +1,6 @@
 """`egpu simulate` with defragmentation (`--defrag-moves`): K = 0 is the replay as it always
 was; K > 0 moves placed tasks to place a task that failed, and the placements still respect
-every capacity (checked by the independent checker of test_sim_cli)."""
+every capacity (checked by the independent checker, `sim_helpers.check_placements`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from sim_helpers import write_nodes, write_pods
-from test_sim_cli import check_placements
+from sim_helpers import check_placements, write_nodes, write_pods
 from typer.testing import CliRunner
 
 from elastic_gpu.cli.main import app

@@ -1,4 +1,5 @@
-"""The shape of `src/elastic_gpu`, checked (docs/architecture.md, "The tree").
+"""The shape of `src/elastic_gpu`, checked (docs/architecture.md, "The tree"), and of the code
+beside it: the test helpers (`tests/egpu_testing`), the benches (`bench/`) and the tests.
 
 Read from the source with `ast`, never by importing: an import inside a function counts like one
 at the top, because a lazy import that breaks a circle at run time still ties the two modules
@@ -8,13 +9,19 @@ together for a reader. Only `if TYPE_CHECKING:` blocks are left out (they never 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[3] / "src"
+ROOT = Path(__file__).resolve().parents[3]
+SRC = ROOT / "src"
 PACKAGE = SRC / "elastic_gpu"
+TESTS = ROOT / "tests"
+#: The test doubles and bench helpers: a package on the tests' and benches' path.
+TESTING = TESTS / "egpu_testing"
+BENCH = ROOT / "bench"
 
 #: Files written by a generator, not by hand.
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
@@ -40,8 +47,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
+def _module_name(path: Path, root: Path = SRC) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -92,7 +99,8 @@ def _imports(module: str, tree: ast.Module, is_package: bool) -> Iterator[str]:
                 yield base
 
 
-_MODULES = frozenset(_module_name(path) for path in PACKAGE.rglob("*.py"))
+_MODULES = frozenset([*(_module_name(path) for path in PACKAGE.rglob("*.py")),
+                      *(_module_name(path, TESTS) for path in TESTING.rglob("*.py"))])
 
 
 def _graph() -> dict[str, set[str]]:
@@ -227,3 +235,81 @@ def test_every_watch_loop_is_kube_informer() -> None:
                     "watch=true" in node.value.lower() or "watch=1" in node.value):
                 wrong.append(f"{module}:{node.lineno} asks for watch=true")
     assert wrong == []
+
+
+# The whole tree: the package and egpu_testing by their dotted names; a bench or a test module by
+# its path, since each runs with its own folder first on sys.path (a script's folder; pytest's
+# default "prepend" import mode for test folders without __init__.py), so a bare `import x`
+# there means the x.py beside it.
+
+def _tree_sources() -> Iterator[tuple[str, Path, ast.Module]]:
+    yield from _sources()
+    for path in sorted(TESTS.rglob("*.py")):
+        name = (_module_name(path, TESTS) if TESTING in path.parents
+                else str(path.relative_to(ROOT)))
+        yield name, path, ast.parse(path.read_text(), str(path))
+    for path in sorted(BENCH.glob("*.py")):
+        yield str(path.relative_to(ROOT)), path, ast.parse(path.read_text(), str(path))
+
+
+@functools.cache  # parsed once for the tests below (~600 files)
+def _tree_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path, tree in _tree_sources():
+        targets = set()
+        for target in _imports(name, tree, path.name == "__init__.py"):
+            beside = path.parent / f"{target.replace('.', '/')}.py"
+            if target in _MODULES:
+                targets.add(target)
+            elif "/" in name and beside.exists():
+                targets.add(str(beside.relative_to(ROOT)))
+        graph[name] = targets - {name}
+    return graph
+
+
+def _part(module: str) -> str:
+    """Which part of the tree a module is: package, testing, bench or tests."""
+    if module.startswith("elastic_gpu"):
+        return "package"
+    if module.startswith("egpu_testing"):
+        return "testing"
+    return "bench" if module.startswith("bench/") else "tests"
+
+
+#: Which parts of the tree each may import (besides itself): the package stands alone; the test
+#: helpers drive the package; a bench drives the package through the helpers and may reuse
+#: another bench; no bench and no helper leans on a test module.
+PART_MAY_IMPORT: dict[str, set[str]] = {
+    "package": set(),
+    "testing": {"package"},
+    "bench": {"package", "testing"},
+    "tests": {"package", "testing"},
+}
+
+
+def test_no_import_circle_anywhere_in_the_tree() -> None:
+    assert _cycles(_tree_graph()) == []
+
+
+def test_parts_of_the_tree_import_only_downwards() -> None:
+    wrong = [f"{module} imports {target}" for module, targets in sorted(_tree_graph().items())
+             for target in sorted(targets)
+             if _part(target) != _part(module)
+             and _part(target) not in PART_MAY_IMPORT[_part(module)]]
+    assert wrong == []
+
+
+def test_no_module_imports_a_test_module() -> None:
+    """What tests share is a helper (egpu_testing, or a folder's *_helpers.py), never another
+    test file: importing one ties a test to another's fixtures and collection."""
+    wrong = [f"{module} imports {target}" for module, targets in sorted(_tree_graph().items())
+             for target in sorted(targets) if Path(target).name.startswith("test_")]
+    assert wrong == []
+
+
+def test_the_tree_graph_sees_bench_and_test_modules_import_each_other() -> None:
+    """The tests above would pass vacuously if bare imports between scripts were missed."""
+    graph = _tree_graph()
+    assert "bench/sched_scale.py" in graph["bench/sched_ready.py"]
+    assert "tests/unit/sim/sim_helpers.py" in graph["tests/unit/sim/test_sim_defrag.py"]
+    assert "egpu_testing.workbench" in graph["bench/sched_throughput.py"]

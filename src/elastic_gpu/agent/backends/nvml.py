@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pynvml
@@ -97,8 +97,11 @@ def mig_profile_name(slices: int, memory_mib: int) -> MigProfile:
 class NvmlBackend:
     """Physical NVIDIA GPUs of this machine."""
 
-    def __init__(self, health: HealthConfig | None = None) -> None:
+    def __init__(self, health: HealthConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._health_cfg = health or HealthConfig()
+        #: when a card turned unhealthy and when to look again (`recoverAfterSeconds`)
+        self._clock = clock
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as err:
@@ -233,7 +236,7 @@ class NvmlBackend:
     def _mark(self, uuid: str, health: Health, reason: str) -> None:
         was_unhealthy = uuid in self._unhealthy_since
         if health is Health.UNHEALTHY:
-            self._unhealthy_since[uuid] = time.monotonic()
+            self._unhealthy_since[uuid] = self._clock()
             if not was_unhealthy:
                 self._pending.append(HealthEvent(uuid, health, reason))
         elif was_unhealthy:
@@ -288,7 +291,7 @@ class NvmlBackend:
         after = self._health_cfg.recoverAfterSeconds
         if after <= 0:
             return
-        now = time.monotonic()
+        now = self._clock()
         for uuid, since in list(self._unhealthy_since.items()):
             if now - since < after:
                 continue

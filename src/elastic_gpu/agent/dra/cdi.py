@@ -81,15 +81,6 @@ def claim_spec(claim_uid: str, devices: Mapping[str, Grant]) -> dict[str, Any]:
     }
 
 
-def env_of(spec: Mapping[str, Any], name: str) -> dict[str, str]:
-    """The environment one CDI device of `spec` sets (for checks and tests)."""
-    for device in spec.get("devices") or []:
-        if device.get("name") == name:
-            pairs = (item.split("=", 1) for item in device["containerEdits"].get("env") or [])
-            return {key: value for key, value in pairs}
-    raise KeyError(name)
-
-
 def write_spec(cdi_dir: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     path = spec_file(cdi_dir, claim_uid)
     write_json_atomic(path, spec)

@@ -21,7 +21,6 @@ memory asked, a different profile (the same one is no substitution).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -89,16 +88,6 @@ MIG_MODELS: tuple[MigModel, ...] = (
 )
 
 _BY_NAME = {m.name: m for m in MIG_MODELS}
-
-
-def all_profiles() -> tuple[MigProfile, ...]:
-    """Every profile of the table once (without the `+me` ones), in table order."""
-    seen: dict[MigProfile, None] = {}
-    for model in MIG_MODELS:
-        for row in model.profiles:
-            if not row.profile.extra:
-                seen.setdefault(row.profile)
-    return tuple(seen)
 
 
 def mig_model(card_model: str) -> MigModel | None:
@@ -176,13 +165,3 @@ def compatible(requested: MigProfile, offered: MigProfile, model: str) -> bool:
     if requested.extra and requested.extra != offered.extra:
         return False
     return offered.slices >= requested.slices and offered.memory_gb >= requested.memory_gb
-
-
-
-def parse_profiles(names: Iterable[str]) -> frozenset[str]:
-    """Profile names as the configuration writes them, checked (`ResourceError` names the bad
-    one); `nvidia.com/mig-` prefixes are dropped."""
-    out: set[str] = set()
-    for name in names:
-        out.add(MigProfile.parse(name).name)
-    return frozenset(out)

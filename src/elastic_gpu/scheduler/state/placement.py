@@ -177,7 +177,9 @@ def prefer(scores: dict[str, int], node: str | None) -> dict[str, int]:
 
 
 def rescale_scored(scored: ScoredNodes, node_names: Sequence[str]) -> dict[str, int]:
-    """`rescale` on arrays: the same arithmetic per node, without a Python loop over them."""
+    """Engine scores (any range, higher better) -> kube-scheduler's 0..10, best node 10, on
+    arrays (no Python loop over the nodes). Nodes without a score (unknown, or a pod without
+    GPUs) get 0: they add nothing."""
     out = dict.fromkeys(node_names, 0)
     values = scored.scores
     if values.size == 0:
@@ -191,23 +193,4 @@ def rescale_scored(scored: ScoredNodes, node_names: Sequence[str]) -> dict[str, 
     # int() of a non-negative float truncates, as astype does
     out.update(zip(scored.feasible, ((values - low) * scale + 0.5).astype(np.int64).tolist(),
                    strict=True))
-    return out
-
-
-def rescale(raw: Mapping[str, float], node_names: Sequence[str]) -> dict[str, int]:
-    """Engine scores (any range, higher better) -> kube-scheduler's 0..10, best node 10.
-
-    Nodes without a score (unknown, or a pod without GPUs) get 0: they add nothing.
-    """
-    out = dict.fromkeys(node_names, 0)
-    if not raw:
-        return out
-    low, high = min(raw.values()), max(raw.values())
-    span = high - low
-    if span <= 0:
-        out.update(dict.fromkeys(raw, 10))
-        return out
-    scale = 10.0 / span
-    for name, value in raw.items():
-        out[name] = int((value - low) * scale + 0.5)
     return out
