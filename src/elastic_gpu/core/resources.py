@@ -44,9 +44,6 @@ MAX_RESOURCE_VALUE = 2**53
 #: Every name under this prefix is a MIG resource: one that is not a valid profile is an error,
 #: never "not a GPU resource" (a pod asking for it would fit everywhere).
 MIG_PREFIX = "nvidia.com/mig-"
-#: Media-extension and graphics variants NVIDIA publishes (A30/A100/H100: +me; Blackwell also
-#: +me.all and +gfx).
-MIG_SUFFIXES = ("+me", "+me.all", "+gfx")
 #: NVIDIA's published profiles use 1, 2, 3, 4 or 7 of at most 7 compute slices (A30: 4), hence
 #: the pattern's 1-7; how many a card has is its model's (`core.mig.profiles.card_slices`).
 MIG_RESOURCE_PATTERN = re.compile(
