@@ -16,8 +16,8 @@ from aiohttp import web
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
-from elastic_gpu.core.dra.nodemode import dra_refusal
-from elastic_gpu.core.fit import FitKind, describe
+from elastic_gpu.core.dra.nodemode import dra_fit_failure
+from elastic_gpu.core.fit import FitFailure, FitKind, describe
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler import wire
@@ -137,25 +137,25 @@ class Verbs(ExtenderBase):
             return json_answer(wire.filter_result(args, names, {}, {}))
         dra = self.state.dra_nodes(names)
         dra_passed: list[str] = []
-        dra_refused: dict[str, str] = {}
+        dra_refused: dict[str, FitFailure] = {}
         if dra:
             # kube-scheduler allocates a DRA node's devices: we only say whether the pod's
             # names can be served there (core.dra.nodemode), and never count cards there
             for node in dra:
-                reason = dra_refusal(request, node, names_claims=bool(named))
-                if reason is None:
+                refusal = dra_fit_failure(request, node, names_claims=bool(named))
+                if refusal is None:
                     dra_passed.append(node)
                 else:
-                    dra_refused[node] = reason
+                    dra_refused[node] = refusal
             names = [n for n in names if n not in dra]
-        claim_reasons: dict[str, str] = {}
+        claim_refusals: dict[str, FitFailure] = {}
         if named:
-            result, claim_reasons = self.state.filter_claims(request, uid, names, named)
+            result, claim_refusals = self.state.filter_claims(request, uid, names, named)
         else:
             result = self.state.filter(request, uid, names)
         if dra:
             # a refusal no preemption can lift: unresolvable, as a claim's
-            claim_reasons.update(dra_refused)
+            claim_refusals.update(dra_refused)
             result = dataclasses.replace(result, feasible=[*result.feasible, *sorted(dra_passed)])
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
@@ -171,17 +171,16 @@ class Verbs(ExtenderBase):
             if sentence is None:
                 sentence = sentences[id(failure)] = describe(failure)
             (unresolvable if unknown else failed)[node] = sentence
-        for node, reason in claim_reasons.items():
+        for node, refusal in claim_refusals.items():
             # a claim rules the node out whatever it has: kube-scheduler's preemption cannot
             # help either, so these are unresolvable
             failed.pop(node, None)
-            unresolvable[node] = reason
+            unresolvable[node] = describe(refusal)
         response = json_answer(wire.filter_result(args, result.feasible, failed, unresolvable))
         if result.feasible:
             return with_outcome(response, "feasible")
         reason = main_reason([*(f.category for f in result.failed.values()),
-                              *(["claim"] * (len(claim_reasons) - len(dra_refused))),
-                              *(["dra"] * len(dra_refused))])
+                              *(f.category for f in claim_refusals.values())])
         self.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 
@@ -241,7 +240,7 @@ class Verbs(ExtenderBase):
         if dra:
             # kube-scheduler's DynamicResources plugin chose these victims for the devices it
             # allocates: kept as proposed where the pod may go at all, no card of ours freed
-            kept = {n: candidates[n] for n in dra if dra_refusal(request, n) is None}
+            kept = {n: candidates[n] for n in dra if dra_fit_failure(request, n) is None}
             candidates = {n: v for n, v in candidates.items() if n not in dra}
         chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
         if kept:
