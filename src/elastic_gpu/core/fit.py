@@ -7,9 +7,16 @@ requested, what is free, the capacity and the unit, like kube-scheduler's fit pl
 FailedAndUnresolvableNodes) reads `kind` and `category`, never the text; the text is made once,
 at the edge, by `describe` (the extender's HTTP answers, the simulator's output, the CLI).
 
+The engine is one check among three, as kube-scheduler's `framework.Status` carries the name
+of the plugin that refused: the pod's ElasticGPUClaims ("claims") and the node's GPU mode
+("dra-mode", `core.nodemode`) refuse with fit failures of their own kinds, and `FitKind.check`
+names which check a failure comes from (`FitKind.unresolvable`: whether preemption could help).
+
 `describe` never names the node: kube-scheduler counts identical FailedNodes reasons
 ("3 <reason>"), and a node name in each would make every reason distinct. Where a node must be
-named (a log line, a bind error), `describe_on` puts it in front.
+named (a log line, a bind error), `describe_on` puts it in front. The DRA kinds are the
+exception: their sentence has named the DRA-mode node since it was written, and answers keep
+it.
 """
 
 from __future__ import annotations
@@ -79,11 +86,38 @@ class FitKind(enum.Enum):
     #: the node does not fit and was not explained one by one (the extender explains only the
     #: first failed nodes of a large request)
     UNDETAILED = "undetailed"
+    #: the ElasticGPUClaims the pod names cannot be placed on any node now (one missing,
+    #: Pending, being deleted, bound on different nodes): `detail` says which and why, as
+    #: `core.claims.pods.resolve_pod_claims` found it
+    CLAIM_BLOCKED = "claim-blocked"
+    #: the pod's claim (`claim`, namespace/name; its `container`) is bound to ElasticGPU
+    #: `elastic_gpu` on another node (`node`)
+    CLAIM_ON_OTHER_NODE = "claim-on-other-node"
+    #: a DRA-mode node (`node`) and a pod naming ElasticGPUClaims (cards of our ledger, which
+    #: has none there); `device_class` is the DeviceClass to ask with instead
+    DRA_NAMES_CLAIMS = "dra-names-claims"
+    #: a DRA-mode node (`node`) serves none of the GPU names in `asked` (only those in
+    #: `offered`, through a DeviceClass's extended-resource mapping); `device_class` as above
+    DRA_NOT_SERVED = "dra-not-served"
 
     @property
     def category(self) -> str:
-        """The short key failures are counted by: cpu, memory, model, resource, mig, node, gpu."""
+        """The short key failures are counted by: cpu, memory, model, resource, mig, node, gpu,
+        claim, dra (the `reason` of the extender's unschedulable metric)."""
         return _CATEGORY.get(self, "gpu")
+
+    @property
+    def check(self) -> str:
+        """The check that refused, as kube-scheduler's `framework.Status` names its plugin:
+        "engine" (our card state), "claims" (the pod's ElasticGPUClaims) or "dra-mode" (the
+        node's mode: kube-scheduler allocates there)."""
+        return _CHECK.get(self, "engine")
+
+    @property
+    def unresolvable(self) -> bool:
+        """No preemption can lift it (kube-scheduler's UnschedulableAndUnresolvable): the node
+        is unknown, or a claim or the node's mode rules it out whatever runs there."""
+        return self is FitKind.UNKNOWN_NODE or self in _CHECK
 
 
 _CATEGORY: dict[FitKind, str] = {
@@ -98,6 +132,18 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
     FitKind.MIG_INSTANCE_HELD: "mig",
     FitKind.MIG_ENABLED_CARD: "mig",
+    FitKind.CLAIM_BLOCKED: "claim",
+    FitKind.CLAIM_ON_OTHER_NODE: "claim",
+    FitKind.DRA_NAMES_CLAIMS: "dra",
+    FitKind.DRA_NOT_SERVED: "dra",
+}
+
+#: The kinds not decided by the engine, by the check that decides them (`FitKind.check`).
+_CHECK: dict[FitKind, str] = {
+    FitKind.CLAIM_BLOCKED: "claims",
+    FitKind.CLAIM_ON_OTHER_NODE: "claims",
+    FitKind.DRA_NAMES_CLAIMS: "dra-mode",
+    FitKind.DRA_NOT_SERVED: "dra-mode",
 }
 
 
@@ -132,7 +178,8 @@ class FitFailure:
     #: INSUFFICIENT_SHARE: the share asked of one card
     per_card_milli: int = 0
     per_card_mib: int = 0
-    #: MODEL_NOT_ACCEPTED: the node's models; RESOURCE_NOT_OFFERED: what the node offers
+    #: MODEL_NOT_ACCEPTED: the node's models; RESOURCE_NOT_OFFERED: what the node offers;
+    #: DRA_NOT_SERVED: the GPU names the DRA-mode node serves
     offered: tuple[str, ...] = ()
     #: MODEL_NOT_ACCEPTED: the pod's accepted models (None: any) and refused ones
     allowed: tuple[str, ...] | None = None
@@ -143,6 +190,21 @@ class FitFailure:
     holder: str = ""
     #: OUT_OF_BAND_MEMORY: the card's observed out-of-band memory, MiB
     out_of_band_mib: int = 0
+    #: CLAIM_BLOCKED: why the pod's claims cannot be placed (the claims' own sentences)
+    detail: str = ""
+    #: CLAIM_ON_OTHER_NODE: the claim (namespace/name) and its ElasticGPU
+    claim: str = ""
+    elastic_gpu: str = ""
+    #: CLAIM_ON_OTHER_NODE: the ElasticGPU's node; DRA kinds: the DRA-mode node itself
+    node: str = ""
+    #: DRA_NOT_SERVED: the GPU names the pod asks that the node does not serve
+    asked: tuple[str, ...] = ()
+    #: DRA kinds: the DeviceClass a pod asks a share of the node's cards with
+    device_class: str = ""
+
+    @property
+    def check(self) -> str:
+        return self.kind.check
 
     @property
     def category(self) -> str:
@@ -220,8 +282,14 @@ def _container(failure: FitFailure) -> str:
     return f"container {failure.container}" if failure.container else "the pod"
 
 
+def _how_to_ask(failure: FitFailure) -> str:
+    return (f"node {failure.node} serves GPUs through DRA; ask for a share with a ResourceClaim "
+            f"of class {failure.device_class}")
+
+
 def describe(failure: FitFailure) -> str:
-    """The failure as a sentence a person can act on. Never names the node (see module doc)."""
+    """The failure as a sentence a person can act on. Never names the node it is about (see
+    module doc), but for the DRA kinds, whose sentences have always named it."""
     f = failure
     kind = f.kind
     if kind is FitKind.UNKNOWN_NODE:
@@ -283,6 +351,15 @@ def describe(failure: FitFailure) -> str:
         return f"MIG instance {f.instance} is held by {f.holder}"
     if kind is FitKind.MIG_ENABLED_CARD:
         return f"card {f.card} is MIG-enabled; only its MIG instances can be given out"
+    if kind is FitKind.CLAIM_BLOCKED:
+        return f.detail
+    if kind is FitKind.CLAIM_ON_OTHER_NODE:
+        return f"ElasticGPUClaim {f.claim} is bound to ElasticGPU {f.elastic_gpu} on node {f.node}"
+    if kind is FitKind.DRA_NAMES_CLAIMS:
+        return f"{_how_to_ask(f)} (ElasticGPUClaims are served on device-plugin nodes only)"
+    if kind is FitKind.DRA_NOT_SERVED:
+        return (f"{_how_to_ask(f)} ({', '.join(f.asked)} is not served there; whole cards "
+                f"as {', '.join(f.offered)} are)")
     assert kind is FitKind.UNDETAILED
     return "no card has room for this GPU request (see the other nodes' reasons for detail)"
 

@@ -17,8 +17,9 @@ from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.claims import model as claims_model
-from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_reason, pod_claims
-from elastic_gpu.core.dra.nodemode import dra_refusal
+from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_failure, pod_claims
+from elastic_gpu.core.dra.nodemode import dra_fit_failure
+from elastic_gpu.core.fit import describe
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest
@@ -129,10 +130,10 @@ class Binder(ExtenderBase):
         DynamicResources PreBind has written the claims' allocation (its special claim for
         `nvidia.com/gpu`) before this verb is called; no card of ours is reserved and no
         assignment written (`core.dra.nodemode`)."""
-        reason = dra_refusal(request, args.Node, names_claims=names_claims)
-        if reason is not None:
+        refused = dra_fit_failure(request, args.Node, names_claims=names_claims)
+        if refused is not None:
             self.metrics.bind_failures.labels("placement").inc()
-            raise BindError(f"{where}: {reason}", definite=True)
+            raise BindError(f"{where}: {describe(refused)}", definite=True)
         try:
             await self._bind_with_truth(args, where, None, version)
         except _Settled as settled:
@@ -167,8 +168,8 @@ class Binder(ExtenderBase):
             raise BindError(f"{where}: {view.blocked}", definite=True)
         if view.node is not None and view.node != node:
             container, egpu = next(iter(sorted(view.bound.items())))
-            raise BindError(f"{where}: " + off_node_reason(
-                container, f"{namespace}/{named[container]}", egpu), definite=True)
+            raise BindError(f"{where}: " + describe(off_node_failure(
+                container, f"{namespace}/{named[container]}", egpu)), definite=True)
         return view
 
     async def _bind_claims(self, args: wire.ExtenderBindingArgs, where: str,

@@ -230,7 +230,9 @@ class Metrics:
         self.unschedulable = Counter(PREFIX + "unschedulable",
                                      "Filter calls for a GPU pod that no node passed, by the "
                                      "reason most nodes failed on (gpu, model, resource, mig, "
-                                     "cpu, memory, node)", ["reason"], registry=self.registry)
+                                     "cpu, memory, node; claim, dra: refused by the pod's "
+                                     "claims or a DRA-mode node)", ["reason"],
+                                     registry=self.registry)
         self.bad_requests = Counter(PREFIX + "bad_requests",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)

@@ -6,9 +6,8 @@ A pod's request is parsed once per (uid, resourceVersion); the pods seen in filt
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -16,8 +15,9 @@ from aiohttp import web
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
-from elastic_gpu.core.dra.nodemode import dra_refusal
-from elastic_gpu.core.fit import FitKind, describe
+from elastic_gpu.core.fit import FitFailure, describe
+from elastic_gpu.core.nodemode import DRA_MODE, NodeMode, Victims
+from elastic_gpu.core.placement import FilterResult
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler import wire
@@ -25,6 +25,7 @@ from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.extender import ExtenderBase
 from elastic_gpu.scheduler.http import json_answer, with_outcome
 from elastic_gpu.scheduler.metrics import main_reason
+from elastic_gpu.scheduler.state import SchedulerState
 from elastic_gpu.scheduler.state.placement import without_containers
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,35 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     return request
 
 
+class DevicePluginMode:
+    """Device-plugin nodes (`core.nodemode.NodeMode`): the pod's ElasticGPUClaims are checked
+    first (the "claims" check: a bound claim ties the pod to its ElasticGPU's node, an unbound
+    one rules out every node), then the engine decides fit, scores and chooses victims from
+    the state's cards."""
+
+    def __init__(self, state: SchedulerState) -> None:
+        self._state = state
+
+    def fit(self, request: PodRequest, uid: str, nodes: Sequence[str],
+            claims: Mapping[str, str]) -> FilterResult:
+        if not claims:
+            return self._state.filter(request, uid, nodes)
+        result, refused = self._state.filter_claims(request, uid, nodes, claims)
+        if not refused:
+            return result
+        # a claim rules the node out whatever it has: its failure is the claim's
+        failed = {n: f for n, f in result.failed.items() if n not in refused}
+        failed.update(refused)
+        return FilterResult(result.feasible, failed)
+
+    def score(self, request: PodRequest, uid: str, nodes: Sequence[str]) -> dict[str, int]:
+        return self._state.prioritize(request, uid, nodes)
+
+    def may_preempt(self, request: PodRequest, uid: str,
+                    candidates: Mapping[str, Victims]) -> dict[str, Victims]:
+        return self._state.preempt(request, uid, candidates)
+
+
 class Verbs(ExtenderBase):
     """The verbs that only read the state (and the recent-pods cache they fill)."""
 
@@ -118,6 +148,16 @@ class Verbs(ExtenderBase):
         """Bytes the recent-pods cache holds (slim pods, JSON size), at most RECENT_BYTES."""
         return self._recent_bytes
 
+    def _by_mode(self, names: Sequence[str]) -> list[tuple[NodeMode, Sequence[str]]]:
+        """`names` grouped by their node's mode. The device-plugin mode is asked even of no
+        nodes, as before the seam: its filter notes the pod as filtered (`wakeups`)."""
+        device_plugin = DevicePluginMode(self.state)
+        dra = self.state.dra_nodes(names)
+        if not dra:
+            return [(device_plugin, names)]
+        return [(device_plugin, [n for n in names if n not in dra]),
+                (DRA_MODE, [n for n in names if n in dra])]
+
     # ---- verbs ------------------------------------------------------------------------------
 
     def filter(self, body: bytes) -> web.Response:
@@ -135,53 +175,30 @@ class Verbs(ExtenderBase):
         self._remember(uid, args.Pod)
         if not request.wants_gpu:
             return json_answer(wire.filter_result(args, names, {}, {}))
-        dra = self.state.dra_nodes(names)
-        dra_passed: list[str] = []
-        dra_refused: dict[str, str] = {}
-        if dra:
-            # kube-scheduler allocates a DRA node's devices: we only say whether the pod's
-            # names can be served there (core.dra.nodemode), and never count cards there
-            for node in dra:
-                reason = dra_refusal(request, node, names_claims=bool(named))
-                if reason is None:
-                    dra_passed.append(node)
-                else:
-                    dra_refused[node] = reason
-            names = [n for n in names if n not in dra]
-        claim_reasons: dict[str, str] = {}
-        if named:
-            result, claim_reasons = self.state.filter_claims(request, uid, names, named)
-        else:
-            result = self.state.filter(request, uid, names)
-        if dra:
-            # a refusal no preemption can lift: unresolvable, as a claim's
-            claim_reasons.update(dra_refused)
-            result = dataclasses.replace(result, feasible=[*result.feasible, *sorted(dra_passed)])
+        feasible: list[str] = []
+        refused: dict[str, FitFailure] = {}
+        for mode, nodes in self._by_mode(names):
+            result = mode.fit(request, uid, nodes, named)
+            feasible += result.feasible
+            refused.update(result.failed)
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        # Most failed nodes share one failure object (past the detailed ones, the summary):
-        # its sentence is made once per request, keyed by the object.
+        # Most failed nodes share one failure object (past the detailed ones, the summary;
+        # an unbound claim's): its sentence is made once per request, keyed by the object.
         sentences: dict[int, str] = {}
-        for node, failure in result.failed.items():
-            # The sentence is made here, once; it never names the node, so kube-scheduler can
-            # count identical reasons ("3 <reason>").
-            unknown = failure.kind is FitKind.UNKNOWN_NODE or node not in known
+        for node, failure in refused.items():
+            # The sentence is made here, once; it never names the node (but a DRA refusal's,
+            # `core.fit`), so kube-scheduler can count identical reasons ("3 <reason>").
             sentence = sentences.get(id(failure))
             if sentence is None:
                 sentence = sentences[id(failure)] = describe(failure)
+            unknown = failure.kind.unresolvable or node not in known
             (unresolvable if unknown else failed)[node] = sentence
-        for node, reason in claim_reasons.items():
-            # a claim rules the node out whatever it has: kube-scheduler's preemption cannot
-            # help either, so these are unresolvable
-            failed.pop(node, None)
-            unresolvable[node] = reason
-        response = json_answer(wire.filter_result(args, result.feasible, failed, unresolvable))
-        if result.feasible:
+        response = json_answer(wire.filter_result(args, feasible, failed, unresolvable))
+        if feasible:
             return with_outcome(response, "feasible")
-        reason = main_reason([*(f.category for f in result.failed.values()),
-                              *(["claim"] * (len(claim_reasons) - len(dra_refused))),
-                              *(["dra"] * len(dra_refused))])
+        reason = main_reason(f.category for f in refused.values())
         self.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 
@@ -209,12 +226,10 @@ class Verbs(ExtenderBase):
         request, node, blocked = self._claim_request(args.Pod, request)
         if blocked:
             return json_answer(wire.host_priorities(dict.fromkeys(names, 0)))
-        dra = self.state.dra_nodes(names)
-        if dra:  # kube-scheduler scores DRA allocations itself: ours says nothing there
-            names = [n for n in names if n not in dra]
-        scores = self.state.prioritize(request, pod_uid(args.Pod), names)
-        if dra:
-            scores.update(dict.fromkeys(sorted(dra), 0))
+        uid = pod_uid(args.Pod)
+        scores: dict[str, int] = {}
+        for mode, nodes in self._by_mode(names):
+            scores.update(mode.score(request, uid, nodes))
         if node is not None:
             scores = {n: (score if n == node else 0) for n, score in scores.items()}
         return json_answer(wire.host_priorities(scores))
@@ -236,14 +251,8 @@ class Verbs(ExtenderBase):
             candidates = {n: v for n, v in candidates.items() if n == node}
             if not request.wants_gpu:
                 return json_answer(wire.preemption_result(candidates))
-        dra = self.state.dra_nodes(candidates)
-        kept: dict[str, tuple[list[str], int]] = {}
-        if dra:
-            # kube-scheduler's DynamicResources plugin chose these victims for the devices it
-            # allocates: kept as proposed where the pod may go at all, no card of ours freed
-            kept = {n: candidates[n] for n in dra if dra_refusal(request, n) is None}
-            candidates = {n: v for n, v in candidates.items() if n not in dra}
-        chosen = self.state.preempt(request, pod_uid(args.Pod), candidates)
-        if kept:
-            chosen = {**chosen, **kept}
+        uid = pod_uid(args.Pod)
+        chosen: dict[str, Victims] = {}
+        for mode, nodes in self._by_mode(list(candidates)):
+            chosen.update(mode.may_preempt(request, uid, {n: candidates[n] for n in nodes}))
         return json_answer(wire.preemption_result(chosen))

@@ -1,4 +1,5 @@
-"""core.dra.nodemode: which GPU names a DRA-mode node serves, and the refusal for the rest."""
+"""core.dra.nodemode: which GPU names a DRA-mode node serves, and the refusal for the rest
+(a typed fit failure of the "dra-mode" check, made a sentence by `core.fit.describe`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from egpu_testing.workbench import pod_manifest
 from elastic_gpu.core.dra.nodemode import (
     DRA_EXTENDED_NAMES,
     GPU_MODE_LABEL,
-    dra_refusal,
+    dra_fit_failure,
     is_dra_node,
 )
+from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 
 
@@ -27,7 +29,7 @@ def test_the_label_marks_a_dra_node() -> None:
 
 def test_whole_cards_by_the_extended_resource_name_pass() -> None:
     assert {"nvidia.com/gpu"} == DRA_EXTENDED_NAMES
-    assert dra_refusal(_request(**{"nvidia.com/gpu": "2"}), "n1") is None
+    assert dra_fit_failure(_request(**{"nvidia.com/gpu": "2"}), "n1") is None
 
 
 @pytest.mark.parametrize("limits", [
@@ -39,8 +41,10 @@ def test_whole_cards_by_the_extended_resource_name_pass() -> None:
     {"nvidia.com/gpu": "1", "elasticgpu.io/gpu-memory": "4096"},
 ])
 def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str, str]) -> None:
-    reason = dra_refusal(_request(**limits), "n1")
-    assert reason is not None
+    failure = dra_fit_failure(_request(**limits), "n1")
+    assert failure is not None
+    assert failure.kind is FitKind.DRA_NOT_SERVED and failure.check == "dra-mode"
+    reason = describe(failure)
     assert reason.startswith("node n1 serves GPUs through DRA; ask for a share with a "
                              "ResourceClaim of class gpu.elasticgpu.io")
     for name in limits:
@@ -49,8 +53,24 @@ def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str,
 
 
 def test_a_pod_naming_elasticgpu_claims_is_refused() -> None:
-    reason = dra_refusal(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
-    assert reason is not None and "ElasticGPUClaims" in reason
+    failure = dra_fit_failure(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
+    assert failure is not None and failure.kind is FitKind.DRA_NAMES_CLAIMS
+    assert "ElasticGPUClaims" in describe(failure)
+
+
+def test_the_refusals_sentences_are_the_ones_the_extender_has_always_answered() -> None:
+    """The HTTP answers (and kube-scheduler's event for the pod) keep these words exactly."""
+    unserved = dra_fit_failure(_request(**{"elasticgpu.io/gpu-memory": "4096",
+                                           "elasticgpu.io/gpu-core": "30"}), "n1")
+    claims = dra_fit_failure(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
+    assert unserved is not None and claims is not None
+    assert describe(unserved) == (
+        "node n1 serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+        "gpu.elasticgpu.io (elasticgpu.io/gpu-core, elasticgpu.io/gpu-memory is not served "
+        "there; whole cards as nvidia.com/gpu are)")
+    assert describe(claims) == (
+        "node n1 serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+        "gpu.elasticgpu.io (ElasticGPUClaims are served on device-plugin nodes only)")
 
 
 def test_admission_counts_a_dra_nodes_cards_by_its_node_level_count() -> None:

@@ -319,10 +319,18 @@ def test_every_kind_is_described_without_a_node_name_and_counted_in_a_category()
     for kind in FitKind:
         failure = FitFailure(kind, "nvidia.com/mig-1g.10gb", 2, 1, 4, Unit.CARDS, "main",
                              offered=("T4",), allowed=("A100",), card=0, instance="MIG-x",
-                             holder="ns/p")
+                             holder="ns/p", detail="ElasticGPUClaim ns/c does not exist",
+                             claim="ns/c", elastic_gpu="egpu-1", node="bound-node",
+                             asked=("elasticgpu.io/gpu-core",), device_class="gpu.elasticgpu.io")
         text = describe(failure)
         assert text and "None" not in text
-        assert kind.category in {"cpu", "memory", "model", "resource", "mig", "node", "gpu"}
+        # a claim bound elsewhere names its ElasticGPU's node (the same for every node it
+        # refuses); the DRA refusals name the node itself, as their sentence always has
+        assert ("bound-node" in text) is (kind in {FitKind.CLAIM_ON_OTHER_NODE,
+                                                   FitKind.DRA_NAMES_CLAIMS,
+                                                   FitKind.DRA_NOT_SERVED})
+        assert kind.category in {"cpu", "memory", "model", "resource", "mig", "node", "gpu",
+                                 "claim", "dra"}
 
 
 # ---------------------------------------------------------------- the card tier pairing

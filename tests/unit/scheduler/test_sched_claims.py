@@ -21,6 +21,7 @@ from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
 from elastic_gpu.core.claims.inventory import egpu_assignment
 from elastic_gpu.core.claims.model import WHOLE_CARDS, ClaimRef
 from elastic_gpu.core.claims.pods import pod_claims
+from elastic_gpu.core.fit import describe
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.app import Feeds
@@ -203,7 +204,7 @@ def filter_claim_pod(state: SchedulerState, pod: dict[str, Any], nodes: list[str
                      ) -> tuple[list[str], dict[str, str]]:
     result, reasons = state.filter_claims(pod_request_from_manifest(pod), pod["metadata"]["uid"],
                                           nodes, pod_claims(pod))
-    return result.feasible, reasons
+    return result.feasible, {node: describe(failure) for node, failure in reasons.items()}
 
 
 def test_a_pod_naming_a_bound_claim_fits_only_its_elasticgpus_node() -> None:

@@ -23,6 +23,7 @@ from elastic_gpu.core.claims.model import (
     PendingReason,
     provisioned_name,
 )
+from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.names import NameRule, name_refusal
 
 # --------------------------------------------------------------------------- pods
@@ -241,9 +242,10 @@ def resolve_pod_claims(namespace: str, named: Mapping[str, str],
     return PodClaims(bound, first, "; ".join(blocked) or None, frozenset(waits))
 
 
-def off_node_reason(container: str, claim_key: str, egpu: ElasticGPU) -> str:
-    """A node other than the bound ElasticGPU's, in the filter's answer."""
-    return f"ElasticGPUClaim {claim_key} is bound to ElasticGPU {egpu.name} on node {egpu.node}"
+def off_node_failure(container: str, claim_key: str, egpu: ElasticGPU) -> FitFailure:
+    """Why a node other than the bound ElasticGPU's cannot take the pod (`fit.describe`)."""
+    return FitFailure(FitKind.CLAIM_ON_OTHER_NODE, container=container, claim=claim_key,
+                      elastic_gpu=egpu.name, node=egpu.node)
 
 
 def first_consumer_elasticgpu(claim: Claim, cls: GPUClass, node: str,

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
+from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.request import PodRequest
 
 #: The node label that puts a node in a GPU mode; its value for DRA.
@@ -40,19 +41,15 @@ def is_dra_node(labels: Mapping[str, str] | None) -> bool:
     return (labels or {}).get(GPU_MODE_LABEL) == GPU_MODE_DRA
 
 
-def how_to_ask(node: str) -> str:
-    return (f"node {node} serves GPUs through DRA; ask for a share with a ResourceClaim of "
-            f"class {CARD_CLASS}")
-
-
-def dra_refusal(request: PodRequest, node: str, *, names_claims: bool = False) -> str | None:
+def dra_fit_failure(request: PodRequest, node: str, *,
+                    names_claims: bool = False) -> FitFailure | None:
     """Why a pod cannot go to DRA-mode node `node` (None: it may, kube-scheduler decides the
     fit). `names_claims`: the pod names ElasticGPUClaims (cards of our ledger, none there)."""
     if names_claims:
-        return f"{how_to_ask(node)} (ElasticGPUClaims are served on device-plugin nodes only)"
+        return FitFailure(FitKind.DRA_NAMES_CLAIMS, node=node, device_class=CARD_CLASS)
     unserved = sorted({name for c in request.gpu_containers for name in c.resources}
                       - DRA_EXTENDED_NAMES)
     if not unserved:
         return None
-    return (f"{how_to_ask(node)} ({', '.join(unserved)} is not served there; whole cards "
-            f"as {', '.join(sorted(DRA_EXTENDED_NAMES))} are)")
+    return FitFailure(FitKind.DRA_NOT_SERVED, node=node, asked=tuple(unserved),
+                      offered=tuple(sorted(DRA_EXTENDED_NAMES)), device_class=CARD_CLASS)

@@ -19,7 +19,7 @@ from elastic_gpu.core.claims.model import Claim, GPUClass
 from elastic_gpu.core.claims.pods import (
     ClaimAnnotationError,
     PodClaims,
-    off_node_reason,
+    off_node_failure,
     pod_claims,
     resolve_pod_claims,
 )
@@ -176,12 +176,13 @@ class ClaimCaches(StateBase):
             return self._claim_view(namespace, named)
 
     def filter_claims(self, pod: PodRequest, uid: str, node_names: Sequence[str],
-                      named: Mapping[str, str]) -> tuple[FilterResult, dict[str, str]]:
+                      named: Mapping[str, str]) -> tuple[FilterResult, dict[str, FitFailure]]:
         """`filter` for a pod whose containers name claims: (the engine's result for its other
-        containers, node -> why a claim rules the node out). A bound claim's containers need
-        nothing more, on its ElasticGPU's node only; an unbound WaitForFirstConsumer claim's
-        container is placed like any (it carries the claim's request); any other unbound claim
-        rules out every node, and the pod waits for it (`wakeups`)."""
+        containers, node -> why a claim rules the node out: the "claims" check's failures). A
+        bound claim's containers need nothing more, on its ElasticGPU's node only; an unbound
+        WaitForFirstConsumer claim's container is placed like any (it carries the claim's
+        request); any other unbound claim rules out every node, and the pod waits for it
+        (`wakeups`)."""
         with self._lock:
             self._prepare()
             view = self._claim_view(pod.namespace, named)
@@ -193,14 +194,15 @@ class ClaimCaches(StateBase):
                     while len(self._claim_waiting) > MAX_CLAIM_WAITING:
                         del self._claim_waiting[next(iter(self._claim_waiting))]
                     self.wakeup_counts["claim_turned_away"] += 1
-                return FilterResult([], {}), dict.fromkeys(node_names, view.blocked)
+                blocked = FitFailure(FitKind.CLAIM_BLOCKED, detail=view.blocked)
+                return FilterResult([], {}), dict.fromkeys(node_names, blocked)
             self._claim_waiting.pop(uid, None)
             rest = without_containers(pod, view.bound)
             node = view.node
             if node is None:
                 return self.filter(rest, uid, node_names), {}
             container, egpu = next(iter(sorted(view.bound.items())))
-            off = off_node_reason(container, f"{pod.namespace}/{named[container]}", egpu)
+            off = off_node_failure(container, f"{pod.namespace}/{named[container]}", egpu)
             reasons = {n: off for n in node_names if n != node}
             if node not in node_names:
                 self._waiting.pop(uid, None)
