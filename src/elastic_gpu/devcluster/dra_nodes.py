@@ -18,7 +18,13 @@ from dataclasses import replace
 from typing import Any
 
 from elastic_gpu.core.dra.classes import device_classes
-from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL, is_dra_node
+from elastic_gpu.core.dra.nodemode import (
+    DRA_NODE_SELECTOR,
+    GPU_MODE_DRA,
+    GPU_MODE_LABEL,
+    is_dra_node,
+    node_object_labels,
+)
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
 from elastic_gpu.core.quota import accounting_allocatable
@@ -140,14 +146,13 @@ class DraSliceSync:
 
         full = self._passes % self.full_every == 0
         self._passes += 1
-        nodes, _ = self.client.list(NODES.path(), {
-            "labelSelector": f"{GPU_MODE_LABEL}={GPU_MODE_DRA}"})
+        nodes, _ = self.client.list(NODES.path(), {"labelSelector": DRA_NODE_SELECTOR})
         written = 0
         seen: dict[str, tuple[str, str]] = {}
         for node in nodes:
             meta = node.get("metadata") or {}
             text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
-            if not text or not is_dra_node(meta.get("labels")):
+            if not text or not is_dra_node(node_object_labels(node)):
                 continue  # a real node: its own agent publishes it
             key = (str(meta.get("uid")), text)
             seen[str(meta["name"])] = key

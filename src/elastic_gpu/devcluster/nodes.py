@@ -34,7 +34,7 @@ from elastic_gpu.api.config.loader import (
     read_file,
     without_header,
 )
-from elastic_gpu.core.dra.nodemode import is_dra_node
+from elastic_gpu.core.dra.nodemode import NodeMode, is_dra_node
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -372,7 +372,7 @@ _GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "
                "agentConfig", "gpuMode")
 #: `gpuMode` of a node group: its GPUs as GPUDevices and device-plugin resources, or through
 #: DRA (`devcluster.dra_nodes`)
-GPU_MODES = ("device-plugin", "dra")
+GPU_MODES = tuple(mode.value for mode in NodeMode)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
 #: The kind of a cluster file's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 CLUSTER_KIND = "SandboxCluster"
@@ -396,7 +396,7 @@ class NodeGroup:
     #: one per chip.
     chips_per_board: int = 1
     #: "dra": the nodes serve their cards through DRA (label elasticgpu.io/gpu-mode: dra)
-    gpu_mode: str = "device-plugin"
+    gpu_mode: str = NodeMode.DEVICE_PLUGIN.value
 
     def inventories(self) -> list[Node]:
         width = max(3, len(str(self.count - 1)))
@@ -418,7 +418,7 @@ class NodeGroup:
                 cards.append(Card(c, f"GPU-fake-{node}-{c}", self.model, self.memory_mib,
                                   mig=tuple(instances)))
             out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards)))
-        if self.gpu_mode == "dra":
+        if self.gpu_mode == NodeMode.DRA:
             out = [as_dra(inv) for inv in out]
         return out
 
