@@ -27,7 +27,7 @@ from elastic_gpu.core.dra.nodemode import (
 )
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
-from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.core.quota import accounting_allocatable, with_accounting
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.errors import Conflict
@@ -87,10 +87,10 @@ def cards_from_json(text: str) -> tuple[Card, ...]:
 
 
 def dra_capacity(inventory: Node) -> dict[str, str]:
-    """A DRA-mode node's GPU capacity: kube-scheduler's node-level count, and the quota's
-    accounting names (`core.quota.accounting_allocatable`); no device-plugin name."""
-    return {NODE_CORE: str(node_capacity(1 for _ in inventory.cards)),
-            **accounting_allocatable()}
+    """A DRA-mode node's GPU capacity as its agent's capacity patch leaves it
+    (`core.quota.with_accounting`): kube-scheduler's node-level count and the quota's
+    accounting names; no device-plugin name."""
+    return with_accounting({NODE_CORE: str(node_capacity(1 for _ in inventory.cards))})
 
 
 def dra_node_manifest(inventory: Node, base: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from elastic_gpu.api.config.loader import (
 )
 from elastic_gpu.core.dra.nodemode import NodeMode, is_dra_node
 from elastic_gpu.core.model import Card, MigInstance, Node
-from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.dra_nodes import as_dra, dra_node_manifest, register_dra_node
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
@@ -159,10 +159,9 @@ def node_labels(inventory: Node) -> dict[str, str]:
 def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dict[str, Any]:
     """The Node object for `inventory`, status included: the apiserver keeps status on create
     (a kubelet registers its node the same way), so one request makes the node complete, and
-    the agent's capacity patch that follows finds nothing to change."""
+    the agent's capacity patch that follows finds nothing to change (its GPU names are the
+    status that patch leaves: `core.quota.with_accounting`)."""
     gpu_capacity, gpu_allocatable = gpu_status(inventory, config)
-    # the quota's accounting names, as the agent's capacity patch adds them to a GPU node
-    accounting = accounting_allocatable() if gpu_capacity else {}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -173,8 +172,8 @@ def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dic
                             "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {},
-        "status": {"capacity": {**_host(inventory), **gpu_capacity, **accounting},
-                   "allocatable": {**_host(inventory), **gpu_allocatable, **accounting}},
+        "status": {"capacity": {**_host(inventory), **with_accounting(gpu_capacity)},
+                   "allocatable": {**_host(inventory), **with_accounting(gpu_allocatable)}},
     }
 
 

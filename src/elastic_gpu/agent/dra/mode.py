@@ -21,7 +21,7 @@ A node is in one mode. In DRA mode the agent
   node's pods reach: the webhook puts them on every GPU container, and kube-scheduler's
   DynamicResources filter (KEP-5004) and kubelet's admission check every extended resource of
   an `nvidia.com/gpu` pod served through the DeviceClass, so without them such a pod fits no
-  DRA node (the scheduler side found it on kwok: `core.dra.nodemode.accounting_allocatable`);
+  DRA node (the scheduler side found it on kwok: `core.quota.with_accounting`);
 - serves the kubelet's DRA plugin (`kubelet_plugin`) and its device health stream (`health`).
 """
 
