@@ -27,7 +27,7 @@ from elastic_gpu.core.dra.nodemode import (
 )
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
-from elastic_gpu.core.quota import accounting_allocatable, with_accounting
+from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.errors import Conflict
@@ -176,16 +176,11 @@ def install_device_classes(client: SyncKubeClient) -> None:
 
 
 def enable_dra(client: SyncKubeClient, inventories: Sequence[Node]) -> bool:
-    """When some of `inventories` are DRA-mode nodes: the DeviceClasses, and the quota's
-    accounting names advertised on the device-plugin nodes too (a DRA-mode node's manifest
-    has them), without which no `nvidia.com/gpu` pod fits anywhere once a class maps that
-    name (`core.quota.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
+    """When some of `inventories` are DRA-mode nodes: the DeviceClasses. Every GPU node
+    already advertises the quota's accounting names, which a class mapping `nvidia.com/gpu`
+    needs on every node (`core.quota.with_accounting`: the kwok nodes' manifests and the
+    agent's capacity patch). False (nothing done) when none is."""
     if not any(is_dra_node(inv.labels) for inv in inventories):
         return False
     install_device_classes(client)
-    names = accounting_allocatable()
-    for inv in inventories:
-        if not is_dra_node(inv.labels):
-            client.patch(NODES.path(name=inv.name, subresource="status"),
-                         {"status": {"capacity": names, "allocatable": names}})
     return True
