@@ -30,7 +30,7 @@ from elastic_gpu.agent.inventory_api import create_inventory, publish_inventory
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import is_gpu_resource, lookup
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -87,16 +87,27 @@ def _ours(name: str, config: AgentConfig) -> bool:
     return is_gpu_resource(name) or name in (config.time_sliced_resource, NODE_CORE)
 
 
-def missing_accounting(node: Mapping[str, Any]) -> dict[str, str]:
-    """The quota's accounting names (`core.quota.accounting_allocatable`) the Node's status
-    lacks or has at another count (capacity or allocatable). Every GPU node advertises them,
-    in either mode: the webhook puts them on every GPU container, and once a DeviceClass maps
-    `nvidia.com/gpu` (docs/dra.md), kube-scheduler's DynamicResources filter checks every
-    extended resource of such a pod against every node, device-plugin nodes included."""
-    status = node.get("status") or {}
-    want = accounting_allocatable()
-    have = [status.get("capacity") or {}, status.get("allocatable") or {}]
-    return {k: v for k, v in want.items() if any(not _same(h.get(k), v) for h in have)}
+def status_patch(status: Mapping[str, Any], capacity: Mapping[str, str],
+                 allocatable: Mapping[str, str], config: AgentConfig) -> dict[str, Any] | None:
+    """The merge patch of a Node's `status` that makes it carry the node's GPU names as
+    `core.quota.with_accounting` says (these GPU names, the quota's accounting names beside
+    them), with GPU names no longer offered removed (null) and everything else (CPU, memory,
+    pods) left alone; None when it carries them already. Every GPU node advertises the
+    accounting names, in either mode: the webhook puts them on every GPU container, and once a
+    DeviceClass maps `nvidia.com/gpu` (docs/dra.md), kube-scheduler's DynamicResources filter
+    checks every extended resource of such a pod against every node, device-plugin nodes
+    included. Counts compare as quantities (the API server writes 1000000000 back as `1G`);
+    a restarting kubelet's zero is a count to write again."""
+    patch: dict[str, dict[str, str | None]] = {}
+    for field, gpu in (("capacity", capacity), ("allocatable", allocatable)):
+        want = with_accounting(gpu)
+        have = status.get(field) or {}
+        changes: dict[str, str | None] = {k: None for k in have
+                                          if _ours(k, config) and k not in want}
+        changes.update({k: v for k, v in want.items() if not _same(have.get(k), v)})
+        if changes:
+            patch[field] = changes
+    return {"status": patch} if patch else None
 
 
 def _same(found: Any, want: str) -> bool:
@@ -109,26 +120,13 @@ def _same(found: Any, want: str) -> bool:
 
 def patch_node_capacity(client: SyncKubeClient, node_name: str, capacity: Mapping[str, str],
                         allocatable: Mapping[str, str], config: AgentConfig) -> str:
-    """Set the GPU resources of the Node's status; GPU resources no longer offered are removed
-    (a merge patch with null), the quota's accounting names added where missing
-    (`missing_accounting`), everything else (CPU, memory, pods) is left alone.
-    Returns the Node's uid."""
+    """Make the Node's status carry the node's GPU names (`status_patch`); no write when it
+    does already (the sync loop calls this periodically because a restarting kubelet zeroes
+    every extended resource, including the status-only ones). Returns the Node's uid."""
     current = client.get(NODES.path(name=node_name))
-    missing = missing_accounting(current) if capacity else {}
-    status = current.get("status") or {}
-    have_cap = {k: str(v) for k, v in (status.get("capacity") or {}).items() if _ours(k, config)}
-    have_alloc = {k: str(v) for k, v in (status.get("allocatable") or {}).items()
-                  if _ours(k, config)}
-    # Already right: no write. (The sync loop calls this periodically because a restarting
-    # kubelet zeroes every extended resource, including the status-only ones.)
-    if have_cap != dict(capacity) or have_alloc != dict(allocatable) or missing:
-        cap: dict[str, str | None] = {name: None for name in set(have_cap) - set(capacity)}
-        alloc: dict[str, str | None] = {name: None for name in
-                                        set(have_alloc) - set(allocatable)}
-        cap.update({**capacity, **missing})
-        alloc.update({**allocatable, **missing})
-        client.patch(NODES.path(name=node_name, subresource="status"),
-                     {"status": {"capacity": cap, "allocatable": alloc}})
+    patch = status_patch(current.get("status") or {}, capacity, allocatable, config)
+    if patch is not None:
+        client.patch(NODES.path(name=node_name, subresource="status"), patch)
     return str((current.get("metadata") or {}).get("uid"))
 
 

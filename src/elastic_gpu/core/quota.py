@@ -67,6 +67,15 @@ def accounting_allocatable() -> dict[str, str]:
     return dict.fromkeys(QUOTA_NAMES, ACCOUNTING_ALLOCATABLE)
 
 
+def with_accounting(gpu: Mapping[str, str]) -> dict[str, str]:
+    """The GPU part of a node's status (capacity or allocatable): the GPU names its agent
+    advertises (`gpu`, in either mode) and, on a GPU node (any GPU name), the quota's
+    accounting names beside them (`accounting_allocatable`). The one rule for every writer of
+    a Node's status: the agent's capacity patch (`agent.publish.status_patch`) and the
+    sandbox's kwok Node manifests, which are the status that patch would leave."""
+    return {**gpu, **accounting_allocatable()} if gpu else {}
+
+
 def canonical_resources(request: ContainerRequest) -> dict[str, str]:
     """One container's accounting resources (none for a container without a GPU; a zero
     measure is left out)."""

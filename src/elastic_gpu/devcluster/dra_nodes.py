@@ -18,10 +18,16 @@ from dataclasses import replace
 from typing import Any
 
 from elastic_gpu.core.dra.classes import device_classes
-from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL, is_dra_node
+from elastic_gpu.core.dra.nodemode import (
+    DRA_NODE_SELECTOR,
+    GPU_MODE_DRA,
+    GPU_MODE_LABEL,
+    is_dra_node,
+    node_object_labels,
+)
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
-from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.errors import Conflict
@@ -81,10 +87,10 @@ def cards_from_json(text: str) -> tuple[Card, ...]:
 
 
 def dra_capacity(inventory: Node) -> dict[str, str]:
-    """A DRA-mode node's GPU capacity: kube-scheduler's node-level count, and the quota's
-    accounting names (`core.quota.accounting_allocatable`); no device-plugin name."""
-    return {NODE_CORE: str(node_capacity(1 for _ in inventory.cards)),
-            **accounting_allocatable()}
+    """A DRA-mode node's GPU capacity as its agent's capacity patch leaves it
+    (`core.quota.with_accounting`): kube-scheduler's node-level count and the quota's
+    accounting names; no device-plugin name."""
+    return with_accounting({NODE_CORE: str(node_capacity(1 for _ in inventory.cards))})
 
 
 def dra_node_manifest(inventory: Node, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,14 +146,13 @@ class DraSliceSync:
 
         full = self._passes % self.full_every == 0
         self._passes += 1
-        nodes, _ = self.client.list(NODES.path(), {
-            "labelSelector": f"{GPU_MODE_LABEL}={GPU_MODE_DRA}"})
+        nodes, _ = self.client.list(NODES.path(), {"labelSelector": DRA_NODE_SELECTOR})
         written = 0
         seen: dict[str, tuple[str, str]] = {}
         for node in nodes:
             meta = node.get("metadata") or {}
             text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
-            if not text or not is_dra_node(meta.get("labels")):
+            if not text or not is_dra_node(node_object_labels(node)):
                 continue  # a real node: its own agent publishes it
             key = (str(meta.get("uid")), text)
             seen[str(meta["name"])] = key
@@ -171,16 +176,11 @@ def install_device_classes(client: SyncKubeClient) -> None:
 
 
 def enable_dra(client: SyncKubeClient, inventories: Sequence[Node]) -> bool:
-    """When some of `inventories` are DRA-mode nodes: the DeviceClasses, and the quota's
-    accounting names advertised on the device-plugin nodes too (a DRA-mode node's manifest
-    has them), without which no `nvidia.com/gpu` pod fits anywhere once a class maps that
-    name (`core.quota.ACCOUNTING_ALLOCATABLE`). False (nothing done) when none is."""
+    """When some of `inventories` are DRA-mode nodes: the DeviceClasses. Every GPU node
+    already advertises the quota's accounting names, which a class mapping `nvidia.com/gpu`
+    needs on every node (`core.quota.with_accounting`: the kwok nodes' manifests and the
+    agent's capacity patch). False (nothing done) when none is."""
     if not any(is_dra_node(inv.labels) for inv in inventories):
         return False
     install_device_classes(client)
-    names = accounting_allocatable()
-    for inv in inventories:
-        if not is_dra_node(inv.labels):
-            client.patch(NODES.path(name=inv.name, subresource="status"),
-                         {"status": {"capacity": names, "allocatable": names}})
     return True

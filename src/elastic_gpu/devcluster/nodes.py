@@ -34,9 +34,9 @@ from elastic_gpu.api.config.loader import (
     read_file,
     without_header,
 )
-from elastic_gpu.core.dra.nodemode import is_dra_node
+from elastic_gpu.core.dra.nodemode import GpuMode, is_dra_node
 from elastic_gpu.core.model import Card, MigInstance, Node
-from elastic_gpu.core.quota import accounting_allocatable
+from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.dra_nodes import as_dra, dra_node_manifest, register_dra_node
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
@@ -159,10 +159,9 @@ def node_labels(inventory: Node) -> dict[str, str]:
 def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dict[str, Any]:
     """The Node object for `inventory`, status included: the apiserver keeps status on create
     (a kubelet registers its node the same way), so one request makes the node complete, and
-    the agent's capacity patch that follows finds nothing to change."""
+    the agent's capacity patch that follows finds nothing to change (its GPU names are the
+    status that patch leaves: `core.quota.with_accounting`)."""
     gpu_capacity, gpu_allocatable = gpu_status(inventory, config)
-    # the quota's accounting names, as the agent's capacity patch adds them to a GPU node
-    accounting = accounting_allocatable() if gpu_capacity else {}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -173,8 +172,8 @@ def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dic
                             "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {},
-        "status": {"capacity": {**_host(inventory), **gpu_capacity, **accounting},
-                   "allocatable": {**_host(inventory), **gpu_allocatable, **accounting}},
+        "status": {"capacity": {**_host(inventory), **with_accounting(gpu_capacity)},
+                   "allocatable": {**_host(inventory), **with_accounting(gpu_allocatable)}},
     }
 
 
@@ -372,7 +371,7 @@ _GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "
                "agentConfig", "gpuMode")
 #: `gpuMode` of a node group: its GPUs as GPUDevices and device-plugin resources, or through
 #: DRA (`devcluster.dra_nodes`)
-GPU_MODES = ("device-plugin", "dra")
+GPU_MODES = tuple(mode.value for mode in GpuMode)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
 #: The kind of a cluster file's optional header (`apiVersion: elasticgpu.io/v1alpha1`).
 CLUSTER_KIND = "SandboxCluster"
@@ -396,7 +395,7 @@ class NodeGroup:
     #: one per chip.
     chips_per_board: int = 1
     #: "dra": the nodes serve their cards through DRA (label elasticgpu.io/gpu-mode: dra)
-    gpu_mode: str = "device-plugin"
+    gpu_mode: str = GpuMode.DEVICE_PLUGIN.value
 
     def inventories(self) -> list[Node]:
         width = max(3, len(str(self.count - 1)))
@@ -418,7 +417,7 @@ class NodeGroup:
                 cards.append(Card(c, f"GPU-fake-{node}-{c}", self.model, self.memory_mib,
                                   mig=tuple(instances)))
             out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards)))
-        if self.gpu_mode == "dra":
+        if self.gpu_mode == GpuMode.DRA:
             out = [as_dra(inv) for inv in out]
         return out
 

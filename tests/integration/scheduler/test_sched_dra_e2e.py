@@ -33,6 +33,7 @@ from egpu_testing import sandbox as cli
 from egpu_testing.defrag_sandbox import over_allocated
 from egpu_testing.dra_ledger import claim_card_use, dra_inventories, over_capacity
 from elastic_gpu.api import gpudevice
+from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.nodes import load_cluster
 
@@ -289,7 +290,7 @@ def test_claims_whole_share_mig_and_nvidia_gpu_beside_device_plugin_pods(box: Bo
 def _ledger_nodes(box: Box) -> list[Node]:
     dp = gpudevice.nodes_from_objects(box.get("gpudevices")["items"])
     return dp + [inv for inv in box.inventories
-                 if inv.labels.get("elasticgpu.io/gpu-mode") == "dra"]
+                 if is_dra_node(inv.labels)]
 
 
 def test_the_ledger_finds_no_card_over_capacity_across_both_paths(box: Box) -> None:
@@ -301,7 +302,7 @@ def test_the_ledger_finds_no_card_over_capacity_across_both_paths(box: Box) -> N
     # cards from GPUDevices, DRA cards from the inventory each DRA node carries)
     assert sorted(dra_inventories(box.get("nodes")["items"]), key=lambda n: n.name) == sorted(
         (replace(inv, cpu_milli=0, memory_mib=0, labels={}) for inv in box.inventories
-         if inv.labels.get("elasticgpu.io/gpu-mode") == "dra"), key=lambda n: n.name)
+         if is_dra_node(inv.labels)), key=lambda n: n.name)
     assert over_allocated(box.kc) == []
     # and it would see one: a claim's allocation copied to a second claim on a whole card
     whole = next(c for c in claims if results(c) and results(c)[0]["pool"] == "dra-000")

@@ -11,7 +11,7 @@ from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.dra.mode import device_plugin_refusal, dra_capacity, mode_refusal
-from elastic_gpu.agent.publish import missing_accounting
+from elastic_gpu.agent.publish import status_patch
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE
@@ -75,14 +75,29 @@ def test_time_slicing_replicas_are_refused_in_dra_mode() -> None:
 
 
 def test_the_quota_accounting_names_are_patched_only_when_missing_or_other() -> None:
+    cfg = parse_config({})
+    core = {NODE_CORE: "200"}
     want = accounting_allocatable()
     assert set(want) == {"quota.elasticgpu.io/gpu-core", "quota.elasticgpu.io/gpu-memory"}
-    assert missing_accounting({"status": {"capacity": want, "allocatable": want}}) == {}
-    assert missing_accounting({"status": {}}) == want
-    canonical = dict.fromkeys(want, "1G")  # as the API server writes 1000000000 back
-    assert missing_accounting({"status": {"capacity": canonical, "allocatable": canonical}}) \
-        == {}
-    zeroed = {**want, "quota.elasticgpu.io/gpu-core": "0"}  # a restarted kubelet's zero
-    assert missing_accounting({"status": {"capacity": want, "allocatable": zeroed}}) == {
-        "quota.elasticgpu.io/gpu-core": want["quota.elasticgpu.io/gpu-core"]}
+    have = {"cpu": "8", **core, **want}
+    assert status_patch({"capacity": have, "allocatable": have}, core, core, cfg) is None
+    assert status_patch({}, core, core, cfg) == {"status": {"capacity": {**core, **want},
+                                                            "allocatable": {**core, **want}}}
+    canonical = {**core, **dict.fromkeys(want, "1G")}  # as the API server writes 1000000000
+    assert status_patch({"capacity": canonical, "allocatable": canonical}, core, core,
+                        cfg) is None
+    zeroed = {**have, "quota.elasticgpu.io/gpu-core": "0"}  # a restarted kubelet's zero
+    assert status_patch({"capacity": have, "allocatable": zeroed}, core, core, cfg) == {
+        "status": {"allocatable": {"quota.elasticgpu.io/gpu-core": want[
+            "quota.elasticgpu.io/gpu-core"]}}}
 
+
+def test_a_gpu_name_no_longer_offered_is_removed_and_the_rest_left_alone() -> None:
+    """A node turned from the device-plugin group to DRA: its device-plugin names go, its
+    CPU and the accounting names stay; a node with no GPU is given no accounting names."""
+    cfg = parse_config({})
+    core = {NODE_CORE: "200"}
+    old = {"cpu": "8", "nvidia.com/gpu": "2", **core, **accounting_allocatable()}
+    assert status_patch({"capacity": old, "allocatable": old}, core, core, cfg) == {
+        "status": {"capacity": {"nvidia.com/gpu": None}, "allocatable": {"nvidia.com/gpu": None}}}
+    assert status_patch({"capacity": {"cpu": "8"}}, {}, {}, cfg) is None

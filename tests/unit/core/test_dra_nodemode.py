@@ -8,9 +8,13 @@ import pytest
 from egpu_testing.workbench import pod_manifest
 from elastic_gpu.core.dra.nodemode import (
     DRA_EXTENDED_NAMES,
+    DRA_NODE_SELECTOR,
     GPU_MODE_LABEL,
+    GpuMode,
     dra_fit_failure,
     is_dra_node,
+    node_mode,
+    node_object_labels,
 )
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
@@ -25,6 +29,24 @@ def test_the_label_marks_a_dra_node() -> None:
     assert not is_dra_node({GPU_MODE_LABEL: "device-plugin"})
     assert not is_dra_node({})
     assert not is_dra_node(None)
+
+
+def test_a_node_without_the_dra_value_is_a_device_plugin_node() -> None:
+    assert node_mode({GPU_MODE_LABEL: "dra"}) is GpuMode.DRA
+    for labels in ({}, None, {GPU_MODE_LABEL: "device-plugin"}, {GPU_MODE_LABEL: "DRA"},
+                   {"other": "dra"}):
+        assert node_mode(labels) is GpuMode.DEVICE_PLUGIN
+    # the label's values are the modes' own (the sandbox's cluster file writes them)
+    assert [m.value for m in GpuMode] == ["device-plugin", "dra"]
+    assert DRA_NODE_SELECTOR == "elasticgpu.io/gpu-mode=dra"
+
+
+def test_a_node_objects_labels_are_read_whatever_is_missing() -> None:
+    dra = {"metadata": {"name": "d", "labels": {GPU_MODE_LABEL: "dra"}}}
+    assert is_dra_node(node_object_labels(dra))
+    for node in ({}, {"metadata": None}, {"metadata": {"labels": None}},
+                 {"metadata": {"labels": "dra"}}):
+        assert node_object_labels(node) == {}
 
 
 def test_whole_cards_by_the_extended_resource_name_pass() -> None:

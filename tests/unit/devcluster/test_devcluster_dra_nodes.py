@@ -48,3 +48,30 @@ def test_a_cluster_file_group_may_be_dra() -> None:
     with pytest.raises(nodes.ClusterSpecError, match="gpuMode='cdi'"):
         nodes.parse_cluster({"nodeGroups": [{"name": "d", "count": 1, "gpus": 1,
                                              "gpuMode": "cdi"}]})
+
+
+@pytest.mark.parametrize("gpu_mode", ["device-plugin", "dra"])
+def test_a_kwok_nodes_manifest_is_the_status_the_agents_capacity_patch_leaves(
+        gpu_mode: str) -> None:
+    """One way for the quota's accounting names: a kwok node is created with the status the
+    agent's capacity patch would write (`agent.publish.status_patch` finds nothing to change),
+    in either mode, so the sandbox has nothing to patch afterwards (`enable_dra`)."""
+    from elastic_gpu.agent.config import parse_config
+    from elastic_gpu.agent.devices import logical_cards
+    from elastic_gpu.agent.dra.mode import dra_capacity as agent_dra_capacity
+    from elastic_gpu.agent.publish import status_patch
+
+    inv = nodes.fake_inventory("n0", gpus=2)
+    manifest = nodes.node_manifest(inv)
+    if gpu_mode == "dra":
+        inv = dra_nodes.as_dra(inv)
+        manifest = dra_nodes.dra_node_manifest(inv, manifest)
+        cards = {lc.index: lc for lc in logical_cards(inv.cards, False)}
+        capacity = allocatable = agent_dra_capacity(cards)
+        config = parse_config({"dra": {"enabled": True}})
+    else:
+        config = nodes.FAKE_NODE_AGENT_CONFIG
+        capacity, allocatable = nodes.gpu_status(inv, config)
+    assert status_patch(manifest["status"], capacity, allocatable, config) is None
+    for field in ("capacity", "allocatable"):
+        assert accounting_allocatable().items() <= manifest["status"][field].items()

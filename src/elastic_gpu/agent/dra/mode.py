@@ -21,7 +21,7 @@ A node is in one mode. In DRA mode the agent
   node's pods reach: the webhook puts them on every GPU container, and kube-scheduler's
   DynamicResources filter (KEP-5004) and kubelet's admission check every extended resource of
   an `nvidia.com/gpu` pod served through the DeviceClass, so without them such a pod fits no
-  DRA node (the scheduler side found it on kwok: `core.dra.nodemode.accounting_allocatable`);
+  DRA node (the scheduler side found it on kwok: `core.quota.with_accounting`);
 - serves the kubelet's DRA plugin (`kubelet_plugin`) and its device health stream (`health`).
 """
 
@@ -39,7 +39,12 @@ from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
 from elastic_gpu.agent.publish import patch_node_capacity
 from elastic_gpu.agent.state import NodeState
-from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
+from elastic_gpu.core.dra.nodemode import (
+    GPU_MODE_DRA,
+    GPU_MODE_LABEL,
+    is_dra_node,
+    node_object_labels,
+)
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
 from elastic_gpu.kube.resources import NODES
@@ -65,8 +70,7 @@ def device_plugin_refusal(node: Mapping[str, Any], name: str) -> str | None:
     the node is in the DRA node group. Its cards would be published as GPUDevices for the
     extender too, and one card handed out twice (the mirror of `mode_refusal`: each agent
     refuses the other's node, so a node labelled for both groups runs neither)."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if labels.get(GPU_MODE_LABEL) != GPU_MODE_DRA:
+    if not is_dra_node(node_object_labels(node)):
         return None
     return (f"Node {name} has {GPU_MODE_LABEL}={GPU_MODE_DRA}: it is in the DRA node group, "
             "whose agent runs with dra.enabled (docs/dra.md); a device-plugin agent there would "
@@ -77,10 +81,10 @@ def device_plugin_refusal(node: Mapping[str, Any], name: str) -> str | None:
 
 def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
     """Why the Node (as read from the API) is not a DRA-mode node (None: it is)."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    value = labels.get(GPU_MODE_LABEL)
-    if value == GPU_MODE_DRA:
+    labels = node_object_labels(node)
+    if is_dra_node(labels):
         return None
+    value = labels.get(GPU_MODE_LABEL)
     found = "has no such label" if value is None else f"has {GPU_MODE_LABEL}={value}"
     return (f"dra.enabled is set but Node {name} {found}: the node must be in the DRA node "
             f"group ({GPU_MODE_LABEL}: {GPU_MODE_DRA}, set by the chart's DRA node group) so that "

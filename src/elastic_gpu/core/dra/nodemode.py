@@ -1,11 +1,12 @@
 """Which nodes serve GPUs through DRA, and what the scheduler extender decides for them. Pure.
 
-A node is in one mode: device plugin (GPUDevices, the extender places cards and writes the
-assignment) or DRA (the node label `elasticgpu.io/gpu-mode: dra`, the operator's node-group
-label; the chart's DRA agent DaemonSet selects it). A DRA-mode node has no GPUDevices and
-advertises no device-plugin GPU name; kube-scheduler's DynamicResources plugin allocates its
-devices from the ResourceSlices (`core.dra.devices`), claims and the DeviceClasses'
-`extendedResourceName` mapping alike. The extender is still called for a pod asking one of
+A node is in one mode (`node_mode`, the one answer every component reads: the agents, the
+extender, the webhook's facts, the sandbox): device plugin (GPUDevices, the extender places
+cards and writes the assignment) or DRA (the node label `elasticgpu.io/gpu-mode: dra`, the
+operator's node-group label; the chart's DRA agent DaemonSet selects it). A DRA-mode node has
+no GPUDevices and advertises no device-plugin GPU name; kube-scheduler's DynamicResources
+plugin allocates its devices from the ResourceSlices (`core.dra.devices`), claims and the
+DeviceClasses' `extendedResourceName` mapping alike. The extender is still called for a pod asking one of
 its managed resources, and for a DRA-mode node it:
 
 - passes the node when every GPU name the pod writes is one a DeviceClass serves through the
@@ -21,14 +22,27 @@ its managed resources, and for a DRA-mode node it:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
 
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.request import PodRequest
 
-#: The node label that puts a node in a GPU mode; its value for DRA.
+
+class GpuMode(StrEnum):
+    """How a node serves its GPUs; the value is the one `GPU_MODE_LABEL` carries for it."""
+
+    DEVICE_PLUGIN = "device-plugin"
+    DRA = "dra"
+
+
+#: The node label that puts a node in a GPU mode; its value for DRA. A node without the label
+#: (or with any other value) is a device-plugin node: that is how every node was before DRA.
 GPU_MODE_LABEL = "elasticgpu.io/gpu-mode"
-GPU_MODE_DRA = "dra"
+GPU_MODE_DRA = GpuMode.DRA.value
+#: The label selector of the DRA-mode nodes (a LIST or watch of them alone).
+DRA_NODE_SELECTOR = f"{GPU_MODE_LABEL}={GPU_MODE_DRA}"
 
 #: The GPU names a DeviceClass of ours serves on a DRA node (its `extendedResourceName`).
 DRA_EXTENDED_NAMES: frozenset[str] = frozenset(
@@ -36,9 +50,21 @@ DRA_EXTENDED_NAMES: frozenset[str] = frozenset(
     if c["spec"].get("extendedResourceName"))
 
 
-def is_dra_node(labels: Mapping[str, str] | None) -> bool:
+def node_mode(labels: Mapping[str, Any] | None) -> GpuMode:
+    """The mode of a node with these labels."""
+    return GpuMode.DRA if (labels or {}).get(GPU_MODE_LABEL) == GPU_MODE_DRA \
+        else GpuMode.DEVICE_PLUGIN
+
+
+def is_dra_node(labels: Mapping[str, Any] | None) -> bool:
     """Whether a node with these labels serves its GPUs through DRA."""
-    return (labels or {}).get(GPU_MODE_LABEL) == GPU_MODE_DRA
+    return node_mode(labels) is GpuMode.DRA
+
+
+def node_object_labels(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The labels of a Node object as read from the API (none: empty)."""
+    labels = (node.get("metadata") or {}).get("labels")
+    return labels if isinstance(labels, Mapping) else {}
 
 
 def dra_fit_failure(request: PodRequest, node: str, *,
