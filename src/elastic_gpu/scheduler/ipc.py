@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
-T = TypeVar("T")
+from elastic_gpu.scheduler.slim import Obj
 
-Obj = dict[str, Any]
+T = TypeVar("T")
 
 _HEADER = struct.Struct(">I")
 #: A page of a list (500 slim objects) is far below this; a bigger frame means a broken
