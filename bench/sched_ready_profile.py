@@ -19,7 +19,6 @@ import random
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from sched_ready import create_pods
 from sched_scale import inventory, population
@@ -40,10 +39,10 @@ async def worker_lists(kubeconfig: Path) -> float:
     done: set[str] = set()
     every_list = asyncio.Event()
 
-    def send(message: list[Any]) -> None:
+    def send(message: ipc.WorkerMessage) -> None:
         ipc.encode(message)
-        if message[0] == "page" and message[3]:
-            done.add(message[1])
+        if isinstance(message, ipc.Page) and message.last:
+            done.add(message.feed)
             if len(done) == len(FEEDS):
                 every_list.set()
 

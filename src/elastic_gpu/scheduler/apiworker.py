@@ -17,7 +17,7 @@ import asyncio
 import datetime
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,7 @@ def wakeup_patch(uid: str, message: str, now: datetime.datetime) -> bytes:
 
 
 class Worker:
-    def __init__(self, client: RestClient, send: Callable[[list[Any]], None]) -> None:
+    def __init__(self, client: RestClient, send: Callable[[ipc.WorkerMessage], None]) -> None:
         self.client = client
         self.send = send
         #: feed -> the task running its reflector, and that reflector (`start`, `resync`)
@@ -139,14 +139,14 @@ class Worker:
             changes.listed(slimmed)
             if last:
                 changes.end_list()
-            self.send(["page", feed, first, last, slimmed])
+            self.send(ipc.Page(feed, first, last, slimmed))
             if last and listed is not None:
                 listed.set()
 
         def on_event(kind: str, obj: Obj) -> None:
             slimmed = slim(obj)
             if changes.changed(kind, slimmed):
-                self.send(["event", feed, kind, slimmed])
+                self.send(ipc.Event(feed, kind, slimmed))
 
         return Reflector(self.client, path, name=feed, params=params, on_page=on_page,
                          shape=LIST_SHAPES.get(feed),
@@ -196,67 +196,70 @@ class Worker:
         self._run(feed, self.reflector(feed, listed))
         await listed.wait()
 
-    async def handle(self, message: list[Any]) -> None:
-        kind, request_id = message[0], message[1]
+    async def handle(self, request: ipc.Request) -> None:
+        """Do one request and send its reply, an error included: the scheduler never waits
+        for an answer that does not come."""
         try:
-            if kind == "bind":
-                _, _, namespace, name, uid, node, version, annotations = message
+            result = await self._answer(request)
+        except ApiStatusError as err:
+            self._fail(request.id, str(err), err.definite, err.code)
+        except InvalidName as err:  # refused before any request: certainly not applied
+            self._fail(request.id, str(err), True, 400)
+        except Exception as err:
+            log.exception("request %s failed", ipc.tag(request))
+            self._fail(request.id, f"{type(err).__name__}: {err}", False, 0)
+        else:
+            self.send(ipc.Reply(request.id, result, None))
+
+    def refuse(self, err: ipc.MessageError) -> None:
+        """A frame that is not a request: answered, definite (nothing was done), if the id
+        it carried could be read; otherwise the scheduler's call times out."""
+        log.error("the scheduler sent %s", err)
+        if err.request_id is not None:
+            self._fail(err.request_id, f"malformed request: {err}", True, 0)
+
+    def _fail(self, request_id: int, text: str, definite: bool, code: int) -> None:
+        self.send(ipc.Reply(request_id, None, ipc.RequestError(text, definite, code)))
+
+    async def _answer(self, request: ipc.Request) -> ipc.Result:
+        match request:
+            case ipc.Bind():
                 await self.client.request(
-                    "POST", PODS.path(namespace, name, "binding"),
-                    body=binding_body(namespace, name, uid, node, version, annotations))
-                self.send(["reply", request_id, None, None])
-            elif kind == "wake":
-                _, _, namespace, name, uid, text = message
+                    "POST", PODS.path(request.namespace, request.name, "binding"),
+                    body=binding_body(request.namespace, request.name, request.uid,
+                                      request.node, request.resource_version,
+                                      request.annotations))
+                return None
+            case ipc.Wake():
                 await self.client.request(
-                    "PATCH", PODS.path(namespace, name, "status"),
-                    body=wakeup_patch(uid, text, datetime.datetime.now(datetime.UTC)),
+                    "PATCH", PODS.path(request.namespace, request.name, "status"),
+                    body=wakeup_patch(request.uid, request.message,
+                                      datetime.datetime.now(datetime.UTC)),
                     content_type="application/strategic-merge-patch+json")
-                self.send(["reply", request_id, None, None])
-            elif kind == "resync":
-                _, _, feed = message
-                if feed not in FEEDS:
-                    raise ValueError(f"no feed {feed!r}")
-                await self.resync(feed)
-                self.send(["reply", request_id, None, None])
-            elif kind == "catch_up":
-                _, _, feed, wait_s = message
-                if feed not in FEEDS:
-                    raise ValueError(f"no feed {feed!r}")
-                how = await self.catch_up(feed, float(wait_s))
-                self.send(["reply", request_id, how, None])
-            elif kind == "get_pod":
-                _, _, namespace, name = message
+                return None
+            case ipc.Resync():
+                await self.resync(_feed(request.feed))
+                return None
+            case ipc.CatchUp():
+                return await self.catch_up(_feed(request.feed), request.wait_s)
+            case ipc.GetPod():
                 try:
-                    raw = await self.client.request("GET", PODS.path(namespace, name))
+                    raw = await self.client.request(
+                        "GET", PODS.path(request.namespace, request.name))
                 except ApiStatusError as err:
                     if err.code != 404:
                         raise
-                    self.send(["reply", request_id, None, None])
-                    return
-                self.send(["reply", request_id, slim_pod(msgspec.json.decode(raw)), None])
-            elif kind == "get_egpu_object":
-                # ["get_egpu_object", id, plural, namespace, name]: an Elastic GPU API object,
-                # slim, or None if it does not exist
-                _, _, plural, namespace, name = message
-                found = await self._get_optional(_object_path(plural, namespace, name))
-                self.send(["reply", request_id,
-                           None if found is None else SLIM_BY_PLURAL[plural](found), None])
-            elif kind == "create_elasticgpu":
-                _, _, obj = message
+                    return None
+                return slim_pod(msgspec.json.decode(raw))
+            case ipc.GetEgpuObject():
+                found = await self._get_optional(
+                    _object_path(request.plural, request.namespace, request.name))
+                return None if found is None else SLIM_BY_PLURAL[request.plural](found)
+            case ipc.CreateElasticGpu():
                 created = msgspec.json.decode(await self.client.request(
                     "POST", _object_path(elasticgpu.EGPU_PLURAL, "", ""),
-                    body=msgspec.json.encode(obj)))
-                self.send(["reply", request_id, slim_elasticgpu(created), None])
-            else:
-                self.send(["reply", request_id, None, [f"unknown request {kind!r}", True, 0]])
-        except ApiStatusError as err:
-            self.send(["reply", request_id, None, [str(err), err.definite, err.code]])
-        except InvalidName as err:  # refused before any request: certainly not applied
-            self.send(["reply", request_id, None, [str(err), True, 400]])
-        except Exception as err:  # never leave the scheduler waiting for an answer
-            log.exception("request %s failed", kind)
-            self.send(["reply", request_id, None, [f"{type(err).__name__}: {err}", False, 0]])
-
+                    body=msgspec.json.encode(request.obj)))
+                return slim_elasticgpu(created)
 
     async def _get_optional(self, path: str) -> dict[str, Any] | None:
         try:
@@ -281,6 +284,12 @@ def _version(text: object) -> int | None:
         return None
 
 
+def _feed(feed: str) -> str:
+    if feed not in FEEDS:
+        raise ValueError(f"no feed {feed!r}")
+    return feed
+
+
 def _object_path(plural: str, namespace: str, name: str) -> str:
     resource = EGPU_RESOURCES.get(plural)
     if resource is None:
@@ -303,18 +312,35 @@ async def run(kubeconfig: Path | None) -> int:
     reader, writer = await _stdio()
     worker = Worker(client, lambda message: writer.write(ipc.encode(message)))
     worker.start()
-    requests: set[asyncio.Task[None]] = set()
     try:
-        while (message := await ipc.read(reader)) is not None:
-            task = asyncio.create_task(worker.handle(message))
-            requests.add(task)
-            task.add_done_callback(requests.discard)
-            await writer.drain()
+        await serve(reader, worker, writer.drain)
     finally:  # the scheduler closed our stdin: it is gone or stopping us
-        for task in {*worker.tasks.values(), *requests}:
-            task.cancel()
         await client.close()
     return 0
+
+
+async def serve(reader: asyncio.StreamReader, worker: Worker,
+                drain: Callable[[], Awaitable[None]]) -> None:
+    """Handle the scheduler's requests, each in its own task, until the end of its stream;
+    then stop the feeds and the requests in flight. A frame that is not a request is
+    answered with an error (`Worker.refuse`) and the stream read on."""
+    requests: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            try:
+                request = await ipc.read(reader, ipc.REQUESTS)
+            except ipc.MessageError as err:
+                worker.refuse(err)
+                continue
+            if request is None:
+                return
+            task = asyncio.create_task(worker.handle(request))
+            requests.add(task)
+            task.add_done_callback(requests.discard)
+            await drain()
+    finally:
+        for task in {*worker.tasks.values(), *requests}:
+            task.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

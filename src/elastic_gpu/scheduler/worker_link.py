@@ -40,10 +40,6 @@ WAKEUP_DELAY_S = 0.05
 WAKEUP_PERIOD_S = 0.2
 
 
-#: The worker's requests that write to the API.
-WRITES = frozenset({"bind", "wake", "create_elasticgpu"})
-
-
 class FeedSink(Protocol):
     """Where the worker's feeds go (`app.Feeds`)."""
 
@@ -73,7 +69,7 @@ class WorkerLink:
             self.argv += ["--kubeconfig", str(kubeconfig)]
         self.feeds = feeds
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, asyncio.Future[ipc.Result]] = {}
         self._process: asyncio.subprocess.Process | None = None
         self.starts = 0
         #: numbers every wake-up message, so each one changes the pod (from the clock: a
@@ -151,7 +147,8 @@ class WorkerLink:
                 f"wake-up {next(self._wake_ids)}: GPU capacity freed on node {wake.node}, "
                 "where this pod now fits")
         try:
-            await self._call("wake", wake.namespace, wake.name, wake.uid, text)
+            await self._call(ipc.Wake(self._next_id(), wake.namespace, wake.name, wake.uid,
+                                      text))
         except BindError as err:
             # definite: the API said no (gone, re-created); otherwise it may not have landed
             log.info("could not wake pod %s/%s: %s", wake.namespace, wake.name, err)
@@ -164,34 +161,39 @@ class WorkerLink:
         assert process.stdout is not None
         self._listing.clear()  # a list the previous worker left unfinished is void
         try:
-            while (message := await ipc.read(process.stdout)) is not None:
+            while (message := await ipc.read(process.stdout, ipc.WORKER_MESSAGES)) is not None:
                 self._on_message(message)
         except ipc.FrameError as err:
-            log.error("API worker stream: %s", err)
+            # A message that does not decode is treated as a broken stream (not skipped):
+            # the state is whole only if every page and event arrives, and a new worker's
+            # first lists replace it.
+            log.error("API worker stream: %s; restarting the worker", err)
             process.kill()
         return await process.wait()
 
-    def _on_message(self, message: list[Any]) -> None:
-        kind = message[0]
-        if kind == "reply":
-            _, request_id, result, error = message
-            future = self._pending.pop(request_id, None)
-            if future is None or future.done():
-                return
-            if error is None:
-                future.set_result(result)
-            else:
-                text, definite, code = error
-                future.set_exception(BindError(str(text), definite=bool(definite),
-                                               code=int(code)))
-        elif kind == "page":
-            _, feed, first, last, items = message
-            self._page(feed, bool(first), bool(last), items)
-        elif kind == "event":
-            self._events[message[1]](message[2], message[3])
-            self._check_wakeup()
-        else:
-            log.warning("API worker sent an unknown message %r", kind)
+    def _on_message(self, message: ipc.WorkerMessage) -> None:
+        match message:
+            case ipc.Reply():
+                future = self._pending.pop(message.id, None)
+                if future is None or future.done():
+                    return
+                if message.error is None:
+                    future.set_result(message.result)
+                else:
+                    error = message.error
+                    future.set_exception(BindError(error.message, definite=error.definite,
+                                                   code=error.code))
+            case ipc.Page():
+                self._check_feed(message.feed)
+                self._page(message.feed, message.first, message.last, message.items)
+            case ipc.Event():
+                self._check_feed(message.feed)
+                self._events[message.feed](message.type, message.object)
+                self._check_wakeup()
+
+    def _check_feed(self, feed: str) -> None:
+        if feed not in self._events:
+            raise ipc.MessageError(f"a message of an unknown feed {feed!r}", None)
 
     def _page(self, feed: str, first: bool, last: bool, items: list[dict[str, Any]]) -> None:
         """One page of a feed's (re)list: the state is replaced once the last has come (a
@@ -217,56 +219,71 @@ class WorkerLink:
             if not future.done():
                 future.set_exception(BindError(why, definite=False))
 
-    async def _call(self, *message: Any) -> Any:
-        if message[0] in WRITES and not self.writes_allowed:
-            raise BindError(f"this replica does not lead: it may not {message[0]}",
+    def _next_id(self) -> int:
+        return next(self._ids)
+
+    async def _call(self, request: ipc.Request) -> ipc.Result:
+        if isinstance(request, ipc.WRITES) and not self.writes_allowed:
+            raise BindError(f"this replica does not lead: it may not {ipc.tag(request)}",
                             definite=True)
         process = self._process
         if process is None or process.stdin is None or process.returncode is not None:
             raise BindError("the API worker is not running", definite=True)
-        request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        process.stdin.write(ipc.encode([message[0], request_id, *message[1:]]))
+        future: asyncio.Future[ipc.Result] = asyncio.get_running_loop().create_future()
+        self._pending[request.id] = future
+        process.stdin.write(ipc.encode(request))
         try:
             return await asyncio.wait_for(future, CALL_TIMEOUT_S)
         except TimeoutError:
-            self._pending.pop(request_id, None)
-            raise BindError(f"the API worker did not answer {message[0]} within "
+            self._pending.pop(request.id, None)
+            raise BindError(f"the API worker did not answer {ipc.tag(request)} within "
                             f"{CALL_TIMEOUT_S:.0f} s", definite=False) from None
+
+    async def _call_for_object(self, request: ipc.Request) -> dict[str, Any] | None:
+        """A request answered by a slim object or None."""
+        result = await self._call(request)
+        if result is not None and not isinstance(result, dict):
+            raise BindError(f"the API worker answered {ipc.tag(request)} with {result!r:.100}, "
+                            "not an object", definite=False)
+        return result
 
     async def resync(self, feed: str) -> None:
         """List `feed` again; returns once that list is in the state (`apiworker.resync`)."""
-        await self._call("resync", feed)
+        await self._call(ipc.Resync(self._next_id(), feed))
 
     async def catch_up(self, feed: str, wait_s: float) -> str:
         """Returns once every change of `feed` the API held when called is in the state
         (`apiworker.Worker.catch_up`): "watch" (the watch passed the collection's current
         version) or "relist" (it did not within `wait_s`: listed again)."""
-        return str(await self._call("catch_up", feed, wait_s))
+        return str(await self._call(ipc.CatchUp(self._next_id(), feed, wait_s)))
 
     # ---- PodApi -------------------------------------------------------------------------
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        result = await self._call("get_pod", namespace, name)
-        return dict(result) if result is not None else None
+        return await self._call_for_object(ipc.GetPod(self._next_id(), namespace, name))
 
     async def bind(self, namespace: str, name: str, uid: str, node: str,
                    resource_version: int | None, annotations: Mapping[str, str]) -> None:
-        await self._call("bind", namespace, name, uid, node, resource_version, dict(annotations))
+        await self._call(ipc.Bind(self._next_id(), namespace, name, uid, node,
+                                  resource_version, dict(annotations)))
 
     # ---- ClaimApi -----------------------------------------------------------------------
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        result = await self._call("get_egpu_object", "elasticgpuclaims", namespace, name)
-        return dict(result) if result is not None else None
+        return await self._call_for_object(
+            ipc.GetEgpuObject(self._next_id(), "elasticgpuclaims", namespace, name))
 
     async def get_elasticgpu(self, name: str) -> dict[str, Any] | None:
-        result = await self._call("get_egpu_object", "elasticgpus", "", name)
-        return dict(result) if result is not None else None
+        return await self._call_for_object(
+            ipc.GetEgpuObject(self._next_id(), "elasticgpus", "", name))
 
     async def create_elasticgpu(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(await self._call("create_elasticgpu", dict(obj)))
+        created = await self._call_for_object(
+            ipc.CreateElasticGpu(self._next_id(), dict(obj)))
+        if created is None:
+            raise BindError("the API worker answered create_elasticgpu with nothing",
+                            definite=False)
+        return created
 
     async def close(self) -> None:
         process, self._process = self._process, None

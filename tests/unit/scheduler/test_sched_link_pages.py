@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from elastic_gpu.scheduler import ipc
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
 
@@ -21,8 +22,8 @@ class Replaces:
         return lambda items: self.replaced.append((feed, [o["name"] for o in items]))
 
 
-def _page(feed: str, first: bool, last: bool, *names: str) -> list[Any]:
-    return ["page", feed, first, last, [{"name": n} for n in names]]
+def _page(feed: str, first: bool, last: bool, *names: str) -> ipc.Page:
+    return ipc.Page(feed, first, last, [{"name": n} for n in names])
 
 
 def test_the_pages_of_a_list_are_one_replace_and_a_list_begun_again_voids_the_old() -> None:
