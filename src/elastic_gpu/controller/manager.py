@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from elastic_gpu.controller.config import BudgetsConfig, ControllerConfig
 from elastic_gpu.controller.provisioning import ExtenderClient, TLSOptions
@@ -33,6 +32,7 @@ from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.kube.informer import Informer
 from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, LeaseConfig
 from elastic_gpu.kube.workqueue import ExponentialBackoff
+from elastic_gpu.runtime.metrics import add_metrics
 
 log = logging.getLogger(__name__)
 
@@ -160,16 +160,14 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
     elector = LeaderElector(client, options.lease)
     health = _Health(elector, informers)
 
-    async def metrics_page(_: web.Request) -> web.Response:
+    def queue_depths() -> None:
         for c in controllers:
             queue = getattr(c, "queue", None)
             if queue is not None:
                 metrics.queue_depth.labels(c.name).set(len(queue))
-        return web.Response(body=generate_latest(metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics_page)
+    add_metrics(app, metrics.registry, refresh=queue_depths)
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
     runner = web.AppRunner(app, access_log=None)
