@@ -285,6 +285,11 @@ def _shipped() -> list[tuple[str, str, str]]:
     out += [("controller", f"docs/mig-adapter.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "mig-adapter.md"))
             if re.search(r"^mig:", text, flags=re.M)]
+    out += [("controller", f"docs/config.md block {i}", text)
+            for i, text in enumerate(_yaml_blocks(docs / "config.md"))
+            if re.search(r"^kind: ControllerConfig", text, flags=re.M)]
+    out += [("controller", where, text)
+            for where, text in _configmap_files("elastic-gpu-controller")]
     return out
 
 
