@@ -47,10 +47,12 @@ from elastic_gpu.api.config.loader import (
     describe,
     field_problems,
     header_problems,
+    new_spellings,
     read_file,
     read_text,
     without_header,
 )
+from elastic_gpu.api.config.merge import Rename
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -70,10 +72,19 @@ DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_DRA_PLUGIN_DIR = "/var/lib/kubelet/plugins/gpu.elasticgpu.io"
 DEFAULT_DRA_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_DIR = "/var/run/cdi"
+#: Keys renamed to the spelling the other keys use (a directory's key ends in `Directory`):
+#: the old spelling is still read, with a warning naming the new key (docs/config.md).
+RENAMED_KEYS = (
+    Rename("devicePluginDir", "devicePluginDirectory"),
+    Rename("dra.pluginDir", "dra.pluginDirectory"),
+    Rename("dra.registryDir", "dra.registryDirectory"),
+    Rename("dra.cdiDir", "dra.cdiDirectory"),
+)
 #: The longest path a unix socket may have (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 #: The file names of the DRA plugin's sockets (`agent.dra.kubelet_plugin`).
-DRA_SOCKET_NAMES = {"pluginDir": "dra.sock", "registryDir": "gpu.elasticgpu.io-reg.sock"}
+DRA_SOCKET_NAMES = {"pluginDirectory": "dra.sock",
+                    "registryDirectory": "gpu.elasticgpu.io-reg.sock"}
 
 
 class BackendKind(enum.Enum):
@@ -363,11 +374,11 @@ class DraConfig(_Strict):
     and GPUDevice objects. Its Node must carry the label elasticgpu.io/gpu-mode=dra."""
 
     enabled: bool = False
-    pluginDir: AbsolutePath = Path(DEFAULT_DRA_PLUGIN_DIR)
-    registryDir: AbsolutePath = Path(DEFAULT_DRA_REGISTRY_DIR)
-    cdiDir: AbsolutePath = Path(DEFAULT_CDI_DIR)
+    pluginDirectory: AbsolutePath = Path(DEFAULT_DRA_PLUGIN_DIR)
+    registryDirectory: AbsolutePath = Path(DEFAULT_DRA_REGISTRY_DIR)
+    cdiDirectory: AbsolutePath = Path(DEFAULT_CDI_DIR)
 
-    @field_validator("pluginDir", "registryDir")
+    @field_validator("pluginDirectory", "registryDirectory")
     @classmethod
     def _socket_fits(cls, value: Path, info: ValidationInfo) -> Path:
         socket = value / DRA_SOCKET_NAMES[str(info.field_name)]
@@ -387,7 +398,7 @@ class AgentConfig(_Strict):
     migStrategy: Mig = MigStrategy.NONE
     sharing: SharingConfig = Field(default_factory=SharingConfig)
     deviceSpecs: bool = True
-    devicePluginDir: AbsolutePath = Path(DEFAULT_PLUGIN_DIR)
+    devicePluginDirectory: AbsolutePath = Path(DEFAULT_PLUGIN_DIR)
     healthCheck: HealthConfig = Field(default_factory=HealthConfig)
     #: How often pods' assignments are summed into the inventory's allocation columns (one
     #: GPUDevice status write per card): at least 1 s, so the agent does not flood the API
@@ -470,6 +481,8 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
                 "out apiVersion and kind for NVIDIA's or the IX plugin's file")])
     try:
         form = detect_form(data)
+        if form is Form.ELASTIC_GPU:
+            data = new_spellings(data, RENAMED_KEYS, source, KIND)
         mapped = to_agent_form(form, data)
     except FormError as err:
         what = f" ({err.form.value})" if err.form is not None else ""

@@ -52,7 +52,7 @@ class Agent:
         self.backend = backend
         self.node_name = node_name
         self.client = client
-        self.plugin_dir = plugin_dir or config.devicePluginDir
+        self.plugin_dir = plugin_dir or config.devicePluginDirectory
         # Discovery and planning fail here, before anything is advertised.
         self.snapshot: NodeSnapshot = discover(backend, config, node_name)
         if config.dra.enabled:

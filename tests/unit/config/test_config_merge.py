@@ -171,3 +171,23 @@ def test_merge_functions_leave_their_input_alone() -> None:
     # a key whose parent is no mapping is left for the model to refuse there
     assert with_overrides({"a": 5}, [Override("a.c", "--c", 2)]) == {"a": 5}
     assert flag_field("x", [Override("x", "--x", None)]) == "x"  # not given: not named
+
+
+def test_the_agents_old_directory_keys_are_read_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_gpu.agent.config import load_config as load_agent_config
+
+    monkeypatch.setattr(loader, "_WARNED", set())
+    path = tmp_path / "agent.yaml"
+    path.write_text("devicePluginDir: /dp/\ndra: {cdiDir: /cdi, registryDir: /reg}\n")
+    with caplog.at_level(logging.WARNING, logger=loader.__name__):
+        config = load_agent_config(path)
+    assert str(config.devicePluginDirectory) == "/dp"
+    assert (str(config.dra.cdiDirectory), str(config.dra.registryDirectory)) == ("/cdi", "/reg")
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    for old, new in (("devicePluginDir", "devicePluginDirectory"),
+                     ("dra.cdiDir", "dra.cdiDirectory"), ("dra.registryDir", "dra.registryDirectory")):
+        assert f"{old} is the old spelling of {new}" in warned, warned
+    path.write_text("devicePluginDir: /a/\ndevicePluginDirectory: /b/\n")
+    with pytest.raises(ConfigError, match="keep devicePluginDirectory only"):
+        load_agent_config(path)

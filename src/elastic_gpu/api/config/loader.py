@@ -241,19 +241,27 @@ def load_settings(path: Path | None, model: type[Settings], kind: str, *,
     problems = header_problems(data, kind)
     if problems:
         raise ConfigError.invalid(source, f"invalid {kind}", problems)
-    try:
-        data, used = with_new_spellings(without_header(data), renames)
-    except BothSpellings as err:
-        raise ConfigError.invalid(source, f"invalid {kind}",
-                                  [Problem(err.rename.old, None, str(err))]) from None
-    for rename in used:
-        warn_old_spelling(source, kind, rename)
+    data = new_spellings(without_header(data), renames, source, kind)
     try:
         return model.model_validate(with_overrides(data, overrides))
     except ValidationError as err:
         found = [Problem(flag_field(p.field, overrides), p.value, p.rule)
                  for p in field_problems(err)]
         raise ConfigError.invalid(source, f"invalid {kind}", found) from None
+
+
+def new_spellings(data: Mapping[str, Any], renames: Iterable[Rename], source: str,
+                  kind: str) -> dict[str, Any]:
+    """`data` with each old spelling in `renames` moved to its new key, one warning per old
+    key and process; `ConfigError` naming the old key when the file gives both."""
+    try:
+        moved, used = with_new_spellings(data, renames)
+    except BothSpellings as err:
+        raise ConfigError.invalid(source, f"invalid {kind}",
+                                  [Problem(err.rename.old, None, str(err))]) from None
+    for rename in used:
+        warn_old_spelling(source, kind, rename)
+    return moved
 
 
 #: The old spellings warned about so far (kind, old key): one warning each per process, as
