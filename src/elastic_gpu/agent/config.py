@@ -52,7 +52,7 @@ from elastic_gpu.api.config.loader import (
     read_text,
     without_header,
 )
-from elastic_gpu.api.config.merge import Rename
+from elastic_gpu.api.config.merge import Rename, written_field
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -446,7 +446,8 @@ def _configmap_file(data: dict[Any, Any]) -> tuple[str, str] | None:
         return None
     ((key, value),) = data.items()
     if (not isinstance(key, str) or not isinstance(value, str) or key in AgentConfig.model_fields
-            or key in ("version", "resourceName", "flags", "imex", *HEADER_KEYS)):
+            or key in ("version", "resourceName", "flags", "imex", *HEADER_KEYS)
+            or key in {rename.old for rename in RENAMED_KEYS}):
         return None
     return key, value
 
@@ -481,8 +482,9 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
                 "out apiVersion and kind for NVIDIA's or the IX plugin's file")])
     try:
         form = detect_form(data)
+        used: list[Rename] = []
         if form is Form.ELASTIC_GPU:
-            data = new_spellings(data, RENAMED_KEYS, source, KIND)
+            data, used = new_spellings(data, RENAMED_KEYS, source, KIND)
         mapped = to_agent_form(form, data)
     except FormError as err:
         what = f" ({err.form.value})" if err.form is not None else ""
@@ -491,8 +493,9 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         return AgentConfig.model_validate(mapped)
     except ValidationError as err:
         what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
-        raise ConfigError.invalid(source, f"invalid agent config{what}",
-                                  field_problems(err)) from None
+        problems = [Problem(written_field(p.field, used), p.value, p.rule)
+                    for p in field_problems(err)]
+        raise ConfigError.invalid(source, f"invalid agent config{what}", problems) from None
 
 
 def _not_a_mapping(source: str, data: Any) -> ConfigError:

@@ -191,3 +191,30 @@ def test_the_agents_old_directory_keys_are_read_with_a_warning(
     path.write_text("devicePluginDir: /a/\ndevicePluginDirectory: /b/\n")
     with pytest.raises(ConfigError, match="keep devicePluginDirectory only"):
         load_agent_config(path)
+
+
+def test_a_bad_value_under_an_old_spelling_is_named_as_written(tmp_path: Path) -> None:
+    from elastic_gpu.agent.config import load_config as load_agent_config
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("dra: {cdiDir: relative}\n")
+    with pytest.raises(ConfigError) as err:
+        load_agent_config(path)
+    assert err.value.field == "dra.cdiDir (now dra.cdiDirectory)"
+    path.write_text("dra: {pluginDir: 5}\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, _Outer, "TestConfig", renames=RENAMES)
+    assert err.value.field == "dra.pluginDir (now dra.pluginDirectory)"
+
+
+def test_an_old_top_level_key_alone_is_no_configmap_file(tmp_path: Path) -> None:
+    """A file of one string key that is no key of any form is a ConfigMap's `data` (the file
+    under that key); an old spelling is a key of the agent's form, not such a file name."""
+    from elastic_gpu.agent.config import load_config as load_agent_config
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("devicePluginDir: ''\n")
+    with pytest.raises(ConfigError) as err:
+        load_agent_config(path)
+    assert err.value.field == "devicePluginDir (now devicePluginDirectory)"
+    assert "must be an absolute path" in str(err.value)

@@ -42,6 +42,7 @@ from elastic_gpu.api.config.merge import (
     flag_field,
     with_new_spellings,
     with_overrides,
+    written_field,
 )
 from elastic_gpu.api.config.strict_yaml import Refusal, YamlRefused, decode, read_yaml
 from elastic_gpu.api.group import CONFIG_API_VERSION
@@ -241,19 +242,24 @@ def load_settings(path: Path | None, model: type[Settings], kind: str, *,
     problems = header_problems(data, kind)
     if problems:
         raise ConfigError.invalid(source, f"invalid {kind}", problems)
-    data = new_spellings(without_header(data), renames, source, kind)
+    data, used = new_spellings(without_header(data), renames, source, kind)
     try:
         return model.model_validate(with_overrides(data, overrides))
     except ValidationError as err:
-        found = [Problem(flag_field(p.field, overrides), p.value, p.rule)
-                 for p in field_problems(err)]
+        found = []
+        for problem in field_problems(err):
+            field = flag_field(problem.field, overrides)
+            if field == problem.field:
+                field = written_field(field, used)
+            found.append(Problem(field, problem.value, problem.rule))
         raise ConfigError.invalid(source, f"invalid {kind}", found) from None
 
 
 def new_spellings(data: Mapping[str, Any], renames: Iterable[Rename], source: str,
-                  kind: str) -> dict[str, Any]:
-    """`data` with each old spelling in `renames` moved to its new key, one warning per old
-    key and process; `ConfigError` naming the old key when the file gives both."""
+                  kind: str) -> tuple[dict[str, Any], list[Rename]]:
+    """`data` with each old spelling in `renames` moved to its new key, and the renames used
+    (`merge.written_field` names a problem under them as written); one warning per old key
+    and process; `ConfigError` naming the old key when the file gives both."""
     try:
         moved, used = with_new_spellings(data, renames)
     except BothSpellings as err:
@@ -261,7 +267,7 @@ def new_spellings(data: Mapping[str, Any], renames: Iterable[Rename], source: st
                                   [Problem(err.rename.old, None, str(err))]) from None
     for rename in used:
         warn_old_spelling(source, kind, rename)
-    return moved
+    return moved, used
 
 
 #: The old spellings warned about so far (kind, old key): one warning each per process, as

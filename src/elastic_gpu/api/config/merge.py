@@ -104,6 +104,15 @@ def with_overrides(data: Mapping[str, Any], overrides: Iterable[Override]) -> di
     return out
 
 
+def written_field(field: str, used: Iterable[Rename]) -> str:
+    """A problem's field as the file wrote it: under an old spelling read as its new key,
+    `old (now new)`, so the user finds the line."""
+    for rename in used:
+        if field == rename.new or field.startswith((rename.new + ".", rename.new + "[")):
+            return f"{rename.old}{field[len(rename.new):]} (now {rename.new})"
+    return field
+
+
 def flag_field(field: str, overrides: Iterable[Override]) -> str:
     """A problem's field as the user wrote it: `--flag (path)` when a given flag set it, and
     `path (set by --a, --b)` when given flags set keys inside it (a rule between two keys)."""
