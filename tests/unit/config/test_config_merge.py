@@ -218,3 +218,18 @@ def test_an_old_top_level_key_alone_is_no_configmap_file(tmp_path: Path) -> None
         load_agent_config(path)
     assert err.value.field == "devicePluginDir (now devicePluginDirectory)"
     assert "must be an absolute path" in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "flag", "enabled"), [
+    ("leaderElection: {enabled: false}\n", True, True),   # the flag beats the file
+    ("leaderElection: {enabled: true}\n", None, True),    # not given: the file's
+    ("seed: 1\n", None, False),                           # neither: the default
+])
+def test_the_extenders_leader_elect_flag_merges_by_the_same_rule(
+        tmp_path: Path, text: str, flag: bool | None, enabled: bool) -> None:
+    from elastic_gpu.scheduler.config import load_config as load_scheduler_config
+
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(text)
+    flags = [Override("leaderElection.enabled", "--leader-elect", flag)]
+    assert load_scheduler_config(path, flags).leader_election.enabled is enabled
