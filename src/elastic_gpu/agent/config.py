@@ -25,6 +25,7 @@ NVIDIA's device plugin config (`version: v1`) and the IX plugin's ConfigMap (`ve
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -52,7 +53,13 @@ from elastic_gpu.api.config.loader import (
     read_text,
     without_header,
 )
-from elastic_gpu.api.config.merge import Rename, written_field
+from elastic_gpu.api.config.merge import (
+    Override,
+    Rename,
+    flag_field,
+    with_overrides,
+    written_field,
+)
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -368,6 +375,15 @@ class UsageConfig(_Strict):
     drift: DriftConfig = Field(default_factory=DriftConfig)
 
 
+class MetricsConfig(_Strict):
+    """Where the agent serves Prometheus `/metrics` (`elasticgpu_agent_*`, docs/metrics.md;
+    `egpu agent --metrics-host`, `--metrics-port`)."""
+
+    host: str = "0.0.0.0"
+    #: 0: no metrics
+    port: int = Field(default=0, ge=0, le=65535)
+
+
 class DraConfig(_Strict):
     """DRA mode (docs/dra.md, "The kubelet plugin"): the node serves GPUs as the DRA driver
     gpu.elasticgpu.io (ResourceSlices and the kubelet's DRA plugin) instead of device plugins
@@ -406,6 +422,7 @@ class AgentConfig(_Strict):
     syncSeconds: float = Field(default=10.0, ge=1, le=3600)
     usage: UsageConfig = Field(default_factory=UsageConfig)
     dra: DraConfig = Field(default_factory=DraConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @field_validator("fake")
     @classmethod
@@ -452,10 +469,13 @@ def _configmap_file(data: dict[Any, Any]) -> tuple[str, str] | None:
     return key, value
 
 
-def parse_config(data: Any, source: str = "config") -> AgentConfig:
+def parse_config(data: Any, source: str = "config", flags: Iterable[Override] = ()
+                 ) -> AgentConfig:
     """An `AgentConfig` from a parsed YAML document in any accepted form: the agent's own,
     NVIDIA's device plugin config (`version: v1`) or the IX plugin's (`version: "4.3.0"`),
-    each also as a ConfigMap's `data` holding the file under one key (see config_forms)."""
+    each also as a ConfigMap's `data` holding the file under one key (see config_forms),
+    with the flags given on top (`api.config.merge`: a flag given beats the file)."""
+    flags = tuple(flags)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -490,11 +510,15 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
         what = f" ({err.form.value})" if err.form is not None else ""
         raise ConfigError.invalid(source, f"invalid agent config{what}", err.problems) from None
     try:
-        return AgentConfig.model_validate(mapped)
+        return AgentConfig.model_validate(with_overrides(mapped, flags))
     except ValidationError as err:
         what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
-        problems = [Problem(written_field(p.field, used), p.value, p.rule)
-                    for p in field_problems(err)]
+        problems = []
+        for problem in field_problems(err):
+            field = flag_field(problem.field, flags)
+            if field == problem.field:
+                field = written_field(field, used)
+            problems.append(Problem(field, problem.value, problem.rule))
         raise ConfigError.invalid(source, f"invalid agent config{what}", problems) from None
 
 
@@ -504,11 +528,11 @@ def _not_a_mapping(source: str, data: Any) -> ConfigError:
                        [Problem("(top level)", describe(data), "must be a YAML mapping")])
 
 
-def load_config(path: Path) -> AgentConfig:
-    """The agent config in `path` (the one settings loader, any accepted form), with a
-    relative fake inventory made absolute against the file's directory (a mounted ConfigMap)
-    and checked to be an existing regular file."""
-    config = parse_config(read_file(path), str(path))
+def load_config(path: Path, flags: Iterable[Override] = ()) -> AgentConfig:
+    """The agent config in `path` (the one settings loader, any accepted form) with the flags
+    given on top, and a relative fake inventory made absolute against the file's directory
+    (a mounted ConfigMap) and checked to be an existing regular file."""
+    config = parse_config(read_file(path), str(path), flags)
     if config.fake is not None:
         inventory = path.absolute().parent / config.fake.inventory
         if not inventory.is_file():

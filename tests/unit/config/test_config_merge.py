@@ -233,3 +233,19 @@ def test_the_extenders_leader_elect_flag_merges_by_the_same_rule(
     path.write_text(text)
     flags = [Override("leaderElection.enabled", "--leader-elect", flag)]
     assert load_scheduler_config(path, flags).leader_election.enabled is enabled
+
+
+def test_the_agents_metrics_flags_merge_by_the_same_rule(tmp_path: Path) -> None:
+    from elastic_gpu.agent.config import load_config as load_agent_config
+    from elastic_gpu.agent.config import parse_config
+
+    path = tmp_path / "agent.yaml"
+    path.write_text("metrics: {host: 127.0.0.1, port: 9400}\n")
+    flags = [Override("metrics.port", "--metrics-port", 9500),
+             Override("metrics.host", "--metrics-host", None)]
+    metrics = load_agent_config(path, flags).metrics
+    assert (metrics.host, metrics.port) == ("127.0.0.1", 9500)  # file's host, flag's port
+    assert parse_config({}, "flags").metrics.port == 0  # neither: the default, no metrics
+    with pytest.raises(ConfigError) as err:
+        parse_config({}, "flags", [Override("metrics.port", "--metrics-port", -1)])
+    assert err.value.field == "--metrics-port (metrics.port)"
