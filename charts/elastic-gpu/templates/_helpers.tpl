@@ -47,3 +47,23 @@ securityContext:
   capabilities: {drop: [ALL]}
   seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{/*
+The controllers' ControllerConfig (docs/config.md): the settings the values make, with
+controller.config merged over them (a key of controller.config wins, as scheduler.config's
+do in the extender's file).
+*/}}
+{{- define "egpu.controllerConfig" -}}
+{{- $v := .Values.controller -}}
+{{- $election := dict "leaseNamespace" .Release.Namespace "leaseName" "egpu-controller" "leaseDurationSeconds" $v.leaseDuration "renewDeadlineSeconds" $v.renewDeadline "retryPeriodSeconds" $v.retryPeriod -}}
+{{- $settings := dict "workers" $v.workers "leaderElection" $election "metrics" (dict "host" "0.0.0.0" "port" $v.metricsPort) -}}
+{{- if $v.extenderURL -}}
+{{- $_ := set $settings "extender" (dict "url" $v.extenderURL) -}}
+{{- else if .Values.scheduler.enabled -}}
+{{- $_ := set $settings "extender" (dict "url" (include "egpu.schedulerURL" .) "caFile" "/etc/elastic-gpu/tls/ca.crt" "clientCertFile" "/etc/elastic-gpu/tls/client.crt" "clientKeyFile" "/etc/elastic-gpu/tls/client.key") -}}
+{{- end -}}
+{{- if not (kindIs "invalid" .Values.budgets.defaultGPUHours) -}}
+{{- $_ := set $settings "budgets" (dict "defaultGPUHours" .Values.budgets.defaultGPUHours "defaultPeriod" .Values.budgets.defaultPeriod) -}}
+{{- end -}}
+{{- toYaml (merge (deepCopy ($v.config | default dict)) $settings) -}}
+{{- end -}}

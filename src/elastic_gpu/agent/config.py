@@ -25,6 +25,7 @@ NVIDIA's device plugin config (`version: v1`) and the IX plugin's ConfigMap (`ve
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,9 +48,17 @@ from elastic_gpu.api.config.loader import (
     describe,
     field_problems,
     header_problems,
+    new_spellings,
     read_file,
     read_text,
     without_header,
+)
+from elastic_gpu.api.config.merge import (
+    Override,
+    Rename,
+    flag_field,
+    with_overrides,
+    written_field,
 )
 from elastic_gpu.core.resources import (
     GPU_CORE,
@@ -70,10 +79,19 @@ DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_DRA_PLUGIN_DIR = "/var/lib/kubelet/plugins/gpu.elasticgpu.io"
 DEFAULT_DRA_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_DIR = "/var/run/cdi"
+#: Keys renamed to the spelling the other keys use (a directory's key ends in `Directory`):
+#: the old spelling is still read, with a warning naming the new key (docs/config.md).
+RENAMED_KEYS = (
+    Rename("devicePluginDir", "devicePluginDirectory"),
+    Rename("dra.pluginDir", "dra.pluginDirectory"),
+    Rename("dra.registryDir", "dra.registryDirectory"),
+    Rename("dra.cdiDir", "dra.cdiDirectory"),
+)
 #: The longest path a unix socket may have (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 #: The file names of the DRA plugin's sockets (`agent.dra.kubelet_plugin`).
-DRA_SOCKET_NAMES = {"pluginDir": "dra.sock", "registryDir": "gpu.elasticgpu.io-reg.sock"}
+DRA_SOCKET_NAMES = {"pluginDirectory": "dra.sock",
+                    "registryDirectory": "gpu.elasticgpu.io-reg.sock"}
 
 
 class BackendKind(enum.Enum):
@@ -357,17 +375,26 @@ class UsageConfig(_Strict):
     drift: DriftConfig = Field(default_factory=DriftConfig)
 
 
+class MetricsConfig(_Strict):
+    """Where the agent serves Prometheus `/metrics` (`elasticgpu_agent_*`, docs/metrics.md;
+    `egpu agent --metrics-host`, `--metrics-port`)."""
+
+    host: str = "0.0.0.0"
+    #: 0: no metrics
+    port: int = Field(default=0, ge=0, le=65535)
+
+
 class DraConfig(_Strict):
     """DRA mode (docs/dra.md, "The kubelet plugin"): the node serves GPUs as the DRA driver
     gpu.elasticgpu.io (ResourceSlices and the kubelet's DRA plugin) instead of device plugins
     and GPUDevice objects. Its Node must carry the label elasticgpu.io/gpu-mode=dra."""
 
     enabled: bool = False
-    pluginDir: AbsolutePath = Path(DEFAULT_DRA_PLUGIN_DIR)
-    registryDir: AbsolutePath = Path(DEFAULT_DRA_REGISTRY_DIR)
-    cdiDir: AbsolutePath = Path(DEFAULT_CDI_DIR)
+    pluginDirectory: AbsolutePath = Path(DEFAULT_DRA_PLUGIN_DIR)
+    registryDirectory: AbsolutePath = Path(DEFAULT_DRA_REGISTRY_DIR)
+    cdiDirectory: AbsolutePath = Path(DEFAULT_CDI_DIR)
 
-    @field_validator("pluginDir", "registryDir")
+    @field_validator("pluginDirectory", "registryDirectory")
     @classmethod
     def _socket_fits(cls, value: Path, info: ValidationInfo) -> Path:
         socket = value / DRA_SOCKET_NAMES[str(info.field_name)]
@@ -387,7 +414,7 @@ class AgentConfig(_Strict):
     migStrategy: Mig = MigStrategy.NONE
     sharing: SharingConfig = Field(default_factory=SharingConfig)
     deviceSpecs: bool = True
-    devicePluginDir: AbsolutePath = Path(DEFAULT_PLUGIN_DIR)
+    devicePluginDirectory: AbsolutePath = Path(DEFAULT_PLUGIN_DIR)
     healthCheck: HealthConfig = Field(default_factory=HealthConfig)
     #: How often pods' assignments are summed into the inventory's allocation columns (one
     #: GPUDevice status write per card): at least 1 s, so the agent does not flood the API
@@ -395,6 +422,7 @@ class AgentConfig(_Strict):
     syncSeconds: float = Field(default=10.0, ge=1, le=3600)
     usage: UsageConfig = Field(default_factory=UsageConfig)
     dra: DraConfig = Field(default_factory=DraConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @field_validator("fake")
     @classmethod
@@ -435,15 +463,19 @@ def _configmap_file(data: dict[Any, Any]) -> tuple[str, str] | None:
         return None
     ((key, value),) = data.items()
     if (not isinstance(key, str) or not isinstance(value, str) or key in AgentConfig.model_fields
-            or key in ("version", "resourceName", "flags", "imex", *HEADER_KEYS)):
+            or key in ("version", "resourceName", "flags", "imex", *HEADER_KEYS)
+            or key in {rename.old for rename in RENAMED_KEYS}):
         return None
     return key, value
 
 
-def parse_config(data: Any, source: str = "config") -> AgentConfig:
+def parse_config(data: Any, source: str = "config", flags: Iterable[Override] = ()
+                 ) -> AgentConfig:
     """An `AgentConfig` from a parsed YAML document in any accepted form: the agent's own,
     NVIDIA's device plugin config (`version: v1`) or the IX plugin's (`version: "4.3.0"`),
-    each also as a ConfigMap's `data` holding the file under one key (see config_forms)."""
+    each also as a ConfigMap's `data` holding the file under one key (see config_forms),
+    with the flags given on top (`api.config.merge`: a flag given beats the file)."""
+    flags = tuple(flags)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -470,16 +502,24 @@ def parse_config(data: Any, source: str = "config") -> AgentConfig:
                 "out apiVersion and kind for NVIDIA's or the IX plugin's file")])
     try:
         form = detect_form(data)
+        used: list[Rename] = []
+        if form is Form.ELASTIC_GPU:
+            data, used = new_spellings(data, RENAMED_KEYS, source, KIND)
         mapped = to_agent_form(form, data)
     except FormError as err:
         what = f" ({err.form.value})" if err.form is not None else ""
         raise ConfigError.invalid(source, f"invalid agent config{what}", err.problems) from None
     try:
-        return AgentConfig.model_validate(mapped)
+        return AgentConfig.model_validate(with_overrides(mapped, flags))
     except ValidationError as err:
         what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
-        raise ConfigError.invalid(source, f"invalid agent config{what}",
-                                  field_problems(err)) from None
+        problems = []
+        for problem in field_problems(err):
+            field = flag_field(problem.field, flags)
+            if field == problem.field:
+                field = written_field(field, used)
+            problems.append(Problem(field, problem.value, problem.rule))
+        raise ConfigError.invalid(source, f"invalid agent config{what}", problems) from None
 
 
 def _not_a_mapping(source: str, data: Any) -> ConfigError:
@@ -488,11 +528,11 @@ def _not_a_mapping(source: str, data: Any) -> ConfigError:
                        [Problem("(top level)", describe(data), "must be a YAML mapping")])
 
 
-def load_config(path: Path) -> AgentConfig:
-    """The agent config in `path` (the one settings loader, any accepted form), with a
-    relative fake inventory made absolute against the file's directory (a mounted ConfigMap)
-    and checked to be an existing regular file."""
-    config = parse_config(read_file(path), str(path))
+def load_config(path: Path, flags: Iterable[Override] = ()) -> AgentConfig:
+    """The agent config in `path` (the one settings loader, any accepted form) with the flags
+    given on top, and a relative fake inventory made absolute against the file's directory
+    (a mounted ConfigMap) and checked to be an existing regular file."""
+    config = parse_config(read_file(path), str(path), flags)
     if config.fake is not None:
         inventory = path.absolute().parent / config.fake.inventory
         if not inventory.is_file():

@@ -9,7 +9,7 @@ import logging
 import threading
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_gpu.agent.accounting import CardUse, card_usage
 from elastic_gpu.agent.allocator import Allocator
@@ -38,6 +38,9 @@ from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
+if TYPE_CHECKING:
+    from elastic_gpu.runtime.metrics import MetricsThread
+
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +52,7 @@ class Agent:
         self.backend = backend
         self.node_name = node_name
         self.client = client
-        self.plugin_dir = plugin_dir or config.devicePluginDir
+        self.plugin_dir = plugin_dir or config.devicePluginDirectory
         # Discovery and planning fail here, before anything is advertised.
         self.snapshot: NodeSnapshot = discover(backend, config, node_name)
         if config.dra.enabled:
@@ -96,7 +99,7 @@ class Agent:
                 plans=self.snapshot.plans)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._metrics_server: Any = None
+        self._metrics_server: MetricsThread | None = None
 
     def _isolation(self) -> Isolation | None:
         """The backend's provider; in `mps` mode with `mps.daemon`, gated by the agent's own
@@ -165,9 +168,8 @@ class Agent:
     def serve_metrics(self, host: str, port: int) -> int:
         """Serve `/metrics` (docs/metrics.md, `elasticgpu_agent_*`) on a thread; returns the
         port (0 picks a free one)."""
-        from prometheus_client import start_http_server
-
         from elastic_gpu.agent.metrics import agent_registry
+        from elastic_gpu.runtime.metrics import MetricsThread
 
         pods = self.pods
         monitor = self.usage
@@ -189,8 +191,8 @@ class Agent:
         mps = self.mps
         registry.register(MpsDaemonCollector(
             self.node_name, mps.up if mps is not None else lambda: {}))
-        self._metrics_server, _ = start_http_server(port, host, registry)
-        bound: int = self._metrics_server.server_port
+        self._metrics_server = MetricsThread(registry)
+        bound = self._metrics_server.start(host, port)
         log.info("metrics on http://%s:%d/metrics", host, bound)
         return bound
 
@@ -213,8 +215,7 @@ class Agent:
         if self.mps is not None:
             self.mps.stop()
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            self._metrics_server.stop()
         self.backend.close()
 
     def request_stop(self) -> None:

@@ -23,12 +23,14 @@ def agent(
     no_api: Annotated[bool, typer.Option(
         "--no-api", help="Serve device plugins only (no inventory; only time-sliced "
         "resources can Allocate without the API). Refused with dra.enabled.")] = False,
-    metrics_port: Annotated[int, typer.Option(
-        "--metrics-port", min=0, max=65535,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port",
         help="Serve Prometheus /metrics (elasticgpu_agent_*, docs/metrics.md) on this port; "
-        "0: no metrics.")] = 0,
-    metrics_host: Annotated[str, typer.Option(
-        "--metrics-host", help="Address the metrics port listens on.")] = "0.0.0.0",
+        "0 (the default): no metrics. Config metrics.port; given, it beats the file's value."
+    )] = None,
+    metrics_host: Annotated[str | None, typer.Option(
+        "--metrics-host", help="Address the metrics port listens on (default 0.0.0.0). Config "
+        "metrics.host; given, it beats the file's value.")] = None,
     log_level: LogLevel = "INFO",
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="The same as --log-level DEBUG (kept for the manifests that "
@@ -40,11 +42,15 @@ def agent(
     """Run the node agent: kubelet device plugins (or, with dra.enabled in --config, the DRA
     driver gpu.elasticgpu.io: ResourceSlices and kubelet's DRA plugin) over NVML or the fake
     backend."""
-    from elastic_gpu.agent.config import AgentConfig, load_config
+    from elastic_gpu.agent.config import load_config, parse_config
     from elastic_gpu.api.config.loader import ConfigError
+    from elastic_gpu.api.config.merge import Override
 
+    # a flag given beats the file's key (docs/config.md, "Precedence")
+    flags = [Override("metrics.port", "--metrics-port", metrics_port),
+             Override("metrics.host", "--metrics-host", metrics_host)]
     if check:
-        check_config("egpu agent", config, load_config)
+        check_config("egpu agent", config, lambda path: load_config(path, flags))
         return
     from elastic_gpu.agent.backends.base import BackendError
     from elastic_gpu.agent.backends.registry import make_backend
@@ -58,7 +64,8 @@ def agent(
         typer.echo("egpu agent: --node (or NODE_NAME) is required", err=True)
         raise typer.Exit(2)
     try:
-        cfg = load_config(config) if config is not None else AgentConfig()
+        cfg = load_config(config, flags) if config is not None else parse_config(
+            {}, "flags", flags)
     except ConfigError as err:
         typer.echo(f"egpu agent: {err}", err=True)
         raise typer.Exit(2) from None
@@ -89,8 +96,8 @@ def agent(
         signal.signal(sig, lambda *_: running.request_stop())
     try:
         running.start()
-        if metrics_port:
-            running.serve_metrics(metrics_host, metrics_port)
+        if cfg.metrics.port:
+            running.serve_metrics(cfg.metrics.host, cfg.metrics.port)
     except DraModeError as err:  # the Node is not in the DRA node group: nothing published
         running.stop()
         typer.echo(f"egpu agent: {err}", err=True)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from elastic_gpu.api.config.merge import Override
 from elastic_gpu.cli.check import check_config
 from elastic_gpu.cli.options import LogLevel, start_logging
 
@@ -61,8 +62,10 @@ def scheduler(
     from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.scheduler.config import load_config
 
+    # a flag given beats the file (`api.config.merge`); --leader-elect is only ever "on"
+    flags = [Override("leaderElection.enabled", "--leader-elect", True if leader_elect else None)]
     if check:
-        check_config("egpu scheduler", config, load_config)
+        check_config("egpu scheduler", config, lambda path: load_config(path, flags))
         return
     from elastic_gpu.kube.kubeconfig import ClientConfigError
     from elastic_gpu.runtime import eventloop, gcpolicy
@@ -78,10 +81,7 @@ def scheduler(
         typer.echo("error: --tls-client-ca needs --tls-cert and --tls-key (HTTPS)", err=True)
         raise typer.Exit(2)
     try:
-        settings = load_config(config)
-        if leader_elect and not settings.leader_election.enabled:
-            election = settings.leader_election.model_copy(update={"enabled": True})
-            settings = settings.model_copy(update={"leader_election": election})
+        settings = load_config(config, flags)
         options = ServeOptions(host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                                tls_client_ca=tls_client_ca, drain_s=drain_seconds,
                                health_port=health_port, identity=identity or "")

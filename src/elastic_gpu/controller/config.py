@@ -1,5 +1,35 @@
-"""`egpu controller --config FILE`: the controllers' own settings (YAML), validated strictly.
+"""`egpu controller --config FILE`: every setting of the controllers (YAML, kind
+ControllerConfig), validated strictly. Each flag of `egpu controller` sets one key
+(`cli/controller.py`, `FLAG_KEYS`): a flag given beats the file, the file beats the default
+below (`api.config.merge`, the same rule for every component; docs/config.md).
 
+    apiVersion: elasticgpu.io/v1alpha1  # optional header
+    kind: ControllerConfig
+    controllers: []               # run only these (claims, mig, budgets, defrag); []: all (--only)
+    workers: 16                   # concurrent reconciles per controller (--workers)
+    backoff:                      # a failed key's retries: base, doubling up to max
+      baseSeconds: 0.005          #   (--backoff-base)
+      maxSeconds: 10              #   (--backoff-max)
+    leaderElection:               # always on; keys and rules as the extender's
+      leaseNamespace: kube-system #   (--lease-namespace, or POD_NAMESPACE)
+      leaseName: egpu-controller  #   (--lease-name)
+      leaseDurationSeconds: 15    #   (--lease-duration)
+      renewDeadlineSeconds: 10    #   (--renew-deadline)
+      retryPeriodSeconds: 2       #   (--retry-period)
+    metrics:                      # /metrics, /healthz, /readyz
+      host: 127.0.0.1             #   (--metrics-host)
+      port: 8080                  #   (--metrics-port)
+    extender:                     # the extender whose POST /provision places Immediate claims
+      url: http://127.0.0.1:8888  #   (--extender-url)
+      caFile: null                #   its HTTPS certificate's CA (--extender-ca)
+      clientCertFile: null        #   the client certificate shown to it (--extender-client-cert)
+      clientKeyFile: null         #   and its key (--extender-client-key)
+    budgets:                      # the budget keeper (docs/budgets.md)
+      defaultGPUHours: null       #   the cluster default budget; null: none (--budget-default-gpu-hours)
+      defaultPeriod: 168h         #   its period, at least 1m (--budget-default-period)
+      refreshSeconds: 30          #   status.used rewritten at most this often (--budget-refresh-seconds)
+      minWriteSeconds: 1          #   one status write per namespace at most this often
+                                  #   (--budget-min-write-seconds)
     mig:                          # the MIG adapter (docs/mig-adapter.md)
       enabled: true               # false: the adapter moves nothing (and moves nothing back)
       namespaces: [team-a]        # only pods of these namespaces move (default: every one)
@@ -27,20 +57,25 @@
                                   #   pod is bound or this long has passed
       policy: null                # the node policy the planner scores with (default: its own)
 
-Without `--config`, every default. A bad file stops the controller at start with the file,
-the field, the value and the rule (exit code 2), as the scheduler's `--config` does.
+Without `--config`, every default (and the flags given). A bad file or flag stops the
+controller at start with the file, the field (a flag's by its name), the value and the rule
+(exit code 2), as the scheduler's `--config` does.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from elastic_gpu.api.budget import BudgetObjectError, parse_duration
+from elastic_gpu.api.config.leaderelection import LeaderElectionSettings
 from elastic_gpu.api.config.loader import load_settings
+from elastic_gpu.api.config.merge import Override
+from elastic_gpu.core.budget import MIN_PERIOD_S
 from elastic_gpu.core.mig.profiles import MIG_MODELS, compatible
 from elastic_gpu.core.mig.substitution import MoveBackPolicy
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -192,14 +227,125 @@ class DefragConfig(BaseModel):
         return self.enabled and (self.namespaces is None or namespace in self.namespaces)
 
 
-class ControllerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class ControllerLeaderElection(LeaderElectionSettings):
+    """The controllers' Lease (`leaderElection:`; keys and rules shared with the extender's,
+    `api.config.leaderelection`): client-go's 15/10/2 s, as a controller's failover may take
+    that long (claims wait; nothing is scheduled by it). The controller always elects."""
 
+    lease_name: str = Field(default="egpu-controller", validation_alias="leaseName")
+
+
+class BudgetsConfig(BaseModel):
+    """The budget keeper's settings (`budgets:`, docs/budgets.md). `default_gpu_hours` and
+    `default_period`: the cluster default, a GPUBudget named `DEFAULT_BUDGET_NAME` the keeper
+    creates in every namespace that runs GPU pods and has none (None: namespaces without a
+    GPUBudget have no budget). `refresh_s`: status.used is rewritten at most this often while
+    it moves; `min_write_s`: at most one status write per namespace this often (settling and
+    the over-budget flip included)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
+
+    default_gpu_hours: float | None = Field(default=None, validation_alias="defaultGPUHours",
+                                            ge=0, le=1e9)
+    default_period: str = Field(default="168h", validation_alias="defaultPeriod")
+    refresh_s: int = Field(default=30, validation_alias="refreshSeconds", ge=1, le=86400)
+    min_write_s: float = Field(default=1.0, validation_alias="minWriteSeconds", ge=0,
+                               le=3600)
+
+    @field_validator("default_period")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        try:
+            parse_duration(value, "defaultPeriod", MIN_PERIOD_S)
+        except BudgetObjectError as err:
+            raise ValueError(str(err)) from None
+        return value
+
+    @property
+    def default_name(self) -> str:
+        return DEFAULT_BUDGET_NAME
+
+
+#: The name of the GPUBudget the keeper creates for the cluster default.
+DEFAULT_BUDGET_NAME = "default"
+
+
+class ExtenderConfig(BaseModel):
+    """The extender (`egpu scheduler`) whose POST /provision chooses the cards of Immediate
+    claims (`extender:`): its URL, the CA its certificate is checked with, and the client
+    certificate shown to it (its --tls-client-ca). Files are read at start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+    url: str = "http://127.0.0.1:8888"
+    ca_file: str | None = Field(default=None, validation_alias="caFile")
+    client_cert_file: str | None = Field(default=None, validation_alias="clientCertFile")
+    client_key_file: str | None = Field(default=None, validation_alias="clientKeyFile")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _pair(self) -> ExtenderConfig:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("clientCertFile and clientKeyFile go together")
+        return self
+
+
+class BackoffConfig(BaseModel):
+    """A failed key's retry delays (`backoff:`): `baseSeconds` first, doubling up to
+    `maxSeconds`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
+
+    base_s: float = Field(default=0.005, validation_alias="baseSeconds", ge=0.001, le=3600)
+    max_s: float = Field(default=10.0, validation_alias="maxSeconds", ge=0.001, le=86400)
+
+    @model_validator(mode="after")
+    def _order(self) -> BackoffConfig:
+        if self.max_s < self.base_s:
+            raise ValueError(f"maxSeconds ({self.max_s:g}) must be >= baseSeconds "
+                             f"({self.base_s:g})")
+        return self
+
+
+class MetricsConfig(BaseModel):
+    """Where /metrics, /healthz and /readyz are served (`metrics:`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+
+class ControllerConfig(BaseModel):
+    """Every setting of `egpu controller` but the process's own (kubeconfig, identity, log
+    level): the file's, with the flags given on top (`cli/controller.py`, `FLAGS`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+    #: the controllers run (`controller.registry`); empty: every one
+    controllers: tuple[str, ...] = Field(default=(), max_length=64, strict=False)
+    #: concurrent reconciles per controller
+    workers: int = Field(default=16, ge=1, le=256)
+    backoff: BackoffConfig = BackoffConfig()
+    leader_election: ControllerLeaderElection = Field(
+        default_factory=ControllerLeaderElection, validation_alias="leaderElection")
+    metrics: MetricsConfig = MetricsConfig()
+    extender: ExtenderConfig = ExtenderConfig()
+    budgets: BudgetsConfig = BudgetsConfig()
     mig: MigConfig = MigConfig()
     defrag: DefragConfig = DefragConfig()
 
 
-def load_config(path: Path | None) -> ControllerConfig:
-    """The ControllerConfig in `path` (every default without one); `ConfigError`
-    (`api.config.loader`) naming the file, then each field, value and rule."""
-    return load_settings(path, ControllerConfig, "ControllerConfig")
+def load_config(path: Path | None, flags: Iterable[Override] = ()) -> ControllerConfig:
+    """The ControllerConfig in `path` (every default without one) with the flags given on top
+    (`cli/controller.py`, `FLAG_KEYS`); `ConfigError` (`api.config.loader`) naming the file,
+    then each field (a flag's by its name), value and rule."""
+    return load_settings(path, ControllerConfig, "ControllerConfig", overrides=flags)

@@ -17,22 +17,22 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from elastic_gpu.controller.config import ControllerConfig
+from elastic_gpu.controller.config import BudgetsConfig, ControllerConfig
 from elastic_gpu.controller.provisioning import ExtenderClient, TLSOptions
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.kube.informer import Informer
 from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, LeaseConfig
 from elastic_gpu.kube.workqueue import ExponentialBackoff
+from elastic_gpu.runtime.metrics import add_metrics
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +81,6 @@ class InformerFactory:
         await asyncio.gather(*(i.wait_synced() for i in self.informers.values()))
 
 
-@dataclass(frozen=True)
-class BudgetSettings:
-    """The budget keeper's configuration (`egpu controller --budget-*`, docs/budgets.md).
-
-    `default_gpu_hours` / `default_period`: the cluster default, a GPUBudget named
-    `default_name` the keeper creates in every namespace that runs GPU pods and has none
-    (None: namespaces without a GPUBudget have no budget). `refresh_s`: status.used is
-    rewritten at most this often while it moves; `min_write_s`: at most one status write per
-    namespace this often (settling and the over-budget flip included)."""
-
-    default_gpu_hours: float | None = None
-    default_period: str = "168h"
-    default_name: str = "default"
-    refresh_s: int = 30
-    min_write_s: float = 1.0
-
-
 @dataclass
 class Context:
     """What a controller is built from."""
@@ -108,13 +91,15 @@ class Context:
     metrics: Metrics
     extender: ExtenderClient
     identity: str
-    backoff: tuple[float, float] = (0.005, 10.0)
-    #: the controllers' settings (`--config`, controller/config.py)
+    #: the controllers' settings (`--config` and the flags, controller/config.py)
     config: ControllerConfig = field(default_factory=ControllerConfig)
-    budget: BudgetSettings = field(default_factory=BudgetSettings)
+
+    @property
+    def budget(self) -> BudgetsConfig:
+        return self.config.budgets
 
     def new_backoff(self) -> ExponentialBackoff[str]:
-        return ExponentialBackoff(*self.backoff)
+        return ExponentialBackoff(self.config.backoff.base_s, self.config.backoff.max_s)
 
 
 class Controller(Protocol):
@@ -130,17 +115,13 @@ ControllerFactory = Callable[[Context], Controller]
 
 @dataclass(frozen=True)
 class ManagerOptions:
+    """What `serve` runs: the settings (`config`), and what the CLI built from them and from
+    the process's own flags (the Lease with this replica's identity, the extender's TLS)."""
+
     kubeconfig: Path | None
     lease: LeaseConfig
-    extender_url: str = "http://127.0.0.1:8888"
     extender_tls: TLSOptions = field(default_factory=TLSOptions)
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 8080
-    workers: int = 16
-    backoff: tuple[float, float] = (0.005, 10.0)
-    controllers: Sequence[str] = ()
     config: ControllerConfig = field(default_factory=ControllerConfig)
-    budget: BudgetSettings = field(default_factory=BudgetSettings)
 
 
 class _Health:
@@ -167,10 +148,11 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
     metrics = Metrics()
     informers = InformerFactory(client)
     recorder = EventRecorder(client, COMPONENT, options.lease.identity)
-    extender = ExtenderClient(options.extender_url, options.extender_tls)
+    settings = options.config
+    extender = ExtenderClient(settings.extender.url, options.extender_tls)
     context = Context(client, informers, recorder, metrics, extender, options.lease.identity,
-                      options.backoff, options.config, options.budget)
-    names = list(options.controllers) or list(factories)
+                      settings)
+    names = list(settings.controllers) or list(factories)
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown controllers {unknown}; known: {sorted(factories)}")
@@ -178,24 +160,22 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
     elector = LeaderElector(client, options.lease)
     health = _Health(elector, informers)
 
-    async def metrics_page(_: web.Request) -> web.Response:
+    def queue_depths() -> None:
         for c in controllers:
             queue = getattr(c, "queue", None)
             if queue is not None:
                 metrics.queue_depth.labels(c.name).set(len(queue))
-        return web.Response(body=generate_latest(metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics_page)
+    add_metrics(app, metrics.registry, refresh=queue_depths)
     app.router.add_get("/healthz", health.healthz)
     app.router.add_get("/readyz", health.readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, options.metrics_host, options.metrics_port)
+    site = web.TCPSite(runner, settings.metrics.host, settings.metrics.port)
     await site.start()
     log.info("egpu controller %s: metrics on http://%s:%d, controllers %s", options.lease.identity,
-             options.metrics_host, options.metrics_port, ", ".join(names))
+             settings.metrics.host, settings.metrics.port, ", ".join(names))
 
     background = [asyncio.create_task(i.run(), name=f"informer {n}")
                   for n, i in informers.informers.items()]
@@ -220,7 +200,7 @@ async def serve(options: ManagerOptions, factories: Mapping[str, ControllerFacto
             if synced.done():
                 log.info("caches synced in %.2f s; reconciling", time.monotonic() - started)
                 health.running = True
-                tasks = [asyncio.create_task(c.run(options.workers), name=c.name)
+                tasks = [asyncio.create_task(c.run(settings.workers), name=c.name)
                          for c in controllers]
                 done, _ = await asyncio.wait({stopper, renew, *tasks},
                                              return_when=asyncio.FIRST_COMPLETED)

@@ -41,7 +41,7 @@ def write_agent_files(directory: Path, device_plugin_dir: Path,
     """Write the fake inventory and the agent config into `directory`; the config's path.
 
     `config`: the agent config in the agent's own form (docs/agent.md); `backend`,
-    `fake.inventory` and `devicePluginDir` are set here (they are what makes it this node's).
+    `fake.inventory` and `devicePluginDirectory` are set here (they are what makes it this node's).
     """
     missing = missing_device_files(inventory)
     if missing:
@@ -58,7 +58,8 @@ def write_agent_files(directory: Path, device_plugin_dir: Path,
                               f"{merged['backend']!r}): the machine has no GPUs")
     merged["backend"] = "fake"
     merged["fake"] = {**dict(merged.get("fake") or {}), "inventory": str(inventory_path)}
-    merged["devicePluginDir"] = str(device_plugin_dir) + "/"
+    merged.pop("devicePluginDir", None)  # its old spelling: set here, whatever it said
+    merged["devicePluginDirectory"] = str(device_plugin_dir) + "/"
     config_path = directory / "agent.yaml"
     config_path.write_text(dump_yaml(merged))
     return config_path

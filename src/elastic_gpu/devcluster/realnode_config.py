@@ -58,7 +58,7 @@ class RealNodePaths:
     @property
     def cdi_dir(self) -> Path:
         """The CDI spec directory containerd reads: an agent on the host writes the DRA
-        devices it prepares here (its `dra.cdiDir`)."""
+        devices it prepares here (its `dra.cdiDirectory`)."""
         return self.work / "cdi"
 
     @property

@@ -30,14 +30,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_gpu.api.config.leaderelection import JITTER
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, NotFound
 from elastic_gpu.kube.resources import LEASES
 
 log = logging.getLogger(__name__)
 
-#: client-go's JitterFactor: retries wait retry_period * [1, 1.2)
-JITTER = 1.2
 
 
 class LeadershipLost(RuntimeError):

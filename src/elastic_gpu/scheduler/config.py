@@ -35,12 +35,15 @@ simulator measured.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from elastic_gpu.api.config.leaderelection import LeaderElectionSettings
 from elastic_gpu.api.config.loader import load_settings
+from elastic_gpu.api.config.merge import Override
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
@@ -62,13 +65,9 @@ def check_policy(tier: str, name: str) -> str:
     return name
 
 
-#: client-go's jitter on retries (`kube.leaderelection.JITTER`): a renewal deadline must leave
-#: room for one retry period, jittered
-_JITTER = 1.2
-
-
-class LeaderElectionConfig(BaseModel):
-    """The extender's leader election (`leaderElection:`). The defaults make a failover after
+class LeaderElectionConfig(LeaderElectionSettings):
+    """The extender's leader election (`leaderElection:`; keys and rules shared with the
+    controllers', `api.config.leaderelection`). The defaults make a failover after
     a SIGKILL (no release) take at most about leaseDuration + 2 x retryPeriod (~4 s): the
     standby sees the last renewal within a retry period, waits the lease duration on its own
     clock, and tries again within another. They cost the API server one GET and one PUT of the
@@ -78,11 +77,8 @@ class LeaderElectionConfig(BaseModel):
     no replica serves. The renew deadline ends the leader's serving a full second before any
     standby may take over."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
-                              allow_inf_nan=False)
-
+    #: off: one replica, always serving (`--leader-elect` turns it on)
     enabled: bool = False
-    lease_namespace: str = Field(default="kube-system", validation_alias="leaseNamespace")
     lease_name: str = Field(default="egpu-scheduler", validation_alias="leaseName")
     lease_duration_s: float = Field(default=3.0, validation_alias="leaseDurationSeconds",
                                     ge=1, le=3600)
@@ -90,30 +86,6 @@ class LeaderElectionConfig(BaseModel):
                                     gt=0, le=3600)
     retry_period_s: float = Field(default=0.5, validation_alias="retryPeriodSeconds",
                                   ge=0.05, le=600)
-
-    @field_validator("lease_namespace")
-    @classmethod
-    def _namespace(cls, value: str) -> str:
-        check_name(value, NameRule.LABEL, "leaseNamespace")
-        return value
-
-    @field_validator("lease_name")
-    @classmethod
-    def _lease(cls, value: str) -> str:
-        check_name(value, NameRule.SUBDOMAIN, "leaseName")
-        return value
-
-    @model_validator(mode="after")
-    def _timing(self) -> LeaderElectionConfig:
-        if not self.lease_duration_s > self.renew_deadline_s:
-            raise ValueError(f"leaseDurationSeconds ({self.lease_duration_s:g}) must exceed "
-                             f"renewDeadlineSeconds ({self.renew_deadline_s:g}): a leader "
-                             "must stop serving before a standby may take over")
-        if not self.renew_deadline_s > _JITTER * self.retry_period_s:
-            raise ValueError(f"renewDeadlineSeconds ({self.renew_deadline_s:g}) must exceed "
-                             f"{_JITTER} x retryPeriodSeconds ({self.retry_period_s:g}): at "
-                             "least one renewal must fit in it")
-        return self
 
 
 class SchedulerConfig(BaseModel):
@@ -195,7 +167,8 @@ class SchedulerConfig(BaseModel):
         return self.card_policy or default_card_policy(self.node_policy)
 
 
-def load_config(path: Path | None) -> SchedulerConfig:
-    """The SchedulerConfig in `path` (every default without one); `ConfigError`
+def load_config(path: Path | None, flags: Iterable[Override] = ()) -> SchedulerConfig:
+    """The SchedulerConfig in `path` (every default without one) with the flags given on top
+    (`--leader-elect`: `leaderElection.enabled`; `api.config.merge`); `ConfigError`
     (`api.config.loader`) naming the file, then each field, value and rule."""
-    return load_settings(path, SchedulerConfig, "SchedulerConfig")
+    return load_settings(path, SchedulerConfig, "SchedulerConfig", overrides=flags)

@@ -24,8 +24,8 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from elastic_gpu.runtime.metrics import add_metrics
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.extender import (
     HEAVY_QUEUE,
@@ -181,10 +181,6 @@ class HttpRoutes(ExtenderBase):
             return web.Response(text="ok")
         return web.Response(text=self.state.not_ready_reason(), status=503)
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     def app(self, prefix: str = "") -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes)
         handlers: dict[str, Callable[[bytes], Awaitable[web.Response] | web.Response]] = {
@@ -194,5 +190,5 @@ class HttpRoutes(ExtenderBase):
             app.router.add_post(f"{prefix}/{verb}", self._timed(verb, handler))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_page)
+        add_metrics(app, self.metrics.registry)
         return app

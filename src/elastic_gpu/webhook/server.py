@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from elastic_gpu.core.admission.chain import mutator_chain
 from elastic_gpu.core.admission.facts import NodeGpus, default_policies, facts_from_nodes
@@ -39,6 +39,7 @@ from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
+from elastic_gpu.runtime.metrics import add_metrics
 from elastic_gpu.webhook.budgets import BudgetLookup
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.cluster import (
@@ -341,17 +342,13 @@ class WebhookServer:
                 return web.Response(status=503, text=f"not ready: {', '.join(missing)}")
             return web.Response(text="ok")
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(self.metrics.registry),
-                                headers={"Content-Type": "text/plain; version=0.0.4"})
-
         app = web.Application(client_max_size=self.options.max_body_bytes)
         app.router.add_post(MUTATE_PATH, mutate)
         app.router.add_post(VALIDATE_PATH, validate)
         app.router.add_post(CLAIM_MUTATE_PATH, mutate_claims)
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
-        app.router.add_get("/metrics", metrics)
+        add_metrics(app, self.metrics.registry)
         return app
 
     # certificates --------------------------------------------------------------------------

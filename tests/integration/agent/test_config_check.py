@@ -92,9 +92,10 @@ HOSTILE: list[tuple[str, bytes, tuple[str, ...]]] = [
     ("recoverAfterSeconds-1e300", b"healthCheck: {recoverAfterSeconds: 1e300}\n",
      ("healthCheck.recoverAfterSeconds: got 1e+300", "less than or equal to 86400")),
     ("devicePluginDir-empty", b"devicePluginDir: ''\n",
-     ("devicePluginDir: got ''", "must be an absolute path")),
+     ("devicePluginDir (now devicePluginDirectory): got ''", "must be an absolute path")),
     ("devicePluginDir-relative", b"devicePluginDir: var/lib/kubelet/device-plugins\n",
-     ("devicePluginDir: got 'var/lib/kubelet/device-plugins'", "must be an absolute path")),
+     ("devicePluginDir (now devicePluginDirectory): got 'var/lib/kubelet/device-plugins'",
+      "must be an absolute path")),
     ("mps-pipeDirectory-empty", b"sharing: {mode: mps, mps: {pipeDirectory: ''}}\n",
      ("sharing.mps.pipeDirectory: got ''", "must be an absolute path")),
     ("fake-section-under-nvml", b"backend: nvml\nfake: {inventory: /etc/hosts}\n",
@@ -285,6 +286,11 @@ def _shipped() -> list[tuple[str, str, str]]:
     out += [("controller", f"docs/mig-adapter.md block {i}", text)
             for i, text in enumerate(_yaml_blocks(docs / "mig-adapter.md"))
             if re.search(r"^mig:", text, flags=re.M)]
+    out += [("controller", f"docs/config.md block {i}", text)
+            for i, text in enumerate(_yaml_blocks(docs / "config.md"))
+            if re.search(r"^kind: ControllerConfig", text, flags=re.M)]
+    out += [("controller", where, text)
+            for where, text in _configmap_files("elastic-gpu-controller")]
     return out
 
 

@@ -105,12 +105,10 @@ def _network_stand_in(cluster: Any, rel: Release, extender_port: int) -> None:
     cluster.kubectl("patch", "configmap", "elastic-gpu-kube-scheduler", "-n", ns,
                     "--type=merge", "-p", json.dumps(
                         {"data": {"config.yaml": text.replace(stanza, extender)}}))
-    controller = get(cluster, "deployment", "elastic-gpu-controller", "-n", ns)
-    command = controller["spec"]["template"]["spec"]["containers"][0]["command"]
-    (i,) = [k for k, arg in enumerate(command) if arg.startswith("--extender-url=")]
+    # a flag given beats the config's extender.url (docs/config.md, "Precedence")
     cluster.kubectl("patch", "deployment", "elastic-gpu-controller", "-n", ns, "--type=json",
-                    "-p", json.dumps([{"op": "replace",
-                                       "path": f"/spec/template/spec/containers/0/command/{i}",
+                    "-p", json.dumps([{"op": "add",
+                                       "path": "/spec/template/spec/containers/0/command/-",
                                        "value": f"--extender-url={extender}"}]))
     for workload in WORKLOADS:
         obj = get(cluster, workload, "-n", ns)

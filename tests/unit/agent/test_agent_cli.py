@@ -26,7 +26,7 @@ def test_broken_config_exits_2_naming_the_field(tmp_path: Path) -> None:
 
 def test_no_nvidia_driver_exits_1_and_serves_nothing(plugin_dir: Path) -> None:
     config = plugin_dir / "agent.yaml"
-    config.write_text(f"backend: nvml\ndevicePluginDir: {plugin_dir}\n")
+    config.write_text(f"backend: nvml\ndevicePluginDirectory: {plugin_dir}\n")
     result = run("--node", "n1", "--config", str(config), "--no-api")
     assert result.returncode == 1
     assert "NVML library (libnvidia-ml.so.1) not found" in result.stderr
@@ -38,7 +38,7 @@ def test_fake_node_agent_registers_and_stops_cleanly(plugin_dir: Path) -> None:
         "boards: [{id: bi0, model: BI-V150, chips: 2, memoryMiB: 32768}]\n")
     config = plugin_dir / "agent.yaml"
     config.write_text(f"backend: fake\nfake: {{inventory: inv.yaml}}\nsplitBoard: true\n"
-                      f"resources: {{gpu: iluvatar.com/gpu}}\ndevicePluginDir: {plugin_dir}\n")
+                      f"resources: {{gpu: iluvatar.com/gpu}}\ndevicePluginDirectory: {plugin_dir}\n")
     kubelet = KubeletDouble(plugin_dir)
     kubelet.start()
     process = subprocess.Popen([*EGPU, "--node", "n1", "--config", str(config), "--no-api"],
@@ -59,7 +59,7 @@ def test_dra_mode_without_the_api_exits_2_and_serves_nothing(plugin_dir: Path) -
     (plugin_dir / "inv.yaml").write_text("cards: [{model: A100, memoryMiB: 40960}]\n")
     config = plugin_dir / "agent.yaml"
     config.write_text(f"backend: fake\nfake: {{inventory: inv.yaml}}\ndra:\n  enabled: true\n"
-                      f"  pluginDir: {plugin_dir}/p\n  registryDir: {plugin_dir}/r\n")
+                      f"  pluginDirectory: {plugin_dir}/p\n  registryDirectory: {plugin_dir}/r\n")
     result = run("--node", "n1", "--config", str(config), "--no-api")
     assert result.returncode == 2
     assert "--no-api cannot serve dra.enabled" in result.stderr

@@ -29,7 +29,7 @@ def test_defaults_are_nvidia_with_accounting_only_sharing() -> None:
     assert config.resources.share == ["elasticgpu.io/gpu-core"]
     assert config.sharing.mode is SharingMode.ACCOUNTING
     assert config.migStrategy is MigStrategy.NONE
-    assert str(config.devicePluginDir) == "/var/lib/kubelet/device-plugins"
+    assert str(config.devicePluginDirectory) == "/var/lib/kubelet/device-plugins"
 
 
 def test_full_config_file_with_relative_fake_inventory(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_every_field_class_is_covered() -> None:
     kinds = {kind for _, kind, _, _ in CASES}
     assert kinds == set(WRONG)
     assert {"splitBoard", "timeSlicing.replicas", "healthCheck.pollSeconds", "backend",
-            "devicePluginDir", "fake.inventory", "resources.share", "healthCheck.ignoredXids",
+            "devicePluginDirectory", "fake.inventory", "resources.share", "healthCheck.ignoredXids",
             "sharing.mps"} <= {path for path, _, _, _ in CASES}
 
 
@@ -206,13 +206,13 @@ def test_yaml_natural_values_still_work(tmp_path: Path) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text("splitBoard: true\ndeviceSpecs: False\ntimeSlicing: {replicas: 4}\n"
                     "healthCheck: {pollSeconds: 1, recoverAfterSeconds: 0.5, ignoredXids: []}\n"
-                    "syncSeconds: 2.5e1\nmigStrategy: single\ndevicePluginDir: /tmp/dp\n"
+                    "syncSeconds: 2.5e1\nmigStrategy: single\ndevicePluginDirectory: /tmp/dp\n"
                     "sharing: {mode: mps, mps: {pipeDirectory: /run/mps}}\nfake:\n")
     config = load_config(path)
     assert config.splitBoard is True and config.deviceSpecs is False
     assert config.timeSlicing.replicas == 4 and config.healthCheck.pollSeconds == 1.0
     assert config.syncSeconds == 25.0 and config.migStrategy is MigStrategy.SINGLE
-    assert config.devicePluginDir == Path("/tmp/dp") and config.sharing.mode is SharingMode.MPS
+    assert config.devicePluginDirectory == Path("/tmp/dp") and config.sharing.mode is SharingMode.MPS
 
 
 def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ def test_every_number_has_a_minimum_and_a_maximum_and_the_charts_schema_says_the
         if node.get("type") == "array":
             node = node["items"]
         assert (node["minimum"], node["maximum"]) == (low[0], high[0]), path
-    for path in ("devicePluginDir", "sharing.mps.pipeDirectory"):
+    for path in ("devicePluginDirectory", "devicePluginDir", "sharing.mps.pipeDirectory"):
         node = config
         for part in path.split("."):
             node = node["properties"][part]

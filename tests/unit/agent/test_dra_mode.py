@@ -21,16 +21,16 @@ from elastic_gpu.core.quota import accounting_allocatable
 def test_defaults_are_off_and_kubelets_directories() -> None:
     dra = parse_config({}).dra
     assert not dra.enabled
-    assert dra.pluginDir == Path("/var/lib/kubelet/plugins/gpu.elasticgpu.io")
-    assert dra.registryDir == Path("/var/lib/kubelet/plugins_registry")
-    assert dra.cdiDir == Path("/var/run/cdi")
+    assert dra.pluginDirectory == Path("/var/lib/kubelet/plugins/gpu.elasticgpu.io")
+    assert dra.registryDirectory == Path("/var/lib/kubelet/plugins_registry")
+    assert dra.cdiDirectory == Path("/var/run/cdi")
 
 
 @pytest.mark.parametrize(("section", "field", "rule"), [
     ({"enable": True}, "dra.enable", "is not a known key"),
     ({"enabled": "yes"}, "dra.enabled", "must be true or false"),
-    ({"cdiDir": "cdi"}, "dra.cdiDir", "must be an absolute path"),
-    ({"registryDir": "/" + "r" * 100}, "dra.registryDir", "a unix socket path has at most 107"),
+    ({"cdiDirectory": "cdi"}, "dra.cdiDirectory", "must be an absolute path"),
+    ({"registryDirectory": "/" + "r" * 100}, "dra.registryDirectory", "a unix socket path has at most 107"),
 ])
 def test_the_section_is_strict(section: dict[str, object], field: str, rule: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from elastic_gpu.controller.budget import BudgetKeeper
-from elastic_gpu.controller.manager import BudgetSettings, Context, InformerFactory, Metrics
+from elastic_gpu.controller.config import BudgetsConfig, ControllerConfig
+from elastic_gpu.controller.manager import Context, InformerFactory, Metrics
 from elastic_gpu.core.budget import FINALIZER
 from elastic_gpu.kube.errors import Conflict
 
@@ -51,7 +52,7 @@ class FakeApi:
 
 def keeper(api: FakeApi, **settings: Any) -> BudgetKeeper:
     ctx = Context(api, InformerFactory(api), None, Metrics(), None, "me",  # type: ignore[arg-type]
-                  budget=BudgetSettings(**settings))
+                  config=ControllerConfig(budgets=BudgetsConfig(**settings)))
     return BudgetKeeper(ctx)
 
 

@@ -195,7 +195,8 @@ def test_agent_config_points_at_the_kubelet_plugin_dir(tmp_path: Path) -> None:
     path = write_agent_files(tmp_path / "a", tmp_path / "kubelet" / "device-plugins",
                              inventory, {"devicePluginDir": "/elsewhere/", "syncSeconds": 1})
     config = yaml.safe_load(path.read_text())
-    assert config["devicePluginDir"] == str(tmp_path / "kubelet" / "device-plugins") + "/"
+    assert "devicePluginDir" not in config  # the old spelling given, replaced
+    assert config["devicePluginDirectory"] == str(tmp_path / "kubelet" / "device-plugins") + "/"
     assert config["backend"] == "fake" and config["syncSeconds"] == 1
     from elastic_gpu.agent.config import load_config
 

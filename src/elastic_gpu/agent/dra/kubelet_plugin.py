@@ -1,10 +1,10 @@
 """The kubelet's DRA plugin of the driver `gpu.elasticgpu.io`: two gRPC servers on unix sockets.
 
-- **Registration** (`<registryDir>/gpu.elasticgpu.io-reg.sock`, the plugin watcher's directory,
+- **Registration** (`<registryDirectory>/gpu.elasticgpu.io-reg.sock`, the plugin watcher's directory,
   `/var/lib/kubelet/plugins_registry/` by default): kubelet notices the socket, calls `GetInfo`
   (type `DRAPlugin`, the driver's name, the service socket's path, the services served:
   `v1.DRAPlugin`), then `NotifyRegistrationStatus`; a refusal is logged with kubelet's reason.
-- **DRAPlugin v1** (`<pluginDir>/dra.sock`, `/var/lib/kubelet/plugins/gpu.elasticgpu.io/`),
+- **DRAPlugin v1** (`<pluginDirectory>/dra.sock`, `/var/lib/kubelet/plugins/gpu.elasticgpu.io/`),
   and on the same socket the device health stream (`health`, `v1alpha1.DRAResourceHealth`):
   `NodePrepareResources` reads each claim through the project's client stack, decides with
   `prepare.prepare_claim` (pure), writes the claim's CDI spec (`cdi`) and records the answer
@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 #: The services served, as kubelet 1.34+ names them ("<proto package tail>.<service>").
 SUPPORTED_SERVICES = ("v1.DRAPlugin",)
-SERVICE_SOCKET = DRA_SOCKET_NAMES["pluginDir"]
+SERVICE_SOCKET = DRA_SOCKET_NAMES["pluginDirectory"]
 #: How often the sockets are checked (someone removed one: serve it again).
 WATCH_TICK_S = 1.0
 
@@ -66,8 +66,8 @@ ClaimReader = Callable[[ClaimRef], Mapping[str, Any]]
 
 
 def registration_socket(registry_dir: Path) -> Path:
-    """`<registryDir>/gpu.elasticgpu.io-reg.sock`: the plugin watcher's name for it."""
-    return registry_dir / DRA_SOCKET_NAMES["registryDir"]
+    """`<registryDirectory>/gpu.elasticgpu.io-reg.sock`: the plugin watcher's name for it."""
+    return registry_dir / DRA_SOCKET_NAMES["registryDirectory"]
 
 
 def api_claim_reader(client: SyncKubeClient) -> ClaimReader:

@@ -102,8 +102,8 @@ class DraMode:
         self.node_uid: str | None = None
         dra = config.dra
         self.plugin = DraPlugin(node, api_claim_reader(client), state.cards, inputs,
-                                dra.pluginDir, dra.cdiDir)
-        self.server = KubeletPluginServer(self.plugin, dra.pluginDir, dra.registryDir, state)
+                                dra.pluginDirectory, dra.cdiDirectory)
+        self.server = KubeletPluginServer(self.plugin, dra.pluginDirectory, dra.registryDirectory, state)
         self.server.registration.on_registered = self._registered
         # the health loop, the sync loop and kubelet's registration publish: one at a time,
         # or two would write the same new generation and one would fail on the other's

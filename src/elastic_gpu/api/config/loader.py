@@ -12,6 +12,10 @@ error names the file, then each field's path, the value given and the rule it br
   `kind` (`KINDS`); a file without the header is read as that version of the kind the command
   expects, a file with another version or kind is refused listing the known ones, so that a
   later version can change the schema without a file being read in the wrong one;
+- its keys: an old spelling a component lists (`merge.Rename`) is read as the new key, with
+  one warning naming it;
+- the flags: a flag given on the command line beats the file's value, which beats the
+  model's default (`merge.Override`; one rule for every component);
 - its fields: the component's pydantic model (unknown keys refused; every number ranged).
 
 Every refusal is a `ConfigError` whose message names the file, then one line per problem,
@@ -21,6 +25,7 @@ rule) for code that wants them without parsing the text.
 
 from __future__ import annotations
 
+import logging
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -30,10 +35,21 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from elastic_gpu.api.config.merge import (
+    BothSpellings,
+    Override,
+    Rename,
+    flag_field,
+    with_new_spellings,
+    with_overrides,
+    written_field,
+)
 from elastic_gpu.api.config.strict_yaml import Refusal, YamlRefused, decode, read_yaml
 from elastic_gpu.api.group import CONFIG_API_VERSION
 
 Settings = TypeVar("Settings", bound=BaseModel)
+
+log = logging.getLogger(__name__)
 
 #: The largest settings file read (the largest shipped one is a few KiB).
 MAX_FILE_BYTES = 1 << 20
@@ -207,12 +223,16 @@ def field_problems(err: ValidationError) -> list[Problem]:
     return problems
 
 
-def load_settings(path: Path | None, model: type[Settings], kind: str) -> Settings:
-    """The settings of `kind` in `path` (its defaults without one; an empty file is all
-    defaults); anything wrong raises `ConfigError`: the file, then every problem found."""
-    if path is None:
-        return model()
-    data = read_file(path)
+def load_settings(path: Path | None, model: type[Settings], kind: str, *,
+                  overrides: Iterable[Override] = (), renames: Iterable[Rename] = ()) -> Settings:
+    """The settings of `kind`: `path`'s (an empty file, or none, is all defaults) with the
+    given flags' `overrides` on top (`merge`: flag, then file, then default) and each old
+    spelling in `renames` read as its new key (one warning per old key and process).
+    Anything wrong raises `ConfigError`: the source, then every problem found, a flag's by
+    its name and key."""
+    overrides = tuple(overrides)
+    source = str(path) if path is not None else "flags"
+    data: Any = {} if path is None else read_file(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -221,8 +241,44 @@ def load_settings(path: Path | None, model: type[Settings], kind: str) -> Settin
                                    "settings")])
     problems = header_problems(data, kind)
     if problems:
-        raise ConfigError.invalid(str(path), f"invalid {kind}", problems)
+        raise ConfigError.invalid(source, f"invalid {kind}", problems)
+    data, used = new_spellings(without_header(data), renames, source, kind)
     try:
-        return model.model_validate(without_header(data))
+        return model.model_validate(with_overrides(data, overrides))
     except ValidationError as err:
-        raise ConfigError.invalid(str(path), f"invalid {kind}", field_problems(err)) from None
+        found = []
+        for problem in field_problems(err):
+            field = flag_field(problem.field, overrides)
+            if field == problem.field:
+                field = written_field(field, used)
+            found.append(Problem(field, problem.value, problem.rule))
+        raise ConfigError.invalid(source, f"invalid {kind}", found) from None
+
+
+def new_spellings(data: Mapping[str, Any], renames: Iterable[Rename], source: str,
+                  kind: str) -> tuple[dict[str, Any], list[Rename]]:
+    """`data` with each old spelling in `renames` moved to its new key, and the renames used
+    (`merge.written_field` names a problem under them as written); one warning per old key
+    and process; `ConfigError` naming the old key when the file gives both."""
+    try:
+        moved, used = with_new_spellings(data, renames)
+    except BothSpellings as err:
+        raise ConfigError.invalid(source, f"invalid {kind}",
+                                  [Problem(err.rename.old, None, str(err))]) from None
+    for rename in used:
+        warn_old_spelling(source, kind, rename)
+    return moved, used
+
+
+#: The old spellings warned about so far (kind, old key): one warning each per process, as
+#: a config is read again on every `--check` and by tests.
+_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_old_spelling(source: str, kind: str, rename: Rename) -> None:
+    if (kind, rename.old) in _WARNED:
+        return
+    _WARNED.add((kind, rename.old))
+    log.warning("%s: %s is the old spelling of %s: read as %s; write %s (the old spelling "
+                "will be refused in a later apiVersion)", source, rename.old, rename.new,
+                rename.new, rename.new)
