@@ -7,13 +7,15 @@ from egpu_testing.failover_gap import GapPods, failed_attempts, names_in_gap, pe
 
 # kube-scheduler 1.36's klog lines (utilruntime.HandleError for an attempt that errored; the
 # V(2) line for an unschedulable pod, which is no error)
-LOG = '''\
-E1205 12:00:00.100000 1 schedule_one.go:1243] "Error scheduling pod; retrying" err="Post \\"http://127.0.0.1:1/filter\\": EOF" logger="UnhandledError" pod="ns/first"
-I1205 12:00:00.200000 1 schedule_one.go:1238] "Unable to schedule pod; no fit; waiting" pod="ns/full" err="0/2 nodes are available"
-E1205 12:00:00.300000 1 schedule_one.go:1243] "Error scheduling pod; retrying" err="EOF" pod="other/first"
-E1205 12:00:01.000000 1 schedule_one.go:1243] "Error scheduling pod; retrying" err="EOF" pod="ns/second"
-E1205 12:00:01.000100 1 schedule_one.go:1243] "Error scheduling pod; retrying" err="EOF" pod="ns/first"
-'''
+ERROR = 'E1205 12:00:01.000100 1 schedule_one.go:1243] "Error scheduling pod; retrying" '
+LOG = "\n".join([
+    ERROR + 'err="Post \\"http://127.0.0.1:1/filter\\": EOF" logger="UnhandledError" pod="ns/first"',
+    'I1205 12:00:01.2 1 schedule_one.go:1238] "Unable to schedule pod; no fit; waiting" '
+    'pod="ns/full" err="0/2 nodes are available"',
+    ERROR + 'err="EOF" pod="other/first"',
+    ERROR + 'err="EOF" pod="ns/second"',
+    ERROR + 'err="EOF" pod="ns/first"',
+])
 
 
 def test_failed_attempts_are_the_error_lines_of_the_namespace_in_log_order() -> None:
