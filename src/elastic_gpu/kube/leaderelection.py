@@ -39,6 +39,22 @@ log = logging.getLogger(__name__)
 #: client-go's JitterFactor: retries wait retry_period * [1, 1.2)
 JITTER = 1.2
 
+#: How long after the Lease's expiry (on our own clock) a candidate tries to take it: a
+#: moment, so that the attempt finds it expired.
+EXPIRY_MARGIN_S = 0.01
+
+
+def next_attempt_s(retry_s: float, expires_in_s: float | None) -> float:
+    """A candidate's wait before its next attempt: the (jittered) retry period, or, when the
+    Lease it saw held by another expires sooner (by its own observation), just past that: a
+    dead leader's Lease is taken the moment it may be, not up to a retry period later (the
+    extender's failover: docs/scheduler.md, "High availability"). A Lease already expired
+    whose attempt failed all the same (another candidate won, the API refused) waits the
+    retry period: no busy loop."""
+    if expires_in_s is None or not 0 < expires_in_s < retry_s:
+        return retry_s
+    return expires_in_s + EXPIRY_MARGIN_S
+
 
 class LeadershipLost(RuntimeError):
     """The Lease was not renewed within the renew deadline (or another holder took it)."""
@@ -117,6 +133,18 @@ class LeaderElector:
             self._observed_at = self._clock()
         self._lease = lease
 
+    def _expires_in(self) -> float | None:
+        """Seconds until the Lease last seen, held by another, expires as we observe it (from
+        when we saw its record change; None: not held by another)."""
+        spec = (self._lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if not holder or holder == self.config.identity:
+            return None
+        return self._observed_at + self._duration_s(spec) - self._clock()
+
+    def _duration_s(self, spec: dict[str, Any]) -> float:
+        return float(spec.get("leaseDurationSeconds") or self.config.lease_duration_s)
+
     async def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we hold the Lease afterwards."""
         now = micro_time()
@@ -135,15 +163,14 @@ class LeaderElector:
         self._observe(lease)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration_s)
-        if holder and holder != self.config.identity and \
-                self._clock() < self._observed_at + duration:
+        expires_in = self._expires_in()
+        if expires_in is not None and expires_in > 0:
             return False  # held by another, not expired
         updated = dict(lease)
         updated["spec"] = self._spec(spec if holder else {**spec, "holderIdentity": None}, now)
         if holder and holder != self.config.identity:
             log.info("taking over Lease %s/%s from %s (not renewed for %.0f s)",
-                     self.config.namespace, self.config.name, holder, duration)
+                     self.config.namespace, self.config.name, holder, self._duration_s(spec))
         try:
             written = await self.client.update(self.path, updated)  # resourceVersion precondition
         except ApiError as err:
@@ -166,7 +193,8 @@ class LeaderElector:
                     return
             except ApiError as err:
                 log.warning("leader election: %s", err)
-            await self._sleep(self.config.retry_period_s * random.uniform(1, JITTER))
+            await self._sleep(next_attempt_s(
+                self.config.retry_period_s * random.uniform(1, JITTER), self._expires_in()))
 
     async def keep_renewing(self) -> None:
         """Renew every retry period; raises LeadershipLost once a renewal has not succeeded

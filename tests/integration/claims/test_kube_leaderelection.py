@@ -10,7 +10,12 @@ import pytest
 
 from egpu_testing.pytest_plugin import unique_name
 from elastic_gpu.kube.client import KubeClient
-from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, LeaseConfig
+from elastic_gpu.kube.leaderelection import (
+    EXPIRY_MARGIN_S,
+    LeaderElector,
+    LeadershipLost,
+    LeaseConfig,
+)
 from elastic_gpu.kube.resources import LEASES
 
 pytestmark = pytest.mark.integration
@@ -109,6 +114,29 @@ async def test_expiry_takeover_and_release(k8s_cluster: Any, k8s_namespace: str)
         spec = (await a_client.get(LEASES.path(k8s_namespace, lease)))["spec"]
         assert not spec.get("holderIdentity")
         assert await a.try_acquire_or_renew()
+    finally:
+        await a_client.close()
+        await b_client.close()
+
+
+async def test_a_standby_tries_the_moment_a_dead_leaders_lease_expires(
+        k8s_cluster: Any, k8s_namespace: str) -> None:
+    """The expiry falls between two retry periods: b's next attempt is then, not a retry
+    period later (the extender's failover is the Lease's duration, not that plus a retry)."""
+    a_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    b_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    lease = unique_name("lease")
+    b_clock = ReplicaClock()
+    a = elector(a_client, k8s_namespace, lease, "a")
+    b = elector(b_client, k8s_namespace, lease, "b", clock=b_clock)
+    duration, _, retry = TIMINGS
+    try:
+        await a.acquire()
+        assert not await b.try_acquire_or_renew()  # b observes a's record from now
+        b_clock.advance(duration - retry / 4)  # a has died: its record does not change
+        await b.acquire()
+        assert b.is_leader
+        assert b_clock.slept == pytest.approx(retry / 4 + EXPIRY_MARGIN_S)
     finally:
         await a_client.close()
         await b_client.close()
