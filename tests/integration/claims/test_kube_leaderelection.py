@@ -42,6 +42,14 @@ class ReplicaClock:
         await asyncio.sleep(0)
 
 
+class AsleepClock(ReplicaClock):
+    """A replica clock whose sleeps never end: the replica makes no attempt after its first."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        await asyncio.Event().wait()
+
+
 #: lease duration, renew deadline, retry period (seconds of the replicas' own clocks)
 TIMINGS = (60.0, 40.0, 2.0)
 
@@ -137,6 +145,38 @@ async def test_a_standby_tries_the_moment_a_dead_leaders_lease_expires(
         await b.acquire()
         assert b.is_leader
         assert b_clock.slept == pytest.approx(retry / 4 + EXPIRY_MARGIN_S)
+    finally:
+        await a_client.close()
+        await b_client.close()
+
+
+async def test_a_standby_counts_the_expiry_from_the_last_renewal_it_watched(
+        k8s_cluster: Any, k8s_namespace: str) -> None:
+    """Between its attempts a standby watches the Lease: a renewal is observed when it is
+    written, not at the standby's next poll (which would push a dead leader's expiry, and the
+    takeover, up to a retry period later)."""
+    a_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    b_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    lease = unique_name("lease")
+    b_clock = AsleepClock()
+    a = elector(a_client, k8s_namespace, lease, "a")
+    b = elector(b_client, k8s_namespace, lease, "b", clock=b_clock)
+    duration, _, retry = TIMINGS
+    try:
+        await a.acquire()
+        standby = asyncio.create_task(b.acquire())
+        while b_clock.slept == 0:  # b's first attempt failed: it sleeps (for good), watching
+            await asyncio.sleep(0.01)
+        b_clock.advance(duration - retry / 4)  # to just before expiry, on b's clock
+        assert await a.try_acquire_or_renew()  # a renews; b makes no attempt meanwhile
+        deadline = asyncio.get_running_loop().time() + 30
+        while b._expires_in() != pytest.approx(duration, abs=retry):
+            assert asyncio.get_running_loop().time() < deadline, "the renewal was not watched"
+            await asyncio.sleep(0.01)
+        assert not standby.done()
+        standby.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await standby
     finally:
         await a_client.close()
         await b_client.close()
