@@ -24,11 +24,15 @@ of binding, then SIGKILL (no Lease release, no goodbye) of the round's component
 bound" is the first pod created after the kill seen bound, "next claim Bound" the same for
 claims (from watches). For the extender also the first pod bound after the new leader's
 acquireTime (pods created before the kill included: the measure of the extender-only runs
-before). A webhook round kills the replica that answered more since the round began (the one
-kube-apiserver's kept-alive connections reach); creates it refused are retried every 0.1 s
-and counted. At the end the independent checks (annotations and ElasticGPUs read back from
-the API, summed per card): 0 over-allocated cards, 0 claims bound twice, 0 lost pods or claims,
-0 pending that fit, every create of the stream through. Exit status 1 if a check fails.
+before), and, for every pod created from the kill until the new leader was seen serving,
+the time from the kill until it was bound (`failover_gap`: issue 39's measure, p50/p99 per
+kill and over all; `--max-backoff 10` runs kube-scheduler with its default backoff, the
+configuration shipped before). A webhook round kills the replica that answered more since
+the round began (the one kube-apiserver's kept-alive connections reach); creates it refused
+are retried every 0.1 s and counted. At the end the independent checks (annotations and
+ElasticGPUs read back from the API, summed per card): 0 over-allocated cards, 0 claims bound
+twice, 0 lost pods or claims, 0 pending that fit, every create of the stream through. Exit
+status 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from egpu_testing.failover import (
     read_ledger,
     share_claims,
 )
+from egpu_testing.failover_gap import GapPods, percentile, wait_gap_bound
 from egpu_testing.webhook import wait_in_force
 from egpu_testing.workbench import (
     extender_kube_scheduler_config,
@@ -69,9 +74,6 @@ NAMESPACE = "failover"
 LABEL = "egpu-failover"
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def spread(values: list[float]) -> str:
@@ -104,6 +106,16 @@ def summary(results: list[KillResult]) -> None:
         print(f"\nfirst pod bound after the extender's takeover (any pod): {spread(after)}")
 
 
+def gap_summary(gaps: list[GapPods]) -> None:
+    """Every pod created from an extender kill until the new leader served: from the kill to
+    bound, over all kills, and each kill's worst."""
+    every = [s for gap in gaps for s in gap.bound_s.values()]
+    worst = [max(gap.bound_s.values()) for gap in gaps if gap.bound_s]
+    if every:
+        print(f"\npods created in the extender's failover gap ({len(every)} in {len(gaps)} "
+              f"kills), kill -> bound: {spread(every)}; each kill's worst: {spread(worst)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20, help="rounds of each --rounds kind")
@@ -115,6 +127,10 @@ def main() -> int:
                         help="seconds of binding before each kill")
     parser.add_argument("--rounds", default="extender,webhook,controller,all",
                         help="what each round kills, cycled: components or 'all'")
+    parser.add_argument("--max-backoff", type=int, default=None,
+                        help="kube-scheduler's podMaxBackoffSeconds (default: the shipped "
+                             "configuration's; 10: kube-scheduler's own default, as before "
+                             "issue 39)")
     parser.add_argument("--controller-lease", default="15,10,2",
                         help="the controller's lease duration, renew deadline and retry "
                              "period, seconds (the chart's defaults)")
@@ -142,9 +158,13 @@ def main() -> int:
                                          lease=lease)
             controllers.start()
             create_immediate_class(plane, "failover")
-            plane.start_scheduler(extender_kube_scheduler_config(extenders.url,
-                                                                 extenders.scheduler_name),
-                                  name="kube-scheduler-egpu")
+            config = extender_kube_scheduler_config(extenders.url, extenders.scheduler_name)
+            if args.max_backoff is not None:
+                config["podMaxBackoffSeconds"] = args.max_backoff
+            print(f"kube-scheduler: podInitialBackoffSeconds "
+                  f"{config['podInitialBackoffSeconds']}, podMaxBackoffSeconds "
+                  f"{config['podMaxBackoffSeconds']}", flush=True)
+            plane.start_scheduler(config, name="kube-scheduler-egpu")
             # 10% of a card and 1 GiB each: 10 a card, so the cluster never fills
             slots = args.nodes * 8 * 10 - 8
             per_second = args.rate + args.claim_rate
@@ -157,6 +177,7 @@ def main() -> int:
             claims = share_claims(claim_count, NAMESPACE, "failover")
             stream = ObjectStream(client, interleave(pods, claims), per_second, stop=stop)
             results: list[KillResult] = []
+            gaps: list[GapPods] = []
             with BindClock(client, NAMESPACE).running() as pod_clock, \
                     ClaimClock(client, NAMESPACE).running() as claim_clock:
                 rig = FailoverRig(client, extenders, webhooks, controllers, stream, pod_clock,
@@ -171,6 +192,10 @@ def main() -> int:
                         break
                     results.append(rig.kill(kinds[round_ % len(kinds)]))
                     print(f"round {round_ + 1}: {results[-1].line()}", flush=True)
+                    if results[-1].served_at is not None:
+                        gaps.append(wait_gap_bound(pod_clock, stream, results[-1],
+                                                   lambda n: not n.startswith("claim-")))
+                        print(f"  {gaps[-1].line()}", flush=True)
                 stop.set()
                 feeder.join(timeout=60)
                 time.sleep(20)  # the last backed-off pods and claims (10 s maximum backoffs)
@@ -180,6 +205,7 @@ def main() -> int:
                   f"({len(stream.refusals)} refused creates retried, {len(stream.given_up)} "
                   f"given up)")
             summary(results)
+            gap_summary(gaps)
             print(f"\n{report.summary()}")
             claims_made = sum(1 for n in stream.created_at if n.startswith("claim-"))
             complete = (report.claims.bound == claims_made

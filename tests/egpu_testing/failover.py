@@ -272,6 +272,10 @@ class ObjectStream:
         with self._created_lock:
             return [n for n, t in self.created_at.items() if t > moment]
 
+    def created_between(self, start: float, end: float) -> dict[str, float]:
+        with self._created_lock:
+            return {n: t for n, t in self.created_at.items() if start <= t <= end}
+
     def refusals_between(self, start: float, end: float) -> list[tuple[float, str, str]]:
         return [r for r in list(self.refusals) if start <= r[0] <= end]
 
@@ -417,6 +421,10 @@ class FirstSeenClock:
                      if t > moment and (names is None or n in names)]
         return min(later) if later else None
 
+    def seen(self, names: Sequence[str]) -> dict[str, float]:
+        with self._lock:
+            return {n: self.seen_at[n] for n in names if n in self.seen_at}
+
     def count_between(self, start: float, end: float) -> int:
         with self._lock:
             return sum(1 for t in self.seen_at.values() if start < t < end)
@@ -468,8 +476,7 @@ COMPONENTS = ("extender", "webhook", "controller")
 
 @dataclass(frozen=True)
 class KillResult:
-    """One round: what was killed and how long until things created after the kill were
-    bound (seconds from the SIGKILL)."""
+    """One round: what was killed and how long until things created after it were bound."""
 
     killed: tuple[str, ...]
     #: the first pod created after the kill, bound
@@ -486,6 +493,9 @@ class KillResult:
     #: one's time from the kill
     refused: int
     last_refusal_s: float | None
+    #: wall clock of the SIGKILL and of the new extender leader seen serving (None: not killed)
+    killed_at: float = 0.0
+    served_at: float | None = None
 
     def line(self) -> str:
         takeover = ", ".join(f"{c} Lease taken {t:.2f} s" for c, t in self.takeover_s.items())
@@ -550,8 +560,10 @@ class FailoverRig:
                 victim.kill()
         takeover: dict[str, float] = {}
         after_takeover: float | None = None
+        served_at: float | None = None
         if extender is not None:
             self.extenders.wait_leader(timeout_s, other_than=extender)
+            served_at = time.time()
             _, acquired = self.extenders.lease_acquired(self.client)
             takeover["extender"] = acquired - killed_at
             after_takeover = self._wait(lambda: self.pods.first_after(max(acquired, killed_at)),
@@ -573,7 +585,8 @@ class FailoverRig:
             tuple(targets), pod_bound - killed_at,
             None if claim_bound is None else claim_bound - killed_at,
             None if after_takeover is None else after_takeover - killed_at, takeover,
-            len(refusals), max(r[0] for r in refusals) - killed_at if refusals else None)
+            len(refusals), max(r[0] for r in refusals) - killed_at if refusals else None,
+            killed_at, served_at)
 
     def _wait(self, found: Callable[[], float | None], timeout_s: float, what: str) -> float:
         deadline = time.monotonic() + timeout_s

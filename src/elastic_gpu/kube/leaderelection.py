@@ -4,7 +4,10 @@
   `lease_duration_s` *as observed by us* (the time we last saw its record change, on our own
   monotonic clock: no trust in the other holder's wall clock); the write carries the Lease's
   resourceVersion, so of two candidates racing for an expired Lease exactly one wins (the
-  other gets 409 Conflict).
+  other gets 409 Conflict). Between attempts a candidate watches the Lease, so it sees each
+  renewal when it is written (not at its next poll), and it tries again the moment the Lease
+  would expire when that comes before its next retry (`next_attempt_s`): a dead holder is
+  replaced `lease_duration_s` after its last renewal, not up to two retry periods later.
 - Renew every `retry_period_s`; a leader that has not renewed successfully for
   `renew_deadline_s` has lost leadership (`LeadershipLost`). The caller must stop acting at
   once: the controller process exits non-zero and comes back as a follower.
@@ -22,6 +25,7 @@ replicas (a pod's name is).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import random
@@ -37,6 +41,22 @@ from elastic_gpu.kube.resources import LEASES
 
 log = logging.getLogger(__name__)
 
+
+#: How long after the Lease's expiry (on our own clock) a candidate tries to take it: a
+#: moment, so that the attempt finds it expired.
+EXPIRY_MARGIN_S = 0.01
+
+
+def next_attempt_s(retry_s: float, expires_in_s: float | None) -> float:
+    """A candidate's wait before its next attempt: the (jittered) retry period, or, when the
+    Lease it saw held by another expires sooner (by its own observation), just past that: a
+    dead leader's Lease is taken the moment it may be, not up to a retry period later (the
+    extender's failover: docs/scheduler.md, "High availability"). A Lease already expired
+    whose attempt failed all the same (another candidate won, the API refused) waits the
+    retry period: no busy loop."""
+    if expires_in_s is None or not 0 < expires_in_s < retry_s:
+        return retry_s
+    return expires_in_s + EXPIRY_MARGIN_S
 
 
 class LeadershipLost(RuntimeError):
@@ -116,6 +136,18 @@ class LeaderElector:
             self._observed_at = self._clock()
         self._lease = lease
 
+    def _expires_in(self) -> float | None:
+        """Seconds until the Lease last seen, held by another, expires as we observe it (from
+        when we saw its record change; None: not held by another)."""
+        spec = (self._lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if not holder or holder == self.config.identity:
+            return None
+        return self._observed_at + self._duration_s(spec) - self._clock()
+
+    def _duration_s(self, spec: dict[str, Any]) -> float:
+        return float(spec.get("leaseDurationSeconds") or self.config.lease_duration_s)
+
     async def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we hold the Lease afterwards."""
         now = micro_time()
@@ -134,15 +166,14 @@ class LeaderElector:
         self._observe(lease)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        duration = float(spec.get("leaseDurationSeconds") or self.config.lease_duration_s)
-        if holder and holder != self.config.identity and \
-                self._clock() < self._observed_at + duration:
+        expires_in = self._expires_in()
+        if expires_in is not None and expires_in > 0:
             return False  # held by another, not expired
         updated = dict(lease)
         updated["spec"] = self._spec(spec if holder else {**spec, "holderIdentity": None}, now)
         if holder and holder != self.config.identity:
             log.info("taking over Lease %s/%s from %s (not renewed for %.0f s)",
-                     self.config.namespace, self.config.name, holder, duration)
+                     self.config.namespace, self.config.name, holder, self._duration_s(spec))
         try:
             written = await self.client.update(self.path, updated)  # resourceVersion precondition
         except ApiError as err:
@@ -152,20 +183,59 @@ class LeaderElector:
         return True
 
     async def acquire(self) -> None:
-        """Return once we lead (retrying every retry period, jittered)."""
-        while True:
-            try:
-                if await self.try_acquire_or_renew():
-                    self.is_leader = True
-                    self._last_renew = self._clock()
-                    spec = (self._lease or {}).get("spec") or {}
-                    self.transitions_seen = int(spec.get("leaseTransitions") or 0)
-                    log.info("%s leads (Lease %s/%s)", self.config.identity,
-                             self.config.namespace, self.config.name)
+        """Return once we lead (retrying every retry period, jittered, or at the Lease's
+        expiry when that comes sooner). Between attempts a watch on the Lease observes each
+        renewal as it is written, so its expiry is counted from the holder's last renewal,
+        not from our next poll after it (up to a retry period later)."""
+        watcher: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if await self._attempt():
                     return
-            except ApiError as err:
-                log.warning("leader election: %s", err)
-            await self._sleep(self.config.retry_period_s * random.uniform(1, JITTER))
+                if watcher is None and self._lease is not None:
+                    watcher = asyncio.create_task(self._watch_lease(), name="lease-watch")
+                await self._sleep(next_attempt_s(
+                    self.config.retry_period_s * random.uniform(1, JITTER), self._expires_in()))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    async def _watch_lease(self) -> None:
+        """Observe every change of the Lease as the API server delivers it. Best effort: on
+        any failure, watch again from the latest Lease seen (the attempts observe it too)."""
+        path = LEASES.path(self.config.namespace)
+        params = {"fieldSelector": f"metadata.name={self.config.name}"}
+        while True:
+            version = str(((self._lease or {}).get("metadata") or {}).get("resourceVersion")
+                          or "")
+            try:
+                async for kind, lease in self.client.watch(path, version, params):
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._observe(lease)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # gone, expired, the API down: the attempts go on
+                log.debug("leader election: Lease watch ended: %s", err)
+            # not the protocol's clock: only how soon a watch that ended is opened again
+            await asyncio.sleep(self.config.retry_period_s)
+
+    async def _attempt(self) -> bool:
+        """One attempt to acquire; True when we lead."""
+        try:
+            if not await self.try_acquire_or_renew():
+                return False
+        except ApiError as err:
+            log.warning("leader election: %s", err)
+            return False
+        self.is_leader = True
+        self._last_renew = self._clock()
+        spec = (self._lease or {}).get("spec") or {}
+        self.transitions_seen = int(spec.get("leaseTransitions") or 0)
+        log.info("%s leads (Lease %s/%s)", self.config.identity, self.config.namespace,
+                 self.config.name)
+        return True
 
     async def keep_renewing(self) -> None:
         """Renew every retry period; raises LeadershipLost once a renewal has not succeeded

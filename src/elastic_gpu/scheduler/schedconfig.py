@@ -84,13 +84,32 @@ def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s
     return stanza
 
 
+#: kube-scheduler's backoff after a failed attempt: podInitialBackoffSeconds doubled per
+#: consecutive failure, up to podMaxBackoffSeconds (its defaults: 1 s and 10 s). While the
+#: extender fails over (the leader dead, its Lease not yet taken: ~3.5 s with the chart's
+#: 3 / 2 / 0.5 s), every attempt of a GPU pod is an error: with the defaults, a pod created
+#: at the kill is tried at 0, 1, 3 and 7 s, waiting out a 4 s backoff after the new leader
+#: serves. An error's backoff cannot be cut short (kube-scheduler keeps erroring pods in a
+#: queue of their own that no cluster event moves, and only pops it on its 1 s tick; a
+#: wake-up patch is no help), so the bound is the configuration's: 1 s, the least it accepts
+#: (0 < initial <= max), retries a pod within a second of the new leader serving. The cost,
+#: a pod that fails again and again retried every second, is one cheap failed attempt each.
+POD_INITIAL_BACKOFF_S = 1
+POD_MAX_BACKOFF_S = 1
+
+
 def kube_scheduler_config(url_prefix: str = "http://127.0.0.1:8888", *,
                           scheduler_name: str = "default-scheduler",
                           weight: int = 5, prioritize: bool = True,
-                          tls_config: dict[str, str] | None = None) -> dict[str, Any]:
+                          tls_config: dict[str, str] | None = None,
+                          pod_max_backoff_s: int = POD_MAX_BACKOFF_S) -> dict[str, Any]:
+    """`pod_max_backoff_s`: 10 is kube-scheduler's default (the configuration shipped before
+    issue 39; bench/sched_failover.py --max-backoff compares the two)."""
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
+        "podInitialBackoffSeconds": POD_INITIAL_BACKOFF_S,
+        "podMaxBackoffSeconds": pod_max_backoff_s,
         "profiles": [{"schedulerName": scheduler_name}],
         "extenders": [extender_stanza(url_prefix, weight=weight, prioritize=prioritize,
                                       tls_config=tls_config)],

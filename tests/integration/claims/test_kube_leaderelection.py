@@ -10,7 +10,12 @@ import pytest
 
 from egpu_testing.pytest_plugin import unique_name
 from elastic_gpu.kube.client import KubeClient
-from elastic_gpu.kube.leaderelection import LeaderElector, LeadershipLost, LeaseConfig
+from elastic_gpu.kube.leaderelection import (
+    EXPIRY_MARGIN_S,
+    LeaderElector,
+    LeadershipLost,
+    LeaseConfig,
+)
 from elastic_gpu.kube.resources import LEASES
 
 pytestmark = pytest.mark.integration
@@ -35,6 +40,14 @@ class ReplicaClock:
         self.advance(seconds)
         self.slept += seconds
         await asyncio.sleep(0)
+
+
+class AsleepClock(ReplicaClock):
+    """A replica clock whose sleeps never end: the replica makes no attempt after its first."""
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept += seconds
+        await asyncio.Event().wait()
 
 
 #: lease duration, renew deadline, retry period (seconds of the replicas' own clocks)
@@ -109,6 +122,61 @@ async def test_expiry_takeover_and_release(k8s_cluster: Any, k8s_namespace: str)
         spec = (await a_client.get(LEASES.path(k8s_namespace, lease)))["spec"]
         assert not spec.get("holderIdentity")
         assert await a.try_acquire_or_renew()
+    finally:
+        await a_client.close()
+        await b_client.close()
+
+
+async def test_a_standby_tries_the_moment_a_dead_leaders_lease_expires(
+        k8s_cluster: Any, k8s_namespace: str) -> None:
+    """The expiry falls between two retry periods: b's next attempt is then, not a retry
+    period later (the extender's failover is the Lease's duration, not that plus a retry)."""
+    a_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    b_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    lease = unique_name("lease")
+    b_clock = ReplicaClock()
+    a = elector(a_client, k8s_namespace, lease, "a")
+    b = elector(b_client, k8s_namespace, lease, "b", clock=b_clock)
+    duration, _, retry = TIMINGS
+    try:
+        await a.acquire()
+        assert not await b.try_acquire_or_renew()  # b observes a's record from now
+        b_clock.advance(duration - retry / 4)  # a has died: its record does not change
+        await b.acquire()
+        assert b.is_leader
+        assert b_clock.slept == pytest.approx(retry / 4 + EXPIRY_MARGIN_S)
+    finally:
+        await a_client.close()
+        await b_client.close()
+
+
+async def test_a_standby_counts_the_expiry_from_the_last_renewal_it_watched(
+        k8s_cluster: Any, k8s_namespace: str) -> None:
+    """Between its attempts a standby watches the Lease: a renewal is observed when it is
+    written, not at the standby's next poll (which would push a dead leader's expiry, and the
+    takeover, up to a retry period later)."""
+    a_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    b_client = KubeClient.from_config(k8s_cluster.kubeconfig)
+    lease = unique_name("lease")
+    b_clock = AsleepClock()
+    a = elector(a_client, k8s_namespace, lease, "a")
+    b = elector(b_client, k8s_namespace, lease, "b", clock=b_clock)
+    duration, _, retry = TIMINGS
+    try:
+        await a.acquire()
+        standby = asyncio.create_task(b.acquire())
+        while b_clock.slept == 0:  # b's first attempt failed: it sleeps (for good), watching
+            await asyncio.sleep(0.01)
+        b_clock.advance(duration - retry / 4)  # to just before expiry, on b's clock
+        assert await a.try_acquire_or_renew()  # a renews; b makes no attempt meanwhile
+        deadline = asyncio.get_running_loop().time() + 30
+        while b._expires_in() != pytest.approx(duration, abs=retry):
+            assert asyncio.get_running_loop().time() < deadline, "the renewal was not watched"
+            await asyncio.sleep(0.01)
+        assert not standby.done()
+        standby.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await standby
     finally:
         await a_client.close()
         await b_client.close()

@@ -104,3 +104,24 @@ def test_which_kube_scheduler_configurations_ignore_the_quota_names() -> None:
     assert ignores_quota_names({"profiles": [{"schedulerName": "a", "pluginConfig": [fit]}]})
     assert not ignores_quota_names({"profiles": [{"schedulerName": "a", "pluginConfig": [fit]},
                                                  {"schedulerName": "b"}]})
+
+
+def test_every_shipped_configuration_retries_a_failed_pod_within_a_second() -> None:
+    """A GPU pod created as the serving extender dies fails every attempt until the new
+    leader serves; kube-scheduler's default backoff (1, 2, 4, 8, 10 s) would then leave it
+    waiting up to 4 s more. The generated configuration, the deploy/ examples and the chart's
+    rendered kube-scheduler all bound it to 1 s, the least kube-scheduler accepts."""
+    from elastic_gpu.scheduler.schedconfig import POD_MAX_BACKOFF_S
+
+    rendered = next(d for d in yaml.safe_load_all(
+        (REPO / "deploy/scheduler/kube-scheduler.yaml").read_text())
+        if d and d.get("kind") == "ConfigMap")
+    shipped = [kube_scheduler_config(), yaml.safe_load(rendered["data"]["config.yaml"])]
+    shipped += [yaml.safe_load((REPO / "deploy/scheduler" / name).read_text())
+                for name in ("kube-scheduler-config.yaml", "kube-scheduler-config-best.yaml",
+                             "kube-scheduler-config-tls.yaml")]
+    assert POD_MAX_BACKOFF_S == 1
+    for config in shipped:
+        assert config["podInitialBackoffSeconds"] == 1
+        assert config["podMaxBackoffSeconds"] == POD_MAX_BACKOFF_S
+    assert kube_scheduler_config(pod_max_backoff_s=10)["podMaxBackoffSeconds"] == 10
