@@ -46,8 +46,8 @@ from elastic_gpu.api.config.loader import (
     ConfigError,
     Problem,
     describe,
-    field_problems,
     header_problems,
+    merged_problems,
     new_spellings,
     read_file,
     read_text,
@@ -56,9 +56,7 @@ from elastic_gpu.api.config.loader import (
 from elastic_gpu.api.config.merge import (
     Override,
     Rename,
-    flag_field,
     with_overrides,
-    written_field,
 )
 from elastic_gpu.core.resources import (
     GPU_CORE,
@@ -513,13 +511,8 @@ def parse_config(data: Any, source: str = "config", flags: Iterable[Override] = 
         return AgentConfig.model_validate(with_overrides(mapped, flags))
     except ValidationError as err:
         what = "" if form is Form.ELASTIC_GPU else f" (mapped from the {form.value})"
-        problems = []
-        for problem in field_problems(err):
-            field = flag_field(problem.field, flags)
-            if field == problem.field:
-                field = written_field(field, used)
-            problems.append(Problem(field, problem.value, problem.rule))
-        raise ConfigError.invalid(source, f"invalid agent config{what}", problems) from None
+        raise ConfigError.invalid(source, f"invalid agent config{what}",
+                                  merged_problems(err, flags, used)) from None
 
 
 def _not_a_mapping(source: str, data: Any) -> ConfigError:

@@ -223,6 +223,20 @@ def field_problems(err: ValidationError) -> list[Problem]:
     return problems
 
 
+def merged_problems(err: ValidationError, overrides: Iterable[Override],
+                    used: Iterable[Rename]) -> list[Problem]:
+    """`field_problems` of a file merged with flags, each named as the user wrote it: the flag
+    that set the field, else the key's old spelling when the file used one."""
+    overrides, used = list(overrides), list(used)
+    found = []
+    for problem in field_problems(err):
+        field = flag_field(problem.field, overrides)
+        if field == problem.field:
+            field = written_field(field, used)
+        found.append(Problem(field, problem.value, problem.rule))
+    return found
+
+
 def load_settings(path: Path | None, model: type[Settings], kind: str, *,
                   overrides: Iterable[Override] = (), renames: Iterable[Rename] = ()) -> Settings:
     """The settings of `kind`: `path`'s (an empty file, or none, is all defaults) with the
@@ -246,13 +260,8 @@ def load_settings(path: Path | None, model: type[Settings], kind: str, *,
     try:
         return model.model_validate(with_overrides(data, overrides))
     except ValidationError as err:
-        found = []
-        for problem in field_problems(err):
-            field = flag_field(problem.field, overrides)
-            if field == problem.field:
-                field = written_field(field, used)
-            found.append(Problem(field, problem.value, problem.rule))
-        raise ConfigError.invalid(source, f"invalid {kind}", found) from None
+        raise ConfigError.invalid(source, f"invalid {kind}",
+                                  merged_problems(err, overrides, used)) from None
 
 
 def new_spellings(data: Mapping[str, Any], renames: Iterable[Rename], source: str,
