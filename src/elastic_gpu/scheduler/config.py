@@ -68,9 +68,9 @@ def check_policy(tier: str, name: str) -> str:
 class LeaderElectionConfig(LeaderElectionSettings):
     """The extender's leader election (`leaderElection:`; keys and rules shared with the
     controllers', `api.config.leaderelection`). The defaults make a failover after
-    a SIGKILL (no release) take at most about leaseDuration + 2 x retryPeriod (~4 s): the
-    standby sees the last renewal within a retry period, waits the lease duration on its own
-    clock, and tries again within another. They cost the API server one GET and one PUT of the
+    a SIGKILL (no release) take about leaseDuration after the leader's last renewal (~3 s):
+    the standby watches the Lease, waits the lease duration on its own clock, and tries the
+    moment it expires (`kube.leaderelection.next_attempt_s`). They cost the API server one GET and one PUT of the
     Lease per retry period from the leader (4 requests/s) and one GET per retry period from
     each standby (2/s): a few Lease writes per second, against client-go's 15/10/2 s defaults
     (a failover of up to ~17 s) that the scheduler cannot afford: no GPU pod is scheduled while
