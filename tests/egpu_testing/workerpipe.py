@@ -69,7 +69,7 @@ class PipedWorker:
     async def serve(self) -> None:
         """The worker's side until its stdin closes; then it exits (code 0)."""
         async def drain() -> None:
-            pass
+            return None  # frames go straight into `stdout`'s buffer: nothing waits to flush
 
         await apiworker.serve(self.requests, self.worker, drain)
         self._exit(0)
