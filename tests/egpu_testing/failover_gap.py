@@ -7,12 +7,15 @@ kube-scheduler's backoff delays.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from egpu_testing.failover import FirstSeenClock, KillResult, ObjectStream
+from egpu_testing.failover import ExtenderPair, FirstSeenClock, KillResult, ObjectStream
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,18 @@ def failed_attempts(kube_scheduler_log: str, namespace: str) -> list[str]:
     prefix = f"{namespace}/"
     return [m["pod"][len(prefix):] for m in _ERROR_ATTEMPT.finditer(kube_scheduler_log)
             if m["pod"].startswith(prefix)]
+
+
+@contextlib.contextmanager
+def running_pair(cluster: Any, namespace: str, work_dir: Path) -> Iterator[ExtenderPair]:
+    """Two extender replicas under leader election on `cluster` (the GPUDevice CRD installed),
+    stopped on exit: the failover tests' fixture."""
+    from elastic_gpu.agent.inventory_api import ensure_crd
+
+    ensure_crd(cluster.kube())
+    replicas = ExtenderPair(cluster.kubeconfig, work_dir, namespace)
+    try:
+        replicas.start()
+        yield replicas
+    finally:
+        replicas.stop()

@@ -70,11 +70,11 @@ class LeaderElectionConfig(LeaderElectionSettings):
     controllers', `api.config.leaderelection`). The defaults make a failover after
     a SIGKILL (no release) take about leaseDuration after the leader's last renewal (~3 s):
     the standby watches the Lease, waits the lease duration on its own clock, and tries the
-    moment it expires (`kube.leaderelection.next_attempt_s`). They cost the API server one GET and one PUT of the
-    Lease per retry period from the leader (4 requests/s) and one GET per retry period from
-    each standby (2/s): a few Lease writes per second, against client-go's 15/10/2 s defaults
-    (a failover of up to ~17 s) that the scheduler cannot afford: no GPU pod is scheduled while
-    no replica serves. The renew deadline ends the leader's serving a full second before any
+    moment it expires (`kube.leaderelection.next_attempt_s`). They cost the API server one
+    GET and one PUT of the Lease per retry period from the leader (4 requests/s) and a watch
+    from each standby: a few Lease writes per second, against client-go's 15/10/2 s defaults
+    (a failover of up to ~17 s) that the scheduler cannot afford: no GPU pod is scheduled
+    while no replica serves. The renew deadline ends the leader's serving a full second before any
     standby may take over."""
 
     #: off: one replica, always serving (`--leader-elect` turns it on)

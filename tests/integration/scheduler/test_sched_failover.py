@@ -40,6 +40,7 @@ from egpu_testing.failover import (
     share_claims,
     stream_pods,
 )
+from egpu_testing.failover_gap import running_pair
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.scenario import Progress, check, fractional_pods, list_pods
 from egpu_testing.webhook import wait_in_force
@@ -55,15 +56,8 @@ PER_SECOND = 12.0
 
 @pytest.fixture
 def pair(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[ExtenderPair]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
-
-    ensure_crd(k8s_cluster.kube())
-    replicas = ExtenderPair(k8s_cluster.kubeconfig, tmp_path, k8s_namespace)
-    try:
-        replicas.start()
+    with running_pair(k8s_cluster, k8s_namespace, tmp_path) as replicas:
         yield replicas
-    finally:
-        replicas.stop()
 
 
 def _settle(client: Any, namespace: str, total: int, quiet_s: float = 20.0,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from egpu_testing.failover import ExtenderPair
-from egpu_testing.failover_gap import failed_attempts
+from egpu_testing.failover_gap import failed_attempts, running_pair
 from egpu_testing.scenario import list_pods
 from egpu_testing.workbench import extender_kube_scheduler_config, pod_manifest
 
@@ -35,15 +35,8 @@ DEEP = 4
 
 @pytest.fixture
 def pair(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[ExtenderPair]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
-
-    ensure_crd(k8s_cluster.kube())
-    replicas = ExtenderPair(k8s_cluster.kubeconfig, tmp_path, k8s_namespace)
-    try:
-        replicas.start()
+    with running_pair(k8s_cluster, k8s_namespace, tmp_path) as replicas:
         yield replicas
-    finally:
-        replicas.stop()
 
 
 def test_pods_created_while_no_extender_serves_are_retried_every_second_and_all_bound(
