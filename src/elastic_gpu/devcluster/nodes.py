@@ -196,7 +196,7 @@ def register_fake_node(client: SyncKubeClient, inventory: Node,
                      {"status": manifest["status"]}, STRATEGIC_PATCH)
     # The cards become GPUDevice objects (and Node capacity) through the node agent's fake
     # backend: the same code path that publishes a real node's inventory.
-    from elastic_gpu.agent.publish import publish_fake_node
+    from elastic_gpu.agent.deviceplugin.publish import publish_fake_node
 
     install_gpudevice_crd_once(client)
     publish_fake_node(client, inventory, config)
@@ -210,7 +210,7 @@ def create_fake_node(client: SyncKubeClient, inventory: Node,
     reconciles (a re-run finds the node there) and its read of the node's GPUDevices by label
     costs time in proportion to the cluster: N nodes took time in N squared (1,000 nodes:
     118-290 s). A node that exists already is a Conflict here."""
-    from elastic_gpu.agent.publish import publish_new_fake_node
+    from elastic_gpu.agent.deviceplugin.publish import publish_new_fake_node
 
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     if is_dra_node(inventory.labels):

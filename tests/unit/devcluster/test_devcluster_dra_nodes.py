@@ -54,12 +54,12 @@ def test_a_cluster_file_group_may_be_dra() -> None:
 def test_a_kwok_nodes_manifest_is_the_status_the_agents_capacity_patch_leaves(
         gpu_mode: str) -> None:
     """One way for the quota's accounting names: a kwok node is created with the status the
-    agent's capacity patch would write (`agent.publish.status_patch` finds nothing to change),
+    agent's capacity patch would write (`agent.node_status.status_patch` finds nothing to change),
     in either mode, so the sandbox has nothing to patch afterwards (`enable_dra`)."""
     from elastic_gpu.agent.config import parse_config
     from elastic_gpu.agent.devices import logical_cards
-    from elastic_gpu.agent.dra.mode import dra_capacity as agent_dra_capacity
-    from elastic_gpu.agent.publish import status_patch
+    from elastic_gpu.agent.dra.node import dra_capacity as agent_dra_capacity
+    from elastic_gpu.agent.node_status import status_patch
 
     inv = nodes.fake_inventory("n0", gpus=2)
     manifest = nodes.node_manifest(inv)
