@@ -1,4 +1,5 @@
-"""The agent in DRA mode (`dra.enabled`): what it publishes and serves instead of device plugins.
+"""The agent in DRA mode (`dra.enabled`), `DraNode` behind `agent.nodemode.NodeMode`: what it
+publishes and serves instead of device plugins.
 
 A node is in one mode. In DRA mode the agent
 
