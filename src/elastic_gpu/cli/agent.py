@@ -98,7 +98,7 @@ def agent(
         running.start()
         if cfg.metrics.port:
             running.serve_metrics(cfg.metrics.host, cfg.metrics.port)
-    except NodeModeError as err:  # the Node is not in the DRA node group: nothing published
+    except NodeModeError as err:  # the Node is in the other mode's node group: nothing published
         running.stop()
         typer.echo(f"egpu agent: {err}", err=True)
         raise typer.Exit(1) from None
