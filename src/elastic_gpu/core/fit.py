@@ -93,10 +93,10 @@ class FitKind(enum.Enum):
     #: the pod's claim (`claim`, namespace/name; its `container`) is bound to ElasticGPU
     #: `elastic_gpu` on another node (`node`)
     CLAIM_ON_OTHER_NODE = "claim-on-other-node"
-    #: a DRA-mode node (`node`) and a pod naming ElasticGPUClaims (cards of our ledger, which
-    #: has none there); `device_class` is the DeviceClass to ask with instead
+    #: a DRA-mode node and a pod naming ElasticGPUClaims (cards of our ledger, which has none
+    #: there); `device_class` is the DeviceClass to ask with instead
     DRA_NAMES_CLAIMS = "dra-names-claims"
-    #: a DRA-mode node (`node`) serves none of the GPU names in `asked` (only those in
+    #: a DRA-mode node serves none of the GPU names in `asked` (only those in
     #: `offered`, through a DeviceClass's extended-resource mapping); `device_class` as above
     DRA_NOT_SERVED = "dra-not-served"
 
@@ -195,7 +195,7 @@ class FitFailure:
     #: CLAIM_ON_OTHER_NODE: the claim (namespace/name) and its ElasticGPU
     claim: str = ""
     elastic_gpu: str = ""
-    #: CLAIM_ON_OTHER_NODE: the ElasticGPU's node; DRA kinds: the DRA-mode node itself
+    #: CLAIM_ON_OTHER_NODE: the ElasticGPU's node
     node: str = ""
     #: DRA_NOT_SERVED: the GPU names the pod asks that the node does not serve
     asked: tuple[str, ...] = ()
@@ -283,13 +283,13 @@ def _container(failure: FitFailure) -> str:
 
 
 def _how_to_ask(failure: FitFailure) -> str:
-    return (f"node {failure.node} serves GPUs through DRA; ask for a share with a ResourceClaim "
-            f"of class {failure.device_class}")
+    return (f"the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+            f"{failure.device_class}")
 
 
 def describe(failure: FitFailure) -> str:
     """The failure as a sentence a person can act on. Never names the node it is about (see
-    module doc), but for the DRA kinds, whose sentences have always named it."""
+    module doc)."""
     f = failure
     kind = f.kind
     if kind is FitKind.UNKNOWN_NODE:

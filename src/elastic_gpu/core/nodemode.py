@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from elastic_gpu.core.dra.nodemode import dra_fit_failure
-from elastic_gpu.core.fit import FitFailure
 from elastic_gpu.core.placement import FilterResult
 from elastic_gpu.core.request import PodRequest
 
@@ -44,10 +43,10 @@ class NodeMode(Protocol):
         """Each node's score, 0..10 (kube-scheduler's extender range)."""
         ...
 
-    def may_preempt(self, request: PodRequest, uid: str,
-                    candidates: Mapping[str, Victims]) -> dict[str, Victims]:
+    def may_preempt(self, request: PodRequest, uid: str, candidates: Mapping[str, Victims],
+                    claims: Mapping[str, str]) -> dict[str, Victims]:
         """Of kube-scheduler's candidate nodes, those where preempting lets the pod in, each
-        with the victims to evict; the others are left out."""
+        with the victims to evict; the others are left out. `claims` as in `fit`."""
         ...
 
 
@@ -56,26 +55,24 @@ class DraMode:
 
     def fit(self, request: PodRequest, uid: str, nodes: Sequence[str],
             claims: Mapping[str, str]) -> FilterResult:
-        feasible: list[str] = []
-        failed: dict[str, FitFailure] = {}
-        for node in nodes:
-            failure = dra_fit_failure(request, node, names_claims=bool(claims))
-            if failure is None:
-                feasible.append(node)
-            else:
-                failed[node] = failure
-        return FilterResult(sorted(feasible), failed)
+        # one answer for every DRA-mode node: one failure object, its sentence made once
+        failure = dra_fit_failure(request, names_claims=bool(claims))
+        if failure is None:
+            return FilterResult(sorted(nodes), {})
+        return FilterResult([], dict.fromkeys(nodes, failure))
 
     def score(self, request: PodRequest, uid: str, nodes: Sequence[str]) -> dict[str, int]:
         # kube-scheduler scores the devices it allocates itself: ours says nothing there
         return dict.fromkeys(sorted(nodes), 0)
 
-    def may_preempt(self, request: PodRequest, uid: str,
-                    candidates: Mapping[str, Victims]) -> dict[str, Victims]:
+    def may_preempt(self, request: PodRequest, uid: str, candidates: Mapping[str, Victims],
+                    claims: Mapping[str, str]) -> dict[str, Victims]:
         # kube-scheduler's DynamicResources plugin chose these victims for the devices it
-        # allocates: kept as proposed where the pod may go at all, no card of ours freed
-        return {node: victims for node, victims in candidates.items()
-                if dra_fit_failure(request, node) is None}
+        # allocates: kept as proposed where the pod may go at all (as `fit` answers), no card
+        # of ours freed
+        if dra_fit_failure(request, names_claims=bool(claims)) is not None:
+            return {}
+        return dict(candidates)
 
 
 #: The one DRA mode (it holds no state).

@@ -6,10 +6,12 @@ node-level `node.elasticgpu.io/gpu-core` (`agent.dra.node.dra_capacity`, what th
 advertises; its Node is made by `devcluster.nodes.node_manifest`, as every kwok node's), and
 its cards are the driver `gpu.elasticgpu.io`'s ResourceSlices, written by the agent's own
 publisher (`agent.dra.slices_api.publish_node_slices`) from the same fake inventory the
-device-plugin kwok nodes publish as GPUDevices. A kwok node has no agent: registration
-publishes its slices once, and the sandbox's allocation-sync, standing in for the agents,
-keeps them published (`sync_dra_slices`) from the inventory the Node carries in
-`FAKE_INVENTORY_ANNOTATION` (its cards in GPUDevice spec form, `inventory_json`).
+device-plugin kwok nodes publish as GPUDevices, shaped as a DRA agent with the node's config
+shapes it (`dra_agent_cards`: a multi-chip board is one card unless `splitBoard`). A kwok node
+has no agent: registration publishes its slices once, and the sandbox's allocation-sync,
+standing in for the agents, keeps them published (`DraSliceSync`) from the cards the Node
+carries in `FAKE_INVENTORY_ANNOTATION` (those the agent publishes, in GPUDevice spec form,
+`inventory_json`: the config is applied once, when the Node is made).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.api.gpudevice import card_from_object, card_spec
 from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import (
@@ -29,13 +32,14 @@ from elastic_gpu.core.dra.nodemode import (
     node_object_labels,
 )
 from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.errors import Conflict
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
-#: The fake inventory of a DRA-mode kwok node, as JSON: what its stand-in agent publishes.
+#: The cards of a DRA-mode kwok node, as JSON: what its stand-in agent publishes.
 FAKE_INVENTORY_ANNOTATION = "elasticgpu.io/fake-inventory"
 #: How the first DRA node of `egpu sandbox up --dra-nodes` carves its last card (7 slices of
 #: an 80 GB card), so a MIG partition can be allocated through DRA.
@@ -71,6 +75,14 @@ def with_dra_nodes(inventories: Sequence[Node], count: int) -> list[Node]:
     return keep + dra
 
 
+def dra_agent_cards(inventory: Node, config: AgentConfig) -> tuple[Card, ...]:
+    """The cards a DRA agent with `config` publishes for the node's chips, by the agent's own
+    rule (`agent.devices.logical_cards`): a multi-chip board is one card unless `splitBoard`."""
+    from elastic_gpu.agent.devices import logical_cards
+
+    return tuple(lc.card for lc in logical_cards(inventory.cards, config.splitBoard))
+
+
 def inventory_json(node: str, cards: Iterable[Card]) -> str:
     """The cards in the form of their GPUDevices' spec (`api.gpudevice.card_spec`): the one
     card format, which a DRA node's stand-in agent reads back with `cards_from_json`."""
@@ -90,10 +102,17 @@ def cards_from_json(text: str) -> tuple[Card, ...]:
 
 
 def register_dra_node(client: SyncKubeClient, inventory: Node, manifest: Mapping[str, Any],
-                      new: bool = False) -> None:
-    """Create (or bring up to date) a DRA-mode node and publish its slices, as its agent would."""
+                      config: AgentConfig, new: bool = False) -> None:
+    """Create (or bring up to date) a DRA-mode node from its `manifest`
+    (`devcluster.nodes.node_manifest` with `config`) and publish the cards it carries as
+    slices, as its agent would. An existing Node's GPU names are brought up to date by the
+    agent's own rule (`agent.node_status.status_patch`: the names no longer offered removed,
+    names not ours left alone); its CPU, memory and pods become the manifest's."""
+    from elastic_gpu.agent.dra.node import dra_capacity
     from elastic_gpu.agent.dra.slices_api import publish_node_slices
+    from elastic_gpu.agent.node_status import status_patch
 
+    cards = cards_from_json(manifest["metadata"]["annotations"][FAKE_INVENTORY_ANNOTATION])
     try:
         created = client.create(NODES.path(), dict(manifest))
     except Conflict:
@@ -101,16 +120,18 @@ def register_dra_node(client: SyncKubeClient, inventory: Node, manifest: Mapping
             raise
         path = NODES.path(name=inventory.name)
         current = client.get(path)
-        stale = {k: None for k in (current.get("status") or {}).get("capacity") or {}
-                 if k not in manifest["status"]["capacity"]}
+        gpu = dra_capacity(cards)
+        patch = (status_patch(current.get("status") or {}, gpu, gpu, config)
+                 or {"status": {}})["status"]
+        ours = with_accounting(gpu)  # what status_patch decides; the rest is the host's
+        host = {field: {k: v for k, v in manifest["status"][field].items() if k not in ours}
+                for field in ("capacity", "allocatable")}
         client.patch(path, {"metadata": manifest["metadata"]}, STRATEGIC_PATCH)
         client.patch(NODES.path(name=inventory.name, subresource="status"),
-                     {"status": {"capacity": {**stale, **manifest["status"]["capacity"]},
-                                 "allocatable": {**stale,
-                                                 **manifest["status"]["allocatable"]}}})
+                     {"status": {field: {**host[field], **patch.get(field, {})}
+                                 for field in host}})
         created = current
-    publish_node_slices(client, inventory.name, inventory.cards,
-                        str(created["metadata"]["uid"]))
+    publish_node_slices(client, inventory.name, cards, str(created["metadata"]["uid"]))
 
 
 class DraSliceSync:

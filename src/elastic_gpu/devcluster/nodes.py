@@ -42,6 +42,7 @@ from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.devcluster.dra_nodes import (
     FAKE_INVENTORY_ANNOTATION,
     as_dra,
+    dra_agent_cards,
     inventory_json,
     register_dra_node,
 )
@@ -120,15 +121,16 @@ def gpu_status(inventory: Node, config: AgentConfigLike | None = None
                ) -> tuple[dict[str, str], dict[str, str]]:
     """(capacity, allocatable) of the GPU names, exactly as the agent's node mode with
     `config` advertises them for these cards (its own functions compute them): a DRA node's
-    node-level count (`agent.dra.node.dra_capacity`), a device-plugin node's resources."""
+    node-level count (`agent.dra.node.dra_capacity`) of the cards it publishes (a board is
+    one unless `splitBoard`), a device-plugin node's resources."""
     from elastic_gpu.agent.devices import build_plans, logical_cards
     from elastic_gpu.agent.devices import node_capacity as agent_capacity
     from elastic_gpu.agent.dra.node import dra_capacity
 
-    if is_dra_node(inventory.labels):
-        capacity = dra_capacity(inventory.cards)
-        return capacity, dict(capacity)
     cfg = as_agent_config(config)
+    if is_dra_node(inventory.labels):
+        capacity = dra_capacity(dra_agent_cards(inventory, cfg))
+        return capacity, dict(capacity)
     cards = logical_cards(inventory.cards, cfg.splitBoard)
     return agent_capacity(cards, cfg, build_plans(cards, cfg))
 
@@ -172,12 +174,15 @@ def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dic
     keeps status on create (a kubelet registers its node the same way), so one request makes
     the node complete, and the agent's capacity patch that follows finds nothing to change (its
     GPU names are the status that patch leaves: `gpu_status`, `core.quota.with_accounting`).
-    A DRA node also carries its cards for its stand-in agent (`FAKE_INVENTORY_ANNOTATION`)."""
-    gpu_capacity, gpu_allocatable = gpu_status(inventory, config)
+    A DRA node also carries, for its stand-in agent, the cards a DRA agent with `config`
+    publishes (`FAKE_INVENTORY_ANNOTATION`, `dra_agent_cards`)."""
+    cfg = as_agent_config(config)
+    gpu_capacity, gpu_allocatable = gpu_status(inventory, cfg)
     annotations = {FAKE_NODE_ANNOTATION: FAKE_NODE_ANNOTATION_VALUE,
                    "node.alpha.kubernetes.io/ttl": "0"}
     if is_dra_node(inventory.labels):
-        annotations[FAKE_INVENTORY_ANNOTATION] = inventory_json(inventory.name, inventory.cards)
+        annotations[FAKE_INVENTORY_ANNOTATION] = inventory_json(
+            inventory.name, dra_agent_cards(inventory, cfg))
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -199,7 +204,7 @@ def register_fake_node(client: SyncKubeClient, inventory: Node,
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     manifest = node_manifest(inventory, config)
     if is_dra_node(inventory.labels):  # its cards are ResourceSlices (devcluster.dra_nodes)
-        register_dra_node(client, inventory, manifest)
+        register_dra_node(client, inventory, manifest, config)
         return
     try:
         client.create(NODES.path(), manifest)
@@ -229,7 +234,7 @@ def create_fake_node(client: SyncKubeClient, inventory: Node,
 
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     if is_dra_node(inventory.labels):
-        register_dra_node(client, inventory, node_manifest(inventory, config), new=True)
+        register_dra_node(client, inventory, node_manifest(inventory, config), config, new=True)
         return
     created = client.create(NODES.path(), node_manifest(inventory, config))
     install_gpudevice_crd_once(client)

@@ -130,7 +130,7 @@ class Binder(ExtenderBase):
         DynamicResources PreBind has written the claims' allocation (its special claim for
         `nvidia.com/gpu`) before this verb is called; no card of ours is reserved and no
         assignment written (`core.dra.nodemode`)."""
-        refused = dra_fit_failure(request, args.Node, names_claims=names_claims)
+        refused = dra_fit_failure(request, names_claims=names_claims)
         if refused is not None:
             self.metrics.bind_failures.labels("placement").inc()
             raise BindError(f"{where}: {describe(refused)}", definite=True)

@@ -105,8 +105,9 @@ class DevicePluginMode:
     def score(self, request: PodRequest, uid: str, nodes: Sequence[str]) -> dict[str, int]:
         return self._state.prioritize(request, uid, nodes)
 
-    def may_preempt(self, request: PodRequest, uid: str,
-                    candidates: Mapping[str, Victims]) -> dict[str, Victims]:
+    def may_preempt(self, request: PodRequest, uid: str, candidates: Mapping[str, Victims],
+                    claims: Mapping[str, str]) -> dict[str, Victims]:
+        # the verb already kept only the node the bound claims tie the pod to
         return self._state.preempt(request, uid, candidates)
 
 
@@ -188,8 +189,8 @@ class Verbs(ExtenderBase):
         # an unbound claim's): its sentence is made once per request, keyed by the object.
         sentences: dict[int, str] = {}
         for node, failure in refused.items():
-            # The sentence is made here, once; it never names the node (but a DRA refusal's,
-            # `core.fit`), so kube-scheduler can count identical reasons ("3 <reason>").
+            # The sentence is made here, once; it never names the node (`core.fit`), so
+            # kube-scheduler can count identical reasons ("3 <reason>").
             sentence = sentences.get(id(failure))
             if sentence is None:
                 sentence = sentences[id(failure)] = describe(failure)
@@ -203,17 +204,19 @@ class Verbs(ExtenderBase):
         return with_outcome(response, "unschedulable")
 
     def _claim_request(self, pod: Mapping[str, Any], request: PodRequest
-                       ) -> tuple[PodRequest, str | None, bool]:
+                       ) -> tuple[PodRequest, str | None, bool, dict[str, str]]:
         """(the request of a pod's containers that are not backed by bound claims, the node
-        its bound claims tie it to, whether an unbound claim rules out every node)."""
+        its bound claims tie it to, whether an unbound claim rules out every node, the claims
+        its containers name)."""
         try:
             named = pod_claims(pod)
         except ClaimAnnotationError:
-            return request, None, True
+            return request, None, True, {}
         if not named:
-            return request, None, False
+            return request, None, False, named
         view = self.state.claim_view(request.namespace, named)
-        return without_containers(request, view.bound), view.node, view.blocked is not None
+        return (without_containers(request, view.bound), view.node, view.blocked is not None,
+                named)
 
     def prioritize(self, body: bytes) -> web.Response:
         args = wire.parse_args(body, self.limits)
@@ -223,7 +226,7 @@ class Verbs(ExtenderBase):
         except PodError as err:
             # kube-scheduler ignores prioritize errors; the filter already told the user.
             return json_answer({"Error": str(err)}, status=422)
-        request, node, blocked = self._claim_request(args.Pod, request)
+        request, node, blocked, _ = self._claim_request(args.Pod, request)
         if blocked:
             return json_answer(wire.host_priorities(dict.fromkeys(names, 0)))
         uid = pod_uid(args.Pod)
@@ -243,7 +246,7 @@ class Verbs(ExtenderBase):
             return json_answer({"NodeNameToMetaVictims": None, "Error": str(err)}, status=422)
         if not request.wants_gpu:
             return json_answer(wire.preemption_result(candidates))
-        request, node, blocked = self._claim_request(args.Pod, request)
+        request, node, blocked, named = self._claim_request(args.Pod, request)
         if blocked:
             return json_answer(wire.preemption_result({}))  # no victim makes an unbound claim bound
         if node is not None:
@@ -254,5 +257,6 @@ class Verbs(ExtenderBase):
         uid = pod_uid(args.Pod)
         chosen: dict[str, Victims] = {}
         for mode, nodes in self._by_mode(list(candidates)):
-            chosen.update(mode.may_preempt(request, uid, {n: candidates[n] for n in nodes}))
+            chosen.update(mode.may_preempt(request, uid, {n: candidates[n] for n in nodes},
+                                           named))
         return json_answer(wire.preemption_result(chosen))

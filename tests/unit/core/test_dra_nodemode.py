@@ -51,7 +51,7 @@ def test_a_node_objects_labels_are_read_whatever_is_missing() -> None:
 
 def test_whole_cards_by_the_extended_resource_name_pass() -> None:
     assert {"nvidia.com/gpu"} == DRA_EXTENDED_NAMES
-    assert dra_fit_failure(_request(**{"nvidia.com/gpu": "2"}), "n1") is None
+    assert dra_fit_failure(_request(**{"nvidia.com/gpu": "2"}), names_claims=False) is None
 
 
 @pytest.mark.parametrize("limits", [
@@ -63,11 +63,11 @@ def test_whole_cards_by_the_extended_resource_name_pass() -> None:
     {"nvidia.com/gpu": "1", "elasticgpu.io/gpu-memory": "4096"},
 ])
 def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str, str]) -> None:
-    failure = dra_fit_failure(_request(**limits), "n1")
+    failure = dra_fit_failure(_request(**limits), names_claims=False)
     assert failure is not None
     assert failure.kind is FitKind.DRA_NOT_SERVED and failure.check == "dra-mode"
     reason = describe(failure)
-    assert reason.startswith("node n1 serves GPUs through DRA; ask for a share with a "
+    assert reason.startswith("the node serves GPUs through DRA; ask for a share with a "
                              "ResourceClaim of class gpu.elasticgpu.io")
     for name in limits:
         if name != "nvidia.com/gpu":
@@ -75,23 +75,25 @@ def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str,
 
 
 def test_a_pod_naming_elasticgpu_claims_is_refused() -> None:
-    failure = dra_fit_failure(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
+    failure = dra_fit_failure(_request(**{"nvidia.com/gpu": "1"}), names_claims=True)
     assert failure is not None and failure.kind is FitKind.DRA_NAMES_CLAIMS
     assert "ElasticGPUClaims" in describe(failure)
 
 
-def test_the_refusals_sentences_are_the_ones_the_extender_has_always_answered() -> None:
-    """The HTTP answers (and kube-scheduler's event for the pod) keep these words exactly."""
+def test_the_refusals_sentences_name_no_node() -> None:
+    """The HTTP answers keep these words exactly, the same for every DRA-mode node, so that
+    kube-scheduler's event for the pod counts them ("3 <reason>") as it does the engine's."""
     unserved = dra_fit_failure(_request(**{"elasticgpu.io/gpu-memory": "4096",
-                                           "elasticgpu.io/gpu-core": "30"}), "n1")
-    claims = dra_fit_failure(_request(**{"nvidia.com/gpu": "1"}), "n1", names_claims=True)
+                                           "elasticgpu.io/gpu-core": "30"}),
+                               names_claims=False)
+    claims = dra_fit_failure(_request(**{"nvidia.com/gpu": "1"}), names_claims=True)
     assert unserved is not None and claims is not None
     assert describe(unserved) == (
-        "node n1 serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+        "the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
         "gpu.elasticgpu.io (elasticgpu.io/gpu-core, elasticgpu.io/gpu-memory is not served "
         "there; whole cards as nvidia.com/gpu are)")
     assert describe(claims) == (
-        "node n1 serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+        "the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
         "gpu.elasticgpu.io (ElasticGPUClaims are served on device-plugin nodes only)")
 
 

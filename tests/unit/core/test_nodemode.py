@@ -24,14 +24,16 @@ def test_a_dra_node_passes_whole_cards_and_leaves_the_fit_to_kube_scheduler() ->
     assert result.feasible == ["dra-a", "dra-b"] and result.failed == {}
 
 
-def test_a_dra_node_refuses_a_share_with_a_dra_mode_failure_naming_it() -> None:
+def test_a_dra_node_refuses_a_share_with_one_dra_mode_failure_for_every_node() -> None:
     result = DRA_MODE.fit(_request(SHARE), "u1", ["dra-a", "dra-b"], {})
     assert result.feasible == []
     assert set(result.failed) == {"dra-a", "dra-b"}
     failure = result.failed["dra-a"]
     assert failure.kind is FitKind.DRA_NOT_SERVED
     assert (failure.node, failure.asked, failure.offered) == (
-        "dra-a", ("elasticgpu.io/gpu-core",), ("nvidia.com/gpu",))
+        "", ("elasticgpu.io/gpu-core",), ("nvidia.com/gpu",))
+    # the node is the map's key; the failure (and so its sentence) is every node's
+    assert result.failed["dra-b"] == failure and "dra-a" not in describe(failure)
     assert (failure.check, failure.category, failure.kind.unresolvable) == ("dra-mode", "dra", True)
 
 
@@ -47,8 +49,15 @@ def test_a_dra_node_scores_zero() -> None:
 
 def test_a_dra_node_keeps_kube_schedulers_victims_only_where_the_pod_may_go() -> None:
     candidates: dict[str, Victims] = {"dra-a": (["victim"], 1)}
-    assert DRA_MODE.may_preempt(_request(WHOLE), "u1", candidates) == candidates
-    assert DRA_MODE.may_preempt(_request(SHARE), "u1", candidates) == {}
+    assert DRA_MODE.may_preempt(_request(WHOLE), "u1", candidates, {}) == candidates
+    assert DRA_MODE.may_preempt(_request(SHARE), "u1", candidates, {}) == {}
+
+
+def test_a_dra_node_keeps_no_victims_for_a_pod_naming_claims_as_its_filter_refuses_it() -> None:
+    candidates: dict[str, Victims] = {"dra-a": (["victim"], 1)}
+    claims = {"main": "c1"}
+    assert DRA_MODE.fit(_request(WHOLE), "u1", ["dra-a"], claims).feasible == []
+    assert DRA_MODE.may_preempt(_request(WHOLE), "u1", candidates, claims) == {}
 
 
 def test_engine_failures_are_the_engines_and_resolvable_but_an_unknown_node() -> None:

@@ -4,14 +4,20 @@ inventory they carry for their stand-in agent, and how the sandbox picks them.""
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 
+from egpu_testing.memory_api import MemoryApi
+from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.core.dra.devices import device_table, node_slices
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import accounting_allocatable
 from elastic_gpu.devcluster import dra_nodes, nodes
+from elastic_gpu.kube.resources import NODES, RESOURCE_SLICES
+from elastic_gpu.kube.sync import SyncKubeClient
 
 
 def test_a_dra_node_advertises_only_the_node_level_count_and_carries_its_inventory() -> None:
@@ -119,3 +125,72 @@ def test_a_groups_mig_layout_fits_its_models_slices(model: str, mig: list[str],
         return
     with pytest.raises(nodes.ClusterSpecError, match=f"compute slices on one {model} card"):
         nodes.parse_cluster({"nodeGroups": [group]})
+
+
+def _dra_agent_cards(inv: Node, config: AgentConfig) -> list[Card]:
+    """The cards a real DRA agent with `config` publishes for `inv`'s chips (`DraNode`
+    publishes its state's logical cards, discovered from the backend)."""
+    from elastic_gpu.agent.backends.fake import FakeBackend
+    from elastic_gpu.agent.snapshot import discover
+
+    return [lc.card for lc in discover(FakeBackend.from_cards(inv.cards, inv.name), config,
+                                       inv.name).cards]
+
+
+def _published_devices(api: MemoryApi) -> list[str]:
+    slices, _ = api.list(RESOURCE_SLICES.path())
+    return sorted(d["name"] for s in slices for d in s["spec"]["devices"])
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_kwok_dra_node_of_boards_offers_what_a_dra_agent_with_its_config_offers(
+        split: bool) -> None:
+    """Two boards of two chips: one card per board, as a DRA agent publishes them, unless
+    the config splits boards (then one per chip); the Node's count, the cards it carries for
+    its stand-in agent, the slices registration and the slice sync publish all agree."""
+    from elastic_gpu.agent.config import parse_config
+    from elastic_gpu.agent.dra.node import dra_capacity
+
+    inv = dra_nodes.as_dra(nodes.fake_inventory("d0", gpus=2, chips_per_board=2))
+    config = parse_config({"splitBoard": split, "dra": {"enabled": True}})
+    agent = _dra_agent_cards(inv, config)
+    assert len(agent) == (4 if split else 2)
+    assert nodes.gpu_status(inv, config) == (dra_capacity(agent), dra_capacity(agent))
+    manifest = nodes.node_manifest(inv, config)
+    assert manifest["status"]["allocatable"][NODE_CORE] == str(100 * len(agent))
+    text = manifest["metadata"]["annotations"][dra_nodes.FAKE_INVENTORY_ANNOTATION]
+    assert list(dra_nodes.cards_from_json(text)) == agent
+
+    api = MemoryApi()
+    nodes.register_fake_node(cast(SyncKubeClient, api), inv, config)
+    assert _published_devices(api) == sorted(device_table(agent))
+    for item in api.list(RESOURCE_SLICES.path())[0]:  # kubelet's restart deletes them
+        api.delete(RESOURCE_SLICES.path(name=item["metadata"]["name"]))
+    assert dra_nodes.DraSliceSync(cast(SyncKubeClient, api)).sync() == 1
+    assert _published_devices(api) == sorted(device_table(agent))
+
+
+def test_re_registering_a_dra_node_updates_its_gpu_names_by_the_agents_rule() -> None:
+    """A node that was a device-plugin node becomes DRA: its device-plugin GPU names go, the
+    node-level count and the accounting names come, as the agent's `status_patch` writes
+    them; a name that is not ours (another vendor's device plugin) stays."""
+    from elastic_gpu.agent.node_status import status_patch
+
+    api = MemoryApi()
+    plain = nodes.fake_inventory("d0", gpus=2)
+    before = nodes.node_manifest(plain)
+    foreign = {"example.com/fpga": "2"}
+    api.add(NODES.path(), {**before, "status": {
+        field: {**before["status"][field], **foreign} for field in ("capacity", "allocatable")}})
+    assert "nvidia.com/gpu" in before["status"]["capacity"]
+
+    inv = dra_nodes.as_dra(plain)
+    config = nodes.FAKE_NODE_AGENT_CONFIG
+    nodes.register_fake_node(cast(SyncKubeClient, api), inv, config)
+    status = api.get(NODES.path(name="d0"))["status"]
+    want = nodes.node_manifest(inv, config)["status"]
+    for field in ("capacity", "allocatable"):
+        assert status[field] == {**want[field], **foreign}
+    gpu = nodes.gpu_status(inv, config)
+    assert status_patch(status, *gpu, config) is None  # nothing left for the agent to change
+    assert _published_devices(api) == ["gpu-0", "gpu-1"]

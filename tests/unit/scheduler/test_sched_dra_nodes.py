@@ -58,7 +58,7 @@ def test_filter_refuses_dra_nodes_for_fractions_naming_the_class() -> None:
     body = _filter(ext, pod, ["dp", "dra-a"])
     assert body["NodeNames"] == ["dp"]
     reason = body["FailedAndUnresolvableNodes"]["dra-a"]
-    assert reason.startswith("node dra-a serves GPUs through DRA; ask for a share with a "
+    assert reason.startswith("the node serves GPUs through DRA; ask for a share with a "
                              "ResourceClaim of class gpu.elasticgpu.io")
     mig = pod_manifest("mig", uid="u3", limits={"nvidia.com/mig-1g.10gb": "1"})
     body = _filter(ext, mig, ["dra-a", "dra-b"])

@@ -20,7 +20,7 @@ from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.verbs import DevicePluginMode
 
 CORE = "elasticgpu.io/gpu-core"
-HOW_TO_ASK = ("serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+HOW_TO_ASK = ("the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
               "gpu.elasticgpu.io (ElasticGPUClaims are served on device-plugin nodes only)")
 
 
@@ -74,8 +74,7 @@ def test_claims_and_dra_refusals_are_unresolvable_sentences_and_counted_by_their
     body = _filter(ext, ["n1", "dra-a", "dra-b"])
     assert body["NodeNames"] == [] and body["FailedNodes"] == {}
     unresolvable = body["FailedAndUnresolvableNodes"]
-    assert unresolvable["dra-a"] == f"node dra-a {HOW_TO_ASK}"
-    assert unresolvable["dra-b"] == f"node dra-b {HOW_TO_ASK}"
+    assert unresolvable["dra-a"] == unresolvable["dra-b"] == HOW_TO_ASK
     assert unresolvable["n1"].startswith("ElasticGPUClaim default/c1 is Pending: not bound yet")
     # the reason most nodes failed on: two DRA nodes against one claim refusal
     assert ext.metrics.unschedulable.labels("dra")._value.get() == 1

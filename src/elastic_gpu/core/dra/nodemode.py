@@ -67,15 +67,15 @@ def node_object_labels(node: Mapping[str, Any]) -> Mapping[str, Any]:
     return labels if isinstance(labels, Mapping) else {}
 
 
-def dra_fit_failure(request: PodRequest, node: str, *,
-                    names_claims: bool = False) -> FitFailure | None:
-    """Why a pod cannot go to DRA-mode node `node` (None: it may, kube-scheduler decides the
-    fit). `names_claims`: the pod names ElasticGPUClaims (cards of our ledger, none there)."""
+def dra_fit_failure(request: PodRequest, *, names_claims: bool) -> FitFailure | None:
+    """Why a pod cannot go to a DRA-mode node (None: it may, kube-scheduler decides the fit);
+    the same for every DRA-mode node, so the failure does not name one (`core.fit`).
+    `names_claims`: the pod names ElasticGPUClaims (cards of our ledger, none there)."""
     if names_claims:
-        return FitFailure(FitKind.DRA_NAMES_CLAIMS, node=node, device_class=CARD_CLASS)
+        return FitFailure(FitKind.DRA_NAMES_CLAIMS, device_class=CARD_CLASS)
     unserved = sorted({name for c in request.gpu_containers for name in c.resources}
                       - DRA_EXTENDED_NAMES)
     if not unserved:
         return None
-    return FitFailure(FitKind.DRA_NOT_SERVED, node=node, asked=tuple(unserved),
+    return FitFailure(FitKind.DRA_NOT_SERVED, asked=tuple(unserved),
                       offered=tuple(sorted(DRA_EXTENDED_NAMES)), device_class=CARD_CLASS)
