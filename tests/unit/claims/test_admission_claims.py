@@ -193,6 +193,48 @@ def test_an_annotation_naming_no_container_of_a_multi_container_pod_is_refused()
     assert claim_names(pod) == frozenset()
 
 
+def _with_init(pod: dict[str, Any], init: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["initContainers"] = [{"name": "setup", "image": "x"}, init]
+    return pod
+
+
+def test_a_sidecar_may_name_a_claim_and_gets_its_resources() -> None:
+    """A sidecar (an init container with restartPolicy Always) runs for the pod's life, as a
+    regular container does: it may use a claim, and gets the claim's resources where it is
+    written (`/spec/initContainers/1`)."""
+    pod = _with_init(pod_with([{"name": "main", "image": "x"}],
+                              {"egpuc.elasticgpu.io/proxy": "c"}),
+                     {"name": "proxy", "image": "x", "restartPolicy": "Always"})
+    assert claim_names(pod) == {"c"}
+    stored = mutated(pod, found(claim("c")))
+    setup, proxy = stored["spec"]["initContainers"]
+    assert proxy["resources"]["limits"] == {"elasticgpu.io/gpu-core": "10",
+                                            "elasticgpu.io/gpu-memory": "4"}
+    assert proxy["resources"]["requests"] == proxy["resources"]["limits"]
+    assert "resources" not in setup and "resources" not in stored["spec"]["containers"][0]
+
+
+def test_a_sidecar_naming_a_claim_and_asking_its_own_gpu_is_refused_naming_the_claim() -> None:
+    pod = _with_init(pod_with([{"name": "main", "image": "x"}],
+                              {"egpuc.elasticgpu.io/proxy": "c"}),
+                     {"name": "proxy", "image": "x", "restartPolicy": "Always",
+                      "resources": {"limits": {"elasticgpu.io/gpu-core": "20"}}})
+    verdict = admit(pod, FACTS, mutate=True, claims=found(claim("c")))
+    assert [r.rule for r in verdict.refusals] == [AdmissionRule.CLAIM_CONTAINER_GPU]
+    assert "container proxy gets its GPUs from ElasticGPUClaim c" in verdict.message
+
+
+def test_a_classic_init_container_naming_a_claim_is_refused_with_the_reason() -> None:
+    pod = _with_init(pod_with([{"name": "main", "image": "x"}],
+                              {"egpuc.elasticgpu.io/setup": "c"}),
+                     {"name": "proxy", "image": "x", "restartPolicy": "Always"})
+    verdict = admit(pod, FACTS, mutate=True, claims=found(claim("c")))
+    assert [r.rule for r in verdict.refusals] == [AdmissionRule.CLAIM_ANNOTATION]
+    assert ("setup is an init container that runs to completion before the pod's containers "
+            "start") in verdict.message
+    assert "sidecar" in verdict.message
+
+
 def test_a_claim_annotation_that_is_not_a_name_is_refused() -> None:
     verdict = admit(the_seed_pod("Not_A_Name"), FACTS, mutate=True)
     assert [r.rule for r in verdict.refusals] == [AdmissionRule.CLAIM_ANNOTATION]

@@ -410,6 +410,31 @@ def test_pod_claims_by_container_and_the_seeds_one_container_form() -> None:
     assert pod_claims({"metadata": {}}) == {}
 
 
+def with_init(p: dict[str, object], *init: tuple[str, str | None]) -> dict[str, object]:
+    """`p` with init containers (name, restartPolicy; "Always": a sidecar)."""
+    spec = p["spec"]
+    assert isinstance(spec, dict)
+    spec["initContainers"] = [{"name": n, **({"restartPolicy": r} if r else {})} for n, r in init]
+    return p
+
+
+def test_a_sidecar_names_a_claim_as_a_regular_container_does() -> None:
+    sidecar = with_init(pod({"egpuc.elasticgpu.io/proxy": "c1", "egpuc.elasticgpu.io/a": "c2"},
+                            "a", "b"), ("setup", None), ("proxy", "Always"))
+    assert pod_claims(sidecar) == {"proxy": "c1", "a": "c2"}
+    # the seed's form still means the only regular container, a sidecar beside it or not
+    seed = with_init(pod({"egpuc.elasticgpu.io/test1": "c"}, "main"), ("proxy", "Always"))
+    assert pod_claims(seed) == {"main": "c"}
+
+
+def test_a_classic_init_container_naming_a_claim_is_refused_with_the_reason() -> None:
+    p = with_init(pod({"egpuc.elasticgpu.io/setup": "c"}, "main"), ("setup", None))
+    with pytest.raises(ClaimAnnotationError, match=re.escape(
+            "annotation egpuc.elasticgpu.io/setup=c: setup is an init container that runs to "
+            "completion before the pod's containers start")):
+        pod_claims(p)
+
+
 @pytest.mark.parametrize(("p", "words"), [
     (pod({"egpuc.elasticgpu.io/test1": "c"}, "a", "b"),
      "the pod has containers a, b and none is named 'test1'; write egpuc.elasticgpu.io/<container>"),

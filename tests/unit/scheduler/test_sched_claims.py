@@ -225,6 +225,47 @@ def test_a_pod_naming_a_bound_claim_fits_only_its_elasticgpus_node() -> None:
     assert filter_claim_pod(state, two, ["n1", "n2", "n3"])[0] == []
 
 
+def sidecar_claim_pod(name: str) -> dict[str, Any]:
+    """A pod whose sidecar (restartPolicy Always) names claim c1, as the webhook leaves it: the
+    claim's share in the sidecar; its regular container asks 10% of its own."""
+    pod = claim_pod(name, {"proxy": "c1"}, resources={"main": {CORE: "10"}})
+    limits = {CORE: "40"}
+    pod["spec"]["initContainers"] = [{"name": "proxy", "image": "busybox",
+                                      "restartPolicy": "Always",
+                                      "resources": {"limits": limits, "requests": limits}}]
+    return pod
+
+
+def test_a_sidecar_naming_a_bound_claim_is_served_its_elasticgpus_cards() -> None:
+    """The claim's binding reads sidecars as it reads regular containers: the sidecar gets the
+    ElasticGPU's cards (marked with its name), the regular container a card of its own, and
+    the agent's Allocate matching serves each its own."""
+    from elastic_gpu.agent.matching import candidates
+
+    state, feeds = claim_state()
+    claimed = share("n2", 0, 400)
+    feeds.egpus_event("ADDED", elasticgpu_object("egpu-u1", "n2", [claimed],
+                                                 claim=("default", "c1", "u1")))
+    pod = sidecar_claim_pod("p")
+    assert pod_claims(pod) == {"proxy": "c1"}
+    feasible, reasons = filter_claim_pod(state, pod, ["n1", "n2", "n3"])
+    assert feasible == ["n2"] and set(reasons) == {"n1", "n3"}
+    request = pod_request_from_manifest(pod)
+    _, assignment, created = state.reserve_claims(request, "uid-p", "n2",
+                                                  state.claim_view("default", pod_claims(pod)))
+    assert created == [] and assignment.claims == {"proxy": "egpu-u1"}
+    assert assignment.containers["proxy"] == (claimed,)
+    own = assignment.containers["main"]
+    assert [s.milli for s in own] == [100]
+
+    bound = with_binding(pod, "n2", assignment)
+    found, problems = candidates([bound], "n2", CORE, 40, ())
+    assert problems == [] and [(c.container, c.shares, c.claim) for c in found] == [
+        ("proxy", (claimed,), "egpu-u1")]
+    found, _ = candidates([bound], "n2", CORE, 10, ())
+    assert [(c.container, c.shares, c.claim) for c in found] == [("main", own, None)]
+
+
 def test_a_pod_naming_an_unbound_immediate_claim_fits_nowhere_and_is_woken_when_bound() -> None:
     state, feeds = claim_state()
     pod = claim_pod("p", {"main": "c1"}, resources={"main": {CORE: "40"}})
@@ -271,6 +312,19 @@ def test_a_wait_for_first_consumer_claim_is_placed_on_its_request() -> None:
     pod = claim_pod("p", {"main": "c1"}, resources={"main": {CORE: "40"}})
     feasible, reasons = filter_claim_pod(state, pod, ["n1", "n2"])
     assert feasible == ["n2"] and reasons == {}
+
+
+def test_a_sidecar_first_consumer_provisions_the_claim_with_the_cards_chosen_for_it() -> None:
+    state, _ = claim_state("WaitForFirstConsumer")
+    pod = sidecar_claim_pod("p")
+    view = state.claim_view("default", pod_claims(pod))
+    assert set(view.first_consumer) == {"proxy"}
+    _, assignment, created = state.reserve_claims(pod_request_from_manifest(pod), "uid-p", "n1",
+                                                  view)
+    [(egpu, _)] = created
+    assert [s.milli for s in egpu.shares] == [400]  # the sidecar's 40%, not main's 10%
+    assert assignment.claims == {"proxy": egpu.name}
+    assert assignment.containers["proxy"] == egpu.shares
 
 
 def test_preemption_never_frees_an_elasticgpus_cards_and_a_consumer_frees_only_its_own() -> None:

@@ -75,7 +75,7 @@ def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None
         refusals += check_node_name(pod)
     refusals = [replace(r, detail=f"{r.detail} (its GPU resources come from ElasticGPUClaim "
                                   f"{plan.sources[r.container]})")
-                if r.container in plan.sources and not r.init_container else r
+                if r.container in plan.sources else r
                 for r in refusals]
     return refusals, (request if not refusals else None), completing, pod
 

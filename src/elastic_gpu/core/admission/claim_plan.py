@@ -16,12 +16,11 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
-from elastic_gpu.core.admission.pod import pod_containers
 from elastic_gpu.core.admission.rules import AdmissionRule, Refusal, from_resource_error
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.request import container_request
+from elastic_gpu.core.request import container_request, lifetime_containers
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_MEMORY,
@@ -129,11 +128,12 @@ def _own_gpu_resources(resources: Mapping[str, Any], wanted: Mapping[str, str]) 
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """What the claims a pod names mean: the refusals, or per container index the resources
-    to add (and the claim behind each container, for messages)."""
+    """What the claims a pod names mean: the refusals, or per container name the resources
+    to add (and the claim behind each container, for messages). A container is a regular one
+    or a sidecar (`core.request.lifetime_containers`), as `pod_claims` reads the annotations."""
 
     refusals: list[Refusal]
-    resources: dict[int, dict[str, str]]
+    resources: dict[str, dict[str, str]]
     sources: dict[str, str]
 
 
@@ -146,9 +146,9 @@ def claim_plan(pod: Mapping[str, Any], claims: PodClaims) -> ClaimPlan:
     except ClaimAnnotationError as err:
         return ClaimPlan([Refusal(AdmissionRule.CLAIM_ANNOTATION, "", "", str(err))], {}, {})
     namespace = claims.namespace
-    index = {str(c.get("name")): i for i, c in enumerate(pod_containers(pod, "containers"))}
+    containers = {c.name: c for c in lifetime_containers(pod)}
     refusals: list[Refusal] = []
-    resources: dict[int, dict[str, str]] = {}
+    resources: dict[str, dict[str, str]] = {}
     sources: dict[str, str] = {}
     for container, claim_name in sorted(named.items()):
         key = _claim_key(annotations, container, claim_name)
@@ -177,39 +177,38 @@ def claim_plan(pod: Mapping[str, Any], claims: PodClaims) -> ClaimPlan:
                                     f"{where} asks for no GPU (all its requests are 0)",
                                     container))
             continue
-        spec = pod_containers(pod, "containers")[index[container]]
-        own = _own_gpu_resources(spec.get("resources") or {}, wanted)
+        own = _own_gpu_resources(containers[container].resources, wanted)
         if own:
             refusals.append(Refusal(
                 AdmissionRule.CLAIM_CONTAINER_GPU, ", ".join(own), "",
                 f"container {container} gets its GPUs from {where} ({key}); remove its own GPU "
                 "resources, or the claim annotation", container))
             continue
-        resources[index[container]] = wanted
+        resources[container] = wanted
         sources[container] = f"{namespace}/{claim_name}"
     return ClaimPlan(refusals, resources, sources)
 
 
 def claim_ops(pod: Mapping[str, Any], plan: ClaimPlan) -> list[PatchOp]:
-    """Add each claim's resources to its container's limits and requests, where missing."""
+    """Add each claim's resources to its container's limits and requests, where missing
+    (a sidecar's under `/spec/initContainers/<index>`)."""
     ops: list[PatchOp] = []
-    containers = pod_containers(pod, "containers")
-    for index, wanted in sorted(plan.resources.items()):
-        resources = containers[index].get("resources")
+    for item in lifetime_containers(pod):
+        wanted = plan.resources.get(item.name)
+        if wanted is None:
+            continue
+        at = ("spec", item.field, item.index, "resources")
+        resources = item.container.get("resources")
         if not isinstance(resources, Mapping):
-            ops.append({"op": "add", "path": pointer("spec", "containers", index, "resources"),
+            ops.append({"op": "add", "path": pointer(*at),
                         "value": {"limits": dict(wanted), "requests": dict(wanted)}})
             continue
         for part in ("limits", "requests"):
             values = resources.get(part)
             if not isinstance(values, Mapping):
-                ops.append({"op": "add", "path": pointer("spec", "containers", index,
-                                                         "resources", part),
-                            "value": dict(wanted)})
+                ops.append({"op": "add", "path": pointer(*at, part), "value": dict(wanted)})
                 continue
             for name, value in wanted.items():
                 if name not in values:
-                    ops.append({"op": "add", "path": pointer("spec", "containers", index,
-                                                             "resources", part, name),
-                                "value": value})
+                    ops.append({"op": "add", "path": pointer(*at, part, name), "value": value})
     return ops

@@ -25,6 +25,7 @@ from elastic_gpu.core.claims.model import (
 )
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.names import NameRule, name_refusal
+from elastic_gpu.core.request import classic_init_containers, lifetime_containers
 
 # --------------------------------------------------------------------------- pods
 
@@ -36,12 +37,16 @@ class ClaimAnnotationError(ValueError):
 
 def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
     """container name -> claim name, from the pod's `egpuc.elasticgpu.io/<container>: <claim>`
-    annotations (the claims are in the pod's namespace). A key whose suffix names no container
-    means the only container of a one-container pod (the seed README writes `test1` on a
-    container `test-cuda`); with several containers it is an error that says so."""
+    annotations (the claims are in the pod's namespace). A container is one that runs for the
+    pod's life (`core.request.lifetime_containers`: a regular container or a sidecar, as for a
+    GPU share of its own); naming a classic init container is an error that says why. A key
+    whose suffix names no container means the only regular container of a one-container pod
+    (the seed README writes `test1` on a container `test-cuda`); with several it is an error
+    that says so."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    containers = [str(c.get("name")) for c in (pod.get("spec") or {}).get("containers") or []
-                  if isinstance(c, Mapping)]
+    lifetime = [c.name for c in lifetime_containers(pod)]
+    regular = [c.name for c in lifetime_containers(pod) if c.field == "containers"]
+    classic_init = {c.name for c in classic_init_containers(pod)}
     out: dict[str, str] = {}
     for key in sorted(k for k in annotations if isinstance(k, str) and k.startswith(CLAIM_PREFIX)):
         value = annotations[key]
@@ -49,13 +54,19 @@ def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
         if not isinstance(value, str) or name_refusal(value, NameRule.SUBDOMAIN) is not None:
             raise ClaimAnnotationError(f"annotation {key}={value!r}: the value must name an "
                                        "ElasticGPUClaim of the pod's namespace (a DNS subdomain)")
-        if suffix in containers:
+        if suffix in lifetime:
             container = suffix
-        elif len(containers) == 1:
-            container = containers[0]
+        elif suffix in classic_init:
+            raise ClaimAnnotationError(
+                f"annotation {key}={value}: {suffix} is an init container that runs to "
+                "completion before the pod's containers start, and a claim's cards are held "
+                "for the pod's life; name a regular container or a sidecar (an init container "
+                "with restartPolicy: Always)")
+        elif len(regular) == 1:
+            container = regular[0]
         else:
             raise ClaimAnnotationError(
-                f"annotation {key}={value}: the pod has containers {', '.join(containers) or 'none'}"
+                f"annotation {key}={value}: the pod has containers {', '.join(lifetime) or 'none'}"
                 f" and none is named {suffix!r}; write {CLAIM_PREFIX}<container>: <claim>")
         if container in out:
             raise ClaimAnnotationError(
