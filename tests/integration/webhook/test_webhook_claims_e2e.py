@@ -142,3 +142,39 @@ def test_a_pod_naming_a_claim_being_deleted_is_refused(k8s_cluster: Any, claims_
         k8s_cluster.kubectl("patch", "egpuc", "leaving", "-n", claims_ns, "--type=json",
                             "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]',
                             check=False)
+
+
+def _pod_with_init(name: str, claim: str, named: str, restart: str | None) -> str:
+    init: dict[str, Any] = {"name": "helper", "image": "busybox"}
+    if restart is not None:
+        init["restartPolicy"] = restart
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": {f"egpuc.elasticgpu.io/{named}": claim}},
+        "spec": {"initContainers": [init],
+                 "containers": [{"name": "main", "image": "busybox"}]}})
+
+
+def test_a_sidecar_naming_a_claim_is_stored_with_its_resources_and_an_init_container_refused(
+        k8s_cluster: Any, claims_ns: str) -> None:
+    """A sidecar (restartPolicy Always) runs for the pod's life and may use a claim: the real
+    kube-apiserver stores the pod with the claim's resources in the sidecar (the webhook's
+    patch under /spec/initContainers); a classic init container naming one is refused."""
+    k8s_cluster.kubectl("create", "-n", claims_ns, "-f", "-", input=seed_claim("sidecar-claim"))
+    result = k8s_cluster.kubectl("create", "-n", claims_ns, "-f", "-", check=False,
+                                 input=_pod_with_init("with-sidecar", "sidecar-claim", "helper",
+                                                      "Always"))
+    assert result.returncode == 0, result.stderr
+    obj = json.loads(k8s_cluster.kubectl("get", "pod", "with-sidecar", "-n", claims_ns, "-o",
+                                         "json").stdout)
+    limits = obj["spec"]["initContainers"][0]["resources"]["limits"]
+    assert {k: limits[k] for k in SHARE} == SHARE
+    assert not (obj["spec"]["containers"][0].get("resources") or {}).get("limits", {}).get(
+        "elasticgpu.io/gpu-core")
+
+    result = k8s_cluster.kubectl("create", "-n", claims_ns, "-f", "-", check=False,
+                                 input=_pod_with_init("with-init", "sidecar-claim", "helper",
+                                                      None))
+    assert result.returncode != 0
+    assert ("helper is an init container that runs to completion before the pod's containers "
+            "start") in result.stderr and "(rule claim-annotation)" in result.stderr
