@@ -4,8 +4,10 @@ its constructor, as kube-scheduler's plugins get a framework handle, and keeps i
 
 One lock for all parts, as before the state was cut into parts: a filter must see every
 earlier reservation, and an inventory change recounts holds and reservations in one step. Every
-public method of every part takes `lock` (an `RLock`: a part's method may call another part's
-under it) and runs to completion without awaiting.
+method `SchedulerState` exposes takes `lock` (an `RLock`: one such method may call another) and
+runs to completion without awaiting, except the reads documented as lock-free; the seam
+methods, which only other parts call (`Ledger.sync`, `Wakeups.mark_freed`, `Inventory.flush`,
+...), run under their caller's hold of it and never take it alone.
 """
 
 from __future__ import annotations
