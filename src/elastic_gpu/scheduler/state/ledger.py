@@ -27,7 +27,6 @@ from elastic_gpu.core.request import PodRequest
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
 from elastic_gpu.scheduler.state.handle import EGPU_KEY, StateHandle
 from elastic_gpu.scheduler.state.records import PodInfo, Reservation
-from elastic_gpu.scheduler.state.usage import PodUsage
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +47,26 @@ class Waiters(Protocol):
     def keep_only(self, uids: Collection[str]) -> None: ...
 
 
+class Usage(Protocol):
+    """What the ledger tells the pods' usage (`PodUsage`) as pods come, go and are reserved
+    for."""
+
+    def count_host(self, uid: str, pod: PodInfo | None) -> None: ...
+
+    def count_shape(self, uid: str, pod: PodInfo | None) -> None: ...
+
+    def reserve_host(self, uid: str, token: int, node: str, cpu: int, mem: int) -> None: ...
+
+    def release_host(self, uid: str, token: int) -> None: ...
+
+    def push_host(self) -> None: ...
+
+
 class Ledger:
     """Pods and ElasticGPUs from the API, what they hold in the engine, and the reservations
     of binds and ElasticGPU creations in flight."""
 
-    def __init__(self, handle: StateHandle, usage: PodUsage, waiters: Waiters) -> None:
+    def __init__(self, handle: StateHandle, usage: Usage, waiters: Waiters) -> None:
         self._h = handle
         self._usage = usage
         self._waiters = waiters
