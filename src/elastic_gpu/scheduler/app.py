@@ -32,8 +32,8 @@ from elastic_gpu.kube.leaderelection import LeaderElector, LeaseConfig
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.scheduler.config import LeaderElectionConfig, SchedulerConfig
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.leadership import LeadershipLost, Role, lead
-from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
@@ -295,17 +295,16 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     state = SchedulerState(config)
     link = WorkerLink(kubeconfig, Feeds(state),
                       log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
-    extender = Extender(state, link, claims_api=link)
+    election = config.leader_election
+    extender = Extender(state, link, claims_api=link, role=Role(elected=election.enabled))
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
     options = dataclasses.replace(options)
-    election = config.leader_election
     client = None
     elector: LeaderElector | None = None
     if election.enabled:
         client = KubeClient.from_config(kubeconfig)
         elector = LeaderElector(client, lease_config(election, options.identity))
-        extender.role = Role(elected=True)
         leading = asyncio.create_task(lead(elector, state, link, extender.role),
                                       name="leadership")
 
