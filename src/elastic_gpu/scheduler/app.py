@@ -202,6 +202,19 @@ class ServeOptions:
     identity: str = ""
 
 
+def serve_options(config: SchedulerConfig, identity: str = "") -> ServeOptions:
+    """Where and how to serve, from the config's keys (flags merged in by the loader) and this
+    replica's Lease identity (a flag only: one per pod)."""
+    tls = config.tls
+    return ServeOptions(host=config.host, port=config.port,
+                        tls_cert=Path(tls.cert_file) if tls.cert_file is not None else None,
+                        tls_key=Path(tls.key_file) if tls.key_file is not None else None,
+                        tls_client_ca=(Path(tls.client_ca_file)
+                                       if tls.client_ca_file is not None else None),
+                        drain_s=config.drain_s, health_port=config.health_port,
+                        identity=identity)
+
+
 def default_identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
@@ -220,13 +233,14 @@ def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
     try:
         context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
     except (OSError, ssl.SSLError) as err:
-        raise TLSFilesError(f"--tls-cert {options.tls_cert} / --tls-key {options.tls_key}: "
-                            f"{err}") from None
+        raise TLSFilesError(f"--tls-cert (tls.certFile) {options.tls_cert} / --tls-key "
+                            f"(tls.keyFile) {options.tls_key}: {err}") from None
     if options.tls_client_ca is not None:
         try:
             context.load_verify_locations(cafile=str(options.tls_client_ca))
         except (OSError, ssl.SSLError) as err:
-            raise TLSFilesError(f"--tls-client-ca {options.tls_client_ca}: {err}") from None
+            raise TLSFilesError(f"--tls-client-ca (tls.clientCAFile) {options.tls_client_ca}: "
+                                f"{err}") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 

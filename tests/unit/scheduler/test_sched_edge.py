@@ -359,10 +359,12 @@ def test_the_cli_listens_on_loopback_by_default_and_checks_tls_options() -> None
 
     text = " ".join(CliRunner().invoke(app, ["scheduler", "--help"],
                                        env={"COLUMNS": "300"}).output.split())
-    assert "[default: 127.0.0.1]" in text and "--tls-client-ca" in text
+    assert "loopback (127.0.0.1) by default" in text and "--tls-client-ca" in text
+    assert SchedulerConfig().host == "127.0.0.1"
     result = CliRunner().invoke(app, ["scheduler", "--tls-client-ca", "ca.crt"])
     assert result.exit_code == 2
-    assert "--tls-client-ca needs --tls-cert" in result.output
+    assert "tls (set by --tls-client-ca)" in result.output
+    assert "clientCAFile needs certFile and keyFile (HTTPS)" in result.output
 
 
 def test_slim_objects_keep_what_the_placement_check_reads() -> None:
