@@ -183,20 +183,27 @@ class Feeds:
         self.state.wakeup_done(wake, sent, definite)
 
 
+#: The config's defaults: each serving default is the model's, in one place.
+_DEFAULTS = SchedulerConfig()
+
+
 @dataclass
 class ServeOptions:
+    """Where and how the extender serves (`serve_options` builds it from the config); the
+    defaults are the config's."""
+
     #: loopback: the extender runs beside kube-scheduler (docs/scheduler.md, "Security")
-    host: str = "127.0.0.1"
-    port: int = 8888
+    host: str = _DEFAULTS.host
+    port: int = _DEFAULTS.port
     tls_cert: Path | None = None
     tls_key: Path | None = None
     #: when set, clients must present a certificate this CA signed (mutual TLS)
     tls_client_ca: Path | None = None
     #: on SIGTERM, how long binds in progress may take to finish
-    drain_s: float = 10.0
+    drain_s: float = _DEFAULTS.drain_s
     #: a plain-HTTP listener with only /healthz and /readyz, for kubelet's probes when the
     #: extender's own port requires client certificates (0: none)
-    health_port: int = 0
+    health_port: int = _DEFAULTS.health_port
     health_host: str = "0.0.0.0"
     #: this replica's Lease holder identity (`leaderElection`); empty: hostname_pid
     identity: str = ""
