@@ -35,7 +35,7 @@ def scheduler(
     kubeconfig: Annotated[Path | None, typer.Option(
         help="kubeconfig file; without it, the in-cluster service account")] = None,
     port: Annotated[int | None, typer.Option(help=_key(
-        "--port", "port to serve on (default 8888)"))] = None,
+        "--port", "port to serve on, 8888 by default"))] = None,
     host: Annotated[str | None, typer.Option(help=_key(
         "--host", "address to listen on; loopback (127.0.0.1) by default, as the extender runs "
         "beside kube-scheduler (another address needs --tls-client-ca: /bind writes "
@@ -57,7 +57,7 @@ def scheduler(
         "extender tlsConfig certFile/keyFile); needs --tls-cert"))] = None,
     drain_seconds: Annotated[float | None, typer.Option(help=_key(
         "--drain-seconds", "on SIGTERM: stop accepting, then wait this long at most for binds "
-        "in progress (0-300, default 10)"))] = None,
+        "in progress, 10 by default (0-300)"))] = None,
     leader_elect: Annotated[bool, typer.Option(
         "--leader-elect", help=_key(
             "--leader-elect", "turn leaderElection on (its other settings from --config, else "
