@@ -25,7 +25,7 @@ from typing import Any
 from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state, send_raw
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.scheduler import wire
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 
 POD = pod_manifest("probe", uid="uid-probe", limits={"elasticgpu.io/gpu-core": "30"})
 

@@ -31,7 +31,7 @@ from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 
 

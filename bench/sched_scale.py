@@ -44,7 +44,7 @@ from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 
 CARD_MIB = 81920

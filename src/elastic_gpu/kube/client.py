@@ -99,11 +99,14 @@ class KubeClient:
             raise translate(err) from None
 
     async def watch(self, path: str, resource_version: str,
-                    params: Mapping[str, str] | None = None, timeout_s: int = 300
+                    params: Mapping[str, str] | None = None, timeout_s: int = 300, *,
+                    shape: type[msgspec.Struct] | None = None,
                     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(type, object) events, BOOKMARK included; ERROR events raised as ApiError."""
+        """(type, object) events, BOOKMARK included; ERROR events raised as ApiError.
+        `shape`: the fields each object decodes (`RestClient.watch`)."""
         try:
-            async for event in self.rest.watch(path, resource_version, params, timeout_s):
+            async for event in self.rest.watch(path, resource_version, params, timeout_s,
+                                               shape=shape):
                 yield event
         except ApiStatusError as err:
             raise translate(err) from None

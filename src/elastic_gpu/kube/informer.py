@@ -51,7 +51,8 @@ class ListWatcher(Protocol):
                    shape: type[msgspec.Struct] | None = None) -> AsyncIterator[ListPage]: ...
 
     def watch(self, path: str, resource_version: str, params: Mapping[str, str] | None = None,
-              timeout_s: int = 300) -> AsyncIterator[tuple[str, Obj]]: ...
+              timeout_s: int = 300, *, shape: type[msgspec.Struct] | None = None
+              ) -> AsyncIterator[tuple[str, Obj]]: ...
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -106,8 +107,8 @@ class Reflector:
         self.name = name
         self.on_replace = on_replace
         self.on_page = on_page
-        #: with `on_page`: the fields a list decodes (`RestClient.list_pages`); watch
-        #: events come whole
+        #: with `on_page`: the fields a list page's items and a watch event's object decode
+        #: (`RestClient.list_pages`, `RestClient.watch`); without one, objects come whole
         self.shape = shape
         self.on_event = on_event
         self.params = dict(params or {})
@@ -140,9 +141,7 @@ class Reflector:
                 broken = 0
                 while True:  # re-watch from the newest version seen until 410 or a failure
                     try:
-                        async for kind, obj in self.client.watch(
-                                self.path, self.last_resource_version, self.params,
-                                self.watch_timeout_s):
+                        async for kind, obj in self._watch():
                             seen = (obj.get("metadata") or {}).get("resourceVersion")
                             if seen:
                                 self.last_resource_version = str(seen)
@@ -185,6 +184,15 @@ class Reflector:
             base, cap = self.backoff_s
             await self._sleep(min(cap, base * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
 
+
+    def _watch(self) -> AsyncIterator[tuple[str, Obj]]:
+        """The watch from the newest version seen; shaped only with a shape (a client
+        without one, such as a test's, is called as before)."""
+        if self.shape is None:
+            return self.client.watch(self.path, self.last_resource_version, self.params,
+                                     self.watch_timeout_s)
+        return self.client.watch(self.path, self.last_resource_version, self.params,
+                                 self.watch_timeout_s, shape=self.shape)
 
     async def _list(self) -> str:
         """List the collection and hand it over; returns the list's resourceVersion (the

@@ -169,13 +169,16 @@ class RestClient:
             query["continue"] = token
 
     async def watch(self, path: str, resource_version: str,
-                    params: Mapping[str, str] | None = None, timeout_s: int = 300,
+                    params: Mapping[str, str] | None = None, timeout_s: int = 300, *,
+                    shape: type[msgspec.Struct] | None = None,
                     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(type, object) events from `resource_version` until the server ends the watch.
 
         An ERROR event (e.g. 410 Gone: the version is too old) is raised as ApiStatusError.
+        `shape`: as `list_pages`'s, for each event's object (`WatchDecoder`).
         """
         session = self._session_now()
+        decode = WatchDecoder(shape)
         query = {**(params or {}), "watch": "1", "resourceVersion": resource_version,
                  "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
         try:
@@ -187,11 +190,7 @@ class RestClient:
                 async for line in response.content:
                     if not line.strip():
                         continue
-                    event = msgspec.json.decode(line, type=_WatchEvent)
-                    if event.type == "ERROR":
-                        raise status_error(int(event.object.get("code") or 500),
-                                           msgspec.json.encode(event.object))
-                    yield event.type, event.object
+                    yield decode(line)
         except (TimeoutError, aiohttp.ClientError) as err:
             raise ApiStatusError(0, "", f"{type(err).__name__}: {err}") from None
 
@@ -225,6 +224,49 @@ class _ShapedPage(msgspec.Struct, Generic[Item]):
 class _WatchEvent(msgspec.Struct):
     type: str
     object: dict[str, Any]
+
+
+class _ShapedWatchEvent(msgspec.Struct, Generic[Item]):
+    type: str
+    object: Item
+
+
+class WatchDecoder:
+    """One line of a watch into (type, object). Without a shape the object is decoded whole;
+    with one (`list_pages`'s: a Struct of the fields wanted, omitting unset ones) only its
+    fields are built, in the same pass, and the object is the dict of those, as a list page's
+    items are: the scheduler's API worker reads a few fields of each pod and node event, and
+    building the rest (managedFields, conditions, images) was most of its cost per event
+    (bench/sched_event_decode.py). An ERROR event is raised as ApiStatusError."""
+
+    def __init__(self, shape: type[msgspec.Struct] | None = None) -> None:
+        self._whole = msgspec.json.Decoder(_WatchEvent)
+        self._shaped: msgspec.json.Decoder[Any] | None = (
+            msgspec.json.Decoder(_ShapedWatchEvent[shape])  # type: ignore[valid-type]
+            if shape is not None else None)
+
+    def __call__(self, line: bytes) -> tuple[str, dict[str, Any]]:
+        if self._shaped is None:
+            event = self._whole.decode(line)
+            if event.type == "ERROR":
+                raise self._error(event.object)
+            return event.type, event.object
+        try:
+            shaped = self._shaped.decode(line)
+        except msgspec.ValidationError:
+            # an ERROR's object is a Status (its `status` is a string): it may fit no shape
+            whole = self._whole.decode(line)
+            if whole.type == "ERROR":
+                raise self._error(whole.object) from None
+            raise
+        if shaped.type == "ERROR":  # a Status that fits the shape: read it whole
+            raise self._error(self._whole.decode(line).object)
+        obj: dict[str, Any] = msgspec.to_builtins(shaped.object)
+        return shaped.type, obj
+
+    @staticmethod
+    def _error(status: dict[str, Any]) -> ApiStatusError:
+        return status_error(int(status.get("code") or 500), msgspec.json.encode(status))
 
 
 class _Status(msgspec.Struct):

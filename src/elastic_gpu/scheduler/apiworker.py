@@ -67,8 +67,9 @@ FEEDS: dict[str, tuple[str, dict[str, str], Callable[[Obj], Obj]]] = {
     "elasticgpuclaims": (EGPU_RESOURCES[elasticgpu.CLAIM_PLURAL].path(), {}, slim_claim),
     "elasticgpuclasses": (EGPU_RESOURCES[elasticgpu.CLASS_PLURAL].path(), {}, slim_class),
 }
-#: The big feeds' lists decode only what their slim form reads (`slim.ListedPod`).
-LIST_SHAPES: dict[str, type[msgspec.Struct]] = {
+#: The big feeds' lists and watch events decode only what their slim form reads
+#: (`slim.ListedPod`): a pod or node event is not built whole to be slimmed at once.
+SHAPES: dict[str, type[msgspec.Struct]] = {
     "nodes": ListedNode, "gpudevices": ListedDevice, "pods": ListedPod}
 #: Feeds of the Elastic GPU API's CRDs: not installed (404) means none exist, checked again
 #: this often (docs/scheduler.md, "ElasticGPUs in the ledger").
@@ -149,7 +150,7 @@ class Worker:
                 self.send(ipc.Event(feed, kind, slimmed))
 
         return Reflector(self.client, path, name=feed, params=params, on_page=on_page,
-                         shape=LIST_SHAPES.get(feed),
+                         shape=SHAPES.get(feed),
                          on_event=on_event, missing_ok=feed in OPTIONAL_FEEDS,
                          missing_retry_s=MISSING_RECHECK_S)
 

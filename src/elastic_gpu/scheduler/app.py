@@ -32,8 +32,8 @@ from elastic_gpu.kube.leaderelection import LeaderElector, LeaseConfig
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.scheduler.config import LeaderElectionConfig, SchedulerConfig
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.leadership import LeadershipLost, Role, lead
-from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
@@ -183,23 +183,43 @@ class Feeds:
         self.state.wakeup_done(wake, sent, definite)
 
 
+#: The config's defaults: each serving default is the model's, in one place.
+_DEFAULTS = SchedulerConfig()
+
+
 @dataclass
 class ServeOptions:
+    """Where and how the extender serves (`serve_options` builds it from the config); the
+    defaults are the config's."""
+
     #: loopback: the extender runs beside kube-scheduler (docs/scheduler.md, "Security")
-    host: str = "127.0.0.1"
-    port: int = 8888
+    host: str = _DEFAULTS.host
+    port: int = _DEFAULTS.port
     tls_cert: Path | None = None
     tls_key: Path | None = None
     #: when set, clients must present a certificate this CA signed (mutual TLS)
     tls_client_ca: Path | None = None
     #: on SIGTERM, how long binds in progress may take to finish
-    drain_s: float = 10.0
+    drain_s: float = _DEFAULTS.drain_s
     #: a plain-HTTP listener with only /healthz and /readyz, for kubelet's probes when the
     #: extender's own port requires client certificates (0: none)
-    health_port: int = 0
+    health_port: int = _DEFAULTS.health_port
     health_host: str = "0.0.0.0"
     #: this replica's Lease holder identity (`leaderElection`); empty: hostname_pid
     identity: str = ""
+
+
+def serve_options(config: SchedulerConfig, identity: str = "") -> ServeOptions:
+    """Where and how to serve, from the config's keys (flags merged in by the loader) and this
+    replica's Lease identity (a flag only: one per pod)."""
+    tls = config.tls
+    return ServeOptions(host=config.host, port=config.port,
+                        tls_cert=Path(tls.cert_file) if tls.cert_file is not None else None,
+                        tls_key=Path(tls.key_file) if tls.key_file is not None else None,
+                        tls_client_ca=(Path(tls.client_ca_file)
+                                       if tls.client_ca_file is not None else None),
+                        drain_s=config.drain_s, health_port=config.health_port,
+                        identity=identity)
 
 
 def default_identity() -> str:
@@ -220,13 +240,14 @@ def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
     try:
         context.load_cert_chain(str(options.tls_cert), str(options.tls_key or options.tls_cert))
     except (OSError, ssl.SSLError) as err:
-        raise TLSFilesError(f"--tls-cert {options.tls_cert} / --tls-key {options.tls_key}: "
-                            f"{err}") from None
+        raise TLSFilesError(f"--tls-cert (tls.certFile) {options.tls_cert} / --tls-key "
+                            f"(tls.keyFile) {options.tls_key}: {err}") from None
     if options.tls_client_ca is not None:
         try:
             context.load_verify_locations(cafile=str(options.tls_client_ca))
         except (OSError, ssl.SSLError) as err:
-            raise TLSFilesError(f"--tls-client-ca {options.tls_client_ca}: {err}") from None
+            raise TLSFilesError(f"--tls-client-ca (tls.clientCAFile) {options.tls_client_ca}: "
+                                f"{err}") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 
@@ -295,17 +316,16 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     state = SchedulerState(config)
     link = WorkerLink(kubeconfig, Feeds(state),
                       log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
-    extender = Extender(state, link, claims_api=link)
+    election = config.leader_election
+    extender = Extender(state, link, claims_api=link, role=Role(elected=election.enabled))
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
     options = dataclasses.replace(options)
-    election = config.leader_election
     client = None
     elector: LeaderElector | None = None
     if election.enabled:
         client = KubeClient.from_config(kubeconfig)
         elector = LeaderElector(client, lease_config(election, options.identity))
-        extender.role = Role(elected=True)
         leading = asyncio.create_task(lead(elector, state, link, extender.role),
                                       name="leadership")
 

@@ -25,10 +25,11 @@ from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.core.schedulers import scheduler_refusal
 from elastic_gpu.scheduler import wire
-from elastic_gpu.scheduler.extender import BindError, ExtenderBase
+from elastic_gpu.scheduler.handle import BindError, ClaimApi, Handle, PodApi
 from elastic_gpu.scheduler.http import json_answer, with_outcome
-from elastic_gpu.scheduler.state import PodInfo
-from elastic_gpu.scheduler.verbs import PodError, parse_pod, pod_uid
+from elastic_gpu.scheduler.metrics import Metrics
+from elastic_gpu.scheduler.state import PodInfo, SchedulerState
+from elastic_gpu.scheduler.verbs import PodError, RecentPods, parse_pod, pod_uid
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,39 @@ def with_binding(pod: Mapping[str, Any], node: str, assignment: Assignment) -> d
     return {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
 
 
-class Binder(ExtenderBase):
-    """The bind verb and everything it writes."""
+class Binder:
+    """The bind verb and everything it writes. It reads the pods filter saw (`recent`) when
+    the watch has not delivered a pod yet."""
+
+    def __init__(self, handle: Handle, recent: RecentPods, bind_budget_s: float = 4.0) -> None:
+        self._handle = handle
+        self._recent = recent
+        #: kube-scheduler's extender httpTimeout is 5 s by default: a bind that waited longer
+        #: than this for its turn is one kube-scheduler has already given up on.
+        self.bind_budget_s = bind_budget_s
+        #: one bind per pod at a time: pod uid -> lock, and how many wait on it
+        self._bind_locks: dict[str, asyncio.Lock] = {}
+        self._bind_users: dict[str, int] = {}
+
+    @property
+    def state(self) -> SchedulerState:
+        return self._handle.state
+
+    @property
+    def api(self) -> PodApi | None:
+        return self._handle.api
+
+    @property
+    def claims_api(self) -> ClaimApi | None:
+        return self._handle.claims_api
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._handle.metrics
 
     async def bind(self, body: bytes) -> web.Response:
-        args = wire.parse_binding(body, self.limits)
-        with self._bind_running():
+        args = wire.parse_binding(body, self._handle.limits)
+        with self._handle.binds.running():
             return await self._bind_locked(args)
 
     async def _bind_locked(self, args: wire.ExtenderBindingArgs) -> web.Response:
@@ -86,14 +114,13 @@ class Binder(ExtenderBase):
         if waited > self.bind_budget_s:
             raise BindError(f"{where}: waited {waited:.1f} s behind another bind of this pod; "
                             "kube-scheduler has given up on this call", definite=True)
-        manifest = await self._manifest(args)
+        manifest, known = await self._manifest(args)
         try:
             # Parsed afresh, not from the (uid, resourceVersion) cache: a filter request
             # naming this pod's uid and version with other contents must not decide the bind.
             request = parse_pod(manifest)
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
-        known = PodInfo.from_manifest(manifest)
         dra = bool(self.state.dra_nodes((args.Node,)))
         if known.node_name:
             if known.node_name == args.Node and (
@@ -115,7 +142,7 @@ class Binder(ExtenderBase):
                                     named)
             return
         try:
-            token, assignment = await self._state_call(self.state.reserve, request, args.PodUID,
+            token, assignment = await self._handle.calls(self.state.reserve, request, args.PodUID,
                                                        args.Node)
         except Unschedulable as err:
             self.metrics.bind_failures.labels("reserve").inc()
@@ -159,7 +186,7 @@ class Binder(ExtenderBase):
             outcome = "failed" if err.definite else "unknown"
             raise
         finally:
-            await self._state_call(self.state.settle, args.PodUID, token, outcome, bound)
+            await self._handle.calls(self.state.settle, args.PodUID, token, outcome, bound)
 
     def _claim_view(self, where: str, namespace: str, named: Mapping[str, str],
                     node: str) -> PodClaims:
@@ -183,11 +210,11 @@ class Binder(ExtenderBase):
         if view.first_consumer and self.claims_api is None:
             raise BindError(f"{where}: this extender has no API access to provision claims",
                             definite=True)
-        async with self._claims_locked(c.uid for c in view.first_consumer.values()):
+        async with self._handle.claim_locks.held(c.uid for c in view.first_consumer.values()):
             # again: a pod bound meanwhile may have provisioned the claim
             view = self._claim_view(where, args.PodNamespace, named, args.Node)
             try:
-                token, assignment, made = await self._state_call(
+                token, assignment, made = await self._handle.calls(
                     self.state.reserve_claims, request, args.PodUID, args.Node, view)
             except Unschedulable as err:
                 self.metrics.bind_failures.labels("reserve").inc()
@@ -198,7 +225,7 @@ class Binder(ExtenderBase):
                                                                    egpu_token, assignment)
             except BindError:
                 # no Binding was sent: the pod's reservation ends here
-                await self._state_call(self.state.settle, args.PodUID, token, "failed", None)
+                await self._handle.calls(self.state.settle, args.PodUID, token, "failed", None)
                 raise
             await self._finish_bind(args, where, manifest, token, assignment, version)
 
@@ -212,13 +239,13 @@ class Binder(ExtenderBase):
         except BindError as err:
             if err.code != 409:
                 self.metrics.bind_failures.labels("provision").inc()
-                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token,
                                        "failed" if err.definite else "unknown")
                 raise BindError(f"{where}: creating ElasticGPU {egpu.name} failed: {err}",
                                 definite=err.definite, code=err.code) from None
             # AlreadyExists: an earlier attempt made it; its cards, if on this node, are ours
-            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "failed")
-            existing = await self._existing_elasticgpu(where, egpu.name)
+            await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token, "failed")
+            existing = await self._handle.existing_elasticgpu(where, egpu.name)
             if existing.node != node or existing.claim_ref != egpu.claim_ref:
                 raise BindError(f"{where}: ElasticGPU {existing.name} already exists on node "
                                 f"{existing.node}", definite=True) from None
@@ -227,10 +254,10 @@ class Binder(ExtenderBase):
             try:
                 made = egpu_api.elasticgpu_from_object(created)
             except egpu_api.ElasticGPUObjectError as err:  # the API's own answer: a bug
-                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token,
                                        "unknown")
                 raise BindError(f"{where}: {err}", definite=False) from None
-            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "created",
+            await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token, "created",
                                    made, str((created.get("metadata") or {}).get("uid") or ""))
             egpu = made
         containers = dict(assignment.containers)
@@ -325,15 +352,18 @@ class Binder(ExtenderBase):
             raise BindError(f"{where}: creating the Binding failed: {err}",
                             definite=err.definite, code=err.code) from None
 
-    async def _manifest(self, args: wire.ExtenderBindingArgs) -> dict[str, Any]:
+    async def _manifest(self, args: wire.ExtenderBindingArgs
+                        ) -> tuple[Mapping[str, Any], PodInfo]:
+        """The pod to bind and what the state reads of it: the watched pod as the state holds
+        it (read once), else the one filter saw, else the API's."""
         known = self.state.pod(args.PodUID)
         if known is not None:
-            return dict(known.manifest)
+            return known.manifest, known
         recent = self._recent.get(args.PodUID)
         # Only a pod with a resourceVersion: the Binding then carries it as a precondition,
         # so it lands only on the very version whose spec the placement check read.
-        if recent is not None and (recent[0].get("metadata") or {}).get("resourceVersion"):
-            return dict(recent[0])
+        if recent is not None and (recent.get("metadata") or {}).get("resourceVersion"):
+            return recent, PodInfo.from_manifest(recent)
         assert self.api is not None
         pod = await self.api.get_pod(args.PodNamespace, args.PodName)
         key = f"{args.PodNamespace}/{args.PodName}"
@@ -342,4 +372,4 @@ class Binder(ExtenderBase):
         if pod_uid(pod) != args.PodUID:
             raise BindError(f"pod {key} has UID {pod_uid(pod)}, not {args.PodUID}: it was "
                             "deleted and re-created", definite=True)
-        return pod
+        return pod, PodInfo.from_manifest(pod)

@@ -25,6 +25,18 @@
       retryPeriodSeconds: 0.5    # between renewals (leader) and acquire attempts (standbys)
     loadAware: false             # among equally good nodes and cards prefer lower observed
                                  # utilisation (GPUDevice status.usage): shares move off hot cards
+    host: 127.0.0.1              # address to listen on (another one needs tls.clientCAFile)
+    port: 8888
+    healthPort: 0                # also /healthz and /readyz over plain HTTP here (0: none)
+    drainSeconds: 10             # on SIGTERM, how long binds in progress may take to finish
+    tls:                         # HTTPS (kube-scheduler's enableHTTPS); files read at start
+      certFile: null
+      keyFile: null              # with certFile
+      clientCAFile: null         # clients must show a certificate this CA signed; needs certFile
+
+Every key that a flag of `egpu scheduler` also sets (`FLAG_KEYS` in `cli/scheduler.py`) takes
+the flag's value when the flag is given (`api.config.merge`): a flag beats the file, the file
+beats the default.
 
 Pods override both tiers with the elasticgpu.io/node-policy and elasticgpu.io/card-policy
 annotations. Without `cardPolicy` (and without the pod's card-policy annotation) a pod's cards
@@ -39,7 +51,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from elastic_gpu.api.config.leaderelection import LeaderElectionSettings
 from elastic_gpu.api.config.loader import load_settings
@@ -86,6 +98,25 @@ class LeaderElectionConfig(LeaderElectionSettings):
                                     gt=0, le=3600)
     retry_period_s: float = Field(default=0.5, validation_alias="retryPeriodSeconds",
                                   ge=0.05, le=600)
+
+
+class TLSConfig(BaseModel):
+    """The extender's HTTPS (`tls:`): its certificate and key, and the CA whose certificates
+    clients must show (mutual TLS: /bind writes Bindings). Files are read at start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+    cert_file: str | None = Field(default=None, validation_alias="certFile")
+    key_file: str | None = Field(default=None, validation_alias="keyFile")
+    client_ca_file: str | None = Field(default=None, validation_alias="clientCAFile")
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("certFile and keyFile go together")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("clientCAFile needs certFile and keyFile (HTTPS)")
+        return self
 
 
 class SchedulerConfig(BaseModel):
@@ -137,6 +168,17 @@ class SchedulerConfig(BaseModel):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig,
                                                   validation_alias="leaderElection")
 
+    #: Where the extender serves (docs/scheduler.md, "Security"): loopback by default, as it
+    #: runs beside kube-scheduler.
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    port: int = Field(default=8888, ge=1, le=65535)
+    #: a plain-HTTP listener with only /healthz and /readyz, for kubelet's probes when the
+    #: main port requires client certificates (0: none)
+    health_port: int = Field(default=0, validation_alias="healthPort", ge=0, le=65535)
+    #: on SIGTERM, how long binds in progress may take to finish
+    drain_s: float = Field(default=10.0, validation_alias="drainSeconds", ge=0, le=300)
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+
     @property
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(self.header_timeout_s, self.idle_timeout_s, self.max_connections)
@@ -169,6 +211,6 @@ class SchedulerConfig(BaseModel):
 
 def load_config(path: Path | None, flags: Iterable[Override] = ()) -> SchedulerConfig:
     """The SchedulerConfig in `path` (every default without one) with the flags given on top
-    (`--leader-elect`: `leaderElection.enabled`; `api.config.merge`); `ConfigError`
+    (`cli/scheduler.py`'s `FLAG_KEYS`; `api.config.merge`); `ConfigError`
     (`api.config.loader`) naming the file, then each field, value and rule."""
     return load_settings(path, SchedulerConfig, "SchedulerConfig", overrides=flags)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -27,12 +27,12 @@ from aiohttp import web
 
 from elastic_gpu.runtime.metrics import add_metrics
 from elastic_gpu.scheduler import wire
-from elastic_gpu.scheduler.extender import (
+from elastic_gpu.scheduler.handle import (
     HEAVY_QUEUE,
     HEAVY_SLOTS,
     LARGE_BODY_BYTES,
     LARGE_NODE_COUNT,
-    ExtenderBase,
+    Handle,
 )
 from elastic_gpu.scheduler.state import StateNotReady
 
@@ -97,24 +97,38 @@ def json_answer(data: Any, status: int = 200) -> web.Response:
                         content_type="application/json")
 
 
-class HttpRoutes(ExtenderBase):
-    """The routes, and where each request runs (the event loop or a worker thread)."""
+#: A verb's handler: the request's body in, the answer out (bind and provision await the API).
+Handler = Callable[[bytes], Awaitable[web.Response] | web.Response]
 
-    def _timed(self, verb: str, handler: Callable[[bytes], Awaitable[web.Response] | web.Response]
+
+class HttpRoutes:
+    """The routes of the verbs, health and readiness, and where each request runs: the event
+    loop or a worker thread, a few large ones at a time."""
+
+    def __init__(self, handle: Handle) -> None:
+        self._handle = handle
+        self._heavy = asyncio.Semaphore(HEAVY_SLOTS)
+        #: large requests in progress or waiting for a slot
+        self.heavy_waiting = 0
+
+    def _timed(self, verb: str, handler: Handler
                ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        metrics = self._handle.metrics
+
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
+            role = self._handle.role
             try:
-                if not self.role.serving:  # a standby, or a leader that lost its Lease
-                    response = with_outcome(json_answer({"Error": self.role.refusal},
+                if not role.serving:  # a standby, or a leader that lost its Lease
+                    response = with_outcome(json_answer({"Error": role.refusal},
                                                         status=503), "standby")
                 else:
                     response = await self._serve(verb, request, handler)
             except wire.WireError as err:
-                self.metrics.bad_requests.labels(verb).inc()
+                metrics.bad_requests.labels(verb).inc()
                 response = json_answer({"Error": str(err)}, status=400)
             except BodyTooLarge as err:
-                self.metrics.bad_requests.labels(verb).inc()
+                metrics.bad_requests.labels(verb).inc()
                 response = json_answer({"Error": str(err)}, status=413)
             except _Busy as err:
                 response = json_answer({"Error": str(err)}, status=429)
@@ -126,16 +140,14 @@ class HttpRoutes(ExtenderBase):
                 response = json_answer({"Error": f"internal error in the extender ({type(err).__name__}"
                                            "; see its log)"}, status=500)
             finally:
-                self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
-            self.metrics.requests.labels(verb, response_outcome(response)).inc()
+                metrics.latency.labels(verb).observe(time.perf_counter() - started)
+            metrics.requests.labels(verb, response_outcome(response)).inc()
             return response
         return handle
 
-    async def _serve(self, verb: str, request: web.Request,
-                     handler: Callable[[bytes], Awaitable[web.Response] | web.Response]
-                     ) -> web.Response:
+    async def _serve(self, verb: str, request: web.Request, handler: Handler) -> web.Response:
         small = verb in ("bind", "provision")
-        limit = BIND_BODY_BYTES if small else self.limits.max_body_bytes
+        limit = BIND_BODY_BYTES if small else self._handle.limits.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:  # refused before a byte of it is read
             raise BodyTooLarge(_too_large(length, limit, verb))
@@ -144,29 +156,29 @@ class HttpRoutes(ExtenderBase):
             # A small body may still name many nodes (planning them is the cost), and while a
             # verb runs in a thread it may hold the state's lock: then leave the loop too.
             many_names = body.count(b'"') > 2 * LARGE_NODE_COUNT
-            if not small and (self._in_threads or many_names):
+            if not small and (self._handle.calls.in_threads or many_names):
                 return await self._in_thread(handler, body)
             result = handler(body)
             return await result if isinstance(result, Awaitable) else result
         # Large (or of unknown length): a few at a time, the rest wait or are turned away.
-        if self._heavy_waiting >= HEAVY_SLOTS + HEAVY_QUEUE:
-            raise _Busy(f"{self._heavy_waiting} large requests are in progress or waiting; "
+        if self.heavy_waiting >= HEAVY_SLOTS + HEAVY_QUEUE:
+            raise _Busy(f"{self.heavy_waiting} large requests are in progress or waiting; "
                         "retry shortly")
-        self._heavy_waiting += 1
+        self.heavy_waiting += 1
         try:
             async with self._heavy:
                 body = await _read(request, limit, verb)
                 return await self._in_thread(handler, body)
         finally:
-            self._heavy_waiting -= 1
+            self.heavy_waiting -= 1
 
-    async def _in_thread(self, handler: Callable[[bytes], Awaitable[web.Response] | web.Response],
-                         body: bytes) -> web.Response:
-        self._in_threads += 1
+    async def _in_thread(self, handler: Handler, body: bytes) -> web.Response:
+        calls = self._handle.calls
+        calls.in_threads += 1
         try:
             result = await asyncio.to_thread(handler, body)
         finally:
-            self._in_threads -= 1
+            calls.in_threads -= 1
         assert isinstance(result, web.Response)  # only the synchronous verbs come here
         return result
 
@@ -174,21 +186,21 @@ class HttpRoutes(ExtenderBase):
         return web.Response(text="ok")
 
     async def readyz(self, request: web.Request) -> web.Response:
-        if not self.role.serving:  # a standby says whether its caches are warm
-            warm = "caches synced" if self.state.ready else self.state.not_ready_reason()
-            return web.Response(text=f"{self.role.phase}; {warm}", status=503)
-        if self.state.ready:
+        role, state = self._handle.role, self._handle.state
+        if not role.serving:  # a standby says whether its caches are warm
+            warm = "caches synced" if state.ready else state.not_ready_reason()
+            return web.Response(text=f"{role.phase}; {warm}", status=503)
+        if state.ready:
             return web.Response(text="ok")
-        return web.Response(text=self.state.not_ready_reason(), status=503)
+        return web.Response(text=state.not_ready_reason(), status=503)
 
-    def app(self, prefix: str = "") -> web.Application:
-        app = web.Application(client_max_size=self.limits.max_body_bytes)
-        handlers: dict[str, Callable[[bytes], Awaitable[web.Response] | web.Response]] = {
-            "filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
-            "preempt": self.preempt, "provision": self.provision}
+    def app(self, handlers: Mapping[str, Handler], prefix: str = "") -> web.Application:
+        """The application serving `handlers` (by verb) under `prefix`, health, readiness
+        and metrics."""
+        app = web.Application(client_max_size=self._handle.limits.max_body_bytes)
         for verb, handler in handlers.items():
             app.router.add_post(f"{prefix}/{verb}", self._timed(verb, handler))
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
-        add_metrics(app, self.metrics.registry)
+        add_metrics(app, self._handle.metrics.registry)
         return app

@@ -15,8 +15,9 @@ from elastic_gpu.core.claims import model as claims_model
 from elastic_gpu.core.claims.decisions import Bind, InSync
 from elastic_gpu.core.claims.model import provisioned_name
 from elastic_gpu.scheduler import wire
-from elastic_gpu.scheduler.extender import BindError, ExtenderBase
+from elastic_gpu.scheduler.handle import BindError, ClaimApi, Handle
 from elastic_gpu.scheduler.http import json_answer
+from elastic_gpu.scheduler.state import SchedulerState
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,19 @@ class _NotFound(Exception):
     """/provision: the claim does not exist (404)."""
 
 
-class Provisioner(ExtenderBase):
+class Provisioner:
     """The provision verb."""
+
+    def __init__(self, handle: Handle) -> None:
+        self._handle = handle
+
+    @property
+    def state(self) -> SchedulerState:
+        return self._handle.state
+
+    @property
+    def claims_api(self) -> ClaimApi | None:
+        return self._handle.claims_api
 
     async def provision(self, body: bytes) -> web.Response:
         """`POST /provision` (docs/claims.md, "The extender's part"): provision a claim from the
@@ -37,8 +49,8 @@ class Provisioner(ExtenderBase):
         self.state.require_ready()
         key = f"{args.namespace}/{args.name}"
         try:
-            with self._bind_running():  # a drain lets it finish, like a bind
-                async with self._claims_locked([args.uid]):
+            with self._handle.binds.running():  # a drain lets it finish, like a bind
+                async with self._handle.claim_locks.held([args.uid]):
                     answer = await self._provision(args, key)
         except _NotFound as err:
             return json_answer({"Error": str(err)}, status=404)
@@ -61,12 +73,12 @@ class Provisioner(ExtenderBase):
             if claim.uid != args.uid:
                 raise _NotFound(f"ElasticGPUClaim {key} has uid {claim.uid}, not {args.uid}: "
                                 "it was deleted (and maybe re-created)")
-            await self._state_call(self.state.upsert_claim, claim)
-        outcome, token = await self._state_call(self.state.provision, claim)
+            await self._handle.calls(self.state.upsert_claim, claim)
+        outcome, token = await self._handle.calls(self.state.provision, claim)
         if isinstance(outcome, claims_model.ElasticGPU):
             assert token is not None
             egpu = await self._create_provisioned(outcome, token, key)
-            self.metrics.provisioned.inc()
+            self._handle.metrics.provisioned.inc()
             return {"result": "Provisioned", "elasticGPU": egpu.name, "node": egpu.node}
         if isinstance(outcome, claims_decisions.Pending):
             return {"result": "Pending", "reason": outcome.reason.value,
@@ -92,12 +104,12 @@ class Provisioner(ExtenderBase):
             created = await self.claims_api.create_elasticgpu(egpu_api.elasticgpu_to_object(egpu))
         except BindError as err:
             if err.code != 409:
-                await self._state_call(self.state.settle_elasticgpu, egpu.name, token,
+                await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token,
                                        "failed" if err.definite else "unknown")
                 raise BindError(f"creating ElasticGPU {egpu.name}: {err}",
                                 definite=err.definite) from None
-            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "failed")
-            existing = await self._existing_elasticgpu(where, egpu.name)
+            await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token, "failed")
+            existing = await self._handle.existing_elasticgpu(where, egpu.name)
             if existing.claim_ref != egpu.claim_ref:
                 raise BindError(f"ElasticGPU {egpu.name} exists and is not this claim's",
                                 definite=True) from None
@@ -105,8 +117,8 @@ class Provisioner(ExtenderBase):
         try:
             made = egpu_api.elasticgpu_from_object(created)
         except egpu_api.ElasticGPUObjectError as err:
-            await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "unknown")
+            await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token, "unknown")
             raise BindError(f"{where}: {err}", definite=False) from None
-        await self._state_call(self.state.settle_elasticgpu, egpu.name, token, "created", made,
+        await self._handle.calls(self.state.settle_elasticgpu, egpu.name, token, "created", made,
                                str((created.get("metadata") or {}).get("uid") or ""))
         return made

@@ -141,14 +141,17 @@ def slim_class(cls: Mapping[str, Any]) -> Obj:
             **_pick(cls, ("provisioner", "parameters", "reclaimPolicy", "egpuBindingMode"))}
 
 
-# ---------------------------------------------------------------- what a list decodes
+# ------------------------------------------------------ what a list and a watch decode
 #
-# A list's pages are decoded straight into these shapes (`RestClient.list_pages(shape=)`):
-# only the fields the slim forms read are built as Python objects, the rest of the JSON
+# A list's pages and a watch's events are decoded straight into these shapes
+# (`RestClient.list_pages(shape=)`, `RestClient.watch(shape=)`, `apiworker.SHAPES`): only the
+# fields the slim forms read are built as Python objects, the rest of the JSON
 # (managedFields, a Node's images and conditions, a pod's volumes, status churn) is skipped
-# by the decoder. Each field is UNSET when the object lacks it, so the dict the shape turns
-# back into has exactly the keys the object had, and the slim function then gives the same
-# result as on the full object (tests/unit/scheduler/test_sched_slim.py checks it). Values
+# by the decoder. Every shape keeps metadata.resourceVersion: the reflector watches on from
+# the newest version an event (a BOOKMARK's too) carried. Each field is UNSET when the object
+# lacks it, so the dict the shape turns back into has exactly the keys the object had, and the
+# slim function then gives the same result as on the full object
+# (tests/unit/scheduler/test_sched_slim.py checks it). Values
 # below these fields are `Any`: whatever the API sent, as plain builtins.
 
 class _Shape(msgspec.Struct, omit_defaults=True):
@@ -158,6 +161,7 @@ class _Shape(msgspec.Struct, omit_defaults=True):
 class _NamedMeta(_Shape):
     name: Any = msgspec.UNSET
     labels: Any = msgspec.UNSET
+    resourceVersion: Any = msgspec.UNSET
 
 
 class _PodMeta(_Shape):

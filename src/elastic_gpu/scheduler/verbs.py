@@ -7,6 +7,8 @@ A pod's request is parsed once per (uid, resourceVersion); the pods seen in filt
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import known_policies
-from elastic_gpu.scheduler.extender import ExtenderBase
+from elastic_gpu.scheduler.handle import Handle
 from elastic_gpu.scheduler.http import json_answer, with_outcome
 from elastic_gpu.scheduler.metrics import main_reason
 from elastic_gpu.scheduler.state import SchedulerState
@@ -111,8 +113,68 @@ class DevicePluginMode:
         return self._state.preempt(request, uid, candidates)
 
 
-class Verbs(ExtenderBase):
-    """The verbs that only read the state (and the recent-pods cache they fill)."""
+class RecentPods:
+    """Pods seen in filter, for the bind, which gets only names (the watch may not have them
+    yet): slim (`recent_pod`) and bounded in bytes (`RECENT_BYTES`), oldest out first. Filters
+    of large requests run in worker threads, so it has its own lock."""
+
+    def __init__(self, limit_bytes: int = RECENT_BYTES) -> None:
+        self._limit = limit_bytes
+        self._pods: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def remember(self, uid: str, pod: Mapping[str, Any]) -> None:
+        slim = recent_pod(pod)
+        size = len(msgspec.json.encode(slim))
+        with self._lock:
+            old = self._pods.pop(uid, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if size > self._limit:
+                return
+            self._pods[uid] = (slim, size)
+            self._bytes += size
+            while self._bytes > self._limit:
+                self._bytes -= self._pods.popitem(last=False)[1][1]
+
+    def get(self, uid: str) -> dict[str, Any] | None:
+        """The slim pod seen in filter under `uid`, if still kept."""
+        kept = self._pods.get(uid)
+        return kept[0] if kept is not None else None
+
+    def size(self, uid: str) -> int | None:
+        """Its bytes (JSON), as counted against the bound; None when not kept."""
+        kept = self._pods.get(uid)
+        return kept[1] if kept is not None else None
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._pods
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held (slim pods, JSON size), at most the bound."""
+        return self._bytes
+
+    @property
+    def sizes(self) -> list[int]:
+        return [size for _, size in self._pods.values()]
+
+
+class Verbs:
+    """The verbs that only read the state, the parsed-request cache they share and the
+    recent-pods cache they fill (the binder reads it)."""
+
+    def __init__(self, handle: Handle) -> None:
+        self._handle = handle
+        self.recent = RecentPods()
+        # Parsed requests by (uid, resourceVersion): filter and bind read the same pod version,
+        # and any change to a pod's spec or annotations gives it a new resourceVersion.
+        self._parsed: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
+
+    @property
+    def state(self) -> SchedulerState:
+        return self._handle.state
 
     def _parse(self, pod: Mapping[str, Any]) -> PodRequest:
         meta = pod.get("metadata")
@@ -127,28 +189,6 @@ class Verbs(ExtenderBase):
                 self._parsed.popitem(last=False)
         return request
 
-    def _remember(self, uid: str, pod: Mapping[str, Any]) -> None:
-        slim = recent_pod(pod)
-        size = len(msgspec.json.encode(slim))
-        with self._recent_lock:  # filters of large requests run in worker threads
-            self._remember_locked(uid, slim, size)
-
-    def _remember_locked(self, uid: str, slim: dict[str, Any], size: int) -> None:
-        old = self._recent.pop(uid, None)
-        if old is not None:
-            self._recent_bytes -= old[1]
-        if size > RECENT_BYTES:
-            return
-        self._recent[uid] = (slim, size)
-        self._recent_bytes += size
-        while self._recent_bytes > RECENT_BYTES:
-            self._recent_bytes -= self._recent.popitem(last=False)[1][1]
-
-    @property
-    def recent_bytes(self) -> int:
-        """Bytes the recent-pods cache holds (slim pods, JSON size), at most RECENT_BYTES."""
-        return self._recent_bytes
-
     def _by_mode(self, names: Sequence[str]) -> list[tuple[NodeMode, Sequence[str]]]:
         """`names` grouped by their node's mode. The device-plugin mode is asked even of no
         nodes, as before the seam: its filter notes the pod as filtered (`wakeups`)."""
@@ -162,7 +202,7 @@ class Verbs(ExtenderBase):
     # ---- verbs ------------------------------------------------------------------------------
 
     def filter(self, body: bytes) -> web.Response:
-        args = wire.parse_args(body, self.limits)
+        args = wire.parse_args(body, self._handle.limits)
         names = args.node_names()
         try:
             request = self._parse(args.Pod)
@@ -173,7 +213,7 @@ class Verbs(ExtenderBase):
             named = pod_claims(args.Pod)
         except ClaimAnnotationError as err:
             return with_outcome(json_answer(wire.filter_error(str(err))), "error")
-        self._remember(uid, args.Pod)
+        self.recent.remember(uid, args.Pod)
         if not request.wants_gpu:
             return json_answer(wire.filter_result(args, names, {}, {}))
         feasible: list[str] = []
@@ -200,7 +240,7 @@ class Verbs(ExtenderBase):
         if feasible:
             return with_outcome(response, "feasible")
         reason = main_reason(f.category for f in refused.values())
-        self.metrics.unschedulable.labels(reason).inc()
+        self._handle.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 
     def _claim_request(self, pod: Mapping[str, Any], request: PodRequest
@@ -219,7 +259,7 @@ class Verbs(ExtenderBase):
                 named)
 
     def prioritize(self, body: bytes) -> web.Response:
-        args = wire.parse_args(body, self.limits)
+        args = wire.parse_args(body, self._handle.limits)
         names = args.node_names()
         try:
             request = self._parse(args.Pod)
@@ -238,7 +278,7 @@ class Verbs(ExtenderBase):
         return json_answer(wire.host_priorities(scores))
 
     def preempt(self, body: bytes) -> web.Response:
-        args = wire.parse_preemption(body, self.limits)
+        args = wire.parse_preemption(body, self._handle.limits)
         candidates = args.victims()
         try:
             request = self._parse(args.Pod)

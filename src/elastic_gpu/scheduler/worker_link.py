@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.scheduler import ipc
-from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.handle import BindError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.scheduler.apiworker import WAKEUP_CONDITION
-from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.handle import BindError
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
 pytestmark = pytest.mark.integration

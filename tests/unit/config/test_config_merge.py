@@ -249,3 +249,56 @@ def test_the_agents_metrics_flags_merge_by_the_same_rule(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as err:
         parse_config({}, "flags", [Override("metrics.port", "--metrics-port", -1)])
     assert err.value.field == "--metrics-port (metrics.port)"
+
+
+def _extender_flags(**given: object) -> list[Override]:
+    from elastic_gpu.cli.scheduler import FLAG_KEYS
+
+    return [Override(key, flag, given.get(flag.lstrip("-").replace("-", "_")))
+            for flag, key in FLAG_KEYS.items()]
+
+
+def test_the_extenders_serving_flags_merge_into_its_config_by_the_same_rule(
+        tmp_path: Path) -> None:
+    from elastic_gpu.scheduler.app import serve_options
+    from elastic_gpu.scheduler.config import load_config as load_scheduler_config
+
+    path = tmp_path / "scheduler.yaml"
+    path.write_text("host: 0.0.0.0\nport: 9443\ndrainSeconds: 3\nhealthPort: 8889\n"
+                    "tls: {certFile: /tls/file.crt, keyFile: /tls/file.key, "
+                    "clientCAFile: /tls/ca.crt}\n")
+    # given flags beat the file; the others leave the file's values alone
+    config = load_scheduler_config(path, _extender_flags(port=8443, tls_cert="/flag.crt",
+                                                         tls_key="/flag.key"))
+    options = serve_options(config, "replica-0")
+    assert (options.host, options.port, options.drain_s, options.health_port) == (
+        "0.0.0.0", 8443, 3.0, 8889)
+    assert (str(options.tls_cert), str(options.tls_key), str(options.tls_client_ca)) == (
+        "/flag.crt", "/flag.key", "/tls/ca.crt")
+    assert options.identity == "replica-0"
+    # neither flag nor file: the model's defaults, plain HTTP on loopback
+    defaults = serve_options(load_scheduler_config(None, _extender_flags()))
+    assert (defaults.host, defaults.port, defaults.drain_s, defaults.health_port) == (
+        "127.0.0.1", 8888, 10.0, 0)
+    assert defaults.tls_cert is None and defaults.tls_client_ca is None
+
+
+@pytest.mark.parametrize(("text", "given", "field", "rule"), [
+    ("", {"tls_client_ca": "/ca.crt"}, "tls (set by --tls-client-ca)",
+     "clientCAFile needs certFile and keyFile (HTTPS)"),
+    ("tls: {certFile: /a.crt}\n", {}, "tls", "certFile and keyFile go together"),
+    ("", {"port": 0}, "--port (port)", "greater than or equal to 1"),
+    ("drainSeconds: 301\n", {}, "drainSeconds", "less than or equal to 300"),
+    ("", {"drain_seconds": -1.0}, "--drain-seconds (drainSeconds)",
+     "greater than or equal to 0"),
+])
+def test_the_extenders_serving_settings_are_refused_naming_the_flag_or_key(
+        tmp_path: Path, text: str, given: dict[str, object], field: str, rule: str) -> None:
+    from elastic_gpu.scheduler.config import load_config as load_scheduler_config
+
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(text or "seed: 0\n")
+    with pytest.raises(ConfigError) as err:
+        load_scheduler_config(path, _extender_flags(**given))
+    assert err.value.field == field
+    assert rule in str(err.value)

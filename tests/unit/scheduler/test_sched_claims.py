@@ -26,8 +26,8 @@ from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.app import Feeds
 from elastic_gpu.scheduler.binder import with_binding
-from elastic_gpu.scheduler.extender import BindError
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
+from elastic_gpu.scheduler.handle import BindError
 from elastic_gpu.scheduler.state import SchedulerState
 
 CORE = "elasticgpu.io/gpu-core"

@@ -24,8 +24,8 @@ import pytest
 
 from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.scheduler.extender import LARGE_BODY_BYTES
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
+from elastic_gpu.scheduler.handle import LARGE_BODY_BYTES
 
 NODES = [Node(f"n{i}", 64_000, 256_000, tuple(Card(c, f"GPU-{i}-{c}", "A100", 16384)
                                              for c in range(4))) for i in range(200)]

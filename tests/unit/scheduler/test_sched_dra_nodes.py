@@ -12,7 +12,7 @@ from typing import Any
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 
 DP = Node("dp", 64_000, 256_000, (Card(0, "GPU-dp-0", "A100", 81920),))

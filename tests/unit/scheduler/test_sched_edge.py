@@ -18,10 +18,10 @@ from egpu_testing.workbench import ServedExtender as Server
 from egpu_testing.workbench import pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.nodeaffinity import Taint
-from elastic_gpu.scheduler import extender as extender_module
+from elastic_gpu.scheduler import handle as handle_module
 from elastic_gpu.scheduler.app import ServeOptions, serve_extender
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.verbs import RECENT_BYTES
 
@@ -151,18 +151,19 @@ def test_recent_pods_keep_only_what_bind_needs_within_a_byte_bound() -> None:
                            limits={"elasticgpu.io/gpu-core": "10"})
         pod["metadata"]["resourceVersion"] = "1"
         ext.filter(json.dumps({"Pod": pod, "NodeNames": ["n0"]}).encode())
-    kept, size = ext._recent["u39"]
+    kept, size = ext.verbs.recent.get("u39"), ext.verbs.recent.size("u39")
+    assert kept is not None and size is not None
     assert kept["metadata"]["annotations"] == {"elasticgpu.io/gpu-model": "A100"}
-    assert size < 1024 and ext.recent_bytes < 40 * 1024  # not 80 MiB
+    assert size < 1024 and ext.verbs.recent.bytes < 40 * 1024  # not 80 MiB
     # pods whose own GPU annotations are large: evicted oldest first to stay under the bound
     gpu_note = {"elasticgpu.io/gpu-model": "A" * 200_000}
     for i in range(100):
         pod = pod_manifest(f"q{i}", uid=f"q{i}", annotations=gpu_note,
                            limits={"elasticgpu.io/gpu-core": "10"})
         ext.filter(json.dumps({"Pod": pod, "NodeNames": ["n0"]}).encode())
-    assert ext.recent_bytes <= RECENT_BYTES
-    assert "q99" in ext._recent and "q0" not in ext._recent
-    assert ext.recent_bytes == sum(size for _, size in ext._recent.values())
+    assert ext.verbs.recent.bytes <= RECENT_BYTES
+    assert "q99" in ext.verbs.recent and "q0" not in ext.verbs.recent
+    assert ext.verbs.recent.bytes == sum(ext.verbs.recent.sizes)
 
 
 # ---- HTTP limits -------------------------------------------------------------------------------
@@ -213,11 +214,11 @@ def test_a_chunked_body_is_cut_off_at_the_limit() -> None:
 def test_too_many_large_requests_at_once_get_429(edge: tuple[Server, FakeApi],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     srv, _ = edge
-    srv.extender._heavy_waiting = extender_module.HEAVY_SLOTS + extender_module.HEAVY_QUEUE
+    srv.extender.routes.heavy_waiting = handle_module.HEAVY_SLOTS + handle_module.HEAVY_QUEUE
     body = json.dumps({"Pod": {}, "NodeNames": ["n0"], "pad": "x" * 300_000}).encode()
     status, answer = srv.post("/filter", body)
     assert status == 429 and "large requests are in progress" in answer["Error"]
-    srv.extender._heavy_waiting = 0
+    srv.extender.routes.heavy_waiting = 0
     status, answer = srv.post("/filter", body)  # the same body, handled in a worker thread
     assert status == 200 and answer["NodeNames"] == ["n0"]
 
@@ -358,10 +359,12 @@ def test_the_cli_listens_on_loopback_by_default_and_checks_tls_options() -> None
 
     text = " ".join(CliRunner().invoke(app, ["scheduler", "--help"],
                                        env={"COLUMNS": "300"}).output.split())
-    assert "[default: 127.0.0.1]" in text and "--tls-client-ca" in text
+    assert "loopback (127.0.0.1) by default" in text and "--tls-client-ca" in text
+    assert SchedulerConfig().host == "127.0.0.1"
     result = CliRunner().invoke(app, ["scheduler", "--tls-client-ca", "ca.crt"])
     assert result.exit_code == 2
-    assert "--tls-client-ca needs --tls-cert" in result.output
+    assert "tls (set by --tls-client-ca)" in result.output
+    assert "clientCAFile needs certFile and keyFile (HTTPS)" in result.output
 
 
 def test_slim_objects_keep_what_the_placement_check_reads() -> None:

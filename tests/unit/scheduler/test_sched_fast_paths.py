@@ -23,8 +23,8 @@ from elastic_gpu.core.policies import node_policy
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig, load_config
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
-from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 from elastic_gpu.scheduler.state.placement import rescale_scored
 from elastic_gpu.scheduler.verbs import parse_pod

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from egpu_testing.workbench import ServedExtender, ready_state
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.http import BIND_BODY_BYTES
-from elastic_gpu.scheduler.server import Extender
 
 NODES = [Node(f"n{i}", 64_000, 256_000, (Card(0, f"GPU-{i}", "A100", 16384),
                                         Card(1, f"GPU-{i}b", "T4", 16384)),

@@ -19,9 +19,9 @@ from elastic_gpu.core.model import Card, Node
 from elastic_gpu.kube.leaderelection import LeadershipLost, LeaseConfig
 from elastic_gpu.scheduler.app import lease_config
 from elastic_gpu.scheduler.config import LeaderElectionConfig, load_config
-from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.extender import Extender
+from elastic_gpu.scheduler.handle import BindError
 from elastic_gpu.scheduler.leadership import Role, lead
-from elastic_gpu.scheduler.server import Extender
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
 NODES = [Node("n0", 64_000, 256_000, (Card(0, "GPU-0", "A100", 16384),))]
@@ -109,8 +109,7 @@ def test_without_leader_election_a_replica_always_serves() -> None:
 
 @pytest.fixture
 def standby() -> Iterator[ServedExtender]:
-    extender = Extender(ready_state(NODES))
-    extender.role = Role(elected=True)
+    extender = Extender(ready_state(NODES), role=Role(elected=True))
     served = ServedExtender(extender)
     yield served
     served.stop()

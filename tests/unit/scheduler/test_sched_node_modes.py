@@ -15,7 +15,7 @@ from elastic_gpu.core.fit import FitKind
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.app import Feeds
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.verbs import DevicePluginMode
 

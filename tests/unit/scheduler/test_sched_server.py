@@ -15,7 +15,7 @@ from egpu_testing.workbench import ServedExtender, metric_value, pod_manifest, r
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.binder import with_binding
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 
 NODES = [Node(f"n{i}", 64_000, 256_000,

@@ -207,3 +207,28 @@ def test_pod_level_resources_survive_the_slim_form_and_the_wire() -> None:
     args = wire.parse_args(json.dumps({"Pod": full, "NodeNames": ["n1"]}).encode())
     # pod level replaces the containers' max(1.5, 2) CPU and max(1, 2) GiB; overhead on top
     assert pod_host_requests(slim_pod(full)) == pod_host_requests(args.Pod) == (8250, 4216)
+
+
+def test_a_watched_event_decodes_into_its_feeds_shape_and_slims_like_the_full_object(
+) -> None:
+    import msgspec
+
+    from elastic_gpu.kube.transport import WatchDecoder
+    from elastic_gpu.scheduler.apiworker import SHAPES
+
+    node = {"metadata": {"name": "n1", "labels": {"a": "b"}, "resourceVersion": "8",
+                         "managedFields": [{}]},
+            "spec": {"taints": [{"key": "t", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"cpu": "8"}, "capacity": {"cpu": "8"},
+                       "images": [{"names": ["a"]}], "conditions": [{"type": "Ready"}]}}
+    card = Card(index=1, uuid="GPU-1", model="A100", memory_mib=81920, numa_node=1)
+    device = gpudevice.card_to_object("n1", card)
+    device["metadata"].update(resourceVersion="5", managedFields=[{}])
+    for feed, obj, slim in (("pods", full_pod(), slim_pod), ("nodes", node, slim_node),
+                            ("gpudevices", device, slim_device)):
+        line = msgspec.json.encode({"type": "MODIFIED", "object": obj})
+        kind, watched = WatchDecoder(SHAPES[feed])(line)
+        assert kind == "MODIFIED" and slim(watched) == slim(obj)
+        assert "managedFields" not in watched["metadata"]  # never built
+        # the reflector watches on from the newest version an event carried
+        assert watched["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]

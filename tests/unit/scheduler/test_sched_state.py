@@ -22,8 +22,8 @@ from elastic_gpu.core.placement.engine import ScoredNodes
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.config import SchedulerConfig
-from elastic_gpu.scheduler.extender import BindError
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
+from elastic_gpu.scheduler.handle import BindError
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState, StateNotReady
 from elastic_gpu.scheduler.state.placement import rescale_scored
 from elastic_gpu.scheduler.verbs import parse_pod

@@ -18,7 +18,7 @@ import pytest
 from egpu_testing.workerpipe import ApiRecorder, PipedWorker, linked
 from elastic_gpu.kube.transport import ApiStatusError
 from elastic_gpu.scheduler import ipc
-from elastic_gpu.scheduler.extender import BindError
+from elastic_gpu.scheduler.handle import BindError
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
 
