@@ -14,9 +14,8 @@ names which check a failure comes from (`FitKind.unresolvable`: whether preempti
 
 `describe` never names the node: kube-scheduler counts identical FailedNodes reasons
 ("3 <reason>"), and a node name in each would make every reason distinct. Where a node must be
-named (a log line, a bind error), `describe_on` puts it in front. The DRA kinds are the
-exception: their sentence has named the DRA-mode node since it was written, and answers keep
-it.
+named (a log line, a bind error), `describe_on` puts it in front. The DRA kinds too: one
+sentence for every DRA-mode node (the node is the key of the answer's map).
 """
 
 from __future__ import annotations
