@@ -147,13 +147,12 @@ def test_no_settled_status_is_an_empty_one_and_bad_is_refused() -> None:
 
 
 def test_the_chart_creates_the_priority_class_the_code_and_the_webhook_name() -> None:
-    import inspect
     from pathlib import Path
 
     import yaml
 
     from elastic_gpu.api.budget import priority_class_manifest
-    from elastic_gpu.cli.webhook import webhook
+    from elastic_gpu.webhook.config import WebhookConfig
 
     values = yaml.safe_load((Path(__file__).parents[3] / "charts/elastic-gpu/values.yaml")
                             .read_text())["budgets"]["overBudgetPriorityClass"]
@@ -161,5 +160,4 @@ def test_the_chart_creates_the_priority_class_the_code_and_the_webhook_name() ->
     assert (values["name"], values["value"], values["preemptionPolicy"]) == (
         manifest["metadata"]["name"], manifest["value"], manifest["preemptionPolicy"])
     assert manifest["value"] < 0  # below pods without a class: preempted first
-    default = inspect.signature(webhook).parameters["over_budget_priority_class"].default
-    assert default == manifest["metadata"]["name"]
+    assert WebhookConfig().over_budget_priority_class == manifest["metadata"]["name"]
