@@ -213,7 +213,7 @@ class Verbs(ExtenderBase):
         if not named:
             return request, None, False
         view = self.state.claim_view(request.namespace, named)
-        return without_containers(request, view.bound), view.node, view.blocked is not None
+        return without_containers(request, view.bound), view.node, bool(view.blocked)
 
     def prioritize(self, body: bytes) -> web.Response:
         args = wire.parse_args(body, self.limits)

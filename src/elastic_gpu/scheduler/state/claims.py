@@ -64,7 +64,7 @@ class ClaimCaches(StateBase):
         except ClaimAnnotationError:
             return
         view = self._claim_view(namespace, named)
-        if view.blocked is None:
+        if not view.blocked:
             del self._claim_waiting[uid]
             where = f" on node {view.node}" if view.node else ""
             self._claim_wakes[uid] = Wake(
@@ -186,7 +186,7 @@ class ClaimCaches(StateBase):
         with self._lock:
             self._prepare()
             view = self._claim_view(pod.namespace, named)
-            if view.blocked is not None:
+            if view.blocked:
                 self._waiting.pop(uid, None)
                 if node_names:
                     self._claim_waiting.pop(uid, None)
@@ -194,7 +194,7 @@ class ClaimCaches(StateBase):
                     while len(self._claim_waiting) > MAX_CLAIM_WAITING:
                         del self._claim_waiting[next(iter(self._claim_waiting))]
                     self.wakeup_counts["claim_turned_away"] += 1
-                blocked = FitFailure(FitKind.CLAIM_BLOCKED, detail=view.blocked)
+                blocked = FitFailure(FitKind.CLAIM_BLOCKED, claim_blocks=view.blocked)
                 return FilterResult([], {}), dict.fromkeys(node_names, blocked)
             self._claim_waiting.pop(uid, None)
             rest = without_containers(pod, view.bound)
