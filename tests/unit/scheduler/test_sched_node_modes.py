@@ -10,8 +10,8 @@ from typing import Any
 from egpu_testing.claims import claim_object, claim_pod, class_object, elasticgpu_object
 from egpu_testing.workbench import ready_state
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.claims.blocks import BlockKind
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
