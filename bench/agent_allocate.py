@@ -35,8 +35,8 @@ import grpc
 
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.inventory_api import ensure_crd
-from elastic_gpu.agent.plugin import socket_name
+from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+from elastic_gpu.agent.deviceplugin.plugin import socket_name
 from elastic_gpu.agent.proto import api_pb2, api_pb2_grpc
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann

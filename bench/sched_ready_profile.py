@@ -25,7 +25,7 @@ from sched_scale import inventory, population
 
 from egpu_testing.cluster import TestCluster
 from egpu_testing.workbench import ExtenderProcess
-from elastic_gpu.agent.inventory_api import ensure_crd
+from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 from elastic_gpu.devcluster.nodes import register_fake_nodes
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.transport import RestClient

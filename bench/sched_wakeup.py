@@ -169,7 +169,7 @@ def main() -> int:
     plane.start(scheduler=False, kwok_enabled=True)
     extender: ExtenderProcess | None = None
     try:
-        from elastic_gpu.agent.inventory_api import ensure_crd
+        from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
         ensure_crd(plane.kube())
         (port,) = free_ports(1)

@@ -69,7 +69,7 @@ def main() -> int:
     plane = TestCluster(work_dir=work / "k8s", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=True)
     try:
-        from elastic_gpu.agent.inventory_api import ensure_crd
+        from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
         ensure_crd(plane.kube())
         install_crds(plane)

@@ -86,7 +86,7 @@ def failed_attempts(kube_scheduler_log: str, namespace: str) -> list[str]:
 def running_pair(cluster: Any, namespace: str, work_dir: Path) -> Iterator[ExtenderPair]:
     """Two extender replicas under leader election on `cluster` (the GPUDevice CRD installed),
     stopped on exit: the failover tests' fixture."""
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(cluster.kube())
     replicas = ExtenderPair(cluster.kubeconfig, work_dir, namespace)

@@ -259,7 +259,7 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
     benchmark starts the scheduler it measures). Returns (plane, lightkube client, inventories); the caller
     stops the plane, which is stopped here already if registration fails."""
     from egpu_testing.cluster import TestCluster
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
     from elastic_gpu.devcluster.nodes import register_fake_nodes, uniform_inventories
 
     plane = TestCluster(work_dir=work_dir / "k8s", die_with_parent=True)

@@ -1,7 +1,9 @@
 """The running agent: discover, publish, serve the plugins, follow health, keep columns fresh.
 
-With `dra.enabled` the node is a DRA node (`agent.dra.mode`): no device plugins and no
-GPUDevice objects; ResourceSlices and the kubelet's DRA plugin instead."""
+How the cards reach the cluster is the node mode (`agent.nodemode`), picked from the config
+once (`node_mode`): GPUDevices and device plugins (`deviceplugin.node.DevicePluginNode`), or,
+with `dra.enabled`, ResourceSlices and the kubelet's DRA plugin (`dra.node.DraNode`). Past
+that choice nothing here knows which mode runs."""
 
 from __future__ import annotations
 
@@ -11,31 +13,23 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elastic_gpu.agent.accounting import CardUse, card_usage
-from elastic_gpu.agent.allocator import Allocator
+from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.backends.base import Backend, BackendError
 from elastic_gpu.agent.backends.isolation import Gated, Isolation
 from elastic_gpu.agent.config import AgentConfig, SharingMode
-from elastic_gpu.agent.dra.mode import DraMode, DraModeError, device_plugin_refusal
+from elastic_gpu.agent.deviceplugin.allocator import Allocator
+from elastic_gpu.agent.deviceplugin.node import DevicePluginNode
+from elastic_gpu.agent.dra.node import DraNode
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.grant import DeviceFiles
-from elastic_gpu.agent.inventory_api import publish_allocations, publish_health, require_crd
-from elastic_gpu.agent.manager import PluginManager
 from elastic_gpu.agent.mps_supervisor import MpsSupervisor
-from elastic_gpu.agent.plugin import PluginServer
+from elastic_gpu.agent.nodemode import NodeMode, NodeModeError
 from elastic_gpu.agent.podresources import list_devices
 from elastic_gpu.agent.pods import ApiPods, PodCache, PodSource
-from elastic_gpu.agent.publish import (
-    NodeSnapshot,
-    discover,
-    patch_node_capacity,
-    publish_snapshot,
-    snapshot,
-)
+from elastic_gpu.agent.snapshot import NodeSnapshot, discover, snapshot
 from elastic_gpu.agent.state import NodeState
 from elastic_gpu.agent.usage.monitor import UsageMonitor, UsageSinks
 from elastic_gpu.agent.usage.sinks import ApiSinks
-from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 if TYPE_CHECKING:
@@ -55,9 +49,6 @@ class Agent:
         self.plugin_dir = plugin_dir or config.devicePluginDirectory
         # Discovery and planning fail here, before anything is advertised.
         self.snapshot: NodeSnapshot = discover(backend, config, node_name)
-        if config.dra.enabled:
-            # no device plugins: the cards are the DRA driver's devices
-            self.snapshot = snapshot(node_name, self.snapshot.cards, config, plans=())
         self.state = NodeState(self.snapshot.cards)
         files = DeviceFiles({chip.uuid: backend.device_nodes(chip)
                              for lc in self.snapshot.cards for chip in lc.chips},
@@ -69,26 +60,11 @@ class Agent:
         self.pods = pods
         self.mps: MpsSupervisor | None = None
         isolation = self._isolation()
-        self.allocator = Allocator(node_name, config, self.state, backend.visible_devices_env,
-                                   files, isolation, pods)
-        self.manager = PluginManager(
-            [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
-             for plan in self.snapshot.plans], self.plugin_dir)
-        self.dra: DraMode | None = None
-        if config.dra.enabled:
-            if client is None:
-                raise DraModeError("dra.enabled needs the Kubernetes API (ResourceSlices, "
-                                   "ResourceClaims): run without --no-api")
-            # the same grant inputs as the device-plugin path's Allocator
-            self.dra = DraMode(config, node_name, client, self.state,
-                               GrantInputs(config, backend.visible_devices_env, files,
-                                           isolation))
+        self.mode: NodeMode = self._node_mode(files, isolation)
         self.usage: UsageMonitor | None = None
         self._usage_sinks: ApiSinks | None = None
         if config.usage.enabled:
-            # a DRA node has no GPUDevice to write status.usage to: its usage is metrics only
-            self._usage_sinks = (ApiSinks(client, node_name)
-                                 if client is not None and not config.dra.enabled else None)
+            self._usage_sinks = self.mode.usage_sinks()
             node_pods = self.pods
             self.usage = UsageMonitor(
                 node_name, self.snapshot.cards, backend, config.usage,
@@ -115,11 +91,26 @@ class Agent:
                                  on_change=self._mps_changed)
         return Gated(isolation, self.mps.refusal)
 
+    def _node_mode(self, files: DeviceFiles, isolation: Isolation | None) -> NodeMode:
+        """The one place the agent asks which mode its node is in."""
+        config, backend = self.config, self.backend
+        if not config.dra.enabled:
+            allocator = Allocator(self.node_name, config, self.state,
+                                  backend.visible_devices_env, files, isolation, self.pods)
+            return DevicePluginNode(config, self.node_name, self.client, self.state, allocator,
+                                    self.plugin_dir, self.current, self.reasons, self.pods)
+        if self.client is None:
+            raise NodeModeError("dra.enabled needs the Kubernetes API (ResourceSlices, "
+                                "ResourceClaims): run without --no-api")
+        # no device plugins: the cards are the DRA driver's devices
+        self.snapshot = snapshot(self.node_name, self.snapshot.cards, config, plans=())
+        # the same grant inputs as the device-plugin path's Allocator
+        return DraNode(config, self.node_name, self.client, self.state,
+                       GrantInputs(config, backend.visible_devices_env, files, isolation))
+
     def _mps_changed(self) -> None:
-        if self.client is None or self.dra is not None:
-            return
         try:
-            publish_health(self.client, self.current().node, self.reasons())
+            self.mode.reasons_changed()
         except Exception:
             log.exception("publishing MPS daemon health")
 
@@ -138,23 +129,12 @@ class Agent:
         return reasons
 
     def start(self) -> None:
-        if self.dra is not None:
-            self.dra.check_node()  # before anything is published: a node in the wrong group
-        elif self.client is not None:
-            refusal = device_plugin_refusal(self.client.get(NODES.path(name=self.node_name)),
-                                            self.node_name)
-            if refusal is not None:
-                raise DraModeError(refusal)
-            # The CRD comes from deploy/crds at install time; the agent may not write CRDs.
-            require_crd(self.client)
-            publish_snapshot(self.client, self.current(), self.config, self.reasons())
+        self.mode.start()  # refuses a node of the other mode's group before anything is served
         if self.pod_cache is not None:
             self.pod_cache.start()
         if self.mps is not None:
-            self.mps.start()  # before the plugins: the first Allocate finds the daemons up
-        self.manager.start()
-        if self.dra is not None:
-            self.dra.start()
+            self.mps.start()  # before the plugins: the first grant finds the daemons up
+        self.mode.serve()
         if self.config.healthCheck.enabled:
             self._spawn("health", self._health_loop)
         if self.client is not None:
@@ -183,7 +163,7 @@ class Agent:
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,
             (lambda: pods.on_node(self.node_name)) if pods is not None else None,
-            lambda: self.allocator.outcomes.copy(), observed if monitor is not None else None)
+            self.mode.outcomes, observed if monitor is not None else None)
         # always registered (no series without daemons): a page's families do not depend on
         # the node's config, so one documented table holds for every agent
         from elastic_gpu.agent.metrics import MpsDaemonCollector
@@ -209,9 +189,7 @@ class Agent:
             self.pod_cache.stop()
         if self._usage_sinks is not None:
             self._usage_sinks.stop()
-        self.manager.stop()
-        if self.dra is not None:
-            self.dra.stop()
+        self.mode.stop()
         if self.mps is not None:
             self.mps.stop()
         if self._metrics_server is not None:
@@ -237,17 +215,9 @@ class Agent:
             changed = self.state.apply(events)
             for event in events:
                 log.warning("card %s is %s: %s", event.uuid, event.health.value, event.reason)
-            if changed and self.dra is not None:
+            if changed:
                 try:
-                    self.dra.publish()
-                except Exception:
-                    log.exception("publishing ResourceSlices")
-            elif changed and self.client is not None:
-                try:
-                    snap = self.current()
-                    publish_health(self.client, snap.node, self.reasons())
-                    patch_node_capacity(self.client, self.node_name, snap.capacity,
-                                        snap.allocatable, self.config)
+                    self.mode.cards_changed()
                 except Exception:
                     log.exception("publishing health")
 
@@ -255,19 +225,7 @@ class Agent:
         """Allocation columns, holders and heartbeat (pods from the watch cache once it has
         synced); re-assert the Node's GPU capacity (a kubelet restart zeroes extended
         resources)."""
-        assert self.client is not None and self.pods is not None
-        if self.dra is not None:
-            # no GPUDevices: re-assert the Node's count and the slices (a kubelet restart
-            # zeroes extended resources; someone may have deleted a slice)
-            self.dra.publish()
-            return {}
-        snap = self.current()
-        usage = card_usage(self.pods.on_node(self.node_name), self.node_name,
-                           {card.index: card for card in snap.node.cards})
-        publish_allocations(self.client, snap.node, usage)
-        patch_node_capacity(self.client, self.node_name, snap.capacity, snap.allocatable,
-                            self.config)
-        return usage
+        return self.mode.sync()
 
     def _sync_loop(self) -> None:
         while not self._stop.wait(self.config.syncSeconds):

@@ -55,7 +55,7 @@ def agent(
     from elastic_gpu.agent.backends.base import BackendError
     from elastic_gpu.agent.backends.registry import make_backend
     from elastic_gpu.agent.devices import InventoryError
-    from elastic_gpu.agent.dra.mode import DraModeError
+    from elastic_gpu.agent.nodemode import NodeModeError
     from elastic_gpu.agent.runtime import Agent
 
     start_logging("egpu agent", "DEBUG" if verbose else log_level)
@@ -98,7 +98,7 @@ def agent(
         running.start()
         if cfg.metrics.port:
             running.serve_metrics(cfg.metrics.host, cfg.metrics.port)
-    except DraModeError as err:  # the Node is not in the DRA node group: nothing published
+    except NodeModeError as err:  # the Node is in the other mode's node group: nothing published
         running.stop()
         typer.echo(f"egpu agent: {err}", err=True)
         raise typer.Exit(1) from None

@@ -71,7 +71,7 @@ def with_accounting(gpu: Mapping[str, str]) -> dict[str, str]:
     """The GPU part of a node's status (capacity or allocatable): the GPU names its agent
     advertises (`gpu`, in either mode) and, on a GPU node (any GPU name), the quota's
     accounting names beside them (`accounting_allocatable`). The one rule for every writer of
-    a Node's status: the agent's capacity patch (`agent.publish.status_patch`) and the
+    a Node's status: the agent's capacity patch (`agent.node_status.status_patch`) and the
     sandbox's kwok Node manifests, which are the status that patch would leave."""
     return {**gpu, **accounting_allocatable()} if gpu else {}
 

@@ -3,7 +3,7 @@
 On a real node the agent rewrites its cards' `allocatedMilli` / `allocatedMemoryMiB` from the
 pods' assignments. kwok nodes have no agent, so the sandbox runs this loop as one more of its
 supervised processes (started by `up`, stopped by `down`), calling the agent's own accounting
-(`agent.publish.sync_fake_allocations`) so the numbers mean the same on both kinds of node.
+(`agent.deviceplugin.publish.sync_fake_allocations`) so the numbers mean the same on both kinds of node.
 Each pass also samples the kwok nodes' fake usage model (`agent.usage.fake_sync`: the
 agent's sampling loop, its write period and drift Events), so `status.usage` is there for
 the scheduler and `kubectl get gpudevices`. With `--metrics-port` it serves what those nodes'
@@ -32,8 +32,8 @@ app = typer.Typer(add_completion=False)
 def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
         metrics: tuple[str, int] | None = None) -> None:
     """`metrics`: (host, port) to serve `/metrics` on, None: none."""
+    from elastic_gpu.agent.deviceplugin.publish import sync_fake_allocations
     from elastic_gpu.agent.metrics import nodes_registry
-    from elastic_gpu.agent.publish import sync_fake_allocations
     from elastic_gpu.agent.usage.fake_sync import FakeUsageSync
     from elastic_gpu.devcluster.dra_nodes import DraSliceSync
     from elastic_gpu.kube.sync import SyncKubeClient

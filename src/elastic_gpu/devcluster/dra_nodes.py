@@ -1,13 +1,15 @@
-"""Fake (kwok) GPU nodes in DRA mode: their Node, their ResourceSlices, the DeviceClasses.
+"""Fake (kwok) GPU nodes in DRA mode: their ResourceSlices, the DeviceClasses.
 
 A DRA-mode node (`core.dra.nodemode`: the Node label `elasticgpu.io/gpu-mode: dra`) has no
 GPUDevice objects and advertises no device-plugin GPU name; its only GPU capacity is the
-node-level `node.elasticgpu.io/gpu-core` (`core.nodefit`: 100 per card), and its cards are
-the driver `gpu.elasticgpu.io`'s ResourceSlices, written by the agent's own publisher
-(`agent.dra.slices_api.publish_node_slices`) from the same fake inventory the device-plugin
-kwok nodes publish as GPUDevices. A kwok node has no agent: registration publishes its slices
-once, and the sandbox's allocation-sync, standing in for the agents, keeps them published
-(`sync_dra_slices`) from the inventory the Node carries in `FAKE_INVENTORY_ANNOTATION`.
+node-level `node.elasticgpu.io/gpu-core` (`agent.dra.node.dra_capacity`, what the DRA agent
+advertises; its Node is made by `devcluster.nodes.node_manifest`, as every kwok node's), and
+its cards are the driver `gpu.elasticgpu.io`'s ResourceSlices, written by the agent's own
+publisher (`agent.dra.slices_api.publish_node_slices`) from the same fake inventory the
+device-plugin kwok nodes publish as GPUDevices. A kwok node has no agent: registration
+publishes its slices once, and the sandbox's allocation-sync, standing in for the agents,
+keeps them published (`sync_dra_slices`) from the inventory the Node carries in
+`FAKE_INVENTORY_ANNOTATION` (its cards in GPUDevice spec form, `inventory_json`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from elastic_gpu.api.gpudevice import card_from_object, card_spec
 from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import (
     DRA_NODE_SELECTOR,
@@ -26,8 +29,6 @@ from elastic_gpu.core.dra.nodemode import (
     node_object_labels,
 )
 from elastic_gpu.core.model import Card, MigInstance, Node
-from elastic_gpu.core.nodefit import NODE_CORE, node_capacity
-from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.errors import Conflict
@@ -70,39 +71,22 @@ def with_dra_nodes(inventories: Sequence[Node], count: int) -> list[Node]:
     return keep + dra
 
 
-def inventory_json(cards: Iterable[Card]) -> str:
-    return json.dumps([{"index": c.index, "uuid": c.uuid, "model": c.model,
-                        "memoryMiB": c.memory_mib, "computeMilli": c.compute_milli,
-                        "mig": [{"profile": i.profile.name, "uuid": i.uuid, "start": i.start}
-                                for i in c.mig]} for c in cards], separators=(",", ":"))
+def inventory_json(node: str, cards: Iterable[Card]) -> str:
+    """The cards in the form of their GPUDevices' spec (`api.gpudevice.card_spec`): the one
+    card format, which a DRA node's stand-in agent reads back with `cards_from_json`."""
+    return json.dumps([card_spec(node, card) for card in cards], separators=(",", ":"))
 
 
 def cards_from_json(text: str) -> tuple[Card, ...]:
-    """The cards `inventory_json` wrote (ValueError, KeyError, TypeError if it is not that)."""
-    return tuple(Card(int(c["index"]), str(c["uuid"]), str(c["model"]), int(c["memoryMiB"]),
-                      int(c["computeMilli"]),
-                      mig=tuple(MigInstance(MigProfile.parse(str(i["profile"])), str(i["uuid"]),
-                                            int(i["start"])) for i in c["mig"]))
-                 for c in json.loads(text))
-
-
-def dra_capacity(inventory: Node) -> dict[str, str]:
-    """A DRA-mode node's GPU capacity as its agent's capacity patch leaves it
-    (`core.quota.with_accounting`): kube-scheduler's node-level count and the quota's
-    accounting names; no device-plugin name."""
-    return with_accounting({NODE_CORE: str(node_capacity(1 for _ in inventory.cards))})
-
-
-def dra_node_manifest(inventory: Node, base: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` (the device-plugin manifest of the node, without GPU capacity) in DRA mode."""
-    host = {k: v for k, v in base["status"]["capacity"].items() if k in ("cpu", "memory", "pods")}
-    meta = base["metadata"]
-    return {**base, "metadata": {
-        **meta, "labels": {**meta["labels"], GPU_MODE_LABEL: GPU_MODE_DRA},
-        "annotations": {**meta["annotations"],
-                        FAKE_INVENTORY_ANNOTATION: inventory_json(inventory.cards)}},
-        "status": {"capacity": {**host, **dra_capacity(inventory)},
-                   "allocatable": {**host, **dra_capacity(inventory)}}}
+    """The cards `inventory_json` wrote, read as GPUDevice specs (`card_from_object`); the
+    older form, written before it (index, uuid, model, memoryMiB, computeMilli, mig: the same
+    keys without `node`), reads the same. ValueError, KeyError or TypeError if it is neither."""
+    raw = json.loads(text)
+    if not isinstance(raw, list):
+        raise TypeError(f"a list of cards, not {type(raw).__name__}")
+    return tuple(card_from_object({"metadata": {"name": f"card {k}"},
+                                   "spec": {"node": "", **item}})[1]
+                 for k, item in enumerate(raw))
 
 
 def register_dra_node(client: SyncKubeClient, inventory: Node, manifest: Mapping[str, Any],

@@ -35,10 +35,16 @@ from elastic_gpu.api.config.loader import (
     without_header,
 )
 from elastic_gpu.core.dra.nodemode import GpuMode, is_dra_node
+from elastic_gpu.core.mig.profiles import card_slices
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile, ResourceError
-from elastic_gpu.devcluster.dra_nodes import as_dra, dra_node_manifest, register_dra_node
+from elastic_gpu.devcluster.dra_nodes import (
+    FAKE_INVENTORY_ANNOTATION,
+    as_dra,
+    inventory_json,
+    register_dra_node,
+)
 from elastic_gpu.devcluster.kwok import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
 from elastic_gpu.kube.client import STRATEGIC_PATCH
 from elastic_gpu.kube.crds import install_crds
@@ -112,11 +118,16 @@ def _host(inventory: Node) -> dict[str, str]:
 
 def gpu_status(inventory: Node, config: AgentConfigLike | None = None
                ) -> tuple[dict[str, str], dict[str, str]]:
-    """(capacity, allocatable) of the GPU resources, exactly as the agent with `config`
-    advertises them for these cards (its own functions compute them)."""
+    """(capacity, allocatable) of the GPU names, exactly as the agent's node mode with
+    `config` advertises them for these cards (its own functions compute them): a DRA node's
+    node-level count (`agent.dra.node.dra_capacity`), a device-plugin node's resources."""
     from elastic_gpu.agent.devices import build_plans, logical_cards
     from elastic_gpu.agent.devices import node_capacity as agent_capacity
+    from elastic_gpu.agent.dra.node import dra_capacity
 
+    if is_dra_node(inventory.labels):
+        capacity = dra_capacity(inventory.cards)
+        return capacity, dict(capacity)
     cfg = as_agent_config(config)
     cards = logical_cards(inventory.cards, cfg.splitBoard)
     return agent_capacity(cards, cfg, build_plans(cards, cfg))
@@ -157,19 +168,23 @@ def node_labels(inventory: Node) -> dict[str, str]:
 
 
 def node_manifest(inventory: Node, config: AgentConfigLike | None = None) -> dict[str, Any]:
-    """The Node object for `inventory`, status included: the apiserver keeps status on create
-    (a kubelet registers its node the same way), so one request makes the node complete, and
-    the agent's capacity patch that follows finds nothing to change (its GPU names are the
-    status that patch leaves: `core.quota.with_accounting`)."""
+    """The Node object for `inventory`, in either node mode, status included: the apiserver
+    keeps status on create (a kubelet registers its node the same way), so one request makes
+    the node complete, and the agent's capacity patch that follows finds nothing to change (its
+    GPU names are the status that patch leaves: `gpu_status`, `core.quota.with_accounting`).
+    A DRA node also carries its cards for its stand-in agent (`FAKE_INVENTORY_ANNOTATION`)."""
     gpu_capacity, gpu_allocatable = gpu_status(inventory, config)
+    annotations = {FAKE_NODE_ANNOTATION: FAKE_NODE_ANNOTATION_VALUE,
+                   "node.alpha.kubernetes.io/ttl": "0"}
+    if is_dra_node(inventory.labels):
+        annotations[FAKE_INVENTORY_ANNOTATION] = inventory_json(inventory.name, inventory.cards)
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": inventory.name,
             "labels": node_labels(inventory),
-            "annotations": {FAKE_NODE_ANNOTATION: FAKE_NODE_ANNOTATION_VALUE,
-                            "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": annotations,
         },
         "spec": {},
         "status": {"capacity": {**_host(inventory), **with_accounting(gpu_capacity)},
@@ -184,7 +199,7 @@ def register_fake_node(client: SyncKubeClient, inventory: Node,
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     manifest = node_manifest(inventory, config)
     if is_dra_node(inventory.labels):  # its cards are ResourceSlices (devcluster.dra_nodes)
-        register_dra_node(client, inventory, dra_node_manifest(inventory, manifest))
+        register_dra_node(client, inventory, manifest)
         return
     try:
         client.create(NODES.path(), manifest)
@@ -196,7 +211,7 @@ def register_fake_node(client: SyncKubeClient, inventory: Node,
                      {"status": manifest["status"]}, STRATEGIC_PATCH)
     # The cards become GPUDevice objects (and Node capacity) through the node agent's fake
     # backend: the same code path that publishes a real node's inventory.
-    from elastic_gpu.agent.publish import publish_fake_node
+    from elastic_gpu.agent.deviceplugin.publish import publish_fake_node
 
     install_gpudevice_crd_once(client)
     publish_fake_node(client, inventory, config)
@@ -210,12 +225,11 @@ def create_fake_node(client: SyncKubeClient, inventory: Node,
     reconciles (a re-run finds the node there) and its read of the node's GPUDevices by label
     costs time in proportion to the cluster: N nodes took time in N squared (1,000 nodes:
     118-290 s). A node that exists already is a Conflict here."""
-    from elastic_gpu.agent.publish import publish_new_fake_node
+    from elastic_gpu.agent.deviceplugin.publish import publish_new_fake_node
 
     config = as_agent_config(agent_config, f"node {inventory.name}: agent config")
     if is_dra_node(inventory.labels):
-        register_dra_node(client, inventory,
-                          dra_node_manifest(inventory, node_manifest(inventory, config)), new=True)
+        register_dra_node(client, inventory, node_manifest(inventory, config), new=True)
         return
     created = client.create(NODES.path(), node_manifest(inventory, config))
     install_gpudevice_crd_once(client)
@@ -479,9 +493,10 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
                 profiles.append(MigProfile.parse(text if isinstance(text, str) else ""))
             except ResourceError as err:
                 raise ClusterSpecError(f"{where}.mig[{k}]={text!r}: {err.rule}") from None
-        if sum(p.slices for p in profiles) > 7:
-            raise ClusterSpecError(f"{where}.mig={mig_raw!r}: more than 7 compute slices on "
-                                   "one card")
+        slices = min((card_slices(model.strip(), p) for p in profiles), default=0)
+        if sum(p.slices for p in profiles) > slices:
+            raise ClusterSpecError(f"{where}.mig={mig_raw!r}: more than {slices} compute "
+                                   f"slices on one {model.strip()} card")
         if profiles and chips > 1:
             raise ClusterSpecError(f"{where}.mig={mig_raw!r}: MIG instances are carved on "
                                    f"single-chip cards only, not on boards of chipsPerBoard={chips} "

@@ -28,8 +28,8 @@ from egpu_testing.gpudevice_kind import GPUDevice
 from egpu_testing.kubelet import KubeletDouble
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.inventory_api import list_gpudevices
-from elastic_gpu.agent.publish import publish_node
+from elastic_gpu.agent.deviceplugin.inventory_api import list_gpudevices
+from elastic_gpu.agent.deviceplugin.publish import publish_node
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core import annotations as ann
@@ -323,7 +323,7 @@ def test_kubelet_zeroed_capacity_is_restored_by_the_sync(
 def test_sandbox_nodes_are_published_by_the_fake_backend(
         fake_gpu_nodes: Callable[..., list[str]], k8s_cluster: Any, k8s_namespace: str,
         api: SyncKubeClient) -> None:
-    from elastic_gpu.agent.publish import sync_fake_allocations
+    from elastic_gpu.agent.deviceplugin.publish import sync_fake_allocations
 
     client = k8s_cluster.client()
     (name,) = fake_gpu_nodes(1, gpus=2, gpu_model="T4", gpu_memory_mib=16384)

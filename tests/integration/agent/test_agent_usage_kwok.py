@@ -16,7 +16,7 @@ import pytest
 
 from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION
 from elastic_gpu.agent.config import UsageConfig
-from elastic_gpu.agent.inventory_api import ensure_crd
+from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 from elastic_gpu.agent.usage.fake_sync import FakeUsageSync
 from elastic_gpu.agent.usage.monitor import OVER_SHARE
 from elastic_gpu.core import annotations as ann

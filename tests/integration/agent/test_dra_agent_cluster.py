@@ -25,9 +25,10 @@ from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.dra.cdi import spec_file
 from elastic_gpu.agent.dra.kubelet_plugin import registration_socket
-from elastic_gpu.agent.dra.mode import DraModeError
+from elastic_gpu.agent.dra.node import DraNode
 from elastic_gpu.agent.dra.slices_api import existing_slices, withdraw_node_slices
 from elastic_gpu.agent.grant import build_grant
+from elastic_gpu.agent.nodemode import NodeModeError
 from elastic_gpu.agent.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -147,16 +148,16 @@ def ref(claim: dict[str, Any], uid: str | None = None) -> dra_v1_pb2.Claim:
 
 
 def prepare(agent: Agent, *claims: dra_v1_pb2.Claim) -> dra_v1_pb2.NodePrepareResourcesResponse:
-    assert agent.dra is not None
-    with grpc.insecure_channel(f"unix://{agent.dra.server.service_socket}") as channel:
+    assert isinstance(agent.mode, DraNode)
+    with grpc.insecure_channel(f"unix://{agent.mode.server.service_socket}") as channel:
         return dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
             dra_v1_pb2.NodePrepareResourcesRequest(claims=list(claims)), timeout=10)
 
 
 def unprepare(agent: Agent, *claims: dra_v1_pb2.Claim
               ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
-    assert agent.dra is not None
-    with grpc.insecure_channel(f"unix://{agent.dra.server.service_socket}") as channel:
+    assert isinstance(agent.mode, DraNode)
+    with grpc.insecure_channel(f"unix://{agent.mode.server.service_socket}") as channel:
         return dra_v1_pb2_grpc.DRAPluginStub(channel).NodeUnprepareResources(
             dra_v1_pb2.NodeUnprepareResourcesRequest(claims=list(claims)), timeout=10)
 
@@ -177,7 +178,7 @@ def test_dra_node_publishes_slices_and_its_core_count_and_no_gpudevices(
     gpudevices, _ = api.list(GPUDEVICES.path(), {"labelSelector": f"elasticgpu.io/node={node}"})
     assert gpudevices == []
     # a resync with nothing changed writes no slice (nor, by the same comparison, the status)
-    assert agent.dra is not None and agent.dra.publish() is False
+    assert isinstance(agent.mode, DraNode) and agent.mode.publish() is False
     # the registration kubelet's plugin watcher reads
     with grpc.insecure_channel(f"unix://{registration_socket(Path(dirs['registryDirectory']))}") as ch:
         registration = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
@@ -251,10 +252,11 @@ def test_prepare_writes_the_allocate_grant_as_cdi_survives_restart_and_refuses_h
     path = spec_file(Path(dirs["cdiDirectory"]), uid)
     spec = json.loads(path.read_text())
     assert spec["kind"] == "gpu.elasticgpu.io/gpu" and spec["cdiVersion"] == "0.6.0"
-    allocator = agent.allocator
+    assert isinstance(agent.mode, DraNode)
+    inputs = agent.mode.plugin.inputs  # the objects the device-plugin path's Allocator holds
     allocate = build_grant([CardShare(0, f"GPU-fake-{node}-0", 300, 4096)],
-                           agent.state.cards(), allocator.config, allocator.visible_env,
-                           allocator.files, allocator.isolation)
+                           agent.state.cards(), inputs.config, inputs.visible_env,
+                           inputs.files, inputs.isolation)
     env = env_of(spec, f"{uid}-gpu-0")
     assert env == allocate.envs
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
@@ -264,16 +266,16 @@ def test_prepare_writes_the_allocate_grant_as_cdi_survives_restart_and_refuses_h
     written = path.stat()
     agent.stop()
     again, _ = start_agent()
-    assert again.dra is not None
+    assert isinstance(again.mode, DraNode)
     second = prepare(again, ref(share)).claims[uid]
-    assert second == ok and again.dra.plugin.prepared_from_api == 0
+    assert second == ok and again.mode.plugin.prepared_from_api == 0
     assert path.stat().st_ino == written.st_ino
     assert path.stat().st_mtime_ns == written.st_mtime_ns
 
     undone = unprepare(again, ref(share), ref(ghost))
     assert {k: v.error for k, v in undone.claims.items()} == {uid: "",
                                                              ghost["metadata"]["uid"]: ""}
-    assert not path.exists() and again.dra.plugin.checkpoint.uids() == []
+    assert not path.exists() and again.mode.plugin.checkpoint.uids() == []
     assert unprepare(again, ref(share)).claims[uid].error == ""  # idempotent
 
 
@@ -282,7 +284,7 @@ def test_dra_mode_refuses_a_node_outside_the_dra_node_group(
     api.patch(NODES.path(name=node), {"metadata": {"labels": {GPU_MODE_LABEL: None}}})
     agent = Agent(dra_config(dirs), FakeBackend.from_dict(INVENTORY, node), node, client=api)
     try:
-        with pytest.raises(DraModeError, match=f"Node {node} has no such label"):
+        with pytest.raises(NodeModeError, match=f"Node {node} has no such label"):
             agent.start()
     finally:
         agent.stop()
@@ -297,7 +299,7 @@ def test_a_device_plugin_agent_refuses_a_node_of_the_dra_group(
     config = parse_config({"syncSeconds": 3600, "usage": {"enabled": False}})
     agent = Agent(config, FakeBackend.from_dict(INVENTORY, node), node, client=api)
     try:
-        with pytest.raises(DraModeError, match=f"Node {node} has {GPU_MODE_LABEL}=dra"):
+        with pytest.raises(NodeModeError, match=f"Node {node} has {GPU_MODE_LABEL}=dra"):
             agent.start()
     finally:
         agent.stop()

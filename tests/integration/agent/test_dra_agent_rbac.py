@@ -23,6 +23,7 @@ from egpu_testing.chart import token_kubeconfig
 from egpu_testing.dra import allocation, claim_manifest, result
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.dra.node import DraNode
 from elastic_gpu.agent.dra.slices_api import existing_slices, withdraw_node_slices
 from elastic_gpu.agent.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from elastic_gpu.agent.runtime import Agent
@@ -133,8 +134,8 @@ def test_the_documented_rbac_and_policy_are_enough_and_no_more(
                                             "uid": pod["metadata"]["uid"]}]}
         admin.update(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="c",
                                           subresource="status"), claim)
-        assert running.dra is not None
-        with grpc.insecure_channel(f"unix://{running.dra.server.service_socket}") as channel:
+        assert isinstance(running.mode, DraNode)
+        with grpc.insecure_channel(f"unix://{running.mode.server.service_socket}") as channel:
             answer = dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
                 dra_v1_pb2.NodePrepareResourcesRequest(claims=[dra_v1_pb2.Claim(
                     namespace=k8s_namespace, name="c", uid=claim["metadata"]["uid"])]),

@@ -76,7 +76,7 @@ def wait_for(check: Callable[[], bool], what: str, agent: ProcessHandle,
 @pytest.fixture
 def hami_node(real_node: RealNode, k8s_cluster: ControlPlane,
               start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> Iterator[HamiNode]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     library = tmp_path / "vgpu" / "libvgpu.so"
@@ -231,7 +231,7 @@ def logged(agent: ProcessHandle, words: str) -> Callable[[], bool]:
 def test_mps_daemons_run_by_the_agent_hold_and_refuse(
         real_node: RealNode, k8s_cluster: ControlPlane, k8s_namespace: str,
         start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> None:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     plane = k8s_cluster

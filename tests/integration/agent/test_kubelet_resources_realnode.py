@@ -124,7 +124,7 @@ class AgentNode:
 def agent_node(real_node: RealNode, k8s_cluster: ControlPlane,
                start_kube_scheduler: Callable[..., Any], tmp_path: Path
                ) -> Iterator[AgentNode]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     plane = k8s_cluster
     ensure_crd(plane.kube())

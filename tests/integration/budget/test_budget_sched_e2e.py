@@ -75,7 +75,7 @@ class System:
 @pytest.fixture
 def system(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
            ) -> Iterator[System]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
     from elastic_gpu.devcluster.components import scheduler_config
     from elastic_gpu.kube.crds import install_elasticgpu_crds, install_priority_classes
 

@@ -71,7 +71,7 @@ class Cluster:
 @pytest.fixture
 def system(k8s_cluster: Any, k8s_namespace: str, tmp_path: Path,
            fake_gpu_nodes: Callable[..., list[str]]) -> Iterator[tuple[Cluster, list[str]]]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     install_crds(k8s_cluster)
     ensure_crd(k8s_cluster.kube())
@@ -142,7 +142,7 @@ def test_two_replicas_with_the_real_extender_hand_over_without_double_provisioni
         fake_gpu_nodes: Callable[..., list[str]]) -> None:
     """Must-show 4 with the real /provision: the leader SIGKILLed while claims are created; the
     follower takes over; one ElasticGPU per claim, no card held twice."""
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     install_crds(k8s_cluster)
     ensure_crd(k8s_cluster.kube())

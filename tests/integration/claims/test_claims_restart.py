@@ -36,7 +36,7 @@ CLAIMS = 500  # ~145 cards of share asked of 80: the cluster fills, the rest sta
 
 @pytest.fixture
 def system(k8s_cluster: Any, tmp_path: Path) -> Iterator[tuple[ExtenderProcess, ControllerProcess]]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)

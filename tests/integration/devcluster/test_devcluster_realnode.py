@@ -53,7 +53,7 @@ class GpuNode:
 def gpu_real_node(real_node: RealNode, k8s_cluster: ControlPlane,
                   start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> Iterator[GpuNode]:
     """The real node with an agent (fake backend, 3 cards) and an extender-backed scheduler."""
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     config = write_agent_files(tmp_path / "agent", real_node.device_plugin_dir, INVENTORY,

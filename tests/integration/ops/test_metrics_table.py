@@ -55,7 +55,7 @@ def wait_for(what: str, check: Any, timeout_s: float = 60.0) -> None:
 
 @pytest.fixture
 def agent_node(k8s_cluster: Any) -> Iterator[str]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
     from elastic_gpu.devcluster.nodes import unregister_fake_node
 
     ensure_crd(k8s_cluster.kube())  # GPUDevice: installed with the system, before agents

@@ -26,7 +26,7 @@ PODS = 300  # about 1.2x what 80 cards hold, so the cluster fills and some pods 
 
 @pytest.fixture
 def extender(k8s_cluster: Any, tmp_path: Path) -> Iterator[ExtenderProcess]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)

@@ -121,7 +121,7 @@ class Claims:
 @pytest.fixture
 def claims(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
            k8s_namespace: str) -> Iterator[Claims]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)

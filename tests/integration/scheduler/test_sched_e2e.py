@@ -61,7 +61,7 @@ class Setup:
 
 def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
            filter_result: str, config: dict[str, Any] | None = None) -> Iterator[Setup]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
     ensure_crd(k8s_cluster.kube())
@@ -283,7 +283,7 @@ def test_the_deployed_rbac_is_enough_to_schedule(
 
     import yaml
 
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     repo = Path(__file__).resolve().parents[3]
     client = k8s_cluster.client()

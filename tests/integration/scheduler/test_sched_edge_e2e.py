@@ -52,7 +52,7 @@ def _post(extender: ExtenderProcess, context: ssl.SSLContext, verb: str, body: A
 def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
         k8s_cluster: Any, start_kube_scheduler: Any, fake_gpu_nodes: Any, k8s_namespace: str,
         tmp_path: Path) -> None:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
     ensure_crd(k8s_cluster.kube())
@@ -149,7 +149,7 @@ def _stranger(pki: TestPki) -> ssl.SSLContext:
 
 
 def test_sigterm_stops_listening_and_exits_0(k8s_cluster: Any, tmp_path: Path) -> None:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)

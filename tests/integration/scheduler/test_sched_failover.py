@@ -155,7 +155,7 @@ def test_sigkill_of_extender_webhook_and_controller_alone_and_together_under_a_s
     and claims created after it are bound again; at the end every pod is bound, every claim
     Bound, nothing given twice (cards summed over the pods and the ElasticGPUs, read back
     from the API), and every create the dying webhook refused went through on a retry."""
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)

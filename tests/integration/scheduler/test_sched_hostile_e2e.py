@@ -33,7 +33,7 @@ LIMITS = {"headerTimeoutSeconds": 3, "idleTimeoutSeconds": 3, "maxConnections": 
 @pytest.fixture(scope="module")
 def served(k8s_cluster: Any, tmp_path_factory: pytest.TempPathFactory
            ) -> Any:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     work = tmp_path_factory.mktemp("hostile")

@@ -37,7 +37,7 @@ TFLOPS = 100
 @pytest.fixture
 def extender(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
              ) -> Iterator[ExtenderProcess]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)

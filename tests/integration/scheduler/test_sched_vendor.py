@@ -43,7 +43,7 @@ class Setup:
 def setup(request: pytest.FixtureRequest, k8s_cluster: Any,
           start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> Iterator[Setup]:
     """Both extender configurations: filter + prioritize, and filterResult best."""
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
     ensure_crd(k8s_cluster.kube())

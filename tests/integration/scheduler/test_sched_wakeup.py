@@ -105,7 +105,7 @@ class Setup:
 
 def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
            namespace: str, filter_result: str) -> Iterator[Setup]:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
     ensure_crd(k8s_cluster.kube())
@@ -241,7 +241,7 @@ def test_a_node_whose_gpudevices_arrive_after_it_wakes_the_pod_that_fits(
     its cards yet and turns the pod away), its GPUDevices come later: no kube-scheduler event."""
     from lightkube import codecs
 
-    from elastic_gpu.agent.inventory_api import publish_inventory
+    from elastic_gpu.agent.deviceplugin.inventory_api import publish_inventory
     from elastic_gpu.devcluster.nodes import fake_inventory, node_manifest
     from elastic_gpu.kube.sync import SyncKubeClient
 

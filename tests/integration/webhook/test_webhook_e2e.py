@@ -81,7 +81,7 @@ def eight_card_node(fake_gpu_nodes: Callable[..., list[str]], webhook: WebhookPr
 def test_gpusharing_seed_pod_is_admitted_mutated_and_scheduled(
         k8s_cluster: Any, gpu_ns: str, eight_card_node: list[str], tmp_path: Path,
         start_kube_scheduler: Callable[..., Any]) -> None:
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     ensure_crd(k8s_cluster.kube())
     (port,) = free_ports(1)
@@ -110,7 +110,7 @@ def test_a_gpu_sidecar_is_admitted_and_bound_with_its_own_cards_a_classic_init_r
     """A sidecar (KEP-753: an init container with restartPolicy: Always) runs for the pod's
     life: its GPU share is admitted and placed like a container's. A classic init container's
     devices go to the pod's later containers once it ends: refused, with the reason."""
-    from elastic_gpu.agent.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
     from elastic_gpu.core.assignment import Assignment
 
     def with_init(name: str, restart_policy: str | None) -> str:

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.agent.allocator import Allocator
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.backends.isolation import cuda_mps_isolation
 from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.deviceplugin.allocator import Allocator
+from elastic_gpu.agent.deviceplugin.inventory_api import InventoryApiError
 from elastic_gpu.agent.devices import build_plans, logical_cards
 from elastic_gpu.agent.grant import DeviceFiles
-from elastic_gpu.agent.inventory_api import InventoryApiError
 from elastic_gpu.agent.matching import AllocateError
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.agent.state import NodeState

@@ -13,6 +13,7 @@ from egpu_testing.workbench import metric_value
 from elastic_gpu.agent.backends.base import HealthEvent
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.deviceplugin.node import DevicePluginNode
 from elastic_gpu.agent.matching import AllocateError
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core import annotations as ann
@@ -37,6 +38,12 @@ class Pods:
 
     def live_on_node(self, node: str) -> list[dict[str, Any]]:
         return self.on_node(node)
+
+
+def plugin_mode(agent: Agent) -> DevicePluginNode:
+    """The agent's node mode, which these tests run as device-plugin nodes."""
+    assert isinstance(agent.mode, DevicePluginNode)
+    return agent.mode
 
 
 def pod(name: str, shares: dict[str, list[CardShare]], phase: str = "Running") -> dict[str, Any]:
@@ -97,7 +104,7 @@ def test_health_follows_the_backend_and_allocate_outcomes_are_counted(agent: Age
     agent.state.apply([HealthEvent(f"GPU-fake-{NODE}-1", Health.UNHEALTHY, "Xid 79")])
     plan = next(p for p in agent.snapshot.plans if p.resource == "elasticgpu.io/gpu-core")
     with pytest.raises(AllocateError):
-        agent.allocator.allocate(plan, ["no-such-device"])
+        plugin_mode(agent).allocator.allocate(plan, ["no-such-device"])
     text = scrape(port)
     assert metric_value(text, f"elasticgpu_agent_card_healthy{{{CARD1}}}") == 0
     assert metric_value(text, f"elasticgpu_agent_card_healthy{{{CARD0}}}") == 1

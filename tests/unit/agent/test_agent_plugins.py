@@ -13,7 +13,7 @@ import pytest
 from egpu_testing.kubelet import KubeletDouble
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
-from elastic_gpu.agent.plugin import socket_name
+from elastic_gpu.agent.deviceplugin.plugin import socket_name
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core.model import Health
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.agent.allocator import Allocator
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.backends.isolation import nvidia_isolation
 from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.deviceplugin.allocator import Allocator
 from elastic_gpu.agent.devices import PluginKind, ResourcePlan, build_plans, logical_cards
 from elastic_gpu.agent.grant import DeviceFiles
 from elastic_gpu.agent.matching import AllocateError

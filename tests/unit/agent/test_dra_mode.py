@@ -9,9 +9,10 @@ import pytest
 
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.deviceplugin.node import device_plugin_refusal
 from elastic_gpu.agent.devices import logical_cards
-from elastic_gpu.agent.dra.mode import device_plugin_refusal, dra_capacity, mode_refusal
-from elastic_gpu.agent.publish import status_patch
+from elastic_gpu.agent.dra.node import dra_capacity, mode_refusal
+from elastic_gpu.agent.node_status import status_patch
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.nodefit import NODE_CORE

@@ -19,6 +19,7 @@ from egpu_testing.clock import ManualClock
 from egpu_testing.mps_standin import daemon_pid, kill_daemon, standin_binary
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
+from elastic_gpu.agent.deviceplugin.node import DevicePluginNode
 from elastic_gpu.agent.matching import AllocateError
 from elastic_gpu.agent.metrics import MpsDaemonCollector
 from elastic_gpu.agent.mps_supervisor import MpsSupervisor, _running
@@ -54,6 +55,12 @@ class Pods:
     on_node = live_on_node = pending_on_node
 
 
+def plugin_mode(agent: Agent) -> DevicePluginNode:
+    """The agent's node mode, which these tests run as device-plugin nodes."""
+    assert isinstance(agent.mode, DevicePluginNode)
+    return agent.mode
+
+
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     # A unix socket path must stay under 108 bytes: pytest's tmp_path can be longer.
@@ -86,7 +93,7 @@ def make_agent(root: Path, pods: Pods, check_s: float = 300, probe_s: float = 0)
 
 def allocate(agent: Agent) -> Any:
     (plan,) = [p for p in agent.snapshot.plans if p.resource == CORE]
-    return agent.allocator.allocate(plan, [f"0-{k}" for k in range(30)])
+    return plugin_mode(agent).allocator.allocate(plan, [f"0-{k}" for k in range(30)])
 
 
 def test_daemons_start_with_the_agent_one_per_card(short_dir: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from egpu_testing.seed import seed_pod
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards
-from elastic_gpu.agent.publish import snapshot
+from elastic_gpu.agent.snapshot import snapshot
 from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.chain import MUTATORS, QUOTA_MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims

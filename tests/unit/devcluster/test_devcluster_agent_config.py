@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from elastic_gpu.agent.config import AgentConfig, parse_config
 from elastic_gpu.agent.devices import build_plans, logical_cards, node_capacity
-from elastic_gpu.agent.publish import card_offers, snapshot
+from elastic_gpu.agent.snapshot import card_offers, snapshot
 from elastic_gpu.api.config.loader import ConfigError
 from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object, card_to_object
 from elastic_gpu.cli.sandbox import app
@@ -213,7 +213,7 @@ def _published(group: Any) -> list[Any]:
     """Each node of the group as the agent's fake backend publishes it (publish_fake_node's
     path without the API: FakeBackend.from_cards, discover, the config's shaping)."""
     from elastic_gpu.agent.backends.fake import FakeBackend
-    from elastic_gpu.agent.publish import discover
+    from elastic_gpu.agent.snapshot import discover
 
     config = group.agent_config or as_agent_config(None)
     return [discover(FakeBackend.from_cards(inv.cards, inv.name), config, inv.name)

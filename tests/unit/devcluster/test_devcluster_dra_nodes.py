@@ -3,6 +3,8 @@ inventory they carry for their stand-in agent, and how the sandbox picks them.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from elastic_gpu.core.dra.devices import device_table, node_slices
@@ -15,7 +17,7 @@ from elastic_gpu.devcluster import dra_nodes, nodes
 def test_a_dra_node_advertises_only_the_node_level_count_and_carries_its_inventory() -> None:
     inv = dra_nodes.carve(dra_nodes.as_dra(nodes.fake_inventory("d0", gpus=2)), 1,
                           dra_nodes.SANDBOX_MIG_LAYOUT)
-    manifest = dra_nodes.dra_node_manifest(inv, nodes.node_manifest(inv))
+    manifest = nodes.node_manifest(inv)
     assert manifest["metadata"]["labels"][GPU_MODE_LABEL] == "dra"
     gpu = {k: v for k, v in manifest["status"]["allocatable"].items()
            if k not in ("cpu", "memory", "pods")}
@@ -54,18 +56,18 @@ def test_a_cluster_file_group_may_be_dra() -> None:
 def test_a_kwok_nodes_manifest_is_the_status_the_agents_capacity_patch_leaves(
         gpu_mode: str) -> None:
     """One way for the quota's accounting names: a kwok node is created with the status the
-    agent's capacity patch would write (`agent.publish.status_patch` finds nothing to change),
+    agent's capacity patch would write (`agent.node_status.status_patch` finds nothing to change),
     in either mode, so the sandbox has nothing to patch afterwards (`enable_dra`)."""
     from elastic_gpu.agent.config import parse_config
     from elastic_gpu.agent.devices import logical_cards
-    from elastic_gpu.agent.dra.mode import dra_capacity as agent_dra_capacity
-    from elastic_gpu.agent.publish import status_patch
+    from elastic_gpu.agent.dra.node import dra_capacity as agent_dra_capacity
+    from elastic_gpu.agent.node_status import status_patch
 
     inv = nodes.fake_inventory("n0", gpus=2)
-    manifest = nodes.node_manifest(inv)
     if gpu_mode == "dra":
         inv = dra_nodes.as_dra(inv)
-        manifest = dra_nodes.dra_node_manifest(inv, manifest)
+    manifest = nodes.node_manifest(inv)
+    if gpu_mode == "dra":
         cards = {lc.index: lc for lc in logical_cards(inv.cards, False)}
         capacity = allocatable = agent_dra_capacity(cards)
         config = parse_config({"dra": {"enabled": True}})
@@ -75,3 +77,45 @@ def test_a_kwok_nodes_manifest_is_the_status_the_agents_capacity_patch_leaves(
     assert status_patch(manifest["status"], capacity, allocatable, config) is None
     for field in ("capacity", "allocatable"):
         assert accounting_allocatable().items() <= manifest["status"][field].items()
+
+
+def test_the_fake_inventory_is_in_gpudevice_spec_form_and_the_older_form_still_reads() -> None:
+    from elastic_gpu.api.gpudevice import card_spec
+
+    inv = dra_nodes.carve(dra_nodes.as_dra(nodes.fake_inventory("d0", gpus=2)), 1,
+                          dra_nodes.SANDBOX_MIG_LAYOUT)
+    text = nodes.node_manifest(inv)["metadata"]["annotations"][
+        dra_nodes.FAKE_INVENTORY_ANNOTATION]
+    assert json.loads(text) == [card_spec("d0", card) for card in inv.cards]
+    older = json.dumps([{"index": c.index, "uuid": c.uuid, "model": c.model,
+                         "memoryMiB": c.memory_mib, "computeMilli": c.compute_milli,
+                         "mig": [{"profile": i.profile.name, "uuid": i.uuid, "start": i.start}
+                                 for i in c.mig]} for c in inv.cards])
+    assert dra_nodes.cards_from_json(older) == dra_nodes.cards_from_json(text) == inv.cards
+    with pytest.raises(ValueError, match="memoryMiB"):
+        dra_nodes.cards_from_json('[{"index": 0, "uuid": "u", "model": "m"}]')
+
+
+def test_a_kwok_dra_nodes_gpu_names_are_the_dra_agents() -> None:
+    from elastic_gpu.agent.dra.node import dra_capacity
+
+    inv = dra_nodes.as_dra(nodes.fake_inventory("d0", gpus=3))
+    assert nodes.gpu_status(inv) == (dra_capacity(inv.cards), dra_capacity(inv.cards))
+    assert nodes.node_capacity(inv) == {"cpu": "96000m", "memory": "786432Mi", "pods": "256",
+                                        NODE_CORE: "300"}
+
+
+@pytest.mark.parametrize(("model", "mig", "fits"), [
+    ("A30-24GB", ["2g.12gb", "2g.12gb"], True),
+    ("A30-24GB", ["2g.12gb", "1g.6gb", "1g.6gb", "1g.6gb"], False),  # 5 of an A30's 4
+    ("A100-SXM4-80GB", ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], True),
+    ("A100-SXM4-80GB", ["4g.40gb", "4g.40gb"], False),  # 8 of 7
+])
+def test_a_groups_mig_layout_fits_its_models_slices(model: str, mig: list[str],
+                                                    fits: bool) -> None:
+    group = {"name": "m", "count": 1, "gpus": 1, "model": model, "mig": mig}
+    if fits:
+        nodes.parse_cluster({"nodeGroups": [group]})
+        return
+    with pytest.raises(nodes.ClusterSpecError, match=f"compute slices on one {model} card"):
+        nodes.parse_cluster({"nodeGroups": [group]})

@@ -175,6 +175,29 @@ def test_packages_import_only_downwards() -> None:
     assert wrong == []
 
 
+#: The agent's two node modes (`agent.nodemode`, docs/agent.md): each builds on what a node is
+#: (the shared agent modules), never on the other; the shared modules know neither. Only
+#: `agent.runtime`, which picks the mode from the config, imports both.
+AGENT_MODES = ("elastic_gpu.agent.deviceplugin", "elastic_gpu.agent.dra")
+AGENT_MODE_PICKER = "elastic_gpu.agent.runtime"
+
+
+def _agent_mode(module: str) -> str | None:
+    return next((mode for mode in AGENT_MODES
+                 if module == mode or module.startswith(mode + ".")), None)
+
+
+def test_agent_node_modes_stay_apart_and_the_shared_agent_knows_neither() -> None:
+    wrong = []
+    for module, targets in sorted(_graph().items()):
+        if _top(module) != "agent" or module == AGENT_MODE_PICKER:
+            continue
+        mine = _agent_mode(module)
+        wrong.extend(f"{module} imports {target}" for target in sorted(targets)
+                     if (theirs := _agent_mode(target)) is not None and theirs != mine)
+    assert wrong == []
+
+
 def test_every_top_level_package_has_a_layer() -> None:
     tops = {path.name for path in PACKAGE.iterdir()
             if path.is_dir() and (path / "__init__.py").exists()}

@@ -27,14 +27,13 @@ from pydantic import ValidationError
 from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION, FakeBackend, FakeUsage
 from elastic_gpu.agent.config import UsageConfig
 from elastic_gpu.agent.devices import LogicalCard
-from elastic_gpu.agent.inventory_api import list_gpudevices
 from elastic_gpu.agent.metrics import NodeMetrics
 from elastic_gpu.agent.usage.monitor import UsageMonitor
 from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.api.gpudevice import GPUDeviceError, card_from_object
 from elastic_gpu.core.model import Card, Health
 from elastic_gpu.kube.events import EventRecorder
-from elastic_gpu.kube.resources import NODES, PODS
+from elastic_gpu.kube.resources import GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
@@ -97,7 +96,7 @@ class FakeUsageSync:
         kwok = {str(n["metadata"]["name"]): n for n in nodes
                 if KWOK_NODE_ANNOTATION in ((n.get("metadata") or {}).get("annotations") or {})}
         cards: dict[str, list[Card]] = {}
-        for device in list_gpudevices(self.client):
+        for device in self.client.list(GPUDEVICES.path())[0]:
             try:
                 node, card = card_from_object(device)
             except GPUDeviceError:

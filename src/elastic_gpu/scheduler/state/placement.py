@@ -1,4 +1,5 @@
-"""The scheduling questions: filter, prioritize and preempt, asked of the engine under the lock.
+"""The scheduling questions: filter, prioritize and preempt, asked of the engine under the lock;
+and choosing the cards of a bind (`reserve`), which the ledger then holds.
 
 The preemption victim search itself is a decision over core types (`core.preemption`).
 """
@@ -6,12 +7,14 @@ The preemption victim search itself is a decision over core types (`core.preempt
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 
+from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.placement import (
     FilterResult,
@@ -19,7 +22,7 @@ from elastic_gpu.core.placement import (
 )
 from elastic_gpu.core.preemption import victims_on
 from elastic_gpu.core.request import PodRequest
-from elastic_gpu.scheduler.state.base import StateBase
+from elastic_gpu.scheduler.state.handle import StateHandle
 
 log = logging.getLogger(__name__)
 
@@ -29,27 +32,91 @@ SUMMARY_FAILURE = FitFailure(FitKind.UNDETAILED)
 UNKNOWN_NODE_FAILURE = FitFailure(FitKind.UNKNOWN_NODE)
 
 
-class Placement(StateBase):
-    """filter, prioritize, preempt."""
+class CatchUp(Protocol):
+    """What placement asks of the inventory (`Inventory`): the engine's nodes up to date."""
+
+    def flush(self) -> None: ...
+
+
+class Holdings(Protocol):
+    """What placement asks of the ledger (`Ledger`)."""
+
+    def held(self, uid: str) -> Assignment | None: ...
+
+    def holds_view(self) -> Mapping[str, Assignment]: ...
+
+    def reserved_node(self, uid: str) -> str | None: ...
+
+    def preemptible_residents(self, node: str) -> dict[str, int]: ...
+
+    def priority_of(self, uid: str) -> int: ...
+
+    def expire(self) -> int: ...
+
+    def defrag_hold_released(self, uid: str) -> AbstractContextManager[None]: ...
+
+    def reserve_assignment(self, pod: PodRequest, uid: str, node: str,
+                           assignment: Assignment) -> int: ...
+
+
+class Workload(Protocol):
+    """What placement asks of the pods' usage (`PodUsage`): the observed workload current."""
+
+    def refresh_workload(self) -> None: ...
+
+
+class Turnaways(Protocol):
+    """What placement tells the pods waiting for capacity (`Wakeups`)."""
+
+    def note_filtered(self, pod: PodRequest, uid: str, node_names: Sequence[str],
+                      feasible: Sequence[str], priority: Callable[[], int]) -> None: ...
+
+
+class Placement:
+    """filter, prioritize, preempt; and the cards of a bind."""
+
+    def __init__(self, handle: StateHandle, inventory: CatchUp, ledger: Holdings,
+                 workload: Workload, turnaways: Turnaways) -> None:
+        self._h = handle
+        self._inventory = inventory
+        self._ledger = ledger
+        self._workload = workload
+        self._turnaways = turnaways
+        #: the last scoring of a filter (uid, pod, version, scores), for the prioritize that
+        #: follows it while nothing changed
+        self._last_scores: tuple[str, PodRequest, int, ScoredNodes] | None = None
 
     @contextmanager
     def _without(self, uid: str) -> Iterator[None]:
         """What-if: the engine as if this pod held nothing (a pod being re-placed may move)."""
-        held = self._holds.get(uid)
+        held = self._ledger.held(uid)
         if held is None:
             yield
             return
-        self.engine.release(uid)
+        self._h.engine.release(uid)
         try:
             yield
         finally:
-            self.engine.allocate(uid, held)
+            self._h.engine.allocate(uid, held)
 
-    def _prepare(self) -> None:
-        self.require_ready()
-        self._flush()
-        self._refresh_workload()
-        self.expire()
+    def prepare(self) -> None:
+        """Before a decision: ready, the engine's nodes, workload and reservations current."""
+        self._h.require_ready()
+        self._inventory.flush()
+        self._workload.refresh_workload()
+        self._ledger.expire()
+
+    def reserve(self, pod: PodRequest, uid: str, node: str) -> tuple[int, Assignment]:
+        """Choose cards on `node` and hold them now, before anything is written to the API.
+
+        Returns a token for `settle`. Earlier reservations and holds of the same pod stay
+        counted: until their outcome is known, any one of them may be the one that lands.
+        """
+        with self._h.lock:
+            self.prepare()
+            with self._ledger.defrag_hold_released(uid):
+                assignment = self._h.engine.assign(pod, node)
+                return self._ledger.reserve_assignment(pod, uid, node, assignment), assignment
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
         """Which nodes can take the pod, and why each other one cannot (`_filter`); a GPU pod
@@ -58,10 +125,11 @@ class Placement(StateBase):
         The failed nodes past `DETAIL_LIMIT` share a summary reason, filled in after the lock
         is released: on a request naming 20,000 nodes that loop is most of the call, and other
         requests (small filters, binds) must not wait behind it."""
-        with self._lock:
+        with self._h.lock:
             result, overflow = self._filter(pod, uid, node_names)
-            self._note_filtered(pod, uid, node_names, result.feasible)
-            known = self._known  # a frozenset, replaced whole when nodes change
+            self._turnaways.note_filtered(pod, uid, node_names, result.feasible,
+                                          lambda: self._ledger.priority_of(uid))
+            known = self._h.known  # a frozenset, replaced whole when nodes change
         if not overflow:
             return result
         failed = dict(result.failed)
@@ -80,38 +148,38 @@ class Placement(StateBase):
         nodes `score` keeps) and only the first `DETAIL_LIMIT` failures are explained; the
         others are returned apart, for `filter` to name outside the lock.
         """
-        with self._lock:
-            self._prepare()
+        with self._h.lock:
+            self.prepare()
             with self._without(uid):
-                if self.config.filter_result == "best":
+                if self._h.config.filter_result == "best":
                     # Narrowed answer: only the node the engine would choose. kube-scheduler
                     # skips scoring (and prioritize) when one node is left, so the decision is
                     # exactly the engine's and the cycle has one round trip instead of two.
-                    reserved = self._reserved_node(uid)
+                    reserved = self._ledger.reserved_node(uid)
                     if reserved is not None and reserved in node_names \
-                            and self.engine.filter(pod, [reserved]).feasible:
+                            and self._h.engine.filter(pod, [reserved]).feasible:
                         return FilterResult([reserved], {}), ()  # where room was made for it
-                    best = self.engine.best(pod, node_names)
+                    best = self._h.engine.best(pod, node_names)
                     if best is not None:
                         return FilterResult([best], {}), ()
                 if len(node_names) <= DETAIL_LIMIT:
-                    return self.engine.filter(pod, node_names), ()
-                scored = self.engine.scored(pod, node_names)
+                    return self._h.engine.filter(pod, node_names), ()
+                scored = self._h.engine.scored(pod, node_names)
                 # kube-scheduler asks prioritize next, for the nodes that passed: keep the
                 # scores while nothing changes (one engine scoring per cycle, not two).
-                self._last_scores = (uid, pod, self._version, scored)
+                self._last_scores = (uid, pod, self._h.version, scored)
                 failed_names = scored.failed
-                failed = dict(self.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
+                failed = dict(self._h.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
         return FilterResult(scored.feasible, failed), failed_names[DETAIL_LIMIT:]
 
     def prioritize(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> dict[str, int]:
         """Scores 0..10 (kube-scheduler's extender range), best node 10."""
-        with self._lock:
-            self._prepare()
+        with self._h.lock:
+            self.prepare()
             with self._without(uid):
                 last = self._last_scores
                 scored: ScoredNodes | None = None
-                if last is not None and last[:3] == (uid, pod, self._version):
+                if last is not None and last[:3] == (uid, pod, self._h.version):
                     scored = last[3]
                     if scored.feasible != list(node_names):  # usually equal: the filter's answer
                         cached = scored.as_dict()
@@ -119,42 +187,31 @@ class Placement(StateBase):
                         scored = ScoredNodes(kept, np.array([cached[n] for n in kept],
                                                             dtype=np.float64), [])
                 elif pod.wants_gpu:
-                    scored = self.engine.scored(pod, node_names)
-            reserved = self._reserved_node(uid)
+                    scored = self._h.engine.scored(pod, node_names)
+            reserved = self._ledger.reserved_node(uid)
         if scored is None:
             return dict.fromkeys(node_names, 0)
         return prefer(rescale_scored(scored, node_names), reserved)
-
-    def _reserved_node(self, uid: str) -> str | None:
-        """The node of the pod's live defragmentation reservation (room was made there)."""
-        held = self._holds.get(uid)
-        return held.node if held is not None and uid in self._reserved_until else None
 
     def preempt(self, pod: PodRequest, uid: str,
                 candidates: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, tuple[list[str], int]]:
         """For each node, victims whose removal really frees the cards the pod needs
         (`core.preemption.victims_on`: kube-scheduler's victims, then lower-priority pods
         holding cards there). Nodes where it cannot fit are left out."""
-        with self._lock:
-            self._prepare()
-            preemptor_priority = self._priority_of(pod, uid)
+        with self._h.lock:
+            self.prepare()
+            preemptor_priority = self._ledger.priority_of(uid)
             out: dict[str, tuple[list[str], int]] = {}
             with self._without(uid):
                 for node, (victims, pdb) in candidates.items():
-                    if node not in self._known:
+                    if node not in self._h.known:
                         continue
-                    # a pending pod holding a reservation there is no victim kube-scheduler knows
-                    residents = {u: self._pods[u].priority for u in self._node_pods.get(node, ())
-                                 if u in self._pods and u not in self._reserved_until}
-                    chosen = victims_on(self.engine, pod, node, list(victims), self._holds,
-                                        residents, preemptor_priority)
+                    residents = self._ledger.preemptible_residents(node)
+                    chosen = victims_on(self._h.engine, pod, node, list(victims),
+                                        self._ledger.holds_view(), residents, preemptor_priority)
                     if chosen is not None:
                         out[node] = (chosen, pdb)
             return out
-
-    def _priority_of(self, pod: PodRequest, uid: str) -> int:
-        info = self._pods.get(uid)
-        return info.priority if info is not None else 0
 
 
 def without_containers(pod: PodRequest, containers: Iterable[str]) -> PodRequest:

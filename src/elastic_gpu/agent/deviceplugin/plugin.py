@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from elastic_gpu.agent.allocator import Allocator
+from elastic_gpu.agent.deviceplugin.allocator import Allocator
 from elastic_gpu.agent.devices import ResourcePlan, preferred, unit_health
 from elastic_gpu.agent.grant import Grant
 from elastic_gpu.agent.matching import AllocateError

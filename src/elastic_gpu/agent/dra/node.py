@@ -1,4 +1,5 @@
-"""The agent in DRA mode (`dra.enabled`): what it publishes and serves instead of device plugins.
+"""The agent in DRA mode (`dra.enabled`), `DraNode` behind `agent.nodemode.NodeMode`: what it
+publishes and serves instead of device plugins.
 
 A node is in one mode. In DRA mode the agent
 
@@ -29,16 +30,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
+from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.dra.kubelet_plugin import DraPlugin, KubeletPluginServer, api_claim_reader
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
-from elastic_gpu.agent.publish import patch_node_capacity
+from elastic_gpu.agent.node_status import patch_node_capacity
+from elastic_gpu.agent.nodemode import NodeModeError
 from elastic_gpu.agent.state import NodeState
+from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.core.dra.nodemode import (
     GPU_MODE_DRA,
     GPU_MODE_LABEL,
@@ -54,29 +59,13 @@ log = logging.getLogger(__name__)
 
 
 
-class DraModeError(RuntimeError):
-    """DRA mode cannot start on this node (the message says what to change)."""
-
-
-def dra_capacity(cards: Mapping[int, LogicalCard]) -> dict[str, str]:
-    """The GPU names of a DRA node's status: only the node-level count kube-scheduler reads."""
+def dra_capacity(cards: Sized) -> dict[str, str]:
+    """The GPU names of a DRA node's status (`agent.node_status` adds the quota's accounting
+    names): only the node-level count kube-scheduler reads. The sandbox's kwok DRA nodes are
+    made with it too (`devcluster.nodes`)."""
     if not cards:
         return {}
     return {NODE_CORE: str(node_core_capacity([1] * len(cards)))}
-
-
-def device_plugin_refusal(node: Mapping[str, Any], name: str) -> str | None:
-    """Why a device-plugin agent (no `dra.enabled`) must not start on the Node (None: it may):
-    the node is in the DRA node group. Its cards would be published as GPUDevices for the
-    extender too, and one card handed out twice (the mirror of `mode_refusal`: each agent
-    refuses the other's node, so a node labelled for both groups runs neither)."""
-    if not is_dra_node(node_object_labels(node)):
-        return None
-    return (f"Node {name} has {GPU_MODE_LABEL}={GPU_MODE_DRA}: it is in the DRA node group, "
-            "whose agent runs with dra.enabled (docs/dra.md); a device-plugin agent there would "
-            "publish its cards to the scheduler extender as well, and kube-scheduler's DRA "
-            "allocator and the extender would hand the same card out twice. Remove the label, "
-            "or run this agent with dra.enabled")
 
 
 def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
@@ -92,7 +81,10 @@ def mode_refusal(node: Mapping[str, Any], name: str) -> str | None:
             "agent without dra.enabled")
 
 
-class DraMode:
+class DraNode:
+    """The DRA node mode (`agent.nodemode`); the API is required (ResourceSlices,
+    ResourceClaims)."""
+
     def __init__(self, config: AgentConfig, node: str, client: SyncKubeClient,
                  state: NodeState, inputs: GrantInputs) -> None:
         self.config = config
@@ -116,11 +108,11 @@ class DraMode:
             log.exception("publishing ResourceSlices after kubelet's registration")
 
     def check_node(self) -> None:
-        """Raise DraModeError unless the Node is labelled for DRA; remembers its uid."""
+        """Raise NodeModeError unless the Node is labelled for DRA; remembers its uid."""
         node = self.client.get(NODES.path(name=self.node))
         refusal = mode_refusal(node, self.node)
         if refusal is not None:
-            raise DraModeError(refusal)
+            raise NodeModeError(refusal)
         self.node_uid = str((node.get("metadata") or {}).get("uid") or "") or None
 
     def publish(self) -> bool:
@@ -139,10 +131,35 @@ class DraMode:
             log.info("published the ResourceSlices of %s (%d cards)", self.node, len(cards))
         return written
 
+    def capacity(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        capacity = dra_capacity(self.cards())
+        return capacity, capacity
+
     def start(self) -> None:
-        """Publish, then serve the kubelet plugin (`check_node` first)."""
+        """Refuse a Node outside the DRA node group, before anything is published; publish."""
+        self.check_node()
         self.publish()
+
+    def serve(self) -> None:
         self.server.start()
+
+    def cards_changed(self) -> None:
+        self.publish()
+
+    def reasons_changed(self) -> None:
+        pass  # no GPUDevice to carry a reason; the health stream says a device's health
+
+    def sync(self) -> dict[int, CardUse]:
+        """Re-assert the Node's count and the slices (a kubelet restart zeroes extended
+        resources; someone may have deleted a slice); no GPUDevice columns to write."""
+        self.publish()
+        return {}
+
+    def outcomes(self) -> Counter[tuple[str, str]]:
+        return Counter()  # grants are NodePrepareResources calls, not Allocate
+
+    def usage_sinks(self) -> ApiSinks | None:
+        return None  # no GPUDevice to write status.usage to: a DRA node's usage is metrics only
 
     def stop(self) -> None:
         # the slices stay: kube-scheduler keeps seeing the devices it allocated

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from elastic_gpu.agent.plugin import KUBELET_SOCKET, PluginServer
+from elastic_gpu.agent.deviceplugin.plugin import KUBELET_SOCKET, PluginServer
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,127 @@
+"""The device-plugin node mode (`agent.nodemode`): the node's cards as GPUDevice objects for
+the scheduler extender, its capacity in the Node's status, one kubelet device plugin per
+advertised resource (`manager.PluginManager`), Allocate served by `allocator.Allocator`."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from elastic_gpu.agent.accounting import CardUse, card_usage
+from elastic_gpu.agent.config import AgentConfig
+from elastic_gpu.agent.deviceplugin.allocator import Allocator
+from elastic_gpu.agent.deviceplugin.inventory_api import (
+    publish_allocations,
+    publish_health,
+    require_crd,
+)
+from elastic_gpu.agent.deviceplugin.manager import PluginManager
+from elastic_gpu.agent.deviceplugin.plugin import PluginServer
+from elastic_gpu.agent.deviceplugin.publish import publish_snapshot
+from elastic_gpu.agent.node_status import patch_node_capacity
+from elastic_gpu.agent.nodemode import NodeModeError
+from elastic_gpu.agent.pods import PodSource
+from elastic_gpu.agent.snapshot import NodeSnapshot
+from elastic_gpu.agent.state import NodeState
+from elastic_gpu.agent.usage.sinks import ApiSinks
+from elastic_gpu.core.dra.nodemode import (
+    GPU_MODE_DRA,
+    GPU_MODE_LABEL,
+    is_dra_node,
+    node_object_labels,
+)
+from elastic_gpu.kube.resources import NODES
+from elastic_gpu.kube.sync import SyncKubeClient
+
+log = logging.getLogger(__name__)
+
+
+def device_plugin_refusal(node: Mapping[str, Any], name: str) -> str | None:
+    """Why a device-plugin agent (no `dra.enabled`) must not start on the Node (None: it may):
+    the node is in the DRA node group. Its cards would be published as GPUDevices for the
+    extender too, and one card handed out twice (the mirror of `dra.node.mode_refusal`: each
+    agent refuses the other's node, so a node labelled for both groups runs neither)."""
+    if not is_dra_node(node_object_labels(node)):
+        return None
+    return (f"Node {name} has {GPU_MODE_LABEL}={GPU_MODE_DRA}: it is in the DRA node group, "
+            "whose agent runs with dra.enabled (docs/dra.md); a device-plugin agent there would "
+            "publish its cards to the scheduler extender as well, and kube-scheduler's DRA "
+            "allocator and the extender would hand the same card out twice. Remove the label, "
+            "or run this agent with dra.enabled")
+
+
+class DevicePluginNode:
+    """`current` is the node's snapshot as the cards are now, `reasons` per card why it is
+    unhealthy (the GPUDevice's reason); without `client` (`--no-api`) only the plugins run."""
+
+    def __init__(self, config: AgentConfig, node: str, client: SyncKubeClient | None,
+                 state: NodeState, allocator: Allocator, plugin_dir: Path,
+                 current: Callable[[], NodeSnapshot], reasons: Callable[[], dict[int, str]],
+                 pods: PodSource | None) -> None:
+        self.config = config
+        self.node = node
+        self.client = client
+        self.allocator = allocator
+        self.current = current
+        self.reasons = reasons
+        self.pods = pods
+        self.manager = PluginManager(
+            [PluginServer(plan, state, allocator, plugin_dir) for plan in current().plans],
+            plugin_dir)
+        self._sinks: ApiSinks | None = None
+
+    def capacity(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        snap = self.current()
+        return snap.capacity, snap.allocatable
+
+    def start(self) -> None:
+        if self.client is None:
+            return
+        refusal = device_plugin_refusal(self.client.get(NODES.path(name=self.node)), self.node)
+        if refusal is not None:
+            raise NodeModeError(refusal)
+        # The CRD comes from deploy/crds at install time; the agent may not write CRDs.
+        require_crd(self.client)
+        publish_snapshot(self.client, self.current(), self.config, self.reasons())
+
+    def serve(self) -> None:
+        self.manager.start()
+
+    def cards_changed(self) -> None:
+        if self.client is None:
+            return
+        snap = self.current()
+        publish_health(self.client, snap.node, self.reasons())
+        patch_node_capacity(self.client, self.node, snap.capacity, snap.allocatable,
+                            self.config)
+
+    def reasons_changed(self) -> None:
+        if self.client is not None:
+            publish_health(self.client, self.current().node, self.reasons())
+
+    def sync(self) -> dict[int, CardUse]:
+        """Allocation columns, holders and heartbeat of the GPUDevices (pods from the watch
+        cache once it has synced); re-assert the Node's GPU capacity."""
+        assert self.client is not None and self.pods is not None
+        snap = self.current()
+        usage = card_usage(self.pods.on_node(self.node), self.node,
+                           {card.index: card for card in snap.node.cards})
+        publish_allocations(self.client, snap.node, usage)
+        patch_node_capacity(self.client, self.node, snap.capacity, snap.allocatable,
+                            self.config)
+        return usage
+
+    def outcomes(self) -> Counter[tuple[str, str]]:
+        return self.allocator.outcomes.copy()
+
+    def usage_sinks(self) -> ApiSinks | None:
+        """The GPUDevices' `status.usage` and Events (made on first use: only with usage on)."""
+        if self._sinks is None and self.client is not None:
+            self._sinks = ApiSinks(self.client, self.node)
+        return self._sinks
+
+    def stop(self) -> None:
+        self.manager.stop()
