@@ -1,4 +1,4 @@
-"""The budget keeper's per-namespace cost: `core.budget.plan_namespace` (what one reconcile of
+"""The budget keeper's per-namespace cost: `core.budget.plan.plan_namespace` (what one reconcile of
 a namespace computes: settle the ended pods, forget the gone, used / remaining / over) for a
 namespace of N GPU pods, a quarter ended and settled already, and one observation folded
 (`observe` + `merge`, what each pod watch event costs). Medians of `--repeat` runs.
@@ -14,7 +14,10 @@ import statistics
 import time
 from fractions import Fraction
 
-from elastic_gpu.core import budget as b
+from elastic_gpu.core.budget.allowance import Budget
+from elastic_gpu.core.budget.ledger import PodRecord, merge, observe
+from elastic_gpu.core.budget.plan import plan_namespace
+from elastic_gpu.core.budget.settle import Settled
 
 T0 = 1_800_000_000
 
@@ -38,29 +41,29 @@ def main() -> None:
     parser.add_argument("--pods", default="100,1000,5000")
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    budget = b.Budget(gpu_seconds=10**9, period_s=86_400 * 7, anchor=T0)
+    budget = Budget(gpu_seconds=10**9, period_s=86_400 * 7, anchor=T0)
     now = T0 + 100_000
     print("| pods | plan_namespace (ms) | one event: observe + merge (us) |")
     print("|---:|---:|---:|")
     for n in (int(x) for x in args.pods.split(",")):
         pods = [pod(i, ended=i % 2 == 0) for i in range(n)]
-        ledger: dict[str, b.PodRecord] = {}
+        ledger: dict[str, PodRecord] = {}
         for p in pods:
-            record = b.observe(p)
+            record = observe(p)
             assert record is not None
             ledger[record.uid] = record
-        settled = b.Settled(T0, Fraction(0), frozenset(f"u{i}" for i in range(0, n, 4)))
+        settled = Settled(T0, Fraction(0), frozenset(f"u{i}" for i in range(0, n, 4)))
         present = list(ledger)
         plans, events = [], []
         for _ in range(args.repeat):
             start = time.perf_counter()
-            b.plan_namespace(budget, settled, ledger, "team", present, now)
+            plan_namespace(budget, settled, ledger, "team", present, now)
             plans.append(time.perf_counter() - start)
             start = time.perf_counter()
             for p in pods[:100]:
-                record = b.observe(p)
+                record = observe(p)
                 assert record is not None
-                b.merge(ledger[record.uid], record)
+                merge(ledger[record.uid], record)
             events.append((time.perf_counter() - start) / 100)
         print(f"| {n} | {statistics.median(plans) * 1e3:.2f} | "
               f"{statistics.median(events) * 1e6:.0f} |")

@@ -20,7 +20,7 @@
 ledger and decisions are `elastic_gpu.core.budget`; this module is the CRD (one source:
 `crd_manifest()`; deploy/crds/gpubudgets.yaml is its YAML form, written by
 `python -m elastic_gpu.api.budget --write deploy/crds` and kept equal by a unit test) and the
-reading of an object into `core.budget.Budget`. No I/O. See docs/budgets.md.
+reading of an object into `core.budget.allowance.Budget`. No I/O. See docs/budgets.md.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ from elastic_gpu.api.elasticgpu import (
     merge_condition,
 )
 from elastic_gpu.api.group import ELASTICGPU_VERSION as VERSION
-from elastic_gpu.core import budget as core
+from elastic_gpu.core.budget.allowance import MIN_PERIOD_S, Budget, BudgetState
+from elastic_gpu.core.budget.errors import BudgetError
+from elastic_gpu.core.budget.settle import Settled
+from elastic_gpu.core.budget.timestamps import parse_time
 from elastic_gpu.core.claims.model import Condition
 
 KIND, PLURAL, SHORT = "GPUBudget", "gpubudgets", "gpubudget"
@@ -67,7 +70,7 @@ def _duration(description: str, minimum: str = "1s", why: str = "") -> dict[str,
                            "and s (e.g. 168h, 1h30m, 30s)"}]}
 
 
-#: `core.budget.MIN_PERIOD_S` as the schema writes it (a unit test keeps them equal)
+#: `core.budget.allowance.MIN_PERIOD_S` as the schema writes it (a unit test keeps them equal)
 MIN_PERIOD = "1m"
 
 
@@ -186,8 +189,8 @@ def parse_duration(value: Any, what: str, minimum_s: int = 1) -> int:
     return seconds
 
 
-def budget_from_object(obj: Mapping[str, Any]) -> core.Budget:
-    """A GPUBudget as the API serves it -> `core.budget.Budget` (GPU-seconds per period)."""
+def budget_from_object(obj: Mapping[str, Any]) -> Budget:
+    """A GPUBudget as the API serves it -> `core.budget.allowance.Budget` (GPU-seconds per period)."""
     meta = obj.get("metadata") or {}
     where = f"GPUBudget {meta.get('namespace', '?')}/{meta.get('name', '?')}"
     spec = obj.get("spec")
@@ -196,18 +199,18 @@ def budget_from_object(obj: Mapping[str, Any]) -> core.Budget:
     hours = spec.get("gpuHours")
     if isinstance(hours, bool) or not isinstance(hours, (int, float)) or not 0 <= hours <= MAX_GPU_HOURS:
         raise BudgetObjectError(f"{where}: spec.gpuHours={hours!r} is not a number 0-{MAX_GPU_HOURS}")
-    period = parse_duration(spec.get("period"), f"{where}: spec.period", core.MIN_PERIOD_S)
+    period = parse_duration(spec.get("period"), f"{where}: spec.period", MIN_PERIOD_S)
     half_life = (parse_duration(spec["halfLife"], f"{where}: spec.halfLife")
                  if spec.get("halfLife") is not None else None)
     start = spec.get("periodStart") or meta.get("creationTimestamp")
     try:
-        anchor = core.parse_time(start, f"{where}: spec.periodStart") if start else 0
-    except core.BudgetError as err:
+        anchor = parse_time(start, f"{where}: spec.periodStart") if start else 0
+    except BudgetError as err:
         raise BudgetObjectError(str(err)) from None
     gpu_seconds = int(Fraction(str(hours)) * 3600)
     try:
-        return core.Budget(gpu_seconds, period, anchor, half_life)
-    except core.BudgetError as err:
+        return Budget(gpu_seconds, period, anchor, half_life)
+    except BudgetError as err:
         raise BudgetObjectError(f"{where}: {err}") from None
 
 
@@ -215,17 +218,17 @@ def _time(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def settled_from_status(obj: Mapping[str, Any], budget: core.Budget) -> core.Settled:
+def settled_from_status(obj: Mapping[str, Any], budget: Budget) -> Settled:
     """The durable settled part a GPUBudget's status holds (an empty one for the current
     period of `budget` when it has none yet)."""
     meta = obj.get("metadata") or {}
     where = f"GPUBudget {meta.get('namespace', '?')}/{meta.get('name', '?')}"
     raw = (obj.get("status") or {}).get("settled")
     if raw is None:
-        return core.Settled(budget.anchor)
+        return Settled(budget.anchor)
     try:
-        start = core.parse_time(raw.get("periodStart"), f"{where}: status.settled.periodStart")
-    except core.BudgetError as err:
+        start = parse_time(raw.get("periodStart"), f"{where}: status.settled.periodStart")
+    except BudgetError as err:
         raise BudgetObjectError(str(err)) from None
     text = raw.get("gpuSeconds")
     if not isinstance(text, str) or not re.fullmatch(SETTLED_PATTERN, text) or \
@@ -235,11 +238,11 @@ def settled_from_status(obj: Mapping[str, Any], budget: core.Budget) -> core.Set
     uids = raw.get("uids") or []
     if not isinstance(uids, list) or not all(isinstance(u, str) for u in uids):
         raise BudgetObjectError(f"{where}: status.settled.uids={uids!r} is not a list of UIDs")
-    return core.Settled(start, Fraction(text), frozenset(uids))
+    return Settled(start, Fraction(text), frozenset(uids))
 
 
-def budget_status(obj: Mapping[str, Any], budget: core.Budget, state: core.BudgetState,
-                  settled: core.Settled, now: int) -> dict[str, Any]:
+def budget_status(obj: Mapping[str, Any], budget: Budget, state: BudgetState,
+                  settled: Settled, now: int) -> dict[str, Any]:
     """The GPUBudget status for a status-subresource patch: used and remaining in GPU-hours,
     the period, the merged OverBudget condition and the settled part."""
     meta = obj.get("metadata") or {}

@@ -1,6 +1,6 @@
-"""`--check` of `egpu agent`, `egpu scheduler` and `egpu controller`: read and validate
-`--config` with the component's own loader (the one strict loader, `api.config.loader`,
-with the component's model) and start nothing, so that a ConfigMap can be
+"""`--check` of `egpu agent`, `egpu scheduler`, `egpu controller` and `egpu webhook`: read and
+validate `--config` with the component's own loader (the one strict loader,
+`api.config.loader`, with the component's model) and start nothing, so that a ConfigMap can be
 checked before it is rolled out (e.g. in CI, or an init container)."""
 
 from __future__ import annotations

@@ -3,12 +3,12 @@
 Per namespace (key = the namespace's name), from the shared pod informer and a GPUBudget
 informer (the CRD may be missing: then there are no budgets):
 
-1. every GPU pod's observations are folded into the ledger (`core.budget.observe` / `fold`,
-   keyed per pod UID; usage is computed from the pods' own timestamps, never accumulated);
+1. every GPU pod's observations are folded into the ledger (`core.budget.ledger.observe` /
+   `merge`, keyed per pod UID; usage is computed from the pods' own timestamps, never accumulated);
 2. the GPUBudget (the first by name in the namespace; with `--budget-default-gpu-hours`, the
    keeper creates `default` where a namespace runs GPU pods and has none) is read, its
    durable `status.settled` rolled to the current period, every ended pod settled into it and
-   the UIDs of pods gone from the API forgotten (`core.budget.plan_namespace`);
+   the UIDs of pods gone from the API forgotten (`core.budget.plan.plan_namespace`);
 3. the status (used, remaining, period, `OverBudget`, `settled`) is written, only when it
    differs from the object's (an equal one is skipped), with the object's
    resourceVersion as precondition (a stale cache gets 409 and a retry, never a lost or
@@ -47,7 +47,12 @@ from elastic_gpu.api import budget as api
 from elastic_gpu.api.elasticgpu import GROUP, VERSION
 from elastic_gpu.controller.manager import Context
 from elastic_gpu.controller.worker import Done, Outcome, work
-from elastic_gpu.core import budget as core
+from elastic_gpu.core.budget.allowance import Budget, BudgetState
+from elastic_gpu.core.budget.errors import BudgetError
+from elastic_gpu.core.budget.ledger import PodRecord, merge, observe, replace_runs
+from elastic_gpu.core.budget.plan import NamespacePlan, next_check, plan_namespace
+from elastic_gpu.core.budget.settle import FINALIZER, ended
+from elastic_gpu.core.budget.usage import burn_rate
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, Invalid, NotFound
 from elastic_gpu.kube.informer import Handler, Obj, object_key
@@ -127,9 +132,9 @@ class BudgetKeeper:
         #: namespace -> its ResourceClaims by name
         self.ns_claims: dict[str, dict[str, Obj]] = {}
         #: pod UID -> record (GPU pods only)
-        self.ledger: dict[str, core.PodRecord] = {}
+        self.ledger: dict[str, PodRecord] = {}
         #: the same records by namespace (a reconcile reads its namespace's only)
-        self.by_ns: dict[str, dict[str, core.PodRecord]] = {}
+        self.by_ns: dict[str, dict[str, PodRecord]] = {}
         #: namespace -> its pods (the informer's objects, by key)
         self.ns_pods: dict[str, dict[str, Obj]] = {}
         #: pod UID -> "namespace/name" while it is in the API
@@ -155,10 +160,10 @@ class BudgetKeeper:
 
     # ------------------------------------------------------------------ event handlers
 
-    def _observe(self, pod: Obj) -> core.PodRecord | None:
+    def _observe(self, pod: Obj) -> PodRecord | None:
         try:
-            return core.observe(pod, self.ns_claims.get(str(_meta(pod).get("namespace") or "")))
-        except core.BudgetError as err:
+            return observe(pod, self.ns_claims.get(str(_meta(pod).get("namespace") or "")))
+        except BudgetError as err:
             log.warning("pod %s: not counted: %s", object_key(pod), err)
             return None
 
@@ -168,10 +173,10 @@ class BudgetKeeper:
         self.ns_pods.setdefault(ns, {})[object_key(pod)] = pod
         if record is not None:
             known = self.ledger.get(record.uid)
-            self._put(record if known is None else core.merge(known, record))
+            self._put(record if known is None else merge(known, record))
             self.keys[record.uid] = object_key(pod)
             self.queue.add(ns)
-        elif core.FINALIZER in _finalizers(pod):
+        elif FINALIZER in _finalizers(pod):
             self.queue.add(ns)  # unreadable but held: released when it ends
 
     def _pod_gone(self, pod: Obj) -> None:
@@ -186,18 +191,18 @@ class BudgetKeeper:
         if known is None:
             return
         record = self._observe(pod)
-        merged = known if record is None else core.merge(known, record)
+        merged = known if record is None else merge(known, record)
         now = int(time.time())
         # gone: it runs no more; no run of it lasts past now
-        merged = core.replace_runs(
-            core.PodRecord(merged.uid, merged.namespace, merged.containers, True,
+        merged = replace_runs(
+            PodRecord(merged.uid, merged.namespace, merged.containers, True,
                            merged.deleted_at),
             lambda runs: {s: max(s, min(now, now if e is None else e)) for s, e in runs.items()})
         self._put(merged)
         self.gone.add(uid)
         self.queue.add(merged.namespace)
 
-    def _put(self, record: core.PodRecord) -> None:
+    def _put(self, record: PodRecord) -> None:
         self.ledger[record.uid] = record
         self.by_ns.setdefault(record.namespace, {})[record.uid] = record
 
@@ -291,7 +296,7 @@ class BudgetKeeper:
             return None
         present = [str(_meta(p).get("uid")) for p in pods]
         ledger = self.by_ns.get(ns, {})
-        plan = core.plan_namespace(budget, stored, ledger, ns, present, now)
+        plan = plan_namespace(budget, stored, ledger, ns, present, now)
         mono = time.monotonic()
         last = self.written.get(ns)
         used = Fraction(plan.state.used)
@@ -314,10 +319,10 @@ class BudgetKeeper:
         await self._hold(pods)
         if due:  # gone pods the write settled leave the ledger (settling them again would
             for uid in [u for u in self.gone if u in ledger  # count them twice)
-                        and core.ended(ledger[u], now)]:
+                        and ended(ledger[u], now)]:
                 self._drop(uid)
-        rate = core.burn_rate(self.by_ns.get(ns, {}), ns)
-        at = core.next_check(budget, plan.state, rate, now, self.settings.refresh_s)
+        rate = burn_rate(self.by_ns.get(ns, {}), ns)
+        at = next_check(budget, plan.state, rate, now, self.settings.refresh_s)
         delay = float(at - time.time())
         return min(delay, wait) if wait is not None else delay
 
@@ -327,14 +332,14 @@ class BudgetKeeper:
             with contextlib.suppress(KeyError):
                 gauge.remove(ns)
 
-    def _export(self, ns: str, budget: core.Budget, state: core.BudgetState) -> None:
+    def _export(self, ns: str, budget: Budget, state: BudgetState) -> None:
         self.metrics.used.labels(ns).set(float(state.used))
         self.metrics.allowed.labels(ns).set(budget.gpu_seconds)
         self.metrics.remaining.labels(ns).set(float(state.remaining))
         self.metrics.over.labels(ns).set(1 if state.over else 0)
 
-    async def _write_status(self, ns: str, obj: Obj, budget: core.Budget,
-                            plan: core.NamespacePlan, now: int) -> None:
+    async def _write_status(self, ns: str, obj: Obj, budget: Budget,
+                            plan: NamespacePlan, now: int) -> None:
         body = dict(obj)
         body["status"] = api.budget_status(obj, budget, plan.state, plan.settled, now)
         if not api.status_changed(obj, body["status"]):
@@ -364,7 +369,7 @@ class BudgetKeeper:
         done = True
         for pod in pods:
             uid = str(_meta(pod).get("uid"))
-            if uid in settled and core.FINALIZER in _finalizers(pod):
+            if uid in settled and FINALIZER in _finalizers(pod):
                 done = await self._drop_finalizer(pod, now) and done
         return done
 
@@ -374,7 +379,7 @@ class BudgetKeeper:
         stale finalizer would hold a deleted pod while `egpu controller` is down (issue #26).
         A GPUBudget created later gives its running pods the finalizer again (`_hold`)."""
         for pod in pods:
-            if core.FINALIZER in _finalizers(pod):
+            if FINALIZER in _finalizers(pod):
                 await self._drop_finalizer(pod, now)  # a conflict: the next event retries
         for uid in [u for u in self.gone if u in self.by_ns.get(ns, {})]:
             self._drop(uid)
@@ -382,7 +387,7 @@ class BudgetKeeper:
     async def _drop_finalizer(self, pod: Obj, now: int) -> bool:
         """False when the pod changed since the cache saw it (409): retry with the newer."""
         meta = _meta(pod)
-        rest = [f for f in _finalizers(pod) if f != core.FINALIZER]
+        rest = [f for f in _finalizers(pod) if f != FINALIZER]
         try:
             await self.client.patch(
                 PODS.path(str(meta.get("namespace")), str(meta.get("name"))),
@@ -406,13 +411,13 @@ class BudgetKeeper:
             meta = _meta(pod)
             uid = str(meta.get("uid"))
             record = self.ledger.get(uid)
-            if record is None or record.final or core.FINALIZER in _finalizers(pod) or \
+            if record is None or record.final or FINALIZER in _finalizers(pod) or \
                     meta.get("deletionTimestamp"):
                 continue
             try:
                 await self.client.patch(
                     PODS.path(str(meta.get("namespace")), str(meta.get("name"))),
-                    {"metadata": {"finalizers": [*_finalizers(pod), core.FINALIZER],
+                    {"metadata": {"finalizers": [*_finalizers(pod), FINALIZER],
                                   "resourceVersion": meta.get("resourceVersion")}})
             except (NotFound, Conflict):
                 continue  # gone, or changed: its next event brings it back

@@ -75,7 +75,7 @@ from elastic_gpu.api.budget import BudgetObjectError, parse_duration
 from elastic_gpu.api.config.leaderelection import LeaderElectionSettings
 from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.api.config.merge import Override
-from elastic_gpu.core.budget import MIN_PERIOD_S
+from elastic_gpu.core.budget.allowance import MIN_PERIOD_S
 from elastic_gpu.core.mig.profiles import MIG_MODELS, compatible
 from elastic_gpu.core.mig.substitution import MoveBackPolicy
 from elastic_gpu.core.resources import MigProfile, ResourceError

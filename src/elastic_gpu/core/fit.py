@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_gpu.core.claims.blocks import ClaimBlock, describe_blocks
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
 
 
@@ -189,8 +190,8 @@ class FitFailure:
     holder: str = ""
     #: OUT_OF_BAND_MEMORY: the card's observed out-of-band memory, MiB
     out_of_band_mib: int = 0
-    #: CLAIM_BLOCKED: why the pod's claims cannot be placed (the claims' own sentences)
-    detail: str = ""
+    #: CLAIM_BLOCKED: why the pod's claims cannot be placed (`core.claims.blocks`)
+    claim_blocks: tuple[ClaimBlock, ...] = ()
     #: CLAIM_ON_OTHER_NODE: the claim (namespace/name) and its ElasticGPU
     claim: str = ""
     elastic_gpu: str = ""
@@ -351,7 +352,7 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.MIG_ENABLED_CARD:
         return f"card {f.card} is MIG-enabled; only its MIG instances can be given out"
     if kind is FitKind.CLAIM_BLOCKED:
-        return f.detail
+        return describe_blocks(f.claim_blocks)
     if kind is FitKind.CLAIM_ON_OTHER_NODE:
         return f"ElasticGPUClaim {f.claim} is bound to ElasticGPU {f.elastic_gpu} on node {f.node}"
     if kind is FitKind.DRA_NAMES_CLAIMS:

@@ -8,7 +8,8 @@ Each pass also samples the kwok nodes' fake usage model (`agent.usage.fake_sync`
 agent's sampling loop, its write period and drift Events), so `status.usage` is there for
 the scheduler and `kubectl get gpudevices`. With `--metrics-port` it serves what those nodes'
 agents would on theirs (`elasticgpu_agent_*`, docs/metrics.md: one endpoint, each node's
-series under its `node` label), from the sampling loop's last pass. For DRA-mode kwok nodes
+series under its `node` label), from the sampling loop's last pass, through the one `/metrics`
+page of every component (`runtime.metrics.MetricsThread`). For DRA-mode kwok nodes
 it stands in for the agent's DRA publisher: their ResourceSlices, from the fake inventory the
 Node carries (`devcluster.dra_nodes.DraSliceSync`), published before it reports ready.
 """
@@ -31,36 +32,31 @@ app = typer.Typer(add_completion=False)
 def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
         metrics: tuple[str, int] | None = None) -> None:
     """`metrics`: (host, port) to serve `/metrics` on, None: none."""
-    from prometheus_client import start_http_server
-
     from elastic_gpu.agent.deviceplugin.publish import sync_fake_allocations
     from elastic_gpu.agent.metrics import nodes_registry
     from elastic_gpu.agent.usage.fake_sync import FakeUsageSync
     from elastic_gpu.devcluster.dra_nodes import DraSliceSync
     from elastic_gpu.kube.sync import SyncKubeClient
+    from elastic_gpu.runtime.metrics import MetricsThread
 
     with SyncKubeClient.from_config(kubeconfig, field_manager="egpu-sandbox") as client:
         usage = FakeUsageSync(client)
         slices = DraSliceSync(client)
         _pass(slices.sync, "DRA slice sync")  # ready (metrics served) once they are published
+        page = MetricsThread(nodes_registry(usage.nodes))
         if metrics is not None:
             host, port = metrics
-            server, _ = start_http_server(port, host, nodes_registry(usage.nodes))
-            print(f"metrics on http://{host}:{server.server_port}/metrics", flush=True)
-        while not stop.is_set():
-            try:
-                sync_fake_allocations(client)
-            except Exception as err:  # a passing API error must not end the loop: say it
-                print(f"allocation sync failed, retrying: {type(err).__name__}: {err}",
-                      file=sys.stderr, flush=True)
-            try:
-                usage.sync()
-            except Exception as err:
-                print(f"usage sync failed, retrying: {type(err).__name__}: {err}",
-                      file=sys.stderr, flush=True)
-            _pass(slices.sync, "DRA slice sync")
-            stop.wait(interval_s)
-        usage.close()
+            bound = page.start(host, port)
+            print(f"metrics on http://{host}:{bound}/metrics", flush=True)
+        try:
+            while not stop.is_set():
+                _pass(lambda: sync_fake_allocations(client), "allocation sync")
+                _pass(usage.sync, "usage sync")
+                _pass(slices.sync, "DRA slice sync")
+                stop.wait(interval_s)
+        finally:
+            page.stop()
+            usage.close()
 
 
 def _pass(step: Callable[[], object], what: str) -> None:

@@ -5,6 +5,12 @@ run the bare binary). Ours are the minimum for a scheduling test bed: a fake nod
 Ready keeping the capacity it was registered with, stays Ready (leases plus a slow
 heartbeat), a pod bound to it becomes Running, and a pod being deleted goes away (there is
 no kubelet to finish the deletion).
+
+A Running pod's statuses are what kubelet reports once its containers started: every
+container running, and its init containers in `initContainerStatuses` (KEP-753): a sidecar
+(`restartPolicy: Always`) running beside the containers since the pod started, a classic one
+terminated, Completed. The budget keeper bills a sidecar's GPU share from that status
+(`core.budget.ledger.container_runs`), as it does on a real node.
 """
 
 from __future__ import annotations
@@ -73,6 +79,29 @@ containerStatuses:
   state:
     running:
       startedAt: {{ $now | Quote }}
+{{ end }}
+{{ with .spec.initContainers }}
+initContainerStatuses:
+{{ range . }}
+- name: {{ .name | Quote }}
+  image: {{ .image | Quote }}
+  restartCount: 0
+  ready: true
+{{ if eq ( or .restartPolicy "" ) "Always" }}
+  started: true
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ else }}
+  started: false
+  state:
+    terminated:
+      exitCode: 0
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ end }}
+{{ end }}
 {{ end }}
 {{ with NodeIPWith .spec.nodeName }}
 hostIP: {{ . | Quote }}

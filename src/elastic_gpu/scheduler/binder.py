@@ -17,6 +17,7 @@ from elastic_gpu.api import elasticgpu as egpu_api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.claims import model as claims_model
+from elastic_gpu.core.claims.blocks import describe_blocks
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_failure, pod_claims
 from elastic_gpu.core.dra.nodemode import dra_fit_failure
 from elastic_gpu.core.fit import describe
@@ -191,8 +192,8 @@ class Binder:
     def _claim_view(self, where: str, namespace: str, named: Mapping[str, str],
                     node: str) -> PodClaims:
         view = self.state.claim_view(namespace, named)
-        if view.blocked is not None:
-            raise BindError(f"{where}: {view.blocked}", definite=True)
+        if view.blocked:
+            raise BindError(f"{where}: {describe_blocks(view.blocked)}", definite=True)
         if view.node is not None and view.node != node:
             container, egpu = next(iter(sorted(view.bound.items())))
             raise BindError(f"{where}: " + describe(off_node_failure(

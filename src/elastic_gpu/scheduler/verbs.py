@@ -255,7 +255,7 @@ class Verbs:
         if not named:
             return request, None, False, named
         view = self.state.claim_view(request.namespace, named)
-        return (without_containers(request, view.bound), view.node, view.blocked is not None,
+        return (without_containers(request, view.bound), view.node, bool(view.blocked),
                 named)
 
     def prioritize(self, body: bytes) -> web.Response:

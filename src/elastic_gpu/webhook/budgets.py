@@ -3,8 +3,9 @@ PriorityClass's value? Feeds `core.admission.admit.admit(..., budget=)` (`core.a
 
 - GPUBudgets: an informer (`webhook.cluster.CrdCache`); a namespace is over budget while its
   GPUBudget (the first by name, as the keeper reads it) has the condition `OverBudget=True`
-  that the budget keeper writes. The lower class: `spec.overBudgetPriorityClassName`, else the
-  webhook's `--over-budget-priority-class`.
+  that the budget keeper writes (`core.budget.allowance.over_budget`). The lower class:
+  `core.budget.priority.downgrade_class` (`spec.overBudgetPriorityClassName`, else the
+  webhook's `--over-budget-priority-class`).
 - PriorityClasses: an informer (cluster-scoped) for the class's `value` and
   `preemptionPolicy`.
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_gpu.core.budget import NamespaceBudget, PriorityDowngrade
+from elastic_gpu.core.budget.priority import NamespaceBudget, PriorityDowngrade, downgrade_class
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.informer import ListWatcher
 from elastic_gpu.kube.resources import BUDGETS, PRIORITY_CLASSES
@@ -137,9 +138,9 @@ class BudgetLookup:
             facts = await self._budget(namespace)
             if facts is None:
                 return NamespaceBudget(budgeted=False)
-            if not facts.over or not self.default_class:
+            name = downgrade_class(facts.over, facts.priority_class, self.default_class)
+            if name is None:
                 return NamespaceBudget(budgeted=True)
-            name = facts.priority_class or self.default_class
             found = await self._class(name)
         except Exception as err:  # the API is unreachable: admit the pod as it is
             self.on_lookup("failed")

@@ -36,7 +36,7 @@ from elastic_gpu.core.admission.claim_plan import PodClaims, claim_names
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.admission.mutation import Mutator
-from elastic_gpu.core.budget import NamespaceBudget
+from elastic_gpu.core.budget.priority import NamespaceBudget
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.claims.pods import protection_patch
 from elastic_gpu.core.jsondepth import nesting_refusal

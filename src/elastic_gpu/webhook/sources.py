@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from elastic_gpu.core.budget import NamespaceBudget
+from elastic_gpu.core.budget.priority import NamespaceBudget
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.mig.rules import SubstitutionRule
 

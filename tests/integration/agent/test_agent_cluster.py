@@ -348,7 +348,7 @@ def test_egpu_agent_process_publishes_and_serves(
 
     (plugin_dir / "inv.yaml").write_text("cards: [{model: L4, memoryMiB: 23034}]\n")
     (plugin_dir / "agent.yaml").write_text(
-        f"backend: fake\nfake: {{inventory: inv.yaml}}\ndevicePluginDir: {plugin_dir}\n")
+        f"backend: fake\nfake: {{inventory: inv.yaml}}\ndevicePluginDirectory: {plugin_dir}\n")
     process = subprocess.Popen(
         [sys.executable, "-m", "elastic_gpu.cli.main", "agent", "--node", node,
          "--kubeconfig", str(k8s_cluster.kubeconfig), "--config", str(plugin_dir / "agent.yaml")],

@@ -220,7 +220,7 @@ def test_the_agent_refuses_a_sync_period_out_of_range_before_touching_the_api(
         (plugin_dir / "inv.yaml").write_text("cards: [{model: L4, memoryMiB: 23034}]\n")
         config = plugin_dir / "agent.yaml"
         config.write_text(f"backend: fake\nfake: {{inventory: inv.yaml}}\n"
-                          f"devicePluginDir: {plugin_dir}\nsyncSeconds: {sync}\n")
+                          f"devicePluginDirectory: {plugin_dir}\nsyncSeconds: {sync}\n")
         process = subprocess.Popen(
             [sys.executable, "-m", "elastic_gpu.cli.main", "agent", "--node", bare_node,
              "--kubeconfig", str(k8s_cluster.kubeconfig), "--config", str(config)],

@@ -85,8 +85,8 @@ def node(k8s_cluster: Any, api: SyncKubeClient) -> Iterator[str]:
 @pytest.fixture
 def dirs() -> Iterator[dict[str, str]]:
     root = Path(tempfile.mkdtemp(prefix="egpu-dra-"))  # short: unix socket paths
-    yield {"pluginDir": str(root / "plugin"), "registryDir": str(root / "registry"),
-           "cdiDir": str(root / "cdi")}
+    yield {"pluginDirectory": str(root / "plugin"), "registryDirectory": str(root / "registry"),
+           "cdiDirectory": str(root / "cdi")}
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -180,7 +180,7 @@ def test_dra_node_publishes_slices_and_its_core_count_and_no_gpudevices(
     # a resync with nothing changed writes no slice (nor, by the same comparison, the status)
     assert isinstance(agent.mode, DraNode) and agent.mode.publish() is False
     # the registration kubelet's plugin watcher reads
-    with grpc.insecure_channel(f"unix://{registration_socket(Path(dirs['registryDir']))}") as ch:
+    with grpc.insecure_channel(f"unix://{registration_socket(Path(dirs['registryDirectory']))}") as ch:
         registration = pluginregistration_v1_pb2_grpc.RegistrationStub(ch)
         info = registration.GetInfo(pluginregistration_v1_pb2.InfoRequest(), timeout=5)
         assert (info.type, info.name, list(info.supported_versions)) == (
@@ -249,7 +249,7 @@ def test_prepare_writes_the_allocate_grant_as_cdi_survives_restart_and_refuses_h
     assert f"has uid '{uid}'" in mismatch
 
     # the CDI spec gives what the device-plugin path's Allocate gives for the same share
-    path = spec_file(Path(dirs["cdiDir"]), uid)
+    path = spec_file(Path(dirs["cdiDirectory"]), uid)
     spec = json.loads(path.read_text())
     assert spec["kind"] == "gpu.elasticgpu.io/gpu" and spec["cdiVersion"] == "0.6.0"
     assert isinstance(agent.mode, DraNode)
@@ -289,7 +289,7 @@ def test_dra_mode_refuses_a_node_outside_the_dra_node_group(
     finally:
         agent.stop()
     assert existing_slices(api, node) == []
-    assert not registration_socket(Path(dirs["registryDir"])).exists()
+    assert not registration_socket(Path(dirs["registryDirectory"])).exists()
 
 
 def test_a_device_plugin_agent_refuses_a_node_of_the_dra_group(

@@ -121,8 +121,8 @@ def test_the_documented_rbac_and_policy_are_enough_and_no_more(
             time.sleep(0.2)
 
         config = parse_config({"syncSeconds": 3600, "usage": {"enabled": False}, "dra": {
-            "enabled": True, "pluginDir": str(work / "plugin"),
-            "registryDir": str(work / "registry"), "cdiDir": str(work / "cdi")}})
+            "enabled": True, "pluginDirectory": str(work / "plugin"),
+            "registryDirectory": str(work / "registry"), "cdiDirectory": str(work / "cdi")}})
         running = Agent(config, FakeBackend.from_dict(INVENTORY, node), node, client=agent_api)
         running.start()
         assert [s["metadata"]["name"] for s in existing_slices(admin, node)] == [

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from elastic_gpu.api import budget as api
-from elastic_gpu.core.budget import Budget, BudgetState, Settled
+from elastic_gpu.core.budget.allowance import Budget, BudgetState
+from elastic_gpu.core.budget.settle import Settled
 
 pytestmark = pytest.mark.integration
 

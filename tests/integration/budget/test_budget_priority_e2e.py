@@ -27,7 +27,7 @@ from elastic_gpu.devcluster.ports import free_ports
 pytestmark = pytest.mark.integration
 
 LABEL = "egpu-budget-priority"
-PERIOD_S = 60  # core.budget.MIN_PERIOD_S: the shortest period a GPUBudget may have
+PERIOD_S = 60  # core.budget.allowance.MIN_PERIOD_S: the shortest period a GPUBudget may have
 
 
 def _pod(name: str, ns: str) -> dict[str, Any]:

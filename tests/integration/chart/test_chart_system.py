@@ -140,7 +140,7 @@ def _start_agent(cluster: Any, release: Release, node: str, work: Path
     (work / "inventory.yaml").write_text(yaml.safe_dump(INVENTORY))
     (work / "agent.yaml").write_text(yaml.safe_dump({
         "backend": "fake", "fake": {"inventory": str(work / "inventory.yaml")},
-        "devicePluginDir": f"{plugins}/", "migStrategy": "mixed"}))
+        "devicePluginDirectory": f"{plugins}/", "migStrategy": "mixed"}))
     log = work / "agent.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "elastic_gpu.cli.main", "agent", "--node", node,

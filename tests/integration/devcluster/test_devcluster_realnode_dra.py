@@ -80,8 +80,8 @@ def dra_agent(real_node: RealNode, k8s_cluster: ControlPlane,
     cdi = real_node.paths.cdi_dir  # where the node's containerd reads CDI specs
     config = write_agent_files(tmp_path / "agent", real_node.device_plugin_dir, INVENTORY, {
         "syncSeconds": 2, "deviceSpecs": False, "usage": {"enabled": False},
-        "dra": {"enabled": True, "pluginDir": str(root / "plugins" / DRIVER),
-                "registryDir": str(root / "plugins_registry"), "cdiDir": str(cdi)}})
+        "dra": {"enabled": True, "pluginDirectory": str(root / "plugins" / DRIVER),
+                "registryDirectory": str(root / "plugins_registry"), "cdiDirectory": str(cdi)}})
     agent = spawn("agent", agent_argv(real_node.name, k8s_cluster.kubeconfig, config),
                   tmp_path / "agent.log", die_with_parent=True)
     try:

@@ -77,7 +77,7 @@ def agent_metrics(k8s_cluster: Any, agent_node: str) -> Iterator[str]:
     (plugin_dir / "inv.yaml").write_text("cards: [{model: A100, memoryMiB: 40960}, "
                                          "{model: A100, memoryMiB: 40960}]\n")
     (plugin_dir / "agent.yaml").write_text(
-        f"backend: fake\nfake: {{inventory: inv.yaml}}\ndevicePluginDir: {plugin_dir}\n"
+        f"backend: fake\nfake: {{inventory: inv.yaml}}\ndevicePluginDirectory: {plugin_dir}\n"
         "syncSeconds: 3600\n")
     (port,) = free_ports(1)
     log = (plugin_dir / "agent.log").open("w")

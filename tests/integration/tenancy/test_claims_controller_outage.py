@@ -39,7 +39,7 @@ from egpu_testing import components
 from egpu_testing.sandbox import kubectl, kubectl_run
 from egpu_testing.tenant import Tenant
 from egpu_testing.waiting import wait_for
-from elastic_gpu.core.budget import FINALIZER as BUDGET_FINALIZER
+from elastic_gpu.core.budget.settle import FINALIZER as BUDGET_FINALIZER
 from elastic_gpu.core.claims.pods import CLAIM_PROTECTION_FINALIZER
 
 #: the `sandbox` fixture of this directory's conftest (kubeconfig, state_dir)

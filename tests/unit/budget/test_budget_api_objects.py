@@ -1,4 +1,4 @@
-"""The GPUBudget CRD: the file equals the code; objects are read strictly into core.Budget."""
+"""The GPUBudget CRD: the file equals the code; objects are read strictly into Budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from elastic_gpu.api import budget as api
-from elastic_gpu.core.budget import Budget
+from elastic_gpu.core.budget.allowance import Budget, BudgetState
+from elastic_gpu.core.budget.settle import Settled
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -73,12 +74,11 @@ def test_bad_objects_name_object_and_field(spec: dict[str, Any], words: str) -> 
 def test_status_round_trip_and_condition() -> None:
     from fractions import Fraction
 
-    from elastic_gpu.core import budget as core
 
     obj = _obj(gpuHours=1, period="1h")
     budget = api.budget_from_object(obj)
-    settled = core.Settled(budget.anchor, Fraction(1, 7) + 1800, frozenset({"u2", "u1"}))
-    state = core.BudgetState(Fraction(2700), Fraction(900), budget.anchor, budget.anchor + 3600,
+    settled = Settled(budget.anchor, Fraction(1, 7) + 1800, frozenset({"u2", "u1"}))
+    state = BudgetState(Fraction(2700), Fraction(900), budget.anchor, budget.anchor + 3600,
                              False)
     status = api.budget_status(obj, budget, state, settled, budget.anchor + 10)
     assert (status["used"], status["remaining"]) == (0.75, 0.25)
@@ -92,7 +92,7 @@ def test_status_round_trip_and_condition() -> None:
     # the settled part reads back exactly
     assert api.settled_from_status({**obj, "status": status}, budget) == settled
     # over budget: the condition flips and keeps its own transition time later
-    over = core.BudgetState(Fraction(3600), Fraction(0), budget.anchor, budget.anchor + 3600, True)
+    over = BudgetState(Fraction(3600), Fraction(0), budget.anchor, budget.anchor + 3600, True)
     again = api.budget_status({**obj, "status": status}, budget, over, settled, budget.anchor + 20)
     (cond,) = again["conditions"]
     assert (cond["status"], cond["reason"], cond["lastTransitionTime"]) == \
@@ -102,7 +102,7 @@ def test_status_round_trip_and_condition() -> None:
 
 def test_the_schema_floor_is_the_core_floor() -> None:
     """Issue #26 item 7: the CRD refuses what the keeper would refuse, and says so."""
-    from elastic_gpu.core.budget import MIN_PERIOD_S
+    from elastic_gpu.core.budget.allowance import MIN_PERIOD_S
 
     period = api.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"]["spec"]["properties"]["period"]
@@ -115,12 +115,11 @@ def test_the_schema_floor_is_the_core_floor() -> None:
 def test_an_equal_status_is_not_a_change() -> None:
     from fractions import Fraction
 
-    from elastic_gpu.core import budget as core
 
     obj = _obj(gpuHours=1, period="1h")
     budget = api.budget_from_object(obj)
-    settled = core.Settled(budget.anchor)
-    state = core.BudgetState(Fraction(0), Fraction(3600), budget.anchor, budget.anchor + 3600,
+    settled = Settled(budget.anchor)
+    state = BudgetState(Fraction(0), Fraction(3600), budget.anchor, budget.anchor + 3600,
                              False)
     status = api.budget_status(obj, budget, state, settled, budget.anchor + 10)
     assert api.status_changed(obj, status)
@@ -129,19 +128,18 @@ def test_an_equal_status_is_not_a_change() -> None:
     again = api.budget_status(written, budget, state, settled, budget.anchor + 500)
     assert not api.status_changed(written, again)
     # the next period is news
-    later = core.BudgetState(Fraction(0), Fraction(3600), budget.anchor + 3600,
+    later = BudgetState(Fraction(0), Fraction(3600), budget.anchor + 3600,
                              budget.anchor + 7200, False)
     assert api.status_changed(written, api.budget_status(written, budget, later,
-                                                         core.Settled(budget.anchor + 3600),
+                                                         Settled(budget.anchor + 3600),
                                                          budget.anchor + 3610))
 
 
 def test_no_settled_status_is_an_empty_one_and_bad_is_refused() -> None:
-    from elastic_gpu.core import budget as core
 
     obj = _obj(gpuHours=1, period="1h")
     budget = api.budget_from_object(obj)
-    assert api.settled_from_status(obj, budget) == core.Settled(budget.anchor)
+    assert api.settled_from_status(obj, budget) == Settled(budget.anchor)
     bad = {**obj, "status": {"settled": {"periodStart": "2026-11-24T00:00:00Z",
                                          "gpuSeconds": "1.5"}}}
     with pytest.raises(api.BudgetObjectError, match=r"status\.settled\.gpuSeconds='1\.5'"):
@@ -149,13 +147,12 @@ def test_no_settled_status_is_an_empty_one_and_bad_is_refused() -> None:
 
 
 def test_the_chart_creates_the_priority_class_the_code_and_the_webhook_name() -> None:
-    import inspect
     from pathlib import Path
 
     import yaml
 
     from elastic_gpu.api.budget import priority_class_manifest
-    from elastic_gpu.cli.webhook import webhook
+    from elastic_gpu.webhook.config import WebhookConfig
 
     values = yaml.safe_load((Path(__file__).parents[3] / "charts/elastic-gpu/values.yaml")
                             .read_text())["budgets"]["overBudgetPriorityClass"]
@@ -163,5 +160,4 @@ def test_the_chart_creates_the_priority_class_the_code_and_the_webhook_name() ->
     assert (values["name"], values["value"], values["preemptionPolicy"]) == (
         manifest["metadata"]["name"], manifest["value"], manifest["preemptionPolicy"])
     assert manifest["value"] < 0  # below pods without a class: preempted first
-    default = inspect.signature(webhook).parameters["over_budget_priority_class"].default
-    assert default == manifest["metadata"]["name"]
+    assert WebhookConfig().over_budget_priority_class == manifest["metadata"]["name"]

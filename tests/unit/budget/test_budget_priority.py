@@ -6,14 +6,20 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core import budget as b
+from egpu_testing.budget_ledger import fold_all
 from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.admission.mutators.budget import budget_priority
+from elastic_gpu.core.budget.allowance import Budget
+from elastic_gpu.core.budget.ledger import observe
+from elastic_gpu.core.budget.plan import plan_namespace
+from elastic_gpu.core.budget.priority import PriorityDowngrade, downgrade_class
+from elastic_gpu.core.budget.settle import Settled
+from elastic_gpu.core.budget.timestamps import parse_time
 
-LOWER = b.PriorityDowngrade("egpu-over-budget", -100, "Never")
+LOWER = PriorityDowngrade("egpu-over-budget", -100, "Never")
 FACTS = ClusterFacts()
 
 
@@ -25,7 +31,7 @@ def pod(resources: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
                 **spec}}
 
 
-def _patch(p: dict[str, Any], budget: b.PriorityDowngrade | None) -> list[dict[str, Any]]:
+def _patch(p: dict[str, Any], budget: PriorityDowngrade | None) -> list[dict[str, Any]]:
     verdict = admit(p, FACTS, mutate=True, budget=budget)
     assert verdict.allowed, verdict.message
     return [op for op in verdict.patch if op["path"].startswith("/spec/p")]
@@ -51,7 +57,7 @@ def test_over_budget_gpu_pod_gets_the_lower_class_priority_and_policy() -> None:
 
 
 def test_a_named_higher_class_is_replaced() -> None:
-    ops = _patch(pod(priorityClassName="high", priority=1000), b.PriorityDowngrade("low", 10))
+    ops = _patch(pod(priorityClassName="high", priority=1000), PriorityDowngrade("low", 10))
     assert ops == [{"op": "replace", "path": "/spec/priorityClassName", "value": "low"},
                    {"op": "replace", "path": "/spec/priority", "value": 10}]
 
@@ -62,19 +68,26 @@ def test_a_named_higher_class_is_replaced() -> None:
     (pod(priorityClassName="batch-low", priority=-1000), LOWER),  # already lower: never raised
     (pod(priorityClassName="egpu-over-budget", priority=-100, preemptionPolicy="Never"), LOWER),
 ])
-def test_left_alone(p: dict[str, Any], budget: b.PriorityDowngrade | None) -> None:
+def test_left_alone(p: dict[str, Any], budget: PriorityDowngrade | None) -> None:
     assert _patch(p, budget) == []
 
 
 def test_downgrade_only_while_over_budget() -> None:
-    ledger = b.fold_all([b.observe({
+    ledger = fold_all([observe({
         "metadata": {"uid": "u", "namespace": "team-a"},
         "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
         "status": {"containerStatuses": [{"name": "main", "state": {"terminated": {
             "startedAt": "2026-11-24T00:00:00Z", "finishedAt": "2026-11-24T00:01:00Z"}}}]}})])
-    budget = b.Budget(gpu_seconds=60, period_s=3600, anchor=b.parse_time("2026-11-24T00:00:00Z", "t"))
-    spent = b.budget_state(budget, ledger, "team-a", budget.anchor + 120)
-    assert b.downgrade_for(spent, LOWER) is LOWER
-    fresh = b.budget_state(budget, ledger, "team-a", budget.anchor + 3600)  # refilled
-    assert b.downgrade_for(fresh, LOWER) is None
-    assert b.downgrade_for(None, LOWER) is None
+    budget = Budget(gpu_seconds=60, period_s=3600, anchor=parse_time("2026-11-24T00:00:00Z", "t"))
+    def over(now: int) -> bool:  # the keeper's decision, written as the OverBudget condition
+        return plan_namespace(budget, Settled(budget.anchor), ledger, "team-a", ["u"],
+                              now).state.over
+
+    spent = over(budget.anchor + 120)
+    assert spent
+    assert downgrade_class(spent, None, "egpu-over-budget") == "egpu-over-budget"
+    assert downgrade_class(spent, "batch-low", "egpu-over-budget") == "batch-low"  # its own
+    assert downgrade_class(spent, "batch-low", "") is None  # the webhook's downgrades are off
+    fresh = over(budget.anchor + 3600)  # refilled
+    assert not fresh
+    assert downgrade_class(fresh, "batch-low", "egpu-over-budget") is None

@@ -5,6 +5,7 @@ instant, checked against an independent recomputation from the pods' own timesta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
@@ -12,13 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_gpu.core import budget as b
+from egpu_testing.budget_ledger import fold_all
+from elastic_gpu.core.budget.allowance import Budget
+from elastic_gpu.core.budget.errors import BudgetError
+from elastic_gpu.core.budget.ledger import observe
+from elastic_gpu.core.budget.settle import Settled, ended, forget, namespace_used, roll, settle
 
 T0 = 1_800_000_000
 
 
 def ts(t: int) -> str:
-    return b.datetime.fromtimestamp(t, b.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -56,10 +61,10 @@ class Pod:
 
 def run(pods: list[Pod], horizon: int, down: set[int], crash_after_write: set[int],
         finalizers: bool = True) -> None:
-    budget = b.Budget(gpu_seconds=10**9, period_s=10**6, anchor=T0)
+    budget = Budget(gpu_seconds=10**9, period_s=10**6, anchor=T0)
     created: dict[str, int] = {p.uid: p.start - 1 for p in pods}
     api: dict[str, Pod] = {}  # what the API holds
-    status: dict[str, b.Settled] = {}  # GPUBudget status per namespace (durable)
+    status: dict[str, Settled] = {}  # GPUBudget status per namespace (durable)
     for t in range(horizon):
         now = T0 + t
         for p in pods:  # users create and delete; the API drops a deleted pod without finalizer
@@ -71,18 +76,18 @@ def run(pods: list[Pod], horizon: int, down: set[int], crash_after_write: set[in
         if t in down:
             continue
         # a (re)started keeper: its ledger is rebuilt from what the API holds now
-        ledger = b.fold_all(b.observe(p.manifest(t)) for p in api.values())
+        ledger = fold_all(observe(p.manifest(t)) for p in api.values())
         for ns in {p.ns for p in pods}:  # UIDs of pods that are gone are forgotten
-            status[ns] = b.forget(status.get(ns, b.Settled(T0)), set(status.get(
-                ns, b.Settled(T0)).uids) - set(api))
+            status[ns] = forget(status.get(ns, Settled(T0)), set(status.get(
+                ns, Settled(T0)).uids) - set(api))
         crashed = False
         for uid, record in sorted(ledger.items()):
-            if not b.ended(record, now) or uid not in api:
+            if not ended(record, now) or uid not in api:
                 continue
             pod = api[uid]
             if not pod.finalizer:
                 continue
-            status[record.namespace] = b.settle(status.get(record.namespace, b.Settled(T0)),
+            status[record.namespace] = settle(status.get(record.namespace, Settled(T0)),
                                                 record, budget, now)  # write 1: status
             if t in crash_after_write:
                 crashed = True  # SIGKILL before the finalizer is removed
@@ -92,9 +97,9 @@ def run(pods: list[Pod], horizon: int, down: set[int], crash_after_write: set[in
                 del api[uid]
         if crashed:
             continue
-        ledger = b.fold_all(b.observe(p.manifest(t)) for p in api.values())
+        ledger = fold_all(observe(p.manifest(t)) for p in api.values())
         for ns in {p.ns for p in pods}:
-            used = b.namespace_used(status.get(ns, b.Settled(T0)), ledger, ns, budget, now)
+            used = namespace_used(status.get(ns, Settled(T0)), ledger, ns, budget, now)
             truth = sum((p.true_usage(t) for p in pods if p.ns == ns and created[p.uid] <= t),
                         Fraction(0))
             assert used == truth, (t, ns, used, truth)
@@ -127,16 +132,16 @@ def test_without_the_finalizer_a_pod_deleted_while_the_keeper_is_down_is_lost() 
 
 
 def test_settling_twice_is_a_no_op_and_an_unended_pod_is_refused() -> None:
-    budget = b.Budget(10**6, 3600, T0)
-    done = b.observe(Pod("u", "a", 50, 0, 10, None).manifest(20))
-    live = b.observe(Pod("v", "a", 50, 0, 10, None).manifest(5))
+    budget = Budget(10**6, 3600, T0)
+    done = observe(Pod("u", "a", 50, 0, 10, None).manifest(20))
+    live = observe(Pod("v", "a", 50, 0, 10, None).manifest(5))
     assert done is not None and live is not None
-    once = b.settle(b.Settled(T0), done, budget, T0 + 20)
-    assert once.gpu_seconds == 5 and b.settle(once, done, budget, T0 + 30) == once
-    with pytest.raises(b.BudgetError, match="has not ended"):
-        b.settle(once, live, budget, T0 + 30)
+    once = settle(Settled(T0), done, budget, T0 + 20)
+    assert once.gpu_seconds == 5 and settle(once, done, budget, T0 + 30) == once
+    with pytest.raises(BudgetError, match="has not ended"):
+        settle(once, live, budget, T0 + 30)
     # a pod not started yet is not ended (no runs, but not final either)
-    pending = b.observe(Pod("w", "a", 50, 5, 10, None).manifest(1))
-    assert pending is not None and not b.ended(pending, T0 + 1)
+    pending = observe(Pod("w", "a", 50, 5, 10, None).manifest(1))
+    assert pending is not None and not ended(pending, T0 + 1)
     # a new period starts empty
-    assert b.roll(once, budget, T0 + 3600) == b.Settled(T0 + 3600)
+    assert roll(once, budget, T0 + 3600) == Settled(T0 + 3600)

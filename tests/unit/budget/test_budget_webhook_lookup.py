@@ -13,7 +13,8 @@ from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.mutators.budget import budget_finalizer
-from elastic_gpu.core.budget import FINALIZER, NamespaceBudget, PriorityDowngrade
+from elastic_gpu.core.budget.priority import NamespaceBudget, PriorityDowngrade
+from elastic_gpu.core.budget.settle import FINALIZER
 from elastic_gpu.webhook.budgets import BudgetLookup, budget_facts
 from elastic_gpu.webhook.review import Admission
 from elastic_gpu.webhook.sources import Lookups

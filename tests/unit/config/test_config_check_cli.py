@@ -1,7 +1,7 @@
-"""`egpu scheduler|controller|agent --config F --check` through the CLI entry: each refuses a
-YAML 1.1 boolean (`enabled: yes`), a key given twice and an unknown `apiVersion`, naming the
+"""`egpu scheduler|controller|agent|webhook --config F --check` through the CLI entry: each
+refuses a YAML 1.1 boolean (`enabled: yes`), a key given twice and an unknown `apiVersion`, naming the
 field, the value and the rule on stderr with exit code 2; a file without the header, or with
-the right one, is valid. The same loader answers all three (`api.config.loader`)."""
+the right one, is valid. The same loader answers all four (`api.config.loader`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from elastic_gpu.cli.main import app
 from elastic_gpu.scheduler.config import SchedulerConfig
 
 COMMANDS = {"scheduler": "SchedulerConfig", "controller": "ControllerConfig",
-            "agent": "AgentConfig"}
+            "agent": "AgentConfig", "webhook": "WebhookConfig"}
 #: A YAML 1.1 boolean where each command has a boolean (the scheduler has none: its file
 #: refuses the key itself, still naming field, value and rule).
 YES = {
@@ -24,11 +24,14 @@ YES = {
                    ("mig.enabled: got 'yes' (a string)", "must be true or false")),
     "agent": ("healthCheck:\n  enabled: yes\n",
               ("healthCheck.enabled: got 'yes' (a string)", "must be true or false")),
+    "webhook": ("budgetFinalizer: yes\n",
+                ("budgetFinalizer: got 'yes' (a string)", "must be true or false")),
 }
 TWICE = {
     "scheduler": "seed: 1\nseed: 2\n",
     "controller": "mig:\n  enabled: true\n  enabled: false\n",
     "agent": "healthCheck:\n  enabled: true\n  enabled: false\n",
+    "webhook": "port: 9443\nport: 9444\n",
 }
 
 
@@ -55,8 +58,8 @@ def test_check_refuses_a_key_given_twice(tmp_path: Path, command: str) -> None:
     code, out, err = check(tmp_path, command, TWICE[command])
     assert code == 2, (out, err)
     assert "is given twice" in err and "not valid YAML" in err, err
-    field = "(top level)" if command == "scheduler" else "healthCheck" if command == "agent" \
-        else "mig"
+    field = {"scheduler": "(top level)", "webhook": "(top level)", "agent": "healthCheck",
+             "controller": "mig"}[command]
     assert f"{field}: key" in err, err
 
 

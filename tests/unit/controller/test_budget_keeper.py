@@ -16,7 +16,7 @@ import pytest
 from elastic_gpu.controller.budget import BudgetKeeper
 from elastic_gpu.controller.config import BudgetsConfig, ControllerConfig
 from elastic_gpu.controller.manager import Context, InformerFactory, Metrics
-from elastic_gpu.core.budget import FINALIZER
+from elastic_gpu.core.budget.settle import FINALIZER
 from elastic_gpu.kube.errors import Conflict
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from egpu_testing.claims import elasticgpu_object
 from egpu_testing.workbench import pod_manifest
 from elastic_gpu.api.elasticgpu import elasticgpu_from_object
+from elastic_gpu.core.claims.blocks import BlockKind, ClaimBlock
 from elastic_gpu.core.claims.pods import off_node_failure
 from elastic_gpu.core.fit import FitFailure, FitKind, describe
 from elastic_gpu.core.nodemode import DRA_MODE, Victims
@@ -79,7 +80,10 @@ def test_a_claim_bound_on_another_node_reads_as_the_extender_has_always_answered
 
 
 def test_blocked_claims_read_as_the_claims_own_reason() -> None:
-    reason = "ElasticGPUClaim default/c1 does not exist"
-    failure = FitFailure(FitKind.CLAIM_BLOCKED, detail=reason)
-    assert describe(failure) == reason
+    blocks = (ClaimBlock(BlockKind.MISSING, "default/c1"),
+              ClaimBlock(BlockKind.BEING_BOUND, "default/c2", elastic_gpu="egpu-c2"))
+    failure = FitFailure(FitKind.CLAIM_BLOCKED, claim_blocks=blocks)
+    assert describe(failure) == ("ElasticGPUClaim default/c1 does not exist; ElasticGPUClaim "
+                                 "default/c2 is Pending: not bound yet (ElasticGPU egpu-c2 is "
+                                 "being bound to it)")
     assert failure.check == "claims" and failure.kind.unresolvable

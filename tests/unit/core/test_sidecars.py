@@ -15,7 +15,8 @@ from elastic_gpu.core.admission.chain import QUOTA_MUTATORS
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.admission.rules import AdmissionRule
-from elastic_gpu.core.budget import container_runs, container_shares
+from elastic_gpu.core.budget.ledger import container_runs
+from elastic_gpu.core.budget.shares import container_shares
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import QUOTA_CORE
 from elastic_gpu.core.request import (

@@ -5,9 +5,12 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from elastic_gpu.core import budget
 from elastic_gpu.core.annotations import ASSIGNMENT
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.budget.ledger import observe
+from elastic_gpu.core.budget.shares import container_shares
+from elastic_gpu.core.budget.timestamps import parse_time
+from elastic_gpu.core.budget.usage import record_usage
 from elastic_gpu.core.dra.devices import DRIVER
 from elastic_gpu.core.dra.pods import claim_compute, container_claims, pod_claim_compute
 
@@ -63,14 +66,14 @@ def test_the_budget_ledger_counts_gpu_time_held_through_claims() -> None:
     pod = _pod()
     pod["status"]["containerStatuses"] = [
         {"name": "a", "state": {"running": {"startedAt": "2026-12-01T10:00:00Z"}}}]
-    assert budget.observe(pod) is None  # without the claims: no GPU container at all
-    record = budget.observe(pod, CLAIMS)
+    assert observe(pod) is None  # without the claims: no GPU container at all
+    record = observe(pod, CLAIMS)
     assert record is not None
     assert {n: c.share for n, c in record.containers.items()} == {
         "a": Fraction(1, 2), "b": Fraction(3, 7)}
-    start = budget.parse_time("2026-12-01T10:00:00Z", "t")
+    start = parse_time("2026-12-01T10:00:00Z", "t")
     # container a ran 600 s at half a card; b never started
-    assert budget.record_usage(record, start, start + 600, start + 600) == 300
+    assert record_usage(record, start, start + 600, start + 600) == 300
 
 
 def test_a_pod_with_an_assignment_adds_its_claims_to_it() -> None:
@@ -79,4 +82,4 @@ def test_a_pod_with_an_assignment_adds_its_claims_to_it() -> None:
                         "annotations": {ASSIGNMENT: given.to_json()}},
            "spec": {"resourceClaims": [{"name": "share", "resourceClaimName": "half"}],
                     "containers": [{"name": "a", "resources": {"claims": [{"name": "share"}]}}]}}
-    assert budget.container_shares(pod, CLAIMS) == {"a": Fraction(3, 4)}
+    assert container_shares(pod, CLAIMS) == {"a": Fraction(3, 4)}

@@ -8,6 +8,7 @@ import pytest
 from engine_helpers import cpu_only, gpu_node, mig, mig_node, nvlink_node, share, whole
 
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.claims.blocks import BlockKind, ClaimBlock
 from elastic_gpu.core.fit import FitFailure, FitKind, Unit, describe
 from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
 from elastic_gpu.core.request import ContainerRequest, PodRequest
@@ -319,7 +320,7 @@ def test_every_kind_is_described_without_a_node_name_and_counted_in_a_category()
     for kind in FitKind:
         failure = FitFailure(kind, "nvidia.com/mig-1g.10gb", 2, 1, 4, Unit.CARDS, "main",
                              offered=("T4",), allowed=("A100",), card=0, instance="MIG-x",
-                             holder="ns/p", detail="ElasticGPUClaim ns/c does not exist",
+                             holder="ns/p", claim_blocks=(ClaimBlock(BlockKind.MISSING, "ns/c"),),
                              claim="ns/c", elastic_gpu="egpu-1", node="bound-node",
                              asked=("elasticgpu.io/gpu-core",), device_class="gpu.elasticgpu.io")
         text = describe(failure)

@@ -11,8 +11,10 @@ from fractions import Fraction
 import pytest
 
 from egpu_testing.workbench import pod_manifest
-from elastic_gpu.core import budget
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.budget.ledger import observe
+from elastic_gpu.core.budget.shares import container_shares
+from elastic_gpu.core.budget.usage import record_usage
 from elastic_gpu.core.dra.devices import node_slices
 from elastic_gpu.core.dra.pods import device_compute
 from elastic_gpu.core.gpuview import share_use
@@ -70,10 +72,10 @@ def test_an_a30_1g_is_billed_a_quarter_card_second_from_its_request_and_its_assi
         "startedAt": "2023-11-14T22:13:20Z", "finishedAt": "2023-11-14T22:15:00Z"}}}]}
     asked = {**pod_manifest("p", uid="u1", limits={"nvidia.com/mig-1g.6gb": "1"}),
              "status": status}
-    record = budget.observe(asked)
-    assert record is not None and budget.record_usage(record, 0, 2 * T0, 2 * T0) == 25
+    record = observe(asked)
+    assert record is not None and record_usage(record, 0, 2 * T0, 2 * T0) == 25
     placed = Assignment("n1", {"main": (CardShare(0, "GPU-0", 0, 6144, "1g.6gb", "MIG-a"),)})
-    assert budget.container_shares({**asked, "metadata": {**asked["metadata"], "annotations": {
+    assert container_shares({**asked, "metadata": {**asked["metadata"], "annotations": {
         "elasticgpu.io/assignment": placed.to_json()}}}) == {"main": Fraction(1, 4)}
 
 

@@ -10,8 +10,9 @@ from typing import Any
 from egpu_testing.claims import claim_object, claim_pod, class_object, elasticgpu_object
 from egpu_testing.workbench import ready_state
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.claims.blocks import BlockKind
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
-from elastic_gpu.core.fit import FitKind
+from elastic_gpu.core.fit import FitKind, describe
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.app import Feeds
@@ -54,7 +55,9 @@ def test_the_device_plugin_mode_refuses_for_an_unbound_claim_with_one_claims_fai
     one, two = result.failed["n1"], result.failed["n2"]
     assert one is two  # one sentence made for every node it refuses
     assert (one.kind, one.check) == (FitKind.CLAIM_BLOCKED, "claims")
-    assert one.detail.startswith("ElasticGPUClaim default/c1 is Pending: not bound yet")
+    (block,) = one.claim_blocks  # typed: the sentence is made at the edge
+    assert (block.kind, block.claim) == (BlockKind.NOT_PROVISIONED, "default/c1")
+    assert describe(one).startswith("ElasticGPUClaim default/c1 is Pending: not bound yet")
 
 
 def test_the_device_plugin_mode_refuses_other_nodes_than_a_bound_claims() -> None:

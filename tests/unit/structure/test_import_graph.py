@@ -260,6 +260,27 @@ def test_every_watch_loop_is_kube_informer() -> None:
     assert wrong == []
 
 
+#: prometheus_client's own HTTP servers: a second `/metrics` implementation beside
+#: `runtime/metrics.py` (its content negotiation, its shutdown, its logging).
+_OTHER_METRICS_SERVERS = frozenset({"start_http_server", "start_wsgi_server", "make_wsgi_app",
+                                    "MetricsHandler"})
+
+
+def test_one_metrics_server_implementation() -> None:
+    """Every `/metrics` page is `runtime/metrics.py`'s: nothing in the package names
+    prometheus_client's own servers (imported, called or looked up as an attribute)."""
+    wrong = []
+    for module, _, tree in _sources():
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.ImportFrom)
+                     else [node.attr] if isinstance(node, ast.Attribute)
+                     else [node.id] if isinstance(node, ast.Name) else [])
+            line = getattr(node, "lineno", 0)
+            wrong += [f"{module}:{line} {name}" for name in names
+                      if name in _OTHER_METRICS_SERVERS]
+    assert wrong == []
+
+
 # The whole tree: the package and egpu_testing by their dotted names; a bench or a test module by
 # its path, since each runs with its own folder first on sys.path (a script's folder; pytest's
 # default "prepend" import mode for test folders without __init__.py), so a bare `import x`

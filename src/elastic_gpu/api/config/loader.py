@@ -1,6 +1,6 @@
 """The one loader of every component's YAML settings file: `egpu agent --config`, `egpu
-scheduler --config`, `egpu controller --config` and `egpu sandbox up --cluster` (each also
-through `--check`), and the one `ConfigError` every refusal of them is.
+scheduler --config`, `egpu controller --config`, `egpu webhook --config` and `egpu sandbox up
+--cluster` (each also through `--check`), and the one `ConfigError` every refusal of them is.
 
 One reading, so that every component refuses the same hostile input the same way and every
 error names the file, then each field's path, the value given and the rule it breaks:
@@ -57,14 +57,12 @@ MAX_FILE_BYTES = 1 << 20
 #: one so far: a v1alpha2 gets its own entry here and its own models).
 API_VERSIONS = (CONFIG_API_VERSION,)
 HEADER_KEYS = ("apiVersion", "kind")
-#: Every kind of settings file and what reads it. WebhookConfig is reserved: `egpu webhook`
-#: takes flags only today, and a file of that kind given to another command is refused as
-#: the webhook's rather than as an unknown kind.
+#: Every kind of settings file and what reads it.
 KINDS = {
     "AgentConfig": "egpu agent --config",
     "SchedulerConfig": "egpu scheduler --config",
     "ControllerConfig": "egpu controller --config",
-    "WebhookConfig": "egpu webhook (reserved: it takes flags only)",
+    "WebhookConfig": "egpu webhook --config",
     "SandboxCluster": "egpu sandbox up --cluster",
 }
 

@@ -31,7 +31,7 @@ from elastic_gpu.core.admission.rules import (
     from_resource_error,
     shape,
 )
-from elastic_gpu.core.budget import PriorityDowngrade
+from elastic_gpu.core.budget.priority import PriorityDowngrade
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 

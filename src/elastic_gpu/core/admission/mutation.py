@@ -15,7 +15,7 @@ from typing import Any
 from elastic_gpu.core.admission.claim_plan import PodClaims
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp
-from elastic_gpu.core.budget import PriorityDowngrade
+from elastic_gpu.core.budget.priority import PriorityDowngrade
 from elastic_gpu.core.request import PodRequest
 
 
@@ -31,7 +31,7 @@ class MutationInput:
     claims: PodClaims = field(default_factory=PodClaims)
     #: the lower PriorityClass while the pod's namespace is over its GPU budget (issue #17)
     budget: PriorityDowngrade | None = None
-    #: the pod's namespace has a GPU budget (`core.budget.NamespaceBudget.budgeted`)
+    #: the pod's namespace has a GPU budget (`core.budget.priority.NamespaceBudget.budgeted`)
     budgeted: bool = False
 
 

@@ -13,6 +13,7 @@ from elastic_gpu.core import podlife
 from elastic_gpu.core.annotations import ASSIGNMENT, CLAIM_PREFIX
 from elastic_gpu.core.assignment import Assignment, AssignmentError, CardShare
 from elastic_gpu.core.claims.binding import decide
+from elastic_gpu.core.claims.blocks import BlockKind, ClaimBlock
 from elastic_gpu.core.claims.decisions import Lost, Pending, Provision
 from elastic_gpu.core.claims.model import (
     Claim,
@@ -176,13 +177,14 @@ class PodClaims:
     - `first_consumer`: container -> an unbound WaitForFirstConsumer claim, provisioned on the
       node the pod is bound to, with the cards chosen for that container;
     - `blocked`: why no node can take the pod now (a claim missing, Pending, being deleted,
-      or bound ElasticGPUs on different nodes); None if it can be placed;
+      or bound ElasticGPUs on different nodes), typed (`blocks.describe_blocks` says it);
+      empty if it can be placed;
     - `waits_for`: the claims (namespace/name) whose change may unblock it.
     """
 
     bound: Mapping[str, ElasticGPU] = field(default_factory=dict)
     first_consumer: Mapping[str, Claim] = field(default_factory=dict)
-    blocked: str | None = None
+    blocked: tuple[ClaimBlock, ...] = ()
     waits_for: frozenset[str] = frozenset()
 
     @property
@@ -198,10 +200,6 @@ class PodClaims:
         return out
 
 
-def _pending(claim: Claim, message: str) -> str:
-    return f"ElasticGPUClaim {claim.key} is Pending: {message}"
-
-
 def resolve_pod_claims(namespace: str, named: Mapping[str, str],
                        claims: Mapping[tuple[str, str], Claim],
                        classes: Mapping[str, GPUClass],
@@ -210,17 +208,17 @@ def resolve_pod_claims(namespace: str, named: Mapping[str, str],
     (`named`: container -> claim name, from `pod_claims`), given what the API says."""
     bound: dict[str, ElasticGPU] = {}
     first: dict[str, Claim] = {}
-    blocked: list[str] = []
+    blocked: list[ClaimBlock] = []
     waits: set[str] = set()
     for container, claim_name in sorted(named.items()):
         claim = claims.get((namespace, claim_name))
         key = f"{namespace}/{claim_name}"
         if claim is None:
-            blocked.append(f"ElasticGPUClaim {key} does not exist")
+            blocked.append(ClaimBlock(BlockKind.MISSING, key))
             waits.add(key)
             continue
         if claim.deleting:
-            blocked.append(f"ElasticGPUClaim {key} is being deleted")
+            blocked.append(ClaimBlock(BlockKind.DELETING, key))
             continue
         egpu = bound_elasticgpu(claim, egpus)
         if egpu is not None:
@@ -232,25 +230,23 @@ def resolve_pod_claims(namespace: str, named: Mapping[str, str],
                 decision.reason is PendingReason.WAIT_FOR_FIRST_CONSUMER:
             first[container] = claim
         elif isinstance(decision, Pending | Lost):
-            blocked.append(_pending(claim, decision.message))
+            blocked.append(ClaimBlock(BlockKind.PENDING, claim.key, message=decision.message))
         elif isinstance(decision, Provision):
-            blocked.append(_pending(claim, f"not bound yet; its class provisions it when the "
-                                    f"claim is created ({decision.provisioner})"))
+            blocked.append(ClaimBlock(BlockKind.NOT_PROVISIONED, claim.key,
+                                      provisioner=decision.provisioner))
         else:
-            blocked.append(_pending(claim, f"not bound yet (ElasticGPU {decision.elastic_gpu} "
-                                    "is being bound to it)"))
+            blocked.append(ClaimBlock(BlockKind.BEING_BOUND, claim.key,
+                                      elastic_gpu=decision.elastic_gpu))
     for claim_name in sorted({c.name for c in first.values()}):
         sharing = sorted(c for c, claim in first.items() if claim.name == claim_name)
         if len(sharing) > 1:
-            blocked.append(f"ElasticGPUClaim {namespace}/{claim_name} (WaitForFirstConsumer) is "
-                           f"named by containers {', '.join(sharing)}; until it is bound, one "
-                           "container of a pod may name it")
+            blocked.append(ClaimBlock(BlockKind.FIRST_CONSUMER_SHARED, f"{namespace}/{claim_name}",
+                                      containers=tuple(sharing)))
     nodes = sorted({e.node for e in bound.values()})
     if len(nodes) > 1:
-        blocked.append("the pod's claims are bound to ElasticGPUs on different nodes ("
-                       + ", ".join(f"{c}: {e.name} on {e.node}" for c, e in sorted(bound.items()))
-                       + "); a pod runs on one node")
-    return PodClaims(bound, first, "; ".join(blocked) or None, frozenset(waits))
+        blocked.append(ClaimBlock(BlockKind.SPLIT_NODES, placements=tuple(
+            (c, e.name, e.node) for c, e in sorted(bound.items()))))
+    return PodClaims(bound, first, tuple(blocked), frozenset(waits))
 
 
 def off_node_failure(container: str, claim_key: str, egpu: ElasticGPU) -> FitFailure:

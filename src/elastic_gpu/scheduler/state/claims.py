@@ -119,7 +119,7 @@ class ClaimCaches:
         except ClaimAnnotationError:
             return
         view = self._claim_view(namespace, named)
-        if view.blocked is None:
+        if not view.blocked:
             where = f" on node {view.node}" if view.node else ""
             self._waiters.wake_for_claims(Wake(
                 uid, namespace, name, view.node or "",
@@ -225,11 +225,11 @@ class ClaimCaches:
         with self._h.lock:
             self._placement.prepare()
             view = self._claim_view(pod.namespace, named)
-            if view.blocked is not None:
+            if view.blocked:
                 self._waiters.stop_waiting_for_capacity(uid)
                 if node_names:
                     self._waiters.wait_for_claims(uid, pod.namespace, pod.name, view.waits_for)
-                blocked = FitFailure(FitKind.CLAIM_BLOCKED, detail=view.blocked)
+                blocked = FitFailure(FitKind.CLAIM_BLOCKED, claim_blocks=view.blocked)
                 return FilterResult([], {}), dict.fromkeys(node_names, blocked)
             self._waiters.stop_waiting_for_claims(uid)
             rest = without_containers(pod, view.bound)

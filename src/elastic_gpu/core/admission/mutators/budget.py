@@ -7,7 +7,7 @@ from typing import Any
 
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
 from elastic_gpu.core.admission.mutation import MutationInput
-from elastic_gpu.core.budget import FINALIZER
+from elastic_gpu.core.budget.settle import FINALIZER
 
 
 def budget_priority(data: MutationInput) -> list[PatchOp]:
@@ -34,7 +34,7 @@ def budget_priority(data: MutationInput) -> list[PatchOp]:
 
 def budget_finalizer(data: MutationInput) -> list[PatchOp]:
     """A GPU pod of a namespace with a GPU budget (`data.budgeted`) gets the budget keeper's
-    finalizer `elasticgpu.io/budget` (`core.budget.FINALIZER`) at CREATE, so a pod that ends
+    finalizer `elasticgpu.io/budget` (`core.budget.settle.FINALIZER`) at CREATE, so a pod that ends
     (or is deleted) while the keeper is down stays until its usage is settled
     (docs/budgets.md). Only there: a finalizer holds a deleted pod's object until
     `egpu controller` removes it, so a namespace with nothing to settle must not wait for it
