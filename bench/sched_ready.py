@@ -3,15 +3,15 @@
 One control plane (etcd, kube-apiserver; no kube-scheduler, no kwok, no controller manager:
 nothing else reads or writes while we measure) is filled with N Nodes and their GPUDevices
 (the objects devcluster registers for a fake node) and `sched_scale.population`'s 8 bound
-pods a node, with their assignment annotations, by `egpu_testing.bulkload`: many creates in
-flight over a few kept-alive connections (15,000 nodes and their 120,000 pods in minutes,
-where registering the nodes one by one took about an hour). Then `egpu scheduler` is started
-`--runs` times for each tree; each run is timed from the process's launch to its `/readyz`
-answering 200 (its API worker has listed nodes, GPUDevices, pods and the claim kinds, and
-the state has counted every pod's cards), and its peak memory is read from /proc (VmHWM of
-the scheduler process and of its API worker child). `--tree NAME=SRC` runs another source
-tree's extender (PYTHONPATH=SRC) on the same loaded cluster, alternating with this one run
-by run:
+pods a node, with their assignment annotations, by `egpu_testing.bulkload`: devcluster's
+requests sent many at a time from one event loop (a fifth less CPU than blocking calls from
+threads; kube-apiserver's CPU per write is the bound: `bench/cluster_load.py`,
+docs/benchmarks.md). Then `egpu scheduler` is started `--runs` times for each tree; each run
+is timed from the process's launch to its `/readyz` answering 200 (its API worker has listed
+nodes, GPUDevices, pods and the claim kinds, and the state has counted every pod's cards),
+and its peak memory is read from /proc (VmHWM of the scheduler process and of its API worker
+child). `--tree NAME=SRC` runs another source tree's extender (PYTHONPATH=SRC) on the same
+loaded cluster, alternating with this one run by run:
 
     git archive main src | tar -x -C /tmp/ready-main
     .venv/bin/python bench/sched_ready.py --nodes 1000 5000 15000 --runs 2 \

@@ -1,13 +1,14 @@
-"""Loading a new cluster fast, for benches: thousands of fake nodes and their pods in minutes.
+"""Loading a new cluster for benches: thousands of fake nodes and their pods, many at a time.
 
 `devcluster.nodes.register_fake_nodes(new=True)` registers each node by blocking calls, a
-few threads at a time (about an hour for 15,000 nodes on the 2-core box). Here the same
-requests are sent from one event loop, many in flight at once over a few kept-alive
-connections, and nothing is decoded but the one field a later request needs.
+few threads at a time. Here the same requests are sent from one event loop, many in flight
+at once over kept-alive connections, and nothing is decoded but the one field a later
+request needs: a fifth less CPU per node, the loader's and kube-apiserver's together
+(`bench/cluster_load.py`; kube-apiserver's CPU per write is most of what is left).
 
 The requests are the sandbox's own: `devcluster.nodes.create_fake_node` runs against a
 `RequestRecorder` that keeps what it would send (the Node with its status, each GPUDevice,
-its status patch) and answers the Node's create with a placeholder uid; `load` sends them
+its status patch) and answers the Node's create with a placeholder uid; `Loader` sends them
 for real and puts the Node's uid where the placeholder stood (the GPUDevices' owner
 reference). So a loaded node is the node `devcluster` registers, through devcluster's public
 function only (tests/unit/devcluster/test_bench_bulkload.py compares the two).
