@@ -4,7 +4,7 @@ One control plane (etcd, kube-apiserver; no kube-scheduler, no kwok, no controll
 nothing else reads or writes while we measure) is filled with N Nodes and their GPUDevices
 (the objects devcluster registers for a fake node) and `sched_scale.population`'s 8 bound
 pods a node, with their assignment annotations, by `egpu_testing.bulkload`: devcluster's
-requests sent many at a time from one event loop (a fifth less CPU than blocking calls from
+requests sent many at a time from one event loop (10-20 % less CPU than blocking calls from
 threads; kube-apiserver's CPU per write is the bound: `bench/cluster_load.py`,
 docs/benchmarks.md). Then `egpu scheduler` is started `--runs` times for each tree; each run
 is timed from the process's launch to its `/readyz` answering 200 (its API worker has listed

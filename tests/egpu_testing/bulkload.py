@@ -3,7 +3,7 @@
 `devcluster.nodes.register_fake_nodes(new=True)` registers each node by blocking calls, a
 few threads at a time. Here the same requests are sent from one event loop, many in flight
 at once over kept-alive connections, and nothing is decoded but the one field a later
-request needs: a fifth less CPU per node, the loader's and kube-apiserver's together
+request needs: 10-20 % less CPU per node, the loader's and kube-apiserver's together
 (`bench/cluster_load.py`; kube-apiserver's CPU per write is most of what is left).
 
 The requests are the sandbox's own: `devcluster.nodes.create_fake_node` runs against a
