@@ -64,7 +64,9 @@ class RequestRecorder(SyncKubeClient):
     """Stands in for the API server while devcluster builds a node's requests: keeps every
     create and patch, answers a create with a placeholder uid (`UID_PLACEHOLDER` + name) and
     every read with an Established CRD (devcluster installs the GPUDevice CRD on a client's
-    first use: on the recorder that is a no-op, the loader installs it for real)."""
+    first use: on the recorder that is a no-op, the loader installs it for real). Other verbs
+    (list, delete) are not recorded: the base class's, with no event loop, they fail loudly, so
+    a registration that starts to read (a DRA node's, say) cannot be replayed by mistake."""
 
     def __init__(self, uid: Callable[[str], str] | None = None) -> None:
         # No event loop: nothing here talks to a server.
