@@ -2,10 +2,12 @@
 
 One control plane (etcd, kube-apiserver; no kube-scheduler, no kwok, no controller manager:
 nothing else reads or writes while we measure) is filled with N Nodes and their GPUDevices
-(created outright, the objects the fake agent publishes: `register_fake_nodes(new=True)`) and
-`sched_scale.population`'s 8 bound pods a node, with their assignment annotations, a few
-creates at a time. Then `egpu scheduler` is started `--runs` times for each tree; each run is
-timed from the process's launch to its `/readyz` answering 200 (its API worker has listed
+(the objects devcluster registers for a fake node) and `sched_scale.population`'s 8 bound
+pods a node, with their assignment annotations, by `egpu_testing.bulkload`: devcluster's
+requests sent many at a time from one event loop (10-20 % less CPU than blocking calls from
+threads; kube-apiserver's CPU per write is the bound: `bench/cluster_load.py`,
+docs/benchmarks.md). Then `egpu scheduler` is started `--runs` times for each tree; each run
+is timed from the process's launch to its `/readyz` answering 200 (its API worker has listed
 nodes, GPUDevices, pods and the claim kinds, and the state has counted every pod's cards),
 and its peak memory is read from /proc (VmHWM of the scheduler process and of its API worker
 child). `--tree NAME=SRC` runs another source tree's extender (PYTHONPATH=SRC) on the same
@@ -28,20 +30,16 @@ import tempfile
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from sched_scale import inventory, population
 
+from egpu_testing.bulkload import DEFAULT_CONCURRENCY, LoadReport, load_cluster
 from egpu_testing.cluster import TestCluster
 from egpu_testing.workbench import ExtenderProcess
-from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.nodes import register_fake_nodes
 from elastic_gpu.devcluster.ports import free_ports
-from elastic_gpu.kube.resources import PODS
-from elastic_gpu.kube.sync import SyncKubeClient
 
 #: The tree this script runs from (its own package), named in the table.
 THIS_TREE = "this"
@@ -94,16 +92,21 @@ class PeakWatch:
         self.sample()
 
 
-def create_pods(kube: SyncKubeClient, pods: list[dict[str, Any]], parallelism: int) -> None:
-    """Create the pods a few at a time through the project's client (the API server names
-    each uid; the one `sched_scale` sets is its own)."""
-    def create(pod: dict[str, Any]) -> None:
-        pod["metadata"].pop("uid", None)
-        pod["metadata"].pop("resourceVersion", None)
-        kube.create(PODS.path(pod["metadata"]["namespace"]), pod)
+def load_population(kubeconfig: Path, count: int, seed: int, concurrency: int
+                    ) -> tuple[float, float, int]:
+    """Fill a new cluster with `count` nodes and their pods: (seconds for the nodes, for the
+    pods, pods created)."""
+    nodes = inventory(count)
+    loaded = load_cluster(kubeconfig, nodes, concurrency=concurrency, progress=progress)
+    pods = population(nodes, random.Random(seed))
+    bound = load_cluster(kubeconfig, [], pods, concurrency=concurrency, progress=progress)
+    return loaded.seconds, bound.seconds, bound.pods
 
-    with ThreadPoolExecutor(max_workers=parallelism) as pool:
-        list(pool.map(create, pods, chunksize=64))  # drained: a failed create raises here
+
+def progress(report: LoadReport) -> None:
+    print(f"  loaded {report.nodes} nodes, {report.pods} pods ({report.requests} requests, "
+          f"{report.retries} resent) in {time.monotonic() - report.started:.0f} s; "
+          f"load {load()}", file=sys.stderr, flush=True)
 
 
 def rss_mib(pid: int) -> float:
@@ -163,25 +166,16 @@ def start_once(plane: ControlPlane, port: int, log: Path, src: str | None
 
 
 def one_size(count: int, runs: int, seed: int, work: Path, trees: dict[str, str | None],
-             parallelism: int) -> list[dict[str, Any]]:
+             concurrency: int) -> list[dict[str, Any]]:
     plane = TestCluster(work_dir=work / f"k8s-{count}", die_with_parent=True)
     plane.start(scheduler=False, kwok_enabled=False, controller_manager=False)
     try:
-        kube = plane.kube()
-        ensure_crd(kube)
-        nodes = inventory(count)
-        t0 = time.monotonic()
-        register_fake_nodes(kube, nodes, parallelism=parallelism, new=True)
-        t1 = time.monotonic()
-        pods = population(nodes, random.Random(seed))
-        create_pods(kube, pods, parallelism)
-        t2 = time.monotonic()
+        nodes_s, pods_s, pod_count = load_population(plane.kubeconfig, count, seed, concurrency)
         size = plane_size(plane)
-        print(f"{count} nodes: registered in {t1 - t0:.0f} s, {len(pods)} pods created in "
-              f"{t2 - t1:.0f} s; etcd db {size['etcd_db_mib']:.0f} MiB, etcd RSS "
+        print(f"{count} nodes: registered in {nodes_s:.0f} s, {pod_count} pods created in "
+              f"{pods_s:.0f} s; etcd db {size['etcd_db_mib']:.0f} MiB, etcd RSS "
               f"{size['etcd_rss_mib']:.0f} MiB, kube-apiserver RSS "
               f"{size['apiserver_rss_mib']:.0f} MiB; load {load()}", file=sys.stderr, flush=True)
-        del pods
         results: dict[str, dict[str, list[float]]] = {
             name: {"ready": [], "main": [], "worker": [], "load": []} for name in trees}
         for run in range(runs):
@@ -201,7 +195,7 @@ def one_size(count: int, runs: int, seed: int, work: Path, trees: dict[str, str 
         return [{"nodes": count, "tree": name, "objects": count * 17,
                  "ready_s": statistics.median(r["ready"]), "ready_runs": r["ready"],
                  "main_mib": max(r["main"]), "worker_mib": max(r["worker"]),
-                 "load": r["load"], "register_s": t1 - t0, "pods_s": t2 - t1, **size}
+                 "load": r["load"], "register_s": nodes_s, "pods_s": pods_s, **size}
                 for name, r in results.items()]
     finally:
         plane.stop()
@@ -216,8 +210,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000, 15000])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--parallelism", type=int, default=16,
-                        help="creates in flight while loading the cluster")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                        help="requests in flight while loading the cluster")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=SRC",
                         help="also start the extender of another source tree (its src/ "
                              "directory), alternating with this one")
@@ -234,7 +228,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="egpu-ready-") as tmp:
         for count in args.nodes:
-            for r in one_size(count, args.runs, args.seed, Path(tmp), trees, args.parallelism):
+            for r in one_size(count, args.runs, args.seed, Path(tmp), trees, args.concurrency):
                 runs = ", ".join(f"{v:.1f}" for v in r["ready_runs"])
                 loads = ", ".join(f"{v:.1f}" for v in r["load"])
                 print(f"| {count:,} | {r['tree']} | {r['ready_s']:.1f} s ({runs}) | "

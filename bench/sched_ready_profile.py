@@ -1,10 +1,10 @@
 """Where the extender's start goes (issue 29): its two processes under cProfile at N nodes.
 
-Loads a cluster as `sched_ready.py` does (N nodes x 8 cards, 8 bound pods a node), then
-profiles (1) the API worker's `Worker` in this process until every feed's list has been
-sent (each page encoded for the pipe, then dropped) and (2) `egpu scheduler` under
-`python -m cProfile` from launch to `/readyz` 200. Prints the top functions of each.
-cProfile roughly doubles Python's time: read the shares, not the seconds.
+Loads a cluster as `sched_ready.py` does (`egpu_testing.bulkload`: N nodes x 8 cards, 8
+bound pods a node), then profiles (1) the API worker's `Worker` in this process until every
+feed's list has been sent (each page encoded for the pipe, then dropped) and (2) `egpu
+scheduler` under `python -m cProfile` from launch to `/readyz` 200. Prints the top functions
+of each. cProfile roughly doubles Python's time: read the shares, not the seconds.
 
     .venv/bin/python bench/sched_ready_profile.py --nodes 1000
 """
@@ -15,18 +15,15 @@ import argparse
 import asyncio
 import cProfile
 import pstats
-import random
 import tempfile
 import time
 from pathlib import Path
 
-from sched_ready import create_pods
-from sched_scale import inventory, population
+from sched_ready import load_population
 
+from egpu_testing.bulkload import DEFAULT_CONCURRENCY
 from egpu_testing.cluster import TestCluster
 from egpu_testing.workbench import ExtenderProcess
-from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
-from elastic_gpu.devcluster.nodes import register_fake_nodes
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.transport import RestClient
 from elastic_gpu.scheduler import ipc
@@ -68,11 +65,7 @@ def main() -> None:
         plane = TestCluster(work_dir=work / "k8s", die_with_parent=True)
         plane.start(scheduler=False, kwok_enabled=False, controller_manager=False)
         try:
-            kube = plane.kube()
-            ensure_crd(kube)
-            nodes = inventory(args.nodes)
-            register_fake_nodes(kube, nodes, parallelism=24, new=True)
-            create_pods(kube, population(nodes, random.Random(1)), 24)
+            load_population(plane.kubeconfig, args.nodes, 1, DEFAULT_CONCURRENCY)
             profile = cProfile.Profile()
             profile.enable()
             took = asyncio.run(worker_lists(plane.kubeconfig))
