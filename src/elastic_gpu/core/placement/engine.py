@@ -273,6 +273,22 @@ class Engine:
         self._apply(pod_key, entry, -1)
         return entry.assignment
 
+    def rekey(self, old_key: str, new_key: str) -> Assignment:
+        """Move the allocation held under `old_key` to `new_key`: the state after is the state
+        after `release(old_key)` then `allocate(new_key, ...)` of the same entry, without
+        taking the usage off the arrays and putting it back (a bind's reservation becoming the
+        bound pod's hold). Nothing a decision reads changes, so no cached score is dropped.
+        Raises KeyError for an unknown `old_key`, ValueError when `new_key` holds one."""
+        entry = self._ledger.get(old_key)
+        if entry is None:
+            raise KeyError(old_key)
+        if new_key in self._ledger:
+            raise ValueError(f"{new_key} already holds an allocation")
+        del self._ledger[old_key]
+        self._ledger[new_key] = entry  # last, where allocate would have put it
+        ledger.rekey(self._layout, old_key, new_key, entry)
+        return entry.assignment
+
     def allocation(self, pod_key: str) -> Assignment | None:
         entry = self._ledger.get(pod_key)
         return entry.assignment if entry else None

@@ -64,6 +64,18 @@ def apply(lay: Layout, pod_key: str, entry: Entry, sign: int) -> int | None:
     return row
 
 
+def rekey(lay: Layout, old_key: str, new_key: str, entry: Entry) -> None:
+    """The entry now belongs to `new_key`: its MIG instances name their new owner. Usage is
+    the same, so the arrays are left as they are (a stale layout rebuilds the owners on replay)."""
+    row = lay.row_of.get(entry.assignment.node)
+    if row is None or lay.stale:
+        return
+    owners = lay.rows[row].mig_owner
+    for share in entry.assignment.shares():
+        if share.mig_uuid is not None and owners.get(share.mig_uuid) == old_key:
+            owners[share.mig_uuid] = new_key
+
+
 def check(lay: Layout, pod_key: str, entry: Entry) -> None:
     """Raise Unschedulable if the entry would exceed a capacity of its node or cards."""
     assignment = entry.assignment
