@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -50,6 +51,14 @@ def with_binding(pod: Mapping[str, Any], node: str, assignment: Assignment) -> d
     meta["annotations"] = {**(meta.get("annotations") or {}),
                            ann.ASSIGNMENT: assignment.to_json(), ann.ASSIGNED_NODE: node}
     return {**pod, "metadata": meta, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
+
+
+def bound_info(known: PodInfo, node: str, assignment: Assignment) -> PodInfo:
+    """`known` after our Binding, as `PodInfo.from_manifest(with_binding(...))` reads it, made
+    without reading the manifest again (the pod's requests, stop and reservation are as
+    they were; the Binding writes only the node and the two annotations)."""
+    return replace(known, node_name=node, assignment=assignment, assignment_error=None,
+                   assigned_node=node, manifest=with_binding(known.manifest, node, assignment))
 
 
 class Binder:
@@ -139,8 +148,7 @@ class Binder:
             await self._bind_dra(args, where, request, bool(named), known.resource_version)
             return
         if named:
-            await self._bind_claims(args, where, manifest, request, known.resource_version,
-                                    named)
+            await self._bind_claims(args, where, known, request, named)
             return
         try:
             token, assignment = await self._handle.calls(self.state.reserve, request, args.PodUID,
@@ -149,8 +157,7 @@ class Binder:
             self.metrics.bind_failures.labels("reserve").inc()
             self.metrics.bind_conflicts.labels("reserve").inc()
             raise BindError(f"{where}: {err.reason}", definite=True) from None
-        await self._finish_bind(args, where, manifest, token, assignment,
-                                known.resource_version)
+        await self._finish_bind(args, where, known, token, assignment)
 
     async def _bind_dra(self, args: wire.ExtenderBindingArgs, where: str, request: PodRequest,
                         names_claims: bool, version: int | None) -> None:
@@ -168,16 +175,16 @@ class Binder:
             if settled.error is not None:
                 raise settled.error from None
 
-    async def _finish_bind(self, args: wire.ExtenderBindingArgs, where: str,
-                           manifest: Mapping[str, Any], token: int, assignment: Assignment,
-                           version: int | None) -> None:
-        """Create the Binding for a reservation, and settle it with what happened."""
+    async def _finish_bind(self, args: wire.ExtenderBindingArgs, where: str, known: PodInfo,
+                           token: int, assignment: Assignment) -> None:
+        """Create the Binding for a reservation (on the version `known`), and settle it with
+        what happened."""
         outcome = "unknown"
-        bound: dict[str, Any] | None = None
+        bound: PodInfo | None = None
         try:
-            await self._bind_with_truth(args, where, assignment, version)
+            await self._bind_with_truth(args, where, assignment, known.resource_version)
             outcome = "bound"
-            bound = with_binding(manifest, args.Node, assignment)
+            bound = bound_info(known, args.Node, assignment)
         except _Settled as settled:
             outcome = settled.outcome
             if settled.error is None:
@@ -200,9 +207,8 @@ class Binder:
                 container, f"{namespace}/{named[container]}", egpu)), definite=True)
         return view
 
-    async def _bind_claims(self, args: wire.ExtenderBindingArgs, where: str,
-                           manifest: Mapping[str, Any], request: PodRequest,
-                           version: int | None, named: Mapping[str, str]) -> None:
+    async def _bind_claims(self, args: wire.ExtenderBindingArgs, where: str, known: PodInfo,
+                           request: PodRequest, named: Mapping[str, str]) -> None:
         """Bind a pod whose containers name claims: bound claims' containers get their
         ElasticGPUs' cards; an unbound WaitForFirstConsumer claim is provisioned on this node
         first (`egpu-<claim uid>`, with the cards chosen for its container), serialized per
@@ -228,7 +234,7 @@ class Binder:
                 # no Binding was sent: the pod's reservation ends here
                 await self._handle.calls(self.state.settle, args.PodUID, token, "failed", None)
                 raise
-            await self._finish_bind(args, where, manifest, token, assignment, version)
+            await self._finish_bind(args, where, known, token, assignment)
 
     async def _create_first_consumer(self, where: str, node: str, egpu: claims_model.ElasticGPU,
                                      token: int, assignment: Assignment) -> Assignment:

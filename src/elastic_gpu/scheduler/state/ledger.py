@@ -59,6 +59,8 @@ class Usage(Protocol):
 
     def release_host(self, uid: str, token: int) -> None: ...
 
+    def hand_host_to_pod(self, uid: str, token: int) -> None: ...
+
     def push_host(self) -> None: ...
 
 
@@ -252,6 +254,12 @@ class Ledger:
                 # Taking it would drop the pod's cards until the Binding's own event came,
                 # and another pod could be given them meanwhile.
                 return
+            if old is not None and old.counts_as(info) and info.uid not in self._inflight \
+                    and info.uid not in self._conflicts:
+                # holds, host and shape counts as they are: the record alone is newer
+                self._pods[info.uid] = info
+                self._waiters.stop_waiting(info.uid)
+                return
             if info.assignment_error and (old is None or old.assignment_error is None):
                 log.warning("pod %s: ignoring its %s annotation: %s", info.key, ann.ASSIGNMENT,
                             info.assignment_error)
@@ -354,6 +362,8 @@ class Ledger:
         reservations = self._inflight.get(uid)
         if not reservations:
             return
+        if token is None and not uid.startswith(EGPU_KEY):
+            self._hold_from_reservation(uid, reservations)
         for t in [token] if token is not None else list(reservations):
             dropped = reservations.pop(t, None)
             if dropped is not None:
@@ -366,6 +376,26 @@ class Ledger:
                 self.sync_consumers(uid[len(EGPU_KEY):])  # hold its cards themselves
             else:  # a pod whose bind did not land holds its defragmentation reservation again
                 self.sync(uid)
+
+    def _hold_from_reservation(self, uid: str, reservations: dict[int, Reservation]) -> None:
+        """The pod is bound with the cards one of its bind's reservations holds: that
+        allocation becomes its hold as it is (`Engine.rekey`), one engine change where
+        releasing it and `sync` allocating the same cards again were two (and marked the node
+        freed for nothing); its CPU and memory pass to the bound pod's count. Anything else
+        takes the general way."""
+        pod = self._pods.get(uid)
+        held = pod.held(self._egpu_counted) if pod is not None else None
+        if held is None or uid in self._holds or uid in self._conflicts \
+                or held.node in self._h.stale_nodes:
+            return
+        token = next((t for t, r in reservations.items() if r.assignment == held), None)
+        if token is None:
+            return
+        self._h.engine.rekey(self._reservation_key(uid, token), uid)
+        del reservations[token]
+        self._holds[uid] = held
+        self._node_pods.setdefault(held.node, set()).add(uid)
+        self._usage.hand_host_to_pod(uid, token)
 
     @contextmanager
     def defrag_hold_released(self, uid: str) -> Iterator[None]:
@@ -413,7 +443,7 @@ class Ledger:
             reservation.deadline = self._h.clock() + self._h.config.reservation_ttl_s
 
     def settle(self, uid: str, token: int, outcome: str,
-               pod: Mapping[str, Any] | None = None) -> None:
+               pod: Mapping[str, Any] | PodInfo | None = None) -> None:
         """End a bind: `bound` (pass the bound pod, or it is taken from the reservation),
         `failed` (the API refused: nothing was written) or `unknown` (keep for the TTL)."""
         with self._h.lock:
@@ -426,7 +456,7 @@ class Ledger:
                 # A pod deleted right after its Binding landed can be seen gone before this
                 # settles (the worker's reply and the watch event race): it stays gone.
                 if pod is not None and uid not in self._gone:
-                    info = PodInfo.from_manifest(pod)
+                    info = pod if isinstance(pod, PodInfo) else PodInfo.from_manifest(pod)
                     current = self._pods.get(uid)
                     if current is None or not current.node_name:
                         if current is not None and current.resource_version is not None:

@@ -91,6 +91,20 @@ class PodInfo:
             return frozenset()
         return frozenset(self.assignment.claims.values())
 
+    def counts_as(self, other: PodInfo) -> bool:
+        """Whether this version of a bound pod counts exactly as `other` does: the same node,
+        annotations (assignment, assigned node, defragmentation reservation, policies), spec
+        (requests) and stop. Only the record is newer, such as the watch's event of the Binding
+        a bind already settled, or a status update of a running pod: nothing it holds moves."""
+        if not self.node_name or self.node_name != other.node_name \
+                or self.stopped != other.stopped \
+                or (self.phase in podlife.TERMINAL_PHASES) != (other.phase in podlife.TERMINAL_PHASES):
+            return False
+        mine: Mapping[str, Any] = self.manifest.get("metadata") or {}
+        theirs: Mapping[str, Any] = other.manifest.get("metadata") or {}
+        return (mine.get("annotations") == theirs.get("annotations")
+                and self.manifest.get("spec") == other.manifest.get("spec"))
+
     def request(self) -> PodRequest:
         return pod_request_from_manifest(self.manifest)
 

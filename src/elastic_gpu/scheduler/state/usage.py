@@ -65,6 +65,17 @@ class PodUsage:
         if held is not None:
             self._add_host(*held, sign=-1)
 
+    def hand_host_to_pod(self, uid: str, token: int) -> None:
+        """A bind landed: its reservation's CPU and memory become the bound pod's count as
+        they are (`count_host` then changes nothing when the pod's requests agree)."""
+        held = self._host_reserved.pop((uid, token), None)
+        if held is None:
+            return
+        if uid in self._host_of:
+            self._add_host(*held, sign=-1)
+        else:
+            self._host_of[uid] = held
+
     def _add_host(self, node: str, cpu: int, mem: int, sign: int) -> None:
         self._h.bump()
         old_cpu, old_mem = self._host_total.get(node, (0, 0))
