@@ -95,7 +95,10 @@ def counting(target: Any, names: tuple[str, ...], calls: Counter[str]) -> Callab
 async def one_run(nodes: int, count: int, counted: bool) -> dict[str, float]:
     from egpu_testing.workbench import ready_state
     from elastic_gpu.core.model import Card, Node
-    from elastic_gpu.scheduler.server import Extender
+    try:
+        from elastic_gpu.scheduler.extender import Extender
+    except ImportError:  # a baseline from before the extender was split into objects
+        from elastic_gpu.scheduler.server import Extender  # type: ignore[no-redef,attr-defined]
     from elastic_gpu.scheduler.state import PodInfo
 
     inventory = [Node(f"node-{n:04d}", 96_000, 1 << 20, tuple(

@@ -20,7 +20,7 @@ from elastic_gpu.core.defrag.reservation import DefragReservation
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import bound_info, with_binding
-from elastic_gpu.scheduler.server import Extender
+from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import PodInfo, SchedulerState
 
 NODES = [Node(f"n{i}", 64_000, 256_000, tuple(Card(c, f"GPU-{i}-{c}", "T4", 16384)
@@ -115,7 +115,7 @@ async def test_a_pod_the_state_has_not_seen_is_read_once() -> None:
     extender = Extender(state, api)
     pod = pending("q")
     api.unseen["uid-q"] = pod
-    extender._recent["uid-q"] = (pod, 0)  # the filter request carried it; no watch event yet
+    extender.verbs.recent.remember("uid-q", pod)  # the filter request carried it; no watch event yet
     with manifest_reads() as reads:
         assert await bind(extender, pod, "n1") == ""
     assert reads["from_manifest"] == 1
