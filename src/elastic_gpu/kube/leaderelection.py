@@ -10,7 +10,12 @@
   replaced `lease_duration_s` after its last renewal, not up to two retry periods later.
 - Renew every `retry_period_s`; a leader that has not renewed successfully for
   `renew_deadline_s` has lost leadership (`LeadershipLost`). The caller must stop acting at
-  once: the controller process exits non-zero and comes back as a follower.
+  once: the controller process exits non-zero and comes back as a follower. The deadline is
+  counted from when the last successful request was *sent* (the API wrote the renewal after
+  that, and a candidate counts the expiry from when it saw the write): a slow answer does not
+  stretch the leader's term past `lease_duration_s - renew_deadline_s` of margin before a
+  candidate may take over. `leads_now()` says, on the leader's own clock, whether that
+  deadline has passed, for callers that must not wait for the renewal loop to notice.
 - Release on a clean shutdown: the Lease's holder is emptied, so a successor takes over at its
   next retry instead of waiting for the lease to expire.
 
@@ -109,6 +114,7 @@ class LeaderElector:
         self.transitions_seen = 0
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        #: when the last successful acquire or renewal was sent (our clock)
         self._last_renew = 0.0
         self._lease: dict[str, Any] | None = None
 
@@ -221,8 +227,16 @@ class LeaderElector:
             # not the protocol's clock: only how soon a watch that ended is opened again
             await asyncio.sleep(self.config.retry_period_s)
 
+    def leads_now(self) -> bool:
+        """True while we lead and our last successful renewal was sent less than the renew
+        deadline ago: past it a candidate may soon take the Lease, whether or not the renewal
+        loop has run since (a stalled event loop, a renewal still in flight)."""
+        return (self.is_leader
+                and self._clock() < self._last_renew + self.config.renew_deadline_s)
+
     async def _attempt(self) -> bool:
         """One attempt to acquire; True when we lead."""
+        sent = self._clock()
         try:
             if not await self.try_acquire_or_renew():
                 return False
@@ -230,7 +244,7 @@ class LeaderElector:
             log.warning("leader election: %s", err)
             return False
         self.is_leader = True
-        self._last_renew = self._clock()
+        self._last_renew = sent
         spec = (self._lease or {}).get("spec") or {}
         self.transitions_seen = int(spec.get("leaseTransitions") or 0)
         log.info("%s leads (Lease %s/%s)", self.config.identity, self.config.namespace,
@@ -242,14 +256,15 @@ class LeaderElector:
         for the renew deadline (or the Lease was taken). Runs until cancelled otherwise."""
         while True:
             await self._sleep(self.config.retry_period_s)
-            left = self._last_renew + self.config.renew_deadline_s - self._clock()
+            sent = self._clock()
+            left = self._last_renew + self.config.renew_deadline_s - sent
             try:
                 ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=max(0.01, left))
             except (TimeoutError, ApiError) as err:
                 log.warning("leader election: renewal failed: %s", err or "timed out")
                 ok = False
             if ok:
-                self._last_renew = self._clock()
+                self._last_renew = sent
                 continue
             spec = (self._lease or {}).get("spec") or {}
             holder = spec.get("holderIdentity")
