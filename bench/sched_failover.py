@@ -227,6 +227,8 @@ def main() -> int:
                   f"given up)")
             summary(results)
             gap_summary(gaps, results)
+            print(f"extender leaders that lost the Lease without a kill (renewals failed for "
+                  f"the renew deadline; exited and restarted as standbys): {extenders.exited}")
             print(f"\n{report.summary()}")
             claims_made = sum(1 for n in stream.created_at if n.startswith("claim-"))
             complete = (report.claims.bound == claims_made

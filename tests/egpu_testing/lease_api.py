@@ -23,29 +23,37 @@ class LeaseApi:
         self.latency_s = 0.0
         #: True: every request fails (the API server unreachable)
         self.down = False
+        #: the verbs asked, in order
+        self.requests: list[str] = []
 
-    async def _request(self) -> None:
+    async def _request(self, verb: str) -> None:
+        self.requests.append(verb)
         await asyncio.sleep(0)
         self.clock.advance(self.latency_s)
         if self.down:
             raise ServerError(503, "ServiceUnavailable", "the API server is down")
 
     async def get(self, path: str) -> dict[str, Any]:
-        await self._request()
+        await self._request("get")
         if self.lease is None:
             raise NotFound(404, "NotFound", path)
         return copy.deepcopy(self.lease)
 
     async def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        await self._request()
+        await self._request("create")
         return self._write(obj)
 
     async def update(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        await self._request()
+        await self._request("update")
         sent = (obj.get("metadata") or {}).get("resourceVersion")
         if self.lease is None or sent != self.lease["metadata"]["resourceVersion"]:
             raise Conflict(409, "Conflict", "the object has been modified")
         return self._write(obj)
+
+    def take(self, holder: str) -> None:
+        """Another candidate writes the Lease as its own."""
+        assert self.lease is not None
+        self._write({**self.lease, "spec": {**self.lease["spec"], "holderIdentity": holder}})
 
     def _write(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         self.version += 1

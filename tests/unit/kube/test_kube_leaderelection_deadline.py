@@ -1,7 +1,8 @@
-"""A leader's renew deadline is counted from when its last successful renewal was sent, and
-its serving ends at that deadline on its own clock (`LeaderElector.leads_now`, which the
-extender's `Role` asks per verb), whether or not the renewal loop has noticed: a slow answer
-or a stalled loop never keeps a leader serving once a standby may hold the Lease."""
+"""A leader renews in one request (a 409 then a read); its renew deadline is counted from when
+its last successful renewal was sent, and its serving ends at that deadline on its own clock
+(`LeaderElector.leads_now`, which the extender's `Role` asks per verb), whether or not the
+renewal loop has noticed: a slow answer or a stalled loop never keeps a leader serving once a
+standby may hold the Lease."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ def elector(api: LeaseApi, clock: ManualClock, sleep: Any = None) -> LeaderElect
 
 
 async def test_keep_renewing_records_the_send_time_and_gives_up_by_it() -> None:
-    # renewals every 0.5 s; the first (a GET and a PUT, 0.6 s each) answered 1.2 s after it
-    # was sent, then the API is down. Counted from the answer the leader would lead until
+    # renewals every 0.5 s; the first answered 1.2 s after it was sent, then the API is
+    # down. Counted from the answer the leader would lead until
     # 1.7 + 1.5 = 3.2 s; from the send, until 2.0 s.
     clock = ManualClock(0.0)
     api = LeaseApi(clock)
@@ -38,7 +39,7 @@ async def test_keep_renewing_records_the_send_time_and_gives_up_by_it() -> None:
         async def __call__(self, seconds: float) -> None:
             clock.advance(seconds)
             if len(self.delays) == 0:
-                api.latency_s = 0.6
+                api.latency_s = 1.2
             else:
                 api.latency_s, api.down = 0.0, True
             await super().__call__(seconds)
@@ -66,3 +67,18 @@ async def test_a_leaders_role_refuses_the_instant_its_deadline_passes() -> None:
 
 def test_a_replica_without_election_always_serves() -> None:
     assert Role().serving
+
+
+async def test_a_leader_renews_with_one_write_and_sees_another_holder_on_conflict() -> None:
+    clock = ManualClock(0.0)
+    api = LeaseApi(clock)
+    leader = elector(api, clock)
+    await leader.acquire()
+    api.requests.clear()
+    assert await leader.try_acquire_or_renew()
+    assert api.requests == ["update"]  # no read first: one round trip per renewal
+    api.take("other")  # e.g. it saw the Lease expire while our renewals were failing
+    api.requests.clear()
+    with pytest.raises(LeadershipLost, match="held by other"):
+        await asyncio.wait_for(leader.keep_renewing(), 5)
+    assert api.requests == ["update", "get"]  # the 409, then the Lease read as it is
