@@ -8,14 +8,16 @@
   renewal when it is written (not at its next poll), and it tries again the moment the Lease
   would expire when that comes before its next retry (`next_attempt_s`): a dead holder is
   replaced `lease_duration_s` after its last renewal, not up to two retry periods later.
-- Renew every `retry_period_s`; a leader that has not renewed successfully for
-  `renew_deadline_s` has lost leadership (`LeadershipLost`). The caller must stop acting at
-  once: the controller process exits non-zero and comes back as a follower. The deadline is
-  counted from when the last successful request was *sent* (the API wrote the renewal after
-  that, and a candidate counts the expiry from when it saw the write): a slow answer does not
-  stretch the leader's term past `lease_duration_s - renew_deadline_s` of margin before a
-  candidate may take over. `leads_now()` says, on the leader's own clock, whether that
-  deadline has passed, for callers that must not wait for the renewal loop to notice.
+- Renew every `retry_period_s`, in one write (the Lease as last written, its resourceVersion
+  the precondition; a 409 means someone else wrote it, and the leader reads it); a leader
+  that has not renewed successfully for `renew_deadline_s` has lost leadership
+  (`LeadershipLost`). The caller must stop acting at once: the controller process exits
+  non-zero and comes back as a follower. The deadline is counted from when the last
+  successful request was *sent* (the API wrote the renewal after that, and a candidate
+  counts the expiry from when it saw the write): a slow answer does not stretch the leader's
+  term past `lease_duration_s - renew_deadline_s` of margin before a candidate may take
+  over. `leads_now()` says, on the leader's own clock, whether that deadline has passed,
+  for callers that must not wait for the renewal loop to notice.
 - Release on a clean shutdown: the Lease's holder is emptied, so a successor takes over at its
   next retry instead of waiting for the lease to expire.
 

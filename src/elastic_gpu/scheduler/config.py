@@ -71,7 +71,7 @@ class LeaderElectionConfig(LeaderElectionSettings):
     a SIGKILL (no release) take about leaseDuration after the leader's last renewal (~2 s):
     the standby watches the Lease, waits the lease duration on its own clock, and tries the
     moment it expires (`kube.leaderelection.next_attempt_s`). They cost the API server one
-    GET and one PUT of the Lease per retry period from the leader (4 requests/s) and a watch
+    PUT of the Lease per retry period from the leader (2 requests/s) and a GET and a watch
     from each standby: a few Lease writes per second, against client-go's 15/10/2 s defaults
     (a failover of up to ~17 s) that the scheduler cannot afford: no GPU pod is scheduled
     while no replica serves (issue 39's goal: every pod created in a failover bound within 5
