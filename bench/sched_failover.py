@@ -11,7 +11,7 @@ docs/benchmarks.md, "Extender failover: SIGKILL the leader under a steady stream
 
 Real kube-apiserver, etcd, kube-scheduler and kwok nodes of the dev control plane, and:
 - two `egpu scheduler` processes with `leaderElection.enabled` and the chart's default lease
-  settings (3 s / 2 s / 0.5 s), behind `devcluster.readyproxy` (the stand-in for the chart's
+  settings (2 s / 1.5 s / 0.5 s), behind `devcluster.readyproxy` (the stand-in for the chart's
   Service and kube-proxy: it reacts within 0.1 s where a readiness probe and endpoint
   propagation take about 1-2 s more);
 - two `egpu webhook` processes sharing one serving Secret, registered at a second forwarder
@@ -106,14 +106,35 @@ def summary(results: list[KillResult]) -> None:
         print(f"\nfirst pod bound after the extender's takeover (any pod): {spread(after)}")
 
 
-def gap_summary(gaps: list[GapPods]) -> None:
+def gap_summary(gaps: list[GapPods], results: list[KillResult]) -> None:
     """Every pod created from an extender kill until the new leader served: from the kill to
-    bound, over all kills, and each kill's worst."""
+    bound, over all kills, and each kill's worst; then where the time went, phase by phase."""
     every = [s for gap in gaps for s in gap.bound_s.values()]
     worst = [max(gap.bound_s.values()) for gap in gaps if gap.bound_s]
     if every:
         print(f"\npods created in the extender's failover gap ({len(every)} in {len(gaps)} "
               f"kills), kill -> bound: {spread(every)}; each kill's worst: {spread(worst)}")
+    for phase, values in failover_phases(gaps, results).items():
+        print(f"  {phase}: {spread(values)}")
+
+
+def failover_phases(gaps: list[GapPods], results: list[KillResult]
+                    ) -> dict[str, list[float]]:
+    """The extender kills' time, phase by phase: until the standby took the Lease (its
+    acquireTime: the lease expiring on the standby's clock), from then until it was seen
+    serving (its catch-up, /readyz, the forwarder's poll), and from then until each pod of the
+    gap was bound (kube-scheduler's error backoff, the queue of gap pods, the bind)."""
+    by_kill = {r.killed_at: r for r in results if "extender" in r.takeover_s}
+    taken, serving, bound = [], [], []
+    for gap in gaps:
+        result = by_kill.get(gap.killed_at)
+        if result is None:
+            continue
+        taken.append(result.takeover_s["extender"])
+        serving.append(gap.served_at - gap.killed_at - result.takeover_s["extender"])
+        bound += [s - (gap.served_at - gap.killed_at) for s in gap.bound_s.values()]
+    return {"kill -> Lease taken": taken, "Lease taken -> seen serving": serving,
+            "seen serving -> each gap pod bound": bound}
 
 
 def main() -> int:
@@ -205,7 +226,9 @@ def main() -> int:
                   f"({len(stream.refusals)} refused creates retried, {len(stream.given_up)} "
                   f"given up)")
             summary(results)
-            gap_summary(gaps)
+            gap_summary(gaps, results)
+            print(f"extender leaders that lost the Lease without a kill (renewals failed for "
+                  f"the renew deadline; exited and restarted as standbys): {extenders.exited}")
             print(f"\n{report.summary()}")
             claims_made = sum(1 for n in stream.created_at if n.startswith("claim-"))
             complete = (report.claims.bound == claims_made

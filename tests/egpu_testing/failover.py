@@ -57,6 +57,8 @@ class ExtenderPair:
                                  scheduler_name=first.scheduler_name, args=["--identity", "b"])
         self.replicas = (first, second)
         self.scheduler_name = first.scheduler_name
+        #: replicas that exited by themselves (a lost Lease) and were started again
+        self.exited = 0
         self.forwarder = ReadyForwarder([Backend.parse(f"127.0.0.1:{p}") for p in ports],
                                         port=front)
 
@@ -79,11 +81,22 @@ class ExtenderPair:
                     ) -> ExtenderProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.restart_exited()
             leader = self.leader()
             if leader is not None and leader is not other_than:
                 return leader
             time.sleep(0.05)
         raise TimeoutError(f"no replica leads after {timeout_s:.0f} s:\n" + self.log_tails())
+
+    def restart_exited(self) -> None:
+        """Start again, as a standby, a replica that exited by itself (a leader whose renewals
+        failed for the renew deadline exits 1 to come back as a standby: kubelet restarts it),
+        not one SIGKILLed; `exited` counts them."""
+        for replica in self.replicas:
+            process = replica.process
+            if process is not None and process.poll() is not None and process.returncode > 0:
+                self.exited += 1
+                replica.start(standby=True)
 
     def lease_acquired(self, client: Any) -> tuple[str, float]:
         """(holder, acquireTime as wall-clock seconds) of the replicas' Lease."""

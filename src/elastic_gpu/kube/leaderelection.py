@@ -8,9 +8,16 @@
   renewal when it is written (not at its next poll), and it tries again the moment the Lease
   would expire when that comes before its next retry (`next_attempt_s`): a dead holder is
   replaced `lease_duration_s` after its last renewal, not up to two retry periods later.
-- Renew every `retry_period_s`; a leader that has not renewed successfully for
-  `renew_deadline_s` has lost leadership (`LeadershipLost`). The caller must stop acting at
-  once: the controller process exits non-zero and comes back as a follower.
+- Renew every `retry_period_s`, in one write (the Lease as last written, its resourceVersion
+  the precondition; a 409 means someone else wrote it, and the leader reads it); a leader
+  that has not renewed successfully for `renew_deadline_s` has lost leadership
+  (`LeadershipLost`). The caller must stop acting at once: the controller process exits
+  non-zero and comes back as a follower. The deadline is counted from when the last
+  successful request was *sent* (the API wrote the renewal after that, and a candidate
+  counts the expiry from when it saw the write): a slow answer does not stretch the leader's
+  term past `lease_duration_s - renew_deadline_s` of margin before a candidate may take
+  over. `leads_now()` says, on the leader's own clock, whether that deadline has passed,
+  for callers that must not wait for the renewal loop to notice.
 - Release on a clean shutdown: the Lease's holder is emptied, so a successor takes over at its
   next retry instead of waiting for the lease to expire.
 
@@ -36,7 +43,7 @@ from typing import Any
 
 from elastic_gpu.api.config.leaderelection import JITTER
 from elastic_gpu.kube.client import KubeClient
-from elastic_gpu.kube.errors import AlreadyExists, ApiError, NotFound
+from elastic_gpu.kube.errors import AlreadyExists, ApiError, Conflict, NotFound
 from elastic_gpu.kube.resources import LEASES
 
 log = logging.getLogger(__name__)
@@ -109,6 +116,7 @@ class LeaderElector:
         self.transitions_seen = 0
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        #: when the last successful acquire or renewal was sent (our clock)
         self._last_renew = 0.0
         self._lease: dict[str, Any] | None = None
 
@@ -151,6 +159,8 @@ class LeaderElector:
     async def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we hold the Lease afterwards."""
         now = micro_time()
+        if self.is_leader and await self._renew_as_written(now):
+            return True
         try:
             lease = await self.client.get(self.path)
         except NotFound:
@@ -178,6 +188,23 @@ class LeaderElector:
             written = await self.client.update(self.path, updated)  # resourceVersion precondition
         except ApiError as err:
             log.debug("lease update failed: %s", err)
+            return False
+        self._observe(written)
+        return True
+
+    async def _renew_as_written(self, now: str) -> bool:
+        """A leader's renewal in one request: the Lease as we last wrote it, renewed, with its
+        resourceVersion as the precondition. True: renewed; False: someone else wrote the Lease
+        since (409), and the caller reads it and decides as any candidate would. Half the
+        requests of a read then a write, and half the time for the renew deadline to run out
+        on a slow API server (client-go reads first: a renewal there is two round trips)."""
+        lease = self._lease
+        spec = (lease or {}).get("spec") or {}
+        if lease is None or spec.get("holderIdentity") != self.config.identity:
+            return False
+        try:
+            written = await self.client.update(self.path, {**lease, "spec": self._spec(spec, now)})
+        except Conflict:
             return False
         self._observe(written)
         return True
@@ -221,8 +248,16 @@ class LeaderElector:
             # not the protocol's clock: only how soon a watch that ended is opened again
             await asyncio.sleep(self.config.retry_period_s)
 
+    def leads_now(self) -> bool:
+        """True while we lead and our last successful renewal was sent less than the renew
+        deadline ago: past it a candidate may soon take the Lease, whether or not the renewal
+        loop has run since (a stalled event loop, a renewal still in flight)."""
+        return (self.is_leader
+                and self._clock() < self._last_renew + self.config.renew_deadline_s)
+
     async def _attempt(self) -> bool:
         """One attempt to acquire; True when we lead."""
+        sent = self._clock()
         try:
             if not await self.try_acquire_or_renew():
                 return False
@@ -230,7 +265,7 @@ class LeaderElector:
             log.warning("leader election: %s", err)
             return False
         self.is_leader = True
-        self._last_renew = self._clock()
+        self._last_renew = sent
         spec = (self._lease or {}).get("spec") or {}
         self.transitions_seen = int(spec.get("leaseTransitions") or 0)
         log.info("%s leads (Lease %s/%s)", self.config.identity, self.config.namespace,
@@ -242,14 +277,15 @@ class LeaderElector:
         for the renew deadline (or the Lease was taken). Runs until cancelled otherwise."""
         while True:
             await self._sleep(self.config.retry_period_s)
-            left = self._last_renew + self.config.renew_deadline_s - self._clock()
+            sent = self._clock()
+            left = self._last_renew + self.config.renew_deadline_s - sent
             try:
                 ok = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=max(0.01, left))
             except (TimeoutError, ApiError) as err:
                 log.warning("leader election: renewal failed: %s", err or "timed out")
                 ok = False
             if ok:
-                self._last_renew = self._clock()
+                self._last_renew = sent
                 continue
             spec = (self._lease or {}).get("spec") or {}
             holder = spec.get("holderIdentity")

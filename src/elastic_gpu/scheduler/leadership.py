@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from elastic_gpu.kube.leaderelection import LeadershipLost, LeaseConfig
@@ -38,11 +39,24 @@ class Role:
     def __init__(self, elected: bool = False) -> None:
         #: True: this replica takes part in leader election
         self.elected = elected
-        self.serving = not elected
+        self._serving = not elected
+        #: while leading: whether the Lease is still ours on our own clock
+        #: (`LeaderElector.leads_now`), asked on every verb
+        self._lease_held: Callable[[], bool] | None = None
         self.phase = "standing by: another replica holds the Lease" if elected else "serving"
 
-    def set(self, serving: bool, phase: str) -> None:
-        self.serving = serving
+    @property
+    def serving(self) -> bool:
+        """Asked per verb and per /readyz: a leader whose renew deadline has passed refuses
+        from that instant, not from when its renewal loop next runs (an event loop that
+        stalled for a moment, a renewal stuck in flight), so it never answers once a standby
+        may hold the Lease."""
+        return self._serving and (self._lease_held is None or self._lease_held())
+
+    def set(self, serving: bool, phase: str,
+            lease_held: Callable[[], bool] | None = None) -> None:
+        self._serving = serving
+        self._lease_held = lease_held
         self.phase = phase
 
     @property
@@ -60,6 +74,8 @@ class Elector(Protocol):
     async def acquire(self) -> None: ...
 
     async def keep_renewing(self) -> None: ...
+
+    def leads_now(self) -> bool: ...
 
 
 class Link(Protocol):
@@ -97,7 +113,7 @@ async def lead(elector: Elector, state: Synced, link: Link, role: Role) -> None:
             catch_up.cancel()
             renew.result()  # raises: the Lease was lost while catching up
         link.writes_allowed = True
-        role.set(True, "leading")
+        role.set(True, "leading", lease_held=elector.leads_now)
         log.info("%s serves the extender (Lease held; caught up with the API's pods in "
                  "%.2f s, by %s)", elector.config.identity, time.monotonic() - started,
                  catch_up.result())

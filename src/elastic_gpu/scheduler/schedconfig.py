@@ -86,8 +86,9 @@ def extender_stanza(url_prefix: str, *, weight: int = 5, http_timeout: str = "5s
 
 #: kube-scheduler's backoff after a failed attempt: podInitialBackoffSeconds doubled per
 #: consecutive failure, up to podMaxBackoffSeconds (its defaults: 1 s and 10 s). While the
-#: extender fails over (the leader dead, its Lease not yet taken: ~3.5 s with the chart's
-#: 3 / 2 / 0.5 s), every attempt of a GPU pod is an error: with the defaults, a pod created
+#: extender fails over (the leader dead, its Lease not yet taken: ~3.5 s with the 3 / 2 /
+#: 0.5 s lease this was measured with, ~2 s with today's 2 / 1.5 / 0.5 s), every attempt
+#: of a GPU pod is an error: with the defaults, a pod created
 #: at the kill is tried at 0, 1, 3 and 7 s, waiting out a 4 s backoff after the new leader
 #: serves. An error's backoff cannot be cut short (kube-scheduler keeps erroring pods in a
 #: queue of their own that no cluster event moves, and only pops it on its 1 s tick; a

@@ -194,7 +194,7 @@ def test_the_extender_runs_two_leader_elected_replicas_ready_only_when_leading(
     election = SchedulerConfig.model_validate(config).leader_election  # the strict loader's model
     assert election.enabled and election.lease_namespace == NS
     assert (election.lease_duration_s, election.renew_deadline_s,
-            election.retry_period_s) == (3.0, 2.0, 0.5)
+            election.retry_period_s) == (2.0, 1.5, 0.5)
     role = by_kind(default, "Role")["elastic-gpu-scheduler"]
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
             "resourceNames": [election.lease_name], "verbs": ["get", "update"]} in role["rules"]
