@@ -8,7 +8,8 @@ on a state of `--nodes` nodes x 8 cards, pods of distinct shapes (each its own C
 Two populations: `empty` (whole-card pods onto empty nodes, as `sched_throughput.py --cpu`
 binds them: nodes fill up and fail as the run goes on) and `busy` (`sched_scale.py`'s eight
 pods a node, share pods asked). After each answer the pod is reserved and settled on the
-highest-scored node, as its bind would (not timed). The figure is process CPU time
+highest-scored node, as its bind would (not timed). The process runs with the extender's
+garbage-collection policy (`runtime.gcpolicy`). The figure is process CPU time
 (`time.process_time`) per filter+prioritize pair, median of the rounds; `--profile` writes a
 cProfile of the timed calls of the last round.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import msgspec
 from sched_latency import sample_size
-from sched_scale import inventory, population, request_pod
+from sched_scale import freeze_survivors, inventory, population, request_pod
 
 from egpu_testing.workbench import feed_nodes, pod_manifest
 from elastic_gpu.core.request import pod_request_from_manifest
@@ -95,6 +96,7 @@ def main() -> None:
                         default=["empty", "busy"])
     parser.add_argument("--profile", help="write a cProfile of the last round here")
     args = parser.parse_args()
+    freeze_survivors()  # the extender's garbage-collection policy (`egpu scheduler`)
     for kind in args.population:
         rounds = []
         for r in range(args.rounds):

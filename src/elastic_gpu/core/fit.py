@@ -22,7 +22,10 @@ it.
 from __future__ import annotations
 
 import enum
+from collections import Counter
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
@@ -285,6 +288,17 @@ def _container(failure: FitFailure) -> str:
 def _how_to_ask(failure: FitFailure) -> str:
     return (f"node {failure.node} serves GPUs through DRA; ask for a share with a ResourceClaim "
             f"of class {failure.device_class}")
+
+
+def categories(failures: Collection[FitFailure]) -> Iterator[str]:
+    """The category of each failure, in no particular order, looked up once per distinct
+    failure object: most of a filter's failed nodes share one (the summary past the detailed
+    ones, or a failure made once for nodes that fail alike), and a filter of thousands of
+    nodes tallies them for its metric."""
+    listed = list(failures)
+    first = dict(zip(map(id, listed), listed, strict=True))
+    for key, times in Counter(map(id, listed)).items():
+        yield from repeat(first[key].category, times)
 
 
 def describe(failure: FitFailure) -> str:
