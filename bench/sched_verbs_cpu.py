@@ -100,7 +100,7 @@ def main() -> None:
     for kind in args.population:
         rounds = []
         for r in range(args.rounds):
-            profile = cProfile.Profile() if args.profile and r == args.rounds - 1 else None
+            profile = cProfile.Profile(time.process_time) if args.profile and r == args.rounds - 1 else None
             rounds.append(one_round(args.nodes, args.pods, kind == "busy", args.seed, profile))
             if profile is not None:
                 profile.dump_stats(f"{args.profile}.{kind}")

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
@@ -290,15 +289,17 @@ def _how_to_ask(failure: FitFailure) -> str:
             f"of class {failure.device_class}")
 
 
-def categories(failures: Collection[FitFailure]) -> Iterator[str]:
-    """The category of each failure, in no particular order, looked up once per distinct
+def category_counts(failures: Collection[FitFailure]) -> Counter[str]:
+    """How many of `failures` are of each category, the category looked up once per distinct
     failure object: most of a filter's failed nodes share one (the summary past the detailed
     ones, or a failure made once for nodes that fail alike), and a filter of thousands of
     nodes tallies them for its metric."""
     listed = list(failures)
     first = dict(zip(map(id, listed), listed, strict=True))
+    counts: Counter[str] = Counter()
     for key, times in Counter(map(id, listed)).items():
-        yield from repeat(first[key].category, times)
+        counts[first[key].category] += times
+    return counts
 
 
 def describe(failure: FitFailure) -> str:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
-from elastic_gpu.core.fit import FitFailure, categories, describe
+from elastic_gpu.core.fit import FitFailure, category_counts, describe
 from elastic_gpu.core.nodemode import DRA_MODE, NodeMode, Victims
 from elastic_gpu.core.placement import FilterResult
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
@@ -198,7 +198,7 @@ class Verbs(ExtenderBase):
         response = json_answer(wire.filter_result(args, feasible, failed, unresolvable))
         if feasible:
             return with_outcome(response, "feasible")
-        reason = main_reason(categories(refused.values()))
+        reason = main_reason(category_counts(refused.values()))
         self.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 
