@@ -201,8 +201,13 @@ def main() -> int:
                     rate = measure(plane, client, work, variant, r, args.pods, probe=probe)
                     results[variant].append(rate)
                     cpu[variant].append(dict(LAST_WINDOW_CPU))
+                    spent = ", ".join(f"{k} {v * 1000:.2f}"
+                                      for k, v in sorted(LAST_WINDOW_CPU.items()))
                     print(f"round {r} {variant}: {rate:.1f} pods/s (load "
-                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                          f"{os.getloadavg()[0]:.1f})"
+                          + (f"; CPU ms per pod: {spent}, total "
+                             f"{sum(LAST_WINDOW_CPU.values()) * 1000:.2f}" if args.cpu else ""),
+                          flush=True)
             plain = statistics.median(results.get("plain") or [float("nan")])
             print(f"\n{args.pods} pods, {args.nodes} nodes x 8 cards, {args.rounds} rounds")
             print("| variant | pods/s (median) | runs | ratio to kube-scheduler alone (same pods) |")
