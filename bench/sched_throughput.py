@@ -17,8 +17,9 @@ last (pods/s = pods / that time), so pod creation speed does not enter the figur
   request, so kube-scheduler's batching of identical pods (on by default since 1.35, off
   whenever extenders are configured) does not apply to either;
 - `egpu-best-asyncio`: as `egpu-best` with `EGPU_EVENT_LOOP=asyncio` (no uvloop);
-- `before-best` / `before-best-distinct`: as `egpu-best*`, but the extender runs the code of
-  another checkout (`--before-src DIR/src`), for before/after figures side by side.
+- `before-best` / `before-best-distinct` / `before-distinct`: as `egpu-best*` /
+  `egpu-distinct`, but the extender runs the code of another checkout (`--before-src
+  DIR/src`), for before/after figures side by side.
 Variants alternate order per round; both kube-schedulers get the same client QPS. Medians.
 Only the extender a variant uses runs during it (each is started before and stopped after), so
 an idle one's watch work does not load the box.
@@ -53,6 +54,7 @@ SHARE = {"elasticgpu.io/gpu-core": "25", "elasticgpu.io/gpu-memory": "8192"}
 LIMITS = {"plain": WHOLE, "egpu": WHOLE, "egpu-best": WHOLE, "plain-distinct": WHOLE,
           "egpu-distinct": WHOLE, "egpu-best-distinct": WHOLE, "egpu-share": SHARE,
           "egpu-share-best": SHARE, "before-best": WHOLE, "before-best-distinct": WHOLE,
+          "before-distinct": WHOLE,
           "egpu-best-asyncio": WHOLE}
 #: `--before-src`: another checkout's src/ for the `before-*` variants (an earlier version of
 #: the extender, run side by side with this one).
@@ -97,6 +99,7 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
                                    scheduler_name=name)
         if variant.endswith("-asyncio"):
             os.environ["EGPU_EVENT_LOOP"] = "asyncio"  # the standard loop instead of uvloop
+        pythonpath = os.environ.get("PYTHONPATH")
         if variant.startswith("before"):
             if BEFORE_SRC is None:
                 raise SystemExit("the before-* variants need --before-src")
@@ -104,7 +107,11 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         try:
             extender.start(timeout_s=120)
         finally:
-            os.environ.pop("PYTHONPATH", None)
+            # the caller's own (a run of a snapshot of this tree sets it for every variant)
+            if pythonpath is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = pythonpath
             os.environ.pop("EGPU_EVENT_LOOP", None)
         config = extender_kube_scheduler_config(extender.url, name, prioritize=not best)
     if not bind_verb:
@@ -194,8 +201,13 @@ def main() -> int:
                     rate = measure(plane, client, work, variant, r, args.pods, probe=probe)
                     results[variant].append(rate)
                     cpu[variant].append(dict(LAST_WINDOW_CPU))
+                    spent = ", ".join(f"{k} {v * 1000:.2f}"
+                                      for k, v in sorted(LAST_WINDOW_CPU.items()))
                     print(f"round {r} {variant}: {rate:.1f} pods/s (load "
-                          f"{os.getloadavg()[0]:.1f})", flush=True)
+                          f"{os.getloadavg()[0]:.1f})"
+                          + (f"; CPU ms per pod: {spent}, total "
+                             f"{sum(LAST_WINDOW_CPU.values()) * 1000:.2f}" if args.cpu else ""),
+                          flush=True)
             plain = statistics.median(results.get("plain") or [float("nan")])
             print(f"\n{args.pods} pods, {args.nodes} nodes x 8 cards, {args.rounds} rounds")
             print("| variant | pods/s (median) | runs | ratio to kube-scheduler alone (same pods) |")
@@ -221,7 +233,9 @@ def main() -> int:
                 "before-best": ("earlier extender (--before-src) `filterResult: best`, "
                                 "identical `nvidia.com/gpu: 1` pods", plain),
                 "before-best-distinct": ("earlier extender (--before-src) `filterResult: best`, "
-                                         "`nvidia.com/gpu: 1`, distinct pods", distinct)}
+                                         "`nvidia.com/gpu: 1`, distinct pods", distinct),
+                "before-distinct": ("earlier extender (--before-src), `nvidia.com/gpu: 1`, "
+                                    "distinct pods", distinct)}
             for variant, (label, base) in labels.items():
                 if variant not in results:
                     continue

@@ -8,9 +8,12 @@ from pathlib import Path
 
 
 def cpu_by_kind() -> dict[str, float]:
-    """CPU seconds (user + system) of the live processes, summed by what they are."""
+    """CPU seconds (user + system) of this process and the live processes it started (the
+    control plane, the extender, kube-scheduler), summed by what they are. Only its own: on a
+    shared box other runs' kube-apiservers and extenders are of the same kinds, and a box-wide
+    sum counted their work (and went negative when one of them exited between two reads)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    stats: dict[int, tuple[str, str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -18,6 +21,12 @@ def cpu_by_kind() -> dict[str, float]:
             stat = Path(f"/proc/{entry}/stat").read_text()
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
+            continue
+        stats[int(entry)] = (stat, cmdline)
+    parent = {pid: int(stat[stat.rindex(")") + 2:].split()[1]) for pid, (stat, _) in stats.items()}
+    out: dict[str, float] = {}
+    for pid, (stat, cmdline) in stats.items():
+        if not _descends(pid, os.getpid(), parent):
             continue
         comm = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
@@ -30,9 +39,20 @@ def cpu_by_kind() -> dict[str, float]:
             kind = "egpu API worker"
         elif "egpu scheduler" in cmdline:
             kind = "egpu scheduler"
-        elif int(entry) == os.getpid():
+        elif pid == os.getpid():
             kind = "bench (polling)"
         else:
             continue  # anything else on the box (other jobs) is not this measurement's
         out[kind] = out.get(kind, 0.0) + seconds
     return out
+
+
+def _descends(pid: int, ancestor: int, parent: dict[int, int]) -> bool:
+    """Whether `pid` is `ancestor` or started by it, at any depth."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid == ancestor:
+            return True
+        pid = parent.get(pid, 0)
+        seen += 1
+    return False

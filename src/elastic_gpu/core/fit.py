@@ -21,6 +21,8 @@ sentence for every DRA-mode node (the node is the key of the answer's map).
 from __future__ import annotations
 
 import enum
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,6 +287,19 @@ def _container(failure: FitFailure) -> str:
 def _how_to_ask(failure: FitFailure) -> str:
     return (f"the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
             f"{failure.device_class}")
+
+
+def category_counts(failures: Collection[FitFailure]) -> Counter[str]:
+    """How many of `failures` are of each category, the category looked up once per distinct
+    failure object: most of a filter's failed nodes share one (the summary past the detailed
+    ones, or a failure made once for nodes that fail alike), and a filter of thousands of
+    nodes tallies them for its metric."""
+    listed = list(failures)
+    first = dict(zip(map(id, listed), listed, strict=True))
+    counts: Counter[str] = Counter()
+    for key, times in Counter(map(id, listed)).items():
+        counts[first[key].category] += times
+    return counts
 
 
 def describe(failure: FitFailure) -> str:

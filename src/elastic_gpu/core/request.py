@@ -302,11 +302,33 @@ def _host_amount(resource: str, value: Any, scale: Fraction, unit: str) -> int:
 
 
 def _parse_cpu_milli(value: Any) -> int:
+    milli = _plain_amount(value, "m")
+    if milli is not None:
+        return milli
     return _host_amount("cpu", value, Fraction(1000), "milli-CPU")
 
 
 def _parse_memory_mib(value: Any) -> int:
+    mib = _plain_amount(value, "Mi")
+    if mib is not None:
+        return mib
+    gib = _plain_amount(value, "Gi", 8)
+    if gib is not None:
+        return gib * 1024
     return _host_amount("memory", value, Fraction(1, 2**20), "MiB")
+
+
+def _plain_amount(value: Any, suffix: str, most: int = 12) -> int | None:
+    """The number of a quantity written as ASCII digits and `suffix` ("250m", "512Mi"), the
+    forms pods are written in, read without the exact (Fraction) arithmetic; None for any
+    other form, and beyond `most` digits (12 for m and Mi, 8 for Gi: inside every bound
+    `_host_amount` checks, the 64-bit quantity's included)."""
+    if not isinstance(value, str) or not value.endswith(suffix):
+        return None
+    digits = value[:-len(suffix)]
+    if not 0 < len(digits) <= most or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(digits)
 
 
 # The scheduler reads every pod's CPU and memory on every watch event, and a cluster's pods

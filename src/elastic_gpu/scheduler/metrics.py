@@ -191,9 +191,10 @@ def wakeup_families(stats: WakeupStats) -> Iterator[GaugeMetricFamily | CounterM
                               "then waits for capacity)", value=counts.get("turned_away", 0))
 
 
-def main_reason(categories: Iterable[str]) -> str:
+def main_reason(categories: Iterable[str] | Mapping[str, int]) -> str:
     """The category most nodes failed on (ties: the alphabetically first), `none` if no node
-    was asked about: the `reason` of `elasticgpu_scheduler_unschedulable_total`."""
+    was asked about: the `reason` of `elasticgpu_scheduler_unschedulable_total`. `categories`:
+    one per node, or how many nodes failed on each (`fit.category_counts`)."""
     tally = Tally(categories)
     if not tally:
         return "none"

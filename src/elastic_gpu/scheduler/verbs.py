@@ -17,7 +17,7 @@ from aiohttp import web
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
-from elastic_gpu.core.fit import FitFailure, describe
+from elastic_gpu.core.fit import FitFailure, category_counts, describe
 from elastic_gpu.core.nodemode import DRA_MODE, NodeMode, Victims
 from elastic_gpu.core.placement import FilterResult
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
@@ -226,20 +226,20 @@ class Verbs:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         # Most failed nodes share one failure object (past the detailed ones, the summary;
-        # an unbound claim's): its sentence is made once per request, keyed by the object.
-        sentences: dict[int, str] = {}
+        # an unbound claim's; nodes that fail alike): its sentence is made once per request,
+        # keyed by the object.
+        sentences: dict[int, tuple[str, bool]] = {}
         for node, failure in refused.items():
             # The sentence is made here, once; it never names the node (`core.fit`), so
             # kube-scheduler can count identical reasons ("3 <reason>").
-            sentence = sentences.get(id(failure))
-            if sentence is None:
-                sentence = sentences[id(failure)] = describe(failure)
-            unknown = failure.kind.unresolvable or node not in known
-            (unresolvable if unknown else failed)[node] = sentence
+            said = sentences.get(id(failure))
+            if said is None:
+                said = sentences[id(failure)] = (describe(failure), failure.kind.unresolvable)
+            (unresolvable if said[1] or node not in known else failed)[node] = said[0]
         response = json_answer(wire.filter_result(args, feasible, failed, unresolvable))
         if feasible:
             return with_outcome(response, "feasible")
-        reason = main_reason(f.category for f in refused.values())
+        reason = main_reason(category_counts(refused.values()))
         self._handle.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")
 

@@ -477,8 +477,12 @@ def filter_error(message: str) -> dict[str, Any]:
             "FailedAndUnresolvableNodes": {}, "Error": message}
 
 
-class HostPriority(msgspec.Struct):
-    """One entry of kube-scheduler's HostPriorityList (encodes as {"Host": ..., "Score": ...})."""
+class HostPriority(msgspec.Struct, gc=False):
+    """One entry of kube-scheduler's HostPriorityList (encodes as {"Host": ..., "Score": ...}).
+
+    Not tracked by the garbage collector (it holds a string and an int, no cycle can pass
+    through it): a prioritize answer makes one per node, thousands, and tracked objects
+    would start collections that walk the extender's whole state."""
 
     Host: str
     Score: int

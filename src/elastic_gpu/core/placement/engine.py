@@ -151,13 +151,19 @@ class Engine:
         fits = self._fits(pod, rows).tolist()
         feasible: list[str] = []
         failed: dict[str, FitFailure] = {}
+        unfit: list[tuple[str, int]] = []
         for name, row, fit in zip(names, rows.tolist(), fits, strict=True):
             if row < 0:
                 failed[name] = UNKNOWN_NODE
             elif fit:
                 feasible.append(name)
             else:
-                failed[name] = self._why_not(row, pod) or UNDETAILED
+                failed[name] = UNDETAILED  # explained below, in one pass (keeps the order)
+                unfit.append((name, row))
+        why = explain.why_not_rows(self._layout, self.ctx, self.config.check_host_resources,
+                                   self._card_policy("binpack"), [row for _, row in unfit], pod)
+        for (name, _), failure in zip(unfit, why, strict=True):
+            failed[name] = failure or UNDETAILED
         return FilterResult(feasible, failed)
 
     def score(self, pod: PodRequest, node_names: Sequence[str], policy: str | None = None

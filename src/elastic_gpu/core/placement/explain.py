@@ -16,6 +16,7 @@ from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedu
 from elastic_gpu.core.placement.layout import BoolArray, Layout
 from elastic_gpu.core.placement.planning import plan
 from elastic_gpu.core.placement.shortfalls import (
+    cards_failure,
     least_need,
     out_of_band_share,
     out_of_band_whole,
@@ -96,6 +97,59 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
                 or whole_shortfall(lay, pod, row, c, count))
     planned = plan(lay, ctx, row, pod, binpack)
     return planned if isinstance(planned, FitFailure) else None
+
+
+def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolicy,
+                 rows: Sequence[int], pod: PodRequest) -> list[FitFailure | None]:
+    """`why_not` of each of `rows`, the same answers, made in one pass over the arrays for the
+    common requests (one share or whole-card container, no host checks, TFLOPS or offer
+    constraints): the extender explains up to `DETAIL_LIMIT` failed nodes per filter, and
+    per node `why_not` costs more than the whole cluster's fit mask.
+
+    Nodes that fail alike share one failure object, made once: for these requests a node
+    past the node-level checks fails on numbers the failure holds (free cards of how many,
+    or the share's need), so equal numbers are an equal failure (and `verbs` makes its
+    sentence once per object). Nodes that fail a node-level check or hold out-of-band
+    memory are rare and their failures name more of the node: they are asked `why_not`."""
+    gpu = pod.gpu_containers
+    if (check_host or lay.constrained or len(rows) == 0 or len(gpu) != 1
+            or gpu[0].kind not in (RequestKind.SHARE, RequestKind.WHOLE) or gpu[0].tflops):
+        return [why_not(lay, ctx, check_host, binpack, row, pod) for row in rows]
+    c = gpu[0]
+    at = np.asarray(rows, dtype=np.int64)
+    accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
+    ok = lay.usable[at] & accepted[lay.card_model[at]]
+    # `why_not`'s node-level checks, and the out-of-band explanations, in its own words
+    asked_alone = (~(lay.usable[at] | lay.mig_card[at]).any(axis=1)
+                   | ~(lay.exists[at] & accepted[lay.card_model[at]]).any(axis=1)
+                   | (lay.oob_mem[at] > 0).any(axis=1))
+    cards = lay.exists[at].sum(axis=1)
+    if c.kind is RequestKind.SHARE:
+        fits = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
+                & (lay.free_mem(at) >= c.memory_mib)).any(axis=1)
+        # a non-TFLOPS share needs its compute_milli of every card (`least_need`)
+        numbers = cards
+    else:
+        counts = lay.whole_slots(c, ok, at).sum(axis=1)
+        fits = counts >= c.cards
+        numbers = counts * (int(cards.max()) + 1) + cards
+    made: dict[int, FitFailure] = {}
+    out: list[FitFailure | None] = []
+    for i, (row, alone, fit, number) in enumerate(zip(
+            rows, asked_alone.tolist(), fits.tolist(), numbers.tolist(), strict=True)):
+        if alone:
+            out.append(why_not(lay, ctx, check_host, binpack, row, pod))
+        elif fit:
+            out.append(None)
+        else:
+            failure = made.get(number)
+            if failure is None:
+                failure = made[number] = (
+                    share_failure(pod, c, int(cards[i]), c.compute_milli)
+                    if c.kind is RequestKind.SHARE
+                    else cards_failure(pod, c, int(counts[i]), int(cards[i])))
+            out.append(failure)
+    return out
 
 
 def unknown_tflops_model(lay: Layout, row: int, pod: PodRequest) -> FitFailure | None:
