@@ -74,6 +74,12 @@ def manifest(variant: str, i: int, namespace: str) -> dict[str, Any]:
 #: CPU seconds per process kind spent between the first and the last bind of the latest
 #: `measure` that was given a `probe`, divided by the pods bound (sched_floor.py prints it).
 LAST_WINDOW_CPU: dict[str, float] = {}
+#: The same less what each kind spends idle over as long a window: kwok's heartbeats of 1,000
+#: nodes and the watches they feed cost CPU per second, not per pod, so a slower variant's
+#: window charges its pods more of them. Measured over `IDLE_S` just before kube-scheduler
+#: starts, with everything else of the variant (its extender too) running and nothing to bind.
+LAST_WINDOW_NET: dict[str, float] = {}
+IDLE_S = 5.0
 
 
 def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
@@ -117,6 +123,12 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
     if not bind_verb:
         for stanza in config.get("extenders", []):
             stanza.pop("bindVerb", None)
+    idle_rate: dict[str, float] = {}
+    if probe is not None:
+        before, started = probe(), time.monotonic()
+        time.sleep(IDLE_S)
+        after, ended = probe(), time.monotonic()
+        idle_rate = {k: (v - before.get(k, 0.0)) / (ended - started) for k, v in after.items()}
     handle = plane.start_scheduler(config, name=f"ks-{name}")
     try:
         first = last = None
@@ -151,10 +163,14 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
                   "--wait=false", check=False, timeout_s=900)
     while list_pods(client, name):
         time.sleep(1)
-    if probe is not None and previous:
+    if probe is not None and previous and first is not None and last is not None:
         LAST_WINDOW_CPU.clear()
         LAST_WINDOW_CPU.update({k: (v - cpu_first.get(k, 0.0)) / previous
                                 for k, v in cpu_last.items()})
+        span = last - first
+        LAST_WINDOW_NET.clear()
+        LAST_WINDOW_NET.update({k: v - idle_rate.get(k, 0.0) * span / previous
+                                for k, v in LAST_WINDOW_CPU.items()})
     if previous != count or first is None or last is None:
         raise RuntimeError(f"{variant}: only {previous}/{count} pods bound")
     if last == first:
@@ -173,7 +189,9 @@ def main() -> int:
                         help=f"comma-separated subset of: {', '.join(LIMITS)}")
     parser.add_argument("--cpu", action="store_true",
                         help="also print the CPU each kind of process spent per pod between the "
-                             "first and the last bind (sched_floor.py's table), median over rounds")
+                             "first and the last bind (sched_floor.py's table), median over "
+                             "rounds; and the same net of each kind's idle CPU over as long a "
+                             "window (measured for 5 s before kube-scheduler starts)")
     parser.add_argument("--before-src", default=None,
                         help="src/ of an earlier checkout, for the before-* variants "
                              "(e.g. git archive <commit> src | tar -x -C /tmp/before)")
@@ -190,6 +208,7 @@ def main() -> int:
         try:
             results: dict[str, list[float]] = {v: [] for v in chosen}
             cpu: dict[str, list[dict[str, float]]] = {v: [] for v in chosen}
+            net: dict[str, list[dict[str, float]]] = {v: [] for v in chosen}
             probe = None
             if args.cpu:
                 probe = cpu_by_kind
@@ -201,12 +220,14 @@ def main() -> int:
                     rate = measure(plane, client, work, variant, r, args.pods, probe=probe)
                     results[variant].append(rate)
                     cpu[variant].append(dict(LAST_WINDOW_CPU))
+                    net[variant].append(dict(LAST_WINDOW_NET))
                     spent = ", ".join(f"{k} {v * 1000:.2f}"
                                       for k, v in sorted(LAST_WINDOW_CPU.items()))
                     print(f"round {r} {variant}: {rate:.1f} pods/s (load "
                           f"{os.getloadavg()[0]:.1f})"
                           + (f"; CPU ms per pod: {spent}, total "
-                             f"{sum(LAST_WINDOW_CPU.values()) * 1000:.2f}" if args.cpu else ""),
+                             f"{sum(LAST_WINDOW_CPU.values()) * 1000:.2f}, net of idle "
+                             f"{sum(LAST_WINDOW_NET.values()) * 1000:.2f}" if args.cpu else ""),
                           flush=True)
             plain = statistics.median(results.get("plain") or [float("nan")])
             print(f"\n{args.pods} pods, {args.nodes} nodes x 8 cards, {args.rounds} rounds")
@@ -244,14 +265,16 @@ def main() -> int:
                 print(f"| {label} | {median:.1f} | {runs} | {median / base:.2f} |")
             if args.cpu:
                 kinds = sorted({k for rows in cpu.values() for row in rows for k in row})
-                print("\nCPU ms per pod between the first and the last bind (median over rounds):")
-                print("| variant | " + " | ".join(kinds) + " | total |")
-                print("|---|" + "---|" * (len(kinds) + 1))
-                for variant in chosen:
-                    medians = [statistics.median([row.get(k, 0.0) for row in cpu[variant]]) * 1000
-                               for k in kinds]
-                    print(f"| {variant} | " + " | ".join(f"{m:.2f}" for m in medians)
-                          + f" | {sum(medians):.2f} |")
+                for title, table in (("", cpu), (", net of idle", net)):
+                    print(f"\nCPU ms per pod between the first and the last bind{title} "
+                          "(median over rounds):")
+                    print("| variant | " + " | ".join(kinds) + " | total |")
+                    print("|---|" + "---|" * (len(kinds) + 1))
+                    for variant in chosen:
+                        medians = [statistics.median([row.get(k, 0.0) for row in table[variant]])
+                                   * 1000 for k in kinds]
+                        print(f"| {variant} | " + " | ".join(f"{m:.2f}" for m in medians)
+                              + f" | {sum(medians):.2f} |")
             return 0
         finally:
             plane.stop()
