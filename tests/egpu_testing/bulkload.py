@@ -95,7 +95,7 @@ class RequestRecorder(SyncKubeClient):
         return taken
 
     def close(self) -> None:
-        pass
+        """Nothing to close: the recorder holds no connection (the client interface asks it)."""
 
 
 def node_requests(inventory: Node, agent_config: AgentConfigLike | None = None,
