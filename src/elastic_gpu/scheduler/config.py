@@ -53,6 +53,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from elastic_gpu.api.config.connections import ConnectionLimitSettings
 from elastic_gpu.api.config.leaderelection import LeaderElectionSettings
 from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.api.config.merge import Override
@@ -123,7 +124,7 @@ class TLSConfig(BaseModel):
         return self
 
 
-class SchedulerConfig(BaseModel):
+class SchedulerConfig(ConnectionLimitSettings):
     # strict: a number is a YAML number and a string a YAML string; "30" is not 30.
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
                               allow_inf_nan=False)
@@ -159,14 +160,6 @@ class SchedulerConfig(BaseModel):
     scheduler_names: tuple[str, ...] = Field(default=(DEFAULT_SCHEDULER,), min_length=1,
                                              max_length=64, validation_alias="schedulerNames",
                                              strict=False)
-
-    #: Connection limits (`core.connlimits`; docs/scheduler.md, "HTTP limits").
-    header_timeout_s: float = Field(default=32.0, validation_alias="headerTimeoutSeconds",
-                                    ge=0.001, le=3600)
-    idle_timeout_s: float = Field(default=90.0, validation_alias="idleTimeoutSeconds",
-                                  ge=0.001, le=86400)
-    max_connections: int = Field(default=1024, validation_alias="maxConnections", ge=1,
-                                 le=1_000_000)
 
     #: Several replicas, one serving (docs/scheduler.md, "High availability").
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig,

@@ -42,15 +42,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
+from elastic_gpu.api.config.connections import ConnectionLimitSettings
 from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.api.config.merge import Override
 
 KIND = "WebhookConfig"
 
 
-class WebhookConfig(BaseModel):
+class WebhookConfig(ConnectionLimitSettings):
     """Every setting of `egpu webhook` but the process's own (kubeconfig, log level): the
     file's, with the flags given on top (`cli/webhook.py`, `FLAG_KEYS`)."""
 
@@ -75,12 +76,6 @@ class WebhookConfig(BaseModel):
     cert_days: float = Field(default=365.0, validation_alias="certDays", ge=0.0001, le=36500)
     rotation_check_s: float = Field(default=60.0, validation_alias="rotationCheckSeconds",
                                     ge=0.1, le=86400)
-    header_timeout_s: float = Field(default=32.0, validation_alias="headerTimeoutSeconds",
-                                    ge=0.001, le=3600)
-    idle_timeout_s: float = Field(default=90.0, validation_alias="idleTimeoutSeconds",
-                                  ge=0.001, le=86400)
-    max_connections: int = Field(default=1024, validation_alias="maxConnections", ge=1,
-                                 le=1_000_000)
     #: '': budgets are not looked up (no downgrades)
     over_budget_priority_class: str = Field(default="egpu-over-budget",
                                             validation_alias="overBudgetPriorityClass")
