@@ -38,7 +38,6 @@ names are the parts' methods, plus the views that read several parts.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from elastic_gpu.core.model import Card
@@ -150,10 +149,6 @@ class SchedulerState:
     @property
     def ready(self) -> bool:
         return self._handle.ready
-
-    @property
-    def wakeup_counts(self) -> Counter[str]:
-        return self._wakeups.counts
 
     def mark_synced(self, source: str) -> None:
         with self._handle.lock:
