@@ -49,6 +49,9 @@ class FitKind(enum.Enum):
     #: no card of a model the pod accepts: `offered` the node's models, `allowed`/`denied` the
     #: pod's lists
     MODEL_NOT_ACCEPTED = "model-not-accepted"
+    #: the pod names its cards by UUID (`elasticgpu.io/gpu-uuid`, `gpu-uuid-deny`) and no
+    #: card of the node is one it accepts: `capacity` the node's cards
+    CARD_NOT_PINNED = "card-not-pinned"
     #: no card has a share's compute and memory free: `requested` 1 card, `free` cards that
     #: have room (0), `capacity` cards; `per_card_milli` / `per_card_mib` the share asked
     INSUFFICIENT_SHARE = "insufficient-share"
@@ -128,6 +131,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.HOST_CPU: "cpu",
     FitKind.HOST_MEMORY: "memory",
     FitKind.MODEL_NOT_ACCEPTED: "model",
+    FitKind.CARD_NOT_PINNED: "model",
     FitKind.TFLOPS_UNKNOWN_MODEL: "model",
     FitKind.RESOURCE_NOT_OFFERED: "resource",
     FitKind.INSUFFICIENT_MIG: "mig",
@@ -324,6 +328,9 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.MODEL_NOT_ACCEPTED:
         return (f"the node has {', '.join(f.offered) or 'no'} cards; the pod accepts "
                 f"{_accepted_text(f)}")
+    if kind is FitKind.CARD_NOT_PINNED:
+        return (f"none of the node's {f.capacity} cards is one the pod names by UUID "
+                "(elasticgpu.io/gpu-uuid, gpu-uuid-deny)")
     if kind is FitKind.INSUFFICIENT_SHARE:
         return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
                 f"{f.per_card_mib} MiB free{_among(f)} ({_container(f)})")

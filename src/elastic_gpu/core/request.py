@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.model import Card
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import (
     MAX_RESOURCE_VALUE,
@@ -122,6 +123,10 @@ class PodRequest:
     denied_models: frozenset[str] = field(default_factory=frozenset)
     node_policy: str | None = None
     card_policy: str | None = None
+    #: None: any card; otherwise the card's UUID must be one of these (HAMi's use-gpuuuid,
+    #: written as `elasticgpu.io/gpu-uuid` by the webhook); never the ones of `denied_cards`
+    allowed_cards: frozenset[str] | None = None
+    denied_cards: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def key(self) -> str:
@@ -144,6 +149,20 @@ class PodRequest:
             return False
         return self.allowed_models is None or model in self.allowed_models
 
+    @property
+    def pins_cards(self) -> bool:
+        """Whether the pod names the cards it may (or may not) have, by UUID."""
+        return self.allowed_cards is not None or bool(self.denied_cards)
+
+    def accepts_uuid(self, uuid: str) -> bool:
+        if uuid in self.denied_cards:
+            return False
+        return self.allowed_cards is None or uuid in self.allowed_cards
+
+    def accepts_card(self, card: Card) -> bool:
+        """Whether the pod may have this card: its model and its UUID."""
+        return self.accepts_model(card.model) and self.accepts_uuid(card.uuid)
+
 
 def parse_model_list(text: str | None) -> frozenset[str] | None:
     """`"A100|H100"` (the trace's gpu_spec form; commas work too) -> {"A100", "H100"}."""
@@ -151,6 +170,13 @@ def parse_model_list(text: str | None) -> frozenset[str] | None:
         return None
     parts = (p.strip() for chunk in text.split(",") for p in chunk.split("|"))
     return frozenset(p for p in parts if p)
+
+
+def parse_uuid_list(text: str | None) -> frozenset[str] | None:
+    """`"GPU-1,GPU-2"` -> {"GPU-1", "GPU-2"} (None: no list)."""
+    if text is None or not text.strip():
+        return None
+    return frozenset(p.strip() for p in text.split(",") if p.strip())
 
 
 def container_request(name: str, resources: Mapping[str, Any]) -> ContainerRequest:
@@ -420,4 +446,6 @@ def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
         denied_models=parse_model_list(annotations.get(ann.GPU_MODEL_DENY)) or frozenset(),
         node_policy=annotations.get(ann.NODE_POLICY),
         card_policy=annotations.get(ann.CARD_POLICY),
+        allowed_cards=parse_uuid_list(annotations.get(ann.GPU_UUID_ALLOW)),
+        denied_cards=parse_uuid_list(annotations.get(ann.GPU_UUID_DENY)) or frozenset(),
     )

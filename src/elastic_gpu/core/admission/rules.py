@@ -78,6 +78,9 @@ class AdmissionRule(enum.Enum):
     CLAIM_REQUEST = "claim-request"
     #: a GPU pod created with `spec.nodeName`, which would skip the scheduler's Binding
     NODE_NAME = "node-name"
+    #: a peer's field (HAMi, Volcano, KAI, Koordinator) with a value we cannot honour
+    #: (`core.peers`; `resource` the peer's field)
+    PEER_FIELD = "peer-field"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedulable
+from elastic_gpu.core.placement.fitmask import pinned
 from elastic_gpu.core.placement.layout import BoolArray, Layout
 from elastic_gpu.core.placement.planning import plan
 from elastic_gpu.core.placement.shortfalls import (
@@ -56,6 +57,8 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
                           allowed=(tuple(sorted(pod.allowed_models))
                                    if pod.allowed_models is not None else None),
                           denied=tuple(sorted(pod.denied_models)))
+    if pod.pins_cards and not any(pod.accepts_card(card) for card in r.cards):
+        return FitFailure(FitKind.CARD_NOT_PINNED, capacity=len(r.cards), unit=Unit.CARDS)
     unknown = unknown_tflops_model(lay, row, pod)
     if unknown is not None:
         return unknown  # before the offers: it is why such a node advertises no TFLOPS
@@ -67,7 +70,7 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
         # (the extender explains failed nodes per request; planning each costs ~0.1 ms).
         c = gpu[0]
         n = len(r.cards)
-        ok = lay.usable[row, :n] & np.array([pod.accepts_model(card.model) for card in r.cards],
+        ok = lay.usable[row, :n] & np.array([pod.accepts_card(card) for card in r.cards],
                                                dtype=bool)
         offer = lay.offer_mask(c.resources)
         if offer is not None:
@@ -156,7 +159,7 @@ def unknown_tflops_model(lay: Layout, row: int, pod: PodRequest) -> FitFailure |
     """A TFLOPS container's failure where none of the node's cards the pod accepts is of a
     model the TFLOPS table knows (`unschedulable` checks the same, in the same order)."""
     cards = lay.rows[row].cards
-    cols = [col for col in range(len(cards)) if pod.accepts_model(cards[col].model)]
+    cols = [col for col in range(len(cards)) if pod.accepts_card(cards[col])]
     for c in pod.gpu_containers:
         failure = tflops_failure(lay, pod, row, c, cols)
         if failure is not None and failure.kind is FitKind.TFLOPS_UNKNOWN_MODEL:
@@ -212,6 +215,9 @@ def unschedulable(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Car
         accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
         has_model: BoolArray = (lay.exists & accepted[lay.card_model]).any(axis=1)
         take(FitKind.MODEL_NOT_ACCEPTED.category, ~has_model)
+        if pod.pins_cards:
+            take(FitKind.CARD_NOT_PINNED.category,
+                 ~(lay.exists & accepted[lay.card_model] & pinned(lay, pod)).any(axis=1))
         if any(c.tflops for c in pod.gpu_containers):
             # a TFLOPS share needs a card of a model the TFLOPS table knows
             in_table = np.array([card_tflops(m) is not None for m in lay.models] + [False],

@@ -35,6 +35,19 @@ def model_ok(lay: Layout, pod: PodRequest, rows: Rows = ALL) -> BoolArray:
     # one spare entry: padding cells of the card matrix hold model id 0 even with no models
     accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
     out: BoolArray = lay.usable[rows] & accepted[lay.card_model[rows]]
+    if pod.pins_cards:
+        out = out & pinned(lay, pod, rows)
+    return out
+
+
+def pinned(lay: Layout, pod: PodRequest, rows: Rows = ALL) -> BoolArray:
+    """Which cards of `rows` the pod accepts by UUID (`PodRequest.accepts_uuid`): only pods
+    that name cards pay for this loop."""
+    numbers = np.arange(len(lay.rows))[rows]
+    out = np.zeros((len(numbers), lay.usable.shape[1]), dtype=bool)
+    for i, row in enumerate(numbers):
+        for c, card in enumerate(lay.rows[int(row)].cards):
+            out[i, c] = pod.accepts_uuid(card.uuid)
     return out
 
 

@@ -32,7 +32,7 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
     the card policy breaks its ties by the cards' observed load (`CardView.tie`)."""
     r = lay.rows[row]
     cols = [c for c in range(len(r.cards)) if lay.usable[row, c]
-            and pod.accepts_model(r.cards[c].model)]
+            and pod.accepts_card(r.cards[c])]
     cards = [r.cards[c] for c in cols]
     free_milli = [int(lay.cap_milli[row, c] - lay.used_milli[row, c]) for c in cols]
     free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c] - lay.oob_mem[row, c])
@@ -105,7 +105,7 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             profile_total = 0
             mig_offer = lay.offer_mask(c.resources)
             for col, card in enumerate(r.cards):
-                if not card.healthy or not pod.accepts_model(card.model):
+                if not card.healthy or not pod.accepts_card(card):
                     continue
                 if mig_offer is not None and not mig_offer[row, col]:
                     continue
