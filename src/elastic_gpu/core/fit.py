@@ -49,8 +49,9 @@ class FitKind(enum.Enum):
     #: no card of a model the pod accepts: `offered` the node's models, `allowed`/`denied` the
     #: pod's lists
     MODEL_NOT_ACCEPTED = "model-not-accepted"
-    #: no card has a share's compute and memory free: `requested` 1 card, `free` cards that
-    #: have room (0), `capacity` cards; `per_card_milli` / `per_card_mib` the share asked
+    #: too few cards have a share's compute and memory free: `requested` the cards the share
+    #: asks (1, or N for a multi-card share), `free` cards that have room, `capacity` cards;
+    #: `per_card_milli` / `per_card_mib` the share asked of each card
     INSUFFICIENT_SHARE = "insufficient-share"
     #: too few entirely free cards: `requested`, `free`, `capacity` in cards
     INSUFFICIENT_CARDS = "insufficient-cards"
@@ -325,6 +326,10 @@ def describe(failure: FitFailure) -> str:
         return (f"the node has {', '.join(f.offered) or 'no'} cards; the pod accepts "
                 f"{_accepted_text(f)}")
     if kind is FitKind.INSUFFICIENT_SHARE:
+        if f.requested > 1:  # a multi-card share: N distinct cards with room each
+            return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
+                    f"{f.per_card_mib} MiB free{_among(f)}, {_container(f)} needs "
+                    f"{f.requested} such cards")
         return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
                 f"{f.per_card_mib} MiB free{_among(f)} ({_container(f)})")
     if kind is FitKind.INSUFFICIENT_CARDS:

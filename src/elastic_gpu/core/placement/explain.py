@@ -78,13 +78,15 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
             need = lay.share_need(c, slice(row, row + 1))
             need = need[0, :n] if not isinstance(need, int) else need
             cand = ok & (free_milli >= need) & (free_mem >= c.memory_mib)
-            if cand.any():
+            room = int(cand.sum())
+            if room >= c.cards:
                 return None
             cols = [int(col) for col in np.flatnonzero(ok)]
             return (tflops_failure(lay, pod, row, c, cols)
-                    or out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
-                                         free_milli.tolist(), free_mem.tolist())
-                    or share_failure(pod, c, n, least_need(lay, row, c, cols)))
+                    or (out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                          free_milli.tolist(), free_mem.tolist())
+                        if room == 0 else None)
+                    or share_failure(pod, c, n, least_need(lay, row, c, cols), room))
         cells = np.zeros((1, lay.usable.shape[1]), dtype=bool)
         cells[0, :n] = ok
         count = int(lay.whole_slots(c, cells, slice(row, row + 1)).sum())
@@ -125,10 +127,12 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
                    | (lay.oob_mem[at] > 0).any(axis=1))
     cards = lay.exists[at].sum(axis=1)
     if c.kind is RequestKind.SHARE:
-        fits = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
-                & (lay.free_mem(at) >= c.memory_mib)).any(axis=1)
-        # a non-TFLOPS share needs its compute_milli of every card (`least_need`)
-        numbers = cards
+        counts = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
+                  & (lay.free_mem(at) >= c.memory_mib)).sum(axis=1)
+        fits = counts >= c.cards
+        # a non-TFLOPS share needs its compute_milli of every card (`least_need`); the cards
+        # with room (0 for a one-card share that fails) are part of a multi-card share's failure
+        numbers = counts * (int(cards.max()) + 1) + cards
     else:
         counts = lay.whole_slots(c, ok, at).sum(axis=1)
         fits = counts >= c.cards
@@ -145,7 +149,7 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
             failure = made.get(number)
             if failure is None:
                 failure = made[number] = (
-                    share_failure(pod, c, int(cards[i]), c.compute_milli)
+                    share_failure(pod, c, int(cards[i]), c.compute_milli, int(counts[i]))
                     if c.kind is RequestKind.SHARE
                     else cards_failure(pod, c, int(counts[i]), int(cards[i])))
             out.append(failure)

@@ -57,7 +57,9 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
         if c.kind is RequestKind.SHARE:
             cards = (ok & (lay.cap_milli[rows] - lay.used_milli[rows] >= lay.share_need(c, rows))
                      & (lay.free_mem(rows) >= c.memory_mib))
-            share_ok: BoolArray = host & cards.any(axis=1)
+            # N distinct cards with room each (one for the usual share)
+            share_ok: BoolArray = host & (cards.any(axis=1) if c.cards == 1
+                                          else cards.sum(axis=1) >= c.cards)
             return share_ok
         whole_ok: BoolArray = host & (lay.whole_slots(c, ok, rows).sum(axis=1) >= c.cards)
         return whole_ok
