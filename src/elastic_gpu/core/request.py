@@ -86,6 +86,15 @@ class ContainerRequest:
         return self.kind is RequestKind.SHARE and self.cards > 1
 
     @property
+    def served_names(self) -> tuple[str, ...]:
+        """The names a card must serve to take this container (`model.offered`): the ones it
+        wrote, less a multi-card share's `elasticgpu.io/gpu`, which counts its shares there
+        and names no device (its cards serve the share's compute and memory names)."""
+        if self.multi_share:
+            return tuple(name for name in self.resources if name != GPU_WHOLE)
+        return self.resources
+
+    @property
     def total_milli(self) -> int:
         """Compute in milli-cards over all of this container's cards."""
         if self.kind is RequestKind.MIG:

@@ -14,6 +14,7 @@ from engine_helpers import gpu_node, share
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitKind, Unschedulable, describe
+from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.policies import CARD_POLICIES
 from elastic_gpu.core.policies.node import free_after, share_runs_after
@@ -196,3 +197,20 @@ def test_a_replay_of_mixed_pods_never_overcommits_a_card() -> None:
         assert len({s.index for s in placed.containers["main"]}) == cards
     for node in engine.nodes():
         assert all(milli <= 1000 for _, milli, _ in engine.card_usage(node))
+
+
+def test_the_count_name_needs_no_card_offering_it() -> None:
+    """Cards that publish what they back (an agent's GPUDevices) serve a multi-card share by
+    its compute and memory names: `elasticgpu.io/gpu` counts the shares there, no device."""
+    offers = {"nvidia.com/gpu": 1, "elasticgpu.io/gpu-core": 100, "elasticgpu.io/gpu-memory": 16000}
+    node = Node("n1", 32000, 65536, tuple(Card(i, f"GPU-{i}", "T4", 16000, offers=offers)
+                                          for i in range(2)))
+    request = container_request("main", {"limits": {"elasticgpu.io/gpu": "2",
+                                                    "elasticgpu.io/gpu-core": "30",
+                                                    "elasticgpu.io/gpu-memory": "4096"}})
+    assert request.served_names == ("elasticgpu.io/gpu-core", "elasticgpu.io/gpu-memory")
+    engine = Engine([node])
+    assert engine.filter(PodRequest("p", containers=(request,))).feasible == ["n1"]
+    whole = container_request("main", {"limits": {"elasticgpu.io/gpu": "2"}})
+    failure = engine.filter(PodRequest("w", containers=(whole,))).failed["n1"]
+    assert failure.kind is FitKind.RESOURCE_NOT_OFFERED

@@ -69,7 +69,7 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
         n = len(r.cards)
         ok = lay.usable[row, :n] & np.array([pod.accepts_model(card.model) for card in r.cards],
                                                dtype=bool)
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None:
             ok = ok & offer[row, :n]
         free_milli = lay.cap_milli[row, :n] - lay.used_milli[row, :n]
@@ -176,14 +176,14 @@ def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> Fit
     r = lay.rows[row]
     n = len(r.cards)
     for c in gpu:
-        for res in c.resources:
+        for res in c.served_names:
             if not (lay.counts(res)[row, :n] > 0).any():
                 return FitFailure(FitKind.RESOURCE_NOT_OFFERED, res, capacity=n,
                                   unit=Unit.CARDS, container=c.name,
                                   offered=lay.offered_names(row))
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None and not offer[row, :n].any():
-            return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.resources),
+            return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.served_names),
                               capacity=n, unit=Unit.CARDS, container=c.name,
                               offered=lay.offered_names(row))
     return None
@@ -225,7 +225,7 @@ def unschedulable(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Car
         if lay.constrained:
             no_offer = np.zeros(n, dtype=bool)
             for c in pod.gpu_containers:
-                offer = lay.offer_mask(c.resources)
+                offer = lay.offer_mask(c.served_names)
                 if offer is not None:
                     no_offer |= ~offer.any(axis=1)
             take(FitKind.RESOURCE_NOT_OFFERED.category, no_offer)

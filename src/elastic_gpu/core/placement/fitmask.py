@@ -51,7 +51,7 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
     if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
         c = gpu[0]
         ok = model_ok(lay, pod, rows)
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None:
             ok = ok & offer[rows]
         if c.kind is RequestKind.SHARE:

@@ -49,7 +49,7 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
     plan: dict[str, tuple[CardShare, ...]] = {}
 
     def served(c: ContainerRequest) -> list[bool]:
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         return [True] * len(cols) if offer is None else [bool(offer[row, col]) for col in cols]
 
     def order(c: ContainerRequest) -> tuple[int, int, int, int]:
@@ -112,7 +112,7 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             assert c.mig_profile is not None
             found: list[CardShare] = []
             profile_total = 0
-            mig_offer = lay.offer_mask(c.resources)
+            mig_offer = lay.offer_mask(c.served_names)
             for col, card in enumerate(r.cards):
                 if not card.healthy or not pod.accepts_model(card.model):
                     continue
