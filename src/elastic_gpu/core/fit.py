@@ -52,8 +52,9 @@ class FitKind(enum.Enum):
     #: the pod names its cards by UUID (`elasticgpu.io/gpu-uuid`, `gpu-uuid-deny`) and no
     #: card of the node is one it accepts: `capacity` the node's cards
     CARD_NOT_PINNED = "card-not-pinned"
-    #: no card has a share's compute and memory free: `requested` 1 card, `free` cards that
-    #: have room (0), `capacity` cards; `per_card_milli` / `per_card_mib` the share asked
+    #: too few cards have a share's compute and memory free: `requested` the cards the share
+    #: asks (1, or N for a multi-card share), `free` cards that have room, `capacity` cards;
+    #: `per_card_milli` / `per_card_mib` the share asked of each card
     INSUFFICIENT_SHARE = "insufficient-share"
     #: too few entirely free cards: `requested`, `free`, `capacity` in cards
     INSUFFICIENT_CARDS = "insufficient-cards"
@@ -332,6 +333,10 @@ def describe(failure: FitFailure) -> str:
         return (f"none of the node's {f.capacity} cards is one the pod names by UUID "
                 "(elasticgpu.io/gpu-uuid, gpu-uuid-deny)")
     if kind is FitKind.INSUFFICIENT_SHARE:
+        if f.requested > 1:  # a multi-card share: N distinct cards with room each
+            return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
+                    f"{f.per_card_mib} MiB free{_among(f)}, {_container(f)} needs "
+                    f"{f.requested} such cards")
         return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
                 f"{f.per_card_mib} MiB free{_among(f)} ({_container(f)})")
     if kind is FitKind.INSUFFICIENT_CARDS:

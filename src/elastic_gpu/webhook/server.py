@@ -41,6 +41,7 @@ from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.runtime.metrics import add_metrics
 from elastic_gpu.webhook.budgets import BudgetLookup
+from elastic_gpu.webhook.cards import CardCache
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.cluster import (
     FIELD_MANAGER,
@@ -52,7 +53,6 @@ from elastic_gpu.webhook.cluster import (
     initial_bundle,
     rotate_once,
 )
-from elastic_gpu.webhook.cards import CardCache
 from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.registration import (
     CLAIM_MUTATE_PATH,

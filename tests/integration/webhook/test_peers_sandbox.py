@@ -6,7 +6,6 @@ we cannot serve is refused at create, or stays Pending saying what it needs."""
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import time
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 
 from egpu_testing import sandbox as cli
-from elastic_gpu.core.request import ContainerRequest
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +23,6 @@ DATA = Path(__file__).resolve().parents[2] / "peerdata"
 #: the default sandbox's cards: A100-SXM4-80GB, 81920 MiB (a percentage is MiB of it)
 CARD_MIB = 81920
 WHOLE = (1000, None)
-#: shares of several cards need the engine's multi-card shares (issue 40, engine part)
-MULTI_CARD = "cards" in inspect.signature(ContainerRequest.share).parameters
 
 #: example -> {pod: [(milli, MiB per card) per card]}; MiB None: a whole card
 BINDS: dict[str, dict[str, list[tuple[int, int | None]]]] = {
@@ -141,7 +137,5 @@ def test_peers_examples_bind_with_their_meaning_or_say_why_not(sandbox: Path) ->
     assert not pod["spec"].get("nodeName")
 
 
-@pytest.mark.skipif(not MULTI_CARD, reason="shares of several cards need the engine's "
-                    "multi-card shares (issue 40, branch h-mcshare)")
 def test_hami_shares_of_several_cards_bind_on_distinct_cards(sandbox: Path) -> None:
     check_binds(sandbox, MULTI_CARD_BINDS)

@@ -69,6 +69,10 @@ def test_hami_n_shares_are_written_in_the_multi_card_share_dialect() -> None:
     (rewrite,) = translate(p, FACTS).rewrites
     assert dict(rewrite.add) == {"elasticgpu.io/gpu": "2", "elasticgpu.io/gpu-core": "30",
                                  "elasticgpu.io/gpu-memory": str(16384 // 2)}
+    assert asked(p) == (RequestKind.SHARE, 2, 300, 8192)
+    # a memory share of several cards names 1 % compute, as the dialect asks a compute share
+    assert asked(pod({"volcano.sh/vgpu-number": 2, "volcano.sh/vgpu-memory": 3000})) == (
+        RequestKind.SHARE, 2, 10, 3000)
 
 
 @pytest.mark.parametrize(("limits", "field"), [

@@ -347,7 +347,7 @@ class Engine:
         lay = self._layout
         ok = fitmask.model_ok(lay, pod)
         for c in pod.gpu_containers:
-            offer = lay.offer_mask(c.resources)
+            offer = lay.offer_mask(c.served_names)
             if offer is not None:
                 ok = ok & offer
         return FreeCards(self.nodes(), ok.copy(), lay.cap_milli.copy(), lay.used_milli.copy(),

@@ -72,7 +72,7 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
         n = len(r.cards)
         ok = lay.usable[row, :n] & np.array([pod.accepts_card(card) for card in r.cards],
                                                dtype=bool)
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None:
             ok = ok & offer[row, :n]
         free_milli = lay.cap_milli[row, :n] - lay.used_milli[row, :n]
@@ -81,13 +81,15 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
             need = lay.share_need(c, slice(row, row + 1))
             need = need[0, :n] if not isinstance(need, int) else need
             cand = ok & (free_milli >= need) & (free_mem >= c.memory_mib)
-            if cand.any():
+            room = int(cand.sum())
+            if room >= c.cards:
                 return None
             cols = [int(col) for col in np.flatnonzero(ok)]
             return (tflops_failure(lay, pod, row, c, cols)
-                    or out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
-                                         free_milli.tolist(), free_mem.tolist())
-                    or share_failure(pod, c, n, least_need(lay, row, c, cols)))
+                    or (out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                          free_milli.tolist(), free_mem.tolist())
+                        if room == 0 else None)
+                    or share_failure(pod, c, n, least_need(lay, row, c, cols), room))
         cells = np.zeros((1, lay.usable.shape[1]), dtype=bool)
         cells[0, :n] = ok
         count = int(lay.whole_slots(c, cells, slice(row, row + 1)).sum())
@@ -115,7 +117,7 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
     sentence once per object). Nodes that fail a node-level check or hold out-of-band
     memory are rare and their failures name more of the node: they are asked `why_not`."""
     gpu = pod.gpu_containers
-    if (check_host or lay.constrained or len(rows) == 0 or len(gpu) != 1
+    if (check_host or lay.constrained or len(rows) == 0 or len(gpu) != 1 or pod.pins_cards
             or gpu[0].kind not in (RequestKind.SHARE, RequestKind.WHOLE) or gpu[0].tflops):
         return [why_not(lay, ctx, check_host, binpack, row, pod) for row in rows]
     c = gpu[0]
@@ -128,10 +130,12 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
                    | (lay.oob_mem[at] > 0).any(axis=1))
     cards = lay.exists[at].sum(axis=1)
     if c.kind is RequestKind.SHARE:
-        fits = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
-                & (lay.free_mem(at) >= c.memory_mib)).any(axis=1)
-        # a non-TFLOPS share needs its compute_milli of every card (`least_need`)
-        numbers = cards
+        counts = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
+                  & (lay.free_mem(at) >= c.memory_mib)).sum(axis=1)
+        fits = counts >= c.cards
+        # a non-TFLOPS share needs its compute_milli of every card (`least_need`); the cards
+        # with room (0 for a one-card share that fails) are part of a multi-card share's failure
+        numbers = counts * (int(cards.max()) + 1) + cards
     else:
         counts = lay.whole_slots(c, ok, at).sum(axis=1)
         fits = counts >= c.cards
@@ -148,7 +152,7 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
             failure = made.get(number)
             if failure is None:
                 failure = made[number] = (
-                    share_failure(pod, c, int(cards[i]), c.compute_milli)
+                    share_failure(pod, c, int(cards[i]), c.compute_milli, int(counts[i]))
                     if c.kind is RequestKind.SHARE
                     else cards_failure(pod, c, int(counts[i]), int(cards[i])))
             out.append(failure)
@@ -175,14 +179,14 @@ def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> Fit
     r = lay.rows[row]
     n = len(r.cards)
     for c in gpu:
-        for res in c.resources:
+        for res in c.served_names:
             if not (lay.counts(res)[row, :n] > 0).any():
                 return FitFailure(FitKind.RESOURCE_NOT_OFFERED, res, capacity=n,
                                   unit=Unit.CARDS, container=c.name,
                                   offered=lay.offered_names(row))
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None and not offer[row, :n].any():
-            return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.resources),
+            return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.served_names),
                               capacity=n, unit=Unit.CARDS, container=c.name,
                               offered=lay.offered_names(row))
     return None
@@ -227,7 +231,7 @@ def unschedulable(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Car
         if lay.constrained:
             no_offer = np.zeros(n, dtype=bool)
             for c in pod.gpu_containers:
-                offer = lay.offer_mask(c.resources)
+                offer = lay.offer_mask(c.served_names)
                 if offer is not None:
                     no_offer |= ~offer.any(axis=1)
             take(FitKind.RESOURCE_NOT_OFFERED.category, no_offer)

@@ -64,13 +64,15 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
     if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
         c = gpu[0]
         ok = model_ok(lay, pod, rows)
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None:
             ok = ok & offer[rows]
         if c.kind is RequestKind.SHARE:
             cards = (ok & (lay.cap_milli[rows] - lay.used_milli[rows] >= lay.share_need(c, rows))
                      & (lay.free_mem(rows) >= c.memory_mib))
-            share_ok: BoolArray = host & cards.any(axis=1)
+            # N distinct cards with room each (one for the usual share)
+            share_ok: BoolArray = host & (cards.any(axis=1) if c.cards == 1
+                                          else cards.sum(axis=1) >= c.cards)
             return share_ok
         whole_ok: BoolArray = host & (lay.whole_slots(c, ok, rows).sum(axis=1) >= c.cards)
         return whole_ok
