@@ -107,3 +107,14 @@ def test_volcano_vgpu_example() -> None:
     p = pod({"volcano.sh/vgpu-number": 2})
     assert stored(p)["spec"]["containers"][0]["resources"]["limits"][
         "elasticgpu.io/gpu-core"] == "200"
+
+
+def test_the_shipped_scheduler_configuration_serves_the_peers_schedulers() -> None:
+    from elastic_gpu.scheduler.config import SchedulerConfig
+    from elastic_gpu.scheduler.schedconfig import kube_scheduler_config
+
+    profiles = [p["schedulerName"] for p in kube_scheduler_config()["profiles"]]
+    assert profiles == ["default-scheduler", "hami-scheduler", "kai-scheduler", "volcano"]
+    assert SchedulerConfig().scheduler_names == tuple(profiles)
+    assert [p["schedulerName"] for p in kube_scheduler_config(
+        scheduler_name="x", peer_schedulers=())["profiles"]] == ["x"]
