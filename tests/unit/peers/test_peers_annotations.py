@@ -86,20 +86,27 @@ def test_kai_refusals(annotations: dict[str, str], text: str) -> None:
 
 
 def test_koordinator_resources() -> None:
-    assert asked(pod({"koordinator.sh/gpu-core": 50, "koordinator.sh/gpu-memory-ratio": 50})) == (
-        RequestKind.SHARE, 1, 500, 8192)
+    assert asked(pod({"koordinator.sh/gpu.shared": 1, "koordinator.sh/gpu-core": 50,
+                      "koordinator.sh/gpu-memory-ratio": 50})) == (RequestKind.SHARE, 1, 500, 8192)
     assert asked(pod({"koordinator.sh/gpu-core": 20, "koordinator.sh/gpu-memory": "4Gi"})) == (
         RequestKind.SHARE, 1, 200, 4096)
     assert asked(pod({"koordinator.sh/gpu": 25}))[2:] == (250, 4096)
+    # totals over gpu.shared cards (the proposal's example); a ratio of 200 is 2 cards
+    assert asked(pod({"koordinator.sh/gpu-core": 100, "koordinator.sh/gpu-memory": "4Gi",
+                      "koordinator.sh/gpu.shared": 2})) == (RequestKind.SHARE, 2, 500, 2048)
     assert asked(pod({"koordinator.sh/gpu-core": 200,
                       "koordinator.sh/gpu-memory-ratio": 200}))[:2] == (RequestKind.WHOLE, 2)
 
 
 @pytest.mark.parametrize(("limits", "text"), [
-    ({"koordinator.sh/gpu-core": 150}, "koordinator.sh/gpu-core=150"),
+    ({"koordinator.sh/gpu-core": 150, "koordinator.sh/gpu-memory-ratio": 50},
+     "koordinator.sh/gpu-core=150"),
+    ({"koordinator.sh/gpu-core": 25, "koordinator.sh/gpu-memory-ratio": 50,
+      "koordinator.sh/gpu.shared": 2}, "koordinator.sh/gpu-core=25"),
     ({"koordinator.sh/gpu-memory": "1Gi", "koordinator.sh/gpu-memory-ratio": 10},
      "koordinator.sh/gpu-memory, koordinator.sh/gpu-memory-ratio"),
     ({"koordinator.sh/gpu-memory": "100Gi"}, "koordinator.sh/gpu-memory=100Gi"),
+    ({"koordinator.sh/gpu-core": 10}, "a share names its memory"),
     ({"koordinator.sh/gpu.shared": 0, "koordinator.sh/gpu-core": 10},
      "koordinator.sh/gpu.shared=0"),
 ])

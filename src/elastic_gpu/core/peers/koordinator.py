@@ -1,12 +1,13 @@
-"""Koordinator's GPU resources (its device-share docs), read as ours.
+"""Koordinator's GPU resources (its GPU Share API proposal, docs/proposals/scheduling/
+20230802-gpu-share-api in koordinator-sh/koordinator), read as ours.
 
-- `koordinator.sh/gpu-core`: percent of a card's compute (100 per card; a multiple of 100 is
-  that many whole cards);
-- `koordinator.sh/gpu-memory-ratio`: percent of a card's memory (likewise); here MiB of the
-  cluster's smallest card;
+- `koordinator.sh/gpu-core`: percent of a card's compute (100 per card);
+- `koordinator.sh/gpu-memory-ratio`: percent of a card's memory; here MiB of the cluster's
+  smallest card (Koordinator sizes it per node);
 - `koordinator.sh/gpu-memory`: memory as a quantity of bytes (`8Gi`), rounded up to MiB;
-- `koordinator.sh/gpu`: compute and memory ratio together (`50` = half of both);
-- `koordinator.sh/gpu.shared: N`: the share is on N cards, each taking the values above.
+- `koordinator.sh/gpu`: compute and memory ratio together (`50` = half of both; deprecated);
+- `koordinator.sh/gpu.shared: N`: the pod's values are a total, divided evenly over N cards
+  (`gpu-core: 100, gpu-memory: 4Gi, gpu.shared: 2` = two cards, 50 % and 2 GiB each).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def _memory_mib(raw: Any, container: str) -> int | PeerRefusal:
 
 def koordinator_ask(values: Mapping[str, Any], facts: PeerFacts,
                     container: str = "") -> Ask | list[PeerRefusal]:
-    """What Koordinator's names in `values` ask, in our units."""
+    """What Koordinator's names in `values` ask, in our units. As its device-share proposal
+    says: the values are the pod's total, divided evenly over `gpu.shared` cards (absent: a
+    memory ratio that is a multiple of 100 over that many, else 1); memory is required
+    beside compute; memory and a ratio are not given together."""
     numbers: dict[str, int] = {}
     refusals: list[PeerRefusal] = []
     for name in (CORE, RATIO, BOTH, SHARED):
@@ -72,23 +76,27 @@ def koordinator_ask(values: Mapping[str, Any], facts: PeerFacts,
     if mib and ratio:
         return [PeerRefusal(f"{MEMORY}, {RATIO}", "", "give memory as bytes or as a ratio, "
                             "not both", container)]
-    shared = numbers.get(SHARED, 1)
-    for name, value in ((CORE, core), (RATIO, ratio)):
-        if value > PERCENT_PER_CARD and value % PERCENT_PER_CARD:
-            return [PeerRefusal(name, str(value), "over 100 is a multiple of 100 (whole cards)",
+    if not mib and not ratio:
+        return [PeerRefusal(CORE if core else SHARED, str(values.get(CORE, values.get(SHARED))),
+                            f"a share names its memory ({MEMORY} or {RATIO})", container)]
+    shared = numbers.get(SHARED, ratio // PERCENT_PER_CARD
+                         if ratio and ratio % PERCENT_PER_CARD == 0 else 1)
+    for name, total in ((CORE, core), (RATIO, ratio)):
+        if total % shared or total // shared > PERCENT_PER_CARD:
+            return [PeerRefusal(name, str(total), f"is the total over {shared} cards "
+                                f"({SHARED}): it must divide evenly, at most 100 each",
                                 container)]
-    if core >= PERCENT_PER_CARD or ratio >= PERCENT_PER_CARD:
-        return Ask(max(core, ratio) // PERCENT_PER_CARD * shared, whole=True)
+    core, ratio, mib = core // shared, ratio // shared, -(-mib // shared)
+    if core == PERCENT_PER_CARD or (ratio == PERCENT_PER_CARD and not core):
+        return Ask(shared, whole=True)
     if mib and facts.largest_card_memory_mib and mib > facts.largest_card_memory_mib:
-        return [PeerRefusal(MEMORY, str(values[MEMORY]), f"more memory than the largest card "
-                            f"has ({facts.largest_card_memory_mib} MiB)", container)]
+        return [PeerRefusal(MEMORY, str(values[MEMORY]), f"more memory per card than the "
+                            f"largest card has ({facts.largest_card_memory_mib} MiB)", container)]
     if ratio:
         if not facts.smallest_card_memory_mib:
             return [PeerRefusal(RATIO, str(ratio), "is sized on the cluster's smallest card, "
                                 "and no GPU node is known yet; give gpu-memory", container)]
         mib = percent_of(facts.smallest_card_memory_mib, ratio)
-    if not core and not mib:
-        return [PeerRefusal(CORE, "0", "a share needs compute or memory", container)]
     return Ask(shared, core, mib)
 
 
