@@ -14,6 +14,7 @@ from engine_helpers import gpu_node, share
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitKind, Unschedulable, describe
+from elastic_gpu.core.gpuview import PodHold, build_view
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.policies import CARD_POLICIES
@@ -214,3 +215,14 @@ def test_the_count_name_needs_no_card_offering_it() -> None:
     whole = container_request("main", {"limits": {"elasticgpu.io/gpu": "2"}})
     failure = engine.filter(PodRequest("w", containers=(whole,))).failed["n1"]
     assert failure.kind is FitKind.RESOURCE_NOT_OFFERED
+
+
+def test_egpu_top_shows_a_multi_share_pod_on_each_of_its_cards() -> None:
+    engine = Engine([gpu_node("n1", 4)])
+    placed = engine.place(multi("p", 300, 4096, cards=3))
+    view = build_view([engine.node("n1")], [PodHold("team-a", "p", placed)])
+    holding = [c for c in view.nodes[0].cards if c.holders]
+    assert len(holding) == 3
+    for card in holding:
+        assert [(h.name, h.milli) for h in card.holders] == [("team-a/p", 300)]
+        assert card.used_mib == 4096
