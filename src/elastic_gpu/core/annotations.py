@@ -32,6 +32,8 @@ NODE_POLICY = f"{PREFIX}/node-policy"
 CARD_POLICY = f"{PREFIX}/card-policy"
 GPU_MODEL_ALLOW = f"{PREFIX}/gpu-model"  # "A100|H100": only these models
 GPU_MODEL_DENY = f"{PREFIX}/gpu-model-deny"  # "T4": never these models
+GPU_UUID_ALLOW = f"{PREFIX}/gpu-uuid"  # "GPU-1,GPU-2": only these cards (HAMi use-gpuuuid)
+GPU_UUID_DENY = f"{PREFIX}/gpu-uuid-deny"  # "GPU-3": never these cards
 
 #: Elastic GPU (original) claim binding on a pod: egpuc.elasticgpu.io/<container>: <claim>.
 CLAIM_PREFIX = "egpuc.elasticgpu.io/"

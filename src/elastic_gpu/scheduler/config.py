@@ -11,8 +11,9 @@
     workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
     maxRequestBytes: 16777216    # larger request bodies get 413 (docs/scheduler.md, "HTTP limits")
     maxNodesPerRequest: 20000    # more candidate nodes in one request get 400
-    schedulerNames: [default-scheduler]  # the profiles whose kube-scheduler calls this extender:
-                                 # /bind refuses pods of any other schedulerName
+    schedulerNames: [default-scheduler, hami-scheduler, kai-scheduler, volcano]
+                                 # the profiles whose kube-scheduler calls this extender (the
+                                 # peers' too): /bind refuses pods of any other schedulerName
     headerTimeoutSeconds: 32     # a connection's TLS handshake and first request headers
     idleTimeoutSeconds: 90       # a connection with no request in progress is closed after this
     maxConnections: 1024         # open at once; the oldest idle ones make room for new ones
@@ -60,7 +61,7 @@ from elastic_gpu.api.config.merge import Override
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
-from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER
+from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER, PEER_SCHEDULERS
 
 
 def known_policies(tier: str) -> tuple[str, ...]:
@@ -157,7 +158,8 @@ class SchedulerConfig(ConnectionLimitSettings):
     #: The schedulerNames of the KubeSchedulerConfiguration profiles whose kube-scheduler
     #: calls this extender (`core.schedulers`): a /bind of another scheduler's pod is refused.
     #: (not strict: a YAML list becomes the tuple; each entry must still be a string)
-    scheduler_names: tuple[str, ...] = Field(default=(DEFAULT_SCHEDULER,), min_length=1,
+    scheduler_names: tuple[str, ...] = Field(default=(DEFAULT_SCHEDULER, *PEER_SCHEDULERS),
+                                             min_length=1,
                                              max_length=64, validation_alias="schedulerNames",
                                              strict=False)
 

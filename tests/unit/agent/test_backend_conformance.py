@@ -551,6 +551,41 @@ def test_a_mig_instance_is_held_by_the_hardware(rig: Rig, provider: Provider,
     assert [d.host_path for d in g.devices] == expected_devices(rig, 1)
 
 
+def test_a_multi_card_share_gets_each_cards_limits(rig: Rig, provider: Provider,
+                                                   tmp_path: Path) -> None:
+    """Issue 40: a share of 30% and 4096 MiB on each of two cards (cards 0 and 2, plain) is
+    held per card: per-device memory (and, for HAMi-core, compute) limits in the order the
+    container sees the devices; per-card MPS daemons cannot hold a client on two cards."""
+    shares = [CardShare(i, TABLE[i].uuid, 300, 4096) for i in (0, 2)]
+    config = provider_config(provider, tmp_path)
+    backend = rig.build()
+    physical = backend.discover()
+    cards = {lc.index: lc for lc in logical_cards(physical, False)}
+    files = DeviceFiles({c.uuid: backend.device_nodes(c) for c in physical},
+                        backend.control_nodes())
+    isolation = backend.isolation(config.sharing)
+    if provider is Provider.MPS_PER_CARD:
+        with pytest.raises(GrantError, match="cannot be held by per-card MPS daemons"):
+            build_grant(shares, cards, config, backend.visible_devices_env, files, isolation)
+        return
+    g = build_grant(shares, cards, config, backend.visible_devices_env, files, isolation)
+    assert g.envs[rig.visible_devices_env] == f"{TABLE[0].uuid},{TABLE[2].uuid}"
+    assert g.envs["EGPU_CARDS"] == "0,2"
+    assert g.envs["EGPU_CORE_PERCENT"] == "30,30" and g.envs["EGPU_MEMORY_MIB"] == "4096,4096"
+    if provider is Provider.MPS:
+        assert g.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        assert g.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
+    elif provider is Provider.HAMI_CORE:
+        limits = {k: v for k, v in g.envs.items() if k.startswith("CUDA_DEVICE_")}
+        assert limits == {"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+                          "CUDA_DEVICE_MEMORY_LIMIT_1": "4096m",
+                          "CUDA_DEVICE_SM_LIMIT": "30", "CUDA_DEVICE_SM_LIMIT_0": "30",
+                          "CUDA_DEVICE_SM_LIMIT_1": "30",
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/vgpu.cache"}
+    else:
+        assert g.envs["EGPU_ISOLATION"] == "accounting-only"
+
+
 def test_hami_core_without_its_library_refuses(rig: Rig, tmp_path: Path) -> None:
     config = provider_config(Provider.HAMI_CORE, tmp_path)
     Path(config.sharing.hamiCore.library).unlink()
