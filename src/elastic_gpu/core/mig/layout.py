@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from elastic_gpu.core.mig.profiles import MigModel, ProfileSize
+from elastic_gpu.core.mig.profiles import MigModel, ProfileSize, mig_model
 from elastic_gpu.core.resources import MigProfile
 
 
@@ -182,3 +182,23 @@ def pack(model: MigModel, profiles: Sequence[MigProfile],
     if best is None:
         return None
     return tuple(Placement(p, s) for p, s in zip(profiles, best[1], strict=True))
+
+
+def layout_starts(card_model: str, profiles: Sequence[MigProfile]) -> tuple[int, ...]:
+    """Valid starts for `profiles` (in order) carved on one card of `card_model` (the fake
+    backends' and test layouts' placements: `pack`). A model the table does not know gets
+    consecutive compute slices (the driver's rules are unknown there). Raises ValueError with
+    the reason when a known model cannot carry them."""
+    model = mig_model(card_model)
+    if model is None:
+        out, start = [], 0
+        for profile in profiles:
+            out.append(start)
+            start += profile.slices
+        return tuple(out)
+    placed = pack(model, profiles)
+    if placed is None:
+        names = ", ".join(p.name for p in profiles)
+        raise ValueError(f"[{names}] cannot be carved on one {model.name} card by NVIDIA's "
+                         "placement rules")
+    return tuple(p.start for p in placed)

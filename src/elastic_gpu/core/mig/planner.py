@@ -116,11 +116,16 @@ def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
             placed = pack(model, [m.placement.profile for m in rest] + [d.profile], c.pinned())
             if placed is None:
                 continue
-            moved = [m for m, p in zip(rest, placed, strict=False) if p != m.placement]
-            stays = {m.uuid for m in rest} - {m.uuid for m in moved}
+            # an instance whose place is among the new ones stays; the others are re-created
+            wanted = list(placed)
+            stays = set()
+            for m in rest:
+                if m.placement in wanted:
+                    wanted.remove(m.placement)
+                    stays.add(m.uuid)
             destroy = tuple(m for m in movable if m.uuid not in stays)
-            create = (*(p for m, p in zip(rest, placed, strict=False) if m in moved),
-                      placed[-1])
+            create = tuple(wanted)
+            moved = [m for m in rest if m.uuid not in stays]
             room = headroom(model, [*c.pinned(), *placed])
             option = _Option((cls, drop, len(moved), room.total, -room.largest, s.node, s.uuid),
                              c, destroy, create)
