@@ -22,8 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from elastic_gpu.core.mig.profiles import MigModel, ProfileSize, mig_model
+from elastic_gpu.core.mig.profiles import MIG_MODELS, MigModel, ProfileSize, mig_model
 from elastic_gpu.core.resources import MigProfile
+
+_MODELS = {m.name: m for m in MIG_MODELS}
 
 
 @dataclass(frozen=True)
@@ -99,32 +101,43 @@ def fits_at(model: MigModel, layout: Sequence[Placement], profile: MigProfile) -
     return tuple(s for s in size.starts if not used & _mask(size, s))
 
 
-@lru_cache(maxsize=4096)
 def _headroom(model: MigModel, used: int) -> Headroom:
+    return _headroom_of(model.name, used)
+
+
+@lru_cache(maxsize=4096)
+def _headroom_of(name: str, used: int) -> Headroom:
+    model = _MODELS[name]
     plain = [r for r in model.profiles if not r.profile.extra]
     largest = max((r.compute_slices for r in plain
                    if any(not used & _mask(r, s) for s in r.starts)), default=0)
-    return Headroom(largest, _carvable(model, used))
+    return Headroom(largest, _carvable(name, used))
 
 
 @lru_cache(maxsize=4096)
-def _carvable(model: MigModel, used: int) -> int:
+def _carvable(name: str, used: int) -> int:
     """The most compute slices that the free slots of `used` could still carry."""
+    model = _MODELS[name]
     free = [k for k in range(model.slots) if not used >> k & 1]
     if not free:
         return 0
     first = free[0]
-    best = _carvable(model, used | 1 << first)   # leave the lowest free slot empty
+    best = _carvable(name, used | 1 << first)   # leave the lowest free slot empty
     for row in model.profiles:
         if first in row.starts and not row.profile.extra and not used & _mask(row, first):
-            best = max(best, row.compute_slices + _carvable(model, used | _mask(row, first)))
+            best = max(best, row.compute_slices + _carvable(name, used | _mask(row, first)))
     return best
 
 
-@lru_cache(maxsize=4096)
 def _options(model: MigModel, used: int) -> int:
     """The compute slices of every placement still free (a tie-break: of two layouts with the
     same headroom, the one that leaves more ways to carve it)."""
+    return _options_of(model.name, used)
+
+
+@lru_cache(maxsize=4096)
+def _options_of(name: str, used: int) -> int:
+    model = _MODELS[name]
     return sum(r.compute_slices for r in model.profiles if not r.profile.extra
                for s in r.starts if not used & _mask(r, s))
 
@@ -140,7 +153,15 @@ def pack(model: MigModel, profiles: Sequence[MigProfile],
     such that the whole is valid (`check_layout`) and leaves the most headroom (the largest
     profile that still fits, then the most compute still carvable, then the most placements
     left free, then the lowest starts of the larger instances); None when they cannot all be
-    placed. Every placement is searched (at most 8 slots: a few hundred layouts)."""
+    placed. Every placement is searched (at most 8 slots: a few hundred layouts), and the
+    answer remembered (the same card shapes recur in a planner's round)."""
+    return _pack(model.name, tuple(profiles), tuple(fixed))
+
+
+@lru_cache(maxsize=16384)
+def _pack(name: str, profiles: tuple[MigProfile, ...],
+          fixed: tuple[Placement, ...]) -> tuple[Placement, ...] | None:
+    model = _MODELS[name]
     if check_layout(model, fixed) is not None:
         return None
     sizes = [model.size(p) for p in profiles]

@@ -195,13 +195,18 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
         left = []
         for d in sorted(ds, key=lambda d: (-d.profile.slices, -d.profile.memory_gb, d.key)):
             options = []
+            full = spent()
+            # whole cards of one model are alike: the first (by node, card) is the one chosen
+            whole_seen: set[str] = set()
             for c in work:
                 if not c.state.changeable or c.merge or not _allowed(d, c):
                     continue
                 if c.mig_on:
-                    if c.touched or not spent():
+                    if c.touched or not full:
                         options.append(_carve_option(d, c, 0))
-                elif whole_cards and _whole_free(c) and not spent():
+                elif whole_cards and not full and c.state.model not in whole_seen \
+                        and _whole_free(c):
+                    whole_seen.add(c.state.model)
                     options.append(_carve_option(d, c, 1))
             found = min((o for o in options if o is not None), key=lambda o: o.key, default=None)
             if found is None:

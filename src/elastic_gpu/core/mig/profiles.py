@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
 from elastic_gpu.core.resources import MigProfile
 
@@ -61,7 +62,11 @@ class MigModel:
     profiles: tuple[ProfileSize, ...]
 
     def size(self, profile: MigProfile) -> ProfileSize | None:
-        return next((p for p in self.profiles if p.profile == profile), None)
+        return self._sizes.get(profile)
+
+    @cached_property
+    def _sizes(self) -> dict[MigProfile, ProfileSize]:
+        return {p.profile: p for p in self.profiles}
 
     @property
     def slots(self) -> int:
