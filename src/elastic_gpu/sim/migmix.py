@@ -4,10 +4,10 @@ the dynamic-MIG planner, on a pool of MIG-capable nodes.
 The trace has no MIG-capable cards, so the mix runs on its own pool (`MigMixSpec.nodes` nodes
 of `gpus` cards of `model`), beside the replay (which it leaves exactly as it was). Its tasks:
 
-- **the trace's single-card tasks**, in the replay's seeded order: a share of one card
+- **the trace's single-card tasks**, drawn with the seed: a share of one card
   (`gpu_milli` < 1000) is a HAMi `nvidia.com/vgpu-mode: mig` share, served by the smallest
-  profile with at least its compute (`ceil(gpu_milli x 7 / 1000)` slices) and its memory's
-  proportion of the card; a whole card (`gpu_milli` 1000, one GPU) is a whole-card task;
+  profile with at least its compute (`ceil(gpu_milli x 7 / 1000)` of 7 slices, scaled to
+  the model's) and the least memory; a whole card (`gpu_milli` 1000, one GPU) is a whole-card task;
 - **a synthetic mix of profile requests** (`MigMixSpec.profiles` of the tasks), drawn with the
   seed from `PROFILE_MIX` (NVIDIA's profiles of the model, small ones most often).
 
@@ -16,9 +16,9 @@ arrival rate chosen so the offered load is `load` x the pool's compute. A task t
 placed when it arrives fails (it does not wait). Two runs of the same tasks:
 
 - **static**: a share of the cards, the MIG tasks' share of the offered compute, is carved
-  once in `STATIC_LAYOUT`; the rest stay whole. A MIG task takes a free instance of its
-  profile, else the smallest compatible free one (the MIG adapter's substitution); a whole
-  task a whole free card. Layouts never change.
+  once in `STATIC_LAYOUTS` (3g + 2g + 1g + 1g; the A30 2g + 1g + 1g); the rest stay whole.
+  A MIG task takes a free instance of its profile, else the smallest compatible free one (the
+  MIG adapter's substitution); a whole task a whole free card. Layouts never change.
 - **dynamic**: every card starts whole; when a task finds nothing, the planner
   (`core.mig.planner.plan`) is called with it as the demand (MIG or whole-card) and its plan
   applied at once (the agent's apply is not simulated), then the task tries again. Carved
@@ -45,7 +45,7 @@ from elastic_gpu.core.mig.cardstate import (
     PlannerConfig,
     WholeDemand,
 )
-from elastic_gpu.core.mig.layout import Placement, layout_starts
+from elastic_gpu.core.mig.layout import Placement, check_layout, layout_starts
 from elastic_gpu.core.mig.planner import plan
 from elastic_gpu.core.mig.profiles import MigModel, compatible, mig_model
 from elastic_gpu.core.resources import MigProfile
@@ -56,8 +56,9 @@ from elastic_gpu.sim.trace import Task
 #: half and full cards (training).
 PROFILE_MIX: tuple[tuple[int, float], ...] = ((1, 0.45), (2, 0.25), (3, 0.2), (4, 0.05),
                                               (7, 0.05))
-#: The static layout carved on the MIG share of the cards (a balanced NVIDIA layout).
-STATIC_LAYOUT = ("3g", "2g", "1g", "1g")
+#: The static layout carved on the MIG share of the cards (a balanced NVIDIA layout), in
+#: compute slices, by the card's slices (7; the A30's 4).
+STATIC_LAYOUTS: dict[int, tuple[int, ...]] = {7: (3, 2, 1, 1), 4: (2, 1, 1)}
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class MigMixSpec:
     #: share of the tasks that are synthetic profile requests (the rest: the trace's)
     profiles: float = 0.5
     #: offered load, x the pool's compute
-    load: float = 1.0
+    load: float = 0.85
     tasks: int = 4000
     mean_hours: float = 1.0
     cooldown_s: float = 300.0
@@ -127,6 +128,10 @@ class MixResult:
     cards: int = 0
     changes: int = 0
     merges: int = 0
+    #: checks of every plan applied (both stay 0): layouts NVIDIA's rules refuse, and held
+    #: instances (or cards held whole) a plan destroyed
+    invalid_layouts: int = 0
+    held_destroyed: int = 0
 
     def summary(self) -> dict[str, float | int | str]:
         return {
@@ -146,15 +151,17 @@ class MixResult:
 
 
 def _profile_of(model: MigModel, slices: int) -> MigProfile:
-    """The model's plain profile with at least `slices` compute slices and the least memory."""
-    rows = [r.profile for r in model.profiles if not r.profile.extra and r.compute_slices >= slices]
+    """The model's plain profile with at least `slices` of 7 compute slices (scaled to the
+    model's: an A30 has 4) and the least memory."""
+    want = math.ceil(slices * model.compute_slices / 7)
+    rows = [r.profile for r in model.profiles if not r.profile.extra and r.compute_slices >= want]
     return min(rows, key=lambda p: (p.slices, p.memory_gb))
 
 
 def _share_profile(model: MigModel, task: Task) -> MigProfile:
     """A share of one card as HAMi's `vgpu-mode: mig` serves it: the smallest profile with
     its compute (and, through `_profile_of`, the least memory of that compute)."""
-    return _profile_of(model, max(1, math.ceil(task.gpu_milli * model.compute_slices / 1000)))
+    return _profile_of(model, max(1, math.ceil(task.gpu_milli * 7 / 1000)))
 
 
 def mix_tasks(spec: MigMixSpec, trace: Sequence[Task], seed: int) -> list[MixTask]:
@@ -205,10 +212,13 @@ class _Pool:
 
 def _pool(spec: MigMixSpec, static: bool, mig_share: float) -> _Pool:
     """The pool: every card whole, or (static) `mig_share` of them, spread evenly, carved in
-    `STATIC_LAYOUT`."""
+    `STATIC_LAYOUTS`."""
     model = mig_model(spec.model)
     assert model is not None
-    layout = [_profile_of(model, int(text[:-1])) for text in STATIC_LAYOUT]
+    layout = [min((r.profile for r in model.profiles
+                   if not r.profile.extra and r.compute_slices == slices),
+                  key=lambda p: p.memory_gb)
+              for slices in STATIC_LAYOUTS[model.compute_slices]]
     starts = layout_starts(model.name, layout)
     total = spec.nodes * spec.gpus
     count = min(total, round(total * mig_share)) if static else 0
@@ -261,12 +271,16 @@ def _apply(pool: _Pool, result: MixResult, demand: list[MigDemand], whole: list[
         k = pool.card_index(change.card)
         c = pool.cards[k]
         gone = {i.uuid for i in change.destroy}
+        result.held_destroyed += sum(1 for i in c.instances if i.held and i.uuid in gone) + \
+            c.held_whole
         kept = [i for i in c.instances if i.uuid not in gone]
         made = []
         for placement in change.create:
             pool.next_id += 1
             made.append(Instance(placement, f"MIG-{c.uuid}-n{pool.next_id}"))
         pool.cards[k] = replace(c, instances=(*kept, *made), changed_at=now)
+        result.invalid_layouts += check_layout(
+            pool.model, [i.placement for i in pool.cards[k].instances]) is not None
         result.changes += 1
         result.merges += change.merge
 
