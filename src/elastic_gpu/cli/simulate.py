@@ -194,11 +194,13 @@ def _print_mig_mix(mix: dict[str, object]) -> None:
     table = Table(title=f"MIG demand: {spec['nodes']} x {spec['gpus']} {spec['model']}, "
                         f"{spec['tasks']} tasks, load {spec['load']}")
     for column in ("layouts", "MIG tasks served %", "whole-card tasks served %",
-                   "whole cards left %", "planner ms/call", "cards changed", "merged"):
+                   "GPU time served %", "whole cards left %", "planner ms/call", "cards changed",
+                   "merged"):
         table.add_column(column)
     for run in runs:
         table.add_row(str(run["mode"]), str(run["mig_served_pct"]), str(run["whole_served_pct"]),
-                      str(run["whole_cards_left_pct"]), str(run["planner_ms_per_call"]),
+                      str(run["gpu_time_served_pct"]), str(run["whole_cards_left_pct"]),
+                      str(run["planner_ms_per_call"]),
                       str(run["cards_changed"]), str(run["cards_merged"]))
     Console().print(table)
 

@@ -24,8 +24,9 @@ placed when it arrives fails (it does not wait). Two runs of the same tasks:
   applied at once (the agent's apply is not simulated), then the task tries again. Carved
   cards with no holder are merged back for a whole-card task after `cooldown_s`.
 
-Measures: MIG tasks served, whole-card tasks served (% of their arrivals), whole cards left
-(free, uncarved cards, % of the pool, mean over arrivals), and the planner's time per call.
+Measures: MIG tasks served, whole-card tasks served (% of their arrivals), GPU time served
+(% of the GPU time offered, an instance counting its compute slices), whole cards left (free,
+uncarved cards, % of the pool, mean over arrivals), and the planner's time per call.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ class MixResult:
     cards: int = 0
     changes: int = 0
     merges: int = 0
+    #: GPU time offered and served, in card-seconds (an instance counts its compute slices)
+    offered: float = 0.0
+    served: float = 0.0
     #: checks of every plan applied (both stay 0): layouts NVIDIA's rules refuse, and held
     #: instances (or cards held whole) a plan destroyed
     invalid_layouts: int = 0
@@ -142,6 +146,7 @@ class MixResult:
             "whole_served_pct": round(100 * self.whole_served / max(1, self.whole_tasks), 1),
             "whole_cards_left_pct": round(100 * self.whole_left_sum
                                           / max(1, self.arrivals * self.cards), 1),
+            "gpu_time_served_pct": round(100 * self.served / max(self.offered, 1e-9), 1),
             "planner_calls": self.planner_calls,
             "planner_ms_per_call": round(1000 * self.planner_seconds
                                          / max(1, self.planner_calls), 3),
@@ -325,7 +330,10 @@ def run_mix(spec: MigMixSpec, tasks: Sequence[MixTask], dynamic: bool) -> MixRes
                 _apply(pool, result, [], [WholeDemand(task.name)], task.arrive, config)
                 held = _place_whole(pool)
             result.whole_served += held is not None
+        size = task.profile.slices / model.compute_slices if task.profile else 1.0
+        result.offered += size * (task.leave - task.arrive)
         if held is not None:
+            result.served += size * (task.leave - task.arrive)
             held_by[task.name] = held
             heapq.heappush(leaving, (task.leave, task.name))
     return result
