@@ -5,6 +5,8 @@ HAMi's `vgpu-mode: mig` shares as profiles, merge-back after the cool-down."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elastic_gpu.core.mig.cardstate import (
     CardState,
@@ -15,7 +17,7 @@ from elastic_gpu.core.mig.cardstate import (
     card_state,
     hami_mig_demand,
 )
-from elastic_gpu.core.mig.layout import Placement, check_layout
+from elastic_gpu.core.mig.layout import Placement, check_layout, pack
 from elastic_gpu.core.mig.planner import plan
 from elastic_gpu.core.mig.profiles import mig_model, smallest_profile_for_memory
 from elastic_gpu.core.model import Card, Health, MigInstance
@@ -159,6 +161,7 @@ def test_merge_back_only_where_the_whole_demand_then_fits_on_one_node() -> None:
     assert result.cards == () and result.unserved == ("w",)   # n0: 2 at most, n1: 1
     result = plan([], cards, [WholeDemand("w", cards=2)])
     assert [(c.card, c.merge) for c in result.cards] == [("g1", True)]
+    assert result.reserved == (("w", "g0"),)
 
 
 def test_whole_demand_keeps_its_cards_from_being_carved() -> None:
@@ -205,3 +208,52 @@ def test_plans_are_deterministic_and_every_layout_valid() -> None:
     assert first.unserved == ()
     for change in first.cards:
         assert check_layout(model, change.layout) is None
+
+
+@pytest.mark.parametrize("model", ["A30-24GB", "A100-SXM4-40GB", "A100-SXM4-80GB", "H100-80GB",
+                                   "H200-141GB"])
+def test_every_profile_of_every_model_is_carved_at_an_allowed_start(model: str) -> None:
+    table = mig_model(model)
+    assert table is not None
+    for row in table.profiles:
+        demand = [MigDemand(f"d{k}", row.profile) for k in range(row.max_instances)]
+        result = plan(demand, [card("g0", model=model)])
+        (one,) = result.cards
+        assert result.unserved == () and len(one.create) == row.max_instances
+        assert check_layout(table, one.layout) is None
+        assert all(p.start in row.starts for p in one.layout)
+        # one more than a card holds waits
+        more = plan([*demand, MigDemand("x", row.profile)], [card("g0", model=model)])
+        assert more.unserved == ("x",)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_random_rounds_never_touch_a_held_instance(data: st.DataObject) -> None:
+    table = mig_model(A100)
+    assert table is not None
+    plain = [r for r in table.profiles if not r.profile.extra]
+    cards = []
+    for k in range(3):
+        wanted = data.draw(st.lists(st.sampled_from(plain), max_size=4), label=f"layout{k}")
+        placed = pack(table, [r.profile for r in wanted]) or ()
+        held = data.draw(st.lists(st.booleans(), min_size=len(placed), max_size=len(placed)))
+        cards.append(card(f"g{k}", *(Instance(p, f"m{k}-{j}", h)
+                                     for j, (p, h) in enumerate(zip(placed, held, strict=True))),
+                          changed_at=data.draw(st.sampled_from([None, 0.0, 900.0]))))
+    demand = [MigDemand(f"d{j}", r.profile) for j, r in enumerate(
+        data.draw(st.lists(st.sampled_from(plain), max_size=5), label="demand"))]
+    whole = [WholeDemand(f"w{j}") for j in range(data.draw(st.integers(0, 2)))]
+    result = plan(demand, cards, whole, now=1000.0)
+    by_card = {c.uuid: c for c in cards}
+    for change in result.cards:
+        before = by_card[change.card]
+        assert check_layout(table, change.layout) is None
+        for i in before.held:
+            assert i.placement in change.layout and i not in change.destroy
+        if change.merge:
+            assert not before.held and change.layout == ()
+            assert before.changed_at is None or 1000.0 - before.changed_at >= 300
+    served = {k for c in result.cards for k in c.serves} | \
+        {k for k, _ in (*result.matched, *result.reserved)}
+    assert served | set(result.unserved) == {d.key for d in demand} | {w.key for w in whole}

@@ -126,12 +126,14 @@ class CardPlan:
 @dataclass(frozen=True)
 class Plan:
     """One round's decision: the cards to change, what is served by instances already free
-    (`matched`: demand key -> instance uuid), and the demand left waiting (MIG and whole-card
-    keys)."""
+    (`matched`: demand key -> instance uuid), the free whole cards kept for whole-card demand
+    (`reserved`: key -> card uuid; the cards merged back for it are the `CardPlan`s that serve
+    it), and the demand left waiting (MIG and whole-card keys)."""
 
     cards: tuple[CardPlan, ...] = ()
     matched: tuple[tuple[str, str], ...] = ()
     unserved: tuple[str, ...] = ()
+    reserved: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -220,6 +220,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
 
     # 3. whole-card demand: free whole cards, and carved cards with no holder merged back
     whole_waiting = []
+    reserved: list[tuple[str, str]] = []
     for w in whole:
         by_node: dict[str, list[_Card]] = {}
         for c in work:
@@ -234,6 +235,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
                 continue
             for c in free[:w.cards]:
                 c.reserved = True
+                reserved.append((w.key, c.state.uuid))
             for c in ready[:lack]:
                 c.destroyed.extend(c.kept)
                 c.kept = []
@@ -260,4 +262,4 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
                 reason += f" (destroy free {', '.join(i.placement.name for i in c.destroyed)})"
         plans.append(c.plan(reason))
     return Plan(tuple(plans), tuple(matched),
-                tuple(d.key for d in waiting) + tuple(whole_waiting))
+                tuple(d.key for d in waiting) + tuple(whole_waiting), tuple(reserved))
