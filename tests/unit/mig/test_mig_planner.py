@@ -257,3 +257,15 @@ def test_random_rounds_never_touch_a_held_instance(data: st.DataObject) -> None:
     served = {k for c in result.cards for k in c.serves} | \
         {k for k, _ in (*result.matched, *result.reserved)}
     assert served | set(result.unserved) == {d.key for d in demand} | {w.key for w in whole}
+
+
+def test_a_card_in_mig_mode_with_no_instance_is_no_whole_card() -> None:
+    empty = card("g0", mig_mode=True)
+    assert empty.carved and not empty.instances
+    # whole-card demand: merged back (MIG mode off), not taken as a free whole card
+    result = plan([], [empty], [WholeDemand("w")])
+    (one,) = result.cards
+    assert one.merge and one.layout == () and one.destroy == () and result.reserved == ()
+    # MIG demand: carved as a card already in MIG mode, before any whole card
+    result = plan([MigDemand("m", P("1g.10gb"))], [card("g1"), card("g9", mig_mode=True)])
+    assert [c.card for c in result.cards] == ["g9"]

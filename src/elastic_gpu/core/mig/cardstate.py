@@ -42,10 +42,14 @@ class CardState:
     #: when its layout last changed or its last instance was released (seconds, the caller's
     #: clock); None: long ago (no cool-down left)
     changed_at: float | None = None
+    #: MIG mode is on (a card with instances always is; one with none may be too, and then
+    #: serves no whole-card pod until merged back)
+    mig_mode: bool = False
 
     @property
     def carved(self) -> bool:
-        return bool(self.instances)
+        """In MIG mode: it has instances, or its mode is on with none."""
+        return bool(self.instances) or self.mig_mode
 
     @property
     def held(self) -> tuple[Instance, ...]:
@@ -64,14 +68,14 @@ class CardState:
 
 def card_state(node: str, card: Card, held: frozenset[str] | set[str], *,
                held_whole: bool = False, opted_in: bool = True,
-               changed_at: float | None = None) -> CardState:
+               changed_at: float | None = None, mig_mode: bool = False) -> CardState:
     """A core `Card` as the planner sees it: `held` are the instance uuids something holds;
     an unhealthy instance counts as held (it is never destroyed under a report)."""
     return CardState(node, card.uuid, card.model, tuple(
         Instance(Placement(i.profile, i.start), i.uuid,
                  i.uuid in held or i.health is not Health.HEALTHY) for i in card.mig),
         held_whole=held_whole, opted_in=opted_in,
-        healthy=card.health is Health.HEALTHY, changed_at=changed_at)
+        healthy=card.health is Health.HEALTHY, changed_at=changed_at, mig_mode=mig_mode)
 
 
 @dataclass(frozen=True)

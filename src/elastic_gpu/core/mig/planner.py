@@ -62,7 +62,7 @@ class _Card:
 
     @property
     def mig_on(self) -> bool:
-        return bool(self.kept or self.created)
+        return bool(self.kept or self.created) or (self.state.mig_mode and not self.merge)
 
     def layout(self) -> list[Placement]:
         return [i.placement for i in self.kept] + list(self.created)
