@@ -16,6 +16,7 @@ from elastic_gpu.core.mig.cardstate import (
     WholeDemand,
     card_state,
     hami_mig_demand,
+    pod_demand,
 )
 from elastic_gpu.core.mig.layout import Placement, check_layout, pack
 from elastic_gpu.core.mig.planner import plan
@@ -269,3 +270,22 @@ def test_a_card_in_mig_mode_with_no_instance_is_no_whole_card() -> None:
     # MIG demand: carved as a card already in MIG mode, before any whole card
     result = plan([MigDemand("m", P("1g.10gb"))], [card("g1"), card("g9", mig_mode=True)])
     assert [c.card for c in result.cards] == ["g9"]
+
+
+def test_a_pods_request_as_demand() -> None:
+    from elastic_gpu.core.request import pod_request_from_manifest
+
+    def pod(limits: dict[str, str], *more: dict[str, str]) -> dict[str, object]:
+        containers = [{"name": f"c{k}", "resources": {"limits": lim}}
+                      for k, lim in enumerate((limits, *more))]
+        return {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": containers}}
+
+    mig, whole = pod_demand(pod_request_from_manifest(pod({"nvidia.com/mig-3g.40gb": "2"},
+                                                          {"nvidia.com/mig-1g.10gb": "1"})))
+    assert [(d.key, d.profile.name) for d in mig] == [
+        ("ns/p", "3g.40gb"), ("ns/p#1", "3g.40gb"), ("ns/p#2", "1g.10gb")]
+    assert whole == []
+    mig, whole = pod_demand(pod_request_from_manifest(pod({"nvidia.com/gpu": "2"},
+                                                          {"nvidia.com/gpu": "1"})),
+                            frozenset({"n0"}))
+    assert mig == [] and whole == [WholeDemand("ns/p", 3, frozenset({"n0"}))]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from elastic_gpu.core.mig.layout import Placement
 from elastic_gpu.core.mig.profiles import mig_model, smallest_profile_for_memory
 from elastic_gpu.core.model import Card, Health
+from elastic_gpu.core.request import PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile
 
 
@@ -108,6 +109,26 @@ class WholeDemand:
     key: str
     cards: int = 1
     nodes: frozenset[str] | None = None
+
+
+def pod_demand(request: PodRequest, nodes: frozenset[str] | None = None
+               ) -> tuple[list[MigDemand], list[WholeDemand]]:
+    """A waiting pod's demand: one `MigDemand` per MIG instance its containers ask (keys
+    `<namespace>/<name>`, then `#1`, `#2`... when it asks several), and one `WholeDemand` for
+    the whole cards of all its containers together; `nodes` where it may run, its allowed
+    models as the MIG demand's models."""
+    key = f"{request.namespace}/{request.name}"
+    mig: list[MigDemand] = []
+    cards = 0
+    for container in request.containers:
+        if container.kind is RequestKind.MIG and container.mig_profile is not None:
+            for _ in range(container.cards):
+                name = key if not mig else f"{key}#{len(mig)}"
+                mig.append(MigDemand(name, container.mig_profile, nodes,
+                                     request.allowed_models))
+        elif container.kind is RequestKind.WHOLE:
+            cards += container.cards
+    return mig, ([WholeDemand(key, cards, nodes)] if cards else [])
 
 
 @dataclass(frozen=True)
