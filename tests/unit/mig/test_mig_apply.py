@@ -57,12 +57,12 @@ def test_a30_start_slots() -> None:
 
 
 def test_bad_layouts_are_refused_with_the_reason() -> None:
-    assert "overlaps 3g.40gb@0" in placement_problems(A100, [p("3g.40gb", 0), p("2g.20gb", 2)])[0]
-    assert "may start only at memory slice 0, 4" in placement_problems(A100, [p("3g.40gb", 2)])[0]
-    assert "not a A100-80GB profile" in placement_problems(A100, [p("1g.5gb", 0)])[0]
+    assert "2g.20gb@2: overlaps" in placement_problems(A100, [p("3g.40gb", 0), p("2g.20gb", 2)])[0]
+    assert "may start only at slot 0, 4" in placement_problems(A100, [p("3g.40gb", 2)])[0]
+    assert "not a MIG profile of A100-80GB" in placement_problems(A100, [p("1g.5gb", 0)])[0]
     assert "not a MIG model" in placement_problems("NVIDIA T4", [p("1g.10gb", 0)])[0]
     two_me = [p("1g.10gb+me", 0), p("1g.10gb+me", 1)]
-    assert "more than 1 1g.10gb+me" in placement_problems(A100, two_me)[0]
+    assert "holds at most 1 1g.10gb+me" in placement_problems(A100, two_me)[0]
     full = [p("1g.10gb", s) for s in range(7)]
     assert placement_problems(A100, full) == []
     step = next_step(A100, [p("3g.40gb", 2)], (), Holders(), Fence(), 0.0)

@@ -18,14 +18,10 @@ bind decided before the fence was seen may still land: wait `FENCE_SETTLE_S`), `
 `Create` (one instance; destroys first, as a dropped instance's slices may be a new one's), and
 `Unfence` (the card is as wanted, or blocked while fenced: give it back to placement).
 
-Placement (`placement_problems`): an instance of a profile with `m` memory slices and `g`
-compute slices starts at a multiple of `m`, ends within the card's memory slices, and
-`start + g` is at most the card's compute slices; instances' memory slices do not overlap; no
-profile more often than the table's `max_instances`. On the models of `profiles.MIG_MODELS`
-this gives exactly the start slots of NVIDIA's MIG user guide ("A100 MIG profiles" placement
-diagram: `1g.10gb` 0-6, `1g.20gb` 0/2/4/6, `2g.20gb` 0/2/4, `3g.40gb` 0/4, `4g.40gb` and
-`7g.80gb` 0; A30: `1g.6gb` 0-3, `2g.12gb` 0/2, `4g.24gb` 0). Starts are in memory slices, as
-NVML's `nvmlGpuInstancePlacement_t.start` (and `MigInstance.start`) count them.
+Placement (`placement_problems`) is the planner's (`core.mig.layout.check_layout`: NVIDIA's
+start slots per profile, no shared slot, no profile beyond its instances per card). Starts are
+in memory slices, as NVML's `nvmlGpuInstancePlacement_t.start` (and `MigInstance.start`) count
+them.
 """
 
 from __future__ import annotations
@@ -33,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from elastic_gpu.core.mig.profiles import MigModel, mig_model
+from elastic_gpu.core.mig.layout import Placement, check_layout
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import MigInstance
 from elastic_gpu.core.resources import MigProfile
 
@@ -130,46 +127,13 @@ Step = Done | Refuse | Blocked | FenceCard | Settle | Destroy | Create | Unfence
 
 
 def placement_problems(card_model: str, wanted: Sequence[Placed]) -> list[str]:
-    """Why `wanted` cannot be carved on a card of `card_model` ([] when it can), each
-    reason naming the instance."""
+    """Why `wanted` cannot be carved on a card of `card_model` ([] when it can): NVIDIA's
+    placement rules, as `core.mig.layout.check_layout` checks them (the planner's own)."""
     model = mig_model(card_model)
     if model is None:
         return [f"card model {card_model!r} is not a MIG model this table knows"]
-    problems: list[str] = []
-    taken: dict[int, Placed] = {}
-    counts: dict[MigProfile, int] = {}
-    for placed in sorted(wanted):
-        problem = _one_problem(model, placed)
-        if problem:
-            problems.append(problem)
-            continue
-        size = model.size(placed.profile)
-        assert size is not None
-        counts[placed.profile] = counts.get(placed.profile, 0) + 1
-        if counts[placed.profile] == size.max_instances + 1:
-            problems.append(f"{placed}: more than {size.max_instances} {placed.profile.name} "
-                            f"on a {model.name}")
-        for slot in range(placed.start, placed.start + size.memory_slices):
-            if slot in taken:
-                problems.append(f"{placed}: overlaps {taken[slot]} (memory slice {slot})")
-                break
-            taken[slot] = placed
-    return problems
-
-
-def _one_problem(model: MigModel, placed: Placed) -> str:
-    size = model.size(placed.profile)
-    if size is None:
-        known = ", ".join(p.profile.name for p in model.profiles)
-        return f"{placed}: {placed.profile.name} is not a {model.name} profile ({known})"
-    m, g, start = size.memory_slices, size.compute_slices, placed.start
-    if start < 0 or start % m or start + m > model.memory_slices \
-            or start + g > model.compute_slices:
-        starts = [s for s in range(0, model.memory_slices, m)
-                  if s + m <= model.memory_slices and s + g <= model.compute_slices]
-        return (f"{placed}: {placed.profile.name} may start only at memory slice "
-                f"{', '.join(map(str, starts))} on a {model.name}")
-    return ""
+    reason = check_layout(model, [Placement(p.profile, p.start) for p in sorted(wanted)])
+    return [reason] if reason else []
 
 
 def placed_of(instances: Iterable[MigInstance]) -> list[Placed]:
