@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.mig.apply import (
     FENCE_SETTLE_S,
     Blocked,
@@ -19,6 +20,7 @@ from elastic_gpu.core.mig.apply import (
     Refuse,
     Settle,
     Unfence,
+    holders_of,
     next_step,
     placed_of,
     placement_problems,
@@ -101,6 +103,18 @@ def test_a_held_card_or_dropped_held_instance_blocks_and_a_kept_one_does_not() -
     # the held instance is kept: the free slices beside it are carved
     kept = [p("3g.40gb", 0), p("1g.10gb", 4)]
     assert next_step(A100, kept, real, held, Fence(since=0.0), 60.0) == Create(p("1g.10gb", 4))
+
+
+def test_holders_from_the_ledger_card_and_instances_apart() -> None:
+    whole = Assignment("n1", {"main": (CardShare(0, "GPU-a", 1000, 81920),)})
+    mig = Assignment("n1", {"main": (CardShare(1, "GPU-b", 428, 40192, "3g.40gb", "MIG-b1"),)})
+    share = Assignment("n1", {"a": (CardShare(1, "GPU-b", 300, 0),),
+                              "b": (CardShare(0, "GPU-a", 100, 0),)})
+    held = [("ns/whole", whole), ("ns/mig", mig), ("elasticgpu:e1", share)]
+    assert holders_of("GPU-a", held) == Holders(card=("elasticgpu:e1", "ns/whole"))
+    assert holders_of("GPU-b", held) == Holders(card=("elasticgpu:e1",),
+                                                instances=(("MIG-b1", "ns/mig"),))
+    assert holders_of("GPU-c", held) == Holders()
 
 
 def _layouts(model_name: str) -> st.SearchStrategy[list[Placed]]:

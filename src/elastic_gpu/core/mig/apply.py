@@ -7,7 +7,7 @@ from the card's real layout and nothing is lost or held twice:
 - `wanted`: the card's layout as its `MigLayout` asks (profile and placement of each instance);
 - `real`: the instances the backend discovers on the card now;
 - `holders`: who the ledger says holds the card (the whole card or a share of it) and which
-  of its instances are held;
+  of its instances are held (`holders_of`, from the ledger's trusted assignments);
 - `fence`: whether the card is fenced (nothing new is placed on it) and since when.
 
 `next_step` answers one of: `Done` (the card is as wanted, unfenced), `Refuse` (the layout is
@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.mig.layout import Placement, check_layout
 from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import MigInstance
@@ -134,6 +135,25 @@ def placement_problems(card_model: str, wanted: Sequence[Placed]) -> list[str]:
         return [f"card model {card_model!r} is not a MIG model this table knows"]
     reason = check_layout(model, [Placement(p.profile, p.start) for p in sorted(wanted)])
     return [reason] if reason else []
+
+
+def holders_of(card_uuid: str, held: Iterable[tuple[str, Assignment]]) -> Holders:
+    """Who holds `card_uuid`, from the ledger's trusted holdings (`(key, assignment)`: a pod's
+    `namespace/name` and what it holds itself, or `elasticgpu:<name>` and its ElasticGPU's cards;
+    the caller keeps only what the ledger counts, `core.assignment.distrust`). A share naming a
+    MIG instance holds that instance; any other share of the card (a whole card, a share, a
+    replica) holds the card."""
+    card: set[str] = set()
+    instances: set[tuple[str, str]] = set()
+    for key, assignment in held:
+        for share in assignment.shares():
+            if share.uuid != card_uuid:
+                continue
+            if share.mig_uuid is not None:
+                instances.add((share.mig_uuid, key))
+            else:
+                card.add(key)
+    return Holders(tuple(sorted(card)), tuple(sorted(instances)))
 
 
 def placed_of(instances: Iterable[MigInstance]) -> list[Placed]:
