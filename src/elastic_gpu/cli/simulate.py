@@ -56,6 +56,11 @@ def simulate(
         help="Defragmentation: when a GPU task fails to place, the planner may move up to K "
              "placed GPU tasks to make room (0: off). With --compare a comma-separated list "
              "sweeps several budgets, e.g. 0,1,2,4.")] = "0",
+    mig_mix: Annotated[str | None, typer.Option(
+        "--mig-mix", help="Also replay MIG demand on a pool of MIG-capable nodes, static layouts "
+             "against the dynamic-MIG planner (docs/simulator.md, 'MIG demand'): 'default' or "
+             "KEY=VALUE,... of nodes, gpus, model, profiles, load, tasks, mean_hours, "
+             "cooldown_s.")] = None,
 ) -> None:
     """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
     from elastic_gpu.sim.trace import TraceError
@@ -71,6 +76,8 @@ def simulate(
         raise typer.BadParameter(f"--multi-share-cards must be 2 or more, got {multi_share_cards}")
     multi = (multi_share_fraction, multi_share_cards)
     budgets = _move_budgets(defrag_moves)
+    if compare and mig_mix is not None:
+        raise typer.BadParameter("--mig-mix runs with a single replay, not --compare")
     if not compare and len(budgets) > 1:
         raise typer.BadParameter("several --defrag-moves need --compare")
     try:
@@ -81,7 +88,7 @@ def simulate(
             if pods and len(pods) > 1:
                 raise typer.BadParameter("several --pods need --compare")
             _single(nodes, pods[0] if pods else None, policy, card_policy, seed, inflation,
-                    json_path, placements, plot, popularity, budgets[0], multi)
+                    json_path, placements, plot, popularity, budgets[0], multi, mig_mix)
     except (TraceError, ValueError) as err:
         typer.echo(f"egpu simulate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -101,7 +108,7 @@ def _move_budgets(text: str) -> list[int]:
 def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_policy: str, seed: int,
             inflation: float, json_path: Path | None, placements_path: Path | None,
             plot_path: Path | None, popularity: float | None = None, defrag_moves: int = 0,
-            multi: tuple[float, int] = (0.0, 2)) -> None:
+            multi: tuple[float, int] = (0.0, 2), mig_mix: str | None = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
@@ -115,6 +122,11 @@ def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_p
     if card_policy != "auto" and card_policy not in CARD_POLICIES:
         raise ValueError(f"unknown --card-policy {card_policy!r}; known: auto, "
                          f"{', '.join(sorted(CARD_POLICIES))}")
+    mix_spec = None
+    if mig_mix is not None:
+        from elastic_gpu.sim.migmix import MigMixSpec
+
+        mix_spec = MigMixSpec.parse(mig_mix)
     if pods_path is None:
         nodes, tasks = builtin_nodes(), builtin_tasks()
     else:
@@ -135,6 +147,11 @@ def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_p
                         keep_placements=placements_path is not None, popularity=popularity,
                         defrag_moves=defrag_moves)
     summary = result.summary()
+    if mix_spec is not None:
+        from elastic_gpu.sim.migmix import compare_mix
+
+        summary["mig_mix"] = {"spec": mix_spec.__dict__,
+                              "runs": [r.summary() for r in compare_mix(mix_spec, tasks, seed)]}
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
     if placements_path is not None:
@@ -170,12 +187,36 @@ def _print_summary(summary: dict[str, object]) -> None:
     Console().print(table)
     Console().print(f"failed (first failing check): {summary['failed']}; "
                     f"up to 100% arrived: {summary['failed_to_100']}")
+    mix = summary.get("mig_mix")
+    if isinstance(mix, dict):
+        _print_mig_mix(mix)
     defrag = summary.get("defrag")
     if isinstance(defrag, dict):
         Console().print(f"defragmentation (at most {defrag['defrag_moves']} moves per failed task): "
                         f"{defrag['moves']} moves ({defrag['moves_pct_of_tasks']}% of tasks), "
                         f"{defrag['rescued']} tasks placed by a plan; up to 100% arrived: "
                         f"{defrag['moves_to_100']} moves, {defrag['rescued_to_100']} placed")
+
+
+def _print_mig_mix(mix: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    spec = mix["spec"]
+    runs = mix["runs"]
+    assert isinstance(spec, dict) and isinstance(runs, list)
+    table = Table(title=f"MIG demand: {spec['nodes']} x {spec['gpus']} {spec['model']}, "
+                        f"{spec['tasks']} tasks, load {spec['load']}")
+    for column in ("layouts", "MIG tasks served %", "whole-card tasks served %",
+                   "GPU time served %", "whole cards left %", "planner ms/call", "cards changed",
+                   "merged"):
+        table.add_column(column)
+    for run in runs:
+        table.add_row(str(run["mode"]), str(run["mig_served_pct"]), str(run["whole_served_pct"]),
+                      str(run["gpu_time_served_pct"]), str(run["whole_cards_left_pct"]),
+                      str(run["planner_ms_per_call"]),
+                      str(run["cards_changed"]), str(run["cards_merged"]))
+    Console().print(table)
 
 
 def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, seeds: str,

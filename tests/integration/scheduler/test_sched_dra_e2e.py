@@ -207,7 +207,8 @@ def test_dra_nodes_publish_slices_and_no_gpudevices(box: Box) -> None:
         by_pool.setdefault(s["spec"]["pool"]["name"], []).append(s)
     assert sorted(by_pool) == ["dra-000", "mig-000", "share-000"]
     assert len(by_pool["mig-000"]) == 2  # devices, and the card's counter set
-    assert "gpu-0-mig-5-1g-10gb" in devices and devices.count("gpu-0") == 2
+    # placed by NVIDIA's rules: 2g.20gb@0, 1g.10gb@2, 1g.10gb@3, 3g.40gb@4
+    assert "gpu-0-mig-3-1g-10gb" in devices and devices.count("gpu-0") == 2
     gpudevices = box.get("gpudevices")["items"]
     assert {d["metadata"]["labels"][gpudevice.NODE_LABEL] for d in gpudevices} == {"dp-000"}
     node = box.get("node", "dra-000")
@@ -392,8 +393,8 @@ def test_sandbox_up_dra_nodes_makes_the_last_nodes_dra_with_mig_on_the_first(
         assert modes == {"gpu-node-000": None, "gpu-node-001": "dra", "gpu-node-002": "dra"}
         devices = {s["spec"]["pool"]["name"]: sorted(d["name"] for d in s["spec"]["devices"])
                    for s in small.get("resourceslices")["items"] if s["spec"].get("devices")}
-        assert devices == {"gpu-node-001": ["gpu-0", "gpu-1-mig-0-3g-40gb", "gpu-1-mig-3-2g-20gb",
-                                            "gpu-1-mig-5-1g-10gb", "gpu-1-mig-6-1g-10gb"],
+        assert devices == {"gpu-node-001": ["gpu-0", "gpu-1-mig-0-2g-20gb", "gpu-1-mig-2-1g-10gb",
+                                            "gpu-1-mig-3-1g-10gb", "gpu-1-mig-4-3g-40gb"],
                            "gpu-node-002": ["gpu-0", "gpu-1"]}
         small.apply("default", examples("share.yaml"))
         assert small.running("default", "half")["spec"]["nodeName"] in devices
