@@ -50,7 +50,6 @@ from elastic_gpu.core.dra.claim_placement import (
 )
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
 from elastic_gpu.core.dra.inventory import cards_from_slices, claim_hold, claim_key, tables_of
-from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
@@ -126,8 +125,9 @@ class DraAllocator:
         self.claims = Informer(client, RESOURCE_CLAIMS.path(), name="dra allocator claims")
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
                                params={"fieldSelector": f"spec.driver={DRIVER}"})
-        self.nodes = Informer(client, NODES.path(), name="dra allocator nodes",
-                              params={"labelSelector": DRA_NODE_SELECTOR})
+        # every Node, for its labels (a pod's nodeSelector); a node is placed on when this
+        # driver's slices publish its cards (only a DRA-mode node's agent publishes them)
+        self.nodes = Informer(client, NODES.path(), name="dra allocator nodes")
         self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes")
         self._informers = (self.pods, self.claims, self.slices, self.nodes, self.classes)
         self._wake = asyncio.Event()
