@@ -53,6 +53,7 @@ from elastic_gpu.core.dra.inventory import cards_from_slices, claim_hold, claim_
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
+from elastic_gpu.core.nodestatus import allocatable
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
@@ -178,7 +179,10 @@ class DraAllocator:
     def _engine(self) -> tuple[Engine, dict[str, dict[int, tuple[int, int]]]]:
         cards = cards_from_slices(self.slices.items())
         nodes = {object_key(n): n for n in self.nodes.items()}
-        engine = Engine((Node(name, 0, 0, tuple(cs),
+        # CPU and memory capacity for the policies' host-aware scoring; kube-scheduler checks
+        # the pod's fit itself (check_host_resources off)
+        engine = Engine((Node(name, allocatable(nodes[name], "cpu", 1000),
+                              allocatable(nodes[name], "memory") // 2**20, tuple(cs),
                               labels=dict(_meta(nodes[name]).get("labels") or {}))
                          for name, cs in sorted(cards.items()) if name in nodes),
                         PolicyConfig(node_policy=self.settings.node_policy,
