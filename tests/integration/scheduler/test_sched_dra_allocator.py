@@ -21,6 +21,7 @@ import pytest
 
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, pod_manifest
+from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
@@ -37,6 +38,7 @@ GROUP_LABEL = "test.elasticgpu.io/dra-allocator"
 
 @pytest.fixture
 def extender(k8s_cluster: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
+    ensure_crd(k8s_cluster.kube())  # the extender is ready once its GPUDevice watch is
     (port,) = free_ports(1)
     process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
                               config={"nodePolicy": "binpack"})
