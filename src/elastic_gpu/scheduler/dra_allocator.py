@@ -50,7 +50,13 @@ from elastic_gpu.core.dra.claim_placement import (
     pod_request,
 )
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
-from elastic_gpu.core.dra.inventory import cards_from_slices, claim_hold, claim_key, tables_of
+from elastic_gpu.core.dra.inventory import (
+    CLAIM_KEY_PREFIX,
+    cards_from_slices,
+    claim_hold,
+    claim_key,
+    tables_of,
+)
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
@@ -124,13 +130,17 @@ class DraAllocator:
         self.serving = serving
         self.pods = Informer(client, PODS.path(), name="dra allocator pods",
                              params={"fieldSelector": "spec.nodeName="})
-        self.claims = Informer(client, RESOURCE_CLAIMS.path(), name="dra allocator claims")
+        # a cluster without resource.k8s.io/v1 (404): empty, checked again now and then
+        self.claims = Informer(client, RESOURCE_CLAIMS.path(), name="dra allocator claims",
+                               missing_ok=True)
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
-                               params={"fieldSelector": f"spec.driver={DRIVER}"})
+                               params={"fieldSelector": f"spec.driver={DRIVER}"},
+                               missing_ok=True)
         # every Node, for its labels (a pod's nodeSelector); a node is placed on when this
         # driver's slices publish its cards (only a DRA-mode node's agent publishes them)
         self.nodes = Informer(client, NODES.path(), name="dra allocator nodes")
-        self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes")
+        self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes",
+                                missing_ok=True)
         self._informers = (self.pods, self.claims, self.slices, self.nodes, self.classes)
         self._wake = asyncio.Event()
         #: claim key -> what it holds, written (or being written) but not yet seen allocated
@@ -276,6 +286,11 @@ class DraAllocator:
 
     def plan(self) -> list[Job]:
         """One pass: every gated pod of our schedulers placed in memory, as writes to do."""
+        for key in list(self._pending):  # written and seen back: the cache holds it now
+            namespace, _, name = key.removeprefix(CLAIM_KEY_PREFIX).partition("/")
+            claim = self.claims.get(f"{namespace}/{name}")
+            if claim is not None and (claim.get("status") or {}).get("allocation"):
+                del self._pending[key]
         pods = self._candidates()
         if not pods:
             return []

@@ -100,3 +100,18 @@ def test_an_allocation_anyone_wrote_is_held_and_a_full_node_keeps_the_pod_gated(
     del alloc.claims.store["ns/xb"]  # node b's cards free again: placed there
     (job,) = alloc.plan()
     assert job.claims[0][2]["devices"]["results"][0]["pool"] == "b"
+
+
+def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None:
+    alloc = _allocator([_pod("p1")], [_claim("p1")])
+    (job,) = alloc.plan()
+    # the gate lifted before the claim's watch shows the allocation: held, not placed again
+    alloc.pods.store["ns/p1"] = _pod("p1", gated=False)
+    assert alloc.plan() == []
+    alloc.claims.store["ns/p1"] = {**_claim("p1"), "status": {
+        "allocation": job.claims[0][2]}}
+    assert alloc.plan() == []
+    assert not alloc._pending  # seen back: the cache's allocation holds it now
+    alloc.claims.store["ns/p1"] = _claim("p1")  # the allocation cleared
+    (again,) = alloc.plan()
+    assert again.claims and not again.lift_gate
