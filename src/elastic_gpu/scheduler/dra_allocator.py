@@ -340,9 +340,11 @@ class DraAllocator:
                       and (not allocated_nodes or n in allocated_nodes)]
         node = engine.best(request, candidates)
         if node is None:
-            log.info("DRA allocator: no DRA node has room for %s/%s now; it stays gated",
-                     namespace, name)
-            return None
+            # kube-scheduler says why on the pod ("cannot allocate all claims") and allocates
+            # it once room frees; a gated pod would wait without a word
+            log.info("DRA allocator: no DRA node has room for %s/%s now; left to "
+                     "kube-scheduler", namespace, name)
+            return job if gated else None
         try:
             assignment = engine.assign(request, node)
         except Unschedulable as err:

@@ -7,7 +7,8 @@ finalizer and allocation and lifts the gate; kube-scheduler binds the pod to tha
 half-card shares on two 2-card nodes go onto two cards of one node (kube-scheduler's own
 allocator spreads by CPU and memory and takes devices first fit). A restarted allocator reads
 every allocated claim as a fact: it gives the second whole card, never the first again, and
-leaves a third whole-card pod gated while no card is free.
+leaves a third whole-card pod, for which no card is free, to kube-scheduler, which finds none
+either.
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ def _bound(kube: SyncKubeClient, namespace: str, names: list[str]) -> dict[str, 
     return nodes if len(nodes) == len(names) and all(nodes.values()) else None
 
 
+def _unschedulable(pod: dict[str, Any]) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
+                and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+    return None
+
+
 def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return list((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {})
                 .get("results") or [])
@@ -154,7 +163,8 @@ def test_a_restarted_allocator_reads_allocated_claims_and_gives_nothing_twice(
     devices = {n: [(r["pool"], r["device"]) for r in _results(
         kube.get(RESOURCE_CLAIMS.path(k8s_namespace, n)))] for n in ("first", "second")}
     assert sorted(d for ds in devices.values() for d in ds) == [(node, "gpu-0"), (node, "gpu-1")]
-    time.sleep(2)  # a pass or two of the allocator: the third has no card to get
-    third = kube.get(PODS.path(k8s_namespace, "third"))
-    assert third["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
+    # the third has no card to get: left to kube-scheduler, which finds none either
+    message = _wait("the third pod reported unschedulable",
+                    lambda: _unschedulable(kube.get(PODS.path(k8s_namespace, "third"))))
+    assert "cannot allocate all claims" in message, message
     assert not _results(kube.get(RESOURCE_CLAIMS.path(k8s_namespace, "third")))

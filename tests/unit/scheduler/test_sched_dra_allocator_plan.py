@@ -89,17 +89,21 @@ def test_what_the_engine_does_not_place_is_ungated_for_kube_scheduler() -> None:
                                                                ("p2", True, [])]
 
 
-def test_an_allocation_anyone_wrote_is_held_and_a_full_node_keeps_the_pod_gated() -> None:
+def test_an_allocation_anyone_wrote_is_held_and_no_room_leaves_the_pod_to_kube_scheduler(
+        ) -> None:
     def taken(node: str) -> dict[str, Any]:
         return {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": node, "device": f"gpu-{i}"}
             for i in range(2)]}}}
+    alloc = _allocator([_pod("p1"), _pod("p2")],
+                       [_claim("p1"), _claim("p2"), _claim("xa", **taken("a"))])
+    (job,) = [j for j in alloc.plan() if j.pod == "p1"]
+    assert job.claims[0][2]["devices"]["results"][0]["pool"] == "b"  # a's cards are taken
     alloc = _allocator([_pod("p1")], [_claim("p1"), _claim("xa", **taken("a")),
                                       _claim("xb", **taken("b"))])
-    assert alloc.plan() == []
-    del alloc.claims.store["ns/xb"]  # node b's cards free again: placed there
     (job,) = alloc.plan()
-    assert job.claims[0][2]["devices"]["results"][0]["pool"] == "b"
+    # no room anywhere: the gate is lifted without an allocation (kube-scheduler says why)
+    assert job.lift_gate and job.claims == []
 
 
 def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None:
