@@ -95,6 +95,9 @@ class Job:
     #: (claim name, claim resourceVersion, allocation)
     claims: list[tuple[str, str, Obj, bool]] = field(default_factory=list)
     lift_gate: bool = True
+    #: a gate lifted for kube-scheduler's own allocator: only once none of our allocations is
+    #: in flight or unseen, or it could allocate a card ours are taking (its cache lags them)
+    handover: bool = False
 
 
 def is_gated(pod: Mapping[str, Any]) -> bool:
@@ -189,8 +192,10 @@ class DraAllocator:
                     continue
                 started = time.perf_counter()
                 jobs = self.plan()
+                quiet = not self._pending and not self._tasks
                 for job in jobs:
-                    self._start(job)
+                    if not job.handover or quiet:
+                        self._start(job)  # a handover waits for a quiet pass (1 s at most)
                 if jobs:
                     log.info("DRA allocator: %d pods placed in %.1f ms (%d writes in flight)",
                              sum(1 for j in jobs if j.claims), 1000 * (time.perf_counter()
@@ -302,6 +307,12 @@ class DraAllocator:
                 jobs.append(job)
         return jobs
 
+    @staticmethod
+    def _fits_empty(engine: Engine, request: Any, candidates: list[str]) -> bool:
+        """Whether the pod would fit one of the nodes with nothing allocated on them."""
+        empty = Engine((engine.node(n) for n in candidates), engine.config)
+        return empty.best(request, candidates) is not None
+
     def _place(self, engine: Engine, sizes: Mapping[str, Mapping[int, tuple[int, int]]],
                pod: Obj) -> Job | None:
         meta, spec = _meta(pod), pod.get("spec") or {}
@@ -329,6 +340,7 @@ class DraAllocator:
                 open_claims.append((claim, claim_asks(claim)))
         except Unplaceable as why:
             log.info("DRA allocator: %s/%s is kube-scheduler's to place: %s", namespace, name, why)
+            job.handover = True
             return job if gated else None
         if not open_claims:
             return job if gated else None  # allocated already (e.g. before a restart)
@@ -340,10 +352,15 @@ class DraAllocator:
                       and (not allocated_nodes or n in allocated_nodes)]
         node = engine.best(request, candidates)
         if node is None:
-            # kube-scheduler says why on the pod ("cannot allocate all claims") and allocates
-            # it once room frees; a gated pod would wait without a word
-            log.info("DRA allocator: no DRA node has room for %s/%s now; left to "
-                     "kube-scheduler", namespace, name)
+            if self._fits_empty(engine, request, candidates):
+                # room may free: it waits gated (SchedulingGated), placed by us then
+                log.info("DRA allocator: no DRA node has room for %s/%s now; it stays gated",
+                         namespace, name)
+                return None
+            # no DRA node could ever hold it: kube-scheduler says why on the pod
+            log.info("DRA allocator: no DRA node can hold %s/%s; left to kube-scheduler",
+                     namespace, name)
+            job.handover = True
             return job if gated else None
         try:
             assignment = engine.assign(request, node)

@@ -89,8 +89,7 @@ def test_what_the_engine_does_not_place_is_ungated_for_kube_scheduler() -> None:
                                                                ("p2", True, [])]
 
 
-def test_an_allocation_anyone_wrote_is_held_and_no_room_leaves_the_pod_to_kube_scheduler(
-        ) -> None:
+def test_an_allocation_anyone_wrote_is_held_and_a_pod_without_room_waits_gated() -> None:
     def taken(node: str) -> dict[str, Any]:
         return {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": node, "device": f"gpu-{i}"}
@@ -101,9 +100,13 @@ def test_an_allocation_anyone_wrote_is_held_and_no_room_leaves_the_pod_to_kube_s
     assert job.claims[0][2]["devices"]["results"][0]["pool"] == "b"  # a's cards are taken
     alloc = _allocator([_pod("p1")], [_claim("p1"), _claim("xa", **taken("a")),
                                       _claim("xb", **taken("b"))])
+    assert alloc.plan() == []  # no room now: it stays gated
+    huge = _claim("p1")
+    huge["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "100Gi"
+    alloc.claims.store["ns/p1"] = huge
     (job,) = alloc.plan()
-    # no room anywhere: the gate is lifted without an allocation (kube-scheduler says why)
-    assert job.lift_gate and job.claims == []
+    # no card could ever hold it: handed to kube-scheduler (which says why), once quiet
+    assert job.lift_gate and job.handover and job.claims == []
 
 
 def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None:
