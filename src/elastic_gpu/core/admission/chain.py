@@ -23,11 +23,11 @@ from elastic_gpu.core.quota import quota_resources
 #: asking memory only); then `elasticgpu.io/gpu` is written as the shares it stands for. The
 #: MIG adapter's rewrite comes after the claims (a claim's MIG request is rewritten like a
 #: container's own); the node-level GPU count reads the containers as all
-#: of those left them; then the budget's priority; the DRA placement gate last (it reads
-#: only the pod's claims' classes).
+#: of those left them; then the DRA placement gate (it reads only the pod's claims' classes);
+#: the budget's priority comes last.
 MUTATORS: tuple[Mutator, ...] = (claim_resources, whole_cards_as_shares, memory_only_compute,
                                  vcuda_core_limit, mig_substitution, node_resources,
-                                 budget_priority, dra_gate)
+                                 dra_gate, budget_priority)
 
 #: The mutators with the quota's accounting resources added (last: they read the containers
 #: as the claims and the MIG substitution left them).
