@@ -72,6 +72,11 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
+#: How long a written allocation the watch never showed is held from memory, once no write is
+#: in flight (the claim was deallocated or replaced before its event reached us).
+PENDING_S = 10.0
+
+
 @dataclass(frozen=True)
 class AllocatorSettings:
     """What the allocator takes from the extender's config."""
@@ -148,6 +153,8 @@ class DraAllocator:
         self._wake = asyncio.Event()
         #: claim key -> what it holds, written (or being written) but not yet seen allocated
         self._pending: dict[str, Assignment] = {}
+        #: when each pending hold was placed (one never seen back is dropped after PENDING_S)
+        self._written: dict[str, float] = {}
         #: pod uids whose writes are in flight, and those whose gate was lifted
         self._busy: set[str] = set()
         self._lifted: set[str] = set()
@@ -291,11 +298,17 @@ class DraAllocator:
 
     def plan(self) -> list[Job]:
         """One pass: every gated pod of our schedulers placed in memory, as writes to do."""
-        for key in list(self._pending):  # written and seen back: the cache holds it now
+        now = time.monotonic()
+        for key in list(self._pending):
             namespace, _, name = key.removeprefix(CLAIM_KEY_PREFIX).partition("/")
             claim = self.claims.get(f"{namespace}/{name}")
-            if claim is not None and (claim.get("status") or {}).get("allocation"):
+            # seen back (the cache holds it now), gone, or written long ago and deallocated
+            # since (its watch event passed us by): no longer ours to hold from memory
+            if (claim is None or (claim.get("status") or {}).get("allocation")
+                    or (not self._tasks and now - self._written.get(key, now) > PENDING_S)):
                 del self._pending[key]
+        for key in [k for k in self._written if k not in self._pending]:
+            del self._written[key]
         pods = self._candidates()
         if not pods:
             return []
@@ -375,6 +388,7 @@ class DraAllocator:
             key = claim_key(namespace, cname)
             self._hold(engine, key, part)
             self._pending[key] = part
+            self._written[key] = time.monotonic()
             ids = [str(uuid.uuid4()) for _ in range(device_count(asks))]
             body = allocation(assignment, cname, asks, sizes[node], ids, now)
             has_finalizer = ALLOCATION_FINALIZER in (cmeta.get("finalizers") or [])
