@@ -26,6 +26,8 @@
       retryPeriodSeconds: 0.5    # between renewals (leader) and acquire attempts (standbys)
     loadAware: false             # among equally good nodes and cards prefer lower observed
                                  # utilisation (GPUDevice status.usage): shares move off hot cards
+    draAllocation: true          # place ResourceClaims of our DeviceClasses with our engine
+                                 # (gated pods; docs/dra.md, "Claims placed by our engine")
     host: 127.0.0.1              # address to listen on (another one needs tls.clientCAFile)
     port: 8888
     healthPort: 0                # also /healthz and /readyz over plain HTTP here (0: none)
@@ -149,6 +151,11 @@ class SchedulerConfig(ConnectionLimitSettings):
     #: The load-aware option (`PolicyConfig.load_aware`; docs/scheduler.md, "Load-aware
     #: placement"): ties between nodes and between cards go to lower observed utilisation.
     load_aware: bool = Field(default=False, validation_alias="loadAware")
+    #: The DRA allocator (`scheduler.dra_allocator`; docs/dra.md, "Claims placed by our
+    #: engine"): pods gated by the webhook for claims of our DeviceClasses are placed by the
+    #: engine, their claims' allocations written, then the gate lifted. Off: it never runs
+    #: and gated pods wait (turn the webhook's gate off with it).
+    dra_allocation: bool = Field(default=True, validation_alias="draAllocation")
 
     #: HTTP limits of one request (`wire.Limits`; docs/scheduler.md, "HTTP limits").
     max_request_bytes: int = Field(default=16 * 2**20, validation_alias="maxRequestBytes",

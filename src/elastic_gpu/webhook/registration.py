@@ -9,7 +9,8 @@ Scope, so that an outage of the webhook cannot block what it does not govern:
 - `objectSelector`: no pod labelled `elasticgpu.io/admission: ignore` (the opt-out);
 - `matchConditions` (CEL): only pods that name a GPU resource of the resource table or of a
   peer's dialect (limits or requests, containers or init containers), carry an
-  `egpuc.elasticgpu.io/*` claim annotation, or are KAI pods with its sharing annotations.
+  `egpuc.elasticgpu.io/*` claim annotation, are KAI pods with its sharing annotations, or name
+  ResourceClaims (the DRA placement gate, docs/dra.md).
 What it governs fails closed (`failurePolicy: Fail`): a GPU pod that skipped admission would
 run without its rules. `timeoutSeconds` is short, `reinvocationPolicy: IfNeeded`.
 
@@ -88,8 +89,8 @@ def _container_condition(container: str) -> str:
 
 
 def match_expression() -> str:
-    """CEL: the pod names a GPU resource (ours or a peer's), carries a claim annotation, or is a
-    KAI pod asking a share by annotation (`core.peers.kai`)."""
+    """CEL: the pod names a GPU resource (ours or a peer's), carries a claim annotation, is a
+    KAI pod asking a share by annotation (`core.peers.kai`), or names ResourceClaims."""
     return " || ".join([
         f"object.spec.containers.exists(c, {_container_condition('c')})",
         f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, "
@@ -99,6 +100,8 @@ def match_expression() -> str:
         f"(has(object.spec.schedulerName) && object.spec.schedulerName == '{kai.SCHEDULER}' && "
         f"has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
         f"k in ['{kai.FRACTION}', '{kai.MEMORY}']))",
+        # ResourceClaims: the DRA placement gate (`mutators.dra_gate`) reads their classes
+        "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
     ])
 
 

@@ -33,7 +33,7 @@ from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
 from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims, claim_names
-from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.budget.priority import NamespaceBudget
@@ -247,16 +247,19 @@ class Admission:
                 facts = replace(facts, mig_substitutions=tuple(
                     r for r in facts.mig_substitutions if r.namespace != namespace) + live)
         budget = await self.sources.budget(namespace) if mutate else NamespaceBudget()
-        return self._judge(request, mutate, PodClaims(namespace, found), facts, budget)
+        dra = (await self.sources.dra_claims(namespace, request.object)
+               if mutate and isinstance(request.object, dict) else DraClaims())
+        return self._judge(request, mutate, PodClaims(namespace, found), facts, budget, dra)
 
     def _judge(self, request: _Request, mutate: bool, claims: PodClaims,
                facts: ClusterFacts | None = None,
-               budget: NamespaceBudget | None = None) -> Outcome:
+               budget: NamespaceBudget | None = None, dra: DraClaims | None = None
+               ) -> Outcome:
         budget = budget or NamespaceBudget()
         try:
             verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims,
                             mutators=self.mutators, budget=budget.downgrade,
-                            budgeted=budget.budgeted)
+                            budgeted=budget.budgeted, dra=dra)
         except Exception as err:  # a bug must not become a 500 kube-apiserver reports vaguely
             log.exception("admission of %s/%s failed", request.namespace, request.name)
             return Answered(request.uid, Refused(f"elastic-gpu webhook error: {err!r}"))

@@ -4,8 +4,8 @@
 MIGSubstitutions (read live before a MIG pod is mutated: docs/mig-adapter.md) and for its
 namespace's GPU budget; it never sees where an answer came from. `Lookups` is the webhook's
 implementation over its watch caches and live reads (`kube.ClaimCache`, `migrules.RuleCache`,
-`budgets.BudgetLookup`), each part optional (absent: nothing to look up), and counts where each
-answer came from for the metrics.
+`budgets.BudgetLookup`, `dra.DraClassLookup`), each part optional (absent: nothing to look
+up), and counts where each answer came from for the metrics.
 
 Failure rules (unchanged from before the split): a claim the cache lacks is read live, and a
 read that fails is raised (the review refuses: it cannot tell); a rule read that fails falls
@@ -15,10 +15,11 @@ back to the cache (`None`); a budget lookup fails open inside `BudgetLookup`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from elastic_gpu.core.admission.facts import DraClaims
 from elastic_gpu.core.budget.priority import NamespaceBudget
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.mig.rules import SubstitutionRule
@@ -29,6 +30,7 @@ ClaimLookup = Callable[[str, str], Claim | None]
 ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
 RuleFetch = Callable[[str], Awaitable[tuple[SubstitutionRule, ...]]]
 BudgetLookupFn = Callable[[str], Awaitable[NamespaceBudget]]
+DraFetch = Callable[[str, Mapping[str, Any]], Awaitable[DraClaims]]
 
 
 class Sources(Protocol):
@@ -50,6 +52,10 @@ class Sources(Protocol):
 
     async def budget(self, namespace: str) -> NamespaceBudget:
         """What a new GPU pod of the namespace gets of its GPU budget."""
+        ...
+
+    async def dra_claims(self, namespace: str, pod: Mapping[str, Any]) -> DraClaims:
+        """The DeviceClasses the pod's ResourceClaims name (the DRA placement gate)."""
         ...
 
 
@@ -78,6 +84,8 @@ class Lookups:
     fetch_rules: RuleFetch | None = None
     on_rule_lookup: Callable[[str], None] = _ignore
     budgets: BudgetLookupFn | None = None
+    #: the DeviceClasses of a pod's ResourceClaims (`webhook.dra`); None: not looked up
+    dra: DraFetch | None = None
 
     def cached_claim(self, namespace: str, name: str) -> Claim | None:
         return self.claims(namespace, name)
@@ -104,3 +112,6 @@ class Lookups:
 
     async def budget(self, namespace: str) -> NamespaceBudget:
         return await self.budgets(namespace) if self.budgets is not None else NamespaceBudget()
+
+    async def dra_claims(self, namespace: str, pod: Mapping[str, Any]) -> DraClaims:
+        return await self.dra(namespace, pod) if self.dra is not None else DraClaims()

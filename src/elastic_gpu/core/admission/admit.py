@@ -15,7 +15,7 @@ from typing import Any
 
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims, claim_ops, claim_plan
-from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
 from elastic_gpu.core.admission.jsonpatch import PatchOp, apply_patch
 from elastic_gpu.core.admission.mutation import MutationInput, Mutator
 from elastic_gpu.core.admission.mutators.claims import claim_resources
@@ -109,12 +109,14 @@ class Verdict:
 
 def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
           mutators: Sequence[Mutator] = MUTATORS, claims: PodClaims | None = None,
-          budget: PriorityDowngrade | None = None, budgeted: bool = False) -> Verdict:
+          budget: PriorityDowngrade | None = None, budgeted: bool = False,
+          dra: DraClaims | None = None) -> Verdict:
     """The verdict on `pod`; with `mutate`, the patch of an allowed pod too. `claims`: the
     ElasticGPUClaims the pod names (`claim_names`), as found in its namespace; None: none
     found (a pod naming one is refused). `budget`: the lower PriorityClass while the pod's
     namespace is over its GPU budget (None: in budget, or no budget); `budgeted`: the
-    namespace has a GPU budget (`budget_finalizer`).
+    namespace has a GPU budget (`budget_finalizer`); `dra`: the DeviceClasses the pod's
+    ResourceClaims name (`dra_gate`).
 
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
@@ -134,7 +136,8 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
                     current = completed
                     ops += completing
                 continue
-            step = mutator(MutationInput(current, request, facts, claims, budget, budgeted))
+            step = mutator(MutationInput(current, request, facts, claims, budget, budgeted,
+                                         dra or DraClaims()))
             if step:
                 current = apply_patch(current, step)
                 ops += step

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_gpu.core.admission.claim_plan import PodClaims
-from elastic_gpu.core.admission.facts import ClusterFacts
+from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.budget.priority import PriorityDowngrade
 from elastic_gpu.core.request import PodRequest
@@ -33,6 +33,8 @@ class MutationInput:
     budget: PriorityDowngrade | None = None
     #: the pod's namespace has a GPU budget (`core.budget.priority.NamespaceBudget.budgeted`)
     budgeted: bool = False
+    #: the DeviceClasses its ResourceClaims name (`mutators.dra_gate`)
+    dra: DraClaims = field(default_factory=DraClaims)
 
 
 Mutator = Callable[[MutationInput], list[PatchOp]]
