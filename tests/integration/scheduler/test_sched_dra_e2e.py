@@ -122,12 +122,14 @@ class Box:
         name = statuses[0]["resourceClaimName"]
         return dict(self.get("resourceclaim", "-n", pod["metadata"]["namespace"], name))
 
-    def unschedulable_message(self, namespace: str, name: str) -> str:
+    def unschedulable_message(self, namespace: str, name: str, containing: str = "") -> str:
+        """The pod's PodScheduled=False message, once it contains `containing`: a pod our
+        allocator hands to kube-scheduler is first reported gated, then kube-scheduler's reason."""
         def message() -> str | None:
             pod = self.pod(namespace, name)
             for cond in (pod.get("status") or {}).get("conditions") or []:
                 if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
-                        and cond.get("message"):
+                        and containing in str(cond.get("message") or "") and cond.get("message"):
                     return str(cond["message"])
             return None
         return str(self.wait(f"pod {namespace}/{name} reported unschedulable", message))
