@@ -464,7 +464,9 @@ class DraAllocator:
                                         content_type=JSON_PATCH)
             self._lifted.add(job.uid)
         except NotFound:
-            pass
+            # the pod was deleted before its gate was lifted: its claims are released by the
+            # claims' own watch, so there is nothing left to lift
+            return
         except ApiError as err:  # another gate changed meanwhile: the next pass tries again
             log.info("DRA allocator: lifting %s/%s's gate: %s", job.namespace, job.pod, err)
 
