@@ -59,3 +59,12 @@ def test_more_shares_than_the_largest_node_has_cards_is_refused_with_the_reason(
         "container main: elasticgpu.io/gpu, elasticgpu.io/gpu-core, elasticgpu.io/gpu-memory="
         "5 shares: a share on each of 5 distinct cards of one node; no node could ever hold "
         "it: the largest node, n4, has 4 cards (rule exceeds-largest-node)")
+
+
+def test_a_claims_refusal_describes_a_share_on_n_cards() -> None:
+    from elastic_gpu.core.claims.provisioning import describe_request
+
+    request = container_request("main", {"limits": LIMITS})
+    assert describe_request(request) == "a share of each of 2 cards (30% compute, 8192 MiB)"
+    one = container_request("main", {"limits": {"elasticgpu.io/gpu-core": "30"}})
+    assert describe_request(one) == "a share of one card (30% compute, 0 MiB)"
