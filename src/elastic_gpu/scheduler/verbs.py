@@ -288,13 +288,13 @@ class Verbs:
             return json_answer({"Error": str(err)}, status=422)
         request, node, blocked, _ = self._claim_request(args.Pod, request)
         if blocked:
-            return json_answer(wire.host_priorities(dict.fromkeys(names, 0)))
+            return json_answer(wire.host_priorities({}))  # every node 0: none listed
         uid = pod_uid(args.Pod)
         scores: dict[str, int] = {}
         for mode, nodes in self._by_mode(names):
             scores.update(mode.score(request, uid, nodes))
         if node is not None:
-            scores = {n: (score if n == node else 0) for n, score in scores.items()}
+            scores = {node: scores[node]} if node in scores else {}
         return json_answer(wire.host_priorities(scores))
 
     def preempt(self, body: bytes) -> web.Response:

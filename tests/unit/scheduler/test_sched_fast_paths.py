@@ -161,7 +161,7 @@ def test_filter_best_over_http_passes_one_node_and_explains_when_none_fits() -> 
     # prioritize still answers for configurations that keep the verb
     body = msgspec.json.encode({"Pod": pod, "Nodes": None, "NodeNames": ["n13", "n2"]})
     assert json.loads(Extender(state).prioritize(body).body) == [
-        {"Host": "n13", "Score": 10}, {"Host": "n2", "Score": 0}]
+        {"Host": "n13", "Score": 10}]  # n2 scores 0: left out
 
 
 def rescale(raw: dict[str, float], node_names: list[str]) -> dict[str, int]:

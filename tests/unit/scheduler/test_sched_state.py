@@ -534,7 +534,8 @@ class Http:
         args = {"Pod": pod, "NodeNames": nodes}
         feasible = (await self.post("filter", args))["NodeNames"]
         scores = await self.post("prioritize", {"Pod": pod, "NodeNames": feasible})
-        return {s["Host"]: s["Score"] for s in scores}
+        # a node prioritize leaves out scores 0 (kube-scheduler adds nothing for it)
+        return {**dict.fromkeys(feasible, 0), **{s["Host"]: s["Score"] for s in scores}}
 
     async def bind(self, pod: dict[str, Any], node: str) -> str:
         meta = pod["metadata"]

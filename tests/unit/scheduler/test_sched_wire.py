@@ -190,5 +190,6 @@ def test_preemption_full_victims_need_uids() -> None:
 
 
 def test_host_priorities_shape() -> None:
-    encoded = msgspec.json.encode(wire.host_priorities({"a": 10, "b": 0}))
-    assert json.loads(encoded) == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 0}]
+    encoded = msgspec.json.encode(wire.host_priorities({"a": 10, "b": 0, "c": 3}))
+    # a node scored 0 is left out: kube-scheduler adds nothing for an unlisted node
+    assert json.loads(encoded) == [{"Host": "a", "Score": 10}, {"Host": "c", "Score": 3}]
