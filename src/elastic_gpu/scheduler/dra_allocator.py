@@ -57,6 +57,7 @@ from elastic_gpu.core.dra.inventory import (
     claim_key,
     tables_of,
 )
+from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
@@ -144,9 +145,13 @@ class DraAllocator:
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
                                params={"fieldSelector": f"spec.driver={DRIVER}"},
                                missing_ok=True)
-        # every Node, for its labels (a pod's nodeSelector); a node is placed on when this
-        # driver's slices publish its cards (only a DRA-mode node's agent publishes them)
-        self.nodes = Informer(client, NODES.path(), name="dra allocator nodes")
+        # the DRA-mode Nodes, for their labels (a pod's nodeSelector) and allocatable; a node
+        # is placed on when this driver's slices publish its cards, which only a DRA-mode
+        # node's agent does (it refuses to start on a node without the label). Only those:
+        # every other Node's heartbeats would be decoded here, and encoded for this watch by
+        # kube-apiserver, for nothing (1,000 kwok nodes: most of this process's idle CPU)
+        self.nodes = Informer(client, NODES.path(), name="dra allocator nodes",
+                              params={"labelSelector": DRA_NODE_SELECTOR})
         self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes",
                                 missing_ok=True)
         self._informers = (self.pods, self.claims, self.slices, self.nodes, self.classes)
@@ -165,13 +170,35 @@ class DraAllocator:
         #: when the writes now in flight began, and for how many pods
         self._burst = (0.0, 0)
         self.placed_count = 0
+        #: keys of the unbound pods that name ResourceClaims: the only ones a pass looks at
+        #: (a pod's claims and scheduler name are immutable), so a pass over a cluster of
+        #: device-plugin pods costs nothing per pod, and their events wake no pass (a dict:
+        #: in the order they came, as the store's)
+        self._claimants: dict[str, None] = {}
         for informer in self._informers:
-            informer.add_handler(Handler(on_add=self._poke, on_update=self._poke2,
-                                         on_delete=self._poke))
-        self.pods.add_handler(Handler(on_delete=self._forget))
+            if informer is not self.pods:
+                informer.add_handler(Handler(on_add=self._poke, on_update=self._poke2,
+                                             on_delete=self._poke))
+        self.pods.add_handler(Handler(on_add=self._pod_added, on_update=self._pod_updated,
+                                      on_delete=self._pod_deleted))
 
     def _poke(self, _obj: Obj) -> None:
         self._wake.set()
+
+    def _pod_added(self, pod: Obj) -> None:
+        if (pod.get("spec") or {}).get("resourceClaims"):
+            self._claimants[object_key(pod)] = None
+            self._wake.set()
+
+    def _pod_updated(self, _old: Obj, new: Obj) -> None:
+        self._pod_added(new)
+
+    def _pod_deleted(self, pod: Obj) -> None:
+        key = object_key(pod)
+        if key in self._claimants:
+            del self._claimants[key]
+            self._forget(pod)
+            self._wake.set()
 
     def _forget(self, pod: Obj) -> None:
         """A pod bound (it leaves the unbound pods' watch) or deleted: nothing more to do."""
@@ -256,7 +283,10 @@ class DraAllocator:
     def _candidates(self) -> list[Obj]:
         names = set(self.settings.scheduler_names)
         out = []
-        for pod in self.pods.items():
+        for key in self._claimants:
+            pod = self.pods.get(key)
+            if pod is None:
+                continue
             meta, spec = _meta(pod), pod.get("spec") or {}
             uid = str(meta.get("uid", ""))
             if (spec.get("schedulerName", "default-scheduler") not in names

@@ -1,5 +1,6 @@
-"""The DRA allocator's passes over its caches (no API: the informers' stores filled by hand),
-issue 41: which pods it places, how, and which it leaves to kube-scheduler."""
+"""The DRA allocator's passes over its caches (no API: the informers' stores filled by hand,
+pods through the watch's events, which index the pods that name claims), issue 41: which pods
+it places, how, and which it leaves to kube-scheduler."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _allocator(pods: list[dict[str, Any]], claims: list[dict[str, Any]],
     for cls in classes if classes is not None else device_classes():
         alloc.classes.store[cls["metadata"]["name"]] = cls
     for pod in pods:
-        alloc.pods.store[f"ns/{pod['metadata']['name']}"] = pod
+        alloc.pods.apply("ADDED", pod)
     for claim in claims:
         alloc.claims.store[f"ns/{claim['metadata']['name']}"] = claim
     return alloc
@@ -63,7 +64,7 @@ def test_a_pass_packs_gated_pods_and_holds_what_it_wrote_until_the_watch_shows_i
     assert placed[0] == placed[1] and placed[2][0] == placed[0][0] != placed[2]
     # while the writes are in flight, a second pass holds them (pending) and places no pod twice
     alloc._busy.update(j.uid for j in jobs)
-    alloc.pods.store["ns/p4"] = _pod("p4")
+    alloc.pods.apply("ADDED", _pod("p4"))
     alloc.claims.store["ns/p4"] = _claim("p4")
     (fourth,) = alloc.plan()
     result = fourth.claims[0][2]["devices"]["results"][0]
@@ -113,7 +114,7 @@ def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None
     alloc = _allocator([_pod("p1")], [_claim("p1")])
     (job,) = alloc.plan()
     # the gate lifted before the claim's watch shows the allocation: held, not placed again
-    alloc.pods.store["ns/p1"] = _pod("p1", gated=False)
+    alloc.pods.apply("MODIFIED", _pod("p1", gated=False))
     assert alloc.plan() == []
     alloc.claims.store["ns/p1"] = {**_claim("p1"), "status": {
         "allocation": job.claims[0][2]}}
@@ -122,3 +123,26 @@ def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None
     alloc.claims.store["ns/p1"] = _claim("p1")  # the allocation cleared
     (again,) = alloc.plan()
     assert again.claims and not again.lift_gate
+
+
+def test_a_pass_looks_only_at_pods_that_name_claims_and_their_events_alone_wake_it() -> None:
+    """Device-plugin pods (no resourceClaims) are never candidates: a pass does not walk them,
+    and their watch events wake no pass (on a busy extender a pass per pod event walked every
+    unbound pod)."""
+    plain = {**_pod("p9"), "spec": {"schedulerName": "s", "containers": []}}
+    alloc = _allocator([plain], [])
+    assert not alloc._wake.is_set() and list(alloc._claimants) == []
+    alloc.pods.apply("ADDED", _pod("p1"))
+    assert alloc._wake.is_set() and list(alloc._claimants) == ["ns/p1"]
+    alloc._wake.clear()
+    alloc.pods.apply("MODIFIED", {**plain, "metadata": {**plain["metadata"],
+                                                         "resourceVersion": "2"}})
+    alloc.pods.apply("DELETED", plain)
+    assert not alloc._wake.is_set()
+    alloc.pods.apply("DELETED", _pod("p1"))  # bound: it leaves the unbound pods' watch
+    assert alloc._wake.is_set() and list(alloc._claimants) == []
+
+
+def test_the_nodes_watched_are_the_dra_mode_nodes_alone() -> None:
+    alloc = DraAllocator(cast(Any, None), AllocatorSettings(("s",), "binpack"))
+    assert alloc.nodes.params == {"labelSelector": "elasticgpu.io/gpu-mode=dra"}
