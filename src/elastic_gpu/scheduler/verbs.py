@@ -110,7 +110,8 @@ class DevicePluginMode:
     def fit(self, request: PodRequest, uid: str, nodes: Sequence[str],
             claims: Mapping[str, str]) -> FilterResult:
         if not claims:
-            return self._state.filter(request, uid, nodes)
+            # the verb answers no reasons when a node fits: none asked for then
+            return self._state.filter(request, uid, nodes, reasons_if_fit=False)
         result, refused = self._state.filter_claims(request, uid, nodes, claims)
         if not refused:
             return result
@@ -242,6 +243,12 @@ class Verbs:
             result = mode.fit(request, uid, nodes, named)
             feasible += result.feasible
             refused.update(result.failed)
+        if feasible:
+            # kube-scheduler reads the failed nodes' reasons only when no node passes (the
+            # FitError's message, preemption's candidates; `schedulePod` drops them
+            # otherwise): with a node that fits, they are JSON it would decode for nothing
+            return with_outcome(json_answer(wire.filter_result(args, feasible, {}, {})),
+                                "feasible")
         known = self.state.known_nodes()
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -257,8 +264,6 @@ class Verbs:
                 said = sentences[id(failure)] = (describe(failure), failure.kind.unresolvable)
             (unresolvable if said[1] or node not in known else failed)[node] = said[0]
         response = json_answer(wire.filter_result(args, feasible, failed, unresolvable))
-        if feasible:
-            return with_outcome(response, "feasible")
         reason = main_reason(category_counts(refused.values()))
         self._handle.metrics.unschedulable.labels(reason).inc()
         return with_outcome(response, "unschedulable")

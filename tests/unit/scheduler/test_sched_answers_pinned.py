@@ -4,8 +4,10 @@ answer building) must not change one byte of what kube-scheduler reads.
 
 `pinned/verbs_answers.json` was written by the code before those changes
 (`EGPU_PIN_WRITE=1 pytest this file` writes it again, for a deliberate change of answers).
-One deliberate change is read from it instead: prioritize leaves out the nodes scored 0
-(`wire.host_priorities`), so a pinned prioritize answer is compared without its zeros.
+Two deliberate changes are read from it instead: prioritize leaves out the nodes scored 0
+(`wire.host_priorities`), so a pinned prioritize answer is compared without its zeros; and
+a filter answer with a node that fits gives no reasons (kube-scheduler reads them only when
+none fits), so a pinned one is compared without them.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def test_filter_and_prioritize_answers_are_byte_identical_to_the_pinned_ones() -
     got = answers()
     if os.environ.get("EGPU_PIN_WRITE"):
         PINNED.write_text(json.dumps(got, indent=0) + "\n")
-    pinned = [without_zero_scores(a) if i % 2 else a
+    pinned = [without_zero_scores(a) if i % 2 else without_reasons_if_fit(a)
               for i, a in enumerate(json.loads(PINNED.read_text()))]
     assert len(got) == len(pinned)
     for i, (mine, theirs) in enumerate(zip(got, pinned, strict=True)):
@@ -133,6 +135,28 @@ def without_zero_scores(answer: str) -> str:
     if not isinstance(decoded, list):
         return answer
     return msgspec.json.encode([h for h in decoded if h["Score"]]).decode()
+
+
+def without_reasons_if_fit(answer: str) -> str:
+    """A pinned filter answer as it is now: with a node that fits, no failed node's reason."""
+    if not answer.startswith("{"):
+        return answer  # a metric line
+    decoded = json.loads(answer)
+    if not decoded.get("NodeNames"):
+        return answer
+    return msgspec.json.encode({**decoded, "FailedNodes": {},
+                                "FailedAndUnresolvableNodes": {}}).decode()
+
+
+def test_filter_gives_reasons_only_when_no_node_fits() -> None:
+    """The change: the pinned answers of the code before hold reasons beside fitting nodes."""
+    def mixed(answers: list[str]) -> int:
+        return sum(1 for a in answers if (d := json.loads(a))["NodeNames"]
+                   and (d["FailedNodes"] or d["FailedAndUnresolvableNodes"]))
+    assert mixed(json.loads(PINNED.read_text())[0:240:2]) > 0
+    got = answers()[0:240:2]
+    assert mixed(got) == 0
+    assert any(not json.loads(a)["NodeNames"] and json.loads(a)["FailedNodes"] for a in got)
 
 
 def test_prioritize_lists_no_node_scored_0() -> None:

@@ -57,6 +57,9 @@ def test_filter_refuses_dra_nodes_for_fractions_naming_the_class() -> None:
     pod = pod_manifest("share", uid="u2", limits={"elasticgpu.io/gpu-core": "30"})
     body = _filter(ext, pod, ["dp", "dra-a"])
     assert body["NodeNames"] == ["dp"]
+    assert body["FailedAndUnresolvableNodes"] == {}  # a node fits: no reasons
+    body = _filter(ext, pod, ["dra-a"])
+    assert body["NodeNames"] == []
     reason = body["FailedAndUnresolvableNodes"]["dra-a"]
     assert reason.startswith("the node serves GPUs through DRA; ask for a share with a "
                              "ResourceClaim of class gpu.elasticgpu.io")

@@ -228,7 +228,7 @@ def test_an_unexpected_error_is_logged_and_answered_500_and_serving_goes_on(
         caplog: pytest.LogCaptureFixture) -> None:
     srv, _ = edge
 
-    def broken(*args: Any) -> Any:
+    def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(srv.extender.state, "filter", broken)

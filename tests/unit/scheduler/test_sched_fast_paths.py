@@ -221,3 +221,23 @@ def test_scores_are_floats_in_an_array() -> None:
         pod_manifest("p", uid="u", limits={"elasticgpu.io/gpu-core": "10"}))
     scored = engine.scored(request, ["a", "b"])
     assert scored.scores.dtype == np.float64 and scored.failed == ["b"]
+
+
+def test_a_filter_past_the_detail_limit_explains_nothing_when_a_node_fits() -> None:
+    """The HTTP filter asks no reasons when a node fits (kube-scheduler reads them only when
+    none fits): past `DETAIL_LIMIT` nodes the engine then explains no failed node; when none
+    fits, or when reasons are asked, they are as before."""
+    nodes = [Node(f"n{i:02d}", 64_000, 262_144,
+                  tuple(Card(c, f"GPU-{i}-{c}", "A100-SXM4-80GB" if i < 3 else "T4", 16384)
+                        for c in range(2))) for i in range(40)]
+    state = ready_state(nodes)
+    names = state.node_names()
+    pod = pod_request_from_manifest(pod_manifest(
+        "p", uid="uid-p", limits={"nvidia.com/gpu": "1"},
+        annotations={"elasticgpu.io/gpu-model": "A100-SXM4-80GB"}))
+    quiet = state.filter(pod, "uid-p", names, reasons_if_fit=False)
+    assert quiet.feasible == ["n00", "n01", "n02"] and dict(quiet.failed) == {}
+    told = state.filter(pod, "uid-p", names)
+    assert told.feasible == quiet.feasible and len(told.failed) == 37
+    none_fit = state.filter(pod, "uid-p", names[3:], reasons_if_fit=False)
+    assert none_fit.feasible == [] and len(none_fit.failed) == 37

@@ -47,9 +47,26 @@ def test_filter_answers_with_go_field_names(server: Server) -> None:
                          "Error"}
     assert body["Error"] == ""
     assert body["NodeNames"] == ["n1", "n3"]
+    # a node fits: no reasons (kube-scheduler reads them only when none fits)
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+    status, body = server.post("/filter", {"Pod": pod, "Nodes": None,
+                                           "NodeNames": ["n0", "n2", "ghost"]})
+    assert status == 200 and body["NodeNames"] == []
     # one sentence per failure, without the node's name (kube-scheduler counts identical ones)
-    assert body["FailedNodes"]["n0"] == "the node has T4 cards; the pod accepts A100"
+    assert body["FailedNodes"] == {"n0": "the node has T4 cards; the pod accepts A100",
+                                   "n2": "the node has T4 cards; the pod accepts A100"}
     assert body["FailedAndUnresolvableNodes"] == {"ghost": "node unknown to the GPU scheduler"}
+
+
+def test_filter_gives_no_reasons_when_a_node_fits(server: Server) -> None:
+    """kube-scheduler drops the failed nodes' reasons when some node passes (`schedulePod`
+    reads them only for a FitError): the answer leaves them out."""
+    pod = pod_manifest("p", uid="u1", limits={"nvidia.com/gpu": "2"},
+                       annotations={"elasticgpu.io/gpu-model": "T4"})
+    status, body = server.post("/filter", {"Pod": pod, "Nodes": None,
+                                           "NodeNames": ["n0", "n1", "n2", "n3", "ghost"]})
+    assert status == 200 and body["NodeNames"] == ["n0", "n2"]
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
 
 
 def test_prioritize_returns_host_scores_0_to_10(server: Server) -> None:

@@ -118,15 +118,19 @@ class Placement:
                 assignment = self._h.engine.assign(pod, node)
                 return self._ledger.reserve_assignment(pod, uid, node, assignment), assignment
 
-    def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult:
+    def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str], *,
+               reasons_if_fit: bool = True) -> FilterResult:
         """Which nodes can take the pod, and why each other one cannot (`_filter`); a GPU pod
         that fits none of them is remembered as waiting for capacity (`wakeups`).
+        `reasons_if_fit=False`: no reasons when some node fits (the HTTP filter's answer
+        leaves them out then, as kube-scheduler reads them only when none fits), so a
+        request past `DETAIL_LIMIT` nodes explains no failed node when one fits.
 
         The failed nodes past `DETAIL_LIMIT` share a summary reason, filled in after the lock
         is released: on a request naming 20,000 nodes that loop is most of the call, and other
         requests (small filters, binds) must not wait behind it."""
         with self._h.lock:
-            result, overflow = self._filter(pod, uid, node_names)
+            result, overflow = self._filter(pod, uid, node_names, reasons_if_fit)
             self._turnaways.note_filtered(pod, uid, node_names, result.feasible,
                                           lambda: self._ledger.priority_of(uid))
             known = self._h.known  # a frozenset, replaced whole when nodes change
@@ -137,8 +141,8 @@ class Placement:
             failed[name] = SUMMARY_FAILURE if name in known else UNKNOWN_NODE_FAILURE
         return FilterResult(result.feasible, failed)
 
-    def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]
-                ) -> tuple[FilterResult, Sequence[str]]:
+    def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str],
+                reasons_if_fit: bool = True) -> tuple[FilterResult, Sequence[str]]:
         """Which nodes can take the pod, and why each other one cannot.
 
         The engine explains a failed node by planning its cards, which costs about 0.1 ms per
@@ -168,6 +172,8 @@ class Placement:
                 # kube-scheduler asks prioritize next, for the nodes that passed: keep the
                 # scores while nothing changes (one engine scoring per cycle, not two).
                 self._last_scores = (uid, pod, self._h.version, scored)
+                if scored.feasible and not reasons_if_fit:
+                    return FilterResult(scored.feasible, {}), ()
                 failed_names = scored.failed
                 failed = dict(self._h.engine.filter(pod, failed_names[:DETAIL_LIMIT]).failed)
         return FilterResult(scored.feasible, failed), failed_names[DETAIL_LIMIT:]
