@@ -16,6 +16,7 @@ from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 __all__ = ["BUDGETS", "CLAIMS", "CLASSES", "CRDS", "DEVICE_CLASSES", "ELASTICGPUS", "EVENTS",
            "GPUDEVICES", "LEASES", "MIG_SUBSTITUTIONS", "MUTATING_WEBHOOKS", "NAMESPACES",
            "NODES", "PODS", "PRIORITY_CLASSES", "RESOURCES", "RESOURCE_CLAIMS",
+           "RESOURCE_CLAIM_TEMPLATES",
            "RESOURCE_SLICES", "SECRETS", "VALIDATING_WEBHOOKS"]
 
 #: `/apis/elasticgpu.io/v1alpha`: the Elastic GPU API's kinds, GPUBudget and MIGSubstitution
@@ -41,6 +42,7 @@ _ADMISSION_API = group_prefix("admissionregistration.k8s.io", "v1")
 _RESOURCE_API = group_prefix("resource.k8s.io", "v1")
 RESOURCE_SLICES = Resource(_RESOURCE_API, "resourceslices", False)
 RESOURCE_CLAIMS = Resource(_RESOURCE_API, "resourceclaims", True)
+RESOURCE_CLAIM_TEMPLATES = Resource(_RESOURCE_API, "resourceclaimtemplates", True)
 DEVICE_CLASSES = Resource(_RESOURCE_API, "deviceclasses", False)
 MUTATING_WEBHOOKS = Resource(_ADMISSION_API, "mutatingwebhookconfigurations", False)
 VALIDATING_WEBHOOKS = Resource(_ADMISSION_API, "validatingwebhookconfigurations", False)

@@ -8,7 +8,8 @@ Scope, so that an outage of the webhook cannot block what it does not govern:
   labelled `elasticgpu.io/admission: ignore`;
 - `objectSelector`: no pod labelled `elasticgpu.io/admission: ignore` (the opt-out);
 - `matchConditions` (CEL): only pods that name a GPU resource of the resource table (limits or
-  requests, containers or init containers) or carry an `egpuc.elasticgpu.io/*` claim annotation.
+  requests, containers or init containers), carry an `egpuc.elasticgpu.io/*` claim annotation,
+  or name ResourceClaims (`spec.resourceClaims`: the webhook reads them for our DeviceClasses).
 What it governs fails closed (`failurePolicy: Fail`): a GPU pod that skipped admission would
 run without its rules. `timeoutSeconds` is short, `reinvocationPolicy: IfNeeded`.
 
@@ -83,13 +84,14 @@ def _container_condition(container: str) -> str:
 
 
 def match_expression() -> str:
-    """CEL: the pod names a GPU resource or carries a claim annotation."""
+    """CEL: the pod names a GPU resource, carries a claim annotation or names ResourceClaims."""
     return " || ".join([
         f"object.spec.containers.exists(c, {_container_condition('c')})",
         f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, "
         f"{_container_condition('c')}))",
         f"(has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
         f"k.startsWith('{ann.CLAIM_PREFIX}')))",
+        "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
     ])
 
 

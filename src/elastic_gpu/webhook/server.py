@@ -52,6 +52,7 @@ from elastic_gpu.webhook.cluster import (
     initial_bundle,
     rotate_once,
 )
+from elastic_gpu.webhook.draclaims import DraClaimReader
 from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.registration import (
     CLAIM_MUTATE_PATH,
@@ -254,6 +255,7 @@ class WebhookServer:
         self.options = options
 
         self.claim_cache = ClaimCache()
+        self.dra_claims = DraClaimReader()
         self.rule_cache = RuleCache(self.set_mig_rules)
         self.metrics = Metrics()
         # the GPUBudgets are watched for the downgrade and for the finalizer alike
@@ -267,7 +269,7 @@ class WebhookServer:
                           fetch_rules=self.rule_cache.fetch,
                           on_rule_lookup=lambda source: self.metrics.rule_lookups.labels(
                               source).inc(),
-                          budgets=self.budgets)
+                          budgets=self.budgets, fetch_dra=self.dra_claims)
         self.admission = Admission(sources=sources, mutators=options.mutators())
         self.tls = TlsHolder()
         self.ca_bundle = ""
@@ -413,7 +415,7 @@ class WebhookServer:
         # with names from reviews go by checked, escaped paths (kube.paths).
         client = reader = KubeClient.from_config(self.options.kubeconfig,
                                                  field_manager=FIELD_MANAGER)
-        self.claim_cache.reader = self.rule_cache.reader = reader
+        self.claim_cache.reader = self.rule_cache.reader = self.dra_claims.reader = reader
         if self.budgets is not None:
             self.budgets.reader = reader
         tasks: list[asyncio.Task[None]] = []

@@ -15,12 +15,13 @@ back to the cache (`None`); a budget lookup fails open inside `BudgetLookup`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from elastic_gpu.core.budget.priority import NamespaceBudget
 from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.dra.podclaims import ClaimRef, PodDraClaims
 from elastic_gpu.core.mig.rules import SubstitutionRule
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ ClaimLookup = Callable[[str, str], Claim | None]
 ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
 RuleFetch = Callable[[str], Awaitable[tuple[SubstitutionRule, ...]]]
 BudgetLookupFn = Callable[[str], Awaitable[NamespaceBudget]]
+DraFetch = Callable[[str, Sequence[ClaimRef]], Awaitable[PodDraClaims]]
 
 
 class Sources(Protocol):
@@ -52,6 +54,11 @@ class Sources(Protocol):
         """What a new GPU pod of the namespace gets of its GPU budget."""
         ...
 
+    async def dra_claims(self, namespace: str, refs: Sequence[ClaimRef]) -> PodDraClaims:
+        """The ResourceClaims and templates a pod names, read live (None each that does not
+        exist). Raises when it cannot tell."""
+        ...
+
 
 def _no_claim(_namespace: str, _name: str) -> Claim | None:
     return None
@@ -70,7 +77,9 @@ class Lookups:
     is not refused (a cache hit makes no API call); `on_claim_lookup` is told "cache" or "api"
     for each claim. `fetch_rules`: a live read of one namespace's MIGSubstitutions;
     `on_rule_lookup` is told "api", or "cache" when that read failed. `budgets`: the
-    namespace's over-budget downgrade (None: budgets are not looked up)."""
+    namespace's over-budget downgrade (None: budgets are not looked up). `fetch_dra`: a live
+    read of the ResourceClaims and templates a pod names (`draclaims.DraClaimReader`; None:
+    not read, the DRA rules see none)."""
 
     claims: ClaimLookup = _no_claim
     fetch: ClaimFetch | None = None
@@ -78,6 +87,7 @@ class Lookups:
     fetch_rules: RuleFetch | None = None
     on_rule_lookup: Callable[[str], None] = _ignore
     budgets: BudgetLookupFn | None = None
+    fetch_dra: DraFetch | None = None
 
     def cached_claim(self, namespace: str, name: str) -> Claim | None:
         return self.claims(namespace, name)
@@ -104,3 +114,8 @@ class Lookups:
 
     async def budget(self, namespace: str) -> NamespaceBudget:
         return await self.budgets(namespace) if self.budgets is not None else NamespaceBudget()
+
+    async def dra_claims(self, namespace: str, refs: Sequence[ClaimRef]) -> PodDraClaims:
+        if self.fetch_dra is None or not refs:
+            return PodDraClaims()
+        return await self.fetch_dra(namespace, refs)

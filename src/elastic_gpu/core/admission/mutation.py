@@ -16,6 +16,7 @@ from elastic_gpu.core.admission.claim_plan import PodClaims
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.budget.priority import PriorityDowngrade
+from elastic_gpu.core.dra.podclaims import PodDraClaims
 from elastic_gpu.core.request import PodRequest
 
 
@@ -33,6 +34,13 @@ class MutationInput:
     budget: PriorityDowngrade | None = None
     #: the pod's namespace has a GPU budget (`core.budget.priority.NamespaceBudget.budgeted`)
     budgeted: bool = False
+    #: the ResourceClaims and templates the pod names, as the webhook found them
+    dra: PodDraClaims = field(default_factory=PodDraClaims)
+
+    @property
+    def gpu_pod(self) -> bool:
+        """The pod asks a GPU: by device-plugin names or through claims of our classes."""
+        return self.request.wants_gpu or bool(self.dra.ours())
 
 
 Mutator = Callable[[MutationInput], list[PatchOp]]
