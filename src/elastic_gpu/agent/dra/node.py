@@ -37,7 +37,12 @@ from typing import Any
 from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
-from elastic_gpu.agent.dra.kubelet_plugin import DraPlugin, KubeletPluginServer, api_claim_reader
+from elastic_gpu.agent.dra.kubelet_plugin import (
+    DraPlugin,
+    KubeletPluginServer,
+    api_claim_reader,
+    api_pod_reader,
+)
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
 from elastic_gpu.agent.node_status import patch_node_capacity
@@ -94,7 +99,7 @@ class DraNode:
         self.node_uid: str | None = None
         dra = config.dra
         self.plugin = DraPlugin(node, api_claim_reader(client), state.cards, inputs,
-                                dra.pluginDirectory, dra.cdiDirectory)
+                                dra.pluginDirectory, dra.cdiDirectory, api_pod_reader(client))
         self.server = KubeletPluginServer(self.plugin, dra.pluginDirectory, dra.registryDirectory, state)
         self.server.registration.on_registered = self._registered
         # the health loop, the sync loop and kubelet's registration publish: one at a time,
