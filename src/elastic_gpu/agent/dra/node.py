@@ -31,12 +31,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
+from elastic_gpu.agent.dra.holdings import with_holdings
 from elastic_gpu.agent.dra.kubelet_plugin import (
     DraPlugin,
     KubeletPluginServer,
@@ -162,6 +163,9 @@ class DraNode:
 
     def outcomes(self) -> Counter[tuple[str, str]]:
         return Counter()  # grants are NodePrepareResources calls, not Allocate
+
+    def holdings(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        return with_holdings(pods, self.node, self.plugin.checkpoint.claims())
 
     def usage_sinks(self) -> ApiSinks | None:
         return None  # no GPUDevice to write status.usage to: a DRA node's usage is metrics only
