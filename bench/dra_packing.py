@@ -12,7 +12,10 @@ requests, the same in every variant, sized to `--fill` of the cluster's GPU comp
 - `egpu`: kube-scheduler with the extender (deploy/'s stanza: filter, prioritize, bind), pods
   asking `elasticgpu.io/gpu-core` / `gpu-memory` and `nvidia.com/gpu`;
 - `dra`: kube-scheduler alone, pods with a ResourceClaimTemplate of class `gpu.elasticgpu.io`
-  per shape (`capacity.requests` for the shares, `count` for whole cards).
+  per shape (`capacity.requests` for the shares, `count` for whole cards);
+- `dra-packed`: the same pods with the scheduling gate `elasticgpu.io/dra-placement` the
+  webhook puts on them, the extender's DRA allocator placing their claims with our engine
+  (issue 41) and lifting the gate, stock kube-scheduler binding them.
 
 Per variant and round: pods/s from the first bind to the last (pods are created first with a
 scheduler name nobody serves, as in sched_throughput.py), then the packing of what was bound,
@@ -47,6 +50,7 @@ from egpu_testing.workbench import (
     start_gpu_cluster,
 )
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.allocation import allocated_devices
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
 from elastic_gpu.core.dra.devices import device_table
@@ -58,7 +62,7 @@ from elastic_gpu.kube.resources import RESOURCE_CLAIMS
 #: (name, percent, memory MiB or None for whole cards, whole cards, weight)
 SHAPES = (("quarter", 25, 8192, 0, 40), ("half", 50, 16384, 0, 30),
           ("one", 0, None, 1, 20), ("two", 0, None, 2, 10))
-VARIANTS = ("egpu", "dra")
+VARIANTS = ("egpu", "dra", "dra-packed")
 
 
 def workload(nodes: int, fill: float, seed: int) -> list[str]:
@@ -102,10 +106,12 @@ def claim_template(shape: str, namespace: str) -> dict[str, Any]:
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}
 
 
-def dra_pod(i: int, shape: str, namespace: str) -> dict[str, Any]:
+def dra_pod(i: int, shape: str, namespace: str, gated: bool = False) -> dict[str, Any]:
     pod = pod_manifest(f"p-{i:05d}", namespace, scheduler_name=namespace)
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": shape}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    if gated:  # what the webhook's dra_gate mutator adds (the bench runs no webhook)
+        pod["spec"]["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
     return pod
 
 
@@ -138,18 +144,21 @@ def run(plane: Any, client: Any, kube: Any, work: Path, nodes: list[Node], varia
         round_: int, shapes: list[str]) -> dict[str, float]:
     name = f"{variant}-{round_}"
     plane.kubectl("create", "namespace", name)
-    if variant == "dra":
+    if variant in ("dra", "dra-packed"):
         create_or_update(kube, [claim_template(s[0], name) for s in SHAPES])
-        pods = [dra_pod(i, s, name) for i, s in enumerate(shapes)]
+        pods = [dra_pod(i, s, name, gated=variant == "dra-packed")
+                for i, s in enumerate(shapes)]
     else:
         pods = [egpu_pod(i, s, name) for i, s in enumerate(shapes)]
     create_pods(client, pods)
     extender = None
-    if variant == "egpu":
+    if variant in ("egpu", "dra-packed"):
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",
                                    scheduler_name=name)
         extender.start(timeout_s=120)
+    if variant == "egpu":
+        assert extender is not None
         config = extender_kube_scheduler_config(extender.url, name)
     else:
         config = plain_kube_scheduler_config(name)
@@ -175,7 +184,7 @@ def run(plane: Any, client: Any, kube: Any, work: Path, nodes: list[Node], varia
             extender.stop()
     if previous != count or first is None or last is None or last == first:
         raise RuntimeError(f"{variant}: {previous}/{count} pods bound")
-    use = (claim_use(kube, name, nodes) if variant == "dra"
+    use = (claim_use(kube, name, nodes) if variant != "egpu"
            else card_use_from_pods(list_pods(client, name)))
     problems = overcommitted(use, nodes)
     if problems:

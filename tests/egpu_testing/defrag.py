@@ -12,6 +12,7 @@ from typing import Any
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.mig.layout import layout_starts
 from elastic_gpu.core.model import Card, MigInstance
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.errors import ApiError, TooManyRequests
@@ -118,11 +119,10 @@ def gpu_pod(name: str, *, percent: int | None, node: str = "", namespace: str = 
 def mig_node_objects(name: str, profiles: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A Node and the GPUDevice of its one A100-80GB card carved into `profiles` (instances
     `MIG-<name>-<k>`)."""
-    instances, start = [], 0
-    for k, text in enumerate(profiles):
-        profile = MigProfile.parse(text)
-        instances.append(MigInstance(profile, f"MIG-{name}-{k}", start))
-        start += profile.slices
+    parsed = [MigProfile.parse(text) for text in profiles]
+    starts = layout_starts("A100-SXM4-80GB", parsed)
+    instances = [MigInstance(profile, f"MIG-{name}-{k}", start)
+                 for k, (profile, start) in enumerate(zip(parsed, starts, strict=True))]
     card = Card(0, f"GPU-{name}", "A100-SXM4-80GB", MEMORY_MIB, mig=tuple(instances))
     return ({"metadata": {"name": name},
              "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}},

@@ -11,6 +11,7 @@ then read the pods back from the API and check, without the scheduler's state:
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -235,4 +236,34 @@ def wait_extender_knows(url: str, nodes: list[str], cards: int, timeout_s: float
             return
         time.sleep(0.2)
     raise TimeoutError(f"extender does not know {nodes} after {timeout_s} s")
+
+
+def wait_extender_cards(url: str, node: str, models: Mapping[str, str],
+                        timeout_s: float = 60.0) -> None:
+    """Until the extender holds exactly the cards `models` (uuid -> model) on `node`, each
+    healthy, as its metrics say (`card_healthy`, labelled with the uuid and model its
+    inventory has): more than `wait_extender_knows`, which counts cards by index only, so a
+    card published, then deleted and published again is waited for by what it is."""
+    import urllib.request
+
+    sample = re.compile(r'^elasticgpu_scheduler_card_healthy\{(?P<labels>[^}]*)\} (?P<v>\S+)$')
+    label = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+    seen: dict[str, tuple[str, float]] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        seen = {}
+        for line in text.splitlines():
+            match = sample.match(line)
+            if match is None:
+                continue
+            labels = dict(label.findall(match["labels"]))
+            if labels.get("node") == node:
+                seen[labels.get("device_uuid", "")] = (labels.get("model", ""), float(match["v"]))
+        if seen == {uuid: (model, 1.0) for uuid, model in models.items()}:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"the extender's cards on {node} are {seen} (uuid: (model, healthy)) "
+                       f"after {timeout_s} s, not {dict(models)}")
 

@@ -6,7 +6,11 @@ NUMA node, NVLinks by remote PCI bus id, MIG instances, usage (compute processes
 memory, per-process and card utilisation; per MIG instance its memory and compute processes,
 with no utilisation, as NVML has none on MIG device handles); faults are scripted too (`init_error`:
 the library or driver missing; `Gpu.lost`: a card that stops answering; `wait_error`; XID
-events queued with `xid`). Used by the NVML backend's own tests and by the backend conformance
+events queued with `xid`). MIG layouts can be changed as on an 80 GB A100/H100: MIG mode
+(`reset_needed` keeps a change pending), GPU instances at a placement (refused where slices are
+taken), compute instances (`ci_error` fails the next), destroyed in that order (`In Use` while
+a process runs), and GPU instances left with no compute instance (`Gpu.gis`).
+Used by the NVML backend's own tests and by the backend conformance
 suite (tests/unit/agent/test_backend_conformance.py).
 """
 
@@ -43,6 +47,45 @@ class Gpu:
     #: Per MIG instance (by UUID): its compute processes (pid, used MiB or None). The parent
     #: card lists them too (in MIG mode the parent's process list holds every instance's).
     mig_processes: dict[str, list[tuple[int, int | None]]] = field(default_factory=dict)
+    #: MIG mode set with no instance yet; a mode change that waits for a GPU reset
+    mig_mode_on: bool = False
+    reset_needed: bool = False
+    #: GPU instances with no compute instance (a carve interrupted between the two)
+    gis: list[Gi] = field(default_factory=list)
+    #: the next compute instance creation fails with this NVML error code
+    ci_error: int | None = None
+
+    @property
+    def mig_capable(self) -> bool:
+        return any(model in self.name for model in ("A100", "H100", "A30", "H200"))
+
+
+#: NVML's GPU instance profiles of an 80 GB A100 / H100: id -> (name, sliceCount,
+#: memorySizeMB, placement size in memory slices)
+PROFILES_80GB: dict[int, tuple[str, int, int, int]] = {
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE: ("1g.10gb", 1, 9856, 1),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: ("1g.10gb+me", 1, 9856, 1),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: ("1g.20gb", 1, 19968, 2),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE: ("2g.20gb", 2, 19968, 2),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE: ("3g.40gb", 3, 40192, 4),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE: ("4g.40gb", 4, 40192, 4),
+    pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE: ("7g.80gb", 7, 81152, 8),
+}
+
+
+def memory_slices(slices: int, memory_mb: int) -> int:
+    return next((size for _, g, mb, size in PROFILES_80GB.values()
+                 if (g, mb) == (slices, memory_mb)), max(1, round(memory_mb / 10240)))
+
+
+@dataclass
+class Gi:
+    """A GPU instance with no compute instance yet (scripted; ids from 16 on)."""
+
+    parent: Gpu
+    gid: int
+    profile_id: int
+    start: int
 
 
 @dataclass
@@ -75,6 +118,9 @@ class SimNvml:
         self.init_error: int | None = None
         self.wait_error: int | None = None
         self.registered: list[str] = []
+        #: MIG devices created, by UUID; GPU instance ids handed out from 16 on
+        self.created: list[str] = []
+        self.next_gi = 15
         functions = {
             "nvmlInit": self.init, "nvmlShutdown": lambda: None,
             "nvmlDeviceGetCount": lambda: len(self.gpus),
@@ -96,9 +142,20 @@ class SimNvml:
             "nvmlDeviceGetAttributes": lambda m: SimpleNamespace(
                 gpuInstanceSliceCount=m.slices, memorySizeMB=m.memory_mb),
             "nvmlDeviceGetGpuInstanceId": lambda m: m,
-            "nvmlDeviceGetGpuInstanceById": lambda h, m: m,
+            "nvmlDeviceGetComputeInstanceId": lambda m: 0,
+            "nvmlDeviceGetGpuInstanceById": self.gpu_instance,
             "nvmlGpuInstanceGetInfo": lambda m: SimpleNamespace(
                 placement=SimpleNamespace(start=m.start)),
+            "nvmlDeviceSetMigMode": self.set_mig_mode,
+            "nvmlDeviceGetGpuInstanceProfileInfo": self.profile_info,
+            "nvmlDeviceGetGpuInstancePossiblePlacements": self.placements,
+            "nvmlDeviceCreateGpuInstanceWithPlacement": self.create_gi,
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo":
+                lambda gi, profile, engine: SimpleNamespace(id=profile),
+            "nvmlGpuInstanceCreateComputeInstance": self.create_ci,
+            "nvmlGpuInstanceGetComputeInstanceById": self.compute_instance,
+            "nvmlComputeInstanceDestroy": self.destroy_ci,
+            "nvmlGpuInstanceDestroy": self.destroy_gi,
             "nvmlEventSetCreate": lambda: "set",
             "nvmlEventSetFree": lambda s: None,
             "nvmlDeviceRegisterEvents": lambda h, kinds, s: self.registered.append(h.uuid),
@@ -170,9 +227,85 @@ class SimNvml:
         return pynvml.NVML_FEATURE_ENABLED
 
     def mig_mode(self, handle: Gpu) -> tuple[int, int]:
-        if not handle.mig:
+        if not handle.mig and not handle.mig_capable:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+        on = bool(handle.mig) or handle.mig_mode_on
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if on else pynvml.NVML_DEVICE_MIG_DISABLE
+        pending = pynvml.NVML_DEVICE_MIG_ENABLE if handle.reset_needed else mode
+        return (mode, pending)
+
+    def set_mig_mode(self, handle: Gpu, mode: int) -> int:
+        if not handle.mig_capable:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not handle.reset_needed:
+            handle.mig_mode_on = mode == pynvml.NVML_DEVICE_MIG_ENABLE
+        return pynvml.NVML_SUCCESS
+
+    def profile_info(self, handle: Gpu, profile_id: int) -> Any:
+        if not handle.mig_capable or profile_id not in PROFILES_80GB:
+            raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        _, slices, memory, _ = PROFILES_80GB[profile_id]
+        return SimpleNamespace(id=profile_id, sliceCount=slices, memorySizeMB=memory)
+
+    def placements(self, handle: Gpu, profile_id: int) -> list[Any]:
+        size = PROFILES_80GB[profile_id][3]
+        return [SimpleNamespace(start=s, size=size) for s in range(0, 8, size)]
+
+    def taken(self, gpu: Gpu) -> set[int]:
+        slots = {s for _, g, mb, start in gpu.mig
+                 for s in range(start, start + memory_slices(g, mb))}
+        return slots | {s for gi in gpu.gis
+                        for s in range(gi.start, gi.start + PROFILES_80GB[gi.profile_id][3])}
+
+    def create_gi(self, handle: Gpu, profile_id: int, placement: Any) -> Gi:
+        if not self.mig_mode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        size = PROFILES_80GB[profile_id][3]
+        wanted = set(range(placement.start, placement.start + placement.size))
+        if placement.size != size or placement.start % size or wanted & self.taken(handle):
+            raise err(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        self.next_gi += 1
+        gi = Gi(handle, self.next_gi, profile_id, placement.start)
+        handle.gis.append(gi)
+        return gi
+
+    def create_ci(self, gi: Gi, ci_profile: int) -> Any:
+        gpu = gi.parent
+        if gpu.ci_error is not None:
+            code, gpu.ci_error = gpu.ci_error, None
+            raise err(code)
+        _, slices, memory, _ = PROFILES_80GB[gi.profile_id]
+        uuid = f"MIG-sim-{gpu.uuid}-{len(self.created)}"
+        self.created.append(uuid)
+        gpu.gis.remove(gi)
+        gpu.mig.append((uuid, slices, memory, gi.start))
+        return SimpleNamespace(uuid=uuid)
+
+    def gpu_instance(self, handle: Gpu, key: Any) -> Any:
+        if isinstance(key, Mig):
+            return key
+        if isinstance(key, int) and key < len(handle.mig):
+            return self.mig_handle(handle, key)
+        for gi in handle.gis:
+            if gi.gid == key:
+                return gi
+        raise err(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def compute_instance(self, gi: Any, ci_id: int) -> Any:
+        if isinstance(gi, Mig) and ci_id == 0:
+            return gi
+        raise err(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def destroy_ci(self, ci: Mig) -> None:
+        if ci.processes:
+            raise err(pynvml.NVML_ERROR_IN_USE)
+        ci.parent.mig[:] = [m for m in ci.parent.mig if m[0] != ci.uuid]
+
+    def destroy_gi(self, gi: Any) -> None:
+        if isinstance(gi, Gi):
+            gi.parent.gis.remove(gi)
+        elif any(m[0] == gi.uuid for m in gi.parent.mig):
+            raise err(pynvml.NVML_ERROR_IN_USE)
 
     def mig_handle(self, handle: Gpu, slot: int) -> Mig:
         if slot >= len(handle.mig):

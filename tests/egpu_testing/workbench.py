@@ -167,7 +167,8 @@ def extender_kube_scheduler_config(url: str, scheduler_name: str,
                                    qps: int = 500, prioritize: bool = True) -> dict[str, Any]:
     """The deploy/ configuration pointed at `url`, for a kube-scheduler of its own name
     (`prioritize=False`: the one for an extender with `filterResult: best`)."""
-    config = kube_scheduler_config(url, scheduler_name=scheduler_name, prioritize=prioritize)
+    config = kube_scheduler_config(url, scheduler_name=scheduler_name, prioritize=prioritize,
+                                   peer_schedulers=())
     config["clientConnection"] = {"qps": qps, "burst": qps}
     return config
 

@@ -46,7 +46,13 @@ from elastic_gpu.core.assignment import (
 )
 from elastic_gpu.core.podlife import finished
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.request import lifetime_containers
+from elastic_gpu.core.request import (
+    RequestKind,
+    SpecContainer,
+    container_request,
+    lifetime_containers,
+)
+from elastic_gpu.core.resources import ResourceError
 
 #: Candidates named in an ambiguity error (the message goes to kubelet's event and log).
 MAX_NAMED = 5
@@ -66,6 +72,9 @@ class Candidate:
     shares: tuple[CardShare, ...]
     #: the ElasticGPU whose cards these are (a claim-backed container), None for the pod's own
     claim: str | None = None
+    #: the cards the container's share asks (N for a multi-card share, 1 for a one-card
+    #: share; 0: not a share, or unreadable)
+    share_cards: int = 0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -129,8 +138,17 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
                 continue
             found.append(Candidate(str(meta.get("namespace", "")), str(meta.get("name", "")), uid,
                                    cname, str(meta.get("creationTimestamp", "")), shares,
-                                   assignment.claims.get(cname)))
+                                   assignment.claims.get(cname), _share_cards(item)))
     return found, problems
+
+
+def _share_cards(item: SpecContainer) -> int:
+    """The cards a container's share asks (`Candidate.share_cards`)."""
+    try:
+        request = container_request(item.name, item.resources)
+    except (ResourceError, ValueError):
+        return 0
+    return request.cards if request.kind is RequestKind.SHARE else 0
 
 
 def choose(found: Sequence[Candidate], problems: Sequence[str], node: str, resource: str,

@@ -191,6 +191,27 @@ def card_to_object(node: str, card: Card, reason: str = "") -> dict[str, Any]:
     }
 
 
+def owned_by_node(obj: Mapping[str, Any], node: str, node_uid: str | None) -> dict[str, Any]:
+    """`obj` owned by the Node `node` whose uid is `node_uid` (the garbage collector removes it
+    with that Node); without a uid, `obj` unchanged."""
+    out = dict(obj)
+    if node_uid:
+        out["metadata"] = {**obj["metadata"], "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]}
+    return out
+
+
+def update_patch(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that makes an existing GPUDevice what `obj` (a `card_to_object`,
+    perhaps `owned_by_node`) says, status aside (its own subresource). The owner is part of it:
+    a GPUDevice left by an earlier Node object of the same name still names that Node's uid,
+    and the garbage collector deletes it unless the current Node is made its owner."""
+    metadata = {"labels": obj["metadata"]["labels"]}
+    if "ownerReferences" in obj["metadata"]:
+        metadata["ownerReferences"] = obj["metadata"]["ownerReferences"]
+    return {"metadata": metadata, "spec": obj["spec"]}
+
+
 def _field(obj: Mapping[str, Any], where: str, key: str, kind: type | tuple[type, ...]) -> Any:
     value = obj.get(key)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_gpu.api import budget, elasticgpu, gpudevice, migsubstitution
+from elastic_gpu.api import budget, elasticgpu, gpudevice, miglayout, migsubstitution
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ CRDS: tuple[CrdEntry, ...] = (
     CrdEntry(elasticgpu.EGPU_KIND, _elasticgpu(elasticgpu.EGPU_PLURAL), "installer"),
     CrdEntry(migsubstitution.KIND, migsubstitution.crd_manifest, "installer"),
     CrdEntry(budget.KIND, budget.crd_manifest, "installer"),
+    CrdEntry(miglayout.KIND, miglayout.crd_manifest, "installer"),
     CrdEntry(gpudevice.KIND, gpudevice.crd_manifest, "agent"),
 )
 

@@ -45,7 +45,8 @@ def scheduler(
              "targetWorkload, workloadRefreshPods, maxRequestBytes, maxNodesPerRequest, "
              "schedulerNames (the profiles that call this extender: /bind refuses other "
              "pods), headerTimeoutSeconds, idleTimeoutSeconds, maxConnections, leaderElection, "
-             "loadAware, host, port, healthPort, drainSeconds, tls (docs/scheduler.md). Each "
+             "loadAware, draAllocation (DRA claims placed by our engine), host, port, "
+             "healthPort, drainSeconds, tls (docs/scheduler.md). Each "
              "flag below that names a key sets it: a flag given beats the file, the file beats "
              "the default")] = None,
     tls_cert: Annotated[str | None, typer.Option(help=_key(

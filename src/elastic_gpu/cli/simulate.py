@@ -46,10 +46,21 @@ def simulate(
              "and, when the tasks ask more CPU per GPU than the nodes have, once shares of one "
              "card ask half the GPU asked).")
     ] = None,
+    multi_share_fraction: Annotated[float, typer.Option(
+        help="Share (0-1) of the one-card share tasks that ask their share on "
+             "--multi-share-cards distinct cards instead (a multi-card share; the public traces "
+             "have none). The same tasks for every seed.")] = 0.0,
+    multi_share_cards: Annotated[int, typer.Option(
+        help="Cards of each injected multi-card share (2 or more).")] = 2,
     defrag_moves: Annotated[str, typer.Option(
         help="Defragmentation: when a GPU task fails to place, the planner may move up to K "
              "placed GPU tasks to make room (0: off). With --compare a comma-separated list "
              "sweeps several budgets, e.g. 0,1,2,4.")] = "0",
+    mig_mix: Annotated[str | None, typer.Option(
+        "--mig-mix", help="Also replay MIG demand on a pool of MIG-capable nodes, static layouts "
+             "against the dynamic-MIG planner (docs/simulator.md, 'MIG demand'): 'default' or "
+             "KEY=VALUE,... of nodes, gpus, model, profiles, load, tasks, mean_hours, "
+             "cooldown_s.")] = None,
 ) -> None:
     """Replay a GPU trace (or the built-in cluster and workload) through the placement engine."""
     from elastic_gpu.sim.trace import TraceError
@@ -58,18 +69,26 @@ def simulate(
         raise typer.BadParameter(f"--popularity must be in (0, 1], got {popularity}")
     if (nodes is None) != (not pods):
         raise typer.BadParameter("give --nodes and --pods together, or neither for the built-in trace")
+    if not 0.0 <= multi_share_fraction <= 1.0:
+        raise typer.BadParameter(f"--multi-share-fraction must be in [0, 1], got "
+                                 f"{multi_share_fraction}")
+    if multi_share_cards < 2:
+        raise typer.BadParameter(f"--multi-share-cards must be 2 or more, got {multi_share_cards}")
+    multi = (multi_share_fraction, multi_share_cards)
     budgets = _move_budgets(defrag_moves)
+    if compare and mig_mix is not None:
+        raise typer.BadParameter("--mig-mix runs with a single replay, not --compare")
     if not compare and len(budgets) > 1:
         raise typer.BadParameter("several --defrag-moves need --compare")
     try:
         if compare:
             _compare(nodes, pods or [], policies, seeds, inflation, card_policy, reference_dir,
-                     processes, json_path, popularity, budgets)
+                     processes, json_path, popularity, budgets, multi)
         else:
             if pods and len(pods) > 1:
                 raise typer.BadParameter("several --pods need --compare")
             _single(nodes, pods[0] if pods else None, policy, card_policy, seed, inflation,
-                    json_path, placements, plot, popularity, budgets[0])
+                    json_path, placements, plot, popularity, budgets[0], multi, mig_mix)
     except (TraceError, ValueError) as err:
         typer.echo(f"egpu simulate: {err}", err=True)
         raise typer.Exit(2) from None
@@ -88,25 +107,33 @@ def _move_budgets(text: str) -> list[int]:
 
 def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_policy: str, seed: int,
             inflation: float, json_path: Path | None, placements_path: Path | None,
-            plot_path: Path | None, popularity: float | None = None, defrag_moves: int = 0) -> None:
+            plot_path: Path | None, popularity: float | None = None, defrag_moves: int = 0,
+            multi: tuple[float, int] = (0.0, 2), mig_mix: str | None = None) -> None:
     from rich.console import Console
     from rich.progress import Progress
 
     from elastic_gpu.core.policies import CARD_POLICIES, NODE_POLICIES
     from elastic_gpu.sim.builtin import builtin_nodes, builtin_tasks
     from elastic_gpu.sim.replay import replay
-    from elastic_gpu.sim.trace import load_nodes, load_tasks
+    from elastic_gpu.sim.trace import load_nodes, load_tasks, with_multi_shares
 
     if policy not in NODE_POLICIES:
         raise ValueError(f"unknown --policy {policy!r}; known: {', '.join(sorted(NODE_POLICIES))}")
     if card_policy != "auto" and card_policy not in CARD_POLICIES:
         raise ValueError(f"unknown --card-policy {card_policy!r}; known: auto, "
                          f"{', '.join(sorted(CARD_POLICIES))}")
+    mix_spec = None
+    if mig_mix is not None:
+        from elastic_gpu.sim.migmix import MigMixSpec
+
+        mix_spec = MigMixSpec.parse(mig_mix)
     if pods_path is None:
         nodes, tasks = builtin_nodes(), builtin_tasks()
     else:
         assert nodes_path is not None
         nodes, tasks = load_nodes(nodes_path), load_tasks(pods_path)
+    if multi[0] > 0:
+        tasks = with_multi_shares(tasks, *multi)
     console = Console(stderr=True)
     if sys.stderr.isatty():
         with Progress(console=console, transient=True) as bar:
@@ -120,6 +147,11 @@ def _single(nodes_path: Path | None, pods_path: Path | None, policy: str, card_p
                         keep_placements=placements_path is not None, popularity=popularity,
                         defrag_moves=defrag_moves)
     summary = result.summary()
+    if mix_spec is not None:
+        from elastic_gpu.sim.migmix import compare_mix
+
+        summary["mig_mix"] = {"spec": mix_spec.__dict__,
+                              "runs": [r.summary() for r in compare_mix(mix_spec, tasks, seed)]}
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=2) + "\n")
     if placements_path is not None:
@@ -155,6 +187,9 @@ def _print_summary(summary: dict[str, object]) -> None:
     Console().print(table)
     Console().print(f"failed (first failing check): {summary['failed']}; "
                     f"up to 100% arrived: {summary['failed_to_100']}")
+    mix = summary.get("mig_mix")
+    if isinstance(mix, dict):
+        _print_mig_mix(mix)
     defrag = summary.get("defrag")
     if isinstance(defrag, dict):
         Console().print(f"defragmentation (at most {defrag['defrag_moves']} moves per failed task): "
@@ -163,10 +198,31 @@ def _print_summary(summary: dict[str, object]) -> None:
                         f"{defrag['moves_to_100']} moves, {defrag['rescued_to_100']} placed")
 
 
+def _print_mig_mix(mix: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    spec = mix["spec"]
+    runs = mix["runs"]
+    assert isinstance(spec, dict) and isinstance(runs, list)
+    table = Table(title=f"MIG demand: {spec['nodes']} x {spec['gpus']} {spec['model']}, "
+                        f"{spec['tasks']} tasks, load {spec['load']}")
+    for column in ("layouts", "MIG tasks served %", "whole-card tasks served %",
+                   "GPU time served %", "whole cards left %", "planner ms/call", "cards changed",
+                   "merged"):
+        table.add_column(column)
+    for run in runs:
+        table.add_row(str(run["mode"]), str(run["mig_served_pct"]), str(run["whole_served_pct"]),
+                      str(run["gpu_time_served_pct"]), str(run["whole_cards_left_pct"]),
+                      str(run["planner_ms_per_call"]),
+                      str(run["cards_changed"]), str(run["cards_merged"]))
+    Console().print(table)
+
+
 def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, seeds: str,
              inflation: float, card_policy: str, reference_dir: Path | None, processes: int,
              json_path: Path | None, popularity: float | None = None,
-             budgets: list[int] | None = None) -> None:
+             budgets: list[int] | None = None, multi: tuple[float, int] = (0.0, 2)) -> None:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -190,7 +246,8 @@ def _compare(nodes_path: Path | None, pods_paths: list[Path], policies: str, see
     workloads: list[tuple[str, str | None, str | None]] = (
         [(p.stem, str(nodes_path), str(p)) for p in pods_paths] if pods_paths else [("builtin", None, None)])
     budgets = budgets or [0]
-    jobs = [Job(w, n, p, pol, s, inflation, card_policy, popularity, defrag_moves=k)
+    jobs = [Job(w, n, p, pol, s, inflation, card_policy, popularity, defrag_moves=k,
+                multi_share_fraction=multi[0], multi_share_cards=multi[1])
             for w, n, p in workloads for pol in names for k in budgets for s in seed_list]
     reference = load_reference(reference_dir) if reference_dir is not None else {}
     console = Console()

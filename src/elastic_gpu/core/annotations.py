@@ -36,6 +36,17 @@ NODE_POLICY = f"{PREFIX}/node-policy"
 CARD_POLICY = f"{PREFIX}/card-policy"
 GPU_MODEL_ALLOW = f"{PREFIX}/gpu-model"  # "A100|H100": only these models
 GPU_MODEL_DENY = f"{PREFIX}/gpu-model-deny"  # "T4": never these models
+GPU_UUID_ALLOW = f"{PREFIX}/gpu-uuid"  # "GPU-1,GPU-2": only these cards (HAMi use-gpuuuid)
+GPU_UUID_DENY = f"{PREFIX}/gpu-uuid-deny"  # "GPU-3": never these cards
+
+#: DRA placement by our engine (docs/dra.md, "Claims placed by our engine"): the scheduling
+#: gate the webhook puts on a pod whose ResourceClaims (or templates) are of our DeviceClasses,
+#: lifted by the extender's DRA allocator once it has written the claims' allocations.
+DRA_PLACEMENT_GATE = f"{PREFIX}/dra-placement"
+#: On a DeviceClass: "kube-scheduler" leaves that class's claims to kube-scheduler's own
+#: allocator (no gate; the allocator lifts a gate it finds on such a pod without placing it).
+DRA_PLACEMENT = f"{PREFIX}/dra-placement"
+DRA_PLACEMENT_KUBE_SCHEDULER = "kube-scheduler"
 
 #: Elastic GPU (original) claim binding on a pod: egpuc.elasticgpu.io/<container>: <claim>.
 CLAIM_PREFIX = "egpuc.elasticgpu.io/"

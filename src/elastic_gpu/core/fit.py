@@ -49,8 +49,12 @@ class FitKind(enum.Enum):
     #: no card of a model the pod accepts: `offered` the node's models, `allowed`/`denied` the
     #: pod's lists
     MODEL_NOT_ACCEPTED = "model-not-accepted"
-    #: no card has a share's compute and memory free: `requested` 1 card, `free` cards that
-    #: have room (0), `capacity` cards; `per_card_milli` / `per_card_mib` the share asked
+    #: the pod names its cards by UUID (`elasticgpu.io/gpu-uuid`, `gpu-uuid-deny`) and no
+    #: card of the node is one it accepts: `capacity` the node's cards
+    CARD_NOT_PINNED = "card-not-pinned"
+    #: too few cards have a share's compute and memory free: `requested` the cards the share
+    #: asks (1, or N for a multi-card share), `free` cards that have room, `capacity` cards;
+    #: `per_card_milli` / `per_card_mib` the share asked of each card
     INSUFFICIENT_SHARE = "insufficient-share"
     #: too few entirely free cards: `requested`, `free`, `capacity` in cards
     INSUFFICIENT_CARDS = "insufficient-cards"
@@ -128,6 +132,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.HOST_CPU: "cpu",
     FitKind.HOST_MEMORY: "memory",
     FitKind.MODEL_NOT_ACCEPTED: "model",
+    FitKind.CARD_NOT_PINNED: "model",
     FitKind.TFLOPS_UNKNOWN_MODEL: "model",
     FitKind.RESOURCE_NOT_OFFERED: "resource",
     FitKind.INSUFFICIENT_MIG: "mig",
@@ -324,7 +329,14 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.MODEL_NOT_ACCEPTED:
         return (f"the node has {', '.join(f.offered) or 'no'} cards; the pod accepts "
                 f"{_accepted_text(f)}")
+    if kind is FitKind.CARD_NOT_PINNED:
+        return (f"none of the node's {f.capacity} cards is one the pod names by UUID "
+                "(elasticgpu.io/gpu-uuid, gpu-uuid-deny)")
     if kind is FitKind.INSUFFICIENT_SHARE:
+        if f.requested > 1:  # a multi-card share: N distinct cards with room each
+            return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
+                    f"{f.per_card_mib} MiB free{_among(f)}, {_container(f)} needs "
+                    f"{f.requested} such cards")
         return (f"{f.free}/{f.capacity} cards have {compute_text(f.per_card_milli)} and "
                 f"{f.per_card_mib} MiB free{_among(f)} ({_container(f)})")
     if kind is FitKind.INSUFFICIENT_CARDS:

@@ -60,7 +60,8 @@ class MigInstance:
 
     profile: MigProfile
     uuid: str
-    #: The first compute slice it occupies; with `profile.slices` it gives the placement.
+    #: The placement slot it starts at (NVML's GPU instance placement start: slots are the
+    #: card's memory slices, `core.mig.layout`); it spans its profile's memory slices.
     start: int = 0
     health: Health = Health.HEALTHY
 

@@ -16,8 +16,10 @@ from functools import lru_cache
 from typing import Any
 
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.model import Card
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import (
+    GPU_WHOLE,
     MAX_RESOURCE_VALUE,
     MILLI_PER_CARD,
     Amount,
@@ -32,14 +34,18 @@ from elastic_gpu.core.tflops import most_milli, share_milli
 
 class RequestKind(enum.Enum):
     NONE = "none"  # no GPU
-    SHARE = "share"  # a fraction of one card (compute and/or memory)
+    SHARE = "share"  # a fraction of a card (compute and/or memory), on `cards` distinct cards
     WHOLE = "whole"  # N whole cards, exclusively
     MIG = "mig"  # N MIG instances of one profile
 
 
 @dataclass(frozen=True)
 class ContainerRequest:
-    """One container's GPU request. Compute and memory are per card."""
+    """One container's GPU request. Compute and memory are per card.
+
+    A SHARE is `cards` shares of one shape (compute and/or memory of one card each) on that
+    many distinct cards of one node: 1 for the usual share; N for a multi-card share, written
+    `elasticgpu.io/gpu: N` beside a one-card share (`container_request`)."""
 
     name: str
     kind: RequestKind = RequestKind.NONE
@@ -55,15 +61,16 @@ class ContainerRequest:
 
     def __post_init__(self) -> None:
         if self.kind is RequestKind.SHARE:
-            if self.cards != 1 or not 0 <= self.compute_milli < MILLI_PER_CARD:
-                raise ValueError(f"container {self.name}: a share is one card below 1000 milli")
+            if self.cards < 1 or not 0 <= self.compute_milli < MILLI_PER_CARD:
+                raise ValueError(f"container {self.name}: a share is below 1000 milli on each "
+                                 "of one or more cards")
             if self.compute_milli == 0 and self.memory_mib == 0 and self.tflops == 0:
                 raise ValueError(f"container {self.name}: a share needs compute or memory")
             if self.tflops and self.compute_milli:
                 raise ValueError(f"container {self.name}: a share is asked in TFLOPS or in "
                                  "milli-cards, not both")
         elif self.tflops:
-            raise ValueError(f"container {self.name}: TFLOPS are a share of one card")
+            raise ValueError(f"container {self.name}: TFLOPS are a share of a card")
         elif self.kind is RequestKind.WHOLE:
             if self.cards < 1 or self.compute_milli != MILLI_PER_CARD:
                 raise ValueError(f"container {self.name}: whole cards need cards >= 1 at 1000 milli")
@@ -73,6 +80,20 @@ class ContainerRequest:
     @property
     def wants_gpu(self) -> bool:
         return self.kind is not RequestKind.NONE
+
+    @property
+    def multi_share(self) -> bool:
+        """Whether this is a share on several distinct cards (N shares of one shape)."""
+        return self.kind is RequestKind.SHARE and self.cards > 1
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """The names a card must serve to take this container (`model.offered`): the ones it
+        wrote, less a multi-card share's `elasticgpu.io/gpu`, which counts its shares there
+        and names no device (its cards serve the share's compute and memory names)."""
+        if self.multi_share:
+            return tuple(name for name in self.resources if name != GPU_WHOLE)
+        return self.resources
 
     @property
     def total_milli(self) -> int:
@@ -86,7 +107,7 @@ class ContainerRequest:
         """Compute over all of this container's cards, at most: `total_milli`, and for a
         TFLOPS share the most it can become on any card (`tflops.most_milli`; `total_milli`
         is 0 for it, a lower bound). Accounting that must never undercount reads this."""
-        return most_milli(self.tflops) if self.tflops else self.total_milli
+        return self.cards * most_milli(self.tflops) if self.tflops else self.total_milli
 
     def milli_on(self, model: str) -> int | None:
         """The compute (milli-cards) this container needs of one card of `model`: its
@@ -97,8 +118,10 @@ class ContainerRequest:
         return share_milli(model, self.tflops)
 
     @staticmethod
-    def share(name: str, compute_milli: int, memory_mib: int = 0) -> ContainerRequest:
-        return ContainerRequest(name, RequestKind.SHARE, 1, compute_milli, memory_mib)
+    def share(name: str, compute_milli: int, memory_mib: int = 0, cards: int = 1
+              ) -> ContainerRequest:
+        """A share of `compute_milli` and `memory_mib` on each of `cards` distinct cards."""
+        return ContainerRequest(name, RequestKind.SHARE, cards, compute_milli, memory_mib)
 
     @staticmethod
     def whole(name: str, cards: int, memory_mib: int = 0) -> ContainerRequest:
@@ -122,6 +145,10 @@ class PodRequest:
     denied_models: frozenset[str] = field(default_factory=frozenset)
     node_policy: str | None = None
     card_policy: str | None = None
+    #: None: any card; otherwise the card's UUID must be one of these (HAMi's use-gpuuuid,
+    #: written as `elasticgpu.io/gpu-uuid` by the webhook); never the ones of `denied_cards`
+    allowed_cards: frozenset[str] | None = None
+    denied_cards: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def key(self) -> str:
@@ -144,6 +171,20 @@ class PodRequest:
             return False
         return self.allowed_models is None or model in self.allowed_models
 
+    @property
+    def pins_cards(self) -> bool:
+        """Whether the pod names the cards it may (or may not) have, by UUID."""
+        return self.allowed_cards is not None or bool(self.denied_cards)
+
+    def accepts_uuid(self, uuid: str) -> bool:
+        if uuid in self.denied_cards:
+            return False
+        return self.allowed_cards is None or uuid in self.allowed_cards
+
+    def accepts_card(self, card: Card) -> bool:
+        """Whether the pod may have this card: its model and its UUID."""
+        return self.accepts_model(card.model) and self.accepts_uuid(card.uuid)
+
 
 def parse_model_list(text: str | None) -> frozenset[str] | None:
     """`"A100|H100"` (the trace's gpu_spec form; commas work too) -> {"A100", "H100"}."""
@@ -151,6 +192,13 @@ def parse_model_list(text: str | None) -> frozenset[str] | None:
         return None
     parts = (p.strip() for chunk in text.split(",") for p in chunk.split("|"))
     return frozenset(p for p in parts if p)
+
+
+def parse_uuid_list(text: str | None) -> frozenset[str] | None:
+    """`"GPU-1,GPU-2"` -> {"GPU-1", "GPU-2"} (None: no list)."""
+    if text is None or not text.strip():
+        return None
+    return frozenset(p.strip() for p in text.split(",") if p.strip())
 
 
 def container_request(name: str, resources: Mapping[str, Any]) -> ContainerRequest:
@@ -180,12 +228,16 @@ def container_request(name: str, resources: Mapping[str, Any]) -> ContainerReque
                                 "combined with other GPU resources")
         profile = MigProfile.parse(mig[0].spec.name)
         return ContainerRequest(name, RequestKind.MIG, mig[0].value, 0, 0, profile, written)
+    # `elasticgpu.io/gpu: N` beside a one-card share: N such shares on N distinct cards
+    share_cards = _share_cards(cards, compute, tflops)
+    if share_cards:
+        cards = None
     if tflops:
         if cards or compute:
             raise ResourceError(", ".join(written), "", f"container {name}: ask for compute in "
                                 "TFLOPS, in percent or in whole cards, one of them")
-        return ContainerRequest(name, RequestKind.SHARE, 1, 0, memory, None, written,
-                                tflops[0].value)
+        return ContainerRequest(name, RequestKind.SHARE, share_cards or 1, 0, memory, None,
+                                written, tflops[0].value)
     if cards and compute:
         raise ResourceError(", ".join(written), "", f"container {name}: ask for whole cards or "
                             "a compute share, not both")
@@ -197,11 +249,27 @@ def container_request(name: str, resources: Mapping[str, Any]) -> ContainerReque
         if whole:
             return ContainerRequest(name, RequestKind.WHOLE, whole, MILLI_PER_CARD, memory, None,
                                     written)
-        return ContainerRequest(name, RequestKind.SHARE, 1, compute[0].value, memory, None, written)
+        return ContainerRequest(name, RequestKind.SHARE, share_cards or 1, compute[0].value,
+                                memory, None, written)
     # Memory alone: a memory-only share of one card (gpushare style).
     if memory == 0:
         return ContainerRequest(name)
     return ContainerRequest(name, RequestKind.SHARE, 1, 0, memory, None, written)
+
+
+def _share_cards(cards: list[Amount] | None, compute: list[Amount] | None,
+                 tflops: list[Amount] | None) -> int:
+    """N when the container writes `elasticgpu.io/gpu: N` (the whole-card count of our own
+    names, `GPU_WHOLE`) beside a one-card share (a compute share below one card, or TFLOPS):
+    N shares of that shape on N distinct cards of one node. 0 otherwise (whole cards stay whole
+    cards; a vendor's whole-card name beside a share stays an error)."""
+    if not cards or cards[0].spec.name != GPU_WHOLE:
+        return 0
+    if tflops:
+        return cards[0].value
+    if compute and not compute[0].whole_cards:
+        return cards[0].value
+    return 0  # whole cards beside whole cards: refused below, as before
 
 
 #: The `restartPolicy` that makes an init container a sidecar (KEP-753, GA in Kubernetes 1.33):
@@ -420,4 +488,6 @@ def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
         denied_models=parse_model_list(annotations.get(ann.GPU_MODEL_DENY)) or frozenset(),
         node_policy=annotations.get(ann.NODE_POLICY),
         card_policy=annotations.get(ann.CARD_POLICY),
+        allowed_cards=parse_uuid_list(annotations.get(ann.GPU_UUID_ALLOW)),
+        denied_cards=parse_uuid_list(annotations.get(ann.GPU_UUID_DENY)) or frozenset(),
     )

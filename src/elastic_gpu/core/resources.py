@@ -215,6 +215,12 @@ def to_amount(name: str, raw: str | int | float) -> Amount:
     if isinstance(raw, bool):
         raise ResourceError(name, raw, f"{spec.rule.value}; a boolean is not a number",
                             show_value=True)
+    if isinstance(raw, str) and len(raw) <= 15 and raw.isascii() and raw.isdigit():
+        # the usual form ("30", "4096"): what the rule below reads it as, without the regexes
+        # and the exact (Fraction) parse; 15 digits stay below MAX_RESOURCE_VALUE (2**53)
+        number = int(raw)
+        _check_rule(spec, raw, number)
+        return Amount(spec, number * spec.scale)
     if isinstance(raw, str):
         if _BINARY_SUFFIX.search(raw):
             # Extended resources are counts in their own unit: "4Gi" of a MiB resource would be

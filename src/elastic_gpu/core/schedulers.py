@@ -15,6 +15,10 @@ from typing import Any
 
 #: What the API server writes into a pod created without `spec.schedulerName`.
 DEFAULT_SCHEDULER = "default-scheduler"
+#: The peers' schedulers whose pods we schedule (`core.peers`): HAMi's, KAI's, Volcano's. The
+#: shipped KubeSchedulerConfiguration has a profile of each name, with the extender, and the
+#: extender binds their pods by default (docs/coming-from/).
+PEER_SCHEDULERS = ("hami-scheduler", "kai-scheduler", "volcano")
 
 
 def pod_scheduler_name(pod: Mapping[str, Any]) -> str:

@@ -31,6 +31,7 @@ from elastic_gpu.core.dra.nodemode import (
     is_dra_node,
     node_object_labels,
 )
+from elastic_gpu.core.mig.layout import layout_starts
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile
@@ -54,11 +55,10 @@ def as_dra(inventory: Node) -> Node:
 def carve(inventory: Node, card: int, profiles: Sequence[str]) -> Node:
     """`inventory` with card `card` carved into MIG instances of `profiles`, in order."""
     cards = list(inventory.cards)
-    start, instances = 0, []
-    for k, text in enumerate(profiles):
-        profile = MigProfile.parse(text)
-        instances.append(MigInstance(profile, f"MIG-fake-{inventory.name}-{card}-{k}", start))
-        start += profile.slices
+    parsed = [MigProfile.parse(text) for text in profiles]
+    starts = layout_starts(cards[card].model, parsed)
+    instances = [MigInstance(profile, f"MIG-fake-{inventory.name}-{card}-{k}", start)
+                 for k, (profile, start) in enumerate(zip(parsed, starts, strict=True))]
     cards[card] = replace(cards[card], mig=tuple(instances))
     return replace(inventory, cards=tuple(cards))
 

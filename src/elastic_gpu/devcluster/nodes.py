@@ -35,6 +35,7 @@ from elastic_gpu.api.config.loader import (
     without_header,
 )
 from elastic_gpu.core.dra.nodemode import GpuMode, is_dra_node
+from elastic_gpu.core.mig.layout import layout_starts
 from elastic_gpu.core.mig.profiles import card_slices
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.quota import with_accounting
@@ -427,12 +428,11 @@ class NodeGroup:
                                           chips_per_board=self.chips_per_board))
                 continue
             cards = []
+            starts = layout_starts(self.model, self.mig)
             for c in range(self.gpus):
-                start = 0
-                instances = []
-                for k, profile in enumerate(self.mig):
-                    instances.append(MigInstance(profile, f"MIG-fake-{node}-{c}-{k}", start))
-                    start += profile.slices
+                instances = [MigInstance(profile, f"MIG-fake-{node}-{c}-{k}", start)
+                             for k, (profile, start) in enumerate(zip(self.mig, starts,
+                                                                      strict=True))]
                 cards.append(Card(c, f"GPU-fake-{node}-{c}", self.model, self.memory_mib,
                                   mig=tuple(instances)))
             out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards)))
@@ -502,6 +502,10 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
         if sum(p.slices for p in profiles) > slices:
             raise ClusterSpecError(f"{where}.mig={mig_raw!r}: more than {slices} compute "
                                    f"slices on one {model.strip()} card")
+        try:
+            layout_starts(model.strip(), profiles)
+        except ValueError as err:
+            raise ClusterSpecError(f"{where}.mig={mig_raw!r}: {err}") from None
         if profiles and chips > 1:
             raise ClusterSpecError(f"{where}.mig={mig_raw!r}: MIG instances are carved on "
                                    f"single-chip cards only, not on boards of chipsPerBoard={chips} "

@@ -9,17 +9,17 @@ against the CRDs the project installs.
 
 from __future__ import annotations
 
-from elastic_gpu.api import budget, elasticgpu, gpudevice, migsubstitution
+from elastic_gpu.api import budget, elasticgpu, gpudevice, miglayout, migsubstitution
 from elastic_gpu.api.group import ELASTICGPU_VERSION, GROUP, INVENTORY_VERSION
 from elastic_gpu.kube.paths import CORE, Resource, group_prefix
 
 __all__ = ["BUDGETS", "CLAIMS", "CLASSES", "CRDS", "DEVICE_CLASSES", "ELASTICGPUS", "EVENTS",
-           "GPUDEVICES", "LEASES", "MIG_SUBSTITUTIONS", "MUTATING_WEBHOOKS", "NAMESPACES",
+           "GPUDEVICES", "LEASES", "MIG_LAYOUTS", "MIG_SUBSTITUTIONS", "MUTATING_WEBHOOKS", "NAMESPACES",
            "NODES", "PODS", "PRIORITY_CLASSES", "RESOURCES", "RESOURCE_CLAIMS",
-           "RESOURCE_CLAIM_TEMPLATES",
-           "RESOURCE_SLICES", "SECRETS", "VALIDATING_WEBHOOKS"]
+           "RESOURCE_CLAIM_TEMPLATES", "RESOURCE_SLICES", "SECRETS", "VALIDATING_WEBHOOKS"]
 
-#: `/apis/elasticgpu.io/v1alpha`: the Elastic GPU API's kinds, GPUBudget and MIGSubstitution
+#: `/apis/elasticgpu.io/v1alpha`: the Elastic GPU API's kinds, GPUBudget, MIGSubstitution and
+#: MigLayout
 _EGPU_API = group_prefix(GROUP, ELASTICGPU_VERSION)
 
 CLASSES = Resource(_EGPU_API, elasticgpu.CLASS_PLURAL, False)
@@ -27,6 +27,7 @@ CLAIMS = Resource(_EGPU_API, elasticgpu.CLAIM_PLURAL, True)
 ELASTICGPUS = Resource(_EGPU_API, elasticgpu.EGPU_PLURAL, False)
 BUDGETS = Resource(_EGPU_API, budget.PLURAL, True)
 MIG_SUBSTITUTIONS = Resource(_EGPU_API, migsubstitution.PLURAL, True)
+MIG_LAYOUTS = Resource(_EGPU_API, miglayout.PLURAL, False)
 #: the card inventory the agents publish (`/apis/elasticgpu.io/v1alpha1`)
 GPUDEVICES = Resource(group_prefix(GROUP, INVENTORY_VERSION), gpudevice.PLURAL, False)
 
@@ -54,5 +55,6 @@ RESOURCES: dict[str, Resource] = {
     elasticgpu.EGPU_KIND: ELASTICGPUS,
     budget.KIND: BUDGETS,
     migsubstitution.KIND: MIG_SUBSTITUTIONS,
+    miglayout.KIND: MIG_LAYOUTS,
     gpudevice.KIND: GPUDEVICES,
 }

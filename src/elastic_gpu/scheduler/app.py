@@ -32,6 +32,7 @@ from elastic_gpu.kube.leaderelection import LeaderElector, LeaseConfig
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.scheduler.config import LeaderElectionConfig, SchedulerConfig
+from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.leadership import LeadershipLost, Role, lead
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
@@ -321,7 +322,7 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
     tasks = [asyncio.create_task(link.run(), name="api-worker"),
              asyncio.create_task(_expiry_loop(state), name="expiry")]
     options = dataclasses.replace(options)
-    client = None
+    client: KubeClient | None = None
     elector: LeaderElector | None = None
     if election.enabled:
         client = KubeClient.from_config(kubeconfig)
@@ -335,6 +336,11 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
 
         leading.add_done_callback(lost)
         tasks.append(leading)
+    if config.dra_allocation:
+        client = client or KubeClient.from_config(kubeconfig)
+        allocator = DraAllocator(client, allocator_settings(config),
+                                 serving=lambda: extender.role.serving)
+        tasks.append(asyncio.create_task(allocator.run(), name="dra-allocator"))
     stop = asyncio.Event()
     background = asyncio.gather(*tasks)
     # at a stop the tasks are cancelled below, which ends `background` with CancelledError:
@@ -355,6 +361,12 @@ async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: Serve
         if client is not None:
             await client.close()
     log.info("stopped")
+
+
+def allocator_settings(config: SchedulerConfig) -> AllocatorSettings:
+    """The DRA allocator's share of the extender's config: its profiles and policies."""
+    return AllocatorSettings(config.scheduler_names, config.node_policy, config.card_policy,
+                             config.seed)
 
 
 def lease_config(election: LeaderElectionConfig, identity: str) -> LeaseConfig:

@@ -31,7 +31,7 @@ from elastic_gpu.scheduler.handle import BindError, ClaimApi, Handle, PodApi
 from elastic_gpu.scheduler.http import json_answer, with_outcome
 from elastic_gpu.scheduler.metrics import Metrics
 from elastic_gpu.scheduler.state import PodInfo, SchedulerState
-from elastic_gpu.scheduler.verbs import PodError, RecentPods, parse_pod, pod_uid
+from elastic_gpu.scheduler.verbs import PodError, RecentPods, parse_info, pod_uid
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,11 @@ class Binder:
                             "kube-scheduler has given up on this call", definite=True)
         manifest, known = await self._manifest(args)
         try:
-            # Parsed afresh, not from the (uid, resourceVersion) cache: a filter request
-            # naming this pod's uid and version with other contents must not decide the bind.
-            request = parse_pod(manifest)
+            # From the record (`known.manifest` is `manifest`), not from the filter's
+            # (uid, resourceVersion) cache: a filter request naming this pod's uid and version
+            # with other contents must not decide the bind. A watched record's request was
+            # read once, by the filter of this version or here.
+            request = parse_info(known)
         except PodError as err:
             raise BindError(f"{where}: {err}", definite=True) from None
         dra = bool(self.state.dra_nodes((args.Node,)))

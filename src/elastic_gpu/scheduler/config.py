@@ -11,8 +11,9 @@
     workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
     maxRequestBytes: 16777216    # larger request bodies get 413 (docs/scheduler.md, "HTTP limits")
     maxNodesPerRequest: 20000    # more candidate nodes in one request get 400
-    schedulerNames: [default-scheduler]  # the profiles whose kube-scheduler calls this extender:
-                                 # /bind refuses pods of any other schedulerName
+    schedulerNames: [default-scheduler, hami-scheduler, kai-scheduler, volcano]
+                                 # the profiles whose kube-scheduler calls this extender (the
+                                 # peers' too): /bind refuses pods of any other schedulerName
     headerTimeoutSeconds: 32     # a connection's TLS handshake and first request headers
     idleTimeoutSeconds: 90       # a connection with no request in progress is closed after this
     maxConnections: 1024         # open at once; the oldest idle ones make room for new ones
@@ -25,6 +26,8 @@
       retryPeriodSeconds: 0.5    # between renewals (leader) and acquire attempts (standbys)
     loadAware: false             # among equally good nodes and cards prefer lower observed
                                  # utilisation (GPUDevice status.usage): shares move off hot cards
+    draAllocation: true          # place ResourceClaims of our DeviceClasses with our engine
+                                 # (gated pods; docs/dra.md, "Claims placed by our engine")
     host: 127.0.0.1              # address to listen on (another one needs tls.clientCAFile)
     port: 8888
     healthPort: 0                # also /healthz and /readyz over plain HTTP here (0: none)
@@ -60,7 +63,7 @@ from elastic_gpu.api.config.merge import Override
 from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
-from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER
+from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER, PEER_SCHEDULERS
 
 
 def known_policies(tier: str) -> tuple[str, ...]:
@@ -148,6 +151,11 @@ class SchedulerConfig(ConnectionLimitSettings):
     #: The load-aware option (`PolicyConfig.load_aware`; docs/scheduler.md, "Load-aware
     #: placement"): ties between nodes and between cards go to lower observed utilisation.
     load_aware: bool = Field(default=False, validation_alias="loadAware")
+    #: The DRA allocator (`scheduler.dra_allocator`; docs/dra.md, "Claims placed by our
+    #: engine"): pods gated by the webhook for claims of our DeviceClasses are placed by the
+    #: engine, their claims' allocations written, then the gate lifted. Off: it never runs
+    #: and gated pods wait (turn the webhook's gate off with it).
+    dra_allocation: bool = Field(default=True, validation_alias="draAllocation")
 
     #: HTTP limits of one request (`wire.Limits`; docs/scheduler.md, "HTTP limits").
     max_request_bytes: int = Field(default=16 * 2**20, validation_alias="maxRequestBytes",
@@ -157,7 +165,8 @@ class SchedulerConfig(ConnectionLimitSettings):
     #: The schedulerNames of the KubeSchedulerConfiguration profiles whose kube-scheduler
     #: calls this extender (`core.schedulers`): a /bind of another scheduler's pod is refused.
     #: (not strict: a YAML list becomes the tuple; each entry must still be a string)
-    scheduler_names: tuple[str, ...] = Field(default=(DEFAULT_SCHEDULER,), min_length=1,
+    scheduler_names: tuple[str, ...] = Field(default=(DEFAULT_SCHEDULER, *PEER_SCHEDULERS),
+                                             min_length=1,
                                              max_length=64, validation_alias="schedulerNames",
                                              strict=False)
 

@@ -12,12 +12,13 @@ deploy/scheduler/kube-scheduler-config.yaml is this function's output (a test ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import QUOTA_NAMES
 from elastic_gpu.core.resources import RESOURCE_TABLE, MigProfile
+from elastic_gpu.core.schedulers import PEER_SCHEDULERS
 
 #: MIG profiles of the A30, A100 40/80 GB, H100/H200: managedResources takes exact names.
 MIG_PROFILES = (
@@ -103,15 +104,19 @@ def kube_scheduler_config(url_prefix: str = "http://127.0.0.1:8888", *,
                           scheduler_name: str = "default-scheduler",
                           weight: int = 5, prioritize: bool = True,
                           tls_config: dict[str, str] | None = None,
-                          pod_max_backoff_s: int = POD_MAX_BACKOFF_S) -> dict[str, Any]:
+                          pod_max_backoff_s: int = POD_MAX_BACKOFF_S,
+                          peer_schedulers: Sequence[str] = PEER_SCHEDULERS) -> dict[str, Any]:
     """`pod_max_backoff_s`: 10 is kube-scheduler's default (the configuration shipped before
-    issue 39; bench/sched_failover.py --max-backoff compares the two)."""
+    issue 39; bench/sched_failover.py --max-backoff compares the two). `peer_schedulers`: a
+    profile of each name besides `scheduler_name`, so pods written for HAMi, KAI or Volcano
+    are scheduled by this kube-scheduler and the extender (extenders apply to every profile)."""
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "podInitialBackoffSeconds": POD_INITIAL_BACKOFF_S,
         "podMaxBackoffSeconds": pod_max_backoff_s,
-        "profiles": [{"schedulerName": scheduler_name}],
+        "profiles": [{"schedulerName": name}
+                     for name in dict.fromkeys((scheduler_name, *peer_schedulers))],
         "extenders": [extender_stanza(url_prefix, weight=weight, prioritize=prioritize,
                                       tls_config=tls_config)],
     }

@@ -27,7 +27,7 @@ from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.handle import Handle
 from elastic_gpu.scheduler.http import json_answer, with_outcome
 from elastic_gpu.scheduler.metrics import main_reason
-from elastic_gpu.scheduler.state import SchedulerState
+from elastic_gpu.scheduler.state import PodInfo, SchedulerState
 from elastic_gpu.scheduler.state.placement import without_containers
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,21 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}" \
             if isinstance(meta, Mapping) else "?"
         raise PodError(f"pod {key}: {err}") from None
+    return checked(request)
+
+
+def parse_info(info: PodInfo) -> PodRequest:
+    """`parse_pod` of a record: its request is read once (`PodInfo.request`), however many
+    verbs ask."""
+    try:
+        request = info.request()
+    except (ResourceError, ValueError, TypeError, AttributeError) as err:
+        raise PodError(f"pod {info.key}: {err}") from None
+    return checked(request)
+
+
+def checked(request: PodRequest) -> PodRequest:
+    """The request, if the policies its annotations name exist."""
     for tier, name in (("node", request.node_policy), ("card", request.card_policy)):
         if name is not None and name not in known_policies(tier):
             raise PodError(f"pod {request.key}: annotation elasticgpu.io/{tier}-policy={name!r} "
@@ -182,6 +197,11 @@ class Verbs:
         if not isinstance(version, str) or not version:
             return parse_pod(pod)
         key = (pod_uid(pod), version)
+        known = self.state.pod(key[0])
+        if known is not None and known.resource_version is not None \
+                and str(known.resource_version) == version:
+            # the watch's record of this very version: read once, and the bind reuses it
+            return parse_info(known)
         request = self._parsed.get(key)
         if request is None:
             request = self._parsed[key] = parse_pod(pod)

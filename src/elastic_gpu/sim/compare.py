@@ -14,7 +14,7 @@ from pathlib import Path
 from elastic_gpu.core.model import Node
 from elastic_gpu.sim.builtin import builtin_nodes, builtin_tasks
 from elastic_gpu.sim.replay import replay
-from elastic_gpu.sim.trace import Task, load_nodes, load_tasks
+from elastic_gpu.sim.trace import Task, load_nodes, load_tasks, with_multi_shares
 
 #: our policy name -> the reference's sc_policy column
 REFERENCE_NAMES = {
@@ -44,6 +44,10 @@ class Job:
     defrag_moves: int = 0
     #: CPU-only tasks movable too
     defrag_cpu_tasks: bool = False
+    #: > 0: this share of the one-card share tasks asks its share on `multi_share_cards`
+    #: distinct cards (`trace.with_multi_shares`)
+    multi_share_fraction: float = 0.0
+    multi_share_cards: int = 2
 
     @property
     def label(self) -> str:
@@ -112,6 +116,8 @@ def run_job(job: Job) -> Outcome:
         nodes, tasks = scale_cpu(nodes, tasks, job.task_cpu_scale, job.node_cpu_scale)
     if job.cpu_only_share > 0:
         tasks = more_cpu_only(tasks, job.cpu_only_share)
+    if job.multi_share_fraction > 0:
+        tasks = with_multi_shares(tasks, job.multi_share_fraction, job.multi_share_cards)
     result = replay(nodes, tasks, job.policy, seed=job.seed, inflation=job.inflation,
                     card_policy=job.card_policy, popularity=job.popularity,
                     defrag_moves=job.defrag_moves, defrag_cpu_tasks=job.defrag_cpu_tasks)

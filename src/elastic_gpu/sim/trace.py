@@ -8,9 +8,12 @@ which the replay does not use. Only GPU nodes are kept (the FGD protocol).
 from __future__ import annotations
 
 import csv
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import ContainerRequest, PodRequest, parse_model_list
@@ -60,13 +63,41 @@ class Task:
     def request(self) -> PodRequest:
         if self.num_gpu == 0 or self.gpu_milli == 0:
             containers: tuple[ContainerRequest, ...] = (ContainerRequest("main"),)
-        elif self.num_gpu == 1 and self.gpu_milli < MILLI_PER_CARD:
-            containers = (ContainerRequest.share("main", self.gpu_milli),)
+        elif self.gpu_milli < MILLI_PER_CARD:
+            # a share of one card, or of each of num_gpu cards (`with_multi_shares`)
+            containers = (ContainerRequest.share("main", self.gpu_milli, 0, self.num_gpu),)
         else:
             containers = (ContainerRequest.whole("main", self.num_gpu),)
         return PodRequest(self.name, namespace="trace", containers=containers,
                           cpu_milli=self.cpu_milli, memory_mib=self.memory_mib,
                           allowed_models=parse_model_list(self.gpu_spec))
+
+
+#: The seed that picks which share tasks become multi-card shares: fixed, so every --seed
+#: replays the same tasks (as the built-in workload is drawn once).
+MULTI_SHARE_SEED = 40
+
+
+def with_multi_shares(tasks: Sequence[Task], fraction: float, cards: int) -> list[Task]:
+    """The trace with `fraction` of its one-card share tasks (below one card, chosen at random
+    with `MULTI_SHARE_SEED`) asking that share on each of `cards` distinct cards: the public
+    traces have no multi-card share (issue 40), so the simulator injects them. Fraction 0: the
+    tasks unchanged."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"the multi-share fraction must be in [0, 1], got {fraction}")
+    if cards < 2:
+        raise ValueError(f"a multi-card share is on 2 cards or more, got {cards}")
+    out = list(tasks)
+    if fraction == 0.0:
+        return out
+    shares = sorted((i for i, t in enumerate(out)
+                     if t.num_gpu == 1 and 0 < t.gpu_milli < MILLI_PER_CARD),
+                    key=lambda i: out[i].name)
+    rng = np.random.default_rng(MULTI_SHARE_SEED)
+    for i in rng.choice(len(shares), size=round(fraction * len(shares)), replace=False).tolist():
+        task = out[shares[i]]
+        out[shares[i]] = dataclasses.replace(task, num_gpu=cards)
+    return out
 
 
 def make_node(name: str, cpu_milli: int, memory_mib: int, gpus: int, model: str) -> Node:

@@ -8,16 +8,27 @@ fresh as it can be. A claim or template that does not exist is `None` (the pod i
 `dra-claim-not-found`); any other failure is raised (the review refuses the pod,
 `dra-claim-lookup`: it cannot tell what the pod holds). Names go by checked, escaped paths
 (`kube.paths`).
+
+The same read feeds the DRA placement gate (`core.admission.mutators.dra_gate`): for the
+classes our allocator places that the claims name, the DeviceClass is read for the operator's
+opt-out annotation (`elasticgpu.io/dra-placement: kube-scheduler`). That read fails open: a
+class that cannot be read counts as opted out, so the pod is not gated and kube-scheduler
+allocates its claims itself, as without the allocator (which reads that allocation as a fact).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.admission.mutators.dra_gate import PLACED_CLASSES
 from elastic_gpu.core.dra.podclaims import ClaimRef, FoundClaim, PodDraClaims
 from elastic_gpu.kube.errors import NotFound
-from elastic_gpu.kube.resources import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+
+log = logging.getLogger(__name__)
 
 
 def found_claim(obj: Mapping[str, Any], template: bool) -> FoundClaim:
@@ -54,4 +65,25 @@ class DraClaimReader:
                 found[ref.entry] = None
                 continue
             found[ref.entry] = found_claim(obj, ref.template)
-        return PodDraClaims(found)
+        claims = PodDraClaims(found)
+        return PodDraClaims(found, await self._opted_out(claims.classes() & PLACED_CLASSES))
+
+    async def _opted_out(self, classes: frozenset[str]) -> frozenset[str]:
+        """Those of `classes` an operator left to kube-scheduler; one that cannot be read
+        counts as left to it (fails open: the pod is not gated)."""
+        out: set[str] = set()
+        for name in sorted(classes):
+            self.reads += 1
+            try:
+                cls = await self.reader.get(DEVICE_CLASSES.path(name=name))
+            except NotFound:
+                continue
+            except Exception as err:  # fail open: kube-scheduler allocates, as without us
+                log.warning("reading DeviceClass %s: %s; its claims' pods are not gated",
+                            name, err)
+                out.add(name)
+                continue
+            if ((cls.get("metadata") or {}).get("annotations") or {}).get(
+                    ann.DRA_PLACEMENT) == ann.DRA_PLACEMENT_KUBE_SCHEDULER:
+                out.add(name)
+        return frozenset(out)

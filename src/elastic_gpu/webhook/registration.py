@@ -7,9 +7,10 @@ Scope, so that an outage of the webhook cannot block what it does not govern:
 - `namespaceSelector`: never kube-system nor the webhook's own namespace, and no namespace
   labelled `elasticgpu.io/admission: ignore`;
 - `objectSelector`: no pod labelled `elasticgpu.io/admission: ignore` (the opt-out);
-- `matchConditions` (CEL): only pods that name a GPU resource of the resource table (limits or
-  requests, containers or init containers), carry an `egpuc.elasticgpu.io/*` claim annotation,
-  or name ResourceClaims (`spec.resourceClaims`: the webhook reads them for our DeviceClasses).
+- `matchConditions` (CEL): only pods that name a GPU resource of the resource table or of a
+  peer's dialect (limits or requests, containers or init containers), carry an
+  `egpuc.elasticgpu.io/*` claim annotation, are KAI pods with its sharing annotations, or name
+  ResourceClaims (the DRA placement gate, the rules, quota and budget of claims: docs/dra.md).
 What it governs fails closed (`failurePolicy: Fail`): a GPU pod that skipped admission would
 run without its rules. `timeoutSeconds` is short, `reinvocationPolicy: IfNeeded`.
 
@@ -30,7 +31,11 @@ from typing import Any
 from elastic_gpu.api.elasticgpu import CLAIM_PLURAL, GROUP
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission.rules import OPT_OUT_LABEL, OPT_OUT_VALUE
+from elastic_gpu.core.peers import kai, koordinator, vgpu
 from elastic_gpu.core.resources import MIG_PREFIX, RESOURCE_TABLE
+
+#: Resource names of the peers' dialects (`core.peers`): the webhook rewrites them into ours.
+PEER_NAMES = (*vgpu.PEER_RESOURCE_NAMES, *koordinator.PEER_RESOURCE_NAMES)
 
 MUTATE_PATH = "/mutate"
 VALIDATE_PATH = "/validate"
@@ -71,7 +76,7 @@ class Scope:
 
 
 def _gpu_key_condition(var: str) -> str:
-    names = ", ".join(f"'{spec.name}'" for spec in RESOURCE_TABLE)
+    names = ", ".join(f"'{name}'" for name in (*(s.name for s in RESOURCE_TABLE), *PEER_NAMES))
     return f"({var} in [{names}] || {var}.startsWith('{MIG_PREFIX}'))"
 
 
@@ -84,13 +89,18 @@ def _container_condition(container: str) -> str:
 
 
 def match_expression() -> str:
-    """CEL: the pod names a GPU resource, carries a claim annotation or names ResourceClaims."""
+    """CEL: the pod names a GPU resource (ours or a peer's), carries a claim annotation, is a
+    KAI pod asking a share by annotation (`core.peers.kai`), or names ResourceClaims."""
     return " || ".join([
         f"object.spec.containers.exists(c, {_container_condition('c')})",
         f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, "
         f"{_container_condition('c')}))",
         f"(has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
         f"k.startsWith('{ann.CLAIM_PREFIX}')))",
+        f"(has(object.spec.schedulerName) && object.spec.schedulerName == '{kai.SCHEDULER}' && "
+        f"has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
+        f"k in ['{kai.FRACTION}', '{kai.MEMORY}']))",
+        # ResourceClaims: read for the DRA placement gate, rules, quota and budget (`draclaims`)
         "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
     ])
 

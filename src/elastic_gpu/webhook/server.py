@@ -41,6 +41,7 @@ from elastic_gpu.runtime.eventloop import stop_on_signals
 from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
 from elastic_gpu.runtime.metrics import add_metrics
 from elastic_gpu.webhook.budgets import BudgetLookup
+from elastic_gpu.webhook.cards import CardCache
 from elastic_gpu.webhook.certs import CertBundle, Lifetimes, not_after, serving_hosts
 from elastic_gpu.webhook.cluster import (
     FIELD_MANAGER,
@@ -257,6 +258,7 @@ class WebhookServer:
         self.claim_cache = ClaimCache()
         self.dra_claims = DraClaimReader()
         self.rule_cache = RuleCache(self.set_mig_rules)
+        self.card_cache = CardCache(self.set_card_uuids)
         self.metrics = Metrics()
         # the GPUBudgets are watched for the downgrade and for the finalizer alike
         self.budgets = (BudgetLookup(options.over_budget_class or "",
@@ -283,13 +285,18 @@ class WebhookServer:
     def set_nodes(self, nodes: Sequence[NodeGpus]) -> None:
         node_policies, card_policies = self._policies
         facts = facts_from_nodes(nodes, node_policies=node_policies, card_policies=card_policies)
-        self.admission.facts = replace(facts, mig_substitutions=self.rule_cache.snapshot())
+        self.admission.facts = replace(facts, mig_substitutions=self.rule_cache.snapshot(),
+                                       card_uuids=self.card_cache.uuids())
         self.metrics.gpu_nodes.set(len(nodes))
         self.metrics.largest_cards.set(facts.largest_cards)
 
     def set_mig_rules(self, rules: tuple[SubstitutionRule, ...]) -> None:
         """The MIG adapter's rules changed (the MIGSubstitution watch)."""
         self.admission.facts = replace(self.admission.facts, mig_substitutions=rules)
+
+    def set_card_uuids(self, uuids: frozenset[str] | None) -> None:
+        """The cluster's cards changed (the GPUDevice watch)."""
+        self.admission.facts = replace(self.admission.facts, card_uuids=uuids)
 
     # HTTP ----------------------------------------------------------------------------------
     def app(self) -> Any:
@@ -442,6 +449,7 @@ class WebhookServer:
         tasks.append(asyncio.create_task(facts.run(client)))
         tasks.append(asyncio.create_task(self.claim_cache.run(client)))
         tasks.append(asyncio.create_task(self.rule_cache.run(client)))
+        tasks.append(asyncio.create_task(self.card_cache.run(client)))
         if self.budgets is not None:
             tasks.append(asyncio.create_task(self.budgets.run(client)))
         limits = self.options.connection_limits

@@ -1,15 +1,19 @@
 """What the rules need from the cluster for one review, behind one lookup protocol.
 
 `review.Admission` asks a `Sources` for the ElasticGPUClaims a pod names, for its namespace's
-MIGSubstitutions (read live before a MIG pod is mutated: docs/mig-adapter.md) and for its
-namespace's GPU budget; it never sees where an answer came from. `Lookups` is the webhook's
-implementation over its watch caches and live reads (`kube.ClaimCache`, `migrules.RuleCache`,
-`budgets.BudgetLookup`), each part optional (absent: nothing to look up), and counts where each
-answer came from for the metrics.
+MIGSubstitutions (read live before a MIG pod is mutated: docs/mig-adapter.md), for its
+namespace's GPU budget and for the ResourceClaims and templates it names (read live, once
+for the DRA rules, quota, budget and placement gate); it never sees where an answer came
+from. `Lookups` is the webhook's implementation over its watch caches and live reads
+(`kube.ClaimCache`, `migrules.RuleCache`, `budgets.BudgetLookup`, `draclaims.DraClaimReader`),
+each part optional (absent: nothing to look up), and counts where each answer came from for
+the metrics.
 
 Failure rules (unchanged from before the split): a claim the cache lacks is read live, and a
 read that fails is raised (the review refuses: it cannot tell); a rule read that fails falls
-back to the cache (`None`); a budget lookup fails open inside `BudgetLookup`.
+back to the cache (`None`); a budget lookup fails open inside `BudgetLookup`; a ResourceClaim
+read that fails is raised (the review refuses, `dra-claim-lookup`), a DeviceClass read for the
+placement opt-out fails open inside `DraClaimReader` (the pod is not gated).
 """
 
 from __future__ import annotations

@@ -532,3 +532,39 @@ def test_elasticgpu_gpu_as_the_webhook_stores_it_gets_its_whole_card_at_allocate
     envs = response.container_responses[0].envs
     assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-1"
     assert envs["EGPU_ISOLATION"] == "exclusive" and "EGPU_CORE_PERCENT" not in envs
+
+
+def test_a_share_on_two_cards_gets_each_cards_limits_at_allocate(
+        node: str, api: SyncKubeClient, plugin_dir: Path, kubelet: KubeletDouble,
+        k8s_cluster: Any, k8s_namespace: str, tmp_path: Path) -> None:
+    """Issue 40: a multi-card share (`elasticgpu.io/gpu: 2` beside `gpu-core: 30`, as the
+    webhook stores it) is served by the share plugin's Allocate over gRPC: kubelet asks 30
+    devices of gpu-core, the container gets both assigned cards, and with HAMi-core each
+    card's memory and compute limits."""
+    library = tmp_path / "libvgpu.so"
+    library.write_bytes(b"\x7fELF stand-in")
+    config = parse_config({"syncSeconds": 3600, "sharing": {"mode": "hami-core", "hamiCore": {
+        "library": str(library), "cacheDirectory": str(tmp_path / "containers"),
+        "lockDirectory": str(tmp_path / "locks")}}})
+    running = Agent(config, FakeBackend.from_dict(INVENTORY, node), node, client=api,
+                    plugin_dir=plugin_dir)
+    running.start()
+    try:
+        assert kubelet.wait_for(lambda: kubelet.registered(CORE))
+        shares = [CardShare(0, f"GPU-fake-{node}-0", 300, 8192),
+                  CardShare(1, f"GPU-fake-{node}-1", 300, 8192)]
+        manifest = gpu_pod(k8s_namespace, "two-cards", node, CORE, 30, shares)
+        manifest["spec"]["containers"][0]["resources"]["limits"].update(
+            {"elasticgpu.io/gpu": "2", "elasticgpu.io/gpu-memory": "8192"})
+        create(k8s_cluster.client(), manifest)
+        response = kubelet.allocate(CORE, [[f"0-{k}" for k in range(30)]])
+        envs = response.container_responses[0].envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{node}-0,GPU-fake-{node}-1"
+        assert envs["EGPU_ISOLATION"] == "hami-core"
+        assert (envs["EGPU_CORE_PERCENT"], envs["EGPU_MEMORY_MIB"]) == ("30,30", "8192,8192")
+        assert {k: v for k, v in envs.items() if k.startswith("CUDA_DEVICE_") and "CACHE" not in k
+                } == {"CUDA_DEVICE_MEMORY_LIMIT_0": "8192m", "CUDA_DEVICE_MEMORY_LIMIT_1": "8192m",
+                      "CUDA_DEVICE_SM_LIMIT": "30", "CUDA_DEVICE_SM_LIMIT_0": "30",
+                      "CUDA_DEVICE_SM_LIMIT_1": "30"}
+    finally:
+        running.stop()

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.scenario import wait_extender_knows
+from egpu_testing.scenario import wait_extender_cards
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config
 from elastic_gpu.agent.backends.fake import USAGE_ANNOTATION, FakeBackend
 from elastic_gpu.agent.config import parse_config
@@ -146,7 +146,9 @@ def agent_node(real_node: RealNode, k8s_cluster: ControlPlane,
             node = json.loads(plane.kubectl("get", "node", real_node.name, "-o", "json").stdout)
             return bool(node["status"].get("allocatable", {}).get(GPU_TFLOPS) == TFLOPS_ON_NODE)
         wait_for(kubelet_counts, f"{TFLOPS_ON_NODE} TFLOPS allocatable on the Node", agent)
-        wait_extender_knows(extender.url, [real_node.name], len(INVENTORY["cards"]))
+        # The extender holds the node's very cards (a wrong or missing H100 would refuse the
+        # 900-TFLOPS pod at the A100's 312): waited for by uuid and model, not by count.
+        wait_extender_cards(extender.url, real_node.name, MODEL_OF)
         yield AgentNode(real_node, agent, extender)
     finally:
         extender.stop()

@@ -381,7 +381,9 @@ def test_kube_scheduler_config_is_kubeconfigs_shape(helm: Helm, best: bool) -> N
     objs = render(helm, {"scheduler": {"config": {"filterResult": "best"}}} if best else None)
     config = yaml.safe_load(by_kind(objs, "ConfigMap")["elastic-gpu-kube-scheduler"]["data"]
                             ["config.yaml"])
-    assert config["profiles"] == [{"schedulerName": "elastic-gpu-scheduler"}]
+    # ours first, then the peers' names the chart answers by default (peerSchedulers)
+    assert config["profiles"] == [{"schedulerName": name} for name in
+                                  ("elastic-gpu-scheduler", "hami-scheduler", "kai-scheduler", "volcano")]
     assert config["leaderElection"]["resourceName"] == "elastic-gpu-kube-scheduler"
     tls = {"certFile": "/etc/elastic-gpu/tls/client.crt",
            "keyFile": "/etc/elastic-gpu/tls/client.key",

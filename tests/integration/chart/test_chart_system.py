@@ -212,7 +212,8 @@ def test_seed_flows_through_the_installed_system_and_uninstall_keeps_gpu_pods_ru
         stop.append(extender.stop)
         config = yaml.safe_load(get(cluster, "configmap", "elastic-gpu-kube-scheduler", "-n",
                                     release.namespace)["data"]["config.yaml"])
-        assert config["profiles"] == [{"schedulerName": SCHEDULER}]
+        assert [p["schedulerName"] for p in config["profiles"]] == [
+            SCHEDULER, "hami-scheduler", "kai-scheduler", "volcano"]
         (stanza,) = config["extenders"]
         stanza["urlPrefix"] = extender.url
         stanza["tlsConfig"] = {"certFile": str(tls.client_cert),

@@ -4,8 +4,9 @@
 the second whole-card claim pod is refused by kube-apiserver's quota; two 40 % claims fit and a
 third does not; a claim shared by two pods is counted once; a pod asking a GPU both ways, or
 naming a claim that does not exist, is refused at create; and once the namespace is over its
-GPUBudget a claim pod gets the over-budget PriorityClass. No scheduler is needed: quota is
-counted at admission (the pods name a scheduler that does not run)."""
+GPUBudget a claim pod gets the over-budget PriorityClass. The same read of its claims puts the
+DRA allocator's placement gate on the pod. No scheduler is needed: quota is counted at
+admission (the pods name a scheduler that does not run)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from egpu_testing.waiting import wait_for
 from egpu_testing.webhook import running_webhook
 from elastic_gpu.api.budget import OVER_BUDGET_CLASS
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.classes import CARD_CLASS
 from elastic_gpu.core.quota import QUOTA_CORE
 
@@ -82,6 +84,8 @@ def test_claims_count_in_the_canonical_quota_and_budget(k8s_cluster: Any, k8s_na
             create(_claim(name, ns))
         first = create(_pod("whole-1", ns, "card-1"))
         assert first["spec"]["containers"][0]["resources"]["requests"] == {QUOTA_CORE: "100"}
+        # the same read of its claims gates it for our allocator (none runs here)
+        assert first["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
         second = create(_pod("whole-2", ns, "card-2"), ok=False)
         assert second.returncode != 0
         assert "exceeded quota: gpu" in second.stderr, second.stderr

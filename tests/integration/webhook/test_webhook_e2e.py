@@ -165,6 +165,10 @@ REFUSED = [
      "nvidia.com/mig-3g.abc: a MIG profile is written <slices>g.<memory>gb"),
     ("nine-cards", {"nvidia.com/gpu": 9},
      "nvidia.com/gpu=9 cards: no node could ever hold it: the largest node"),
+    # issue 40: a share on N cards needs a node of N cards
+    ("nine-shares", {"elasticgpu.io/gpu": 9, "elasticgpu.io/gpu-core": 30},
+     "=9 shares: a share on each of 9 distinct cards of one node; no node could ever hold it: "
+     "the largest node"),
     ("tflops-0", {"elasticgpu.io/gpu-tflops": 0},
      "elasticgpu.io/gpu-tflops='0': a positive whole number"),
     ("tflops-1.5", {"elasticgpu.io/gpu-tflops": 1.5},
@@ -184,10 +188,27 @@ def test_each_rule_refuses_at_kubectl_create_with_its_message(
     stderr = result.stderr
     assert 'admission webhook "pods.mutate.elasticgpu.io" denied the request' in stderr, stderr
     assert "container main: " in stderr and words in stderr, stderr
-    if case == "nine-cards":
+    if case in ("nine-cards", "nine-shares"):
         assert f"the largest node, {eight_card_node[0]}, has 8 cards" in stderr
     pods = k8s_cluster.kubectl("get", "pods", "-n", gpu_ns, "-o", "name").stdout
     assert "pod/bad" not in pods
+
+
+def test_a_share_on_two_cards_is_admitted_and_stored_as_shares(
+        k8s_cluster: Any, gpu_ns: str, eight_card_node: list[str]) -> None:
+    """Issue 40: `elasticgpu.io/gpu: 2` beside a share is 2 shares on 2 cards; the webhook
+    keeps the count (it does not become 2 whole cards) and counts 2 x the share for
+    kube-scheduler's node-level figure."""
+    limits = {"elasticgpu.io/gpu": 2, "elasticgpu.io/gpu-core": 30,
+              "elasticgpu.io/gpu-memory": 8192}
+    result = k8s_cluster.kubectl("create", "-n", gpu_ns, "-f", "-",
+                                 input=pod_json("two-shares", limits), check=False)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(k8s_cluster.kubectl("get", "pod", "two-shares", "-n", gpu_ns,
+                                            "-o", "json").stdout)
+    kept = stored["spec"]["containers"][0]["resources"]["limits"]
+    assert (kept["elasticgpu.io/gpu"], kept["elasticgpu.io/gpu-core"]) == ("2", "30")
+    assert kept["node.elasticgpu.io/gpu-core"] == "60"
 
 
 def test_non_gpu_pods_are_not_sent(k8s_cluster: Any, gpu_ns: str,

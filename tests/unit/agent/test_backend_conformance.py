@@ -43,7 +43,18 @@ from elastic_gpu.agent.config import (
 from elastic_gpu.agent.devices import logical_cards
 from elastic_gpu.agent.grant import DeviceFiles, Grant, GrantError, build_grant
 from elastic_gpu.core.assignment import CardShare
-from elastic_gpu.core.model import Health
+from elastic_gpu.core.mig.apply import (
+    Create,
+    Destroy,
+    Fence,
+    Holders,
+    Placed,
+    Unfence,
+    next_step,
+    placed_of,
+)
+from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.core.usage import ContainerRef
 
 
@@ -79,6 +90,8 @@ class Capability(enum.Enum):
     UNANSWERING_CARD = "a card can stop answering the driver"
     FAILED_HEALTH_WAIT = "waiting for health events can itself fail"
     ENFORCED_SHARES = "enforces shares (mps sharing mode)"
+    MIG_CHANGE = "carves and destroys MIG instances (apply_mig_step)"
+    MIG_SURVIVES_RESTART = "a carved layout outlives the backend's process (it is the card's)"
 
 
 @dataclass
@@ -176,8 +189,11 @@ def fake_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
         make_unhealthy=lambda index: set_health(index, Health.UNHEALTHY),
         make_healthy=lambda index: set_health(index, Health.HEALTHY),
         break_library=broken, library_words="the fake inventory",
-        capabilities=frozenset({Capability.MIG, Capability.ENFORCED_SHARES}),
+        capabilities=frozenset({Capability.MIG, Capability.ENFORCED_SHARES,
+                                Capability.MIG_CHANGE}),
         not_applicable={
+            Capability.MIG_SURVIVES_RESTART: "the fake's layout lives in its process; a "
+                                             "restarted fake starts from its inventory",
             Capability.UNANSWERING_CARD: "a fake card has no driver to stop answering; its "
                                          "health is injected",
             Capability.FAILED_HEALTH_WAIT: "the fake's health wait reads a file and "
@@ -302,6 +318,78 @@ def test_a_card_that_does_not_answer_is_left_out(rig: Rig) -> None:
     rig.card_unanswering(1)
     cards = rig.build().discover()
     assert [c.uuid for c in cards] == [TABLE[0].uuid, TABLE[2].uuid]
+
+
+# -- MIG layouts (issue 42) -------------------------------------------------------------------
+
+
+def _layout(card: Card) -> list[str]:
+    return [str(p) for p in placed_of(card.mig)]
+
+
+def test_a_whole_card_is_carved_and_discovery_sees_it(rig: Rig) -> None:
+    if not rig.has(Capability.MIG_CHANGE):
+        return
+    backend = rig.build()
+    backend.discover()
+    uuid = TABLE[0].uuid
+    backend.apply_mig_step(uuid, Create(Placed(0, MigProfile.parse("3g.40gb"))))
+    after = backend.apply_mig_step(uuid, Create(Placed(4, MigProfile.parse("1g.10gb"))))
+    assert [str(p) for p in placed_of(after)] == ["3g.40gb@0", "1g.10gb@4"]
+    assert len({m.uuid for m in after}) == 2
+    card = backend.discover()[0]
+    assert _layout(card) == ["3g.40gb@0", "1g.10gb@4"] and card.mig_enabled
+    assert {m.uuid for m in card.mig} == {m.uuid for m in after}
+
+
+def test_an_instance_is_destroyed_and_the_others_stay(rig: Rig) -> None:
+    if not rig.has(Capability.MIG_CHANGE):
+        return
+    backend = rig.build()
+    cards = backend.discover()
+    gone = next(m for m in cards[1].mig if m.uuid == "MIG-b-2")
+    after = backend.apply_mig_step(TABLE[1].uuid, Destroy(gone))
+    assert [m.uuid for m in after] == ["MIG-b-1"]
+    assert [m.uuid for m in backend.discover()[1].mig] == ["MIG-b-1"]
+
+
+def test_what_the_card_cannot_do_is_refused_and_changes_nothing(rig: Rig) -> None:
+    if not rig.has(Capability.MIG_CHANGE):
+        return
+    backend = rig.build()
+    cards = backend.discover()
+    overlapping = Create(Placed(0, MigProfile.parse("2g.20gb")))  # MIG-b-1 is 3g.40gb@0
+    with pytest.raises(BackendError):
+        backend.apply_mig_step(TABLE[1].uuid, overlapping)
+    with pytest.raises(BackendError):  # a T4 has no MIG
+        backend.apply_mig_step(TABLE[2].uuid, Create(Placed(0, MigProfile.parse("1g.10gb"))))
+    stranger = MigInstance(MigProfile.parse("1g.10gb"), "MIG-nobody", 6)
+    with pytest.raises(BackendError, match="MIG-nobody"):
+        backend.apply_mig_step(TABLE[1].uuid, Destroy(stranger))
+    assert backend.discover() == cards
+
+
+def test_steps_from_next_step_reach_the_wanted_layout_across_restarts(rig: Rig) -> None:
+    """The agent's loop in small: each step decided from the card's real layout; with a
+    backend whose layout is the card's, the backend is rebuilt between steps (a killed agent)."""
+    if not rig.has(Capability.MIG_CHANGE):
+        return
+    restart = rig.has(Capability.MIG_SURVIVES_RESTART)
+    backend = rig.build()
+    wanted = [Placed(0, MigProfile.parse("2g.20gb")), Placed(2, MigProfile.parse("2g.20gb")),
+              Placed(4, MigProfile.parse("3g.40gb"))]
+    fence = Fence(since=0.0)
+    for _ in range(10):
+        if restart:
+            backend = rig.build()
+        card = backend.discover()[1]
+        step = next_step(card.model, wanted, card.mig, Holders(), fence, 60.0)
+        if isinstance(step, Create | Destroy):
+            backend.apply_mig_step(card.uuid, step)
+        else:
+            assert isinstance(step, Unfence), step
+            break
+    assert _layout(backend.discover()[1]) == ["2g.20gb@0", "2g.20gb@2", "3g.40gb@4"]
 
 
 # -- isolation --------------------------------------------------------------------------------
@@ -549,6 +637,41 @@ def test_a_mig_instance_is_held_by_the_hardware(rig: Rig, provider: Provider,
     assert not any(k.startswith(("CUDA_", "LD_PRELOAD")) for k in g.envs)
     assert g.mounts == ()
     assert [d.host_path for d in g.devices] == expected_devices(rig, 1)
+
+
+def test_a_multi_card_share_gets_each_cards_limits(rig: Rig, provider: Provider,
+                                                   tmp_path: Path) -> None:
+    """Issue 40: a share of 30% and 4096 MiB on each of two cards (cards 0 and 2, plain) is
+    held per card: per-device memory (and, for HAMi-core, compute) limits in the order the
+    container sees the devices; per-card MPS daemons cannot hold a client on two cards."""
+    shares = [CardShare(i, TABLE[i].uuid, 300, 4096) for i in (0, 2)]
+    config = provider_config(provider, tmp_path)
+    backend = rig.build()
+    physical = backend.discover()
+    cards = {lc.index: lc for lc in logical_cards(physical, False)}
+    files = DeviceFiles({c.uuid: backend.device_nodes(c) for c in physical},
+                        backend.control_nodes())
+    isolation = backend.isolation(config.sharing)
+    if provider is Provider.MPS_PER_CARD:
+        with pytest.raises(GrantError, match="cannot be held by per-card MPS daemons"):
+            build_grant(shares, cards, config, backend.visible_devices_env, files, isolation)
+        return
+    g = build_grant(shares, cards, config, backend.visible_devices_env, files, isolation)
+    assert g.envs[rig.visible_devices_env] == f"{TABLE[0].uuid},{TABLE[2].uuid}"
+    assert g.envs["EGPU_CARDS"] == "0,2"
+    assert g.envs["EGPU_CORE_PERCENT"] == "30,30" and g.envs["EGPU_MEMORY_MIB"] == "4096,4096"
+    if provider is Provider.MPS:
+        assert g.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        assert g.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
+    elif provider is Provider.HAMI_CORE:
+        limits = {k: v for k, v in g.envs.items() if k.startswith("CUDA_DEVICE_")}
+        assert limits == {"CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+                          "CUDA_DEVICE_MEMORY_LIMIT_1": "4096m",
+                          "CUDA_DEVICE_SM_LIMIT": "30", "CUDA_DEVICE_SM_LIMIT_0": "30",
+                          "CUDA_DEVICE_SM_LIMIT_1": "30",
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/vgpu.cache"}
+    else:
+        assert g.envs["EGPU_ISOLATION"] == "accounting-only"
 
 
 def test_hami_core_without_its_library_refuses(rig: Rig, tmp_path: Path) -> None:

@@ -94,3 +94,18 @@ def test_unknown_names_are_refused_clearly() -> None:
     with pytest.raises(ResourceError, match="not a GPU resource"):
         to_amount("example.com/gpu", "1")
     assert is_gpu_resource(GPU_CORE)
+
+
+@pytest.mark.parametrize("name", ["elasticgpu.io/gpu-core", "elasticgpu.io/gpu-memory",
+                                  "nvidia.com/gpu", "tencent.com/vcuda-memory"])
+@pytest.mark.parametrize("raw", ["0", "1", "007", "30", "99", "100", "150", "300", "4096",
+                                 "999999999999999", "9007199254740993"])
+def test_a_plain_digit_string_reads_as_its_integer_does(name: str, raw: str) -> None:
+    """`to_amount`'s shortcut for the usual "30" / "4096": the same amount, or the same
+    refusal, as the integer itself (the general path)."""
+    def outcome(value: str | int) -> object:
+        try:
+            return to_amount(name, value)
+        except ResourceError as err:
+            return type(err), str(err).replace(repr(value), "V").replace(str(value), "V")
+    assert outcome(raw) == outcome(int(raw))

@@ -123,8 +123,9 @@ def test_cluster_file_makes_groups_of_nodes_each_with_its_agent() -> None:
     assert ix_node.cards[1].model == "BI-V100" and ix_node.cards[1].memory_mib == 32768
     assert node_manifest(ix_node, ix.agent_config)["status"]["capacity"]["iluvatar.com/gpu"] == "8"
     (mig_node,) = mig.inventories()
+    # NVIDIA's placement slots: a 3g.40gb starts at 0 or 4 (not at compute slice 3)
     assert [(m.profile.name, m.start) for m in mig_node.cards[0].mig] == [("3g.40gb", 0),
-                                                                         ("3g.40gb", 3)]
+                                                                         ("3g.40gb", 4)]
     # published and read back, an engine sends IX pods to the IX node only
     nodes = []
     for group in (nv, ix):

@@ -12,6 +12,8 @@ from egpu_testing.memory_api import MemoryApi
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.core.dra.devices import device_table, node_slices
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.core.mig.layout import Placement, check_layout
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.quota import accounting_allocatable
@@ -33,9 +35,10 @@ def test_a_dra_node_advertises_only_the_node_level_count_and_carries_its_invento
     text = manifest["metadata"]["annotations"][dra_nodes.FAKE_INVENTORY_ANNOTATION]
     assert dra_nodes.cards_from_json(text) == inv.cards
     # the slices its stand-in agent publishes: one shareable card, four MIG devices
+    # placed by NVIDIA's rules (a 2g.20gb may not start at slot 3): 2g@0, 1g@2, 1g@3, 3g@4
     assert sorted(device_table(inv.cards)) == [
-        "gpu-0", "gpu-1-mig-0-3g-40gb", "gpu-1-mig-3-2g-20gb", "gpu-1-mig-5-1g-10gb",
-        "gpu-1-mig-6-1g-10gb"]
+        "gpu-0", "gpu-1-mig-0-2g-20gb", "gpu-1-mig-2-1g-10gb", "gpu-1-mig-3-1g-10gb",
+        "gpu-1-mig-4-3g-40gb"]
     assert len(node_slices("d0", inv.cards, 1)) == 2
     assert nodes.published_cards(inv) == 0  # no GPUDevices for the extender to wait for
 
@@ -125,6 +128,22 @@ def test_a_groups_mig_layout_fits_its_models_slices(model: str, mig: list[str],
         return
     with pytest.raises(nodes.ClusterSpecError, match=f"compute slices on one {model} card"):
         nodes.parse_cluster({"nodeGroups": [group]})
+
+
+def test_a_groups_mig_layout_is_placed_by_nvidias_rules() -> None:
+    # 7 compute slices, but 9 of 8 placement slots: no card can carry it
+    group = {"name": "m", "count": 1, "gpus": 1, "model": "A100-SXM4-80GB",
+             "mig": ["3g.40gb", "3g.40gb", "1g.10gb"]}
+    with pytest.raises(nodes.ClusterSpecError, match="NVIDIA's placement rules"):
+        nodes.parse_cluster({"nodeGroups": [group]})
+    group["mig"] = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    (inv,) = nodes.parse_cluster({"nodeGroups": [group]})[0].inventories()
+    model = mig_model("A100-SXM4-80GB")
+    assert model is not None
+    for card in inv.cards:
+        layout = [Placement(i.profile, i.start) for i in card.mig]
+        assert check_layout(model, layout) is None
+        assert [i.profile.name for i in card.mig] == group["mig"]
 
 
 def _dra_agent_cards(inv: Node, config: AgentConfig) -> list[Card]:

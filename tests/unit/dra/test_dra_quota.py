@@ -84,6 +84,8 @@ def test_quota_names_from_claims_on_the_pod() -> None:
     resources = out["spec"]["containers"][0]["resources"]
     assert resources["limits"] == resources["requests"] == {QUOTA_CORE: "100"}
     assert out["metadata"]["annotations"][ann.DRA_BILLED_CLAIMS] == "gpu"
+    # the same claims, read once, put the allocator's placement gate on the pod too
+    assert out["spec"]["schedulingGates"] == [{"name": ann.DRA_PLACEMENT_GATE}]
     two = claim_pod(entries=[("a", "t", True), ("b", "c", False)])
     out = mutated(two, PodDraClaims({"a": FoundClaim(FORTY), "b": FoundClaim(FORTY)}))
     assert out["spec"]["containers"][0]["resources"]["requests"] == {QUOTA_CORE: "80",

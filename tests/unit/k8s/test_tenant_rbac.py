@@ -16,7 +16,8 @@ from elastic_gpu.api.tenant_rbac import (
 #: virtual resources the admission policies check.
 NEVER_WRITTEN = {"elasticgpus", "gpudevices", "migsubstitutions", "gpubudgets",
                  "elasticgpuclaims/status", "gpubudgets/status", "elasticgpus/status",
-                 "gpudevices/status", "migsubstitutions/status"}
+                 "gpudevices/status", "migsubstitutions/status", "miglayouts",
+                 "miglayouts/status"}
 READ = {"get", "list", "watch"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_gpu.core.mig.layout import layout_starts
 from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.mig.recarve import Recarve, layout_fits, recarve_advice
 from elastic_gpu.core.mig.substitution import Constraints
@@ -33,7 +34,10 @@ def test_layouts_by_nvidias_slice_counts(layout: list[str], fits: bool) -> None:
 
 
 def card_node(name: str, *instances: str) -> Node:
-    mig = tuple(MigInstance(P(p), f"MIG-{name}-{i}", i) for i, p in enumerate(instances))
+    profiles = [P(p) for p in instances]
+    starts = layout_starts("A100-SXM4-80GB", profiles)
+    mig = tuple(MigInstance(p, f"MIG-{name}-{i}", s)
+                for i, (p, s) in enumerate(zip(profiles, starts, strict=True)))
     return Node(name, 8000, 65536, (Card(0, f"GPU-{name}", "A100-SXM4-80GB", 81920, mig=mig),))
 
 
@@ -70,3 +74,12 @@ def test_only_cards_the_pod_may_use() -> None:
     assert recarve_advice(P("3g.40gb"), nodes, held, only_b).node == "b"  # type: ignore[union-attr]
     assert recarve_advice(P("3g.40gb"), nodes, held,
                           Constraints(denied_models=frozenset({"A100-SXM4-80GB"}))) is None
+
+
+def test_held_instances_keep_their_places_so_counts_alone_are_not_enough() -> None:
+    # 1g.10gb held at slots 1 and 5: the counts leave room for a 3g.40gb (2 + 3 of 7 slices),
+    # but it may start only at 0 or 4, and each of those halves holds a held instance
+    mig = (MigInstance(P("1g.10gb"), "MIG-h1", 1), MigInstance(P("1g.10gb"), "MIG-h5", 5))
+    node = Node("a", 8000, 65536, (Card(0, "GPU-a", "A100-SXM4-80GB", 81920, mig=mig),))
+    assert recarve_advice(P("3g.40gb"), [node], {"MIG-h1", "MIG-h5"}) is None
+    assert recarve_advice(P("2g.20gb"), [node], {"MIG-h1", "MIG-h5"}) is not None

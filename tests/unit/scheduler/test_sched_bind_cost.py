@@ -176,3 +176,35 @@ def test_bound_info_is_what_reading_the_bound_manifest_gives() -> None:
         known = PodInfo.from_manifest(pod)
         assert bound_info(known, "n0", share) == PodInfo.from_manifest(
             with_binding(pod, "n0", share))
+
+
+async def test_filter_and_bind_read_a_watched_pods_requests_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter of the version the watch delivered reads the requests from the state's
+    record, and the bind reuses that reading (`PodInfo.request`): one reading a pod, not
+    one per verb. A filter body that names that version with other contents is decided on
+    the record, as the bind is."""
+    from elastic_gpu.scheduler import verbs
+    from elastic_gpu.scheduler.state import records
+
+    reads: list[str] = []
+
+    def counted(pod: Mapping[str, Any]) -> Any:
+        reads.append(pod["metadata"]["name"])
+        return pod_request_from_manifest(pod)
+
+    monkeypatch.setattr(records, "pod_request_from_manifest", counted)
+    monkeypatch.setattr(verbs, "pod_request_from_manifest", counted)
+    state = ready_state(NODES)
+    extender = Extender(state, WatchingApi(state))
+    pod = pending("v")
+    state.observe_pod(pod)
+    forged = copy.deepcopy(pod)  # the same uid and version, asking more than any card has
+    forged["spec"]["containers"][0]["resources"]["limits"]["elasticgpu.io/gpu-core"] = "99"
+    forged["spec"]["containers"][0]["resources"]["limits"]["elasticgpu.io/gpu-memory"] = "99999"
+    for body in (pod, forged):
+        answer = extender.filter(json.dumps({"Pod": body, "Nodes": None,
+                                             "NodeNames": ["n0", "n1"]}).encode())
+        assert answer.text is not None and json.loads(answer.text)["NodeNames"] == ["n0", "n1"]
+    assert await bind(extender, pod, "n0") == ""
+    assert reads == ["v"]

@@ -141,6 +141,30 @@ def test_unknown_outcome_holds_until_ttl_unless_the_pod_shows_up_bound() -> None
     assert used(state, "n1") == 400
 
 
+def test_reservations_kept_for_the_ttl_each_expire_at_their_own_deadline() -> None:
+    """`expire` scans only once the earliest deadline has passed; after a scan the next
+    deadline is the earliest of those left, so a later reservation still expires on time."""
+    clock = Clock()
+    state = ready_state([gpu_node("n1")],
+                        SchedulerState(SchedulerConfig(reservation_ttl_s=5), clock=clock))
+    early, late = share_pod("early", 30), share_pod("late", 30)
+    tokens = {}
+    for pod in (early, late):
+        state.observe_pod(pod)
+        tokens[pod["metadata"]["name"]], _ = state.reserve(
+            pod_request_from_manifest(pod), pod["metadata"]["uid"], "n1")
+    state.settle(early["metadata"]["uid"], tokens["early"], "unknown")  # deadline 5
+    clock.now += 3
+    state.settle(late["metadata"]["uid"], tokens["late"], "unknown")  # deadline 8
+    assert state.expire() == 0 and used(state, "n1") == 600
+    clock.now += 3  # 6
+    assert state.expire() == 1 and used(state, "n1") == 300
+    clock.now += 1  # 7
+    assert state.expire() == 0
+    clock.now += 1  # 8
+    assert state.expire() == 1 and used(state, "n1") == 0 and state.inflight() == {}
+
+
 def test_a_retry_while_the_first_outcome_is_unknown_counts_both() -> None:
     state = ready_state([gpu_node("n1"), gpu_node("n2")])
     pod = share_pod("a", 60)

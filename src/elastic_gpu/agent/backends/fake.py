@@ -62,6 +62,7 @@ from elastic_gpu.agent.config import SharingConfig
 from elastic_gpu.agent.usage.cgroup import container_pids
 from elastic_gpu.api.config.loader import ConfigError, read_file
 from elastic_gpu.core import annotations as ann
+from elastic_gpu.core.mig.apply import Create, Destroy, placed_of, placement_problems
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.core.usage import MAX_PERCENT
@@ -403,6 +404,34 @@ class FakeBackend:
                          for in_mig in (tuple(processes.get(m.uuid, ())),))
             out.append(CardSample(card.uuid, used, sm_total, procs, migs))
         return tuple(out)
+
+    def apply_mig_step(self, card_uuid: str, step: Create | Destroy) -> tuple[MigInstance, ...]:
+        """As a MIG-capable card would: refuses a placement the model does not allow or that
+        overlaps an instance; a new instance's UUID is made from the card and its placement
+        (`MIG-<card>-<profile>-<start>`). The layout lives in this process: a restarted fake
+        agent starts from its inventory again (docs/mig-apply.md)."""
+        with self._lock:
+            card = self._by_uuid.get(card_uuid)
+            if card is None:
+                raise BackendError(f"fake backend: no card with uuid {card_uuid}")
+            if isinstance(step, Create):
+                problems = placement_problems(card.model, [*placed_of(card.mig), step.placed])
+                if problems:
+                    raise BackendError(f"card {card_uuid} refuses {step.placed}: "
+                                       + "; ".join(problems))
+                placed = step.placed
+                made = MigInstance(placed.profile,
+                                   f"MIG-{card_uuid}-{placed.profile.name}-{placed.start}",
+                                   placed.start)
+                mig = (*card.mig, made)
+            else:
+                if all(m.uuid != step.instance.uuid for m in card.mig):
+                    raise BackendError(f"no MIG device {step.instance.uuid} on card {card_uuid}")
+                mig = tuple(m for m in card.mig if m.uuid != step.instance.uuid)
+            changed = replace(card, mig=tuple(sorted(mig, key=lambda m: (m.start, m.uuid))))
+            self._cards = tuple(changed if c.uuid == card_uuid else c for c in self._cards)
+            self._by_uuid[card_uuid] = changed
+            return changed.mig
 
     def close(self) -> None:
         return None

@@ -7,7 +7,8 @@ environment, as HAMi's and Volcano's device plugins set them:
 - `CUDA_DEVICE_MEMORY_LIMIT_<i>`: the memory of the container's i-th visible device, with a
   unit (`4096m`); allocations beyond it fail with out-of-memory.
 - `CUDA_DEVICE_SM_LIMIT`: the percent of the device's compute (HAMi-core's time-slicing of
-  kernel launches; one value for every device of the container).
+  kernel launches; one value for every device of the container), and for a container on
+  several devices (a multi-card share) `CUDA_DEVICE_SM_LIMIT_<i>` per device as well.
 - `CUDA_DEVICE_MEMORY_SHARED_CACHE`: a file where the container's processes account their
   use together; it lives in a directory of the container's own on the host.
 
@@ -80,6 +81,16 @@ class HamiCore:
         # One compute limit for the whole container: the smallest share bounds every card.
         percent = min(max(limit.milli, MILLI_PER_PERCENT) for limit in limits) // MILLI_PER_PERCENT
         envs["CUDA_DEVICE_SM_LIMIT"] = str(percent)
+        if sum(limit.devices for limit in limits) > 1:
+            # a container on several cards (a multi-card share): each device's own limit too,
+            # as HAMi's device plugin writes them (`CUDA_DEVICE_SM_LIMIT_<i>`)
+            ordinal = 0
+            for limit in limits:
+                for _ in range(limit.devices):
+                    envs[f"CUDA_DEVICE_SM_LIMIT_{ordinal}"] = str(
+                        min(max(limit.milli, MILLI_PER_PERCENT), MILLI_PER_CARD)
+                        // MILLI_PER_PERCENT)
+                    ordinal += 1
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = CONTAINER_CACHE_FILE
         cache = self._container_directory()
         mounts = [MountSpec(CONTAINER_LIBRARY, self.config.library, read_only=True),

@@ -38,6 +38,7 @@ from elastic_gpu.agent.backends.base import (
 )
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import HealthConfig, SharingConfig
+from elastic_gpu.core.mig.apply import Create, Destroy
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile
 
@@ -115,6 +116,7 @@ class NvmlBackend:
         self._last_seen: dict[str, int] = {}
         #: Cards carved into MIG instances at discovery (sampled per instance too).
         self._mig_cards: dict[str, bool] = {}
+        self._index: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -151,6 +153,7 @@ class NvmlBackend:
                               links=links, mig=card.mig, numa_node=card.numa_node,
                               health=self._current_health(card.uuid)))
             self._handles[card.uuid] = handle
+            self._index[card.uuid] = index
             self._mig_cards[card.uuid] = bool(card.mig)
         return tuple(cards)
 
@@ -370,6 +373,23 @@ class NvmlBackend:
         if newest:
             self._last_seen[uuid] = max(stamp for stamp, _ in newest.values())
         return {pid: sm for pid, (_, sm) in newest.items()}
+
+    # -- MIG layout ------------------------------------------------------------------------
+
+    def apply_mig_step(self, card_uuid: str, step: Create | Destroy) -> tuple[MigInstance, ...]:
+        from elastic_gpu.agent.backends import nvml_mig
+
+        handle = self._handles.get(card_uuid)
+        if handle is None:
+            raise BackendError(f"no card {card_uuid} was discovered on this node")
+        nvml_mig.remove_orphans(handle)
+        if isinstance(step, Create):
+            nvml_mig.create(handle, step.placed)
+        else:
+            nvml_mig.destroy(handle, step.instance.uuid)
+        instances = self._mig(self._index.get(card_uuid, -1), handle)
+        self._mig_cards[card_uuid] = bool(instances)
+        return instances
 
     # -- devices ---------------------------------------------------------------------------
 

@@ -132,18 +132,16 @@ class Allocator:
     @staticmethod
     def _check_tflops(chosen: Candidate, cards: Mapping[int, LogicalCard], resource: str,
                       count: int) -> None:
-        """A TFLOPS request is a share of one card, sized by the scheduler for that card's
-        model: refuse an assignment that would give less than the TFLOPS asked."""
-        if len(chosen.shares) != 1:
-            raise AllocateError(f"{chosen.describe()}: asks for {count} {resource}, a share of "
-                                f"one card, but is assigned {len(chosen.shares)} cards")
-        (share,) = chosen.shares
-        lc = cards.get(share.index)
-        if lc is None:  # build_grant says so, naming the card
-            return
-        problem = short_share(lc.card.model, count, share.milli)
-        if problem is not None:
-            raise AllocateError(f"{chosen.describe()}: card {share.index}: {problem}")
+        """A TFLOPS request is a share of a card (of each of N cards for a multi-card share),
+        sized by the scheduler for that card's model: refuse an assignment that would give
+        less than the TFLOPS asked on any of its cards."""
+        for share in chosen.shares:
+            lc = cards.get(share.index)
+            if lc is None:  # build_grant says so, naming the card
+                continue
+            problem = short_share(lc.card.model, count, share.milli)
+            if problem is not None:
+                raise AllocateError(f"{chosen.describe()}: card {share.index}: {problem}")
 
     def _kubelet_choice(self, plan: ResourcePlan, device_ids: Sequence[str]) -> Grant:
         units = plan.by_id()
@@ -178,6 +176,14 @@ class Allocator:
             if plan.kind in (PluginKind.WHOLE, PluginKind.MIG) and len(chosen.shares) != count:
                 raise AllocateError(f"{chosen.describe()}: assigned {len(chosen.shares)} cards "
                                     f"but asks for {count} {plan.resource}")
+            if (plan.kind in (PluginKind.SHARE, PluginKind.TFLOPS) and chosen.share_cards
+                    and len(chosen.shares) != chosen.share_cards
+                    and chosen.claim is None):
+                # a share is on 1 card, a multi-card share on N distinct ones: the assignment
+                # must say as much
+                raise AllocateError(f"{chosen.describe()}: asks for a share on "
+                                    f"{chosen.share_cards} card(s) but is assigned "
+                                    f"{len(chosen.shares)} cards")
             if plan.kind is PluginKind.MIG and any(s.mig_uuid is None for s in chosen.shares):
                 raise AllocateError(f"{chosen.describe()}: asks for {plan.resource} but its "
                                     "assignment names no MIG instance")

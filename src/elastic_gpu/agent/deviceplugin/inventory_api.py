@@ -58,11 +58,7 @@ def card_object(node_name: str, card: Card, reason: str = "",
                 node_uid: str | None = None) -> dict[str, Any]:
     """A card's GPUDevice as published; with `node_uid`, owned by the Node (the garbage
     collector removes it with the Node)."""
-    obj = gd.card_to_object(node_name, card, reason)
-    if node_uid:
-        obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
-                                               "name": node_name, "uid": node_uid}]
-    return obj
+    return gd.owned_by_node(gd.card_to_object(node_name, card, reason), node_name, node_uid)
 
 
 def create_inventory(client: SyncKubeClient, node: Node, node_uid: str | None = None) -> None:
@@ -83,7 +79,8 @@ def publish_inventory(client: SyncKubeClient, node: Node,
     """Make the node's GPUDevices match `node.cards`: create or update each card's object
     (spec, labels, health; allocation columns are left as they are), delete cards gone.
     With `node_uid`, the objects are owned by the Node, so the garbage collector removes them
-    with it."""
+    with it; an existing object is re-owned (one left by an earlier Node of the same name
+    would otherwise be collected under the new one)."""
     reasons = reasons or {}
     wanted = set()
     for card in node.cards:
@@ -95,8 +92,7 @@ def publish_inventory(client: SyncKubeClient, node: Node,
             # The status subresource ignores status on create: it is patched right after.
             client.create(GPUDEVICES.path(), obj)
         except Conflict:  # 409: it exists (every 409, as before)
-            client.patch(GPUDEVICES.path(name=name),
-                         {"metadata": {"labels": obj["metadata"]["labels"]}, "spec": obj["spec"]})
+            client.patch(GPUDEVICES.path(name=name), gd.update_patch(obj))
             # An existing card keeps its allocation columns (the sync loop owns them).
             status = {k: status[k] for k in ("health", "reason", "lastHeartbeat")}
         _patch_status(client, name, status)
@@ -107,18 +103,32 @@ def publish_inventory(client: SyncKubeClient, node: Node,
             client.delete(GPUDEVICES.path(name=name))
 
 
-def publish_health(client: SyncKubeClient, node: Node, reasons: Mapping[int, str]) -> None:
+def publish_health(client: SyncKubeClient, node: Node, reasons: Mapping[int, str]) -> list[int]:
+    """Health and reason of each card; returns the cards whose GPUDevice is gone (to
+    republish: `publish_inventory`)."""
+    missing = []
     for card in node.cards:
-        _patch_status(client, gd.object_name(node.name, card.index),
-                      {"health": card.health.value, "reason": reasons.get(card.index, ""),
-                       "lastHeartbeat": gd.now_rfc3339()})
+        try:
+            _patch_status(client, gd.object_name(node.name, card.index),
+                          {"health": card.health.value, "reason": reasons.get(card.index, ""),
+                           "lastHeartbeat": gd.now_rfc3339()})
+        except NotFound:
+            missing.append(card.index)
+    return missing
 
 
-def publish_allocations(client: SyncKubeClient, node: Node, usage: Mapping[int, CardUse]) -> None:
-    """Allocation columns, holders (and the heartbeat) of each card from pods' assignments."""
+def publish_allocations(client: SyncKubeClient, node: Node,
+                        usage: Mapping[int, CardUse]) -> list[int]:
+    """Allocation columns, holders (and the heartbeat) of each card from pods' assignments;
+    returns the cards whose GPUDevice is gone (to republish: `publish_inventory`)."""
+    missing = []
     for card in node.cards:
-        patch_allocation(client, gd.object_name(node.name, card.index), card.compute_milli,
-                         usage.get(card.index, CardUse()))
+        try:
+            patch_allocation(client, gd.object_name(node.name, card.index), card.compute_milli,
+                             usage.get(card.index, CardUse()))
+        except NotFound:
+            missing.append(card.index)
+    return missing
 
 
 def patch_allocation(client: SyncKubeClient, name: str, compute_milli: int, use: CardUse) -> None:

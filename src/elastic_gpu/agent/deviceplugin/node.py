@@ -16,6 +16,7 @@ from elastic_gpu.agent.deviceplugin.allocator import Allocator
 from elastic_gpu.agent.deviceplugin.inventory_api import (
     publish_allocations,
     publish_health,
+    publish_inventory,
     require_crd,
 )
 from elastic_gpu.agent.deviceplugin.manager import PluginManager
@@ -72,6 +73,8 @@ class DevicePluginNode:
             [PluginServer(plan, state, allocator, plugin_dir) for plan in current().plans],
             plugin_dir)
         self._sinks: ApiSinks | None = None
+        #: The uid of the Node the GPUDevices were last published under (their owner).
+        self._owner_uid: str | None = None
 
     def capacity(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
         snap = self.current()
@@ -85,7 +88,21 @@ class DevicePluginNode:
             raise NodeModeError(refusal)
         # The CRD comes from deploy/crds at install time; the agent may not write CRDs.
         require_crd(self.client)
-        publish_snapshot(self.client, self.current(), self.config, self.reasons())
+        self._owner_uid = publish_snapshot(self.client, self.current(), self.config,
+                                           self.reasons())
+
+    def _republish(self, why: str, node_uid: str | None = None) -> None:
+        """Write every GPUDevice again, owned by the Node as it is now: one was deleted (the
+        garbage collector removes those an earlier Node of the same name owned), or the Node
+        was recreated under a new uid."""
+        assert self.client is not None
+        log.warning("republishing the GPUDevices of %s: %s", self.node, why)
+        if node_uid is None:
+            self._owner_uid = publish_snapshot(self.client, self.current(), self.config,
+                                               self.reasons())
+        else:
+            publish_inventory(self.client, self.current().node, self.reasons(), node_uid)
+            self._owner_uid = node_uid
 
     def serve(self) -> None:
         self.manager.start()
@@ -94,24 +111,34 @@ class DevicePluginNode:
         if self.client is None:
             return
         snap = self.current()
-        publish_health(self.client, snap.node, self.reasons())
+        missing = publish_health(self.client, snap.node, self.reasons())
         patch_node_capacity(self.client, self.node, snap.capacity, snap.allocatable,
                             self.config)
+        if missing:
+            self._republish(f"the GPUDevices of cards {missing} are gone")
 
     def reasons_changed(self) -> None:
         if self.client is not None:
-            publish_health(self.client, self.current().node, self.reasons())
+            missing = publish_health(self.client, self.current().node, self.reasons())
+            if missing:
+                self._republish(f"the GPUDevices of cards {missing} are gone")
 
     def sync(self) -> dict[int, CardUse]:
         """Allocation columns, holders and heartbeat of the GPUDevices (pods from the watch
-        cache once it has synced); re-assert the Node's GPU capacity."""
+        cache once it has synced); re-assert the Node's GPU capacity, and the GPUDevices
+        themselves when the Node has a new uid or one of them is gone."""
         assert self.client is not None and self.pods is not None
         snap = self.current()
+        uid = patch_node_capacity(self.client, self.node, snap.capacity, snap.allocatable,
+                                  self.config)
+        if uid != self._owner_uid:
+            self._republish(f"the Node's uid is {uid}, not {self._owner_uid}", uid)
         usage = card_usage(self.pods.on_node(self.node), self.node,
                            {card.index: card for card in snap.node.cards})
-        publish_allocations(self.client, snap.node, usage)
-        patch_node_capacity(self.client, self.node, snap.capacity, snap.allocatable,
-                            self.config)
+        missing = publish_allocations(self.client, snap.node, usage)
+        if missing:
+            self._republish(f"the GPUDevices of cards {missing} are gone", uid)
+            publish_allocations(self.client, snap.node, usage)
         return usage
 
     def outcomes(self) -> Counter[tuple[str, str]]:

@@ -25,9 +25,11 @@ from elastic_gpu.kube.sync import SyncKubeClient
 
 
 def publish_snapshot(client: SyncKubeClient, snap: NodeSnapshot, config: AgentConfig,
-                     reasons: Mapping[int, str] | None = None) -> None:
+                     reasons: Mapping[int, str] | None = None) -> str:
+    """The Node's capacity, then the GPUDevices, owned by the Node; returns the Node's uid."""
     uid = patch_node_capacity(client, snap.node.name, snap.capacity, snap.allocatable, config)
     publish_inventory(client, snap.node, reasons, node_uid=uid)
+    return uid
 
 
 def publish_fake_node(client: SyncKubeClient, inventory: Node,

@@ -20,6 +20,7 @@ from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp, apply_patch
 from elastic_gpu.core.admission.mutation import MutationInput, Mutator
 from elastic_gpu.core.admission.mutators.claims import claim_resources
+from elastic_gpu.core.admission.peers import peer_ops, peer_refusals, translate
 from elastic_gpu.core.admission.pod import pod_namespace
 from elastic_gpu.core.admission.rules import (
     AdmissionRule,
@@ -44,20 +45,28 @@ def validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None = None,
     The claims it names are checked first and their resources added to their containers
     (`claim_resources`), so the other checks and the request see the containers as they will
     be stored; a refusal about such a container names its claim."""
-    refusals, request, _, _ = _validate(pod, facts, claims, dra)
+    refusals, request, _, _, _ = _validate(pod, facts, claims, dra)
     return refusals, request
 
 
 def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None,
               dra: PodDraClaims | None = None
-              ) -> tuple[list[Refusal], PodRequest | None, list[PatchOp], Any]:
-    """`validate`, plus the claims' operations and the pod they complete (for `admit`)."""
+              ) -> tuple[list[Refusal], PodRequest | None, list[PatchOp], Any, list[PatchOp]]:
+    """`validate`, plus the claims' operations and the pod they complete (for `admit`), and
+    the operations that wrote a peer's dialect as ours (`peers`: first, so every rule and
+    the claims read our names)."""
     malformed = shape(pod)
     if malformed:
-        return malformed, None, [], pod
+        return malformed, None, [], pod, []
+    translation = translate(pod, facts)
+    if translation.refusals:
+        return peer_refusals(translation), None, [], pod, []
+    translated = peer_ops(pod, translation)
+    if translated:
+        pod = apply_patch(pod, translated)
     plan = claim_plan(pod, claims or PodClaims(pod_namespace(pod)))
     if plan.refusals:
-        return plan.refusals, None, [], pod
+        return plan.refusals, None, [], pod, translated
     completing: list[PatchOp] = []
     if plan.resources:
         completing = claim_ops(pod, plan)
@@ -81,7 +90,7 @@ def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None,
                                   f"{plan.sources[r.container]})")
                 if r.container in plan.sources else r
                 for r in refusals]
-    return refusals, (request if not refusals else None), completing, pod
+    return refusals, (request if not refusals else None), completing, pod, translated
 
 
 @dataclass(frozen=True)
@@ -111,21 +120,24 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
     found (a pod naming one is refused). `budget`: the lower PriorityClass while the pod's
     namespace is over its GPU budget (None: in budget, or no budget); `budgeted`: the
     namespace has a GPU budget (`budget_finalizer`); `dra`: the ResourceClaims and templates
-    the pod names, as found (`core.admission.dra`; None: the pod names none).
+    the pod names, as found (`core.admission.dra`, the placement gate `dra_gate`; None: the
+    pod names none).
 
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
     its own words), so only a refusal at the mutating call reaches the user with our rule."""
     dra = dra or PodDraClaims()
-    refusals, request, completing, completed = _validate(pod, facts, claims, dra)
+    refusals, request, completing, completed, translated = _validate(pod, facts, claims, dra)
     if refusals or request is None:
         return Verdict(tuple(refusals))
     claims = claims or PodClaims(pod_namespace(pod))
     ops: list[PatchOp] = []
     if mutate:
-        current: Mapping[str, Any] = pod
+        current: Mapping[str, Any] = apply_patch(pod, translated) if translated else pod
+        ops += translated
+        start = current
         for mutator in mutators:
-            if mutator is claim_resources and current is pod:  # validation made them already
+            if mutator is claim_resources and current is start:  # validation made them already
                 if completing:
                     current = completed
                     ops += completing

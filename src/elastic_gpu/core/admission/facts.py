@@ -33,6 +33,11 @@ class ClusterFacts:
     #: the most memory one card has (MiB), and a node with such a card
     largest_card_memory_mib: int = 0
     largest_memory_node: str = ""
+    #: the least memory one GPU node's cards have (MiB; 0: none known): a peer's memory
+    #: percentage is sized on it (`core.peers`)
+    smallest_card_memory_mib: int = 0
+    #: the UUIDs of the cluster's cards (the webhook's GPUDevice watch; None: not known)
+    card_uuids: frozenset[str] | None = None
     #: card models some node has
     models: frozenset[str] = frozenset()
     #: MIG resource names some node offers (`nvidia.com/mig-3g.40gb`, ...)
@@ -117,6 +122,8 @@ def facts_from_nodes(nodes: Iterable[NodeGpus], *,
         largest_cards_node=biggest.name if biggest else "",
         largest_card_memory_mib=memory.memory_mib_per_card if memory else 0,
         largest_memory_node=memory.name if memory else "",
+        smallest_card_memory_mib=min((n.memory_mib_per_card for n in ordered
+                                      if n.memory_mib_per_card), default=0),
         models=frozenset(n.model for n in ordered if n.model),
         mig_profiles=frozenset(m for n in ordered for m in n.mig_profiles),
         node_policies=frozenset(node_policies) if node_policies is not None else None,

@@ -34,7 +34,8 @@ class MutationInput:
     budget: PriorityDowngrade | None = None
     #: the pod's namespace has a GPU budget (`core.budget.priority.NamespaceBudget.budgeted`)
     budgeted: bool = False
-    #: the ResourceClaims and templates the pod names, as the webhook found them
+    #: the ResourceClaims and templates the pod names, as the webhook found them (the DRA
+    #: rules, quota and budget, `mutators.dra`, and the placement gate, `mutators.dra_gate`)
     dra: PodDraClaims = field(default_factory=PodDraClaims)
 
     @property

@@ -82,6 +82,9 @@ class AdmissionRule(enum.Enum):
     DRA_AND_DEVICE_PLUGIN = "dra-and-device-plugin"
     #: a ResourceClaim or ResourceClaimTemplate the pod names does not exist
     DRA_CLAIM_NOT_FOUND = "dra-claim-not-found"
+    #: a peer's field (HAMi, Volcano, KAI, Koordinator) with a value we cannot honour
+    #: (`core.peers`; `resource` the peer's field)
+    PEER_FIELD = "peer-field"
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,12 @@ def check_capacity(requests: Sequence[ContainerRequest], facts: ClusterFacts) ->
                 refusals.append(Refusal(AdmissionRule.EXCEEDS_LARGEST_NODE,
                                         ", ".join(request.resources), f"{request.cards} cards",
                                         largest, request.name))
+            elif request.multi_share and request.cards > facts.largest_cards:
+                refusals.append(Refusal(
+                    AdmissionRule.EXCEEDS_LARGEST_NODE, ", ".join(request.resources),
+                    f"{request.cards} shares",
+                    f"a share on each of {request.cards} distinct cards of one node; {largest}",
+                    request.name))
         total = sum(r.cards for r in requests if r.kind is RequestKind.WHOLE)
         if not refusals and total > facts.largest_cards:
             names = ", ".join(sorted({n for r in requests for n in r.resources}))

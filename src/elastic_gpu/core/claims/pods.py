@@ -45,6 +45,8 @@ def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
     (the seed README writes `test1` on a container `test-cuda`); with several it is an error
     that says so."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if not any(isinstance(k, str) and k.startswith(CLAIM_PREFIX) for k in annotations):
+        return {}  # most pods: no claim, so no need to read the containers
     lifetime = [c.name for c in lifetime_containers(pod)]
     regular = [c.name for c in lifetime_containers(pod) if c.field == "containers"]
     classic_init = {c.name for c in classic_init_containers(pod)}

@@ -114,10 +114,11 @@ PROVISIONERS: dict[str, Provisioner] = {
 
 
 def describe_request(request: ContainerRequest) -> str:
+    where = "one card" if request.cards == 1 else f"each of {request.cards} cards"
     if request.kind is RequestKind.SHARE and request.tflops:
-        return f"a share of one card ({request.tflops} TFLOPS, {request.memory_mib} MiB)"
+        return f"a share of {where} ({request.tflops} TFLOPS, {request.memory_mib} MiB)"
     if request.kind is RequestKind.SHARE:
-        return (f"a share of one card ({request.compute_milli // 10}% compute, "
+        return (f"a share of {where} ({request.compute_milli // 10}% compute, "
                 f"{request.memory_mib} MiB)")
     if request.kind is RequestKind.WHOLE:
         return f"{request.cards} whole card(s)"

@@ -3,10 +3,11 @@
 Two stages. `rank_nodes` looks at every node at once through the engine's arrays
 (`Engine.free_cards`) and keeps the nodes where the pending pod's shortfall is smallest: for N
 whole cards, the fewest part-used cards to empty and the least compute on them; for a share,
-the least compute missing on one card. `move_sets` then looks at the movable pods on those
-nodes only and lists the sets whose removal makes the pod fit there (cards emptied entirely,
-or enough freed on one card, and the node's CPU and memory), fewest pods first, then least
-compute moved (small shares are the likeliest to fit elsewhere).
+the least compute missing on one card (on the N cards that lack least, for a share on N
+cards). `move_sets` then looks at the movable pods on those nodes only and lists the sets whose
+removal makes the pod fit there (cards emptied entirely, or enough freed on one card or on N,
+and the node's CPU and memory), fewest pods first, then least compute moved (small shares are
+the likeliest to fit elsewhere).
 """
 
 from __future__ import annotations
@@ -81,9 +82,15 @@ def rank_nodes(free: FreeCards, pod: PodRequest, c: ContainerRequest, max_moves:
         lack_mem = np.where(usable, np.maximum(c.memory_mib - (free.cap_memory - free.used_memory),
                                                0), _FAR)
         lack = lack_milli + np.minimum(lack_mem, _FAR)
-        possible = usable.any(axis=1)
-        proxy = lack.min(axis=1)
-        need = (proxy > 0).astype(np.int64)
+        if c.cards == 1:
+            possible = usable.any(axis=1)
+            proxy = lack.min(axis=1)
+            need = (proxy > 0).astype(np.int64)
+        else:  # a multi-card share: what is missing on the N cards that lack least
+            possible = usable.sum(axis=1) >= c.cards
+            least = np.sort(lack, axis=1)[:, :c.cards]
+            proxy = np.minimum(least, _FAR).sum(axis=1)
+            need = (least > 0).sum(axis=1).astype(np.int64)
     host_lack = np.zeros(len(free.names), dtype=np.int64)
     if check_host:
         cpu_short = np.maximum(pod.cpu_milli - (free.cpu_capacity - free.cpu_used), 0)
@@ -135,7 +142,7 @@ class Room:
             return cached
         if c.kind is RequestKind.SHARE:
             fits = (self.free_milli >= c.compute_milli) & (self.free_memory >= c.memory_mib)
-            gpu: npt.NDArray[np.bool_] = np.any(fits, axis=1)
+            gpu: npt.NDArray[np.bool_] = np.greater_equal(fits.sum(axis=1), c.cards)
         else:
             slots = (self.untouched & (self.cap_memory >= c.memory_mib)).sum(axis=1)
             gpu = np.greater_equal(slots, c.cards)
@@ -158,8 +165,9 @@ class Room:
             return False
         others = [col for col in range(self.free_milli.shape[1]) if col not in cols]
         if c.kind is RequestKind.SHARE:
-            return any(self.free_milli[row, col] >= c.compute_milli
-                       and self.free_memory[row, col] >= c.memory_mib for col in others)
+            return sum(bool(self.free_milli[row, col] >= c.compute_milli
+                            and self.free_memory[row, col] >= c.memory_mib)
+                       for col in others) >= c.cards
         return sum(bool(self.untouched[row, col]) for col in others) >= c.cards
 
 
@@ -232,27 +240,13 @@ def move_sets(free: FreeCards, row: int, order: int, pod: PodRequest, c: Contain
                 union = sorted({k for col in chosen for k in held.by_col[col]})
                 if len(union) <= max_moves:
                     bases.append(tuple(union))
+    elif c.cards > 1:
+        bases.extend(_multi_share_bases(free, row, c, cols, held, allocation, col_of, stuck,
+                                        max_moves))
     else:
         for col in cols:
-            lack_milli = c.compute_milli - int(free.cap_milli[row, col] - free.used_milli[row, col])
-            lack_mem = c.memory_mib - int(free.cap_memory[row, col] - free.used_memory[row, col])
-            if lack_milli <= 0 and lack_mem <= 0:
-                bases.append(())
-                continue
-            there = sorted((k for k in held.by_col.get(col, []) if k not in stuck),
-                           key=lambda k: (held.milli[k], k))
-            found: list[tuple[str, ...]] = []
-            for size in range(1, min(max_moves, len(there)) + 1):
-                for combo in combinations(there[:SHARE_POD_CHOICES], size):
-                    milli = sum(held.milli[k] for k in combo)
-                    mem = sum(s.memory_mib for k in combo for s in allocation[k].shares()
-                              if col_of.get(s.index) == col)
-                    if milli >= lack_milli and mem >= lack_mem:
-                        found.append(combo)
-                if found:
-                    break  # the fewest pods that free enough on this card
-            found.sort(key=lambda combo: (sum(held.milli[k] for k in combo), combo))
-            bases.extend(found[:SETS_PER_PLACE])
+            bases.extend(_card_sets(free, row, col, c, held, allocation, col_of, stuck,
+                                    max_moves))
     out: dict[tuple[str, ...], MoveSet] = {}
     for base in bases:
         chosen_keys = _with_host_room(free, row, pod, base, held, movable, max_moves, check_host,
@@ -264,6 +258,59 @@ def move_sets(free: FreeCards, row: int, order: int, pod: PodRequest, c: Contain
                                                        order))
     sets = sorted(out.values(), key=MoveSet.sort_key)
     return sets[:SETS_PER_PLACE] if c.kind is RequestKind.WHOLE else sets
+
+
+def _card_sets(free: FreeCards, row: int, col: int, c: ContainerRequest, held: _NodePods,
+               allocation: Mapping[str, Assignment], col_of: Mapping[int, int],
+               stuck: set[str], max_moves: int) -> list[tuple[str, ...]]:
+    """The fewest movable pods of one card whose moving frees a share's compute and memory
+    there (least compute first, at most SETS_PER_PLACE); [()] when it has room already."""
+    lack_milli = c.compute_milli - int(free.cap_milli[row, col] - free.used_milli[row, col])
+    lack_mem = c.memory_mib - int(free.cap_memory[row, col] - free.used_memory[row, col])
+    if lack_milli <= 0 and lack_mem <= 0:
+        return [()]
+    there = sorted((k for k in held.by_col.get(col, []) if k not in stuck),
+                   key=lambda k: (held.milli[k], k))
+    found: list[tuple[str, ...]] = []
+    for size in range(1, min(max_moves, len(there)) + 1):
+        for combo in combinations(there[:SHARE_POD_CHOICES], size):
+            milli = sum(held.milli[k] for k in combo)
+            mem = sum(s.memory_mib for k in combo for s in allocation[k].shares()
+                      if col_of.get(s.index) == col)
+            if milli >= lack_milli and mem >= lack_mem:
+                found.append(combo)
+        if found:
+            break  # the fewest pods that free enough on this card
+    found.sort(key=lambda combo: (sum(held.milli[k] for k in combo), combo))
+    return found[:SETS_PER_PLACE]
+
+
+def _multi_share_bases(free: FreeCards, row: int, c: ContainerRequest, cols: Sequence[int],
+                       held: _NodePods, allocation: Mapping[str, Assignment],
+                       col_of: Mapping[int, int], stuck: set[str], max_moves: int
+                       ) -> list[tuple[str, ...]]:
+    """Move sets for a multi-card share (N distinct cards with room): the cards with room
+    already, and each choice of the cheapest others to free (each by its own cheapest set,
+    `_card_sets`), the union of their pods; the engine checks each set (`plan`)."""
+    cheapest: dict[int, tuple[str, ...]] = {}
+    ready = 0
+    for col in cols:
+        sets = _card_sets(free, row, col, c, held, allocation, col_of, stuck, max_moves)
+        if sets == [()]:
+            ready += 1
+        elif sets:
+            cheapest[col] = sets[0]
+    need = c.cards - ready
+    if need <= 0:
+        return [()]
+    ranked = sorted(cheapest, key=lambda col: (len(cheapest[col]),
+                                              sum(held.milli[k] for k in cheapest[col]), col))
+    bases: list[tuple[str, ...]] = []
+    for chosen in combinations(ranked[:WHOLE_CARD_CHOICES], need):
+        union = tuple(sorted({k for col in chosen for k in cheapest[col]}))
+        if len(union) <= max_moves:
+            bases.append(union)
+    return bases
 
 
 def _with_host_room(free: FreeCards, row: int, pod: PodRequest, base: tuple[str, ...],

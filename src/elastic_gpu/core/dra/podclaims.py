@@ -44,11 +44,37 @@ class FoundClaim:
     reserved_for: tuple[str, ...] = ()
 
 
+def request_classes(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The DeviceClass names a claim spec's `devices.requests` name (`exactly` and
+    `firstAvailable` subrequests)."""
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    out: set[str] = set()
+    for request in requests if isinstance(requests, list) else []:
+        if not isinstance(request, Mapping):
+            continue
+        exactly = request.get("exactly")
+        if isinstance(exactly, Mapping) and isinstance(exactly.get("deviceClassName"), str):
+            out.add(exactly["deviceClassName"])
+        for sub in request.get("firstAvailable") or []:
+            if isinstance(sub, Mapping) and isinstance(sub.get("deviceClassName"), str):
+                out.add(sub["deviceClassName"])
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class PodDraClaims:
-    """What the webhook found for each entry the pod names (None: it does not exist)."""
+    """What the webhook found for each entry the pod names (None: it does not exist), and which
+    of our DeviceClasses an operator left to kube-scheduler (the class annotation
+    `elasticgpu.io/dra-placement: kube-scheduler`; `mutators.dra_gate`)."""
 
     found: Mapping[str, FoundClaim | None] = field(default_factory=dict)
+    opted_out: frozenset[str] = frozenset()
+
+    def classes(self) -> frozenset[str]:
+        """The DeviceClasses the pod's claims and claim templates name."""
+        return frozenset().union(*(request_classes(claim.spec)
+                                   for claim in self.found.values() if claim is not None))
 
     def ours(self) -> dict[str, FoundClaim]:
         """The entries whose claim asks a device of our DeviceClasses."""

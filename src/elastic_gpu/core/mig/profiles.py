@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
 from elastic_gpu.core.resources import MigProfile
 
@@ -38,6 +39,10 @@ class ProfileSize:
     memory_slices: int
     #: how many instances of this profile one card holds at most
     max_instances: int
+    #: the placement slots an instance may start at (NVML's `GpuInstancePlacement.start`,
+    #: `nvidia-smi mig -lgipp`): slots are the card's memory slices, an instance spans
+    #: `memory_slices` of them from its start (see `core.mig.layout`)
+    starts: tuple[int, ...] = ()
 
     @property
     def memory_gb(self) -> int:
@@ -57,34 +62,53 @@ class MigModel:
     profiles: tuple[ProfileSize, ...]
 
     def size(self, profile: MigProfile) -> ProfileSize | None:
-        return next((p for p in self.profiles if p.profile == profile), None)
+        return self._sizes.get(profile)
+
+    @cached_property
+    def _sizes(self) -> dict[MigProfile, ProfileSize]:
+        return {p.profile: p for p in self.profiles}
+
+    @property
+    def slots(self) -> int:
+        """The placement slots of one card (its memory slices: 8, the A30 4)."""
+        return self.memory_slices
 
 
-def _rows(*rows: tuple[str, int, int]) -> tuple[ProfileSize, ...]:
+def _rows(*rows: tuple[str, int, int, tuple[int, ...]]) -> tuple[ProfileSize, ...]:
     out = []
-    for name, memory_slices, max_instances in rows:
+    for name, memory_slices, max_instances, starts in rows:
         profile = MigProfile.parse(name)
-        out.append(ProfileSize(profile, profile.slices, memory_slices, max_instances))
+        out.append(ProfileSize(profile, profile.slices, memory_slices, max_instances, starts))
     return tuple(out)
 
 
+#: NVIDIA's placements on the 7-slice cards (8 placement slots, one per memory slice; the MIG
+#: user guide's "A100 MIG profiles" / "H100 MIG profiles" figures, `nvidia-smi mig -lgipp`):
+#: one-slot profiles start at 0..6 (slot 7 has memory, no compute), two-slot `1g` at 0, 2, 4, 6,
+#: `2g` at 0, 2, 4, `3g` at 0 or 4, `4g` and `7g` at 0 only.
+_S1, _S2, _S2G, _S3G, _S0 = (0, 1, 2, 3, 4, 5, 6), (0, 2, 4, 6), (0, 2, 4), (0, 4), (0,)
+
 #: The 80 GB Ampere/Hopper layout: the A100-SXM4-80GB (and PCIe 80 GB) and the H100 80 GB.
-_EIGHTY = (("1g.10gb", 1, 7), ("1g.10gb+me", 1, 1), ("1g.20gb", 2, 4), ("2g.20gb", 2, 3),
-           ("3g.40gb", 4, 2), ("4g.40gb", 4, 1), ("7g.80gb", 8, 1))
+_EIGHTY = (("1g.10gb", 1, 7, _S1), ("1g.10gb+me", 1, 1, _S1), ("1g.20gb", 2, 4, _S2),
+           ("2g.20gb", 2, 3, _S2G), ("3g.40gb", 4, 2, _S3G), ("4g.40gb", 4, 1, _S0),
+           ("7g.80gb", 8, 1, _S0))
 
 #: NVIDIA's published profiles per model (see the module's docstring for the source).
 MIG_MODELS: tuple[MigModel, ...] = (
+    # A30: 4 slots, `1g` at 0..3, `2g` at 0 or 2, `4g` at 0 (the guide's "A30 MIG profiles")
     MigModel("A30-24GB", "A30", 24, 4, 4, _rows(
-        ("1g.6gb", 1, 4), ("1g.6gb+me", 1, 1), ("2g.12gb", 2, 2), ("2g.12gb+me", 2, 1),
-        ("4g.24gb", 4, 1))),
+        ("1g.6gb", 1, 4, (0, 1, 2, 3)), ("1g.6gb+me", 1, 1, (0, 1, 2, 3)),
+        ("2g.12gb", 2, 2, (0, 2)), ("2g.12gb+me", 2, 1, (0, 2)), ("4g.24gb", 4, 1, _S0))),
     MigModel("A100-SXM4-40GB", "A100", 40, 7, 8, _rows(
-        ("1g.5gb", 1, 7), ("1g.5gb+me", 1, 1), ("1g.10gb", 2, 4), ("2g.10gb", 2, 3),
-        ("3g.20gb", 4, 2), ("4g.20gb", 4, 1), ("7g.40gb", 8, 1))),
+        ("1g.5gb", 1, 7, _S1), ("1g.5gb+me", 1, 1, _S1), ("1g.10gb", 2, 4, _S2),
+        ("2g.10gb", 2, 3, _S2G), ("3g.20gb", 4, 2, _S3G), ("4g.20gb", 4, 1, _S0),
+        ("7g.40gb", 8, 1, _S0))),
     MigModel("A100-80GB", "A100", 80, 7, 8, _rows(*_EIGHTY)),
     MigModel("H100-80GB", "H100", 80, 7, 8, _rows(*_EIGHTY)),
     MigModel("H200-141GB", "H200", 141, 7, 8, _rows(
-        ("1g.18gb", 1, 7), ("1g.18gb+me", 1, 1), ("1g.35gb", 2, 4), ("2g.35gb", 2, 3),
-        ("3g.71gb", 4, 2), ("4g.71gb", 4, 1), ("7g.141gb", 8, 1))),
+        ("1g.18gb", 1, 7, _S1), ("1g.18gb+me", 1, 1, _S1), ("1g.35gb", 2, 4, _S2),
+        ("2g.35gb", 2, 3, _S2G), ("3g.71gb", 4, 2, _S3G), ("4g.71gb", 4, 1, _S0),
+        ("7g.141gb", 8, 1, _S0))),
 )
 
 _BY_NAME = {m.name: m for m in MIG_MODELS}
@@ -165,3 +189,22 @@ def compatible(requested: MigProfile, offered: MigProfile, model: str) -> bool:
     if requested.extra and requested.extra != offered.extra:
         return False
     return offered.slices >= requested.slices and offered.memory_gb >= requested.memory_gb
+
+
+#: MiB per GB of a profile's name when a share's memory is matched to a profile (HAMi's
+#: `nvidia.com/vgpu-mode: mig`): a `1g.10gb` serves a share asking up to 10 GiB.
+MIB_PER_PROFILE_GB = 1024
+
+
+def smallest_profile_for_memory(memory_mib: int, card_model: str,
+                                extra: str = "") -> MigProfile | None:
+    """The profile HAMi's `vgpu-mode: mig` share of `memory_mib` MiB becomes on a card of
+    `card_model`: the smallest (compute slices, then memory) of the model's profiles with at
+    least that memory (`MIB_PER_PROFILE_GB` per GB of its name), plain unless `extra` asks
+    `+me`; None when the model is unknown or no profile holds that much."""
+    model = mig_model(card_model)
+    if model is None:
+        return None
+    fits = [r.profile for r in model.profiles if r.profile.extra == extra
+            and r.profile.memory_gb * MIB_PER_PROFILE_GB >= memory_mib]
+    return min(fits, key=lambda p: (p.slices, p.memory_gb), default=None)

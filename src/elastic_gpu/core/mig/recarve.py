@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from elastic_gpu.core.mig.layout import Placement, check_layout, pack
 from elastic_gpu.core.mig.profiles import MigModel, compatible, mig_model
 from elastic_gpu.core.mig.substitution import Constraints
 from elastic_gpu.core.model import Health, Node
@@ -58,7 +59,9 @@ def recarve_advice(requested: MigProfile, nodes: Iterable[Node], held: Iterable[
     destroying the fewest free instances (held ones are never touched): on each
     healthy card of a model it may use, the profile to create is `requested` if the model has
     it, else the smallest profile compatible with it; the free instances destroyed are the
-    fewest (then the fewest compute slices) after which the layout fits (`layout_fits`).
+    fewest (then the fewest compute slices) after which the layout fits (`layout_fits`) and
+    the created and kept free instances can be placed beside the held ones, which stay where
+    they are (`core.mig.layout.pack`, NVIDIA's placement rules).
     None when no card can. Ties: node, then card."""
     taken = set(held)
     best: tuple[tuple[int, int, str, str], Recarve] | None = None
@@ -79,15 +82,21 @@ def recarve_advice(requested: MigProfile, nodes: Iterable[Node], held: Iterable[
                 if not options:
                     continue
                 create = options[0]
-            kept = [i.profile for i in card.mig if i.uuid in taken or i.health is not Health.HEALTHY]
+            pinned = [Placement(i.profile, i.start) for i in card.mig
+                      if i.uuid in taken or i.health is not Health.HEALTHY]
+            kept = [p.profile for p in pinned]
             free = [i.profile for i in card.mig if i.uuid not in taken
                     and i.health is Health.HEALTHY]
+            # the held instances stay where they are: the rest must be placeable beside them
+            # by NVIDIA's rules (a layout the rules do not know is judged by the counts alone)
+            placed = check_layout(model, pinned) is None
             for count in range(len(free) + 1):
                 found = None
                 for gone in itertools.combinations(range(len(free)), count):
                     rest = [p for k, p in enumerate(free) if k not in gone]
                     layout = [*kept, *rest, create]
-                    if layout_fits(model, layout):
+                    if layout_fits(model, layout) and \
+                            (not placed or pack(model, [*rest, create], pinned) is not None):
                         cost = sum(free[k].slices for k in gone)
                         if found is None or cost < found[0]:
                             found = (cost, tuple(free[k] for k in gone), tuple(layout))

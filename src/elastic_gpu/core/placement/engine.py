@@ -223,7 +223,8 @@ class Engine:
             # a node-level check (health, models) says it better than the first short container
             why = self._why_not(row, pod)
             node_level = why is not None and why.kind in (FitKind.NO_HEALTHY_GPU,
-                                                           FitKind.MODEL_NOT_ACCEPTED)
+                                                           FitKind.MODEL_NOT_ACCEPTED,
+                                                           FitKind.CARD_NOT_PINNED)
             raise Unschedulable(why if why is not None and node_level else planned, node_name)
         return Assignment(node_name, planned)
 
@@ -346,7 +347,7 @@ class Engine:
         lay = self._layout
         ok = fitmask.model_ok(lay, pod)
         for c in pod.gpu_containers:
-            offer = lay.offer_mask(c.resources)
+            offer = lay.offer_mask(c.served_names)
             if offer is not None:
                 ok = ok & offer
         return FreeCards(self.nodes(), ok.copy(), lay.cap_milli.copy(), lay.used_milli.copy(),

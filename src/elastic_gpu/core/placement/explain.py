@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedulable
+from elastic_gpu.core.placement.fitmask import pinned
 from elastic_gpu.core.placement.layout import BoolArray, Layout
 from elastic_gpu.core.placement.planning import plan
 from elastic_gpu.core.placement.shortfalls import (
@@ -56,6 +57,8 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
                           allowed=(tuple(sorted(pod.allowed_models))
                                    if pod.allowed_models is not None else None),
                           denied=tuple(sorted(pod.denied_models)))
+    if pod.pins_cards and not any(pod.accepts_card(card) for card in r.cards):
+        return FitFailure(FitKind.CARD_NOT_PINNED, capacity=len(r.cards), unit=Unit.CARDS)
     unknown = unknown_tflops_model(lay, row, pod)
     if unknown is not None:
         return unknown  # before the offers: it is why such a node advertises no TFLOPS
@@ -67,9 +70,9 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
         # (the extender explains failed nodes per request; planning each costs ~0.1 ms).
         c = gpu[0]
         n = len(r.cards)
-        ok = lay.usable[row, :n] & np.array([pod.accepts_model(card.model) for card in r.cards],
+        ok = lay.usable[row, :n] & np.array([pod.accepts_card(card) for card in r.cards],
                                                dtype=bool)
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None:
             ok = ok & offer[row, :n]
         free_milli = lay.cap_milli[row, :n] - lay.used_milli[row, :n]
@@ -78,13 +81,15 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
             need = lay.share_need(c, slice(row, row + 1))
             need = need[0, :n] if not isinstance(need, int) else need
             cand = ok & (free_milli >= need) & (free_mem >= c.memory_mib)
-            if cand.any():
+            room = int(cand.sum())
+            if room >= c.cards:
                 return None
             cols = [int(col) for col in np.flatnonzero(ok)]
             return (tflops_failure(lay, pod, row, c, cols)
-                    or out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
-                                         free_milli.tolist(), free_mem.tolist())
-                    or share_failure(pod, c, n, least_need(lay, row, c, cols)))
+                    or (out_of_band_share(lay, pod, row, c, ok.tolist(), list(range(n)),
+                                          free_milli.tolist(), free_mem.tolist())
+                        if room == 0 else None)
+                    or share_failure(pod, c, n, least_need(lay, row, c, cols), room))
         cells = np.zeros((1, lay.usable.shape[1]), dtype=bool)
         cells[0, :n] = ok
         count = int(lay.whole_slots(c, cells, slice(row, row + 1)).sum())
@@ -112,7 +117,7 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
     sentence once per object). Nodes that fail a node-level check or hold out-of-band
     memory are rare and their failures name more of the node: they are asked `why_not`."""
     gpu = pod.gpu_containers
-    if (check_host or lay.constrained or len(rows) == 0 or len(gpu) != 1
+    if (check_host or lay.constrained or len(rows) == 0 or len(gpu) != 1 or pod.pins_cards
             or gpu[0].kind not in (RequestKind.SHARE, RequestKind.WHOLE) or gpu[0].tflops):
         return [why_not(lay, ctx, check_host, binpack, row, pod) for row in rows]
     c = gpu[0]
@@ -125,10 +130,12 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
                    | (lay.oob_mem[at] > 0).any(axis=1))
     cards = lay.exists[at].sum(axis=1)
     if c.kind is RequestKind.SHARE:
-        fits = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
-                & (lay.free_mem(at) >= c.memory_mib)).any(axis=1)
-        # a non-TFLOPS share needs its compute_milli of every card (`least_need`)
-        numbers = cards
+        counts = (ok & (lay.cap_milli[at] - lay.used_milli[at] >= c.compute_milli)
+                  & (lay.free_mem(at) >= c.memory_mib)).sum(axis=1)
+        fits = counts >= c.cards
+        # a non-TFLOPS share needs its compute_milli of every card (`least_need`); the cards
+        # with room (0 for a one-card share that fails) are part of a multi-card share's failure
+        numbers = counts * (int(cards.max()) + 1) + cards
     else:
         counts = lay.whole_slots(c, ok, at).sum(axis=1)
         fits = counts >= c.cards
@@ -145,7 +152,7 @@ def why_not_rows(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Card
             failure = made.get(number)
             if failure is None:
                 failure = made[number] = (
-                    share_failure(pod, c, int(cards[i]), c.compute_milli)
+                    share_failure(pod, c, int(cards[i]), c.compute_milli, int(counts[i]))
                     if c.kind is RequestKind.SHARE
                     else cards_failure(pod, c, int(counts[i]), int(cards[i])))
             out.append(failure)
@@ -156,7 +163,7 @@ def unknown_tflops_model(lay: Layout, row: int, pod: PodRequest) -> FitFailure |
     """A TFLOPS container's failure where none of the node's cards the pod accepts is of a
     model the TFLOPS table knows (`unschedulable` checks the same, in the same order)."""
     cards = lay.rows[row].cards
-    cols = [col for col in range(len(cards)) if pod.accepts_model(cards[col].model)]
+    cols = [col for col in range(len(cards)) if pod.accepts_card(cards[col])]
     for c in pod.gpu_containers:
         failure = tflops_failure(lay, pod, row, c, cols)
         if failure is not None and failure.kind is FitKind.TFLOPS_UNKNOWN_MODEL:
@@ -172,14 +179,14 @@ def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> Fit
     r = lay.rows[row]
     n = len(r.cards)
     for c in gpu:
-        for res in c.resources:
+        for res in c.served_names:
             if not (lay.counts(res)[row, :n] > 0).any():
                 return FitFailure(FitKind.RESOURCE_NOT_OFFERED, res, capacity=n,
                                   unit=Unit.CARDS, container=c.name,
                                   offered=lay.offered_names(row))
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None and not offer[row, :n].any():
-            return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.resources),
+            return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.served_names),
                               capacity=n, unit=Unit.CARDS, container=c.name,
                               offered=lay.offered_names(row))
     return None
@@ -212,6 +219,9 @@ def unschedulable(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Car
         accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
         has_model: BoolArray = (lay.exists & accepted[lay.card_model]).any(axis=1)
         take(FitKind.MODEL_NOT_ACCEPTED.category, ~has_model)
+        if pod.pins_cards:
+            take(FitKind.CARD_NOT_PINNED.category,
+                 ~(lay.exists & accepted[lay.card_model] & pinned(lay, pod)).any(axis=1))
         if any(c.tflops for c in pod.gpu_containers):
             # a TFLOPS share needs a card of a model the TFLOPS table knows
             in_table = np.array([card_tflops(m) is not None for m in lay.models] + [False],
@@ -221,7 +231,7 @@ def unschedulable(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: Car
         if lay.constrained:
             no_offer = np.zeros(n, dtype=bool)
             for c in pod.gpu_containers:
-                offer = lay.offer_mask(c.resources)
+                offer = lay.offer_mask(c.served_names)
                 if offer is not None:
                     no_offer |= ~offer.any(axis=1)
             take(FitKind.RESOURCE_NOT_OFFERED.category, no_offer)

@@ -35,6 +35,19 @@ def model_ok(lay: Layout, pod: PodRequest, rows: Rows = ALL) -> BoolArray:
     # one spare entry: padding cells of the card matrix hold model id 0 even with no models
     accepted = np.array([pod.accepts_model(m) for m in lay.models] + [False], dtype=bool)
     out: BoolArray = lay.usable[rows] & accepted[lay.card_model[rows]]
+    if pod.pins_cards:
+        out = out & pinned(lay, pod, rows)
+    return out
+
+
+def pinned(lay: Layout, pod: PodRequest, rows: Rows = ALL) -> BoolArray:
+    """Which cards of `rows` the pod accepts by UUID (`PodRequest.accepts_uuid`): only pods
+    that name cards pay for this loop."""
+    numbers = np.arange(len(lay.rows))[rows]
+    out = np.zeros((len(numbers), lay.usable.shape[1]), dtype=bool)
+    for i, row in enumerate(numbers):
+        for c, card in enumerate(lay.rows[int(row)].cards):
+            out[i, c] = pod.accepts_uuid(card.uuid)
     return out
 
 
@@ -51,13 +64,15 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
     if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
         c = gpu[0]
         ok = model_ok(lay, pod, rows)
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         if offer is not None:
             ok = ok & offer[rows]
         if c.kind is RequestKind.SHARE:
             cards = (ok & (lay.cap_milli[rows] - lay.used_milli[rows] >= lay.share_need(c, rows))
                      & (lay.free_mem(rows) >= c.memory_mib))
-            share_ok: BoolArray = host & cards.any(axis=1)
+            # N distinct cards with room each (one for the usual share)
+            share_ok: BoolArray = host & (cards.any(axis=1) if c.cards == 1
+                                          else cards.sum(axis=1) >= c.cards)
             return share_ok
         whole_ok: BoolArray = host & (lay.whole_slots(c, ok, rows).sum(axis=1) >= c.cards)
         return whole_ok

@@ -1,7 +1,8 @@
 """Planning: which cards of one node each GPU container of a pod gets, or why none.
 
 Containers are planned in a fixed order (whole cards, MIG instances, then shares, larger first),
-each on what the ones before left; the card policy chooses among the cards that fit. Fit of the
+each on what the ones before left; the card policy chooses among the cards that fit (for a
+multi-card share, N distinct cards: `CardPolicy.pick_shares`). Fit of the
 requests the arrays do not cover (several GPU containers, MIG) is defined by this plan with the
 tightest-first card policy.
 """
@@ -32,7 +33,7 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
     the card policy breaks its ties by the cards' observed load (`CardView.tie`)."""
     r = lay.rows[row]
     cols = [c for c in range(len(r.cards)) if lay.usable[row, c]
-            and pod.accepts_model(r.cards[c].model)]
+            and pod.accepts_card(r.cards[c])]
     cards = [r.cards[c] for c in cols]
     free_milli = [int(lay.cap_milli[row, c] - lay.used_milli[row, c]) for c in cols]
     free_mem = [int(lay.cap_mem[row, c] - lay.used_mem[row, c] - lay.oob_mem[row, c])
@@ -48,7 +49,7 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
     plan: dict[str, tuple[CardShare, ...]] = {}
 
     def served(c: ContainerRequest) -> list[bool]:
-        offer = lay.offer_mask(c.resources)
+        offer = lay.offer_mask(c.served_names)
         return [True] * len(cols) if offer is None else [bool(offer[row, col]) for col in cols]
 
     def order(c: ContainerRequest) -> tuple[int, int, int, int]:
@@ -84,28 +85,36 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             cand = [p for p in range(len(cards))
                     if ok[p] and (m := need[p]) is not None and free_milli[p] >= m
                     and free_mem[p] >= c.memory_mib]
-            if not cand:
+            if len(cand) < c.cards:
                 served_cols = [col for p, col in enumerate(cols) if ok[p]]
                 return (tflops_failure(lay, pod, row, c, served_cols)
-                        or out_of_band_share(lay, pod, row, c, ok, cols, free_milli, free_mem)
+                        or (out_of_band_share(lay, pod, row, c, ok, cols, free_milli, free_mem)
+                            if not cand else None)
                         or share_failure(pod, c, len(r.cards),
-                                         least_need(lay, row, c, served_cols)))
+                                         least_need(lay, row, c, served_cols), len(cand)))
             # the policy scores every candidate with one amount: the least the share needs
             # there (the same on a node of one model, the usual case)
-            p = policy.pick_share(ctx, view, cand, min(need[q] or 0 for q in cand),
-                                  c.memory_mib)
-            milli = need[p] or 0
-            free_milli[p] -= milli
-            free_mem[p] -= c.memory_mib
-            untouched[p] = False
-            plan[c.name] = (CardShare(cards[p].index, cards[p].uuid, milli, c.memory_mib),)
+            least = min(need[q] or 0 for q in cand)
+            if c.cards == 1:
+                picked = [policy.pick_share(ctx, view, cand, least, c.memory_mib)]
+            else:  # a multi-card share: N distinct cards, one share of the shape on each
+                picked = sorted(policy.pick_shares(ctx, view, cand, least, c.memory_mib,
+                                                   c.cards), key=lambda q: cards[q].index)
+            shares = []
+            for p in picked:
+                milli = need[p] or 0
+                free_milli[p] -= milli
+                free_mem[p] -= c.memory_mib
+                untouched[p] = False
+                shares.append(CardShare(cards[p].index, cards[p].uuid, milli, c.memory_mib))
+            plan[c.name] = tuple(shares)
         elif c.kind is RequestKind.MIG:
             assert c.mig_profile is not None
             found: list[CardShare] = []
             profile_total = 0
-            mig_offer = lay.offer_mask(c.resources)
+            mig_offer = lay.offer_mask(c.served_names)
             for col, card in enumerate(r.cards):
-                if not card.healthy or not pod.accepts_model(card.model):
+                if not card.healthy or not pod.accepts_card(card):
                     continue
                 if mig_offer is not None and not mig_offer[row, col]:
                     continue

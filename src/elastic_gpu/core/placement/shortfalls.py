@@ -34,11 +34,12 @@ def whole_shortfall(lay: Layout, pod: PodRequest, row: int, c: ContainerRequest,
 
 
 def share_failure(pod: PodRequest, c: ContainerRequest, cards: int,
-                  milli: int | None = None) -> FitFailure:
-    """No card has the share's compute and memory free (one of `cards` cards); `milli` the
-    compute it needs where that depends on the card (a TFLOPS share: the least of its cards)."""
-    return FitFailure(FitKind.INSUFFICIENT_SHARE, c.resources[0] if c.resources else "", 1, 0,
-                      cards, Unit.CARDS, c.name, restricts_models(pod),
+                  milli: int | None = None, free: int = 0) -> FitFailure:
+    """Too few cards have the share's compute and memory free: `free` of `cards` cards, the
+    share asks `c.cards` (1, or N distinct cards for a multi-card share); `milli` the compute
+    it needs where that depends on the card (a TFLOPS share: the least of its cards)."""
+    return FitFailure(FitKind.INSUFFICIENT_SHARE, c.resources[0] if c.resources else "",
+                      c.cards, free, cards, Unit.CARDS, c.name, restricts_models(pod),
                       per_card_milli=c.compute_milli if milli is None else milli,
                       per_card_mib=c.memory_mib)
 

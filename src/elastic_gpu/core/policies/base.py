@@ -253,3 +253,26 @@ class CardPolicy(ABC):
         """Positions of `count` entirely free cards; default: the lowest card indexes (with
         the load-aware option the coolest cards, `CardView.tie`)."""
         return sorted(candidates, key=view.tie)[:count]
+
+    def pick_shares(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                    milli: int, memory_mib: int, count: int) -> list[int]:
+        """Positions of `count` distinct cards for a multi-card share (`milli` and
+        `memory_mib` on each); candidates all fit and are at least `count`. Default: the
+        policy's own `pick_share`, `count` times, each from the cards not yet picked."""
+        left = list(candidates)
+        picked: list[int] = []
+        for _ in range(count):
+            p = self.pick_share(ctx, view, left, milli, memory_mib)
+            picked.append(p)
+            left.remove(p)
+        return picked
+
+
+def share_runs(view: CardView, candidates: Sequence[int], count: int) -> list[list[int]]:
+    """The placements of a multi-card share that fragmentation tells apart: the candidate
+    cards ranked by free room (most first, ties by `CardView.tie`), and every run of `count`
+    consecutive ones in that ranking (from the loosest `count` to the tightest). The
+    fragmentation measure reads a node's free rooms as a multiset, so cards of equal room are
+    interchangeable and these runs cover the states worth comparing (`node.free_after`)."""
+    ranked = sorted(candidates, key=lambda p: (-view.free_milli[p], view.tie(p)))
+    return [ranked[j:j + count] for j in range(len(ranked) - count + 1)]

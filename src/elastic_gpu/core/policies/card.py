@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from elastic_gpu.core.frag import sigmoid, sorted_free
-from elastic_gpu.core.policies.base import CardPolicy, CardView, ScoreContext
+from elastic_gpu.core.policies.base import CardPolicy, CardView, ScoreContext, share_runs
 from elastic_gpu.core.topology import best_linked_set
 
 
@@ -61,6 +61,29 @@ class TopologyCards(BinpackCards):
             return super().pick_whole(ctx, view, candidates, count)
         return best_linked_set(view.cards, candidates, count)
 
+    def pick_shares(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                    milli: int, memory_mib: int, count: int) -> list[int]:
+        """A multi-card share's cards talk to each other as whole cards do: the candidates
+        with the strongest links between them."""
+        return best_linked_set(view.cards, candidates, count)
+
+
+def fgd_run_scores(ctx: ScoreContext, view: CardView, runs: Sequence[Sequence[int]],
+                   milli: int) -> list[tuple[int, float]]:
+    """FGD's score (as `fgd_card_scores`) and the fragmentation left, of putting `milli` on
+    each card of each run (a multi-card share's candidate placements, `base.share_runs`)."""
+    node = view.node
+    cpu_after = node.cpu_free - view.task.cpu_milli
+    before = ctx.frag.node(node.model, node.cpu_free, sorted_free(view.free_milli))
+    out: list[tuple[int, float]] = []
+    for run in runs:
+        free = list(view.free_milli)
+        for pos in run:
+            free[pos] -= milli
+        after = ctx.frag.node(node.model, cpu_after, sorted_free(free))
+        out.append((int(sigmoid((before - after) / 1000) * 100), after))
+    return out
+
 
 def fgd_card_scores(ctx: ScoreContext, view: CardView, candidates: Sequence[int],
                     milli: int) -> dict[int, int]:
@@ -89,6 +112,15 @@ class FragCards(CardPolicy):
         scores = fgd_card_scores(ctx, view, candidates, milli)
         return min(candidates, key=lambda p: (-scores[p], view.tie(p)))
 
+    def pick_shares(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                    milli: int, memory_mib: int, count: int) -> list[int]:
+        """The run of `count` cards by free room (`base.share_runs`) with the best FGD score;
+        ties: the tightest run (the one leaving the loosest cards free)."""
+        runs = share_runs(view, candidates, count)
+        scores = fgd_run_scores(ctx, view, runs, milli)
+        best = min(range(len(runs)), key=lambda i: (-scores[i][0], -i))
+        return runs[best]
+
 
 class FragWasteCards(CardPolicy):
     """FGD's card score first; its ties go to the card whose use adds the least expected
@@ -107,6 +139,20 @@ class FragWasteCards(CardPolicy):
         return min(candidates, key=lambda p: (
             -scores[p], ctx.waste.added(view.cards[p].model, view.free_milli[p], milli),
             view.tie(p)))
+
+    def pick_shares(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                    milli: int, memory_mib: int, count: int) -> list[int]:
+        """The run of `count` cards (`base.share_runs`) with the best FGD score; ties: the
+        least expected waste added over the run's cards, then the tightest run."""
+        runs = share_runs(view, candidates, count)
+        scores = fgd_run_scores(ctx, view, runs, milli)
+
+        def key(i: int) -> tuple[int, float, int]:
+            waste = sum(ctx.waste.added(view.cards[p].model, view.free_milli[p], milli)
+                        for p in runs[i])
+            return (-scores[i][0], waste, -i)
+
+        return runs[min(range(len(runs)), key=key)]
 
 
 class ExactFragCards(CardPolicy):
@@ -127,6 +173,14 @@ class ExactFragCards(CardPolicy):
             return (after, view.free_milli[pos], view.tie(pos))
 
         return min(candidates, key=key)
+
+    def pick_shares(self, ctx: ScoreContext, view: CardView, candidates: Sequence[int],
+                    milli: int, memory_mib: int, count: int) -> list[int]:
+        """The run of `count` cards (`base.share_runs`) leaving the lowest fragmentation;
+        ties: the tightest run."""
+        runs = share_runs(view, candidates, count)
+        scores = fgd_run_scores(ctx, view, runs, milli)
+        return runs[min(range(len(runs)), key=lambda i: (scores[i][1], -i))]
 
 
 CARD_POLICY_CLASSES: tuple[type[CardPolicy], ...] = (

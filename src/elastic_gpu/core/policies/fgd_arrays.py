@@ -70,12 +70,37 @@ def states_after(task: TaskShape, free: IntArray) -> States:
         after = free[owner]
         after[np.arange(owner.size), column] -= task.gpu_milli
         return States(owner.astype(np.int64), descending(after))
-    # whole cards: the lowest-indexed entirely free ones (none for a fraction of several cards)
-    whole = (free >= MILLI_PER_CARD if task.gpu_milli >= MILLI_PER_CARD
-             else np.zeros(free.shape, dtype=bool))
+    if task.gpu_milli < MILLI_PER_CARD:
+        return share_runs(task, free)
+    # whole cards: the lowest-indexed entirely free ones
+    whole = free >= MILLI_PER_CARD
     taken = whole & (np.cumsum(whole, axis=1) <= task.gpu_count)
     owner = np.flatnonzero(taken.sum(axis=1) == task.gpu_count)
     return States(owner, descending(np.where(taken, 0, free)[owner]))
+
+
+def share_runs(task: TaskShape, free: IntArray) -> States:
+    """`node.share_runs_after` for every node: its cards sorted by free room (descending; the
+    cards with room are a prefix), and each run of `gpu_count` consecutive cards with room
+    taking the share; states node by node, each node's runs from the loosest on."""
+    count, milli = task.gpu_count, task.gpu_milli
+    ranked = descending(free)
+    room = (ranked >= milli).sum(axis=1)
+    owners: list[IntArray] = []
+    frees: list[IntArray] = []
+    for j in range(ranked.shape[1] - count + 1):
+        owner = np.flatnonzero(room >= j + count)
+        if not owner.size:
+            break
+        after = ranked[owner]
+        after[:, j:j + count] -= milli
+        owners.append(owner)
+        frees.append(after)
+    if not owners:
+        return States(np.zeros(0, dtype=np.int64), np.zeros((0, free.shape[1]), dtype=np.int64))
+    owner_all = np.concatenate(owners)
+    order = np.argsort(owner_all, kind="stable")
+    return States(owner_all[order].astype(np.int64), descending(np.concatenate(frees)[order]))
 
 
 def fgd_values(before: FloatArray, after: FloatArray) -> IntArray:

@@ -52,11 +52,15 @@ def affinity_tag(task: TaskShape) -> str | None:
 def free_after(task: TaskShape, free: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
     """The card states a task can leave behind: (card position or -1, new free list).
 
-    A share may go to any card with room (one entry per distinct candidate); whole cards are the
+    A share may go to any card with room (one entry per distinct candidate); a share on N
+    cards (several cards below one card each) to any run of N consecutive cards in the ranking
+    of the cards with room by free room (`share_runs`, one entry each); whole cards are the
     lowest-indexed entirely free ones (one entry); a CPU-only task leaves the cards as they are.
     """
     if task.gpu_count == 0 or task.gpu_milli == 0:
         return [(-1, free)]
+    if task.gpu_count > 1 and task.gpu_milli < MILLI_PER_CARD:
+        return share_runs_after(task, free)
     if task.is_share:
         out: list[tuple[int, tuple[int, ...]]] = []
         seen: set[int] = set()
@@ -78,6 +82,21 @@ def free_after(task: TaskShape, free: tuple[int, ...]) -> list[tuple[int, tuple[
     if need:
         return []
     return [(-1, tuple(new))]
+
+
+def share_runs_after(task: TaskShape, free: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
+    """`free_after` of a multi-card share (`task.gpu_count` cards, `task.gpu_milli` each):
+    the cards with room ranked by free room, most first, and each run of `gpu_count`
+    consecutive ones taking the share (the card tier's `policies.base.share_runs`)."""
+    ranked = sorted((p for p, left in enumerate(free) if left >= task.gpu_milli),
+                    key=lambda p: -free[p])
+    out: list[tuple[int, tuple[int, ...]]] = []
+    for j in range(len(ranked) - task.gpu_count + 1):
+        new = list(free)
+        for pos in ranked[j:j + task.gpu_count]:
+            new[pos] -= task.gpu_milli
+        out.append((-1, tuple(new)))
+    return out
 
 
 class BinpackPolicy(NodePolicy):

@@ -76,6 +76,8 @@ class Ledger:
         self._gone: OrderedDict[str, None] = OrderedDict()  # uids seen deleted, newest last
         self._inflight: dict[str, dict[int, Reservation]] = {}  # uid -> token -> reservation
         self._tokens = 0
+        #: the earliest deadline of a reservation kept for the TTL (`expire` scans none before)
+        self._next_deadline = float("inf")
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
@@ -441,6 +443,7 @@ class Ledger:
         reservation = (self._inflight.get(key) or {}).get(token)
         if reservation is not None:
             reservation.deadline = self._h.clock() + self._h.config.reservation_ttl_s
+            self._next_deadline = min(self._next_deadline, reservation.deadline)
 
     def settle(self, uid: str, token: int, outcome: str,
                pod: Mapping[str, Any] | PodInfo | None = None) -> None:
@@ -472,14 +475,22 @@ class Ledger:
             self.drop_reservations(uid, token)
 
     def expire(self) -> int:
-        """End reservations whose bind outcome stayed unknown past the TTL."""
+        """End reservations whose bind outcome stayed unknown past the TTL. Called before
+        every verb: it scans the reservations only once the earliest deadline has passed."""
         with self._h.lock:
+            late: list[tuple[str, int]] = []
             now = self._h.clock()
-            late = [(uid, token) for uid, reservations in self._inflight.items()
-                    for token, r in reservations.items() if r.deadline <= now]
-            for uid, token in late:
-                log.warning("reservation of pod uid %s expired; its bind never showed up", uid)
-                self.drop_reservations(uid, token)
+            if now >= self._next_deadline:
+                late = [(uid, token) for uid, reservations in self._inflight.items()
+                        for token, r in reservations.items() if r.deadline <= now]
+                for uid, token in late:
+                    log.warning("reservation of pod uid %s expired; its bind never showed up",
+                                uid)
+                    self.drop_reservations(uid, token)
+                self._next_deadline = min((r.deadline for rs in self._inflight.values()
+                                           for r in rs.values()), default=float("inf"))
+            if not self._reserved_until:
+                return len(late)
             wall = self._h.wall()
             ended = [uid for uid, until in self._reserved_until.items() if until <= wall]
             for uid in ended:

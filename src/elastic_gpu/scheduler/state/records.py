@@ -53,6 +53,9 @@ class PodInfo:
     #: `elasticgpu.io/defrag-reservation`: cards the defragmentation controller freed for it
     reservation: DefragReservation | None = None
     reservation_error: str | None = None
+    #: `request()`, once read (a version's requests never change: filter and bind share it)
+    _request: list[PodRequest] = field(default_factory=list, init=False, compare=False,
+                                       repr=False)
 
     @property
     def key(self) -> str:
@@ -106,7 +109,11 @@ class PodInfo:
                 and self.manifest.get("spec") == other.manifest.get("spec"))
 
     def request(self) -> PodRequest:
-        return pod_request_from_manifest(self.manifest)
+        """The pod's request, read from the manifest once per record (`replace` makes a new
+        record, which reads it again)."""
+        if not self._request:
+            self._request.append(pod_request_from_manifest(self.manifest))
+        return self._request[0]
 
     @staticmethod
     def from_manifest(pod: Mapping[str, Any]) -> PodInfo:

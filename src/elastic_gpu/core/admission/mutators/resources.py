@@ -40,9 +40,19 @@ def whole_cards_as_shares(data: MutationInput) -> list[PatchOp]:
     device plugin registered: written as it is, the pod could never run with its card. Written
     as shares, kubelet calls the agent's share Allocate, which hands over the cards the
     scheduler assigned (docs/architecture.md, "`elasticgpu.io/gpu`: served as shares").
-    Idempotent: the rewritten container no longer has the name."""
+    Idempotent: the rewritten container no longer has the name.
+
+    A multi-card share (the name beside a one-card share: N such shares on N cards,
+    `core.request`) keeps it: there it counts the shares, and kubelet leaves a name no device
+    plugin or node status advertises out of its fit check, while the agent's share plugin is
+    called for the compute name beside it."""
     ops: list[PatchOp] = []
     for item in lifetime_containers(data.pod):
+        try:
+            if container_request(item.name, item.resources).multi_share:
+                continue
+        except ResourceError:
+            pass  # validation refused it; the loop below skips what it cannot read
         for part in ("limits", "requests"):
             values = item.resources.get(part)
             if not isinstance(values, Mapping) or GPU_WHOLE not in values:

@@ -1,0 +1,177 @@
+"""All of a pod's ResourceClaims of our card class placed at once by the placement engine, and
+the allocations to write for them. Pure, no I/O.
+
+A claim request of class `gpu.elasticgpu.io` becomes one container of a `PodRequest`
+(`<claim>/<request>`): `capacity.requests` (`compute` percent and `memory`) a share of one
+card, no capacity a whole card (`count` of them). The engine chooses the node with the
+extender's node policy (FGD binpack by default) and the cards with its card policy, exactly as
+for a device-plugin pod; `allocation` turns the chosen cards back into the claim's
+`status.allocation`: one result per card with the `consumedCapacity` kube-scheduler's own
+allocator would have written for the same request (KEP-5075: every capacity of the device, the
+request or the device's default) and a share id, and the node as `nodeSelector`.
+
+What the engine cannot express is not ours to place (`Unplaceable`): another class (MIG
+instances included), CEL selectors, `allocationMode: All`, `firstAvailable`, admin access, a
+share asking compute without memory (DRA gives it the whole card's memory, which depends on the
+card), a claim already allocated or reserved. The allocator then lifts the gate and leaves the
+pod to kube-scheduler's own allocator: never a pod stuck behind a gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.dra.classes import CARD_CLASS
+from elastic_gpu.core.dra.devices import COMPUTE, DRIVER, MEMORY, card_device
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+from elastic_gpu.core.request import ContainerRequest, PodRequest
+from elastic_gpu.core.resources import MILLI_PER_PERCENT, PERCENT_PER_CARD
+
+MIB = 1024 * 1024
+#: The finalizer kube-scheduler's allocator puts on a claim it allocates; kube-controller-
+#: manager's resourceclaim controller clears the allocation and removes it when the claim is no
+#: longer used. Ours is the same, so our claims live and end exactly as kube-scheduler's.
+ALLOCATION_FINALIZER = "resource.kubernetes.io/delete-protection"
+
+
+class Unplaceable(ValueError):
+    """A claim the engine does not place; the message says why (kube-scheduler will)."""
+
+
+@dataclass(frozen=True)
+class DeviceAsk:
+    """One request of a claim: `count` whole cards, or one share (`percent`, `memory_mib`)."""
+
+    request: str
+    count: int = 1
+    percent: int | None = None
+    memory_mib: int | None = None
+
+    @property
+    def share(self) -> bool:
+        return self.percent is not None
+
+
+def _quantity(value: Any, what: str) -> Fraction:
+    try:
+        return parse_quantity(str(value))
+    except QuantityError as err:
+        raise Unplaceable(f"{what}: {err}") from None
+
+
+def claim_asks(claim: Mapping[str, Any]) -> list[DeviceAsk]:
+    """The claim's requests as engine asks; raises Unplaceable for anything the engine does
+    not place the way kube-scheduler would (the module's docstring)."""
+    meta = claim.get("metadata") or {}
+    status = claim.get("status") or {}
+    if status.get("allocation") or status.get("reservedFor"):
+        raise Unplaceable(f"claim {meta.get('name')} is already allocated")
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    if devices.get("constraints") or devices.get("config"):
+        raise Unplaceable("constraints or config")
+    asks: list[DeviceAsk] = []
+    for request in devices.get("requests") or []:
+        name = str(request.get("name", ""))
+        exactly = request.get("exactly")
+        if not isinstance(exactly, Mapping):
+            raise Unplaceable(f"request {name}: not `exactly` (firstAvailable)")
+        if exactly.get("deviceClassName") != CARD_CLASS:
+            raise Unplaceable(f"request {name}: class {exactly.get('deviceClassName')}")
+        if exactly.get("selectors") or exactly.get("adminAccess") or exactly.get("tolerations"):
+            raise Unplaceable(f"request {name}: selectors, admin access or tolerations")
+        if exactly.get("allocationMode", "ExactCount") != "ExactCount":
+            raise Unplaceable(f"request {name}: allocationMode {exactly.get('allocationMode')}")
+        count = exactly.get("count", 1)
+        if not isinstance(count, int) or not 1 <= count <= 64:
+            raise Unplaceable(f"request {name}: count {count}")
+        wanted = (exactly.get("capacity") or {}).get("requests") or {}
+        if not wanted:
+            asks.append(DeviceAsk(name, count))
+            continue
+        if set(wanted) - {COMPUTE, MEMORY} or COMPUTE not in wanted or MEMORY not in wanted:
+            raise Unplaceable(f"request {name}: capacity {sorted(wanted)} (ask compute and memory)")
+        percent = _quantity(wanted[COMPUTE], f"request {name}: compute")
+        memory = _quantity(wanted[MEMORY], f"request {name}: memory")
+        if percent.denominator != 1 or not 1 <= percent <= PERCENT_PER_CARD:
+            raise Unplaceable(f"request {name}: compute {percent} is not a percent in 1..100")
+        if memory % MIB or memory < MIB:
+            raise Unplaceable(f"request {name}: memory {memory} bytes is not whole MiB")
+        if count != 1:
+            raise Unplaceable(f"request {name}: {count} shares in one request")
+        asks.append(DeviceAsk(name, 1, int(percent), int(memory // MIB)))
+    if not asks:
+        raise Unplaceable("no request")
+    return asks
+
+
+def container_name(claim: str, request: str) -> str:
+    return f"{claim}/{request}"
+
+
+def pod_request(namespace: str, pod: str, uid: str,
+                claims: Sequence[tuple[str, Sequence[DeviceAsk]]]) -> PodRequest:
+    """One `PodRequest` for all of a pod's claims (name, asks): one container per request."""
+    containers = []
+    for claim, asks in claims:
+        for ask in asks:
+            name = container_name(claim, ask.request)
+            if ask.percent is None:
+                containers.append(ContainerRequest.whole(name, ask.count))
+            elif ask.percent == PERCENT_PER_CARD:
+                containers.append(ContainerRequest.whole(name, 1, ask.memory_mib or 0))
+            else:
+                containers.append(ContainerRequest.share(name, ask.percent * MILLI_PER_PERCENT,
+                                                         ask.memory_mib or 0))
+    return PodRequest(name=pod, namespace=namespace, uid=uid, containers=tuple(containers))
+
+
+def claim_assignment(assignment: Assignment, claim: str, asks: Sequence[DeviceAsk]
+                     ) -> Assignment:
+    """The part of the pod's assignment that is the claim's (one container, `claim`), what
+    the ledger holds under the claim's key. Whole cards hold the card's compute and memory:
+    DRA gives a request that asks no capacity all of the card."""
+    shares: list[CardShare] = []
+    for ask in asks:
+        shares.extend(assignment.containers.get(container_name(claim, ask.request), ()))
+    return Assignment(assignment.node, {"claim": tuple(shares)})
+
+
+def _consumed(share: CardShare, ask: DeviceAsk, card_memory_mib: int, card_percent: int
+              ) -> dict[str, str]:
+    if ask.share:
+        return {COMPUTE: str(ask.percent), MEMORY: f"{ask.memory_mib}Mi"}
+    return {COMPUTE: str(card_percent), MEMORY: f"{card_memory_mib}Mi"}
+
+
+def node_selector(node: str) -> dict[str, Any]:
+    """The allocation's node selector: the node by name, as kube-scheduler's allocator writes."""
+    return {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+
+
+def allocation(assignment: Assignment, claim: str, asks: Sequence[DeviceAsk],
+               cards: Mapping[int, tuple[int, int]], share_ids: Sequence[str],
+               timestamp: str) -> dict[str, Any]:
+    """The claim's `status.allocation` for its part of `assignment`. `cards`: card index ->
+    (memory MiB, compute percent) of the node's cards; `share_ids`: one fresh UUID per result
+    (as many as the claim's devices); `timestamp`: RFC 3339, `allocationTimestamp`."""
+    results: list[dict[str, Any]] = []
+    ids = iter(share_ids)
+    for ask in asks:
+        for share in assignment.containers.get(container_name(claim, ask.request), ()):
+            memory, percent = cards[share.index]
+            results.append({"request": ask.request, "driver": DRIVER,
+                            "pool": assignment.node, "device": card_device(share.index),
+                            "consumedCapacity": _consumed(share, ask, memory, percent),
+                            "shareID": next(ids)})
+    return {"devices": {"results": results}, "nodeSelector": node_selector(assignment.node),
+            "allocationTimestamp": timestamp}
+
+
+def device_count(asks: Sequence[DeviceAsk]) -> int:
+    """How many allocation results (and share ids) the claim's asks make."""
+    return sum(ask.count for ask in asks)

@@ -1,0 +1,124 @@
+"""The DRA allocator's passes over its caches (no API: the informers' stores filled by hand),
+issue 41: which pods it places, how, and which it leaves to kube-scheduler."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from elastic_gpu.core.annotations import DRA_PLACEMENT, DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS, device_classes
+from elastic_gpu.core.dra.devices import node_slices
+from elastic_gpu.core.model import Card
+from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}}
+
+
+def _claim(name: str, cls: str = CARD_CLASS, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": cls, "capacity": {"requests": {
+                    "compute": "50", "memory": "8Gi"}}}}]}},
+            "status": status}
+
+
+def _pod(name: str, *, gated: bool = True, scheduler: str = "s") -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [],
+                            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]}
+    if gated:
+        spec["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "creationTimestamp": f"2026-01-01T00:00:0{name[-1]}Z"},
+            "spec": spec}
+
+
+def _allocator(pods: list[dict[str, Any]], claims: list[dict[str, Any]],
+               classes: list[dict[str, Any]] | None = None) -> DraAllocator:
+    alloc = DraAllocator(cast(Any, None), AllocatorSettings(("s",), "binpack"))
+    cards = tuple(Card(i, f"GPU-{i}", "A100", 81920) for i in range(2))
+    for node in ("a", "b"):
+        for obj in node_slices(node, cards, generation=1):
+            alloc.slices.store[obj["metadata"]["name"]] = obj
+        alloc.nodes.store[node] = _node(node)
+    for cls in classes if classes is not None else device_classes():
+        alloc.classes.store[cls["metadata"]["name"]] = cls
+    for pod in pods:
+        alloc.pods.store[f"ns/{pod['metadata']['name']}"] = pod
+    for claim in claims:
+        alloc.claims.store[f"ns/{claim['metadata']['name']}"] = claim
+    return alloc
+
+
+def test_a_pass_packs_gated_pods_and_holds_what_it_wrote_until_the_watch_shows_it() -> None:
+    names = ["p1", "p2", "p3"]
+    alloc = _allocator([_pod(n) for n in names], [_claim(n) for n in names])
+    jobs = alloc.plan()
+    assert [j.pod for j in jobs] == names and all(j.lift_gate for j in jobs)
+    placed = [(c[2]["devices"]["results"][0]["pool"], c[2]["devices"]["results"][0]["device"])
+              for j in jobs for c in j.claims]
+    # binpack: two halves on one card, the third on the same node's other card
+    assert placed[0] == placed[1] and placed[2][0] == placed[0][0] != placed[2]
+    # while the writes are in flight, a second pass holds them (pending) and places no pod twice
+    alloc._busy.update(j.uid for j in jobs)
+    alloc.pods.store["ns/p4"] = _pod("p4")
+    alloc.claims.store["ns/p4"] = _claim("p4")
+    (fourth,) = alloc.plan()
+    result = fourth.claims[0][2]["devices"]["results"][0]
+    assert (result["pool"], result["device"]) == placed[2]
+
+
+def test_pods_of_other_schedulers_ungated_pods_and_waiting_templates_are_left_alone() -> None:
+    template_pod = _pod("p3")
+    template_pod["spec"]["resourceClaims"] = [{"name": "gpu",
+                                               "resourceClaimTemplateName": "t"}]
+    alloc = _allocator([_pod("p1", scheduler="other"), _pod("p2", gated=False), template_pod],
+                       [_claim("p1"), _claim("p2")])
+    assert alloc.plan() == []
+
+
+def test_what_the_engine_does_not_place_is_ungated_for_kube_scheduler() -> None:
+    opted = [{**c, "metadata": {**c["metadata"], "annotations": {DRA_PLACEMENT: "kube-scheduler"}}}
+             if c["metadata"]["name"] == CARD_CLASS else c for c in device_classes()]
+    alloc = _allocator([_pod("p1"), _pod("p2")], [_claim("p1", MIG_CLASS), _claim("p2")],
+                       classes=opted)
+    jobs = alloc.plan()
+    assert [(j.pod, j.lift_gate, j.claims) for j in jobs] == [("p1", True, []),
+                                                               ("p2", True, [])]
+
+
+def test_an_allocation_anyone_wrote_is_held_and_a_pod_without_room_waits_gated() -> None:
+    def taken(node: str) -> dict[str, Any]:
+        return {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": node, "device": f"gpu-{i}"}
+            for i in range(2)]}}}
+    alloc = _allocator([_pod("p1"), _pod("p2")],
+                       [_claim("p1"), _claim("p2"), _claim("xa", **taken("a"))])
+    (job,) = [j for j in alloc.plan() if j.pod == "p1"]
+    assert job.claims[0][2]["devices"]["results"][0]["pool"] == "b"  # a's cards are taken
+    alloc = _allocator([_pod("p1")], [_claim("p1"), _claim("xa", **taken("a")),
+                                      _claim("xb", **taken("b"))])
+    assert alloc.plan() == []  # no room now: it stays gated
+    huge = _claim("p1")
+    huge["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "100Gi"
+    alloc.claims.store["ns/p1"] = huge
+    (job,) = alloc.plan()
+    # no card could ever hold it: handed to kube-scheduler (which says why), once quiet
+    assert job.lift_gate and job.handover and job.claims == []
+
+
+def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None:
+    alloc = _allocator([_pod("p1")], [_claim("p1")])
+    (job,) = alloc.plan()
+    # the gate lifted before the claim's watch shows the allocation: held, not placed again
+    alloc.pods.store["ns/p1"] = _pod("p1", gated=False)
+    assert alloc.plan() == []
+    alloc.claims.store["ns/p1"] = {**_claim("p1"), "status": {
+        "allocation": job.claims[0][2]}}
+    assert alloc.plan() == []
+    assert not alloc._pending  # seen back: the cache's allocation holds it now
+    alloc.claims.store["ns/p1"] = _claim("p1")  # the allocation cleared
+    (again,) = alloc.plan()
+    assert again.claims and not again.lift_gate
