@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.admission.mutators.dra_gate import dra_gate, wants_gate
 from elastic_gpu.core.dra.allocation import allocated_devices
@@ -21,6 +21,7 @@ from elastic_gpu.core.dra.claim_placement import (
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.devices import device_table, node_slices
 from elastic_gpu.core.dra.inventory import cards_from_slices, claim_hold, claim_key, tables_of
+from elastic_gpu.core.dra.podclaims import FoundClaim, PodDraClaims
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.request import PodRequest
@@ -117,14 +118,80 @@ def test_a_pods_claims_are_placed_together_packed_and_read_back_as_the_same_hold
                                                                  "memory": "16384Mi"}
 
 
+def _claims(*classes: str, opted_out: frozenset[str] = frozenset()) -> PodDraClaims:
+    """A pod's claims as the webhook reads them: one entry per class."""
+    found: dict[str, FoundClaim | None] = {
+        f"c{i}": FoundClaim({"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": cls}}]}})
+        for i, cls in enumerate(classes)}
+    return PodDraClaims(found, opted_out)
+
+
 def test_the_gate_goes_on_pods_with_claims_of_our_card_class_unless_opted_out() -> None:
     pod: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {"containers": []}}
-    ours = DraClaims(frozenset({CARD_CLASS}))
+    ours = _claims(CARD_CLASS)
     data = MutationInput(pod, PodRequest("p"), ClusterFacts(), dra=ours)
     assert dra_gate(data) == [{"op": "add", "path": "/spec/schedulingGates",
                                "value": [{"name": "elasticgpu.io/dra-placement"}]}]
     gated = {**pod, "spec": {"schedulingGates": [{"name": "elasticgpu.io/dra-placement"}]}}
     assert dra_gate(MutationInput(gated, PodRequest("p"), ClusterFacts(), dra=ours)) == []
-    assert not wants_gate(DraClaims(frozenset({MIG_CLASS})))
-    assert not wants_gate(DraClaims(frozenset({"other.example.com"})))
-    assert not wants_gate(DraClaims(frozenset({CARD_CLASS}), frozenset({CARD_CLASS})))
+    assert not wants_gate(_claims(MIG_CLASS))
+    assert not wants_gate(_claims("other.example.com"))
+    assert not wants_gate(_claims(CARD_CLASS, opted_out=frozenset({CARD_CLASS})))
+    assert wants_gate(_claims(MIG_CLASS, CARD_CLASS))
+    # a firstAvailable subrequest of our card class is ours too; a claim not found names none
+    first = PodDraClaims({"t": FoundClaim({"devices": {"requests": [{
+        "name": "gpu", "firstAvailable": [
+            {"name": "a", "deviceClassName": "other.example.com"},
+            {"name": "b", "deviceClassName": CARD_CLASS}]}]}}), "gone": None})
+    assert first.classes() == {CARD_CLASS, "other.example.com"}
+    assert wants_gate(first)
+
+
+def test_count_n_with_capacity_is_n_shares_on_n_distinct_cards_read_back_alike() -> None:
+    (ask,) = claim_asks(_claim("multi", percent=30, memory="8Gi", count=2))
+    assert (ask.count, ask.percent, ask.memory_mib) == (2, 30, 8192)
+    # a node of 4 cards whose card 0 has room for one such share only: binpack takes it,
+    # yet never two shares of one card
+    engine = _engine({"b": 4})
+    tables = tables_of({"b": _cards(4)})
+    other = {"metadata": {"name": "x", "namespace": "ns"}, "status": {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": "b",
+                                 "device": "gpu-0", "consumedCapacity": {
+                                     "compute": "60", "memory": "8Gi"}}]}}}}
+    hold = claim_hold(other, tables)
+    assert hold is not None
+    engine.allocate(claim_key("ns", "x"), hold)
+    request = pod_request("ns", "p", "uid", [("multi", [ask])])
+    (container,) = request.containers
+    assert container.cards == 2
+    node = engine.best(request, engine.nodes())
+    assert node == "b"
+    assignment = engine.assign(request, node)
+    part = claim_assignment(assignment, "multi", [ask])
+    shares = part.containers["claim"]
+    assert len({s.index for s in shares}) == 2 and 0 in {s.index for s in shares}
+    assert {(s.milli, s.memory_mib) for s in shares} == {(300, 8192)}
+    body = allocation(assignment, "multi", [ask], {c.index: (c.memory_mib, 100)
+                                                  for c in _cards(4)},
+                      ["aaaaaaaa-aaaa-aaaa-aaaa-000000000001",
+                       "aaaaaaaa-aaaa-aaaa-aaaa-000000000002"], "2026-01-01T00:00:00Z")
+    results = body["devices"]["results"]
+    assert [r["request"] for r in results] == ["gpu", "gpu"]
+    assert len({r["device"] for r in results}) == 2 and len({r["shareID"] for r in results}) == 2
+    assert all(r["consumedCapacity"] == {"compute": "30", "memory": "8192Mi"} for r in results)
+    # the kubelet plugin, the ledger and the allocator after a restart read the same hold
+    read = allocated_devices({"status": {"allocation": body}}, "b", device_table(_cards(4)))
+    assert [d.share for d in read] == list(shares)
+    again = claim_hold({"metadata": {"name": "multi", "namespace": "ns"},
+                        "status": {"allocation": body}}, tables)
+    assert again is not None and list(again.containers["claim"]) == list(shares)
+    # 80 % on three distinct cards: two cards have that room (one would have it thrice over
+    # in total, but a request's devices are distinct), so it does not fit
+    engine.allocate(claim_key("ns", "multi"), part)
+    three = pod_request("ns", "q", "uid2", [("three", claim_asks(_claim(
+        "three", percent=80, memory="8Gi", count=3)))])
+    assert engine.best(three, ["b"]) is None
+    two = pod_request("ns", "q", "uid2", [("two", claim_asks(_claim(
+        "two", percent=80, memory="8Gi", count=2)))])
+    assert engine.best(two, ["b"]) == "b"
