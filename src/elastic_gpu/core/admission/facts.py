@@ -12,6 +12,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.dra.nodemode import is_dra_node
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodestatus import gpu_capacity
@@ -105,6 +106,11 @@ def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
     if cards == 0 and not migs:
         return None
     model = next((str(labels[k]) for k in MODEL_LABELS if isinstance(labels.get(k), str)), "")
+    if labels.get(ann.MIG_DYNAMIC_LABEL) == "true":
+        # dynamic MIG carves any profile of the model on demand (docs/mig-apply.md)
+        mig_table = mig_model(model)
+        if mig_table is not None:
+            migs.update(p.profile.resource_name for p in mig_table.profiles)
     return NodeGpus(str(meta.get("name", "")), cards, memory_total // cards if cards else 0, model,
                     frozenset(migs))
 
