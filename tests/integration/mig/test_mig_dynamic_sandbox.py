@@ -8,7 +8,8 @@ applies them on the kwok node as its agent would (fence, settle, carve, publish,
 3. a `mig-1g.10gb` pod lands on that card's free slices;
 4. the whole-card pod never loses its card;
 5. once the MIG pods are gone, a pod asking three whole cards of the node binds (merge-back);
-6. a pod asking two `1g.10gb` instances: the agent is SIGKILLed right after its first step is
+6. HAMi's own `dynamic_mig_example.yaml` (`vgpu-mode: mig`, 2 x 8000 MiB: two `1g.10gb`
+   instances), created unchanged: the agent is SIGKILLed right after its first step is
    published (card fenced, half carved), then the controller; both restarted, the pod binds,
    and the independent ledger check finds nothing held twice or lost, no fence left.
 
@@ -55,6 +56,8 @@ mig:
 """
 DEADLINE_S = 180.0
 CRASH = Path(__file__).resolve().parents[2] / "egpu_testing" / "mig_agent_crash.py"
+HAMI_EXAMPLE = Path(__file__).resolve().parents[2] / "peerdata" / "hami" / \
+    "dynamic_mig_example.yaml"
 
 
 class AllocationSync(SupervisedProcess):
@@ -210,7 +213,7 @@ def run_must_show(box: Path, ctl: ControllerProcess) -> None:
     os.kill(int(status["components"]["allocation-sync"]["pid"]), signal.SIGKILL)
     crashing = AllocationSync(box / "kubeconfig", box / "crash.log", crash=True)
     crashing.start()
-    create(box, pod("pair", {"nvidia.com/mig-1g.10gb": "2"}))
+    kubectl(box / "kubeconfig", "create", "-n", NS, "-f", str(HAMI_EXAMPLE))
     wait_for("the agent's crash", lambda: crashing.process is not None
              and crashing.process.poll() == -signal.SIGKILL, timeout_s=DEADLINE_S)
     fenced = [c for c in gpu_cards(box).values() if c.health is Health.FENCED]
@@ -220,8 +223,10 @@ def run_must_show(box: Path, ctl: ControllerProcess) -> None:
     sync.start()
     try:
         ctl.start()
-        pair = bound(box, "pair")
-        assert {uuid for uuid, _ in cards_of(pair)} == {fenced[0].uuid}
+        hami = bound(box, "gpu-pod")
+        limits = hami["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/mig-1g.10gb"] == "2"
+        assert {uuid for uuid, _ in cards_of(hami)} == {fenced[0].uuid}
         wait_for("no fence left, every layout applied", lambda: ledger_problems(box) == [],
                  timeout_s=DEADLINE_S)
         assert cards_of(get(box, "pod", "whole", "-n", NS)) == [(held_card, None)]
