@@ -6,6 +6,8 @@ rebuilds its fake card from the GPUDevices as published, a fence being no ill he
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from egpu_testing.clock import ManualClock
@@ -15,7 +17,7 @@ from elastic_gpu.api import miglayout as ml
 from elastic_gpu.core.admission.facts import node_gpus
 from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.mig.apply import FENCE_SETTLE_S, Placed
-from elastic_gpu.core.model import Health
+from elastic_gpu.core.model import Health, MigInstance
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.devcluster import mig_agent
 from elastic_gpu.devcluster.nodes import (
@@ -47,12 +49,20 @@ def test_mig_dynamic_is_refused_where_it_cannot_work(extra: dict[str, object],
         parse_cluster({"nodeGroups": [{**GROUP, **extra}]})
 
 
-def test_an_opted_in_node_offers_every_profile_of_its_model_to_admission() -> None:
+def test_an_opted_in_node_offers_every_profile_and_every_card_to_admission() -> None:
     (group,) = parse_cluster({"nodeGroups": [{**GROUP, "migDynamic": True}]})
     gpus = node_gpus(node_manifest(group.inventories()[0]))
     assert gpus is not None
     assert {"nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb",
             "nvidia.com/mig-7g.80gb"} <= gpus.mig_profiles
+    # a card carved now may be merged back: admission counts every card of the node
+    inventory = group.inventories()[0]
+    first = replace(inventory.cards[0], mig=(MigInstance(MigProfile.parse("3g.40gb"), "MIG-a",
+                                                         4),))
+    carved = node_manifest(replace(inventory, cards=(first, *inventory.cards[1:])))
+    assert carved["status"]["capacity"]["nvidia.com/gpu"] == "1"
+    carved_gpus = node_gpus(carved)
+    assert carved_gpus is not None and carved_gpus.cards == 2
     (plain,) = parse_cluster({"nodeGroups": [GROUP]})
     plain_gpus = node_gpus(node_manifest(plain.inventories()[0]))
     assert plain_gpus is not None and plain_gpus.mig_profiles == frozenset()
