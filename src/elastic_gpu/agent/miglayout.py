@@ -17,8 +17,9 @@ trusted assignments and ElasticGPUs on this node) and the card's fence:
   instances) is written, so `kubectl get miglayout` says how far the card got.
 
 A restarted applier keeps nothing: a fence it finds on a GPUDevice counts from its own start
-(it settles again), and the real layout is read from the backend, so an applier SIGKILLed at
-any point carries on and never destroys an instance someone holds (docs/mig-apply.md).
+(it settles again; a fence whose MigLayout is gone is removed), and the real layout is read
+from the backend, so an applier SIGKILLed at any point carries on and never destroys an
+instance someone holds (docs/mig-apply.md).
 """
 
 from __future__ import annotations
@@ -142,7 +143,12 @@ class MigApplier:
             self._read_fences(cards.values())
             self._started = True
         phases = {}
-        for layout in self.layouts():
+        layouts = self.layouts()
+        for uuid in sorted(set(self.fences) - {layout.card_uuid for layout in layouts}):
+            if uuid in cards:  # its MigLayout was deleted mid-change: give the card back
+                self._fence(cards[uuid], None)
+            self.fences.pop(uuid, None)
+        for layout in layouts:
             card = cards.get(layout.card_uuid)
             if card is None:
                 self._status(layout, "Refused", f"node {self.node} has no card "

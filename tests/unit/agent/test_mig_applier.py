@@ -141,6 +141,19 @@ def test_held_instances_stay_and_a_restarted_applier_settles_again() -> None:
         ("1g.10gb", 0, f"MIG-{CARD}-1g.10gb-0"), ("3g.40gb", 4, held)]
 
 
+def test_a_fence_whose_layout_is_deleted_is_removed_even_after_a_restart() -> None:
+    clock = ManualClock()
+    api, backend, applier = setup(clock)
+    want(api, CARD, Placed(4, P3))
+    assert applier.round() == {CARD: "Fencing"}
+    api.delete(MIG_LAYOUTS.path(name=ml.object_name(NODE, CARD)))
+    restarted = MigApplier(api, NODE, backend,  # type: ignore[arg-type]
+                           lambda: publish_node(api, backend, CONFIG, NODE),  # type: ignore[arg-type]
+                           clock=clock)
+    assert restarted.round() == {}
+    assert device(api, 0).health is Health.HEALTHY and backend.discover()[0].mig == ()
+
+
 def test_a_layout_the_card_cannot_carry_is_refused_alone() -> None:
     clock = ManualClock()
     api, _backend, applier = setup(clock)
