@@ -80,7 +80,16 @@ def test_fence_settle_carve_unfence_and_status() -> None:
     assert node["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] == "1"
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "1"
     writes = len(api.writes)
+    listed: list[str] = []
+    plain_list = api.list
+
+    def counting_list(path: str, params: Any = None) -> Any:
+        listed.append(path)
+        return plain_list(path, params)
+
+    api.list = counting_list  # type: ignore[method-assign]
     assert applier.round() == {CARD: "Applied"} and len(api.writes) == writes  # nothing new
+    assert PODS.path() not in listed  # the steady state reads no pods
 
 
 def held_pod(card: str, index: int, mig: str | None = None) -> dict[str, Any]:
