@@ -4,9 +4,10 @@ carved card with no holder is merged back.
 
     PYTHONPATH=src:tests .venv/bin/python bench/mig_dynamic.py [--runs 5] [--cooldown 0]
 
-One sandbox (one node of two A100-SXM4-80GB cards, group `migDynamic: true`), and `egpu
-controller --only mig-dynamic` with `mergeCooldownSeconds: --cooldown` (0: the merge-back's
-own time, without the cool-down; add the cool-down for what a user waits). Each run, in a
+One sandbox (one node of two A100-SXM4-80GB cards, group `migDynamic: true`); its own
+controller (dynamic MIG on, a 10 s cool-down) is stopped and `egpu controller --only
+mig-dynamic` run instead with `mergeCooldownSeconds: --cooldown` (0: the merge-back's own
+time, without the cool-down; add the cool-down for what a user waits). Each run, in a
 fresh namespace: a `nvidia.com/mig-3g.40gb: 1` pod is created and timed until bound (the
 extender turns it away, kube-scheduler marks it Unschedulable, the controller writes a
 MigLayout, the kwok node's stand-in agent fences the card, waits the fence's settle time
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -95,6 +97,9 @@ def main() -> None:
                   "--state-dir", str(state), "--kubeconfig", str(kc), timeout=300)
         if up.returncode != 0:
             raise SystemExit(up.stderr + up.stdout)
+        status = json.loads(egpu("sandbox", "status", "--state-dir", str(state),
+                                 "--json").stdout)
+        os.kill(int(status["components"]["egpu-controller"]["pid"]), signal.SIGTERM)
         (port,) = free_ports(1)
         ctl = ControllerProcess(kc, port, where / "controller.log",
                                 extender_url="http://127.0.0.1:1", identity="bench-migdyn",

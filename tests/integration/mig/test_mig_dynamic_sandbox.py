@@ -1,7 +1,8 @@
 """Dynamic MIG end to end on `egpu sandbox up` (issue 42, must-show): a group with
-`migDynamic: true`, four A100-SXM4-80GB cards, no layout; `egpu controller --only
-mig-dynamic` with a short merge cool-down writes MigLayouts, the sandbox's allocation-sync
-applies them on the kwok node as its agent would (fence, settle, carve, publish, unfence).
+`migDynamic: true`, four A100-SXM4-80GB cards, no layout; the sandbox's own `egpu controller`
+(run with `mig.dynamic` on, a 10 s merge cool-down, because a group opted in) writes
+MigLayouts, its allocation-sync applies them on the kwok node as its agent would (fence,
+settle, carve, publish, unfence).
 
 1. a whole-card pod holds one card;
 2. a `nvidia.com/mig-3g.40gb: 1` pod binds on another card, carved for it;
@@ -22,13 +23,13 @@ import json
 import os
 import signal
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from egpu_testing.controller import ControllerProcess
 from egpu_testing.process import SupervisedProcess
 from egpu_testing.sandbox import egpu, kubectl, kubectl_run
 from egpu_testing.waiting import wait_for
@@ -37,7 +38,7 @@ from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.model import Health
-from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.devcluster.sandbox import MARKER_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -47,36 +48,65 @@ CLUSTER_FILE = """\
 nodeGroups:
 - {name: dyn, count: 1, gpus: 4, model: A100-SXM4-80GB, memoryMiB: 81920, migDynamic: true}
 """
-CONFIG = """\
-controllers: [mig-dynamic]
-mig:
-  dynamic:
-    enabled: true
-    mergeCooldownSeconds: 3
-"""
 DEADLINE_S = 180.0
+#: what `egpu sandbox down` finds the sandbox's processes by (`devcluster.sandbox.MARKER_ENV`)
+MARKER = MARKER_ENV
 CRASH = Path(__file__).resolve().parents[2] / "egpu_testing" / "mig_agent_crash.py"
 HAMI_EXAMPLE = Path(__file__).resolve().parents[2] / "peerdata" / "hami" / \
     "dynamic_mig_example.yaml"
 
 
-class AllocationSync(SupervisedProcess):
-    """The sandbox's allocation-sync (which applies the kwok nodes' MigLayouts), run by the
-    test: `crash` runs it through `mig_agent_crash`, SIGKILLed after its first MIG step."""
+class Component(SupervisedProcess):
+    """A sandbox component the test SIGKILLed, started again by the test with `argv` (with
+    the sandbox's marker in its environment, so `down` ends it too); ready when `ready_url`
+    answers 200 (None: at once)."""
 
-    what = "allocation-sync"
+    what = "sandbox component"
 
-    def __init__(self, kubeconfig: Path, log_path: Path, crash: bool = False) -> None:
+    def __init__(self, argv: list[str], log_path: Path, state: Path,
+                 ready_url: str | None = None) -> None:
         super().__init__(log_path)
-        self.argv = [sys.executable, str(CRASH)] if crash else \
-            [sys.executable, "-m", "elastic_gpu.devcluster.allocation_sync"]
-        self.argv += ["--kubeconfig", str(kubeconfig), "--interval", "0.5"]
+        self.argv = argv
+        self.state = state
+        self.ready_url = ready_url
 
     def ready(self) -> bool:
-        return True
+        if self.ready_url is None:
+            return True
+        try:
+            with urllib.request.urlopen(self.ready_url, timeout=2) as response:
+                return int(response.status) == 200
+        except OSError:
+            return False
 
     def start(self) -> None:
-        self.launch(self.argv, 30)
+        before = os.environ.get(MARKER)
+        os.environ[MARKER] = str(self.state.resolve())  # inherited by the child only
+        try:
+            self.launch(self.argv, 120)
+        finally:
+            if before is None:
+                del os.environ[MARKER]
+            else:
+                os.environ[MARKER] = before
+
+
+def sandbox_component(box: Path, name: str) -> tuple[int, list[str], dict[str, Any]]:
+    """(pid, command line, status) of a running sandbox component."""
+    status = json.loads(egpu("sandbox", "status", "--state-dir", str(box / "state"),
+                             "--json").stdout)["components"][name]
+    pid = int(status["pid"])
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    return pid, [a.decode() for a in argv], status
+
+
+def allocation_sync(box: Path, log: str, crash: bool = False) -> Component:
+    """allocation-sync (which applies the kwok nodes' MigLayouts) run by the test; `crash`:
+    through `mig_agent_crash`, SIGKILLed after its first published MIG step."""
+    head = [sys.executable, str(CRASH)] if crash else \
+        [sys.executable, "-m", "elastic_gpu.devcluster.allocation_sync"]
+    return Component([*head, "--kubeconfig", str(box / "kubeconfig"), "--interval", "0.5"],
+                     box / log, box / "state")
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +121,6 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield where
     finally:
         egpu("sandbox", "down", "--state-dir", str(where / "state"), timeout=120)
-
-
-def controller(box: Path) -> ControllerProcess:
-    (box / "controller.yaml").write_text(CONFIG)
-    (port,) = free_ports(1)
-    return ControllerProcess(box / "kubeconfig", port, box / "mig-dynamic.log",
-                             extender_url="http://127.0.0.1:1", identity="mig-dynamic-it",
-                             lease_name="egpu-mig-dynamic-it", lease=(4, 3, 0.5),
-                             extra=["--config", str(box / "controller.yaml")])
 
 
 def get(box: Path, *what: str) -> Any:
@@ -170,16 +191,8 @@ def ledger_problems(box: Path) -> list[str]:
 
 
 def test_dynamic_mig_must_show(box: Path) -> None:
-    ctl = controller(box)
-    ctl.start()
-    wait_for("the mig-dynamic controller leading", ctl.leading, timeout_s=60)
-    try:
-        run_must_show(box, ctl)
-    finally:
-        ctl.stop()
-
-
-def run_must_show(box: Path, ctl: ControllerProcess) -> None:
+    _, argv, _ = sandbox_component(box, "egpu-controller")
+    assert "--config" in argv  # the sandbox runs its controller with mig.dynamic on
     create(box, pod("whole", {"nvidia.com/gpu": "1"}))
     whole = bound(box, "whole")
     ((held_card, _),) = cards_of(whole)
@@ -208,18 +221,20 @@ def run_must_show(box: Path, ctl: ControllerProcess) -> None:
 
     # the agent SIGKILLed mid-change, then the controller
     delete(box, "three")
-    status = json.loads(egpu("sandbox", "status", "--state-dir", str(box / "state"),
-                             "--json").stdout)
-    os.kill(int(status["components"]["allocation-sync"]["pid"]), signal.SIGKILL)
-    crashing = AllocationSync(box / "kubeconfig", box / "crash.log", crash=True)
+    sync_pid, _, _ = sandbox_component(box, "allocation-sync")
+    os.kill(sync_pid, signal.SIGKILL)
+    crashing = allocation_sync(box, "crash.log", crash=True)
     crashing.start()
     kubectl(box / "kubeconfig", "create", "-n", NS, "-f", str(HAMI_EXAMPLE))
     wait_for("the agent's crash", lambda: crashing.process is not None
              and crashing.process.poll() == -signal.SIGKILL, timeout_s=DEADLINE_S)
     fenced = [c for c in gpu_cards(box).values() if c.health is Health.FENCED]
     assert len(fenced) == 1 and len(fenced[0].mig) == 1  # fenced, half carved
-    ctl.kill()
-    sync = AllocationSync(box / "kubeconfig", box / "sync.log")
+    ctl_pid, ctl_argv, ctl_status = sandbox_component(box, "egpu-controller")
+    os.kill(ctl_pid, signal.SIGKILL)
+    sync = allocation_sync(box, "sync.log")
+    ctl = Component(ctl_argv, box / "controller.log", box / "state",
+                    ready_url=ctl_status["endpoint"] + "/readyz")
     sync.start()
     try:
         ctl.start()
@@ -232,3 +247,4 @@ def run_must_show(box: Path, ctl: ControllerProcess) -> None:
         assert cards_of(get(box, "pod", "whole", "-n", NS)) == [(held_card, None)]
     finally:
         sync.stop()
+        ctl.stop()

@@ -7,6 +7,7 @@ rebuilds its fake card from the GPUDevices as published, a fence being no ill he
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,18 @@ def test_the_stand_in_carves_and_a_restarted_one_reads_the_card_as_published() -
     assert [(m.profile.name, m.start) for m in rebuilt.discover()[1].mig] == [("3g.40gb", 4)]
     assert api.get(MIG_LAYOUTS.path(name=body["metadata"]["name"]))["status"]["phase"] == \
         "Applied"
+
+
+def test_the_sandboxs_controller_runs_mig_dynamic_when_its_config_is_there(
+        tmp_path: Path) -> None:
+    """`up` writes the controller's config (mig.dynamic on) into the work dir when a group
+    opted in; the controller's command line takes it, and the controller's loader reads it."""
+    from elastic_gpu.controller.config import load_config
+    from elastic_gpu.devcluster import components
+
+    env = components.ComponentEnv(tmp_path / "kc", tmp_path, 1234, "python")
+    assert "--config" not in components.CONTROLLER.argv(env)
+    (tmp_path / components.CONTROLLER_CONFIG).write_text(components.MIG_DYNAMIC_CONFIG)
+    argv = components.CONTROLLER.argv(env)
+    config = Path(argv[argv.index("--config") + 1])
+    assert load_config(config).mig.dynamic.enabled
