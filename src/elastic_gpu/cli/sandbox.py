@@ -52,7 +52,8 @@ def up(
     cluster: Annotated[Path | None, typer.Option(
         "--cluster", exists=True, dir_okay=False,
         help="Cluster file: nodeGroups [{name, count, gpus, model, memoryMiB, chipsPerBoard, "
-        "mig, agentConfig, gpuMode}], e.g. MIG A100s beside time-sliced 2-chip IX boards (docs/sandbox.md)")
+        "mig, agentConfig, gpuMode, migDynamic}], e.g. MIG A100s beside time-sliced 2-chip IX "
+        "boards (docs/sandbox.md)")
     ] = None,
     agent_config: Annotated[Path | None, typer.Option(
         "--agent-config", exists=True, dir_okay=False,
