@@ -38,6 +38,7 @@ from elastic_gpu.agent.config import (
     BackendKind,
     Preload,
     SharingConfig,
+    SharingMode,
     parse_config,
 )
 from elastic_gpu.agent.devices import logical_cards
@@ -561,6 +562,12 @@ def provider_grant(rig: Rig, config: AgentConfig, share: CardShare) -> Grant:
 
 def expected_devices(rig: Rig, index: int) -> list[str]:
     return [*rig.control_nodes, *rig.device_nodes[index]]
+
+
+def test_every_sharing_mode_is_a_provider_of_the_contract() -> None:
+    """The isolation cases below run per Provider: a sharing mode added to the config without
+    one here would escape them (a memory-only share's compute, a multi-card share...)."""
+    assert {m.value for m in SharingMode} <= {p.value for p in Provider}
 
 
 @pytest.fixture(params=list(Provider), ids=lambda p: p.value)
