@@ -291,3 +291,8 @@ def test_a_mig_profile_no_node_offers_says_no_node_is_opted_in_to_dynamic_mig() 
     either = Engine([node("nv-0"), opted]).filter(ask("m", {"nvidia.com/mig-1g.10gb": "1"}))
     assert not either.failed["nv-0"].no_mig_dynamic
     assert "dynamic MIG" not in describe(either.failed["nv-0"])
+    # a node labelled later (the engine's layout remembers the answer until a node changes)
+    plain.upsert_node(Node("nv-1", 64000, 1 << 18, node("nv-1").cards,
+                           labels={"elasticgpu.io/mig-dynamic": "true"}))
+    assert not plain.filter(ask("m2", {"nvidia.com/mig-1g.10gb": "1"})).failed[
+        "nv-0"].no_mig_dynamic

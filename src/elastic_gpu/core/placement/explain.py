@@ -180,8 +180,11 @@ def unknown_tflops_model(lay: Layout, row: int, pod: PodRequest) -> FitFailure |
 
 def mig_dynamic_anywhere(lay: Layout) -> bool:
     """Whether some node is opted in to dynamic MIG (its label `elasticgpu.io/mig-dynamic`):
-    a MIG profile no node offers may then be carved for the pod."""
-    return any(r.node.labels.get(MIG_DYNAMIC_LABEL) == "true" for r in lay.rows)
+    a MIG profile no node offers may then be carved for the pod. Made once per layout
+    rebuild (a label change rebuilds it): the extender explains up to 16 nodes a filter."""
+    if lay.mig_dynamic is None:
+        lay.mig_dynamic = any(r.node.labels.get(MIG_DYNAMIC_LABEL) == "true" for r in lay.rows)
+    return lay.mig_dynamic
 
 
 def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> FitFailure | None:
