@@ -1,0 +1,193 @@
+"""Issue 41, the ledger stays exact whoever allocates: a burst of claim pods through every
+route at once, with the allocator's leader (the extender process) SIGKILLed three times.
+
+On kwok DRA-mode nodes (this driver's slices, stock kube-scheduler): gated share and whole-card
+claim pods (our allocator places them), pods whose gate the tenant removes herself (a user with
+`edit`: kube-scheduler's own allocator takes them) and unchanged `nvidia.com/gpu` pods (the
+class's `extendedResourceName`, DRAExtendedResource: kube-scheduler makes and allocates their
+claims itself). Pods come in waves, one while the allocator is down each time. The
+independent check (`egpu_testing.dra_ledger.over_capacity`: every claim's consumed capacity
+summed per card from the API's objects, a whole card counting as all of it) finds no card over
+capacity at any kill and at the end; every pod is bound (none lost), and no pod keeps our gate
+once the allocator is back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu_testing.dra_ledger import dra_inventories, over_capacity
+from egpu_testing.pytest_plugin import unique_name
+from egpu_testing.tenant import make_tenant
+from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, pod_manifest
+from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.classes import CARD_CLASS, EXTENDED_RESOURCE, device_classes
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.devcluster.ports import free_ports
+from elastic_gpu.kube.apply import create_or_update
+from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.sync import SyncKubeClient
+
+pytestmark = pytest.mark.integration
+
+GROUP_LABEL = "test.elasticgpu.io/dra-guard"
+HALF = {"compute": "50", "memory": "4Gi"}
+
+
+@pytest.fixture
+def extender(k8s_cluster: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
+    ensure_crd(k8s_cluster.kube())
+    (port,) = free_ports(1)
+    process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
+                              config={"nodePolicy": "binpack"})
+    process.start(timeout_s=120)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _claim(namespace: str, name: str, capacity: dict[str, str] | None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": CARD_CLASS}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+class Burst:
+    def __init__(self, kube: SyncKubeClient, namespace: str, scheduler: str, group: str,
+                 ungate: Callable[[str], None]) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.scheduler = scheduler
+        self.group = group
+        self.ungate = ungate
+        self.names: list[str] = []
+
+    def claim_pod(self, name: str, capacity: dict[str, str] | None, *,
+                  tenant_ungates: bool = False) -> None:
+        """A claim and its pod, gated as the webhook gates it; the tenant may lift the gate."""
+        self.kube.create(RESOURCE_CLAIMS.path(self.namespace),
+                         _claim(self.namespace, name, capacity))
+        pod = pod_manifest(name, self.namespace, scheduler_name=self.scheduler)
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        pod["spec"]["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
+        pod["spec"]["nodeSelector"] = {self.group_label(): self.group}
+        self.kube.create(PODS.path(self.namespace), pod)
+        self.names.append(name)
+        if tenant_ungates:
+            self.ungate(name)
+
+    def extended_pod(self, name: str) -> None:
+        """An unchanged nvidia.com/gpu pod: kube-scheduler makes and allocates its claim."""
+        pod = pod_manifest(name, self.namespace, scheduler_name=self.scheduler)
+        pod["spec"]["containers"][0]["resources"] = {
+            "limits": {EXTENDED_RESOURCE: "1"}, "requests": {EXTENDED_RESOURCE: "1"}}
+        pod["spec"]["nodeSelector"] = {self.group_label(): self.group}
+        self.kube.create(PODS.path(self.namespace), pod)
+        self.names.append(name)
+
+    @staticmethod
+    def group_label() -> str:
+        return GROUP_LABEL
+
+    def wave(self, tag: str, halves: int, whole: int, ungated: int, extended: int) -> None:
+        for i in range(halves):
+            self.claim_pod(f"{tag}-half-{i}", HALF)
+        for i in range(whole):
+            self.claim_pod(f"{tag}-whole-{i}", None)
+        for i in range(ungated):
+            self.claim_pod(f"{tag}-tenant-{i}", HALF, tenant_ungates=True)
+        for i in range(extended):
+            self.extended_pod(f"{tag}-nvidia-{i}")
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        items, _ = self.kube.list(PODS.path(self.namespace))
+        return {p["metadata"]["name"]: p for p in items}
+
+    def over_capacity(self) -> list[str]:
+        pods = list(self.pods().values())
+        claims, _ = self.kube.list(RESOURCE_CLAIMS.path(self.namespace))
+        nodes, _ = self.kube.list(NODES.path(), {"labelSelector": f"{GROUP_LABEL}={self.group}"})
+        inventories = dra_inventories(nodes)
+        assert inventories, "no DRA node of the group"
+        return over_capacity(pods, claims, inventories)
+
+
+def _wait(what: str, check: Callable[[], Any], timeout_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.3)
+
+
+def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_over_capacity(
+        k8s_cluster: ControlPlane, extender: ExtenderProcess,
+        fake_gpu_nodes: Callable[..., list[str]],
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    kube = k8s_cluster.kube()
+    create_or_update(kube, device_classes())
+    namespace = unique_name("guard")
+    tenant = make_tenant(Path(k8s_cluster.kubeconfig), namespace)
+    group = unique_name("g")
+    fake_gpu_nodes(4, gpus=4, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
+                   prefix="dra-guard")
+    start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+
+    tenant_won: list[str] = []
+
+    def ungate(name: str) -> None:
+        """The tenant's own patch (`edit` may change her pods), racing our allocator, which
+        may have placed the pod and lifted the gate first."""
+        done = tenant.run("patch", "pod", name, "--type=json",
+                          "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+        if done.returncode == 0:
+            tenant_won.append(name)
+        else:
+            assert "schedulingGates" not in kube.get(PODS.path(namespace, name))["spec"], \
+                done.stderr
+
+    burst = Burst(kube, namespace, extender.scheduler_name, group, ungate)
+    # 16 cards; the waves ask 12.5 of them, so every pod fits whatever the order (the tenant's
+    # six halves on six cards at worst)
+    waves = [("a", 2, 1, 1, 1), ("b", 2, 1, 1, 0), ("c", 2, 0, 1, 1), ("d", 2, 0, 0, 0)]
+    problems: list[str] = []
+    for round_, (tag, halves, whole, ungated, extended) in enumerate(waves):
+        burst.wave(tag, halves, whole, ungated, extended)
+        if round_ == len(waves) - 1:
+            break
+        time.sleep(0.5)  # part of the wave placed, part in flight
+        extender.kill()  # SIGKILL: nothing written on the way out
+        problems += burst.over_capacity()
+        burst.wave(f"{tag}-down", 1, 0, 1, 0)  # while no allocator serves
+        extender.start(timeout_s=120)
+
+    def all_bound() -> bool:
+        pods = burst.pods()
+        return all((pods[n].get("spec") or {}).get("nodeName") for n in burst.names if n in pods)
+    _wait("every pod bound", all_bound)
+    pods = burst.pods()
+    assert sorted(pods) == sorted(burst.names)  # none lost
+    gated = [n for n, p in pods.items()
+             if any(g.get("name") == DRA_PLACEMENT_GATE
+                    for g in (p.get("spec") or {}).get("schedulingGates") or [])]
+    assert gated == []
+    problems += burst.over_capacity()
+    assert problems == []
+    assert extender.starts == 4
+    # the pods created while no allocator served were the tenant's to ungate, at least
+    assert {f"{tag}-down-tenant-0" for tag in "abc"} <= set(tenant_won)
