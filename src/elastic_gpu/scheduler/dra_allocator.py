@@ -42,11 +42,13 @@ from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.dra.claim_placement import (
     ALLOCATION_FINALIZER,
     DeviceAsk,
+    NodeFacts,
     Unplaceable,
     allocation,
     claim_asks,
     claim_assignment,
     device_count,
+    eligible_nodes,
     pod_request,
 )
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
@@ -60,6 +62,7 @@ from elastic_gpu.core.dra.inventory import (
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
+from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.nodestatus import allocatable
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
@@ -123,10 +126,6 @@ def allocated_pools(claim: Mapping[str, Any]) -> set[str]:
             if isinstance(r, Mapping) and r.get("driver") == DRIVER}
 
 
-def _node_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
 class DraAllocator:
     """Informers over pods not yet bound, claims, this driver's slices, DRA nodes and classes;
     passes that place gated pods while `serving()` says this replica serves."""
@@ -144,7 +143,7 @@ class DraAllocator:
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
                                params={"fieldSelector": f"spec.driver={DRIVER}"},
                                missing_ok=True)
-        # every Node, for its labels (a pod's nodeSelector); a node is placed on when this
+        # every Node, for its labels and taints (the pod's node filter); a node is placed on when this
         # driver's slices publish its cards (only a DRA-mode node's agent publishes them)
         self.nodes = Informer(client, NODES.path(), name="dra allocator nodes")
         self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes",
@@ -161,6 +160,8 @@ class DraAllocator:
         #: pod uids this allocator placed (placed again when their allocation is cleared)
         self._placed: set[str] = set()
         self._limit = asyncio.Semaphore(settings.concurrency)
+        #: the nodes' labels and taints of this pass (`_engine`)
+        self._facts: dict[str, NodeFacts] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: when the writes now in flight began, and for how many pods
         self._burst = (0.0, 0)
@@ -228,6 +229,9 @@ class DraAllocator:
                                      card_policy=self.settings.card_policy,
                                      check_host_resources=False),
                         seed=self.settings.seed)
+        # labels and taints of the engine's nodes, for the pods' node filter (`eligible_nodes`)
+        self._facts = {name: NodeFacts(engine.node(name).labels, taints_from_node(nodes[name]))
+                       for name in engine.nodes()}
         tables = tables_of(cards)
         for claim in self.claims.items():
             meta = _meta(claim)
@@ -359,10 +363,12 @@ class DraAllocator:
             return job if gated else None  # allocated already (e.g. before a restart)
         request = pod_request(namespace, name, uid,
                               [(str(_meta(c)["name"]), asks) for c, asks in open_claims])
-        selector = spec.get("nodeSelector") or {}
-        candidates = [n for n in engine.nodes()
-                      if _node_matches(selector, engine.node(n).labels)
-                      and (not allocated_nodes or n in allocated_nodes)]
+        try:
+            candidates = eligible_nodes(pod, self._facts, sorted(allocated_nodes))
+        except Unplaceable as why:
+            log.info("DRA allocator: %s/%s is kube-scheduler's to place: %s", namespace, name, why)
+            job.handover = True
+            return job if gated else None
         node = engine.best(request, candidates)
         if node is None:
             if self._fits_empty(engine, request, candidates):

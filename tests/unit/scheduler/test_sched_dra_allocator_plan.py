@@ -122,3 +122,37 @@ def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None
     alloc.claims.store["ns/p1"] = _claim("p1")  # the allocation cleared
     (again,) = alloc.plan()
     assert again.claims and not again.lift_gate
+
+
+def test_node_affinity_and_taints_narrow_the_nodes_as_kube_scheduler_would() -> None:
+    alloc = _allocator([_pod("p1"), _pod("p2")], [_claim("p1"), _claim("p2")])
+    # binpack would put both on one node; p1 (tolerating all) may not go to a by its affinity,
+    # p2 tolerates a's taint and not b's
+    alloc.nodes.store["a"]["spec"] = {"taints": [{"key": "gpu-pool", "value": "x",
+                                                  "effect": "NoSchedule"}]}
+    alloc.nodes.store["b"]["spec"] = {"taints": [{"key": "gpu-pool", "value": "y",
+                                                  "effect": "NoExecute"},
+                                                 {"key": "soft", "effect": "PreferNoSchedule"}]}
+    alloc.pods.store["ns/p1"]["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                   "values": ["a"]}]}]}}}
+    alloc.pods.store["ns/p1"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    alloc.pods.store["ns/p2"]["spec"]["tolerations"] = [
+        {"key": "gpu-pool", "operator": "Equal", "value": "x", "effect": "NoSchedule"}]
+    jobs = {j.pod: j for j in alloc.plan()}
+    pools = {p: j.claims[0][2]["devices"]["results"][0]["pool"] for p, j in jobs.items()}
+    assert pools == {"p1": "b", "p2": "a"}
+    # a pod tolerating nothing fits no node now that both are tainted: nothing is allocated,
+    # and it is handed to kube-scheduler, which says why on the pod (as for a nodeSelector
+    # no DRA node matches)
+    alloc = _allocator([_pod("p3")], [_claim("p3")])
+    for node in ("a", "b"):
+        alloc.nodes.store[node]["spec"] = {"taints": [{"key": "k", "effect": "NoExecute"}]}
+    (job,) = alloc.plan()
+    assert job.handover and job.claims == []
+    # placement fields not of the API's shape: kube-scheduler's to refuse, naming why
+    alloc = _allocator([_pod("p4")], [_claim("p4")])
+    alloc.pods.store["ns/p4"]["spec"]["tolerations"] = "everything"
+    (job,) = alloc.plan()
+    assert job.handover and job.claims == []
