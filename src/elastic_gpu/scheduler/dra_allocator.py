@@ -41,6 +41,7 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.dra.claim_placement import (
     ALLOCATION_FINALIZER,
+    WAITING_REASON,
     DeviceAsk,
     NodeFacts,
     Unplaceable,
@@ -50,6 +51,7 @@ from elastic_gpu.core.dra.claim_placement import (
     device_count,
     eligible_nodes,
     pod_request,
+    waiting_message,
 )
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
 from elastic_gpu.core.dra.inventory import (
@@ -67,6 +69,7 @@ from elastic_gpu.core.nodestatus import allocatable
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
+from elastic_gpu.kube.events import NORMAL, EventRecorder
 from elastic_gpu.kube.informer import Handler, Informer, object_key
 from elastic_gpu.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
@@ -74,6 +77,9 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
+
+#: The Events' source component.
+EVENT_COMPONENT = "egpu-scheduler"
 
 #: How long a written allocation the watch never showed is held from memory, once no write is
 #: in flight (the claim was deallocated or replaced before its event reached us).
@@ -131,10 +137,16 @@ class DraAllocator:
     passes that place gated pods while `serving()` says this replica serves."""
 
     def __init__(self, client: KubeClient, settings: AllocatorSettings,
-                 serving: Callable[[], bool] = lambda: True) -> None:
+                 serving: Callable[[], bool] = lambda: True,
+                 recorder: EventRecorder | None = None) -> None:
         self.client = client
         self.settings = settings
         self.serving = serving
+        #: Events on pods that wait gated for room (run by `run`)
+        self.recorder = recorder or EventRecorder(client, EVENT_COMPONENT)
+        #: pod uid -> the waiting message last recorded on it (one Event per change, not per
+        #: pass)
+        self._waiting: dict[str, str] = {}
         self.pods = Informer(client, PODS.path(), name="dra allocator pods",
                              params={"fieldSelector": "spec.nodeName="})
         # a cluster without resource.k8s.io/v1 (404): empty, checked again now and then
@@ -179,6 +191,7 @@ class DraAllocator:
         uid = str(_meta(pod).get("uid", ""))
         self._placed.discard(uid)
         self._lifted.discard(uid)
+        self._waiting.pop(uid, None)
 
     def _poke2(self, _old: Obj, _new: Obj) -> None:
         self._wake.set()
@@ -186,6 +199,7 @@ class DraAllocator:
     async def run(self, period_s: float = 1.0, batch_s: float = 0.01) -> None:
         """List and watch, and place until cancelled."""
         watchers = [asyncio.create_task(i.run(), name=i.name) for i in self._informers]
+        watchers.append(asyncio.create_task(self.recorder.run(), name="dra allocator events"))
         try:
             for informer in self._informers:
                 await informer.wait_synced()
@@ -372,9 +386,14 @@ class DraAllocator:
         node = engine.best(request, candidates)
         if node is None:
             if self._fits_empty(engine, request, candidates):
-                # room may free: it waits gated (SchedulingGated), placed by us then
-                log.info("DRA allocator: no DRA node has room for %s/%s now; it stays gated",
-                         namespace, name)
+                # room may free: it waits gated (SchedulingGated), placed by us then; an Event
+                # says why, once per change of the reason
+                message = waiting_message(engine.filter(request, candidates).failed)
+                if self._waiting.get(uid) != message:
+                    self._waiting[uid] = message
+                    log.info("DRA allocator: %s/%s %s", namespace, name, message)
+                    self.recorder.record({**pod, "apiVersion": "v1", "kind": "Pod"}, NORMAL,
+                                         WAITING_REASON, message)
                 return None
             # no DRA node could ever hold it: kube-scheduler says why on the pod
             log.info("DRA allocator: no DRA node can hold %s/%s; left to kube-scheduler",

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any, cast
 
 from elastic_gpu.core.annotations import DRA_PLACEMENT, DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.claim_placement import WAITING_REASON
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS, device_classes
 from elastic_gpu.core.dra.devices import node_slices
 from elastic_gpu.core.model import Card
+from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 
 
@@ -156,3 +158,36 @@ def test_node_affinity_and_taints_narrow_the_nodes_as_kube_scheduler_would() -> 
     alloc.pods.store["ns/p4"]["spec"]["tolerations"] = "everything"
     (job,) = alloc.plan()
     assert job.handover and job.claims == []
+
+
+class _Recorded(EventRecorder):
+    def __init__(self) -> None:
+        super().__init__(cast(Any, None), "test")
+        self.seen: list[tuple[str, str, str, str]] = []
+
+    def record(self, obj: Any, type_: str, reason: str, message: str) -> None:
+        self.seen.append((f"{obj['kind']}/{obj['metadata']['name']}", type_, reason, message))
+
+
+def test_a_pod_waiting_gated_for_room_gets_one_event_per_reason_not_one_per_pass() -> None:
+    def taken(node: str, *devices: str) -> dict[str, Any]:
+        return {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": node, "device": d}
+            for d in devices]}}}
+    alloc = _allocator([_pod("p1")], [_claim("p1"), _claim("xa", **taken("a", "gpu-0", "gpu-1")),
+                                      _claim("xb", **taken("b", "gpu-0", "gpu-1"))])
+    recorded = alloc.recorder = _Recorded()
+    assert alloc.plan() == [] and alloc.plan() == []
+    (event,) = recorded.seen
+    assert event[:3] == ("Pod/p1", "Normal", WAITING_REASON)
+    assert event[3].startswith("waiting, gated, for room on a DRA node: 0/2 nodes it may go to "
+                               "can hold its claims now (2 × ")
+    assert "(e.g. node a)" in event[3] and event[3].endswith("placed as soon as room frees")
+    # another reason (the claim asks more now): one more Event
+    alloc.claims.store["ns/p1"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+        "requests"]["compute"] = "60"
+    assert alloc.plan() == [] and alloc.plan() == []
+    assert len(recorded.seen) == 2 and recorded.seen[1][3] != event[3]
+    # the pod goes (bound or deleted): forgotten
+    alloc._forget(alloc.pods.store["ns/p1"])
+    assert alloc._waiting == {}

@@ -27,6 +27,7 @@ from typing import Any
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.dra.classes import CARD_CLASS
 from elastic_gpu.core.dra.devices import COMPUTE, DRIVER, MEMORY, card_device
+from elastic_gpu.core.fit import FitFailure, describe
 from elastic_gpu.core.nodeaffinity import RulesError, Taint, rules_from_manifest
 from elastic_gpu.core.nodeaffinity import refusal as placement_refusal
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -202,3 +203,20 @@ def eligible_nodes(pod: Mapping[str, Any], nodes: Mapping[str, NodeFacts],
     return [name for name, facts in nodes.items()
             if (not allocated_on or name in allocated_on)
             and placement_refusal(rules, name, facts.labels, facts.taints) is None]
+
+
+#: The Event's reason on a pod that waits gated because no node it may go to has room now.
+WAITING_REASON = "WaitingForGPURoom"
+
+
+def waiting_message(failed: Mapping[str, FitFailure]) -> str:
+    """The Event's message for a gated pod no eligible node has room for now: each of the
+    engine's fit sentences (`fit.describe`) once, with how many nodes fail that way and one of
+    them, most nodes first."""
+    groups: dict[str, list[str]] = {}
+    for node, failure in sorted(failed.items()):
+        groups.setdefault(describe(failure), []).append(node)
+    reasons = "; ".join(f"{len(nodes)} × {text} (e.g. node {nodes[0]})"
+                        for text, nodes in sorted(groups.items(), key=lambda kv: -len(kv[1])))
+    return (f"waiting, gated, for room on a DRA node: 0/{len(failed)} nodes it may go to can "
+            f"hold its claims now ({reasons}); it is placed as soon as room frees")
