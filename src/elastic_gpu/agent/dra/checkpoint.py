@@ -76,6 +76,11 @@ class Checkpoint:
             self._save()
             return True
 
+    def claims(self) -> list[PreparedClaim]:
+        """Every prepared claim, by uid."""
+        with self._lock:
+            return [self._claims[uid] for uid in sorted(self._claims)]
+
     def uids(self) -> list[str]:
         with self._lock:
             return sorted(self._claims)

@@ -25,6 +25,7 @@ from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.dra.cdi import cdi_id, claim_spec
 from elastic_gpu.agent.grant import DeviceFiles, GrantError, build_grant
+from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.dra.allocation import AllocationError, allocated_devices
 from elastic_gpu.core.dra.devices import DRIVER, device_table
 
@@ -54,20 +55,27 @@ class PreparedDevice:
     device: str
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
+    #: what the device holds of its card (the node's held accounting, `agent.dra.holdings`);
+    #: None in an entry an older agent checkpointed
+    share: CardShare | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"requests": list(self.requests), "pool": self.pool,
                                "device": self.device, "cdiIds": list(self.cdi_ids)}
         if self.share_id is not None:
             out["shareId"] = self.share_id
+        if self.share is not None:
+            out["share"] = self.share.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreparedDevice:
         share = data.get("shareId")
+        held = data.get("share")
         return cls(tuple(str(r) for r in data["requests"]), str(data["pool"]),
                    str(data["device"]), tuple(str(i) for i in data["cdiIds"]),
-                   None if share is None else str(share))
+                   None if share is None else str(share),
+                   None if held is None else CardShare.from_dict(held))
 
 
 @dataclass(frozen=True)
@@ -137,5 +145,5 @@ def prepare_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str,
     names = list(dict.fromkeys(a.device for a in allocated))
     spec = claim_spec(ref.uid, {name: grant for name in names})
     devices = tuple(PreparedDevice((a.request,), node, a.device, (cdi_id(ref.uid, a.device),),
-                                   a.share_id) for a in allocated)
+                                   a.share_id, a.share) for a in allocated)
     return PreparedClaim(ref, devices, spec)
