@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from egpu_testing.dra import allocation, claim_manifest, env_of, result
+from egpu_testing.dra_ledger import prepared_over_capacity
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.dra.cdi import spec_file
@@ -40,7 +41,7 @@ from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.dra.capacity_guard import REASON as OVER_CAPACITY
 from elastic_gpu.core.dra.devices import DRIVER, UNHEALTHY_TAINT, slice_name
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
-from elastic_gpu.core.model import Health
+from elastic_gpu.core.model import Health, Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.kube.errors import NotFound
 from elastic_gpu.kube.resources import EVENTS, GPUDEVICES, NODES, PODS, RESOURCE_CLAIMS
@@ -335,6 +336,13 @@ def test_prepare_refuses_a_claim_that_puts_a_card_over_capacity_with_an_event_on
     assert not spec_file(Path(dirs["cdiDirectory"]), uid).exists()
     assert isinstance(agent.mode, DraNode)
     assert uid not in agent.mode.plugin.checkpoint.uids()
+    # the independent reading of the checkpoint file finds no card prepared past capacity
+    checkpoint = json.loads((Path(dirs["pluginDirectory"]) / "checkpoint.json").read_text())
+    cards = Node(node, 0, 0, tuple(lc.card for lc in agent.state.cards().values()))
+    assert prepared_over_capacity({node: checkpoint}, [cards]) == []
+    checkpoint["claims"]["fake"] = {"namespace": "x", "name": "y", "devices": [
+        {"pool": node, "device": "gpu-0", "share": {"index": 0, "milli": 1, "memoryMiB": 1}}]}
+    assert prepared_over_capacity({node: checkpoint}, [cards])  # it would see one
 
     def event() -> list[dict[str, Any]]:
         items, _ = api.list(EVENTS.path(k8s_namespace))
