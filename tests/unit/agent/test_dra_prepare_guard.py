@@ -126,3 +126,19 @@ def test_an_older_agents_entry_without_shares_is_counted_from_the_api(
                           tmp_path / "cdi")
     with pytest.raises(PrepareError, match=r"ns/a: 70 %"):
         restarted.prepare(claims.add("b", "gpu-0", compute="40", memory="8Gi"))
+
+
+def test_a_holder_that_cannot_be_read_again_still_counts(
+        plugin: tuple[DraPlugin, Claims, list[tuple[str, str]]]) -> None:
+    dra, claims, _ = plugin
+    dra.prepare(claims.add("a", "gpu-0"))
+    over = claims.add("b", "gpu-0")
+    reader = dra.read_claim
+
+    def flaky(ref: ClaimRef) -> Mapping[str, Any]:
+        if ref.name == "a":
+            raise TimeoutError("the API did not answer")
+        return reader(ref)
+    dra.read_claim = dra.guard.read_claim = flaky
+    with pytest.raises(PrepareError, match="ns/a: 100 %"):
+        dra.prepare(over)

@@ -45,28 +45,32 @@ class CapacityGuard:
                 if d.pool == self.node and d.share is not None]
         if len(held) == len([d for d in claim.devices if d.pool == self.node]):
             return held
-        live = self._live(claim)  # an older agent's entry: its shares from the API
-        if live is None:
-            return []
+        # an older agent's entry: its shares from the API (not counted when it cannot be read)
         try:
+            live = self.read_claim(claim.ref)
+            if (live.get("metadata") or {}).get("uid") != claim.ref.uid:
+                return []
             return [(a.device, a.share)
                     for a in allocated_devices(live, self.node, device_table(cards))]
-        except AllocationError:
+        except (NotFound, AllocationError):
+            return []
+        except Exception as err:
+            log.warning("%s: not read (%s); its devices not counted", claim.ref.describe(), err)
             return []
 
-    def _live(self, claim: PreparedClaim) -> Mapping[str, Any] | None:
-        """The API's claim when it is still this allocated claim; None when it went."""
+    def _gone(self, claim: PreparedClaim) -> bool:
+        """Whether the API no longer has this claim allocated (deleted, created again under
+        its name, or deallocated) though it is still prepared here; a read that fails cannot
+        tell, and the claim counts (never give a card twice)."""
         try:
             live = self.read_claim(claim.ref)
         except NotFound:
-            return None
-        except Exception as err:  # cannot tell: it counts (never give a card twice)
+            return True
+        except Exception as err:
             log.warning("%s: not read (%s); counted as prepared", claim.ref.describe(), err)
-            return {"metadata": {"uid": claim.ref.uid}, "status": {"allocation": True}}
+            return False
         meta, status = live.get("metadata") or {}, live.get("status") or {}
-        if meta.get("uid") != claim.ref.uid or not status.get("allocation"):
-            return None
-        return live
+        return meta.get("uid") != claim.ref.uid or not status.get("allocation")
 
     def refusal(self, prepared: PreparedClaim, others: Iterable[PreparedClaim],
                 cards: Sequence[Card]) -> str | None:
@@ -83,7 +87,7 @@ class CapacityGuard:
             return None
         # the claims in the way, read again: one gone meanwhile no longer counts
         names = {h.claim for o in found for h in o.holders}
-        gone = {c.ref.uid for c in rest if _name(c.ref) in names and self._live(c) is None}
+        gone = {c.ref.uid for c in rest if _name(c.ref) in names and self._gone(c)}
         if gone:
             found = overflows(cards, [h for uid, hs in holdings.items() if uid not in gone
                                       for h in hs], mine)
