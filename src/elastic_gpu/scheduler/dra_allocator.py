@@ -174,6 +174,8 @@ class DraAllocator:
         self._limit = asyncio.Semaphore(settings.concurrency)
         #: the nodes' labels and taints of this pass (`_engine`)
         self._facts: dict[str, NodeFacts] = {}
+        #: this pass's eligible nodes by the pods' placement fields
+        self._eligible: dict[str, list[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: when the writes now in flight began, and for how many pods
         self._burst = (0.0, 0)
@@ -246,6 +248,7 @@ class DraAllocator:
         # labels and taints of the engine's nodes, for the pods' node filter (`eligible_nodes`)
         self._facts = {name: NodeFacts(engine.node(name).labels, taints_from_node(nodes[name]))
                        for name in engine.nodes()}
+        self._eligible = {}
         tables = tables_of(cards)
         for claim in self.claims.items():
             meta = _meta(claim)
@@ -377,8 +380,14 @@ class DraAllocator:
             return job if gated else None  # allocated already (e.g. before a restart)
         request = pod_request(namespace, name, uid,
                               [(str(_meta(c)["name"]), asks) for c, asks in open_claims])
+        # pods of one burst mostly share their placement fields: one answer for all of them
+        key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"),
+                    sorted(allocated_nodes)))
         try:
-            candidates = eligible_nodes(pod, self._facts, sorted(allocated_nodes))
+            candidates = self._eligible.get(key)
+            if candidates is None:
+                candidates = self._eligible[key] = eligible_nodes(pod, self._facts,
+                                                                  sorted(allocated_nodes))
         except Unplaceable as why:
             log.info("DRA allocator: %s/%s is kube-scheduler's to place: %s", namespace, name, why)
             job.handover = True
