@@ -155,8 +155,9 @@ class DraAllocator:
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
                                params={"fieldSelector": f"spec.driver={DRIVER}"},
                                missing_ok=True)
-        # every Node, for its labels and taints (the pod's node filter); a node is placed on when this
-        # driver's slices publish its cards (only a DRA-mode node's agent publishes them)
+        # every Node, for its labels and taints (the pods' node filter); a node is placed on
+        # when this driver's slices publish its cards (only a DRA-mode node's agent publishes
+        # them)
         self.nodes = Informer(client, NODES.path(), name="dra allocator nodes")
         self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes",
                                 missing_ok=True)
