@@ -5,15 +5,19 @@ On kwok DRA-mode nodes (this driver's slices, stock kube-scheduler): gated share
 claim pods (our allocator places them), pods whose gate the tenant removes herself (a user with
 `edit`: kube-scheduler's own allocator takes them) and unchanged `nvidia.com/gpu` pods (the
 class's `extendedResourceName`, DRAExtendedResource: kube-scheduler makes and allocates their
-claims itself). Pods come in waves, one while the allocator is down each time. The
+claims itself). Pods come in waves, one while the allocator is down each time (the tenant's
+and the nvidia.com/gpu pods in those: kube-scheduler allocates while ours is down, and ours,
+back, reads those allocations as facts; the two allocating at the same instant is the race
+docs/dra.md names, which this test does not claim to close). The
 independent check (`egpu_testing.dra_ledger.over_capacity`: every claim's consumed capacity
 summed per card from the API's objects, a whole card counting as all of it) finds no card over
-capacity at any kill and at the end; every pod is bound (none lost), and no pod keeps our gate
-once the allocator is back.
+capacity twice a second all along, at every kill and at the end; every pod is bound (none
+lost), and no pod keeps our gate once the allocator is back.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -162,24 +166,43 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
                 done.stderr
 
     burst = Burst(kube, namespace, extender.scheduler_name, group, ungate)
-    # 16 cards; the waves ask 12.5 of them, so every pod fits whatever the order (the tenant's
+    # 16 cards; the waves ask 14.5 of them, so every pod fits whatever the order (the tenant's
     # six halves on six cards at worst)
-    waves = [("a", 2, 1, 1, 1), ("b", 2, 1, 1, 0), ("c", 2, 0, 1, 1), ("d", 2, 0, 0, 0)]
+    # (kube-scheduler's own allocations, for the pods the tenant ungates and the nvidia.com/gpu
+    # ones, are made while our allocator is down: with both allocating at the same moment,
+    # kube-scheduler, whose cache lags our writes, can give a card's room twice, which only the
+    # node then refuses; docs/dra.md, "Not yet")
+    waves = [("a", 3, 1, 0, 0), ("b", 3, 1, 0, 0), ("c", 2, 0, 0, 0), ("d", 2, 0, 0, 0)]
     problems: list[str] = []
-    for round_, (tag, halves, whole, ungated, extended) in enumerate(waves):
-        burst.wave(tag, halves, whole, ungated, extended)
-        if round_ == len(waves) - 1:
-            break
-        time.sleep(0.5)  # part of the wave placed, part in flight
-        extender.kill()  # SIGKILL: nothing written on the way out
-        problems += burst.over_capacity()
-        burst.wave(f"{tag}-down", 1, 0, 1, 0)  # while no allocator serves
-        extender.start(timeout_s=120)
+    # the independent check all along (each reading one list of the claims), not only at the
+    # kills and at the end
+    stop, samples = threading.Event(), [0]
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            problems.extend(burst.over_capacity())
+            samples[0] += 1
+    sampler = threading.Thread(target=sample, name="over-capacity", daemon=True)
+    sampler.start()
 
     def all_bound() -> bool:
         pods = burst.pods()
         return all((pods[n].get("spec") or {}).get("nodeName") for n in burst.names if n in pods)
-    _wait("every pod bound", all_bound)
+    try:
+        for round_, (tag, halves, whole, ungated, extended) in enumerate(waves):
+            burst.wave(tag, halves, whole, ungated, extended)
+            if round_ == len(waves) - 1:
+                break
+            time.sleep(0.5)  # part of the wave placed, part in flight
+            extender.kill()  # SIGKILL: nothing written on the way out
+            problems.extend(burst.over_capacity())
+            burst.wave(f"{tag}-down", 1, 0, 2, 1)  # while no allocator serves
+            extender.start(timeout_s=120)
+        _wait("every pod bound", all_bound)
+    finally:
+        stop.set()
+        sampler.join(30)
+    assert samples[0] >= 3
     pods = burst.pods()
     assert sorted(pods) == sorted(burst.names)  # none lost
     gated = [n for n, p in pods.items()
@@ -189,5 +212,5 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
     problems += burst.over_capacity()
     assert problems == []
     assert extender.starts == 4
-    # the pods created while no allocator served were the tenant's to ungate, at least
-    assert {f"{tag}-down-tenant-0" for tag in "abc"} <= set(tenant_won)
+    # the pods created while no allocator served were the tenant's to ungate
+    assert sorted(tenant_won) == sorted(f"{tag}-down-tenant-{i}" for tag in "abc" for i in (0, 1))
