@@ -13,8 +13,8 @@ seam is `core.nodemode`.)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.usage.sinks import ApiSinks
@@ -56,6 +56,13 @@ class NodeMode(Protocol):
 
     def outcomes(self) -> Counter[tuple[str, str]]:
         """Grant outcomes so far (`elasticgpu_agent_allocations_total`)."""
+        ...
+
+    def holdings(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The node's pods as the shared readers count what they hold (the held metrics,
+        observed usage's attribution and drift): each holding pod with its assignment. A
+        device-plugin node's pods carry the scheduler's; a DRA node gives its claim pods the
+        assignment their prepared claims amount to, in memory only (`agent.dra.holdings`)."""
         ...
 
     def usage_sinks(self) -> ApiSinks | None:

@@ -68,7 +68,8 @@ class Agent:
             node_pods = self.pods
             self.usage = UsageMonitor(
                 node_name, self.snapshot.cards, backend, config.usage,
-                (lambda: node_pods.on_node(node_name)) if node_pods is not None else list,
+                (lambda: self.mode.holdings(node_pods.on_node(node_name)))
+                if node_pods is not None else list,
                 self._usage_sinks.sinks() if self._usage_sinks is not None
                 else UsageSinks(None, lambda *event: None, lambda pod: None),
                 kubelet=partial(list_devices, config.usage.podResourcesSocket),
@@ -162,7 +163,8 @@ class Agent:
 
         registry = agent_registry(
             self.node_name, lambda: self.current().node.cards,
-            (lambda: pods.on_node(self.node_name)) if pods is not None else None,
+            (lambda: self.mode.holdings(pods.on_node(self.node_name)))
+            if pods is not None else None,
             self.mode.outcomes, observed if monitor is not None else None)
         # always registered (no series without daemons): a page's families do not depend on
         # the node's config, so one documented table holds for every agent

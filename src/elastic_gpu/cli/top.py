@@ -2,9 +2,10 @@
 what is free, health and fragmentation, and the defragmentation plans recorded on pending pods
 (docs/top.md).
 
-Four LISTs, concurrently (Nodes, GPUDevices, Pods not finished, ElasticGPUs), through the
-project's REST client (`kube.client`); the view is `core.gpuview.build_view` (pure), the
-rendering a rich table. `--watch` lists again every `--interval` seconds.
+Six LISTs, concurrently (Nodes, GPUDevices, Pods not finished, ElasticGPUs, and for DRA nodes
+ResourceSlices and ResourceClaims), through the project's REST client (`kube.client`); the view
+is `core.gpuview.build_view` (pure; a DRA node's cards and claims read by
+`core.dra.sliceview`), the rendering a rich table. `--watch` lists again every `--interval` seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +35,14 @@ from elastic_gpu.core.gpuview import (
 )
 from elastic_gpu.core.podlife import NOT_TERMINAL_SELECTOR, holds_cards
 from elastic_gpu.core.resources import MILLI_PER_CARD
-from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
+from elastic_gpu.kube.resources import (
+    ELASTICGPUS,
+    GPUDEVICES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,9 @@ class Objects:
     devices: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     elasticgpus: list[dict[str, Any]]
+    #: DRA nodes' inventory and holds (empty where resource.k8s.io/v1 is not served)
+    slices: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    claims: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 async def fetch(client: Any) -> Objects:
@@ -69,10 +80,11 @@ async def fetch(client: Any) -> Objects:
         items, _ = await client.list(path, params)
         return list(items)
 
-    nodes, devices, pods, egpus = await asyncio.gather(
+    nodes, devices, pods, egpus, slices, claims = await asyncio.gather(
         required(NODES.path()), optional(GPUDEVICES.path()), required(PODS.path(), LIVE_PODS),
-        optional(ELASTICGPUS.path()))
-    return Objects(nodes, devices, pods, egpus)
+        optional(ELASTICGPUS.path()), optional(RESOURCE_SLICES.path()),
+        optional(RESOURCE_CLAIMS.path()))
+    return Objects(nodes, devices, pods, egpus, slices, claims)
 
 
 def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> ClusterView:
@@ -99,6 +111,14 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
             continue
         if wanted(node):
             cards.setdefault(node, []).append(card)
+    from elastic_gpu.core.dra.sliceview import claim_holds, node_cards
+
+    dra_cards = {node: found for node, found in node_cards(objects.slices).items()
+                 if wanted(node) and node not in cards}
+    cards.update(dra_cards)
+    claim_held, stale = claim_holds(objects.claims, dra_cards)
+    for why in stale:
+        log.warning("skipped: %s", why)
     uninventoried: dict[str, dict[str, int]] = {}
     for obj in objects.nodes:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -138,7 +158,7 @@ def view_from_objects(objects: Objects, node_patterns: Sequence[str] = ()) -> Cl
             egpus.append(ElasticGPUHold(egpu.name, egpu.node, egpu.shares, claim))
     nodes = [Node(name=name, cpu_milli=0, memory_mib=0, cards=tuple(found))
              for name, found in cards.items()]
-    view = build_view(nodes, holds, egpus, uninventoried)
+    view = build_view(nodes, holds, egpus, uninventoried, claim_held)
     plans, unreadable = pending_plans(objects.pods)
     for key, why in unreadable:
         log.warning("pod %s: defrag plan skipped: %s", key, why)
@@ -199,6 +219,9 @@ def _holders(card: CardView) -> str:
                   + (f" {_gib(h.memory_mib)}" if h.memory_mib else ""))
         if h.kind == "pod":
             what = f"{h.name} ({h.detail})"
+        elif h.kind == "resourceclaim":
+            used = f" used by {', '.join(h.users)}" if h.users else ""
+            what = f"claim {h.name}{used}"
         else:
             claim = f" claim {h.detail}" if h.detail else " unclaimed"
             used = f" used by {', '.join(h.users)}" if h.users else ""

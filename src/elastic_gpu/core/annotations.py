@@ -21,6 +21,10 @@ ALLOCATED = f"{PREFIX}/allocated"
 
 #: Written by the webhook's MIG mutator at a pod's creation: the request as its user wrote it
 #: before the MIG adapter moved it (`<container>=<profile>,...`), and the rules that moved it.
+#: The `spec.resourceClaims` entries of our DeviceClasses a pod is billed for (quota and
+#: budget), comma-separated: a claim shared by several pods is billed on its first user only
+#: (`core.dra.podclaims`). Written by the webhook at creation.
+DRA_BILLED_CLAIMS = f"{PREFIX}/dra-billed-claims"
 MIG_ORIGINAL = f"{PREFIX}/mig-original"
 MIG_SUBSTITUTION = f"{PREFIX}/mig-substitution"
 #: On a MIGSubstitution (metadata), written by the MIG adapter: the rule's pods are going back
@@ -109,6 +113,8 @@ SYSTEM_POD_ANNOTATIONS: tuple[SystemAnnotation, ...] = (
                      set_at_create=True),
     SystemAnnotation(MIG_SUBSTITUTION, "the Elastic GPU webhook when the MIG adapter moves a "
                      "pod", set_at_create=True),
+    SystemAnnotation(DRA_BILLED_CLAIMS, "the Elastic GPU webhook when a pod names ResourceClaims "
+                     "of its DeviceClasses", set_at_create=True),
     SystemAnnotation(DEFRAG_RESERVATION, "the Elastic GPU controller when it makes room for a "
                      "pending pod"),
     SystemAnnotation(DEFRAG_PLAN, "the Elastic GPU controller when it plans room for a pending "

@@ -1,8 +1,10 @@
 """The cluster's GPUs as `egpu top` shows them (pure): per node and card, who holds what, what
 is free, health and fragmentation.
 
-Built from what the API says: the nodes' cards (GPUDevice inventory), the pods' assignment
-annotations (the scheduler's one write per bind) and the ElasticGPUs (a claim's cards). A pod's
+Built from what the API says: the nodes' cards (GPUDevice inventory; a DRA node's from its
+ResourceSlices, `core.dra.sliceview`), the pods' assignment annotations (the scheduler's one
+write per bind), the ElasticGPUs (a claim's cards) and, on DRA nodes, the allocated
+ResourceClaims (each listed once, with the pods it is reserved for). A pod's
 claim-backed containers hold nothing themselves: their cards are the ElasticGPU's, listed once
 under it with the pods that use it. A MIG share counts its compute slices' fraction of the
 card and its profile's memory, as the agent's GPUDevice columns count it.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.defrag.record import PendingPlan
+from elastic_gpu.core.dra.sliceview import ClaimHold
 from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -38,9 +41,9 @@ from elastic_gpu.core.usage import CardUsage
 class Holder:
     """Something holding part of a card."""
 
-    #: "pod" or "elasticgpu"
+    #: "pod", "elasticgpu" or "resourceclaim" (a DRA claim)
     kind: str
-    #: `<namespace>/<pod>` or the ElasticGPU's name
+    #: `<namespace>/<pod>`, the ElasticGPU's name or `<namespace>/<claim>`
     name: str
     #: a pod's container; an ElasticGPU's claim `<namespace>/<claim>` ("" if unclaimed)
     detail: str
@@ -49,7 +52,7 @@ class Holder:
     #: the MIG instance held (its profile and UUID), if it is one
     mig_profile: str | None = None
     mig_uuid: str | None = None
-    #: the pods using an ElasticGPU (`<namespace>/<pod>`)
+    #: the pods using an ElasticGPU or a ResourceClaim (`<namespace>/<pod>`)
     users: tuple[str, ...] = ()
     #: observed: the memory (MiB) its containers use on the card and their utilisation
     #: (percent of the card; None where not sampled per process); None: nothing observed
@@ -290,10 +293,12 @@ def share_use(share: CardShare, card: Card | None) -> tuple[int, int]:
 
 def build_view(nodes: Iterable[Node], pods: Iterable[PodHold],
                elasticgpus: Iterable[ElasticGPUHold] = (),
-               uninventoried: Mapping[str, Mapping[str, int]] | None = None) -> ClusterView:
-    """The view of `nodes` (sorted by name, cards by index) with what `pods` and `elasticgpus`
-    hold. Holds on cards no node lists are left out (a node being removed); `uninventoried`
-    adds nodes that advertise GPUs without inventory (node -> resource -> count)."""
+               uninventoried: Mapping[str, Mapping[str, int]] | None = None,
+               resource_claims: Iterable[ClaimHold] = ()) -> ClusterView:
+    """The view of `nodes` (sorted by name, cards by index) with what `pods`, `elasticgpus`
+    and `resource_claims` (DRA nodes) hold. Holds on cards no node lists are left out (a node
+    being removed); `uninventoried` adds nodes that advertise GPUs without inventory (node ->
+    resource -> count)."""
     egpus = list(elasticgpus)
     by_card: dict[tuple[str, int], list[Holder]] = {}
     users: dict[str, list[str]] = {}
@@ -314,6 +319,11 @@ def build_view(nodes: Iterable[Node], pods: Iterable[PodHold],
             by_card.setdefault((egpu.node, share.index), []).append(
                 Holder("elasticgpu", egpu.name, egpu.claim, share.milli, share.memory_mib,
                        share.mig_profile, share.mig_uuid, tuple(sorted(users.get(egpu.name, ())))))
+    for claim in resource_claims:
+        for share in claim.shares:
+            by_card.setdefault((claim.node, share.index), []).append(
+                Holder("resourceclaim", f"{claim.namespace}/{claim.name}", "", share.milli,
+                       share.memory_mib, share.mig_profile, share.mig_uuid, claim.users))
     views = []
     for node in sorted(nodes, key=lambda n: n.name):
         cards = [_card_view(card, by_card.get((node.name, card.index), []))

@@ -38,6 +38,8 @@ from typing import Any
 
 from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer
 from elastic_gpu.core.admission.mutation import MutationInput
+from elastic_gpu.core.dra.podclaims import container_demand
+from elastic_gpu.core.dra.quota import Demand
 from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.request import (
     ContainerRequest,
@@ -98,14 +100,28 @@ def canonical_resources(request: ContainerRequest) -> dict[str, str]:
     return out
 
 
+def _with_claims(wanted: dict[str, str], demand: Demand | None) -> dict[str, str]:
+    if not demand:
+        return wanted
+    out = dict(wanted)
+    for name, value in ((QUOTA_CORE, demand.core), (QUOTA_MEMORY, demand.memory)):
+        if value:
+            out[name] = str(int(out.get(name, "0")) + value)
+    return out
+
+
 def quota_resources(data: MutationInput) -> list[PatchOp]:
     """Each GPU container gets the accounting resources of its request (`canonical_resources`)
     in its limits, and in its requests when it has them (ResourceQuota counts requests; an
     extended resource's request defaults to its limit). The request is read from the container
     as the mutators before left it, like `node_resources`: a claim's resources, and the profile
-    a MIG substitution gave it, not the one written. A value already right is kept, any other
-    is replaced: idempotent under reinvocation, and a user cannot understate it."""
+    a MIG substitution gave it, not the one written. ResourceClaims of our DeviceClasses the pod
+    bills (`core.dra.podclaims.container_demand`: a shared claim on its first user, each claim
+    on one container) add their demand (`core.dra.quota`), in limits and requests both, written
+    whole where the container has none. A value already right is kept, any other is replaced:
+    idempotent under reinvocation, and a user cannot understate it."""
     ops: list[PatchOp] = []
+    claimed = container_demand(data.pod, data.dra, max(1, data.facts.largest_cards))
     # sidecars too: ResourceQuota sums them with the containers, as kube-scheduler does
     for item in lifetime_containers(data.pod):
         resources: Mapping[str, Any] = item.resources
@@ -113,12 +129,22 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
             request = container_request(item.name, resources)
         except (ResourceError, ValueError):
             continue  # validation refused such a container before any mutator ran
-        wanted = canonical_resources(request)
+        demand = claimed.get(item.name)
+        wanted = _with_claims(canonical_resources(request), demand)
         if not wanted:
+            continue
+        if demand and "resources" not in item.container:
+            ops.append({"op": "add", "path": pointer("spec", item.field, item.index,
+                                                     "resources"),
+                        "value": {"limits": dict(wanted), "requests": dict(wanted)}})
             continue
         for part in ("limits", "requests"):
             values = resources.get(part)
             if not isinstance(values, Mapping):
+                if demand:
+                    ops.append({"op": "add", "path": pointer("spec", item.field, item.index,
+                                                             "resources", part),
+                                "value": dict(wanted)})
                 continue
             for name, value in wanted.items():
                 if str(values.get(name)) == value:
@@ -128,4 +154,3 @@ def quota_resources(data: MutationInput) -> list[PatchOp]:
                                             part, name),
                             "value": value})
     return ops
-

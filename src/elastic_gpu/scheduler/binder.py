@@ -20,7 +20,7 @@ from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.claims import model as claims_model
 from elastic_gpu.core.claims.blocks import describe_blocks
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, PodClaims, off_node_failure, pod_claims
-from elastic_gpu.core.dra.nodemode import dra_fit_failure
+from elastic_gpu.core.dra.nodemode import dra_fit_failure, extender_binds
 from elastic_gpu.core.fit import describe
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest
 from elastic_gpu.core.placement import Unschedulable
@@ -141,7 +141,7 @@ class Binder:
                 return  # an earlier attempt finished it: the same answer again
             raise BindError(f"{where}: the pod is already bound to {known.node_name}",
                             definite=True)
-        self._check_placement(manifest, request, args, where)
+        self._check_placement(manifest, request, args, where, dra)
         try:
             named = pod_claims(manifest)
         except ClaimAnnotationError as err:
@@ -276,13 +276,14 @@ class Binder:
         return Assignment(assignment.node, containers, assignment.claims)
 
     def _check_placement(self, manifest: Mapping[str, Any], request: PodRequest,
-                         args: wire.ExtenderBindingArgs, where: str) -> None:
+                         args: wire.ExtenderBindingArgs, where: str, dra: bool) -> None:
         """Refuse what kube-scheduler (with this extender's filter) would never have chosen:
         a bind is a write anyone who reaches the port could ask for."""
-        if not request.wants_gpu:
+        if not extender_binds(request, manifest, dra):
             raise BindError(f"{where}: the pod asks for no GPU resource; this extender binds "
                             "only GPU pods (kube-scheduler sends it only pods naming one of "
-                            "its managedResources)", definite=True)
+                            "its managedResources) and, on DRA nodes, pods naming "
+                            "ResourceClaims", definite=True)
         node = self.state.node(args.Node)
         if node is None:
             raise BindError(f"{where}: node {args.Node} is unknown to the GPU scheduler",

@@ -3,9 +3,9 @@
 The API worker sends the scheduler process only these fields, and only when one of them
 changed: kwok (or a kubelet) updates a bound pod's status several times and a node's status
 every few seconds, and none of that moves a card. Every field read by `PodInfo.from_manifest`,
-`pod_request_from_manifest`, `app.node_info`, `core.nodeaffinity` and
-`gpudevice.card_from_gpudevice` must survive here (tests/unit/scheduler/test_sched_slim.py
-checks it on full objects).
+`pod_request_from_manifest`, `app.node_info`, `core.nodeaffinity`,
+`core.dra.nodemode.extender_binds` and `gpudevice.card_from_gpudevice` must survive here
+(tests/unit/scheduler/test_sched_slim.py checks it on full objects).
 """
 
 from __future__ import annotations
@@ -86,9 +86,10 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
     out: Obj = {
         "metadata": _pick(meta, ("name", "namespace", "uid", "resourceVersion", "annotations",
                                  "deletionTimestamp")),
-        # nodeSelector, required node affinity and tolerations: for the bind's placement check
+        # nodeSelector, required node affinity and tolerations: for the bind's placement
+        # check; resourceClaims: the bind takes a claim pod on a DRA node (`extender_binds`)
         "spec": {**_pick(spec, ("nodeName", "priority", "schedulerName", "nodeSelector",
-                                "tolerations")),
+                                "tolerations", "resourceClaims")),
                  **_node_affinity(spec),
                  "containers": _containers(spec.get("containers"))},
         # Only a terminal phase, or the containers of a pod being deleted stopping, change
@@ -190,6 +191,7 @@ class _PodSpec(_Shape):
     schedulerName: Any = msgspec.UNSET
     nodeSelector: Any = msgspec.UNSET
     tolerations: Any = msgspec.UNSET
+    resourceClaims: Any = msgspec.UNSET
     affinity: Any = msgspec.UNSET
     containers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
     initContainers: list[_Container] | msgspec.UnsetType = msgspec.UNSET

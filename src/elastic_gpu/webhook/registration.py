@@ -10,7 +10,7 @@ Scope, so that an outage of the webhook cannot block what it does not govern:
 - `matchConditions` (CEL): only pods that name a GPU resource of the resource table or of a
   peer's dialect (limits or requests, containers or init containers), carry an
   `egpuc.elasticgpu.io/*` claim annotation, are KAI pods with its sharing annotations, or name
-  ResourceClaims (the DRA placement gate, docs/dra.md).
+  ResourceClaims (the DRA placement gate, the rules, quota and budget of claims: docs/dra.md).
 What it governs fails closed (`failurePolicy: Fail`): a GPU pod that skipped admission would
 run without its rules. `timeoutSeconds` is short, `reinvocationPolicy: IfNeeded`.
 
@@ -100,7 +100,7 @@ def match_expression() -> str:
         f"(has(object.spec.schedulerName) && object.spec.schedulerName == '{kai.SCHEDULER}' && "
         f"has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
         f"k in ['{kai.FRACTION}', '{kai.MEMORY}']))",
-        # ResourceClaims: the DRA placement gate (`mutators.dra_gate`) reads their classes
+        # ResourceClaims: read for the DRA placement gate, rules, quota and budget (`draclaims`)
         "(has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
     ])
 

@@ -17,6 +17,9 @@ here knows HTTP.
   delivered; the watch's copy is the fallback when the read fails.
 - GPU pods of a namespace over its GPU budget get the lower PriorityClass (fail-open lookups,
   docs/budgets.md).
+- Pods naming ResourceClaims or templates have them read live (`draclaims`): one that does not
+  exist refuses the pod (`dra-claim-not-found`), a read that fails too (`dra-claim-lookup`);
+  those of our DeviceClasses are the pod's GPU for the DRA rules, the quota and the budget.
 - An ElasticGPUClaim being created gets the claim-protection finalizer (`review_claim`).
 """
 
@@ -33,12 +36,13 @@ from elastic_gpu.api.elasticgpu import CLAIM_KIND, CLAIM_PLURAL
 from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims, claim_names
-from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.budget.priority import NamespaceBudget
 from elastic_gpu.core.claims.model import Claim
 from elastic_gpu.core.claims.pods import protection_patch
+from elastic_gpu.core.dra.podclaims import PodDraClaims, claim_refs
 from elastic_gpu.core.jsondepth import nesting_refusal
 from elastic_gpu.core.names import InvalidName, NameRule, check_name
 from elastic_gpu.webhook.sources import Lookups, Sources
@@ -240,6 +244,15 @@ class Admission:
                 return Answered(request.uid, Refused(
                     f"ElasticGPUClaim {name} in namespace {namespace} could not be read "
                     f"({type(err).__name__}: {err}); try again", ("claim-lookup",)))
+        refs = claim_refs(request.object) if isinstance(request.object, dict) else []
+        try:
+            dra = await self.sources.dra_claims(namespace, refs)
+        except Exception as err:  # API unreachable: cannot tell what the pod holds, refuse
+            log.warning("reading the ResourceClaims of a pod in %s: %s", namespace, err)
+            return Answered(request.uid, Refused(
+                f"the ResourceClaims and ResourceClaimTemplates the pod names in namespace "
+                f"{namespace} could not be read ({type(err).__name__}: {err}); try again",
+                ("dra-claim-lookup",)))
         facts = self.facts
         if mutate and asks_mig(request.object):
             live = await self.sources.mig_rules(namespace)
@@ -247,14 +260,12 @@ class Admission:
                 facts = replace(facts, mig_substitutions=tuple(
                     r for r in facts.mig_substitutions if r.namespace != namespace) + live)
         budget = await self.sources.budget(namespace) if mutate else NamespaceBudget()
-        dra = (await self.sources.dra_claims(namespace, request.object)
-               if mutate and isinstance(request.object, dict) else DraClaims())
         return self._judge(request, mutate, PodClaims(namespace, found), facts, budget, dra)
 
     def _judge(self, request: _Request, mutate: bool, claims: PodClaims,
                facts: ClusterFacts | None = None,
-               budget: NamespaceBudget | None = None, dra: DraClaims | None = None
-               ) -> Outcome:
+               budget: NamespaceBudget | None = None,
+               dra: PodDraClaims | None = None) -> Outcome:
         budget = budget or NamespaceBudget()
         try:
             verdict = admit(request.object, facts or self.facts, mutate=mutate, claims=claims,

@@ -53,7 +53,7 @@ from elastic_gpu.webhook.cluster import (
     initial_bundle,
     rotate_once,
 )
-from elastic_gpu.webhook.dra import DraClassLookup
+from elastic_gpu.webhook.draclaims import DraClaimReader
 from elastic_gpu.webhook.migrules import RuleCache
 from elastic_gpu.webhook.registration import (
     CLAIM_MUTATE_PATH,
@@ -256,7 +256,7 @@ class WebhookServer:
         self.options = options
 
         self.claim_cache = ClaimCache()
-        self.dra_classes = DraClassLookup()
+        self.dra_claims = DraClaimReader()
         self.rule_cache = RuleCache(self.set_mig_rules)
         self.card_cache = CardCache(self.set_card_uuids)
         self.metrics = Metrics()
@@ -271,7 +271,7 @@ class WebhookServer:
                           fetch_rules=self.rule_cache.fetch,
                           on_rule_lookup=lambda source: self.metrics.rule_lookups.labels(
                               source).inc(),
-                          budgets=self.budgets, dra=self.dra_classes)
+                          budgets=self.budgets, fetch_dra=self.dra_claims)
         self.admission = Admission(sources=sources, mutators=options.mutators())
         self.tls = TlsHolder()
         self.ca_bundle = ""
@@ -422,7 +422,7 @@ class WebhookServer:
         # with names from reviews go by checked, escaped paths (kube.paths).
         client = reader = KubeClient.from_config(self.options.kubeconfig,
                                                  field_manager=FIELD_MANAGER)
-        self.claim_cache.reader = self.rule_cache.reader = self.dra_classes.reader = reader
+        self.claim_cache.reader = self.rule_cache.reader = self.dra_claims.reader = reader
         if self.budgets is not None:
             self.budgets.reader = reader
         tasks: list[asyncio.Task[None]] = []

@@ -1,27 +1,31 @@
 """What the rules need from the cluster for one review, behind one lookup protocol.
 
 `review.Admission` asks a `Sources` for the ElasticGPUClaims a pod names, for its namespace's
-MIGSubstitutions (read live before a MIG pod is mutated: docs/mig-adapter.md) and for its
-namespace's GPU budget; it never sees where an answer came from. `Lookups` is the webhook's
-implementation over its watch caches and live reads (`kube.ClaimCache`, `migrules.RuleCache`,
-`budgets.BudgetLookup`, `dra.DraClassLookup`), each part optional (absent: nothing to look
-up), and counts where each answer came from for the metrics.
+MIGSubstitutions (read live before a MIG pod is mutated: docs/mig-adapter.md), for its
+namespace's GPU budget and for the ResourceClaims and templates it names (read live, once
+for the DRA rules, quota, budget and placement gate); it never sees where an answer came
+from. `Lookups` is the webhook's implementation over its watch caches and live reads
+(`kube.ClaimCache`, `migrules.RuleCache`, `budgets.BudgetLookup`, `draclaims.DraClaimReader`),
+each part optional (absent: nothing to look up), and counts where each answer came from for
+the metrics.
 
 Failure rules (unchanged from before the split): a claim the cache lacks is read live, and a
 read that fails is raised (the review refuses: it cannot tell); a rule read that fails falls
-back to the cache (`None`); a budget lookup fails open inside `BudgetLookup`.
+back to the cache (`None`); a budget lookup fails open inside `BudgetLookup`; a ResourceClaim
+read that fails is raised (the review refuses, `dra-claim-lookup`), a DeviceClass read for the
+placement opt-out fails open inside `DraClaimReader` (the pod is not gated).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from elastic_gpu.core.admission.facts import DraClaims
 from elastic_gpu.core.budget.priority import NamespaceBudget
 from elastic_gpu.core.claims.model import Claim
+from elastic_gpu.core.dra.podclaims import ClaimRef, PodDraClaims
 from elastic_gpu.core.mig.rules import SubstitutionRule
 
 log = logging.getLogger(__name__)
@@ -30,7 +34,7 @@ ClaimLookup = Callable[[str, str], Claim | None]
 ClaimFetch = Callable[[str, str], Awaitable[Claim | None]]
 RuleFetch = Callable[[str], Awaitable[tuple[SubstitutionRule, ...]]]
 BudgetLookupFn = Callable[[str], Awaitable[NamespaceBudget]]
-DraFetch = Callable[[str, Mapping[str, Any]], Awaitable[DraClaims]]
+DraFetch = Callable[[str, Sequence[ClaimRef]], Awaitable[PodDraClaims]]
 
 
 class Sources(Protocol):
@@ -54,8 +58,9 @@ class Sources(Protocol):
         """What a new GPU pod of the namespace gets of its GPU budget."""
         ...
 
-    async def dra_claims(self, namespace: str, pod: Mapping[str, Any]) -> DraClaims:
-        """The DeviceClasses the pod's ResourceClaims name (the DRA placement gate)."""
+    async def dra_claims(self, namespace: str, refs: Sequence[ClaimRef]) -> PodDraClaims:
+        """The ResourceClaims and templates a pod names, read live (None each that does not
+        exist). Raises when it cannot tell."""
         ...
 
 
@@ -76,7 +81,9 @@ class Lookups:
     is not refused (a cache hit makes no API call); `on_claim_lookup` is told "cache" or "api"
     for each claim. `fetch_rules`: a live read of one namespace's MIGSubstitutions;
     `on_rule_lookup` is told "api", or "cache" when that read failed. `budgets`: the
-    namespace's over-budget downgrade (None: budgets are not looked up)."""
+    namespace's over-budget downgrade (None: budgets are not looked up). `fetch_dra`: a live
+    read of the ResourceClaims and templates a pod names (`draclaims.DraClaimReader`; None:
+    not read, the DRA rules see none)."""
 
     claims: ClaimLookup = _no_claim
     fetch: ClaimFetch | None = None
@@ -84,8 +91,7 @@ class Lookups:
     fetch_rules: RuleFetch | None = None
     on_rule_lookup: Callable[[str], None] = _ignore
     budgets: BudgetLookupFn | None = None
-    #: the DeviceClasses of a pod's ResourceClaims (`webhook.dra`); None: not looked up
-    dra: DraFetch | None = None
+    fetch_dra: DraFetch | None = None
 
     def cached_claim(self, namespace: str, name: str) -> Claim | None:
         return self.claims(namespace, name)
@@ -113,5 +119,7 @@ class Lookups:
     async def budget(self, namespace: str) -> NamespaceBudget:
         return await self.budgets(namespace) if self.budgets is not None else NamespaceBudget()
 
-    async def dra_claims(self, namespace: str, pod: Mapping[str, Any]) -> DraClaims:
-        return await self.dra(namespace, pod) if self.dra is not None else DraClaims()
+    async def dra_claims(self, namespace: str, refs: Sequence[ClaimRef]) -> PodDraClaims:
+        if self.fetch_dra is None or not refs:
+            return PodDraClaims()
+        return await self.fetch_dra(namespace, refs)

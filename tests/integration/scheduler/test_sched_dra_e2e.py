@@ -285,9 +285,10 @@ def test_claims_whole_share_mig_and_nvidia_gpu_beside_device_plugin_pods(box: Bo
     for i in range(3):
         pod = box.running(ns, f"dp-{i}")
         assert "elasticgpu.io/assignment" in pod["metadata"]["annotations"]
-    # the three device-plugin pods and plain-gpu went through our bind verb (claim-only pods
-    # ask no managed resource: kube-scheduler binds them itself)
-    assert box.extender_binds() == 4
+    # the three device-plugin pods and plain-gpu went through our bind verb, and so did the
+    # four claim pods placed (whole-a, half-1, half-2, mig): the webhook puts the quota's
+    # accounting names, managed resources, on them (docs/dra.md, "One quota, one budget")
+    assert box.extender_binds() == 8
 
 
 
@@ -326,7 +327,8 @@ def test_a_claim_asking_more_than_a_card_gets_no_allocation(box: Box,
     # kube-apiserver takes the claim (capacity requests are checked when allocating) ...
     box.apply(ns, docs)
     # ... and kube-scheduler's allocator finds no device with that much left, on any node
-    message = box.unschedulable_message(ns, "half-big")
+    # (our allocator reports it gated first, then hands it over)
+    message = box.unschedulable_message(ns, "half-big", "cannot allocate all claims")
     assert "cannot allocate all claims" in message, message
     claims = box.get("resourceclaims", "-n", ns)["items"]
     assert claims and all(not results(c) for c in claims)

@@ -163,3 +163,12 @@ def test_no_grants_yet_and_stop_keeps_what_was_published(kind: Kind, root: Path)
     # kube-scheduler (or the extender) keeps seeing the cards it handed out while the agent
     # restarts
     assert api.list(kind.cards_path)[0] == published
+
+
+def test_holdings_keep_the_pods_a_mode_has_nothing_to_add_to(kind: Kind, root: Path) -> None:
+    api = MemoryApi()
+    api.add(NODES.path(), node_object(kind.label))
+    mode = agent_of(kind, api, root).mode
+    pods = [{"metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": NODE}}]
+    # nothing prepared (DRA) or an assignment already there (device plugin): as they are
+    assert mode.holdings(pods) == pods

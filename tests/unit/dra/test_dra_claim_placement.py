@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.admission.mutators.dra_gate import dra_gate, wants_gate
 from elastic_gpu.core.dra.allocation import allocated_devices
@@ -21,6 +21,7 @@ from elastic_gpu.core.dra.claim_placement import (
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.devices import device_table, node_slices
 from elastic_gpu.core.dra.inventory import cards_from_slices, claim_hold, claim_key, tables_of
+from elastic_gpu.core.dra.podclaims import FoundClaim, PodDraClaims
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.request import PodRequest
@@ -117,14 +118,31 @@ def test_a_pods_claims_are_placed_together_packed_and_read_back_as_the_same_hold
                                                                  "memory": "16384Mi"}
 
 
+def _claims(*classes: str, opted_out: frozenset[str] = frozenset()) -> PodDraClaims:
+    """A pod's claims as the webhook reads them: one entry per class."""
+    found: dict[str, FoundClaim | None] = {
+        f"c{i}": FoundClaim({"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": cls}}]}})
+        for i, cls in enumerate(classes)}
+    return PodDraClaims(found, opted_out)
+
+
 def test_the_gate_goes_on_pods_with_claims_of_our_card_class_unless_opted_out() -> None:
     pod: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {"containers": []}}
-    ours = DraClaims(frozenset({CARD_CLASS}))
+    ours = _claims(CARD_CLASS)
     data = MutationInput(pod, PodRequest("p"), ClusterFacts(), dra=ours)
     assert dra_gate(data) == [{"op": "add", "path": "/spec/schedulingGates",
                                "value": [{"name": "elasticgpu.io/dra-placement"}]}]
     gated = {**pod, "spec": {"schedulingGates": [{"name": "elasticgpu.io/dra-placement"}]}}
     assert dra_gate(MutationInput(gated, PodRequest("p"), ClusterFacts(), dra=ours)) == []
-    assert not wants_gate(DraClaims(frozenset({MIG_CLASS})))
-    assert not wants_gate(DraClaims(frozenset({"other.example.com"})))
-    assert not wants_gate(DraClaims(frozenset({CARD_CLASS}), frozenset({CARD_CLASS})))
+    assert not wants_gate(_claims(MIG_CLASS))
+    assert not wants_gate(_claims("other.example.com"))
+    assert not wants_gate(_claims(CARD_CLASS, opted_out=frozenset({CARD_CLASS})))
+    assert wants_gate(_claims(MIG_CLASS, CARD_CLASS))
+    # a firstAvailable subrequest of our card class is ours too; a claim not found names none
+    first = PodDraClaims({"t": FoundClaim({"devices": {"requests": [{
+        "name": "gpu", "firstAvailable": [
+            {"name": "a", "deviceClassName": "other.example.com"},
+            {"name": "b", "deviceClassName": CARD_CLASS}]}]}}), "gone": None})
+    assert first.classes() == {CARD_CLASS, "other.example.com"}
+    assert wants_gate(first)

@@ -119,6 +119,26 @@ def test_bind_refuses_what_a_dra_node_cannot_serve() -> None:
     assert api.bound == []
 
 
+def test_bind_takes_a_claim_pod_sent_for_its_quota_names_on_a_dra_node_only() -> None:
+    """The webhook puts the quota's accounting names (managed resources) on a claim pod, so
+    kube-scheduler sends it to our bind once its claims are allocated (issue 41)."""
+    api = Api()
+    ext = Extender(_state(), api)
+    pod = pod_manifest("claimed", uid="u10", limits={"quota.elasticgpu.io/gpu-core": "100"})
+    pod["metadata"]["resourceVersion"] = "3"
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "whole"}]
+    assert _bind(ext, pod, "dra-a") == {"Error": ""}
+    assert api.bound == [("claimed", "dra-a", {})]
+    assert ext.state.inflight() == {} and ext.state.holds() == {}
+    # on a device-plugin node, and without claims, it is no pod of ours to bind
+    elsewhere = {**pod, "metadata": {**pod["metadata"], "name": "dp", "uid": "u11"}}
+    assert "asks for no GPU resource" in _bind(ext, elsewhere, "dp")["Error"]
+    plain = pod_manifest("plain", uid="u12", limits={"quota.elasticgpu.io/gpu-core": "100"})
+    plain["metadata"]["resourceVersion"] = "3"
+    assert "asks for no GPU resource" in _bind(ext, plain, "dra-b")["Error"]
+    assert len(api.bound) == 1
+
+
 def test_a_node_leaving_dra_mode_is_placed_by_cards_again() -> None:
     state = _state()
     state.upsert_node(NodeInfo("dra-a", 64_000, 256_000, {}))

@@ -10,6 +10,7 @@ from typing import Any
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.dra.podclaims import claim_refs
 from elastic_gpu.core.model import Card, Link, LinkKind
 from elastic_gpu.core.request import pod_host_requests, pod_request_from_manifest
 from elastic_gpu.scheduler.app import node_info
@@ -42,6 +43,7 @@ def full_pod(phase: str = "Running", node: str = "n1") -> dict[str, Any]:
                                 "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}}],
             "volumes": [{"name": "v", "emptyDir": {}}],
             "overhead": {"cpu": "250m", "memory": "120Mi"},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "whole"}],
         },
         "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}],
                    "podIP": "10.0.0.1"},
@@ -60,6 +62,8 @@ def test_a_slim_pod_reads_exactly_like_the_full_one() -> None:
            (b.uid, b.namespace, b.name, b.node_name, b.resource_version, b.priority,
             b.assignment, b.assignment_error, b.holds)
     assert "managedFields" not in slim["metadata"] and "volumes" not in slim["spec"]
+    # the bind takes a claim pod on a DRA node by its claims (`extender_binds`)
+    assert claim_refs(slim) == claim_refs(full) != []
 
 
 def test_a_terminal_phase_survives_and_a_running_one_does_not() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,9 @@ class DevicePluginNode:
 
     def outcomes(self) -> Counter[tuple[str, str]]:
         return self.allocator.outcomes.copy()
+
+    def holdings(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        return list(pods)  # the scheduler's assignments, as they are
 
     def usage_sinks(self) -> ApiSinks | None:
         """The GPUDevices' `status.usage` and Events (made on first use: only with usage on)."""

@@ -39,7 +39,9 @@ from elastic_gpu.agent.dra.prepare import (
     GrantInputs,
     PreparedClaim,
     PrepareError,
+    claim_group,
     prepare_claim,
+    reserved_pods,
 )
 from elastic_gpu.agent.proto import (
     dra_health_v1alpha1_pb2_grpc,
@@ -51,7 +53,7 @@ from elastic_gpu.agent.proto import (
 from elastic_gpu.agent.state import NodeState
 from elastic_gpu.core.dra.devices import DRIVER
 from elastic_gpu.kube.errors import NotFound
-from elastic_gpu.kube.resources import RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ SERVICE_SOCKET = DRA_SOCKET_NAMES["pluginDirectory"]
 WATCH_TICK_S = 1.0
 
 ClaimReader = Callable[[ClaimRef], Mapping[str, Any]]
+#: (namespace, name) -> the pod, None when it does not exist
+PodReader = Callable[[str, str], Mapping[str, Any] | None]
 
 
 def registration_socket(registry_dir: Path) -> Path:
@@ -78,6 +82,15 @@ def api_claim_reader(client: SyncKubeClient) -> ClaimReader:
     return read
 
 
+def api_pod_reader(client: SyncKubeClient) -> PodReader:
+    """A pod by a list of its name (the agent's role lists and watches pods; it gets none)."""
+    def read(namespace: str, name: str) -> Mapping[str, Any] | None:
+        items, _ = client.list(PODS.path(namespace=namespace),
+                               {"fieldSelector": f"metadata.name={name}"})
+        return items[0] if items else None
+    return read
+
+
 class DraPlugin:
     """Prepare and unprepare claims: the decisions of `prepare`, the files of `cdi` and
     `checkpoint`. One lock: kubelet's calls for one claim never overlap, and a node prepares
@@ -85,9 +98,11 @@ class DraPlugin:
 
     def __init__(self, node: str, read_claim: ClaimReader,
                  cards: Callable[[], Mapping[int, LogicalCard]], inputs: GrantInputs,
-                 plugin_dir: Path, cdi_dir: Path) -> None:
+                 plugin_dir: Path, cdi_dir: Path, read_pod: PodReader | None = None) -> None:
         self.node = node
         self.read_claim = read_claim
+        #: the claim's pod, for a container given several claims (`prepare.claim_group`)
+        self.read_pod = read_pod
         self.cards = cards
         self.inputs = inputs
         self.cdi_dir = cdi_dir
@@ -118,7 +133,8 @@ class DraPlugin:
             except Exception as err:
                 raise PrepareError(f"{ref.describe()}: cannot read it: {err}") from None
             cards = self.cards()
-            prepared = prepare_claim(claim, ref, self.node, cards, self.inputs)
+            prepared = prepare_claim(claim, ref, self.node, cards, self.inputs,
+                                     self._group(claim, ref))
             refused = self.guard.refusal(prepared, self.checkpoint.claims(),
                                          [lc.card for _, lc in sorted(cards.items())])
             if refused is not None:  # a card would be given past its capacity (`guard`)
@@ -131,6 +147,28 @@ class DraPlugin:
             log.info("prepared %s: %s", ref.describe(),
                      ", ".join(d.device for d in prepared.devices))
             return prepared
+
+    def _group(self, claim: Mapping[str, Any], ref: ClaimRef
+               ) -> list[tuple[str, Mapping[str, Any]]]:
+        """The claims sharing this claim's grant (`prepare.claim_group`), read from the API;
+        empty (the claim alone) when it is reserved for several pods or any read fails."""
+        pods = reserved_pods(claim)
+        if self.read_pod is None or len(pods) != 1:
+            return []
+        try:
+            pod = self.read_pod(ref.namespace, pods[0][0])
+            if pod is None or (pod.get("metadata") or {}).get("uid") != pods[0][1]:
+                return []
+            names = claim_group(pod, ref.name)
+            if len(names) < 2:
+                return []
+            return [(name, claim if name == ref.name else
+                     self.read_claim(ClaimRef(ref.namespace, name, "")))
+                    for name in names]
+        except Exception as err:  # the claim alone: what it was given, never more
+            log.warning("%s: the claims beside it not read (%s); its own grant only",
+                        ref.describe(), err)
+            return []
 
     def unprepare(self, uid: str) -> None:
         """Raises ValueError for a uid that is no Kubernetes uid (nothing is removed)."""

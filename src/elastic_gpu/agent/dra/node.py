@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from concurrent.futures import Future
 from typing import Any
 
@@ -39,7 +39,13 @@ from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.dra.guard import pods_to_tell
-from elastic_gpu.agent.dra.kubelet_plugin import DraPlugin, KubeletPluginServer, api_claim_reader
+from elastic_gpu.agent.dra.holdings import with_holdings
+from elastic_gpu.agent.dra.kubelet_plugin import (
+    DraPlugin,
+    KubeletPluginServer,
+    api_claim_reader,
+    api_pod_reader,
+)
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
 from elastic_gpu.agent.node_status import patch_node_capacity
@@ -98,7 +104,7 @@ class DraNode:
         self.node_uid: str | None = None
         dra = config.dra
         self.plugin = DraPlugin(node, api_claim_reader(client), state.cards, inputs,
-                                dra.pluginDirectory, dra.cdiDirectory)
+                                dra.pluginDirectory, dra.cdiDirectory, api_pod_reader(client))
         self.server = KubeletPluginServer(self.plugin, dra.pluginDirectory, dra.registryDirectory, state)
         # a claim refused for capacity: a Warning Event on the pods it is reserved for (the
         # recorder made, and run in the client's loop, at the first refusal)
@@ -175,6 +181,9 @@ class DraNode:
 
     def outcomes(self) -> Counter[tuple[str, str]]:
         return Counter()  # grants are NodePrepareResources calls, not Allocate
+
+    def holdings(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        return with_holdings(pods, self.node, self.plugin.checkpoint.claims())
 
     def usage_sinks(self) -> ApiSinks | None:
         return None  # no GPUDevice to write status.usage to: a DRA node's usage is metrics only

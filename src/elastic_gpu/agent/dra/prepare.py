@@ -12,11 +12,20 @@ node's cards, config, visible-devices variable, device files and isolation provi
 claim's devices on this node are granted together, as Allocate grants a container's cards, so
 every CDI device of a claim carries the same environment (the runtime merges identical
 variables and device nodes of one container).
+
+A container given devices of several claims sees all of them in one visible-devices variable
+(`claim_group`): a runtime applies each CDI device's environment in turn, so with one grant per
+claim the last claim's variable would hide the others'. When the claim is reserved for one pod
+and every container of that pod using it uses the same claims, the claim's grant is built for
+the shares of all of them (claims in name order), so every claim of the group carries the same
+variables and the container sees every card whichever the runtime applies last. Otherwise (a
+claim shared by several pods, or containers using it with different claims beside it) each
+claim keeps its own grant, since a union would name cards a container was not given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +36,8 @@ from elastic_gpu.agent.dra.cdi import cdi_id, claim_spec
 from elastic_gpu.agent.grant import DeviceFiles, GrantError, build_grant
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.dra.allocation import AllocationError, allocated_devices
-from elastic_gpu.core.dra.devices import DRIVER, device_table
+from elastic_gpu.core.dra.devices import DRIVER, DeviceRef, device_table
+from elastic_gpu.core.dra.pods import container_claims
 
 
 class PrepareError(ValueError):
@@ -123,9 +133,39 @@ def claim_refusal(claim: Mapping[str, Any], ref: ClaimRef) -> str | None:
     return None
 
 
+def reserved_pods(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (name, uid) of the pods the claim is reserved for."""
+    return [(str(r.get("name")), str(r.get("uid")))
+            for r in (claim.get("status") or {}).get("reservedFor") or []
+            if isinstance(r, Mapping) and r.get("resource", "pods") == "pods"]
+
+
+def claim_group(pod: Mapping[str, Any], claim: str) -> tuple[str, ...]:
+    """The ResourceClaims (names, sorted) whose devices share one grant with `claim`'s: those
+    every container of `pod` that uses `claim` uses, when all such containers use the same
+    claims; else `claim` alone."""
+    sets = {frozenset(name for name, _ in refs)
+            for refs in container_claims(pod).values() if any(n == claim for n, _ in refs)}
+    if len(sets) != 1:
+        return (claim,)
+    (group,) = sets
+    return tuple(sorted(group))
+
+
+def _shares(claim: Mapping[str, Any], node: str, table: Mapping[str, DeviceRef]
+            ) -> list[CardShare]:
+    try:
+        return [a.share for a in allocated_devices(claim, node, table)]
+    except AllocationError:
+        return []  # that claim's own prepare refuses it, naming why
+
+
 def prepare_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str,
-                  cards: Mapping[int, LogicalCard], inputs: GrantInputs) -> PreparedClaim:
-    """The claim's devices on `node` with their grant; PrepareError naming why not."""
+                  cards: Mapping[int, LogicalCard], inputs: GrantInputs,
+                  group: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> PreparedClaim:
+    """The claim's devices on `node` with their grant; PrepareError naming why not. `group`:
+    the claims (name, object) that share its grant (`claim_group`, this claim included);
+    empty: the claim alone."""
     refusal = claim_refusal(claim, ref)
     if refusal is not None:
         raise PrepareError(refusal)
@@ -137,8 +177,12 @@ def prepare_claim(claim: Mapping[str, Any], ref: ClaimRef, node: str,
     if not allocated:
         raise PrepareError(f"{ref.describe()}: allocates no device of {DRIVER} in pool {node} "
                            "(allocated for another node?)")
+    shares = [a.share for a in allocated]
+    if len(group) > 1:
+        shares = [share for name, other in group
+                  for share in (shares if name == ref.name else _shares(other, node, table))]
     try:
-        grant = build_grant([a.share for a in allocated], cards, inputs.config,
+        grant = build_grant(shares, cards, inputs.config,
                             inputs.visible_env, inputs.files, inputs.isolation)
     except GrantError as err:
         raise PrepareError(f"{ref.describe()}: {err}") from None

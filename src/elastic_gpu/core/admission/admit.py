@@ -15,7 +15,8 @@ from typing import Any
 
 from elastic_gpu.core.admission.chain import MUTATORS
 from elastic_gpu.core.admission.claim_plan import PodClaims, claim_ops, claim_plan
-from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
+from elastic_gpu.core.admission.dra import check_dra
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp, apply_patch
 from elastic_gpu.core.admission.mutation import MutationInput, Mutator
 from elastic_gpu.core.admission.mutators.claims import claim_resources
@@ -33,21 +34,23 @@ from elastic_gpu.core.admission.rules import (
     shape,
 )
 from elastic_gpu.core.budget.priority import PriorityDowngrade
+from elastic_gpu.core.dra.podclaims import PodDraClaims
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 
 
-def validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None = None
-             ) -> tuple[list[Refusal], PodRequest | None]:
+def validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None = None,
+             dra: PodDraClaims | None = None) -> tuple[list[Refusal], PodRequest | None]:
     """Every rule `pod` breaks (empty: none) and, when it breaks none, its `PodRequest`.
     The claims it names are checked first and their resources added to their containers
     (`claim_resources`), so the other checks and the request see the containers as they will
     be stored; a refusal about such a container names its claim."""
-    refusals, request, _, _, _ = _validate(pod, facts, claims)
+    refusals, request, _, _, _ = _validate(pod, facts, claims, dra)
     return refusals, request
 
 
-def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None
+def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None,
+              dra: PodDraClaims | None = None
               ) -> tuple[list[Refusal], PodRequest | None, list[PatchOp], Any, list[PatchOp]]:
     """`validate`, plus the claims' operations and the pod they complete (for `admit`), and
     the operations that wrote a peer's dialect as ours (`peers`: first, so every rule and
@@ -80,6 +83,7 @@ def _validate(pod: Any, facts: ClusterFacts, claims: PodClaims | None
         except ValueError as err:  # a container request the core model cannot hold
             refusals.append(Refusal(AdmissionRule.MALFORMED, "spec", "", str(err)))
     refusals += check_capacity(requests, facts)
+    refusals += check_dra(pod, dra or PodDraClaims(), requests)
     if request is not None and request.wants_gpu:
         refusals += check_node_name(pod)
     refusals = [replace(r, detail=f"{r.detail} (its GPU resources come from ElasticGPUClaim "
@@ -110,18 +114,20 @@ class Verdict:
 def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
           mutators: Sequence[Mutator] = MUTATORS, claims: PodClaims | None = None,
           budget: PriorityDowngrade | None = None, budgeted: bool = False,
-          dra: DraClaims | None = None) -> Verdict:
+          dra: PodDraClaims | None = None) -> Verdict:
     """The verdict on `pod`; with `mutate`, the patch of an allowed pod too. `claims`: the
     ElasticGPUClaims the pod names (`claim_names`), as found in its namespace; None: none
     found (a pod naming one is refused). `budget`: the lower PriorityClass while the pod's
     namespace is over its GPU budget (None: in budget, or no budget); `budgeted`: the
-    namespace has a GPU budget (`budget_finalizer`); `dra`: the DeviceClasses the pod's
-    ResourceClaims name (`dra_gate`).
+    namespace has a GPU budget (`budget_finalizer`); `dra`: the ResourceClaims and templates
+    the pod names, as found (`core.admission.dra`, the placement gate `dra_gate`; None: the
+    pod names none).
 
     The mutating call refuses what the validating call would: kube-apiserver validates the
     object between the two (a negative or fractional extended resource is refused there with
     its own words), so only a refusal at the mutating call reaches the user with our rule."""
-    refusals, request, completing, completed, translated = _validate(pod, facts, claims)
+    dra = dra or PodDraClaims()
+    refusals, request, completing, completed, translated = _validate(pod, facts, claims, dra)
     if refusals or request is None:
         return Verdict(tuple(refusals))
     claims = claims or PodClaims(pod_namespace(pod))
@@ -136,9 +142,8 @@ def admit(pod: Any, facts: ClusterFacts, *, mutate: bool = False,
                     current = completed
                     ops += completing
                 continue
-            step = mutator(MutationInput(current, request, facts, claims, budget, budgeted,
-                                         dra or DraClaims()))
+            step = mutator(MutationInput(current, request, facts, claims, budget, budgeted, dra))
             if step:
                 current = apply_patch(current, step)
                 ops += step
-    return Verdict((), tuple(ops), request.wants_gpu)
+    return Verdict((), tuple(ops), request.wants_gpu or bool(dra.ours()))

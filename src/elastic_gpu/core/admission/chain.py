@@ -9,6 +9,7 @@ from __future__ import annotations
 from elastic_gpu.core.admission.mutation import Mutator
 from elastic_gpu.core.admission.mutators.budget import budget_finalizer, budget_priority
 from elastic_gpu.core.admission.mutators.claims import claim_resources
+from elastic_gpu.core.admission.mutators.dra import dra_billing
 from elastic_gpu.core.admission.mutators.dra_gate import dra_gate
 from elastic_gpu.core.admission.mutators.mig import mig_substitution
 from elastic_gpu.core.admission.mutators.resources import (
@@ -23,11 +24,11 @@ from elastic_gpu.core.quota import quota_resources
 #: asking memory only); then `elasticgpu.io/gpu` is written as the shares it stands for. The
 #: MIG adapter's rewrite comes after the claims (a claim's MIG request is rewritten like a
 #: container's own); the node-level GPU count reads the containers as all
-#: of those left them; then the DRA placement gate (it reads only the pod's claims' classes);
-#: the budget's priority comes last.
+#: of those left them; the ResourceClaims the pod bills are written down (`dra_billing`), then
+#: the DRA placement gate (both read only the pod's claims); the budget's priority comes last.
 MUTATORS: tuple[Mutator, ...] = (claim_resources, whole_cards_as_shares, memory_only_compute,
                                  vcuda_core_limit, mig_substitution, node_resources,
-                                 dra_gate, budget_priority)
+                                 dra_billing, dra_gate, budget_priority)
 
 #: The mutators with the quota's accounting resources added (last: they read the containers
 #: as the claims and the MIG substitution left them).

@@ -50,15 +50,6 @@ class ClusterFacts:
 
 
 @dataclass(frozen=True)
-class DraClaims:
-    """The DeviceClasses a pod's ResourceClaims (and claim templates) name, and those of ours
-    an operator left to kube-scheduler (`mutators.dra_gate`); the webhook looks them up."""
-
-    classes: frozenset[str] = frozenset()
-    opted_out: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
 class NodeGpus:
     """What one Node's status says of its GPUs."""
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_gpu.core.admission.claim_plan import PodClaims
-from elastic_gpu.core.admission.facts import ClusterFacts, DraClaims
+from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.budget.priority import PriorityDowngrade
+from elastic_gpu.core.dra.podclaims import PodDraClaims
 from elastic_gpu.core.request import PodRequest
 
 
@@ -33,8 +34,14 @@ class MutationInput:
     budget: PriorityDowngrade | None = None
     #: the pod's namespace has a GPU budget (`core.budget.priority.NamespaceBudget.budgeted`)
     budgeted: bool = False
-    #: the DeviceClasses its ResourceClaims name (`mutators.dra_gate`)
-    dra: DraClaims = field(default_factory=DraClaims)
+    #: the ResourceClaims and templates the pod names, as the webhook found them (the DRA
+    #: rules, quota and budget, `mutators.dra`, and the placement gate, `mutators.dra_gate`)
+    dra: PodDraClaims = field(default_factory=PodDraClaims)
+
+    @property
+    def gpu_pod(self) -> bool:
+        """The pod asks a GPU: by device-plugin names or through claims of our classes."""
+        return self.request.wants_gpu or bool(self.dra.ours())
 
 
 Mutator = Callable[[MutationInput], list[PatchOp]]

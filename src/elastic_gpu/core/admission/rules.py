@@ -78,6 +78,10 @@ class AdmissionRule(enum.Enum):
     CLAIM_REQUEST = "claim-request"
     #: a GPU pod created with `spec.nodeName`, which would skip the scheduler's Binding
     NODE_NAME = "node-name"
+    #: a GPU asked both through a ResourceClaim of our DeviceClasses and device-plugin names
+    DRA_AND_DEVICE_PLUGIN = "dra-and-device-plugin"
+    #: a ResourceClaim or ResourceClaimTemplate the pod names does not exist
+    DRA_CLAIM_NOT_FOUND = "dra-claim-not-found"
     #: a peer's field (HAMi, Volcano, KAI, Koordinator) with a value we cannot honour
     #: (`core.peers`; `resource` the peer's field)
     PEER_FIELD = "peer-field"

@@ -16,7 +16,10 @@ its managed resources, and for a DRA-mode node it:
   MIG resource names, ElasticGPUClaims): no DeviceClass maps them, and our card state has
   no cards there to place them on;
 - binds without reserving cards or writing an assignment (DynamicResources' PreBind has
-  written the allocation before the extender's bind verb is called).
+  written the allocation before the extender's bind verb is called), a pod naming
+  ResourceClaims too: it asks no GPU name, but the quota's accounting names the webhook puts
+  on it from its claims (`core.dra.podclaims`) are managed resources, so kube-scheduler sends
+  it to the extender (`extender_binds`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
+from elastic_gpu.core.dra.podclaims import claim_refs
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.request import PodRequest
 
@@ -79,3 +83,10 @@ def dra_fit_failure(request: PodRequest, *, names_claims: bool) -> FitFailure | 
         return None
     return FitFailure(FitKind.DRA_NOT_SERVED, asked=tuple(unserved),
                       offered=tuple(sorted(DRA_EXTENDED_NAMES)), device_class=CARD_CLASS)
+
+
+def extender_binds(request: PodRequest, pod: Mapping[str, Any], dra_node: bool) -> bool:
+    """Whether the extender's bind takes the pod: a GPU pod, or, on a DRA-mode node, a pod
+    naming ResourceClaims (sent for the quota's accounting names of its claims; its claims
+    are allocated before bind, so the Binding alone remains)."""
+    return request.wants_gpu or (dra_node and bool(claim_refs(pod)))

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.dra.devices import COMPUTE, DRIVER
 from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -94,12 +95,31 @@ def claim_compute(claim: Mapping[str, Any], request: str | None = None) -> Fract
     return total
 
 
+def billed_claims(pod: Mapping[str, Any]) -> frozenset[str] | None:
+    """The ResourceClaim names the pod is billed for: those of the `spec.resourceClaims`
+    entries its `elasticgpu.io/dra-billed-claims` annotation lists (the webhook's: a claim
+    shared by several pods is billed on its first user, `core.dra.podclaims`); None: no
+    annotation (a pod the webhook did not see), bill every claim it uses."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.DRA_BILLED_CLAIMS)
+    if not isinstance(value, str):
+        return None
+    entries = {v.strip() for v in value.split(",") if v.strip()}
+    return frozenset(name for entry, name in claim_names(pod).items() if entry in entries)
+
+
 def pod_claim_compute(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]]
                       ) -> dict[str, Fraction]:
     """Each container's compute held through this driver's ResourceClaims, in cards, from
-    `claims` (the pod's namespace's claims by name; a claim not there counts nothing yet)."""
+    `claims` (the pod's namespace's claims by name; a claim not there counts nothing yet).
+    Only the claims the pod is billed for (`billed_claims`), each once per pod (on the first
+    container naming it): a claim shared by several pods is billed once."""
+    billed = billed_claims(pod)
+    seen: set[tuple[str, str | None]] = set()
     out: dict[str, Fraction] = {}
-    for container, refs in container_claims(pod).items():
+    for container, all_refs in container_claims(pod).items():
+        refs = [ref for ref in all_refs if (billed is None or ref[0] in billed)
+                and ref not in seen]
+        seen.update(refs)
         total = sum((claim_compute(claims[name], request) for name, request in refs
                      if name in claims), Fraction(0))
         if total:

@@ -11,14 +11,15 @@ from elastic_gpu.core.budget.settle import FINALIZER
 
 
 def budget_priority(data: MutationInput) -> list[PatchOp]:
-    """A GPU pod of an over-budget namespace (`data.budget`, looked up by the adapter) gets the
+    """A GPU pod (device-plugin names or claims of our DeviceClasses) of an over-budget
+    namespace (`data.budget`, looked up by the adapter) gets the
     lower PriorityClass: `priorityClassName`, the matching `priority` (the apiserver's Priority
     plugin resolved the class before the webhooks ran, so both are set) and the class's
     `preemptionPolicy` when it has one. A pod already at or below that priority is left alone
     (a budget never raises a priority), which also makes the patch empty under reinvocation;
     in budget, nothing."""
     lower = data.budget
-    if lower is None or not data.request.wants_gpu:
+    if lower is None or not data.gpu_pod:
         return []
     spec = data.pod.get("spec") or {}
     current = spec.get("priority")
@@ -39,7 +40,7 @@ def budget_finalizer(data: MutationInput) -> list[PatchOp]:
     (docs/budgets.md). Only there: a finalizer holds a deleted pod's object until
     `egpu controller` removes it, so a namespace with nothing to settle must not wait for it
     (issue #26). Opt-in: the webhook's `--budget-finalizer` appends it to its mutators."""
-    if not data.request.wants_gpu or not data.budgeted:
+    if not data.gpu_pod or not data.budgeted:
         return []
     meta = data.pod.get("metadata") or {}
     finalizers = meta.get("finalizers")

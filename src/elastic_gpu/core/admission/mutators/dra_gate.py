@@ -5,26 +5,27 @@ The pod gets the scheduling gate `elasticgpu.io/dra-placement` at CREATE (a gate
 added then); kube-scheduler leaves a gated pod alone, the extender's DRA allocator
 (`scheduler.dra_allocator`) places its claims with our engine, writes their allocations and
 lifts the gate. The adapter says which DeviceClasses the pod's claims and claim templates
-name (`DraClaims.classes`) and which of ours an operator left to kube-scheduler (the class
-annotation `elasticgpu.io/dra-placement: kube-scheduler`, `DraClaims.opted_out`).
+name (`PodDraClaims.classes`, from the one live read of them, `webhook.draclaims`) and which
+of ours an operator left to kube-scheduler (the class annotation
+`elasticgpu.io/dra-placement: kube-scheduler`, `PodDraClaims.opted_out`).
 """
 
 from __future__ import annotations
 
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.admission.facts import DraClaims
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.admission.mutation import MutationInput
 from elastic_gpu.core.dra.classes import CARD_CLASS
+from elastic_gpu.core.dra.podclaims import PodDraClaims
 
 #: The classes whose claims our allocator places (MIG instances stay kube-scheduler's).
 PLACED_CLASSES = frozenset({CARD_CLASS})
 
 
-def wants_gate(claims: DraClaims) -> bool:
+def wants_gate(claims: PodDraClaims) -> bool:
     """Whether our allocator places the pod's claims: one of them is of a class it places
     that the operator did not leave to kube-scheduler."""
-    return bool(claims.classes & (PLACED_CLASSES - claims.opted_out))
+    return bool(claims.classes() & (PLACED_CLASSES - claims.opted_out))
 
 
 def dra_gate(data: MutationInput) -> list[PatchOp]:
