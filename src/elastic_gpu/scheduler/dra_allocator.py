@@ -19,6 +19,10 @@ Throughput: a pass places every gated pod it sees (pure, in memory), then writes
 (`concurrency` requests in flight): per claim a finalizer patch and a status patch, per pod one
 gate patch. Nothing is re-listed per pod; the informers' stores are the only reads.
 
+A gate is lifted only `settle_s` after the written allocations are seen back, and only when
+no card they hold is over (kube-scheduler allocated its room from a cache that lagged ours):
+else they are cleared while the pod is still gated (unreserved) and it is placed again.
+
 When kube-scheduler cannot bind the pod on the chosen node (CPU, memory, affinity), its
 PostFilter clears an unreserved allocation; the pod is ungated by then, so the allocator places
 it again at its next pass (a pod it placed once, `_placed`), racing kube-scheduler's own
@@ -39,6 +43,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.dra.capacity_guard import claims_overflowing
 from elastic_gpu.core.dra.claim_placement import (
     ALLOCATION_FINALIZER,
     WAITING_REASON,
@@ -96,6 +101,9 @@ class AllocatorSettings:
     seed: int = 0
     #: writes in flight at once
     concurrency: int = 64
+    #: how long after its allocation is seen back a gate waits before it is lifted, for an
+    #: allocation kube-scheduler made meanwhile from a cache that lagged ours to show up
+    settle_s: float = 0.25
 
 
 @dataclass
@@ -181,6 +189,8 @@ class DraAllocator:
         #: when the writes now in flight began, and for how many pods
         self._burst = (0.0, 0)
         self.placed_count = 0
+        #: pods whose allocations were cleared before their gate lifted (given twice)
+        self.cleared_count = 0
         for informer in self._informers:
             informer.add_handler(Handler(on_add=self._poke, on_update=self._poke2,
                                          on_delete=self._poke))
@@ -453,6 +463,8 @@ class DraAllocator:
         try:
             results = await asyncio.gather(*(self._write_claim(job.namespace, *c)
                                              for c in job.claims))
+            if all(results) and job.claims and job.lift_gate and not await self._settled(job):
+                return  # given twice: cleared while the pod is gated, placed again next pass
             if all(results) and job.lift_gate:
                 await self._lift(job)
             if all(results) and job.claims:
@@ -464,6 +476,58 @@ class DraAllocator:
         finally:
             self._busy.discard(job.uid)
             self._wake.set()
+
+    def _allocation(self, namespace: str, name: str) -> Any:
+        return ((self.claims.get(f"{namespace}/{name}") or {}).get("status") or {}).get(
+            "allocation")
+
+    async def _settled(self, job: Job) -> bool:
+        """Before the gate is lifted (the claims unreserved, so still ours to take back): once
+        the watch shows the written allocations, and `settle_s` later, whether a card they
+        hold is now over (kube-scheduler allocated its room from a cache that had not seen
+        ours: a pod its tenant ungated, another class). Over: our claims are cleared, and
+        False (the pod stays gated and is placed again)."""
+        names = [c[0] for c in job.claims]
+        keys = [claim_key(job.namespace, n) for n in names]
+        deadline = time.monotonic() + PENDING_S
+        while not all(self._allocation(job.namespace, n) for n in names):
+            if time.monotonic() > deadline:
+                return True  # never seen back: nothing to check against (as before)
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(self.settings.settle_s)
+        cards = cards_from_slices(self.slices.items())
+        tables = tables_of(cards)
+        nodes = {n for k in names for n in allocated_pools(self.claims.get(
+            f"{job.namespace}/{k}") or {})}
+        holds = {}
+        for claim in self.claims.items():
+            if allocated_pools(claim) & nodes:
+                hold = claim_hold(claim, tables)
+                if hold is not None:
+                    holds[claim_key(str(_meta(claim).get("namespace")),
+                                    str(_meta(claim).get("name")))] = hold
+        found = claims_overflowing(keys, holds, {n: cards.get(n, []) for n in nodes})
+        if not found:
+            return True
+        log.warning("DRA allocator: %s/%s's claims were given twice (%s); clearing ours and "
+                    "placing it again", job.namespace, job.pod,
+                    "; ".join(o.describe() for o in found))
+        for name in names:
+            claim = self.claims.get(f"{job.namespace}/{name}") or {}
+            with contextlib.suppress(Conflict, NotFound):
+                async with self._limit:
+                    await self.client.patch(
+                        RESOURCE_CLAIMS.path(job.namespace, name, "status"),
+                        {"metadata": {"resourceVersion": str(_meta(claim).get(
+                            "resourceVersion", ""))}, "status": {"allocation": None}},
+                        content_type=MERGE_PATCH)
+        while (any(self._allocation(job.namespace, n) for n in names)
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.02)  # the next pass must not read our allocation back
+        for key in keys:
+            self._pending.pop(key, None)
+        self.cleared_count += 1
+        return False
 
     async def _write_claim(self, namespace: str, name: str, version: str, body: Obj,
                            has_finalizer: bool) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.dra import allocation, result
 from egpu_testing.dra_ledger import dra_inventories, over_capacity
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.tenant import make_tenant
@@ -38,6 +39,7 @@ from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.apply import create_or_update
 from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
+from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +216,64 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
     assert extender.starts == 4
     # the pods created while no allocator served were the tenant's to ungate
     assert sorted(tenant_won) == sorted(f"{tag}-down-tenant-{i}" for tag in "abc" for i in (0, 1))
+
+
+def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again(
+        k8s_cluster: ControlPlane, k8s_namespace: str, fake_gpu_nodes: Callable[..., list[str]],
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """The race both allocators can run: kube-scheduler allocates a card's room from a cache
+    that has not seen the allocation ours just wrote. Ours lifts the gate only `settle_s` after
+    it sees its allocation back and no card it holds is over; here the other allocation lands
+    in that window (a long one, in-process), so ours is cleared while its pod is still gated
+    (unreserved) and placed on the other card."""
+    kube = k8s_cluster.kube()
+    create_or_update(kube, device_classes())
+    group = unique_name("g")
+    (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
+                             prefix="dra-twice")
+    scheduler = unique_name("s")
+    start_kube_scheduler(plain_kube_scheduler_config(scheduler))
+    client = SyncKubeClient.from_config(Path(k8s_cluster.kubeconfig))
+    allocator = DraAllocator(client.async_client, AllocatorSettings(
+        (scheduler,), "binpack", settle_s=3.0))
+    running = client.submit(allocator.run())
+    try:
+        burst = Burst(kube, k8s_namespace, scheduler, group, lambda name: None)
+        burst.claim_pod("ours", None)
+        claim_path = RESOURCE_CLAIMS.path(k8s_namespace, "ours")
+
+        def ours_device() -> str | None:
+            results = _results(kube.get(claim_path))
+            return str(results[0]["device"]) if results else None
+        first = _wait("our allocation", ours_device, 60)
+        pod = kube.get(PODS.path(k8s_namespace, "ours"))
+        assert pod["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
+        # kube-scheduler's allocation of the same card for another pod, inside the window
+        kube.create(RESOURCE_CLAIMS.path(k8s_namespace), _claim(k8s_namespace, "theirs", None))
+        theirs_pod = kube.create(PODS.path(k8s_namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "theirs"},
+            "spec": {"nodeName": node, "resourceClaims": [
+                {"name": "gpu", "resourceClaimName": "theirs"}],
+                "containers": [{"name": "main", "image": "registry.example/cuda:12",
+                                "resources": {"claims": [{"name": "gpu"}]}}]}})
+        theirs = kube.get(RESOURCE_CLAIMS.path(k8s_namespace, "theirs"))
+        theirs["status"] = {"allocation": allocation(node, [result(node, first)]),
+                            "reservedFor": [{"resource": "pods", "name": "theirs",
+                                             "uid": theirs_pod["metadata"]["uid"]}]}
+        kube.update(RESOURCE_CLAIMS.path(k8s_namespace, "theirs", "status"), theirs)
+        _wait("our pod bound", lambda: _bound_to(kube, k8s_namespace, "ours"), 90)
+        assert ours_device() not in (None, first)
+        assert allocator.cleared_count == 1
+        assert burst.over_capacity() == []
+    finally:
+        running.cancel()
+        client.close()
+
+
+def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {})
+                .get("results") or [])
+
+
+def _bound_to(kube: SyncKubeClient, namespace: str, name: str) -> str | None:
+    return (kube.get(PODS.path(namespace, name)).get("spec") or {}).get("nodeName")

@@ -80,3 +80,19 @@ def test_one_claim_alone_past_a_card_and_a_card_already_over_without_it() -> Non
     over = [*_held("ns/a", "gpu-1"), *_held("ns/b", "gpu-1")]
     assert overflows(CARDS, over, _held("ns/c", "gpu-0", compute="10", memory="1Gi")) == []
     assert refusal("x", []) is None
+
+
+def test_the_allocator_sees_its_claims_given_twice_on_their_node_only() -> None:
+    from elastic_gpu.core.assignment import Assignment
+    from elastic_gpu.core.dra.capacity_guard import claims_overflowing
+
+    def hold(node: str, milli: int, index: int = 0) -> Assignment:
+        return Assignment(node, {"claim": (CardShare(index, f"GPU-{index}", milli, 1024),)})
+    cards = {"n1": CARDS, "n2": CARDS}
+    holds = {"ours": hold("n1", 600), "theirs": hold("n1", 600), "elsewhere": hold("n2", 900),
+             "fits": hold("n2", 100)}
+    (found,) = claims_overflowing(["ours"], holds, cards)
+    assert (found.device, found.milli, [h.claim for h in found.holders]) == (
+        "card 0", 1200, ["theirs"])
+    assert claims_overflowing(["fits"], holds, cards) == []
+    assert claims_overflowing(["ours"], {**holds, "ours": hold("n1", 600, 1)}, cards) == []

@@ -18,10 +18,10 @@ consumes the whole card), so whole-card allocations are exclusive by the same su
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
 
@@ -128,3 +128,22 @@ def refusal(claim: str, found: Sequence[Overflow]) -> str | None:
             + " (allocated past what the card has: by kube-scheduler for a pod whose "
             "elasticgpu.io/dra-placement gate was removed, or through another DeviceClass "
             "selecting these devices; the pod can start once the holders are gone)")
+
+
+def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
+                       cards: Mapping[str, Sequence[Card]]) -> list[Overflow]:
+    """The allocator's check before it lifts a pod's gate: whether the claims `mine` (keys of
+    `holds`, every allocated claim's hold as `core.dra.inventory.claim_hold` reads it) put a
+    card past its capacity beside all the others (kube-scheduler allocated one from a cache
+    that had not seen ours). [] when they fit."""
+    keys = set(mine)
+    found: list[Overflow] = []
+    for node in sorted({holds[k].node for k in keys if k in holds}):
+        others: list[Holding] = []
+        ours: list[Holding] = []
+        for key, hold in holds.items():
+            if hold.node == node:
+                (ours if key in keys else others).extend(
+                    Holding(key, f"card {share.index}", share) for share in hold.shares())
+        found += overflows(cards.get(node, ()), others, ours)
+    return found
