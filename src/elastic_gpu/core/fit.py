@@ -46,6 +46,9 @@ class FitKind(enum.Enum):
     RESOURCE_NOT_OFFERED = "resource-not-offered"
     #: no healthy card (and no MIG card) on the node; `capacity` cards in all
     NO_HEALTHY_GPU = "no-healthy-gpu"
+    #: no healthy card is free of a fence: `requested` the fenced cards (their MIG layout is
+    #: being changed, docs/mig-apply.md), `capacity` cards in all
+    CARD_FENCED = "card-fenced"
     #: no card of a model the pod accepts: `offered` the node's models, `allowed`/`denied` the
     #: pod's lists
     MODEL_NOT_ACCEPTED = "model-not-accepted"
@@ -139,6 +142,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
     FitKind.MIG_INSTANCE_HELD: "mig",
     FitKind.MIG_ENABLED_CARD: "mig",
+    FitKind.CARD_FENCED: "mig",
     FitKind.CLAIM_BLOCKED: "claim",
     FitKind.CLAIM_ON_OTHER_NODE: "claim",
     FitKind.DRA_NAMES_CLAIMS: "dra",
@@ -326,6 +330,9 @@ def describe(failure: FitFailure) -> str:
         return f"the node does not offer {f.resource} (it offers {offered}){asker}"
     if kind is FitKind.NO_HEALTHY_GPU:
         return f"no healthy GPU (0 of {f.capacity} cards)"
+    if kind is FitKind.CARD_FENCED:
+        return (f"no GPU free of a fence ({f.requested} of {f.capacity} cards fenced while "
+                "their MIG layout changes)")
     if kind is FitKind.MODEL_NOT_ACCEPTED:
         return (f"the node has {', '.join(f.offered) or 'no'} cards; the pod accepts "
                 f"{_accepted_text(f)}")

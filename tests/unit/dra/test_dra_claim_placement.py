@@ -146,3 +146,52 @@ def test_the_gate_goes_on_pods_with_claims_of_our_card_class_unless_opted_out() 
             {"name": "b", "deviceClassName": CARD_CLASS}]}]}}), "gone": None})
     assert first.classes() == {CARD_CLASS, "other.example.com"}
     assert wants_gate(first)
+
+
+def test_count_n_with_capacity_is_n_shares_on_n_distinct_cards_read_back_alike() -> None:
+    (ask,) = claim_asks(_claim("multi", percent=30, memory="8Gi", count=2))
+    assert (ask.count, ask.percent, ask.memory_mib) == (2, 30, 8192)
+    # a node of 4 cards whose card 0 has room for one such share only: binpack takes it,
+    # yet never two shares of one card
+    engine = _engine({"b": 4})
+    tables = tables_of({"b": _cards(4)})
+    other = {"metadata": {"name": "x", "namespace": "ns"}, "status": {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": "b",
+                                 "device": "gpu-0", "consumedCapacity": {
+                                     "compute": "60", "memory": "8Gi"}}]}}}}
+    hold = claim_hold(other, tables)
+    assert hold is not None
+    engine.allocate(claim_key("ns", "x"), hold)
+    request = pod_request("ns", "p", "uid", [("multi", [ask])])
+    (container,) = request.containers
+    assert container.cards == 2
+    node = engine.best(request, engine.nodes())
+    assert node == "b"
+    assignment = engine.assign(request, node)
+    part = claim_assignment(assignment, "multi", [ask])
+    shares = part.containers["claim"]
+    assert len({s.index for s in shares}) == 2 and 0 in {s.index for s in shares}
+    assert {(s.milli, s.memory_mib) for s in shares} == {(300, 8192)}
+    body = allocation(assignment, "multi", [ask], {c.index: (c.memory_mib, 100)
+                                                  for c in _cards(4)},
+                      ["aaaaaaaa-aaaa-aaaa-aaaa-000000000001",
+                       "aaaaaaaa-aaaa-aaaa-aaaa-000000000002"], "2026-01-01T00:00:00Z")
+    results = body["devices"]["results"]
+    assert [r["request"] for r in results] == ["gpu", "gpu"]
+    assert len({r["device"] for r in results}) == 2 and len({r["shareID"] for r in results}) == 2
+    assert all(r["consumedCapacity"] == {"compute": "30", "memory": "8192Mi"} for r in results)
+    # the kubelet plugin, the ledger and the allocator after a restart read the same hold
+    read = allocated_devices({"status": {"allocation": body}}, "b", device_table(_cards(4)))
+    assert [d.share for d in read] == list(shares)
+    again = claim_hold({"metadata": {"name": "multi", "namespace": "ns"},
+                        "status": {"allocation": body}}, tables)
+    assert again is not None and list(again.containers["claim"]) == list(shares)
+    # 80 % on three distinct cards: two cards have that room (one would have it thrice over
+    # in total, but a request's devices are distinct), so it does not fit
+    engine.allocate(claim_key("ns", "multi"), part)
+    three = pod_request("ns", "q", "uid2", [("three", claim_asks(_claim(
+        "three", percent=80, memory="8Gi", count=3)))])
+    assert engine.best(three, ["b"]) is None
+    two = pod_request("ns", "q", "uid2", [("two", claim_asks(_claim(
+        "two", percent=80, memory="8Gi", count=2)))])
+    assert engine.best(two, ["b"]) == "b"

@@ -173,6 +173,13 @@ class DraNode:
     def reasons_changed(self) -> None:
         pass  # no GPUDevice to carry a reason; the health stream says a device's health
 
+    @property
+    def applies_mig_layouts(self) -> bool:
+        return False  # dynamic MIG on DRA nodes (partitionable devices re-carved): not built
+
+    def layout_changed(self) -> None:
+        raise NotImplementedError("dynamic MIG is not applied on DRA nodes")
+
     def sync(self) -> dict[int, CardUse]:
         """Re-assert the Node's count and the slices (a kubelet restart zeroes extended
         resources; someone may have deleted a slice); no GPUDevice columns to write."""

@@ -3,7 +3,8 @@ the allocations to write for them. Pure, no I/O.
 
 A claim request of class `gpu.elasticgpu.io` becomes one container of a `PodRequest`
 (`<claim>/<request>`): `capacity.requests` (`compute` percent and `memory`) a share of one
-card, no capacity a whole card (`count` of them). The engine chooses the node with the
+card (`count: N` of them: a multi-card share, N shares on N distinct cards of one node), no
+capacity a whole card (`count` of them). The engine chooses the node with the
 extender's node policy (FGD binpack by default) and the cards with its card policy, exactly as
 for a device-plugin pod; `allocation` turns the chosen cards back into the claim's
 `status.allocation`: one result per card with the `consumedCapacity` kube-scheduler's own
@@ -47,7 +48,8 @@ class Unplaceable(ValueError):
 
 @dataclass(frozen=True)
 class DeviceAsk:
-    """One request of a claim: `count` whole cards, or one share (`percent`, `memory_mib`)."""
+    """One request of a claim: `count` whole cards, or `count` shares (`percent`, `memory_mib`)
+    on as many distinct cards."""
 
     request: str
     count: int = 1
@@ -103,9 +105,9 @@ def claim_asks(claim: Mapping[str, Any]) -> list[DeviceAsk]:
             raise Unplaceable(f"request {name}: compute {percent} is not a percent in 1..100")
         if memory % MIB or memory < MIB:
             raise Unplaceable(f"request {name}: memory {memory} bytes is not whole MiB")
-        if count != 1:
-            raise Unplaceable(f"request {name}: {count} shares in one request")
-        asks.append(DeviceAsk(name, 1, int(percent), int(memory // MIB)))
+        # `count: N` with capacity: N devices, each with that capacity; ours are N shares
+        # on N distinct cards (a multi-card share), never two shares of one card
+        asks.append(DeviceAsk(name, count, int(percent), int(memory // MIB)))
     if not asks:
         raise Unplaceable("no request")
     return asks
@@ -125,10 +127,10 @@ def pod_request(namespace: str, pod: str, uid: str,
             if ask.percent is None:
                 containers.append(ContainerRequest.whole(name, ask.count))
             elif ask.percent == PERCENT_PER_CARD:
-                containers.append(ContainerRequest.whole(name, 1, ask.memory_mib or 0))
+                containers.append(ContainerRequest.whole(name, ask.count, ask.memory_mib or 0))
             else:
                 containers.append(ContainerRequest.share(name, ask.percent * MILLI_PER_PERCENT,
-                                                         ask.memory_mib or 0))
+                                                         ask.memory_mib or 0, cards=ask.count))
     return PodRequest(name=pod, namespace=namespace, uid=uid, containers=tuple(containers))
 
 

@@ -118,6 +118,43 @@ def percent_of(mib: int, percent: int) -> int:
     return mib * percent // PERCENT_PER_CARD
 
 
+def exclusive(percent: int, memory_percent: int) -> bool:
+    """HAMi's rule, which Koordinator's proposal shares: 100 % of the compute, or all of the
+    memory with no compute named, is the card exclusively."""
+    return percent == PERCENT_PER_CARD or (memory_percent == PERCENT_PER_CARD and not percent)
+
+
+def over_largest(name: str, raw: Any, mib: int, facts: PeerFacts,
+                 container: str = "") -> PeerRefusal | None:
+    """The refusal of `mib` per card above the largest card the cluster has (None: it fits,
+    or no GPU node is known yet)."""
+    largest = facts.largest_card_memory_mib
+    if mib and largest and mib > largest:
+        return PeerRefusal(name, str(raw), f"more memory per card than the largest card has "
+                           f"({largest} MiB)", container)
+    return None
+
+
+def memory_of_smallest(name: str, raw: Any, percent: int, facts: PeerFacts, instead: str,
+                       container: str = "") -> int | PeerRefusal:
+    """`percent` % of the cluster's smallest card in MiB (our shares are MiB, the same on
+    every card), or the refusal naming `name` while no GPU node is known (`instead`: the
+    peer's field to give instead)."""
+    if not facts.smallest_card_memory_mib:
+        return PeerRefusal(name, str(raw), "memory in percent is sized on the cluster's "
+                           f"smallest card, and no GPU node is known yet; give {instead}",
+                           container)
+    return percent_of(facts.smallest_card_memory_mib, percent)
+
+
+def peer_rewrite(name: str, written: tuple[str, ...], ask: Ask | list[PeerRefusal]
+                 ) -> Rewrite | list[PeerRefusal]:
+    """A container's rewrite from its peer names `written` to `ask` (or its refusals)."""
+    if isinstance(ask, list):
+        return ask
+    return Rewrite(name, written, ask.resources())
+
+
 def merged_resources(container: Mapping[str, Any]) -> dict[str, Any]:
     """A container's requests overlaid with its limits (limits win, as `core.request`)."""
     resources = container.get("resources")

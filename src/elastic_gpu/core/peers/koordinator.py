@@ -21,8 +21,11 @@ from elastic_gpu.core.peers import (
     PeerFacts,
     PeerRefusal,
     Rewrite,
+    exclusive,
+    memory_of_smallest,
     merged_resources,
-    percent_of,
+    over_largest,
+    peer_rewrite,
     whole_number,
 )
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -87,16 +90,16 @@ def koordinator_ask(values: Mapping[str, Any], facts: PeerFacts,
                                 f"({SHARED}): it must divide evenly, at most 100 each",
                                 container)]
     core, ratio, mib = core // shared, ratio // shared, -(-mib // shared)
-    if core == PERCENT_PER_CARD or (ratio == PERCENT_PER_CARD and not core):
+    if exclusive(core, ratio):
         return Ask(shared, whole=True)
-    if mib and facts.largest_card_memory_mib and mib > facts.largest_card_memory_mib:
-        return [PeerRefusal(MEMORY, str(values[MEMORY]), f"more memory per card than the "
-                            f"largest card has ({facts.largest_card_memory_mib} MiB)", container)]
+    too_much = over_largest(MEMORY, values.get(MEMORY), mib, facts, container)
+    if too_much is not None:
+        return [too_much]
     if ratio:
-        if not facts.smallest_card_memory_mib:
-            return [PeerRefusal(RATIO, str(ratio), "is sized on the cluster's smallest card, "
-                                "and no GPU node is known yet; give gpu-memory", container)]
-        mib = percent_of(facts.smallest_card_memory_mib, ratio)
+        sized = memory_of_smallest(RATIO, ratio, ratio, facts, MEMORY, container)
+        if isinstance(sized, PeerRefusal):
+            return [sized]
+        mib = sized
     return Ask(shared, core, mib)
 
 
@@ -106,7 +109,4 @@ def koordinator_rewrite(name: str, container: Mapping[str, Any],
     written = tuple(n for n in PEER_RESOURCE_NAMES if n in values)
     if not written:
         return None
-    ask = koordinator_ask(values, facts, name)
-    if isinstance(ask, list):
-        return ask
-    return Rewrite(name, written, ask.resources())
+    return peer_rewrite(name, written, koordinator_ask(values, facts, name))

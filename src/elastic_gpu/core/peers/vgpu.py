@@ -25,8 +25,11 @@ from elastic_gpu.core.peers import (
     PeerFacts,
     PeerRefusal,
     Rewrite,
+    exclusive,
+    memory_of_smallest,
     merged_resources,
-    percent_of,
+    over_largest,
+    peer_rewrite,
     whole_number,
 )
 from elastic_gpu.core.resources import PERCENT_PER_CARD, lookup
@@ -86,21 +89,21 @@ def vgpu_ask(vocab: Vocabulary, values: Mapping[str, Any], facts: PeerFacts,
     if mib and percentage:
         return [PeerRefusal(f"{vocab.memory}, {vocab.percentage}", "",
                             "give memory in MiB or in percent, not both", container)]
-    if mib and facts.largest_card_memory_mib and mib > facts.largest_card_memory_mib:
-        return [PeerRefusal(vocab.memory, str(values[vocab.memory]),
-                            f"more memory than the largest card has "
-                            f"({facts.largest_card_memory_mib} MiB)", container)]
+    too_much = over_largest(vocab.memory, values.get(vocab.memory), mib, facts, container)
+    if too_much is not None:
+        return [too_much]
     if not mib and not percentage:
         percentage = PERCENT_PER_CARD  # HAMi: all of the card's memory
-    if cores == PERCENT_PER_CARD or (percentage == PERCENT_PER_CARD and not cores):
+    if exclusive(cores, percentage):
         return Ask(cards, whole=True)
     if percentage:
-        if not facts.smallest_card_memory_mib:
-            return [PeerRefusal(vocab.percentage if vocab.percentage in values else vocab.memory,
-                                str(values.get(vocab.percentage, "")),
-                                "memory in percent is sized on the cluster's smallest card, and "
-                                "no GPU node is known yet; give memory in MiB", container)]
-        mib = percent_of(facts.smallest_card_memory_mib, percentage)
+        sized = memory_of_smallest(
+            vocab.percentage if vocab.percentage in values else vocab.memory,
+            values.get(vocab.percentage, ""), percentage, facts,
+            f"memory in MiB ({vocab.memory})", container)
+        if isinstance(sized, PeerRefusal):
+            return [sized]
+        mib = sized
     return Ask(cards, cores, mib)
 
 
@@ -115,7 +118,4 @@ def vgpu_rewrite(vocab: Vocabulary, name: str, container: Mapping[str, Any],
     if not any(n in values for n in vocab.share_names) and lookup(vocab.count) is not None:
         dropped = tuple(n for n in vocab.dropped if n in values)
         return Rewrite(name, dropped) if dropped else None
-    ask = vgpu_ask(vocab, values, facts, name)
-    if isinstance(ask, list):
-        return ask
-    return Rewrite(name, tuple(written), ask.resources())
+    return peer_rewrite(name, tuple(written), vgpu_ask(vocab, values, facts, name))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedulable
+from elastic_gpu.core.model import Health
 from elastic_gpu.core.placement.fitmask import pinned
 from elastic_gpu.core.placement.layout import BoolArray, Layout
 from elastic_gpu.core.placement.planning import plan
@@ -50,6 +51,10 @@ def why_not(lay: Layout, ctx: ScoreContext, check_host: bool, binpack: CardPolic
     if not gpu:
         return None
     if not any(lay.usable[row, c] or r.cards[c].mig_enabled for c in range(len(r.cards))):
+        fenced = sum(1 for card in r.cards if card.health is Health.FENCED)
+        if fenced:  # healthy cards whose MIG layout is being changed (docs/mig-apply.md)
+            return FitFailure(FitKind.CARD_FENCED, requested=fenced, capacity=len(r.cards),
+                              unit=Unit.CARDS)
         return FitFailure(FitKind.NO_HEALTHY_GPU, capacity=len(r.cards), unit=Unit.CARDS)
     models = {r.cards[c].model for c in range(len(r.cards))}
     if not any(pod.accepts_model(m) for m in models):
