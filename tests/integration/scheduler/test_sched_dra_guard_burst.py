@@ -25,17 +25,21 @@ from typing import Any
 
 import pytest
 
-from egpu_testing.dra import allocation, result
+from egpu_testing.dra import allocation, claim_manifest, gated_claim_pod, result
 from egpu_testing.dra_ledger import dra_inventories, over_capacity
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.tenant import make_tenant
-from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, pod_manifest
-from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+from egpu_testing.waiting import wait_for
+from egpu_testing.workbench import (
+    ExtenderProcess,
+    plain_kube_scheduler_config,
+    pod_manifest,
+    running_extender,
+)
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
-from elastic_gpu.core.dra.classes import CARD_CLASS, EXTENDED_RESOURCE, device_classes
+from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE, device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.apply import create_or_update
 from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -49,24 +53,9 @@ HALF = {"compute": "50", "memory": "4Gi"}
 
 @pytest.fixture
 def extender(k8s_cluster: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
-    ensure_crd(k8s_cluster.kube())
-    (port,) = free_ports(1)
-    process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
-                              config={"nodePolicy": "binpack"})
-    process.start(timeout_s=120)
-    try:
+    with running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                          start_timeout_s=120) as process:
         yield process
-    finally:
-        process.stop()
-
-
-def _claim(namespace: str, name: str, capacity: dict[str, str] | None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": CARD_CLASS}
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
 class Burst:
@@ -83,13 +72,9 @@ class Burst:
                   tenant_ungates: bool = False) -> None:
         """A claim and its pod, gated as the webhook gates it; the tenant may lift the gate."""
         self.kube.create(RESOURCE_CLAIMS.path(self.namespace),
-                         _claim(self.namespace, name, capacity))
-        pod = pod_manifest(name, self.namespace, scheduler_name=self.scheduler)
-        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
-        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-        pod["spec"]["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
-        pod["spec"]["nodeSelector"] = {self.group_label(): self.group}
-        self.kube.create(PODS.path(self.namespace), pod)
+                         claim_manifest(name, self.namespace, capacity=capacity))
+        self.kube.create(PODS.path(self.namespace), gated_claim_pod(
+            name, self.namespace, self.scheduler, {GROUP_LABEL: self.group}))
         self.names.append(name)
         if tenant_ungates:
             self.ungate(name)
@@ -99,13 +84,9 @@ class Burst:
         pod = pod_manifest(name, self.namespace, scheduler_name=self.scheduler)
         pod["spec"]["containers"][0]["resources"] = {
             "limits": {EXTENDED_RESOURCE: "1"}, "requests": {EXTENDED_RESOURCE: "1"}}
-        pod["spec"]["nodeSelector"] = {self.group_label(): self.group}
+        pod["spec"]["nodeSelector"] = {GROUP_LABEL: self.group}
         self.kube.create(PODS.path(self.namespace), pod)
         self.names.append(name)
-
-    @staticmethod
-    def group_label() -> str:
-        return GROUP_LABEL
 
     def wave(self, tag: str, halves: int, whole: int, ungated: int, extended: int) -> None:
         for i in range(halves):
@@ -128,17 +109,6 @@ class Burst:
         inventories = dra_inventories(nodes)
         assert inventories, "no DRA node of the group"
         return over_capacity(pods, claims, inventories)
-
-
-def _wait(what: str, check: Callable[[], Any], timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_over_capacity(
@@ -200,7 +170,7 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
             problems.extend(burst.over_capacity())
             burst.wave(f"{tag}-down", 1, 0, 2, 1)  # while no allocator serves
             extender.start(timeout_s=120)
-        _wait("every pod bound", all_bound)
+        wait_for("every pod bound", all_bound, 120)
     finally:
         stop.set()
         sampler.join(30)
@@ -245,11 +215,11 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
         def ours_device() -> str | None:
             results = _results(kube.get(claim_path))
             return str(results[0]["device"]) if results else None
-        first = _wait("our allocation", ours_device, 60)
+        first = wait_for("our allocation", ours_device, 60)
         pod = kube.get(PODS.path(k8s_namespace, "ours"))
         assert pod["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
         # kube-scheduler's allocation of the same card for another pod, inside the window
-        kube.create(RESOURCE_CLAIMS.path(k8s_namespace), _claim(k8s_namespace, "theirs", None))
+        kube.create(RESOURCE_CLAIMS.path(k8s_namespace), claim_manifest("theirs", k8s_namespace))
         theirs_pod = kube.create(PODS.path(k8s_namespace), {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "theirs"},
             "spec": {"nodeName": node, "resourceClaims": [
@@ -261,7 +231,7 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
                             "reservedFor": [{"resource": "pods", "name": "theirs",
                                              "uid": theirs_pod["metadata"]["uid"]}]}
         kube.update(RESOURCE_CLAIMS.path(k8s_namespace, "theirs", "status"), theirs)
-        _wait("our pod bound", lambda: _bound_to(kube, k8s_namespace, "ours"), 90)
+        wait_for("our pod bound", lambda: _bound_to(kube, k8s_namespace, "ours"), 90)
         assert ours_device() not in (None, first)
         assert allocator.cleared_count == 1
         assert burst.over_capacity() == []
