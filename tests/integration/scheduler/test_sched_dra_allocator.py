@@ -25,11 +25,12 @@ from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.waiting import wait_for
 from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, running_extender
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.claim_placement import WAITING_REASON
 from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.kube.apply import create_or_update
-from elastic_gpu.kube.resources import PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 pytestmark = pytest.mark.integration
@@ -130,6 +131,13 @@ def test_a_restarted_allocator_reads_allocated_claims_and_gives_nothing_twice(
     third = kube.get(PODS.path(k8s_namespace, "third"))
     assert third["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
     assert not _results(kube.get(RESOURCE_CLAIMS.path(k8s_namespace, "third")))
+    # it says why, in one Event (several passes ran meanwhile: recorded once, not per pass)
+    events = wait_for("the waiting Event", lambda: [
+        e for e in kube.list(EVENTS.path(k8s_namespace))[0]
+        if e["involvedObject"]["name"] == "third" and e["reason"] == WAITING_REASON], BIND_S)
+    (event,) = events
+    assert event["count"] == 1 and event["type"] == "Normal"
+    assert event["message"].startswith("waiting, gated, for room on a DRA node: 0/1 nodes")
     kube.delete(PODS.path(k8s_namespace, "first"), grace_period_s=0)
     kube.delete(RESOURCE_CLAIMS.path(k8s_namespace, "first"))
     wait_for("the third pod bound once the first's card freed",
