@@ -65,5 +65,8 @@ do in the extender's file).
 {{- if not (kindIs "invalid" .Values.budgets.defaultGPUHours) -}}
 {{- $_ := set $settings "budgets" (dict "defaultGPUHours" .Values.budgets.defaultGPUHours "defaultPeriod" .Values.budgets.defaultPeriod) -}}
 {{- end -}}
+{{- if $v.migDynamic.enabled -}}
+{{- $_ := set $settings "mig" (dict "dynamic" (dict "enabled" true "mergeCooldownSeconds" $v.migDynamic.mergeCooldownSeconds)) -}}
+{{- end -}}
 {{- toYaml (merge (deepCopy ($v.config | default dict)) $settings) -}}
 {{- end -}}

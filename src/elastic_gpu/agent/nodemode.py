@@ -49,6 +49,17 @@ class NodeMode(Protocol):
         """Only why a card is unhealthy changed (an MPS daemon went or came back)."""
         ...
 
+    @property
+    def applies_mig_layouts(self) -> bool:
+        """Whether this mode re-advertises a card whose MIG layout the agent changed
+        (`layout_changed`), so the agent may run its MIG applier (`agent.miglayout`)."""
+        ...
+
+    def layout_changed(self) -> None:
+        """A card's MIG layout changed (the runtime rediscovered the cards): serve the
+        resources the cards now back (`nvidia.com/mig-*`) and publish them again."""
+        ...
+
     def sync(self) -> dict[int, CardUse]:
         """The periodic re-assertion (a kubelet restart zeroes extended resources, someone
         may delete an object); returns what the pods use per card where the mode writes it."""

@@ -22,6 +22,8 @@ from elastic_gpu.agent.deviceplugin.node import DevicePluginNode
 from elastic_gpu.agent.dra.node import DraNode
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.grant import DeviceFiles
+from elastic_gpu.agent.miglayout import MigApplier
+from elastic_gpu.agent.miglayout import run as run_mig
 from elastic_gpu.agent.mps_supervisor import MpsSupervisor
 from elastic_gpu.agent.nodemode import NodeMode, NodeModeError
 from elastic_gpu.agent.podresources import list_devices
@@ -30,12 +32,17 @@ from elastic_gpu.agent.snapshot import NodeSnapshot, discover, snapshot
 from elastic_gpu.agent.state import NodeState
 from elastic_gpu.agent.usage.monitor import UsageMonitor, UsageSinks
 from elastic_gpu.agent.usage.sinks import ApiSinks
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
 if TYPE_CHECKING:
     from elastic_gpu.runtime.metrics import MetricsThread
 
 log = logging.getLogger(__name__)
+
+#: how often the MIG applier looks at its node's MigLayouts (dynamic MIG, opted-in nodes only)
+MIG_PERIOD_S = 1.0
 
 
 class Agent:
@@ -140,6 +147,8 @@ class Agent:
             self._spawn("health", self._health_loop)
         if self.client is not None:
             self._spawn("sync", self._sync_loop)
+            if self.mode.applies_mig_layouts and self._mig_dynamic():
+                self._spawn("mig-layouts", self._mig_loop)
         if self.usage is not None:
             if self._usage_sinks is not None:
                 self._usage_sinks.start()
@@ -222,6 +231,25 @@ class Agent:
                     self.mode.cards_changed()
                 except Exception:
                     log.exception("publishing health")
+
+    def _mig_dynamic(self) -> bool:
+        """The Node opted in to dynamic MIG (label elasticgpu.io/mig-dynamic=true, read once
+        at start: a node changes group by a restart of its agent)."""
+        assert self.client is not None
+        node = self.client.get(NODES.path(name=self.node_name))
+        return ((node.get("metadata") or {}).get("labels") or {}).get(MIG_DYNAMIC_LABEL) == \
+            "true"
+
+    def layout_changed(self) -> None:
+        """A MIG step changed a card: rediscover, re-serve and republish (`agent.miglayout`)."""
+        self.snapshot = discover(self.backend, self.config, self.node_name)
+        self.state.replace_cards(self.snapshot.cards)
+        self.mode.layout_changed()
+
+    def _mig_loop(self) -> None:
+        assert self.client is not None
+        applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed)
+        run_mig(applier, self._stop.wait, MIG_PERIOD_S)
 
     def sync_allocations(self) -> dict[int, CardUse]:
         """Allocation columns, holders and heartbeat (pods from the watch cache once it has

@@ -25,6 +25,18 @@ class NodeState:
             chip.uuid: (chip.health, "") for lc in self._cards.values() for chip in lc.chips}
         self.version = 0
 
+    def replace_cards(self, cards: Iterable[LogicalCard]) -> None:
+        """The cards as rediscovered after their MIG layout changed (dynamic MIG): chips keep
+        the health seen so far; the plugins' streams are woken."""
+        with self._cond:
+            self._cards = {lc.index: lc for lc in cards}
+            self._owner = {chip.uuid: lc.index for lc in self._cards.values()
+                           for chip in lc.chips}
+            self._chip = {chip.uuid: self._chip.get(chip.uuid, (chip.health, ""))
+                          for lc in self._cards.values() for chip in lc.chips}
+            self.version += 1
+            self._cond.notify_all()
+
     def apply(self, events: Iterable[HealthEvent]) -> list[int]:
         """Apply health events; returns the logical cards whose health changed."""
         with self._cond:

@@ -12,13 +12,14 @@ deploy/crds/gpudevices.yaml is its YAML form (a unit test keeps the two identica
            resources: {<resource name>: <devices of it on this card>}}
     status: {health: Healthy|Unhealthy, reason, allocatedMilli, allocatedMemoryMiB,
              allocatedPercent, pods: ["<namespace>/<pod> (<container>)", ...], podCount,
-             lastHeartbeat,
+             lastHeartbeat, fence,
              usage: {usedMemoryMiB, outOfBandMemoryMiB, smUtilizationPercent, observedAt,
                      containers: [{namespace, pod, container, usedMemoryMiB,
                                    smUtilizationPercent}]}}
 
 `status.usage` is what the node's agent observed on the card (core `CardUsage`); absent when
-nothing was observed.
+nothing was observed. `status.fence` (set by the agent while it changes the card's MIG layout,
+docs/mig-apply.md) makes a healthy card `Health.FENCED`: nothing new is placed on it.
 """
 
 from __future__ import annotations
@@ -233,6 +234,8 @@ def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
     except ValueError:
         raise GPUDeviceError(f"GPUDevice {name}: status.health={status.get('health')!r} is not "
                              "Healthy or Unhealthy") from None
+    if health is Health.HEALTHY and status.get("fence"):
+        health = Health.FENCED
     links = []
     for i, link in enumerate(spec.get("links") or []):
         try:
@@ -364,8 +367,13 @@ def crd_manifest() -> dict[str, Any]:
     status_schema = {
         "type": "object",
         "properties": {
-            "health": {"type": "string", "enum": [h.value for h in Health]},
-            "reason": str_, "allocatedMilli": int_, "allocatedMemoryMiB": int_,
+            "health": {"type": "string",
+                       "enum": [Health.HEALTHY.value, Health.UNHEALTHY.value]},
+            "reason": str_,
+            "fence": {"type": "string", "maxLength": 1024, "nullable": True,
+                      "description": "Set while the agent changes the card's MIG layout (why, "
+                                     "and which MigLayout): nothing new is placed on it"},
+            "allocatedMilli": int_, "allocatedMemoryMiB": int_,
             "allocatedPercent": int_,
             "pods": {"type": "array", "maxItems": MAX_LISTED_PODS + 1, "items": str_,
                      "description": "Containers holding the card, <namespace>/<pod> "
@@ -411,6 +419,8 @@ def crd_manifest() -> dict[str, Any]:
                             "Observed memory no holder accounts for, MiB"),
                     column("Util%", "integer", ".status.usage.smUtilizationPercent",
                             "Observed SM utilisation, percent"),
+                    column("Fence", "string", ".status.fence",
+                           "Why the card is fenced (its MIG layout changes)", priority=1),
                     column("Age", "date", ".metadata.creationTimestamp", "Age"),
                 ],
             }],

@@ -49,6 +49,8 @@ class MigLayoutError(ValueError):
 
 
 KIND, PLURAL, SHORT = "MigLayout", "miglayouts", "miglayout"
+#: the label naming the card's node (the agent lists its node's layouts by it), as GPUDevices'
+NODE_LABEL = f"{GROUP}/node"
 CRD_FILE = "miglayouts.yaml"
 #: the phases of `status.phase` (`core.mig.apply`'s steps' `phase`, and Pending before any)
 PHASES = ("Pending", "Fencing", "Applying", "Applied", "Blocked", "Refused")
@@ -178,7 +180,8 @@ def layout_from_object(obj: Mapping[str, Any]) -> MigLayout:
 def layout_spec(node: str, card_uuid: str, instances: Sequence[Placed]) -> dict[str, Any]:
     """A MigLayout object to create or replace (the controller's write)."""
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-            "metadata": {"name": object_name(node, card_uuid)},
+            "metadata": {"name": object_name(node, card_uuid),
+                         "labels": {NODE_LABEL: node}},
             "spec": {"nodeName": node, "cardUUID": card_uuid,
                      "instances": [{"profile": p.profile.name, "start": p.start}
                                    for p in sorted(instances)]}}

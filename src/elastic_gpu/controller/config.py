@@ -5,7 +5,7 @@ below (`api.config.merge`, the same rule for every component; docs/config.md).
 
     apiVersion: elasticgpu.io/v1alpha1  # optional header
     kind: ControllerConfig
-    controllers: []               # run only these (claims, mig, budgets, defrag); []: all (--only)
+    controllers: []               # run only these (claims, mig, budgets, defrag, mig-dynamic); []: all
     workers: 16                   # concurrent reconciles per controller (--workers)
     backoff:                      # a failed key's retries: base, doubling up to max
       baseSeconds: 0.005          #   (--backoff-base)
@@ -41,6 +41,12 @@ below (`api.config.merge`, the same rule for every component; docs/config.md).
       ruleGraceSeconds: 30        # an owner's rule no pod refers to yet is kept this long
       recarveAdvice: false        # true: a NoCompatibleProfileFree Event also says which
                                   #   re-carve of a card would fit (dry run; never done)
+      dynamic:                    # dynamic MIG: carve and merge back cards (docs/mig-apply.md)
+        enabled: false            #   off by default; only nodes labelled
+                                  #   elasticgpu.io/mig-dynamic=true are ever changed
+        mergeCooldownSeconds: 300 #   a carved card is merged back this long after its last
+                                  #   change or release, at the earliest
+        maxCardsPerRound: 0       #   cards changed per round at most (0: no bound)
     defrag:                       # the defragmentation controller (docs/defrag.md)
       enabled: false              # off by default
       namespaces: [team-a]        # pending pods of these namespaces are made room for
@@ -101,6 +107,19 @@ def _namespaces(value: Any) -> Any:
     return frozenset(value)
 
 
+class MigDynamicConfig(BaseModel):
+    """`mig.dynamic`: the mig-dynamic controller (`controller/mig/dynamic.py`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
+                              allow_inf_nan=False)
+
+    enabled: bool = False
+    merge_cooldown_s: float = Field(default=300.0, validation_alias="mergeCooldownSeconds",
+                                    ge=0, le=86400)
+    max_cards_per_round: int = Field(default=0, validation_alias="maxCardsPerRound", ge=0,
+                                     le=10000)
+
+
 class MigConfig(BaseModel):
     # strict: `enabled: "no"` is refused, not read as false; a number is a YAML number.
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True,
@@ -119,6 +138,8 @@ class MigConfig(BaseModel):
                                 le=3600)
     #: the dry-run re-carve advisor (`core.mig.recarve.recarve_advice`): Event text only
     recarve_advice: bool = Field(default=False, validation_alias="recarveAdvice")
+    #: dynamic MIG (issue 42): off unless `enabled`
+    dynamic: MigDynamicConfig = MigDynamicConfig()
 
     @field_validator("move_back", mode="before")
     @classmethod

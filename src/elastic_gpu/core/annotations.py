@@ -61,6 +61,10 @@ FAKE_USAGE = "fake.elasticgpu.io/usage"
 #: keeps it where it is even in a namespace the configuration opts in.
 MOVABLE_LABEL = f"{PREFIX}/movable"
 
+#: Node label opting a node's cards in to dynamic MIG (docs/mig-apply.md): "true" lets the
+#: mig-dynamic controller carve and merge back its cards (with `mig.dynamic.enabled`).
+MIG_DYNAMIC_LABEL = f"{PREFIX}/mig-dynamic"
+
 #: Written on a pending pod by the defragmentation controller before it evicts pods to make
 #: room for it (`core.defrag.reservation`): JSON of the cards the plan frees and an expiry;
 #: the extender keeps those cards for this pod until it is bound or the expiry passes.

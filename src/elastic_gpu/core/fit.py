@@ -46,6 +46,9 @@ class FitKind(enum.Enum):
     RESOURCE_NOT_OFFERED = "resource-not-offered"
     #: no healthy card (and no MIG card) on the node; `capacity` cards in all
     NO_HEALTHY_GPU = "no-healthy-gpu"
+    #: no healthy card is free of a fence: `requested` the fenced cards (their MIG layout is
+    #: being changed, docs/mig-apply.md), `capacity` cards in all
+    CARD_FENCED = "card-fenced"
     #: no card of a model the pod accepts: `offered` the node's models, `allowed`/`denied` the
     #: pod's lists
     MODEL_NOT_ACCEPTED = "model-not-accepted"
@@ -139,6 +142,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
     FitKind.MIG_INSTANCE_HELD: "mig",
     FitKind.MIG_ENABLED_CARD: "mig",
+    FitKind.CARD_FENCED: "mig",
     FitKind.CLAIM_BLOCKED: "claim",
     FitKind.CLAIM_ON_OTHER_NODE: "claim",
     FitKind.DRA_NAMES_CLAIMS: "dra",
@@ -208,6 +212,9 @@ class FitFailure:
     asked: tuple[str, ...] = ()
     #: DRA kinds: the DeviceClass a pod asks a share of the node's cards with
     device_class: str = ""
+    #: RESOURCE_NOT_OFFERED of a MIG profile: no node of the cluster is opted in to dynamic
+    #: MIG (none would carve the profile on demand)
+    no_mig_dynamic: bool = False
 
     @property
     def check(self) -> str:
@@ -289,6 +296,13 @@ def _container(failure: FitFailure) -> str:
     return f"container {failure.container}" if failure.container else "the pod"
 
 
+#: what a MIG profile no node offers and no node would carve adds (docs/mig-apply.md)
+_MIG_DYNAMIC_HINT = ("; no node is opted in to dynamic MIG, which would carve it on demand "
+                     "(label a node elasticgpu.io/mig-dynamic=true with the controller's "
+                     "mig.dynamic.enabled, the chart's controller.migDynamic; in the sandbox, "
+                     "a node group's migDynamic: true)")
+
+
 def _how_to_ask(failure: FitFailure) -> str:
     return (f"the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
             f"{failure.device_class}")
@@ -323,9 +337,13 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.RESOURCE_NOT_OFFERED:
         offered = ", ".join(f.offered) if f.offered else "no GPU resource"
         asker = f", {_container(f)} asks for it" if f.container else ""
-        return f"the node does not offer {f.resource} (it offers {offered}){asker}"
+        text = f"the node does not offer {f.resource} (it offers {offered}){asker}"
+        return text + _MIG_DYNAMIC_HINT if f.no_mig_dynamic else text
     if kind is FitKind.NO_HEALTHY_GPU:
         return f"no healthy GPU (0 of {f.capacity} cards)"
+    if kind is FitKind.CARD_FENCED:
+        return (f"no GPU free of a fence ({f.requested} of {f.capacity} cards fenced while "
+                "their MIG layout changes)")
     if kind is FitKind.MODEL_NOT_ACCEPTED:
         return (f"the node has {', '.join(f.offered) or 'no'} cards; the pod accepts "
                 f"{_accepted_text(f)}")

@@ -52,6 +52,9 @@ class Link:
 class Health(enum.Enum):
     HEALTHY = "Healthy"
     UNHEALTHY = "Unhealthy"
+    #: healthy, but fenced while its MIG layout changes (the GPUDevice's `status.fence`,
+    #: docs/mig-apply.md): nothing new is placed on it or its instances until the fence goes
+    FENCED = "Fenced"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ agents would on theirs (`elasticgpu_agent_*`, docs/metrics.md: one endpoint, eac
 series under its `node` label), from the sampling loop's last pass, through the one `/metrics`
 page of every component (`runtime.metrics.MetricsThread`). For DRA-mode kwok nodes
 it stands in for the agent's DRA publisher: their ResourceSlices, from the fake inventory the
-Node carries (`devcluster.dra_nodes.DraSliceSync`), published before it reports ready.
+Node carries (`devcluster.dra_nodes.DraSliceSync`), published before it reports ready. For
+kwok nodes labelled `elasticgpu.io/mig-dynamic=true` it stands in for the agent's MIG applier
+(`devcluster.mig_agent.MigAgents`: their MigLayouts carried out on a fake backend).
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
     from elastic_gpu.agent.metrics import nodes_registry
     from elastic_gpu.agent.usage.fake_sync import FakeUsageSync
     from elastic_gpu.devcluster.dra_nodes import DraSliceSync
+    from elastic_gpu.devcluster.mig_agent import MigAgents
     from elastic_gpu.kube.sync import SyncKubeClient
     from elastic_gpu.runtime.metrics import MetricsThread
 
     with SyncKubeClient.from_config(kubeconfig, field_manager="egpu-sandbox") as client:
         usage = FakeUsageSync(client)
         slices = DraSliceSync(client)
+        mig = MigAgents(client)
         _pass(slices.sync, "DRA slice sync")  # ready (metrics served) once they are published
         page = MetricsThread(nodes_registry(usage.nodes))
         if metrics is not None:
@@ -53,6 +57,7 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
                 _pass(lambda: sync_fake_allocations(client), "allocation sync")
                 _pass(usage.sync, "usage sync")
                 _pass(slices.sync, "DRA slice sync")
+                _pass(mig.sync, "MIG layouts")
                 stop.wait(interval_s)
         finally:
             page.stop()

@@ -239,12 +239,25 @@ WEBHOOK = ComponentSpec(
 CONTROLLER_IDENTITY = "egpu-sandbox-controller"
 
 
+#: The sandbox's controller config, in its work dir, written by `up` when a node group opted in
+#: to dynamic MIG (`migDynamic: true`): `mig.dynamic` on, with a test bed's short cool-down.
+CONTROLLER_CONFIG = "controller-config.yaml"
+MIG_DYNAMIC_CONFIG = """\
+mig:
+  dynamic:
+    enabled: true
+    mergeCooldownSeconds: 10
+"""
+
+
 def _controller_argv(env: ComponentEnv) -> list[str]:
+    config = env.work_dir / CONTROLLER_CONFIG
     return [env.python, "-m", "elastic_gpu.cli.main", "controller",
             "--kubeconfig", str(env.kubeconfig), "--metrics-host", HOST,
             "--metrics-port", str(env.port),
             "--extender-url", env.endpoints.get(EXTENDER.name, f"http://{HOST}:8888"),
-            "--identity", CONTROLLER_IDENTITY]
+            "--identity", CONTROLLER_IDENTITY,
+            *(["--config", str(config)] if config.is_file() else [])]
 
 
 #: The controllers (`egpu controller`: claims binding and provisioning through the extender's

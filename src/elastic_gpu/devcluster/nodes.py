@@ -34,9 +34,10 @@ from elastic_gpu.api.config.loader import (
     read_file,
     without_header,
 )
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.dra.nodemode import GpuMode, is_dra_node
 from elastic_gpu.core.mig.layout import layout_starts
-from elastic_gpu.core.mig.profiles import card_slices
+from elastic_gpu.core.mig.profiles import MIG_MODELS, card_slices, mig_model
 from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.quota import with_accounting
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -388,7 +389,7 @@ class ClusterSpecError(ValueError):
 MAX_CHIPS_PER_BOARD = 8
 MAX_CHIPS_PER_NODE = 64
 _GROUP_KEYS = ("name", "count", "gpus", "model", "memoryMiB", "chipsPerBoard", "mig",
-               "agentConfig", "gpuMode")
+               "agentConfig", "gpuMode", "migDynamic")
 #: `gpuMode` of a node group: its GPUs as GPUDevices and device-plugin resources, or through
 #: DRA (`devcluster.dra_nodes`)
 GPU_MODES = tuple(mode.value for mode in GpuMode)
@@ -416,6 +417,9 @@ class NodeGroup:
     chips_per_board: int = 1
     #: "dra": the nodes serve their cards through DRA (label elasticgpu.io/gpu-mode: dra)
     gpu_mode: str = GpuMode.DEVICE_PLUGIN.value
+    #: the nodes opt in to dynamic MIG (label elasticgpu.io/mig-dynamic=true): the mig-dynamic
+    #: controller may carve and merge back their cards, allocation-sync applies the layouts
+    mig_dynamic: bool = False
 
     def inventories(self) -> list[Node]:
         width = max(3, len(str(self.count - 1)))
@@ -435,7 +439,9 @@ class NodeGroup:
                                                                       strict=True))]
                 cards.append(Card(c, f"GPU-fake-{node}-{c}", self.model, self.memory_mib,
                                   mig=tuple(instances)))
-            out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards)))
+            labels = {MIG_DYNAMIC_LABEL: "true"} if self.mig_dynamic else {}
+            out.append(Node(node, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_MIB, tuple(cards),
+                            labels=labels))
         if self.gpu_mode == GpuMode.DRA:
             out = [as_dra(inv) for inv in out]
         return out
@@ -524,8 +530,15 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
         if mode not in GPU_MODES:
             raise ClusterSpecError(f"{where}.gpuMode={mode!r}: must be one of "
                                    f"{', '.join(GPU_MODES)}")
+        dynamic = raw.get("migDynamic", False)
+        if not isinstance(dynamic, bool):
+            raise ClusterSpecError(f"{where}.migDynamic={dynamic!r}: must be true or false")
+        if dynamic and (mig_model(model.strip()) is None or chips > 1 or mode != GPU_MODES[0]):
+            raise ClusterSpecError(
+                f"{where}.migDynamic=true: dynamic MIG needs single-chip cards of a MIG model "
+                f"({', '.join(m.name for m in MIG_MODELS)}) in gpuMode device-plugin")
         groups.append(NodeGroup(name, count, gpus, model.strip(), memory, tuple(profiles),
-                                config, chips, mode))
+                                config, chips, mode, dynamic))
     return groups
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster import components, realnode_sandbox
 from elastic_gpu.devcluster.binaries import find_bin_dir
@@ -295,6 +296,11 @@ def up(state_dir: Path, kubeconfig: Path, inventories: Sequence[Node], *,
         (state_dir / "cluster").mkdir(parents=True, exist_ok=True)
         sandbox.extender_config = state_dir / "cluster" / "extender-config.yaml"
         shutil.copyfile(extender_config, sandbox.extender_config)
+    if any(inv.labels.get(MIG_DYNAMIC_LABEL) == "true" for inv in inventories):
+        # a group opted in to dynamic MIG: the sandbox's controller carves its cards
+        (state_dir / "cluster").mkdir(parents=True, exist_ok=True)
+        (state_dir / "cluster" / components.CONTROLLER_CONFIG).write_text(
+            components.MIG_DYNAMIC_CONFIG)
     # Record every pid as soon as it exists: if this command is killed half-way, `down`
     # still finds what it had started.
     plane.on_spawn = lambda _plane: sandbox.save()

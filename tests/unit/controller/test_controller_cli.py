@@ -25,7 +25,7 @@ def run(*args: str) -> tuple[int, str]:
      "leaseDurationSeconds (10) must exceed renewDeadlineSeconds (10)"),
     (["--renew-deadline", "2", "--retry-period", "2"],
      "renewDeadlineSeconds (2) must exceed 1.2 x retryPeriodSeconds (2)"),
-    (["--only", "nope"], "known controllers are ['budgets', 'claims', 'defrag', 'mig']"),
+    (["--only", "nope"], "known controllers are ['budgets', 'claims', 'defrag', 'mig', 'mig-dynamic']"),
     (["--backoff-base", "2", "--backoff-max", "1"], "maxSeconds (1) must be >= baseSeconds (2)"),
     (["--workers", "0"], "--workers (workers): got 0 (an integer): Input should be greater "
                          "than or equal to 1"),

@@ -52,10 +52,23 @@ def test_scheduling_policies_map_to_ours() -> None:
         pod(HAMI_SHARE, {"hami.io/gpu-scheduler-policy": "mutex"}))
 
 
-def test_dynamic_mig_mode_is_refused_with_its_reason() -> None:
-    message = refusal(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000},
-                          {"nvidia.com/vgpu-mode": "mig"}))
-    assert "nvidia.com/vgpu-mode=mig" in message and "dynamic MIG" in message
+def test_dynamic_mig_mode_asks_the_smallest_profile_with_the_memory() -> None:
+    """HAMi's `vgpu-mode: mig` (its dynamic_mig_example.yaml): 2 x 8000 MiB is two 1g.10gb
+    instances on the cluster's A100 80 GB, kept to that model; memory in percent (or none) and
+    more than any profile holds are refused naming the field."""
+    got = stored(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 8000},
+                     {"nvidia.com/vgpu-mode": "mig"}))
+    limits = got["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/mig-1g.10gb"] == "2"
+    assert not {"nvidia.com/gpu", "nvidia.com/gpumem"} & set(limits)
+    assert got["metadata"]["annotations"][ann.GPU_MODEL_ALLOW] == "A100-SXM4-80GB"
+    request = pod_request_from_manifest(got)
+    assert request.containers[0].kind is RequestKind.MIG and request.containers[0].cards == 2
+    assert "give nvidia.com/gpumem in MiB" in refusal(
+        pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50},
+            {"nvidia.com/vgpu-mode": "mig"}))
+    assert "holds 90000 MiB" in refusal(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 90000},
+                                            {"volcano.sh/vgpu-mode": "mig"}))
 
 
 def test_kai_fraction_and_memory() -> None:

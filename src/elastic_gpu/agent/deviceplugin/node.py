@@ -69,12 +69,33 @@ class DevicePluginNode:
         self.current = current
         self.reasons = reasons
         self.pods = pods
-        self.manager = PluginManager(
-            [PluginServer(plan, state, allocator, plugin_dir) for plan in current().plans],
-            plugin_dir)
+        self.state = state
+        self.plugin_dir = plugin_dir
+        self.manager = self._plugins()
         self._sinks: ApiSinks | None = None
         #: The uid of the Node the GPUDevices were last published under (their owner).
         self._owner_uid: str | None = None
+
+    def _plugins(self) -> PluginManager:
+        return PluginManager([PluginServer(plan, self.state, self.allocator, self.plugin_dir)
+                              for plan in self.current().plans], self.plugin_dir)
+
+    @property
+    def applies_mig_layouts(self) -> bool:
+        return True
+
+    def layout_changed(self) -> None:
+        """Serve the plugins of the resources the cards back now (a carved card backs
+        `nvidia.com/mig-*`, no longer `nvidia.com/gpu`): kubelet sees them registered again;
+        then the GPUDevices' spec (their instances) and the Node's capacity."""
+        self.manager.stop()
+        self.manager = self._plugins()
+        self.manager.start()
+        if self.client is not None:
+            snap = self.current()
+            publish_inventory(self.client, snap.node, self.reasons(), self._owner_uid)
+            patch_node_capacity(self.client, self.node, snap.capacity, snap.allocatable,
+                                self.config)
 
     def capacity(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
         snap = self.current()

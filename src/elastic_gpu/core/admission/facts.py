@@ -12,6 +12,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.dra.nodemode import is_dra_node
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodestatus import gpu_capacity
@@ -20,6 +21,8 @@ from elastic_gpu.core.resources import MILLI_PER_CARD, PERCENT_PER_CARD, Measure
 
 #: Node labels naming the card model (the agent's, NVIDIA's GPU feature discovery's).
 MODEL_LABELS = (ann.GPU_MODEL_LABEL, "nvidia.com/gpu.product")
+#: the node's GPU count as NVIDIA's GPU feature discovery labels it (the sandbox's nodes too)
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,16 @@ def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
     if cards == 0 and not migs:
         return None
     model = next((str(labels[k]) for k in MODEL_LABELS if isinstance(labels.get(k), str)), "")
+    if labels.get(ann.MIG_DYNAMIC_LABEL) == "true":
+        # dynamic MIG carves any profile of the model on demand, and merges carved cards back
+        # for whole-card pods (docs/mig-apply.md): every card of the node (GPU feature
+        # discovery's count) may be whole again
+        mig_table = mig_model(model)
+        if mig_table is not None:
+            migs.update(p.profile.resource_name for p in mig_table.profiles)
+        count = str(labels.get(GPU_COUNT_LABEL, ""))
+        if count.isdigit() and count.isascii():
+            cards = max(cards, int(count))
     return NodeGpus(str(meta.get("name", "")), cards, memory_total // cards if cards else 0, model,
                     frozenset(migs))
 

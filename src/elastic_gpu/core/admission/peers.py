@@ -13,6 +13,7 @@ from elastic_gpu.core.admission.jsonpatch import PatchOp, pointer, set_annotatio
 from elastic_gpu.core.admission.rules import AdmissionRule, Refusal
 from elastic_gpu.core.peers import PeerFacts, PeerRefusal, Rewrite, Translation
 from elastic_gpu.core.peers.hami import hami_annotations
+from elastic_gpu.core.peers.hami_mig import mig_rewrite, wants_mig
 from elastic_gpu.core.peers.kai import kai_translation
 from elastic_gpu.core.peers.koordinator import koordinator_rewrite
 from elastic_gpu.core.peers.vgpu import VOCABULARIES, vgpu_rewrite
@@ -30,7 +31,11 @@ def translate(pod: Mapping[str, Any], facts: ClusterFacts) -> Translation:
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
     out = hami_annotations(annotations or {}, known) + kai_translation(pod, known)
+    mig = wants_mig(annotations or {})
     for item in lifetime_containers(pod):
+        if mig:
+            out += _mig_translation(item.name, item.container, known)
+            continue
         found = [vgpu_rewrite(v, item.name, item.container, known) for v in VOCABULARIES]
         found.append(koordinator_rewrite(item.name, item.container, known))
         for got in found:
@@ -38,6 +43,18 @@ def translate(pod: Mapping[str, Any], facts: ClusterFacts) -> Translation:
                 out += Translation(refusals=tuple(got))
             elif got is not None:
                 out += Translation(rewrites=(got,))
+    return out
+
+
+def _mig_translation(name: str, container: Mapping[str, Any], facts: PeerFacts) -> Translation:
+    """HAMi's dynamic MIG mode: the container's vGPU request as MIG instances."""
+    out = Translation()
+    for vocab in VOCABULARIES:
+        got = mig_rewrite(vocab, name, container, facts)
+        if isinstance(got, list):
+            out += Translation(refusals=tuple(got))
+        elif got is not None:
+            out += Translation(rewrites=(got[0],), annotations=got[1])
     return out
 
 

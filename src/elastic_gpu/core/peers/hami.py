@@ -9,7 +9,8 @@
 - `hami.io/node-scheduler-policy` / `gpu-scheduler-policy` (binpack, spread) as our node and
   card policies of those names;
 - `nvidia.com/vgpu-mode` / `volcano.sh/vgpu-mode`: `hami-core` is what our shares are;
-  `mig` (HAMi's dynamic MIG) is refused with its reason until dynamic MIG lands.
+  `mig` (HAMi's dynamic MIG) is served by ours: the containers' requests become MIG
+  profiles (`core.peers.hami_mig`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ CARD_POLICY = "hami.io/gpu-scheduler-policy"
 VGPU_MODE = ("nvidia.com/vgpu-mode", "volcano.sh/vgpu-mode")
 #: HAMi's policy names and ours
 POLICIES = {"binpack": "binpack", "spread": "spread"}
-MIG_MODE_REASON = ("HAMi's dynamic MIG mode is not served yet (the dynamic MIG issue); ask a "
-                   "MIG profile such as nvidia.com/mig-3g.20gb, or drop the annotation for a "
-                   "HAMi-core share")
 
 PEER_ANNOTATIONS = (USE_TYPE, NOUSE_TYPE, *USE_UUID, *NOUSE_UUID, NODE_POLICY, CARD_POLICY,
                     *VGPU_MODE)
@@ -50,9 +48,6 @@ def hami_annotations(annotations: Mapping[str, str], facts: PeerFacts) -> Transl
     """Our annotations for HAMi's (and Volcano's), or the refusals naming HAMi's key."""
     out: dict[str, str] = {}
     refusals: list[PeerRefusal] = []
-    for key in VGPU_MODE:
-        if key in annotations and "mig" in str(annotations[key]).lower():
-            refusals.append(PeerRefusal(key, str(annotations[key]), MIG_MODE_REASON))
     for key, ours in ((USE_TYPE, ann.GPU_MODEL_ALLOW), (NOUSE_TYPE, ann.GPU_MODEL_DENY)):
         types = _items(str(annotations.get(key, "")))
         if not types:

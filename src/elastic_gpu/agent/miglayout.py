@@ -1,0 +1,229 @@
+"""The agent's MIG applier: carries out its node's MigLayouts, one crash-safe step at a time.
+
+Every round (`MigApplier.round`) it lists the MigLayouts of its node (label
+`elasticgpu.io/node`) and, for each card, decides the next step afresh with
+`core.mig.apply.next_step` from the wanted layout, the card's real instances (the backend's
+`discover`, never a memory of earlier steps), who holds the card (`holders`: the ledger's
+trusted assignments and ElasticGPUs on this node) and the card's fence:
+
+- `FenceCard`: `status.fence` is written on the card's GPUDevice, which the extender reads as
+  `Health.FENCED` (nothing new is placed on it or its instances: `FitKind.CARD_FENCED`);
+- `Settle`: the fence stands `FENCE_SETTLE_S` before anything changes (a bind decided before
+  the fence was seen lands first, and then holds the card: the step is `Blocked`);
+- `Destroy` / `Create`: `Backend.apply_mig_step`, then `published()` (the GPUDevices, the
+  Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it now is;
+- `Unfence`: the fence is removed (as wanted, or blocked by a holder);
+- after every step the MigLayout's status (phase, observedGeneration, reason, the real
+  instances) is written, so `kubectl get miglayout` says how far the card got.
+
+A restarted applier keeps nothing: a fence it finds on a GPUDevice counts from its own start
+(it settles again; a fence whose MigLayout is gone is removed), and the real layout is read
+from the backend, so an applier SIGKILLed at any point carries on and never destroys an
+instance someone holds (docs/mig-apply.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_gpu.agent.accounting import holding_pods
+from elastic_gpu.agent.backends.base import Backend, BackendError
+from elastic_gpu.api import gpudevice as gd
+from elastic_gpu.api import miglayout as ml
+from elastic_gpu.api.elasticgpu import elasticgpu_from_object
+from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.mig.apply import (
+    Blocked,
+    Create,
+    Destroy,
+    Done,
+    Fence,
+    FenceCard,
+    Refuse,
+    Settle,
+    Step,
+    Unfence,
+    holders_of,
+    next_step,
+    placed_of,
+    placement_problems,
+)
+from elastic_gpu.core.model import Card
+from elastic_gpu.kube.errors import ApiError, NotFound
+from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, MIG_LAYOUTS, PODS
+from elastic_gpu.kube.sync import SyncKubeClient
+
+log = logging.getLogger(__name__)
+
+#: at most this many steps on one card per round (a layout has at most 7 instances: 7
+#: destroys, 7 creates, fence and unfence)
+MAX_STEPS_PER_ROUND = 16
+
+
+def fence_reason(layout: ml.MigLayout) -> str:
+    return f"MigLayout {layout.name} (generation {layout.generation}): layout changing"
+
+
+def held_on_node(pods: Iterable[Mapping[str, Any]], egpus: Iterable[Mapping[str, Any]],
+                 node: str) -> list[tuple[str, Assignment]]:
+    """What the ledger says is held on `node`: the pods' trusted assignments
+    (`accounting.holding_pods`) and the ElasticGPUs on the node (`elasticgpu:<name>`)."""
+    held = list(holding_pods(pods, node))
+    for obj in egpus:
+        try:
+            egpu = elasticgpu_from_object(obj)
+        except (ValueError, TypeError):
+            continue
+        if egpu.node == node:
+            held.append((ledger_key(egpu.name), egpu_assignment(egpu)))
+    return held
+
+
+@dataclass
+class MigApplier:
+    """One node's applier (see the module doc). `published` republishes the node's cards after
+    a step; `clock` is monotonic seconds (the fence's settle time)."""
+
+    client: SyncKubeClient
+    node: str
+    backend: Backend
+    published: Callable[[], None]
+    clock: Callable[[], float] = time.monotonic
+    #: card uuid -> when its fence was first seen set by this process
+    fences: dict[str, float] = field(default_factory=dict)
+    #: called after each step is carried out (tests SIGKILL here)
+    after_step: Callable[[Step], None] = lambda step: None
+    _started: bool = False
+    #: layout name -> the status last written (a card as wanted is not rewritten every round)
+    _written: dict[str, Any] = field(default_factory=dict)
+
+    def _cards(self) -> dict[str, Card]:
+        return {card.uuid: card for card in self.backend.discover()}
+
+    def _read_fences(self, cards: Iterable[Card]) -> None:
+        """A restart: a fence left on a GPUDevice counts from now (settle again)."""
+        for card in cards:
+            try:
+                obj = self.client.get(GPUDEVICES.path(name=gd.object_name(self.node, card.index)))
+            except NotFound:
+                continue
+            if (obj.get("status") or {}).get("fence"):
+                self.fences.setdefault(card.uuid, self.clock())
+
+    def layouts(self) -> list[ml.MigLayout]:
+        items, _ = self.client.list(MIG_LAYOUTS.path(),
+                                    {"labelSelector": f"{gd.NODE_LABEL}={self.node}"})
+        out = []
+        for obj in items:
+            try:
+                layout = ml.layout_from_object(obj)
+            except ml.MigLayoutError as err:
+                log.warning("MigLayout skipped: %s", err)
+                continue
+            if layout.node == self.node:
+                out.append(layout)
+        return out
+
+    def holders(self) -> list[tuple[str, Assignment]]:
+        pods, _ = self.client.list(PODS.path(),
+                                   {"fieldSelector": f"spec.nodeName={self.node}"})
+        try:
+            egpus, _ = self.client.list(ELASTICGPUS.path())
+        except NotFound:  # the Elastic GPU API is not installed: no ElasticGPU holds a card
+            egpus = []
+        return held_on_node(pods, egpus, self.node)
+
+    def round(self) -> dict[str, str]:
+        """Carry every layout of the node as far as it goes now; returns card uuid -> phase."""
+        cards = self._cards()
+        if not self._started:
+            self._read_fences(cards.values())
+            self._started = True
+        phases = {}
+        layouts = self.layouts()
+        for uuid in sorted(set(self.fences) - {layout.card_uuid for layout in layouts}):
+            if uuid in cards:  # its MigLayout was deleted mid-change: give the card back
+                self._fence(cards[uuid], None)
+            self.fences.pop(uuid, None)
+        for layout in layouts:
+            card = cards.get(layout.card_uuid)
+            if card is None:
+                self._status(layout, "Refused", f"node {self.node} has no card "
+                             f"{layout.card_uuid}", ())
+                phases[layout.card_uuid] = "Refused"
+                continue
+            try:
+                phases[layout.card_uuid] = self.apply(layout, card)
+            except (ApiError, BackendError) as err:
+                log.warning("MigLayout %s: %s", layout.name, err)
+                phases[layout.card_uuid] = "Pending"
+        return phases
+
+    def apply(self, layout: ml.MigLayout, card: Card) -> str:
+        """Steps on one card until it is done, blocked, refused or settling; its phase."""
+        if card.uuid not in self.fences and placed_of(card.mig) == sorted(layout.instances) \
+                and not placement_problems(card.model, layout.instances):
+            # as wanted, unfenced: done whoever holds it (no pod list in the steady state)
+            self._status(layout, "Applied", "", card.mig)
+            return "Applied"
+        held = self.holders()
+        for _ in range(MAX_STEPS_PER_ROUND):
+            since = self.fences.get(card.uuid)
+            step = next_step(card.model, layout.instances, card.mig,
+                             holders_of(card.uuid, held), Fence(since), self.clock())
+            reason = ""
+            if isinstance(step, Refuse | Blocked):
+                reason = step.reason
+            elif isinstance(step, FenceCard):
+                self._fence(card, fence_reason(layout))
+                self.fences[card.uuid] = self.clock()
+            elif isinstance(step, Unfence):
+                self._fence(card, None)
+                self.fences.pop(card.uuid, None)
+                reason = step.reason
+            elif isinstance(step, Destroy | Create):
+                try:
+                    self.backend.apply_mig_step(card.uuid, step)
+                except BackendError as err:  # the card refused: alone, with the reason
+                    self._status(layout, "Refused", str(err), card.mig)
+                    return "Refused"
+                card = self._cards()[card.uuid]
+                self.published()
+            phase = "Blocked" if isinstance(step, Unfence) and step.reason else step.phase
+            self._status(layout, phase, reason, card.mig)
+            self.after_step(step)
+            if isinstance(step, Done | Refuse | Blocked | Settle | Unfence):
+                return phase
+            held = self.holders()  # a bind may land while the fence settles
+        return "Applying"
+
+    def _fence(self, card: Card, reason: str | None) -> None:
+        self.client.patch(GPUDEVICES.path(name=gd.object_name(self.node, card.index),
+                                          subresource="status"), {"status": {"fence": reason}})
+
+    def _status(self, layout: ml.MigLayout, phase: str, reason: str,
+                real: Sequence[Any]) -> None:
+        body = ml.status_body(phase, layout.generation, reason, real)
+        if self._written.get(layout.name) == body and layout.phase == phase:
+            return
+        try:
+            self.client.patch(MIG_LAYOUTS.path(name=layout.name, subresource="status"), body)
+        except NotFound:
+            return  # deleted meanwhile: the card is as it is, nothing waits for the status
+        self._written[layout.name] = body
+
+
+def run(applier: MigApplier, stop: Callable[[float], bool], period_s: float = 1.0) -> None:
+    """Rounds every `period_s` until `stop(period_s)` (e.g. `threading.Event.wait`) is true."""
+    while True:
+        try:
+            applier.round()
+        except Exception:
+            log.exception("MIG layouts of %s", applier.node)
+        if stop(period_s):
+            return

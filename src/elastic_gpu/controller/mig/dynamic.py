@@ -1,0 +1,235 @@
+"""The mig-dynamic controller (issue 42): carve cards for the MIG demand that waits, merge them
+back for whole-card demand, never under a holder. Writes MigLayouts; the agents apply them.
+
+One level-triggered round at a time (one work-queue key), on every change of pods, Nodes,
+GPUDevices, ElasticGPUs and MigLayouts, and every `RESYNC_S` (a cool-down ends by time):
+
+1. the waiting pods (kube-scheduler found no node: `core.defrag.movable.waiting_for_capacity`)
+   become demand (`core.mig.cardstate.pod_demand`: one `MigDemand` per instance asked, one
+   `WholeDemand` for whole cards), each allowed the opted-in nodes its selector, affinity and
+   tolerations accept;
+2. the cards, as the planner sees them (`core.mig.dynamic.card_states`): held instances and
+   cards from the ledger (pods' trusted assignments, ElasticGPUs), opted in only on Nodes
+   labelled `elasticgpu.io/mig-dynamic=true`, and a card whose MigLayout is still being applied
+   shown as its target and left alone;
+3. `core.mig.planner.plan`, and one MigLayout written (created, or its spec replaced) per card
+   plan. The node's agent fences the card, applies the layout step by step and says how far it
+   got in the MigLayout's status (`agent.miglayout`).
+
+Nothing is kept between rounds that a restarted controller needs: what is in flight is in the
+MigLayouts; only the cool-down clock (`changed_at`, from this process's writes and the last
+time a card was seen held) starts again, which lets a card be merged back sooner, never under a
+holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from elastic_gpu.api import elasticgpu as egpu_api
+from elastic_gpu.api import gpudevice
+from elastic_gpu.api import miglayout as ml
+from elastic_gpu.controller.config import MigDynamicConfig
+from elastic_gpu.controller.manager import Context
+from elastic_gpu.controller.worker import Done, Outcome, work
+from elastic_gpu.core.annotations import ASSIGNED_NODE, MIG_DYNAMIC_LABEL
+from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust, pod_assignment
+from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
+from elastic_gpu.core.defrag.movable import waiting_for_capacity
+from elastic_gpu.core.dra.nodemode import is_dra_node
+from elastic_gpu.core.mig.apply import Placed
+from elastic_gpu.core.mig.cardstate import MigDemand, Plan, PlannerConfig, WholeDemand, pod_demand
+from elastic_gpu.core.mig.dynamic import card_states, in_flight, layout_of, ledger_holds
+from elastic_gpu.core.mig.planner import plan
+from elastic_gpu.core.model import Node
+from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest, taints_from_node
+from elastic_gpu.core.podlife import holds_cards
+from elastic_gpu.core.request import pod_request_from_manifest
+from elastic_gpu.core.resources import ResourceError
+from elastic_gpu.kube.errors import Conflict, NotFound
+from elastic_gpu.kube.informer import Handler
+from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, MIG_LAYOUTS, NODES, PODS
+from elastic_gpu.kube.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+ROUND = "round"
+#: how often a round runs with nothing changing (cool-downs end by time)
+RESYNC_S = 2.0
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def held_in_ledger(pods: Sequence[Mapping[str, Any]], egpus: Sequence[Mapping[str, Any]]
+                   ) -> list[tuple[str, Assignment]]:
+    """Every trusted holding: bound pods holding their cards with the Binding's assignment
+    (`core.assignment.distrust`), and every ElasticGPU."""
+    held = []
+    for pod in pods:
+        if not holds_cards(pod):
+            continue
+        try:
+            assignment = pod_assignment(pod)
+        except AssignmentError:
+            continue
+        if assignment is None:
+            continue
+        meta = _meta(pod)
+        annotations = meta.get("annotations") or {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if distrust(node, annotations.get(ASSIGNED_NODE), assignment) is None:
+            held.append((f"{meta.get('namespace')}/{meta.get('name')}", assignment))
+    for obj in egpus:
+        try:
+            egpu = egpu_api.elasticgpu_from_object(obj)
+        except egpu_api.ElasticGPUObjectError:
+            continue
+        held.append((ledger_key(egpu.name), egpu_assignment(egpu)))
+    return held
+
+
+class MigDynamicController:
+    name = "mig-dynamic"
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.client = ctx.client
+        self.config: MigDynamicConfig = ctx.config.mig.dynamic
+        self.queue: WorkQueue[str] = WorkQueue(ctx.new_backoff())
+        f = ctx.informers
+        self.pods = f.informer(PODS.path(), "pods")
+        self.nodes = f.informer(NODES.path(), "nodes")
+        self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
+        self.egpus = f.informer(ELASTICGPUS.path(), "elasticgpus", missing_ok=True)
+        self.layouts = f.informer(MIG_LAYOUTS.path(), "miglayouts", missing_ok=True)
+        #: card uuid -> when (monotonic) its layout was last written or it was last seen held
+        self.changed_at: dict[str, float] = {}
+        self.clock = time.monotonic
+        if self.config.enabled:  # off: not even woken up
+            changed = Handler(on_add=lambda _o: self.kick(),
+                              on_update=lambda _o, _n: self.kick(),
+                              on_delete=lambda _o: self.kick())
+            for informer in (self.pods, self.nodes, self.devices, self.egpus, self.layouts):
+                informer.add_handler(changed)
+
+    def kick(self) -> None:
+        self.queue.add(ROUND)
+
+    async def run(self, workers: int) -> None:
+        del workers  # one round at a time
+        if not self.config.enabled:
+            log.info("mig-dynamic: off (mig.dynamic.enabled is false in --config)")
+            await asyncio.Event().wait()  # until cancelled
+        self.kick()
+        try:
+            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
+                       expected=(Conflict, NotFound), describe=lambda _: "mig-dynamic round")
+        finally:
+            self.queue.shutdown()
+
+    async def _round_key(self, key: str) -> Outcome:
+        del key
+        await self.round(self.clock())
+        return Done(after=RESYNC_S)
+
+    # ------------------------------------------------------------------ reading the caches
+
+    def _nodes(self) -> list[Node]:
+        devices = []
+        for obj in self.devices.items():
+            try:
+                gpudevice.card_from_object(obj)
+            except gpudevice.GPUDeviceError as err:
+                log.debug("GPUDevice skipped: %s", err)
+                continue
+            devices.append(obj)
+        return gpudevice.nodes_from_objects(devices, self.nodes.items())
+
+    def _layouts(self) -> dict[str, ml.MigLayout]:
+        out = {}
+        for obj in self.layouts.items():
+            try:
+                layout = ml.layout_from_object(obj)
+            except ml.MigLayoutError as err:
+                log.debug("MigLayout skipped: %s", err)
+                continue
+            out[layout.card_uuid] = layout
+        return out
+
+    def _demand(self, pods: Sequence[Mapping[str, Any]], opted: Mapping[str, Mapping[str, Any]]
+                ) -> tuple[list[MigDemand], list[WholeDemand]]:
+        mig: list[MigDemand] = []
+        whole: list[WholeDemand] = []
+        for pod in pods:
+            if not waiting_for_capacity(pod):
+                continue
+            try:
+                request = pod_request_from_manifest(pod)
+                rules = rules_from_manifest(pod)
+            except (ResourceError, RulesError, ValueError):
+                continue
+            if not request.wants_gpu:
+                continue
+            allowed = frozenset(
+                name for name, node in opted.items()
+                if refusal(rules, name, _meta(node).get("labels") or {},
+                           taints_from_node(node)) is None)
+            if not allowed:
+                continue
+            m, w = pod_demand(request, allowed)
+            mig += m
+            whole += w
+        return mig, whole
+
+    # ------------------------------------------------------------------ the round
+
+    async def round(self, now: float) -> Plan | None:
+        """One round (module doc); returns the plan it carried out (None: nothing waits)."""
+        if not self.config.enabled:
+            return None
+        opted = {str(_meta(n).get("name")): n for n in self.nodes.items()
+                 if (_meta(n).get("labels") or {}).get(MIG_DYNAMIC_LABEL) == "true"
+                 and not is_dra_node(_meta(n).get("labels") or {})}
+        pods = self.pods.items()
+        held_instances, held_cards = ledger_holds(held_in_ledger(pods, self.egpus.items()))
+        layouts = self._layouts()
+        nodes = self._nodes()
+        for node in nodes:  # the cool-down counts from the last release
+            for card in node.cards:
+                if card.uuid in held_cards or any(m.uuid in held_instances for m in card.mig):
+                    self.changed_at[card.uuid] = now
+        demand, whole = self._demand(pods, opted)
+        if not demand and not whole:
+            return None
+        changing = {uuid: layout.instances for uuid, layout in layouts.items()
+                    if in_flight(layout.generation, layout.observed_generation, layout.phase)}
+        cards = card_states(nodes, opted, held_instances, held_cards, changing, self.changed_at)
+        decided = plan(demand, cards, whole, now=now, config=PlannerConfig(
+            self.config.merge_cooldown_s, self.config.max_cards_per_round))
+        for card_plan in decided.cards:
+            log.info("MigLayout for %s card %s: %s", card_plan.node, card_plan.card,
+                     card_plan.reason)
+            await self._write(card_plan.node, card_plan.card, layout_of(card_plan),
+                              layouts.get(card_plan.card))
+            self.changed_at[card_plan.card] = now
+        return decided
+
+    async def _write(self, node: str, card: str, instances: Sequence[Placed],
+                     existing: ml.MigLayout | None) -> None:
+        body = ml.layout_spec(node, card, instances)
+        if existing is None:
+            try:
+                await self.client.create(MIG_LAYOUTS.path(), body)
+                return
+            except Conflict:
+                pass  # there already (our cache is behind): replace its spec
+        await self.client.patch(MIG_LAYOUTS.path(name=body["metadata"]["name"]),
+                                {"metadata": {"labels": body["metadata"]["labels"]},
+                                 "spec": body["spec"]})

@@ -1,0 +1,35 @@
+"""`python -m elastic_gpu.devcluster.allocation_sync ARGS` that SIGKILLs itself right after the
+MIG applier's first published step (a MIG instance created or destroyed on a fake card and the
+node's GPUDevices written, the MigLayout's status and the card's fence not yet): the agent's
+crash mid-change of dynamic MIG (issue 42), at a deterministic point. Test-only: run as a
+script (`python mig_agent_crash.py ARGS`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    from elastic_gpu.devcluster import allocation_sync, mig_agent
+
+    original = mig_agent.publish_node
+
+    def publish_node(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        sys.stderr.write("mig_agent_crash: a MIG step published; SIGKILL now\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    mig_agent.publish_node = publish_node  # type: ignore[assignment]
+    allocation_sync.app(args=sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
