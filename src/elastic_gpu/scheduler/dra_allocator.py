@@ -164,12 +164,9 @@ class DraAllocator:
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
                                params={"fieldSelector": f"spec.driver={DRIVER}"},
                                missing_ok=True)
-        # the DRA-mode Nodes, for their labels and taints (the pods' node filter) and
-        # allocatable; a node is placed on when this driver's slices publish its cards, which
-        # only a DRA-mode node's agent does (it refuses to start on a node without the label).
-        # Only those: every other Node's heartbeats would be decoded here, and encoded for this
-        # watch by kube-apiserver, for nothing (1,000 kwok nodes: most of this process's idle
-        # CPU)
+        # the DRA-mode Nodes (labels, taints, allocatable): only their agents publish this
+        # driver's slices (it refuses a node without the label); every other Node's heartbeats
+        # would be encoded by kube-apiserver and decoded here for nothing
         self.nodes = Informer(client, NODES.path(), name="dra allocator nodes",
                               params={"labelSelector": DRA_NODE_SELECTOR})
         self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes",
@@ -196,10 +193,8 @@ class DraAllocator:
         self.placed_count = 0
         #: pods whose allocations were cleared before their gate lifted (given twice)
         self.cleared_count = 0
-        #: keys of the unbound pods that name ResourceClaims: the only ones a pass looks at
-        #: (a pod's claims and scheduler name are immutable), so a pass over a cluster of
-        #: device-plugin pods costs nothing per pod, and their events wake no pass (a dict:
-        #: in the order they came, as the store's)
+        #: the unbound pods naming ResourceClaims (immutable), in the order they came: the
+        #: only pods a pass looks at; the others' events wake no pass
         self._claimants: dict[str, None] = {}
         for informer in self._informers:
             if informer is not self.pods:
