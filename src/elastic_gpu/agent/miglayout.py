@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_gpu.agent.accounting import holding_pods
 from elastic_gpu.agent.backends.base import Backend, BackendError
@@ -84,6 +84,57 @@ def held_on_node(pods: Iterable[Mapping[str, Any]], egpus: Iterable[Mapping[str,
     return held
 
 
+class CardFence(Protocol):
+    """Where a node mode keeps a card's fence: the GPUDevice's `status.fence` on a
+    device-plugin node (`GpuDeviceFence`), the card's devices' taint in the ResourceSlices on a
+    DRA node (`agent.dra.miglayout`)."""
+
+    def fenced(self, cards: Sequence[Card]) -> set[str]:
+        """The uuids of `cards` fenced now (a restarted applier settles them again)."""
+        ...
+
+    def set(self, card: Card, reason: str | None) -> None:
+        """Fence the card (`reason`) or lift its fence (None)."""
+        ...
+
+
+#: who holds what on a node, given its cards now (`MigApplier.held`)
+HeldOn = Callable[[Sequence[Card]], list[tuple[str, Assignment]]]
+
+
+@dataclass
+class GpuDeviceFence:
+    """The fence of a device-plugin node: `status.fence` on the card's GPUDevice."""
+
+    client: SyncKubeClient
+    node: str
+
+    def fenced(self, cards: Sequence[Card]) -> set[str]:
+        out = set()
+        for card in cards:
+            try:
+                obj = self.client.get(GPUDEVICES.path(name=gd.object_name(self.node, card.index)))
+            except NotFound:
+                continue
+            if (obj.get("status") or {}).get("fence"):
+                out.add(card.uuid)
+        return out
+
+    def set(self, card: Card, reason: str | None) -> None:
+        self.client.patch(GPUDEVICES.path(name=gd.object_name(self.node, card.index),
+                                          subresource="status"), {"status": {"fence": reason}})
+
+
+def pod_holders(client: SyncKubeClient, node: str) -> list[tuple[str, Assignment]]:
+    """A device-plugin node's holders: its pods' trusted assignments and its ElasticGPUs."""
+    pods, _ = client.list(PODS.path(), {"fieldSelector": f"spec.nodeName={node}"})
+    try:
+        egpus, _ = client.list(ELASTICGPUS.path())
+    except NotFound:  # the Elastic GPU API is not installed: no ElasticGPU holds a card
+        egpus = []
+    return held_on_node(pods, egpus, node)
+
+
 @dataclass
 class MigApplier:
     """One node's applier (see the module doc). `published` republishes the node's cards after
@@ -98,6 +149,10 @@ class MigApplier:
     fences: dict[str, float] = field(default_factory=dict)
     #: called after each step is carried out (tests SIGKILL here)
     after_step: Callable[[Step], None] = lambda step: None
+    #: where the fence is kept (None: the GPUDevices', `GpuDeviceFence`)
+    fence: CardFence | None = None
+    #: who holds what on the node, given its cards now (None: `pod_holders`)
+    held: HeldOn | None = None
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
@@ -105,15 +160,15 @@ class MigApplier:
     def _cards(self) -> dict[str, Card]:
         return {card.uuid: card for card in self.backend.discover()}
 
+    def _fence_io(self) -> CardFence:
+        if self.fence is None:
+            self.fence = GpuDeviceFence(self.client, self.node)
+        return self.fence
+
     def _read_fences(self, cards: Iterable[Card]) -> None:
-        """A restart: a fence left on a GPUDevice counts from now (settle again)."""
-        for card in cards:
-            try:
-                obj = self.client.get(GPUDEVICES.path(name=gd.object_name(self.node, card.index)))
-            except NotFound:
-                continue
-            if (obj.get("status") or {}).get("fence"):
-                self.fences.setdefault(card.uuid, self.clock())
+        """A restart: a fence left on a card counts from now (settle again)."""
+        for uuid in self._fence_io().fenced(list(cards)):
+            self.fences.setdefault(uuid, self.clock())
 
     def layouts(self) -> list[ml.MigLayout]:
         items, _ = self.client.list(MIG_LAYOUTS.path(),
@@ -130,13 +185,9 @@ class MigApplier:
         return out
 
     def holders(self) -> list[tuple[str, Assignment]]:
-        pods, _ = self.client.list(PODS.path(),
-                                   {"fieldSelector": f"spec.nodeName={self.node}"})
-        try:
-            egpus, _ = self.client.list(ELASTICGPUS.path())
-        except NotFound:  # the Elastic GPU API is not installed: no ElasticGPU holds a card
-            egpus = []
-        return held_on_node(pods, egpus, self.node)
+        if self.held is not None:
+            return self.held(list(self._cards().values()))
+        return pod_holders(self.client, self.node)
 
     def round(self) -> dict[str, str]:
         """Carry every layout of the node as far as it goes now; returns card uuid -> phase."""
@@ -203,8 +254,7 @@ class MigApplier:
         return "Applying"
 
     def _fence(self, card: Card, reason: str | None) -> None:
-        self.client.patch(GPUDEVICES.path(name=gd.object_name(self.node, card.index),
-                                          subresource="status"), {"status": {"fence": reason}})
+        self._fence_io().set(card, reason)
 
     def _status(self, layout: ml.MigLayout, phase: str, reason: str,
                 real: Sequence[Any]) -> None:

@@ -248,7 +248,9 @@ class Agent:
 
     def _mig_loop(self) -> None:
         assert self.client is not None
-        applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed)
+        fence, held = self.mode.mig_seam()
+        applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed,
+                             fence=fence, held=held)
         run_mig(applier, self._stop.wait, MIG_PERIOD_S)
 
     def sync_allocations(self) -> dict[int, CardUse]:
