@@ -121,3 +121,68 @@ def test_the_dra_agents_fence_is_read_back_from_its_slices() -> None:
     assert fence.fenced(CARDS) == {CARDS[1].uuid}
     fence.set(CARDS[1], None)
     assert fence.current() == frozenset()
+
+
+class NoPods:
+    def pending_on_node(self, node: str) -> list[dict[str, Any]]:
+        return []
+
+    on_node = live_on_node = pending_on_node
+
+
+def test_the_dra_agent_applies_a_layout_through_its_own_seam() -> None:
+    """The agent in DRA mode (`DraNode`): the applier runs with the mode's fence and holders,
+    fences the card in its slice, carves it and republishes the partitionable devices; a
+    restarted mode keeps the fence it finds in its slices (published again tainted)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    from typing import cast
+
+    from elastic_gpu.agent.backends.fake import FakeBackend
+    from elastic_gpu.agent.config import parse_config
+    from elastic_gpu.agent.dra.node import DraNode
+    from elastic_gpu.agent.miglayout import MigApplier
+    from elastic_gpu.agent.runtime import Agent
+    from elastic_gpu.kube.sync import SyncKubeClient
+
+    root = Path(tempfile.mkdtemp(prefix="egpu-migdra-", dir="/tmp"))  # short: socket paths
+    api = MemoryApi()
+    host = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    api.add(NODES.path(), {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": NODE, "uid": "uid-1",
+        "labels": {GPU_MODE_LABEL: GPU_MODE_DRA, MIG_DYNAMIC_LABEL: "true"}},
+        "status": {"capacity": dict(host), "allocatable": dict(host)}})
+    config = parse_config({"usage": {"enabled": False}, "syncSeconds": 3600,
+                           "healthCheck": {"enabled": False}, "dra": {
+                               "enabled": True, "pluginDirectory": str(root / "dra"),
+                               "registryDirectory": str(root / "registry"),
+                               "cdiDirectory": str(root / "cdi")}})
+
+    def agent() -> Agent:
+        return Agent(config, FakeBackend.from_cards(CARDS, NODE), NODE,
+                     client=cast(SyncKubeClient, api), pods=NoPods(),
+                     plugin_dir=root / "plugins")
+
+    first = agent()
+    first.mode.start()
+    try:
+        assert isinstance(first.mode, DraNode) and first.mode.applies_mig_layouts
+        fence, held = first.mode.mig_seam()
+        clock = ManualClock()
+        applier = MigApplier(cast(SyncKubeClient, api), NODE, first.backend,
+                             first.layout_changed, clock=clock, fence=fence, held=held)
+        want(api, CARDS[1].uuid, Placed(4, P3))
+        applier.round()
+        assert tainted(api) == ["gpu-1"]
+        again = agent()  # an agent restarted while the card is fenced
+        again.mode.start()
+        assert tainted(api) == ["gpu-1"]  # its first publish keeps the fence
+        clock.advance(FENCE_SETTLE_S)
+        assert applier.round() == {CARDS[1].uuid: "Applied"}
+        assert tainted(api) == []
+        cards = node_cards(existing_slices(api, NODE))[NODE]  # type: ignore[arg-type]
+        assert [(m.profile.name, m.start) for m in cards[1].mig] == [("3g.40gb", 4)]
+    finally:
+        first.mode.stop()
+        shutil.rmtree(root, ignore_errors=True)
