@@ -16,6 +16,10 @@ trusted assignments and ElasticGPUs on this node) and the card's fence:
 - after every step the MigLayout's status (phase, observedGeneration, reason, the real
   instances) is written, so `kubectl get miglayout` says how far the card got.
 
+Where the fence is kept and who holds a card are the node mode's (`CardFence`, `held`;
+`NodeMode.mig_seam`): the GPUDevice's `status.fence` and the pods' assignments here by default,
+the slices' device taint and the allocated claims on a DRA node (`agent.dra.miglayout`).
+
 A restarted applier keeps nothing: a fence it finds on a GPUDevice counts from its own start
 (it settles again; a fence whose MigLayout is gone is removed), and the real layout is read
 from the backend, so an applier SIGKILLed at any point carries on and never destroys an
