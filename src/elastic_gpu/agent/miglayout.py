@@ -1,10 +1,11 @@
 """The agent's MIG applier: carries out its node's MigLayouts, one crash-safe step at a time.
 
-Every round (`MigApplier.round`) it lists the MigLayouts of its node (label
-`elasticgpu.io/node`) and, for each card, decides the next step afresh with
-`core.mig.apply.next_step` from the wanted layout, the card's real instances (the backend's
-`discover`, never a memory of earlier steps), who holds the card (`holders`: the ledger's
-trusted assignments and ElasticGPUs on this node) and the card's fence:
+Every round (`MigApplier.round`) it reads the MigLayouts of its node (label
+`elasticgpu.io/node`; from a watch, `LayoutCache`, where the agent runs one) and, for each
+card, decides the next step afresh with `core.mig.apply.next_step` from the wanted layout,
+the card's real instances (the backend's `discover`, never a memory of earlier steps), who
+holds the card (`holders`: the ledger's trusted assignments and ElasticGPUs on this node) and
+the card's fence:
 
 - `FenceCard`: `status.fence` is written on the card's GPUDevice, which the extender reads as
   `Health.FENCED` (nothing new is placed on it or its instances: `FitKind.CARD_FENCED`);
@@ -29,8 +30,10 @@ instance someone holds (docs/mig-apply.md).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,6 +62,7 @@ from elastic_gpu.core.mig.apply import (
 )
 from elastic_gpu.core.model import Card
 from elastic_gpu.kube.errors import ApiError, NotFound
+from elastic_gpu.kube.informer import Handler, Informer
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, MIG_LAYOUTS, PODS
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -139,6 +143,43 @@ def pod_holders(client: SyncKubeClient, node: str) -> list[tuple[str, Assignment
     return held_on_node(pods, egpus, node)
 
 
+class LayoutCache:
+    """The node's MigLayouts (label `elasticgpu.io/node`) kept by a watch: a
+    `kube.informer.Informer` (LIST + WATCH, relists on 410 Gone and after failures) that the
+    client runs in its loop thread, so the applier reads its layouts here rather than with a
+    LIST every round. Until the first list is in (`objects` None) the applier lists itself."""
+
+    def __init__(self, client: SyncKubeClient, node: str) -> None:
+        self.client = client
+        self.informer = Informer(client.async_client, MIG_LAYOUTS.path(),
+                                 name=f"MigLayouts of {node}",
+                                 params={"labelSelector": f"{gd.NODE_LABEL}={node}"},
+                                 missing_ok=True)
+        self._lock = threading.Lock()
+        self.version = 0
+        bump = Handler(on_add=lambda _o: self._bump(), on_update=lambda _o, _n: self._bump(),
+                       on_delete=lambda _o: self._bump())
+        self.informer.add_handler(bump)
+        self._run: Future[None] | None = None
+
+    def _bump(self) -> None:
+        with self._lock:
+            self.version += 1
+
+    def objects(self) -> list[dict[str, Any]] | None:
+        """The node's MigLayouts as last seen, or None before the first list."""
+        if not self.informer.has_synced:
+            return None
+        return [dict(obj) for obj in self.informer.items()]
+
+    def start(self) -> None:
+        self._run = self.client.run_informer(self.informer)
+
+    def stop(self) -> None:
+        if self._run is not None:
+            self._run.cancel()
+
+
 @dataclass
 class MigApplier:
     """One node's applier (see the module doc). `published` republishes the node's cards after
@@ -157,6 +198,8 @@ class MigApplier:
     fence: CardFence | None = None
     #: who holds what on the node, given its cards now (None: `pod_holders`)
     held: HeldOn | None = None
+    #: the node's MigLayouts by a watch (None, or not synced yet: a LIST each round)
+    cache: LayoutCache | None = None
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
@@ -175,8 +218,10 @@ class MigApplier:
             self.fences.setdefault(uuid, self.clock())
 
     def layouts(self) -> list[ml.MigLayout]:
-        items, _ = self.client.list(MIG_LAYOUTS.path(),
-                                    {"labelSelector": f"{gd.NODE_LABEL}={self.node}"})
+        items = self.cache.objects() if self.cache is not None else None
+        if items is None:
+            items, _ = self.client.list(MIG_LAYOUTS.path(),
+                                        {"labelSelector": f"{gd.NODE_LABEL}={self.node}"})
         out = []
         for obj in items:
             try:
