@@ -1,12 +1,14 @@
 """ResourceClaims as kube-scheduler leaves them, for the DRA kubelet plugin's tests: the
 allocation results of the driver `gpu.elasticgpu.io` and the pod reservation; and what the
-plugin's CDI spec sets, read back."""
+plugin's CDI spec sets, read back. Claims and gated pods to create, for the allocator's."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from egpu_testing.workbench import pod_manifest
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.devices import DRIVER
 
 
@@ -49,15 +51,31 @@ def claim_object(name: str, namespace: str, uid: str, node: str,
 
 
 def claim_manifest(name: str, namespace: str, request: str = "gpu",
-                   capacity: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   capacity: Mapping[str, str] | None = None,
+                   count: int | None = None) -> dict[str, Any]:
     """A ResourceClaim to create: one request of the driver's card class, with a share of
-    consumable capacity when `capacity` is given."""
+    consumable capacity when `capacity` is given, of `count` devices when given."""
     exactly: dict[str, Any] = {"deviceClassName": "gpu.elasticgpu.io"}
+    if count is not None:
+        exactly["count"] = count
     if capacity is not None:
         exactly["capacity"] = {"requests": dict(capacity)}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"devices": {"requests": [{"name": request, "exactly": exactly}]}}}
+
+
+def gated_claim_pod(name: str, namespace: str, scheduler: str,
+                    node_selector: Mapping[str, str]) -> dict[str, Any]:
+    """A pod of `scheduler` using the ResourceClaim `name` (request "gpu"), gated for our
+    allocator as the webhook's `dra_gate` mutator leaves it, kept to the nodes of
+    `node_selector`."""
+    pod = pod_manifest(name, namespace, scheduler_name=scheduler)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    pod["spec"]["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
+    pod["spec"]["nodeSelector"] = dict(node_selector)
+    return pod
 
 
 def env_of(spec: Mapping[str, Any], name: str) -> dict[str, str]:

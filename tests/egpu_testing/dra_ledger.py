@@ -3,6 +3,9 @@ annotations (`workbench.card_use_from_pods`) plus the ResourceClaims' allocation
 the driver `gpu.elasticgpu.io` (`core.dra.allocation.allocated_devices`, the reading the
 kubelet plugin prepares from), summed per card against the cards the nodes really have.
 
+The agents' side is checked apart (`prepared_over_capacity`): what each node's kubelet plugin
+has prepared, read from its checkpoint file's JSON, summed per card the same way.
+
 The cards of a DRA-mode node come from the caller's inventory (what the sandbox was asked to
 build), not from the slices under test; a device a claim holds that the inventory does not
 have is itself a problem.
@@ -90,3 +93,42 @@ def over_capacity(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[st
     held twice (by pods or by claims), every device held that no node has: [] when sound."""
     use, problems = both_paths_use(pods, claims, nodes)
     return overcommitted(use, nodes) + mig_overheld(pods, nodes) + problems
+
+
+def prepared_over_capacity(checkpoints: Mapping[str, Mapping[str, Any]],
+                           nodes: Sequence[Node]) -> list[str]:
+    """The agents' side: every card over capacity, or MIG instance held twice, across the
+    claims each node's kubelet plugin has prepared, read straight from its checkpoint file's
+    JSON (`{"claims": {uid: {"namespace", "name", "devices": [{"pool", "device", "share":
+    {"index", "milli", "memoryMiB", "migUuid"?}}]}}}`), node name -> that JSON; a device
+    without its share (an older agent's entry) is a problem of its own."""
+    cards = {(n.name, c.index): c for n in nodes for c in n.cards}
+    use: dict[tuple[str, int], CardUse] = {}
+    migs: dict[tuple[str, str], list[str]] = {}
+    problems: list[str] = []
+    for node, data in sorted(checkpoints.items()):
+        for uid, entry in sorted((data.get("claims") or {}).items()):
+            who = f"prepared claim {entry.get('namespace')}/{entry.get('name')} ({uid})"
+            for device in entry.get("devices") or []:
+                share = device.get("share")
+                if device.get("pool") != node or not isinstance(share, Mapping):
+                    problems.append(f"{node}: {who} device {device.get('device')} has no share "
+                                    f"of this node")
+                    continue
+                if share.get("migUuid"):
+                    migs.setdefault((node, str(share["migUuid"])), []).append(who)
+                    continue
+                key = (node, int(share["index"]))
+                old = use.get(key, CardUse())
+                use[key] = CardUse(old.milli + int(share["milli"]),
+                                   old.memory_mib + int(share["memoryMiB"]), (*old.pods, who))
+    for key, u in sorted(use.items()):
+        card = cards.get(key)
+        if card is None:
+            problems.append(f"{key[0]} card {key[1]} does not exist but is prepared for {u.pods}")
+        elif u.milli > card.compute_milli or u.memory_mib > card.memory_mib:
+            problems.append(f"{key[0]} card {key[1]} prepared past capacity: {u.milli} milli, "
+                            f"{u.memory_mib} MiB for {u.pods}")
+    problems += [f"{node} MIG instance {uuid} prepared for {holders}"
+                 for (node, uuid), holders in sorted(migs.items()) if len(holders) > 1]
+    return problems

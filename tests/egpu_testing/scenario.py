@@ -220,6 +220,19 @@ def wait_bound(client: Any, namespace: str, names: list[str], timeout_s: float =
         time.sleep(0.2)
 
 
+def unschedulable_reason(client: Any, namespace: str, name: str, timeout_s: float = 30.0) -> str:
+    """The message of pod `name`'s PodScheduled condition once kube-scheduler has reported it
+    Unschedulable (turned away, with the extender's reasons)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pod = pods_by_name(client, namespace)[name]
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                return str(cond.get("message"))
+        assert time.monotonic() < deadline, f"pod {name} never turned away"
+        time.sleep(0.2)
+
+
 def wait_extender_knows(url: str, nodes: list[str], cards: int, timeout_s: float = 30.0,
                         context: Any = None) -> None:
     """Until the extender's metrics show every card of `nodes` (its caches have them);

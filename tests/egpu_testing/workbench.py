@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +177,29 @@ def plain_kube_scheduler_config(scheduler_name: str, qps: int = 500) -> dict[str
     return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
             "profiles": [{"schedulerName": scheduler_name}],
             "clientConnection": {"qps": qps, "burst": qps}}
+
+
+@contextmanager
+def running_extender(cluster: Any, log_dir: Path, *, config: Mapping[str, Any] | None = None,
+                     start_timeout_s: float = 60.0,
+                     kube_scheduler: Callable[[dict[str, Any]], Any] | None = None
+                     ) -> Iterator[ExtenderProcess]:
+    """An extender on a free port of the test control plane `cluster`, ready (the GPUDevice CRD
+    is installed first: the extender is ready once its watch is), stopped on exit; given the
+    `start_kube_scheduler` fixture, also a kube-scheduler of its own name calling it."""
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+    from elastic_gpu.devcluster.ports import free_ports
+
+    ensure_crd(cluster.kube())
+    (port,) = free_ports(1)
+    process = ExtenderProcess(cluster.kubeconfig, port, log_dir / "extender.log", config=config)
+    process.start(timeout_s=start_timeout_s)
+    try:
+        if kube_scheduler is not None:
+            kube_scheduler(extender_kube_scheduler_config(process.url, process.scheduler_name))
+        yield process
+    finally:
+        process.stop()
 
 
 @dataclass(frozen=True)

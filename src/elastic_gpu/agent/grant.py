@@ -67,9 +67,11 @@ def _check(share: CardShare, cards: Mapping[int, LogicalCard]) -> LogicalCard:
 
 
 def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], config: AgentConfig,
-                visible_env: str, files: DeviceFiles, isolation: Isolation | None) -> Grant:
+                visible_env: str, files: DeviceFiles, isolation: Isolation | None,
+                limit_compute: bool = True) -> Grant:
     """`isolation`: the backend's enforcement for the config's sharing mode (None: shares are
-    only accounted)."""
+    only accounted). `limit_compute`: whether the container asked compute
+    (`core.request.limits_compute`); False: the provider limits its memory only."""
     if not shares:
         raise GrantError("no cards to give")
     logical = [_check(share, cards) for share in shares]
@@ -99,7 +101,7 @@ def build_grant(shares: Sequence[CardShare], cards: Mapping[int, LogicalCard], c
         try:
             settings = isolation.settings([
                 ShareLimit(s.milli, s.memory_mib, len(lc.chips),
-                           tuple(chip.uuid for chip in lc.chips))
+                           tuple(chip.uuid for chip in lc.chips), limit_compute)
                 for s, lc in zip(shares, logical, strict=True)])
         except IsolationError as err:
             raise GrantError(str(err)) from None

@@ -51,6 +51,7 @@ from elastic_gpu.core.request import (
     SpecContainer,
     container_request,
     lifetime_containers,
+    limits_compute,
 )
 from elastic_gpu.core.resources import ResourceError
 
@@ -75,6 +76,9 @@ class Candidate:
     #: the cards the container's share asks (N for a multi-card share, 1 for a one-card
     #: share; 0: not a share, or unreadable)
     share_cards: int = 0
+    #: whether its isolation limits compute: the container asked some
+    #: (`core.request.limits_compute`; False for a memory-only share)
+    limits_compute: bool = True
 
     @property
     def key(self) -> tuple[str, str]:
@@ -138,17 +142,19 @@ def candidates(pods: Iterable[Mapping[str, Any]], node: str, resource: str, coun
                 continue
             found.append(Candidate(str(meta.get("namespace", "")), str(meta.get("name", "")), uid,
                                    cname, str(meta.get("creationTimestamp", "")), shares,
-                                   assignment.claims.get(cname), _share_cards(item)))
+                                   assignment.claims.get(cname), *_share_shape(item)))
     return found, problems
 
 
-def _share_cards(item: SpecContainer) -> int:
-    """The cards a container's share asks (`Candidate.share_cards`)."""
+def _share_shape(item: SpecContainer) -> tuple[int, bool]:
+    """The cards a container's share asks and whether its compute is limited
+    (`Candidate.share_cards`, `Candidate.limits_compute`)."""
     try:
         request = container_request(item.name, item.resources)
     except (ResourceError, ValueError):
-        return 0
-    return request.cards if request.kind is RequestKind.SHARE else 0
+        return 0, True
+    return (request.cards if request.kind is RequestKind.SHARE else 0,
+            limits_compute(request))
 
 
 def choose(found: Sequence[Candidate], problems: Sequence[str], node: str, resource: str,

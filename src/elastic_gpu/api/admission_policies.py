@@ -9,7 +9,11 @@ checked by tests/unit/chart) and for `egpu sandbox up` (`install`).
 - `elastic-gpu-mig-rules`: MIGSubstitutions (which the MIG adapter turns into pods) are
   created and changed only by the system;
 - `elastic-gpu-admission-opt-out`: the webhook's opt-out label `elasticgpu.io/admission` is
-  set on a pod or namespace only by who holds `use` on `admission-opt-out.elasticgpu.io`.
+  set on a pod or namespace only by who holds `use` on `admission-opt-out.elasticgpu.io`;
+- `elastic-gpu-dra-gate`: the extender's ServiceAccount (`elastic-gpu-scheduler`, which may
+  patch every pod to lift the DRA allocator's scheduling gate) may change a pod only by removing
+  the gate `elasticgpu.io/dra-placement`, as NodeRestriction narrows a kubelet: a stolen token
+  of the extender cannot relabel, re-image or un-gate other schedulers' pods.
 
 "The system" is whoever holds a virtual RBAC permission (`write` on `ledger.elasticgpu.io`),
 asked through CEL's authorizer: the chart grants it to the ServiceAccount that writes these
@@ -35,6 +39,9 @@ API_VERSION = "admissionregistration.k8s.io/v1"
 POD_LEDGER = "elastic-gpu-pod-ledger"
 MIG_RULES = "elastic-gpu-mig-rules"
 OPT_OUT = "elastic-gpu-admission-opt-out"
+DRA_GATE = "elastic-gpu-dra-gate"
+#: The extender's ServiceAccount name (the chart's; in any namespace).
+SCHEDULER_ACCOUNT = "elastic-gpu-scheduler"
 LABELS = {"app.kubernetes.io/part-of": "elastic-gpu"}
 #: Where the reasoning is, for every message.
 SEE = 'docs/architecture.md, "Who writes the ledger"'
@@ -128,6 +135,37 @@ def opt_out_policy() -> dict[str, Any]:
                    [{"expression": expression, "message": message, "reason": "Forbidden"}])
 
 
+def dra_gate_policy() -> dict[str, Any]:
+    """The extender's ServiceAccount: a pod UPDATE only removes the DRA placement gate."""
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+              "resources": ["pods"]}]
+    gate = _cel(ann.DRA_PLACEMENT_GATE)
+
+    def same(path: str, empty: str) -> str:
+        return f"object.{path}.orValue({empty}) == oldObject.{path}.orValue({empty})"
+
+    old_gates = "oldObject.spec.?schedulingGates.orValue([])"
+    new_gates = "object.spec.?schedulingGates.orValue([])"
+    lifted = (f"{old_gates}.exists(g, g.name == {gate}) && {new_gates}.map(g, g.name) == "
+              f"{old_gates}.map(g, g.name).filter(n, n != {gate})")
+    unchanged = " && ".join([
+        same("metadata.?labels", "{}"), same("metadata.?annotations", "{}"),
+        same("metadata.?finalizers", "[]"), same("metadata.?ownerReferences", "[]"),
+        "object.spec.containers.map(c, c.image) == oldObject.spec.containers.map(c, c.image)",
+        "object.spec.?initContainers.orValue([]).map(c, c.image) == "
+        "oldObject.spec.?initContainers.orValue([]).map(c, c.image)",
+        same("spec.?tolerations", "[]"), same("spec.?activeDeadlineSeconds", "-1")])
+    message = (f"{SCHEDULER_ACCOUNT} may change a pod only by removing the scheduling gate "
+               f"{ann.DRA_PLACEMENT_GATE} (docs/dra.md, \"Claims placed by our engine\")")
+    policy = _policy(DRA_GATE, rules, [], [
+        {"expression": f"{lifted} && {unchanged}", "message": message, "reason": "Forbidden"}])
+    policy["spec"]["matchConditions"] = [{
+        "name": "scheduler-account",
+        "expression": ("request.userInfo.username.startsWith('system:serviceaccount:') && "
+                       f"request.userInfo.username.endsWith(':{SCHEDULER_ACCOUNT}')")}]
+    return policy
+
+
 def binding(policy: dict[str, Any]) -> dict[str, Any]:
     """The policy's binding: everywhere, refusing."""
     name = str(policy["metadata"]["name"])
@@ -137,8 +175,9 @@ def binding(policy: dict[str, Any]) -> dict[str, Any]:
 
 
 def ledger_manifests() -> list[dict[str, Any]]:
-    """The ledger's policies (pods' system annotations, MIG rules) and their bindings."""
-    policies = [pod_ledger_policy(), mig_rules_policy()]
+    """The ledger's policies (pods' system annotations, MIG rules, the extender's pod patches)
+    and their bindings."""
+    policies = [pod_ledger_policy(), mig_rules_policy(), dra_gate_policy()]
     return policies + [binding(p) for p in policies]
 
 

@@ -8,12 +8,14 @@ import typer
 
 from elastic_gpu import __version__
 from elastic_gpu.cli import top
+from elastic_gpu.cli.options import HELP_MARKUP
 
 kubectl_app = typer.Typer(
     name="kubectl egpu",
     help="Elastic GPU as a kubectl plugin: `kubectl egpu top` shows the cluster's GPUs.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=HELP_MARKUP,
 )
 kubectl_app.command("top")(top.top)
 

@@ -10,12 +10,14 @@ import typer
 
 from elastic_gpu import __version__
 from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, top, webhook
+from elastic_gpu.cli.options import HELP_MARKUP
 
 app = typer.Typer(
     name="egpu",
     help="Elastic GPU: share, schedule, isolate and account for GPUs on Kubernetes.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=HELP_MARKUP,
 )
 app.command("simulate")(simulate.simulate)
 app.add_typer(sandbox.app, name="sandbox")

@@ -9,8 +9,11 @@ from typing import Annotated
 
 import typer
 
+from elastic_gpu.cli.options import HELP_MARKUP
+
 app = typer.Typer(help="A local Kubernetes cluster with fake GPU nodes, running the Elastic GPU "
-                  "system (--bare: Kubernetes alone).", no_args_is_help=True)
+                  "system (--bare: Kubernetes alone).", no_args_is_help=True,
+                  rich_markup_mode=HELP_MARKUP)
 
 StateDir = Annotated[
     Path | None,
@@ -49,7 +52,8 @@ def up(
     cluster: Annotated[Path | None, typer.Option(
         "--cluster", exists=True, dir_okay=False,
         help="Cluster file: nodeGroups [{name, count, gpus, model, memoryMiB, chipsPerBoard, "
-        "mig, agentConfig}], e.g. MIG A100s beside time-sliced 2-chip IX boards (docs/sandbox.md)")
+        "mig, agentConfig, gpuMode, migDynamic}], e.g. MIG A100s beside time-sliced 2-chip IX "
+        "boards (docs/sandbox.md)")
     ] = None,
     agent_config: Annotated[Path | None, typer.Option(
         "--agent-config", exists=True, dir_okay=False,
@@ -94,8 +98,10 @@ def up(
                                            "step")] = 120.0,
 ) -> None:
     """Start the whole system: etcd, kube-apiserver, kube-controller-manager, the Elastic GPU
-    scheduler extender (`egpu scheduler`), kube-scheduler calling it, and kwok; register fake
-    GPU nodes and wait until they are Ready and the extender knows them."""
+    scheduler extender (`egpu scheduler`), admission webhook (`egpu webhook`) and controller
+    (`egpu controller`), kube-scheduler calling the extender, kwok and allocation-sync (the fake
+    nodes' agents); register fake GPU nodes and wait until they are Ready and the extender
+    knows them."""
     from elastic_gpu.agent.config import AgentConfig, load_config
     from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.devcluster import nodes, sandbox

@@ -71,7 +71,7 @@ def webhook(
         "--service-port", "the Service's port (default 443)"))] = None,
     url: Annotated[str | None, typer.Option(help=_key(
         "--url", "the https URL kube-apiserver calls when there is no Service (default "
-        "https://<host>:<port>, e.g. the dev cluster on loopback)"))] = None,
+        "https://HOST:PORT of --host and --port, e.g. the dev cluster on loopback)"))] = None,
     register: Annotated[bool | None, typer.Option("--register/--no-register", help=_key(
         "--register", "create/update the webhook configurations (with their caBundle) at start "
         "(default on)"))] = None,
@@ -125,8 +125,10 @@ def webhook(
                         "exit 0; nothing is started")
     ] = False,
 ) -> None:
-    """Serve the admission webhook: validate GPU pods against the resource table and the
-    cluster, and mutate them (defaults, gpu-manager's annotations). SIGTERM stops it."""
+    """Serve the admission webhook: validate GPU pods and claims against the resource table and
+    the cluster, and mutate them (defaults, gpu-manager's annotations, HAMi's, KAI's, Volcano's
+    and Koordinator's names read as ours, MIG rules, budgets, the quota's names, the DRA
+    placement gate). SIGTERM stops it."""
     from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.core.connlimits import ConnectionLimits
     from elastic_gpu.kube.kubeconfig import ClientConfigError

@@ -19,9 +19,11 @@ from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import (
+    GPU_CORE,
     GPU_WHOLE,
     MAX_RESOURCE_VALUE,
     MILLI_PER_CARD,
+    MILLI_PER_PERCENT,
     Amount,
     Measure,
     MigProfile,
@@ -270,6 +272,39 @@ def _share_cards(cards: list[Amount] | None, compute: list[Amount] | None,
     if compute and not compute[0].whole_cards:
         return cards[0].value
     return 0  # whole cards beside whole cards: refused below, as before
+
+
+#: Memory resources served by a device plugin: a container asking only for one of these gets
+#: an Allocate from kubelet. The other memory names are advertised in the Node's status only
+#: (docs/agent.md, `resources.memory`), so kubelet calls no Allocate for them.
+DEVICE_PLUGIN_MEMORY = frozenset({"tencent.com/vcuda-memory"})
+#: The compute the webhook gives a memory-only share written with one of those other names
+#: (`core.admission.mutators.resources.memory_only_compute`): one device of the agent's share
+#: plugin, 1 % of the card, so that kubelet calls the agent's Allocate. The ledger bills it;
+#: the container's isolation limit does not follow it (`limits_compute`).
+MEMORY_ONLY_COMPUTE = (GPU_CORE, "1")
+
+
+def limits_compute(request: ContainerRequest) -> bool:
+    """Whether the isolation provider limits this share's compute: whether the container asked
+    compute. A share of memory alone asked none, and neither did one whose only compute is the
+    device the webhook gives a memory-only share (`MEMORY_ONLY_COMPUTE` beside a memory name
+    kubelet does not Allocate): its container gets no compute limit (HAMi-core's
+    `CUDA_DEVICE_SM_LIMIT=0`, HAMi's own meaning of a missing `gpucores`), while the ledger
+    keeps billing the 1 %. Read from the container's resources, which are immutable after
+    create and passed the webhook, so no annotation a tenant writes decides it; a container
+    could only ever gain by it what asking memory alone gives. `elasticgpu.io/gpu-core: 1`
+    written by hand beside such a memory name is the same request, and is read the same.
+    Whole cards, MIG instances and TFLOPS shares (compute sized per card) are limited as
+    before (True)."""
+    if request.kind is not RequestKind.SHARE or request.tflops or request.memory_mib == 0:
+        return True
+    if request.compute_milli == 0:
+        return False
+    name, value = MEMORY_ONLY_COMPUTE
+    return not (request.compute_milli == int(value) * MILLI_PER_PERCENT
+                and name in request.resources
+                and not DEVICE_PLUGIN_MEMORY & set(request.resources))
 
 
 #: The `restartPolicy` that makes an init container a sidecar (KEP-753, GA in Kubernetes 1.33):

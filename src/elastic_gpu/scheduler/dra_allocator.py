@@ -19,6 +19,10 @@ Throughput: a pass places every gated pod it sees (pure, in memory), then writes
 (`concurrency` requests in flight): per claim a finalizer patch and a status patch, per pod one
 gate patch. Nothing is re-listed per pod; the informers' stores are the only reads.
 
+A gate is lifted only `settle_s` after the written allocations are seen back, and only when
+no card they hold is over (kube-scheduler allocated its room from a cache that lagged ours):
+else they are cleared while the pod is still gated (unreserved) and it is placed again.
+
 When kube-scheduler cannot bind the pod on the chosen node (CPU, memory, affinity), its
 PostFilter clears an unreserved allocation; the pod is ungated by then, so the allocator places
 it again at its next pass (a pod it placed once, `_placed`), racing kube-scheduler's own
@@ -39,15 +43,20 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.dra.capacity_guard import claims_overflowing
 from elastic_gpu.core.dra.claim_placement import (
     ALLOCATION_FINALIZER,
+    WAITING_REASON,
     DeviceAsk,
+    NodeFacts,
     Unplaceable,
     allocation,
     claim_asks,
     claim_assignment,
     device_count,
+    eligible_nodes,
     pod_request,
+    waiting_message,
 )
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
 from elastic_gpu.core.dra.inventory import (
@@ -60,10 +69,12 @@ from elastic_gpu.core.dra.inventory import (
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
+from elastic_gpu.core.nodeaffinity import taints_from_node
 from elastic_gpu.core.nodestatus import allocatable
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
+from elastic_gpu.kube.events import NORMAL, EventRecorder
 from elastic_gpu.kube.informer import Handler, Informer, object_key
 from elastic_gpu.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
@@ -71,6 +82,9 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
+
+#: The Events' source component.
+EVENT_COMPONENT = "egpu-scheduler"
 
 #: How long a written allocation the watch never showed is held from memory, once no write is
 #: in flight (the claim was deallocated or replaced before its event reached us).
@@ -87,6 +101,9 @@ class AllocatorSettings:
     seed: int = 0
     #: writes in flight at once
     concurrency: int = 64
+    #: how long after its allocation is seen back a gate waits before it is lifted, for an
+    #: allocation kube-scheduler made meanwhile from a cache that lagged ours to show up
+    settle_s: float = 0.25
 
 
 @dataclass
@@ -123,19 +140,21 @@ def allocated_pools(claim: Mapping[str, Any]) -> set[str]:
             if isinstance(r, Mapping) and r.get("driver") == DRIVER}
 
 
-def _node_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
 class DraAllocator:
     """Informers over pods not yet bound, claims, this driver's slices, DRA nodes and classes;
     passes that place gated pods while `serving()` says this replica serves."""
 
     def __init__(self, client: KubeClient, settings: AllocatorSettings,
-                 serving: Callable[[], bool] = lambda: True) -> None:
+                 serving: Callable[[], bool] = lambda: True,
+                 recorder: EventRecorder | None = None) -> None:
         self.client = client
         self.settings = settings
         self.serving = serving
+        #: Events on pods that wait gated for room (run by `run`)
+        self.recorder = recorder or EventRecorder(client, EVENT_COMPONENT)
+        #: pod uid -> the waiting message last recorded on it (one Event per change, not per
+        #: pass)
+        self._waiting: dict[str, str] = {}
         self.pods = Informer(client, PODS.path(), name="dra allocator pods",
                              params={"fieldSelector": "spec.nodeName="})
         # a cluster without resource.k8s.io/v1 (404): empty, checked again now and then
@@ -144,8 +163,9 @@ class DraAllocator:
         self.slices = Informer(client, RESOURCE_SLICES.path(), name="dra allocator slices",
                                params={"fieldSelector": f"spec.driver={DRIVER}"},
                                missing_ok=True)
-        # every Node, for its labels (a pod's nodeSelector); a node is placed on when this
-        # driver's slices publish its cards (only a DRA-mode node's agent publishes them)
+        # every Node, for its labels and taints (the pods' node filter); a node is placed on
+        # when this driver's slices publish its cards (only a DRA-mode node's agent publishes
+        # them)
         self.nodes = Informer(client, NODES.path(), name="dra allocator nodes")
         self.classes = Informer(client, DEVICE_CLASSES.path(), name="dra allocator classes",
                                 missing_ok=True)
@@ -161,10 +181,16 @@ class DraAllocator:
         #: pod uids this allocator placed (placed again when their allocation is cleared)
         self._placed: set[str] = set()
         self._limit = asyncio.Semaphore(settings.concurrency)
+        #: the nodes' labels and taints of this pass (`_engine`)
+        self._facts: dict[str, NodeFacts] = {}
+        #: this pass's eligible nodes by the pods' placement fields
+        self._eligible: dict[str, list[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: when the writes now in flight began, and for how many pods
         self._burst = (0.0, 0)
         self.placed_count = 0
+        #: pods whose allocations were cleared before their gate lifted (given twice)
+        self.cleared_count = 0
         for informer in self._informers:
             informer.add_handler(Handler(on_add=self._poke, on_update=self._poke2,
                                          on_delete=self._poke))
@@ -178,6 +204,7 @@ class DraAllocator:
         uid = str(_meta(pod).get("uid", ""))
         self._placed.discard(uid)
         self._lifted.discard(uid)
+        self._waiting.pop(uid, None)
 
     def _poke2(self, _old: Obj, _new: Obj) -> None:
         self._wake.set()
@@ -185,6 +212,7 @@ class DraAllocator:
     async def run(self, period_s: float = 1.0, batch_s: float = 0.01) -> None:
         """List and watch, and place until cancelled."""
         watchers = [asyncio.create_task(i.run(), name=i.name) for i in self._informers]
+        watchers.append(asyncio.create_task(self.recorder.run(), name="dra allocator events"))
         try:
             for informer in self._informers:
                 await informer.wait_synced()
@@ -228,6 +256,10 @@ class DraAllocator:
                                      card_policy=self.settings.card_policy,
                                      check_host_resources=False),
                         seed=self.settings.seed)
+        # labels and taints of the engine's nodes, for the pods' node filter (`eligible_nodes`)
+        self._facts = {name: NodeFacts(engine.node(name).labels, taints_from_node(nodes[name]))
+                       for name in engine.nodes()}
+        self._eligible = {}
         tables = tables_of(cards)
         for claim in self.claims.items():
             meta = _meta(claim)
@@ -359,16 +391,29 @@ class DraAllocator:
             return job if gated else None  # allocated already (e.g. before a restart)
         request = pod_request(namespace, name, uid,
                               [(str(_meta(c)["name"]), asks) for c, asks in open_claims])
-        selector = spec.get("nodeSelector") or {}
-        candidates = [n for n in engine.nodes()
-                      if _node_matches(selector, engine.node(n).labels)
-                      and (not allocated_nodes or n in allocated_nodes)]
+        # pods of one burst mostly share their placement fields: one answer for all of them
+        key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"),
+                    sorted(allocated_nodes)))
+        try:
+            candidates = self._eligible.get(key)
+            if candidates is None:
+                candidates = self._eligible[key] = eligible_nodes(pod, self._facts,
+                                                                  sorted(allocated_nodes))
+        except Unplaceable as why:
+            log.info("DRA allocator: %s/%s is kube-scheduler's to place: %s", namespace, name, why)
+            job.handover = True
+            return job if gated else None
         node = engine.best(request, candidates)
         if node is None:
             if self._fits_empty(engine, request, candidates):
-                # room may free: it waits gated (SchedulingGated), placed by us then
-                log.info("DRA allocator: no DRA node has room for %s/%s now; it stays gated",
-                         namespace, name)
+                # room may free: it waits gated (SchedulingGated), placed by us then; an Event
+                # says why, once per change of the reason
+                message = waiting_message(engine.filter(request, candidates).failed)
+                if self._waiting.get(uid) != message:
+                    self._waiting[uid] = message
+                    log.info("DRA allocator: %s/%s %s", namespace, name, message)
+                    self.recorder.record({**pod, "apiVersion": "v1", "kind": "Pod"}, NORMAL,
+                                         WAITING_REASON, message)
                 return None
             # no DRA node could ever hold it: kube-scheduler says why on the pod
             log.info("DRA allocator: no DRA node can hold %s/%s; left to kube-scheduler",
@@ -418,6 +463,8 @@ class DraAllocator:
         try:
             results = await asyncio.gather(*(self._write_claim(job.namespace, *c)
                                              for c in job.claims))
+            if all(results) and job.claims and job.lift_gate and not await self._settled(job):
+                return  # given twice: cleared while the pod is gated, placed again next pass
             if all(results) and job.lift_gate:
                 await self._lift(job)
             if all(results) and job.claims:
@@ -429,6 +476,58 @@ class DraAllocator:
         finally:
             self._busy.discard(job.uid)
             self._wake.set()
+
+    def _allocation(self, namespace: str, name: str) -> Any:
+        return ((self.claims.get(f"{namespace}/{name}") or {}).get("status") or {}).get(
+            "allocation")
+
+    async def _settled(self, job: Job) -> bool:
+        """Before the gate is lifted (the claims unreserved, so still ours to take back): once
+        the watch shows the written allocations, and `settle_s` later, whether a card they
+        hold is now over (kube-scheduler allocated its room from a cache that had not seen
+        ours: a pod its tenant ungated, another class). Over: our claims are cleared, and
+        False (the pod stays gated and is placed again)."""
+        names = [c[0] for c in job.claims]
+        keys = [claim_key(job.namespace, n) for n in names]
+        deadline = time.monotonic() + PENDING_S
+        while not all(self._allocation(job.namespace, n) for n in names):
+            if time.monotonic() > deadline:
+                return True  # never seen back: nothing to check against (as before)
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(self.settings.settle_s)
+        cards = cards_from_slices(self.slices.items())
+        tables = tables_of(cards)
+        nodes = {n for k in names for n in allocated_pools(self.claims.get(
+            f"{job.namespace}/{k}") or {})}
+        holds = {}
+        for claim in self.claims.items():
+            if allocated_pools(claim) & nodes:
+                hold = claim_hold(claim, tables)
+                if hold is not None:
+                    holds[claim_key(str(_meta(claim).get("namespace")),
+                                    str(_meta(claim).get("name")))] = hold
+        found = claims_overflowing(keys, holds, {n: cards.get(n, []) for n in nodes})
+        if not found:
+            return True
+        log.warning("DRA allocator: %s/%s's claims were given twice (%s); clearing ours and "
+                    "placing it again", job.namespace, job.pod,
+                    "; ".join(o.describe() for o in found))
+        for name in names:
+            claim = self.claims.get(f"{job.namespace}/{name}") or {}
+            with contextlib.suppress(Conflict, NotFound):
+                async with self._limit:
+                    await self.client.patch(
+                        RESOURCE_CLAIMS.path(job.namespace, name, "status"),
+                        {"metadata": {"resourceVersion": str(_meta(claim).get(
+                            "resourceVersion", ""))}, "status": {"allocation": None}},
+                        content_type=MERGE_PATCH)
+        while (any(self._allocation(job.namespace, n) for n in names)
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.02)  # the next pass must not read our allocation back
+        for key in keys:
+            self._pending.pop(key, None)
+        self.cleared_count += 1
+        return False
 
     async def _write_claim(self, namespace: str, name: str, version: str, body: Obj,
                            has_finalizer: bool) -> bool:

@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from egpu_testing.dra import allocation, claim_manifest, env_of, result
+from egpu_testing.dra_ledger import prepared_over_capacity
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.dra.cdi import spec_file
@@ -37,12 +38,13 @@ from elastic_gpu.agent.proto import (
 )
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.core.assignment import CardShare
+from elastic_gpu.core.dra.capacity_guard import REASON as OVER_CAPACITY
 from elastic_gpu.core.dra.devices import DRIVER, UNHEALTHY_TAINT, slice_name
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
-from elastic_gpu.core.model import Health
+from elastic_gpu.core.model import Health, Node
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.kube.errors import NotFound
-from elastic_gpu.kube.resources import GPUDEVICES, NODES, PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import EVENTS, GPUDEVICES, NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 pytestmark = pytest.mark.integration
@@ -305,3 +307,52 @@ def test_a_device_plugin_agent_refuses_a_node_of_the_dra_group(
         agent.stop()
     gpudevices, _ = api.list(GPUDEVICES.path(), {"labelSelector": f"elasticgpu.io/node={node}"})
     assert gpudevices == []
+
+
+def test_prepare_refuses_a_claim_that_puts_a_card_over_capacity_with_an_event_on_its_pod(
+        start_agent: Callable[[], tuple[Agent, FakeBackend]], node: str, api: SyncKubeClient,
+        k8s_namespace: str, dirs: dict[str, str]) -> None:
+    """Issue 41: kube-scheduler (a tenant ungated her pod) or another allocator gave card 0 to
+    a second claim while a whole-card claim holds it. The node is the last word: that claim
+    is refused in its own answer (the other claims of the call are prepared), nothing is
+    written for it, and its pod gets a Warning Event saying why."""
+    agent, _ = start_agent()
+    whole = allocated_claim(api, k8s_namespace, "whole", node, [result(node, "gpu-0")])
+    assert prepare(agent, ref(whole)).claims[whole["metadata"]["uid"]].error == ""
+    twice = allocated_claim(api, k8s_namespace, "twice", node, [result(
+        node, "gpu-0", consumed={"compute": "30", "memory": "4Gi"}, share_id=str(uuid.uuid4()))],
+        capacity={"compute": "30", "memory": "4Gi"})
+    beside = allocated_claim(api, k8s_namespace, "beside", node, [result(
+        node, "gpu-1", consumed={"compute": "30", "memory": "4Gi"}, share_id=str(uuid.uuid4()))],
+        capacity={"compute": "30", "memory": "4Gi"})
+    answer = prepare(agent, ref(twice), ref(beside))
+    uid = twice["metadata"]["uid"]
+    error = answer.claims[uid].error
+    assert error.startswith(f"ResourceClaim {k8s_namespace}/twice (uid {uid}): refused, it would "
+                            "put a device over capacity: device gpu-0 would hold compute 130 % "
+                            f"of 100 % and memory 45056 of 40960 MiB with the claims prepared "
+                            f"on this node ({k8s_namespace}/whole: 100 %, 40960 MiB)")
+    assert answer.claims[beside["metadata"]["uid"]].error == ""
+    assert not spec_file(Path(dirs["cdiDirectory"]), uid).exists()
+    assert isinstance(agent.mode, DraNode)
+    assert uid not in agent.mode.plugin.checkpoint.uids()
+    # the independent reading of the checkpoint file finds no card prepared past capacity
+    checkpoint = json.loads((Path(dirs["pluginDirectory"]) / "checkpoint.json").read_text())
+    cards = Node(node, 0, 0, tuple(lc.card for lc in agent.state.cards().values()))
+    assert prepared_over_capacity({node: checkpoint}, [cards]) == []
+    checkpoint["claims"]["fake"] = {"namespace": "x", "name": "y", "devices": [
+        {"pool": node, "device": "gpu-0", "share": {"index": 0, "milli": 1, "memoryMiB": 1}}]}
+    assert prepared_over_capacity({node: checkpoint}, [cards])  # it would see one
+
+    def event() -> list[dict[str, Any]]:
+        items, _ = api.list(EVENTS.path(k8s_namespace))
+        return [e for e in items if e["involvedObject"].get("name") == "twice-user"
+                and e["reason"] == OVER_CAPACITY]
+    wait_for(lambda: bool(event()))
+    (found,) = event()
+    assert found["type"] == "Warning" and found["message"] == error
+    assert found["involvedObject"]["uid"] == api.get(
+        PODS.path(namespace=k8s_namespace, name="twice-user"))["metadata"]["uid"]
+    # the whole card's pod goes (kubelet unprepares its claim): the second is prepared now
+    assert unprepare(agent, ref(whole)).claims[whole["metadata"]["uid"]].error == ""
+    assert prepare(agent, ref(twice)).claims[uid].error == ""

@@ -2,17 +2,21 @@
 carries the per-card limits its isolation provider needs").
 
 HAMi's memory-fraction example (30 % compute and 50 % memory of each of 2 cards), HAMi's sharing
-example (60 % / 40 % of one card), KAI's fraction pod (half a card's memory) and Volcano's
-hami-core pod (50 %, 3000 MiB) go through our webhook (which reads the peers' fields as ours),
+example (60 % / 40 % of one card), HAMi's default example (the Deployment of `example.yaml`:
+3000 MiB, no gpucores), KAI's fraction pod (half a card's memory) and Volcano's hami-core pod
+(50 %, 3000 MiB) go through our webhook (which reads the peers' fields as ours),
 the extender behind a real kube-scheduler answering the peers' scheduler names, and the agent's
 Allocate in `sharing.mode: hami-core` on a real kubelet. Each container prints its environment
 and the test reads the limits HAMi-core reads: `CUDA_DEVICE_MEMORY_LIMIT_<i>` per visible card,
 `CUDA_DEVICE_SM_LIMIT` and, on several cards, `CUDA_DEVICE_SM_LIMIT_<i>`, with the visible
-devices being the cards of the pod's assignment, in its order.
+devices being the cards of the pod's assignment, in its order. The memory-only shares (HAMi's
+example, KAI's pod) hold the 1 % compute device in the ledger, but asked no compute: HAMi-core
+gets `CUDA_DEVICE_SM_LIMIT=0`, no limit, as HAMi gives a pod without `gpucores`.
 
 The examples' resources, annotations and scheduler names are kept; only what a busybox on this
 node needs changes (image, command, the real node's toleration and hostname), and HAMi's pods,
-which HAMi's own webhook sends to `hami-scheduler`, name it here.
+which HAMi's own webhook sends to `hami-scheduler`, name it here (a Deployment's pod is its
+template, named as the Deployment).
 
 Skipped where the machine cannot run a real node (the `real_node` fixture says why).
 """
@@ -51,14 +55,19 @@ CARD_MIB = 81920
 INVENTORY: dict[str, Any] = {
     "cards": [{"model": "A100-SXM4-80GB", "memoryMiB": CARD_MIB, "uuid": f"GPU-peer-{i}"}
               for i in range(3)]}
-#: (example, pod) -> (percent of each card's compute, MiB of each card's memory); KAI's pod
-#: asks memory only and is given the 1 % compute device every memory-only share gets
+#: (example, pod) -> (percent of each card's compute in the ledger, MiB of each card's memory);
+#: HAMi's default example and KAI's pod ask memory only and are billed the 1 % compute device
+#: every memory-only share gets
 EXPECTED: dict[tuple[str, str], tuple[int, int]] = {
     ("hami/use_memory_fraction.yaml", "gpu-pod"): (30, CARD_MIB // 2),
     ("hami/use_sharing_card.yaml", "gpu-pod1"): (60, CARD_MIB * 40 // 100),
+    ("hami/example.yaml", "cuda-sample-vector-add"): (1, 3000),
     ("kai/gpu-sharing.yaml", "gpu-sharing"): (1, CARD_MIB // 2),
     ("volcano/hami-core-pod.yaml", "hami-pod"): (50, 3000),
 }
+#: the memory-only shares: no compute limit in the container (HAMi-core's 0), issue 40
+MEMORY_ONLY = {("hami/example.yaml", "cuda-sample-vector-add"),
+               ("kai/gpu-sharing.yaml", "gpu-sharing")}
 #: how many distinct cards (1 unless named)
 CARDS = {("hami/use_memory_fraction.yaml", "gpu-pod"): 2}
 
@@ -74,6 +83,12 @@ def example_pod(example: str, name: str, node: RealNode) -> dict[str, Any]:
     """The example's pod `name`, its GPU fields unchanged, made runnable on the real node."""
     (pod,) = [d for d in yaml.safe_load_all((DATA / example).read_text())
               if d and d["metadata"]["name"] == name]
+    if pod["kind"] == "Deployment":
+        # its pod, as HAMi's webhook sees it: the template, sent to hami-scheduler
+        template = pod["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {**template.get("metadata", {}), "name": name},
+               "spec": {**template["spec"], "schedulerName": "hami-scheduler"}}
     spec = pod["spec"]
     spec.setdefault("schedulerName", "hami-scheduler")
     spec["tolerations"] = [REAL_NODE_TOLERATION]
@@ -164,7 +179,10 @@ def test_peers_pods_get_hami_core_limits_per_card(peer_node: PeerNode,
         for i in range(cards):
             assert env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{mib}m", (example, env)
         assert f"CUDA_DEVICE_MEMORY_LIMIT_{cards}" not in env, example
-        assert env["CUDA_DEVICE_SM_LIMIT"] == str(percent), example
+        # the limit follows what the container asked: a memory-only share asked no compute
+        # (HAMi-core's 0, no limit) though the ledger bills it 1 %
+        sm = "0" if (example, name) in MEMORY_ONLY else str(percent)
+        assert env["CUDA_DEVICE_SM_LIMIT"] == sm, example
         per_card = {k: v for k, v in env.items() if k.startswith("CUDA_DEVICE_SM_LIMIT_")}
-        assert per_card == ({f"CUDA_DEVICE_SM_LIMIT_{i}": str(percent) for i in range(cards)}
+        assert per_card == ({f"CUDA_DEVICE_SM_LIMIT_{i}": sm for i in range(cards)}
                             if cards > 1 else {}), example

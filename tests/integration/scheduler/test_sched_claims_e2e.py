@@ -28,18 +28,23 @@ from egpu_testing.claims import (
     install_crds,
 )
 from egpu_testing.pytest_plugin import unique_name
-from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
+from egpu_testing.scenario import (
+    create_pods,
+    pods_by_name,
+    unschedulable_reason,
+    wait_bound,
+    wait_extender_knows,
+)
 from egpu_testing.workbench import (
     ExtenderProcess,
-    extender_kube_scheduler_config,
     metric_value,
     metrics_text,
     pod_manifest,
+    running_extender,
 )
 from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.devcluster.ports import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -108,32 +113,15 @@ class Claims:
             time.sleep(0.2)
 
     def unschedulable_reason(self, name: str, timeout_s: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            pod = pods_by_name(self.client, self.namespace)[name]
-            for cond in (pod.get("status") or {}).get("conditions") or []:
-                if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                    return str(cond.get("message"))
-            assert time.monotonic() < deadline, f"pod {name} never turned away"
-            time.sleep(0.2)
+        return unschedulable_reason(self.client, self.namespace, name, timeout_s)
 
 
 @pytest.fixture
 def claims(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path,
            k8s_namespace: str) -> Iterator[Claims]:
-    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
-
-    ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)
-    (port,) = free_ports(1)
-    extender = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
-    extender.start()
-    name = extender.scheduler_name
-    start_kube_scheduler(extender_kube_scheduler_config(extender.url, name))
-    try:
-        yield Claims(k8s_cluster, extender, name, k8s_namespace)
-    finally:
-        extender.stop()
+    with running_extender(k8s_cluster, tmp_path, kube_scheduler=start_kube_scheduler) as extender:
+        yield Claims(k8s_cluster, extender, extender.scheduler_name, k8s_namespace)
 
 
 def assignment_of(pod: dict[str, Any]) -> Assignment:

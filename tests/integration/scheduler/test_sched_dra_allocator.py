@@ -20,70 +20,40 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.dra import claim_manifest, gated_claim_pod
 from egpu_testing.pytest_plugin import unique_name
-from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, pod_manifest
-from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+from egpu_testing.waiting import wait_for
+from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, running_extender
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
-from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
+from elastic_gpu.core.dra.claim_placement import WAITING_REASON
+from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.apply import create_or_update
-from elastic_gpu.kube.resources import PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 pytestmark = pytest.mark.integration
 
 GROUP_LABEL = "test.elasticgpu.io/dra-allocator"
+#: seconds a pod may take to be placed and bound on a busy box
+BIND_S = 90.0
 
 
 @pytest.fixture
 def extender(k8s_cluster: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
-    ensure_crd(k8s_cluster.kube())  # the extender is ready once its GPUDevice watch is
-    (port,) = free_ports(1)
-    process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
-                              config={"nodePolicy": "binpack"})
-    process.start(timeout_s=120)
-    try:
+    with running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                          start_timeout_s=120) as process:
         yield process
-    finally:
-        process.stop()
-
-
-def _claim(namespace: str, name: str, capacity: dict[str, str] | None) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": CARD_CLASS}
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
-
-
-def _gated_pod(namespace: str, name: str, scheduler: str, group: str) -> dict[str, Any]:
-    pod = pod_manifest(name, namespace, scheduler_name=scheduler)
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    pod["spec"]["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
-    pod["spec"]["nodeSelector"] = {GROUP_LABEL: group}
-    return pod
 
 
 def _create(kube: SyncKubeClient, namespace: str, names: list[str], scheduler: str,
             group: str, capacity: dict[str, str] | None) -> None:
     for name in names:
-        kube.create(RESOURCE_CLAIMS.path(namespace), _claim(namespace, name, capacity))
-        kube.create(PODS.path(namespace), _gated_pod(namespace, name, scheduler, group))
-
-
-def _wait(what: str, check: Callable[[], Any], timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+        kube.create(RESOURCE_CLAIMS.path(namespace), claim_manifest(name, namespace,
+                                                                    capacity=capacity))
+        kube.create(PODS.path(namespace), gated_claim_pod(name, namespace, scheduler,
+                                                          {GROUP_LABEL: group}))
 
 
 def _bound(kube: SyncKubeClient, namespace: str, names: list[str]) -> dict[str, str] | None:
@@ -114,7 +84,8 @@ def test_gated_claim_pods_are_packed_by_our_engine_then_bound_by_kube_scheduler(
     names = [f"half-{i}" for i in range(4)]
     _create(kube, k8s_namespace, names, extender.scheduler_name, group,
             {"compute": "50", "memory": "4Gi"})
-    bound = _wait("the four pods bound", lambda: _bound(kube, k8s_namespace, names))
+    bound = wait_for("the four pods bound", lambda: _bound(kube, k8s_namespace, names),
+                     BIND_S)
     claims = {n: kube.get(RESOURCE_CLAIMS.path(k8s_namespace, n)) for n in names}
     used = {(r["pool"], r["device"]) for c in claims.values() for r in _results(c)}
     # packed: two cards of one node; the other node wholly free
@@ -147,11 +118,11 @@ def test_a_restarted_allocator_reads_allocated_claims_and_gives_nothing_twice(
     (node,) = _nodes(fake_gpu_nodes, 1, group)
     start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
     _create(kube, k8s_namespace, ["first"], extender.scheduler_name, group, None)
-    _wait("the first pod bound", lambda: _bound(kube, k8s_namespace, ["first"]))
+    wait_for("the first pod bound", lambda: _bound(kube, k8s_namespace, ["first"]), BIND_S)
     extender.kill()  # SIGKILL: nothing written on the way out
     _create(kube, k8s_namespace, ["second", "third"], extender.scheduler_name, group, None)
     extender.start(timeout_s=120)
-    _wait("the second pod bound", lambda: _bound(kube, k8s_namespace, ["second"]))
+    wait_for("the second pod bound", lambda: _bound(kube, k8s_namespace, ["second"]), BIND_S)
     devices = {n: [(r["pool"], r["device"]) for r in _results(
         kube.get(RESOURCE_CLAIMS.path(k8s_namespace, n)))] for n in ("first", "second")}
     assert sorted(d for ds in devices.values() for d in ds) == [(node, "gpu-0"), (node, "gpu-1")]
@@ -160,10 +131,17 @@ def test_a_restarted_allocator_reads_allocated_claims_and_gives_nothing_twice(
     third = kube.get(PODS.path(k8s_namespace, "third"))
     assert third["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
     assert not _results(kube.get(RESOURCE_CLAIMS.path(k8s_namespace, "third")))
+    # it says why, in one Event (several passes ran meanwhile: recorded once, not per pass)
+    events = wait_for("the waiting Event", lambda: [
+        e for e in kube.list(EVENTS.path(k8s_namespace))[0]
+        if e["involvedObject"]["name"] == "third" and e["reason"] == WAITING_REASON], BIND_S)
+    (event,) = events
+    assert event["count"] == 1 and event["type"] == "Normal"
+    assert event["message"].startswith("waiting, gated, for room on a DRA node: 0/1 nodes")
     kube.delete(PODS.path(k8s_namespace, "first"), grace_period_s=0)
     kube.delete(RESOURCE_CLAIMS.path(k8s_namespace, "first"))
-    _wait("the third pod bound once the first's card freed",
-          lambda: _bound(kube, k8s_namespace, ["third"]))
+    wait_for("the third pod bound once the first's card freed",
+             lambda: _bound(kube, k8s_namespace, ["third"]), BIND_S)
     (got,) = [(r["pool"], r["device"]) for r in _results(
         kube.get(RESOURCE_CLAIMS.path(k8s_namespace, "third")))]
     assert got == devices["first"][0]

@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.dra import claim_manifest, gated_claim_pod
 from egpu_testing.pytest_plugin import unique_name
-from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, pod_manifest
-from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, running_extender
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
-from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
+from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.apply import create_or_update
 from elastic_gpu.kube.resources import PODS, RESOURCE_CLAIMS
 
@@ -34,30 +33,16 @@ GROUP_LABEL = "test.elasticgpu.io/dra-multi"
 
 @pytest.fixture
 def extender(k8s_cluster: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
-    ensure_crd(k8s_cluster.kube())
-    (port,) = free_ports(1)
-    process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log",
-                              config={"nodePolicy": "binpack"})
-    process.start(timeout_s=120)
-    try:
+    with running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                          start_timeout_s=120) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def _claim_and_pod(namespace: str, name: str, scheduler: str, group: str, count: int,
                    compute: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": name, "namespace": namespace},
-             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                 "deviceClassName": CARD_CLASS, "count": count,
-                 "capacity": {"requests": {"compute": compute, "memory": "8Gi"}}}}]}}}
-    pod = pod_manifest(name, namespace, scheduler_name=scheduler)
-    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    pod["spec"]["schedulingGates"] = [{"name": DRA_PLACEMENT_GATE}]
-    pod["spec"]["nodeSelector"] = {GROUP_LABEL: group}
-    return claim, pod
+    claim = claim_manifest(name, namespace, capacity={"compute": compute, "memory": "8Gi"},
+                           count=count)
+    return claim, gated_claim_pod(name, namespace, scheduler, {GROUP_LABEL: group})
 
 
 def _bound(kube: Any, namespace: str, name: str, timeout_s: float = 90.0) -> str:

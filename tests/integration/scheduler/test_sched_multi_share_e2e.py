@@ -16,14 +16,18 @@ from typing import Any
 import pytest
 
 from egpu_testing.claims import install_crds
-from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
-from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config, pod_manifest
+from egpu_testing.scenario import (
+    create_pods,
+    unschedulable_reason,
+    wait_bound,
+    wait_extender_knows,
+)
+from egpu_testing.workbench import ExtenderProcess, pod_manifest, running_extender
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.devcluster.ports import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -35,18 +39,9 @@ FACTS = ClusterFacts(largest_cards=4, largest_cards_node="n", largest_card_memor
 @pytest.fixture
 def extender(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
              ) -> Iterator[ExtenderProcess]:
-    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
-
-    ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)
-    (port,) = free_ports(1)
-    process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
-    process.start()
-    start_kube_scheduler(extender_kube_scheduler_config(process.url, process.scheduler_name))
-    try:
+    with running_extender(k8s_cluster, tmp_path, kube_scheduler=start_kube_scheduler) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def stored(pod: dict[str, Any], facts: ClusterFacts = FACTS) -> dict[str, Any]:
@@ -55,19 +50,6 @@ def stored(pod: dict[str, Any], facts: ClusterFacts = FACTS) -> dict[str, Any]:
     assert verdict.allowed, verdict.refusals
     out: dict[str, Any] = apply_patch(pod, verdict.patch)
     return out
-
-
-def turned_away(client: Any, namespace: str, name: str, timeout_s: float = 30.0) -> str:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pod = pods_by_name(client, namespace)[name]
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                return str(cond.get("message"))
-        assert time.monotonic() < deadline, f"pod {name} never turned away"
-        time.sleep(0.2)
 
 
 def test_a_share_on_two_cards_binds_on_two_distinct_cards(
@@ -90,6 +72,6 @@ def test_a_share_on_two_cards_binds_on_two_distinct_cards(
     shares = assignment.containers["main"]
     assert sorted(s.index for s in shares) == [0, 1]
     assert all((s.milli, s.memory_mib) == (300, 8192) for s in shares)
-    reason = turned_away(client, k8s_namespace, "three")
+    reason = unschedulable_reason(client, k8s_namespace, "three")
     assert "2/2 cards have 30% compute and 8192 MiB free" in reason, reason
     assert "container main needs 3 such cards" in reason, reason

@@ -18,14 +18,18 @@ import pytest
 
 from egpu_testing.claims import claim_object, class_object, get_json, install_crds
 from egpu_testing.pytest_plugin import unique_name
-from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
-from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config, pod_manifest
+from egpu_testing.scenario import (
+    create_pods,
+    unschedulable_reason,
+    wait_bound,
+    wait_extender_knows,
+)
+from egpu_testing.workbench import ExtenderProcess, pod_manifest, running_extender
 from elastic_gpu.api import elasticgpu as api
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.resources import GPU_TFLOPS
 from elastic_gpu.core.tflops import share_milli
-from elastic_gpu.devcluster.ports import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -37,18 +41,9 @@ TFLOPS = 100
 @pytest.fixture
 def extender(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: Path
              ) -> Iterator[ExtenderProcess]:
-    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
-
-    ensure_crd(k8s_cluster.kube())
     install_crds(k8s_cluster)
-    (port,) = free_ports(1)
-    process = ExtenderProcess(k8s_cluster.kubeconfig, port, tmp_path / "extender.log")
-    process.start()
-    start_kube_scheduler(extender_kube_scheduler_config(process.url, process.scheduler_name))
-    try:
+    with running_extender(k8s_cluster, tmp_path, kube_scheduler=start_kube_scheduler) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def provision(url: str, claim: dict[str, Any]) -> tuple[int, Any]:
@@ -64,19 +59,6 @@ def provision(url: str, claim: dict[str, Any]) -> tuple[int, Any]:
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
-
-
-def unschedulable_reason(client: Any, namespace: str, name: str, timeout_s: float = 30.0) -> str:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pod = pods_by_name(client, namespace)[name]
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                return str(cond.get("message"))
-        assert time.monotonic() < deadline, f"pod {name} never turned away"
-        time.sleep(0.2)
 
 
 def test_n_tflops_get_the_right_share_on_two_card_models(

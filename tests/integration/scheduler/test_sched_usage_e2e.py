@@ -20,7 +20,12 @@ from typing import Any
 import pytest
 
 from egpu_testing.pytest_plugin import unique_name
-from egpu_testing.scenario import create_pods, pods_by_name, wait_bound, wait_extender_knows
+from egpu_testing.scenario import (
+    create_pods,
+    unschedulable_reason,
+    wait_bound,
+    wait_extender_knows,
+)
 from egpu_testing.workbench import ExtenderProcess, extender_kube_scheduler_config, pod_manifest
 from elastic_gpu.api.gpudevice import object_name, usage_status
 from elastic_gpu.core import annotations as ann
@@ -83,17 +88,6 @@ def wait_refused(extender: ExtenderProcess, limits: dict[str, str], node: str,
         if needle in reason:
             return reason
         assert time.monotonic() < deadline, f"{node}: {answer}\n{extender.log_tail()}"
-        time.sleep(0.2)
-
-
-def unschedulable_reason(client: Any, namespace: str, name: str, timeout_s: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pod = pods_by_name(client, namespace)[name]
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                return str(cond.get("message"))
-        assert time.monotonic() < deadline, f"pod {name} never turned away"
         time.sleep(0.2)
 
 

@@ -38,6 +38,7 @@ from elastic_gpu.agent.config import (
     BackendKind,
     Preload,
     SharingConfig,
+    SharingMode,
     parse_config,
 )
 from elastic_gpu.agent.devices import logical_cards
@@ -563,6 +564,12 @@ def expected_devices(rig: Rig, index: int) -> list[str]:
     return [*rig.control_nodes, *rig.device_nodes[index]]
 
 
+def test_every_sharing_mode_is_a_provider_of_the_contract() -> None:
+    """The isolation cases below run per Provider: a sharing mode added to the config without
+    one here would escape them (a memory-only share's compute, a multi-card share...)."""
+    assert {m.value for m in SharingMode} <= {p.value for p in Provider}
+
+
 @pytest.fixture(params=list(Provider), ids=lambda p: p.value)
 def provider(request: pytest.FixtureRequest) -> Provider:
     return Provider(request.param)
@@ -672,6 +679,54 @@ def test_a_multi_card_share_gets_each_cards_limits(rig: Rig, provider: Provider,
                           "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/vgpu.cache"}
     else:
         assert g.envs["EGPU_ISOLATION"] == "accounting-only"
+
+
+def test_a_memory_only_share_is_limited_in_memory_only(rig: Rig, provider: Provider,
+                                                       tmp_path: Path) -> None:
+    """Issue 40: a share that asked memory alone bills the 1 % compute device the webhook gave
+    it (`milli` 10), but the container asked no compute (`limit_compute=False`,
+    `core.request.limits_compute`): every provider that limits compute leaves it unlimited
+    (HAMi-core's 0, as HAMi for a missing gpucores; MPS's 100 %, as for a whole card) and
+    still limits its memory; on one card and on two (a multi-card memory-only share)."""
+    config = provider_config(provider, tmp_path)
+    backend = rig.build()
+    physical = backend.discover()
+    cards = {lc.index: lc for lc in logical_cards(physical, False)}
+    files = DeviceFiles({c.uuid: backend.device_nodes(c) for c in physical},
+                        backend.control_nodes())
+    isolation = backend.isolation(config.sharing)
+    for indexes in ((0,), (0, 2)):
+        shares = [CardShare(i, TABLE[i].uuid, 10, 3000) for i in indexes]
+        if provider is Provider.MPS_PER_CARD and len(indexes) > 1:
+            continue  # one MPS client, one daemon: refused, as any multi-card share
+        g = build_grant(shares, cards, config, backend.visible_devices_env, files, isolation,
+                        limit_compute=False)
+        n = len(indexes)
+        assert g.envs["EGPU_CORE_PERCENT"] == ",".join(["1"] * n)  # what the ledger bills
+        assert g.envs["EGPU_MEMORY_MIB"] == ",".join(["3000"] * n)
+        if provider in (Provider.MPS, Provider.MPS_PER_CARD):
+            assert g.envs["EGPU_ISOLATION"] == "mps"
+            assert g.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+            assert g.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(
+                f"{i}=3000M" for i in range(n))
+        elif provider is Provider.HAMI_CORE:
+            assert g.envs["EGPU_ISOLATION"] == "hami-core"
+            limits = {k: v for k, v in g.envs.items()
+                      if k.startswith(("CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"))}
+            assert limits == {"CUDA_DEVICE_SM_LIMIT": "0",
+                              **{f"CUDA_DEVICE_MEMORY_LIMIT_{i}": "3000m" for i in range(n)},
+                              **({f"CUDA_DEVICE_SM_LIMIT_{i}": "0" for i in range(n)}
+                                 if n > 1 else {})}
+        else:
+            assert g.envs["EGPU_ISOLATION"] == "accounting-only"
+            assert not any(k.startswith("CUDA_") for k in g.envs)
+    # the same share asking its 1 % (limit_compute, the default) is held to it
+    share = CardShare(0, TABLE[0].uuid, 10, 3000)
+    g = build_grant([share], cards, config, backend.visible_devices_env, files, isolation)
+    if provider in (Provider.MPS, Provider.MPS_PER_CARD):
+        assert g.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
+    elif provider is Provider.HAMI_CORE:
+        assert g.envs["CUDA_DEVICE_SM_LIMIT"] == "1"
 
 
 def test_hami_core_without_its_library_refuses(rig: Rig, tmp_path: Path) -> None:

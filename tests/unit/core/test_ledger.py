@@ -174,4 +174,4 @@ def test_every_policy_has_its_binding() -> None:
     bound = {o["spec"]["policyName"] for o in objects
              if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert policies == bound == {admission_policies.POD_LEDGER, admission_policies.MIG_RULES,
-                                 admission_policies.OPT_OUT}
+                                 admission_policies.OPT_OUT, admission_policies.DRA_GATE}

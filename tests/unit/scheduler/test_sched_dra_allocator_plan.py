@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any, cast
 
 from elastic_gpu.core.annotations import DRA_PLACEMENT, DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.claim_placement import WAITING_REASON
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS, device_classes
 from elastic_gpu.core.dra.devices import node_slices
 from elastic_gpu.core.model import Card
+from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 
 
@@ -122,3 +124,70 @@ def test_a_pod_whose_allocation_kube_scheduler_cleared_is_placed_again() -> None
     alloc.claims.store["ns/p1"] = _claim("p1")  # the allocation cleared
     (again,) = alloc.plan()
     assert again.claims and not again.lift_gate
+
+
+def test_node_affinity_and_taints_narrow_the_nodes_as_kube_scheduler_would() -> None:
+    alloc = _allocator([_pod("p1"), _pod("p2")], [_claim("p1"), _claim("p2")])
+    # binpack would put both on one node; p1 (tolerating all) may not go to a by its affinity,
+    # p2 tolerates a's taint and not b's
+    alloc.nodes.store["a"]["spec"] = {"taints": [{"key": "gpu-pool", "value": "x",
+                                                  "effect": "NoSchedule"}]}
+    alloc.nodes.store["b"]["spec"] = {"taints": [{"key": "gpu-pool", "value": "y",
+                                                  "effect": "NoExecute"},
+                                                 {"key": "soft", "effect": "PreferNoSchedule"}]}
+    alloc.pods.store["ns/p1"]["spec"]["affinity"] = {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                   "values": ["a"]}]}]}}}
+    alloc.pods.store["ns/p1"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    alloc.pods.store["ns/p2"]["spec"]["tolerations"] = [
+        {"key": "gpu-pool", "operator": "Equal", "value": "x", "effect": "NoSchedule"}]
+    jobs = {j.pod: j for j in alloc.plan()}
+    pools = {p: j.claims[0][2]["devices"]["results"][0]["pool"] for p, j in jobs.items()}
+    assert pools == {"p1": "b", "p2": "a"}
+    # a pod tolerating nothing fits no node now that both are tainted: nothing is allocated,
+    # and it is handed to kube-scheduler, which says why on the pod (as for a nodeSelector
+    # no DRA node matches)
+    alloc = _allocator([_pod("p3")], [_claim("p3")])
+    for node in ("a", "b"):
+        alloc.nodes.store[node]["spec"] = {"taints": [{"key": "k", "effect": "NoExecute"}]}
+    (job,) = alloc.plan()
+    assert job.handover and job.claims == []
+    # placement fields not of the API's shape: kube-scheduler's to refuse, naming why
+    alloc = _allocator([_pod("p4")], [_claim("p4")])
+    alloc.pods.store["ns/p4"]["spec"]["tolerations"] = "everything"
+    (job,) = alloc.plan()
+    assert job.handover and job.claims == []
+
+
+class _Recorded(EventRecorder):
+    def __init__(self) -> None:
+        super().__init__(cast(Any, None), "test")
+        self.seen: list[tuple[str, str, str, str]] = []
+
+    def record(self, obj: Any, type_: str, reason: str, message: str) -> None:
+        self.seen.append((f"{obj['kind']}/{obj['metadata']['name']}", type_, reason, message))
+
+
+def test_a_pod_waiting_gated_for_room_gets_one_event_per_reason_not_one_per_pass() -> None:
+    def taken(node: str, *devices: str) -> dict[str, Any]:
+        return {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.elasticgpu.io", "pool": node, "device": d}
+            for d in devices]}}}
+    alloc = _allocator([_pod("p1")], [_claim("p1"), _claim("xa", **taken("a", "gpu-0", "gpu-1")),
+                                      _claim("xb", **taken("b", "gpu-0", "gpu-1"))])
+    recorded = alloc.recorder = _Recorded()
+    assert alloc.plan() == [] and alloc.plan() == []
+    (event,) = recorded.seen
+    assert event[:3] == ("Pod/p1", "Normal", WAITING_REASON)
+    assert event[3].startswith("waiting, gated, for room on a DRA node: 0/2 nodes it may go to "
+                               "can hold its claims now (2 × ")
+    assert "(e.g. node a)" in event[3] and event[3].endswith("placed as soon as room frees")
+    # another reason (the claim asks more now): one more Event
+    alloc.claims.store["ns/p1"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"][
+        "requests"]["compute"] = "60"
+    assert alloc.plan() == [] and alloc.plan() == []
+    assert len(recorded.seen) == 2 and recorded.seen[1][3] != event[3]
+    # the pod goes (bound or deleted): forgotten
+    alloc._forget(alloc.pods.store["ns/p1"])
+    assert alloc._waiting == {}

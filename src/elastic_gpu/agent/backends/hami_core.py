@@ -8,7 +8,8 @@ environment, as HAMi's and Volcano's device plugins set them:
   unit (`4096m`); allocations beyond it fail with out-of-memory.
 - `CUDA_DEVICE_SM_LIMIT`: the percent of the device's compute (HAMi-core's time-slicing of
   kernel launches; one value for every device of the container), and for a container on
-  several devices (a multi-card share) `CUDA_DEVICE_SM_LIMIT_<i>` per device as well.
+  several devices (a multi-card share) `CUDA_DEVICE_SM_LIMIT_<i>` per device as well. 0 is
+  no limit: a container that asked no compute (a memory-only share) gets 0, as under HAMi.
 - `CUDA_DEVICE_MEMORY_SHARED_CACHE`: a file where the container's processes account their
   use together; it lives in a directory of the container's own on the host.
 
@@ -48,6 +49,11 @@ CONTAINER_LOCK_DIR = "/tmp/vgpulock"
 PRELOAD_FILE = "ld.so.preload"
 
 
+def sm_percent(limit: ShareLimit) -> int:
+    """A card's compute limit in percent, 1-100 (a share below 1 % is held to 1 %)."""
+    return min(max(limit.milli, MILLI_PER_PERCENT), MILLI_PER_CARD) // MILLI_PER_PERCENT
+
+
 class HamiCore:
     def __init__(self, config: HamiCoreConfig,
                  new_token: Callable[[], str] = lambda: uuidlib.uuid4().hex) -> None:
@@ -78,9 +84,10 @@ class HamiCore:
                     envs[f"CUDA_DEVICE_MEMORY_LIMIT_{ordinal}"] = \
                         f"{limit.memory_mib // limit.devices}m"
                 ordinal += 1
-        # One compute limit for the whole container: the smallest share bounds every card.
-        percent = min(max(limit.milli, MILLI_PER_PERCENT) for limit in limits) // MILLI_PER_PERCENT
-        envs["CUDA_DEVICE_SM_LIMIT"] = str(percent)
+        # One compute limit for the whole container: the smallest share bounds every card;
+        # 0 (HAMi-core: no limit, HAMi's value for a missing gpucores) when it asked none.
+        envs["CUDA_DEVICE_SM_LIMIT"] = str(min(
+            (sm_percent(limit) for limit in limits if limit.limit_compute), default=0))
         if sum(limit.devices for limit in limits) > 1:
             # a container on several cards (a multi-card share): each device's own limit too,
             # as HAMi's device plugin writes them (`CUDA_DEVICE_SM_LIMIT_<i>`)
@@ -88,8 +95,7 @@ class HamiCore:
             for limit in limits:
                 for _ in range(limit.devices):
                     envs[f"CUDA_DEVICE_SM_LIMIT_{ordinal}"] = str(
-                        min(max(limit.milli, MILLI_PER_PERCENT), MILLI_PER_CARD)
-                        // MILLI_PER_PERCENT)
+                        sm_percent(limit) if limit.limit_compute else 0)
                     ordinal += 1
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = CONTAINER_CACHE_FILE
         cache = self._container_directory()

@@ -89,8 +89,12 @@ class CudaMps:
                     "daemons (an MPS client connects to one daemon)")
             host = self.card_pipe_directory(chips[0])
         envs = {"CUDA_MPS_PIPE_DIRECTORY": pipe}
-        # One thread percentage per MPS client: the smallest share bounds every card.
-        percent = min(max(limit.milli, MILLI_PER_PERCENT) for limit in limits) // MILLI_PER_PERCENT
+        # One thread percentage per MPS client: the smallest share bounds every card; all of
+        # the card (100, as for whole cards) when the container asked no compute (a
+        # memory-only share: its `milli` is only what the ledger bills).
+        percent = min((max(limit.milli, MILLI_PER_PERCENT) // MILLI_PER_PERCENT
+                       for limit in limits if limit.limit_compute),
+                      default=MILLI_PER_CARD // MILLI_PER_PERCENT)
         envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
         memory = []
         ordinal = 0

@@ -27,6 +27,10 @@ class ShareLimit:
     devices: int = 1
     #: The card's physical chips (UUIDs), in the order the container sees them.
     uuids: tuple[str, ...] = ()
+    #: Whether the container asked compute (`core.request.limits_compute`): False for a
+    #: memory-only share, whose `milli` is only the 1 % the ledger bills it; a provider then
+    #: sets no compute limit on the card (HAMi-core's 0, MPS's 100 %).
+    limit_compute: bool = True
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ class Allocator:
             if problem is not None:
                 raise AllocateError(f"refusing rather than handing out a held card: {problem}")
             grant = build_grant(chosen.shares, cards, self.config, self.visible_env,
-                                self.files, self.isolation)
+                                self.files, self.isolation, chosen.limits_compute)
             self._done.add((chosen.uid, chosen.container, plan.resource))
             log.info("Allocate %s x%d -> %s", plan.resource, count, chosen.describe())
             return grant

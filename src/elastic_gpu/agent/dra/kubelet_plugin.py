@@ -7,7 +7,8 @@
 - **DRAPlugin v1** (`<pluginDirectory>/dra.sock`, `/var/lib/kubelet/plugins/gpu.elasticgpu.io/`),
   and on the same socket the device health stream (`health`, `v1alpha1.DRAResourceHealth`):
   `NodePrepareResources` reads each claim through the project's client stack, decides with
-  `prepare.prepare_claim` (pure), writes the claim's CDI spec (`cdi`) and records the answer
+  `prepare.prepare_claim` (pure), refuses one that would put a card past its capacity beside
+  the claims prepared here (`guard`), writes the claim's CDI spec (`cdi`) and records the answer
   in the checkpoint (`checkpoint`); `NodeUnprepareResources` removes both. A claim that cannot
   be prepared gets its own error string; the call and the other claims go on.
 
@@ -31,6 +32,7 @@ from elastic_gpu.agent.config import DRA_SOCKET_NAMES
 from elastic_gpu.agent.devices import LogicalCard
 from elastic_gpu.agent.dra.cdi import remove_spec, spec_file, uid_problem, write_spec
 from elastic_gpu.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint
+from elastic_gpu.agent.dra.guard import CapacityGuard
 from elastic_gpu.agent.dra.health import DraHealthService
 from elastic_gpu.agent.dra.prepare import (
     ClaimRef,
@@ -108,6 +110,10 @@ class DraPlugin:
         self._lock = threading.Lock()
         #: claims prepared from the API (not answered from the checkpoint), for tests and logs
         self.prepared_from_api = 0
+        #: the capacity check over the claims prepared here, and who hears of a refusal (the
+        #: claim read from the API, the message): the node mode's Event on its pods
+        self.guard = CapacityGuard(node, read_claim)
+        self.on_refused: Callable[[Mapping[str, Any], str], None] | None = None
 
     def prepare(self, ref: ClaimRef) -> PreparedClaim:
         problem = uid_problem(ref.uid)
@@ -126,8 +132,15 @@ class DraPlugin:
                 raise PrepareError(f"{ref.describe()}: not found in the API") from None
             except Exception as err:
                 raise PrepareError(f"{ref.describe()}: cannot read it: {err}") from None
-            prepared = prepare_claim(claim, ref, self.node, self.cards(), self.inputs,
+            cards = self.cards()
+            prepared = prepare_claim(claim, ref, self.node, cards, self.inputs,
                                      self._group(claim, ref))
+            refused = self.guard.refusal(prepared, self.checkpoint.claims(),
+                                         [lc.card for _, lc in sorted(cards.items())])
+            if refused is not None:  # a card would be given past its capacity (`guard`)
+                if self.on_refused is not None:
+                    self.on_refused(claim, refused)
+                raise PrepareError(refused)
             write_spec(self.cdi_dir, ref.uid, prepared.spec)
             self.checkpoint.put(prepared)
             self.prepared_from_api += 1

@@ -32,11 +32,13 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence, Sized
+from concurrent.futures import Future
 from typing import Any
 
 from elastic_gpu.agent.accounting import CardUse
 from elastic_gpu.agent.config import AgentConfig
 from elastic_gpu.agent.devices import LogicalCard
+from elastic_gpu.agent.dra.guard import pods_to_tell
 from elastic_gpu.agent.dra.holdings import with_holdings
 from elastic_gpu.agent.dra.kubelet_plugin import (
     DraPlugin,
@@ -51,7 +53,8 @@ from elastic_gpu.agent.miglayout import HeldOn
 from elastic_gpu.agent.node_status import patch_node_capacity
 from elastic_gpu.agent.nodemode import NodeModeError
 from elastic_gpu.agent.state import NodeState
-from elastic_gpu.agent.usage.sinks import ApiSinks
+from elastic_gpu.agent.usage.sinks import COMPONENT, ApiSinks
+from elastic_gpu.core.dra.capacity_guard import REASON as OVER_CAPACITY
 from elastic_gpu.core.dra.nodemode import (
     GPU_MODE_DRA,
     GPU_MODE_LABEL,
@@ -60,6 +63,7 @@ from elastic_gpu.core.dra.nodemode import (
 )
 from elastic_gpu.core.nodefit import NODE_CORE
 from elastic_gpu.core.nodefit import node_capacity as node_core_capacity
+from elastic_gpu.kube.events import WARNING, EventRecorder
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -104,6 +108,11 @@ class DraNode:
         self.plugin = DraPlugin(node, api_claim_reader(client), state.cards, inputs,
                                 dra.pluginDirectory, dra.cdiDirectory, api_pod_reader(client))
         self.server = KubeletPluginServer(self.plugin, dra.pluginDirectory, dra.registryDirectory, state)
+        # a claim refused for capacity: a Warning Event on the pods it is reserved for (the
+        # recorder made, and run in the client's loop, at the first refusal)
+        self.recorder: EventRecorder | None = None
+        self._events: Future[None] | None = None
+        self.plugin.on_refused = self._refused
         self.server.registration.on_registered = self._registered
         # the health loop, the sync loop and kubelet's registration publish: one at a time,
         # or two would write the same new generation and one would fail on the other's
@@ -156,6 +165,15 @@ class DraNode:
     def serve(self) -> None:
         self.server.start()
 
+    def _refused(self, claim: Mapping[str, Any], message: str) -> None:
+        """Called under the plugin's lock (one refusal at a time)."""
+        if self.recorder is None:
+            self.recorder = EventRecorder(self.client.async_client, COMPONENT, self.node)
+            self._events = self.client.submit(self.recorder.run())
+        for pod in pods_to_tell(claim):
+            self.client.loop.call_soon_threadsafe(self.recorder.record, pod, WARNING,
+                                                  OVER_CAPACITY, message)
+
     def cards_changed(self) -> None:
         self.publish()
 
@@ -192,3 +210,5 @@ class DraNode:
     def stop(self) -> None:
         # the slices stay: kube-scheduler keeps seeing the devices it allocated
         self.server.stop()
+        if self._events is not None:
+            self._events.cancel()

@@ -28,6 +28,9 @@ from typing import Any
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.dra.classes import CARD_CLASS
 from elastic_gpu.core.dra.devices import COMPUTE, DRIVER, MEMORY, card_device
+from elastic_gpu.core.fit import FitFailure, describe
+from elastic_gpu.core.nodeaffinity import RulesError, Taint, rules_from_manifest
+from elastic_gpu.core.nodeaffinity import refusal as placement_refusal
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.request import ContainerRequest, PodRequest
 from elastic_gpu.core.resources import MILLI_PER_PERCENT, PERCENT_PER_CARD
@@ -177,3 +180,45 @@ def allocation(assignment: Assignment, claim: str, asks: Sequence[DeviceAsk],
 def device_count(asks: Sequence[DeviceAsk]) -> int:
     """How many allocation results (and share ids) the claim's asks make."""
     return sum(ask.count for ask in asks)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the node filter reads of a Node: its labels and taints."""
+
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...] = ()
+
+
+def eligible_nodes(pod: Mapping[str, Any], nodes: Mapping[str, NodeFacts],
+                   allocated_on: Sequence[str] = ()) -> list[str]:
+    """The nodes (in `nodes`' order) kube-scheduler would let the pod onto: its nodeSelector,
+    required node affinity and NoSchedule/NoExecute taints it does not tolerate, as
+    kube-scheduler's NodeAffinity and TaintToleration filters decide (`core.nodeaffinity`),
+    and, when some of its claims are allocated already, only their node. A claim placed where
+    the pod may not go would be cleared by kube-scheduler's PostFilter and placed again.
+    Raises Unplaceable for placement fields not of the API's shape (kube-scheduler says why)."""
+    try:
+        rules = rules_from_manifest(pod)
+    except RulesError as err:
+        raise Unplaceable(f"its placement rules: {err}") from None
+    return [name for name, facts in nodes.items()
+            if (not allocated_on or name in allocated_on)
+            and placement_refusal(rules, name, facts.labels, facts.taints) is None]
+
+
+#: The Event's reason on a pod that waits gated because no node it may go to has room now.
+WAITING_REASON = "WaitingForGPURoom"
+
+
+def waiting_message(failed: Mapping[str, FitFailure]) -> str:
+    """The Event's message for a gated pod no eligible node has room for now: each of the
+    engine's fit sentences (`fit.describe`) once, with how many nodes fail that way and one of
+    them, most nodes first."""
+    groups: dict[str, list[str]] = {}
+    for node, failure in sorted(failed.items()):
+        groups.setdefault(describe(failure), []).append(node)
+    reasons = "; ".join(f"{len(nodes)} × {text} (e.g. node {nodes[0]})"
+                        for text, nodes in sorted(groups.items(), key=lambda kv: -len(kv[1])))
+    return (f"waiting, gated, for room on a DRA node: 0/{len(failed)} nodes it may go to can "
+            f"hold its claims now ({reasons}); it is placed as soon as room frees")

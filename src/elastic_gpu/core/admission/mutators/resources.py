@@ -13,7 +13,13 @@ from elastic_gpu.core.admission.rules import VCUDA_CORE, VCUDA_CORE_LIMIT
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.nodefit import NODE_CORE, node_core
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.request import RequestKind, container_request, lifetime_containers
+from elastic_gpu.core.request import (
+    DEVICE_PLUGIN_MEMORY,
+    MEMORY_ONLY_COMPUTE,
+    RequestKind,
+    container_request,
+    lifetime_containers,
+)
 from elastic_gpu.core.resources import (
     GPU_CORE,
     GPU_WHOLE,
@@ -22,14 +28,6 @@ from elastic_gpu.core.resources import (
     ResourceError,
     to_amount,
 )
-
-#: Memory resources served by a device plugin: a container asking only for one of these gets an
-#: Allocate from kubelet. The other memory names are advertised in the Node's status only (see
-#: docs/agent.md, `resources.memory`), so kubelet calls no Allocate for them.
-DEVICE_PLUGIN_MEMORY = frozenset({"tencent.com/vcuda-memory"})
-#: The compute share a memory-only share is given so that kubelet calls the agent's Allocate:
-#: one device of `elasticgpu.io/gpu-core`, 1% of the card.
-MEMORY_ONLY_COMPUTE = (GPU_CORE, "1")
 
 
 def whole_cards_as_shares(data: MutationInput) -> list[PatchOp]:
@@ -74,7 +72,9 @@ def memory_only_compute(data: MutationInput) -> list[PatchOp]:
     """A memory-only share written with a memory name kubelet does not Allocate (advertised in
     the Node's status only) also asks for `elasticgpu.io/gpu-core: 1`, one device of the
     agent's share plugin: kubelet then calls the agent's Allocate, which hands over the card
-    the scheduler chose. Idempotent: the container then has compute and is not memory-only."""
+    the scheduler chose. Idempotent: the container then has compute and is not memory-only.
+    The ledger bills that 1 %; the container's isolation limit does not follow it
+    (`core.request.limits_compute`: no compute asked, no compute limit)."""
     ops: list[PatchOp] = []
     name, value = MEMORY_ONLY_COMPUTE
     containers = {item.name: item for item in lifetime_containers(data.pod)}

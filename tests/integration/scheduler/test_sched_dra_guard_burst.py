@@ -1,0 +1,249 @@
+"""Issue 41, the ledger stays exact whoever allocates: a burst of claim pods through every
+route at once, with the allocator's leader (the extender process) SIGKILLed three times.
+
+On kwok DRA-mode nodes (this driver's slices, stock kube-scheduler): gated share and whole-card
+claim pods (our allocator places them), pods whose gate the tenant removes herself (a user with
+`edit`: kube-scheduler's own allocator takes them) and unchanged `nvidia.com/gpu` pods (the
+class's `extendedResourceName`, DRAExtendedResource: kube-scheduler makes and allocates their
+claims itself). Pods come in waves, one while the allocator is down each time (the tenant's
+and the nvidia.com/gpu pods in those: kube-scheduler allocates while ours is down, and ours,
+back, reads those allocations as facts; the two allocating at the same instant is the race
+docs/dra.md names, which this test does not claim to close). The
+independent check (`egpu_testing.dra_ledger.over_capacity`: every claim's consumed capacity
+summed per card from the API's objects, a whole card counting as all of it) finds no card over
+capacity twice a second all along, at every kill and at the end; every pod is bound (none
+lost), and no pod keeps our gate once the allocator is back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from egpu_testing.dra import allocation, claim_manifest, gated_claim_pod, result
+from egpu_testing.dra_ledger import dra_inventories, over_capacity
+from egpu_testing.pytest_plugin import unique_name
+from egpu_testing.tenant import make_tenant
+from egpu_testing.waiting import wait_for
+from egpu_testing.workbench import (
+    ExtenderProcess,
+    plain_kube_scheduler_config,
+    pod_manifest,
+    running_extender,
+)
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE, device_classes
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.devcluster.controlplane import ControlPlane
+from elastic_gpu.kube.apply import create_or_update
+from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.sync import SyncKubeClient
+from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
+
+pytestmark = pytest.mark.integration
+
+GROUP_LABEL = "test.elasticgpu.io/dra-guard"
+HALF = {"compute": "50", "memory": "4Gi"}
+
+
+@pytest.fixture
+def extender(k8s_cluster: ControlPlane, tmp_path: Path) -> Iterator[ExtenderProcess]:
+    with running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                          start_timeout_s=120) as process:
+        yield process
+
+
+class Burst:
+    def __init__(self, kube: SyncKubeClient, namespace: str, scheduler: str, group: str,
+                 ungate: Callable[[str], None]) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.scheduler = scheduler
+        self.group = group
+        self.ungate = ungate
+        self.names: list[str] = []
+
+    def claim_pod(self, name: str, capacity: dict[str, str] | None, *,
+                  tenant_ungates: bool = False) -> None:
+        """A claim and its pod, gated as the webhook gates it; the tenant may lift the gate."""
+        self.kube.create(RESOURCE_CLAIMS.path(self.namespace),
+                         claim_manifest(name, self.namespace, capacity=capacity))
+        self.kube.create(PODS.path(self.namespace), gated_claim_pod(
+            name, self.namespace, self.scheduler, {GROUP_LABEL: self.group}))
+        self.names.append(name)
+        if tenant_ungates:
+            self.ungate(name)
+
+    def extended_pod(self, name: str) -> None:
+        """An unchanged nvidia.com/gpu pod: kube-scheduler makes and allocates its claim."""
+        pod = pod_manifest(name, self.namespace, scheduler_name=self.scheduler)
+        pod["spec"]["containers"][0]["resources"] = {
+            "limits": {EXTENDED_RESOURCE: "1"}, "requests": {EXTENDED_RESOURCE: "1"}}
+        pod["spec"]["nodeSelector"] = {GROUP_LABEL: self.group}
+        self.kube.create(PODS.path(self.namespace), pod)
+        self.names.append(name)
+
+    def wave(self, tag: str, halves: int, whole: int, ungated: int, extended: int) -> None:
+        for i in range(halves):
+            self.claim_pod(f"{tag}-half-{i}", HALF)
+        for i in range(whole):
+            self.claim_pod(f"{tag}-whole-{i}", None)
+        for i in range(ungated):
+            self.claim_pod(f"{tag}-tenant-{i}", HALF, tenant_ungates=True)
+        for i in range(extended):
+            self.extended_pod(f"{tag}-nvidia-{i}")
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        items, _ = self.kube.list(PODS.path(self.namespace))
+        return {p["metadata"]["name"]: p for p in items}
+
+    def over_capacity(self) -> list[str]:
+        pods = list(self.pods().values())
+        claims, _ = self.kube.list(RESOURCE_CLAIMS.path(self.namespace))
+        nodes, _ = self.kube.list(NODES.path(), {"labelSelector": f"{GROUP_LABEL}={self.group}"})
+        inventories = dra_inventories(nodes)
+        assert inventories, "no DRA node of the group"
+        return over_capacity(pods, claims, inventories)
+
+
+def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_over_capacity(
+        k8s_cluster: ControlPlane, extender: ExtenderProcess,
+        fake_gpu_nodes: Callable[..., list[str]],
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    kube = k8s_cluster.kube()
+    create_or_update(kube, device_classes())
+    namespace = unique_name("guard")
+    tenant = make_tenant(Path(k8s_cluster.kubeconfig), namespace)
+    group = unique_name("g")
+    fake_gpu_nodes(4, gpus=4, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
+                   prefix="dra-guard")
+    start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+
+    tenant_won: list[str] = []
+
+    def ungate(name: str) -> None:
+        """The tenant's own patch (`edit` may change her pods), racing our allocator, which
+        may have placed the pod and lifted the gate first."""
+        done = tenant.run("patch", "pod", name, "--type=json",
+                          "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+        if done.returncode == 0:
+            tenant_won.append(name)
+        else:
+            assert "schedulingGates" not in kube.get(PODS.path(namespace, name))["spec"], \
+                done.stderr
+
+    burst = Burst(kube, namespace, extender.scheduler_name, group, ungate)
+    # 16 cards; the waves ask 14.5 of them, so every pod fits whatever the order (the tenant's
+    # six halves on six cards at worst)
+    # (kube-scheduler's own allocations, for the pods the tenant ungates and the nvidia.com/gpu
+    # ones, are made while our allocator is down: with both allocating at the same moment,
+    # kube-scheduler, whose cache lags our writes, can give a card's room twice, which only the
+    # node then refuses; docs/dra.md, "Not yet")
+    waves = [("a", 3, 1, 0, 0), ("b", 3, 1, 0, 0), ("c", 2, 0, 0, 0), ("d", 2, 0, 0, 0)]
+    problems: list[str] = []
+    # the independent check all along (each reading one list of the claims), not only at the
+    # kills and at the end
+    stop, samples = threading.Event(), [0]
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            problems.extend(burst.over_capacity())
+            samples[0] += 1
+    sampler = threading.Thread(target=sample, name="over-capacity", daemon=True)
+    sampler.start()
+
+    def all_bound() -> bool:
+        pods = burst.pods()
+        return all((pods[n].get("spec") or {}).get("nodeName") for n in burst.names if n in pods)
+    try:
+        for round_, (tag, halves, whole, ungated, extended) in enumerate(waves):
+            burst.wave(tag, halves, whole, ungated, extended)
+            if round_ == len(waves) - 1:
+                break
+            time.sleep(0.5)  # part of the wave placed, part in flight
+            extender.kill()  # SIGKILL: nothing written on the way out
+            problems.extend(burst.over_capacity())
+            burst.wave(f"{tag}-down", 1, 0, 2, 1)  # while no allocator serves
+            extender.start(timeout_s=120)
+        wait_for("every pod bound", all_bound, 120)
+    finally:
+        stop.set()
+        sampler.join(30)
+    assert samples[0] >= 3
+    pods = burst.pods()
+    assert sorted(pods) == sorted(burst.names)  # none lost
+    gated = [n for n, p in pods.items()
+             if any(g.get("name") == DRA_PLACEMENT_GATE
+                    for g in (p.get("spec") or {}).get("schedulingGates") or [])]
+    assert gated == []
+    problems += burst.over_capacity()
+    assert problems == []
+    assert extender.starts == 4
+    # the pods created while no allocator served were the tenant's to ungate
+    assert sorted(tenant_won) == sorted(f"{tag}-down-tenant-{i}" for tag in "abc" for i in (0, 1))
+
+
+def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again(
+        k8s_cluster: ControlPlane, k8s_namespace: str, fake_gpu_nodes: Callable[..., list[str]],
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """The race both allocators can run: kube-scheduler allocates a card's room from a cache
+    that has not seen the allocation ours just wrote. Ours lifts the gate only `settle_s` after
+    it sees its allocation back and no card it holds is over; here the other allocation lands
+    in that window (a long one, in-process), so ours is cleared while its pod is still gated
+    (unreserved) and placed on the other card."""
+    kube = k8s_cluster.kube()
+    create_or_update(kube, device_classes())
+    group = unique_name("g")
+    (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
+                             prefix="dra-twice")
+    scheduler = unique_name("s")
+    start_kube_scheduler(plain_kube_scheduler_config(scheduler))
+    client = SyncKubeClient.from_config(Path(k8s_cluster.kubeconfig))
+    allocator = DraAllocator(client.async_client, AllocatorSettings(
+        (scheduler,), "binpack", settle_s=3.0))
+    running = client.submit(allocator.run())
+    try:
+        burst = Burst(kube, k8s_namespace, scheduler, group, lambda name: None)
+        burst.claim_pod("ours", None)
+        claim_path = RESOURCE_CLAIMS.path(k8s_namespace, "ours")
+
+        def ours_device() -> str | None:
+            results = _results(kube.get(claim_path))
+            return str(results[0]["device"]) if results else None
+        first = wait_for("our allocation", ours_device, 60)
+        pod = kube.get(PODS.path(k8s_namespace, "ours"))
+        assert pod["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
+        # kube-scheduler's allocation of the same card for another pod, inside the window
+        kube.create(RESOURCE_CLAIMS.path(k8s_namespace), claim_manifest("theirs", k8s_namespace))
+        theirs_pod = kube.create(PODS.path(k8s_namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "theirs"},
+            "spec": {"nodeName": node, "resourceClaims": [
+                {"name": "gpu", "resourceClaimName": "theirs"}],
+                "containers": [{"name": "main", "image": "registry.example/cuda:12",
+                                "resources": {"claims": [{"name": "gpu"}]}}]}})
+        theirs = kube.get(RESOURCE_CLAIMS.path(k8s_namespace, "theirs"))
+        theirs["status"] = {"allocation": allocation(node, [result(node, first)]),
+                            "reservedFor": [{"resource": "pods", "name": "theirs",
+                                             "uid": theirs_pod["metadata"]["uid"]}]}
+        kube.update(RESOURCE_CLAIMS.path(k8s_namespace, "theirs", "status"), theirs)
+        wait_for("our pod bound", lambda: _bound_to(kube, k8s_namespace, "ours"), 90)
+        assert ours_device() not in (None, first)
+        assert allocator.cleared_count == 1
+        assert burst.over_capacity() == []
+    finally:
+        running.cancel()
+        client.close()
+
+
+def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {})
+                .get("results") or [])
+
+
+def _bound_to(kube: SyncKubeClient, namespace: str, name: str) -> str | None:
+    return (kube.get(PODS.path(namespace, name)).get("spec") or {}).get("nodeName")
