@@ -212,6 +212,9 @@ class FitFailure:
     asked: tuple[str, ...] = ()
     #: DRA kinds: the DeviceClass a pod asks a share of the node's cards with
     device_class: str = ""
+    #: RESOURCE_NOT_OFFERED of a MIG profile: no node of the cluster is opted in to dynamic
+    #: MIG (none would carve the profile on demand)
+    no_mig_dynamic: bool = False
 
     @property
     def check(self) -> str:
@@ -293,6 +296,13 @@ def _container(failure: FitFailure) -> str:
     return f"container {failure.container}" if failure.container else "the pod"
 
 
+#: what a MIG profile no node offers and no node would carve adds (docs/mig-apply.md)
+_MIG_DYNAMIC_HINT = ("; no node is opted in to dynamic MIG, which would carve it on demand "
+                     "(label a node elasticgpu.io/mig-dynamic=true with the controller's "
+                     "mig.dynamic.enabled, the chart's controller.migDynamic; in the sandbox, "
+                     "a node group's migDynamic: true)")
+
+
 def _how_to_ask(failure: FitFailure) -> str:
     return (f"the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
             f"{failure.device_class}")
@@ -327,7 +337,8 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.RESOURCE_NOT_OFFERED:
         offered = ", ".join(f.offered) if f.offered else "no GPU resource"
         asker = f", {_container(f)} asks for it" if f.container else ""
-        return f"the node does not offer {f.resource} (it offers {offered}){asker}"
+        text = f"the node does not offer {f.resource} (it offers {offered}){asker}"
+        return text + _MIG_DYNAMIC_HINT if f.no_mig_dynamic else text
     if kind is FitKind.NO_HEALTHY_GPU:
         return f"no healthy GPU (0 of {f.capacity} cards)"
     if kind is FitKind.CARD_FENCED:

@@ -10,6 +10,11 @@ The real node's containerd is 2.4 (built by hack/ensure-k8s.sh), which reads the
 specs from the node's CDI directory: the container's environment is the share's grant, as the
 device-plugin path's Allocate gives it (the container prints its environment). Skipped where
 the machine cannot run a real node.
+
+Issue 41's `dra-packed` path on the same node: the webhook gates a claim pod of our card class,
+the extender's DRA allocator writes the claim's allocation (the API server's managedFields name
+it, not kube-scheduler) and lifts the gate, kubelet prepares the claim and the container
+prints the share's grant.
 """
 
 from __future__ import annotations
@@ -24,9 +29,13 @@ from typing import Any
 import pytest
 
 from egpu_testing.dra import claim_manifest, env_of
+from egpu_testing.webhook import running_webhook, wait_in_force
+from egpu_testing.workbench import plain_kube_scheduler_config, running_extender
 from elastic_gpu.agent.dra.cdi import spec_file
 from elastic_gpu.agent.dra.slices_api import existing_slices
 from elastic_gpu.api.config.strict_yaml import dump_yaml
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.claim_placement import ALLOCATION_FINALIZER
 from elastic_gpu.core.dra.classes import MIG_CLASS, device_classes
 from elastic_gpu.core.dra.devices import DRIVER
 from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
@@ -46,6 +55,8 @@ INVENTORY: dict[str, Any] = {
                "mig": [{"profile": "3g.40gb", "uuid": "MIG-dra-2a", "start": 0},
                        {"profile": "3g.40gb", "uuid": "MIG-dra-2b", "start": 4}]}]}
 REGISTERED = f"kubelet registered the DRA plugin {DRIVER}"
+#: the namespace label the test's webhook is sent pods by
+WEBHOOK_LABEL = "egpu-dra-realnode"
 
 
 def tmp_agent_dir(agent: ProcessHandle) -> Path:
@@ -220,3 +231,81 @@ def test_kubelet_prepares_a_mig_claim_by_profile(
         given.add(env["NVIDIA_VISIBLE_DEVICES"])
     # two claims, the card's two instances: one each
     assert given == {"MIG-dra-2a", "MIG-dra-2b"}
+
+
+def _allocation_managers(claim: dict[str, Any]) -> set[str]:
+    """Who wrote the claim's `status.allocation`, by the API server's own record (the
+    managedFields entries of the status subresource owning `f:allocation`)."""
+    return {str(entry.get("manager")) for entry in claim["metadata"].get("managedFields") or []
+            if entry.get("subresource") == "status"
+            and "f:allocation" in ((entry.get("fieldsV1") or {}).get("f:status") or {})}
+
+
+def test_a_dra_packed_claim_gated_by_the_webhook_placed_by_our_allocator_and_prepared(
+        dra_agent: tuple[ProcessHandle, Path], real_node: RealNode, k8s_cluster: ControlPlane,
+        k8s_namespace: str, tmp_path: Path,
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """Issue 41 on the real kubelet node, the whole `dra-packed` path: the webhook gates the
+    pod of a claim of our card class, the extender's DRA allocator (not kube-scheduler)
+    writes the claim's allocation and lifts the gate, a stock kube-scheduler binds the pod,
+    kubelet calls our plugin's NodePrepareResources and the container's environment is the
+    share's grant (card and limits)."""
+    agent, cdi = dra_agent
+    kube = k8s_cluster.kube()
+    with running_webhook(k8s_cluster, tmp_path, "dra-real", WEBHOOK_LABEL) as hook, \
+            running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                             start_timeout_s=120) as extender:
+        k8s_cluster.kubectl("label", "namespace", k8s_namespace,
+                            f"{WEBHOOK_LABEL}={hook.name}")
+        wait_in_force(k8s_cluster, k8s_namespace)
+        start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+        claim = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), claim_manifest(
+            "packed", k8s_namespace, capacity={"compute": "40", "memory": "4Gi"}))
+        uid = claim["metadata"]["uid"]
+        created = kube.create(PODS.path(namespace=k8s_namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "packed-user"},
+            "spec": {"schedulerName": extender.scheduler_name,
+                     "tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "packed"}],
+                     "containers": [{"name": "main", "image": real_node.busybox_image,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", "env; exec sleep 3600"],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        # the webhook read the claim's class and gated the pod for our allocator
+        assert created["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
+
+        def phase() -> str:
+            status = kube.get(PODS.path(namespace=k8s_namespace,
+                                        name="packed-user")).get("status") or {}
+            assert status.get("phase") not in ("Failed", "Succeeded"), status
+            return str(status.get("phase"))
+        wait_for(lambda: phase() == "Running", "Running pod", agent, timeout_s=120)
+
+        allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="packed"))
+        (result,) = allocated["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == (DRIVER, real_node.name)
+        assert result["consumedCapacity"] == {"compute": "40", "memory": "4Gi"}
+        # our allocator wrote the allocation (and its finalizer), kube-scheduler did not: the
+        # API server names the writer; kube-scheduler only reserved the claim for the pod
+        assert ALLOCATION_FINALIZER in allocated["metadata"]["finalizers"]
+        writers = _allocation_managers(allocated)
+        assert writers and "kube-scheduler" not in writers, allocated["metadata"]
+        assert [r["name"] for r in allocated["status"]["reservedFor"]] == ["packed-user"]
+        assert "DRA allocator: 1 pods placed" in extender.log_path.read_text()
+        assert not kube.get(PODS.path(namespace=k8s_namespace, name="packed-user"))[
+            "spec"].get("schedulingGates")
+
+        # kubelet called our NodePrepareResources; the container runs with the grant
+        assert f"prepared ResourceClaim {k8s_namespace}/packed" in agent.log_path.read_text()
+        env = env_of(json.loads(spec_file(cdi, uid).read_text()), f"{uid}-{result['device']}")
+        index = int(result["device"].removeprefix("gpu-"))
+        assert env["NVIDIA_VISIBLE_DEVICES"] == f"GPU-dra-{index}"
+        assert env["EGPU_CORE_PERCENT"] == "40" and env["EGPU_MEMORY_MIB"] == "4096"
+        printed = k8s_cluster.kubectl("logs", "packed-user", "-n",
+                                      k8s_namespace).stdout.splitlines()
+        for name, value in env.items():
+            assert f"{name}={value}" in printed, (name, value, printed)
+        kube.delete(PODS.path(namespace=k8s_namespace, name="packed-user"))
+        wait_for(lambda: f"unprepared claim {uid}" in agent.log_path.read_text(), "unprepare",
+                 agent)

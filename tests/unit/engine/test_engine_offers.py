@@ -269,3 +269,30 @@ def test_the_per_name_caches_stay_bounded() -> None:
         assert engine.filter(ask(f"m{gb}", {f"nvidia.com/mig-1g.{gb}gb": "1"})).feasible == []
     assert len(engine._layout.count_cache) <= 256 and len(engine._layout.names_cache) <= 256
     assert engine.filter(ask("n", {NV: "1"})).feasible == ["nv"]
+
+
+def test_a_mig_profile_no_node_offers_says_no_node_is_opted_in_to_dynamic_mig() -> None:
+    """HAMi's dynamic_mig_example on the default sandbox: no node has the profile and none
+    would carve it; the reason says so and how to opt in. With a node opted in (its label),
+    the plain sentence stays (the mig-dynamic controller may carve it)."""
+    plain = Engine([node("nv-0"), node("nv-1")])
+    result = plain.filter(ask("m", {"nvidia.com/mig-1g.10gb": "1"}))
+    failure = result.failed["nv-0"]
+    assert failure.kind is FitKind.RESOURCE_NOT_OFFERED and failure.no_mig_dynamic
+    text = describe(failure)
+    assert text.startswith("the node does not offer nvidia.com/mig-1g.10gb (it offers ")
+    assert "no node is opted in to dynamic MIG" in text
+    assert "elasticgpu.io/mig-dynamic=true" in text and "migDynamic: true" in text
+    # a whole-card name no node offers: no MIG hint
+    other = describe(plain.filter(ask("ix", {IX: "1"})).failed["nv-0"])
+    assert "dynamic MIG" not in other
+    opted = Node("nv-dyn", 64000, 1 << 18, node("x").cards,
+                 labels={"elasticgpu.io/mig-dynamic": "true"})
+    either = Engine([node("nv-0"), opted]).filter(ask("m", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert not either.failed["nv-0"].no_mig_dynamic
+    assert "dynamic MIG" not in describe(either.failed["nv-0"])
+    # a node labelled later (the engine's layout remembers the answer until a node changes)
+    plain.upsert_node(Node("nv-1", 64000, 1 << 18, node("nv-1").cards,
+                           labels={"elasticgpu.io/mig-dynamic": "true"}))
+    assert not plain.filter(ask("m2", {"nvidia.com/mig-1g.10gb": "1"})).failed[
+        "nv-0"].no_mig_dynamic

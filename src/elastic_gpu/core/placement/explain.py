@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.fit import FitFailure, FitKind, NoNodeFits, Unit, Unschedulable
 from elastic_gpu.core.model import Health
 from elastic_gpu.core.placement.fitmask import pinned
@@ -28,6 +29,7 @@ from elastic_gpu.core.placement.shortfalls import (
 )
 from elastic_gpu.core.policies import CardPolicy, ScoreContext
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+from elastic_gpu.core.resources import MIG_PREFIX
 from elastic_gpu.core.tflops import card_tflops
 
 #: a node that fit says no to and `why_not` cannot explain (never expected; honest if it is)
@@ -176,6 +178,15 @@ def unknown_tflops_model(lay: Layout, row: int, pod: PodRequest) -> FitFailure |
     return None
 
 
+def mig_dynamic_anywhere(lay: Layout) -> bool:
+    """Whether some node is opted in to dynamic MIG (its label `elasticgpu.io/mig-dynamic`):
+    a MIG profile no node offers may then be carved for the pod. Made once per layout
+    rebuild (a label change rebuilds it): the extender explains up to 16 nodes a filter."""
+    if lay.mig_dynamic is None:
+        lay.mig_dynamic = any(r.node.labels.get(MIG_DYNAMIC_LABEL) == "true" for r in lay.rows)
+    return lay.mig_dynamic
+
+
 def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> FitFailure | None:
     """Why the node serves no container's resource at all (vendor, name), if so: the
     first written name no card of the node offers."""
@@ -188,7 +199,9 @@ def missing_offer(lay: Layout, row: int, gpu: Sequence[ContainerRequest]) -> Fit
             if not (lay.counts(res)[row, :n] > 0).any():
                 return FitFailure(FitKind.RESOURCE_NOT_OFFERED, res, capacity=n,
                                   unit=Unit.CARDS, container=c.name,
-                                  offered=lay.offered_names(row))
+                                  offered=lay.offered_names(row),
+                                  no_mig_dynamic=(res.startswith(MIG_PREFIX)
+                                                  and not mig_dynamic_anywhere(lay)))
         offer = lay.offer_mask(c.served_names)
         if offer is not None and not offer[row, :n].any():
             return FitFailure(FitKind.RESOURCE_NOT_OFFERED, " and ".join(c.served_names),

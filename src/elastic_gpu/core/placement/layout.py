@@ -68,6 +68,8 @@ class Layout:
         self.offer_keys: list[_OfferKey] = []
         self.constrained = False
         self.count_cache: dict[str, IntArray] = {}
+        #: some node is opted in to dynamic MIG (its label): made once per rebuild, on demand
+        self.mig_dynamic: bool | None = None
         self.names_cache: dict[tuple[str, ...], BoolArray] = {}
 
     def upsert(self, node: Node, rank: float | None) -> None:
@@ -160,6 +162,7 @@ class Layout:
         self.offer_keys = []
         self.count_cache.clear()
         self.names_cache.clear()
+        self.mig_dynamic = None
         offer_rows: list[list[int]] = []
         for i, r in enumerate(self.rows):
             r.mig_owner.clear()
