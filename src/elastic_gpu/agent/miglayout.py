@@ -1,10 +1,11 @@
 """The agent's MIG applier: carries out its node's MigLayouts, one crash-safe step at a time.
 
-Every round (`MigApplier.round`) it lists the MigLayouts of its node (label
-`elasticgpu.io/node`) and, for each card, decides the next step afresh with
-`core.mig.apply.next_step` from the wanted layout, the card's real instances (the backend's
-`discover`, never a memory of earlier steps), who holds the card (`holders`: the ledger's
-trusted assignments and ElasticGPUs on this node) and the card's fence:
+Every round (`MigApplier.round`) it reads the MigLayouts of its node (label
+`elasticgpu.io/node`; from a watch, `LayoutCache`, where the agent runs one) and, for each
+card, decides the next step afresh with `core.mig.apply.next_step` from the wanted layout,
+the card's real instances (the backend's `discover`, never a memory of earlier steps), who
+holds the card (`holders`: the ledger's trusted assignments and ElasticGPUs on this node) and
+the card's fence:
 
 - `FenceCard`: `status.fence` is written on the card's GPUDevice, which the extender reads as
   `Health.FENCED` (nothing new is placed on it or its instances: `FitKind.CARD_FENCED`);
@@ -16,6 +17,10 @@ trusted assignments and ElasticGPUs on this node) and the card's fence:
 - after every step the MigLayout's status (phase, observedGeneration, reason, the real
   instances) is written, so `kubectl get miglayout` says how far the card got.
 
+Where the fence is kept and who holds a card are the node mode's (`CardFence`, `held`;
+`NodeMode.mig_seam`): the GPUDevice's `status.fence` and the pods' assignments here by default,
+the slices' device taint and the allocated claims on a DRA node (`agent.dra.miglayout`).
+
 A restarted applier keeps nothing: a fence it finds on a GPUDevice counts from its own start
 (it settles again; a fence whose MigLayout is gone is removed), and the real layout is read
 from the backend, so an applier SIGKILLed at any point carries on and never destroys an
@@ -25,10 +30,12 @@ instance someone holds (docs/mig-apply.md).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_gpu.agent.accounting import holding_pods
 from elastic_gpu.agent.backends.base import Backend, BackendError
@@ -55,6 +62,7 @@ from elastic_gpu.core.mig.apply import (
 )
 from elastic_gpu.core.model import Card
 from elastic_gpu.kube.errors import ApiError, NotFound
+from elastic_gpu.kube.informer import Handler, Informer
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, MIG_LAYOUTS, PODS
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -84,6 +92,94 @@ def held_on_node(pods: Iterable[Mapping[str, Any]], egpus: Iterable[Mapping[str,
     return held
 
 
+class CardFence(Protocol):
+    """Where a node mode keeps a card's fence: the GPUDevice's `status.fence` on a
+    device-plugin node (`GpuDeviceFence`), the card's devices' taint in the ResourceSlices on a
+    DRA node (`agent.dra.miglayout`)."""
+
+    def fenced(self, cards: Sequence[Card]) -> set[str]:
+        """The uuids of `cards` fenced now (a restarted applier settles them again)."""
+        ...
+
+    def set(self, card: Card, reason: str | None) -> None:
+        """Fence the card (`reason`) or lift its fence (None)."""
+        ...
+
+
+#: who holds what on a node, given its cards now (`MigApplier.held`)
+HeldOn = Callable[[Sequence[Card]], list[tuple[str, Assignment]]]
+
+
+@dataclass
+class GpuDeviceFence:
+    """The fence of a device-plugin node: `status.fence` on the card's GPUDevice."""
+
+    client: SyncKubeClient
+    node: str
+
+    def fenced(self, cards: Sequence[Card]) -> set[str]:
+        out = set()
+        for card in cards:
+            try:
+                obj = self.client.get(GPUDEVICES.path(name=gd.object_name(self.node, card.index)))
+            except NotFound:
+                continue
+            if (obj.get("status") or {}).get("fence"):
+                out.add(card.uuid)
+        return out
+
+    def set(self, card: Card, reason: str | None) -> None:
+        self.client.patch(GPUDEVICES.path(name=gd.object_name(self.node, card.index),
+                                          subresource="status"), {"status": {"fence": reason}})
+
+
+def pod_holders(client: SyncKubeClient, node: str) -> list[tuple[str, Assignment]]:
+    """A device-plugin node's holders: its pods' trusted assignments and its ElasticGPUs."""
+    pods, _ = client.list(PODS.path(), {"fieldSelector": f"spec.nodeName={node}"})
+    try:
+        egpus, _ = client.list(ELASTICGPUS.path())
+    except NotFound:  # the Elastic GPU API is not installed: no ElasticGPU holds a card
+        egpus = []
+    return held_on_node(pods, egpus, node)
+
+
+class LayoutCache:
+    """The node's MigLayouts (label `elasticgpu.io/node`) kept by a watch: a
+    `kube.informer.Informer` (LIST + WATCH, relists on 410 Gone and after failures) that the
+    client runs in its loop thread, so the applier reads its layouts here rather than with a
+    LIST every round. Until the first list is in (`objects` None) the applier lists itself."""
+
+    def __init__(self, client: SyncKubeClient, node: str) -> None:
+        self.client = client
+        self.informer = Informer(client.async_client, MIG_LAYOUTS.path(),
+                                 name=f"MigLayouts of {node}",
+                                 params={"labelSelector": f"{gd.NODE_LABEL}={node}"},
+                                 missing_ok=True)
+        self._lock = threading.Lock()
+        self.version = 0
+        bump = Handler(on_add=lambda _o: self._bump(), on_update=lambda _o, _n: self._bump(),
+                       on_delete=lambda _o: self._bump())
+        self.informer.add_handler(bump)
+        self._run: Future[None] | None = None
+
+    def _bump(self) -> None:
+        with self._lock:
+            self.version += 1
+
+    def objects(self) -> list[dict[str, Any]] | None:
+        """The node's MigLayouts as last seen, or None before the first list."""
+        if not self.informer.has_synced:
+            return None
+        return [dict(obj) for obj in self.informer.items()]
+
+    def start(self) -> None:
+        self._run = self.client.run_informer(self.informer)
+
+    def stop(self) -> None:
+        if self._run is not None:
+            self._run.cancel()
+
+
 @dataclass
 class MigApplier:
     """One node's applier (see the module doc). `published` republishes the node's cards after
@@ -98,6 +194,12 @@ class MigApplier:
     fences: dict[str, float] = field(default_factory=dict)
     #: called after each step is carried out (tests SIGKILL here)
     after_step: Callable[[Step], None] = lambda step: None
+    #: where the fence is kept (None: the GPUDevices', `GpuDeviceFence`)
+    fence: CardFence | None = None
+    #: who holds what on the node, given its cards now (None: `pod_holders`)
+    held: HeldOn | None = None
+    #: the node's MigLayouts by a watch (None, or not synced yet: a LIST each round)
+    cache: LayoutCache | None = None
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
@@ -105,19 +207,21 @@ class MigApplier:
     def _cards(self) -> dict[str, Card]:
         return {card.uuid: card for card in self.backend.discover()}
 
+    def _fence_io(self) -> CardFence:
+        if self.fence is None:
+            self.fence = GpuDeviceFence(self.client, self.node)
+        return self.fence
+
     def _read_fences(self, cards: Iterable[Card]) -> None:
-        """A restart: a fence left on a GPUDevice counts from now (settle again)."""
-        for card in cards:
-            try:
-                obj = self.client.get(GPUDEVICES.path(name=gd.object_name(self.node, card.index)))
-            except NotFound:
-                continue
-            if (obj.get("status") or {}).get("fence"):
-                self.fences.setdefault(card.uuid, self.clock())
+        """A restart: a fence left on a card counts from now (settle again)."""
+        for uuid in self._fence_io().fenced(list(cards)):
+            self.fences.setdefault(uuid, self.clock())
 
     def layouts(self) -> list[ml.MigLayout]:
-        items, _ = self.client.list(MIG_LAYOUTS.path(),
-                                    {"labelSelector": f"{gd.NODE_LABEL}={self.node}"})
+        items = self.cache.objects() if self.cache is not None else None
+        if items is None:
+            items, _ = self.client.list(MIG_LAYOUTS.path(),
+                                        {"labelSelector": f"{gd.NODE_LABEL}={self.node}"})
         out = []
         for obj in items:
             try:
@@ -130,13 +234,9 @@ class MigApplier:
         return out
 
     def holders(self) -> list[tuple[str, Assignment]]:
-        pods, _ = self.client.list(PODS.path(),
-                                   {"fieldSelector": f"spec.nodeName={self.node}"})
-        try:
-            egpus, _ = self.client.list(ELASTICGPUS.path())
-        except NotFound:  # the Elastic GPU API is not installed: no ElasticGPU holds a card
-            egpus = []
-        return held_on_node(pods, egpus, self.node)
+        if self.held is not None:
+            return self.held(list(self._cards().values()))
+        return pod_holders(self.client, self.node)
 
     def round(self) -> dict[str, str]:
         """Carry every layout of the node as far as it goes now; returns card uuid -> phase."""
@@ -203,8 +303,7 @@ class MigApplier:
         return "Applying"
 
     def _fence(self, card: Card, reason: str | None) -> None:
-        self.client.patch(GPUDEVICES.path(name=gd.object_name(self.node, card.index),
-                                          subresource="status"), {"status": {"fence": reason}})
+        self._fence_io().set(card, reason)
 
     def _status(self, layout: ml.MigLayout, phase: str, reason: str,
                 real: Sequence[Any]) -> None:

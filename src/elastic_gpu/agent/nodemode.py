@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from elastic_gpu.agent.accounting import CardUse
+from elastic_gpu.agent.miglayout import CardFence, HeldOn
 from elastic_gpu.agent.usage.sinks import ApiSinks
 
 
@@ -58,6 +59,12 @@ class NodeMode(Protocol):
     def layout_changed(self) -> None:
         """A card's MIG layout changed (the runtime rediscovered the cards): serve the
         resources the cards now back (`nvidia.com/mig-*`) and publish them again."""
+        ...
+
+    def mig_seam(self) -> tuple[CardFence | None, HeldOn | None]:
+        """Where the MIG applier keeps a card's fence and how it reads the card's holders on
+        this mode's node (None, None: the GPUDevice's `status.fence` and the pods'
+        assignments, `agent.miglayout`'s defaults)."""
         ...
 
     def sync(self) -> dict[int, CardUse]:

@@ -22,7 +22,7 @@ from elastic_gpu.agent.deviceplugin.node import DevicePluginNode
 from elastic_gpu.agent.dra.node import DraNode
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.grant import DeviceFiles
-from elastic_gpu.agent.miglayout import MigApplier
+from elastic_gpu.agent.miglayout import LayoutCache, MigApplier
 from elastic_gpu.agent.miglayout import run as run_mig
 from elastic_gpu.agent.mps_supervisor import MpsSupervisor
 from elastic_gpu.agent.nodemode import NodeMode, NodeModeError
@@ -248,8 +248,15 @@ class Agent:
 
     def _mig_loop(self) -> None:
         assert self.client is not None
-        applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed)
-        run_mig(applier, self._stop.wait, MIG_PERIOD_S)
+        fence, held = self.mode.mig_seam()
+        cache = LayoutCache(self.client, self.node_name)  # a watch, not a LIST per round
+        cache.start()
+        applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed,
+                             fence=fence, held=held, cache=cache)
+        try:
+            run_mig(applier, self._stop.wait, MIG_PERIOD_S)
+        finally:
+            cache.stop()
 
     def sync_allocations(self) -> dict[int, CardUse]:
         """Allocation columns, holders and heartbeat (pods from the watch cache once it has

@@ -42,6 +42,9 @@ from elastic_gpu.kube.sync import SyncKubeClient
 
 #: The cards of a DRA-mode kwok node, as JSON: what its stand-in agent publishes.
 FAKE_INVENTORY_ANNOTATION = "elasticgpu.io/fake-inventory"
+#: The cards of a DRA-mode kwok node fenced while their MIG layout changes (a JSON list of card
+#: uuids; dynamic MIG's stand-in agent, `devcluster.mig_agent`): published tainted.
+FAKE_FENCE_ANNOTATION = "elasticgpu.io/fake-fence"
 #: How the first DRA node of `egpu sandbox up --dra-nodes` carves its last card (7 slices of
 #: an 80 GB card), so a MIG partition can be allocated through DRA.
 SANDBOX_MIG_LAYOUT = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
@@ -99,6 +102,19 @@ def cards_from_json(text: str) -> tuple[Card, ...]:
     return tuple(card_from_object({"metadata": {"name": f"card {k}"},
                                    "spec": {"node": "", **item}})[1]
                  for k, item in enumerate(raw))
+
+
+def fake_node_cards(annotations: Mapping[str, Any]) -> tuple[Card, ...]:
+    """A DRA-mode kwok node's cards as its stand-in agent publishes them: the fake inventory,
+    with the fenced ones `Health.FENCED` (`agent.dra.miglayout.with_fences`). ValueError,
+    KeyError or TypeError when the inventory is not one."""
+    from elastic_gpu.agent.dra.miglayout import with_fences
+
+    cards = cards_from_json(annotations[FAKE_INVENTORY_ANNOTATION])
+    fenced = json.loads(annotations.get(FAKE_FENCE_ANNOTATION) or "[]")
+    if not isinstance(fenced, list):
+        raise TypeError(f"{FAKE_FENCE_ANNOTATION}: a list of card uuids")
+    return tuple(with_fences(cards, {str(u) for u in fenced}))
 
 
 def register_dra_node(client: SyncKubeClient, inventory: Node, manifest: Mapping[str, Any],
@@ -159,16 +175,17 @@ class DraSliceSync:
             text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
             if not text or not is_dra_node(node_object_labels(node)):
                 continue  # a real node: its own agent publishes it
-            key = (str(meta.get("uid")), text)
+            annotations = meta.get("annotations") or {}
+            key = (str(meta.get("uid")), text + str(annotations.get(FAKE_FENCE_ANNOTATION)))
             seen[str(meta["name"])] = key
             if not full and self._seen.get(str(meta["name"])) == key:
                 continue
             try:
-                cards = cards_from_json(text)
+                cards = fake_node_cards(annotations)
             except (ValueError, KeyError, TypeError) as err:
                 raise ValueError(f"node {meta['name']}: annotation {FAKE_INVENTORY_ANNOTATION}"
                                  f" is not a fake inventory: {err}") from None
-            written += publish_node_slices(self.client, str(meta["name"]), cards, key[0])
+            written += publish_node_slices(self.client, str(meta["name"]), list(cards), key[0])
         self._seen = seen
         return written
 

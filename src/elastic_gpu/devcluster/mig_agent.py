@@ -11,21 +11,40 @@ backend from the cards as last published, as an agent restarted on a real node r
 layout the GPU kept. A step's change is published before its status is written, so a process
 SIGKILLed at any point leaves GPUDevices that are the card's real layout (the fake backend has
 no other memory), and the next one carries on from there.
+
+A DRA-mode kwok node (`gpuMode: dra`) is served as its DRA agent would
+(`agent.dra.miglayout`): the holders are the allocated ResourceClaims, the fence is the
+card's devices' taint in the slices. Its fake card's layout and fence live in the Node's
+annotations (`devcluster.dra_nodes`: `FAKE_INVENTORY_ANNOTATION`, `FAKE_FENCE_ANNOTATION`,
+written first), from which the slices are then published (`fake_node_cards`), so a stand-in
+killed between the two leaves the annotation that allocation-sync's slice sync publishes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.deviceplugin.publish import publish_node
+from elastic_gpu.agent.dra.miglayout import claim_holders
+from elastic_gpu.agent.dra.slices_api import publish_node_slices
 from elastic_gpu.agent.miglayout import MigApplier
 from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+from elastic_gpu.core.dra.nodemode import is_dra_node, node_object_labels
 from elastic_gpu.core.mig.apply import Step
-from elastic_gpu.core.model import Health
+from elastic_gpu.core.model import Card, Health
+from elastic_gpu.devcluster.dra_nodes import (
+    FAKE_FENCE_ANNOTATION,
+    FAKE_INVENTORY_ANNOTATION,
+    cards_from_json,
+    fake_node_cards,
+    inventory_json,
+)
 from elastic_gpu.devcluster.nodes import FAKE_NODE_AGENT_CONFIG, FAKE_NODE_LABEL
 from elastic_gpu.kube.resources import GPUDEVICES, NODES
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -47,6 +66,57 @@ def fake_backend(client: SyncKubeClient, node: str) -> FakeBackend | None:
     return FakeBackend.from_cards(cards, node)
 
 
+def _annotations(client: SyncKubeClient, node: str) -> Mapping[str, Any]:
+    meta = client.get(NODES.path(name=node)).get("metadata") or {}
+    return meta.get("annotations") or {}
+
+
+@dataclass
+class FakeDraNode:
+    """A DRA-mode kwok node as its stand-in agent keeps it: the fake card's layout and the
+    fence in the Node's annotations, published as its ResourceSlices (with the fence taint)."""
+
+    client: SyncKubeClient
+    node: str
+    backend: FakeBackend
+
+    def _write(self, annotations: Mapping[str, str]) -> None:
+        self.client.patch(NODES.path(name=self.node), {"metadata": {"annotations": annotations}})
+        now = _annotations(self.client, self.node)
+        uid = str(self.client.get(NODES.path(name=self.node))["metadata"]["uid"])
+        publish_node_slices(self.client, self.node, list(fake_node_cards(now)), uid)
+
+    def published(self) -> None:
+        """A step changed the card: the fake inventory is the backend's cards now."""
+        self._write({FAKE_INVENTORY_ANNOTATION: inventory_json(self.node,
+                                                               self.backend.discover())})
+
+    # agent.miglayout.CardFence
+    def fenced(self, cards: Sequence[Card]) -> set[str]:
+        raw = json.loads(_annotations(self.client, self.node).get(FAKE_FENCE_ANNOTATION) or "[]")
+        return {str(u) for u in raw} & {c.uuid for c in cards}
+
+    def set(self, card: Card, reason: str | None) -> None:
+        raw = json.loads(_annotations(self.client, self.node).get(FAKE_FENCE_ANNOTATION) or "[]")
+        fenced = {str(u) for u in raw}
+        fenced = fenced - {card.uuid} if reason is None else fenced | {card.uuid}
+        self._write({FAKE_FENCE_ANNOTATION: json.dumps(sorted(fenced))})
+
+
+def fake_dra_applier(client: SyncKubeClient, node: Mapping[str, Any],
+                     after_step: Callable[[Step], None]) -> MigApplier | None:
+    """The stand-in applier of a DRA-mode kwok node (None: no fake inventory)."""
+    meta = node.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
+    if not text:
+        return None
+    name = str(meta["name"])
+    cards = [replace(c, offers=None, usage=None) for c in cards_from_json(text)]
+    fake = FakeDraNode(client, name, FakeBackend.from_cards(cards, name))
+    return MigApplier(client, name, fake.backend, fake.published, after_step=after_step,
+                      fence=fake, held=claim_holders(client, name))
+
+
 class MigAgents:
     """One applier per kwok node opted in to dynamic MIG, found anew each pass."""
 
@@ -56,7 +126,12 @@ class MigAgents:
         self.after_step = after_step
         self.appliers: dict[str, MigApplier] = {}
 
-    def _applier(self, node: str) -> MigApplier | None:
+    def _applier(self, node: str, obj: Mapping[str, Any]) -> MigApplier | None:
+        if node not in self.appliers and is_dra_node(node_object_labels(obj)):
+            applier = fake_dra_applier(self.client, obj, self.after_step)
+            if applier is None:
+                return None
+            self.appliers[node] = applier
         if node not in self.appliers:
             backend = fake_backend(self.client, node)
             if backend is None:
@@ -75,7 +150,7 @@ class MigAgents:
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name"))
             try:
-                applier = self._applier(name)
+                applier = self._applier(name, obj)
                 if applier is not None:
                     applier.round()
             except Exception:

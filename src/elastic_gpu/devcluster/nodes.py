@@ -533,10 +533,10 @@ def parse_cluster(data: Any, source: str = "cluster file") -> list[NodeGroup]:
         dynamic = raw.get("migDynamic", False)
         if not isinstance(dynamic, bool):
             raise ClusterSpecError(f"{where}.migDynamic={dynamic!r}: must be true or false")
-        if dynamic and (mig_model(model.strip()) is None or chips > 1 or mode != GPU_MODES[0]):
+        if dynamic and (mig_model(model.strip()) is None or chips > 1):
             raise ClusterSpecError(
                 f"{where}.migDynamic=true: dynamic MIG needs single-chip cards of a MIG model "
-                f"({', '.join(m.name for m in MIG_MODELS)}) in gpuMode device-plugin")
+                f"({', '.join(m.name for m in MIG_MODELS)})")
         groups.append(NodeGroup(name, count, gpus, model.strip(), memory, tuple(profiles),
                                 config, chips, mode, dynamic))
     return groups

@@ -146,7 +146,8 @@ def test_a_dra_node_group_gets_its_own_agent_rbac_policy_and_classes(helm: Helm)
     rules = by_kind(objs, "ClusterRole")["elastic-gpu-agent-dra"]["rules"]
     granted = {r: set(rule["verbs"]) for rule in rules for r in rule["resources"]}
     assert granted["resourceslices"] == {"list", "create", "update", "delete"}
-    assert granted["resourceclaims"] == {"get"}
+    assert granted["resourceclaims"] == {"get", "list"}
+    assert granted["miglayouts"] == {"list"} and granted["miglayouts/status"] == {"patch"}
     assert "gpudevices" not in granted
     policy = by_kind(objs, "ValidatingAdmissionPolicy")["elastic-gpu-agent-own-node"]["spec"]
     assert any("resourceslices" in r["resources"]

@@ -54,3 +54,43 @@ def test_what_the_schema_can_say_alone_is_refused(crds: Any, instance: dict[str,
     body["spec"]["instances"] = [instance]
     result = crds.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
     assert result.returncode != 0 and words in result.stderr, result.stderr
+
+
+def test_the_applier_reads_its_nodes_layouts_from_a_watch_not_a_list(crds: Any) -> None:
+    """`agent.miglayout.LayoutCache`: the node's MigLayouts kept by a watch (another node's
+    left out, a change seen), which the applier reads instead of listing every round."""
+    from pathlib import Path
+
+    from egpu_testing.waiting import wait_for
+    from elastic_gpu.agent.backends.fake import FakeBackend
+    from elastic_gpu.agent.miglayout import LayoutCache, MigApplier
+    from elastic_gpu.kube.resources import MIG_LAYOUTS
+    from elastic_gpu.kube.sync import SyncKubeClient
+
+    class NoLayoutList(SyncKubeClient):
+        def list(self, path: str, params: Any = None) -> Any:
+            assert path != MIG_LAYOUTS.path(), "the applier listed MigLayouts"
+            return super().list(path, params)
+
+    mine = api.layout_spec("watch-node", "GPU-W-1", [Placed(4, MigProfile.parse("3g.40gb"))])
+    other = api.layout_spec("other-node", "GPU-W-2", [])
+    client = NoLayoutList.from_config(Path(crds.kubeconfig), field_manager="egpu-test")
+    cache = LayoutCache(client, "watch-node")
+    cache.start()
+    try:
+        for body in (mine, other):
+            crds.kubectl("create", "-f", "-", input=json.dumps(body))
+        wait_for("the node's layout in the cache", lambda: [
+            o["metadata"]["name"] for o in cache.objects() or []] == [mine["metadata"]["name"]])
+        applier = MigApplier(client, "watch-node", FakeBackend.from_cards([]),
+                             lambda: None, cache=cache)
+        assert [layout.card_uuid for layout in applier.layouts()] == ["GPU-W-1"]
+        crds.kubectl("patch", api.SHORT, mine["metadata"]["name"], "--type=merge",
+                     "-p", '{"spec":{"instances":[]}}')
+        wait_for("the change seen", lambda: [
+            list(layout.instances) for layout in applier.layouts()] == [[]])
+    finally:
+        cache.stop()
+        client.close()
+        for body in (mine, other):
+            crds.kubectl("delete", api.SHORT, body["metadata"]["name"], check=False)

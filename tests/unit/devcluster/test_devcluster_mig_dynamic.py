@@ -39,10 +39,17 @@ def test_mig_dynamic_groups_label_their_nodes() -> None:
     assert MIG_DYNAMIC_LABEL not in node_manifest(plain)["metadata"]["labels"]
 
 
+def test_a_dra_group_may_opt_in_too() -> None:
+    (group,) = parse_cluster({"nodeGroups": [{**GROUP, "migDynamic": True, "gpuMode": "dra"}]})
+    (inventory,) = group.inventories()
+    labels = node_manifest(inventory)["metadata"]["labels"]
+    assert labels[MIG_DYNAMIC_LABEL] == "true"
+    assert labels["elasticgpu.io/gpu-mode"] == "dra"
+
+
 @pytest.mark.parametrize("extra, words", [
     ({"migDynamic": "yes"}, "must be true or false"),
     ({"migDynamic": True, "model": "T4"}, "dynamic MIG needs single-chip cards of a MIG model"),
-    ({"migDynamic": True, "gpuMode": "dra"}, "in gpuMode device-plugin"),
 ])
 def test_mig_dynamic_is_refused_where_it_cannot_work(extra: dict[str, object],
                                                       words: str) -> None:

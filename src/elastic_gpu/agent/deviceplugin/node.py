@@ -84,6 +84,9 @@ class DevicePluginNode:
     def applies_mig_layouts(self) -> bool:
         return True
 
+    def mig_seam(self) -> tuple[None, None]:
+        return None, None  # the applier's defaults: GPUDevices' fence, pods' assignments
+
     def layout_changed(self) -> None:
         """Serve the plugins of the resources the cards back now (a carved card backs
         `nvidia.com/mig-*`, no longer `nvidia.com/gpu`): kubelet sees them registered again;

@@ -46,8 +46,10 @@ from elastic_gpu.agent.dra.kubelet_plugin import (
     api_claim_reader,
     api_pod_reader,
 )
+from elastic_gpu.agent.dra.miglayout import SliceFence, claim_holders, with_fences
 from elastic_gpu.agent.dra.prepare import GrantInputs
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
+from elastic_gpu.agent.miglayout import HeldOn
 from elastic_gpu.agent.node_status import patch_node_capacity
 from elastic_gpu.agent.nodemode import NodeModeError
 from elastic_gpu.agent.state import NodeState
@@ -115,6 +117,8 @@ class DraNode:
         # the health loop, the sync loop and kubelet's registration publish: one at a time,
         # or two would write the same new generation and one would fail on the other's
         self._publishing = threading.Lock()
+        #: the cards fenced while their MIG layout changes (tainted in the slices)
+        self.fence = SliceFence(client, node, self.publish)
 
     def _registered(self) -> None:
         try:
@@ -140,8 +144,10 @@ class DraNode:
         cards = self.cards()
         capacity = dra_capacity(cards)
         patch_node_capacity(self.client, self.node, capacity, capacity, self.config)
-        written = publish_node_slices(self.client, self.node,
-                                      [lc.card for _, lc in sorted(cards.items())], self.node_uid)
+        written = publish_node_slices(
+            self.client, self.node,
+            with_fences([lc.card for _, lc in sorted(cards.items())], self.fence.current()),
+            self.node_uid)
         if written:
             log.info("published the ResourceSlices of %s (%d cards)", self.node, len(cards))
         return written
@@ -153,6 +159,7 @@ class DraNode:
     def start(self) -> None:
         """Refuse a Node outside the DRA node group, before anything is published; publish."""
         self.check_node()
+        self.fence.load()  # a fence left by a killed agent stays until its applier lifts it
         self.publish()
 
     def serve(self) -> None:
@@ -175,10 +182,15 @@ class DraNode:
 
     @property
     def applies_mig_layouts(self) -> bool:
-        return False  # dynamic MIG on DRA nodes (partitionable devices re-carved): not built
+        return True  # the fence is the slices' taint, the holders are the claims
 
     def layout_changed(self) -> None:
-        raise NotImplementedError("dynamic MIG is not applied on DRA nodes")
+        """A MIG step changed a card: its partitionable devices and counters republished."""
+        self.publish()
+
+    def mig_seam(self) -> tuple[SliceFence, HeldOn]:
+        """The applier's fence and holders on this node (`agent.dra.miglayout`)."""
+        return self.fence, claim_holders(self.client, self.node)
 
     def sync(self) -> dict[int, CardUse]:
         """Re-assert the Node's count and the slices (a kubelet restart zeroes extended

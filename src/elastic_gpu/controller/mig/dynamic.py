@@ -2,16 +2,19 @@
 back for whole-card demand, never under a holder. Writes MigLayouts; the agents apply them.
 
 One level-triggered round at a time (one work-queue key), on every change of pods, Nodes,
-GPUDevices, ElasticGPUs and MigLayouts, and every `RESYNC_S` (a cool-down ends by time):
+GPUDevices, ElasticGPUs, MigLayouts, ResourceSlices and ResourceClaims, and every `RESYNC_S`
+(a cool-down ends by time):
 
 1. the waiting pods (kube-scheduler found no node: `core.defrag.movable.waiting_for_capacity`)
    become demand (`core.mig.cardstate.pod_demand`: one `MigDemand` per instance asked, one
-   `WholeDemand` for whole cards), each allowed the opted-in nodes its selector, affinity and
-   tolerations accept;
-2. the cards, as the planner sees them (`core.mig.dynamic.card_states`): held instances and
-   cards from the ledger (pods' trusted assignments, ElasticGPUs), opted in only on Nodes
-   labelled `elasticgpu.io/mig-dynamic=true`, and a card whose MigLayout is still being applied
-   shown as its target and left alone;
+   `WholeDemand` for whole cards), each allowed the opted-in device-plugin nodes its selector,
+   affinity and tolerations accept; their unallocated claims of the MIG class by profile
+   (`core.dra.migdemand`) are demand on the opted-in DRA nodes they accept;
+2. the cards, as the planner sees them (`core.mig.dynamic.card_states`): GPUDevices' cards, and
+   DRA nodes' cards read back from their slices (`core.dra.sliceview.node_cards`); held
+   instances and cards from the ledger (pods' trusted assignments, ElasticGPUs, allocated
+   ResourceClaims), opted in only on Nodes labelled `elasticgpu.io/mig-dynamic=true`, and a
+   card whose MigLayout is still being applied shown as its target and left alone;
 3. `core.mig.planner.plan`, and one MigLayout written (created, or its spec replaced) per card
    plan. The node's agent fences the card, applies the layout step by step and says how far it
    got in the MigLayout's status (`agent.miglayout`).
@@ -40,7 +43,10 @@ from elastic_gpu.core.annotations import ASSIGNED_NODE, MIG_DYNAMIC_LABEL
 from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust, pod_assignment
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
 from elastic_gpu.core.defrag.movable import waiting_for_capacity
+from elastic_gpu.core.dra.inventory import claim_key
+from elastic_gpu.core.dra.migdemand import pod_claim_demand
 from elastic_gpu.core.dra.nodemode import is_dra_node
+from elastic_gpu.core.dra.sliceview import claim_holds, node_cards
 from elastic_gpu.core.mig.apply import Placed
 from elastic_gpu.core.mig.cardstate import MigDemand, Plan, PlannerConfig, WholeDemand, pod_demand
 from elastic_gpu.core.mig.dynamic import card_states, in_flight, layout_of, ledger_holds
@@ -52,7 +58,15 @@ from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import Conflict, NotFound
 from elastic_gpu.kube.informer import Handler
-from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, MIG_LAYOUTS, NODES, PODS
+from elastic_gpu.kube.resources import (
+    ELASTICGPUS,
+    GPUDEVICES,
+    MIG_LAYOUTS,
+    NODES,
+    PODS,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+)
 from elastic_gpu.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -109,6 +123,8 @@ class MigDynamicController:
         self.devices = f.informer(GPUDEVICES.path(), "gpudevices", missing_ok=True)
         self.egpus = f.informer(ELASTICGPUS.path(), "elasticgpus", missing_ok=True)
         self.layouts = f.informer(MIG_LAYOUTS.path(), "miglayouts", missing_ok=True)
+        self.slices = f.informer(RESOURCE_SLICES.path(), "resourceslices", missing_ok=True)
+        self.claims = f.informer(RESOURCE_CLAIMS.path(), "resourceclaims", missing_ok=True)
         #: card uuid -> when (monotonic) its layout was last written or it was last seen held
         self.changed_at: dict[str, float] = {}
         self.clock = time.monotonic
@@ -116,7 +132,8 @@ class MigDynamicController:
             changed = Handler(on_add=lambda _o: self.kick(),
                               on_update=lambda _o, _n: self.kick(),
                               on_delete=lambda _o: self.kick())
-            for informer in (self.pods, self.nodes, self.devices, self.egpus, self.layouts):
+            for informer in (self.pods, self.nodes, self.devices, self.egpus, self.layouts,
+                             self.slices, self.claims):
                 informer.add_handler(changed)
 
     def kick(self) -> None:
@@ -140,6 +157,17 @@ class MigDynamicController:
         return Done(after=RESYNC_S)
 
     # ------------------------------------------------------------------ reading the caches
+
+    def _dra_nodes(self, dra: Mapping[str, Mapping[str, Any]]) -> list[Node]:
+        """The DRA nodes' cards, read back from their ResourceSlices (MIG-carved ones too)."""
+        cards = node_cards(self.slices.items())
+        return [Node(name, 0, 0, tuple(cards[name])) for name in sorted(dra) if name in cards]
+
+    def _claims_held(self, dra_nodes: Sequence[Node]) -> list[tuple[str, Assignment]]:
+        """What allocated ResourceClaims hold on the DRA nodes, as ledger holdings."""
+        holds, _ = claim_holds(self.claims.items(), {n.name: list(n.cards) for n in dra_nodes})
+        return [(claim_key(h.namespace, h.name), Assignment(h.node, {"claim": h.shares}))
+                for h in holds]
 
     def _nodes(self) -> list[Node]:
         devices = []
@@ -165,8 +193,13 @@ class MigDynamicController:
 
     def _demand(self, pods: Sequence[Mapping[str, Any]], opted: Mapping[str, Mapping[str, Any]]
                 ) -> tuple[list[MigDemand], list[WholeDemand]]:
+        """Device-plugin pods' demand on the opted-in device-plugin nodes, and their MIG
+        claims' demand on the opted-in DRA nodes (a node serves one of the two)."""
         mig: list[MigDemand] = []
         whole: list[WholeDemand] = []
+        claims = {f"{_meta(c).get('namespace')}/{_meta(c).get('name')}": c
+                  for c in self.claims.items()}
+        seen: set[str] = set()
         for pod in pods:
             if not waiting_for_capacity(pod):
                 continue
@@ -175,15 +208,19 @@ class MigDynamicController:
                 rules = rules_from_manifest(pod)
             except (ResourceError, RulesError, ValueError):
                 continue
-            if not request.wants_gpu:
-                continue
-            allowed = frozenset(
+            allowed = {
                 name for name, node in opted.items()
                 if refusal(rules, name, _meta(node).get("labels") or {},
-                           taints_from_node(node)) is None)
-            if not allowed:
+                           taints_from_node(node)) is None}
+            dra = frozenset(n for n in allowed if is_dra_node(_meta(opted[n]).get("labels") or {}))
+            if dra:  # a claim shared by waiting pods is one demand
+                for one in pod_claim_demand(pod, claims, dra):
+                    if one.key not in seen:
+                        seen.add(one.key)
+                        mig.append(one)
+            if not request.wants_gpu or not allowed - dra:
                 continue
-            m, w = pod_demand(request, allowed)
+            m, w = pod_demand(request, frozenset(allowed - dra))
             mig += m
             whole += w
         return mig, whole
@@ -195,12 +232,15 @@ class MigDynamicController:
         if not self.config.enabled:
             return None
         opted = {str(_meta(n).get("name")): n for n in self.nodes.items()
-                 if (_meta(n).get("labels") or {}).get(MIG_DYNAMIC_LABEL) == "true"
-                 and not is_dra_node(_meta(n).get("labels") or {})}
+                 if (_meta(n).get("labels") or {}).get(MIG_DYNAMIC_LABEL) == "true"}
+        dra = {str(_meta(n).get("name")): n for n in self.nodes.items()
+               if is_dra_node(_meta(n).get("labels") or {})}
         pods = self.pods.items()
-        held_instances, held_cards = ledger_holds(held_in_ledger(pods, self.egpus.items()))
+        dra_nodes = self._dra_nodes(dra)
+        held_instances, held_cards = ledger_holds(
+            held_in_ledger(pods, self.egpus.items()) + self._claims_held(dra_nodes))
         layouts = self._layouts()
-        nodes = self._nodes()
+        nodes = [n for n in self._nodes() if n.name not in dra] + dra_nodes
         for node in nodes:  # the cool-down counts from the last release
             for card in node.cards:
                 if card.uuid in held_cards or any(m.uuid in held_instances for m in card.mig):

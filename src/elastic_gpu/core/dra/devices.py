@@ -15,7 +15,8 @@ One pool per node (named after it). What a card becomes:
 - **Health:** an unhealthy card or instance stays in the slice with the NoSchedule taint
   `gpu.elasticgpu.io/unhealthy` (device taints, beta and on by default in 1.36): claims already
   allocated keep their device, new ones are not given it, and `kubectl get resourceslices -o
-  yaml` says why.
+  yaml` says why. A card fenced while its MIG layout changes (`Health.FENCED`) has its
+  devices tainted `gpu.elasticgpu.io/fenced` the same way.
 
 Counters live in a slice of their own (the API allows `sharedCounters` or `devices` in a slice,
 not both); the pool then has two slices, and both carry the pool's generation.
@@ -42,6 +43,10 @@ MEMORY = "memory"
 COUNTER_SLICES = "compute-slices"
 COUNTER_MEMORY = "memory"
 UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+#: A card whose MIG layout is changing (dynamic MIG's fence, `Health.FENCED`): its devices
+#: stay in the slice with this NoSchedule taint, so claims already allocated keep them and no
+#: new claim is given one (docs/mig-apply.md, "DRA nodes").
+FENCE_TAINT = f"{DRIVER}/fenced"
 #: Attribute `type` of a device: what it is.
 TYPE_GPU = "gpu"
 TYPE_MIG = "mig"
@@ -96,7 +101,18 @@ def _common_attributes(card: Card) -> dict[str, dict[str, Any]]:
 def _taints(health: Health) -> list[dict[str, Any]]:
     if health is Health.HEALTHY:
         return []
-    return [{"key": UNHEALTHY_TAINT, "value": health.value, "effect": "NoSchedule"}]
+    key = FENCE_TAINT if health is Health.FENCED else UNHEALTHY_TAINT
+    return [{"key": key, "value": health.value, "effect": "NoSchedule"}]
+
+
+def health_of_taints(taints: Any) -> Health:
+    """A published device's health read back from its taints (`_taints`'s inverse): the
+    fence taint alone is `FENCED`, any other taint `UNHEALTHY`."""
+    keys = {t.get("key") for t in taints if isinstance(t, Mapping)} \
+        if isinstance(taints, list) else set()
+    if not keys:
+        return Health.HEALTHY
+    return Health.FENCED if keys == {FENCE_TAINT} else Health.UNHEALTHY
 
 
 def card_percent(card: Card) -> int:
@@ -142,7 +158,8 @@ def _mig_device(card: Card, inst: MigInstance) -> dict[str, Any]:
             COUNTER_SLICES: {"value": str(inst.profile.slices)},
             COUNTER_MEMORY: {"value": _quantity_mib(memory)}}}],
     }
-    worst = Health.UNHEALTHY if Health.UNHEALTHY in (card.health, inst.health) else Health.HEALTHY
+    worst = Health.UNHEALTHY if Health.UNHEALTHY in (card.health, inst.health) else (
+        Health.FENCED if card.health is Health.FENCED else Health.HEALTHY)
     taints = _taints(worst)
     if taints:
         device["taints"] = taints

@@ -22,8 +22,16 @@ from typing import Any
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.dra.allocation import AllocationError, allocated_devices
-from elastic_gpu.core.dra.devices import COMPUTE, DRIVER, MEMORY, TYPE_GPU, DeviceRef, device_table
-from elastic_gpu.core.model import Card, Health
+from elastic_gpu.core.dra.devices import (
+    COMPUTE,
+    DRIVER,
+    MEMORY,
+    TYPE_GPU,
+    DeviceRef,
+    device_table,
+    health_of_taints,
+)
+from elastic_gpu.core.model import Card
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
 
@@ -68,7 +76,7 @@ def card_from_device(device: Mapping[str, Any]) -> Card | None:
             or percent is None or memory is None or memory < MIB):
         return None
     milli = min(MILLI_PER_CARD, max(1, int(percent) * MILLI_PER_PERCENT))
-    health = Health.UNHEALTHY if device.get("taints") else Health.HEALTHY
+    health = health_of_taints(device.get("taints"))
     numa = _attr(device, "numaNode")
     board = _attr(device, "board")
     return Card(index=index, uuid=uuid, model=str(model or "unknown"),

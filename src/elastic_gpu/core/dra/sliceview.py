@@ -9,7 +9,8 @@ on a DRA node would be counted as free by the extender's device-plugin path (doc
 "A node is in one mode"). So the views read the slices:
 
 - a card device `gpu-<index>` is a card (compute from its `compute` capacity in percent,
-  memory from its `memory` capacity, unhealthy while it carries a taint);
+  memory from its `memory` capacity, unhealthy while it carries a taint, fenced while it
+  carries only the fence taint: `core.dra.devices.health_of_taints`);
 - a MIG device is an instance of the card its `index` / `parentUUID` attributes name; a
   MIG-carved card publishes no card device, so it is built from its instances, with the memory
   of its counter set (`sharedCounters`, same name as the card device) when one is published;
@@ -37,6 +38,7 @@ from elastic_gpu.core.dra.devices import (
     TYPE_GPU,
     TYPE_MIG,
     device_table,
+    health_of_taints,
 )
 from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -109,7 +111,7 @@ def node_cards(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Card]]:
             index, kind = _attr(device, "index"), _attr(device, "type")
             if not isinstance(index, int) or index < 0:
                 continue
-            health = Health.UNHEALTHY if device.get("taints") else Health.HEALTHY
+            health = health_of_taints(device.get("taints"))
             if kind == TYPE_GPU:
                 capacity = device.get("capacity") or {}
                 percent, memory = _quantity(capacity.get(COMPUTE)), _quantity(capacity.get(MEMORY))
@@ -141,7 +143,9 @@ def node_cards(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Card]]:
         parent, model = found[0][1], found[0][2]
         card_mib = counters.get((node, f"gpu-{index}"),
                                 sum(i.profile.memory_gb * 1024 for i, _, _ in found))
+        fenced = all(i.health is Health.FENCED for i, _, _ in found)
         mine[index] = Card(index=index, uuid=parent, model=model, memory_mib=card_mib,
+                           health=Health.FENCED if fenced else Health.HEALTHY,
                            mig=tuple(sorted((i for i, _, _ in found),
                                             key=lambda i: (i.start, i.uuid))))
     return {node: [by_index[i] for i in sorted(by_index)] for node, by_index in cards.items()}
