@@ -38,6 +38,9 @@ GPU_MODEL_ALLOW = f"{PREFIX}/gpu-model"  # "A100|H100": only these models
 GPU_MODEL_DENY = f"{PREFIX}/gpu-model-deny"  # "T4": never these models
 GPU_UUID_ALLOW = f"{PREFIX}/gpu-uuid"  # "GPU-1,GPU-2": only these cards (HAMi use-gpuuuid)
 GPU_UUID_DENY = f"{PREFIX}/gpu-uuid-deny"  # "GPU-3": never these cards
+#: "true": each MIG container's N instances go on N distinct cards (HAMi's `nvidia.com/gpu:
+#: N` under `vgpu-mode: mig`, written by its translation, `core.peers.hami_mig`)
+MIG_DISTINCT_CARDS = f"{PREFIX}/mig-distinct-cards"
 
 #: DRA placement by our engine (docs/dra.md, "Claims placed by our engine"): the scheduling
 #: gate the webhook puts on a pod whose ResourceClaims (or templates) are of our DeviceClasses,

@@ -78,6 +78,9 @@ class FitKind(enum.Enum):
     INSUFFICIENT_REPLICAS = "insufficient-replicas"
     #: too few free MIG instances of a profile (`resource`): `requested`, `free`, `capacity`
     INSUFFICIENT_MIG = "insufficient-mig"
+    #: a MIG request on distinct cards (`ContainerRequest.distinct`): too few cards with a free
+    #: instance of the profile (`resource`): `requested`, `free`, `capacity` in cards
+    MIG_DISTINCT_CARDS = "mig-distinct-cards"
     #: ledger: one card's compute would be exceeded (`card`; milli-cards)
     CARD_COMPUTE = "card-compute"
     #: ledger: one card's memory would be exceeded (`card`; MiB)
@@ -139,6 +142,7 @@ _CATEGORY: dict[FitKind, str] = {
     FitKind.TFLOPS_UNKNOWN_MODEL: "model",
     FitKind.RESOURCE_NOT_OFFERED: "resource",
     FitKind.INSUFFICIENT_MIG: "mig",
+    FitKind.MIG_DISTINCT_CARDS: "mig",
     FitKind.NO_SUCH_MIG_INSTANCE: "mig",
     FitKind.MIG_INSTANCE_HELD: "mig",
     FitKind.MIG_ENABLED_CARD: "mig",
@@ -381,6 +385,10 @@ def describe(failure: FitFailure) -> str:
         profile = f.resource.removeprefix("nvidia.com/mig-")
         return (f"{f.free} of {f.capacity} MIG {profile} instances free, "
                 f"{_container(f)} needs {f.requested}")
+    if kind is FitKind.MIG_DISTINCT_CARDS:
+        profile = f.resource.removeprefix("nvidia.com/mig-")
+        return (f"{f.free} of {f.capacity} cards with MIG {profile} instances have one free, "
+                f"{_container(f)} needs one on each of {f.requested} distinct cards")
     if kind is FitKind.CARD_COMPUTE:
         return (f"card {f.card} has {compute_text(f.free)} free, {compute_text(f.requested)} "
                 "asked")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -60,6 +60,9 @@ class ContainerRequest:
     #: A share asked in TFLOPS (`core.tflops`): its compute depends on the card, so
     #: `compute_milli` is 0 and placement asks `milli_on` per candidate card.
     tflops: int = 0
+    #: MIG only: the `cards` instances go on that many distinct cards (HAMi's meaning of
+    #: `nvidia.com/gpu: N`, `ann.MIG_DISTINCT_CARDS`); False: any cards.
+    distinct: bool = False
 
     def __post_init__(self) -> None:
         if self.kind is RequestKind.SHARE:
@@ -78,6 +81,9 @@ class ContainerRequest:
                 raise ValueError(f"container {self.name}: whole cards need cards >= 1 at 1000 milli")
         elif self.kind is RequestKind.MIG and (self.mig_profile is None or self.cards < 1):
             raise ValueError(f"container {self.name}: a MIG request needs a profile and count")
+        if self.distinct and self.kind is not RequestKind.MIG:
+            raise ValueError(f"container {self.name}: only MIG instances are asked on distinct "
+                             "cards this way")
 
     @property
     def wants_gpu(self) -> bool:
@@ -510,6 +516,9 @@ def pod_request_from_manifest(pod: Mapping[str, Any]) -> PodRequest:
                                 f"init container {init.name} asks for a GPU; "
                                 f"{INIT_CONTAINER_GPU_REASON}")
     requests = tuple(container_request(c.name, c.resources) for c in lifetime_containers(pod))
+    if str(annotations.get(ann.MIG_DISTINCT_CARDS, "")).strip().lower() == "true":
+        requests = tuple(replace(c, distinct=True) if c.kind is RequestKind.MIG else c
+                         for c in requests)
     _check_pod_gpu_total(requests)
     cpu, mem = pod_host_requests(pod)
     return PodRequest(

@@ -10,8 +10,10 @@ from engine_helpers import cpu_only, gpu_node, mig, mig_node, nvlink_node, share
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.claims.blocks import BlockKind, ClaimBlock
 from elastic_gpu.core.fit import FitFailure, FitKind, Unit, describe
+from elastic_gpu.core.model import Card, MigInstance, Node
 from elastic_gpu.core.placement import Engine, PolicyConfig, Unschedulable
-from elastic_gpu.core.request import ContainerRequest, PodRequest
+from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+from elastic_gpu.core.resources import MigProfile
 
 
 def test_share_goes_to_a_card_with_room_and_is_charged() -> None:
@@ -343,3 +345,34 @@ def test_without_a_card_policy_the_node_policys_pairing_chooses_cards() -> None:
     explicit = Engine([gpu_node("n")], PolicyConfig(node_policy="fgdx-mem", card_policy="binpack"))
     assert explicit.card_policy_for(share("d", 100)) == "binpack"
     assert explicit.card_policy_for(share("e", 100, card_policy="topology")) == "topology"
+
+
+def _two_instance_node(name: str, split: bool) -> Node:
+    """Two free 1g.10gb instances: both on card 0 (`split` False) or one on each card."""
+    p = MigProfile.parse("1g.10gb")
+    first = (MigInstance(p, f"MIG-{name}-a", 0),) + (() if split else (MigInstance(p, f"MIG-{name}-b", 1),))
+    second = (MigInstance(p, f"MIG-{name}-b", 0),) if split else ()
+    return Node(name, 64000, 1 << 19, (Card(0, f"GPU-{name}-0", "A100", 81920, mig=first),
+                                      Card(1, f"GPU-{name}-1", "A100", 81920, mig=second)))
+
+
+def _two_instances(distinct: bool) -> PodRequest:
+    return PodRequest("h", containers=(ContainerRequest(
+        "main", RequestKind.MIG, 2, 0, 0, MigProfile.parse("1g.10gb"), distinct=distinct),))
+
+
+def test_mig_instances_on_distinct_cards_take_one_per_card_or_say_why() -> None:
+    """HAMi's `nvidia.com/gpu: 2` under vgpu-mode mig: one instance on each of two cards;
+    our own `nvidia.com/mig-1g.10gb: 2` may take both of one card."""
+    engine = Engine([_two_instance_node("one", split=False), _two_instance_node("two", split=True)])
+    assert engine.filter(_two_instances(False)).failed == {}
+    failed = engine.filter(_two_instances(True)).failed
+    assert failed == {"one": FitFailure(FitKind.MIG_DISTINCT_CARDS, "nvidia.com/mig-1g.10gb",
+                                        2, 1, 1, Unit.CARDS, "main")}
+    assert describe(failed["one"]) == ("1 of 1 cards with MIG 1g.10gb instances have one free, "
+                                       "container main needs one on each of 2 distinct cards")
+    placed = engine.assign(_two_instances(True), "two")
+    assert {s.uuid for s in placed.containers["main"]} == {"GPU-two-0", "GPU-two-1"}
+    with pytest.raises(Unschedulable) as err:
+        engine.assign(_two_instances(True), "one")
+    assert err.value.kind is FitKind.MIG_DISTINCT_CARDS and err.value.category == "mig"

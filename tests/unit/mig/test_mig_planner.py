@@ -4,6 +4,8 @@ HAMi's `vgpu-mode: mig` shares as profiles, merge-back after the cool-down."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +24,7 @@ from elastic_gpu.core.mig.layout import Placement, check_layout, pack
 from elastic_gpu.core.mig.planner import plan
 from elastic_gpu.core.mig.profiles import mig_model, smallest_profile_for_memory
 from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile
 
 P = MigProfile.parse
@@ -289,3 +292,36 @@ def test_a_pods_request_as_demand() -> None:
                                                           {"nvidia.com/gpu": "1"})),
                             frozenset({"n0"}))
     assert mig == [] and whole == [WholeDemand("ns/p", 3, frozenset({"n0"}))]
+
+
+def test_a_group_s_instances_are_carved_on_distinct_cards_of_one_node() -> None:
+    """HAMi's `nvidia.com/gpu: 2` under vgpu-mode mig (`ContainerRequest.distinct`): the two
+    1g.10gb instances are carved on two cards of one node; without a group, one card takes
+    both (our own `nvidia.com/mig-1g.10gb: 2`)."""
+    cards = [card("g0", node="n0"), card("g1", node="n0"), card("g2", node="n1")]
+    grouped = [MigDemand("p", P("1g.10gb"), group="ns/p/main"),
+               MigDemand("p#1", P("1g.10gb"), group="ns/p/main")]
+    result = plan(grouped, cards)
+    assert result.unserved == ()
+    assert sorted((c.node, c.card) for c in result.cards) == [("n0", "g0"), ("n0", "g1")]
+    (one,) = plan([MigDemand("p", P("1g.10gb")), MigDemand("p#1", P("1g.10gb"))], cards).cards
+    assert set(one.serves) == {"p", "p#1"}
+
+
+def test_a_group_s_free_instances_are_matched_one_per_card() -> None:
+    cards = [card("g0", inst("1g.10gb@5", "a"), inst("1g.10gb@6", "b")), card("g1")]
+    grouped = [MigDemand("p", P("1g.10gb"), group="g"), MigDemand("p#1", P("1g.10gb"), group="g")]
+    result = plan(grouped, cards)
+    assert len(result.matched) == 1 and result.matched[0][1] in {"a", "b"}
+    (carved,) = result.cards
+    assert carved.card == "g1" and carved.serves == ("p#1",)
+    # a lone node with one card has no second card: one waits
+    assert plan(grouped, [card("g0")]).unserved == ("p#1",)
+
+
+def test_pod_demand_groups_a_distinct_container_s_instances() -> None:
+    c = ContainerRequest("main", RequestKind.MIG, 2, 0, 0, P("1g.10gb"))
+    mig, _ = pod_demand(PodRequest("p", "ns", containers=(replace(c, distinct=True),)))
+    assert [(d.key, d.group) for d in mig] == [("ns/p", "ns/p/main"), ("ns/p#1", "ns/p/main")]
+    mig, _ = pod_demand(PodRequest("p", "ns", containers=(c,)))
+    assert {d.group for d in mig} == {None}

@@ -62,8 +62,17 @@ def test_dynamic_mig_mode_asks_the_smallest_profile_with_the_memory() -> None:
     assert limits["nvidia.com/mig-1g.10gb"] == "2"
     assert not {"nvidia.com/gpu", "nvidia.com/gpumem"} & set(limits)
     assert got["metadata"]["annotations"][ann.GPU_MODEL_ALLOW] == "A100-SXM4-80GB"
+    # HAMi's N devices are N cards: the two instances go on two distinct cards
+    assert got["metadata"]["annotations"][ann.MIG_DISTINCT_CARDS] == "true"
     request = pod_request_from_manifest(got)
     assert request.containers[0].kind is RequestKind.MIG and request.containers[0].cards == 2
+    assert request.containers[0].distinct
+    one = stored(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000},
+                     {"nvidia.com/vgpu-mode": "mig"}))
+    assert ann.MIG_DISTINCT_CARDS not in one["metadata"]["annotations"]
+    # our own name keeps its meaning: any cards
+    ours = stored(pod({"nvidia.com/mig-1g.10gb": 2}))
+    assert not pod_request_from_manifest(ours).containers[0].distinct
     assert "give nvidia.com/gpumem in MiB" in refusal(
         pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50},
             {"nvidia.com/vgpu-mode": "mig"}))

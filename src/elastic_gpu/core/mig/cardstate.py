@@ -89,6 +89,9 @@ class MigDemand:
     nodes: frozenset[str] | None = None
     #: the card models it may use; None: any
     models: frozenset[str] | None = None
+    #: demands of one group go on distinct cards (a container's instances asked so,
+    #: `ContainerRequest.distinct`); None: any card
+    group: str | None = None
 
 
 def hami_mig_demand(key: str, memory_mib: int, card_model: str,
@@ -114,7 +117,8 @@ class WholeDemand:
 def pod_demand(request: PodRequest, nodes: frozenset[str] | None = None
                ) -> tuple[list[MigDemand], list[WholeDemand]]:
     """A waiting pod's demand: one `MigDemand` per MIG instance its containers ask (keys
-    `<namespace>/<name>`, then `#1`, `#2`... when it asks several), and one `WholeDemand` for
+    `<namespace>/<name>`, then `#1`, `#2`... when it asks several; a container asking its
+    instances on distinct cards gives them one `group`), and one `WholeDemand` for
     the whole cards of all its containers together; `nodes` where it may run, its allowed
     models as the MIG demand's models."""
     key = f"{request.namespace}/{request.name}"
@@ -122,10 +126,11 @@ def pod_demand(request: PodRequest, nodes: frozenset[str] | None = None
     cards = 0
     for container in request.containers:
         if container.kind is RequestKind.MIG and container.mig_profile is not None:
+            group = f"{key}/{container.name}" if container.distinct else None
             for _ in range(container.cards):
                 name = key if not mig else f"{key}#{len(mig)}"
                 mig.append(MigDemand(name, container.mig_profile, nodes,
-                                     request.allowed_models))
+                                     request.allowed_models, group))
         elif container.kind is RequestKind.WHOLE:
             cards += container.cards
     return mig, ([WholeDemand(key, cards, nodes)] if cards else [])

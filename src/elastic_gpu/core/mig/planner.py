@@ -55,6 +55,8 @@ class _Card:
     serves: list[str] = field(default_factory=list)
     merge: bool = False
     reserved: bool = False
+    #: the groups of the demand it serves this round (`MigDemand.group`: one card each)
+    groups: set[str] = field(default_factory=set)
 
     @property
     def touched(self) -> bool:
@@ -92,9 +94,20 @@ class _Option:
     create: tuple[Placement, ...]
 
 
-def _allowed(d: MigDemand, c: _Card) -> bool:
+def _allowed(d: MigDemand, c: _Card, homes: dict[str, str]) -> bool:
+    """Whether `d` may go on card `c`: its nodes and models, and for a group (one pod's
+    container), a card none of its group has, on the node the first of its group went to."""
     s = c.state
-    return (d.nodes is None or s.node in d.nodes) and (d.models is None or s.model in d.models)
+    return ((d.nodes is None or s.node in d.nodes) and (d.models is None or s.model in d.models)
+            and (d.group is None or (d.group not in c.groups
+                                     and homes.get(d.group, s.node) == s.node)))
+
+
+def _serve(c: _Card, d: MigDemand, homes: dict[str, str]) -> None:
+    """Card `c` serves `d` this round: no other demand of its group goes there."""
+    if d.group is not None:
+        c.groups.add(d.group)
+        homes.setdefault(d.group, c.state.node)
 
 
 def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
@@ -136,13 +149,14 @@ def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
     return None
 
 
-def _apply(option: _Option, d: MigDemand) -> None:
+def _apply(option: _Option, d: MigDemand, homes: dict[str, str]) -> None:
     c = option.card
     gone = {i.uuid for i in option.destroy}
     c.kept = [i for i in c.kept if i.uuid not in gone]
     c.destroyed.extend(option.destroy)
     c.created.extend(option.create)
     c.serves.append(d.key)
+    _serve(c, d, homes)
 
 
 def _merge_ready(c: _Card, now: float, config: PlannerConfig) -> bool:
@@ -169,12 +183,13 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
     matched: list[tuple[str, str]] = []
     waiting: list[MigDemand] = []
     budget = config.max_cards_per_round or len(work) + 1
+    homes: dict[str, str] = {}  # a demand group's node (`MigDemand.group`)
 
     # 1. free instances of the exact profile, fullest card first
     for d in demand:
         best: tuple[tuple[int, str, str], _Card, Instance] | None = None
         for c in work:
-            if not _allowed(d, c) or c.model is None or not c.state.healthy:
+            if not _allowed(d, c, homes) or c.model is None or not c.state.healthy:
                 continue
             for i in c.movable():
                 if i.placement.profile == d.profile:
@@ -186,6 +201,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             waiting.append(d)
         else:
             best[1].taken.add(best[2].uuid)
+            _serve(best[1], d, homes)
             matched.append((d.key, best[2].uuid))
 
     def spent() -> bool:
@@ -199,7 +215,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             # whole cards of one model are alike: the first (by node, card) is the one chosen
             whole_seen: set[str] = set()
             for c in work:
-                if not c.state.changeable or c.merge or not _allowed(d, c):
+                if not c.state.changeable or c.merge or not _allowed(d, c, homes):
                     continue
                 if c.mig_on:
                     if c.touched or not full:
@@ -212,7 +228,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             if found is None:
                 left.append(d)
             else:
-                _apply(found, d)
+                _apply(found, d, homes)
         return left
 
     # 2. carved cards

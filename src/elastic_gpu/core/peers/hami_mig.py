@@ -1,7 +1,8 @@
 """HAMi's dynamic MIG (`nvidia.com/vgpu-mode: mig`, `volcano.sh/vgpu-mode: mig`), served by
 ours (issue 42): a container's vGPU request of N cards with M MiB each becomes
 `nvidia.com/mig-<profile>: N`, the profile the smallest one with at least M MiB
-(`core.mig.profiles.smallest_profile_for_memory`) on the cluster's MIG models. The mig-dynamic
+(`core.mig.profiles.smallest_profile_for_memory`) on the cluster's MIG models, on N distinct
+cards as HAMi gives them (`elasticgpu.io/mig-distinct-cards: "true"` when N > 1). The mig-dynamic
 controller then carves it where no free instance has it (docs/mig-apply.md).
 
 Profile names are per model (8000 MiB is a `1g.10gb` on an A100 80 GB, a `2g.10gb` on an A100
@@ -57,5 +58,7 @@ def mig_rewrite(vocab: Vocabulary, name: str, container: Mapping[str, Any], fact
                             f"{mib} MiB", name)]
     profile = next(iter(found.values()))
     models = sorted(m for m, p in found.items() if p == profile)
-    return (Rewrite(name, tuple(written), {profile.resource_name: str(cards)}),
-            {ann.GPU_MODEL_ALLOW: "|".join(models)})
+    keep = {ann.GPU_MODEL_ALLOW: "|".join(models)}
+    if cards > 1:  # HAMi's N devices are N cards: one instance on each
+        keep[ann.MIG_DISTINCT_CARDS] = "true"
+    return Rewrite(name, tuple(written), {profile.resource_name: str(cards)}), keep

@@ -112,22 +112,30 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             assert c.mig_profile is not None
             found: list[CardShare] = []
             profile_total = 0
+            profile_cards = 0  # cards with the profile at all (distinct: the capacity)
             mig_offer = lay.offer_mask(c.served_names)
             for col, card in enumerate(r.cards):
                 if not card.healthy or not pod.accepts_card(card):
                     continue
                 if mig_offer is not None and not mig_offer[row, col]:
                     continue
+                profile_cards += any(i.profile == c.mig_profile for i in card.mig)
+                on_card = 0
                 for inst in card.mig:
                     profile_total += inst.profile == c.mig_profile
-                    if len(found) == c.cards:
+                    if len(found) == c.cards or (c.distinct and on_card):
                         continue
                     if (inst.profile == c.mig_profile and inst.health.value == "Healthy"
                             and inst.uuid not in r.mig_owner and inst.uuid not in taken_mig):
                         taken_mig.add(inst.uuid)
+                        on_card += 1
                         found.append(CardShare(card.index, card.uuid, 0,
                                                c.mig_profile.memory_gb * 1024,
                                                c.mig_profile.name, inst.uuid))
+            if len(found) < c.cards and c.distinct:
+                return FitFailure(FitKind.MIG_DISTINCT_CARDS, c.mig_profile.resource_name,
+                                  c.cards, len(found), profile_cards, Unit.CARDS, c.name,
+                                  restricts_models(pod))
             if len(found) < c.cards:
                 return FitFailure(FitKind.INSUFFICIENT_MIG, c.mig_profile.resource_name, c.cards,
                                   len(found), profile_total, Unit.INSTANCES, c.name,
