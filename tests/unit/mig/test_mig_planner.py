@@ -315,8 +315,9 @@ def test_a_group_s_free_instances_are_matched_one_per_card() -> None:
     assert len(result.matched) == 1 and result.matched[0][1] in {"a", "b"}
     (carved,) = result.cards
     assert carved.card == "g1" and carved.serves == ("p#1",)
-    # a lone node with one card has no second card: one waits
-    assert plan(grouped, [card("g0")]).unserved == ("p#1",)
+    # a lone node with one card has no second card: the group waits, nothing carved for it
+    alone = plan(grouped, [card("g0")])
+    assert alone.unserved == ("p", "p#1") and alone.cards == ()
 
 
 def test_pod_demand_groups_a_distinct_container_s_instances() -> None:
@@ -325,3 +326,13 @@ def test_pod_demand_groups_a_distinct_container_s_instances() -> None:
     assert [(d.key, d.group) for d in mig] == [("ns/p", "ns/p/main"), ("ns/p#1", "ns/p/main")]
     mig, _ = pod_demand(PodRequest("p", "ns", containers=(c,)))
     assert {d.group for d in mig} == {None}
+
+
+def test_a_group_goes_to_a_node_with_a_card_for_each_of_it() -> None:
+    """A node of one card cannot take two instances on distinct cards: not even its free
+    instance is matched for the group's first, which would leave the second waiting there."""
+    grouped = [MigDemand("p", P("1g.10gb"), group="g"), MigDemand("p#1", P("1g.10gb"), group="g")]
+    for small in (card("g0", node="n0"), card("g0", inst("1g.10gb@6", "free"), node="n0")):
+        result = plan(grouped, [small, card("g1", node="n1"), card("g2", node="n1")])
+        assert result.unserved == () and result.matched == ()
+        assert sorted(c.card for c in result.cards) == ["g1", "g2"]

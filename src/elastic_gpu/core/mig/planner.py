@@ -94,20 +94,37 @@ class _Option:
     create: tuple[Placement, ...]
 
 
-def _allowed(d: MigDemand, c: _Card, homes: dict[str, str]) -> bool:
-    """Whether `d` may go on card `c`: its nodes and models, and for a group (one pod's
-    container), a card none of its group has, on the node the first of its group went to."""
+@dataclass
+class _Groups:
+    """Demand groups (`MigDemand.group`: one container's instances on distinct cards of one
+    node) while a round is decided: each group's size, its node once its first demand is
+    placed, and per node how many cards could take an instance at all."""
+
+    sizes: dict[str, int]
+    room: dict[str, int]
+    homes: dict[str, str] = field(default_factory=dict)
+
+    def allows(self, d: MigDemand, c: _Card) -> bool:
+        if d.group is None:
+            return True
+        node = c.state.node
+        home = self.homes.get(d.group)
+        if home is None:  # the group's first: a node with a card for each of the group
+            return self.room.get(node, 0) >= self.sizes[d.group]
+        return home == node and d.group not in c.groups
+
+    def serve(self, c: _Card, d: MigDemand) -> None:
+        """Card `c` serves `d` this round: no other demand of its group goes there."""
+        if d.group is not None:
+            c.groups.add(d.group)
+            self.homes.setdefault(d.group, c.state.node)
+
+
+def _allowed(d: MigDemand, c: _Card, groups: _Groups) -> bool:
+    """Whether `d` may go on card `c`: its nodes, models and group (`_Groups.allows`)."""
     s = c.state
     return ((d.nodes is None or s.node in d.nodes) and (d.models is None or s.model in d.models)
-            and (d.group is None or (d.group not in c.groups
-                                     and homes.get(d.group, s.node) == s.node)))
-
-
-def _serve(c: _Card, d: MigDemand, homes: dict[str, str]) -> None:
-    """Card `c` serves `d` this round: no other demand of its group goes there."""
-    if d.group is not None:
-        c.groups.add(d.group)
-        homes.setdefault(d.group, c.state.node)
+            and groups.allows(d, c))
 
 
 def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
@@ -149,14 +166,14 @@ def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
     return None
 
 
-def _apply(option: _Option, d: MigDemand, homes: dict[str, str]) -> None:
+def _apply(option: _Option, d: MigDemand, groups: _Groups) -> None:
     c = option.card
     gone = {i.uuid for i in option.destroy}
     c.kept = [i for i in c.kept if i.uuid not in gone]
     c.destroyed.extend(option.destroy)
     c.created.extend(option.create)
     c.serves.append(d.key)
-    _serve(c, d, homes)
+    groups.serve(c, d)
 
 
 def _merge_ready(c: _Card, now: float, config: PlannerConfig) -> bool:
@@ -183,13 +200,21 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
     matched: list[tuple[str, str]] = []
     waiting: list[MigDemand] = []
     budget = config.max_cards_per_round or len(work) + 1
-    homes: dict[str, str] = {}  # a demand group's node (`MigDemand.group`)
+    takers: dict[str, int] = {}  # per node, the cards that could take an instance
+    for c in work:
+        if c.model is not None and c.state.healthy and (c.state.changeable or c.movable()):
+            takers[c.state.node] = takers.get(c.state.node, 0) + 1
+    sizes: dict[str, int] = {}
+    for d in demand:
+        if d.group is not None:
+            sizes[d.group] = sizes.get(d.group, 0) + 1
+    groups = _Groups(sizes, takers)
 
     # 1. free instances of the exact profile, fullest card first
     for d in demand:
         best: tuple[tuple[int, str, str], _Card, Instance] | None = None
         for c in work:
-            if not _allowed(d, c, homes) or c.model is None or not c.state.healthy:
+            if not _allowed(d, c, groups) or c.model is None or not c.state.healthy:
                 continue
             for i in c.movable():
                 if i.placement.profile == d.profile:
@@ -201,7 +226,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             waiting.append(d)
         else:
             best[1].taken.add(best[2].uuid)
-            _serve(best[1], d, homes)
+            groups.serve(best[1], d)
             matched.append((d.key, best[2].uuid))
 
     def spent() -> bool:
@@ -215,7 +240,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             # whole cards of one model are alike: the first (by node, card) is the one chosen
             whole_seen: set[str] = set()
             for c in work:
-                if not c.state.changeable or c.merge or not _allowed(d, c, homes):
+                if not c.state.changeable or c.merge or not _allowed(d, c, groups):
                     continue
                 if c.mig_on:
                     if c.touched or not full:
@@ -228,7 +253,7 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             if found is None:
                 left.append(d)
             else:
-                _apply(found, d, homes)
+                _apply(found, d, groups)
         return left
 
     # 2. carved cards
