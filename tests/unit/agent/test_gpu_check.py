@@ -200,3 +200,20 @@ def test_with_the_flag_one_instance_is_made_and_destroyed(
     assert step.outcome is Outcome.PASS, step.render()
     assert "create 1g.10gb@1" in step.render()
     assert len(sim.created) == 1 and gpus[0].mig == before and not gpus[1].mig_mode_on
+
+
+def test_the_backend_never_turns_mig_mode_on_for_the_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.agent.backends.nvml import NvmlBackend
+    from elastic_gpu.core.mig.apply import Placed
+    from elastic_gpu.core.resources import MigProfile
+
+    gpus = h100()
+    SimNvml(monkeypatch, gpus)
+    backend = NvmlBackend()
+    backend.discover()
+    assert backend.mig_enabled(gpus[0].uuid) is False
+    with pytest.raises(BackendError, match="MIG mode is not on"):
+        backend.create_mig_instance(gpus[0].uuid, Placed(0, MigProfile.parse("1g.10gb")))
+    assert not gpus[0].mig_mode_on and gpus[0].mig == []
