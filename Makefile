@@ -3,7 +3,7 @@
 #   make test       the whole test suite (lint, types, unit, integration on a real control plane);
 #                   EGPU_TEST_WORKERS=N sets its pytest-xdist workers (default 2, 1 = serial)
 # After editing charts/elastic-gpu:  make deploy  (re-renders deploy/ from it; a test checks)
-.PHONY: simulate test bootstrap k8s-binaries deploy
+.PHONY: simulate test bootstrap k8s-binaries deploy gpu-check
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -14,6 +14,11 @@ simulate: bootstrap
 
 test:
 	scripts/test.sh
+
+# On a machine with an NVIDIA GPU: our NVML, MIG, MPS and DRA paths against nvidia-smi
+# (docs/gpu-check.md). Read only; ARGS=--allow-mig-changes on your own machine only.
+gpu-check: bootstrap
+	.venv/bin/egpu gpu-check $(ARGS)
 
 k8s-binaries:
 	hack/ensure-k8s.sh

@@ -9,7 +9,16 @@ from __future__ import annotations
 import typer
 
 from elastic_gpu import __version__
-from elastic_gpu.cli import agent, controller, sandbox, scheduler, simulate, top, webhook
+from elastic_gpu.cli import (
+    agent,
+    controller,
+    gpucheck,
+    sandbox,
+    scheduler,
+    simulate,
+    top,
+    webhook,
+)
 from elastic_gpu.cli.options import HELP_MARKUP
 
 app = typer.Typer(
@@ -26,6 +35,7 @@ app.command("agent")(agent.agent)
 app.command("webhook")(webhook.webhook)
 app.command("controller")(controller.controller)
 app.command("top")(top.top)
+app.command("gpu-check")(gpucheck.gpu_check)
 
 
 @app.command("version")

@@ -38,7 +38,7 @@ from elastic_gpu.agent.backends.base import (
 )
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import HealthConfig, SharingConfig
-from elastic_gpu.core.mig.apply import Create, Destroy
+from elastic_gpu.core.mig.apply import Create, Destroy, Placed
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile
 
@@ -390,6 +390,39 @@ class NvmlBackend:
         instances = self._mig(self._index.get(card_uuid, -1), handle)
         self._mig_cards[card_uuid] = bool(instances)
         return instances
+
+    # -- for `egpu gpu-check` (agent/gpucheck.py) ----------------------------------------
+
+    def mig_enabled(self, card_uuid: str) -> bool | None:
+        """Whether the card's current MIG mode is on; None where it has no MIG (NotSupported)."""
+        handle = self._handles.get(card_uuid)
+        if handle is None:
+            raise BackendError(f"no card {card_uuid} was discovered on this node")
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        except pynvml.NVMLError:
+            return None
+        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def create_mig_instance(self, card_uuid: str, placed: Placed) -> tuple[MigInstance, ...]:
+        """One instance carved on a card whose MIG mode is already on (refused otherwise: the
+        mode is never changed here), with no orphan cleanup: the operator's card is touched
+        only by this instance. The card's instances after it."""
+        if not self.mig_enabled(card_uuid):
+            raise BackendError(f"MIG mode is not on for {card_uuid}; it is left as it is")
+        from elastic_gpu.agent.backends import nvml_mig
+
+        nvml_mig.create(self._handles[card_uuid], placed)
+        return self._mig(self._index.get(card_uuid, -1), self._handles[card_uuid])
+
+    def destroy_mig_instance(self, card_uuid: str, mig_uuid: str) -> tuple[MigInstance, ...]:
+        from elastic_gpu.agent.backends import nvml_mig
+
+        handle = self._handles.get(card_uuid)
+        if handle is None:
+            raise BackendError(f"no card {card_uuid} was discovered on this node")
+        nvml_mig.destroy(handle, mig_uuid)
+        return self._mig(self._index.get(card_uuid, -1), handle)
 
     # -- devices ---------------------------------------------------------------------------
 
