@@ -22,6 +22,7 @@ die with the test run even when it is killed (SIGKILL to the group, parent-death
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 import uuid
@@ -140,6 +141,25 @@ def fake_gpu_nodes(k8s_cluster: ControlPlane) -> Iterator[Callable[..., list[str
     yield add
     for name in created:
         unregister_fake_node(client, name)
+
+
+@pytest.fixture
+def dra_device_classes(k8s_cluster: ControlPlane) -> Iterator[None]:
+    """Our DeviceClasses on the worker's control plane for one test, deleted after it. They are
+    cluster-scoped and `gpu.elasticgpu.io` maps `nvidia.com/gpu` (DRAExtendedResource): left
+    behind, they turn a later test's `nvidia.com/gpu` pod into a claim kube-scheduler tries to
+    allocate on every node without that resource ("cannot allocate all claims")."""
+    from elastic_gpu.core.dra.classes import device_classes
+    from elastic_gpu.kube.apply import create_or_update
+    from elastic_gpu.kube.errors import NotFound
+    from elastic_gpu.kube.resources import DEVICE_CLASSES
+
+    client = k8s_cluster.kube()
+    create_or_update(client, device_classes())
+    yield
+    for cls in device_classes():
+        with contextlib.suppress(NotFound):
+            client.delete(DEVICE_CLASSES.path(name=cls["metadata"]["name"]))
 
 
 def _with_labels(inventory: Any, labels: Mapping[str, str]) -> Any:

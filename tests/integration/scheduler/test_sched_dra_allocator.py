@@ -26,10 +26,8 @@ from egpu_testing.waiting import wait_for
 from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, running_extender
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.claim_placement import WAITING_REASON
-from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.kube.apply import create_or_update
 from elastic_gpu.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -72,12 +70,12 @@ def _nodes(fake_gpu_nodes: Callable[..., list[str]], count: int, group: str) -> 
                           prefix="dra-alloc")
 
 
+@pytest.mark.usefixtures("dra_device_classes")
 def test_gated_claim_pods_are_packed_by_our_engine_then_bound_by_kube_scheduler(
         k8s_cluster: ControlPlane, k8s_namespace: str, extender: ExtenderProcess,
         fake_gpu_nodes: Callable[..., list[str]],
         start_kube_scheduler: Callable[..., Any]) -> None:
     kube = k8s_cluster.kube()
-    create_or_update(kube, device_classes())
     group = unique_name("g")
     nodes = _nodes(fake_gpu_nodes, 2, group)
     start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
@@ -108,12 +106,12 @@ def test_gated_claim_pods_are_packed_by_our_engine_then_bound_by_kube_scheduler(
         assert not pod["spec"].get("schedulingGates")
 
 
+@pytest.mark.usefixtures("dra_device_classes")
 def test_a_restarted_allocator_reads_allocated_claims_and_gives_nothing_twice(
         k8s_cluster: ControlPlane, k8s_namespace: str, extender: ExtenderProcess,
         fake_gpu_nodes: Callable[..., list[str]],
         start_kube_scheduler: Callable[..., Any]) -> None:
     kube = k8s_cluster.kube()
-    create_or_update(kube, device_classes())
     group = unique_name("g")
     (node,) = _nodes(fake_gpu_nodes, 1, group)
     start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))

@@ -37,10 +37,9 @@ from egpu_testing.workbench import (
     running_extender,
 )
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
-from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE, device_classes
+from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.kube.apply import create_or_update
 from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
@@ -111,12 +110,12 @@ class Burst:
         return over_capacity(pods, claims, inventories)
 
 
+@pytest.mark.usefixtures("dra_device_classes")
 def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_over_capacity(
         k8s_cluster: ControlPlane, extender: ExtenderProcess,
         fake_gpu_nodes: Callable[..., list[str]],
         start_kube_scheduler: Callable[..., Any]) -> None:
     kube = k8s_cluster.kube()
-    create_or_update(kube, device_classes())
     namespace = unique_name("guard")
     tenant = make_tenant(Path(k8s_cluster.kubeconfig), namespace)
     group = unique_name("g")
@@ -188,6 +187,7 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
     assert sorted(tenant_won) == sorted(f"{tag}-down-tenant-{i}" for tag in "abc" for i in (0, 1))
 
 
+@pytest.mark.usefixtures("dra_device_classes")
 def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again(
         k8s_cluster: ControlPlane, k8s_namespace: str, fake_gpu_nodes: Callable[..., list[str]],
         start_kube_scheduler: Callable[..., Any]) -> None:
@@ -197,7 +197,6 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
     in that window (a long one, in-process), so ours is cleared while its pod is still gated
     (unreserved) and placed on the other card."""
     kube = k8s_cluster.kube()
-    create_or_update(kube, device_classes())
     group = unique_name("g")
     (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
                              prefix="dra-twice")

@@ -20,10 +20,8 @@ from egpu_testing.dra import claim_manifest, gated_claim_pod
 from egpu_testing.pytest_plugin import unique_name
 from egpu_testing.workbench import ExtenderProcess, plain_kube_scheduler_config, running_extender
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
-from elastic_gpu.core.dra.classes import device_classes
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.kube.apply import create_or_update
 from elastic_gpu.kube.resources import PODS, RESOURCE_CLAIMS
 
 pytestmark = pytest.mark.integration
@@ -55,12 +53,12 @@ def _bound(kube: Any, namespace: str, name: str, timeout_s: float = 90.0) -> str
         time.sleep(0.2)
 
 
+@pytest.mark.usefixtures("dra_device_classes")
 def test_count_two_with_capacity_is_two_shares_on_two_distinct_cards(
         k8s_cluster: ControlPlane, k8s_namespace: str, extender: ExtenderProcess,
         fake_gpu_nodes: Callable[..., list[str]],
         start_kube_scheduler: Callable[..., Any]) -> None:
     kube = k8s_cluster.kube()
-    create_or_update(kube, device_classes())
     group = unique_name("g")
     nodes = fake_gpu_nodes(2, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
                            prefix="dra-multi")
