@@ -24,7 +24,7 @@ docs/mig-apply.md) makes a healthy card `Health.FENCED`: nothing new is placed o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -312,6 +312,22 @@ def nodes_from_objects(devices: Iterable[Mapping[str, Any]],
                            cards=tuple(sorted(cards[name], key=lambda c: c.index)),
                            labels=labels))
     return result
+
+
+def nodes_from_readable_objects(devices: Iterable[Mapping[str, Any]],
+                                k8s_nodes: Iterable[Mapping[str, Any]],
+                                skipped: Callable[[GPUDeviceError], None]) -> list[Node]:
+    """`nodes_from_objects` over the GPUDevices that read as cards; each one that does not is
+    passed to `skipped` (the caller logs it) instead of failing the whole view."""
+    readable = []
+    for obj in devices:
+        try:
+            card_from_object(obj)
+        except GPUDeviceError as err:
+            skipped(err)
+            continue
+        readable.append(obj)
+    return nodes_from_objects(readable, k8s_nodes)
 
 
 def crd_manifest() -> dict[str, Any]:

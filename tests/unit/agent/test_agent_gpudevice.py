@@ -14,6 +14,7 @@ from elastic_gpu.api.gpudevice import (
     card_to_object,
     crd_manifest,
     nodes_from_objects,
+    nodes_from_readable_objects,
     usage_status,
 )
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
@@ -44,6 +45,16 @@ def test_nodes_group_cards_and_take_capacity_from_node_objects() -> None:
     assert (a.name, a.cpu_milli, [c.uuid for c in a.cards]) == ("a", 0, ["v0"])
     assert (b.cpu_milli, b.memory_mib, b.labels) == (32000, 65536, {"zone": "z"})
     assert [c.index for c in b.cards] == [0, 1]
+
+
+def test_a_controller_view_skips_an_unreadable_gpudevice_and_reports_it() -> None:
+    bad = card_to_object("a", Card(1, "u1", "T4", 16384))
+    bad["status"] = {"health": "Sick"}
+    objs = [card_to_object("a", Card(0, "u0", "T4", 16384)), bad]
+    skipped: list[GPUDeviceError] = []
+    (node,) = nodes_from_readable_objects(objs, [], skipped.append)
+    assert [c.uuid for c in node.cards] == ["u0"]
+    assert len(skipped) == 1 and "status.health" in str(skipped[0])
 
 
 @pytest.mark.parametrize(("patch", "words"), [

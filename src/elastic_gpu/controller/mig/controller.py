@@ -122,15 +122,9 @@ class MigController:
     # ------------------------------------------------------------------ reading the caches
 
     def _nodes(self) -> list[Node]:
-        devices = []
-        for obj in self.devices.items():
-            try:
-                gpudevice.card_from_object(obj)
-            except gpudevice.GPUDeviceError as err:
-                log.debug("GPUDevice skipped: %s", err)
-                continue
-            devices.append(obj)
-        return gpudevice.nodes_from_objects(devices, self.nodes.items())
+        return gpudevice.nodes_from_readable_objects(
+            self.devices.items(), self.nodes.items(),
+            lambda err: log.debug("GPUDevice skipped: %s", err))
 
     def _bound(self) -> list[BoundPod]:
         out = [bound for pod in self.pods.items() if (bound := bound_pod(pod)) is not None]
