@@ -11,8 +11,13 @@ the card's fence:
   `Health.FENCED` (nothing new is placed on it or its instances: `FitKind.CARD_FENCED`);
 - `Settle`: the fence stands `FENCE_SETTLE_S` before anything changes (a bind decided before
   the fence was seen lands first, and then holds the card: the step is `Blocked`);
-- `Destroy` / `Create`: `Backend.apply_mig_step`, then `published()` (the GPUDevices, the
-  Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it now is;
+- `Destroy` / `Create` / `SetMigMode`: `Backend.apply_mig_step`, then `published()` (the
+  GPUDevices, the Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it
+  now is;
+- `PendingReset`: the card's MIG mode change waits for a GPU reset, which the agent never does:
+  the MigLayout says so (`phase: PendingReset`, the reason) and the card stays fenced; each
+  round reads the mode again, and once the operator has reset the GPU the card is published
+  as it now is (a merged card as a whole card) and unfenced;
 - `Unfence`: the fence is removed (as wanted, or blocked by a holder);
 - after every step the MigLayout's status (phase, observedGeneration, reason, the real
   instances) is written, so `kubectl get miglayout` says how far the card got.
@@ -51,13 +56,15 @@ from elastic_gpu.core.mig.apply import (
     Done,
     Fence,
     FenceCard,
+    PendingReset,
     Refuse,
+    SetMigMode,
     Settle,
     Step,
     Unfence,
+    as_wanted,
     holders_of,
     next_step,
-    placed_of,
     placement_problems,
 )
 from elastic_gpu.core.model import Card
@@ -203,6 +210,8 @@ class MigApplier:
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
+    #: cards whose MIG mode change waits for a GPU reset (published again once it is done)
+    _pending_reset: set[str] = field(default_factory=set)
 
     def _cards(self) -> dict[str, Card]:
         return {card.uuid: card for card in self.backend.discover()}
@@ -266,7 +275,7 @@ class MigApplier:
 
     def apply(self, layout: ml.MigLayout, card: Card) -> str:
         """Steps on one card until it is done, blocked, refused or settling; its phase."""
-        if card.uuid not in self.fences and placed_of(card.mig) == sorted(layout.instances) \
+        if card.uuid not in self.fences and as_wanted(layout.instances, card.mig, card.mig_mode) \
                 and not placement_problems(card.model, layout.instances):
             # as wanted, unfenced: done whoever holds it (no pod list in the steady state)
             self._status(layout, "Applied", "", card.mig)
@@ -275,10 +284,16 @@ class MigApplier:
         for _ in range(MAX_STEPS_PER_ROUND):
             since = self.fences.get(card.uuid)
             step = next_step(card.model, layout.instances, card.mig,
-                             holders_of(card.uuid, held), Fence(since), self.clock())
+                             holders_of(card.uuid, held), Fence(since), self.clock(),
+                             card.mig_mode)
             reason = ""
-            if isinstance(step, Refuse | Blocked):
+            if card.uuid in self._pending_reset and not isinstance(step, PendingReset):
+                self._pending_reset.discard(card.uuid)  # the operator reset it: publish anew
+                self.published()
+            if isinstance(step, Refuse | Blocked | PendingReset):
                 reason = step.reason
+                if isinstance(step, PendingReset):
+                    self._pending_reset.add(card.uuid)
             elif isinstance(step, FenceCard):
                 self._fence(card, fence_reason(layout))
                 self.fences[card.uuid] = self.clock()
@@ -286,7 +301,7 @@ class MigApplier:
                 self._fence(card, None)
                 self.fences.pop(card.uuid, None)
                 reason = step.reason
-            elif isinstance(step, Destroy | Create):
+            elif isinstance(step, Destroy | Create | SetMigMode):
                 try:
                     self.backend.apply_mig_step(card.uuid, step)
                 except BackendError as err:  # the card refused: alone, with the reason
@@ -297,7 +312,7 @@ class MigApplier:
             phase = "Blocked" if isinstance(step, Unfence) and step.reason else step.phase
             self._status(layout, phase, reason, card.mig)
             self.after_step(step)
-            if isinstance(step, Done | Refuse | Blocked | Settle | Unfence):
+            if isinstance(step, Done | Refuse | Blocked | Settle | Unfence | PendingReset):
                 return phase
             held = self.holders()  # a bind may land while the fence settles
         return "Applying"
