@@ -207,6 +207,11 @@ class MigApplier:
     held: HeldOn | None = None
     #: the node's MigLayouts by a watch (None, or not synced yet: a LIST each round)
     cache: LayoutCache | None = None
+    #: `published()` after every step (the sandbox's stand-ins, whose published objects are
+    #: the fake card's only memory), or once after a card's last step of the round (an agent:
+    #: the card keeps its own layout, and kubelet sees the plugins re-served once per change;
+    #: the card is fenced meanwhile, so nothing is placed on what it advertised before)
+    publish_each_step: bool = True
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
@@ -275,6 +280,14 @@ class MigApplier:
 
     def apply(self, layout: ml.MigLayout, card: Card) -> str:
         """Steps on one card until it is done, blocked, refused or settling; its phase."""
+        changed: list[Step] = []
+        try:
+            return self._apply(layout, card, changed)
+        finally:
+            if changed and not self.publish_each_step:
+                self.published()  # once, after the round's last step on the card
+
+    def _apply(self, layout: ml.MigLayout, card: Card, changed: list[Step]) -> str:
         if card.uuid not in self.fences and as_wanted(layout.instances, card.mig, card.mig_mode) \
                 and not placement_problems(card.model, layout.instances):
             # as wanted, unfenced: done whoever holds it (no pod list in the steady state)
@@ -298,6 +311,9 @@ class MigApplier:
                 self._fence(card, fence_reason(layout))
                 self.fences[card.uuid] = self.clock()
             elif isinstance(step, Unfence):
+                if changed and not self.publish_each_step:
+                    changed.clear()  # published before the fence goes, never after
+                    self.published()
                 self._fence(card, None)
                 self.fences.pop(card.uuid, None)
                 reason = step.reason
@@ -307,8 +323,10 @@ class MigApplier:
                 except BackendError as err:  # the card refused: alone, with the reason
                     self._status(layout, "Refused", str(err), card.mig)
                     return "Refused"
+                changed.append(step)
                 card = self._cards()[card.uuid]
-                self.published()
+                if self.publish_each_step:
+                    self.published()
             phase = "Blocked" if isinstance(step, Unfence) and step.reason else step.phase
             self._status(layout, phase, reason, card.mig)
             self.after_step(step)
