@@ -151,17 +151,20 @@ def pod_holders(client: SyncKubeClient, node: str) -> list[tuple[str, Assignment
 
 
 class LayoutCache:
-    """The node's MigLayouts (label `elasticgpu.io/node`) kept by a watch: a
-    `kube.informer.Informer` (LIST + WATCH, relists on 410 Gone and after failures) that the
-    client runs in its loop thread, so the applier reads its layouts here rather than with a
-    LIST every round. Until the first list is in (`objects` None) the applier lists itself."""
+    """The node's MigLayouts (label `elasticgpu.io/node`; every node's with `node` None, which
+    the sandbox's stand-ins for many nodes share, each applier keeping its own node's) kept by
+    a watch: a `kube.informer.Informer` (LIST + WATCH, relists on 410 Gone and after failures)
+    that the client runs in its loop thread, so the applier reads its layouts here rather than
+    with a LIST every round. Until the first list is in (`objects` None) the applier lists
+    itself."""
 
-    def __init__(self, client: SyncKubeClient, node: str) -> None:
+    def __init__(self, client: SyncKubeClient, node: str | None) -> None:
         self.client = client
-        self.informer = Informer(client.async_client, MIG_LAYOUTS.path(),
-                                 name=f"MigLayouts of {node}",
-                                 params={"labelSelector": f"{gd.NODE_LABEL}={node}"},
-                                 missing_ok=True)
+        self.informer = Informer(
+            client.async_client, MIG_LAYOUTS.path(),
+            name="MigLayouts" if node is None else f"MigLayouts of {node}",
+            params=None if node is None else {"labelSelector": f"{gd.NODE_LABEL}={node}"},
+            missing_ok=True)
         self._lock = threading.Lock()
         self.version = 0
         bump = Handler(on_add=lambda _o: self._bump(), on_update=lambda _o, _n: self._bump(),
