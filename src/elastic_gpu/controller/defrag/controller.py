@@ -33,7 +33,7 @@ from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manife
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
-from elastic_gpu.kube.informer import Handler
+from elastic_gpu.kube.informer import on_any_change
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.workqueue import WorkQueue
 
@@ -69,9 +69,7 @@ class DefragController:
                                  self.config.rate_window_s)
         self.rules = MoveRules(self.config.movable_namespaces, self.config.cool_down_s)
         if self.config.enabled:  # off: not even woken up
-            changed = Handler(on_add=lambda _o: self.kick(),
-                              on_update=lambda _o, _n: self.kick(),
-                              on_delete=lambda _o: self.kick())
+            changed = on_any_change(self.kick)
             for informer in (self.pods, self.nodes, self.devices, self.egpus):
                 informer.add_handler(changed)
 

@@ -43,7 +43,7 @@ from elastic_gpu.core.mig.substitution import (
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.podlife import finished
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
-from elastic_gpu.kube.informer import Handler, Obj, object_key
+from elastic_gpu.kube.informer import Handler, Obj, object_key, on_any_change
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES
 from elastic_gpu.kube.workqueue import WorkQueue
@@ -78,9 +78,7 @@ class MigController:
         self.bare = BareRules(self.pods, self.state, self.writes)
         self.substitution = Substitution(ctx, self.nodes, self.metrics, self.state, self.writes)
         self.move_back = MoveBack(ctx, self.nodes, self.metrics, self.state, self.writes)
-        changed = Handler(on_add=lambda _o: self.kick(),
-                          on_update=lambda _o, _n: self.kick(),
-                          on_delete=lambda _o: self.kick())
+        changed = on_any_change(self.kick)
         for informer in (self.pods, self.nodes, self.rules):
             informer.add_handler(changed)
         # a round decodes every GPUDevice and ElasticGPU: started by each of their events, it
