@@ -30,7 +30,7 @@ from elastic_gpu.controller.mig.objects import (
 from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
-from elastic_gpu.controller.worker import Done, Outcome, Retry, work
+from elastic_gpu.controller.worker import Done, Outcome, Retry, run_rounds
 from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.mig.bare import owner_rule_unused
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
@@ -102,12 +102,8 @@ class MigController:
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time: the key is one
-        self.kick()
-        try:
-            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
-                       expected=(Conflict, NotFound), describe=lambda _: "mig round")
-        finally:
-            self.queue.shutdown()
+        await run_rounds(self.queue, self.name, self.ctx.metrics, self._round_key, self.kick,
+                         describe="mig round", expected=(Conflict, NotFound))
 
     async def _round_key(self, key: str) -> Outcome:
         del key  # the one key: a round over every rule and pod

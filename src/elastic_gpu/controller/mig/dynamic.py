@@ -27,7 +27,6 @@ holder.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -38,7 +37,7 @@ from elastic_gpu.api import gpudevice
 from elastic_gpu.api import miglayout as ml
 from elastic_gpu.controller.config import MigDynamicConfig
 from elastic_gpu.controller.manager import Context
-from elastic_gpu.controller.worker import Done, Outcome, work
+from elastic_gpu.controller.worker import Done, Outcome, run_rounds
 from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.assignment import Assignment, trusted_assignment
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
@@ -130,15 +129,10 @@ class MigDynamicController:
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time
-        if not self.config.enabled:
-            log.info("mig-dynamic: off (mig.dynamic.enabled is false in --config)")
-            await asyncio.Event().wait()  # until cancelled
-        self.kick()
-        try:
-            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
-                       expected=(Conflict, NotFound), describe=lambda _: "mig-dynamic round")
-        finally:
-            self.queue.shutdown()
+        await run_rounds(self.queue, self.name, self.ctx.metrics, self._round_key, self.kick,
+                         describe="mig-dynamic round", expected=(Conflict, NotFound),
+                         off=None if self.config.enabled else
+                         "mig-dynamic: off (mig.dynamic.enabled is false in --config)")
 
     async def _round_key(self, key: str) -> Outcome:
         del key
