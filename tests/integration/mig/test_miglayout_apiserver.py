@@ -149,3 +149,24 @@ def test_the_kwok_stand_in_applies_layouts_from_one_watch(crds: Any) -> None:
                      check=False)
         crds.kubectl("delete", "node", inventory.name, check=False)
         client.close()
+
+
+def test_a_gpudevice_keeps_the_cards_mig_mode(crds: Any) -> None:
+    """`spec.migMode` is in the GPUDevice schema (not pruned): a card in MIG mode with no
+    instance, its mode off pending a reset, reads back as such (the planner's carved card)."""
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+    from elastic_gpu.api import gpudevice as gd
+    from elastic_gpu.core.model import Card, MigMode
+    from elastic_gpu.kube.resources import GPUDEVICES
+
+    ensure_crd(crds.kube())
+    card = Card(0, "GPU-MODE-0", "NVIDIA A100-SXM4-80GB", 81920,
+                mig_mode=MigMode(current=True, pending=False))
+    body = gd.card_to_object("mode-node", card)
+    client = crds.kube()
+    client.create(GPUDEVICES.path(), body)
+    try:
+        read = gd.card_from_object(client.get(GPUDEVICES.path(name=body["metadata"]["name"])))[1]
+        assert read.mig_mode == MigMode(current=True, pending=False) and read.mig_enabled
+    finally:
+        crds.kubectl("delete", "gpudevices", body["metadata"]["name"], check=False)

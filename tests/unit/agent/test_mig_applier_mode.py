@@ -21,7 +21,7 @@ from elastic_gpu.agent.miglayout import MigApplier
 from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.api import miglayout as ml
 from elastic_gpu.core.mig.apply import FENCE_SETTLE_S, Placed
-from elastic_gpu.core.model import Card, Health
+from elastic_gpu.core.model import Card, Health, MigMode
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.resources import GPUDEVICES, MIG_LAYOUTS, NODES
 
@@ -102,6 +102,7 @@ def test_a_mode_off_pending_a_reset_keeps_the_card_fenced_until_the_operator_res
                              "(nvidia-smi -r) when idle")
     # still in MIG mode: fenced, and no whole card is offered (nor any instance)
     assert device(api, 0).health is Health.FENCED and gpus_offered(api) == "1"
+    assert device(api, 0).mig_mode == MigMode(current=True, pending=False)  # the GPUDevice's
     assert "nvidia.com/mig-3g.40gb" not in api.get(NODES.path(name=NODE))["status"]["allocatable"]
     clock.advance(60)
     assert applier.round() == {"GPU-aaaa": "PendingReset"}  # each round reads the mode again
@@ -110,6 +111,7 @@ def test_a_mode_off_pending_a_reset_keeps_the_card_fenced_until_the_operator_res
     assert applier.round() == {"GPU-aaaa": "Applied"}
     assert not gpus[0].mig_mode_on
     assert device(api, 0).health is Health.HEALTHY and gpus_offered(api) == "2"
+    assert device(api, 0).mig_mode == MigMode(current=False, pending=False)
     assert status(api, "GPU-aaaa")["phase"] == "Applied"
 
 
