@@ -80,7 +80,7 @@ def request_ask_of(exactly: dict[str, Any]) -> list[Any]:
 
 @pytest.mark.parametrize("expression", [
     f'{ATTR} != "1g.10gb"', f'{ATTR}.startsWith("1g")', f'{ATTR} == "1g.10gb" ||',
-    f'{ATTR} == "big"', f'({ATTR} == "1g.10gb"', 'device.driver == "gpu.elasticgpu.io"',
+    f'{ATTR} == "big"', f'({ATTR} == "1g.10gb"', 'device.attributes["gpu.elasticgpu.io"].uuid == "MIG-1"',
     memory("lots"), f'{ATTR} == "1g.10gb" {ATTR}'])
 def test_anything_else_is_a_selector_error(expression: str) -> None:
     with pytest.raises(SelectorError):
@@ -120,3 +120,14 @@ def test_the_quota_counts_the_largest_profile_accepted() -> None:
         {"name": "r", "exactly": sub(f'{ATTR} == "3g.40gb"')}))
     assert claim_demand(spec({"name": "r", "exactly": sub(f'{ATTR}.startsWith("1g")')})) == \
         Demand(100, 0)
+
+
+def test_the_class_own_selector_repeated_in_a_claim_is_any_profile() -> None:
+    driver = 'device.driver == "gpu.elasticgpu.io"'
+    assert names(f'{driver} && {ATTR} == "1g.10gb"') == ["1g.10gb"]
+    assert names(f'"mig" == device.attributes["gpu.elasticgpu.io"].type && '
+                 f'{ATTR} == "2g.20gb"') == ["2g.20gb"]
+    assert names(f'device.driver == "other" && {ATTR} == "1g.10gb"') == []
+    # the quota's count reads the same: the profile, not a whole card
+    assert claim_demand(spec({"name": "r", "exactly": sub(f'{driver} && {ATTR} == "3g.40gb"')})) \
+        == claim_demand(spec({"name": "r", "exactly": sub(f'{ATTR} == "3g.40gb"')}))

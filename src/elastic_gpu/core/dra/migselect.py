@@ -10,11 +10,12 @@ a claim through here. The selectors a user writes on the MIG device's attributes
     device.attributes["gpu.elasticgpu.io"].profile in ["1g.10gb", "2g.20gb"]
     device.capacity["gpu.elasticgpu.io"].memory.compareTo(quantity("20Gi")) >= 0   (or > 0)
 
-joined with `||` and `&&` and in parentheses; several selectors of one request are all true
-at once (`&&`). Each reads as the profiles it accepts, in order of preference: a profile
-equality or list as written, a memory bound as every profile of every known model
-(`core.mig.profiles.MIG_MODELS`) with at least that memory, smallest first (compute slices,
-then memory, plain before `+me`: on each model the first it has is
+and the class's own `device.driver == "gpu.elasticgpu.io"` and `...["gpu.elasticgpu.io"].type
+== "mig"` (any profile), joined with `||` and `&&` and in parentheses; several selectors of
+one request are all true at once (`&&`). Each reads as the profiles it accepts, in order of
+preference: a profile equality or list as written, a memory bound as every profile of every
+known model (`core.mig.profiles.MIG_MODELS`) with at least that memory, smallest first
+(compute slices, then memory, plain before `+me`: on each model the first it has is
 `smallest_profile_for_memory`'s), no selector as every profile (any instance). A request's
 `firstAvailable` subrequests of the MIG class are DRA's prioritized list: their profiles in
 the order listed. Anything else is a `SelectorError` naming what could not be read: the
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.dra.classes import MIG_CLASS
+from elastic_gpu.core.dra.devices import DRIVER, TYPE_MIG
 from elastic_gpu.core.mig.profiles import MIB_PER_PROFILE_GB, MIG_MODELS
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import MigProfile, ResourceError
@@ -39,6 +41,7 @@ _TOKEN = re.compile(r'''\s*(?:
     (?P<memory>device\.capacity\["gpu\.elasticgpu\.io"\]\.memory\.compareTo\(\s*quantity\(\s*
         "(?P<quantity>[^"\\]*)"\s*\)\s*\)\s*(?P<cmp>>=|>)\s*0(?![0-9.]))
   | (?P<attr>''' + _ATTR + r''')
+  | (?P<fact>device\.driver|device\.attributes\["gpu\.elasticgpu\.io"\]\.type)
   | "(?P<string>[^"\\]*)"
   | (?P<op>\|\||&&|==|\(|\)|\[|\]|,|in(?![A-Za-z0-9_]))
 )''', re.X)
@@ -77,8 +80,8 @@ def _tokens(expression: str) -> list[tuple[str, str]]:
         if found is None or found.end() == at:
             raise SelectorError(f"cannot read {text[at:at + 40]!r} (a profile by ==, || or "
                                 f"in, or a memory bound by compareTo)")
-        kind = next(k for k in ("memory", "attr", "string", "op") if found[k] is not None)
-        value = found[kind] if kind in ("string", "op") else found.group(0).strip()
+        kind = next(k for k in ("memory", "attr", "fact", "string", "op") if found[k] is not None)
+        value = found[kind] if kind in ("string", "op", "fact") else found.group(0).strip()
         out.append((kind, str(value)))
         at = found.end()
     return out
@@ -105,9 +108,16 @@ def _memory_bound(atom: str) -> tuple[MigProfile, ...]:
                      else p.memory_gb * MIB_PER_PROFILE_GB >= mib))
 
 
+def _fact(subject: str, value: str) -> tuple[MigProfile, ...]:
+    """`device.driver == "..."` or the `type` attribute (the class's own selector, often
+    repeated in a claim): every profile when it is our MIG device's, none otherwise."""
+    ours = DRIVER if subject == "device.driver" else TYPE_MIG
+    return ALL_PROFILES if value == ours else ()
+
+
 class _Parser:
-    """`or := and ('||' and)*; and := atom ('&&' atom)*; atom := '(' or ')' | equality |
-    attr 'in' '[' strings ']' | memory bound`."""
+    """`or := and ('||' and)*; and := atom ('&&' atom)*; atom := '(' or ')' | equality (of the
+    profile, the driver or the type) | profile 'in' '[' strings ']' | memory bound`."""
 
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
         self.tokens = tokens
@@ -154,8 +164,16 @@ class _Parser:
         if token is not None and token[0] == "string":
             self.at += 1
             self.take("op", "==")
+            subject = self.peek()
+            if subject is not None and subject[0] == "fact":
+                self.at += 1
+                return _fact(subject[1], token[1])
             self.take("attr")
             return (_profile(token[1]),)
+        if token is not None and token[0] == "fact":
+            self.at += 1
+            self.take("op", "==")
+            return _fact(token[1], self.take("string"))
         self.take("attr")
         if self.peek() == ("op", "in"):
             self.at += 1
