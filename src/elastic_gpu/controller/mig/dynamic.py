@@ -200,6 +200,8 @@ class MigDynamicController:
         whole: list[WholeDemand] = []
         claims = {f"{_meta(c).get('namespace')}/{_meta(c).get('name')}": c
                   for c in self.claims.items()}
+        for gone in [k for k in self.unread if k not in claims]:  # reported, since deleted
+            del self.unread[gone]
         seen: set[str] = set()
         for pod in pods:
             if not waiting_for_capacity(pod):
