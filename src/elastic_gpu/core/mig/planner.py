@@ -7,7 +7,9 @@ placement in every target layout, and a card held whole is never changed. In ord
 1. **Free instances first.** A MIG demand whose exact profile is free on a card it may use
    takes it (`Plan.matched`), no layout changes; the fullest card first. A demand with
    `alternatives` (a DRA claim's `||`, memory bound or `firstAvailable`) takes the first of
-   its choices that is free, in order, here and when carving below.
+   its choices that is free, in order; and below, the first that can be carved at all (a
+   choice only a whole card can take waits for step 4 rather than a later choice being
+   carved beside a carved card now).
 2. **Carved cards.** The rest, largest profile first, go to cards already in MIG mode (or
    carved this round): beside the layout as it is (best fit: the card left with the least
    headroom, so other cards stay open), else with free instances moved to other starts, else
@@ -247,19 +249,23 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
                 options = []
                 # whole cards of one model are alike: the first (by node, card) is chosen
                 whole_seen: set[str] = set()
+                later = False  # a whole card could take it (step 4): no later choice now
                 for c in work:
                     if not c.state.changeable or c.merge or not _allowed(d, c, groups):
                         continue
                     if c.mig_on:
                         if c.touched or not full:
                             options.append(_carve_option(profile, c, 0))
-                    elif whole_cards and not full and c.state.model not in whole_seen \
-                            and _whole_free(c):
+                    elif not full and c.state.model not in whole_seen and _whole_free(c):
                         whole_seen.add(c.state.model)
-                        options.append(_carve_option(profile, c, 1))
+                        option = _carve_option(profile, c, 1)
+                        if whole_cards:
+                            options.append(option)
+                        elif option is not None:
+                            later = True
                 found = min((o for o in options if o is not None), key=lambda o: o.key,
                             default=None)
-                if found is not None:
+                if found is not None or later:
                     break
             if found is None:
                 left.append(d)
