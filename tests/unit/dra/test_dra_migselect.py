@@ -15,7 +15,7 @@ from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.migselect import (
     ALL_PROFILES,
     SelectorError,
-    claim_asks,
+    mig_asks,
     selector_profiles,
 )
 from elastic_gpu.core.dra.quota import Demand, claim_demand
@@ -73,7 +73,7 @@ def test_and_and_several_selectors_are_their_meet() -> None:
 
 
 def request_ask_of(exactly: dict[str, Any]) -> list[Any]:
-    asks, problems = claim_asks(spec({"name": "r", "exactly": exactly}))
+    asks, problems = mig_asks(spec({"name": "r", "exactly": exactly}))
     assert problems == []
     return list(asks[0].profiles)
 
@@ -88,7 +88,7 @@ def test_anything_else_is_a_selector_error(expression: str) -> None:
 
 
 def test_first_available_is_the_mig_subrequests_in_the_order_listed() -> None:
-    asks, problems = claim_asks(spec({"name": "r", "firstAvailable": [
+    asks, problems = mig_asks(spec({"name": "r", "firstAvailable": [
         sub(f'{ATTR} == "3g.40gb"'), sub(None, CARD_CLASS), sub(f'{ATTR} == "1g.10gb"')]}))
     assert problems == []
     assert [(a.request, [p.name for p in a.profiles], a.count) for a in asks] == \
@@ -96,7 +96,7 @@ def test_first_available_is_the_mig_subrequests_in_the_order_listed() -> None:
 
 
 def test_a_request_not_read_is_a_problem_the_others_still_asks() -> None:
-    asks, problems = claim_asks(spec(
+    asks, problems = mig_asks(spec(
         {"name": "a", "exactly": sub(f'{ATTR}.startsWith("1g")')},
         {"name": "b", "exactly": sub(f'{ATTR} == "1g.10gb"', count=2)},
         {"name": "c", "firstAvailable": [sub(f'{ATTR} == "1g.10gb"'),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.dra.inventory import claim_key
-from elastic_gpu.core.dra.migselect import MigAsk, claim_asks
+from elastic_gpu.core.dra.migselect import MigAsk, mig_asks
 from elastic_gpu.core.dra.podclaims import claim_refs
 from elastic_gpu.core.mig.cardstate import MigDemand
 
@@ -30,8 +30,8 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 def claim_instances(spec: Mapping[str, Any]) -> tuple[list[MigAsk], list[str]]:
     """One ask per MIG instance a claim spec asks (a request of `count` N is N of them), and
-    what could not be read (`core.dra.migselect.claim_asks`)."""
-    asks, problems = claim_asks(spec)
+    what could not be read (`core.dra.migselect.mig_asks`)."""
+    asks, problems = mig_asks(spec)
     return [ask for ask in asks for _ in range(ask.count)], problems
 
 

@@ -266,7 +266,7 @@ def request_ask(request: Mapping[str, Any]) -> MigAsk | None:
     return MigAsk(name, profiles, counts.pop())
 
 
-def claim_asks(spec: Mapping[str, Any]) -> tuple[list[MigAsk], list[str]]:
+def mig_asks(spec: Mapping[str, Any]) -> tuple[list[MigAsk], list[str]]:
     """A claim spec's MIG asks, one per request of the MIG class, and what could not be read
     (one sentence per request)."""
     asks: list[MigAsk] = []
