@@ -5,73 +5,48 @@ and publishes once per layout change, after the card's last step, before its fen
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from egpu_testing.clock import ManualClock
+from egpu_testing.dynamic_agent import running_agent
 from egpu_testing.memory_api import MemoryApi
 from elastic_gpu.agent.backends.fake import FakeBackend
-from elastic_gpu.agent.config import parse_config
 from elastic_gpu.agent.miglayout import MigApplier
 from elastic_gpu.agent.runtime import Agent
 from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.api import miglayout as ml
-from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.mig.apply import FENCE_SETTLE_S, Placed
 from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.resources import MigProfile
-from elastic_gpu.kube.resources import GPUDEVICES, MIG_LAYOUTS, NODES
+from elastic_gpu.kube.resources import GPUDEVICES, MIG_LAYOUTS
 from elastic_gpu.kube.sync import SyncKubeClient
 
 NODE = "replug-000"
 CARDS = [f"GPU-fake-{NODE}-{i}" for i in range(3)]
 P3, P1 = MigProfile.parse("3g.40gb"), MigProfile.parse("1g.10gb")
-HOST = {"cpu": "16", "memory": "64Gi", "pods": "110"}
-
-
-class NoPods:
-    def pending_on_node(self, node: str) -> list[dict[str, Any]]:
-        return []
-
-    on_node = live_on_node = pending_on_node
 
 
 @pytest.fixture
 def agent() -> Iterator[tuple[MemoryApi, Agent, MigApplier, ManualClock, list[int]]]:
-    root = Path(tempfile.mkdtemp(prefix="egpu-rp-", dir="/tmp"))  # short: socket paths
     api = MemoryApi()
-    api.add(NODES.path(), {"apiVersion": "v1", "kind": "Node",
-                           "metadata": {"name": NODE, "labels": {MIG_DYNAMIC_LABEL: "true"}},
-                           "status": {"capacity": dict(HOST), "allocatable": dict(HOST)}})
-    config = parse_config({"migStrategy": "mixed", "usage": {"enabled": False},
-                           "syncSeconds": 3600, "healthCheck": {"enabled": False}})
     carved = (MigInstance(P3, "MIG-first", 0),)
     backend = FakeBackend.from_cards(
         [Card(i, CARDS[i], "A100-SXM4-80GB", 81920, mig=carved if i == 0 else ())
          for i in range(3)], NODE)
-    agent = Agent(config, backend, NODE, client=cast(SyncKubeClient, api),
-                  pods=NoPods(), plugin_dir=root / "plugins")
-    agent.mode.start()
-    agent.mode.serve()
-    published: list[int] = []
+    with running_agent(api, backend, NODE) as running:
+        published: list[int] = []
 
-    def layout_changed() -> None:
-        published.append(len(published))
-        agent.layout_changed()
+        def layout_changed() -> None:
+            published.append(len(published))
+            running.layout_changed()
 
-    clock = ManualClock()
-    applier = MigApplier(cast(SyncKubeClient, api), NODE, backend, layout_changed,
-                         clock=clock, publish_each_step=False)
-    try:
-        yield api, agent, applier, clock, published
-    finally:
-        agent.mode.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        clock = ManualClock()
+        applier = MigApplier(cast(SyncKubeClient, api), NODE, backend, layout_changed,
+                             clock=clock, publish_each_step=False)
+        yield api, running, applier, clock, published
 
 
 def servers(agent: Agent) -> dict[str, Any]:
