@@ -252,7 +252,7 @@ class Agent:
         cache = LayoutCache(self.client, self.node_name)  # a watch, not a LIST per round
         cache.start()
         applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed,
-                             fence=fence, held=held, cache=cache)
+                             fence=fence, held=held, cache=cache, publish_each_step=False)
         try:
             run_mig(applier, self._stop.wait, MIG_PERIOD_S)
         finally:

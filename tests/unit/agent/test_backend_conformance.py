@@ -50,11 +50,12 @@ from elastic_gpu.core.mig.apply import (
     Fence,
     Holders,
     Placed,
+    SetMigMode,
     Unfence,
     next_step,
     placed_of,
 )
-from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.model import Card, Health, MigInstance, MigMode
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.core.usage import ContainerRef
 
@@ -391,6 +392,35 @@ def test_steps_from_next_step_reach_the_wanted_layout_across_restarts(rig: Rig) 
             assert isinstance(step, Unfence), step
             break
     assert _layout(backend.discover()[1]) == ["2g.20gb@0", "2g.20gb@2", "3g.40gb@4"]
+
+
+def test_a_card_merged_back_leaves_mig_mode(rig: Rig) -> None:
+    """A merge-back: `next_step` destroys every instance, then turns MIG mode off (a backend
+    with no mode of its own, the fake's, is out of MIG mode with its last instance). The mode
+    is never turned off under instances, nor on a card without MIG."""
+    if not rig.has(Capability.MIG_CHANGE):
+        return
+    backend = rig.build()
+    uuid = TABLE[1].uuid
+    with pytest.raises(BackendError):
+        backend.apply_mig_step(uuid, SetMigMode(False))
+    with pytest.raises(BackendError):  # a T4 has no MIG mode
+        backend.apply_mig_step(TABLE[2].uuid, SetMigMode(True))
+    steps = []
+    for _ in range(6):
+        card = backend.discover()[1]
+        step = next_step(card.model, [], card.mig, Holders(), Fence(since=0.0), 60.0,
+                         card.mig_mode)
+        steps.append(type(step).__name__)
+        if isinstance(step, Create | Destroy | SetMigMode):
+            backend.apply_mig_step(card.uuid, step)
+        else:
+            assert isinstance(step, Unfence), step
+            break
+    card = backend.discover()[1]
+    assert card.mig == () and not card.mig_enabled
+    assert card.mig_mode in (None, MigMode(current=False, pending=False))
+    assert steps[:2] == ["Destroy", "Destroy"] and steps[-1] == "Unfence"
 
 
 # -- isolation --------------------------------------------------------------------------------

@@ -62,7 +62,8 @@ from elastic_gpu.agent.config import SharingConfig
 from elastic_gpu.agent.usage.cgroup import container_pids
 from elastic_gpu.api.config.loader import ConfigError, read_file
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.mig.apply import Create, Destroy, placed_of, placement_problems
+from elastic_gpu.core.mig.apply import CardChange, Create, SetMigMode, placed_of, placement_problems
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.core.usage import MAX_PERCENT
@@ -405,15 +406,25 @@ class FakeBackend:
             out.append(CardSample(card.uuid, used, sm_total, procs, migs))
         return tuple(out)
 
-    def apply_mig_step(self, card_uuid: str, step: Create | Destroy) -> tuple[MigInstance, ...]:
+    def apply_mig_step(self, card_uuid: str, step: CardChange) -> tuple[MigInstance, ...]:
         """As a MIG-capable card would: refuses a placement the model does not allow or that
         overlaps an instance; a new instance's UUID is made from the card and its placement
         (`MIG-<card>-<profile>-<start>`). The layout lives in this process: a restarted fake
-        agent starts from its inventory again (docs/mig-apply.md)."""
+        agent starts from its inventory again (docs/mig-apply.md). A fake card has no mode of
+        its own (`Card.mig_mode` None: in MIG mode exactly when it has instances), so a mode
+        change applies at once: it is refused only where the card could not take it (MIG
+        mode off with instances, or on a model without MIG)."""
         with self._lock:
             card = self._by_uuid.get(card_uuid)
             if card is None:
                 raise BackendError(f"fake backend: no card with uuid {card_uuid}")
+            if isinstance(step, SetMigMode):
+                if mig_model(card.model) is None:
+                    raise BackendError(f"card {card_uuid} ({card.model}) has no MIG mode")
+                if not step.on and card.mig:
+                    raise BackendError(f"card {card_uuid}: MIG mode off refused, it has "
+                                       f"{len(card.mig)} instances (In Use)")
+                return card.mig
             if isinstance(step, Create):
                 problems = placement_problems(card.model, [*placed_of(card.mig), step.placed])
                 if problems:

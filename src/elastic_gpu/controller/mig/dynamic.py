@@ -29,7 +29,6 @@ holder.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -40,9 +39,9 @@ from elastic_gpu.api import gpudevice
 from elastic_gpu.api import miglayout as ml
 from elastic_gpu.controller.config import MigDynamicConfig
 from elastic_gpu.controller.manager import Context
-from elastic_gpu.controller.worker import Done, Outcome, work
-from elastic_gpu.core.annotations import ASSIGNED_NODE, MIG_DYNAMIC_LABEL
-from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust, pod_assignment
+from elastic_gpu.controller.worker import Done, Outcome, run_rounds
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+from elastic_gpu.core.assignment import Assignment, trusted_assignment
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
 from elastic_gpu.core.defrag.movable import waiting_for_capacity
 from elastic_gpu.core.dra.inventory import claim_key
@@ -60,7 +59,7 @@ from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import Conflict, NotFound
 from elastic_gpu.kube.events import WARNING
-from elastic_gpu.kube.informer import Handler
+from elastic_gpu.kube.informer import on_any_change
 from elastic_gpu.kube.resources import (
     ELASTICGPUS,
     GPUDEVICES,
@@ -92,18 +91,9 @@ def held_in_ledger(pods: Sequence[Mapping[str, Any]], egpus: Sequence[Mapping[st
     (`core.assignment.distrust`), and every ElasticGPU."""
     held = []
     for pod in pods:
-        if not holds_cards(pod):
-            continue
-        try:
-            assignment = pod_assignment(pod)
-        except AssignmentError:
-            continue
-        if assignment is None:
-            continue
-        meta = _meta(pod)
-        annotations = meta.get("annotations") or {}
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        if distrust(node, annotations.get(ASSIGNED_NODE), assignment) is None:
+        assignment = trusted_assignment(pod) if holds_cards(pod) else None
+        if assignment is not None:
+            meta = _meta(pod)
             held.append((f"{meta.get('namespace')}/{meta.get('name')}", assignment))
     for obj in egpus:
         try:
@@ -136,9 +126,7 @@ class MigDynamicController:
         self.unread: dict[str, str] = {}
         self.clock = time.monotonic
         if self.config.enabled:  # off: not even woken up
-            changed = Handler(on_add=lambda _o: self.kick(),
-                              on_update=lambda _o, _n: self.kick(),
-                              on_delete=lambda _o: self.kick())
+            changed = on_any_change(self.kick)
             for informer in (self.pods, self.nodes, self.devices, self.egpus, self.layouts,
                              self.slices, self.claims):
                 informer.add_handler(changed)
@@ -148,15 +136,10 @@ class MigDynamicController:
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time
-        if not self.config.enabled:
-            log.info("mig-dynamic: off (mig.dynamic.enabled is false in --config)")
-            await asyncio.Event().wait()  # until cancelled
-        self.kick()
-        try:
-            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
-                       expected=(Conflict, NotFound), describe=lambda _: "mig-dynamic round")
-        finally:
-            self.queue.shutdown()
+        await run_rounds(self.queue, self.name, self.ctx.metrics, self._round_key, self.kick,
+                         describe="mig-dynamic round", expected=(Conflict, NotFound),
+                         off=None if self.config.enabled else
+                         "mig-dynamic: off (mig.dynamic.enabled is false in --config)")
 
     async def _round_key(self, key: str) -> Outcome:
         del key
