@@ -111,8 +111,10 @@ def controller(
 ) -> None:
     """Run the controllers (claims: binding, provisioning, reclaim, claim protection; mig: the
     MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets; defrag: room
-    for pending pods by moving movable shares, off unless --config enables it), leader-elected
-    on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
+    for pending pods by moving movable shares, off unless --config enables it; mig-dynamic:
+    carves and merges back the cards of nodes labelled elasticgpu.io/mig-dynamic=true for the
+    MIG and whole-card demand that waits, off unless --config enables it), leader-elected on a
+    coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
     losing it exits with code 1."""
     from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.controller.config import load_config
