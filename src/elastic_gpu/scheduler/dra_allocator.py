@@ -43,7 +43,11 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.dra.capacity_guard import claims_overflowing
+from elastic_gpu.core.dra.capacity_guard import (
+    TAKEN_BACK_REASON,
+    claims_overflowing,
+    taken_back_message,
+)
 from elastic_gpu.core.dra.claim_placement import (
     ALLOCATION_FINALIZER,
     WAITING_REASON,
@@ -61,6 +65,7 @@ from elastic_gpu.core.dra.claim_placement import (
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
 from elastic_gpu.core.dra.inventory import (
     CLAIM_KEY_PREFIX,
+    allocated_pools,
     cards_from_slices,
     claim_hold,
     claim_key,
@@ -75,7 +80,7 @@ from elastic_gpu.core.nodestatus import allocatable
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
-from elastic_gpu.kube.events import NORMAL, EventRecorder
+from elastic_gpu.kube.events import NORMAL, WARNING, EventRecorder
 from elastic_gpu.kube.informer import Handler, Informer, object_key
 from elastic_gpu.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
@@ -133,14 +138,6 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def allocated_pools(claim: Mapping[str, Any]) -> set[str]:
-    """The nodes (this driver's pools) an allocated claim's devices are on."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-        "results") or []
-    return {str(r.get("pool")) for r in results
-            if isinstance(r, Mapping) and r.get("driver") == DRIVER}
-
-
 class DraAllocator:
     """Informers over pods not yet bound, claims, this driver's slices, DRA nodes and classes;
     passes that place gated pods while `serving()` says this replica serves."""
@@ -151,7 +148,7 @@ class DraAllocator:
         self.client = client
         self.settings = settings
         self.serving = serving
-        #: Events on pods that wait gated for room (run by `run`)
+        #: Events on pods that wait gated for room or whose claims were taken back (run by `run`)
         self.recorder = recorder or EventRecorder(client, EVENT_COMPONENT)
         #: pod uid -> the waiting message last recorded on it (one Event per change, not per
         #: pass)
@@ -534,9 +531,11 @@ class DraAllocator:
         found = claims_overflowing(keys, holds, {n: cards.get(n, []) for n in nodes})
         if not found:
             return True
-        log.warning("DRA allocator: %s/%s's claims were given twice (%s); clearing ours and "
-                    "placing it again", job.namespace, job.pod,
-                    "; ".join(o.describe() for o in found))
+        message = taken_back_message(names, found)
+        log.warning("DRA allocator: %s/%s: %s", job.namespace, job.pod, message)
+        self.recorder.record({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": job.pod, "namespace": job.namespace, "uid": job.uid}}, WARNING,
+            TAKEN_BACK_REASON, message)
         for name in names:
             claim = self.claims.get(f"{job.namespace}/{name}") or {}
             with contextlib.suppress(Conflict, NotFound):

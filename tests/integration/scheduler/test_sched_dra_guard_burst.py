@@ -37,10 +37,11 @@ from egpu_testing.workbench import (
     running_extender,
 )
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.capacity_guard import TAKEN_BACK_REASON
 from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import EVENTS, NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 
@@ -195,7 +196,7 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
     that has not seen the allocation ours just wrote. Ours lifts the gate only `settle_s` after
     it sees its allocation back and no card it holds is over; here the other allocation lands
     in that window (a long one, in-process), so ours is cleared while its pod is still gated
-    (unreserved) and placed on the other card."""
+    (unreserved), placed on the other card, and a Warning Event on the pod says so."""
     kube = k8s_cluster.kube()
     group = unique_name("g")
     (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
@@ -234,6 +235,17 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
         assert ours_device() not in (None, first)
         assert allocator.cleared_count == 1
         assert burst.over_capacity() == []
+        # and the pod says so: a Warning Event naming the claim taken back and why
+        (event,) = wait_for("the taken-back Event", lambda: [
+            e for e in kube.list(EVENTS.path(k8s_namespace))[0]
+            if e["involvedObject"]["name"] == "ours" and e["reason"] == TAKEN_BACK_REASON], 30)
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]
+        assert event["message"].startswith("allocation of claim ours taken back before the "
+                                           "pod's gate was lifted: a card was given twice: ")
+        assert (f"device {first} of node {node} would hold compute 200 % of 100 %"
+                in event["message"])
+        assert f"claims allocated on the node ({k8s_namespace}/theirs: 100 %" in event["message"]
     finally:
         running.cancel()
         client.close()

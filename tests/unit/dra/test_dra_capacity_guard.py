@@ -93,6 +93,24 @@ def test_the_allocator_sees_its_claims_given_twice_on_their_node_only() -> None:
              "fits": hold("n2", 100)}
     (found,) = claims_overflowing(["ours"], holds, cards)
     assert (found.device, found.milli, [h.claim for h in found.holders]) == (
-        "card 0", 1200, ["theirs"])
+        "gpu-0 of node n1", 1200, ["theirs"])
     assert claims_overflowing(["fits"], holds, cards) == []
     assert claims_overflowing(["ours"], {**holds, "ours": hold("n1", 600, 1)}, cards) == []
+
+
+def test_the_taken_back_event_names_the_claim_the_card_and_the_other_holder() -> None:
+    """Issue 41: the Warning Event on a pod whose claim the allocator cleared."""
+    from elastic_gpu.core.assignment import Assignment
+    from elastic_gpu.core.dra.capacity_guard import claims_overflowing, taken_back_message
+    from elastic_gpu.core.dra.inventory import claim_key
+
+    def hold(milli: int) -> Assignment:
+        return Assignment("n1", {"claim": (CardShare(0, "GPU-0", milli, 1024),)})
+    ours, theirs = claim_key("team", "ours"), claim_key("team", "theirs")
+    found = claims_overflowing([ours], {ours: hold(600), theirs: hold(600)}, {"n1": CARDS})
+    assert taken_back_message(["ours"], found) == (
+        "allocation of claim ours taken back before the pod's gate was lifted: a card was "
+        "given twice: device gpu-0 of node n1 would hold compute 120 % of 100 % with the claims "
+        "allocated on the node (team/theirs: 60 %, 1024 MiB) (the others allocated by another "
+        "writer, kube-scheduler's allocator for a pod our gate does not hold, from a cache that "
+        "had not seen ours); the pod stays gated and is placed again")

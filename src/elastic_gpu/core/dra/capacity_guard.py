@@ -22,11 +22,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.dra.devices import card_device
+from elastic_gpu.core.dra.inventory import CLAIM_KEY_PREFIX
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
 
 #: The Event's reason on a pod whose claim is refused for this.
 REASON = "DeviceOverCapacity"
+#: The Warning Event's reason on a gated pod whose claims our allocator took back, a card they
+#: hold having been given twice before its gate lifted (`claims_overflowing`).
+TAKEN_BACK_REASON = "DRAClaimTakenBack"
 
 
 @dataclass(frozen=True)
@@ -52,17 +57,19 @@ class Overflow:
     mig: bool
     holders: tuple[Holding, ...]
 
-    def describe(self) -> str:
+    def describe(self, holders_are: str = "prepared on this node") -> str:
+        """The sentence; `holders_are` says what the holders are (the node: prepared; the
+        allocator: allocated)."""
         others = ", ".join(_held(h) for h in self.holders)
         if self.mig:
-            return f"MIG device {self.device} is already prepared for {others}"
+            return f"MIG device {self.device} is already {holders_are.split()[0]} for {others}"
         over = []
         if self.milli > self.card_milli:
             over.append(f"compute {_pct(self.milli)} % of {_pct(self.card_milli)} %")
         if self.memory_mib > self.card_memory_mib:
             over.append(f"memory {self.memory_mib} of {self.card_memory_mib} MiB")
         return (f"device {self.device} would hold {' and '.join(over)} with the claims "
-                f"prepared on this node ({others})")
+                f"{holders_are} ({others})")
 
 
 def _pct(milli: int) -> str:
@@ -144,6 +151,19 @@ def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
         for key, hold in holds.items():
             if hold.node == node:
                 (ours if key in keys else others).extend(
-                    Holding(key, f"card {share.index}", share) for share in hold.shares())
+                    Holding(key.removeprefix(CLAIM_KEY_PREFIX),
+                            f"{card_device(share.index)} of node {node}", share)
+                    for share in hold.shares())
         found += overflows(cards.get(node, ()), others, ours)
     return found
+
+
+def taken_back_message(claims: Sequence[str], found: Sequence[Overflow]) -> str:
+    """The Event's message when the allocator clears its own allocation of `claims` because a
+    card they hold went over (`found`, from `claims_overflowing`)."""
+    return (f"allocation of claim {', '.join(claims)} taken back before the pod's gate was "
+            f"lifted: a card was given twice: "
+            + "; ".join(o.describe("allocated on the node") for o in found)
+            + " (the others allocated by another writer, kube-scheduler's allocator for a pod "
+            "our gate does not hold, from a cache that had not seen ours); the pod stays gated "
+            "and is placed again")
