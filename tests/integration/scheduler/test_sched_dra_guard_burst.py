@@ -18,6 +18,7 @@ lost), and no pod keeps our gate once the allocator is back.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.binding import BY_HAND, binding
 from egpu_testing.dra import allocation, claim_manifest, gated_claim_pod, result
 from egpu_testing.dra_ledger import dra_inventories, over_capacity
 from egpu_testing.pytest_plugin import unique_name
@@ -251,6 +253,53 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
         assert (f"device {first} of node {node} would hold compute 200 % of 100 %"
                 in event["message"])
         assert f"claims allocated on the node ({k8s_namespace}/theirs: 100 %" in event["message"]
+    finally:
+        running.cancel()
+        client.close()
+
+
+@pytest.mark.usefixtures("dra_device_classes")
+def test_no_gate_is_lifted_while_kube_scheduler_may_be_allocating_a_card(
+        k8s_cluster: ControlPlane, k8s_namespace: str, fake_gpu_nodes: Callable[..., list[str]],
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """kube-scheduler's turn (`core.dra.turn`): an `nvidia.com/gpu` pod is ungated and
+    kube-scheduler allocates its claim in the binding cycle, from a cache that may not have seen
+    ours. While such a pod waits unbound (here for a scheduler that does not run, so as long as
+    the test likes), our allocator, its allocation seen back, keeps the gate; kube-scheduler's
+    allocation then lands on the same card long after `settle_s`, the pod is bound, and ours,
+    checking only now, takes its claim back and places it on the other card."""
+    kube = k8s_cluster.kube()
+    group = unique_name("g")
+    (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
+                             prefix="dra-turn")
+    scheduler = unique_name("s")
+    start_kube_scheduler(plain_kube_scheduler_config(scheduler))
+    client = SyncKubeClient.from_config(Path(k8s_cluster.kubeconfig))
+    allocator = DraAllocator(client.async_client, AllocatorSettings(
+        (scheduler,), "binpack", settle_s=0.2, turn_s=60.0))
+    running = client.submit(allocator.run())
+    try:
+        burst = Burst(kube, k8s_namespace, BY_HAND, group, lambda name: None)
+        burst.extended_pod("theirs")  # in kube-scheduler's hands: ungated, unbound, no claim
+        burst.scheduler = scheduler
+        burst.claim_pod("ours", None)
+        claim_path = RESOURCE_CLAIMS.path(k8s_namespace, "ours")
+        first = wait_for("our allocation", lambda: (_results(kube.get(claim_path)) or [{}])[0]
+                         .get("device"), 60)
+        time.sleep(2.0)  # ten times settle_s: the gate stays while theirs may be allocated
+        assert _gated(kube.get(PODS.path(k8s_namespace, "ours")))
+        # kube-scheduler's binding cycle for theirs: its claim allocated (our card), then bound
+        theirs = kube.create(RESOURCE_CLAIMS.path(k8s_namespace), {
+            **claim_manifest("theirs-extended-resources-x", k8s_namespace)})
+        theirs["status"] = {"allocation": allocation(node, [result(node, first)])}
+        kube.update(RESOURCE_CLAIMS.path(k8s_namespace, "theirs-extended-resources-x",
+                                         "status"), theirs)
+        k8s_cluster.kubectl("create", "-f", "-",
+                            input=json.dumps(binding("theirs", k8s_namespace, node)))
+        wait_for("our pod bound", lambda: _bound_to(kube, k8s_namespace, "ours"), 90)
+        assert _results(kube.get(claim_path))[0]["device"] != first
+        assert allocator.cleared_count == 1
+        assert burst.over_capacity() == []
     finally:
         running.cancel()
         client.close()

@@ -20,10 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.dra.devices import card_device
-from elastic_gpu.core.dra.inventory import CLAIM_KEY_PREFIX
+from elastic_gpu.core.dra.inventory import (
+    CLAIM_KEY_PREFIX,
+    allocated_pools,
+    cards_from_slices,
+    claim_hold,
+    claim_key,
+    tables_of,
+)
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
 
@@ -156,6 +164,31 @@ def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
                     for share in hold.shares())
         found += overflows(cards.get(node, ()), others, ours)
     return found
+
+
+def given_twice(namespace: str, names: Sequence[str], claims: Iterable[Mapping[str, Any]],
+                slices: Iterable[Mapping[str, Any]]) -> list[Overflow]:
+    """`claims_overflowing` for the allocated claims `names` of `namespace`, from every claim
+    and this driver's slices as the API holds them (only the nodes they are on are read)."""
+    cards = cards_from_slices(slices)
+    tables = tables_of(cards)
+    claims = list(claims)
+    keys = {claim_key(namespace, n) for n in names}
+    by_key = {claim_key(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): c
+              for c in claims}
+    nodes = {n for k in keys for n in allocated_pools(by_key.get(k) or {})}
+    holds = {}
+    for key, claim in by_key.items():
+        if allocated_pools(claim) & nodes:
+            hold = claim_hold(claim, tables)
+            if hold is not None:
+                holds[key] = hold
+    return claims_overflowing(keys, holds, {n: cards.get(n, []) for n in nodes})
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata") or {}
+    return meta if isinstance(meta, Mapping) else {}
 
 
 def taken_back_message(claims: Sequence[str], found: Sequence[Overflow]) -> str:
