@@ -67,7 +67,7 @@ from elastic_gpu.core.dra.inventory import (
 )
 from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
 from elastic_gpu.core.dra.pods import claim_names
-from elastic_gpu.core.dra.turn import TURN_S, in_kube_schedulers_hands, may_enter
+from elastic_gpu.core.dra.turn import TURN_S, Turn
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodeaffinity import taints_from_node
@@ -174,8 +174,8 @@ class DraAllocator:
         #: pod uids whose writes are in flight, and those whose gate was lifted
         self._busy: set[str] = set()
         self._lifted: set[str] = set()
-        #: unbound pods kube-scheduler may allocate a card for -> since when (`core.dra.turn`)
-        self._kube: dict[str, float] = {}
+        #: unbound pods kube-scheduler may allocate a card for, since when (`core.dra.turn`)
+        self._turn = Turn(settings.turn_s)
         #: pod uids this allocator placed (placed again when their allocation is cleared)
         self._placed: set[str] = set()
         self._limit = asyncio.Semaphore(settings.concurrency)
@@ -203,10 +203,7 @@ class DraAllocator:
         self._wake.set()
 
     def _pod_added(self, pod: Obj) -> None:
-        if may_enter(pod):
-            self._kube.setdefault(object_key(pod), time.monotonic())
-        else:
-            self._kube.pop(object_key(pod), None)
+        self._turn.seen(object_key(pod), pod, time.monotonic())
         if (pod.get("spec") or {}).get("resourceClaims"):
             self._claimants[object_key(pod)] = None
             self._wake.set()
@@ -216,7 +213,7 @@ class DraAllocator:
 
     def _pod_deleted(self, pod: Obj) -> None:
         key = object_key(pod)
-        self._kube.pop(key, None)
+        self._turn.gone(key)
         if key in self._claimants:
             del self._claimants[key]
             self._forget(pod)
@@ -520,7 +517,8 @@ class DraAllocator:
             if time.monotonic() > deadline:
                 return True  # never seen back: nothing to check against (as before)
             await asyncio.sleep(0.02)
-        while self._kube_busy() and time.monotonic() < deadline:
+        while (self._turn.busy(time.monotonic(), self.pods.get, self.claims.get)
+               and time.monotonic() < deadline):
             await asyncio.sleep(0.02)  # kube-scheduler's turn: its allocation comes first
         await asyncio.sleep(self.settings.settle_s)
         found = given_twice(job.namespace, names, self.claims.items(), self.slices.items())
@@ -547,13 +545,6 @@ class DraAllocator:
             self._pending.pop(key, None)
         self.cleared_count += 1
         return False
-
-    def _kube_busy(self) -> bool:
-        """Whether a pod seen less than `turn_s` ago is in kube-scheduler's hands."""
-        now = time.monotonic()
-        return any(now - since < self.settings.turn_s and (pod := self.pods.get(key)) is not None
-                   and in_kube_schedulers_hands(pod, self.claims.get)
-                   for key, since in list(self._kube.items()))
 
     async def _write_claim(self, namespace: str, name: str, version: str, body: Obj,
                            has_finalizer: bool) -> bool:

@@ -66,3 +66,32 @@ def test_a_claim_pod_is_while_a_claim_of_our_card_class_is_unallocated() -> None
     # MIG instances are other devices than our card devices: not a card to race for
     assert not in_kube_schedulers_hands(pod, reader(_claim(MIG_CLASS)))
     assert not in_kube_schedulers_hands(pod, _none)  # its claim not made yet
+
+
+def test_the_turn_waits_for_such_pods_a_bounded_time_and_forgets_those_served() -> None:
+    from elastic_gpu.core.dra.turn import ANSWER_S, Turn
+
+    pods = {"team/gpu": {**_extended(), "metadata": {"name": "gpu", "namespace": "team"}},
+            "team/p": _claim_pod()}
+    claims: dict[str, Any] = {"team/c": _claim(CARD_CLASS)}
+    turn = Turn(turn_s=5.0)
+    for key, pod in pods.items():
+        turn.seen(key, pod, 0.0)
+    turn.seen("team/plain", _pod(), 0.0)  # asks no GPU: never tracked
+    assert sorted(turn.since) == ["team/gpu", "team/p"]
+    assert turn.busy(1.0, pods.get, claims.get)
+    # its claim made and the other pod's allocated: served for good, forgotten
+    pods["team/gpu"] = {**pods["team/gpu"], "status": {
+        "extendedResourceClaimStatus": {"resourceClaimName": "gpu-x"}}}
+    claims["team/c"] = _claim(CARD_CLASS, allocated=True)
+    assert turn.busy(1.0 + ANSWER_S / 2, pods.get, claims.get)  # one answer per ANSWER_S
+    assert not turn.busy(2.0, pods.get, claims.get)
+    assert sorted(turn.since) == ["team/gpu"]  # still unbound: kept until turn_s
+    # one that never gets an answer counts for turn_s at most, then is forgotten
+    pods["team/gpu"] = _extended()
+    assert turn.busy(4.0, pods.get, claims.get)
+    assert not turn.busy(5.0, pods.get, claims.get) and turn.since == {}
+    # bound or deleted: gone
+    turn.seen("team/gpu", pods["team/gpu"], 6.0)
+    turn.gone("team/gpu")
+    assert turn.since == {}

@@ -25,6 +25,7 @@ were seen back.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_gpu.core.dra.classes import CARD_CLASS, EXTENDED_RESOURCE
@@ -32,6 +33,8 @@ from elastic_gpu.core.dra.podclaims import request_classes
 from elastic_gpu.core.dra.pods import claim_names
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 
+#: How long one answer of `Turn.busy` serves (every lift waiting polls it).
+ANSWER_S = 0.02
 #: How long a pod counts as in kube-scheduler's hands after it was seen entering them at most
 #: (a scheduler that never answers, a pod of another scheduler): our allocator's lifts wait
 #: no longer than this for it.
@@ -86,3 +89,52 @@ def in_kube_schedulers_hands(pod: Mapping[str, Any],
                 and CARD_CLASS in request_classes(found.get("spec") or {})):
             return True
     return False
+
+
+Reader = Callable[[str], Mapping[str, Any] | None]
+
+
+@dataclass
+class Turn:
+    """The pods that may be in kube-scheduler's hands, by `namespace/name`, since when (on the
+    caller's monotonic clock): the allocator's pod watch reports each (`seen`, `gone`)."""
+
+    turn_s: float = TURN_S
+    since: dict[str, float] = field(default_factory=dict)
+    #: (when, what) `busy` answered last
+    answer: tuple[float, bool] = (float("-inf"), False)
+
+    def seen(self, key: str, pod: Mapping[str, Any], now: float) -> None:
+        if may_enter(pod):
+            self.since.setdefault(key, now)
+        else:
+            self.since.pop(key, None)
+
+    def gone(self, key: str) -> None:
+        self.since.pop(key, None)
+
+    def busy(self, now: float, pod: Reader, claim: Reader) -> bool:
+        """Whether a pod seen less than `turn_s` ago is in kube-scheduler's hands (`pod` and
+        `claim` read the caches by `namespace/name`). Pods gone, seen too long ago or served
+        for good (every claim allocated, no `nvidia.com/gpu` asked) are forgotten."""
+        if now - self.answer[0] < ANSWER_S:
+            return self.answer[1]
+        busy = False
+        for key, since in list(self.since.items()):
+            found = pod(key)
+            if found is None or now - since >= self.turn_s or _served(found, claim):
+                del self.since[key]
+            elif in_kube_schedulers_hands(found, claim):
+                busy = True
+                break
+        self.answer = (now, busy)
+        return busy
+
+
+def _served(pod: Mapping[str, Any], claim: Reader) -> bool:
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    names = claim_names(pod)
+    return (not asks_extended(pod) and len(names) == len((pod.get("spec") or {}).get(
+        "resourceClaims") or [])
+        and all(((claim(f"{namespace}/{n}") or {}).get("status") or {}).get("allocation")
+                for n in names.values()))
