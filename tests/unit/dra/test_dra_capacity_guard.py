@@ -46,7 +46,7 @@ def test_a_share_past_the_card_is_refused_naming_device_sums_and_holders() -> No
                            "device gpu-0 would hold compute 110 % of 100 % with the claims "
                            "prepared on this node (ns/a: 60 %, 8192 MiB)")
     assert "ns/other-card" not in text
-    assert "elasticgpu.io/dra-placement gate was removed" in text
+    assert "by kube-scheduler from a cache that had not seen the other claim" in text
 
 
 def test_memory_alone_can_overflow() -> None:

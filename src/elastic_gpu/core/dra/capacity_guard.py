@@ -2,15 +2,15 @@
 
 kube-scheduler's allocator never gives a card more than its `compute` and `memory` capacity
 across the claims *it* sees, and our allocator holds every allocated claim as a fact. Yet a
-card can still be given twice: a tenant removes her pod's gate while our allocator's write is
-in flight, another DeviceClass (or the extended-resource mapping) lets kube-scheduler allocate
-from a cache that lags ours, an admin writes an allocation by hand. The node is the last place
-that can say no: the kubelet plugin (`agent.dra.kubelet_plugin`) sums, per card, what the
-claims already prepared on the node hold (its checkpoint) plus what the new claim would, and
-refuses the new claim when a card would go past its compute or memory, or a MIG instance would
-have two holders. The claims already prepared keep what they got (their containers run); the
-refused one fails its pod's start, with this module's sentence in kubelet's error and in an
-Event on the pod.
+card can still be given twice: kube-scheduler allocates from a cache that lags ours (for a pod
+it retries, an `nvidia.com/gpu` pod through the extended-resource mapping, another DeviceClass)
+after our allocator's check (`core.dra.turn`), an admin writes an allocation by hand. The node
+is the last place that can say no: the kubelet plugin (`agent.dra.kubelet_plugin`) sums, per
+card, what the claims already prepared on the node hold (its checkpoint) plus what the new
+claim would, and refuses the new claim when a card would go past its compute or memory, or a
+MIG instance would have two holders. The claims already prepared keep what they got (their
+containers run); the refused one fails its pod's start, with this module's sentence in
+kubelet's error and in an Event on the pod.
 
 A card holding a whole-card claim is full (`core.dra.allocation`: a claim asking no capacity
 consumes the whole card), so whole-card allocations are exclusive by the same sum.
@@ -140,9 +140,9 @@ def refusal(claim: str, found: Sequence[Overflow]) -> str | None:
         return None
     return (f"{claim}: refused, it would put a device over capacity: "
             + "; ".join(o.describe() for o in found)
-            + " (allocated past what the card has: by kube-scheduler for a pod whose "
-            "elasticgpu.io/dra-placement gate was removed, or through another DeviceClass "
-            "selecting these devices; the pod can start once the holders are gone)")
+            + " (allocated past what the card has: by kube-scheduler from a cache that had "
+            "not seen the other claim, or through another DeviceClass selecting these "
+            "devices; the pod can start once the holders are gone)")
 
 
 def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
