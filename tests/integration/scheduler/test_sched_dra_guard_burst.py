@@ -7,9 +7,9 @@ the gate herself, in every wave, while our allocator writes and while it is down
 `elastic-gpu-dra-gate` refuses her each time (so kube-scheduler never allocates a gated pod's
 claims beside ours), and the pods created while no allocator serves wait gated until it is
 back; and unchanged `nvidia.com/gpu` pods (the class's `extendedResourceName`,
-DRAExtendedResource: kube-scheduler makes and allocates their claims itself, no gate), created
-while ours is down (ours, back, reads those allocations as facts; kube-scheduler allocating
-them at the same instant as ours writes is the path docs/dra.md, "Not yet", names). The
+DRAExtendedResource: kube-scheduler makes and allocates their claims itself, no gate), in the
+first waves while ours writes (kube-scheduler's turn: our gates wait for them) and while ours
+is down (ours, back, reads those allocations as facts). The
 independent check (`egpu_testing.dra_ledger.over_capacity`: every claim's consumed capacity
 summed per card from the API's objects, a whole card counting as all of it) finds no card over
 capacity twice a second all along, at every kill and at the end; every pod is bound (none
@@ -143,14 +143,11 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
                 done.stderr
 
     burst = Burst(kube, namespace, extender.scheduler_name, group, ungate)
-    # 16 cards; the waves ask 14.5 of them (19 halves, all packed by our allocator, the
-    # tenant's too; 2 whole-card claims and 3 nvidia.com/gpu pods), so every pod fits whatever
-    # the order
-    # (kube-scheduler's own allocations, for the nvidia.com/gpu pods, are made while our
-    # allocator is down: with both allocating at the same moment, kube-scheduler, whose cache
-    # lags our writes, can give a card's room twice, which only the node then refuses;
-    # docs/dra.md, "Not yet")
-    waves = [("a", 2, 1, 1, 0), ("b", 2, 1, 1, 0), ("c", 1, 0, 1, 0), ("d", 1, 0, 1, 0)]
+    # 16 cards; the waves ask 15 of them (18 halves, all packed by our allocator, the tenant's
+    # too; a whole-card claim and five nvidia.com/gpu pods), so every pod fits whatever the
+    # order. kube-scheduler allocates the nvidia.com/gpu pods' claims, in waves "a" and "b"
+    # while our allocator writes (its turn: our gates wait for them), and while ours is down
+    waves = [("a", 2, 1, 1, 1), ("b", 2, 0, 1, 1), ("c", 0, 0, 1, 0), ("d", 1, 0, 1, 0)]
     problems: list[str] = []
     # the independent check all along (each reading one list of the claims), not only at the
     # kills and at the end
