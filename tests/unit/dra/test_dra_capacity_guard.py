@@ -114,3 +114,27 @@ def test_the_taken_back_event_names_the_claim_the_card_and_the_other_holder() ->
         "allocated on the node (team/theirs: 60 %, 1024 MiB) (the others allocated by another "
         "writer, kube-scheduler's allocator for a pod our gate does not hold, from a cache that "
         "had not seen ours); the pod stays gated and is placed again")
+
+
+def test_the_allocators_check_reads_the_claims_and_slices_as_the_api_holds_them() -> None:
+    """`given_twice`: the allocator's check before a lift, from every claim and the slices; a
+    claim on another node, or not allocated, does not count."""
+    from egpu_testing.dra import claim_object, result
+    from elastic_gpu.core.dra.capacity_guard import given_twice
+    from elastic_gpu.core.dra.devices import node_slices
+
+    slices = node_slices("n1", CARDS[:2], 1) + node_slices("n2", CARDS[:2], 1)
+    half = {"compute": "60", "memory": "1Gi"}
+
+    def claim(name: str, node: str, device: str, allocated: bool = True) -> dict[str, object]:
+        return claim_object(name, "team", f"uid-{name}", node,
+                            [result(node, device, consumed=half)] if allocated else None)
+    ours = claim("ours", "n1", "gpu-0")
+    others = [claim("elsewhere", "n2", "gpu-0"), claim("open", "n1", "gpu-0", False),
+              claim("next-card", "n1", "gpu-1")]
+    assert given_twice("team", ["ours"], [ours, *others], slices) == []
+    (found,) = given_twice("team", ["ours"], [ours, *others, claim("theirs", "n1", "gpu-0")],
+                           slices)
+    assert (found.device, found.milli, [h.claim for h in found.holders]) == (
+        "gpu-0 of node n1", 1200, ["team/theirs"])
+    assert given_twice("other-team", ["ours"], [ours], slices) == []  # not ours to check
