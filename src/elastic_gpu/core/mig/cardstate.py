@@ -92,6 +92,14 @@ class MigDemand:
     #: demands of one group go on distinct cards (a container's instances asked so,
     #: `ContainerRequest.distinct`); None: any card
     group: str | None = None
+    #: further profiles that serve it as well, in order of preference after `profile` (a DRA
+    #: claim's `||`, memory bound or `firstAvailable`: `core.dra.migselect`)
+    alternatives: tuple[MigProfile, ...] = ()
+
+    @property
+    def choices(self) -> tuple[MigProfile, ...]:
+        """Every profile that serves it, the preferred first."""
+        return (self.profile, *self.alternatives)
 
 
 def hami_mig_demand(key: str, memory_mib: int, card_model: str,
