@@ -19,7 +19,9 @@ ungated by our allocator) until it is bound, its claim is allocated, or kube-sch
 it unschedulable. Its allocation, if one comes, is written before it is bound: the allocator
 checks its own claims for a card given twice only once no such pod is left (or `TURN_S` has
 passed since it was seen), and takes them back if so, instead of only `settle_s` after they
-were seen back.
+were seen back. A pod kube-scheduler found unschedulable and tries again later (its queue does
+on a claim released, a slice, node or class changed) shows no sign of the new attempt: it is
+not waited for (docs/dra.md, "Not yet").
 """
 
 from __future__ import annotations
