@@ -151,11 +151,6 @@ def controller(
         what = "--config " if config is not None else ""
         typer.echo(f"error: {what}{err}", err=True)
         raise typer.Exit(2) from None
-    unknown = sorted(set(settings.controllers) - set(CONTROLLERS))
-    if unknown:
-        typer.echo(f"error: --only (controllers) {unknown}: known controllers are "
-                   f"{sorted(CONTROLLERS)}", err=True)
-        raise typer.Exit(2)
     election, extender = settings.leader_election, settings.extender
     try:
         lease = LeaseConfig(election.lease_namespace, election.lease_name,
