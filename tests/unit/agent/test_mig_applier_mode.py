@@ -133,3 +133,47 @@ def test_carving_a_card_in_mig_mode_off_turns_it_on_first_under_the_same_rule(
     assert [m[1:] for m in gpus[1].mig] == [(3, 40192, 4)]
     assert device(api, 1).health is Health.HEALTHY
     assert api.get(NODES.path(name=NODE))["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] == "1"
+
+
+def test_a_pending_reset_tells_the_operator_once_and_the_gauge_holds_while_it_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once per pending reset: a Warning Event `MigPendingReset` on the MigLayout naming the
+    card and what to do; `elasticgpu_agent_mig_pending_reset` is 1 for the card until the
+    operator's reset, 0 for the others and after."""
+    from prometheus_client import CollectorRegistry
+
+    from elastic_gpu.agent.metrics import MigPendingResetCollector
+
+    clock = ManualClock()
+    gpus = carved()
+    gpus[0].reset_needed = True
+    api, applier = setup(monkeypatch, clock, gpus)
+    told: list[tuple[dict[str, Any], str, str]] = []
+    applier.warn = lambda obj, reason, message: told.append((dict(obj), reason, message))
+    registry = CollectorRegistry()
+    registry.register(MigPendingResetCollector(
+        NODE, lambda: [device(api, 0), device(api, 1)], applier.pending_reset))
+
+    def gauge(index: int) -> float | None:
+        return registry.get_sample_value("elasticgpu_agent_mig_pending_reset", {
+            "node": NODE, "device_index": str(index), "device_uuid": device(api, index).uuid,
+            "model": device(api, index).model})
+
+    want(api, "GPU-aaaa")
+    applier.round()
+    clock.advance(FENCE_SETTLE_S)
+    assert gauge(0) == 0
+    for _ in range(3):  # every round reads the mode again; the operator is told once
+        assert applier.round() == {"GPU-aaaa": "PendingReset"}
+    assert len(told) == 1
+    obj, reason, message = told[0]
+    assert reason == "MigPendingReset"
+    assert obj["kind"] == "MigLayout" and obj["metadata"]["name"] == ml.object_name(NODE,
+                                                                                    "GPU-aaaa")
+    assert obj["metadata"]["uid"]  # the served object's, so kubectl describe shows it
+    assert "GPU 0 (GPU-aaaa" in message and "nvidia-smi -r -i 0" in message
+    assert "MIG mode off is pending a GPU reset" in message
+    assert (gauge(0), gauge(1)) == (1, 0)
+    SimNvml.reset(gpus[0])
+    assert applier.round() == {"GPU-aaaa": "Applied"}
+    assert gauge(0) == 0 and len(told) == 1
