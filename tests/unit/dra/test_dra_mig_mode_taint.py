@@ -65,6 +65,17 @@ def test_the_allocator_and_the_planner_read_it_in_mig_mode() -> None:
     assert card_state("n1", node_cards(slices)["n1"][0], set()).carved
 
 
+
+def test_a_card_whose_mode_on_waits_for_a_reset_is_left_to_no_allocator() -> None:
+    """Whole now, MIG after its reset: kube-scheduler sees the taint, and our allocator leaves
+    the card out; the views and the controller still see it, with its mode."""
+    waiting = Card(0, "GPU-0", A100, 81920, mig_mode=MigMode(False, True))
+    slices = node_slices("n1", [waiting, Card(1, "GPU-1", A100, 81920)], 1)
+    assert [c.uuid for c in cards_from_slices(slices)["n1"]] == ["GPU-1"]
+    (seen, _) = node_cards(slices)["n1"]
+    assert seen.mig_mode == MigMode(False, True)
+
+
 def test_a_taint_value_not_known_reads_as_mig_mode_on() -> None:
     assert mig_mode_of_taints([{"key": MIG_MODE_TAINT, "value": "later"}]) == MigMode(True, True)
     assert mig_mode_of_taints([{"key": "other"}]) is None
