@@ -122,6 +122,14 @@ def cards_from_slices(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Car
     return out
 
 
+def allocated_pools(claim: Mapping[str, Any]) -> set[str]:
+    """The nodes (this driver's pools) an allocated claim's devices are on."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+        "results") or []
+    return {str(r.get("pool")) for r in results
+            if isinstance(r, Mapping) and r.get("driver") == DRIVER}
+
+
 def claim_hold(claim: Mapping[str, Any], tables: Mapping[str, Mapping[str, DeviceRef]]
                ) -> Assignment | None:
     """What an allocated claim holds of our DRA nodes' cards, as one `Assignment` (container
