@@ -384,13 +384,6 @@ class DraAllocator:
                 jobs.append(job)
         return jobs
 
-    def _mig_dynamic(self, candidates: list[str]) -> bool:
-        """Whether a node the pod may go to is opted in to dynamic MIG: a MIG claim no instance
-        fits then waits gated while the mig-dynamic controller carves one (it counts pods our
-        gate holds as demand), and this allocator places it on the carved instance."""
-        return any(self._facts[n].labels.get(ann.MIG_DYNAMIC_LABEL) == "true"
-                   for n in candidates if n in self._facts)
-
     def _place(self, engine: Engine, sizes: Mapping[str, Mapping[int, tuple[int, int]]],
                pod: Obj) -> Job | None:
         meta, spec = _meta(pod), pod.get("spec") or {}
@@ -438,9 +431,10 @@ class DraAllocator:
         choice = best_choice(engine, namespace, name, uid, named, candidates)
         request, node = choice.request, choice.node
         if node is None:
-            if choice.fits_empty or (choice.mig and self._mig_dynamic(candidates)):
-                # room may free: it waits gated (SchedulingGated), placed by us then; an Event
-                # says why, once per change of the reason
+            if choice.fits_empty or choice.carvable:
+                # room may free (or dynamic MIG carve an instance: the controller counts pods
+                # our gate holds): it waits gated (SchedulingGated), placed by us then; an
+                # Event says why, once per change of the reason
                 message = waiting_message(engine.filter(request, candidates).failed)
                 if self._waiting.get(uid) != message:
                     self._waiting[uid] = message

@@ -65,7 +65,7 @@ def _held(name: str, device: str) -> dict[str, Any]:
 def _place(engine: Engine, claim: dict[str, Any], cards: list[Card]) -> dict[str, Any]:
     asks = claim_asks(claim)
     choice = best_choice(engine, "ns", "pod", "uid", [("c", asks)], ["n"])
-    assert choice.node == "n" and choice.mig
+    assert choice.node == "n"
     assignment = engine.assign(choice.request, "n")
     devices = {i.uuid: mig_device(c.index, i) for c in cards for i in c.mig}
     body = allocation(assignment, "c", asks, {c.index: (c.memory_mib, 100) for c in cards},
@@ -123,9 +123,15 @@ def test_choices_are_bounded_and_nothing_fits_says_whether_an_empty_node_would()
     cards = [_card(0, [(ONE, 0)])]
     slices = node_slices("n", cards, generation=1)
     engine = _engine(slices, [])
-    taken = best_choice(engine, "ns", "p", "u", [("c", claim_asks(
-        _claim("c", _by(f'{PROFILE} == "1g.10gb"', count=2))))], ["n"])
-    assert taken.node is None and not taken.fits_empty and taken.mig
+    two = [("c", claim_asks(_claim("c", _by(f'{PROFILE} == "1g.10gb"', count=2))))]
+    taken = best_choice(engine, "ns", "p", "u", two, ["n"])
+    assert taken.node is None and not taken.fits_empty and not taken.carvable
+    # on a node opted in to dynamic MIG it waits for a carve (a profile its model has)
+    opted = Engine([Node("n", 64000, 1 << 19, tuple(cards),
+                         labels={"elasticgpu.io/mig-dynamic": "true"})])
+    assert best_choice(opted, "ns", "p", "u", two, ["n"]).carvable
+    never = [("c", claim_asks(_claim("c", _by(f'{PROFILE} == "7g.141gb"'))))]
+    assert not best_choice(opted, "ns", "p", "u", never, ["n"]).carvable  # no A100 has it
 
 
 def test_a_pod_behind_our_gate_is_waiting_demand_for_dynamic_mig() -> None:

@@ -36,11 +36,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.devices import COMPUTE, DRIVER, MEMORY, card_device
 from elastic_gpu.core.dra.migselect import MigAsk, SelectorError, request_ask
 from elastic_gpu.core.fit import FitFailure, describe
+from elastic_gpu.core.mig.profiles import mig_model
+from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodeaffinity import RulesError, Taint, rules_from_manifest
 from elastic_gpu.core.nodeaffinity import refusal as placement_refusal
 from elastic_gpu.core.placement import Engine
@@ -172,12 +175,30 @@ def mig_choices(claims: Sequence[tuple[str, Sequence[DeviceAsk]]]
 class Choice:
     """Where the engine places a pod's claims: the request placed (its MIG profiles chosen;
     the first choice when none is placed), the node (None: none now), whether some choice
-    would fit a candidate node with nothing allocated on it, and whether it asks MIG."""
+    would fit a candidate node with nothing allocated on it, and whether a choice's MIG
+    instances could be carved on a candidate node opted in to dynamic MIG (`carvable`)."""
 
     request: PodRequest
     node: str | None
     fits_empty: bool
-    mig: bool
+    carvable: bool = False
+
+
+def carvable(request: PodRequest, nodes: Sequence[Node]) -> bool:
+    """Whether every MIG profile the request asks is one the model of some card of one of the
+    nodes opted in to dynamic MIG (label `elasticgpu.io/mig-dynamic=true`) can be carved into:
+    the mig-dynamic controller may then carve it (`core.mig.planner`)."""
+    asked = {c.mig_profile for c in request.gpu_containers if c.kind is RequestKind.MIG}
+    if not asked:
+        return False
+    for node in nodes:
+        if node.labels.get(MIG_DYNAMIC_LABEL) != "true":
+            continue
+        offered = {size.profile for card in node.cards
+                   if (model := mig_model(card.model)) is not None for size in model.profiles}
+        if asked <= offered:
+            return True
+    return False
 
 
 def best_choice(engine: Engine, namespace: str, pod: str, uid: str,
@@ -191,10 +212,11 @@ def best_choice(engine: Engine, namespace: str, pod: str, uid: str,
     for request in requests:
         node = engine.best(request, candidates)
         if node is not None:
-            return Choice(request, node, True, bool(choices[0]))
-    empty = Engine((engine.node(n) for n in candidates), engine.config)
+            return Choice(request, node, True)
+    nodes = [engine.node(n) for n in candidates]
+    empty = Engine(nodes, engine.config)
     fits = any(empty.best(request, candidates) is not None for request in requests)
-    return Choice(requests[0], None, fits, bool(choices[0]))
+    return Choice(requests[0], None, fits, any(carvable(r, nodes) for r in requests))
 
 
 def container_name(claim: str, request: str) -> str:
