@@ -3,9 +3,9 @@ path's engine and the DRA allocator (issues 41/42)."""
 
 from __future__ import annotations
 
-from elastic_gpu.core.mig.pick import card_rank, free_instances, take
+from elastic_gpu.core.mig.pick import card_rank, free_instances, on_partly_held, take
 from elastic_gpu.core.model import Card, Health, MigInstance, Node
-from elastic_gpu.core.placement import Engine
+from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
 from elastic_gpu.core.resources import MigProfile
 
@@ -64,3 +64,25 @@ def test_the_engine_takes_the_instance_on_the_partly_held_card_not_the_first_fre
     # two more: card 1's last free one first; cards 0 and 2 (no holder here) tie, index first
     two = _mig_pod("two", count=2)
     assert [s.mig_uuid for s in engine.place(two).shares()] == ["MIG-1-1", "MIG-0-0"]
+
+
+def test_between_nodes_a_partly_held_card_comes_before_the_node_policy() -> None:
+    """Node a's carved card has a free 1g and no holder; node b's has a free 1g beside a held
+    3g. Binpack on CPU alone (a MIG pod's node score) prefers the smaller node a: the pod
+    would open a card there that dynamic MIG could otherwise merge back."""
+    a = Node("a", 16000, 1 << 16, (_carved(0, [(ONE, 0)]),))
+    b = Node("b", 64000, 1 << 19, (_carved(0, [(THREE, 4), (ONE, 0)]),))
+    engine = Engine([a, b], PolicyConfig(node_policy="binpack"))
+    holder = _mig_pod("holder", THREE)
+    engine.allocate(holder.key, engine.assign(holder, "b"), holder)
+    pod = PodRequest("p", containers=(ContainerRequest("main", RequestKind.MIG, 1,
+                                                       mig_profile=ONE),), cpu_milli=1000)
+    assert engine.best(pod, ["a", "b"]) == "b"
+    scores = engine.score(pod, ["a", "b"])
+    assert scores["b"] > scores["a"]
+    # a pod that is not MIG keeps the node policy's order
+    cpu = PodRequest("cpu", containers=(ContainerRequest("main"),), cpu_milli=1000)
+    assert engine.best(cpu, ["a", "b"]) == "a"
+    assert on_partly_held(b.cards, {"MIG-0-4"}, ["MIG-0-0"])
+    assert not on_partly_held(a.cards, {"MIG-0-4"}, ["MIG-0-0"])
+    assert not on_partly_held(b.cards, {"MIG-0-4"}, [])

@@ -12,6 +12,11 @@ thin. The rule, best fit:
    (one the dynamic-MIG planner could merge back);
 2. then the card with the fewest free instances left (the fullest);
 3. then the lower card index, and on a card the lower start slot (deterministic).
+
+Between nodes the same first point holds (`core.placement.engine`, for the extender's answers
+and the DRA allocator alike): a node where every instance the pod would take is on a partly
+held card (`on_partly_held`) comes before one where some would open a card nothing holds; the
+node policy orders nodes of equal standing.
 """
 
 from __future__ import annotations
@@ -22,12 +27,24 @@ from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.resources import MigProfile
 
 
+def partly_held(card: Card, held: Container[str]) -> bool:
+    """Whether something holds an instance of the card (`held`: instance uuids taken)."""
+    return any(i.uuid in held for i in card.mig)
+
+
 def card_rank(card: Card, held: Container[str]) -> tuple[int, int, int]:
     """A card's place in the order its free instances are taken (smaller first): partly held
     first, then fewest free healthy instances, then index. `held`: instance uuids taken."""
-    taken = any(i.uuid in held for i in card.mig)
     free = sum(1 for i in card.mig if i.uuid not in held and i.health is Health.HEALTHY)
-    return (0 if taken else 1, free, card.index)
+    return (0 if partly_held(card, held) else 1, free, card.index)
+
+
+def on_partly_held(cards: Sequence[Card], held: Container[str], taken: Iterable[str]) -> bool:
+    """Whether every instance of `taken` (uuids a plan gives a pod) is on a card of `cards`
+    something already holds an instance of (`held`, before the plan): no card opened."""
+    by_uuid = {i.uuid: card for card in cards for i in card.mig}
+    uuids = list(taken)
+    return bool(uuids) and all(u in by_uuid and partly_held(by_uuid[u], held) for u in uuids)
 
 
 def free_instances(cards: Iterable[Card], profile: MigProfile, held: Container[str],
