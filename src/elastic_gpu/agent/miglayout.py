@@ -15,7 +15,10 @@ the card's fence:
   GPUDevices, the Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it
   now is;
 - `PendingReset`: the card's MIG mode change waits for a GPU reset, which the agent never does:
-  the MigLayout says so (`phase: PendingReset`, the reason) and the card stays fenced; each
+  the MigLayout says so (`phase: PendingReset`, the reason) and the card stays fenced; the
+  operator is told once per pending reset (`warn`: a Warning Event `MigPendingReset` on the
+  MigLayout naming the card and what to do, `pending_message`) and the agent's gauge
+  `elasticgpu_agent_mig_pending_reset` is 1 for the card meanwhile (`pending_reset()`); each
   round reads the mode again, and once the operator has reset the GPU the card is published
   as it now is (a merged card as a whole card) and unfenced;
 - `Unfence`: the fence is removed (as wanted, or blocked by a holder);
@@ -82,6 +85,17 @@ MAX_STEPS_PER_ROUND = 16
 
 def fence_reason(layout: ml.MigLayout) -> str:
     return f"MigLayout {layout.name} (generation {layout.generation}): layout changing"
+
+
+#: the reason of the Warning Event told once per pending reset (`MigApplier.warn`)
+PENDING_RESET_EVENT = "MigPendingReset"
+
+
+def pending_message(node: str, card: Card, reason: str) -> str:
+    """What the operator is told when a card's MIG mode change waits for a GPU reset."""
+    return (f"GPU {card.index} ({card.uuid}, {card.model}) on node {node}: {reason}. Nothing is "
+            f"placed on it until then; once no process uses it, reset it on the node "
+            f"(nvidia-smi -r -i {card.index}) and the agent finishes the layout")
 
 
 def held_on_node(pods: Iterable[Mapping[str, Any]], egpus: Iterable[Mapping[str, Any]],
@@ -218,8 +232,15 @@ class MigApplier:
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
+    #: told once per pending reset: (the MigLayout as an Event's involved object, the Event's
+    #: reason, the message); the agent puts a Warning Event on the MigLayout (None: log only)
+    warn: Callable[[Mapping[str, Any], str, str], None] | None = None
     #: cards whose MIG mode change waits for a GPU reset (published again once it is done)
     _pending_reset: set[str] = field(default_factory=set)
+
+    def pending_reset(self) -> frozenset[str]:
+        """The uuids of the cards waiting for a GPU reset now (the metrics' gauge)."""
+        return frozenset(self._pending_reset)
 
     def _cards(self) -> dict[str, Card]:
         return {card.uuid: card for card in self.backend.discover()}
@@ -263,6 +284,8 @@ class MigApplier:
             self._started = True
         phases = {}
         layouts = self.layouts()
+        # a layout deleted while its card waited for a reset: nothing waits for it any more
+        self._pending_reset = self._pending_reset & {layout.card_uuid for layout in layouts}
         for uuid in sorted(set(self.fences) - {layout.card_uuid for layout in layouts}):
             if uuid in cards:  # its MigLayout was deleted mid-change: give the card back
                 self._fence(cards[uuid], None)
@@ -304,12 +327,14 @@ class MigApplier:
                              card.mig_mode)
             reason = ""
             if card.uuid in self._pending_reset and not isinstance(step, PendingReset):
-                self._pending_reset.discard(card.uuid)  # the operator reset it: publish anew
+                # the operator reset it: publish anew (a new set: the metrics read it unlocked)
+                self._pending_reset = self._pending_reset - {card.uuid}
                 self.published()
             if isinstance(step, Refuse | Blocked | PendingReset):
                 reason = step.reason
-                if isinstance(step, PendingReset):
-                    self._pending_reset.add(card.uuid)
+                if isinstance(step, PendingReset) and card.uuid not in self._pending_reset:
+                    self._pending_reset = self._pending_reset | {card.uuid}
+                    self._tell_pending(layout, card, step.reason)
             elif isinstance(step, FenceCard):
                 self._fence(card, fence_reason(layout))
                 self.fences[card.uuid] = self.clock()
@@ -337,6 +362,12 @@ class MigApplier:
                 return phase
             held = self.holders()  # a bind may land while the fence settles
         return "Applying"
+
+    def _tell_pending(self, layout: ml.MigLayout, card: Card, reason: str) -> None:
+        message = pending_message(self.node, card, reason)
+        log.warning("MigLayout %s: %s", layout.name, message)
+        if self.warn is not None:
+            self.warn(layout.reference(), PENDING_RESET_EVENT, message)
 
     def _fence(self, card: Card, reason: str | None) -> None:
         self._fence_io().set(card, reason)

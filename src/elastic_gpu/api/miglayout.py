@@ -70,6 +70,13 @@ class MigLayout:
     generation: int
     phase: str = "Pending"
     observed_generation: int = 0
+    #: metadata.uid ("" where not read from the API): an Event's involved object
+    uid: str = ""
+
+    def reference(self) -> dict[str, Any]:
+        """The object as an Event's involved object (`kube.events.involved_object`)."""
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                "metadata": {"name": self.name, "uid": self.uid}}
 
 
 def object_name(node: str, card_uuid: str) -> str:
@@ -175,7 +182,8 @@ def layout_from_object(obj: Mapping[str, Any]) -> MigLayout:
     return MigLayout(str(meta.get("name", "")), node, card, tuple(instances),
                      generation if isinstance(generation, int) else 0,
                      phase if phase in PHASES else "Pending",
-                     observed if isinstance(observed, int) else 0)
+                     observed if isinstance(observed, int) else 0,
+                     str(meta.get("uid") or ""))
 
 
 def layout_spec(node: str, card_uuid: str, instances: Sequence[Placed]) -> dict[str, Any]:

@@ -62,11 +62,11 @@ from elastic_gpu.core.dra.inventory import (
     allocated_pools,
     claim_hold,
     claim_key,
+    placeable_cards,
     tables_of,
 )
 from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
 from elastic_gpu.core.dra.pods import claim_names
-from elastic_gpu.core.dra.sliceview import node_cards
 from elastic_gpu.core.dra.turn import TURN_S, Turn
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
@@ -267,7 +267,7 @@ class DraAllocator:
 
     def _engine(self) -> tuple[Engine, dict[str, dict[int, tuple[int, int]]]]:
         # the cards, MIG-carved ones with their instances (the MIG class's devices)
-        cards = node_cards(self.slices.items())
+        cards = placeable_cards(self.slices.items())
         nodes = {object_key(n): n for n in self.nodes.items()}
         # CPU and memory capacity for the policies' host-aware scoring; kube-scheduler checks
         # the pod's fit itself (check_host_resources off)

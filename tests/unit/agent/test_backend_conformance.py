@@ -172,7 +172,9 @@ def fake_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
                            for m in row.mig]}
                   for i, row in enumerate(TABLE)],
         "controlDevices": list(NVIDIA_CONTROL)}))
-    config = parse_config({"backend": "fake", "fake": {"inventory": str(inventory)}})
+    # with its MIG state file, so a carved layout outlives the process as a real card's does
+    config = parse_config({"backend": "fake", "fake": {
+        "inventory": str(inventory), "migState": str(tmp_path / "state" / "fake-mig.json")}})
     built: list[Any] = []
 
     def build() -> Backend:
@@ -192,10 +194,8 @@ def fake_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
         make_healthy=lambda index: set_health(index, Health.HEALTHY),
         break_library=broken, library_words="the fake inventory",
         capabilities=frozenset({Capability.MIG, Capability.ENFORCED_SHARES,
-                                Capability.MIG_CHANGE}),
+                                Capability.MIG_CHANGE, Capability.MIG_SURVIVES_RESTART}),
         not_applicable={
-            Capability.MIG_SURVIVES_RESTART: "the fake's layout lives in its process; a "
-                                             "restarted fake starts from its inventory",
             Capability.UNANSWERING_CARD: "a fake card has no driver to stop answering; its "
                                          "health is injected",
             Capability.FAILED_HEALTH_WAIT: "the fake's health wait reads a file and "
@@ -487,7 +487,9 @@ def fake_sampling(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SamplingRi
     cards: list[dict[str, Any]] = [{"uuid": row.uuid, "model": row.model,
                                     "memoryMiB": row.memory_mib} for row in TABLE]
     inventory.write_text(yaml.safe_dump({"cards": cards}))
-    config = parse_config({"backend": "fake", "fake": {"inventory": str(inventory)}})
+    # with its MIG state file, so a carved layout outlives the process as a real card's does
+    config = parse_config({"backend": "fake", "fake": {
+        "inventory": str(inventory), "migState": str(tmp_path / "state" / "fake-mig.json")}})
 
     def use(index: int, mib: int, sm: int) -> tuple[Holder, ...]:
         annotation = json.dumps({"main": {"memoryMiB": mib, "smPercent": sm}})

@@ -133,3 +133,113 @@ def test_carving_a_card_in_mig_mode_off_turns_it_on_first_under_the_same_rule(
     assert [m[1:] for m in gpus[1].mig] == [(3, 40192, 4)]
     assert device(api, 1).health is Health.HEALTHY
     assert api.get(NODES.path(name=NODE))["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] == "1"
+
+
+def test_a_pending_reset_tells_the_operator_once_and_the_gauge_holds_while_it_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once per pending reset: a Warning Event `MigPendingReset` on the MigLayout naming the
+    card and what to do; `elasticgpu_agent_mig_pending_reset` is 1 for the card until the
+    operator's reset, 0 for the others and after."""
+    from prometheus_client import CollectorRegistry
+
+    from elastic_gpu.agent.metrics import MigPendingResetCollector
+
+    clock = ManualClock()
+    gpus = carved()
+    gpus[0].reset_needed = True
+    api, applier = setup(monkeypatch, clock, gpus)
+    told: list[tuple[dict[str, Any], str, str]] = []
+    applier.warn = lambda obj, reason, message: told.append((dict(obj), reason, message))
+    registry = CollectorRegistry()
+    registry.register(MigPendingResetCollector(
+        NODE, lambda: [device(api, 0), device(api, 1)], applier.pending_reset))
+
+    def gauge(index: int) -> float | None:
+        return registry.get_sample_value("elasticgpu_agent_mig_pending_reset", {
+            "node": NODE, "device_index": str(index), "device_uuid": device(api, index).uuid,
+            "model": device(api, index).model})
+
+    want(api, "GPU-aaaa")
+    applier.round()
+    clock.advance(FENCE_SETTLE_S)
+    assert gauge(0) == 0
+    for _ in range(3):  # every round reads the mode again; the operator is told once
+        assert applier.round() == {"GPU-aaaa": "PendingReset"}
+    assert len(told) == 1
+    obj, reason, message = told[0]
+    assert reason == "MigPendingReset"
+    assert obj["kind"] == "MigLayout" and obj["metadata"]["name"] == ml.object_name(NODE,
+                                                                                    "GPU-aaaa")
+    assert obj["metadata"]["uid"]  # the served object's, so kubectl describe shows it
+    assert "GPU 0 (GPU-aaaa" in message and "nvidia-smi -r -i 0" in message
+    assert "MIG mode off is pending a GPU reset" in message
+    assert (gauge(0), gauge(1)) == (1, 0)
+    SimNvml.reset(gpus[0])
+    assert applier.round() == {"GPU-aaaa": "Applied"}
+    assert gauge(0) == 0 and len(told) == 1
+
+
+def test_on_a_dra_node_a_card_waiting_for_its_reset_publishes_no_whole_card(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DRA agent over the scripted NVML: a merge-back whose MIG mode off waits for a reset
+    leaves a card in MIG mode with no instance; its card device is published with the fence
+    and the mig-mode taint (`on-pending-off`), read back in MIG mode, so no claim is given a
+    card CUDA cannot use whole; after the operator's reset, one untainted card device."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    from typing import cast
+
+    from egpu_testing.dynamic_agent import NoPods
+    from elastic_gpu.agent.dra.node import DraNode
+    from elastic_gpu.agent.dra.slices_api import existing_slices
+    from elastic_gpu.agent.runtime import Agent
+    from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+    from elastic_gpu.core.dra.devices import FENCE_TAINT, MIG_MODE_TAINT
+    from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
+    from elastic_gpu.core.dra.sliceview import node_cards
+    from elastic_gpu.kube.sync import SyncKubeClient
+
+    clock = ManualClock()
+    gpus = carved()
+    gpus[0].reset_needed = True
+    SimNvml(monkeypatch, gpus)
+    api = MemoryApi()
+    api.add(NODES.path(), {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": NODE, "uid": "uid-1",
+        "labels": {GPU_MODE_LABEL: GPU_MODE_DRA, MIG_DYNAMIC_LABEL: "true"}},
+        "status": {"capacity": dict(HOST), "allocatable": dict(HOST)}})
+    root = Path(tempfile.mkdtemp(prefix="egpu-migdra-", dir="/tmp"))  # short: socket paths
+    config = parse_config({"usage": {"enabled": False}, "syncSeconds": 3600,
+                           "healthCheck": {"enabled": False}, "dra": {
+                               "enabled": True, "pluginDirectory": str(root / "dra"),
+                               "registryDirectory": str(root / "registry"),
+                               "cdiDirectory": str(root / "cdi")}})
+    agent = Agent(config, NvmlBackend(), NODE, client=cast(SyncKubeClient, api),
+                  pods=NoPods(), plugin_dir=root / "plugins")
+    agent.mode.start()
+    try:
+        assert isinstance(agent.mode, DraNode)
+        fence, held = agent.mode.mig_seam()
+        applier = MigApplier(cast(SyncKubeClient, api), NODE, agent.backend,
+                             agent.layout_changed, clock=clock, fence=fence, held=held)
+
+        def card_device() -> dict[str, Any]:
+            return next(d for s in existing_slices(cast(SyncKubeClient, api), NODE)
+                        for d in s["spec"].get("devices") or [] if d["name"] == "gpu-0")
+
+        want(api, "GPU-aaaa")
+        applier.round()
+        clock.advance(FENCE_SETTLE_S)
+        assert applier.round() == {"GPU-aaaa": "PendingReset"}
+        taints = {t["key"]: t["value"] for t in card_device()["taints"]}
+        assert taints == {FENCE_TAINT: "Fenced", MIG_MODE_TAINT: "on-pending-off"}
+        slices = existing_slices(cast(SyncKubeClient, api), NODE)
+        back = node_cards(slices)[NODE][0]
+        assert back.mig_enabled and back.mig_mode == MigMode(current=True, pending=False)
+        SimNvml.reset(gpus[0])
+        assert applier.round() == {"GPU-aaaa": "Applied"}
+        assert "taints" not in card_device()
+    finally:
+        agent.mode.stop()
+        shutil.rmtree(root, ignore_errors=True)

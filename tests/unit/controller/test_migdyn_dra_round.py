@@ -24,7 +24,7 @@ from elastic_gpu.core.dra.devices import DRIVER, FENCE_TAINT, node_slices
 from elastic_gpu.core.dra.inventory import card_from_device
 from elastic_gpu.core.dra.migdemand import claim_instances, pod_claim_demand
 from elastic_gpu.core.dra.nodemode import GPU_MODE_DRA, GPU_MODE_LABEL
-from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.model import Card, Health, MigInstance, MigMode
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.kube.resources import (
@@ -222,3 +222,13 @@ def test_a_claim_not_read_is_reported_once_on_its_pod_and_carves_nothing() -> No
     ((pod, kind, reason, message),) = recorder.events
     assert (pod, kind, reason) == ("p", "Warning", "MigClaimUnreadable")
     assert "ns/m" in message and "startsWith" in message
+
+
+def test_a_dra_card_left_in_mig_mode_is_carved_before_a_whole_one() -> None:
+    """A DRA card in MIG mode with no instance is published with the mig-mode taint (no whole
+    card) and read back carved: a waiting MIG claim is carved there, the whole card kept."""
+    left_on = Card(1, "GPU-d0-1", A100, 81920, mig_mode=MigMode(current=True, pending=True))
+    controller, client = make([waiting_claim_pod("p", "m3")], [mig_claim("m3")],
+                              [CARDS[0], left_on])
+    run(controller)
+    assert [uuid for uuid, _ in client.written] == [left_on.uuid]

@@ -16,10 +16,10 @@ from elastic_gpu.core.dra.claim_placement import (
 )
 from elastic_gpu.core.dra.classes import MIG_CLASS
 from elastic_gpu.core.dra.devices import device_table, mig_device, node_slices
-from elastic_gpu.core.dra.inventory import claim_hold, claim_key, tables_of
+from elastic_gpu.core.dra.inventory import claim_hold, claim_key, placeable_cards, tables_of
 from elastic_gpu.core.dra.migdemand import gated_for_placement
 from elastic_gpu.core.dra.sliceview import node_cards
-from elastic_gpu.core.model import Card, MigInstance, Node
+from elastic_gpu.core.model import Card, MigInstance, MigMode, Node
 from elastic_gpu.core.placement import Engine
 from elastic_gpu.core.resources import MigProfile
 
@@ -140,3 +140,12 @@ def test_a_pod_behind_our_gate_is_waiting_demand_for_dynamic_mig() -> None:
     assert gated_for_placement(gated)
     assert not gated_for_placement({**gated, "spec": {"schedulingGates": [{"name": "x"}]}})
     assert not gated_for_placement({**gated, "spec": {**gated["spec"], "nodeName": "n"}})
+
+
+def test_the_allocator_places_on_card_devices_and_carved_cards_not_a_card_pending_mig() -> None:
+    pending = Card(2, "GPU-2", "A100-SXM4-80GB", 81920, mig_mode=MigMode(False, True))
+    cards = [Card(0, "GPU-0", "A100-SXM4-80GB", 81920), _card(1, [(ONE, 0)]), pending]
+    read = placeable_cards(node_slices("n", cards, generation=1))["n"]
+    # the plain card, and the carved one with its instance; the card whose MIG mode waits for
+    # a reset is nobody's (kube-scheduler sees its mig-mode taint too)
+    assert [(c.index, [i.uuid for i in c.mig]) for c in read] == [(0, []), (1, ["MIG-1-0"])]
