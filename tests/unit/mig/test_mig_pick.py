@@ -83,6 +83,9 @@ def test_between_nodes_a_partly_held_card_comes_before_the_node_policy() -> None
     # a pod that is not MIG keeps the node policy's order
     cpu = PodRequest("cpu", containers=(ContainerRequest("main"),), cpu_milli=1000)
     assert engine.best(cpu, ["a", "b"]) == "a"
-    assert on_partly_held(b.cards, {"MIG-0-4"}, ["MIG-0-0"])
-    assert not on_partly_held(a.cards, {"MIG-0-4"}, ["MIG-0-0"])
-    assert not on_partly_held(b.cards, {"MIG-0-4"}, [])
+    by_uuid = {i.uuid: c for c in b.cards for i in c.mig}
+    assert on_partly_held(by_uuid, {"MIG-0-4"}, {ONE: 1})
+    assert not on_partly_held(by_uuid, {"MIG-0-4"}, {ONE: 2})  # one free there, two asked
+    assert not on_partly_held(by_uuid, {"MIG-0-4"}, {ONE: 1}, usable=lambda _c: False)
+    assert not on_partly_held(by_uuid, set(), {ONE: 1})
+    assert not on_partly_held(by_uuid, {"MIG-0-4"}, {})

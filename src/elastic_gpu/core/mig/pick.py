@@ -21,7 +21,7 @@ node policy orders nodes of equal standing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 
 from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.resources import MigProfile
@@ -39,12 +39,25 @@ def card_rank(card: Card, held: Container[str]) -> tuple[int, int, int]:
     return (0 if partly_held(card, held) else 1, free, card.index)
 
 
-def on_partly_held(cards: Sequence[Card], held: Container[str], taken: Iterable[str]) -> bool:
-    """Whether every instance of `taken` (uuids a plan gives a pod) is on a card of `cards`
-    something already holds an instance of (`held`, before the plan): no card opened."""
-    by_uuid = {i.uuid: card for card in cards for i in card.mig}
-    uuids = list(taken)
-    return bool(uuids) and all(u in by_uuid and partly_held(by_uuid[u], held) for u in uuids)
+def on_partly_held(by_uuid: Mapping[str, Card], held: Collection[str],
+                   asked: Mapping[MigProfile, int],
+                   usable: Callable[[Card], bool] = lambda _card: True) -> bool:
+    """Whether the partly held cards of a node (`by_uuid`: its instances' cards by instance
+    uuid; `held`: the uuids something holds) have free healthy instances enough for every
+    profile of `asked` (profile -> instances), on cards `usable` accepts: the pod's instances
+    then all go there (`free_instances` takes those first), no card opened. False when nothing
+    is asked or nothing is held. Costs the held instances and their cards' instances only."""
+    if not asked or not held:
+        return False
+    cards = {by_uuid[u].index: by_uuid[u] for u in held if u in by_uuid}
+    free: dict[MigProfile, int] = {}
+    for card in cards.values():
+        if not card.healthy or not usable(card):
+            continue
+        for i in card.mig:
+            if i.profile in asked and i.uuid not in held and i.health is Health.HEALTHY:
+                free[i.profile] = free.get(i.profile, 0) + 1
+    return all(free.get(profile, 0) >= n for profile, n in asked.items())
 
 
 def free_instances(cards: Iterable[Card], profile: MigProfile, held: Container[str],

@@ -32,6 +32,7 @@ from elastic_gpu.core.policies import CardPolicy, NodeView, ScoreContext, defaul
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
 from elastic_gpu.core.request import PodRequest, RequestKind
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.core.workload import TargetWorkload
 
 
@@ -418,18 +419,20 @@ class Engine:
         """A MIG pod's node scores with the nodes where its instances all go on partly held
         cards (`core.mig.pick.on_partly_held`) above every other: the node policy scores a MIG
         pod by its CPU only, and would open a card nothing holds on one node while another
-        node's partly held card has the instance free. Other pods' scores unchanged."""
-        if rows.size == 0 or not any(c.kind is RequestKind.MIG for c in pod.gpu_containers):
+        node's partly held card has the instance free. Other pods' scores unchanged. A node
+        that holds no instance is passed over at once (a dict's truth), so the cost is in the
+        nodes that hold some."""
+        asked: dict[MigProfile, int] = {}
+        for c in pod.gpu_containers:
+            if c.kind is RequestKind.MIG and c.mig_profile is not None:
+                asked[c.mig_profile] = asked.get(c.mig_profile, 0) + c.cards
+        if rows.size == 0 or not asked:
             return scores
-        policy = self._card_policy("binpack")
-        first = np.zeros(rows.size, dtype=bool)
-        for k, row in enumerate(rows.tolist()):
-            planned = self._plan(row, pod, policy)
-            if isinstance(planned, FitFailure):
-                continue
-            r = self._layout.rows[row]
-            first[k] = on_partly_held(r.cards, r.mig_owner, (
-                s.mig_uuid for shares in planned.values() for s in shares if s.mig_uuid))
+        layout = self._layout.rows
+        first = np.fromiter(
+            (bool(layout[row].mig_owner) and on_partly_held(
+                layout[row].mig_cards(), layout[row].mig_owner.keys(), asked, pod.accepts_card)
+             for row in rows.tolist()), dtype=bool, count=rows.size)
         if not first.any() or first.all():
             return scores
         out: FloatArray = scores + first * (float(np.ptp(scores)) + 1.0)
