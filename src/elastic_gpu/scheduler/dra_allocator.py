@@ -1,5 +1,6 @@
-"""The DRA allocator: ResourceClaims of our card class placed by our engine (docs/dra.md,
-"Claims placed by our engine").
+"""The DRA allocator: ResourceClaims of our card and MIG classes placed by our engine
+(docs/dra.md, "Claims placed by our engine"; MIG instances by the engine's own rule,
+`core.mig.pick`, not kube-scheduler's first fit).
 
 The webhook gates a pod whose claims are of our classes (`elasticgpu.io/dra-placement`); this
 allocator, in the extender's process and acting only while its replica serves (the extender's
