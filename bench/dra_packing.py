@@ -54,6 +54,7 @@ from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.allocation import allocated_devices
 from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
 from elastic_gpu.core.dra.devices import device_table
+from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.kube.apply import create_or_update
@@ -144,6 +145,11 @@ def run(plane: Any, client: Any, kube: Any, work: Path, nodes: list[Node], varia
         round_: int, shapes: list[str]) -> dict[str, float]:
     name = f"{variant}-{round_}"
     plane.kubectl("create", "namespace", name)
+    # the DRA variants on DRA-mode nodes (the allocator watches only those since ce4078e: on
+    # unlabelled nodes it found none and handed every pod to kube-scheduler), egpu's on
+    # device-plugin nodes (the extender fails its pods on a DRA-mode node)
+    plane.kubectl("label", "nodes", "--all", "--overwrite",
+                  f"{GPU_MODE_LABEL}=dra" if variant != "egpu" else f"{GPU_MODE_LABEL}-")
     if variant in ("dra", "dra-packed"):
         create_or_update(kube, [claim_template(s[0], name) for s in SHAPES])
         pods = [dra_pod(i, s, name, gated=variant == "dra-packed")

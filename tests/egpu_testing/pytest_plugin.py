@@ -12,6 +12,8 @@ worker of it: session scope is per worker process; tests/conftest.py says how te
   the test (the namespace controller removes what is in it).
 - `real_node` (module, `realnode_pytest.py`): a real kubelet node (containerd, runc) joined
   to `k8s_cluster`; skipped with the exact reason where the machine cannot run one.
+- `dra_device_classes`, `dra_gate_policy` (test): our DeviceClasses, the policy
+  `elastic-gpu-dra-gate` (enforced), on the shared control plane for one test.
 - `fake_gpu_nodes` (test): `fake_gpu_nodes(count, gpus=8, ..., agent_config=None) -> [names]`
   registers Ready fake GPU nodes, published as an agent with `agent_config` (an AgentConfig or
   its dict form) would publish them; removed after the test with their pods and GPUDevices.
@@ -160,6 +162,39 @@ def dra_device_classes(k8s_cluster: ControlPlane) -> Iterator[None]:
     for cls in device_classes():
         with contextlib.suppress(NotFound):
             client.delete(DEVICE_CLASSES.path(name=cls["metadata"]["name"]))
+
+
+@pytest.fixture
+def dra_gate_policy(k8s_cluster: ControlPlane) -> Iterator[None]:
+    """The ValidatingAdmissionPolicy `elastic-gpu-dra-gate` and its binding for one test,
+    enforced when the test starts (kube-apiserver loads a policy a moment after its creation:
+    a tenant's dry-run removal of a probe pod's gate is tried until refused), deleted after."""
+    from pathlib import Path
+
+    from egpu_testing.dra import gated_claim_pod
+    from egpu_testing.sandbox import kubectl_run
+    from egpu_testing.tenant import make_tenant
+    from elastic_gpu.api.admission_policies import DRA_GATE, binding
+    from elastic_gpu.api.admission_policies import dra_gate_policy as policy
+    from elastic_gpu.kube.apply import create_or_update
+    from elastic_gpu.kube.resources import PODS
+
+    kubeconfig = Path(k8s_cluster.kubeconfig)
+    client = k8s_cluster.kube()
+    create_or_update(client, [policy(), binding(policy())])
+    tenant = make_tenant(kubeconfig, f"gate-probe-{uuid.uuid4().hex[:6]}")
+    client.create(PODS.path(tenant.namespace), gated_claim_pod("probe", tenant.namespace,
+                                                               "probe", {}))
+    deadline = time.monotonic() + 30
+    while tenant.run("patch", "pod", "probe", "--dry-run=server", "--type=json", "-p=" + (
+            '[{"op": "remove", "path": "/spec/schedulingGates"}]')).returncode == 0:
+        assert time.monotonic() < deadline, f"{DRA_GATE} not enforced after 30 s"
+        time.sleep(0.2)
+    kubectl_run(kubeconfig, "delete", "namespace", tenant.namespace, "--wait=false")
+    yield
+    for kind in ("validatingadmissionpolicybindings", "validatingadmissionpolicies"):
+        kubectl_run(kubeconfig, "delete", f"{kind}.admissionregistration.k8s.io", DRA_GATE,
+                    "--ignore-not-found")
 
 
 def _with_labels(inventory: Any, labels: Mapping[str, str]) -> Any:

@@ -7,7 +7,9 @@ memory, per-process and card utilisation; per MIG instance its memory and comput
 with no utilisation, as NVML has none on MIG device handles); faults are scripted too (`init_error`:
 the library or driver missing; `Gpu.lost`: a card that stops answering; `wait_error`; XID
 events queued with `xid`). MIG layouts can be changed as on an 80 GB A100/H100: MIG mode
-(`reset_needed` keeps a change pending), GPU instances at a placement (refused where slices are
+(`reset_needed` keeps a change pending, with activation status `RESET_REQUIRED`, until the
+operator's reset, `SimNvml.reset`; MIG mode off is refused while the card has instances), GPU
+instances at a placement (refused where slices are
 taken), compute instances (`ci_error` fails the next), destroyed in that order (`In Use` while
 a process runs), and GPU instances left with no compute instance (`Gpu.gis`).
 Used by the NVML backend's own tests and by the backend conformance
@@ -50,6 +52,8 @@ class Gpu:
     #: MIG mode set with no instance yet; a mode change that waits for a GPU reset
     mig_mode_on: bool = False
     reset_needed: bool = False
+    #: the mode a change waiting for a reset will set (None: no change waits)
+    pending_on: bool | None = None
     #: GPU instances with no compute instance (a carve interrupted between the two)
     gis: list[Gi] = field(default_factory=list)
     #: the next compute instance creation fails with this NVML error code
@@ -114,6 +118,8 @@ class SimNvml:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, gpus: list[Gpu]) -> None:
         self.gpus = gpus
+        for gpu in gpus:  # a card with instances is in MIG mode, and stays so without them
+            gpu.mig_mode_on = gpu.mig_mode_on or bool(gpu.mig)
         self.events: list[Any] = []
         self.init_error: int | None = None
         self.wait_error: int | None = None
@@ -230,16 +236,28 @@ class SimNvml:
         if not handle.mig and not handle.mig_capable:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         on = bool(handle.mig) or handle.mig_mode_on
-        mode = pynvml.NVML_DEVICE_MIG_ENABLE if on else pynvml.NVML_DEVICE_MIG_DISABLE
-        pending = pynvml.NVML_DEVICE_MIG_ENABLE if handle.reset_needed else mode
-        return (mode, pending)
+        pending_on = on if handle.pending_on is None else handle.pending_on
+        return (pynvml.NVML_DEVICE_MIG_ENABLE if on else pynvml.NVML_DEVICE_MIG_DISABLE,
+                pynvml.NVML_DEVICE_MIG_ENABLE if pending_on else pynvml.NVML_DEVICE_MIG_DISABLE)
 
     def set_mig_mode(self, handle: Gpu, mode: int) -> int:
+        """The activation status, as `nvmlDeviceSetMigMode` returns it."""
         if not handle.mig_capable:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not handle.reset_needed:
-            handle.mig_mode_on = mode == pynvml.NVML_DEVICE_MIG_ENABLE
+        on = mode == pynvml.NVML_DEVICE_MIG_ENABLE
+        if not on and (handle.mig or handle.gis):
+            raise err(pynvml.NVML_ERROR_IN_USE)
+        if handle.reset_needed:
+            handle.pending_on = None if on == handle.mig_mode_on else on
+            return pynvml.NVML_ERROR_RESET_REQUIRED
+        handle.mig_mode_on, handle.pending_on = on, None
         return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def reset(gpu: Gpu) -> None:
+        """The operator's GPU reset (`nvidia-smi -r`): a pending MIG mode takes effect."""
+        if gpu.pending_on is not None:
+            gpu.mig_mode_on, gpu.pending_on = gpu.pending_on, None
 
     def profile_info(self, handle: Gpu, profile_id: int) -> Any:
         if not handle.mig_capable or profile_id not in PROFILES_80GB:

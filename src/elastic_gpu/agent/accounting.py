@@ -19,14 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_gpu.agent.matching import Candidate
-from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.assignment import (
-    Assignment,
-    AssignmentError,
-    CardShare,
-    distrust,
-    pod_assignment,
-)
+from elastic_gpu.core.assignment import Assignment, CardShare, trusted_assignment
 from elastic_gpu.core.gpuview import share_use
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.podlife import holds_cards
@@ -50,17 +43,11 @@ def holding_pods(pods: Iterable[Mapping[str, Any]], node: str
     for this node (`core.assignment.distrust`). Bad annotations are skipped (the scheduler
     reports them; accounting must not stop on one)."""
     for pod in pods:
-        meta = pod.get("metadata") or {}
         if (pod.get("spec") or {}).get("nodeName") != node or not holds_cards(pod):
             continue
-        try:
-            assignment = pod_assignment(pod)
-        except AssignmentError:
-            continue
-        if assignment is None:
-            continue
-        if distrust(node, (meta.get("annotations") or {}).get(ann.ASSIGNED_NODE),
-                    assignment) is None:
+        assignment = trusted_assignment(pod)
+        if assignment is not None:
+            meta = pod.get("metadata") or {}
             yield f"{meta.get('namespace')}/{meta.get('name')}", assignment
 
 

@@ -326,6 +326,11 @@ class FakeConfig(_Strict):
     #: YAML inventory of the fake backend (see docs/agent.md); re-read when it changes, so
     #: editing its `health:` list injects health changes.
     inventory: FilePath
+    #: Where the fake cards' MIG layouts persist (an absolute path under the agent's state
+    #: directory, e.g. the DRA plugin's; written atomically after each MIG step, read at
+    #: start): a fake agent killed mid-change restarts with the layout it left, as a real
+    #: card keeps its own. Unset (the default): the layout lives in the process only.
+    migState: AbsolutePath | None = None
 
 
 # -- observed usage (issue 28): sampling, status.usage writes, drift --------------------------

@@ -79,7 +79,8 @@ def logical_cards(physical: Sequence[Card], split_board: bool) -> tuple[LogicalC
                       if (best := _best_link(by_peer[peer])) is not None)
         if len(group) == 1:
             card = Card(first.index, first.uuid, first.model, first.memory_mib, first.compute_milli,
-                        first.health, links, first.mig, first.numa_node, first.board)
+                        first.health, links, first.mig, first.numa_node, first.board,
+                        mig_mode=first.mig_mode)
         else:
             health = (Health.HEALTHY if all(chip.healthy for chip in group) else Health.UNHEALTHY)
             card = Card(first.index, first.board or first.uuid, first.model,

@@ -266,3 +266,26 @@ class MpsDaemonCollector(Collector):
         for uuid, up in sorted(self._up().items()):
             family.add_metric([self._node, uuid], 1 if up else 0)
         yield family
+
+
+class MigPendingResetCollector(Collector):
+    """`elasticgpu_agent_mig_pending_reset`: per card of the node, 1 while the MIG applier's
+    mode change on it waits for a GPU reset the operator does (`MigApplier.pending_reset`,
+    a MigLayout in phase `PendingReset`), else 0."""
+
+    def __init__(self, node: str, cards: Callable[[], Sequence[Card]],
+                 pending: Callable[[], frozenset[str]]) -> None:
+        self._node = node
+        self._cards = cards
+        self._pending = pending
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(PREFIX + "mig_pending_reset",
+                                   "1 while the card's MIG mode change waits for a GPU reset "
+                                   "(nvidia-smi -r when idle; its MigLayout is PendingReset)",
+                                   labels=CARD_LABELS)
+        pending = self._pending()
+        for card in sorted(self._cards(), key=lambda c: c.index):
+            family.add_metric([self._node, str(card.index), card.uuid, card.model],
+                              1 if card.uuid in pending else 0)
+        yield family

@@ -11,8 +11,16 @@ the card's fence:
   `Health.FENCED` (nothing new is placed on it or its instances: `FitKind.CARD_FENCED`);
 - `Settle`: the fence stands `FENCE_SETTLE_S` before anything changes (a bind decided before
   the fence was seen lands first, and then holds the card: the step is `Blocked`);
-- `Destroy` / `Create`: `Backend.apply_mig_step`, then `published()` (the GPUDevices, the
-  Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it now is;
+- `Destroy` / `Create` / `SetMigMode`: `Backend.apply_mig_step`, then `published()` (the
+  GPUDevices, the Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it
+  now is;
+- `PendingReset`: the card's MIG mode change waits for a GPU reset, which the agent never does:
+  the MigLayout says so (`phase: PendingReset`, the reason) and the card stays fenced; the
+  operator is told once per pending reset (`warn`: a Warning Event `MigPendingReset` on the
+  MigLayout naming the card and what to do, `pending_message`) and the agent's gauge
+  `elasticgpu_agent_mig_pending_reset` is 1 for the card meanwhile (`pending_reset()`); each
+  round reads the mode again, and once the operator has reset the GPU the card is published
+  as it now is (a merged card as a whole card) and unfenced;
 - `Unfence`: the fence is removed (as wanted, or blocked by a holder);
 - after every step the MigLayout's status (phase, observedGeneration, reason, the real
   instances) is written, so `kubectl get miglayout` says how far the card got.
@@ -51,13 +59,15 @@ from elastic_gpu.core.mig.apply import (
     Done,
     Fence,
     FenceCard,
+    PendingReset,
     Refuse,
+    SetMigMode,
     Settle,
     Step,
     Unfence,
+    as_wanted,
     holders_of,
     next_step,
-    placed_of,
     placement_problems,
 )
 from elastic_gpu.core.model import Card
@@ -75,6 +85,17 @@ MAX_STEPS_PER_ROUND = 16
 
 def fence_reason(layout: ml.MigLayout) -> str:
     return f"MigLayout {layout.name} (generation {layout.generation}): layout changing"
+
+
+#: the reason of the Warning Event told once per pending reset (`MigApplier.warn`)
+PENDING_RESET_EVENT = "MigPendingReset"
+
+
+def pending_message(node: str, card: Card, reason: str) -> str:
+    """What the operator is told when a card's MIG mode change waits for a GPU reset."""
+    return (f"GPU {card.index} ({card.uuid}, {card.model}) on node {node}: {reason}. Nothing is "
+            f"placed on it until then; once no process uses it, reset it on the node "
+            f"(nvidia-smi -r -i {card.index}) and the agent finishes the layout")
 
 
 def held_on_node(pods: Iterable[Mapping[str, Any]], egpus: Iterable[Mapping[str, Any]],
@@ -144,17 +165,20 @@ def pod_holders(client: SyncKubeClient, node: str) -> list[tuple[str, Assignment
 
 
 class LayoutCache:
-    """The node's MigLayouts (label `elasticgpu.io/node`) kept by a watch: a
-    `kube.informer.Informer` (LIST + WATCH, relists on 410 Gone and after failures) that the
-    client runs in its loop thread, so the applier reads its layouts here rather than with a
-    LIST every round. Until the first list is in (`objects` None) the applier lists itself."""
+    """The node's MigLayouts (label `elasticgpu.io/node`; every node's with `node` None, which
+    the sandbox's stand-ins for many nodes share, each applier keeping its own node's) kept by
+    a watch: a `kube.informer.Informer` (LIST + WATCH, relists on 410 Gone and after failures)
+    that the client runs in its loop thread, so the applier reads its layouts here rather than
+    with a LIST every round. Until the first list is in (`objects` None) the applier lists
+    itself."""
 
-    def __init__(self, client: SyncKubeClient, node: str) -> None:
+    def __init__(self, client: SyncKubeClient, node: str | None) -> None:
         self.client = client
-        self.informer = Informer(client.async_client, MIG_LAYOUTS.path(),
-                                 name=f"MigLayouts of {node}",
-                                 params={"labelSelector": f"{gd.NODE_LABEL}={node}"},
-                                 missing_ok=True)
+        self.informer = Informer(
+            client.async_client, MIG_LAYOUTS.path(),
+            name="MigLayouts" if node is None else f"MigLayouts of {node}",
+            params=None if node is None else {"labelSelector": f"{gd.NODE_LABEL}={node}"},
+            missing_ok=True)
         self._lock = threading.Lock()
         self.version = 0
         bump = Handler(on_add=lambda _o: self._bump(), on_update=lambda _o, _n: self._bump(),
@@ -200,9 +224,23 @@ class MigApplier:
     held: HeldOn | None = None
     #: the node's MigLayouts by a watch (None, or not synced yet: a LIST each round)
     cache: LayoutCache | None = None
+    #: `published()` after every step (the sandbox's stand-ins, whose published objects are
+    #: the fake card's only memory), or once after a card's last step of the round (an agent:
+    #: the card keeps its own layout, and kubelet sees the plugins re-served once per change;
+    #: the card is fenced meanwhile, so nothing is placed on what it advertised before)
+    publish_each_step: bool = True
     _started: bool = False
     #: layout name -> the status last written (a card as wanted is not rewritten every round)
     _written: dict[str, Any] = field(default_factory=dict)
+    #: told once per pending reset: (the MigLayout as an Event's involved object, the Event's
+    #: reason, the message); the agent puts a Warning Event on the MigLayout (None: log only)
+    warn: Callable[[Mapping[str, Any], str, str], None] | None = None
+    #: cards whose MIG mode change waits for a GPU reset (published again once it is done)
+    _pending_reset: set[str] = field(default_factory=set)
+
+    def pending_reset(self) -> frozenset[str]:
+        """The uuids of the cards waiting for a GPU reset now (the metrics' gauge)."""
+        return frozenset(self._pending_reset)
 
     def _cards(self) -> dict[str, Card]:
         return {card.uuid: card for card in self.backend.discover()}
@@ -246,6 +284,8 @@ class MigApplier:
             self._started = True
         phases = {}
         layouts = self.layouts()
+        # a layout deleted while its card waited for a reset: nothing waits for it any more
+        self._pending_reset = self._pending_reset & {layout.card_uuid for layout in layouts}
         for uuid in sorted(set(self.fences) - {layout.card_uuid for layout in layouts}):
             if uuid in cards:  # its MigLayout was deleted mid-change: give the card back
                 self._fence(cards[uuid], None)
@@ -266,7 +306,15 @@ class MigApplier:
 
     def apply(self, layout: ml.MigLayout, card: Card) -> str:
         """Steps on one card until it is done, blocked, refused or settling; its phase."""
-        if card.uuid not in self.fences and placed_of(card.mig) == sorted(layout.instances) \
+        changed: list[Step] = []
+        try:
+            return self._apply(layout, card, changed)
+        finally:
+            if changed and not self.publish_each_step:
+                self.published()  # once, after the round's last step on the card
+
+    def _apply(self, layout: ml.MigLayout, card: Card, changed: list[Step]) -> str:
+        if card.uuid not in self.fences and as_wanted(layout.instances, card.mig, card.mig_mode) \
                 and not placement_problems(card.model, layout.instances):
             # as wanted, unfenced: done whoever holds it (no pod list in the steady state)
             self._status(layout, "Applied", "", card.mig)
@@ -275,32 +323,51 @@ class MigApplier:
         for _ in range(MAX_STEPS_PER_ROUND):
             since = self.fences.get(card.uuid)
             step = next_step(card.model, layout.instances, card.mig,
-                             holders_of(card.uuid, held), Fence(since), self.clock())
+                             holders_of(card.uuid, held), Fence(since), self.clock(),
+                             card.mig_mode)
             reason = ""
-            if isinstance(step, Refuse | Blocked):
+            if card.uuid in self._pending_reset and not isinstance(step, PendingReset):
+                # the operator reset it: publish anew (a new set: the metrics read it unlocked)
+                self._pending_reset = self._pending_reset - {card.uuid}
+                self.published()
+            if isinstance(step, Refuse | Blocked | PendingReset):
                 reason = step.reason
+                if isinstance(step, PendingReset) and card.uuid not in self._pending_reset:
+                    self._pending_reset = self._pending_reset | {card.uuid}
+                    self._tell_pending(layout, card, step.reason)
             elif isinstance(step, FenceCard):
                 self._fence(card, fence_reason(layout))
                 self.fences[card.uuid] = self.clock()
             elif isinstance(step, Unfence):
+                if changed and not self.publish_each_step:
+                    changed.clear()  # published before the fence goes, never after
+                    self.published()
                 self._fence(card, None)
                 self.fences.pop(card.uuid, None)
                 reason = step.reason
-            elif isinstance(step, Destroy | Create):
+            elif isinstance(step, Destroy | Create | SetMigMode):
                 try:
                     self.backend.apply_mig_step(card.uuid, step)
                 except BackendError as err:  # the card refused: alone, with the reason
                     self._status(layout, "Refused", str(err), card.mig)
                     return "Refused"
+                changed.append(step)
                 card = self._cards()[card.uuid]
-                self.published()
+                if self.publish_each_step:
+                    self.published()
             phase = "Blocked" if isinstance(step, Unfence) and step.reason else step.phase
             self._status(layout, phase, reason, card.mig)
             self.after_step(step)
-            if isinstance(step, Done | Refuse | Blocked | Settle | Unfence):
+            if isinstance(step, Done | Refuse | Blocked | Settle | Unfence | PendingReset):
                 return phase
             held = self.holders()  # a bind may land while the fence settles
         return "Applying"
+
+    def _tell_pending(self, layout: ml.MigLayout, card: Card, reason: str) -> None:
+        message = pending_message(self.node, card, reason)
+        log.warning("MigLayout %s: %s", layout.name, message)
+        if self.warn is not None:
+            self.warn(layout.reference(), PENDING_RESET_EVENT, message)
 
     def _fence(self, card: Card, reason: str | None) -> None:
         self._fence_io().set(card, reason)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,8 +32,10 @@ from elastic_gpu.agent.pods import ApiPods, PodCache, PodSource
 from elastic_gpu.agent.snapshot import NodeSnapshot, discover, snapshot
 from elastic_gpu.agent.state import NodeState
 from elastic_gpu.agent.usage.monitor import UsageMonitor, UsageSinks
+from elastic_gpu.agent.usage.sinks import COMPONENT as EVENT_COMPONENT
 from elastic_gpu.agent.usage.sinks import ApiSinks
 from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+from elastic_gpu.kube.events import WARNING, EventRecorder
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 
@@ -84,6 +87,8 @@ class Agent:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._metrics_server: MetricsThread | None = None
+        #: the dynamic-MIG applier, once its thread runs (opted-in nodes only)
+        self.mig_applier: MigApplier | None = None
 
     def _isolation(self) -> Isolation | None:
         """The backend's provider; in `mps` mode with `mps.daemon`, gated by the agent's own
@@ -182,6 +187,13 @@ class Agent:
         mps = self.mps
         registry.register(MpsDaemonCollector(
             self.node_name, mps.up if mps is not None else lambda: {}))
+        # always too: 0 for every card where no applier runs (the node is not opted in)
+        from elastic_gpu.agent.metrics import MigPendingResetCollector
+
+        registry.register(MigPendingResetCollector(
+            self.node_name, lambda: self.current().node.cards,
+            lambda: self.mig_applier.pending_reset() if self.mig_applier is not None
+            else frozenset()))
         self._metrics_server = MetricsThread(registry)
         bound = self._metrics_server.start(host, port)
         log.info("metrics on http://%s:%d/metrics", host, bound)
@@ -251,12 +263,23 @@ class Agent:
         fence, held = self.mode.mig_seam()
         cache = LayoutCache(self.client, self.node_name)  # a watch, not a LIST per round
         cache.start()
+        # a card waiting for a GPU reset: a Warning Event on its MigLayout, once per reset
+        recorder = EventRecorder(self.client.async_client, EVENT_COMPONENT, self.node_name)
+        events = self.client.submit(recorder.run())
+        client = self.client
+
+        def warn(obj: Mapping[str, Any], reason: str, message: str) -> None:
+            client.loop.call_soon_threadsafe(recorder.record, obj, WARNING, reason, message)
+
         applier = MigApplier(self.client, self.node_name, self.backend, self.layout_changed,
-                             fence=fence, held=held, cache=cache)
+                             fence=fence, held=held, cache=cache, publish_each_step=False,
+                             warn=warn)
+        self.mig_applier = applier
         try:
             run_mig(applier, self._stop.wait, MIG_PERIOD_S)
         finally:
             cache.stop()
+            events.cancel()
 
     def sync_allocations(self) -> dict[int, CardUse]:
         """Allocation columns, holders and heartbeat (pods from the watch cache once it has

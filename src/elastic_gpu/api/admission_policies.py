@@ -10,10 +10,13 @@ checked by tests/unit/chart) and for `egpu sandbox up` (`install`).
   created and changed only by the system;
 - `elastic-gpu-admission-opt-out`: the webhook's opt-out label `elasticgpu.io/admission` is
   set on a pod or namespace only by who holds `use` on `admission-opt-out.elasticgpu.io`;
-- `elastic-gpu-dra-gate`: the extender's ServiceAccount (`elastic-gpu-scheduler`, which may
-  patch every pod to lift the DRA allocator's scheduling gate) may change a pod only by removing
-  the gate `elasticgpu.io/dra-placement`, as NodeRestriction narrows a kubelet: a stolen token
-  of the extender cannot relabel, re-image or un-gate other schedulers' pods.
+- `elastic-gpu-dra-gate`: the gate `elasticgpu.io/dra-placement` is removed only by the
+  extender's ServiceAccount (`elastic-gpu-scheduler`, its DRA allocator, once it has placed
+  the pod's claims) or the system: a tenant who lifted it would let kube-scheduler allocate her
+  claim while our allocator writes another on the same card. And that account, which may patch
+  every pod to lift the gate, may change a pod only by removing it, as NodeRestriction narrows
+  a kubelet: a stolen token of the extender cannot relabel, re-image or un-gate other
+  schedulers' pods.
 
 "The system" is whoever holds a virtual RBAC permission (`write` on `ledger.elasticgpu.io`),
 asked through CEL's authorizer: the chart grants it to the ServiceAccount that writes these
@@ -135,8 +138,15 @@ def opt_out_policy() -> dict[str, Any]:
                    [{"expression": expression, "message": message, "reason": "Forbidden"}])
 
 
+def scheduler_account_check() -> str:
+    """CEL: the requester is the extender's ServiceAccount (the chart's name, any namespace)."""
+    return ("request.userInfo.username.startsWith('system:serviceaccount:') && "
+            f"request.userInfo.username.endsWith(':{SCHEDULER_ACCOUNT}')")
+
+
 def dra_gate_policy() -> dict[str, Any]:
-    """The extender's ServiceAccount: a pod UPDATE only removes the DRA placement gate."""
+    """Our DRA placement gate: removed only by the extender's ServiceAccount (whose pod UPDATE
+    may do nothing else) or the system; a tenant's removal is refused."""
     rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
               "resources": ["pods"]}]
     gate = _cel(ann.DRA_PLACEMENT_GATE)
@@ -146,7 +156,8 @@ def dra_gate_policy() -> dict[str, Any]:
 
     old_gates = "oldObject.spec.?schedulingGates.orValue([])"
     new_gates = "object.spec.?schedulingGates.orValue([])"
-    lifted = (f"{old_gates}.exists(g, g.name == {gate}) && {new_gates}.map(g, g.name) == "
+    was_gated = f"{old_gates}.exists(g, g.name == {gate})"
+    lifted = (f"{was_gated} && {new_gates}.map(g, g.name) == "
               f"{old_gates}.map(g, g.name).filter(n, n != {gate})")
     unchanged = " && ".join([
         same("metadata.?labels", "{}"), same("metadata.?annotations", "{}"),
@@ -155,14 +166,27 @@ def dra_gate_policy() -> dict[str, Any]:
         "object.spec.?initContainers.orValue([]).map(c, c.image) == "
         "oldObject.spec.?initContainers.orValue([]).map(c, c.image)",
         same("spec.?tolerations", "[]"), same("spec.?activeDeadlineSeconds", "-1")])
-    message = (f"{SCHEDULER_ACCOUNT} may change a pod only by removing the scheduling gate "
-               f"{ann.DRA_PLACEMENT_GATE} (docs/dra.md, \"Claims placed by our engine\")")
-    policy = _policy(DRA_GATE, rules, [], [
-        {"expression": f"{lifted} && {unchanged}", "message": message, "reason": "Forbidden"}])
+    narrowed = (f"{SCHEDULER_ACCOUNT} may change a pod only by removing the scheduling gate "
+                f"{ann.DRA_PLACEMENT_GATE} (docs/dra.md, \"Claims placed by our engine\")")
+    # who decides which card a claim holds is the system (DESIGN.md §9): a tenant who lifts
+    # the gate lets kube-scheduler allocate her claim while our allocator writes another on
+    # the same card, from caches that have not seen each other's writes
+    reserved = (f"the scheduling gate {ann.DRA_PLACEMENT_GATE} is removed only by the Elastic "
+                "GPU scheduler, once its DRA allocator has placed the pod's claims; the pod "
+                "waits gated until then, also while no allocator serves (docs/dra.md, "
+                "\"Claims placed by our engine\")")
+    variables = [{"name": "scheduler", "expression": scheduler_account_check()},
+                 {"name": "system", "expression": system_check()}]
+    policy = _policy(DRA_GATE, rules, variables, [
+        {"expression": f"!variables.scheduler || ({lifted} && {unchanged})",
+         "message": narrowed, "reason": "Forbidden"},
+        {"expression": (f"!{was_gated} || {new_gates}.exists(g, g.name == {gate}) || "
+                        "variables.scheduler || variables.system"),
+         "message": reserved, "reason": "Forbidden"}])
+    # only the extender's requests and updates of a pod our gate holds are evaluated
     policy["spec"]["matchConditions"] = [{
-        "name": "scheduler-account",
-        "expression": ("request.userInfo.username.startsWith('system:serviceaccount:') && "
-                       f"request.userInfo.username.endsWith(':{SCHEDULER_ACCOUNT}')")}]
+        "name": "scheduler-account-or-gated",
+        "expression": f"({scheduler_account_check()}) || {was_gated}"}]
     return policy
 
 

@@ -32,7 +32,7 @@ from elastic_gpu.api.crd import column, to_yaml, write_main
 from elastic_gpu.api.group import GROUP as GROUP
 from elastic_gpu.api.group import INVENTORY_VERSION
 from elastic_gpu.core import nodestatus
-from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, Node
+from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance, MigMode, Node
 from elastic_gpu.core.resources import MILLI_PER_CARD, MigProfile, ResourceError
 from elastic_gpu.core.usage import MAX_PERCENT, CardUsage, ContainerUsage
 
@@ -77,6 +77,8 @@ def card_spec(node: str, card: Card) -> dict[str, Any]:
     }
     if card.offers is not None:
         spec["resources"] = dict(card.offers)
+    if card.mig_mode is not None:
+        spec["migMode"] = {"current": card.mig_mode.current, "pending": card.mig_mode.pending}
     return spec
 
 
@@ -252,6 +254,9 @@ def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
     numa = spec.get("numaNode")
     board = spec.get("board")
     offers = _offers(spec.get("resources"), f"{where}.resources")
+    mode = spec.get("migMode")
+    mig_mode = (MigMode(bool(mode.get("current")), bool(mode.get("pending")))
+                if isinstance(mode, Mapping) else None)
     try:
         card = Card(
             index=_field(spec, where, "index", int),
@@ -266,6 +271,7 @@ def card_from_object(obj: Mapping[str, Any]) -> tuple[str, Card]:
             board=board if isinstance(board, str) else None,
             offers=offers,
             usage=usage_from_status(status.get("usage"), f"GPUDevice {name}: status.usage"),
+            mig_mode=mig_mode,
         )
     except (TypeError, ValueError) as err:
         if isinstance(err, GPUDeviceError):
@@ -350,6 +356,13 @@ def crd_manifest() -> dict[str, Any]:
             "mig": {"type": "array", "items": {
                 "type": "object", "required": ["profile", "uuid"],
                 "properties": {"profile": str_, "uuid": str_, "start": int_}}},
+            "migMode": {
+                "type": "object",
+                "description": "The card's MIG mode as its driver reports it (absent where the "
+                               "backend reads none): current, and pending after the next GPU "
+                               "reset. In MIG mode with no instance the card backs nothing.",
+                "required": ["current", "pending"],
+                "properties": {"current": {"type": "boolean"}, "pending": {"type": "boolean"}}},
             "resources": {
                 "type": "object",
                 "description": "What the card backs: resource name -> devices of it on this "

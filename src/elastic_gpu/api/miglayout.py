@@ -15,9 +15,10 @@ mid-change resumes from it and from the card's real layout (docs/mig-apply.md):
         - {profile: 3g.40gb, start: 0}          # start: the first memory slice (NVML's)
         - {profile: 1g.10gb, start: 4}
     status:
-      phase: Applied                            # Pending Fencing Applying Applied Blocked Refused
+      phase: Applied                            # Pending Fencing Applying PendingReset Applied
+                                                # Blocked Refused
       observedGeneration: 1
-      reason: ""                                # why Blocked or Refused, for people
+      reason: ""                                # why PendingReset, Blocked or Refused
       instances: [{profile: 3g.40gb, start: 0, uuid: MIG-...}]   # the card's real instances
 
 The schema refuses what it can say alone (a malformed profile name, a start beyond 7, more
@@ -53,7 +54,7 @@ KIND, PLURAL, SHORT = "MigLayout", "miglayouts", "miglayout"
 NODE_LABEL = f"{GROUP}/node"
 CRD_FILE = "miglayouts.yaml"
 #: the phases of `status.phase` (`core.mig.apply`'s steps' `phase`, and Pending before any)
-PHASES = ("Pending", "Fencing", "Applying", "Applied", "Blocked", "Refused")
+PHASES = ("Pending", "Fencing", "Applying", "PendingReset", "Applied", "Blocked", "Refused")
 #: a card holds at most 7 instances (NVIDIA's MIG user guide)
 MAX_INSTANCES = 7
 
@@ -69,6 +70,13 @@ class MigLayout:
     generation: int
     phase: str = "Pending"
     observed_generation: int = 0
+    #: metadata.uid ("" where not read from the API): an Event's involved object
+    uid: str = ""
+
+    def reference(self) -> dict[str, Any]:
+        """The object as an Event's involved object (`kube.events.involved_object`)."""
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                "metadata": {"name": self.name, "uid": self.uid}}
 
 
 def object_name(node: str, card_uuid: str) -> str:
@@ -174,7 +182,8 @@ def layout_from_object(obj: Mapping[str, Any]) -> MigLayout:
     return MigLayout(str(meta.get("name", "")), node, card, tuple(instances),
                      generation if isinstance(generation, int) else 0,
                      phase if phase in PHASES else "Pending",
-                     observed if isinstance(observed, int) else 0)
+                     observed if isinstance(observed, int) else 0,
+                     str(meta.get("uid") or ""))
 
 
 def layout_spec(node: str, card_uuid: str, instances: Sequence[Placed]) -> dict[str, Any]:

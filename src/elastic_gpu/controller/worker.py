@@ -76,3 +76,21 @@ async def work(queue: WorkQueue[str], controller: str, metrics: Metrics,
             queue.done(key)
             metrics.reconciles.labels(controller, result).inc()
             metrics.reconcile_seconds.labels(controller).observe(time.perf_counter() - started)
+
+
+async def run_rounds(queue: WorkQueue[str], controller: str, metrics: Metrics,
+                     handle: Callable[[str], Awaitable[Outcome]], kick: Callable[[], None], *,
+                     describe: str, expected: tuple[type[Exception], ...] = (),
+                     off: str | None = None) -> None:
+    """A controller whose work is one round over the cluster at a time (one key, which `kick`
+    queues on its inputs' changes): with `off` (why it is off, logged) it waits to be
+    cancelled, never woken; else a first round now, then `work` until the queue shuts down."""
+    if off is not None:
+        log.info(off)
+        await asyncio.Event().wait()  # until cancelled
+    kick()
+    try:
+        await work(queue, controller, metrics, handle, expected=expected,
+                   describe=lambda _: describe)
+    finally:
+        queue.shutdown()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_gpu.core.annotations import ASSIGNMENT
+from elastic_gpu.core.annotations import ASSIGNED_NODE, ASSIGNMENT
 from elastic_gpu.core.resources import MILLI_PER_CARD
 
 VERSION = 1
@@ -200,3 +200,21 @@ def pod_assignment(pod: Mapping[str, Any]) -> Assignment | None:
     if raw is None:
         return None
     return Assignment.from_json(str(raw))
+
+
+def trusted_assignment(pod: Mapping[str, Any]) -> Assignment | None:
+    """The pod's assignment when it is the system's (`distrust`: the Binding's, for the node the
+    pod is bound to); None when it has none, it cannot be read (its readers that report a bad
+    one call `pod_assignment`), or it is not trusted. Whether the pod still holds its cards is
+    `core.podlife.holds_cards`'s question."""
+    try:
+        assignment = pod_assignment(pod)
+    except AssignmentError:
+        return None
+    if assignment is None:
+        return None
+    meta = pod.get("metadata") or {}
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    if distrust(node, (meta.get("annotations") or {}).get(ASSIGNED_NODE), assignment) is not None:
+        return None
+    return assignment

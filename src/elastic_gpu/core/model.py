@@ -70,6 +70,20 @@ class MigInstance:
 
 
 @dataclass(frozen=True)
+class MigMode:
+    """A MIG-capable card's MIG mode as its driver reports it (`nvmlDeviceGetMigMode`):
+    `current` is in force now, `pending` after the next GPU reset (they differ while a change
+    waits for one: an A100 or A30 with a process or daemon on it, docs/mig-apply.md)."""
+
+    current: bool
+    pending: bool
+
+    @property
+    def waits_for_reset(self) -> bool:
+        return self.current != self.pending
+
+
+@dataclass(frozen=True)
 class Card:
     """One GPU (or one chip of a split multi-chip board)."""
 
@@ -91,6 +105,10 @@ class Card:
     #: What the node's agent last observed on the card (memory in use, out-of-band memory,
     #: utilisation); None: nothing observed (the simulator, an agent that does not sample).
     usage: CardUsage | None = None
+    #: The card's MIG mode where the backend reads it (NVML on a MIG-capable card); None: no
+    #: mode to read (not MIG-capable, the fake backend, a card read back from the API), where
+    #: the card is in MIG mode exactly when it has instances.
+    mig_mode: MigMode | None = None
 
     def __post_init__(self) -> None:
         if self.offers is not None:
@@ -108,7 +126,9 @@ class Card:
 
     @property
     def mig_enabled(self) -> bool:
-        return bool(self.mig)
+        """In MIG mode: it has instances, or its mode is on with none (it then backs nothing:
+        CUDA sees no whole card in MIG mode)."""
+        return bool(self.mig) or (self.mig_mode is not None and self.mig_mode.current)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
         usage = FakeUsageSync(client)
         slices = DraSliceSync(client)
         mig = MigAgents(client)
+        mig.start()  # their MigLayouts from one watch
         _pass(slices.sync, "DRA slice sync")  # ready (metrics served) once they are published
         page = MetricsThread(nodes_registry(usage.nodes))
         if metrics is not None:
@@ -62,6 +63,7 @@ def run(kubeconfig: Path, interval_s: float, stop: threading.Event,
         finally:
             page.stop()
             usage.close()
+            mig.close()
 
 
 def _pass(step: Callable[[], object], what: str) -> None:

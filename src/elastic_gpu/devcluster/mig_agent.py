@@ -1,7 +1,9 @@
 """The sandbox's stand-in for the agents' MIG applier on kwok nodes (dynamic MIG, issue 42).
 
 kwok nodes have no agent; for the nodes labelled `elasticgpu.io/mig-dynamic=true` the
-sandbox's `allocation-sync` runs, each pass, what their agents would:
+sandbox's `allocation-sync` runs, each pass, what their agents would (the MigLayouts of every
+node read from one watch, `MigAgents.start`: `agent.miglayout.LayoutCache`, not a LIST per
+node and pass):
 `agent.miglayout.MigApplier` over a fake backend, which carries out each MigLayout step by
 step (fence, settle, destroy, create, unfence) and then publishes the node's GPUDevices and
 capacity through the agent's own `publish_node`.
@@ -32,7 +34,7 @@ from elastic_gpu.agent.backends.fake import FakeBackend
 from elastic_gpu.agent.deviceplugin.publish import publish_node
 from elastic_gpu.agent.dra.miglayout import claim_holders
 from elastic_gpu.agent.dra.slices_api import publish_node_slices
-from elastic_gpu.agent.miglayout import MigApplier
+from elastic_gpu.agent.miglayout import LayoutCache, MigApplier
 from elastic_gpu.api import gpudevice as gd
 from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.dra.nodemode import is_dra_node, node_object_labels
@@ -104,7 +106,8 @@ class FakeDraNode:
 
 
 def fake_dra_applier(client: SyncKubeClient, node: Mapping[str, Any],
-                     after_step: Callable[[Step], None]) -> MigApplier | None:
+                     after_step: Callable[[Step], None],
+                     cache: LayoutCache | None = None) -> MigApplier | None:
     """The stand-in applier of a DRA-mode kwok node (None: no fake inventory)."""
     meta = node.get("metadata") or {}
     text = (meta.get("annotations") or {}).get(FAKE_INVENTORY_ANNOTATION)
@@ -114,21 +117,35 @@ def fake_dra_applier(client: SyncKubeClient, node: Mapping[str, Any],
     cards = [replace(c, offers=None, usage=None) for c in cards_from_json(text)]
     fake = FakeDraNode(client, name, FakeBackend.from_cards(cards, name))
     return MigApplier(client, name, fake.backend, fake.published, after_step=after_step,
-                      fence=fake, held=claim_holders(client, name))
+                      fence=fake, held=claim_holders(client, name), cache=cache)
 
 
 class MigAgents:
-    """One applier per kwok node opted in to dynamic MIG, found anew each pass."""
+    """One applier per kwok node opted in to dynamic MIG, found anew each pass; after `start`
+    they read their MigLayouts from one watch of every node's (before it, or until its first
+    list is in, each lists its own)."""
 
     def __init__(self, client: SyncKubeClient,
                  after_step: Callable[[Step], None] = lambda step: None) -> None:
         self.client = client
         self.after_step = after_step
         self.appliers: dict[str, MigApplier] = {}
+        self.cache: LayoutCache | None = None
+
+    def start(self) -> None:
+        """Watch every node's MigLayouts (one informer in the client's loop)."""
+        self.cache = LayoutCache(self.client, None)
+        self.cache.start()
+        for applier in self.appliers.values():
+            applier.cache = self.cache
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.stop()
 
     def _applier(self, node: str, obj: Mapping[str, Any]) -> MigApplier | None:
         if node not in self.appliers and is_dra_node(node_object_labels(obj)):
-            applier = fake_dra_applier(self.client, obj, self.after_step)
+            applier = fake_dra_applier(self.client, obj, self.after_step, self.cache)
             if applier is None:
                 return None
             self.appliers[node] = applier
@@ -141,7 +158,7 @@ class MigAgents:
                 publish_node(self.client, backend, FAKE_NODE_AGENT_CONFIG, node)
 
             self.appliers[node] = MigApplier(self.client, node, backend, published,
-                                             after_step=self.after_step)
+                                             after_step=self.after_step, cache=self.cache)
         return self.appliers[node]
 
     def sync(self) -> None:

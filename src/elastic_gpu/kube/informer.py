@@ -75,6 +75,13 @@ class Handler:
     on_delete: Callable[[Obj], None] | None = None
 
 
+def on_any_change(callback: Callable[[], None]) -> Handler:
+    """A handler calling `callback` on every add, update and delete (a controller's round
+    kicked by any change of its inputs)."""
+    return Handler(on_add=lambda _o: callback(), on_update=lambda _o, _n: callback(),
+                   on_delete=lambda _o: callback())
+
+
 #: `on_page(items, first, last)`: one page of a (re)list (`Reflector`).
 PageHandler = Callable[[list[Obj], bool, bool], None]
 

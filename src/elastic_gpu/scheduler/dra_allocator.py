@@ -17,16 +17,14 @@ through the watch are held from memory (`_pending`).
 
 Throughput: a pass places every gated pod it sees (pure, in memory), then writes concurrently
 (`concurrency` requests in flight): per claim a finalizer patch and a status patch, per pod one
-gate patch. Nothing is re-listed per pod; the informers' stores are the only reads.
+gate patch. The informers' stores are the only reads.
 
-A gate is lifted only `settle_s` after the written allocations are seen back, and only when
-no card they hold is over (kube-scheduler allocated its room from a cache that lagged ours):
-else they are cleared while the pod is still gated (unreserved) and it is placed again.
-
-When kube-scheduler cannot bind the pod on the chosen node (CPU, memory, affinity), its
-PostFilter clears an unreserved allocation; the pod is ungated by then, so the allocator places
-it again at its next pass (a pod it placed once, `_placed`), racing kube-scheduler's own
-allocator, whose allocation, if it wins, is read as a fact like any other.
+A gate is lifted once the written allocations are seen back, no pod is left in kube-scheduler's
+hands (`core.dra.turn`, `TURN_S` at most) and `settle_s` more has passed, and only when no card
+they hold is over (kube-scheduler allocated its room from a cache that lagged ours): else they
+are cleared while the pod is still gated (unreserved), an Event says so, and it is placed again.
+A pod whose allocation kube-scheduler's PostFilter cleared (no room on the node for its CPU or
+memory) is placed again at the next pass (`_placed`), or by kube-scheduler meanwhile.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from typing import Any
 
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
-from elastic_gpu.core.dra.capacity_guard import claims_overflowing
+from elastic_gpu.core.dra.capacity_guard import TAKEN_BACK_REASON, given_twice, taken_back_message
 from elastic_gpu.core.dra.claim_placement import (
     ALLOCATION_FINALIZER,
     WAITING_REASON,
@@ -61,6 +59,7 @@ from elastic_gpu.core.dra.claim_placement import (
 from elastic_gpu.core.dra.devices import DRIVER, card_percent
 from elastic_gpu.core.dra.inventory import (
     CLAIM_KEY_PREFIX,
+    allocated_pools,
     cards_from_slices,
     claim_hold,
     claim_key,
@@ -68,6 +67,7 @@ from elastic_gpu.core.dra.inventory import (
 )
 from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
 from elastic_gpu.core.dra.pods import claim_names
+from elastic_gpu.core.dra.turn import TURN_S, Turn
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodeaffinity import taints_from_node
@@ -75,7 +75,7 @@ from elastic_gpu.core.nodestatus import allocatable
 from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
-from elastic_gpu.kube.events import NORMAL, EventRecorder
+from elastic_gpu.kube.events import NORMAL, WARNING, EventRecorder
 from elastic_gpu.kube.informer import Handler, Informer, object_key
 from elastic_gpu.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
@@ -105,6 +105,8 @@ class AllocatorSettings:
     #: how long after its allocation is seen back a gate waits before it is lifted, for an
     #: allocation kube-scheduler made meanwhile from a cache that lagged ours to show up
     settle_s: float = 0.25
+    #: how long a pod counts as in kube-scheduler's hands at most (`core.dra.turn`)
+    turn_s: float = TURN_S
 
 
 @dataclass
@@ -133,14 +135,6 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def allocated_pools(claim: Mapping[str, Any]) -> set[str]:
-    """The nodes (this driver's pools) an allocated claim's devices are on."""
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
-        "results") or []
-    return {str(r.get("pool")) for r in results
-            if isinstance(r, Mapping) and r.get("driver") == DRIVER}
-
-
 class DraAllocator:
     """Informers over pods not yet bound, claims, this driver's slices, DRA nodes and classes;
     passes that place gated pods while `serving()` says this replica serves."""
@@ -151,7 +145,7 @@ class DraAllocator:
         self.client = client
         self.settings = settings
         self.serving = serving
-        #: Events on pods that wait gated for room (run by `run`)
+        #: Events on pods that wait gated for room or whose claims were taken back (run by `run`)
         self.recorder = recorder or EventRecorder(client, EVENT_COMPONENT)
         #: pod uid -> the waiting message last recorded on it (one Event per change, not per
         #: pass)
@@ -180,6 +174,8 @@ class DraAllocator:
         #: pod uids whose writes are in flight, and those whose gate was lifted
         self._busy: set[str] = set()
         self._lifted: set[str] = set()
+        #: unbound pods kube-scheduler may allocate a card for, since when (`core.dra.turn`)
+        self._turn = Turn(settings.turn_s)
         #: pod uids this allocator placed (placed again when their allocation is cleared)
         self._placed: set[str] = set()
         self._limit = asyncio.Semaphore(settings.concurrency)
@@ -207,6 +203,7 @@ class DraAllocator:
         self._wake.set()
 
     def _pod_added(self, pod: Obj) -> None:
+        self._turn.seen(object_key(pod), pod, time.monotonic())
         if (pod.get("spec") or {}).get("resourceClaims"):
             self._claimants[object_key(pod)] = None
             self._wake.set()
@@ -216,6 +213,7 @@ class DraAllocator:
 
     def _pod_deleted(self, pod: Obj) -> None:
         key = object_key(pod)
+        self._turn.gone(key)
         if key in self._claimants:
             del self._claimants[key]
             self._forget(pod)
@@ -519,24 +517,18 @@ class DraAllocator:
             if time.monotonic() > deadline:
                 return True  # never seen back: nothing to check against (as before)
             await asyncio.sleep(0.02)
+        while (self._turn.busy(time.monotonic(), self.pods.get, self.claims.get)
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.02)  # kube-scheduler's turn: its allocation comes first
         await asyncio.sleep(self.settings.settle_s)
-        cards = cards_from_slices(self.slices.items())
-        tables = tables_of(cards)
-        nodes = {n for k in names for n in allocated_pools(self.claims.get(
-            f"{job.namespace}/{k}") or {})}
-        holds = {}
-        for claim in self.claims.items():
-            if allocated_pools(claim) & nodes:
-                hold = claim_hold(claim, tables)
-                if hold is not None:
-                    holds[claim_key(str(_meta(claim).get("namespace")),
-                                    str(_meta(claim).get("name")))] = hold
-        found = claims_overflowing(keys, holds, {n: cards.get(n, []) for n in nodes})
+        found = given_twice(job.namespace, names, self.claims.items(), self.slices.items())
         if not found:
             return True
-        log.warning("DRA allocator: %s/%s's claims were given twice (%s); clearing ours and "
-                    "placing it again", job.namespace, job.pod,
-                    "; ".join(o.describe() for o in found))
+        message = taken_back_message(names, found)
+        log.warning("DRA allocator: %s/%s: %s", job.namespace, job.pod, message)
+        self.recorder.record({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": job.pod, "namespace": job.namespace, "uid": job.uid}}, WARNING,
+            TAKEN_BACK_REASON, message)
         for name in names:
             claim = self.claims.get(f"{job.namespace}/{name}") or {}
             with contextlib.suppress(Conflict, NotFound):

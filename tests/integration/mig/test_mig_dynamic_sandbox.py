@@ -20,26 +20,29 @@ Deadlines are generous for a loaded box; how fast it is, is bench/'s to measure.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from egpu_testing.process import SupervisedProcess
-from egpu_testing.sandbox import egpu, kubectl, kubectl_run
+from egpu_testing.mig_sandbox import (
+    allocation_sync,
+    controller,
+    create,
+    get,
+    sandbox_component,
+    sandbox_up,
+)
+from egpu_testing.sandbox import kubectl
 from egpu_testing.waiting import wait_for
 from egpu_testing.workbench import card_use_from_pods, mig_overheld, overcommitted
 from elastic_gpu.api import gpudevice
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.model import Health
-from elastic_gpu.devcluster.sandbox import MARKER_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -50,83 +53,13 @@ nodeGroups:
 - {name: dyn, count: 1, gpus: 4, model: A100-SXM4-80GB, memoryMiB: 81920, migDynamic: true}
 """
 DEADLINE_S = 180.0
-#: what `egpu sandbox down` finds the sandbox's processes by (`devcluster.sandbox.MARKER_ENV`)
-MARKER = MARKER_ENV
-CRASH = Path(__file__).resolve().parents[2] / "egpu_testing" / "mig_agent_crash.py"
 HAMI_EXAMPLE = Path(__file__).resolve().parents[2] / "peerdata" / "hami" / \
     "dynamic_mig_example.yaml"
 
 
-class Component(SupervisedProcess):
-    """A sandbox component the test SIGKILLed, started again by the test with `argv` (with
-    the sandbox's marker in its environment, so `down` ends it too); ready when `ready_url`
-    answers 200 (None: at once)."""
-
-    what = "sandbox component"
-
-    def __init__(self, argv: list[str], log_path: Path, state: Path,
-                 ready_url: str | None = None) -> None:
-        super().__init__(log_path)
-        self.argv = argv
-        self.state = state
-        self.ready_url = ready_url
-
-    def ready(self) -> bool:
-        if self.ready_url is None:
-            return True
-        try:
-            with urllib.request.urlopen(self.ready_url, timeout=2) as response:
-                return int(response.status) == 200
-        except OSError:
-            return False
-
-    def start(self) -> None:
-        before = os.environ.get(MARKER)
-        os.environ[MARKER] = str(self.state.resolve())  # inherited by the child only
-        try:
-            self.launch(self.argv, 120)
-        finally:
-            if before is None:
-                del os.environ[MARKER]
-            else:
-                os.environ[MARKER] = before
-
-
-def sandbox_component(box: Path, name: str) -> tuple[int, list[str], dict[str, Any]]:
-    """(pid, command line, status) of a running sandbox component."""
-    status = json.loads(egpu("sandbox", "status", "--state-dir", str(box / "state"),
-                             "--json").stdout)["components"][name]
-    pid = int(status["pid"])
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    return pid, [a.decode() for a in argv], status
-
-
-def allocation_sync(box: Path, log: str, crash: bool = False) -> Component:
-    """allocation-sync (which applies the kwok nodes' MigLayouts) run by the test; `crash`:
-    through `mig_agent_crash`, SIGKILLed after its first published MIG step."""
-    head = [sys.executable, str(CRASH)] if crash else \
-        [sys.executable, "-m", "elastic_gpu.devcluster.allocation_sync"]
-    return Component([*head, "--kubeconfig", str(box / "kubeconfig"), "--interval", "0.5"],
-                     box / log, box / "state")
-
-
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    where = tmp_path_factory.mktemp("migdyn")
-    (where / "cluster.yaml").write_text(CLUSTER_FILE)
-    up = egpu("sandbox", "up", "--cluster", str(where / "cluster.yaml"), "--state-dir",
-              str(where / "state"), "--kubeconfig", str(where / "kubeconfig"), timeout=300)
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
-        kubectl(where / "kubeconfig", "create", "namespace", NS)
-        yield where
-    finally:
-        egpu("sandbox", "down", "--state-dir", str(where / "state"), timeout=120)
-
-
-def get(box: Path, *what: str) -> Any:
-    result = kubectl_run(box / "kubeconfig", "get", *what, "-o", "json")
-    return json.loads(result.stdout) if result.returncode == 0 else None
+    yield from sandbox_up(tmp_path_factory.mktemp("migdyn"), CLUSTER_FILE, NS)
 
 
 def pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
@@ -135,10 +68,6 @@ def pod(name: str, limits: dict[str, str]) -> dict[str, Any]:
                      "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "main", "image": "cuda:fake",
                                      "resources": {"limits": limits}}]}}
-
-
-def create(box: Path, obj: dict[str, Any]) -> None:
-    kubectl(box / "kubeconfig", "create", "-f", "-", input=json.dumps(obj))
 
 
 def bound(box: Path, name: str) -> dict[str, Any]:
@@ -231,11 +160,9 @@ def test_dynamic_mig_must_show(box: Path) -> None:
              and crashing.process.poll() == -signal.SIGKILL, timeout_s=DEADLINE_S)
     fenced = [c for c in gpu_cards(box).values() if c.health is Health.FENCED]
     assert [len(c.mig) for c in fenced if c.mig] == [1]  # one card fenced, carved mid-change
-    ctl_pid, ctl_argv, ctl_status = sandbox_component(box, "egpu-controller")
+    ctl_pid, ctl = controller(box, "controller.log")
     os.kill(ctl_pid, signal.SIGKILL)
     sync = allocation_sync(box, "sync.log")
-    ctl = Component(ctl_argv, box / "controller.log", box / "state",
-                    ready_url=ctl_status["endpoint"] + "/readyz")
     sync.start()
     try:
         ctl.start()

@@ -94,3 +94,79 @@ def test_the_applier_reads_its_nodes_layouts_from_a_watch_not_a_list(crds: Any) 
         client.close()
         for body in (mine, other):
             crds.kubectl("delete", api.SHORT, body["metadata"]["name"], check=False)
+
+
+def test_the_kwok_stand_in_applies_layouts_from_one_watch(crds: Any) -> None:
+    """The sandbox's stand-in appliers (`devcluster.mig_agent.MigAgents`, started as
+    allocation-sync starts them) read every node's MigLayouts from one watch, never a LIST per
+    node and pass, and still carry a layout out: fence, settle, carve, publish, unfence."""
+    from pathlib import Path
+
+    from egpu_testing.waiting import wait_for
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+    from elastic_gpu.agent.deviceplugin.publish import publish_fake_node
+    from elastic_gpu.api import gpudevice as gd
+    from elastic_gpu.devcluster.mig_agent import MigAgents
+    from elastic_gpu.devcluster.nodes import node_manifest, parse_cluster
+    from elastic_gpu.kube.resources import GPUDEVICES, MIG_LAYOUTS, NODES
+    from elastic_gpu.kube.sync import SyncKubeClient
+
+    class NoLayoutList(SyncKubeClient):
+        def list(self, path: str, params: Any = None) -> Any:
+            assert path != MIG_LAYOUTS.path(), "the stand-in listed MigLayouts"
+            return super().list(path, params)
+
+    client = NoLayoutList.from_config(Path(crds.kubeconfig), field_manager="egpu-test")
+    ensure_crd(crds.kube())
+    (group,) = parse_cluster({"nodeGroups": [{
+        "name": "mig-watch", "count": 1, "gpus": 2, "model": "A100-SXM4-80GB",
+        "memoryMiB": 81920, "migDynamic": True}]})
+    (inventory,) = group.inventories()
+    card = inventory.cards[1].uuid
+    body = api.layout_spec(inventory.name, card, [Placed(4, MigProfile.parse("3g.40gb"))])
+    agents = MigAgents(client)
+    try:
+        client.create(NODES.path(), node_manifest(inventory))
+        publish_fake_node(client, inventory)
+        agents.start()
+        assert agents.cache is not None
+        wait_for("the watch's first list", lambda: agents.cache.objects() is not None)
+        crds.kubectl("create", "-f", "-", input=json.dumps(body))
+
+        def applied() -> bool:
+            agents.sync()
+            obj = client.get(MIG_LAYOUTS.path(name=body["metadata"]["name"]))
+            return (obj.get("status") or {}).get("phase") == "Applied"
+
+        wait_for("the layout applied by the stand-in", applied)
+        published = gd.card_from_object(client.get(GPUDEVICES.path(
+            name=gd.object_name(inventory.name, 1))))[1]
+        assert [(m.profile.name, m.start) for m in published.mig] == [("3g.40gb", 4)]
+    finally:
+        agents.close()
+        crds.kubectl("delete", api.SHORT, body["metadata"]["name"], check=False)
+        crds.kubectl("delete", "gpudevices", "-l", f"{gd.NODE_LABEL}={inventory.name}",
+                     check=False)
+        crds.kubectl("delete", "node", inventory.name, check=False)
+        client.close()
+
+
+def test_a_gpudevice_keeps_the_cards_mig_mode(crds: Any) -> None:
+    """`spec.migMode` is in the GPUDevice schema (not pruned): a card in MIG mode with no
+    instance, its mode off pending a reset, reads back as such (the planner's carved card)."""
+    from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
+    from elastic_gpu.api import gpudevice as gd
+    from elastic_gpu.core.model import Card, MigMode
+    from elastic_gpu.kube.resources import GPUDEVICES
+
+    ensure_crd(crds.kube())
+    card = Card(0, "GPU-MODE-0", "NVIDIA A100-SXM4-80GB", 81920,
+                mig_mode=MigMode(current=True, pending=False))
+    body = gd.card_to_object("mode-node", card)
+    client = crds.kube()
+    client.create(GPUDEVICES.path(), body)
+    try:
+        read = gd.card_from_object(client.get(GPUDEVICES.path(name=body["metadata"]["name"])))[1]
+        assert read.mig_mode == MigMode(current=True, pending=False) and read.mig_enabled
+    finally:
+        crds.kubectl("delete", "gpudevices", body["metadata"]["name"], check=False)

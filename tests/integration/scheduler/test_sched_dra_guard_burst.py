@@ -2,13 +2,14 @@
 route at once, with the allocator's leader (the extender process) SIGKILLed three times.
 
 On kwok DRA-mode nodes (this driver's slices, stock kube-scheduler): gated share and whole-card
-claim pods (our allocator places them), pods whose gate the tenant removes herself (a user with
-`edit`: kube-scheduler's own allocator takes them) and unchanged `nvidia.com/gpu` pods (the
-class's `extendedResourceName`, DRAExtendedResource: kube-scheduler makes and allocates their
-claims itself). Pods come in waves, one while the allocator is down each time (the tenant's
-and the nvidia.com/gpu pods in those: kube-scheduler allocates while ours is down, and ours,
-back, reads those allocations as facts; the two allocating at the same instant is the race
-docs/dra.md names, which this test does not claim to close). The
+claim pods (our allocator places them), pods whose tenant (a user with `edit`) tries to remove
+the gate herself, in every wave, while our allocator writes and while it is down: the policy
+`elastic-gpu-dra-gate` refuses her each time (so kube-scheduler never allocates a gated pod's
+claims beside ours), and the pods created while no allocator serves wait gated until it is
+back; and unchanged `nvidia.com/gpu` pods (the class's `extendedResourceName`,
+DRAExtendedResource: kube-scheduler makes and allocates their claims itself, no gate), in the
+first waves while ours writes (kube-scheduler's turn: our gates wait for them) and while ours
+is down (ours, back, reads those allocations as facts). The
 independent check (`egpu_testing.dra_ledger.over_capacity`: every claim's consumed capacity
 summed per card from the API's objects, a whole card counting as all of it) finds no card over
 capacity twice a second all along, at every kill and at the end; every pod is bound (none
@@ -17,6 +18,7 @@ lost), and no pod keeps our gate once the allocator is back.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from egpu_testing.binding import BY_HAND, binding
 from egpu_testing.dra import allocation, claim_manifest, gated_claim_pod, result
 from egpu_testing.dra_ledger import dra_inventories, over_capacity
 from egpu_testing.pytest_plugin import unique_name
@@ -36,11 +39,13 @@ from egpu_testing.workbench import (
     pod_manifest,
     running_extender,
 )
+from elastic_gpu.api.admission_policies import DRA_GATE
 from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
+from elastic_gpu.core.dra.capacity_guard import TAKEN_BACK_REASON
 from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
 from elastic_gpu.devcluster.controlplane import ControlPlane
-from elastic_gpu.kube.resources import NODES, PODS, RESOURCE_CLAIMS
+from elastic_gpu.kube.resources import EVENTS, NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
 from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 
@@ -110,7 +115,7 @@ class Burst:
         return over_capacity(pods, claims, inventories)
 
 
-@pytest.mark.usefixtures("dra_device_classes")
+@pytest.mark.usefixtures("dra_device_classes", "dra_gate_policy")
 def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_over_capacity(
         k8s_cluster: ControlPlane, extender: ExtenderProcess,
         fake_gpu_nodes: Callable[..., list[str]],
@@ -123,27 +128,26 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
                    prefix="dra-guard")
     start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
 
-    tenant_won: list[str] = []
+    refused: list[str] = []
 
     def ungate(name: str) -> None:
-        """The tenant's own patch (`edit` may change her pods), racing our allocator, which
-        may have placed the pod and lifted the gate first."""
+        """The tenant's own patch (`edit` may change her pods), racing our allocator: refused
+        while the gate is on; once our allocator lifted it there is nothing to remove."""
         done = tenant.run("patch", "pod", name, "--type=json",
                           "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
-        if done.returncode == 0:
-            tenant_won.append(name)
-        else:
+        assert done.returncode != 0, f"the tenant removed {name}'s gate"
+        if DRA_GATE in done.stderr:
+            refused.append(name)
+        else:  # the test's JSON patch finds no gates to remove
             assert "schedulingGates" not in kube.get(PODS.path(namespace, name))["spec"], \
                 done.stderr
 
     burst = Burst(kube, namespace, extender.scheduler_name, group, ungate)
-    # 16 cards; the waves ask 14.5 of them, so every pod fits whatever the order (the tenant's
-    # six halves on six cards at worst)
-    # (kube-scheduler's own allocations, for the pods the tenant ungates and the nvidia.com/gpu
-    # ones, are made while our allocator is down: with both allocating at the same moment,
-    # kube-scheduler, whose cache lags our writes, can give a card's room twice, which only the
-    # node then refuses; docs/dra.md, "Not yet")
-    waves = [("a", 3, 1, 0, 0), ("b", 3, 1, 0, 0), ("c", 2, 0, 0, 0), ("d", 2, 0, 0, 0)]
+    # 16 cards; the waves ask 15 of them (18 halves, all packed by our allocator, the tenant's
+    # too; a whole-card claim and five nvidia.com/gpu pods), so every pod fits whatever the
+    # order. kube-scheduler allocates the nvidia.com/gpu pods' claims, in waves "a" and "b"
+    # while our allocator writes (its turn: our gates wait for them), and while ours is down
+    waves = [("a", 2, 1, 1, 1), ("b", 2, 0, 1, 1), ("c", 0, 0, 1, 0), ("d", 1, 0, 1, 0)]
     problems: list[str] = []
     # the independent check all along (each reading one list of the claims), not only at the
     # kills and at the end
@@ -168,6 +172,9 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
             extender.kill()  # SIGKILL: nothing written on the way out
             problems.extend(burst.over_capacity())
             burst.wave(f"{tag}-down", 1, 0, 2, 1)  # while no allocator serves
+            # the tenant's pods wait gated while no allocator serves
+            down = burst.pods()
+            assert all(_gated(down[f"{tag}-down-tenant-{i}"]) for i in (0, 1))
             extender.start(timeout_s=120)
         wait_for("every pod bound", all_bound, 120)
     finally:
@@ -176,15 +183,13 @@ def test_a_burst_through_every_route_with_three_allocator_kills_leaves_no_card_o
     assert samples[0] >= 3
     pods = burst.pods()
     assert sorted(pods) == sorted(burst.names)  # none lost
-    gated = [n for n, p in pods.items()
-             if any(g.get("name") == DRA_PLACEMENT_GATE
-                    for g in (p.get("spec") or {}).get("schedulingGates") or [])]
-    assert gated == []
+    assert [n for n, p in pods.items() if _gated(p)] == []
     problems += burst.over_capacity()
     assert problems == []
     assert extender.starts == 4
-    # the pods created while no allocator served were the tenant's to ungate
-    assert sorted(tenant_won) == sorted(f"{tag}-down-tenant-{i}" for tag in "abc" for i in (0, 1))
+    # the tenant's removals were refused: all of those made while no allocator served, and
+    # those that came before our allocator's lift in the live waves
+    assert set(refused) >= {f"{tag}-down-tenant-{i}" for tag in "abc" for i in (0, 1)}
 
 
 @pytest.mark.usefixtures("dra_device_classes")
@@ -195,7 +200,7 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
     that has not seen the allocation ours just wrote. Ours lifts the gate only `settle_s` after
     it sees its allocation back and no card it holds is over; here the other allocation lands
     in that window (a long one, in-process), so ours is cleared while its pod is still gated
-    (unreserved) and placed on the other card."""
+    (unreserved), placed on the other card, and a Warning Event on the pod says so."""
     kube = k8s_cluster.kube()
     group = unique_name("g")
     (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
@@ -234,9 +239,72 @@ def test_a_card_given_twice_before_the_gate_lifts_is_taken_back_and_placed_again
         assert ours_device() not in (None, first)
         assert allocator.cleared_count == 1
         assert burst.over_capacity() == []
+        # and the pod says so: a Warning Event naming the claim taken back and why
+        (event,) = wait_for("the taken-back Event", lambda: [
+            e for e in kube.list(EVENTS.path(k8s_namespace))[0]
+            if e["involvedObject"]["name"] == "ours" and e["reason"] == TAKEN_BACK_REASON], 30)
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]
+        assert event["message"].startswith("allocation of claim ours taken back before the "
+                                           "pod's gate was lifted: a card was given twice: ")
+        assert (f"device {first} of node {node} would hold compute 200 % of 100 %"
+                in event["message"])
+        assert f"claims allocated on the node ({k8s_namespace}/theirs: 100 %" in event["message"]
     finally:
         running.cancel()
         client.close()
+
+
+@pytest.mark.usefixtures("dra_device_classes")
+def test_no_gate_is_lifted_while_kube_scheduler_may_be_allocating_a_card(
+        k8s_cluster: ControlPlane, k8s_namespace: str, fake_gpu_nodes: Callable[..., list[str]],
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """kube-scheduler's turn (`core.dra.turn`): an `nvidia.com/gpu` pod is ungated and
+    kube-scheduler allocates its claim in the binding cycle, from a cache that may not have seen
+    ours. While such a pod waits unbound (here for a scheduler that does not run, so as long as
+    the test likes), our allocator, its allocation seen back, keeps the gate; kube-scheduler's
+    allocation then lands on the same card long after `settle_s`, the pod is bound, and ours,
+    checking only now, takes its claim back and places it on the other card."""
+    kube = k8s_cluster.kube()
+    group = unique_name("g")
+    (node,) = fake_gpu_nodes(1, gpus=2, labels={GPU_MODE_LABEL: "dra", GROUP_LABEL: group},
+                             prefix="dra-turn")
+    scheduler = unique_name("s")
+    start_kube_scheduler(plain_kube_scheduler_config(scheduler))
+    client = SyncKubeClient.from_config(Path(k8s_cluster.kubeconfig))
+    allocator = DraAllocator(client.async_client, AllocatorSettings(
+        (scheduler,), "binpack", settle_s=0.2, turn_s=60.0))
+    running = client.submit(allocator.run())
+    try:
+        burst = Burst(kube, k8s_namespace, BY_HAND, group, lambda name: None)
+        burst.extended_pod("theirs")  # in kube-scheduler's hands: ungated, unbound, no claim
+        burst.scheduler = scheduler
+        burst.claim_pod("ours", None)
+        claim_path = RESOURCE_CLAIMS.path(k8s_namespace, "ours")
+        first = wait_for("our allocation", lambda: (_results(kube.get(claim_path)) or [{}])[0]
+                         .get("device"), 60)
+        time.sleep(2.0)  # ten times settle_s: the gate stays while theirs may be allocated
+        assert _gated(kube.get(PODS.path(k8s_namespace, "ours")))
+        # kube-scheduler's binding cycle for theirs: its claim allocated (our card), then bound
+        theirs = kube.create(RESOURCE_CLAIMS.path(k8s_namespace), {
+            **claim_manifest("theirs-extended-resources-x", k8s_namespace)})
+        theirs["status"] = {"allocation": allocation(node, [result(node, first)])}
+        kube.update(RESOURCE_CLAIMS.path(k8s_namespace, "theirs-extended-resources-x",
+                                         "status"), theirs)
+        k8s_cluster.kubectl("create", "-f", "-",
+                            input=json.dumps(binding("theirs", k8s_namespace, node)))
+        wait_for("our pod bound", lambda: _bound_to(kube, k8s_namespace, "ours"), 90)
+        assert _results(kube.get(claim_path))[0]["device"] != first
+        assert allocator.cleared_count == 1
+        assert burst.over_capacity() == []
+    finally:
+        running.cancel()
+        client.close()
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    return any(g.get("name") == DRA_PLACEMENT_GATE
+               for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:

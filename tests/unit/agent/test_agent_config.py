@@ -106,6 +106,11 @@ def _kind(annotation: Any) -> str:
         return "section"
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return "enum"
+    args = typing.get_args(annotation)
+    if type(None) in args and len(args) == 2:  # optional (`X | None`): the kind of X
+        return _kind(next(a for a in args if a is not type(None)))
+    if typing.get_origin(annotation) is typing.Annotated:  # a validated type: its base
+        return _kind(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) is list:
         item = typing.get_args(annotation)[0]
         if typing.get_origin(item) is typing.Annotated:  # a ranged item: its type

@@ -50,11 +50,12 @@ from elastic_gpu.core.mig.apply import (
     Fence,
     Holders,
     Placed,
+    SetMigMode,
     Unfence,
     next_step,
     placed_of,
 )
-from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.model import Card, Health, MigInstance, MigMode
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.core.usage import ContainerRef
 
@@ -171,7 +172,9 @@ def fake_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
                            for m in row.mig]}
                   for i, row in enumerate(TABLE)],
         "controlDevices": list(NVIDIA_CONTROL)}))
-    config = parse_config({"backend": "fake", "fake": {"inventory": str(inventory)}})
+    # with its MIG state file, so a carved layout outlives the process as a real card's does
+    config = parse_config({"backend": "fake", "fake": {
+        "inventory": str(inventory), "migState": str(tmp_path / "state" / "fake-mig.json")}})
     built: list[Any] = []
 
     def build() -> Backend:
@@ -191,10 +194,8 @@ def fake_rig(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Rig:
         make_healthy=lambda index: set_health(index, Health.HEALTHY),
         break_library=broken, library_words="the fake inventory",
         capabilities=frozenset({Capability.MIG, Capability.ENFORCED_SHARES,
-                                Capability.MIG_CHANGE}),
+                                Capability.MIG_CHANGE, Capability.MIG_SURVIVES_RESTART}),
         not_applicable={
-            Capability.MIG_SURVIVES_RESTART: "the fake's layout lives in its process; a "
-                                             "restarted fake starts from its inventory",
             Capability.UNANSWERING_CARD: "a fake card has no driver to stop answering; its "
                                          "health is injected",
             Capability.FAILED_HEALTH_WAIT: "the fake's health wait reads a file and "
@@ -393,6 +394,35 @@ def test_steps_from_next_step_reach_the_wanted_layout_across_restarts(rig: Rig) 
     assert _layout(backend.discover()[1]) == ["2g.20gb@0", "2g.20gb@2", "3g.40gb@4"]
 
 
+def test_a_card_merged_back_leaves_mig_mode(rig: Rig) -> None:
+    """A merge-back: `next_step` destroys every instance, then turns MIG mode off (a backend
+    with no mode of its own, the fake's, is out of MIG mode with its last instance). The mode
+    is never turned off under instances, nor on a card without MIG."""
+    if not rig.has(Capability.MIG_CHANGE):
+        return
+    backend = rig.build()
+    uuid = TABLE[1].uuid
+    with pytest.raises(BackendError):
+        backend.apply_mig_step(uuid, SetMigMode(False))
+    with pytest.raises(BackendError):  # a T4 has no MIG mode
+        backend.apply_mig_step(TABLE[2].uuid, SetMigMode(True))
+    steps = []
+    for _ in range(6):
+        card = backend.discover()[1]
+        step = next_step(card.model, [], card.mig, Holders(), Fence(since=0.0), 60.0,
+                         card.mig_mode)
+        steps.append(type(step).__name__)
+        if isinstance(step, Create | Destroy | SetMigMode):
+            backend.apply_mig_step(card.uuid, step)
+        else:
+            assert isinstance(step, Unfence), step
+            break
+    card = backend.discover()[1]
+    assert card.mig == () and not card.mig_enabled
+    assert card.mig_mode in (None, MigMode(current=False, pending=False))
+    assert steps[:2] == ["Destroy", "Destroy"] and steps[-1] == "Unfence"
+
+
 # -- isolation --------------------------------------------------------------------------------
 
 
@@ -457,7 +487,9 @@ def fake_sampling(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SamplingRi
     cards: list[dict[str, Any]] = [{"uuid": row.uuid, "model": row.model,
                                     "memoryMiB": row.memory_mib} for row in TABLE]
     inventory.write_text(yaml.safe_dump({"cards": cards}))
-    config = parse_config({"backend": "fake", "fake": {"inventory": str(inventory)}})
+    # with its MIG state file, so a carved layout outlives the process as a real card's does
+    config = parse_config({"backend": "fake", "fake": {
+        "inventory": str(inventory), "migState": str(tmp_path / "state" / "fake-mig.json")}})
 
     def use(index: int, mib: int, sm: int) -> tuple[Holder, ...]:
         annotation = json.dumps({"main": {"memoryMiB": mib, "smPercent": sm}})

@@ -175,40 +175,19 @@ def test_a_layout_the_card_cannot_carry_is_refused_alone() -> None:
     assert device(api, 0).health is Health.HEALTHY
 
 
-class NoPods:
-    def pending_on_node(self, node: str) -> list[dict[str, Any]]:
-        return []
-
-    on_node = live_on_node = pending_on_node
-
-
 def test_the_device_plugin_agent_re_advertises_a_carved_card() -> None:
     """The running agent's seam (`Agent.layout_changed`, `NodeMode.layout_changed`): after a
     step the cards are rediscovered, the plugins serve `nvidia.com/mig-3g.40gb` and no longer
     the carved card as `nvidia.com/gpu`, and the GPUDevice and the Node's capacity say so."""
-    import shutil
-    import tempfile
-    from pathlib import Path
     from typing import cast
 
-    from elastic_gpu.agent.runtime import Agent
-    from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+    from egpu_testing.dynamic_agent import running_agent
     from elastic_gpu.kube.sync import SyncKubeClient
 
-    root = Path(tempfile.mkdtemp(prefix="egpu-mig-", dir="/tmp"))  # short: socket paths
     api = MemoryApi()
-    api.add(NODES.path(), {"apiVersion": "v1", "kind": "Node",
-                           "metadata": {"name": NODE, "labels": {MIG_DYNAMIC_LABEL: "true"}},
-                           "status": {"capacity": dict(HOST), "allocatable": dict(HOST)}})
-    config = parse_config({"migStrategy": "mixed", "usage": {"enabled": False},
-                           "syncSeconds": 3600, "healthCheck": {"enabled": False}})
     backend = FakeBackend.from_cards(
         [Card(i, f"GPU-fake-{NODE}-{i}", "A100-SXM4-80GB", 81920) for i in range(2)], NODE)
-    agent = Agent(config, backend, NODE, client=cast(SyncKubeClient, api),
-                  pods=NoPods(), plugin_dir=root / "plugins")
-    agent.mode.start()
-    agent.mode.serve()
-    try:
+    with running_agent(api, backend, NODE) as agent:
         assert agent.mode.applies_mig_layouts and agent._mig_dynamic()
         clock = ManualClock()
         applier = MigApplier(cast(SyncKubeClient, api), NODE, backend, agent.layout_changed,
@@ -225,6 +204,3 @@ def test_the_device_plugin_agent_re_advertises_a_carved_card() -> None:
         assert [m.profile for m in device(api, 0).mig] == [P3]
         resources = {server.resource for server in agent.mode.manager.servers}  # type: ignore[attr-defined]
         assert "nvidia.com/mig-3g.40gb" in resources
-    finally:
-        agent.mode.stop()
-        shutil.rmtree(root, ignore_errors=True)

@@ -11,7 +11,8 @@ import pytest
 from egpu_testing.scripted_nvml import Gi, SimNvml, two_gpus
 from elastic_gpu.agent.backends.base import BackendError
 from elastic_gpu.agent.backends.nvml import NvmlBackend
-from elastic_gpu.core.mig.apply import Create, Destroy, Placed, placed_of
+from elastic_gpu.core.mig.apply import Create, Destroy, Placed, SetMigMode, placed_of
+from elastic_gpu.core.model import MigMode
 from elastic_gpu.core.resources import MigProfile
 
 
@@ -75,3 +76,43 @@ def test_a_device_in_use_is_never_destroyed(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(BackendError, match="MIG-busy"):
         backend.apply_mig_step(gpus[1].uuid, Destroy(busy))
     assert [m[0] for m in gpus[1].mig] == ["MIG-busy"]
+
+
+def test_mig_mode_off_applies_at_once_where_the_driver_allows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = two_gpus()
+    gpus[0].mig_mode_on = True  # in MIG mode with no instance left
+    SimNvml(monkeypatch, gpus)
+    backend = NvmlBackend()
+    card = backend.discover()[0]
+    assert card.mig == () and card.mig_enabled  # backs no whole card while in MIG mode
+    assert card.mig_mode == MigMode(current=True, pending=True)
+    backend.apply_mig_step(gpus[0].uuid, SetMigMode(False))
+    card = backend.discover()[0]
+    assert card.mig_mode == MigMode(current=False, pending=False) and not card.mig_enabled
+
+
+def test_mig_mode_off_pending_a_reset_is_read_back_as_pending_until_the_reset(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = two_gpus()
+    gpus[0].mig_mode_on = gpus[0].reset_needed = True
+    SimNvml(monkeypatch, gpus)
+    backend = NvmlBackend()
+    backend.discover()
+    backend.apply_mig_step(gpus[0].uuid, SetMigMode(False))  # activation: RESET_REQUIRED
+    card = backend.discover()[0]
+    assert card.mig_mode == MigMode(current=True, pending=False) and card.mig_enabled
+    assert card.mig_mode.waits_for_reset
+    SimNvml.reset(gpus[0])  # never the agent: the operator's nvidia-smi -r
+    assert backend.discover()[0].mig_mode == MigMode(current=False, pending=False)
+
+
+def test_mig_mode_off_is_refused_while_instances_stand(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus = two_gpus()
+    gpus[1].mig = [("MIG-b", 3, 40192, 0)]
+    SimNvml(monkeypatch, gpus)
+    backend = NvmlBackend()
+    backend.discover()
+    with pytest.raises(BackendError, match="MIG mode off"):
+        backend.apply_mig_step(gpus[1].uuid, SetMigMode(False))
+    assert backend.discover()[1].mig_mode == MigMode(current=True, pending=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from elastic_gpu.controller.manager import Metrics
-from elastic_gpu.controller.worker import Done, Outcome, Retry, work
+from elastic_gpu.controller.worker import Done, Outcome, Retry, run_rounds, work
 from elastic_gpu.kube.errors import Conflict
 from elastic_gpu.kube.workqueue import WorkQueue
 
@@ -58,3 +58,34 @@ def test_expected_errors_and_partial_rounds_are_requeued_unexpected_ones_are_err
     assert _count(metrics, "requeue") == 2 and _count(metrics, "error") == 1
     assert _count(metrics, "ok") == 1
     assert queue.backoff.failures("a") == 0  # the success forgot the failures
+
+
+def test_a_round_controller_rounds_when_on_and_is_never_woken_when_off() -> None:
+    """`run_rounds`, the loop of the controllers that work in rounds (defrag, the MIG adapter,
+    mig-dynamic): on, a first round at once, then each kick; off, nothing until cancelled."""
+    metrics = Metrics()
+    rounds: list[str] = []
+
+    async def scenario(off: str | None) -> None:
+        queue: WorkQueue[str] = WorkQueue()
+
+        async def handle(key: str) -> Outcome:
+            rounds.append(key)
+            asyncio.get_running_loop().call_later(0.01, queue.shutdown)
+            return Done()
+
+        task = asyncio.ensure_future(run_rounds(queue, "c", metrics, handle,
+                                                lambda: queue.add("round"),
+                                                describe="a round", off=off))
+        await asyncio.wait([task], timeout=0.5)
+        if off is not None:
+            assert not task.done()  # waiting, never woken
+            task.cancel()
+        else:
+            assert task.done() and task.exception() is None
+
+    asyncio.run(scenario("c: off"))
+    assert rounds == []
+    asyncio.run(scenario(None))
+    assert rounds == ["round"]
+

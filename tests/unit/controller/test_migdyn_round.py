@@ -19,7 +19,7 @@ from elastic_gpu.controller.mig.dynamic import MigDynamicController
 from elastic_gpu.controller.provisioning import ExtenderClient
 from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.mig.apply import Placed
-from elastic_gpu.core.model import Card, MigInstance
+from elastic_gpu.core.model import Card, MigInstance, MigMode
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.kube.events import EventRecorder
 from elastic_gpu.kube.resources import GPUDEVICES, MIG_LAYOUTS, NODES, PODS
@@ -114,4 +114,16 @@ def test_whole_card_demand_merges_a_free_carved_card_back_after_the_cool_down() 
     asyncio.run(controller.round(1000.0))
     assert client.written == []
     asyncio.run(controller.round(1051.0))
+    assert client.written == [("create", ml.object_name("n0", "GPU-n0-1"), [])]
+
+
+def test_a_card_left_in_mig_mode_with_no_instance_is_merged_back_for_whole_demand() -> None:
+    """A card whose GPUDevice says MIG mode is on with no instance (`spec.migMode`: a reboot in
+    MIG mode, a layout deleted while its mode change waited for a reset) backs no whole card:
+    the planner counts it carved, and waiting whole-card demand merges it back (MIG mode off)."""
+    left_on = Card(1, "GPU-n0-1", A100, 81920, mig_mode=MigMode(current=True, pending=True))
+    pods = [held_whole("w", "n0", 0), gpu_pod("big", percent=None)]
+    pods[1]["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    controller, client, _ = make(ON, pods, {"n0": [whole_cards("n0", 2)[0], left_on]})
+    asyncio.run(controller.round(1000.0))
     assert client.written == [("create", ml.object_name("n0", "GPU-n0-1"), [])]

@@ -16,7 +16,7 @@ from elastic_gpu.core.admission.admit import admit
 from elastic_gpu.core.admission.facts import ClusterFacts
 from elastic_gpu.core.admission.jsonpatch import apply_patch
 from elastic_gpu.core.admission.rules import AdmissionRule, describe
-from elastic_gpu.core.assignment import Assignment, CardShare, distrust
+from elastic_gpu.core.assignment import Assignment, CardShare, distrust, trusted_assignment
 from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.scheduler.state import PodInfo
@@ -62,6 +62,17 @@ def test_the_extender_counts_no_assignment_its_binding_did_not_write() -> None:
     bound = PodInfo.from_manifest(_pod("n1", forged))
     assert bound.holds == ON_N1 and bound.distrusted is None
     assert PodInfo.from_manifest(_pod("n1")).distrusted is None  # no assignment: nothing to say
+
+
+def test_a_pods_trusted_assignment_is_read_once_for_the_agent_and_the_controllers() -> None:
+    """`trusted_assignment`: what the agent's accounting and the mig-dynamic controller's
+    ledger both read from a pod (the Binding's assignment, else nothing)."""
+    forged = {ann.ASSIGNMENT: ON_N1.to_json(), ann.ASSIGNED_NODE: "n1"}
+    assert trusted_assignment(_pod("n1", forged)) == ON_N1
+    assert trusted_assignment(_pod("", forged)) is None
+    assert trusted_assignment(_pod("n2", forged)) is None
+    assert trusted_assignment(_pod("n1")) is None
+    assert trusted_assignment(_pod("n1", {ann.ASSIGNMENT: "{", ann.ASSIGNED_NODE: "n1"})) is None
 
 
 def test_the_extender_state_ignores_and_reports_a_distrusted_assignment() -> None:

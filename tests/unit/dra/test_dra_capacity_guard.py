@@ -46,7 +46,7 @@ def test_a_share_past_the_card_is_refused_naming_device_sums_and_holders() -> No
                            "device gpu-0 would hold compute 110 % of 100 % with the claims "
                            "prepared on this node (ns/a: 60 %, 8192 MiB)")
     assert "ns/other-card" not in text
-    assert "elasticgpu.io/dra-placement gate was removed" in text
+    assert "by kube-scheduler from a cache that had not seen the other claim" in text
 
 
 def test_memory_alone_can_overflow() -> None:
@@ -93,6 +93,48 @@ def test_the_allocator_sees_its_claims_given_twice_on_their_node_only() -> None:
              "fits": hold("n2", 100)}
     (found,) = claims_overflowing(["ours"], holds, cards)
     assert (found.device, found.milli, [h.claim for h in found.holders]) == (
-        "card 0", 1200, ["theirs"])
+        "gpu-0 of node n1", 1200, ["theirs"])
     assert claims_overflowing(["fits"], holds, cards) == []
     assert claims_overflowing(["ours"], {**holds, "ours": hold("n1", 600, 1)}, cards) == []
+
+
+def test_the_taken_back_event_names_the_claim_the_card_and_the_other_holder() -> None:
+    """Issue 41: the Warning Event on a pod whose claim the allocator cleared."""
+    from elastic_gpu.core.assignment import Assignment
+    from elastic_gpu.core.dra.capacity_guard import claims_overflowing, taken_back_message
+    from elastic_gpu.core.dra.inventory import claim_key
+
+    def hold(milli: int) -> Assignment:
+        return Assignment("n1", {"claim": (CardShare(0, "GPU-0", milli, 1024),)})
+    ours, theirs = claim_key("team", "ours"), claim_key("team", "theirs")
+    found = claims_overflowing([ours], {ours: hold(600), theirs: hold(600)}, {"n1": CARDS})
+    assert taken_back_message(["ours"], found) == (
+        "allocation of claim ours taken back before the pod's gate was lifted: a card was "
+        "given twice: device gpu-0 of node n1 would hold compute 120 % of 100 % with the claims "
+        "allocated on the node (team/theirs: 60 %, 1024 MiB) (the others allocated by another "
+        "writer, kube-scheduler's allocator for a pod our gate does not hold, from a cache that "
+        "had not seen ours); the pod stays gated and is placed again")
+
+
+def test_the_allocators_check_reads_the_claims_and_slices_as_the_api_holds_them() -> None:
+    """`given_twice`: the allocator's check before a lift, from every claim and the slices; a
+    claim on another node, or not allocated, does not count."""
+    from egpu_testing.dra import claim_object, result
+    from elastic_gpu.core.dra.capacity_guard import given_twice
+    from elastic_gpu.core.dra.devices import node_slices
+
+    slices = node_slices("n1", CARDS[:2], 1) + node_slices("n2", CARDS[:2], 1)
+    half = {"compute": "60", "memory": "1Gi"}
+
+    def claim(name: str, node: str, device: str, allocated: bool = True) -> dict[str, object]:
+        return claim_object(name, "team", f"uid-{name}", node,
+                            [result(node, device, consumed=half)] if allocated else None)
+    ours = claim("ours", "n1", "gpu-0")
+    others = [claim("elsewhere", "n2", "gpu-0"), claim("open", "n1", "gpu-0", False),
+              claim("next-card", "n1", "gpu-1")]
+    assert given_twice("team", ["ours"], [ours, *others], slices) == []
+    (found,) = given_twice("team", ["ours"], [ours, *others, claim("theirs", "n1", "gpu-0")],
+                           slices)
+    assert (found.device, found.milli, [h.claim for h in found.holders]) == (
+        "gpu-0 of node n1", 1200, ["team/theirs"])
+    assert given_twice("other-team", ["ours"], [ours], slices) == []  # not ours to check

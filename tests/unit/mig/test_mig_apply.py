@@ -16,8 +16,10 @@ from elastic_gpu.core.mig.apply import (
     Fence,
     FenceCard,
     Holders,
+    PendingReset,
     Placed,
     Refuse,
+    SetMigMode,
     Settle,
     Unfence,
     holders_of,
@@ -26,7 +28,7 @@ from elastic_gpu.core.mig.apply import (
     placement_problems,
 )
 from elastic_gpu.core.mig.profiles import MIG_MODELS, mig_model
-from elastic_gpu.core.model import MigInstance
+from elastic_gpu.core.model import MigInstance, MigMode
 from elastic_gpu.core.resources import MigProfile
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -81,6 +83,29 @@ def test_fence_first_then_settle_then_carve() -> None:
     real = (inst("3g.40gb", 0, "MIG-a"), inst("1g.10gb", 4, "MIG-b"))
     assert next_step(A100, wanted, real, Holders(), Fence(since=100.0), 107.0) == Unfence()
     assert next_step(A100, wanted, real, Holders(), Fence(), 108.0) == Done()
+
+
+def test_mig_mode_goes_off_after_the_last_instance_and_on_before_the_first() -> None:
+    real = (inst("3g.40gb", 0, "MIG-a"),)
+    fenced = Fence(since=0.0)
+    on, off = MigMode(True, True), MigMode(False, False)
+    assert next_step(A100, [], real, Holders(), fenced, 60.0, on) == Destroy(real[0])
+    assert next_step(A100, [], (), Holders(), fenced, 60.0, on) == SetMigMode(False)
+    assert next_step(A100, [], (), Holders(), fenced, 60.0, MigMode(True, False)) == \
+        PendingReset("MIG mode off is pending a GPU reset; the operator resets the GPU "
+                     "(nvidia-smi -r) when idle")
+    assert next_step(A100, [], (), Holders(), fenced, 60.0, off) == Unfence()
+    assert next_step(A100, [], (), Holders(), Fence(), 60.0, off) == Done()
+    # a card in MIG mode with no instance is not the whole card: it is fenced and switched
+    assert next_step(A100, [], (), Holders(), Fence(), 60.0, on) == FenceCard()
+    wanted = [p("3g.40gb", 4)]
+    assert next_step(A100, wanted, (), Holders(), fenced, 60.0, off) == SetMigMode(True)
+    step = next_step(A100, wanted, (), Holders(), fenced, 60.0, MigMode(False, True))
+    assert isinstance(step, PendingReset) and step.reason.startswith("MIG mode on is pending")
+    assert next_step(A100, wanted, (), Holders(), fenced, 60.0, on) == Create(wanted[0])
+    # a change pending that is no longer wanted is taken back
+    assert next_step(A100, [], (), Holders(), fenced, 60.0, MigMode(False, True)) == \
+        SetMigMode(False)
 
 
 def test_destroys_come_before_creates() -> None:
@@ -149,10 +174,15 @@ def test_a_killed_applier_reaches_the_wanted_layout_never_touching_held_instance
                                   if not placement_problems(model, [*placed_of(held), x]))]
     holders = Holders(instances=tuple((u, "ns/pod") for u in sorted(held_uuids)))
     fence, now, serial = Fence(), 0.0, 0
-    for _ in range(40):
+    # the card's MIG mode as NVML reads it (None: a backend without one, the fake's); a card
+    # that needs a GPU reset keeps a change pending until the operator's reset
+    on = bool(real) or data.draw(st.booleans(), label="mode on")
+    mode = data.draw(st.sampled_from([None, MigMode(on, on)]), label="mode")
+    reset_needed = data.draw(st.booleans(), label="reset needed")
+    for _ in range(60):
         if data.draw(st.booleans(), label="killed"):
             pass  # a restart: nothing is carried over but the card and its fence
-        step = next_step(model, wanted, real, holders, fence, now)
+        step = next_step(model, wanted, real, holders, fence, now, mode)
         now += 1.0
         if isinstance(step, Done):
             break
@@ -166,10 +196,17 @@ def test_a_killed_applier_reaches_the_wanted_layout_never_touching_held_instance
         elif isinstance(step, Destroy):
             assert step.instance.uuid not in held_uuids
             real.remove(step.instance)
+        elif isinstance(step, SetMigMode):
+            assert fence.up and mode is not None and not (real and not step.on)
+            mode = MigMode(mode.current if reset_needed else step.on, step.on)
+        elif isinstance(step, PendingReset):
+            assert fence.up and mode is not None and mode.waits_for_reset
+            mode = MigMode(mode.pending, mode.pending)  # the operator resets the GPU
         elif isinstance(step, Create):
-            assert fence.up
+            assert fence.up and (mode is None or mode.current)
             assert not placement_problems(model, [*placed_of(real), step.placed])
             serial += 1
             real.append(MigInstance(step.placed.profile, f"MIG-new-{serial}", step.placed.start))
     assert placed_of(real) == sorted(wanted) and not fence.up
     assert all(m in real for m in held)
+    assert mode is None or mode == MigMode(bool(wanted), bool(wanted))

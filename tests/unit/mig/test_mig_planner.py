@@ -336,3 +336,25 @@ def test_a_group_goes_to_a_node_with_a_card_for_each_of_it() -> None:
         result = plan(grouped, [small, card("g1", node="n1"), card("g2", node="n1")])
         assert result.unserved == () and result.matched == ()
         assert sorted(c.card for c in result.cards) == ["g1", "g2"]
+
+
+def test_alternatives_the_first_free_then_the_first_that_can_be_carved() -> None:
+    # free: a later choice's free instance serves before the first choice is carved
+    cards = [card("g0", inst("1g.10gb@6", "m0")), card("g1")]
+    choice = MigDemand("p", P("3g.40gb"), alternatives=(P("1g.10gb"),))
+    result = plan([choice], cards)
+    assert result.matched == (("p", "m0"),) and result.cards == ()
+    # carved: a first choice the card's model lacks (H200's 3g.71gb) gives way to the next
+    far = MigDemand("q", P("3g.71gb"), alternatives=(P("2g.20gb"), P("1g.10gb")))
+    (one,) = plan([far], [card("g1")]).cards
+    assert names(one.create) == ["2g.20gb@4"] and one.serves == ("q",)
+    # in the order listed: the first choice on a whole card, not the second beside a carved one
+    carved = card("g0", inst("3g.40gb@4", "m1", held=True))
+    first = MigDemand("s", P("4g.40gb"), alternatives=(P("1g.10gb"),))
+    blocked = card("g0", inst("3g.40gb@0", "m1", held=True), inst("1g.10gb@6", "m2", held=True))
+    (one,) = plan([first], [blocked, card("g1")]).cards
+    assert (one.card, names(one.create)) == ("g1", ["4g.40gb@0"])
+    (one,) = plan([first], [carved, card("g1")]).cards  # beside, when it fits there
+    assert (one.card, names(one.create)) == ("g0", ["4g.40gb@0"])
+    # nothing any choice serves: it waits
+    assert plan([MigDemand("r", P("3g.71gb"))], [card("g1")]).unserved == ("r",)

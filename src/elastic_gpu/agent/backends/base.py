@@ -15,7 +15,7 @@ from typing import Protocol
 
 from elastic_gpu.agent.backends.isolation import Isolation
 from elastic_gpu.agent.config import SharingConfig
-from elastic_gpu.core.mig.apply import Create, Destroy
+from elastic_gpu.core.mig.apply import CardChange
 from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.usage import ContainerRef
 
@@ -122,9 +122,11 @@ class Backend(Protocol):
         (never a guess). Raises BackendError when nothing can be sampled."""
         ...
 
-    def apply_mig_step(self, card_uuid: str, step: Create | Destroy) -> tuple[MigInstance, ...]:
+    def apply_mig_step(self, card_uuid: str, step: CardChange) -> tuple[MigInstance, ...]:
         """Carry out one step of a card's MIG layout (`core.mig.apply.next_step`: create one
-        instance at its placement, or destroy one) and return the card's instances after it.
+        instance at its placement, destroy one, or set the card's MIG mode, which may stay
+        pending a GPU reset: `discover` then reads it in the card's `mig_mode`) and return the
+        card's instances after it.
         The agent has checked holders and the fence; the backend refuses what the card
         refuses (BackendError with the driver's reason), and never forces a device in use."""
         ...

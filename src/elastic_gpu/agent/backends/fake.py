@@ -26,6 +26,14 @@ Schema (docs/agent.md has the reference):
       - {index: 1, health: Unhealthy, reason: "XID 79"}
     visibleDevicesEnv: NVIDIA_VISIBLE_DEVICES
 
+MIG state (`FakeConfig.migState`, off unless configured): with a file named, the backend writes
+every card's MIG instances to it atomically after each MIG step (`apply_mig_step`) and reads it
+at start, so a fake agent killed mid-change restarts with the card's layout as it left it, as
+NVML would report a real card's (without it the layout lives in the process, and a restarted
+fake starts from its inventory). A card the file names that the inventory lacks, or a layout
+its model does not allow, is ignored with a warning; an unreadable file is moved aside and the
+inventory's layouts are used.
+
 The usage model (`sample`, test-only; docs/agent.md "Observed usage"): a card's `usage:` sets
 memory held by no pod (out-of-band, reported as memory beyond the processes' sum, like a leaked
 context) and utilisation of its own; each container holding the card adds what its pod's
@@ -57,12 +65,20 @@ from elastic_gpu.agent.backends.base import (
     MigSample,
     ProcessSample,
 )
+from elastic_gpu.agent.backends.fake_mig_state import read_mig_state, write_mig_state
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import SharingConfig
 from elastic_gpu.agent.usage.cgroup import container_pids
 from elastic_gpu.api.config.loader import ConfigError, read_file
 from elastic_gpu.core import annotations as ann
-from elastic_gpu.core.mig.apply import Create, Destroy, placed_of, placement_problems
+from elastic_gpu.core.mig.apply import (
+    CardChange,
+    Create,
+    SetMigMode,
+    placed_of,
+    placement_problems,
+)
+from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile, ResourceError
 from elastic_gpu.core.usage import MAX_PERCENT
@@ -193,13 +209,17 @@ class FakeBackend:
     """A backend whose devices and health come from a `FakeInventory`."""
 
     def __init__(self, inventory: FakeInventory, node: str = "node", path: Path | None = None,
-                 proc: Path = Path("/proc")) -> None:
+                 proc: Path = Path("/proc"), mig_state: Path | None = None) -> None:
         self._node = node
         self._proc = proc
         self._path = path
         self._mtime = path.stat().st_mtime_ns if path is not None else 0
         self._inventory = inventory
         self._cards, self._devices = build_cards(inventory, node)
+        #: where the cards' MIG layouts persist across restarts (None: in this process only)
+        self._mig_state = mig_state
+        if mig_state is not None:
+            self._cards = read_mig_state(mig_state, self._cards)
         self._by_uuid = {card.uuid: card for card in self._cards}
         self._lock = threading.Condition()
         self._health: dict[str, tuple[Health, str]] = {}
@@ -208,14 +228,15 @@ class FakeBackend:
         self._apply_file_health(inventory)
 
     @classmethod
-    def from_file(cls, path: Path, node: str = "node") -> FakeBackend:
+    def from_file(cls, path: Path, node: str = "node",
+                  mig_state: Path | None = None) -> FakeBackend:
         # The agent's settings loader: hostile YAML (aliases, deep nesting, huge numbers, bytes
         # that are not UTF-8) is refused here too, not a crash or a hang of the health thread.
         try:
             data = read_file(path)
         except ConfigError as err:
             raise BackendError(f"the fake inventory {err}") from None
-        return cls(parse_inventory(data, str(path)), node, path)
+        return cls(parse_inventory(data, str(path)), node, path, mig_state=mig_state)
 
     @classmethod
     def from_dict(cls, data: Any, node: str = "node") -> FakeBackend:
@@ -405,15 +426,27 @@ class FakeBackend:
             out.append(CardSample(card.uuid, used, sm_total, procs, migs))
         return tuple(out)
 
-    def apply_mig_step(self, card_uuid: str, step: Create | Destroy) -> tuple[MigInstance, ...]:
+    def apply_mig_step(self, card_uuid: str, step: CardChange) -> tuple[MigInstance, ...]:
         """As a MIG-capable card would: refuses a placement the model does not allow or that
         overlaps an instance; a new instance's UUID is made from the card and its placement
-        (`MIG-<card>-<profile>-<start>`). The layout lives in this process: a restarted fake
-        agent starts from its inventory again (docs/mig-apply.md)."""
+        (`MIG-<card>-<profile>-<start>`). The layout lives in this process, and in the MIG state
+        file where one is configured (written before this returns: a restarted fake agent then
+        reads the card's layout as it was left; without one it starts from its inventory,
+        docs/mig-apply.md). A fake card has no mode of
+        its own (`Card.mig_mode` None: in MIG mode exactly when it has instances), so a mode
+        change applies at once: it is refused only where the card could not take it (MIG
+        mode off with instances, or on a model without MIG)."""
         with self._lock:
             card = self._by_uuid.get(card_uuid)
             if card is None:
                 raise BackendError(f"fake backend: no card with uuid {card_uuid}")
+            if isinstance(step, SetMigMode):
+                if mig_model(card.model) is None:
+                    raise BackendError(f"card {card_uuid} ({card.model}) has no MIG mode")
+                if not step.on and card.mig:
+                    raise BackendError(f"card {card_uuid}: MIG mode off refused, it has "
+                                       f"{len(card.mig)} instances (In Use)")
+                return card.mig
             if isinstance(step, Create):
                 problems = placement_problems(card.model, [*placed_of(card.mig), step.placed])
                 if problems:
@@ -429,7 +462,10 @@ class FakeBackend:
                     raise BackendError(f"no MIG device {step.instance.uuid} on card {card_uuid}")
                 mig = tuple(m for m in card.mig if m.uuid != step.instance.uuid)
             changed = replace(card, mig=tuple(sorted(mig, key=lambda m: (m.start, m.uuid))))
-            self._cards = tuple(changed if c.uuid == card_uuid else c for c in self._cards)
+            cards = tuple(changed if c.uuid == card_uuid else c for c in self._cards)
+            if self._mig_state is not None:  # the card's layout first, then this process's
+                write_mig_state(self._mig_state, cards)
+            self._cards = cards
             self._by_uuid[card_uuid] = changed
             return changed.mig
 

@@ -38,7 +38,7 @@ from elastic_gpu.agent.backends.base import (
 )
 from elastic_gpu.agent.backends.isolation import Isolation, cuda_mps_isolation
 from elastic_gpu.agent.config import HealthConfig, SharingConfig
-from elastic_gpu.core.mig.apply import Create, Destroy, Placed
+from elastic_gpu.core.mig.apply import CardChange, Create, Destroy, Placed
 from elastic_gpu.core.model import Card, Health, Link, LinkKind, MigInstance
 from elastic_gpu.core.resources import MigProfile
 
@@ -151,7 +151,7 @@ class NvmlBackend:
             links = self._links(index, handle, by_bus, found)
             cards.append(Card(card.index, card.uuid, card.model, card.memory_mib,
                               links=links, mig=card.mig, numa_node=card.numa_node,
-                              health=self._current_health(card.uuid)))
+                              health=self._current_health(card.uuid), mig_mode=card.mig_mode))
             self._handles[card.uuid] = handle
             self._index[card.uuid] = index
             self._mig_cards[card.uuid] = bool(card.mig)
@@ -171,7 +171,10 @@ class NvmlBackend:
             numa = numa if numa >= 0 else None
         except (pynvml.NVMLError, AttributeError):
             numa = None
-        return Card(index, uuid, model, memory, mig=self._mig(index, handle), numa_node=numa)
+        from elastic_gpu.agent.backends import nvml_mig
+
+        return Card(index, uuid, model, memory, mig=self._mig(index, handle), numa_node=numa,
+                    mig_mode=nvml_mig.read_mode(handle))
 
     def _mig(self, index: int, handle: Any) -> tuple[MigInstance, ...]:
         try:
@@ -376,7 +379,7 @@ class NvmlBackend:
 
     # -- MIG layout ------------------------------------------------------------------------
 
-    def apply_mig_step(self, card_uuid: str, step: Create | Destroy) -> tuple[MigInstance, ...]:
+    def apply_mig_step(self, card_uuid: str, step: CardChange) -> tuple[MigInstance, ...]:
         from elastic_gpu.agent.backends import nvml_mig
 
         handle = self._handles.get(card_uuid)
@@ -385,8 +388,10 @@ class NvmlBackend:
         nvml_mig.remove_orphans(handle)
         if isinstance(step, Create):
             nvml_mig.create(handle, step.placed)
-        else:
+        elif isinstance(step, Destroy):
             nvml_mig.destroy(handle, step.instance.uuid)
+        else:
+            nvml_mig.set_mode(handle, step.on)
         instances = self._mig(self._index.get(card_uuid, -1), handle)
         self._mig_cards[card_uuid] = bool(instances)
         return instances

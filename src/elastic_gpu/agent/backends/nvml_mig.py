@@ -7,6 +7,13 @@ instance spanning it (`nvmlGpuInstanceCreateComputeInstance`, the profile of its
 which is what makes it a MIG device kubelet's device plugin and the discovery see. A compute
 instance that cannot be made destroys its GPU instance again.
 
+`set_mode(handle, on)`: MIG mode on or off (`nvmlDeviceSetMigMode`), as the step function asks
+it (on before a card's first instance, off after a merged-back card's last one). The driver may
+apply it at once (an idle Hopper) or keep it pending a GPU reset (an A100 or A30, a device not
+idle: its activation status says `RESET_REQUIRED` or `IN_USE`); the mode read back
+(`nvmlDeviceGetMigMode`: current and pending) tells which, and the step function then reports
+`PendingReset` until the operator has reset the GPU. The agent never resets a GPU itself.
+
 `destroy(handle, uuid)`: the compute instances of the MIG device, then its GPU instance; a
 device with processes is refused by the driver (`In Use`), which is reported, never forced.
 
@@ -29,6 +36,7 @@ import pynvml
 
 from elastic_gpu.agent.backends.base import BackendError
 from elastic_gpu.core.mig.apply import Placed
+from elastic_gpu.core.model import MigMode
 from elastic_gpu.core.resources import MigProfile
 
 log = logging.getLogger(__name__)
@@ -60,6 +68,34 @@ def gpu_instance_profile(handle: Any, profile: MigProfile) -> Any:
         if _profile_name(info, profile_id) == profile:
             return info
     raise BackendError(f"the card has no GPU instance profile {profile.name}")
+
+
+def read_mode(handle: Any) -> MigMode | None:
+    """The card's MIG mode (current, pending); None where it has none (NotSupported)."""
+    try:
+        current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return None
+    return MigMode(current == pynvml.NVML_DEVICE_MIG_ENABLE,
+                   pending == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def set_mode(handle: Any, on: bool) -> MigMode:
+    """Ask for MIG mode `on`/off; the mode after it (module doc). A BackendError when the
+    driver refuses it, or neither applies nor keeps it pending."""
+    wanted = pynvml.NVML_DEVICE_MIG_ENABLE if on else pynvml.NVML_DEVICE_MIG_DISABLE
+    try:
+        status = pynvml.nvmlDeviceSetMigMode(handle, wanted)
+    except pynvml.NVMLError as err:
+        raise _fail(f"setting MIG mode {'on' if on else 'off'}", err) from None
+    mode = read_mode(handle)
+    if mode is None or on not in (mode.current, mode.pending):
+        raise BackendError(f"MIG mode {'on' if on else 'off'} was not taken (activation status "
+                           f"{status}, mode now {mode})")
+    if mode.current != on:
+        log.warning("MIG mode %s is pending a GPU reset (activation status %s)",
+                    "on" if on else "off", status)
+    return mode
 
 
 def ensure_mig_mode(handle: Any) -> None:

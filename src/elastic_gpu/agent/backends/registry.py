@@ -27,7 +27,7 @@ def _fake(config: AgentConfig, node_name: str) -> Backend:
 
     if config.fake is None:  # the config validator requires it; say so if it did not
         raise BackendError("the fake backend needs `fake.inventory` in the config")
-    return FakeBackend.from_file(config.fake.inventory, node_name)
+    return FakeBackend.from_file(config.fake.inventory, node_name, config.fake.migState)
 
 
 BACKENDS: Mapping[BackendKind, BackendFactory] = {

@@ -6,6 +6,10 @@ socket re-created by someone else is noticed too) and kubelet.sock's inode; a mi
 means: stop that server, serve again, register again; a new kubelet.sock means: register
 again. A failed registration (kubelet not up yet) is retried on the next tick. With a 0.1 s
 tick, re-registration after a wipe takes well under the 2 s kubelet tolerates.
+
+A MIG layout change (`update`) re-serves only the resources whose devices changed: the
+`nvidia.com/mig-<profile>` plugins a step touched and the whole-card one; kubelet sees the
+others' streams untouched.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class PluginManager:
         self._thread: threading.Thread | None = None
         self._kubelet_inode: int | None = None
         self.restarts = 0
+        #: held by a tick and by `update`: a tick never restarts a server `update` stopped
+        self._lock = threading.RLock()
 
     def _kubelet_inode_now(self) -> int | None:
         try:
@@ -46,6 +52,34 @@ class PluginManager:
         self.tick()
         self._thread = threading.Thread(target=self._loop, name="plugin-watch", daemon=True)
         self._thread.start()
+
+    def update(self, servers: Sequence[PluginServer]) -> list[str]:
+        """Serve `servers` (the node's plans now) in place of the running ones: a running
+        server whose plan is the same keeps serving; one whose devices changed, or whose
+        resource is gone, is stopped; a changed or new one is served (and registered by the
+        tick). The resources started or stopped, sorted."""
+        with self._lock:
+            running = {server.resource: server for server in self.servers}
+            kept: list[PluginServer] = []
+            changed: list[str] = []
+            for server in servers:
+                old = running.pop(server.resource, None)
+                if old is not None and old.plan == server.plan:
+                    kept.append(old)
+                    continue
+                if old is not None:
+                    old.stop()
+                if self._thread is not None:
+                    server.start()
+                kept.append(server)
+                changed.append(server.resource)
+            for gone in running.values():
+                gone.stop()
+                changed.append(gone.resource)
+            self.servers = kept
+            if self._thread is not None:
+                self.tick()
+        return sorted(changed)
 
     def stop(self) -> None:
         self._stop.set()
@@ -62,6 +96,10 @@ class PluginManager:
                 log.exception("device plugin watch")
 
     def tick(self) -> None:
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
         for server in self.servers:
             if not server.socket_intact():
                 log.warning("socket of %s is gone (kubelet restart?): serving again",

@@ -76,9 +76,12 @@ class DevicePluginNode:
         #: The uid of the Node the GPUDevices were last published under (their owner).
         self._owner_uid: str | None = None
 
+    def _servers(self) -> list[PluginServer]:
+        return [PluginServer(plan, self.state, self.allocator, self.plugin_dir)
+                for plan in self.current().plans]
+
     def _plugins(self) -> PluginManager:
-        return PluginManager([PluginServer(plan, self.state, self.allocator, self.plugin_dir)
-                              for plan in self.current().plans], self.plugin_dir)
+        return PluginManager(self._servers(), self.plugin_dir)
 
     @property
     def applies_mig_layouts(self) -> bool:
@@ -89,11 +92,11 @@ class DevicePluginNode:
 
     def layout_changed(self) -> None:
         """Serve the plugins of the resources the cards back now (a carved card backs
-        `nvidia.com/mig-*`, no longer `nvidia.com/gpu`): kubelet sees them registered again;
-        then the GPUDevices' spec (their instances) and the Node's capacity."""
-        self.manager.stop()
-        self.manager = self._plugins()
-        self.manager.start()
+        `nvidia.com/mig-*`, no longer `nvidia.com/gpu`): only those whose devices changed are
+        served and registered again (`PluginManager.update`); then the GPUDevices' spec (their
+        instances) and the Node's capacity."""
+        restarted = self.manager.update(self._servers())
+        log.info("MIG layout changed: device plugins re-served: %s", restarted or "none")
         if self.client is not None:
             snap = self.current()
             publish_inventory(self.client, snap.node, self.reasons(), self._owner_uid)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.dra.files import remove_file, write_json_atomic
+from elastic_gpu.agent.files import remove_file, write_json_atomic
 from elastic_gpu.agent.grant import Grant
 from elastic_gpu.core.dra.devices import DRIVER
 

@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from elastic_gpu.agent.dra.files import write_json_atomic
 from elastic_gpu.agent.dra.prepare import PreparedClaim
+from elastic_gpu.agent.files import write_json_atomic
 from elastic_gpu.core.dra.devices import DRIVER
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,6 @@ One level-triggered round at a time (a single work-queue key), run on every chan
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,7 @@ from elastic_gpu.controller.defrag.metrics import DefragMetrics
 from elastic_gpu.controller.defrag.state import DefragState, InFlight
 from elastic_gpu.controller.defrag.writes import DefragWrites, Step
 from elastic_gpu.controller.manager import Context
-from elastic_gpu.controller.worker import Done, Outcome, work
+from elastic_gpu.controller.worker import Done, Outcome, run_rounds
 from elastic_gpu.core.claims.pods import ClaimAnnotationError, pod_claims
 from elastic_gpu.core.defrag.limits import RateLimits, over_limit
 from elastic_gpu.core.defrag.movable import (
@@ -33,7 +32,7 @@ from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manife
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest, pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
-from elastic_gpu.kube.informer import Handler
+from elastic_gpu.kube.informer import on_any_change
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.workqueue import WorkQueue
 
@@ -69,9 +68,7 @@ class DefragController:
                                  self.config.rate_window_s)
         self.rules = MoveRules(self.config.movable_namespaces, self.config.cool_down_s)
         if self.config.enabled:  # off: not even woken up
-            changed = Handler(on_add=lambda _o: self.kick(),
-                              on_update=lambda _o, _n: self.kick(),
-                              on_delete=lambda _o: self.kick())
+            changed = on_any_change(self.kick)
             for informer in (self.pods, self.nodes, self.devices, self.egpus):
                 informer.add_handler(changed)
 
@@ -80,15 +77,9 @@ class DefragController:
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time
-        if not self.config.enabled:
-            log.info("defrag: off (defrag.enabled is false in --config)")
-            await asyncio.Event().wait()  # until cancelled
-        self.kick()
-        try:
-            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
-                       describe=lambda _: "defrag round")
-        finally:
-            self.queue.shutdown()
+        await run_rounds(self.queue, self.name, self.ctx.metrics, self._round_key, self.kick,
+                         describe="defrag round", off=None if self.config.enabled else
+                         "defrag: off (defrag.enabled is false in --config)")
 
     async def _round_key(self, key: str) -> Outcome:
         del key  # the one key: a round over the whole cluster

@@ -30,7 +30,7 @@ from elastic_gpu.controller.mig.objects import (
 from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
-from elastic_gpu.controller.worker import Done, Outcome, Retry, work
+from elastic_gpu.controller.worker import Done, Outcome, Retry, run_rounds
 from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.mig.bare import owner_rule_unused
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
@@ -43,7 +43,7 @@ from elastic_gpu.core.mig.substitution import (
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.podlife import finished
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
-from elastic_gpu.kube.informer import Handler, Obj, object_key
+from elastic_gpu.kube.informer import Handler, Obj, object_key, on_any_change
 from elastic_gpu.kube.resources import ELASTICGPUS, GPUDEVICES, NODES, PODS
 from elastic_gpu.kube.resources import MIG_SUBSTITUTIONS as RULES
 from elastic_gpu.kube.workqueue import WorkQueue
@@ -78,9 +78,7 @@ class MigController:
         self.bare = BareRules(self.pods, self.state, self.writes)
         self.substitution = Substitution(ctx, self.nodes, self.metrics, self.state, self.writes)
         self.move_back = MoveBack(ctx, self.nodes, self.metrics, self.state, self.writes)
-        changed = Handler(on_add=lambda _o: self.kick(),
-                          on_update=lambda _o, _n: self.kick(),
-                          on_delete=lambda _o: self.kick())
+        changed = on_any_change(self.kick)
         for informer in (self.pods, self.nodes, self.rules):
             informer.add_handler(changed)
         # a round decodes every GPUDevice and ElasticGPU: started by each of their events, it
@@ -104,12 +102,8 @@ class MigController:
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time: the key is one
-        self.kick()
-        try:
-            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
-                       expected=(Conflict, NotFound), describe=lambda _: "mig round")
-        finally:
-            self.queue.shutdown()
+        await run_rounds(self.queue, self.name, self.ctx.metrics, self._round_key, self.kick,
+                         describe="mig round", expected=(Conflict, NotFound))
 
     async def _round_key(self, key: str) -> Outcome:
         del key  # the one key: a round over every rule and pod

@@ -8,8 +8,10 @@ GPUDevices, ElasticGPUs, MigLayouts, ResourceSlices and ResourceClaims, and ever
 1. the waiting pods (kube-scheduler found no node: `core.defrag.movable.waiting_for_capacity`)
    become demand (`core.mig.cardstate.pod_demand`: one `MigDemand` per instance asked, one
    `WholeDemand` for whole cards), each allowed the opted-in device-plugin nodes its selector,
-   affinity and tolerations accept; their unallocated claims of the MIG class by profile
-   (`core.dra.migdemand`) are demand on the opted-in DRA nodes they accept;
+   affinity and tolerations accept; their unallocated claims of the MIG class
+   (`core.dra.migdemand`: by profile, `||`, memory bound or `firstAvailable`) are demand on
+   the opted-in DRA nodes they accept, and a claim it cannot read is logged and an Event
+   (`MigClaimUnreadable`) put on the pod, once per claim and problem;
 2. the cards, as the planner sees them (`core.mig.dynamic.card_states`): GPUDevices' cards, and
    DRA nodes' cards read back from their slices (`core.dra.sliceview.node_cards`); held
    instances and cards from the ledger (pods' trusted assignments, ElasticGPUs, allocated
@@ -27,7 +29,6 @@ holder.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -38,13 +39,13 @@ from elastic_gpu.api import gpudevice
 from elastic_gpu.api import miglayout as ml
 from elastic_gpu.controller.config import MigDynamicConfig
 from elastic_gpu.controller.manager import Context
-from elastic_gpu.controller.worker import Done, Outcome, work
-from elastic_gpu.core.annotations import ASSIGNED_NODE, MIG_DYNAMIC_LABEL
-from elastic_gpu.core.assignment import Assignment, AssignmentError, distrust, pod_assignment
+from elastic_gpu.controller.worker import Done, Outcome, run_rounds
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
+from elastic_gpu.core.assignment import Assignment, trusted_assignment
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
 from elastic_gpu.core.defrag.movable import waiting_for_capacity
 from elastic_gpu.core.dra.inventory import claim_key
-from elastic_gpu.core.dra.migdemand import pod_claim_demand
+from elastic_gpu.core.dra.migdemand import Unread, pod_claim_demand
 from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.dra.sliceview import claim_holds, node_cards
 from elastic_gpu.core.mig.apply import Placed
@@ -57,7 +58,8 @@ from elastic_gpu.core.podlife import holds_cards
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.core.resources import ResourceError
 from elastic_gpu.kube.errors import Conflict, NotFound
-from elastic_gpu.kube.informer import Handler
+from elastic_gpu.kube.events import WARNING
+from elastic_gpu.kube.informer import on_any_change
 from elastic_gpu.kube.resources import (
     ELASTICGPUS,
     GPUDEVICES,
@@ -72,6 +74,8 @@ from elastic_gpu.kube.workqueue import WorkQueue
 log = logging.getLogger(__name__)
 
 ROUND = "round"
+#: the Event's reason on a waiting pod whose MIG claim the controller cannot read
+UNREAD_REASON = "MigClaimUnreadable"
 #: how often a round runs with nothing changing (cool-downs end by time)
 RESYNC_S = 2.0
 
@@ -87,18 +91,9 @@ def held_in_ledger(pods: Sequence[Mapping[str, Any]], egpus: Sequence[Mapping[st
     (`core.assignment.distrust`), and every ElasticGPU."""
     held = []
     for pod in pods:
-        if not holds_cards(pod):
-            continue
-        try:
-            assignment = pod_assignment(pod)
-        except AssignmentError:
-            continue
-        if assignment is None:
-            continue
-        meta = _meta(pod)
-        annotations = meta.get("annotations") or {}
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        if distrust(node, annotations.get(ASSIGNED_NODE), assignment) is None:
+        assignment = trusted_assignment(pod) if holds_cards(pod) else None
+        if assignment is not None:
+            meta = _meta(pod)
             held.append((f"{meta.get('namespace')}/{meta.get('name')}", assignment))
     for obj in egpus:
         try:
@@ -127,11 +122,11 @@ class MigDynamicController:
         self.claims = f.informer(RESOURCE_CLAIMS.path(), "resourceclaims", missing_ok=True)
         #: card uuid -> when (monotonic) its layout was last written or it was last seen held
         self.changed_at: dict[str, float] = {}
+        #: claim (`<namespace>/<name>`) -> the problem last reported for it (`_report_unread`)
+        self.unread: dict[str, str] = {}
         self.clock = time.monotonic
         if self.config.enabled:  # off: not even woken up
-            changed = Handler(on_add=lambda _o: self.kick(),
-                              on_update=lambda _o, _n: self.kick(),
-                              on_delete=lambda _o: self.kick())
+            changed = on_any_change(self.kick)
             for informer in (self.pods, self.nodes, self.devices, self.egpus, self.layouts,
                              self.slices, self.claims):
                 informer.add_handler(changed)
@@ -141,15 +136,10 @@ class MigDynamicController:
 
     async def run(self, workers: int) -> None:
         del workers  # one round at a time
-        if not self.config.enabled:
-            log.info("mig-dynamic: off (mig.dynamic.enabled is false in --config)")
-            await asyncio.Event().wait()  # until cancelled
-        self.kick()
-        try:
-            await work(self.queue, self.name, self.ctx.metrics, self._round_key,
-                       expected=(Conflict, NotFound), describe=lambda _: "mig-dynamic round")
-        finally:
-            self.queue.shutdown()
+        await run_rounds(self.queue, self.name, self.ctx.metrics, self._round_key, self.kick,
+                         describe="mig-dynamic round", expected=(Conflict, NotFound),
+                         off=None if self.config.enabled else
+                         "mig-dynamic: off (mig.dynamic.enabled is false in --config)")
 
     async def _round_key(self, key: str) -> Outcome:
         del key
@@ -193,6 +183,8 @@ class MigDynamicController:
         whole: list[WholeDemand] = []
         claims = {f"{_meta(c).get('namespace')}/{_meta(c).get('name')}": c
                   for c in self.claims.items()}
+        for gone in [k for k in self.unread if k not in claims]:  # reported, since deleted
+            del self.unread[gone]
         seen: set[str] = set()
         for pod in pods:
             if not waiting_for_capacity(pod):
@@ -208,16 +200,31 @@ class MigDynamicController:
                            taints_from_node(node)) is None}
             dra = frozenset(n for n in allowed if is_dra_node(_meta(opted[n]).get("labels") or {}))
             if dra:  # a claim shared by waiting pods is one demand
-                for one in pod_claim_demand(pod, claims, dra):
+                demand, unread = pod_claim_demand(pod, claims, dra)
+                for one in demand:
                     if one.key not in seen:
                         seen.add(one.key)
                         mig.append(one)
+                for item in unread:
+                    self._report_unread(pod, item)
             if not request.wants_gpu or not allowed - dra:
                 continue
             m, w = pod_demand(request, frozenset(allowed - dra))
             mig += m
             whole += w
         return mig, whole
+
+    def _report_unread(self, pod: Mapping[str, Any], item: Unread) -> None:
+        """A claim whose MIG requests could not be read: logged and an Event on the waiting
+        pod, once per claim and problem (it is no demand: nothing is carved for it)."""
+        if self.unread.get(item.claim) == item.problem:
+            return
+        self.unread[item.claim] = item.problem
+        message = (f"ResourceClaim {item.claim}: {item.problem}; dynamic MIG carves nothing "
+                   f"for it (docs/mig-apply.md, \"DRA nodes\")")
+        log.warning("mig-dynamic: %s", message)
+        self.ctx.recorder.record({**pod, "apiVersion": "v1", "kind": "Pod"}, WARNING,
+                                 UNREAD_REASON, message)
 
     # ------------------------------------------------------------------ the round
 

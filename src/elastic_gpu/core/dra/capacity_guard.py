@@ -2,15 +2,15 @@
 
 kube-scheduler's allocator never gives a card more than its `compute` and `memory` capacity
 across the claims *it* sees, and our allocator holds every allocated claim as a fact. Yet a
-card can still be given twice: a tenant removes her pod's gate while our allocator's write is
-in flight, another DeviceClass (or the extended-resource mapping) lets kube-scheduler allocate
-from a cache that lags ours, an admin writes an allocation by hand. The node is the last place
-that can say no: the kubelet plugin (`agent.dra.kubelet_plugin`) sums, per card, what the
-claims already prepared on the node hold (its checkpoint) plus what the new claim would, and
-refuses the new claim when a card would go past its compute or memory, or a MIG instance would
-have two holders. The claims already prepared keep what they got (their containers run); the
-refused one fails its pod's start, with this module's sentence in kubelet's error and in an
-Event on the pod.
+card can still be given twice: kube-scheduler allocates from a cache that lags ours (for a pod
+it retries, an `nvidia.com/gpu` pod through the extended-resource mapping, another DeviceClass)
+after our allocator's check (`core.dra.turn`), an admin writes an allocation by hand. The node
+is the last place that can say no: the kubelet plugin (`agent.dra.kubelet_plugin`) sums, per
+card, what the claims already prepared on the node hold (its checkpoint) plus what the new
+claim would, and refuses the new claim when a card would go past its compute or memory, or a
+MIG instance would have two holders. The claims already prepared keep what they got (their
+containers run); the refused one fails its pod's start, with this module's sentence in
+kubelet's error and in an Event on the pod.
 
 A card holding a whole-card claim is full (`core.dra.allocation`: a claim asking no capacity
 consumes the whole card), so whole-card allocations are exclusive by the same sum.
@@ -20,13 +20,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from elastic_gpu.core.assignment import Assignment, CardShare
+from elastic_gpu.core.dra.devices import card_device
+from elastic_gpu.core.dra.inventory import (
+    CLAIM_KEY_PREFIX,
+    allocated_pools,
+    cards_from_slices,
+    claim_hold,
+    claim_key,
+    tables_of,
+)
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.resources import MILLI_PER_PERCENT
 
 #: The Event's reason on a pod whose claim is refused for this.
 REASON = "DeviceOverCapacity"
+#: The Warning Event's reason on a gated pod whose claims our allocator took back, a card they
+#: hold having been given twice before its gate lifted (`claims_overflowing`).
+TAKEN_BACK_REASON = "DRAClaimTakenBack"
 
 
 @dataclass(frozen=True)
@@ -52,17 +65,19 @@ class Overflow:
     mig: bool
     holders: tuple[Holding, ...]
 
-    def describe(self) -> str:
+    def describe(self, holders_are: str = "prepared on this node") -> str:
+        """The sentence; `holders_are` says what the holders are (the node: prepared; the
+        allocator: allocated)."""
         others = ", ".join(_held(h) for h in self.holders)
         if self.mig:
-            return f"MIG device {self.device} is already prepared for {others}"
+            return f"MIG device {self.device} is already {holders_are.split()[0]} for {others}"
         over = []
         if self.milli > self.card_milli:
             over.append(f"compute {_pct(self.milli)} % of {_pct(self.card_milli)} %")
         if self.memory_mib > self.card_memory_mib:
             over.append(f"memory {self.memory_mib} of {self.card_memory_mib} MiB")
         return (f"device {self.device} would hold {' and '.join(over)} with the claims "
-                f"prepared on this node ({others})")
+                f"{holders_are} ({others})")
 
 
 def _pct(milli: int) -> str:
@@ -125,9 +140,9 @@ def refusal(claim: str, found: Sequence[Overflow]) -> str | None:
         return None
     return (f"{claim}: refused, it would put a device over capacity: "
             + "; ".join(o.describe() for o in found)
-            + " (allocated past what the card has: by kube-scheduler for a pod whose "
-            "elasticgpu.io/dra-placement gate was removed, or through another DeviceClass "
-            "selecting these devices; the pod can start once the holders are gone)")
+            + " (allocated past what the card has: by kube-scheduler from a cache that had "
+            "not seen the other claim, or through another DeviceClass selecting these "
+            "devices; the pod can start once the holders are gone)")
 
 
 def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
@@ -144,6 +159,44 @@ def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
         for key, hold in holds.items():
             if hold.node == node:
                 (ours if key in keys else others).extend(
-                    Holding(key, f"card {share.index}", share) for share in hold.shares())
+                    Holding(key.removeprefix(CLAIM_KEY_PREFIX),
+                            f"{card_device(share.index)} of node {node}", share)
+                    for share in hold.shares())
         found += overflows(cards.get(node, ()), others, ours)
     return found
+
+
+def given_twice(namespace: str, names: Sequence[str], claims: Iterable[Mapping[str, Any]],
+                slices: Iterable[Mapping[str, Any]]) -> list[Overflow]:
+    """`claims_overflowing` for the allocated claims `names` of `namespace`, from every claim
+    and this driver's slices as the API holds them (only the nodes they are on are read)."""
+    cards = cards_from_slices(slices)
+    tables = tables_of(cards)
+    claims = list(claims)
+    keys = {claim_key(namespace, n) for n in names}
+    by_key = {claim_key(str(_meta(c).get("namespace")), str(_meta(c).get("name"))): c
+              for c in claims}
+    nodes = {n for k in keys for n in allocated_pools(by_key.get(k) or {})}
+    holds = {}
+    for key, claim in by_key.items():
+        if allocated_pools(claim) & nodes:
+            hold = claim_hold(claim, tables)
+            if hold is not None:
+                holds[key] = hold
+    return claims_overflowing(keys, holds, {n: cards.get(n, []) for n in nodes})
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata") or {}
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def taken_back_message(claims: Sequence[str], found: Sequence[Overflow]) -> str:
+    """The Event's message when the allocator clears its own allocation of `claims` because a
+    card they hold went over (`found`, from `claims_overflowing`)."""
+    return (f"allocation of claim {', '.join(claims)} taken back before the pod's gate was "
+            f"lifted: a card was given twice: "
+            + "; ".join(o.describe("allocated on the node") for o in found)
+            + " (the others allocated by another writer, kube-scheduler's allocator for a pod "
+            "our gate does not hold, from a cache that had not seen ours); the pod stays gated "
+            "and is placed again")

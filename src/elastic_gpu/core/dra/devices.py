@@ -17,6 +17,14 @@ One pool per node (named after it). What a card becomes:
   allocated keep their device, new ones are not given it, and `kubectl get resourceslices -o
   yaml` says why. A card fenced while its MIG layout changes (`Health.FENCED`) has its
   devices tainted `gpu.elasticgpu.io/fenced` the same way.
+- **A card in MIG mode with no instance** (its driver's mode on, or a change either way
+  pending a GPU reset: `Card.mig_mode`; a card rebooted in MIG mode, a merge-back waiting for
+  the operator's reset) is still published as its card device, so the controller's planner
+  sees it (as carved: it merges it back or carves it), but with the NoSchedule taint
+  `gpu.elasticgpu.io/mig-mode` whose value is the mode (`on`, `on-pending-off`,
+  `off-pending-on`): CUDA cannot use a card in MIG mode whole, so no claim is given it. Read
+  back (`mig_mode_of_taints`) as the card's `mig_mode`, as the device-plugin path reads a
+  GPUDevice's `spec.migMode`; the taint is not a health matter (`health_of_taints` skips it).
 
 Counters live in a slice of their own (the API allows `sharedCounters` or `devices` in a slice,
 not both); the pool then has two slices, and both carry the pool's generation.
@@ -30,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.mig.profiles import card_fraction, card_slices
-from elastic_gpu.core.model import Card, Health, MigInstance
+from elastic_gpu.core.model import Card, Health, MigInstance, MigMode
 from elastic_gpu.core.resources import MILLI_PER_PERCENT, PERCENT_PER_CARD
 
 DRIVER = "gpu.elasticgpu.io"
@@ -47,6 +55,12 @@ UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
 #: stay in the slice with this NoSchedule taint, so claims already allocated keep them and no
 #: new claim is given one (docs/mig-apply.md, "DRA nodes").
 FENCE_TAINT = f"{DRIVER}/fenced"
+#: A card device in MIG mode with no instance, or with a mode change pending a GPU reset
+#: (`Card.mig_mode`): NoSchedule, its value the mode (`MIG_MODE_VALUES`).
+MIG_MODE_TAINT = f"{DRIVER}/mig-mode"
+#: the mig-mode taint's value of each (current, pending) mode but (off, off), which has none
+MIG_MODE_VALUES: dict[tuple[bool, bool], str] = {
+    (True, True): "on", (True, False): "on-pending-off", (False, True): "off-pending-on"}
 #: Attribute `type` of a device: what it is.
 TYPE_GPU = "gpu"
 TYPE_MIG = "mig"
@@ -105,11 +119,35 @@ def _taints(health: Health) -> list[dict[str, Any]]:
     return [{"key": key, "value": health.value, "effect": "NoSchedule"}]
 
 
+def mig_mode_taint(card: Card) -> dict[str, Any] | None:
+    """The mig-mode taint of a card device: a card with no instance whose MIG mode is on or
+    pending (None otherwise: a card with instances publishes them, not a card device)."""
+    mode = card.mig_mode
+    if card.mig or mode is None or not (mode.current or mode.pending):
+        return None
+    return {"key": MIG_MODE_TAINT, "value": MIG_MODE_VALUES[mode.current, mode.pending],
+            "effect": "NoSchedule"}
+
+
+def mig_mode_of_taints(taints: Any) -> MigMode | None:
+    """A card device's MIG mode read back from its mig-mode taint (`mig_mode_taint`'s
+    inverse); None without one (the mode is then unknown or off: the card serves whole)."""
+    for taint in taints if isinstance(taints, list) else ():
+        if isinstance(taint, Mapping) and taint.get("key") == MIG_MODE_TAINT:
+            for mode, value in MIG_MODE_VALUES.items():
+                if taint.get("value") == value:
+                    return MigMode(*mode)
+            return MigMode(True, True)  # a value we do not know: in MIG mode, never whole
+    return None
+
+
 def health_of_taints(taints: Any) -> Health:
     """A published device's health read back from its taints (`_taints`'s inverse): the
-    fence taint alone is `FENCED`, any other taint `UNHEALTHY`."""
+    fence taint alone is `FENCED`, any other taint `UNHEALTHY`; the mig-mode taint is the
+    card's mode, not its health, and is skipped."""
     keys = {t.get("key") for t in taints if isinstance(t, Mapping)} \
         if isinstance(taints, list) else set()
+    keys.discard(MIG_MODE_TAINT)
     if not keys:
         return Health.HEALTHY
     return Health.FENCED if keys == {FENCE_TAINT} else Health.UNHEALTHY
@@ -137,6 +175,9 @@ def _card_device(card: Card) -> dict[str, Any]:
         },
     }
     taints = _taints(card.health)
+    mode_taint = mig_mode_taint(card)
+    if mode_taint is not None:
+        taints.append(mode_taint)
     if taints:
         device["taints"] = taints
     return device

@@ -6,6 +6,11 @@ The slices are the agent's (`core.dra.devices.node_slices`); reading them back g
 the agent published: a card device `gpu-<index>` with capacity `compute` (percent) and `memory`
 is one placeable card; a card carved into MIG instances is not placeable by shares (its
 instances are the MIG class's, which the allocator leaves to kube-scheduler) and is left out.
+A card device with the mig-mode taint (`core.dra.devices.MIG_MODE_TAINT`) is read with its
+`mig_mode`, as the extender reads a GPUDevice's `spec.migMode`: in MIG mode now, the engine
+places nothing on it (`Card.mig_enabled`); one whose MIG mode on waits for a GPU reset (whole
+now, MIG after the reset) is left out, so kube-scheduler (which sees the taint) and this
+allocator agree that no claim is given it.
 Only a pool's newest generation counts, as in kube-scheduler's allocator.
 
 A claim's allocation results of this driver are a fact whoever wrote them: the allocator's
@@ -30,6 +35,7 @@ from elastic_gpu.core.dra.devices import (
     DeviceRef,
     device_table,
     health_of_taints,
+    mig_mode_of_taints,
 )
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -75,6 +81,9 @@ def card_from_device(device: Mapping[str, Any]) -> Card | None:
     if (not isinstance(index, int) or index < 0 or not isinstance(uuid, str)
             or percent is None or memory is None or memory < MIB):
         return None
+    mode = mig_mode_of_taints(device.get("taints"))
+    if mode is not None and mode.pending and not mode.current:
+        return None  # still whole until its reset, then MIG: left out, as a carved card is
     milli = min(MILLI_PER_CARD, max(1, int(percent) * MILLI_PER_PERCENT))
     health = health_of_taints(device.get("taints"))
     numa = _attr(device, "numaNode")
@@ -82,7 +91,8 @@ def card_from_device(device: Mapping[str, Any]) -> Card | None:
     return Card(index=index, uuid=uuid, model=str(model or "unknown"),
                 memory_mib=int(memory // MIB), compute_milli=milli, health=health,
                 numa_node=numa if isinstance(numa, int) else None,
-                board=board if isinstance(board, str) else None)
+                board=board if isinstance(board, str) else None,
+                mig_mode=mode)
 
 
 def cards_from_slices(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Card]]:
@@ -110,6 +120,14 @@ def cards_from_slices(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Car
             if card is not None and all(c.index != card.index for c in cards):
                 cards.append(card)
     return out
+
+
+def allocated_pools(claim: Mapping[str, Any]) -> set[str]:
+    """The nodes (this driver's pools) an allocated claim's devices are on."""
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+        "results") or []
+    return {str(r.get("pool")) for r in results
+            if isinstance(r, Mapping) and r.get("driver") == DRIVER}
 
 
 def claim_hold(claim: Mapping[str, Any], tables: Mapping[str, Mapping[str, DeviceRef]]

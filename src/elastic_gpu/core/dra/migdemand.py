@@ -1,65 +1,38 @@
-"""Dynamic MIG's demand on DRA nodes: the MIG instances waiting claims ask by profile. Pure.
+"""Dynamic MIG's demand on DRA nodes: the MIG instances waiting claims ask. Pure.
 
-A claim of the MIG class (`mig.gpu.elasticgpu.io`) asks a profile with a CEL selector on the
-device's `profile` attribute (docs/dra.md, "A MIG instance by profile"):
-
-    device.attributes["gpu.elasticgpu.io"].profile == "1g.10gb"
-
-`claim_profiles` reads that equality (the one shape docs/dra.md documents; any other
-expression is no demand: the controller cannot tell which profile would serve it) and a
-request's `count` (default 1; `allocationMode: All` is no demand). `pod_claim_demand` turns a
-waiting pod's unallocated claims of the class into the planner's `MigDemand`s, keyed by the
-claim (`core.dra.inventory.claim_key`, `#1`, `#2`... for further instances), so a claim shared
-by several waiting pods is one demand.
+A claim of the MIG class (`mig.gpu.elasticgpu.io`) asks its instances in any shape the one
+reader of MIG requests understands (`core.dra.migselect`): a profile by equality, several
+joined by `||` (or `in [...]`), a memory bound (`compareTo(quantity("20Gi")) >= 0`: the smallest
+profile with at least that memory, per model), DRA's prioritized list (`firstAvailable`: the
+first subrequest the planner can serve, in order), with a request's `count` (default 1). Each
+instance becomes one `MigDemand` whose `profile` is the first accepted and `alternatives` the
+rest, in order. `pod_claim_demand` turns a waiting pod's unallocated claims into the planner's
+demand, keyed by the claim (`core.dra.inventory.claim_key`, `#1`, `#2`... for further
+instances), so a claim shared by several waiting pods is one demand; what the reader cannot
+read comes back as a problem per claim (the controller reports it once), never as a guess.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from elastic_gpu.core.dra.classes import MIG_CLASS
 from elastic_gpu.core.dra.inventory import claim_key
+from elastic_gpu.core.dra.migselect import MigAsk, mig_asks
 from elastic_gpu.core.dra.podclaims import claim_refs
 from elastic_gpu.core.mig.cardstate import MigDemand
-from elastic_gpu.core.resources import MigProfile, ResourceError
-
-#: `device.attributes["gpu.elasticgpu.io"].profile == "<profile>"`, either side
-_PROFILE = re.compile(
-    r'^\s*(?:device\.attributes\["gpu\.elasticgpu\.io"\]\.profile\s*==\s*"([^"\\]+)"'
-    r'|"([^"\\]+)"\s*==\s*device\.attributes\["gpu\.elasticgpu\.io"\]\.profile)\s*$')
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def selector_profile(expression: str) -> MigProfile | None:
-    """The profile a CEL selector asks by equality, or None."""
-    found = _PROFILE.match(expression)
-    if found is None:
-        return None
-    try:
-        return MigProfile.parse(found.group(1) or found.group(2))
-    except ResourceError:
-        return None
-
-
-def claim_profiles(spec: Mapping[str, Any]) -> list[MigProfile]:
-    """One profile per MIG instance a claim spec asks of the MIG class by profile."""
-    out: list[MigProfile] = []
-    for request in _mapping(spec.get("devices")).get("requests") or []:
-        exactly = _mapping(_mapping(request).get("exactly"))
-        if exactly.get("deviceClassName") != MIG_CLASS \
-                or exactly.get("allocationMode", "ExactCount") != "ExactCount":
-            continue
-        profiles = {p for p in (selector_profile(str(_mapping(s).get("cel", {}).get(
-            "expression", ""))) for s in exactly.get("selectors") or []) if p is not None}
-        count = exactly.get("count", 1)
-        if len(profiles) == 1 and isinstance(count, int) and 0 < count <= 7:
-            out += [next(iter(profiles))] * count
-    return out
+def claim_instances(spec: Mapping[str, Any]) -> tuple[list[MigAsk], list[str]]:
+    """One ask per MIG instance a claim spec asks (a request of `count` N is N of them), and
+    what could not be read (`core.dra.migselect.mig_asks`)."""
+    asks, problems = mig_asks(spec)
+    return [ask for ask in asks for _ in range(ask.count)], problems
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -75,17 +48,30 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
     return names
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A waiting pod's claim whose MIG requests could not be read: no demand, reported."""
+
+    claim: str
+    problem: str
+
+
 def pod_claim_demand(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
-                     nodes: frozenset[str] | None) -> list[MigDemand]:
-    """A waiting pod's MIG demand through claims: `claims` by `<namespace>/<name>`; an
-    allocated claim, or one not seen yet, asks nothing. `nodes`: where the pod may run."""
+                     nodes: frozenset[str] | None) -> tuple[list[MigDemand], list[Unread]]:
+    """A waiting pod's MIG demand through claims, and the claims it could not read: `claims`
+    by `<namespace>/<name>`; an allocated claim, or one not seen yet, asks nothing. `nodes`:
+    where the pod may run."""
     namespace = str(_mapping(pod.get("metadata")).get("namespace", ""))
     out: list[MigDemand] = []
+    unread: list[Unread] = []
     for name in pod_claim_names(pod):
         claim = claims.get(f"{namespace}/{name}")
         if claim is None or _mapping(claim.get("status")).get("allocation"):
             continue
         key = claim_key(namespace, name)
-        for k, profile in enumerate(claim_profiles(_mapping(claim.get("spec")))):
-            out.append(MigDemand(key if k == 0 else f"{key}#{k}", profile, nodes))
-    return out
+        asks, problems = claim_instances(_mapping(claim.get("spec")))
+        unread += [Unread(f"{namespace}/{name}", problem) for problem in problems]
+        for k, ask in enumerate(asks):
+            out.append(MigDemand(key if k == 0 else f"{key}#{k}", ask.profiles[0], nodes,
+                                 alternatives=ask.profiles[1:]))
+    return out, unread

@@ -10,8 +10,9 @@ reading follows `core.quota.canonical_resources`:
   (none: the whole card, 100; more than 100 counts 100, the most a device gives) and its
   `capacity.requests.memory` in MiB, rounded up (none: a whole card states no memory);
 - the MIG class (`mig.gpu.elasticgpu.io`): per device, 100 x the card fraction of the profile its
-  selector names (`profile == "3g.40gb"`), rounded up, and the profile's memory; a selector
-  naming no profile counts a whole card (the most an instance can be);
+  selectors accept (`profile == "3g.40gb"`, read by `core.dra.migselect`), rounded up, and the
+  profile's memory; of several accepted (`||`, a memory bound) the largest, measure by measure;
+  selectors naming no profile, or not read, count a whole card (the most an instance can be);
 - `count` devices (`allocationMode: ExactCount`, the default 1); `All` counts the largest
   node's cards (`all_cards`), the most it can get;
 - a `firstAvailable` request counts the largest of its subrequests, measure by measure;
@@ -21,22 +22,20 @@ reading follows `core.quota.canonical_resources`:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from elastic_gpu.core.dra import migselect
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.devices import COMPUTE, MEMORY
 from elastic_gpu.core.mig.profiles import card_fraction
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
-from elastic_gpu.core.resources import PERCENT_PER_CARD, MigProfile
+from elastic_gpu.core.resources import PERCENT_PER_CARD
 
 OUR_CLASSES = frozenset({CARD_CLASS, MIG_CLASS})
 MIB = 1024 * 1024
-#: A MIG class selector's profile (`core.dra.devices`: the attribute `profile`).
-_PROFILE = re.compile(r'\.profile\s*==\s*"(?P<slices>[1-7])g\.(?P<memory>[1-9][0-9]{0,3})gb"')
 
 
 @dataclass(frozen=True)
@@ -72,15 +71,14 @@ def _device(selector: Mapping[str, Any]) -> tuple[str | None, Demand]:
         mib = 0 if memory is None else max(0, math.ceil(memory / MIB))
         return cls, Demand(core, mib)
     if cls == MIG_CLASS:
-        for item in selector.get("selectors") or []:
-            expression = ((item or {}).get("cel") or {}).get("expression") \
-                if isinstance(item, Mapping) else None
-            found = _PROFILE.search(expression) if isinstance(expression, str) else None
-            if found is not None:
-                profile = MigProfile(int(found["slices"]), int(found["memory"]))
-                return cls, Demand(math.ceil(PERCENT_PER_CARD * card_fraction(profile)),
-                                   profile.memory_gb * 1024)
-        return cls, Demand(PERCENT_PER_CARD, 0)
+        try:
+            profiles = migselect.exactly_profiles(selector)
+        except migselect.SelectorError:
+            profiles = ()
+        if not profiles or profiles == migselect.ALL_PROFILES:
+            return cls, Demand(PERCENT_PER_CARD, 0)
+        return cls, Demand(max(math.ceil(PERCENT_PER_CARD * card_fraction(p)) for p in profiles),
+                           max(p.memory_gb * 1024 for p in profiles))
     return None, Demand()
 
 

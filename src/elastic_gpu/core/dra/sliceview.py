@@ -10,7 +10,9 @@ on a DRA node would be counted as free by the extender's device-plugin path (doc
 
 - a card device `gpu-<index>` is a card (compute from its `compute` capacity in percent,
   memory from its `memory` capacity, unhealthy while it carries a taint, fenced while it
-  carries only the fence taint: `core.dra.devices.health_of_taints`);
+  carries only the fence taint: `core.dra.devices.health_of_taints`; in MIG mode with no
+  instance, or with a mode change pending a reset, as its mig-mode taint says: `Card.mig_mode`,
+  which the dynamic-MIG planner counts as carved, as it counts a GPUDevice's `spec.migMode`);
 - a MIG device is an instance of the card its `index` / `parentUUID` attributes name; a
   MIG-carved card publishes no card device, so it is built from its instances, with the memory
   of its counter set (`sharedCounters`, same name as the card device) when one is published;
@@ -39,6 +41,7 @@ from elastic_gpu.core.dra.devices import (
     TYPE_MIG,
     device_table,
     health_of_taints,
+    mig_mode_of_taints,
 )
 from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
@@ -124,7 +127,8 @@ def node_cards(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Card]]:
                     memory_mib=int(memory // MIB),
                     compute_milli=min(MILLI_PER_CARD, max(1, int(percent) * MILLI_PER_PERCENT)),
                     health=health, numa_node=numa if isinstance(numa, int) else None,
-                    board=board if isinstance(board, str) else None)
+                    board=board if isinstance(board, str) else None,
+                    mig_mode=mig_mode_of_taints(device.get("taints")))
             elif kind == TYPE_MIG:
                 try:
                     profile = MigProfile.parse(str(_attr(device, "profile")))

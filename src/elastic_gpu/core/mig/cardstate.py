@@ -71,12 +71,15 @@ def card_state(node: str, card: Card, held: frozenset[str] | set[str], *,
                held_whole: bool = False, opted_in: bool = True,
                changed_at: float | None = None, mig_mode: bool = False) -> CardState:
     """A core `Card` as the planner sees it: `held` are the instance uuids something holds;
-    an unhealthy instance counts as held (it is never destroyed under a report)."""
+    an unhealthy instance counts as held (it is never destroyed under a report). A card in MIG
+    mode with no instance (`Card.mig_enabled`: its driver's mode, as the GPUDevice says) is
+    carved: no whole card until merged back."""
     return CardState(node, card.uuid, card.model, tuple(
         Instance(Placement(i.profile, i.start), i.uuid,
                  i.uuid in held or i.health is not Health.HEALTHY) for i in card.mig),
         held_whole=held_whole, opted_in=opted_in,
-        healthy=card.health is Health.HEALTHY, changed_at=changed_at, mig_mode=mig_mode)
+        healthy=card.health is Health.HEALTHY, changed_at=changed_at,
+        mig_mode=mig_mode or card.mig_enabled)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,14 @@ class MigDemand:
     #: demands of one group go on distinct cards (a container's instances asked so,
     #: `ContainerRequest.distinct`); None: any card
     group: str | None = None
+    #: further profiles that serve it as well, in order of preference after `profile` (a DRA
+    #: claim's `||`, memory bound or `firstAvailable`: `core.dra.migselect`)
+    alternatives: tuple[MigProfile, ...] = ()
+
+    @property
+    def choices(self) -> tuple[MigProfile, ...]:
+        """Every profile that serves it, the preferred first."""
+        return (self.profile, *self.alternatives)
 
 
 def hami_mig_demand(key: str, memory_mib: int, card_model: str,

@@ -26,7 +26,7 @@ from elastic_gpu.core.mig.profiles import mig_model
 from elastic_gpu.core.model import Health, Node
 
 #: the phases of a MigLayout whose card is still changing (`api.miglayout.PHASES`)
-CHANGING = frozenset({"Pending", "Fencing", "Applying"})
+CHANGING = frozenset({"Pending", "Fencing", "Applying", "PendingReset"})
 
 
 def ledger_holds(held: Iterable[tuple[str, Assignment]]) -> tuple[frozenset[str], frozenset[str]]:

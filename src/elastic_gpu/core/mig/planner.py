@@ -5,7 +5,11 @@ cards hold (`core.mig.cardstate`). Held instances are never touched: they stay a
 placement in every target layout, and a card held whole is never changed. In order:
 
 1. **Free instances first.** A MIG demand whose exact profile is free on a card it may use
-   takes it (`Plan.matched`), no layout changes; the fullest card first.
+   takes it (`Plan.matched`), no layout changes; the fullest card first. A demand with
+   `alternatives` (a DRA claim's `||`, memory bound or `firstAvailable`) takes the first of
+   its choices that is free, in order; and below, the first that can be carved at all (a
+   choice only a whole card can take waits for step 4 rather than a later choice being
+   carved beside a carved card now).
 2. **Carved cards.** The rest, largest profile first, go to cards already in MIG mode (or
    carved this round): beside the layout as it is (best fit: the card left with the least
    headroom, so other cards stay open), else with free instances moved to other starts, else
@@ -39,6 +43,7 @@ from elastic_gpu.core.mig.cardstate import (
 )
 from elastic_gpu.core.mig.layout import Placement, headroom, pack
 from elastic_gpu.core.mig.profiles import MigModel, mig_model
+from elastic_gpu.core.resources import MigProfile
 
 
 @dataclass
@@ -127,14 +132,14 @@ def _allowed(d: MigDemand, c: _Card, groups: _Groups) -> bool:
             and groups.allows(d, c))
 
 
-def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
-    """The cheapest way to add `d.profile` to card `c` (keeping pinned instances): as it is,
+def _carve_option(profile: MigProfile, c: _Card, cls: int) -> _Option | None:
+    """The cheapest way to add `profile` to card `c` (keeping pinned instances): as it is,
     else with free instances moved, else with the fewest free instances destroyed."""
     model = c.model
-    if model is None or model.size(d.profile) is None:
+    if model is None or model.size(profile) is None:
         return None
     s = c.state
-    placed = pack(model, [d.profile], c.layout())
+    placed = pack(model, [profile], c.layout())
     if placed is not None:
         room = headroom(model, [*c.layout(), *placed])
         return _Option((cls, 0, 0, room.total, -room.largest, s.node, s.uuid), c, (), placed)
@@ -143,7 +148,7 @@ def _carve_option(d: MigDemand, c: _Card, cls: int) -> _Option | None:
         found: _Option | None = None
         for gone in itertools.combinations(range(len(movable)), drop):
             rest = [m for k, m in enumerate(movable) if k not in gone]
-            placed = pack(model, [m.placement.profile for m in rest] + [d.profile], c.pinned())
+            placed = pack(model, [m.placement.profile for m in rest] + [profile], c.pinned())
             if placed is None:
                 continue
             # an instance whose place is among the new ones stays; the others are re-created
@@ -210,18 +215,21 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             sizes[d.group] = sizes.get(d.group, 0) + 1
     groups = _Groups(sizes, takers)
 
-    # 1. free instances of the exact profile, fullest card first
+    # 1. free instances of the exact profile (the first of its choices free), fullest card first
     for d in demand:
         best: tuple[tuple[int, str, str], _Card, Instance] | None = None
-        for c in work:
-            if not _allowed(d, c, groups) or c.model is None or not c.state.healthy:
-                continue
-            for i in c.movable():
-                if i.placement.profile == d.profile:
-                    room = headroom(c.model, c.layout()).total
-                    key = (room, c.state.node, i.uuid)
-                    if best is None or key < best[0]:
-                        best = (key, c, i)
+        for profile in d.choices:
+            for c in work:
+                if not _allowed(d, c, groups) or c.model is None or not c.state.healthy:
+                    continue
+                for i in c.movable():
+                    if i.placement.profile == profile:
+                        room = headroom(c.model, c.layout()).total
+                        key = (room, c.state.node, i.uuid)
+                        if best is None or key < best[0]:
+                            best = (key, c, i)
+            if best is not None:
+                break
         if best is None:
             waiting.append(d)
         else:
@@ -235,21 +243,30 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
     def carve(ds: list[MigDemand], whole_cards: bool) -> list[MigDemand]:
         left = []
         for d in sorted(ds, key=lambda d: (-d.profile.slices, -d.profile.memory_gb, d.key)):
-            options = []
+            found: _Option | None = None
             full = spent()
-            # whole cards of one model are alike: the first (by node, card) is the one chosen
-            whole_seen: set[str] = set()
-            for c in work:
-                if not c.state.changeable or c.merge or not _allowed(d, c, groups):
-                    continue
-                if c.mig_on:
-                    if c.touched or not full:
-                        options.append(_carve_option(d, c, 0))
-                elif whole_cards and not full and c.state.model not in whole_seen \
-                        and _whole_free(c):
-                    whole_seen.add(c.state.model)
-                    options.append(_carve_option(d, c, 1))
-            found = min((o for o in options if o is not None), key=lambda o: o.key, default=None)
+            for profile in d.choices:  # the first of its choices that can be carved
+                options = []
+                # whole cards of one model are alike: the first (by node, card) is chosen
+                whole_seen: set[str] = set()
+                later = False  # a whole card could take it (step 4): no later choice now
+                for c in work:
+                    if not c.state.changeable or c.merge or not _allowed(d, c, groups):
+                        continue
+                    if c.mig_on:
+                        if c.touched or not full:
+                            options.append(_carve_option(profile, c, 0))
+                    elif not full and c.state.model not in whole_seen and _whole_free(c):
+                        whole_seen.add(c.state.model)
+                        option = _carve_option(profile, c, 1)
+                        if whole_cards:
+                            options.append(option)
+                        elif option is not None:
+                            later = True
+                found = min((o for o in options if o is not None), key=lambda o: o.key,
+                            default=None)
+                if found is not None or later:
+                    break
             if found is None:
                 left.append(d)
             else:

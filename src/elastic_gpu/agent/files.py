@@ -1,4 +1,5 @@
-"""Atomic JSON files: written to a temporary file in the same directory, flushed to disk, then
+"""Atomic JSON files (the DRA plugin's checkpoint and CDI specs, the fake backend's MIG state):
+written to a temporary file in the same directory, flushed to disk, then
 renamed over the target, so a reader (the container runtime reading a CDI spec, the plugin
 reading its checkpoint after a crash) sees the old file or the new one, never half of one."""
 

@@ -1,0 +1,142 @@
+"""kube-scheduler's turn: whether kube-scheduler may be allocating one of our cards right now,
+so that our allocator lifts no gate until it is done (docs/dra.md, "Claims placed by our
+engine", step 3). Pure, no I/O.
+
+Our gate keeps kube-scheduler away from the pods our allocator places (only the system removes
+it: the policy `elastic-gpu-dra-gate`), but kube-scheduler's own allocator still allocates our
+card class for two kinds of pods our allocator cannot place:
+
+- a pod asking `nvidia.com/gpu`, the class's `extendedResourceName` (KEP-5004): kube-scheduler
+  makes its claim (`<pod>-extended-resources-<random>`) in the binding cycle and allocates it
+  there, so no one can allocate it beforehand (a claim already made with requests is deleted
+  by its PostFilter and made again), and the pod may as well go to a device-plugin node; it is
+  not gated;
+- a pod whose card-class claims ours hands over (a CEL selector, `allocationMode: All`, ...), or
+  whose allocation kube-scheduler's PostFilter cleared after our gate was lifted.
+
+Such a pod is in kube-scheduler's hands from when it is ungated and unbound (created so, or
+ungated by our allocator) until it is bound, its claim is allocated, or kube-scheduler has found
+it unschedulable. Its allocation, if one comes, is written before it is bound: the allocator
+checks its own claims for a card given twice only once no such pod is left (or `TURN_S` has
+passed since it was seen), and takes them back if so, instead of only `settle_s` after they
+were seen back. A pod kube-scheduler found unschedulable and tries again later (its queue does
+on a claim released, a slice, node or class changed) shows no sign of the new attempt: it is
+not waited for (docs/dra.md, "Not yet").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_gpu.core.dra.classes import CARD_CLASS, EXTENDED_RESOURCE
+from elastic_gpu.core.dra.podclaims import request_classes
+from elastic_gpu.core.dra.pods import claim_names
+from elastic_gpu.core.quantity import QuantityError, parse_quantity
+
+#: How long one answer of `Turn.busy` serves (every lift waiting polls it).
+ANSWER_S = 0.02
+#: How long a pod counts as in kube-scheduler's hands after it was seen entering them at most
+#: (a scheduler that never answers, a pod of another scheduler): our allocator's lifts wait
+#: no longer than this for it.
+TURN_S = 5.0
+
+
+def asks_extended(pod: Mapping[str, Any]) -> bool:
+    """Whether a container of the pod asks the card class's extended resource."""
+    spec = pod.get("spec") or {}
+    for container in (*(spec.get("initContainers") or []), *(spec.get("containers") or [])):
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        for kind in ("limits", "requests"):
+            value = ((resources or {}).get(kind) or {}).get(EXTENDED_RESOURCE)
+            try:
+                if value is not None and parse_quantity(str(value)) > 0:
+                    return True
+            except QuantityError:
+                continue
+    return False
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(isinstance(c, Mapping) and c.get("type") == "PodScheduled"
+               and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def may_enter(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod may be one kube-scheduler allocates a card for, by the pod alone (its
+    claims not read): unbound, not deleted, ungated, asking the extended resource or naming
+    ResourceClaims. The allocator tracks these from its pod watch."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if spec.get("nodeName") or meta.get("deletionTimestamp") or spec.get("schedulingGates"):
+        return False
+    return bool(spec.get("resourceClaims")) or asks_extended(pod)
+
+
+def in_kube_schedulers_hands(pod: Mapping[str, Any],
+                             claim: Callable[[str], Mapping[str, Any] | None]) -> bool:
+    """Whether kube-scheduler may now be allocating one of our cards for `pod` (`claim` reads a
+    claim by `namespace/name`): `may_enter`, not found unschedulable, and it asks
+    `nvidia.com/gpu` with no claim made for it yet, or names a claim of our card class that is
+    not allocated."""
+    if not may_enter(pod) or _unschedulable(pod):
+        return False
+    if asks_extended(pod) and not (pod.get("status") or {}).get("extendedResourceClaimStatus"):
+        return True
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    for name in claim_names(pod).values():
+        found = claim(f"{namespace}/{name}")
+        if (found is not None and not (found.get("status") or {}).get("allocation")
+                and CARD_CLASS in request_classes(found.get("spec") or {})):
+            return True
+    return False
+
+
+Reader = Callable[[str], Mapping[str, Any] | None]
+
+
+@dataclass
+class Turn:
+    """The pods that may be in kube-scheduler's hands, by `namespace/name`, since when (on the
+    caller's monotonic clock): the allocator's pod watch reports each (`seen`, `gone`)."""
+
+    turn_s: float = TURN_S
+    since: dict[str, float] = field(default_factory=dict)
+    #: (when, what) `busy` answered last
+    answer: tuple[float, bool] = (float("-inf"), False)
+
+    def seen(self, key: str, pod: Mapping[str, Any], now: float) -> None:
+        if may_enter(pod):
+            self.since.setdefault(key, now)
+        else:
+            self.since.pop(key, None)
+
+    def gone(self, key: str) -> None:
+        self.since.pop(key, None)
+
+    def busy(self, now: float, pod: Reader, claim: Reader) -> bool:
+        """Whether a pod seen less than `turn_s` ago is in kube-scheduler's hands (`pod` and
+        `claim` read the caches by `namespace/name`). Pods gone, seen too long ago or served
+        for good (every claim allocated, no `nvidia.com/gpu` asked) are forgotten."""
+        if now - self.answer[0] < ANSWER_S:
+            return self.answer[1]
+        busy = False
+        for key, since in list(self.since.items()):
+            found = pod(key)
+            if found is None or now - since >= self.turn_s or _served(found, claim):
+                del self.since[key]
+            elif in_kube_schedulers_hands(found, claim):
+                busy = True
+                break
+        self.answer = (now, busy)
+        return busy
+
+
+def _served(pod: Mapping[str, Any], claim: Reader) -> bool:
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    names = claim_names(pod)
+    return (not asks_extended(pod) and len(names) == len((pod.get("spec") or {}).get(
+        "resourceClaims") or [])
+        and all(((claim(f"{namespace}/{n}") or {}).get("status") or {}).get("allocation")
+                for n in names.values()))
