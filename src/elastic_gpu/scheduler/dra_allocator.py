@@ -1,5 +1,6 @@
-"""The DRA allocator: ResourceClaims of our card class placed by our engine (docs/dra.md,
-"Claims placed by our engine").
+"""The DRA allocator: ResourceClaims of our card and MIG classes placed by our engine
+(docs/dra.md, "Claims placed by our engine"; MIG instances by the engine's own rule,
+`core.mig.pick`, not kube-scheduler's first fit).
 
 The webhook gates a pod whose claims are of our classes (`elasticgpu.io/dra-placement`); this
 allocator, in the extender's process and acting only while its replica serves (the extender's
@@ -49,20 +50,20 @@ from elastic_gpu.core.dra.claim_placement import (
     NodeFacts,
     Unplaceable,
     allocation,
+    best_choice,
     claim_asks,
     claim_assignment,
     device_count,
     eligible_nodes,
-    pod_request,
     waiting_message,
 )
-from elastic_gpu.core.dra.devices import DRIVER, card_percent
+from elastic_gpu.core.dra.devices import DRIVER, card_percent, mig_device
 from elastic_gpu.core.dra.inventory import (
     CLAIM_KEY_PREFIX,
     allocated_pools,
-    cards_from_slices,
     claim_hold,
     claim_key,
+    placeable_cards,
     tables_of,
 )
 from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
@@ -183,6 +184,8 @@ class DraAllocator:
         self._facts: dict[str, NodeFacts] = {}
         #: this pass's eligible nodes by the pods' placement fields
         self._eligible: dict[str, list[str]] = {}
+        #: this pass's MIG instances' device names: node -> instance uuid -> device
+        self._mig_devices: dict[str, dict[str, str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: when the writes now in flight began, and for how many pods
         self._burst = (0.0, 0)
@@ -264,7 +267,8 @@ class DraAllocator:
     # ------------------------------------------------------------------ deciding
 
     def _engine(self) -> tuple[Engine, dict[str, dict[int, tuple[int, int]]]]:
-        cards = cards_from_slices(self.slices.items())
+        # the cards, MIG-carved ones with their instances (the MIG class's devices)
+        cards = placeable_cards(self.slices.items())
         nodes = {object_key(n): n for n in self.nodes.items()}
         # CPU and memory capacity for the policies' host-aware scoring; kube-scheduler checks
         # the pod's fit itself (check_host_resources off)
@@ -293,6 +297,8 @@ class DraAllocator:
             self._hold(engine, key, hold)
         sizes = {name: {c.index: (c.memory_mib, card_percent(c)) for c in cs}
                  for name, cs in cards.items()}
+        self._mig_devices = {name: {i.uuid: mig_device(c.index, i) for c in cs for i in c.mig}
+                             for name, cs in cards.items()}
         return engine, sizes
 
     @staticmethod
@@ -343,12 +349,16 @@ class DraAllocator:
 
     def _opted_out(self, claim: Mapping[str, Any]) -> bool:
         for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-            exactly = request.get("exactly") if isinstance(request, Mapping) else None
-            cls = self.classes.get(str(exactly.get("deviceClassName"))) if isinstance(
-                exactly, Mapping) else None
-            if cls is not None and ((_meta(cls).get("annotations") or {}).get(ann.DRA_PLACEMENT)
-                                    == ann.DRA_PLACEMENT_KUBE_SCHEDULER):
-                return True
+            if not isinstance(request, Mapping):
+                continue
+            exactly = request.get("exactly")
+            options = [exactly] if isinstance(exactly, Mapping) else [
+                o for o in request.get("firstAvailable") or [] if isinstance(o, Mapping)]
+            for option in options:
+                cls = self.classes.get(str(option.get("deviceClassName")))
+                if cls is not None and ((_meta(cls).get("annotations") or {}).get(
+                        ann.DRA_PLACEMENT) == ann.DRA_PLACEMENT_KUBE_SCHEDULER):
+                    return True
         return False
 
     def plan(self) -> list[Job]:
@@ -374,12 +384,6 @@ class DraAllocator:
             if job is not None:
                 jobs.append(job)
         return jobs
-
-    @staticmethod
-    def _fits_empty(engine: Engine, request: Any, candidates: list[str]) -> bool:
-        """Whether the pod would fit one of the nodes with nothing allocated on them."""
-        empty = Engine((engine.node(n) for n in candidates), engine.config)
-        return empty.best(request, candidates) is not None
 
     def _place(self, engine: Engine, sizes: Mapping[str, Mapping[int, tuple[int, int]]],
                pod: Obj) -> Job | None:
@@ -412,8 +416,7 @@ class DraAllocator:
             return job if gated else None
         if not open_claims:
             return job if gated else None  # allocated already (e.g. before a restart)
-        request = pod_request(namespace, name, uid,
-                              [(str(_meta(c)["name"]), asks) for c, asks in open_claims])
+        named = [(str(_meta(c)["name"]), asks) for c, asks in open_claims]
         # pods of one burst mostly share their placement fields: one answer for all of them
         key = repr((spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"),
                     sorted(allocated_nodes)))
@@ -426,11 +429,13 @@ class DraAllocator:
             log.info("DRA allocator: %s/%s is kube-scheduler's to place: %s", namespace, name, why)
             job.handover = True
             return job if gated else None
-        node = engine.best(request, candidates)
+        choice = best_choice(engine, namespace, name, uid, named, candidates)
+        request, node = choice.request, choice.node
         if node is None:
-            if self._fits_empty(engine, request, candidates):
-                # room may free: it waits gated (SchedulingGated), placed by us then; an Event
-                # says why, once per change of the reason
+            if choice.fits_empty or choice.carvable:
+                # room may free (or dynamic MIG carve an instance: the controller counts pods
+                # our gate holds): it waits gated (SchedulingGated), placed by us then; an
+                # Event says why, once per change of the reason
                 message = waiting_message(engine.filter(request, candidates).failed)
                 if self._waiting.get(uid) != message:
                     self._waiting[uid] = message
@@ -458,7 +463,8 @@ class DraAllocator:
             self._pending[key] = part
             self._written[key] = time.monotonic()
             ids = [str(uuid.uuid4()) for _ in range(device_count(asks))]
-            body = allocation(assignment, cname, asks, sizes[node], ids, now)
+            body = allocation(assignment, cname, asks, sizes[node], ids, now,
+                              self._mig_devices.get(node, {}))
             has_finalizer = ALLOCATION_FINALIZER in (cmeta.get("finalizers") or [])
             job.claims.append((cname, str(cmeta.get("resourceVersion", "")), body,
                                has_finalizer))

@@ -2,14 +2,15 @@
 group in `gpuMode: dra` with `migDynamic: true`, four A100-SXM4-80GB cards, no layout.
 
 1. a whole-card ResourceClaim is allocated one card (its pod binds); a claim of the MIG class
-   asking `3g.40gb` by profile waits (no card offers one), the sandbox's controller reads it as
-   demand and writes a MigLayout for another card, the stand-in DRA agent fences it (its
-   devices tainted in the slice), carves it and republishes the partitionable devices and
-   counters; kube-scheduler allocates the new instance and the pod binds; the held card never
-   changed, and no fence is left in the slices;
+   asking `3g.40gb` by profile waits behind our DRA placement gate (no card offers one), the
+   sandbox's controller reads it as demand and writes a MigLayout for another card, the
+   stand-in DRA agent fences it (its devices tainted in the slice), carves it and republishes
+   the partitionable devices and counters; our allocator (not kube-scheduler) allocates the
+   new instance and the pod binds; the held card never changed, and no fence is left in the
+   slices;
 2. the other shapes a MIG claim is written in: a `firstAvailable` claim whose first subrequest
    no A100 can serve (`7g.141gb`) gets its second (`4g.40gb`), and a claim of `2g.20gb ||
-   1g.10gb` gets the first written, each carved for it and allocated;
+   1g.10gb` gets the first written, each carved for it and allocated by our allocator;
 3. the crash must-show on the DRA path: the stand-in agent is SIGKILLed right after its first
    published step (a card fenced and carved mid-change for a claim of two `3g.40gb`), then the
    controller; both restarted, the claim is allocated, and the independent ledger check
@@ -37,6 +38,7 @@ from egpu_testing.mig_sandbox import (
     sandbox_up,
 )
 from egpu_testing.waiting import wait_for
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.devices import FENCE_TAINT
 from elastic_gpu.core.dra.sliceview import node_cards
@@ -93,6 +95,15 @@ def results(box: Path, name: str) -> list[dict[str, Any]]:
     return list(wait_for(f"pod {name} bound", placed, timeout_s=DEADLINE_S))
 
 
+def allocation_writers(claim: dict[str, Any]) -> set[str]:
+    """Who wrote the claim's `status.allocation`, by the API server's managedFields."""
+    found = {str(e.get("manager")) for e in claim["metadata"].get("managedFields") or []
+             if e.get("subresource") == "status"
+             and "f:allocation" in ((e.get("fieldsV1") or {}).get("f:status") or {})}
+    assert found, claim["metadata"]
+    return found
+
+
 def bound_device(box: Path, name: str) -> str:
     return str(results(box, name)[0]["device"])
 
@@ -139,8 +150,14 @@ def test_a_mig_claim_by_profile_carves_a_dra_card(box: Path) -> None:
                          if f"gpu-{c.index}" == whole]]
 
     create(box, *claim_pod("m3", {"exactly": mig(f'{ATTR} == "3g.40gb"')}))
+    # gated by the webhook, it waits behind our gate while the card is carved for it
+    assert get(box, "pod", "m3", "-n", NS)["spec"].get("schedulingGates") == [
+        {"name": DRA_PLACEMENT_GATE}]
     device = bound_device(box, "m3")
     assert "-mig-" in device and device.endswith("3g-40gb")
+    # our allocator placed it on the carved instance, not kube-scheduler's first fit
+    assert "kube-scheduler" not in allocation_writers(get(box, "resourceclaim", "m3", "-n", NS,
+                                                         "--show-managed-fields"))
 
     cards = {c.uuid: c for c in node_cards(slices(box))[NODE]}
     carved = [c for c in cards.values() if c.mig]
@@ -166,6 +183,9 @@ def test_first_available_and_or_claims_get_cards_carved(box: Path) -> None:
     (fa,) = results(box, "fa")
     assert fa["request"] == "gpu/four" and fa["device"].endswith("4g-40gb")
     assert bound_device(box, "either").endswith("2g-20gb")  # the first written
+    for name in ("fa", "either"):  # placed by our allocator once carved
+        claim = get(box, "resourceclaim", name, "-n", NS, "--show-managed-fields")
+        assert "kube-scheduler" not in allocation_writers(claim)
     wait_for("every layout applied, nothing held twice", lambda: ledger_problems(box) == [],
              timeout_s=DEADLINE_S)
 

@@ -66,7 +66,11 @@ def test_claims_become_engine_asks_and_what_the_engine_cannot_express_is_refused
     share = claim_asks(_claim("c", percent=25, memory="8Gi"))
     assert (share[0].percent, share[0].memory_mib, share[0].count) == (25, 8192, 1)
     assert claim_asks(_claim("c", count=2))[0].count == 2
-    for bad in (_claim("c", cls=MIG_CLASS), _claim("c", percent=30),
+    mig = claim_asks(_claim("c", cls=MIG_CLASS, count=2))[0]  # any instance (issue 42)
+    assert mig.mig is not None and mig.count == 2
+    for bad in (_claim("c", cls="other.example.com"), _claim("c", percent=30),
+                _claim("c", cls=MIG_CLASS, adminAccess=True),
+                _claim("c", cls=MIG_CLASS, selectors=[{"cel": {"expression": "true"}}]),
                 _claim("c", percent=150, memory="1Gi"),
                 _claim("c", selectors=[{"cel": {"expression": "true"}}]),
                 _claim("c", allocationMode="All")):
@@ -127,7 +131,7 @@ def _claims(*classes: str, opted_out: frozenset[str] = frozenset()) -> PodDraCla
     return PodDraClaims(found, opted_out)
 
 
-def test_the_gate_goes_on_pods_with_claims_of_our_card_class_unless_opted_out() -> None:
+def test_the_gate_goes_on_pods_with_claims_of_our_card_or_mig_class_unless_opted_out() -> None:
     pod: dict[str, Any] = {"metadata": {"name": "p"}, "spec": {"containers": []}}
     ours = _claims(CARD_CLASS)
     data = MutationInput(pod, PodRequest("p"), ClusterFacts(), dra=ours)
@@ -135,7 +139,8 @@ def test_the_gate_goes_on_pods_with_claims_of_our_card_class_unless_opted_out() 
                                "value": [{"name": "elasticgpu.io/dra-placement"}]}]
     gated = {**pod, "spec": {"schedulingGates": [{"name": "elasticgpu.io/dra-placement"}]}}
     assert dra_gate(MutationInput(gated, PodRequest("p"), ClusterFacts(), dra=ours)) == []
-    assert not wants_gate(_claims(MIG_CLASS))
+    assert wants_gate(_claims(MIG_CLASS))  # MIG claims are placed by our engine too
+    assert not wants_gate(_claims(MIG_CLASS, opted_out=frozenset({MIG_CLASS})))
     assert not wants_gate(_claims("other.example.com"))
     assert not wants_gate(_claims(CARD_CLASS, opted_out=frozenset({CARD_CLASS})))
     assert wants_gate(_claims(MIG_CLASS, CARD_CLASS))

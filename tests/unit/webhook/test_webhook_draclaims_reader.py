@@ -56,8 +56,9 @@ def test_one_read_gives_the_claims_and_the_gate() -> None:
     assert set(found.ours()) == {"a", "b"}
     assert found.classes() == {CARD_CLASS, MIG_CLASS}
     assert wants_gate(found)
-    # the MIG class is not placed by us: its DeviceClass is not read
-    assert paths == [CLAIM, TEMPLATE, CARDS]
+    # both classes are placed by us (MIG too): each DeviceClass is read for the opt-out
+    assert paths[:2] == [CLAIM, TEMPLATE]
+    assert sorted(paths[2:]) == sorted([CARDS, DEVICE_CLASSES.path(name=MIG_CLASS)])
 
 
 def test_the_operator_opt_out_and_an_unreadable_class_leave_the_pod_ungated() -> None:

@@ -5,7 +5,8 @@ One level-triggered round at a time (one work-queue key), on every change of pod
 GPUDevices, ElasticGPUs, MigLayouts, ResourceSlices and ResourceClaims, and every `RESYNC_S`
 (a cool-down ends by time):
 
-1. the waiting pods (kube-scheduler found no node: `core.defrag.movable.waiting_for_capacity`)
+1. the waiting pods (kube-scheduler found no node: `core.defrag.movable.waiting_for_capacity`;
+   or our DRA allocator holds them gated: `core.dra.migdemand.gated_for_placement`)
    become demand (`core.mig.cardstate.pod_demand`: one `MigDemand` per instance asked, one
    `WholeDemand` for whole cards), each allowed the opted-in device-plugin nodes its selector,
    affinity and tolerations accept; their unallocated claims of the MIG class
@@ -45,7 +46,7 @@ from elastic_gpu.core.assignment import Assignment, trusted_assignment
 from elastic_gpu.core.claims.inventory import egpu_assignment, ledger_key
 from elastic_gpu.core.defrag.movable import waiting_for_capacity
 from elastic_gpu.core.dra.inventory import claim_key
-from elastic_gpu.core.dra.migdemand import Unread, pod_claim_demand
+from elastic_gpu.core.dra.migdemand import Unread, gated_for_placement, pod_claim_demand
 from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.dra.sliceview import claim_holds, node_cards
 from elastic_gpu.core.mig.apply import Placed
@@ -187,7 +188,8 @@ class MigDynamicController:
             del self.unread[gone]
         seen: set[str] = set()
         for pod in pods:
-            if not waiting_for_capacity(pod):
+            gated = gated_for_placement(pod)  # our DRA allocator waits for an instance
+            if not gated and not waiting_for_capacity(pod):
                 continue
             try:
                 request = pod_request_from_manifest(pod)
@@ -207,7 +209,7 @@ class MigDynamicController:
                         mig.append(one)
                 for item in unread:
                     self._report_unread(pod, item)
-            if not request.wants_gpu or not allowed - dra:
+            if not request.wants_gpu or gated or not allowed - dra:
                 continue
             m, w = pod_demand(request, frozenset(allowed - dra))
             mig += m

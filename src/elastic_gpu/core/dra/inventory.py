@@ -4,8 +4,9 @@ Pure, no I/O.
 
 The slices are the agent's (`core.dra.devices.node_slices`); reading them back gives the cards
 the agent published: a card device `gpu-<index>` with capacity `compute` (percent) and `memory`
-is one placeable card; a card carved into MIG instances is not placeable by shares (its
-instances are the MIG class's, which the allocator leaves to kube-scheduler) and is left out.
+is one placeable card; a card carved into MIG instances is not placeable by shares, and
+`cards_from_slices` leaves it out; `placeable_cards` adds it with its instances (the MIG
+class's devices, which the allocator places too: `core.dra.sliceview.node_cards`' reading).
 A card device with the mig-mode taint (`core.dra.devices.MIG_MODE_TAINT`) is read with its
 `mig_mode`, as the extender reads a GPUDevice's `spec.migMode`: in MIG mode now, the engine
 places nothing on it (`Card.mig_enabled`); one whose MIG mode on waits for a GPU reset (whole
@@ -37,6 +38,7 @@ from elastic_gpu.core.dra.devices import (
     health_of_taints,
     mig_mode_of_taints,
 )
+from elastic_gpu.core.dra.sliceview import node_cards
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.quantity import QuantityError, parse_quantity
 from elastic_gpu.core.resources import MILLI_PER_CARD, MILLI_PER_PERCENT
@@ -120,6 +122,19 @@ def cards_from_slices(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Car
             if card is not None and all(c.index != card.index for c in cards):
                 cards.append(card)
     return out
+
+
+def placeable_cards(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Card]]:
+    """Node -> what the allocator places on: the card devices as `cards_from_slices` reads
+    them, and the MIG-carved cards with their instances (`sliceview.node_cards`), by index."""
+    items = list(slices)
+    out = cards_from_slices(items)
+    for node, cards in node_cards(items).items():
+        mine = out.setdefault(node, [])
+        known = {c.index for c in mine}
+        mine.extend(c for c in cards if c.mig and c.index not in known)
+        mine.sort(key=lambda c: c.index)
+    return {node: cards for node, cards in out.items() if cards}
 
 
 def allocated_pools(claim: Mapping[str, Any]) -> set[str]:

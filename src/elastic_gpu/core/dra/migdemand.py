@@ -10,6 +10,11 @@ rest, in order. `pod_claim_demand` turns a waiting pod's unallocated claims into
 demand, keyed by the claim (`core.dra.inventory.claim_key`, `#1`, `#2`... for further
 instances), so a claim shared by several waiting pods is one demand; what the reader cannot
 read comes back as a problem per claim (the controller reports it once), never as a guess.
+
+A waiting pod is one kube-scheduler found no node for, or one our DRA allocator holds behind
+its gate (`gated_for_placement`): the allocator places MIG claims itself and keeps a pod gated
+while no instance fits on a node opted in to dynamic MIG, so the carve it waits for is asked
+here, and the allocator places it on the carved instance.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.inventory import claim_key
 from elastic_gpu.core.dra.migselect import MigAsk, mig_asks
 from elastic_gpu.core.dra.podclaims import claim_refs
@@ -75,3 +81,15 @@ def pod_claim_demand(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, A
             out.append(MigDemand(key if k == 0 else f"{key}#{k}", ask.profiles[0], nodes,
                                  alternatives=ask.profiles[1:]))
     return out, unread
+
+
+def gated_for_placement(pod: Mapping[str, Any]) -> bool:
+    """Unbound, Pending, not being deleted, and behind our DRA placement gate: it waits for our
+    allocator (which holds it gated while no instance fits; `core.dra.claim_placement`)."""
+    spec, meta = _mapping(pod.get("spec")), _mapping(pod.get("metadata"))
+    if spec.get("nodeName") or meta.get("deletionTimestamp"):
+        return False
+    if _mapping(pod.get("status")).get("phase", "Pending") != "Pending":
+        return False
+    return any(_mapping(g).get("name") == DRA_PLACEMENT_GATE
+               for g in spec.get("schedulingGates") or [])

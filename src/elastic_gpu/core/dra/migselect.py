@@ -211,6 +211,14 @@ class MigAsk:
     request: str
     profiles: tuple[MigProfile, ...]
     count: int = 1
+    #: per profile, the `firstAvailable` subrequest it is first accepted by ("" for
+    #: `exactly`): an allocation result names `<request>/<subrequest>`, as DRA's allocator does
+    via: tuple[str, ...] = ()
+
+    def result_request(self, profile: MigProfile) -> str:
+        """The `request` an allocation result of an instance of `profile` names."""
+        sub = self.via[self.profiles.index(profile)] if self.via else ""
+        return f"{self.request}/{sub}" if sub else self.request
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -251,11 +259,15 @@ def request_ask(request: Mapping[str, Any]) -> MigAsk | None:
     if not options:
         return None
     profiles: tuple[MigProfile, ...] = ()
+    via: list[str] = []
     counts = set()
     try:
         for option in options:
             counts.add(_count(option))
-            profiles = _union(profiles, exactly_profiles(option))
+            added = [p for p in exactly_profiles(option) if p not in profiles]
+            profiles = (*profiles, *added)
+            sub = "" if option is exactly else str(option.get("name", ""))
+            via += [sub] * len(added)
     except SelectorError as err:
         raise SelectorError(f"request {name}: {err}") from None
     if len(counts) > 1:
@@ -263,7 +275,7 @@ def request_ask(request: Mapping[str, Any]) -> MigAsk | None:
                             f"instances (one count for all is read)")
     if not profiles:
         raise SelectorError(f"request {name}: no MIG profile of a known model is accepted")
-    return MigAsk(name, profiles, counts.pop())
+    return MigAsk(name, profiles, counts.pop(), tuple(via))
 
 
 def mig_asks(spec: Mapping[str, Any]) -> tuple[list[MigAsk], list[str]]:

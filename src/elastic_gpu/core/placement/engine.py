@@ -20,6 +20,7 @@ import numpy as np
 from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitFailure, FitKind, Unschedulable
 from elastic_gpu.core.frag import Fragmentation
+from elastic_gpu.core.mig.pick import on_partly_held
 from elastic_gpu.core.model import Node, cluster_cpu_per_gpu
 from elastic_gpu.core.placement import explain, fitmask, ledger
 from elastic_gpu.core.placement.explain import UNDETAILED
@@ -30,7 +31,8 @@ from elastic_gpu.core.placement.task import task_shape
 from elastic_gpu.core.policies import CardPolicy, NodeView, ScoreContext, default_card_policy
 from elastic_gpu.core.policies import card_policy as make_card_policy
 from elastic_gpu.core.policies import node_policy as make_node_policy
-from elastic_gpu.core.request import PodRequest
+from elastic_gpu.core.request import PodRequest, RequestKind
+from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.core.workload import TargetWorkload
 
 
@@ -182,7 +184,8 @@ class Engine:
         fit = self._fits(pod, rows)
         names = np.array(node_names, dtype=object)
         scores = self._scorer.scores(self._layout, self._scorer.node_policy(name), task_shape(pod), rows[fit])
-        return ScoredNodes(names[fit].tolist(), scores, names[~fit].tolist())
+        return ScoredNodes(names[fit].tolist(), self._mig_first(pod, rows[fit], scores),
+                           names[~fit].tolist())
 
     def rows_of(self, node_names: Sequence[str]) -> IntArray:
         """Row of each named node, -1 for unknown names (dict lookups at C speed)."""
@@ -201,7 +204,8 @@ class Engine:
 
     def _best_row(self, pod: PodRequest, rows: IntArray, policy: str | None) -> int:
         chosen = self._scorer.node_policy(policy or pod.node_policy or self.config.node_policy)
-        scores = self._scorer.scores(self._layout, chosen, task_shape(pod), rows)
+        scores = self._mig_first(pod, rows, self._scorer.scores(self._layout, chosen,
+                                                                task_shape(pod), rows))
         tied = rows[scores == scores.max()]
         if tied.size > 1 and self.config.load_aware:
             load = np.array([self._layout.node_load(int(r)) for r in tied])
@@ -409,6 +413,29 @@ class Engine:
         out[known] = fitmask.fit_mask(self._layout, self.ctx, pod,
                                       self.config.check_host_resources,
                                       self._card_policy("binpack"), rows[known])
+        return out
+
+    def _mig_first(self, pod: PodRequest, rows: IntArray, scores: FloatArray) -> FloatArray:
+        """A MIG pod's node scores with the nodes where its instances all go on partly held
+        cards (`core.mig.pick.on_partly_held`) above every other: the node policy scores a MIG
+        pod by its CPU only, and would open a card nothing holds on one node while another
+        node's partly held card has the instance free. Other pods' scores unchanged. A node
+        that holds no instance is passed over at once (a dict's truth), so the cost is in the
+        nodes that hold some."""
+        asked: dict[MigProfile, int] = {}
+        for c in pod.gpu_containers:
+            if c.kind is RequestKind.MIG and c.mig_profile is not None:
+                asked[c.mig_profile] = asked.get(c.mig_profile, 0) + c.cards
+        if rows.size == 0 or not asked:
+            return scores
+        layout = self._layout.rows
+        first = np.fromiter(
+            (bool(layout[row].mig_owner) and on_partly_held(
+                layout[row].mig_cards(), layout[row].mig_owner.keys(), asked, pod.accepts_card)
+             for row in rows.tolist()), dtype=bool, count=rows.size)
+        if not first.any() or first.all():
+            return scores
+        out: FloatArray = scores + first * (float(np.ptp(scores)) + 1.0)
         return out
 
     def _why_not(self, row: int, pod: PodRequest) -> FitFailure | None:

@@ -48,6 +48,14 @@ class Row:
     rank: float  # seeded tie-break: among equal scores the lowest rank wins
     mig_owner: dict[str, str] = field(default_factory=dict)  # MIG uuid -> pod key
     tags: Counter[str] = field(default_factory=Counter)
+    #: MIG uuid -> its card, built on first use (`mig_cards`)
+    _mig_cards: dict[str, Card] | None = None
+
+    def mig_cards(self) -> dict[str, Card]:
+        """Each MIG instance's card by the instance's uuid (the cards never change in a row)."""
+        if self._mig_cards is None:
+            self._mig_cards = {i.uuid: card for card in self.cards for i in card.mig}
+        return self._mig_cards
 
 
 class Layout:

@@ -9,8 +9,11 @@ tightest-first card policy.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from elastic_gpu.core.assignment import CardShare
 from elastic_gpu.core.fit import FitFailure, FitKind, Unit
+from elastic_gpu.core.mig.pick import free_instances, take
 from elastic_gpu.core.placement.layout import Layout
 from elastic_gpu.core.placement.shortfalls import (
     cards_failure,
@@ -25,6 +28,16 @@ from elastic_gpu.core.placement.shortfalls import (
 from elastic_gpu.core.placement.task import task_shape
 from elastic_gpu.core.policies import CardPolicy, CardView, ScoreContext
 from elastic_gpu.core.request import ContainerRequest, PodRequest, RequestKind
+
+
+class _Held:
+    """The instances taken: the ledger's owners and this plan's own."""
+
+    def __init__(self, owners: Container[str], planned: Container[str]) -> None:
+        self.owners, self.planned = owners, planned
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self.owners or uuid in self.planned
 
 
 def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: CardPolicy,
@@ -110,28 +123,26 @@ def plan(lay: Layout, ctx: ScoreContext, row: int, pod: PodRequest, policy: Card
             plan[c.name] = tuple(shares)
         elif c.kind is RequestKind.MIG:
             assert c.mig_profile is not None
-            found: list[CardShare] = []
             profile_total = 0
             profile_cards = 0  # cards with the profile at all (distinct: the capacity)
             mig_offer = lay.offer_mask(c.served_names)
+            allowed: set[int] = set()
             for col, card in enumerate(r.cards):
                 if not card.healthy or not pod.accepts_card(card):
                     continue
                 if mig_offer is not None and not mig_offer[row, col]:
                     continue
+                allowed.add(col)
                 profile_cards += any(i.profile == c.mig_profile for i in card.mig)
-                on_card = 0
-                for inst in card.mig:
-                    profile_total += inst.profile == c.mig_profile
-                    if len(found) == c.cards or (c.distinct and on_card):
-                        continue
-                    if (inst.profile == c.mig_profile and inst.health.value == "Healthy"
-                            and inst.uuid not in r.mig_owner and inst.uuid not in taken_mig):
-                        taken_mig.add(inst.uuid)
-                        on_card += 1
-                        found.append(CardShare(card.index, card.uuid, 0,
-                                               c.mig_profile.memory_gb * 1024,
-                                               c.mig_profile.name, inst.uuid))
+                profile_total += sum(1 for i in card.mig if i.profile == c.mig_profile)
+            # which free instances: one rule for both paths (`core.mig.pick`: partly held
+            # cards first, then the fullest), not the first in card order
+            held = _Held(r.mig_owner, taken_mig)
+            chosen = take(free_instances((r.cards[col] for col in sorted(allowed)),
+                                         c.mig_profile, held), c.cards, c.distinct)
+            found = [CardShare(card.index, card.uuid, 0, c.mig_profile.memory_gb * 1024,
+                               c.mig_profile.name, inst.uuid) for card, inst in chosen]
+            taken_mig.update(inst.uuid for _, inst in chosen)
             if len(found) < c.cards and c.distinct:
                 return FitFailure(FitKind.MIG_DISTINCT_CARDS, c.mig_profile.resource_name,
                                   c.cards, len(found), profile_cards, Unit.CARDS, c.name,

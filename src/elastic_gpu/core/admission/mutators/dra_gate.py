@@ -1,5 +1,5 @@
-"""The DRA placement gate: a pod whose ResourceClaims are of our card class waits for our
-allocator (docs/dra.md, "Claims placed by our engine").
+"""The DRA placement gate: a pod whose ResourceClaims are of our card class or our MIG class
+waits for our allocator (docs/dra.md, "Claims placed by our engine").
 
 The pod gets the scheduling gate `elasticgpu.io/dra-placement` at CREATE (a gate can only be
 added then); kube-scheduler leaves a gated pod alone, the extender's DRA allocator
@@ -15,11 +15,12 @@ from __future__ import annotations
 from elastic_gpu.core import annotations as ann
 from elastic_gpu.core.admission.jsonpatch import PatchOp
 from elastic_gpu.core.admission.mutation import MutationInput
-from elastic_gpu.core.dra.classes import CARD_CLASS
+from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS
 from elastic_gpu.core.dra.podclaims import PodDraClaims
 
-#: The classes whose claims our allocator places (MIG instances stay kube-scheduler's).
-PLACED_CLASSES = frozenset({CARD_CLASS})
+#: The classes whose claims our allocator places: shares and whole cards, and MIG instances
+#: (requests the one MIG reader cannot read are handed to kube-scheduler by the allocator).
+PLACED_CLASSES = frozenset({CARD_CLASS, MIG_CLASS})
 
 
 def wants_gate(claims: PodDraClaims) -> bool:
@@ -29,7 +30,7 @@ def wants_gate(claims: PodDraClaims) -> bool:
 
 
 def dra_gate(data: MutationInput) -> list[PatchOp]:
-    """The gate on a pod with claims of our card class (none already: idempotent; a pod bound
+    """The gate on a pod with claims of our card or MIG class (none already: idempotent; a pod bound
     at creation cannot be gated, and the webhook refuses GPU pods with a node name anyway)."""
     if not wants_gate(data.dra):
         return []
