@@ -111,8 +111,10 @@ def controller(
 ) -> None:
     """Run the controllers (claims: binding, provisioning, reclaim, claim protection; mig: the
     MIG adapter; budgets: the namespaces' GPU-time ledger in their GPUBudgets; defrag: room
-    for pending pods by moving movable shares, off unless --config enables it), leader-elected
-    on a coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
+    for pending pods by moving movable shares, off unless --config enables it; mig-dynamic:
+    carves and merges back the cards of nodes labelled elasticgpu.io/mig-dynamic=true for the
+    MIG and whole-card demand that waits, off unless --config enables it), leader-elected on a
+    coordination.k8s.io Lease. SIGTERM/SIGINT stop the workers and release the Lease;
     losing it exits with code 1."""
     from elastic_gpu.api.config.loader import ConfigError
     from elastic_gpu.controller.config import load_config
@@ -149,11 +151,6 @@ def controller(
         what = "--config " if config is not None else ""
         typer.echo(f"error: {what}{err}", err=True)
         raise typer.Exit(2) from None
-    unknown = sorted(set(settings.controllers) - set(CONTROLLERS))
-    if unknown:
-        typer.echo(f"error: --only (controllers) {unknown}: known controllers are "
-                   f"{sorted(CONTROLLERS)}", err=True)
-        raise typer.Exit(2)
     election, extender = settings.leader_election, settings.extender
     try:
         lease = LeaseConfig(election.lease_namespace, election.lease_name,

@@ -345,6 +345,11 @@ class MetricsConfig(BaseModel):
     port: int = Field(default=8080, ge=1, le=65535)
 
 
+#: the controllers `egpu controller` can run: `controller.registry.CONTROLLERS`' names (a unit
+#: test keeps the two equal; the registry imports every controller, this module none)
+CONTROLLER_NAMES: tuple[str, ...] = ("claims", "mig", "budgets", "defrag", "mig-dynamic")
+
+
 class ControllerConfig(BaseModel):
     """Every setting of `egpu controller` but the process's own (kubeconfig, identity, log
     level): the file's, with the flags given on top (`cli/controller.py`, `FLAGS`)."""
@@ -363,6 +368,15 @@ class ControllerConfig(BaseModel):
     budgets: BudgetsConfig = BudgetsConfig()
     mig: MigConfig = MigConfig()
     defrag: DefragConfig = DefragConfig()
+
+    @field_validator("controllers")
+    @classmethod
+    def _known_controllers(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        # refused by `--check` as by a start (which exited 2 while --check said valid)
+        unknown = sorted(set(names) - set(CONTROLLER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown {unknown}; known controllers are {sorted(CONTROLLER_NAMES)}")
+        return names
 
 
 def load_config(path: Path | None, flags: Iterable[Override] = ()) -> ControllerConfig:

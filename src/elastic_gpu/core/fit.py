@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.claims.blocks import ClaimBlock, describe_blocks
-from elastic_gpu.core.resources import MILLI_PER_PERCENT
+from elastic_gpu.core.resources import MIG_PREFIX, MILLI_PER_PERCENT
 
 
 class FitKind(enum.Enum):
@@ -308,7 +308,9 @@ _MIG_DYNAMIC_HINT = ("; no node is opted in to dynamic MIG, which would carve it
 
 
 def _how_to_ask(failure: FitFailure) -> str:
-    return (f"the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
+    asks_mig = bool(failure.asked) and all(n.startswith(MIG_PREFIX) for n in failure.asked)
+    what = "a MIG instance" if asks_mig else "a share"
+    return (f"the node serves GPUs through DRA; ask for {what} with a ResourceClaim of class "
             f"{failure.device_class}")
 
 
@@ -411,7 +413,8 @@ def describe(failure: FitFailure) -> str:
     if kind is FitKind.DRA_NAMES_CLAIMS:
         return f"{_how_to_ask(f)} (ElasticGPUClaims are served on device-plugin nodes only)"
     if kind is FitKind.DRA_NOT_SERVED:
-        return (f"{_how_to_ask(f)} ({', '.join(f.asked)} is not served there; whole cards "
+        verb = "is" if len(f.asked) == 1 else "are"
+        return (f"{_how_to_ask(f)} ({', '.join(f.asked)} {verb} not served there; whole cards "
                 f"as {', '.join(f.offered)} are)")
     assert kind is FitKind.UNDETAILED
     return "no card has room for this GPU request (see the other nodes' reasons for detail)"

@@ -52,6 +52,7 @@ simulator measured.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -194,6 +195,16 @@ class SchedulerConfig(ConnectionLimitSettings):
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(self.header_timeout_s, self.idle_timeout_s, self.max_connections)
 
+    @model_validator(mode="after")
+    def _exposed_only_with_client_certificates(self) -> SchedulerConfig:
+        # /bind writes Bindings with the extender's rights: off loopback, only for a client
+        # with a certificate (the help and docs said so; a plain 0.0.0.0 was served)
+        if not is_loopback(self.host) and self.tls.client_ca_file is None:
+            raise ValueError(f"host {self.host!r} is not loopback: /bind writes Bindings, so "
+                             "another address needs tls.clientCAFile (mutual TLS; "
+                             "docs/scheduler.md, \"Security\")")
+        return self
+
     @field_validator("scheduler_names")
     @classmethod
     def _schedulers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -218,6 +229,16 @@ class SchedulerConfig(ConnectionLimitSettings):
         from elastic_gpu.core.policies import default_card_policy
 
         return self.card_policy or default_card_policy(self.node_policy)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the extender listening on `host` is reachable from this host only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def load_config(path: Path | None, flags: Iterable[Override] = ()) -> SchedulerConfig:

@@ -104,3 +104,20 @@ def test_check_reads_the_file_with_the_flags_given(tmp_path: Path) -> None:
     code, output = run("--config", str(path), "--check", "--workers", "0")
     assert code == 2, output
     assert "--workers (workers): got 0 (an integer)" in output, output
+
+
+def test_check_refuses_an_unknown_controller_as_a_start_does(tmp_path: Path) -> None:
+    """`--check` said valid for `--only nope` (or `controllers: [nope]`) while a start of the
+    same exited 2 (found trying the product as a new user): the config's own rule now."""
+    from elastic_gpu.controller.config import CONTROLLER_NAMES
+    from elastic_gpu.controller.registry import CONTROLLERS
+
+    assert set(CONTROLLER_NAMES) == set(CONTROLLERS)
+    path = tmp_path / "controller.yaml"
+    path.write_text("controllers: [claims, nope]\n")
+    code, output = run("--config", str(path), "--check")
+    assert code == 2, output
+    assert "controllers: got ['claims', 'nope'] (a list): unknown ['nope']; known controllers " \
+           "are ['budgets', 'claims', 'defrag', 'mig', 'mig-dynamic']" in output, output
+    code, output = run("--config", str(path), "--check", "--only", "mig-dynamic")
+    assert code == 0, output

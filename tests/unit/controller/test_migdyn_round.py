@@ -127,3 +127,36 @@ def test_a_card_left_in_mig_mode_with_no_instance_is_merged_back_for_whole_deman
     controller, client, _ = make(ON, pods, {"n0": [whole_cards("n0", 2)[0], left_on]})
     asyncio.run(controller.round(1000.0))
     assert client.written == [("create", ml.object_name("n0", "GPU-n0-1"), [])]
+
+
+def _blocked(card: str, instances: list[Placed], generation: int,
+             observed: int) -> dict[str, Any]:
+    layout = ml.layout_spec("n0", card, instances)
+    layout["metadata"]["generation"] = generation
+    layout["status"] = {"phase": "Blocked", "observedGeneration": observed,
+                        "reason": "the card is held by ns/w"}
+    return layout
+
+
+def test_a_layout_found_blocked_is_put_back_to_the_card_as_it_is() -> None:
+    """Seen on the sandbox: a carve planned for a MIG claim was Blocked by a whole-card claim
+    allocated meanwhile; the claim was served by a carve of another card, and once the whole
+    claim went the stale layout was carried out, a card carved for nothing. A layout found
+    Blocked at its spec is put back to the card as it is, with nothing waiting too."""
+    controller, client, informers = make(ON, [held_whole("w", "n0", 0)],
+                                         {"n0": whole_cards("n0", 2)})
+    informers.informer(MIG_LAYOUTS.path(), "").objects.append(
+        _blocked("GPU-n0-0", [Placed(4, P3)], generation=1, observed=1))
+    asyncio.run(controller.round(1000.0))
+    assert client.written == [("patch", ml.object_name("n0", "GPU-n0-0"), [])]
+
+
+def test_a_blocked_layout_with_a_newer_spec_or_as_the_card_is_left_alone() -> None:
+    carved = Card(1, "GPU-n0-1", A100, 81920, mig=(MigInstance(P3, "MIG-a", 4),))
+    controller, client, informers = make(ON, [held_whole("w", "n0", 0)],
+                                         {"n0": [whole_cards("n0", 2)[0], carved]})
+    informers.informer(MIG_LAYOUTS.path(), "").objects.extend([
+        _blocked("GPU-n0-0", [Placed(4, P3)], generation=2, observed=1),  # not tried yet
+        _blocked("GPU-n0-1", [Placed(4, P3)], generation=1, observed=1)])  # as the card is
+    asyncio.run(controller.round(1000.0))
+    assert client.written == []

@@ -59,7 +59,6 @@ def test_whole_cards_by_the_extended_resource_name_pass() -> None:
     {"elasticgpu.io/gpu-memory": "4096"},
     {"elasticgpu.io/gpu-core": "100"},  # a whole card, but by a name no DeviceClass maps
     {"elasticgpu.io/gpu-tflops": "50"},
-    {"nvidia.com/mig-1g.10gb": "1"},
     {"nvidia.com/gpu": "1", "elasticgpu.io/gpu-memory": "4096"},
 ])
 def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str, str]) -> None:
@@ -72,6 +71,18 @@ def test_every_other_gpu_name_is_refused_naming_the_way_to_ask(limits: dict[str,
     for name in limits:
         if name != "nvidia.com/gpu":
             assert name in reason
+
+
+def test_a_mig_pod_is_told_to_ask_the_mig_class() -> None:
+    """A MIG resource name on a DRA node: the way to ask is a claim of the MIG class, not a
+    share of the card class (HAMi's dynamic_mig_example on a cluster with a DRA node was told
+    to ask for a share; found trying the product as a new user)."""
+    failure = dra_fit_failure(_request(**{"nvidia.com/mig-1g.10gb": "2"}), names_claims=False)
+    assert failure is not None and failure.kind is FitKind.DRA_NOT_SERVED
+    assert describe(failure) == (
+        "the node serves GPUs through DRA; ask for a MIG instance with a ResourceClaim of "
+        "class mig.gpu.elasticgpu.io (nvidia.com/mig-1g.10gb is not served there; whole "
+        "cards as nvidia.com/gpu are)")
 
 
 def test_a_pod_naming_elasticgpu_claims_is_refused() -> None:
@@ -90,7 +101,7 @@ def test_the_refusals_sentences_name_no_node() -> None:
     assert unserved is not None and claims is not None
     assert describe(unserved) == (
         "the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "
-        "gpu.elasticgpu.io (elasticgpu.io/gpu-core, elasticgpu.io/gpu-memory is not served "
+        "gpu.elasticgpu.io (elasticgpu.io/gpu-core, elasticgpu.io/gpu-memory are not served "
         "there; whole cards as nvidia.com/gpu are)")
     assert describe(claims) == (
         "the node serves GPUs through DRA; ask for a share with a ResourceClaim of class "

@@ -43,3 +43,13 @@ def test_the_kubectl_plugin_renders_alike() -> None:
     result = runner.invoke(kubectl_app, ["--help"])
     line = next(line for line in result.output.splitlines() if "│ top" in line)
     assert "free compute and memory, health and fragmentation" in line
+
+
+def test_the_controller_help_names_every_controller() -> None:
+    """`egpu controller --help` listed four of the five controllers `--only` takes: the
+    mig-dynamic one was missing (found trying the product as a new user)."""
+    from elastic_gpu.controller.registry import CONTROLLERS
+
+    text = " ".join(_help("controller").split())
+    for name in CONTROLLERS:
+        assert f"{name}:" in text, name

@@ -52,6 +52,24 @@ def test_bad_file_names_the_problem(tmp_path: Path, text: str, needle: str) -> N
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.7", "::", "extender.example"])
+def test_another_address_than_loopback_needs_client_certificates(tmp_path: Path,
+                                                                 host: str) -> None:
+    """The help and docs said another address needs tls.clientCAFile (/bind writes Bindings),
+    but `egpu scheduler --host 0.0.0.0` served plain HTTP to anyone (found trying the product
+    as a new user); now the loader refuses it, so `--check` and a start alike."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"host: '{host}'\n")
+    with pytest.raises(ConfigError, match="is not loopback: /bind writes Bindings"):
+        load_config(path)
+    path.write_text(f"host: '{host}'\ntls: {{certFile: s.crt, keyFile: s.key, "
+                    "clientCAFile: ca.crt}\n")
+    assert load_config(path).host == host
+    for loopback in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        path.write_text(f"host: '{loopback}'\n")
+        assert load_config(path).host == loopback
+
+
 def test_deploy_file_is_the_generated_config() -> None:
     deployed = yaml.safe_load((REPO / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
     assert deployed == kube_scheduler_config()

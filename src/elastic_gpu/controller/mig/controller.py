@@ -31,6 +31,7 @@ from elastic_gpu.controller.mig.state import RoundState
 from elastic_gpu.controller.mig.substitution import Substitution
 from elastic_gpu.controller.mig.writes import AdapterWrites
 from elastic_gpu.controller.worker import Done, Outcome, Retry, run_rounds
+from elastic_gpu.core.annotations import MIG_DYNAMIC_LABEL
 from elastic_gpu.core.mig import substitution as mig_substitution
 from elastic_gpu.core.mig.bare import owner_rule_unused
 from elastic_gpu.core.mig.rules import RuleProblem, RuleRefusal, SubstitutionRule, check_rule
@@ -120,6 +121,11 @@ class MigController:
             self.devices.items(), self.nodes.items(),
             lambda err: log.debug("GPUDevice skipped: %s", err))
 
+    def _opted_in(self) -> frozenset[str]:
+        """The Nodes opted in to dynamic MIG (docs/mig-apply.md, "Opting in")."""
+        return frozenset(str(metadata_of(n).get("name")) for n in self.nodes.items()
+                         if (metadata_of(n).get("labels") or {}).get(MIG_DYNAMIC_LABEL) == "true")
+
     def _bound(self) -> list[BoundPod]:
         out = [bound for pod in self.pods.items() if (bound := bound_pod(pod)) is not None]
         for obj in self.egpus.items():
@@ -171,7 +177,10 @@ class MigController:
         free = free_instances(nodes, held)
         if not self.config.enabled:
             return
-        await self.substitution.carry_out(pods, free, rules, nodes, held)
+        # dynamic MIG gives out the opted-in nodes' free instances (it carves what waits there)
+        targets = mig_substitution.off_nodes(free, self._opted_in()) \
+            if self.config.dynamic.enabled else free
+        await self.substitution.carry_out(pods, targets, rules, nodes, held)
         free = mig_substitution.without(free, (r.uuid for r in self.state.reservations))
         await self.move_back.carry_out(pods, free, rules)
         await self._forget_owner_rules(pods, rules)

@@ -51,7 +51,14 @@ from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.dra.sliceview import claim_holds, node_cards
 from elastic_gpu.core.mig.apply import Placed
 from elastic_gpu.core.mig.cardstate import MigDemand, Plan, PlannerConfig, WholeDemand, pod_demand
-from elastic_gpu.core.mig.dynamic import card_states, in_flight, layout_of, ledger_holds
+from elastic_gpu.core.mig.dynamic import (
+    card_states,
+    found_blocked,
+    in_flight,
+    layout_of,
+    ledger_holds,
+    withdrawals,
+)
 from elastic_gpu.core.mig.planner import plan
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodeaffinity import RulesError, refusal, rules_from_manifest, taints_from_node
@@ -248,6 +255,12 @@ class MigDynamicController:
             for card in node.cards:
                 if card.uuid in held_cards or any(m.uuid in held_instances for m in card.mig):
                     self.changed_at[card.uuid] = now
+        blocked = {uuid: layout.instances for uuid, layout in layouts.items()
+                   if found_blocked(layout.generation, layout.observed_generation, layout.phase)}
+        for node_name, card_uuid, real in withdrawals(nodes, blocked):
+            log.info("MigLayout for %s card %s: found Blocked, put back to the card as it is "
+                     "(what waits is decided afresh)", node_name, card_uuid)
+            await self._write(node_name, card_uuid, real, layouts[card_uuid])
         demand, whole = self._demand(pods, opted)
         if not demand and not whole:
             return None

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from elastic_gpu.core.dra.classes import CARD_CLASS, device_classes
+from elastic_gpu.core.dra.classes import CARD_CLASS, MIG_CLASS, device_classes
 from elastic_gpu.core.dra.podclaims import claim_refs
 from elastic_gpu.core.fit import FitFailure, FitKind
 from elastic_gpu.core.request import PodRequest
@@ -81,8 +81,12 @@ def dra_fit_failure(request: PodRequest, *, names_claims: bool) -> FitFailure | 
                       - DRA_EXTENDED_NAMES)
     if not unserved:
         return None
+    # MIG resource names only: the way to ask is a claim of the MIG class, not a share
+    mig_only = all(c.mig_profile is not None for c in request.gpu_containers
+                   if set(c.resources) - DRA_EXTENDED_NAMES)
     return FitFailure(FitKind.DRA_NOT_SERVED, asked=tuple(unserved),
-                      offered=tuple(sorted(DRA_EXTENDED_NAMES)), device_class=CARD_CLASS)
+                      offered=tuple(sorted(DRA_EXTENDED_NAMES)),
+                      device_class=MIG_CLASS if mig_only else CARD_CLASS)
 
 
 def extender_binds(request: PodRequest, pod: Mapping[str, Any], dra_node: bool) -> bool:

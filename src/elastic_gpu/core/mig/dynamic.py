@@ -11,7 +11,11 @@ MigLayouts; this module turns them into the planner's inputs (`core.mig.planner.
   to come serve waiting demand (the demand is matched to them, not carved again), and nothing
   changes it twice at once;
 - `in_flight`: whether a MigLayout is still being applied (its status is behind its spec);
-- `layout_of`: a card plan's target as the MigLayout's instances.
+- `layout_of`: a card plan's target as the MigLayout's instances;
+- `withdrawals`: the MigLayouts their agent found `Blocked` (a holder came between the plan
+  and the change), put back to the card as it is: left as written, the change would be carried
+  out once the holder goes, for a demand since served elsewhere or gone (a card carved for
+  nothing, seen on the sandbox); the round decides afresh what waits.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from elastic_gpu.core.model import Health, Node
 
 #: the phases of a MigLayout whose card is still changing (`api.miglayout.PHASES`)
 CHANGING = frozenset({"Pending", "Fencing", "Applying", "PendingReset"})
+#: the phase of a MigLayout its agent did not carry out because the card or an instance it
+#: would drop is held (`core.mig.apply.Blocked`)
+BLOCKED = "Blocked"
 
 
 def ledger_holds(held: Iterable[tuple[str, Assignment]]) -> tuple[frozenset[str], frozenset[str]]:
@@ -86,3 +93,28 @@ def card_states(nodes: Sequence[Node], opted_in: Iterable[str], held_instances: 
 def layout_of(plan: CardPlan) -> list[Placed]:
     """The MigLayout instances of a card plan's target ([] with `merge`: the whole card)."""
     return sorted(Placed(p.start, p.profile) for p in plan.layout)
+
+
+def found_blocked(generation: int, observed_generation: int, phase: str) -> bool:
+    """A MigLayout its agent found blocked at its current spec (not a newer spec yet to try)."""
+    return phase == BLOCKED and observed_generation >= generation
+
+
+def withdrawals(nodes: Sequence[Node], blocked: Mapping[str, Sequence[Placed]]
+                ) -> list[tuple[str, str, list[Placed]]]:
+    """(node, card uuid, the card's instances as they are) for each card whose MigLayout was
+    found blocked (`blocked`: card uuid -> that layout's instances) and asks another layout.
+    A card in MIG mode with no instance is left as it is (its layout [] would ask mode off,
+    a change no demand decided)."""
+    out = []
+    for node in nodes:
+        for card in node.cards:
+            wanted = blocked.get(card.uuid)
+            if wanted is None:
+                continue
+            real = sorted(Placed(m.start, m.profile) for m in card.mig)
+            if not real and card.mig_mode is not None and card.mig_mode.current:
+                continue
+            if sorted(wanted) != real:
+                out.append((node.name, card.uuid, real))
+    return out

@@ -18,7 +18,7 @@ It also reads which instances pods hold (`held_instances`) and which are free
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,15 @@ def free_instances(nodes: Iterable[Node], held: Iterable[str]) -> dict[str, list
                     out.setdefault(node.name, []).append(
                         FreeInstance(node.name, card.uuid, card.model, inst.profile, inst.uuid))
     return out
+
+
+def off_nodes(free: Mapping[str, Sequence[FreeInstance]], nodes: Collection[str]
+              ) -> dict[str, list[FreeInstance]]:
+    """`free` less the instances on `nodes`: with dynamic MIG on, those of the opted-in nodes,
+    whose free instances its planner gives out (an instance there may have just been carved
+    for another waiting pod: the adapter moving a pod onto it took it from that pod, seen on
+    the sandbox, and dynamic MIG carves the pod's own profile anyway)."""
+    return {node: list(insts) for node, insts in free.items() if node not in nodes}
 
 
 def plan_substitutions(pending: Sequence[PendingPod],
