@@ -27,9 +27,9 @@ from elastic_gpu.core.dra.devices import card_device
 from elastic_gpu.core.dra.inventory import (
     CLAIM_KEY_PREFIX,
     allocated_pools,
-    cards_from_slices,
     claim_hold,
     claim_key,
+    placeable_cards,
     tables_of,
 )
 from elastic_gpu.core.model import Card
@@ -170,7 +170,7 @@ def given_twice(namespace: str, names: Sequence[str], claims: Iterable[Mapping[s
                 slices: Iterable[Mapping[str, Any]]) -> list[Overflow]:
     """`claims_overflowing` for the allocated claims `names` of `namespace`, from every claim
     and this driver's slices as the API holds them (only the nodes they are on are read)."""
-    cards = cards_from_slices(slices)
+    cards = placeable_cards(slices)  # the cards and the MIG-carved cards' instances
     tables = tables_of(cards)
     claims = list(claims)
     keys = {claim_key(namespace, n) for n in names}
