@@ -158,3 +158,4 @@ def test_the_allocators_check_sees_a_mig_instance_given_twice() -> None:
     (found,) = given_twice("team", ["ours"], [ours, claim("theirs", "gpu-2-mig-0-3g-40gb")],
                            slices)
     assert found.mig and [h.claim for h in found.holders] == ["team/theirs"]
+    assert found.device == "gpu-2-mig-0-3g-40gb of node n1"

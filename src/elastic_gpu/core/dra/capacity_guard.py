@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.dra.devices import card_device
+from elastic_gpu.core.dra.devices import card_device, mig_device
 from elastic_gpu.core.dra.inventory import (
     CLAIM_KEY_PREFIX,
     allocated_pools,
@@ -160,10 +160,19 @@ def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
             if hold.node == node:
                 (ours if key in keys else others).extend(
                     Holding(key.removeprefix(CLAIM_KEY_PREFIX),
-                            f"{card_device(share.index)} of node {node}", share)
+                            f"{_device(share, cards.get(node, ()))} of node {node}", share)
                     for share in hold.shares())
         found += overflows(cards.get(node, ()), others, ours)
     return found
+
+
+def _device(share: CardShare, cards: Sequence[Card]) -> str:
+    """The device's name a share holds: its MIG instance's, else its card's."""
+    for card in cards:
+        for instance in card.mig if share.mig_uuid is not None else ():
+            if instance.uuid == share.mig_uuid:
+                return mig_device(card.index, instance)
+    return card_device(share.index)
 
 
 def given_twice(namespace: str, names: Sequence[str], claims: Iterable[Mapping[str, Any]],
