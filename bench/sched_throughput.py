@@ -8,8 +8,10 @@ then a kube-scheduler with that name starts and we time binding, from the first 
 last (pods/s = pods / that time), so pod creation speed does not enter the figure. Variants:
 - `plain`: kube-scheduler alone, pods asking `nvidia.com/gpu: 1` (counted by kube-scheduler
   itself; the fake nodes advertise 8 each);
-- `egpu`: the same pods, kube-scheduler with the extender stanza of deploy/ (the extender
-  filters, scores and binds);
+- `egpu`: the same pods, kube-scheduler with the extender stanza of deploy/ and the extender's
+  default `filterResult: auto` (these pods state no soft preference: filter answers the
+  engine's one node, kube-scheduler binds it without scoring; `-all` variants: every fitting
+  node, then prioritize);
 - `egpu-share`: the extender with 25% + 8 GiB shares;
 - `*-best`: the extender with `filterResult: best` and a kube-scheduler configuration without
   prioritizeVerb (deploy/scheduler/kube-scheduler-config-best.yaml): one round trip per pod;
@@ -18,8 +20,9 @@ last (pods/s = pods / that time), so pod creation speed does not enter the figur
   whenever extenders are configured) does not apply to either;
 - `egpu-best-asyncio`: as `egpu-best` with `EGPU_EVENT_LOOP=asyncio` (no uvloop);
 - `before-best` / `before-best-distinct` / `before-distinct`: as `egpu-best*` /
-  `egpu-distinct`, but the extender runs the code of another checkout (`--before-src
-  DIR/src`), for before/after figures side by side.
+  `egpu-all-distinct`, but the extender runs the code of another checkout (`--before-src
+  DIR/src`, with `filterResult: all` or `best`, which every version reads), for before/after
+  figures side by side.
 Variants alternate order per round; both kube-schedulers get the same client QPS. Medians.
 Only the extender a variant uses runs during it (each is started before and stopped after), so
 an idle one's watch work does not load the box.
@@ -52,7 +55,8 @@ from elastic_gpu.devcluster.ports import free_ports
 WHOLE = {"nvidia.com/gpu": "1"}
 SHARE = {"elasticgpu.io/gpu-core": "25", "elasticgpu.io/gpu-memory": "8192"}
 LIMITS = {"plain": WHOLE, "egpu": WHOLE, "egpu-best": WHOLE, "plain-distinct": WHOLE,
-          "egpu-distinct": WHOLE, "egpu-best-distinct": WHOLE, "egpu-share": SHARE,
+          "egpu-distinct": WHOLE, "egpu-all-distinct": WHOLE, "egpu-best-distinct": WHOLE,
+          "egpu-share": SHARE,
           "egpu-share-best": SHARE, "before-best": WHOLE, "before-best-distinct": WHOLE,
           "before-distinct": WHOLE,
           "egpu-best-asyncio": WHOLE}
@@ -94,6 +98,9 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
     create_pods(client, pods)
     extender: ExtenderProcess | None = None
     best = "best" in variant.split("-")
+    # before-*: an earlier checkout, which may not know `auto`; its default was `all`
+    filter_result = "best" if best else "all" if variant.startswith("before") \
+        or "all" in variant.split("-") else "auto"
     if variant.startswith("plain"):
         config = plain_kube_scheduler_config(name)
     elif url is not None:
@@ -101,7 +108,7 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
     else:
         (port,) = free_ports(1)
         extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",
-                                   config={"filterResult": "best" if best else "all"},
+                                   config={"filterResult": filter_result},
                                    scheduler_name=name)
         if variant.endswith("-asyncio"):
             os.environ["EGPU_EVENT_LOOP"] = "asyncio"  # the standard loop instead of uvloop
@@ -244,8 +251,10 @@ def main() -> int:
                                     "prioritize, identical 25% + 8 GiB shares", plain),
                 "plain-distinct": ("kube-scheduler alone, `nvidia.com/gpu: 1`, distinct pods",
                                    distinct),
-                "egpu-distinct": ("kube-scheduler + extender, `nvidia.com/gpu: 1`, distinct pods",
-                                  distinct),
+                "egpu-distinct": ("kube-scheduler + extender (`filterResult: auto`), "
+                                  "`nvidia.com/gpu: 1`, distinct pods", distinct),
+                "egpu-all-distinct": ("kube-scheduler + extender `filterResult: all`, "
+                                      "`nvidia.com/gpu: 1`, distinct pods", distinct),
                 "egpu-best-distinct": ("kube-scheduler + extender `filterResult: best`, no "
                                        "prioritize, `nvidia.com/gpu: 1`, distinct pods",
                                        distinct),

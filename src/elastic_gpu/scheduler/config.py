@@ -6,7 +6,9 @@
                                  # the node policy is paired with, as in `egpu simulate`
     reservationTTLSeconds: 30    # how long a bind whose outcome is unknown holds its cards
     seed: 0                      # random policies' seed, for reproducible runs
-    filterResult: all            # all: every fitting node (+ prioritize); best: only the engine's choice
+    filterResult: auto           # auto: the engine's one node, unless the pod states a soft preference
+                                 # (then all); all: every fitting node (+ prioritize); best: only
+                                 # the engine's choice, always (docs/scheduler.md, "One round trip")
     targetWorkload: builtin      # FGD's target workload: builtin, or observed (the live pods' shapes)
     workloadRefreshPods: 200     # observed: rebuild after this many pods came or went
     maxRequestBytes: 16777216    # larger request bodies get 413 (docs/scheduler.md, "HTTP limits")
@@ -139,8 +141,11 @@ class SchedulerConfig(ConnectionLimitSettings):
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     #: "all": filter passes every node with room (kube-scheduler then asks prioritize);
     #: "best": filter passes only the node the engine would choose, so kube-scheduler skips
-    #: scoring and the prioritize round trip (docs/scheduler.md, "One round trip per pod").
-    filter_result: Literal["all", "best"] = Field(default="all", validation_alias="filterResult")
+    #: scoring and the prioritize round trip (docs/scheduler.md, "One round trip per pod");
+    #: "auto" (the default): "best" for a pod that states no soft preference and meets no
+    #: PreferNoSchedule taint it does not tolerate, "all" for the others (`narrowing`).
+    filter_result: Literal["auto", "all", "best"] = Field(default="auto",
+                                                          validation_alias="filterResult")
     #: The task-shape distribution FGD-family policies score against: "builtin"
     #: (`TargetWorkload.default`) or "observed": FGD's typical pods of the live pods the
     #: extender watches, rebuilt after `workload_refresh_pods` pods came or went.

@@ -29,6 +29,15 @@ LARGE_NODE_COUNT = 2_000
 #: Large requests handled at once, and how many more may wait before 429.
 HEAVY_SLOTS = 2
 HEAVY_QUEUE = 8
+#: Binds in progress above which a filter waits (at most `FILTER_WAIT_S`) for one to finish:
+#: kube-scheduler binds in goroutines of their own and starts the next pod's cycle at once,
+#: so with one round trip a pod (`filterResult: auto`/`best`) it outran the API's binds on a
+#: loaded box: 300-580 binds in flight, each past kube-scheduler's 5 s httpTimeout, retried,
+#: and the rate fell 8x (docs/benchmarks.md, issue 39). Waiting in filter slows its
+#: scheduling cycle to the rate binds complete. 64: the API worker's connections to the API.
+BIND_BACKLOG = 64
+#: The longest a filter waits for room; well inside kube-scheduler's httpTimeout (5 s).
+FILTER_WAIT_S = 2.0
 
 
 class BindError(RuntimeError):
@@ -103,23 +112,46 @@ class ClaimLocks:
 
 
 class BindsInFlight:
-    """Binds (and provisions) in progress, for a clean drain on SIGTERM (`drained`)."""
+    """Binds (and provisions) in progress, for a clean drain on SIGTERM (`drained`) and for
+    filters to wait while too many are (`room`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, backlog: int = BIND_BACKLOG) -> None:
         self._count = 0
+        self._backlog = backlog
         self._idle = asyncio.Event()
         self._idle.set()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    @property
+    def count(self) -> int:
+        return self._count
 
     @contextmanager
     def running(self) -> Iterator[None]:
         self._count += 1
         self._idle.clear()
+        if self._count >= self._backlog:
+            self._room.clear()
         try:
             yield
         finally:
             self._count -= 1
+            if self._count < self._backlog:
+                self._room.set()
             if not self._count:
                 self._idle.set()
+
+    async def room(self, timeout_s: float = FILTER_WAIT_S) -> bool:
+        """Wait until fewer than the backlog are in progress (at most `timeout_s`); False if
+        there was still no room then (the caller goes on: a late answer is worse)."""
+        if self._room.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._room.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until none is in progress (at most `timeout_s`); False if some still are."""

@@ -146,6 +146,9 @@ class HttpRoutes:
         return handle
 
     async def _serve(self, verb: str, request: web.Request, handler: Handler) -> web.Response:
+        if verb == "filter":
+            # backpressure: kube-scheduler's next cycle waits while its binds pile up
+            await self._handle.binds.room()
         small = verb in ("bind", "provision")
         limit = BIND_BODY_BYTES if small else self._handle.limits.max_body_bytes
         length = request.content_length

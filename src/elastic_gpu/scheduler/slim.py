@@ -193,8 +193,11 @@ class _PodSpec(_Shape):
     tolerations: Any = msgspec.UNSET
     resourceClaims: Any = msgspec.UNSET
     affinity: Any = msgspec.UNSET
-    containers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
-    initContainers: list[_Container] | msgspec.UnsetType = msgspec.UNSET
+    #: null in a BOOKMARK event's Pod (`{"spec": {"containers": null}}`: Go's nil slice, no
+    #: omitempty): refusing it failed the pods watch at every bookmark, and each failure cost
+    #: a relist of every pod
+    containers: list[_Container] | msgspec.UnsetType | None = msgspec.UNSET
+    initContainers: list[_Container] | msgspec.UnsetType | None = msgspec.UNSET
     overhead: Any = msgspec.UNSET
     resources: Any = msgspec.UNSET
 

@@ -27,6 +27,7 @@ from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.handle import Handle
 from elastic_gpu.scheduler.http import json_answer, with_outcome
 from elastic_gpu.scheduler.metrics import main_reason
+from elastic_gpu.scheduler.narrowing import wants_every_node
 from elastic_gpu.scheduler.state import PodInfo, SchedulerState
 from elastic_gpu.scheduler.state.placement import without_containers
 
@@ -102,17 +103,21 @@ class DevicePluginMode:
     """Device-plugin nodes (`core.nodemode.NodeMode`): the pod's ElasticGPUClaims are checked
     first (the "claims" check: a bound claim ties the pod to its ElasticGPU's node, an unbound
     one rules out every node), then the engine decides fit, scores and chooses victims from
-    the state's cards."""
+    the state's cards. `narrow`: a filter answers only the engine's choice when a node fits
+    (`filterResult`; `auto` decides per pod, `Verbs.filter`)."""
 
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, state: SchedulerState, narrow: bool | None = None) -> None:
         self._state = state
+        self._narrow = narrow
 
     def fit(self, request: PodRequest, uid: str, nodes: Sequence[str],
             claims: Mapping[str, str]) -> FilterResult:
         if not claims:
             # the verb answers no reasons when a node fits: none asked for then
-            return self._state.filter(request, uid, nodes, reasons_if_fit=False)
-        result, refused = self._state.filter_claims(request, uid, nodes, claims)
+            return self._state.filter(request, uid, nodes, reasons_if_fit=False,
+                                      narrow=self._narrow)
+        result, refused = self._state.filter_claims(request, uid, nodes, claims,
+                                                    narrow=self._narrow)
         if not refused:
             return result
         # a claim rules the node out whatever it has: its failure is the claim's
@@ -210,15 +215,25 @@ class Verbs:
                 self._parsed.popitem(last=False)
         return request
 
-    def _by_mode(self, names: Sequence[str]) -> list[tuple[NodeMode, Sequence[str]]]:
+    def _by_mode(self, names: Sequence[str], narrow: bool | None = None
+                 ) -> list[tuple[NodeMode, Sequence[str]]]:
         """`names` grouped by their node's mode. The device-plugin mode is asked even of no
         nodes, as before the seam: its filter notes the pod as filtered (`wakeups`)."""
-        device_plugin = DevicePluginMode(self.state)
+        device_plugin = DevicePluginMode(self.state, narrow)
         dra = self.state.dra_nodes(names)
         if not dra:
             return [(device_plugin, names)]
         return [(device_plugin, [n for n in names if n not in dra]),
                 (DRA_MODE, [n for n in names if n in dra])]
+
+    def _narrow(self, pod: Mapping[str, Any], names: Sequence[str]) -> bool:
+        """Whether this filter answers only the engine's choice (`filterResult`): `auto` does
+        unless kube-scheduler's scores would weigh something the pod asked for
+        (`narrowing.wants_every_node`)."""
+        mode = self._handle.config.filter_result
+        if mode != "auto":
+            return mode == "best"
+        return wants_every_node(pod, names, self.state.prefer_no_schedule()) is None
 
     # ---- verbs ------------------------------------------------------------------------------
 
@@ -239,7 +254,7 @@ class Verbs:
             return json_answer(wire.filter_result(args, names, {}, {}))
         feasible: list[str] = []
         refused: dict[str, FitFailure] = {}
-        for mode, nodes in self._by_mode(names):
+        for mode, nodes in self._by_mode(names, self._narrow(args.Pod, names)):
             result = mode.fit(request, uid, nodes, named)
             feasible += result.feasible
             refused.update(result.failed)

@@ -132,12 +132,37 @@ class NodeSelector(_S):
     nodeSelectorTerms: Annotated[list[NodeSelectorTerm], Meta(max_length=256)] | UnsetType | None = UNSET
 
 
+class Weighted(_S):
+    """A preferred (soft) term: only its weight is kept. That the pod states one is what
+    `filterResult: auto` reads (`narrowing.soft_preference`); kube-scheduler weighs it."""
+
+    weight: Int32 | UnsetType = UNSET
+
+
+Preferred = Annotated[list[Weighted], Meta(max_length=1024)]
+
+
 class NodeAffinity(_S):
     requiredDuringSchedulingIgnoredDuringExecution: NodeSelector | UnsetType | None = UNSET
+    preferredDuringSchedulingIgnoredDuringExecution: Preferred | UnsetType | None = UNSET
+
+
+class PodAffinity(_S):
+    """podAffinity and podAntiAffinity: only whether soft terms are stated."""
+
+    preferredDuringSchedulingIgnoredDuringExecution: Preferred | UnsetType | None = UNSET
 
 
 class Affinity(_S):
     nodeAffinity: NodeAffinity | UnsetType | None = UNSET
+    podAffinity: PodAffinity | UnsetType | None = UNSET
+    podAntiAffinity: PodAffinity | UnsetType | None = UNSET
+
+
+class SpreadConstraint(_S):
+    """Only whether it is soft (`ScheduleAnyway`)."""
+
+    whenUnsatisfiable: Word | UnsetType = UNSET
 
 
 class Toleration(_S):
@@ -160,6 +185,8 @@ class PodSpec(_S):
     nodeSelector: Annotated[dict[Key, LabelValue], Meta(max_length=256)] | UnsetType | None = UNSET
     affinity: Affinity | UnsetType | None = UNSET
     tolerations: Annotated[list[Toleration], Meta(max_length=256)] | UnsetType | None = UNSET
+    topologySpreadConstraints: Annotated[list[SpreadConstraint], Meta(max_length=256)] \
+        | UnsetType | None = UNSET
 
 
 class PodStatus(_S):

@@ -74,9 +74,10 @@ def _setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path:
                                        "schedulerNames": [name, DIRECT], **(config or {})},
                                scheduler_name=name)
     extender.start()
-    # filterResult: best goes with the configuration without prioritizeVerb (deploy/'s -best)
+    # filterResult: best goes with the configuration without prioritizeVerb (deploy/'s -best);
+    # auto with deploy/'s own, which keeps it for the pods auto answers with every node
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
-                                                        prioritize=filter_result == "all"))
+                                                        prioritize=filter_result != "best"))
     try:
         yield Setup(extender, name, client)
     finally:
@@ -89,10 +90,11 @@ def setup(k8s_cluster: Any, start_kube_scheduler: Callable[..., Any], tmp_path: 
     yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, "all")
 
 
-@pytest.fixture(params=["all", "best"])
+@pytest.fixture(params=["all", "best", "auto"])
 def any_setup(request: pytest.FixtureRequest, k8s_cluster: Any,
               start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> Iterator[Setup]:
-    """Both extender configurations: filter + prioritize, and one round trip per pod."""
+    """Every extender configuration: filter + prioritize, one round trip per pod, and the
+    default that chooses between them per pod."""
     yield from _setup(k8s_cluster, start_kube_scheduler, tmp_path, request.param)
 
 

@@ -39,10 +39,10 @@ class Setup:
         wait_extender_knows(self.extender.url, nodes, cards, timeout_s)
 
 
-@pytest.fixture(params=["all", "best"])
+@pytest.fixture(params=["all", "best", "auto"])
 def setup(request: pytest.FixtureRequest, k8s_cluster: Any,
           start_kube_scheduler: Callable[..., Any], tmp_path: Path) -> Iterator[Setup]:
-    """Both extender configurations: filter + prioritize, and filterResult best."""
+    """Every extender configuration: filter + prioritize, filterResult best, and auto."""
     from elastic_gpu.agent.deviceplugin.inventory_api import ensure_crd
 
     client = k8s_cluster.client()
@@ -53,7 +53,7 @@ def setup(request: pytest.FixtureRequest, k8s_cluster: Any,
     extender.start()
     name = extender.scheduler_name
     start_kube_scheduler(extender_kube_scheduler_config(extender.url, name,
-                                                        prioritize=request.param == "all"))
+                                                        prioritize=request.param != "best"))
     try:
         yield Setup(extender, name, client)
     finally:

@@ -85,7 +85,8 @@ def answers() -> list[str]:
     """Filter then prioritize for 120 pods on 60 nodes (and a name no node has), each pod
     bound where the scores put it, as kube-scheduler would; then the unschedulable metric."""
     rng = random.Random(39)
-    state = ready_state(nodes(rng, 60), SchedulerState(SchedulerConfig()))
+    # pinned under `filterResult: all` (every fitting node; `auto` narrows a plain pod's)
+    state = ready_state(nodes(rng, 60), SchedulerState(SchedulerConfig(filter_result="all")))
     extender = Extender(state)
     names = state.node_names()
     out: list[str] = []

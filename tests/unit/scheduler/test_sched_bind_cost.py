@@ -20,6 +20,7 @@ from elastic_gpu.core.defrag.reservation import DefragReservation
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.request import pod_request_from_manifest
 from elastic_gpu.scheduler.binder import bound_info, with_binding
+from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import PodInfo, SchedulerState
 
@@ -195,7 +196,7 @@ async def test_filter_and_bind_read_a_watched_pods_requests_once(
 
     monkeypatch.setattr(records, "pod_request_from_manifest", counted)
     monkeypatch.setattr(verbs, "pod_request_from_manifest", counted)
-    state = ready_state(NODES)
+    state = ready_state(NODES, SchedulerState(SchedulerConfig(filter_result="all")))  # both nodes answered
     extender = Extender(state, WatchingApi(state))
     pod = pending("v")
     state.observe_pod(pod)

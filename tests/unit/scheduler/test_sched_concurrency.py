@@ -24,8 +24,10 @@ import pytest
 
 from egpu_testing.workbench import ServedExtender, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.handle import LARGE_BODY_BYTES
+from elastic_gpu.scheduler.state import SchedulerState
 
 NODES = [Node(f"n{i}", 64_000, 256_000, tuple(Card(c, f"GPU-{i}-{c}", "A100", 16384)
                                              for c in range(4))) for i in range(200)]
@@ -56,7 +58,8 @@ class HeldFilter:
 
 @pytest.fixture
 def held() -> Iterator[tuple[ServedExtender, HeldFilter]]:
-    extender = Extender(ready_state(NODES))
+    # every node that fits (`filterResult: all`): the tests read whole answers
+    extender = Extender(ready_state(NODES, SchedulerState(SchedulerConfig(filter_result="all"))))
     hook = HeldFilter(extender.filter)
     extender.filter = hook  # type: ignore[method-assign]  # before app() binds the routes
     srv = ServedExtender(extender)

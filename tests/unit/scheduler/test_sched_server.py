@@ -15,6 +15,7 @@ from egpu_testing.workbench import ServedExtender, metric_value, pod_manifest, r
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.resources import RESOURCE_TABLE
 from elastic_gpu.scheduler.binder import with_binding
+from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.state import SchedulerState
 
@@ -28,7 +29,8 @@ Server = ServedExtender  # the extender's app on a loopback port, served from a 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server(Extender(ready_state(NODES)))
+    # every node that fits (`filterResult: all`): these tests read whole answers
+    srv = Server(Extender(ready_state(NODES, SchedulerState(SchedulerConfig(filter_result="all")))))
     yield srv
     srv.stop()
 

@@ -13,8 +13,9 @@ from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.dra.podclaims import claim_refs
 from elastic_gpu.core.model import Card, Link, LinkKind
 from elastic_gpu.core.request import pod_host_requests, pod_request_from_manifest
+from elastic_gpu.kube.transport import WatchDecoder
 from elastic_gpu.scheduler.app import node_info
-from elastic_gpu.scheduler.slim import ChangeFilter, slim_device, slim_node, slim_pod
+from elastic_gpu.scheduler.slim import ChangeFilter, ListedPod, slim_device, slim_node, slim_pod
 from elastic_gpu.scheduler.state import PodInfo
 
 
@@ -236,3 +237,14 @@ def test_a_watched_event_decodes_into_its_feeds_shape_and_slims_like_the_full_ob
         assert "managedFields" not in watched["metadata"]  # never built
         # the reflector watches on from the newest version an event carried
         assert watched["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
+
+
+def test_a_pod_bookmark_as_kube_apiserver_writes_it_decodes_through_the_pod_shape() -> None:
+    """A BOOKMARK's object is an empty Pod whose `spec.containers` is null (Go's nil slice):
+    the watch must move its version on, not fail (a failed watch relists every pod)."""
+    line = (b'{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":'
+            b'{"resourceVersion":"4711","creationTimestamp":null,"annotations":'
+            b'{"k8s.io/initial-events-end":"true"}},"spec":{"containers":null},"status":{}}}')
+    kind, obj = WatchDecoder(ListedPod)(line)
+    assert kind == "BOOKMARK" and obj["metadata"]["resourceVersion"] == "4711"
+    assert slim_pod(obj)["metadata"]["resourceVersion"] == "4711"

@@ -566,7 +566,7 @@ async def test_a_bind_in_flight_holds_its_cpu_and_memory_on_the_http_path() -> N
     before `reserve` saw it) n1 and n2 look the same. A refused bind gives the hold back; a
     successful one keeps it once, as the bound pod."""
     state = ready_state([gpu_node("n1", cards=2), gpu_node("n2", cards=2)],
-                        SchedulerState(SchedulerConfig(node_policy="fgd")))
+                        SchedulerState(SchedulerConfig(node_policy="fgd", filter_result="all")))
     api = GatedApi()
     async with TestClient(TestServer(Extender(state, api).app())) as client:
         http = Http(client)

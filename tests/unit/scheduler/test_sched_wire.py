@@ -33,6 +33,10 @@ def test_args_with_node_objects_answer_with_the_objects_as_received() -> None:
     assert result["FailedAndUnresolvableNodes"] == {"b": "no GPUs"}
 
 
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
 def test_the_pod_keeps_only_the_fields_the_extender_reads() -> None:
     pod = {"apiVersion": "v1", "metadata": {
         "name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7",
@@ -40,10 +44,15 @@ def test_the_pod_keeps_only_the_fields_the_extender_reads() -> None:
         "spec": {"containers": [{"name": "c", "image": "busybox", "command": ["sh"],
                                  "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": 2}}}],
                  "nodeSelector": {"zone": "a"}, "tolerations": [{"operator": "Exists"}],
-                 "affinity": {"podAffinity": {"x": 1}, "nodeAffinity": {
-                     "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                         {"matchExpressions": [{"key": "k", "operator": "In",
-                                                "values": ["v"]}]}]}}},
+                 "affinity": {"podAffinity": {"x": 1, PREFERRED: [
+                     {"weight": 3, "podAffinityTerm": {"topologyKey": "zone"}}]},
+                     "nodeAffinity": {
+                         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                             {"matchExpressions": [{"key": "k", "operator": "In",
+                                                    "values": ["v"]}]}]},
+                         PREFERRED: [{"weight": 7, "preference": {"matchExpressions": []}}]}},
+                 "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
+                                                "whenUnsatisfiable": "ScheduleAnyway"}],
                  "volumes": [{"name": "v"}], "priority": 5},
         "status": {"phase": "Pending", "conditions": []}}
     args = wire.parse_args(json.dumps({"Pod": pod, "NodeNames": ["a"]}).encode())
@@ -53,7 +62,12 @@ def test_the_pod_keeps_only_the_fields_the_extender_reads() -> None:
         "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1",
                                                                        "cpu": 2}}}],
                  "priority": 5, "nodeSelector": {"zone": "a"},
-                 "affinity": {"nodeAffinity": pod["spec"]["affinity"]["nodeAffinity"]},
+                 # of soft terms only that they are stated (`narrowing`), by their weights
+                 "affinity": {"podAffinity": {PREFERRED: [{"weight": 3}]}, "nodeAffinity": {
+                     "requiredDuringSchedulingIgnoredDuringExecution":
+                         pod["spec"]["affinity"]["nodeAffinity"][REQUIRED],
+                     PREFERRED: [{"weight": 7}]}},
+                 "topologySpreadConstraints": [{"whenUnsatisfiable": "ScheduleAnyway"}],
                  "tolerations": [{"operator": "Exists"}]},
         "status": {"phase": "Pending"}}
 

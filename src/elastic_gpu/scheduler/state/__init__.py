@@ -83,6 +83,7 @@ class SchedulerState:
         self.replace_devices = inventory.replace_devices
         self.node = inventory.node
         self.dra_nodes = inventory.dra_nodes
+        self.prefer_no_schedule = inventory.prefer_no_schedule
         self.known_nodes = inventory.known_nodes
 
         self.observe_pod = ledger.observe_pod

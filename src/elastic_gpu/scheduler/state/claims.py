@@ -45,7 +45,8 @@ class Deciding(Protocol):
 
     def prepare(self) -> None: ...
 
-    def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str]) -> FilterResult: ...
+    def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str], *,
+               narrow: bool | None = None) -> FilterResult: ...
 
 
 class ElasticGPULedger(Protocol):
@@ -215,13 +216,14 @@ class ClaimCaches:
             return self._claim_view(namespace, named)
 
     def filter_claims(self, pod: PodRequest, uid: str, node_names: Sequence[str],
-                      named: Mapping[str, str]) -> tuple[FilterResult, dict[str, FitFailure]]:
+                      named: Mapping[str, str], *, narrow: bool | None = None
+                      ) -> tuple[FilterResult, dict[str, FitFailure]]:
         """`filter` for a pod whose containers name claims: (the engine's result for its other
         containers, node -> why a claim rules the node out: the "claims" check's failures). A
         bound claim's containers need nothing more, on its ElasticGPU's node only; an unbound
         WaitForFirstConsumer claim's container is placed like any (it carries the claim's
         request); any other unbound claim rules out every node, and the pod waits for it
-        (`wakeups`)."""
+        (`wakeups`). `narrow`: as `Placement.filter`'s."""
         with self._h.lock:
             self._placement.prepare()
             view = self._claim_view(pod.namespace, named)
@@ -235,7 +237,7 @@ class ClaimCaches:
             rest = without_containers(pod, view.bound)
             node = view.node
             if node is None:
-                return self._placement.filter(rest, uid, node_names), {}
+                return self._placement.filter(rest, uid, node_names, narrow=narrow), {}
             container, egpu = next(iter(sorted(view.bound.items())))
             off = off_node_failure(container, f"{pod.namespace}/{named[container]}", egpu)
             reasons = {n: off for n in node_names if n != node}
@@ -245,7 +247,7 @@ class ClaimCaches:
             if not rest.wants_gpu:
                 self._waiters.stop_waiting_for_capacity(uid)
                 return FilterResult([node], {}), reasons
-            return self._placement.filter(rest, uid, [node]), reasons
+            return self._placement.filter(rest, uid, [node], narrow=narrow), reasons
 
     def reserve_claims(self, pod: PodRequest, uid: str, node: str, view: PodClaims
                        ) -> tuple[int, Assignment, list[tuple[claims_model.ElasticGPU, int]]]:

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from elastic_gpu.core.dra.nodemode import is_dra_node
 from elastic_gpu.core.model import Card, Node
+from elastic_gpu.core.nodeaffinity import Taint
+from elastic_gpu.scheduler.narrowing import PREFER_NO_SCHEDULE
 from elastic_gpu.scheduler.state.handle import StateHandle
 from elastic_gpu.scheduler.state.records import NodeInfo
 
@@ -48,6 +50,9 @@ class Inventory:
         #: nodes serving GPUs through DRA (`core.dra.nodemode`): kube-scheduler allocates
         #: their devices; the engine never sees cards there
         self._dra_nodes: set[str] = set()
+        #: nodes with a PreferNoSchedule taint, and those taints (`filterResult: auto` gives
+        #: a pod every fitting node when one of them does not tolerate it: `narrowing`)
+        self._prefer_no_schedule: dict[str, tuple[Taint, ...]] = {}
 
     def upsert_node(self, info: NodeInfo) -> None:
         with self._h.lock:
@@ -58,12 +63,18 @@ class Inventory:
                     self._dra_nodes.add(info.name)
                 else:
                     self._dra_nodes.discard(info.name)
+                soft = tuple(t for t in info.taints if t.effect == PREFER_NO_SCHEDULE)
+                if soft:
+                    self._prefer_no_schedule[info.name] = soft
+                else:
+                    self._prefer_no_schedule.pop(info.name, None)
 
     def remove_node(self, name: str) -> None:
         with self._h.lock:
             if self._nodes.pop(name, None) is not None:
                 self._h.stale_nodes.add(name)
                 self._dra_nodes.discard(name)
+                self._prefer_no_schedule.pop(name, None)
 
     def replace_nodes(self, infos: Iterable[NodeInfo]) -> None:
         """A relist: exactly these nodes exist."""
@@ -123,6 +134,11 @@ class Inventory:
         """Those of `names` that serve GPUs through DRA (their Node's label says so)."""
         dra = self._dra_nodes
         return {n for n in names if n in dra} if dra else set()
+
+    def prefer_no_schedule(self) -> dict[str, tuple[Taint, ...]]:
+        """The nodes with a PreferNoSchedule taint, and those taints (a copy; usually empty)."""
+        with self._h.lock:
+            return dict(self._prefer_no_schedule) if self._prefer_no_schedule else {}
 
     def known_nodes(self) -> frozenset[str]:
         """Nodes the engine knows (with their inventory), as of the last flush."""

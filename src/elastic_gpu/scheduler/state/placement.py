@@ -119,18 +119,24 @@ class Placement:
                 return self._ledger.reserve_assignment(pod, uid, node, assignment), assignment
 
     def filter(self, pod: PodRequest, uid: str, node_names: Sequence[str], *,
-               reasons_if_fit: bool = True) -> FilterResult:
+               reasons_if_fit: bool = True, narrow: bool | None = None) -> FilterResult:
         """Which nodes can take the pod, and why each other one cannot (`_filter`); a GPU pod
         that fits none of them is remembered as waiting for capacity (`wakeups`).
         `reasons_if_fit=False`: no reasons when some node fits (the HTTP filter's answer
         leaves them out then, as kube-scheduler reads them only when none fits), so a
         request past `DETAIL_LIMIT` nodes explains no failed node when one fits.
+        `narrow`: answer only the engine's choice when a node fits (`filterResult: best`, or
+        `auto`'s verdict for this pod, `scheduler.narrowing`); None: as the configuration's
+        `filterResult` says of every pod (`best` narrows; `all` and `auto` do not: `auto`
+        needs the pod's manifest, which the verb has).
 
         The failed nodes past `DETAIL_LIMIT` share a summary reason, filled in after the lock
         is released: on a request naming 20,000 nodes that loop is most of the call, and other
         requests (small filters, binds) must not wait behind it."""
         with self._h.lock:
-            result, overflow = self._filter(pod, uid, node_names, reasons_if_fit)
+            if narrow is None:
+                narrow = self._h.config.filter_result == "best"
+            result, overflow = self._filter(pod, uid, node_names, reasons_if_fit, narrow)
             self._turnaways.note_filtered(pod, uid, node_names, result.feasible,
                                           lambda: self._ledger.priority_of(uid))
             known = self._h.known  # a frozenset, replaced whole when nodes change
@@ -142,7 +148,7 @@ class Placement:
         return FilterResult(result.feasible, failed)
 
     def _filter(self, pod: PodRequest, uid: str, node_names: Sequence[str],
-                reasons_if_fit: bool = True) -> tuple[FilterResult, Sequence[str]]:
+                reasons_if_fit: bool, narrow: bool) -> tuple[FilterResult, Sequence[str]]:
         """Which nodes can take the pod, and why each other one cannot.
 
         The engine explains a failed node by planning its cards, which costs about 0.1 ms per
@@ -155,7 +161,7 @@ class Placement:
         with self._h.lock:
             self.prepare()
             with self._without(uid):
-                if self._h.config.filter_result == "best":
+                if narrow:
                     # Narrowed answer: only the node the engine would choose. kube-scheduler
                     # skips scoring (and prioritize) when one node is left, so the decision is
                     # exactly the engine's and the cycle has one round trip instead of two.
