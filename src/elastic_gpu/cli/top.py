@@ -202,6 +202,21 @@ def _cards(milli: int) -> str:
     return f"{_num(milli / 1000)} card{'' if milli == 1000 else 's'}"
 
 
+def _hundredths(milli: int) -> int:
+    """Milli-cards to hundredths of a card, half up (integers: no float ties)."""
+    return (milli + 5) // 10
+
+
+def _used_and_free(used_milli: int, free_milli: int, total_milli: int) -> tuple[str, str]:
+    """The summary's allocated and free compute in cards, rounded so that, where every card
+    is healthy (used + free = total), the two shown add up to the total shown: each rounded
+    alone, 2.645 and 3.355 of 6 cards read 2.65 and 3.36 (or 2.64 and 3.35 by float ties)."""
+    used = _hundredths(used_milli)
+    free = (_hundredths(total_milli) - used if used_milli + free_milli == total_milli
+            else _hundredths(free_milli))
+    return _num(used / 100), f"{_num(free / 100)} card{'' if free == 100 else 's'}"
+
+
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
@@ -268,11 +283,12 @@ def _summary(view: ClusterView) -> str:
 
 
 def _allocated_summary(view: ClusterView) -> str:
+    used, free = _used_and_free(view.used_milli, view.free_milli, view.compute_milli)
     return (f"{_plural(len(view.nodes), 'node')} · {_plural(view.cards, 'card')} "
             f"({view.unhealthy} unhealthy) · allocated: compute "
-            f"{_pct(view.used_milli, view.compute_milli)} ({_num(view.used_milli / 1000)}/"
+            f"{_pct(view.used_milli, view.compute_milli)} ({used}/"
             f"{_num(view.compute_milli / 1000)} cards), memory "
-            f"{_pct(view.used_mib, view.memory_mib)} · free: {_cards(view.free_milli)}, "
+            f"{_pct(view.used_mib, view.memory_mib)} · free: {free}, "
             f"{view.free_cards} whole, {_gib(view.free_mib)} · fragmentation "
             f"{100 * view.fragmentation:.0f}%")
 
@@ -464,6 +480,15 @@ def top(
             if not watch:
                 console.print(render(await once(), holders=not no_holders))
                 return
+            if not console.is_terminal:
+                # piped (`| tee`, a log): rich's Live draws only to a terminal and printed
+                # nothing until interrupted; append each refresh, as `kubectl get -w` does
+                while True:
+                    started = time.monotonic()
+                    console.print(render(await once(), holders=not no_holders))
+                    console.print()
+                    console.file.flush()
+                    await asyncio.sleep(max(interval - (time.monotonic() - started), 0))
             from rich.live import Live
 
             with Live(console=console, auto_refresh=False, screen=False) as live:

@@ -47,8 +47,10 @@ from elastic_gpu.core.mig.cardstate import (
     WholeDemand,
 )
 from elastic_gpu.core.mig.layout import Placement, check_layout, layout_starts
+from elastic_gpu.core.mig.pick import free_instances
 from elastic_gpu.core.mig.planner import plan
 from elastic_gpu.core.mig.profiles import MigModel, compatible, mig_model
+from elastic_gpu.core.model import Card, Health, MigInstance
 from elastic_gpu.core.resources import MigProfile
 from elastic_gpu.sim.trace import Task
 
@@ -238,23 +240,39 @@ def _pool(spec: MigMixSpec, static: bool, mig_share: float) -> _Pool:
     return _Pool(model, cards)
 
 
+def _as_card(model: MigModel, k: int, c: CardState) -> Card:
+    """A pool card as `core.mig.pick` reads it (its index: the card's place in the pool)."""
+    return Card(k, c.uuid, c.model, model.memory_gb * 1024,
+                health=Health.HEALTHY if c.healthy else Health.UNHEALTHY,
+                mig=tuple(MigInstance(i.placement.profile, i.uuid, i.placement.start)
+                          for i in c.instances))
+
+
 def _place_mig(pool: _Pool, task: MixTask) -> str | None:
-    """The instance a MIG task takes: its profile free, else the smallest compatible one; of
-    equal ones, on the card with the most held (best fit: the others stay free to merge)."""
+    """The instance a MIG task takes: its profile free, else the smallest compatible one (the
+    MIG adapter's substitution); of one profile, the instance `core.mig.pick` takes (the
+    engine's and the DRA allocator's rule), over the whole pool: partly held cards first (for
+    one instance, the engine's node preference), then the fullest card; the card's place in
+    the pool (node, then card) stands in for the node policy."""
     assert task.profile is not None
-    best: tuple[tuple[int, int, int, str], int, str] | None = None
-    for k, c in enumerate(pool.cards):
-        free = c.free
-        for i in free:
-            p = i.placement.profile
-            if p == task.profile or compatible(task.profile, p, c.model):
-                key = (p.slices, p.memory_gb, len(free) - len(c.instances), i.uuid)
-                if best is None or key < best[0]:
-                    best = (key, k, i.uuid)
-    if best is None:
+    carved = [(k, c) for k, c in enumerate(pool.cards) if c.free]
+    if not carved:
         return None
-    pool.set_held(best[1], best[2], True)
-    return best[2]
+    model = pool.model.name
+    free = {i.placement.profile for _, c in carved for i in c.free}
+    profiles = sorted((p for p in free if p == task.profile
+                       or compatible(task.profile, p, model)),
+                      key=lambda p: (p != task.profile, p.slices, p.memory_gb, p.name))
+    if not profiles:
+        return None
+    cards = [_as_card(pool.model, k, c) for k, c in carved]
+    held = {i.uuid for _, c in carved for i in c.held}
+    found = free_instances(cards, profiles[0], held)
+    if not found:
+        return None
+    card, inst = found[0]
+    pool.set_held(card.index, inst.uuid, True)
+    return inst.uuid
 
 
 def _place_whole(pool: _Pool) -> str | None:

@@ -14,7 +14,8 @@ the machine cannot run a real node.
 Issue 41's `dra-packed` path on the same node: the webhook gates a claim pod of our card class,
 the extender's DRA allocator writes the claim's allocation (the API server's managedFields name
 it, not kube-scheduler) and lifts the gate, kubelet prepares the claim and the container
-prints the share's grant.
+prints the share's grant. The same for a claim of the MIG class (issue 42): our allocator takes
+an instance of the fake inventory's carved card and the container prints that instance.
 """
 
 from __future__ import annotations
@@ -307,5 +308,67 @@ def test_a_dra_packed_claim_gated_by_the_webhook_placed_by_our_allocator_and_pre
         for name, value in env.items():
             assert f"{name}={value}" in printed, (name, value, printed)
         kube.delete(PODS.path(namespace=k8s_namespace, name="packed-user"))
+        wait_for(lambda: f"unprepared claim {uid}" in agent.log_path.read_text(), "unprepare",
+                 agent)
+
+
+def test_a_gated_mig_claim_placed_by_our_allocator_and_prepared(
+        dra_agent: tuple[ProcessHandle, Path], real_node: RealNode, k8s_cluster: ControlPlane,
+        k8s_namespace: str, tmp_path: Path,
+        start_kube_scheduler: Callable[..., Any]) -> None:
+    """Issue 42 on the real kubelet node: the pod of a claim of the MIG class, by profile, is
+    gated by the webhook; our allocator takes the instance (`core.mig.pick`, on the fake
+    carved card) and lifts the gate; kubelet prepares the claim and the container prints the
+    instance it is given."""
+    agent, cdi = dra_agent
+    kube = k8s_cluster.kube()
+    with running_webhook(k8s_cluster, tmp_path, "dra-mig", WEBHOOK_LABEL) as hook, \
+            running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                             start_timeout_s=120) as extender:
+        k8s_cluster.kubectl("label", "namespace", k8s_namespace,
+                            f"{WEBHOOK_LABEL}={hook.name}")
+        wait_in_force(k8s_cluster, k8s_namespace)
+        start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+        manifest = claim_manifest("mig", k8s_namespace)
+        manifest["spec"]["devices"]["requests"][0]["exactly"] = {
+            "deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].profile == "3g.40gb"'}}]}
+        uid = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace),
+                          manifest)["metadata"]["uid"]
+        created = kube.create(PODS.path(namespace=k8s_namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig-user"},
+            "spec": {"schedulerName": extender.scheduler_name,
+                     "tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "mig"}],
+                     "containers": [{"name": "main", "image": real_node.busybox_image,
+                                     "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", "env; exec sleep 3600"],
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        assert created["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
+
+        def phase() -> str:
+            status = kube.get(PODS.path(namespace=k8s_namespace,
+                                        name="mig-user")).get("status") or {}
+            assert status.get("phase") not in ("Failed", "Succeeded"), status
+            return str(status.get("phase"))
+        wait_for(lambda: phase() == "Running", "Running pod", agent, timeout_s=120)
+
+        allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="mig"))
+        (result,) = allocated["status"]["allocation"]["devices"]["results"]
+        # the card's two 3g instances are equal to the rule (one card, nothing held): the
+        # lower start
+        assert (result["pool"], result["device"]) == (real_node.name, "gpu-2-mig-0-3g-40gb")
+        writers = _allocation_managers(allocated)
+        assert writers and "kube-scheduler" not in writers, allocated["metadata"]
+        assert ALLOCATION_FINALIZER in allocated["metadata"]["finalizers"]
+
+        env = env_of(json.loads(spec_file(cdi, uid).read_text()), f"{uid}-{result['device']}")
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "MIG-dra-2a"
+        assert env["EGPU_ISOLATION"] == "mig"
+        printed = k8s_cluster.kubectl("logs", "mig-user", "-n",
+                                      k8s_namespace).stdout.splitlines()
+        assert "NVIDIA_VISIBLE_DEVICES=MIG-dra-2a" in printed, printed
+        kube.delete(PODS.path(namespace=k8s_namespace, name="mig-user"))
         wait_for(lambda: f"unprepared claim {uid}" in agent.log_path.read_text(), "unprepare",
                  agent)

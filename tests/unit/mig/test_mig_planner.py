@@ -358,3 +358,18 @@ def test_alternatives_the_first_free_then_the_first_that_can_be_carved() -> None
     assert (one.card, names(one.create)) == ("g0", ["4g.40gb@0"])
     # nothing any choice serves: it waits
     assert plan([MigDemand("r", P("3g.71gb"))], [card("g1")]).unserved == ("r",)
+
+
+def test_a_free_instance_is_matched_in_the_order_core_mig_pick_takes_them() -> None:
+    """Step 1 matches the instance the scheduler would take (`core.mig.pick`): a partly held
+    card before one nothing holds, though the latter is full (no headroom), then the fullest."""
+    full = card("g0", *(inst(f"1g.10gb@{s}", f"f{s}") for s in range(7)), node="n0")
+    partly = card("g1", inst("1g.10gb@0", "h0", held=True), inst("1g.10gb@1", "h1"),
+                  inst("1g.10gb@2", "h2"), node="n1")
+    fuller = card("g2", inst("1g.10gb@0", "k0", held=True), inst("1g.10gb@1", "k1"),
+                  node="n2")
+    result = plan([MigDemand("p", P("1g.10gb"))], [full, partly])
+    assert result.matched == (("p", "h1"),) and result.cards == ()
+    result = plan([MigDemand("p", P("1g.10gb")), MigDemand("q", P("1g.10gb"))],
+                  [full, partly, fuller])
+    assert result.matched == (("p", "k1"), ("q", "h1"))

@@ -161,3 +161,41 @@ def test_piped_output_keeps_one_line_per_row(monkeypatch: Any) -> None:
     (header,) = [line for line in result.output.splitlines() if line.startswith("NODE")]
     assert header.split()[-2:] == ["HELD", "BY"]
     assert max(len(line) for line in result.output.splitlines()) > 80
+
+
+def test_piped_watch_prints_every_refresh_as_it_comes(monkeypatch: Any) -> None:
+    # `egpu top -w | tee log`: rich's Live draws only to a terminal, and printed one frame
+    # when interrupted; piped, each refresh is appended (as `kubectl get -w` does)
+    from elastic_gpu.cli import top as top_module
+    from elastic_gpu.kube.client import KubeClient
+
+    class Client:
+        async def close(self) -> None:
+            pass
+
+    calls: list[int] = []
+
+    async def snapshot(client: Any, patterns: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 3:
+            raise KeyboardInterrupt
+        return view_from_objects(objects())
+
+    monkeypatch.setattr(KubeClient, "from_config", classmethod(lambda cls, path: Client()))
+    monkeypatch.setattr(top_module, "snapshot", snapshot)
+    result = CliRunner().invoke(app, ["top", "-w", "--interval", "0.2",
+                                      "--kubeconfig", "/dev/null"])
+    assert result.exit_code == 0, result.output
+    headers = [line for line in result.output.splitlines() if line.startswith("NODE")]
+    assert len(headers) == 3
+
+
+def test_the_summary_allocated_and_free_add_up_to_the_cards() -> None:
+    from elastic_gpu.cli.top import _used_and_free
+
+    # each rounded alone: 2.645 -> 2.64 (a float tie) and 3.355 -> 3.35, 5.99 of 6 cards
+    assert _used_and_free(2645, 3355, 6000) == ("2.65", "3.35 cards")
+    assert _used_and_free(1000, 0, 1000) == ("1", "0 cards")
+    assert _used_and_free(0, 1000, 1000) == ("0", "1 card")
+    # an unhealthy card's room is not free: then free is rounded on its own
+    assert _used_and_free(500, 1495, 3000) == ("0.5", "1.5 cards")

@@ -10,7 +10,22 @@ import pytest
 from typer.testing import CliRunner
 
 from elastic_gpu.cli.main import app
-from elastic_gpu.sim.migmix import MigMixSpec, compare_mix, mix_tasks, run_mix
+from elastic_gpu.core.mig.cardstate import CardState, Instance
+from elastic_gpu.core.mig.layout import Placement
+from elastic_gpu.core.mig.pick import free_instances
+from elastic_gpu.core.mig.profiles import mig_model
+from elastic_gpu.core.resources import MigProfile
+from elastic_gpu.sim.migmix import (
+    MigMixSpec,
+    MixTask,
+    _as_card,
+    _place_mig,
+    _Pool,
+    _profile_of,
+    compare_mix,
+    mix_tasks,
+    run_mix,
+)
 from elastic_gpu.sim.trace import Task
 
 TRACE = [Task(f"t{k}", 4000, 8192, 1, m) for k, m in
@@ -76,3 +91,30 @@ def test_cli_prints_and_writes_the_mig_mix(tmp_path: Path) -> None:
     assert [r["mode"] for r in runs] == ["static", "dynamic"]
     bad = CliRunner().invoke(app, ["simulate", "--mig-mix", "nodes=0"])
     assert bad.exit_code == 2 and "at least 1" in bad.output
+
+
+def _card(k: int, held: int, free: int, profile: MigProfile) -> CardState:
+    uuid = f"GPU-{k}"
+    return CardState(f"node-{k}", uuid, "A100-SXM4-80GB", tuple(
+        Instance(Placement(profile, s), f"MIG-{uuid}-{s}", held=s < held)
+        for s in range(held + free)))
+
+
+def test_a_mig_task_takes_the_instance_core_mig_pick_takes() -> None:
+    """One instance rule (`core.mig.pick`), not the simulator's own: of two partly held cards
+    the fullest (fewest free) one, though the other holds more; a card nothing holds last."""
+    model = mig_model("A100-SXM4-80GB")
+    assert model is not None
+    small = _profile_of(model, 1)
+    cards = [_card(0, 0, 1, small), _card(1, 2, 3, small), _card(2, 1, 1, small)]
+    pool = _Pool(model, list(cards))
+    task = MixTask("t", 0.0, 1.0, small)
+    assert _place_mig(pool, task) == "MIG-GPU-2-1"
+    assert [i.uuid for i in pool.cards[2].held] == ["MIG-GPU-2-0", "MIG-GPU-2-1"]
+    assert _place_mig(pool, task) == "MIG-GPU-1-2"
+    held = {"MIG-GPU-1-0", "MIG-GPU-1-1", "MIG-GPU-2-0"}
+    first = free_instances([_as_card(model, k, c) for k, c in enumerate(cards)], small, held)
+    assert first[0][1].uuid == "MIG-GPU-2-1"
+    pool = _Pool(model, [cards[0]])
+    assert _place_mig(pool, task) == "MIG-GPU-0-0"
+    assert _place_mig(pool, task) is None

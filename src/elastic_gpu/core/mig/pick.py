@@ -36,7 +36,14 @@ def card_rank(card: Card, held: Container[str]) -> tuple[int, int, int]:
     """A card's place in the order its free instances are taken (smaller first): partly held
     first, then fewest free healthy instances, then index. `held`: instance uuids taken."""
     free = sum(1 for i in card.mig if i.uuid not in held and i.health is Health.HEALTHY)
-    return (0 if partly_held(card, held) else 1, free, card.index)
+    return (*fill_rank(partly_held(card, held), free), card.index)
+
+
+def fill_rank(partly: bool, free: int) -> tuple[int, int]:
+    """The rule's first two points as a sort key (smaller first) for a card that is `partly`
+    held and has `free` free instances: `card_rank` here, and the dynamic-MIG planner's free
+    instances (`core.mig.planner` step 1, on its own card state) take them in this order."""
+    return (0 if partly else 1, free)
 
 
 def on_partly_held(by_uuid: Mapping[str, Card], held: Collection[str],

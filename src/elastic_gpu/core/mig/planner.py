@@ -5,7 +5,8 @@ cards hold (`core.mig.cardstate`). Held instances are never touched: they stay a
 placement in every target layout, and a card held whole is never changed. In order:
 
 1. **Free instances first.** A MIG demand whose exact profile is free on a card it may use
-   takes it (`Plan.matched`), no layout changes; the fullest card first. A demand with
+   takes it (`Plan.matched`), no layout changes; in `core.mig.pick`'s order (partly held
+   cards first, then the fullest), the one the scheduler would take. A demand with
    `alternatives` (a DRA claim's `||`, memory bound or `firstAvailable`) takes the first of
    its choices that is free, in order; and below, the first that can be carved at all (a
    choice only a whole card can take waits for step 4 rather than a later choice being
@@ -42,6 +43,7 @@ from elastic_gpu.core.mig.cardstate import (
     WholeDemand,
 )
 from elastic_gpu.core.mig.layout import Placement, headroom, pack
+from elastic_gpu.core.mig.pick import fill_rank
 from elastic_gpu.core.mig.profiles import MigModel, mig_model
 from elastic_gpu.core.resources import MigProfile
 
@@ -215,17 +217,20 @@ def plan(demand: Sequence[MigDemand], cards: Sequence[CardState],
             sizes[d.group] = sizes.get(d.group, 0) + 1
     groups = _Groups(sizes, takers)
 
-    # 1. free instances of the exact profile (the first of its choices free), fullest card first
+    # 1. free instances of the exact profile (the first of its choices free), in the order a
+    # request takes them (`core.mig.pick`: partly held cards first, then the fullest), then by
+    # node and card (the planner has no node policy)
     for d in demand:
-        best: tuple[tuple[int, str, str], _Card, Instance] | None = None
+        best: tuple[tuple[int, int, str, str, int], _Card, Instance] | None = None
         for profile in d.choices:
             for c in work:
                 if not _allowed(d, c, groups) or c.model is None or not c.state.healthy:
                     continue
-                for i in c.movable():
+                spare = c.movable()
+                rank = fill_rank(len(spare) < len(c.kept), len(spare))
+                for i in spare:
                     if i.placement.profile == profile:
-                        room = headroom(c.model, c.layout()).total
-                        key = (room, c.state.node, i.uuid)
+                        key = (*rank, c.state.node, c.state.uuid, i.placement.start)
                         if best is None or key < best[0]:
                             best = (key, c, i)
             if best is not None:
