@@ -68,7 +68,7 @@ from elastic_gpu.core.dra.inventory import (
 )
 from elastic_gpu.core.dra.nodemode import DRA_NODE_SELECTOR
 from elastic_gpu.core.dra.pods import claim_names
-from elastic_gpu.core.dra.turn import TURN_S, Turn
+from elastic_gpu.core.dra.turn import TURN_S, Turn, retries_on_claim, retries_on_slice
 from elastic_gpu.core.fit import Unschedulable
 from elastic_gpu.core.model import Node
 from elastic_gpu.core.nodeaffinity import taints_from_node
@@ -77,7 +77,7 @@ from elastic_gpu.core.placement import Engine, PolicyConfig
 from elastic_gpu.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeClient
 from elastic_gpu.kube.errors import ApiError, Conflict, NotFound
 from elastic_gpu.kube.events import NORMAL, WARNING, EventRecorder
-from elastic_gpu.kube.informer import Handler, Informer, object_key
+from elastic_gpu.kube.informer import Handler, Informer, object_key, on_any_change
 from elastic_gpu.kube.resources import DEVICE_CLASSES, NODES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES
 
 log = logging.getLogger(__name__)
@@ -195,14 +195,23 @@ class DraAllocator:
         #: the unbound pods naming ResourceClaims (immutable), in the order they came: the
         #: only pods a pass looks at; the others' events wake no pass
         self._claimants: dict[str, None] = {}
-        for informer in self._informers:
-            if informer is not self.pods:
-                informer.add_handler(Handler(on_add=self._poke, on_update=self._poke2,
-                                             on_delete=self._poke))
+        for informer in (self.nodes, self.classes):
+            informer.add_handler(on_any_change(self._wake.set))
+        # the changes after which kube-scheduler retries its unschedulable pods (`core.dra.turn`)
+        retry, slice_, claim = self._retry, retries_on_slice, retries_on_claim
+        self.slices.add_handler(Handler(on_add=lambda s: retry(slice_(None, s)),
+                                        on_update=lambda o, n: retry(slice_(o, n)), on_delete=self._poke))
+        self.claims.add_handler(Handler(on_add=self._poke, on_update=lambda o, n: retry(claim(o, n)),
+                                        on_delete=lambda c: retry(claim(c, None))))
         self.pods.add_handler(Handler(on_add=self._pod_added, on_update=self._pod_updated,
                                       on_delete=self._pod_deleted))
 
     def _poke(self, _obj: Obj) -> None:
+        self._wake.set()
+
+    def _retry(self, retries: bool) -> None:
+        if retries:
+            self._turn.changed(time.monotonic())
         self._wake.set()
 
     def _pod_added(self, pod: Obj) -> None:
@@ -228,9 +237,6 @@ class DraAllocator:
         self._placed.discard(uid)
         self._lifted.discard(uid)
         self._waiting.pop(uid, None)
-
-    def _poke2(self, _old: Obj, _new: Obj) -> None:
-        self._wake.set()
 
     async def run(self, period_s: float = 1.0, batch_s: float = 0.01) -> None:
         """List and watch, and place until cancelled."""

@@ -138,3 +138,24 @@ def test_the_allocators_check_reads_the_claims_and_slices_as_the_api_holds_them(
     assert (found.device, found.milli, [h.claim for h in found.holders]) == (
         "gpu-0 of node n1", 1200, ["team/theirs"])
     assert given_twice("other-team", ["ours"], [ours], slices) == []  # not ours to check
+
+
+def test_the_allocators_check_sees_a_mig_instance_given_twice() -> None:
+    """The sandbox's race: kube-scheduler's allocator gave a handed-over claim the instance our
+    allocator had just given ours; the check before our lift must see the instance's two
+    holders (it read only the card devices before)."""
+    from egpu_testing.dra import claim_object, result
+    from elastic_gpu.core.dra.capacity_guard import given_twice
+    from elastic_gpu.core.dra.devices import node_slices
+
+    slices = node_slices("n1", CARDS, 1)
+
+    def claim(name: str, device: str) -> dict[str, object]:
+        return claim_object(name, "team", f"uid-{name}", "n1", [result("n1", device)])
+    ours = claim("ours", "gpu-2-mig-0-3g-40gb")
+    assert given_twice("team", ["ours"], [ours, claim("next", "gpu-2-mig-4-3g-40gb")],
+                       slices) == []
+    (found,) = given_twice("team", ["ours"], [ours, claim("theirs", "gpu-2-mig-0-3g-40gb")],
+                           slices)
+    assert found.mig and [h.claim for h in found.holders] == ["team/theirs"]
+    assert found.device == "gpu-2-mig-0-3g-40gb of node n1"

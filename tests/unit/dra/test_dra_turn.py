@@ -63,8 +63,9 @@ def test_a_claim_pod_is_while_a_claim_of_our_card_class_is_unallocated() -> None
         return lambda key: claim if key == "team/c" else None
     assert in_kube_schedulers_hands(pod, reader(_claim(CARD_CLASS)))
     assert not in_kube_schedulers_hands(pod, reader(_claim(CARD_CLASS, allocated=True)))
-    # MIG instances are other devices than our card devices: not a card to race for
-    assert not in_kube_schedulers_hands(pod, reader(_claim(MIG_CLASS)))
+    # our allocator places MIG instances too: a MIG claim races for them as well
+    assert in_kube_schedulers_hands(pod, reader(_claim(MIG_CLASS)))
+    assert not in_kube_schedulers_hands(pod, reader(_claim("other.example.com")))
     assert not in_kube_schedulers_hands(pod, _none)  # its claim not made yet
 
 
@@ -95,3 +96,74 @@ def test_the_turn_waits_for_such_pods_a_bounded_time_and_forgets_those_served() 
     turn.seen("team/gpu", pods["team/gpu"], 6.0)
     turn.gone("team/gpu")
     assert turn.since == {}
+
+
+def _unschedulable(pod: dict[str, Any]) -> dict[str, Any]:
+    return {**pod, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+
+
+def _held(driver: str = "gpu.elasticgpu.io") -> dict[str, Any]:
+    return {**_claim(MIG_CLASS), "status": {"allocation": {"devices": {"results": [
+        {"driver": driver, "pool": "n1", "device": "gpu-0-mig-6-1g-10gb", "request": "gpu"}]}}}}
+
+
+def test_the_changes_that_make_kube_scheduler_retry_an_unschedulable_pod() -> None:
+    from elastic_gpu.core.dra.turn import retries_on_claim, retries_on_slice
+
+    mine = {"spec": {"driver": "gpu.elasticgpu.io", "devices": [{"name": "gpu-0"}]}}
+    carved = {"spec": {**mine["spec"], "devices": [{"name": "gpu-0-mig-6-1g-10gb"}]}}
+    assert retries_on_slice(None, mine) and retries_on_slice(mine, carved)
+    assert not retries_on_slice(mine, {**mine, "metadata": {"resourceVersion": "2"}})
+    assert not retries_on_slice(None, {"spec": {"driver": "other.example.com"}})
+    assert retries_on_claim(_held(), _claim(MIG_CLASS)) and retries_on_claim(_held(), None)
+    assert not retries_on_claim(_claim(MIG_CLASS), _held())  # allocated: nothing freed
+    assert not retries_on_claim(_held("other.example.com"), None)
+    assert not retries_on_claim(_held(), _held())
+
+
+def test_an_unschedulable_pod_is_in_kube_schedulers_hands_for_turn_s_after_a_retry() -> None:
+    """The sandbox's race: a handed-over MIG claim's pod found unschedulable is retried by
+    kube-scheduler when a carve publishes an instance; our lift waits for it."""
+    from elastic_gpu.core.dra.turn import Turn
+
+    pods = {"team/p": _unschedulable(_claim_pod()),
+            "team/gpu": _unschedulable({**_extended(), "metadata": {"name": "gpu",
+                                                                     "namespace": "team"}})}
+    claims: dict[str, Any] = {"team/c": _claim(MIG_CLASS)}
+    turn = Turn(turn_s=5.0)
+    for key, pod in pods.items():
+        turn.seen(key, pod, 0.0)
+    assert not turn.busy(1.0, pods.get, claims.get)  # found unschedulable: not waited for
+    turn.changed(1.0)  # a slice of ours changed (an instance carved)
+    assert turn.busy(1.0, pods.get, claims.get)  # answered anew at once
+    assert turn.busy(5.9, pods.get, claims.get)
+    assert not turn.busy(6.0, pods.get, claims.get)  # turn_s after the change, no answer
+    turn.changed(7.0)  # a claim of ours released: again
+    assert turn.busy(7.5, pods.get, claims.get)
+    # ends early: its claim allocated, the other pod's extended claim made
+    claims["team/c"] = _claim(MIG_CLASS, allocated=True)
+    pods["team/gpu"] = {**pods["team/gpu"], "status": {
+        **pods["team/gpu"]["status"], "extendedResourceClaimStatus": {"resourceClaimName": "x"}}}
+    assert not turn.busy(8.0, pods.get, claims.get)
+    # bound, gone: forgotten
+    claims["team/c"] = _claim(MIG_CLASS)
+    bound = {**pods["team/p"], "spec": {**pods["team/p"]["spec"], "nodeName": "n1"}}
+    turn.seen("team/p", bound, 8.5)
+    turn.gone("team/gpu")
+    turn.changed(9.0)
+    assert not turn.busy(9.0, pods.get, claims.get) and turn.unschedulable == set()
+
+
+def test_only_pods_asking_our_classes_wait_after_a_retry() -> None:
+    from elastic_gpu.core.dra.turn import Turn
+
+    pods = {"team/p": _unschedulable(_claim_pod())}
+    claims: dict[str, Any] = {"team/c": _claim("other.example.com")}
+    turn = Turn(turn_s=5.0)
+    turn.seen("team/p", pods["team/p"], 0.0)
+    turn.changed(0.0)
+    assert not turn.busy(0.0, pods.get, claims.get)
+    turn.seen("team/gone", _unschedulable(_claim_pod()), 0.0)
+    turn.changed(1.0)
+    assert not turn.busy(1.0, pods.get, claims.get) and turn.unschedulable == {"team/p"}

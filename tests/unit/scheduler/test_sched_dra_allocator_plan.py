@@ -215,3 +215,25 @@ def test_a_pod_waiting_gated_for_room_gets_one_event_per_reason_not_one_per_pass
     # the pod goes (bound or deleted): forgotten
     alloc._forget(alloc.pods.store["ns/p1"])
     assert alloc._waiting == {}
+
+
+def test_a_slice_changed_or_a_claim_released_reopens_kube_schedulers_turn() -> None:
+    """The changes after which kube-scheduler retries the pods it found unschedulable reach
+    the turn (`core.dra.turn`): a slice of ours whose spec changed, a claim of ours released;
+    a slice's status-free update or an allocation written do not."""
+    alloc = _allocator([], [])
+    old = next(iter(alloc.slices.store.values()))
+    alloc.slices.apply("MODIFIED", {**old, "metadata": {**old["metadata"], "resourceVersion": "2"}})
+    assert alloc._turn.changed_at == float("-inf")
+    carved = {**old, "metadata": {**old["metadata"], "resourceVersion": "3"},
+              "spec": {**old["spec"], "devices": []}}
+    alloc.slices.apply("MODIFIED", carved)
+    assert alloc._turn.changed_at > float("-inf") and alloc._wake.is_set()
+    alloc._turn.changed_at = float("-inf")
+    held = _claim("c1", allocation={"devices": {"results": [
+        {"driver": "gpu.elasticgpu.io", "pool": "a", "device": "gpu-0", "request": "gpu"}]}})
+    alloc.claims.apply("ADDED", _claim("c1"))
+    alloc.claims.apply("MODIFIED", held)  # allocated: nothing freed
+    assert alloc._turn.changed_at == float("-inf")
+    alloc.claims.apply("MODIFIED", _claim("c1"))  # deallocated
+    assert alloc._turn.changed_at > float("-inf")

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_gpu.core.assignment import Assignment, CardShare
-from elastic_gpu.core.dra.devices import card_device
+from elastic_gpu.core.dra.devices import card_device, mig_device
 from elastic_gpu.core.dra.inventory import (
     CLAIM_KEY_PREFIX,
     allocated_pools,
-    cards_from_slices,
     claim_hold,
     claim_key,
+    placeable_cards,
     tables_of,
 )
 from elastic_gpu.core.model import Card
@@ -160,17 +160,26 @@ def claims_overflowing(mine: Iterable[str], holds: Mapping[str, Assignment],
             if hold.node == node:
                 (ours if key in keys else others).extend(
                     Holding(key.removeprefix(CLAIM_KEY_PREFIX),
-                            f"{card_device(share.index)} of node {node}", share)
+                            f"{_device(share, cards.get(node, ()))} of node {node}", share)
                     for share in hold.shares())
         found += overflows(cards.get(node, ()), others, ours)
     return found
+
+
+def _device(share: CardShare, cards: Sequence[Card]) -> str:
+    """The device's name a share holds: its MIG instance's, else its card's."""
+    for card in cards:
+        for instance in card.mig if share.mig_uuid is not None else ():
+            if instance.uuid == share.mig_uuid:
+                return mig_device(card.index, instance)
+    return card_device(share.index)
 
 
 def given_twice(namespace: str, names: Sequence[str], claims: Iterable[Mapping[str, Any]],
                 slices: Iterable[Mapping[str, Any]]) -> list[Overflow]:
     """`claims_overflowing` for the allocated claims `names` of `namespace`, from every claim
     and this driver's slices as the API holds them (only the nodes they are on are read)."""
-    cards = cards_from_slices(slices)
+    cards = placeable_cards(slices)  # the cards and the MIG-carved cards' instances
     tables = tables_of(cards)
     claims = list(claims)
     keys = {claim_key(namespace, n) for n in names}
