@@ -240,7 +240,13 @@ class _NodesCollector(Collector):
         self._nodes = nodes
 
     def collect(self) -> Iterator[Metric]:
-        yield from nodes_families(self._nodes())
+        nodes = self._nodes()
+        yield from nodes_families(nodes)
+        if nodes:
+            # the sandbox's kwok nodes serve the agent's whole page: their fake cards change
+            # MIG mode at once (the fake backend), so no mode change ever waits for a reset
+            yield mig_pending_reset_family(
+                (n.node, card, False) for n in nodes for card in n.cards)
 
 
 def nodes_registry(nodes: Callable[[], Sequence[NodeMetrics]]) -> CollectorRegistry:
@@ -280,12 +286,18 @@ class MigPendingResetCollector(Collector):
         self._pending = pending
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(PREFIX + "mig_pending_reset",
-                                   "1 while the card's MIG mode change waits for a GPU reset "
-                                   "(nvidia-smi -r when idle; its MigLayout is PendingReset)",
-                                   labels=CARD_LABELS)
         pending = self._pending()
-        for card in sorted(self._cards(), key=lambda c: c.index):
-            family.add_metric([self._node, str(card.index), card.uuid, card.model],
-                              1 if card.uuid in pending else 0)
-        yield family
+        yield mig_pending_reset_family(
+            (self._node, card, card.uuid in pending)
+            for card in sorted(self._cards(), key=lambda c: c.index))
+
+
+def mig_pending_reset_family(cards: Iterable[tuple[str, Card, bool]]) -> GaugeMetricFamily:
+    """`elasticgpu_agent_mig_pending_reset` of (node, card, pending) triples."""
+    family = GaugeMetricFamily(PREFIX + "mig_pending_reset",
+                               "1 while the card's MIG mode change waits for a GPU reset "
+                               "(nvidia-smi -r when idle; its MigLayout is PendingReset)",
+                               labels=CARD_LABELS)
+    for node, card, pending in cards:
+        family.add_metric([node, str(card.index), card.uuid, card.model], 1 if pending else 0)
+    return family

@@ -88,6 +88,11 @@ def test_the_page_is_valid_and_each_node_reads_as_its_agent_would() -> None:
     assert metric_value(text, 'elasticgpu_agent_container_over_share{node="b"}') is None
     assert metric_value(text, 'elasticgpu_agent_card_gpu_memory_used_bytes{node="b",'
                         'device_index="0"}') is None
+    # the whole agent page, as docs/metrics.md lists it: the fake cards' MIG mode never
+    # waits for a reset, 0 for each card of each node
+    assert {(n, i): metric_value(text, f'elasticgpu_agent_mig_pending_reset{{node="{n}",'
+                                 f'device_index="{i}"}}')
+            for n in "ab" for i in "01"} == {(n, i): 0 for n in "ab" for i in "01"}
 
 
 def test_each_scrape_reads_the_nodes_then() -> None:
