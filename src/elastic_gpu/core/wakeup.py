@@ -87,14 +87,23 @@ def candidates(waiter: Waiter, freed: Mapping[str, int]) -> list[str]:
 
 
 def plan_wakeups(engine: Engine, waiters: Sequence[Waiter], freed: Mapping[str, int], *,
-                 check_limit: int = 64, wake_limit: int = 32) -> WakePlan:
+                 check_limit: int = 64, wake_limit: int = 32,
+                 reserved: Mapping[str, str] | None = None) -> WakePlan:
     """The pods to wake now, highest priority first, then the longest waiting.
 
     A waiter is woken when it fits on one of its freed candidate nodes given the claims of the
     pods woken before it in this round (each claim is allocated in `engine` and released before
     returning, so the engine ends as it began). Fit is the engine's own (`Engine.best` with the
     deterministic binpack policy, then `assign` with the binpack card policy: no random draws).
+
+    `reserved` (uid -> node): the waiters holding a defragmentation reservation, the room the
+    controller made for them. Such a waiter is woken when its reservation's node is a freed
+    candidate, without a fit check: the engine holds the reservation's cards under the
+    waiter's own key, so its fit would see that room as taken, and a pod turned away just
+    before the extender saw its evicted pods go was never woken (kube-scheduler's five-minute
+    flush retried it).
     """
+    own = reserved or {}
     order = sorted(waiters, key=lambda w: (-w.priority, w.since, w.uid))
     wake: list[Wake] = []
     checked: list[str] = []
@@ -109,6 +118,10 @@ def plan_wakeups(engine: Engine, waiters: Sequence[Waiter], freed: Mapping[str, 
                 deferred += 1
                 continue
             checked.append(waiter.uid)
+            if own.get(waiter.uid) in nodes:
+                wake.append(Wake(waiter.uid, waiter.request.namespace, waiter.request.name,
+                                 own[waiter.uid]))
+                continue
             node = engine.best(waiter.request, nodes, policy="binpack")
             if node is None:
                 continue

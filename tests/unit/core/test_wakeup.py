@@ -85,3 +85,21 @@ def test_a_sample_of_the_nodes_stands_for_any_node() -> None:
     assert asked_nodes(sample, 500) == frozenset(sample)  # the whole cluster
     w = Waiter("uid-a", waiter("a", 10).request, None, since=2)
     assert candidates(w, {"far": 3, "old": 2}) == ["far"]
+
+
+def test_a_pod_whose_own_defrag_reservation_lies_on_a_freed_node_is_woken() -> None:
+    # the defragmentation controller reserved n1's card for `pending` and evicted its holder;
+    # kube-scheduler retried `pending` before the extender saw the eviction, so it was turned
+    # away; the engine holds the reservation under the pod's own key, so a fit check sees n1
+    # full: without `reserved` it was never woken (kube-scheduler's 5-minute flush retried it)
+    eng = engine(("n1", 1))
+    eng.allocate("uid-pending", whole("n1", 0))
+    pending = waiter("pending", 100, nodes=("n1", "n2"))
+    assert plan_wakeups(eng, [pending], {"n1": 1}).wake == ()
+    plan = plan_wakeups(eng, [pending], {"n1": 1}, reserved={"uid-pending": "n1"})
+    assert [(w.uid, w.node) for w in plan.wake] == [("uid-pending", "n1")]
+    # a reservation on a node that did not free since wakes nothing, nor one for another pod
+    assert plan_wakeups(eng, [pending], {"n2": 1}, reserved={"uid-pending": "n1"}).wake == ()
+    other = waiter("other", 100, nodes=("n1",))
+    assert plan_wakeups(eng, [other], {"n1": 1}, reserved={"uid-pending": "n1"}).wake == ()
+    assert eng.allocations().keys() == {"uid-pending"}

@@ -160,7 +160,8 @@ class SchedulerState:
 
     def wakeups(self, check_limit: int = 64, wake_limit: int = 32) -> list[Wake]:
         """`Wakeups.wakeups`, with the engine brought up to date first."""
-        return self._wakeups.wakeups(self._catch_up, check_limit, wake_limit)
+        return self._wakeups.wakeups(self._catch_up, check_limit, wake_limit,
+                                     self._ledger.reserved_node)
 
     def _catch_up(self) -> None:
         self._inventory.flush()  # inventory changes are marked freed as they reach the engine

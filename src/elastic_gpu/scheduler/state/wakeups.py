@@ -101,7 +101,8 @@ class Wakeups:
     # ---- the wake-up rounds -----------------------------------------------------------------
 
     def wakeups(self, catch_up: Callable[[], None], check_limit: int = 64,
-                wake_limit: int = 32) -> list[Wake]:
+                wake_limit: int = 32,
+                reserved_node: Callable[[str], str | None] = lambda uid: None) -> list[Wake]:
         """The pending pods to wake now: turned away by the filter for GPU reasons, and now
         fitting on a node whose capacity freed since (`core.wakeup.plan_wakeups`). Each one is
         marked as having seen every freeing so far, so it is not woken again for the same one.
@@ -119,8 +120,11 @@ class Wakeups:
             catch_up()
             if not self._freed:
                 return claimed
+            reserved = {uid: node for uid in self._waiting
+                        if (node := reserved_node(uid)) is not None}
             plan = plan_wakeups(self._h.engine, list(self._waiting.values()), self._freed,
-                                check_limit=check_limit, wake_limit=wake_limit)
+                                check_limit=check_limit, wake_limit=wake_limit,
+                                reserved=reserved)
             for uid in plan.checked:
                 self._waiting[uid] = replace(self._waiting[uid], since=self._epoch)
             # a freeing every waiter has seen can never wake anyone again
