@@ -234,6 +234,13 @@ class Metrics:
                                      "cpu, memory, node; claim, dra: refused by the pod's "
                                      "claims or a DRA-mode node)", ["reason"],
                                      registry=self.registry)
+        self.filter_answers = Counter(PREFIX + "filter_answers",
+                                      "Filter calls for a GPU pod by what they were to answer: "
+                                      "the engine's one node (one) or every node that fits "
+                                      "(every), and why (filterResult: auto decides per pod: "
+                                      "none, soft_preference, prefer_no_schedule_taint; "
+                                      "configured: filterResult best or all)",
+                                      ["answer", "because"], registry=self.registry)
         self.bad_requests = Counter(PREFIX + "bad_requests",
                                     "Requests rejected as malformed, by verb", ["verb"],
                                     registry=self.registry)

@@ -69,6 +69,15 @@ def untolerated_preference(pod_tolerations: Sequence[Toleration],
     return None
 
 
+#: Why a filter answered as it did, for `elasticgpu_scheduler_filter_answers_total`: `auto`
+#: answered the engine's one node (`none`) or every fitting node for one of two reasons; any
+#: other `filterResult` answers as configured.
+BECAUSE_NONE = "none"
+BECAUSE_SOFT_PREFERENCE = "soft_preference"
+BECAUSE_PREFER_NO_SCHEDULE = "prefer_no_schedule_taint"
+BECAUSE_CONFIGURED = "configured"
+
+
 def wants_every_node(pod: Mapping[str, Any], node_names: Sequence[str],
                      prefer_no_schedule: Mapping[str, Sequence[Taint]]) -> str | None:
     """Why the filter should answer with every node that fits (`all`) for this pod, or None
@@ -93,3 +102,11 @@ def wants_every_node(pod: Mapping[str, Any], node_names: Sequence[str],
         if taint is not None:
             return f"a candidate node's taint {taint} the pod does not tolerate"
     return None
+
+
+def because(why: str | None) -> str:
+    """The metric's label for `wants_every_node`'s answer."""
+    if why is None:
+        return BECAUSE_NONE
+    return BECAUSE_PREFER_NO_SCHEDULE if why.startswith("a candidate node's taint") \
+        else BECAUSE_SOFT_PREFERENCE

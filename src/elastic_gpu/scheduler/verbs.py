@@ -27,7 +27,7 @@ from elastic_gpu.scheduler.config import known_policies
 from elastic_gpu.scheduler.handle import Handle
 from elastic_gpu.scheduler.http import json_answer, with_outcome
 from elastic_gpu.scheduler.metrics import main_reason
-from elastic_gpu.scheduler.narrowing import wants_every_node
+from elastic_gpu.scheduler.narrowing import BECAUSE_CONFIGURED, because, wants_every_node
 from elastic_gpu.scheduler.state import PodInfo, SchedulerState
 from elastic_gpu.scheduler.state.placement import without_containers
 
@@ -232,8 +232,12 @@ class Verbs:
         (`narrowing.wants_every_node`)."""
         mode = self._handle.config.filter_result
         if mode != "auto":
-            return mode == "best"
-        return wants_every_node(pod, names, self.state.prefer_no_schedule()) is None
+            narrow, why = mode == "best", BECAUSE_CONFIGURED
+        else:
+            reason = wants_every_node(pod, names, self.state.prefer_no_schedule())
+            narrow, why = reason is None, because(reason)
+        self._handle.metrics.filter_answers.labels("one" if narrow else "every", why).inc()
+        return narrow
 
     # ---- verbs ------------------------------------------------------------------------------
 

@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
-from egpu_testing.workbench import pod_manifest, ready_state
+from egpu_testing.workbench import metric_value, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
 from elastic_gpu.core.nodeaffinity import Taint, Toleration
 from elastic_gpu.scheduler import wire
@@ -117,23 +118,30 @@ NODES = [Node(f"n{i}", 64_000, 256_000, tuple(Card(c, f"GPU-{i}-{c}", "A100", 16
          for i in range(4)]
 
 
-def answer(mode: str, manifest: dict[str, Any], taints: dict[str, tuple[Taint, ...]] | None = None
-           ) -> list[str]:
+def answer(mode: str, manifest: dict[str, Any], taints: dict[str, tuple[Taint, ...]] | None = None,
+           counted: str | None = None) -> list[str]:
+    """The filter's node names under `filterResult: mode`; `counted`: the labels of
+    `elasticgpu_scheduler_filter_answers_total` this one filter must have counted."""
     config = SchedulerConfig.model_validate({"filterResult": mode})
     state = ready_state(NODES, SchedulerState(config))
     for name, tainted in (taints or {}).items():
         state.upsert_node(NodeInfo(name, 64_000, 256_000, {}, taints=tainted))
-    response = Extender(state).filter(json.dumps({"Pod": manifest, "Nodes": None,
-                                                  "NodeNames": NAMES}).encode())
+    extender = Extender(state)
+    response = extender.filter(json.dumps({"Pod": manifest, "Nodes": None,
+                                           "NodeNames": NAMES}).encode())
     assert response.text is not None
     names: list[str] = json.loads(response.text)["NodeNames"]
+    if counted is not None:
+        page = generate_latest(extender.metrics.registry).decode()
+        assert metric_value(page, "elasticgpu_scheduler_filter_answers_total{}") == 1
+        assert metric_value(page, f"elasticgpu_scheduler_filter_answers_total{{{counted}}}") == 1
     return names
 
 
 def test_auto_answers_the_engines_one_node_for_a_plain_pod() -> None:
-    (best,) = answer("best", pod())
-    assert answer("auto", pod()) == [best]
-    assert answer("all", pod()) == NAMES
+    (best,) = answer("best", pod(), counted='answer="one",because="configured"')
+    assert answer("auto", pod(), counted='answer="one",because="none"') == [best]
+    assert answer("all", pod(), counted='answer="every",because="configured"') == NAMES
 
 
 @pytest.mark.parametrize("spec", [
@@ -143,12 +151,14 @@ def test_auto_answers_the_engines_one_node_for_a_plain_pod() -> None:
 ])
 def test_auto_answers_every_fitting_node_for_a_pod_with_a_soft_preference(
         spec: dict[str, Any]) -> None:
-    assert answer("auto", pod(**spec)) == NAMES
+    assert answer("auto", pod(**spec), counted='answer="every",because="soft_preference"') \
+        == NAMES
     assert len(answer("best", pod(**spec))) == 1  # best narrows whatever the pod says
 
 
 def test_auto_answers_every_fitting_node_when_a_candidate_has_an_untolerated_soft_taint() -> None:
-    assert answer("auto", pod(), {"n3": (SOFT,)}) == NAMES
+    assert answer("auto", pod(), {"n3": (SOFT,)},
+                  counted='answer="every",because="prefer_no_schedule_taint"') == NAMES
     tolerant = pod(tolerations=[{"key": "dedicated", "operator": "Exists"}])
     assert len(answer("auto", tolerant, {"n3": (SOFT,)})) == 1
     # the inventory keeps the soft taints as nodes change
