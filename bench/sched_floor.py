@@ -91,7 +91,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     import sched_throughput as tput
 
-    from egpu_testing.process_cpu import cpu_by_kind
+    from egpu_testing.process_cpu import cpu_by_kind, system_total
     from egpu_testing.workbench import start_gpu_cluster
     from elastic_gpu.devcluster.ports import free_ports
 
@@ -151,8 +151,9 @@ def main() -> int:
             for key, _ in labels:
                 medians = [statistics.median([row.get(k, 0.0) for row in cpu[key]]) * 1000
                            for k in kinds]
+                total = system_total(dict(zip(kinds, medians, strict=True)))
                 print(f"| {key} | " + " | ".join(f"{m:.2f}" for m in medians)
-                      + f" | {sum(medians):.2f} |")
+                      + f" | {total:.2f} |")
             return 0
         finally:
             if null is not None:

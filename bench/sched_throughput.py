@@ -5,7 +5,10 @@ with the Elastic GPU extender, side by side on the same control plane, whole-car
 
 Per round and variant: `--pods` pods are created first with a scheduler name nobody serves;
 then a kube-scheduler with that name starts and we time binding, from the first bind to the
-last (pods/s = pods / that time), so pod creation speed does not enter the figure. Variants:
+last (pods/s = pods / that time), so pod creation speed does not enter the figure. The binds
+are counted from a protobuf watch of the namespace (`egpu_testing.bind_counter`), not by
+polling the API: a poll costs kube-apiserver CPU per second, which a slower variant paid more
+of per pod. Variants:
 - `plain`: kube-scheduler alone, pods asking `nvidia.com/gpu: 1` (counted by kube-scheduler
   itself; the fake nodes advertise 8 each);
 - `egpu`: the same pods, kube-scheduler with the extender stanza of deploy/ and the extender's
@@ -40,8 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from egpu_testing.process_cpu import cpu_by_kind
-from egpu_testing.scenario import create_pods, list_pods, unbound_count
+from egpu_testing.bind_counter import BindCounter
+from egpu_testing.process_cpu import cpu_by_kind, system_total
+from egpu_testing.scenario import create_pods, list_pods
 from egpu_testing.workbench import (
     ExtenderProcess,
     extender_kube_scheduler_config,
@@ -136,6 +140,9 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         time.sleep(IDLE_S)
         after, ended = probe(), time.monotonic()
         idle_rate = {k: (v - before.get(k, 0.0)) / (ended - started) for k, v in after.items()}
+    # the bound count comes from a watch (its cost is per pod), not from polling the API (whose
+    # cost is per second: a slower variant was charged more polls per pod)
+    counter = BindCounter(plane.server, plane.client_tls(), name)
     handle = plane.start_scheduler(config, name=f"ks-{name}")
     try:
         first = last = None
@@ -144,12 +151,9 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         cpu_last: dict[str, float] = {}
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            try:
-                bound = count - unbound_count(client, name)
-            except Exception as err:  # a poll the loaded apiserver did not answer in time
-                print(f"poll failed ({type(err).__name__}: {err}); polling again", flush=True)
-                time.sleep(0.1)
-                continue
+            bound = counter.bound
+            if counter.failed:
+                raise RuntimeError(f"{variant}: the watch that counts bound pods failed")
             now = time.monotonic()
             if bound > 0 and first is None:
                 first = now
@@ -161,6 +165,10 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
                 break
             time.sleep(0.1)
     finally:
+        counter.stop()
+        if counter.restarts:
+            print(f"{name}: kube-apiserver ended the bind-count watch {counter.restarts} "
+                  "times (started again each time)", flush=True)
         handle.stop()
         if extender is not None:
             extender.stop()
@@ -233,8 +241,8 @@ def main() -> int:
                     print(f"round {r} {variant}: {rate:.1f} pods/s (load "
                           f"{os.getloadavg()[0]:.1f})"
                           + (f"; CPU ms per pod: {spent}, total "
-                             f"{sum(LAST_WINDOW_CPU.values()) * 1000:.2f}, net of idle "
-                             f"{sum(LAST_WINDOW_NET.values()) * 1000:.2f}" if args.cpu else ""),
+                             f"{system_total(LAST_WINDOW_CPU) * 1000:.2f}, net of idle "
+                             f"{system_total(LAST_WINDOW_NET) * 1000:.2f}" if args.cpu else ""),
                           flush=True)
             plain = statistics.median(results.get("plain") or [float("nan")])
             print(f"\n{args.pods} pods, {args.nodes} nodes x 8 cards, {args.rounds} rounds")
@@ -282,8 +290,9 @@ def main() -> int:
                     for variant in chosen:
                         medians = [statistics.median([row.get(k, 0.0) for row in table[variant]])
                                    * 1000 for k in kinds]
+                        total = system_total(dict(zip(kinds, medians, strict=True)))
                         print(f"| {variant} | " + " | ".join(f"{m:.2f}" for m in medians)
-                              + f" | {sum(medians):.2f} |")
+                              + f" | {total:.2f} |")
             return 0
         finally:
             plane.stop()

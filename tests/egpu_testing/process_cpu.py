@@ -4,7 +4,17 @@ bench/sched_throughput.py) print per pod bound. Both import it from here, not fr
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+
+#: The bench's own process (it counts the binds): shown beside the system's processes, never
+#: summed with them.
+HARNESS = "bench (counting)"
+
+
+def system_total(by_kind: Mapping[str, float]) -> float:
+    """What the measured system spent: every kind but the bench's own."""
+    return sum(v for k, v in by_kind.items() if k != HARNESS)
 
 
 def cpu_by_kind() -> dict[str, float]:
@@ -24,6 +34,7 @@ def cpu_by_kind() -> dict[str, float]:
             continue
         stats[int(entry)] = (stat, cmdline)
     parent = {pid: int(stat[stat.rindex(")") + 2:].split()[1]) for pid, (stat, _) in stats.items()}
+    own = stats[os.getpid()][1] if os.getpid() in stats else None
     out: dict[str, float] = {}
     for pid, (stat, cmdline) in stats.items():
         if not _descends(pid, os.getpid(), parent):
@@ -39,8 +50,8 @@ def cpu_by_kind() -> dict[str, float]:
             kind = "egpu API worker"
         elif "egpu scheduler" in cmdline:
             kind = "egpu scheduler"
-        elif pid == os.getpid():
-            kind = "bench (polling)"
+        elif pid == os.getpid() or cmdline == own:
+            kind = HARNESS  # the bench, and a process it forked (bind_counter's watch)
         else:
             continue  # anything else on the box (other jobs) is not this measurement's
         out[kind] = out.get(kind, 0.0) + seconds

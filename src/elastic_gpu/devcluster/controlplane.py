@@ -155,7 +155,8 @@ class ControlPlane:
             raise DevClusterError(f"a component named {name} is already running")
         return self._spawn(name, argv, env)
 
-    def _client_tls(self) -> ssl.SSLContext:
+    def client_tls(self) -> ssl.SSLContext:
+        """TLS to kube-apiserver as its admin (the kubeconfig's client certificate)."""
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
         return ctx
@@ -238,7 +239,7 @@ class ControlPlane:
             "--profiling=false",
             *self.apiserver_args,
         ])
-        tls = self._client_tls()
+        tls = self.client_tls()
         wait_ready(handle, lambda: _get_ok(f"{self.server}/readyz", tls), timeout_s)
         # /readyz can pass a moment before the bootstrap controller has made `default`.
         wait_ready(handle, lambda: _get_ok(f"{self.server}/api/v1/namespaces/default", tls),
@@ -281,7 +282,7 @@ class ControlPlane:
         insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; loopback only
         wait_ready(handle, lambda: _get_ok(
             f"https://{HOST}:{self.controller_manager_port}/healthz", insecure), timeout_s)
-        tls = self._client_tls()
+        tls = self.client_tls()
         wait_ready(handle, lambda: _get_ok(
             f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", tls), timeout_s)
 
