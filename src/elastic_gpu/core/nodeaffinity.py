@@ -20,7 +20,7 @@ Semantics (k8s.io/component-helpers/scheduling/corev1):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,11 +223,12 @@ def affinity_matches(rules: PlacementRules, node_name: str, labels: Mapping[str,
     return any(_term_matches(t, node_name, labels) for t in rules.required_terms)
 
 
-def untolerated_taint(rules: PlacementRules, taints: Sequence[Taint]) -> Taint | None:
-    """The first NoSchedule/NoExecute taint no toleration of the pod tolerates."""
+def untolerated_taint(tolerations: Sequence[Toleration], taints: Sequence[Taint],
+                      effects: Collection[str] = FILTER_EFFECTS) -> Taint | None:
+    """The first taint of one of `effects` (kube-scheduler's filter's: NoSchedule,
+    NoExecute) that none of the pod's tolerations tolerates."""
     for taint in taints:
-        if taint.effect in FILTER_EFFECTS and not any(t.tolerates(taint)
-                                                     for t in rules.tolerations):
+        if taint.effect in effects and not any(t.tolerates(taint) for t in tolerations):
             return taint
     return None
 
@@ -237,7 +238,7 @@ def refusal(rules: PlacementRules, node_name: str, labels: Mapping[str, str],
     """Why kube-scheduler would not place the pod on this node, or None if it would."""
     if not affinity_matches(rules, node_name, labels):
         return "the node does not match the pod's node selector or required node affinity"
-    taint = untolerated_taint(rules, taints)
+    taint = untolerated_taint(rules.tolerations, taints)
     if taint is not None:
         return f"the node has a taint the pod does not tolerate ({taint})"
     return None

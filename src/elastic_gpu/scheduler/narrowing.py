@@ -18,7 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from elastic_gpu.core.nodeaffinity import Taint, Toleration
+from elastic_gpu.core.nodeaffinity import (
+    RulesError,
+    Taint,
+    Toleration,
+    rules_from_manifest,
+    untolerated_taint,
+)
 
 PREFER_NO_SCHEDULE = "PreferNoSchedule"
 #: topologySpreadConstraints' soft kind (the hard one is `DoNotSchedule`, a filter)
@@ -47,26 +53,14 @@ def soft_preference(pod: Mapping[str, Any]) -> str | None:
 
 
 def tolerations(pod: Mapping[str, Any]) -> tuple[Toleration, ...]:
-    """The pod's tolerations (entries not of the API's shape are skipped)."""
-    out = []
-    for tol in _mapping(pod.get("spec")).get("tolerations") or ():
-        if not isinstance(tol, Mapping):
-            continue
-        fields = [tol.get(k) or "" for k in ("key", "operator", "value", "effect")]
-        if all(isinstance(f, str) for f in fields):
-            out.append(Toleration(fields[0], fields[1] or "Equal", fields[2], fields[3]))
-    return tuple(out)
-
-
-def untolerated_preference(pod_tolerations: Sequence[Toleration],
-                           taints: Iterable[Taint]) -> Taint | None:
-    """The first `PreferNoSchedule` taint none of the tolerations tolerates (kube-scheduler's
-    TaintToleration score counts these per node), or None."""
-    for taint in taints:
-        if taint.effect == PREFER_NO_SCHEDULE \
-                and not any(t.tolerates(taint) for t in pod_tolerations):
-            return taint
-    return None
+    """The pod's tolerations, read by the one reader of a pod's placement rules
+    (`core.nodeaffinity.rules_from_manifest`). A pod whose rules are not of the API's shape
+    (kube-apiserver refuses such a pod: only a hand-made request carries one) tolerates nothing
+    here, so a soft taint among its candidates leaves the weighing to kube-scheduler."""
+    try:
+        return rules_from_manifest(pod).tolerations
+    except RulesError:
+        return ()
 
 
 #: Why a filter answered as it did, for `elasticgpu_scheduler_filter_answers_total`: `auto`
@@ -76,6 +70,7 @@ BECAUSE_NONE = "none"
 BECAUSE_SOFT_PREFERENCE = "soft_preference"
 BECAUSE_PREFER_NO_SCHEDULE = "prefer_no_schedule_taint"
 BECAUSE_CONFIGURED = "configured"
+_TAINT_REASON = "a candidate node's taint"
 
 
 def wants_every_node(pod: Mapping[str, Any], node_names: Sequence[str],
@@ -98,9 +93,10 @@ def wants_every_node(pod: Mapping[str, Any], node_names: Sequence[str],
     for name in candidates:
         if tolerated is None:
             tolerated = tolerations(pod)
-        taint = untolerated_preference(tolerated, prefer_no_schedule[name])
+        # kube-scheduler's TaintToleration score counts these per node
+        taint = untolerated_taint(tolerated, prefer_no_schedule[name], (PREFER_NO_SCHEDULE,))
         if taint is not None:
-            return f"a candidate node's taint {taint} the pod does not tolerate"
+            return f"{_TAINT_REASON} {taint} the pod does not tolerate"
     return None
 
 
@@ -108,5 +104,5 @@ def because(why: str | None) -> str:
     """The metric's label for `wants_every_node`'s answer."""
     if why is None:
         return BECAUSE_NONE
-    return BECAUSE_PREFER_NO_SCHEDULE if why.startswith("a candidate node's taint") \
+    return BECAUSE_PREFER_NO_SCHEDULE if why.startswith(_TAINT_REASON) \
         else BECAUSE_SOFT_PREFERENCE

@@ -12,14 +12,13 @@ from prometheus_client import generate_latest
 
 from egpu_testing.workbench import metric_value, pod_manifest, ready_state
 from elastic_gpu.core.model import Card, Node
-from elastic_gpu.core.nodeaffinity import Taint, Toleration
+from elastic_gpu.core.nodeaffinity import Taint, Toleration, rules_from_manifest, untolerated_taint
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.config import SchedulerConfig
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.narrowing import (
     soft_preference,
     tolerations,
-    untolerated_preference,
     wants_every_node,
 )
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
@@ -90,7 +89,7 @@ def test_a_prefer_no_schedule_taint_the_pod_does_not_tolerate(
         tolerate: list[dict[str, str]], untolerated: Taint | None) -> None:
     manifest = pod(tolerations=tolerate)
     taints = [Taint("other", "", "NoSchedule"), SOFT]
-    assert untolerated_preference(tolerations(manifest), taints) == untolerated
+    assert untolerated_taint(tolerations(manifest), taints, ("PreferNoSchedule",)) == untolerated
     want = None if untolerated is None else \
         "a candidate node's taint dedicated=batch:PreferNoSchedule the pod does not tolerate"
     assert wants_every_node(manifest, NAMES, {"n2": (SOFT,)}) == want
@@ -100,9 +99,19 @@ def test_a_prefer_no_schedule_taint_the_pod_does_not_tolerate(
         == want
 
 
-def test_tolerations_not_of_the_api_shape_are_skipped() -> None:
-    manifest = pod(tolerations=[{"key": 5}, "x", {"key": "a", "effect": "PreferNoSchedule"}])
-    assert tolerations(manifest) == (Toleration("a", "Equal", "", "PreferNoSchedule"),)
+def test_tolerations_are_read_as_the_filters_read_them() -> None:
+    manifest = pod(tolerations=[{"key": "a", "effect": "PreferNoSchedule"},
+                                {"operator": "Exists"}])
+    assert tolerations(manifest) == (Toleration("a", "Equal", "", "PreferNoSchedule"),
+                                     Toleration("", "Exists", "", ""))
+    assert tolerations(manifest) == rules_from_manifest(manifest).tolerations
+
+
+def test_a_pod_with_tolerations_not_of_the_api_shape_tolerates_nothing() -> None:
+    manifest = pod(tolerations=[{"key": 5}, {"key": "dedicated", "operator": "Exists"}])
+    assert tolerations(manifest) == ()
+    # so an untolerated soft taint among its candidates leaves the weighing to kube-scheduler
+    assert wants_every_node(manifest, NAMES, {"n2": (SOFT,)}) is not None
 
 
 def test_config_accepts_auto_and_defaults_to_it() -> None:
