@@ -4,13 +4,14 @@ Polling the unbound pods (a LIST every 0.1 s) costs kube-apiserver CPU per secon
 pod: it serialised up to every unbound pod ten times a second, so a variant that binds more
 slowly was charged more of the bench's own polls per pod, and the polls took CPU from what was
 measured on a 2-core box. A watch costs per event instead, and in protobuf it costs nearly
-nothing more: kube-apiserver serialises each watch event once per encoding and kube-scheduler
-and kwok already watch pods in protobuf, so this watcher reuses their bytes in every variant.
+nothing more: kube-apiserver serialises each watch event once per encoding, and kube-scheduler
+already watches every pod in protobuf, so this watcher reuses those bytes in every variant.
 
 Only the few fields needed are read, straight from the wire format (no generated code): the
 stream is length-prefixed `WatchEvent` frames (type = 1, object = 2, a RawExtension whose raw
 = 1 holds "k8s\\0" + `runtime.Unknown`, whose raw = 2 is the Pod); Pod: metadata = 1
-(ObjectMeta.name = 1), spec = 2 (PodSpec.nodeName = 10), as in k8s.io/api/core/v1/generated.proto.
+(ObjectMeta.name = 1, resourceVersion = 6), spec = 2 (PodSpec.nodeName = 10), as in
+k8s.io/api/core/v1/generated.proto. An ERROR event (410 Gone) carries a Status instead.
 """
 
 from __future__ import annotations
