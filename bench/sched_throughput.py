@@ -34,6 +34,7 @@ an idle one's watch work does not load the box.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -49,6 +50,8 @@ from egpu_testing.scenario import create_pods, list_pods
 from egpu_testing.workbench import (
     ExtenderProcess,
     extender_kube_scheduler_config,
+    metric_value,
+    metrics_text,
     plain_kube_scheduler_config,
     pod_manifest,
     start_gpu_cluster,
@@ -170,6 +173,14 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
             print(f"{name}: kube-apiserver ended the bind-count watch {counter.restarts} "
                   "times (started again each time)", flush=True)
         handle.stop()
+        if extender is not None and previous:
+            # kube-scheduler's connections to the extender: its client keeps two idle ones
+            with contextlib.suppress(OSError):
+                accepted = metric_value(metrics_text(extender.url),
+                                        'elasticgpu_scheduler_connections_total'
+                                        '{outcome="accepted"}')
+                print(f"{name}: the extender accepted {accepted or 0:.0f} connections for "
+                      f"{previous} pods bound", flush=True)
         if extender is not None:
             extender.stop()
     # kubectl's `delete --all` sends a DELETE per pod: on a loaded box 1,500 of them outran

@@ -29,10 +29,12 @@ import resource
 import socket
 import ssl
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from elastic_gpu.core.connlimits import ConnectionLimits, effective_cap, make_room
 
@@ -140,7 +142,8 @@ class ConnectionGate:
         self.cap = effective_cap(limits.max_connections, fds if fds is not None else fd_limit())
         self._open: OrderedDict[_Connection, None] = OrderedDict()
         self._by_handler: dict[int, _Connection] = {}
-        #: connections closed for being idle too long, for room, and refused at the cap
+        #: connections accepted; closed for being idle too long, for room; refused at the cap
+        self.accepted_count = 0
         self.timeouts = 0
         self.shed = 0
         self.refused = 0
@@ -153,6 +156,7 @@ class ConnectionGate:
                  context: ssl.SSLContext | None) -> None:
         """Take a socket just accepted: make room for it (`make_room`) or close it, then
         time it and hand it to the loop (TLS, then aiohttp's handler)."""
+        self.accepted_count += 1
         idle = [c for c in self._open if not c.busy]
         room = make_room(len(self._open), idle, self.cap)
         for old in room.close:
@@ -213,6 +217,33 @@ class _Listener:
         self._task.cancel()
         for sock in self.sockets:
             sock.close()
+
+
+class GateCollector(Collector):
+    """A gate's connections on its component's `/metrics` page (`prefix`: the component's,
+    e.g. `elasticgpu_scheduler_`): open now, and how many were accepted, closed idle, closed
+    for room and refused at the cap. A client that opens a connection per request shows as
+    accepted connections growing as fast as requests (kube-scheduler's extender client keeps
+    two idle connections, so with binds in flight it opens about one a pod)."""
+
+    def __init__(self, gate: ConnectionGate, prefix: str) -> None:
+        self._gate = gate
+        self._prefix = prefix
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gate = self._gate
+        yield GaugeMetricFamily(self._prefix + "connections_open",
+                                "HTTP connections open now", value=gate.open_count)
+        outcomes = CounterMetricFamily(
+            self._prefix + "connections",
+            "HTTP connections by what became of them: accepted (every one), idle_timeout "
+            "(closed with no request in progress past the idle or header timeout), shed "
+            "(closed idle to make room at the cap), refused (closed at once: every open one "
+            "was busy at the cap)", labels=["outcome"])
+        for outcome, value in (("accepted", gate.accepted_count), ("idle_timeout", gate.timeouts),
+                               ("shed", gate.shed), ("refused", gate.refused)):
+            outcomes.add_metric([outcome], value)
+        yield outcomes
 
 
 class GatedSite(web.TCPSite):

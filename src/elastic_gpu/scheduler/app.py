@@ -30,11 +30,18 @@ from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.kube.leaderelection import LeaderElector, LeaseConfig
 from elastic_gpu.runtime.eventloop import loop_name, stop_on_signals
-from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
+from elastic_gpu.runtime.http_connections import (
+    ConnectionGate,
+    GateCollector,
+    GatedSite,
+    gated_app,
+    runner_options,
+)
 from elastic_gpu.scheduler.config import LeaderElectionConfig, SchedulerConfig
 from elastic_gpu.scheduler.dra_allocator import AllocatorSettings, DraAllocator
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.leadership import LeadershipLost, Role, lead
+from elastic_gpu.scheduler.metrics import PREFIX
 from elastic_gpu.scheduler.state import NodeInfo, SchedulerState
 from elastic_gpu.scheduler.worker_link import WorkerLink
 
@@ -287,6 +294,8 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
         await web.TCPSite(health, options.health_host, options.health_port).start()
         log.info("health and readiness on http://%s:%d", options.health_host,
                  options.health_port)
+    connections = GateCollector(gate, PREFIX)
+    extender.metrics.registry.register(connections)  # until this server stops
     if started is not None:
         started.set()
     waiter = asyncio.ensure_future(stop.wait())
@@ -306,6 +315,7 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
         await runner.cleanup()
         if health is not None:
             await health.cleanup()
+        extender.metrics.registry.unregister(connections)
 
 
 async def serve(kubeconfig: Path | None, config: SchedulerConfig, options: ServeOptions,

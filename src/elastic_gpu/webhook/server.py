@@ -38,7 +38,13 @@ from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.mig.rules import SubstitutionRule
 from elastic_gpu.kube.client import KubeClient
 from elastic_gpu.runtime.eventloop import stop_on_signals
-from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app, runner_options
+from elastic_gpu.runtime.http_connections import (
+    ConnectionGate,
+    GateCollector,
+    GatedSite,
+    gated_app,
+    runner_options,
+)
 from elastic_gpu.runtime.metrics import add_metrics
 from elastic_gpu.webhook.budgets import BudgetLookup
 from elastic_gpu.webhook.cards import CardCache
@@ -460,6 +466,8 @@ class WebhookServer:
         site = GatedSite(runner, self.options.host, self.options.port, gate=gate,
                          ssl_context=self.tls.context, reuse_address=True)
         await site.start()
+        connections = GateCollector(gate, "elasticgpu_webhook_")
+        self.metrics.registry.register(connections)  # until this server stops
         log.info("serving AdmissionReviews on https://%s:%d", self.options.host,
                  self.options.port)
         try:
@@ -478,6 +486,7 @@ class WebhookServer:
             if not rotation_started:
                 rotation.close()
             await runner.cleanup()
+            self.metrics.registry.unregister(connections)
             self.tls.close()
             with contextlib.suppress(Exception):
                 await client.close()

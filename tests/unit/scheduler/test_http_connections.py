@@ -12,10 +12,16 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
 
-from egpu_testing.workbench import TestPki
+from egpu_testing.workbench import TestPki, metric_value
 from elastic_gpu.core.connlimits import ConnectionLimits, Room, effective_cap, make_room
-from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app
+from elastic_gpu.runtime.http_connections import (
+    ConnectionGate,
+    GateCollector,
+    GatedSite,
+    gated_app,
+)
 
 
 def test_make_room_sheds_the_oldest_idle_never_a_busy_one() -> None:
@@ -107,6 +113,16 @@ def test_idle_connections_are_closed_and_a_request_gets_through_the_flood(tmp_pa
             await _until(lambda: gate.shed >= 20 and gate.shed + gate.timeouts >= 80,
                          "the oldest idle connections shed")
             assert gate.open_count <= gate.cap
+            # the component's /metrics page counts them (GateCollector)
+            await _until(lambda: gate.accepted_count == 120, "every connection accepted")
+            registry = CollectorRegistry()
+            registry.register(GateCollector(gate, "egpu_test_"))
+            page = generate_latest(registry).decode()
+            assert metric_value(page, 'egpu_test_connections_total{outcome="accepted"}') == 120
+            assert metric_value(page, 'egpu_test_connections_total{outcome="shed"}') == gate.shed
+            assert metric_value(page, 'egpu_test_connections_total{outcome="idle_timeout"}') \
+                == gate.timeouts
+            assert metric_value(page, "egpu_test_connections_open") == gate.open_count
             # and a real request gets through it at once
             assert (await _get(port, pki)).endswith("ok")
             # a request in progress is never closed for room or for idleness
