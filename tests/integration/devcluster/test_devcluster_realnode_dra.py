@@ -110,6 +110,29 @@ def dra_agent(real_node: RealNode, k8s_cluster: ControlPlane,
                 kube.delete(DEVICE_CLASSES.path(name=name))
 
 
+def claim_user_pod(name: str, claim: str, real_node: RealNode,
+                   command: str = "env; exec sleep 3600",
+                   scheduler_name: str | None = None) -> dict[str, Any]:
+    """A pod on the real node whose one container uses the ResourceClaim `claim`."""
+    spec: dict[str, Any] = {
+        "tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"kubernetes.io/hostname": real_node.name},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+        "containers": [{"name": "main", "image": real_node.busybox_image,
+                        "imagePullPolicy": "Never", "command": ["sh", "-c", command],
+                        "resources": {"claims": [{"name": "gpu"}]}}]}
+    if scheduler_name is not None:
+        spec["schedulerName"] = scheduler_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def pod_phase(kube: Any, namespace: str, name: str) -> str:
+    """The pod's phase; a pod that ended fails the test at once, with its status."""
+    status = kube.get(PODS.path(namespace=namespace, name=name)).get("status") or {}
+    assert status.get("phase") not in ("Failed", "Succeeded"), status
+    return str(status.get("phase"))
+
+
 def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
         dra_agent: tuple[ProcessHandle, Path], real_node: RealNode, k8s_cluster: ControlPlane,
         k8s_namespace: str) -> None:
@@ -118,21 +141,10 @@ def test_kubelet_prepares_a_share_claim_allocated_by_kube_scheduler(
     claim = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), claim_manifest(
         "share", k8s_namespace, capacity={"compute": "30", "memory": "8Gi"}))
     uid = claim["metadata"]["uid"]
-    kube.create(PODS.path(namespace=k8s_namespace), {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "user"},
-        "spec": {"tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
-                 "nodeSelector": {"kubernetes.io/hostname": real_node.name},
-                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
-                 "containers": [{"name": "main", "image": real_node.busybox_image,
-                                 "imagePullPolicy": "Never",
-                                 "command": ["sh", "-c", "env; exec sleep 3600"],
-                                 "resources": {"claims": [{"name": "gpu"}]}}]}})
+    kube.create(PODS.path(namespace=k8s_namespace), claim_user_pod("user", "share", real_node))
 
     def phase() -> str:
-        pod = kube.get(PODS.path(namespace=k8s_namespace, name="user"))
-        status = pod.get("status") or {}
-        assert status.get("phase") not in ("Failed", "Succeeded"), status
-        return str(status.get("phase"))
+        return pod_phase(kube, k8s_namespace, "user")
     wait_for(lambda: phase() == "Running", "Running pod", agent)
 
     allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="share"))
@@ -204,20 +216,11 @@ def test_kubelet_prepares_a_mig_claim_by_profile(
             "deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression":
                 f'device.attributes["{DRIVER}"].profile == "3g.40gb"'}}]}
         claims.append(kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), manifest))
-        kube.create(PODS.path(namespace=k8s_namespace), {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-user"},
-            "spec": {"tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
-                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                     "containers": [{"name": "main", "image": real_node.busybox_image,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", "exec sleep 3600"],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        kube.create(PODS.path(namespace=k8s_namespace),
+                    claim_user_pod(f"{name}-user", name, real_node, "exec sleep 3600"))
 
     def running(name: str) -> bool:
-        status = kube.get(PODS.path(namespace=k8s_namespace, name=name)).get("status") or {}
-        assert status.get("phase") not in ("Failed", "Succeeded"), status
-        return status.get("phase") == "Running"
+        return pod_phase(kube, k8s_namespace, name) == "Running"
     wait_for(lambda: running("mig-a-user") and running("mig-b-user"), "MIG pods Running", agent)
 
     given = set()
@@ -263,25 +266,13 @@ def test_a_dra_packed_claim_gated_by_the_webhook_placed_by_our_allocator_and_pre
         claim = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), claim_manifest(
             "packed", k8s_namespace, capacity={"compute": "40", "memory": "4Gi"}))
         uid = claim["metadata"]["uid"]
-        created = kube.create(PODS.path(namespace=k8s_namespace), {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "packed-user"},
-            "spec": {"schedulerName": extender.scheduler_name,
-                     "tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
-                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "packed"}],
-                     "containers": [{"name": "main", "image": real_node.busybox_image,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", "env; exec sleep 3600"],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        created = kube.create(PODS.path(namespace=k8s_namespace), claim_user_pod(
+            "packed-user", "packed", real_node, scheduler_name=extender.scheduler_name))
         # the webhook read the claim's class and gated the pod for our allocator
         assert created["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
 
-        def phase() -> str:
-            status = kube.get(PODS.path(namespace=k8s_namespace,
-                                        name="packed-user")).get("status") or {}
-            assert status.get("phase") not in ("Failed", "Succeeded"), status
-            return str(status.get("phase"))
-        wait_for(lambda: phase() == "Running", "Running pod", agent, timeout_s=120)
+        wait_for(lambda: pod_phase(kube, k8s_namespace, "packed-user") == "Running",
+                 "Running pod", agent, timeout_s=120)
 
         allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="packed"))
         (result,) = allocated["status"]["allocation"]["devices"]["results"]
@@ -335,24 +326,12 @@ def test_a_gated_mig_claim_placed_by_our_allocator_and_prepared(
                 f'device.attributes["{DRIVER}"].profile == "3g.40gb"'}}]}
         uid = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace),
                           manifest)["metadata"]["uid"]
-        created = kube.create(PODS.path(namespace=k8s_namespace), {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig-user"},
-            "spec": {"schedulerName": extender.scheduler_name,
-                     "tolerations": [REAL_NODE_TOLERATION], "terminationGracePeriodSeconds": 0,
-                     "nodeSelector": {"kubernetes.io/hostname": real_node.name},
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "mig"}],
-                     "containers": [{"name": "main", "image": real_node.busybox_image,
-                                     "imagePullPolicy": "Never",
-                                     "command": ["sh", "-c", "env; exec sleep 3600"],
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        created = kube.create(PODS.path(namespace=k8s_namespace), claim_user_pod(
+            "mig-user", "mig", real_node, scheduler_name=extender.scheduler_name))
         assert created["spec"]["schedulingGates"] == [{"name": DRA_PLACEMENT_GATE}]
 
-        def phase() -> str:
-            status = kube.get(PODS.path(namespace=k8s_namespace,
-                                        name="mig-user")).get("status") or {}
-            assert status.get("phase") not in ("Failed", "Succeeded"), status
-            return str(status.get("phase"))
-        wait_for(lambda: phase() == "Running", "Running pod", agent, timeout_s=120)
+        wait_for(lambda: pod_phase(kube, k8s_namespace, "mig-user") == "Running",
+                 "Running pod", agent, timeout_s=120)
 
         allocated = kube.get(RESOURCE_CLAIMS.path(namespace=k8s_namespace, name="mig"))
         (result,) = allocated["status"]["allocation"]["devices"]["results"]
