@@ -237,6 +237,21 @@ def test_kubelet_prepares_a_mig_claim_by_profile(
     assert given == {"MIG-dra-2a", "MIG-dra-2b"}
 
 
+@contextlib.contextmanager
+def placing_for_dra(k8s_cluster: ControlPlane, tmp_path: Path, name: str, namespace: str,
+                    start_kube_scheduler: Callable[..., Any]) -> Iterator[Any]:
+    """The webhook in force in `namespace` (it gates pods of our classes' claims), the
+    extender (its DRA allocator places them) and a stock kube-scheduler of its name: the
+    `dra-packed` path; yields the extender."""
+    with running_webhook(k8s_cluster, tmp_path, name, WEBHOOK_LABEL) as hook, \
+            running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
+                             start_timeout_s=120) as extender:
+        k8s_cluster.kubectl("label", "namespace", namespace, f"{WEBHOOK_LABEL}={hook.name}")
+        wait_in_force(k8s_cluster, namespace)
+        start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+        yield extender
+
+
 def _allocation_managers(claim: dict[str, Any]) -> set[str]:
     """Who wrote the claim's `status.allocation`, by the API server's own record (the
     managedFields entries of the status subresource owning `f:allocation`)."""
@@ -256,13 +271,8 @@ def test_a_dra_packed_claim_gated_by_the_webhook_placed_by_our_allocator_and_pre
     share's grant (card and limits)."""
     agent, cdi = dra_agent
     kube = k8s_cluster.kube()
-    with running_webhook(k8s_cluster, tmp_path, "dra-real", WEBHOOK_LABEL) as hook, \
-            running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
-                             start_timeout_s=120) as extender:
-        k8s_cluster.kubectl("label", "namespace", k8s_namespace,
-                            f"{WEBHOOK_LABEL}={hook.name}")
-        wait_in_force(k8s_cluster, k8s_namespace)
-        start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+    with placing_for_dra(k8s_cluster, tmp_path, "dra-real", k8s_namespace,
+                         start_kube_scheduler) as extender:
         claim = kube.create(RESOURCE_CLAIMS.path(namespace=k8s_namespace), claim_manifest(
             "packed", k8s_namespace, capacity={"compute": "40", "memory": "4Gi"}))
         uid = claim["metadata"]["uid"]
@@ -313,13 +323,8 @@ def test_a_gated_mig_claim_placed_by_our_allocator_and_prepared(
     instance it is given."""
     agent, cdi = dra_agent
     kube = k8s_cluster.kube()
-    with running_webhook(k8s_cluster, tmp_path, "dra-mig", WEBHOOK_LABEL) as hook, \
-            running_extender(k8s_cluster, tmp_path, config={"nodePolicy": "binpack"},
-                             start_timeout_s=120) as extender:
-        k8s_cluster.kubectl("label", "namespace", k8s_namespace,
-                            f"{WEBHOOK_LABEL}={hook.name}")
-        wait_in_force(k8s_cluster, k8s_namespace)
-        start_kube_scheduler(plain_kube_scheduler_config(extender.scheduler_name))
+    with placing_for_dra(k8s_cluster, tmp_path, "dra-mig", k8s_namespace,
+                         start_kube_scheduler) as extender:
         manifest = claim_manifest("mig", k8s_namespace)
         manifest["spec"]["devices"]["requests"][0]["exactly"] = {
             "deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression":
