@@ -22,10 +22,11 @@ of per pod. Variants:
   request, so kube-scheduler's batching of identical pods (on by default since 1.35, off
   whenever extenders are configured) does not apply to either;
 - `egpu-best-asyncio`: as `egpu-best` with `EGPU_EVENT_LOOP=asyncio` (no uvloop);
-- `before-best` / `before-best-distinct` / `before-distinct`: as `egpu-best*` /
-  `egpu-all-distinct`, but the extender runs the code of another checkout (`--before-src
-  DIR/src`, with `filterResult: all` or `best`, which every version reads), for before/after
-  figures side by side.
+- `before-best` / `before-best-distinct` / `before-distinct` / `before-auto-distinct`: as
+  `egpu-best*` / `egpu-all-distinct` / `egpu-distinct`, but the extender runs the code of
+  another checkout (`--before-src DIR/src`, with `filterResult: all` or `best`, which every
+  version reads, or `auto`, which versions since issue 39 read), for before/after figures side
+  by side.
 Variants alternate order per round; both kube-schedulers get the same client QPS. Medians.
 Only the extender a variant uses runs during it (each is started before and stopped after), so
 an idle one's watch work does not load the box.
@@ -65,7 +66,7 @@ LIMITS = {"plain": WHOLE, "egpu": WHOLE, "egpu-best": WHOLE, "plain-distinct": W
           "egpu-distinct": WHOLE, "egpu-all-distinct": WHOLE, "egpu-best-distinct": WHOLE,
           "egpu-share": SHARE,
           "egpu-share-best": SHARE, "before-best": WHOLE, "before-best-distinct": WHOLE,
-          "before-distinct": WHOLE,
+          "before-distinct": WHOLE, "before-auto-distinct": WHOLE,
           "egpu-best-asyncio": WHOLE}
 #: `--before-src`: another checkout's src/ for the `before-*` variants (an earlier version of
 #: the extender, run side by side with this one).
@@ -105,9 +106,11 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
     create_pods(client, pods)
     extender: ExtenderProcess | None = None
     best = "best" in variant.split("-")
-    # before-*: an earlier checkout, which may not know `auto`; its default was `all`
-    filter_result = "best" if best else "all" if variant.startswith("before") \
-        or "all" in variant.split("-") else "auto"
+    # before-*: an earlier checkout, which may not know `auto` (its default was `all`) unless
+    # the variant names it
+    words = variant.split("-")
+    filter_result = "best" if best else "auto" if "auto" in words else "all" \
+        if variant.startswith("before") or "all" in words else "auto"
     if variant.startswith("plain"):
         config = plain_kube_scheduler_config(name)
     elif url is not None:
@@ -284,7 +287,10 @@ def main() -> int:
                 "before-best-distinct": ("earlier extender (--before-src) `filterResult: best`, "
                                          "`nvidia.com/gpu: 1`, distinct pods", distinct),
                 "before-distinct": ("earlier extender (--before-src), `nvidia.com/gpu: 1`, "
-                                    "distinct pods", distinct)}
+                                    "distinct pods", distinct),
+                "before-auto-distinct": ("earlier extender (--before-src, `filterResult: "
+                                         "auto`), `nvidia.com/gpu: 1`, distinct pods",
+                                         distinct)}
             for variant, (label, base) in labels.items():
                 if variant not in results:
                     continue

@@ -94,7 +94,7 @@ class _Connection(asyncio.Protocol):
     def arm(self, seconds: float) -> None:
         if self.timer is not None:
             self.timer.cancel()
-        self.timer = asyncio.get_running_loop().call_later(seconds, self._expired)
+        self.timer = self.gate.loop.call_later(seconds, self._expired)
 
     def _expired(self) -> None:
         self.timer = None
@@ -147,6 +147,16 @@ class ConnectionGate:
         self.timeouts = 0
         self.shed = 0
         self.refused = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop serving the connections, asked once: in Python 3.11
+        `asyncio.get_running_loop` makes a getpid system call, and a timer is armed per
+        request."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     @property
     def open_count(self) -> int:
@@ -170,13 +180,13 @@ class ConnectionGate:
         self._open[connection] = None
         self._by_handler[id(connection.handler)] = connection
         connection.arm(self.limits.header_timeout_s)
-        asyncio.get_running_loop().create_task(self._stream(connection, context))
+        self.loop.create_task(self._stream(connection, context))
 
     async def _stream(self, connection: _Connection, context: ssl.SSLContext | None) -> None:
         tls: dict[str, Any] = {} if context is None else {
             "ssl": context, "ssl_handshake_timeout": self.limits.header_timeout_s}
         try:
-            await asyncio.get_running_loop().connect_accepted_socket(
+            await self.loop.connect_accepted_socket(
                 lambda: connection, connection.sock, **tls)
         except (OSError, ssl.SSLError, ValueError, RuntimeError) as err:
             log.debug("connection not established: %s", err)  # the loop closed the socket
@@ -207,16 +217,47 @@ class ConnectionGate:
 
 
 class _Listener:
-    """The listening socket and its accept loop (what aiohttp's site keeps as `_server`)."""
+    """The listening socket and its accept loop (what aiohttp's site keeps as `_server`): a
+    reader on the socket that accepts until none is waiting, not a `sock_accept` per
+    connection (which adds and removes the socket's reader each time: kube-scheduler's
+    extender client opens about one connection a pod)."""
 
-    def __init__(self, sock: socket.socket, task: asyncio.Task[None]) -> None:
+    def __init__(self, sock: socket.socket, gate: ConnectionGate,
+                 handler_factory: Callable[[], Any], context: ssl.SSLContext | None) -> None:
         self.sockets = [sock]
-        self._task = task
+        self._sock = sock
+        self._gate = gate
+        self._handler_factory = handler_factory
+        self._context = context
+        self._loop = asyncio.get_running_loop()
+        self._retry: asyncio.TimerHandle | None = None
+        self._loop.add_reader(sock.fileno(), self._accept_waiting)
+
+    def _accept_waiting(self) -> None:
+        while True:
+            try:
+                sock, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as err:  # out of descriptors (EMFILE, ENFILE), mostly: wait
+                log.warning("accepting a connection failed (%s); %d open, retrying in 0.1 s",
+                            err, self._gate.open_count)
+                self._loop.remove_reader(self._sock.fileno())
+                self._retry = self._loop.call_later(0.1, self._resume)
+                return
+            sock.setblocking(False)
+            self._gate.accepted(sock, self._handler_factory, self._context)
+
+    def _resume(self) -> None:
+        self._retry = None
+        self._loop.add_reader(self._sock.fileno(), self._accept_waiting)
 
     def close(self) -> None:
-        self._task.cancel()
-        for sock in self.sockets:
-            sock.close()
+        if self._retry is not None:
+            self._retry.cancel()
+        elif self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
 
 
 class GateCollector(Collector):
@@ -265,25 +306,9 @@ class GatedSite(web.TCPSite):
         listener = socket.create_server((host, self._port), family=family,
                                         backlog=self._backlog)
         listener.setblocking(False)
-        task = asyncio.get_running_loop().create_task(self._accept(listener, server))
-        self._server = _Listener(listener, task)  # type: ignore[assignment]
+        self._server = _Listener(listener, self.gate, server,  # type: ignore[assignment]
+                                 self._ssl_context)
         self._bound_port = listener.getsockname()[1]
-
-    async def _accept(self, listener: socket.socket, handler_factory: Callable[[], Any]
-                      ) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(listener)
-            except (ConnectionAbortedError, InterruptedError):
-                continue
-            except OSError as err:  # out of descriptors (EMFILE, ENFILE), mostly: wait
-                log.warning("accepting a connection failed (%s); %d open, retrying in 0.1 s",
-                            err, self.gate.open_count)
-                await asyncio.sleep(0.1)
-                continue
-            sock.setblocking(False)
-            self.gate.accepted(sock, handler_factory, self._ssl_context)
 
     async def stop(self) -> None:
         await super().stop()  # the listener closes: no new connections

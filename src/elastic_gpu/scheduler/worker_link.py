@@ -71,6 +71,7 @@ class WorkerLink:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[ipc.Result]] = {}
         self._process: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.starts = 0
         #: numbers every wake-up message, so each one changes the pod (from the clock: a
         #: restarted scheduler does not repeat an earlier message)
@@ -229,15 +230,25 @@ class WorkerLink:
         process = self._process
         if process is None or process.stdin is None or process.returncode is not None:
             raise BindError("the API worker is not running", definite=True)
-        future: asyncio.Future[ipc.Result] = asyncio.get_running_loop().create_future()
+        # The loop is asked once and the timeout is a timer of its own, not `wait_for` (its
+        # wrapper future and callbacks): a call per bind, and in Python 3.11 each
+        # `get_running_loop` is a getpid system call.
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[ipc.Result] = self._loop.create_future()
+        timer = self._loop.call_later(CALL_TIMEOUT_S, self._timed_out, request, future)
         self._pending[request.id] = future
         process.stdin.write(ipc.encode(request))
         try:
-            return await asyncio.wait_for(future, CALL_TIMEOUT_S)
-        except TimeoutError:
-            self._pending.pop(request.id, None)
-            raise BindError(f"the API worker did not answer {ipc.tag(request)} within "
-                            f"{CALL_TIMEOUT_S:.0f} s", definite=False) from None
+            return await future
+        finally:
+            timer.cancel()
+
+    def _timed_out(self, request: ipc.Request, future: asyncio.Future[ipc.Result]) -> None:
+        self._pending.pop(request.id, None)
+        if not future.done():
+            future.set_exception(BindError(f"the API worker did not answer {ipc.tag(request)} "
+                                           f"within {CALL_TIMEOUT_S:.0f} s", definite=False))
 
     async def _call_for_object(self, request: ipc.Request) -> dict[str, Any] | None:
         """A request answered by a slim object or None."""

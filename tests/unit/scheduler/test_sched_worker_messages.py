@@ -134,3 +134,20 @@ async def test_an_event_of_an_unknown_feed_restarts_the_worker(
     with caplog.at_level(logging.ERROR):
         assert await reading == -9
     assert "unknown feed 'cats'" in caplog.text
+
+
+async def test_a_call_the_worker_does_not_answer_fails_unknown_and_a_late_answer_is_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_gpu.scheduler import worker_link
+    monkeypatch.setattr(worker_link, "CALL_TIMEOUT_S", 0.05)
+    both = Linked(ApiRecorder({("POST", "/api/v1/namespaces/ns/pods/p/binding"): b"{}"}))
+    reading = await linked(both.link, both.process)  # the worker does not read its requests yet
+    with pytest.raises(BindError, match="did not answer bind within") as raised:
+        await both.link.bind("ns", "p", "u1", "n1", 7, {})
+    assert raised.value.definite is False  # it may still land: the bind verb reads the pod
+    assert both.link._pending == {}
+    worker = asyncio.create_task(both.process.serve())  # now it answers, too late
+    assert await both.link.get_pod("ns", "p") is None  # the next call is answered
+    assert [type(m).__name__ for m in both.process.sent] == ["Reply", "Reply"]
+    both.process.stdin.close()
+    await asyncio.wait_for(asyncio.gather(worker, reading), 5)

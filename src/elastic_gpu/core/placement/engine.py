@@ -105,7 +105,7 @@ class Engine:
         make_card_policy(config.card_policy or default_card_policy(config.node_policy))
         self._layout = Layout()
         self._ledger: dict[str, ledger.Entry] = {}
-        self._mask_memo: tuple[int, PodRequest, BoolArray] | None = None
+        self._fit_masks = fitmask.FitMasks()
         for node in nodes:
             self.upsert_node(node)
 
@@ -120,7 +120,7 @@ class Engine:
         self._scorer.ctx = ScoreContext(Fragmentation(workload), self.ctx.rng,
                                         self.ctx.cluster_cpu_per_gpu)
         self._scorer.clear()
-        self._layout.generation += 1
+        self._layout.touch_all()
 
     @property
     def cluster_cpu_per_gpu(self) -> float | None:
@@ -333,7 +333,7 @@ class Engine:
         row = lay.row_of.get(node_name)
         if lay.stale or row is None:
             return  # the next refresh counts it
-        lay.generation += 1
+        lay.touch(row)
         lay.cpu_used[row] += usage[0] - old[0]
         lay.mem_used[row] += usage[1] - old[1]
         self._scorer.forget_row(row)
@@ -383,21 +383,10 @@ class Engine:
         return self._scorer.card_policy(name)
 
     def _fit_mask(self, pod: PodRequest) -> BoolArray:
-        """Which rows can host the pod. Memoised for the last pod while nothing changed (a
-        replay asks once per task, `free_cards`' callers again). Callers must not mutate it."""
-        memo = self._mask_memo
-        if memo is not None and self._memo_holds(pod):
-            return memo[2]
-        mask = fitmask.fit_mask(self._layout, self.ctx, pod, self.config.check_host_resources,
-                                self._card_policy("binpack"))
-        self._mask_memo = (self._layout.generation, pod, mask)
-        return mask
-
-    def _memo_holds(self, pod: PodRequest) -> bool:
-        """Whether the memoised whole-cluster fit mask is this pod's, as things are now."""
-        memo = self._mask_memo
-        return (memo is not None and memo[0] == self._layout.generation
-                and (memo[1] is pod or memo[1] == pod))
+        """Which rows can host the pod (`fitmask.FitMasks`: kept per request shape, the rows
+        changed since brought up to date). Callers must not mutate it."""
+        return self._fit_masks.mask(self._layout, self.ctx, pod, self.config.check_host_resources,
+                                    self._card_policy("binpack"))
 
     def _fits(self, pod: PodRequest, rows: IntArray) -> BoolArray:
         """Whether each of `rows` (-1: an unknown node, which never fits) can host the pod.
@@ -405,7 +394,8 @@ class Engine:
         A request names a sample of the cluster (kube-scheduler passes ~5% of 15,000 nodes):
         the fit of those rows alone, unless the whole cluster's is memoised or the sample is
         most of it."""
-        if self._memo_holds(pod) or rows.size * 4 >= len(self._layout.rows):
+        if rows.size * 4 >= len(self._layout.rows) or self._fit_masks.holds(
+                self._layout, fitmask.fit_key(pod, self.config.check_host_resources)):
             fits: BoolArray = np.append(self._fit_mask(pod), False)[rows]
             return fits
         known = rows >= 0

@@ -6,6 +6,9 @@ vectorised comparisons over every node at once; the others are planned node by n
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from dataclasses import dataclass
+
 import numpy as np
 
 from elastic_gpu.core.fit import FitFailure
@@ -17,6 +20,8 @@ from elastic_gpu.core.request import PodRequest, RequestKind
 #: rows of the layout: every one (a slice), or some, as an array of row numbers
 Rows = slice | IntArray
 ALL = slice(None)
+#: fit masks kept (`FitMasks`): the requests of a burst of pods are mostly of a few shapes
+FIT_MASKS_KEPT = 16
 
 
 def host_mask(lay: Layout, pod: PodRequest, check_host: bool, rows: Rows = ALL) -> BoolArray:
@@ -61,7 +66,7 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
     gpu = pod.gpu_containers
     if not gpu:
         return host
-    if len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE):
+    if _vectorised(pod):
         c = gpu[0]
         ok = model_ok(lay, pod, rows)
         offer = lay.offer_mask(c.served_names)
@@ -81,3 +86,68 @@ def fit_mask(lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
     for i in np.flatnonzero(host):
         out[i] = not isinstance(plan(lay, ctx, int(numbers[i]), pod, binpack), FitFailure)
     return out
+
+
+def _vectorised(pod: PodRequest) -> bool:
+    gpu = pod.gpu_containers
+    return not gpu or (len(gpu) == 1 and gpu[0].kind in (RequestKind.SHARE, RequestKind.WHOLE))
+
+
+def fit_key(pod: PodRequest, check_host: bool) -> Hashable:
+    """What a pod's fit mask depends on. Pods that differ only in name or, where host
+    resources are not checked (the extender: kube-scheduler checks them), only in CPU and
+    memory have one mask: pods that each ask their own CPU are not each a new computation
+    over every node. A request `fit_mask` plans node by node keeps its host requests in the
+    key (the card policy's view holds its task shape)."""
+    host = (pod.cpu_milli, pod.memory_mib) if check_host or not _vectorised(pod) else None
+    return (pod.containers, pod.allowed_models, pod.denied_models, pod.allowed_cards,
+            pod.denied_cards, host)
+
+
+@dataclass
+class _Kept:
+    mask: BoolArray
+    epoch: int
+    change: int
+
+
+class FitMasks:
+    """The whole-cluster fit masks of the latest requests (`fit_key`), each brought up to
+    date by recomputing only the rows changed since it was last asked (`Layout.touch`): a
+    bind changes one node, so the next pod's mask is a few rows' work, not every node's."""
+
+    def __init__(self, size: int = FIT_MASKS_KEPT) -> None:
+        self._size = size
+        #: insertion order is recency (a hit is moved to the end)
+        self._kept: dict[Hashable, _Kept] = {}
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+    def holds(self, lay: Layout, key: Hashable) -> bool:
+        """Whether a mask is kept for `key` that can be brought up to date (not computed anew)."""
+        kept = self._kept.get(key)
+        return (kept is not None and kept.epoch == lay.epoch
+                and lay.changed_since(kept.change) is not None)
+
+    def mask(self, lay: Layout, ctx: ScoreContext, pod: PodRequest, check_host: bool,
+             binpack: CardPolicy) -> BoolArray:
+        """`fit_mask` of every row, as things are now. Callers must not mutate it; a later
+        call returns a new array where rows changed meanwhile."""
+        key = fit_key(pod, check_host)
+        kept = self._kept.pop(key, None)
+        changed = (lay.changed_since(kept.change)
+                   if kept is not None and kept.epoch == lay.epoch else None)
+        if kept is None or changed is None:
+            if len(self._kept) >= self._size:
+                del self._kept[next(iter(self._kept))]  # the least recently used
+            kept = _Kept(fit_mask(lay, ctx, pod, check_host, binpack), lay.epoch, lay.changes)
+        elif changed.size:
+            # a few rows (a bind changes its node two or three times): a set beats np.unique
+            rows = (np.unique(changed) if changed.size > 64 else
+                    np.fromiter(sorted(set(changed.tolist())), dtype=np.int64))
+            mask = kept.mask.copy()
+            mask[rows] = fit_mask(lay, ctx, pod, check_host, binpack, rows)
+            kept = _Kept(mask, lay.epoch, lay.changes)
+        self._kept[key] = kept
+        return kept.mask

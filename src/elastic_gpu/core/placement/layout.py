@@ -58,6 +58,11 @@ class Row:
         return self._mig_cards
 
 
+#: row changes remembered (`Layout.changed_since`): what is kept per row and was last brought
+#: up to date more changes ago than this is computed anew
+CHANGE_RING = 4096
+
+
 class Layout:
     """Rows of nodes and matrices of their cards: capacity, usage, health, model, offers."""
 
@@ -69,8 +74,14 @@ class Layout:
         self.models: list[str] = []
         self.model_id: dict[str, int] = {}
         self.stale = True
-        #: bumped by every change of usage or layout: the fit-mask memo is valid while equal
+        #: bumped by every change of usage or layout (`touch`, `touch_all`)
         self.generation = 0
+        #: the rows of the latest CHANGE_RING row changes, a ring: change k is at
+        #: k % CHANGE_RING (`changed_since`); `epoch` counts the changes of every row at once
+        #: (a rebuild renumbers the rows)
+        self.changes = 0
+        self.epoch = 0
+        self._changed_rows = np.zeros(CHANGE_RING, dtype=np.int64)
         #: offer classes of cards (see `_OfferKey`) and, per resource name and per distinct set
         #: of written names, the card matrices derived from them; rebuilt with the layout
         self.offer_keys: list[_OfferKey] = []
@@ -95,7 +106,7 @@ class Layout:
                 # every node): its arrays in place, no rebuild of the whole layout.
                 old.node, old.cards = node, cards
                 self._set_usage(row, cards)
-                self.generation += 1
+                self.touch(row)
                 return
             self.rows[row] = Row(node, cards, {c.index: i for i, c in enumerate(cards)}, old.rank)
         for card in cards:
@@ -122,6 +133,30 @@ class Layout:
         except KeyError:
             raise Unschedulable(UNKNOWN_NODE, name) from None
 
+    def touch(self, row: int) -> None:
+        """Row `row`'s usage changed: logged for what is kept per row (`changed_since`)."""
+        self.generation += 1
+        self._changed_rows[self.changes % CHANGE_RING] = row
+        self.changes += 1
+
+    def touch_all(self) -> None:
+        """Any row may have changed (or the rows were renumbered): nothing kept per row holds."""
+        self.generation += 1
+        self.epoch += 1
+
+    def changed_since(self, change: int) -> IntArray | None:
+        """The rows changed since `self.changes` was `change` (repeats included), or None when
+        the ring no longer reaches back that far."""
+        behind = self.changes - change
+        if behind > CHANGE_RING or behind < 0:
+            return None
+        start, end = change % CHANGE_RING, self.changes % CHANGE_RING
+        if behind == 0:
+            return self._changed_rows[:0]
+        if start < end:
+            return self._changed_rows[start:end]
+        return np.concatenate((self._changed_rows[start:], self._changed_rows[:end]))
+
     def rows_of(self, node_names: Sequence[str]) -> IntArray:
         """Row of each named node, -1 for unknown names (dict lookups at C speed)."""
         return np.fromiter(map(self.row_of.get, node_names, repeat(-1)), dtype=np.int64,
@@ -140,7 +175,7 @@ class Layout:
     def rebuild(self) -> None:
         """The arrays anew from the rows, usage from outside pods only (the engine replays its
         ledger next)."""
-        self.generation += 1
+        self.touch_all()
         n = len(self.rows)
         width = max((len(r.cards) for r in self.rows), default=0) or 1
         self.cpu_cap: IntArray = np.array([r.node.cpu_milli for r in self.rows], dtype=np.int64)

@@ -41,7 +41,7 @@ def apply(lay: Layout, pod_key: str, entry: Entry, sign: int) -> int | None:
     row = lay.row_of.get(entry.assignment.node)
     if row is None:
         return None
-    lay.generation += 1
+    lay.touch(row)
     r = lay.rows[row]
     lay.cpu_used[row] += sign * entry.cpu_milli
     lay.mem_used[row] += sign * entry.memory_mib
