@@ -22,6 +22,10 @@ of per pod. Variants:
   request, so kube-scheduler's batching of identical pods (on by default since 1.35, off
   whenever extenders are configured) does not apply to either;
 - `egpu-best-asyncio`: as `egpu-best` with `EGPU_EVENT_LOOP=asyncio` (no uvloop);
+- `egpu-tls-distinct` / `before-auto-tls-distinct`: as `egpu-distinct` / `before-auto-distinct`
+  over HTTPS with client certificates, as the chart deploys it (kube-scheduler's extender
+  `tlsConfig`; `TestPki`): kube-scheduler's client keeps two idle connections, so each new
+  one it opens is a TLS handshake;
 - `before-best` / `before-best-distinct` / `before-distinct` / `before-auto-distinct`: as
   `egpu-best*` / `egpu-all-distinct` / `egpu-distinct`, but the extender runs the code of
   another checkout (`--before-src DIR/src`, with `filterResult: all` or `best`, which every
@@ -50,7 +54,9 @@ from egpu_testing.process_cpu import cpu_by_kind, system_total
 from egpu_testing.scenario import create_pods, list_pods
 from egpu_testing.workbench import (
     ExtenderProcess,
+    TestPki,
     extender_kube_scheduler_config,
+    extender_tls_stanza,
     metric_value,
     metrics_text,
     plain_kube_scheduler_config,
@@ -67,6 +73,7 @@ LIMITS = {"plain": WHOLE, "egpu": WHOLE, "egpu-best": WHOLE, "plain-distinct": W
           "egpu-share": SHARE,
           "egpu-share-best": SHARE, "before-best": WHOLE, "before-best-distinct": WHOLE,
           "before-distinct": WHOLE, "before-auto-distinct": WHOLE,
+          "egpu-tls-distinct": WHOLE, "before-auto-tls-distinct": WHOLE,
           "egpu-best-asyncio": WHOLE}
 #: `--before-src`: another checkout's src/ for the `before-*` variants (an earlier version of
 #: the extender, run side by side with this one).
@@ -117,9 +124,10 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         config = extender_kube_scheduler_config(url, name, prioritize=not best)
     else:
         (port,) = free_ports(1)
+        pki = TestPki.create(work) if "tls" in words else None
         extender = ExtenderProcess(plane.kubeconfig, port, work / f"extender-{name}.log",
                                    config={"filterResult": filter_result},
-                                   scheduler_name=name)
+                                   scheduler_name=name, tls=pki)
         if variant.endswith("-asyncio"):
             os.environ["EGPU_EVENT_LOOP"] = "asyncio"  # the standard loop instead of uvloop
         pythonpath = os.environ.get("PYTHONPATH")
@@ -137,6 +145,9 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
                 os.environ["PYTHONPATH"] = pythonpath
             os.environ.pop("EGPU_EVENT_LOOP", None)
         config = extender_kube_scheduler_config(extender.url, name, prioritize=not best)
+        if pki is not None:
+            config["extenders"][0]["enableHTTPS"] = True
+            config["extenders"][0]["tlsConfig"] = extender_tls_stanza(pki)
     if not bind_verb:
         for stanza in config.get("extenders", []):
             stanza.pop("bindVerb", None)
@@ -179,7 +190,7 @@ def measure(plane: ControlPlane, client: Any, work: Path, variant: str,
         if extender is not None and previous:
             # kube-scheduler's connections to the extender: its client keeps two idle ones
             with contextlib.suppress(OSError):
-                accepted = metric_value(metrics_text(extender.url),
+                accepted = metric_value(metrics_text(extender.url, extender.tls),
                                         'elasticgpu_scheduler_connections_total'
                                         '{outcome="accepted"}')
                 print(f"{name}: the extender accepted {accepted or 0:.0f} connections for "
@@ -290,7 +301,12 @@ def main() -> int:
                                     "distinct pods", distinct),
                 "before-auto-distinct": ("earlier extender (--before-src, `filterResult: "
                                          "auto`), `nvidia.com/gpu: 1`, distinct pods",
-                                         distinct)}
+                                         distinct),
+                "egpu-tls-distinct": ("kube-scheduler + extender (`filterResult: auto`) over "
+                                      "HTTPS, `nvidia.com/gpu: 1`, distinct pods", distinct),
+                "before-auto-tls-distinct": ("earlier extender (--before-src, `filterResult: "
+                                             "auto`) over HTTPS, `nvidia.com/gpu: 1`, "
+                                             "distinct pods", distinct)}
             for variant, (label, base) in labels.items():
                 if variant not in results:
                     continue

@@ -386,22 +386,29 @@ class TestPki:
     __test__ = False  # not a pytest test class
 
     @staticmethod
-    def create(directory: Path) -> TestPki:
+    def create(directory: Path, key_type: str = "ec") -> TestPki:
+        """`key_type`: "ec" (P-256) or "rsa" (2048 bits, what helm's genCA and genSignedCert
+        make)."""
         import datetime
         import ipaddress
 
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric import ec, rsa
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
         now = datetime.datetime.now(datetime.UTC)
+        Key = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+        def new_key() -> Key:
+            if key_type == "rsa":
+                return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            return ec.generate_private_key(ec.SECP256R1())
 
         def name(text: str) -> x509.Name:
             return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
 
-        def write(stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey
-                  ) -> tuple[Path, Path]:
+        def write(stem: str, cert: x509.Certificate, key: Key) -> tuple[Path, Path]:
             cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
             cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
             key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
@@ -409,8 +416,8 @@ class TestPki:
                                                    serialization.NoEncryption()))
             return cert_path, key_path
 
-        def ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-            key = ec.generate_private_key(ec.SECP256R1())
+        def ca(cn: str) -> tuple[x509.Certificate, Key]:
+            key = new_key()
             cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(cn))
                     .public_key(key.public_key()).serial_number(x509.random_serial_number())
                     .not_valid_before(now - datetime.timedelta(minutes=5))
@@ -421,9 +428,9 @@ class TestPki:
                     .sign(key, hashes.SHA256()))
             return cert, key
 
-        def leaf(cn: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
-                 server: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-            key = ec.generate_private_key(ec.SECP256R1())
+        def leaf(cn: str, issuer: tuple[x509.Certificate, Key],
+                 server: bool) -> tuple[x509.Certificate, Key]:
+            key = new_key()
             builder = (x509.CertificateBuilder().subject_name(name(cn))
                        .issuer_name(issuer[0].subject).public_key(key.public_key())
                        .serial_number(x509.random_serial_number())
@@ -482,8 +489,10 @@ def paused(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def metrics_text(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+def metrics_text(url: str, tls: TestPki | None = None) -> str:
+    """The /metrics page at `url` (`tls`: over HTTPS with the PKI's client certificate)."""
+    context = tls.client_context() if tls is not None else None
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5, context=context) as response:
         return str(response.read().decode())
 
 
