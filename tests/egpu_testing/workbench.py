@@ -323,8 +323,10 @@ class ServedExtender:
 
         from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app
 
-        #: the connections, held as `egpu scheduler` holds them (its config's limits)
+        #: the connections, held as `egpu scheduler` holds them (its config's limits); HTTP/2
+        #: where a TLS client negotiates it (`tls` must offer it, as `scheduler.app.tls_context`)
         self.gate = ConnectionGate(extender.state.config.connection_limits)
+        self.gate.http2 = extender.http2()
 
         async def start() -> None:
             self.runner = web.AppRunner(gated_app(extender.app(), self.gate))

@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from elastic_gpu.core.connlimits import ConnectionLimits, effective_cap, make_room
+from elastic_gpu.runtime.http2 import Http2App, Http2Server, negotiated_h2
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             transport.abort()  # type: ignore[attr-defined]
             return
+        if self.gate.http2 is not None and negotiated_h2(transport):
+            self.gate.forget_handler(self)
+            self.handler = Http2Server(self.gate.http2, self)
+            self.gate.http2_count += 1
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -148,6 +153,11 @@ class ConnectionGate:
         self.shed = 0
         self.refused = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the app of connections that negotiate HTTP/2 (TLS with ALPN `h2`, which the server's
+        #: context must offer); None: HTTP/1.1 only
+        self.http2: Http2App | None = None
+        #: connections that negotiated HTTP/2
+        self.http2_count = 0
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -194,6 +204,10 @@ class ConnectionGate:
 
     def forget(self, connection: _Connection) -> None:
         self._open.pop(connection, None)
+        self.forget_handler(connection)
+
+    def forget_handler(self, connection: _Connection) -> None:
+        """aiohttp's handler no longer serves the connection (gone, or HTTP/2 took over)."""
         self._by_handler.pop(id(connection.handler), None)
 
     def close_idle(self) -> None:
@@ -285,6 +299,11 @@ class GateCollector(Collector):
                                ("shed", gate.shed), ("refused", gate.refused)):
             outcomes.add_metric([outcome], value)
         yield outcomes
+        if gate.http2 is not None:  # a server that offers HTTP/2 (the extender over TLS)
+            yield CounterMetricFamily(
+                self._prefix + "connections_http2",
+                "HTTP connections that negotiated HTTP/2 (TLS with ALPN h2): each carries "
+                "every request of its client, one stream each", value=gate.http2_count)
 
 
 class GatedSite(web.TCPSite):

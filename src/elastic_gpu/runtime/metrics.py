@@ -27,12 +27,19 @@ def metrics_page(registry: CollectorRegistry,
     """The `/metrics` handler of `registry`; `refresh` runs first (gauges set on scrape)."""
 
     async def page(request: web.Request) -> web.Response:
-        if refresh is not None:
-            refresh()
-        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encode(registry), headers={"Content-Type": content_type})
+        body, content_type = exposition(registry, request.headers.get("Accept", ""), refresh)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     return page
+
+
+def exposition(registry: CollectorRegistry, accept: str,
+               refresh: Callable[[], None] | None = None) -> tuple[bytes, str]:
+    """The page's body and content type for a scraper's `Accept` (either HTTP version)."""
+    if refresh is not None:
+        refresh()
+    encode, content_type = choose_encoder(accept)
+    return encode(registry), content_type
 
 
 def add_metrics(app: web.Application, registry: CollectorRegistry,

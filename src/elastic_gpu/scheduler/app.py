@@ -257,6 +257,9 @@ def tls_context(options: ServeOptions) -> ssl.SSLContext | None:
             raise TLSFilesError(f"--tls-client-ca (tls.clientCAFile) {options.tls_client_ca}: "
                                 f"{err}") from None
         context.verify_mode = ssl.CERT_REQUIRED
+    # HTTP/2 first: kube-scheduler's extender client (Go, HTTP/2 enabled) then sends every
+    # request on one connection instead of a TLS handshake for most pods (`runtime.http2`)
+    context.set_alpn_protocols(["h2", "http/1.1"])
     return context
 
 
@@ -273,6 +276,7 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
     listener, let binds in progress finish (at most `options.drain_s`), close connections."""
     limits = extender.state.config.connection_limits
     gate = ConnectionGate(limits)
+    gate.http2 = extender.http2()  # used where a TLS client negotiates it
     runner = web.AppRunner(gated_app(extender.app(), gate), access_log=None,
                            shutdown_timeout=options.drain_s, **runner_options(limits))
     await runner.setup()

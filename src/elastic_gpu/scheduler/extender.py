@@ -14,7 +14,7 @@ from aiohttp import web
 
 from elastic_gpu.scheduler.binder import Binder
 from elastic_gpu.scheduler.handle import ClaimApi, Handle, PodApi
-from elastic_gpu.scheduler.http import HttpRoutes
+from elastic_gpu.scheduler.http import Handler, Http2Routes, HttpRoutes
 from elastic_gpu.scheduler.leadership import Role
 from elastic_gpu.scheduler.metrics import Metrics
 from elastic_gpu.scheduler.provisioner import Provisioner
@@ -62,10 +62,16 @@ class Extender:
     def role(self) -> Role:
         return self.handle.role
 
+    def _verbs(self) -> dict[str, Handler]:
+        return {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind,
+                "preempt": self.preempt, "provision": self.provision}
+
     def app(self, prefix: str = "") -> web.Application:
-        return self.routes.app({"filter": self.filter, "prioritize": self.prioritize,
-                                "bind": self.bind, "preempt": self.preempt,
-                                "provision": self.provision}, prefix)
+        return self.routes.app(self._verbs(), prefix)
+
+    def http2(self, prefix: str = "") -> Http2Routes:
+        """The same routes for HTTP/2 connections (kube-scheduler's over TLS)."""
+        return self.routes.http2(self._verbs(), prefix)
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no bind is in progress (at most `timeout_s`); False if some still are."""

@@ -24,8 +24,10 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
-from elastic_gpu.runtime.metrics import add_metrics
+from elastic_gpu.runtime import http2
+from elastic_gpu.runtime.metrics import PATH, add_metrics, exposition
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.handle import (
     HEAVY_QUEUE,
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: A bind's body is four names.
 BIND_BODY_BYTES = 64 * 1024
+#: The verbs whose body is a few names (`BIND_BODY_BYTES`), always read on the event loop.
+SMALL_VERBS = frozenset({"bind", "provision"})
 
 
 class BodyTooLarge(Exception):
@@ -107,71 +111,94 @@ class HttpRoutes:
 
     def __init__(self, handle: Handle) -> None:
         self._handle = handle
-        self._heavy = asyncio.Semaphore(HEAVY_SLOTS)
+        self._heavy_slots = asyncio.Semaphore(HEAVY_SLOTS)
         #: large requests in progress or waiting for a slot
         self.heavy_waiting = 0
 
     def _timed(self, verb: str, handler: Handler
                ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        metrics = self._handle.metrics
-
         async def handle(request: web.Request) -> web.Response:
-            started = time.perf_counter()
-            role = self._handle.role
-            try:
-                if not role.serving:  # a standby, or a leader that lost its Lease
-                    response = with_outcome(json_answer({"Error": role.refusal},
-                                                        status=503), "standby")
-                else:
-                    response = await self._serve(verb, request, handler)
-            except wire.WireError as err:
-                metrics.bad_requests.labels(verb).inc()
-                response = json_answer({"Error": str(err)}, status=400)
-            except BodyTooLarge as err:
-                metrics.bad_requests.labels(verb).inc()
-                response = json_answer({"Error": str(err)}, status=413)
-            except _Busy as err:
-                response = json_answer({"Error": str(err)}, status=429)
-                response.headers["Retry-After"] = "1"
-            except StateNotReady as err:
-                response = json_answer({"Error": str(err)}, status=503)
-            except Exception as err:  # last resort: a bug must not kill the server
-                log.exception("%s: unexpected error", verb)
-                response = json_answer({"Error": f"internal error in the extender ({type(err).__name__}"
-                                           "; see its log)"}, status=500)
-            finally:
-                metrics.latency.labels(verb).observe(time.perf_counter() - started)
-            metrics.requests.labels(verb, response_outcome(response)).inc()
-            return response
+            return await self.answer(verb, lambda: self._serve(verb, request, handler))
         return handle
+
+    async def answer(self, verb: str, serve: Callable[[], Awaitable[web.Response]]
+                     ) -> web.Response:
+        """A verb's answer over either protocol: refused by a standby, errors turned into
+        their status, timed and counted."""
+        metrics = self._handle.metrics
+        started = time.perf_counter()
+        role = self._handle.role
+        try:
+            if not role.serving:  # a standby, or a leader that lost its Lease
+                response = with_outcome(json_answer({"Error": role.refusal},
+                                                    status=503), "standby")
+            else:
+                response = await serve()
+        except wire.WireError as err:
+            metrics.bad_requests.labels(verb).inc()
+            response = json_answer({"Error": str(err)}, status=400)
+        except BodyTooLarge as err:
+            metrics.bad_requests.labels(verb).inc()
+            response = json_answer({"Error": str(err)}, status=413)
+        except _Busy as err:
+            response = json_answer({"Error": str(err)}, status=429)
+            response.headers["Retry-After"] = "1"
+        except StateNotReady as err:
+            response = json_answer({"Error": str(err)}, status=503)
+        except Exception as err:  # last resort: a bug must not kill the server
+            log.exception("%s: unexpected error", verb)
+            response = json_answer({"Error": f"internal error in the extender ({type(err).__name__}"
+                                       "; see its log)"}, status=500)
+        finally:
+            metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        metrics.requests.labels(verb, response_outcome(response)).inc()
+        return response
+
+    def body_limit(self, verb: str) -> int:
+        return BIND_BODY_BYTES if verb in SMALL_VERBS else self._handle.limits.max_body_bytes
 
     async def _serve(self, verb: str, request: web.Request, handler: Handler) -> web.Response:
         if verb == "filter":
             # backpressure: kube-scheduler's next cycle waits while its binds pile up
             await self._handle.binds.room()
-        small = verb in ("bind", "provision")
-        limit = BIND_BODY_BYTES if small else self._handle.limits.max_body_bytes
+        limit = self.body_limit(verb)
         length = request.content_length
         if length is not None and length > limit:  # refused before a byte of it is read
             raise BodyTooLarge(_too_large(length, limit, verb))
-        if small or (length is not None and length <= LARGE_BODY_BYTES):
-            body = await _read(request, limit, verb)
-            # A small body may still name many nodes (planning them is the cost), and while a
-            # verb runs in a thread it may hold the state's lock: then leave the loop too.
-            many_names = body.count(b'"') > 2 * LARGE_NODE_COUNT
-            if not small and (self._handle.calls.in_threads or many_names):
-                return await self._in_thread(handler, body)
-            result = handler(body)
-            return await result if isinstance(result, Awaitable) else result
-        # Large (or of unknown length): a few at a time, the rest wait or are turned away.
+        if verb in SMALL_VERBS or (length is not None and length <= LARGE_BODY_BYTES):
+            return await self._run(verb, await _read(request, limit, verb), handler)
+        return await self._heavy(lambda: _read(request, limit, verb), handler)
+
+    async def serve_body(self, verb: str, body: bytes, handler: Handler) -> web.Response:
+        """`_serve` of a body already read within `body_limit` (HTTP/2 collects it)."""
+        if verb == "filter":
+            await self._handle.binds.room()
+        if verb in SMALL_VERBS or len(body) <= LARGE_BODY_BYTES:
+            return await self._run(verb, body, handler)
+
+        async def read() -> bytes:
+            return body
+        return await self._heavy(read, handler)
+
+    async def _run(self, verb: str, body: bytes, handler: Handler) -> web.Response:
+        # A small body may still name many nodes (planning them is the cost), and while a
+        # verb runs in a thread it may hold the state's lock: then leave the loop too.
+        many_names = body.count(b'"') > 2 * LARGE_NODE_COUNT
+        if verb not in SMALL_VERBS and (self._handle.calls.in_threads or many_names):
+            return await self._in_thread(handler, body)
+        result = handler(body)
+        return await result if isinstance(result, Awaitable) else result
+
+    async def _heavy(self, read: Callable[[], Awaitable[bytes]], handler: Handler
+                     ) -> web.Response:
+        """Large (or of unknown length): a few at a time, the rest wait or are turned away."""
         if self.heavy_waiting >= HEAVY_SLOTS + HEAVY_QUEUE:
             raise _Busy(f"{self.heavy_waiting} large requests are in progress or waiting; "
                         "retry shortly")
         self.heavy_waiting += 1
         try:
-            async with self._heavy:
-                body = await _read(request, limit, verb)
-                return await self._in_thread(handler, body)
+            async with self._heavy_slots:
+                return await self._in_thread(handler, await read())
         finally:
             self.heavy_waiting -= 1
 
@@ -189,6 +216,9 @@ class HttpRoutes:
         return web.Response(text="ok")
 
     async def readyz(self, request: web.Request) -> web.Response:
+        return self.readiness()
+
+    def readiness(self) -> web.Response:
         role, state = self._handle.role, self._handle.state
         if not role.serving:  # a standby says whether its caches are warm
             warm = "caches synced" if state.ready else state.not_ready_reason()
@@ -196,6 +226,20 @@ class HttpRoutes:
         if state.ready:
             return web.Response(text="ok")
         return web.Response(text=state.not_ready_reason(), status=503)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self._handle.metrics.registry
+
+    def count_too_large(self, verb: str) -> None:
+        """A body refused for its size where `answer` did not run (HTTP/2 refuses it as it
+        arrives), counted as `answer` counts it."""
+        self._handle.metrics.bad_requests.labels(verb).inc()
+        self._handle.metrics.requests.labels(verb, "bad_request").inc()
+
+    def http2(self, handlers: Mapping[str, Handler], prefix: str = "") -> Http2Routes:
+        """The same routes for connections that negotiate HTTP/2 (`runtime.http2`)."""
+        return Http2Routes(self, handlers, prefix)
 
     def app(self, handlers: Mapping[str, Handler], prefix: str = "") -> web.Application:
         """The application serving `handlers` (by verb) under `prefix`, health, readiness
@@ -207,3 +251,61 @@ class HttpRoutes:
         app.router.add_get("/readyz", self.readyz)
         add_metrics(app, self._handle.metrics.registry)
         return app
+
+
+class Http2Routes:
+    """`HttpRoutes` for HTTP/2 connections (`runtime.http2.Http2App`): the verbs, health,
+    readiness and metrics, answered by the very code the HTTP/1.1 routes run."""
+
+    def __init__(self, routes: HttpRoutes, handlers: Mapping[str, Handler], prefix: str) -> None:
+        self._routes = routes
+        self._verbs = {f"{prefix}/{verb}": (verb, handler) for verb, handler in handlers.items()}
+
+    def body_limit(self, method: str, path: str) -> int:
+        found = self._verbs.get(path)
+        return self._routes.body_limit(found[0]) if found is not None and method == "POST" else 0
+
+    def too_large(self, method: str, path: str, size: int) -> http2.Answer:
+        found = self._verbs.get(path)
+        if found is None or method != "POST":
+            return _answer(json_answer({"Error": f"{method} {path} takes no body"}, status=413))
+        self._routes.count_too_large(found[0])
+        limit = self._routes.body_limit(found[0])
+        return _answer(json_answer({"Error": _too_large(size, limit, found[0]) +
+                                    " (the rest was not read)"}, status=413))
+
+    async def respond(self, method: str, path: str, headers: dict[str, str],
+                      body: bytes) -> http2.Answer:
+        found = self._verbs.get(path)
+        if found is not None:
+            if method != "POST":
+                return _answer(web.Response(status=405, headers={"Allow": "POST"}))
+            verb, handler = found
+            return _answer(await self._routes.answer(
+                verb, lambda: self._routes.serve_body(verb, body, handler)))
+        if method not in ("GET", "HEAD"):
+            return _answer(web.Response(status=404 if path not in _GETS else 405))
+        if path == "/healthz":
+            return _answer(web.Response(text="ok"))
+        if path == "/readyz":
+            return _answer(self._routes.readiness())
+        if path == PATH:
+            page, content_type = exposition(self._routes.registry, headers.get("accept", ""))
+            return 200, [("content-type", content_type)], page
+        return _answer(web.Response(status=404, text="404: Not Found"))
+
+
+#: the paths answered to GET
+_GETS = frozenset({"/healthz", "/readyz", PATH})
+#: headers of aiohttp's answers that are HTTP/1.1's own (RFC 9113 8.2.2) or set by the sender
+_NOT_H2 = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade",
+                     "content-length"})
+
+
+def _answer(response: web.Response) -> http2.Answer:
+    """An aiohttp answer as HTTP/2 sends it."""
+    body = response.body
+    assert isinstance(body, bytes | bytearray | None), type(body)  # our answers are bytes
+    headers = [(name.lower(), value) for name, value in response.headers.items()
+               if name.lower() not in _NOT_H2]
+    return response.status, headers, bytes(body or b"")

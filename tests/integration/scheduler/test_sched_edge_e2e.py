@@ -27,6 +27,8 @@ from egpu_testing.workbench import (
     TestPki,
     extender_kube_scheduler_config,
     extender_tls_stanza,
+    metric_value,
+    metrics_text,
     pod_manifest,
 )
 from elastic_gpu.core import annotations as ann
@@ -87,6 +89,12 @@ def test_mutual_tls_with_kube_scheduler_and_a_bind_that_checks_placement(
                                                                              zone_b]
         assert all(ann.ASSIGNMENT in bound[f"gpu-{i}"]["metadata"]["annotations"]
                    for i in range(3))
+        # over HTTPS kube-scheduler (Go) negotiates HTTP/2: its filters and binds share one
+        # connection, not a TLS handshake for most pods
+        page = metrics_text(extender.url, pki)
+        assert (metric_value(page, "elasticgpu_scheduler_connections_http2_total") or 0) >= 1
+        assert (metric_value(page, 'elasticgpu_scheduler_requests_total'
+                                   '{outcome="bound",verb="bind"}') or 0) >= 3
 
         # pending pods no scheduler will touch, for direct binds
         held = pod_manifest("held", k8s_namespace, scheduler_name=DIRECT,
