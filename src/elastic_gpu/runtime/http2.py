@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 #: transport does not wait for a stream by default); kube-scheduler's extender client has one
 #: scheduling cycle and its binds in flight.
 MAX_STREAMS = 128
-#: Bytes of request bodies buffered on one connection at once, over all its streams: a stream
-#: that would go past it is refused (REFUSED_STREAM: the client may retry it).
+#: Bytes of request bodies buffered at once over every HTTP/2 connection of a server
+#: (`BodyBudget`): a stream that would go past it is refused (REFUSED_STREAM: the client may
+#: retry it). Four of the extender's largest requests (`maxRequestBytes`, 16 MiB by default).
 MAX_BUFFERED = 64 * 1024 * 1024
 #: Header block (decoded) a request may send: kube-scheduler sends a handful of headers.
 MAX_HEADER_LIST = 16 * 1024
@@ -69,6 +70,25 @@ class Busy(Protocol):
     def request_finished(self) -> None: ...
 
 
+class BodyBudget:
+    """The bytes of request bodies a server's HTTP/2 connections may hold at once, together:
+    HTTP/1.1 reads a large body only in one of a few slots (`scheduler.http`), HTTP/2 receives
+    every stream's body as its frames come, so the bound is on what is buffered."""
+
+    def __init__(self, limit: int = MAX_BUFFERED) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
 @dataclass
 class _Stream:
     method: str
@@ -76,7 +96,7 @@ class _Stream:
     headers: dict[str, str]
     limit: int
     body: list[bytes] = field(default_factory=list)
-    #: bytes of body received (counted against `MAX_BUFFERED` until the stream is finished)
+    #: bytes of body received (held in the `BodyBudget` until the stream is finished)
     size: int = 0
     task: asyncio.Task[None] | None = None
     finished: bool = False
@@ -86,14 +106,15 @@ class Http2Server:
     """One HTTP/2 connection (after TLS with ALPN `h2`): `asyncio.Protocol`'s methods, called
     by the gate's connection object."""
 
-    def __init__(self, app: Http2App, busy: Busy) -> None:
+    def __init__(self, app: Http2App, busy: Busy, budget: BodyBudget) -> None:
         self._app = app
         self._busy = busy
+        self._budget = budget
         self._conn = h2.connection.H2Connection(h2.config.H2Configuration(
             client_side=False, header_encoding="utf-8", validate_inbound_headers=True))
         self.transport: Any = None
         self._streams: dict[int, _Stream] = {}
-        self._buffered = 0
+        self._loop = asyncio.get_running_loop()
         #: set when the peer opens a flow-control window or the transport drains
         self._can_send = asyncio.Event()
         self._paused = False
@@ -106,6 +127,9 @@ class Http2Server:
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
             h2.settings.SettingCodes.ENABLE_PUSH: 0})
+        # settings given before the preface are current at once, but h2 sized its header
+        # decoder from its defaults (64 KiB) when it was made
+        self._conn.decoder.max_header_list_size = MAX_HEADER_LIST
         self._conn.initiate_connection()
         self._flush()
 
@@ -148,8 +172,7 @@ class Http2Server:
         elif isinstance(event, h2.events.StreamEnded):
             stream = self._streams.get(event.stream_id)
             if stream is not None and stream.task is None:
-                stream.task = asyncio.get_running_loop().create_task(
-                    self._answer(event.stream_id, stream))
+                stream.task = self._loop.create_task(self._answer(event.stream_id, stream))
         elif isinstance(event, h2.events.StreamReset):
             self._drop(event.stream_id)
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
@@ -185,18 +208,17 @@ class Http2Server:
         if stream.size + size > stream.limit:
             self._refuse_large(stream_id, stream, stream.size + size)
             return
-        if self._buffered + size > MAX_BUFFERED:
+        if not self._budget.take(size):
             self._reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         stream.body.append(event.data)
         stream.size += size
-        self._buffered += size
 
     def _refuse_large(self, stream_id: int, stream: _Stream, size: int) -> None:
         """Answer 413 at once and read no more of the body (the stream is reset after it)."""
         answer = self._app.too_large(stream.method, stream.path, size)
         stream.body.clear()
-        stream.task = asyncio.get_running_loop().create_task(
+        stream.task = self._loop.create_task(
             self._send_answer(stream_id, stream, answer, reset_after=True))
 
     def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
@@ -262,7 +284,7 @@ class Http2Server:
         if stream.finished:
             return
         stream.finished = True
-        self._buffered -= stream.size
+        self._budget.give(stream.size)
         if self._streams.get(stream_id) is stream:
             del self._streams[stream_id]
         self._busy.request_finished()

@@ -37,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from elastic_gpu.core.connlimits import ConnectionLimits, effective_cap, make_room
-from elastic_gpu.runtime.http2 import Http2App, Http2Server, negotiated_h2
+from elastic_gpu.runtime.http2 import BodyBudget, Http2App, Http2Server, negotiated_h2
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.gate.http2 is not None and negotiated_h2(transport):
             self.gate.forget_handler(self)
-            self.handler = Http2Server(self.gate.http2, self)
+            self.handler = Http2Server(self.gate.http2, self, self.gate.http2_budget)
             self.gate.http2_count += 1
         self.handler.connection_made(transport)
 
@@ -156,8 +156,9 @@ class ConnectionGate:
         #: the app of connections that negotiate HTTP/2 (TLS with ALPN `h2`, which the server's
         #: context must offer); None: HTTP/1.1 only
         self.http2: Http2App | None = None
-        #: connections that negotiated HTTP/2
+        #: connections that negotiated HTTP/2, and the request bodies they may buffer at once
         self.http2_count = 0
+        self.http2_budget = BodyBudget()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -283,7 +283,7 @@ class Http2Routes:
             verb, handler = found
             return _answer(await self._routes.answer(
                 verb, lambda: self._routes.serve_body(verb, body, handler)))
-        if method not in ("GET", "HEAD"):
+        if method != "GET":
             return _answer(web.Response(status=404 if path not in _GETS else 405))
         if path == "/healthz":
             return _answer(web.Response(text="ok"))
