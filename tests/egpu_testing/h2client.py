@@ -34,8 +34,9 @@ class H2Client:
         self.conn.initiate_connection()
         self.replies: dict[int, Reply] = {}
         self._ended: set[int] = set()
-        #: the server ended the connection (GOAWAY or EOF)
+        #: the server ended the connection (GOAWAY or EOF); `goaway`: with a GOAWAY first
         self.closed = False
+        self.goaway = False
         self._flush()
 
     def send(self, method: str, path: str, body: bytes = b"",
@@ -114,7 +115,7 @@ class H2Client:
                 self.replies[event.stream_id].reset = int(event.error_code)
                 self._ended.add(event.stream_id)
             elif isinstance(event, h2.events.ConnectionTerminated):
-                self.closed = True
+                self.closed = self.goaway = True
         self._flush()
         return not self.closed
 

@@ -42,6 +42,8 @@ MAX_STREAMS = 128
 MAX_BUFFERED = 64 * 1024 * 1024
 #: Header block (decoded) a request may send: kube-scheduler sends a handful of headers.
 MAX_HEADER_LIST = 16 * 1024
+#: How long a closing connection may take to send its GOAWAY before it is aborted.
+GOAWAY_GRACE_S = 1.0
 
 #: (status, headers with lower-case names, body)
 Answer = tuple[int, Sequence[tuple[str, str]], bytes]
@@ -297,6 +299,19 @@ class Http2Server:
     def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+    def goaway(self) -> None:
+        """Close the connection with GOAWAY (the gate's idle close, the server's stop): the
+        client then knows no stream of it was taken and opens another connection for its next
+        request, where an abrupt close fails a request that raced it. Aborted after
+        `GOAWAY_GRACE_S` if the client does not take the frame."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._conn.close_connection()
+        self._flush()
+        transport = self.transport
+        transport.close()
+        self._loop.call_later(GOAWAY_GRACE_S, transport.abort)
 
 
 def negotiated_h2(transport: Any) -> bool:

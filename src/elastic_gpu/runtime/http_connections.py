@@ -121,7 +121,9 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         """Close at once (an idle connection: nothing is lost). In its TLS handshake it has no
         transport yet: shutting the socket down fails the handshake, and the loop closes it."""
-        if self.transport is not None:
+        if isinstance(self.handler, Http2Server):
+            self.handler.goaway()  # HTTP/2 says so first: the client retries elsewhere
+        elif self.transport is not None:
             if not self.transport.is_closing():
                 self.transport.abort()
         else:

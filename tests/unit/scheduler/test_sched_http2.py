@@ -134,6 +134,7 @@ def test_a_reset_request_leaves_its_connection_idle(served: ServedExtender,
     assert client.wait(done)[done].status == 200
     asyncio.run_coroutine_threadsafe(_close_idle(served), served.loop).result(10)
     assert client.wait_closed()  # idle: closed by the gate
+    assert client.goaway  # with a GOAWAY first: the client knows to retry elsewhere
 
 
 async def _close_idle(served: ServedExtender) -> None:
