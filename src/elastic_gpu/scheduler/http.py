@@ -12,6 +12,10 @@ Cost of one request is bounded (docs/scheduler.md, "HTTP limits"): a body over
 length) are read, decoded, planned and encoded in a worker thread, at most `HEAVY_SLOTS` at a
 time with `HEAVY_QUEUE` more waiting (then 429), so health checks, small filters and binds keep
 flowing on the event loop.
+
+Connections that negotiate HTTP/2 (kube-scheduler's over TLS, `runtime.http2`) are answered by
+`Http2Routes` with the same code: `HttpRoutes.answer` and `serve_body`, the body collected by
+the protocol within the same limits.
 """
 
 from __future__ import annotations
@@ -267,6 +271,8 @@ class Http2Routes:
 
     def too_large(self, method: str, path: str, size: int) -> http2.Answer:
         found = self._verbs.get(path)
+        if found is None and path not in _GETS:
+            return _answer(web.Response(status=404, text="404: Not Found"))
         if found is None or method != "POST":
             return _answer(json_answer({"Error": f"{method} {path} takes no body"}, status=413))
         self._routes.count_too_large(found[0])

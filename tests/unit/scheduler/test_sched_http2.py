@@ -71,8 +71,11 @@ def test_verbs_health_and_metrics_on_one_http2_connection(served: ServedExtender
     assert served.gate.accepted_count == 1
     unknown = client.send("GET", "/nowhere")
     wrong = client.send("GET", "/bind")
-    assert client.wait(unknown)[unknown].status == 404
-    assert client.wait(wrong)[wrong].status == 405
+    posted = client.send("POST", "/nowhere", b"{}")
+    health_body = client.send("GET", "/healthz", b"{}")
+    replies = client.wait(unknown, wrong, posted, health_body)
+    assert [replies[s].status for s in (unknown, wrong, posted, health_body)] == \
+        [404, 405, 404, 413]
     client.close()
 
 
