@@ -121,9 +121,6 @@ class FitMasks:
         #: insertion order is recency (a hit is moved to the end)
         self._kept: dict[Hashable, _Kept] = {}
 
-    def clear(self) -> None:
-        self._kept.clear()
-
     def holds(self, lay: Layout, key: Hashable) -> bool:
         """Whether a mask is kept for `key` that can be brought up to date (not computed anew)."""
         kept = self._kept.get(key)
