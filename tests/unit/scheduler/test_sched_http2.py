@@ -194,3 +194,24 @@ def test_headers_past_16_kib_end_the_connection(served: ServedExtender, pki: Tes
     assert other.wait(stream)[stream].status == 200
     other.close()
     client.close()
+
+
+def test_an_answer_past_the_clients_window_is_sent_as_the_client_opens_it(pki: TestPki) -> None:
+    """The client's flow-control window is 64 KiB until it acknowledges data (RFC 9113 6.9):
+    a larger answer (the metrics page of 300 nodes' cards) goes out window by window."""
+    context = tls_context(ServeOptions(tls_cert=pki.server_cert, tls_key=pki.server_key,
+                                       tls_client_ca=pki.ca))
+    nodes = [Node(f"n{i}", 64_000, 256_000, tuple(Card(c, f"GPU-{i}-{c}", "A100", 40960)
+                                                  for c in range(4))) for i in range(300)]
+    served = ServedExtender(Extender(ready_state(nodes, SchedulerState(SchedulerConfig()))),
+                            tls=context)
+    try:
+        client = H2Client(served.port, pki.client_context())
+        page = client.send("GET", "/metrics")
+        reply = client.wait(page)[page]
+        assert reply.status == 200 and len(reply.body) > 4 * 65_535
+        assert len(reply.body) == int(reply.headers["content-length"])
+        assert reply.body.decode().count('node="n299"') >= 4  # the last node's cards, whole
+        client.close()
+    finally:
+        served.stop()
