@@ -13,7 +13,8 @@ the card's fence:
   the fence was seen lands first, and then holds the card: the step is `Blocked`);
 - `Destroy` / `Create` / `SetMigMode`: `Backend.apply_mig_step`, then `published()` (the
   GPUDevices, the Node's capacity, the device plugins' `nvidia.com/mig-*`) from the card as it
-  now is;
+  now is: after each step, or (`publish_each_step=False`, the running agent) once per round,
+  before the phase that ends the round is written;
 - `PendingReset`: the card's MIG mode change waits for a GPU reset, which the agent never does:
   the MigLayout says so (`phase: PendingReset`, the reason) and the card stays fenced; the
   operator is told once per pending reset (`warn`: a Warning Event `MigPendingReset` on the
@@ -311,7 +312,7 @@ class MigApplier:
             return self._apply(layout, card, changed)
         finally:
             if changed and not self.publish_each_step:
-                self.published()  # once, after the round's last step on the card
+                self.published()  # once, after the round's last step on the card (or its error)
 
     def _apply(self, layout: ml.MigLayout, card: Card, changed: list[Step]) -> str:
         if card.uuid not in self.fences and as_wanted(layout.instances, card.mig, card.mig_mode) \
@@ -356,9 +357,15 @@ class MigApplier:
                 if self.publish_each_step:
                     self.published()
             phase = "Blocked" if isinstance(step, Unfence) and step.reason else step.phase
+            last = isinstance(step, Done | Refuse | Blocked | Settle | Unfence | PendingReset)
+            if last and changed and not self.publish_each_step:
+                # published before the phase that ends the round: who reads the phase (a
+                # PendingReset, say) finds the slices already saying the card's mode
+                changed.clear()
+                self.published()
             self._status(layout, phase, reason, card.mig)
             self.after_step(step)
-            if isinstance(step, Done | Refuse | Blocked | Settle | Unfence | PendingReset):
+            if last:
                 return phase
             held = self.holders()  # a bind may land while the fence settles
         return "Applying"

@@ -179,12 +179,16 @@ def test_a_pending_reset_tells_the_operator_once_and_the_gauge_holds_while_it_wa
     assert gauge(0) == 0 and len(told) == 1
 
 
+@pytest.mark.parametrize("publish_each_step", [True, False], ids=["each-step", "per-round"])
 def test_on_a_dra_node_a_card_waiting_for_its_reset_publishes_no_whole_card(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, publish_each_step: bool) -> None:
     """The DRA agent over the scripted NVML: a merge-back whose MIG mode off waits for a reset
     leaves a card in MIG mode with no instance; its card device is published with the fence
     and the mig-mode taint (`on-pending-off`), read back in MIG mode, so no claim is given a
-    card CUDA cannot use whole; after the operator's reset, one untainted card device."""
+    card CUDA cannot use whole; after the operator's reset, one untainted card device. Either
+    way of publishing (per step; once per round, as the running agent does), the slices say
+    the card's mode before the MigLayout's phase does: who reads `PendingReset` (the operator,
+    the integration test) finds the taint already there."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -222,11 +226,29 @@ def test_on_a_dra_node_a_card_waiting_for_its_reset_publishes_no_whole_card(
         assert isinstance(agent.mode, DraNode)
         fence, held = agent.mode.mig_seam()
         applier = MigApplier(cast(SyncKubeClient, api), NODE, agent.backend,
-                             agent.layout_changed, clock=clock, fence=fence, held=held)
+                             agent.layout_changed, clock=clock, fence=fence, held=held,
+                             publish_each_step=publish_each_step)
 
         def card_device() -> dict[str, Any]:
             return next(d for s in existing_slices(cast(SyncKubeClient, api), NODE)
                         for d in s["spec"].get("devices") or [] if d["name"] == "gpu-0")
+
+        def mode_taint() -> str | None:
+            devices = [d for s in existing_slices(cast(SyncKubeClient, api), NODE)
+                       for d in s["spec"].get("devices") or [] if d["name"] == "gpu-0"]
+            return next((t["value"] for d in devices for t in d.get("taints") or []
+                         if t["key"] == MIG_MODE_TAINT), None) if devices else "no card device"
+
+        phases: list[tuple[str, str | None]] = []  # (phase written, the slices' mode then)
+        patch = api.patch
+
+        def recording_patch(path: str, body: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            out = patch(path, body, *args, **kwargs)
+            if path.startswith(MIG_LAYOUTS.path()):
+                phases.append((body["status"]["phase"], mode_taint()))
+            return out
+
+        monkeypatch.setattr(api, "patch", recording_patch)
 
         want(api, "GPU-aaaa")
         applier.round()
@@ -240,6 +262,10 @@ def test_on_a_dra_node_a_card_waiting_for_its_reset_publishes_no_whole_card(
         SimNvml.reset(gpus[0])
         assert applier.round() == {"GPU-aaaa": "Applied"}
         assert "taints" not in card_device()
+        assert ("PendingReset", "on-pending-off") in phases
+        assert phases[-1] == ("Applied", None)
+        assert [taint for phase, taint in phases if phase == "PendingReset"] == [
+            "on-pending-off"] * len([p for p, _ in phases if p == "PendingReset"])
     finally:
         agent.mode.stop()
         shutil.rmtree(root, ignore_errors=True)
