@@ -311,8 +311,15 @@ class MigApplier:
         try:
             return self._apply(layout, card, changed)
         finally:
-            if changed and not self.publish_each_step:
-                self.published()  # once, after the round's last step on the card (or its error)
+            self._publish_round(changed)  # an error's path, or a round cut at its step cap
+
+    def _publish_round(self, changed: list[Step]) -> None:
+        """Publish the round's changes once (`publish_each_step=False`, the running agent),
+        before what follows them is written: the fence's removal, or the phase that ends the
+        round (who reads `PendingReset` finds the slices already saying the card's mode)."""
+        if changed and not self.publish_each_step:
+            changed.clear()
+            self.published()
 
     def _apply(self, layout: ml.MigLayout, card: Card, changed: list[Step]) -> str:
         if card.uuid not in self.fences and as_wanted(layout.instances, card.mig, card.mig_mode) \
@@ -340,9 +347,7 @@ class MigApplier:
                 self._fence(card, fence_reason(layout))
                 self.fences[card.uuid] = self.clock()
             elif isinstance(step, Unfence):
-                if changed and not self.publish_each_step:
-                    changed.clear()  # published before the fence goes, never after
-                    self.published()
+                self._publish_round(changed)  # before the fence goes, never after
                 self._fence(card, None)
                 self.fences.pop(card.uuid, None)
                 reason = step.reason
@@ -350,6 +355,7 @@ class MigApplier:
                 try:
                     self.backend.apply_mig_step(card.uuid, step)
                 except BackendError as err:  # the card refused: alone, with the reason
+                    self._publish_round(changed)
                     self._status(layout, "Refused", str(err), card.mig)
                     return "Refused"
                 changed.append(step)
@@ -358,11 +364,8 @@ class MigApplier:
                     self.published()
             phase = "Blocked" if isinstance(step, Unfence) and step.reason else step.phase
             last = isinstance(step, Done | Refuse | Blocked | Settle | Unfence | PendingReset)
-            if last and changed and not self.publish_each_step:
-                # published before the phase that ends the round: who reads the phase (a
-                # PendingReset, say) finds the slices already saying the card's mode
-                changed.clear()
-                self.published()
+            if last:
+                self._publish_round(changed)
             self._status(layout, phase, reason, card.mig)
             self.after_step(step)
             if last:

@@ -204,3 +204,50 @@ def test_the_device_plugin_agent_re_advertises_a_carved_card() -> None:
         assert [m.profile for m in device(api, 0).mig] == [P3]
         resources = {server.resource for server in agent.mode.manager.servers}  # type: ignore[attr-defined]
         assert "nvidia.com/mig-3g.40gb" in resources
+
+
+def test_a_step_the_card_refuses_mid_round_is_refused_after_the_round_is_published() -> None:
+    """Publishing once per round (the running agent): the card takes its first step (its
+    1g.10gb destroyed) and refuses the next (the 3g.40gb); `Refused` is written only after the
+    step it took is published, so who reads the phase finds the card as it is, not as it was."""
+    from elastic_gpu.agent.backends.base import BackendError
+    from elastic_gpu.core.mig.apply import Create
+
+    clock = ManualClock()
+    api, backend, _ = setup(clock)
+    backend.apply_mig_step(CARD, Create(Placed(0, P1)))
+    publish_node(api, backend, CONFIG, NODE)  # type: ignore[arg-type]
+
+    class RefusingCreate(FakeBackend):
+        def apply_mig_step(self, card_uuid: str, step: Any) -> Any:
+            if isinstance(step, Create):
+                raise BackendError("the card refused the instance")
+            return backend.apply_mig_step(card_uuid, step)
+
+    refusing = RefusingCreate.from_cards([], NODE)
+    refusing.discover = backend.discover  # type: ignore[method-assign]
+    published: list[int] = []
+
+    def publish() -> None:
+        publish_node(api, backend, CONFIG, NODE)  # type: ignore[arg-type]
+        published.append(len(published))
+
+    seen: list[tuple[str, int]] = []  # (phase written, publications by then)
+    patch = api.patch
+
+    def recording_patch(path: str, body: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if path.startswith(MIG_LAYOUTS.path()):
+            seen.append((body["status"]["phase"], len(published)))
+        return patch(path, body, *args, **kwargs)
+
+    api.patch = recording_patch  # type: ignore[method-assign]
+    applier = MigApplier(api, NODE, refusing, publish,  # type: ignore[arg-type]
+                         clock=clock, publish_each_step=False)
+    want(api, CARD, Placed(4, P3))
+    applier.round()
+    clock.advance(FENCE_SETTLE_S)
+    assert applier.round() == {CARD: "Refused"}
+    assert "refused the instance" in layout(api, CARD)["status"]["reason"]
+    assert seen[-1] == ("Refused", 1)  # the destroy published before the phase, once
+    assert published == [0]
+    assert device(api, 0).mig == ()  # the slices say the card without its old instance
