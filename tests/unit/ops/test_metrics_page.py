@@ -1,17 +1,31 @@
 """The one `/metrics` page (`runtime.metrics`): every component's scrape is answered the same
-way, text format by default and OpenMetrics when asked, on an aiohttp app or on a thread."""
+way, text format by default and OpenMetrics when asked, on an aiohttp app or on a thread; the
+families a component writes itself (`GaugeText`) are what prometheus_client would write."""
 
 from __future__ import annotations
 
 import socket
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
-from elastic_gpu.runtime.metrics import MetricsThread, add_metrics
+from elastic_gpu.runtime.metrics import (
+    GaugeText,
+    MetricsThread,
+    add_metrics,
+    exposition,
+    label_text,
+)
 
 OPENMETRICS = "application/openmetrics-text"
 
@@ -68,3 +82,66 @@ def test_a_thread_reports_a_port_in_use_to_its_caller() -> None:
         taken.listen()
         with pytest.raises(OSError):
             MetricsThread(registry()).start("127.0.0.1", taken.getsockname()[1])
+
+
+# ---- families a component writes itself (`GaugeText`): as prometheus_client writes them ----
+
+SERIES: list[tuple[dict[str, str], float]] = [
+    ({"node": "n1", "device_index": "0", "model": "A100"}, 0),
+    ({"node": "n1", "device_index": "1", "model": "A100"}, 1000),
+    ({"node": "n2", "device_index": "0", "model": "T4"}, 85_899_345_920),  # 80 GiB in bytes
+    ({"node": "n2", "device_index": "1", "model": 'odd "model"\\ with\na newline'}, 1.5),
+    ({"node": "n3", "device_index": "7", "model": ""}, 1e-7),
+]
+
+
+def reference_page(reg: CollectorRegistry, accept: str, with_series: bool) -> bytes:
+    """What prometheus_client itself writes for `reg` plus a gauge family of SERIES."""
+    family = GaugeMetricFamily("egpu_test_card_value", "A value per card (1000 = one card)",
+                               labels=["node", "device_index", "model"])
+    for labels, value in SERIES if with_series else ():
+        family.add_metric([labels["node"], labels["device_index"], labels["model"]], value)
+
+    class One(Collector):
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            yield family
+
+    reg.register(One())
+    return exposition(reg, accept)[0]
+
+
+def own_text(with_series: bool = True) -> str:
+    gauge = GaugeText("egpu_test_card_value", "A value per card (1000 = one card)")
+    for labels, value in SERIES if with_series else ():
+        gauge.add(label_text(labels.items()), value)
+    return gauge.text()
+
+
+@pytest.mark.parametrize("accept", ["", f"{OPENMETRICS}; version=1.0.0"])
+@pytest.mark.parametrize("with_series", [True, False])
+def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
+        accept: str, with_series: bool) -> None:
+    """Label order, escaping of quotes, backslashes and newlines, Go's number format, an
+    empty family's HELP and TYPE, and OpenMetrics' `# EOF` last: byte for byte."""
+    reg = registry()  # one: a counter's page carries its creation time
+    page, content_type = exposition(reg, accept, text=lambda: own_text(with_series))
+    expected = reference_page(reg, accept, with_series)
+    assert page.count(b"egpu_test_card_value{") == (len(SERIES) if with_series else 0)
+    assert page == expected
+    assert content_type == exposition(reg, accept)[1]
+
+
+def test_the_page_with_own_families_parses_in_both_formats() -> None:
+    page = exposition(registry(), "", text=own_text)[0].decode()
+    names = {f.name for f in text_string_to_metric_families(page)}
+    assert {"egpu_test_things", "egpu_test_card_value"} <= names
+    page = exposition(registry(), OPENMETRICS, text=own_text)[0].decode()
+    (card,) = [f for f in openmetrics_families(page) if f.name == "egpu_test_card_value"]
+    assert [s.value for s in card.samples] == [v for _, v in SERIES]
+    assert card.samples[3].labels["model"] == 'odd "model"\\ with\na newline'
+
+
+def test_documentation_the_two_formats_escape_differently_is_refused() -> None:
+    for text in ('a "quoted" word', "a back\\slash", "two\nlines"):
+        with pytest.raises(ValueError, match="quote, backslash or newline"):
+            GaugeText("egpu_test_x", text)
