@@ -30,8 +30,10 @@ PATH = "/metrics"
 _OPENMETRICS_EOF = b"# EOF\n"
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
-#: Complete gauge families a component writes itself (`GaugeText`), added to its page.
-PageText = Callable[[], str]
+#: Complete gauge families a component writes itself (`GaugeText`), added to its page, in
+#: pieces: an empty piece is a point where a writer on an event loop lets other work run
+#: (`written_page`).
+PageText = Callable[[], Iterable[str]]
 
 
 def metrics_page(registry: CollectorRegistry, refresh: Callable[[], None] | None = None,
@@ -57,10 +59,29 @@ def exposition(registry: CollectorRegistry, accept: str,
     body = encode(registry)
     if text is None:
         return body, content_type
-    own = text().encode()
+    return _with_own(body, "".join(text()).encode()), content_type
+
+
+async def written_page(registry: CollectorRegistry, accept: str,
+                       text: PageText) -> tuple[bytes, str]:
+    """`exposition` on an event loop, letting other work run at each empty piece of `text`:
+    a page of many series (the extender's: ~60 ms of writing at 1,000 nodes of 8 cards,
+    ~0.4 s at 5,000) is written between the verbs, never in their way."""
+    encode, content_type = choose_encoder(accept)
+    body = encode(registry)
+    pieces: list[str] = []
+    for piece in text():
+        if piece:
+            pieces.append(piece)
+        else:
+            await asyncio.sleep(0)
+    return _with_own(body, "".join(pieces).encode()), content_type
+
+
+def _with_own(body: bytes, own: bytes) -> bytes:
     if body.endswith(_OPENMETRICS_EOF):
-        return body[:-len(_OPENMETRICS_EOF)] + own + _OPENMETRICS_EOF, content_type
-    return body + own, content_type
+        return body[:-len(_OPENMETRICS_EOF)] + own + _OPENMETRICS_EOF
+    return body + own
 
 
 def add_metrics(app: web.Application, registry: CollectorRegistry,

@@ -124,7 +124,7 @@ def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
     """Label order, escaping of quotes, backslashes and newlines, Go's number format, an
     empty family's HELP and TYPE, and OpenMetrics' `# EOF` last: byte for byte."""
     reg = registry()  # one: a counter's page carries its creation time
-    page, content_type = exposition(reg, accept, text=lambda: own_text(with_series))
+    page, content_type = exposition(reg, accept, text=lambda: [own_text(with_series)])
     expected = reference_page(reg, accept, with_series)
     assert page.count(b"egpu_test_card_value{") == (len(SERIES) if with_series else 0)
     assert page == expected
@@ -132,10 +132,10 @@ def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
 
 
 def test_the_page_with_own_families_parses_in_both_formats() -> None:
-    page = exposition(registry(), "", text=own_text)[0].decode()
+    page = exposition(registry(), "", text=lambda: [own_text()])[0].decode()
     names = {f.name for f in text_string_to_metric_families(page)}
     assert {"egpu_test_things", "egpu_test_card_value"} <= names
-    page = exposition(registry(), OPENMETRICS, text=own_text)[0].decode()
+    page = exposition(registry(), OPENMETRICS, text=lambda: ["", own_text(), ""])[0].decode()
     (card,) = [f for f in openmetrics_families(page) if f.name == "egpu_test_card_value"]
     assert [s.value for s in card.samples] == [v for _, v in SERIES]
     assert card.samples[3].labels["model"] == 'odd "model"\\ with\na newline'

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
@@ -163,38 +164,49 @@ def test_health_readiness_metrics() -> None:
 
 
 def test_a_scrape_being_written_stalls_no_verb() -> None:
-    """The page (series per card and per share: ~60 ms of CPU at 1,000 nodes, ~1 s at 15,000)
-    is written in a worker thread: while one is being written, here held at its per-card
-    families, health checks and filters are answered; the scrape then gets its whole page."""
+    """The page (series per card and per share: ~65 ms of writing at 1,000 nodes, ~1 s at
+    15,000) is written in pieces with the verbs answered in between: here its writer, after
+    the first piece, goes on pausing until a health check and a filter sent meanwhile have been
+    answered; the scrape then gets its whole page. Written in one go, the health check would
+    wait for the whole page (the writer gives up after 10 s and the scrape is done first)."""
     extender = Extender(ready_state(NODES, SchedulerState()))
-    writing, release = threading.Event(), threading.Event()
+    writing, answered = threading.Event(), threading.Event()
+    gave_up: list[bool] = []
     families = extender.metrics.state_text
 
-    def held() -> str:
+    def pausing() -> Iterator[str]:
+        pieces = iter(families())
+        yield next(pieces)
         writing.set()
-        release.wait(30)
-        return families()
+        deadline = time.monotonic() + 10
+        while not answered.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+            yield ""  # a pause: the loop answers what came meanwhile
+        gave_up.append(not answered.is_set())
+        yield from pieces
 
-    extender.metrics.state_text = held
+    extender.metrics.state_text = pausing
     srv = Server(extender)
     pool = ThreadPoolExecutor(1)
     try:
         scrape = pool.submit(srv.get, "/metrics", HTTPConnection("127.0.0.1", srv.port, timeout=60))
         assert writing.wait(10)
-        other = HTTPConnection("127.0.0.1", srv.port, timeout=5)  # the loop answers within it
+        other = HTTPConnection("127.0.0.1", srv.port, timeout=30)
         assert srv.get("/healthz", other) == (200, "ok")
         status, body = srv.post("/filter", {"Pod": gpu_pod("during-scrape"),
                                             "NodeNames": ["n0", "n1"]}, other)
         assert status == 200 and body["NodeNames"] and not body["Error"]
         assert not scrape.done()
-        release.set()
+        answered.set()
         status, text = scrape.result(30)
+        assert gave_up == [False]  # it paused until both were answered
         labels = 'device_index="1",device_uuid="GPU-3-1",model="A100",node="n3"'
         assert status == 200
         assert f"elasticgpu_scheduler_card_healthy{{{labels}}} 1.0" in text
+        assert 'elasticgpu_scheduler_node_requested_cpu_cores{node="n3"}' in text
         assert "# TYPE elasticgpu_scheduler_request_duration_seconds histogram" in text
     finally:
-        release.set()
+        answered.set()
         pool.shutdown()
         srv.stop()
 
