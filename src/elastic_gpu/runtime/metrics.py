@@ -31,9 +31,12 @@ _OPENMETRICS_EOF = b"# EOF\n"
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 #: Complete gauge families a component writes itself (`GaugeText`), added to its page, in
-#: pieces: an empty piece is a point where a writer on an event loop lets other work run
-#: (`written_page`).
-PageText = Callable[[], Iterable[str]]
+#: pieces of encoded text: an empty piece is a point where a writer on an event loop lets
+#: other work run (`written_page`).
+PageText = Callable[[], Iterable[bytes]]
+#: A family's lines are encoded this many at a time (~0.6 MB of per-card series): the writing
+#: and encoding of a large page is spread over its pieces, never one step at the end.
+LINES_PER_CHUNK = 4096
 
 
 def metrics_page(registry: CollectorRegistry, refresh: Callable[[], None] | None = None,
@@ -59,7 +62,7 @@ def exposition(registry: CollectorRegistry, accept: str,
     body = encode(registry)
     if text is None:
         return body, content_type
-    return _with_own(body, "".join(text()).encode()), content_type
+    return _with_own(body, list(text())), content_type
 
 
 async def written_page(registry: CollectorRegistry, accept: str,
@@ -69,19 +72,21 @@ async def written_page(registry: CollectorRegistry, accept: str,
     ~0.4 s at 5,000) is written between the verbs, never in their way."""
     encode, content_type = choose_encoder(accept)
     body = encode(registry)
-    pieces: list[str] = []
+    pieces: list[bytes] = []
     for piece in text():
         if piece:
             pieces.append(piece)
         else:
             await asyncio.sleep(0)
-    return _with_own(body, "".join(pieces).encode()), content_type
+    return _with_own(body, pieces), content_type
 
 
-def _with_own(body: bytes, own: bytes) -> bytes:
+def _with_own(body: bytes, pieces: list[bytes]) -> bytes:
+    """The registry's page with the component's pieces after its families (before
+    OpenMetrics' closing line), joined in one copy."""
     if body.endswith(_OPENMETRICS_EOF):
-        return body[:-len(_OPENMETRICS_EOF)] + own + _OPENMETRICS_EOF
-    return body + own
+        return b"".join([body[:-len(_OPENMETRICS_EOF)], *pieces, _OPENMETRICS_EOF])
+    return b"".join([body, *pieces])
 
 
 def add_metrics(app: web.Application, registry: CollectorRegistry,
@@ -115,7 +120,8 @@ def _number(value: float) -> str:
 
 class GaugeText:
     """One gauge family's text, as prometheus_client writes a `GaugeMetricFamily` in either
-    format (its HELP and TYPE lines even with no series)."""
+    format (its HELP and TYPE lines even with no series), encoded `LINES_PER_CHUNK` lines at a
+    time as its series are added."""
 
     def __init__(self, name: str, documentation: str) -> None:
         if '"' in documentation or "\\" in documentation or "\n" in documentation:
@@ -123,13 +129,24 @@ class GaugeText:
             raise ValueError(f"{name}: its documentation holds a quote, backslash or newline")
         self._name = name
         self._lines = [f"# HELP {name} {documentation}\n# TYPE {name} gauge\n"]
+        self._chunks: list[bytes] = []
 
     def add(self, labels: str, value: float) -> None:
         """A series: `labels` as `label_text` writes them."""
         self._lines.append(f"{self._name}{labels} {_number(value)}\n")
+        if len(self._lines) >= LINES_PER_CHUNK:
+            self._flush()
 
-    def text(self) -> str:
-        return "".join(self._lines)
+    def _flush(self) -> None:
+        self._chunks.append("".join(self._lines).encode())
+        self._lines.clear()
+
+    def chunks(self) -> list[bytes]:
+        """The family's text, encoded, in order (the family ends with it: nothing is added
+        after)."""
+        if self._lines:
+            self._flush()
+        return self._chunks
 
 
 class MetricsThread:

@@ -94,7 +94,7 @@ class _StateText:
         self._cards = cards
         self._pods = pods
 
-    def __call__(self) -> Iterator[str]:
+    def __call__(self) -> Iterator[bytes]:
         inventory = self._cards() if self._cards is not None else {}
         yield from card_text(self._usage(), inventory)
         if self._pods is not None:
@@ -103,7 +103,7 @@ class _StateText:
             yield from host_text(self._host())
 
 
-def host_text(host: HostUsage) -> Iterator[str]:
+def host_text(host: HostUsage) -> Iterator[bytes]:
     """What FGD's fit test sees of a node's CPU and memory (kube-scheduler owns both; a
     difference from its own accounting shows here)."""
     cpu = GaugeText(PREFIX + "node_requested_cpu_cores",
@@ -117,11 +117,12 @@ def host_text(host: HostUsage) -> Iterator[str]:
         cpu.add(labels, cpu_milli / 1000)
         memory.add(labels, memory_mib * MIB)
         if count % (8 * PAUSE_EVERY) == 0:
-            yield ""
-    yield cpu.text() + memory.text()
+            yield b""
+    yield from cpu.chunks()
+    yield from memory.chunks()
 
 
-def card_text(usage: Usage, inventory: Mapping[str, tuple[Card, ...]]) -> Iterator[str]:
+def card_text(usage: Usage, inventory: Mapping[str, tuple[Card, ...]]) -> Iterator[bytes]:
     """Allocation per card (always), capacity and health per card (where the inventory is
     known: the labels uuid and model come from it)."""
     allocated = GaugeText(PREFIX + "card_compute_allocated_millicards",
@@ -136,7 +137,7 @@ def card_text(usage: Usage, inventory: Mapping[str, tuple[Card, ...]]) -> Iterat
                         "1 if the card is healthy (the scheduler places on it), 0 if not")
     for count, (node, rows) in enumerate(usage.items(), 1):
         if count % PAUSE_EVERY == 0:
-            yield ""
+            yield b""
         by_index = {card.index: card for card in inventory.get(node, ())}
         for index, used_milli, used_mib in rows:
             card = by_index.get(index)
@@ -148,12 +149,12 @@ def card_text(usage: Usage, inventory: Mapping[str, tuple[Card, ...]]) -> Iterat
                 capacity.add(labels, card.compute_milli)
                 memory_capacity.add(labels, card.memory_mib * MIB)
                 healthy.add(labels, 1 if card.healthy else 0)
-    yield "".join(family.text() for family in (allocated, memory, capacity, memory_capacity,
-                                                 healthy))
+    for family in (allocated, memory, capacity, memory_capacity, healthy):
+        yield from family.chunks()
 
 
 def container_text(shares: Iterable[tuple[str, str, Assignment]],
-                   inventory: Mapping[str, tuple[Card, ...]]) -> Iterator[str]:
+                   inventory: Mapping[str, tuple[Card, ...]]) -> Iterator[bytes]:
     """What each container holds of each card (a pod's assignment, as the ledger has it)."""
     milli = GaugeText(PREFIX + "container_compute_allocated_millicards",
                       "Compute a container holds on a card, milli-cards")
@@ -162,7 +163,7 @@ def container_text(shares: Iterable[tuple[str, str, Assignment]],
     models: dict[str, dict[int, str]] = {}  # of the nodes shares are on, as met
     for count, (namespace, pod, assignment) in enumerate(shares, 1):
         if count % (8 * PAUSE_EVERY) == 0:
-            yield ""
+            yield b""
         node = assignment.node
         model = models.get(node)
         if model is None:
@@ -174,7 +175,8 @@ def container_text(shares: Iterable[tuple[str, str, Assignment]],
                     model.get(share.index, "")), strict=True))
                 milli.add(labels, share.milli)
                 memory.add(labels, share.memory_mib * MIB)
-    yield milli.text() + memory.text()
+    yield from milli.chunks()
+    yield from memory.chunks()
 
 
 def elasticgpu_families(holds: Mapping[str, Assignment]) -> Iterator[GaugeMetricFamily]:

@@ -19,6 +19,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from elastic_gpu.runtime import metrics
 from elastic_gpu.runtime.metrics import (
     GaugeText,
     MetricsThread,
@@ -110,21 +111,29 @@ def reference_page(reg: CollectorRegistry, accept: str, with_series: bool) -> by
     return exposition(reg, accept)[0]
 
 
-def own_text(with_series: bool = True) -> str:
+def own_text(with_series: bool = True, pause: bool = False) -> list[bytes]:
+    """The family of SERIES as `GaugeText` writes it; `pause`: an empty piece after each
+    series (a pause for a writer on an event loop)."""
     gauge = GaugeText("egpu_test_card_value", "A value per card (1000 = one card)")
+    pauses: list[bytes] = []
     for labels, value in SERIES if with_series else ():
         gauge.add(label_text(labels.items()), value)
-    return gauge.text()
+        pauses += [b""] if pause else []
+    return pauses + gauge.chunks()
 
 
 @pytest.mark.parametrize("accept", ["", f"{OPENMETRICS}; version=1.0.0"])
 @pytest.mark.parametrize("with_series", [True, False])
+@pytest.mark.parametrize("lines_per_chunk", [2, metrics.LINES_PER_CHUNK])
 def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
-        accept: str, with_series: bool) -> None:
+        accept: str, with_series: bool, lines_per_chunk: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Label order, escaping of quotes, backslashes and newlines, Go's number format, an
-    empty family's HELP and TYPE, and OpenMetrics' `# EOF` last: byte for byte."""
+    empty family's HELP and TYPE, and OpenMetrics' `# EOF` last: byte for byte, whether the
+    family is encoded in one chunk or in several."""
+    monkeypatch.setattr(metrics, "LINES_PER_CHUNK", lines_per_chunk)
     reg = registry()  # one: a counter's page carries its creation time
-    page, content_type = exposition(reg, accept, text=lambda: [own_text(with_series)])
+    page, content_type = exposition(reg, accept, text=lambda: own_text(with_series))
     expected = reference_page(reg, accept, with_series)
     assert page.count(b"egpu_test_card_value{") == (len(SERIES) if with_series else 0)
     assert page == expected
@@ -132,10 +141,10 @@ def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
 
 
 def test_the_page_with_own_families_parses_in_both_formats() -> None:
-    page = exposition(registry(), "", text=lambda: [own_text()])[0].decode()
+    page = exposition(registry(), "", text=own_text)[0].decode()
     names = {f.name for f in text_string_to_metric_families(page)}
     assert {"egpu_test_things", "egpu_test_card_value"} <= names
-    page = exposition(registry(), OPENMETRICS, text=lambda: ["", own_text(), ""])[0].decode()
+    page = exposition(registry(), OPENMETRICS, text=lambda: own_text(pause=True))[0].decode()
     (card,) = [f for f in openmetrics_families(page) if f.name == "egpu_test_card_value"]
     assert [s.value for s in card.samples] == [v for _, v in SERIES]
     assert card.samples[3].labels["model"] == 'odd "model"\\ with\na newline'

@@ -174,14 +174,14 @@ def test_a_scrape_being_written_stalls_no_verb() -> None:
     gave_up: list[bool] = []
     families = extender.metrics.state_text
 
-    def pausing() -> Iterator[str]:
+    def pausing() -> Iterator[bytes]:
         pieces = iter(families())
         yield next(pieces)
         writing.set()
         deadline = time.monotonic() + 10
         while not answered.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)
-            yield ""  # a pause: the loop answers what came meanwhile
+            yield b""  # a pause: the loop answers what came meanwhile
         gave_up.append(not answered.is_set())
         yield from pieces
 
