@@ -39,14 +39,12 @@ PageText = Callable[[], Iterable[bytes]]
 LINES_PER_CHUNK = 4096
 
 
-def metrics_page(registry: CollectorRegistry, refresh: Callable[[], None] | None = None,
-                 text: PageText | None = None) -> Handler:
-    """The `/metrics` handler of `registry`; `refresh` runs first (gauges set on scrape);
-    `text`: families written by the component, after the registry's."""
+def metrics_page(registry: CollectorRegistry,
+                 refresh: Callable[[], None] | None = None) -> Handler:
+    """The `/metrics` handler of `registry`; `refresh` runs first (gauges set on scrape)."""
 
     async def page(request: web.Request) -> web.Response:
-        body, content_type = exposition(registry, request.headers.get("Accept", ""), refresh,
-                                        text)
+        body, content_type = exposition(registry, request.headers.get("Accept", ""), refresh)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     return page
@@ -55,7 +53,8 @@ def metrics_page(registry: CollectorRegistry, refresh: Callable[[], None] | None
 def exposition(registry: CollectorRegistry, accept: str,
                refresh: Callable[[], None] | None = None,
                text: PageText | None = None) -> tuple[bytes, str]:
-    """The page's body and content type for a scraper's `Accept` (either HTTP version)."""
+    """The page's body and content type for a scraper's `Accept` (either HTTP version);
+    `text`: families the component writes itself, after the registry's."""
     if refresh is not None:
         refresh()
     encode, content_type = choose_encoder(accept)
@@ -90,9 +89,10 @@ def _with_own(body: bytes, pieces: list[bytes]) -> bytes:
 
 
 def add_metrics(app: web.Application, registry: CollectorRegistry,
-                refresh: Callable[[], None] | None = None, text: PageText | None = None) -> None:
-    """Serve `registry` (and `text`'s families) at `/metrics` of `app`."""
-    app.router.add_get(PATH, metrics_page(registry, refresh, text))
+                refresh: Callable[[], None] | None = None) -> None:
+    """Serve `registry` at `/metrics` of `app` (the extender serves its larger page with
+    `written_page`, `scheduler.http`)."""
+    app.router.add_get(PATH, metrics_page(registry, refresh))
 
 
 def label_text(pairs: Iterable[tuple[str, str]]) -> str:

@@ -83,7 +83,7 @@ class _StateText:
     """The families with a series per card, per share and per node, read from the state at
     scrape time and written as text (`runtime.metrics.GaugeText`: prometheus_client's
     objects cost ~8 us a series, a page of 1,000 nodes ~0.45 s of the event loop), in pieces
-    (`runtime.metrics.PageText`): an empty piece every `PAUSE_EVERY` nodes (64 nodes of 8
+    (`runtime.metrics.PageText`): an empty piece every `PAUSE_EVERY` nodes (16 nodes of 8
     cards: ~0.5 ms of writing) lets the event loop answer verbs in between."""
 
     def __init__(self, usage: Callable[[], Usage], host: Callable[[], HostUsage] | None,
