@@ -168,7 +168,7 @@ def test_a_scrape_being_written_stalls_no_verb() -> None:
     15,000) is written in pieces with the verbs answered in between: here its writer, after
     the first piece, goes on pausing until a health check and a filter sent meanwhile have been
     answered; the scrape then gets its whole page. Written in one go, the health check would
-    wait for the whole page (the writer gives up after 10 s and the scrape is done first)."""
+    wait for the whole page (the writer gives up after 60 s and the scrape is done first)."""
     extender = Extender(ready_state(NODES, SchedulerState()))
     writing, answered = threading.Event(), threading.Event()
     gave_up: list[bool] = []
@@ -178,7 +178,7 @@ def test_a_scrape_being_written_stalls_no_verb() -> None:
         pieces = iter(families())
         yield next(pieces)
         writing.set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # generous: a busy box is slow, never this slow
         while not answered.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)
             yield b""  # a pause: the loop answers what came meanwhile
@@ -189,16 +189,17 @@ def test_a_scrape_being_written_stalls_no_verb() -> None:
     srv = Server(extender)
     pool = ThreadPoolExecutor(1)
     try:
-        scrape = pool.submit(srv.get, "/metrics", HTTPConnection("127.0.0.1", srv.port, timeout=60))
-        assert writing.wait(10)
-        other = HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        scrape = pool.submit(srv.get, "/metrics",
+                             HTTPConnection("127.0.0.1", srv.port, timeout=120))
+        assert writing.wait(60)
+        other = HTTPConnection("127.0.0.1", srv.port, timeout=90)
         assert srv.get("/healthz", other) == (200, "ok")
         status, body = srv.post("/filter", {"Pod": gpu_pod("during-scrape"),
                                             "NodeNames": ["n0", "n1"]}, other)
         assert status == 200 and body["NodeNames"] and not body["Error"]
         assert not scrape.done()
         answered.set()
-        status, text = scrape.result(30)
+        status, text = scrape.result(120)
         assert gave_up == [False]  # it paused until both were answered
         labels = 'device_index="1",device_uuid="GPU-3-1",model="A100",node="n3"'
         assert status == 200
