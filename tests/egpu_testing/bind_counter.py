@@ -1,4 +1,5 @@
-"""How many pods of a namespace are bound, counted from a protobuf watch instead of polling.
+"""How many pods of a namespace are bound (and Running), counted from a protobuf watch instead
+of polling.
 
 Polling the unbound pods (a LIST every 0.1 s) costs kube-apiserver CPU per second, not per
 pod: it serialised up to every unbound pod ten times a second, so a variant that binds more
@@ -10,8 +11,9 @@ already watches every pod in protobuf, so this watcher reuses those bytes in eve
 Only the few fields needed are read, straight from the wire format (no generated code): the
 stream is length-prefixed `WatchEvent` frames (type = 1, object = 2, a RawExtension whose raw
 = 1 holds "k8s\\0" + `runtime.Unknown`, whose raw = 2 is the Pod); Pod: metadata = 1
-(ObjectMeta.name = 1, resourceVersion = 6), spec = 2 (PodSpec.nodeName = 10), as in
-k8s.io/api/core/v1/generated.proto. An ERROR event (410 Gone) carries a Status instead.
+(ObjectMeta.name = 1, resourceVersion = 6), spec = 2 (PodSpec.nodeName = 10), status = 3
+(PodStatus.phase = 1), as in k8s.io/api/core/v1/generated.proto. An ERROR event (410 Gone)
+carries a Status instead.
 """
 
 from __future__ import annotations
@@ -68,27 +70,30 @@ def first(data: bytes, number: int) -> bytes:
     return b""
 
 
-def pod_of_event(frame: bytes) -> tuple[str, str, str, str]:
-    """(event type, pod name, node name, resourceVersion) of one WatchEvent frame."""
+def pod_of_event(frame: bytes) -> tuple[str, str, str, str, str]:
+    """(event type, pod name, node name, resourceVersion, phase) of one WatchEvent frame."""
     kind = first(frame, 1).decode()
     raw = first(first(frame, 2), 1)
     if not raw.startswith(MAGIC):
-        return kind, "", "", ""  # not an object
+        return kind, "", "", "", ""  # not an object
     pod = first(raw[len(MAGIC):], 2)
     meta = first(pod, 1)
     node = first(first(pod, 2), 10).decode()
-    return kind, first(meta, 1).decode(), node, first(meta, 6).decode()
+    phase = first(first(pod, 3), 1).decode()
+    return kind, first(meta, 1).decode(), node, first(meta, 6).decode(), phase
 
 
 class _Watch:
     """The watch loop, in the counting process: ends only when that process is stopped."""
 
     def __init__(self, host: str, port: int | None, tls: ssl.SSLContext, path: str,
-                 bound: Synchronized[int], restarts: Synchronized[int],
-                 failed: Synchronized[int]) -> None:
+                 bound: Synchronized[int], running: Synchronized[int],
+                 restarts: Synchronized[int], failed: Synchronized[int]) -> None:
         self._host, self._port, self._tls, self._path = host, port, tls, path
-        self._bound, self._restarts, self._failed = bound, restarts, failed
+        self._bound, self._running = bound, running
+        self._restarts, self._failed = restarts, failed
         self._names: set[str] = set()
+        self._running_names: set[str] = set()
         self._version = ""
 
     def _open(self) -> http.client.HTTPResponse:
@@ -134,7 +139,8 @@ class _Watch:
                 (size,) = struct.unpack_from(">I", buffer, at)
                 if len(buffer) - at - 4 < size:
                     break
-                kind, name, node, version = pod_of_event(bytes(buffer[at + 4:at + 4 + size]))
+                kind, name, node, version, phase = pod_of_event(
+                    bytes(buffer[at + 4:at + 4 + size]))
                 at += 4 + size
                 if kind == "ERROR":  # 410 Gone: the version is too old; start from nothing
                     self._version = ""
@@ -143,6 +149,10 @@ class _Watch:
                 if node and kind in ("ADDED", "MODIFIED") and name not in self._names:
                     self._names.add(name)
                     self._bound.value = len(self._names)
+                if phase == "Running" and kind in ("ADDED", "MODIFIED") \
+                        and name not in self._running_names:
+                    self._running_names.add(name)
+                    self._running.value = len(self._running_names)
             del buffer[:at]
 
 
@@ -160,11 +170,12 @@ class BindCounter:
         url = urlsplit(server)
         context = multiprocessing.get_context("fork")  # the TLS context is inherited, not pickled
         self._bound = context.Value("i", 0)
+        self._running = context.Value("i", 0)
         self._restarts = context.Value("i", 0)
         self._failed = context.Value("i", 0)
         watch = _Watch(url.hostname or "127.0.0.1", url.port, tls,
                        f"/api/v1/namespaces/{namespace}/pods?watch=1",
-                       self._bound, self._restarts, self._failed)
+                       self._bound, self._running, self._restarts, self._failed)
         self._process = context.Process(target=watch.run, name=f"bind-counter-{namespace}",
                                         daemon=True)
         self._process.start()
@@ -172,6 +183,11 @@ class BindCounter:
     @property
     def bound(self) -> int:
         return int(self._bound.value)
+
+    @property
+    def running(self) -> int:
+        """Pods seen in phase Running (kwok marks bound pods Running at its own pace)."""
+        return int(self._running.value)
 
     @property
     def restarts(self) -> int:
