@@ -30,7 +30,7 @@ import msgspec
 from aiohttp import web
 
 from elastic_gpu.runtime import http2
-from elastic_gpu.runtime.metrics import PATH, written_page
+from elastic_gpu.runtime.metrics import PATH
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.handle import (
     HEAVY_QUEUE,
@@ -238,9 +238,8 @@ class HttpRoutes:
         and per share, ~9 MB and ~65 ms of CPU at 1,000 nodes of 8 cards, ~1 s at 15,000:
         written in one go it would stall every verb that long, so it is written in pieces
         with the verbs answered in between (`runtime.metrics.written_page`)."""
-        metrics = self._handle.metrics
         async with self._page_slot:
-            return await written_page(metrics.registry, accept, metrics.state_text)
+            return await self._handle.metrics.page(accept)
 
     async def metrics(self, request: web.Request) -> web.Response:
         body, content_type = await self.page(request.headers.get("Accept", ""))

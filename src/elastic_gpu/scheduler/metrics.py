@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from elastic_gpu.core.assignment import Assignment
 from elastic_gpu.core.model import Card
-from elastic_gpu.runtime.metrics import GaugeText, PageText, exposition, label_text
+from elastic_gpu.runtime.metrics import GaugeText, PageText, label_text, written_page
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 MIB = 1 << 20
@@ -277,6 +277,7 @@ class Metrics:
         #: the per-card, per-share and per-node families, written after the registry's
         self.state_text: PageText = _StateText(usage, host, cards, pods)
 
-    def page(self, accept: str = "") -> tuple[bytes, str]:
-        """The whole `/metrics` page (body, content type) for a scraper's `Accept`."""
-        return exposition(self.registry, accept, text=self.state_text)
+    async def page(self, accept: str = "") -> tuple[bytes, str]:
+        """The whole `/metrics` page (body, content type) for a scraper's `Accept`, written
+        between other work on the event loop (`runtime.metrics.written_page`)."""
+        return await written_page(self.registry, accept, self.state_text)

@@ -1,5 +1,6 @@
 """The sandbox's component registry and what `down` looks for (no cluster needed)."""
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -101,13 +102,13 @@ def _node(name: str, cards: int) -> Node:
 
 def test_extender_knows_a_node_once_its_metrics_show_every_card():
     usage = {"a": [(0, 0, 0), (1, 500, 10)], "b": [(0, 0, 0)]}
-    text = Metrics(lambda: usage).page()[0].decode()
+    text = asyncio.run(Metrics(lambda: usage).page())[0].decode()
     nodes = {"a": 2, "b": 2, "c": 1, "cpu-only": 0}
     # b shows one card of two, c none; a node without cards has nothing to know.
     assert extender_missing_nodes(text, nodes) == ["b", "c"]
     usage["b"].append((1, 0, 0))
     usage["c"] = [(0, 0, 0)]
-    text = Metrics(lambda: usage).page()[0].decode()
+    text = asyncio.run(Metrics(lambda: usage).page())[0].decode()
     assert extender_missing_nodes(text, nodes) == []
     assert extender_missing_nodes("", {"a": 1}) == ["a"]
 

@@ -415,7 +415,7 @@ def test_metrics_show_what_the_policies_see_of_bound_pods() -> None:
 
     state = ready_state([gpu_node("n1"), gpu_node("n2")])
     state.observe_pod(host_pod("web", "n1", "1500m", "3Gi"))
-    text = Metrics(state.card_usage, state.host_usage).page()[0].decode()
+    text = asyncio.run(Metrics(state.card_usage, state.host_usage).page())[0].decode()
     assert 'elasticgpu_scheduler_node_requested_cpu_cores{node="n1"} 1.5' in text
     assert 'elasticgpu_scheduler_node_requested_memory_bytes{node="n1"} 3.221225472e+09' in text
     assert 'elasticgpu_scheduler_node_requested_cpu_cores{node="n2"} 0.0' in text
