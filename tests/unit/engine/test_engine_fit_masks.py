@@ -85,7 +85,15 @@ def test_kept_masks_answer_as_fresh_ones_after_any_changes(
             nodes[name] = dataclasses.replace(node, cards=(first, *node.cards[1:]))
             engine.upsert_node(nodes[name])
         elif op == "node":  # a card fewer or more: the layout is rebuilt
-            nodes[name] = gpu_node(name, cards=1 + amount % 4, model="T4")
+            # never fewer cards than pods hold there, nor less CPU or memory: the fresh copy
+            # replays every hold, and one that no longer fits is refused there (NO_SUCH_CARD,
+            # HOST_CPU) while the kept ledger still has it; what a node losing what pods hold
+            # means is the ledger's question, not the masks'
+            needed = max((share.index + 1 for _, held_on in held.values()
+                          if held_on.node == name for share in held_on.shares()), default=1)
+            old = nodes[name]
+            nodes[name] = gpu_node(name, cards=max(1 + amount % 4, needed), model="T4",
+                                   cpu=old.cpu_milli, mem=old.memory_mib)
             engine.upsert_node(nodes[name])
         # ask every shape, each time with another CPU request, between the changes
         for pod in probe_pods(1000 + step):
