@@ -277,6 +277,24 @@ def test_node_removed_and_back_keeps_counting_its_pods() -> None:
     assert used(state, "n1") == 600
 
 
+def test_a_card_gone_and_back_counts_its_pods_share_again() -> None:
+    """The engine drops a share from its ledger entry when the card leaves the node (a replay
+    keeps only cards that exist); the state's ledger counts the pod again when the card comes
+    back (the agent re-published it: a restart, a card that was unhealthy), so the card is not
+    given twice."""
+    state = ready_state([gpu_node("n1", cards=2)])
+    held = bind(state, share_pod("a", 60), "n1")
+    (card,) = {share.index for share in held.shares()}
+    other = 1 - card
+    feed_nodes(state, [Node("n1", 64_000, 256_000, (Card(other, f"GPU-n1-{other}", "T4",
+                                                         16384),))])
+    assert used(state, "n1") == 0  # the card is gone: nothing counted on the card left
+    feed_nodes(state, [gpu_node("n1", cards=2)])
+    assert dict((index, milli) for index, milli, _ in state.card_usage()["n1"])[card] == 600
+    # 60 % is held there again: a 50 % share goes to the other card
+    assert {s.index for s in bind(state, share_pod("b", 50), "n1").shares()} == {other}
+
+
 def test_preempt_adds_gpu_victims_until_the_pod_fits() -> None:
     state = ready_state([gpu_node("n1", 1), gpu_node("n2", 1)])
     for name, node, pct, prio in (("lo1", "n1", 40, 0), ("lo2", "n1", 40, 1),

@@ -136,7 +136,9 @@ def check(lay: Layout, pod_key: str, entry: Entry) -> None:
 
 def replay(lay: Layout, ledger: dict[str, Entry]) -> None:
     """Every entry onto freshly built arrays; shares on cards that no longer exist are dropped
-    from the entry for good."""
+    from the entry for good. Only the extender's state changes a node after the start (the
+    simulator never does), and its ledger counts a pod again when its card comes back
+    (`scheduler.state.ledger.recount_node`, which compares the engine's entry with the hold)."""
     for key, entry in list(ledger.items()):
         row = lay.row_of.get(entry.assignment.node)
         if row is None:
