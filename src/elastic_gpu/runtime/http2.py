@@ -45,8 +45,8 @@ MAX_HEADER_LIST = 16 * 1024
 #: How long a closing connection may take to send its GOAWAY before it is aborted.
 GOAWAY_GRACE_S = 1.0
 
-#: (status, headers with lower-case names, body)
-Answer = tuple[int, Sequence[tuple[str, str]], bytes]
+#: (status, headers with lower-case names, body: bytes, or pieces sent one after another)
+Answer = tuple[int, Sequence[tuple[str, str]], bytes | list[bytes]]
 
 
 class Http2App(Protocol):
@@ -254,12 +254,15 @@ class Http2Server:
     async def _send_answer(self, stream_id: int, stream: _Stream, answer: Answer,
                            reset_after: bool = False) -> None:
         status, headers, body = answer
+        pieces = [body] if isinstance(body, bytes) else [piece for piece in body if piece]
+        size = sum(len(piece) for piece in pieces)
         try:
             self._conn.send_headers(stream_id, [(":status", str(status)), *headers,
-                                                ("content-length", str(len(body)))],
-                                    end_stream=not body)
+                                                ("content-length", str(size))],
+                                    end_stream=not size)
             self._flush()
-            await self._send_body(stream_id, body)
+            for number, piece in enumerate(pieces, 1):
+                await self._send_body(stream_id, piece, last=number == len(pieces))
             if reset_after and stream_id in self._streams:
                 self._conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
                 self._flush()
@@ -268,7 +271,9 @@ class Http2Server:
         finally:
             self._finish(stream_id, stream)
 
-    async def _send_body(self, stream_id: int, body: bytes) -> None:
+    async def _send_body(self, stream_id: int, body: bytes, last: bool = True) -> None:
+        """`body` in DATA frames as the flow-control windows allow; `last`: the stream ends
+        with it."""
         view = memoryview(body)
         while view and not self._closed:
             window = min(self._conn.local_flow_control_window(stream_id),
@@ -278,8 +283,10 @@ class Http2Server:
                 await self._can_send.wait()
                 continue
             chunk, view = view[:window], view[window:]
-            self._conn.send_data(stream_id, chunk.tobytes(), end_stream=not view)
+            self._conn.send_data(stream_id, chunk.tobytes(), end_stream=last and not view)
             self._flush()
+        if not last:
+            await asyncio.sleep(0)  # a large answer's pieces: other work between them
 
     def _finish(self, stream_id: int, stream: _Stream) -> None:
         """The request is over (answered, reset, or its connection gone): once per stream."""

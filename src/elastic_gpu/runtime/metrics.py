@@ -60,11 +60,13 @@ def exposition(registry: CollectorRegistry, accept: str,
 
 
 async def written_page(registry: CollectorRegistry, accept: str,
-                       text: PageText) -> tuple[bytes, str]:
+                       text: PageText) -> tuple[list[bytes], str]:
     """`exposition` of `registry` with the families `text` writes after its own, on an event
     loop, letting other work run at each empty piece of `text`: a page of many series (the
     extender's: ~65 ms of writing at 1,000 nodes of 8 cards, ~0.3 s at 5,000) is written
-    between the verbs, never in their way."""
+    between the verbs, never in their way. The page comes in pieces, to be sent one after
+    another (`page_response`): joined in one copy, 130 MB at 15,000 nodes took ~60 ms more of
+    the event loop."""
     body, content_type = exposition(registry, accept)
     pieces: list[bytes] = []
     for piece in text():
@@ -75,12 +77,25 @@ async def written_page(registry: CollectorRegistry, accept: str,
     return _with_own(body, pieces), content_type
 
 
-def _with_own(body: bytes, pieces: list[bytes]) -> bytes:
+def _with_own(body: bytes, pieces: list[bytes]) -> list[bytes]:
     """The registry's page with the component's pieces after its families (before
-    OpenMetrics' closing line), joined in one copy."""
+    OpenMetrics' closing line)."""
     if body.endswith(_OPENMETRICS_EOF):
-        return b"".join([body[:-len(_OPENMETRICS_EOF)], *pieces, _OPENMETRICS_EOF])
-    return b"".join([body, *pieces])
+        return [body[:-len(_OPENMETRICS_EOF)], *pieces, _OPENMETRICS_EOF]
+    return [body, *pieces]
+
+
+async def page_response(request: web.Request, pieces: list[bytes],
+                        content_type: str) -> web.StreamResponse:
+    """A page in pieces sent over HTTP/1.1, one after another as the connection takes them
+    (each write waits while the transport's buffer is full, and other work runs meanwhile)."""
+    response = web.StreamResponse(headers={"Content-Type": content_type})
+    response.content_length = sum(len(piece) for piece in pieces)
+    await response.prepare(request)
+    for piece in pieces:
+        await response.write(piece)
+    await response.write_eof()
+    return response
 
 
 def add_metrics(app: web.Application, registry: CollectorRegistry,

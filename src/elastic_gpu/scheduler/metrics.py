@@ -14,7 +14,7 @@ Each server gets its own registry, so several can run in one process (tests, ben
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,13 +33,15 @@ CARD_LABELS = ["node", "device_index", "device_uuid", "model"]
 CONTAINER_LABELS = ["namespace", "pod", "container", "node", "device_index", "device_uuid",
                     "model"]
 
-Usage = dict[str, list[tuple[int, int, int]]]
+#: node -> [(card index, milli-cards allocated, MiB allocated)] (the state's is a
+#: `core.placement.cardtable.CardTable`: each node's list made as the page reaches it)
+Usage = Mapping[str, Sequence[tuple[int, int, int]]]
 #: node -> (CPU milli, memory MiB) that its bound pods ask for
 HostUsage = dict[str, tuple[int, int]]
 #: (pods waiting for GPU capacity, counters by name: rounds, woken, sent, failed, turned_away)
 WakeupStats = tuple[int, dict[str, int]]
 #: (namespace, pod, the cards it holds)
-PodShares = list[tuple[str, str, Assignment]]
+PodShares = Iterable[tuple[str, str, Assignment]]
 #: The page's writer pauses after this many nodes' cards (eight times as many pods or nodes of
 #: the one-series-a-node families): `_StateText`.
 PAUSE_EVERY = 16
@@ -277,7 +279,12 @@ class Metrics:
         #: the per-card, per-share and per-node families, written after the registry's
         self.state_text: PageText = _StateText(usage, host, cards, pods)
 
-    async def page(self, accept: str = "") -> tuple[bytes, str]:
-        """The whole `/metrics` page (body, content type) for a scraper's `Accept`, written
-        between other work on the event loop (`runtime.metrics.written_page`)."""
+    async def pieces(self, accept: str = "") -> tuple[list[bytes], str]:
+        """The whole `/metrics` page (in pieces, content type) for a scraper's `Accept`,
+        written between other work on the event loop (`runtime.metrics.written_page`)."""
         return await written_page(self.registry, accept, self.state_text)
+
+    async def page(self, accept: str = "") -> tuple[bytes, str]:
+        """`pieces` joined (for readers in process; the HTTP routes send the pieces)."""
+        pieces, content_type = await self.pieces(accept)
+        return b"".join(pieces), content_type

@@ -135,7 +135,9 @@ def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
     family is encoded in one chunk or in several."""
     monkeypatch.setattr(metrics, "LINES_PER_CHUNK", lines_per_chunk)
     reg = registry()  # one: a counter's page carries its creation time
-    page, content_type = asyncio.run(written_page(reg, accept, lambda: own_text(with_series)))
+    pieces, content_type = asyncio.run(written_page(reg, accept,
+                                                   lambda: own_text(with_series)))
+    page = b"".join(pieces)
     expected = reference_page(reg, accept, with_series)
     assert page.count(b"egpu_test_card_value{") == (len(SERIES) if with_series else 0)
     assert page == expected
@@ -143,11 +145,11 @@ def test_a_family_written_as_text_is_the_page_prometheus_client_writes(
 
 
 def test_the_page_with_own_families_parses_in_both_formats() -> None:
-    page = asyncio.run(written_page(registry(), "", own_text))[0].decode()
+    page = b"".join(asyncio.run(written_page(registry(), "", own_text))[0]).decode()
     names = {f.name for f in text_string_to_metric_families(page)}
     assert {"egpu_test_things", "egpu_test_card_value"} <= names
-    page = asyncio.run(written_page(registry(), OPENMETRICS,
-                                    lambda: own_text(pause=True)))[0].decode()
+    page = b"".join(asyncio.run(written_page(registry(), OPENMETRICS,
+                                             lambda: own_text(pause=True)))[0]).decode()
     (card,) = [f for f in openmetrics_families(page) if f.name == "egpu_test_card_value"]
     assert [s.value for s in card.samples] == [v for _, v in SERIES]
     assert card.samples[3].labels["model"] == 'odd "model"\\ with\na newline'

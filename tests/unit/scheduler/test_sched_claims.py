@@ -29,6 +29,7 @@ from elastic_gpu.scheduler.binder import with_binding
 from elastic_gpu.scheduler.extender import Extender
 from elastic_gpu.scheduler.handle import BindError
 from elastic_gpu.scheduler.state import SchedulerState
+from elastic_gpu.scheduler.state.handle import EGPU_KEY
 
 CORE = "elasticgpu.io/gpu-core"
 
@@ -155,6 +156,12 @@ def test_a_consuming_pod_does_not_count_its_claims_cards_again() -> None:
     assert used(state, "n1") == 600  # the pods are gone, the ElasticGPU still holds its cards
 
 
+def egpu_holds_agree(state: SchedulerState) -> bool:
+    """`egpu_holds` (kept beside the holds) is the ElasticGPU keys of every hold."""
+    return state.egpu_holds() == {key[len(EGPU_KEY):]: held for key, held
+                                  in state.holds().items() if key.startswith(EGPU_KEY)}
+
+
 def test_a_relist_rebuilds_the_same_holds() -> None:
     nodes = [gpu_node(f"n{i}", cards=2) for i in range(1, 4)]
     egpus = [elasticgpu_object("e1", "n1", [share("n1", 0, 600)], claim=("default", "c1", "u1")),
@@ -175,6 +182,7 @@ def test_a_relist_rebuilds_the_same_holds() -> None:
     feed(second, egpus=[egpus[0], egpus[2],
                         elasticgpu_object("e4", "n2", [share("n2", 0, 100)])])
     assert sorted(second.egpu_holds()) == ["e1", "e3", "e4"]
+    assert egpu_holds_agree(first) and egpu_holds_agree(second)
     assert dict((i, m) for i, m, _ in second.card_usage()["n2"]) == {0: 100, 1: 0}
 
 
@@ -654,11 +662,13 @@ def test_an_elasticgpu_deleted_under_its_running_pod_leaves_the_card_held_by_the
     assert used(state, "n1") == 1000 and "uid-a" not in state.holds()
     Feeds(state).egpus_event("DELETED", egpu)
     assert used(state, "n1") == 1000  # not freed: the running pod holds it now
+    assert state.egpu_holds() == {} and egpu_holds_agree(state)
     assert state.holds()["uid-a"] == Assignment("n1", {"main": (share("n1", 0, 1000),)})
     assert fits(state, 100, ["n1"]) == [] and not state.conflicts()
     # the ElasticGPU comes back (a relist that still has it): counted once, under it again
     feed(state, egpus=[egpu])
     assert used(state, "n1") == 1000 and "uid-a" not in state.holds() and not state.conflicts()
+    assert list(state.egpu_holds()) == ["e1"] and egpu_holds_agree(state)
     Feeds(state).egpus_event("DELETED", egpu)
     # the pod stops: the card is free
     stopped = {**pod, "status": {"phase": "Succeeded"},

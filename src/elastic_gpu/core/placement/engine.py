@@ -23,6 +23,7 @@ from elastic_gpu.core.frag import Fragmentation
 from elastic_gpu.core.mig.pick import on_partly_held
 from elastic_gpu.core.model import Node, cluster_cpu_per_gpu
 from elastic_gpu.core.placement import explain, fitmask, ledger
+from elastic_gpu.core.placement.cardtable import CardTable
 from elastic_gpu.core.placement.explain import UNDETAILED
 from elastic_gpu.core.placement.layout import UNKNOWN_NODE, BoolArray, FloatArray, IntArray, Layout
 from elastic_gpu.core.placement.planning import plan
@@ -306,6 +307,11 @@ class Engine:
 
     def allocations(self) -> Mapping[str, Assignment]:
         return {k: v.assignment for k, v in self._ledger.items()}
+
+    def card_table(self) -> CardTable:
+        """What is allocated on every card now, read node by node later (`cardtable`)."""
+        self._refresh()
+        return CardTable(self._layout)
 
     def card_usage(self, node_name: str) -> list[tuple[int, int, int]]:
         self._refresh()

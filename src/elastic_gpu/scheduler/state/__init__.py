@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 from elastic_gpu.core.model import Card
 from elastic_gpu.core.placement import Engine
+from elastic_gpu.core.placement.cardtable import CardTable
 from elastic_gpu.core.wakeup import Wake
 from elastic_gpu.core.workload import TargetWorkload
 from elastic_gpu.scheduler.config import SchedulerConfig
@@ -171,11 +172,13 @@ class SchedulerState:
         """`Wakeups.pending`: a hint, read without the lock."""
         return self._wakeups.pending(self._ledger.reservation_ended)
 
-    def card_usage(self) -> dict[str, list[tuple[int, int, int]]]:
+    def card_usage(self) -> CardTable:
+        """node -> [(card index, milli-cards, MiB allocated)], as of now; each node's list is
+        made when it is read (`core.placement.cardtable`: the lock is held for two array
+        copies, not for a list per node)."""
         with self._handle.lock:
             self._inventory.flush()
-            engine = self._handle.engine
-            return {name: engine.card_usage(name) for name in engine.nodes()}
+            return self._handle.engine.card_table()
 
     def cards(self) -> dict[str, tuple[Card, ...]]:
         """Each known node's cards as the engine has them (uuid, model, health, capacity)."""

@@ -79,6 +79,9 @@ class Ledger:
         #: the earliest deadline of a reservation kept for the TTL (`expire` scans none before)
         self._next_deadline = float("inf")
         self._holds: dict[str, Assignment] = {}  # uid -> what the engine has allocated
+        #: ElasticGPU name -> what it holds: `_holds`' ElasticGPU keys, kept beside it so a
+        #: reader of them (`egpu_holds`, on every scrape) is not a walk of every pod's hold
+        self._egpu_holds: dict[str, Assignment] = {}
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
         self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
         #: uid -> expiry (wall clock) of the defragmentation reservation it holds (a pending
@@ -148,10 +151,20 @@ class Ledger:
         for uid in sorted(self._egpu_consumers.get(name, ())):
             self.sync(uid)
 
+    def _put_hold(self, key: str, assignment: Assignment) -> None:
+        self._holds[key] = assignment
+        if key.startswith(EGPU_KEY):
+            self._egpu_holds[key[len(EGPU_KEY):]] = assignment
+
+    def _drop_hold(self, key: str) -> Assignment | None:
+        if key.startswith(EGPU_KEY):
+            self._egpu_holds.pop(key[len(EGPU_KEY):], None)
+        return self._holds.pop(key, None)
+
     def set_hold(self, uid: str, assignment: Assignment | None) -> None:
         self._h.bump()
         engine = self._h.engine
-        old = self._holds.pop(uid, None)
+        old = self._drop_hold(uid)
         if old is not None:
             engine.release(uid)
             self._node_pods.get(old.node, set()).discard(uid)
@@ -177,7 +190,7 @@ class Ledger:
                     "pod uid %s: assignment on %s cannot be counted yet: %s",
                     uid, assignment.node, reason)
             return
-        self._holds[uid] = assignment
+        self._put_hold(uid, assignment)
         self._node_pods.setdefault(assignment.node, set()).add(uid)
 
     def _note_distrust(self, uid: str) -> None:
@@ -207,6 +220,7 @@ class Ledger:
         """A fresh engine: every hold and reservation counted again."""
         self._usage.push_host()
         self._holds.clear()
+        self._egpu_holds.clear()
         self._node_pods.clear()
         for name in self._egpus:  # ElasticGPUs first: a bound claim's cards are its
             self.sync(ledger_key(name))
@@ -223,7 +237,7 @@ class Ledger:
         for uid in list(self._node_pods.get(name, ())):
             assignment = self._holds.get(uid)
             if assignment is not None and engine.allocation(uid) != assignment:
-                self._holds.pop(uid)
+                self._drop_hold(uid)
                 self.sync(uid)
 
     def retry_conflicts(self) -> None:
@@ -395,7 +409,7 @@ class Ledger:
             return
         self._h.engine.rekey(self._reservation_key(uid, token), uid)
         del reservations[token]
-        self._holds[uid] = held
+        self._put_hold(uid, held)
         self._node_pods.setdefault(held.node, set()).add(uid)
         self._usage.hand_host_to_pod(uid, token)
 
@@ -538,19 +552,25 @@ class Ledger:
         with self._h.lock:
             return dict(self._distrusted)
 
-    def pod_shares(self) -> list[tuple[str, str, Assignment]]:
+    def pod_shares(self) -> Iterator[tuple[str, str, Assignment]]:
         """(namespace, pod name, the cards it holds) of every pod whose assignment the ledger
         holds (reservations of binds in flight are not listed; ElasticGPUs' holds are
-        `egpu_holds`)."""
+        `egpu_holds`). The holds are copied under the lock at the call (one dict copy, at C
+        speed: a list made per pod took ~64 ms of the event loop at 15,000 nodes of eight
+        pods); each pod's name is read when it is reached, and a pod deleted by then is left
+        out."""
         with self._h.lock:
-            out = []
-            for uid, assignment in self._holds.items():
-                pod = self._pods.get(uid)
-                if pod is not None:
-                    out.append((pod.namespace, pod.name, assignment))
-            return out
+            holds = dict(self._holds)
+        return self._named(holds)
+
+    def _named(self, holds: dict[str, Assignment]) -> Iterator[tuple[str, str, Assignment]]:
+        pods = self._pods
+        for uid, assignment in holds.items():
+            pod = pods.get(uid)  # one dict read: atomic without the lock
+            if pod is not None:
+                yield pod.namespace, pod.name, assignment
 
     def egpu_holds(self) -> dict[str, Assignment]:
         """ElasticGPU name -> the cards it holds in the engine."""
         with self._h.lock:
-            return {k[len(EGPU_KEY):]: a for k, a in self._holds.items() if k.startswith(EGPU_KEY)}
+            return dict(self._egpu_holds)
