@@ -810,3 +810,16 @@ def test_a_pod_seen_while_its_node_changes_is_counted_before_the_next_decision()
         state.reserve(pod_request_from_manifest(share_pod("b", 60)), "uid-b", "n1")
     assert used(state, "n1") == 700
     assert state.holds()["uid-a"] == assignment
+
+
+def test_pod_shares_are_the_holds_at_the_call_and_leave_out_pods_deleted_meanwhile() -> None:
+    """The metrics page reads the pods' shares between other work: the holds are copied at
+    the call (a pod bound later is not listed), each pod's name is read as it is reached (a
+    pod deleted by then is left out, never listed with a name it no longer has)."""
+    state = ready_state([gpu_node("n1", cards=2)])
+    first = bind(state, share_pod("a", 30), "n1")
+    bind(state, share_pod("b", 30), "n1")
+    shares = state.pod_shares()
+    state.forget_pod("uid-b")
+    bind(state, share_pod("c", 30), "n1")
+    assert list(shares) == [("default", "a", first)]
