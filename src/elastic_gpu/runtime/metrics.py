@@ -88,12 +88,16 @@ def _with_own(body: bytes, pieces: list[bytes]) -> list[bytes]:
 async def page_response(request: web.Request, pieces: list[bytes],
                         content_type: str) -> web.StreamResponse:
     """A page in pieces sent over HTTP/1.1, one after another as the connection takes them
-    (each write waits while the transport's buffer is full, and other work runs meanwhile)."""
+    (each write waits while the transport's buffer is full, and other work runs meanwhile).
+    A HEAD request gets the headers alone: a streamed answer's writes are not dropped for it
+    as a whole `web.Response`'s body is, and a body after them would be read as the next
+    answer on the connection."""
     response = web.StreamResponse(headers={"Content-Type": content_type})
     response.content_length = sum(len(piece) for piece in pieces)
     await response.prepare(request)
-    for piece in pieces:
-        await response.write(piece)
+    if request.method != "HEAD":
+        for piece in pieces:
+            await response.write(piece)
     await response.write_eof()
     return response
 

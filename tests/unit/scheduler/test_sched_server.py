@@ -163,6 +163,28 @@ def test_health_readiness_metrics() -> None:
         srv.stop()
 
 
+def test_the_page_sent_in_pieces_has_its_length_and_a_head_request_no_body(
+        server: Server) -> None:
+    """/metrics is sent piece by piece (never joined in one copy): its Content-Length is the
+    whole page's, and a HEAD request gets the headers alone, so the connection's next answer is
+    read as that answer (a streamed body after a HEAD would be read as the next status line)."""
+    conn = HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("HEAD", "/metrics")
+    head = conn.getresponse()
+    assert head.status == 200 and head.read() == b""
+    conn.request("GET", "/healthz")
+    health = conn.getresponse()
+    assert (health.status, health.read()) == (200, b"ok")
+    conn.request("GET", "/metrics")
+    page = conn.getresponse()
+    body = page.read()
+    assert page.status == 200 and int(page.getheader("Content-Length") or -1) == len(body)
+    assert body.count(b"elasticgpu_scheduler_card_healthy{") == sum(len(n.cards) for n in NODES)
+    # the HEAD's length was the page's then (a page written later may differ: counters grew)
+    assert int(head.getheader("Content-Length") or 0) > len(body) // 2
+    conn.close()
+
+
 def test_a_scrape_being_written_stalls_no_verb() -> None:
     """The page (series per card and per share: ~65 ms of writing at 1,000 nodes, ~1 s at
     15,000) is written in pieces with the verbs answered in between: here its writer, after
