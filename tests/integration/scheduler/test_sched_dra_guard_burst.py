@@ -48,6 +48,7 @@ from elastic_gpu.core.annotations import DRA_PLACEMENT_GATE
 from elastic_gpu.core.dra.capacity_guard import TAKEN_BACK_REASON
 from elastic_gpu.core.dra.classes import EXTENDED_RESOURCE
 from elastic_gpu.core.dra.nodemode import GPU_MODE_LABEL
+from elastic_gpu.core.model import Node
 from elastic_gpu.devcluster.controlplane import ControlPlane
 from elastic_gpu.kube.resources import EVENTS, NODES, PODS, RESOURCE_CLAIMS
 from elastic_gpu.kube.sync import SyncKubeClient
@@ -115,11 +116,7 @@ class Burst:
         capacity among the claims whose pods may run, the gated pods whose claims were in a
         card given twice: the allocator's to take back before it lifts their gates). A gated
         pod's claim is named as its pod (`claim_pod`)."""
-        pods = list(self.pods().values())
-        claims, _ = self.kube.list(RESOURCE_CLAIMS.path(self.namespace))
-        nodes, _ = self.kube.list(NODES.path(), {"labelSelector": f"{GROUP_LABEL}={self.group}"})
-        inventories = dra_inventories(nodes)
-        assert inventories, "no DRA node of the group"
+        pods, claims, inventories = self._reading()
         given_twice = over_capacity(pods, claims, inventories)
         if not given_twice:
             return [], set()
@@ -129,13 +126,17 @@ class Burst:
                 if any(f"claim {self.namespace}/{name}'" in problem for problem in given_twice)}
         return over_capacity(pods, may_run, inventories), held
 
-    def over_capacity(self) -> list[str]:
+    def _reading(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Node]]:
+        """(the pods, the claims, the group's DRA nodes) as the API has them now."""
         pods = list(self.pods().values())
         claims, _ = self.kube.list(RESOURCE_CLAIMS.path(self.namespace))
         nodes, _ = self.kube.list(NODES.path(), {"labelSelector": f"{GROUP_LABEL}={self.group}"})
         inventories = dra_inventories(nodes)
         assert inventories, "no DRA node of the group"
-        return over_capacity(pods, claims, inventories)
+        return pods, claims, inventories
+
+    def over_capacity(self) -> list[str]:
+        return over_capacity(*self._reading())
 
 
 @pytest.mark.usefixtures("dra_device_classes", "dra_gate_policy")
