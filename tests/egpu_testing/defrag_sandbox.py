@@ -4,7 +4,9 @@ controller --only defrag` as a subprocess with its own Lease and config."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,41 @@ def start_controller(kubeconfig: Path, tmp: Path, mode: str) -> ControllerProces
     process.start()
     wait_for("the defrag controller leading", process.leading, timeout_s=60)
     return process
+
+
+@contextlib.contextmanager
+def defrag_controller(kubeconfig: Path, tmp: Path, mode: str) -> Iterator[ControllerProcess]:
+    """`start_controller`'s process, stopped on leaving; a failed wait inside names what the
+    controller logged and what the API shows (a timeout alone says nothing of why)."""
+    process = start_controller(kubeconfig, tmp, mode)
+    try:
+        yield process
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{diagnosis(kubeconfig, process)}") from err
+    finally:
+        process.stop()
+
+
+def diagnosis(kubeconfig: Path, process: ControllerProcess) -> str:
+    """The namespace's pods (node, phase, conditions, defrag annotations), its Events, and
+    the tail of the controller's log."""
+    lines = ["pods:"]
+    for pod in pods(kubeconfig):
+        meta, status = pod["metadata"], pod.get("status", {})
+        notes = {k: v for k, v in (meta.get("annotations") or {}).items() if "defrag" in k
+                 or "assign" in k}
+        conditions = [(c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+                      for c in status.get("conditions", [])]
+        lines.append(f"  {meta['name']} uid={meta['uid']} node={pod['spec'].get('nodeName')} "
+                     f"phase={status.get('phase')} deleting={bool(meta.get('deletionTimestamp'))}"
+                     f" conditions={conditions} annotations={notes}")
+    lines.append("events:")
+    for event in (get(kubeconfig, "events", "-n", NS) or {}).get("items", []):
+        lines.append(f"  {event.get('lastTimestamp')} {event.get('reason')} "
+                     f"{event['involvedObject'].get('name')}: {event.get('message')}")
+    log = process.log_path.read_text(errors="replace") if process.log_path.exists() else ""
+    lines.append(f"controller log (last 6000 characters):\n{log[-6000:]}")
+    return "\n".join(lines)
 
 
 def over_allocated(kubeconfig: Path) -> list[str]:

@@ -23,6 +23,7 @@ import pytest
 from egpu_testing.defrag_sandbox import (
     apply,
     bare,
+    defrag_controller,
     deployment,
     events,
     get,
@@ -32,7 +33,6 @@ from egpu_testing.defrag_sandbox import (
     pin_homes,
     replacement,
     running,
-    start_controller,
     wait_bound,
     wait_running,
     wait_unschedulable,
@@ -95,15 +95,12 @@ def test_a_pending_two_instance_pod_binds_after_one_pod_moves_to_a_free_instance
     open_homes(kc, nodes, ["m"])
     apply(kc, bare("pair", None, None, limits=TWO))
     wait_unschedulable(kc, "pair")
-    process = start_controller(kc, tmp_path, "move")
-    try:
+    with defrag_controller(kc, tmp_path, "move") as process:
         pair = wait_bound(kc, "pair")
         moved = replacement(kc, "m", placed["m"]["metadata"]["uid"])
         wait_for("pair Running", lambda: running(kc, "pair"))
         moved_events = events(kc, "DefragMoved")
         log = process.log_path.read_text(errors="replace")
-    finally:
-        process.stop()
     assert pair["spec"]["nodeName"] == first, log[-4000:]
     # the reservation the controller wrote before the eviction named both of first's
     # instances, and the pod got them: the one m left among them

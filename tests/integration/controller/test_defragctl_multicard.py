@@ -19,6 +19,7 @@ import pytest
 from egpu_testing.defrag_sandbox import (
     apply,
     bare,
+    defrag_controller,
     deployment,
     events,
     get,
@@ -28,7 +29,6 @@ from egpu_testing.defrag_sandbox import (
     pin_homes,
     replacement,
     running,
-    start_controller,
     wait_bound,
     wait_running,
     wait_unschedulable,
@@ -79,15 +79,12 @@ def test_a_four_card_pod_gets_a_node_emptied_by_one_move(kc: Path, tmp_path: Pat
     open_homes(kc, [quad, one], ["s"])
     apply(kc, bare("big", None, None, cards=4))
     wait_unschedulable(kc, "big")
-    process = start_controller(kc, tmp_path, "move")
-    try:
+    with defrag_controller(kc, tmp_path, "move") as process:
         big = wait_bound(kc, "big")
         moved = replacement(kc, "s", placed["s"]["metadata"]["uid"])
         wait_for("big Running", lambda: running(kc, "big"))
         moved_events = events(kc, "DefragMoved")
         log = process.log_path.read_text(errors="replace")
-    finally:
-        process.stop()
     assert big["spec"]["nodeName"] == quad, log[-4000:]
     assert moved["spec"]["nodeName"] == one
     assert [e["involvedObject"]["name"] for e in moved_events] == [

@@ -35,6 +35,7 @@ from egpu_testing.defrag_sandbox import (
     NS,
     apply,
     bare,
+    defrag_controller,
     deployment,
     events,
     get,
@@ -45,7 +46,6 @@ from egpu_testing.defrag_sandbox import (
     pods,
     replacement,
     running,
-    start_controller,
     wait_bound,
     wait_running,
     wait_unschedulable,
@@ -117,8 +117,7 @@ def uids(kc: Path) -> dict[str, str]:
 def test_report_mode_tells_the_plan_and_moves_nothing(
         kc: Path, fragmented: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     before = uids(kc)
-    process = start_controller(kc, tmp_path, "report")
-    try:
+    with defrag_controller(kc, tmp_path, "report"):
         (event,) = wait_for("a DefragPlanned Event", lambda: events(kc, "DefragPlanned"))
         assert event["involvedObject"]["name"] == "whole"
         assert "report mode, nothing moved: would move 1 pod(s)" in event["message"]
@@ -130,8 +129,6 @@ def test_report_mode_tells_the_plan_and_moves_nothing(
             (get(kc, "pod", "whole", "-n", NS) or {}).get("metadata", {}).get(
                 "annotations", {}).get(ann.DEFRAG_PLAN))))
         shown = egpu("top", "--kubeconfig", str(kc), timeout=60)
-    finally:
-        process.stop()
     assert record.mode == "report" and len(record.moves) == 1
     assert shown.returncode == 0, shown.stderr
     assert "defrag plans for 1 pending pod:" in shown.stdout
@@ -146,8 +143,7 @@ def test_report_mode_tells_the_plan_and_moves_nothing(
 def test_move_mode_frees_a_card_for_the_pending_pod_and_pdbs_hold(
         kc: Path, fragmented: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     before = {app: pod["metadata"]["uid"] for app, pod in fragmented.items()}
-    process = start_controller(kc, tmp_path, "move")
-    try:
+    with defrag_controller(kc, tmp_path, "move") as process:
         whole = wait_bound(kc, "whole")
         # the replacements of the two moved shares run, elsewhere
         moved = {app: replacement(kc, app, before[app]) for app in ("a", "b")}
@@ -156,8 +152,6 @@ def test_move_mode_frees_a_card_for_the_pending_pod_and_pdbs_hold(
         made_room = events(kc, "DefragMadeRoom")
         moved_events = events(kc, "DefragMoved")
         log = process.log_path.read_text(errors="replace")
-    finally:
-        process.stop()
     home = fragmented["a"]["spec"]["nodeName"]
     assert whole["spec"]["nodeName"] == home, log[-4000:]
     # the freed card was reserved for it before anything moved (the extender kept it: a's
