@@ -216,7 +216,8 @@ class ControlPlane:
             # Throw-away data on a shared disk: durability is worth nothing here, speed is.
             "--unsafe-no-fsync",
         ])
-        wait_ready(handle, lambda: _get_ok(f"{client}/health", None), timeout_s)
+        wait_ready(handle, lambda: _get_ok(f"{client}/health", None), timeout_s,
+                   port=self.etcd_port)
 
     def start_apiserver(self, timeout_s: float = START_TIMEOUT_S) -> None:
         pki = self.pki
@@ -240,7 +241,8 @@ class ControlPlane:
             *self.apiserver_args,
         ])
         tls = self.client_tls()
-        wait_ready(handle, lambda: _get_ok(f"{self.server}/readyz", tls), timeout_s)
+        wait_ready(handle, lambda: _get_ok(f"{self.server}/readyz", tls), timeout_s,
+                   port=self.apiserver_port)
         # /readyz can pass a moment before the bootstrap controller has made `default`.
         wait_ready(handle, lambda: _get_ok(f"{self.server}/api/v1/namespaces/default", tls),
                    timeout_s)
@@ -281,7 +283,8 @@ class ControlPlane:
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; loopback only
         wait_ready(handle, lambda: _get_ok(
-            f"https://{HOST}:{self.controller_manager_port}/healthz", insecure), timeout_s)
+            f"https://{HOST}:{self.controller_manager_port}/healthz", insecure), timeout_s,
+            port=self.controller_manager_port)
         tls = self.client_tls()
         wait_ready(handle, lambda: _get_ok(
             f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", tls), timeout_s)
@@ -325,7 +328,7 @@ class ControlPlane:
         insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; loopback only
         try:
             wait_ready(handle, lambda: _get_ok(f"https://{HOST}:{port}/readyz", insecure),
-                       timeout_s)
+                       timeout_s, port=port)
         except BaseException:
             handle.stop()
             raise
@@ -339,7 +342,7 @@ class ControlPlane:
             f"--server-address={HOST}:{self.kwok_port}",
         ], env={**os.environ, "HOME": str(self.work_dir)})
         wait_ready(handle, lambda: _get_ok(f"http://{HOST}:{self.kwok_port}/healthz", None),
-                   timeout_s)
+                   timeout_s, port=self.kwok_port)
 
     def close_client(self) -> None:
         """Close `kube()`'s client, if one was made (a later `kube()` makes a new one): when

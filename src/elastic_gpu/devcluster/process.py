@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_gpu.devcluster.errors import ComponentStartError
+from elastic_gpu.devcluster.ports import listener_is_ours
 
 STOP_GRACE_S = 5.0
 
@@ -161,9 +162,14 @@ def spawn(name: str, argv: Sequence[str], log_path: Path,
 
 
 def wait_ready(handle: ProcessHandle, check: Callable[[], bool], timeout_s: float,
-               interval_s: float = 0.1) -> None:
-    """Poll `check` until it is true; raise with the component's log if it dies or times out."""
+               interval_s: float = 0.1, *, port: int | None = None) -> None:
+    """Poll `check` until it is true; raise with the component's log if it dies or times out.
+
+    With `port` (the one `check` asks on), a passing check counts only once the socket
+    listening there is the component's own: another process that took the port first would
+    answer the probe while ours dies on "address already in use"."""
     deadline = time.monotonic() + timeout_s
+    stranger = False
     while True:
         if not handle.alive():
             raise ComponentStartError(handle.name,
@@ -171,10 +177,13 @@ def wait_ready(handle: ProcessHandle, check: Callable[[], bool], timeout_s: floa
                                       str(handle.log_path), handle.log_tail())
         try:
             if check():
-                return
+                stranger = port is not None and listener_is_ours(handle.pid, port) is False
+                if not stranger:
+                    return
         except OSError:
             pass  # not listening yet
         if time.monotonic() > deadline:
-            raise ComponentStartError(handle.name, f"not ready after {timeout_s:.0f} s",
-                                      str(handle.log_path), handle.log_tail())
+            why = (f"not ready after {timeout_s:.0f} s"
+                   + (f" (another process answers on its port {port})" if stranger else ""))
+            raise ComponentStartError(handle.name, why, str(handle.log_path), handle.log_tail())
         time.sleep(interval_s)

@@ -222,9 +222,11 @@ def _spawn_component(sandbox: Sandbox, spec: ComponentSpec) -> ProcessHandle:
 
 
 def _wait_component(sandbox: Sandbox, handle: ProcessHandle, timeout_s: float) -> None:
-    health = sandbox.components[handle.name].get("health")
+    component = sandbox.components[handle.name]
+    health = component.get("health")
     if health:
-        wait_ready(handle, lambda: _http_ok(str(health)), timeout_s)
+        wait_ready(handle, lambda: _http_ok(str(health)), timeout_s,
+                   port=int(component["port"]) or None)
 
 
 def _wait_knows_nodes(sandbox: Sandbox, specs: Sequence[ComponentSpec],

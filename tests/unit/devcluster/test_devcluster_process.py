@@ -7,7 +7,13 @@ import time
 import pytest
 
 from elastic_gpu.devcluster.errors import ComponentStartError, PortInUseError
-from elastic_gpu.devcluster.ports import free_ports, is_listening, port_is_free, require_free
+from elastic_gpu.devcluster.ports import (
+    free_ports,
+    is_listening,
+    listener_is_ours,
+    port_is_free,
+    require_free,
+)
 from elastic_gpu.devcluster.process import ProcessHandle, spawn, wait_ready
 
 
@@ -113,3 +119,61 @@ def test_control_plane_refuses_a_taken_port(tmp_path):
         with pytest.raises(PortInUseError, match=f"port {port} .*kube-apiserver"):
             plane.start()
     assert plane.processes == {}
+
+
+LISTENER = ("import socket, sys, time; s = socket.socket(); "
+            "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('up', flush=True); "
+            "time.sleep(600)")
+
+
+def test_a_listener_is_told_apart_by_its_session(tmp_path):
+    (port,) = free_ports(1)
+    child = spawn("listener", [sys.executable, "-c", LISTENER, str(port)], tmp_path / "l.log")
+    try:
+        wait_ready(child, lambda: is_listening(port), 10)
+        assert listener_is_ours(child.pid, port) is True
+        assert listener_is_ours(os.getsid(0), port) is False  # this test's session: not it
+        (idle,) = free_ports(1)
+        assert listener_is_ours(child.pid, idle) is False  # nothing listens there
+    finally:
+        child.stop()
+
+
+def test_no_tcp_tables_means_the_machine_cannot_tell(tmp_path):
+    (tmp_path / "net").mkdir()
+    assert listener_is_ours(1, 1234, proc=tmp_path) is None
+
+
+def test_a_probe_answered_by_another_process_is_not_readiness(tmp_path):
+    # another process holds the port; "our" component never gets it (it sleeps instead of
+    # dying, so the wait can only end by the deadline): the probe passes, readiness does not
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        ours = spawn("late", [sys.executable, "-c", "import time; time.sleep(600)"],
+                     tmp_path / "late.log")
+        try:
+            with pytest.raises(ComponentStartError, match=f"another process answers on its "
+                                                          f"port {port}"):
+                wait_ready(ours, lambda: is_listening(port), 1.0, port=port)
+            # without `port`, the same probe would have passed
+            wait_ready(ours, lambda: is_listening(port), 1.0)
+        finally:
+            ours.stop()
+
+
+def test_a_component_losing_its_port_is_reported_with_its_log(tmp_path):
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        ours = spawn("loser", [sys.executable, "-c", "import time; time.sleep(0.5); "
+                               + LISTENER.replace("print('up', flush=True); ", ""), str(port)],
+                     tmp_path / "loser.log")
+        try:
+            with pytest.raises(ComponentStartError, match="exited while starting") as err:
+                wait_ready(ours, lambda: is_listening(port), 30, port=port)
+            assert "Address already in use" in str(err.value)
+        finally:
+            ours.stop()
