@@ -125,6 +125,10 @@ def test_an_elasticgpu_and_a_pod_annotated_on_the_same_cards_are_both_counted() 
     squatter["spec"]["nodeName"] = "n1"
     state.observe_pod(squatter)
     assert used(state, "n1") == 1000 and "uid-sq" in state.conflicts()
+    # the ElasticGPU goes: the pod is counted at once, not at the next inventory change
+    Feeds(state).egpus_event("DELETED", elasticgpu_object("e1", "n1", [share("n1", 0, 1000)]))
+    assert used(state, "n1") == 500 and not state.conflicts()
+    assert state.holds()["uid-sq"].node == "n1"
 
 
 def consuming_pod(name: str, egpu: str, shares: tuple[CardShare, ...],

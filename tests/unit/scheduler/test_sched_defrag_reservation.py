@@ -180,3 +180,69 @@ def test_a_mig_reservation_keeps_its_instances_for_the_pending_pod() -> None:
     # past the expiry nothing changes for a bound pod: its assignment holds the instances
     wall.now = WALL + 600
     assert state.filter(req(moved), "uid-moved", ["n1"]).feasible == []
+
+
+def bound(pod: dict[str, Any], assignment: Assignment) -> dict[str, Any]:
+    out = with_binding(pod, assignment.node, assignment)
+    out["metadata"]["resourceVersion"] = "3"
+    return out
+
+
+def test_a_mig_reservation_written_before_the_move_keeps_the_free_instance_at_once() -> None:
+    # the controller's order: the reservation first, while `m` still holds one of the two
+    # instances, then the eviction. m's replacement is created at the eviction, before m is
+    # gone: n1's free instance must already be pair's (the CI run where it was not left
+    # `pair` Pending: the replacement took it)
+    wall = Clock(WALL)
+    state = SchedulerState(SchedulerConfig(), wall_clock=wall)
+    shares = tuple(CardShare(0, "GPU-n1-0", 0, 40960, "3g.40gb", f"MIG-n1-{k}") for k in (0, 1))
+    m = bound(mig_pod("m", 1), Assignment("n1", {"main": (shares[0],)}))
+    pair = mig_pod("pair", 2)
+    pair["metadata"]["annotations"] = {ann.DEFRAG_RESERVATION: DefragReservation(
+        Assignment("n1", {"main": shares}), WALL + 120).to_json()}
+    pair["metadata"]["resourceVersion"] = "5"
+    state = ready_state([mig_node("n1"), mig_node("n2")], state, [m, pair])
+    moved = mig_pod("moved", 1)
+    assert state.filter(req(moved), "uid-moved", ["n1", "n2"]).feasible == ["n2"]
+    assert state.holds()["uid-pair"] == Assignment("n1", {"main": (shares[1],)})
+    assert "uid-pair" in state.conflicts()  # the rest is still m's
+    assert state.filter(req(pair), "uid-pair", ["n1"]).feasible == []  # not yet: m is there
+    # m goes: the whole reservation holds at once (no inventory change needed), and pair fits
+    state.forget_pod("uid-m")
+    assert state.holds()["uid-pair"] == Assignment("n1", {"main": shares})
+    assert not state.conflicts()
+    assert state.filter(req(moved), "uid-moved", ["n1", "n2"]).feasible == ["n2"]
+    assert state.filter(req(pair), "uid-pair", ["n1"]).feasible == ["n1"]
+    _, assignment = state.reserve(req(pair), "uid-pair", "n1")
+    assert sorted(s.mig_uuid or "" for s in assignment.shares()) == ["MIG-n1-0", "MIG-n1-1"]
+
+
+def test_a_share_reservation_keeps_the_free_part_of_its_card_and_grows_as_the_moved_go() -> None:
+    a = bound(share_pod("a", 30), Assignment("n1", {"main": (CardShare(0, "GPU-n1-0", 300, 0),)}))
+    b = bound(share_pod("b", 30), Assignment("n1", {"main": (CardShare(0, "GPU-n1-0", 300, 0),)}))
+    wall = Clock(WALL)
+    state = SchedulerState(SchedulerConfig(), wall_clock=wall)
+    whole = reserved(share_pod("whole", 80), "n1", 800, WALL + 120)
+    state = ready_state([gpu_node("n1"), gpu_node("n2")], state, [a, b, whole])
+    # a and b still there: the 40 % left is whole's, a 30 % replacement goes elsewhere
+    assert state.holds()["uid-whole"].containers["main"][0].milli == 400
+    assert state.filter(req(share_pod("a2", 30)), "uid-a2", ["n1", "n2"]).feasible == ["n2"]
+    state.forget_pod("uid-a")
+    assert state.holds()["uid-whole"].containers["main"][0].milli == 700
+    state.forget_pod("uid-b")
+    assert state.holds()["uid-whole"].containers["main"][0].milli == 800
+    assert not state.conflicts()
+    assert state.filter(req(share_pod("a2", 30)), "uid-a2", ["n1", "n2"]).feasible == ["n2"]
+    assert state.filter(req(share_pod("small", 20)), "uid-small", ["n1"]).feasible == ["n1"]
+    assert state.filter(req(whole), "uid-whole", ["n1"]).feasible == ["n1"]
+
+
+def test_a_partial_reservation_wakes_its_pod_when_its_node_frees() -> None:
+    wall = Clock(WALL)
+    state = SchedulerState(SchedulerConfig(), wall_clock=wall)
+    a = bound(share_pod("a", 30), Assignment("n1", {"main": (CardShare(0, "GPU-n1-0", 300, 0),)}))
+    whole = reserved(share_pod("whole", 80), "n1", 800, WALL + 120)
+    state = ready_state([gpu_node("n1")], state, [a, whole])
+    assert state.filter(req(whole), "uid-whole", ["n1"]).feasible == []  # turned away: waits
+    state.forget_pod("uid-a")
+    assert [(w.name, w.node) for w in state.wakeups()] == [("whole", "n1")]

@@ -277,6 +277,12 @@ class Engine:
         self._apply(pod_key, entry, +1)
         self._ledger[pod_key] = entry
 
+    def holdable_part(self, pod_key: str, assignment: Assignment) -> Assignment | None:
+        """What of `assignment` `pod_key` could hold now (`ledger.holdable`); allocating it
+        then succeeds unless the key holds something else meanwhile."""
+        self._refresh()
+        return ledger.holdable(self._layout, pod_key, assignment)
+
     def release(self, pod_key: str) -> Assignment | None:
         self._refresh()
         entry = self._ledger.pop(pod_key, None)

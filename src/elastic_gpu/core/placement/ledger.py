@@ -9,9 +9,9 @@ survives a change of the nodes on the cards that still exist.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from elastic_gpu.core.assignment import Assignment
+from elastic_gpu.core.assignment import Assignment, CardShare
 from elastic_gpu.core.fit import FitFailure, FitKind, Unit, Unschedulable
 from elastic_gpu.core.placement.layout import Layout
 from elastic_gpu.core.resources import MILLI_PER_CARD
@@ -132,6 +132,58 @@ def check(lay: Layout, pod_key: str, entry: Entry) -> None:
                 FitKind.CARD_MEMORY, "", add_mem[col],
                 int(card.memory_mib - lay.used_mem[row, col]), card.memory_mib, Unit.MIB,
                 card=card.index), node)
+
+
+def holdable(lay: Layout, pod_key: str, assignment: Assignment) -> Assignment | None:
+    """The part of `assignment` that `pod_key` could hold now, by `check`'s rules: each MIG
+    instance no other key holds; of each share of a card's compute and memory as much as the
+    card has left after the shares before it (both, or nothing of the share); a share of
+    time-sliced replica slots whole or not at all. None when no part is (or the node or its
+    cards are unknown). Host CPU and memory are no part of it. For a reservation made while
+    the pods it moves still hold some of its cards: it keeps the rest meanwhile."""
+    row = lay.row_of.get(assignment.node)
+    if row is None:
+        return None
+    r = lay.rows[row]
+    add_milli: Counter[int] = Counter()
+    add_mem: Counter[int] = Counter()
+    add_rep: Counter[int] = Counter()
+    kept: dict[str, tuple[CardShare, ...]] = {}
+    for container, shares in assignment.containers.items():
+        out: list[CardShare] = []
+        for share in shares:
+            col = r.column.get(share.index)
+            if col is None:
+                continue
+            card = r.cards[col]
+            if share.mig_uuid is not None:
+                owner = r.mig_owner.get(share.mig_uuid)
+                if any(m.uuid == share.mig_uuid for m in card.mig) and owner in (None, pod_key):
+                    out.append(share)
+                continue
+            if card.mig_enabled:
+                continue
+            if share.replicas and lay.used_rep[row, col] + add_rep[col] + share.replicas \
+                    > lay.replica_slots(row, col):
+                continue
+            milli_left = int(card.compute_milli - lay.used_milli[row, col]) - add_milli[col]
+            mem_left = int(card.memory_mib - lay.used_mem[row, col]) - add_mem[col]
+            milli, mem = min(share.milli, milli_left), min(share.memory_mib, mem_left)
+            if share.replicas and (milli, mem) != (share.milli, share.memory_mib):
+                continue  # a replica slot is its card's fixed slice: whole or not at all
+            if (share.milli and milli <= 0) or (share.memory_mib and mem <= 0) \
+                    or (milli <= 0 and mem <= 0):
+                continue
+            add_milli[col] += milli
+            add_mem[col] += mem
+            add_rep[col] += share.replicas
+            out.append(replace(share, milli=max(milli, 0), memory_mib=max(mem, 0)))
+        if out:
+            kept[container] = tuple(out)
+    if not kept:
+        return None
+    return Assignment(assignment.node, kept,
+                      {c: e for c, e in assignment.claims.items() if c in kept})
 
 
 def replay(lay: Layout, ledger: dict[str, Entry]) -> None:
