@@ -334,6 +334,7 @@ class MigApplier:
                              holders_of(card.uuid, held), Fence(since), self.clock(),
                              card.mig_mode)
             reason = ""
+            tell: str | None = None  # a new pending reset, told once its status is written
             if card.uuid in self._pending_reset and not isinstance(step, PendingReset):
                 # the operator reset it: publish anew (a new set: the metrics read it unlocked)
                 self._pending_reset = self._pending_reset - {card.uuid}
@@ -342,7 +343,7 @@ class MigApplier:
                 reason = step.reason
                 if isinstance(step, PendingReset) and card.uuid not in self._pending_reset:
                     self._pending_reset = self._pending_reset | {card.uuid}
-                    self._tell_pending(layout, card, step.reason)
+                    tell = step.reason
             elif isinstance(step, FenceCard):
                 self._fence(card, fence_reason(layout))
                 self.fences[card.uuid] = self.clock()
@@ -367,6 +368,8 @@ class MigApplier:
             if last:
                 self._publish_round(changed)
             self._status(layout, phase, reason, card.mig)
+            if tell is not None:  # after the status: who reads the Event finds it PendingReset
+                self._tell_pending(layout, card, tell)
             self.after_step(step)
             if last:
                 return phase

@@ -7,6 +7,7 @@ the mode on first, under the same rule."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -149,7 +150,13 @@ def test_a_pending_reset_tells_the_operator_once_and_the_gauge_holds_while_it_wa
     gpus[0].reset_needed = True
     api, applier = setup(monkeypatch, clock, gpus)
     told: list[tuple[dict[str, Any], str, str]] = []
-    applier.warn = lambda obj, reason, message: told.append((dict(obj), reason, message))
+    phase_when_told: list[str] = []
+
+    def warn(obj: Mapping[str, Any], reason: str, message: str) -> None:
+        told.append((dict(obj), reason, message))
+        phase_when_told.append(status(api, "GPU-aaaa")["phase"])
+
+    applier.warn = warn
     registry = CollectorRegistry()
     registry.register(MigPendingResetCollector(
         NODE, lambda: [device(api, 0), device(api, 1)], applier.pending_reset))
@@ -166,6 +173,8 @@ def test_a_pending_reset_tells_the_operator_once_and_the_gauge_holds_while_it_wa
     for _ in range(3):  # every round reads the mode again; the operator is told once
         assert applier.round() == {"GPU-aaaa": "PendingReset"}
     assert len(told) == 1
+    # the status is written first: who reads the Event finds the MigLayout PendingReset
+    assert phase_when_told == ["PendingReset"]
     obj, reason, message = told[0]
     assert reason == "MigPendingReset"
     assert obj["kind"] == "MigLayout" and obj["metadata"]["name"] == ml.object_name(NODE,
