@@ -25,6 +25,7 @@ from elastic_gpu.core.defrag import reservation as defrag_reservation
 from elastic_gpu.core.placement import Unschedulable
 from elastic_gpu.core.request import PodRequest
 from elastic_gpu.scheduler.slim import TERMINAL_PHASES
+from elastic_gpu.scheduler.state.conflicts import Conflicts
 from elastic_gpu.scheduler.state.handle import EGPU_KEY, StateHandle
 from elastic_gpu.scheduler.state.records import PodInfo, Reservation
 
@@ -33,8 +34,6 @@ log = logging.getLogger(__name__)
 #: UIDs of deleted pods (and ElasticGPUs) remembered, so that a bind settling after the
 #: deletion was seen does not bring the pod (and its cards) back; UIDs are never reused.
 MAX_GONE = 10_000
-#: passes of `Ledger._retry_conflicts_on` over nodes freed while it counts again
-MAX_RETRY_PASSES = 8
 
 
 class Waiters(Protocol):
@@ -85,13 +84,8 @@ class Ledger:
         #: reader of them (`egpu_holds`, on every scrape) is not a walk of every pod's hold
         self._egpu_holds: dict[str, Assignment] = {}
         self._node_pods: dict[str, set[str]] = {}  # node -> uids holding cards there
-        self._conflicts: dict[str, str] = {}  # uid -> why its annotation could not be counted
-        #: node -> the keys in `_conflicts` whose cards are there: counted again as soon as
-        #: a hold there shrinks or goes (`_retry_conflicts_on`), not only at the next flush
-        self._conflicts_on: dict[str, set[str]] = {}
-        self._conflict_node: dict[str, str] = {}  # uid -> its node in `_conflicts_on`
-        self._retrying = False
-        self._retry_nodes: set[str] = set()
+        #: what could not be counted, counted again as soon as its node's holds shrink
+        self._conflicts = Conflicts()
         #: uid -> expiry (wall clock) of the defragmentation reservation it holds (a pending
         #: pod: its `_holds` entry is the reservation's cards)
         self._reserved_until: dict[str, float] = {}
@@ -176,12 +170,12 @@ class Ledger:
             self._h.engine.release(uid)
             self._node_pods.get(old.node, set()).discard(uid)
             self._waiters.mark_freed(old.node)
-        self._clear_conflict(uid)
+        self._conflicts.clear(uid)
         if assignment is not None:
             self._count(uid, assignment)
         if old is not None and self._holds.get(uid) != old:
             # capacity on old's node may have freed: what could not be counted there may be
-            self._retry_conflicts_on(old.node)
+            self._conflicts.retry_on(old.node, self.sync)
 
     def _count(self, uid: str, assignment: Assignment) -> None:
         """Allocate `assignment` under `uid` (which holds nothing now), or remember why not."""
@@ -189,7 +183,7 @@ class Ledger:
             # The node's inventory changed and is not in the engine yet (at start and after a
             # relist, every node): counting now would fail or count against the old cards, and
             # the flush counts it (it syncs every conflict, and a fresh engine every pod).
-            self._set_conflict(uid, assignment.node, "its node's inventory is not counted yet")
+            self._conflicts.set(uid, assignment.node, "its node's inventory is not counted yet")
             return
         engine = self._h.engine
         try:
@@ -198,14 +192,14 @@ class Ledger:
             # An annotation the inventory cannot hold (card gone, node unknown, over capacity):
             # remember it and count it as soon as the inventory allows.
             reason = getattr(err, "reason", str(err))
-            self._set_conflict(uid, assignment.node, reason)
+            self._conflicts.set(uid, assignment.node, reason)
             part = engine.holdable_part(uid, assignment) \
                 if uid in self._reserved_until and isinstance(err, Unschedulable) else None
             if part is not None:
                 # A defragmentation reservation is written before the pods it moves are
                 # evicted, so some of its cards are still theirs: it holds the rest now (a
                 # moved pod's replacement must not take a free part of them) and grows as
-                # they go (`_retry_conflicts_on`).
+                # they go (`Conflicts.retry_on`).
                 engine.allocate(uid, part)
                 self._put_hold(uid, part)
                 self._node_pods.setdefault(part.node, set()).add(uid)
@@ -217,48 +211,6 @@ class Ledger:
             return
         self._put_hold(uid, assignment)
         self._node_pods.setdefault(assignment.node, set()).add(uid)
-
-    def _set_conflict(self, uid: str, node: str, reason: str) -> None:
-        self._clear_conflict(uid)
-        self._conflicts[uid] = reason
-        self._conflicts_on.setdefault(node, set()).add(uid)
-        self._conflict_node[uid] = node
-
-    def _clear_conflict(self, uid: str) -> None:
-        self._conflicts.pop(uid, None)
-        node = self._conflict_node.pop(uid, None)
-        if node is None:
-            return
-        keys = self._conflicts_on[node]
-        keys.discard(uid)
-        if not keys:
-            del self._conflicts_on[node]
-
-    def _retry_conflicts_on(self, node: str) -> None:
-        """A hold on `node` shrank or went: count again what could not be counted there (a
-        defragmentation reservation whose moved pods just left, a pod whose cards another
-        held). ElasticGPUs first, as `retry_conflicts`. A retry that frees more (a partial
-        reservation counted again) adds its node to the same pass, never recursing; a bound
-        on the passes keeps a pathological cycle from spinning."""
-        if self._retrying:
-            self._retry_nodes.add(node)
-            return
-        self._retrying = True
-        try:
-            pending = {node}
-            for _ in range(MAX_RETRY_PASSES):
-                for name in sorted(pending):
-                    keys = sorted(self._conflicts_on.get(name, ()),
-                                  key=lambda key: (not key.startswith(EGPU_KEY), key))
-                    for key in keys:
-                        if key in self._conflicts:
-                            self.sync(key)
-                pending, self._retry_nodes = self._retry_nodes, set()
-                if not pending:
-                    break
-        finally:
-            self._retrying = False
-            self._retry_nodes.clear()
 
     def _note_distrust(self, uid: str) -> None:
         """Remember (and log once) a live pod whose assignment the Binding did not write."""
@@ -309,7 +261,7 @@ class Ledger:
 
     def retry_conflicts(self) -> None:
         # ElasticGPUs first: where one and a pod claim the same card, the bound claim wins
-        for uid in sorted(self._conflicts, key=lambda key: not key.startswith(EGPU_KEY)):
+        for uid in self._conflicts.every():
             self.sync(uid)
 
     # ---- pods from the API --------------------------------------------------------------------
@@ -613,7 +565,7 @@ class Ledger:
 
     def conflicts(self) -> dict[str, str]:
         """uid -> why what it should hold is not (or, a reservation, not all) counted."""
-        return dict(self._conflicts)
+        return dict(self._conflicts.reasons)
 
     def distrusted(self) -> dict[str, str]:
         """uid -> why the live pod's assignment annotation is not counted."""
