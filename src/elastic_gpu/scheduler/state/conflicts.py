@@ -58,6 +58,8 @@ class Conflicts:
         """A hold on `node` shrank or went: `count_again` each key there. A key counted again
         that frees more (a partly held reservation counted anew) adds its node to the same
         round instead of recursing; the passes are bounded so a cycle cannot spin."""
+        if node not in self._on:
+            return  # nothing waits there (nearly always: one lookup per hold released)
         if self._retrying:
             self._freed.add(node)
             return
