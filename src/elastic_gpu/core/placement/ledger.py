@@ -136,11 +136,12 @@ def check(lay: Layout, pod_key: str, entry: Entry) -> None:
 
 def holdable(lay: Layout, pod_key: str, assignment: Assignment) -> Assignment | None:
     """The part of `assignment` that `pod_key` could hold now, by `check`'s rules: each MIG
-    instance no other key holds; of each share of a card's compute and memory as much as the
-    card has left after the shares before it (both, or nothing of the share); a share of
-    time-sliced replica slots whole or not at all. None when no part is (or the node or its
-    cards are unknown). Host CPU and memory are no part of it. For a reservation made while
-    the pods it moves still hold some of its cards: it keeps the rest meanwhile."""
+    instance no other key holds; of each share of a card's compute and memory as much of each
+    as the card has left after the shares before it (a share left with none of something it
+    asks is dropped); a share of time-sliced replica slots whole or not at all. None when no
+    part is (or the node or its cards are unknown). Host CPU and memory are no part of it. For
+    a reservation made while the pods it moves still hold some of its cards: it keeps the rest
+    meanwhile."""
     row = lay.row_of.get(assignment.node)
     if row is None:
         return None
