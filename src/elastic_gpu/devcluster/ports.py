@@ -20,7 +20,6 @@ log.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import socket
 from pathlib import Path
@@ -94,55 +93,3 @@ def require_free(port: int, what: str) -> None:
     if not port_is_free(port):
         raise PortInUseError(port, what)
 
-
-def _listening_inodes(port: int, tables: tuple[Path, ...]) -> set[str] | None:
-    """The socket inodes listening on `port` (any address) per the kernel's TCP tables; None
-    when no table could be read."""
-    inodes: set[str] = set()
-    read_any = False
-    for table in tables:
-        try:
-            rows = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        read_any = True
-        for row in rows:
-            fields = row.split()
-            # local address (hex ip:port), remote, state (0A is LISTEN), ..., inode (field 9)
-            if len(fields) > 9 and fields[3] == "0A" and \
-                    int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes if read_any else None
-
-
-def _session_sockets(session: int, proc: Path) -> set[str]:
-    """The socket inodes open in the processes of `session` (a component and its children:
-    each component is started in a session of its own)."""
-    held: set[str] = set()
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2:].split()[3]) != session:  # state ppid pgrp sid
-                continue
-            for fd in (entry / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    held.add(target[len("socket:["):-1])
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not ours to read
-    return held
-
-
-def listener_is_ours(session: int, port: int, proc: Path = Path("/proc")) -> bool | None:
-    """Whether the socket listening on `port` belongs to a process of `session`; None when
-    the machine cannot tell (no /proc). A component's readiness probe answered by some other
-    process on the same port (one that took the port between our choosing it and the
-    component's bind) must not count as the component being ready."""
-    inodes = _listening_inodes(port, (proc / "net" / "tcp", proc / "net" / "tcp6"))
-    if inodes is None:
-        return None
-    if not inodes:
-        return False
-    return bool(inodes & _session_sockets(session, proc))

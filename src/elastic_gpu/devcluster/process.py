@@ -21,20 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from elastic_gpu.devcluster.errors import ComponentStartError
-from elastic_gpu.devcluster.ports import listener_is_ours
+from elastic_gpu.devcluster.procfs import PROC, listener_is_ours, stat_fields
 
 STOP_GRACE_S = 5.0
 
 
 def _proc_start_ticks(pid: int) -> int | None:
     """Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] == "Z":  # a zombie has finished; only its exit status remains
+    fields = stat_fields(PROC / str(pid))
+    if fields is None or fields[0] == "Z":  # a zombie has finished; only its exit status remains
         return None
     return int(fields[19])
 
@@ -115,15 +110,11 @@ class ProcessHandle:
 
 def _group_members(pgid: int) -> list[int]:
     members = []
-    for entry in Path("/proc").iterdir():
+    for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        fields = stat_fields(entry)
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             members.append(int(entry.name))
     return members
 

@@ -47,6 +47,7 @@ from elastic_gpu.devcluster.nodes import (
 )
 from elastic_gpu.devcluster.ports import free_ports
 from elastic_gpu.devcluster.process import ProcessHandle, wait_ready
+from elastic_gpu.devcluster.procfs import PROC, stat_fields
 from elastic_gpu.kube.resources import NODES
 from elastic_gpu.kube.sync import SyncKubeClient
 from elastic_gpu.scheduler.schedconfig import ignores_quota_names
@@ -458,11 +459,10 @@ def _ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
         pids.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
+        fields = stat_fields(PROC / str(pid))
+        if fields is None:
             break
-        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+        pid = int(fields[1])
     return pids
 
 
@@ -474,15 +474,15 @@ def processes_using(state_dir: Path) -> dict[int, str]:
     marker = f"{MARKER_ENV}={state_dir}".encode()
     skip = _ancestors()
     found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
+    for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) in skip:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
-            stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if stat[stat.rindex(")") + 2:].startswith("Z"):
+        fields = stat_fields(entry)
+        if fields is None or fields[0] == "Z":
             continue
         ours = inside in cmdline
         if not ours:

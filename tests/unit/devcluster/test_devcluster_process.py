@@ -7,14 +7,9 @@ import time
 import pytest
 
 from elastic_gpu.devcluster.errors import ComponentStartError, PortInUseError
-from elastic_gpu.devcluster.ports import (
-    free_ports,
-    is_listening,
-    listener_is_ours,
-    port_is_free,
-    require_free,
-)
+from elastic_gpu.devcluster.ports import free_ports, is_listening, port_is_free, require_free
 from elastic_gpu.devcluster.process import ProcessHandle, spawn, wait_ready
+from elastic_gpu.devcluster.procfs import listener_is_ours
 
 
 def _pid_alive(pid: int) -> bool:

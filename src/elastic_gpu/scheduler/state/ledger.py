@@ -155,20 +155,23 @@ class Ledger:
 
     def _put_hold(self, key: str, assignment: Assignment) -> None:
         self._holds[key] = assignment
+        self._node_pods.setdefault(assignment.node, set()).add(key)
         if key.startswith(EGPU_KEY):
             self._egpu_holds[key[len(EGPU_KEY):]] = assignment
 
     def _drop_hold(self, key: str) -> Assignment | None:
         if key.startswith(EGPU_KEY):
             self._egpu_holds.pop(key[len(EGPU_KEY):], None)
-        return self._holds.pop(key, None)
+        old = self._holds.pop(key, None)
+        if old is not None:
+            self._node_pods.get(old.node, set()).discard(key)
+        return old
 
     def set_hold(self, uid: str, assignment: Assignment | None) -> None:
         self._h.bump()
         old = self._drop_hold(uid)
         if old is not None:
             self._h.engine.release(uid)
-            self._node_pods.get(old.node, set()).discard(uid)
             self._waiters.mark_freed(old.node)
         self._conflicts.clear(uid)
         if assignment is not None:
@@ -185,32 +188,34 @@ class Ledger:
             # the flush counts it (it syncs every conflict, and a fresh engine every pod).
             self._conflicts.set(uid, assignment.node, "its node's inventory is not counted yet")
             return
-        engine = self._h.engine
         try:
-            engine.allocate(uid, assignment)
+            self._h.engine.allocate(uid, assignment)
         except (Unschedulable, KeyError, ValueError) as err:
             # An annotation the inventory cannot hold (card gone, node unknown, over capacity):
             # remember it and count it as soon as the inventory allows.
             reason = getattr(err, "reason", str(err))
             self._conflicts.set(uid, assignment.node, reason)
-            part = engine.holdable_part(uid, assignment) \
-                if uid in self._reserved_until and isinstance(err, Unschedulable) else None
-            if part is not None:
-                # A defragmentation reservation is written before the pods it moves are
-                # evicted, so some of its cards are still theirs: it holds the rest now (a
-                # moved pod's replacement must not take a free part of them) and grows as
-                # they go (`Conflicts.retry_on`).
-                engine.allocate(uid, part)
-                self._put_hold(uid, part)
-                self._node_pods.setdefault(part.node, set()).add(uid)
-                return
-            # Before every cache has listed, pods often arrive before their node's cards.
-            log.log(logging.WARNING if self._h.ready else logging.DEBUG,
-                    "pod uid %s: assignment on %s cannot be counted yet: %s",
-                    uid, assignment.node, reason)
+            if not (uid in self._reserved_until and isinstance(err, Unschedulable)
+                    and self._hold_part(uid, assignment)):
+                # Before every cache has listed, pods often arrive before their node's cards.
+                log.log(logging.WARNING if self._h.ready else logging.DEBUG,
+                        "pod uid %s: assignment on %s cannot be counted yet: %s",
+                        uid, assignment.node, reason)
             return
         self._put_hold(uid, assignment)
-        self._node_pods.setdefault(assignment.node, set()).add(uid)
+
+    def _hold_part(self, uid: str, reservation: Assignment) -> bool:
+        """Hold the part of a defragmentation reservation nobody holds (docs/defrag.md, "The
+        reservation": its moved pods still hold the rest); whether any part is held."""
+        part = self._h.engine.holdable_part(uid, reservation)
+        if part is None:
+            return False
+        try:
+            self._h.engine.allocate(uid, part)
+        except (Unschedulable, KeyError, ValueError):
+            return False
+        self._put_hold(uid, part)
+        return True
 
     def _note_distrust(self, uid: str) -> None:
         """Remember (and log once) a live pod whose assignment the Binding did not write."""
@@ -429,7 +434,6 @@ class Ledger:
         self._h.engine.rekey(self._reservation_key(uid, token), uid)
         del reservations[token]
         self._put_hold(uid, held)
-        self._node_pods.setdefault(held.node, set()).add(uid)
         self._usage.hand_host_to_pod(uid, token)
 
     @contextmanager
@@ -574,11 +578,9 @@ class Ledger:
 
     def pod_shares(self) -> Iterator[tuple[str, str, Assignment]]:
         """(namespace, pod name, the cards it holds) of every pod whose assignment the ledger
-        holds (reservations of binds in flight are not listed; ElasticGPUs' holds are
-        `egpu_holds`). The holds are copied under the lock at the call (one dict copy, at C
-        speed: a list made per pod took ~64 ms of the event loop at 15,000 nodes of eight
-        pods); each pod's name is read when it is reached, and a pod deleted by then is left
-        out."""
+        holds (not binds in flight; ElasticGPUs' are `egpu_holds`): the holds copied under the
+        lock at the call (one dict copy: docs/scheduler.md, "two reads for the metrics page"),
+        each pod's name read when reached (a pod deleted by then is left out)."""
         with self._h.lock:
             holds = dict(self._holds)
         return self._named(holds)
