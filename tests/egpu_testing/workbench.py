@@ -305,9 +305,9 @@ def start_gpu_cluster(work_dir: Path, nodes: int, prefix: str) -> tuple[Any, Any
 
 
 class ServedExtender:
-    """An `Extender`'s aiohttp app on a loopback port, served by a background thread (a real
-    server and event loop, and the connection gate `egpu scheduler` serves behind; the test
-    talks HTTP to it from its own thread)."""
+    """An `Extender` on a loopback port, served by a background thread as `egpu scheduler`
+    serves it (a real server and event loop, the connection gate and its protocol servers);
+    the test talks HTTP to it from its own thread."""
 
     def __init__(self, extender: Any, tls: Any = None) -> None:
         import asyncio
@@ -323,10 +323,11 @@ class ServedExtender:
 
         from elastic_gpu.runtime.http_connections import ConnectionGate, GatedSite, gated_app
 
-        #: the connections, held as `egpu scheduler` holds them (its config's limits); HTTP/2
-        #: where a TLS client negotiates it (`tls` must offer it, as `scheduler.app.tls_context`)
+        #: the connections, held and served as `egpu scheduler` does (its config's limits, its
+        #: own HTTP/1.1 server); HTTP/2 where a TLS client negotiates it (`tls` must offer it,
+        #: as `scheduler.app.tls_context`)
         self.gate = ConnectionGate(extender.state.config.connection_limits)
-        self.gate.http2 = extender.http2()
+        self.gate.app = extender.http_app()
 
         async def start() -> None:
             self.runner = web.AppRunner(gated_app(extender.app(), self.gate))
@@ -365,6 +366,7 @@ class ServedExtender:
     def stop(self) -> None:
         import asyncio
 
+        self.loop.call_soon_threadsafe(self.gate.close_idle)  # as `egpu scheduler` stops
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)

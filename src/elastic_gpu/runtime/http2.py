@@ -9,7 +9,7 @@ long-lived connection.
 
 `Http2Server` is the protocol object of one such connection: frames in and out through the
 `h2` state machine (sans-IO), each request's body collected within the app's limit, answered
-by the app (`Http2App`) in a task of its own, the answer sent within the peer's flow-control
+by the app (`httpapp.HttpApp`) in a task of its own, the answer sent within the peer's flow-control
 windows. A request in progress marks the connection busy (the gate's timers leave it alone); a
 protocol error closes the connection (h2 sends GOAWAY first), never the server.
 """
@@ -19,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -30,65 +29,18 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from elastic_gpu.runtime.httpapp import Answer, BodyBudget, Busy, HttpApp
+
 log = logging.getLogger(__name__)
 
 #: Streams a client may have open at once. Go opens another connection past it (its
 #: transport does not wait for a stream by default); kube-scheduler's extender client has one
 #: scheduling cycle and its binds in flight.
 MAX_STREAMS = 128
-#: Bytes of request bodies buffered at once over every HTTP/2 connection of a server
-#: (`BodyBudget`): a stream that would go past it is refused (REFUSED_STREAM: the client may
-#: retry it). Four of the extender's largest requests (`maxRequestBytes`, 16 MiB by default).
-MAX_BUFFERED = 64 * 1024 * 1024
 #: Header block (decoded) a request may send: kube-scheduler sends a handful of headers.
 MAX_HEADER_LIST = 16 * 1024
 #: How long a closing connection may take to send its GOAWAY before it is aborted.
 GOAWAY_GRACE_S = 1.0
-
-#: (status, headers with lower-case names, body: bytes, or pieces sent one after another)
-Answer = tuple[int, Sequence[tuple[str, str]], bytes | list[bytes]]
-
-
-class Http2App(Protocol):
-    """What answers the requests of HTTP/2 connections."""
-
-    def body_limit(self, method: str, path: str) -> int:
-        """The most bytes of body a request to `path` may send (0: none)."""
-        ...
-
-    def too_large(self, method: str, path: str, size: int) -> Answer:
-        """The answer to a body past `body_limit` (it is not read further)."""
-        ...
-
-    async def respond(self, method: str, path: str, headers: dict[str, str],
-                      body: bytes) -> Answer: ...
-
-
-class Busy(Protocol):
-    """The gate's view of the connection: requests in progress (`http_connections`)."""
-
-    def request_started(self) -> None: ...
-
-    def request_finished(self) -> None: ...
-
-
-class BodyBudget:
-    """The bytes of request bodies a server's HTTP/2 connections may hold at once, together:
-    HTTP/1.1 reads a large body only in one of a few slots (`scheduler.http`), HTTP/2 receives
-    every stream's body as its frames come, so the bound is on what is buffered."""
-
-    def __init__(self, limit: int = MAX_BUFFERED) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, size: int) -> bool:
-        if self.held + size > self.limit:
-            return False
-        self.held += size
-        return True
-
-    def give(self, size: int) -> None:
-        self.held -= size
 
 
 @dataclass
@@ -108,7 +60,7 @@ class Http2Server:
     """One HTTP/2 connection (after TLS with ALPN `h2`): `asyncio.Protocol`'s methods, called
     by the gate's connection object."""
 
-    def __init__(self, app: Http2App, busy: Busy, budget: BodyBudget) -> None:
+    def __init__(self, app: HttpApp, busy: Busy, budget: BodyBudget) -> None:
         self._app = app
         self._busy = busy
         self._budget = budget

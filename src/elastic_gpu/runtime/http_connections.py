@@ -1,4 +1,4 @@
-"""Connection limits for the aiohttp servers (the extender, the webhook): `GatedSite`.
+"""Connection limits for the HTTP servers (the extender, the webhook): `GatedSite`.
 
 aiohttp closes a kept-alive connection after its keepalive_timeout, but it never closes one
 that has not sent a request yet, asyncio gives a TLS handshake 60 s, and nothing bounds how
@@ -7,7 +7,9 @@ accept loop and a `ConnectionGate` that holds every connection from accept:
 
 - each accepted socket is counted and timed at once, then handed to the loop
   (`connect_accepted_socket`, TLS included, the handshake bounded by the header timeout) with
-  the gate between the stream and aiohttp's handler; the gate keeps the socket, so a
+  the gate between the stream and the protocol that serves it: the gate's own servers for a
+  server with an app (`ConnectionGate.app`: `http1`, or `http2` where TLS negotiates it; the
+  extender), else aiohttp's handler (the webhook); the gate keeps the socket, so a
   connection still in its handshake can be closed too (`shutdown`);
 - a timer closes a connection that has no request in progress: `header_timeout_s` after
   accept, `idle_timeout_s` after each answer (a request in progress is never timed out here);
@@ -16,8 +18,10 @@ accept loop and a `ConnectionGate` that holds every connection from accept:
 - out of file descriptors (EMFILE), accepting pauses briefly and resumes: the server never
   fails for it.
 
-A request is "in progress" from its complete headers (an aiohttp middleware) to the return of
-its handler; a client that trickles its headers stays idle and meets the header timeout.
+A request is "in progress" from its complete headers (an aiohttp middleware, or the protocol
+server) to the return of its handler; a client that trickles its headers stays idle and meets
+the header timeout. On stop (`close_idle`) idle connections close at once and busy ones once
+their requests are answered.
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from elastic_gpu.core.connlimits import ConnectionLimits, effective_cap, make_room
-from elastic_gpu.runtime.http2 import BodyBudget, Http2App, Http2Server, negotiated_h2
+from elastic_gpu.runtime.http1 import Http1Server
+from elastic_gpu.runtime.http2 import Http2Server, negotiated_h2
+from elastic_gpu.runtime.httpapp import BodyBudget, HttpApp
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +56,15 @@ def fd_limit() -> int | None:
 
 class _Connection(asyncio.Protocol):
     """One accepted connection, counted by the gate from accept to close: the protocol the
-    stream (TLS or plain) delivers to, forwarding to aiohttp's handler."""
+    stream (TLS or plain) delivers to, forwarding to the protocol that serves it."""
 
-    def __init__(self, gate: ConnectionGate, handler: Any, sock: socket.socket) -> None:
+    def __init__(self, gate: ConnectionGate, handler_factory: Callable[[], Any],
+                 sock: socket.socket) -> None:
         self.gate = gate
-        self.handler = handler
+        #: what makes aiohttp's handler, for a server without an app of its own (`gate.app`)
+        self.handler_factory = handler_factory
+        #: the protocol serving the connection, chosen once the stream is up
+        self.handler: Any = None
         #: the accepted socket (the transport owns it once made; closed, its fileno is -1)
         self.sock = sock
         #: the stream's transport once up (asyncio's or uvloop's: typed loosely)
@@ -69,10 +79,15 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             transport.abort()  # type: ignore[attr-defined]
             return
-        if self.gate.http2 is not None and negotiated_h2(transport):
-            self.gate.forget_handler(self)
-            self.handler = Http2Server(self.gate.http2, self, self.gate.http2_budget)
-            self.gate.http2_count += 1
+        gate = self.gate
+        if gate.app is None:
+            self.handler = self.handler_factory()
+            gate.by_handler[id(self.handler)] = self  # the middleware's lookup
+        elif negotiated_h2(transport):
+            self.handler = Http2Server(gate.app, self, gate.body_budget)
+            gate.http2_count += 1
+        else:
+            self.handler = Http1Server(gate.app, self, gate.body_budget, gate.loop)
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -90,7 +105,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
-            if getattr(self.handler, "transport", None) is not None:
+            if self.handler is not None and getattr(self.handler, "transport", None) is not None:
                 self.handler.connection_lost(exc)
         finally:
             self.gone()
@@ -115,8 +130,21 @@ class _Connection(asyncio.Protocol):
 
     def request_finished(self) -> None:
         self.busy -= 1
-        if not self.busy and not self.closed:
+        if self.busy or self.closed:
+            return
+        if self.gate.draining:
+            self.close_answered()
+        else:
             self.arm(self.gate.limits.idle_timeout_s)
+
+    def close_answered(self) -> None:
+        """Close once the answers handed to the transport are sent (the server is stopping):
+        HTTP/2 says GOAWAY; an HTTP/1.1 transport sends what it holds, then closes; aiohttp's
+        connections are closed by its runner's cleanup."""
+        if isinstance(self.handler, Http2Server):
+            self.handler.goaway()
+        elif isinstance(self.handler, Http1Server) and not self.transport.is_closing():
+            self.transport.close()
 
     def close(self) -> None:
         """Close at once (an idle connection: nothing is lost). In its TLS handshake it has no
@@ -148,19 +176,23 @@ class ConnectionGate:
         self.limits = limits
         self.cap = effective_cap(limits.max_connections, fds if fds is not None else fd_limit())
         self._open: OrderedDict[_Connection, None] = OrderedDict()
-        self._by_handler: dict[int, _Connection] = {}
+        #: connections served by aiohttp's handler, by the handler (the middleware's lookup)
+        self.by_handler: dict[int, _Connection] = {}
+        #: the server is stopping: connections close once their requests are answered
+        self.draining = False
         #: connections accepted; closed for being idle too long, for room; refused at the cap
         self.accepted_count = 0
         self.timeouts = 0
         self.shed = 0
         self.refused = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: the app of connections that negotiate HTTP/2 (TLS with ALPN `h2`, which the server's
-        #: context must offer); None: HTTP/1.1 only
-        self.http2: Http2App | None = None
-        #: connections that negotiated HTTP/2, and the request bodies they may buffer at once
+        #: the app the gate's own protocol servers answer with: HTTP/1.1 (`http1`), and HTTP/2
+        #: where TLS with ALPN `h2` negotiates it (the server's context must offer it). None:
+        #: aiohttp's handler serves every connection, HTTP/1.1 only (the webhook)
+        self.app: HttpApp | None = None
+        #: connections that negotiated HTTP/2; the request bodies every connection may hold
         self.http2_count = 0
-        self.http2_budget = BodyBudget()
+        self.body_budget = BodyBudget()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -189,9 +221,8 @@ class ConnectionGate:
             self.refused += 1
             sock.close()
             return
-        connection = _Connection(self, handler_factory(), sock)
+        connection = _Connection(self, handler_factory, sock)
         self._open[connection] = None
-        self._by_handler[id(connection.handler)] = connection
         connection.arm(self.limits.header_timeout_s)
         self.loop.create_task(self._stream(connection, context))
 
@@ -207,15 +238,14 @@ class ConnectionGate:
 
     def forget(self, connection: _Connection) -> None:
         self._open.pop(connection, None)
-        self.forget_handler(connection)
-
-    def forget_handler(self, connection: _Connection) -> None:
-        """aiohttp's handler no longer serves the connection (gone, or HTTP/2 took over)."""
-        self._by_handler.pop(id(connection.handler), None)
+        if connection.handler is not None:
+            self.by_handler.pop(id(connection.handler), None)
 
     def close_idle(self) -> None:
-        """Close every connection with no request in progress (requests in progress finish:
-        the extender drains its binds; aiohttp's cleanup closes the rest)."""
+        """The server stops: close every connection with no request in progress, and each
+        of the others once its requests are answered (the extender drains its binds;
+        aiohttp's cleanup closes its own)."""
+        self.draining = True
         for connection in [c for c in self._open if not c.busy]:
             connection.close()
 
@@ -223,7 +253,7 @@ class ConnectionGate:
     async def middleware(self, request: web.Request,
                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                          ) -> web.StreamResponse:
-        connection = self._by_handler.get(id(request.protocol))
+        connection = self.by_handler.get(id(request.protocol))
         if connection is None:  # served without the gate (a test's own runner)
             return await handler(request)
         connection.request_started()
@@ -302,7 +332,7 @@ class GateCollector(Collector):
                                ("shed", gate.shed), ("refused", gate.refused)):
             outcomes.add_metric([outcome], value)
         yield outcomes
-        if gate.http2 is not None:  # a server that offers HTTP/2 (the extender over TLS)
+        if gate.app is not None:  # a server with its own protocols (the extender)
             yield CounterMetricFamily(
                 self._prefix + "connections_http2",
                 "HTTP connections that negotiated HTTP/2 (TLS with ALPN h2): each carries "

@@ -276,7 +276,7 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
     listener, let binds in progress finish (at most `options.drain_s`), close connections."""
     limits = extender.state.config.connection_limits
     gate = ConnectionGate(limits)
-    gate.http2 = extender.http2()  # used where a TLS client negotiates it
+    gate.app = extender.http_app()  # HTTP/1.1, and HTTP/2 where a TLS client negotiates it
     runner = web.AppRunner(gated_app(extender.app(), gate), access_log=None,
                            shutdown_timeout=options.drain_s, **runner_options(limits))
     await runner.setup()

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from elastic_gpu.scheduler.binder import Binder
 from elastic_gpu.scheduler.handle import ClaimApi, Handle, PodApi
-from elastic_gpu.scheduler.http import Handler, Http2Routes, HttpRoutes
+from elastic_gpu.scheduler.http import AppRoutes, Handler, HttpRoutes
 from elastic_gpu.scheduler.leadership import Role
 from elastic_gpu.scheduler.metrics import Metrics
 from elastic_gpu.scheduler.provisioner import Provisioner
@@ -69,9 +69,10 @@ class Extender:
     def app(self, prefix: str = "") -> web.Application:
         return self.routes.app(self._verbs(), prefix)
 
-    def http2(self, prefix: str = "") -> Http2Routes:
-        """The same routes for HTTP/2 connections (kube-scheduler's over TLS)."""
-        return self.routes.http2(self._verbs(), prefix)
+    def http_app(self, prefix: str = "") -> AppRoutes:
+        """The same routes for the gate's own protocol servers (HTTP/1.1, and HTTP/2 where
+        TLS negotiates it): what `egpu scheduler` serves."""
+        return self.routes.http_app(self._verbs(), prefix)
 
     async def drained(self, timeout_s: float) -> bool:
         """Wait until no bind is in progress (at most `timeout_s`); False if some still are."""

@@ -13,9 +13,11 @@ length) are read, decoded, planned and encoded in a worker thread, at most `HEAV
 time with `HEAVY_QUEUE` more waiting (then 429), so health checks, small filters and binds keep
 flowing on the event loop.
 
-Connections that negotiate HTTP/2 (kube-scheduler's over TLS, `runtime.http2`) are answered by
-`Http2Routes` with the same code: `HttpRoutes.answer` and `serve_body`, the body collected by
-the protocol within the same limits.
+`egpu scheduler` serves these routes through the gate's own protocol servers
+(`runtime.http1`, and `runtime.http2` where TLS negotiates it): `AppRoutes` is the routes as
+their `HttpApp`, answering with the same code (`HttpRoutes.answer` and `serve_body`, the body
+collected by the protocol within the same limits). The aiohttp app (`HttpRoutes.app`) serves
+the same routes to aiohttp's own runners (the health port, tests).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from elastic_gpu.runtime import http2
+from elastic_gpu.runtime import httpapp
 from elastic_gpu.runtime.metrics import PATH, page_response
 from elastic_gpu.scheduler import wire
 from elastic_gpu.scheduler.handle import (
@@ -251,9 +253,9 @@ class HttpRoutes:
         self._handle.metrics.bad_requests.labels(verb).inc()
         self._handle.metrics.requests.labels(verb, "bad_request").inc()
 
-    def http2(self, handlers: Mapping[str, Handler], prefix: str = "") -> Http2Routes:
-        """The same routes for connections that negotiate HTTP/2 (`runtime.http2`)."""
-        return Http2Routes(self, handlers, prefix)
+    def http_app(self, handlers: Mapping[str, Handler], prefix: str = "") -> AppRoutes:
+        """The same routes for the gate's own protocol servers (`runtime.httpapp.HttpApp`)."""
+        return AppRoutes(self, handlers, prefix)
 
     def app(self, handlers: Mapping[str, Handler], prefix: str = "") -> web.Application:
         """The application serving `handlers` (by verb) under `prefix`, health, readiness
@@ -267,9 +269,10 @@ class HttpRoutes:
         return app
 
 
-class Http2Routes:
-    """`HttpRoutes` for HTTP/2 connections (`runtime.http2.Http2App`): the verbs, health,
-    readiness and metrics, answered by the very code the HTTP/1.1 routes run."""
+class AppRoutes:
+    """`HttpRoutes` as the gate's protocol servers ask them (`runtime.httpapp.HttpApp`, over
+    HTTP/1.1 and HTTP/2): the verbs, health, readiness and metrics, answered by the very code
+    the aiohttp routes run."""
 
     def __init__(self, routes: HttpRoutes, handlers: Mapping[str, Handler], prefix: str) -> None:
         self._routes = routes
@@ -279,7 +282,7 @@ class Http2Routes:
         found = self._verbs.get(path)
         return self._routes.body_limit(found[0]) if found is not None and method == "POST" else 0
 
-    def too_large(self, method: str, path: str, size: int) -> http2.Answer:
+    def too_large(self, method: str, path: str, size: int) -> httpapp.Answer:
         found = self._verbs.get(path)
         if found is None and path not in _GETS:
             return _answer(web.Response(status=404, text="404: Not Found"))
@@ -291,7 +294,7 @@ class Http2Routes:
                                     " (the rest was not read)"}, status=413))
 
     async def respond(self, method: str, path: str, headers: dict[str, str],
-                      body: bytes) -> http2.Answer:
+                      body: bytes) -> httpapp.Answer:
         found = self._verbs.get(path)
         if found is not None:
             if method != "POST":
@@ -318,8 +321,8 @@ _NOT_H2 = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade",
                      "content-length"})
 
 
-def _answer(response: web.Response) -> http2.Answer:
-    """An aiohttp answer as HTTP/2 sends it."""
+def _answer(response: web.Response) -> httpapp.Answer:
+    """An aiohttp answer as the protocol servers send it (the framing is theirs)."""
     body = response.body
     assert isinstance(body, bytes | bytearray | None), type(body)  # our answers are bytes
     headers = [(name.lower(), value) for name, value in response.headers.items()

@@ -170,10 +170,10 @@ def test_without_client_certificate_no_http2_either(served: ServedExtender,
 
 def test_bodies_past_the_buffer_are_refused_for_retry(served: ServedExtender,
                                                        pki: TestPki) -> None:
-    """Bodies buffered at once are bounded over every HTTP/2 stream of the server
-    (`BodyBudget`): a stream that would pass the bound is reset REFUSED_STREAM (RFC 9113 8.7:
-    safe to retry), and the bytes of finished streams are given back."""
-    served.gate.http2_budget.limit = 1000
+    """Bodies buffered at once are bounded over every connection of the server
+    (`BodyBudget`, HTTP/1.1's too): a stream that would pass the bound is reset REFUSED_STREAM
+    (RFC 9113 8.7: safe to retry), and the bytes of finished streams are given back."""
+    served.gate.body_budget.limit = 1000
     client = H2Client(served.port, pki.client_context())
     held = client.send("POST", "/filter", b"x" * 800, end=False)  # buffered, not ended
     refused = client.send("POST", "/filter", filter_body(3))  # past 1,000 bytes with it
@@ -181,7 +181,7 @@ def test_bodies_past_the_buffer_are_refused_for_retry(served: ServedExtender,
     client.reset(held)  # its bytes are given back: the next one fits
     small = client.send("POST", "/bind", b"x" * 500)
     assert client.wait(small)[small].status == 400  # read whole, then refused as not JSON
-    assert served.gate.http2_budget.held == 0  # every stream finished
+    assert served.gate.body_budget.held == 0  # every stream finished
     client.close()
 
 
