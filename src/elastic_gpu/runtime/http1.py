@@ -12,7 +12,9 @@ answered by, so the routes, limits and outcomes are one code.
 What it speaks (RFC 9112), and what it refuses:
 
 - one request at a time per connection; requests sent ahead (pipelined) wait in the buffer,
-  reading pauses past `PIPELINE_BYTES`, and they are answered in order;
+  reading pauses past `PIPELINE_BYTES`, and they are answered in order, each once the
+  transport has taken the answers before it (a client that does not read its answers stops
+  getting them, and its connection is idle for the gate's timer);
 - a head (request line and header fields) of at most `MAX_HEAD` bytes, else 431; a request
   line other than `METHOD /target HTTP/1.x`, a header line without a name and colon, a folded
   line, or a NUL is 400; another HTTP version is 505;
@@ -50,7 +52,7 @@ log = logging.getLogger(__name__)
 #: Bytes a request's head may take (request line and header fields).
 MAX_HEAD = 16 * 1024
 #: Bytes of requests sent ahead of the one being answered, before reading pauses.
-PIPELINE_BYTES = 1024 * 1024
+PIPELINE_BYTES = 64 * 1024
 #: Bytes a chunk-size line may take (size and extensions).
 MAX_CHUNK_LINE = 1024
 #: How long a connection refused mid-request drops what the client still sends before closing.
@@ -358,13 +360,18 @@ class Http1Server:
     async def _send_then_finish(self, request: _Request, answer: Answer, linger: bool) -> None:
         keep = request.keep_alive and not self._eof
         try:
-            await self._send(answer, keep, head_only=request.method == "HEAD")
+            await self._send(request, answer, keep)
         finally:
             self._finish(request)  # the gate may close the connection here (a stopping server)
         if self._closed or self.transport.is_closing():
             return
         if not keep:
             self._close(linger)
+            return
+        # a client that does not read its answers gets no more of them: the next request
+        # waits until the transport takes more, the connection idle meanwhile
+        await self._reader_caught_up(None)
+        if self._closed or self.transport.is_closing():
             return
         self._answering = False
         self._task = None
@@ -374,7 +381,7 @@ class Http1Server:
         if self._buf:
             self._advance()  # requests the client sent ahead
 
-    async def _send(self, answer: Answer, keep: bool, head_only: bool) -> None:
+    async def _send(self, request: _Request, answer: Answer, keep: bool) -> None:
         status, headers, body = answer
         pieces = [body] if isinstance(body, bytes) else [piece for piece in body if piece]
         size = sum(len(piece) for piece in pieces)
@@ -388,7 +395,7 @@ class Http1Server:
         head = "".join(lines).encode("latin-1")
         if self._closed or self.transport is None:
             return
-        if head_only or not pieces:
+        if request.method == "HEAD" or not pieces:
             self.transport.write(head)
         elif len(pieces) == 1:
             self.transport.write(head + pieces[0])
@@ -398,10 +405,26 @@ class Http1Server:
                 if self._closed:
                     return
                 self.transport.write(piece)
-                while (self._can_send is not None and not self._can_send.is_set()
-                       and not self._closed):
-                    await self._can_send.wait()
+                await self._reader_caught_up(request)
                 await asyncio.sleep(0)  # other work between the pieces
+
+    async def _reader_caught_up(self, request: _Request | None) -> None:
+        """Wait while the transport holds as much as it may, the connection idle meanwhile
+        (`request`, in the middle of its answer, is in progress again after): a client that
+        stops reading meets the gate's idle timer, not a request that never ends."""
+        if self._can_send is None or self._can_send.is_set() or self._closed:
+            return
+        paused = request is not None and request.started
+        if paused:
+            assert request is not None
+            request.started = False
+            self._busy.request_finished()
+        while not self._can_send.is_set() and not self._closed:
+            await self._can_send.wait()
+        if paused and not self._closed and not self.transport.is_closing():
+            assert request is not None
+            request.started = True
+            self._busy.request_started()
 
     def _finish(self, request: _Request) -> None:
         """The request is over (answered, or its connection gone): once per request."""

@@ -302,3 +302,27 @@ def test_a_client_gone_mid_bind_loses_nothing_of_the_bind(served: ServedExtender
     page = served.get("/metrics")[1]
     assert metric_value(page, 'elasticgpu_scheduler_requests_total{verb="bind",'
                               'outcome="bound"}') == 2
+
+
+def test_a_client_that_does_not_read_gets_no_more_answers_and_meets_the_idle_timeout(
+        api: HeldApi) -> None:
+    server = ServedExtender(Extender(ready_state(NODES, SchedulerState(
+        SchedulerConfig(idleTimeoutSeconds=1))), api))
+    try:
+        routes = server.extender.routes
+        page = routes.page
+        pages: list[int] = []
+
+        async def counted(accept: str) -> Any:
+            pages.append(1)
+            return await page(accept)
+
+        routes.page = counted
+        wire = Wire(server.port)
+        wire.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)  # ~50 MB of answers
+        assert eventually(lambda: server.gate.timeouts == 1 and server.gate.open_count == 0)
+        # answered only while the client's socket and the transport took them in
+        assert 0 < len(pages) < 1000
+        wire.close()
+    finally:
+        server.stop()
