@@ -24,15 +24,22 @@ from elastic_gpu.kube.resources import GPUDEVICES, NODES
 pytestmark = pytest.mark.integration
 
 
+#: Labels kube-controller-manager's node lifecycle controller copies from the stable ones
+#: (`reconcileNodeLabels`), whenever it gets to the node: not the publishing's.
+CONTROLLER_LABELS = frozenset({"beta.kubernetes.io/arch", "beta.kubernetes.io/os"})
+
+
 def _published(plane: ControlPlane, name: str) -> dict[str, Any]:
     """What the node's publishing wrote, the node's name replaced by NODE and what the API
-    server or kwok fills in (uids, versions, timestamps, heartbeats, kwok's status) left out."""
+    server, kwok or kube-controller-manager fills in (uids, versions, timestamps, heartbeats,
+    kwok's status, the beta labels) left out."""
     kube = plane.kube()
     node = kube.get(NODES.path(name=name))
+    labels = {k: v for k, v in node["metadata"]["labels"].items() if k not in CONTROLLER_LABELS}
     devices, _ = kube.list(GPUDEVICES.path(), {"labelSelector": f"{NODE_LABEL}={name}"})
     uid = node["metadata"]["uid"]
     written = {
-        "node": {"labels": node["metadata"]["labels"],
+        "node": {"labels": labels,
                  "annotations": node["metadata"].get("annotations"),
                  "capacity": node["status"]["capacity"],
                  "allocatable": node["status"]["allocatable"]},
