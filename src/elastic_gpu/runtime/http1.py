@@ -3,11 +3,10 @@ clients that do not negotiate HTTP/2 (kube-scheduler over plain HTTP, probes, sc
 
 Why not aiohttp's handler: kube-scheduler sends two requests a pod (filter, bind) and, with
 binds in flight, opens a connection for most binds (Go keeps two idle HTTP/1.1 connections a
-host). aiohttp's handler cost the extender's process ~75-110 us of CPU a kept-alive request and
-~250-360 us a new connection (`bench/sched_http_cpu.py`), a fifth of what the extender spends a
-pod; this server answers the same requests with a fraction of that (docs/benchmarks.md, "The
-extender's own HTTP/1.1 server"). The app (`httpapp.HttpApp`) is the one HTTP/2 streams are
-answered by, so the routes, limits and outcomes are one code.
+host). aiohttp's handler cost the extender's process ~100 us of CPU a kept-alive request and
+~350 us a new connection (`bench/sched_http_cpu.py`); this server ~70 and ~210 us, side by side
+(docs/benchmarks.md, "The extender's own HTTP/1.1 server"). The app (`httpapp.HttpApp`) is the
+one HTTP/2 streams are answered by, so the routes, limits and outcomes are one code.
 
 What it speaks (RFC 9112), and what it refuses:
 
