@@ -159,8 +159,8 @@ class Http1Server:
         self._buf = bytearray()
         #: the request being read, then answered
         self._request: _Request | None = None
-        self._answering = False
-        #: the task answering the request (held: the loop keeps only a weak reference)
+        #: the task answering the request (held: the loop keeps only a weak reference); while
+        #: it runs, nothing more is read of the buffer
         self._task: asyncio.Task[None] | None = None
         self._reading_paused = False
         #: set while the transport takes more (cleared by `pause_writing`)
@@ -179,7 +179,7 @@ class Http1Server:
         if self._discard:
             return
         self._buf += data
-        if not self._answering:
+        if self._task is None:
             self._advance()
         elif len(self._buf) > PIPELINE_BYTES and not self._reading_paused:
             self._reading_paused = True
@@ -188,7 +188,7 @@ class Http1Server:
     def eof_received(self) -> bool | None:
         self._eof = True
         # a request being answered keeps the connection open for its answer; then it closes
-        return True if self._answering else None
+        return True if self._task is not None else None
 
     def pause_writing(self) -> None:
         if self._can_send is None:
@@ -206,14 +206,14 @@ class Http1Server:
         if self._can_send is not None:
             self._can_send.set()  # a sender wakes, sees the connection closed, and stops
         request = self._request
-        if request is not None and not self._answering:
+        if request is not None and self._task is None:
             self._finish(request)  # read in part: an answering task finishes its own
 
     # -- reading ---------------------------------------------------------------------------
     def _advance(self) -> None:
         """Read requests from the buffer until one is complete (then answer it) or more bytes
         are needed."""
-        while not self._answering and not self._closed:
+        while self._task is None and not self._closed:
             request = self._request
             if request is None:
                 request = self._next_head()
@@ -226,7 +226,6 @@ class Http1Server:
                 return
             if not complete:
                 return
-            self._answering = True
             self._task = self._loop.create_task(self._answer(request))
 
     def _next_head(self) -> _Request | None:
@@ -338,7 +337,6 @@ class Http1Server:
         request.keep_alive = False
         self._discard = True
         self._buf.clear()
-        self._answering = True
         self._task = self._loop.create_task(self._send_then_finish(request, answer, linger=True))
 
     # -- answers ---------------------------------------------------------------------------
@@ -372,7 +370,6 @@ class Http1Server:
         await self._reader_caught_up(None)
         if self._closed or self.transport.is_closing():
             return
-        self._answering = False
         self._task = None
         if self._reading_paused:
             self._reading_paused = False
