@@ -32,6 +32,7 @@ FLAG_KEYS = {
     "--cert-days": "certDays",
     "--rotation-check-seconds": "rotationCheckSeconds",
     "--header-timeout-seconds": "headerTimeoutSeconds",
+    "--body-timeout-seconds": "bodyTimeoutSeconds",
     "--idle-timeout-seconds": "idleTimeoutSeconds",
     "--max-connections": "maxConnections",
     "--over-budget-priority-class": "overBudgetPriorityClass",
@@ -92,6 +93,10 @@ def webhook(
     header_timeout_seconds: Annotated[float | None, typer.Option(help=_key(
         "--header-timeout-seconds", "a connection must finish its TLS handshake and send a "
         "request's headers within this (default 32, kube-apiserver's own)"))] = None,
+    body_timeout_seconds: Annotated[float | None, typer.Option(help=_key(
+        "--body-timeout-seconds", "a request's whole body must arrive within this of its "
+        "headers, or it is answered 408 and the connection closed (default 60, "
+        "kube-apiserver's request timeout)"))] = None,
     idle_timeout_seconds: Annotated[float | None, typer.Option(help=_key(
         "--idle-timeout-seconds", "a connection with no request in progress is closed after "
         "this (default 90, kube-apiserver's own)"))] = None,
@@ -130,7 +135,6 @@ def webhook(
     and Koordinator's names read as ours, MIG rules, budgets, the quota's names, the DRA
     placement gate). SIGTERM stops it."""
     from elastic_gpu.api.config.loader import ConfigError
-    from elastic_gpu.core.connlimits import ConnectionLimits
     from elastic_gpu.kube.kubeconfig import ClientConfigError
     from elastic_gpu.runtime import eventloop
     from elastic_gpu.webhook.certs import Lifetimes
@@ -154,6 +158,7 @@ def webhook(
         "--ca-days": ca_days, "--cert-days": cert_days,
         "--rotation-check-seconds": rotation_check_seconds,
         "--header-timeout-seconds": header_timeout_seconds,
+        "--body-timeout-seconds": body_timeout_seconds,
         "--idle-timeout-seconds": idle_timeout_seconds, "--max-connections": max_connections,
         "--over-budget-priority-class": over_budget_priority_class,
         "--budget-finalizer": budget_finalizer, "--quota-resources": quota_resources,
@@ -184,8 +189,7 @@ def webhook(
         namespace_labels=dict(settings.namespace_labels),
         over_budget_class=settings.over_budget_priority_class or None,
         budget_finalizer=settings.budget_finalizer, quota=settings.quota_resources,
-        connection_limits=ConnectionLimits(settings.header_timeout_s, settings.idle_timeout_s,
-                                           settings.max_connections))
+        connection_limits=settings.connection_limits)
     try:
         eventloop.run(serve(options))
     except ClientConfigError as err:

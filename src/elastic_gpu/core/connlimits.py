@@ -6,8 +6,11 @@ were reset (issue 26, item 9). The bounds are Go's http.Server's, with kube-apis
 as defaults: a connection must finish its TLS handshake and send a request's headers within
 `header_timeout_s` (Go's ReadHeaderTimeout, 32 s in kube-apiserver), may stay open between
 requests for `idle_timeout_s` (IdleTimeout, 90 s, also the idle timeout of Go's HTTP client:
-kube-scheduler and kube-apiserver drop a kept-alive connection about when we would), and at
-most `max_connections` are open at once.
+kube-scheduler and kube-apiserver drop a kept-alive connection about when we would), must send
+a request's whole body within `body_timeout_s` of its headers (kube-apiserver's 60 s request
+timeout, which covers reading the body: a request in progress is never closed for being idle,
+so without it a client trickling a body held its connection, and its share of the buffered
+bodies, for ever), and at most `max_connections` are open at once.
 
 What happens at the cap is decided here (`make_room`): the oldest idle connections give way
 to a new one, as nginx reuses keep-alive connections when it runs out of them, so a flood of
@@ -33,11 +36,14 @@ class ConnectionLimits:
     idle_timeout_s: float = 90.0
     #: connections open at once (the process's file-descriptor limit lowers it)
     max_connections: int = 1024
+    #: a request's body must arrive whole within this of its headers (seconds)
+    body_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name, value, low, high in (("header_timeout_s", self.header_timeout_s, 0.001, 3600),
                                        ("idle_timeout_s", self.idle_timeout_s, 0.001, 86400),
-                                       ("max_connections", self.max_connections, 1, 1_000_000)):
+                                       ("max_connections", self.max_connections, 1, 1_000_000),
+                                       ("body_timeout_s", self.body_timeout_s, 0.001, 3600)):
             if not low <= value <= high:
                 raise ValueError(f"{name}={value!r}: must be between {low} and {high}")
 

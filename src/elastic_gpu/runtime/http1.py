@@ -24,6 +24,9 @@ What it speaks (RFC 9112), and what it refuses:
   known (from Content-Length, before a byte of it, or as the chunks arrive), and the rest is
   not read; the bodies every connection holds at once are bounded (`httpapp.BodyBudget`):
   past it 429 with Retry-After;
+- a body must arrive whole within `Busy.body_timeout_s` of its head, else 408 and the
+  connection closes: a request being read is in progress, so the gate's idle timer would never
+  end a client that trickles one;
 - `Expect: 100-continue` is answered 100 once the body is known to be within its limit;
 - kept alive unless the client sends `Connection: close` or speaks HTTP/1.0 without
   `keep-alive`; HEAD is answered as GET without the body;
@@ -44,7 +47,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_gpu.runtime.httpapp import Answer, BodyBudget, Busy, HttpApp
+from elastic_gpu.runtime.httpapp import Answer, BodyBudget, Busy, HttpApp, body_late
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ class _Request:
     last_chunk: bool = False
     #: the gate was told it started (`Busy.request_started`), and not yet that it finished
     started: bool = False
+    #: armed while the body is still arriving: past `Busy.body_timeout_s` it is answered 408
+    deadline: asyncio.TimerHandle | None = None
 
 
 def parse_head(head: bytes) -> _Request:
@@ -225,8 +230,22 @@ class Http1Server:
                 self._refuse(refused)
                 return
             if not complete:
+                if request.deadline is None and self._task is None:  # (else: refused)
+                    request.deadline = self._loop.call_later(
+                        self._busy.body_timeout_s, self._body_late, request)
                 return
+            if request.deadline is not None:
+                request.deadline.cancel()
+                request.deadline = None
             self._task = self._loop.create_task(self._answer(request))
+
+    def _body_late(self, request: _Request) -> None:
+        """The body did not arrive in time: 408, and the connection closes (what is left of
+        the body cannot be told from a next request)."""
+        request.deadline = None
+        if self._request is request and self._task is None and not self._closed:
+            self._busy.body_timed_out()
+            self._refuse(_Refused(408, body_late(self._busy.body_timeout_s)))
 
     def _next_head(self) -> _Request | None:
         buf = self._buf
@@ -426,6 +445,9 @@ class Http1Server:
         """The request is over (answered, or its connection gone): once per request."""
         if self._request is request:
             self._request = None
+        if request.deadline is not None:
+            request.deadline.cancel()
+            request.deadline = None
         self._budget.give(request.size)
         request.size = 0
         if request.started:

@@ -10,7 +10,8 @@ long-lived connection.
 `Http2Server` is the protocol object of one such connection: frames in and out through the
 `h2` state machine (sans-IO), each request's body collected within the app's limit, answered
 by the app (`httpapp.HttpApp`) in a task of its own, the answer sent within the peer's flow-control
-windows. A request in progress marks the connection busy (the gate's timers leave it alone); a
+windows. A body must arrive within `Busy.body_timeout_s` of its headers, else the stream is
+answered 408 and reset. A request in progress marks the connection busy (the gate's timers leave it alone); a
 protocol error closes the connection (h2 sends GOAWAY first), never the server.
 """
 
@@ -29,7 +30,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from elastic_gpu.runtime.httpapp import Answer, BodyBudget, Busy, HttpApp
+from elastic_gpu.runtime.httpapp import Answer, BodyBudget, Busy, HttpApp, body_late
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class _Stream:
     size: int = 0
     task: asyncio.Task[None] | None = None
     finished: bool = False
+    #: armed while the body is still arriving: past `Busy.body_timeout_s` it is answered 408
+    deadline: asyncio.TimerHandle | None = None
 
 
 class Http2Server:
@@ -126,6 +129,7 @@ class Http2Server:
         elif isinstance(event, h2.events.StreamEnded):
             stream = self._streams.get(event.stream_id)
             if stream is not None and stream.task is None:
+                self._disarm(stream)
                 stream.task = self._loop.create_task(self._answer(event.stream_id, stream))
         elif isinstance(event, h2.events.StreamReset):
             self._drop(event.stream_id)
@@ -149,6 +153,26 @@ class Http2Server:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             self._refuse_large(stream_id, stream, int(length))
+        elif not event.stream_ended:  # a body follows: it has `body_timeout_s` to arrive
+            stream.deadline = self._loop.call_later(self._busy.body_timeout_s,
+                                                    self._body_late, stream_id, stream)
+
+    def _body_late(self, stream_id: int, stream: _Stream) -> None:
+        """The body did not arrive in time: 408, and the stream is reset after it."""
+        stream.deadline = None
+        if self._streams.get(stream_id) is stream and stream.task is None and not self._closed:
+            self._busy.body_timed_out()
+            answer: Answer = (408, [("content-type", "text/plain; charset=utf-8")],
+                              f"{body_late(self._busy.body_timeout_s)}\n".encode())
+            stream.body.clear()
+            stream.task = self._loop.create_task(
+                self._send_answer(stream_id, stream, answer, reset_after=True))
+
+    @staticmethod
+    def _disarm(stream: _Stream) -> None:
+        if stream.deadline is not None:
+            stream.deadline.cancel()
+            stream.deadline = None
 
     def _data(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
@@ -171,6 +195,7 @@ class Http2Server:
     def _refuse_large(self, stream_id: int, stream: _Stream, size: int) -> None:
         """Answer 413 at once and read no more of the body (the stream is reset after it)."""
         answer = self._app.too_large(stream.method, stream.path, size)
+        self._disarm(stream)
         stream.body.clear()
         stream.task = self._loop.create_task(
             self._send_answer(stream_id, stream, answer, reset_after=True))
@@ -245,6 +270,7 @@ class Http2Server:
         if stream.finished:
             return
         stream.finished = True
+        self._disarm(stream)
         self._budget.give(stream.size)
         if self._streams.get(stream_id) is stream:
             del self._streams[stream_id]

@@ -13,6 +13,9 @@ accept loop and a `ConnectionGate` that holds every connection from accept:
   connection still in its handshake can be closed too (`shutdown`);
 - a timer closes a connection that has no request in progress: `header_timeout_s` after
   accept, `idle_timeout_s` after each answer (a request in progress is never timed out here);
+- a request's body must arrive within `body_timeout_s` of its headers, else it is answered
+  408 and read no further (HTTP/1.1: the connection closes; HTTP/2: the stream is reset): the
+  protocol servers time it, and for aiohttp's handler the middleware;
 - at `max_connections`, `core.connlimits.make_room` decides: the oldest idle connections are
   closed for the new one, or the new one is closed at once when every connection is busy;
 - out of file descriptors (EMFILE), accepting pauses briefly and resumes: the server never
@@ -43,7 +46,7 @@ from prometheus_client.registry import Collector
 from elastic_gpu.core.connlimits import ConnectionLimits, effective_cap, make_room
 from elastic_gpu.runtime.http1 import Http1Server
 from elastic_gpu.runtime.http2 import Http2Server, negotiated_h2
-from elastic_gpu.runtime.httpapp import BodyBudget, HttpApp
+from elastic_gpu.runtime.httpapp import BodyBudget, HttpApp, body_late
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,13 @@ class _Connection(asyncio.Protocol):
             self.gate.timeouts += 1
             self.close()
 
+    @property
+    def body_timeout_s(self) -> float:
+        return self.gate.limits.body_timeout_s
+
+    def body_timed_out(self) -> None:
+        self.gate.body_timeouts += 1
+
     def request_started(self) -> None:
         self.busy += 1
         if self.timer is not None:
@@ -183,6 +193,8 @@ class ConnectionGate:
         #: connections accepted; closed for being idle too long, for room; refused at the cap
         self.accepted_count = 0
         self.timeouts = 0
+        #: requests answered 408: their bodies did not arrive within `body_timeout_s`
+        self.body_timeouts = 0
         self.shed = 0
         self.refused = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -257,9 +269,33 @@ class ConnectionGate:
         if connection is None:  # served without the gate (a test's own runner)
             return await handler(request)
         connection.request_started()
+        # the body must arrive within the limit: past it, a handler still waiting for it is
+        # cancelled and the client answered 408 (the handler's own read is left as it is, so
+        # its answers, 413 included, stay its own)
+        task = asyncio.current_task()
+        late = False
+
+        def expire() -> None:
+            nonlocal late
+            if not request.content.is_eof() and task is not None:
+                late = True
+                task.cancel()
+
+        timer = (None if request.content.is_eof() else
+                 self.loop.call_later(connection.body_timeout_s, expire))
         try:
             return await handler(request)
+        except asyncio.CancelledError:
+            if not late or task is None:
+                raise
+            task.uncancel()
+            connection.body_timed_out()
+            response = web.Response(status=408, text=body_late(connection.body_timeout_s) + "\n")
+            response.force_close()
+            return response
         finally:
+            if timer is not None:
+                timer.cancel()
             connection.request_finished()
 
 
@@ -332,6 +368,11 @@ class GateCollector(Collector):
                                ("shed", gate.shed), ("refused", gate.refused)):
             outcomes.add_metric([outcome], value)
         yield outcomes
+        yield CounterMetricFamily(
+            self._prefix + "request_body_timeouts",
+            "Requests answered 408 because their body did not arrive within bodyTimeoutSeconds "
+            "of their headers (over HTTP/1.1 the connection is closed after)",
+            value=gate.body_timeouts)
         if gate.app is not None:  # a server with its own protocols (the extender)
             yield CounterMetricFamily(
                 self._prefix + "connections_http2",

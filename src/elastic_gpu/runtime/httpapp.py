@@ -38,11 +38,28 @@ class HttpApp(Protocol):
 
 
 class Busy(Protocol):
-    """The gate's view of the connection: requests in progress (`http_connections`)."""
+    """The gate's view of the connection: requests in progress (`http_connections`).
+
+    A request is in progress from its headers to its answer, and the gate's idle timer leaves
+    its connection alone meanwhile; the server itself bounds the time its body takes to arrive
+    (`body_timeout_s`): past it the request is answered 408 and read no further."""
+
+    @property
+    def body_timeout_s(self) -> float: ...
 
     def request_started(self) -> None: ...
 
     def request_finished(self) -> None: ...
+
+    def body_timed_out(self) -> None:
+        """Counted: a request's body did not arrive within `body_timeout_s`."""
+        ...
+
+
+def body_late(seconds: float) -> str:
+    """The reason of a 408: the body did not arrive within `Busy.body_timeout_s`."""
+    return (f"the request's body did not arrive within {seconds:g} s of its headers "
+            "(bodyTimeoutSeconds)")
 
 
 class BodyBudget:

@@ -284,10 +284,10 @@ async def serve_extender(extender: Extender, options: ServeOptions, stop: asynci
     site = GatedSite(runner, options.host, options.port, gate=gate, ssl_context=context)
     await site.start()
     log.info("serving the extender on %s:%d (%s%s, %s event loop; at most %d connections, "
-             "idle ones closed after %.0f s, %.0f s for a handshake and headers)",
-             options.host, options.port, "https" if context else "http",
+             "idle ones closed after %.0f s, %.0f s for a handshake and headers, %.0f s for a "
+             "body)", options.host, options.port, "https" if context else "http",
              ", client certificates required" if options.tls_client_ca else "", loop_name(),
-             gate.cap, limits.idle_timeout_s, limits.header_timeout_s)
+             gate.cap, limits.idle_timeout_s, limits.header_timeout_s, limits.body_timeout_s)
     health: web.AppRunner | None = None
     if options.health_port:
         health_app = web.Application()

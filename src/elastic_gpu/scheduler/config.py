@@ -17,6 +17,7 @@
                                  # the profiles whose kube-scheduler calls this extender (the
                                  # peers' too): /bind refuses pods of any other schedulerName
     headerTimeoutSeconds: 32     # a connection's TLS handshake and first request headers
+    bodyTimeoutSeconds: 60       # a request's whole body within this of its headers, or 408
     idleTimeoutSeconds: 90       # a connection with no request in progress is closed after this
     maxConnections: 1024         # open at once; the oldest idle ones make room for new ones
     leaderElection:              # several replicas, one serving (docs/scheduler.md, "High availability")
@@ -63,7 +64,6 @@ from elastic_gpu.api.config.connections import ConnectionLimitSettings
 from elastic_gpu.api.config.leaderelection import LeaderElectionSettings
 from elastic_gpu.api.config.loader import load_settings
 from elastic_gpu.api.config.merge import Override
-from elastic_gpu.core.connlimits import ConnectionLimits
 from elastic_gpu.core.names import NameRule, check_name
 from elastic_gpu.core.policies import DEFAULT_NODE_POLICY
 from elastic_gpu.core.schedulers import DEFAULT_SCHEDULER, PEER_SCHEDULERS
@@ -190,10 +190,6 @@ class SchedulerConfig(ConnectionLimitSettings):
     #: on SIGTERM, how long binds in progress may take to finish
     drain_s: float = Field(default=10.0, validation_alias="drainSeconds", ge=0, le=300)
     tls: TLSConfig = Field(default_factory=TLSConfig)
-
-    @property
-    def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(self.header_timeout_s, self.idle_timeout_s, self.max_connections)
 
     @model_validator(mode="after")
     def _exposed_only_with_client_certificates(self) -> SchedulerConfig:

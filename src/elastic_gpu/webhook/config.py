@@ -24,6 +24,8 @@ beats the default below (`api.config.merge`, the same rule for every component; 
     certDays: 365                      # serving certificate lifetime (--cert-days)
     rotationCheckSeconds: 60           # (--rotation-check-seconds)
     headerTimeoutSeconds: 32           # handshake and headers within this (--header-timeout-seconds)
+    bodyTimeoutSeconds: 60             # a request's body within this of its headers, or 408
+                                       #   (--body-timeout-seconds)
     idleTimeoutSeconds: 90             # an idle connection is closed after this
                                        #   (--idle-timeout-seconds)
     maxConnections: 1024               # (--max-connections)

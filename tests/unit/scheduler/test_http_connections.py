@@ -44,9 +44,13 @@ async def _serve(pki: TestPki, limits: ConnectionLimits, slow: asyncio.Event
         await slow.wait()
         return web.Response(text="late")
 
+    async def length(request: web.Request) -> web.Response:
+        return web.Response(text=str(len(await request.read())))
+
     app = web.Application()
     app.router.add_get("/", hello)
     app.router.add_get("/slow", wait)
+    app.router.add_post("/length", length)
     gate = ConnectionGate(limits, fds=None)
     runner = web.AppRunner(gated_app(app, gate))
     await runner.setup()
@@ -154,3 +158,39 @@ def test_idle_connections_are_closed_and_a_request_gets_through_the_flood(tmp_pa
         uvloop.run(scenario())
     else:
         asyncio.run(scenario())
+
+
+def test_aiohttps_handler_gets_its_body_within_the_limit_or_the_client_408(tmp_path: Path) -> None:
+    """The webhook's connections (aiohttp's handler): a handler still waiting for its body
+    past `body_timeout_s` is cancelled and the client answered 408, its connection closed; a
+    body that comes in parts, in time, is served."""
+    pki = TestPki.create(tmp_path)
+
+    async def scenario() -> None:
+        serving = _serve(pki, ConnectionLimits(body_timeout_s=0.5), asyncio.Event())
+        port, gate = await serving.__anext__()
+        try:
+            head = b"POST /length HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n"
+            reader, writer = await asyncio.open_connection("127.0.0.1", port,
+                                                           ssl=_client_context(pki))
+            writer.write(head + b"x" * 100)  # then nothing
+            answer = (await asyncio.wait_for(reader.read(), 30)).decode()  # to its close
+            assert answer.startswith("HTTP/1.1 408 ")
+            assert "did not arrive within 0.5 s of its headers (bodyTimeoutSeconds)" in answer
+            writer.close()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port,
+                                                           ssl=_client_context(pki))
+            writer.write(head + b"x" * 400)
+            await asyncio.sleep(0.2)
+            writer.write(b"x" * 500)
+            answer = (await asyncio.wait_for(reader.readuntil(b"900"), 30)).decode()
+            assert answer.startswith("HTTP/1.1 200 ")  # the handler read the body it was given
+            writer.close()
+            registry = CollectorRegistry()
+            registry.register(GateCollector(gate, "egpu_test_"))
+            page = generate_latest(registry).decode()
+            assert metric_value(page, "egpu_test_request_body_timeouts_total") == 1
+        finally:
+            await serving.aclose()
+
+    asyncio.run(scenario())

@@ -326,3 +326,42 @@ def test_a_client_that_does_not_read_gets_no_more_answers_and_meets_the_idle_tim
         wire.close()
     finally:
         server.stop()
+
+
+def test_a_body_that_does_not_arrive_in_time_gets_408_and_its_connection_closes(
+        api: HeldApi) -> None:
+    """A request being read is in progress (the idle timer leaves it alone): without a bound
+    on its body, a client trickling one would hold its connection and its bytes for ever."""
+    server = ServedExtender(Extender(ready_state(NODES, SchedulerState(
+        SchedulerConfig(bodyTimeoutSeconds=0.5))), api))
+    try:
+        stalled = Wire(server.port)  # a part of the body, then nothing
+        stalled.send(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n"
+                     + b"x" * 100)
+        late = stalled.answer()
+        assert late.status == 408 and late.headers["connection"] == "close"
+        assert "did not arrive within 0.5 s of its headers (bodyTimeoutSeconds)" in \
+            late.body.decode()
+        assert stalled.closed()
+        trickle = Wire(server.port)  # a byte at a time, each sooner than the limit
+        trickle.send(b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(8):  # the answer comes meanwhile; these land in its lingering close
+            trickle.send(b"1\r\nx\r\n")
+            time.sleep(0.1)
+        assert trickle.answer().status == 408  # the limit is the whole body's
+        kept = Wire(server.port)  # a body in two parts, in time: answered, and the
+        body = filter_body(1)     # connection's next request is not timed out with it
+        kept.send(post("/filter", body)[:-len(body)])
+        time.sleep(0.2)
+        kept.send(body)
+        assert kept.answer().status == 200
+        time.sleep(0.6)
+        kept.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.answer().status == 200
+        assert eventually(lambda: server.gate.open_count == 1)  # the other two closed
+        assert server.gate.body_budget.held == 0  # what they had sent was given back
+        assert server.gate.body_timeouts == 2  # counted (`GateCollector`'s metric)
+        for wire in (stalled, trickle, kept):
+            wire.close()
+    finally:
+        server.stop()

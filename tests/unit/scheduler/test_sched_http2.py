@@ -215,3 +215,25 @@ def test_an_answer_past_the_clients_window_is_sent_as_the_client_opens_it(pki: T
         client.close()
     finally:
         served.stop()
+
+
+def test_a_body_that_does_not_arrive_in_time_gets_408_and_its_stream_reset(pki: TestPki) -> None:
+    context = tls_context(ServeOptions(tls_cert=pki.server_cert, tls_key=pki.server_key,
+                                       tls_client_ca=pki.ca))
+    extender = Extender(ready_state(NODES, SchedulerState(SchedulerConfig(
+        bodyTimeoutSeconds=0.5))))
+    server = ServedExtender(extender, tls=context)
+    try:
+        client = H2Client(server.port, pki.client_context())
+        stalled = client.send("POST", "/filter", b"x" * 100, end=False, length=900)
+        reply = client.wait(stalled)[stalled]
+        assert reply.status == 408
+        assert "did not arrive within 0.5 s of its headers (bodyTimeoutSeconds)" in \
+            reply.body.decode()
+        assert server.gate.body_budget.held == 0  # its 100 bytes given back
+        after = client.send("POST", "/filter", filter_body(2))  # the connection serves on
+        assert client.wait(after)[after].status == 200
+        assert server.gate.body_timeouts == 1  # counted (`GateCollector`'s metric)
+        client.close()
+    finally:
+        server.stop()
