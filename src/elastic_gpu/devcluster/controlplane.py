@@ -195,15 +195,28 @@ class ControlPlane:
         write_kubeconfig(self.kubeconfig, self.server, self.pki)
 
     def _allocate_ports(self) -> None:
+        """etcd's and kube-apiserver's ports (the kubeconfigs name the latter). The others are
+        drawn as their component starts (`_port`): a port drawn here is bound only after
+        kube-apiserver is up, seconds later on a busy machine, and meanwhile another cluster's
+        draw may take it."""
         wanted = {"apiserver_port": "kube-apiserver", "etcd_port": "etcd client",
-                  "etcd_peer_port": "etcd peer", "kwok_port": "kwok",
-                  "controller_manager_port": CONTROLLER_MANAGER}
+                  "etcd_peer_port": "etcd peer"}
         fresh = iter(free_ports(len(wanted)))
         for attr, what in wanted.items():
             if getattr(self, attr):
                 require_free(getattr(self, attr), what)
             else:
                 setattr(self, attr, next(fresh))
+
+    def _port(self, attr: str, what: str) -> int:
+        """The port `attr` names, drawn now unless it was given (then it must be free)."""
+        port: int = getattr(self, attr)
+        if port:
+            require_free(port, what)
+        else:
+            (port,) = free_ports(1)
+            setattr(self, attr, port)
+        return port
 
     def start_etcd(self, timeout_s: float = START_TIMEOUT_S) -> None:
         client = f"http://{HOST}:{self.etcd_port}"
@@ -257,12 +270,13 @@ class ControlPlane:
         when its /healthz answers and the `default` namespace has its `default`
         ServiceAccount (so pods there pass the ServiceAccount admission plugin)."""
         pki = self.pki
+        port = self._port("controller_manager_port", CONTROLLER_MANAGER)
         write_kubeconfig(self.controller_manager_kubeconfig, self.server, pki,
                          client=(pki.controller_manager_cert, pki.controller_manager_key))
         handle = self._spawn(CONTROLLER_MANAGER, [
             self._bin(CONTROLLER_MANAGER),
             f"--kubeconfig={self.controller_manager_kubeconfig}",
-            f"--secure-port={self.controller_manager_port}", f"--bind-address={HOST}",
+            f"--secure-port={port}", f"--bind-address={HOST}",
             f"--cert-dir={self.work_dir / 'controller-manager-certs'}",
             # Signs the tokens the apiserver verifies with --service-account-key-file.
             f"--service-account-private-key-file={pki.sa_key}",
@@ -282,9 +296,8 @@ class ControlPlane:
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert; loopback only
-        wait_ready(handle, lambda: _get_ok(
-            f"https://{HOST}:{self.controller_manager_port}/healthz", insecure), timeout_s,
-            port=self.controller_manager_port)
+        wait_ready(handle, lambda: _get_ok(f"https://{HOST}:{port}/healthz", insecure),
+                   timeout_s, port=port)
         tls = self.client_tls()
         wait_ready(handle, lambda: _get_ok(
             f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", tls), timeout_s)
@@ -337,12 +350,13 @@ class ControlPlane:
     def start_kwok(self, timeout_s: float = START_TIMEOUT_S) -> None:
         config_path = self.work_dir / "kwok.yaml"
         config_path.write_text(kwok.kwok_config_yaml())
+        port = self._port("kwok_port", "kwok")
         handle = self._spawn("kwok", [
             self._bin("kwok"), f"--config={config_path}", f"--kubeconfig={self.kubeconfig}",
-            f"--server-address={HOST}:{self.kwok_port}",
+            f"--server-address={HOST}:{port}",
         ], env={**os.environ, "HOME": str(self.work_dir)})
-        wait_ready(handle, lambda: _get_ok(f"http://{HOST}:{self.kwok_port}/healthz", None),
-                   timeout_s, port=self.kwok_port)
+        wait_ready(handle, lambda: _get_ok(f"http://{HOST}:{port}/healthz", None),
+                   timeout_s, port=port)
 
     def close_client(self) -> None:
         """Close `kube()`'s client, if one was made (a later `kube()` makes a new one): when
