@@ -204,3 +204,61 @@ def test_fragmentation_of_many_states_is_the_scalar_value(seed: int) -> None:
     assert with_memory.tolist() == [
         measure.node_with_memory(MODELS[m], int(c), int(mem), f)
         for m, c, mem, f in zip(model_ids, cpu, memory, cards, strict=True)]
+
+
+def test_many_groups_with_requests_near_the_limit_are_indexed_by_rank() -> None:
+    """Every group's CPU requests share one sorted int64 array (`g * stride + cpu`); where
+    that would overflow (600 groups, a request near the edge's 2^53 limit) the requests are
+    ranked instead, and the values stay the scalar ones to the bit."""
+    from elastic_gpu.core.frag import Fragmentation
+
+    rng = random.Random(7)
+    huge = 2 ** 53 - 1
+    shapes = {TaskShape(rng.choice((500, 4000, huge)), milli, 1): rng.randint(1, 9)
+              for milli in range(100, 700)}
+    measure = Fragmentation(TargetWorkload.from_counts(shapes, popularity=1.0))
+    assert measure._steps.cpu_ranks is not None  # the stride would not fit int64
+    free = np.array([sorted((rng.choice((0, 150, 400, 650, 1000)) for _ in range(4)),
+                            reverse=True) for _ in range(200)], dtype=np.int64)
+    cpu = np.array([rng.choice((0, 499, 500, 4000, huge - 1, huge, 2 ** 62))
+                    for _ in range(200)], dtype=np.int64)
+    ids = np.zeros(200, dtype=np.int64)
+    assert measure.nodes_array(MODELS, ids, cpu, None, free).tolist() == [
+        measure.node(MODELS[0], int(c), tuple(int(v) for v in f))
+        for c, f in zip(cpu, free, strict=True)]
+
+
+def test_equal_states_are_computed_once_and_a_fold_collision_costs_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nodes_array` computes each distinct state once (a filter's candidates are often
+    many empty nodes of one kind); states whose folded numbers collide are compared whole,
+    so a fold that maps different states together leaves every value exact."""
+    from elastic_gpu.core import frag
+    from elastic_gpu.core.frag import Fragmentation
+
+    rng = random.Random(3)
+    measure = Fragmentation(random_workload(rng))
+    free = np.array([sorted((rng.choice((0, 1000)) for _ in range(4)), reverse=True)
+                     for _ in range(200)], dtype=np.int64)
+    cpu = np.array([rng.choice((500, 16000)) for _ in range(200)], dtype=np.int64)
+    memory = np.array([rng.choice((4096, 65536)) for _ in range(200)], dtype=np.int64)
+    ids = np.array([rng.randrange(len(MODELS)) for _ in range(200)], dtype=np.int64)
+    scalar = [measure.node_with_memory(MODELS[m], int(c), int(mem), tuple(int(v) for v in f))
+              for m, c, mem, f in zip(ids, cpu, memory, free, strict=True)]
+    computed: list[int] = []
+    states_array = Fragmentation._states_array
+
+    def counting(self: Fragmentation, *args: object) -> object:
+        computed.append(len(args[1]))  # type: ignore[arg-type]
+        return states_array(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Fragmentation, "_states_array", counting)
+    assert measure.nodes_array(MODELS, ids, cpu, memory, free).tolist() == scalar
+    distinct = len({(m, c, mem, tuple(f)) for m, c, mem, f in
+                    zip(ids.tolist(), cpu.tolist(), memory.tolist(), free.tolist(), strict=True)})
+    assert computed == [distinct] and distinct < 100
+    # every state folds to one number: all collide, none is equal to all, nothing is saved
+    monkeypatch.setattr(frag, "_FOLD", np.zeros(64, dtype=np.int64))
+    computed.clear()
+    assert measure.nodes_array(MODELS, ids, cpu, memory, free).tolist() == scalar
+    assert computed == [200]
