@@ -9,10 +9,11 @@ long-lived connection.
 
 `Http2Server` is the protocol object of one such connection: frames in and out through the
 `h2` state machine (sans-IO), each request's body collected within the app's limit, answered
-by the app (`httpapp.HttpApp`) in a task of its own, the answer sent within the peer's flow-control
-windows. A body must arrive within `Busy.body_timeout_s` of its headers, else the stream is
-answered 408 and reset. A request in progress marks the connection busy (the gate's timers leave it alone); a
-protocol error closes the connection (h2 sends GOAWAY first), never the server.
+by the app (`httpapp.HttpApp`) in a task of its own, the answer sent within the peer's
+flow-control windows. A body must arrive within `Busy.body_timeout_s` of its headers, else the
+stream is answered 408 and reset. A request in progress marks the connection busy (the gate's
+timers leave it alone); a protocol error closes the connection (h2 sends GOAWAY first), never
+the server.
 """
 
 from __future__ import annotations
