@@ -604,7 +604,10 @@ class FailoverRig:
     def _wait(self, found: Callable[[], float | None], timeout_s: float, what: str) -> float:
         deadline = time.monotonic() + timeout_s
         while (moment := found()) is None:
-            self.controllers.restart_exited()  # kubelet's part, should the new leader give up
+            # kubelet's part, should a new leader give up: an extender's renew deadline is
+            # 1.5 s, which a replica starved on a loaded machine can miss after taking over
+            self.extenders.restart_exited()
+            self.controllers.restart_exited()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} within {timeout_s:.0f} s:\n"
                                    + self.extenders.log_tails() + self.controllers.log_tails()
